@@ -1,1 +1,66 @@
-"""fltune.methods"""
+"""Method registry: ``@register`` on a Method subclass makes it available by name.
+
+Adding a method = one file here (imported below) + ``search_spaces/<name>.yaml`` + a test pinning its loss.
+``@register_modifier`` adds a loss term (MAN) that any method takes on as ``<method>+<modifier>``; those
+combinations are built on first use by :func:`get_method`, never registered one by one.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from functools import cache
+
+from fltune.errors import FLTuneError
+from fltune.methods.base import Method
+from fltune.methods.compose import Modifier, compose
+
+METHODS: dict[str, type[Method]] = {}
+MODIFIERS: dict[str, type[Modifier]] = {}
+
+
+def register(cls: type[Method]) -> type[Method]:
+    """Class decorator: add a method under ``cls.name``."""
+    if not cls.name or cls.name in METHODS:
+        raise ValueError(f"method name {cls.name!r} is empty or registered twice")
+    METHODS[cls.name] = cls
+    return cls
+
+
+def register_modifier(cls: type[Modifier]) -> type[Modifier]:
+    """Class decorator: add a modifier under ``cls.name``, usable as ``<method>+<name>``."""
+    if not cls.name or "+" in cls.name or cls.name in MODIFIERS:
+        raise ValueError(f"modifier name {cls.name!r} is empty, contains '+' or is registered twice")
+    MODIFIERS[cls.name] = cls
+    return cls
+
+
+def _load_all() -> None:
+    """Import every module in this package so their ``@register`` decorators run."""
+    for info in pkgutil.iter_modules(__path__):
+        if info.name != "base":
+            importlib.import_module(f"{__name__}.{info.name}")
+
+
+def get_method(name: str) -> type[Method]:
+    """The class for ``name`` — registered, or ``<base>+<modifier>`` (chains allowed: ``fedsam+man+x``);
+    a user error naming the allowed methods and modifiers otherwise."""
+    if "+" in name:
+        return _composite(name)
+    if name not in METHODS:
+        raise FLTuneError(f"method.name: unknown method {name!r}; allowed: {', '.join(sorted(METHODS))}")
+    return METHODS[name]
+
+
+@cache
+def _composite(name: str) -> type[Method]:
+    """Build ``<base>+<modifier>`` once per process, so every lookup returns the same class."""
+    base, modifier = name.rsplit("+", 1)
+    if modifier not in MODIFIERS:
+        raise FLTuneError(
+            f"method.name: unknown modifier {modifier!r} in {name!r}; allowed: {', '.join(sorted(MODIFIERS))}"
+        )
+    return compose(get_method(base), MODIFIERS[modifier])
+
+
+_load_all()

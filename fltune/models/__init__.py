@@ -1,1 +1,19 @@
-"""fltune.models"""
+"""fltune.models: architectures split into body and head (METHODS.md §1), found by name in a registry.
+
+Importing a model file registers its builders; add new files to the import list below.
+"""
+
+from fltune.models import convnets, resnet, resnet56, vib  # noqa: F401  (imported for their registrations)
+from fltune.models.base import InShape, SplitModel, activations, split_keys
+from fltune.models.registry import MODELS, build_model, default_model, register_model
+
+__all__ = [
+    "MODELS",
+    "InShape",
+    "SplitModel",
+    "activations",
+    "build_model",
+    "default_model",
+    "register_model",
+    "split_keys",
+]

@@ -1,0 +1,88 @@
+"""How much does fltune's federated machinery cost over a tight single-process PyTorch loop?
+
+Workload (issue: engine, part 11): FedAvg, FMNIST IID, 100 clients, 10 per round, 1 local epoch,
+batch 50, FedAvg CNN, 5 timed rounds after 1 warm-up round. fltune runs it on its Ray actor pool (as
+many 1-CPU workers as cores); the tight loop trains the very same clients on the very same samples in
+one process using every core (torch threads = cores), averaging weights in place. Evaluation is left
+out of both timings. Last line: ``ratio <fltune/tight>`` (goal ≤ 1.15).
+
+    python bench/round_overhead.py [--rounds 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+import torch
+import torch.nn.functional as F
+
+from fltune.config import build_config
+from fltune.data.augment import to_float
+from fltune.engine.federation import Federation
+from fltune.engine.rng import sample_clients
+from fltune.engine.setup import build_model_for, initial_state, load_data
+
+
+def fltune_round_seconds(cfg) -> list[float]:
+    fed = Federation(cfg)
+    try:
+        fed.open()
+        return [fed.step()["round_s"] for _ in range(cfg.federation.rounds)]
+    finally:
+        fed.close()
+
+
+def tight_round_seconds(cfg) -> list[float]:
+    """Same clients, same samples, same steps: plain PyTorch, no Ray, no copies beyond the average."""
+    torch.set_num_threads(os.cpu_count() or 1)
+    data = load_data(cfg)
+    model = build_model_for(cfg, data)
+    global_state = {k: torch.tensor(v) for k, v in initial_state(cfg, data).items()}
+    fed, tr = cfg.federation, cfg.training
+    times = []
+    for r in range(1, fed.rounds + 1):
+        start = time.perf_counter()
+        clients = sample_clients(fed.seed, r, fed.clients, fed.clients_per_round)
+        total = {k: torch.zeros_like(v, dtype=torch.float64) for k, v in global_state.items()}
+        weight = 0
+        for cid in clients:
+            model.load_state_dict(global_state)
+            opt = torch.optim.SGD(model.parameters(), lr=tr.lr, momentum=tr.momentum)
+            idx = torch.as_tensor(data.client_train[cid])[torch.randperm(len(data.client_train[cid]))]
+            for s in range(0, len(idx), tr.batch_size):
+                chunk = idx[s:s + tr.batch_size]
+                opt.zero_grad()
+                F.cross_entropy(model(to_float(data.x[chunk], data.mean, data.std)), data.y[chunk]).backward()
+                opt.step()
+            for k, v in model.state_dict().items():
+                total[k] += len(idx) * v.double()
+            weight += len(idx)
+        global_state = {k: (v / weight).to(global_state[k].dtype) for k, v in total.items()}
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args()
+    cfg = build_config(overrides=[
+        "method.name=fedavg", "data.dataset=fmnist", "partition.kind=iid", "federation.clients=100",
+        "federation.fraction=0.1", f"federation.rounds={args.rounds + 1}", "training.local_epochs=1",
+        "training.batch_size=50", "model.name=fedavg_cnn", "metrics.every=1000", "metrics.protocols=[global]",
+        "tracking.enabled=false",
+    ])
+    ours = fltune_round_seconds(cfg)[1:]
+    tight = tight_round_seconds(cfg)[1:]
+    samples = 10 * 600
+    print(f"fltune  s/round: {' '.join(f'{t:.2f}' for t in ours)}  mean {sum(ours) / len(ours):.2f}"
+          f"  ({samples * len(ours) / sum(ours):.0f} samples/s)")
+    print(f"tight   s/round: {' '.join(f'{t:.2f}' for t in tight)}  mean {sum(tight) / len(tight):.2f}"
+          f"  ({samples * len(tight) / sum(tight):.0f} samples/s)")
+    print(f"ratio {sum(ours) / sum(tight):.3f}")
+
+
+if __name__ == "__main__":
+    main()

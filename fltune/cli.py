@@ -1,0 +1,133 @@
+"""Command line: ``python cli.py run | methods | tune | tables | reproduce``.
+
+Precedence of settings: ``--config`` YAML < shortcut flags (``--rounds 3``) < ``--set a.b=c``. Every
+user error ends as one line on stderr and exit status 2; a diverged run exits 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from rich.table import Table
+
+from fltune.errors import FLTuneError
+
+SHORTCUTS: dict[str, tuple[str, type]] = {
+    "method": ("method.name", str), "dataset": ("data.dataset", str), "data_root": ("data.root", str),
+    "partition": ("partition.kind", str), "alpha": ("partition.alpha", float),
+    "clients": ("federation.clients", int), "fraction": ("federation.fraction", float),
+    "rounds": ("federation.rounds", int), "seed": ("federation.seed", int),
+    "local_epochs": ("training.local_epochs", int), "batch_size": ("training.batch_size", int),
+    "lr": ("training.lr", float), "model": ("model.name", str), "workers": ("resources.workers", int),
+    "address": ("resources.address", str), "experiment": ("tracking.experiment", str),
+}
+"""CLI flag → config field; flags are only shortcuts for ``--set field=value``."""
+
+
+def add_experiment_args(parser: argparse.ArgumentParser) -> None:
+    """The config sources shared by run, tune and reproduce."""
+    parser.add_argument("--config", help="experiment YAML (same fields as --print-config shows)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
+                        help="override any config field by dotted path, e.g. --set method.mu=0.01 (repeatable)")
+    for name, (field, kind) in SHORTCUTS.items():
+        parser.add_argument(f"--{name.replace('_', '-')}", dest=name, type=kind, help=f"= --set {field}=…")
+
+
+def experiment_overrides(args: argparse.Namespace) -> list[str]:
+    flags = [f"{field}={getattr(args, name)}" for name, (field, _) in SHORTCUTS.items()
+             if getattr(args, name, None) is not None]
+    return flags + list(args.overrides)
+
+
+def load_experiment(args: argparse.Namespace, extra: Sequence[str] = ()):
+    """Config file + flags + --set → a validated ExperimentConfig."""
+    from fltune.config import build_config, read_yaml
+
+    tree = read_yaml(args.config) if args.config else {}
+    return build_config(tree, [*extra, *experiment_overrides(args)])
+
+
+# ---------------------------------------------------------------------------------------------- run
+def cmd_run(args: argparse.Namespace) -> int:
+    cfg = load_experiment(args, ["tracking.enabled=false"] if args.no_mlflow else [])
+    if args.print_config:
+        print(cfg.to_yaml(), end="")
+        return 0
+    from fltune.engine.federation import Federation
+    from fltune.tracking.console import ProgressCallback, console, summary_table
+
+    console.print(f"[bold]fltune run[/] {cfg.method.name} on {cfg.data.dataset} ({cfg.partition.kind}), "
+                  f"{cfg.federation.clients} clients × {cfg.federation.fraction}, {cfg.federation.rounds} rounds")
+    fed = Federation(cfg)
+    callbacks: list[Any] = [ProgressCallback(cfg.method.name)]
+    if cfg.tracking.enabled:
+        from fltune.tracking.callback import MLflowCallback
+
+        callbacks.append(MLflowCallback(cfg))
+    try:
+        summary = fed.run(callbacks)
+    finally:
+        fed.close()
+    console.print(summary_table(summary, f"{cfg.method.name} · {cfg.data.dataset} · {summary['status']}"))
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps(summary, indent=2) + "\n")
+    if summary["status"] == "diverged":
+        print(f"fltune: diverged at round {summary['diverged_round']} (loss or weights became NaN/inf)",
+              file=sys.stderr)
+        return 1
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------- methods
+def cmd_methods(args: argparse.Namespace) -> int:
+    from fltune.methods import METHODS
+    from fltune.methods.base import params_table
+    from fltune.tracking.console import console
+
+    table = Table(title="registered methods", show_lines=True)
+    for column in ("method", "summary", "parameters (default)"):
+        table.add_column(column)
+    for name in sorted(METHODS):
+        cls = METHODS[name]
+        params = "\n".join(f"{p} = {d!r}  {desc}" for p, _, d, desc in params_table(cls)) or "—"
+        table.add_row(name, (cls.__doc__ or "").strip().splitlines()[0], params)
+    console.print(table)
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------- main
+COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {"run": cmd_run, "methods": cmd_methods}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="cli.py", description="fltune: run, tune and compare FL methods.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="one federated run, tracked in MLflow")
+    add_experiment_args(run)
+    run.add_argument("--json-out", help="write the final metrics as JSON here")
+    run.add_argument("--print-config", action="store_true", help="print the resolved config as YAML and exit")
+    run.add_argument("--no-mlflow", action="store_true", help="= --set tracking.enabled=false")
+    sub.add_parser("methods", help="registered methods with their parameters and paper defaults")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return COMMANDS[args.command](args)
+    except FLTuneError as err:
+        print(f"fltune: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("fltune: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

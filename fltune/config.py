@@ -1,0 +1,274 @@
+"""The experiment configuration: one validated pydantic tree, YAML in, YAML out.
+
+Every field has a dotted path (``federation.rounds``, ``method.mu``) that ``--set a.b=c`` and search spaces
+use. Unknown keys are rejected everywhere so a misspelled field can never go unnoticed (a lesson from
+FL-bench's ``funetune_epoch``). The method section is open: its extra keys are validated by the chosen
+method's own ``Params`` model, so ``method.mu`` is FedProx's μ with FedProx's bounds and paper default.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from fltune.errors import FLTuneError
+
+Protocol = Literal["global", "all_model", "personalized"]
+PROTOCOLS: tuple[str, ...] = ("global", "all_model", "personalized")
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class DataConfig(_Section):
+    """Which dataset, where its files are, and how to augment it."""
+
+    dataset: str = "fmnist"
+    root: str | None = None
+    download: bool = False
+    augment: Literal["auto", "none", "crop_flip", "crop_flip_cutout"] = "auto"
+
+    @field_validator("dataset")
+    @classmethod
+    def _known_dataset(cls, value: str) -> str:
+        from fltune.data.datasets import DATASETS
+
+        if value not in DATASETS:
+            raise ValueError(f"unknown dataset {value!r}; allowed: {', '.join(DATASETS)}")
+        return value
+
+
+class PartitionConfig(_Section):
+    """How the pool is split over clients (METHODS.md §0, Partitions)."""
+
+    kind: Literal["iid", "classes", "dirichlet_prior", "dirichlet", "shards"] = "dirichlet_prior"
+    alpha: float = Field(0.5, gt=0, description="Dirichlet concentration (δ of non-IID2/MAN, α of LDA)")
+    classes_per_client: int | None = Field(None, ge=1, description="k of `classes`; None = dataset default")
+    shards_per_client: int = Field(2, ge=1)
+    min_size: int = Field(10, ge=1, description="`dirichlet`: redraw until every client has this many")
+    eval_fraction: float = Field(0.0, ge=0, lt=1, description="per-client held-out share (SimFAFL: 0.3)")
+    pool_test: bool = Field(False, description="pool train+test before partitioning (SimFAFL/FedCR)")
+    cache_dir: str | None = None
+
+
+class ModelConfig(_Section):
+    """Architecture by registry name; `auto` picks the dataset's default."""
+
+    name: str = "auto"
+
+    @field_validator("name")
+    @classmethod
+    def _known_model(cls, value: str) -> str:
+        from fltune.models import MODELS
+
+        if value != "auto" and value not in MODELS:
+            raise ValueError(f"unknown model {value!r}; allowed: auto, {', '.join(sorted(MODELS))}")
+        return value
+
+
+class MethodConfig(BaseModel):
+    """The method's registry name plus its hyperparameters, validated by the method's own Params."""
+
+    model_config = ConfigDict(extra="allow")
+
+    name: str = "fedavg"
+
+    @model_validator(mode="after")
+    def _validate_params(self) -> MethodConfig:
+        from fltune.methods import get_method
+
+        method_cls = get_method(self.name)
+        try:
+            params = method_cls.Params(**(self.model_extra or {}))
+        except ValidationError as err:
+            raise ValueError(describe_validation_error(err)) from None
+        self.__pydantic_extra__ = params.model_dump()
+        return self
+
+    @property
+    def params(self) -> BaseModel:
+        """The method's validated Params (paper defaults filled in)."""
+        from fltune.methods import get_method
+
+        return get_method(self.name).Params(**(self.model_extra or {}))
+
+
+class TrainingConfig(_Section):
+    """Local training, identical for every method (the engine owns the loop)."""
+
+    local_epochs: int = Field(5, ge=1)
+    batch_size: int = Field(50, ge=1)
+    optimizer: Literal["sgd", "adam"] = "sgd"
+    lr: float = Field(0.01, gt=0)
+    momentum: float = Field(0.9, ge=0, lt=1)
+    weight_decay: float = Field(0.0, ge=0)
+    lr_decay: float = Field(1.0, gt=0, le=1, description="lr at round r = lr · lr_decay^r (MAN 0.998, FedSOL 0.99)")
+    grad_clip: float | None = Field(None, gt=0, description="max global grad norm; None = no clipping")
+
+
+class FederationConfig(_Section):
+    """Who takes part: N clients, a fraction per round, for R rounds, all from one seed."""
+
+    clients: int = Field(100, ge=1)
+    fraction: float = Field(0.1, gt=0, le=1)
+    rounds: int = Field(10, ge=1)
+    seed: int = Field(0, ge=0)
+
+    @property
+    def clients_per_round(self) -> int:
+        return max(1, round(self.clients * self.fraction))
+
+
+class HessianConfig(_Section):
+    """When and how to measure the loss curvature (METHODS.md §4); every = 0 turns it off."""
+
+    every: int = Field(0, ge=0)
+    at_end: bool = False
+    batches: int = Field(10, ge=1)
+    batch_size: int = Field(50, ge=1)
+    clients: int = Field(0, ge=0, description="local models for H_N/H_D (FedAlign Eq. 3–4); 0 = skip")
+    top_k: int = Field(5, ge=1)
+    max_iter: int = Field(100, ge=1)
+    tol: float = Field(1e-3, gt=0)
+    landscape: bool = Field(True, description="loss-surface PNG along the top-2 eigenvectors at the end")
+
+
+class MetricsConfig(_Section):
+    """Evaluation protocols (METHODS.md §0) and rounds-to-target."""
+
+    protocols: list[Protocol] = Field(default_factory=lambda: list(PROTOCOLS))
+    every: int = Field(1, ge=1, description="evaluate every k rounds (and always at the last round)")
+    target: float | None = Field(None, gt=0, le=1, description="accuracy for rounds_to_target")
+    target_metric: Literal["acc_global", "acc_all_model", "acc_personalized"] = "acc_global"
+    hessian: HessianConfig = Field(default_factory=HessianConfig)
+
+
+class ResourcesConfig(_Section):
+    """Ray actors that train clients: how many and what each reserves."""
+
+    workers: int | None = Field(None, ge=1, description="client actors; None = as many as CPUs allow")
+    cpus_per_worker: float = Field(1.0, gt=0)
+    gpus_per_worker: float | None = Field(None, ge=0, le=1, description="None = share the GPUs when CUDA exists")
+    address: str | None = Field(None, description="Ray cluster address; None = start a local Ray")
+
+
+class TrackingConfig(_Section):
+    """Where MLflow writes (the driver only)."""
+
+    enabled: bool = True
+    uri: str | None = Field(None, description="default: $MLFLOW_TRACKING_URI or sqlite:///<repo>/mlruns/mlflow.db")
+    experiment: str = "fltune"
+    run_name: str | None = None
+
+
+class ExperimentConfig(_Section):
+    """A whole federated experiment."""
+
+    data: DataConfig = Field(default_factory=DataConfig)
+    partition: PartitionConfig = Field(default_factory=PartitionConfig)
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    method: MethodConfig = Field(default_factory=MethodConfig)
+    training: TrainingConfig = Field(default_factory=TrainingConfig)
+    federation: FederationConfig = Field(default_factory=FederationConfig)
+    metrics: MetricsConfig = Field(default_factory=MetricsConfig)
+    resources: ResourcesConfig = Field(default_factory=ResourcesConfig)
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig)
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> ExperimentConfig:
+        if self.partition.kind == "classes" and self.partition.classes_per_client is not None:
+            from fltune.data.datasets import NUM_CLASSES
+
+            allowed = NUM_CLASSES.get(self.data.dataset)
+            if allowed is not None and self.partition.classes_per_client > allowed:
+                raise ValueError(
+                    f"partition.classes_per_client: {self.partition.classes_per_client} > the "
+                    f"{allowed} classes of {self.data.dataset}; allowed: 1..{allowed}"
+                )
+        return self
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
+
+
+def describe_validation_error(err: ValidationError, prefix: str = "") -> str:
+    """One line per problem: the dotted field, what is wrong/allowed, and the value given."""
+    lines = []
+    for item in err.errors():
+        loc = ".".join(str(p) for p in (prefix, *item["loc"]) if p != "")
+        msg = item["msg"].removeprefix("Value error, ")
+        if item["type"] == "extra_forbidden":
+            msg = "unknown field"
+        given = item.get("input")
+        shown = "" if isinstance(given, dict) or item["type"] == "value_error" else f" (got {given!r})"
+        lines.append(f"{loc}: {msg}{shown}" if loc else f"{msg}{shown}")
+    return "; ".join(lines)
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """``a.b=c`` → (['a', 'b'], c) with c parsed as YAML (numbers, bools, lists, null)."""
+    if "=" not in text:
+        raise FLTuneError(f"--set {text!r}: expected key.path=value, e.g. federation.rounds=3")
+    key, raw = text.split("=", 1)
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    return key.strip().split("."), value
+
+
+def apply_overrides(tree: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Set dotted keys in a nested dict (creating sections); validation happens afterwards."""
+    for text in overrides:
+        path, value = parse_override(text)
+        node = tree
+        for part in path[:-1]:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise FLTuneError(f"--set {text!r}: {part} is a value, not a section")
+            node = child
+        node[path[-1]] = value
+    return tree
+
+
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    """Load a YAML mapping, turning every failure into one line naming the file."""
+    file = Path(path)
+    if not file.is_file():
+        raise FLTuneError(f"{path}: no such file")
+    try:
+        tree = yaml.safe_load(file.read_text())
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise FLTuneError(f"{path}: malformed YAML{where}: {getattr(err, 'problem', err)}") from None
+    if tree is None:
+        return {}
+    if not isinstance(tree, dict):
+        raise FLTuneError(f"{path}: expected a mapping of config sections, got {type(tree).__name__}")
+    return tree
+
+
+def build_config(tree: dict[str, Any] | None = None, overrides: list[str] | None = None) -> ExperimentConfig:
+    """Validate a (possibly partial) config tree plus ``--set`` overrides into an ExperimentConfig."""
+    merged = apply_overrides(dict(tree or {}), list(overrides or []))
+    try:
+        return ExperimentConfig.model_validate(merged)
+    except ValidationError as err:
+        raise FLTuneError(f"config error: {describe_validation_error(err)}") from None
+
+
+def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """{'a': {'b': 1}} → {'a.b': 1}: MLflow params and Tune search keys use dotted paths."""
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, dict):
+            flat.update(flatten(value, f"{path}."))
+        else:
+            flat[path] = value
+    return flat

@@ -1,0 +1,247 @@
+"""The datasets fltune trains on, as raw uint8 NCHW tensors with their normalisation constants.
+
+Images stay uint8 in memory (4x smaller than float32, and a pooled train+test split is copied into every
+Ray worker); ``augment.to_float`` normalises each batch. Fashion-MNIST is read straight from its idx
+files, so Debian's flat ``dataset-fashion-mnist`` directory works offline; the other datasets use
+torchvision's classes and on-disk formats. Every missing-file error is one :class:`DatasetMissing` line
+naming the dataset, every path looked in and how to get the files.
+"""
+
+from __future__ import annotations
+
+import gzip
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from fltune.errors import DatasetMissing, FLTuneError
+
+DEBIAN_FMNIST = Path("/usr/share/datasets/fashion-mnist")  # apt-get install dataset-fashion-mnist
+_FMNIST_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte",
+                 "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
+_HOW_TO_GET = "pass --data-root DIR holding torchvision's files, or --set data.download=true (needs internet)"
+
+
+@dataclass(frozen=True)
+class Dataset:
+    """A dataset's train and test splits (uint8 [N, C, H, W] images, int64 labels) and its constants."""
+
+    name: str
+    train_x: torch.Tensor = field(repr=False)
+    train_y: torch.Tensor = field(repr=False)
+    test_x: torch.Tensor = field(repr=False)
+    test_y: torch.Tensor = field(repr=False)
+    num_classes: int
+    mean: tuple[float, ...]  # per channel, on the [0, 1] scale
+    std: tuple[float, ...]
+    augment: str  # the dataset's default augmentation (METHODS.md §0, Augmentation)
+
+
+@dataclass(frozen=True)
+class _Spec:
+    """What fltune knows about a dataset before loading it."""
+
+    num_classes: int
+    mean: tuple[float, ...] | None  # None: computed from the train split at load time
+    std: tuple[float, ...] | None
+    augment: str
+
+
+_SPECS: dict[str, _Spec] = {
+    "fmnist": _Spec(10, (0.2860,), (0.3530,), "none"),
+    "mnist": _Spec(10, (0.1307,), (0.3081,), "none"),
+    "emnist_letters": _Spec(10, (0.1722,), (0.3309,), "none"),
+    "cifar10": _Spec(10, (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616), "crop_flip"),
+    "cifar100": _Spec(100, (0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762), "crop_flip"),
+    # no flips for digits (a mirrored 2 is no 2); SVHN's usual recipe is no augmentation
+    "svhn": _Spec(10, (0.4377, 0.4438, 0.4728), (0.1980, 0.2010, 0.1970), "none"),
+    "synthetic": _Spec(10, None, None, "none"),
+}
+DATASETS: tuple[str, ...] = tuple(_SPECS)
+NUM_CLASSES: dict[str, int] = {name: spec.num_classes for name, spec in _SPECS.items()}
+
+Splits = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]  # train_x, train_y, test_x, test_y
+
+
+def default_root() -> Path:
+    """Where torchvision-format datasets live unless ``data.root`` says otherwise."""
+    return Path("~/.cache/fltune/data").expanduser()
+
+
+def load_dataset(name: str, root: str | Path | None = None, download: bool = False) -> Dataset:
+    """Load a dataset by name; repeated loads in a process are served from memory.
+
+    ``root`` is the directory holding torchvision's on-disk layout (default ``~/.cache/fltune/data``);
+    Fashion-MNIST is also found in Debian's ``/usr/share/datasets/fashion-mnist`` when no root is given.
+    ``download=True`` lets torchvision fetch what is missing. The returned tensors are shared by every
+    caller: treat them as read-only.
+    """
+    if name not in _SPECS:
+        raise FLTuneError(f"data.dataset: unknown dataset {name!r}; allowed: {', '.join(DATASETS)}")
+    return _load(name, None if root is None else str(Path(root).expanduser().resolve()), download)
+
+
+@lru_cache(maxsize=4)
+def _load(name: str, root: str | None, download: bool) -> Dataset:
+    """Load and wrap one dataset; cached on (name, absolute root, download)."""
+    spec = _SPECS[name]
+    train_x, train_y, test_x, test_y = _LOADERS[name](None if root is None else Path(root), download)
+    mean, std = (spec.mean, spec.std) if spec.mean is not None else _pixel_stats(train_x)
+    return Dataset(name, train_x.contiguous(), train_y.long(), test_x.contiguous(), test_y.long(),
+                   spec.num_classes, mean, std, spec.augment)
+
+
+def _pixel_stats(x: torch.Tensor) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """Per-channel mean and std of uint8 images on the [0, 1] scale."""
+    scaled = x.float().div_(255).transpose(0, 1).reshape(x.shape[1], -1)
+    return tuple(scaled.mean(dim=1).tolist()), tuple(scaled.std(dim=1).tolist())
+
+
+def _missing(name: str, looked_in: list[Path], how: str, cause: Exception | None = None) -> DatasetMissing:
+    """The one-line error for files that are not where we looked."""
+    reason = f" ({' '.join(str(cause).split())})" if cause else ""
+    paths = ", ".join(str(p) for p in looked_in)
+    return DatasetMissing(f"data.dataset: {name} not found in {paths}{reason}; {how}")
+
+
+# --- Fashion-MNIST: idx files, flat (Debian) or torchvision layout ------------------------------------
+
+
+def _load_fmnist(root: Path | None, download: bool) -> Splits:
+    """Read the four idx(.gz) files from the first directory that holds them all.
+
+    With a root: ``root`` itself, then torchvision's ``root/FashionMNIST/raw``. Without: Debian's
+    directory, then torchvision's layout under the default root (where ``download=True`` puts them).
+    """
+    base = root or default_root()
+    dirs = [root] if root else [DEBIAN_FMNIST]
+    dirs.append(base / "FashionMNIST" / "raw")
+    found = next((d for d in dirs if all(_idx_path(d, f) for f in _FMNIST_FILES)), None)
+    if found is None and download:
+        from torchvision.datasets import FashionMNIST
+
+        _torchvision_splits("fmnist", base, dirs, lambda r, t: FashionMNIST(r, train=t, download=True))
+        found = dirs[-1]
+    if found is None:
+        raise _missing("fmnist", dirs, "apt-get install dataset-fashion-mnist, or " + _HOW_TO_GET)
+    train_x, train_y, test_x, test_y = (torch.from_numpy(_read_idx(_idx_path(found, f))) for f in _FMNIST_FILES)
+    return train_x.unsqueeze(1), train_y, test_x.unsqueeze(1), test_y
+
+
+def _idx_path(directory: Path, stem: str) -> Path | None:
+    """``stem.gz`` or ``stem`` in ``directory``, whichever exists."""
+    return next((p for p in (directory / f"{stem}.gz", directory / stem) if p.is_file()), None)
+
+
+def _read_idx(path: Path) -> np.ndarray:
+    """Parse an idx file of unsigned bytes (the MNIST family's format) into an array."""
+    with (gzip.open if path.suffix == ".gz" else open)(path, "rb") as f:
+        data = f.read()
+    if data[:3] != b"\x00\x00\x08":
+        raise FLTuneError(f"data.root: {path} is not an idx file of unsigned bytes")
+    dims = np.frombuffer(data, dtype=">i4", count=data[3], offset=4)
+    return np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * data[3]).reshape(dims).copy()
+
+
+# --- torchvision-format datasets -----------------------------------------------------------------------
+
+
+def _torchvision_splits(name: str, root: Path, looked_in: list[Path],
+                        make: Callable[[str, bool], Any]) -> tuple[Any, Any]:
+    """``make(root, train)`` for the train and test split; "not found" or a failed download → DatasetMissing."""
+    try:
+        return make(str(root), True), make(str(root), False)
+    except (RuntimeError, OSError) as err:  # torchvision: RuntimeError "not found"; urllib: OSError
+        raise _missing(name, looked_in, _HOW_TO_GET, err) from err
+
+
+def _load_mnist(root: Path | None, download: bool) -> Splits:
+    from torchvision.datasets import MNIST
+
+    root = root or default_root()
+    train, test = _torchvision_splits("mnist", root, [root / "MNIST" / "raw"],
+                                      lambda r, t: MNIST(r, train=t, download=download))
+    return train.data.unsqueeze(1), train.targets, test.data.unsqueeze(1), test.targets
+
+
+def _load_emnist_letters(root: Path | None, download: bool) -> Splits:
+    """EMNIST "letters", first 10 letters a–j as labels 0..9 (SimFAFL, ``haozzh/FedCR``).
+
+    EMNIST stores images transposed relative to MNIST; they are turned upright here.
+    """
+    from torchvision.datasets import EMNIST
+
+    root = root or default_root()
+    splits = _torchvision_splits("emnist_letters", root, [root / "EMNIST" / "raw"],
+                                 lambda r, t: EMNIST(r, split="letters", train=t, download=download))
+    out: list[torch.Tensor] = []
+    for ds in splits:
+        keep = ds.targets <= 10  # letters are labelled 1..26
+        out += [ds.data[keep].transpose(1, 2).unsqueeze(1), ds.targets[keep] - 1]
+    return tuple(out)
+
+
+def _cifar_loader(class_name: str, folder: str) -> Callable[[Path | None, bool], Splits]:
+    """Loader for CIFAR-10/100 (torchvision's python pickle batches, HWC images)."""
+
+    def load(root: Path | None, download: bool) -> Splits:
+        import torchvision.datasets
+
+        root = root or default_root()
+        cls = getattr(torchvision.datasets, class_name)
+        splits = _torchvision_splits(class_name.lower(), root, [root / folder],
+                                     lambda r, t: cls(r, train=t, download=download))
+        out: list[torch.Tensor] = []
+        for ds in splits:
+            out += [torch.from_numpy(ds.data).permute(0, 3, 1, 2), torch.tensor(ds.targets)]
+        return tuple(out)
+
+    return load
+
+
+def _load_svhn(root: Path | None, download: bool) -> Splits:
+    """SVHN cropped digits (``train_32x32.mat``/``test_32x32.mat``; torchvision maps label 10 to 0)."""
+    from torchvision.datasets import SVHN
+
+    root = root or default_root()
+    splits = _torchvision_splits("svhn", root, [root / "train_32x32.mat", root / "test_32x32.mat"],
+                                 lambda r, t: SVHN(r, split="train" if t else "test", download=download))
+    out: list[torch.Tensor] = []
+    for ds in splits:
+        out += [torch.from_numpy(ds.data), torch.from_numpy(ds.labels.astype(np.int64))]
+    return tuple(out)
+
+
+# --- synthetic: offline, seeded, learnable ------------------------------------------------------------
+
+
+def _load_synthetic(root: Path | None, download: bool) -> Splits:
+    """6000 train / 1000 test 1×28×28 images of 10 classes, identical in every process.
+
+    Each class is a random 7×7 grey pattern blown up to 28×28 (so convolutions have structure to
+    find); a sample is its class pattern plus Gaussian pixel noise (σ = 80 of 255), clipped to uint8.
+    Classes are balanced in both splits. ``root`` and ``download`` are ignored.
+    """
+    rng = np.random.default_rng(0x5EED)
+    patterns = np.kron(rng.uniform(0, 255, (10, 7, 7)), np.ones((4, 4))).astype(np.float32)
+    labels = np.concatenate([rng.permutation(np.arange(n) % 10) for n in (6000, 1000)])
+    images = patterns[labels] + 80 * rng.standard_normal((len(labels), 28, 28), dtype=np.float32)
+    x = torch.from_numpy(np.clip(images, 0, 255).astype(np.uint8)).unsqueeze(1)
+    y = torch.from_numpy(labels)
+    return x[:6000], y[:6000], x[6000:], y[6000:]
+
+
+_LOADERS: dict[str, Callable[[Path | None, bool], Splits]] = {
+    "fmnist": _load_fmnist,
+    "mnist": _load_mnist,
+    "emnist_letters": _load_emnist_letters,
+    "cifar10": _cifar_loader("CIFAR10", "cifar-10-batches-py"),
+    "cifar100": _cifar_loader("CIFAR100", "cifar-100-python"),
+    "svhn": _load_svhn,
+    "synthetic": _load_synthetic,
+}

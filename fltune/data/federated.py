@@ -1,0 +1,162 @@
+"""A dataset split over clients: one uint8 pool plus per-client index arrays, cached on disk.
+
+Workers index the shared pool instead of holding per-client copies. Partitions are cached as ``.npz``
+files named by a sha256 of everything that determines them, written atomically, so the trials of a
+sweep share one file and concurrent writers can never leave a half-written one behind.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from fltune.data.datasets import Dataset
+from fltune.data.partitions import partition, split_train_eval
+from fltune.errors import FLTuneError
+
+# k of the `classes` partition when partition.classes_per_client is unset. SimFAFL: 5 (EMNIST-L,
+# CIFAR-10), 3 (FMNIST), 15 (CIFAR-100). [U] for the rest: MNIST and synthetic as FMNIST (same shape,
+# 10 classes), SVHN as CIFAR-10.
+DEFAULT_CLASSES_PER_CLIENT: dict[str, int] = {
+    "emnist_letters": 5, "cifar10": 5, "fmnist": 3, "cifar100": 15, "mnist": 3, "svhn": 5, "synthetic": 3,
+}
+PARTITION_FORMAT = 1  # part of every cache key: bump it when a partition algorithm changes
+
+
+@dataclass(frozen=True)
+class FederatedData:
+    """The pool of samples, who holds which, and the global test split."""
+
+    x: torch.Tensor = field(repr=False)  # uint8 pool [P, C, H, W]
+    y: torch.Tensor = field(repr=False)  # int64 [P]
+    client_train: list[np.ndarray] = field(repr=False)  # indices into the pool
+    client_eval: list[np.ndarray] = field(repr=False)  # indices into the pool (empty if eval_fraction = 0)
+    test_x: torch.Tensor = field(repr=False)
+    test_y: torch.Tensor = field(repr=False)
+    num_classes: int
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+    augment: str
+    name: str
+
+    @property
+    def input_shape(self) -> tuple[int, int, int]:
+        """(C, H, W) of one sample."""
+        channels, height, width = self.x.shape[1:]
+        return channels, height, width
+
+    @property
+    def num_clients(self) -> int:
+        return len(self.client_train)
+
+
+def build_federated_data(
+    dataset: Dataset, *, kind: str, num_clients: int, seed: int, alpha: float = 0.5,
+    classes_per_client: int | None = None, shards_per_client: int = 2, min_size: int = 10,
+    eval_fraction: float = 0.0, pool_test: bool = False, cache_dir: str | Path | None = None,
+) -> FederatedData:
+    """Partition ``dataset`` over ``num_clients`` clients and hold out ``eval_fraction`` of each.
+
+    ``pool_test=True`` is SimFAFL/FedCR's protocol: train and test are pooled before partitioning and
+    the global test split is the union of the clients' held-out splits, so no test sample is ever
+    trained on. Otherwise the pool is the train split and the global test split is the dataset's.
+    ``classes_per_client=None`` takes :data:`DEFAULT_CLASSES_PER_CLIENT` for the dataset.
+    """
+    if pool_test and eval_fraction == 0:
+        raise FLTuneError(
+            "partition.eval_fraction: must be > 0 with partition.pool_test, whose global test split is "
+            "the clients' held-out data; got 0"
+        )
+    x, y = dataset.train_x, dataset.train_y
+    if pool_test:
+        x, y = torch.cat([x, dataset.test_x]), torch.cat([y, dataset.test_y])
+    params = {
+        "kind": kind, "num_clients": num_clients, "seed": seed, "alpha": alpha,
+        "classes_per_client": (DEFAULT_CLASSES_PER_CLIENT.get(dataset.name) if classes_per_client is None
+                               else classes_per_client),
+        "shards_per_client": shards_per_client, "min_size": min_size, "eval_fraction": eval_fraction,
+    }
+    train, held_out = _cached_split(dataset.name, y.numpy(), dataset.num_classes, params,
+                                    Path(cache_dir) if cache_dir else _default_cache_dir())
+    if pool_test:
+        test = torch.from_numpy(np.sort(np.concatenate(held_out)))
+        test_x, test_y = x[test], y[test]
+    else:
+        test_x, test_y = dataset.test_x, dataset.test_y
+    return FederatedData(x, y, train, held_out, test_x, test_y, dataset.num_classes, dataset.mean,
+                         dataset.std, dataset.augment, dataset.name)
+
+
+def _default_cache_dir() -> Path:
+    """``$FLTUNE_CACHE/partitions`` if set (tests, clusters with shared disks), else ~/.cache/fltune."""
+    return Path(os.environ.get("FLTUNE_CACHE", "~/.cache/fltune")).expanduser() / "partitions"
+
+
+def _cached_split(name: str, labels: np.ndarray, num_classes: int, params: dict,
+                  cache_dir: Path) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Partition and train/eval split, read from ``cache_dir`` when an identical one was made before."""
+    meta = json.dumps({
+        "format": PARTITION_FORMAT, "dataset": name, "pool_size": len(labels),
+        "labels_sha256": hashlib.sha256(np.ascontiguousarray(labels, dtype=np.int64).tobytes()).hexdigest(),
+        **params,
+    }, sort_keys=True)
+    path = cache_dir / f"{name}-{params['kind']}-{hashlib.sha256(meta.encode()).hexdigest()}.npz"
+    cached = _read(path, meta)
+    if cached is not None:
+        return cached
+    parts = partition(
+        labels, num_classes, params["kind"], params["num_clients"], params["seed"], alpha=params["alpha"],
+        classes_per_client=params["classes_per_client"], shards_per_client=params["shards_per_client"],
+        min_size=params["min_size"],
+    )
+    # a seed of its own, so the held-out shuffle is not the partition's random stream replayed
+    split_seed = int(np.random.SeedSequence([params["seed"], 1]).generate_state(1)[0])
+    train, held_out = split_train_eval(parts, params["eval_fraction"], split_seed)
+    _write(path, meta, train, held_out)
+    return train, held_out
+
+
+def _read(path: Path, meta: str) -> tuple[list[np.ndarray], list[np.ndarray]] | None:
+    """The cached split at ``path`` if it exists and was made from exactly ``meta``."""
+    if not path.is_file():
+        return None
+    with np.load(path) as stored:
+        if str(stored["meta"]) != meta:
+            return None
+        return tuple(_unflatten(stored[f"{half}_flat"], stored[f"{half}_sizes"]) for half in ("train", "eval"))
+
+
+def _write(path: Path, meta: str, train: list[np.ndarray], held_out: list[np.ndarray]) -> None:
+    """Write to a temporary file in the same directory, then rename it into place (atomic on POSIX)."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.stem, suffix=".tmp")
+    except OSError as err:
+        raise FLTuneError(f"partition.cache_dir: cannot write to {path.parent} ({err.strerror})") from err
+    try:
+        with os.fdopen(fd, "wb") as f:
+            np.savez(f, meta=np.array(meta), train_flat=_flat(train), train_sizes=_sizes(train),
+                     eval_flat=_flat(held_out), eval_sizes=_sizes(held_out))
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def _flat(parts: list[np.ndarray]) -> np.ndarray:
+    return np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
+
+
+def _sizes(parts: list[np.ndarray]) -> np.ndarray:
+    return np.array([len(p) for p in parts], dtype=np.int64)
+
+
+def _unflatten(flat: np.ndarray, sizes: np.ndarray) -> list[np.ndarray]:
+    return np.split(flat.astype(np.int64), np.cumsum(sizes)[:-1])

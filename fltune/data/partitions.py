@@ -1,0 +1,402 @@
+"""Seeded splits of a label array over clients (METHODS.md §0, "Partitions").
+
+Every function here is pure: labels, sizes and a seed in, sorted int64 index arrays out. All randomness
+comes from one ``numpy.random.default_rng(seed)``, so a partition is a function of its arguments and can
+be cached on disk (see ``federated.py``). A sample lands in at most one client; ``iid``, ``dirichlet``
+and ``shards`` place every sample, ``classes`` and ``dirichlet_prior`` give every client the same
+``len(labels) // num_clients`` samples and so drop a remainder of fewer than ``num_clients`` samples
+(``classes`` drops more only when its owned classes cannot fill every client; see :func:`_classes`).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+import numpy as np
+
+from fltune.errors import FLTuneError
+
+PARTITIONS: tuple[str, ...] = ("iid", "classes", "dirichlet_prior", "dirichlet", "shards")
+DIRICHLET_MAX_DRAWS = 1000  # `dirichlet` redraws before giving up on partition.min_size
+
+
+def partition(
+    labels: np.ndarray, num_classes: int, kind: str, num_clients: int, seed: int, *,
+    alpha: float = 0.5, classes_per_client: int | None = None, shards_per_client: int = 2,
+    min_size: int = 10,
+) -> list[np.ndarray]:
+    """Split ``range(len(labels))`` over ``num_clients`` clients; one sorted index array per client.
+
+    - ``iid``: a seeded permutation cut into N parts (sizes differ by at most 1).
+    - ``classes``: client j holds only classes {(j+t) mod C : t < k}, near-equal counts, equal sizes.
+    - ``dirichlet_prior``: client priors π_i ~ Dir(α·1_C), equal sizes.
+    - ``dirichlet``: FedML's LDA, per-class proportions ~ Dir(α·1_N), unequal sizes ≥ ``min_size``.
+    - ``shards``: label-sorted shards, ``shards_per_client`` per client.
+
+    Raises :class:`FLTuneError` naming the config field (``partition.*``, ``federation.clients``) when
+    the arguments cannot make a partition.
+    """
+    labels = _check_labels(labels, num_classes)
+    _check_common(kind, num_clients, len(labels))
+    rng = np.random.default_rng(seed)
+    if kind == "iid":
+        parts = np.array_split(rng.permutation(len(labels)), num_clients)
+    elif kind == "classes":
+        parts = _classes(labels, num_classes, num_clients, _check_k(classes_per_client, num_classes), rng)
+    elif kind == "dirichlet_prior":
+        parts = _dirichlet_prior(labels, num_classes, num_clients, _check_alpha(alpha), rng)
+    elif kind == "dirichlet":
+        parts = _dirichlet(labels, num_classes, num_clients, _check_alpha(alpha), min_size, rng)
+    else:
+        parts = _shards(labels, num_clients, shards_per_client, rng)
+    return [np.sort(part).astype(np.int64) for part in parts]
+
+
+def split_train_eval(
+    indices: list[np.ndarray], eval_fraction: float, seed: int,
+) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Per client, a seeded shuffle; the first ``round((1 - f)·n)`` train, the rest eval (SimFAFL 70/30).
+
+    ``eval_fraction = 0`` gives empty eval arrays. Both halves come back sorted.
+    """
+    if not 0 <= eval_fraction < 1:
+        raise FLTuneError(f"partition.eval_fraction: must be in [0, 1); got {eval_fraction}")
+    rng = np.random.default_rng(seed)
+    train, held_out = [], []
+    for part in indices:
+        shuffled = rng.permutation(part)
+        n_train = round((1 - eval_fraction) * len(part))
+        train.append(np.sort(shuffled[:n_train]).astype(np.int64))
+        held_out.append(np.sort(shuffled[n_train:]).astype(np.int64))
+    return train, held_out
+
+
+# --- validation ---------------------------------------------------------------------------------------
+
+
+def _check_labels(labels: np.ndarray, num_classes: int) -> np.ndarray:
+    """Labels must be a 1-D integer array in [0, num_classes) (a programming error otherwise)."""
+    labels = np.asarray(labels)
+    if labels.ndim != 1 or not np.issubdtype(labels.dtype, np.integer):
+        raise ValueError(f"labels must be a 1-D integer array; got {labels.dtype} {labels.shape}")
+    if len(labels) and (labels.min() < 0 or labels.max() >= num_classes):
+        raise ValueError(f"labels must lie in [0, {num_classes}); got [{labels.min()}, {labels.max()}]")
+    return labels.astype(np.int64, copy=False)
+
+
+def _check_common(kind: str, num_clients: int, num_samples: int) -> None:
+    if kind not in PARTITIONS:
+        raise FLTuneError(f"partition.kind: unknown partition {kind!r}; allowed: {', '.join(PARTITIONS)}")
+    if not 1 <= num_clients <= num_samples:
+        raise FLTuneError(
+            f"federation.clients: must be between 1 and the {num_samples} samples to split; got {num_clients}"
+        )
+
+
+def _check_k(classes_per_client: int | None, num_classes: int) -> int:
+    if classes_per_client is None or not 1 <= classes_per_client <= num_classes:
+        raise FLTuneError(
+            f"partition.classes_per_client: must be in 1..{num_classes} for partition 'classes'; "
+            f"got {classes_per_client}"
+        )
+    return classes_per_client
+
+
+def _check_alpha(alpha: float) -> float:
+    if not (np.isfinite(alpha) and alpha > 0):
+        raise FLTuneError(f"partition.alpha: must be a finite number > 0; got {alpha}")
+    return float(alpha)
+
+
+# --- classes (SimFAFL/FedCR non-IID1) -------------------------------------------------------------------
+
+
+def _classes(labels: np.ndarray, num_classes: int, num_clients: int, k: int,
+             rng: np.random.Generator) -> list[np.ndarray]:
+    """Client j owns classes {(j+t) mod C : t<k} and gets ``len(labels) // N`` samples of them.
+
+    ``haozzh/FedCR:utils/utils_dataset.py`` rule ``noniid`` deals one sample at a time to the
+    least-filled client, from its least-filled owned class with data left, and when all its owned
+    classes are gone takes a sample from a random client sharing a class. The same goals, in bulk:
+
+    1. :func:`_balanced_plan`: the most even fractional counts with every client at its size and no
+       class over-drawn. With enough data of each class every owned class gets n/k; a class in short
+       supply is split evenly among its owners, who make up the rest from their other classes.
+    2. Round down, then :func:`_fill_levels` hands out the few remaining samples one per owned class
+       (each client's first classes in (j+t) order; a class with fewer samples than requests picks
+       its takers at random). With enough data of every class, a client's counts differ by ≤ 1.
+    3. :func:`_reroute`: a client still short takes samples along a chain of clients sharing a class
+       (FedCR's stealing, as augmenting paths).
+
+    Clients reach their size whenever any assignment can; if none can (e.g. k = 1 and a class smaller
+    than its owners' demand, or N < C so some class has no owner), those clients stay smaller rather
+    than receive a class they do not own, and the unused samples are dropped.
+    """
+    owned = (np.arange(num_clients)[:, None] + np.arange(k)[None, :]) % num_classes
+    supply = np.bincount(labels, minlength=num_classes)
+    per_client = len(labels) // num_clients
+    counts = np.floor(_balanced_plan(owned, supply, per_client)).astype(np.int64)
+    left = supply - np.bincount(owned.ravel(), weights=counts.ravel(), minlength=num_classes).astype(np.int64)
+    need = per_client - counts.sum(axis=1)
+    _fill_levels(owned, counts, left, need, rng)
+    _reroute(owned, counts, left, need)
+    per_class = np.zeros((num_clients, num_classes), dtype=np.int64)
+    np.put_along_axis(per_class, owned, counts, axis=1)
+    return _deal(labels, per_class, rng)
+
+
+def _balanced_plan(owned: np.ndarray, supply: np.ndarray, per_client: int,
+                   max_iterations: int = 5000) -> np.ndarray:
+    """Fractional [clients, k] counts: rows sum to ``per_client``, class totals stay ≤ ``supply``.
+
+    The maximum-entropy such plan, by Bregman's balancing (Sinkhorn scaling with one factor ≤ 1 per
+    class): plan[j, t] = r_j · s_{owned[j, t]}; r makes every row exact, s shrinks only classes drawn
+    beyond their supply, so a client splits evenly over the owned classes that are not scarce. Stops
+    once no class is over-drawn by more than 0.1 sample; if the constraints cannot all hold, the last
+    plan is scaled down to the supply (leaving some rows short).
+    """
+    scale = np.ones(len(supply))
+    for _ in range(max_iterations):
+        weights = scale[owned]
+        totals = weights.sum(axis=1, keepdims=True)
+        plan = np.divide(per_client * weights, totals, out=np.zeros_like(weights), where=totals > 0)
+        drawn = np.bincount(owned.ravel(), weights=plan.ravel(), minlength=len(supply))
+        ratio = np.divide(supply, drawn, out=np.ones_like(drawn), where=drawn > 0)
+        if (drawn <= supply + 0.1).all():
+            break
+        scale = np.minimum(1.0, scale * ratio)
+    return plan * np.minimum(1.0, ratio)[owned]
+
+
+def _fill_levels(owned: np.ndarray, counts: np.ndarray, left: np.ndarray, need: np.ndarray,
+                 rng: np.random.Generator) -> None:
+    """Raise every client with room by one sample of each owned class with data left, per level, in place.
+
+    A client with less room than open classes takes its first ones in (j+t) order (FedCR's stable tie
+    break); a class with fewer samples than requests grants a random subset of them. Called on the
+    rounded-down plan, so it runs a few levels (about k) unless the plan hit the supply.
+    """
+    while True:
+        wants = (left[owned] > 0) & (need[:, None] > 0)
+        if not wants.any():
+            return
+        wants &= np.cumsum(wants, axis=1) <= need[:, None]
+        granted = _grant_one_level(owned, wants, left, rng)
+        counts += granted
+        need -= granted.sum(axis=1)
+        left -= np.bincount(owned.ravel(), weights=granted.ravel(), minlength=len(left)).astype(np.int64)
+
+
+def _grant_one_level(owned: np.ndarray, wants: np.ndarray, left: np.ndarray,
+                     rng: np.random.Generator) -> np.ndarray:
+    """0/1 grants for one level: each class serves at most ``left[c]`` of its requests, chosen at random."""
+    slots = np.flatnonzero(wants)
+    cls = owned.ravel()[slots]
+    order = np.lexsort((rng.random(len(slots)), cls))
+    first_of_class = np.searchsorted(cls[order], cls[order])
+    rank = np.empty(len(slots), dtype=np.int64)
+    rank[order] = np.arange(len(slots)) - first_of_class
+    granted = np.zeros(owned.size, dtype=np.int64)
+    granted[slots] = rank < left[cls]
+    return granted.reshape(owned.shape)
+
+
+def _reroute(owned: np.ndarray, counts: np.ndarray, left: np.ndarray, need: np.ndarray) -> None:
+    """Fill clients whose owned classes ran dry through chains of clients sharing a class, in place.
+
+    A chain j --c1--> i1 --c2--> ... --cm-->(spare data of cm): j takes c1 from i1, i1 replaces it with
+    c2 from i2, ..., the last client takes spare cm. Found by breadth-first search over clients; each
+    chain moves as many samples as its narrowest link. A client with no chain never gains one later
+    (max-flow), so it is left short.
+    """
+    num_classes = len(left)
+    for start in np.flatnonzero(need > 0):
+        while need[start] > 0:
+            chain = _find_chain(start, owned, counts, left, num_classes)
+            if chain is None:
+                break
+            amount = min(need[start], left[owned[chain[-1]]],
+                         *(counts[link] for link in _giver_slots(chain, owned, num_classes)))
+            for client, slot in chain:
+                counts[client, slot] += amount
+            for giver, slot in _giver_slots(chain, owned, num_classes):
+                counts[giver, slot] -= amount
+            left[owned[chain[-1]]] -= amount
+            need[start] -= amount
+
+
+def _find_chain(start: int, owned: np.ndarray, counts: np.ndarray, left: np.ndarray,
+                num_classes: int) -> list[tuple[int, int]] | None:
+    """Shortest chain of (taker, owned slot) from ``start`` to a class with spare data, or None."""
+    num_clients, k = owned.shape
+    parent: dict[int, tuple[int, int] | None] = {start: None}
+    queue = deque([start])
+    while queue:
+        taker = queue.popleft()
+        for slot in range(k):
+            cls = owned[taker, slot]
+            if left[cls] > 0:
+                return _unwind(parent, taker, slot)
+            for holder_slot in range(k):  # owners of cls are the clients j ≡ cls - t (mod C), t < k
+                for holder in range((cls - holder_slot) % num_classes, num_clients, num_classes):
+                    if holder not in parent and counts[holder, holder_slot] > 0:
+                        parent[holder] = (taker, slot)
+                        queue.append(holder)
+    return None
+
+
+def _unwind(parent: dict[int, tuple[int, int] | None], last: int, last_slot: int) -> list[tuple[int, int]]:
+    """The chain [(start, slot), ..., (last, last_slot)] recorded by the breadth-first search."""
+    chain = [(last, last_slot)]
+    while parent[chain[0][0]] is not None:
+        chain.insert(0, parent[chain[0][0]])
+    return chain
+
+
+def _giver_slots(chain: list[tuple[int, int]], owned: np.ndarray, num_classes: int) -> list[tuple[int, int]]:
+    """(giver, giver's slot) for each link: the next client in the chain gives the taker's class."""
+    links = []
+    for (taker, slot), (giver, _) in zip(chain, chain[1:]):
+        links.append((giver, int((owned[taker, slot] - giver) % num_classes)))
+    return links
+
+
+# --- dirichlet_prior (SimFAFL/FedCR non-IID2, MAN, FedDyn) ---------------------------------------------
+
+
+def _dirichlet_prior(labels: np.ndarray, num_classes: int, num_clients: int, alpha: float,
+                     rng: np.random.Generator) -> list[np.ndarray]:
+    """Per-client prior π_i ~ Dir(α·1_C); equal sizes; each sample's class drawn from its client's prior.
+
+    ``haozzh/FedCR`` rule ``Dirichlet`` picks a client with room, draws a class from π_i, redraws while
+    that class is exhausted, and assigns one sample. Here the order in which clients with room are
+    served is a random permutation of ``n`` copies of every client (each pick is proportional to the
+    room left rather than uniform over clients with room [U]), and "redraw while exhausted" is drawn
+    directly as π_i restricted to the classes still available, which is the same distribution.
+    """
+    per_client = len(labels) // num_clients
+    priors = rng.dirichlet(np.full(num_classes, alpha), size=num_clients)
+    clients = rng.permutation(np.repeat(np.arange(num_clients), per_client))
+    classes = _draw_classes(priors, clients, np.bincount(labels, minlength=num_classes), rng)
+    counts = np.bincount(clients * num_classes + classes, minlength=num_clients * num_classes)
+    return _deal(labels, counts.reshape(num_clients, num_classes), rng)
+
+
+def _draw_classes(priors: np.ndarray, clients: np.ndarray, left: np.ndarray, rng: np.random.Generator,
+                  chunk: int = 8192) -> np.ndarray:
+    """One class per entry of ``clients``, from that client's prior over classes not yet exhausted.
+
+    Draws a chunk at once, keeps the prefix before the first draw that would overdraw a class, and
+    redraws the rest with that class removed: at most ``len/chunk + C`` rounds of vectorised work.
+    """
+    classes = np.empty(len(clients), dtype=np.int64)
+    pos = 0
+    while pos < len(clients):
+        cdf = np.cumsum(_available_priors(priors, left > 0), axis=1)[clients[pos:pos + chunk]]
+        # inverse CDF; u < cdf[:, -1] and zero-mass classes repeat the previous CDF value, so the
+        # count of CDF entries ≤ u is always a class with mass
+        u = rng.random(len(cdf)) * cdf[:, -1]
+        drawn = (cdf <= u[:, None]).sum(axis=1)
+        keep = _prefix_within_supply(drawn, left)
+        classes[pos:pos + keep] = drawn[:keep]
+        left = left - np.bincount(drawn[:keep], minlength=len(left))
+        pos += keep
+    return classes
+
+
+def _available_priors(priors: np.ndarray, available: np.ndarray) -> np.ndarray:
+    """Priors masked to available classes; a client with no prior mass left draws them uniformly [U]."""
+    masked = priors * available
+    empty = masked.sum(axis=1) <= 0
+    masked[empty] = available / available.sum()
+    return masked
+
+
+def _prefix_within_supply(drawn: np.ndarray, left: np.ndarray) -> int:
+    """Length of the longest prefix of ``drawn`` that takes no class beyond ``left``."""
+    order = np.argsort(drawn, kind="stable")
+    rank = np.empty(len(drawn), dtype=np.int64)
+    rank[order] = np.arange(len(drawn)) - np.searchsorted(drawn[order], drawn[order])
+    over = np.flatnonzero(rank >= left[drawn])
+    return int(over[0]) if len(over) else len(drawn)
+
+
+# --- dirichlet (FedML LDA: FedAlign, FedSOL) ----------------------------------------------------------
+
+
+def _dirichlet(labels: np.ndarray, num_classes: int, num_clients: int, alpha: float, min_size: int,
+               rng: np.random.Generator) -> list[np.ndarray]:
+    """FedML's LDA split: per class p ~ Dir(α·1_N), full clients zeroed, split at cumulative proportions.
+
+    A client is full once it holds ≥ len/N samples. The whole draw is repeated until the smallest
+    client has ≥ ``min_size`` samples, at most :data:`DIRICHLET_MAX_DRAWS` times.
+    """
+    if min_size * num_clients > len(labels):
+        raise FLTuneError(
+            f"partition.min_size: {num_clients} clients × {min_size} exceeds the {len(labels)} samples; "
+            f"allowed: at most {len(labels) // num_clients}"
+        )
+    class_sizes = np.bincount(labels, minlength=num_classes)
+    for _ in range(DIRICHLET_MAX_DRAWS):
+        counts = _lda_counts(class_sizes, num_clients, alpha, rng)
+        if counts is not None and counts.sum(axis=1).min() >= min_size:
+            return _deal(labels, counts, rng)
+    raise FLTuneError(
+        f"partition.alpha/partition.min_size: no split with every client ≥ {min_size} samples in "
+        f"{DIRICHLET_MAX_DRAWS} draws at alpha={alpha} over {num_clients} clients; raise partition.alpha "
+        f"or lower partition.min_size"
+    )
+
+
+def _lda_counts(class_sizes: np.ndarray, num_clients: int, alpha: float,
+                rng: np.random.Generator) -> np.ndarray | None:
+    """One LDA draw as a [clients, classes] count matrix; None when no client has room for a class."""
+    cap = class_sizes.sum() / num_clients
+    counts = np.zeros((num_clients, len(class_sizes)), dtype=np.int64)
+    for cls, size in enumerate(class_sizes):
+        p = rng.dirichlet(np.full(num_clients, alpha)) * (counts.sum(axis=1) < cap)
+        if not p.sum() > 0:
+            return None
+        cuts = (np.cumsum(p / p.sum()) * size).astype(np.int64)[:-1]
+        counts[:, cls] = np.diff(cuts, prepend=0, append=size)
+    return counts
+
+
+# --- shards (FedAvg pathological split, FedSOL) -------------------------------------------------------
+
+
+def _shards(labels: np.ndarray, num_clients: int, shards_per_client: int,
+            rng: np.random.Generator) -> list[np.ndarray]:
+    """Sort by label, cut into N·s shards (sizes differ by at most 1), give each client s at random.
+
+    Ties within a label are broken by a seeded shuffle, so which samples share a shard depends on the
+    seed too. Every sample is placed.
+    """
+    num_shards = num_clients * shards_per_client
+    if shards_per_client < 1 or num_shards > len(labels):
+        raise FLTuneError(
+            f"partition.shards_per_client: must be in 1..{len(labels) // num_clients} so that "
+            f"{num_clients} clients' shards fit in {len(labels)} samples; got {shards_per_client}"
+        )
+    shuffled = rng.permutation(len(labels))
+    by_label = shuffled[np.argsort(labels[shuffled], kind="stable")]
+    shards = np.array_split(by_label, num_shards)
+    picks = rng.permutation(num_shards).reshape(num_clients, shards_per_client)
+    return [np.concatenate([shards[s] for s in row]) for row in picks]
+
+
+# --- shared -------------------------------------------------------------------------------------------
+
+
+def _deal(labels: np.ndarray, counts: np.ndarray, rng: np.random.Generator) -> list[np.ndarray]:
+    """Give client j ``counts[j, c]`` random samples of class c (a [clients, classes] matrix)."""
+    num_clients, num_classes = counts.shape
+    samples, owners = [], []
+    for cls in range(num_classes):
+        owner = np.repeat(np.arange(num_clients), counts[:, cls])
+        samples.append(rng.permutation(np.flatnonzero(labels == cls))[:len(owner)])
+        owners.append(owner)
+    owners_all = np.concatenate(owners)
+    order = np.argsort(owners_all, kind="stable")
+    bounds = np.cumsum(np.bincount(owners_all, minlength=num_clients))[:-1]
+    return np.split(np.concatenate(samples)[order], bounds)

@@ -1,0 +1,21 @@
+"""Round callbacks: how tracking (MLflow), progress (rich) and Tune reporting attach to the engine."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from fltune.engine.federation import Federation
+
+
+class Callback:
+    """No-op base; override what you need. ``on_end`` runs on success, divergence, failure and Ctrl-C."""
+
+    def on_start(self, fed: Federation) -> None:
+        """Before the first remaining round."""
+
+    def on_round(self, fed: Federation, metrics: dict[str, float]) -> None:
+        """After each round, with that round's metrics."""
+
+    def on_end(self, fed: Federation, summary: dict[str, Any]) -> None:
+        """Once, with the final summary (``summary['status']``: finished, diverged, failed, killed)."""

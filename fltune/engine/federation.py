@@ -1,0 +1,237 @@
+"""The round loop: sample, broadcast, train on the actor pool, aggregate, evaluate, report to callbacks.
+
+The engine knows no method by name (it only calls hooks) and imports neither MLflow nor Ray Tune: those
+attach as callbacks. Its whole state — global weights, server state, the per-client store, the latest
+local models, the history — is plain data (``state_dict``), so a checkpoint is just that.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import ray
+import torch
+
+from fltune.config import ExperimentConfig
+from fltune.data.federated import FederatedData
+from fltune.engine.aggregate import WeightedSum
+from fltune.engine.callbacks import Callback
+from fltune.engine.local import RoundInput, evaluate, load_state
+from fltune.engine.pool import WorkerPool, balance, ensure_ray, plan_workers
+from fltune.engine.rng import sample_clients
+from fltune.engine.setup import build_method, build_model_for, initial_state, load_data
+from fltune.errors import FLTuneError
+from fltune.metrics.accuracy import summarise
+from fltune.methods.base import Aggregate, ServerContext, State
+
+
+class Federation:
+    """One federated run: ``run()`` for all rounds, or ``step()`` one round at a time (Tune trainables)."""
+
+    def __init__(self, cfg: ExperimentConfig, data: FederatedData | None = None) -> None:
+        self.cfg = cfg
+        self.data = data if data is not None else load_data(cfg)
+        self._check_sizes()
+        self.method = build_method(cfg)
+        self.initial_state: State = initial_state(cfg, self.data)
+        self.global_state: State = self.initial_state
+        self.server_state: dict[str, Any] = self.method.init_server_state(self.global_state)
+        self.client_store: dict[int, dict[str, Any]] = {}
+        self.latest: dict[int, State] = {}
+        self.round = 0
+        self.history: list[dict[str, float]] = []
+        self.status = "running"
+        self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        self.eval_model = build_model_for(cfg, self.data).to(self.device)
+        self.protocols = self._applicable_protocols()
+        self.sizes = [len(idx) for idx in self.data.client_train]
+        self.pool: WorkerPool | None = None
+
+    # ------------------------------------------------------------------ setup
+    def _check_sizes(self) -> None:
+        fed = self.cfg.federation
+        if fed.clients_per_round > fed.clients:
+            raise FLTuneError(f"federation.fraction: {fed.fraction} of {fed.clients} clients; allowed: (0, 1]")
+        empty = [c for c, idx in enumerate(self.data.client_train) if len(idx) == 0]
+        if empty:
+            raise FLTuneError(
+                f"federation.clients: {len(empty)} of {fed.clients} clients got no training samples; "
+                "allowed: fewer clients or a less skewed partition"
+            )
+
+    def _applicable_protocols(self) -> list[str]:
+        """`personalized` needs per-client held-out splits (partition.eval_fraction > 0)."""
+        has_eval = all(len(idx) > 0 for idx in self.data.client_eval)
+        return [p for p in self.cfg.metrics.protocols if p != "personalized" or has_eval]
+
+    def open(self) -> None:
+        """Start (or join) Ray and the client actors."""
+        if self.pool is None:
+            ensure_ray(self.cfg.resources.address)
+            plan = plan_workers(self.cfg, ray.cluster_resources())
+            self.pool = WorkerPool(self.cfg, self.data, plan, keep_latest="all_model" in self.protocols)
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown()
+            self.pool = None
+
+    # ------------------------------------------------------------------ loop
+    def run(self, callbacks: Sequence[Callback] = ()) -> dict[str, Any]:
+        """All remaining rounds; callbacks see every round and the end (also on failure or Ctrl-C)."""
+        self.open()
+        for cb in callbacks:
+            cb.on_start(self)
+        try:
+            while self.round < self.cfg.federation.rounds and self.status == "running":
+                metrics = self.step()
+                for cb in callbacks:
+                    cb.on_round(self, metrics)
+        except KeyboardInterrupt:
+            self._finish(callbacks, "killed")
+            raise
+        except BaseException:
+            self._finish(callbacks, "failed")
+            raise
+        if self.status == "running":
+            self.status = "finished"
+        summary = self.summary()
+        for cb in callbacks:
+            cb.on_end(self, summary)
+        return summary
+
+    def _finish(self, callbacks: Sequence[Callback], status: str) -> None:
+        self.status = status
+        summary = self.summary()
+        for cb in callbacks:
+            cb.on_end(self, summary)
+
+    def step(self) -> dict[str, float]:
+        """One round; returns its metrics (accuracies only on evaluation rounds)."""
+        self.open()
+        assert self.pool is not None
+        start = time.perf_counter()
+        r = self.round + 1
+        fed, training = self.cfg.federation, self.cfg.training
+        clients = sample_clients(fed.seed, r, fed.clients, fed.clients_per_round)
+        inputs = RoundInput(
+            round=r, seed=fed.seed, lr=training.lr * training.lr_decay ** (r - 1),
+            global_state=self.global_state, server=self.method.server_payload(self.server_state),
+        )
+        inputs_ref = ray.put(inputs)
+        shards = balance(clients, self.sizes, len(self.pool.actors))
+        results = self.pool.map("train", shards, inputs_ref, per_shard=self._states_for)
+        total = WeightedSum()
+        states, client_metrics, latest = {}, {}, {}
+        for res in results:
+            total.merge(res.partial)
+            states.update(res.states)
+            client_metrics.update(res.metrics)
+            latest.update(res.latest)
+        metrics = self._train_metrics(client_metrics)
+        self.round = r
+        if metrics["diverged"]:
+            self.status = "diverged"
+        else:
+            aggregate = Aggregate(total.mean(), total.total_weight, states, client_metrics)
+            self.client_store.update(states)
+            self.latest.update(latest)
+            ctx = ServerContext(r, self.global_state, aggregate, self.server_state, self.client_store, fed.clients)
+            new_state = self.method.aggregate(ctx)
+            if not all(np.isfinite(v).all() for v in new_state.values() if v.dtype.kind == "f"):
+                self.status = "diverged"
+            else:
+                self.global_state = new_state
+        metrics["round_s"] = time.perf_counter() - start
+        metrics["lr"] = inputs.lr
+        if self.status == "running" and (r % self.cfg.metrics.every == 0 or r == fed.rounds):
+            eval_start = time.perf_counter()
+            metrics.update(self.evaluate())
+            metrics["eval_s"] = time.perf_counter() - eval_start
+        metrics["round"] = float(r)
+        self.history.append(metrics)
+        return metrics
+
+    def _states_for(self, shard: list[int]) -> dict[int, dict[str, Any]]:
+        return {c: self.client_store[c] for c in shard if c in self.client_store}
+
+    @staticmethod
+    def _train_metrics(client_metrics: dict[int, dict[str, float]]) -> dict[str, float]:
+        samples = sum(m["samples"] for m in client_metrics.values())
+        loss = sum(m["train_loss"] * m["samples"] for m in client_metrics.values()) / max(samples, 1.0)
+        diverged = any(m["diverged"] for m in client_metrics.values()) or not math.isfinite(loss)
+        return {"train_loss": loss, "samples": samples, "diverged": float(diverged)}
+
+    # ------------------------------------------------------------------ evaluation
+    def evaluate(self) -> dict[str, float]:
+        """Accuracy and loss under every applicable protocol (METHODS.md §0)."""
+        out: dict[str, float] = {}
+        if "global" in self.protocols:
+            out["acc_global"], out["loss"] = self._evaluate_state(self.global_state)
+        if "all_model" in self.protocols:
+            out["acc_all_model"], out["loss_all_model"] = self._evaluate_state(self._all_model_state())
+        if "personalized" in self.protocols:
+            out["acc_personalized"], out["loss_personalized"] = self._evaluate_personalized()
+        return out
+
+    def _evaluate_state(self, state: State) -> tuple[float, float]:
+        load_state(self.eval_model, state)
+        correct, loss, n = evaluate(self.eval_model, self.data, self.data.test_x, self.data.test_y, self.device)
+        return correct / n, loss / n
+
+    def _all_model_state(self) -> State:
+        """Average of every client's latest local model (initial model if never sampled), FedDyn-style.
+
+        Weighted by n_k when the method weights its updates by n_k, plain mean otherwise (METHODS.md §0).
+        Summed in client order on the driver, so the result is independent of the worker count.
+        """
+        initial = self.initial_state
+        weights = [self._all_model_weight(c) for c in range(self.cfg.federation.clients)]
+        total = math.fsum(weights)
+        acc = {k: np.zeros(v.shape, np.float64) for k, v in initial.items()}
+        for cid, weight in enumerate(weights):
+            for key, value in self.latest.get(cid, initial).items():
+                acc[key] += weight * value
+        return {k: (acc[k] / total).astype(initial[k].dtype) for k in acc}
+
+    def _all_model_weight(self, cid: int) -> float:
+        return float(self.sizes[cid]) if self.method.weighted_by_samples else 1.0
+
+    def _evaluate_personalized(self) -> tuple[float, float]:
+        """Mean over clients of each client's accuracy on its own held-out split (SimFAFL Table 2)."""
+        assert self.pool is not None
+        clients = list(range(self.cfg.federation.clients))
+        eval_sizes = [len(idx) for idx in self.data.client_eval]
+        shards = balance(clients, eval_sizes, len(self.pool.actors))
+        scores: dict[int, tuple[int, float, int]] = {}
+        for part in self.pool.map("evaluate_clients", shards, ray.put(self.global_state), per_shard=self._states_for):
+            scores.update(part)
+        accs = [scores[c][0] / scores[c][2] for c in clients]
+        losses = [scores[c][1] / scores[c][2] for c in clients]
+        return float(np.mean(accs)), float(np.mean(losses))
+
+    # ------------------------------------------------------------------ results and checkpoints
+    def summary(self) -> dict[str, Any]:
+        """The run's final figures (keys of ``--json-out``)."""
+        return summarise(self.history, self.cfg, self.status)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to continue exactly where the run stands."""
+        return {
+            "round": self.round, "global_state": self.global_state, "server_state": self.server_state,
+            "client_store": self.client_store, "latest": self.latest, "history": self.history,
+            "status": self.status,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.round = state["round"]
+        self.global_state = state["global_state"]
+        self.server_state = state["server_state"]
+        self.client_store = state["client_store"]
+        self.latest = state["latest"]
+        self.history = state["history"]
+        self.status = state["status"]

@@ -1,0 +1,109 @@
+"""A fixed pool of ClientWorker actors, using Ray's own fault tolerance.
+
+A worker process that dies mid-round is restarted by Ray (``max_restarts``) and its in-flight call is
+retried (``max_task_retries``); since a call carries everything a client needs and every client's
+randomness is keyed by (seed, round, client id), the retried round gives the same bits as an unbroken one.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import ray
+import torch
+
+from fltune.config import ExperimentConfig
+from fltune.data.federated import FederatedData
+from fltune.engine.worker import ClientWorker
+from fltune.errors import FLTuneError
+
+MAX_RESTARTS = 3
+
+
+@dataclass(frozen=True)
+class WorkerPlan:
+    """How many client actors and what each reserves (the Tune trial reserves the same bundles)."""
+
+    workers: int
+    cpus: float
+    gpus: float
+
+    def bundles(self) -> list[dict[str, float]]:
+        bundle = {"CPU": self.cpus, **({"GPU": self.gpus} if self.gpus else {})}
+        return [dict(bundle) for _ in range(self.workers)]
+
+
+def ensure_ray(address: str | None = None) -> None:
+    """Start a local Ray, or join ``address`` / $RAY_ADDRESS (no local resource arguments when joining)."""
+    if ray.is_initialized():
+        return
+    address = address or os.environ.get("RAY_ADDRESS")
+    kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": True, "configure_logging": False}
+    if address:
+        ray.init(address=address, **kwargs)
+    else:
+        ray.init(num_cpus=os.cpu_count(), num_gpus=torch.cuda.device_count(), **kwargs)
+
+
+def plan_workers(cfg: ExperimentConfig, cluster: dict[str, float]) -> WorkerPlan:
+    """Resolve ``resources.*`` against the cluster's totals; refuse what can never be placed."""
+    res = cfg.resources
+    cpus_total, gpus_total = cluster.get("CPU", 0.0), cluster.get("GPU", 0.0)
+    workers = res.workers or max(1, min(cfg.federation.clients_per_round, int(cpus_total // res.cpus_per_worker)))
+    gpus = res.gpus_per_worker
+    if gpus is None:
+        gpus = min(1.0, gpus_total / workers) if gpus_total else 0.0
+    if workers * res.cpus_per_worker > cpus_total + 1e-9:
+        raise FLTuneError(
+            f"resources.workers: {workers} workers × {res.cpus_per_worker:g} CPU need "
+            f"{workers * res.cpus_per_worker:g} CPUs but Ray has {cpus_total:g}; allowed: "
+            f"workers × cpus_per_worker ≤ {cpus_total:g}"
+        )
+    if workers * gpus > gpus_total + 1e-9:
+        raise FLTuneError(
+            f"resources.gpus_per_worker: {workers} × {gpus:g} GPU need {workers * gpus:g} GPUs but Ray has "
+            f"{gpus_total:g}; allowed: workers × gpus_per_worker ≤ {gpus_total:g}"
+        )
+    return WorkerPlan(workers=workers, cpus=res.cpus_per_worker, gpus=gpus)
+
+
+class WorkerPool:
+    """``plan.workers`` ClientWorker actors; ``map`` runs one call per non-empty shard and gathers results."""
+
+    def __init__(self, cfg: ExperimentConfig, data: FederatedData, plan: WorkerPlan, keep_latest: bool) -> None:
+        self.data_ref = ray.put(data)  # once per run; held here so restarted actors can fetch it again
+        remote = ray.remote(ClientWorker).options(
+            num_cpus=plan.cpus, num_gpus=plan.gpus, max_restarts=MAX_RESTARTS, max_task_retries=MAX_RESTARTS,
+        )
+        threads = max(1, int(plan.cpus))
+        self.actors = [remote.remote(cfg, threads, keep_latest) for _ in range(plan.workers)]
+
+    def map(self, method: str, shards: list[list[int]], *args: Any, per_shard: Any = None) -> list[Any]:
+        """Call ``actor.method(data, *args, shard, per_shard(shard))`` on actor i for shard i, in shard order.
+
+        The dataset reference goes nested (``[ref]``) so Ray does not copy it into every call's arguments.
+        """
+        refs = []
+        for actor, shard in zip(self.actors, shards):
+            if shard:
+                extra = (per_shard(shard),) if per_shard else ()
+                refs.append(getattr(actor, method).remote([self.data_ref], *args, shard, *extra))
+        return ray.get(refs)
+
+    def shutdown(self) -> None:
+        for actor in self.actors:
+            ray.kill(actor)
+        self.actors = []
+
+
+def balance(clients: list[int], sizes: list[int], workers: int) -> list[list[int]]:
+    """Longest-processing-time-first assignment of clients to workers (deterministic, size-balanced)."""
+    shards: list[list[int]] = [[] for _ in range(workers)]
+    loads = [0] * workers
+    for cid in sorted(clients, key=lambda c: (-sizes[c], c)):
+        slot = min(range(workers), key=lambda i: (loads[i], i))
+        shards[slot].append(cid)
+        loads[slot] += sizes[cid]
+    return [sorted(s) for s in shards]

@@ -1,0 +1,27 @@
+"""Every random number in a run flows from (seed, round, client id).
+
+Deriving seeds through numpy's SeedSequence (rather than seed + round arithmetic) gives independent
+streams per (seed, round, client), so results do not depend on which worker trains a client, on how
+many workers there are, or on the order in which clients run.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+CLIENT_STREAM, SAMPLING_STREAM = 1, 2
+"""Stream tags: client/server training streams and client sampling never share a seed."""
+
+
+def derive_seed(seed: int, round_: int, client: int) -> int:
+    """A 63-bit seed for (seed, round, client); ``round = -1, client = -1`` is the initial model's stream."""
+    entropy = [seed, CLIENT_STREAM, round_ + 1, client + 1]
+    words = np.random.SeedSequence(entropy).generate_state(2, dtype=np.uint32)
+    return int((int(words[0]) << 31) ^ int(words[1])) & (2**63 - 1)
+
+
+def sample_clients(seed: int, round_: int, num_clients: int, per_round: int) -> list[int]:
+    """Clients of a round: without replacement, from an RNG of (seed, round) alone (METHODS.md §0), so
+    every method and every worker count sees the same client sequence."""
+    rng = np.random.default_rng(np.random.SeedSequence([seed, SAMPLING_STREAM, round_]))
+    return sorted(int(c) for c in rng.choice(num_clients, size=per_round, replace=False))

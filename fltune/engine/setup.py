@@ -1,0 +1,54 @@
+"""Turning a validated config into the run's parts: data, model, method. Shared by driver and workers."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from fltune.config import ExperimentConfig
+from fltune.data.datasets import load_dataset
+from fltune.data.federated import FederatedData, build_federated_data
+from fltune.engine.rng import derive_seed
+from fltune.methods import get_method
+from fltune.methods.base import Method, State, to_numpy
+from fltune.models import build_model, default_model
+
+
+def load_data(cfg: ExperimentConfig) -> FederatedData:
+    """Dataset + seeded, disk-cached partition (config → data, the first room data flows through)."""
+    dataset = load_dataset(cfg.data.dataset, cfg.data.root, cfg.data.download)
+    part = cfg.partition
+    return build_federated_data(
+        dataset, kind=part.kind, num_clients=cfg.federation.clients, seed=cfg.federation.seed, alpha=part.alpha,
+        classes_per_client=part.classes_per_client, shards_per_client=part.shards_per_client,
+        min_size=part.min_size, eval_fraction=part.eval_fraction, pool_test=part.pool_test,
+        cache_dir=part.cache_dir,
+    )
+
+
+def model_name(cfg: ExperimentConfig) -> str:
+    """``auto`` → the method's own model if it needs one, else the dataset's default."""
+    if cfg.model.name != "auto":
+        return cfg.model.name
+    return get_method(cfg.method.name).default_model or default_model(cfg.data.dataset)
+
+
+def build_model_for(cfg: ExperimentConfig, data: FederatedData) -> nn.Module:
+    """The dataset's model, extended by the method's ``adapt_model`` hook."""
+    return build_method(cfg).adapt_model(build_model(model_name(cfg), data.input_shape, data.num_classes))
+
+
+def initial_state(cfg: ExperimentConfig, data: FederatedData) -> State:
+    """The round-0 global model, initialised from the run's seed alone."""
+    torch.manual_seed(derive_seed(cfg.federation.seed, -1, -1))
+    return to_numpy(build_model_for(cfg, data).state_dict())
+
+
+def build_method(cfg: ExperimentConfig) -> Method:
+    method_cls = get_method(cfg.method.name)
+    return method_cls(cfg.method.params)
+
+
+def resolve_augment(cfg: ExperimentConfig, data: FederatedData) -> str:
+    """``auto`` = the dataset's own default (crop+flip for CIFAR/SVHN, none for FMNIST/EMNIST)."""
+    return data.augment if cfg.data.augment == "auto" else cfg.data.augment

@@ -1,0 +1,101 @@
+"""The Ray actor that trains clients: stateless between calls, so any worker can train any client.
+
+A worker builds its model and method once, then per call trains its share of the round's clients one
+after another and returns one partial weighted sum (see aggregate.py) plus each client's new state and
+metrics. Weights arrive as numpy from one ``ray.put`` per round; the dataset from one ``ray.put`` per run.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from fltune.config import ExperimentConfig
+from fltune.data.federated import FederatedData
+from fltune.engine.aggregate import WeightedSum
+from fltune.engine.local import RoundInput, evaluate, load_state, train_client
+from fltune.engine.setup import build_method, build_model_for, resolve_augment
+from fltune.methods.base import State, to_numpy
+
+
+@dataclass
+class WorkerResult:
+    """One worker's share of a round."""
+
+    partial: WeightedSum
+    states: dict[int, dict[str, Any]] = field(default_factory=dict)
+    metrics: dict[int, dict[str, float]] = field(default_factory=dict)
+    latest: dict[int, State] = field(default_factory=dict)
+
+
+class ClientWorker:
+    """Trains and evaluates clients on one CPU slot or GPU fraction (wrapped by ``ray.remote`` in the pool)."""
+
+    def __init__(self, cfg: ExperimentConfig, threads: int, keep_latest: bool) -> None:
+        torch.set_num_threads(max(1, threads))
+        self.cfg = cfg
+        self.keep_latest = keep_latest
+        self.device = torch.device("cuda" if torch.cuda.is_available() and _has_gpu() else "cpu")
+        self.method = build_method(cfg)
+        self.data: FederatedData | None = None
+
+    def _attach(self, data_ref: list) -> FederatedData:
+        """Fetch the run's dataset on first use (it travels by reference with every call, so a worker
+        that Ray restarts after a crash needs no constructor arguments from the object store)."""
+        if self.data is None:
+            import ray
+
+            self.data = ray.get(data_ref[0])
+            self.model = build_model_for(self.cfg, self.data).to(self.device)
+            self.augment_kind = resolve_augment(self.cfg, self.data)
+        return self.data
+
+    def train(
+        self, data_ref: list, inputs: RoundInput, client_ids: list[int], states: dict[int, dict[str, Any]],
+    ) -> WorkerResult:
+        """Train ``client_ids`` in order; stop early if one diverges (the round is lost anyway)."""
+        data = self._attach(data_ref)
+        result = WorkerResult(partial=WeightedSum())
+        global_tensors = {k: torch.tensor(v, device=self.device) for k, v in inputs.global_state.items()}
+        for cid in client_ids:
+            out = train_client(
+                self.method, self.model, data, cid, inputs, states.get(cid, {}), self.cfg.training,
+                self.augment_kind, self.device, global_tensors,
+            )
+            result.partial.add(out.weight, out.update)
+            result.states[cid], result.metrics[cid] = out.state, out.metrics
+            if self.keep_latest:
+                result.latest[cid] = to_numpy(self.model.state_dict())
+            if out.metrics["diverged"]:
+                break
+        return result
+
+    def evaluate_clients(
+        self, data_ref: list, global_state: State, client_ids: list[int], states: dict[int, dict[str, Any]],
+    ) -> dict[int, tuple[int, float, int]]:
+        """Personalised protocol: each client's own model on its own held-out split."""
+        data = self._attach(data_ref)
+        scores = {}
+        for cid in client_ids:
+            load_state(self.model, self.method.client_model_state(global_state, states.get(cid, {})))
+            idx = torch.tensor(data.client_eval[cid], dtype=torch.long)
+            scores[cid] = evaluate(self.model, data, data.x[idx], data.y[idx], self.device)
+        return scores
+
+    def pid(self) -> int:
+        """Process id (tests kill it to check that a lost worker is replaced transparently)."""
+        return os.getpid()
+
+    def node_id(self) -> str:
+        import ray
+
+        return ray.get_runtime_context().get_node_id()
+
+
+def _has_gpu() -> bool:
+    import ray
+
+    return bool(ray.get_gpu_ids()) if ray.is_initialized() else True

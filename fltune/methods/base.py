@@ -1,0 +1,216 @@
+"""The method plug-in interface.
+
+A method is one small class with optional hooks; FedAvg behaviour is the default for every hook, so a
+method file contains only what differs from FedAvg. The engine owns the one local training loop and
+calls, per client and round::
+
+    setup_client(ctx)                      # once, before training (frozen copies, control variates ...)
+    for phase in phases(ctx):              # default: one phase training every parameter
+        for batch:  backward(ctx, x, y)    # default: local_loss(...).backward()
+                    after_backward(ctx)    # e.g. SCAFFOLD's gradient correction
+                    (clip, optimiser step by the engine)
+    client_result(ctx)                     # what goes up: weight, summable update, new client state
+
+and on the server, once per round: ``aggregate(ServerContext)`` over the order-independent weighted sum
+of all sampled clients' updates. Per-client state is plain data held by the engine's store (keyed by
+client id), never inside a worker, so any worker can train any client and a checkpoint is just the store.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from pydantic import BaseModel, ConfigDict
+from torch import nn
+
+State = dict[str, np.ndarray]
+"""Model weights on the wire: state_dict names → numpy arrays (what one ``ray.put`` ships)."""
+
+
+class Params(BaseModel):
+    """A method's hyperparameters: frozen, validated, with the paper's defaults."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+@dataclass(frozen=True)
+class Phase:
+    """A stretch of local training over a subset of parameters (FedRep: head epochs, then body epochs).
+
+    ``prefixes`` selects trainable parameters by state-dict prefix (``("head.",)``); None trains all.
+    """
+
+    epochs: int
+    prefixes: tuple[str, ...] | None = None
+    lr: float | None = None
+
+
+@dataclass
+class ClientContext:
+    """Everything a client-side hook may read or write during one client's local update."""
+
+    client_id: int
+    round: int
+    model: nn.Module
+    global_state: dict[str, torch.Tensor]
+    state: dict[str, Any]
+    server: dict[str, Any]
+    num_samples: int
+    epochs: int
+    lr: float
+    device: torch.device
+    batches: Callable[[], Iterator[tuple[torch.Tensor, torch.Tensor]]]
+    """One epoch of this client's (augmented, shuffled, seeded) training batches, on ``device``."""
+    steps: int = 0
+    momentum: float = 0.0
+    """The local optimiser's SGD momentum (0 for Adam): FedNova's normaliser a_k depends on it."""
+    scratch: dict[str, Any] = field(default_factory=dict)
+
+    def global_param(self, name: str) -> torch.Tensor:
+        """The round's global value of a parameter, on the training device."""
+        return self.global_state[name]
+
+
+@dataclass
+class ClientResult:
+    """What one client sends up: ``update`` is summed with ``weight`` across clients by the engine."""
+
+    weight: float
+    update: State
+    state: dict[str, Any]
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class Aggregate:
+    """The weighted mean of the sampled clients' updates, plus what they returned individually."""
+
+    mean: State
+    total_weight: float
+    client_states: dict[int, dict[str, Any]]
+    client_metrics: dict[int, dict[str, float]]
+
+
+@dataclass
+class ServerContext:
+    """What ``Method.aggregate`` sees: the round's input, its clients' aggregate, the stores."""
+
+    round: int
+    global_state: State
+    aggregate: Aggregate
+    server_state: dict[str, Any]
+    client_store: dict[int, dict[str, Any]]
+    num_clients: int
+
+
+def to_numpy(state: dict[str, torch.Tensor], keys: set[str] | None = None) -> State:
+    """Detach a (sub)state_dict to CPU numpy for the wire or the client store."""
+    return {k: v.detach().cpu().numpy().copy() for k, v in state.items() if keys is None or k in keys}
+
+
+class Method:
+    """FedAvg (McMahan et al., 2017): CE locally, n_k-weighted average of the full state on the server.
+
+    Subclasses override hooks; a hook left alone behaves as FedAvg.
+    """
+
+    name: ClassVar[str] = ""
+    Params: ClassVar[type[Params]] = Params
+    default_model: ClassVar[str | None] = None
+    """Model that ``model.name: auto`` resolves to for this method (VIB nets, ResNet-56); None = the dataset's."""
+    weighted_by_samples: ClassVar[bool] = True
+    """Whether updates are weighted by n_k (FedAvg) or equally (FedDyn-family); also weights `all_model`."""
+
+    def __init__(self, params: Params | None = None) -> None:
+        self.params = params if params is not None else self.Params()
+
+    @classmethod
+    def model_for(cls, dataset: str) -> str | None:
+        """``default_model`` refined per dataset (VIB methods: the MLP on EMNIST, the CNN elsewhere)."""
+        return cls.default_model
+
+    # ---------------------------------------------------------------- model
+    def adapt_model(self, model: nn.Module) -> nn.Module:
+        """Extend the dataset's model with method-owned modules (e.g. MOON's projector); default: as is.
+
+        Called wherever the run builds a model (driver and workers), so extra parameters are aggregated
+        and checkpointed like any other.
+        """
+        return model
+
+    # ---------------------------------------------------------------- client side
+    def personal_keys(self, model: nn.Module) -> set[str]:
+        """State-dict keys each client keeps for itself (never averaged); FedAvg: none."""
+        return set()
+
+    def client_model_state(self, global_state: State, client_state: dict[str, Any]) -> State:
+        """The weights a client starts from: global weights overridden by its personal part."""
+        return {**global_state, **client_state.get("personal", {})}
+
+    def setup_client(self, ctx: ClientContext) -> None:
+        """Prepare per-client extras before training (e.g. a frozen copy of the global model)."""
+
+    def phases(self, ctx: ClientContext) -> list[Phase]:
+        """Local training schedule; FedAvg trains every parameter for E epochs."""
+        return [Phase(epochs=ctx.epochs)]
+
+    def local_loss(self, ctx: ClientContext, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-batch objective → (loss, logits). FedAvg: cross-entropy."""
+        logits = ctx.model(x)
+        return F.cross_entropy(logits, y), logits
+
+    def backward(self, ctx: ClientContext, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Fill ``.grad`` for one batch → (detached loss, detached logits). SAM-type methods override."""
+        loss, logits = self.local_loss(ctx, x, y)
+        loss.backward()
+        return loss.detach(), logits.detach()
+
+    def after_backward(self, ctx: ClientContext) -> None:
+        """Adjust gradients before clipping and the optimiser step (SCAFFOLD, FedDC)."""
+
+    def client_result(self, ctx: ClientContext) -> ClientResult:
+        """Upload the shared weights (weight n_k); keep personal ones in the client's state."""
+        personal = self.personal_keys(ctx.model)
+        state = ctx.model.state_dict()
+        shared = to_numpy(state, set(state) - personal)
+        new_state = dict(ctx.state)
+        if personal:
+            new_state["personal"] = to_numpy(state, personal)
+        return ClientResult(weight=float(ctx.num_samples), update=shared, state=new_state)
+
+    # ---------------------------------------------------------------- server side
+    def init_server_state(self, global_state: State) -> dict[str, Any]:
+        """Server-side state kept across rounds (SCAFFOLD's c, FedDyn's h); FedAvg: none."""
+        return {}
+
+    def server_payload(self, server_state: dict[str, Any]) -> dict[str, Any]:
+        """Extra data broadcast to the round's clients beside the weights."""
+        return {}
+
+    def aggregate(self, ctx: ServerContext) -> State:
+        """New global weights: the weighted mean for every key clients uploaded, the old value elsewhere."""
+        return {**ctx.global_state, **ctx.aggregate.mean}
+
+
+def params_table(method_cls: type[Method]) -> list[tuple[str, str, Any, str]]:
+    """(name, type, default, description) rows for ``cli.py methods``."""
+    rows = []
+    for name, info in method_cls.Params.model_fields.items():
+        kind = getattr(info.annotation, "__name__", str(info.annotation))
+        rows.append((name, kind, info.default, info.description or ""))
+    return rows
+
+
+def pop_uploads(ctx: ServerContext, key: str) -> dict[int, Any]:
+    """Take the round's one-off client messages (``ClientResult.state[key]``) out of the client store.
+
+    Statistics a client sends beside its weights (FedCR's class Gaussians, FedPAC's prototypes) travel in
+    its returned state; the server reads them here, in client-id order (so the result cannot depend on
+    how clients were spread over workers), and drops them from the store, which keeps only what persists.
+    """
+    return {cid: ctx.client_store[cid].pop(key) for cid in sorted(ctx.aggregate.client_states)}

@@ -1,0 +1,14 @@
+"""FedAvg (McMahan et al., 2017; METHODS.md §2): local cross-entropy, n_k-weighted average of the full state.
+
+All behaviour is the :class:`~fltune.methods.base.Method` default; this file only registers it by name.
+"""
+
+from fltune.methods import register
+from fltune.methods.base import Method
+
+
+@register
+class FedAvg(Method):
+    """FedAvg: L = CE(f(x; w), y); server w ← Σ_k n_k w_k / Σ_k n_k."""
+
+    name = "fedavg"

@@ -1,0 +1,29 @@
+"""FedProx (Li et al., 2020; METHODS.md §2): a proximal term keeps local weights near the round's global ones."""
+
+import torch
+from pydantic import Field
+
+from fltune.methods import register
+from fltune.methods.base import ClientContext, Method, Params
+
+
+class FedProxParams(Params):
+    mu: float = Field(0.01, ge=0, description="proximal weight μ (FedAlign 1e-4, FedSOL 1.0)")
+
+
+@register
+class FedProx(Method):
+    """FedProx: L = CE + (μ/2)·‖w − w_g‖² over the trainable parameters; server as FedAvg.
+
+    With μ = 0 the term is skipped entirely, so FedProx reproduces FedAvg bit for bit.
+    """
+
+    name = "fedprox"
+    Params = FedProxParams
+
+    def local_loss(self, ctx: ClientContext, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        loss, logits = super().local_loss(ctx, x, y)
+        if self.params.mu == 0:
+            return loss, logits
+        prox = sum(((p - ctx.global_param(n)) ** 2).sum() for n, p in ctx.model.named_parameters())
+        return loss + 0.5 * self.params.mu * prox, logits

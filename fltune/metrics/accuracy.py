@@ -1,0 +1,46 @@
+"""Run-level figures from the per-round history: final accuracies, rounds-to-target, throughput."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fltune.config import ExperimentConfig
+
+ACCURACY_KEYS = ("acc_global", "acc_all_model", "acc_personalized")
+
+
+def rounds_to_target(history: list[dict[str, float]], metric: str, target: float) -> int | None:
+    """First round whose ``metric`` ≥ target (METHODS.md §0); None means "R+" (never within R rounds)."""
+    for row in history:
+        if row.get(metric, float("-inf")) >= target:
+            return int(row["round"])
+    return None
+
+
+def _last(history: list[dict[str, float]], key: str) -> float | None:
+    for row in reversed(history):
+        if key in row:
+            return row[key]
+    return None
+
+
+def summarise(history: list[dict[str, float]], cfg: ExperimentConfig, status: str) -> dict[str, Any]:
+    """The final summary written by ``--json-out``: last evaluated values plus run totals."""
+    round_s = sum(row["round_s"] for row in history)
+    samples = sum(row["samples"] for row in history)
+    summary: dict[str, Any] = {key: _last(history, key) for key in (*ACCURACY_KEYS, "loss")}
+    summary = {k: v for k, v in summary.items() if v is not None or k in ("acc_global", "loss")}
+    target = cfg.metrics.target
+    summary.update(
+        best_acc=max((row[cfg.metrics.target_metric] for row in history if cfg.metrics.target_metric in row),
+                     default=None),
+        rounds_to_target=rounds_to_target(history, cfg.metrics.target_metric, target) if target else None,
+        rounds=int(history[-1]["round"]) if history else 0,
+        wall_s=sum(row["round_s"] + row.get("eval_s", 0.0) for row in history),
+        round_s_mean=round_s / len(history) if history else None,
+        samples_per_s=samples / round_s if round_s else None,
+        status=status,
+    )
+    if status == "diverged":
+        summary["diverged_round"] = summary["rounds"]
+    return summary

@@ -1,0 +1,79 @@
+"""The body/head split every fltune model follows (METHODS.md §1).
+
+Personalised methods keep one part per client (FedPer/FedCR/FedPAC: head; LG-FedAvg: body), FedSOL can
+perturb one part only, and MAN regularises hidden activations; so the split and the activation points
+are part of the model's contract rather than something each method rediscovers.
+"""
+
+from torch import Tensor, nn
+
+InShape = tuple[int, int, int]
+"""(channels, height, width) of one input sample."""
+
+
+class SplitModel(nn.Module):
+    """``head(body(x))``; every parameter and buffer key starts with ``body.`` or ``head.``.
+
+    ``body`` is the feature extractor and must return flat ``[B, feature_dim]`` features; ``head`` is the
+    task branch mapping them to logits. Subclasses (VIB nets, slimmable nets) may override ``forward``,
+    ``features`` or ``activation_points`` but keep the two-part naming.
+    """
+
+    def __init__(self, body: nn.Module, head: nn.Module, feature_dim: int) -> None:
+        super().__init__()
+        self.body = body
+        self.head = head
+        self.feature_dim = feature_dim
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.head(self.features(x))
+
+    def features(self, x: Tensor) -> Tensor:
+        """Penultimate features ``[B, feature_dim]`` (what MOON projects and FedPAC matches to prototypes)."""
+        return self.body(x)
+
+    @property
+    def activation_points(self) -> list[nn.Module]:
+        """The ReLU module of every hidden layer, in forward order (MAN Eq. 15-18 regularises their outputs).
+
+        Derived as the body's ``nn.ReLU`` instances in registration order, which is forward order for every
+        model here (tests/models checks each fires exactly once, in this order). Logits are never included:
+        the head holds no ReLU.
+        """
+        return [m for m in self.body.modules() if isinstance(m, nn.ReLU)]
+
+
+def activations(model: SplitModel, x: Tensor) -> tuple[Tensor, list[Tensor]]:
+    """``(logits, [output of each activation point])`` from one forward pass.
+
+    The hooks are temporary so a model never carries hidden state between calls (it is copied, averaged
+    and shipped to workers); they are removed even if the forward pass raises. Outputs keep their graph,
+    so a loss built on them (MAN) back-propagates.
+    """
+    outputs: list[Tensor] = []
+
+    def record(_module: nn.Module, _inputs: tuple[Tensor, ...], output: Tensor) -> None:
+        outputs.append(output)
+
+    handles = [m.register_forward_hook(record) for m in model.activation_points]
+    try:
+        logits = model(x)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return logits, outputs
+
+
+def split_keys(model: nn.Module) -> tuple[list[str], list[str]]:
+    """(body keys, head keys) of ``model.state_dict()``, buffers included (they are averaged too, §2).
+
+    Raises ValueError on a key in neither part: it would silently escape both the shared and the
+    personal state of a personalised method.
+    """
+    keys = list(model.state_dict())
+    body = [k for k in keys if k.startswith("body.")]
+    head = [k for k in keys if k.startswith("head.")]
+    stray = sorted(set(keys) - set(body) - set(head))
+    if stray:
+        raise ValueError(f"state_dict keys outside body./head.: {stray}")
+    return body, head

@@ -1,0 +1,72 @@
+"""The plain CNNs and MLP of METHODS.md §1: conv blocks, flatten, hidden dense layers (body); linear head."""
+
+from collections import OrderedDict
+from collections.abc import Sequence
+from itertools import pairwise
+
+from torch import nn
+
+from fltune.models.base import InShape, SplitModel
+from fltune.models.layers import ConvBlock, dense, flat_size
+from fltune.models.registry import register_model
+
+
+def plain_net(
+    in_shape: InShape, num_classes: int, convs: Sequence[ConvBlock], widths: Sequence[int]
+) -> SplitModel:
+    """Body ``convs → flatten → dense(widths)``, head ``Linear(widths[-1], num_classes)``.
+
+    The flatten width comes from a dummy pass, so one definition serves every input size. Keys read
+    ``body.conv1.conv.weight``, ``body.fc1.linear.weight``, ``head.weight``.
+    """
+    body = nn.Sequential(OrderedDict((f"conv{i}", block) for i, block in enumerate(convs, 1)))
+    body.add_module("flatten", nn.Flatten())
+    dims = [flat_size(body, in_shape), *widths]
+    for i, (d_in, d_out) in enumerate(pairwise(dims), 1):
+        body.add_module(f"fc{i}", dense(d_in, d_out))
+    return SplitModel(body, nn.Linear(dims[-1], num_classes), feature_dim=dims[-1])
+
+
+@register_model("mlp")
+def mlp(in_shape: InShape, num_classes: int) -> SplitModel:
+    """Two hidden layers of 200: FedDyn's MNIST model (also in ``vcl-iisc/fedMAN``), a cheap baseline."""
+    return plain_net(in_shape, num_classes, convs=(), widths=(200, 200))
+
+
+@register_model("fedavg_cnn")
+def fedavg_cnn(in_shape: InShape, num_classes: int) -> SplitModel:
+    """McMahan et al.'s CNN as used by FedSOL (``Lee-Gihun/FedSOL:train_tools/models/fedavgnet.py``).
+
+    The first conv takes the data's own C channels, as McMahan's (1,663,370 parameters on MNIST); FedSOL's
+    MNIST variant instead repeats grayscale to 3 channels (1,600 more conv weights, same function class).
+    """
+    c = in_shape[0]
+    convs = (ConvBlock(c, 32, 5, padding=2), ConvBlock(32, 64, 5, padding=2))
+    return plain_net(in_shape, num_classes, convs, widths=(512,))
+
+
+@register_model("feddyn_cnn")
+def feddyn_cnn(in_shape: InShape, num_classes: int) -> SplitModel:
+    """FedDyn's CIFAR CNN, used by MAN (Table 4): unpadded 5x5 convs, fc 1600→384→192 on 32x32 inputs.
+
+    Activation points: the two conv ReLUs (before pooling) and the two fc ReLUs, as MAN regularises.
+    """
+    c = in_shape[0]
+    return plain_net(in_shape, num_classes, (ConvBlock(c, 64, 5), ConvBlock(64, 64, 5)), widths=(384, 192))
+
+
+@register_model("tinyimagenet_cnn")
+def tinyimagenet_cnn(
+    in_shape: InShape, num_classes: int, widths: Sequence[int] = (512, 384)
+) -> SplitModel:
+    """MAN's Tiny-ImageNet CNN (Table 4): three padded 3x3 conv blocks with GroupNorm(4, 64).
+
+    Dense widths default to the authors' code (``vcl-iisc/fedMAN:code/utils_models.py``, ``ConvNet``:
+    4096→512→384→200), which agrees with Table 4's last layer FC(384,200). METHODS.md §1's
+    "→384 →192" matches neither; pass ``widths=(384, 192)`` for it. The authors' code also leaves the
+    third conv's activation out of MAN (a variable is overwritten); here every hidden ReLU is an
+    activation point.
+    """
+    c = in_shape[0]
+    convs = [ConvBlock(c_in, 64, 3, padding=1, gn_groups=4) for c_in in (c, 64, 64)]
+    return plain_net(in_shape, num_classes, convs, widths)

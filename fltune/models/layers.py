@@ -1,0 +1,50 @@
+"""Building blocks shared by the plain CNNs/MLPs of METHODS.md §1 (and the VIB trunks built on them)."""
+
+from collections import OrderedDict
+
+import torch
+from torch import nn
+
+from fltune.models.base import InShape
+
+
+class ConvBlock(nn.Sequential):
+    """conv → [GroupNorm] → ReLU → maxpool(2), the unit of the FedAvg, FedDyn and Tiny-ImageNet CNNs.
+
+    The ReLU is its own module placed before the pool, so MAN's hook sees the pre-pool map (MAN Table 4
+    and the authors' ``vcl-iisc/fedMAN:code/utils_models.py`` regularise the activation before pooling).
+    """
+
+    def __init__(
+        self, c_in: int, c_out: int, kernel: int, padding: int = 0, gn_groups: int | None = None
+    ) -> None:
+        conv = nn.Conv2d(c_in, c_out, kernel, padding=padding)
+        layers: OrderedDict[str, nn.Module] = OrderedDict(conv=conv)
+        if gn_groups is not None:
+            layers["norm"] = nn.GroupNorm(gn_groups, c_out)
+        layers["relu"] = nn.ReLU()
+        layers["pool"] = nn.MaxPool2d(2)
+        super().__init__(layers)
+
+
+def dense(in_dim: int, out_dim: int) -> nn.Sequential:
+    """Linear → ReLU, a hidden fully connected layer (its ReLU is an activation point)."""
+    return nn.Sequential(OrderedDict(linear=nn.Linear(in_dim, out_dim), relu=nn.ReLU()))
+
+
+def flat_size(trunk: nn.Module, in_shape: InShape) -> int:
+    """Width of ``trunk``'s flattened output for one sample of ``in_shape``, by a dummy forward pass.
+
+    Lets every architecture take any input size (28x28 FMNIST, 32x32 CIFAR, 64x64 Tiny-ImageNet) without
+    hand-written arithmetic. Runs in eval mode, so running statistics are untouched, and draws no random
+    numbers, so construction stays deterministic. Raises ValueError if the input is too small.
+    """
+    was_training = trunk.training
+    trunk.eval()
+    try:
+        with torch.no_grad():
+            return trunk(torch.zeros(1, *in_shape)).flatten(1).shape[1]
+    except RuntimeError as err:
+        raise ValueError("the input is too small for its conv/pool layers") from err
+    finally:
+        trunk.train(was_training)

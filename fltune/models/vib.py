@@ -1,0 +1,138 @@
+"""FedCR / SimFAFL's variational-information-bottleneck nets and their plain twins (METHODS.md §1).
+
+The trunks are ``haozzh/FedCR:code_FedCR/models/Nets_VIB.py``: CIFAR conv5×5 3→64, pool, conv5×5 64→64,
+pool, fc 1600→1024→1024; FMNIST conv 1→4 k5, pool, conv 4→12 k5, pool, fc 192→1024→1024; EMNIST an MLP
+784→1024→1024. A VIB net's body ends in ``Linear(1024, 2·dimZ)`` giving μ and σ = softplus(σ_raw) of
+q(z|x) = N(μ, diag σ²); its head maps z ∈ R^dimZ to logits. The plain twins (``fedcr_cnn``/``fedcr_mlp``,
+"non-VIB baselines use the same trunks with a plain final layer") end the trunk in a linear head instead.
+
+Decisions:
+
+* dimZ = 512 everywhere: the value of FedCR's runs (``--dimZ 512``) and METHODS.md's default. **[U]** for
+  FMNIST/EMNIST, which no paper states; ``dim_z`` is a constructor argument.
+* S = 18 Monte-Carlo samples in training (FedCR's ``--num_avg_train 18``). Only the head (dimZ→classes)
+  runs S times, so S costs almost nothing even on a CPU; ``samples`` is a constructor argument.
+* Evaluation is exact instead of Monte-Carlo: FedCR averages the logits of S samples at test time, but
+  the head is affine, so E_ε[head(μ + σ⊙ε)] = head(μ) and S-sample averaging only adds noise to that.
+  In eval mode ``features(x)`` is μ and the logits are head(μ) (deterministic, and equal to FedCR's
+  estimate as S → ∞). In training mode ``features(x)`` is the mean of S sampled z, so ``forward`` returns
+  the S-averaged logits, as FedCR's test-time rule would.
+* The trunk is chosen by input shape: one channel → FMNIST CNN, otherwise the CIFAR CNN (``vib_cnn``);
+  ``vib_mlp`` flattens any input. Which net a dataset gets is the method's choice (``Method.model_for``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from fltune.models.base import InShape, SplitModel
+from fltune.models.convnets import plain_net
+from fltune.models.layers import ConvBlock
+from fltune.models.registry import register_model
+
+DIM_Z = 512
+"""Default width of z (FedCR's ``--dimZ 512``)."""
+SAMPLES = 18
+"""Default Monte-Carlo samples of z per input in training (FedCR's ``--num_avg_train 18``)."""
+HIDDEN = (1024, 1024)
+"""The trunk's two hidden dense layers, shared by every FedCR net."""
+SIGMA_FLOOR = 1e-8
+"""Smallest σ used inside a KL (FedCR clamps σ to 1e-8 before taking logs)."""
+
+
+@dataclass(frozen=True)
+class VIBOutput:
+    """One stochastic pass: q(z|x) = N(mu, sigma²) ``[B, dimZ]``, z ``[S, B, dimZ]``, logits ``[S, B, C]``."""
+
+    mu: Tensor
+    sigma: Tensor
+    z: Tensor
+    logits: Tensor
+
+
+class VIBNet(SplitModel):
+    """``head(z)``, z ~ q(z|x) = N(μ(x), diag σ(x)²) with (μ, σ_raw) = ``body(x)``, σ = softplus(σ_raw)."""
+
+    def __init__(self, body: nn.Module, head: nn.Module, dim_z: int, samples: int) -> None:
+        super().__init__(body, head, feature_dim=dim_z)
+        self.samples = samples
+
+    def encode(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """(μ, σ) of q(z|x), each ``[B, dimZ]``."""
+        mu, sigma_raw = self.body(x).chunk(2, dim=1)
+        return mu, F.softplus(sigma_raw)
+
+    def vib(self, x: Tensor, samples: int | None = None) -> VIBOutput:
+        """μ, σ, ``samples`` (default S) reparameterised draws z = μ + σ⊙ε and their logits.
+
+        ε comes from torch's global RNG, which the engine seeds per (seed, round, client).
+        """
+        mu, sigma = self.encode(x)
+        eps = torch.randn((self.samples if samples is None else samples, *mu.shape), dtype=mu.dtype, device=mu.device)
+        z = mu + sigma * eps
+        return VIBOutput(mu, sigma, z, self.head(z))
+
+    def features(self, x: Tensor) -> Tensor:
+        """Eval: μ (the exact mean of z). Training: the mean of S sampled z (so logits are S-averaged)."""
+        if not self.training:
+            return self.encode(x)[0]
+        return self.vib(x).z.mean(0)
+
+
+def gaussian_kl(mu_q: Tensor, sigma_q: Tensor, mu_p: Tensor, sigma_p: Tensor) -> Tensor:
+    """KL(N(μ_q, σ_q²) ‖ N(μ_p, σ_p²)) of diagonal Gaussians, summed over the last dimension.
+
+    Σ_d [log σ_p − log σ_q + (σ_q² + (μ_q − μ_p)²) / (2σ_p²) − ½], the closed form FedCR
+    (``KL_between_normals``), FedSR's CMI term and SimFAFL's L_ca all use; σ is floored at 1e-8.
+    """
+    sigma_q, sigma_p = sigma_q.clamp_min(SIGMA_FLOOR), sigma_p.clamp_min(SIGMA_FLOOR)
+    terms = torch.log(sigma_p) - torch.log(sigma_q) + (sigma_q**2 + (mu_q - mu_p) ** 2) / (2 * sigma_p**2) - 0.5
+    return terms.sum(-1)
+
+
+def sampled_cross_entropy(logits: Tensor, y: Tensor) -> Tensor:
+    """mean over S samples and the batch of CE(logits_s, y): VIB's Monte-Carlo estimate of −I(Z;Y)."""
+    return F.cross_entropy(logits.flatten(0, 1), y.repeat(logits.shape[0]))
+
+
+def _cnn_convs(in_shape: InShape) -> tuple[ConvBlock, ConvBlock]:
+    """FedCR's FMNIST convs (1→4→12) for one-channel inputs, its CIFAR convs (C→64→64) otherwise."""
+    c = in_shape[0]
+    if c == 1:
+        return ConvBlock(1, 4, 5), ConvBlock(4, 12, 5)
+    return ConvBlock(c, 64, 5), ConvBlock(64, 64, 5)
+
+
+def _vib_net(in_shape: InShape, num_classes: int, convs: tuple[ConvBlock, ...], dim_z: int, samples: int) -> VIBNet:
+    """The trunk of :func:`plain_net` (its throw-away head dropped) + ``Linear(1024, 2·dimZ)``; head dimZ→C."""
+    body = plain_net(in_shape, 1, convs, HIDDEN).body
+    body.add_module("encoder", nn.Linear(HIDDEN[-1], 2 * dim_z))
+    return VIBNet(body, nn.Linear(dim_z, num_classes), dim_z, samples)
+
+
+@register_model("vib_cnn")
+def vib_cnn(in_shape: InShape, num_classes: int, dim_z: int = DIM_Z, samples: int = SAMPLES) -> VIBNet:
+    """FedCR/SimFAFL's VIB CNN (FMNIST trunk for one channel, CIFAR trunk otherwise)."""
+    return _vib_net(in_shape, num_classes, _cnn_convs(in_shape), dim_z, samples)
+
+
+@register_model("vib_mlp")
+def vib_mlp(in_shape: InShape, num_classes: int, dim_z: int = DIM_Z, samples: int = SAMPLES) -> VIBNet:
+    """FedCR/SimFAFL's EMNIST VIB MLP: flatten → 1024 → 1024 → 2·dimZ."""
+    return _vib_net(in_shape, num_classes, (), dim_z, samples)
+
+
+@register_model("fedcr_cnn")
+def fedcr_cnn(in_shape: InShape, num_classes: int) -> SplitModel:
+    """The plain twin of ``vib_cnn`` for the non-VIB baselines of SimFAFL Table 2 (FedCR's ``Nets.py``)."""
+    return plain_net(in_shape, num_classes, _cnn_convs(in_shape), HIDDEN)
+
+
+@register_model("fedcr_mlp")
+def fedcr_mlp(in_shape: InShape, num_classes: int) -> SplitModel:
+    """The plain twin of ``vib_mlp``: flatten → 1024 → 1024 → classes (FedCR's ``emnist_NN``)."""
+    return plain_net(in_shape, num_classes, (), HIDDEN)

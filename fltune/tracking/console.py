@@ -1,0 +1,54 @@
+"""Terminal output with rich: a live progress bar over rounds, then a summary table."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Table
+
+from fltune.engine.callbacks import Callback
+
+if TYPE_CHECKING:
+    from fltune.engine.federation import Federation
+
+console = Console(stderr=True)
+
+
+class ProgressCallback(Callback):
+    """Rounds done, ETA, and the latest accuracy / loss / s per round."""
+
+    def __init__(self, description: str) -> None:
+        self.progress = Progress(
+            TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
+            TimeElapsedColumn(), TimeRemainingColumn(), console=console, transient=False,
+        )
+        self.description = description
+        self.task = None
+        self.latest: dict[str, float] = {}
+
+    def on_start(self, fed: Federation) -> None:
+        self.progress.start()
+        self.task = self.progress.add_task(
+            self.description, total=fed.cfg.federation.rounds, completed=fed.round, info="starting workers …",
+        )
+
+    def on_round(self, fed: Federation, metrics: dict[str, float]) -> None:
+        self.latest.update({k: v for k, v in metrics.items() if k.startswith("acc_") or k == "loss"})
+        accs = " ".join(f"{k.removeprefix('acc_')}={v:.4f}" for k, v in self.latest.items() if k.startswith("acc_"))
+        info = f"{accs} train_loss={metrics['train_loss']:.4f} {metrics['round_s']:.1f}s/round"
+        self.progress.update(self.task, completed=int(metrics["round"]), info=info)
+
+    def on_end(self, fed: Federation, summary: dict[str, Any]) -> None:
+        self.progress.stop()
+
+
+def summary_table(summary: dict[str, Any], title: str) -> Table:
+    table = Table(title=title, show_header=True)
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    for key, value in summary.items():
+        shown = f"{value:.4f}" if isinstance(value, float) else ("—" if value is None else str(value))
+        table.add_row(key, shown)
+    return table

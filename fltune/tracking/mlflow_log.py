@@ -1,0 +1,127 @@
+"""MLflow tracking, written by one process (the driver) through an explicit ``MlflowClient``.
+
+No fluent ``mlflow.start_run`` global state: a Tune study's driver keeps many runs open at once (a
+parent per study, a child per trial), so every call names its run id. The default store is
+``sqlite:///<repo>/mlruns/mlflow.db`` with artifacts under ``<repo>/mlruns/artifacts`` (MLflow ≥ 3.13
+refuses a bare ``./mlruns`` file store).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from mlflow.entities import Metric, Param, Run, RunTag
+from mlflow.tracking import MlflowClient
+
+from fltune.config import ExperimentConfig, TrackingConfig, flatten
+
+REPO = Path(__file__).resolve().parents[2]
+STATUS = {"finished": "FINISHED", "diverged": "FAILED", "failed": "FAILED", "killed": "KILLED",
+          "stopped": "FINISHED"}
+"""fltune run status → MLflow run status (a diverged run is FAILED with tag fltune.status=diverged)."""
+
+
+def mlruns_dir() -> Path:
+    """``<repo>/mlruns`` in a source checkout, else ``./mlruns``."""
+    root = REPO if (REPO / "pyproject.toml").exists() else Path.cwd()
+    return root / "mlruns"
+
+
+def default_uri() -> str:
+    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{mlruns_dir() / 'mlflow.db'}"
+
+
+def git_commit() -> str:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, timeout=5)
+        return out.stdout.strip() or "unknown"
+    except OSError:
+        return "unknown"
+
+
+class Tracker:
+    """A thin, explicit wrapper over MlflowClient for fltune's runs."""
+
+    def __init__(self, tracking: TrackingConfig) -> None:
+        self.uri = tracking.uri or default_uri()
+        if self.uri.startswith("sqlite:///"):
+            Path(self.uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+        self.client = MlflowClient(self.uri)
+        self.experiment_id = self._experiment(tracking.experiment)
+
+    def _experiment(self, name: str) -> str:
+        found = self.client.get_experiment_by_name(name)
+        if found is not None:
+            return found.experiment_id
+        artifacts = None
+        if self.uri.startswith("sqlite:"):
+            artifacts = (mlruns_dir() / "artifacts" / name).as_uri()
+        return self.client.create_experiment(name, artifact_location=artifacts)
+
+    def start(self, name: str | None, tags: Mapping[str, Any], parent: str | None = None) -> str:
+        """Create a run (a child when ``parent`` is given) and return its id."""
+        all_tags = {"fltune.git_commit": git_commit(), **{k: str(v) for k, v in tags.items()}}
+        if parent:
+            all_tags["mlflow.parentRunId"] = parent
+        run = self.client.create_run(self.experiment_id, run_name=name, tags=all_tags)
+        return run.info.run_id
+
+    def log_config(self, run_id: str, cfg: ExperimentConfig) -> None:
+        """Flattened config as params (dotted keys) plus the YAML as an artifact."""
+        params = [Param(k, str(v)[:6000]) for k, v in flatten(cfg.model_dump(mode="json")).items()]
+        for start in range(0, len(params), 100):
+            self.client.log_batch(run_id, params=params[start:start + 100])
+        self.client.log_text(run_id, cfg.to_yaml(), "config.yaml")
+
+    def log_params(self, run_id: str, params: Mapping[str, Any]) -> None:
+        self.client.log_batch(run_id, params=[Param(k, str(v)[:6000]) for k, v in params.items()])
+
+    def log_metrics(self, run_id: str, metrics: Mapping[str, float | None], step: int | None = None) -> None:
+        now = int(time.time() * 1000)
+        rows = [Metric(k, float(v), now, step or 0) for k, v in metrics.items()
+                if isinstance(v, (int, float)) and not isinstance(v, bool)]
+        if rows:
+            self.client.log_batch(run_id, metrics=rows)
+
+    def set_tags(self, run_id: str, tags: Mapping[str, Any]) -> None:
+        self.client.log_batch(run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
+
+    def log_artifact(self, run_id: str, path: str | Path, folder: str | None = None) -> None:
+        self.client.log_artifact(run_id, str(path), folder)
+
+    def log_text(self, run_id: str, text: str, file: str) -> None:
+        self.client.log_text(run_id, text, file)
+
+    def find(self, tags: Mapping[str, Any]) -> list[Run]:
+        """The experiment's runs carrying every one of ``tags``: how a resumed job finds the runs it made."""
+        query = " and ".join(f"tags.`{k}` = '{v}'" for k, v in tags.items())
+        return list(self.client.search_runs([self.experiment_id], filter_string=query, max_results=50_000))
+
+    def reopen(self, run_id: str) -> None:
+        """Mark a killed or interrupted run RUNNING again because its job goes on."""
+        self.client.update_run(run_id, status="RUNNING")
+
+    def last_step(self, run_id: str, key: str) -> int | None:
+        """The highest step logged for ``key``, None if never: where a resumed run's curve continues."""
+        return max((m.step for m in self.client.get_metric_history(run_id, key)), default=None)
+
+    def delete(self, run_id: str) -> None:
+        self.client.delete_run(run_id)
+
+    def end(self, run_id: str, status: str) -> None:
+        """Close a run: fltune status → MLflow status, never left RUNNING."""
+        self.set_tags(run_id, {"fltune.status": status})
+        self.client.set_terminated(run_id, STATUS.get(status, "FAILED"))
+
+
+def run_tags(cfg: ExperimentConfig) -> dict[str, Any]:
+    """Tags that make runs filterable in ``mlflow ui`` (method, dataset, partition, seed)."""
+    return {
+        "method": cfg.method.name, "dataset": cfg.data.dataset, "partition": cfg.partition.kind,
+        "seed": cfg.federation.seed,
+    }

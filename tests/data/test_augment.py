@@ -1,0 +1,81 @@
+"""Augmentation: shapes, determinism, identity for "none", crops that really are crops."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from fltune.data.augment import augment, cutout, random_crop_flip, to_float
+from fltune.errors import FLTuneError
+
+
+def _batch() -> torch.Tensor:
+    return torch.randint(0, 256, (16, 3, 32, 32), generator=torch.Generator().manual_seed(0)).to(torch.uint8)
+
+
+def _gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def test_to_float_scales_then_normalises_per_channel() -> None:
+    x = torch.tensor([0, 255], dtype=torch.uint8).view(1, 2, 1, 1).expand(1, 2, 2, 2)
+    out = to_float(x, (0.5, 0.25), (0.5, 0.25))
+
+    assert out.dtype == torch.float32
+    assert out[0, 0].unique().tolist() == [-1.0] and out[0, 1].unique().tolist() == [3.0]
+
+
+def test_none_is_the_identity() -> None:
+    x = _batch()
+    assert augment(x, "none", _gen(0)) is x
+
+
+@pytest.mark.parametrize("kind", ["crop_flip", "crop_flip_cutout"])
+def test_shapes_kept_and_seed_determines_the_result(kind: str) -> None:
+    x = to_float(_batch(), (0.5,) * 3, (0.25,) * 3)
+    first, again, other = augment(x, kind, _gen(1)), augment(x, kind, _gen(1)), augment(x, kind, _gen(2))
+
+    assert first.shape == x.shape and first.dtype == x.dtype
+    assert torch.equal(first, again) and not torch.equal(first, other)
+
+
+def _window(image: torch.Tensor, dy: int, dx: int, flip: bool) -> torch.Tensor:
+    crop = image[:, dy:dy + 32, dx:dx + 32]
+    return crop.flip(-1) if flip else crop
+
+
+def test_crop_flip_output_is_a_window_of_the_padded_image_maybe_mirrored() -> None:
+    x = _batch()
+    out = augment(x, "crop_flip", _gen(3))
+    padded = F.pad(x, (4, 4, 4, 4))
+
+    mirrored = 0
+    for b in range(len(x)):
+        matches = [flip for dy in range(9) for dx in range(9) for flip in (False, True)
+                   if torch.equal(out[b], _window(padded[b], dy, dx, flip))]
+        assert matches, f"sample {b} is not a crop of its padded image"
+        mirrored += all(matches)
+    assert 0 < mirrored < len(x)  # both mirrored and plain crops occur
+
+
+def test_cutout_zeroes_one_square_of_at_most_16x16_per_sample() -> None:
+    cut = cutout(torch.ones(64, 1, 32, 32), _gen(4)) == 0
+
+    per_sample = cut.sum((1, 2, 3))
+    assert per_sample.max() == 256 and per_sample.min() >= 64  # a centre in a corner still cuts 8×8
+    rows, cols = cut.any(3).sum(2), cut.any(2).sum(2)
+    assert (rows * cols == per_sample[:, None]).all()  # a single rectangle
+
+
+def test_crop_flip_cutout_is_crop_flip_then_cutout() -> None:
+    x = _batch()
+    generator = _gen(5)
+    expected = cutout(random_crop_flip(x, generator), generator)
+
+    assert torch.equal(augment(x, "crop_flip_cutout", _gen(5)), expected)
+
+
+def test_unknown_kind_names_data_augment() -> None:
+    with pytest.raises(FLTuneError, match=r"data\.augment: unknown augmentation 'rotate'; allowed: none"):
+        augment(_batch(), "rotate", _gen(0))

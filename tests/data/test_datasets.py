@@ -1,0 +1,113 @@
+"""Loading: real Fashion-MNIST, torchvision formats written to a tmp dir, missing files, synthetic."""
+
+from __future__ import annotations
+
+import gzip
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from fltune.data import datasets
+from fltune.data.datasets import DATASETS, NUM_CLASSES, load_dataset
+from fltune.errors import DatasetMissing, FLTuneError
+
+RNG = np.random.default_rng(0)
+TRAIN_X, TEST_X = RNG.integers(0, 256, (12, 28, 28)), RNG.integers(0, 256, (4, 28, 28))
+TRAIN_Y, TEST_Y = np.arange(12) % 10, np.arange(4)
+
+
+def write_idx(path: Path, array: np.ndarray) -> None:
+    """Write a uint8 array in the idx format of the MNIST family (gzipped if the name ends in .gz)."""
+    header = bytes([0, 0, 8, array.ndim]) + np.array(array.shape, dtype=">i4").tobytes()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with (gzip.open if path.suffix == ".gz" else open)(path, "wb") as f:
+        f.write(header + array.astype(np.uint8).tobytes())
+
+
+def _write_mnist_family(raw: Path, names: dict[str, np.ndarray], suffix: str = "") -> None:
+    for name, array in names.items():
+        write_idx(raw / f"{name}{suffix}", array)
+
+
+MNIST_FILES = {"train-images-idx3-ubyte": TRAIN_X, "train-labels-idx1-ubyte": TRAIN_Y,
+               "t10k-images-idx3-ubyte": TEST_X, "t10k-labels-idx1-ubyte": TEST_Y}
+
+
+def test_real_fmnist_from_debian(fmnist) -> None:
+    assert fmnist.train_x.shape == (60000, 1, 28, 28) and fmnist.train_x.dtype == torch.uint8
+    assert fmnist.test_x.shape == (10000, 1, 28, 28) and fmnist.test_y.dtype == torch.int64
+    assert torch.bincount(fmnist.train_y).tolist() == [6000] * 10
+    assert fmnist.train_x.float().mean().item() / 255 == pytest.approx(fmnist.mean[0], abs=1e-3)
+    assert fmnist.augment == "none" and fmnist.num_classes == 10
+    assert load_dataset("fmnist") is load_dataset("fmnist")  # cached in-process
+
+
+@pytest.mark.parametrize("layout, suffix", [("", ".gz"), ("FashionMNIST/raw", ""), ("FashionMNIST/raw", ".gz")])
+def test_fmnist_from_a_root_flat_or_torchvision_layout(tmp_path: Path, layout: str, suffix: str) -> None:
+    _write_mnist_family(tmp_path / layout, MNIST_FILES, suffix)
+    ds = load_dataset("fmnist", root=tmp_path)
+
+    assert np.array_equal(ds.train_x[:, 0].numpy(), TRAIN_X) and np.array_equal(ds.test_y.numpy(), TEST_Y)
+
+
+def test_mnist_in_torchvision_raw_format_loads_without_download(tmp_path: Path) -> None:
+    _write_mnist_family(tmp_path / "MNIST" / "raw", MNIST_FILES)
+    ds = load_dataset("mnist", root=tmp_path)
+
+    assert ds.train_x.shape == (12, 1, 28, 28) and ds.train_x.dtype == torch.uint8
+    assert np.array_equal(ds.train_x[:, 0].numpy(), TRAIN_X)
+    assert ds.test_y.dtype == torch.int64 and ds.test_y.tolist() == TEST_Y.tolist()
+    assert ds.mean == (0.1307,)
+
+
+def test_emnist_letters_keeps_a_to_j_as_0_to_9_upright(tmp_path: Path) -> None:
+    """EMNIST files hold images transposed: a bar stored in column 0 is row 0 once upright."""
+    bar = np.zeros((28, 28), dtype=np.uint8)
+    bar[:, 0] = 255  # transposed storage of an image whose top row is white
+    labels = np.array([1, 10, 11, 26])  # a, j, k, z
+    raw = tmp_path / "EMNIST" / "raw"
+    for split in ("train", "test"):
+        write_idx(raw / f"emnist-letters-{split}-images-idx3-ubyte", np.stack([bar] * 4))
+        write_idx(raw / f"emnist-letters-{split}-labels-idx1-ubyte", labels)
+    ds = load_dataset("emnist_letters", root=tmp_path)
+
+    assert ds.train_y.tolist() == [0, 9]
+    assert (ds.train_x[:, 0, 0] == 255).all() and (ds.train_x[:, 0, 1:] == 0).all()
+
+
+@pytest.mark.parametrize("name, expected", [("mnist", "MNIST/raw"), ("cifar10", "cifar-10-batches-py"),
+                                            ("svhn", "train_32x32.mat")])
+def test_missing_torchvision_files_name_the_paths(tmp_path: Path, name: str, expected: str) -> None:
+    with pytest.raises(DatasetMissing) as err:
+        load_dataset(name, root=tmp_path)
+    message = str(err.value)
+    assert str(tmp_path / expected) in message and "data.download" in message and "\n" not in message
+
+
+def test_missing_fmnist_names_every_directory_and_the_debian_package(tmp_path: Path) -> None:
+    with pytest.raises(DatasetMissing) as err:
+        load_dataset("fmnist", root=tmp_path)
+    message = str(err.value)
+    assert str(tmp_path) in message and str(tmp_path / "FashionMNIST" / "raw") in message
+    assert "apt-get install dataset-fashion-mnist" in message
+
+
+def test_unknown_dataset_lists_the_allowed_ones() -> None:
+    with pytest.raises(FLTuneError, match=r"data\.dataset: unknown dataset 'imagenet'; allowed: fmnist, mnist"):
+        load_dataset("imagenet")
+    assert set(NUM_CLASSES) == set(DATASETS)
+
+
+def test_synthetic_is_deterministic_balanced_and_learnable() -> None:
+    ds = load_dataset("synthetic")
+    regenerated = datasets._load_synthetic(None, False)  # bypasses the in-process cache
+
+    assert torch.equal(regenerated[0], ds.train_x) and torch.equal(regenerated[3], ds.test_y)
+    assert ds.train_x.shape == (6000, 1, 28, 28) and ds.test_x.shape == (1000, 1, 28, 28)
+    assert torch.bincount(ds.train_y).tolist() == [600] * 10
+    # nearest class mean of the train split classifies the test split
+    means = torch.stack([ds.train_x[ds.train_y == c].float().mean(0) for c in range(10)]).flatten(1)
+    predicted = torch.cdist(ds.test_x.float().flatten(1), means).argmin(1)
+    assert (predicted == ds.test_y).float().mean() > 0.9

@@ -1,0 +1,82 @@
+"""FederatedData: pooling protocol, no train/test leakage, on-disk partition cache."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from fltune.data import federated
+from fltune.data.federated import build_federated_data
+from fltune.errors import FLTuneError
+
+SIMFAFL = {"kind": "dirichlet_prior", "num_clients": 100, "seed": 0, "alpha": 0.5, "eval_fraction": 0.3,
+           "pool_test": True}
+
+
+def test_pooled_protocol_tests_on_the_union_of_held_out_splits(fmnist, tmp_path: Path) -> None:
+    data = build_federated_data(fmnist, **SIMFAFL, cache_dir=tmp_path)
+
+    assert len(data.x) == 70000 and data.input_shape == (1, 28, 28) and data.num_clients == 100
+    assert {len(t) for t in data.client_train} == {490} and {len(e) for e in data.client_eval} == {210}
+    train, held_out = np.concatenate(data.client_train), np.concatenate(data.client_eval)
+    assert len(np.intersect1d(train, held_out)) == 0  # nothing tested is trained on
+    assert torch.equal(data.test_y, data.y[np.sort(held_out)]) and len(data.test_x) == 21000
+
+
+def test_unpooled_protocol_tests_on_the_dataset_test_split(fmnist, tmp_path: Path) -> None:
+    data = build_federated_data(fmnist, kind="iid", num_clients=10, seed=0, cache_dir=tmp_path)
+
+    assert data.x is fmnist.train_x and data.test_x is fmnist.test_x
+    assert all(len(e) == 0 for e in data.client_eval)
+    assert sum(len(t) for t in data.client_train) == 60000
+
+
+def test_pooling_needs_a_held_out_fraction(fmnist, tmp_path: Path) -> None:
+    with pytest.raises(FLTuneError, match=r"partition\.eval_fraction"):
+        build_federated_data(fmnist, kind="iid", num_clients=10, seed=0, pool_test=True, cache_dir=tmp_path)
+
+
+def test_classes_default_to_the_papers_k(fmnist, tmp_path: Path) -> None:
+    data = build_federated_data(fmnist, kind="classes", num_clients=20, seed=0, cache_dir=tmp_path)
+
+    assert {len(np.unique(data.y[t].numpy())) for t in data.client_train} == {3}  # FMNIST: k = 3
+
+
+def test_second_build_reads_the_cache(fmnist, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    first = build_federated_data(fmnist, **SIMFAFL, cache_dir=tmp_path)
+    files = list(tmp_path.iterdir())
+    monkeypatch.setattr(federated, "partition", lambda *a, **k: pytest.fail("cache miss"))
+    second = build_federated_data(fmnist, **SIMFAFL, cache_dir=tmp_path)
+
+    assert len(files) == 1 and files[0].suffix == ".npz" and list(tmp_path.iterdir()) == files
+    for a, b in zip(first.client_train + first.client_eval, second.client_train + second.client_eval):
+        assert np.array_equal(a, b)
+
+
+@pytest.mark.parametrize("change", [{"seed": 1}, {"alpha": 0.3}, {"num_clients": 50}, {"eval_fraction": 0.2},
+                                    {"kind": "iid"}, {"pool_test": False}])
+def test_any_changed_parameter_gets_its_own_file(fmnist, tmp_path: Path, change: dict) -> None:
+    build_federated_data(fmnist, **SIMFAFL, cache_dir=tmp_path)
+    build_federated_data(fmnist, **{**SIMFAFL, **change}, cache_dir=tmp_path)
+
+    assert len(list(tmp_path.glob("*.npz"))) == 2
+
+
+def test_concurrent_builds_agree_and_leave_no_temporary_files(fmnist, tmp_path: Path) -> None:
+    results = [None] * 4
+
+    def build(i: int) -> None:
+        results[i] = build_federated_data(fmnist, **SIMFAFL, cache_dir=tmp_path).client_train
+
+    threads = [threading.Thread(target=build, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+    assert [p.suffix for p in tmp_path.iterdir()] == [".npz"]
+    assert all(all(np.array_equal(a, b) for a, b in zip(results[0], r)) for r in results[1:])

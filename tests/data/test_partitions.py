@@ -1,0 +1,165 @@
+"""Partitions of METHODS.md §0 on real Fashion-MNIST labels: coverage, determinism, each kind's rule."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from fltune.data.partitions import partition, split_train_eval
+from fltune.errors import FLTuneError
+
+KINDS = {
+    "iid": {},
+    "classes": {"classes_per_client": 3},
+    "dirichlet_prior": {"alpha": 0.5},
+    "dirichlet": {"alpha": 0.5},
+    "shards": {"shards_per_client": 2},
+}
+PLACES_EVERY_SAMPLE = {"iid", "dirichlet", "shards"}  # classes/dirichlet_prior drop len % N samples
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_every_sample_lands_in_at_most_one_client(kind: str, pooled_labels: np.ndarray) -> None:
+    parts = partition(pooled_labels, 10, kind, 100, seed=0, **KINDS[kind])
+
+    everything = np.concatenate(parts)
+    assert len(parts) == 100
+    assert all(p.dtype == np.int64 and (np.diff(p) > 0).all() for p in parts)  # sorted, no repeats
+    assert len(np.unique(everything)) == len(everything)  # no sample in two clients
+    expected = len(pooled_labels) if kind in PLACES_EVERY_SAMPLE else 100 * (len(pooled_labels) // 100)
+    assert len(everything) == expected
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_seed_determines_the_partition(kind: str, fmnist) -> None:
+    labels = fmnist.train_y.numpy()
+    first, again, other = (partition(labels, 10, kind, 50, seed=s, **KINDS[kind]) for s in (7, 7, 8))
+
+    assert all(np.array_equal(a, b) for a, b in zip(first, again))
+    assert not all(np.array_equal(a, b) for a, b in zip(first, other))
+
+
+def test_classes_gives_client_j_classes_j_to_j_plus_k_in_near_equal_counts(pooled_labels: np.ndarray) -> None:
+    """FMNIST pooled, 100 clients × 3 classes: each class is owned by 30 clients who need 7000 = all of it."""
+    parts = partition(pooled_labels, 10, "classes", 100, seed=0, classes_per_client=3)
+
+    for j, part in enumerate(parts):
+        counts = np.bincount(pooled_labels[part], minlength=10)
+        owned = [(j + t) % 10 for t in range(3)]
+        assert np.flatnonzero(counts).tolist() == sorted(owned)
+        assert len(part) == 700
+        assert counts[owned].max() - counts[owned].min() <= 1  # 233/233/234
+
+
+def test_classes_short_class_is_made_up_from_other_owned_classes() -> None:
+    """4 clients × 2 classes, class 0 has 2 samples: clients 0 ({0,1}) and 3 ({3,0}) fill up elsewhere."""
+    labels = np.repeat(np.arange(4), [2, 10, 10, 10])  # 32 samples → 8 per client
+    parts = partition(labels, 4, "classes", 4, seed=0, classes_per_client=2)
+
+    assert [len(p) for p in parts] == [8, 8, 8, 8]
+    for j, part in enumerate(parts):
+        assert set(labels[part].tolist()) <= {j, (j + 1) % 4}
+    assert sum(int((labels[p] == 0).sum()) for p in parts) == 2
+
+
+def test_classes_leaves_a_client_short_rather_than_give_it_a_foreign_class() -> None:
+    """k = 1: client 0 owns only class 0 (1 sample) and cannot reach 11 // 2 = 5 samples."""
+    labels = np.repeat([0, 1], [1, 10])
+    parts = partition(labels, 2, "classes", 2, seed=0, classes_per_client=1)
+
+    assert [labels[p].tolist() for p in parts] == [[0], [1] * 5]
+
+
+def test_classes_sizes_stay_equal_with_unequal_classes() -> None:
+    """Skewed classes and 37 clients (C ∤ N): the stealing chains still give every client its size."""
+    labels = np.random.default_rng(1).choice(10, 20_000, p=np.r_[0.02, np.full(8, 0.1), 0.18])
+    parts = partition(labels, 10, "classes", 37, seed=0, classes_per_client=4)
+
+    assert {len(p) for p in parts} == {20_000 // 37}
+    for j, part in enumerate(parts):
+        assert set(labels[part].tolist()) <= {(j + t) % 10 for t in range(4)}
+
+
+def test_dirichlet_prior_equal_sizes_and_fast_on_the_simfafl_pool(pooled_labels: np.ndarray) -> None:
+    start = time.perf_counter()
+    parts = partition(pooled_labels, 10, "dirichlet_prior", 100, seed=0, alpha=0.5)
+    elapsed = time.perf_counter() - start
+
+    assert {len(p) for p in parts} == {700}
+    assert elapsed < 2.0
+
+
+def test_dirichlet_prior_concentration_follows_alpha(fmnist) -> None:
+    """Small δ → clients dominated by one class; huge δ → close to the uniform 10 % per class."""
+    labels = fmnist.train_y.numpy()
+
+    def top_class_share(alpha: float) -> float:
+        parts = partition(labels, 10, "dirichlet_prior", 50, seed=0, alpha=alpha)
+        return float(np.mean([np.bincount(labels[p], minlength=10).max() / len(p) for p in parts]))
+
+    assert top_class_share(0.05) > 0.6
+    assert top_class_share(1000.0) < 0.15
+
+
+def test_dirichlet_respects_min_size_and_sizes_differ(fmnist) -> None:
+    parts = partition(fmnist.train_y.numpy(), 10, "dirichlet", 100, seed=0, alpha=0.1, min_size=30)
+
+    sizes = [len(p) for p in parts]
+    assert min(sizes) >= 30
+    assert max(sizes) > 2 * min(sizes)
+
+
+def test_shards_give_each_client_s_label_sorted_shards(fmnist) -> None:
+    """60 000 samples, 6000 per class → 200 shards of 300, never straddling two classes."""
+    labels = fmnist.train_y.numpy()
+    parts = partition(labels, 10, "shards", 100, seed=0, shards_per_client=2)
+
+    assert {len(p) for p in parts} == {600}
+    assert all(len(np.unique(labels[p])) <= 2 for p in parts)
+    assert all(np.bincount(labels[p]).max() % 300 == 0 for p in parts)
+
+
+def test_split_train_eval_holds_out_a_fraction_of_each_client() -> None:
+    parts = [np.arange(0, 700), np.arange(700, 710), np.array([], dtype=np.int64)]
+    train, held_out = split_train_eval(parts, 0.3, seed=0)
+
+    assert [len(t) for t in train] == [490, 7, 0]
+    for part, t, e in zip(parts, train, held_out):
+        assert np.array_equal(np.sort(np.concatenate([t, e])), part)
+        assert (np.diff(t) > 0).all() and (np.diff(e) > 0).all()
+    again, _ = split_train_eval(parts, 0.3, seed=0)
+    assert all(np.array_equal(a, b) for a, b in zip(train, again))
+    no_eval_train, no_eval = split_train_eval(parts, 0.0, seed=0)
+    assert all(len(e) == 0 for e in no_eval) and all(np.array_equal(a, b) for a, b in zip(no_eval_train, parts))
+
+
+LABELS = np.repeat(np.arange(10), 10)  # 100 samples
+
+
+@pytest.mark.parametrize("kind, clients, kwargs, field", [
+    ("bogus", 10, {}, "partition.kind"),
+    ("iid", 0, {}, "federation.clients"),
+    ("iid", 101, {}, "federation.clients"),
+    ("classes", 10, {"classes_per_client": 0}, "partition.classes_per_client"),
+    ("classes", 10, {"classes_per_client": 11}, "partition.classes_per_client"),
+    ("classes", 10, {}, "partition.classes_per_client"),
+    ("dirichlet_prior", 10, {"alpha": 0.0}, "partition.alpha"),
+    ("dirichlet", 10, {"alpha": -1.0}, "partition.alpha"),
+    ("dirichlet", 10, {"alpha": float("nan")}, "partition.alpha"),
+    ("shards", 10, {"shards_per_client": 11}, "partition.shards_per_client"),
+    ("shards", 10, {"shards_per_client": 0}, "partition.shards_per_client"),
+    ("dirichlet", 10, {"min_size": 11}, "partition.min_size"),
+    # 20 clients ≥ 5 fits in 100 samples, but at α = 0.001 each class goes whole to one client: 10 stay empty
+    ("dirichlet", 20, {"alpha": 1e-3, "min_size": 5}, "partition.min_size"),
+])
+def test_bad_inputs_name_the_config_field(kind: str, clients: int, kwargs: dict, field: str) -> None:
+    with pytest.raises(FLTuneError, match=field.replace(".", r"\.")) as err:
+        partition(LABELS, 10, kind, clients, seed=0, **kwargs)
+    assert "\n" not in str(err.value)
+
+
+def test_bad_eval_fraction_names_the_field() -> None:
+    with pytest.raises(FLTuneError, match=r"partition\.eval_fraction"):
+        split_train_eval([np.arange(10)], 1.0, seed=0)

@@ -1,0 +1,38 @@
+"""FedProx: L = CE + (μ/2)‖w − w_g‖² (METHODS.md §2)."""
+
+import torch
+import torch.nn.functional as F
+
+from fltune.methods import get_method
+from tests.methods.helpers import make_ctx, tiny_batch, tiny_model
+
+
+def test_loss_is_ce_plus_half_mu_squared_distance():
+    model = tiny_model()
+    global_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.1)  # every parameter 0.1 away from the global model
+    method = get_method("fedprox")(get_method("fedprox").Params(mu=0.5))
+    x, y = tiny_batch()
+    loss, logits = method.local_loss(make_ctx(model, global_state=global_state), x, y)
+    n_params = sum(p.numel() for p in model.parameters())
+    expected = F.cross_entropy(model(x), y) + 0.5 * 0.5 * n_params * 0.1**2
+    assert torch.allclose(loss, expected, rtol=1e-5)
+
+
+def test_mu_zero_is_exactly_fedavg_loss():
+    model = tiny_model()
+    x, y = tiny_batch()
+    ctx = make_ctx(model)
+    prox = get_method("fedprox")(get_method("fedprox").Params(mu=0.0))
+    avg = get_method("fedavg")()
+    assert torch.equal(prox.local_loss(ctx, x, y)[0], avg.local_loss(ctx, x, y)[0])
+
+
+def test_negative_mu_is_rejected():
+    import pytest
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError):
+        get_method("fedprox").Params(mu=-1.0)
