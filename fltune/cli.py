@@ -16,6 +16,8 @@ from typing import Any
 from rich.table import Table
 
 from fltune.errors import FLTuneError
+from fltune.tune.command import add_parser as add_tune_parser
+from fltune.tune.command import cmd_tune
 
 SHORTCUTS: dict[str, tuple[str, type]] = {
     "method": ("method.name", str), "dataset": ("data.dataset", str), "data_root": ("data.root", str),
@@ -61,9 +63,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     from fltune.engine.federation import Federation
     from fltune.tracking.console import ProgressCallback, console, summary_table
 
+    fed = Federation(cfg)
     console.print(f"[bold]fltune run[/] {cfg.method.name} on {cfg.data.dataset} ({cfg.partition.kind}), "
                   f"{cfg.federation.clients} clients × {cfg.federation.fraction}, {cfg.federation.rounds} rounds")
-    fed = Federation(cfg)
     callbacks: list[Any] = [ProgressCallback(cfg.method.name)]
     if cfg.tracking.enabled:
         from fltune.tracking.callback import MLflowCallback
@@ -101,7 +103,7 @@ def cmd_methods(args: argparse.Namespace) -> int:
 
 
 # ---------------------------------------------------------------------------------------------- main
-COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {"run": cmd_run, "methods": cmd_methods}
+COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {"run": cmd_run, "methods": cmd_methods, "tune": cmd_tune}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -113,6 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--print-config", action="store_true", help="print the resolved config as YAML and exit")
     run.add_argument("--no-mlflow", action="store_true", help="= --set tracking.enabled=false")
     sub.add_parser("methods", help="registered methods with their parameters and paper defaults")
+    add_tune_parser(sub)
     return parser
 
 

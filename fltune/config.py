@@ -82,10 +82,16 @@ class MethodConfig(BaseModel):
         from fltune.methods import get_method
 
         method_cls = get_method(self.name)
+        given = self.model_extra or {}
+        fields = method_cls.Params.model_fields
+        unknown = sorted(set(given) - set(fields))
+        if unknown:
+            allowed = ", ".join(fields) or "none"
+            raise ValueError(f"method.{unknown[0]}: {self.name} has no parameter {unknown[0]!r}; allowed: {allowed}")
         try:
-            params = method_cls.Params(**(self.model_extra or {}))
+            params = method_cls.Params(**given)
         except ValidationError as err:
-            raise ValueError(describe_validation_error(err)) from None
+            raise ValueError(describe_validation_error(err, prefix="method")) from None
         self.__pydantic_extra__ = params.model_dump()
         return self
 
@@ -108,6 +114,9 @@ class TrainingConfig(_Section):
     weight_decay: float = Field(0.0, ge=0)
     lr_decay: float = Field(1.0, gt=0, le=1, description="lr at round r = lr · lr_decay^r (MAN 0.998, FedSOL 0.99)")
     grad_clip: float | None = Field(None, gt=0, description="max global grad norm; None = no clipping")
+    finetune_epochs: int = Field(0, ge=0, description="-FT: after the last round each client tunes its head "
+                                 "this many epochs (body frozen) before personalised evaluation")
+    finetune_lr: float | None = Field(None, gt=0, description="fine-tuning lr; None = training.lr")
 
 
 class FederationConfig(_Section):
@@ -143,7 +152,7 @@ class MetricsConfig(_Section):
     protocols: list[Protocol] = Field(default_factory=lambda: list(PROTOCOLS))
     every: int = Field(1, ge=1, description="evaluate every k rounds (and always at the last round)")
     target: float | None = Field(None, gt=0, le=1, description="accuracy for rounds_to_target")
-    target_metric: Literal["acc_global", "acc_all_model", "acc_personalized"] = "acc_global"
+    target_metric: Literal["acc_global", "acc_all_model", "acc_personalized", "acc_personalized_ft"] = "acc_global"
     hessian: HessianConfig = Field(default_factory=HessianConfig)
 
 
@@ -205,7 +214,8 @@ def describe_validation_error(err: ValidationError, prefix: str = "") -> str:
             msg = "unknown field"
         given = item.get("input")
         shown = "" if isinstance(given, dict) or item["type"] == "value_error" else f" (got {given!r})"
-        lines.append(f"{loc}: {msg}{shown}" if loc else f"{msg}{shown}")
+        nested = msg.startswith(f"{loc}.")  # a sub-model already named the full field path
+        lines.append(f"{loc}: {msg}{shown}" if loc and not nested else f"{msg}{shown}")
     return "; ".join(lines)
 
 

@@ -91,7 +91,7 @@ class Federation:
                 metrics = self.step()
                 for cb in callbacks:
                     cb.on_round(self, metrics)
-        except KeyboardInterrupt:
+        except (KeyboardInterrupt, SystemExit):  # Ctrl-C, or SIGTERM turned into SystemExit by Ray
             self._finish(callbacks, "killed")
             raise
         except BaseException:
@@ -150,7 +150,7 @@ class Federation:
         metrics["lr"] = inputs.lr
         if self.status == "running" and (r % self.cfg.metrics.every == 0 or r == fed.rounds):
             eval_start = time.perf_counter()
-            metrics.update(self.evaluate())
+            metrics.update(self.evaluate(final=r == fed.rounds))
             metrics["eval_s"] = time.perf_counter() - eval_start
         metrics["round"] = float(r)
         self.history.append(metrics)
@@ -167,15 +167,18 @@ class Federation:
         return {"train_loss": loss, "samples": samples, "diverged": float(diverged)}
 
     # ------------------------------------------------------------------ evaluation
-    def evaluate(self) -> dict[str, float]:
-        """Accuracy and loss under every applicable protocol (METHODS.md §0)."""
+    def evaluate(self, final: bool = False) -> dict[str, float]:
+        """Accuracy and loss under every applicable protocol (METHODS.md §0); after the last round also the
+        personalised accuracy after head fine-tuning (``acc_personalized_ft``) when configured."""
         out: dict[str, float] = {}
         if "global" in self.protocols:
             out["acc_global"], out["loss"] = self._evaluate_state(self.global_state)
         if "all_model" in self.protocols:
             out["acc_all_model"], out["loss_all_model"] = self._evaluate_state(self._all_model_state())
         if "personalized" in self.protocols:
-            out["acc_personalized"], out["loss_personalized"] = self._evaluate_personalized()
+            out["acc_personalized"], out["loss_personalized"] = self._evaluate_personalized(finetune=False)
+            if final and self.cfg.training.finetune_epochs:
+                out["acc_personalized_ft"], out["loss_personalized_ft"] = self._evaluate_personalized(finetune=True)
         return out
 
     def _evaluate_state(self, state: State) -> tuple[float, float]:
@@ -201,14 +204,19 @@ class Federation:
     def _all_model_weight(self, cid: int) -> float:
         return float(self.sizes[cid]) if self.method.weighted_by_samples else 1.0
 
-    def _evaluate_personalized(self) -> tuple[float, float]:
+    def _evaluate_personalized(self, finetune: bool) -> tuple[float, float]:
         """Mean over clients of each client's accuracy on its own held-out split (SimFAFL Table 2)."""
         assert self.pool is not None
         clients = list(range(self.cfg.federation.clients))
-        eval_sizes = [len(idx) for idx in self.data.client_eval]
-        shards = balance(clients, eval_sizes, len(self.pool.actors))
+        sizes = self.sizes if finetune else [len(idx) for idx in self.data.client_eval]
+        shards = balance(clients, sizes, len(self.pool.actors))
+        training = self.cfg.training
+        inputs = RoundInput(  # the fine-tuning stream is "round R+1", apart from every training round
+            round=self.cfg.federation.rounds + 1, seed=self.cfg.federation.seed,
+            lr=training.finetune_lr or training.lr, global_state=self.global_state, server={},
+        )
         scores: dict[int, tuple[int, float, int]] = {}
-        for part in self.pool.map("evaluate_clients", shards, ray.put(self.global_state), per_shard=self._states_for):
+        for part in self.pool.map("evaluate_clients", shards, ray.put(inputs), finetune, per_shard=self._states_for):
             scores.update(part)
         accs = [scores[c][0] / scores[c][2] for c in clients]
         losses = [scores[c][1] / scores[c][2] for c in clients]

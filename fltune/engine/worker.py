@@ -16,7 +16,7 @@ import torch
 from fltune.config import ExperimentConfig
 from fltune.data.federated import FederatedData
 from fltune.engine.aggregate import WeightedSum
-from fltune.engine.local import RoundInput, evaluate, load_state, train_client
+from fltune.engine.local import FineTune, RoundInput, evaluate, load_state, train_client
 from fltune.engine.setup import build_method, build_model_for, resolve_augment
 from fltune.methods.base import State, to_numpy
 
@@ -74,13 +74,21 @@ class ClientWorker:
         return result
 
     def evaluate_clients(
-        self, data_ref: list, global_state: State, client_ids: list[int], states: dict[int, dict[str, Any]],
+        self, data_ref: list, inputs: RoundInput, finetune: bool, client_ids: list[int],
+        states: dict[int, dict[str, Any]],
     ) -> dict[int, tuple[int, float, int]]:
-        """Personalised protocol: each client's own model on its own held-out split."""
+        """Personalised protocol: each client's own model (head fine-tuned first when ``finetune``) on its
+        own held-out split."""
         data = self._attach(data_ref)
+        training = self.cfg.training
+        tuner = FineTune(self.method, training.finetune_epochs, training.finetune_lr)
         scores = {}
         for cid in client_ids:
-            load_state(self.model, self.method.client_model_state(global_state, states.get(cid, {})))
+            state = states.get(cid, {})
+            if finetune:
+                train_client(tuner, self.model, data, cid, inputs, state, training, self.augment_kind, self.device)
+            else:
+                load_state(self.model, self.method.client_model_state(inputs.global_state, state))
             idx = torch.tensor(data.client_eval[cid], dtype=torch.long)
             scores[cid] = evaluate(self.model, data, data.x[idx], data.y[idx], self.device)
         return scores

@@ -6,7 +6,7 @@ from typing import Any
 
 from fltune.config import ExperimentConfig
 
-ACCURACY_KEYS = ("acc_global", "acc_all_model", "acc_personalized")
+ACCURACY_KEYS = ("acc_global", "acc_all_model", "acc_personalized", "acc_personalized_ft")
 
 
 def rounds_to_target(history: list[dict[str, float]], metric: str, target: float) -> int | None:

@@ -39,6 +39,8 @@ class ProgressCallback(Callback):
         accs = " ".join(f"{k.removeprefix('acc_')}={v:.4f}" for k, v in self.latest.items() if k.startswith("acc_"))
         info = f"{accs} train_loss={metrics['train_loss']:.4f} {metrics['round_s']:.1f}s/round"
         self.progress.update(self.task, completed=int(metrics["round"]), info=info)
+        if not console.is_terminal:  # logs (CI, `ray job submit`) get one plain line per round instead
+            console.print(f"round {int(metrics['round'])}/{fed.cfg.federation.rounds} {info}", soft_wrap=True)
 
     def on_end(self, fed: Federation, summary: dict[str, Any]) -> None:
         self.progress.stop()

@@ -92,3 +92,14 @@ def test_checkpoint_resumes_exactly(ray_session):
     assert resumed.round == 3
     assert same_weights(straight, resumed)
     assert np.isclose(straight.history[-1]["acc_global"], resumed.history[-1]["acc_global"])
+
+
+def test_finetune_phase_reports_tuned_personal_accuracy_without_touching_the_global_model(ray_session):
+    plain = run(federation("resources.workers=2"))
+    tuned = run(federation("resources.workers=2", "training.finetune_epochs=2"))
+    assert same_weights(plain, tuned)
+    last = tuned.history[-1]
+    assert "acc_personalized_ft" in last and "acc_personalized_ft" not in tuned.history[0]
+    assert last["acc_personalized"] == plain.history[-1]["acc_personalized"]
+    assert last["loss_personalized_ft"] != last["loss_personalized"]  # the heads really were tuned
+    assert tuned.summary()["acc_personalized_ft"] == last["acc_personalized_ft"]

@@ -1,0 +1,88 @@
+"""The command line as a user runs it: real Ray, real MLflow sqlite store, one-line errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from fltune.cli import main
+
+REPO = Path(__file__).resolve().parents[1]
+TINY = ["--dataset", "synthetic", "--clients", "8", "--fraction", "0.5", "--rounds", "2", "--local-epochs", "1",
+        "--set", "partition.eval_fraction=0.2", "--workers", "2"]
+
+
+def cli(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "cli.py", *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+@pytest.mark.slow
+def test_run_writes_json_and_one_finished_mlflow_run(tmp_path, mlflow_uri):
+    out = tmp_path / "out.json"
+    proc = cli("run", "--method", "fedprox", "--set", "method.mu=0.01", *TINY, "--seed", "3",
+               "--json-out", str(out))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    summary = json.loads(out.read_text())
+    for key in ("acc_global", "acc_all_model", "acc_personalized", "loss", "rounds_to_target", "rounds",
+                "wall_s", "samples_per_s", "mlflow_run_id"):
+        assert key in summary
+    assert summary["rounds"] == 2 and summary["status"] == "finished"
+    client = MlflowClient(mlflow_uri)
+    run = client.get_run(summary["mlflow_run_id"])
+    assert run.info.status == "FINISHED"
+    assert run.data.tags["method"] == "fedprox" and run.data.tags["seed"] == "3"
+    assert run.data.params["method.mu"] == "0.01" and run.data.params["federation.rounds"] == "2"
+    history = client.get_metric_history(run.info.run_id, "acc_global")
+    assert [m.step for m in history] == [1, 2]
+    assert abs(history[-1].value - summary["acc_global"]) < 1e-9
+    artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
+    assert {"curves.png", "config.yaml"} <= artifacts
+
+
+def test_print_config_round_trips_into_run_config(tmp_path, capsys):
+    assert main(["run", "--method", "fedprox", "--rounds", "4", "--print-config"]) == 0
+    text = capsys.readouterr().out
+    (tmp_path / "exp.yaml").write_text(text)
+    assert main(["run", "--config", str(tmp_path / "exp.yaml"), "--print-config"]) == 0
+    assert capsys.readouterr().out == text
+
+
+def test_methods_lists_registered_methods_with_defaults(capsys):
+    assert main(["methods"]) == 0
+    out = capsys.readouterr().err
+    assert "fedavg" in out and "fedprox" in out and "mu" in out
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--method", "nope"], "method.name: unknown method"),
+    (["--method", "fedprox", "--set", "method.mu=-1"], "method.mu:"),
+    (["--fraction", "0"], "federation.fraction:"),
+    (["--set", "federation.roundz=3"], "federation.roundz: unknown field"),
+    (["--config", "/nonexistent/exp.yaml"], "exp.yaml: no such file"),
+])
+def test_bad_input_is_one_line_exit_2(args, message, capsys):
+    assert main(["run", *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1 and "Traceback" not in err
+
+
+def test_missing_dataset_says_where_it_looked(tmp_path, capsys):
+    assert main(["run", "--dataset", "cifar10", "--data-root", str(tmp_path), "--rounds", "1"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "cifar10" in err and str(tmp_path) in err and len(err.splitlines()) == 1
+
+
+def test_impossible_partition_and_unplaceable_workers(ray_session, capsys, mlflow_uri):
+    assert main(["run", "--dataset", "synthetic", "--clients", "100000", "--rounds", "1"]) == 2
+    assert "federation.clients" in capsys.readouterr().err
+    assert main(["run", *TINY[:-2], "--workers", "64"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "resources.workers" in err and len(err.splitlines()) == 1
+    assert not MlflowClient(mlflow_uri).search_runs(
+        [e.experiment_id for e in MlflowClient(mlflow_uri).search_experiments()], "attributes.status = 'RUNNING'")

@@ -1,0 +1,57 @@
+"""Config: YAML in/out, dotted overrides, method Params validation, one-line errors."""
+
+import pytest
+import yaml
+
+from fltune.config import apply_overrides, build_config, flatten, read_yaml
+from fltune.errors import FLTuneError
+
+
+def test_defaults_round_trip_through_yaml():
+    cfg = build_config()
+    again = build_config(yaml.safe_load(cfg.to_yaml()))
+    assert again == cfg
+    assert cfg.method.name == "fedavg" and cfg.training.batch_size == 50 and cfg.training.momentum == 0.9
+
+
+def test_method_params_are_validated_and_defaulted():
+    cfg = build_config(overrides=["method.name=fedprox", "method.mu=0.5"])
+    assert cfg.method.params.mu == 0.5
+    assert build_config(overrides=["method.name=fedprox"]).method.params.mu == 0.01
+    assert "mu: 0.01" in build_config(overrides=["method.name=fedprox"]).to_yaml()
+
+
+def test_overrides_parse_yaml_values_and_create_sections():
+    tree = apply_overrides({}, ["federation.rounds=3", "metrics.protocols=[global]", "data.root=null"])
+    assert tree == {"federation": {"rounds": 3}, "metrics": {"protocols": ["global"]}, "data": {"root": None}}
+    assert flatten({"a": {"b": 1, "c": {"d": 2}}}) == {"a.b": 1, "a.c.d": 2}
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    (["method.name=nope"], "method.name: unknown method 'nope'; allowed:"),
+    (["method.name=fedprox", "method.mu=-1"], "method.mu: Input should be greater than or equal to 0"),
+    (["method.mu=0.1"], "method.mu: fedavg has no parameter 'mu'; allowed: none"),
+    (["federation.fraction=1.5"], "federation.fraction: Input should be less than or equal to 1"),
+    (["federation.roundz=3"], "federation.roundz: unknown field"),
+    (["federation.rounds=abc"], "federation.rounds: Input should be a valid integer"),
+    (["data.dataset=nope"], "data.dataset: unknown dataset 'nope'; allowed: fmnist"),
+    (["partition.kind=nope"], "partition.kind: Input should be 'iid'"),
+    (["partition.kind=classes", "partition.classes_per_client=11"], "partition.classes_per_client: 11 > the 10"),
+    (["model.name=nope"], "model.name: unknown model 'nope'"),
+    (["resources.workers=0"], "resources.workers: Input should be greater than or equal to 1"),
+])
+def test_bad_values_give_one_line_naming_the_field(overrides, message):
+    with pytest.raises(FLTuneError) as err:
+        build_config(overrides=overrides)
+    assert message in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_malformed_yaml_names_file_and_line(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("federation:\n  rounds: [1, 2\n")
+    with pytest.raises(FLTuneError, match=r"bad.yaml: malformed YAML at line \d+"):
+        read_yaml(bad)
+    (tmp_path / "list.yaml").write_text("- 1\n- 2\n")
+    with pytest.raises(FLTuneError, match="expected a mapping"):
+        read_yaml(tmp_path / "list.yaml")
