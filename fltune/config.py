@@ -145,6 +145,17 @@ class HessianConfig(_Section):
     tol: float = Field(1e-3, gt=0)
     landscape: bool = Field(True, description="loss-surface PNG along the top-2 eigenvectors at the end")
 
+    @field_validator("clients")
+    @classmethod
+    def _pairs(cls, value: int) -> int:
+        if value == 1:
+            raise ValueError("H_N/H_D compare clients: allowed 0 (off) or at least 2")
+        return value
+
+    def due(self, round_: int, rounds: int) -> bool:
+        """Whether the probe runs after ``round_``."""
+        return bool(self.every and round_ % self.every == 0) or (self.at_end and round_ == rounds)
+
 
 class MetricsConfig(_Section):
     """Evaluation protocols (METHODS.md §0) and rounds-to-target."""

@@ -55,6 +55,10 @@ class WeightedSum:
         else:
             self.coarse[key], self.fine[key], self.dtypes[key] = coarse, fine, dtype
 
+    def entry_bits(self) -> int:
+        """Bits of one client's update in its own dtypes (what a client uploads)."""
+        return sum(self.coarse[k].size * np.dtype(t).itemsize * 8 for k, t in self.dtypes.items())
+
     @property
     def total_weight(self) -> float:
         return math.fsum(sorted(self.weights))

@@ -8,8 +8,10 @@ local models, the history — is plain data (``state_dict``), so a checkpoint is
 from __future__ import annotations
 
 import math
+import tempfile
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -26,6 +28,8 @@ from fltune.engine.rng import sample_clients
 from fltune.engine.setup import build_method, build_model_for, initial_state, load_data
 from fltune.errors import FLTuneError
 from fltune.metrics.accuracy import summarise
+from fltune.metrics.cost import CostMeter, forward_flops_per_sample, parameter_count, state_bits
+from fltune.metrics.curvature import client_consistency, end_figures, global_curvature, probe_batches
 from fltune.methods.base import Aggregate, ServerContext, State
 
 
@@ -50,6 +54,9 @@ class Federation:
         self.protocols = self._applicable_protocols()
         self.sizes = [len(idx) for idx in self.data.client_train]
         self.pool: WorkerPool | None = None
+        self.forward_mflops = forward_flops_per_sample(self.eval_model, self.data.input_shape)
+        self.cost = CostMeter(self.forward_mflops)
+        self.artifacts: list[Path] = []
 
     # ------------------------------------------------------------------ setup
     def _check_sizes(self) -> None:
@@ -73,7 +80,8 @@ class Federation:
         if self.pool is None:
             ensure_ray(self.cfg.resources.address)
             plan = plan_workers(self.cfg, ray.cluster_resources())
-            self.pool = WorkerPool(self.cfg, self.data, plan, keep_latest="all_model" in self.protocols)
+            keep = "all_model" in self.protocols or self.cfg.metrics.hessian.clients > 0
+            self.pool = WorkerPool(self.cfg, self.data, plan, keep_latest=keep)
 
     def close(self) -> None:
         if self.pool is not None:
@@ -115,6 +123,7 @@ class Federation:
         self.open()
         assert self.pool is not None
         start = time.perf_counter()
+        self.cost.start_round()
         r = self.round + 1
         fed, training = self.cfg.federation, self.cfg.training
         clients = sample_clients(fed.seed, r, fed.clients, fed.clients_per_round)
@@ -133,6 +142,7 @@ class Federation:
             client_metrics.update(res.metrics)
             latest.update(res.latest)
         metrics = self._train_metrics(client_metrics)
+        self._count_cost(len(clients), inputs, total, client_metrics)
         self.round = r
         if metrics["diverged"]:
             self.status = "diverged"
@@ -148,13 +158,27 @@ class Federation:
                 self.global_state = new_state
         metrics["round_s"] = time.perf_counter() - start
         metrics["lr"] = inputs.lr
+        metrics.update(self.cost.round_metrics())
         if self.status == "running" and (r % self.cfg.metrics.every == 0 or r == fed.rounds):
             eval_start = time.perf_counter()
             metrics.update(self.evaluate(final=r == fed.rounds))
             metrics["eval_s"] = time.perf_counter() - eval_start
+        if self.status == "running" and self.cfg.metrics.hessian.due(r, fed.rounds):
+            probe_start = time.perf_counter()
+            metrics.update(self.curvature(r, sorted(latest)))
+            metrics["hessian_s"] = time.perf_counter() - probe_start
         metrics["round"] = float(r)
         self.history.append(metrics)
         return metrics
+
+    def _count_cost(self, clients: int, inputs: RoundInput, total: WeightedSum,
+                    client_metrics: dict[int, dict[str, float]]) -> None:
+        """Communication and compute of the round (FedAlign Tables 5 and 8)."""
+        self.cost.add_download(state_bits(inputs.global_state) + state_bits(_arrays(inputs.server)), clients)
+        upload = total.entry_bits()
+        for cid, m in client_metrics.items():
+            self.cost.add_training(int(m["samples"]), self.method.passes_per_step)
+            self.cost.add_upload(upload)
 
     def _states_for(self, shard: list[int]) -> dict[int, dict[str, Any]]:
         return {c: self.client_store[c] for c in shard if c in self.client_store}
@@ -222,6 +246,33 @@ class Federation:
         losses = [scores[c][1] / scores[c][2] for c in clients]
         return float(np.mean(accs)), float(np.mean(losses))
 
+    # ------------------------------------------------------------------ curvature (metrics.hessian)
+    def curvature(self, r: int, clients: list[int]) -> dict[str, float]:
+        """Hessian metrics of the global model and, over the first k of the round's clients, H_N/H_D."""
+        hcfg, seed = self.cfg.metrics.hessian, self.cfg.federation.seed
+        load_state(self.eval_model, self.global_state)
+        pool = np.concatenate(self.data.client_train)
+        batches = probe_batches(self.data, pool, hcfg, seed, -1, self.device)
+        out = global_curvature(self.eval_model, batches, hcfg, seed)
+        if hcfg.clients:
+            models = []
+            for cid in clients[: hcfg.clients]:
+                local = build_model_for(self.cfg, self.data).to(self.device)
+                load_state(local, self.latest[cid])
+                models.append((local, probe_batches(self.data, self.data.client_train[cid], hcfg, seed, cid, self.device)))
+            out.update(client_consistency(models, hcfg, seed))
+        if r == self.cfg.federation.rounds and hcfg.landscape:
+            eigen = [out[f"hessian_lambda_{i + 1}"] for i in range(hcfg.top_k)]
+            folder = Path(tempfile.mkdtemp(prefix="fltune-figures-"))
+            self.artifacts += end_figures(self.eval_model, batches, eigen, folder, self.cfg.method.name, seed)
+        return out
+
+    def static_costs(self) -> dict[str, float]:
+        """Per-run constants of FedAlign Table 5: forward MFLOPs per sample and parameters stored."""
+        params = parameter_count(self.eval_model)
+        return {"cost_forward_mflops": self.forward_mflops, "cost_params": float(params),
+                "cost_stored_params": params * self.method.stored_models}
+
     # ------------------------------------------------------------------ results and checkpoints
     def summary(self) -> dict[str, Any]:
         """The run's final figures (keys of ``--json-out``)."""
@@ -232,7 +283,7 @@ class Federation:
         return {
             "round": self.round, "global_state": self.global_state, "server_state": self.server_state,
             "client_store": self.client_store, "latest": self.latest, "history": self.history,
-            "status": self.status,
+            "status": self.status, "cost": self.cost,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -243,3 +294,13 @@ class Federation:
         self.latest = state["latest"]
         self.history = state["history"]
         self.status = state["status"]
+        self.cost = state["cost"]
+
+
+def _arrays(tree: Any) -> dict[str, np.ndarray]:
+    """The numpy arrays inside a server payload (for communication cost), keyed by path."""
+    if isinstance(tree, np.ndarray):
+        return {"": tree}
+    if isinstance(tree, dict):
+        return {f"{k}/{p}": a for k, v in tree.items() for p, a in _arrays(v).items()}
+    return {}

@@ -93,6 +93,7 @@ def train_client(
         client_id=client_id, round=inputs.round, model=model, global_state=global_tensors,
         state=dict(client_state), server=inputs.server, num_samples=len(indices), epochs=training.local_epochs,
         lr=inputs.lr, device=device, batches=epoch,
+        momentum=training.momentum if training.optimizer == "sgd" else 0.0,
     )
     method.setup_client(ctx)
     model.train()

@@ -30,7 +30,7 @@ def model_name(cfg: ExperimentConfig) -> str:
     """``auto`` → the method's own model if it needs one, else the dataset's default."""
     if cfg.model.name != "auto":
         return cfg.model.name
-    return get_method(cfg.method.name).default_model or default_model(cfg.data.dataset)
+    return get_method(cfg.method.name).model_for(cfg.data.dataset) or default_model(cfg.data.dataset)
 
 
 def build_model_for(cfg: ExperimentConfig, data: FederatedData) -> nn.Module:

@@ -123,6 +123,10 @@ class Method:
     Params: ClassVar[type[Params]] = Params
     default_model: ClassVar[str | None] = None
     """Model that ``model.name: auto`` resolves to for this method (VIB nets, ResNet-56); None = the dataset's."""
+    stored_models: ClassVar[float] = 1.0
+    """Model-sized tensors a client holds while training (FedAlign Table 5): FedProx 2, MOON 3, …"""
+    passes_per_step: ClassVar[float] = 1.0
+    """Forward+backward passes per local step, for compute cost: SAM-type 2, GradAug n + 1, …"""
     weighted_by_samples: ClassVar[bool] = True
     """Whether updates are weighted by n_k (FedAvg) or equally (FedDyn-family); also weights `all_model`."""
 
@@ -174,14 +178,16 @@ class Method:
         """Adjust gradients before clipping and the optimiser step (SCAFFOLD, FedDC)."""
 
     def client_result(self, ctx: ClientContext) -> ClientResult:
-        """Upload the shared weights (weight n_k); keep personal ones in the client's state."""
+        """Upload the shared weights (weight n_k, or 1 unless ``weighted_by_samples``); keep personal ones in
+        the client's state."""
         personal = self.personal_keys(ctx.model)
         state = ctx.model.state_dict()
         shared = to_numpy(state, set(state) - personal)
         new_state = dict(ctx.state)
         if personal:
             new_state["personal"] = to_numpy(state, personal)
-        return ClientResult(weight=float(ctx.num_samples), update=shared, state=new_state)
+        weight = float(ctx.num_samples) if self.weighted_by_samples else 1.0
+        return ClientResult(weight=weight, update=shared, state=new_state)
 
     # ---------------------------------------------------------------- server side
     def init_server_state(self, global_state: State) -> dict[str, Any]:

@@ -41,6 +41,11 @@ def summarise(history: list[dict[str, float]], cfg: ExperimentConfig, status: st
         samples_per_s=samples / round_s if round_s else None,
         status=status,
     )
+    if history:
+        summary.update({k: v for k, v in history[-1].items() if k.startswith("cost_cum")})
+        probes = [row for row in history if "hessian_lambda_max" in row]
+        if probes:
+            summary.update({k: v for k, v in probes[-1].items() if k.startswith("hessian_")})
     if status == "diverged":
         summary["diverged_round"] = summary["rounds"]
     return summary

@@ -66,21 +66,24 @@ class VIBNet(SplitModel):
         mu, sigma_raw = self.body(x).chunk(2, dim=1)
         return mu, F.softplus(sigma_raw)
 
-    def vib(self, x: Tensor, samples: int | None = None) -> VIBOutput:
-        """μ, σ, ``samples`` (default S) reparameterised draws z = μ + σ⊙ε and their logits.
+    def sample(self, mu: Tensor, sigma: Tensor, samples: int | None = None) -> Tensor:
+        """``samples`` (default S) reparameterised draws z = μ + σ⊙ε, ``[samples, B, dimZ]``.
 
         ε comes from torch's global RNG, which the engine seeds per (seed, round, client).
         """
-        mu, sigma = self.encode(x)
         eps = torch.randn((self.samples if samples is None else samples, *mu.shape), dtype=mu.dtype, device=mu.device)
-        z = mu + sigma * eps
+        return mu + sigma * eps
+
+    def vib(self, x: Tensor, samples: int | None = None) -> VIBOutput:
+        """μ, σ, sampled z and their logits: everything a VIB loss needs from one pass."""
+        mu, sigma = self.encode(x)
+        z = self.sample(mu, sigma, samples)
         return VIBOutput(mu, sigma, z, self.head(z))
 
     def features(self, x: Tensor) -> Tensor:
         """Eval: μ (the exact mean of z). Training: the mean of S sampled z (so logits are S-averaged)."""
-        if not self.training:
-            return self.encode(x)[0]
-        return self.vib(x).z.mean(0)
+        mu, sigma = self.encode(x)
+        return self.sample(mu, sigma).mean(0) if self.training else mu
 
 
 def gaussian_kl(mu_q: Tensor, sigma_q: Tensor, mu_p: Tensor, sigma_p: Tensor) -> Tensor:

@@ -26,6 +26,7 @@ class MLflowCallback(Callback):
     def on_start(self, fed: Federation) -> None:
         self.run_id = self.tracker.start(self.cfg.tracking.run_name, run_tags(self.cfg))
         self.tracker.log_config(self.run_id, self.cfg)
+        self.tracker.log_metrics(self.run_id, fed.static_costs(), step=0)
 
     def on_round(self, fed: Federation, metrics: dict[str, float]) -> None:
         assert self.run_id is not None
@@ -41,4 +42,6 @@ class MLflowCallback(Callback):
             with tempfile.TemporaryDirectory() as tmp:
                 title = f"{self.cfg.method.name} · {self.cfg.data.dataset} · {self.cfg.partition.kind}"
                 self.tracker.log_artifact(self.run_id, curves_png(fed.history, Path(tmp) / "curves.png", title))
+        for figure in fed.artifacts:
+            self.tracker.log_artifact(self.run_id, figure)
         self.tracker.end(self.run_id, summary["status"])

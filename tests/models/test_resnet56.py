@@ -47,6 +47,16 @@ def test_parameter_count_is_fedml_resnet56(classes, expected):
     assert len(list(model.body.blocks())) == 18  # 3 stages x 6 bottlenecks = 54 convs + stem + fc
 
 
+def test_forward_cost_matches_fedalign_table_5():
+    """87.3 "MFLOPs" per CIFAR sample in FedAlign Table 5 are multiply-accumulates; fltune counts 2 per MAC."""
+    from fltune.metrics.cost import forward_flops_per_sample
+
+    torch.manual_seed(0)
+    model = build_model("resnet56", CIFAR, 100)
+
+    assert forward_flops_per_sample(model, CIFAR) / 2 == pytest.approx(87.3, abs=0.1)
+
+
 @pytest.mark.parametrize(("shape", "side"), [(CIFAR, 32), (FMNIST, 28)])
 def test_stage_shapes_and_width_passes(shape, side):
     torch.manual_seed(0)

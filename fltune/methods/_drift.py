@@ -1,0 +1,129 @@
+"""Client-drift bookkeeping shared by FedDyn, FedDC, FedSpeed (h_k) and SCAFFOLD, FedDC (c, c_k).
+
+Nothing is registered here. Both bases keep their per-client variables in the client's state (numpy, via
+``ctx.state``/``ClientResult.state``) and their server variables in ``server_state``. Every hook they
+override calls ``super()``, so FedDC = FedDyn's drift + SCAFFOLD's control variates by inheriting both.
+
+Both servers need means over *all* N clients (never-sampled ones count as zero), read from the engine's
+client store; :func:`mean_over_clients` sums in client-id order so the result does not depend on which
+worker returned which client first. Server and upload use the plain mean over the round's clients
+(``weighted_by_samples = False``, METHODS.md §0). Only parameters drift: buffers (BN statistics) are
+averaged as in FedAvg, as in the authors' code, which flattens ``model.parameters()`` only.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from fltune.methods.base import ClientContext, ClientResult, Method, ServerContext, State, to_numpy
+
+
+def mean_over_clients(store: dict[int, dict[str, Any]], key: str, num_clients: int) -> State:
+    """(1/N)·Σ_k store[k][key] over all N clients; {} while no client holds ``key`` yet."""
+    held = [store[c][key] for c in sorted(store) if key in store[c]]
+    if not held:
+        return {}
+    total = {name: np.zeros(value.shape, np.float64) for name, value in held[0].items()}
+    for arrays in held:
+        for name, value in arrays.items():
+            total[name] += value
+    return {name: (value / num_clients).astype(held[0][name].dtype) for name, value in total.items()}
+
+
+def parameter_tensors(ctx: ClientContext, stored: dict[str, np.ndarray] | None) -> dict[str, Tensor]:
+    """One tensor per model parameter on the training device: the stored value, or zeros before any."""
+    stored = stored or {}
+    return {
+        name: torch.tensor(stored[name], device=ctx.device) if name in stored else torch.zeros_like(p.detach())
+        for name, p in ctx.model.named_parameters()
+    }
+
+
+class DriftCorrected(Method):
+    """FedDyn's h_k (FedDC's local drift): h_k ← h_k + (θ_k − θ_g); server θ = mean_S θ_k + mean_all h_k.
+
+    Clients keep h_k in ``state["h"]``. The local penalty (:meth:`drift_penalty`) is left to subclasses to
+    place: FedDyn/FedDC add it to the loss, FedSpeed adds its gradient after the SAM step.
+    """
+
+    weighted_by_samples = False
+
+    def setup_client(self, ctx: ClientContext) -> None:
+        """Cache θ_g − h_k, the point the drift penalty pulls towards."""
+        super().setup_client(ctx)
+        h = parameter_tensors(ctx, ctx.state.get("h"))
+        ctx.scratch["drift_target"] = {name: ctx.global_param(name) - h[name] for name in h}
+
+    def drift_penalty(self, ctx: ClientContext, alpha: float) -> Tensor:
+        """(α/2)·‖θ − (θ_g − h_k)‖² (FedDC's form), gradient α(θ − θ_g + h_k).
+
+        FedDyn's −⟨∇L_k(θ_k^{t−1}), θ⟩ + (α/2)‖θ − θ_g‖² with ∇L_k(θ_k^{t−1}) = −α·h_k (its Alg. 1 state,
+        ``acarturk/FedDyn``: α⟨θ, h_k − θ_g⟩ plus weight decay α) has the same gradient; the two values
+        differ by a θ-independent constant only.
+        """
+        target = ctx.scratch["drift_target"]
+        squared = sum(((p - target[name]) ** 2).sum() for name, p in ctx.model.named_parameters())
+        return 0.5 * alpha * squared
+
+    def client_result(self, ctx: ClientContext) -> ClientResult:
+        """h_k + θ_k − θ_g = θ_k − (θ_g − h_k)."""
+        result = super().client_result(ctx)
+        target = ctx.scratch["drift_target"]
+        result.state["h"] = to_numpy({name: p - target[name] for name, p in ctx.model.named_parameters()})
+        return result
+
+    def aggregate(self, ctx: ServerContext) -> State:
+        new = super().aggregate(ctx)
+        drift = mean_over_clients(ctx.client_store, "h", ctx.num_clients)
+        return {**new, **{name: new[name] + value for name, value in drift.items()}}
+
+
+class ControlVariates(Method):
+    """SCAFFOLD's control variates (Karimi et al., 2020, option II), also FedDC's gradient correction.
+
+    Local gradient g − c_k + c (FedDC writes it as the loss term ⟨θ, c − c_k⟩: same gradient);
+    c_k⁺ = c_k − c + (θ_g − θ_k)/(K·lr) with K = ``ctx.steps`` and lr = this round's ``ctx.lr``;
+    server c = mean over all N of c_k, i.e. c += (1/N)·Σ_S Δc_k. Clients keep c_k in ``state["c"]``; c is
+    kept in ``server_state["c"]`` and broadcast.
+    """
+
+    weighted_by_samples = False
+
+    def setup_client(self, ctx: ClientContext) -> None:
+        """Cache c − c_k, the correction added to every gradient."""
+        super().setup_client(ctx)
+        c = parameter_tensors(ctx, ctx.server.get("c"))
+        c_k = parameter_tensors(ctx, ctx.state.get("c"))
+        ctx.scratch["correction"] = {name: c[name] - c_k[name] for name in c}
+
+    def after_backward(self, ctx: ClientContext) -> None:
+        super().after_backward(ctx)
+        correction = ctx.scratch["correction"]
+        for name, p in ctx.model.named_parameters():
+            if p.grad is not None:
+                p.grad.add_(correction[name])
+
+    def client_result(self, ctx: ClientContext) -> ClientResult:
+        """c_k⁺ = (θ_g − θ_k)/(K·lr) − (c − c_k); K ≥ 1 guards a client stopped before its first step."""
+        result = super().client_result(ctx)
+        correction = ctx.scratch["correction"]
+        inv_k_lr = 1.0 / (max(ctx.steps, 1) * ctx.lr)
+        result.state["c"] = to_numpy({
+            name: (ctx.global_param(name) - p) * inv_k_lr - correction[name]
+            for name, p in ctx.model.named_parameters()
+        })
+        return result
+
+    def server_payload(self, server_state: dict[str, Any]) -> dict[str, Any]:
+        payload = super().server_payload(server_state)
+        if "c" in server_state:
+            payload["c"] = server_state["c"]
+        return payload
+
+    def aggregate(self, ctx: ServerContext) -> State:
+        ctx.server_state["c"] = mean_over_clients(ctx.client_store, "c", ctx.num_clients)
+        return super().aggregate(ctx)

@@ -1,0 +1,130 @@
+"""The sharpness-aware step shared by FedSAM, FedASAM, FedSpeed and FedSOL (nothing registered here).
+
+Each of them (Foret et al., 2021 and its FL variants) fills ``.grad`` in three moves: an ascent gradient
+g at w picks a perturbation ε; the loss is recomputed and back-propagated at w + ε; w is restored, so the
+optimiser steps from w with ∇L(w + ε). They differ only in which loss gives g, which parameters move and
+how ε is scaled, so :class:`SharpnessAware` implements the step once and a method supplies ``epsilon``
+(and FedSOL ``ascent``). The descent pass goes through ``self.local_loss``, so a modifier composed onto a
+SAM-type base (``fedsam+man``) is present in both passes.
+
+[U] BatchNorm running statistics are updated by the first pass only (momentum 0 at w + ε), as in the
+FedSOL authors' SAM code (``Lee-Gihun/FedSOL:algorithms/optim_utils.py``, ``disable_running_stats``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import torch
+from torch import Tensor, nn
+from torch.nn.modules.batchnorm import _BatchNorm
+
+from fltune.methods.base import ClientContext, Method
+
+Named = list[tuple[str, nn.Parameter]]
+Epsilon = Callable[[Named, list[Tensor]], list[Tensor]]
+"""(perturbed parameters, their ascent gradients g) → the perturbation ε of each."""
+
+NORM_EPS = 1e-12
+"""Added to ‖·‖ in ε's denominator, so a zero ascent gradient gives ε = 0 (SAM's reference code)."""
+
+
+def trainable(model: nn.Module, prefixes: tuple[str, ...] | None = None) -> Named:
+    """The parameters the current phase trains, optionally only those under ``prefixes`` (``("head.",)``)."""
+    return [
+        (n, p) for n, p in model.named_parameters()
+        if p.requires_grad and (prefixes is None or n.startswith(prefixes))
+    ]
+
+
+def global_norm(tensors: list[Tensor]) -> Tensor:
+    """‖concat(tensors)‖₂ without concatenating."""
+    return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(t) for t in tensors]))
+
+
+def sam_epsilon(rho: float) -> Epsilon:
+    """SAM / FedSAM: ε = ρ·g/‖g‖."""
+
+    def epsilon(_named: Named, grads: list[Tensor]) -> list[Tensor]:
+        scale = rho / (global_norm(grads) + NORM_EPS)
+        return [g * scale for g in grads]
+
+    return epsilon
+
+
+def asam_epsilon(rho: float, eta: float) -> Epsilon:
+    """ASAM / FedASAM: ε = ρ·T²g/‖Tg‖ with T = |w| + η on weight tensors and T = 1 on biases.
+
+    "Weight tensors" are parameters whose name ends in ``weight`` (conv, linear and norm-layer scales),
+    as in the ASAM authors' code (``SamsungLabs/ASAM``: ``'weight' in n``).
+    """
+
+    def epsilon(named: Named, grads: list[Tensor]) -> list[Tensor]:
+        scales = [p.detach().abs() + eta if n.endswith("weight") else torch.ones_like(p) for n, p in named]
+        scaled = [t * g for t, g in zip(scales, grads, strict=True)]
+        factor = rho / (global_norm(scaled) + NORM_EPS)
+        return [t * tg * factor for t, tg in zip(scales, scaled, strict=True)]
+
+    return epsilon
+
+
+@contextmanager
+def bn_statistics_frozen(model: nn.Module) -> Iterator[None]:
+    """BatchNorm layers normalise with batch statistics but leave their running statistics unchanged."""
+    layers = [m for m in model.modules() if isinstance(m, _BatchNorm)]
+    saved = [m.momentum for m in layers]
+    for m in layers:
+        m.momentum = 0.0
+    try:
+        yield
+    finally:
+        for m, momentum in zip(layers, saved, strict=True):
+            m.momentum = momentum
+
+
+@contextmanager
+def perturbed(named: Named, eps: list[Tensor]) -> Iterator[None]:
+    """Parameters at w + ε inside the block, restored bit-exactly to w (copied, not subtracted) after it."""
+    saved = [p.detach().clone() for _, p in named]
+    with torch.no_grad():
+        for (_, p), e in zip(named, eps, strict=True):
+            p.add_(e)
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for (_, p), w in zip(named, saved, strict=True):
+                p.copy_(w)
+
+
+def ascent_gradients(loss: Tensor, named: Named) -> list[Tensor]:
+    """∇loss for each of ``named`` (zeros where it does not depend on one), leaving ``.grad`` untouched."""
+    params = [p for _, p in named]
+    grads = torch.autograd.grad(loss, params, allow_unused=True)
+    return [torch.zeros_like(p) if g is None else g for p, g in zip(params, grads, strict=True)]
+
+
+class SharpnessAware(Method):
+    """Base of the SAM family: ``backward`` = ascent at w, descent gradient at w + ε, restore w.
+
+    Subclasses define :meth:`epsilon`; :meth:`ascent` defaults to SAM's (the local loss itself, every
+    trainable parameter). The returned loss and logits are the first pass's, i.e. at the weights w the
+    optimiser steps from, like every other method's.
+    """
+
+    def epsilon(self, ctx: ClientContext) -> Epsilon:
+        """How the ascent gradients become ε (each method's own rule)."""
+        raise NotImplementedError
+
+    def ascent(self, ctx: ClientContext, x: Tensor, loss: Tensor, logits: Tensor) -> tuple[Named, Tensor]:
+        """(parameters to perturb, the loss whose gradient directs ε); SAM: all trainable, the local loss."""
+        return trainable(ctx.model), loss
+
+    def backward(self, ctx: ClientContext, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
+        loss, logits = self.local_loss(ctx, x, y)
+        named, ascent_loss = self.ascent(ctx, x, loss, logits)
+        eps = self.epsilon(ctx)(named, ascent_gradients(ascent_loss, named)) if named else []
+        with perturbed(named, eps), bn_statistics_frozen(ctx.model):
+            self.local_loss(ctx, x, y)[0].backward()
+        return loss.detach(), logits.detach()

@@ -1,0 +1,73 @@
+"""Modifiers: a loss term that any base method can take on by name, as ``<base>+<modifier>``.
+
+MAN (METHODS.md §2) is meant to sit on top of FedAvg, FedDyn, FedDC, FedSAM/ASAM, FedSpeed, ... A file
+per combination would copy every base; instead a :class:`Modifier` states only how it changes the base's
+per-batch objective, and :func:`compose` builds the combined method class on demand (``get_method`` in
+``fltune.methods`` caches it). The combined class subclasses the base and overrides ``local_loss`` alone,
+so every other hook stays the base's. SAM-type bases compute their ascent and descent passes through
+``self.local_loss``, so the modifier's term is in both passes without either class knowing the other.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import ClassVar
+
+import torch
+
+from fltune.errors import FLTuneError
+from fltune.methods.base import ClientContext, Method, Params
+
+LossAndLogits = tuple[torch.Tensor, torch.Tensor]
+
+
+class Modifier:
+    """An addition to a base method's per-batch objective, with its own hyperparameters.
+
+    ``local_loss`` receives the base's objective as a zero-argument callable so that it can observe the
+    forward pass the base runs (MAN records activations during it) instead of running one of its own.
+    """
+
+    name: ClassVar[str] = ""
+    Params: ClassVar[type[Params]] = Params
+
+    def __init__(self, params: Params | None = None) -> None:
+        self.params = params if params is not None else self.Params()
+
+    def local_loss(self, ctx: ClientContext, base_loss: Callable[[], LossAndLogits]) -> LossAndLogits:
+        """The base's (loss, logits) with this modifier's term added; default: unchanged."""
+        return base_loss()
+
+
+def composite_params(base: type[Method], modifier: type[Modifier]) -> type[Params]:
+    """The union of both Params models; a field both define would be ambiguous, so it is rejected."""
+    clash = sorted(set(base.Params.model_fields) & set(modifier.Params.model_fields))
+    if clash:
+        raise FLTuneError(
+            f"method.name: {base.name}+{modifier.name} cannot be combined: both define {', '.join(clash)}"
+        )
+    parts = list(dict.fromkeys((modifier.Params, base.Params)))  # base fields listed first
+    bases = tuple(p for p in parts if not any(q is not p and issubclass(q, p) for q in parts))  # valid MRO
+    doc = f"Hyperparameters of {base.name} and of {modifier.name}."
+    return type(f"{base.__name__}{modifier.__name__}Params", bases, {"__doc__": doc})
+
+
+def compose(base: type[Method], modifier: type[Modifier], name: str | None = None) -> type[Method]:
+    """A method class: ``base`` with ``modifier``'s term added to its local loss, named ``<base>+<modifier>``
+    unless ``name`` says otherwise. Workers build it from the config's name like any registered class."""
+    params_cls = composite_params(base, modifier)
+    mod_fields = list(modifier.Params.model_fields)
+
+    def __init__(self: Method, params: Params | None = None) -> None:
+        base.__init__(self, params if params is not None else params_cls())
+        self.modifier = modifier(modifier.Params(**{f: getattr(self.params, f) for f in mod_fields}))
+
+    def local_loss(self: Method, ctx: ClientContext, x: torch.Tensor, y: torch.Tensor) -> LossAndLogits:
+        return self.modifier.local_loss(ctx, lambda: base.local_loss(self, ctx, x, y))
+
+    doc = f"{base.name} with the {modifier.name} term added to its local loss.\n\n{base.__doc__ or ''}"
+    namespace = {
+        "name": name or f"{base.name}+{modifier.name}", "Params": params_cls, "__init__": __init__,
+        "local_loss": local_loss, "__doc__": doc,
+    }
+    return type(f"{base.__name__}With{modifier.__name__}", (base,), namespace)

@@ -1,0 +1,73 @@
+"""Ditto (Li, Hu, Beirami & Smith, ICML 2021; METHODS.md §2, SimFAFL Table 2): a λ-proximal personal model.
+
+Each sampled client runs two independent updates on the same batches:
+
+* the global model w: FedAvg's local CE update from the round's w_g, uploaded and averaged (n_k);
+* its personal model v (kept in its state, never uploaded): min_v CE(v) + (λ/2)‖v − w_g‖², one SGD
+  step per batch at the round's learning rate (Ditto Alg. 1 with s = E epochs of steps).
+
+The two updates do not interact within a round (v is pulled towards the *received* w_g, not the local w),
+so running them interleaved on one batch stream is Algorithm 1 with both using the same batches.
+Personalised evaluation uses v (``state["personal"]`` holds the whole personal model, which the
+default ``client_model_state`` puts on top of the global weights). λ = 0 leaves purely local personal
+models; λ → ∞ pins them to the global model.
+
+**[U]** v starts from the round's global model at a client's first participation; its steps are plain
+SGD (no momentum, weight decay or clipping: λ(v − w_g) is its only regulariser, as in FedCR's
+``main_fed_ditto.py`` with momentum 0 and weight decay 0).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.nn.functional as F
+from pydantic import Field
+from torch import Tensor, nn
+
+from fltune.methods import register
+from fltune.methods.base import ClientContext, ClientResult, Method, Params, to_numpy
+
+
+class DittoParams(Params):
+    lam: float = Field(0.1, ge=0, description="proximal weight λ of the personal model (FedCR's runs: mu 0.1)")
+
+
+@register
+class Ditto(Method):
+    """Ditto: global w by FedAvg; personal v_k ← v_k − η·∇[CE(v_k) + (λ/2)‖v_k − w_g‖²] per batch."""
+
+    name = "ditto"
+    Params = DittoParams
+
+    def setup_client(self, ctx: ClientContext) -> None:
+        """The engine loaded the client's personal model: keep it aside and train w from w_g."""
+        personal = copy.deepcopy(ctx.model).train()
+        personal.requires_grad_(True)
+        ctx.scratch["personal"] = personal
+        ctx.model.load_state_dict(ctx.global_state)
+
+    def personal_loss(self, ctx: ClientContext, x: Tensor, y: Tensor) -> Tensor:
+        """CE(v(x), y) + (λ/2)‖v − w_g‖² over v's parameters (Ditto Eq. 2)."""
+        personal: nn.Module = ctx.scratch["personal"]
+        loss = F.cross_entropy(personal(x), y)
+        if self.params.lam == 0:
+            return loss
+        prox = sum(((p - ctx.global_param(n)) ** 2).sum() for n, p in personal.named_parameters())
+        return loss + 0.5 * self.params.lam * prox
+
+    def backward(self, ctx: ClientContext, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
+        """FedAvg's gradient for w (stepped by the engine), then one SGD step of v on the same batch."""
+        result = super().backward(ctx, x, y)
+        params = list(ctx.scratch["personal"].parameters())
+        grads = torch.autograd.grad(self.personal_loss(ctx, x, y), params)
+        with torch.no_grad():
+            for param, grad in zip(params, grads):
+                param.sub_(ctx.lr * grad)
+        return result
+
+    def client_result(self, ctx: ClientContext) -> ClientResult:
+        result = super().client_result(ctx)
+        result.state["personal"] = to_numpy(ctx.scratch["personal"].state_dict())
+        return result

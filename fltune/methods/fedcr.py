@@ -1,0 +1,124 @@
+"""FedCR (Zhang et al., 2023; METHODS.md §2): VIB nets aligned to server-side class Gaussians.
+
+Client i, with z_s = μ(x) + σ(x)⊙ε_s from the VIB body and r(·|y) = N(r_μ[y], r_σ[y]²) from the server:
+
+    L = mean_s CE(head_i(z_s), y) + β·mean_x KL(r(·|y) ‖ q(z|x))
+
+(``haozzh/FedCR:code_FedCR/models/distributed_training_utils.py``: ``KL_between_normals(prior, encoder)``.)
+During the last local epoch the client folds the (μ, σ) of every sample of class c into one Gaussian by
+product of experts (precisions add: P_c = Σ 1/σ², P_c·m_c = Σ μ/σ², per dimension). The server takes the
+PoE of the sampled clients' class Gaussians and one N(0, 1) expert,
+
+    P = 1 + Σ_k P_{k,c},   m = Σ_k P_{k,c}·m_{k,c} / P,   s = P^(-1/2),
+
+then r_c ← (1 − β2)·r_c + β2·(m, s) on mean and standard deviation, for every class some client saw
+(``global_POE``); r starts as N(0, I). Heads are personal and never uploaded; bodies are averaged
+without sample weights (``average``). The final-round head fine-tuning is the engine's -FT phase.
+
+Folding through precision sums is the closed form of FedCR's sample-by-sample
+``product_of_experts_two``, and independent of the order of samples and clients.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from pydantic import Field
+from torch import Tensor
+
+from fltune.methods import register
+from fltune.methods._personal import PersonalHead
+from fltune.methods._vib import VIBMethod
+from fltune.methods.base import ClientContext, ClientResult, Params, ServerContext, State, pop_uploads
+from fltune.models.vib import SIGMA_FLOOR, gaussian_kl, sampled_cross_entropy
+
+UPLOAD = "fedcr_class_gaussians"
+"""Client-state key of the class Gaussians a client sends up (taken out by the server, see pop_uploads)."""
+
+
+class FedCRParams(Params):
+    beta: float = Field(1e-4, ge=0, description="weight β of KL(r(z|y) ‖ q(z|x)) (FedCR runs: 1e-4)")
+    beta2: float = Field(1.0, ge=0, le=1, description="EMA rate β2 of the server's class Gaussians (runs: 1)")
+
+
+class ClassPoE:
+    """Per-class product of experts of diagonal Gaussians, kept as precision sums (float64)."""
+
+    def __init__(self, num_classes: int, dim: int, device: torch.device) -> None:
+        self.precision = torch.zeros(num_classes, dim, dtype=torch.float64, device=device)
+        self.weighted_mean = torch.zeros_like(self.precision)
+
+    def add(self, y: Tensor, mu: Tensor, sigma: Tensor) -> None:
+        """Fold one Gaussian expert per sample into its class."""
+        precision = sigma.detach().double().clamp_min(SIGMA_FLOOR) ** -2
+        self.precision.index_add_(0, y, precision)
+        self.weighted_mean.index_add_(0, y, precision * mu.detach().double())
+
+    def to_numpy(self) -> dict[str, np.ndarray]:
+        return {"precision": self.precision.cpu().numpy(), "weighted_mean": self.weighted_mean.cpu().numpy()}
+
+
+def server_poe(uploads: list[dict[str, np.ndarray]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(mean, std, seen) of the PoE of every client's class Gaussians and an N(0, 1) expert, per class."""
+    precision = sum(u["precision"] for u in uploads)
+    weighted_mean = sum(u["weighted_mean"] for u in uploads)
+    seen = (precision > 0).any(axis=1)
+    total = 1.0 + precision
+    return weighted_mean / total, total**-0.5, seen
+
+
+@register
+class FedCR(VIBMethod, PersonalHead):
+    """FedCR: L = CE(head_i(z), y) + β·KL(r(·|y) ‖ q(z|x)); server PoE + EMA of the class Gaussians r."""
+
+    name = "fedcr"
+    Params = FedCRParams
+
+    def init_server_state(self, global_state: State) -> dict[str, Any]:
+        """r = N(0, I) for every class; the shape comes from the head weight [classes, dimZ]."""
+        shape = global_state["head.weight"].shape
+        return {"r_mu": np.zeros(shape, np.float32), "r_sigma": np.ones(shape, np.float32)}
+
+    def server_payload(self, server_state: dict[str, Any]) -> dict[str, Any]:
+        return {"r_mu": server_state["r_mu"], "r_sigma": server_state["r_sigma"]}
+
+    def setup_client(self, ctx: ClientContext) -> None:
+        ctx.scratch["r"] = tuple(torch.as_tensor(ctx.server[k], device=ctx.device) for k in ("r_mu", "r_sigma"))
+        ctx.scratch["seen"] = 0
+
+    def local_loss(self, ctx: ClientContext, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
+        out = self.net(ctx).vib(x)
+        self._fold(ctx, y, out.mu, out.sigma)
+        loss = sampled_cross_entropy(out.logits, y)
+        if self.params.beta:
+            r_mu, r_sigma = ctx.scratch["r"]
+            loss = loss + self.params.beta * gaussian_kl(r_mu[y], r_sigma[y], out.mu, out.sigma).mean()
+        return loss, out.logits.mean(0)
+
+    @staticmethod
+    def _fold(ctx: ClientContext, y: Tensor, mu: Tensor, sigma: Tensor) -> None:
+        """PoE of this epoch's samples per class; restarted at each epoch, so the last epoch's is kept.
+
+        An epoch is ``num_samples`` samples (the engine's batches cover the client's data once).
+        """
+        if ctx.scratch["seen"] % ctx.num_samples == 0:
+            num_classes, dim = ctx.scratch["r"][0].shape
+            ctx.scratch["poe"] = ClassPoE(num_classes, dim, ctx.device)
+        ctx.scratch["poe"].add(y, mu, sigma)
+        ctx.scratch["seen"] += len(y)
+
+    def client_result(self, ctx: ClientContext) -> ClientResult:
+        result = super().client_result(ctx)
+        result.state[UPLOAD] = ctx.scratch["poe"].to_numpy()
+        return result
+
+    def aggregate(self, ctx: ServerContext) -> State:
+        """Bodies: the unweighted mean (default). Class Gaussians: PoE with N(0, 1), then EMA (β2)."""
+        mean, std, seen = server_poe(list(pop_uploads(ctx, UPLOAD).values()))
+        beta2, state = self.params.beta2, ctx.server_state
+        for key, new in (("r_mu", mean), ("r_sigma", std)):
+            old = state[key]
+            state[key] = np.where(seen[:, None], (1 - beta2) * old + beta2 * new, old).astype(np.float32)
+        return super().aggregate(ctx)

@@ -1,0 +1,52 @@
+"""FedNova (Wang et al., 2020; METHODS.md §2): normalise each client's update by its local step count."""
+
+import numpy as np
+
+from fltune.methods import register
+from fltune.methods.base import ClientContext, ClientResult, Method, ServerContext, State, to_numpy
+
+NORMALISER = "fednova.a"
+"""Upload key carrying a_k, so the engine's n_k-weighted mean yields Σ p_k a_k beside Σ p_k d_k."""
+
+
+def normaliser(steps: int, momentum: float) -> float:
+    """a_k = ‖a‖₁ of the weights with which τ local gradients enter θ_g − θ_k: τ for plain SGD,
+    [τ − ρ(1 − ρ^τ)/(1 − ρ)]/(1 − ρ) with momentum ρ (``Lee-Gihun/FedSOL:algorithms/fednova/Server.py``)."""
+    if momentum == 0:
+        return float(steps)
+    return (steps - momentum * (1 - momentum**steps) / (1 - momentum)) / (1 - momentum)
+
+
+@register
+class FedNova(Method):
+    """FedNova: clients upload d_k = (θ_g − θ_k)/a_k; server θ = θ_g − (Σ p_k a_k)·Σ p_k d_k, p_k = n_k/Σ n.
+
+    a_k comes from the client's step count ``ctx.steps`` and optimiser momentum ``ctx.momentum``. [U] Every
+    float entry of the state is normalised (parameters and BN statistics, as the FedSOL authors' server
+    does); integer counters are averaged. With equal a_k the result is FedAvg's.
+    """
+
+    name = "fednova"
+
+    def client_result(self, ctx: ClientContext) -> ClientResult:
+        """Float entries become d_k; a_k ≥ 1 after one step, and a client stopped before its first step
+        (θ_k = θ_g) uploads d_k = 0 through the divisor max(a_k, 1)."""
+        result = super().client_result(ctx)
+        a_k = normaliser(ctx.steps, ctx.momentum)
+        state = ctx.model.state_dict()
+        floats = [name for name in result.update if state[name].is_floating_point()]
+        d_k = to_numpy({name: (ctx.global_param(name) - state[name]) / max(a_k, 1.0) for name in floats})
+        result.update = {**result.update, **d_k, NORMALISER: np.array(a_k)}
+        return result
+
+    def aggregate(self, ctx: ServerContext) -> State:
+        mean = dict(ctx.aggregate.mean)
+        tau_eff = float(mean.pop(NORMALISER))
+        return {name: self._step(ctx.global_state[name], value, tau_eff) for name, value in mean.items()}
+
+    @staticmethod
+    def _step(old: np.ndarray, mean: np.ndarray, tau_eff: float) -> np.ndarray:
+        """θ_g − τ_eff·Σ p_k d_k for float entries (in float64); integer counters take the mean."""
+        if old.dtype.kind != "f":
+            return mean
+        return (old.astype(np.float64) - tau_eff * mean.astype(np.float64)).astype(old.dtype)

@@ -1,0 +1,54 @@
+"""FedNTD (Lee et al., 2022; METHODS.md §2): distil the global model's not-true-class knowledge locally."""
+
+import torch
+import torch.nn.functional as F
+from pydantic import Field
+from torch import Tensor
+
+from fltune.methods import register
+from fltune.methods.base import ClientContext, Method, Params
+from fltune.methods.moon import frozen_copy
+
+
+class FedNTDParams(Params):
+    tau: float = Field(1.0, gt=0, description="softmax temperature τ (FedSOL Table 8: 1.0)")
+    beta: float = Field(1.0, ge=0, description="weight β of the not-true distillation term (FedSOL Table 8: 1.0)")
+
+
+def soft_kl(student_logits: Tensor, teacher_logits: Tensor, tau: float) -> Tensor:
+    """KL(softmax(teacher/τ) ‖ softmax(student/τ)), averaged over the batch (KLDivLoss 'batchmean')."""
+    return F.kl_div(
+        F.log_softmax(student_logits / tau, dim=1), F.softmax(teacher_logits / tau, dim=1), reduction="batchmean"
+    )
+
+
+def not_true(logits: Tensor, y: Tensor) -> Tensor:
+    """``[B, C−1]``: each row's logits with its true class removed (z̃ of FedNTD)."""
+    keep = torch.ones_like(logits, dtype=torch.bool).scatter_(1, y[:, None], False)
+    return logits[keep].view(len(y), -1)
+
+
+@register
+class FedNTD(Method):
+    """FedNTD: L = CE + β·τ²·KL(softmax(z̃_g/τ) ‖ softmax(z̃_l/τ)); server as FedAvg.
+
+    z̃_g comes from a frozen, eval-mode copy of the round's global model ([U] eval mode, as MOON's). With
+    β = 0 the term is skipped and the loss is exactly CE.
+    """
+
+    name = "fedntd"
+    Params = FedNTDParams
+
+    def setup_client(self, ctx: ClientContext) -> None:
+        super().setup_client(ctx)
+        ctx.scratch["global_model"] = frozen_copy(ctx.model, ctx.global_state)
+
+    def local_loss(self, ctx: ClientContext, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
+        loss, logits = super().local_loss(ctx, x, y)
+        if self.params.beta == 0:
+            return loss, logits
+        with torch.no_grad():
+            global_logits = ctx.scratch["global_model"](x)
+        tau = self.params.tau
+        ntd = tau**2 * soft_kl(not_true(logits, y), not_true(global_logits, y), tau)
+        return loss + self.params.beta * ntd, logits

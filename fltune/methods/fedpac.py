@@ -1,0 +1,211 @@
+"""FedPAC (Xu, Tong & Huang, ICLR 2023; METHODS.md §2): feature alignment + classifier collaboration.
+
+Per round, client i (``JianXu95/FedPAC:methods/fedpac.py``, ``tools.py``, ``running.py``):
+
+1. Statistics with the received model (global body, own head), before training: class shares p_k,
+   class means μ_k of the features f(x), h_i = [p_k·μ_k]_k and the variance term
+   v_i = (Σ_k p_k·E[‖f‖² | k] − Σ_k p_k²‖μ_k‖²) / n_i (``statistics_extraction``).
+2. One epoch on the head alone at lr 0.1, then E epochs on the body with
+   L = CE + λ·MSE(f(x), c_y)   (MSE averaged over batch and feature dimension, ``nn.MSELoss``)
+   against the global prototypes c; a class without one uses the client's own pre-training mean; the
+   term is skipped until the server has prototypes (the code's ``round > 0``).
+3. Uploads the body, its trained features' class means (prototypes) and class counts, and v_i, h_i.
+
+Server: bodies n_k-weighted (FedAvg); prototypes c_k = Σ_i n_ik·c_ik / Σ_i n_ik over this round's
+clients (classes nobody sampled has are dropped, as in ``protos_aggregation``); and for each sampled
+client i a new head Σ_j α_ij·head_j over the sampled clients' trained heads, where
+
+    α_i = argmin_{α ≥ 0, Σα = 1} αᵀ(diag(v) + D_i)α,   (D_i)_{jl} = Σ_k (h_i,k − h_j,k)·(h_i,k − h_l,k).
+
+The QP is solved by accelerated projected gradient on the simplex (FISTA with step 1/L, L = 2·λ_max; it
+is convex, so a few hundred steps reach solver accuracy) instead of cvxpy; weights below 1e-3 are zeroed
+and the rest renormalised, as in ``get_head_agg_weight``/``agg_classifier_weighted_p``.
+
+**[U]** Statistics and prototypes are computed in eval mode (FedPAC's models have no batch norm or
+dropout, so this only matters for other models, where train mode would also move BN running stats).
+The combined heads also replace the heads in the final round (the code skips combining then).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from pydantic import Field
+from torch import Tensor, nn
+
+from fltune.methods import register
+from fltune.methods._personal import PersonalHead
+from fltune.methods.base import ClientContext, ClientResult, Params, Phase, ServerContext, State, pop_uploads
+
+UPLOAD = "fedpac_statistics"
+"""Client-state key of the statistics a client sends up (taken out by the server, see pop_uploads)."""
+QP_STEPS = 500
+MIN_WEIGHT = 1e-3
+"""Head-combination weights below this are zeroed (``get_head_agg_weight``'s eps)."""
+
+
+class FedPACParams(Params):
+    lam: float = Field(1.0, ge=0, description="weight λ of the feature-alignment MSE (FedPAC: 1.0)")
+    head_lr: float = Field(0.1, gt=0, description="lr of the one head-only epoch (FedPAC code: 0.1)")
+
+
+@dataclass(frozen=True)
+class ClassFeatures:
+    """Per-class count, feature sum and summed squared norm over one pass of a client's data."""
+
+    counts: Tensor
+    sums: Tensor
+    squares: Tensor
+
+    @property
+    def means(self) -> Tensor:
+        return self.sums / self.counts.clamp_min(1)[:, None]
+
+    def variance_term(self) -> float:
+        """v_i = (Σ_k p_k·E[‖f‖²|k] − Σ_k p_k²‖μ_k‖²) / n_i (FedPAC ``statistics_extraction``)."""
+        n = self.counts.sum()
+        p = self.counts / n
+        second_moment = self.squares / self.counts.clamp_min(1)
+        return float(((p * second_moment).sum() - (p**2 * (self.means**2).sum(1)).sum()) / n)
+
+    def weighted_means(self) -> Tensor:
+        """h_i = [p_k·μ_k]_k (zero rows for absent classes)."""
+        return self.counts[:, None] / self.counts.sum() * self.means
+
+
+@contextmanager
+def evaluating(model: nn.Module) -> Iterator[None]:
+    """Eval mode and no autograd for a statistics pass; the previous mode is restored afterwards."""
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            yield
+    finally:
+        model.train(was_training)
+
+
+def class_features(ctx: ClientContext, num_classes: int) -> ClassFeatures:
+    """One pass over the client's training batches: class counts, sums and squared norms of f(x)."""
+    dim = ctx.model.feature_dim
+    counts = torch.zeros(num_classes, dtype=torch.float64, device=ctx.device)
+    sums = torch.zeros(num_classes, dim, dtype=torch.float64, device=ctx.device)
+    squares = torch.zeros_like(counts)
+    with evaluating(ctx.model):
+        for x, y in ctx.batches():
+            f = ctx.model.features(x).double()
+            counts.index_add_(0, y, torch.ones_like(y, dtype=torch.float64))
+            sums.index_add_(0, y, f)
+            squares.index_add_(0, y, (f**2).sum(1))
+    return ClassFeatures(counts, sums, squares)
+
+
+def project_simplex(v: np.ndarray) -> np.ndarray:
+    """Euclidean projection onto {α ≥ 0, Σα = 1} (sort-based, Duchi et al. 2008)."""
+    u = np.sort(v)[::-1]
+    cumulative = np.cumsum(u) - 1.0
+    ranks = np.arange(1, len(v) + 1)
+    rho = np.nonzero(u - cumulative / ranks > 0)[0][-1]
+    return np.maximum(v - cumulative[rho] / (rho + 1), 0.0)
+
+
+def simplex_qp(p_matrix: np.ndarray, steps: int = QP_STEPS) -> np.ndarray:
+    """argmin_α αᵀPα s.t. α ≥ 0, Σα = 1 for symmetric PSD P, by FISTA with projection (uniform if P = 0)."""
+    n = len(p_matrix)
+    alpha = np.full(n, 1.0 / n)
+    lipschitz = 2.0 * float(np.linalg.eigvalsh(p_matrix).max())
+    if lipschitz <= 0:
+        return alpha
+    momentum_point, t = alpha, 1.0
+    for _ in range(steps):
+        nxt = project_simplex(momentum_point - 2.0 * p_matrix @ momentum_point / lipschitz)
+        t_next = (1.0 + math.sqrt(1.0 + 4.0 * t * t)) / 2.0
+        momentum_point = nxt + (t - 1.0) / t_next * (nxt - alpha)
+        alpha, t = nxt, t_next
+    return alpha
+
+
+def head_weights(variances: np.ndarray, h: np.ndarray, i: int) -> np.ndarray:
+    """α_i for client i from all sampled clients' v_j and h_j ([clients, classes, dim]), small ones zeroed."""
+    diff = (h[i] - h).reshape(len(h), -1)
+    alpha = simplex_qp(np.diag(variances) + diff @ diff.T)
+    alpha = np.where(alpha < MIN_WEIGHT, 0.0, alpha)
+    return alpha / alpha.sum()
+
+
+@register
+class FedPAC(PersonalHead):
+    """FedPAC: head epoch, then body epochs with CE + λ·MSE(f(x), c_y); server combines heads per client."""
+
+    name = "fedpac"
+    Params = FedPACParams
+
+    def phases(self, ctx: ClientContext) -> list[Phase]:
+        return [Phase(1, ("head.",), lr=self.params.head_lr), Phase(ctx.epochs, ("body.",))]
+
+    def setup_client(self, ctx: ClientContext) -> None:
+        """Pre-training statistics (step 1) and each class's alignment target."""
+        before = class_features(ctx, ctx.model.head.out_features)
+        ctx.scratch["before"] = before
+        if "protos" in ctx.server:
+            protos = torch.as_tensor(ctx.server["protos"], device=ctx.device)
+            has = torch.as_tensor(ctx.server["has_proto"], device=ctx.device)
+            ctx.scratch["targets"] = torch.where(has[:, None], protos, before.means.float())
+
+    def local_loss(self, ctx: ClientContext, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
+        """CE + λ·MSE(f(x), c_y). In the head phase the body is frozen, so the MSE adds no gradient."""
+        features = ctx.model.features(x)
+        logits = ctx.model.head(features)
+        loss = F.cross_entropy(logits, y)
+        if self.params.lam and "targets" in ctx.scratch:
+            loss = loss + self.params.lam * F.mse_loss(features, ctx.scratch["targets"][y])
+        return loss, logits
+
+    def client_result(self, ctx: ClientContext) -> ClientResult:
+        result = super().client_result(ctx)
+        before, after = ctx.scratch["before"], class_features(ctx, ctx.model.head.out_features)
+        result.state[UPLOAD] = {
+            "v": before.variance_term(),
+            "h": before.weighted_means().cpu().numpy(),
+            "protos": after.means.cpu().numpy(),
+            "counts": after.counts.cpu().numpy(),
+        }
+        return result
+
+    def server_payload(self, server_state: dict[str, Any]) -> dict[str, Any]:
+        return dict(server_state)
+
+    def aggregate(self, ctx: ServerContext) -> State:
+        """Body: n_k-weighted mean (default). Prototypes: count-weighted. Heads: per-client QP weights."""
+        uploads = pop_uploads(ctx, UPLOAD)
+        stats = list(uploads.values())
+        counts = np.stack([s["counts"] for s in stats])
+        total = counts.sum(0)
+        protos = np.einsum("ik,ikd->kd", counts, np.stack([s["protos"] for s in stats]))
+        ctx.server_state["protos"] = (protos / np.maximum(total, 1)[:, None]).astype(np.float32)
+        ctx.server_state["has_proto"] = total > 0
+        self._combine_heads(ctx, list(uploads), stats)
+        return super().aggregate(ctx)
+
+    @staticmethod
+    def _combine_heads(ctx: ServerContext, clients: list[int], stats: list[dict[str, Any]]) -> None:
+        """Replace each sampled client's personal head by its α-weighted combination of all their heads."""
+        variances = np.array([s["v"] for s in stats])
+        h = np.stack([s["h"] for s in stats])
+        heads = [ctx.client_store[c]["personal"] for c in clients]
+        combined = {}
+        for i, cid in enumerate(clients):
+            alpha = head_weights(variances, h, i)
+            combined[cid] = {
+                k: sum(a * head[k].astype(np.float64) for a, head in zip(alpha, heads)).astype(heads[i][k].dtype)
+                for k in heads[i]
+            }
+        for cid, head in combined.items():
+            ctx.client_store[cid]["personal"] = head

@@ -1,0 +1,14 @@
+"""FedPer (Arivazhagan et al., 2019; METHODS.md §2, SimFAFL Table 2): a shared body, a personal head.
+
+Local objective CE over the whole model; the server averages the bodies only (n_k-weighted, FedAvg).
+"""
+
+from fltune.methods import register
+from fltune.methods._personal import PersonalHead
+
+
+@register
+class FedPer(PersonalHead):
+    """FedPer: L = CE(head_i(body(x)), y); body ← Σ_k n_k body_k / Σ_k n_k, head_i stays on client i."""
+
+    name = "fedper"

@@ -1,0 +1,30 @@
+"""FedRep (Collins et al., ICML 2021; METHODS.md §2, SimFAFL Table 2): head epochs, then body epochs.
+
+Each round a client first fits its personal head with the received body frozen, then updates the body
+with its new head frozen; only the body is uploaded (n_k-weighted average).
+
+**[U]** Epoch split: FedCR's runs (``--local_ep 10 --local_rep_ep 1``) train the head for E − 1 epochs and
+the body for 1, so here the head gets max(E − ``body_epochs``, 1) epochs and the body ``body_epochs``.
+"""
+
+from pydantic import Field
+
+from fltune.methods import register
+from fltune.methods._personal import PersonalHead
+from fltune.methods.base import ClientContext, Params, Phase
+
+
+class FedRepParams(Params):
+    body_epochs: int = Field(1, ge=1, description="epochs on the body after the head (FedCR: local_rep_ep 1)")
+
+
+@register
+class FedRep(PersonalHead):
+    """FedRep: head_i ← argmin CE with the body fixed, then body ← CE steps with head_i fixed."""
+
+    name = "fedrep"
+    Params = FedRepParams
+
+    def phases(self, ctx: ClientContext) -> list[Phase]:
+        head_epochs = max(ctx.epochs - self.params.body_epochs, 1)
+        return [Phase(head_epochs, ("head.",)), Phase(self.params.body_epochs, ("body.",))]

@@ -1,0 +1,25 @@
+"""FedSAM (Qu et al., 2022; Caldarola et al., 2022; METHODS.md §2): SAM as the local optimiser."""
+
+from pydantic import Field
+
+from fltune.methods import register
+from fltune.methods._sam import Epsilon, SharpnessAware, sam_epsilon
+from fltune.methods.base import ClientContext, Params
+
+
+class FedSAMParams(Params):
+    rho: float = Field(0.05, ge=0, description="SAM radius ρ (MAN §7: 0.05; FedSOL Table 8: 0.1)")
+
+
+@register
+class FedSAM(SharpnessAware):
+    """FedSAM: step with ∇L(w + ε), ε = ρ·∇L(w)/‖∇L(w)‖; server as FedAvg.
+
+    L is the local loss (CE, plus a composed modifier's term in both passes). ρ = 0 gives FedAvg's gradient.
+    """
+
+    name = "fedsam"
+    Params = FedSAMParams
+
+    def epsilon(self, ctx: ClientContext) -> Epsilon:
+        return sam_epsilon(self.params.rho)

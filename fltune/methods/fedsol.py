@@ -1,0 +1,70 @@
+"""FedSOL (Lee et al., 2024; METHODS.md §2): local gradients taken where a proximal perturbation hurts least."""
+
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from pydantic import Field
+from torch import Tensor
+
+from fltune.methods import register
+from fltune.methods._sam import Epsilon, Named, SharpnessAware, sam_epsilon, trainable
+from fltune.methods.base import ClientContext, Params
+from fltune.methods.fedntd import soft_kl
+from fltune.methods.moon import frozen_copy
+
+SCOPES: dict[str, tuple[str, ...] | None] = {"head": ("head.",), "body": ("body.",), "all": None}
+
+
+class FedSOLParams(Params):
+    rho: float = Field(1.0, ge=0, description="base perturbation strength ρ (paper: 1.0, best 0.5-2.0)")
+    scope: Literal["head", "body", "all"] = Field(
+        "head", description="parameters perturbed (§3.4; paper default head, authors' configs all)"
+    )
+    adaptive: bool = Field(True, description="scale ε per parameter by |w − w_g| (Eq. 7-8); False: Eq. 5")
+    temperature: float = Field(3.0, gt=0, description="softmax temperature of the proximal KL (App. B.5: 3)")
+
+
+def adaptive_strength(p: Tensor, global_p: Tensor) -> Tensor:
+    """Eq. 7: s = |w − w_g| L2-normalised along dim 0 (``F.normalize(·, 2, dim=0)`` as the authors' code)."""
+    return F.normalize((p.detach() - global_p).abs(), p=2, dim=0)
+
+
+@register
+class FedSOL(SharpnessAware):
+    """FedSOL (Alg. 1): per batch, L_p = KL(softmax(z_g/T) ‖ softmax(z_l/T)) against a frozen copy of the
+    round's global model; g = ∇L_p over the perturbed scope; ε = ρ·s⊙g/‖g‖ (Eq. 8, global norm over the
+    scope); the local loss's gradient is taken at w + ε (BN momentum 0) and w restored; server as FedAvg.
+
+    [U] Scope defaults to the head, the paper's setting (§3.4, Table 5); ``scope: all`` is the authors'
+    configs'. The global copy runs in eval mode ([U], as MOON's). The reported loss and logits are the
+    local loss at w, whose forward pass also gives z_l. ρ = 0 gives FedAvg's gradient.
+    """
+
+    name = "fedsol"
+    Params = FedSOLParams
+
+    def setup_client(self, ctx: ClientContext) -> None:
+        super().setup_client(ctx)
+        ctx.scratch["global_model"] = frozen_copy(ctx.model, ctx.global_state)
+
+    def ascent(self, ctx: ClientContext, x: Tensor, loss: Tensor, logits: Tensor) -> tuple[Named, Tensor]:
+        """Eq. 5's proximal loss on the scope's parameters (its gradient only directs ε)."""
+        with torch.no_grad():
+            global_logits = ctx.scratch["global_model"](x)
+        named = trainable(ctx.model, SCOPES[self.params.scope])
+        return named, soft_kl(logits, global_logits, self.params.temperature)
+
+    def epsilon(self, ctx: ClientContext) -> Epsilon:
+        """Eq. 8: s ⊙ ρ·g/‖g‖; with ``adaptive: false`` s = 1 (Eq. 5)."""
+        plain = sam_epsilon(self.params.rho)
+        if not self.params.adaptive:
+            return plain
+
+        def epsilon(named: Named, grads: list[Tensor]) -> list[Tensor]:
+            return [
+                adaptive_strength(p, ctx.global_param(n)) * e
+                for (n, p), e in zip(named, plain(named, grads), strict=True)
+            ]
+
+        return epsilon

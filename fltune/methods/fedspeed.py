@@ -1,0 +1,38 @@
+"""FedSpeed (Sun et al., 2023; METHODS.md §2): SAM-perturbed local gradients plus a FedDyn-style correction."""
+
+from pydantic import Field
+from torch import Tensor
+
+from fltune.methods import register
+from fltune.methods._drift import DriftCorrected
+from fltune.methods._sam import Epsilon, SharpnessAware, sam_epsilon
+from fltune.methods.base import ClientContext, Params
+
+
+class FedSpeedParams(Params):
+    lam: float = Field(0.1, ge=0, description="weight λ of the prox-correction term")
+    rho: float = Field(0.1, ge=0, description="SAM radius ρ (MAN §7: 0.1 non-IID, 0.01 IID)")
+
+
+@register
+class FedSpeed(DriftCorrected, SharpnessAware):
+    """FedSpeed: gradient ∇CE(w + ε) + λ(θ − θ_g + h_k), ε = ρ·g/‖g‖; h_k += θ_k − θ_g;
+    server θ = mean_S θ_k + mean_all h_k (plain means).
+
+    The authors (``woodenchild95/FL-Simulator``, ``client/fedspeed.py``) add λ⟨θ, h_k − θ_g⟩ after the
+    SAM step and the prox λ/2‖θ‖² as weight decay; their sum has the gradient of the shared drift penalty
+    (λ/2)‖θ − (θ_g − h_k)‖², which is added here at the restored w, outside both SAM passes. Their
+    ESAM's β = γ = 1 (MAN §7) make it plain SAM. λ = 0 and ρ = 0 reduce the local step to FedAvg's.
+    """
+
+    name = "fedspeed"
+    Params = FedSpeedParams
+
+    def epsilon(self, ctx: ClientContext) -> Epsilon:
+        return sam_epsilon(self.params.rho)
+
+    def backward(self, ctx: ClientContext, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
+        loss, logits = super().backward(ctx, x, y)
+        if self.params.lam != 0:
+            self.drift_penalty(ctx, self.params.lam).backward()
+        return loss, logits

@@ -1,0 +1,84 @@
+"""FedSR (Nguyen, Torr & Lim, NeurIPS 2022; SimFAFL Table 2 "FedSR-FT"): a simple, regularised representation.
+
+A VIB body gives q(z|x) = N(μ, σ²); one sample z = μ + σ⊙ε is classified. Client objective
+(``atuannguyen/FedSR:src/methods/FedSR.py``):
+
+    L = CE(head(z), y) + α_L2R·mean_x ‖z‖₂ + α_CMI·mean_x KL(N(C·μ, (C·σ)²) ‖ r(·|y))
+
+r(·|y) = N(r_μ[y], softplus(r_σ[y])²) are learned class-conditional Gaussians (init r_μ = 0, r_σ = 1) and
+C a learned scale (init 1): the CMI term bounds I(Z; X | Y). ``adapt_model`` attaches r_μ, r_σ and C to
+the head (they are task parameters, per class), which otherwise still computes ``linear(z)``. The server
+averages body and classifier without sample weights (the code's ``communicate``); r_μ, r_σ and C are not
+in the averaged model there, so they stay on each client here (``personal_keys``). The "-FT" is the
+engine's fine-tuning phase at the end.
+
+**[U]** L2R follows the authors' code, ‖z‖₂ (``z.norm(dim=1).mean()``), for which α_L2R = 0.01 was tuned,
+not the squared norm of the paper's text. Training draws one z per input (the code's ``num_samples=1``);
+evaluation is the VIB net's exact head(μ) (see ``fltune/models/vib.py``).
+"""
+
+from __future__ import annotations
+
+from typing import cast
+
+import torch
+import torch.nn.functional as F
+from pydantic import Field
+from torch import Tensor, nn
+
+from fltune.methods import register
+from fltune.methods._vib import VIBMethod
+from fltune.methods.base import ClientContext, Params
+from fltune.models.vib import VIBNet, gaussian_kl
+
+REFERENCE_KEYS = ("head.r_mu", "head.r_sigma", "head.scale")
+
+
+class FedSRParams(Params):
+    alpha_l2r: float = Field(0.01, ge=0, description="weight of the L2 representation penalty (FedSR: 0.01)")
+    alpha_cmi: float = Field(0.001, ge=0, description="weight of the CMI regulariser (FedSR: 0.001)")
+
+
+class ReferenceHead(nn.Module):
+    """The VIB net's linear head plus FedSR's class Gaussians r(z|y) and scale C (unused by ``forward``)."""
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__()
+        self.linear = linear
+        self.r_mu = nn.Parameter(torch.zeros(linear.out_features, linear.in_features))
+        self.r_sigma = nn.Parameter(torch.ones(linear.out_features, linear.in_features))
+        self.scale = nn.Parameter(torch.ones(()))
+
+    def forward(self, z: Tensor) -> Tensor:
+        return self.linear(z)
+
+    def cmi(self, mu: Tensor, sigma: Tensor, y: Tensor) -> Tensor:
+        """mean_x KL(N(C·μ, (C·σ)²) ‖ N(r_μ[y], softplus(r_σ[y])²)) (FedSR's ``regCMI``)."""
+        r_sigma = F.softplus(self.r_sigma[y])
+        return gaussian_kl(self.scale * mu, self.scale * sigma, self.r_mu[y], r_sigma).mean()
+
+
+@register
+class FedSR(VIBMethod):
+    """FedSR: L = CE(head(z), y) + α_L2R·‖z‖₂ + α_CMI·KL(N(Cμ, (Cσ)²) ‖ r(·|y)); server unweighted mean."""
+
+    name = "fedsr"
+    Params = FedSRParams
+
+    def adapt_model(self, model: nn.Module) -> nn.Module:
+        net = cast(VIBNet, super().adapt_model(model))
+        net.head = ReferenceHead(net.head)
+        return net
+
+    def personal_keys(self, model: nn.Module) -> set[str]:
+        return set(REFERENCE_KEYS)
+
+    def local_loss(self, ctx: ClientContext, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
+        out = self.net(ctx).vib(x, samples=1)
+        z, logits = out.z[0], out.logits[0]
+        loss = F.cross_entropy(logits, y)
+        if self.params.alpha_l2r:
+            loss = loss + self.params.alpha_l2r * z.norm(dim=1).mean()
+        if self.params.alpha_cmi:
+            loss = loss + self.params.alpha_cmi * ctx.model.head.cmi(out.mu, out.sigma, y)
+        return loss, logits

@@ -1,0 +1,49 @@
+"""Mixup (Zhang et al., ICLR 2018) as a local regulariser (FedAlign §3.2; METHODS.md §2).
+
+Per batch: λ ~ Beta(γ, γ), a random pairing π of the batch, x̃ = λ·x + (1 − λ)·x_π and
+L = λ·CE(f(x̃), y) + (1 − λ)·CE(f(x̃), y_π)  (the mixed-label CE of ``hongyi-zhang/mixup``, as in
+``mmendiet/FedAlign:methods/mixup.py``). λ and π come from torch's global RNG, which the engine seeds
+per (seed, round, client), so runs are reproducible whatever worker trains the client (the authors' code
+draws λ from numpy). The returned logits are those of the mixed batch, so the logged train accuracy is
+measured against y on mixed inputs.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from pydantic import Field
+from torch import Tensor
+
+from fltune.methods import register
+from fltune.methods.base import ClientContext, Method, Params
+
+
+class MixupParams(Params):
+    gamma: float = Field(0.1, ge=0, description="Beta(γ, γ) concentration (FedAlign §3.2: 0.1); 0 = no mixing")
+
+
+def mix(x: Tensor, gamma: float) -> tuple[Tensor, Tensor, float]:
+    """(x̃, π, λ): the batch mixed with a random permutation of itself at λ ~ Beta(γ, γ)."""
+    concentration = torch.tensor(float(gamma))
+    lam = float(torch.distributions.Beta(concentration, concentration).sample())
+    perm = torch.randperm(len(x)).to(x.device)
+    return lam * x + (1 - lam) * x[perm], perm, lam
+
+
+@register
+class Mixup(Method):
+    """Mixup: L = λ·CE(f(x̃), y) + (1 − λ)·CE(f(x̃), y_π); server as FedAvg.
+
+    γ = 0 means λ = 1 (the authors' convention): no mixing and no random draw, i.e. FedAvg exactly.
+    """
+
+    name = "mixup"
+    Params = MixupParams
+
+    def local_loss(self, ctx: ClientContext, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
+        if self.params.gamma == 0:
+            return super().local_loss(ctx, x, y)
+        mixed, perm, lam = mix(x, self.params.gamma)
+        logits = ctx.model(mixed)
+        return lam * F.cross_entropy(logits, y) + (1 - lam) * F.cross_entropy(logits, y[perm]), logits

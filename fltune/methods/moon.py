@@ -1,0 +1,113 @@
+"""MOON (Li, He & Song, CVPR 2021; METHODS.md §2): model-contrastive local learning.
+
+L = CE(f(x), y) + μ·ℓ_con,  ℓ_con = −log( e^{cos(z, z_g)/τ} / (e^{cos(z, z_g)/τ} + e^{cos(z, z_prev)/τ}) )
+    = CE([cos(z, z_g), cos(z, z_prev)]/τ, label 0)        (MOON §3: ℓ = ℓ_sup + μ·ℓ_con)
+
+z is the projection of the penultimate features: MOON's network is encoder → 2-layer projection head →
+output layer, so ``adapt_model`` inserts the projector (feature_dim → feature_dim → ReLU → 256) between
+the dataset model's body and a new 256→classes head (``QinbinLi/MOON:model.py`` ``ModelFedCon``; the
+FedAlign authors' ResNet-56 does the same). Being part of the model, the projector is aggregated.
+z_g comes from a frozen copy of the round's global model and z_prev from the client's own model after its
+last local update, kept in the client's state as numpy. Both frozen copies run in eval mode, as in
+``QinbinLi/MOON:main.py``.
+
+**[U]** A client's first participation has no previous model: ``mmendiet/FedAlign:methods/moon.py``
+uses the initial global model for it; here the round's global model stands in, which makes ℓ_con the
+constant log 2 (no gradient), so a first-time client trains on CE alone. With full participation
+(FedAlign's setting) both agree.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections import OrderedDict
+
+import torch
+import torch.nn.functional as F
+from pydantic import Field
+from torch import Tensor, nn
+
+from fltune.errors import FLTuneError
+from fltune.methods import register
+from fltune.methods.base import ClientContext, ClientResult, Method, Params, to_numpy
+from fltune.models.base import SplitModel
+
+PROJECTION_DIM = 256
+"""Output width of MOON's projection head (``out_dim`` in the MOON code, 256 in FedAlign's runs)."""
+
+
+class MoonParams(Params):
+    mu: float = Field(1.0, ge=0, description="weight μ of the model-contrastive loss (FedAlign §3.2: 1.0)")
+    tau: float = Field(0.5, gt=0, description="temperature τ (MOON default 0.5)")
+
+
+def add_projector(model: nn.Module) -> SplitModel:
+    """encoder → projector → linear head: the dataset model's body, MOON's projector, a fresh head.
+
+    Only plain SplitModels qualify: a model with its own ``features`` (a VIB net samples z there) or a
+    non-linear head would silently change meaning if its body were re-wired.
+    """
+    plain = isinstance(model, SplitModel) and type(model).features is SplitModel.features
+    if not plain or not isinstance(model.head, nn.Linear):
+        raise FLTuneError(
+            f"model.name: method 'moon' needs a body/linear-head model; got a {type(model).__name__}"
+        )
+    dim = model.feature_dim
+    projector = nn.Sequential(
+        OrderedDict(fc1=nn.Linear(dim, dim), relu=nn.ReLU(), fc2=nn.Linear(dim, PROJECTION_DIM))
+    )
+    body = nn.Sequential(OrderedDict(encoder=model.body, projector=projector))
+    return SplitModel(body, nn.Linear(PROJECTION_DIM, model.head.out_features), PROJECTION_DIM)
+
+
+def contrastive_loss(z: Tensor, z_global: Tensor, z_prev: Tensor, tau: float) -> Tensor:
+    """MOON's ℓ_con: CE over [cos(z, z_g), cos(z, z_prev)]/τ with the global model as the positive."""
+    logits = torch.stack([F.cosine_similarity(z, z_global, dim=1), F.cosine_similarity(z, z_prev, dim=1)], 1)
+    return F.cross_entropy(logits / tau, torch.zeros(len(z), dtype=torch.long, device=z.device))
+
+
+def frozen_copy(model: nn.Module, state: dict[str, Tensor]) -> nn.Module:
+    """An eval-mode, gradient-free copy of ``model`` holding ``state`` (MOON's global and previous nets)."""
+    clone = copy.deepcopy(model).eval()
+    clone.load_state_dict(state)
+    clone.requires_grad_(False)
+    return clone
+
+
+@register
+class Moon(Method):
+    """MOON: L = CE + μ·CE([cos(z, z_g), cos(z, z_prev)]/τ, 0); server as FedAvg (projector included).
+
+    μ = 0 skips the term, reproducing CE on the adapted model exactly.
+    """
+
+    name = "moon"
+    Params = MoonParams
+
+    def adapt_model(self, model: nn.Module) -> nn.Module:
+        return add_projector(model)
+
+    def setup_client(self, ctx: ClientContext) -> None:
+        """Frozen copies of the round's global model and of this client's previous local model."""
+        global_model = frozen_copy(ctx.model, ctx.global_state)
+        prev = ctx.state.get("prev")  # numpy from the client store, read-only if it came through Ray: copied
+        ctx.scratch["global"] = global_model
+        ctx.scratch["prev"] = (
+            global_model if prev is None else frozen_copy(ctx.model, {k: torch.tensor(v) for k, v in prev.items()})
+        )
+
+    def local_loss(self, ctx: ClientContext, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
+        z = ctx.model.features(x)
+        logits = ctx.model.head(z)
+        loss = F.cross_entropy(logits, y)
+        if self.params.mu == 0:
+            return loss, logits
+        with torch.no_grad():
+            z_global, z_prev = ctx.scratch["global"].features(x), ctx.scratch["prev"].features(x)
+        return loss + self.params.mu * contrastive_loss(z, z_global, z_prev, self.params.tau), logits
+
+    def client_result(self, ctx: ClientContext) -> ClientResult:
+        """FedAvg's upload; the trained model is also kept as this client's next 'previous' model."""
+        result = super().client_result(ctx)
+        result.state["prev"] = to_numpy(ctx.model.state_dict())
+        return result

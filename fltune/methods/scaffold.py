@@ -1,0 +1,36 @@
+"""SCAFFOLD (Karimireddy et al., 2020; METHODS.md §2): control variates correct each client's drift."""
+
+import numpy as np
+from pydantic import Field
+
+from fltune.methods import register
+from fltune.methods._drift import ControlVariates
+from fltune.methods.base import Params, ServerContext, State
+
+
+class ScaffoldParams(Params):
+    server_lr: float = Field(1.0, gt=0, description="global step size η_g (1 = plain mean of local models)")
+
+
+@register
+class Scaffold(ControlVariates):
+    """SCAFFOLD (option II): local gradient g − c_k + c; c_k⁺ = c_k − c + (θ_g − θ_k)/(K·lr);
+    server c += mean over all N of Δc_k, θ = θ_g + η_g·mean_S(θ_k − θ_g) (plain mean).
+
+    With c = c_k = 0 (round 1) the local step is exactly FedAvg's.
+    """
+
+    name = "scaffold"
+    Params = ScaffoldParams
+
+    def aggregate(self, ctx: ServerContext) -> State:
+        mean = super().aggregate(ctx)
+        return {name: self._step(ctx.global_state[name], value) for name, value in mean.items()}
+
+    def _step(self, old: np.ndarray, mean: np.ndarray) -> np.ndarray:
+        """θ_g + η_g·(mean − θ_g) for float entries (in float64, so η_g = 1 gives the mean bit for bit);
+        integer counters take the mean."""
+        if old.dtype.kind != "f":
+            return mean
+        old64 = old.astype(np.float64)
+        return (old64 + self.params.server_lr * (mean.astype(np.float64) - old64)).astype(old.dtype)

@@ -1,0 +1,37 @@
+"""Stochastic depth (Huang et al., ECCV 2016) as a local regulariser (FedAlign §3.2; METHODS.md §2).
+
+ζ_ℓ = σ(b_ℓ·F_ℓ(ζ_{ℓ−1}) + I(ζ_{ℓ−1})), b_ℓ ~ Bernoulli(p_ℓ), p_ℓ = 1 − (ℓ/L)(1 − ρ_L) over the L = 18
+bottleneck blocks of ResNet-56; at evaluation the branch is scaled by p_ℓ. The loss is plain CE; all of
+the method is the model option :meth:`~fltune.models.resnet56.ResNet56.set_stochastic_depth`, which
+``adapt_model`` switches on in every copy of the model (driver and workers), so the global model is also
+*evaluated* with the p_ℓ scaling. Needs ``model.name=resnet56`` (``auto`` picks it).
+"""
+
+from __future__ import annotations
+
+from pydantic import Field
+from torch import nn
+
+from fltune.methods import register
+from fltune.methods._resnet56 import ResNet56Method
+from fltune.methods.base import Params
+
+
+class StochDepthParams(Params):
+    rho_L: float = Field(0.9, gt=0, le=1, description="survival probability ρ_L of the last block (FedAlign: 0.9)")
+
+
+@register
+class StochDepth(ResNet56Method):
+    """StochDepth: CE on a ResNet-56 whose blocks survive with probability falling linearly to ρ_L.
+
+    ρ_L = 1 keeps every block: exactly FedAvg on ResNet-56.
+    """
+
+    name = "stochdepth"
+    Params = StochDepthParams
+
+    def adapt_model(self, model: nn.Module) -> nn.Module:
+        resnet = super().adapt_model(model)
+        resnet.set_stochastic_depth(self.params.rho_L)
+        return resnet

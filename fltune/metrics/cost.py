@@ -1,0 +1,109 @@
+"""Compute and communication cost of a federated run (FedAlign Table 5 and appendix Table 8).
+
+Why: FedAlign's claim is accuracy *per unit of client resources*; its tables give forward MFLOPs per
+sample, stored parameters, wall time per round, and the totals to reach a target accuracy. The
+:class:`CostMeter` is a plain accumulator the engine feeds once per round; only
+:func:`forward_flops_per_sample` needs torch, and imports it itself, so the meter can be used (and
+tested) without torch.
+"""
+
+from collections.abc import Callable, Mapping
+from time import perf_counter
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from torch import nn
+
+FORWARD_BACKWARD_FACTOR = 3.0
+"""Training FLOPs per sample = 3 × forward FLOPs: the backward pass computes gradients w.r.t. both the
+activations and the weights, each about one forward's worth (the usual 1 + 2 rule, Kaplan et al. 2020)."""
+
+
+def forward_flops_per_sample(model: "nn.Module", input_shape: tuple[int, ...]) -> float:
+    """Forward MFLOPs for one sample of shape ``input_shape`` (no batch dim), as FedAlign Table 5 lists.
+
+    Counted by ``torch.utils.flop_counter.FlopCounterMode`` on one sample in eval mode without grad: it
+    counts matmuls and convolutions at 2 FLOPs per multiply-accumulate (Linear(100, 10): 2000 FLOPs) and
+    ignores element-wise ops (bias adds, activations, BN, pooling), so tables counted in MACs
+    (thop, ptflops) show about half these values.
+    """
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from fltune.metrics.hessian import eval_mode
+
+    parameter = next(model.parameters())
+    sample = torch.zeros((1, *input_shape), dtype=parameter.dtype, device=parameter.device)
+    counter = FlopCounterMode(display=False)
+    with torch.no_grad(), eval_mode(model), counter:
+        model(sample)
+    return counter.get_total_flops() / 1e6
+
+
+def parameter_count(model: "nn.Module") -> int:
+    """All parameters (trainable or not), FedAlign Table 5's "Param" of one model."""
+    return sum(p.numel() for p in model.parameters())
+
+
+def state_bits(state: Mapping[str, Any]) -> int:
+    """Bits to send ``state`` (numpy arrays or tensors) at each entry's real dtype: float32 = 32 per element.
+
+    FedAlign Table 8 prices every parameter at 32 bits; sending float16 or int64 buffers counts 16 or 64.
+    """
+    return 8 * sum(int(value.nbytes) for value in state.values())
+
+
+class CostMeter:
+    """Per-round and cumulative cost of a run, fed by the engine.
+
+    Per round: ``start_round()``; ``add_download(bits, clients)`` for the broadcast (counted once per
+    receiving client); ``add_training(samples)`` and ``add_upload(bits)`` for each client; then
+    ``round_metrics()``. Keys of :meth:`round_metrics`:
+
+    - ``cost_round_s``: wall seconds since ``start_round`` (FedAlign Table 5 "Time").
+    - ``cost_cum_tflops``: training TFLOPs of all clients so far = Σ samples × passes ×
+      :data:`FORWARD_BACKWARD_FACTOR` × forward FLOPs per sample. (FedAlign Table 8's "MFLOPs" column is
+      not this total: it equals Table 5's per-sample forward MFLOPs × rounds, e.g. 87.3 × 84 = 7332.)
+    - ``cost_cum_comm_gbit``: Gbit sent so far, both directions.
+    - ``cost_cum_up_gbit``: Gbit uploaded so far, the quantity in FedAlign Table 8's "Comm Cost (Gb)"
+      (0.61 M params × 32 bit × 16 clients × 84 rounds = 26.2 Gbit for FedAvg).
+    - ``cost_up_mbit_round``, ``cost_down_mbit_round``: Mbit uploaded / downloaded in this round.
+    """
+
+    def __init__(self, forward_mflops_per_sample: float, clock: Callable[[], float] = perf_counter) -> None:
+        self._flops_per_sample = forward_mflops_per_sample * 1e6
+        self._clock = clock
+        self._round_start = clock()
+        self._flops = 0.0
+        self._up_bits = self._down_bits = 0
+        self._round_up_bits = self._round_down_bits = 0
+
+    def start_round(self) -> None:
+        """Start the round's clock and zero its up/down counters."""
+        self._round_start = self._clock()
+        self._round_up_bits = self._round_down_bits = 0
+
+    def add_training(self, samples: int, passes: float = 1.0) -> None:
+        """``samples`` trained on by one client; ``passes`` forward+backward passes each (2 for SAM-type)."""
+        self._flops += samples * passes * FORWARD_BACKWARD_FACTOR * self._flops_per_sample
+
+    def add_download(self, bits: int, clients: int = 1) -> None:
+        """A broadcast of ``bits`` to each of ``clients`` clients."""
+        self._round_down_bits += bits * clients
+        self._down_bits += bits * clients
+
+    def add_upload(self, bits: int) -> None:
+        """One client's upload of ``bits``."""
+        self._round_up_bits += bits
+        self._up_bits += bits
+
+    def round_metrics(self) -> dict[str, float]:
+        """The current round's and the cumulative figures (keys in the class docstring)."""
+        return {
+            "cost_round_s": self._clock() - self._round_start,
+            "cost_cum_tflops": self._flops / 1e12,
+            "cost_cum_comm_gbit": (self._up_bits + self._down_bits) / 1e9,
+            "cost_cum_up_gbit": self._up_bits / 1e9,
+            "cost_up_mbit_round": self._round_up_bits / 1e6,
+            "cost_down_mbit_round": self._round_down_bits / 1e6,
+        }

@@ -1,0 +1,71 @@
+"""The scheduled curvature probe (``metrics.hessian``): what the engine measures and when.
+
+λ_max, λ1/λk and tr H of the global model (FedAlign Table 1, MAN Table 2, FedSOL Fig. 8), and H_N/H_D
+over k of the round's clients' local models (FedAlign Eq. 3–4), each on a fixed, seeded set of
+training batches in eval mode (METHODS.md §4: the authors use 10 batches). At the end, the loss surface
+along the top-2 eigenvectors and the top-k spectrum as PNGs (FedAlign Fig. 1, MAN Fig. 4a).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from fltune.config import HessianConfig
+from fltune.data.augment import to_float
+from fltune.data.federated import FederatedData
+from fltune.engine.rng import derive_seed
+from fltune.metrics.hessian import (
+    Batch,
+    cross_client_consistency,
+    cross_entropy_loss,
+    hessian_trace,
+    layer_traces,
+    top_eigenvalues,
+)
+from fltune.metrics.landscape import landscape_png, plot_spectrum
+
+PROBE_ROUND = -1
+"""RNG stream of the probe batches: fixed for the whole run, apart from every training round."""
+
+
+def probe_batches(data: FederatedData, indices: np.ndarray, hcfg: HessianConfig, seed: int, client: int,
+                  device: torch.device) -> list[Batch]:
+    """``hcfg.batches`` batches of ``hcfg.batch_size`` drawn once from ``indices`` (no augmentation)."""
+    rng = np.random.default_rng(derive_seed(seed, PROBE_ROUND, client))
+    take = min(len(indices), hcfg.batches * hcfg.batch_size)
+    chosen = torch.tensor(np.sort(rng.choice(indices, size=take, replace=False)), dtype=torch.long)
+    return [
+        (to_float(data.x[part], data.mean, data.std).to(device), data.y[part].to(device))
+        for part in torch.split(chosen, hcfg.batch_size)
+    ]
+
+
+def global_curvature(model: nn.Module, batches: list[Batch], hcfg: HessianConfig, seed: int) -> dict[str, float]:
+    """λ1 … λk (by magnitude), λ1/λk and the trace of the global model's training-loss Hessian."""
+    values = top_eigenvalues(model, cross_entropy_loss, batches, hcfg.top_k, hcfg.max_iter, hcfg.tol, seed)
+    out = {f"hessian_lambda_{i + 1}": v for i, v in enumerate(values)}
+    out["hessian_lambda_max"] = values[0]
+    if len(values) > 1:
+        out[f"hessian_lambda_1_over_{len(values)}"] = values[0] / values[-1] if values[-1] else float("inf")
+    out["hessian_trace"] = hessian_trace(model, cross_entropy_loss, batches, hcfg.max_iter, hcfg.tol, seed)
+    return out
+
+
+def client_consistency(models: list[tuple[nn.Module, list[Batch]]], hcfg: HessianConfig, seed: int) -> dict[str, float]:
+    """H_N and H_D (FedAlign Eq. 3–4) from each local model's per-layer traces on its own data."""
+    traces = [layer_traces(model, cross_entropy_loss, batches, hcfg.max_iter, hcfg.tol, seed) for model, batches in models]
+    h_n, h_d = cross_client_consistency(traces)
+    return {"hessian_hn": h_n, "hessian_hd": h_d}
+
+
+def end_figures(model: nn.Module, batches: list[Batch], eigenvalues: list[float], folder: Path, title: str,
+                seed: int) -> list[Path]:
+    """The landscape along the top-2 eigenvectors and the eigenvalue spectrum, as PNG files."""
+    folder.mkdir(parents=True, exist_ok=True)
+    spectrum = plot_spectrum(eigenvalues, folder / "hessian_spectrum.png", f"top-{len(eigenvalues)} eigenvalues · {title}")
+    surface = landscape_png(model, cross_entropy_loss, batches, folder / "loss_landscape.png", seed=seed, title=title)
+    return [surface, spectrum]

@@ -1,0 +1,141 @@
+"""Loss-landscape and eigen-spectrum plots (FedAlign Fig. 1, FedSOL Fig. 8, MAN Fig. 4a).
+
+Why: λ_max and tr H summarise curvature in two numbers; the papers back them with pictures of the loss
+around the final global model along the top-2 Hessian eigenvectors, and of the top-k spectrum. Plots are
+drawn with matplotlib's object API (``Figure`` + Agg canvas), never ``pyplot``, so they touch no global
+backend state and work headless.
+"""
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+from matplotlib.figure import Figure
+from torch import nn
+
+from fltune.errors import FLTuneError
+from fltune.metrics.hessian import (
+    Batch,
+    LossFn,
+    Vector,
+    check_batches,
+    check_vector,
+    eval_mode,
+    to_device,
+    top_eigenpairs,
+    trainable_parameters,
+)
+
+
+def _axis(span: float, steps: int) -> np.ndarray:
+    """``steps`` even offsets over [−span, span]; the middle one is exactly 0 when ``steps`` is odd."""
+    if steps < 2:
+        raise FLTuneError(f"steps: need at least 2 grid points per axis, got {steps}")
+    half = (steps - 1) / 2
+    return span * (np.arange(steps) - half) / half
+
+
+def _mean_loss(model: nn.Module, loss_fn: LossFn, batches: Sequence[Batch], device: torch.device) -> float:
+    return sum(float(loss_fn(model, to_device(batch, device))) for batch in batches) / len(batches)
+
+
+def loss_surface(
+    model: nn.Module,
+    loss_fn: LossFn,
+    batches: Sequence[Batch],
+    directions: tuple[Vector, Vector],
+    span: float = 1.0,
+    steps: int = 21,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Loss at θ + a·d1 + b·d2 on a ``steps``×``steps`` grid of (a, b) ∈ [−span, span]².
+
+    Returns ``(alphas, betas, grid)`` with ``grid[i, j]`` the mean over ``batches`` of ``loss_fn`` at
+    (alphas[i], betas[j]), in eval mode like the Hessian metrics. Each point is set from a saved copy of
+    θ (no drift from repeated additions) and θ is copied back bit for bit afterwards, even on error.
+    """
+    check_batches(batches)
+    params = trainable_parameters(model)
+    for direction in directions:
+        check_vector(direction, params, "directions")
+    d1, d2 = ([d.to(p) for d, p in zip(direction, params)] for direction in directions)
+    alphas, betas = _axis(span, steps), _axis(span, steps)
+    grid = np.empty((steps, steps))
+    origin = [p.detach().clone() for p in params]
+    with torch.no_grad(), eval_mode(model):
+        try:
+            for i, a in enumerate(alphas):
+                for j, b in enumerate(betas):
+                    for p, theta, u, w in zip(params, origin, d1, d2):
+                        p.copy_(theta).add_(u, alpha=float(a)).add_(w, alpha=float(b))
+                    grid[i, j] = _mean_loss(model, loss_fn, batches, params[0].device)
+        finally:
+            for p, theta in zip(params, origin):
+                p.copy_(theta)
+    return alphas, betas, grid
+
+
+def _save(fig: Figure, path: str | Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    return path
+
+
+def plot_landscape(
+    alphas: np.ndarray, betas: np.ndarray, grid: np.ndarray, path: str | Path, title: str
+) -> Path:
+    """A PNG with the contour map (left) and 3-D surface (right) of a :func:`loss_surface` grid."""
+    a, b = np.meshgrid(alphas, betas, indexing="ij")
+    fig = Figure(figsize=(11, 4.5), layout="constrained")
+    contour_ax = fig.add_subplot(1, 2, 1)
+    filled = contour_ax.contourf(a, b, grid, levels=30, cmap="viridis")
+    contour_ax.contour(a, b, grid, levels=10, colors="black", linewidths=0.4)
+    fig.colorbar(filled, ax=contour_ax, label="loss")
+    surface_ax = fig.add_subplot(1, 2, 2, projection="3d")
+    surface_ax.plot_surface(a, b, grid, cmap="viridis", edgecolor="none")
+    surface_ax.set_zlabel("loss")
+    for ax in (contour_ax, surface_ax):
+        ax.set_xlabel(r"$\epsilon_0$ step")
+        ax.set_ylabel(r"$\epsilon_1$ step")
+    fig.suptitle(title)
+    return _save(fig, path)
+
+
+def plot_spectrum(eigenvalues: Sequence[float], path: str | Path, title: str) -> Path:
+    """A PNG of the top-k eigenvalues against their rank (MAN Fig. 4a), with λ1/λ5 (FedSOL Fig. 8)."""
+    if len(eigenvalues) == 0:
+        raise FLTuneError("eigenvalues: need at least one eigenvalue to plot")
+    fig = Figure(figsize=(5, 4), layout="constrained")
+    ax = fig.add_subplot()
+    ax.plot(np.arange(1, len(eigenvalues) + 1), eigenvalues, marker="o", markersize=3)
+    ax.axhline(0.0, color="grey", linewidth=0.5)
+    ax.set_xlabel("rank (by |λ|)")
+    ax.set_ylabel("eigenvalue")
+    ax.grid(alpha=0.3)
+    has_ratio = len(eigenvalues) >= 5 and eigenvalues[4] != 0
+    ax.set_title(f"{title}, λ1/λ5 = {eigenvalues[0] / eigenvalues[4]:.3g}" if has_ratio else title)
+    return _save(fig, path)
+
+
+def landscape_png(
+    model: nn.Module,
+    loss_fn: LossFn,
+    batches: Sequence[Batch],
+    path: str | Path,
+    seed: int = 0,
+    steps: int = 21,
+    span: float = 1.0,
+    title: str = "loss landscape",
+) -> Path:
+    """FedAlign Fig. 1 / FedSOL Fig. 8: the loss along the top-2 Hessian eigenvectors, saved as a PNG.
+
+    The eigenvectors have unit norm over all parameters, so ``span`` is a Euclidean distance in
+    parameter space. It is fixed (default ±1.0, the authors' ``np.linspace(-1.0, 1.0, 41)`` in
+    ``mmendiet/FedAlign:pyhessian/compute_hessian.py``) rather than scaled per model, so the plots of
+    different methods share axes and the sharper model shows the steeper bowl. The title gets λ1, λ2.
+    """
+    values, vectors = top_eigenpairs(model, loss_fn, batches, k=2, seed=seed)
+    alphas, betas, grid = loss_surface(model, loss_fn, batches, (vectors[0], vectors[1]), span, steps)
+    eigen = f"λ1 = {values[0]:.4g}, λ2 = {values[1]:.4g}"
+    return plot_landscape(alphas, betas, grid, path, f"{title} ({eigen})")

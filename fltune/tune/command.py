@@ -1,0 +1,147 @@
+"""``python cli.py tune``: a Ray Tune + Optuna study of one method, tracked in MLflow.
+
+Exit status: 0 when the study ends with a best configuration, 1 when no trial produced a score (all
+diverged or failed), 2 for bad input (one line, before any MLflow run exists), 130 when interrupted
+(the study is saved: rerun with ``--resume``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from fltune.errors import FLTuneError
+
+if TYPE_CHECKING:  # the command's heavy imports (Ray Tune, MLflow, matplotlib) wait until it runs
+    from ray.tune import Tuner
+
+    from fltune.tune.results import TrialRow
+    from fltune.tune.spec import StudySpec
+
+RESUME_HINT = "python cli.py tune --name {name} --storage {storage} --resume"
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("tune", help="hyperparameter study of one method (Ray Tune + Optuna, tracked in MLflow)")
+    p.add_argument("--space", help="search-space YAML, e.g. search_spaces/fedprox.yaml")
+    p.add_argument("--method", help="method to tune (default: the space file's `method`)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
+                   help="override a field of the base experiment, e.g. --set federation.rounds=20 (repeatable)")
+    p.add_argument("--num-samples", type=int, help="configurations to try (default: the file's num_samples)")
+    p.add_argument("--max-concurrent", type=int, help="trials at once (default: the file's max_concurrent)")
+    p.add_argument("--seeds", type=int, help="seeds per configuration; its score is their mean")
+    p.add_argument("--name", help="study name (default: <space stem>-<date>-<time>; with --resume: the newest)")
+    p.add_argument("--storage", help="study folder root, local or a URI like s3://bucket/studies (default: ./studies)")
+    p.add_argument("--address", help="join a running Ray cluster ('auto', host:port; default: $RAY_ADDRESS or local)")
+    p.add_argument("--resume", action="store_true", help="continue an interrupted study with its saved settings")
+    p.add_argument("--best-out", help="write the best configuration here (default: <study folder>/best_config.yaml)")
+
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    from ray.tune import ExperimentAnalysis
+
+    from fltune.tune.results import trial_row
+
+    # With verbose=0 and the old output engine Tune prints nothing: the board is the study's output. It
+    # also snapshots its state every `num_to_keep` trial checkpoints (so a resume never points at a deleted
+    # one) and warns when that is frequent: with a checkpoint per round it is, by design.
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
+    os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
+    spec, tuner = prepare(args)
+    try:
+        tuner.fit()
+    except BaseException:
+        if spec.base_config.tracking.enabled:
+            from fltune.tune.tracking import close_open_runs
+
+            close_open_runs(spec, "killed")
+        raise
+    # the study folder's final state: every trial, also those a Ctrl-C left pending or running
+    rows = [trial_row(trial) for trial in ExperimentAnalysis(spec.path).trials]
+    return conclude(spec, rows, args.best_out)
+
+
+def prepare(args: argparse.Namespace) -> tuple[StudySpec, Tuner]:
+    """Validate (before Ray starts), join or start Ray, size the trials, then create or restore the Tuner."""
+    from fltune.engine.pool import ensure_ray
+    from fltune.tracking.console import console
+    from fltune.tune import study
+
+    if not args.resume and not args.space:
+        raise FLTuneError("--space is required (a search-space YAML, e.g. search_spaces/fedprox.yaml)")
+    request = study.StudyRequest(
+        space=args.space, method=args.method, overrides=tuple(args.overrides), num_samples=args.num_samples,
+        max_concurrent=args.max_concurrent, seeds=args.seeds, name=args.name, storage=args.storage,
+    )
+    spec = study.saved_spec(request) if args.resume else study.new_spec(request)
+    if args.resume and (args.overrides or args.num_samples or args.max_concurrent or args.seeds or args.method):
+        console.print("note: a resumed study keeps the settings it started with; --set, --method, "
+                      "--num-samples, --max-concurrent and --seeds are ignored")
+    address = args.address or spec.base_config.resources.address
+    try:
+        ensure_ray(address)
+    except ConnectionError as err:  # no cluster there, or several and no address to choose one
+        raise FLTuneError(f"--address {address or '$RAY_ADDRESS'}: {err}") from None
+    cluster, node_cpus = study.cluster_shape()
+    spec = study.with_gpu_share(spec, cluster)
+    resources = study.trial_resources(spec, cluster, node_cpus)
+    if args.resume:
+        tuner = study.restored_tuner(spec, resources)
+    else:
+        spec.save()
+        tuner = study.new_tuner(spec, resources)
+    console.print(describe(spec, len(node_cpus), args.resume))
+    return spec, tuner
+
+
+def describe(spec: StudySpec, nodes: int, resumed: bool) -> str:
+    space, res = spec.space, spec.base_config.resources
+    sched = space.scheduler.name
+    if sched == "asha":
+        sched += f" (grace {space.scheduler.grace_period} rounds)"
+    return (
+        f"[bold]fltune tune[/] {'resuming ' if resumed else ''}study [bold]{spec.name}[/] · {spec.method} · "
+        f"{space.num_samples} samples × {space.seeds} seed(s), ≤{space.max_concurrent} at once · "
+        f"{space.objective.metric} ({space.objective.reduce}, {space.objective.direction}) · {space.sampler.name} · "
+        f"{sched}\n  per trial: {spec.workers} client worker(s) × {res.cpus_per_worker:g} CPU"
+        f"{f' + {spec.gpus_per_worker:g} GPU' if spec.gpus_per_worker else ''} on a {nodes}-node cluster · "
+        f"folder {spec.path}"
+    )
+
+
+def conclude(spec: StudySpec, rows: list[TrialRow], best_out: str | None) -> int:
+    """Print the ranking and write the best configuration; the exit status says how the study ended."""
+    from fltune.tracking.console import console
+    from fltune.tune.board import trials_table
+    from fltune.tune.results import best, best_config_yaml
+
+    console.print(trials_table(rows, spec, f"study {spec.name}: trials ranked", ranked=True))
+    if any(r.status in ("running", "pending") for r in rows):
+        console.print(f"fltune: study interrupted; continue it with: "
+                      f"{RESUME_HINT.format(name=spec.name, storage=spec.storage)}")
+        return 130
+    top = best(rows, spec.space.objective.direction)
+    if top is None:
+        console.print("fltune: no trial produced a score (all diverged or failed)")
+        return 1
+    path = write_best(spec, best_config_yaml(spec, top), best_out)
+    params = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in top.params.items())
+    console.print(f"[bold green]best[/] {top.trial_id}: {spec.space.objective.metric} = {top.objective:.4f}"
+                  + (f" ± {top.objective_std:.4f}" if spec.space.seeds > 1 else "")
+                  + f" with {params}\n  config: {path}  (python cli.py run --config {path})")
+    return 0
+
+
+def write_best(spec: StudySpec, text: str, best_out: str | None) -> str:
+    """Into the study folder by default (any storage), or to ``--best-out`` on this machine."""
+    import pyarrow.fs
+
+    if best_out:
+        Path(best_out).write_text(text)
+        return best_out
+    fs, folder = pyarrow.fs.FileSystem.from_uri(spec.path)
+    with fs.open_output_stream(f"{folder}/best_config.yaml") as out:
+        out.write(text.encode())
+    return f"{spec.path}/best_config.yaml"

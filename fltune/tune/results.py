@@ -1,0 +1,133 @@
+"""What a study produced, trial by trial: status, parameters, score; ranked, tabulated and plotted.
+
+One ``TrialRow`` per Tune ``Trial``, built the same way for the live board, MLflow and the final
+ranking (from the study folder's state), so the terminal, the CSV and MLflow never disagree.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+from ray.tune.experiment import Trial  # noqa: E402
+
+from fltune.config import ExperimentConfig, build_config  # noqa: E402
+from fltune.tune.space import Choice, set_dotted  # noqa: E402
+from fltune.tune.spec import StudySpec  # noqa: E402
+
+ENDED = ("finished", "stopped", "diverged", "failed")
+"""Final statuses: ran all rounds, stopped early by ASHA, NaN/inf, raised (after its retries)."""
+
+
+@dataclass
+class TrialRow:
+    trial_id: str
+    status: str
+    params: dict[str, Any]
+    round: int
+    objective: float
+    objective_std: float
+    metrics: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def scored(self) -> bool:
+        """Finished and stopped trials compete for best; diverged and failed ones never do."""
+        return self.status in ("finished", "stopped") and math.isfinite(self.objective)
+
+
+def classify(last: dict[str, Any], errored: bool) -> str:
+    """fltune's status of a trial from its last result. The trial's own ``status`` says whether it ran
+    all its rounds or diverged; otherwise Tune's ``done`` means a scheduler stopped it early. (Tune's
+    TERMINATED cannot tell: it also marks trials it merely shut down on Ctrl-C.)"""
+    if errored:
+        return "failed"
+    if last.get("status") in ("finished", "diverged"):
+        return last["status"]
+    if last.get("done"):
+        return "stopped"
+    return "running" if last else "pending"
+
+
+def make_row(trial_id: str, config: dict[str, Any], last: dict[str, Any] | None, errored: bool) -> TrialRow:
+    last = last or {}
+    return TrialRow(
+        trial_id=trial_id, status=classify(last, errored), params=dict(config),
+        round=int(last.get("round", 0)), objective=float(last.get("objective", math.nan)),
+        objective_std=float(last.get("objective_std", math.nan)), metrics=last,
+    )
+
+
+def trial_row(trial: Trial, failed: bool = False) -> TrialRow:
+    """The row of a Tune trial; ``failed`` when Tune reports its error before marking it."""
+    return make_row(trial.trial_id, trial.config or {}, trial.last_result, failed or trial.status == Trial.ERROR)
+
+
+def trial_config(spec: StudySpec, params: dict[str, Any]) -> ExperimentConfig:
+    """A configuration of the study as one experiment: base + its parameters (base seed and resources)."""
+    return build_config(set_dotted(spec.base, params))
+
+
+def rank(rows: list[TrialRow], mode: str) -> list[TrialRow]:
+    """Best first: scored trials by objective (more rounds first on ties), then the rest."""
+    sign = -1.0 if mode == "max" else 1.0
+    return sorted(rows, key=lambda r: (not r.scored, sign * r.objective if r.scored else 0.0, -r.round))
+
+
+def best(rows: list[TrialRow], mode: str) -> TrialRow | None:
+    ranked = rank(rows, mode)
+    return ranked[0] if ranked and ranked[0].scored else None
+
+
+def best_config_yaml(spec: StudySpec, row: TrialRow) -> str:
+    """The winning configuration as a ``cli.py run --config`` file, fully resolved (not the trial's pinned
+    resource share: a single run may use the whole machine)."""
+    return trial_config(spec, row.params).to_yaml()
+
+
+def write_csv(rows: list[TrialRow], spec: StudySpec, path: Path) -> Path:
+    names = list(spec.space.params)
+    extra = ("acc_global", "acc_personalized", "loss", "startup_s", "time_total_s", "worker_nodes")
+    with path.open("w", newline="") as out:
+        writer = csv.writer(out)
+        writer.writerow(["rank", "trial_id", "status", "round", "objective", "objective_std", *names, *extra])
+        for i, row in enumerate(rank(rows, spec.space.objective.direction), 1):
+            writer.writerow([
+                i, row.trial_id, row.status, row.round, row.objective, row.objective_std,
+                *(row.params.get(n, "") for n in names), *(row.metrics.get(k, "") for k in extra),
+            ])
+    return path
+
+
+def sensitivity_png(rows: list[TrialRow], spec: StudySpec, path: Path) -> Path:
+    """Objective against each parameter (SimFAFL Table 4 style), one panel per parameter; ASHA-stopped
+    trials hollow, since their score is from fewer rounds."""
+    names = list(spec.space.params)
+    fig, axes = plt.subplots(1, len(names), figsize=(4 * len(names), 3.5), squeeze=False)
+    scored = [r for r in rows if r.scored]
+    for ax, name in zip(axes[0], names):
+        dist = spec.space.params[name]
+        for status, face in (("finished", "C0"), ("stopped", "none")):
+            points = [(r.params[name], r.objective) for r in scored if r.status == status and name in r.params]
+            if points:
+                xs, ys = zip(*points)
+                if isinstance(dist, Choice):
+                    xs = [str(x) for x in xs]
+                ax.scatter(xs, ys, facecolors=face, edgecolors="C0", label=status)
+        if getattr(dist, "type", "") == "loguniform" or getattr(dist, "log", False):
+            ax.set_xscale("log")
+        ax.set(xlabel=name, ylabel=f"{spec.space.objective.metric} ({spec.space.objective.reduce})")
+        ax.grid(alpha=0.3)
+    if scored:
+        axes[0][0].legend()
+    fig.suptitle(f"{spec.name}: sensitivity")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path

@@ -1,0 +1,228 @@
+"""Search-space files (``search_spaces/<method>.yaml``): the pydantic schema and its validation.
+
+A file names a base experiment, the parameters to tune with their distributions, the objective and the
+search settings. Everything is checked before Ray starts, against the real config model: a parameter
+must be a field of the method's ``Params`` (``method.*``) or of the experiment config, and both ends of
+its range (or every choice) must be values that field accepts, so no trial can fail on a bad value.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from fltune.config import ExperimentConfig, build_config, describe_validation_error, read_yaml
+from fltune.errors import FLTuneError
+from fltune.methods import get_method
+
+Scalar = Union[bool, int, float, str, None]
+PROTOCOL_OF: dict[str, str | None] = {
+    "acc_global": "global", "loss": "global", "acc_all_model": "all_model", "loss_all_model": "all_model",
+    "acc_personalized": "personalized", "loss_personalized": "personalized", "train_loss": None,
+}
+"""Round metrics a study can optimise (keys of ``Federation.step``) → the evaluation protocol they need."""
+METRICS: tuple[str, ...] = tuple(PROTOCOL_OF)
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class _Distribution(_Strict):
+    when: dict[str, Scalar | list[Scalar]] | None = Field(
+        None, description="sample only when every named parameter has this value (or one of these values)",
+    )
+
+    def applies(self, chosen: dict[str, Any]) -> bool:
+        """Whether the condition holds for the values sampled so far (absent parameters fail it)."""
+        for name, wanted in (self.when or {}).items():
+            allowed = wanted if isinstance(wanted, list) else [wanted]
+            if name not in chosen or chosen[name] not in allowed:
+                return False
+        return True
+
+
+class _Range(_Distribution):
+    low: float
+    high: float
+
+    @model_validator(mode="after")
+    def _non_empty(self) -> _Range:
+        if not self.low < self.high:
+            raise ValueError(f"empty range [{self.low}, {self.high}]; allowed: low < high")
+        return self
+
+
+class Uniform(_Range):
+    type: Literal["uniform"]
+
+    def suggest(self, trial: Any, name: str) -> float:
+        return trial.suggest_float(name, self.low, self.high)
+
+
+class LogUniform(_Range):
+    type: Literal["loguniform"]
+    low: float = Field(gt=0)
+
+    def suggest(self, trial: Any, name: str) -> float:
+        return trial.suggest_float(name, self.low, self.high, log=True)
+
+
+class IntRange(_Range):
+    type: Literal["int"]
+    low: int
+    high: int
+    log: bool = False
+
+    def suggest(self, trial: Any, name: str) -> int:
+        return trial.suggest_int(name, self.low, self.high, log=self.log)
+
+
+class Choice(_Distribution):
+    type: Literal["choice"]
+    values: list[Scalar] = Field(min_length=1)
+
+    def suggest(self, trial: Any, name: str) -> Scalar:
+        return trial.suggest_categorical(name, self.values)
+
+
+Distribution = Annotated[Union[Uniform, LogUniform, IntRange, Choice], Field(discriminator="type")]
+
+
+class Objective(_Strict):
+    metric: Literal[METRICS]  # type: ignore[valid-type]
+    mode: Literal["max", "min"] | None = Field(None, description="default: max for accuracies, min for losses")
+    reduce: Literal["final", "best"] = Field("final", description="last value, or best over the rounds")
+
+    @property
+    def direction(self) -> str:
+        return self.mode or ("max" if self.metric.startswith("acc_") else "min")
+
+
+class Sampler(_Strict):
+    name: Literal["tpe", "random"] = "tpe"
+    seed: int = 0
+
+
+class Asha(_Strict):
+    name: Literal["asha"]
+    grace_period: int = Field(2, ge=1, description="rounds every trial runs before it can be stopped")
+    reduction_factor: float = Field(2, gt=1)
+
+
+class NoScheduler(_Strict):
+    name: Literal["none"]
+
+
+class SearchSpace(_Strict):
+    """One search-space file, exactly as written (before ``--set`` and the CLI flags)."""
+
+    method: str | None = None
+    base: dict[str, Any] | str = Field(default_factory=dict)
+    overrides: list[str] = Field(default_factory=list, description="--set style edits applied to base")
+    params: dict[str, Distribution] = Field(min_length=1)
+    objective: Objective
+    num_samples: int = Field(8, ge=1)
+    sampler: Sampler = Field(default_factory=Sampler)
+    scheduler: Annotated[Union[Asha, NoScheduler], Field(discriminator="name")] = Field(
+        default_factory=lambda: NoScheduler(name="none"),
+    )
+    max_concurrent: int = Field(1, ge=1)
+    seeds: int = Field(1, ge=1)
+    checkpoint_every: int = Field(1, ge=1, description="rounds between trial checkpoints (always at the end)")
+
+    @model_validator(mode="after")
+    def _conditions_refer_back(self) -> SearchSpace:
+        """A ``when`` may only name a parameter listed before it (the sampling order)."""
+        seen: list[str] = []
+        for name, dist in self.params.items():
+            unknown = [other for other in dist.when or {} if other not in seen]
+            if unknown:
+                raise ValueError(
+                    f"params.{name}.when: {', '.join(unknown)} is not a parameter listed above it; "
+                    f"allowed: {', '.join(seen) or 'none'}"
+                )
+            seen.append(name)
+        return self
+
+
+def set_dotted(tree: dict[str, Any], values: dict[str, Any]) -> dict[str, Any]:
+    """A deep copy of ``tree`` with each ``a.b.c`` key set to its value (typed values, no YAML round trip)."""
+    out = copy.deepcopy(tree)
+    for path, value in values.items():
+        node = out
+        *parents, leaf = path.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise FLTuneError(f"params.{path}: {part} is a value, not a section")
+        node[leaf] = value
+    return out
+
+
+def parse_space(path: str | Path) -> SearchSpace:
+    """Read and validate a search-space file; every problem becomes one line naming the file."""
+    tree = read_yaml(path)
+    try:
+        return SearchSpace.model_validate(tree)
+    except ValidationError as err:
+        raise FLTuneError(f"{path}: {describe_validation_error(err)}") from None
+
+
+def base_tree(space: SearchSpace, space_path: str | Path, method: str) -> dict[str, Any]:
+    """The base experiment as a plain tree: inline, or a YAML file relative to the space file (or cwd)."""
+    if isinstance(space.base, str):
+        candidates = [Path(space_path).parent / space.base, Path(space.base)]
+        found = next((c for c in candidates if c.is_file()), candidates[0])
+        tree = read_yaml(found)
+    else:
+        tree = copy.deepcopy(space.base)
+    method_section = tree.setdefault("method", {})
+    if not isinstance(method_section, dict):
+        raise FLTuneError(f"{space_path}: base.method must be a section")
+    method_section["name"] = method
+    return tree
+
+
+def check_params(space: SearchSpace, tree: dict[str, Any], method: str) -> None:
+    """Each parameter is a real field and both ends of its range (every choice) validate in the config."""
+    fields = get_method(method).Params.model_fields
+    for name, dist in space.params.items():
+        if name.startswith("method.") and name.removeprefix("method.") not in fields:
+            allowed = ", ".join(fields) or "none (the method has no parameters)"
+            raise FLTuneError(f"params.{name}: not a parameter of {method}; allowed: {allowed}")
+        probes = dist.values if isinstance(dist, Choice) else [dist.low, dist.high]
+        for value in probes:
+            try:
+                build_config(set_dotted(tree, {name: value}))
+            except FLTuneError as err:
+                raise FLTuneError(f"params.{name} = {value!r}: {str(err).removeprefix('config error: ')}") from None
+
+
+def check_objective(space: SearchSpace, cfg: ExperimentConfig) -> None:
+    """The metric must be produced by the base experiment, and ASHA must see it before its first rung."""
+    metric = space.objective.metric
+    protocol = PROTOCOL_OF[metric]
+    if protocol is not None and protocol not in cfg.metrics.protocols:
+        raise FLTuneError(
+            f"objective.metric: {metric} needs metrics.protocols to include {protocol}; "
+            f"allowed here: {', '.join(cfg.metrics.protocols)}"
+        )
+    if protocol == "personalized" and cfg.partition.eval_fraction == 0:
+        raise FLTuneError(f"objective.metric: {metric} needs partition.eval_fraction > 0 (per-client held-out data)")
+    if isinstance(space.scheduler, Asha):
+        rounds, every = cfg.federation.rounds, cfg.metrics.every
+        if space.scheduler.grace_period >= rounds:
+            raise FLTuneError(
+                f"scheduler.grace_period: {space.scheduler.grace_period} ≥ federation.rounds {rounds}; "
+                f"allowed: 1..{rounds - 1}, or scheduler: {{name: none}}"
+            )
+        if space.scheduler.grace_period < every and protocol is not None:
+            raise FLTuneError(
+                f"scheduler.grace_period: {space.scheduler.grace_period} < metrics.every {every}: ASHA would "
+                f"compare trials before their first evaluation; allowed: ≥ {every}"
+            )
+

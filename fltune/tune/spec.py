@@ -1,0 +1,66 @@
+"""A resolved study: the search-space file after ``--set`` and the CLI flags, frozen at study creation.
+
+It is what every trial receives and what ``--resume`` reloads (``fltune_study.json`` in the study's
+folder), so a resumed study runs exactly the settings it started with, whatever the flags say now.
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+from typing import Any
+
+import pyarrow.fs
+from pydantic import BaseModel, ConfigDict
+
+from fltune.config import ExperimentConfig, build_config
+from fltune.errors import FLTuneError
+from fltune.tune.space import SearchSpace
+
+SPEC_FILE = "fltune_study.json"
+
+
+class StudySpec(BaseModel):
+    """Everything a study needs, as plain data (picklable for Ray, JSON for the study folder)."""
+
+    model_config = ConfigDict(frozen=True, ignored_types=(cached_property,))
+
+    name: str
+    storage: str
+    method: str
+    space_file: str
+    space_text: str
+    space: SearchSpace
+    base: dict[str, Any]
+    """The base experiment tree: file base + overrides + --set, with the method named."""
+    workers: int
+    """Client actors per trial (``resources.workers``, default 1 so ``max_concurrent`` trials fit)."""
+    gpus_per_worker: float | None
+    """Resolved once against the cluster (then kept): a trial must not claim every GPU as a run would."""
+
+    @property
+    def path(self) -> str:
+        """The study folder (Tune's experiment path): ``<storage>/<name>``."""
+        return f"{self.storage.rstrip('/')}/{self.name}"
+
+    @cached_property
+    def base_config(self) -> ExperimentConfig:
+        return build_config(self.base)
+
+    @property
+    def rounds(self) -> int:
+        return self.base_config.federation.rounds
+
+    def save(self) -> None:
+        fs, folder = pyarrow.fs.FileSystem.from_uri(self.path)
+        fs.create_dir(folder)
+        with fs.open_output_stream(f"{folder}/{SPEC_FILE}") as out:
+            out.write(self.model_dump_json(indent=2).encode())
+
+    @classmethod
+    def load(cls, path: str) -> StudySpec:
+        fs, folder = pyarrow.fs.FileSystem.from_uri(path)
+        try:
+            with fs.open_input_stream(f"{folder}/{SPEC_FILE}") as stream:
+                return cls.model_validate_json(stream.readall())
+        except FileNotFoundError:
+            raise FLTuneError(f"--resume: no fltune study at {path} (no {SPEC_FILE})") from None

@@ -1,0 +1,200 @@
+"""Building and running a study: resolve the spec, size the trials for the cluster, run or restore Tune.
+
+Each trial reserves one placement group: an empty head bundle for the trial process (it only samples,
+aggregates and evaluates while its workers wait, so reserving a CPU for it would halve the trials that
+fit) plus one bundle per client actor, exactly what ``plan_workers`` gives its ``Federation``.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow.fs
+import ray
+from pydantic import ValidationError
+from ray import tune
+from ray.tune.schedulers import ASHAScheduler, FIFOScheduler, TrialScheduler
+
+from fltune.config import apply_overrides, build_config, describe_validation_error
+from fltune.engine.pool import plan_workers
+from fltune.errors import FLTuneError
+from fltune.tracking.mlflow_log import mlruns_dir
+from fltune.tune.board import TrialBoard
+from fltune.tune.search import make_searcher
+from fltune.tune.space import Asha, SearchSpace, base_tree, check_objective, check_params, parse_space, set_dotted
+from fltune.tune.spec import SPEC_FILE, StudySpec
+from fltune.tune.trainable import run_trial
+from fltune.tune.tracking import MLflowStudyCallback
+
+MAX_FAILURES = 2
+"""Restarts of a trial from its last checkpoint after a crash (a lost node, an OOM-killed process)."""
+
+
+@dataclass(frozen=True)
+class StudyRequest:
+    """What the command line asks for; None means "as the space file (or the saved study) says"."""
+
+    space: str | None
+    method: str | None = None
+    overrides: tuple[str, ...] = ()
+    num_samples: int | None = None
+    max_concurrent: int | None = None
+    seeds: int | None = None
+    name: str | None = None
+    storage: str | None = None
+
+
+def default_storage() -> str:
+    """``<repo>/studies`` next to ``mlruns`` (so a source checkout keeps its studies in one place)."""
+    return str(mlruns_dir().parent / "studies")
+
+
+def storage_root(request: StudyRequest) -> str:
+    """A URI as given, a local path made absolute (Ray requires it)."""
+    storage = request.storage or default_storage()
+    return storage if "://" in storage else str(Path(storage).expanduser().resolve())
+
+
+def resolve_space(request: StudyRequest) -> tuple[SearchSpace, str, dict]:
+    """The validated space with the CLI flags applied, its method, and the base experiment tree."""
+    space = parse_space(request.space)
+    method = request.method or space.method
+    if method is None:
+        raise FLTuneError(f"{request.space}: no method; add `method: NAME` to the file or pass --method")
+    if request.method and space.method and request.method != space.method:
+        raise FLTuneError(f"--method {request.method}: the space file {request.space} is for {space.method}")
+    flags = {"num_samples": request.num_samples, "max_concurrent": request.max_concurrent, "seeds": request.seeds}
+    try:
+        space = SearchSpace.model_validate({**space.model_dump(), **{k: v for k, v in flags.items() if v is not None}})
+    except ValidationError as err:
+        raise FLTuneError(f"command line: {describe_validation_error(err)}") from None
+    tree = apply_overrides(base_tree(space, request.space, method), [*space.overrides, *request.overrides])
+    cfg = build_config(tree)  # raises with the bad field named
+    check_params(space, tree, method)
+    check_objective(space, cfg)
+    return space, method, tree
+
+
+def new_spec(request: StudyRequest) -> StudySpec:
+    """A fresh study: validated, named ``<space stem>-<time>`` unless --name (no Ray needed yet)."""
+    space, method, tree = resolve_space(request)
+    storage = storage_root(request)
+    name = request.name or f"{Path(request.space).stem}-{time.strftime('%Y%m%d-%H%M%S')}"
+    if not re.fullmatch(r"[A-Za-z0-9._-]+", name):
+        raise FLTuneError(f"--name {name!r}: allowed: letters, digits, '.', '_' and '-'")
+    resources = build_config(tree).resources
+    spec = StudySpec(
+        name=name, storage=storage, method=method, space_file=str(request.space),
+        space_text=Path(request.space).read_text(), space=space, base=tree, workers=resources.workers or 1,
+        gpus_per_worker=resources.gpus_per_worker,
+    )
+    if exists(spec.path):
+        raise FLTuneError(f"--name {name}: study {spec.path} already exists; add --resume to continue it")
+    return spec
+
+
+def exists(path: str) -> bool:
+    """Whether ``path`` holds an fltune study (its saved spec), on any pyarrow filesystem."""
+    fs, folder = pyarrow.fs.FileSystem.from_uri(path)
+    return fs.get_file_info(f"{folder}/{SPEC_FILE}").type != pyarrow.fs.FileType.NotFound
+
+
+def saved_spec(request: StudyRequest) -> StudySpec:
+    """The study to resume: --name, else the newest study started from the same space file."""
+    storage = storage_root(request)
+    name = request.name
+    if name is None:
+        if request.space is None:
+            raise FLTuneError("--resume: name the study with --name (or give its --space to take the newest)")
+        name = newest(storage, Path(request.space).stem)
+    return StudySpec.load(f"{storage.rstrip('/')}/{name}")
+
+
+def newest(storage: str, stem: str) -> str:
+    """The latest ``<stem>-<date>-<time>`` study under ``storage`` (names sort by time)."""
+    fs, folder = pyarrow.fs.FileSystem.from_uri(storage)
+    infos = fs.get_file_info(pyarrow.fs.FileSelector(folder, allow_not_found=True))
+    names = sorted(i.base_name for i in infos
+                   if i.base_name.startswith(f"{stem}-") and exists(f"{storage}/{i.base_name}"))
+    if not names:
+        raise FLTuneError(f"--resume: no study of {stem} under {storage}; pass --name")
+    return names[-1]
+
+
+def with_gpu_share(spec: StudySpec, cluster: dict[str, float]) -> StudySpec:
+    """Pin ``gpus_per_worker`` once (a study keeps it on resume): unset, the cluster's GPUs are shared
+    by the trials that run at once, where a single run would give its workers all of them."""
+    if spec.gpus_per_worker is not None:
+        return spec
+    share = min(1.0, cluster.get("GPU", 0.0) / (spec.workers * spec.space.max_concurrent))
+    return spec.model_copy(update={"gpus_per_worker": share})
+
+
+def trial_resources(
+    spec: StudySpec, cluster: dict[str, float], node_cpus: list[float],
+) -> tune.PlacementGroupFactory:
+    """Head bundle (empty) + one bundle per client actor; refuse what the cluster can never place."""
+    pinned = {"resources.workers": spec.workers, "resources.gpus_per_worker": spec.gpus_per_worker}
+    plan = plan_workers(build_config(set_dotted(spec.base, pinned)), cluster)
+    largest = max(node_cpus, default=0.0)
+    if plan.cpus > largest + 1e-9:
+        raise FLTuneError(
+            f"resources.cpus_per_worker: {plan.cpus:g} CPUs per worker but the largest Ray node has "
+            f"{largest:g}; allowed: ≤ {largest:g}"
+        )
+    return tune.PlacementGroupFactory([{"CPU": 0}, *plan.bundles()])
+
+
+def cluster_shape() -> tuple[dict[str, float], list[float]]:
+    """The cluster's total resources and each live node's CPUs."""
+    nodes = [n["Resources"].get("CPU", 0.0) for n in ray.nodes() if n.get("Alive")]
+    return ray.cluster_resources(), nodes
+
+
+def scheduler(spec: StudySpec) -> TrialScheduler:
+    """ASHA on rounds (``round`` is what trials report), or FIFO: every trial runs all its rounds."""
+    sched = spec.space.scheduler
+    if not isinstance(sched, Asha):
+        return FIFOScheduler()
+    return ASHAScheduler(
+        time_attr="round", metric="objective", mode=spec.space.objective.direction, max_t=spec.rounds,
+        grace_period=sched.grace_period, reduction_factor=sched.reduction_factor,
+    )
+
+
+def trainable(spec: StudySpec, resources: tune.PlacementGroupFactory):
+    """``run_trial`` with the spec bound and the placement group reserved (its client actors live there)."""
+    return tune.with_resources(tune.with_parameters(run_trial, spec=spec), resources)
+
+
+def callbacks(spec: StudySpec) -> list[tune.Callback]:
+    """The terminal board always; MLflow unless the base experiment turns tracking off."""
+    tracked = [MLflowStudyCallback(spec)] if spec.base_config.tracking.enabled else []
+    return [TrialBoard(spec), *tracked]
+
+
+def new_tuner(spec: StudySpec, resources: tune.PlacementGroupFactory) -> tune.Tuner:
+    """Optuna + ASHA/FIFO, at most ``max_concurrent`` trials, crashed trials restarted from checkpoints."""
+    space = spec.space
+    return tune.Tuner(
+        trainable(spec, resources),
+        tune_config=tune.TuneConfig(
+            search_alg=make_searcher(space), scheduler=scheduler(spec), num_samples=space.num_samples,
+            max_concurrent_trials=space.max_concurrent,
+        ),
+        run_config=tune.RunConfig(
+            name=spec.name, storage_path=spec.storage, callbacks=callbacks(spec), verbose=0,
+            failure_config=tune.FailureConfig(max_failures=MAX_FAILURES),
+            checkpoint_config=tune.CheckpointConfig(num_to_keep=2),
+        ),
+    )
+
+
+def restored_tuner(spec: StudySpec, resources: tune.PlacementGroupFactory) -> tune.Tuner:
+    """Tune restores the searcher, the trials and their checkpoints; running trials continue."""
+    if not tune.Tuner.can_restore(spec.path):
+        raise FLTuneError(f"--resume: {spec.path} has no Tune state to resume (it never started)")
+    return tune.Tuner.restore(spec.path, trainable(spec, resources), resume_unfinished=True, resume_errored=False)

@@ -1,0 +1,174 @@
+"""The study in MLflow: one parent run per study, one child run per trial, written by the driver only.
+
+Ray's own ``MLflowLoggerCallback`` is not used: it makes flat runs (no study parent), logs against
+``training_iteration`` rather than the FL round, keeps its trial→run map only in memory (so a resumed
+study would open a second run per trial) and knows only FINISHED/FAILED. This callback keeps MLflow
+itself as the source of truth instead: the parent is tagged with the study's path and each child with
+its Tune trial id, so ``--resume`` (even after SIGKILL) finds and reopens them, continues each curve
+after its last logged round, and deletes children of trials the restored Tune state never saw (they are
+re-sampled under new ids) — every trial appears exactly once.
+"""
+
+from __future__ import annotations
+
+import math
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from ray.tune.experiment import Trial
+from ray.tune.logger import LoggerCallback
+
+from fltune.tracking.mlflow_log import Tracker, run_tags
+from fltune.tune.results import (
+    ENDED, TrialRow, best, best_config_yaml, sensitivity_png, trial_config, trial_row, write_csv,
+)
+from fltune.tune.spec import StudySpec
+
+STUDY_TAG = "fltune.study"
+TRIAL_TAG = "fltune.trial_id"
+KIND_TAG = "fltune.kind"
+
+
+def loggable(metrics: dict[str, Any]) -> dict[str, float]:
+    """Finite numeric round metrics only (Tune adds strings, dicts and bookkeeping of its own; an
+    objective that is NaN because nothing was evaluated yet is left out rather than plotted)."""
+    skip = {"done", "training_iteration", "iterations_since_restore", "pid", "timestamp"}
+    return {k: v for k, v in metrics.items()
+            if k not in skip and isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
+
+
+class StudyLog:
+    """The study's parent run and its trials' child runs, found again by tags when a study resumes."""
+
+    def __init__(self, spec: StudySpec) -> None:
+        self.spec = spec
+        self.tracker = Tracker(spec.base_config.tracking)
+        self.parent = self._open_parent()
+        self.children: dict[str, str] = {}
+        self.logged: dict[str, int] = {}
+        self.nodes: dict[str, str] = {}
+        for run in self.tracker.find({"mlflow.parentRunId": self.parent}):
+            trial_id = run.data.tags.get(TRIAL_TAG)
+            self.children[trial_id] = run.info.run_id
+            self.logged[trial_id] = self.tracker.last_step(run.info.run_id, "round") or 0
+
+    def _open_parent(self) -> str:
+        found = self.tracker.find({STUDY_TAG: self.spec.path, KIND_TAG: "study"})
+        if found:
+            self.tracker.reopen(found[0].info.run_id)
+            return found[0].info.run_id
+        spec, space = self.spec, self.spec.space
+        tags = {**run_tags(spec.base_config), STUDY_TAG: spec.path, KIND_TAG: "study"}
+        parent = self.tracker.start(spec.name, tags)
+        self.tracker.log_params(parent, {
+            "space": spec.space_file, "num_samples": space.num_samples, "max_concurrent": space.max_concurrent,
+            "seeds": space.seeds, "objective": space.objective.metric, "mode": space.objective.direction,
+            "reduce": space.objective.reduce, "sampler": space.sampler.name, "sampler_seed": space.sampler.seed,
+            "scheduler": space.scheduler.model_dump_json(), "params": ",".join(space.params),
+            "workers_per_trial": spec.workers, "rounds": spec.rounds,
+        })
+        self.tracker.log_text(parent, spec.space_text, f"space/{Path(spec.space_file).name}")
+        self.tracker.log_text(parent, spec.base_config.to_yaml(), "base_config.yaml")
+        return parent
+
+    def forget_unknown(self, known: set[str]) -> None:
+        """Delete children of trials Tune's restored state does not have (started after its last save)."""
+        for trial_id in set(self.children) - known:
+            self.tracker.delete(self.children.pop(trial_id))
+            self.logged.pop(trial_id, None)
+
+    def start_trial(self, trial_id: str, params: dict[str, Any]) -> None:
+        if trial_id in self.children:
+            self.tracker.reopen(self.children[trial_id])
+            return
+        cfg = trial_config(self.spec, params)
+        tags = {**run_tags(cfg), TRIAL_TAG: trial_id, STUDY_TAG: self.spec.path, KIND_TAG: "trial"}
+        child = self.tracker.start(f"{self.spec.name}/{trial_id}", tags, parent=self.parent)
+        self.tracker.log_config(child, cfg)
+        self.tracker.log_params(child, {f"tuned.{k}": v for k, v in params.items()})
+        self.children[trial_id] = child
+        self.logged[trial_id] = 0
+
+    def log_round(self, trial_id: str, result: dict[str, Any]) -> None:
+        """Per-round metrics at step=round; rounds already logged (replayed after a restore) are skipped."""
+        round_ = int(result.get("round", 0))
+        if trial_id not in self.children or round_ <= self.logged.get(trial_id, 0):
+            return
+        nodes = result.get("worker_nodes", "")
+        if self.nodes.get(trial_id) != nodes:  # a restarted trial may be placed elsewhere
+            self.tracker.set_tags(self.children[trial_id], {"fltune.worker_nodes": nodes})
+            self.nodes[trial_id] = nodes
+        self.tracker.log_metrics(self.children[trial_id], loggable(result), step=round_)
+        self.logged[trial_id] = round_
+
+    def end_trial(self, row: TrialRow) -> None:
+        if row.trial_id in self.children:
+            status = row.status if row.status in ENDED else "killed"
+            self.tracker.end(self.children[row.trial_id], status)
+
+    def finish(self, rows: list[TrialRow], interrupted: bool) -> None:
+        """Study-level results on the parent (also after an interruption: they show progress so far)."""
+        spec = self.spec
+        mode = spec.space.objective.direction
+        counts = {s: sum(r.status == s for r in rows) for s in (*ENDED, "killed", "running", "pending")}
+        self.tracker.set_tags(self.parent, {f"fltune.trials_{k}": v for k, v in counts.items() if v})
+        top = best(rows, mode)
+        with tempfile.TemporaryDirectory() as tmp:
+            self.tracker.log_artifact(self.parent, write_csv(rows, spec, Path(tmp) / "trials.csv"))
+            if any(r.scored for r in rows):
+                self.tracker.log_artifact(self.parent, sensitivity_png(rows, spec, Path(tmp) / "sensitivity.png"))
+        if top is not None:
+            self.tracker.log_metrics(self.parent, {"best_objective": top.objective,
+                                                   "best_objective_std": top.objective_std})
+            self.tracker.set_tags(self.parent, {"fltune.best_trial": top.trial_id,
+                                                **{f"best.{k}": v for k, v in top.params.items()}})
+            self.tracker.log_text(self.parent, best_config_yaml(spec, top), "best_config.yaml")
+        self.tracker.end(self.parent, "killed" if interrupted else "finished")
+
+
+class MLflowStudyCallback(LoggerCallback):
+    """Tune → StudyLog. Holds only the spec when pickled into the study folder (``Tuner.restore`` brings
+    the callback back from there); the MLflow side is (re)opened in ``setup``, on the driver."""
+
+    def __init__(self, spec: StudySpec) -> None:
+        self.spec = spec
+        self.log: StudyLog | None = None
+        self.reconciled = False
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"spec": self.spec, "log": None, "reconciled": False}
+
+    def setup(self, **info: Any) -> None:
+        self.log = StudyLog(self.spec)
+
+    def on_step_begin(self, iteration: int, trials: list[Trial], **info: Any) -> None:
+        if not self.reconciled:  # the first step sees exactly the trials restored from the study folder
+            self.log.forget_unknown({t.trial_id for t in trials})
+            self.reconciled = True
+
+    def log_trial_start(self, trial: Trial) -> None:
+        self.log.start_trial(trial.trial_id, trial.config)
+
+    def log_trial_result(self, iteration: int, trial: Trial, result: dict[str, Any]) -> None:
+        self.log.log_round(trial.trial_id, result)
+
+    def log_trial_end(self, trial: Trial, failed: bool = False) -> None:
+        self.log.end_trial(trial_row(trial, failed))
+
+    def on_experiment_end(self, trials: list[Trial], **info: Any) -> None:
+        rows = [trial_row(t) for t in trials]
+        interrupted = any(r.status not in ENDED for r in rows)
+        for row in rows:
+            if row.status not in ENDED:
+                self.log.end_trial(row)
+        self.log.finish(rows, interrupted)
+
+
+def close_open_runs(spec: StudySpec, status: str) -> None:
+    """End the study's runs still RUNNING when the driver dies of an exception (Tune's own cleanup
+    already ended them for everything else), so none stays RUNNING."""
+    tracker = Tracker(spec.base_config.tracking)
+    for run in tracker.find({STUDY_TAG: spec.path}):
+        if run.info.status == "RUNNING":
+            tracker.end(run.info.run_id, status)

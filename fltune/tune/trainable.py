@@ -1,0 +1,134 @@
+"""The Ray Tune function trainable: one trial = one configuration, run for every seed in lockstep.
+
+Each round steps every seed's ``Federation`` once and reports the seed-mean of every metric plus the
+objective (mean and std over seeds of the metric, final or best so far), so ASHA can compare trials
+round by round. The trial's client actors live in its placement group (reserved by the study). Every
+``checkpoint_every`` rounds and at the end the whole federation state of every seed is checkpointed, so
+a failed trial (``FailureConfig``) or a resumed study (``Tuner.restore``) continues from its last round.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import pickle
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import ray
+from ray import tune
+
+from fltune.config import ExperimentConfig, build_config
+from fltune.engine.federation import Federation
+from fltune.tune.space import Objective, set_dotted
+from fltune.tune.spec import StudySpec
+
+STATE_FILE = "federations.pkl"
+
+
+def seed_config(spec: StudySpec, params: dict[str, Any], index: int) -> ExperimentConfig:
+    """Seed ``index`` of a configuration: its seed is the base seed + index; its workers reserve a
+    1/seeds share of the trial's worker bundles, because the seeds take turns on the same CPUs."""
+    base = spec.base_config
+    share = {
+        "federation.seed": base.federation.seed + index,
+        "resources.workers": spec.workers,
+        "resources.cpus_per_worker": base.resources.cpus_per_worker / spec.space.seeds,
+        "resources.gpus_per_worker": spec.gpus_per_worker / spec.space.seeds,
+        "tracking.enabled": False,
+    }
+    return build_config(set_dotted(spec.base, {**params, **share}))
+
+
+def seed_score(history: list[dict[str, float]], objective: Objective) -> float:
+    """One seed's objective so far: the last or the best finite value of the metric (NaN before any)."""
+    values = [row[objective.metric] for row in history if math.isfinite(row.get(objective.metric, math.nan))]
+    if not values:
+        return math.nan
+    if objective.reduce == "final":
+        return values[-1]
+    return max(values) if objective.direction == "max" else min(values)
+
+
+def last_good(history: list[dict[str, float]]) -> dict[str, float]:
+    """Every metric's latest finite value: accuracies carry over non-evaluation rounds, and a diverged
+    round's NaN/inf never replaces the last good numbers."""
+    latest: dict[str, float] = {}
+    for row in history:
+        latest.update({k: v for k, v in row.items() if math.isfinite(v)})
+    return latest
+
+
+def trial_result(feds: list[Federation], objective: Objective) -> dict[str, Any]:
+    """The report of one round: seed means of every metric, the objective's mean and std, the status."""
+    per_seed = [last_good(fed.history) for fed in feds]
+    shared = set.intersection(*(set(row) for row in per_seed))
+    result: dict[str, Any] = {key: float(np.mean([row[key] for row in per_seed])) for key in sorted(shared)}
+    scores = [seed_score(fed.history, objective) for fed in feds]
+    result["objective"] = float(np.mean(scores))
+    result["objective_std"] = float(np.std(scores))
+    result["round"] = float(max(fed.round for fed in feds))
+    result["diverged"] = float(any(fed.status == "diverged" for fed in feds))
+    result["status"] = "diverged" if result["diverged"] else ("finished" if done(feds) else "running")
+    return result
+
+
+def done(feds: list[Federation]) -> bool:
+    return any(fed.status != "running" for fed in feds) or all(
+        fed.round >= fed.cfg.federation.rounds for fed in feds
+    )
+
+
+def restore(feds: list[Federation]) -> None:
+    """Load every seed's state from the trial's latest checkpoint, if Tune gave it one."""
+    checkpoint = tune.get_checkpoint()
+    if checkpoint is None:
+        return
+    with checkpoint.as_directory() as folder:
+        states = pickle.loads((Path(folder) / STATE_FILE).read_bytes())
+    for fed, state in zip(feds, states):
+        fed.load_state_dict(state)
+
+
+def report(result: dict[str, Any], feds: list[Federation], with_checkpoint: bool) -> None:
+    """``tune.report`` the round, with a checkpoint of every seed's full state when asked."""
+    if not with_checkpoint:
+        tune.report(result)
+        return
+    with tempfile.TemporaryDirectory() as folder:
+        (Path(folder) / STATE_FILE).write_bytes(pickle.dumps([fed.state_dict() for fed in feds]))
+        tune.report(result, checkpoint=tune.Checkpoint.from_directory(folder))
+
+
+def worker_nodes(feds: list[Federation]) -> str:
+    """Node ids (short) hosting this trial's client actors: where the trial's work really runs."""
+    refs = [actor.node_id.remote() for fed in feds if fed.pool for actor in fed.pool.actors]
+    return ",".join(sorted({node[:8] for node in ray.get(refs)}))
+
+
+def run_trial(config: dict[str, Any], spec: StudySpec) -> None:
+    """Tune entry point: ``config`` holds the sampled parameters under their dotted names."""
+    start = time.perf_counter()
+    logging.getLogger("ray.train._internal.storage").setLevel(logging.WARNING)  # one line per checkpoint
+    feds = [Federation(seed_config(spec, config, i)) for i in range(spec.space.seeds)]
+    try:
+        restore(feds)
+        for fed in feds:
+            fed.open()
+        nodes = worker_nodes(feds)  # also waits until every client actor is up
+        placement = {"startup_s": time.perf_counter() - start, "worker_nodes": nodes}
+        if done(feds):  # restored from the final checkpoint: report the end again so Tune sees it
+            report({**trial_result(feds, spec.space.objective), **placement}, feds, with_checkpoint=False)
+            return
+        while not done(feds):
+            for fed in feds:
+                fed.step()
+            result = {**trial_result(feds, spec.space.objective), **placement}
+            due = done(feds) or int(result["round"]) % spec.space.checkpoint_every == 0
+            report(result, feds, with_checkpoint=due)
+    finally:
+        for fed in feds:
+            fed.close()

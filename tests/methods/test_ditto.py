@@ -1,0 +1,59 @@
+"""Ditto: w by FedAvg; personal v ← v − η·∇[CE(v) + (λ/2)‖v − w_g‖²] on the same batches."""
+
+import torch
+import torch.nn.functional as F
+
+from fltune.methods import get_method
+from tests.methods.helpers import make_ctx, tiny_batch, tiny_model
+
+Ditto = get_method("ditto")
+
+
+def ditto(lam):
+    return Ditto(Ditto.Params(lam=lam))
+
+
+def shifted(model, delta):
+    return {k: v.detach().clone() + delta for k, v in model.state_dict().items()}
+
+
+def personal_after_one_step(method, global_state, lr=0.1):
+    """A client whose personal model is tiny_model(seed 1) and whose round global is ``global_state``."""
+    ctx = make_ctx(tiny_model(seed=1), global_state=global_state, lr=lr)
+    method.setup_client(ctx)
+    x, y = tiny_batch()
+    method.backward(ctx, x, y)
+    return ctx, {n: p.detach() for n, p in ctx.scratch["personal"].named_parameters()}
+
+
+def test_personal_step_is_sgd_on_ce_plus_half_lambda_squared_distance():
+    """Gradient of (λ/2)‖v − w_g‖² is λ(v − w_g): with w_g = v − 0.1 it adds λ·0.1 to every coordinate."""
+    start = tiny_model(seed=1)
+    global_state = shifted(start, -0.1)
+    x, y = tiny_batch()
+    F.cross_entropy(start(x), y).backward()
+
+    _, personal = personal_after_one_step(ditto(2.0), global_state, lr=0.1)
+
+    for name, param in start.named_parameters():
+        assert torch.allclose(personal[name], param - 0.1 * (param.grad + 2.0 * 0.1), atol=1e-6)
+
+
+def test_lambda_zero_personal_models_ignore_the_global_model():
+    base = tiny_model(seed=2)
+    _, a = personal_after_one_step(ditto(0.0), shifted(base, 0.0))
+    _, b = personal_after_one_step(ditto(0.0), shifted(base, 5.0))
+
+    assert all(torch.equal(a[n], b[n]) for n in a)
+
+
+def test_global_copy_trains_from_w_g_and_personal_model_stays_in_the_state():
+    global_state = shifted(tiny_model(seed=2), 0.0)
+    ctx, personal = personal_after_one_step(ditto(0.1), global_state)
+
+    result = ditto(0.1).client_result(ctx)
+
+    assert all(torch.equal(ctx.model.state_dict()[k], global_state[k]) for k in global_state)  # grads only
+    assert set(result.update) == set(global_state)
+    assert all((result.state["personal"][n] == personal[n].numpy()).all() for n in personal)
+    assert all(ctx.model.get_parameter(n).grad is not None for n in personal)

@@ -1,0 +1,114 @@
+"""FedCR: L = mean_s CE(head_i(z_s), y) + β·KL(r(·|y) ‖ q(z|x)); class PoE on clients, PoE + N(0,1) + EMA on
+the server."""
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from fltune.methods import get_method
+from fltune.methods.base import Aggregate, ServerContext
+from fltune.methods.fedcr import UPLOAD, ClassPoE
+from tests.methods.helpers import make_ctx, tiny_batch
+from tests.methods.vib_helpers import numpy_state, tiny_vib
+
+FedCR = get_method("fedcr")
+
+
+def fedcr(**params):
+    return FedCR(FedCR.Params(**params))
+
+
+def client_ctx(method, model, r_mu=None, r_sigma=None, batches=None):
+    server = method.init_server_state(numpy_state(model))
+    if r_mu is not None:
+        server = {"r_mu": r_mu, "r_sigma": r_sigma}
+    ctx = make_ctx(model, server=method.server_payload(server), batches=batches)
+    method.setup_client(ctx)
+    return ctx
+
+
+def test_loss_is_sampled_ce_plus_beta_kl_from_the_class_gaussian_to_q():
+    model = tiny_vib()
+    gen = torch.Generator().manual_seed(3)
+    r_mu = torch.randn(3, 2, generator=gen).numpy()
+    r_sigma = (torch.rand(3, 2, generator=gen) + 0.5).numpy()
+    method = fedcr(beta=0.2)
+    ctx = client_ctx(method, model, r_mu, r_sigma)
+    x, y = tiny_batch()
+
+    torch.manual_seed(5)
+    loss, _ = method.local_loss(ctx, x, y)
+
+    torch.manual_seed(5)
+    out = model.vib(x)
+    ce = F.cross_entropy(out.logits.flatten(0, 1), y.repeat(4))
+    m_r, s_r = torch.tensor(r_mu)[y], torch.tensor(r_sigma)[y]
+    s_q = out.sigma
+    kl = 0.5 * (s_r**2 / s_q**2 + (out.mu - m_r) ** 2 / s_q**2 - 1 + 2 * torch.log(s_q) - 2 * torch.log(s_r))
+    assert torch.allclose(loss, ce + 0.2 * kl.sum(1).mean(), rtol=1e-5)
+
+
+def test_two_expert_poe_matches_fedcr_product_of_experts_two():
+    """Hand case: N(1, 1²) · N(3, 2²) ∝ N(1.4, 0.8): precision 1 + 1/4, mean (1·4 + 3·1)/5."""
+    poe = ClassPoE(2, 1, torch.device("cpu"))
+
+    poe.add(torch.tensor([1, 1]), torch.tensor([[1.0], [3.0]]), torch.tensor([[1.0], [2.0]]))
+
+    out = poe.to_numpy()
+    assert out["precision"][1, 0] == pytest.approx(1.25)
+    assert out["weighted_mean"][1, 0] / out["precision"][1, 0] == pytest.approx(1.4)
+    assert out["precision"][0, 0] == 0.0
+
+
+def test_clients_fold_only_the_last_epochs_samples():
+    model = tiny_vib()
+    method = fedcr()
+    batches = [tiny_batch(seed=1, n=4), tiny_batch(seed=2, n=2)]
+    ctx = client_ctx(method, model, batches=batches)
+
+    for _epoch in range(2):
+        for x, y in ctx.batches():
+            torch.manual_seed(len(y))
+            method.local_loss(ctx, x, y)
+    result = method.client_result(ctx)
+
+    precision = np.zeros((3, 2))
+    with torch.no_grad():
+        for x, y in batches:  # one epoch's worth, not two
+            _, sigma = model.encode(x)
+            np.add.at(precision, y.numpy(), (sigma.double() ** -2).numpy())
+    assert np.allclose(result.state[UPLOAD]["precision"], precision)
+    assert set(result.state["personal"]) == {"head.weight", "head.bias"}
+    assert set(result.update) == {k for k in model.state_dict() if k.startswith("body.")}
+    assert result.weight == 1.0
+
+
+def test_server_poe_with_standard_normal_expert_then_ema():
+    """Hand case for class 0: precisions 1 + 1 (client A, mean 2) + 2 (client B, mean −1) = 4, mean
+    (2 − 2)/4 = 0, std 4^-½ = 0.5; with β2 = 0.5: r_μ = 0, r_σ = ½·1 + ½·0.5 = 0.75. Class 1 was seen by
+    no client and stays N(0, 1)."""
+    method = fedcr(beta2=0.5)
+    shape = (2, 1)
+    server_state = {"r_mu": np.zeros(shape, np.float32), "r_sigma": np.ones(shape, np.float32)}
+    uploads = {
+        3: {"precision": np.array([[1.0], [0.0]]), "weighted_mean": np.array([[2.0], [0.0]])},
+        1: {"precision": np.array([[2.0], [0.0]]), "weighted_mean": np.array([[-2.0], [0.0]])},
+    }
+    store = {cid: {UPLOAD: up, "personal": {}} for cid, up in uploads.items()}
+    global_state = {"body.w": np.zeros(1, np.float32)}
+    mean = {"body.w": np.ones(1, np.float32)}
+    ctx = ServerContext(1, global_state, Aggregate(mean, 2.0, dict(store), {}), server_state, store, 5)
+
+    new = method.aggregate(ctx)
+
+    assert np.allclose(server_state["r_mu"], [[0.0], [0.0]])
+    assert np.allclose(server_state["r_sigma"], [[0.75], [1.0]])
+    assert new["body.w"] == 1.0
+    assert all(UPLOAD not in state for state in store.values())
+
+
+def test_initial_class_gaussians_are_standard_normal():
+    state = fedcr().init_server_state(numpy_state(tiny_vib()))
+
+    assert np.array_equal(state["r_mu"], np.zeros((3, 2))) and np.array_equal(state["r_sigma"], np.ones((3, 2)))

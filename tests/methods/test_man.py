@@ -1,0 +1,96 @@
+"""MAN: L = L_base + (ζ/2)·Σ_l mean(a_l²) over hidden post-ReLU activations (MAN Eq. 15-18, METHODS.md §2)."""
+
+import torch
+import torch.nn.functional as F
+
+from fltune.methods import get_method
+from fltune.methods.base import Method
+from fltune.methods.compose import compose
+from fltune.methods.man import MAN
+from tests.methods.helpers import make_ctx, tiny_batch, tiny_model
+from tests.methods.local_helpers import (
+    assert_close, engine_grads, grad_of, mlp, move_away, norm, params_of, shifted,
+)
+
+
+def method(name: str, **params):
+    cls = get_method(name)
+    return cls(cls.Params(**params))
+
+
+def man_objective(params, x, y, weight: float):
+    """Eq. 15 with Eq. 17/18: CE + weight · Σ_l (1/(B·d_l)) Σ_i ‖a_l^i‖²."""
+    logits, acts = mlp(params, x)
+    return F.cross_entropy(logits, y) + weight * sum((a**2).sum() / a.numel() for a in acts)
+
+
+def test_loss_adds_half_zeta_times_the_mean_squared_activations():
+    model = tiny_model()
+    x, y = tiny_batch()
+    loss, _ = method("man", zeta=0.4).local_loss(make_ctx(model), x, y)
+    torch.testing.assert_close(loss, man_objective(params_of(model), x, y, weight=0.2))
+
+
+def test_halve_false_uses_zeta_as_in_eq_15():
+    model = tiny_model()
+    x, y = tiny_batch()
+    loss, _ = method("man", zeta=0.4, halve=False).local_loss(make_ctx(model), x, y)
+    torch.testing.assert_close(loss, man_objective(params_of(model), x, y, weight=0.4))
+
+
+def test_zeta_zero_is_exactly_the_base_loss():
+    model = tiny_model()
+    x, y = tiny_batch()
+    ctx = make_ctx(model)
+    for base in ("fedavg", "fedprox"):
+        composed = method(f"{base}+man", zeta=0.0).local_loss(ctx, x, y)[0]
+        assert torch.equal(composed, method(base).local_loss(ctx, x, y)[0])
+
+
+def test_hooks_do_not_outlive_the_loss_call():
+    model = tiny_model()
+    x, y = tiny_batch()
+    method("man").local_loss(make_ctx(model), x, y)
+    assert not any(m._forward_hooks for m in model.modules())
+
+
+def test_term_is_in_both_passes_of_a_sam_base():
+    """fedsam+man: ε from ∇(CE + term) at w, gradient of (CE + term) at w + ε."""
+    model = tiny_model()
+    x, y = tiny_batch()
+    w = params_of(model)
+    objective = lambda p: man_objective(p, x, y, weight=0.1)  # noqa: E731
+    g = grad_of(objective, w)
+    expected = grad_of(objective, shifted(w, {n: 0.05 * v / norm(g) for n, v in g.items()}))
+    _, grads = engine_grads(method("fedsam+man", rho=0.05, zeta=0.2), make_ctx(model), x, y)
+    assert_close(grads, expected)
+
+
+def test_term_adds_to_a_regularised_base():
+    model = tiny_model()
+    global_state = move_away(model)
+    x, y = tiny_batch()
+    ctx = make_ctx(model, global_state=global_state)
+    composed = method("feddyn+man", alpha=0.1, zeta=0.2)
+    composed.setup_client(ctx)
+    loss, _ = composed.local_loss(ctx, x, y)
+    drift = sum(((p - global_state[n]) ** 2).sum() for n, p in model.named_parameters())
+    torch.testing.assert_close(loss, man_objective(params_of(model), x, y, weight=0.1) + 0.05 * drift)
+
+
+class TwoPasses(Method):
+    """A base whose loss runs the model twice (like a sub-network pass): MAN must see the first only."""
+
+    name = "two_passes"
+
+    def local_loss(self, ctx, x, y):
+        loss, logits = super().local_loss(ctx, x, y)
+        return loss + 0.0 * ctx.model(2 * x).sum(), logits
+
+
+def test_only_the_first_firing_of_each_point_is_regularised():
+    model = tiny_model()
+    x, y = tiny_batch()
+    composed = compose(TwoPasses, MAN)(compose(TwoPasses, MAN).Params(zeta=0.4))
+    loss, _ = composed.local_loss(make_ctx(model), x, y)
+    torch.testing.assert_close(loss, man_objective(params_of(model), x, y, weight=0.2))

@@ -1,0 +1,94 @@
+"""SCAFFOLD: gradient g − c_k + c; c_k⁺ = c_k − c + (θ_g − θ_k)/(K·lr); server c += mean over all N of Δc_k,
+θ = θ_g + η_g·mean_S(θ_k − θ_g) (METHODS.md §2)."""
+
+import numpy as np
+import torch
+
+from fltune.methods import get_method
+from fltune.methods._drift import mean_over_clients
+from fltune.methods.base import Aggregate, ServerContext
+from tests.methods.helpers import make_ctx, tiny_batch, tiny_model
+from tests.methods.local_helpers import engine_grads
+
+
+def scaffold(server_lr: float = 1.0):
+    return get_method("scaffold")(get_method("scaffold").Params(server_lr=server_lr))
+
+
+def variates(model, seed: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {n: rng.standard_normal(p.shape).astype(np.float32) for n, p in model.named_parameters()}
+
+
+def test_gradient_is_corrected_by_c_minus_c_k():
+    model = tiny_model()
+    x, y = tiny_batch()
+    c, c_k = variates(model, 0), variates(model, 1)
+    ctx = make_ctx(model, state={"c": c_k}, server={"c": c})
+    method = scaffold()
+    method.setup_client(ctx)
+    _, grads = engine_grads(method, ctx, x, y)
+    _, plain = engine_grads(get_method("fedavg")(), ctx, x, y)
+    for n in grads:
+        torch.testing.assert_close(grads[n], plain[n] - torch.tensor(c_k[n]) + torch.tensor(c[n]))
+
+
+def test_zero_variates_give_the_fedavg_step_exactly():
+    model = tiny_model()
+    x, y = tiny_batch()
+    ctx = make_ctx(model)
+    method = scaffold()
+    method.setup_client(ctx)
+    _, grads = engine_grads(method, ctx, x, y)
+    _, plain = engine_grads(get_method("fedavg")(), ctx, x, y)
+    assert all(torch.equal(grads[n], plain[n]) for n in plain)
+
+
+def test_local_variate_after_k_sgd_steps():
+    """Two plain SGD steps at lr 0.1, c = c_k = 0: c_k⁺ = (θ_g − θ_k)/(2·0.1), the mean corrected gradient."""
+    model = tiny_model()
+    x, y = tiny_batch()
+    ctx = make_ctx(model, lr=0.1)
+    method = scaffold()
+    method.setup_client(ctx)
+    for _ in range(2):
+        _, grads = engine_grads(method, ctx, x, y)
+        with torch.no_grad():
+            for n, p in model.named_parameters():
+                p.sub_(0.1 * grads[n])
+        ctx.steps += 1
+    result = method.client_result(ctx)
+    for n, p in model.named_parameters():
+        expected = (ctx.global_state[n] - p.detach()) / 0.2
+        np.testing.assert_allclose(result.state["c"][n], expected.numpy(), rtol=1e-5, atol=1e-7)
+    assert result.weight == 1.0
+
+
+def test_server_step_and_global_variate():
+    """θ_g = 1, mean_S θ_k = 3, η_g = 0.5 → θ = 2; c = mean over N = 4 of stored c_k = (2 + 6)/4."""
+    global_state = {"w": np.ones(3, np.float32), "n": np.array(4, np.int64)}
+    mean = {"w": np.full(3, 3.0, np.float32), "n": np.array(6, np.int64)}
+    store = {2: {"c": {"w": np.full(3, 6.0, np.float32)}}, 0: {"c": {"w": np.full(3, 2.0, np.float32)}}}
+    server_state: dict = {}
+    ctx = ServerContext(1, global_state, Aggregate(mean, 2.0, {}, {}), server_state, store, num_clients=4)
+    new = scaffold(0.5).aggregate(ctx)
+    np.testing.assert_array_equal(new["w"], [2.0, 2.0, 2.0])
+    assert new["n"] == 6 and new["w"].dtype == np.float32
+    np.testing.assert_array_equal(server_state["c"]["w"], [2.0, 2.0, 2.0])
+
+
+def test_server_lr_one_is_the_plain_mean_bit_for_bit():
+    rng = np.random.default_rng(0)
+    global_state = {"w": rng.standard_normal(50).astype(np.float32)}
+    mean = {"w": rng.standard_normal(50).astype(np.float32)}
+    ctx = ServerContext(1, global_state, Aggregate(mean, 2.0, {}, {}), {}, {}, num_clients=4)
+    assert scaffold(1.0).aggregate(ctx)["w"].tobytes() == mean["w"].tobytes()
+
+
+def test_mean_over_clients_does_not_depend_on_store_order():
+    rng = np.random.default_rng(0)
+    states = {cid: {"c": {"w": (rng.standard_normal(200) * 10.0 ** rng.uniform(-6, 2, 200)).astype(np.float32)}}
+              for cid in range(7)}
+    forward = mean_over_clients(states, "c", 10)["w"]
+    backward = mean_over_clients(dict(reversed(list(states.items()))), "c", 10)["w"]
+    assert forward.tobytes() == backward.tobytes()

@@ -1,0 +1,65 @@
+"""Helpers for the study tests: tiny synthetic search spaces, the CLI as a subprocess, MLflow read-back."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+from mlflow.tracking import MlflowClient
+
+REPO = Path(__file__).resolve().parents[2]
+
+TINY_BASE: dict[str, Any] = {
+    "data": {"dataset": "synthetic"},
+    "model": {"name": "mlp"},
+    "partition": {"kind": "dirichlet_prior", "alpha": 0.5},
+    "federation": {"clients": 4, "fraction": 0.5, "rounds": 3},
+    "training": {"local_epochs": 1, "batch_size": 64},
+    "metrics": {"protocols": ["global"]},
+}
+"""Two clients a round on the synthetic data: a round takes about a second on one CPU."""
+
+
+def write_space(folder: Path, **changes: Any) -> Path:
+    """A FedProx space over the tiny base; keyword arguments replace top-level keys."""
+    space = {
+        "method": "fedprox", "base": TINY_BASE,
+        "params": {"method.mu": {"type": "loguniform", "low": 1.0e-4, "high": 1.0}},
+        "objective": {"metric": "acc_global", "mode": "max", "reduce": "final"},
+        "num_samples": 2, "sampler": {"name": "random", "seed": 0}, "scheduler": {"name": "none"},
+        "max_concurrent": 2, "seeds": 1,
+        **changes,
+    }
+    path = folder / "space.yaml"
+    path.write_text(yaml.safe_dump(space, sort_keys=False))
+    return path
+
+
+def tune_command(space: Path, storage: Path, *extra: str) -> list[str]:
+    return [sys.executable, str(REPO / "cli.py"), "tune", "--space", str(space), "--storage", str(storage),
+            "--name", "study", *extra]
+
+
+def start(cmd: list[str], log: Path, **env: str) -> subprocess.Popen:
+    """The CLI in its own process group (so a test can end it and every Ray process it started)."""
+    return subprocess.Popen(cmd, cwd=REPO, stdout=log.open("w"), stderr=subprocess.STDOUT,
+                            env={**os.environ, **env}, start_new_session=True)
+
+
+def study_runs(uri: str) -> tuple[Any, list[Any]]:
+    """The single study parent run and its children."""
+    client = MlflowClient(uri)
+    experiment = client.get_experiment_by_name("fltune")
+    runs = client.search_runs([experiment.experiment_id])
+    parents = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
+    assert len(parents) == 1, [r.info.run_name for r in parents]
+    children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parents[0].info.run_id]
+    return parents[0], children
+
+
+def rounds_logged(uri: str, run_id: str) -> list[int]:
+    return [m.step for m in MlflowClient(uri).get_metric_history(run_id, "round")]

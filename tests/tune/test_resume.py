@@ -1,0 +1,63 @@
+"""Killing the driver mid-study (Ctrl-C, then SIGKILL) and resuming: nothing lost, nothing duplicated."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from ray.tune import ExperimentAnalysis
+
+from tests.tune.helpers import rounds_logged, start, study_runs, tune_command, write_space
+
+ROUNDS = 3
+
+
+def reported(study: Path) -> int:
+    """Rounds reported so far by all trials (Tune appends one line per result, old checkpoints go)."""
+    return sum(len(f.read_text().splitlines()) for f in study.glob("run_trial_*/result.json"))
+
+
+def run_until(proc: subprocess.Popen, study: Path, more: int, timeout: float = 300) -> None:
+    """Wait until ``more`` new rounds are reported (the study is mid-way), failing if it ends first."""
+    target = reported(study) + more
+    deadline = time.monotonic() + timeout
+    while reported(study) < target:
+        assert proc.poll() is None, "the study ended before it could be interrupted"
+        assert time.monotonic() < deadline, "no progress"
+        time.sleep(0.5)
+
+
+@pytest.mark.slow
+def test_interrupted_study_resumes_exactly_once(tmp_path: Path, mlflow_uri: str) -> None:
+    space = write_space(tmp_path, num_samples=3, max_concurrent=2)
+    study = tmp_path / "study"
+    cmd = tune_command(space, tmp_path, "--set", f"federation.rounds={ROUNDS}")
+
+    first = start(cmd, tmp_path / "1.log")
+    run_until(first, study, more=1)
+    os.killpg(first.pid, signal.SIGINT)  # Ctrl-C in a terminal reaches the whole process group
+    assert first.wait(timeout=120) == 130, (tmp_path / "1.log").read_text()
+    parent, _ = study_runs(mlflow_uri)
+    assert parent.info.status == "KILLED"
+
+    second = start([*cmd, "--resume"], tmp_path / "2.log")
+    run_until(second, study, more=1)
+    second.send_signal(signal.SIGKILL)  # the driver alone; its Ray processes share its fate
+    second.wait(timeout=60)
+
+    third = start([*cmd, "--resume"], tmp_path / "3.log")
+    assert third.wait(timeout=600) == 0, (tmp_path / "3.log").read_text()
+
+    trials = ExperimentAnalysis(str(study)).trials
+    trial_ids = sorted(t.trial_id for t in trials)
+    assert len(trial_ids) == 3 and all(t.last_result["round"] == ROUNDS for t in trials)
+    parent, children = study_runs(mlflow_uri)
+    assert parent.info.status == "FINISHED"
+    assert sorted(c.data.tags["fltune.trial_id"] for c in children) == trial_ids
+    for child in children:
+        assert child.info.status == "FINISHED"
+        assert rounds_logged(mlflow_uri, child.info.run_id) == list(range(1, ROUNDS + 1))

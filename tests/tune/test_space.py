@@ -1,0 +1,113 @@
+"""Search-space files: every shipped file validates; bad input is one line, exit 2, no MLflow run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import optuna
+import pytest
+from mlflow.tracking import MlflowClient
+
+from fltune.cli import main
+from fltune.methods import METHODS, get_method
+from fltune.tune.search import DefineByRun
+from fltune.tune.space import parse_space
+from fltune.tune.study import StudyRequest, new_spec
+from tests.tune.helpers import REPO, write_space
+
+SPACE_FILES = sorted((REPO / "search_spaces").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", SPACE_FILES, ids=[p.name for p in SPACE_FILES])
+def test_every_shipped_space_validates(path: Path, tmp_path: Path) -> None:
+    spec = new_spec(StudyRequest(space=str(path), storage=str(tmp_path)))
+    fields = get_method(spec.method).Params.model_fields
+    for name in spec.space.params:
+        if name.startswith("method."):
+            assert name.removeprefix("method.") in fields
+    assert path.stem == spec.method or path.stem.startswith(f"{spec.method}_")
+
+
+def test_every_registered_method_has_a_space() -> None:
+    covered = {parse_space(p).method for p in SPACE_FILES}
+    assert set(METHODS) <= covered, f"no search_spaces/<method>.yaml for {sorted(set(METHODS) - covered)}"
+
+
+def test_overrides_and_flags_reach_the_spec(tmp_path: Path) -> None:
+    space = write_space(tmp_path, overrides=["training.batch_size=16"])
+    spec = new_spec(StudyRequest(space=str(space), storage=str(tmp_path), overrides=("federation.rounds=5",),
+                                 num_samples=7, max_concurrent=1, seeds=3, name="s1"))
+    assert (spec.rounds, spec.base_config.training.batch_size) == (5, 16)
+    assert (spec.space.num_samples, spec.space.max_concurrent, spec.space.seeds) == (7, 1, 3)
+    assert spec.path == f"{tmp_path}/s1" and spec.base_config.method.name == "fedprox"
+
+
+def test_conditions_sample_only_when_they_hold(tmp_path: Path) -> None:
+    space = parse_space(write_space(tmp_path, params={
+        "training.optimizer": {"type": "choice", "values": ["sgd", "adam"]},
+        "training.momentum": {"type": "uniform", "low": 0.0, "high": 0.95, "when": {"training.optimizer": "sgd"}},
+    }))
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    seen = []
+    for _ in range(12):
+        trial = study.ask()
+        DefineByRun(space)(trial)
+        seen.append(trial.params)
+    assert all(("training.momentum" in p) == (p["training.optimizer"] == "sgd") for p in seen)
+    assert {p["training.optimizer"] for p in seen} == {"sgd", "adam"}
+
+
+BAD_SPACES = {
+    "unknown distribution": ({"params": {"method.mu": {"type": "normal", "low": 0, "high": 1}}}, "normal"),
+    "not a Params field": ({"params": {"method.nu": {"type": "uniform", "low": 0, "high": 1}}},
+                           "params.method.nu: not a parameter of fedprox; allowed: mu"),
+    "empty range": ({"params": {"method.mu": {"type": "loguniform", "low": 1.0, "high": 1.0e-3}}}, "empty range"),
+    "value out of bounds": ({"params": {"method.mu": {"type": "uniform", "low": -1.0, "high": 1.0}}},
+                            "params.method.mu = -1.0"),
+    "unknown config field": ({"params": {"training.lrr": {"type": "uniform", "low": 0.1, "high": 1}}},
+                             "training.lrr: unknown field"),
+    "condition on a later parameter": ({"params": {
+        "method.mu": {"type": "uniform", "low": 0, "high": 1, "when": {"training.lr": 0.1}},
+        "training.lr": {"type": "choice", "values": [0.1]}}}, "not a parameter listed above it"),
+    "personalized without held-out data": ({"objective": {"metric": "acc_personalized"},
+                                            "overrides": ["metrics.protocols=[global, personalized]"]},
+                                           "partition.eval_fraction > 0"),
+    "metric not evaluated": ({"objective": {"metric": "acc_all_model"}}, "metrics.protocols to include all_model"),
+    "grace period past the last round": ({"scheduler": {"name": "asha", "grace_period": 3}}, "grace_period"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_SPACES))
+def test_bad_space_is_one_line_exit_2(case: str, tmp_path: Path, mlflow_uri: str, capsys) -> None:
+    changes, expected = BAD_SPACES[case]
+    space = write_space(tmp_path, **changes)
+    assert_user_error(["tune", "--space", str(space), "--storage", str(tmp_path)], expected, mlflow_uri, capsys)
+
+
+def test_malformed_yaml_and_bad_flags(tmp_path: Path, mlflow_uri: str, capsys) -> None:
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("method: fedprox\nparams: {method.mu: [1, 2\n")
+    assert_user_error(["tune", "--space", str(broken)], "malformed YAML at line", mlflow_uri, capsys)
+    space = write_space(tmp_path)
+    assert_user_error(["tune", "--space", str(space), "--num-samples", "0"], "num_samples", mlflow_uri, capsys)
+    assert_user_error(["tune", "--space", str(space), "--method", "fedavg"], "is for fedprox", mlflow_uri, capsys)
+    assert_user_error(["tune", "--space", str(space), "--set", "federation.rounds=0"], "federation.rounds",
+                      mlflow_uri, capsys)
+    assert_user_error(["tune", "--resume", "--storage", str(tmp_path), "--name", "nope"], "no fltune study",
+                      mlflow_uri, capsys)
+
+
+def test_trials_that_cannot_fit_the_cluster(ray_session, tmp_path: Path, mlflow_uri: str, capsys) -> None:
+    space = write_space(tmp_path)
+    argv = ["tune", "--space", str(space), "--storage", str(tmp_path), "--set", "resources.workers=3"]
+    assert_user_error(argv, "resources.workers: 3 workers", mlflow_uri, capsys)
+
+
+def assert_user_error(argv: list[str], expected: str, mlflow_uri: str, capsys) -> None:
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("fltune: ") and expected in err[0], err
+    db = Path(mlflow_uri.removeprefix("sqlite:///"))
+    assert not db.exists() or not MlflowClient(mlflow_uri).search_runs(
+        [e.experiment_id for e in MlflowClient(mlflow_uri).search_experiments()]
+    )

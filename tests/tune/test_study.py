@@ -1,0 +1,51 @@
+"""A whole study against the real local Ray and a real MLflow store: ASHA stopping, divergence, results."""
+
+from __future__ import annotations
+
+import csv
+import pickle
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from fltune.cli import main
+from tests.tune.helpers import rounds_logged, study_runs, write_space
+
+
+@pytest.mark.slow
+def test_study_stops_poor_trials_and_survives_divergence(ray_session, tmp_path: Path, mlflow_uri: str, capsys):
+    # random sampler, seed 2, draws lr = 1e6 (diverges), 0.05 (learns), 1e-4 (barely moves): with one trial
+    # at a time, ASHA compares the third with the second at round 1 and stops it.
+    space = write_space(
+        tmp_path, params={"training.lr": {"type": "choice", "values": [0.05, 1.0e-4, 1.0e6]}}, num_samples=3,
+        max_concurrent=1, seeds=2, sampler={"name": "random", "seed": 2},
+        scheduler={"name": "asha", "grace_period": 1, "reduction_factor": 2},
+    )
+    code = main(["tune", "--space", str(space), "--storage", str(tmp_path), "--name", "s", "--set",
+                 "federation.rounds=2"])
+    out = capsys.readouterr().err
+    assert code == 0, out
+    parent, children = study_runs(mlflow_uri)
+    by_lr = {float(c.data.params["tuned.training.lr"]): c for c in children}
+    assert sorted(by_lr) == [1.0e-4, 0.05, 1.0e6]
+    status = {lr: c.data.tags["fltune.status"] for lr, c in by_lr.items()}
+    assert status == {1.0e6: "diverged", 0.05: "finished", 1.0e-4: "stopped"}
+    assert by_lr[1.0e6].info.status == "FAILED"
+    assert rounds_logged(mlflow_uri, by_lr[0.05].info.run_id) == [1, 2]
+    assert rounds_logged(mlflow_uri, by_lr[1.0e-4].info.run_id) == [1]
+    assert by_lr[0.05].data.metrics["objective_std"] >= 0.0  # two seeds: mean and std
+    assert parent.info.status == "FINISHED" and parent.data.tags["best.training.lr"] == "0.05"
+    client = MlflowClient(mlflow_uri)
+    assert {a.path for a in client.list_artifacts(parent.info.run_id)} >= {
+        "trials.csv", "sensitivity.png", "best_config.yaml", "base_config.yaml", "space"}
+    table = list(csv.DictReader(open(client.download_artifacts(parent.info.run_id, "trials.csv", str(tmp_path)))))
+    assert [r["status"] for r in table] == ["finished", "stopped", "diverged"]
+    assert "finished" in out and "stopped" in out and "diverged" in out  # the ranking in the terminal
+    # Optuna was told the diverged trial FAILED, not given a score
+    state = next((tmp_path / "s").glob("searcher-state-*.pkl"))
+    study = pickle.loads(state.read_bytes())["_ot_study"]  # OptunaSearch saves its __dict__
+    assert sorted(t.state.name for t in study.trials) == ["COMPLETE", "COMPLETE", "FAIL"]
+    # the best configuration is a config `cli.py run --config` accepts unchanged
+    assert main(["run", "--config", str(tmp_path / "s" / "best_config.yaml"), "--print-config"]) == 0
+    assert "lr: 0.05" in capsys.readouterr().out
