@@ -13,6 +13,8 @@ FedSOL authors' SAM code (``Lee-Gihun/FedSOL:algorithms/optim_utils.py``, ``disa
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
+
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
@@ -105,7 +107,7 @@ def ascent_gradients(loss: Tensor, named: Named) -> list[Tensor]:
     return [torch.zeros_like(p) if g is None else g for p, g in zip(params, grads, strict=True)]
 
 
-class SharpnessAware(Method):
+class SharpnessAware(Method, ABC):
     """Base of the SAM family: ``backward`` = ascent at w, descent gradient at w + ε, restore w.
 
     Subclasses define :meth:`epsilon`; :meth:`ascent` defaults to SAM's (the local loss itself, every
@@ -113,9 +115,9 @@ class SharpnessAware(Method):
     optimiser steps from, like every other method's.
     """
 
+    @abstractmethod
     def epsilon(self, ctx: ClientContext) -> Epsilon:
         """How the ascent gradients become ε (each method's own rule)."""
-        raise NotImplementedError
 
     def ascent(self, ctx: ClientContext, x: Tensor, loss: Tensor, logits: Tensor) -> tuple[Named, Tensor]:
         """(parameters to perturb, the loss whose gradient directs ε); SAM: all trainable, the local loss."""
