@@ -64,6 +64,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     from fltune.tracking.console import ProgressCallback, console, summary_table
 
     fed = Federation(cfg)
+    try:
+        fed.open()  # places the workers first: an unplaceable plan fails before anything is printed or logged
+    except BaseException:
+        fed.close()
+        raise
     console.print(f"[bold]fltune run[/] {cfg.method.name} on {cfg.data.dataset} ({cfg.partition.kind}), "
                   f"{cfg.federation.clients} clients × {cfg.federation.fraction}, {cfg.federation.rounds} rounds")
     callbacks: list[Any] = [ProgressCallback(cfg.method.name)]

@@ -8,6 +8,7 @@ refuses a bare ``./mlruns`` file store).
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import time
@@ -24,6 +25,9 @@ REPO = Path(__file__).resolve().parents[2]
 STATUS = {"finished": "FINISHED", "diverged": "FAILED", "failed": "FAILED", "killed": "KILLED",
           "stopped": "FINISHED"}
 """fltune run status → MLflow run status (a diverged run is FAILED with tag fltune.status=diverged)."""
+
+for _noisy in ("mlflow.store.db.utils", "alembic.runtime.migration"):  # schema-creation chatter on a new db
+    logging.getLogger(_noisy).setLevel(logging.WARNING)
 
 
 def mlruns_dir() -> Path:
@@ -59,8 +63,9 @@ class Tracker:
         if found is not None:
             return found.experiment_id
         artifacts = None
-        if self.uri.startswith("sqlite:"):
-            artifacts = (mlruns_dir() / "artifacts" / name).as_uri()
+        if self.uri.startswith("sqlite:///"):  # artifacts live beside the database they belong to
+            db = Path(self.uri.removeprefix("sqlite:///"))
+            artifacts = (db.parent / "artifacts" / name).as_uri()
         return self.client.create_experiment(name, artifact_location=artifacts)
 
     def start(self, name: str | None, tags: Mapping[str, Any], parent: str | None = None) -> str:
