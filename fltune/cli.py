@@ -16,6 +16,8 @@ from typing import Any
 from rich.table import Table
 
 from fltune.errors import FLTuneError
+from fltune.reproduce.command import add_parsers as add_reproduce_parsers
+from fltune.reproduce.command import cmd_reproduce, cmd_tables
 from fltune.tune.command import add_parser as add_tune_parser
 from fltune.tune.command import cmd_tune
 
@@ -108,7 +110,9 @@ def cmd_methods(args: argparse.Namespace) -> int:
 
 
 # ---------------------------------------------------------------------------------------------- main
-COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {"run": cmd_run, "methods": cmd_methods, "tune": cmd_tune}
+COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "run": cmd_run, "methods": cmd_methods, "tune": cmd_tune, "tables": cmd_tables, "reproduce": cmd_reproduce,
+}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -121,6 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--no-mlflow", action="store_true", help="= --set tracking.enabled=false")
     sub.add_parser("methods", help="registered methods with their parameters and paper defaults")
     add_tune_parser(sub)
+    add_reproduce_parsers(sub)
     return parser
 
 

@@ -31,6 +31,8 @@ class DataConfig(_Section):
     root: str | None = None
     download: bool = False
     augment: Literal["auto", "none", "crop_flip", "crop_flip_cutout"] = "auto"
+    subsample: float = Field(1.0, gt=0, le=1, description="keep this seeded, class-stratified share of the "
+                             "train and test splits (quick reproduction scales); 1 = all")
 
     @field_validator("dataset")
     @classmethod

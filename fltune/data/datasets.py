@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import gzip
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -94,6 +94,27 @@ def _load(name: str, root: str | None, download: bool) -> Dataset:
     mean, std = (spec.mean, spec.std) if spec.mean is not None else _pixel_stats(train_x)
     return Dataset(name, train_x.contiguous(), train_y.long(), test_x.contiguous(), test_y.long(),
                    spec.num_classes, mean, std, spec.augment)
+
+
+def subsample(dataset: Dataset, fraction: float, seed: int) -> Dataset:
+    """Keep a seeded, class-stratified ``fraction`` of the train and of the test split.
+
+    Quick reproduction scales use it to shrink every client's data in proportion (the class balance,
+    hence what a partition does with it, is unchanged). Mean/std stay those of the full dataset.
+    """
+    if fraction >= 1:
+        return dataset
+    rng = np.random.default_rng([seed, 3])  # a stream of its own: not the partition's
+    keep_train, keep_test = (_stratified(y.numpy(), fraction, rng) for y in (dataset.train_y, dataset.test_y))
+    return replace(dataset, train_x=dataset.train_x[keep_train], train_y=dataset.train_y[keep_train],
+                   test_x=dataset.test_x[keep_test], test_y=dataset.test_y[keep_test])
+
+
+def _stratified(labels: np.ndarray, fraction: float, rng: np.random.Generator) -> torch.Tensor:
+    """Sorted indices of ``round(fraction · n_c)`` random samples of every class c (at least one)."""
+    picks = [rng.choice(idx, max(1, round(fraction * len(idx))), replace=False)
+             for idx in (np.flatnonzero(labels == c) for c in np.unique(labels))]
+    return torch.from_numpy(np.sort(np.concatenate(picks)))
 
 
 def _pixel_stats(x: torch.Tensor) -> tuple[tuple[float, ...], tuple[float, ...]]:

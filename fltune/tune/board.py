@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from typing import Any
 
 from ray.tune import Callback
@@ -52,17 +53,25 @@ def trials_table(rows: list[TrialRow], spec: StudySpec, title: str, ranked: bool
     return table
 
 
-class TrialBoard(Callback):
-    """Tune callback redrawing the trials table at most twice a second (driver side). Holds only the
-    spec when pickled into the study folder; the rich Live display is created in ``setup``."""
+def live_table(spec: StudySpec, rows: list[TrialRow]) -> Table:
+    """The study's board while it runs."""
+    done = sum(r.status in ENDED for r in rows)
+    return trials_table(rows, spec, f"study {spec.name}: {done}/{spec.space.num_samples} trials done")
 
-    def __init__(self, spec: StudySpec) -> None:
+
+class TrialBoard(Callback):
+    """Tune callback redrawing a table of the trials at most twice a second (driver side): a study's by
+    default, or what ``render(spec, rows)`` draws. Holds only the spec and the (module-level) renderer
+    when pickled into the study folder; the rich Live display is created in ``setup``."""
+
+    def __init__(self, spec: Any, render: Callable[[Any, list[TrialRow]], Table] = live_table) -> None:
         self.spec = spec
+        self.render = render
         self.live: Live | None = None
         self.drawn = 0.0
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"spec": self.spec, "live": None, "drawn": 0.0}
+        return {"spec": self.spec, "render": self.render, "live": None, "drawn": 0.0}
 
     def setup(self, **info: Any) -> None:
         self.live = Live(console=console, refresh_per_second=2, transient=True)
@@ -73,10 +82,7 @@ class TrialBoard(Callback):
             self.draw(trials)
 
     def draw(self, trials: list[Trial]) -> None:
-        rows = [trial_row(t) for t in trials]
-        done = sum(r.status in ENDED for r in rows)
-        title = f"study {self.spec.name}: {done}/{self.spec.space.num_samples} trials done"
-        self.live.update(trials_table(rows, self.spec, title))
+        self.live.update(self.render(self.spec, [trial_row(t) for t in trials]))
         self.drawn = time.monotonic()
 
     def on_experiment_end(self, trials: list[Trial], **info: Any) -> None:

@@ -56,7 +56,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         if spec.base_config.tracking.enabled:
             from fltune.tune.tracking import close_open_runs
 
-            close_open_runs(spec, "killed")
+            close_open_runs(spec.base_config.tracking, spec.path, "killed")
         raise
     # the study folder's final state: every trial, also those a Ctrl-C left pending or running
     rows = [trial_row(trial) for trial in ExperimentAnalysis(spec.path).trials]

@@ -22,6 +22,7 @@ Scalar = Union[bool, int, float, str, None]
 PROTOCOL_OF: dict[str, str | None] = {
     "acc_global": "global", "loss": "global", "acc_all_model": "all_model", "loss_all_model": "all_model",
     "acc_personalized": "personalized", "loss_personalized": "personalized", "train_loss": None,
+    "acc_personalized_ft": "personalized", "loss_personalized_ft": "personalized",
 }
 """Round metrics a study can optimise (keys of ``Federation.step``) → the evaluation protocol they need."""
 METRICS: tuple[str, ...] = tuple(PROTOCOL_OF)
@@ -213,6 +214,9 @@ def check_objective(space: SearchSpace, cfg: ExperimentConfig) -> None:
         )
     if protocol == "personalized" and cfg.partition.eval_fraction == 0:
         raise FLTuneError(f"objective.metric: {metric} needs partition.eval_fraction > 0 (per-client held-out data)")
+    if metric.endswith("_ft") and (cfg.training.finetune_epochs == 0 or isinstance(space.scheduler, Asha)):
+        raise FLTuneError(f"objective.metric: {metric} exists only after the final fine-tuning; it needs "
+                          "training.finetune_epochs > 0 and scheduler: none (ASHA would see no value)")
     if isinstance(space.scheduler, Asha):
         rounds, every = cfg.federation.rounds, cfg.metrics.every
         if space.scheduler.grace_period >= rounds:

@@ -7,10 +7,10 @@ folder), so a resumed study runs exactly the settings it started with, whatever 
 from __future__ import annotations
 
 from functools import cached_property
-from typing import Any
+from typing import Any, Self
 
 import pyarrow.fs
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from fltune.config import ExperimentConfig, build_config
 from fltune.errors import FLTuneError
@@ -19,13 +19,42 @@ from fltune.tune.space import SearchSpace
 SPEC_FILE = "fltune_study.json"
 
 
-class StudySpec(BaseModel):
-    """Everything a study needs, as plain data (picklable for Ray, JSON for the study folder)."""
+class SavedSpec(BaseModel):
+    """A Tune job's settings kept in its folder (``<storage>/<name>/fltune_study.json``) for --resume."""
 
     model_config = ConfigDict(frozen=True, ignored_types=(cached_property,))
 
     name: str
     storage: str
+
+    @property
+    def path(self) -> str:
+        """The job's folder (Tune's experiment path): ``<storage>/<name>``."""
+        return f"{self.storage.rstrip('/')}/{self.name}"
+
+    def save(self) -> None:
+        fs, folder = pyarrow.fs.FileSystem.from_uri(self.path)
+        fs.create_dir(folder)
+        with fs.open_output_stream(f"{folder}/{SPEC_FILE}") as out:
+            out.write(self.model_dump_json(indent=2).encode())
+
+    @classmethod
+    def load(cls, path: str) -> Self:
+        fs, folder = pyarrow.fs.FileSystem.from_uri(path)
+        try:
+            with fs.open_input_stream(f"{folder}/{SPEC_FILE}") as stream:
+                text = stream.readall()
+        except FileNotFoundError:
+            raise FLTuneError(f"--resume: no fltune study at {path} (no {SPEC_FILE})") from None
+        try:
+            return cls.model_validate_json(text)
+        except ValidationError:
+            raise FLTuneError(f"--resume: {path} holds a different kind of fltune job") from None
+
+
+class StudySpec(SavedSpec):
+    """Everything a study needs, as plain data (picklable for Ray, JSON for the study folder)."""
+
     method: str
     space_file: str
     space_text: str
@@ -37,11 +66,6 @@ class StudySpec(BaseModel):
     gpus_per_worker: float | None
     """Resolved once against the cluster (then kept): a trial must not claim every GPU as a run would."""
 
-    @property
-    def path(self) -> str:
-        """The study folder (Tune's experiment path): ``<storage>/<name>``."""
-        return f"{self.storage.rstrip('/')}/{self.name}"
-
     @cached_property
     def base_config(self) -> ExperimentConfig:
         return build_config(self.base)
@@ -50,17 +74,3 @@ class StudySpec(BaseModel):
     def rounds(self) -> int:
         return self.base_config.federation.rounds
 
-    def save(self) -> None:
-        fs, folder = pyarrow.fs.FileSystem.from_uri(self.path)
-        fs.create_dir(folder)
-        with fs.open_output_stream(f"{folder}/{SPEC_FILE}") as out:
-            out.write(self.model_dump_json(indent=2).encode())
-
-    @classmethod
-    def load(cls, path: str) -> StudySpec:
-        fs, folder = pyarrow.fs.FileSystem.from_uri(path)
-        try:
-            with fs.open_input_stream(f"{folder}/{SPEC_FILE}") as stream:
-                return cls.model_validate_json(stream.readall())
-        except FileNotFoundError:
-            raise FLTuneError(f"--resume: no fltune study at {path} (no {SPEC_FILE})") from None

@@ -136,9 +136,16 @@ def with_gpu_share(spec: StudySpec, cluster: dict[str, float]) -> StudySpec:
 def trial_resources(
     spec: StudySpec, cluster: dict[str, float], node_cpus: list[float],
 ) -> tune.PlacementGroupFactory:
+    """The placement group of one trial of ``spec``."""
+    return placement(spec.base, spec.workers, spec.gpus_per_worker, cluster, node_cpus)
+
+
+def placement(
+    tree: dict, workers: int, gpus_per_worker: float | None, cluster: dict[str, float], node_cpus: list[float],
+) -> tune.PlacementGroupFactory:
     """Head bundle (empty) + one bundle per client actor; refuse what the cluster can never place."""
-    pinned = {"resources.workers": spec.workers, "resources.gpus_per_worker": spec.gpus_per_worker}
-    plan = plan_workers(build_config(set_dotted(spec.base, pinned)), cluster)
+    pinned = {"resources.workers": workers, "resources.gpus_per_worker": gpus_per_worker}
+    plan = plan_workers(build_config(set_dotted(tree, pinned)), cluster)
     largest = max(node_cpus, default=0.0)
     if plan.cpus > largest + 1e-9:
         raise FLTuneError(

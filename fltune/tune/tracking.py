@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import math
 import tempfile
+from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any
 
 from ray.tune.experiment import Trial
 from ray.tune.logger import LoggerCallback
 
+from fltune.config import ExperimentConfig, TrackingConfig
 from fltune.tracking.mlflow_log import Tracker, run_tags
 from fltune.tune.results import (
     ENDED, TrialRow, best, best_config_yaml, sensitivity_png, trial_config, trial_row, write_csv,
@@ -38,12 +40,18 @@ def loggable(metrics: dict[str, Any]) -> dict[str, float]:
             if k not in skip and isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
 
 
-class StudyLog:
-    """The study's parent run and its trials' child runs, found again by tags when a study resumes."""
+class RunTree(ABC):
+    """A parent run and one child run per Tune trial, found again by tags when the job resumes.
 
-    def __init__(self, spec: StudySpec) -> None:
-        self.spec = spec
-        self.tracker = Tracker(spec.base_config.tracking)
+    The shape every Tune job of fltune logs (a study, a reproduced table); subclasses say what the
+    parent records (``describe_parent``), what each child is (``child``) and what ends the job (``finish``).
+    """
+
+    kind = "study"
+
+    def __init__(self, tracking: TrackingConfig, path: str, name: str, cfg: ExperimentConfig) -> None:
+        self.path, self.name, self.cfg = path, name, cfg
+        self.tracker = Tracker(tracking)
         self.parent = self._open_parent()
         self.children: dict[str, str] = {}
         self.logged: dict[str, int] = {}
@@ -54,23 +62,16 @@ class StudyLog:
             self.logged[trial_id] = self.tracker.last_step(run.info.run_id, "round") or 0
 
     def _open_parent(self) -> str:
-        found = self.tracker.find({STUDY_TAG: self.spec.path, KIND_TAG: "study"})
+        found = self.tracker.find({STUDY_TAG: self.path, KIND_TAG: self.kind})
         if found:
             self.tracker.reopen(found[0].info.run_id)
             return found[0].info.run_id
-        spec, space = self.spec, self.spec.space
-        tags = {**run_tags(spec.base_config), STUDY_TAG: spec.path, KIND_TAG: "study"}
-        parent = self.tracker.start(spec.name, tags)
-        self.tracker.log_params(parent, {
-            "space": spec.space_file, "num_samples": space.num_samples, "max_concurrent": space.max_concurrent,
-            "seeds": space.seeds, "objective": space.objective.metric, "mode": space.objective.direction,
-            "reduce": space.objective.reduce, "sampler": space.sampler.name, "sampler_seed": space.sampler.seed,
-            "scheduler": space.scheduler.model_dump_json(), "params": ",".join(space.params),
-            "workers_per_trial": spec.workers, "rounds": spec.rounds,
-        })
-        self.tracker.log_text(parent, spec.space_text, f"space/{Path(spec.space_file).name}")
-        self.tracker.log_text(parent, spec.base_config.to_yaml(), "base_config.yaml")
+        parent = self.tracker.start(self.name, {**run_tags(self.cfg), STUDY_TAG: self.path, KIND_TAG: self.kind})
+        self.describe_parent(parent)
         return parent
+
+    def describe_parent(self, parent: str) -> None:
+        """Log what the job is to its new parent run."""
 
     def forget_unknown(self, known: set[str]) -> None:
         """Delete children of trials Tune's restored state does not have (started after its last save)."""
@@ -78,15 +79,19 @@ class StudyLog:
             self.tracker.delete(self.children.pop(trial_id))
             self.logged.pop(trial_id, None)
 
+    @abstractmethod
+    def child(self, trial_id: str, params: dict[str, Any]) -> tuple[str, ExperimentConfig, dict[str, Any]]:
+        """A trial's run name, its experiment and the extra params to log."""
+
     def start_trial(self, trial_id: str, params: dict[str, Any]) -> None:
         if trial_id in self.children:
             self.tracker.reopen(self.children[trial_id])
             return
-        cfg = trial_config(self.spec, params)
-        tags = {**run_tags(cfg), TRIAL_TAG: trial_id, STUDY_TAG: self.spec.path, KIND_TAG: "trial"}
-        child = self.tracker.start(f"{self.spec.name}/{trial_id}", tags, parent=self.parent)
+        name, cfg, extra = self.child(trial_id, params)
+        tags = {**run_tags(cfg), TRIAL_TAG: trial_id, STUDY_TAG: self.path, KIND_TAG: "trial"}
+        child = self.tracker.start(name, tags, parent=self.parent)
         self.tracker.log_config(child, cfg)
-        self.tracker.log_params(child, {f"tuned.{k}": v for k, v in params.items()})
+        self.tracker.log_params(child, extra)
         self.children[trial_id] = child
         self.logged[trial_id] = 0
 
@@ -106,6 +111,33 @@ class StudyLog:
         if row.trial_id in self.children:
             status = row.status if row.status in ENDED else "killed"
             self.tracker.end(self.children[row.trial_id], status)
+
+    @abstractmethod
+    def finish(self, rows: list[TrialRow], interrupted: bool) -> None:
+        """Job-level results on the parent (also after an interruption: they show progress so far)."""
+
+
+class StudyLog(RunTree):
+    """A Tune study: the parent holds the space, the search settings and the best configuration."""
+
+    def __init__(self, spec: StudySpec) -> None:
+        self.spec = spec
+        super().__init__(spec.base_config.tracking, spec.path, spec.name, spec.base_config)
+
+    def describe_parent(self, parent: str) -> None:
+        spec, space = self.spec, self.spec.space
+        self.tracker.log_params(parent, {
+            "space": spec.space_file, "num_samples": space.num_samples, "max_concurrent": space.max_concurrent,
+            "seeds": space.seeds, "objective": space.objective.metric, "mode": space.objective.direction,
+            "reduce": space.objective.reduce, "sampler": space.sampler.name, "sampler_seed": space.sampler.seed,
+            "scheduler": space.scheduler.model_dump_json(), "params": ",".join(space.params),
+            "workers_per_trial": spec.workers, "rounds": spec.rounds,
+        })
+        self.tracker.log_text(parent, spec.space_text, f"space/{Path(spec.space_file).name}")
+        self.tracker.log_text(parent, spec.base_config.to_yaml(), "base_config.yaml")
+
+    def child(self, trial_id: str, params: dict[str, Any]) -> tuple[str, ExperimentConfig, dict[str, Any]]:
+        return f"{self.spec.name}/{trial_id}", trial_config(self.spec, params), {f"tuned.{k}": v for k, v in params.items()}
 
     def finish(self, rows: list[TrialRow], interrupted: bool) -> None:
         """Study-level results on the parent (also after an interruption: they show progress so far)."""
@@ -128,19 +160,21 @@ class StudyLog:
 
 
 class MLflowStudyCallback(LoggerCallback):
-    """Tune → StudyLog. Holds only the spec when pickled into the study folder (``Tuner.restore`` brings
-    the callback back from there); the MLflow side is (re)opened in ``setup``, on the driver."""
+    """Tune → a RunTree (``StudyLog`` by default). Holds only the spec when pickled into the study folder
+    (``Tuner.restore`` brings the callback back from there); the MLflow side is (re)opened in ``setup``,
+    on the driver."""
 
-    def __init__(self, spec: StudySpec) -> None:
+    def __init__(self, spec: Any, log_class: type[RunTree] = StudyLog) -> None:
         self.spec = spec
-        self.log: StudyLog | None = None
+        self.log_class = log_class
+        self.log: RunTree | None = None
         self.reconciled = False
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"spec": self.spec, "log": None, "reconciled": False}
+        return {"spec": self.spec, "log_class": self.log_class, "log": None, "reconciled": False}
 
     def setup(self, **info: Any) -> None:
-        self.log = StudyLog(self.spec)
+        self.log = self.log_class(self.spec)
 
     def on_step_begin(self, iteration: int, trials: list[Trial], **info: Any) -> None:
         if not self.reconciled:  # the first step sees exactly the trials restored from the study folder
@@ -165,10 +199,10 @@ class MLflowStudyCallback(LoggerCallback):
         self.log.finish(rows, interrupted)
 
 
-def close_open_runs(spec: StudySpec, status: str) -> None:
-    """End the study's runs still RUNNING when the driver dies of an exception (Tune's own cleanup
+def close_open_runs(tracking: TrackingConfig, path: str, status: str) -> None:
+    """End the job's runs still RUNNING when the driver dies of an exception (Tune's own cleanup
     already ended them for everything else), so none stays RUNNING."""
-    tracker = Tracker(spec.base_config.tracking)
-    for run in tracker.find({STUDY_TAG: spec.path}):
+    tracker = Tracker(tracking)
+    for run in tracker.find({STUDY_TAG: path}):
         if run.info.status == "RUNNING":
             tracker.end(run.info.run_id, status)

@@ -29,18 +29,17 @@ from fltune.tune.spec import StudySpec
 STATE_FILE = "federations.pkl"
 
 
-def seed_config(spec: StudySpec, params: dict[str, Any], index: int) -> ExperimentConfig:
-    """Seed ``index`` of a configuration: its seed is the base seed + index; its workers reserve a
-    1/seeds share of the trial's worker bundles, because the seeds take turns on the same CPUs."""
-    base = spec.base_config
-    share = {
+def seed_configs(tree: dict[str, Any], seeds: int, workers: int, gpus_per_worker: float) -> list[ExperimentConfig]:
+    """One configuration per seed: seed i is the base seed + i; its workers reserve a 1/seeds share of
+    the trial's worker bundles, because the seeds take turns on the same CPUs. MLflow is the driver's."""
+    base = build_config(tree)
+    return [build_config(set_dotted(tree, {
         "federation.seed": base.federation.seed + index,
-        "resources.workers": spec.workers,
-        "resources.cpus_per_worker": base.resources.cpus_per_worker / spec.space.seeds,
-        "resources.gpus_per_worker": spec.gpus_per_worker / spec.space.seeds,
+        "resources.workers": workers,
+        "resources.cpus_per_worker": base.resources.cpus_per_worker / seeds,
+        "resources.gpus_per_worker": gpus_per_worker / seeds,
         "tracking.enabled": False,
-    }
-    return build_config(set_dotted(spec.base, {**params, **share}))
+    })) for index in range(seeds)]
 
 
 def seed_score(history: list[dict[str, float]], objective: Objective) -> float:
@@ -111,9 +110,16 @@ def worker_nodes(feds: list[Federation]) -> str:
 
 def run_trial(config: dict[str, Any], spec: StudySpec) -> None:
     """Tune entry point: ``config`` holds the sampled parameters under their dotted names."""
+    cfgs = seed_configs(set_dotted(spec.base, config), spec.space.seeds, spec.workers, spec.gpus_per_worker or 0.0)
+    run_federations(cfgs, spec.space.objective, spec.space.checkpoint_every)
+
+
+def run_federations(cfgs: list[ExperimentConfig], objective: Objective, checkpoint_every: int) -> None:
+    """The body of every fltune trial (a study's configuration, a reproduced table's cell): one
+    ``Federation`` per seed stepped in lockstep, a report per round, a checkpoint every k rounds."""
     start = time.perf_counter()
     logging.getLogger("ray.train._internal.storage").setLevel(logging.WARNING)  # one line per checkpoint
-    feds = [Federation(seed_config(spec, config, i)) for i in range(spec.space.seeds)]
+    feds = [Federation(cfg) for cfg in cfgs]
     try:
         restore(feds)
         for fed in feds:
@@ -121,13 +127,13 @@ def run_trial(config: dict[str, Any], spec: StudySpec) -> None:
         nodes = worker_nodes(feds)  # also waits until every client actor is up
         placement = {"startup_s": time.perf_counter() - start, "worker_nodes": nodes}
         if done(feds):  # restored from the final checkpoint: report the end again so Tune sees it
-            report({**trial_result(feds, spec.space.objective), **placement}, feds, with_checkpoint=False)
+            report({**trial_result(feds, objective), **placement}, feds, with_checkpoint=False)
             return
         while not done(feds):
             for fed in feds:
                 fed.step()
-            result = {**trial_result(feds, spec.space.objective), **placement}
-            due = done(feds) or int(result["round"]) % spec.space.checkpoint_every == 0
+            result = {**trial_result(feds, objective), **placement}
+            due = done(feds) or int(result["round"]) % checkpoint_every == 0
             report(result, feds, with_checkpoint=due)
     finally:
         for fed in feds:

@@ -1,0 +1,3 @@
+"""Paper tables, one module per paper; importing a module registers its tables."""
+
+from fltune.reproduce.papers import simfafl  # noqa: F401

@@ -1,0 +1,112 @@
+"""From a paper table to runnable cells: scale settings, dataset checks, substitutions, ``--set``.
+
+Everything here happens before Ray starts, so a bad table, scale, dataset or ``--set`` is one line and
+nothing is created. A cell whose dataset is missing is not an error: it is planned as "no data" with
+the loader's own message (where it looked, how to get it), unless the scale substitutes a dataset.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from fltune.config import ExperimentConfig, apply_overrides, build_config
+from fltune.data.datasets import DATASETS, load_dataset
+from fltune.errors import DatasetMissing, FLTuneError
+from fltune.reproduce.registry import DATASET_NAMES, Cell, PaperTable, Scale
+from fltune.tune.space import set_dotted
+
+
+@dataclass(frozen=True)
+class PlannedCell:
+    """A cell as this job runs it: its experiment tree, or why it cannot run here."""
+
+    cell: Cell
+    tree: dict[str, Any] | None
+    missing: str | None = None
+    substituted: str | None = None
+    """e.g. 'fmnist for cifar100': the scale ran another dataset because the paper's is absent."""
+
+    @property
+    def runnable(self) -> bool:
+        return self.tree is not None
+
+
+def pick_scale(table: PaperTable, name: str) -> Scale:
+    if name not in table.scales:
+        raise FLTuneError(f"--scale: {table.key} has no scale {name!r}; allowed: {', '.join(table.scales)}")
+    return table.scales[name]
+
+
+def pick_cells(table: PaperTable, datasets: list[str] | None, rows: list[str] | None = None) -> list[Cell]:
+    """The table's cells, only those of ``datasets`` (fltune or paper names) and ``rows`` when given."""
+    cells = list(table.cells)
+    if rows:
+        labels = list(dict.fromkeys(c.row for c in cells))
+        unknown = [r for r in rows if r not in labels]
+        if unknown:
+            raise FLTuneError(f"--rows: {unknown[0]!r} is not a row of {table.key}; allowed: {', '.join(labels)}")
+        cells = [c for c in cells if c.row in rows]
+    if not datasets:
+        return cells
+    names = {n.lower(): d for d, n in DATASET_NAMES.items()} | {d: d for d in DATASETS}
+    wanted = set()
+    for name in datasets:
+        if name.lower() not in names or names[name.lower()] not in table.datasets:
+            allowed = ", ".join(table.datasets)
+            raise FLTuneError(f"--datasets: {name!r} is not a dataset of {table.key}; allowed: {allowed}")
+        wanted.add(names[name.lower()])
+    return [c for c in cells if c.dataset in wanted]
+
+
+def available(dataset: str, root: str | None) -> str | None:
+    """None when the dataset loads, else the loader's one-line message (where it looked, how to get it)."""
+    try:
+        load_dataset(dataset, root)
+    except DatasetMissing as err:
+        return str(err)
+    return None
+
+
+def cell_tree(cell: Cell, scale: Scale, dataset: str, overrides: list[str]) -> dict[str, Any]:
+    """scale settings (then the dataset's) < the cell's own < ``--set``; validated."""
+    values = {**scale.for_dataset(dataset), **cell.settings, "data.dataset": dataset}
+    if cell.finetune:
+        values["training.finetune_epochs"] = scale.finetune_epochs
+    tree = apply_overrides(set_dotted({}, values), list(overrides))
+    build_config(tree)  # one line naming the field when a --set breaks a cell
+    return tree
+
+
+def plan(table: PaperTable, scale_name: str, datasets: list[str] | None, overrides: list[str],
+         rows: list[str] | None = None) -> list[PlannedCell]:
+    """Every selected cell, runnable or not; raises only for bad input."""
+    scale = pick_scale(table, scale_name)
+    cells = pick_cells(table, datasets, rows)
+    root = _root_from(overrides)
+    missing = {d: available(d, root) for d in dict.fromkeys(c.dataset for c in cells)}
+    stand_in = scale.substitute if scale.substitute and available(scale.substitute, root) is None else None
+    planned = []
+    for cell in cells:
+        if not missing[cell.dataset]:
+            planned.append(PlannedCell(cell, cell_tree(cell, scale, cell.dataset, overrides)))
+        elif stand_in:
+            planned.append(PlannedCell(cell, cell_tree(cell, scale, stand_in, overrides),
+                                       substituted=f"{stand_in} for {cell.dataset}"))
+        else:
+            planned.append(PlannedCell(cell, None, missing=missing[cell.dataset]))
+    return planned
+
+
+def _root_from(overrides: list[str]) -> str | None:
+    """``data.root`` as a ``--set`` gives it, so the availability check looks where the runs will."""
+    tree = apply_overrides({}, list(overrides))
+    return tree.get("data", {}).get("root")
+
+
+def first_config(planned: list[PlannedCell]) -> ExperimentConfig:
+    """The resources and tracking every cell shares (they come from the scale and ``--set``)."""
+    for p in planned:
+        if p.runnable:
+            return build_config(p.tree)
+    raise FLTuneError("datasets: no cell of this table has its dataset here (see `python cli.py tables`)")

@@ -1,0 +1,163 @@
+"""A reproduced table in the paper's layout: paper value, measured mean ± std over seeds, Δ.
+
+One ``CellResult`` per cell, built the same way for the live board, the final rich table, the CSV, the
+Markdown and MLflow, so they never disagree. Rows are the paper's rows, columns its dataset × setting.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich.table import Table
+
+from fltune.reproduce.job import ReproSpec
+from fltune.reproduce.registry import DATASET_NAMES, Cell, PaperTable
+from fltune.tune.results import ENDED, TrialRow
+
+CSV_COLUMNS = ("table", "method", "dataset", "partition", "paper", "measured", "std", "delta", "seeds", "scale",
+               "status", "note")
+
+
+@dataclass(frozen=True)
+class CellResult:
+    cell: Cell
+    status: str
+    """finished / diverged / failed / running / pending / killed, or 'no data'."""
+    measured: float | None
+    std: float | None
+    round: int = 0
+    note: str = ""
+
+    @property
+    def delta(self) -> float | None:
+        if self.measured is None or self.cell.paper is None:
+            return None
+        return self.measured - self.cell.paper
+
+
+def results(spec: ReproSpec, rows: list[TrialRow]) -> list[CellResult]:
+    """Every cell of the job in table order: the trial's final objective (×100 for percentages)."""
+    table = spec.paper_table
+    scale = 100.0 if table.percent else 1.0
+    by_cell = {row.params.get("cell"): row for row in rows}
+    out = []
+    for cell in table.cells:
+        if cell.key in spec.missing:
+            out.append(CellResult(cell, "no data", None, None, note=spec.missing[cell.key]))
+        elif cell.key in spec.cells:
+            row = by_cell.get(cell.key)
+            note = f"substituted {spec.cells[cell.key].substituted}" if spec.cells[cell.key].substituted else ""
+            if row is None:
+                out.append(CellResult(cell, "pending", None, None, note=note))
+                continue
+            value = row.objective if math.isfinite(row.objective) else None
+            std = row.objective_std if value is not None and spec.seeds > 1 and math.isfinite(row.objective_std) else None
+            out.append(CellResult(cell, row.status, None if value is None else value * scale,
+                                  None if std is None else std * scale, row.round, note))
+    return out
+
+
+def _fmt(value: float | None, sign: bool = False) -> str:
+    if value is None:
+        return "—"
+    return f"{value:+.2f}" if sign else f"{value:.2f}"
+
+
+def cell_text(result: CellResult, seeds: int) -> str:
+    """'measured ± std (paper p, Δ d)' — or the status when there is no number yet."""
+    if result.measured is None:
+        return result.status
+    spread = f" ± {_fmt(result.std)}" if seeds > 1 and result.std is not None else ""
+    return f"{_fmt(result.measured)}{spread} (paper {_fmt(result.cell.paper)}, Δ {_fmt(result.delta, True)})"
+
+
+def columns(table: PaperTable, res: list[CellResult]) -> list[tuple[str, str]]:
+    return list(dict.fromkeys((r.cell.dataset, r.cell.column) for r in res))
+
+
+def layout(table: PaperTable, res: list[CellResult]) -> tuple[list[str], list[tuple[str, str]], dict]:
+    """Paper rows, (dataset, column) columns, and the result at each (row, dataset, column)."""
+    rows = list(dict.fromkeys(r.cell.row for r in res))
+    grid = {(r.cell.row, r.cell.dataset, r.cell.column): r for r in res}
+    return rows, columns(table, res), grid
+
+
+def rich_table(spec: ReproSpec, res: list[CellResult], title: str | None = None) -> Table:
+    """The paper's layout; each cell shows measured (± std), the paper's value and Δ on three lines."""
+    table = spec.paper_table
+    rows, cols, grid = layout(table, res)
+    out = Table(title=title or f"{table.title} — {spec.scale} scale, {spec.seeds} seed(s)", show_lines=True)
+    out.add_column("method")
+    for dataset, column in cols:
+        out.add_column(f"{DATASET_NAMES.get(dataset, dataset)}\n{column}", justify="right")
+    for row in rows:
+        cells = [row]
+        for dataset, column in cols:
+            r = grid.get((row, dataset, column))
+            cells.append("" if r is None else _rich_cell(r, spec.seeds))
+        out.add_row(*cells)
+    return out
+
+
+def _rich_cell(r: CellResult, seeds: int) -> str:
+    if r.measured is None:
+        return f"[dim]{r.status}[/]"
+    spread = f" ± {_fmt(r.std)}" if seeds > 1 and r.std is not None else ""
+    colour = "green" if (r.delta or 0) >= -1 else ("yellow" if (r.delta or 0) >= -5 else "red")
+    live = "" if r.status in ("finished", "diverged") else f" [dim]r{r.round}[/]"
+    return (f"[bold]{_fmt(r.measured)}[/]{spread}{live}\n[dim]paper {_fmt(r.cell.paper)}[/]\n"
+            f"[{colour}]Δ {_fmt(r.delta, True)}[/]")
+
+
+def live_cells(spec: ReproSpec, rows: list[TrialRow]) -> Table:
+    """The job's board while it runs (``TrialBoard`` renderer)."""
+    res = results(spec, rows)
+    done = sum(r.status in ENDED for r in res)
+    return rich_table(spec, res, f"{spec.table} ({spec.scale}): {done}/{len(spec.cells)} cells done")
+
+
+def markdown(spec: ReproSpec, res: list[CellResult]) -> str:
+    table = spec.paper_table
+    rows, cols, grid = layout(table, res)
+    head = ["method", *(f"{DATASET_NAMES.get(d, d)} {c}" for d, c in cols)]
+    lines = [f"## {table.title}", "",
+             f"{table.value}; measured at `{spec.scale}` scale, mean ± std over {spec.seeds} seed(s); "
+             f"source: {table.source}.", "",
+             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for row in rows:
+        cells = [cell_text(grid[(row, d, c)], spec.seeds) if (row, d, c) in grid else "" for d, c in cols]
+        lines.append("| " + " | ".join([row, *cells]) + " |")
+    notes = sorted({r.note for r in res if r.note})
+    if notes:
+        lines += ["", *(f"- {n}" for n in notes)]
+    if table.unknowns:
+        lines += ["", "Settings the paper leaves open ([U]) and fltune's choice:", *(f"- {u}" for u in table.unknowns)]
+    return "\n".join(lines) + "\n"
+
+
+def write_csv(spec: ReproSpec, res: list[CellResult], path: Path) -> Path:
+    with path.open("w", newline="") as out:
+        writer = csv.writer(out)
+        writer.writerow(CSV_COLUMNS)
+        for r in res:
+            writer.writerow([
+                spec.table, r.cell.row, DATASET_NAMES.get(r.cell.dataset, r.cell.dataset), r.cell.column,
+                _blank(r.cell.paper), _blank(r.measured), _blank(r.std), _blank(r.delta), spec.seeds, spec.scale,
+                r.status, r.note,
+            ])
+    return path
+
+
+def _blank(value: float | None) -> str:
+    return "" if value is None else f"{value:.4f}"
+
+
+def write_outputs(spec: ReproSpec, res: list[CellResult], folder: Path) -> list[Path]:
+    """``table.csv`` and ``table.md`` under ``folder``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    md = folder / "table.md"
+    md.write_text(markdown(spec, res))
+    return [write_csv(spec, res, folder / "table.csv"), md]

@@ -1,0 +1,51 @@
+"""A reproduction job in MLflow: one parent run per job, one child run per cell (driver only).
+
+The parent holds the table's settings and, at the end, ``table.csv`` / ``table.md``; children carry the
+cell's config, its paper value and its per-round curves. Resuming reopens the same runs (by tags).
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from fltune.config import ExperimentConfig, build_config
+from fltune.reproduce.job import ReproSpec
+from fltune.reproduce.report import results, write_outputs
+from fltune.tune.results import ENDED, TrialRow
+from fltune.tune.tracking import RunTree
+
+
+class ReproLog(RunTree):
+    kind = "reproduce"
+
+    def __init__(self, spec: ReproSpec) -> None:
+        self.spec = spec
+        first = build_config(next(iter(spec.cells.values())).tree)
+        super().__init__(spec.tracking, spec.path, spec.name, first)
+
+    def describe_parent(self, parent: str) -> None:
+        spec, table = self.spec, self.spec.paper_table
+        self.tracker.log_params(parent, {
+            "table": spec.table, "scale": spec.scale, "seeds": spec.seeds, "source": table.source,
+            "cells_run": len(spec.cells), "cells_no_data": len(spec.missing),
+            "scale_note": table.scales[spec.scale].note, "workers_per_trial": spec.workers,
+        })
+        self.tracker.set_tags(parent, {"fltune.table": spec.table})
+
+    def child(self, trial_id: str, params: dict[str, Any]) -> tuple[str, ExperimentConfig, dict[str, Any]]:
+        key = params["cell"]
+        cell, run = self.spec.paper_table.cell(key), self.spec.cells[key]
+        extra = {"cell": key, "paper_row": cell.row, "paper_column": cell.column, "paper_value": cell.paper,
+                 "compared_metric": cell.metric, "substituted": run.substituted or ""}
+        return f"{self.spec.name}/{key}", build_config(run.tree), extra
+
+    def finish(self, rows: list[TrialRow], interrupted: bool) -> None:
+        res = results(self.spec, rows)
+        counts = {s: sum(r.status == s for r in res) for s in (*ENDED, "killed", "running", "pending", "no data")}
+        self.tracker.set_tags(self.parent, {f"fltune.cells_{k.replace(' ', '_')}": v for k, v in counts.items() if v})
+        with tempfile.TemporaryDirectory() as tmp:
+            for path in write_outputs(self.spec, res, Path(tmp)):
+                self.tracker.log_artifact(self.parent, path)
+        self.tracker.end(self.parent, "killed" if interrupted else "finished")
