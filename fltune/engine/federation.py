@@ -264,7 +264,7 @@ class Federation:
         if r == self.cfg.federation.rounds and hcfg.landscape:
             eigen = [out[f"hessian_lambda_{i + 1}"] for i in range(hcfg.top_k)]
             folder = Path(tempfile.mkdtemp(prefix="fltune-figures-"))
-            self.artifacts += end_figures(self.eval_model, batches, eigen, folder, self.cfg.method.name, seed)
+            self.artifacts += end_figures(self.eval_model, batches, eigen, folder, self.cfg.method.name, hcfg, seed)
         return out
 
     def static_costs(self) -> dict[str, float]:

@@ -63,9 +63,10 @@ def client_consistency(models: list[tuple[nn.Module, list[Batch]]], hcfg: Hessia
 
 
 def end_figures(model: nn.Module, batches: list[Batch], eigenvalues: list[float], folder: Path, title: str,
-                seed: int) -> list[Path]:
+                hcfg: HessianConfig, seed: int) -> list[Path]:
     """The landscape along the top-2 eigenvectors and the eigenvalue spectrum, as PNG files."""
     folder.mkdir(parents=True, exist_ok=True)
     spectrum = plot_spectrum(eigenvalues, folder / "hessian_spectrum.png", f"top-{len(eigenvalues)} eigenvalues · {title}")
-    surface = landscape_png(model, cross_entropy_loss, batches, folder / "loss_landscape.png", seed=seed, title=title)
+    surface = landscape_png(model, cross_entropy_loss, batches, folder / "loss_landscape.png", seed=seed, title=title,
+                            max_iter=hcfg.max_iter, tol=hcfg.tol)
     return [surface, spectrum]

@@ -127,6 +127,8 @@ def landscape_png(
     steps: int = 21,
     span: float = 1.0,
     title: str = "loss landscape",
+    max_iter: int = 100,
+    tol: float = 1e-3,
 ) -> Path:
     """FedAlign Fig. 1 / FedSOL Fig. 8: the loss along the top-2 Hessian eigenvectors, saved as a PNG.
 
@@ -135,7 +137,7 @@ def landscape_png(
     ``mmendiet/FedAlign:pyhessian/compute_hessian.py``) rather than scaled per model, so the plots of
     different methods share axes and the sharper model shows the steeper bowl. The title gets λ1, λ2.
     """
-    values, vectors = top_eigenpairs(model, loss_fn, batches, k=2, seed=seed)
+    values, vectors = top_eigenpairs(model, loss_fn, batches, k=2, max_iter=max_iter, tol=tol, seed=seed)
     alphas, betas, grid = loss_surface(model, loss_fn, batches, (vectors[0], vectors[1]), span, steps)
     eigen = f"λ1 = {values[0]:.4g}, λ2 = {values[1]:.4g}"
     return plot_landscape(alphas, betas, grid, path, f"{title} ({eigen})")

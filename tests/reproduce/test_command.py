@@ -1,0 +1,82 @@
+"""`cli.py tables` and `cli.py reproduce` as a user runs them: real Ray, real MLflow, real FMNIST."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from fltune.cli import main
+from tests.conftest import needs_fmnist
+
+TINY = ["--datasets", "fmnist", "--rows", "FedAvg,SimFAFL", "--set", "federation.rounds=2",
+        "--set", "data.subsample=0.05", "--set", "training.local_epochs=1", "--set", "metrics.every=2"]
+"""Four FMNIST cells of Table 2, two rounds on 5 % of the data: seconds per cell."""
+
+
+def test_tables_lists_the_registry_with_data_status(capsys) -> None:
+    assert main(["tables"]) == 0
+    out = capsys.readouterr().err  # fltune's console is stderr; stdout stays for data (--print-config)
+    assert "simfafl:table2" in out and "= table2" in out and "FMNIST" in out
+
+
+def reproduce_runs(uri: str) -> tuple[object, list]:
+    client = MlflowClient(uri)
+    runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    parents = [r for r in runs if r.data.tags.get("fltune.kind") == "reproduce"]
+    assert len(parents) == 1
+    children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parents[0].info.run_id]
+    return parents[0], children
+
+
+@needs_fmnist
+@pytest.mark.slow
+def test_reproduce_prints_paper_beside_measured_writes_files_and_resumes(ray_session, tmp_path: Path,
+                                                                         mlflow_uri: str, capsys) -> None:
+    out = tmp_path / "out"
+    args = ["reproduce", "table2", *TINY, "--storage", str(tmp_path / "jobs"), "--name", "t2", "--out", str(out)]
+    assert main(args) == 0
+    printed = capsys.readouterr().err
+    assert "paper 96.74" in printed and "SimFAFL" in printed and "Δ" in printed
+    with (out / "table.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["method"], r["dataset"], r["partition"]) for r in rows] == [
+        ("FedAvg", "FMNIST", "non-IID1"), ("FedAvg", "FMNIST", "non-IID2"),
+        ("SimFAFL", "FMNIST", "non-IID1"), ("SimFAFL", "FMNIST", "non-IID2")]
+    for r in rows:
+        assert r["status"] == "finished" and r["scale"] == "quick" and r["seeds"] == "1"
+        assert 0 < float(r["measured"]) <= 100
+        assert float(r["delta"]) == pytest.approx(float(r["measured"]) - float(r["paper"]), abs=1e-3)
+    assert "| SimFAFL |" in (out / "table.md").read_text()
+
+    parent, children = reproduce_runs(mlflow_uri)
+    assert parent.info.status == "FINISHED" and parent.data.params["table"] == "simfafl:table2"
+    assert sorted(c.data.params["cell"] for c in children) == sorted(
+        f"{m} | FMNIST {p}" for m in ("FedAvg", "SimFAFL") for p in ("non-IID1", "non-IID2"))
+    assert all(c.info.status == "FINISHED" for c in children)
+    simfafl = next(c for c in children if c.data.params["cell"] == "SimFAFL | FMNIST non-IID1")
+    assert simfafl.data.params["paper_value"] == "96.74" and "acc_personalized_ft" in simfafl.data.metrics
+    client = MlflowClient(mlflow_uri)
+    assert {a.path for a in client.list_artifacts(parent.info.run_id)} == {"table.csv", "table.md"}
+
+    # resuming a finished job redoes nothing: same table, still one child run per cell
+    assert main(["reproduce", "table2", "--storage", str(tmp_path / "jobs"), "--name", "t2", "--resume",
+                 "--out", str(tmp_path / "again")]) == 0
+    assert (tmp_path / "again" / "table.csv").read_text() == (out / "table.csv").read_text()
+    assert len(reproduce_runs(mlflow_uri)[1]) == 4
+
+
+@pytest.mark.parametrize("args, message", [
+    (["reproduce", "table9"], "fltune: table: unknown table 'table9'; allowed:"),
+    (["reproduce", "table2", "--scale", "huge"], "fltune: --scale: simfafl:table2 has no scale 'huge'"),
+    (["reproduce", "table2", "--datasets", "svhn"], "fltune: --datasets: 'svhn' is not a dataset"),
+    (["reproduce", "table2", "--seeds", "0"], "fltune: --seeds: 0; allowed: ≥ 1"),
+    (["reproduce", "table2", "--resume"], "fltune: --resume: name the job with --name"),
+])
+def test_bad_input_is_one_line_and_exit_2(args: list[str], message: str, capsys, tmp_path: Path) -> None:
+    assert main([*args, "--storage", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(message) and len(err.splitlines()) == 1
+    assert not any(tmp_path.iterdir())  # nothing half-written
