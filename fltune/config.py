@@ -8,6 +8,7 @@ method's own ``Params`` model, so ``method.mu`` is FedProx's μ with FedProx's b
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -18,6 +19,13 @@ from fltune.errors import FLTuneError
 
 Protocol = Literal["global", "all_model", "personalized"]
 PROTOCOLS: tuple[str, ...] = ("global", "all_model", "personalized")
+
+
+def one_of(value: str, allowed: Sequence[str], what: str) -> str:
+    """``value`` if allowed, else the ValueError pydantic turns into 'field: unknown … ; allowed: …'."""
+    if value not in allowed:
+        raise ValueError(f"unknown {what} {value!r}; allowed: {', '.join(allowed)}")
+    return value
 
 
 class _Section(BaseModel):
@@ -39,9 +47,7 @@ class DataConfig(_Section):
     def _known_dataset(cls, value: str) -> str:
         from fltune.data.datasets import DATASETS
 
-        if value not in DATASETS:
-            raise ValueError(f"unknown dataset {value!r}; allowed: {', '.join(DATASETS)}")
-        return value
+        return one_of(value, DATASETS, "dataset")
 
 
 class PartitionConfig(_Section):

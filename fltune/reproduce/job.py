@@ -21,11 +21,8 @@ from fltune.reproduce.registry import PaperTable, get_table
 from fltune.tracking.mlflow_log import mlruns_dir
 from fltune.tune.space import Objective
 from fltune.tune.spec import SavedSpec
+from fltune.tune.study import restore, run_config
 from fltune.tune.trainable import run_federations, seed_configs
-
-MAX_FAILURES = 2
-"""Restarts of a cell from its last checkpoint after a crash (a lost node, an OOM-killed process)."""
-
 
 class CellRun(BaseModel):
     """A runnable cell as the job froze it: its experiment tree and the metric the paper reports."""
@@ -99,15 +96,10 @@ def new_tuner(spec: ReproSpec, resources: tune.PlacementGroupFactory, callbacks:
         trainable(spec, resources),
         param_space={"cell": tune.grid_search(list(spec.cells))},
         tune_config=tune.TuneConfig(num_samples=1, max_concurrent_trials=spec.max_concurrent),
-        run_config=tune.RunConfig(
-            name=spec.name, storage_path=spec.storage, callbacks=callbacks, verbose=0,
-            failure_config=tune.FailureConfig(max_failures=MAX_FAILURES),
-            checkpoint_config=tune.CheckpointConfig(num_to_keep=2),
-        ),
+        run_config=run_config(spec, callbacks),
     )
 
 
 def restored_tuner(spec: ReproSpec, resources: tune.PlacementGroupFactory) -> tune.Tuner:
-    if not tune.Tuner.can_restore(spec.path):
-        raise FLTuneError(f"--resume: {spec.path} has no Tune state to resume (it never started)")
-    return tune.Tuner.restore(spec.path, trainable(spec, resources), resume_unfinished=True, resume_errored=True)
+    """Unfinished and errored cells run again from their checkpoints; finished ones are kept."""
+    return restore(spec, trainable(spec, resources), resume_errored=True)

@@ -12,6 +12,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from fltune.config import one_of
 from fltune.errors import FLTuneError
 
 DATASET_NAMES = {
@@ -41,9 +42,7 @@ class Cell(_Frozen):
     def _known_metric(cls, value: str) -> str:
         from fltune.tune.space import METRICS
 
-        if value not in METRICS:
-            raise ValueError(f"unknown metric {value!r}; allowed: {', '.join(METRICS)}")
-        return value
+        return one_of(value, METRICS, "metric")
 
     @property
     def key(self) -> str:

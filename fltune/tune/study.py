@@ -11,6 +11,7 @@ import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pyarrow.fs
 import ray
@@ -25,7 +26,7 @@ from fltune.tracking.mlflow_log import mlruns_dir
 from fltune.tune.board import TrialBoard
 from fltune.tune.search import make_searcher
 from fltune.tune.space import Asha, SearchSpace, base_tree, check_objective, check_params, parse_space, set_dotted
-from fltune.tune.spec import SPEC_FILE, StudySpec
+from fltune.tune.spec import SPEC_FILE, SavedSpec, StudySpec
 from fltune.tune.trainable import run_trial
 from fltune.tune.tracking import MLflowStudyCallback
 
@@ -192,16 +193,26 @@ def new_tuner(spec: StudySpec, resources: tune.PlacementGroupFactory) -> tune.Tu
             search_alg=make_searcher(space), scheduler=scheduler(spec), num_samples=space.num_samples,
             max_concurrent_trials=space.max_concurrent,
         ),
-        run_config=tune.RunConfig(
-            name=spec.name, storage_path=spec.storage, callbacks=callbacks(spec), verbose=0,
-            failure_config=tune.FailureConfig(max_failures=MAX_FAILURES),
-            checkpoint_config=tune.CheckpointConfig(num_to_keep=2),
-        ),
+        run_config=run_config(spec, callbacks(spec)),
+    )
+
+
+def run_config(spec: SavedSpec, callbacks: list[tune.Callback]) -> tune.RunConfig:
+    """Every fltune Tune job: its folder, its callbacks, crashed trials restarted from checkpoints."""
+    return tune.RunConfig(
+        name=spec.name, storage_path=spec.storage, callbacks=callbacks, verbose=0,
+        failure_config=tune.FailureConfig(max_failures=MAX_FAILURES),
+        checkpoint_config=tune.CheckpointConfig(num_to_keep=2),
     )
 
 
 def restored_tuner(spec: StudySpec, resources: tune.PlacementGroupFactory) -> tune.Tuner:
     """Tune restores the searcher, the trials and their checkpoints; running trials continue."""
+    return restore(spec, trainable(spec, resources), resume_errored=False)
+
+
+def restore(spec: SavedSpec, trainable_: Any, resume_errored: bool) -> tune.Tuner:
+    """Any fltune Tune job from its folder (callbacks come back from there too)."""
     if not tune.Tuner.can_restore(spec.path):
         raise FLTuneError(f"--resume: {spec.path} has no Tune state to resume (it never started)")
-    return tune.Tuner.restore(spec.path, trainable(spec, resources), resume_unfinished=True, resume_errored=False)
+    return tune.Tuner.restore(spec.path, trainable_, resume_unfinished=True, resume_errored=resume_errored)
