@@ -116,7 +116,18 @@ def live_cells(spec: ReproSpec, rows: list[TrialRow]) -> Table:
     """The job's board while it runs (``TrialBoard`` renderer)."""
     res = results(spec, rows)
     done = sum(r.status in ENDED for r in res)
-    return rich_table(spec, res, f"{spec.table} ({spec.scale}): {done}/{len(spec.cells)} cells done")
+    title = f"{spec.table} ({spec.scale}): {done}/{len(spec.cells)} cells done{eta(rows, len(spec.cells))}"
+    return rich_table(spec, res, title)
+
+
+def eta(rows: list[TrialRow], cells: int) -> str:
+    """', ETA ~m min' from the finished cells' mean duration and how many run at once (blank before any)."""
+    spent = [r.metrics["time_total_s"] for r in rows if r.status in ENDED and "time_total_s" in r.metrics]
+    running = sum(r.status == "running" for r in rows)
+    if not spent or not running:
+        return ""
+    left = cells - len(spent) - running / 2  # a running cell is about half done
+    return f", ETA ~{max(0.0, left) * (sum(spent) / len(spent)) / running / 60:.0f} min"
 
 
 def markdown(spec: ReproSpec, res: list[CellResult]) -> str:
