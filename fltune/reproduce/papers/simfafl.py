@@ -10,13 +10,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from fltune.methods import get_method
 from fltune.reproduce.registry import Cell, PaperTable, Scale, register_table
 
 COLUMNS = {"non-IID1": {"partition.kind": "classes"}, "non-IID2": {"partition.kind": "dirichlet_prior"}}
 ALPHA = {"emnist_letters": 0.5, "fmnist": 0.5, "cifar10": 0.5, "cifar100": 0.3}
 PLAIN_MODEL = {"emnist_letters": "fedcr_mlp", "fmnist": "fedcr_cnn", "cifar10": "fedcr_cnn", "cifar100": "fedcr_cnn"}
-"""§5.1 "all methods share the same model architecture per dataset": FedCR's trunks; the non-VIB rows use
-their plain twins, the VIB rows (FedCR, SimFAFL) pick the VIB nets themselves."""
+"""§5.1 "all methods share the same model architecture per dataset": FedCR's trunks; the rows whose method
+takes any model use their plain twins, the VIB rows (FedSR, FedCR, SimFAFL) pick the VIB nets themselves."""
 BETAS = {"cifar100": {"method.beta1": 0.003, "method.beta2": 0.2}}
 """§5.1: β1 = 0.0025, β2 = 0.1 (SimFAFL's defaults) for the 10-class tasks; 0.003 / 0.2 for CIFAR-100."""
 
@@ -88,7 +89,7 @@ UNKNOWNS = (
     "rounds, local epochs, batch, lr: not in SimFAFL; FedCR's runs (500, 10, 48, 0.05) at paper scale",
     "momentum 0.5: the FedRep code base FedCR builds on",
     "FedCR and SimFAFL end with FedCR's final head fine-tuning (reported as acc_personalized_ft)",
-    "non-VIB rows use FedCR's trunks with a plain last layer (fedcr_cnn / fedcr_mlp)",
+    "rows of methods that take any model use FedCR's trunks with a plain last layer (fedcr_cnn / fedcr_mlp)",
 )
 
 
@@ -98,7 +99,7 @@ def cell(row: str, dataset: str, column: str, paper: float | None, method: str, 
     settings: dict[str, Any] = {**COMMON, **COLUMNS[column], "partition.alpha": ALPHA[dataset], "method.name": method}
     if method == "simfafl":
         settings.update(BETAS.get(dataset, {}))
-    if method not in ("simfafl", "fedcr"):
+    if get_method(method).model_for(dataset) is None:
         settings["model.name"] = PLAIN_MODEL[dataset]
     settings.update(extra or {})
     return Cell(row=row, dataset=dataset, column=column, paper=paper, settings=settings, finetune=finetune,
