@@ -27,7 +27,7 @@ from fltune.engine.pool import WorkerPool, balance, ensure_ray, plan_workers
 from fltune.engine.rng import sample_clients
 from fltune.engine.setup import build_method, build_model_for, initial_state, load_data
 from fltune.errors import FLTuneError
-from fltune.metrics.accuracy import summarise
+from fltune.metrics.accuracy import reached_target, summarise
 from fltune.metrics.cost import CostMeter, forward_flops_per_sample, parameter_count, state_bits
 from fltune.metrics.curvature import client_consistency, end_figures, global_curvature, probe_batches
 from fltune.methods.base import Aggregate, ServerContext, State
@@ -168,6 +168,7 @@ class Federation:
             metrics.update(self.curvature(r, sorted(latest)))
             metrics["hessian_s"] = time.perf_counter() - probe_start
         metrics["round"] = float(r)
+        metrics.update(reached_target([*self.history, metrics], self.cfg.metrics.target_metric, self.cfg.metrics.target))
         self.history.append(metrics)
         return metrics
 

@@ -51,6 +51,7 @@ class DriftCorrected(Method):
     """
 
     weighted_by_samples = False
+    stored_models = 3.0  # the local model, the global model θ_g and h_k
 
     def setup_client(self, ctx: ClientContext) -> None:
         """Cache θ_g − h_k, the point the drift penalty pulls towards."""
@@ -92,6 +93,7 @@ class ControlVariates(Method):
     """
 
     weighted_by_samples = False
+    stored_models = 3.0  # the local model, c and c_k
 
     def setup_client(self, ctx: ClientContext) -> None:
         """Cache c − c_k, the correction added to every gradient."""

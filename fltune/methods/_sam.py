@@ -115,6 +115,9 @@ class SharpnessAware(Method, ABC):
     optimiser steps from, like every other method's.
     """
 
+    stored_models = 2.0  # the weights w and the perturbation ε (or the saved first gradients)
+    passes_per_step = 2.0  # the ascent pass at w and the descent pass at w + ε
+
     @abstractmethod
     def epsilon(self, ctx: ClientContext) -> Epsilon:
         """How the ascent gradients become ε (each method's own rule)."""

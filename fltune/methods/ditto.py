@@ -40,6 +40,8 @@ class Ditto(Method):
 
     name = "ditto"
     Params = DittoParams
+    stored_models = 2.0  # the personal model v_k beside the local copy of the global model
+    passes_per_step = 2.0  # both are trained on every batch
 
     def setup_client(self, ctx: ClientContext) -> None:
         """The engine loaded the client's personal model: keep it aside and train w from w_g."""

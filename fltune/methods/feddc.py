@@ -17,3 +17,4 @@ class FedDC(FedDyn, ControlVariates):
     """
 
     name = "feddc"
+    stored_models = 4.0  # the local model, θ_g, the drift h_k and the correction c_k (c is broadcast)

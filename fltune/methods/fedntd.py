@@ -38,6 +38,8 @@ class FedNTD(Method):
 
     name = "fedntd"
     Params = FedNTDParams
+    stored_models = 2.0  # the local model and the global teacher
+    passes_per_step = 4.0 / 3.0  # + one forward-only pass of the teacher
 
     def setup_client(self, ctx: ClientContext) -> None:
         super().setup_client(ctx)

@@ -20,6 +20,7 @@ class FedProx(Method):
 
     name = "fedprox"
     Params = FedProxParams
+    stored_models = 2.0  # the local model and the global copy w_g of the proximal term
 
     def local_loss(self, ctx: ClientContext, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         loss, logits = super().local_loss(ctx, x, y)

@@ -43,6 +43,7 @@ class FedSOL(SharpnessAware):
 
     name = "fedsol"
     Params = FedSOLParams
+    stored_models = 3.0  # SAM's w and ε, plus the global model of the proximal (KL) loss
 
     def setup_client(self, ctx: ClientContext) -> None:
         super().setup_client(ctx)

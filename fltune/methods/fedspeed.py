@@ -27,6 +27,7 @@ class FedSpeed(DriftCorrected, SharpnessAware):
 
     name = "fedspeed"
     Params = FedSpeedParams
+    stored_models = 4.0  # SAM's w and ε, plus θ_g and the correction h_k
 
     def epsilon(self, ctx: ClientContext) -> Epsilon:
         return sam_epsilon(self.params.rho)

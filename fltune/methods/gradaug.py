@@ -50,6 +50,11 @@ class GradAug(ResNet56Method):
     name = "gradaug"
     Params = GradAugParams
 
+    @property
+    def passes_per_step(self) -> float:  # type: ignore[override]
+        """The full network plus n sub-networks per batch (an upper bound: the sub-networks are narrower)."""
+        return 1.0 + self.params.n
+
     def local_loss(self, ctx: ClientContext, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
         model = self.resnet(ctx)
         logits = model(x)

@@ -83,6 +83,8 @@ class Moon(Method):
 
     name = "moon"
     Params = MoonParams
+    stored_models = 3.0  # local, global and previous local model (MOON's contrastive anchors)
+    passes_per_step = 5.0 / 3.0  # + two forward-only passes (global, previous), a forward ≈ 1/3 of a step
 
     def adapt_model(self, model: nn.Module) -> nn.Module:
         return add_projector(model)

@@ -17,6 +17,13 @@ def rounds_to_target(history: list[dict[str, float]], metric: str, target: float
     return None
 
 
+def reached_target(history: list[dict[str, float]], metric: str, target: float | None) -> dict[str, float]:
+    """``{"rounds_to_target": r}`` from the round ``metric`` first reached ``target`` on (the engine adds it
+    to every round's metrics from then on, so a Tune trial can report it), else ``{}``."""
+    reached = rounds_to_target(history, metric, target) if target is not None else None
+    return {} if reached is None else {"rounds_to_target": float(reached)}
+
+
 def _last(history: list[dict[str, float]], key: str) -> float | None:
     for row in reversed(history):
         if key in row:

@@ -68,7 +68,12 @@ class CostMeter:
     - ``cost_cum_up_gbit``: Gbit uploaded so far, the quantity in FedAlign Table 8's "Comm Cost (Gb)"
       (0.61 M params × 32 bit × 16 clients × 84 rounds = 26.2 Gbit for FedAvg).
     - ``cost_up_mbit_round``, ``cost_down_mbit_round``: Mbit uploaded / downloaded in this round.
+    - ``cost_cum_forward_mflops``: the per-sample forward MFLOPs times the rounds so far — FedAlign Table 8's
+      "MFLOPs" as its numbers are computed (87.3 × 84 = 7332; at 2 FLOPs per MAC fltune's is twice that).
     """
+
+    _rounds = 0
+    """Rounds started (a class default, so meters pickled before this counter existed still load)."""
 
     def __init__(self, forward_mflops_per_sample: float, clock: Callable[[], float] = perf_counter) -> None:
         self._flops_per_sample = forward_mflops_per_sample * 1e6
@@ -82,6 +87,7 @@ class CostMeter:
         """Start the round's clock and zero its up/down counters."""
         self._round_start = self._clock()
         self._round_up_bits = self._round_down_bits = 0
+        self._rounds += 1
 
     def add_training(self, samples: int, passes: float = 1.0) -> None:
         """``samples`` trained on by one client; ``passes`` forward+backward passes each (2 for SAM-type)."""
@@ -106,4 +112,5 @@ class CostMeter:
             "cost_cum_up_gbit": self._up_bits / 1e9,
             "cost_up_mbit_round": self._round_up_bits / 1e6,
             "cost_down_mbit_round": self._round_down_bits / 1e6,
+            "cost_cum_forward_mflops": self._rounds * self._flops_per_sample / 1e6,
         }

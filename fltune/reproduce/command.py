@@ -55,13 +55,14 @@ def cmd_tables(args: argparse.Namespace) -> int:
     out = Table(title="paper tables (python cli.py reproduce NAME)", show_lines=True)
     for column in ("name", "table (source)", "cells", "datasets (✓ here)"):
         out.add_column(column)
-    for table in all_tables():
-        data = ", ".join(f"{DATASET_NAMES.get(d, d)} {'✓' if available(d, None) is None else '✗'}"
-                         for d in table.datasets)
+    tables = all_tables()
+    here = {d: available(d, None) is None for d in dict.fromkeys(d for t in tables for d in t.datasets)}
+    for table in tables:
+        data = ", ".join(f"{DATASET_NAMES.get(d, d)} {'✓' if here[d] else '✗'}" for d in table.datasets)
         name = table.key + (f"\n= {short[table.key]}" if table.key in short else "")
         out.add_row(name, f"{table.title} ({table.source})", str(len(table.cells)), data)
     console.print(out)
-    console.print("scales: " + ", ".join(sorted({k for t in all_tables() for k in t.scales}))
+    console.print("scales: " + ", ".join(sorted({k for t in tables for k in t.scales}))
                   + " (--scale; `reproduce` prints what each means)")
     return 0
 
@@ -161,7 +162,9 @@ def describe(spec: ReproSpec, nodes: int, resumed: bool) -> str:
     subs = sorted({c.substituted for c in spec.cells.values() if c.substituted})
     return (
         f"[bold]fltune reproduce[/] {'resuming ' if resumed else ''}{table.key} ({table.source}) · "
-        f"{spec.scale} scale: {table.scales[spec.scale].note} · {len(spec.cells)} cells × {spec.seeds} seed(s)"
+        f"{spec.scale} scale: {table.scales[spec.scale].note} · {len(spec.cells)} cells"
+        + (f" in {len(spec.trials)} runs" if len(spec.trials) < len(spec.cells) else "")
+        + f" × {spec.seeds} seed(s)"
         + (f", {len(spec.missing)} without data" if spec.missing else "")
         + (f" · substituted {', '.join(subs)}, {spec.scale} scale" if subs else "")
         + f"\n  per cell: {spec.workers} client worker(s) on a {nodes}-node cluster · folder {spec.path}"

@@ -1,14 +1,18 @@
 """A reproduction job: a paper table's runnable cells as Ray Tune trials (a grid, no search).
 
-Every cell is one trial of the same trainable body as ``tune`` (``run_federations``: the seeds in
-lockstep, a report and a checkpoint per round), so a cluster runs cells in parallel, a crashed cell
-restarts from its checkpoint and ``--resume`` continues the job with ``Tuner.restore``.
+Every distinct experiment is one trial of the same trainable body as ``tune`` (``run_federations``: the
+seeds in lockstep, a report and a checkpoint per round), so a cluster runs cells in parallel, a crashed
+cell restarts from its checkpoint and ``--resume`` continues the job with ``Tuner.restore``. Cells that
+differ only in the metric they read (accuracy and rounds-to-target of MAN Table 1, accuracy and the
+Hessian figures of FedAlign Table 1) share one trial, which reports every metric they need.
 """
 
 from __future__ import annotations
 
+import json
 import re
 import time
+from functools import cached_property
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
@@ -31,7 +35,12 @@ class CellRun(BaseModel):
 
     tree: dict[str, Any]
     metric: str
+    reduce: str = "final"
     substituted: str | None = None
+
+    @property
+    def objective(self) -> Objective:
+        return Objective(metric=self.metric, reduce=self.reduce)
 
 
 class ReproSpec(SavedSpec):
@@ -54,6 +63,19 @@ class ReproSpec(SavedSpec):
     def paper_table(self) -> PaperTable:
         return get_table(self.table)
 
+    @cached_property
+    def trials(self) -> dict[str, list[str]]:
+        """One trial per distinct experiment tree, named by its first cell: trial → the cells it scores."""
+        groups: dict[str, list[str]] = {}
+        for key, run in self.cells.items():
+            groups.setdefault(json.dumps(run.tree, sort_keys=True, default=str), []).append(key)
+        return {keys[0]: keys for keys in groups.values()}
+
+    @cached_property
+    def owners(self) -> dict[str, str]:
+        """Cell → the trial that runs it (the first cell of its group)."""
+        return {cell: trial for trial, keys in self.trials.items() for cell in keys}
+
     @property
     def tracking(self) -> TrackingConfig:
         """Shared by every cell (it comes from the scale and ``--set``)."""
@@ -68,7 +90,7 @@ def new_spec(table: PaperTable, scale: str, planned: list[PlannedCell], *, seeds
     if not re.fullmatch(r"[A-Za-z0-9._-]+", name):
         raise FLTuneError(f"--name {name!r}: allowed: letters, digits, '.', '_' and '-'")
     resources = first_config(planned).resources
-    cells = {p.cell.key: CellRun(tree=p.tree, metric=p.cell.metric, substituted=p.substituted)
+    cells = {p.cell.key: CellRun(tree=p.tree, metric=p.cell.metric, reduce=p.cell.reduce, substituted=p.substituted)
              for p in planned if p.runnable}
     spec = ReproSpec(
         name=name, storage=storage, table=table.key, scale=scale, seeds=seeds, datasets=datasets, cells=cells,
@@ -79,11 +101,19 @@ def new_spec(table: PaperTable, scale: str, planned: list[PlannedCell], *, seeds
     return spec
 
 
+def cell_objectives(spec: ReproSpec, trial: str) -> list[Objective]:
+    """The distinct (metric, reduction) pairs the cells of ``trial`` read, its first cell's first."""
+    pairs = dict.fromkeys((spec.cells[key].metric, spec.cells[key].reduce) for key in spec.trials[trial])
+    return [Objective(metric=metric, reduce=reduce) for metric, reduce in pairs]
+
+
 def run_cell(config: dict[str, Any], spec: ReproSpec) -> None:
-    """Tune entry point: ``config["cell"]`` names the cell; its seeds run in lockstep."""
-    cell = spec.cells[config["cell"]]
-    cfgs = seed_configs(cell.tree, spec.seeds, spec.workers, spec.gpus_per_worker or 0.0)
-    run_federations(cfgs, Objective(metric=cell.metric, reduce="final"), checkpoint_every=1)
+    """Tune entry point: ``config["cell"]`` names the trial (its first cell); its seeds run in lockstep and
+    every objective its cells read is reported."""
+    trial = config["cell"]
+    cfgs = seed_configs(spec.cells[trial].tree, spec.seeds, spec.workers, spec.gpus_per_worker or 0.0)
+    first, *extra = cell_objectives(spec, trial)
+    run_federations(cfgs, first, checkpoint_every=1, extra=extra)
 
 
 def trainable(spec: ReproSpec, resources: tune.PlacementGroupFactory):
@@ -91,10 +121,10 @@ def trainable(spec: ReproSpec, resources: tune.PlacementGroupFactory):
 
 
 def new_tuner(spec: ReproSpec, resources: tune.PlacementGroupFactory, callbacks: list) -> tune.Tuner:
-    """A grid over the cells: each runs once (its seeds inside), as many at once as the cluster fits."""
+    """A grid over the distinct experiments: each runs once (its seeds inside), as many at once as fit."""
     return tune.Tuner(
         trainable(spec, resources),
-        param_space={"cell": tune.grid_search(list(spec.cells))},
+        param_space={"cell": tune.grid_search(list(spec.trials))},
         tune_config=tune.TuneConfig(num_samples=1, max_concurrent_trials=spec.max_concurrent),
         run_config=run_config(spec, callbacks),
     )

@@ -14,7 +14,7 @@ from fltune.config import ExperimentConfig, apply_overrides, build_config
 from fltune.data.datasets import DATASETS, load_dataset
 from fltune.errors import DatasetMissing, FLTuneError
 from fltune.reproduce.registry import DATASET_NAMES, Cell, PaperTable, Scale
-from fltune.tune.space import set_dotted
+from fltune.tune.space import set_dotted, unmet_need
 
 
 @dataclass(frozen=True)
@@ -69,12 +69,16 @@ def available(dataset: str, root: str | None) -> str | None:
 
 
 def cell_tree(cell: Cell, scale: Scale, dataset: str, overrides: list[str]) -> dict[str, Any]:
-    """scale settings (then the dataset's) < the cell's own < ``--set``; validated."""
-    values = {**scale.for_dataset(dataset), **cell.settings, "data.dataset": dataset}
+    """scale settings (then the dataset's) < the cell's own < the scale's for its column < ``--set``; validated."""
+    values = {**scale.for_dataset(dataset), **cell.settings, **scale.per_column.get(cell.column, {}),
+              "data.dataset": dataset}
     if cell.finetune:
         values["training.finetune_epochs"] = scale.finetune_epochs
     tree = apply_overrides(set_dotted({}, values), list(overrides))
-    build_config(tree)  # one line naming the field when a --set breaks a cell
+    cfg = build_config(tree)  # one line naming the field when a --set breaks a cell
+    need = unmet_need(cell.metric, cell.reduce, cfg)
+    if need:
+        raise FLTuneError(f"{cell.key}: its metric {cell.metric} {need}")
     return tree
 
 

@@ -8,7 +8,7 @@ settings common to every cell (``paper``: the paper's clients, rounds, epochs; `
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -36,6 +36,14 @@ class Cell(_Frozen):
     metric: str = Field(description="the fltune metric compared with it, e.g. 'acc_personalized'")
     settings: dict[str, Any] = Field(default_factory=dict, description="dotted config fields of this cell")
     finetune: bool = Field(False, description="ends with the -FT phase (scale's finetune_epochs)")
+    reduce: Literal["final", "mean", "at_target"] = Field(
+        "final", description="the metric's last value, its mean over rounds (s/round), or its value at the "
+        "round metrics.target was first reached (FedAlign Table 8)")
+    factor: float | None = Field(
+        None, description="measured × factor is what the paper prints (1e-6 for parameters in M); "
+        "None: the table's (×100 for percent tables)")
+    paper_text: str | None = Field(
+        None, description="the paper's entry when it is no number, e.g. '500+' (target not reached in 500 rounds)")
 
     @field_validator("metric")
     @classmethod
@@ -55,6 +63,9 @@ class Scale(_Frozen):
 
     settings: dict[str, Any] = Field(default_factory=dict)
     per_dataset: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    per_column: dict[str, dict[str, Any]] = Field(
+        default_factory=dict, description="settings of the cells of a column at this scale, over the cell's own "
+        "(e.g. the quick size of FedAlign's 64-client column)")
     finetune_epochs: int = Field(0, ge=0, description="training.finetune_epochs of cells marked finetune")
     substitute: str | None = Field(None, description="dataset run instead of a missing one (said in the output)")
     note: str = ""
@@ -78,6 +89,12 @@ class PaperTable(_Frozen):
     @property
     def datasets(self) -> list[str]:
         return list(dict.fromkeys(c.dataset for c in self.cells))
+
+    def factor(self, cell: Cell) -> float:
+        """What a cell's measured metric is multiplied by to read as the paper prints it."""
+        if cell.factor is not None:
+            return cell.factor
+        return 100.0 if self.percent else 1.0
 
     def cell(self, key: str) -> Cell:
         for cell in self.cells:

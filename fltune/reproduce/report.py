@@ -13,9 +13,10 @@ from pathlib import Path
 
 from rich.table import Table
 
-from fltune.reproduce.job import ReproSpec
+from fltune.reproduce.job import CellRun, ReproSpec
 from fltune.reproduce.registry import DATASET_NAMES, Cell, PaperTable
 from fltune.tune.results import ENDED, TrialRow
+from fltune.tune.trainable import objective_key
 
 CSV_COLUMNS = ("table", "method", "dataset", "partition", "paper", "measured", "std", "delta", "seeds", "scale",
                "status", "note")
@@ -30,6 +31,8 @@ class CellResult:
     std: float | None
     round: int = 0
     note: str = ""
+    unreached: bool = False
+    """Finished without reaching metrics.target: rounds-to-target shows 'R+' (MAN Table 1's '500+')."""
 
     @property
     def delta(self) -> float | None:
@@ -39,25 +42,43 @@ class CellResult:
 
 
 def results(spec: ReproSpec, rows: list[TrialRow]) -> list[CellResult]:
-    """Every cell of the job in table order: the trial's final objective (×100 for percentages)."""
+    """Every cell of the job in table order: the final objective its trial reported for the cell's metric,
+    read as the paper prints it (``PaperTable.factor``: ×100 for percentages)."""
     table = spec.paper_table
-    scale = 100.0 if table.percent else 1.0
-    by_cell = {row.params.get("cell"): row for row in rows}
+    by_trial = {row.params.get("cell"): row for row in rows}
     out = []
     for cell in table.cells:
         if cell.key in spec.missing:
             out.append(CellResult(cell, "no data", None, None, note=spec.missing[cell.key]))
         elif cell.key in spec.cells:
-            row = by_cell.get(cell.key)
-            note = f"substituted {spec.cells[cell.key].substituted}" if spec.cells[cell.key].substituted else ""
+            run = spec.cells[cell.key]
+            row = by_trial.get(spec.owners[cell.key])
+            note = f"substituted {run.substituted}" if run.substituted else ""
             if row is None:
                 out.append(CellResult(cell, "pending", None, None, note=note))
                 continue
-            value = row.objective if math.isfinite(row.objective) else None
-            std = row.objective_std if value is not None and spec.seeds > 1 and math.isfinite(row.objective_std) else None
-            out.append(CellResult(cell, row.status, None if value is None else value * scale,
-                                  None if std is None else std * scale, row.round, note))
+            value, std = cell_objective(row, run)
+            factor = table.factor(cell)
+            std = std if value is not None and spec.seeds > 1 else None
+            unreached = value is None and row.status == "finished" and needs_target(run)
+            out.append(CellResult(cell, row.status, None if value is None else value * factor,
+                                  None if std is None else std * factor, row.round, note, unreached))
     return out
+
+
+def needs_target(run: CellRun) -> bool:
+    return run.metric == "rounds_to_target" or run.reduce == "at_target"
+
+
+def cell_objective(row: TrialRow, run: CellRun) -> tuple[float | None, float | None]:
+    """(mean, std) over seeds of the cell's objective (None when not finite): under its own key when its
+    trial scored several cells (``objective:<reduce>:<metric>``), else the trial's objective."""
+    key = objective_key(run.objective)
+    value = float(row.metrics.get(f"objective:{key}", row.objective))
+    std = float(row.metrics.get(f"objective_std:{key}", row.objective_std))
+    if not math.isfinite(value):
+        return None, None
+    return value, std if math.isfinite(std) else None
 
 
 def _fmt(value: float | None, sign: bool = False) -> str:
@@ -66,12 +87,24 @@ def _fmt(value: float | None, sign: bool = False) -> str:
     return f"{value:+.2f}" if sign else f"{value:.2f}"
 
 
+def paper_text(cell: Cell) -> str:
+    """The paper's entry as printed ('500+' where it prints no number)."""
+    return cell.paper_text if cell.paper is None and cell.paper_text else _fmt(cell.paper)
+
+
+def unreached_text(result: CellResult) -> str:
+    """'R+' for rounds-to-target (the paper's notation), 'not reached' for a value taken at the target."""
+    return f"{result.round}+" if result.cell.metric == "rounds_to_target" else "not reached"
+
+
 def cell_text(result: CellResult, seeds: int) -> str:
     """'measured ± std (paper p, Δ d)' — or the status when there is no number yet."""
+    if result.unreached:
+        return f"{unreached_text(result)} (paper {paper_text(result.cell)})"
     if result.measured is None:
         return result.status
     spread = f" ± {_fmt(result.std)}" if seeds > 1 and result.std is not None else ""
-    return f"{_fmt(result.measured)}{spread} (paper {_fmt(result.cell.paper)}, Δ {_fmt(result.delta, True)})"
+    return f"{_fmt(result.measured)}{spread} (paper {paper_text(result.cell)}, Δ {_fmt(result.delta, True)})"
 
 
 def columns(table: PaperTable, res: list[CellResult]) -> list[tuple[str, str]]:
@@ -97,31 +130,35 @@ def rich_table(spec: ReproSpec, res: list[CellResult], title: str | None = None)
         cells = [row]
         for dataset, column in cols:
             r = grid.get((row, dataset, column))
-            cells.append("" if r is None else _rich_cell(r, spec.seeds))
+            cells.append("" if r is None else _rich_cell(r, spec.seeds, table.factor(r.cell) == 100.0))
         out.add_row(*cells)
     return out
 
 
-def _rich_cell(r: CellResult, seeds: int) -> str:
+def _rich_cell(r: CellResult, seeds: int, percent: bool) -> str:
+    """Measured (± std), paper, Δ — coloured by Δ for accuracies only (lower is better for the rest)."""
+    if r.unreached:
+        return f"[bold]{unreached_text(r)}[/]\n[dim]paper {paper_text(r.cell)}[/]"
     if r.measured is None:
         return f"[dim]{r.status}[/]"
     spread = f" ± {_fmt(r.std)}" if seeds > 1 and r.std is not None else ""
     colour = "green" if (r.delta or 0) >= -1 else ("yellow" if (r.delta or 0) >= -5 else "red")
     live = "" if r.status in ("finished", "diverged") else f" [dim]r{r.round}[/]"
-    return (f"[bold]{_fmt(r.measured)}[/]{spread}{live}\n[dim]paper {_fmt(r.cell.paper)}[/]\n"
-            f"[{colour}]Δ {_fmt(r.delta, True)}[/]")
+    delta = f"[{colour}]Δ {_fmt(r.delta, True)}[/]" if percent else f"Δ {_fmt(r.delta, True)}"
+    return f"[bold]{_fmt(r.measured)}[/]{spread}{live}\n[dim]paper {paper_text(r.cell)}[/]\n{delta}"
 
 
 def live_cells(spec: ReproSpec, rows: list[TrialRow]) -> Table:
     """The job's board while it runs (``TrialBoard`` renderer)."""
     res = results(spec, rows)
     done = sum(r.status in ENDED for r in res)
-    title = f"{spec.table} ({spec.scale}): {done}/{len(spec.cells)} cells done{eta(rows, len(spec.cells))}"
+    title = f"{spec.table} ({spec.scale}): {done}/{len(spec.cells)} cells done{eta(rows, len(spec.trials))}"
     return rich_table(spec, res, title)
 
 
 def eta(rows: list[TrialRow], cells: int) -> str:
-    """', ETA ~m min' from the finished cells' mean duration and how many run at once (blank before any)."""
+    """', ETA ~m min' from the finished cells' mean duration and how many run at once (blank before any);
+    ``rows`` are trials and ``cells`` counts trials (cells sharing a run count once)."""
     spent = [r.metrics["time_total_s"] for r in rows if r.status in ENDED and "time_total_s" in r.metrics]
     running = sum(r.status == "running" for r in rows)
     if not spent or not running:
@@ -156,8 +193,9 @@ def write_csv(spec: ReproSpec, res: list[CellResult], path: Path) -> Path:
         for r in res:
             writer.writerow([
                 spec.table, r.cell.row, DATASET_NAMES.get(r.cell.dataset, r.cell.dataset), r.cell.column,
-                _blank(r.cell.paper), _blank(r.measured), _blank(r.std), _blank(r.delta), spec.seeds, spec.scale,
-                r.status, r.note,
+                r.cell.paper_text if r.cell.paper is None and r.cell.paper_text else _blank(r.cell.paper),
+                unreached_text(r) if r.unreached else _blank(r.measured), _blank(r.std), _blank(r.delta),
+                spec.seeds, spec.scale, r.status, r.note,
             ])
     return path
 

@@ -39,6 +39,9 @@ class ReproLog(RunTree):
         cell, run = self.spec.paper_table.cell(key), self.spec.cells[key]
         extra = {"cell": key, "paper_row": cell.row, "paper_column": cell.column, "paper_value": cell.paper,
                  "compared_metric": cell.metric, "substituted": run.substituted or ""}
+        shared = self.spec.trials.get(key, [key])
+        if len(shared) > 1:  # one run scores several cells (e.g. accuracy and rounds-to-target)
+            extra["cells_scored"] = "; ".join(shared)
         return f"{self.spec.name}/{key}", build_config(run.tree), extra
 
     def finish(self, rows: list[TrialRow], interrupted: bool) -> None:

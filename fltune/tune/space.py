@@ -23,8 +23,18 @@ PROTOCOL_OF: dict[str, str | None] = {
     "acc_global": "global", "loss": "global", "acc_all_model": "all_model", "loss_all_model": "all_model",
     "acc_personalized": "personalized", "loss_personalized": "personalized", "train_loss": None,
     "acc_personalized_ft": "personalized", "loss_personalized_ft": "personalized",
+    # once metrics.target is reached (under metrics.target_metric's protocol)
+    "rounds_to_target": None,
+    # the metrics.hessian probe (MAN Table 2, FedAlign Table 1)
+    "hessian_lambda_max": None, "hessian_trace": None, "hessian_hn": None, "hessian_hd": None,
+    # cost (FedAlign Tables 5 and 8): per round, and the run's constants of ``Federation.static_costs``
+    "cost_round_s": None, "cost_cum_tflops": None, "cost_cum_up_gbit": None, "cost_cum_forward_mflops": None,
+    "cost_forward_mflops": None, "cost_stored_params": None,
 }
-"""Round metrics a study can optimise (keys of ``Federation.step``) → the evaluation protocol they need."""
+"""Metrics a study can optimise or a reproduced cell compare (keys of ``Federation.step``, or of
+``Federation.static_costs``) → the evaluation protocol they need (None: none)."""
+STATIC_METRICS = ("cost_forward_mflops", "cost_stored_params")
+"""Constants of a run (``Federation.static_costs``), not reported per round."""
 METRICS: tuple[str, ...] = tuple(PROTOCOL_OF)
 
 
@@ -96,7 +106,9 @@ Distribution = Annotated[Union[Uniform, LogUniform, IntRange, Choice], Field(dis
 class Objective(_Strict):
     metric: Literal[METRICS]  # type: ignore[valid-type]
     mode: Literal["max", "min"] | None = Field(None, description="default: max for accuracies, min for losses")
-    reduce: Literal["final", "best"] = Field("final", description="last value, or best over the rounds")
+    reduce: Literal["final", "best", "mean", "at_target"] = Field(
+        "final", description="last value, best over the rounds, mean over the rounds, or the value at the "
+        "round metrics.target was first reached")
 
     @property
     def direction(self) -> str:
@@ -203,9 +215,28 @@ def check_params(space: SearchSpace, tree: dict[str, Any], method: str) -> None:
                 raise FLTuneError(f"params.{name} = {value!r}: {str(err).removeprefix('config error: ')}") from None
 
 
+def unmet_need(metric: str, reduce: str, cfg: ExperimentConfig) -> str | None:
+    """What ``cfg`` lacks for ``metric`` (with ``reduce``) to be measured at all, or None.
+
+    Rounds-to-target and at-target values need ``metrics.target``; the Hessian metrics a probe
+    (``metrics.hessian.every`` or ``at_end``); H_N/H_D the probe's client models (``metrics.hessian.clients``).
+    """
+    if (metric == "rounds_to_target" or reduce == "at_target") and cfg.metrics.target is None:
+        return "needs metrics.target (the accuracy to reach)"
+    hessian = cfg.metrics.hessian
+    if metric.startswith("hessian_") and not (hessian.every or hessian.at_end):
+        return "needs a Hessian probe: metrics.hessian.every > 0 or metrics.hessian.at_end=true"
+    if metric in ("hessian_hn", "hessian_hd") and hessian.clients == 0:
+        return "needs metrics.hessian.clients ≥ 2 (local models compared)"
+    return None
+
+
 def check_objective(space: SearchSpace, cfg: ExperimentConfig) -> None:
     """The metric must be produced by the base experiment, and ASHA must see it before its first rung."""
     metric = space.objective.metric
+    need = unmet_need(metric, space.objective.reduce, cfg)
+    if need:
+        raise FLTuneError(f"objective.metric: {metric} {need}")
     protocol = PROTOCOL_OF[metric]
     if protocol is not None and protocol not in cfg.metrics.protocols:
         raise FLTuneError(

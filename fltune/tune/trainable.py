@@ -14,6 +14,7 @@ import math
 import pickle
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -42,14 +43,31 @@ def seed_configs(tree: dict[str, Any], seeds: int, workers: int, gpus_per_worker
     })) for index in range(seeds)]
 
 
-def seed_score(history: list[dict[str, float]], objective: Objective) -> float:
-    """One seed's objective so far: the last or the best finite value of the metric (NaN before any)."""
+def seed_score(history: list[dict[str, float]], objective: Objective,
+               constants: dict[str, float] | None = None) -> float:
+    """One seed's objective so far (NaN before any value): the metric's last, best or mean finite value,
+    or its value at the first round that reported ``rounds_to_target`` (the target was reached).
+    A run constant (``constants``: ``Federation.static_costs``) is its own value whatever the reduction."""
+    if constants is not None and objective.metric in constants:
+        return float(constants[objective.metric])
+    if objective.reduce == "at_target":
+        reached = [row for row in history if "rounds_to_target" in row]
+        value = reached[0].get(objective.metric, math.nan) if reached else math.nan
+        return value if math.isfinite(value) else math.nan
     values = [row[objective.metric] for row in history if math.isfinite(row.get(objective.metric, math.nan))]
     if not values:
         return math.nan
     if objective.reduce == "final":
         return values[-1]
+    if objective.reduce == "mean":
+        return float(np.mean(values))
     return max(values) if objective.direction == "max" else min(values)
+
+
+def objective_key(objective: Objective) -> str:
+    """Where a trial reports an objective beside the main one: ``objective:<reduce>:<metric>`` (and
+    ``objective_std:…``), so one run can score several cells of a paper table."""
+    return f"{objective.reduce}:{objective.metric}"
 
 
 def last_good(history: list[dict[str, float]]) -> dict[str, float]:
@@ -61,14 +79,20 @@ def last_good(history: list[dict[str, float]]) -> dict[str, float]:
     return latest
 
 
-def trial_result(feds: list[Federation], objective: Objective) -> dict[str, Any]:
-    """The report of one round: seed means of every metric, the objective's mean and std, the status."""
+def trial_result(feds: list[Federation], objective: Objective, extra: Sequence[Objective] = ()) -> dict[str, Any]:
+    """The report of one round: seed means of every metric, the objective's mean and std, the status;
+    with ``extra`` objectives, every one's mean and std under ``objective:<key>`` (see ``objective_key``)."""
     per_seed = [last_good(fed.history) for fed in feds]
     shared = set.intersection(*(set(row) for row in per_seed))
     result: dict[str, Any] = {key: float(np.mean([row[key] for row in per_seed])) for key in sorted(shared)}
-    scores = [seed_score(fed.history, objective) for fed in feds]
-    result["objective"] = float(np.mean(scores))
-    result["objective_std"] = float(np.std(scores))
+    constants = [fed.static_costs() for fed in feds]
+    for index, scored in enumerate((objective, *extra)):
+        scores = [seed_score(fed.history, scored, const) for fed, const in zip(feds, constants)]
+        mean, std = float(np.mean(scores)), float(np.std(scores))
+        if index == 0:
+            result["objective"], result["objective_std"] = mean, std
+        if extra:
+            result[f"objective:{objective_key(scored)}"], result[f"objective_std:{objective_key(scored)}"] = mean, std
     result["round"] = float(max(fed.round for fed in feds))
     result["diverged"] = float(any(fed.status == "diverged" for fed in feds))
     result["status"] = "diverged" if result["diverged"] else ("finished" if done(feds) else "running")
@@ -114,9 +138,11 @@ def run_trial(config: dict[str, Any], spec: StudySpec) -> None:
     run_federations(cfgs, spec.space.objective, spec.space.checkpoint_every)
 
 
-def run_federations(cfgs: list[ExperimentConfig], objective: Objective, checkpoint_every: int) -> None:
+def run_federations(cfgs: list[ExperimentConfig], objective: Objective, checkpoint_every: int,
+                    extra: Sequence[Objective] = ()) -> None:
     """The body of every fltune trial (a study's configuration, a reproduced table's cell): one
-    ``Federation`` per seed stepped in lockstep, a report per round, a checkpoint every k rounds."""
+    ``Federation`` per seed stepped in lockstep, a report per round, a checkpoint every k rounds;
+    ``extra`` objectives are reported beside the main one (cells of a table that share this run)."""
     start = time.perf_counter()
     logging.getLogger("ray.train._internal.storage").setLevel(logging.WARNING)  # one line per checkpoint
     feds = [Federation(cfg) for cfg in cfgs]
@@ -127,12 +153,12 @@ def run_federations(cfgs: list[ExperimentConfig], objective: Objective, checkpoi
         nodes = worker_nodes(feds)  # also waits until every client actor is up
         placement = {"startup_s": time.perf_counter() - start, "worker_nodes": nodes}
         if done(feds):  # restored from the final checkpoint: report the end again so Tune sees it
-            report({**trial_result(feds, objective), **placement}, feds, with_checkpoint=False)
+            report({**trial_result(feds, objective, extra), **placement}, feds, with_checkpoint=False)
             return
         while not done(feds):
             for fed in feds:
                 fed.step()
-            result = {**trial_result(feds, objective), **placement}
+            result = {**trial_result(feds, objective, extra), **placement}
             due = done(feds) or int(result["round"]) % checkpoint_every == 0
             report(result, feds, with_checkpoint=due)
     finally:

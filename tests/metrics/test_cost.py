@@ -57,6 +57,7 @@ def test_meter_accumulates_rounds() -> None:
         "cost_cum_up_gbit": 4e-3,
         "cost_up_mbit_round": 4.0,
         "cost_down_mbit_round": 4.0,
+        "cost_cum_forward_mflops": 2.0,
     })
 
     meter.start_round()
@@ -72,4 +73,5 @@ def test_meter_accumulates_rounds() -> None:
         "cost_cum_up_gbit": 5e-3,
         "cost_up_mbit_round": 1.0,
         "cost_down_mbit_round": 2.0,
+        "cost_cum_forward_mflops": 4.0,  # FedAlign Table 8's "MFLOPs": per-sample forward × rounds
     })

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
 from fltune.config import build_config
+from fltune.data.datasets import NUM_CLASSES
+from fltune.engine.setup import build_model_for
 from fltune.errors import FLTuneError
 from fltune.reproduce.plan import cell_tree
 from fltune.reproduce.registry import all_tables, get_table
+from fltune.tune.space import PROTOCOL_OF
 
 
 def test_table2_holds_the_papers_numbers_and_layout() -> None:
@@ -24,12 +29,38 @@ def test_table2_holds_the_papers_numbers_and_layout() -> None:
 
 @pytest.mark.parametrize("table", all_tables(), ids=lambda t: t.key)
 def test_every_cell_is_a_valid_experiment_at_every_scale(table) -> None:
-    for scale in table.scales.values():
+    """Every cell builds (``cell_tree`` also checks its metric's needs: a target, a Hessian probe) at every
+    scale, on its own dataset and on the quick scale's stand-in, and evaluates the protocol it reads."""
+    quick = table.scales["quick"]
+    assert quick.substitute == "fmnist" or "fmnist" in table.datasets  # every quick scale runs here
+    runs = [(scale, None) for scale in table.scales.values()] + ([(quick, quick.substitute)] if quick.substitute else [])
+    for scale, stand_in in runs:
         for cell in table.cells:
-            cfg = build_config(cell_tree(cell, scale, cell.dataset, []))
+            cfg = build_config(cell_tree(cell, scale, stand_in or cell.dataset, []))
             assert cfg.method.name == cell.settings["method.name"]
             assert cfg.training.finetune_epochs == (scale.finetune_epochs if cell.finetune else 0)
-            assert cfg.partition.eval_fraction == 0.3 and cfg.partition.pool_test
+            assert PROTOCOL_OF[cell.metric] in (None, *cfg.metrics.protocols)
+            if table.key.startswith("simfafl:"):
+                assert cfg.partition.eval_fraction == 0.3 and cfg.partition.pool_test
+
+
+def input_shape(dataset: str) -> tuple[int, int, int]:
+    """Grey 28×28 for the MNIST family, colour 32×32 for the rest (CIFAR, SVHN, synthetic stand-ins)."""
+    return (1, 28, 28) if dataset in ("mnist", "fmnist", "emnist_letters") else (3, 32, 32)
+
+
+@pytest.mark.parametrize("table", all_tables(), ids=lambda t: t.key)
+def test_every_cells_method_accepts_its_model(table) -> None:
+    """The model a cell names (or ``auto``) is one its method can adapt, e.g. FedSR needs a VIB net."""
+    scale = table.scales["paper"]
+    seen = set()
+    for cell in table.cells:
+        cfg = build_config(cell_tree(cell, scale, cell.dataset, []))
+        if (cfg.method.name, cfg.model.name, cell.dataset) in seen:
+            continue
+        seen.add((cfg.method.name, cfg.model.name, cell.dataset))
+        data = SimpleNamespace(input_shape=input_shape(cell.dataset), num_classes=NUM_CLASSES[cell.dataset])
+        build_model_for(cfg, data)  # raises FLTuneError naming model.name when the method refuses it
 
 
 def test_simfafl_cells_take_the_papers_betas_per_dataset() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+from fltune.metrics.accuracy import reached_target
 from fltune.tune.results import best, classify, make_row, rank
 from fltune.tune.space import Objective
 from fltune.tune.trainable import last_good, seed_score
@@ -21,6 +22,28 @@ def test_seed_score_final_or_best_and_nan_before_any_evaluation() -> None:
     assert seed_score(HISTORY, Objective(metric="acc_global", reduce="best")) == 0.5
     assert seed_score(HISTORY, Objective(metric="train_loss", reduce="best")) == 0.7  # min for losses
     assert math.isnan(seed_score(HISTORY[1:2], Objective(metric="acc_global")))
+
+
+def test_seed_score_mean_at_target_and_run_constants() -> None:
+    history = [
+        {"round": 1.0, "cost_round_s": 3.0, "cost_cum_up_gbit": 1.0, "acc_global": 0.55},
+        {"round": 2.0, "cost_round_s": 1.0, "cost_cum_up_gbit": 2.0, "acc_global": 0.62, "rounds_to_target": 2.0},
+        {"round": 3.0, "cost_round_s": 2.0, "cost_cum_up_gbit": 3.0, "acc_global": 0.64, "rounds_to_target": 2.0},
+    ]
+    assert seed_score(history, Objective(metric="cost_round_s", reduce="mean")) == 2.0
+    assert seed_score(history, Objective(metric="cost_cum_up_gbit", reduce="at_target")) == 2.0  # FedAlign Table 8
+    assert seed_score(history, Objective(metric="rounds_to_target")) == 2.0
+    assert math.isnan(seed_score(history[:1], Objective(metric="cost_cum_up_gbit", reduce="at_target")))  # never reached
+    constants = {"cost_stored_params": 1.2e6}
+    assert seed_score(history, Objective(metric="cost_stored_params"), constants) == 1.2e6
+
+
+def test_rounds_to_target_is_reported_from_the_round_it_is_reached_on() -> None:
+    rows = [{"round": 1.0, "acc_global": 0.4}, {"round": 2.0}, {"round": 3.0, "acc_global": 0.61}]
+    assert reached_target(rows[:2], "acc_global", 0.6) == {}
+    assert reached_target(rows, "acc_global", 0.6) == {"rounds_to_target": 3.0}
+    assert reached_target([*rows, {"round": 4.0, "acc_global": 0.59}], "acc_global", 0.6) == {"rounds_to_target": 3.0}
+    assert reached_target(rows, "acc_global", None) == {}
 
 
 def test_last_good_carries_values_over_and_ignores_nan() -> None:

@@ -1,0 +1,163 @@
+"""MAN (papers/man.md) Table 1 (accuracy and rounds to 50 %), Table 2 (top eigenvalue and trace) and
+supplementary Table 5 (CIFAR-10): six FL methods with and without the MAN regulariser.
+
+Protocol (§4, supp. §7): 100 clients, 10 % per round, equal-size clients with Dirichlet(δ) class priors
+(``dirichlet_prior``) or iid; 500 rounds of 5 local epochs, batch 50, SGD lr 0.1 × 0.998^r, weight decay
+1e-3, gradient clipping at 10; FedDyn's CIFAR CNN (supp. Table 4). Accuracy is that of the average of
+all clients' latest models (``all_model``, FedDyn's protocol, §5), mean ± std over 3 seeds
+(``--seeds 3``); rounds are the first round at ≥ 50 % (CIFAR-100), '500+' when never reached.
+
+Table 1's Tiny-ImageNet columns (and supp. Table 6) are not registered: fltune has no Tiny-ImageNet loader.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fltune.reproduce.registry import Cell, PaperTable, Scale, register_table
+
+BASES = {"FedAvg": "fedavg", "FedSAM": "fedsam", "FedASAM": "fedasam", "FedDyn": "feddyn", "FedDC": "feddc",
+         "FedSpeed": "fedspeed"}
+"""Paper name → fltune method; the '+MAN' row of each is ``<method>+man`` (MAN composed onto the base)."""
+COLUMNS = {"δ=0.3": {"partition.kind": "dirichlet_prior", "partition.alpha": 0.3},
+           "δ=0.6": {"partition.kind": "dirichlet_prior", "partition.alpha": 0.6},
+           "iid": {"partition.kind": "iid"}}
+IID_PARAMS = {"fedasam": {"method.rho": 0.1}, "fedspeed": {"method.rho": 0.01}}
+"""Supp. §7: FedASAM ρ = 0.1 and FedSpeed ρ = 0.01 for iid; non-iid ρ (0.5, 0.1) and FedSAM's 0.05,
+FedDyn/FedDC's α = 0.01, FedASAM's η = 0.2 and MAN's ζ = 0.15 are fltune's defaults."""
+
+# Table 1, CIFAR-100 as printed: per column (accuracy, std over 3 seeds, rounds to 50 % or None = "500+").
+TABLE1 = {
+    "FedAvg": ((40.90, 0.62, None), (40.39, 0.59, None), (39.40, 0.84, None)),
+    "FedAvg+MAN": ((52.00, 0.36, 206), (52.42, 0.23, 210), (52.59, 0.25, 224)),
+    "FedSAM": ((43.44, 0.11, None), (43.36, 0.24, None), (41.31, 0.27, None)),
+    "FedSAM+MAN": ((51.59, 0.48, 326), (52.62, 0.40, 281), (52.85, 0.13, 301)),
+    "FedASAM": ((46.00, 0.10, None), (45.48, 0.08, None), (44.18, 0.61, None)),
+    "FedASAM+MAN": ((51.23, 0.20, 313), (51.89, 0.09, 351), (52.41, 0.43, 296)),
+    "FedDyn": ((49.29, 0.30, None), (49.91, 0.41, 486), (50.04, 0.22, None)),
+    "FedDyn+MAN": ((55.27, 0.12, 145), (55.63, 0.37, 143), (55.83, 0.56, 157)),
+    "FedDC": ((52.02, 0.79, 294), (52.64, 0.24, 304), (53.25, 0.86, 289)),
+    "FedDC+MAN": ((55.21, 0.32, 144), (55.40, 0.30, 129), (56.77, 0.31, 156)),
+    "FedSpeed": ((50.95, 0.02, 392), (51.33, 0.17, 390), (50.95, 0.51, 439)),
+    "FedSpeed+MAN": ((55.23, 0.15, 163), (55.84, 0.11, 153), (55.89, 0.41, 163)),
+}
+# Table 2, CIFAR-100 as printed: (top eigenvalue, trace) at δ = 0.3, then δ = 0.6. (The paper prints the
+# same FedDC figures for both δ.)
+TABLE2 = {
+    "FedAvg": ((51.49, 8744), (53.39, 9056)),
+    "FedAvg+MAN": ((43.80, 4397), (42.00, 4747)),
+    "FedSAM": ((32.46, 4909), (35.32, 5160)),
+    "FedSAM+MAN": ((29.29, 2709), (30.05, 2918)),
+    "FedDyn": ((51.03, 6400), (47.03, 6717)),
+    "FedDyn+MAN": ((44.84, 3964), (38.44, 3966)),
+    "FedDC": ((35.13, 3578), (35.13, 3578)),
+    "FedDC+MAN": ((32.99, 2974), (32.99, 2974)),
+}
+# Supplementary Table 5, CIFAR-10, in its printed column order δ = 0.6, δ = 0.3, iid (means; the ± are
+# over 3 seeds).
+SUPP5_COLUMNS = ("δ=0.6", "δ=0.3", "iid")
+SUPP5 = {
+    "FedAvg": (79.34, 80.19, 81.44), "FedAvg+MAN": (82.53, 83.35, 84.18),
+    "FedSAM": (80.42, 81.40, 82.54), "FedSAM+MAN": (81.56, 82.54, 84.19),
+    "FedASAM": (79.90, 80.83, 82.27), "FedASAM+MAN": (80.81, 81.85, 84.22),
+    "FedDyn": (82.00, 82.53, 84.16), "FedDyn+MAN": (83.84, 84.63, 84.80),
+    "FedDC": (83.10, 83.64, 84.8), "FedDC+MAN": (83.27, 83.59, 85.08),
+    "FedSpeed": (84.06, 84.24, 85.14), "FedSpeed+MAN": (84.37, 84.82, 85.95),
+}
+
+COMMON = {"model.name": "feddyn_cnn", "metrics.protocols": ["all_model"], "metrics.target_metric": "acc_all_model"}
+OPTIMISER = {"training.local_epochs": 5, "training.batch_size": 50, "training.lr": 0.1, "training.momentum": 0.0,
+             "training.lr_decay": 0.998, "training.weight_decay": 1e-3, "training.grad_clip": 10.0}
+PAPER = Scale(
+    settings={"federation.clients": 100, "federation.fraction": 0.1, "federation.rounds": 500, **OPTIMISER,
+              "metrics.every": 1, "metrics.target": 0.5},
+    note="100 clients × 0.1, 500 rounds, E = 5, B = 50, SGD lr 0.1 × 0.998^r (no momentum), wd 1e-3, clip 10, "
+         "FedDyn CNN; accuracy of the all-client average model, rounds to 50 %",
+)
+QUICK = Scale(
+    settings={"data.subsample": 0.05, "federation.clients": 10, "federation.fraction": 0.3,
+              "federation.rounds": 12, **OPTIMISER, "training.local_epochs": 1, "metrics.every": 1,
+              "metrics.target": 0.6},
+    substitute="fmnist",
+    note="5 % of the data (stratified) over 10 clients × 0.3 (~300 training samples each, 3 per round), "
+         "12 rounds, E = 1, the paper's optimiser, FedDyn CNN, target 60 % instead of 50 %; FMNIST stands in "
+         "for CIFAR-100 and CIFAR-10; 1 seed unless --seeds",
+)
+SCALES = {"paper": PAPER, "quick": QUICK}
+HESSIAN = {"metrics.hessian.at_end": True, "metrics.hessian.top_k": 1, "metrics.hessian.landscape": False}
+"""Table 2's figures of the final global model; top-1 only (the trace is Hutchinson's, METHODS.md §4)."""
+HESSIAN_QUICK = {"metrics.hessian.batches": 4, "metrics.hessian.max_iter": 30, "metrics.hessian.tol": 0.01}
+UNKNOWNS = (
+    "momentum: none (the FedDyn code MAN builds on uses plain SGD; the paper names none)",
+    "ζ = 0.15 for every base and CIFAR-10 too (§4; supp. §7 says 'ζ = 0.6 by default' for FedAvg+MAN)",
+    "MAN's ζ/2 as in the authors' code (method.halve, fltune's default)",
+    "FedSpeed's λ = 0.1 (fltune's default; supp. §7's β = γ = 1 make its ESAM plain SAM)",
+    "rounds-to-target under the same all-model protocol as the accuracy, evaluated every round",
+    "Hessian (Table 2): of the final global model's training loss on 10 batches of 50 training samples, "
+    "λ_max by power iteration and the trace by Hutchinson (METHODS.md §4)",
+)
+
+
+def method_settings(row: str, column: str) -> dict[str, Any]:
+    """``<base>`` or ``<base>+man`` with the column's partition and supp. §7's iid radii."""
+    base = BASES[row.removesuffix("+MAN")]
+    name = f"{base}+man" if row.endswith("+MAN") else base
+    params = IID_PARAMS.get(base, {}) if column == "iid" else {}
+    return {**COMMON, **COLUMNS[column], "method.name": name, **params}
+
+
+def table1() -> PaperTable:
+    """Accuracy and rounds-to-target per (row, δ): two cells that share one run."""
+    cells = []
+    for row, entries in TABLE1.items():
+        for column, (acc, _std, rounds) in zip(COLUMNS, entries):
+            settings = method_settings(row, column)
+            cells.append(Cell(row=row, dataset="cifar100", column=column, paper=acc, metric="acc_all_model",
+                              settings=settings))
+            cells.append(Cell(row=row, dataset="cifar100", column=f"{column} rounds", paper=rounds,
+                              paper_text=None if rounds else "500+", metric="rounds_to_target", factor=1.0,
+                              settings=settings))
+    return PaperTable(
+        key="man:table1", title="MAN Table 1: accuracy (%) and rounds to the target with and without MAN (CIFAR-100)",
+        source="papers/man.md, Table 1 (CIFAR-100 columns)",
+        value="accuracy of the all-client average model after the last round (%); rounds to 50 % "
+              "(quick: 60 %), '500+' = never",
+        cells=tuple(cells), scales=SCALES, unknowns=UNKNOWNS,
+    )
+
+
+def table2() -> PaperTable:
+    """Top Hessian eigenvalue and trace of the final global model, δ = 0.3 and 0.6."""
+    scales = {"paper": PAPER.model_copy(update={"settings": {**PAPER.settings, **HESSIAN}}),
+              "quick": QUICK.model_copy(update={"settings": {**QUICK.settings, **HESSIAN, **HESSIAN_QUICK},
+                                                "note": QUICK.note + "; Hessian on 4 batches, ≤ 30 iterations, tol 1e-2"})}
+    cells = []
+    for row, entries in TABLE2.items():
+        for column, (eigen, trace) in zip(("δ=0.3", "δ=0.6"), entries):
+            settings = method_settings(row, column)
+            cells.append(Cell(row=row, dataset="cifar100", column=f"{column} top eigenvalue", paper=eigen,
+                              metric="hessian_lambda_max", settings=settings))
+            cells.append(Cell(row=row, dataset="cifar100", column=f"{column} trace", paper=trace,
+                              metric="hessian_trace", settings=settings))
+    return PaperTable(
+        key="man:table2", title="MAN Table 2: top Hessian eigenvalue and trace with and without MAN (CIFAR-100)",
+        source="papers/man.md, Table 2", value="λ_max and trace of the final global model's loss Hessian",
+        percent=False, cells=tuple(cells), scales=scales, unknowns=UNKNOWNS,
+    )
+
+
+def supp5() -> PaperTable:
+    """CIFAR-10 accuracy with and without MAN, the paper's column order (δ = 0.6 first)."""
+    cells = [Cell(row=row, dataset="cifar10", column=column, paper=value, metric="acc_all_model",
+                  settings=method_settings(row, column))
+             for row, values in SUPP5.items() for column, value in zip(SUPP5_COLUMNS, values)]
+    return PaperTable(
+        key="man:supp5", title="MAN supplementary Table 5: accuracy (%) with and without MAN (CIFAR-10)",
+        source="papers/man.md, supplementary Table 5", value="accuracy of the all-client average model (%)",
+        cells=tuple(cells), scales=SCALES,
+        unknowns=(*UNKNOWNS, "CIFAR-10 runs: Table 1's settings (500 rounds; the supplement gives none of its own)"),
+    )
+
+
+for build in (table1, table2, supp5):
+    register_table(build())

@@ -1,0 +1,165 @@
+"""The FedSOL, MAN and FedAlign tables (issue 5): printed values, per-cell settings, shared runs, the
+paper-vs-measured report of non-percent and rounds-to-target cells, substitution. No Ray."""
+
+from __future__ import annotations
+
+import csv
+import math
+from pathlib import Path
+
+import pytest
+
+from fltune.config import build_config
+from fltune.errors import FLTuneError
+from fltune.reproduce.command import describe
+from fltune.reproduce.job import cell_objectives, new_spec
+from fltune.reproduce.plan import cell_tree, plan
+from fltune.reproduce.registry import PaperTable, get_table
+from fltune.reproduce.report import cell_text, markdown, results, write_csv
+from fltune.tune.results import TrialRow
+from tests.conftest import needs_fmnist
+from tests.reproduce.test_plan import fmnist_only  # noqa: F401 (fixture)
+
+
+def cells(key: str) -> dict[tuple[str, str, str], object]:
+    return {(c.row, c.dataset, c.column): c for c in get_table(key).cells}
+
+
+def config(table: PaperTable, cell, scale: str = "paper"):
+    return build_config(cell_tree(cell, table.scales[scale], cell.dataset, []))
+
+
+def test_fedsol_tables_hold_the_printed_values_and_partitions() -> None:
+    table = get_table("fedsol:table2")
+    by = cells("fedsol:table2")
+    assert len(table.cells) == 8 * 6 * 2  # 8 rows × (MNIST, CIFAR-10 ×4, SVHN) × (Sharding, LDA)
+    assert by[("FedAvg", "mnist", "Sharding s=2")].paper == 96.16
+    assert by[("FedSOL", "cifar10", "LDA α=0.05")].paper == 60.01
+    assert by[("Scaffold", "cifar10", "LDA α=0.1")].paper == 10.00
+    assert by[("FedNTD", "svhn", "Sharding s=2")].paper == 85.30
+    shards = config(table, by[("FedProx", "cifar10", "Sharding s=10")])
+    assert (shards.partition.kind, shards.partition.shards_per_client, shards.method.params.mu) == ("shards", 10, 1.0)
+    lda = config(table, by[("FedSAM", "cifar10", "LDA α=0.3")])
+    assert (lda.partition.kind, lda.partition.alpha, lda.method.params.rho) == ("dirichlet", 0.3, 0.1)
+    assert lda.federation.rounds == 300 and lda.training.lr_decay == 0.99 and lda.data.augment == "crop_flip_cutout"
+    assert config(table, by[("FedAvg", "mnist", "LDA α=0.1")]).federation.rounds == 200
+
+    head = {(c.row, c.column): c for c in get_table("fedsol:table5").cells}
+    assert len(head) == 13 and head[("All (full)", "ρ=0")].paper == 56.13
+    tuned = config(get_table("fedsol:table5"), head[("Head (partial)", "ρ=1.5")])
+    assert head[("Head (partial)", "ρ=1.5")].paper == 64.13 and (tuned.method.params.scope, tuned.method.params.rho) == ("head", 1.5)
+
+
+def test_man_tables_pair_accuracy_with_rounds_and_compose_man() -> None:
+    table = get_table("man:table1")
+    by = cells("man:table1")
+    assert len(table.cells) == 12 * 3 * 2
+    assert by[("FedDC+MAN", "cifar100", "δ=0.3")].paper == 55.21
+    rounds = by[("FedDC+MAN", "cifar100", "δ=0.3 rounds")]
+    assert (rounds.paper, rounds.metric, table.factor(rounds)) == (144, "rounds_to_target", 1.0)
+    never = by[("FedAvg", "cifar100", "iid rounds")]
+    assert never.paper is None and never.paper_text == "500+"
+    assert by[("FedDyn", "cifar100", "δ=0.6 rounds")].paper == 486
+    paper = config(table, rounds)
+    assert paper.method.name == "feddc+man" and paper.metrics.target == 0.5
+    assert (paper.metrics.target_metric, paper.training.lr, paper.training.grad_clip) == ("acc_all_model", 0.1, 10.0)
+    quick = config(table, by[("FedASAM", "cifar100", "iid")], "quick")
+    assert quick.method.params.rho == 0.1 and quick.partition.kind == "iid" and quick.metrics.target == 0.6
+
+    hessian = get_table("man:table2")
+    trace = cells("man:table2")[("FedSAM+MAN", "cifar100", "δ=0.6 trace")]
+    assert trace.paper == 2918 and trace.metric == "hessian_trace" and not hessian.percent
+    assert config(hessian, trace, "quick").metrics.hessian.at_end
+
+    supp = cells("man:supp5")
+    assert supp[("FedAvg", "cifar10", "δ=0.6")].paper == 79.34 and supp[("FedDC", "cifar10", "iid")].paper == 84.8
+
+
+def test_fedalign_tables_values_metrics_and_column_sizes() -> None:
+    t1 = cells("fedalign:table1")
+    assert t1[("GradAug", "cifar100", "H_N")].paper == 2924 and t1[("GradAug", "cifar100", "H_N")].metric == "hessian_hn"
+    assert t1[("Mixup", "cifar100", "H_D")].paper == 0.99 and get_table("fedalign:table1").factor(t1[("Mixup", "cifar100", "H_D")]) == 1.0
+    assert config(get_table("fedalign:table1"), t1[("FedAvg", "cifar100", "λ_max")]).metrics.hessian.clients == 16
+    assert cells("fedalign:table2")[("StochDepth", "cifar100", "homog")].paper == 58.6
+
+    t5 = get_table("fedalign:table5")
+    moon = cells("fedalign:table5")[("MOON", "cifar100", "MFLOPs")]
+    assert (moon.paper, moon.metric, t5.factor(moon)) == (262.2, "cost_forward_mflops", 0.5)  # MACs
+    assert cells("fedalign:table5")[("FedAvg", "cifar100", "Time (s)")].reduce == "mean"
+    gradaug = config(t5, cells("fedalign:table5")[("GradAug (n = 4)", "cifar100", "Acc (%)")])
+    assert (gradaug.method.params.n, gradaug.method.params.mu, gradaug.model.name) == (4, 2.25, "resnet56")
+    align = config(t5, cells("fedalign:table5")[("FedAlign", "cifar100", "Acc (%)")])
+    assert align.training.grad_clip == 10.0 and align.partition.kind == "dirichlet" and align.federation.clients == 16
+
+    t7 = get_table("fedalign:table7")
+    sampled = cells("fedalign:table7")[("FedAvg", "cifar10", "C=64×0.25 (100)")]
+    assert sampled.paper == 78.6
+    paper, quick = config(t7, sampled), config(t7, sampled, "quick")
+    assert (paper.federation.clients, paper.federation.fraction, paper.federation.rounds) == (64, 0.25, 100)
+    assert (quick.federation.clients, quick.federation.fraction, quick.federation.rounds) == (8, 0.25, 12)
+
+    t8 = cells("fedalign:table8")
+    mflops = t8[("FedAlign", "cifar100", "MFLOPs")]
+    assert t8[("FedAlign", "cifar100", "Rounds")].paper == 37 and mflops.paper == 3297
+    assert (mflops.metric, mflops.reduce) == ("cost_cum_forward_mflops", "at_target")
+    assert config(get_table("fedalign:table8"), mflops).metrics.target == 0.6
+
+
+def test_a_metric_whose_needs_a_set_removes_is_one_line() -> None:
+    table = get_table("man:table1")
+    rounds = cells("man:table1")[("FedAvg", "cifar100", "δ=0.3 rounds")]
+    with pytest.raises(FLTuneError, match=r"FedAvg \| CIFAR-100 δ=0.3 rounds: .*needs metrics.target"):
+        cell_tree(rounds, table.scales["quick"], "fmnist", ["metrics.target=null"])
+    hn = cells("fedalign:table1")[("FedAvg", "cifar100", "H_N")]
+    with pytest.raises(FLTuneError, match="metrics.hessian.clients"):
+        cell_tree(hn, get_table("fedalign:table1").scales["quick"], "fmnist", ["metrics.hessian.clients=0"])
+
+
+@pytest.fixture()
+def man_job(fmnist_only: Path, tmp_path: Path):  # noqa: F811
+    table = get_table("man:table1")
+    planned = plan(table, "quick", None, [f"data.root={fmnist_only}"], rows=["FedAvg", "FedDC+MAN"])
+    return new_spec(table, "quick", planned, seeds=2, storage=str(tmp_path), name="m", out=None,
+                    max_concurrent=None, datasets=None)
+
+
+@needs_fmnist
+def test_cells_of_one_experiment_share_a_run_and_substitution_is_said(man_job) -> None:
+    assert len(man_job.cells) == 12 and len(man_job.trials) == 6  # accuracy + rounds per (row, δ)
+    assert man_job.trials["FedAvg | CIFAR-100 δ=0.3"] == ["FedAvg | CIFAR-100 δ=0.3", "FedAvg | CIFAR-100 δ=0.3 rounds"]
+    assert [(o.metric, o.reduce) for o in cell_objectives(man_job, "FedAvg | CIFAR-100 δ=0.3")] == [
+        ("acc_all_model", "final"), ("rounds_to_target", "final")]
+    assert all(run.substituted == "fmnist for cifar100" for run in man_job.cells.values())
+    text = describe(man_job, nodes=1, resumed=False)
+    assert "12 cells in 6 runs" in text and "substituted fmnist for cifar100, quick scale" in text
+
+
+def row(trial: str, status: str, metrics: dict[str, float]) -> TrialRow:
+    return TrialRow(trial_id=trial[:6], status=status, params={"cell": trial}, round=12, objective=math.nan,
+                    objective_std=math.nan, metrics=metrics)
+
+
+@needs_fmnist
+def test_report_reads_each_cells_metric_scales_it_and_writes_r_plus(man_job, tmp_path: Path) -> None:
+    rows = [
+        row("FedDC+MAN | CIFAR-100 δ=0.3", "finished", {
+            "objective:final:acc_all_model": 0.8, "objective_std:final:acc_all_model": 0.01,
+            "objective:final:rounds_to_target": 4.0, "objective_std:final:rounds_to_target": 0.0}),
+        row("FedAvg | CIFAR-100 δ=0.3", "finished", {
+            "objective:final:acc_all_model": 0.6, "objective_std:final:acc_all_model": 0.02,
+            "objective:final:rounds_to_target": math.nan, "objective_std:final:rounds_to_target": math.nan}),
+    ]
+    res = {r.cell.key: r for r in results(man_job, rows)}
+    acc, rounds = res["FedDC+MAN | CIFAR-100 δ=0.3"], res["FedDC+MAN | CIFAR-100 δ=0.3 rounds"]
+    assert (acc.measured, acc.std, acc.delta) == (pytest.approx(80.0), pytest.approx(1.0), pytest.approx(80.0 - 55.21))
+    assert (rounds.measured, rounds.delta) == (4.0, 4.0 - 144)  # rounds are not percentages
+    never = res["FedAvg | CIFAR-100 δ=0.3 rounds"]
+    assert never.unreached and cell_text(never, 2) == "12+ (paper 500+)"
+    assert res["FedAvg | CIFAR-100 δ=0.6"].status == "pending"
+
+    with write_csv(man_job, list(res.values()), tmp_path / "t.csv").open() as f:
+        by = {(r["method"], r["partition"]): r for r in csv.DictReader(f)}
+    assert (by[("FedAvg", "δ=0.3 rounds")]["paper"], by[("FedAvg", "δ=0.3 rounds")]["measured"]) == ("500+", "12+")
+    assert by[("FedDC+MAN", "δ=0.3 rounds")]["measured"] == "4.0000"
+    assert "| FedDC+MAN | 80.00 ± 1.00 (paper 55.21, Δ +24.79) | 4.00 ± 0.00 (paper 144.00, Δ -140.00) |" in markdown(
+        man_job, list(res.values()))
