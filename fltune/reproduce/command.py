@@ -99,6 +99,8 @@ def prepare(args: argparse.Namespace) -> tuple[ReproSpec, Tuner]:
     table = get_table(args.table)
     if args.seeds < 1:
         raise FLTuneError(f"--seeds: {args.seeds}; allowed: ≥ 1")
+    if args.max_concurrent is not None and args.max_concurrent < 1:
+        raise FLTuneError(f"--max-concurrent: {args.max_concurrent}; allowed: ≥ 1 (or leave it out: as many as fit)")
     storage = study.storage_root(study.StudyRequest(space=None, storage=args.storage))
     if args.resume:
         if not args.name:

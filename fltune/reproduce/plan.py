@@ -38,8 +38,18 @@ def pick_scale(table: PaperTable, name: str) -> Scale:
     return table.scales[name]
 
 
-def pick_cells(table: PaperTable, datasets: list[str] | None, rows: list[str] | None = None) -> list[Cell]:
-    """The table's cells, only those of ``datasets`` (fltune or paper names) and ``rows`` when given."""
+LIKE_FOR_LIKE = {"fmnist": ("mnist", "emnist_letters"), "mnist": ("fmnist", "emnist_letters")}
+"""A substitute named in ``--datasets`` selects the cells it stands in for like-for-like (same 28×28 grey
+images, 10 classes): ``--datasets fmnist`` on FedSOL's Table 2 is its MNIST column run on FMNIST."""
+
+
+def pick_cells(table: PaperTable, datasets: list[str] | None, rows: list[str] | None = None,
+               substitute: str | None = None) -> list[Cell]:
+    """The table's cells, only those of ``datasets`` (fltune or paper names) and ``rows`` when given.
+
+    ``datasets`` may name the scale's ``substitute`` when the table lacks it: the cells of the datasets it
+    stands in for like-for-like (:data:`LIKE_FOR_LIKE`).
+    """
     cells = list(table.cells)
     if rows:
         labels = list(dict.fromkeys(c.row for c in cells))
@@ -52,10 +62,15 @@ def pick_cells(table: PaperTable, datasets: list[str] | None, rows: list[str] | 
     names = {n.lower(): d for d, n in DATASET_NAMES.items()} | {d: d for d in DATASETS}
     wanted = set()
     for name in datasets:
-        if name.lower() not in names or names[name.lower()] not in table.datasets:
+        dataset = names.get(name.lower())
+        stands_for = [d for d in LIKE_FOR_LIKE.get(dataset, ()) if d in table.datasets]
+        if dataset in table.datasets:
+            wanted.add(dataset)
+        elif dataset is not None and dataset == substitute and stands_for:
+            wanted.update(stands_for)
+        else:
             allowed = ", ".join(table.datasets)
             raise FLTuneError(f"--datasets: {name!r} is not a dataset of {table.key}; allowed: {allowed}")
-        wanted.add(names[name.lower()])
     return [c for c in cells if c.dataset in wanted]
 
 
@@ -86,7 +101,7 @@ def plan(table: PaperTable, scale_name: str, datasets: list[str] | None, overrid
          rows: list[str] | None = None) -> list[PlannedCell]:
     """Every selected cell, runnable or not; raises only for bad input."""
     scale = pick_scale(table, scale_name)
-    cells = pick_cells(table, datasets, rows)
+    cells = pick_cells(table, datasets, rows, scale.substitute)
     root = _root_from(overrides)
     missing = {d: available(d, root) for d in dict.fromkeys(c.dataset for c in cells)}
     stand_in = scale.substitute if scale.substitute and available(scale.substitute, root) is None else None

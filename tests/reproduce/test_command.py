@@ -73,6 +73,7 @@ def test_reproduce_prints_paper_beside_measured_writes_files_and_resumes(ray_ses
     (["reproduce", "table2", "--scale", "huge"], "fltune: --scale: simfafl:table2 has no scale 'huge'"),
     (["reproduce", "table2", "--datasets", "svhn"], "fltune: --datasets: 'svhn' is not a dataset"),
     (["reproduce", "table2", "--seeds", "0"], "fltune: --seeds: 0; allowed: ≥ 1"),
+    (["reproduce", "table2", "--max-concurrent", "0"], "fltune: --max-concurrent: 0; allowed: ≥ 1"),
     (["reproduce", "table2", "--resume"], "fltune: --resume: name the job with --name"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args: list[str], message: str, capsys, tmp_path: Path) -> None:

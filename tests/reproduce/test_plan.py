@@ -55,3 +55,12 @@ def test_bad_input_is_one_line_naming_the_flag(kwargs: dict, message: str) -> No
     args = {"scale_name": "quick", "datasets": ["fmnist"], "overrides": [], **kwargs}
     with pytest.raises(FLTuneError, match=message.replace("(", r"\(").replace(")", r"\)")):
         plan(get_table("table2"), **args)
+
+
+@needs_fmnist
+def test_naming_the_substitute_selects_the_cells_it_stands_in_for_like_for_like(fmnist_only: Path) -> None:
+    planned = plan(get_table("fedsol:table2"), "quick", ["fmnist"], [f"data.root={fmnist_only}"])
+    assert planned and {p.cell.dataset for p in planned} == {"mnist"}
+    assert all(p.substituted == "fmnist for mnist" for p in planned)
+    with pytest.raises(FLTuneError, match="--datasets: 'fmnist' is not a dataset of fedsol:table2"):
+        plan(get_table("fedsol:table2"), "paper", ["fmnist"], [])  # the paper scale substitutes nothing
