@@ -67,6 +67,8 @@ class ModelConfig(_Section):
     """Architecture by registry name; `auto` picks the dataset's default."""
 
     name: str = "auto"
+    options: dict[str, Any] = Field(default_factory=dict, description="keyword arguments of the model's "
+                                    "builder, e.g. {blocks: 1} for a 1-block-per-stage ResNet-56 in quick tests")
 
     @field_validator("name")
     @classmethod

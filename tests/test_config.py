@@ -55,3 +55,17 @@ def test_malformed_yaml_names_file_and_line(tmp_path):
     (tmp_path / "list.yaml").write_text("- 1\n- 2\n")
     with pytest.raises(FLTuneError, match="expected a mapping"):
         read_yaml(tmp_path / "list.yaml")
+
+
+def test_model_options_reach_the_builder_and_bad_ones_are_one_line() -> None:
+    from types import SimpleNamespace
+
+    from fltune.engine.setup import build_model_for
+    from fltune.errors import FLTuneError
+
+    data = SimpleNamespace(input_shape=(3, 32, 32), num_classes=10)
+    small = build_model_for(build_config(overrides=["method.name=fedalign", "model.options={blocks: 1}"]), data)
+    full = build_model_for(build_config(overrides=["method.name=fedalign"]), data)
+    assert sum(p.numel() for p in small.parameters()) < sum(p.numel() for p in full.parameters()) / 3
+    with pytest.raises(FLTuneError, match=r"model.options: 'resnet56' does not take \['depth'\]"):
+        build_model_for(build_config(overrides=["method.name=fedalign", "model.options={depth: 3}"]), data)

@@ -36,7 +36,8 @@ def model_name(cfg: ExperimentConfig) -> str:
 
 def build_model_for(cfg: ExperimentConfig, data: FederatedData) -> nn.Module:
     """The dataset's model, extended by the method's ``adapt_model`` hook."""
-    return build_method(cfg).adapt_model(build_model(model_name(cfg), data.input_shape, data.num_classes))
+    model = build_model(model_name(cfg), data.input_shape, data.num_classes, **cfg.model.options)
+    return build_method(cfg).adapt_model(model)
 
 
 def initial_state(cfg: ExperimentConfig, data: FederatedData) -> State:

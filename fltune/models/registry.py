@@ -42,6 +42,8 @@ def build_model(name: str, in_shape: InShape, num_classes: int, **kwargs: Any) -
         raise FLTuneError(f"model.name: unknown model {name!r}; allowed: {', '.join(sorted(MODELS))}")
     try:
         return MODELS[name](tuple(in_shape), num_classes, **kwargs)
+    except TypeError as err:  # an option the builder does not take
+        raise FLTuneError(f"model.options: {name!r} does not take {sorted(kwargs)}: {err}") from None
     except ValueError as err:
         shape = tuple(in_shape)
         raise FLTuneError(f"model.name: {name!r} cannot take inputs of shape {shape}: {err}") from err

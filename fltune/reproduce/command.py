@@ -106,6 +106,8 @@ def prepare(args: argparse.Namespace) -> tuple[ReproSpec, Tuner]:
         if not args.name:
             raise FLTuneError("--resume: name the job with --name (its folder under --storage)")
         spec = job.ReproSpec.load(f"{storage.rstrip('/')}/{args.name}")
+        if args.out:  # where the files go is not part of the job: a resumed job may write them elsewhere
+            spec = spec.model_copy(update={"out": args.out})
     else:
         overrides = [*([f"data.root={args.data_root}"] if args.data_root else []), *args.overrides]
         datasets = args.datasets.split(",") if args.datasets else None
