@@ -36,7 +36,11 @@ from fltune.methods.base import Aggregate, ServerContext, State
 class Federation:
     """One federated run: ``run()`` for all rounds, or ``step()`` one round at a time (Tune trainables)."""
 
-    def __init__(self, cfg: ExperimentConfig, data: FederatedData | None = None) -> None:
+    def __init__(
+        self, cfg: ExperimentConfig, data: FederatedData | None = None, pool: WorkerPool | None = None,
+    ) -> None:
+        """``pool``: serve the run on a caller's client actors (kept open by ``close``) instead of starting
+        ``resources.*`` of its own; results do not depend on which, only on the pool's actor count."""
         self.cfg = cfg
         self.data = data if data is not None else load_data(cfg)
         self._check_sizes()
@@ -54,6 +58,8 @@ class Federation:
         self.protocols = self._applicable_protocols()
         self.sizes = [len(idx) for idx in self.data.client_train]
         self.pool: WorkerPool | None = None
+        self.shared_pool = pool
+        self.run_ref: ray.ObjectRef | None = None
         self.forward_mflops = forward_flops_per_sample(self.eval_model, self.data.input_shape)
         self.cost = CostMeter(self.forward_mflops)
         self.artifacts: list[Path] = []
@@ -76,17 +82,21 @@ class Federation:
         return [p for p in self.cfg.metrics.protocols if p != "personalized" or has_eval]
 
     def open(self) -> None:
-        """Start (or join) Ray and the client actors."""
+        """Start (or join) Ray and the client actors — or take the shared pool — and bind this run to them."""
         if self.pool is None:
-            ensure_ray(self.cfg.resources.address)
-            plan = plan_workers(self.cfg, ray.cluster_resources())
+            pool = self.shared_pool
+            if pool is None:
+                ensure_ray(self.cfg.resources.address)
+                pool = WorkerPool(plan_workers(self.cfg, ray.cluster_resources()))
             keep = "all_model" in self.protocols or self.cfg.metrics.hessian.clients > 0
-            self.pool = WorkerPool(self.cfg, self.data, plan, keep_latest=keep)
+            self.run_ref = pool.bind(self.cfg, self.data, keep_latest=keep)
+            self.pool = pool
 
     def close(self) -> None:
-        if self.pool is not None:
+        """Stop the client actors this run started (a shared pool stays up for its owner)."""
+        if self.pool is not None and self.pool is not self.shared_pool:
             self.pool.shutdown()
-            self.pool = None
+        self.pool = self.run_ref = None
 
     # ------------------------------------------------------------------ loop
     def run(self, callbacks: Sequence[Callback] = ()) -> dict[str, Any]:
@@ -133,7 +143,7 @@ class Federation:
         )
         inputs_ref = ray.put(inputs)
         shards = balance(clients, self.sizes, len(self.pool.actors))
-        results = self.pool.map("train", shards, inputs_ref, per_shard=self._states_for)
+        results = self.pool.map(self.run_ref, "train", shards, inputs_ref, per_shard=self._states_for)
         total = WeightedSum()
         states, client_metrics, latest = {}, {}, {}
         for res in results:
@@ -241,7 +251,9 @@ class Federation:
             lr=training.finetune_lr or training.lr, global_state=self.global_state, server={},
         )
         scores: dict[int, tuple[int, float, int]] = {}
-        for part in self.pool.map("evaluate_clients", shards, ray.put(inputs), finetune, per_shard=self._states_for):
+        calls = self.pool.map(self.run_ref, "evaluate_clients", shards, ray.put(inputs), finetune,
+                              per_shard=self._states_for)
+        for part in calls:
             scores.update(part)
         accs = [scores[c][0] / scores[c][2] for c in clients]
         losses = [scores[c][1] / scores[c][2] for c in clients]

@@ -16,7 +16,7 @@ import torch
 
 from fltune.config import ExperimentConfig
 from fltune.data.federated import FederatedData
-from fltune.engine.worker import ClientWorker
+from fltune.engine.worker import ClientWorker, RunSpec
 from fltune.errors import FLTuneError
 
 MAX_RESTARTS = 3
@@ -70,26 +70,37 @@ def plan_workers(cfg: ExperimentConfig, cluster: dict[str, float]) -> WorkerPlan
 
 
 class WorkerPool:
-    """``plan.workers`` ClientWorker actors; ``map`` runs one call per non-empty shard and gathers results."""
+    """``plan.workers`` ClientWorker actors; ``map`` runs one call per non-empty shard and gathers results.
 
-    def __init__(self, cfg: ExperimentConfig, data: FederatedData, plan: WorkerPlan, keep_latest: bool) -> None:
-        self.data_ref = ray.put(data)  # once per run; held here so restarted actors can fetch it again
+    The actors are bound to no run: every call names its run (``bind``), so one pool can serve many runs
+    (a test's many methods, a caller's sweep) without paying for new worker processes each time.
+    """
+
+    def __init__(self, plan: WorkerPlan) -> None:
         remote = ray.remote(ClientWorker).options(
             num_cpus=plan.cpus, num_gpus=plan.gpus, max_restarts=MAX_RESTARTS, max_task_retries=MAX_RESTARTS,
         )
-        threads = max(1, int(plan.cpus))
-        self.actors = [remote.remote(cfg, threads, keep_latest) for _ in range(plan.workers)]
+        self.plan = plan
+        self.actors = [remote.remote(max(1, int(plan.cpus))) for _ in range(plan.workers)]
 
-    def map(self, method: str, shards: list[list[int]], *args: Any, per_shard: Any = None) -> list[Any]:
-        """Call ``actor.method(data, *args, shard, per_shard(shard))`` on actor i for shard i, in shard order.
+    @staticmethod
+    def bind(cfg: ExperimentConfig, data: FederatedData, keep_latest: bool) -> ray.ObjectRef:
+        """A run's handle for ``map``: its config and dataset in the object store, once per run. The caller
+        holds it for the run's life, so restarted actors can fetch them again."""
+        return ray.put(RunSpec(cfg, data, keep_latest))
 
-        The dataset reference goes nested (``[ref]``) so Ray does not copy it into every call's arguments.
+    def map(self, run: ray.ObjectRef, method: str, shards: list[list[int]], *args: Any,
+            per_shard: Any = None) -> list[Any]:
+        """Call ``actor.method(run, *args, shard, per_shard(shard))`` on actor i for shard i, in shard order.
+
+        The run's reference goes nested (``[run]``) so Ray does not copy the dataset into every call; runs
+        that share the pool interleave freely, each call naming its own.
         """
         refs = []
         for actor, shard in zip(self.actors, shards):
             if shard:
                 extra = (per_shard(shard),) if per_shard else ()
-                refs.append(getattr(actor, method).remote([self.data_ref], *args, shard, *extra))
+                refs.append(getattr(actor, method).remote([run], *args, shard, *extra))
         return ray.get(refs)
 
     def shutdown(self) -> None:

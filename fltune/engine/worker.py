@@ -1,8 +1,10 @@
 """The Ray actor that trains clients: stateless between calls, so any worker can train any client.
 
-A worker builds its model and method once, then per call trains its share of the round's clients one
-after another and returns one partial weighted sum (see aggregate.py) plus each client's new state and
-metrics. Weights arrive as numpy from one ``ray.put`` per round; the dataset from one ``ray.put`` per run.
+A worker serves one run at a time: the run's config and dataset arrive by reference with every call
+(one ``ray.put`` per run, see ``WorkerPool.bind``), and the worker builds its model and method when the
+run changes. Per call it trains its share of the round's clients one after another and returns one partial
+weighted sum (see aggregate.py) plus each client's new state and metrics. Weights arrive as numpy from
+one ``ray.put`` per round.
 """
 
 from __future__ import annotations
@@ -21,6 +23,15 @@ from fltune.engine.setup import build_method, build_model_for, resolve_augment
 from fltune.methods.base import State, to_numpy
 
 
+@dataclass(frozen=True)
+class RunSpec:
+    """What a worker needs to serve one run."""
+
+    cfg: ExperimentConfig
+    data: FederatedData
+    keep_latest: bool  # return each client's local model (the all_model protocol, H_N/H_D need them)
+
+
 @dataclass
 class WorkerResult:
     """One worker's share of a round."""
@@ -34,30 +45,32 @@ class WorkerResult:
 class ClientWorker:
     """Trains and evaluates clients on one CPU slot or GPU fraction (wrapped by ``ray.remote`` in the pool)."""
 
-    def __init__(self, cfg: ExperimentConfig, threads: int, keep_latest: bool) -> None:
+    def __init__(self, threads: int) -> None:
         torch.set_num_threads(max(1, threads))
-        self.cfg = cfg
-        self.keep_latest = keep_latest
         self.device = torch.device("cuda" if torch.cuda.is_available() and _has_gpu() else "cpu")
-        self.method = build_method(cfg)
-        self.data: FederatedData | None = None
+        self.run_id: str | None = None
 
-    def _attach(self, data_ref: list) -> FederatedData:
-        """Fetch the run's dataset on first use (it travels by reference with every call, so a worker
-        that Ray restarts after a crash needs no constructor arguments from the object store)."""
-        if self.data is None:
+    def _attach(self, run_ref: list) -> FederatedData:
+        """Switch to the run behind ``run_ref`` when it is not the one served last. It travels by reference
+        with every call, so a worker that Ray restarts after a crash, or that a pool hands to a new run,
+        needs nothing from its constructor."""
+        ref = run_ref[0]
+        if ref.hex() != self.run_id:
             import ray
 
-            self.data = ray.get(data_ref[0])
-            self.model = build_model_for(self.cfg, self.data).to(self.device)
-            self.augment_kind = resolve_augment(self.cfg, self.data)
+            spec: RunSpec = ray.get(ref)
+            self.cfg, self.data, self.keep_latest = spec.cfg, spec.data, spec.keep_latest
+            self.method = build_method(spec.cfg)
+            self.model = build_model_for(spec.cfg, spec.data).to(self.device)
+            self.augment_kind = resolve_augment(spec.cfg, spec.data)
+            self.run_id = ref.hex()
         return self.data
 
     def train(
-        self, data_ref: list, inputs: RoundInput, client_ids: list[int], states: dict[int, dict[str, Any]],
+        self, run_ref: list, inputs: RoundInput, client_ids: list[int], states: dict[int, dict[str, Any]],
     ) -> WorkerResult:
         """Train ``client_ids`` in order; stop early if one diverges (the round is lost anyway)."""
-        data = self._attach(data_ref)
+        data = self._attach(run_ref)
         result = WorkerResult(partial=WeightedSum())
         global_tensors = {k: torch.tensor(v, device=self.device) for k, v in inputs.global_state.items()}
         for cid in client_ids:
@@ -74,12 +87,12 @@ class ClientWorker:
         return result
 
     def evaluate_clients(
-        self, data_ref: list, inputs: RoundInput, finetune: bool, client_ids: list[int],
+        self, run_ref: list, inputs: RoundInput, finetune: bool, client_ids: list[int],
         states: dict[int, dict[str, Any]],
     ) -> dict[int, tuple[int, float, int]]:
         """Personalised protocol: each client's own model (head fine-tuned first when ``finetune``) on its
         own held-out split."""
-        data = self._attach(data_ref)
+        data = self._attach(run_ref)
         training = self.cfg.training
         tuner = FineTune(self.method, training.finetune_epochs, training.finetune_lr)
         scores = {}

@@ -12,6 +12,7 @@ import ray
 from fltune.config import build_config
 from fltune.engine.callbacks import Callback
 from fltune.engine.federation import Federation
+from fltune.engine.pool import WorkerPlan, WorkerPool
 
 BASE = [
     "data.dataset=synthetic", "partition.kind=dirichlet_prior", "partition.eval_fraction=0.2",
@@ -44,6 +45,25 @@ def test_one_and_two_workers_give_identical_runs(ray_session):
     assert [[r[k] for k in keys] for r in one.history] == [[r[k] for k in keys] for r in two.history]
     assert same_weights(one, two)
     assert one.history[-1]["acc_global"] > 0.3  # synthetic is learnable: well above 10 % chance
+
+
+def test_runs_interleaved_on_a_shared_pool_match_runs_on_their_own(ray_session):
+    own = run(federation("resources.workers=2"))
+    pool = WorkerPool(WorkerPlan(workers=2, cpus=1.0, gpus=0.0))
+    try:
+        shared = Federation(own.cfg, pool=pool)
+        other = Federation(build_config(overrides=[*BASE, "method.name=fedprox", "method.mu=0.1"]), pool=pool)
+        for _ in range(2):  # every call names its run, so two runs can take turns on the same actors
+            shared.step()
+            other.step()
+        shared.close()
+        other.close()
+        assert same_weights(own, shared)
+        assert [r["acc_global"] for r in own.history] == [r["acc_global"] for r in shared.history]
+        assert other.round == 2 and not same_weights(other, shared)  # it really was another run
+        assert len(ray.get([actor.pid.remote() for actor in pool.actors])) == 2  # close() left the pool up
+    finally:
+        pool.shutdown()
 
 
 class KillWorkerMidRound(Callback):
