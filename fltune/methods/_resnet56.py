@@ -11,7 +11,6 @@ from typing import cast
 
 from torch import nn
 
-from fltune.errors import FLTuneError
 from fltune.methods.base import ClientContext, Method
 from fltune.models.resnet56 import ResNet56
 
@@ -22,12 +21,7 @@ class ResNet56Method(Method):
     default_model = "resnet56"
 
     def adapt_model(self, model: nn.Module) -> ResNet56:
-        if not isinstance(model, ResNet56):
-            raise FLTuneError(
-                f"model.name: method {self.name!r} needs model.name=resnet56 (or auto); "
-                f"got a {type(model).__name__} without ResNet-56's slimmable stages"
-            )
-        return model
+        return self.require_model(model, ResNet56, "ResNet-56's slimmable stages", "auto, resnet56")
 
     @staticmethod
     def resnet(ctx: ClientContext) -> ResNet56:

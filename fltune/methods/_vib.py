@@ -15,7 +15,6 @@ from typing import ClassVar, cast
 
 from torch import nn
 
-from fltune.errors import FLTuneError
 from fltune.methods.base import ClientContext, Method
 from fltune.models.vib import VIBNet
 
@@ -35,12 +34,7 @@ class VIBMethod(Method):
         return "vib_mlp" if dataset in _MLP_DATASETS else "vib_cnn"
 
     def adapt_model(self, model: nn.Module) -> nn.Module:
-        if not isinstance(model, VIBNet):
-            raise FLTuneError(
-                f"model.name: {self.name} needs a VIB model; allowed: auto, {', '.join(VIB_MODELS)} "
-                f"(got a {type(model).__name__})"
-            )
-        return model
+        return self.require_model(model, VIBNet, "a VIB model", f"auto, {', '.join(VIB_MODELS)}")
 
     @staticmethod
     def net(ctx: ClientContext) -> VIBNet:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 import numpy as np
 import torch
@@ -28,8 +28,12 @@ import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict
 from torch import nn
 
+from fltune.errors import FLTuneError
+
 State = dict[str, np.ndarray]
 """Model weights on the wire: state_dict names → numpy arrays (what one ``ray.put`` ships)."""
+
+ModelT = TypeVar("ModelT", bound=nn.Module)
 
 
 class Params(BaseModel):
@@ -145,6 +149,15 @@ class Method:
         Called wherever the run builds a model (driver and workers), so extra parameters are aggregated
         and checkpointed like any other.
         """
+        return model
+
+    def require_model(self, model: nn.Module, kind: type[ModelT], needs: str, allowed: str) -> ModelT:
+        """``adapt_model`` of a method whose local objective needs one architecture: any other model fails
+        once, at model construction, in one line naming ``model.name`` — not deep inside a Ray worker."""
+        if not isinstance(model, kind):
+            raise FLTuneError(
+                f"model.name: {self.name} needs {needs}; allowed: {allowed} (got a {type(model).__name__})"
+            )
         return model
 
     # ---------------------------------------------------------------- client side
