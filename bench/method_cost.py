@@ -47,7 +47,6 @@ from pathlib import Path
 
 import ray
 import torch
-from torch.utils.flop_counter import FlopCounterMode
 
 from fltune.config import ExperimentConfig, build_config
 from fltune.data.datasets import load_dataset
@@ -57,6 +56,7 @@ from fltune.engine.pool import ensure_ray
 from fltune.engine.setup import build_model_for, model_name, resolve_augment
 from fltune.errors import DatasetMissing
 from fltune.methods import METHODS
+from fltune.metrics.flops import TrainingFlops
 
 WORKLOAD = [
     "data.subsample=0.05", "partition.kind=dirichlet_prior", "partition.alpha=0.5", "federation.clients=20",
@@ -99,21 +99,6 @@ def resident_mb(pid: int, field: str) -> float:
         if line.startswith(f"{field}:"):
             return int(line.split()[1]) / 1024
     raise RuntimeError(f"/proc/{pid}/status has no {field}")
-
-
-class TrainingFlops(FlopCounterMode):
-    """FlopCounterMode that also keeps the FLOPs of ops run outside autograd's backward (the forward
-    passes) apart. ``_count_flops`` is FlopCounterMode's per-op hook; ``mod_tracker.is_bw`` its
-    documented backward flag."""
-
-    def __init__(self) -> None:
-        super().__init__(display=False)
-        self.forward_flops = 0
-
-    def _count_flops(self, func_packet, out, args, kwargs):  # noqa: ANN001, ANN202 (torch's signature)
-        if func_packet in self.flop_registry and not self.mod_tracker.is_bw:
-            self.forward_flops += self.flop_registry[func_packet](*args, **kwargs, out_val=out)
-        return super()._count_flops(func_packet, out, args, kwargs)
 
 
 def train_mflops_per_sample(fed: Federation) -> tuple[float, float]:

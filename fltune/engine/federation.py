@@ -190,6 +190,10 @@ class Federation:
         for cid, m in client_metrics.items():
             self.cost.add_training(int(m["samples"]), self.method.passes_per_step)
             self.cost.add_upload(upload)
+        forward = [m["forward_flops"] for m in client_metrics.values() if "forward_flops" in m]
+        if forward:  # counted by the workers in round 1, over every sampled client's training
+            samples = sum(m["samples"] for m in client_metrics.values())
+            self.cost.set_training_forward(math.fsum(forward) / 1e6 / max(samples, 1.0))
 
     def _states_for(self, shard: list[int]) -> dict[int, dict[str, Any]]:
         return {c: self.client_store[c] for c in shard if c in self.client_store}

@@ -3,13 +3,15 @@
 A worker serves one run at a time: the run's config and dataset arrive by reference with every call
 (one ``ray.put`` per run, see ``WorkerPool.bind``), and the worker builds its model and method when the
 run changes. Per call it trains its share of the round's clients one after another and returns one partial
-weighted sum (see aggregate.py) plus each client's new state and metrics. Weights arrive as numpy from
+weighted sum (see aggregate.py) plus each client's new state and metrics — in round 1 also the FLOPs of
+the forward passes its training made (metrics/flops.py). Weights arrive as numpy from
 one ``ray.put`` per round.
 """
 
 from __future__ import annotations
 
 import os
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,6 +23,7 @@ from fltune.engine.aggregate import WeightedSum
 from fltune.engine.local import FineTune, RoundInput, evaluate, load_state, train_client
 from fltune.engine.setup import build_method, build_model_for, resolve_augment
 from fltune.methods.base import State, to_numpy
+from fltune.metrics.flops import TrainingFlops
 
 
 @dataclass(frozen=True)
@@ -74,10 +77,14 @@ class ClientWorker:
         result = WorkerResult(partial=WeightedSum())
         global_tensors = {k: torch.tensor(v, device=self.device) for k, v in inputs.global_state.items()}
         for cid in client_ids:
-            out = train_client(
-                self.method, self.model, data, cid, inputs, states.get(cid, {}), self.cfg.training,
-                self.augment_kind, self.device, global_tensors,
-            )
+            counter = TrainingFlops() if inputs.round == 1 else nullcontext()
+            with counter:
+                out = train_client(
+                    self.method, self.model, data, cid, inputs, states.get(cid, {}), self.cfg.training,
+                    self.augment_kind, self.device, global_tensors,
+                )
+            if isinstance(counter, TrainingFlops):  # the run's first round: what the method's passes cost
+                out.metrics["forward_flops"] = float(counter.forward_flops)
             result.partial.add(out.weight, out.update)
             result.states[cid], result.metrics[cid] = out.state, out.metrics
             if self.keep_latest:

@@ -85,7 +85,8 @@ class FedCR(VIBMethod, PersonalHead):
         return {"r_mu": server_state["r_mu"], "r_sigma": server_state["r_sigma"]}
 
     def setup_client(self, ctx: ClientContext) -> None:
-        ctx.scratch["r"] = tuple(torch.as_tensor(ctx.server[k], device=ctx.device) for k in ("r_mu", "r_sigma"))
+        # copies: arrays from Ray's object store are read-only
+        ctx.scratch["r"] = tuple(torch.tensor(ctx.server[k], device=ctx.device) for k in ("r_mu", "r_sigma"))
         ctx.scratch["seen"] = 0
 
     def local_loss(self, ctx: ClientContext, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:

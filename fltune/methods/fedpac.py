@@ -155,8 +155,8 @@ class FedPAC(PersonalHead):
         before = class_features(ctx, ctx.model.head.out_features)
         ctx.scratch["before"] = before
         if "protos" in ctx.server:
-            protos = torch.as_tensor(ctx.server["protos"], device=ctx.device)
-            has = torch.as_tensor(ctx.server["has_proto"], device=ctx.device)
+            protos = torch.tensor(ctx.server["protos"], device=ctx.device)  # copies: read-only arrays from Ray
+            has = torch.tensor(ctx.server["has_proto"], device=ctx.device)
             ctx.scratch["targets"] = torch.where(has[:, None], protos, before.means.float())
 
     def local_loss(self, ctx: ClientContext, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:

@@ -68,12 +68,17 @@ class CostMeter:
     - ``cost_cum_up_gbit``: Gbit uploaded so far, the quantity in FedAlign Table 8's "Comm Cost (Gb)"
       (0.61 M params × 32 bit × 16 clients × 84 rounds = 26.2 Gbit for FedAvg).
     - ``cost_up_mbit_round``, ``cost_down_mbit_round``: Mbit uploaded / downloaded in this round.
-    - ``cost_cum_forward_mflops``: the per-sample forward MFLOPs times the rounds so far — FedAlign Table 8's
-      "MFLOPs" as its numbers are computed (87.3 × 84 = 7332; at 2 FLOPs per MAC fltune's is twice that).
+    - ``cost_train_forward_mflops``: the forward MFLOPs the method spends per training sample (FedAlign
+      Table 5's "MFLOPs": FedAvg 87.3, MOON 262.2, FedAlign 89.1), as the workers counted them in round 1
+      (``set_training_forward``); the model's forward pass until then.
+    - ``cost_cum_forward_mflops``: that figure times the rounds so far — FedAlign Table 8's "MFLOPs" as its
+      numbers are computed (87.3 × 84 = 7332, MOON 262.2 × 55 = 14421; fltune counts 2 FLOPs per MAC).
     """
 
     _rounds = 0
     """Rounds started (a class default, so meters pickled before this counter existed still load)."""
+    _train_forward = 0.0
+    """Measured training forward FLOPs per sample; 0 = not yet (also a class default, for old pickles)."""
 
     def __init__(self, forward_mflops_per_sample: float, clock: Callable[[], float] = perf_counter) -> None:
         self._flops_per_sample = forward_mflops_per_sample * 1e6
@@ -92,6 +97,10 @@ class CostMeter:
     def add_training(self, samples: int, passes: float = 1.0) -> None:
         """``samples`` trained on by one client; ``passes`` forward+backward passes each (2 for SAM-type)."""
         self._flops += samples * passes * FORWARD_BACKWARD_FACTOR * self._flops_per_sample
+
+    def set_training_forward(self, mflops_per_sample: float) -> None:
+        """The method's forward MFLOPs per training sample, counted on its real training (metrics/flops.py)."""
+        self._train_forward = mflops_per_sample * 1e6
 
     def add_download(self, bits: int, clients: int = 1) -> None:
         """A broadcast of ``bits`` to each of ``clients`` clients."""
@@ -112,5 +121,9 @@ class CostMeter:
             "cost_cum_up_gbit": self._up_bits / 1e9,
             "cost_up_mbit_round": self._round_up_bits / 1e6,
             "cost_down_mbit_round": self._round_down_bits / 1e6,
-            "cost_cum_forward_mflops": self._rounds * self._flops_per_sample / 1e6,
+            "cost_train_forward_mflops": self._training_forward() / 1e6,
+            "cost_cum_forward_mflops": self._rounds * self._training_forward() / 1e6,
         }
+
+    def _training_forward(self) -> float:
+        return self._train_forward or self._flops_per_sample

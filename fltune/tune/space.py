@@ -29,7 +29,7 @@ PROTOCOL_OF: dict[str, str | None] = {
     "hessian_lambda_max": None, "hessian_trace": None, "hessian_hn": None, "hessian_hd": None,
     # cost (FedAlign Tables 5 and 8): per round, and the run's constants of ``Federation.static_costs``
     "cost_round_s": None, "cost_cum_tflops": None, "cost_cum_up_gbit": None, "cost_cum_forward_mflops": None,
-    "cost_forward_mflops": None, "cost_stored_params": None,
+    "cost_train_forward_mflops": None, "cost_forward_mflops": None, "cost_stored_params": None,
 }
 """Metrics a study can optimise or a reproduced cell compare (keys of ``Federation.step``, or of
 ``Federation.static_costs``) → the evaluation protocol they need (None: none)."""

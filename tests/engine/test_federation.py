@@ -7,6 +7,7 @@ import signal
 import threading
 
 import numpy as np
+import pytest
 import ray
 
 from fltune.config import build_config
@@ -123,3 +124,16 @@ def test_finetune_phase_reports_tuned_personal_accuracy_without_touching_the_glo
     assert last["acc_personalized"] == plain.history[-1]["acc_personalized"]
     assert last["loss_personalized_ft"] != last["loss_personalized"]  # the heads really were tuned
     assert tuned.summary()["acc_personalized_ft"] == last["acc_personalized_ft"]
+
+
+def test_training_forward_flops_are_counted_on_the_real_training(ray_session):
+    """FedAvg's forward passes per training sample are the model's forward pass; MOON's add the global and
+    previous models' (FedAlign Table 5: 262.2 vs 87.3); Table 8's cumulative figure is that × rounds."""
+    fedavg = run(federation("resources.workers=2", "federation.rounds=2"))
+    moon = run(federation("resources.workers=2", "federation.rounds=2", "method.name=moon"))
+    assert fedavg.history[0]["cost_train_forward_mflops"] == pytest.approx(fedavg.forward_mflops)
+    assert 2.9 < moon.history[-1]["cost_train_forward_mflops"] / fedavg.forward_mflops < 3.3
+    for fed in (fedavg, moon):
+        per_sample = fed.history[0]["cost_train_forward_mflops"]
+        assert fed.history[-1]["cost_train_forward_mflops"] == per_sample  # counted once, in round 1
+        assert fed.history[-1]["cost_cum_forward_mflops"] == pytest.approx(2 * per_sample)

@@ -84,3 +84,5 @@ def test_method_runs_three_rounds_and_is_worker_count_invariant(pools, method, d
         assert value.tobytes() == two.global_state[key].tobytes(), f"{method}: {key} differs with 2 workers"
     assert 0.0 <= one.history[-1]["acc_global"] <= 1.0
     assert [r.get("acc_personalized") for r in one.history] == [r.get("acc_personalized") for r in two.history]
+    forward = one.history[-1]["cost_train_forward_mflops"]  # counted over round 1's training, every client
+    assert forward > 0 and forward == two.history[-1]["cost_train_forward_mflops"]

@@ -57,9 +57,11 @@ def test_meter_accumulates_rounds() -> None:
         "cost_cum_up_gbit": 4e-3,
         "cost_up_mbit_round": 4.0,
         "cost_down_mbit_round": 4.0,
+        "cost_train_forward_mflops": 2.0,  # the model's forward until the workers' count arrives
         "cost_cum_forward_mflops": 2.0,
     })
 
+    meter.set_training_forward(6.0)  # e.g. MOON: three models' forward passes per training sample
     meter.start_round()
     meter.add_download(1_000_000, clients=2)
     meter.add_training(50)
@@ -73,5 +75,6 @@ def test_meter_accumulates_rounds() -> None:
         "cost_cum_up_gbit": 5e-3,
         "cost_up_mbit_round": 1.0,
         "cost_down_mbit_round": 2.0,
-        "cost_cum_forward_mflops": 4.0,  # FedAlign Table 8's "MFLOPs": per-sample forward × rounds
+        "cost_train_forward_mflops": 6.0,
+        "cost_cum_forward_mflops": 12.0,  # FedAlign Table 8's "MFLOPs": training forward per sample × rounds
     })

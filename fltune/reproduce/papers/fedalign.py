@@ -10,10 +10,12 @@ GradAug n = 2, μ = 1.75, ω_b = 0.8 (Table 5: μ = 1.5, 2.0, 2.25 for n = 1, 3,
 The numbers are the arXiv version's (with the appendix, the only one holding Table 8 and a legible Table
 2); the CVPR version prints the same Table 1 but other means, with ± std, in Tables 2, 5 and 7.
 
-Cost columns: ``cost_forward_mflops`` is one forward pass of the model (2 FLOPs per multiply-add, so
-×0.5 gives the paper's MAC-based MFLOPs: ResNet-56 on CIFAR-100 = 87.2); it is the same for every method,
-so the extra passes of MOON and GradAug, StochDepth's dropped blocks and FedAlign's sub-block are not in
-it. ``cost_stored_params`` is the parameter count × the method's ``stored_models``.
+Cost columns: ``cost_train_forward_mflops`` is what the paper's MFLOPs column counts, "the compute needs for
+the forward pass of the training process": the forward FLOPs each method really spends per training sample,
+counted by the workers over round 1's training (MOON's three models, GradAug's sub-networks, StochDepth's
+dropped blocks, FedAlign's reduced-width pass; metrics/flops.py), at 2 FLOPs per multiply-add, so ×0.5 gives
+the paper's MAC-based figures (ResNet-56 on CIFAR-100, FedAvg: 87.2). Table 8's MFLOPs are that × the
+rounds to 60 %. ``cost_stored_params`` is the parameter count × the method's ``stored_models``.
 """
 
 from __future__ import annotations
@@ -69,7 +71,7 @@ TABLE5 = {  # Acc (%), MFLOPs, Param (M), Time (s per round, 4 RTX-2080Ti)
     "GradAug (n = 4)": (56.6, 264.1, 0.61, 514.4),
     "FedAlign": (57.4, 89.1, 0.61, 166.2),
 }
-MFLOPS = ("MFLOPs", "cost_forward_mflops", 0.5)
+MFLOPS = ("MFLOPs", "cost_train_forward_mflops", 0.5)
 """(column, metric, factor): fltune counts 2 FLOPs per multiply-add, the paper's MFLOPs are MACs (87.3)."""
 PARAMS = ("Param (M)", "cost_stored_params", 1e-6)
 TABLE5_COLUMNS = (("Acc (%)", "acc_global", None), MFLOPS, PARAMS, ("Time (s)", "cost_round_s", 1.0))
@@ -181,11 +183,11 @@ def table5() -> PaperTable:
     return PaperTable(
         key="fedalign:table5", title="FedAlign Table 5: accuracy, local compute, stored parameters and time per round",
         source="papers/fedalign_arxiv_with_appendix.md, Table 5",
-        value="final server-model test accuracy (%); forward MFLOPs per sample (MACs); parameters stored while "
-              "training (M); wall seconds per round (mean over rounds; the paper's on 4 RTX-2080Ti)",
+        value="final server-model test accuracy (%); training forward MFLOPs per sample (MACs); parameters "
+              "stored while training (M); wall seconds per round (mean over rounds; the paper's on 4 RTX-2080Ti)",
         cells=tuple(cells), scales=SCALES,
-        unknowns=(*UNKNOWNS, "fltune's MFLOPs are the model's forward pass, the same for every method (see the "
-                             "module docstring); time is this machine's, with its worker count"),
+        unknowns=(*UNKNOWNS, "MFLOPs of the stochastic methods (StochDepth, GradAug) are round 1's average over "
+                             "its batches; time is this machine's, with its worker count"),
     )
 
 
@@ -201,7 +203,8 @@ def table7() -> PaperTable:
     return PaperTable(
         key="fedalign:table7", title="FedAlign Table 7: CIFAR-10 accuracy (%), MFLOPs and parameters",
         source="papers/fedalign_arxiv_with_appendix.md, Table 7 (CIFAR-10 columns)",
-        value="final server-model test accuracy (%); forward MFLOPs per sample (MACs); stored parameters (M)",
+        value="final server-model test accuracy (%); training forward MFLOPs per sample (MACs); stored "
+              "parameters (M)",
         cells=tuple(cells), scales=SCALES,
         unknowns=(*UNKNOWNS, "Table 7's ImageNet-200 columns are not registered (no loader in fltune)"),
     )
@@ -220,8 +223,9 @@ def table8() -> PaperTable:
     return PaperTable(
         key="fedalign:table8", title="FedAlign Table 8: rounds, MFLOPs and communication to reach 60 % (CIFAR-100)",
         source="papers/fedalign_arxiv_with_appendix.md, appendix Table 8",
-        value="first round the server model reaches 60 %; forward MFLOPs (MACs) per sample × those rounds, as "
-              "the paper's numbers are computed (87.3 × 84 = 7332); Gbit uploaded by then (32-bit weights)",
+        value="first round the server model reaches 60 %; training forward MFLOPs (MACs) per sample × those "
+              "rounds, as the paper's numbers are computed (87.3 × 84 = 7332); Gbit uploaded by then (32-bit "
+              "weights)",
         percent=False, cells=tuple(cells), scales=scales,
         unknowns=(*UNKNOWNS, "rounds: at most 100 (the paper runs until 60 %; its slowest method needs 84)",
                   "uploads are the whole state at its dtypes (BN buffers included), the paper counts parameters"),
