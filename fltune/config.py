@@ -183,6 +183,8 @@ class ResourcesConfig(_Section):
     workers: int | None = Field(None, ge=1, description="client actors; None = as many as CPUs allow")
     cpus_per_worker: float = Field(1.0, gt=0)
     gpus_per_worker: float | None = Field(None, ge=0, le=1, description="None = share the GPUs when CUDA exists")
+    deterministic: bool = Field(
+        True, description="reproducible CUDA kernels (same numbers with 1 or many workers); false = faster on GPU")
     address: str | None = Field(None, description="Ray cluster address; None = start a local Ray")
 
 

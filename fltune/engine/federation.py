@@ -24,7 +24,7 @@ from fltune.engine.aggregate import WeightedSum
 from fltune.engine.callbacks import Callback
 from fltune.engine.local import RoundInput, evaluate, load_state
 from fltune.engine.pool import WorkerPool, balance, ensure_ray, plan_workers
-from fltune.engine.rng import sample_clients
+from fltune.engine.rng import sample_clients, use_deterministic_cuda
 from fltune.engine.setup import build_method, build_model_for, initial_state, load_data
 from fltune.errors import FLTuneError
 from fltune.metrics.accuracy import reached_target, summarise
@@ -54,6 +54,8 @@ class Federation:
         self.history: list[dict[str, float]] = []
         self.status = "running"
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        if self.device.type == "cuda":  # the driver's evaluations and Hessian probes
+            use_deterministic_cuda(cfg.resources.deterministic)
         self.eval_model = build_model_for(cfg, self.data).to(self.device)
         self.protocols = self._applicable_protocols()
         self.sizes = [len(idx) for idx in self.data.client_train]

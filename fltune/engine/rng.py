@@ -2,12 +2,16 @@
 
 Deriving seeds through numpy's SeedSequence (rather than seed + round arithmetic) gives independent
 streams per (seed, round, client), so results do not depend on which worker trains a client, on how
-many workers there are, or on the order in which clients run.
+many workers there are, or on the order in which clients run. On CUDA the kernels must be deterministic
+too (:func:`use_deterministic_cuda`).
 """
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
+import torch
 
 CLIENT_STREAM, SAMPLING_STREAM = 1, 2
 """Stream tags: client/server training streams and client sampling never share a seed."""
@@ -25,3 +29,22 @@ def sample_clients(seed: int, round_: int, num_clients: int, per_round: int) -> 
     every method and every worker count sees the same client sequence."""
     rng = np.random.default_rng(np.random.SeedSequence([seed, SAMPLING_STREAM, round_]))
     return sorted(int(c) for c in rng.choice(num_clients, size=per_round, replace=False))
+
+
+CUBLAS_WORKSPACE = ":4096:8"
+"""cuBLAS's fixed-size workspace, which makes its GEMMs reproducible (read once, at the first cuBLAS call)."""
+
+
+def use_deterministic_cuda(deterministic: bool) -> None:
+    """Pick reproducible CUDA kernels, or the fastest ones (``resources.deterministic``).
+
+    cuDNN's fastest convolution backward passes and cuBLAS's split-K GEMMs add partial sums in whatever
+    order the threads finish, so without this a seed gives different weights from run to run and between
+    1 and many workers on a GPU. ``warn_only``: an op with no deterministic CUDA kernel warns instead of
+    stopping the run. Only for a process that trains on CUDA: on the CPU every kernel fltune uses is
+    already deterministic, and the flag would make torch fill new tensors with NaN there.
+    """
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_WORKSPACE)
+    torch.backends.cudnn.deterministic = deterministic
+    torch.backends.cudnn.benchmark = not deterministic
+    torch.use_deterministic_algorithms(deterministic, warn_only=True)

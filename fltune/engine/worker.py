@@ -21,6 +21,7 @@ from fltune.config import ExperimentConfig
 from fltune.data.federated import FederatedData
 from fltune.engine.aggregate import WeightedSum
 from fltune.engine.local import FineTune, RoundInput, evaluate, load_state, train_client
+from fltune.engine.rng import use_deterministic_cuda
 from fltune.engine.setup import build_method, build_model_for, resolve_augment
 from fltune.methods.base import State, to_numpy
 from fltune.metrics.flops import TrainingFlops
@@ -66,6 +67,8 @@ class ClientWorker:
             self.method = build_method(spec.cfg)
             self.model = build_model_for(spec.cfg, spec.data).to(self.device)
             self.augment_kind = resolve_augment(spec.cfg, spec.data)
+            if self.device.type == "cuda":
+                use_deterministic_cuda(spec.cfg.resources.deterministic)
             self.run_id = ref.hex()
         return self.data
 

@@ -9,6 +9,7 @@ import threading
 import numpy as np
 import pytest
 import ray
+import torch
 
 from fltune.config import build_config
 from fltune.engine.callbacks import Callback
@@ -48,9 +49,23 @@ def test_one_and_two_workers_give_identical_runs(ray_session):
     assert one.history[-1]["acc_global"] > 0.3  # synthetic is learnable: well above 10 % chance
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("model", ["fedavg_cnn", "resnet56"])
+def test_gpu_workers_give_identical_runs(ray_session, model):
+    """On CUDA the workers share the GPU (``gpus_per_worker`` unset) and ``resources.deterministic`` picks
+    reproducible cuDNN/cuBLAS kernels, so 1 and 2 workers still agree to the bit."""
+    assert ray.cluster_resources().get("GPU", 0) >= 1
+    options = ["model.options={blocks: 1}"] if model == "resnet56" else []
+    one = run(federation("resources.workers=1", f"model.name={model}", *options))
+    two = run(federation("resources.workers=2", f"model.name={model}", *options))
+    assert same_weights(one, two)
+    assert [r["acc_global"] for r in one.history] == [r["acc_global"] for r in two.history]
+
+
 def test_runs_interleaved_on_a_shared_pool_match_runs_on_their_own(ray_session):
-    own = run(federation("resources.workers=2"))
-    pool = WorkerPool(WorkerPlan(workers=2, cpus=1.0, gpus=0.0))
+    gpus = 0.5 if ray.cluster_resources().get("GPU") else 0.0  # the same devices as the run on its own
+    own = run(federation("resources.workers=2", f"resources.gpus_per_worker={gpus}"))
+    pool = WorkerPool(WorkerPlan(workers=2, cpus=1.0, gpus=gpus))
     try:
         shared = Federation(own.cfg, pool=pool)
         other = Federation(build_config(overrides=[*BASE, "method.name=fedprox", "method.mu=0.1"]), pool=pool)
