@@ -3,7 +3,7 @@
 Workload (the same for every method): FMNIST (synthetic data when FMNIST is not installed — the ``data``
 line says which), 5 % of it (stratified) split Dirichlet-prior δ = 0.5 over 20 clients (~150 training
 samples each), 2 clients per round, 1 local epoch of batch 50, SGD lr 0.01 with momentum 0.9, ``--rounds``
-rounds (default 4; the first is a warm-up), on one 1-CPU client worker (torch 1 thread), no evaluation
+rounds (default 6; the first is a warm-up), on one 1-CPU client worker (torch 1 thread), no evaluation
 before the last round. Each method trains the model ``model.name: auto`` gives it (the FedAvg CNN; ResNet-56
 for StochDepth, GradAug and FedAlign; the VIB CNN for FedCR, FedSR and SimFAFL) and is compared with FedAvg
 on that same model.
@@ -11,7 +11,9 @@ on that same model.
 Columns:
 
 - ``s/round``: the engine's ``round_s`` (broadcast, the clients' local training on the worker,
-  aggregation; no evaluation), mean over the rounds after the warm-up.
+  aggregation; no evaluation), median over the rounds after the warm-up — a round here is under a second,
+  so one perturbed round (a GC pause, another process) would move a mean by tens of percent. Every method
+  sees the same clients in the same rounds, so the medians compare like with like.
 - ``peak MB``: the peak resident set (``VmHWM`` in ``/proc/<pid>/status``, Linux) of the run's client
   worker, a fresh Ray actor process per method, read after its last round; ``work MB`` is that peak minus
   the worker's resident set just after it started, i.e. what its work added: libraries torch loads on
@@ -30,9 +32,9 @@ Columns:
   0.94, GradAug n = 2 1.96, FedAlign 1.02, FedProx and Mixup 1.00).
 
 ``×FedAvg`` columns divide by FedAvg on the same model. A full run over all registered methods takes about
-8 minutes on a 2-core machine (the three ResNet-56 methods and their FedAvg reference are half of it).
+9 minutes on a 2-core machine (the three ResNet-56 methods and their FedAvg reference are half of it).
 
-    python bench/method_cost.py [--methods fedavg,fedprox,moon] [--rounds 4]
+    python bench/method_cost.py [--methods fedavg,fedprox,moon] [--rounds 6]
 
 (from the repository root; prefix ``PYTHONPATH=.`` where the editable install does not put ``fltune`` on
 the path, as for the other benchmarks).
@@ -41,6 +43,7 @@ the path, as for the other benchmarks).
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -129,9 +132,9 @@ def measure(cfg: ExperimentConfig) -> Cost:
         peak_mb = resident_mb(pid, "VmHWM")
     finally:
         fed.close()
-    timed = seconds[1:] or seconds
     costs = fed.static_costs()
-    return Cost(cfg.method.name, model_name(cfg), sum(timed) / len(timed), peak_mb, peak_mb - idle_mb,
+    return Cost(cfg.method.name, model_name(cfg), statistics.median(seconds[1:] or seconds), peak_mb,
+                peak_mb - idle_mb,
                 costs["cost_forward_mflops"], costs["cost_stored_params"], *train_mflops_per_sample(fed))
 
 
@@ -153,7 +156,7 @@ def print_table(costs: list[Cost], references: dict[str, Cost]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--methods", help="comma-separated registered methods (default: all)")
-    parser.add_argument("--rounds", type=int, default=4, help="rounds per method, the first a warm-up")
+    parser.add_argument("--rounds", type=int, default=6, help="rounds per method, the first a warm-up")
     args = parser.parse_args()
     methods = args.methods.split(",") if args.methods else sorted(METHODS)
     dataset = dataset_name()
