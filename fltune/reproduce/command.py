@@ -186,6 +186,10 @@ def conclude(spec: ReproSpec, rows: list[TrialRow]) -> int:
     console.print(f"written: {', '.join(str(p) for p in paths)}")
     for dataset_note in sorted({r.note for r in res if r.status == "no data"}):
         console.print(f"[dim]no data:[/] {dataset_note}")
+    diverged = [f"{r.cell.row} | {r.cell.dataset} {r.cell.column} (round {r.round})" for r in res if r.status == "diverged"]
+    if diverged:
+        console.print(f"diverged (loss or weights NaN/inf; the number shown is the last evaluation before): "
+                      f"{'; '.join(diverged)}")
     if any(r.status in ("running", "pending") for r in res):
         console.print("fltune: job interrupted; continue it with: "
                       + RESUME_HINT.format(table=spec.table, name=spec.name, storage=spec.storage))

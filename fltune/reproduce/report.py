@@ -104,7 +104,13 @@ def cell_text(result: CellResult, seeds: int) -> str:
     if result.measured is None:
         return result.status
     spread = f" ± {_fmt(result.std)}" if seeds > 1 and result.std is not None else ""
-    return f"{_fmt(result.measured)}{spread} (paper {paper_text(result.cell)}, Δ {_fmt(result.delta, True)})"
+    return (f"{_fmt(result.measured)}{spread}{diverged_text(result)} "
+            f"(paper {paper_text(result.cell)}, Δ {_fmt(result.delta, True)})")
+
+
+def diverged_text(result: CellResult) -> str:
+    """' diverged r7' for a cell whose run stopped on NaN/inf: its number is the last evaluation before."""
+    return f" diverged r{result.round}" if result.status == "diverged" else ""
 
 
 def columns(table: PaperTable, res: list[CellResult]) -> list[tuple[str, str]]:
@@ -143,7 +149,8 @@ def _rich_cell(r: CellResult, seeds: int, percent: bool) -> str:
         return f"[dim]{r.status}[/]"
     spread = f" ± {_fmt(r.std)}" if seeds > 1 and r.std is not None else ""
     colour = "green" if (r.delta or 0) >= -1 else ("yellow" if (r.delta or 0) >= -5 else "red")
-    live = "" if r.status in ("finished", "diverged") else f" [dim]r{r.round}[/]"
+    live = f"[red]{diverged_text(r)}[/]" if r.status == "diverged" else ""
+    live = live if r.status in ("finished", "diverged") else f" [dim]r{r.round}[/]"
     delta = f"[{colour}]Δ {_fmt(r.delta, True)}[/]" if percent else f"Δ {_fmt(r.delta, True)}"
     return f"[bold]{_fmt(r.measured)}[/]{spread}{live}\n[dim]paper {paper_text(r.cell)}[/]\n{delta}"
 

@@ -55,6 +55,15 @@ def test_results_scale_to_percent_and_compute_delta(spec, tmp_path: Path) -> Non
 
 
 @needs_fmnist
+def test_a_diverged_cell_with_a_last_accuracy_says_it_diverged(spec) -> None:
+    """Scaffold in FedSOL Table 2 at quick scale: NaN at round 20, 10 % accuracy at its last evaluation."""
+    rows = [row("FedAvg | FMNIST non-IID1", "finished", 0.80), row("SimFAFL | FMNIST non-IID1", "diverged", 0.10)]
+    res = {r.cell.key: r for r in results(spec, rows)}
+    assert "| FedAvg | 80.00 ± 0.00 (paper" in markdown(spec, list(res.values()))
+    assert "| SimFAFL | 10.00 ± 0.00 diverged r20 (paper" in markdown(spec, list(res.values()))
+
+
+@needs_fmnist
 def test_eta_from_finished_cells_and_those_running(spec) -> None:
     rows = [row("FedAvg | FMNIST non-IID1", "finished", 0.8, seconds=120.0),
             row("FedAvg | FMNIST non-IID2", "running", math.nan),
