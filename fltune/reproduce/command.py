@@ -186,7 +186,8 @@ def conclude(spec: ReproSpec, rows: list[TrialRow]) -> int:
     console.print(f"written: {', '.join(str(p) for p in paths)}")
     for dataset_note in sorted({r.note for r in res if r.status == "no data"}):
         console.print(f"[dim]no data:[/] {dataset_note}")
-    diverged = [f"{r.cell.row} | {r.cell.dataset} {r.cell.column} (round {r.round})" for r in res if r.status == "diverged"]
+    diverged = [f"{r.cell.row} | {r.cell.dataset} {r.cell.column} (round {r.round})"
+                for r in res if r.status == "diverged"]
     if diverged:
         console.print(f"diverged (loss or weights NaN/inf; the number shown is the last evaluation before): "
                       f"{'; '.join(diverged)}")
