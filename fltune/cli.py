@@ -116,7 +116,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="cli.py", description="fltune: run, tune and compare FL methods.")
+    parser = argparse.ArgumentParser(description="fltune: run, tune and compare FL methods.")
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="one federated run, tracked in MLflow")
     add_experiment_args(run)

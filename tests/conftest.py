@@ -1,8 +1,16 @@
-"""Shared fixtures: one real local Ray for the session, a real MLflow sqlite store per test."""
+"""Shared fixtures: one real local Ray for the session, a real MLflow sqlite store per test.
+
+Tests that start Ray, a federation or a CLI subprocess are marked ``slow`` here, so
+``python -m pytest -m "not slow"`` is the fast loop; ``python -m pytest`` (CI) runs everything.
+"""
 
 from __future__ import annotations
 
+import inspect
 import os
+import sys
+import types
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -12,6 +20,52 @@ needs_fmnist = pytest.mark.skipif(
     not (FMNIST_DIR / "train-images-idx3-ubyte.gz").exists(),
     reason="real FMNIST missing: apt-get install dataset-fashion-mnist",
 )
+
+
+RAY_FIXTURES = frozenset({"ray_session", "two_nodes"})
+"""Fixtures that start Ray (a test using one, directly or through another fixture, is slow)."""
+SPAWNS = frozenset({"subprocess", "Popen", "multiprocessing"})
+"""Names whose use in a test, or in a test helper it calls, means it starts a process (the CLI, a Ray node)."""
+
+
+def _spawns(func: Callable, depth: int = 2) -> bool:
+    """Whether ``func`` refers to ``subprocess``, or calls a function of the test tree that does."""
+    code = getattr(func, "__code__", None)
+    if code is None:
+        return False
+    names = set(code.co_names)
+    names.update(n for c in code.co_consts if isinstance(c, types.CodeType) for n in c.co_names)
+    if names & SPAWNS:
+        return True
+    if depth == 0:
+        return False
+    scope = getattr(func, "__globals__", {})
+    return any(
+        inspect.isfunction(f) and f.__module__.startswith("tests") and _spawns(f, depth - 1)
+        for f in (scope.get(n) for n in names)
+    )
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark ``slow`` every test that starts Ray (through a Ray fixture) or spawns a process."""
+    for item in items:
+        function = getattr(item, "function", None)
+        if RAY_FIXTURES & set(getattr(item, "fixturenames", ())) or (function is not None and _spawns(function)):
+            item.add_marker(pytest.mark.slow)
+
+
+@pytest.fixture(autouse=True)
+def _fast_tests_start_no_ray(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A test left out of ``slow`` that starts Ray in this process (the engine starts it and leaves it
+    running) fails, so the fast loop stays fast and a missed marking shows at once."""
+
+    def ray_up() -> bool:
+        return "ray" in sys.modules and sys.modules["ray"].is_initialized()
+
+    before = ray_up()
+    yield
+    if not before and ray_up() and request.node.get_closest_marker("slow") is None:
+        pytest.fail("this test starts Ray: use the ray_session fixture (which marks it slow) or mark it slow")
 
 
 @pytest.fixture(scope="session")

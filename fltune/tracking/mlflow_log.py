@@ -2,8 +2,8 @@
 
 No fluent ``mlflow.start_run`` global state: a Tune study's driver keeps many runs open at once (a
 parent per study, a child per trial), so every call names its run id. The default store is
-``sqlite:///<repo>/mlruns/mlflow.db`` with artifacts under ``<repo>/mlruns/artifacts`` (MLflow ≥ 3.13
-refuses a bare ``./mlruns`` file store).
+``sqlite:///<repo>/mlruns/mlflow.db`` with artifacts under ``<repo>/mlruns/artifacts`` inside the source
+checkout, ``./mlruns/…`` elsewhere (MLflow ≥ 3.13 refuses a bare ``./mlruns`` file store).
 """
 
 from __future__ import annotations
@@ -31,9 +31,11 @@ for _noisy in ("mlflow.store.db.utils", "alembic.runtime.migration"):  # schema-
 
 
 def mlruns_dir() -> Path:
-    """``<repo>/mlruns`` in a source checkout, else ``./mlruns``."""
-    root = REPO if (REPO / "pyproject.toml").exists() else Path.cwd()
-    return root / "mlruns"
+    """``<repo>/mlruns`` when run from inside the source checkout, else ``./mlruns`` under the current
+    directory (the installed ``fltune`` command run from a project folder keeps its runs there)."""
+    cwd = Path.cwd().resolve()
+    inside = (REPO / "pyproject.toml").exists() and (cwd == REPO or REPO in cwd.parents)
+    return (REPO if inside else cwd) / "mlruns"
 
 
 def default_uri() -> str:

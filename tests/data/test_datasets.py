@@ -100,11 +100,12 @@ def test_unknown_dataset_lists_the_allowed_ones() -> None:
     assert set(NUM_CLASSES) == set(DATASETS)
 
 
-def test_synthetic_is_deterministic_balanced_and_learnable() -> None:
+def test_synthetic_is_deterministic_balanced_and_learnable(tmp_path) -> None:
     ds = load_dataset("synthetic")
-    regenerated = datasets._load_synthetic(None, False)  # bypasses the in-process cache
+    regenerated = load_dataset("synthetic", root=tmp_path)  # another root: regenerated, not the cached one
 
-    assert torch.equal(regenerated[0], ds.train_x) and torch.equal(regenerated[3], ds.test_y)
+    assert regenerated is not ds
+    assert torch.equal(regenerated.train_x, ds.train_x) and torch.equal(regenerated.test_y, ds.test_y)
     assert ds.train_x.shape == (6000, 1, 28, 28) and ds.test_x.shape == (1000, 1, 28, 28)
     assert torch.bincount(ds.train_y).tolist() == [600] * 10
     # nearest class mean of the train split classifies the test split
