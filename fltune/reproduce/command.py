@@ -162,6 +162,8 @@ def callbacks(spec: ReproSpec) -> list:
 
 
 def describe(spec: ReproSpec, nodes: int, resumed: bool) -> str:
+    from fltune.reproduce.report import row_lines
+
     table = spec.paper_table
     subs = sorted({c.substituted for c in spec.cells.values() if c.substituted})
     return (
@@ -172,6 +174,7 @@ def describe(spec: ReproSpec, nodes: int, resumed: bool) -> str:
         + (f", {len(spec.missing)} without data" if spec.missing else "")
         + (f" · substituted {', '.join(subs)}, {spec.scale} scale" if subs else "")
         + f"\n  per cell: {spec.workers} client worker(s) on a {nodes}-node cluster · folder {spec.path}"
+        + "".join(f"\n  {line}" for line in row_lines(table, [table.cell(key).row for key in spec.cells]))
     )
 
 
