@@ -163,9 +163,8 @@ def estimate(items: list[tuple[str, dict[str, Any], int]], cluster: dict[str, fl
     if device().type == "cuda":
         slots = max(1.0, cluster.get("GPU", 1.0))
     else:
-        cpus = max(1.0, cluster.get("CPU", 1.0))
-        first = jobs[0].cfg.resources if jobs else None
-        workers_fit = max(1, int(cpus // (first.cpus_per_worker if first else 1.0)))
+        cpus_per_worker = jobs[0].cfg.resources.cpus_per_worker if jobs else 1.0  # the same for every cell
+        workers_fit = max(1, int(max(1.0, cluster.get("CPU", 1.0)) // cpus_per_worker))
         at_once = max(1, workers_fit // max(per_run, default=1))
         if max_concurrent:
             at_once = min(at_once, max_concurrent)
