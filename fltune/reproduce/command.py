@@ -42,6 +42,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--name", help="job name (default: <paper>-<table>-<scale>-<time>)")
     p.add_argument("--out", help="folder for table.csv and table.md (default: mlruns/reproduce/<name>)")
     p.add_argument("--resume", action="store_true", help="continue an interrupted job (needs --name)")
+    p.add_argument("--plan", action="store_true",
+                   help="print the cells, their settings, client-samples and an estimated wall time; run nothing")
 
 
 def cmd_tables(args: argparse.Namespace) -> int:
@@ -72,6 +74,8 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
 
     from fltune.tune.results import trial_row
 
+    if args.plan:
+        return show_plan(args)
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # the board is the output, as for `tune`
     os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
     spec, tuner = prepare(args)
@@ -109,9 +113,7 @@ def prepare(args: argparse.Namespace) -> tuple[ReproSpec, Tuner]:
         if args.out:  # where the files go is not part of the job: a resumed job may write them elsewhere
             spec = spec.model_copy(update={"out": args.out})
     else:
-        overrides = [*([f"data.root={args.data_root}"] if args.data_root else []), *args.overrides]
-        datasets = args.datasets.split(",") if args.datasets else None
-        rows = args.rows.split(",") if args.rows else None
+        datasets, rows, overrides = selection(args)
         planned = plan(table, args.scale, datasets, overrides, rows)
         spec = job.new_spec(table, args.scale, planned, seeds=args.seeds, storage=storage, name=args.name,
                             out=args.out, max_concurrent=args.max_concurrent, datasets=datasets)
@@ -132,7 +134,37 @@ def prepare(args: argparse.Namespace) -> tuple[ReproSpec, Tuner]:
         spec.save()
         tuner = job.new_tuner(spec, resources, callbacks(spec))
     console.print(describe(spec, len(node_cpus), args.resume))
+    if spec.scale == "paper":
+        from fltune.estimate import estimate, summary
+
+        cells = [(key, run.tree, spec.seeds) for key, run in spec.cells.items()]
+        console.print("  " + summary(estimate(cells, cluster, spec.max_concurrent)), highlight=False)
     return spec, tuner
+
+
+def selection(args: argparse.Namespace) -> tuple[list[str] | None, list[str] | None, list[str]]:
+    """--datasets, --rows and the overrides (--data-root first, then every --set)."""
+    overrides = [*([f"data.root={args.data_root}"] if args.data_root else []), *args.overrides]
+    return (args.datasets.split(",") if args.datasets else None, args.rows.split(",") if args.rows else None,
+            overrides)
+
+
+def show_plan(args: argparse.Namespace) -> int:
+    """``--plan``: the job's cells with their settings and cost (see fltune/estimate.py); nothing is written."""
+    from fltune.estimate import print_plan
+    from fltune.reproduce.plan import plan
+    from fltune.reproduce.registry import get_table
+    from fltune.reproduce.report import row_lines
+
+    table = get_table(args.table)
+    datasets, rows, overrides = selection(args)
+    planned = plan(table, args.scale, datasets, overrides, rows)
+    notes = row_lines(table, [p.cell.row for p in planned])
+    notes += [f"{sum(not p.runnable for p in planned)} cell(s) without data are not counted"] * any(
+        not p.runnable for p in planned)
+    cells = [(p.cell.key, p.tree, args.seeds) for p in planned if p.runnable]
+    return print_plan(f"plan: {table.key} at {args.scale} scale, {len(cells)} runnable cell(s) × {args.seeds} seed(s)",
+                      cells, args.address, args.max_concurrent, notes)
 
 
 def build_address(spec: ReproSpec) -> str | None:
@@ -162,6 +194,8 @@ def callbacks(spec: ReproSpec) -> list:
 
 
 def describe(spec: ReproSpec, nodes: int, resumed: bool) -> str:
+    from fltune.reproduce.report import row_lines
+
     table = spec.paper_table
     subs = sorted({c.substituted for c in spec.cells.values() if c.substituted})
     return (
@@ -172,6 +206,7 @@ def describe(spec: ReproSpec, nodes: int, resumed: bool) -> str:
         + (f", {len(spec.missing)} without data" if spec.missing else "")
         + (f" · substituted {', '.join(subs)}, {spec.scale} scale" if subs else "")
         + f"\n  per cell: {spec.workers} client worker(s) on a {nodes}-node cluster · folder {spec.path}"
+        + "".join(f"\n  {line}" for line in row_lines(table, [table.cell(key).row for key in spec.cells]))
     )
 
 

@@ -85,6 +85,8 @@ class PaperTable(_Frozen):
     cells: tuple[Cell, ...]
     scales: dict[str, Scale]
     unknowns: tuple[str, ...] = Field((), description="[U] settings the paper does not give, and our choice")
+    row_settings: dict[str, str] = Field(
+        default_factory=dict, description="each row's own settings and their source, [U] marked (job header, table.md)")
 
     @property
     def datasets(self) -> list[str]:

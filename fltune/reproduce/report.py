@@ -1,14 +1,21 @@
-"""A reproduced table in the paper's layout: paper value, measured mean ± std over seeds, Δ.
+"""A reproduced table in the paper's layout: paper value, measured mean ± std over seeds, Δ or ranks.
 
 One ``CellResult`` per cell, built the same way for the live board, the final rich table, the CSV, the
 Markdown and MLflow, so they never disagree. Rows are the paper's rows, columns its dataset × setting.
+
+Δ against the paper is shown only for a cell run on the paper's own dataset at paper scale; elsewhere (a
+quick scale, a substituted dataset) the absolute number cannot match and the honest check is the
+ordering: each row's rank within its column beside the paper's rank, and per column Kendall's τ-b between
+measured and printed values (τ-b counts tied pairs as neither concordant nor discordant and normalises by
+the untied pairs of each side, so ties in either ranking never inflate it).
 """
 
 from __future__ import annotations
 
 import csv
 import math
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from rich.table import Table
@@ -18,8 +25,8 @@ from fltune.reproduce.registry import DATASET_NAMES, Cell, PaperTable
 from fltune.tune.results import ENDED, TrialRow
 from fltune.tune.trainable import objective_key
 
-CSV_COLUMNS = ("table", "method", "dataset", "partition", "paper", "measured", "std", "delta", "seeds", "scale",
-               "status", "note")
+CSV_COLUMNS = ("table", "method", "dataset", "partition", "paper", "measured", "std", "delta", "rank", "paper_rank",
+               "kendall_tau", "seeds", "scale", "status", "note")
 
 
 @dataclass(frozen=True)
@@ -33,17 +40,26 @@ class CellResult:
     note: str = ""
     unreached: bool = False
     """Finished without reaching metrics.target: rounds-to-target shows 'R+' (MAN Table 1's '500+')."""
+    ordering: bool = False
+    """Quick scale or a substituted dataset: compare ranks, not values (no Δ)."""
+    rank: int | None = None
+    paper_rank: int | None = None
+    """1 = the column's largest value, measured and printed, among the cells that have both; ties share."""
 
     @property
     def delta(self) -> float | None:
-        if self.measured is None or self.cell.paper is None:
+        if self.measured is None or self.cell.paper is None or self.ordering:
             return None
         return self.measured - self.cell.paper
 
 
 def results(spec: ReproSpec, rows: list[TrialRow]) -> list[CellResult]:
     """Every cell of the job in table order: the final objective its trial reported for the cell's metric,
-    read as the paper prints it (``PaperTable.factor``: ×100 for percentages)."""
+    read as the paper prints it (``PaperTable.factor``: ×100 for percentages), ranked within its column."""
+    return ranked(_results(spec, rows))
+
+
+def _results(spec: ReproSpec, rows: list[TrialRow]) -> list[CellResult]:
     table = spec.paper_table
     by_trial = {row.params.get("cell"): row for row in rows}
     out = []
@@ -62,8 +78,66 @@ def results(spec: ReproSpec, rows: list[TrialRow]) -> list[CellResult]:
             std = std if value is not None and spec.seeds > 1 else None
             unreached = value is None and row.status == "finished" and needs_target(run)
             out.append(CellResult(cell, row.status, None if value is None else value * factor,
-                                  None if std is None else std * factor, row.round, note, unreached))
+                                  None if std is None else std * factor, row.round, note, unreached,
+                                  ordering=spec.scale != "paper" or run.substituted is not None))
     return out
+
+
+def ranked(res: list[CellResult]) -> list[CellResult]:
+    """Each result with its rank and the paper's rank within its (dataset, column), over the cells that
+    have both a measured and a printed value."""
+    out = list(res)
+    for members in _by_column(res).values():
+        for i in members:
+            others = [out[j] for j in members]
+            out[i] = replace(out[i], rank=1 + sum(o.measured > out[i].measured for o in others),
+                             paper_rank=1 + sum(o.cell.paper > out[i].cell.paper for o in others))
+    return out
+
+
+def _by_column(res: list[CellResult]) -> dict[tuple[str, str], list[int]]:
+    """Indices of the comparable results (measured and printed values) of each (dataset, column)."""
+    groups: dict[tuple[str, str], list[int]] = {}
+    for i, r in enumerate(res):
+        if r.measured is not None and r.cell.paper is not None:
+            groups.setdefault((r.cell.dataset, r.cell.column), []).append(i)
+    return groups
+
+
+def kendall_tau_b(xs: list[float], ys: list[float]) -> float | None:
+    """Kendall's τ-b of paired values: (C − D) / √((n0 − n_x)(n0 − n_y)), with n0 − n_x the pairs untied in
+    ``xs`` (likewise ``ys``); None when either side has no untied pair (fewer than 2 values, all equal)."""
+    concordant = discordant = untied_x = untied_y = 0
+    for i in range(len(xs)):
+        for j in range(i + 1, len(xs)):
+            dx, dy = _sign(xs[i] - xs[j]), _sign(ys[i] - ys[j])
+            untied_x += dx != 0
+            untied_y += dy != 0
+            concordant += dx * dy > 0
+            discordant += dx * dy < 0
+    if not untied_x or not untied_y:
+        return None
+    return (concordant - discordant) / math.sqrt(untied_x * untied_y)
+
+
+def _sign(value: float) -> int:
+    return (value > 0) - (value < 0)
+
+
+def column_taus(res: list[CellResult]) -> dict[tuple[str, str], float | None]:
+    """Kendall's τ-b between measured and printed values per (dataset, column) with at least one result."""
+    groups = _by_column(res)
+    taus: dict[tuple[str, str], float | None] = {}
+    for col in dict.fromkeys((r.cell.dataset, r.cell.column) for r in res):
+        members = groups.get(col, [])
+        taus[col] = kendall_tau_b([res[i].measured for i in members], [res[i].cell.paper for i in members])
+    return taus
+
+
+def tau_metrics(res: list[CellResult]) -> dict[str, float]:
+    """``kendall_tau/<dataset> <column>`` for MLflow (characters MLflow refuses become '_')."""
+    return {re.sub(r"[^A-Za-z0-9_\-. /]", "_", f"kendall_tau/{DATASET_NAMES.get(d, d)} {c}"): tau
+            for (d, c), tau in column_taus(res).items() if tau is not None}
 
 
 def needs_target(run: CellRun) -> bool:
@@ -98,14 +172,26 @@ def unreached_text(result: CellResult) -> str:
 
 
 def cell_text(result: CellResult, seeds: int) -> str:
-    """'measured ± std (paper p, Δ d)' — or the status when there is no number yet."""
+    """'measured ± std (paper p, Δ d)', or at quick scale 'measured ± std (rank r; paper p, rank q)' — or
+    the status when there is no number yet."""
     if result.unreached:
         return f"{unreached_text(result)} (paper {paper_text(result.cell)})"
     if result.measured is None:
         return result.status
     spread = f" ± {_fmt(result.std)}" if seeds > 1 and result.std is not None else ""
+    if result.ordering:
+        return (f"{_fmt(result.measured)}{spread}{diverged_text(result)} "
+                f"(rank {_rank(result.rank)}; paper {paper_text(result.cell)}, rank {_rank(result.paper_rank)})")
     return (f"{_fmt(result.measured)}{spread}{diverged_text(result)} "
             f"(paper {paper_text(result.cell)}, Δ {_fmt(result.delta, True)})")
+
+
+def _rank(rank: int | None) -> str:
+    return "—" if rank is None else str(rank)
+
+
+def _tau(tau: float | None) -> str:
+    return "—" if tau is None else f"{tau:+.2f}"
 
 
 def diverged_text(result: CellResult) -> str:
@@ -138,6 +224,9 @@ def rich_table(spec: ReproSpec, res: list[CellResult], title: str | None = None)
             r = grid.get((row, dataset, column))
             cells.append("" if r is None else _rich_cell(r, spec.seeds, table.factor(r.cell) == 100.0))
         out.add_row(*cells)
+    taus = column_taus(res)
+    if any(tau is not None for tau in taus.values()):
+        out.add_row("Kendall τ-b\n[dim]vs the paper's order[/]", *(_tau(taus.get(col)) for col in cols))
     return out
 
 
@@ -151,6 +240,9 @@ def _rich_cell(r: CellResult, seeds: int, percent: bool) -> str:
     colour = "green" if (r.delta or 0) >= -1 else ("yellow" if (r.delta or 0) >= -5 else "red")
     live = f"[red]{diverged_text(r)}[/]" if r.status == "diverged" else ""
     live = live if r.status in ("finished", "diverged") else f" [dim]r{r.round}[/]"
+    if r.ordering:
+        return (f"[bold]{_fmt(r.measured)}[/]{spread}{live}\n[dim]paper {paper_text(r.cell)}[/]\n"
+                f"rank {_rank(r.rank)} [dim](paper {_rank(r.paper_rank)})[/]")
     delta = f"[{colour}]Δ {_fmt(r.delta, True)}[/]" if percent else f"Δ {_fmt(r.delta, True)}"
     return f"[bold]{_fmt(r.measured)}[/]{spread}{live}\n[dim]paper {paper_text(r.cell)}[/]\n{delta}"
 
@@ -185,15 +277,29 @@ def markdown(spec: ReproSpec, res: list[CellResult]) -> str:
     for row in rows:
         cells = [cell_text(grid[(row, d, c)], spec.seeds) if (row, d, c) in grid else "" for d, c in cols]
         lines.append("| " + " | ".join([row, *cells]) + " |")
+    taus = column_taus(res)
+    if any(tau is not None for tau in taus.values()):
+        lines.append("| Kendall τ-b vs the paper's order | " + " | ".join(_tau(taus.get(col)) for col in cols) + " |")
+    if any(r.ordering for r in res):
+        lines += ["", "Quick scale or substituted data: ranks within each column (1 = highest) beside the "
+                  "paper's, and Kendall's τ-b between the two orders, instead of Δ."]
     notes = sorted({r.note for r in res if r.note})
     if notes:
         lines += ["", *(f"- {n}" for n in notes)]
+    if table.row_settings:
+        lines += ["", "Each row's settings and their source:", *(f"- {line}" for line in row_lines(table, rows))]
     if table.unknowns:
         lines += ["", "Settings the paper leaves open ([U]) and fltune's choice:", *(f"- {u}" for u in table.unknowns)]
     return "\n".join(lines) + "\n"
 
 
+def row_lines(table: PaperTable, rows: list[str]) -> list[str]:
+    """'row: its own settings — source' for each of ``rows`` the table describes ([U] marked)."""
+    return [f"{row}: {table.row_settings[row]}" for row in dict.fromkeys(rows) if row in table.row_settings]
+
+
 def write_csv(spec: ReproSpec, res: list[CellResult], path: Path) -> Path:
+    taus = column_taus(res)
     with path.open("w", newline="") as out:
         writer = csv.writer(out)
         writer.writerow(CSV_COLUMNS)
@@ -202,7 +308,8 @@ def write_csv(spec: ReproSpec, res: list[CellResult], path: Path) -> Path:
                 spec.table, r.cell.row, DATASET_NAMES.get(r.cell.dataset, r.cell.dataset), r.cell.column,
                 r.cell.paper_text if r.cell.paper is None and r.cell.paper_text else _blank(r.cell.paper),
                 unreached_text(r) if r.unreached else _blank(r.measured), _blank(r.std), _blank(r.delta),
-                spec.seeds, spec.scale, r.status, r.note,
+                "" if r.rank is None else r.rank, "" if r.paper_rank is None else r.paper_rank,
+                _blank(taus.get((r.cell.dataset, r.cell.column))), spec.seeds, spec.scale, r.status, r.note,
             ])
     return path
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from fltune.config import ExperimentConfig, build_config
 from fltune.reproduce.job import ReproSpec
-from fltune.reproduce.report import results, write_outputs
+from fltune.reproduce.report import results, tau_metrics, write_outputs
 from fltune.tune.results import ENDED, TrialRow
 from fltune.tune.tracking import RunTree
 
@@ -48,6 +48,7 @@ class ReproLog(RunTree):
         res = results(self.spec, rows)
         counts = {s: sum(r.status == s for r in res) for s in (*ENDED, "killed", "running", "pending", "no data")}
         self.tracker.set_tags(self.parent, {f"fltune.cells_{k.replace(' ', '_')}": v for k, v in counts.items() if v})
+        self.tracker.log_metrics(self.parent, tau_metrics(res))  # the ordering check, per column
         with tempfile.TemporaryDirectory() as tmp:
             for path in write_outputs(self.spec, res, Path(tmp)):
                 self.tracker.log_artifact(self.parent, path)

@@ -37,6 +37,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--address", help="join a running Ray cluster ('auto', host:port; default: $RAY_ADDRESS or local)")
     p.add_argument("--resume", action="store_true", help="continue an interrupted study with its saved settings")
     p.add_argument("--best-out", help="write the best configuration here (default: <study folder>/best_config.yaml)")
+    p.add_argument("--plan", action="store_true",
+                   help="print the trials, their settings, client-samples and an estimated wall time; run nothing")
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
@@ -47,6 +49,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
     # With verbose=0 and the old output engine Tune prints nothing: the board is the study's output. It
     # also snapshots its state every `num_to_keep` trial checkpoints (so a resume never points at a deleted
     # one) and warns when that is frequent: with a checkpoint per round it is, by design.
+    if args.plan:
+        return show_plan(args)
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
     os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
     spec, tuner = prepare(args)
@@ -69,12 +73,7 @@ def prepare(args: argparse.Namespace) -> tuple[StudySpec, Tuner]:
     from fltune.tracking.console import console
     from fltune.tune import study
 
-    if not args.resume and not args.space:
-        raise FLTuneError("--space is required (a search-space YAML, e.g. search_spaces/fedprox.yaml)")
-    request = study.StudyRequest(
-        space=args.space, method=args.method, overrides=tuple(args.overrides), num_samples=args.num_samples,
-        max_concurrent=args.max_concurrent, seeds=args.seeds, name=args.name, storage=args.storage,
-    )
+    request = study_request(args)
     spec = study.saved_spec(request) if args.resume else study.new_spec(request)
     if args.resume and (args.overrides or args.num_samples or args.max_concurrent or args.seeds or args.method):
         console.print("note: a resumed study keeps the settings it started with; --set, --method, "
@@ -94,6 +93,31 @@ def prepare(args: argparse.Namespace) -> tuple[StudySpec, Tuner]:
         tuner = study.new_tuner(spec, resources)
     console.print(describe(spec, len(node_cpus), args.resume))
     return spec, tuner
+
+
+def study_request(args: argparse.Namespace):
+    """The command line as a study request (``--space`` is required unless resuming)."""
+    from fltune.tune import study
+
+    if not args.resume and not args.space:
+        raise FLTuneError("--space is required (a search-space YAML, e.g. search_spaces/fedprox.yaml)")
+    return study.StudyRequest(
+        space=args.space, method=args.method, overrides=tuple(args.overrides), num_samples=args.num_samples,
+        max_concurrent=args.max_concurrent, seeds=args.seeds, name=args.name, storage=args.storage,
+    )
+
+
+def show_plan(args: argparse.Namespace) -> int:
+    """``--plan``: the study's trials at their base settings and their cost (an upper bound under ASHA, which
+    stops trials early); nothing is written."""
+    from fltune.estimate import print_plan
+    from fltune.tune.study import resolve_space
+
+    space, method, tree = resolve_space(study_request(args))
+    notes = [f"searched: {', '.join(space.params)} ({space.sampler.name}); scheduler {space.scheduler.name}"]
+    trials = [(f"{method}: {space.num_samples} trial(s) × {space.seeds} seed(s)", tree, space.num_samples * space.seeds)]
+    return print_plan(f"plan: tune {method}", trials, args.address or tree.get("resources", {}).get("address"),
+                      space.max_concurrent, notes)
 
 
 def describe(spec: StudySpec, nodes: int, resumed: bool) -> str:

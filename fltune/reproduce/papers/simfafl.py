@@ -3,12 +3,19 @@
 Protocol (§5.1): 100 clients, 10 % per round; non-IID1 = `classes` (k = 5 EMNIST/CIFAR-10, 3 FMNIST, 15
 CIFAR-100), non-IID2 = `dirichlet_prior` (δ = 0.5, 0.3 for CIFAR-100); train and test pooled, each client
 split 70/30; a number is the mean over clients of each client's model on its own 30 % (``personalized``).
-Rows ending in -FT fine-tune the head of the final model on every client before that evaluation.
+
+Table 2 was produced on FedCR's code base (``haozzh/FedCR``), so every row runs as that code runs it:
+its README's per-method commands (lr, Ditto's μ, FedSR's dimZ/CMI/L2R, 500 rounds, E = 10, B = 48),
+``utils/options.py`` (SGD momentum 0, weight decay 0, ``last_local_ep`` 10, ``local_rep_ep`` 1) and
+``models/distributed_training_utils*.py`` (gradient norm clipped at ``max_norm = 10`` on every step; a last
+round in which every client trains its personal part with the averaged part frozen — the engine's
+fine-tuning phase, ``training.finetune_epochs``). The README gives CIFAR-100 commands only: the same
+settings on the other datasets are **[U]**.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 from fltune.methods import get_method
 from fltune.reproduce.registry import Cell, PaperTable, Scale, register_table
@@ -21,20 +28,48 @@ takes any model use their plain twins, the VIB rows (FedSR, FedCR, SimFAFL) pick
 BETAS = {"cifar100": {"method.beta1": 0.003, "method.beta2": 0.2}}
 """§5.1: β1 = 0.0025, β2 = 0.1 (SimFAFL's defaults) for the 10-class tasks; 0.003 / 0.2 for CIFAR-100."""
 
-ROWS: dict[str, tuple[str, bool]] = {
-    # paper row: (method, ends with the head fine-tuning phase)
-    "FedAvg": ("fedavg", False),
-    "FedAvg-FT": ("fedavg", True),
-    "FedPer": ("fedper", False),
-    "LG-FedAvg": ("lg_fedavg", False),
-    "FedRep": ("fedrep", False),
-    "FedBABU": ("fedbabu", True),  # FedBABU's own algorithm ends by fine-tuning its frozen-at-init head
-    "Ditto": ("ditto", False),
-    "FedSR-FT": ("fedsr", True),
-    "FedPAC": ("fedpac", False),
-    "FedCR": ("fedcr", True),  # FedCR's final round: every client fine-tunes its head, body frozen
-    "SimFAFL": ("simfafl", True),  # [U] built on FedCR's code, so its final fine-tuning kept too
+LOCAL_REP_EP = 1
+"""FedCR's ``local_rep_ep`` (options.py default, README's FedRep/FedPAC commands)."""
+
+
+class Row(NamedTuple):
+    """How FedCR's code runs one Table 2 row."""
+
+    method: str
+    lr: float
+    final: bool
+    """Ends with the code's last round (personal part trained, shared part frozen): ``acc_personalized_ft``."""
+    settings: dict[str, Any]
+    note: str
+    """Where the settings come from; **[U]** where no source gives them."""
+
+
+ROWS: dict[str, Row] = {
+    "FedAvg": Row("fedavg", 0.01, False, {}, "README; the averaged model on each client's 30 %"),
+    "FedAvg-FT": Row("fedavg", 0.01, True, {}, "README; last round tunes the head"),
+    "FedPer": Row("fedper", 0.01, True, {}, "README; last round tunes the personal head"),
+    "LG-FedAvg": Row("lg_fedavg", 0.01, True, {}, "README; last round tunes the personal body "
+                     "[U: the code shares its nets' last two layers, here the head]"),
+    "FedRep": Row("fedrep", 0.01, True, {"method.body_epochs": LOCAL_REP_EP},
+                  "README (local_rep_ep 1); last round tunes the personal head"),
+    "FedBABU": Row("fedper", 0.01, True, {}, "README; FedCR's main_fed.py trains fedbabu exactly as fedper "
+                   "(Table 2 prints identical numbers for the two in 6 of 8 columns), so this row runs fedper; "
+                   "last round tunes the personal head"),
+    "Ditto": Row("ditto", 0.5, False, {"method.lam": 0.1}, "README (mu 0.1); main_fed_ditto.py has no head "
+                 "round [≠ code: its extra round updating every client's personal model is not run, and the "
+                 "personal model's own steps are not clipped]"),
+    "FedSR-FT": Row("fedsr", 0.005, True,
+                    {"method.alpha_cmi": 0.001, "method.alpha_l2r": 0.001, "model.options": {"dim_z": 256}},
+                    "README (dimZ 256, CMI 0.001, L2R 0.001); last round tunes the head"),
+    "FedPAC": Row("fedpac", 0.01, True, {"method.lam": 1.0}, "README (beta_PAC 1); last round tunes the "
+                  "personal head [≠ code: FedPAC's own local schedule, 1 head epoch at lr 0.1, then E body epochs]"),
+    "FedCR": Row("fedcr", 0.05, True, {"method.beta": 0.001, "method.beta2": 1.0},
+                 "README (beta2 1, dimZ 512, 18 samples); β 0.001 as Table 4 shows it for Table 2's CIFAR-100 "
+                 "non-IID2 cell (the README's 1e-4 gives 40.81 there) [U on the other cells]; last round tunes "
+                 "the personal head"),
+    "SimFAFL": Row("simfafl", 0.05, True, {}, "§5.1 β1/β2; lr and last round as FedCR [U: not in the paper]"),
 }
+"""Table 2's rows as FedCR's code runs them (README commands, options.py, distributed_training_utils*.py)."""
 
 # Table 2 as printed: EMNIST n1, n2, FMNIST n1, n2, CIFAR-10 n1, n2, CIFAR-100 n1, n2.
 TABLE2 = {
@@ -60,25 +95,30 @@ TABLE3 = {  # row: (constraints dropped, values)
 DATASETS = ("emnist_letters", "fmnist", "cifar10", "cifar100")
 CELL_ORDER = [(d, col) for d in DATASETS for col in COLUMNS]
 
+CODE_SETTINGS = {"training.momentum": 0.0, "training.weight_decay": 0.0, "training.grad_clip": 10.0,
+                 "training.lr_decay": 1.0, "training.batch_size": 48}
+"""Every row, both scales: vanilla SGD (options.py momentum 0, weigh_delay 0), clip_grad_norm_ max_norm 10
+(distributed_training_utils*.py), README --lr_decay 1, --local_bs 48."""
+
 SCALES = {
     "paper": Scale(
         settings={
-            "federation.clients": 100, "federation.fraction": 0.1, "federation.rounds": 500,
-            "training.local_epochs": 10, "training.batch_size": 48, "training.lr": 0.05,
-            "training.momentum": 0.5, "metrics.every": 10,
+            **CODE_SETTINGS, "federation.clients": 100, "federation.fraction": 0.1, "federation.rounds": 500,
+            "training.local_epochs": 10, "metrics.every": 10,
         },
-        finetune_epochs=10,
-        note="100 clients × 0.1, 500 rounds, E = 10, B = 48, SGD lr 0.05 (FedCR's runs; [U] in SimFAFL)",
+        finetune_epochs=10,  # last_local_ep (options.py) = max(10, E − local_rep_ep)
+        note="100 clients × 0.1, 500 rounds, E = 10, B = 48, SGD momentum 0, clip 10, per-row lr, last round "
+             "10 epochs (FedCR's README/options.py)",
     ),
     "quick": Scale(
         settings={
-            "data.subsample": 0.2, "federation.clients": 20, "federation.fraction": 0.5, "federation.rounds": 20,
-            "training.local_epochs": 2, "training.batch_size": 48, "training.lr": 0.05,
-            "training.momentum": 0.5, "metrics.every": 5,
+            **CODE_SETTINGS, "data.subsample": 0.2, "federation.clients": 20, "federation.fraction": 0.5,
+            "federation.rounds": 20, "training.local_epochs": 2, "metrics.every": 5,
         },
-        finetune_epochs=3,
+        finetune_epochs=2,  # last_local_ep = E, as at paper scale; = max(2, E − local_rep_ep)
         note="20 % of the data (stratified) over 20 clients × 0.5 — each client keeps the paper's ~490 "
-             "training / 210 held-out samples and is trained ~10 times — 20 rounds, E = 2, 3 fine-tuning epochs",
+             "training / 210 held-out samples and is trained ~10 times — 20 rounds, E = 2, last round 2 epochs; "
+             "each row's lr, momentum 0 and clip 10 as at paper scale",
     ),
 }
 COMMON = {
@@ -86,52 +126,67 @@ COMMON = {
     "metrics.protocols": ["personalized", "global"],
 }
 UNKNOWNS = (
-    "rounds, local epochs, batch, lr: not in SimFAFL; FedCR's runs (500, 10, 48, 0.05) at paper scale",
-    "momentum 0.5: the FedRep code base FedCR builds on",
-    "FedCR and SimFAFL end with FedCR's final head fine-tuning (reported as acc_personalized_ft)",
+    "FedCR's README gives CIFAR-100 commands only: the same per-row settings on EMNIST, FMNIST, CIFAR-10",
+    "SimFAFL: lr and last round as FedCR (built on FedCR's code; the paper gives neither)",
+    "last round: max(last_local_ep, E − local_rep_ep) epochs for the personal rows, last_local_ep for "
+    "FedAvg-FT/FedSR-FT (both 10 at paper scale, 2 at quick), on cross-entropy (the code keeps the method's "
+    "loss, whose regularisers act on the frozen encoder)",
     "rows of methods that take any model use FedCR's trunks with a plain last layer (fedcr_cnn / fedcr_mlp)",
 )
 
 
-def cell(row: str, dataset: str, column: str, paper: float | None, method: str, finetune: bool,
+def row_settings() -> dict[str, str]:
+    """Each row's own settings as the job header and table.md print them."""
+    return {name: f"{r.method}, lr {r.lr:g}{_extras(r)}{', last round' if r.final else ''} — {r.note}"
+            for name, r in ROWS.items()}
+
+
+def _extras(row: Row) -> str:
+    return "".join(f", {k.split('.')[-1]} {v}" for k, v in row.settings.items())
+
+
+def cell(row: str, dataset: str, column: str, paper: float | None, spec: Row,
          extra: dict[str, Any] | None = None) -> Cell:
-    """A Table 2-style cell: the method, its model, the column's partition and the dataset's β."""
-    settings: dict[str, Any] = {**COMMON, **COLUMNS[column], "partition.alpha": ALPHA[dataset], "method.name": method}
-    if method == "simfafl":
+    """A Table 2-style cell run as ``spec`` (a Table 2 row): its method, lr and settings, its model, the
+    column's partition, the dataset's β's, then ``extra``."""
+    settings: dict[str, Any] = {**COMMON, **COLUMNS[column], "partition.alpha": ALPHA[dataset],
+                                "method.name": spec.method, "training.lr": spec.lr, **spec.settings}
+    if spec.method == "simfafl":
         settings.update(BETAS.get(dataset, {}))
-    if get_method(method).model_for(dataset) is None:
+    if get_method(spec.method).model_for(dataset) is None:
         settings["model.name"] = PLAIN_MODEL[dataset]
     settings.update(extra or {})
-    return Cell(row=row, dataset=dataset, column=column, paper=paper, settings=settings, finetune=finetune,
-                metric="acc_personalized_ft" if finetune else "acc_personalized")
+    return Cell(row=row, dataset=dataset, column=column, paper=paper, settings=settings, finetune=spec.final,
+                metric="acc_personalized_ft" if spec.final else "acc_personalized")
 
 
 def table2() -> PaperTable:
-    cells = [cell(row, d, col, TABLE2[row][i], *ROWS[row]) for row in ROWS for i, (d, col) in enumerate(CELL_ORDER)]
+    cells = [cell(row, d, col, TABLE2[row][i], ROWS[row]) for row in ROWS for i, (d, col) in enumerate(CELL_ORDER)]
     return PaperTable(
         key="simfafl:table2", title="SimFAFL Table 2: final test accuracy (%) of SimFAFL and other methods",
         source="papers/simfafl.md, Table 2", value="mean over clients of the accuracy on their own 30 % (%)",
-        cells=tuple(cells), scales=SCALES, unknowns=UNKNOWNS,
+        cells=tuple(cells), scales=SCALES, unknowns=UNKNOWNS, row_settings=row_settings(),
     )
 
 
 def table3() -> PaperTable:
     """Ablation: a dropped constraint's β is 0; the others keep the dataset's Table 2 value."""
-    cells = [cell(row, d, col, values[i], "simfafl", True, dict.fromkeys(dropped, 0.0))
+    cells = [cell(row, d, col, values[i], ROWS["SimFAFL"], dict.fromkeys(dropped, 0.0))
              for row, (dropped, values) in TABLE3.items() for i, (d, col) in enumerate(CELL_ORDER)]
     return PaperTable(
         key="simfafl:table3", title="SimFAFL Table 3: ablation of the constraints L_ca (β1) and L_sa (β2)",
         source="papers/simfafl.md, Table 3", value="mean over clients of the accuracy on their own 30 % (%)",
-        cells=tuple(cells), scales=SCALES, unknowns=UNKNOWNS,
+        cells=tuple(cells), scales=SCALES, unknowns=UNKNOWNS, 
+        row_settings=dict.fromkeys(TABLE3, row_settings()["SimFAFL"]),
     )
 
 
 TABLE4_WEIGHTS = {
-    "FedCR-β": ("fedcr", "method.beta", (0.0001, 0.0005, 0.001, 0.0015, 0.002, 0.003, 0.005, 0.008),
+    "FedCR-β": ("FedCR", "method.beta", (0.0001, 0.0005, 0.001, 0.0015, 0.002, 0.003, 0.005, 0.008),
                 (40.81, 40.14, 42.91, 41.07, 39.74, 35.10, 21.89, 14.75), {}),
-    "SimFAFL-β1": ("simfafl", "method.beta1", (0.0001, 0.0005, 0.001, 0.0015, 0.002, 0.003, 0.005, 0.008),
+    "SimFAFL-β1": ("SimFAFL", "method.beta1", (0.0001, 0.0005, 0.001, 0.0015, 0.002, 0.003, 0.005, 0.008),
                    (39.17, 41.95, 44.79, 45.27, 46.04, 46.78, 46.59, 45.96), {"method.beta2": 0.3}),
-    "SimFAFL-β2": ("simfafl", "method.beta2", (0.0, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6),
+    "SimFAFL-β2": ("SimFAFL", "method.beta2", (0.0, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6),
                    (44.79, 45.02, 45.50, 46.13, 46.78, 46.66, 46.33, 46.80), {"method.beta1": 0.003}),
 }
 
@@ -139,16 +194,18 @@ TABLE4_WEIGHTS = {
 def table4() -> PaperTable:
     """β sweeps on CIFAR-100 non-IID2 (§5.4: β2 = 0.3 while β1 varies, β1 = 0.003 while β2 varies)."""
     cells = []
-    for row, (method, field, weights, values, fixed) in TABLE4_WEIGHTS.items():
+    for row, (base, field, weights, values, fixed) in TABLE4_WEIGHTS.items():
         for weight, value in zip(weights, values):
-            c = cell(row, "cifar100", "non-IID2", value, method, True, {**fixed, field: weight})
+            c = cell(row, "cifar100", "non-IID2", value, ROWS[base], {**fixed, field: weight})
             cells.append(c.model_copy(update={"column": f"non-IID2 {field.split('.')[1]}={weight:g}"}))
     quick = SCALES["quick"].model_copy(update={
         "substitute": "fmnist", "note": SCALES["quick"].note + "; FMNIST stands in when CIFAR-100 is absent"})
+    settings = row_settings()
     return PaperTable(
         key="simfafl:table4", title="SimFAFL Table 4: accuracy (%) on CIFAR-100 non-IID2 under varying β1, β2",
         source="papers/simfafl.md, Table 4", value="mean over clients of the accuracy on their own 30 % (%)",
         cells=tuple(cells), scales={**SCALES, "quick": quick}, unknowns=UNKNOWNS,
+        row_settings={row: settings[base] for row, (base, *_) in TABLE4_WEIGHTS.items()},
     )
 
 

@@ -1,0 +1,244 @@
+"""What a job costs before it runs (``reproduce … --plan``, ``tune … --plan``, paper-scale headers).
+
+The work of one run is counted in client-samples: every sampled client trains ``local_epochs`` passes
+over its data each round, and with a final personal round (``training.finetune_epochs``) every client
+trains that many more. Its time comes from a calibration, not a run: a few optimiser steps of each
+distinct model at its batch size on this process's device (CPU with the threads one client worker gets,
+or the GPU), i.e. seconds per sample, times the method's declared ``passes_per_step``. The wall time then
+divides the work over the client workers the cluster fits at once. Evaluation and Hessian probes are not
+counted, so the estimate is a lower bound of the same order as the run.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from dataclasses import dataclass
+from functools import lru_cache
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+
+from fltune.config import ExperimentConfig, build_config
+from fltune.data.datasets import load_dataset
+from fltune.engine.setup import build_model_for, model_name
+from fltune.methods import get_method
+
+CALIBRATION_STEPS = 5
+"""Timed optimiser steps per distinct model (after one warm-up step)."""
+
+
+@dataclass(frozen=True)
+class Work:
+    """One distinct experiment of a job and how many times it runs (seeds, trials)."""
+
+    label: str
+    cfg: ExperimentConfig
+    runs: int
+    samples: int
+    """Client-samples one run trains."""
+    seconds: float
+    """One run's training time on one client worker."""
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """The job's total work and wall time on the cluster it will run on."""
+
+    work: list[Work]
+    cluster: dict[str, float]
+    wall_s: float
+    calibration: dict[str, float]
+    """'<model> B=<batch> on <device>' → seconds per training sample."""
+
+    @property
+    def samples(self) -> int:
+        return sum(w.samples * w.runs for w in self.work)
+
+
+def samples_per_client(cfg: ExperimentConfig) -> float:
+    """Mean training samples of a client: the (subsampled) train split — plus the test split when pooled —
+    less each client's held-out share, spread over the clients."""
+    data = load_dataset(cfg.data.dataset, cfg.data.root)
+    pool = len(data.train_y) + (len(data.test_y) if cfg.partition.pool_test else 0)
+    return pool * cfg.data.subsample * (1 - cfg.partition.eval_fraction) / cfg.federation.clients
+
+
+def client_samples(cfg: ExperimentConfig) -> int:
+    """rounds × clients per round × local epochs × samples per client, plus the final personal round
+    (every client, ``finetune_epochs``) when the run ends with one."""
+    fed, training = cfg.federation, cfg.training
+    per_client = samples_per_client(cfg)
+    rounds = fed.rounds * fed.clients_per_round * training.local_epochs * per_client
+    final = fed.clients * training.finetune_epochs * per_client if "personalized" in cfg.metrics.protocols else 0.0
+    return round(rounds + final)
+
+
+def device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def calibrate(cfg: ExperimentConfig) -> float:
+    """Seconds per training sample of the run's model at its batch size, one client worker's share of this
+    machine (its CPU threads, or the GPU)."""
+    return _calibrate(model_name(cfg), json.dumps(cfg.model.options, sort_keys=True), cfg.method.name,
+                      cfg.data.dataset, cfg.data.root, cfg.training.batch_size, cfg.resources.cpus_per_worker)
+
+
+@lru_cache(maxsize=None)
+def _calibrate(model: str, options: str, method: str, dataset: str, root: str | None, batch: int,
+               cpus: float) -> float:
+    data = load_dataset(dataset, root)
+    shape = tuple(data.train_x.shape[1:])
+    cfg = build_config({"data": {"dataset": dataset, "root": root}, "method": {"name": method},
+                        "model": {"name": model, "options": json.loads(options)}})
+    dev = device()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(max(1, int(cpus)))
+    try:
+        net = build_model_for(cfg, SimpleNamespace(input_shape=shape, num_classes=data.num_classes)).to(dev)
+        optimizer = torch.optim.SGD(net.parameters(), lr=1e-3)
+        x = torch.randn(batch, *shape, device=dev)
+        y = torch.randint(0, data.num_classes, (batch,), device=dev)
+        start = 0.0
+        for step in range(CALIBRATION_STEPS + 1):
+            if step == 1:  # the first step warms up allocators and kernels
+                _sync(dev)
+                start = time.perf_counter()
+            optimizer.zero_grad(set_to_none=True)
+            torch.nn.functional.cross_entropy(net(x), y).backward()
+            optimizer.step()
+        _sync(dev)
+        return (time.perf_counter() - start) / (CALIBRATION_STEPS * batch)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _sync(dev: torch.device) -> None:
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+
+
+def work(label: str, tree: dict[str, Any], runs: int) -> Work:
+    """A distinct experiment: its client-samples and one run's seconds on one worker."""
+    cfg = build_config(tree)
+    samples = client_samples(cfg)
+    passes = get_method(cfg.method.name).passes_per_step
+    return Work(label, cfg, runs, samples, samples * passes * calibrate(cfg))
+
+
+def cluster_resources(address: str | None) -> dict[str, float]:
+    """The cluster a job will run on: the one at ``address`` (joined, nothing created), else this machine."""
+    if address:
+        import ray
+
+        from fltune.engine.pool import ensure_ray
+
+        ensure_ray(address)
+        return dict(ray.cluster_resources())
+    return {"CPU": float(os.cpu_count() or 1), "GPU": float(torch.cuda.device_count())}
+
+
+def estimate(items: list[tuple[str, dict[str, Any], int]], cluster: dict[str, float],
+             max_concurrent: int | None = None) -> Estimate:
+    """``items``: (label, experiment tree, runs). Experiments with the same tree are one (as a job runs them).
+
+    Wall time: on CPU each worker trains at the calibrated speed and a run spreads its round's clients over
+    ``min(workers, clients per round)`` workers, with as many runs at once as the CPUs (and
+    ``max_concurrent``) allow; on GPU the workers share the GPUs, so the work divides by their number. It is
+    never below the longest run on its own workers.
+    """
+    seen: dict[str, Work] = {}
+    for label, tree, runs in items:
+        key = json.dumps(tree, sort_keys=True, default=str)
+        if key not in seen:
+            seen[key] = work(label, tree, runs)
+    jobs = list(seen.values())
+    total = math.fsum(w.seconds * w.runs for w in jobs)
+    per_run = [_parallel(w.cfg, cluster) for w in jobs]
+    longest = max((w.seconds / p for w, p in zip(jobs, per_run)), default=0.0)
+    if device().type == "cuda":
+        slots = max(1.0, cluster.get("GPU", 1.0))
+    else:
+        cpus_per_worker = jobs[0].cfg.resources.cpus_per_worker if jobs else 1.0  # the same for every cell
+        workers_fit = max(1, int(max(1.0, cluster.get("CPU", 1.0)) // cpus_per_worker))
+        at_once = max(1, workers_fit // max(per_run, default=1))
+        if max_concurrent:
+            at_once = min(at_once, max_concurrent)
+        slots = min(workers_fit, at_once * max(per_run, default=1))
+    calibration = {f"{model_name(w.cfg)} B={w.cfg.training.batch_size} on {device().type}": calibrate(w.cfg)
+                   for w in jobs}
+    return Estimate(jobs, cluster, max(total / slots, longest), calibration)
+
+
+def _parallel(cfg: ExperimentConfig, cluster: dict[str, float]) -> int:
+    """Client workers one run trains on at once (``plan_workers``' default: as many as CPUs allow)."""
+    res = cfg.resources
+    workers = res.workers or max(1, int(cluster.get("CPU", 1.0) // res.cpus_per_worker))
+    return max(1, min(workers, cfg.federation.clients_per_round))
+
+
+def duration(seconds: float) -> str:
+    """'42 s', '17 min', '3.4 h', '2.1 days'."""
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    if seconds < 172800:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86400:.1f} days"
+
+
+def count(samples: float) -> str:
+    """'820', '31.5k', '24.5M', '1.2G' client-samples."""
+    for factor, unit in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if samples >= factor:
+            return f"{samples / factor:.1f}{unit}"
+    return f"{samples:.0f}"
+
+
+def summary(est: Estimate) -> str:
+    """One line: total client-samples, estimated wall time, on what."""
+    gpus = est.cluster.get("GPU", 0.0)
+    where = f"{est.cluster.get('CPU', 0):g} CPUs" + (f" + {gpus:g} GPU(s)" if gpus else "")
+    speeds = "; ".join(f"{k}: {v * 1e3:.3f} ms/sample" for k, v in est.calibration.items())
+    return (f"estimate: {count(est.samples)} client-samples to train, ~{duration(est.wall_s)} wall on {where} "
+            f"(training only; calibrated {speeds})")
+
+
+def settings(cfg: ExperimentConfig) -> str:
+    """The settings that set a run's cost and its optimiser, as the plan lists them."""
+    fed, t = cfg.federation, cfg.training
+    final = f" + final {t.finetune_epochs} ep" if t.finetune_epochs else ""
+    clip = f", clip {t.grad_clip:g}" if t.grad_clip else ""
+    return (f"{cfg.method.name} · {model_name(cfg)} · {fed.rounds} rounds × {fed.clients_per_round}/{fed.clients} "
+            f"clients × E {t.local_epochs}{final} · B {t.batch_size}, {t.optimizer} lr {t.lr:g} "
+            f"mom {t.momentum:g}{clip}")
+
+
+def plan_table(title: str, est: Estimate):
+    """The plan as a rich table: each distinct experiment, its settings, runs, client-samples, time."""
+    from rich.table import Table
+
+    out = Table(title=title)
+    for column in ("run", "settings", "× runs", "client-samples", "est. (1 worker)"):
+        out.add_column(column, justify="right" if column in ("× runs", "client-samples", "est. (1 worker)") else "left")
+    for w in est.work:
+        out.add_row(w.label, settings(w.cfg), str(w.runs), count(w.samples * w.runs), duration(w.seconds * w.runs))
+    return out
+
+
+def print_plan(title: str, items: list[tuple[str, dict[str, Any], int]], address: str | None,
+               max_concurrent: int | None, notes: list[str]) -> int:
+    """``--plan``: print what would run and what it costs, run and write nothing; exit status 0."""
+    from fltune.tracking.console import console
+
+    est = estimate(items, cluster_resources(address), max_concurrent)
+    console.print(plan_table(title, est))
+    for line in notes:
+        console.print(line, highlight=False)
+    console.print(summary(est), highlight=False)
+    return 0

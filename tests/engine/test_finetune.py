@@ -1,0 +1,43 @@
+"""The final personal round (``FineTune``): what it trains, as FedCR's last round does (no Ray)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from fltune.config import build_config
+from fltune.engine.local import FineTune, RoundInput, train_client, tuned_prefixes
+from fltune.engine.setup import build_method, build_model_for, initial_state, load_data
+from fltune.methods import get_method
+from fltune.models import build_model
+
+
+@pytest.mark.parametrize("method, model, tuned", [
+    ("fedavg", "mlp", ("head.",)),  # FedAvg-FT: nothing personal, the head is tuned
+    ("fedper", "mlp", ("head.",)),  # the personal head
+    ("fedsr", "vib_mlp", ("head.",)),  # FedSR-FT: its personal r(z|y), C live in the head: the whole head
+    ("lg_fedavg", "mlp", ("body.",)),  # LG-FedAvg: the personal body, the shared head frozen
+])
+def test_the_personal_part_is_tuned_or_else_the_head(method: str, model: str, tuned: tuple[str, ...]) -> None:
+    algo = get_method(method)()
+    net = algo.adapt_model(build_model(model, (1, 4, 4), 3))
+    prefixes = tuned_prefixes(algo, net)
+    assert {k.split(".")[0] + "." for k in prefixes} == set(tuned)
+    if method == "lg_fedavg":
+        assert set(prefixes) == {k for k in net.state_dict() if k.startswith("body.")}
+
+
+@pytest.mark.parametrize("method, changed", [("lg_fedavg", "body."), ("fedper", "head.")])
+def test_tuning_moves_only_the_tuned_part(method: str, changed: str) -> None:
+    cfg = build_config({"data": {"dataset": "synthetic"}, "method": {"name": method},
+                        "federation": {"clients": 4}, "training": {"finetune_epochs": 2, "grad_clip": 10.0}})
+    data = load_data(cfg)
+    algo, model = build_method(cfg), build_model_for(cfg, data)
+    state = initial_state(cfg, data)
+    inputs = RoundInput(round=cfg.federation.rounds + 1, seed=0, lr=0.1, global_state=state, server={})
+    out = train_client(FineTune(algo, 2, None), model, data, 0, inputs, {}, cfg.training, "none", torch.device("cpu"))
+    assert out.metrics["steps"] > 0
+    after = {k: v.detach().numpy() for k, v in model.state_dict().items()}
+    moved = {k for k in state if not np.array_equal(state[k], after[k])}
+    assert moved and all(k.startswith(changed) for k in moved)

@@ -1,0 +1,84 @@
+"""SimFAFL Table 2's rows run as FedCR's code (``haozzh/FedCR``) runs them: no Ray, configs only.
+
+Sources pinned here: ``README.md`` (per-method commands: --lr, --mu, --dimZ, --CMI, --L2R, --local_ep 10,
+--local_bs 48, --epoch 500, --lr_decay 1), ``code_FedCR/utils/options.py`` (--momentum 0, --weigh_delay 0,
+--last_local_ep 10, --local_rep_ep 1), ``code_FedCR/models/distributed_training_utils*.py`` (``max_norm = 10``
+clipping on every step; the last round trains the non-shared part for max(last_local_ep, local_ep −
+local_rep_ep) epochs, fedavg/fedSR the head for last_local_ep), ``code_FedCR/main_fed.py`` (fedbabu shares
+fedper's keys and schedule), ``code_FedCR/main_fed_ditto.py`` (Ditto: no head round).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from fltune.config import build_config
+from fltune.reproduce.papers.simfafl import LOCAL_REP_EP, ROWS
+from fltune.reproduce.plan import cell_tree
+from fltune.reproduce.registry import get_table
+
+README_LR = {"FedAvg": 0.01, "FedAvg-FT": 0.01, "FedPer": 0.01, "LG-FedAvg": 0.01, "FedRep": 0.01,
+             "FedBABU": 0.01, "FedPAC": 0.01, "Ditto": 0.5, "FedSR-FT": 0.005, "FedCR": 0.05, "SimFAFL": 0.05}
+"""FedCR README.md's --lr per method; SimFAFL as FedCR ([U]: the paper gives none)."""
+LAST_ROUND = {"FedAvg": False, "Ditto": False}
+"""Rows without the code's head/personal last round: FedAvg reports the averaged model, main_fed_ditto.py has
+no such round; every other row ends with it (main_fed.py, main_fedSR.py, main_fed_PAC.py)."""
+
+
+def configs(scale: str, dataset: str = "fmnist", column: str = "non-IID1") -> dict:
+    table = get_table("table2")
+    return {c.row: build_config(cell_tree(c, table.scales[scale], dataset, []))
+            for c in table.cells if c.dataset == dataset and c.column == column}
+
+
+@pytest.mark.parametrize("scale", ["paper", "quick"])
+def test_every_row_takes_the_readme_lr_plain_sgd_and_clipping_at_both_scales(scale: str) -> None:
+    """Quick shrinks rounds, epochs and data only: lr, momentum, clipping and the last round stay."""
+    for row, cfg in configs(scale).items():
+        t = cfg.training
+        assert t.lr == README_LR[row], row
+        assert (t.optimizer, t.momentum, t.weight_decay, t.grad_clip, t.lr_decay, t.batch_size) == (
+            "sgd", 0.0, 0.0, 10.0, 1.0, 48), row
+        ends = LAST_ROUND.get(row, True)
+        assert (t.finetune_epochs > 0) == ends, row
+        assert t.finetune_lr is None, row  # the last round runs at the row's own lr (args.lr)
+
+
+@pytest.mark.parametrize("scale, last_local_ep", [("paper", 10), ("quick", 2)])
+def test_last_round_lasts_max_of_last_local_ep_and_e_minus_rep_ep(scale: str, last_local_ep: int) -> None:
+    """distributed_training_utils.py: fedavg/fedSR → last_local_ep; the others → max(last_local_ep, E − 1).
+    Quick keeps the paper's last_local_ep = E."""
+    for row, cfg in configs(scale).items():
+        if not LAST_ROUND.get(row, True):
+            continue
+        e = cfg.training.local_epochs
+        expected = last_local_ep if ROWS[row].method in ("fedavg", "fedsr") else max(last_local_ep, e - LOCAL_REP_EP)
+        assert cfg.training.finetune_epochs == expected, row
+        assert last_local_ep == e  # README: --local_ep 10 with options.py's last_local_ep 10
+
+
+def test_paper_scale_is_the_readme_run() -> None:
+    for cfg in configs("paper").values():
+        assert (cfg.federation.clients, cfg.federation.fraction, cfg.federation.rounds) == (100, 0.1, 500)
+        assert cfg.training.local_epochs == 10 and cfg.data.subsample == 1.0
+
+
+def test_rows_own_settings_follow_the_readme() -> None:
+    by = configs("paper")
+    assert by["Ditto"].method.params.lam == 0.1  # --mu 0.1
+    fedsr = by["FedSR-FT"]
+    assert (fedsr.method.params.alpha_cmi, fedsr.method.params.alpha_l2r) == (0.001, 0.001)  # --CMI, --L2R
+    assert fedsr.model.options == {"dim_z": 256}  # --dimZ 256
+    assert by["FedCR"].method.params.beta2 == 1.0  # --beta2 1
+    assert by["FedRep"].method.params.body_epochs == 1  # --local_rep_ep 1
+    assert by["FedPAC"].method.params.lam == 1.0  # --beta_PAC 1
+    assert by["FedBABU"].method.name == "fedper"  # main_fed.py: fedbabu is trained exactly as fedper
+    # Table 4's FedCR-β = 0.001 column equals Table 2's FedCR CIFAR-100 non-IID2 value (42.91)
+    assert configs("paper", "cifar100", "non-IID2")["FedCR"].method.params.beta == 0.001
+
+
+def test_header_lists_each_rows_settings_with_unknowns_marked() -> None:
+    table = get_table("table2")
+    assert list(table.row_settings) == list(ROWS)
+    assert table.row_settings["Ditto"].startswith("ditto, lr 0.5, lam 0.1 — ")
+    assert "[U" in table.row_settings["SimFAFL"] and "last round" in table.row_settings["FedCR"]

@@ -1,0 +1,78 @@
+"""``--plan`` and the cost estimate (fltune/estimate.py): client-samples by hand, a real calibration, and
+the commands printing a plan without running or writing anything."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from fltune.cli import main
+from fltune.config import build_config
+from fltune.data.datasets import load_dataset
+from fltune.estimate import calibrate, client_samples, estimate
+from tests.conftest import needs_fmnist
+
+
+def synthetic(*overrides: str):
+    return build_config({"data": {"dataset": "synthetic"}, "partition": {"kind": "iid"},
+                         "federation": {"clients": 10, "fraction": 0.5, "rounds": 3},
+                         "training": {"local_epochs": 2}}, list(overrides))
+
+
+def test_client_samples_are_rounds_times_clients_times_epochs_times_samples_per_client() -> None:
+    per_client = len(load_dataset("synthetic").train_y) / 10
+    assert client_samples(synthetic()) == round(3 * 5 * 2 * per_client)
+    # a final personal round: every client, finetune_epochs more passes over its training share
+    tuned = synthetic("training.finetune_epochs=1", "partition.eval_fraction=0.5", "metrics.protocols=[personalized]")
+    assert client_samples(tuned) == round((3 * 5 * 2 + 10 * 1) * per_client * 0.5)
+
+
+def test_estimate_is_positive_and_counts_a_shared_experiment_once() -> None:
+    cfg = synthetic()
+    assert calibrate(cfg) > 0
+    tree = cfg.model_dump(mode="json")
+    est = estimate([("a", tree, 2), ("b", tree, 2)], {"CPU": 2.0, "GPU": 0.0})
+    assert len(est.work) == 1 and est.samples == 2 * client_samples(cfg) and est.wall_s > 0
+
+
+@pytest.fixture()
+def wide(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A console wide enough that no table cell wraps (it is 80 columns when not a terminal)."""
+    from fltune.tracking.console import console
+
+    monkeypatch.setattr(console, "width", 300)
+
+
+def plan_output(capsys) -> str:
+    return " ".join(capsys.readouterr().err.split())
+
+
+def assert_wrote_nothing(tmp_path: Path) -> None:
+    assert not (tmp_path / "jobs").exists() and not (tmp_path / "out").exists()
+    assert not (tmp_path / "mlflow.db").exists()
+
+
+@needs_fmnist
+def test_reproduce_plan_prints_cells_settings_and_estimate_and_writes_nothing(mlflow_uri, wide, tmp_path, capsys) -> None:
+    args = ["reproduce", "table2", "--datasets", "fmnist", "--rows", "FedAvg,FedPer", "--plan",
+            "--storage", str(tmp_path / "jobs"), "--out", str(tmp_path / "out")]
+    assert main(args) == 0
+    out = plan_output(capsys)
+    assert "FedAvg | FMNIST non-IID1" in out and "FedPer | FMNIST non-IID2" in out
+    assert "sgd lr 0.01 mom 0, clip 10" in out and "FedPer: fedper, lr 0.01, last round" in out
+    found = re.search(r"estimate: ([\d.]+)([kMG]?) client-samples to train, ~([\d.]+) (s|min|h|days) wall", out)
+    assert found and float(found.group(1)) > 0 and float(found.group(3)) > 0
+    assert_wrote_nothing(tmp_path)
+
+
+def test_tune_plan_prints_trials_and_estimate_and_writes_nothing(mlflow_uri, wide, tmp_path, capsys) -> None:
+    space = Path(__file__).parents[1] / "search_spaces" / "fedavg.yaml"
+    args = ["tune", "--space", str(space), "--set", "data.dataset=synthetic", "--num-samples", "3", "--plan",
+            "--storage", str(tmp_path / "jobs")]
+    assert main(args) == 0
+    out = plan_output(capsys)
+    assert "fedavg: 3 trial(s) × 1 seed(s)" in out and "searched: training.lr" in out
+    assert re.search(r"estimate: [\d.]+[kMG]? client-samples to train, ~[\d.]+ (s|min|h|days) wall", out)
+    assert_wrote_nothing(tmp_path)
