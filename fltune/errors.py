@@ -11,3 +11,7 @@ class FLTuneError(Exception):
 
 class DatasetMissing(FLTuneError):
     """The dataset's files are not where fltune looked for them."""
+
+
+class DatasetCorrupt(FLTuneError):
+    """A dataset file is there but unusable: truncated, not gzip, a wrong header or checksum, unreadable."""

@@ -70,11 +70,16 @@ def _fast_tests_start_no_ray(request: pytest.FixtureRequest) -> Iterator[None]:
 
 @pytest.fixture(scope="session")
 def ray_session():
-    """A real local Ray with 2 CPUs, shared by the engine tests and shut down at the end."""
+    """A real local Ray with 2 CPUs, shared by the engine tests and shut down at the end.
+
+    ``address="local"``: always a new instance of the tests' own, never one found through $RAY_ADDRESS or
+    another user's ``ray start`` on the same machine (whose CPUs and load are not ours to count on).
+    """
     import ray
 
     if not ray.is_initialized():
-        ray.init(num_cpus=2, include_dashboard=False, configure_logging=False, log_to_driver=False)
+        ray.init(address="local", num_cpus=2, include_dashboard=False, configure_logging=False,
+                 log_to_driver=False)
     yield ray
     ray.shutdown()
 

@@ -4,13 +4,19 @@ Images stay uint8 in memory (4x smaller than float32, and a pooled train+test sp
 Ray worker); ``augment.to_float`` normalises each batch. Fashion-MNIST is read straight from its idx
 files, so Debian's flat ``dataset-fashion-mnist`` directory works offline; the other datasets use
 torchvision's classes and on-disk formats. Every missing-file error is one :class:`DatasetMissing` line
-naming the dataset, every path looked in and how to get the files.
+naming the dataset, every path looked in and how to get the files; every file that is there but unusable
+(truncated download, not gzip, wrong idx header or size, checksum mismatch, unreadable) is one
+:class:`DatasetCorrupt` line naming the file, what is wrong and how to replace it, raised before anything
+is trained or logged.
 """
 
 from __future__ import annotations
 
 import gzip
-from collections.abc import Callable
+import hashlib
+import math
+import zlib
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
@@ -19,12 +25,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from fltune.errors import DatasetMissing, FLTuneError
+from fltune.errors import DatasetCorrupt, DatasetMissing, FLTuneError
 
 DEBIAN_FMNIST = Path("/usr/share/datasets/fashion-mnist")  # apt-get install dataset-fashion-mnist
 _FMNIST_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte",
                  "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
 _HOW_TO_GET = "pass --data-root DIR holding torchvision's files, or --set data.download=true (needs internet)"
+_HOW_TO_REPLACE = "delete it and rerun with --set data.download=true (needs internet), or copy a good file there"
+_FMNIST_REPLACE = f"{_HOW_TO_REPLACE} (Debian's copy: apt-get install --reinstall dataset-fashion-mnist)"
 
 
 @dataclass(frozen=True)
@@ -150,26 +158,111 @@ def _load_fmnist(root: Path | None, download: bool) -> Splits:
         found = dirs[-1]
     if found is None:
         raise _missing("fmnist", dirs, "apt-get install dataset-fashion-mnist, or " + _HOW_TO_GET)
-    train_x, train_y, test_x, test_y = (torch.from_numpy(_read_idx(_idx_path(found, f))) for f in _FMNIST_FILES)
+    paths = [_idx_path(found, f) for f in _FMNIST_FILES]
+    arrays = [_read_idx(path, shape, _FMNIST_REPLACE) for path, shape in zip(paths, _IDX_SHAPES * 2)]
+    for (images, labels), (images_path, labels_path) in zip((arrays[:2], arrays[2:]), (paths[:2], paths[2:])):
+        _check_pair(images, labels, images_path, labels_path, _SPECS["fmnist"].num_classes, _FMNIST_REPLACE)
+    train_x, train_y, test_x, test_y = (torch.from_numpy(a) for a in arrays)
     return train_x.unsqueeze(1), train_y, test_x.unsqueeze(1), test_y
 
 
+_IDX_SHAPES = ((28, 28), ())  # an image file's item shape, a label file's
+
+
 def _idx_path(directory: Path, stem: str) -> Path | None:
-    """``stem.gz`` or ``stem`` in ``directory``, whichever exists."""
-    return next((p for p in (directory / f"{stem}.gz", directory / stem) if p.is_file()), None)
+    """``stem.gz`` or ``stem`` in ``directory``, whichever exists (a directory there is reported when read)."""
+    return next((p for p in (directory / f"{stem}.gz", directory / stem) if p.exists()), None)
 
 
-def _read_idx(path: Path) -> np.ndarray:
-    """Parse an idx file of unsigned bytes (the MNIST family's format) into an array."""
-    with (gzip.open if path.suffix == ".gz" else open)(path, "rb") as f:
-        data = f.read()
-    if data[:3] != b"\x00\x00\x08":
-        raise FLTuneError(f"data.root: {path} is not an idx file of unsigned bytes")
-    dims = np.frombuffer(data, dtype=">i4", count=data[3], offset=4)
-    return np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * data[3]).reshape(dims).copy()
+def _damaged(path: Path, problem: str, how: str) -> DatasetCorrupt:
+    """The one-line error for a file that is there but cannot be used."""
+    return DatasetCorrupt(f"data.root: {path} {problem}; {how}")
+
+
+def _read_bytes(path: Path, how: str) -> bytes:
+    """The file's bytes (gunzipped for ``.gz``); an unreadable or broken file → one DatasetCorrupt line."""
+    try:
+        with (gzip.open if path.suffix == ".gz" else open)(path, "rb") as f:
+            return f.read()
+    except EOFError as err:  # gzip stream cut short: the classic interrupted download
+        raise _damaged(path, "is truncated (its compressed data ends early)", how) from err
+    except (gzip.BadGzipFile, zlib.error) as err:
+        raise _damaged(path, f"is not valid gzip data ({err})", how) from err
+    except OSError as err:  # permission denied, a directory, an I/O error
+        raise _damaged(path, f"cannot be read ({err.strerror or err})", how) from err
+
+
+def _read_idx(path: Path, item_shape: tuple[int, ...], how: str) -> np.ndarray:
+    """Parse an idx file of unsigned bytes (the MNIST family's format) into an array, checking its header.
+
+    The header is magic ``00 00 08 d`` (unsigned bytes, d dimensions) then d big-endian int32 sizes; the
+    payload must hold exactly their product of bytes, and items must have ``item_shape``.
+    """
+    data = _read_bytes(path, how)
+    magic = bytes([0, 0, 8, 1 + len(item_shape)])  # unsigned bytes, 1 + item dimensions
+    if not data:
+        raise _damaged(path, "is empty", how)
+    if data[:4] != magic:
+        raise _damaged(path, f"starts {data[:4].hex(' ')}, not the idx magic number {magic.hex(' ')} "
+                             f"({1 + len(item_shape)}-d unsigned bytes)", how)
+    header = 4 + 4 * data[3]
+    if len(data) < header:
+        raise _damaged(path, "is truncated (inside its idx header)", how)
+    dims = tuple(int(d) for d in np.frombuffer(data, dtype=">i4", count=data[3], offset=4))
+    expected = header + math.prod(dims)
+    if len(data) != expected:
+        problem = "truncated" if len(data) < expected else "trailing bytes"
+        raise _damaged(path, f"holds {len(data)} bytes but its header {dims} announces {expected} ({problem})", how)
+    if dims[1:] != item_shape:
+        raise _damaged(path, f"holds items of shape {dims[1:]}, expected {item_shape}", how)
+    return np.frombuffer(data, dtype=np.uint8, offset=header).reshape(dims).copy()
+
+
+def _check_pair(images: np.ndarray, labels: np.ndarray, images_path: Path, labels_path: Path, num_classes: int,
+                how: str) -> None:
+    """An image file and its label file describe the same samples, labelled 0..num_classes-1."""
+    if len(images) != len(labels):
+        raise _damaged(labels_path, f"has {len(labels)} labels but {images_path.name} has {len(images)} images",
+                       how)
+    if len(labels) and labels.max() >= num_classes:
+        raise _damaged(labels_path, f"holds label {labels.max()}; allowed 0..{num_classes - 1}", how)
 
 
 # --- torchvision-format datasets -----------------------------------------------------------------------
+
+
+def _check_idx_files(folder: Path, stems: Sequence[str]) -> None:
+    """Parse the (images, labels, images, labels) idx files torchvision will read, those that exist.
+
+    torchvision's own parser fails on a damaged file with a bare assertion or shape error; this names the
+    file and the fault first. Missing files are left to torchvision's "not found".
+    """
+    for stem, shape in zip(stems, _IDX_SHAPES * 2):
+        if (folder / stem).exists():
+            _read_idx(folder / stem, shape, _HOW_TO_REPLACE)
+
+
+def _check_md5_files(folder: Path, files: Sequence[Sequence[str]]) -> None:
+    """Compare each existing ``(name, md5)`` file with its published checksum (torchvision's lists).
+
+    torchvision checks them too but says only "Dataset not found or corrupted"; this names the file.
+    """
+    for name, md5 in files:
+        path = folder / name
+        if path.exists() and _md5(path) != md5:
+            raise _damaged(path, "does not match its published MD5 checksum (truncated or damaged download)",
+                           _HOW_TO_REPLACE)
+
+
+def _md5(path: Path) -> str:
+    digest = hashlib.md5(usedforsecurity=False)
+    try:
+        with open(path, "rb") as f:
+            while chunk := f.read(1 << 20):
+                digest.update(chunk)
+    except OSError as err:
+        raise _damaged(path, f"cannot be read ({err.strerror or err})", _HOW_TO_REPLACE) from err
+    return digest.hexdigest()
 
 
 def _torchvision_splits(name: str, root: Path, looked_in: list[Path],
@@ -185,6 +278,7 @@ def _load_mnist(root: Path | None, download: bool) -> Splits:
     from torchvision.datasets import MNIST
 
     root = root or default_root()
+    _check_idx_files(root / "MNIST" / "raw", _FMNIST_FILES)  # MNIST and Fashion-MNIST share file names
     train, test = _torchvision_splits("mnist", root, [root / "MNIST" / "raw"],
                                       lambda r, t: MNIST(r, train=t, download=download))
     return train.data.unsqueeze(1), train.targets, test.data.unsqueeze(1), test.targets
@@ -198,6 +292,8 @@ def _load_emnist_letters(root: Path | None, download: bool) -> Splits:
     from torchvision.datasets import EMNIST
 
     root = root or default_root()
+    _check_idx_files(root / "EMNIST" / "raw", [f"emnist-letters-{split}-{kind}" for split in ("train", "test")
+                                               for kind in ("images-idx3-ubyte", "labels-idx1-ubyte")])
     splits = _torchvision_splits("emnist_letters", root, [root / "EMNIST" / "raw"],
                                  lambda r, t: EMNIST(r, split="letters", train=t, download=download))
     out: list[torch.Tensor] = []
@@ -215,6 +311,7 @@ def _cifar_loader(class_name: str, folder: str) -> Callable[[Path | None, bool],
 
         root = root or default_root()
         cls = getattr(torchvision.datasets, class_name)
+        _check_md5_files(root / folder, cls.train_list + cls.test_list)
         splits = _torchvision_splits(class_name.lower(), root, [root / folder],
                                      lambda r, t: cls(r, train=t, download=download))
         out: list[torch.Tensor] = []
@@ -230,6 +327,7 @@ def _load_svhn(root: Path | None, download: bool) -> Splits:
     from torchvision.datasets import SVHN
 
     root = root or default_root()
+    _check_md5_files(root, [SVHN.split_list[split][1:] for split in ("train", "test")])
     splits = _torchvision_splits("svhn", root, [root / "train_32x32.mat", root / "test_32x32.mat"],
                                  lambda r, t: SVHN(r, split="train" if t else "test", download=download))
     out: list[torch.Tensor] = []

