@@ -39,6 +39,9 @@ def test_overrides_parse_yaml_values_and_create_sections():
     (["partition.kind=classes", "partition.classes_per_client=11"], "partition.classes_per_client: 11 > the 10"),
     (["model.name=nope"], "model.name: unknown model 'nope'"),
     (["resources.workers=0"], "resources.workers: Input should be greater than or equal to 1"),
+    (["training.nesterov=true", "training.momentum=0"], "training.nesterov: true needs training.optimizer sgd "
+     "with training.momentum > 0"),
+    (["training.nesterov=true", "training.optimizer=adam"], "training.nesterov: true needs training.optimizer sgd"),
 ])
 def test_bad_values_give_one_line_naming_the_field(overrides, message):
     with pytest.raises(FLTuneError) as err:
