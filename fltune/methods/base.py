@@ -145,10 +145,12 @@ class Method:
     Params: ClassVar[type[Params]] = Params
     default_model: ClassVar[str | None] = None
     """Model that ``model.name: auto`` resolves to for this method (VIB nets, ResNet-56); None = the dataset's."""
-    stored_models: ClassVar[float] = 1.0
-    """Model-sized tensors a client holds while training (FedAlign Table 5): FedProx 2, MOON 3, …"""
-    passes_per_step: ClassVar[float] = 1.0
-    """Forward+backward passes per local step, for compute cost: SAM-type 2, GradAug n + 1, …"""
+    stored_models: ClassVar[float]
+    """Model-sized tensors a client holds while training (FedAlign Table 5): FedAvg 1, FedProx 2, MOON 3, …
+    No default: every method states it (checked by ``register``), so a cost column is never a silent 1."""
+    passes_per_step: ClassVar[float]
+    """Forward+backward passes per local step, for compute cost: FedAvg 1, SAM-type 2, GradAug n + 1, …
+    No default, as ``stored_models``."""
     weighted_by_samples: ClassVar[bool] = True
     """Whether updates are weighted by n_k (FedAvg) or equally (FedDyn-family); also weights `all_model`."""
 

@@ -17,4 +17,5 @@ class FedDC(FedDyn, ControlVariates):
     """
 
     name = "feddc"
+    passes_per_step = 1.0
     stored_models = 4.0  # the local model, θ_g, the drift h_k and the correction c_k (c is broadcast)

@@ -24,6 +24,7 @@ class FedProx(Method):
 
     name = "fedprox"
     Params = FedProxParams
+    passes_per_step = 1.0  # the proximal term needs no extra pass
     stored_models = 2.0  # the local model and the global copy w_g of the proximal term
 
     def local_loss(self, ctx: ClientContext, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

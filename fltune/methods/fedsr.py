@@ -68,6 +68,8 @@ class FedSR(VIBMethod):
 
     name = "fedsr"
     Params = FedSRParams
+    stored_models = 1.0  # the VIB net only (class Gaussians are small)
+    passes_per_step = 1.0
 
     def adapt_model(self, model: nn.Module) -> nn.Module:
         net = cast(VIBNet, super().adapt_model(model))

@@ -22,6 +22,7 @@ class Scaffold(ControlVariates):
 
     name = "scaffold"
     Params = ScaffoldParams
+    passes_per_step = 1.0  # the correction is added to the gradient, no extra pass
 
     def aggregate(self, ctx: ServerContext) -> State:
         mean = super().aggregate(ctx)
