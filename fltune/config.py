@@ -163,8 +163,13 @@ class HessianConfig(_Section):
     batch_size: int = Field(50, ge=1)
     clients: int = Field(0, ge=0, description="local models for H_N/H_D (FedAlign Eq. 3–4); 0 = skip")
     top_k: int = Field(5, ge=1)
-    max_iter: int = Field(100, ge=1)
-    tol: float = Field(1e-3, gt=0)
+    max_iter: int = Field(100, ge=1, description="power iterations per eigenvalue; Hutchinson samples at most")
+    tol: float = Field(1e-3, gt=0, description="power iteration stops when λ changes by less than this, relatively")
+    trace_tol: float = Field(1e-2, gt=0, description="Hutchinson (tr H, H_N/H_D) stops once its standard error "
+                             "is below this share of the estimate, after 10 samples")
+    probe_data: Literal["shared", "own"] = Field(
+        "shared", description="H_N/H_D: every client model on the same training batches (the FedAlign authors' "
+        "code) or each on its own client's data")
     landscape: bool = Field(True, description="loss-surface PNG along the top-2 eigenvectors at the end")
 
     @field_validator("clients")
