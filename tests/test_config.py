@@ -17,8 +17,8 @@ def test_defaults_round_trip_through_yaml():
 def test_method_params_are_validated_and_defaulted():
     cfg = build_config(overrides=["method.name=fedprox", "method.mu=0.5"])
     assert cfg.method.params.mu == 0.5
-    assert build_config(overrides=["method.name=fedprox"]).method.params.mu == 0.01
-    assert "mu: 0.01" in build_config(overrides=["method.name=fedprox"]).to_yaml()
+    assert build_config(overrides=["method.name=fedprox"]).method.params.mu == 1.0  # FedSOL App. B.5
+    assert "mu: 1.0" in build_config(overrides=["method.name=fedprox"]).to_yaml()
 
 
 def test_overrides_parse_yaml_values_and_create_sections():
