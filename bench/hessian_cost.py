@@ -98,7 +98,7 @@ def main() -> None:
 
     eigen = timed(lambda: top_eigenvalues(model, counted_loss, batches)[0], device)
     eigen_products, calls = calls // BATCHES, 0
-    trace = timed(lambda: hessian_trace(model, counted_loss, batches), device)
+    trace = timed(lambda: hessian_trace(model, counted_loss, batches).value, device)
     trace_products = calls // BATCHES
     hessian_wall_s, hessian_cpu_s = eigen.wall_s + trace.wall_s, eigen.cpu_s + trace.cpu_s
 

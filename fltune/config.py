@@ -121,12 +121,24 @@ class TrainingConfig(_Section):
     optimizer: Literal["sgd", "adam"] = "sgd"
     lr: float = Field(0.01, gt=0)
     momentum: float = Field(0.9, ge=0, lt=1)
+    nesterov: bool = Field(False, description="Nesterov momentum (SGD with momentum > 0 only); FedAlign's code "
+                           "uses it in every method")
     weight_decay: float = Field(0.0, ge=0)
     lr_decay: float = Field(1.0, gt=0, le=1, description="lr at round r = lr · lr_decay^r (MAN 0.998, FedSOL 0.99)")
     grad_clip: float | None = Field(None, gt=0, description="max global grad norm; None = no clipping")
     finetune_epochs: int = Field(0, ge=0, description="-FT: after the last round each client tunes its head "
                                  "this many epochs (body frozen) before personalised evaluation")
     finetune_lr: float | None = Field(None, gt=0, description="fine-tuning lr; None = training.lr")
+
+    @model_validator(mode="after")
+    def _nesterov_needs_momentum(self) -> TrainingConfig:
+        """torch's SGD rejects Nesterov without momentum deep inside a worker; say it once, here."""
+        if self.nesterov and (self.optimizer != "sgd" or self.momentum == 0):
+            raise ValueError(
+                f"training.nesterov: true needs training.optimizer sgd with training.momentum > 0; allowed: false "
+                f"here (got optimizer {self.optimizer}, momentum {self.momentum})"
+            )
+        return self
 
 
 class FederationConfig(_Section):
@@ -151,8 +163,13 @@ class HessianConfig(_Section):
     batch_size: int = Field(50, ge=1)
     clients: int = Field(0, ge=0, description="local models for H_N/H_D (FedAlign Eq. 3–4); 0 = skip")
     top_k: int = Field(5, ge=1)
-    max_iter: int = Field(100, ge=1)
-    tol: float = Field(1e-3, gt=0)
+    max_iter: int = Field(100, ge=1, description="power iterations per eigenvalue; Hutchinson samples at most")
+    tol: float = Field(1e-3, gt=0, description="power iteration stops when λ changes by less than this, relatively")
+    trace_tol: float = Field(1e-2, gt=0, description="Hutchinson (tr H, H_N/H_D) stops once its standard error "
+                             "is below this share of the estimate, after 10 samples")
+    probe_data: Literal["shared", "own"] = Field(
+        "shared", description="H_N/H_D: every client model on the same training batches (the FedAlign authors' "
+        "code) or each on its own client's data")
     landscape: bool = Field(True, description="loss-surface PNG along the top-2 eigenvectors at the end")
 
     @field_validator("clients")

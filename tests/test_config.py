@@ -17,8 +17,8 @@ def test_defaults_round_trip_through_yaml():
 def test_method_params_are_validated_and_defaulted():
     cfg = build_config(overrides=["method.name=fedprox", "method.mu=0.5"])
     assert cfg.method.params.mu == 0.5
-    assert build_config(overrides=["method.name=fedprox"]).method.params.mu == 0.01
-    assert "mu: 0.01" in build_config(overrides=["method.name=fedprox"]).to_yaml()
+    assert build_config(overrides=["method.name=fedprox"]).method.params.mu == 1.0  # FedSOL App. B.5
+    assert "mu: 1.0" in build_config(overrides=["method.name=fedprox"]).to_yaml()
 
 
 def test_overrides_parse_yaml_values_and_create_sections():
@@ -39,6 +39,10 @@ def test_overrides_parse_yaml_values_and_create_sections():
     (["partition.kind=classes", "partition.classes_per_client=11"], "partition.classes_per_client: 11 > the 10"),
     (["model.name=nope"], "model.name: unknown model 'nope'"),
     (["resources.workers=0"], "resources.workers: Input should be greater than or equal to 1"),
+    (["training.nesterov=true", "training.momentum=0"], "training.nesterov: true needs training.optimizer sgd "
+     "with training.momentum > 0"),
+    (["training.nesterov=true", "training.optimizer=adam"], "training.nesterov: true needs training.optimizer sgd"),
+    (["metrics.hessian.probe_data=mine"], "metrics.hessian.probe_data: Input should be 'shared' or 'own'"),
 ])
 def test_bad_values_give_one_line_naming_the_field(overrides, message):
     with pytest.raises(FLTuneError) as err:

@@ -29,7 +29,7 @@ from fltune.engine.setup import build_method, build_model_for, initial_state, lo
 from fltune.errors import FLTuneError
 from fltune.metrics.accuracy import reached_target, summarise
 from fltune.metrics.cost import CostMeter, forward_flops_per_sample, parameter_count, state_bits
-from fltune.metrics.curvature import client_consistency, end_figures, global_curvature, probe_batches
+from fltune.metrics.curvature import client_consistency, consistency_batches, end_figures, global_curvature, probe_batches
 from fltune.methods.base import Aggregate, ServerContext, State
 
 
@@ -278,7 +278,7 @@ class Federation:
             for cid in clients[: hcfg.clients]:
                 local = build_model_for(self.cfg, self.data).to(self.device)
                 load_state(local, self.latest[cid])
-                models.append((local, probe_batches(self.data, self.data.client_train[cid], hcfg, seed, cid, self.device)))
+                models.append((local, consistency_batches(self.data, cid, batches, hcfg, seed, self.device)))
             out.update(client_consistency(models, hcfg, seed))
         if r == self.cfg.federation.rounds and hcfg.landscape:
             eigen = [out[f"hessian_lambda_{i + 1}"] for i in range(hcfg.top_k)]

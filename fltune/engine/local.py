@@ -59,7 +59,9 @@ def make_optimizer(params: list[nn.Parameter], training: TrainingConfig, lr: flo
     """A fresh optimiser per client and phase (no momentum carried across clients, as in the papers' code)."""
     if training.optimizer == "adam":
         return torch.optim.Adam(params, lr=lr, weight_decay=training.weight_decay)
-    return torch.optim.SGD(params, lr=lr, momentum=training.momentum, weight_decay=training.weight_decay)
+    return torch.optim.SGD(
+        params, lr=lr, momentum=training.momentum, weight_decay=training.weight_decay, nesterov=training.nesterov
+    )
 
 
 def _trainable(model: nn.Module, phase: Phase) -> list[nn.Parameter]:
@@ -93,7 +95,7 @@ def train_client(
         client_id=client_id, round=inputs.round, model=model, global_state=global_tensors,
         state=dict(client_state), server=inputs.server, num_samples=len(indices), epochs=training.local_epochs,
         lr=inputs.lr, device=device, batches=epoch,
-        momentum=training.momentum if training.optimizer == "sgd" else 0.0,
+        momentum=training.momentum if training.optimizer == "sgd" else 0.0, nesterov=training.nesterov,
     )
     method.setup_client(ctx)
     model.train()

@@ -19,10 +19,18 @@ METHODS: dict[str, type[Method]] = {}
 MODIFIERS: dict[str, type[Modifier]] = {}
 
 
+COST_DECLARATIONS = ("stored_models", "passes_per_step")
+"""What every method must state for the cost metrics (``Method`` gives no default)."""
+
+
 def register(cls: type[Method]) -> type[Method]:
-    """Class decorator: add a method under ``cls.name``."""
+    """Class decorator: add a method under ``cls.name``, once it declares its cost (COST_DECLARATIONS)."""
     if not cls.name or cls.name in METHODS:
         raise ValueError(f"method name {cls.name!r} is empty or registered twice")
+    missing = [attr for attr in COST_DECLARATIONS if not hasattr(cls, attr)]
+    if missing:
+        raise TypeError(f"method {cls.name!r} ({cls.__module__}): declare {' and '.join(missing)} as class "
+                        "attributes (models held while training, forward+backward passes per local step)")
     METHODS[cls.name] = cls
     return cls
 

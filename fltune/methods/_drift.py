@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from fltune.methods.base import ClientContext, ClientResult, Method, ServerContext, State, to_numpy
+from fltune.methods.base import ClientContext, ClientResult, Method, ServerContext, State, effective_steps, to_numpy
 
 
 def mean_over_clients(store: dict[int, dict[str, Any]], key: str, num_clients: int) -> State:
@@ -87,8 +87,12 @@ class ControlVariates(Method):
     """SCAFFOLD's control variates (Karimi et al., 2020, option II), also FedDC's gradient correction.
 
     Local gradient g − c_k + c (FedDC writes it as the loss term ⟨θ, c − c_k⟩: same gradient);
-    c_k⁺ = c_k − c + (θ_g − θ_k)/(K·lr) with K = ``ctx.steps`` and lr = this round's ``ctx.lr``;
-    server c = mean over all N of c_k, i.e. c += (1/N)·Σ_S Δc_k. Clients keep c_k in ``state["c"]``; c is
+    c_k⁺ = c_k − c + (θ_g − θ_k)/(K_eff·lr) with lr = this round's ``ctx.lr`` and K_eff the
+    :func:`~fltune.methods.base.effective_steps` of the ``ctx.steps`` local steps: K for plain SGD,
+    [K − ρ(1 − ρ^K)/(1 − ρ)]/(1 − ρ) under momentum ρ, as the FedSOL authors' Scaffold divides
+    (``Lee-Gihun/FedSOL:algorithms/scaffold/ClientTrainer.py``, ``adaptive_divison: true`` in
+    ``configs/baselines/scaffold.json``). Dividing by K alone makes c ~8× too large at K = 50, ρ = 0.9,
+    and the corrected local steps over-shoot. Server c = mean over all N of c_k, i.e. c += (1/N)·Σ_S Δc_k. Clients keep c_k in ``state["c"]``; c is
     kept in ``server_state["c"]`` and broadcast.
     """
 
@@ -110,10 +114,10 @@ class ControlVariates(Method):
                 p.grad.add_(correction[name])
 
     def client_result(self, ctx: ClientContext) -> ClientResult:
-        """c_k⁺ = (θ_g − θ_k)/(K·lr) − (c − c_k); K ≥ 1 guards a client stopped before its first step."""
+        """c_k⁺ = (θ_g − θ_k)/(K_eff·lr) − (c − c_k); K_eff ≥ 1 guards a client stopped before its first step."""
         result = super().client_result(ctx)
         correction = ctx.scratch["correction"]
-        inv_k_lr = 1.0 / (max(ctx.steps, 1) * ctx.lr)
+        inv_k_lr = 1.0 / (max(effective_steps(ctx.steps, ctx.momentum, ctx.nesterov), 1.0) * ctx.lr)
         result.state["c"] = to_numpy({
             name: (ctx.global_param(name) - p) * inv_k_lr - correction[name]
             for name, p in ctx.model.named_parameters()

@@ -72,12 +72,30 @@ class ClientContext:
     """One epoch of this client's (augmented, shuffled, seeded) training batches, on ``device``."""
     steps: int = 0
     momentum: float = 0.0
-    """The local optimiser's SGD momentum (0 for Adam): FedNova's normaliser a_k depends on it."""
+    """The local optimiser's SGD momentum (0 for Adam): FedNova's a_k and SCAFFOLD's c_k depend on it."""
+    nesterov: bool = False
+    """Whether that momentum is Nesterov's (``training.nesterov``): it changes :func:`effective_steps`."""
     scratch: dict[str, Any] = field(default_factory=dict)
 
     def global_param(self, name: str) -> torch.Tensor:
         """The round's global value of a parameter, on the training device."""
         return self.global_state[name]
+
+
+def effective_steps(steps: int, momentum: float, nesterov: bool = False) -> float:
+    """How many lr·g a constant gradient g moves the weights over ``steps`` SGD steps: the ‖a‖₁ that turns
+    θ_g − θ_k back into an average gradient (FedNova's a_k, SCAFFOLD's K in c_k⁺).
+
+    Heavy-ball momentum ρ (PyTorch's buffer b_t = ρ·b_{t−1} + g_t, step lr·b_t) moves the weights by
+    Σ_{t≤K} (1 − ρ^t)/(1 − ρ) = [K − ρ(1 − ρ^K)/(1 − ρ)]/(1 − ρ), the FedSOL authors' divisor
+    (``Lee-Gihun/FedSOL:algorithms/scaffold/ClientTrainer.py`` ``__get_divisor``, and its FedNova server):
+    K = 50, ρ = 0.9 gives 410.5, not 50. Nesterov's step lr·(g_t + ρ·b_t) adds ρ times that sum, i.e.
+    [K − ρ²(1 − ρ^K)/(1 − ρ)]/(1 − ρ). ρ = 0 gives K either way.
+    """
+    if momentum == 0:
+        return float(steps)
+    heavy_ball = (steps - momentum * (1 - momentum**steps) / (1 - momentum)) / (1 - momentum)
+    return steps + momentum * heavy_ball if nesterov else heavy_ball
 
 
 @dataclass
@@ -127,10 +145,12 @@ class Method:
     Params: ClassVar[type[Params]] = Params
     default_model: ClassVar[str | None] = None
     """Model that ``model.name: auto`` resolves to for this method (VIB nets, ResNet-56); None = the dataset's."""
-    stored_models: ClassVar[float] = 1.0
-    """Model-sized tensors a client holds while training (FedAlign Table 5): FedProx 2, MOON 3, …"""
-    passes_per_step: ClassVar[float] = 1.0
-    """Forward+backward passes per local step, for compute cost: SAM-type 2, GradAug n + 1, …"""
+    stored_models: ClassVar[float]
+    """Model-sized tensors a client holds while training (FedAlign Table 5): FedAvg 1, FedProx 2, MOON 3, …
+    No default: every method states it (checked by ``register``), so a cost column is never a silent 1."""
+    passes_per_step: ClassVar[float]
+    """Forward+backward passes per local step, for compute cost: FedAvg 1, SAM-type 2, GradAug n + 1, …
+    No default, as ``stored_models``."""
     weighted_by_samples: ClassVar[bool] = True
     """Whether updates are weighted by n_k (FedAvg) or equally (FedDyn-family); also weights `all_model`."""
 

@@ -82,6 +82,8 @@ class FedAlign(ResNet56Method):
 
     name = "fedalign"
     Params = FedAlignParams
+    stored_models = 1.0  # one model: the reduced-width pass runs on the same weights
+    passes_per_step = 1.0  # the full-width pass; the width-reduced one is counted in FLOPs by the workers
 
     def local_loss(self, ctx: ClientContext, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
         model = self.resnet(ctx)

@@ -12,3 +12,5 @@ class FedAvg(Method):
     """FedAvg: L = CE(f(x; w), y); server w ← Σ_k n_k w_k / Σ_k n_k."""
 
     name = "fedavg"
+    stored_models = 1.0  # the local model only
+    passes_per_step = 1.0  # one forward+backward per batch

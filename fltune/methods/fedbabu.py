@@ -16,6 +16,8 @@ class FedBABU(Method):
     """FedBABU: L = CE(head_0(body(x)), y) with only ``body.*`` trained; server as FedAvg."""
 
     name = "fedbabu"
+    stored_models = 1.0  # the local model only (the head is frozen, not copied)
+    passes_per_step = 1.0
 
     def phases(self, ctx: ClientContext) -> list[Phase]:
         return [Phase(epochs=ctx.epochs, prefixes=("body.",))]

@@ -75,6 +75,8 @@ class FedCR(VIBMethod, PersonalHead):
 
     name = "fedcr"
     Params = FedCRParams
+    stored_models = 1.0  # the VIB net only (class Gaussians are small)
+    passes_per_step = 1.0  # the z samples share one body pass
 
     def init_server_state(self, global_state: State) -> dict[str, Any]:
         """r = N(0, I) for every class; the shape comes from the head weight [classes, dimZ]."""

@@ -9,7 +9,7 @@ from fltune.methods.feddyn import FedDyn
 class FedDC(FedDyn, ControlVariates):
     """FedDC: L = CE + (α/2)‖θ − (θ_g − h_k)‖² + ⟨θ, c − c_k⟩ (``gaoliang13/FedDC``, ``train_model_FedDC``).
 
-    h_k += θ_k − θ_g; c_k ← c_k − c + (θ_g − θ_k)/(K·lr); server c += Σ_S Δc_k / N and
+    h_k += θ_k − θ_g; c_k ← c_k − c + (θ_g − θ_k)/(K_eff·lr); server c += Σ_S Δc_k / N and
     θ = mean_S θ_k + mean_all h_k. The drift half is FedDyn's (same penalty, same α, same h_k), the
     ⟨θ, c − c_k⟩ term is SCAFFOLD's gradient correction (``_drift.ControlVariates``). [U] lr is the
     round's decayed lr (the authors' code divides by the initial lr even when it decays); α is not scaled
@@ -17,4 +17,5 @@ class FedDC(FedDyn, ControlVariates):
     """
 
     name = "feddc"
+    passes_per_step = 1.0
     stored_models = 4.0  # the local model, θ_g, the drift h_k and the correction c_k (c is broadcast)

@@ -24,6 +24,7 @@ class FedDyn(DriftCorrected):
 
     name = "feddyn"
     Params = FedDynParams
+    passes_per_step = 1.0
 
     def local_loss(self, ctx: ClientContext, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
         loss, logits = super().local_loss(ctx, x, y)

@@ -3,36 +3,31 @@
 import numpy as np
 
 from fltune.methods import register
-from fltune.methods.base import ClientContext, ClientResult, Method, ServerContext, State, to_numpy
+from fltune.methods.base import ClientContext, ClientResult, Method, ServerContext, State, effective_steps, to_numpy
 
 NORMALISER = "fednova.a"
 """Upload key carrying a_k, so the engine's n_k-weighted mean yields Σ p_k a_k beside Σ p_k d_k."""
-
-
-def normaliser(steps: int, momentum: float) -> float:
-    """a_k = ‖a‖₁ of the weights with which τ local gradients enter θ_g − θ_k: τ for plain SGD,
-    [τ − ρ(1 − ρ^τ)/(1 − ρ)]/(1 − ρ) with momentum ρ (``Lee-Gihun/FedSOL:algorithms/fednova/Server.py``)."""
-    if momentum == 0:
-        return float(steps)
-    return (steps - momentum * (1 - momentum**steps) / (1 - momentum)) / (1 - momentum)
 
 
 @register
 class FedNova(Method):
     """FedNova: clients upload d_k = (θ_g − θ_k)/a_k; server θ = θ_g − (Σ p_k a_k)·Σ p_k d_k, p_k = n_k/Σ n.
 
-    a_k comes from the client's step count ``ctx.steps`` and optimiser momentum ``ctx.momentum``. [U] Every
+    a_k = ‖a‖₁ of the weights with which τ local gradients enter θ_g − θ_k, :func:`effective_steps` of the
+    client's step count and optimiser momentum (``Lee-Gihun/FedSOL:algorithms/fednova/Server.py``). [U] Every
     float entry of the state is normalised (parameters and BN statistics, as the FedSOL authors' server
     does); integer counters are averaged. With equal a_k the result is FedAvg's.
     """
 
     name = "fednova"
+    stored_models = 1.0  # the local model only
+    passes_per_step = 1.0
 
     def client_result(self, ctx: ClientContext) -> ClientResult:
         """Float entries become d_k; a_k ≥ 1 after one step, and a client stopped before its first step
         (θ_k = θ_g) uploads d_k = 0 through the divisor max(a_k, 1)."""
         result = super().client_result(ctx)
-        a_k = normaliser(ctx.steps, ctx.momentum)
+        a_k = effective_steps(ctx.steps, ctx.momentum, ctx.nesterov)
         state = ctx.model.state_dict()
         floats = [name for name in result.update if state[name].is_floating_point()]
         d_k = to_numpy({name: (ctx.global_param(name) - state[name]) / max(a_k, 1.0) for name in floats})

@@ -146,6 +146,8 @@ class FedPAC(PersonalHead):
 
     name = "fedpac"
     Params = FedPACParams
+    stored_models = 1.0  # the local model (prototypes are small)
+    passes_per_step = 1.0
 
     def phases(self, ctx: ClientContext) -> list[Phase]:
         return [Phase(1, ("head.",), lr=self.params.head_lr), Phase(ctx.epochs, ("body.",))]

@@ -12,3 +12,5 @@ class FedPer(PersonalHead):
     """FedPer: L = CE(head_i(body(x)), y); body ← Σ_k n_k body_k / Σ_k n_k, head_i stays on client i."""
 
     name = "fedper"
+    stored_models = 1.0  # the local model only
+    passes_per_step = 1.0

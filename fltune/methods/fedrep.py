@@ -24,6 +24,8 @@ class FedRep(PersonalHead):
 
     name = "fedrep"
     Params = FedRepParams
+    stored_models = 1.0  # the local model only
+    passes_per_step = 1.0  # head and body epochs each take one pass per batch
 
     def phases(self, ctx: ClientContext) -> list[Phase]:
         head_epochs = max(ctx.epochs - self.params.body_epochs, 1)

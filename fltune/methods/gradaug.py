@@ -49,6 +49,7 @@ class GradAug(ResNet56Method):
 
     name = "gradaug"
     Params = GradAugParams
+    stored_models = 1.0  # one model: the sub-networks share its weights
 
     @property
     def passes_per_step(self) -> float:  # type: ignore[override]

@@ -14,3 +14,5 @@ class LGFedAvg(PersonalBody):
     """LG-FedAvg: L = CE(head(body_i(x)), y); head ← Σ_k n_k head_k / Σ_k n_k, body_i stays on client i."""
 
     name = "lg_fedavg"
+    stored_models = 1.0  # the local model only
+    passes_per_step = 1.0

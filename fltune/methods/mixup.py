@@ -40,6 +40,8 @@ class Mixup(Method):
 
     name = "mixup"
     Params = MixupParams
+    stored_models = 1.0  # the local model only
+    passes_per_step = 1.0  # one pass over the mixed batch
 
     def local_loss(self, ctx: ClientContext, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
         if self.params.gamma == 0:

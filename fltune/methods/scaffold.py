@@ -14,7 +14,7 @@ class ScaffoldParams(Params):
 
 @register
 class Scaffold(ControlVariates):
-    """SCAFFOLD (option II): local gradient g − c_k + c; c_k⁺ = c_k − c + (θ_g − θ_k)/(K·lr);
+    """SCAFFOLD (option II): local gradient g − c_k + c; c_k⁺ = c_k − c + (θ_g − θ_k)/(K_eff·lr);
     server c += mean over all N of Δc_k, θ = θ_g + η_g·mean_S(θ_k − θ_g) (plain mean).
 
     With c = c_k = 0 (round 1) the local step is exactly FedAvg's.
@@ -22,6 +22,7 @@ class Scaffold(ControlVariates):
 
     name = "scaffold"
     Params = ScaffoldParams
+    passes_per_step = 1.0  # the correction is added to the gradient, no extra pass
 
     def aggregate(self, ctx: ServerContext) -> State:
         mean = super().aggregate(ctx)

@@ -78,6 +78,8 @@ class SimFAFL(VIBMethod, PersonalHead):
 
     name = "simfafl"
     Params = SimFAFLParams
+    stored_models = 1.0  # the VIB net only (class centres are small)
+    passes_per_step = 1.0
 
     def local_loss(self, ctx: ClientContext, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
         out = self.net(ctx).vib(x)

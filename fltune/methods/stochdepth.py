@@ -30,6 +30,8 @@ class StochDepth(ResNet56Method):
 
     name = "stochdepth"
     Params = StochDepthParams
+    stored_models = 1.0  # the local model only
+    passes_per_step = 1.0  # dropped blocks are counted in FLOPs by the workers
 
     def adapt_model(self, model: nn.Module) -> nn.Module:
         resnet = super().adapt_model(model)

@@ -2,8 +2,9 @@
 
 λ_max, λ1/λk and tr H of the global model (FedAlign Table 1, MAN Table 2, FedSOL Fig. 8), and H_N/H_D
 over k of the round's clients' local models (FedAlign Eq. 3–4), each on a fixed, seeded set of
-training batches in eval mode (METHODS.md §4: the authors use 10 batches). At the end, the loss surface
-along the top-2 eigenvectors and the top-k spectrum as PNGs (FedAlign Fig. 1, MAN Fig. 4a).
+training batches in eval mode (METHODS.md §4: the authors use 10 batches; for H_N/H_D by default the
+global model's, see :func:`consistency_batches`). At the end, the loss surface along the top-2
+eigenvectors and the top-k spectrum as PNGs (FedAlign Fig. 1, MAN Fig. 4a).
 """
 
 from __future__ import annotations
@@ -51,13 +52,29 @@ def global_curvature(model: nn.Module, batches: list[Batch], hcfg: HessianConfig
     out["hessian_lambda_max"] = values[0]
     if len(values) > 1:
         out[f"hessian_lambda_1_over_{len(values)}"] = values[0] / values[-1] if values[-1] else float("inf")
-    out["hessian_trace"] = hessian_trace(model, cross_entropy_loss, batches, hcfg.max_iter, hcfg.tol, seed)
+    trace = hessian_trace(model, cross_entropy_loss, batches, hcfg.max_iter, hcfg.trace_tol, seed)
+    out["hessian_trace"], out["hessian_trace_se"] = trace.value, trace.se
     return out
 
 
+def consistency_batches(data: FederatedData, client: int, shared: list[Batch], hcfg: HessianConfig, seed: int,
+                        device: torch.device) -> list[Batch]:
+    """The batches client ``client``'s model is probed on for H_N/H_D (``metrics.hessian.probe_data``).
+
+    ``shared``: the global model's batches from the whole training set, the same for every client — the
+    FedAlign authors' ``pyhessian/compute_hessian.py`` loads each saved client model and measures it on
+    ``get_dataloader(data_dir, …)``'s full training loader, so the figures compare curvature on common
+    data. ``own``: batches of the client's own training data, which adds how the clients' data differ.
+    """
+    if hcfg.probe_data == "shared":
+        return shared
+    return probe_batches(data, data.client_train[client], hcfg, seed, client, device)
+
+
 def client_consistency(models: list[tuple[nn.Module, list[Batch]]], hcfg: HessianConfig, seed: int) -> dict[str, float]:
-    """H_N and H_D (FedAlign Eq. 3–4) from each local model's per-layer traces on its own data."""
-    traces = [layer_traces(model, cross_entropy_loss, batches, hcfg.max_iter, hcfg.tol, seed) for model, batches in models]
+    """H_N and H_D (FedAlign Eq. 3–4) from each local model's per-layer traces on its probe batches."""
+    traces = [layer_traces(model, cross_entropy_loss, batches, hcfg.max_iter, hcfg.trace_tol, seed)
+              for model, batches in models]
     h_n, h_d = cross_client_consistency(traces)
     return {"hessian_hn": h_n, "hessian_hd": h_d}
 

@@ -30,8 +30,9 @@ def test_hessian_schedule_logs_curves_and_end_figures(ray_session, mlflow_uri):
     assert probed == [2, 3]  # every 2 rounds, and at the end
     last = fed.history[-1]
     for key in ("hessian_lambda_1", "hessian_lambda_2", "hessian_lambda_1_over_2", "hessian_trace",
-                "hessian_hn", "hessian_hd", "hessian_s"):
+                "hessian_trace_se", "hessian_hn", "hessian_hd", "hessian_s"):
         assert math.isfinite(last[key]), key
+    assert last["hessian_trace_se"] > 0  # max_iter 8 < the 10 samples before the stop rule: never 0 here
     assert last["hessian_lambda_1"] >= last["hessian_lambda_2"]
     assert summary["hessian_lambda_max"] == last["hessian_lambda_max"]
 

@@ -3,7 +3,10 @@
 import torch
 import torch.nn.functional as F
 
+from fltune.config import build_config
 from fltune.methods import get_method
+from fltune.reproduce.plan import cell_tree
+from fltune.reproduce.registry import get_table
 from tests.methods.helpers import make_ctx, tiny_batch, tiny_model
 
 
@@ -36,3 +39,15 @@ def test_negative_mu_is_rejected():
 
     with pytest.raises(ValidationError):
         get_method("fedprox").Params(mu=-1.0)
+
+
+def test_default_mu_is_fedsols_and_the_tables_keep_their_papers_mu():
+    """Default μ = 1.0: FedSOL App. B.5 (``Lee-Gihun/FedSOL:configs/baselines/fedprox.json``, "rho": 1.0),
+    the paper whose protocol the default training section follows. FedAlign §3.2 runs μ = 1e-4 and its
+    tables say so explicitly; FedSOL's say 1.0 explicitly too, so neither depends on this default."""
+    assert get_method("fedprox").Params().mu == 1.0
+    for key, mu in (("fedsol:table2", 1.0), ("fedalign:table1", 1e-4), ("fedalign:table7", 1e-4)):
+        table = get_table(key)
+        prox = [c for c in table.cells if c.settings["method.name"] == "fedprox"]
+        assert prox and all(c.settings["method.mu"] == mu for c in prox), key
+        assert build_config(cell_tree(prox[0], table.scales["paper"], prox[0].dataset, [])).method.params.mu == mu

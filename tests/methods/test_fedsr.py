@@ -5,7 +5,10 @@ import math
 import torch
 import torch.nn.functional as F
 
+from fltune.config import build_config
 from fltune.methods import get_method
+from fltune.reproduce.plan import cell_tree
+from fltune.reproduce.registry import get_table
 from tests.methods.helpers import make_ctx, tiny_batch
 from tests.methods.vib_helpers import tiny_vib
 
@@ -73,3 +76,13 @@ def test_cmi_trains_the_reference_gaussians_and_upload_is_unweighted():
     assert model.head.r_mu.grad.abs().sum() > 0 and model.head.scale.grad is not None
     assert result.weight == 1.0 and "head.r_mu" not in result.update
     assert set(result.state["personal"]) == {"head.r_mu", "head.r_sigma", "head.scale"}
+
+
+def test_defaults_are_fedcrs_fedsr_ft_run():
+    """α_L2R = α_CMI = 0.001: the FedSR-FT command in ``haozzh/FedCR:README.md`` (``--CMI 0.001 --L2R 0.001``),
+    the run behind SimFAFL Table 2's FedSR-FT row, which uses these defaults."""
+    assert (FedSR.Params().alpha_l2r, FedSR.Params().alpha_cmi) == (0.001, 0.001)
+    table = get_table("simfafl:table2")
+    row = next(c for c in table.cells if c.row == "FedSR-FT")
+    params = build_config(cell_tree(row, table.scales["paper"], row.dataset, [])).method.params
+    assert (params.alpha_l2r, params.alpha_cmi) == (0.001, 0.001)

@@ -1,12 +1,16 @@
-"""SCAFFOLD: gradient g − c_k + c; c_k⁺ = c_k − c + (θ_g − θ_k)/(K·lr); server c += mean over all N of Δc_k,
-θ = θ_g + η_g·mean_S(θ_k − θ_g) (METHODS.md §2)."""
+"""SCAFFOLD: gradient g − c_k + c; c_k⁺ = c_k − c + (θ_g − θ_k)/(K_eff·lr); server c += mean over all N of Δc_k,
+θ = θ_g + η_g·mean_S(θ_k − θ_g) (METHODS.md §2; K_eff under momentum as the FedSOL authors' code,
+``Lee-Gihun/FedSOL:algorithms/scaffold/ClientTrainer.py``)."""
 
 import numpy as np
 import torch
 
+from fltune.config import build_config
+from fltune.engine.federation import Federation
 from fltune.methods import get_method
 from fltune.methods._drift import mean_over_clients
-from fltune.methods.base import Aggregate, ServerContext
+from fltune.methods.base import Aggregate, ServerContext, effective_steps
+from tests.conftest import needs_fmnist
 from tests.methods.helpers import make_ctx, tiny_batch, tiny_model
 from tests.methods.local_helpers import engine_grads
 
@@ -64,6 +68,23 @@ def test_local_variate_after_k_sgd_steps():
     assert result.weight == 1.0
 
 
+def test_local_variate_under_momentum_is_the_mean_gradient():
+    """50 momentum-SGD steps (ρ = 0.9) with a constant gradient g move θ by lr·K_eff·g, K_eff ≈ 410.5: c_k⁺
+    must be g, not the ~8× larger (θ_g − θ_k)/(50·lr) the plain-SGD divisor gives."""
+    model = tiny_model()
+    ctx = make_ctx(model, lr=0.01)
+    method = scaffold()
+    method.setup_client(ctx)
+    g = variates(model, 2)
+    ctx.steps, ctx.momentum = 50, 0.9
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            p.sub_(0.01 * effective_steps(50, 0.9) * torch.tensor(g[n]))
+    result = method.client_result(ctx)
+    for n in g:
+        np.testing.assert_allclose(result.state["c"][n], g[n], rtol=1e-3, atol=1e-4)
+
+
 def test_server_step_and_global_variate():
     """θ_g = 1, mean_S θ_k = 3, η_g = 0.5 → θ = 2; c = mean over N = 4 of stored c_k = (2 + 6)/4."""
     global_state = {"w": np.ones(3, np.float32), "n": np.array(4, np.int64)}
@@ -92,3 +113,25 @@ def test_mean_over_clients_does_not_depend_on_store_order():
     forward = mean_over_clients(states, "c", 10)["w"]
     backward = mean_over_clients(dict(reversed(list(states.items()))), "c", 10)["w"]
     assert forward.tobytes() == backward.tobytes()
+
+
+@needs_fmnist
+def test_fedsol_table_optimiser_no_longer_diverges(ray_session):
+    """The FedSOL Table 2 optimiser (``Lee-Gihun/FedSOL:configs/baselines/scaffold.json``: lr 0.01, momentum
+    0.9, wd 1e-5, lr × 0.99 per round, B = 50, E = 5, LDA α = 0.1) on a small FMNIST federation. Dividing by
+    K instead of K_eff made c ~8× too large: this run's train loss went 0.62, 0.83, 2.6, 691, 1e18, NaN
+    (diverged in round 6); with K_eff it stays below 0.62 and finite."""
+    fed = Federation(build_config(overrides=[
+        "method.name=scaffold", "data.dataset=fmnist", "data.subsample=0.05", "model.name=mlp",
+        "partition.kind=dirichlet", "partition.alpha=0.1", "federation.clients=10", "federation.fraction=0.5",
+        "federation.rounds=5", "training.local_epochs=5", "training.batch_size=50", "training.lr=0.01",
+        "training.momentum=0.9", "training.weight_decay=1e-5", "training.lr_decay=0.99",
+        "metrics.protocols=[global]", "tracking.enabled=false", "resources.workers=1",
+    ]))
+    try:
+        fed.run()
+    finally:
+        fed.close()
+    losses = [row["train_loss"] for row in fed.history]
+    assert fed.status == "finished", losses
+    assert max(losses) < 1.0 and losses[-1] < losses[0], losses

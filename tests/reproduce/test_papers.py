@@ -91,6 +91,17 @@ def test_fedalign_tables_values_metrics_and_column_sizes() -> None:
     align = config(t5, cells("fedalign:table5")[("FedAlign", "cifar100", "Acc (%)")])
     assert align.training.grad_clip == 10.0 and align.partition.kind == "dirichlet" and align.federation.clients == 16
 
+
+def test_fedalign_rows_train_with_nesterov_momentum() -> None:
+    """Every method in the authors' code builds ``SGD(lr, momentum=0.9, weight_decay=wd, nesterov=True)``
+    (``mmendiet/FedAlign:methods/fedavg.py``, ``methods/fedalign.py``, …): so does every FedAlign cell."""
+    for key in ("fedalign:table1", "fedalign:table2", "fedalign:table5", "fedalign:table7", "fedalign:table8"):
+        table = get_table(key)
+        for scale in ("paper", "quick"):
+            for one in table.cells:
+                training = config(table, one, scale).training
+                assert (training.momentum, training.nesterov) == (0.9, True), (key, one.row, scale)
+
     t7 = get_table("fedalign:table7")
     sampled = cells("fedalign:table7")[("FedAvg", "cifar10", "C=64×0.25 (100)")]
     assert sampled.paper == 78.6
