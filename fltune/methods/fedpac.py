@@ -204,9 +204,9 @@ class FedPAC(PersonalHead):
         combined = {}
         for i, cid in enumerate(clients):
             alpha = head_weights(variances, h, i)
-            head = {
+            mixed = {
                 k: sum(a * head[k].astype(np.float64) for a, head in zip(alpha, heads)).astype(heads[i][k].dtype)
                 for k in heads[i]
             }
-            combined[cid] = {**states[cid], "personal": head}
+            combined[cid] = {**states[cid], "personal": mixed}
         return combined
