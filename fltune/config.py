@@ -4,6 +4,9 @@ Every field has a dotted path (``federation.rounds``, ``method.mu``) that ``--se
 use. Unknown keys are rejected everywhere so a misspelled field can never go unnoticed (a lesson from
 FL-bench's ``funetune_epoch``). The method section is open: its extra keys are validated by the chosen
 method's own ``Params`` model, so ``method.mu`` is FedProx's μ with FedProx's bounds and paper default.
+
+The config is a leaf: dataset, model and method names are checked against ``fltune.catalog``, so building
+a config imports neither torch nor any method unless it names method parameters (see ``MethodConfig``).
 """
 
 from __future__ import annotations
@@ -13,8 +16,12 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel, ConfigDict, Field, SerializationInfo, SerializerFunctionWrapHandler, ValidationError,
+    field_validator, model_serializer, model_validator,
+)
 
+from fltune import catalog
 from fltune.errors import FLTuneError
 
 Protocol = Literal["global", "all_model", "personalized"]
@@ -45,9 +52,7 @@ class DataConfig(_Section):
     @field_validator("dataset")
     @classmethod
     def _known_dataset(cls, value: str) -> str:
-        from fltune.data.datasets import DATASETS
-
-        return one_of(value, DATASETS, "dataset")
+        return one_of(value, tuple(catalog.NUM_CLASSES), "dataset")
 
 
 class PartitionConfig(_Section):
@@ -73,26 +78,37 @@ class ModelConfig(_Section):
     @field_validator("name")
     @classmethod
     def _known_model(cls, value: str) -> str:
-        from fltune.models import MODELS
-
-        if value != "auto" and value not in MODELS:
-            raise ValueError(f"unknown model {value!r}; allowed: auto, {', '.join(sorted(MODELS))}")
-        return value
+        return one_of(value, ("auto", *sorted(catalog.MODELS)), "model")
 
 
 class MethodConfig(BaseModel):
-    """The method's registry name plus its hyperparameters, validated by the method's own Params."""
+    """The method's registry name plus its hyperparameters, validated by the method's own Params.
+
+    The Params models live beside each method's torch code, so they are consulted only when needed:
+    values given here are validated against them when the config is built, and the paper defaults of the
+    rest are filled in when the config is read through ``params`` or dumped (YAML, MLflow params). A
+    plain method name without parameters is checked against ``fltune.catalog`` alone.
+    """
 
     model_config = ConfigDict(extra="allow")
 
     name: str = "fedavg"
 
+    @field_validator("name")
+    @classmethod
+    def _known_method(cls, value: str) -> str:
+        """The base of ``<method>+<modifier>`` must be a method file; modifiers are checked by building."""
+        one_of(value.split("+")[0], catalog.method_names(), "method")
+        return value
+
     @model_validator(mode="after")
     def _validate_params(self) -> MethodConfig:
+        given = self.model_extra or {}
+        if not given and "+" not in self.name:
+            return self
         from fltune.methods import get_method
 
         method_cls = get_method(self.name)
-        given = self.model_extra or {}
         fields = method_cls.Params.model_fields
         unknown = sorted(set(given) - set(fields))
         if unknown:
@@ -104,6 +120,11 @@ class MethodConfig(BaseModel):
             raise ValueError(describe_validation_error(err, prefix="method")) from None
         self.__pydantic_extra__ = params.model_dump()
         return self
+
+    @model_serializer(mode="wrap")
+    def _dump_with_defaults(self, handler: SerializerFunctionWrapHandler, info: SerializationInfo) -> dict[str, Any]:
+        """Every parameter of the method, paper defaults included (what YAML and MLflow show)."""
+        return {**handler(self), **self.params.model_dump(mode=info.mode)}
 
     @property
     def params(self) -> BaseModel:
@@ -230,9 +251,7 @@ class ExperimentConfig(_Section):
     @model_validator(mode="after")
     def _cross_checks(self) -> ExperimentConfig:
         if self.partition.kind == "classes" and self.partition.classes_per_client is not None:
-            from fltune.data.datasets import NUM_CLASSES
-
-            allowed = NUM_CLASSES.get(self.data.dataset)
+            allowed = catalog.NUM_CLASSES.get(self.data.dataset)
             if allowed is not None and self.partition.classes_per_client > allowed:
                 raise ValueError(
                     f"partition.classes_per_client: {self.partition.classes_per_client} > the "

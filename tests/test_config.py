@@ -1,4 +1,7 @@
-"""Config: YAML in/out, dotted overrides, method Params validation, one-line errors."""
+"""Config: YAML in/out, dotted overrides, method Params validation, one-line errors, a torch-free leaf."""
+
+import subprocess
+import sys
 
 import pytest
 import yaml
@@ -19,6 +22,28 @@ def test_method_params_are_validated_and_defaulted():
     assert cfg.method.params.mu == 0.5
     assert build_config(overrides=["method.name=fedprox"]).method.params.mu == 1.0  # FedSOL App. B.5
     assert "mu: 1.0" in build_config(overrides=["method.name=fedprox"]).to_yaml()
+
+
+def test_dumps_list_every_method_parameter_whether_given_or_not():
+    """Defaults not given are filled in when dumped, so YAML round trips and MLflow params are complete."""
+    bare = build_config(overrides=["method.name=fedprox"])
+    given = build_config(overrides=["method.name=fedprox", "method.mu=1.0"])
+    assert bare.model_dump()["method"] == given.model_dump()["method"] == {"name": "fedprox", "mu": 1.0}
+    assert build_config(yaml.safe_load(bare.to_yaml())).to_yaml() == bare.to_yaml()
+    assert flatten(bare.model_dump(mode="json"))["method.mu"] == 1.0
+
+
+@pytest.mark.parametrize("overrides", [[], ["method.name=fedprox", "model.name=resnet56", "data.dataset=cifar100"]])
+def test_building_a_config_without_method_parameters_imports_no_torch(overrides):
+    """The config is a leaf: names are checked against ``fltune.catalog``, not the packages behind them."""
+    code = (
+        "import sys, fltune.config as c\n"
+        f"c.build_config({{}}, {overrides!r})\n"
+        "heavy = sorted(m for m in sys.modules if m == 'torch' or m.startswith(('fltune.methods', 'fltune.models',"
+        " 'fltune.data')))\n"
+        "assert not heavy, heavy\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 
 
 def test_overrides_parse_yaml_values_and_create_sections():

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from fltune.catalog import NUM_CLASSES
 from fltune.errors import DatasetCorrupt, DatasetMissing, FLTuneError
 
 DEBIAN_FMNIST = Path("/usr/share/datasets/fashion-mnist")  # apt-get install dataset-fashion-mnist
@@ -52,26 +53,24 @@ class Dataset:
 
 @dataclass(frozen=True)
 class _Spec:
-    """What fltune knows about a dataset before loading it."""
+    """What fltune knows about a dataset before loading it (its class count: ``fltune.catalog``)."""
 
-    num_classes: int
     mean: tuple[float, ...] | None  # None: computed from the train split at load time
     std: tuple[float, ...] | None
     augment: str
 
 
 _SPECS: dict[str, _Spec] = {
-    "fmnist": _Spec(10, (0.2860,), (0.3530,), "none"),
-    "mnist": _Spec(10, (0.1307,), (0.3081,), "none"),
-    "emnist_letters": _Spec(10, (0.1722,), (0.3309,), "none"),
-    "cifar10": _Spec(10, (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616), "crop_flip"),
-    "cifar100": _Spec(100, (0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762), "crop_flip"),
+    "fmnist": _Spec((0.2860,), (0.3530,), "none"),
+    "mnist": _Spec((0.1307,), (0.3081,), "none"),
+    "emnist_letters": _Spec((0.1722,), (0.3309,), "none"),
+    "cifar10": _Spec((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616), "crop_flip"),
+    "cifar100": _Spec((0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762), "crop_flip"),
     # no flips for digits (a mirrored 2 is no 2); SVHN's usual recipe is no augmentation
-    "svhn": _Spec(10, (0.4377, 0.4438, 0.4728), (0.1980, 0.2010, 0.1970), "none"),
-    "synthetic": _Spec(10, None, None, "none"),
+    "svhn": _Spec((0.4377, 0.4438, 0.4728), (0.1980, 0.2010, 0.1970), "none"),
+    "synthetic": _Spec(None, None, "none"),
 }
 DATASETS: tuple[str, ...] = tuple(_SPECS)
-NUM_CLASSES: dict[str, int] = {name: spec.num_classes for name, spec in _SPECS.items()}
 
 Splits = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]  # train_x, train_y, test_x, test_y
 
@@ -101,7 +100,7 @@ def _load(name: str, root: str | None, download: bool) -> Dataset:
     train_x, train_y, test_x, test_y = _LOADERS[name](None if root is None else Path(root), download)
     mean, std = (spec.mean, spec.std) if spec.mean is not None else _pixel_stats(train_x)
     return Dataset(name, train_x.contiguous(), train_y.long(), test_x.contiguous(), test_y.long(),
-                   spec.num_classes, mean, std, spec.augment)
+                   NUM_CLASSES[name], mean, std, spec.augment)
 
 
 def subsample(dataset: Dataset, fraction: float, seed: int) -> Dataset:

@@ -30,7 +30,7 @@ from fltune.errors import FLTuneError
 from fltune.metrics.accuracy import reached_target, summarise
 from fltune.metrics.cost import CostMeter, forward_flops_per_sample, parameter_count, state_bits
 from fltune.metrics.curvature import client_consistency, consistency_batches, end_figures, global_curvature, probe_batches
-from fltune.methods.base import Aggregate, ServerContext, State
+from fltune.methods.base import Aggregate, ServerContext, State, Upload
 
 
 class Federation:
@@ -147,9 +147,10 @@ class Federation:
         shards = balance(clients, self.sizes, len(self.pool.actors))
         results = self.pool.map(self.run_ref, "train", shards, inputs_ref, per_shard=self._states_for)
         total = WeightedSum()
-        states, client_metrics, latest = {}, {}, {}
+        uploads, states, client_metrics, latest = {}, {}, {}, {}
         for res in results:
             total.merge(res.partial)
+            uploads.update(res.uploads)
             states.update(res.states)
             client_metrics.update(res.metrics)
             latest.update(res.latest)
@@ -159,15 +160,8 @@ class Federation:
         if metrics["diverged"]:
             self.status = "diverged"
         else:
-            aggregate = Aggregate(total.mean(), total.total_weight, states, client_metrics)
-            self.client_store.update(states)
             self.latest.update(latest)
-            ctx = ServerContext(r, self.global_state, aggregate, self.server_state, self.client_store, fed.clients)
-            new_state = self.method.aggregate(ctx)
-            if not all(np.isfinite(v).all() for v in new_state.values() if v.dtype.kind == "f"):
-                self.status = "diverged"
-            else:
-                self.global_state = new_state
+            self._aggregate(r, total, uploads, states, client_metrics)
         metrics["round_s"] = time.perf_counter() - start
         metrics["lr"] = inputs.lr
         metrics.update(self.cost.round_metrics())
@@ -183,6 +177,26 @@ class Federation:
         metrics.update(reached_target([*self.history, metrics], self.cfg.metrics.target_metric, self.cfg.metrics.target))
         self.history.append(metrics)
         return metrics
+
+    def _aggregate(
+        self, r: int, total: WeightedSum, uploads: dict[int, Upload], states: dict[int, dict[str, Any]],
+        client_metrics: dict[int, dict[str, float]],
+    ) -> None:
+        """The method's server step; the run keeps what it returns, or nothing of the round when the new
+        weights are not finite (the run then ends as diverged)."""
+        ids = sorted(states)  # client-id order: nothing may depend on which worker returned which client
+        aggregate = Aggregate(
+            total.mean(), total.total_weight, {c: states[c] for c in ids}, {c: client_metrics[c] for c in ids},
+            {c: uploads[c] for c in ids},
+        )
+        store = {**self.client_store, **aggregate.client_states}
+        ctx = ServerContext(r, self.global_state, aggregate, self.server_state, store, self.cfg.federation.clients)
+        update = self.method.aggregate(ctx)
+        if not all(np.isfinite(v).all() for v in update.global_state.values() if v.dtype.kind == "f"):
+            self.status = "diverged"
+            return
+        self.global_state, self.server_state = update.global_state, update.server_state
+        self.client_store = {**store, **update.client_states}
 
     def _count_cost(self, clients: int, inputs: RoundInput, total: WeightedSum,
                     client_metrics: dict[int, dict[str, float]]) -> None:

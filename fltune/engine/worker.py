@@ -3,9 +3,9 @@
 A worker serves one run at a time: the run's config and dataset arrive by reference with every call
 (one ``ray.put`` per run, see ``WorkerPool.bind``), and the worker builds its model and method when the
 run changes. Per call it trains its share of the round's clients one after another and returns one partial
-weighted sum (see aggregate.py) plus each client's new state and metrics — in round 1 also the FLOPs of
-the forward passes its training made (metrics/flops.py). Weights arrive as numpy from
-one ``ray.put`` per round.
+weighted sum (see aggregate.py) plus each client's upload, new state and metrics — in round 1 also the
+FLOPs of the forward passes its training made (metrics/flops.py). Weights arrive as numpy from one
+``ray.put`` per round.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from fltune.engine.aggregate import WeightedSum
 from fltune.engine.local import FineTune, RoundInput, evaluate, load_state, train_client
 from fltune.engine.rng import use_deterministic_cuda
 from fltune.engine.setup import build_method, build_model_for, resolve_augment
-from fltune.methods.base import State, to_numpy
+from fltune.methods.base import State, Upload, to_numpy
 from fltune.metrics.flops import TrainingFlops
 
 
@@ -41,6 +41,7 @@ class WorkerResult:
     """One worker's share of a round."""
 
     partial: WeightedSum
+    uploads: dict[int, Upload] = field(default_factory=dict)
     states: dict[int, dict[str, Any]] = field(default_factory=dict)
     metrics: dict[int, dict[str, float]] = field(default_factory=dict)
     latest: dict[int, State] = field(default_factory=dict)
@@ -89,7 +90,7 @@ class ClientWorker:
             if isinstance(counter, TrainingFlops):  # the run's first round: what the method's passes cost
                 out.metrics["forward_flops"] = float(counter.forward_flops)
             result.partial.add(out.weight, out.update)
-            result.states[cid], result.metrics[cid] = out.state, out.metrics
+            result.uploads[cid], result.states[cid], result.metrics[cid] = out.upload, out.state, out.metrics
             if self.keep_latest:
                 result.latest[cid] = to_numpy(self.model.state_dict())
             if out.metrics["diverged"]:

@@ -13,13 +13,16 @@ averaged as in FedAvg, as in the authors' code, which flattens ``model.parameter
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from fltune.methods.base import ClientContext, ClientResult, Method, ServerContext, State, effective_steps, to_numpy
+from fltune.methods.base import (
+    ClientContext, ClientResult, Method, ServerContext, ServerUpdate, State, effective_steps, to_numpy,
+)
 
 
 def mean_over_clients(store: dict[int, dict[str, Any]], key: str, num_clients: int) -> State:
@@ -77,10 +80,11 @@ class DriftCorrected(Method):
         result.state["h"] = to_numpy({name: p - target[name] for name, p in ctx.model.named_parameters()})
         return result
 
-    def aggregate(self, ctx: ServerContext) -> State:
-        new = super().aggregate(ctx)
+    def aggregate(self, ctx: ServerContext) -> ServerUpdate:
+        out = super().aggregate(ctx)
+        new = out.global_state
         drift = mean_over_clients(ctx.client_store, "h", ctx.num_clients)
-        return {**new, **{name: new[name] + value for name, value in drift.items()}}
+        return replace(out, global_state={**new, **{name: new[name] + value for name, value in drift.items()}})
 
 
 class ControlVariates(Method):
@@ -130,6 +134,7 @@ class ControlVariates(Method):
             payload["c"] = server_state["c"]
         return payload
 
-    def aggregate(self, ctx: ServerContext) -> State:
-        ctx.server_state["c"] = mean_over_clients(ctx.client_store, "c", ctx.num_clients)
-        return super().aggregate(ctx)
+    def aggregate(self, ctx: ServerContext) -> ServerUpdate:
+        out = super().aggregate(ctx)
+        c = mean_over_clients(ctx.client_store, "c", ctx.num_clients)
+        return replace(out, server_state={**out.server_state, "c": c})

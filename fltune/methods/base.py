@@ -9,11 +9,13 @@ calls, per client and round::
         for batch:  backward(ctx, x, y)    # default: local_loss(...).backward()
                     after_backward(ctx)    # e.g. SCAFFOLD's gradient correction
                     (clip, optimiser step by the engine)
-    client_result(ctx)                     # what goes up: weight, summable update, new client state
+    client_result(ctx)                     # a ClientResult: weight, summable update, upload, new state
 
-and on the server, once per round: ``aggregate(ServerContext)`` over the order-independent weighted sum
-of all sampled clients' updates. Per-client state is plain data held by the engine's store (keyed by
-client id), never inside a worker, so any worker can train any client and a checkpoint is just the store.
+and on the server, once per round: ``aggregate(ServerContext) -> ServerUpdate`` over the order-independent
+weighted sum of all sampled clients' updates and their uploads. ``aggregate`` is a pure function of its
+inputs: it returns the new global weights, server state and round's client states, and the engine stores
+what it returned. Per-client state is plain data held by the engine's store (keyed by client id), never
+inside a worker, so any worker can train any client and a checkpoint is just the store.
 """
 
 from __future__ import annotations
@@ -98,29 +100,41 @@ def effective_steps(steps: int, momentum: float, nesterov: bool = False) -> floa
     return steps + momentum * heavy_ball if nesterov else heavy_ball
 
 
+Upload = dict[str, np.ndarray]
+"""Statistics a client sends the server beside its summable update (FedCR's class Gaussians, FedPAC's
+prototypes): read once by ``aggregate``, never kept in the client store."""
+
+
 @dataclass
 class ClientResult:
-    """What one client sends up: ``update`` is summed with ``weight`` across clients by the engine."""
+    """What one client returns: ``update`` is summed with ``weight`` across clients by the engine (on the
+    workers, order-independently), ``upload`` reaches ``aggregate`` per client, ``state`` is what the
+    client store keeps for this client's next round."""
 
     weight: float
     update: State
     state: dict[str, Any]
+    upload: Upload = field(default_factory=dict)
     metrics: dict[str, float] = field(default_factory=dict)
 
 
-@dataclass
+@dataclass(frozen=True)
 class Aggregate:
-    """The weighted mean of the sampled clients' updates, plus what they returned individually."""
+    """The weighted mean of the sampled clients' updates, plus what they returned individually (every
+    per-client dict in client-id order, so nothing can depend on how clients were spread over workers)."""
 
     mean: State
     total_weight: float
     client_states: dict[int, dict[str, Any]]
     client_metrics: dict[int, dict[str, float]]
+    uploads: dict[int, Upload] = field(default_factory=dict)
 
 
-@dataclass
+@dataclass(frozen=True)
 class ServerContext:
-    """What ``Method.aggregate`` sees: the round's input, its clients' aggregate, the stores."""
+    """What ``Method.aggregate`` reads (and must not modify): the round's global weights, its clients'
+    aggregate, the server state, and every client's state after this round (``client_store``: the
+    engine's store with ``aggregate.client_states`` already in, so clients never sampled are absent)."""
 
     round: int
     global_state: State
@@ -128,6 +142,19 @@ class ServerContext:
     server_state: dict[str, Any]
     client_store: dict[int, dict[str, Any]]
     num_clients: int
+
+
+@dataclass(frozen=True)
+class ServerUpdate:
+    """What ``Method.aggregate`` returns; the engine keeps it as the next round's starting point.
+
+    ``client_states`` are the round's clients' states to store (``aggregate.client_states`` unless the
+    server rewrites them, as FedPAC does with each client's combined head).
+    """
+
+    global_state: State
+    server_state: dict[str, Any]
+    client_states: dict[int, dict[str, Any]]
 
 
 def to_numpy(state: dict[str, torch.Tensor], keys: set[str] | None = None) -> State:
@@ -231,9 +258,14 @@ class Method:
         """Extra data broadcast to the round's clients beside the weights."""
         return {}
 
-    def aggregate(self, ctx: ServerContext) -> State:
-        """New global weights: the weighted mean for every key clients uploaded, the old value elsewhere."""
-        return {**ctx.global_state, **ctx.aggregate.mean}
+    def aggregate(self, ctx: ServerContext) -> ServerUpdate:
+        """New global weights: the weighted mean for every key clients uploaded, the old value elsewhere;
+        server state and client states as they are. An override returns new objects (``dataclasses.replace``
+        on ``super().aggregate(ctx)``) and never modifies ``ctx``, so it can be tested as a function."""
+        return ServerUpdate(
+            global_state={**ctx.global_state, **ctx.aggregate.mean}, server_state=ctx.server_state,
+            client_states=ctx.aggregate.client_states,
+        )
 
 
 def params_table(method_cls: type[Method]) -> list[tuple[str, str, Any, str]]:
@@ -243,13 +275,3 @@ def params_table(method_cls: type[Method]) -> list[tuple[str, str, Any, str]]:
         kind = getattr(info.annotation, "__name__", str(info.annotation))
         rows.append((name, kind, info.default, info.description or ""))
     return rows
-
-
-def pop_uploads(ctx: ServerContext, key: str) -> dict[int, Any]:
-    """Take the round's one-off client messages (``ClientResult.state[key]``) out of the client store.
-
-    Statistics a client sends beside its weights (FedCR's class Gaussians, FedPAC's prototypes) travel in
-    its returned state; the server reads them here, in client-id order (so the result cannot depend on
-    how clients were spread over workers), and drops them from the store, which keeps only what persists.
-    """
-    return {cid: ctx.client_store[cid].pop(key) for cid in sorted(ctx.aggregate.client_states)}

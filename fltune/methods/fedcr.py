@@ -21,6 +21,7 @@ Folding through precision sums is the closed form of FedCR's sample-by-sample
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -31,11 +32,8 @@ from torch import Tensor
 from fltune.methods import register
 from fltune.methods._personal import PersonalHead
 from fltune.methods._vib import VIBMethod
-from fltune.methods.base import ClientContext, ClientResult, Params, ServerContext, State, pop_uploads
+from fltune.methods.base import ClientContext, ClientResult, Params, ServerContext, ServerUpdate, State
 from fltune.models.vib import SIGMA_FLOOR, gaussian_kl, sampled_cross_entropy
-
-UPLOAD = "fedcr_class_gaussians"
-"""Client-state key of the class Gaussians a client sends up (taken out by the server, see pop_uploads)."""
 
 
 class FedCRParams(Params):
@@ -114,14 +112,15 @@ class FedCR(VIBMethod, PersonalHead):
 
     def client_result(self, ctx: ClientContext) -> ClientResult:
         result = super().client_result(ctx)
-        result.state[UPLOAD] = ctx.scratch["poe"].to_numpy()
+        result.upload = ctx.scratch["poe"].to_numpy()
         return result
 
-    def aggregate(self, ctx: ServerContext) -> State:
+    def aggregate(self, ctx: ServerContext) -> ServerUpdate:
         """Bodies: the unweighted mean (default). Class Gaussians: PoE with N(0, 1), then EMA (β2)."""
-        mean, std, seen = server_poe(list(pop_uploads(ctx, UPLOAD).values()))
-        beta2, state = self.params.beta2, ctx.server_state
+        out = super().aggregate(ctx)
+        mean, std, seen = server_poe(list(ctx.aggregate.uploads.values()))
+        beta2, state = self.params.beta2, dict(out.server_state)
         for key, new in (("r_mu", mean), ("r_sigma", std)):
             old = state[key]
             state[key] = np.where(seen[:, None], (1 - beta2) * old + beta2 * new, old).astype(np.float32)
-        return super().aggregate(ctx)
+        return replace(out, server_state=state)

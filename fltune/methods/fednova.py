@@ -1,9 +1,11 @@
 """FedNova (Wang et al., 2020; METHODS.md §2): normalise each client's update by its local step count."""
 
+from dataclasses import replace
+
 import numpy as np
 
 from fltune.methods import register
-from fltune.methods.base import ClientContext, ClientResult, Method, ServerContext, State, effective_steps, to_numpy
+from fltune.methods.base import ClientContext, ClientResult, Method, ServerContext, ServerUpdate, effective_steps, to_numpy
 
 NORMALISER = "fednova.a"
 """Upload key carrying a_k, so the engine's n_k-weighted mean yields Σ p_k a_k beside Σ p_k d_k."""
@@ -34,10 +36,11 @@ class FedNova(Method):
         result.update = {**result.update, **d_k, NORMALISER: np.array(a_k)}
         return result
 
-    def aggregate(self, ctx: ServerContext) -> State:
+    def aggregate(self, ctx: ServerContext) -> ServerUpdate:
         mean = dict(ctx.aggregate.mean)
         tau_eff = float(mean.pop(NORMALISER))
-        return {name: self._step(ctx.global_state[name], value, tau_eff) for name, value in mean.items()}
+        stepped = {name: self._step(ctx.global_state[name], value, tau_eff) for name, value in mean.items()}
+        return replace(super().aggregate(ctx), global_state=stepped)
 
     @staticmethod
     def _step(old: np.ndarray, mean: np.ndarray, tau_eff: float) -> np.ndarray:

@@ -31,7 +31,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -42,10 +42,7 @@ from torch import Tensor, nn
 
 from fltune.methods import register
 from fltune.methods._personal import PersonalHead
-from fltune.methods.base import ClientContext, ClientResult, Params, Phase, ServerContext, State, pop_uploads
-
-UPLOAD = "fedpac_statistics"
-"""Client-state key of the statistics a client sends up (taken out by the server, see pop_uploads)."""
+from fltune.methods.base import ClientContext, ClientResult, Params, Phase, ServerContext, ServerUpdate, Upload
 QP_STEPS = 500
 MIN_WEIGHT = 1e-3
 """Head-combination weights below this are zeroed (``get_head_agg_weight``'s eps)."""
@@ -173,8 +170,8 @@ class FedPAC(PersonalHead):
     def client_result(self, ctx: ClientContext) -> ClientResult:
         result = super().client_result(ctx)
         before, after = ctx.scratch["before"], class_features(ctx, ctx.model.head.out_features)
-        result.state[UPLOAD] = {
-            "v": before.variance_term(),
+        result.upload = {
+            "v": np.array(before.variance_term()),
             "h": before.weighted_means().cpu().numpy(),
             "protos": after.means.cpu().numpy(),
             "counts": after.counts.cpu().numpy(),
@@ -184,30 +181,34 @@ class FedPAC(PersonalHead):
     def server_payload(self, server_state: dict[str, Any]) -> dict[str, Any]:
         return dict(server_state)
 
-    def aggregate(self, ctx: ServerContext) -> State:
+    def aggregate(self, ctx: ServerContext) -> ServerUpdate:
         """Body: n_k-weighted mean (default). Prototypes: count-weighted. Heads: per-client QP weights."""
-        uploads = pop_uploads(ctx, UPLOAD)
-        stats = list(uploads.values())
+        out = super().aggregate(ctx)
+        stats = list(ctx.aggregate.uploads.values())
         counts = np.stack([s["counts"] for s in stats])
         total = counts.sum(0)
         protos = np.einsum("ik,ikd->kd", counts, np.stack([s["protos"] for s in stats]))
-        ctx.server_state["protos"] = (protos / np.maximum(total, 1)[:, None]).astype(np.float32)
-        ctx.server_state["has_proto"] = total > 0
-        self._combine_heads(ctx, list(uploads), stats)
-        return super().aggregate(ctx)
+        server_state = {
+            **out.server_state, "protos": (protos / np.maximum(total, 1)[:, None]).astype(np.float32),
+            "has_proto": total > 0,
+        }
+        heads = self._combine_heads(out.client_states, ctx.aggregate.uploads)
+        return replace(out, server_state=server_state, client_states=heads)
 
     @staticmethod
-    def _combine_heads(ctx: ServerContext, clients: list[int], stats: list[dict[str, Any]]) -> None:
-        """Replace each sampled client's personal head by its α-weighted combination of all their heads."""
+    def _combine_heads(states: dict[int, dict[str, Any]], uploads: dict[int, Upload]) -> dict[int, dict[str, Any]]:
+        """The sampled clients' states, each personal head replaced by its α-weighted combination of all
+        their heads."""
+        clients, stats = list(uploads), list(uploads.values())
         variances = np.array([s["v"] for s in stats])
         h = np.stack([s["h"] for s in stats])
-        heads = [ctx.client_store[c]["personal"] for c in clients]
+        heads = [states[c]["personal"] for c in clients]
         combined = {}
         for i, cid in enumerate(clients):
             alpha = head_weights(variances, h, i)
-            combined[cid] = {
+            mixed = {
                 k: sum(a * head[k].astype(np.float64) for a, head in zip(alpha, heads)).astype(heads[i][k].dtype)
                 for k in heads[i]
             }
-        for cid, head in combined.items():
-            ctx.client_store[cid]["personal"] = head
+            combined[cid] = {**states[cid], "personal": mixed}
+        return combined

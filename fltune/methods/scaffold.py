@@ -1,11 +1,13 @@
 """SCAFFOLD (Karimireddy et al., 2020; METHODS.md §2): control variates correct each client's drift."""
 
+from dataclasses import replace
+
 import numpy as np
 from pydantic import Field
 
 from fltune.methods import register
 from fltune.methods._drift import ControlVariates
-from fltune.methods.base import Params, ServerContext, State
+from fltune.methods.base import Params, ServerContext, ServerUpdate
 
 
 class ScaffoldParams(Params):
@@ -24,9 +26,10 @@ class Scaffold(ControlVariates):
     Params = ScaffoldParams
     passes_per_step = 1.0  # the correction is added to the gradient, no extra pass
 
-    def aggregate(self, ctx: ServerContext) -> State:
-        mean = super().aggregate(ctx)
-        return {name: self._step(ctx.global_state[name], value) for name, value in mean.items()}
+    def aggregate(self, ctx: ServerContext) -> ServerUpdate:
+        out = super().aggregate(ctx)
+        stepped = {name: self._step(ctx.global_state[name], value) for name, value in out.global_state.items()}
+        return replace(out, global_state=stepped)
 
     def _step(self, old: np.ndarray, mean: np.ndarray) -> np.ndarray:
         """θ_g + η_g·(mean − θ_g) for float entries (in float64, so η_g = 1 gives the mean bit for bit);

@@ -1,12 +1,14 @@
 """Name → model builder registry.
 
 Each model file registers its builders with ``@register_model``; ``fltune.models`` imports the files, so
-adding an architecture (VIB nets, slimmable ResNet-56) means adding one file and one import.
+adding an architecture (VIB nets, slimmable ResNet-56) means adding one file, one import and its name in
+``fltune.catalog.MODELS`` (the torch-free list the config checks ``model.name`` against).
 """
 
 from collections.abc import Callable
 from typing import Any
 
+from fltune import catalog
 from fltune.errors import FLTuneError
 from fltune.models.base import InShape, SplitModel
 
@@ -28,8 +30,8 @@ def register_model(name: str) -> Callable[[ModelBuilder], ModelBuilder]:
     """Decorator adding ``builder`` to :data:`MODELS` under ``name`` (a duplicate name is a bug)."""
 
     def add(builder: ModelBuilder) -> ModelBuilder:
-        if name in MODELS:
-            raise ValueError(f"model {name!r} registered twice")
+        if name in MODELS or name not in catalog.MODELS:
+            raise ValueError(f"model {name!r} registered twice or missing from fltune.catalog.MODELS")
         MODELS[name] = builder
         return builder
 

@@ -1,14 +1,16 @@
-"""Helpers for method tests: a hand-built ClientContext around a tiny model, no Ray involved."""
+"""Helpers for method tests: a hand-built ClientContext around a tiny model, and a server step checked to be
+a pure function of its inputs; no Ray involved."""
 
 from __future__ import annotations
 
+import pickle
 from collections.abc import Iterator
 from typing import Any
 
 import torch
 from torch import nn
 
-from fltune.methods.base import ClientContext
+from fltune.methods.base import ClientContext, Method, ServerContext, ServerUpdate
 from fltune.models import build_model
 
 
@@ -41,3 +43,11 @@ def make_ctx(
         server=dict(server or {}), num_samples=sum(len(y) for _, y in data), epochs=epochs, lr=lr,
         device=torch.device("cpu"), batches=epoch,
     )
+
+
+def pure_aggregate(method: Method, ctx: ServerContext) -> ServerUpdate:
+    """``method.aggregate(ctx)``, failing if the call changed any of its inputs (byte-compared pickles)."""
+    before = pickle.dumps(ctx)
+    update = method.aggregate(ctx)
+    assert pickle.dumps(ctx) == before, f"{method.name}.aggregate modified its inputs"
+    return update

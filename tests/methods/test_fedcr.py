@@ -8,8 +8,8 @@ import torch.nn.functional as F
 
 from fltune.methods import get_method
 from fltune.methods.base import Aggregate, ServerContext
-from fltune.methods.fedcr import UPLOAD, ClassPoE
-from tests.methods.helpers import make_ctx, tiny_batch
+from fltune.methods.fedcr import ClassPoE
+from tests.methods.helpers import make_ctx, pure_aggregate, tiny_batch
 from tests.methods.vib_helpers import numpy_state, tiny_vib
 
 FedCR = get_method("fedcr")
@@ -78,7 +78,7 @@ def test_clients_fold_only_the_last_epochs_samples():
         for x, y in batches:  # one epoch's worth, not two
             _, sigma = model.encode(x)
             np.add.at(precision, y.numpy(), (sigma.double() ** -2).numpy())
-    assert np.allclose(result.state[UPLOAD]["precision"], precision)
+    assert np.allclose(result.upload["precision"], precision)
     assert set(result.state["personal"]) == {"head.weight", "head.bias"}
     assert set(result.update) == {k for k in model.state_dict() if k.startswith("body.")}
     assert result.weight == 1.0
@@ -95,17 +95,16 @@ def test_server_poe_with_standard_normal_expert_then_ema():
         3: {"precision": np.array([[1.0], [0.0]]), "weighted_mean": np.array([[2.0], [0.0]])},
         1: {"precision": np.array([[2.0], [0.0]]), "weighted_mean": np.array([[-2.0], [0.0]])},
     }
-    store = {cid: {UPLOAD: up, "personal": {}} for cid, up in uploads.items()}
+    store = {cid: {"personal": {}} for cid in uploads}
     global_state = {"body.w": np.zeros(1, np.float32)}
     mean = {"body.w": np.ones(1, np.float32)}
-    ctx = ServerContext(1, global_state, Aggregate(mean, 2.0, dict(store), {}), server_state, store, 5)
+    ctx = ServerContext(1, global_state, Aggregate(mean, 2.0, store, {}, uploads), server_state, store, 5)
 
-    new = method.aggregate(ctx)
+    new = pure_aggregate(method, ctx)
 
-    assert np.allclose(server_state["r_mu"], [[0.0], [0.0]])
-    assert np.allclose(server_state["r_sigma"], [[0.75], [1.0]])
-    assert new["body.w"] == 1.0
-    assert all(UPLOAD not in state for state in store.values())
+    assert np.allclose(new.server_state["r_mu"], [[0.0], [0.0]])
+    assert np.allclose(new.server_state["r_sigma"], [[0.75], [1.0]])
+    assert new.global_state["body.w"] == 1.0 and new.client_states == store
 
 
 def test_initial_class_gaussians_are_standard_normal():

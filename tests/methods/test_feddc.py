@@ -6,7 +6,7 @@ import torch
 
 from fltune.methods import get_method
 from fltune.methods.base import Aggregate, ServerContext
-from tests.methods.helpers import make_ctx, tiny_batch, tiny_model
+from tests.methods.helpers import make_ctx, pure_aggregate, tiny_batch, tiny_model
 from tests.methods.local_helpers import assert_close, ce, engine_grads, grad_of, params_of
 
 
@@ -77,10 +77,9 @@ def test_server_updates_c_and_adds_the_mean_drift():
         0: {"h": {"head.bias": np.full(2, 2.0, np.float32)}, "c": {"head.bias": np.full(2, 1.0, np.float32)}},
     }
     mean = {"head.bias": np.array([1.0, 2.0], np.float32)}
-    server_state: dict = {}
-    ctx = ServerContext(1, {"head.bias": np.zeros(2, np.float32)}, Aggregate(mean, 2.0, {}, {}), server_state, store, 2)
+    ctx = ServerContext(1, {"head.bias": np.zeros(2, np.float32)}, Aggregate(mean, 2.0, {}, {}), {}, store, 2)
     method = feddc(0.1)
-    new = method.aggregate(ctx)
-    np.testing.assert_array_equal(new["head.bias"], [4.0, 5.0])
-    np.testing.assert_array_equal(server_state["c"]["head.bias"], [2.0, 2.0])
-    np.testing.assert_array_equal(method.server_payload(server_state)["c"]["head.bias"], [2.0, 2.0])
+    new = pure_aggregate(method, ctx)
+    np.testing.assert_array_equal(new.global_state["head.bias"], [4.0, 5.0])
+    np.testing.assert_array_equal(new.server_state["c"]["head.bias"], [2.0, 2.0])
+    np.testing.assert_array_equal(method.server_payload(new.server_state)["c"]["head.bias"], [2.0, 2.0])

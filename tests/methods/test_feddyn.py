@@ -7,7 +7,7 @@ import torch.nn.functional as F
 
 from fltune.methods import get_method
 from fltune.methods.base import Aggregate, ServerContext
-from tests.methods.helpers import make_ctx, tiny_batch, tiny_model
+from tests.methods.helpers import make_ctx, pure_aggregate, tiny_batch, tiny_model
 from tests.methods.local_helpers import assert_close, ce, engine_grads, grad_of, params_of
 
 
@@ -80,7 +80,9 @@ def test_server_adds_the_mean_drift_of_all_clients():
     global_state = {"head.weight": np.zeros(2, np.float32), "head.count": np.array(7, np.int64)}
     mean = {"head.weight": np.array([1.0, -1.0], np.float32), "head.count": np.array(9, np.int64)}
     store = {cid: {"h": {"head.weight": np.full(2, h, np.float32)}} for cid, h in ((3, 5.0), (0, 1.0), (2, 2.0))}
-    ctx = ServerContext(3, global_state, Aggregate(mean, 2.0, {}, {}), {}, store, num_clients=4)
-    new = feddyn(0.1).aggregate(ctx)
+    ctx = ServerContext(3, global_state, Aggregate(mean, 2.0, {3: store[3]}, {}), {}, store, num_clients=4)
+    out = pure_aggregate(feddyn(0.1), ctx)
+    new = out.global_state
+    assert out.server_state == {} and out.client_states == {3: store[3]}
     np.testing.assert_array_equal(new["head.weight"], [3.0, 1.0])
     assert new["head.count"] == 9  # buffers are averaged, not drift-corrected

@@ -8,7 +8,7 @@ from fltune.engine.aggregate import WeightedSum
 from fltune.methods import get_method
 from fltune.methods.base import Aggregate, ServerContext
 from fltune.methods.fednova import NORMALISER
-from tests.methods.helpers import make_ctx, tiny_model
+from tests.methods.helpers import make_ctx, pure_aggregate, tiny_model
 
 
 def test_client_uploads_normalised_update_and_a_k():
@@ -34,7 +34,7 @@ def server_round(uploads):
         total.add(weight, update)
     global_state = {"w": np.ones(2, np.float32), "n": np.array(3, np.int64)}
     ctx = ServerContext(1, global_state, Aggregate(total.mean(), total.total_weight, {}, {}), {}, {}, 4)
-    return get_method("fednova")().aggregate(ctx)
+    return pure_aggregate(get_method("fednova")(), ctx).global_state
 
 
 def test_server_rescales_the_mean_normalised_update():

@@ -9,9 +9,9 @@ from torch import nn
 
 from fltune.methods import get_method
 from fltune.methods.base import Aggregate, Phase, ServerContext
-from fltune.methods.fedpac import UPLOAD, class_features, head_weights, simplex_qp
+from fltune.methods.fedpac import class_features, head_weights, simplex_qp
 from fltune.models import SplitModel
-from tests.methods.helpers import make_ctx, tiny_batch, tiny_model
+from tests.methods.helpers import make_ctx, pure_aggregate, tiny_batch, tiny_model
 
 FedPAC = get_method("fedpac")
 
@@ -97,7 +97,7 @@ def test_client_uploads_pre_training_statistics_and_post_training_prototypes():
 
     result = method.client_result(ctx)
 
-    up = result.state[UPLOAD]
+    up = result.upload
     assert up["v"] == pytest.approx(22 / 27)
     assert np.allclose(up["protos"], [[2, 0], [0, 2]]) and up["counts"].tolist() == [2, 1]
     assert set(result.update) == {k for k in model.state_dict() if k.startswith("body.")}
@@ -108,21 +108,25 @@ def test_server_averages_prototypes_by_counts_and_combines_heads():
     prototypes: class 0 (1·[0, 0] + 3·[4, 4])/4 = [3, 3]; class 1 only client 0's; class 2 none."""
     protos = {0: np.array([[0.0, 0], [1, 1], [0, 0]]), 1: np.array([[4.0, 4], [0, 0], [0, 0]])}
     counts = {0: np.array([1.0, 2, 0]), 1: np.array([3.0, 0, 0])}
-    stats = {cid: {"v": 1.0, "h": np.ones((3, 2)), "protos": protos[cid], "counts": counts[cid]} for cid in (0, 1)}
+    stats = {
+        cid: {"v": np.array(1.0), "h": np.ones((3, 2)), "protos": protos[cid], "counts": counts[cid]} for cid in (0, 1)
+    }
     heads = {0: {"head.weight": np.zeros((3, 2), np.float32)}, 1: {"head.weight": np.full((3, 2), 2.0, np.float32)}}
-    store = {cid: {UPLOAD: stats[cid], "personal": heads[cid]} for cid in (0, 1)}
-    server_state: dict = {}
-    ctx = ServerContext(1, {}, Aggregate({"body.w": np.ones(1)}, 2.0, dict(store), {}), server_state, store, 4)
+    store = {cid: {"personal": heads[cid], "other": cid} for cid in (0, 1)}
+    aggregate = Aggregate({"body.w": np.ones(1)}, 2.0, store, {}, stats)
+    ctx = ServerContext(1, {"body.w": np.zeros(1)}, aggregate, {}, {**store, 3: {"personal": {}}}, 4)
 
-    FedPAC().aggregate(ctx)
+    new = pure_aggregate(FedPAC(), ctx)
 
-    assert np.allclose(server_state["protos"], [[3, 3], [1, 1], [0, 0]])
-    assert server_state["has_proto"].tolist() == [True, True, False]
+    assert np.allclose(new.server_state["protos"], [[3, 3], [1, 1], [0, 0]])
+    assert new.server_state["has_proto"].tolist() == [True, True, False]
+    np.testing.assert_array_equal(new.global_state["body.w"], [1.0])
+    assert set(new.client_states) == {0, 1}  # the round's clients only
     for cid in (0, 1):
-        assert np.allclose(store[cid]["personal"]["head.weight"], 1.0)
-        assert store[cid]["personal"]["head.weight"].dtype == np.float32
-        assert UPLOAD not in store[cid]
-    assert FedPAC().server_payload(server_state).keys() == {"protos", "has_proto"}
+        assert np.allclose(new.client_states[cid]["personal"]["head.weight"], 1.0)
+        assert new.client_states[cid]["personal"]["head.weight"].dtype == np.float32
+        assert new.client_states[cid]["other"] == cid
+    assert FedPAC().server_payload(new.server_state).keys() == {"protos", "has_proto"}
 
 
 def test_head_weights_prefer_clients_with_similar_statistics_and_drop_tiny_weights():

@@ -6,7 +6,7 @@ import torch
 
 from fltune.methods import get_method
 from fltune.methods.base import Aggregate, ServerContext
-from tests.methods.helpers import make_ctx, tiny_batch, tiny_model
+from tests.methods.helpers import make_ctx, pure_aggregate, tiny_batch, tiny_model
 from tests.methods.local_helpers import (
     assert_close, ce, engine_grads, grad_of, move_away, norm, params_of, shifted,
 )
@@ -48,5 +48,5 @@ def test_server_is_the_plain_mean_plus_mean_drift():
     store = {0: {"h": {"w": np.full(2, 3.0, np.float32)}}}
     mean = {"w": np.array([1.0, 2.0], np.float32)}
     ctx = ServerContext(1, {"w": np.zeros(2, np.float32)}, Aggregate(mean, 3.0, {}, {}), {}, store, num_clients=3)
-    np.testing.assert_array_equal(fedspeed(0.1, 0.1).aggregate(ctx)["w"], [2.0, 3.0])
+    np.testing.assert_array_equal(pure_aggregate(fedspeed(0.1, 0.1), ctx).global_state["w"], [2.0, 3.0])
     assert get_method("fedspeed").weighted_by_samples is False

@@ -11,7 +11,7 @@ from fltune.methods import get_method
 from fltune.methods._drift import mean_over_clients
 from fltune.methods.base import Aggregate, ServerContext, effective_steps
 from tests.conftest import needs_fmnist
-from tests.methods.helpers import make_ctx, tiny_batch, tiny_model
+from tests.methods.helpers import make_ctx, pure_aggregate, tiny_batch, tiny_model
 from tests.methods.local_helpers import engine_grads
 
 
@@ -90,12 +90,13 @@ def test_server_step_and_global_variate():
     global_state = {"w": np.ones(3, np.float32), "n": np.array(4, np.int64)}
     mean = {"w": np.full(3, 3.0, np.float32), "n": np.array(6, np.int64)}
     store = {2: {"c": {"w": np.full(3, 6.0, np.float32)}}, 0: {"c": {"w": np.full(3, 2.0, np.float32)}}}
-    server_state: dict = {}
-    ctx = ServerContext(1, global_state, Aggregate(mean, 2.0, {}, {}), server_state, store, num_clients=4)
-    new = scaffold(0.5).aggregate(ctx)
-    np.testing.assert_array_equal(new["w"], [2.0, 2.0, 2.0])
-    assert new["n"] == 6 and new["w"].dtype == np.float32
-    np.testing.assert_array_equal(server_state["c"]["w"], [2.0, 2.0, 2.0])
+    round_states = {0: store[0]}
+    ctx = ServerContext(1, global_state, Aggregate(mean, 2.0, round_states, {}), {"kept": 1}, store, num_clients=4)
+    new = pure_aggregate(scaffold(0.5), ctx)
+    np.testing.assert_array_equal(new.global_state["w"], [2.0, 2.0, 2.0])
+    assert new.global_state["n"] == 6 and new.global_state["w"].dtype == np.float32
+    np.testing.assert_array_equal(new.server_state["c"]["w"], [2.0, 2.0, 2.0])
+    assert new.server_state["kept"] == 1 and new.client_states == round_states
 
 
 def test_server_lr_one_is_the_plain_mean_bit_for_bit():
@@ -103,7 +104,7 @@ def test_server_lr_one_is_the_plain_mean_bit_for_bit():
     global_state = {"w": rng.standard_normal(50).astype(np.float32)}
     mean = {"w": rng.standard_normal(50).astype(np.float32)}
     ctx = ServerContext(1, global_state, Aggregate(mean, 2.0, {}, {}), {}, {}, num_clients=4)
-    assert scaffold(1.0).aggregate(ctx)["w"].tobytes() == mean["w"].tobytes()
+    assert pure_aggregate(scaffold(1.0), ctx).global_state["w"].tobytes() == mean["w"].tobytes()
 
 
 def test_mean_over_clients_does_not_depend_on_store_order():

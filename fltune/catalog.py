@@ -1,0 +1,32 @@
+"""What fltune offers, by name, known without importing torch: the config validates against this.
+
+The config sits at the bottom of the data flow (config → data → engine(method) → …), so checking a
+dataset, model or method name must not load the packages that implement them. The heavy registries take
+their names from here (datasets) or refuse names missing here (models), and a method's name is its file's
+name, read from the folder without importing it; ``tests/test_catalog.py`` checks every registry agrees.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+NUM_CLASSES: dict[str, int] = {
+    "fmnist": 10, "mnist": 10, "emnist_letters": 10, "cifar10": 10, "cifar100": 100, "svhn": 10, "synthetic": 10,
+}
+"""Dataset name → number of classes: every dataset ``fltune.data.datasets`` loads."""
+
+MODELS: tuple[str, ...] = (
+    "mlp", "fedavg_cnn", "feddyn_cnn", "tinyimagenet_cnn", "resnet18", "resnet56",
+    "vib_cnn", "vib_mlp", "fedcr_cnn", "fedcr_mlp",
+)
+"""Names ``fltune.models.register_model`` accepts (one builder each)."""
+
+_METHODS_DIR = Path(__file__).parent / "methods"
+_NOT_METHODS = {"base", "compose"}
+
+
+def method_names() -> tuple[str, ...]:
+    """Every registered method's name: one file per method in ``fltune/methods``, named after it (files
+    starting with ``_`` hold shared bases). A ``<method>+<modifier>`` composite is checked by its parts."""
+    files = (p.stem for p in _METHODS_DIR.glob("*.py"))
+    return tuple(sorted(f for f in files if not f.startswith("_") and f not in _NOT_METHODS))
