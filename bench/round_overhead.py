@@ -20,9 +20,9 @@ import torch.nn.functional as F
 
 from fltune.config import build_config
 from fltune.data.augment import to_float
+from fltune.engine.builders import build_model_for, initial_state, load_data
 from fltune.engine.federation import Federation
 from fltune.engine.rng import sample_clients
-from fltune.engine.setup import build_model_for, initial_state, load_data
 
 
 def fltune_round_seconds(cfg) -> list[float]:

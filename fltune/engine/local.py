@@ -130,21 +130,6 @@ def train_client(
     return result
 
 
-class FineTune(Method):
-    """The -FT phase (FedAvg-FT, FedSR-FT, FedBABU, FedCR's last round; METHODS.md §2): starting from a
-    method's client model, train only the head with plain cross-entropy, body frozen."""
-
-    def __init__(self, inner: Method, epochs: int, lr: float | None) -> None:
-        super().__init__()
-        self.inner, self.epochs, self.lr = inner, epochs, lr
-
-    def client_model_state(self, global_state: State, client_state: dict[str, Any]) -> State:
-        return self.inner.client_model_state(global_state, client_state)
-
-    def phases(self, ctx: ClientContext) -> list[Phase]:
-        return [Phase(epochs=self.epochs, prefixes=("head.",), lr=self.lr)]
-
-
 @torch.no_grad()
 def evaluate(
     model: nn.Module, data: FederatedData, x: torch.Tensor, y: torch.Tensor, device: torch.device,
