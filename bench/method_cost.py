@@ -128,7 +128,7 @@ def measure(cfg: ExperimentConfig) -> Cost:
         assert fed.pool is not None
         pid = ray.get(fed.pool.actors[0].pid.remote())  # also waits until the worker is up
         idle_mb = resident_mb(pid, "VmRSS")
-        seconds = [fed.step()["round_s"] for _ in range(cfg.federation.rounds)]
+        seconds = [result.metrics["round_s"] for result in fed.rounds()]
         peak_mb = resident_mb(pid, "VmHWM")
     finally:
         fed.close()

@@ -29,7 +29,7 @@ def fltune_round_seconds(cfg) -> list[float]:
     fed = Federation(cfg)
     try:
         fed.open()
-        return [fed.step()["round_s"] for _ in range(cfg.federation.rounds)]
+        return [result.metrics["round_s"] for result in fed.rounds()]
     finally:
         fed.close()
 

@@ -82,7 +82,8 @@ def all_model_state(fed: Federation) -> State:
     Summed in client order on the driver, so the result is independent of the worker count.
     """
     initial = fed.initial_state
-    weights = [float(fed.sizes[c]) if fed.method.weighted_by_samples else 1.0 for c in range(fed.cfg.federation.clients)]
+    by_samples = fed.method.weighted_by_samples
+    weights = [float(fed.sizes[c]) if by_samples else 1.0 for c in range(fed.cfg.federation.clients)]
     total = math.fsum(weights)
     acc = {k: np.zeros(v.shape, np.float64) for k, v in initial.items()}
     for cid, weight in enumerate(weights):

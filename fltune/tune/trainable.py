@@ -1,8 +1,8 @@
 """The Ray Tune function trainable: one trial = one configuration, run for every seed in lockstep.
 
 The seeds' round loops advance together (``lockstep``); after each round the trial reports the seed-mean
-of every metric plus the objective (mean and std over seeds of the metric, final or best so far), so ASHA can compare trials
-round by round. The trial's client actors live in its placement group (reserved by the study). Every
+of every metric plus the objective (mean and std over seeds of the metric, final or best so far), so ASHA
+can compare trials round by round. The trial's client actors live in its placement group (reserved by the study). Every
 ``checkpoint_every`` rounds and at the end the whole federation state of every seed is checkpointed, so
 a failed trial (``FailureConfig``) or a resumed study (``Tuner.restore``) continues from its last round.
 """
