@@ -67,7 +67,7 @@ class Federation:
         self.history: list[dict[str, float]] = []
         self.status = "running"
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        if self.device.type == "cuda":  # the driver's evaluations and Hessian probes
+        if self.device.type == "cuda":  # the round probes run on the driver
             use_deterministic_cuda(cfg.resources.deterministic)
         self.eval_model = build_model_for(cfg, self.data).to(self.device)
         self.sizes = [len(idx) for idx in self.data.client_train]
