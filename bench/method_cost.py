@@ -53,10 +53,10 @@ import torch
 
 from fltune.config import ExperimentConfig, build_config
 from fltune.data.datasets import load_dataset
+from fltune.engine.builders import build_model_for, model_name, resolve_augment
 from fltune.engine.federation import Federation
 from fltune.engine.local import RoundInput, train_client
 from fltune.engine.pool import ensure_ray
-from fltune.engine.setup import build_model_for, model_name, resolve_augment
 from fltune.errors import DatasetMissing
 from fltune.methods import METHODS
 from fltune.metrics.flops import TrainingFlops
@@ -128,7 +128,7 @@ def measure(cfg: ExperimentConfig) -> Cost:
         assert fed.pool is not None
         pid = ray.get(fed.pool.actors[0].pid.remote())  # also waits until the worker is up
         idle_mb = resident_mb(pid, "VmRSS")
-        seconds = [fed.step()["round_s"] for _ in range(cfg.federation.rounds)]
+        seconds = [result.metrics["round_s"] for result in fed.rounds()]
         peak_mb = resident_mb(pid, "VmHWM")
     finally:
         fed.close()

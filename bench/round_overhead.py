@@ -20,16 +20,16 @@ import torch.nn.functional as F
 
 from fltune.config import build_config
 from fltune.data.augment import to_float
+from fltune.engine.builders import build_model_for, initial_state, load_data
 from fltune.engine.federation import Federation
 from fltune.engine.rng import sample_clients
-from fltune.engine.setup import build_model_for, initial_state, load_data
 
 
 def fltune_round_seconds(cfg) -> list[float]:
     fed = Federation(cfg)
     try:
         fed.open()
-        return [fed.step()["round_s"] for _ in range(cfg.federation.rounds)]
+        return [result.metrics["round_s"] for result in fed.rounds()]
     finally:
         fed.close()
 

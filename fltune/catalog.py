@@ -22,7 +22,7 @@ MODELS: tuple[str, ...] = (
 """Names ``fltune.models.register_model`` accepts (one builder each)."""
 
 _METHODS_DIR = Path(__file__).parent / "methods"
-_NOT_METHODS = {"base", "compose"}
+_NOT_METHODS = {"base", "compose", "finetune"}
 
 
 def method_names() -> tuple[str, ...]:

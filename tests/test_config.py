@@ -89,7 +89,7 @@ def test_malformed_yaml_names_file_and_line(tmp_path):
 def test_model_options_reach_the_builder_and_bad_ones_are_one_line() -> None:
     from types import SimpleNamespace
 
-    from fltune.engine.setup import build_model_for
+    from fltune.engine.builders import build_model_for
     from fltune.errors import FLTuneError
 
     data = SimpleNamespace(input_shape=(3, 32, 32), num_classes=10)

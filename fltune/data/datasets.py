@@ -160,7 +160,7 @@ def _load_fmnist(root: Path | None, download: bool) -> Splits:
     paths = [_idx_path(found, f) for f in _FMNIST_FILES]
     arrays = [_read_idx(path, shape, _FMNIST_REPLACE) for path, shape in zip(paths, _IDX_SHAPES * 2)]
     for (images, labels), (images_path, labels_path) in zip((arrays[:2], arrays[2:]), (paths[:2], paths[2:])):
-        _check_pair(images, labels, images_path, labels_path, _SPECS["fmnist"].num_classes, _FMNIST_REPLACE)
+        _check_pair(images, labels, images_path, labels_path, NUM_CLASSES["fmnist"], _FMNIST_REPLACE)
     train_x, train_y, test_x, test_y = (torch.from_numpy(a) for a in arrays)
     return train_x.unsqueeze(1), train_y, test_x.unsqueeze(1), test_y
 

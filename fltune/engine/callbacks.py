@@ -1,4 +1,7 @@
-"""Round callbacks: how tracking (MLflow), progress (rich) and Tune reporting attach to the engine."""
+"""Round callbacks: how ``Federation.run`` hands each round of the loop to tracking (MLflow) and progress (rich).
+
+They consume rounds and never step them; a Tune trial consumes its seeds' rounds through ``lockstep``.
+"""
 
 from __future__ import annotations
 

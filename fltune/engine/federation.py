@@ -1,16 +1,20 @@
-"""The round loop: sample, broadcast, train on the actor pool, aggregate, evaluate, report to callbacks.
+"""The round loop: sample, broadcast, train on the actor pool, aggregate, run the round probes.
 
-The engine knows no method by name (it only calls hooks) and imports neither MLflow nor Ray Tune: those
-attach as callbacks. Its whole state — global weights, server state, the per-client store, the latest
-local models, the history — is plain data (``state_dict``), so a checkpoint is just that.
+``Federation.rounds`` is the package's one round loop: it yields a :class:`RoundResult` per round, and
+every driver consumes those — ``run`` hands them to callbacks (progress, MLflow), a Tune trial reports and
+checkpoints them (several seeds in :func:`lockstep`). What is measured after a round — evaluation
+protocols, the Hessian, the cost — are probes (``fltune.metrics.probe``), run by name-blind code here.
+The engine knows no method by name (it only calls hooks) and imports neither MLflow nor Ray Tune. Its
+whole state — global weights, server state, the per-client store, the latest local models, the history,
+the probes' state — is plain data (``state_dict``), so a checkpoint is just that.
 """
 
 from __future__ import annotations
 
 import math
-import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,20 +25,29 @@ import torch
 from fltune.config import ExperimentConfig
 from fltune.data.federated import FederatedData
 from fltune.engine.aggregate import WeightedSum
+from fltune.engine.builders import build_method, build_model_for, initial_state, load_data
 from fltune.engine.callbacks import Callback
 from fltune.engine.local import RoundInput, evaluate, load_state
 from fltune.engine.pool import WorkerPool, balance, ensure_ray, plan_workers
 from fltune.engine.rng import sample_clients, use_deterministic_cuda
-from fltune.engine.setup import build_method, build_model_for, initial_state, load_data
 from fltune.errors import FLTuneError
-from fltune.metrics.accuracy import reached_target, summarise
-from fltune.metrics.cost import CostMeter, forward_flops_per_sample, parameter_count, state_bits
-from fltune.metrics.curvature import client_consistency, consistency_batches, end_figures, global_curvature, probe_batches
 from fltune.methods.base import Aggregate, ServerContext, State, Upload
+from fltune.metrics.probe import Probe, RoundView, probes_for
+from fltune.metrics.summary import run_summary
+
+
+@dataclass(frozen=True)
+class RoundResult:
+    """One round as the loop yields it: its number, the run's status after it, and its metrics."""
+
+    round: int
+    status: str
+    """running, or the run's end: finished (this was the last round) or diverged."""
+    metrics: dict[str, float]
 
 
 class Federation:
-    """One federated run: ``run()`` for all rounds, or ``step()`` one round at a time (Tune trainables)."""
+    """One federated run: ``rounds()`` yields each round's result, ``run()`` hands them to callbacks."""
 
     def __init__(
         self, cfg: ExperimentConfig, data: FederatedData | None = None, pool: WorkerPool | None = None,
@@ -54,17 +67,16 @@ class Federation:
         self.history: list[dict[str, float]] = []
         self.status = "running"
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        if self.device.type == "cuda":  # the driver's evaluations and Hessian probes
+        if self.device.type == "cuda":  # the round probes run on the driver
             use_deterministic_cuda(cfg.resources.deterministic)
         self.eval_model = build_model_for(cfg, self.data).to(self.device)
-        self.protocols = self._applicable_protocols()
         self.sizes = [len(idx) for idx in self.data.client_train]
         self.pool: WorkerPool | None = None
         self.shared_pool = pool
         self.run_ref: ray.ObjectRef | None = None
-        self.forward_mflops = forward_flops_per_sample(self.eval_model, self.data.input_shape)
-        self.cost = CostMeter(self.forward_mflops)
         self.artifacts: list[Path] = []
+        """Files the probes wrote (end-of-run figures), for the tracking callbacks."""
+        self.probes: list[Probe] = probes_for(self)
 
     # ------------------------------------------------------------------ setup
     def _check_sizes(self) -> None:
@@ -78,11 +90,6 @@ class Federation:
                 "allowed: fewer clients or a less skewed partition"
             )
 
-    def _applicable_protocols(self) -> list[str]:
-        """`personalized` needs per-client held-out splits (partition.eval_fraction > 0)."""
-        has_eval = all(len(idx) > 0 for idx in self.data.client_eval)
-        return [p for p in self.cfg.metrics.protocols if p != "personalized" or has_eval]
-
     def open(self) -> None:
         """Start (or join) Ray and the client actors — or take the shared pool — and bind this run to them."""
         if self.pool is None:
@@ -90,7 +97,7 @@ class Federation:
             if pool is None:
                 ensure_ray(self.cfg.resources.address)
                 pool = WorkerPool(plan_workers(self.cfg, ray.cluster_resources()))
-            keep = "all_model" in self.protocols or self.cfg.metrics.hessian.clients > 0
+            keep = any(probe.keeps_local_models for probe in self.probes)
             self.run_ref = pool.bind(self.cfg, self.data, keep_latest=keep)
             self.pool = pool
 
@@ -101,23 +108,29 @@ class Federation:
         self.pool = self.run_ref = None
 
     # ------------------------------------------------------------------ loop
+    def rounds(self) -> Iterator[RoundResult]:
+        """The round loop: every remaining round, until the last one or a divergence ends the run."""
+        self.open()
+        while self.round < self.cfg.federation.rounds and self.status == "running":
+            metrics = self.step()
+            yield RoundResult(self.round, self.status, metrics)
+
     def run(self, callbacks: Sequence[Callback] = ()) -> dict[str, Any]:
         """All remaining rounds; callbacks see every round and the end (also on failure or Ctrl-C)."""
         self.open()
         for cb in callbacks:
             cb.on_start(self)
         try:
-            while self.round < self.cfg.federation.rounds and self.status == "running":
-                metrics = self.step()
+            for result in self.rounds():
                 for cb in callbacks:
-                    cb.on_round(self, metrics)
+                    cb.on_round(self, result.metrics)
         except (KeyboardInterrupt, SystemExit):  # Ctrl-C, or SIGTERM turned into SystemExit by Ray
             self._finish(callbacks, "killed")
             raise
         except BaseException:
             self._finish(callbacks, "failed")
             raise
-        if self.status == "running":
+        if self.status == "running":  # restored from a checkpoint taken before the end was marked
             self.status = "finished"
         summary = self.summary()
         for cb in callbacks:
@@ -131,11 +144,12 @@ class Federation:
             cb.on_end(self, summary)
 
     def step(self) -> dict[str, float]:
-        """One round; returns its metrics (accuracies only on evaluation rounds)."""
+        """One round (the body of ``rounds``); returns its metrics (accuracies only on evaluation rounds)."""
         self.open()
         assert self.pool is not None
         start = time.perf_counter()
-        self.cost.start_round()
+        for probe in self.probes:
+            probe.start_round()
         r = self.round + 1
         fed, training = self.cfg.federation, self.cfg.training
         clients = sample_clients(fed.seed, r, fed.clients, fed.clients_per_round)
@@ -155,7 +169,7 @@ class Federation:
             client_metrics.update(res.metrics)
             latest.update(res.latest)
         metrics = self._train_metrics(client_metrics)
-        self._count_cost(len(clients), inputs, total, client_metrics)
+        previous = self.global_state
         self.round = r
         if metrics["diverged"]:
             self.status = "diverged"
@@ -164,17 +178,15 @@ class Federation:
             self._aggregate(r, total, uploads, states, client_metrics)
         metrics["round_s"] = time.perf_counter() - start
         metrics["lr"] = inputs.lr
-        metrics.update(self.cost.round_metrics())
-        if self.status == "running" and (r % self.cfg.metrics.every == 0 or r == fed.rounds):
-            eval_start = time.perf_counter()
-            metrics.update(self.evaluate(final=r == fed.rounds))
-            metrics["eval_s"] = time.perf_counter() - eval_start
-        if self.status == "running" and self.cfg.metrics.hessian.due(r, fed.rounds):
-            probe_start = time.perf_counter()
-            metrics.update(self.curvature(r, sorted(latest)))
-            metrics["hessian_s"] = time.perf_counter() - probe_start
         metrics["round"] = float(r)
-        metrics.update(reached_target([*self.history, metrics], self.cfg.metrics.target_metric, self.cfg.metrics.target))
+        view = RoundView(
+            round=r, clients=tuple(clients), running=self.status == "running", inputs=inputs,
+            previous_state=previous, local_models=latest, client_metrics=client_metrics,
+            upload_bits=total.entry_bits(), metrics=metrics,
+        )
+        self._probe(view, metrics)
+        if self.status == "running" and r == fed.rounds:
+            self.status = "finished"
         self.history.append(metrics)
         return metrics
 
@@ -198,18 +210,14 @@ class Federation:
         self.global_state, self.server_state = update.global_state, update.server_state
         self.client_store = {**store, **update.client_states}
 
-    def _count_cost(self, clients: int, inputs: RoundInput, total: WeightedSum,
-                    client_metrics: dict[int, dict[str, float]]) -> None:
-        """Communication and compute of the round (FedAlign Tables 5 and 8)."""
-        self.cost.add_download(state_bits(inputs.global_state) + state_bits(_arrays(inputs.server)), clients)
-        upload = total.entry_bits()
-        for cid, m in client_metrics.items():
-            self.cost.add_training(int(m["samples"]), self.method.passes_per_step)
-            self.cost.add_upload(upload)
-        forward = [m["forward_flops"] for m in client_metrics.values() if "forward_flops" in m]
-        if forward:  # counted by the workers in round 1, over every sampled client's training
-            samples = sum(m["samples"] for m in client_metrics.values())
-            self.cost.set_training_forward(math.fsum(forward) / 1e6 / max(samples, 1.0))
+    def _probe(self, view: RoundView, metrics: dict[str, float]) -> None:
+        """Run the due probes in order, each adding its figures (and its time to its clock) to ``metrics``."""
+        for probe in self.probes:
+            if probe.due(self, view):
+                probe_start = time.perf_counter()
+                metrics.update(probe.measure(self, view))
+                if probe.clock:
+                    metrics[probe.clock] = metrics.get(probe.clock, 0.0) + time.perf_counter() - probe_start
 
     def _states_for(self, shard: list[int]) -> dict[int, dict[str, Any]]:
         return {c: self.client_store[c] for c in shard if c in self.client_store}
@@ -221,46 +229,16 @@ class Federation:
         diverged = any(m["diverged"] for m in client_metrics.values()) or not math.isfinite(loss)
         return {"train_loss": loss, "samples": samples, "diverged": float(diverged)}
 
-    # ------------------------------------------------------------------ evaluation
-    def evaluate(self, final: bool = False) -> dict[str, float]:
-        """Accuracy and loss under every applicable protocol (METHODS.md §0); after the last round also the
-        personalised accuracy after head fine-tuning (``acc_personalized_ft``) when configured."""
-        out: dict[str, float] = {}
-        if "global" in self.protocols:
-            out["acc_global"], out["loss"] = self._evaluate_state(self.global_state)
-        if "all_model" in self.protocols:
-            out["acc_all_model"], out["loss_all_model"] = self._evaluate_state(self._all_model_state())
-        if "personalized" in self.protocols:
-            out["acc_personalized"], out["loss_personalized"] = self._evaluate_personalized(finetune=False)
-            if final and self.cfg.training.finetune_epochs:
-                out["acc_personalized_ft"], out["loss_personalized_ft"] = self._evaluate_personalized(finetune=True)
-        return out
-
-    def _evaluate_state(self, state: State) -> tuple[float, float]:
+    # ------------------------------------------------------------------ evaluation services (for probes)
+    def evaluate_state(self, state: State) -> tuple[float, float]:
+        """(accuracy, mean loss) of the model with weights ``state`` on the pooled test set."""
         load_state(self.eval_model, state)
         correct, loss, n = evaluate(self.eval_model, self.data, self.data.test_x, self.data.test_y, self.device)
         return correct / n, loss / n
 
-    def _all_model_state(self) -> State:
-        """Average of every client's latest local model (initial model if never sampled), FedDyn-style.
-
-        Weighted by n_k when the method weights its updates by n_k, plain mean otherwise (METHODS.md §0).
-        Summed in client order on the driver, so the result is independent of the worker count.
-        """
-        initial = self.initial_state
-        weights = [self._all_model_weight(c) for c in range(self.cfg.federation.clients)]
-        total = math.fsum(weights)
-        acc = {k: np.zeros(v.shape, np.float64) for k, v in initial.items()}
-        for cid, weight in enumerate(weights):
-            for key, value in self.latest.get(cid, initial).items():
-                acc[key] += weight * value
-        return {k: (acc[k] / total).astype(initial[k].dtype) for k in acc}
-
-    def _all_model_weight(self, cid: int) -> float:
-        return float(self.sizes[cid]) if self.method.weighted_by_samples else 1.0
-
-    def _evaluate_personalized(self, finetune: bool) -> tuple[float, float]:
-        """Mean over clients of each client's accuracy on its own held-out split (SimFAFL Table 2)."""
+    def evaluate_personalized(self, finetune: bool) -> tuple[float, float]:
+        """Mean over clients of each client's accuracy (and loss) on its own held-out split (SimFAFL
+        Table 2), computed on the workers; with ``finetune`` each head is fine-tuned first."""
         assert self.pool is not None
         clients = list(range(self.cfg.federation.clients))
         sizes = self.sizes if finetune else [len(idx) for idx in self.data.client_eval]
@@ -279,44 +257,23 @@ class Federation:
         losses = [scores[c][1] / scores[c][2] for c in clients]
         return float(np.mean(accs)), float(np.mean(losses))
 
-    # ------------------------------------------------------------------ curvature (metrics.hessian)
-    def curvature(self, r: int, clients: list[int]) -> dict[str, float]:
-        """Hessian metrics of the global model and, over the first k of the round's clients, H_N/H_D."""
-        hcfg, seed = self.cfg.metrics.hessian, self.cfg.federation.seed
-        load_state(self.eval_model, self.global_state)
-        pool = np.concatenate(self.data.client_train)
-        batches = probe_batches(self.data, pool, hcfg, seed, -1, self.device)
-        out = global_curvature(self.eval_model, batches, hcfg, seed)
-        if hcfg.clients:
-            models = []
-            for cid in clients[: hcfg.clients]:
-                local = build_model_for(self.cfg, self.data).to(self.device)
-                load_state(local, self.latest[cid])
-                models.append((local, consistency_batches(self.data, cid, batches, hcfg, seed, self.device)))
-            out.update(client_consistency(models, hcfg, seed))
-        if r == self.cfg.federation.rounds and hcfg.landscape:
-            eigen = [out[f"hessian_lambda_{i + 1}"] for i in range(hcfg.top_k)]
-            folder = Path(tempfile.mkdtemp(prefix="fltune-figures-"))
-            self.artifacts += end_figures(self.eval_model, batches, eigen, folder, self.cfg.method.name, hcfg, seed)
-        return out
-
     def static_costs(self) -> dict[str, float]:
-        """Per-run constants of FedAlign Table 5: forward MFLOPs per sample and parameters stored."""
-        params = parameter_count(self.eval_model)
-        return {"cost_forward_mflops": self.forward_mflops, "cost_params": float(params),
-                "cost_stored_params": params * self.method.stored_models}
+        """The run's constants, from the probes that declare some (FedAlign Table 5: forward MFLOPs per
+        sample, parameters stored)."""
+        return {k: v for probe in self.probes for k, v in probe.run_constants(self).items()}
 
     # ------------------------------------------------------------------ results and checkpoints
     def summary(self) -> dict[str, Any]:
         """The run's final figures (keys of ``--json-out``)."""
-        return summarise(self.history, self.cfg, self.status)
+        return run_summary(self.history, self.cfg, self.status)
 
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to continue exactly where the run stands."""
         return {
             "round": self.round, "global_state": self.global_state, "server_state": self.server_state,
             "client_store": self.client_store, "latest": self.latest, "history": self.history,
-            "status": self.status, "cost": self.cost,
+            "status": self.status,
+            **{probe.name: probe.state_dict() for probe in self.probes if probe.state_dict() is not None},
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -327,13 +284,15 @@ class Federation:
         self.latest = state["latest"]
         self.history = state["history"]
         self.status = state["status"]
-        self.cost = state["cost"]
+        for probe in self.probes:
+            if probe.name in state:
+                probe.load_state_dict(state[probe.name])
 
 
-def _arrays(tree: Any) -> dict[str, np.ndarray]:
-    """The numpy arrays inside a server payload (for communication cost), keyed by path."""
-    if isinstance(tree, np.ndarray):
-        return {"": tree}
-    if isinstance(tree, dict):
-        return {f"{k}/{p}": a for k, v in tree.items() for p, a in _arrays(v).items()}
-    return {}
+def lockstep(feds: Sequence[Federation]) -> Iterator[list[RoundResult]]:
+    """Several federations' round loops advanced together (a trial's seeds), one round of each per item,
+    until one of them ends (last round or divergence)."""
+    for results in zip(*(fed.rounds() for fed in feds)):
+        yield list(results)
+        if any(result.status != "running" for result in results):
+            return

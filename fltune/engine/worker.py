@@ -20,10 +20,11 @@ import torch
 from fltune.config import ExperimentConfig
 from fltune.data.federated import FederatedData
 from fltune.engine.aggregate import WeightedSum
-from fltune.engine.local import FineTune, RoundInput, evaluate, load_state, train_client
+from fltune.engine.builders import build_method, build_model_for, resolve_augment
+from fltune.engine.local import RoundInput, evaluate, load_state, train_client
 from fltune.engine.rng import use_deterministic_cuda
-from fltune.engine.setup import build_method, build_model_for, resolve_augment
 from fltune.methods.base import State, Upload, to_numpy
+from fltune.methods.finetune import FineTune
 from fltune.metrics.flops import TrainingFlops
 
 

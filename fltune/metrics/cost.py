@@ -2,24 +2,33 @@
 
 Why: FedAlign's claim is accuracy *per unit of client resources*; its tables give forward MFLOPs per
 sample, stored parameters, wall time per round, and the totals to reach a target accuracy. The
-:class:`CostMeter` is a plain accumulator the engine feeds once per round; only
-:func:`forward_flops_per_sample` needs torch, and imports it itself, so the meter can be used (and
-tested) without torch.
+:class:`CostMeter` is a plain accumulator; :class:`CostProbe` feeds it once per round from what the
+round broadcast, trained and uploaded. Only :func:`forward_flops_per_sample` needs torch, and imports it
+itself, so the meter can be used (and tested) without torch.
 """
 
+from __future__ import annotations
+
+import math
 from collections.abc import Callable, Mapping
 from time import perf_counter
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
+from fltune.metrics.probe import Probe, RoundView, register
+
 if TYPE_CHECKING:
     from torch import nn
+
+    from fltune.engine.federation import Federation
 
 FORWARD_BACKWARD_FACTOR = 3.0
 """Training FLOPs per sample = 3 × forward FLOPs: the backward pass computes gradients w.r.t. both the
 activations and the weights, each about one forward's worth (the usual 1 + 2 rule, Kaplan et al. 2020)."""
 
 
-def forward_flops_per_sample(model: "nn.Module", input_shape: tuple[int, ...]) -> float:
+def forward_flops_per_sample(model: nn.Module, input_shape: tuple[int, ...]) -> float:
     """Forward MFLOPs for one sample of shape ``input_shape`` (no batch dim), as FedAlign Table 5 lists.
 
     Counted by ``torch.utils.flop_counter.FlopCounterMode`` on one sample in eval mode without grad: it
@@ -40,7 +49,7 @@ def forward_flops_per_sample(model: "nn.Module", input_shape: tuple[int, ...]) -
     return counter.get_total_flops() / 1e6
 
 
-def parameter_count(model: "nn.Module") -> int:
+def parameter_count(model: nn.Module) -> int:
     """All parameters (trainable or not), FedAlign Table 5's "Param" of one model."""
     return sum(p.numel() for p in model.parameters())
 
@@ -127,3 +136,70 @@ class CostMeter:
 
     def _training_forward(self) -> float:
         return self._train_forward or self._flops_per_sample
+
+
+@register
+class CostProbe(Probe):
+    """Feeds a :class:`CostMeter` every round (diverged ones included) and reports its figures; the run's
+    constants of FedAlign Table 5 (forward MFLOPs per sample, parameters, parameters stored) once."""
+
+    name = "cost"
+    order = 0
+    metrics = {
+        "cost_round_s": "wall seconds of the round (FedAlign Table 5 \"Time\")",
+        "cost_cum_tflops": "training TFLOPs of all clients so far",
+        "cost_cum_comm_gbit": "Gbit sent so far, both directions",
+        "cost_cum_up_gbit": "Gbit uploaded so far (FedAlign Table 8 \"Comm Cost\")",
+        "cost_up_mbit_round": "Mbit uploaded in the round",
+        "cost_down_mbit_round": "Mbit downloaded in the round",
+        "cost_train_forward_mflops": "forward MFLOPs the method spends per training sample (FedAlign Table 5)",
+        "cost_cum_forward_mflops": "that figure times the rounds so far (FedAlign Table 8 \"MFLOPs\")",
+    }
+    constants = {
+        "cost_forward_mflops": "the model's forward MFLOPs per sample",
+        "cost_params": "parameters of one model",
+        "cost_stored_params": "parameters a client stores (the method's models × the model's)",
+    }
+
+    def __init__(self, fed: Federation) -> None:
+        self.forward_mflops = forward_flops_per_sample(fed.eval_model, fed.data.input_shape)
+        self.meter = CostMeter(self.forward_mflops)
+
+    def start_round(self) -> None:
+        self.meter.start_round()
+
+    def due(self, fed: Federation, view: RoundView) -> bool:
+        return True
+
+    def measure(self, fed: Federation, view: RoundView) -> dict[str, float]:
+        """Communication and compute of the round (FedAlign Tables 5 and 8)."""
+        inputs = view.inputs
+        self.meter.add_download(state_bits(inputs.global_state) + state_bits(_arrays(inputs.server)), len(view.clients))
+        for m in view.client_metrics.values():
+            self.meter.add_training(int(m["samples"]), fed.method.passes_per_step)
+            self.meter.add_upload(view.upload_bits)
+        forward = [m["forward_flops"] for m in view.client_metrics.values() if "forward_flops" in m]
+        if forward:  # counted by the workers in round 1, over every sampled client's training
+            samples = sum(m["samples"] for m in view.client_metrics.values())
+            self.meter.set_training_forward(math.fsum(forward) / 1e6 / max(samples, 1.0))
+        return self.meter.round_metrics()
+
+    def run_constants(self, fed: Federation) -> dict[str, float]:
+        params = parameter_count(fed.eval_model)
+        return {"cost_forward_mflops": self.forward_mflops, "cost_params": float(params),
+                "cost_stored_params": params * fed.method.stored_models}
+
+    def state_dict(self) -> CostMeter:
+        return self.meter
+
+    def load_state_dict(self, state: CostMeter) -> None:
+        self.meter = state
+
+
+def _arrays(tree: Any) -> dict[str, np.ndarray]:
+    """The numpy arrays inside a server payload (for communication cost), keyed by path."""
+    if isinstance(tree, np.ndarray):
+        return {"": tree}
+    if isinstance(tree, dict):
+        return {f"{k}/{p}": a for k, v in tree.items() for p, a in _arrays(v).items()}
+    return {}

@@ -1,4 +1,4 @@
-"""The scheduled curvature probe (``metrics.hessian``): what the engine measures and when.
+"""The scheduled curvature probe (``metrics.hessian``): what a federation measures and when.
 
 λ_max, λ1/λk and tr H of the global model (FedAlign Table 1, MAN Table 2, FedSOL Fig. 8), and H_N/H_D
 over k of the round's clients' local models (FedAlign Eq. 3–4), each on a fixed, seeded set of
@@ -9,7 +9,9 @@ eigenvectors and the top-k spectrum as PNGs (FedAlign Fig. 1, MAN Fig. 4a).
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -18,6 +20,8 @@ from torch import nn
 from fltune.config import HessianConfig
 from fltune.data.augment import to_float
 from fltune.data.federated import FederatedData
+from fltune.engine.builders import build_model_for
+from fltune.engine.local import load_state
 from fltune.engine.rng import derive_seed
 from fltune.metrics.hessian import (
     Batch,
@@ -28,6 +32,11 @@ from fltune.metrics.hessian import (
     top_eigenvalues,
 )
 from fltune.metrics.landscape import landscape_png, plot_spectrum
+from fltune.metrics.probe import Probe, RoundView, register
+
+if TYPE_CHECKING:
+    from fltune.config import ExperimentConfig
+    from fltune.engine.federation import Federation
 
 PROBE_ROUND = -1
 """RNG stream of the probe batches: fixed for the whole run, apart from every training round."""
@@ -87,3 +96,61 @@ def end_figures(model: nn.Module, batches: list[Batch], eigenvalues: list[float]
     surface = landscape_png(model, cross_entropy_loss, batches, folder / "loss_landscape.png", seed=seed, title=title,
                             max_iter=hcfg.max_iter, tol=hcfg.tol)
     return [surface, spectrum]
+
+
+@register
+class HessianProbe(Probe):
+    """The ``metrics.hessian`` schedule: every ``every`` rounds and/or at the end, on non-diverged rounds."""
+
+    name = "hessian"
+    order = 40
+    clock = "hessian_s"
+    metrics = {
+        "hessian_lambda_max": "largest Hessian eigenvalue of the global model (FedAlign Table 1, MAN Table 2)",
+        "hessian_trace": "Hessian trace of the global model (Hutchinson estimate)",
+        "hessian_trace_se": "standard error of that trace estimate (its stop rule: SE/|mean| < trace_tol)",
+        "hessian_hn": "H_N over the round's first k clients' local models (FedAlign Eq. 3)",
+        "hessian_hd": "H_D over the same models (FedAlign Eq. 4)",
+    }
+
+    def __init__(self, fed: Federation) -> None:
+        self.keeps_local_models = fed.cfg.metrics.hessian.clients > 0
+
+    @classmethod
+    def enabled(cls, cfg: ExperimentConfig, data: FederatedData) -> bool:
+        return bool(cfg.metrics.hessian.every or cfg.metrics.hessian.at_end)
+
+    @classmethod
+    def unmet(cls, metric: str, cfg: ExperimentConfig) -> str | None:
+        hessian = cfg.metrics.hessian
+        if not (hessian.every or hessian.at_end):
+            return "needs a Hessian probe: metrics.hessian.every > 0 or metrics.hessian.at_end=true"
+        if metric in ("hessian_hn", "hessian_hd") and hessian.clients == 0:
+            return "needs metrics.hessian.clients ≥ 2 (local models compared)"
+        return None
+
+    def due(self, fed: Federation, view: RoundView) -> bool:
+        return view.running and fed.cfg.metrics.hessian.due(view.round, fed.cfg.federation.rounds)
+
+    def measure(self, fed: Federation, view: RoundView) -> dict[str, float]:
+        return self.curvature(fed, view.round, sorted(view.local_models))
+
+    def curvature(self, fed: Federation, r: int, clients: list[int]) -> dict[str, float]:
+        """Hessian metrics of the global model and, over the first k of the round's clients, H_N/H_D."""
+        hcfg, seed = fed.cfg.metrics.hessian, fed.cfg.federation.seed
+        load_state(fed.eval_model, fed.global_state)
+        pool = np.concatenate(fed.data.client_train)
+        batches = probe_batches(fed.data, pool, hcfg, seed, -1, fed.device)
+        out = global_curvature(fed.eval_model, batches, hcfg, seed)
+        if hcfg.clients:
+            models = []
+            for cid in clients[: hcfg.clients]:
+                local = build_model_for(fed.cfg, fed.data).to(fed.device)
+                load_state(local, fed.latest[cid])
+                models.append((local, consistency_batches(fed.data, cid, batches, hcfg, seed, fed.device)))
+            out.update(client_consistency(models, hcfg, seed))
+        if r == fed.cfg.federation.rounds and hcfg.landscape:
+            eigen = [out[f"hessian_lambda_{i + 1}"] for i in range(hcfg.top_k)]
+            folder = Path(tempfile.mkdtemp(prefix="fltune-figures-"))
+            fed.artifacts += end_figures(fed.eval_model, batches, eigen, folder, fed.cfg.method.name, hcfg, seed)
+        return out

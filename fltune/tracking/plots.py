@@ -9,7 +9,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from fltune.metrics.accuracy import ACCURACY_KEYS  # noqa: E402
+from fltune.metrics.evaluation import ACCURACY_KEYS  # noqa: E402
 
 
 def curves_png(history: list[dict[str, float]], path: str | Path, title: str) -> Path:

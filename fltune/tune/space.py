@@ -17,25 +17,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from fltune.config import ExperimentConfig, build_config, describe_validation_error, read_yaml
 from fltune.errors import FLTuneError
 from fltune.methods import get_method
+from fltune.metrics.probe import metric_names, probe_of, unmet_need
 
 Scalar = Union[bool, int, float, str, None]
-PROTOCOL_OF: dict[str, str | None] = {
-    "acc_global": "global", "loss": "global", "acc_all_model": "all_model", "loss_all_model": "all_model",
-    "acc_personalized": "personalized", "loss_personalized": "personalized", "train_loss": None,
-    "acc_personalized_ft": "personalized", "loss_personalized_ft": "personalized",
-    # once metrics.target is reached (under metrics.target_metric's protocol)
-    "rounds_to_target": None,
-    # the metrics.hessian probe (MAN Table 2, FedAlign Table 1)
-    "hessian_lambda_max": None, "hessian_trace": None, "hessian_hn": None, "hessian_hd": None,
-    # cost (FedAlign Tables 5 and 8): per round, and the run's constants of ``Federation.static_costs``
-    "cost_round_s": None, "cost_cum_tflops": None, "cost_cum_up_gbit": None, "cost_cum_forward_mflops": None,
-    "cost_train_forward_mflops": None, "cost_forward_mflops": None, "cost_stored_params": None,
-}
-"""Metrics a study can optimise or a reproduced cell compare (keys of ``Federation.step``, or of
-``Federation.static_costs``) → the evaluation protocol they need (None: none)."""
-STATIC_METRICS = ("cost_forward_mflops", "cost_stored_params")
-"""Constants of a run (``Federation.static_costs``), not reported per round."""
-METRICS: tuple[str, ...] = tuple(PROTOCOL_OF)
+METRICS: tuple[str, ...] = metric_names()
+"""Metrics a study can optimise or a reproduced cell compare: the round loop's and every round probe's
+(``fltune.metrics.probe``), per round or run constants (``Federation.static_costs``)."""
 
 
 class _Strict(BaseModel):
@@ -215,36 +202,14 @@ def check_params(space: SearchSpace, tree: dict[str, Any], method: str) -> None:
                 raise FLTuneError(f"params.{name} = {value!r}: {str(err).removeprefix('config error: ')}") from None
 
 
-def unmet_need(metric: str, reduce: str, cfg: ExperimentConfig) -> str | None:
-    """What ``cfg`` lacks for ``metric`` (with ``reduce``) to be measured at all, or None.
-
-    Rounds-to-target and at-target values need ``metrics.target``; the Hessian metrics a probe
-    (``metrics.hessian.every`` or ``at_end``); H_N/H_D the probe's client models (``metrics.hessian.clients``).
-    """
-    if (metric == "rounds_to_target" or reduce == "at_target") and cfg.metrics.target is None:
-        return "needs metrics.target (the accuracy to reach)"
-    hessian = cfg.metrics.hessian
-    if metric.startswith("hessian_") and not (hessian.every or hessian.at_end):
-        return "needs a Hessian probe: metrics.hessian.every > 0 or metrics.hessian.at_end=true"
-    if metric in ("hessian_hn", "hessian_hd") and hessian.clients == 0:
-        return "needs metrics.hessian.clients ≥ 2 (local models compared)"
-    return None
-
-
 def check_objective(space: SearchSpace, cfg: ExperimentConfig) -> None:
     """The metric must be produced by the base experiment, and ASHA must see it before its first rung."""
     metric = space.objective.metric
     need = unmet_need(metric, space.objective.reduce, cfg)
     if need:
         raise FLTuneError(f"objective.metric: {metric} {need}")
-    protocol = PROTOCOL_OF[metric]
-    if protocol is not None and protocol not in cfg.metrics.protocols:
-        raise FLTuneError(
-            f"objective.metric: {metric} needs metrics.protocols to include {protocol}; "
-            f"allowed here: {', '.join(cfg.metrics.protocols)}"
-        )
-    if protocol == "personalized" and cfg.partition.eval_fraction == 0:
-        raise FLTuneError(f"objective.metric: {metric} needs partition.eval_fraction > 0 (per-client held-out data)")
+    probe = probe_of(metric)
+    protocol = probe.protocol if probe is not None else None
     if metric.endswith("_ft") and (cfg.training.finetune_epochs == 0 or isinstance(space.scheduler, Asha)):
         raise FLTuneError(f"objective.metric: {metric} exists only after the final fine-tuning; it needs "
                           "training.finetune_epochs > 0 and scheduler: none (ASHA would see no value)")

@@ -1,8 +1,8 @@
 """The Ray Tune function trainable: one trial = one configuration, run for every seed in lockstep.
 
-Each round steps every seed's ``Federation`` once and reports the seed-mean of every metric plus the
-objective (mean and std over seeds of the metric, final or best so far), so ASHA can compare trials
-round by round. The trial's client actors live in its placement group (reserved by the study). Every
+The seeds' round loops advance together (``lockstep``); after each round the trial reports the seed-mean
+of every metric plus the objective (mean and std over seeds of the metric, final or best so far), so ASHA
+can compare trials round by round. The trial's client actors live in its placement group (reserved by the study). Every
 ``checkpoint_every`` rounds and at the end the whole federation state of every seed is checkpointed, so
 a failed trial (``FailureConfig``) or a resumed study (``Tuner.restore``) continues from its last round.
 """
@@ -23,7 +23,7 @@ import ray
 from ray import tune
 
 from fltune.config import ExperimentConfig, build_config
-from fltune.engine.federation import Federation
+from fltune.engine.federation import Federation, lockstep
 from fltune.tune.space import Objective, set_dotted
 from fltune.tune.spec import StudySpec
 
@@ -141,7 +141,7 @@ def run_trial(config: dict[str, Any], spec: StudySpec) -> None:
 def run_federations(cfgs: list[ExperimentConfig], objective: Objective, checkpoint_every: int,
                     extra: Sequence[Objective] = ()) -> None:
     """The body of every fltune trial (a study's configuration, a reproduced table's cell): one
-    ``Federation`` per seed stepped in lockstep, a report per round, a checkpoint every k rounds;
+    ``Federation`` per seed, their rounds consumed in lockstep, a report per round, a checkpoint every k rounds;
     ``extra`` objectives are reported beside the main one (cells of a table that share this run)."""
     start = time.perf_counter()
     logging.getLogger("ray.train._internal.storage").setLevel(logging.WARNING)  # one line per checkpoint
@@ -155,9 +155,7 @@ def run_federations(cfgs: list[ExperimentConfig], objective: Objective, checkpoi
         if done(feds):  # restored from the final checkpoint: report the end again so Tune sees it
             report({**trial_result(feds, objective, extra), **placement}, feds, with_checkpoint=False)
             return
-        while not done(feds):
-            for fed in feds:
-                fed.step()
+        for _ in lockstep(feds):
             result = {**trial_result(feds, objective, extra), **placement}
             due = done(feds) or int(result["round"]) % checkpoint_every == 0
             report(result, feds, with_checkpoint=due)

@@ -13,7 +13,7 @@ import torch
 
 from fltune.config import build_config
 from fltune.engine.callbacks import Callback
-from fltune.engine.federation import Federation
+from fltune.engine.federation import Federation, lockstep
 from fltune.engine.pool import WorkerPlan, WorkerPool
 
 BASE = [
@@ -69,9 +69,8 @@ def test_runs_interleaved_on_a_shared_pool_match_runs_on_their_own(ray_session):
     try:
         shared = Federation(own.cfg, pool=pool)
         other = Federation(build_config(overrides=[*BASE, "method.name=fedprox", "method.mu=0.1"]), pool=pool)
-        for _ in range(2):  # every call names its run, so two runs can take turns on the same actors
-            shared.step()
-            other.step()
+        # every call names its run, so two runs can take turns on the same actors
+        assert [[r.round for r in results] for results in lockstep([shared, other])] == [[1, 1], [2, 2]]
         shared.close()
         other.close()
         assert same_weights(own, shared)
@@ -114,6 +113,21 @@ def test_divergence_stops_with_status(ray_session):
     assert fed.summary()["diverged_round"] == fed.round < 5
 
 
+def test_lockstep_ends_every_loop_at_the_first_divergence(ray_session):
+    """A trial's seeds advance one round each per step; one seed's divergence ends them all there."""
+    healthy = federation("federation.rounds=5", "resources.workers=1")
+    diverging = federation("training.lr=1.0e6", "federation.rounds=5", "resources.workers=1")
+    try:
+        steps = list(lockstep([healthy, diverging]))
+    finally:
+        healthy.close()
+        diverging.close()
+    assert [[r.status for r in results] for results in steps[:-1]] == [["running", "running"]] * (len(steps) - 1)
+    assert [r.status for r in steps[-1]] == ["running", "diverged"]
+    assert healthy.round == diverging.round == len(steps) < 5
+    assert [r.metrics for r in steps[-1]] == [healthy.history[-1], diverging.history[-1]]
+
+
 def test_checkpoint_resumes_exactly(ray_session):
     straight = run(federation("federation.rounds=3", "resources.workers=1"))
     first = federation("federation.rounds=3", "resources.workers=1")
@@ -146,8 +160,9 @@ def test_training_forward_flops_are_counted_on_the_real_training(ray_session):
     previous models' (FedAlign Table 5: 262.2 vs 87.3); Table 8's cumulative figure is that × rounds."""
     fedavg = run(federation("resources.workers=2", "federation.rounds=2"))
     moon = run(federation("resources.workers=2", "federation.rounds=2", "method.name=moon"))
-    assert fedavg.history[0]["cost_train_forward_mflops"] == pytest.approx(fedavg.forward_mflops)
-    assert 2.9 < moon.history[-1]["cost_train_forward_mflops"] / fedavg.forward_mflops < 3.3
+    model_mflops = fedavg.static_costs()["cost_forward_mflops"]
+    assert fedavg.history[0]["cost_train_forward_mflops"] == pytest.approx(model_mflops)
+    assert 2.9 < moon.history[-1]["cost_train_forward_mflops"] / model_mflops < 3.3
     for fed in (fedavg, moon):
         per_sample = fed.history[0]["cost_train_forward_mflops"]
         assert fed.history[-1]["cost_train_forward_mflops"] == per_sample  # counted once, in round 1

@@ -24,9 +24,9 @@ import pytest
 
 from fltune.config import ExperimentConfig, build_config
 from fltune.data.federated import FederatedData
+from fltune.engine.builders import load_data
 from fltune.engine.federation import Federation
 from fltune.engine.pool import WorkerPlan, WorkerPool
-from fltune.engine.setup import load_data
 from fltune.methods import METHODS, get_method
 from fltune.methods.base import State
 from tests.conftest import needs_fmnist

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from fltune.config import build_config
-from fltune.engine.setup import build_model_for, load_data
+from fltune.engine.builders import build_model_for, load_data
 from fltune.metrics.curvature import client_consistency, consistency_batches, probe_batches
 
 CPU = torch.device("cpu")

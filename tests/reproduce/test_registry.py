@@ -8,11 +8,11 @@ import pytest
 
 from fltune.config import build_config
 from fltune.data.datasets import NUM_CLASSES
-from fltune.engine.setup import build_model_for
+from fltune.engine.builders import build_model_for
 from fltune.errors import FLTuneError
+from fltune.metrics.probe import probe_of
 from fltune.reproduce.plan import cell_tree
 from fltune.reproduce.registry import all_tables, get_table
-from fltune.tune.space import PROTOCOL_OF
 
 
 def test_table2_holds_the_papers_numbers_and_layout() -> None:
@@ -40,7 +40,8 @@ def test_every_cell_is_a_valid_experiment_at_every_scale(table) -> None:
             cfg = build_config(cell_tree(cell, scale, stand_in or cell.dataset, []))
             assert cfg.method.name == cell.settings["method.name"]
             assert cfg.training.finetune_epochs == (scale.finetune_epochs if cell.finetune else 0)
-            assert PROTOCOL_OF[cell.metric] in (None, *cfg.metrics.protocols)
+            probe = probe_of(cell.metric)
+            assert probe is None or probe.protocol in (None, *cfg.metrics.protocols)
             if table.key.startswith("simfafl:"):
                 assert cfg.partition.eval_fraction == 0.3 and cfg.partition.pool_test
 

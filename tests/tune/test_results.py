@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from fltune.metrics.accuracy import reached_target
+from fltune.metrics.target import reached_target
 from fltune.tune.results import best, classify, make_row, rank
 from fltune.tune.space import Objective
 from fltune.tune.trainable import last_good, seed_score

@@ -7,8 +7,9 @@ import pytest
 import torch
 
 from fltune.config import build_config
-from fltune.engine.local import FineTune, RoundInput, train_client, tuned_prefixes
-from fltune.engine.setup import build_method, build_model_for, initial_state, load_data
+from fltune.engine.local import RoundInput, train_client
+from fltune.methods.finetune import FineTune, tuned_prefixes
+from fltune.engine.builders import build_method, build_model_for, initial_state, load_data
 from fltune.methods import get_method
 from fltune.models import build_model
 

@@ -1,27 +1,13 @@
-"""Run-level figures from the per-round history: final accuracies, rounds-to-target, throughput."""
+"""The run summary (``--json-out``, MLflow ``final_*``): the last accuracies, rounds-to-target,
+throughput, and the last cost and Hessian figures, all read back from the per-round history."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from fltune.config import ExperimentConfig
-
-ACCURACY_KEYS = ("acc_global", "acc_all_model", "acc_personalized", "acc_personalized_ft")
-
-
-def rounds_to_target(history: list[dict[str, float]], metric: str, target: float) -> int | None:
-    """First round whose ``metric`` ≥ target (METHODS.md §0); None means "R+" (never within R rounds)."""
-    for row in history:
-        if row.get(metric, float("-inf")) >= target:
-            return int(row["round"])
-    return None
-
-
-def reached_target(history: list[dict[str, float]], metric: str, target: float | None) -> dict[str, float]:
-    """``{"rounds_to_target": r}`` from the round ``metric`` first reached ``target`` on (the engine adds it
-    to every round's metrics from then on, so a Tune trial can report it), else ``{}``."""
-    reached = rounds_to_target(history, metric, target) if target is not None else None
-    return {} if reached is None else {"rounds_to_target": float(reached)}
+from fltune.metrics.evaluation import ACCURACY_KEYS
+from fltune.metrics.target import rounds_to_target
 
 
 def _last(history: list[dict[str, float]], key: str) -> float | None:
@@ -31,7 +17,7 @@ def _last(history: list[dict[str, float]], key: str) -> float | None:
     return None
 
 
-def summarise(history: list[dict[str, float]], cfg: ExperimentConfig, status: str) -> dict[str, Any]:
+def run_summary(history: list[dict[str, float]], cfg: ExperimentConfig, status: str) -> dict[str, Any]:
     """The final summary written by ``--json-out``: last evaluated values plus run totals."""
     round_s = sum(row["round_s"] for row in history)
     samples = sum(row["samples"] for row in history)

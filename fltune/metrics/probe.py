@@ -1,0 +1,159 @@
+"""Round probes: what a federation measures after each round, and when.
+
+Why: every figure beyond the round's training loss — an evaluation protocol's accuracy, the Hessian, the
+cost, the global update's norm — is a probe. A probe declares the metric names it reports (a study's
+objective and a reproduced table's cells are checked against them, :func:`metric_names`,
+:func:`unmet_need`), whether the configuration turns it on, and on which rounds it measures. The
+``Federation`` runs the probes its configuration turns on after every round, in ``order``, and knows none
+of them by name. Adding a metric is one module in this package holding a ``@register``-ed
+:class:`Probe` subclass, plus its test.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
+
+if TYPE_CHECKING:
+    from fltune.config import ExperimentConfig
+    from fltune.data.federated import FederatedData
+    from fltune.engine.federation import Federation
+    from fltune.engine.local import RoundInput
+    from fltune.methods.base import State
+
+LOOP_METRICS: Mapping[str, str] = {
+    "train_loss": "sample-weighted mean training loss of the round's clients (the round loop's own figure)",
+}
+"""Metrics the round loop reports itself, without a probe."""
+
+
+@dataclass(frozen=True)
+class RoundView:
+    """One finished round as probes see it, beside the federation's own state (``Federation``)."""
+
+    round: int
+    clients: tuple[int, ...]
+    """The clients sampled this round."""
+    running: bool
+    """False once this round diverged: the global model was not updated, evaluations are skipped."""
+    inputs: RoundInput
+    """What the round broadcast: learning rate, global model, the method's server payload."""
+    previous_state: State
+    """The global model the round started from (``Federation.global_state`` is the one it ended with)."""
+    local_models: Mapping[int, State]
+    """The round's clients' trained models (only when a probe ``keeps_local_models``)."""
+    client_metrics: Mapping[int, Mapping[str, float]]
+    upload_bits: int
+    """Bits one client uploads."""
+    metrics: Mapping[str, float]
+    """This round's metrics so far: the loop's and those of the probes that ran before."""
+
+
+class Probe:
+    """A figure measured after rounds. Subclasses set the class attributes and override ``measure``.
+
+    ``clock`` names the timing metric (seconds) the probe's time is added to; ``constants`` declares run
+    constants, reported once (``run_constants``) rather than per round. ``name`` keys the probe's
+    ``state_dict`` in a federation's checkpoint when it keeps state across rounds.
+    """
+
+    name: ClassVar[str] = ""
+    order: ClassVar[int] = 50
+    metrics: ClassVar[Mapping[str, str]] = {}
+    constants: ClassVar[Mapping[str, str]] = {}
+    protocol: ClassVar[str | None] = None
+    """The evaluation protocol (``metrics.protocols``) the metrics are measured under, if any."""
+    clock: ClassVar[str | None] = None
+    keeps_local_models: bool = False
+    """Whether the workers must return the round's local models (``RoundView.local_models``)."""
+
+    def __init__(self, fed: Federation) -> None:
+        """Built once per federation, after its data and evaluation model."""
+
+    @classmethod
+    def enabled(cls, cfg: ExperimentConfig, data: FederatedData) -> bool:
+        """Whether ``cfg`` (and the data it partitioned) turn this probe on."""
+        return True
+
+    @classmethod
+    def unmet(cls, metric: str, cfg: ExperimentConfig) -> str | None:
+        """What ``cfg`` lacks for ``metric`` (one of this probe's) to be measured, as ``needs …``; else None."""
+        return None
+
+    def start_round(self) -> None:
+        """Called as each round starts."""
+
+    def due(self, fed: Federation, view: RoundView) -> bool:
+        """Whether to measure after this round (default: every round that did not diverge)."""
+        return view.running
+
+    def measure(self, fed: Federation, view: RoundView) -> dict[str, float]:
+        raise NotImplementedError
+
+    def run_constants(self, fed: Federation) -> dict[str, float]:
+        """The values of ``constants``."""
+        return {}
+
+    def state_dict(self) -> Any:
+        """State carried across rounds (checkpointed with the federation); None: none."""
+        return None
+
+    def load_state_dict(self, state: Any) -> None:
+        """Restore what ``state_dict`` returned."""
+
+
+PROBES: list[type[Probe]] = []
+
+
+def register(cls: type[Probe]) -> type[Probe]:
+    """Class decorator: add a probe; its metric names must be new."""
+    taken = set(metric_names(loaded=False))
+    clash = sorted(taken & {*cls.metrics, *cls.constants})
+    if clash:
+        raise ValueError(f"probe {cls.__name__}: metric {', '.join(clash)} is declared twice")
+    PROBES.append(cls)
+    PROBES.sort(key=lambda probe: probe.order)
+    return cls
+
+
+def _load_all() -> None:
+    """Import every module of this package once, so their ``@register`` decorators run."""
+    package = importlib.import_module("fltune.metrics")
+    for info in pkgutil.iter_modules(package.__path__):
+        importlib.import_module(f"fltune.metrics.{info.name}")
+
+
+def all_probes() -> list[type[Probe]]:
+    """Every registered probe, in the order they run after a round."""
+    _load_all()
+    return list(PROBES)
+
+
+def metric_names(loaded: bool = True) -> tuple[str, ...]:
+    """Every metric a study can optimise or a reproduced cell compare: the loop's and every probe's."""
+    probes = all_probes() if loaded else PROBES
+    return (*LOOP_METRICS, *(name for probe in probes for name in (*probe.metrics, *probe.constants)))
+
+
+def probe_of(metric: str) -> type[Probe] | None:
+    """The probe declaring ``metric`` (None for the loop's own metrics)."""
+    return next((p for p in all_probes() if metric in p.metrics or metric in p.constants), None)
+
+
+def unmet_need(metric: str, reduce: str, cfg: ExperimentConfig) -> str | None:
+    """What ``cfg`` lacks for ``metric`` (with ``reduce``) to be measured at all, or None.
+
+    At-target values need ``metrics.target``; everything else is the declaring probe's ``unmet``.
+    """
+    if reduce == "at_target" and cfg.metrics.target is None:
+        return "needs metrics.target (the accuracy to reach)"
+    probe = probe_of(metric)
+    return probe.unmet(metric, cfg) if probe is not None else None
+
+
+def probes_for(fed: Federation) -> list[Probe]:
+    """The probes ``fed``'s configuration turns on, built for it, in run order."""
+    return [cls(fed) for cls in all_probes() if cls.enabled(fed.cfg, fed.data)]

@@ -1,0 +1,51 @@
+"""Rounds-to-target (METHODS.md §0, FedAlign Table 8): the first round an accuracy reached ``metrics.target``."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from fltune.metrics.probe import Probe, RoundView, register
+
+if TYPE_CHECKING:
+    from fltune.config import ExperimentConfig
+    from fltune.data.federated import FederatedData
+    from fltune.engine.federation import Federation
+
+
+def rounds_to_target(history: list[dict[str, float]], metric: str, target: float) -> int | None:
+    """First round whose ``metric`` ≥ target (METHODS.md §0); None means "R+" (never within R rounds)."""
+    for row in history:
+        if row.get(metric, float("-inf")) >= target:
+            return int(row["round"])
+    return None
+
+
+def reached_target(history: list[dict[str, float]], metric: str, target: float | None) -> dict[str, float]:
+    """``{"rounds_to_target": r}`` from the round ``metric`` first reached ``target`` on (the engine adds it
+    to every round's metrics from then on, so a Tune trial can report it), else ``{}``."""
+    reached = rounds_to_target(history, metric, target) if target is not None else None
+    return {} if reached is None else {"rounds_to_target": float(reached)}
+
+
+@register
+class RoundsToTarget(Probe):
+    """Runs after every other probe, every round, once ``metrics.target`` is set."""
+
+    name = "target"
+    order = 90
+    metrics = {"rounds_to_target": "first round metrics.target_metric reached metrics.target (from then on)"}
+
+    @classmethod
+    def enabled(cls, cfg: ExperimentConfig, data: FederatedData) -> bool:
+        return cfg.metrics.target is not None
+
+    @classmethod
+    def unmet(cls, metric: str, cfg: ExperimentConfig) -> str | None:
+        return "needs metrics.target (the accuracy to reach)" if cfg.metrics.target is None else None
+
+    def due(self, fed: Federation, view: RoundView) -> bool:
+        return True
+
+    def measure(self, fed: Federation, view: RoundView) -> dict[str, float]:
+        metrics = fed.cfg.metrics
+        return reached_target([*fed.history, dict(view.metrics)], metrics.target_metric, metrics.target)

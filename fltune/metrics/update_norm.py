@@ -1,0 +1,40 @@
+"""The global update's norm ‖w_{t+1} − w_t‖₂ of each round.
+
+Why: how far the server moves the global model per round shows a method's effective server step (FedNova's
+normalised vs FedAvg's raw averaging, FedDyn's and SCAFFOLD's corrections, server momentum) and its
+settling down, apart from the accuracy it buys. Measured over the model's trainable parameters only:
+BatchNorm's running statistics are not a step of the optimisation.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from fltune.metrics.probe import Probe, RoundView, register
+
+if TYPE_CHECKING:
+    from fltune.engine.federation import Federation
+
+
+def update_norm(before: Mapping[str, np.ndarray], after: Mapping[str, np.ndarray], names: Iterable[str]) -> float:
+    """‖after − before‖₂ over the entries ``names``, summed in float64."""
+    return math.sqrt(math.fsum(float(np.sum((after[k].astype(np.float64) - before[k]) ** 2)) for k in names))
+
+
+@register
+class UpdateNorm(Probe):
+    """Every round that did not diverge."""
+
+    name = "update_norm"
+    order = 50
+    metrics = {"global_update_norm": "‖w_{t+1} − w_t‖₂ of the global model's trainable parameters"}
+
+    def __init__(self, fed: Federation) -> None:
+        self.names = [name for name, _ in fed.eval_model.named_parameters()]
+
+    def measure(self, fed: Federation, view: RoundView) -> dict[str, float]:
+        return {"global_update_norm": update_norm(view.previous_state, fed.global_state, self.names)}

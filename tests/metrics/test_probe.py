@@ -1,0 +1,60 @@
+"""The probe registry: metric names declared once, what each needs from a config, which probes a run gets."""
+
+from __future__ import annotations
+
+import pytest
+
+from fltune.config import build_config
+from fltune.engine.builders import load_data
+from fltune.metrics.probe import LOOP_METRICS, Probe, all_probes, metric_names, probe_of, register, unmet_need
+from fltune.tune.space import METRICS
+
+TINY = ["data.dataset=synthetic", "federation.clients=4", "tracking.enabled=false"]
+
+
+def test_every_metric_is_declared_by_exactly_one_probe_or_the_loop() -> None:
+    names = metric_names()
+    assert len(names) == len(set(names))
+    assert METRICS == names  # what a study may optimise is what the probes declare
+    for name in names:
+        assert (probe_of(name) is None) == (name in LOOP_METRICS), name
+
+
+def test_a_probe_redeclaring_a_metric_is_refused() -> None:
+    class Again(Probe):
+        metrics = {"acc_global": "twice"}
+
+    before = all_probes()
+    with pytest.raises(ValueError, match="acc_global is declared twice"):
+        register(Again)
+    assert all_probes() == before
+
+
+@pytest.mark.parametrize(("metric", "reduce", "overrides", "expected"), [
+    ("train_loss", "final", [], None),
+    ("acc_global", "final", ["metrics.protocols=[global]"], None),
+    ("acc_all_model", "final", ["metrics.protocols=[global]"], "needs metrics.protocols to include all_model"),
+    ("acc_personalized", "final", ["metrics.protocols=[personalized]"], "partition.eval_fraction > 0"),
+    ("acc_global", "at_target", [], "needs metrics.target"),
+    ("rounds_to_target", "final", [], "needs metrics.target"),
+    ("rounds_to_target", "final", ["metrics.target=0.5"], None),
+    ("hessian_trace", "final", [], "needs a Hessian probe"),
+    ("hessian_hn", "final", ["metrics.hessian.at_end=true"], "metrics.hessian.clients ≥ 2"),
+    ("hessian_hn", "final", ["metrics.hessian.at_end=true", "metrics.hessian.clients=2"], None),
+    ("cost_stored_params", "final", [], None),
+])
+def test_unmet_need_names_what_the_config_lacks(metric: str, reduce: str, overrides: list[str],
+                                                expected: str | None) -> None:
+    need = unmet_need(metric, reduce, build_config(overrides=[*TINY, *overrides]))
+    assert need == expected if expected is None else expected in need
+
+
+def test_the_config_and_data_choose_the_probes() -> None:
+    def enabled(*overrides: str) -> list[str]:
+        cfg = build_config(overrides=[*TINY, *overrides])
+        return [probe.name for probe in all_probes() if probe.enabled(cfg, load_data(cfg))]
+
+    assert enabled("metrics.protocols=[global]") == ["cost", "global", "update_norm"]
+    everything = enabled("partition.eval_fraction=0.2", "metrics.hessian.every=2", "metrics.target=0.5")
+    assert everything == ["cost", "global", "all_model", "personalized", "hessian", "update_norm", "target"]
+    assert "personalized" not in enabled("partition.eval_fraction=0")  # no held-out splits to evaluate on
