@@ -25,6 +25,9 @@ REPO = Path(__file__).resolve().parents[2]
 STATUS = {"finished": "FINISHED", "diverged": "FAILED", "failed": "FAILED", "killed": "KILLED",
           "stopped": "FINISHED"}
 """fltune run status → MLflow run status (a diverged run is FAILED with tag fltune.status=diverged)."""
+EXPERIMENT_KIND = ("mlflow.experimentKind", "custom_model_development")
+"""The experiment tag MLflow 3's UI reads to open an experiment on its training runs (unset, it guesses
+and may open the GenAI overview)."""
 
 for _noisy in ("mlflow.store.db.utils", "alembic.runtime.migration"):  # schema-creation chatter on a new db
     logging.getLogger(_noisy).setLevel(logging.WARNING)
@@ -61,12 +64,14 @@ class Tracker:
     def _experiment(self, name: str) -> str:
         found = self.client.get_experiment_by_name(name)
         if found is not None:
+            if EXPERIMENT_KIND[0] not in found.tags:  # made before fltune marked its experiments
+                self.client.set_experiment_tag(found.experiment_id, *EXPERIMENT_KIND)
             return found.experiment_id
         artifacts = None
         if self.uri.startswith("sqlite:///"):  # artifacts live beside the database they belong to
             db = Path(self.uri.removeprefix("sqlite:///"))
             artifacts = (db.parent / "artifacts" / name).as_uri()
-        return self.client.create_experiment(name, artifact_location=artifacts)
+        return self.client.create_experiment(name, artifact_location=artifacts, tags=dict([EXPERIMENT_KIND]))
 
     def start(self, name: str | None, tags: Mapping[str, Any], parent: str | None = None) -> str:
         """Create a run (a child when ``parent`` is given) and return its id."""

@@ -1,4 +1,4 @@
-"""Killing the driver mid-study (Ctrl-C, then SIGKILL) and resuming: nothing lost, nothing duplicated."""
+"""Killing the driver mid-study (SIGTERM, then SIGKILL) and resuming: nothing lost, nothing duplicated."""
 
 from __future__ import annotations
 
@@ -39,8 +39,12 @@ def test_interrupted_study_resumes_exactly_once(tmp_path: Path, mlflow_uri: str)
 
     first = start(cmd, tmp_path / "1.log")
     run_until(first, study, more=1)
-    os.killpg(first.pid, signal.SIGINT)  # Ctrl-C in a terminal reaches the whole process group
-    assert first.wait(timeout=120) == 130, (tmp_path / "1.log").read_text()
+    # `timeout`, Slurm and Kubernetes send SIGTERM; it takes the Ctrl-C path (SIGINT → 130), exiting 143
+    os.killpg(first.pid, signal.SIGTERM)
+    assert first.wait(timeout=120) == 143, (tmp_path / "1.log").read_text()
+    said = [line for line in (tmp_path / "1.log").read_text().splitlines() if "fltune:" in line]
+    assert len(said) == 1 and "--resume" in said[0], said
+    assert not any(m in (tmp_path / "1.log").read_text() for m in ("***", "Traceback", "SystemExit"))
     parent, _ = study_runs(mlflow_uri)
     assert parent.info.status == "KILLED"
 
