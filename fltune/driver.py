@@ -22,6 +22,7 @@ import re
 import signal
 import sys
 import threading
+import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
@@ -68,7 +69,11 @@ class _DropChatter(logging.Filter):
 
 
 def quiet_libraries() -> None:
-    """Drop the library chatter listed in ``CHATTER``; workers get ``quiet_worker`` (Ray's setup hook)."""
+    """Drop the library chatter listed in ``CHATTER``; workers get ``quiet_worker`` (Ray's setup hook).
+
+    Also numpy's "All-NaN slice" warning: ASHA takes a percentile of the objectives at a rung, which are
+    all NaN when every trial there diverged (the board already says so, trial by trial)."""
+    warnings.filterwarnings("ignore", message="All-NaN slice encountered", category=RuntimeWarning)
     for name, prefix in CHATTER.items():
         logger = logging.getLogger(name)
         if not any(isinstance(f, _DropChatter) for f in logger.filters):

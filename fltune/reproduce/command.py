@@ -19,7 +19,6 @@ if TYPE_CHECKING:  # Ray Tune and MLflow load only when the command runs
     from ray.tune import PlacementGroupFactory, Tuner
 
     from fltune.config import TrackingConfig
-
     from fltune.reproduce.job import ReproSpec
     from fltune.tune.results import TrialRow
 
@@ -42,7 +41,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--storage", help="job folder root, local or a URI (default: ./studies)")
     p.add_argument("--name", help="job name (default: <paper>-<table>-<scale>-<time>)")
     p.add_argument("--out", help="folder for table.csv and table.md (default: mlruns/reproduce/<name>)")
-    p.add_argument("--resume", action="store_true", help="continue an interrupted job (--name, else the newest job of TABLE)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue an interrupted job (--name, else the newest job of TABLE)")
 
 
 def cmd_tables(args: argparse.Namespace) -> int:

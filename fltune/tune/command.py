@@ -34,8 +34,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--num-samples", type=int, help="configurations to try (default: the file's num_samples)")
     p.add_argument("--max-concurrent", type=int, help="trials at once (default: the file's max_concurrent)")
     p.add_argument("--seeds", type=int, help="seeds per configuration; its score is their mean")
-    p.add_argument("--name", help="study name (default: <space stem>-<date>-<time>; with --resume: the newest study, "
-                        "of --space's file when given)")
+    p.add_argument("--name", help="study name (default: <space stem>-<date>-<time>; with --resume: the newest "
+                                  "study, of --space's file when given)")
     p.add_argument("--storage", help="study folder root, local or a URI like s3://bucket/studies (default: ./studies)")
     p.add_argument("--address", help="join a running Ray cluster ('auto', host:port; default: $RAY_ADDRESS or local)")
     p.add_argument("--resume", action="store_true", help="continue an interrupted study with its saved settings")
