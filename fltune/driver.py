@@ -85,8 +85,8 @@ def quiet_worker() -> None:
 
     A SIGTERM from Ray (a trial stopped by ASHA, an ended job) raises ``SystemExit`` wherever the worker
     is; inside a weakref callback Python cannot raise it and prints "Exception ignored in … SystemExit"
-    with a traceback instead. That report is dropped; every other one still prints. The worker
-    ignores Ctrl-C, which the terminal sends to the driver and its workers alike, and drops ``CHATTER``."""
+    with a traceback instead. That report is dropped; every other one still prints. ``CHATTER`` too.
+    (Ctrl-C needs nothing here: Ray starts its processes with SIGINT blocked; the driver stops them.)"""
     quiet_libraries()
 
     def hook(unraisable: Any) -> None:
@@ -94,11 +94,6 @@ def quiet_worker() -> None:
             sys.__unraisablehook__(unraisable)
 
     sys.unraisablehook = hook
-    if threading.current_thread() is threading.main_thread():
-        # Ctrl-C reaches every process of the terminal's process group: the driver stops the workers
-        # (killing them with no restart); a worker that died of the SIGINT itself would be restarted
-        # and its call retried, with Ray reporting each retry.
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 # ---------------------------------------------------------------------------------------------- stop
