@@ -67,3 +67,21 @@ def test_interrupted_study_resumes_exactly_once(tmp_path: Path, mlflow_uri: str)
     for child in children:
         assert child.info.status == "FINISHED"
         assert rounds_logged(mlflow_uri, child.info.run_id) == list(range(1, ROUNDS + 1))
+
+
+@pytest.mark.slow
+def test_sigterm_to_the_driver_alone_stops_the_study_gracefully(tmp_path: Path, mlflow_uri: str) -> None:
+    """``kill PID`` / Kubernetes: Ray stays up, so Tune's own graceful stop runs (trials checkpointed,
+    the ranking so far printed) and the exit status is still 143."""
+    space = write_space(tmp_path, num_samples=2, max_concurrent=2)
+    study = tmp_path / "study"
+    proc = start(tune_command(space, tmp_path, "--set", f"federation.rounds={ROUNDS}"), tmp_path / "1.log")
+    run_until(proc, study, more=1)
+    proc.send_signal(signal.SIGTERM)
+    log = (tmp_path / "1.log").read_text
+    assert proc.wait(timeout=300) == 143, log()
+    text = log()  # the hint may wrap: the terminal's width
+    assert text.count("fltune:") == 1 and "--resume" in text.split("fltune: study interrupted")[1], text
+    assert not any(m in log() for m in ("***", "Traceback", "SystemExit", "Stop signal received"))
+    parent, children = study_runs(mlflow_uri)
+    assert parent.info.status == "KILLED" and all(c.info.status != "RUNNING" for c in children)
