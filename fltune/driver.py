@@ -45,11 +45,12 @@ JOB_ENV = {
 }
 
 CHATTER = {
-    "ray._private.authentication.authentication_token_setup": "Token authentication is enabled",
-    "ray.tune.tune": "Stop signal received",
-    "ray.tune.trainable.trainable": "Restored on",  # every resumed trial, in its worker
+    "ray._private.authentication.authentication_token_setup": ("Token authentication is enabled",),
+    # Tune's advice on a stop, and its resume hint naming its Python API: fltune prints its own command
+    "ray.tune.tune": ("Stop signal received", "Experiment has been interrupted"),
+    "ray.tune.trainable.trainable": ("Restored on",),  # every resumed trial, in its worker
 }
-"""Logger → the start of the one message of it that is noise to an fltune user (the rest still show)."""
+"""Logger → how the messages of it that are noise to an fltune user start (the rest still show)."""
 
 _stopped_by: list[int] = []
 """The stop signals this process received, in order (the last one names the exit status)."""
@@ -60,12 +61,12 @@ _last_resort: list[tuple[Callable[[], None], str]] = []
 
 # ---------------------------------------------------------------------------------------------- quiet
 class _DropChatter(logging.Filter):
-    def __init__(self, prefix: str) -> None:
+    def __init__(self, prefixes: tuple[str, ...]) -> None:
         super().__init__()
-        self.prefix = prefix
+        self.prefixes = prefixes
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.msg).startswith(self.prefix)
+        return not str(record.msg).startswith(self.prefixes)
 
 
 def quiet_libraries() -> None:
@@ -74,10 +75,10 @@ def quiet_libraries() -> None:
     Also numpy's "All-NaN slice" warning: ASHA takes a percentile of the objectives at a rung, which are
     all NaN when every trial there diverged (the board already says so, trial by trial)."""
     warnings.filterwarnings("ignore", message="All-NaN slice encountered", category=RuntimeWarning)
-    for name, prefix in CHATTER.items():
+    for name, prefixes in CHATTER.items():
         logger = logging.getLogger(name)
         if not any(isinstance(f, _DropChatter) for f in logger.filters):
-            logger.addFilter(_DropChatter(prefix))
+            logger.addFilter(_DropChatter(prefixes))
 
 
 def quiet_worker() -> None:
