@@ -1,7 +1,8 @@
 """Command line: ``python cli.py run | methods | tune | tables | reproduce``.
 
 Precedence of settings: ``--config`` YAML < shortcut flags (``--rounds 3``) < ``--set a.b=c``. Every
-user error ends as one line on stderr and exit status 2; a diverged run exits 1.
+user error ends as one line on stderr and exit status 2; a diverged run exits 1; Ctrl-C exits 130 and
+SIGTERM 143, each with one line (``fltune.driver``).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 
 from rich.table import Table
 
+from fltune.driver import handle_stop_signals, quiet_libraries, start_ray, stop_message, stop_status
 from fltune.errors import FLTuneError
 from fltune.reproduce.command import add_parsers as add_reproduce_parsers
 from fltune.reproduce.command import cmd_reproduce, cmd_tables
@@ -63,10 +65,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(cfg.to_yaml(), end="")
         return 0
     from fltune.engine.federation import Federation
-    from fltune.tracking.console import ProgressCallback, console, summary_table
+    from fltune.tracking.progress import ProgressCallback, console, summary_table
 
     fed = Federation(cfg)
     try:
+        start_ray(cfg.resources.address)
         fed.open()  # places the workers first: an unplaceable plan fails before anything is printed or logged
     except BaseException:
         fed.close()
@@ -96,7 +99,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_methods(args: argparse.Namespace) -> int:
     from fltune.methods import METHODS
     from fltune.methods.base import params_table
-    from fltune.tracking.console import console
+    from fltune.tracking.progress import console
 
     table = Table(title="registered methods", show_lines=True)
     for column in ("method", "summary", "parameters (default)"):
@@ -130,16 +133,21 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command: bad input → one line and 2; Ctrl-C or SIGTERM → one line and 128 + the signal
+    (a Tune job prints its own resume hint instead and returns 130, whatever stopped it)."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    quiet_libraries()
+    handle_stop_signals()
     try:
-        return COMMANDS[args.command](args)
+        code = COMMANDS[args.command](args)
     except FLTuneError as err:
         print(f"fltune: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("fltune: interrupted", file=sys.stderr)
-        return 130
+        print(stop_message(), file=sys.stderr)
+        return stop_status()
+    return stop_status() if code == 130 else code
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ import torch
 
 from fltune.config import ExperimentConfig, build_config
 from fltune.data.datasets import load_dataset
-from fltune.engine.setup import build_model_for, model_name
+from fltune.engine.builders import build_model_for, model_name
 from fltune.methods import get_method
 
 CALIBRATION_STEPS = 5
@@ -234,7 +234,7 @@ def plan_table(title: str, est: Estimate):
 def print_plan(title: str, items: list[tuple[str, dict[str, Any], int]], address: str | None,
                max_concurrent: int | None, notes: list[str]) -> int:
     """``--plan``: print what would run and what it costs, run and write nothing; exit status 0."""
-    from fltune.tracking.console import console
+    from fltune.tracking.progress import console
 
     est = estimate(items, cluster_resources(address), max_concurrent)
     console.print(plan_table(title, est))

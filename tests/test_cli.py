@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -28,6 +31,7 @@ def test_run_writes_json_and_one_finished_mlflow_run(tmp_path, mlflow_uri):
     proc = cli("run", "--method", "fedprox", "--set", "method.mu=0.01", *TINY, "--seed", "3",
                "--json-out", str(out))
     assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "Token authentication" not in proc.stderr and "Traceback" not in proc.stderr  # no library chatter
     summary = json.loads(out.read_text())
     for key in ("acc_global", "acc_all_model", "acc_personalized", "loss", "rounds_to_target", "rounds",
                 "wall_s", "samples_per_s", "mlflow_run_id"):
@@ -36,6 +40,8 @@ def test_run_writes_json_and_one_finished_mlflow_run(tmp_path, mlflow_uri):
     client = MlflowClient(mlflow_uri)
     run = client.get_run(summary["mlflow_run_id"])
     assert run.info.status == "FINISHED"
+    # MLflow 3's UI opens the experiment on its training runs, not on the GenAI overview
+    assert client.get_experiment(run.info.experiment_id).tags["mlflow.experimentKind"] == "custom_model_development"
     assert run.data.tags["method"] == "fedprox" and run.data.tags["seed"] == "3"
     assert run.data.params["method.mu"] == "0.01" and run.data.params["federation.rounds"] == "2"
     history = client.get_metric_history(run.info.run_id, "acc_global")
@@ -43,6 +49,49 @@ def test_run_writes_json_and_one_finished_mlflow_run(tmp_path, mlflow_uri):
     assert abs(history[-1].value - summary["acc_global"]) < 1e-9
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
     assert {"curves.png", "config.yaml"} <= artifacts
+
+
+def wait_for(proc: subprocess.Popen, log: Path, marker: str, timeout: float = 600) -> None:
+    """Until ``marker`` is in the process's output (however slow the machine), failing if it exits first."""
+    deadline = time.monotonic() + timeout
+    while marker not in log.read_text():
+        assert proc.poll() is None, log.read_text()[-3000:]
+        assert time.monotonic() < deadline, "no progress"
+        time.sleep(0.2)
+
+
+def session_processes(sid: int) -> list[int]:
+    """Processes still alive in session ``sid`` (the CLI and every Ray process it started)."""
+    alive = []
+    for pid in (int(p) for p in os.listdir("/proc") if p.isdigit()):
+        try:
+            if os.getsid(pid) == sid:
+                alive.append(pid)
+        except ProcessLookupError:
+            continue
+    return alive
+
+
+@pytest.mark.slow
+def test_sigterm_ends_a_run_like_ctrl_c(tmp_path, mlflow_uri):
+    """What ``kill``, Kubernetes and schedulers do: one line, exit 143, run KILLED, no Ray stack dump."""
+    log = tmp_path / "run.log"
+    proc = subprocess.Popen([sys.executable, "cli.py", "run", *TINY, "--set", "federation.rounds=50"], cwd=REPO,
+                            stdout=subprocess.DEVNULL, stderr=log.open("w"), start_new_session=True)
+    wait_for(proc, log, "round 1/50")
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=300) == 143, log.read_text()[-3000:]
+    lines = log.read_text().splitlines()
+    assert lines[-1] == "fltune: interrupted (SIGTERM)", lines[-10:]
+    assert sum(line.startswith("fltune:") for line in lines) == 1
+    assert not any(m in line for line in lines for m in ("***", "Traceback", "retries remaining", "Token auth"))
+    client = MlflowClient(mlflow_uri)
+    runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    assert [r.info.status for r in runs] == ["KILLED"] and runs[0].data.tags["fltune.status"] == "killed"
+    deadline = time.monotonic() + 60  # the workers and the Ray it started go with it
+    while session_processes(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not session_processes(proc.pid)
 
 
 def test_print_config_round_trips_into_run_config(tmp_path, capsys):

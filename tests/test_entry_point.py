@@ -13,7 +13,7 @@ import pytest
 
 from fltune.cli import main
 from fltune.tracking.mlflow_log import default_uri, mlruns_dir
-from fltune.tune.study import default_storage
+from fltune.driver import storage_root
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -36,12 +36,12 @@ def test_outside_the_checkout_runs_and_studies_go_under_the_current_directory(tm
     monkeypatch.chdir(tmp_path)
     assert mlruns_dir() == tmp_path.resolve() / "mlruns"
     assert default_uri() == f"sqlite:///{tmp_path.resolve() / 'mlruns' / 'mlflow.db'}"
-    assert Path(default_storage()) == tmp_path.resolve() / "studies"
+    assert Path(storage_root(None)) == tmp_path.resolve() / "studies"
 
 
 def test_inside_the_checkout_runs_stay_at_its_root(monkeypatch) -> None:
     monkeypatch.chdir(REPO / "tests")
-    assert mlruns_dir() == REPO / "mlruns" and Path(default_storage()) == REPO / "studies"
+    assert mlruns_dir() == REPO / "mlruns" and Path(storage_root(None)) == REPO / "studies"
 
 
 def fltune(*args: str, cwd: Path) -> subprocess.CompletedProcess:

@@ -40,7 +40,7 @@ def test_estimate_is_positive_and_counts_a_shared_experiment_once() -> None:
 @pytest.fixture()
 def wide(monkeypatch: pytest.MonkeyPatch) -> None:
     """A console wide enough that no table cell wraps (it is 80 columns when not a terminal)."""
-    from fltune.tracking.console import console
+    from fltune.tracking.progress import console
 
     monkeypatch.setattr(console, "width", 300)
 

@@ -40,7 +40,10 @@ def ensure_ray(address: str | None = None) -> None:
     if ray.is_initialized():
         return
     address = address or os.environ.get("RAY_ADDRESS")
-    kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": True, "configure_logging": False}
+    kwargs: dict[str, Any] = {
+        "include_dashboard": False, "log_to_driver": True, "configure_logging": False,
+        "runtime_env": {"worker_process_setup_hook": "fltune.driver.quiet_worker"},  # no SystemExit noise
+    }
     if address:
         ray.init(address=address, **kwargs)
     else:

@@ -3,22 +3,22 @@
 ``reproduce`` re-runs a paper table's cells as Ray Tune trials and prints the paper's numbers beside the
 measured ones (rich table, ``table.csv``/``table.md`` under ``--out``, MLflow parent + child runs).
 Exit status: 0 every runnable cell finished (cells without data are reported, not errors); 1 some cell
-diverged or failed; 2 bad input; 130 interrupted (continue with ``--resume``).
+diverged or failed; 2 bad input; 130 interrupted, 143 on SIGTERM (continue with ``--resume``).
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from typing import TYPE_CHECKING
-
+from fltune.driver import TuneJob, newest
 from fltune.errors import FLTuneError
 
 if TYPE_CHECKING:  # Ray Tune and MLflow load only when the command runs
-    from ray.tune import Tuner
+    from ray.tune import PlacementGroupFactory, Tuner
 
+    from fltune.config import TrackingConfig
     from fltune.reproduce.job import ReproSpec
     from fltune.tune.results import TrialRow
 
@@ -41,7 +41,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--storage", help="job folder root, local or a URI (default: ./studies)")
     p.add_argument("--name", help="job name (default: <paper>-<table>-<scale>-<time>)")
     p.add_argument("--out", help="folder for table.csv and table.md (default: mlruns/reproduce/<name>)")
-    p.add_argument("--resume", action="store_true", help="continue an interrupted job (needs --name)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue an interrupted job (--name, else the newest job of TABLE)")
     p.add_argument("--plan", action="store_true",
                    help="print the cells, their settings, client-samples and an estimated wall time; run nothing")
 
@@ -51,7 +52,7 @@ def cmd_tables(args: argparse.Namespace) -> int:
 
     from fltune.reproduce.plan import available
     from fltune.reproduce.registry import ALIASES, DATASET_NAMES, all_tables
-    from fltune.tracking.console import console
+    from fltune.tracking.progress import console
 
     short = {v: k for k, v in ALIASES.items()}
     out = Table(title="paper tables (python cli.py reproduce NAME)", show_lines=True)
@@ -70,76 +71,84 @@ def cmd_tables(args: argparse.Namespace) -> int:
 
 
 def cmd_reproduce(args: argparse.Namespace) -> int:
-    from ray.tune import ExperimentAnalysis
-
-    from fltune.tune.results import trial_row
-
     if args.plan:
         return show_plan(args)
-    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # the board is the output, as for `tune`
-    os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
-    spec, tuner = prepare(args)
-    try:
-        tuner.fit()
-    except BaseException:
-        if spec.tracking.enabled:
-            from fltune.tune.tracking import close_open_runs
-
-            close_open_runs(spec.tracking, spec.path, "killed")
-        raise
-    rows = [trial_row(trial) for trial in ExperimentAnalysis(spec.path).trials]
-    return conclude(spec, rows)
+    return Reproduction(args).run()
 
 
-def prepare(args: argparse.Namespace) -> tuple[ReproSpec, Tuner]:
-    """Validate and plan (before Ray starts), join or start Ray, size the trials, create or restore."""
-    from fltune.engine.pool import ensure_ray
-    from fltune.reproduce import job
-    from fltune.reproduce.plan import plan
-    from fltune.reproduce.registry import get_table
-    from fltune.tracking.console import console
-    from fltune.tune import study
+class Reproduction(TuneJob["ReproSpec"]):
+    """A paper table's cells as Tune trials, in the shared job driver."""
 
-    table = get_table(args.table)
-    if args.seeds < 1:
-        raise FLTuneError(f"--seeds: {args.seeds}; allowed: ≥ 1")
-    if args.max_concurrent is not None and args.max_concurrent < 1:
-        raise FLTuneError(f"--max-concurrent: {args.max_concurrent}; allowed: ≥ 1 (or leave it out: as many as fit)")
-    storage = study.storage_root(study.StudyRequest(space=None, storage=args.storage))
-    if args.resume:
-        if not args.name:
-            raise FLTuneError("--resume: name the job with --name (its folder under --storage)")
-        spec = job.ReproSpec.load(f"{storage.rstrip('/')}/{args.name}")
-        if args.out:  # where the files go is not part of the job: a resumed job may write them elsewhere
-            spec = spec.model_copy(update={"out": args.out})
-    else:
+    what = "job"
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        from fltune.reproduce.registry import get_table
+
+        super().__init__(args)
+        self.table = get_table(args.table)
+
+    def new_spec(self, storage: str) -> ReproSpec:
+        """Validate and plan the cells (before Ray starts)."""
+        from fltune.reproduce import job
+        from fltune.reproduce.plan import plan
+
+        args = self.args
+        if args.seeds < 1:
+            raise FLTuneError(f"--seeds: {args.seeds}; allowed: ≥ 1")
+        if args.max_concurrent is not None and args.max_concurrent < 1:
+            raise FLTuneError(f"--max-concurrent: {args.max_concurrent}; allowed: ≥ 1 (or leave it out: as many as fit)")
         datasets, rows, overrides = selection(args)
-        planned = plan(table, args.scale, datasets, overrides, rows)
-        spec = job.new_spec(table, args.scale, planned, seeds=args.seeds, storage=storage, name=args.name,
+        planned = plan(self.table, args.scale, datasets, overrides, rows)
+        return job.new_spec(self.table, args.scale, planned, seeds=args.seeds, storage=storage, name=args.name,
                             out=args.out, max_concurrent=args.max_concurrent, datasets=datasets)
-        if study.exists(spec.path):
-            raise FLTuneError(f"--name {spec.name}: job {spec.path} already exists; add --resume to continue it")
-    address = args.address or build_address(spec)
-    try:
-        ensure_ray(address)
-    except ConnectionError as err:
-        raise FLTuneError(f"--address {address or '$RAY_ADDRESS'}: {err}") from None
-    cluster, node_cpus = study.cluster_shape()
-    spec = with_gpu_share(spec, cluster)
-    first = next(iter(spec.cells.values())).tree
-    resources = study.placement(first, spec.workers, spec.gpus_per_worker, cluster, node_cpus)
-    if args.resume:
-        tuner = job.restored_tuner(spec, resources)
-    else:
-        spec.save()
-        tuner = job.new_tuner(spec, resources, callbacks(spec))
-    console.print(describe(spec, len(node_cpus), args.resume))
-    if spec.scale == "paper":
+
+    def saved_spec(self, storage: str) -> ReproSpec:
+        """``--name``, else the newest job of this table; ``--out`` may move its files (not part of the job)."""
+        from fltune.reproduce.job import ReproSpec
+
+        if self.args.name:
+            spec = ReproSpec.load(f"{storage.rstrip('/')}/{self.args.name}")
+        else:
+            key = self.table.key
+            spec = newest(ReproSpec, storage, f"job of {key}", lambda saved: saved.table == key)
+        return spec.model_copy(update={"out": self.args.out}) if self.args.out else spec
+
+    def experiment(self, spec: ReproSpec) -> dict[str, Any]:
+        return next(iter(spec.cells.values())).tree
+
+    def max_concurrent(self, spec: ReproSpec) -> int | None:
+        return spec.max_concurrent
+
+    def tracking(self, spec: ReproSpec) -> TrackingConfig:
+        return spec.tracking
+
+    def new_tuner(self, spec: ReproSpec, resources: PlacementGroupFactory) -> Tuner:
+        from fltune.reproduce.job import new_tuner
+
+        return new_tuner(spec, resources, callbacks(spec))
+
+    def restored_tuner(self, spec: ReproSpec, resources: PlacementGroupFactory) -> Tuner:
+        from fltune.reproduce.job import restored_tuner
+
+        return restored_tuner(spec, resources)
+
+    def describe(self, spec: ReproSpec, nodes: int) -> str:
+        """The header; a paper-scale job adds its cost estimate (fltune/estimate.py) before it starts."""
+        header = describe(spec, nodes, self.args.resume)
+        if spec.scale != "paper":
+            return header
+        import ray
+
         from fltune.estimate import estimate, summary
 
         cells = [(key, run.tree, spec.seeds) for key, run in spec.cells.items()]
-        console.print("  " + summary(estimate(cells, cluster, spec.max_concurrent)), highlight=False)
-    return spec, tuner
+        return header + "\n  " + summary(estimate(cells, ray.cluster_resources(), spec.max_concurrent))
+
+    def resume_command(self, spec: ReproSpec) -> str:
+        return RESUME_HINT.format(table=spec.table, name=spec.name, storage=spec.storage)
+
+    def conclude(self, spec: ReproSpec, rows: list[TrialRow]) -> int:
+        return conclude(spec, rows)
 
 
 def selection(args: argparse.Namespace) -> tuple[list[str] | None, list[str] | None, list[str]]:
@@ -167,27 +176,11 @@ def show_plan(args: argparse.Namespace) -> int:
                       cells, args.address, args.max_concurrent, notes)
 
 
-def build_address(spec: ReproSpec) -> str | None:
-    """The cells' ``resources.address`` (from ``--set``), when ``--address`` is not given."""
-    from fltune.config import build_config
-
-    return build_config(next(iter(spec.cells.values())).tree).resources.address
-
-
-def with_gpu_share(spec: ReproSpec, cluster: dict[str, float]) -> ReproSpec:
-    """Unset ``gpus_per_worker`` → the cluster's GPUs shared by the trials its CPUs fit at once."""
-    if spec.gpus_per_worker is not None:
-        return spec
-    gpus = cluster.get("GPU", 0.0)
-    fit = max(1, int(cluster.get("CPU", 1.0) // spec.workers))
-    return spec.model_copy(update={"gpus_per_worker": min(1.0, gpus / (spec.workers * fit)) if gpus else 0.0})
-
-
 def callbacks(spec: ReproSpec) -> list:
     from fltune.reproduce.report import live_cells
-    from fltune.reproduce.tracking import ReproLog
+    from fltune.reproduce.mlflow_runs import ReproLog
     from fltune.tune.board import TrialBoard
-    from fltune.tune.tracking import MLflowStudyCallback
+    from fltune.tune.mlflow_runs import MLflowStudyCallback
 
     tracked = [MLflowStudyCallback(spec, ReproLog)] if spec.tracking.enabled else []
     return [TrialBoard(spec, live_cells), *tracked]
@@ -213,7 +206,7 @@ def describe(spec: ReproSpec, nodes: int, resumed: bool) -> str:
 def conclude(spec: ReproSpec, rows: list[TrialRow]) -> int:
     """The side-by-side table, the files, what had no data, and the exit status."""
     from fltune.reproduce.report import results, rich_table, write_outputs
-    from fltune.tracking.console import console
+    from fltune.tracking.progress import console
 
     res = results(spec, rows)
     console.print(rich_table(spec, res))

@@ -10,7 +10,6 @@ Hessian figures of FedAlign Table 1) share one trial, which reports every metric
 from __future__ import annotations
 
 import json
-import re
 import time
 from functools import cached_property
 from typing import Any
@@ -19,7 +18,7 @@ from pydantic import BaseModel, ConfigDict
 from ray import tune
 
 from fltune.config import TrackingConfig, build_config
-from fltune.errors import FLTuneError
+from fltune.driver import check_name
 from fltune.reproduce.plan import PlannedCell, first_config
 from fltune.reproduce.registry import PaperTable, get_table
 from fltune.tracking.mlflow_log import mlruns_dir
@@ -85,10 +84,8 @@ class ReproSpec(SavedSpec):
 def new_spec(table: PaperTable, scale: str, planned: list[PlannedCell], *, seeds: int, storage: str,
              name: str | None, out: str | None, max_concurrent: int | None,
              datasets: list[str] | None) -> ReproSpec:
-    """Name the job ``<paper>-<table>-<scale>-<time>`` unless --name; refuse an existing one."""
-    name = name or f"{table.key.replace(':', '-')}-{scale}-{time.strftime('%Y%m%d-%H%M%S')}"
-    if not re.fullmatch(r"[A-Za-z0-9._-]+", name):
-        raise FLTuneError(f"--name {name!r}: allowed: letters, digits, '.', '_' and '-'")
+    """Name the job ``<paper>-<table>-<scale>-<time>`` unless --name (the driver refuses an existing one)."""
+    name = check_name(name or f"{table.key.replace(':', '-')}-{scale}-{time.strftime('%Y%m%d-%H%M%S')}")
     resources = first_config(planned).resources
     cells = {p.cell.key: CellRun(tree=p.tree, metric=p.cell.metric, reduce=p.cell.reduce, substituted=p.substituted)
              for p in planned if p.runnable}

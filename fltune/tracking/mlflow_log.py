@@ -25,6 +25,9 @@ REPO = Path(__file__).resolve().parents[2]
 STATUS = {"finished": "FINISHED", "diverged": "FAILED", "failed": "FAILED", "killed": "KILLED",
           "stopped": "FINISHED"}
 """fltune run status → MLflow run status (a diverged run is FAILED with tag fltune.status=diverged)."""
+EXPERIMENT_KIND = ("mlflow.experimentKind", "custom_model_development")
+"""The experiment tag MLflow 3's UI reads to open an experiment on its training runs (unset, it guesses
+and may open the GenAI overview)."""
 
 for _noisy in ("mlflow.store.db.utils", "alembic.runtime.migration"):  # schema-creation chatter on a new db
     logging.getLogger(_noisy).setLevel(logging.WARNING)
@@ -57,7 +60,7 @@ class Tracker:
         self.uri = tracking.uri or default_uri()
         db = sqlite_path(self.uri)  # artifacts live beside the database they belong to
         artifacts = None if db is None else (db.parent / "artifacts" / tracking.experiment).as_uri()
-        self.client, self.experiment_id = open_store(self.uri, tracking.experiment, artifacts)
+        self.client, self.experiment_id = open_store(self.uri, tracking.experiment, artifacts, dict([EXPERIMENT_KIND]))
 
     def start(self, name: str | None, tags: Mapping[str, Any], parent: str | None = None) -> str:
         """Create a run (a child when ``parent`` is given) and return its id."""

@@ -12,7 +12,7 @@ from ray.tune.experiment import Trial
 from rich.live import Live
 from rich.table import Table
 
-from fltune.tracking.console import console
+from fltune.tracking.progress import console
 from fltune.tune.results import ENDED, TrialRow, rank, trial_row
 from fltune.tune.spec import StudySpec
 

@@ -2,23 +2,25 @@
 
 Exit status: 0 when the study ends with a best configuration, 1 when no trial produced a score (all
 diverged or failed), 2 for bad input (one line, before any MLflow run exists), 130 when interrupted
-(the study is saved: rerun with ``--resume``).
+or 143 on SIGTERM (the study is saved: rerun with ``--resume``).
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from fltune.driver import TuneJob, newest
 from fltune.errors import FLTuneError
 
 if TYPE_CHECKING:  # the command's heavy imports (Ray Tune, MLflow, matplotlib) wait until it runs
-    from ray.tune import Tuner
+    from ray.tune import PlacementGroupFactory, Tuner
 
+    from fltune.config import TrackingConfig
     from fltune.tune.results import TrialRow
     from fltune.tune.spec import StudySpec
+    from fltune.tune.study import StudyRequest
 
 RESUME_HINT = "python cli.py tune --name {name} --storage {storage} --resume"
 
@@ -32,7 +34,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--num-samples", type=int, help="configurations to try (default: the file's num_samples)")
     p.add_argument("--max-concurrent", type=int, help="trials at once (default: the file's max_concurrent)")
     p.add_argument("--seeds", type=int, help="seeds per configuration; its score is their mean")
-    p.add_argument("--name", help="study name (default: <space stem>-<date>-<time>; with --resume: the newest)")
+    p.add_argument("--name", help="study name (default: <space stem>-<date>-<time>; with --resume: the newest "
+                                  "study, of --space's file when given)")
     p.add_argument("--storage", help="study folder root, local or a URI like s3://bucket/studies (default: ./studies)")
     p.add_argument("--address", help="join a running Ray cluster ('auto', host:port; default: $RAY_ADDRESS or local)")
     p.add_argument("--resume", action="store_true", help="continue an interrupted study with its saved settings")
@@ -42,68 +45,78 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
-    from ray.tune import ExperimentAnalysis
-
-    from fltune.tune.results import trial_row
-
-    # With verbose=0 and the old output engine Tune prints nothing: the board is the study's output. It
-    # also snapshots its state every `num_to_keep` trial checkpoints (so a resume never points at a deleted
-    # one) and warns when that is frequent: with a checkpoint per round it is, by design.
     if args.plan:
         return show_plan(args)
-    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
-    os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
-    spec, tuner = prepare(args)
-    try:
-        tuner.fit()
-    except BaseException:
-        if spec.base_config.tracking.enabled:
-            from fltune.tune.tracking import close_open_runs
-
-            close_open_runs(spec.base_config.tracking, spec.path, "killed")
-        raise
-    # the study folder's final state: every trial, also those a Ctrl-C left pending or running
-    rows = [trial_row(trial) for trial in ExperimentAnalysis(spec.path).trials]
-    return conclude(spec, rows, args.best_out)
+    return Study(args).run()
 
 
-def prepare(args: argparse.Namespace) -> tuple[StudySpec, Tuner]:
-    """Validate (before Ray starts), join or start Ray, size the trials, then create or restore the Tuner."""
-    from fltune.engine.pool import ensure_ray
-    from fltune.tracking.console import console
-    from fltune.tune import study
+class Study(TuneJob["StudySpec"]):
+    """A Ray Tune + Optuna study in the shared job driver."""
 
-    request = study_request(args)
-    spec = study.saved_spec(request) if args.resume else study.new_spec(request)
-    if args.resume and (args.overrides or args.num_samples or args.max_concurrent or args.seeds or args.method):
-        console.print("note: a resumed study keeps the settings it started with; --set, --method, "
-                      "--num-samples, --max-concurrent and --seeds are ignored")
-    address = args.address or spec.base_config.resources.address
-    try:
-        ensure_ray(address)
-    except ConnectionError as err:  # no cluster there, or several and no address to choose one
-        raise FLTuneError(f"--address {address or '$RAY_ADDRESS'}: {err}") from None
-    cluster, node_cpus = study.cluster_shape()
-    spec = study.with_gpu_share(spec, cluster)
-    resources = study.trial_resources(spec, cluster, node_cpus)
-    if args.resume:
-        tuner = study.restored_tuner(spec, resources)
-    else:
-        spec.save()
-        tuner = study.new_tuner(spec, resources)
-    console.print(describe(spec, len(node_cpus), args.resume))
-    return spec, tuner
+    what = "study"
+
+    def new_spec(self, storage: str) -> StudySpec:
+        from fltune.tune import study
+
+        return study.new_spec(self.request(storage))
+
+    def saved_spec(self, storage: str) -> StudySpec:
+        """``--name``, else the newest study (of ``--space``'s file when given)."""
+        from fltune.tracking.progress import console
+        from fltune.tune.spec import StudySpec
+
+        args = self.args
+        if args.overrides or args.num_samples or args.max_concurrent or args.seeds or args.method:
+            console.print("note: a resumed study keeps the settings it started with; --set, --method, "
+                          "--num-samples, --max-concurrent and --seeds are ignored")
+        if args.name:
+            return StudySpec.load(f"{storage.rstrip('/')}/{args.name}")
+        if not args.space:
+            return newest(StudySpec, storage, "study")
+        stem = Path(args.space).stem
+        return newest(StudySpec, storage, f"study of {args.space}", lambda saved: Path(saved.space_file).stem == stem)
+
+    def request(self, storage: str) -> StudyRequest:
+        return study_request(self.args, storage)
+
+    def experiment(self, spec: StudySpec) -> dict[str, Any]:
+        return spec.base
+
+    def max_concurrent(self, spec: StudySpec) -> int:
+        return spec.space.max_concurrent
+
+    def tracking(self, spec: StudySpec) -> TrackingConfig:
+        return spec.base_config.tracking
+
+    def new_tuner(self, spec: StudySpec, resources: PlacementGroupFactory) -> Tuner:
+        from fltune.tune.study import new_tuner
+
+        return new_tuner(spec, resources)
+
+    def restored_tuner(self, spec: StudySpec, resources: PlacementGroupFactory) -> Tuner:
+        from fltune.tune.study import restored_tuner
+
+        return restored_tuner(spec, resources)
+
+    def describe(self, spec: StudySpec, nodes: int) -> str:
+        return describe(spec, nodes, self.args.resume)
+
+    def resume_command(self, spec: StudySpec) -> str:
+        return RESUME_HINT.format(name=spec.name, storage=spec.storage)
+
+    def conclude(self, spec: StudySpec, rows: list[TrialRow]) -> int:
+        return conclude(spec, rows, self.args.best_out)
 
 
-def study_request(args: argparse.Namespace):
-    """The command line as a study request (``--space`` is required unless resuming)."""
-    from fltune.tune import study
+def study_request(args: argparse.Namespace, storage: str | None = None) -> StudyRequest:
+    """The command line as a study request (``storage``: the resolved root, else ``--storage``)."""
+    from fltune.tune.study import StudyRequest
 
     if not args.resume and not args.space:
         raise FLTuneError("--space is required (a search-space YAML, e.g. search_spaces/fedprox.yaml)")
-    return study.StudyRequest(
+    return StudyRequest(
         space=args.space, method=args.method, overrides=tuple(args.overrides), num_samples=args.num_samples,
-        max_concurrent=args.max_concurrent, seeds=args.seeds, name=args.name, storage=args.storage,
+        max_concurrent=args.max_concurrent, seeds=args.seeds, name=args.name, storage=storage or args.storage,
     )
 
 
@@ -137,7 +150,7 @@ def describe(spec: StudySpec, nodes: int, resumed: bool) -> str:
 
 def conclude(spec: StudySpec, rows: list[TrialRow], best_out: str | None) -> int:
     """Print the ranking and write the best configuration; the exit status says how the study ended."""
-    from fltune.tracking.console import console
+    from fltune.tracking.progress import console
     from fltune.tune.board import trials_table
     from fltune.tune.results import best, best_config_yaml
 

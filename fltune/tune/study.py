@@ -7,28 +7,26 @@ fit) plus one bundle per client actor, exactly what ``plan_workers`` gives its `
 
 from __future__ import annotations
 
-import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import pyarrow.fs
 import ray
 from pydantic import ValidationError
 from ray import tune
 from ray.tune.schedulers import ASHAScheduler, FIFOScheduler, TrialScheduler
 
 from fltune.config import apply_overrides, build_config, describe_validation_error
+from fltune.driver import check_name, storage_root
 from fltune.engine.pool import plan_workers
 from fltune.errors import FLTuneError
-from fltune.tracking.mlflow_log import mlruns_dir
 from fltune.tune.board import TrialBoard
 from fltune.tune.search import make_searcher
 from fltune.tune.space import Asha, SearchSpace, base_tree, check_objective, check_params, parse_space, set_dotted
-from fltune.tune.spec import SPEC_FILE, SavedSpec, StudySpec
+from fltune.tune.mlflow_runs import MLflowStudyCallback
+from fltune.tune.spec import SavedSpec, StudySpec
 from fltune.tune.trainable import run_trial
-from fltune.tune.tracking import MLflowStudyCallback
 
 MAX_FAILURES = 2
 """Restarts of a trial from its last checkpoint after a crash (a lost node, an OOM-killed process)."""
@@ -46,17 +44,6 @@ class StudyRequest:
     seeds: int | None = None
     name: str | None = None
     storage: str | None = None
-
-
-def default_storage() -> str:
-    """``<repo>/studies`` next to ``mlruns`` (so a source checkout keeps its studies in one place)."""
-    return str(mlruns_dir().parent / "studies")
-
-
-def storage_root(request: StudyRequest) -> str:
-    """A URI as given, a local path made absolute (Ray requires it)."""
-    storage = request.storage or default_storage()
-    return storage if "://" in storage else str(Path(storage).expanduser().resolve())
 
 
 def resolve_space(request: StudyRequest) -> tuple[SearchSpace, str, dict]:
@@ -82,63 +69,13 @@ def resolve_space(request: StudyRequest) -> tuple[SearchSpace, str, dict]:
 def new_spec(request: StudyRequest) -> StudySpec:
     """A fresh study: validated, named ``<space stem>-<time>`` unless --name (no Ray needed yet)."""
     space, method, tree = resolve_space(request)
-    storage = storage_root(request)
-    name = request.name or f"{Path(request.space).stem}-{time.strftime('%Y%m%d-%H%M%S')}"
-    if not re.fullmatch(r"[A-Za-z0-9._-]+", name):
-        raise FLTuneError(f"--name {name!r}: allowed: letters, digits, '.', '_' and '-'")
+    name = check_name(request.name or f"{Path(request.space).stem}-{time.strftime('%Y%m%d-%H%M%S')}")
     resources = build_config(tree).resources
-    spec = StudySpec(
-        name=name, storage=storage, method=method, space_file=str(request.space),
+    return StudySpec(
+        name=name, storage=storage_root(request.storage), method=method, space_file=str(request.space),
         space_text=Path(request.space).read_text(), space=space, base=tree, workers=resources.workers or 1,
         gpus_per_worker=resources.gpus_per_worker,
     )
-    if exists(spec.path):
-        raise FLTuneError(f"--name {name}: study {spec.path} already exists; add --resume to continue it")
-    return spec
-
-
-def exists(path: str) -> bool:
-    """Whether ``path`` holds an fltune study (its saved spec), on any pyarrow filesystem."""
-    fs, folder = pyarrow.fs.FileSystem.from_uri(path)
-    return fs.get_file_info(f"{folder}/{SPEC_FILE}").type != pyarrow.fs.FileType.NotFound
-
-
-def saved_spec(request: StudyRequest) -> StudySpec:
-    """The study to resume: --name, else the newest study started from the same space file."""
-    storage = storage_root(request)
-    name = request.name
-    if name is None:
-        if request.space is None:
-            raise FLTuneError("--resume: name the study with --name (or give its --space to take the newest)")
-        name = newest(storage, Path(request.space).stem)
-    return StudySpec.load(f"{storage.rstrip('/')}/{name}")
-
-
-def newest(storage: str, stem: str) -> str:
-    """The latest ``<stem>-<date>-<time>`` study under ``storage`` (names sort by time)."""
-    fs, folder = pyarrow.fs.FileSystem.from_uri(storage)
-    infos = fs.get_file_info(pyarrow.fs.FileSelector(folder, allow_not_found=True))
-    names = sorted(i.base_name for i in infos
-                   if i.base_name.startswith(f"{stem}-") and exists(f"{storage}/{i.base_name}"))
-    if not names:
-        raise FLTuneError(f"--resume: no study of {stem} under {storage}; pass --name")
-    return names[-1]
-
-
-def with_gpu_share(spec: StudySpec, cluster: dict[str, float]) -> StudySpec:
-    """Pin ``gpus_per_worker`` once (a study keeps it on resume): unset, the cluster's GPUs are shared
-    by the trials that run at once, where a single run would give its workers all of them."""
-    if spec.gpus_per_worker is not None:
-        return spec
-    share = min(1.0, cluster.get("GPU", 0.0) / (spec.workers * spec.space.max_concurrent))
-    return spec.model_copy(update={"gpus_per_worker": share})
-
-
-def trial_resources(
-    spec: StudySpec, cluster: dict[str, float], node_cpus: list[float],
-) -> tune.PlacementGroupFactory:
-    """The placement group of one trial of ``spec``."""
-    return placement(spec.base, spec.workers, spec.gpus_per_worker, cluster, node_cpus)
 
 
 def placement(

@@ -177,7 +177,11 @@ def test_default_model_for_unknown_dataset_asks_for_model_name():
 
 
 def test_a_new_model_file_can_register_itself(monkeypatch):
+    """A new model = its builder file plus its name in ``fltune.catalog.MODELS`` (what the config checks)."""
+    from fltune import catalog
+
     monkeypatch.setattr(registry, "MODELS", dict(registry.MODELS))
+    monkeypatch.setattr(catalog, "MODELS", (*catalog.MODELS, "toy"))
 
     @registry.register_model("toy")
     def toy(in_shape, num_classes):

@@ -63,8 +63,9 @@ def test_reproduce_prints_paper_beside_measured_writes_files_and_resumes(ray_ses
     client = MlflowClient(mlflow_uri)
     assert {a.path for a in client.list_artifacts(parent.info.run_id)} == {"table.csv", "table.md"}
 
-    # resuming a finished job redoes nothing: same table, still one child run per cell
-    assert main(["reproduce", "table2", "--storage", str(tmp_path / "jobs"), "--name", "t2", "--resume",
+    # resuming (without --name: the newest job of the table, as for `tune`) a finished job redoes nothing:
+    # same table, still one child run per cell
+    assert main(["reproduce", "table2", "--storage", str(tmp_path / "jobs"), "--resume",
                  "--out", str(tmp_path / "again")]) == 0
     assert (tmp_path / "again" / "table.csv").read_text() == (out / "table.csv").read_text()
     assert len(reproduce_runs(mlflow_uri)[1]) == 4
@@ -76,7 +77,7 @@ def test_reproduce_prints_paper_beside_measured_writes_files_and_resumes(ray_ses
     (["reproduce", "table2", "--datasets", "svhn"], "fltune: --datasets: 'svhn' is not a dataset"),
     (["reproduce", "table2", "--seeds", "0"], "fltune: --seeds: 0; allowed: ≥ 1"),
     (["reproduce", "table2", "--max-concurrent", "0"], "fltune: --max-concurrent: 0; allowed: ≥ 1"),
-    (["reproduce", "table2", "--resume"], "fltune: --resume: name the job with --name"),
+    (["reproduce", "table2", "--resume"], "fltune: --resume: no job of simfafl:table2 under"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args: list[str], message: str, capsys, tmp_path: Path) -> None:
     assert main([*args, "--storage", str(tmp_path)]) == 2

@@ -27,7 +27,8 @@ def test_study_stops_poor_trials_and_survives_divergence(ray_session, tmp_path: 
     out = capsys.readouterr().err
     assert code == 0, out
     parent, children = study_runs(mlflow_uri)
-    by_lr = {float(c.data.params["tuned.training.lr"]): c for c in children}
+    by_lr = {float(c.data.params["training.lr"]): c for c in children}  # the tuned value, logged once
+    assert not [k for c in children for k in c.data.params if k.startswith("tuned.")]
     assert sorted(by_lr) == [1.0e-4, 0.05, 1.0e6]
     status = {lr: c.data.tags["fltune.status"] for lr, c in by_lr.items()}
     assert status == {1.0e6: "diverged", 0.05: "finished", 1.0e-4: "stopped"}

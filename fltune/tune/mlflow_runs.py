@@ -137,7 +137,8 @@ class StudyLog(RunTree):
         self.tracker.log_text(parent, spec.base_config.to_yaml(), "base_config.yaml")
 
     def child(self, trial_id: str, params: dict[str, Any]) -> tuple[str, ExperimentConfig, dict[str, Any]]:
-        return f"{self.spec.name}/{trial_id}", trial_config(self.spec, params), {f"tuned.{k}": v for k, v in params.items()}
+        # the tuned values are in the trial's config (``method.mu`` …); the parent's ``params`` names them
+        return f"{self.spec.name}/{trial_id}", trial_config(self.spec, params), {}
 
     def finish(self, rows: list[TrialRow], interrupted: bool) -> None:
         """Study-level results on the parent (also after an interruption: they show progress so far)."""

@@ -14,7 +14,7 @@ from fltune.config import ExperimentConfig, build_config
 from fltune.reproduce.job import ReproSpec
 from fltune.reproduce.report import results, tau_metrics, write_outputs
 from fltune.tune.results import ENDED, TrialRow
-from fltune.tune.tracking import RunTree
+from fltune.tune.mlflow_runs import RunTree
 
 
 class ReproLog(RunTree):

@@ -1,0 +1,332 @@
+"""What the long commands share around their work: quiet library output, one clean way to stop, and the
+scaffold of a Ray Tune job (``tune`` and ``reproduce``).
+
+Stopping. Ctrl-C (SIGINT) and SIGTERM (what ``timeout``, schedulers, Kubernetes and ``ray job stop``
+send) take one path: a plain run gets ``KeyboardInterrupt`` (its MLflow run ends KILLED, its workers
+stop), a Tune job gets Tune's own graceful stop (trials checkpointed, the study saved for ``--resume``).
+The exit status says which signal it was: 128 + its number (130, 143). Ray installs handlers of its
+own in the driver when it starts — a Python one that turns SIGTERM into ``SystemExit`` and a C++ one
+that dumps a stack trace and aborts — so ours is installed again right after Ray starts.
+
+Quiet. Ray's banner about token authentication (the security default stays on) and Tune's "stop
+signal received" advice are dropped; a worker that Ray ends with SIGTERM (a trial stopped early by ASHA,
+an interrupted job) no longer prints ``SystemExit`` tracebacks. Real errors are untouched.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import re
+import signal
+import sys
+import threading
+import warnings
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+from fltune.errors import FLTuneError
+
+if TYPE_CHECKING:  # Ray Tune and MLflow load only when a command runs
+    from ray.tune import PlacementGroupFactory, Tuner
+
+    from fltune.config import TrackingConfig
+    from fltune.tune.results import TrialRow
+    from fltune.tune.spec import SavedSpec
+
+JOB_ENV = {
+    # with verbose=0 and the old output engine Tune prints nothing: the board is the job's output
+    "RAY_AIR_NEW_OUTPUT": "0",
+    # Tune snapshots its state every `num_to_keep` trial checkpoints (so a resume never points at a deleted
+    # one) and warns when that is frequent: with a checkpoint per round it is, by design
+    "TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S": "0",
+}
+
+CHATTER = {
+    "ray._private.authentication.authentication_token_setup": ("Token authentication is enabled",),
+    # Tune's advice on a stop, and its resume hint naming its Python API: fltune prints its own command
+    "ray.tune.tune": ("Stop signal received", "Experiment has been interrupted"),
+    "ray.tune.trainable.trainable": ("Restored on",),  # every resumed trial, in its worker
+}
+"""Logger → how the messages of it that are noise to an fltune user start (the rest still show)."""
+
+_stopped_by: list[int] = []
+"""The stop signals this process received, in order (the last one names the exit status)."""
+
+_last_resort: list[tuple[Callable[[], None], str]] = []
+"""What a Tune job does and says when the local Ray dies under it (``end_if_ray_dies``)."""
+
+
+# ---------------------------------------------------------------------------------------------- quiet
+class _DropChatter(logging.Filter):
+    def __init__(self, prefixes: tuple[str, ...]) -> None:
+        super().__init__()
+        self.prefixes = prefixes
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(self.prefixes)
+
+
+def quiet_libraries() -> None:
+    """Drop the library chatter listed in ``CHATTER``; workers get ``quiet_worker`` (Ray's setup hook).
+
+    Also numpy's "All-NaN slice" warning: ASHA takes a percentile of the objectives at a rung, which are
+    all NaN when every trial there diverged (the board already says so, trial by trial)."""
+    warnings.filterwarnings("ignore", message="All-NaN slice encountered", category=RuntimeWarning)
+    for name, prefixes in CHATTER.items():
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _DropChatter) for f in logger.filters):
+            logger.addFilter(_DropChatter(prefixes))
+
+
+def quiet_worker() -> None:
+    """In every Ray worker of an fltune job (Ray's ``worker_process_setup_hook``).
+
+    A SIGTERM from Ray (a trial stopped by ASHA, an ended job) raises ``SystemExit`` wherever the worker
+    is; inside a weakref callback Python cannot raise it and prints "Exception ignored in … SystemExit"
+    with a traceback instead. That report is dropped; every other one still prints. ``CHATTER`` too.
+    (Ctrl-C needs nothing here: Ray starts its processes with SIGINT blocked; the driver stops them.)"""
+    quiet_libraries()
+
+    def hook(unraisable: Any) -> None:
+        if not issubclass(unraisable.exc_type, SystemExit):
+            sys.__unraisablehook__(unraisable)
+
+    sys.unraisablehook = hook
+
+
+# ---------------------------------------------------------------------------------------------- stop
+def _on_sigterm(signum: int, frame: Any) -> None:
+    """SIGTERM does what Ctrl-C does at this moment: Tune's graceful stop while a job runs, else
+    ``KeyboardInterrupt``."""
+    _stopped_by.append(signum)
+    if _last_resort and len(_stopped_by) == 1:
+        threading.Thread(target=_end_if_ray_died, daemon=True).start()
+    handler = signal.getsignal(signal.SIGINT)
+    if callable(handler) and handler is not signal.default_int_handler:
+        handler(signum, frame)
+    else:
+        raise KeyboardInterrupt
+
+
+def handle_stop_signals() -> None:
+    """(Re)install fltune's SIGTERM handler; call at start and after anything that installs its own (Ray)."""
+    signal.signal(signal.SIGTERM, _on_sigterm)
+
+
+def end_if_ray_dies(cleanup: Callable[[], None], resume: str) -> None:
+    """Arm the last resort of a Tune job for a SIGTERM (see ``_end_if_ray_died``); ``resume`` is the
+    command that continues the job."""
+    _last_resort.append((cleanup, resume))
+
+
+def _end_if_ray_died(grace_s: float = 2.0) -> None:
+    """A SIGTERM sent to the whole process group (``timeout``, Slurm) also ends the local Ray this driver
+    started; then Tune's graceful stop can never finish, and Ray's core worker would kill the process
+    a minute later with status 1. When that Ray is gone, end now instead: the job's clean-up (its MLflow
+    runs → KILLED; its folder resumes as after a crash), its line, 143. A cluster that was joined, or a
+    local one that survived (SIGTERM to the driver only), leaves the graceful stop to finish."""
+    import time
+
+    import ray
+
+    time.sleep(grace_s)  # the group's signal reaches every process
+    node = getattr(ray._private.worker, "_global_node", None)  # the local node's processes, if ours
+    if node is None or node.remaining_processes_alive():
+        return
+    for cleanup, resume in _last_resort:
+        cleanup()
+        print(f"{stop_message()}; continue it with: {resume}", file=sys.stderr)
+    os._exit(stop_status())
+
+
+def stop_status() -> int:
+    """The exit status of a stopped command: 128 + the signal (130 Ctrl-C, 143 SIGTERM)."""
+    return 128 + (_stopped_by[-1] if _stopped_by else signal.SIGINT)
+
+
+def stop_message() -> str:
+    """The one line a stopped command prints (besides a job's own resume hint)."""
+    name = signal.Signals(_stopped_by[-1]).name if _stopped_by else "SIGINT"
+    return "fltune: interrupted" + ("" if name == "SIGINT" else f" ({name})")
+
+
+def start_ray(address: str | None) -> None:
+    """Start or join Ray (one clear line when there is nothing to join), then take the signals back."""
+    from fltune.engine.pool import ensure_ray
+
+    try:
+        ensure_ray(address)
+    except ConnectionError as err:  # no cluster there, or several and no address to choose one
+        raise FLTuneError(f"--address {address or '$RAY_ADDRESS'}: {err}") from None
+    handle_stop_signals()
+
+
+# ---------------------------------------------------------------------------------------------- jobs
+def storage_root(storage: str | None) -> str:
+    """Where jobs live: a URI as given, a local path made absolute (Ray requires it); default
+    ``<repo>/studies`` next to ``mlruns`` (a source checkout keeps its jobs in one place)."""
+    from pathlib import Path
+
+    from fltune.tracking.mlflow_log import mlruns_dir
+
+    storage = storage or str(mlruns_dir().parent / "studies")
+    return storage if "://" in storage else str(Path(storage).expanduser().resolve())
+
+
+def check_name(name: str) -> str:
+    if not re.fullmatch(r"[A-Za-z0-9._-]+", name):
+        raise FLTuneError(f"--name {name!r}: allowed: letters, digits, '.', '_' and '-'")
+    return name
+
+
+def exists(path: str) -> bool:
+    """Whether ``path`` holds an fltune job (its saved spec), on any pyarrow filesystem."""
+    import pyarrow.fs
+
+    from fltune.tune.spec import SPEC_FILE
+
+    fs, folder = pyarrow.fs.FileSystem.from_uri(path)
+    return fs.get_file_info(f"{folder}/{SPEC_FILE}").type != pyarrow.fs.FileType.NotFound
+
+
+Spec = TypeVar("Spec", bound="SavedSpec")
+
+
+def newest(spec_class: type[Spec], storage: str, what: str, keep: Callable[[Spec], bool] = lambda _: True) -> Spec:
+    """The most recently created job of ``spec_class`` under ``storage`` that ``keep`` accepts: what
+    ``--resume`` without ``--name`` continues."""
+    import pyarrow.fs
+
+    from fltune.tune.spec import SPEC_FILE
+
+    fs, folder = pyarrow.fs.FileSystem.from_uri(storage)
+    found: list[tuple[Any, Spec]] = []
+    for info in fs.get_file_info(pyarrow.fs.FileSelector(folder, allow_not_found=True)):
+        saved = fs.get_file_info(f"{info.path}/{SPEC_FILE}")
+        if saved.type != pyarrow.fs.FileType.File:
+            continue
+        try:
+            spec = spec_class.load(f"{storage.rstrip('/')}/{info.base_name}")
+        except FLTuneError:  # another kind of job
+            continue
+        if keep(spec):
+            found.append((saved.mtime, spec))
+    if not found:
+        raise FLTuneError(f"--resume: no {what} under {storage}; pass --name")
+    return max(found, key=lambda pair: pair[0])[1]
+
+
+def with_gpu_share(spec: Spec, cluster: dict[str, float], cpus_per_worker: float, max_concurrent: int | None) -> Spec:
+    """Pin ``gpus_per_worker`` once (a job keeps it on resume). Unset, the cluster's GPUs are shared by
+    the client workers of the trials that run at once: as many as ``max_concurrent`` allows *and* the
+    CPUs fit. Dividing by ``max_concurrent`` alone starves the GPU when the CPUs fit fewer trials;
+    dividing by the CPU fit alone does when ``--max-concurrent`` allows fewer."""
+    if spec.gpus_per_worker is not None:
+        return spec
+    gpus = cluster.get("GPU", 0.0)
+    fit = max(1, int(cluster.get("CPU", 0.0) // (spec.workers * cpus_per_worker)))
+    at_once = min(fit, max_concurrent or fit)
+    return spec.model_copy(update={"gpus_per_worker": min(1.0, gpus / (spec.workers * at_once)) if gpus else 0.0})
+
+
+class TuneJob(ABC, Generic[Spec]):
+    """One kind of fltune Tune job (a study, a paper-table reproduction) in the shared driver ``run``."""
+
+    what = "job"
+    """How messages name the job."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+
+    @abstractmethod
+    def new_spec(self, storage: str) -> Spec:
+        """A fresh job from the command line, validated before Ray starts."""
+
+    @abstractmethod
+    def saved_spec(self, storage: str) -> Spec:
+        """The job ``--resume`` continues (``--name``, else the newest of its kind)."""
+
+    @abstractmethod
+    def experiment(self, spec: Spec) -> dict[str, Any]:
+        """An experiment tree of the job's trials (their resources are the same)."""
+
+    @abstractmethod
+    def max_concurrent(self, spec: Spec) -> int | None:
+        """Trials at once (None: as many as fit)."""
+
+    @abstractmethod
+    def tracking(self, spec: Spec) -> TrackingConfig:
+        ...
+
+    @abstractmethod
+    def new_tuner(self, spec: Spec, resources: PlacementGroupFactory) -> Tuner:
+        ...
+
+    @abstractmethod
+    def restored_tuner(self, spec: Spec, resources: PlacementGroupFactory) -> Tuner:
+        ...
+
+    @abstractmethod
+    def describe(self, spec: Spec, nodes: int) -> str:
+        """The job's first line(s) on the terminal."""
+
+    @abstractmethod
+    def resume_command(self, spec: Spec) -> str:
+        """The command line that continues the job."""
+
+    @abstractmethod
+    def conclude(self, spec: Spec, rows: list[TrialRow]) -> int:
+        """Results, files and the exit status (130 when trials are left to resume)."""
+
+    def prepare(self) -> tuple[Spec, Tuner, int]:
+        """Validate (before Ray starts), join or start Ray, size the trials, then create or restore the
+        Tuner; also the number of Ray nodes."""
+        from fltune.config import build_config
+        from fltune.tune import study
+
+        storage = storage_root(self.args.storage)
+        spec = self.saved_spec(storage) if self.args.resume else self.new_spec(storage)
+        if not self.args.resume and exists(spec.path):
+            raise FLTuneError(f"--name {spec.name}: {self.what} {spec.path} already exists; add --resume to continue it")
+        tree = self.experiment(spec)
+        start_ray(self.args.address or build_config(tree).resources.address)
+        cluster, node_cpus = study.cluster_shape()
+        spec = with_gpu_share(spec, cluster, build_config(tree).resources.cpus_per_worker, self.max_concurrent(spec))
+        resources = study.placement(tree, spec.workers, spec.gpus_per_worker, cluster, node_cpus)
+        if self.args.resume:
+            tuner = self.restored_tuner(spec, resources)
+        else:
+            spec.save()
+            tuner = self.new_tuner(spec, resources)
+        return spec, tuner, len(node_cpus)
+
+    def close_runs(self, spec: Spec) -> None:
+        """End the job's MLflow runs still RUNNING as KILLED (the driver is going down)."""
+        from fltune.tune.mlflow_runs import close_open_runs
+
+        if self.tracking(spec).enabled:
+            close_open_runs(self.tracking(spec), spec.path, "killed")
+
+    def run(self) -> int:
+        """The whole command: prepare, fit, and conclude from the job folder's final state — every trial,
+        also those a stop left pending or running. A driver that dies of an exception ends its MLflow
+        runs KILLED (Tune's own clean-up ends them in every other case)."""
+        from ray.tune import ExperimentAnalysis
+
+        from fltune.tracking.progress import console
+        from fltune.tune.results import trial_row
+
+        for key, value in JOB_ENV.items():
+            os.environ.setdefault(key, value)
+        spec, tuner, nodes = self.prepare()
+        console.print(self.describe(spec, nodes))
+        end_if_ray_dies(lambda: self.close_runs(spec), self.resume_command(spec))
+        try:
+            tuner.fit()
+        except BaseException:
+            self.close_runs(spec)
+            raise
+        return self.conclude(spec, [trial_row(trial) for trial in ExperimentAnalysis(spec.path).trials])

@@ -1,0 +1,87 @@
+"""The shared driver: GPU share of a Tune job, what ``--resume`` picks, quiet library output."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from fltune.driver import newest, quiet_libraries, quiet_worker, with_gpu_share
+from fltune.errors import FLTuneError
+from fltune.tune.spec import StudySpec
+from fltune.tune.study import StudyRequest, new_spec
+from tests.tune.helpers import write_space
+
+
+def study(tmp_path: Path, name: str, **changes) -> StudySpec:
+    space = write_space(tmp_path, **changes)
+    return new_spec(StudyRequest(space=str(space), storage=str(tmp_path / "studies"), name=name,
+                                 overrides=("resources.workers=2",)))
+
+
+@pytest.mark.parametrize("max_concurrent, cpus, gpus, share", [
+    (2, 8.0, 2.0, 0.5),    # 2 trials at once (the CPUs fit 4): 2 GPUs over their 4 workers
+    (10, 8.0, 2.0, 0.25),  # the CPUs fit only 4 trials of 2 workers: the GPUs are shared by 8 workers
+    (None, 8.0, 2.0, 0.25),
+    (1, 8.0, 4.0, 1.0),    # never more than one GPU per worker
+    (2, 8.0, 0.0, 0.0),
+])
+def test_gpu_share_divides_by_the_workers_that_run_at_once(tmp_path, max_concurrent, cpus, gpus, share):
+    spec = study(tmp_path, "s")
+    assert with_gpu_share(spec, {"CPU": cpus, "GPU": gpus}, 1.0, max_concurrent).gpus_per_worker == share
+
+
+def test_gpu_share_is_kept_once_pinned(tmp_path):
+    spec = study(tmp_path, "s").model_copy(update={"gpus_per_worker": 0.3})
+    assert with_gpu_share(spec, {"CPU": 8.0, "GPU": 2.0}, 1.0, 2).gpus_per_worker == 0.3
+
+
+def test_resume_without_name_takes_the_newest_job_of_its_kind(tmp_path):
+    storage = str(tmp_path / "studies")
+    old, new = study(tmp_path, "zz-old"), study(tmp_path, "aa-new")  # names do not sort by time
+    for age, spec in ((100, old), (0, new)):
+        spec.save()
+        saved = Path(spec.path) / "fltune_study.json"
+        os.utime(saved, (saved.stat().st_atime - age, saved.stat().st_mtime - age))
+    other = tmp_path / "studies" / "other-kind"
+    other.mkdir()
+    (other / "fltune_study.json").write_text('{"name": "other-kind", "storage": "x", "table": "t"}')
+    assert newest(StudySpec, storage, "study").name == "aa-new"
+    assert newest(StudySpec, storage, "study", lambda s: s.name.startswith("zz")).name == "zz-old"
+    with pytest.raises(FLTuneError, match="--resume: no study of x.yaml under .*; pass --name"):
+        newest(StudySpec, storage, "study of x.yaml", lambda s: False)
+
+
+def test_ray_token_banner_is_dropped_and_other_warnings_kept():
+    quiet_libraries()
+    logger = logging.getLogger("ray._private.authentication.authentication_token_setup")
+    seen: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: seen.append(record.getMessage())
+    logger.addHandler(handler)
+    try:
+        logger.warning("Token authentication is enabled for this Ray cluster. Set RAY_AUTH_MODE=disabled …")
+        logger.warning("Token authentication is disabled for this Ray cluster.")
+    finally:
+        logger.removeHandler(handler)
+    assert seen == ["Token authentication is disabled for this Ray cluster."]
+
+
+def test_worker_drops_only_unraisable_system_exit(monkeypatch, capsys):
+    monkeypatch.setattr(sys, "unraisablehook", sys.unraisablehook)
+    quiet_worker()
+
+    class Raises:
+        def __init__(self, error: BaseException) -> None:
+            self.error = error
+
+        def __del__(self) -> None:
+            raise self.error
+
+    Raises(SystemExit(1))  # what Ray's SIGTERM handler raises inside a weakref callback
+    assert capsys.readouterr().err == ""
+    Raises(ValueError("a real bug"))
+    assert "ValueError: a real bug" in capsys.readouterr().err
