@@ -4,7 +4,7 @@ Workload: the FedAvg CNN (FMNIST shape, 1.66 M parameters) and 10 batches of 50 
 (the first 500; random N(0, 1) images with random labels when FMNIST is not installed — the ``data``
 line says which). Timed: one local epoch of SGD over the 10 batches (lr 0.01, momentum 0.9, FedSOL's
 setting; best of 3, each from a fresh copy of the model), then λ_max (``top_eigenvalues``, k = 1) plus
-the trace (``hessian_trace``) at the model after those epochs, with METHODS §4's defaults (tol 1e-3, at
+the trace (``hessian_trace``) at the model after those epochs, with docs/methods.md §4's defaults (tol 1e-3, at
 most 100 iterations each), on the same 10 batches. Runs on CUDA when available, else on CPU with
 ``torch.set_num_threads(1)`` for both timings (the 2 cores are shared; one thread keeps timings stable).
 On CPU the process-CPU-time ratio is printed too: on a loaded shared machine the wall times of both

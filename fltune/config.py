@@ -56,7 +56,7 @@ class DataConfig(_Section):
 
 
 class PartitionConfig(_Section):
-    """How the pool is split over clients (METHODS.md §0, Partitions)."""
+    """How the pool is split over clients (docs/methods.md §0, Partitions)."""
 
     kind: Literal["iid", "classes", "dirichlet_prior", "dirichlet", "shards"] = "dirichlet_prior"
     alpha: float = Field(0.5, gt=0, description="Dirichlet concentration (δ of non-IID2/MAN, α of LDA)")
@@ -176,7 +176,7 @@ class FederationConfig(_Section):
 
 
 class HessianConfig(_Section):
-    """When and how to measure the loss curvature (METHODS.md §4); every = 0 turns it off."""
+    """When and how to measure the loss curvature (docs/methods.md §4); every = 0 turns it off."""
 
     every: int = Field(0, ge=0)
     at_end: bool = False
@@ -206,7 +206,7 @@ class HessianConfig(_Section):
 
 
 class MetricsConfig(_Section):
-    """Evaluation protocols (METHODS.md §0) and rounds-to-target."""
+    """Evaluation protocols (docs/methods.md §0) and rounds-to-target."""
 
     protocols: list[Protocol] = Field(default_factory=lambda: list(PROTOCOLS))
     every: int = Field(1, ge=1, description="evaluate every k rounds (and always at the last round)")

@@ -1,4 +1,4 @@
-"""Batched, seeded image augmentation and normalisation (METHODS.md §0, "Augmentation").
+"""Batched, seeded image augmentation and normalisation (docs/methods.md §0, "Augmentation").
 
 CIFAR recipes use random-crop (pad 4) + horizontal flip; FedSOL adds Cutout(16); the MNIST family uses
 none. Every random number comes from the caller's ``torch.Generator`` so a client's batches are a

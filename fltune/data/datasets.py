@@ -48,7 +48,7 @@ class Dataset:
     num_classes: int
     mean: tuple[float, ...]  # per channel, on the [0, 1] scale
     std: tuple[float, ...]
-    augment: str  # the dataset's default augmentation (METHODS.md §0, Augmentation)
+    augment: str  # the dataset's default augmentation (docs/methods.md §0, Augmentation)
 
 
 @dataclass(frozen=True)

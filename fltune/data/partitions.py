@@ -1,4 +1,4 @@
-"""Seeded splits of a label array over clients (METHODS.md §0, "Partitions").
+"""Seeded splits of a label array over clients (docs/methods.md §0, "Partitions").
 
 Every function here is pure: labels, sizes and a seed in, sorted int64 index arrays out. All randomness
 comes from one ``numpy.random.default_rng(seed)``, so a partition is a function of its arguments and can

@@ -25,7 +25,7 @@ def derive_seed(seed: int, round_: int, client: int) -> int:
 
 
 def sample_clients(seed: int, round_: int, num_clients: int, per_round: int) -> list[int]:
-    """Clients of a round: without replacement, from an RNG of (seed, round) alone (METHODS.md §0), so
+    """Clients of a round: without replacement, from an RNG of (seed, round) alone (docs/methods.md §0), so
     every method and every worker count sees the same client sequence."""
     rng = np.random.default_rng(np.random.SeedSequence([seed, SAMPLING_STREAM, round_]))
     return sorted(int(c) for c in rng.choice(num_clients, size=per_round, replace=False))

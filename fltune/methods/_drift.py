@@ -7,7 +7,7 @@ override calls ``super()``, so FedDC = FedDyn's drift + SCAFFOLD's control varia
 Both servers need means over *all* N clients (never-sampled ones count as zero), read from the engine's
 client store; :func:`mean_over_clients` sums in client-id order so the result does not depend on which
 worker returned which client first. Server and upload use the plain mean over the round's clients
-(``weighted_by_samples = False``, METHODS.md §0). Only parameters drift: buffers (BN statistics) are
+(``weighted_by_samples = False``, docs/methods.md §0). Only parameters drift: buffers (BN statistics) are
 averaged as in FedAvg, as in the authors' code, which flattens ``model.parameters()`` only.
 """
 

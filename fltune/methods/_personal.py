@@ -1,4 +1,4 @@
-"""Shared bases of the partially personalised methods (METHODS.md §2, SimFAFL Table 2 baselines).
+"""Shared bases of the partially personalised methods (docs/methods.md §2, SimFAFL Table 2 baselines).
 
 Not methods themselves (nothing is registered here). A client keeps one part of the split model for
 itself (``personal_keys``); the engine's default ``client_result``/``client_model_state`` then store that

@@ -1,6 +1,6 @@
 """Modifiers: a loss term that any base method can take on by name, as ``<base>+<modifier>``.
 
-MAN (METHODS.md §2) is meant to sit on top of FedAvg, FedDyn, FedDC, FedSAM/ASAM, FedSpeed, ... A file
+MAN (docs/methods.md §2) is meant to sit on top of FedAvg, FedDyn, FedDC, FedSAM/ASAM, FedSpeed, ... A file
 per combination would copy every base; instead a :class:`Modifier` states only how it changes the base's
 per-batch objective, and :func:`compose` builds the combined method class on demand (``get_method`` in
 ``fltune.methods`` caches it). The combined class subclasses the base and overrides ``local_loss`` alone,

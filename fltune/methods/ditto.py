@@ -1,4 +1,4 @@
-"""Ditto (Li, Hu, Beirami & Smith, ICML 2021; METHODS.md §2, SimFAFL Table 2): a λ-proximal personal model.
+"""Ditto (Li, Hu, Beirami & Smith, ICML 2021; docs/methods.md §2, SimFAFL Table 2): a λ-proximal personal model.
 
 Each sampled client runs two independent updates on the same batches:
 

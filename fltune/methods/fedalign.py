@@ -1,4 +1,4 @@
-"""FedAlign (Mendieta et al., CVPR 2022; Eq. 5-7, Alg. 1; METHODS.md §2): Lipschitz-aligned last block.
+"""FedAlign (Mendieta et al., CVPR 2022; Eq. 5-7, Alg. 1; docs/methods.md §2): Lipschitz-aligned last block.
 
 One full-width pass gives x2 = f_{θ_{L-1}} (stage-2 output), x3 = f_{θ_L} (stage-3 output) and the logits.
 The student re-runs only block L (ResNet-56's stage 3) at width ω_S on the first slim(C2, ω_S) channels

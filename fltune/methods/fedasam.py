@@ -1,4 +1,4 @@
-"""FedASAM (Caldarola et al., 2022; METHODS.md §2): adaptive SAM (Kwon et al., 2021) as the local optimiser."""
+"""FedASAM (Caldarola et al., 2022; docs/methods.md §2): adaptive SAM (Kwon et al., 2021) as the local optimiser."""
 
 from pydantic import Field
 

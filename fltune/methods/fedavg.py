@@ -1,4 +1,4 @@
-"""FedAvg (McMahan et al., 2017; METHODS.md §2): local cross-entropy, n_k-weighted average of the full state.
+"""FedAvg (McMahan et al., 2017; docs/methods.md §2): local cross-entropy, n_k-weighted average of the full state.
 
 All behaviour is the :class:`~fltune.methods.base.Method` default; this file only registers it by name.
 """

@@ -1,4 +1,4 @@
-"""FedBABU (Oh, Kim & Yun, ICLR 2022; METHODS.md §2, SimFAFL Table 2): body only, head frozen at init.
+"""FedBABU (Oh, Kim & Yun, ICLR 2022; docs/methods.md §2, SimFAFL Table 2): body only, head frozen at init.
 
 During federated training the head keeps its random initialisation on every client, so all clients learn
 the body against the same fixed classifier; the engine's fine-tuning (-FT) phase adapts the head per

@@ -1,4 +1,4 @@
-"""FedCR (Zhang et al., 2023; METHODS.md §2): VIB nets aligned to server-side class Gaussians.
+"""FedCR (Zhang et al., 2023; docs/methods.md §2): VIB nets aligned to server-side class Gaussians.
 
 Client i, with z_s = μ(x) + σ(x)⊙ε_s from the VIB body and r(·|y) = N(r_μ[y], r_σ[y]²) from the server:
 

@@ -1,4 +1,4 @@
-"""FedDC (Gao et al., 2022; METHODS.md §2): FedDyn-style local drift plus SCAFFOLD-style gradient correction."""
+"""FedDC (Gao et al., 2022; docs/methods.md §2): FedDyn-style local drift plus SCAFFOLD-style gradient correction."""
 
 from fltune.methods import register
 from fltune.methods._drift import ControlVariates

@@ -1,4 +1,4 @@
-"""FedDyn (Acar et al., 2021; METHODS.md §2): a dynamic regulariser that makes local optima consistent."""
+"""FedDyn (Acar et al., 2021; docs/methods.md §2): a dynamic regulariser that makes local optima consistent."""
 
 from torch import Tensor
 from pydantic import Field

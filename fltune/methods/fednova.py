@@ -1,4 +1,4 @@
-"""FedNova (Wang et al., 2020; METHODS.md §2): normalise each client's update by its local step count."""
+"""FedNova (Wang et al., 2020; docs/methods.md §2): normalise each client's update by its local step count."""
 
 from dataclasses import replace
 

@@ -1,4 +1,4 @@
-"""FedNTD (Lee et al., 2022; METHODS.md §2): distil the global model's not-true-class knowledge locally."""
+"""FedNTD (Lee et al., 2022; docs/methods.md §2): distil the global model's not-true-class knowledge locally."""
 
 import torch
 import torch.nn.functional as F

@@ -1,4 +1,4 @@
-"""FedPAC (Xu, Tong & Huang, ICLR 2023; METHODS.md §2): feature alignment + classifier collaboration.
+"""FedPAC (Xu, Tong & Huang, ICLR 2023; docs/methods.md §2): feature alignment + classifier collaboration.
 
 Per round, client i (``JianXu95/FedPAC:methods/fedpac.py``, ``tools.py``, ``running.py``):
 

@@ -1,4 +1,4 @@
-"""FedProx (Li et al., 2020; METHODS.md §2): a proximal term keeps local weights near the round's global ones."""
+"""FedProx (Li et al., 2020; docs/methods.md §2): a proximal term keeps local weights near the round's global ones."""
 
 import torch
 from pydantic import Field

@@ -1,4 +1,4 @@
-"""FedRep (Collins et al., ICML 2021; METHODS.md §2, SimFAFL Table 2): head epochs, then body epochs.
+"""FedRep (Collins et al., ICML 2021; docs/methods.md §2, SimFAFL Table 2): head epochs, then body epochs.
 
 Each round a client first fits its personal head with the received body frozen, then updates the body
 with its new head frozen; only the body is uploaded (n_k-weighted average).

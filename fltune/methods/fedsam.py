@@ -1,4 +1,4 @@
-"""FedSAM (Qu et al., 2022; Caldarola et al., 2022; METHODS.md §2): SAM as the local optimiser."""
+"""FedSAM (Qu et al., 2022; Caldarola et al., 2022; docs/methods.md §2): SAM as the local optimiser."""
 
 from pydantic import Field
 

@@ -1,4 +1,4 @@
-"""FedSOL (Lee et al., 2024; METHODS.md §2): local gradients taken where a proximal perturbation hurts least."""
+"""FedSOL (Lee et al., 2024; docs/methods.md §2): local gradients taken where a proximal perturbation hurts least."""
 
 from typing import Literal
 

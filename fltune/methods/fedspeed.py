@@ -1,4 +1,4 @@
-"""FedSpeed (Sun et al., 2023; METHODS.md §2): SAM-perturbed local gradients plus a FedDyn-style correction."""
+"""FedSpeed (Sun et al., 2023; docs/methods.md §2): SAM-perturbed local gradients plus a FedDyn-style correction."""
 
 from pydantic import Field
 from torch import Tensor

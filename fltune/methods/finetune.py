@@ -15,7 +15,7 @@ from fltune.methods.base import ClientContext, Method, Phase, State
 
 
 class FineTune(Method):
-    """The final personal round (FedAvg-FT, FedSR-FT, FedCR's last round; METHODS.md §2): starting from a
+    """The final personal round (FedAvg-FT, FedSR-FT, FedCR's last round; docs/methods.md §2): starting from a
     method's client model, train its personal part with plain cross-entropy, the shared part frozen.
 
     As FedCR's code does in its last round (``train_cnn(last=True)``: the averaged ``w_glob_keys`` frozen,

@@ -1,4 +1,4 @@
-"""GradAug (Yang, Zhu & Chen, NeurIPS 2020) as a local regulariser (FedAlign §3.2 Eq. 1; METHODS.md §2).
+"""GradAug (Yang, Zhu & Chen, NeurIPS 2020) as a local regulariser (FedAlign §3.2 Eq. 1; docs/methods.md §2).
 
 L = CE(F_θ(x), y) + μ·Σ_{i=1..n} KL( softmax(F_θ(x)).detach() ‖ softmax(F_{θ^{ω_i}}(T_i(x))) )
 
@@ -10,7 +10,7 @@ engine seeds per client. The authors back-propagate each term as soon as it is f
 one summed loss gives the same gradient. Needs ``model.name=resnet56`` (``auto`` picks it).
 
 Paper settings: n = 2, μ = 1.75, ω_b = 0.8, sizes {32, 28, 24, 20}; FedAlign Table 5 retunes μ to
-1.5 / 2.0 / 2.25 for n = 1 / 3 / 4 (METHODS.md's "2.0 (n=1)" misreads that list).
+1.5 / 2.0 / 2.25 for n = 1 / 3 / 4.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""LG-FedAvg (Liang et al., 2020; METHODS.md §2, SimFAFL Table 2): personal bodies, a shared head.
+"""LG-FedAvg (Liang et al., 2020; docs/methods.md §2, SimFAFL Table 2): personal bodies, a shared head.
 
 "Think locally, act globally": each client learns its own representation and only the task head is
 averaged (n_k-weighted). **[U]** The whole body is personal; FedCR's code shares the last two layers for

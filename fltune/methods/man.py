@@ -1,4 +1,4 @@
-"""MAN (Yashwanth et al., 2023; METHODS.md §2): minimise hidden activations' norms for flatter minima.
+"""MAN (Yashwanth et al., 2023; docs/methods.md §2): minimise hidden activations' norms for flatter minima.
 
 A modifier, not a method of its own: ``<base>+man`` adds the term to any base's local loss (``fedavg+man``,
 ``feddyn+man``, ``fedsam+man`` ...), and ``man`` alone is FedAvg+MAN, the paper's main variant.

@@ -1,4 +1,4 @@
-"""Mixup (Zhang et al., ICLR 2018) as a local regulariser (FedAlign §3.2; METHODS.md §2).
+"""Mixup (Zhang et al., ICLR 2018) as a local regulariser (FedAlign §3.2; docs/methods.md §2).
 
 Per batch: λ ~ Beta(γ, γ), a random pairing π of the batch, x̃ = λ·x + (1 − λ)·x_π and
 L = λ·CE(f(x̃), y) + (1 − λ)·CE(f(x̃), y_π)  (the mixed-label CE of ``hongyi-zhang/mixup``, as in

@@ -1,4 +1,4 @@
-"""MOON (Li, He & Song, CVPR 2021; METHODS.md §2): model-contrastive local learning.
+"""MOON (Li, He & Song, CVPR 2021; docs/methods.md §2): model-contrastive local learning.
 
 L = CE(f(x), y) + μ·ℓ_con,  ℓ_con = −log( e^{cos(z, z_g)/τ} / (e^{cos(z, z_g)/τ} + e^{cos(z, z_prev)/τ}) )
     = CE([cos(z, z_g), cos(z, z_prev)]/τ, label 0)        (MOON §3: ℓ = ℓ_sup + μ·ℓ_con)

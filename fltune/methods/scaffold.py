@@ -1,4 +1,4 @@
-"""SCAFFOLD (Karimireddy et al., 2020; METHODS.md §2): control variates correct each client's drift."""
+"""SCAFFOLD (Karimireddy et al., 2020; docs/methods.md §2): control variates correct each client's drift."""
 
 from dataclasses import replace
 

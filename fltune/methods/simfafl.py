@@ -1,4 +1,4 @@
-"""SimFAFL (SimFAFL paper Eq. 8-10; METHODS.md §2): FedCR's VIB framework with two fixed constraints.
+"""SimFAFL (SimFAFL paper Eq. 8-10; docs/methods.md §2): FedCR's VIB framework with two fixed constraints.
 
 Local objective of client i (Eq. 10), with z_s = μ(x) + σ(x)⊙ε_s, s = 1..S, from the VIB body:
 

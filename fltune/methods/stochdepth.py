@@ -1,4 +1,4 @@
-"""Stochastic depth (Huang et al., ECCV 2016) as a local regulariser (FedAlign §3.2; METHODS.md §2).
+"""Stochastic depth (Huang et al., ECCV 2016) as a local regulariser (FedAlign §3.2; docs/methods.md §2).
 
 ζ_ℓ = σ(b_ℓ·F_ℓ(ζ_{ℓ−1}) + I(ζ_{ℓ−1})), b_ℓ ~ Bernoulli(p_ℓ), p_ℓ = 1 − (ℓ/L)(1 − ρ_L) over the L = 18
 bottleneck blocks of ResNet-56; at evaluation the branch is scaled by p_ℓ. The loss is plain CE; all of

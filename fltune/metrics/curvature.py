@@ -2,7 +2,7 @@
 
 λ_max, λ1/λk and tr H of the global model (FedAlign Table 1, MAN Table 2, FedSOL Fig. 8), and H_N/H_D
 over k of the round's clients' local models (FedAlign Eq. 3–4), each on a fixed, seeded set of
-training batches in eval mode (METHODS.md §4: the authors use 10 batches; for H_N/H_D by default the
+training batches in eval mode (docs/methods.md §4: the authors use 10 batches; for H_N/H_D by default the
 global model's, see :func:`consistency_batches`). At the end, the loss surface along the top-2
 eigenvectors and the top-k spectrum as PNGs (FedAlign Fig. 1, MAN Fig. 4a).
 """

@@ -1,4 +1,4 @@
-"""The three evaluation protocols (METHODS.md §0) as round probes.
+"""The three evaluation protocols (docs/methods.md §0) as round probes.
 
 ``global``: the global model on the pooled test set. ``all_model``: the average of every client's latest
 local model on the test set (FedDyn's "all-clients" model). ``personalized``: each client's own model on
@@ -78,7 +78,7 @@ class AllModelAccuracy(_Protocol):
 def all_model_state(fed: Federation) -> State:
     """Average of every client's latest local model (initial model if never sampled), FedDyn-style.
 
-    Weighted by n_k when the method weights its updates by n_k, plain mean otherwise (METHODS.md §0).
+    Weighted by n_k when the method weights its updates by n_k, plain mean otherwise (docs/methods.md §0).
     Summed in client order on the driver, so the result is independent of the worker count.
     """
     initial = fed.initial_state

@@ -1,4 +1,4 @@
-"""Hessian metrics from exact Hessian-vector products (METHODS.md §4).
+"""Hessian metrics from exact Hessian-vector products (docs/methods.md §4).
 
 Why: the flatness and consistency figures the papers report — λ_max and the trace H_T (FedAlign Table 1,
 MAN Table 2), λ1/λ5 (FedSOL Fig. 8) and the cross-client H_N, H_D (FedAlign Eq. 3–4) — only ever need H
@@ -171,7 +171,7 @@ def _power_iteration(
     """The eigenpair of largest |λ| of H restricted to the complement of ``found`` (orthonormal).
 
     The estimate is the Rayleigh quotient vᵀHv of the unit iterate; iteration stops once it changes by
-    less than ``tol`` relatively (PyHessian's rule, METHODS §4) or after ``max_iter`` products. Each
+    less than ``tol`` relatively (PyHessian's rule, docs/methods.md §4) or after ``max_iter`` products. Each
     iterate is re-orthogonalised against ``found`` so round-off cannot bring those directions back.
     """
     v = _normalized(_orthogonalized(start, found))

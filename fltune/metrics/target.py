@@ -1,4 +1,4 @@
-"""Rounds-to-target (METHODS.md §0, FedAlign Table 8): the first round an accuracy reached ``metrics.target``."""
+"""Rounds-to-target (docs/methods.md §0, FedAlign Table 8): the first round an accuracy reached ``metrics.target``."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ if TYPE_CHECKING:
 
 
 def rounds_to_target(history: list[dict[str, float]], metric: str, target: float) -> int | None:
-    """First round whose ``metric`` ≥ target (METHODS.md §0); None means "R+" (never within R rounds)."""
+    """First round whose ``metric`` ≥ target (docs/methods.md §0); None means "R+" (never within R rounds)."""
     for row in history:
         if row.get(metric, float("-inf")) >= target:
             return int(row["round"])

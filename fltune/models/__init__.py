@@ -1,4 +1,4 @@
-"""fltune.models: architectures split into body and head (METHODS.md §1), found by name in a registry.
+"""fltune.models: architectures split into body and head (docs/methods.md §1), found by name in a registry.
 
 Importing a model file registers its builders; add new files to the import list below.
 """

@@ -1,4 +1,4 @@
-"""The body/head split every fltune model follows (METHODS.md §1).
+"""The body/head split every fltune model follows (docs/methods.md §1).
 
 Personalised methods keep one part per client (FedPer/FedCR/FedPAC: head; LG-FedAvg: body), FedSOL can
 perturb one part only, and MAN regularises hidden activations; so the split and the activation points

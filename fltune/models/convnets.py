@@ -1,4 +1,4 @@
-"""The plain CNNs and MLP of METHODS.md §1: conv blocks, flatten, hidden dense layers (body); linear head."""
+"""The plain CNNs and MLP of docs/methods.md §1: conv blocks, flatten, hidden dense layers (body); linear head."""
 
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -62,7 +62,7 @@ def tinyimagenet_cnn(
     """MAN's Tiny-ImageNet CNN (Table 4): three padded 3x3 conv blocks with GroupNorm(4, 64).
 
     Dense widths default to the authors' code (``vcl-iisc/fedMAN:code/utils_models.py``, ``ConvNet``:
-    4096→512→384→200), which agrees with Table 4's last layer FC(384,200). METHODS.md §1's
+    4096→512→384→200), which agrees with Table 4's last layer FC(384,200). A reading of Table 4 as
     "→384 →192" matches neither; pass ``widths=(384, 192)`` for it. The authors' code also leaves the
     third conv's activation out of MAN (a variable is overwritten); here every hidden ReLU is an
     activation point.

@@ -1,4 +1,4 @@
-"""Building blocks shared by the plain CNNs/MLPs of METHODS.md §1 (and the VIB trunks built on them)."""
+"""Building blocks shared by the plain CNNs/MLPs of docs/methods.md §1 (and the VIB trunks built on them)."""
 
 from collections import OrderedDict
 

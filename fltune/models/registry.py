@@ -52,7 +52,7 @@ def build_model(name: str, in_shape: InShape, num_classes: int, **kwargs: Any) -
 
 
 def default_model(dataset: str) -> str:
-    """The model the papers use for ``dataset`` when the config names none (METHODS.md §1, §3)."""
+    """The model the papers use for ``dataset`` when the config names none (docs/methods.md §1, §3)."""
     if dataset not in _DEFAULT_MODELS:
         raise FLTuneError(
             f"model.name: no default model for dataset {dataset!r}; set model.name to one of: "

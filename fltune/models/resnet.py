@@ -1,6 +1,6 @@
 """CIFAR-style ResNet-18 (He et al. 2016): 3x3 stem without max-pool, four stages of two basic blocks.
 
-METHODS.md §1 uses it for ImageNet-200 and FedSOL's Table 3. Written here rather than taken from
+docs/methods.md §1 uses it for ImageNet-200 and FedSOL's Table 3. Written here rather than taken from
 torchvision, whose 7x7 stride-2 stem and max-pool shrink 32x32 inputs to 8x8 before the first stage.
 """
 

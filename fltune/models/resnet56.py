@@ -1,4 +1,4 @@
-"""FedML's CIFAR ResNet-56 (METHODS.md §1), slimmable and with optional stochastic depth.
+"""FedML's CIFAR ResNet-56 (docs/methods.md §1), slimmable and with optional stochastic depth.
 
 Stem conv3x3 C→16 + BN + ReLU; three stages of 6 bottleneck blocks (expansion 4) with outputs 64@32²,
 128@16², 256@8² (on 32x32 inputs); global average pool; head fc 256→classes (``FedML-AI/FedML``

@@ -1,4 +1,4 @@
-"""FedCR / SimFAFL's variational-information-bottleneck nets and their plain twins (METHODS.md §1).
+"""FedCR / SimFAFL's variational-information-bottleneck nets and their plain twins (docs/methods.md §1).
 
 The trunks are ``haozzh/FedCR:code_FedCR/models/Nets_VIB.py``: CIFAR conv5×5 3→64, pool, conv5×5 64→64,
 pool, fc 1600→1024→1024; FMNIST conv 1→4 k5, pool, conv 4→12 k5, pool, fc 192→1024→1024; EMNIST an MLP
@@ -8,7 +8,7 @@ q(z|x) = N(μ, diag σ²); its head maps z ∈ R^dimZ to logits. The plain twins
 
 Decisions:
 
-* dimZ = 512 everywhere: the value of FedCR's runs (``--dimZ 512``) and METHODS.md's default. **[U]** for
+* dimZ = 512 everywhere: the value of FedCR's runs (``--dimZ 512``) and docs/methods.md's default. **[U]** for
   FMNIST/EMNIST, which no paper states; ``dim_z`` is a constructor argument.
 * S = 18 Monte-Carlo samples in training (FedCR's ``--num_avg_train 18``). Only the head (dimZ→classes)
   runs S times, so S costs almost nothing even on a CPU; ``samples`` is a constructor argument.

@@ -75,7 +75,7 @@ def _is_locked(err: MlflowException) -> bool:
     return err.error_code == ErrorCode.Name(TEMPORARILY_UNAVAILABLE) and _LOCKED in str(err)
 
 
-def _retrying(call: Callable[..., Any]) -> Callable[..., Any]:
+def retrying(call: Callable[..., Any]) -> Callable[..., Any]:
     """``call`` run again (with jittered backoff, up to :data:`RETRY_FOR_S`) while sqlite says it is locked."""
 
     @wraps(call)
@@ -101,7 +101,7 @@ class RetryingClient:
 
     def __getattr__(self, name: str) -> Any:
         value = getattr(self._client, name)
-        return _retrying(value) if callable(value) else value
+        return retrying(value) if callable(value) else value
 
 
 def open_store(uri: str, experiment: str, artifacts: str | None = None,

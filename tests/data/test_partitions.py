@@ -1,4 +1,4 @@
-"""Partitions of METHODS.md §0 on real Fashion-MNIST labels: coverage, determinism, each kind's rule."""
+"""Partitions of docs/methods.md §0 on real Fashion-MNIST labels: coverage, determinism, each kind's rule."""
 
 from __future__ import annotations
 

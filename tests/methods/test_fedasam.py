@@ -1,4 +1,4 @@
-"""FedASAM: ε = ρ·T²g/‖Tg‖ with T = |w| + η on weight tensors, 1 on biases (METHODS.md §2)."""
+"""FedASAM: ε = ρ·T²g/‖Tg‖ with T = |w| + η on weight tensors, 1 on biases (docs/methods.md §2)."""
 
 import torch
 

@@ -1,5 +1,5 @@
 """FedDC: L = CE + (α/2)‖θ − (θ_g − h_k)‖² + ⟨θ, c − c_k⟩; c_k ← c_k − c + (θ_g − θ_k)/(K·lr);
-server c += Σ_S Δc_k/N, θ = mean_S θ_k + mean_all h_k (METHODS.md §2)."""
+server c += Σ_S Δc_k/N, θ = mean_S θ_k + mean_all h_k (docs/methods.md §2)."""
 
 import numpy as np
 import torch

@@ -1,5 +1,5 @@
 """FedDyn: L = CE − ⟨∇L_k(θ_k^{t−1}), θ⟩ + (α/2)‖θ − θ_g‖², h_k += θ_k − θ_g, server θ = mean_S θ_k + mean_all h
-(METHODS.md §2); the drift bookkeeping of _drift.py that FedDC and FedSpeed share."""
+(docs/methods.md §2); the drift bookkeeping of _drift.py that FedDC and FedSpeed share."""
 
 import numpy as np
 import torch

@@ -1,4 +1,4 @@
-"""FedNova: d_k = (θ_g − θ_k)/a_k, θ = θ_g − (Σ p_k a_k)·Σ p_k d_k with momentum-corrected a_k (METHODS.md §2)."""
+"""FedNova: d_k = (θ_g − θ_k)/a_k, θ = θ_g − (Σ p_k a_k)·Σ p_k d_k with momentum-corrected a_k (docs/methods.md §2)."""
 
 import numpy as np
 import pytest

@@ -1,4 +1,4 @@
-"""FedProx: L = CE + (μ/2)‖w − w_g‖² (METHODS.md §2)."""
+"""FedProx: L = CE + (μ/2)‖w − w_g‖² (docs/methods.md §2)."""
 
 import torch
 import torch.nn.functional as F

@@ -1,5 +1,5 @@
 """FedSOL (Alg. 1, Eq. 5-8): g = ∇L_p, L_p = KL(softmax(z_g/3) ‖ softmax(z_l/3)) on the perturbed scope;
-s = |w − w_g| L2-normalised along dim 0; ε = ρ·s⊙g/‖g‖; CE gradient at w + ε (METHODS.md §2)."""
+s = |w − w_g| L2-normalised along dim 0; ε = ρ·s⊙g/‖g‖; CE gradient at w + ε (docs/methods.md §2)."""
 
 import pytest
 import torch

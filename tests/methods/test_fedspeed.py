@@ -1,5 +1,5 @@
 """FedSpeed: gradient ∇CE(w + ε) + λ(θ − θ_g + h_k), ε = ρ·∇CE(w)/‖∇CE(w)‖; h_k += θ_k − θ_g;
-server θ = mean_S θ_k + mean_all h (METHODS.md §2)."""
+server θ = mean_S θ_k + mean_all h (docs/methods.md §2)."""
 
 import numpy as np
 import torch

@@ -1,4 +1,4 @@
-"""MAN: L = L_base + (ζ/2)·Σ_l mean(a_l²) over hidden post-ReLU activations (MAN Eq. 15-18, METHODS.md §2)."""
+"""MAN: L = L_base + (ζ/2)·Σ_l mean(a_l²) over hidden post-ReLU activations (MAN Eq. 15-18, docs/methods.md §2)."""
 
 import torch
 import torch.nn.functional as F

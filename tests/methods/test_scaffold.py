@@ -1,5 +1,5 @@
 """SCAFFOLD: gradient g − c_k + c; c_k⁺ = c_k − c + (θ_g − θ_k)/(K_eff·lr); server c += mean over all N of Δc_k,
-θ = θ_g + η_g·mean_S(θ_k − θ_g) (METHODS.md §2; K_eff under momentum as the FedSOL authors' code,
+θ = θ_g + η_g·mean_S(θ_k − θ_g) (docs/methods.md §2; K_eff under momentum as the FedSOL authors' code,
 ``Lee-Gihun/FedSOL:algorithms/scaffold/ClientTrainer.py``)."""
 
 import numpy as np
@@ -8,7 +8,6 @@ import torch
 from fltune.config import build_config
 from fltune.engine.federation import Federation
 from fltune.methods import get_method
-from fltune.methods._drift import mean_over_clients
 from fltune.methods.base import Aggregate, ServerContext, effective_steps
 from tests.conftest import needs_fmnist
 from tests.methods.helpers import make_ctx, pure_aggregate, tiny_batch, tiny_model
@@ -107,13 +106,19 @@ def test_server_lr_one_is_the_plain_mean_bit_for_bit():
     assert pure_aggregate(scaffold(1.0), ctx).global_state["w"].tobytes() == mean["w"].tobytes()
 
 
-def test_mean_over_clients_does_not_depend_on_store_order():
+def test_global_variate_does_not_depend_on_store_order():
+    """c = (1/N)·Σ_k c_k is summed in client-id order (float64), so the order in which workers returned the
+    clients cannot change its bits, even for values spanning eight orders of magnitude."""
     rng = np.random.default_rng(0)
-    states = {cid: {"c": {"w": (rng.standard_normal(200) * 10.0 ** rng.uniform(-6, 2, 200)).astype(np.float32)}}
-              for cid in range(7)}
-    forward = mean_over_clients(states, "c", 10)["w"]
-    backward = mean_over_clients(dict(reversed(list(states.items()))), "c", 10)["w"]
-    assert forward.tobytes() == backward.tobytes()
+    store = {cid: {"c": {"w": (rng.standard_normal(200) * 10.0 ** rng.uniform(-6, 2, 200)).astype(np.float32)}}
+             for cid in range(7)}
+    state = {"w": np.zeros(200, np.float32)}
+
+    def variate(ordered: dict) -> bytes:
+        ctx = ServerContext(1, state, Aggregate(state, 1.0, {}, {}), {}, ordered, num_clients=10)
+        return pure_aggregate(scaffold(), ctx).server_state["c"]["w"].tobytes()
+
+    assert variate(store) == variate(dict(reversed(list(store.items()))))
 
 
 @needs_fmnist

@@ -1,5 +1,4 @@
-"""Hessian metrics against the exact Hessian of a tiny net (METHODS.md §4: "validate all of them against the
-exact Hessian of a tiny model").
+"""Hessian metrics against the exact Hessian of a tiny net (docs/methods.md §4).
 
 The net has 357 parameters, tanh (so H is not piecewise constant), dropout and BatchNorm with non-trivial
 running statistics (so a metric computed in train mode would differ from the eval-mode exact H). H is
@@ -217,7 +216,7 @@ def test_hutchinson_is_exact_on_a_diagonal_hessian_and_stops_on_zero_standard_er
 
 @pytest.mark.parametrize("fixture", ["untrained", "trained"])
 def test_lambda_max_within_1_percent(fixture: str, request: pytest.FixtureRequest) -> None:
-    """With METHODS §4's defaults (tol 1e-3, ≤ 100 iterations). Trained, λ2/λ1 = 0.94 slows convergence
+    """With docs/methods.md §4's defaults (tol 1e-3, ≤ 100 iterations). Trained, λ2/λ1 = 0.94 slows convergence
     and the relative-change stop leaves 0.5 % error; untrained (λ2/λ1 = 0.65), 0.03 %."""
     model, batches, matrix = request.getfixturevalue(fixture)
     (value,) = top_eigenvalues(model, cross_entropy_loss, batches)

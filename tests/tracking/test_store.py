@@ -15,7 +15,7 @@ from mlflow.exceptions import MlflowException
 from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE, TEMPORARILY_UNAVAILABLE
 from mlflow.tracking import MlflowClient
 
-from fltune.tracking.store import _retrying, open_store
+from fltune.tracking.store import retrying, open_store
 from tests.tune.test_cluster import ISOLATED, free_port, start_node, stop_node
 
 REPO = Path(__file__).resolve().parents[2]
@@ -74,7 +74,7 @@ def test_locked_database_is_retried_and_other_errors_are_not() -> None:
             raise MlflowException("(sqlite3.OperationalError) database is locked", TEMPORARILY_UNAVAILABLE)
         return "written"
 
-    assert _retrying(locked_twice)() == "written" and len(calls) == 3
+    assert retrying(locked_twice)() == "written" and len(calls) == 3
 
     def bad_value() -> None:
         calls.append(1)
@@ -82,5 +82,5 @@ def test_locked_database_is_retried_and_other_errors_are_not() -> None:
 
     calls.clear()
     with pytest.raises(MlflowException, match="bad"):
-        _retrying(bad_value)()
+        retrying(bad_value)()
     assert len(calls) == 1

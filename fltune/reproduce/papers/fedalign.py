@@ -122,7 +122,7 @@ QUICK = Scale(
 SCALES = {"paper": PAPER, "quick": QUICK}
 HESSIAN = {"metrics.hessian.at_end": True, "metrics.hessian.top_k": 1, "metrics.hessian.landscape": False}
 UNKNOWNS = (
-    "Nesterov momentum 0.9, weight decay 1e-4, batch 64 (METHODS.md §3: the authors' code; the paper says only "
+    "Nesterov momentum 0.9, weight decay 1e-4, batch 64 (docs/methods.md §3: the authors' code; the paper says only "
     "'SGD with momentum, lr 0.01')",
     "gradient clipping at norm 10 for FedAlign alone (App. E: 'a gradient clip is also applied'; value from "
     "the authors' code)",
@@ -163,7 +163,7 @@ def table1() -> PaperTable:
         value="final server-model test accuracy (%); λ_max and trace H_T of its training-loss Hessian; H_N and "
               "H_D (Eq. 3–4) across the last round's client models",
         cells=tuple(cells), scales=scales,
-        unknowns=(*UNKNOWNS, "Hessian: 10 batches of 50 training samples (METHODS.md §4), H_N/H_D over all 16 "
+        unknowns=(*UNKNOWNS, "Hessian: 10 batches of 50 training samples (docs/methods.md §4), H_N/H_D over all 16 "
                              "clients of the last round"),
     )
 

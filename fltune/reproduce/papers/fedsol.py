@@ -82,10 +82,10 @@ QUICK = Scale(
 COMMON = {"model.name": "fedavg_cnn", "metrics.protocols": ["global"]}
 UNKNOWNS = (
     "MNIST and SVHN columns: s and α not printed; s = 2, α = 0.1 (the authors' configs' defaults)",
-    "SVHN rounds: 300 (§4.1 and METHODS.md §3; App. B Table 7 says 200)",
-    "CIFAR-10 augmentation: crop + flip + Cutout(16) (METHODS.md §0; App. B.2's CIFAR-10 entry is not printed)",
+    "SVHN rounds: 300 (§4.1 and docs/methods.md §3; App. B Table 7 says 200)",
+    "CIFAR-10 augmentation: crop + flip + Cutout(16) (docs/methods.md §0; App. B.2's CIFAR-10 entry is not printed)",
     "MNIST kept 1-channel (the paper converts it to RGB); the FedAvg CNN's first conv takes 1 channel",
-    "FedSOL's ρ: 1.0 (METHODS.md; App. B.5's value is not printed — Table 5's head-only ρ = 1.5 equals "
+    "FedSOL's ρ: 1.0 (docs/methods.md; App. B.5's value is not printed — Table 5's head-only ρ = 1.5 equals "
     "Table 2's CIFAR-10 α = 0.1 value 64.13, so the authors may have used 1.5 there)",
     "FedASAM's η: 0.2 (fltune's default; App. B.5 gives only ρ = 1.0)",
 )

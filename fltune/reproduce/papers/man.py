@@ -85,7 +85,7 @@ QUICK = Scale(
 )
 SCALES = {"paper": PAPER, "quick": QUICK}
 HESSIAN = {"metrics.hessian.at_end": True, "metrics.hessian.top_k": 1, "metrics.hessian.landscape": False}
-"""Table 2's figures of the final global model; top-1 only (the trace is Hutchinson's, METHODS.md §4)."""
+"""Table 2's figures of the final global model; top-1 only (the trace is Hutchinson's, docs/methods.md §4)."""
 HESSIAN_QUICK = {"metrics.hessian.batches": 4, "metrics.hessian.max_iter": 30, "metrics.hessian.tol": 0.01}
 UNKNOWNS = (
     "momentum: none (the FedDyn code MAN builds on uses plain SGD; the paper names none)",
@@ -94,7 +94,7 @@ UNKNOWNS = (
     "FedSpeed's λ = 0.1 (fltune's default; supp. §7's β = γ = 1 make its ESAM plain SAM)",
     "rounds-to-target under the same all-model protocol as the accuracy, evaluated every round",
     "Hessian (Table 2): of the final global model's training loss on 10 batches of 50 training samples, "
-    "λ_max by power iteration and the trace by Hutchinson (METHODS.md §4)",
+    "λ_max by power iteration and the trace by Hutchinson (docs/methods.md §4)",
 )
 
 
