@@ -3,15 +3,15 @@
 A worker serves one run at a time: the run's config and dataset arrive by reference with every call
 (one ``ray.put`` per run, see ``WorkerPool.bind``), and the worker builds its model and method when the
 run changes. Per call it trains its share of the round's clients one after another and returns one partial
-weighted sum (see aggregate.py) plus each client's upload, new state and metrics — in round 1 also the
-FLOPs of the forward passes its training made (metrics/flops.py). Weights arrive as numpy from one
-``ray.put`` per round.
+weighted sum (see aggregate.py) plus each client's upload, new state and metrics, with whatever the
+configured probes' client meters measured around its training (metrics/probe.py ``client_meters``). Weights
+arrive as numpy from one ``ray.put`` per round.
 """
 
 from __future__ import annotations
 
 import os
-from contextlib import nullcontext
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,7 +25,7 @@ from fltune.engine.local import RoundInput, evaluate, load_state, train_client
 from fltune.engine.rng import use_deterministic_cuda
 from fltune.methods.base import State, Upload, to_numpy
 from fltune.methods.finetune import FineTune
-from fltune.metrics.flops import TrainingFlops
+from fltune.metrics.probe import client_meters
 
 
 @dataclass(frozen=True)
@@ -82,14 +82,16 @@ class ClientWorker:
         result = WorkerResult(partial=WeightedSum())
         global_tensors = {k: torch.tensor(v, device=self.device) for k, v in inputs.global_state.items()}
         for cid in client_ids:
-            counter = TrainingFlops() if inputs.round == 1 else nullcontext()
-            with counter:
+            meters = client_meters(self.cfg, data, inputs.round)  # what probes measure of the training itself
+            with ExitStack() as stack:
+                for meter in meters:
+                    stack.enter_context(meter)
                 out = train_client(
                     self.method, self.model, data, cid, inputs, states.get(cid, {}), self.cfg.training,
                     self.augment_kind, self.device, global_tensors,
                 )
-            if isinstance(counter, TrainingFlops):  # the run's first round: what the method's passes cost
-                out.metrics["forward_flops"] = float(counter.forward_flops)
+            for meter in meters:
+                out.metrics.update(meter.client_metrics())
             result.partial.add(out.weight, out.update)
             result.uploads[cid], result.states[cid], result.metrics[cid] = out.upload, out.state, out.metrics
             if self.keep_latest:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from fltune.metrics.flops import TrainingFlops
 from fltune.metrics.probe import Probe, RoundView, register
 
 if TYPE_CHECKING:
@@ -164,6 +165,12 @@ class CostProbe(Probe):
     def __init__(self, fed: Federation) -> None:
         self.forward_mflops = forward_flops_per_sample(fed.eval_model, fed.data.input_shape)
         self.meter = CostMeter(self.forward_mflops)
+
+    @classmethod
+    def client_meter(cls, round_: int) -> TrainingFlops | None:
+        """Round 1's training FLOPs, counted on the workers over every sampled client (the method's real
+        passes: MOON's three models, GradAug's sub-networks); ``measure`` turns them into MFLOPs/sample."""
+        return TrainingFlops() if round_ == 1 else None
 
     def start_round(self) -> None:
         self.meter.start_round()

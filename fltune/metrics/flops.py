@@ -32,3 +32,7 @@ class TrainingFlops(FlopCounterMode):
         if func_packet in self.flop_registry and not self.mod_tracker.is_bw:
             self.forward_flops += self.flop_registry[func_packet](*args, **kwargs, out_val=out)
         return super()._count_flops(func_packet, out, args, kwargs)
+
+    def client_metrics(self) -> dict[str, float]:
+        """As a worker-side meter (``Probe.client_meter``): the forward FLOPs of the client's training."""
+        return {"forward_flops": float(self.forward_flops)}

@@ -15,7 +15,7 @@ import importlib
 import pkgutil
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 if TYPE_CHECKING:
     from fltune.config import ExperimentConfig
@@ -52,6 +52,18 @@ class RoundView:
     """This round's metrics so far: the loop's and those of the probes that ran before."""
 
 
+class ClientMeter(Protocol):
+    """A context manager the workers open around one client's local training (see ``Probe.client_meter``)."""
+
+    def __enter__(self) -> Any: ...
+
+    def __exit__(self, *exc: Any) -> Any: ...
+
+    def client_metrics(self) -> dict[str, float]:
+        """What it measured; joins the client's metrics (``RoundView.client_metrics``)."""
+        ...
+
+
 class Probe:
     """A figure measured after rounds. Subclasses set the class attributes and override ``measure``.
 
@@ -77,6 +89,12 @@ class Probe:
     def enabled(cls, cfg: ExperimentConfig, data: FederatedData) -> bool:
         """Whether ``cfg`` (and the data it partitioned) turn this probe on."""
         return True
+
+    @classmethod
+    def client_meter(cls, round_: int) -> ClientMeter | None:
+        """A meter the workers open around each client's training in round ``round_``, for what only the
+        training itself can show (the FLOPs its passes spend); None (the default): nothing to measure there."""
+        return None
 
     @classmethod
     def unmet(cls, metric: str, cfg: ExperimentConfig) -> str | None:
@@ -152,6 +170,12 @@ def unmet_need(metric: str, reduce: str, cfg: ExperimentConfig) -> str | None:
         return "needs metrics.target (the accuracy to reach)"
     probe = probe_of(metric)
     return probe.unmet(metric, cfg) if probe is not None else None
+
+
+def client_meters(cfg: ExperimentConfig, data: FederatedData, round_: int) -> list[ClientMeter]:
+    """The meters the probes ``cfg`` turns on want around one client's training in round ``round_``."""
+    meters = (cls.client_meter(round_) for cls in all_probes() if cls.enabled(cfg, data))
+    return [meter for meter in meters if meter is not None]
 
 
 def probes_for(fed: Federation) -> list[Probe]:
