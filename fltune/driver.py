@@ -22,6 +22,7 @@ import re
 import signal
 import sys
 import threading
+import traceback
 import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Callable
@@ -69,6 +70,20 @@ class _DropChatter(logging.Filter):
         return not str(record.msg).startswith(self.prefixes)
 
 
+class _DropStalePrune(logging.Filter):
+    """Tune's "Error handling checkpoint" when its only error is that an old checkpoint it prunes
+    (``num_to_keep``) is already gone: a driver killed mid-prune had deleted it, so a resumed job tries
+    again. The new checkpoint is registered before the prune, so nothing is lost; every other checkpoint
+    error still shows, with its traceback."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not str(record.msg).startswith("Trial %s: Error handling checkpoint") or not record.exc_info:
+            return True
+        _, error, trace = record.exc_info
+        pruning = any(frame.name == "_delete_fs_path" for frame in traceback.extract_tb(trace))
+        return not (isinstance(error, FileNotFoundError) and pruning)
+
+
 def quiet_libraries() -> None:
     """Drop the library chatter listed in ``CHATTER``; workers get ``quiet_worker`` (Ray's setup hook).
 
@@ -79,6 +94,9 @@ def quiet_libraries() -> None:
         logger = logging.getLogger(name)
         if not any(isinstance(f, _DropChatter) for f in logger.filters):
             logger.addFilter(_DropChatter(prefixes))
+    tune_controller = logging.getLogger("ray.tune.execution.tune_controller")
+    if not any(isinstance(f, _DropStalePrune) for f in tune_controller.filters):
+        tune_controller.addFilter(_DropStalePrune())
 
 
 def quiet_worker() -> None:

@@ -70,6 +70,34 @@ def test_ray_token_banner_is_dropped_and_other_warnings_kept():
     assert seen == ["Token authentication is disabled for this Ray cluster."]
 
 
+def _delete_fs_path(error: Exception) -> None:
+    """Named as the frame of Ray Tune's checkpoint pruning (``ray.train._internal.storage``)."""
+    raise error
+
+
+@pytest.mark.parametrize(("error", "shown"), [(FileNotFoundError("Path not found"), False),
+                                              (PermissionError("denied"), True)])
+def test_only_a_prune_of_an_already_deleted_checkpoint_is_dropped(error, shown):
+    """After a killed driver, a resumed study's Tune logs "Error handling checkpoint" with a traceback
+    when it prunes a checkpoint the dead driver already deleted; any other checkpoint error still shows."""
+    quiet_libraries()
+    logger = logging.getLogger("ray.tune.execution.tune_controller")
+    seen: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: seen.append(record.getMessage())
+    logger.addHandler(handler)
+    try:
+        for raiser in (lambda: _delete_fs_path(error), lambda: (_ for _ in ()).throw(FileNotFoundError("x"))):
+            try:
+                raiser()
+            except OSError:
+                logger.exception("Trial %s: Error handling checkpoint %s", "t1", "ckpt")
+    finally:
+        logger.removeHandler(handler)
+    # the second error is a FileNotFoundError outside a prune: it always shows
+    assert seen == ["Trial t1: Error handling checkpoint ckpt"] * (2 if shown else 1)
+
+
 def test_worker_drops_only_unraisable_system_exit(monkeypatch, capsys):
     monkeypatch.setattr(sys, "unraisablehook", sys.unraisablehook)
     quiet_worker()
