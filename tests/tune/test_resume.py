@@ -75,7 +75,8 @@ def test_sigterm_to_the_driver_alone_stops_the_study_gracefully(tmp_path: Path, 
     the ranking so far printed) and the exit status is still 143."""
     space = write_space(tmp_path, num_samples=2, max_concurrent=2)
     study = tmp_path / "study"
-    proc = start(tune_command(space, tmp_path, "--set", f"federation.rounds={ROUNDS}"), tmp_path / "1.log")
+    # rounds enough that no trial can finish between the first report and the signal on a fast machine
+    proc = start(tune_command(space, tmp_path, "--set", "federation.rounds=100"), tmp_path / "1.log")
     run_until(proc, study, more=1)
     proc.send_signal(signal.SIGTERM)
     log = (tmp_path / "1.log").read_text
