@@ -5,6 +5,8 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -55,18 +57,25 @@ def test_resume_without_name_takes_the_newest_job_of_its_kind(tmp_path):
         newest(StudySpec, storage, "study of x.yaml", lambda s: False)
 
 
-def test_ray_token_banner_is_dropped_and_other_warnings_kept():
+@contextmanager
+def shown_by(name: str) -> Iterator[tuple[logging.Logger, list[str]]]:
+    """The logger ``name`` after ``quiet_libraries``, and the messages that pass its filters."""
     quiet_libraries()
-    logger = logging.getLogger("ray._private.authentication.authentication_token_setup")
+    logger = logging.getLogger(name)
     seen: list[str] = []
     handler = logging.Handler()
     handler.emit = lambda record: seen.append(record.getMessage())
     logger.addHandler(handler)
     try:
-        logger.warning("Token authentication is enabled for this Ray cluster. Set RAY_AUTH_MODE=disabled …")
-        logger.warning("Token authentication is disabled for this Ray cluster.")
+        yield logger, seen
     finally:
         logger.removeHandler(handler)
+
+
+def test_ray_token_banner_is_dropped_and_other_warnings_kept():
+    with shown_by("ray._private.authentication.authentication_token_setup") as (logger, seen):
+        logger.warning("Token authentication is enabled for this Ray cluster. Set RAY_AUTH_MODE=disabled …")
+        logger.warning("Token authentication is disabled for this Ray cluster.")
     assert seen == ["Token authentication is disabled for this Ray cluster."]
 
 
@@ -80,20 +89,12 @@ def _delete_fs_path(error: Exception) -> None:
 def test_only_a_prune_of_an_already_deleted_checkpoint_is_dropped(error, shown):
     """After a killed driver, a resumed study's Tune logs "Error handling checkpoint" with a traceback
     when it prunes a checkpoint the dead driver already deleted; any other checkpoint error still shows."""
-    quiet_libraries()
-    logger = logging.getLogger("ray.tune.execution.tune_controller")
-    seen: list[str] = []
-    handler = logging.Handler()
-    handler.emit = lambda record: seen.append(record.getMessage())
-    logger.addHandler(handler)
-    try:
+    with shown_by("ray.tune.execution.tune_controller") as (logger, seen):
         for raiser in (lambda: _delete_fs_path(error), lambda: (_ for _ in ()).throw(FileNotFoundError("x"))):
             try:
                 raiser()
             except OSError:
                 logger.exception("Trial %s: Error handling checkpoint %s", "t1", "ckpt")
-    finally:
-        logger.removeHandler(handler)
     # the second error is a FileNotFoundError outside a prune: it always shows
     assert seen == ["Trial t1: Error handling checkpoint ckpt"] * (2 if shown else 1)
 

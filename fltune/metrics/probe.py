@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
@@ -64,7 +65,7 @@ class ClientMeter(Protocol):
         ...
 
 
-class Probe:
+class Probe(ABC):
     """A figure measured after rounds. Subclasses set the class attributes and override ``measure``.
 
     ``clock`` names the timing metric (seconds) the probe's time is added to; ``constants`` declares run
@@ -108,8 +109,9 @@ class Probe:
         """Whether to measure after this round (default: every round that did not diverge)."""
         return view.running
 
+    @abstractmethod
     def measure(self, fed: Federation, view: RoundView) -> dict[str, float]:
-        raise NotImplementedError
+        """This round's figures (names among ``metrics``)."""
 
     def run_constants(self, fed: Federation) -> dict[str, float]:
         """The values of ``constants``."""
