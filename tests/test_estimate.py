@@ -67,6 +67,14 @@ def test_reproduce_plan_prints_cells_settings_and_estimate_and_writes_nothing(ml
     assert_wrote_nothing(tmp_path)
 
 
+@pytest.mark.parametrize(("flag", "value"), [("--seeds", "0"), ("--max-concurrent", "0")])
+def test_reproduce_plan_refuses_bad_counts_like_the_job(flag, value, tmp_path, capsys) -> None:
+    assert main(["reproduce", "table2", "--plan", flag, value, "--storage", str(tmp_path / "jobs")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"fltune: {flag}: 0; allowed: ≥ 1")
+    assert_wrote_nothing(tmp_path)
+
+
 def test_tune_plan_prints_trials_and_estimate_and_writes_nothing(mlflow_uri, wide, tmp_path, capsys) -> None:
     space = Path(__file__).parents[1] / "search_spaces" / "fedavg.yaml"
     args = ["tune", "--space", str(space), "--set", "data.dataset=synthetic", "--num-samples", "3", "--plan",

@@ -93,10 +93,6 @@ class Reproduction(TuneJob["ReproSpec"]):
         from fltune.reproduce.plan import plan
 
         args = self.args
-        if args.seeds < 1:
-            raise FLTuneError(f"--seeds: {args.seeds}; allowed: ≥ 1")
-        if args.max_concurrent is not None and args.max_concurrent < 1:
-            raise FLTuneError(f"--max-concurrent: {args.max_concurrent}; allowed: ≥ 1 (or leave it out: as many as fit)")
         datasets, rows, overrides = selection(args)
         planned = plan(self.table, args.scale, datasets, overrides, rows)
         return job.new_spec(self.table, args.scale, planned, seeds=args.seeds, storage=storage, name=args.name,
@@ -152,7 +148,12 @@ class Reproduction(TuneJob["ReproSpec"]):
 
 
 def selection(args: argparse.Namespace) -> tuple[list[str] | None, list[str] | None, list[str]]:
-    """--datasets, --rows and the overrides (--data-root first, then every --set)."""
+    """--datasets, --rows and the overrides (--data-root first, then every --set); --seeds and
+    --max-concurrent checked on the way."""
+    if args.seeds < 1:
+        raise FLTuneError(f"--seeds: {args.seeds}; allowed: ≥ 1")
+    if args.max_concurrent is not None and args.max_concurrent < 1:
+        raise FLTuneError(f"--max-concurrent: {args.max_concurrent}; allowed: ≥ 1 (or leave it out: as many as fit)")
     overrides = [*([f"data.root={args.data_root}"] if args.data_root else []), *args.overrides]
     return (args.datasets.split(",") if args.datasets else None, args.rows.split(",") if args.rows else None,
             overrides)
