@@ -27,6 +27,24 @@ def to_float(x_uint8: torch.Tensor, mean: Sequence[float], std: Sequence[float])
     return x_uint8.float().div_(255).sub_(mean_t).div_(std_t)
 
 
+def normalise_table(mean: Sequence[float], std: Sequence[float]) -> torch.Tensor:
+    """[C, 256] float32: entry (c, v) is ``to_float`` of pixel value v in channel c.
+
+    Made by ``to_float`` itself, whose steps are elementwise and correctly rounded, so looking a pixel up
+    (:func:`lookup_float`) gives the very bits ``to_float`` would compute for it in any batch.
+    """
+    values = torch.arange(256, dtype=torch.uint8).view(1, 1, 256, 1).expand(1, len(mean), 256, 1)
+    return to_float(values, mean, std).view(len(mean), 256)
+
+
+def lookup_float(x_uint8: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    """``to_float`` of a uint8 batch [B, C, H, W] by one gather from :func:`normalise_table` (on x's device):
+    one pass over the batch instead of four, and no per-batch mean/std tensors."""
+    channels = table.shape[0]
+    offsets = torch.arange(0, 256 * channels, 256, device=x_uint8.device).view(1, channels, 1, 1)
+    return table.view(-1)[x_uint8.long() + offsets]
+
+
 def augment(x: torch.Tensor, kind: str, generator: torch.Generator) -> torch.Tensor:
     """Augment a batch [B, C, H, W] independently per sample; ``"none"`` returns ``x`` itself.
 

@@ -75,6 +75,13 @@ DATASETS: tuple[str, ...] = tuple(_SPECS)
 Splits = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]  # train_x, train_y, test_x, test_y
 
 
+def fixed_stats(name: str) -> tuple[tuple[float, ...], tuple[float, ...]] | None:
+    """A dataset's per-channel (mean, std) known before loading, or None where they are computed from the
+    train split at load time (synthetic)."""
+    spec = _SPECS[name]
+    return None if spec.mean is None or spec.std is None else (spec.mean, spec.std)
+
+
 def default_root() -> Path:
     """Where torchvision-format datasets live unless ``data.root`` says otherwise."""
     return Path("~/.cache/fltune/data").expanduser()

@@ -17,10 +17,13 @@ import torch
 from torch import nn
 
 from fltune.config import TrainingConfig
-from fltune.data.augment import augment, to_float
+from fltune.data.augment import augment, lookup_float, normalise_table, to_float
 from fltune.data.federated import FederatedData
 from fltune.engine.rng import derive_seed
 from fltune.methods.base import ClientContext, ClientResult, Method, Phase, State
+
+
+Batch = tuple[torch.Tensor, torch.Tensor]
 
 
 @dataclass(frozen=True)
@@ -42,17 +45,100 @@ def load_state(model: nn.Module, state: State) -> None:
 def batches(
     data: FederatedData, indices: np.ndarray, batch_size: int, generator: torch.Generator, device: torch.device,
     *, shuffle: bool = True, augment_kind: str = "none",
-) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+) -> Iterator[Batch]:
     """Mini-batches of a client's samples: uint8 → float, augmented, normalised, on ``device``."""
-    index = torch.tensor(indices, dtype=torch.long)  # a copy: arrays from Ray's object store are read-only
-    if shuffle:
-        index = index[torch.randperm(len(index), generator=generator)]
+    index = _epoch_order(indices, generator, shuffle)
     for start in range(0, len(index), batch_size):
         chunk = index[start:start + batch_size]
         x = to_float(data.x[chunk], data.mean, data.std)
         if augment_kind != "none":
             x = augment(x, augment_kind, generator)
         yield x.to(device, non_blocking=True), data.y[chunk].to(device, non_blocking=True)
+
+
+def _epoch_order(indices: np.ndarray, generator: torch.Generator, shuffle: bool) -> torch.Tensor:
+    """An epoch's sample order: the one ``randperm`` draw per epoch both batch sources share."""
+    index = torch.tensor(indices, dtype=torch.long)  # a copy: arrays from Ray's object store are read-only
+    return index[torch.randperm(len(index), generator=generator)] if shuffle else index
+
+
+class HostBatches:
+    """The reference batch source: each batch gathered and normalised on the host, then copied over."""
+
+    def __init__(self, data: FederatedData, device: torch.device) -> None:
+        self.data, self.device = data, device
+
+    def epoch(self, indices: np.ndarray, batch_size: int, generator: torch.Generator,
+              augment_kind: str) -> Iterator[Batch]:
+        return batches(self.data, indices, batch_size, generator, self.device, augment_kind=augment_kind)
+
+
+class DeviceBatches:
+    """The fast path's batch source: the run's uint8 pool on the device once (not per client), each batch
+    gathered there by index and normalised by table lookup (bit-identical to ``to_float``), augmented
+    with the same generator draws in the same order as :class:`HostBatches`, so the batches are equal."""
+
+    def __init__(self, data: FederatedData, device: torch.device) -> None:
+        self.x, self.y = data.x.to(device), data.y.to(device)  # no copy when the device is the CPU
+        self.table = normalise_table(data.mean, data.std).to(device)
+        self.device = device
+
+    def epoch(self, indices: np.ndarray, batch_size: int, generator: torch.Generator,
+              augment_kind: str) -> Iterator[Batch]:
+        index = _epoch_order(indices, generator, shuffle=True).to(self.device, non_blocking=True)
+        for start in range(0, len(index), batch_size):
+            chunk = index[start:start + batch_size]
+            x = lookup_float(self.x[chunk], self.table)
+            yield (augment(x, augment_kind, generator) if augment_kind != "none" else x), self.y[chunk]
+
+
+class HostMeter:
+    """Reference step metrics: read every step (two host syncs), so a non-finite loss stops the client
+    before its optimiser step."""
+
+    deferred = False
+
+    def __init__(self, device: torch.device) -> None:
+        self.loss_sum, self.correct, self.seen, self.diverged = 0.0, 0, 0, False
+
+    def finite(self, loss: torch.Tensor) -> bool:
+        self.diverged = not math.isfinite(loss.item())
+        return not self.diverged
+
+    def add(self, loss: torch.Tensor, logits: torch.Tensor, y: torch.Tensor) -> None:
+        self.loss_sum += loss.item() * len(y)
+        self.correct += int((logits.argmax(1) == y).sum())
+        self.seen += len(y)
+
+    def totals(self) -> tuple[float, int, int, bool]:
+        """(summed loss, correct, seen, diverged) of the steps taken."""
+        return self.loss_sum, self.correct, self.seen, self.diverged
+
+
+class DeviceMeter(HostMeter):
+    """Fast-path step metrics: accumulated on the device and read once per client. The loss sum is kept in
+    float64 as ``HostMeter``'s Python float is (float32 loss × batch size, summed in order), so the figures
+    are the same bits. A non-finite loss cannot stop the step here; it is flagged (``deferred``) and the
+    caller re-runs that client on the reference path."""
+
+    deferred = True
+
+    def __init__(self, device: torch.device) -> None:
+        super().__init__(device)
+        self.sums = torch.zeros(3, dtype=torch.float64, device=device)  # loss sum, correct, non-finite steps
+
+    def finite(self, loss: torch.Tensor) -> bool:
+        self.sums[2] += (~torch.isfinite(loss.detach())).double()
+        return True
+
+    def add(self, loss: torch.Tensor, logits: torch.Tensor, y: torch.Tensor) -> None:
+        self.sums[0] += loss.detach().double() * len(y)
+        self.sums[1] += (logits.argmax(1) == y).sum()
+        self.seen += len(y)
+
+    def totals(self) -> tuple[float, int, int, bool]:
+        loss_sum, correct, nonfinite = self.sums.tolist()  # the client's one host sync
+        return loss_sum, int(correct), self.seen, nonfinite > 0
 
 
 def make_optimizer(params: list[nn.Parameter], training: TrainingConfig, lr: float) -> torch.optim.Optimizer:
@@ -62,6 +148,49 @@ def make_optimizer(params: list[nn.Parameter], training: TrainingConfig, lr: flo
     return torch.optim.SGD(
         params, lr=lr, momentum=training.momentum, weight_decay=training.weight_decay, nesterov=training.nesterov
     )
+
+
+class Optimizers:
+    """Optimisers for each client and phase: built fresh (``reuse=False``, the reference), or one kept per
+    parameter set and optimiser setting and emptied of its state before each use. SGD and Adam build their
+    per-parameter state (momentum buffer; step and moments) lazily on the first step, so an emptied one
+    takes exactly a fresh one's steps; only the construction is saved. The kept ones hold their
+    parameters, so an ``id`` in a key is never reused by another parameter."""
+
+    def __init__(self, reuse: bool) -> None:
+        self.reuse = reuse
+        self.kept: dict[tuple, torch.optim.Optimizer] = {}
+
+    def get(self, params: list[nn.Parameter], training: TrainingConfig, lr: float) -> torch.optim.Optimizer:
+        if not self.reuse:
+            return make_optimizer(params, training, lr)
+        key = (training.optimizer, training.momentum, training.weight_decay, training.nesterov, *map(id, params))
+        optimizer = self.kept.get(key)
+        if optimizer is None:
+            optimizer = self.kept[key] = make_optimizer(params, training, lr)
+        optimizer.state.clear()
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        return optimizer
+
+
+@dataclass(frozen=True)
+class Executor:
+    """How ``train_client`` runs the one local loop (``resources.executor``): where batches come from,
+    how step metrics are kept, whether optimisers are reused. ``exact`` and ``reference`` give the same
+    bits (tests/engine/test_executor_exact.py); ``exact`` spends fewer host syncs and copies per step."""
+
+    kind: str
+    source: HostBatches | DeviceBatches
+    meter: type[HostMeter]
+    optimizers: Optimizers
+
+    @classmethod
+    def build(cls, kind: str, data: FederatedData, device: torch.device) -> Executor:
+        """Once per run and worker: ``exact`` moves the run's data to ``device`` here."""
+        if kind == "exact":
+            return cls(kind, DeviceBatches(data, device), DeviceMeter, Optimizers(reuse=True))
+        return cls("reference", HostBatches(data, device), HostMeter, Optimizers(reuse=False))
 
 
 def _trainable(model: nn.Module, phase: Phase) -> list[nn.Parameter]:
@@ -77,9 +206,16 @@ def _trainable(model: nn.Module, phase: Phase) -> list[nn.Parameter]:
 def train_client(
     method: Method, model: nn.Module, data: FederatedData, client_id: int, inputs: RoundInput,
     client_state: dict[str, Any], training: TrainingConfig, augment_kind: str, device: torch.device,
-    global_tensors: dict[str, torch.Tensor] | None = None,
+    global_tensors: dict[str, torch.Tensor] | None = None, executor: Executor | None = None,
 ) -> ClientResult:
-    """One client's local update: the engine's loop around the method's hooks (see methods/base.py)."""
+    """One client's local update: the engine's loop around the method's hooks (see methods/base.py).
+
+    ``executor``: the run's (``Executor.build``, kept by the worker); None = the reference path. A client
+    whose loss turned non-finite on a path that reads its metrics once (``HostMeter.deferred``) is trained
+    again on the reference path, which stops at the first such step: every result, diverged or not, is
+    then the reference's (a client's randomness is all from its seed, so the re-run replays it).
+    """
+    executor = executor if executor is not None else Executor.build("reference", data, device)
     client_seed = derive_seed(inputs.seed, inputs.round, client_id)
     torch.manual_seed(client_seed)
     generator = torch.Generator().manual_seed(client_seed)
@@ -88,8 +224,8 @@ def train_client(
         global_tensors = {k: torch.tensor(v, device=device) for k, v in inputs.global_state.items()}
     indices = data.client_train[client_id]
 
-    def epoch() -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        return batches(data, indices, training.batch_size, generator, device, augment_kind=augment_kind)
+    def epoch() -> Iterator[Batch]:
+        return executor.source.epoch(indices, training.batch_size, generator, augment_kind)
 
     ctx = ClientContext(
         client_id=client_id, round=inputs.round, model=model, global_state=global_tensors,
@@ -99,37 +235,42 @@ def train_client(
     )
     method.setup_client(ctx)
     model.train()
-    loss_sum, correct, seen, diverged = 0.0, 0, 0, False
-    for phase in method.phases(ctx):
-        params = _trainable(model, phase)
-        optimizer = make_optimizer(params, training, phase.lr if phase.lr is not None else inputs.lr)
-        for _ in range(phase.epochs):
-            for x, y in epoch():
-                optimizer.zero_grad(set_to_none=True)
-                loss, logits = method.backward(ctx, x, y)
-                if not math.isfinite(loss.item()):
-                    diverged = True
-                    break
-                method.after_backward(ctx)
-                if training.grad_clip is not None:
-                    torch.nn.utils.clip_grad_norm_(params, training.grad_clip)
-                optimizer.step()
-                ctx.steps += 1
-                loss_sum += loss.item() * len(y)
-                correct += int((logits.argmax(1) == y).sum())
-                seen += len(y)
-            if diverged:
-                break
-        if diverged:
-            break
+    meter = executor.meter(device)
+    _local_steps(method, ctx, training, inputs.lr, executor.optimizers, meter)
     for param in model.parameters():
         param.requires_grad_(True)
+    loss_sum, correct, seen, diverged = meter.totals()
+    if diverged and meter.deferred:
+        return train_client(method, model, data, client_id, inputs, client_state, training, augment_kind, device,
+                            global_tensors)
     result = method.client_result(ctx)
     result.metrics.update(
         train_loss=loss_sum / max(seen, 1) if not diverged else math.nan,
         train_acc=correct / max(seen, 1), samples=float(seen), steps=float(ctx.steps), diverged=float(diverged),
     )
     return result
+
+
+def _local_steps(
+    method: Method, ctx: ClientContext, training: TrainingConfig, lr: float, optimizers: Optimizers,
+    meter: HostMeter,
+) -> None:
+    """Every phase's epochs of steps; stops at the first step ``meter`` finds non-finite."""
+    for phase in method.phases(ctx):
+        params = _trainable(ctx.model, phase)
+        optimizer = optimizers.get(params, training, phase.lr if phase.lr is not None else lr)
+        for _ in range(phase.epochs):
+            for x, y in ctx.batches():
+                optimizer.zero_grad(set_to_none=True)
+                loss, logits = method.backward(ctx, x, y)
+                if not meter.finite(loss):
+                    return
+                method.after_backward(ctx)
+                if training.grad_clip is not None:
+                    torch.nn.utils.clip_grad_norm_(params, training.grad_clip)
+                optimizer.step()
+                ctx.steps += 1
+                meter.add(loss, logits, y)
 
 
 @torch.no_grad()

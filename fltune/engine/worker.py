@@ -21,7 +21,7 @@ from fltune.config import ExperimentConfig
 from fltune.data.federated import FederatedData
 from fltune.engine.aggregate import WeightedSum
 from fltune.engine.builders import build_method, build_model_for, resolve_augment
-from fltune.engine.local import RoundInput, evaluate, load_state, train_client
+from fltune.engine.local import Executor, RoundInput, evaluate, load_state, train_client
 from fltune.engine.rng import use_deterministic_cuda
 from fltune.methods.base import State, Upload, to_numpy
 from fltune.methods.finetune import FineTune
@@ -69,6 +69,7 @@ class ClientWorker:
             self.method = build_method(spec.cfg)
             self.model = build_model_for(spec.cfg, spec.data).to(self.device)
             self.augment_kind = resolve_augment(spec.cfg, spec.data)
+            self.executor = Executor.build(spec.cfg.resources.executor, spec.data, self.device)
             if self.device.type == "cuda":
                 use_deterministic_cuda(spec.cfg.resources.deterministic)
             self.run_id = ref.hex()
@@ -88,7 +89,7 @@ class ClientWorker:
                     stack.enter_context(meter)
                 out = train_client(
                     self.method, self.model, data, cid, inputs, states.get(cid, {}), self.cfg.training,
-                    self.augment_kind, self.device, global_tensors,
+                    self.augment_kind, self.device, global_tensors, self.executor,
                 )
             for meter in meters:
                 out.metrics.update(meter.client_metrics())
@@ -113,7 +114,8 @@ class ClientWorker:
         for cid in client_ids:
             state = states.get(cid, {})
             if finetune:
-                train_client(tuner, self.model, data, cid, inputs, state, training, self.augment_kind, self.device)
+                train_client(tuner, self.model, data, cid, inputs, state, training, self.augment_kind, self.device,
+                             executor=self.executor)
             else:
                 load_state(self.model, self.method.client_model_state(inputs.global_state, state))
             idx = torch.tensor(data.client_eval[cid], dtype=torch.long)

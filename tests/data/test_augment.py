@@ -6,7 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fltune.data.augment import augment, cutout, random_crop_flip, to_float
+from fltune.data.augment import augment, cutout, lookup_float, normalise_table, random_crop_flip, to_float
+from fltune.data.datasets import DATASETS, fixed_stats, load_dataset
 from fltune.errors import FLTuneError
 
 
@@ -79,3 +80,20 @@ def test_crop_flip_cutout_is_crop_flip_then_cutout() -> None:
 def test_unknown_kind_names_data_augment() -> None:
     with pytest.raises(FLTuneError, match=r"data\.augment: unknown augmentation 'rotate'; allowed: none"):
         augment(_batch(), "rotate", _gen(0))
+
+
+@pytest.mark.parametrize("name", DATASETS)
+def test_table_lookup_gives_to_floats_bits_for_every_value_and_dataset(name: str) -> None:
+    """The fast executor normalises by table lookup: for each dataset's mean/std and every pixel value 0–255
+    in every channel, at positions where ``to_float``'s vectorised loop and its tail both see them, the
+    float32 bits are those of ``to_float`` on the whole batch."""
+    stats = fixed_stats(name)
+    mean, std = stats if stats is not None else (load_dataset(name).mean, load_dataset(name).std)
+    gen = torch.Generator().manual_seed(0)
+    for batch, height, width in [(3, 17, 19), (5, 28, 28), (2, 32, 32)]:  # odd sizes: values in the tails too
+        x = torch.randint(0, 256, (batch, len(mean), height, width), dtype=torch.uint8, generator=gen)
+        for c in range(len(mean)):  # every value in every channel, first and last sample
+            x[0, c] = (torch.arange(height * width) % 256).to(torch.uint8).view(height, width)
+            x[-1, c] = x[0, c].flip(0, 1)
+        got = lookup_float(x, normalise_table(mean, std))
+        assert got.dtype == torch.float32 and torch.equal(got.view(torch.int32), to_float(x, mean, std).view(torch.int32))
