@@ -224,6 +224,11 @@ class ResourcesConfig(_Section):
     deterministic: bool = Field(
         True, description="reproducible CUDA kernels (same numbers with 1 or many workers); false = faster on GPU")
     address: str | None = Field(None, description="Ray cluster address; None = start a local Ray")
+    executor: Literal["exact", "reference", "batched"] = Field(
+        "exact", description="how workers train clients; batched = K clients at once with torch.func "
+        "(deterministic, statistically equivalent, not bit-identical; engine/batched.py)")
+    batch_clients: int = Field(
+        10, ge=1, description="K, clients per vmapped group of the batched executor (groups: sorted ids chunked)")
 
 
 class TrackingConfig(_Section):
