@@ -184,7 +184,7 @@ class _GroupTrainer:
         tally.diverged |= active & ~torch.isfinite(loss)
         live = active & ~tally.diverged
         if self.training.grad_clip is not None:
-            grads = self._clipped(grads)
+            self._clip(grads)
         for name, g in grads.items():
             self._update(name, g, params, buffers, lr, live)
         count = weight.sum(1).long()
@@ -193,24 +193,29 @@ class _GroupTrainer:
         tally.seen += torch.where(live, count, 0)
         tally.steps += live.long()
 
-    def _clipped(self, grads: Stacked) -> Stacked:
-        """Per client, ``clip_grad_norm_``: scale by max_norm / (‖g‖ + 1e-6), at most 1."""
+    def _clip(self, grads: Stacked) -> None:
+        """Per client, ``clip_grad_norm_``: scale by max_norm / (‖g‖ + 1e-6), at most 1 (in place)."""
         norms = torch.stack([g.flatten(1).norm(dim=1) for g in grads.values()], dim=1).norm(dim=1)
         coef = (self.training.grad_clip / (norms + 1e-6)).clamp(max=1.0)
-        return {n: g * coef.view(-1, *[1] * (g.dim() - 1)) for n, g in grads.items()}
+        for g in grads.values():
+            g.mul_(coef.view(-1, *[1] * (g.dim() - 1)))
 
     def _update(self, name: str, g: Tensor, params: Stacked, buffers: Stacked, lr: float, live: Tensor) -> None:
-        """SGD on one parameter of every live client; a zero buffer makes the first momentum step b = g."""
+        """SGD on one parameter of every live client, in place on ``g`` (the step's own gradient), the
+        buffer and the parameter: no new K-model tensors per step, which cost more than the arithmetic. A masked
+        client's gradient becomes 0 before it can touch the momentum (a non-finite one too), its buffer is
+        scaled by 1 instead of ρ and its step by 0, so neither changes; a zero buffer makes the first
+        momentum step b = g, as torch.optim.SGD's."""
         t = self.training
         p = params[name]
         mask = live.view(-1, *[1] * (p.dim() - 1))
         if t.weight_decay:
-            g = g.add(p, alpha=t.weight_decay)
+            g.add_(p, alpha=t.weight_decay)
+        g.masked_fill_(~mask, 0.0)
         if t.momentum:
-            buf = buffers[name].mul(t.momentum).add(g)
-            buffers[name] = torch.where(mask, buf, buffers[name])
-            g = g.add(buf, alpha=t.momentum) if t.nesterov else buf
-        params[name] = torch.where(mask, p.add(g, alpha=-lr), p)
+            buf = buffers[name].mul_(torch.where(mask, t.momentum, 1.0)).add_(g)
+            g = g.add_(buf, alpha=t.momentum) if t.nesterov else buf
+        p.addcmul_(g, torch.where(mask, -lr, 0.0))
 
 
 def _run_phase(
