@@ -17,7 +17,6 @@ from fltune.engine.federation import Federation
 from fltune.engine.local import RoundInput, train_client
 from fltune.engine.pool import WorkerPlan, WorkerPool, balance
 from fltune.methods import get_method
-from fltune.methods.base import to_numpy
 from tests.conftest import needs_fmnist
 
 CPU = torch.device("cpu")
@@ -27,9 +26,8 @@ LOCAL = [  # unequal clients (152..461 samples) and B = 32: every client ends it
 ]
 FEDERATION = [
     "data.dataset=synthetic", "model.name=mlp", "partition.kind=dirichlet_prior", "federation.clients=10",
-    "federation.fraction=0.4",
-    "federation.rounds=2", "training.local_epochs=1", "training.batch_size=32", "training.lr=0.05",
-    "metrics.protocols=[global]", "tracking.enabled=false", "resources.batch_clients=2",
+    "federation.fraction=0.4", "federation.rounds=2", "training.local_epochs=1", "training.batch_size=32",
+    "training.lr=0.05", "metrics.protocols=[global]", "tracking.enabled=false", "resources.batch_clients=2",
 ]
 
 
