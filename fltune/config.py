@@ -223,10 +223,13 @@ class ResourcesConfig(_Section):
     gpus_per_worker: float | None = Field(None, ge=0, le=1, description="None = share the GPUs when CUDA exists")
     deterministic: bool = Field(
         True, description="reproducible CUDA kernels (same numbers with 1 or many workers); false = faster on GPU")
-    executor: Literal["exact", "reference"] = Field(
-        "exact", description="how workers run the local loop: exact = data on the worker's device, metrics read "
-        "once per client (bit-identical to reference); reference = per-step host batches and reads")
     address: str | None = Field(None, description="Ray cluster address; None = start a local Ray")
+    executor: Literal["exact", "reference", "batched"] = Field(
+        "exact", description="how workers train clients: exact = data on the worker's device, metrics read once "
+        "per client (bit-identical to reference); reference = per-step host batches and reads; batched = K "
+        "clients at once with torch.func (deterministic, statistically equivalent, not bit-identical)")
+    batch_clients: int = Field(
+        10, ge=1, description="K, clients per vmapped group of the batched executor (groups: sorted ids chunked)")
 
 
 class TrackingConfig(_Section):

@@ -26,6 +26,7 @@ from fltune.config import ExperimentConfig
 from fltune.data.federated import FederatedData
 from fltune.engine.aggregate import WeightedSum
 from fltune.engine.builders import build_method, build_model_for, initial_state, load_data
+from fltune.engine.batched import note_fallback
 from fltune.engine.callbacks import Callback
 from fltune.engine.local import RoundInput, evaluate, load_state
 from fltune.engine.pool import WorkerPool, balance, ensure_ray, plan_workers
@@ -70,6 +71,7 @@ class Federation:
         if self.device.type == "cuda":  # the round probes run on the driver
             use_deterministic_cuda(cfg.resources.deterministic)
         self.eval_model = build_model_for(cfg, self.data).to(self.device)
+        note_fallback(cfg, self.method, self.eval_model)
         self.sizes = [len(idx) for idx in self.data.client_train]
         self.pool: WorkerPool | None = None
         self.shared_pool = pool
@@ -158,7 +160,9 @@ class Federation:
             global_state=self.global_state, server=self.method.server_payload(self.server_state),
         )
         inputs_ref = ray.put(inputs)
-        shards = balance(clients, self.sizes, len(self.pool.actors))
+        res = self.cfg.resources
+        group = res.batch_clients if res.executor == "batched" else 1  # whole groups per worker
+        shards = balance(clients, self.sizes, len(self.pool.actors), group)
         results = self.pool.map(self.run_ref, "train", shards, inputs_ref, per_shard=self._states_for)
         total = WeightedSum()
         uploads, states, client_metrics, latest = {}, {}, {}, {}

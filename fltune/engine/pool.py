@@ -16,6 +16,7 @@ import torch
 
 from fltune.config import ExperimentConfig
 from fltune.data.federated import FederatedData
+from fltune.engine.batched import client_groups
 from fltune.engine.worker import ClientWorker, RunSpec
 from fltune.errors import FLTuneError
 
@@ -113,12 +114,14 @@ class WorkerPool:
         self.actors = []
 
 
-def balance(clients: list[int], sizes: list[int], workers: int) -> list[list[int]]:
-    """Longest-processing-time-first assignment of clients to workers (deterministic, size-balanced)."""
+def balance(clients: list[int], sizes: list[int], workers: int, group: int = 1) -> list[list[int]]:
+    """Longest-processing-time-first assignment of clients to workers (deterministic, size-balanced), in
+    units of the batched executor's client groups (``batched.client_groups``; ``group = 1``: single clients)."""
     shards: list[list[int]] = [[] for _ in range(workers)]
     loads = [0] * workers
-    for cid in sorted(clients, key=lambda c: (-sizes[c], c)):
+    units = client_groups(clients, group)
+    for unit in sorted(units, key=lambda u: (-sum(sizes[c] for c in u), u[0])):
         slot = min(range(workers), key=lambda i: (loads[i], i))
-        shards[slot].append(cid)
-        loads[slot] += sizes[cid]
+        shards[slot].extend(unit)
+        loads[slot] += sum(sizes[c] for c in unit)
     return [sorted(s) for s in shards]

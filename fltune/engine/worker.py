@@ -20,10 +20,11 @@ import torch
 from fltune.config import ExperimentConfig
 from fltune.data.federated import FederatedData
 from fltune.engine.aggregate import WeightedSum
+from fltune.engine.batched import client_groups, train_group, unbatchable
 from fltune.engine.builders import build_method, build_model_for, resolve_augment
 from fltune.engine.local import Executor, RoundInput, evaluate, load_state, train_client
 from fltune.engine.rng import use_deterministic_cuda
-from fltune.methods.base import State, Upload, to_numpy
+from fltune.methods.base import ClientResult, State, Upload, to_numpy
 from fltune.methods.finetune import FineTune
 from fltune.metrics.probe import client_meters
 
@@ -69,7 +70,11 @@ class ClientWorker:
             self.method = build_method(spec.cfg)
             self.model = build_model_for(spec.cfg, spec.data).to(self.device)
             self.augment_kind = resolve_augment(spec.cfg, spec.data)
-            self.executor = Executor.build(spec.cfg.resources.executor, spec.data, self.device)
+            self.batched = spec.cfg.resources.executor == "batched" and unbatchable(
+                spec.cfg, self.method, self.model) is None
+            # batched rounds that must run client by client (metered ones, unbatchable methods) take the exact path
+            self.executor = Executor.build(
+                "reference" if spec.cfg.resources.executor == "reference" else "exact", spec.data, self.device)
             if self.device.type == "cuda":
                 use_deterministic_cuda(spec.cfg.resources.deterministic)
             self.run_id = ref.hex()
@@ -78,10 +83,14 @@ class ClientWorker:
     def train(
         self, run_ref: list, inputs: RoundInput, client_ids: list[int], states: dict[int, dict[str, Any]],
     ) -> WorkerResult:
-        """Train ``client_ids`` in order; stop early if one diverges (the round is lost anyway)."""
+        """Train ``client_ids`` in order; stop early if one diverges (the round is lost anyway). The batched
+        executor trains them in groups (engine/batched.py), except in a round whose probes meter each
+        client's own training (``client_meters``)."""
         data = self._attach(run_ref)
         result = WorkerResult(partial=WeightedSum())
         global_tensors = {k: torch.tensor(v, device=self.device) for k, v in inputs.global_state.items()}
+        if self.batched and not client_meters(self.cfg, data, inputs.round):
+            return self._train_groups(result, inputs, client_ids, states, global_tensors)
         for cid in client_ids:
             meters = client_meters(self.cfg, data, inputs.round)  # what probes measure of the training itself
             with ExitStack() as stack:
@@ -93,13 +102,30 @@ class ClientWorker:
                 )
             for meter in meters:
                 out.metrics.update(meter.client_metrics())
-            result.partial.add(out.weight, out.update)
-            result.uploads[cid], result.states[cid], result.metrics[cid] = out.upload, out.state, out.metrics
-            if self.keep_latest:
-                result.latest[cid] = to_numpy(self.model.state_dict())
+            self._keep(result, cid, out)
             if out.metrics["diverged"]:
                 break
         return result
+
+    def _train_groups(
+        self, result: WorkerResult, inputs: RoundInput, client_ids: list[int], states: dict[int, dict[str, Any]],
+        global_tensors: dict[str, torch.Tensor],
+    ) -> WorkerResult:
+        """The batched executor: the shard's client groups one after another, each trained at once."""
+        for group in client_groups(client_ids, self.cfg.resources.batch_clients):
+            for cid, out in train_group(self.method, self.model, self.data, group, inputs, states, self.cfg.training,
+                                        self.augment_kind, self.device, global_tensors):
+                self._keep(result, cid, out)
+            if any(result.metrics[cid]["diverged"] for cid in group):
+                break
+        return result
+
+    def _keep(self, result: WorkerResult, cid: int, out: ClientResult) -> None:
+        """Add a trained client to the worker's share (its local model: what ``self.model`` holds now)."""
+        result.partial.add(out.weight, out.update)
+        result.uploads[cid], result.states[cid], result.metrics[cid] = out.upload, out.state, out.metrics
+        if self.keep_latest:
+            result.latest[cid] = to_numpy(self.model.state_dict())
 
     def evaluate_clients(
         self, run_ref: list, inputs: RoundInput, finetune: bool, client_ids: list[int],

@@ -21,7 +21,8 @@ import torch
 from torch import Tensor
 
 from fltune.methods.base import (
-    ClientContext, ClientResult, Method, ServerContext, ServerUpdate, State, effective_steps, to_numpy,
+    ClientContext, ClientResult, Forward, Method, ServerContext, ServerUpdate, State, effective_steps,
+    gradient_term, squared_distance, to_numpy,
 )
 
 
@@ -69,9 +70,10 @@ class DriftCorrected(Method):
         ``acarturk/FedDyn``: α⟨θ, h_k − θ_g⟩ plus weight decay α) has the same gradient; the two values
         differ by a θ-independent constant only.
         """
-        target = ctx.scratch["drift_target"]
-        squared = sum(((p - target[name]) ** 2).sum() for name, p in ctx.model.named_parameters())
-        return 0.5 * alpha * squared
+        return 0.5 * alpha * squared_distance(ctx.model.named_parameters(), ctx.scratch["drift_target"])
+
+    def loss_inputs(self, ctx: ClientContext) -> dict[str, dict[str, Tensor]]:
+        return {**super().loss_inputs(ctx), "drift_target": ctx.scratch["drift_target"]}
 
     def client_result(self, ctx: ClientContext) -> ClientResult:
         """h_k + θ_k − θ_g = θ_k − (θ_g − h_k)."""
@@ -116,6 +118,18 @@ class ControlVariates(Method):
         for name, p in ctx.model.named_parameters():
             if p.grad is not None:
                 p.grad.add_(correction[name])
+
+    def loss_inputs(self, ctx: ClientContext) -> dict[str, dict[str, Tensor]]:
+        return {**super().loss_inputs(ctx), "correction": ctx.scratch["correction"]}
+
+    def functional_loss(
+        self, forward: Forward, params: dict[str, Tensor], inputs: dict[str, dict[str, Tensor]],
+        x: Tensor, y: Tensor, weight: Tensor,
+    ) -> tuple[Tensor, Tensor]:
+        """The loss term ⟨θ, c − c_k⟩ with its value left out: the gradient ``after_backward`` adds."""
+        loss, logits = super().functional_loss(forward, params, inputs, x, y, weight)
+        correction = inputs["correction"]
+        return loss + gradient_term(sum((p * correction[n]).sum() for n, p in params.items())), logits
 
     def client_result(self, ctx: ClientContext) -> ClientResult:
         """c_k⁺ = (θ_g − θ_k)/(K_eff·lr) − (c − c_k); K_eff ≥ 1 guards a client stopped before its first step."""

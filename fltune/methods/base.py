@@ -20,7 +20,7 @@ inside a worker, so any worker can train any client and a checkpoint is just the
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
 
@@ -157,6 +157,30 @@ class ServerUpdate:
     client_states: dict[int, dict[str, Any]]
 
 
+Forward = Callable[[dict[str, torch.Tensor], torch.Tensor], torch.Tensor]
+"""The model as a function of its parameters: ``forward(params, x) -> logits`` (``torch.func.functional_call``)."""
+
+
+def squared_distance(params: Iterable[tuple[str, torch.Tensor]], anchor: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    """Σ_n ‖p_n − anchor_n‖² over (name, tensor) pairs: FedProx's and FedDyn's penalties, for a module's
+    ``named_parameters()`` (exact path) or a parameter dict's items (batched executor) alike."""
+    return sum(((p - anchor[n]) ** 2).sum() for n, p in params)
+
+
+def masked_cross_entropy(logits: torch.Tensor, y: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy over the samples with weight 1: a batched group pads every client's batch to one
+    shape, and a client's short last batch must still average over its real samples only (as the exact
+    path's ``F.cross_entropy`` does over its unpadded batch)."""
+    per_sample = F.cross_entropy(logits, y, reduction="none")
+    return (per_sample * weight).sum() / weight.sum().clamp(min=1.0)
+
+
+def gradient_term(term: torch.Tensor) -> torch.Tensor:
+    """A zero-valued loss term whose gradient is ``term``'s: SCAFFOLD's correction ⟨θ, c − c_k⟩ added to a
+    functional loss changes the gradient as ``after_backward`` does, and the reported loss not at all."""
+    return term - term.detach()
+
+
 def to_numpy(state: dict[str, torch.Tensor], keys: set[str] | None = None) -> State:
     """Detach a (sub)state_dict to CPU numpy for the wire or the client store."""
     return {k: v.detach().cpu().numpy().copy() for k, v in state.items() if keys is None or k in keys}
@@ -180,6 +204,10 @@ class Method:
     No default, as ``stored_models``."""
     weighted_by_samples: ClassVar[bool] = True
     """Whether updates are weighted by n_k (FedAvg) or equally (FedDyn-family); also weights `all_model`."""
+    batchable: ClassVar[bool] = False
+    """Whether the batched executor (``resources.executor: batched``, engine/batched.py) may train this
+    method's clients K at a time: its local step is plain gradient descent on :meth:`functional_loss`, and
+    its other client hooks work on one client's context as usual. Checked through :meth:`batches_clients`."""
 
     def __init__(self, params: Params | None = None) -> None:
         self.params = params if params is not None else self.Params()
@@ -236,6 +264,35 @@ class Method:
 
     def after_backward(self, ctx: ClientContext) -> None:
         """Adjust gradients before clipping and the optimiser step (SCAFFOLD, FedDC)."""
+
+    # ---------------------------------------------------------------- functional step (batched executor)
+    @classmethod
+    def batches_clients(cls) -> bool:
+        """``batchable``, unless a subclass changed the per-batch step (``local_loss``, ``backward``,
+        ``after_backward``) below the class that gave :meth:`functional_loss`: a ``<method>+<modifier>``
+        composite inherits ``batchable`` but its extra loss term has no functional form, so it is trained
+        per client."""
+
+        def owner(hook: str) -> int:
+            return next(i for i, klass in enumerate(cls.__mro__) if hook in vars(klass))
+
+        step = min(owner(hook) for hook in ("local_loss", "backward", "after_backward"))
+        return cls.batchable and owner("functional_loss") <= step
+
+    def loss_inputs(self, ctx: ClientContext) -> dict[str, dict[str, torch.Tensor]]:
+        """Per-client tensors :meth:`functional_loss` reads besides the batch, read after ``setup_client``
+        (the batched executor stacks them over a group); FedAvg: none. Overrides extend ``super()``'s."""
+        return {}
+
+    def functional_loss(
+        self, forward: Forward, params: dict[str, torch.Tensor], inputs: dict[str, dict[str, torch.Tensor]],
+        x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`local_loss` (plus what ``after_backward`` adds to the gradient) as a pure function of one
+        client's ``params``, for ``torch.func``: (loss, logits). ``weight`` marks the real samples of a
+        padded batch (:func:`masked_cross_entropy`). FedAvg: cross-entropy."""
+        logits = forward(params, x)
+        return masked_cross_entropy(logits, y, weight), logits
 
     def client_result(self, ctx: ClientContext) -> ClientResult:
         """Upload the shared weights (weight n_k, or 1 unless ``weighted_by_samples``); keep personal ones in

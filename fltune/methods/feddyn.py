@@ -5,7 +5,7 @@ from pydantic import Field
 
 from fltune.methods import register
 from fltune.methods._drift import DriftCorrected
-from fltune.methods.base import ClientContext, Params
+from fltune.methods.base import ClientContext, Forward, Params, squared_distance
 
 
 class FedDynParams(Params):
@@ -25,9 +25,19 @@ class FedDyn(DriftCorrected):
     name = "feddyn"
     Params = FedDynParams
     passes_per_step = 1.0
+    batchable = True
 
     def local_loss(self, ctx: ClientContext, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
         loss, logits = super().local_loss(ctx, x, y)
         if self.params.alpha == 0:
             return loss, logits
         return loss + self.drift_penalty(ctx, self.params.alpha), logits
+
+    def functional_loss(
+        self, forward: Forward, params: dict[str, Tensor], inputs: dict[str, dict[str, Tensor]],
+        x: Tensor, y: Tensor, weight: Tensor,
+    ) -> tuple[Tensor, Tensor]:
+        loss, logits = super().functional_loss(forward, params, inputs, x, y, weight)
+        if self.params.alpha == 0:
+            return loss, logits
+        return loss + 0.5 * self.params.alpha * squared_distance(params.items(), inputs["drift_target"]), logits

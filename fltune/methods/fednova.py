@@ -24,6 +24,7 @@ class FedNova(Method):
     name = "fednova"
     stored_models = 1.0  # the local model only
     passes_per_step = 1.0
+    batchable = True
 
     def client_result(self, ctx: ClientContext) -> ClientResult:
         """Float entries become d_k; a_k ≥ 1 after one step, and a client stopped before its first step

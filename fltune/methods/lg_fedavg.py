@@ -16,3 +16,4 @@ class LGFedAvg(PersonalBody):
     name = "lg_fedavg"
     stored_models = 1.0  # the local model only
     passes_per_step = 1.0
+    batchable = True

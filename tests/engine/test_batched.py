@@ -1,0 +1,168 @@
+"""The batched executor (engine/batched.py): client by client it follows the exact path up to float
+rounding; runs are deterministic and independent of the worker count; unsupported methods fall back."""
+
+from __future__ import annotations
+
+import logging
+import statistics
+
+import numpy as np
+import pytest
+import torch
+
+from fltune.config import build_config
+from fltune.engine.batched import client_groups, train_group
+from fltune.engine.builders import build_method, build_model_for, initial_state, load_data
+from fltune.engine.federation import Federation
+from fltune.engine.local import RoundInput, train_client
+from fltune.engine.pool import WorkerPlan, WorkerPool, balance
+from fltune.methods import get_method
+from tests.conftest import needs_fmnist
+
+CPU = torch.device("cpu")
+LOCAL = [  # unequal clients (152..461 samples) and B = 32: every client ends its epochs on a short batch
+    "data.dataset=synthetic", "data.subsample=0.3", "model.name=mlp", "partition.kind=dirichlet", "partition.alpha=0.3",
+    "federation.clients=6", "training.batch_size=32", "training.local_epochs=1", "tracking.enabled=false",
+]
+FEDERATION = [
+    "data.dataset=synthetic", "model.name=mlp", "partition.kind=dirichlet_prior", "federation.clients=10",
+    "federation.fraction=0.4", "federation.rounds=2", "training.local_epochs=1", "training.batch_size=32",
+    "training.lr=0.05", "metrics.protocols=[global]", "tracking.enabled=false", "resources.batch_clients=2",
+]
+
+
+def exact_and_batched(overrides: list[str], group: list[int], lr: float = 0.01) -> list[tuple[dict, dict]]:
+    """Per client of ``group``: ((state, metrics) on the exact path, (state, metrics) batched with the
+    whole group at once). Round 1 from the initial model; SCAFFOLD gets a non-zero server c."""
+    cfg = build_config(overrides=[*LOCAL, *overrides])
+    data, method = load_data(cfg), build_method(cfg)
+    model = build_model_for(cfg, data)
+    start = initial_state(cfg, data)
+    rng = np.random.default_rng(0)
+    server = {"c": {k: rng.normal(0, 0.01, v.shape).astype(v.dtype) for k, v in start.items()}}
+    inputs = RoundInput(round=1, seed=0, lr=lr, global_state=start, server=server)
+    tensors = {k: torch.tensor(v) for k, v in start.items()}
+    exact = {}
+    for cid in group:
+        out = train_client(method, model, data, cid, inputs, {}, cfg.training, "none", CPU, tensors)
+        exact[cid] = ({**out.update, **out.state.get("personal", {})}, out.metrics)
+    batched = {}
+    for cid, out in train_group(method, model, data, group, inputs, {}, cfg.training, "none", CPU, tensors):
+        batched[cid] = ({**out.update, **out.state.get("personal", {})}, out.metrics)
+    return [(exact[cid], batched[cid]) for cid in group]
+
+
+@pytest.mark.parametrize("overrides", [
+    ["method.name=fedavg"], ["method.name=fedprox", "method.mu=0.1"], ["method.name=scaffold"],
+    ["method.name=fedrep"], ["method.name=lg_fedavg"], ["method.name=fedbabu"], ["method.name=fedper"],
+    ["method.name=feddyn", "method.alpha=0.1"], ["method.name=fednova"],
+    ["training.nesterov=true", "training.weight_decay=1e-3", "training.grad_clip=0.5"],
+    ["training.momentum=0"],
+], ids=lambda o: "-".join(s.split("=")[-1] for s in o))
+def test_each_client_follows_the_exact_path(overrides):
+    """Masking (fewer steps for smaller clients, short last batches), the SGD state and every method's
+    functional loss: each client's weights and metrics match the exact path's up to float rounding in a
+    group with clients of other sizes (a wrong or missing step moves weights by ~lr·g ≈ 1e-3)."""
+    assert_follows_exact(overrides, [0, 1, 2, 3])
+
+
+@pytest.mark.parametrize("method", ["fedavg", "fedrep"])
+def test_a_client_alone_follows_the_exact_path(method):
+    """One client per group: the vmapped step of a single client is the exact path's step."""
+    assert_follows_exact([f"method.name={method}"], [3])
+
+
+def assert_follows_exact(overrides: list[str], group: list[int]) -> None:
+    for (exact_state, exact_metrics), (state, metrics) in exact_and_batched(overrides, group):
+        assert exact_state.keys() == state.keys()
+        for key in state:
+            np.testing.assert_allclose(state[key], exact_state[key], rtol=1e-3, atol=1e-4, err_msg=key)
+        assert {k: metrics[k] for k in ("samples", "steps", "diverged")} == {
+            k: exact_metrics[k] for k in ("samples", "steps", "diverged")}
+        assert metrics["train_loss"] == pytest.approx(exact_metrics["train_loss"], rel=1e-5)
+        assert metrics["train_acc"] == pytest.approx(exact_metrics["train_acc"], abs=1e-2)
+
+
+def test_a_diverging_client_stops_like_on_the_exact_path():
+    """A non-finite loss stops that client before its step (masked from then on), as the exact path breaks."""
+    pairs = exact_and_batched(["method.name=fedavg"], [0, 3], lr=1e6)
+    assert [m["diverged"] for _, (_, m) in pairs] == [1.0, 1.0]
+    assert [m["steps"] for (_, m), _ in pairs] == [m["steps"] for _, (_, m) in pairs]
+
+
+def test_groups_depend_on_the_client_list_alone_and_travel_whole():
+    assert client_groups([7, 2, 9, 4, 5], 2) == [[2, 4], [5, 7], [9]]
+    sizes = [100, 5, 80, 60, 40, 10, 30, 20, 90, 70]
+    clients = [0, 2, 3, 5, 6, 8, 9]
+    for workers in (1, 2, 3):
+        shards = balance(clients, sizes, workers, group=3)
+        assert sorted(c for s in shards for c in s) == clients
+        regrouped = sorted(g for s in shards for g in client_groups(s, 3))
+        assert regrouped == client_groups(clients, 3)
+    assert balance(clients, sizes, 2) == balance(clients, sizes, 2, group=1)
+
+
+def test_composites_and_step_overrides_are_not_batched():
+    """A ``<method>+<modifier>`` adds a loss term with no functional form; SAM methods override backward."""
+    assert get_method("fedavg").batches_clients() and get_method("feddc").batches_clients()
+    assert not get_method("fedavg+man").batches_clients()
+    assert not get_method("fedsam").batches_clients() and not get_method("fedspeed").batches_clients()
+
+
+def run_all(cfgs: list[list[str]], workers: int) -> list[Federation]:
+    """The runs one after another on one shared pool of ``workers`` actors (started once)."""
+    pool = WorkerPool(WorkerPlan(workers=workers, cpus=1.0, gpus=0.0))
+    feds = [Federation(build_config(overrides=overrides), pool=pool) for overrides in cfgs]
+    try:
+        for fed in feds:
+            fed.run()
+            fed.close()
+    finally:
+        pool.shutdown()
+    return feds
+
+
+def fingerprint(fed: Federation) -> tuple:
+    return ([row["acc_global"] for row in fed.history], [row["train_loss"] for row in fed.history],
+            {k: v.tobytes() for k, v in fed.global_state.items()})
+
+
+def test_batched_runs_are_deterministic_and_worker_count_free(ray_session):
+    batched = [*FEDERATION, "resources.executor=batched"]
+    one, again = run_all([batched, batched], workers=1)
+    (two,) = run_all([batched], workers=2)
+    assert one.status == "finished" and one.history[-1]["acc_global"] > 0.3
+    assert fingerprint(one) == fingerprint(again) == fingerprint(two)
+
+
+def test_unsupported_method_falls_back_and_says_so(ray_session, caplog):
+    """FedSAM's two-pass step has no functional form: it trains on the exact path, bit for bit, with one
+    warning for the run (not one per round)."""
+    sam = [*FEDERATION, "method.name=fedsam"]
+    with caplog.at_level(logging.WARNING, logger="fltune.engine.batched"):
+        fallback, exact = run_all([[*sam, "resources.executor=batched"], sam], workers=1)
+    notes = [r.getMessage() for r in caplog.records if r.name == "fltune.engine.batched"]
+    assert notes == ["resources.executor: batched trains every client on the exact path: method fedsam has no "
+                     "functional local step (Method.functional_loss)"]
+    assert fingerprint(fallback) == fingerprint(exact)
+
+
+@needs_fmnist
+def test_batched_accuracy_is_within_the_exact_paths_seed_spread(ray_session):
+    """Statistical equivalence on a tiny FMNIST federation (MLP, 10 Dirichlet clients, 5 per round, 3
+    rounds): over seeds 0-3 the batched mean final accuracy lies within max(2·std, 0.01) of the exact
+    path's mean, std the exact path's sample standard deviation over the same seeds."""
+    base = [
+        "data.dataset=fmnist", "data.subsample=0.05", "model.name=mlp", "partition.kind=dirichlet",
+        "federation.clients=10", "federation.fraction=0.5", "federation.rounds=3", "training.batch_size=50",
+        "training.local_epochs=1", "metrics.protocols=[global]", "tracking.enabled=false",
+        "resources.batch_clients=3",
+    ]
+    runs = {executor: run_all([[*base, f"federation.seed={s}", f"resources.executor={executor}"] for s in range(4)],
+                              workers=2)
+            for executor in ("exact", "batched")}
+    acc = {executor: [fed.history[-1]["acc_global"] for fed in feds] for executor, feds in runs.items()}
+    assert all(a > 0.3 for a in acc["exact"]), acc  # the federations learn (chance is 0.1)
+    assert fingerprint(runs["batched"][0]) != fingerprint(runs["exact"][0])  # batched really ran
+    spread = max(2 * statistics.stdev(acc["exact"]), 0.01)
+    assert abs(statistics.mean(acc["batched"]) - statistics.mean(acc["exact"])) <= spread, acc
