@@ -87,11 +87,15 @@ class WorkerPool:
         self.plan = plan
         self.actors = [remote.remote(max(1, int(plan.cpus))) for _ in range(plan.workers)]
 
-    @staticmethod
-    def bind(cfg: ExperimentConfig, data: FederatedData, keep_latest: bool) -> ray.ObjectRef:
+    def bind(self, cfg: ExperimentConfig, data: FederatedData, keep_latest: bool) -> ray.ObjectRef:
         """A run's handle for ``map``: its config and dataset in the object store, once per run. The caller
-        holds it for the run's life, so restarted actors can fetch them again."""
-        return ray.put(RunSpec(cfg, data, keep_latest))
+        holds it for the run's life, so restarted actors can fetch them again. Every actor starts fetching
+        it at once (``ClientWorker.ready``, not waited for): the first round then finds them warm, and
+        their start-up overlaps the driver's (tracking, the header)."""
+        ref = ray.put(RunSpec(cfg, data, keep_latest))
+        for actor in self.actors:
+            actor.ready.remote([ref])
+        return ref
 
     def map(self, run: ray.ObjectRef, method: str, shards: list[list[int]], *args: Any,
             per_shard: Any = None) -> list[Any]:

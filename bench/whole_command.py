@@ -1,0 +1,156 @@
+"""The whole ``python cli.py run …`` command against a tight single-process PyTorch loop, start to exit.
+
+Workload (issue 12, item 4): FedAvg, FMNIST IID, 100 clients × 600, 10 per round, E = 1, B = 50, global
+evaluation every round, 5 rounds. Both sides are timed as subprocesses from spawn to exit (imports, data
+loading, Ray start-up, MLflow, shutdown included), in pairs run back to back, and the process tree's
+resident memory (the process plus every descendant: Ray's GCS, raylet and workers) is sampled every
+0.2 s from /proc. The tight loop trains the same clients on the same samples in one process with every
+core and evaluates the global model on the test set after every round. Last lines: ``ratio <cmd/tight>``
+(median wall clock; goal ≤ 1.15) and ``memory_ratio`` (peak tree RSS; goal: the command ≤ 2 GB).
+
+    python bench/whole_command.py [--pairs 3] [--rounds 5] [--mlflow-uri sqlite:////tmp/wc/mlflow.db]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def command(rounds: int, mlflow_uri: str) -> list[str]:
+    """The issue's CPU workload as a user types it."""
+    return [
+        sys.executable, str(REPO / "cli.py"), "run", "--method", "fedavg", "--dataset", "fmnist", "--partition",
+        "iid", "--clients", "100", "--fraction", "0.1", "--rounds", str(rounds), "--local-epochs", "1",
+        "--batch-size", "50", "--seed", "0", "--set", "metrics.protocols=[global]", "--set", "metrics.every=1",
+        "--set", f"tracking.uri={mlflow_uri}",
+    ]
+
+
+def tree_rss(root: int) -> int:
+    """Resident bytes of ``root`` and all its descendants (read from /proc; vanished processes count 0)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            ppid = int(stat.rsplit(")", 1)[1].split()[1])
+            children.setdefault(ppid, []).append(int(entry))
+    total, todo = 0, [root]
+    while todo:
+        pid = todo.pop()
+        todo.extend(children.get(pid, []))
+        try:
+            total += int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * PAGE
+        except OSError:
+            pass
+    return total
+
+
+def measure(argv: list[str], env: dict[str, str]) -> tuple[float, float, list[tuple[float, str]]]:
+    """(wall seconds from spawn to exit, peak tree RSS in GB, (seconds, line) of everything it printed)."""
+    lines: list[tuple[float, str]] = []
+    with tempfile.TemporaryFile("w+") as log:
+        start = time.perf_counter()
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO)
+        peak = 0
+        while proc.poll() is None:
+            peak = max(peak, tree_rss(proc.pid))
+            time.sleep(0.2)
+        wall = time.perf_counter() - start
+        log.seek(0)
+        lines = [(wall, line.rstrip()) for line in log]
+    if proc.returncode != 0:
+        sys.exit(f"{argv[1]} exited {proc.returncode}:\n" + "\n".join(line for _, line in lines[-20:]))
+    return wall, peak / 2**30, lines
+
+
+def tight_loop(rounds: int) -> None:
+    """The reference: same clients, samples and steps as fltune's FedAvg, global evaluation every round."""
+    import torch
+    import torch.nn.functional as F
+
+    from fltune.config import build_config
+    from fltune.data.augment import to_float
+    from fltune.engine.builders import build_model_for, initial_state, load_data
+    from fltune.engine.rng import sample_clients
+
+    cfg = build_config(overrides=[
+        "method.name=fedavg", "data.dataset=fmnist", "partition.kind=iid", "federation.clients=100",
+        "federation.fraction=0.1", f"federation.rounds={rounds}", "training.local_epochs=1",
+        "training.batch_size=50", "tracking.enabled=false",
+    ])
+    torch.set_num_threads(os.cpu_count() or 1)
+    data = load_data(cfg)
+    model = build_model_for(cfg, data)
+    global_state = {k: torch.tensor(v) for k, v in initial_state(cfg, data).items()}
+    fed, tr = cfg.federation, cfg.training
+    for r in range(1, fed.rounds + 1):
+        total = {k: torch.zeros_like(v, dtype=torch.float64) for k, v in global_state.items()}
+        weight = 0
+        for cid in sample_clients(fed.seed, r, fed.clients, fed.clients_per_round):
+            model.load_state_dict(global_state)
+            model.train()
+            opt = torch.optim.SGD(model.parameters(), lr=tr.lr, momentum=tr.momentum)
+            idx = torch.as_tensor(data.client_train[cid])[torch.randperm(len(data.client_train[cid]))]
+            for s in range(0, len(idx), tr.batch_size):
+                chunk = idx[s:s + tr.batch_size]
+                opt.zero_grad()
+                F.cross_entropy(model(to_float(data.x[chunk], data.mean, data.std)), data.y[chunk]).backward()
+                opt.step()
+            for k, v in model.state_dict().items():
+                total[k] += len(idx) * v.double()
+            weight += len(idx)
+        global_state = {k: (v / weight).to(global_state[k].dtype) for k, v in total.items()}
+        model.load_state_dict(global_state)
+        model.eval()
+        correct = 0
+        with torch.no_grad():
+            for s in range(0, len(data.test_y), 1000):
+                logits = model(to_float(data.test_x[s:s + 1000], data.mean, data.std))
+                correct += int((logits.argmax(1) == data.test_y[s:s + 1000]).sum())
+        print(f"round {r} acc_global={correct / len(data.test_y):.4f}", flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pairs", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--mlflow-uri", help="the command's MLflow store (default: a fresh sqlite file per run)")
+    parser.add_argument("--tight", action="store_true", help=argparse.SUPPRESS)  # the reference's own process
+    args = parser.parse_args()
+    if args.tight:
+        tight_loop(args.rounds)
+        return
+    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    cmd_runs, tight_runs = [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        for pair in range(args.pairs):
+            uri = args.mlflow_uri or f"sqlite:///{tmp}/mlflow{pair}.db"
+            cmd_runs.append(measure(command(args.rounds, uri), env))
+            tight_runs.append(measure([sys.executable, __file__, "--tight", "--rounds", str(args.rounds)], env))
+            print(f"pair {pair + 1}: command {cmd_runs[-1][0]:.1f} s {cmd_runs[-1][1]:.2f} GB   "
+                  f"tight {tight_runs[-1][0]:.1f} s {tight_runs[-1][1]:.2f} GB", flush=True)
+    final = [line for _, line in cmd_runs[-1][2] if line.startswith(f"round {args.rounds}/")]
+    print("command's last round:", final[-1] if final else "(not shown)")
+    cmd_s, tight_s = statistics.median(r[0] for r in cmd_runs), statistics.median(r[0] for r in tight_runs)
+    cmd_gb, tight_gb = max(r[1] for r in cmd_runs), max(r[1] for r in tight_runs)
+    print(f"command wall {cmd_s:.1f} s (median)  peak tree {cmd_gb:.2f} GB")
+    print(f"tight   wall {tight_s:.1f} s (median)  peak tree {tight_gb:.2f} GB")
+    print(f"ratio {cmd_s / tight_s:.3f}")
+    print(f"memory_ratio {cmd_gb / tight_gb:.3f}")
+
+
+if __name__ == "__main__":
+    main()
