@@ -8,7 +8,10 @@ resident memory (the process plus every descendant: Ray's GCS, raylet and worker
 core and evaluates the global model on the test set after every round. Last lines: ``ratio <cmd/tight>``
 (median wall clock; goal ≤ 1.15) and ``memory_ratio`` (peak tree RSS; goal: the command ≤ 2 GB).
 
-    python bench/whole_command.py [--pairs 3] [--rounds 5] [--mlflow-uri sqlite:////tmp/wc/mlflow.db]
+    python bench/whole_command.py [--pairs 3] [--rounds 5] [--before /path/to/older/checkout]
+
+``--before``: also time that checkout's command in every pair (a third run, same conditions), so a change
+is measured before and after in one run on a shared machine (``ratio_before``).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -26,10 +30,10 @@ REPO = Path(__file__).resolve().parents[1]
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
-def command(rounds: int, mlflow_uri: str) -> list[str]:
-    """The issue's CPU workload as a user types it."""
+def command(rounds: int, mlflow_uri: str, repo: Path = REPO) -> list[str]:
+    """The issue's CPU workload as a user types it (in the checkout ``repo``)."""
     return [
-        sys.executable, str(REPO / "cli.py"), "run", "--method", "fedavg", "--dataset", "fmnist", "--partition",
+        sys.executable, str(repo / "cli.py"), "run", "--method", "fedavg", "--dataset", "fmnist", "--partition",
         "iid", "--clients", "100", "--fraction", "0.1", "--rounds", str(rounds), "--local-epochs", "1",
         "--batch-size", "50", "--seed", "0", "--set", "metrics.protocols=[global]", "--set", "metrics.every=1",
         "--set", f"tracking.uri={mlflow_uri}",
@@ -59,21 +63,34 @@ def tree_rss(root: int) -> int:
 
 
 def measure(argv: list[str], env: dict[str, str]) -> tuple[float, float, list[tuple[float, str]]]:
-    """(wall seconds from spawn to exit, peak tree RSS in GB, (seconds, line) of everything it printed)."""
+    """(wall seconds from spawn to exit, peak tree RSS in GB, (seconds since spawn, line) of its output)."""
     lines: list[tuple[float, str]] = []
-    with tempfile.TemporaryFile("w+") as log:
-        start = time.perf_counter()
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO)
-        peak = 0
-        while proc.poll() is None:
-            peak = max(peak, tree_rss(proc.pid))
-            time.sleep(0.2)
-        wall = time.perf_counter() - start
-        log.seek(0)
-        lines = [(wall, line.rstrip()) for line in log]
+    start = time.perf_counter()
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, cwd=REPO, text=True)
+
+    def read() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append((time.perf_counter() - start, line.rstrip()))
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    peak = 0
+    while proc.poll() is None:
+        peak = max(peak, tree_rss(proc.pid))
+        time.sleep(0.2)
+    wall = time.perf_counter() - start
+    reader.join()
     if proc.returncode != 0:
         sys.exit(f"{argv[1]} exited {proc.returncode}:\n" + "\n".join(line for _, line in lines[-20:]))
     return wall, peak / 2**30, lines
+
+
+def timeline(lines: list[tuple[float, str]], wall: float) -> str:
+    """When the header and each round's line appeared, and the exit: where the command's time goes."""
+    marks = [f"{'header' if line.startswith('fltune run') else line.split()[1]} {t:.1f}"
+             for t, line in lines if line.startswith(("fltune run", "round "))]
+    return "  ".join([*marks, f"exit {wall:.1f}"])
 
 
 def tight_loop(rounds: int) -> None:
@@ -127,29 +144,37 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pairs", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--mlflow-uri", help="the command's MLflow store (default: a fresh sqlite file per run)")
+    parser.add_argument("--before", type=Path, help="another checkout whose command joins every pair")
     parser.add_argument("--tight", action="store_true", help=argparse.SUPPRESS)  # the reference's own process
     args = parser.parse_args()
     if args.tight:
         tight_loop(args.rounds)
         return
     env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    cmd_runs, tight_runs = [], []
+    runs: dict[str, list[tuple[float, float, list[tuple[float, str]]]]] = {"command": [], "tight": [], "before": []}
     with tempfile.TemporaryDirectory() as tmp:
         for pair in range(args.pairs):
-            uri = args.mlflow_uri or f"sqlite:///{tmp}/mlflow{pair}.db"
-            cmd_runs.append(measure(command(args.rounds, uri), env))
-            tight_runs.append(measure([sys.executable, __file__, "--tight", "--rounds", str(args.rounds)], env))
-            print(f"pair {pair + 1}: command {cmd_runs[-1][0]:.1f} s {cmd_runs[-1][1]:.2f} GB   "
-                  f"tight {tight_runs[-1][0]:.1f} s {tight_runs[-1][1]:.2f} GB", flush=True)
-    final = [line for _, line in cmd_runs[-1][2] if line.startswith(f"round {args.rounds}/")]
+            uri = f"sqlite:///{tmp}/mlflow{pair}.db"
+            if args.before:
+                before_env = {**env, "PYTHONPATH": f"{args.before.resolve()}{os.pathsep}{env['PYTHONPATH']}"}
+                runs["before"].append(measure(command(args.rounds, uri, args.before.resolve()), before_env))
+            runs["command"].append(measure(command(args.rounds, uri), env))
+            runs["tight"].append(measure([sys.executable, __file__, "--tight", "--rounds", str(args.rounds)], env))
+            for name, done in runs.items():
+                if done:
+                    wall, gb, lines = done[-1]
+                    print(f"pair {pair + 1} {name:8s} {wall:5.1f} s {gb:.2f} GB  {timeline(lines, wall)}", flush=True)
+    final = [line for _, line in runs["command"][-1][2] if line.startswith(f"round {args.rounds}/")]
     print("command's last round:", final[-1] if final else "(not shown)")
-    cmd_s, tight_s = statistics.median(r[0] for r in cmd_runs), statistics.median(r[0] for r in tight_runs)
-    cmd_gb, tight_gb = max(r[1] for r in cmd_runs), max(r[1] for r in tight_runs)
-    print(f"command wall {cmd_s:.1f} s (median)  peak tree {cmd_gb:.2f} GB")
-    print(f"tight   wall {tight_s:.1f} s (median)  peak tree {tight_gb:.2f} GB")
-    print(f"ratio {cmd_s / tight_s:.3f}")
-    print(f"memory_ratio {cmd_gb / tight_gb:.3f}")
+    wall = {name: statistics.median(r[0] for r in done) for name, done in runs.items() if done}
+    peak = {name: max(r[1] for r in done) for name, done in runs.items() if done}
+    for name in wall:
+        print(f"{name:8s} wall {wall[name]:.1f} s (median)  peak tree {peak[name]:.2f} GB")
+    if args.before:
+        print(f"ratio_before {wall['before'] / wall['tight']:.3f}")
+        print(f"memory_ratio_before {peak['before'] / peak['tight']:.3f}")
+    print(f"ratio {wall['command'] / wall['tight']:.3f}")
+    print(f"memory_ratio {peak['command'] / peak['tight']:.3f}")
 
 
 if __name__ == "__main__":
