@@ -94,9 +94,11 @@ def timeline(lines: list[tuple[float, str]], wall: float) -> str:
 
 
 def tight_loop(rounds: int) -> None:
-    """The reference: same clients, samples and steps as fltune's FedAvg, global evaluation every round."""
+    """The reference: round_overhead.py's plain-PyTorch FedAvg round (same clients, samples and steps as
+    fltune's), then the global model on the test set after every round."""
+    sys.path.insert(0, str(REPO / "bench"))
     import torch
-    import torch.nn.functional as F
+    from round_overhead import tight_round
 
     from fltune.config import build_config
     from fltune.data.augment import to_float
@@ -112,24 +114,10 @@ def tight_loop(rounds: int) -> None:
     data = load_data(cfg)
     model = build_model_for(cfg, data)
     global_state = {k: torch.tensor(v) for k, v in initial_state(cfg, data).items()}
-    fed, tr = cfg.federation, cfg.training
+    fed = cfg.federation
     for r in range(1, fed.rounds + 1):
-        total = {k: torch.zeros_like(v, dtype=torch.float64) for k, v in global_state.items()}
-        weight = 0
-        for cid in sample_clients(fed.seed, r, fed.clients, fed.clients_per_round):
-            model.load_state_dict(global_state)
-            model.train()
-            opt = torch.optim.SGD(model.parameters(), lr=tr.lr, momentum=tr.momentum)
-            idx = torch.as_tensor(data.client_train[cid])[torch.randperm(len(data.client_train[cid]))]
-            for s in range(0, len(idx), tr.batch_size):
-                chunk = idx[s:s + tr.batch_size]
-                opt.zero_grad()
-                F.cross_entropy(model(to_float(data.x[chunk], data.mean, data.std)), data.y[chunk]).backward()
-                opt.step()
-            for k, v in model.state_dict().items():
-                total[k] += len(idx) * v.double()
-            weight += len(idx)
-        global_state = {k: (v / weight).to(global_state[k].dtype) for k, v in total.items()}
+        clients = sample_clients(fed.seed, r, fed.clients, fed.clients_per_round)
+        global_state = tight_round(model, data, global_state, clients, cfg.training)
         model.load_state_dict(global_state)
         model.eval()
         correct = 0

@@ -99,24 +99,31 @@ def start_federation(cfg: ExperimentConfig) -> tuple[Federation, WorkerPool]:
     """The run's federation on client actors of its own, started side by side: the dataset loads (and
     torch imports) on a thread while Ray starts and the actors spawn, so start-up costs the longer of
     the two instead of their sum. The workers are placed first: an unplaceable plan fails before
-    anything is printed or logged."""
+    anything is printed or logged; a dataset that fails to load stops the Ray this call started, so
+    bad input leaves nothing running."""
     from concurrent.futures import ThreadPoolExecutor
 
+    import ray
+
+    started_here = not ray.is_initialized()
     with ThreadPoolExecutor(1, thread_name_prefix="fltune-data") as loader:
         data = loader.submit(_load_data, cfg)
-        start_ray(cfg.resources.address)
-        import ray
-
-        from fltune.engine.pool import WorkerPool, plan_workers
-
-        pool = WorkerPool(plan_workers(cfg, ray.cluster_resources()))
         try:
+            start_ray(cfg.resources.address)
             from fltune.engine.federation import Federation
+            from fltune.engine.pool import WorkerPool, plan_workers
 
+            pool = WorkerPool(plan_workers(cfg, ray.cluster_resources()))
+        except BaseException:
+            data.cancel()
+            raise
+        try:
             fed = Federation(cfg, data.result(), pool=pool)
             fed.open()
         except BaseException:
             pool.shutdown()
+            if started_here:
+                ray.shutdown()
             raise
     return fed, pool
 

@@ -47,8 +47,12 @@ def ensure_ray(address: str | None = None) -> None:
     if address:
         ray.init(address=address, **kwargs)
     else:
-        # "local": a new instance even when another `ray start` on this machine left its address in /tmp/ray
-        ray.init(address="local", num_cpus=os.cpu_count(), num_gpus=torch.cuda.device_count(), **kwargs)
+        # "local": a new instance even when another `ray start` on this machine left its address in /tmp/ray.
+        # No idle workers prestarted for the driver: here the client actors started in processes of their
+        # own anyway, so those took CPU and memory from the start-up, and one still starting when a short
+        # command ended aborted with a stack dump.
+        ray.init(address="local", num_cpus=os.cpu_count(), num_gpus=torch.cuda.device_count(),
+                 _system_config={"prestart_worker_first_driver": False}, **kwargs)
 
 
 def plan_workers(cfg: ExperimentConfig, cluster: dict[str, float]) -> WorkerPlan:
