@@ -34,32 +34,40 @@ def fltune_round_seconds(cfg) -> list[float]:
         fed.close()
 
 
+def tight_round(model: torch.nn.Module, data, global_state: dict[str, torch.Tensor], clients: list[int],
+                training) -> dict[str, torch.Tensor]:
+    """One FedAvg round in plain PyTorch: each client trains one epoch from the global weights, the
+    sample-weighted float64 average of their weights comes back."""
+    total = {k: torch.zeros_like(v, dtype=torch.float64) for k, v in global_state.items()}
+    weight = 0
+    for cid in clients:
+        model.load_state_dict(global_state)
+        model.train()
+        opt = torch.optim.SGD(model.parameters(), lr=training.lr, momentum=training.momentum)
+        idx = torch.as_tensor(data.client_train[cid])[torch.randperm(len(data.client_train[cid]))]
+        for s in range(0, len(idx), training.batch_size):
+            chunk = idx[s:s + training.batch_size]
+            opt.zero_grad()
+            F.cross_entropy(model(to_float(data.x[chunk], data.mean, data.std)), data.y[chunk]).backward()
+            opt.step()
+        for k, v in model.state_dict().items():
+            total[k] += len(idx) * v.double()
+        weight += len(idx)
+    return {k: (v / weight).to(global_state[k].dtype) for k, v in total.items()}
+
+
 def tight_round_seconds(cfg) -> list[float]:
     """Same clients, same samples, same steps: plain PyTorch, no Ray, no copies beyond the average."""
     torch.set_num_threads(os.cpu_count() or 1)
     data = load_data(cfg)
     model = build_model_for(cfg, data)
     global_state = {k: torch.tensor(v) for k, v in initial_state(cfg, data).items()}
-    fed, tr = cfg.federation, cfg.training
+    fed = cfg.federation
     times = []
     for r in range(1, fed.rounds + 1):
         start = time.perf_counter()
         clients = sample_clients(fed.seed, r, fed.clients, fed.clients_per_round)
-        total = {k: torch.zeros_like(v, dtype=torch.float64) for k, v in global_state.items()}
-        weight = 0
-        for cid in clients:
-            model.load_state_dict(global_state)
-            opt = torch.optim.SGD(model.parameters(), lr=tr.lr, momentum=tr.momentum)
-            idx = torch.as_tensor(data.client_train[cid])[torch.randperm(len(data.client_train[cid]))]
-            for s in range(0, len(idx), tr.batch_size):
-                chunk = idx[s:s + tr.batch_size]
-                opt.zero_grad()
-                F.cross_entropy(model(to_float(data.x[chunk], data.mean, data.std)), data.y[chunk]).backward()
-                opt.step()
-            for k, v in model.state_dict().items():
-                total[k] += len(idx) * v.double()
-            weight += len(idx)
-        global_state = {k: (v / weight).to(global_state[k].dtype) for k, v in total.items()}
+        global_state = tight_round(model, data, global_state, clients, cfg.training)
         times.append(time.perf_counter() - start)
     return times
 

@@ -12,7 +12,7 @@ import json
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.table import Table
 
@@ -22,6 +22,12 @@ from fltune.reproduce.command import add_parsers as add_reproduce_parsers
 from fltune.reproduce.command import cmd_reproduce, cmd_tables
 from fltune.tune.command import add_parser as add_tune_parser
 from fltune.tune.command import cmd_tune
+
+if TYPE_CHECKING:
+    from fltune.config import ExperimentConfig
+    from fltune.data.federated import FederatedData
+    from fltune.engine.federation import Federation
+    from fltune.engine.pool import WorkerPool
 
 SHORTCUTS: dict[str, tuple[str, type]] = {
     "method": ("method.name", str), "dataset": ("data.dataset", str), "data_root": ("data.root", str),
@@ -64,27 +70,21 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.print_config:
         print(cfg.to_yaml(), end="")
         return 0
-    from fltune.engine.federation import Federation
     from fltune.tracking.progress import ProgressCallback, console, summary_table
 
-    fed = Federation(cfg)
-    try:
-        start_ray(cfg.resources.address)
-        fed.open()  # places the workers first: an unplaceable plan fails before anything is printed or logged
-    except BaseException:
-        fed.close()
-        raise
+    fed, pool = start_federation(cfg)
     console.print(f"[bold]fltune run[/] {cfg.method.name} on {cfg.data.dataset} ({cfg.partition.kind}), "
                   f"{cfg.federation.clients} clients × {cfg.federation.fraction}, {cfg.federation.rounds} rounds")
     callbacks: list[Any] = [ProgressCallback(cfg.method.name)]
-    if cfg.tracking.enabled:
-        from fltune.tracking.callback import MLflowCallback
-
-        callbacks.append(MLflowCallback(cfg))
     try:
+        if cfg.tracking.enabled:
+            from fltune.tracking.callback import MLflowCallback
+
+            callbacks.append(MLflowCallback(cfg))
         summary = fed.run(callbacks)
     finally:
         fed.close()
+        pool.shutdown()
     console.print(summary_table(summary, f"{cfg.method.name} · {cfg.data.dataset} · {summary['status']}"))
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(summary, indent=2) + "\n")
@@ -93,6 +93,45 @@ def cmd_run(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 1
     return 0
+
+
+def start_federation(cfg: ExperimentConfig) -> tuple[Federation, WorkerPool]:
+    """The run's federation on client actors of its own, started side by side: the dataset loads (and
+    torch imports) on a thread while Ray starts and the actors spawn, so start-up costs the longer of
+    the two instead of their sum. The workers are placed first: an unplaceable plan fails before
+    anything is printed or logged; a dataset that fails to load stops the Ray this call started, so
+    bad input leaves nothing running."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import ray
+
+    started_here = not ray.is_initialized()
+    with ThreadPoolExecutor(1, thread_name_prefix="fltune-data") as loader:
+        data = loader.submit(_load_data, cfg)
+        try:
+            start_ray(cfg.resources.address)
+            from fltune.engine.federation import Federation
+            from fltune.engine.pool import WorkerPool, plan_workers
+
+            pool = WorkerPool(plan_workers(cfg, ray.cluster_resources()))
+        except BaseException:
+            data.cancel()
+            raise
+        try:
+            fed = Federation(cfg, data.result(), pool=pool)
+            fed.open()
+        except BaseException:
+            pool.shutdown()
+            if started_here:
+                ray.shutdown()
+            raise
+    return fed, pool
+
+
+def _load_data(cfg: ExperimentConfig) -> FederatedData:
+    from fltune.engine.builders import load_data
+
+    return load_data(cfg)
 
 
 # ---------------------------------------------------------------------------------------------- methods

@@ -183,6 +183,14 @@ def start_ray(address: str | None) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- jobs
+def add_checkpoint_args(p: argparse.ArgumentParser, rounds_default: str, seconds_default: str) -> None:
+    """The checkpoint cadence of a Tune job's trials (``trainable.Cadence``), shared by tune and reproduce."""
+    p.add_argument("--checkpoint-every", type=int, metavar="ROUNDS",
+                   help=f"checkpoint each trial every ROUNDS rounds, always at the end (default: {rounds_default})")
+    p.add_argument("--checkpoint-seconds", type=float, metavar="S",
+                   help=f"also checkpoint once S seconds have passed since the last one (default: {seconds_default})")
+
+
 def storage_root(storage: str | None) -> str:
     """Where jobs live: a URI as given, a local path made absolute (Ray requires it); default
     ``<repo>/studies`` next to ``mlruns`` (a source checkout keeps its jobs in one place)."""

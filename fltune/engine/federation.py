@@ -28,7 +28,7 @@ from fltune.engine.aggregate import WeightedSum
 from fltune.engine.builders import build_method, build_model_for, initial_state, load_data
 from fltune.engine.batched import note_fallback
 from fltune.engine.callbacks import Callback
-from fltune.engine.local import RoundInput, evaluate, load_state
+from fltune.engine.local import RoundInput, eval_batch_count, evaluate, load_state, total_scores
 from fltune.engine.pool import WorkerPool, balance, ensure_ray, plan_workers
 from fltune.engine.rng import sample_clients, use_deterministic_cuda
 from fltune.errors import FLTuneError
@@ -235,9 +235,21 @@ class Federation:
 
     # ------------------------------------------------------------------ evaluation services (for probes)
     def evaluate_state(self, state: State) -> tuple[float, float]:
-        """(accuracy, mean loss) of the model with weights ``state`` on the pooled test set."""
-        load_state(self.eval_model, state)
-        correct, loss, n = evaluate(self.eval_model, self.data, self.data.test_x, self.data.test_y, self.device)
+        """(accuracy, mean loss) of the model with weights ``state`` on the pooled test set.
+
+        On the workers while the run is open: the test set's batches are split into contiguous shards,
+        one per worker, and the per-batch scores come back in batch order, so correct counts and summed
+        losses are the very numbers one process computes (``evaluate``), whatever the worker count."""
+        n = len(self.data.test_y)
+        if self.pool is None:
+            load_state(self.eval_model, state)
+            correct, loss, _ = evaluate(self.eval_model, self.data, self.data.test_x, self.data.test_y, self.device)
+            return correct / n, loss / n
+        batches = list(range(eval_batch_count(n)))
+        workers = len(self.pool.actors)
+        shards = [batches[len(batches) * i // workers:len(batches) * (i + 1) // workers] for i in range(workers)]
+        parts = self.pool.map(self.run_ref, "evaluate_test", shards, ray.put(state))
+        correct, loss, _ = total_scores([score for part in parts for score in part], n)
         return correct / n, loss / n
 
     def evaluate_personalized(self, finetune: bool) -> tuple[float, float]:

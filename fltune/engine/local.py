@@ -8,7 +8,7 @@ dropout) is seeded from (seed, round, client id) only.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -273,18 +273,44 @@ def _local_steps(
                 meter.add(loss, logits, y)
 
 
+EVAL_BATCH = 1000
+"""Test images per evaluation batch: the unit the workers share an evaluation in (``batch_scores``)."""
+
+
 @torch.no_grad()
+def batch_scores(
+    model: nn.Module, data: FederatedData, x: torch.Tensor, y: torch.Tensor, device: torch.device,
+    batches: Iterable[int],
+) -> list[tuple[int, float]]:
+    """(correct, summed CE loss) of ``model`` in eval mode on each of ``batches`` (indices of
+    ``EVAL_BATCH``-image slices of uint8 ``x``). Per batch, so an evaluation split over workers sums
+    the very same numbers in the same order as one process does (``evaluate``)."""
+    model.eval()
+    scores = []
+    for b in batches:
+        xb = to_float(x[b * EVAL_BATCH:(b + 1) * EVAL_BATCH], data.mean, data.std).to(device)
+        yb = y[b * EVAL_BATCH:(b + 1) * EVAL_BATCH].to(device)
+        logits = model(xb)
+        loss = float(torch.nn.functional.cross_entropy(logits, yb, reduction="sum"))
+        scores.append((int((logits.argmax(1) == yb).sum()), loss))
+    return scores
+
+
+def eval_batch_count(n: int) -> int:
+    return -(-n // EVAL_BATCH)
+
+
+def total_scores(scores: list[tuple[int, float]], n: int) -> tuple[int, float, int]:
+    """(correct, summed loss, count) from per-batch scores in batch order: losses added left to right."""
+    correct, loss_sum = 0, 0.0
+    for batch_correct, batch_loss in scores:
+        correct += batch_correct
+        loss_sum += batch_loss
+    return correct, loss_sum, n
+
+
 def evaluate(
     model: nn.Module, data: FederatedData, x: torch.Tensor, y: torch.Tensor, device: torch.device,
-    batch_size: int = 1000,
 ) -> tuple[int, float, int]:
     """(correct, summed CE loss, count) of ``model`` on uint8 images ``x`` in eval mode."""
-    model.eval()
-    correct, loss_sum = 0, 0.0
-    for start in range(0, len(y), batch_size):
-        xb = to_float(x[start:start + batch_size], data.mean, data.std).to(device)
-        yb = y[start:start + batch_size].to(device)
-        logits = model(xb)
-        loss_sum += float(torch.nn.functional.cross_entropy(logits, yb, reduction="sum"))
-        correct += int((logits.argmax(1) == yb).sum())
-    return correct, loss_sum, len(y)
+    return total_scores(batch_scores(model, data, x, y, device, range(eval_batch_count(len(y)))), len(y))

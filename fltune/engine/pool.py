@@ -48,8 +48,12 @@ def ensure_ray(address: str | None = None) -> None:
     if address:
         ray.init(address=address, **kwargs)
     else:
-        # "local": a new instance even when another `ray start` on this machine left its address in /tmp/ray
-        ray.init(address="local", num_cpus=os.cpu_count(), num_gpus=torch.cuda.device_count(), **kwargs)
+        # "local": a new instance even when another `ray start` on this machine left its address in /tmp/ray.
+        # No idle workers prestarted for the driver: here the client actors started in processes of their
+        # own anyway, so those took CPU and memory from the start-up, and one still starting when a short
+        # command ended aborted with a stack dump.
+        ray.init(address="local", num_cpus=os.cpu_count(), num_gpus=torch.cuda.device_count(),
+                 _system_config={"prestart_worker_first_driver": False}, **kwargs)
 
 
 def plan_workers(cfg: ExperimentConfig, cluster: dict[str, float]) -> WorkerPlan:
@@ -88,11 +92,15 @@ class WorkerPool:
         self.plan = plan
         self.actors = [remote.remote(max(1, int(plan.cpus))) for _ in range(plan.workers)]
 
-    @staticmethod
-    def bind(cfg: ExperimentConfig, data: FederatedData, keep_latest: bool) -> ray.ObjectRef:
+    def bind(self, cfg: ExperimentConfig, data: FederatedData, keep_latest: bool) -> ray.ObjectRef:
         """A run's handle for ``map``: its config and dataset in the object store, once per run. The caller
-        holds it for the run's life, so restarted actors can fetch them again."""
-        return ray.put(RunSpec(cfg, data, keep_latest))
+        holds it for the run's life, so restarted actors can fetch them again. Every actor starts fetching
+        it at once (``ClientWorker.ready``, not waited for): the first round then finds them warm, and
+        their start-up overlaps the driver's (tracking, the header)."""
+        ref = ray.put(RunSpec(cfg, data, keep_latest))
+        for actor in self.actors:
+            actor.ready.remote([ref])
+        return ref
 
     def map(self, run: ray.ObjectRef, method: str, shards: list[list[int]], *args: Any,
             per_shard: Any = None) -> list[Any]:

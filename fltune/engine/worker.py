@@ -22,7 +22,7 @@ from fltune.data.federated import FederatedData
 from fltune.engine.aggregate import WeightedSum
 from fltune.engine.batched import client_groups, train_group, unbatchable
 from fltune.engine.builders import build_method, build_model_for, resolve_augment
-from fltune.engine.local import Executor, RoundInput, evaluate, load_state, train_client
+from fltune.engine.local import Executor, RoundInput, batch_scores, evaluate, load_state, train_client
 from fltune.engine.rng import use_deterministic_cuda
 from fltune.methods.base import ClientResult, State, Upload, to_numpy
 from fltune.methods.finetune import FineTune
@@ -147,6 +147,19 @@ class ClientWorker:
             idx = torch.tensor(data.client_eval[cid], dtype=torch.long)
             scores[cid] = evaluate(self.model, data, data.x[idx], data.y[idx], self.device)
         return scores
+
+    def evaluate_test(self, run_ref: list, state: State, batches: list[int]) -> list[tuple[int, float]]:
+        """Per-batch (correct, summed loss) of the model with weights ``state`` on test batches
+        ``batches``: the driver spreads an evaluation over its idle workers (and their GPUs, which a Tune
+        trial's own process lacks) and adds the scores up in batch order (``Federation.evaluate_state``)."""
+        data = self._attach(run_ref)
+        load_state(self.model, state)
+        return batch_scores(self.model, data, data.test_x, data.test_y, self.device, batches)
+
+    def ready(self, run_ref: list) -> None:
+        """Fetch the run's config and dataset and build its model now (``WorkerPool.bind``), while the
+        driver still starts up, rather than inside the first round."""
+        self._attach(run_ref)
 
     def pid(self) -> int:
         """Process id (tests kill it to check that a lost worker is replaced transparently)."""

@@ -1,7 +1,7 @@
 """A reproduction job: a paper table's runnable cells as Ray Tune trials (a grid, no search).
 
 Every distinct experiment is one trial of the same trainable body as ``tune`` (``run_federations``: the
-seeds in lockstep, a report and a checkpoint per round), so a cluster runs cells in parallel, a crashed
+seeds in lockstep, a report per round, a checkpoint on the job's cadence), so a cluster runs cells in parallel, a crashed
 cell restarts from its checkpoint and ``--resume`` continues the job with ``Tuner.restore``. Cells that
 differ only in the metric they read (accuracy and rounds-to-target of MAN Table 1, accuracy and the
 Hessian figures of FedAlign Table 1) share one trial, which reports every metric they need.
@@ -25,7 +25,7 @@ from fltune.tracking.mlflow_log import mlruns_dir
 from fltune.tune.space import Objective
 from fltune.tune.spec import SavedSpec
 from fltune.tune.study import restore, run_config
-from fltune.tune.trainable import run_federations, seed_configs
+from fltune.tune.trainable import Cadence, run_federations, seed_configs
 
 class CellRun(BaseModel):
     """A runnable cell as the job froze it: its experiment tree and the metric the paper reports."""
@@ -57,6 +57,9 @@ class ReproSpec(SavedSpec):
     gpus_per_worker: float | None
     max_concurrent: int | None
     out: str
+    checkpoint_every: int | None = 1
+    checkpoint_seconds: float | None = None
+    """The trials' checkpoint cadence (``trainable.Cadence``; jobs saved before it existed: every round)."""
 
     @property
     def paper_table(self) -> PaperTable:
@@ -83,7 +86,8 @@ class ReproSpec(SavedSpec):
 
 def new_spec(table: PaperTable, scale: str, planned: list[PlannedCell], *, seeds: int, storage: str,
              name: str | None, out: str | None, max_concurrent: int | None,
-             datasets: list[str] | None) -> ReproSpec:
+             datasets: list[str] | None, checkpoint_every: int | None = 1,
+             checkpoint_seconds: float | None = None) -> ReproSpec:
     """Name the job ``<paper>-<table>-<scale>-<time>`` unless --name (the driver refuses an existing one)."""
     name = check_name(name or f"{table.key.replace(':', '-')}-{scale}-{time.strftime('%Y%m%d-%H%M%S')}")
     resources = first_config(planned).resources
@@ -93,7 +97,8 @@ def new_spec(table: PaperTable, scale: str, planned: list[PlannedCell], *, seeds
         name=name, storage=storage, table=table.key, scale=scale, seeds=seeds, datasets=datasets, cells=cells,
         missing={p.cell.key: p.missing for p in planned if not p.runnable}, workers=resources.workers or 1,
         gpus_per_worker=resources.gpus_per_worker, max_concurrent=max_concurrent,
-        out=out or str(mlruns_dir() / "reproduce" / name),
+        out=out or str(mlruns_dir() / "reproduce" / name), checkpoint_every=checkpoint_every,
+        checkpoint_seconds=checkpoint_seconds,
     )
     return spec
 
@@ -110,7 +115,7 @@ def run_cell(config: dict[str, Any], spec: ReproSpec) -> None:
     trial = config["cell"]
     cfgs = seed_configs(spec.cells[trial].tree, spec.seeds, spec.workers, spec.gpus_per_worker or 0.0)
     first, *extra = cell_objectives(spec, trial)
-    run_federations(cfgs, first, checkpoint_every=1, extra=extra)
+    run_federations(cfgs, first, Cadence(spec.checkpoint_every, spec.checkpoint_seconds), extra=extra)
 
 
 def trainable(spec: ReproSpec, resources: tune.PlacementGroupFactory):

@@ -1,4 +1,10 @@
-"""The engine → MLflow bridge for ``cli.py run``: one MLflow run per federation, curves per round."""
+"""The engine → MLflow bridge for ``cli.py run``: one MLflow run per federation, curves per round.
+
+Every MLflow call runs on a writer thread (``background.BackgroundWriter``), in order: importing MLflow
+and opening the store overlap the workers' start-up and the first round, and a round's metrics are
+written while the next round trains. ``on_end`` waits for all of it, so the run always ends with its
+status (finished, diverged → FAILED, failed, killed → KILLED) before the command exits.
+"""
 
 from __future__ import annotations
 
@@ -8,11 +14,11 @@ from typing import TYPE_CHECKING, Any
 
 from fltune.config import ExperimentConfig
 from fltune.engine.callbacks import Callback
-from fltune.tracking.mlflow_log import Tracker, run_tags
-from fltune.tracking.plots import curves_png
+from fltune.tracking.background import BackgroundWriter
 
 if TYPE_CHECKING:
     from fltune.engine.federation import Federation
+    from fltune.tracking.mlflow_log import Tracker
 
 
 class MLflowCallback(Callback):
@@ -20,28 +26,55 @@ class MLflowCallback(Callback):
 
     def __init__(self, cfg: ExperimentConfig, tracker: Tracker | None = None) -> None:
         self.cfg = cfg
-        self.tracker = tracker or Tracker(cfg.tracking)
+        self.tracker = tracker
         self.run_id: str | None = None
+        self.writer = BackgroundWriter()
+        self.writer.submit(self._open)
+
+    def _open(self) -> None:
+        from fltune.tracking.mlflow_log import Tracker  # imports MLflow: on the writer thread
+
+        if self.tracker is None:
+            self.tracker = Tracker(self.cfg.tracking)
 
     def on_start(self, fed: Federation) -> None:
+        self.writer.submit(self._start, fed.static_costs())
+
+    def _start(self, costs: dict[str, float]) -> None:
+        from fltune.tracking.mlflow_log import run_tags
+
+        assert self.tracker is not None
         self.run_id = self.tracker.start(self.cfg.tracking.run_name, run_tags(self.cfg))
         self.tracker.log_config(self.run_id, self.cfg)
-        self.tracker.log_metrics(self.run_id, fed.static_costs(), step=0)
+        self.tracker.log_metrics(self.run_id, costs, step=0)
 
     def on_round(self, fed: Federation, metrics: dict[str, float]) -> None:
-        assert self.run_id is not None
-        self.tracker.log_metrics(self.run_id, metrics, step=int(metrics["round"]))
+        self.writer.submit(self._log, dict(metrics), int(metrics["round"]))
+
+    def _log(self, metrics: dict[str, float], step: int) -> None:
+        assert self.tracker is not None and self.run_id is not None
+        self.tracker.log_metrics(self.run_id, metrics, step=step)
 
     def on_end(self, fed: Federation, summary: dict[str, Any]) -> None:
-        if self.run_id is None:
+        """Queue the summary, curves and figures and the run's end, then wait for the writer."""
+        try:
+            self.writer.submit(self._end, dict(summary), list(fed.history), list(fed.artifacts))
+        finally:
+            self.writer.close()
+        if self.run_id is not None:
+            summary["mlflow_run_id"] = self.run_id
+
+    def _end(self, summary: dict[str, Any], history: list[dict[str, float]], artifacts: list[Path]) -> None:
+        from fltune.tracking.plots import curves_png
+
+        if self.run_id is None or self.tracker is None:
             return
-        summary["mlflow_run_id"] = self.run_id
         final = {f"final_{k}": v for k, v in summary.items() if k not in ("rounds", "status")}
         self.tracker.log_metrics(self.run_id, final, step=summary["rounds"])
-        if fed.history:
+        if history:
             with tempfile.TemporaryDirectory() as tmp:
                 title = f"{self.cfg.method.name} · {self.cfg.data.dataset} · {self.cfg.partition.kind}"
-                self.tracker.log_artifact(self.run_id, curves_png(fed.history, Path(tmp) / "curves.png", title))
-        for figure in fed.artifacts:
+                self.tracker.log_artifact(self.run_id, curves_png(history, Path(tmp) / "curves.png", title))
+        for figure in artifacts:
             self.tracker.log_artifact(self.run_id, figure)
         self.tracker.end(self.run_id, summary["status"])

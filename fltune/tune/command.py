@@ -11,7 +11,7 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fltune.driver import TuneJob, newest
+from fltune.driver import TuneJob, add_checkpoint_args, newest
 from fltune.errors import FLTuneError
 
 if TYPE_CHECKING:  # the command's heavy imports (Ray Tune, MLflow, matplotlib) wait until it runs
@@ -34,6 +34,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--num-samples", type=int, help="configurations to try (default: the file's num_samples)")
     p.add_argument("--max-concurrent", type=int, help="trials at once (default: the file's max_concurrent)")
     p.add_argument("--seeds", type=int, help="seeds per configuration; its score is their mean")
+    add_checkpoint_args(p, "the file's checkpoint_every, else 1", "the file's checkpoint_seconds, else none")
     p.add_argument("--name", help="study name (default: <space stem>-<date>-<time>; with --resume: the newest "
                                   "study, of --space's file when given)")
     p.add_argument("--storage", help="study folder root, local or a URI like s3://bucket/studies (default: ./studies)")
@@ -66,9 +67,10 @@ class Study(TuneJob["StudySpec"]):
         from fltune.tune.spec import StudySpec
 
         args = self.args
-        if args.overrides or args.num_samples or args.max_concurrent or args.seeds or args.method:
+        if (args.overrides or args.num_samples or args.max_concurrent or args.seeds or args.method
+                or args.checkpoint_every or args.checkpoint_seconds):
             console.print("note: a resumed study keeps the settings it started with; --set, --method, "
-                          "--num-samples, --max-concurrent and --seeds are ignored")
+                          "--num-samples, --max-concurrent, --seeds and --checkpoint-* are ignored")
         if args.name:
             return StudySpec.load(f"{storage.rstrip('/')}/{args.name}")
         if not args.space:
@@ -117,6 +119,7 @@ def study_request(args: argparse.Namespace, storage: str | None = None) -> Study
     return StudyRequest(
         space=args.space, method=args.method, overrides=tuple(args.overrides), num_samples=args.num_samples,
         max_concurrent=args.max_concurrent, seeds=args.seeds, name=args.name, storage=storage or args.storage,
+        checkpoint_every=args.checkpoint_every, checkpoint_seconds=args.checkpoint_seconds,
     )
 
 

@@ -132,7 +132,10 @@ class SearchSpace(_Strict):
     )
     max_concurrent: int = Field(1, ge=1)
     seeds: int = Field(1, ge=1)
-    checkpoint_every: int = Field(1, ge=1, description="rounds between trial checkpoints (always at the end)")
+    checkpoint_every: int | None = Field(1, ge=1, description="rounds between trial checkpoints (always at the end; "
+                                         "null: by checkpoint_seconds alone)")
+    checkpoint_seconds: float | None = Field(None, gt=0, description="also checkpoint a trial once this many "
+                                             "seconds have passed since its last checkpoint")
 
     @model_validator(mode="after")
     def _conditions_refer_back(self) -> SearchSpace:

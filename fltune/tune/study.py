@@ -44,6 +44,8 @@ class StudyRequest:
     seeds: int | None = None
     name: str | None = None
     storage: str | None = None
+    checkpoint_every: int | None = None
+    checkpoint_seconds: float | None = None
 
 
 def resolve_space(request: StudyRequest) -> tuple[SearchSpace, str, dict]:
@@ -54,7 +56,8 @@ def resolve_space(request: StudyRequest) -> tuple[SearchSpace, str, dict]:
         raise FLTuneError(f"{request.space}: no method; add `method: NAME` to the file or pass --method")
     if request.method and space.method and request.method != space.method:
         raise FLTuneError(f"--method {request.method}: the space file {request.space} is for {space.method}")
-    flags = {"num_samples": request.num_samples, "max_concurrent": request.max_concurrent, "seeds": request.seeds}
+    flags = {"num_samples": request.num_samples, "max_concurrent": request.max_concurrent, "seeds": request.seeds,
+             "checkpoint_every": request.checkpoint_every, "checkpoint_seconds": request.checkpoint_seconds}
     try:
         space = SearchSpace.model_validate({**space.model_dump(), **{k: v for k, v in flags.items() if v is not None}})
     except ValidationError as err:

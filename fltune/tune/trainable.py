@@ -2,9 +2,11 @@
 
 The seeds' round loops advance together (``lockstep``); after each round the trial reports the seed-mean
 of every metric plus the objective (mean and std over seeds of the metric, final or best so far), so ASHA
-can compare trials round by round. The trial's client actors live in its placement group (reserved by the study). Every
-``checkpoint_every`` rounds and at the end the whole federation state of every seed is checkpointed, so
-a failed trial (``FailureConfig``) or a resumed study (``Tuner.restore``) continues from its last round.
+can compare trials round by round. The trial's client actors live in its placement group (reserved by the study). On
+the checkpoint cadence (``Cadence``: every k rounds and/or every s seconds, always at the end) the whole
+federation state of every seed is checkpointed, so a failed trial (``FailureConfig``) or a resumed study
+(``Tuner.restore``) continues from its last checkpoint: the rounds after it are replayed, and since every
+random number derives from (seed, round, client id) they give the same numbers again.
 """
 
 from __future__ import annotations
@@ -14,7 +16,8 @@ import math
 import pickle
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -105,6 +108,32 @@ def done(feds: list[Federation]) -> bool:
     )
 
 
+@dataclass
+class Cadence:
+    """When a trial checkpoints: at every ``rounds``-th round, once ``seconds`` have passed since its
+    last checkpoint (or its start), and always at the end. A checkpoint is the whole federation state
+    (for LG-FedAvg or Ditto ~0.5 GB of personal models), so on long runs one per round costs more than
+    the round; what a crash loses is at most one cadence of rounds, replayed exactly."""
+
+    rounds: int | None = 1
+    seconds: float | None = None
+    clock: Callable[[], float] = time.monotonic
+    _last: float = field(init=False)
+
+    def __post_init__(self) -> None:
+        self._last = self.clock()
+
+    def due(self, round_: int, finished: bool) -> bool:
+        """Whether to checkpoint after ``round_`` (``finished``: the trial's last round); restarts the
+        seconds when it says yes."""
+        now = self.clock()
+        due = (finished or (self.rounds is not None and round_ % self.rounds == 0)
+               or (self.seconds is not None and now - self._last >= self.seconds))
+        if due:
+            self._last = now
+        return due
+
+
 def restore(feds: list[Federation]) -> None:
     """Load every seed's state from the trial's latest checkpoint, if Tune gave it one."""
     checkpoint = tune.get_checkpoint()
@@ -135,13 +164,15 @@ def worker_nodes(feds: list[Federation]) -> str:
 def run_trial(config: dict[str, Any], spec: StudySpec) -> None:
     """Tune entry point: ``config`` holds the sampled parameters under their dotted names."""
     cfgs = seed_configs(set_dotted(spec.base, config), spec.space.seeds, spec.workers, spec.gpus_per_worker or 0.0)
-    run_federations(cfgs, spec.space.objective, spec.space.checkpoint_every)
+    cadence = Cadence(spec.space.checkpoint_every, spec.space.checkpoint_seconds)
+    run_federations(cfgs, spec.space.objective, cadence)
 
 
-def run_federations(cfgs: list[ExperimentConfig], objective: Objective, checkpoint_every: int,
+def run_federations(cfgs: list[ExperimentConfig], objective: Objective, cadence: Cadence,
                     extra: Sequence[Objective] = ()) -> None:
     """The body of every fltune trial (a study's configuration, a reproduced table's cell): one
-    ``Federation`` per seed, their rounds consumed in lockstep, a report per round, a checkpoint every k rounds;
+    ``Federation`` per seed, their rounds consumed in lockstep, a report per round, a checkpoint when the
+    ``cadence`` says;
     ``extra`` objectives are reported beside the main one (cells of a table that share this run)."""
     start = time.perf_counter()
     logging.getLogger("ray.train._internal.storage").setLevel(logging.WARNING)  # one line per checkpoint
@@ -157,8 +188,7 @@ def run_federations(cfgs: list[ExperimentConfig], objective: Objective, checkpoi
             return
         for _ in lockstep(feds):
             result = {**trial_result(feds, objective, extra), **placement}
-            due = done(feds) or int(result["round"]) % checkpoint_every == 0
-            report(result, feds, with_checkpoint=due)
+            report(result, feds, with_checkpoint=cadence.due(int(result["round"]), done(feds)))
     finally:
         for fed in feds:
             fed.close()

@@ -15,6 +15,7 @@ from fltune.config import build_config
 from fltune.engine.callbacks import Callback
 from fltune.engine.federation import Federation, lockstep
 from fltune.engine.pool import WorkerPlan, WorkerPool
+from tests.conftest import needs_fmnist
 
 BASE = [
     "data.dataset=synthetic", "partition.kind=dirichlet_prior", "partition.eval_fraction=0.2",
@@ -47,6 +48,22 @@ def test_one_and_two_workers_give_identical_runs(ray_session):
     assert [[r[k] for k in keys] for r in one.history] == [[r[k] for k in keys] for r in two.history]
     assert same_weights(one, two)
     assert one.history[-1]["acc_global"] > 0.3  # synthetic is learnable: well above 10 % chance
+
+
+@needs_fmnist
+def test_evaluation_on_the_workers_equals_one_process_evaluating(ray_session):
+    """2 500 test images: three evaluation batches, split 3 | 1 + 2 over one and two workers. The correct
+    counts and summed losses must be those of the driver evaluating alone (the run closed, no pool)."""
+    fmnist = ("data.dataset=fmnist", "data.subsample=0.25", "federation.clients=4", "federation.rounds=1",
+              "partition.eval_fraction=0")
+    one = run(federation("resources.workers=1", *fmnist))
+    two = run(federation("resources.workers=2", *fmnist))
+    assert len(one.data.test_y) == 2500
+    assert same_weights(one, two)
+    for fed in (one, two):
+        assert fed.pool is None  # closed: evaluate_state now evaluates in this process
+        assert (fed.history[-1]["acc_global"], fed.history[-1]["loss"]) == fed.evaluate_state(fed.global_state)
+    assert one.history[-1]["acc_global"] == two.history[-1]["acc_global"] > 0.5
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

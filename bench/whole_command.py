@@ -1,0 +1,169 @@
+"""The whole ``python cli.py run …`` command against a tight single-process PyTorch loop, start to exit.
+
+Workload (issue 12, item 4): FedAvg, FMNIST IID, 100 clients × 600, 10 per round, E = 1, B = 50, global
+evaluation every round, 5 rounds. Both sides are timed as subprocesses from spawn to exit (imports, data
+loading, Ray start-up, MLflow, shutdown included), in pairs run back to back, and the process tree's
+resident memory (the process plus every descendant: Ray's GCS, raylet and workers) is sampled every
+0.2 s from /proc. The tight loop trains the same clients on the same samples in one process with every
+core and evaluates the global model on the test set after every round. Last lines: ``ratio <cmd/tight>``
+(median wall clock; goal ≤ 1.15) and ``memory_ratio`` (peak tree RSS; goal: the command ≤ 2 GB).
+
+    python bench/whole_command.py [--pairs 3] [--rounds 5] [--before /path/to/older/checkout]
+
+``--before``: also time that checkout's command in every pair (a third run, same conditions), so a change
+is measured before and after in one run on a shared machine (``ratio_before``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def command(rounds: int, mlflow_uri: str, repo: Path = REPO) -> list[str]:
+    """The issue's CPU workload as a user types it (in the checkout ``repo``)."""
+    return [
+        sys.executable, str(repo / "cli.py"), "run", "--method", "fedavg", "--dataset", "fmnist", "--partition",
+        "iid", "--clients", "100", "--fraction", "0.1", "--rounds", str(rounds), "--local-epochs", "1",
+        "--batch-size", "50", "--seed", "0", "--set", "metrics.protocols=[global]", "--set", "metrics.every=1",
+        "--set", f"tracking.uri={mlflow_uri}",
+    ]
+
+
+def tree_rss(root: int) -> int:
+    """Resident bytes of ``root`` and all its descendants (read from /proc; vanished processes count 0)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            ppid = int(stat.rsplit(")", 1)[1].split()[1])
+            children.setdefault(ppid, []).append(int(entry))
+    total, todo = 0, [root]
+    while todo:
+        pid = todo.pop()
+        todo.extend(children.get(pid, []))
+        try:
+            total += int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * PAGE
+        except OSError:
+            pass
+    return total
+
+
+def measure(argv: list[str], env: dict[str, str]) -> tuple[float, float, list[tuple[float, str]]]:
+    """(wall seconds from spawn to exit, peak tree RSS in GB, (seconds since spawn, line) of its output)."""
+    lines: list[tuple[float, str]] = []
+    start = time.perf_counter()
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, cwd=REPO, text=True)
+
+    def read() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append((time.perf_counter() - start, line.rstrip()))
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    peak = 0
+    while proc.poll() is None:
+        peak = max(peak, tree_rss(proc.pid))
+        time.sleep(0.2)
+    wall = time.perf_counter() - start
+    reader.join()
+    if proc.returncode != 0:
+        sys.exit(f"{argv[1]} exited {proc.returncode}:\n" + "\n".join(line for _, line in lines[-20:]))
+    return wall, peak / 2**30, lines
+
+
+def timeline(lines: list[tuple[float, str]], wall: float) -> str:
+    """When the header and each round's line appeared, and the exit: where the command's time goes."""
+    marks = [f"{'header' if line.startswith('fltune run') else line.split()[1]} {t:.1f}"
+             for t, line in lines if line.startswith(("fltune run", "round "))]
+    return "  ".join([*marks, f"exit {wall:.1f}"])
+
+
+def tight_loop(rounds: int) -> None:
+    """The reference: round_overhead.py's plain-PyTorch FedAvg round (same clients, samples and steps as
+    fltune's), then the global model on the test set after every round."""
+    sys.path.insert(0, str(REPO / "bench"))
+    import torch
+    from round_overhead import tight_round
+
+    from fltune.config import build_config
+    from fltune.data.augment import to_float
+    from fltune.engine.builders import build_model_for, initial_state, load_data
+    from fltune.engine.rng import sample_clients
+
+    cfg = build_config(overrides=[
+        "method.name=fedavg", "data.dataset=fmnist", "partition.kind=iid", "federation.clients=100",
+        "federation.fraction=0.1", f"federation.rounds={rounds}", "training.local_epochs=1",
+        "training.batch_size=50", "tracking.enabled=false",
+    ])
+    torch.set_num_threads(os.cpu_count() or 1)
+    data = load_data(cfg)
+    model = build_model_for(cfg, data)
+    global_state = {k: torch.tensor(v) for k, v in initial_state(cfg, data).items()}
+    fed = cfg.federation
+    for r in range(1, fed.rounds + 1):
+        clients = sample_clients(fed.seed, r, fed.clients, fed.clients_per_round)
+        global_state = tight_round(model, data, global_state, clients, cfg.training)
+        model.load_state_dict(global_state)
+        model.eval()
+        correct = 0
+        with torch.no_grad():
+            for s in range(0, len(data.test_y), 1000):
+                logits = model(to_float(data.test_x[s:s + 1000], data.mean, data.std))
+                correct += int((logits.argmax(1) == data.test_y[s:s + 1000]).sum())
+        print(f"round {r} acc_global={correct / len(data.test_y):.4f}", flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pairs", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--before", type=Path, help="another checkout whose command joins every pair")
+    parser.add_argument("--tight", action="store_true", help=argparse.SUPPRESS)  # the reference's own process
+    args = parser.parse_args()
+    if args.tight:
+        tight_loop(args.rounds)
+        return
+    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    runs: dict[str, list[tuple[float, float, list[tuple[float, str]]]]] = {"command": [], "tight": [], "before": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        for pair in range(args.pairs):
+            uri = f"sqlite:///{tmp}/mlflow{pair}.db"
+            if args.before:
+                before_env = {**env, "PYTHONPATH": f"{args.before.resolve()}{os.pathsep}{env['PYTHONPATH']}"}
+                runs["before"].append(measure(command(args.rounds, uri, args.before.resolve()), before_env))
+            runs["command"].append(measure(command(args.rounds, uri), env))
+            runs["tight"].append(measure([sys.executable, __file__, "--tight", "--rounds", str(args.rounds)], env))
+            for name, done in runs.items():
+                if done:
+                    wall, gb, lines = done[-1]
+                    print(f"pair {pair + 1} {name:8s} {wall:5.1f} s {gb:.2f} GB  {timeline(lines, wall)}", flush=True)
+    final = [line for _, line in runs["command"][-1][2] if line.startswith(f"round {args.rounds}/")]
+    print("command's last round:", final[-1] if final else "(not shown)")
+    wall = {name: statistics.median(r[0] for r in done) for name, done in runs.items() if done}
+    peak = {name: max(r[1] for r in done) for name, done in runs.items() if done}
+    for name in wall:
+        print(f"{name:8s} wall {wall[name]:.1f} s (median)  peak tree {peak[name]:.2f} GB")
+    if args.before:
+        print(f"ratio_before {wall['before'] / wall['tight']:.3f}")
+        print(f"memory_ratio_before {peak['before'] / peak['tight']:.3f}")
+    print(f"ratio {wall['command'] / wall['tight']:.3f}")
+    print(f"memory_ratio {peak['command'] / peak['tight']:.3f}")
+
+
+if __name__ == "__main__":
+    main()
