@@ -299,6 +299,10 @@ class TuneJob(ABC, Generic[Spec]):
     def conclude(self, spec: Spec, rows: list[TrialRow]) -> int:
         """Results, files and the exit status (130 when trials are left to resume)."""
 
+    def resuming(self) -> bool:
+        """Whether ``prepare`` continues a saved job (``--resume``) rather than creating one."""
+        return bool(self.args.resume)
+
     def prepare(self) -> tuple[Spec, Tuner, int]:
         """Validate (before Ray starts), join or start Ray, size the trials, then create or restore the
         Tuner; also the number of Ray nodes."""
@@ -306,15 +310,15 @@ class TuneJob(ABC, Generic[Spec]):
         from fltune.tune import study
 
         storage = storage_root(self.args.storage)
-        spec = self.saved_spec(storage) if self.args.resume else self.new_spec(storage)
-        if not self.args.resume and exists(spec.path):
+        spec = self.saved_spec(storage) if self.resuming() else self.new_spec(storage)
+        if not self.resuming() and exists(spec.path):
             raise FLTuneError(f"--name {spec.name}: {self.what} {spec.path} already exists; add --resume to continue it")
         tree = self.experiment(spec)
         start_ray(self.args.address or build_config(tree).resources.address)
         cluster, node_cpus = study.cluster_shape()
         spec = with_gpu_share(spec, cluster, build_config(tree).resources.cpus_per_worker, self.max_concurrent(spec))
         resources = study.placement(tree, spec.workers, spec.gpus_per_worker, cluster, node_cpus)
-        if self.args.resume:
+        if self.resuming():
             tuner = self.restored_tuner(spec, resources)
         else:
             spec.save()

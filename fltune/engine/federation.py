@@ -236,6 +236,8 @@ class Federation:
         ``split="val"`` on the union of the clients' validation splits."""
         load_state(self.eval_model, state)
         x, y = (self.data.test_x, self.data.test_y) if split == "test" else self.data.val_split()
+        if len(y) == 0:  # a run with metrics.test: false holds no test data: reading it is a bug, never a score
+            raise FLTuneError(f"this run has no {split} data to evaluate on")
         correct, loss, n = evaluate(self.eval_model, self.data, x, y, self.device)
         return correct / n, loss / n
 
