@@ -15,7 +15,7 @@ from ray import tune
 
 from fltune.compare.spec import CompareSpec
 from fltune.tune.space import Objective
-from fltune.tune.study import restore, run_config
+from fltune.tune.study import grid_tuner, restore
 from fltune.tune.trainable import objective_key, run_federations, seed_configs
 
 
@@ -43,12 +43,7 @@ def trainable(spec: CompareSpec, resources: tune.PlacementGroupFactory):
 
 def new_tuner(spec: CompareSpec, resources: tune.PlacementGroupFactory, callbacks: list) -> tune.Tuner:
     """One trial per cell, as many at once as fit (or ``--max-concurrent``)."""
-    return tune.Tuner(
-        trainable(spec, resources),
-        param_space={"cell": tune.grid_search(spec.cells)},
-        tune_config=tune.TuneConfig(num_samples=1, max_concurrent_trials=spec.max_concurrent),
-        run_config=run_config(spec, callbacks),
-    )
+    return grid_tuner(trainable(spec, resources), spec.cells, spec, spec.max_concurrent, callbacks)
 
 
 def restored_tuner(spec: CompareSpec, resources: tune.PlacementGroupFactory) -> tune.Tuner:

@@ -38,8 +38,8 @@ class CompareLog(RunTree):
 
     def child(self, trial_id: str, params: dict[str, Any]) -> tuple[str, ExperimentConfig, dict[str, Any]]:
         key = params["cell"]
-        method, index = parse_cell(key)
-        return f"{self.spec.name}/{key}", build_config(self.spec.cell_tree(key)), {"cell": key, "seed_index": index}
+        extra = {"cell": key, "seed_index": parse_cell(key)[1]}
+        return f"{self.spec.name}/{key}", build_config(self.spec.cell_tree(key)), extra
 
     def finish(self, rows: list[TrialRow], interrupted: bool) -> None:
         res = results(self.spec, rows)

@@ -63,13 +63,16 @@ class CompareSpec(SavedSpec):
         return self.config.tracking
 
     @property
-    def accuracies(self) -> list[str]:
-        """The accuracy of every evaluation protocol the setting runs; the first one ranks the methods."""
-        return [ACCURACY[p] for p in self.config.metrics.protocols if p in ACCURACY]
+    def primary(self) -> str:
+        """The accuracy that ranks the methods: the first evaluation protocol's."""
+        return ranking_accuracy(self.config)
 
     @property
-    def primary(self) -> str:
-        return self.accuracies[0]
+    def accuracies(self) -> list[str]:
+        """The ranking accuracy, then every other protocol's the setting measures on test data."""
+        cfg = self.config
+        measured = [ACCURACY[p] for p in cfg.metrics.protocols if unmet_need(ACCURACY[p], "final", cfg) is None]
+        return list(dict.fromkeys([self.primary, *measured]))
 
     @property
     def cells(self) -> list[str]:
@@ -116,11 +119,15 @@ def method_tree(base: dict[str, Any], method: str) -> dict[str, Any]:
     return tree
 
 
-def check_setting(tree: dict[str, Any], primary: str) -> None:
-    """The ranking accuracy must be measured on the test data of every cell."""
-    need = unmet_need(primary, "final", build_config(tree))
+def ranking_accuracy(cfg: ExperimentConfig) -> str:
+    """The first evaluation protocol's accuracy, which must be measured on the test data of every cell."""
+    protocol = next((p for p in cfg.metrics.protocols if p in ACCURACY), None)
+    if protocol is None:
+        raise FLTuneError(f"metrics.protocols: none to rank by; allowed: {', '.join(ACCURACY)}")
+    need = unmet_need(ACCURACY[protocol], "final", cfg)
     if need:
-        raise FLTuneError(f"metrics.protocols: the ranking accuracy {primary} {need}")
+        raise FLTuneError(f"metrics.protocols: the ranking accuracy {ACCURACY[protocol]} {need}")
+    return ACCURACY[protocol]
 
 
 def new_spec(*, methods: list[str], base: dict[str, Any], seeds: int, tune_budget: int | None, storage: str,
@@ -135,14 +142,10 @@ def new_spec(*, methods: list[str], base: dict[str, Any], seeds: int, tune_budge
     name = check_name(name or f"compare-{time.strftime('%Y%m%d-%H%M%S')}")
     trees = {method: method_tree(base, method) for method in methods}
     cfg = build_config(trees[methods[0]])
-    if not any(p in ACCURACY for p in cfg.metrics.protocols):
-        raise FLTuneError(f"metrics.protocols: none to rank by; allowed: {', '.join(ACCURACY)}")
-    spec = CompareSpec(
+    ranking_accuracy(cfg)  # the setting is the same for every method
+    return CompareSpec(
         name=name, storage=storage, methods=methods, seeds=seeds, base=base,
         tune_budget=tune_budget, trees={} if tune_budget else trees, workers=cfg.resources.workers or 1,
         gpus_per_worker=cfg.resources.gpus_per_worker, max_concurrent=max_concurrent,
         out=out or str(mlruns_dir() / "compare" / name),
     )
-    for tree in trees.values():
-        check_setting(tree, spec.primary)
-    return spec

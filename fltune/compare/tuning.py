@@ -15,7 +15,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from fltune.compare.spec import SHARED, TUNING_SEED_OFFSET, TUNING_VAL_FRACTION, CompareSpec, method_tree
+from fltune.compare.spec import ACCURACY, SHARED, TUNING_SEED_OFFSET, TUNING_VAL_FRACTION, CompareSpec, method_tree
 from fltune.config import build_config
 from fltune.errors import FLTuneError
 from fltune.tune.command import Study
@@ -36,10 +36,12 @@ def space_file(method: str) -> Path:
 
 
 def tuning_tree(spec: CompareSpec, method: str) -> dict[str, Any]:
-    """The method's setting as its study trains it: a validation split, no test data, the tuning seed."""
+    """The method's setting as its study trains it: a validation split, no test data, the tuning seed, and
+    only the protocol of the objective (the others would cost evaluations nobody reads)."""
     tree = method_tree(spec.base, method)
     val = build_config(tree).partition.val_fraction or TUNING_VAL_FRACTION
-    return set_dotted(tree, {"partition.val_fraction": val, "metrics.test": False,
+    protocol = next(p for p, acc in ACCURACY.items() if acc == spec.primary)
+    return set_dotted(tree, {"partition.val_fraction": val, "metrics.test": False, "metrics.protocols": [protocol],
                              "federation.seed": spec.base_seed + TUNING_SEED_OFFSET})
 
 
