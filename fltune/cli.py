@@ -1,4 +1,4 @@
-"""Command line: ``python cli.py run | methods | tune | tables | reproduce``.
+"""Command line: ``python cli.py run | methods | tune | tables | reproduce | compare``.
 
 Precedence of settings: ``--config`` YAML < shortcut flags (``--rounds 3``) < ``--set a.b=c``. Every
 user error ends as one line on stderr and exit status 2; a diverged run exits 1; Ctrl-C exits 130 and
@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Any
 from rich.table import Table
 
 from fltune.driver import handle_stop_signals, quiet_libraries, start_ray, stop_message, stop_status
+from fltune.compare.command import add_parser as add_compare_parser
+from fltune.compare.command import cmd_compare
 from fltune.errors import FLTuneError
 from fltune.reproduce.command import add_parsers as add_reproduce_parsers
 from fltune.reproduce.command import cmd_reproduce, cmd_tables
@@ -41,12 +43,14 @@ SHORTCUTS: dict[str, tuple[str, type]] = {
 """CLI flag → config field; flags are only shortcuts for ``--set field=value``."""
 
 
-def add_experiment_args(parser: argparse.ArgumentParser) -> None:
-    """The config sources shared by run, tune and reproduce."""
+def add_experiment_args(parser: argparse.ArgumentParser, skip: tuple[str, ...] = ()) -> None:
+    """The config sources shared by run and compare (``skip``: shortcuts a command sets itself)."""
     parser.add_argument("--config", help="experiment YAML (same fields as --print-config shows)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
                         help="override any config field by dotted path, e.g. --set method.mu=0.01 (repeatable)")
     for name, (field, kind) in SHORTCUTS.items():
+        if name in skip:
+            continue
         parser.add_argument(f"--{name.replace('_', '-')}", dest=name, type=kind, help=f"= --set {field}=…")
 
 
@@ -154,6 +158,7 @@ def cmd_methods(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------------------------------------- main
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "run": cmd_run, "methods": cmd_methods, "tune": cmd_tune, "tables": cmd_tables, "reproduce": cmd_reproduce,
+    "compare": cmd_compare,
 }
 
 
@@ -168,6 +173,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("methods", help="registered methods with their parameters and paper defaults")
     add_tune_parser(sub)
     add_reproduce_parsers(sub)
+    add_experiment_args(add_compare_parser(sub), skip=("method",))
     return parser
 
 

@@ -64,6 +64,8 @@ class PartitionConfig(_Section):
     shards_per_client: int = Field(2, ge=1)
     min_size: int = Field(10, ge=1, description="`dirichlet`: redraw until every client has this many")
     eval_fraction: float = Field(0.0, ge=0, lt=1, description="per-client held-out share (SimFAFL: 0.3)")
+    val_fraction: float = Field(0.0, ge=0, lt=1, description="share of each client's training data held out "
+                                "as a validation split (val_* metrics, tuning objectives); 0 = none")
     pool_test: bool = Field(False, description="pool train+test before partitioning (SimFAFL/FedCR)")
     cache_dir: str | None = None
 
@@ -212,6 +214,8 @@ class MetricsConfig(_Section):
     every: int = Field(1, ge=1, description="evaluate every k rounds (and always at the last round)")
     target: float | None = Field(None, gt=0, le=1, description="accuracy for rounds_to_target")
     target_metric: Literal["acc_global", "acc_all_model", "acc_personalized", "acc_personalized_ft"] = "acc_global"
+    test: bool = Field(True, description="evaluate on the test data; false: the run holds no test data and "
+                       "evaluates only the validation split (compare's tuning studies)")
     hessian: HessianConfig = Field(default_factory=HessianConfig)
 
 
@@ -263,6 +267,8 @@ class ExperimentConfig(_Section):
                     f"partition.classes_per_client: {self.partition.classes_per_client} > the "
                     f"{allowed} classes of {self.data.dataset}; allowed: 1..{allowed}"
                 )
+        if not self.metrics.test and self.partition.val_fraction == 0:
+            raise ValueError("metrics.test: false leaves nothing to evaluate; allowed with partition.val_fraction > 0")
         return self
 
     def to_yaml(self) -> str:

@@ -183,6 +183,19 @@ def start_ray(address: str | None) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- jobs
+CELL_CHECKPOINT_EVERY, CELL_CHECKPOINT_SECONDS = 25, 60.0
+"""A job cell's default checkpoint cadence (reproduce, compare): paper-scale cells run hundreds of rounds,
+and a checkpoint of a personalised method's state costs more than its round."""
+
+
+def check_cadence(args: argparse.Namespace) -> None:
+    """``--checkpoint-every`` ≥ 1 and ``--checkpoint-seconds`` > 0 when given."""
+    if args.checkpoint_every is not None and args.checkpoint_every < 1:
+        raise FLTuneError(f"--checkpoint-every: {args.checkpoint_every}; allowed: ≥ 1")
+    if args.checkpoint_seconds is not None and not args.checkpoint_seconds > 0:
+        raise FLTuneError(f"--checkpoint-seconds: {args.checkpoint_seconds:g}; allowed: > 0")
+
+
 def add_checkpoint_args(p: argparse.ArgumentParser, rounds_default: str, seconds_default: str) -> None:
     """The checkpoint cadence of a Tune job's trials (``trainable.Cadence``), shared by tune and reproduce."""
     p.add_argument("--checkpoint-every", type=int, metavar="ROUNDS",
@@ -307,6 +320,10 @@ class TuneJob(ABC, Generic[Spec]):
     def conclude(self, spec: Spec, rows: list[TrialRow]) -> int:
         """Results, files and the exit status (130 when trials are left to resume)."""
 
+    def resuming(self) -> bool:
+        """Whether ``prepare`` continues a saved job (``--resume``) rather than creating one."""
+        return bool(self.args.resume)
+
     def prepare(self) -> tuple[Spec, Tuner, int]:
         """Validate (before Ray starts), join or start Ray, size the trials, then create or restore the
         Tuner; also the number of Ray nodes."""
@@ -314,15 +331,15 @@ class TuneJob(ABC, Generic[Spec]):
         from fltune.tune import study
 
         storage = storage_root(self.args.storage)
-        spec = self.saved_spec(storage) if self.args.resume else self.new_spec(storage)
-        if not self.args.resume and exists(spec.path):
+        spec = self.saved_spec(storage) if self.resuming() else self.new_spec(storage)
+        if not self.resuming() and exists(spec.path):
             raise FLTuneError(f"--name {spec.name}: {self.what} {spec.path} already exists; add --resume to continue it")
         tree = self.experiment(spec)
         start_ray(self.args.address or build_config(tree).resources.address)
         cluster, node_cpus = study.cluster_shape()
         spec = with_gpu_share(spec, cluster, build_config(tree).resources.cpus_per_worker, self.max_concurrent(spec))
         resources = study.placement(tree, spec.workers, spec.gpus_per_worker, cluster, node_cpus)
-        if self.args.resume:
+        if self.resuming():
             tuner = self.restored_tuner(spec, resources)
         else:
             spec.save()

@@ -13,7 +13,7 @@ import os
 import tempfile
 import zipfile
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -47,6 +47,8 @@ class FederatedData:
     std: tuple[float, ...]
     augment: str
     name: str
+    client_val: list[np.ndarray] = field(default_factory=list, repr=False)
+    """Validation indices into the pool, held out of each client's training data (empty if val_fraction = 0)."""
 
     @property
     def input_shape(self) -> tuple[int, int, int]:
@@ -58,18 +60,48 @@ class FederatedData:
     def num_clients(self) -> int:
         return len(self.client_train)
 
+    @property
+    def has_val(self) -> bool:
+        return any(len(idx) for idx in self.client_val)
+
+    def val_split(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The union of the clients' validation data: the server-side validation set (global models)."""
+        idx = torch.from_numpy(np.sort(np.concatenate(self.client_val)))
+        return self.x[idx], self.y[idx]
+
+    def split(self, name: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """(uint8 images, labels) of the global ``test`` split or of the ``val`` union."""
+        return (self.test_x, self.test_y) if name == "test" else self.val_split()
+
+    def without_test(self) -> FederatedData:
+        """The same data with no test split (global nor per-client held-out): what a tuning run holds, so
+        no objective can ever be measured on test data (``metrics.test: false``)."""
+        return replace(self, test_x=self.test_x[:0], test_y=self.test_y[:0],
+                       client_eval=[idx[:0] for idx in self.client_eval])
+
+    def val_as_eval(self) -> FederatedData:
+        """The clients' validation splits in the place of their held-out splits: how the workers' personalised
+        evaluation (which reads ``client_eval``) scores each client's own model on its validation data."""
+        return replace(self, client_eval=self.client_val)
+
 
 def build_federated_data(
     dataset: Dataset, *, kind: str, num_clients: int, seed: int, alpha: float = 0.5,
     classes_per_client: int | None = None, shards_per_client: int = 2, min_size: int = 10,
-    eval_fraction: float = 0.0, pool_test: bool = False, cache_dir: str | Path | None = None,
+    eval_fraction: float = 0.0, val_fraction: float = 0.0, pool_test: bool = False,
+    cache_dir: str | Path | None = None,
 ) -> FederatedData:
-    """Partition ``dataset`` over ``num_clients`` clients and hold out ``eval_fraction`` of each.
+    """Partition ``dataset`` over ``num_clients`` clients, hold out ``eval_fraction`` of each, then
+    ``val_fraction`` of what is left for training as the client's validation split.
 
     ``pool_test=True`` is SimFAFL/FedCR's protocol: train and test are pooled before partitioning and
     the global test split is the union of the clients' held-out splits, so no test sample is ever
     trained on. Otherwise the pool is the train split and the global test split is the dataset's.
     ``classes_per_client=None`` takes :data:`DEFAULT_CLASSES_PER_CLIENT` for the dataset.
+
+    The validation split is drawn after the cached partition, from a seed of its own, so the partition,
+    the held-out split and their cache files are the same whatever ``val_fraction`` is; with 0 the
+    training indices are exactly those of a run without validation.
     """
     if pool_test and eval_fraction == 0:
         raise FLTuneError(
@@ -87,13 +119,26 @@ def build_federated_data(
     }
     train, held_out = _cached_split(dataset.name, y.numpy(), dataset.num_classes, params,
                                     Path(cache_dir) if cache_dir else _default_cache_dir())
+    train, val = split_validation(train, val_fraction, seed)
     if pool_test:
         test = torch.from_numpy(np.sort(np.concatenate(held_out)))
         test_x, test_y = x[test], y[test]
     else:
         test_x, test_y = dataset.test_x, dataset.test_y
     return FederatedData(x, y, train, held_out, test_x, test_y, dataset.num_classes, dataset.mean,
-                         dataset.std, dataset.augment, dataset.name)
+                         dataset.std, dataset.augment, dataset.name, val)
+
+
+def split_validation(train: list[np.ndarray], val_fraction: float,
+                     seed: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Each client's training indices → (training, validation); with 0 the training indices are untouched.
+
+    Seeded apart from the partition (stream 0) and the held-out split (stream 1), so turning validation
+    on moves no sample between clients or into the held-out data."""
+    if val_fraction == 0:
+        return train, [idx[:0] for idx in train]
+    val_seed = int(np.random.SeedSequence([seed, 2]).generate_state(1)[0])
+    return split_train_eval(train, val_fraction, val_seed, field="partition.val_fraction")
 
 
 def _default_cache_dir() -> Path:

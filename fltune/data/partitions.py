@@ -53,14 +53,14 @@ def partition(
 
 
 def split_train_eval(
-    indices: list[np.ndarray], eval_fraction: float, seed: int,
+    indices: list[np.ndarray], eval_fraction: float, seed: int, field: str = "partition.eval_fraction",
 ) -> tuple[list[np.ndarray], list[np.ndarray]]:
     """Per client, a seeded shuffle; the first ``round((1 - f)·n)`` train, the rest eval (SimFAFL 70/30).
 
     ``eval_fraction = 0`` gives empty eval arrays. Both halves come back sorted.
     """
     if not 0 <= eval_fraction < 1:
-        raise FLTuneError(f"partition.eval_fraction: must be in [0, 1); got {eval_fraction}")
+        raise FLTuneError(f"{field}: must be in [0, 1); got {eval_fraction}")
     rng = np.random.default_rng(seed)
     train, held_out = [], []
     for part in indices:

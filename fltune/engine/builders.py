@@ -19,12 +19,13 @@ def load_data(cfg: ExperimentConfig) -> FederatedData:
     dataset = subsample(load_dataset(cfg.data.dataset, cfg.data.root, cfg.data.download), cfg.data.subsample,
                         cfg.federation.seed)
     part = cfg.partition
-    return build_federated_data(
+    data = build_federated_data(
         dataset, kind=part.kind, num_clients=cfg.federation.clients, seed=cfg.federation.seed, alpha=part.alpha,
         classes_per_client=part.classes_per_client, shards_per_client=part.shards_per_client,
-        min_size=part.min_size, eval_fraction=part.eval_fraction, pool_test=part.pool_test,
-        cache_dir=part.cache_dir,
+        min_size=part.min_size, eval_fraction=part.eval_fraction, val_fraction=part.val_fraction,
+        pool_test=part.pool_test, cache_dir=part.cache_dir,
     )
+    return data if cfg.metrics.test else data.without_test()
 
 
 def model_name(cfg: ExperimentConfig) -> str:

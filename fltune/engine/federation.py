@@ -76,6 +76,7 @@ class Federation:
         self.pool: WorkerPool | None = None
         self.shared_pool = pool
         self.run_ref: ray.ObjectRef | None = None
+        self.val_ref: ray.ObjectRef | None = None
         self.artifacts: list[Path] = []
         """Files the probes wrote (end-of-run figures), for the tracking callbacks."""
         self.probes: list[Probe] = probes_for(self)
@@ -107,7 +108,7 @@ class Federation:
         """Stop the client actors this run started (a shared pool stays up for its owner)."""
         if self.pool is not None and self.pool is not self.shared_pool:
             self.pool.shutdown()
-        self.pool = self.run_ref = None
+        self.pool = self.run_ref = self.val_ref = None
 
     # ------------------------------------------------------------------ loop
     def rounds(self) -> Iterator[RoundResult]:
@@ -234,30 +235,37 @@ class Federation:
         return {"train_loss": loss, "samples": samples, "diverged": float(diverged)}
 
     # ------------------------------------------------------------------ evaluation services (for probes)
-    def evaluate_state(self, state: State) -> tuple[float, float]:
-        """(accuracy, mean loss) of the model with weights ``state`` on the pooled test set.
+    def evaluate_state(self, state: State, split: str = "test") -> tuple[float, float]:
+        """(accuracy, mean loss) of the model with weights ``state`` on the pooled test set, or with
+        ``split="val"`` on the union of the clients' validation splits.
 
-        On the workers while the run is open: the test set's batches are split into contiguous shards,
+        On the workers while the run is open: the split's batches are divided into contiguous shards,
         one per worker, and the per-batch scores come back in batch order, so correct counts and summed
         losses are the very numbers one process computes (``evaluate``), whatever the worker count."""
-        n = len(self.data.test_y)
+        n = len(self.data.split(split)[1])
+        if n == 0:  # a run with metrics.test: false holds no test data: reading it is a bug, never a score
+            raise FLTuneError(f"this run has no {split} data to evaluate on")
         if self.pool is None:
             load_state(self.eval_model, state)
-            correct, loss, _ = evaluate(self.eval_model, self.data, self.data.test_x, self.data.test_y, self.device)
+            x, y = self.data.split(split)
+            correct, loss, _ = evaluate(self.eval_model, self.data, x, y, self.device)
             return correct / n, loss / n
         batches = list(range(eval_batch_count(n)))
         workers = len(self.pool.actors)
         shards = [batches[len(batches) * i // workers:len(batches) * (i + 1) // workers] for i in range(workers)]
-        parts = self.pool.map(self.run_ref, "evaluate_test", shards, ray.put(state))
+        parts = self.pool.map(self.run_ref, "evaluate_split", shards, ray.put(state), split)
         correct, loss, _ = total_scores([score for part in parts for score in part], n)
         return correct / n, loss / n
 
-    def evaluate_personalized(self, finetune: bool) -> tuple[float, float]:
+    def evaluate_personalized(self, finetune: bool, split: str = "test") -> tuple[float, float]:
         """Mean over clients of each client's accuracy (and loss) on its own held-out split (SimFAFL
-        Table 2), computed on the workers; with ``finetune`` each head is fine-tuned first."""
+        Table 2), or with ``split="val"`` on its own validation split, computed on the workers; with
+        ``finetune`` each head is fine-tuned first."""
         assert self.pool is not None
         clients = list(range(self.cfg.federation.clients))
-        sizes = self.sizes if finetune else [len(idx) for idx in self.data.client_eval]
+        run_ref = self.run_ref if split == "test" else self._validation_run()
+        held_out = self.data.client_eval if split == "test" else self.data.client_val
+        sizes = self.sizes if finetune else [len(idx) for idx in held_out]
         shards = balance(clients, sizes, len(self.pool.actors))
         training = self.cfg.training
         inputs = RoundInput(  # the fine-tuning stream is "round R+1", apart from every training round
@@ -265,13 +273,21 @@ class Federation:
             lr=training.finetune_lr or training.lr, global_state=self.global_state, server={},
         )
         scores: dict[int, tuple[int, float, int]] = {}
-        calls = self.pool.map(self.run_ref, "evaluate_clients", shards, ray.put(inputs), finetune,
+        calls = self.pool.map(run_ref, "evaluate_clients", shards, ray.put(inputs), finetune,
                               per_shard=self._states_for)
         for part in calls:
             scores.update(part)
         accs = [scores[c][0] / scores[c][2] for c in clients]
         losses = [scores[c][1] / scores[c][2] for c in clients]
         return float(np.mean(accs)), float(np.mean(losses))
+
+    def _validation_run(self) -> ray.ObjectRef:
+        """This run bound a second time with the validation splits as the clients' held-out data (the
+        workers evaluate ``client_eval``); bound on first use, only by runs that evaluate validation."""
+        assert self.pool is not None
+        if self.val_ref is None:
+            self.val_ref = self.pool.bind(self.cfg, self.data.val_as_eval(), keep_latest=False)
+        return self.val_ref
 
     def static_costs(self) -> dict[str, float]:
         """The run's constants, from the probes that declare some (FedAlign Table 5: forward MFLOPs per

@@ -148,13 +148,16 @@ class ClientWorker:
             scores[cid] = evaluate(self.model, data, data.x[idx], data.y[idx], self.device)
         return scores
 
-    def evaluate_test(self, run_ref: list, state: State, batches: list[int]) -> list[tuple[int, float]]:
-        """Per-batch (correct, summed loss) of the model with weights ``state`` on test batches
+    def evaluate_split(
+        self, run_ref: list, state: State, split: str, batches: list[int],
+    ) -> list[tuple[int, float]]:
+        """Per-batch (correct, summed loss) of the model with weights ``state`` on ``split`` batches
         ``batches``: the driver spreads an evaluation over its idle workers (and their GPUs, which a Tune
         trial's own process lacks) and adds the scores up in batch order (``Federation.evaluate_state``)."""
         data = self._attach(run_ref)
         load_state(self.model, state)
-        return batch_scores(self.model, data, data.test_x, data.test_y, self.device, batches)
+        x, y = data.split(split)
+        return batch_scores(self.model, data, x, y, self.device, batches)
 
     def ready(self, run_ref: list) -> None:
         """Fetch the run's config and dataset and build its model now (``WorkerPool.bind``), while the

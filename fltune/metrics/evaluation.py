@@ -4,11 +4,17 @@
 local model on the test set (FedDyn's "all-clients" model). ``personalized``: each client's own model on
 its own held-out split, averaged over clients (SimFAFL Table 2), and after the last round also with the
 head fine-tuned first (``acc_personalized_ft``). Each runs every ``metrics.every`` rounds and at the last.
+
+Splits. With ``partition.val_fraction > 0`` every protocol also scores its model(s) on the validation
+split, as ``val_<metric>``: the global protocols on the union of the clients' validation data, the
+personalised one each client's model on its own. ``metrics.test: false`` (compare's tuning studies)
+leaves only those: the run then holds no test data at all (``FederatedData.without_test``).
 """
 
 from __future__ import annotations
 
 import math
+from abc import abstractmethod
 from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
@@ -22,6 +28,22 @@ if TYPE_CHECKING:
     from fltune.methods.base import State
 
 ACCURACY_KEYS = ("acc_global", "acc_all_model", "acc_personalized", "acc_personalized_ft")
+VAL = "val_"
+"""Prefix of a metric measured on the validation split rather than the test data."""
+
+
+def with_val(metrics: dict[str, str]) -> dict[str, str]:
+    """A protocol's metrics and their validation twins (``val_<name>``)."""
+    return {**metrics, **{VAL + name: f"{text}, on the validation split" for name, text in metrics.items()}}
+
+
+def splits(cfg: ExperimentConfig) -> list[str]:
+    """The data the protocols score on: test (unless ``metrics.test`` is off), val (with a validation split)."""
+    return ["test"] * cfg.metrics.test + ["val"] * (cfg.partition.val_fraction > 0)
+
+
+def prefixed(split: str, figures: dict[str, float]) -> dict[str, float]:
+    return figures if split == "test" else {VAL + name: value for name, value in figures.items()}
 
 
 class _Protocol(Probe):
@@ -38,7 +60,28 @@ class _Protocol(Probe):
         if cls.protocol not in cfg.metrics.protocols:
             return (f"needs metrics.protocols to include {cls.protocol}; "
                     f"allowed here: {', '.join(cfg.metrics.protocols)}")
+        if metric.startswith(VAL) and cfg.partition.val_fraction == 0:
+            return "needs partition.val_fraction > 0 (a validation split)"
+        if not metric.startswith(VAL) and not cfg.metrics.test:
+            return "needs metrics.test: true (this run evaluates only its validation split)"
         return None
+
+
+class _OneModel(_Protocol):
+    """A protocol that scores one model (the server's) on the pooled test data and validation split."""
+
+    keys: ClassVar[tuple[str, str]]
+    """Its (accuracy, loss) metric names."""
+
+    @abstractmethod
+    def state(self, fed: Federation) -> State:
+        """The weights to score."""
+
+    def measure(self, fed: Federation, view: RoundView) -> dict[str, float]:
+        state, out = self.state(fed), {}
+        for split in splits(fed.cfg):
+            out.update(prefixed(split, dict(zip(self.keys, fed.evaluate_state(state, split)))))
+        return out
 
     def due(self, fed: Federation, view: RoundView) -> bool:
         rounds = fed.cfg.federation.rounds
@@ -46,33 +89,33 @@ class _Protocol(Probe):
 
 
 @register
-class GlobalAccuracy(_Protocol):
+class GlobalAccuracy(_OneModel):
     """The global model on the test set."""
 
     name = "global"
     order = 10
     protocol = "global"
-    metrics = {"acc_global": "global model's test accuracy", "loss": "global model's mean test loss"}
+    metrics = with_val({"acc_global": "global model's test accuracy", "loss": "global model's mean test loss"})
+    keys = ("acc_global", "loss")
 
-    def measure(self, fed: Federation, view: RoundView) -> dict[str, float]:
-        acc, loss = fed.evaluate_state(fed.global_state)
-        return {"acc_global": acc, "loss": loss}
+    def state(self, fed: Federation) -> State:
+        return fed.global_state
 
 
 @register
-class AllModelAccuracy(_Protocol):
+class AllModelAccuracy(_OneModel):
     """The average of every client's latest local model on the test set."""
 
     name = "all_model"
     order = 20
     protocol = "all_model"
-    metrics = {"acc_all_model": "all-clients average model's test accuracy",
-               "loss_all_model": "all-clients average model's mean test loss"}
+    metrics = with_val({"acc_all_model": "all-clients average model's test accuracy",
+                        "loss_all_model": "all-clients average model's mean test loss"})
+    keys = ("acc_all_model", "loss_all_model")
     keeps_local_models = True
 
-    def measure(self, fed: Federation, view: RoundView) -> dict[str, float]:
-        acc, loss = fed.evaluate_state(all_model_state(fed))
-        return {"acc_all_model": acc, "loss_all_model": loss}
+    def state(self, fed: Federation) -> State:
+        return all_model_state(fed)
 
 
 def all_model_state(fed: Federation) -> State:
@@ -104,23 +147,31 @@ class PersonalizedAccuracy(_Protocol):
         "loss_personalized": "the same clients' mean held-out loss",
         "acc_personalized_ft": "acc_personalized after fine-tuning each head (last round only)",
         "loss_personalized_ft": "loss_personalized after fine-tuning each head (last round only)",
+        "val_acc_personalized": "mean over clients of their own model's accuracy on their validation split",
+        "val_loss_personalized": "the same clients' mean validation loss",
     }
 
     @classmethod
     def enabled(cls, cfg: ExperimentConfig, data: FederatedData) -> bool:
-        """Needs per-client held-out splits (partition.eval_fraction > 0)."""
-        return super().enabled(cfg, data) and all(len(idx) > 0 for idx in data.client_eval)
+        """Needs per-client held-out splits (partition.eval_fraction > 0) or validation splits."""
+        held_out = cfg.metrics.test and all(len(idx) > 0 for idx in data.client_eval)
+        return super().enabled(cfg, data) and (held_out or data.has_val)
 
     @classmethod
     def unmet(cls, metric: str, cfg: ExperimentConfig) -> str | None:
         unmet = super().unmet(metric, cfg)
-        if unmet is None and cfg.partition.eval_fraction == 0:
+        if unmet is None and not metric.startswith(VAL) and cfg.partition.eval_fraction == 0:
             return "needs partition.eval_fraction > 0 (per-client held-out data)"
         return unmet
 
     def measure(self, fed: Federation, view: RoundView) -> dict[str, float]:
+        """Held-out (when there is any) and validation scores; fine-tuned only on the held-out data, after
+        the last round (a tuning objective reads the plain validation score)."""
         out: dict[str, float] = {}
-        out["acc_personalized"], out["loss_personalized"] = fed.evaluate_personalized(finetune=False)
-        if view.round == fed.cfg.federation.rounds and fed.cfg.training.finetune_epochs:
-            out["acc_personalized_ft"], out["loss_personalized_ft"] = fed.evaluate_personalized(finetune=True)
+        if fed.cfg.metrics.test and all(len(idx) > 0 for idx in fed.data.client_eval):
+            out["acc_personalized"], out["loss_personalized"] = fed.evaluate_personalized(finetune=False)
+            if view.round == fed.cfg.federation.rounds and fed.cfg.training.finetune_epochs:
+                out["acc_personalized_ft"], out["loss_personalized_ft"] = fed.evaluate_personalized(finetune=True)
+        if fed.data.has_val:
+            out["val_acc_personalized"], out["val_loss_personalized"] = fed.evaluate_personalized(False, "val")
         return out

@@ -12,7 +12,9 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fltune.driver import TuneJob, add_checkpoint_args, newest
+from fltune.driver import (
+    CELL_CHECKPOINT_EVERY, CELL_CHECKPOINT_SECONDS, TuneJob, add_checkpoint_args, check_cadence, newest,
+)
 from fltune.errors import FLTuneError
 
 if TYPE_CHECKING:  # Ray Tune and MLflow load only when the command runs
@@ -22,9 +24,6 @@ if TYPE_CHECKING:  # Ray Tune and MLflow load only when the command runs
     from fltune.reproduce.job import ReproSpec
     from fltune.tune.results import TrialRow
 
-CHECKPOINT_EVERY, CHECKPOINT_SECONDS = 25, 60.0
-"""A cell's default checkpoint cadence: paper-scale cells run hundreds of rounds, and a checkpoint of a
-personalised method's state costs more than its round."""
 RESUME_HINT = "python cli.py reproduce {table} --name {name} --storage {storage} --resume"
 
 
@@ -41,7 +40,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--data-root", help="= --set data.root=DIR (torchvision's files)")
     p.add_argument("--max-concurrent", type=int, help="cells at once (default: as many as the cluster fits)")
     p.add_argument("--address", help="join a running Ray cluster ('auto', host:port; default: $RAY_ADDRESS or local)")
-    add_checkpoint_args(p, f"{CHECKPOINT_EVERY}", f"{CHECKPOINT_SECONDS:g}")
+    add_checkpoint_args(p, f"{CELL_CHECKPOINT_EVERY}", f"{CELL_CHECKPOINT_SECONDS:g}")
     p.add_argument("--storage", help="job folder root, local or a URI (default: ./studies)")
     p.add_argument("--name", help="job name (default: <paper>-<table>-<scale>-<time>)")
     p.add_argument("--out", help="folder for table.csv and table.md (default: mlruns/reproduce/<name>)")
@@ -101,8 +100,8 @@ class Reproduction(TuneJob["ReproSpec"]):
         planned = plan(self.table, args.scale, datasets, overrides, rows)
         return job.new_spec(self.table, args.scale, planned, seeds=args.seeds, storage=storage, name=args.name,
                             out=args.out, max_concurrent=args.max_concurrent, datasets=datasets,
-                            checkpoint_every=args.checkpoint_every or CHECKPOINT_EVERY,
-                            checkpoint_seconds=args.checkpoint_seconds or CHECKPOINT_SECONDS)
+                            checkpoint_every=args.checkpoint_every or CELL_CHECKPOINT_EVERY,
+                            checkpoint_seconds=args.checkpoint_seconds or CELL_CHECKPOINT_SECONDS)
 
     def saved_spec(self, storage: str) -> ReproSpec:
         """``--name``, else the newest job of this table; ``--out`` may move its files (not part of the job)."""
@@ -160,10 +159,7 @@ def selection(args: argparse.Namespace) -> tuple[list[str] | None, list[str] | N
         raise FLTuneError(f"--seeds: {args.seeds}; allowed: ≥ 1")
     if args.max_concurrent is not None and args.max_concurrent < 1:
         raise FLTuneError(f"--max-concurrent: {args.max_concurrent}; allowed: ≥ 1 (or leave it out: as many as fit)")
-    if args.checkpoint_every is not None and args.checkpoint_every < 1:
-        raise FLTuneError(f"--checkpoint-every: {args.checkpoint_every}; allowed: ≥ 1")
-    if args.checkpoint_seconds is not None and not args.checkpoint_seconds > 0:
-        raise FLTuneError(f"--checkpoint-seconds: {args.checkpoint_seconds:g}; allowed: > 0")
+    check_cadence(args)
     overrides = [*([f"data.root={args.data_root}"] if args.data_root else []), *args.overrides]
     return (args.datasets.split(",") if args.datasets else None, args.rows.split(",") if args.rows else None,
             overrides)

@@ -24,7 +24,7 @@ from fltune.reproduce.registry import PaperTable, get_table
 from fltune.tracking.mlflow_log import mlruns_dir
 from fltune.tune.space import Objective
 from fltune.tune.spec import SavedSpec
-from fltune.tune.study import restore, run_config
+from fltune.tune.study import grid_tuner, restore
 from fltune.tune.trainable import Cadence, run_federations, seed_configs
 
 class CellRun(BaseModel):
@@ -124,12 +124,7 @@ def trainable(spec: ReproSpec, resources: tune.PlacementGroupFactory):
 
 def new_tuner(spec: ReproSpec, resources: tune.PlacementGroupFactory, callbacks: list) -> tune.Tuner:
     """A grid over the distinct experiments: each runs once (its seeds inside), as many at once as fit."""
-    return tune.Tuner(
-        trainable(spec, resources),
-        param_space={"cell": tune.grid_search(list(spec.trials))},
-        tune_config=tune.TuneConfig(num_samples=1, max_concurrent_trials=spec.max_concurrent),
-        run_config=run_config(spec, callbacks),
-    )
+    return grid_tuner(trainable(spec, resources), list(spec.trials), spec, spec.max_concurrent, callbacks)
 
 
 def restored_tuner(spec: ReproSpec, resources: tune.PlacementGroupFactory) -> tune.Tuner:

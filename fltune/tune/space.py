@@ -99,7 +99,7 @@ class Objective(_Strict):
 
     @property
     def direction(self) -> str:
-        return self.mode or ("max" if self.metric.startswith("acc_") else "min")
+        return self.mode or ("max" if self.metric.removeprefix("val_").startswith("acc_") else "min")
 
 
 class Sampler(_Strict):

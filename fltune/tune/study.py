@@ -137,6 +137,17 @@ def new_tuner(spec: StudySpec, resources: tune.PlacementGroupFactory) -> tune.Tu
     )
 
 
+def grid_tuner(trainable_: Any, cells: list[str], spec: SavedSpec, max_concurrent: int | None,
+               callbacks: list[tune.Callback]) -> tune.Tuner:
+    """A grid over named cells (``config["cell"]``), each run once, as many at once as fit (or
+    ``max_concurrent``): the jobs of ``reproduce`` and ``compare``, which search nothing."""
+    return tune.Tuner(
+        trainable_, param_space={"cell": tune.grid_search(cells)},
+        tune_config=tune.TuneConfig(num_samples=1, max_concurrent_trials=max_concurrent),
+        run_config=run_config(spec, callbacks),
+    )
+
+
 def run_config(spec: SavedSpec, callbacks: list[tune.Callback]) -> tune.RunConfig:
     """Every fltune Tune job: its folder, its callbacks, crashed trials restarted from checkpoints."""
     return tune.RunConfig(

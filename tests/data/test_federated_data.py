@@ -111,3 +111,30 @@ def test_a_directory_in_the_cache_files_place_is_one_line(fmnist, tmp_path: Path
     path.mkdir()
     with pytest.raises(FLTuneError, match=r"^partition\.cache_dir: cannot write .*npz \(Is a directory\)"):
         build_federated_data(fmnist, **SIMFAFL, cache_dir=tmp_path)
+
+
+def test_validation_split_comes_out_of_training_and_leaves_the_rest_as_it_was(fmnist, tmp_path: Path) -> None:
+    plain = build_federated_data(fmnist, **SIMFAFL, cache_dir=tmp_path)
+    cached = sorted(p.read_bytes() for p in tmp_path.iterdir())
+    data = build_federated_data(fmnist, **SIMFAFL, val_fraction=0.2, cache_dir=tmp_path)
+
+    assert sorted(p.read_bytes() for p in tmp_path.iterdir()) == cached  # the same cache file, untouched
+    for train, val, before, held_before, held in zip(data.client_train, data.client_val, plain.client_train,
+                                                     plain.client_eval, data.client_eval):
+        assert len(val) == 98 and len(np.intersect1d(train, val)) == 0  # 20 % of each client's 490
+        assert np.array_equal(np.sort(np.concatenate([train, val])), before)  # carved from its training data
+        assert np.array_equal(held, held_before)  # the held-out (test) split does not move
+    assert all(len(v) == 0 for v in plain.client_val) and not plain.has_val
+    x, y = data.val_split()
+    assert len(y) == 9800 and torch.equal(y, data.y[np.sort(np.concatenate(data.client_val))])
+
+
+def test_a_run_without_test_data_holds_none(fmnist, tmp_path: Path) -> None:
+    data = build_federated_data(fmnist, **SIMFAFL, val_fraction=0.1, cache_dir=tmp_path).without_test()
+    assert len(data.test_x) == len(data.test_y) == 0 and all(len(e) == 0 for e in data.client_eval)
+    assert data.has_val
+
+
+def test_a_bad_validation_fraction_is_named(fmnist, tmp_path: Path) -> None:
+    with pytest.raises(FLTuneError, match=r"partition\.val_fraction"):
+        build_federated_data(fmnist, **SIMFAFL, val_fraction=1.0, cache_dir=tmp_path)

@@ -9,6 +9,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from fltune.cli import main
+from fltune.errors import FLTuneError
 from fltune.methods import METHODS, get_method
 from fltune.tune.search import DefineByRun
 from fltune.tune.space import parse_space
@@ -111,3 +112,12 @@ def assert_user_error(argv: list[str], expected: str, mlflow_uri: str, capsys) -
     assert not db.exists() or not MlflowClient(mlflow_uri).search_runs(
         [e.experiment_id for e in MlflowClient(mlflow_uri).search_experiments()]
     )
+
+
+def test_a_study_can_maximise_a_validation_accuracy_once_there_is_a_validation_split(tmp_path: Path) -> None:
+    objective = {"metric": "val_acc_global", "reduce": "final"}  # no mode: maximised, as an accuracy
+    space = write_space(tmp_path, objective=objective)
+    with pytest.raises(FLTuneError, match=r"objective.metric: val_acc_global needs partition.val_fraction > 0"):
+        new_spec(StudyRequest(space=str(space), storage=str(tmp_path)))
+    spec = new_spec(StudyRequest(space=str(space), storage=str(tmp_path), overrides=("partition.val_fraction=0.1",)))
+    assert spec.space.objective.direction == "max" and spec.base_config.partition.val_fraction == 0.1

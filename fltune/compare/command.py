@@ -1,0 +1,218 @@
+"""``python cli.py compare --methods a,b,c``: a fair, multi-seed comparison of methods on one setting.
+
+Two stages, both Ray Tune jobs in the shared driver (``fltune.driver.TuneJob``): with ``--tune-budget N``
+first one study per method (``fltune.compare.tuning``), then the cells — every method × seed — as trials
+(``fltune.compare.job``), reported as one row per method (``fltune.compare.report``). The comparison's
+folder ``<storage>/<name>`` holds its spec and the cells' Tune state; the studies sit beside it
+(``<name>-tune-<method>``); ``--resume`` continues whichever stage was stopped.
+
+Exit status: 0 every cell finished; 1 some cell diverged or failed, or a study produced no score; 2 bad
+input (one line, nothing written); 130 interrupted, 143 on SIGTERM (continue with ``--resume``).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from fltune.driver import (
+    CELL_CHECKPOINT_EVERY, CELL_CHECKPOINT_SECONDS, TuneJob, add_checkpoint_args, check_cadence, exists, newest,
+    start_ray, storage_root,
+)
+from fltune.errors import FLTuneError
+
+if TYPE_CHECKING:  # Ray Tune and MLflow load only when the command runs
+    from ray.tune import PlacementGroupFactory, Tuner
+
+    from fltune.compare.spec import CompareSpec
+    from fltune.config import TrackingConfig
+    from fltune.tune.results import TrialRow
+
+RESUME_HINT = "python cli.py compare --name {name} --storage {storage} --resume"
+
+
+def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """The command's own flags; the caller adds the experiment flags ``run`` has (but ``--method``)."""
+    p = sub.add_parser("compare", help="compare methods on one setting: same split and sampling, seeds, "
+                                       "optional tuning on a validation split (Ray Tune trials)")
+    p.add_argument("--methods", help="comma-separated methods, at least two, e.g. fedavg,fedprox,scaffold")
+    p.add_argument("--seeds", type=int, default=3, help="seeds per method (base seed + 0, 1, …); rows show mean ± std")
+    p.add_argument("--tune-budget", type=int,
+                   help="first tune each method with this many trials (search_spaces/<method>.yaml, validation split)")
+    p.add_argument("--max-concurrent", type=int, help="trials at once (default: as many as the cluster fits)")
+    add_checkpoint_args(p, f"{CELL_CHECKPOINT_EVERY}", f"{CELL_CHECKPOINT_SECONDS:g}")
+    p.add_argument("--storage", help="job folder root, local or a URI (default: ./studies)")
+    p.add_argument("--name", help="job name (default: compare-<date>-<time>)")
+    p.add_argument("--out", help="folder for compare.csv/.md/.png and configs/ (default: mlruns/compare/<name>)")
+    p.add_argument("--resume", action="store_true", help="continue an interrupted comparison (--name, else the newest)")
+    return p
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    return Comparison(args).run()
+
+
+def experiment_tree(args: argparse.Namespace) -> dict[str, Any]:
+    """``--config`` + shortcut flags + ``--set``, as ``run`` reads them (validated per method later)."""
+    from fltune.cli import experiment_overrides
+    from fltune.config import apply_overrides, read_yaml
+
+    return apply_overrides(read_yaml(args.config) if args.config else {}, experiment_overrides(args))
+
+
+class Comparison:
+    """The whole command: validate, tune (when asked), run the cells, report."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+
+    def spec(self, storage: str) -> CompareSpec:
+        """A new comparison (every study validated too), or with ``--resume`` the saved one."""
+        from fltune.compare import spec as compare_spec
+        from fltune.compare.tuning import study_spec
+
+        args = self.args
+        if args.resume:
+            saved = (compare_spec.CompareSpec.load(f"{storage.rstrip('/')}/{args.name}") if args.name
+                     else newest(compare_spec.CompareSpec, storage, "comparison"))
+            return saved.model_copy(update={"out": args.out}) if args.out else saved
+        if not args.methods:
+            raise FLTuneError("--methods is required: at least two comma-separated methods, e.g. fedavg,fedprox")
+        check_cadence(args)
+        spec = compare_spec.new_spec(
+            methods=compare_spec.parse_methods(args.methods), base=experiment_tree(args), seeds=args.seeds,
+            tune_budget=args.tune_budget, storage=storage, name=args.name, out=args.out,
+            max_concurrent=args.max_concurrent, checkpoint_every=args.checkpoint_every,
+            checkpoint_seconds=args.checkpoint_seconds)
+        if exists(spec.path):
+            raise FLTuneError(f"--name {spec.name}: comparison {spec.path} already exists; add --resume to continue it")
+        for method in spec.methods if spec.tune_budget else ():
+            study = study_spec(spec, method)
+            if exists(study.path):
+                raise FLTuneError(f"--name {spec.name}: its study {study.path} already exists; choose another name")
+        return spec
+
+    def run(self) -> int:
+        from fltune.compare.report import notes
+        from fltune.tracking.progress import console
+
+        spec = self.spec(storage_root(self.args.storage))
+        start_ray(self.args.address or spec.config.resources.address)
+        if not self.args.resume:
+            spec.save()
+        console.print(f"[bold]fltune compare[/] {'resuming ' if self.args.resume else ''}{spec.name}: "
+                      f"{', '.join(spec.methods)} × {spec.seeds} seed(s)"
+                      + (f", each tuned with {spec.tune_budget} trials first" if spec.tune_budget else "")
+                      + "".join(f"\n  {line}" for line in notes(spec)[:2]))
+        if spec.tune_budget and not spec.trees:
+            tuned = self.tune(spec)
+            if isinstance(tuned, int):
+                return tuned
+            spec = spec.model_copy(update={"trees": tuned})
+            spec.save()
+        return Cells(self.args, spec).run()
+
+    def tune(self, spec: CompareSpec) -> dict[str, dict[str, Any]] | int:
+        """Every method's study in turn (finished ones are kept): the tuned trees, or the exit status."""
+        from fltune.compare.tuning import TuningStudy, finished, study_spec, tuned_tree
+        from fltune.tracking.progress import console
+        from fltune.tune.spec import StudySpec
+
+        hint = RESUME_HINT.format(name=spec.name, storage=spec.storage)
+        trees = {}
+        for method in spec.methods:
+            study = study_spec(spec, method)
+            study = StudySpec.load(study.path) if exists(study.path) else study
+            if not finished(study):
+                code = TuningStudy(self.args, study, hint).run()
+                if code == 130:
+                    console.print(f"fltune: comparison interrupted; continue it with: {hint}")
+                if code:
+                    return code
+            tree = tuned_tree(spec, study)
+            if tree is None:
+                console.print(f"fltune: no trial of {method}'s study produced a score (all diverged or failed)")
+                return 1
+            trees[method] = tree
+        return trees
+
+
+class Cells(TuneJob["CompareSpec"]):
+    """The cells as one Tune job. Its spec is the comparison's, saved before (with the tuned trees): it
+    always continues a saved job, creating the Tuner the first time and restoring it after."""
+
+    what = "comparison"
+
+    def __init__(self, args: argparse.Namespace, spec: CompareSpec) -> None:
+        super().__init__(args)
+        self.spec = spec
+
+    def resuming(self) -> bool:
+        return True
+
+    def new_spec(self, storage: str) -> CompareSpec:
+        return self.spec
+
+    def saved_spec(self, storage: str) -> CompareSpec:
+        return self.spec
+
+    def experiment(self, spec: CompareSpec) -> dict[str, Any]:
+        return spec.trees[spec.methods[0]]
+
+    def max_concurrent(self, spec: CompareSpec) -> int | None:
+        return spec.max_concurrent
+
+    def tracking(self, spec: CompareSpec) -> TrackingConfig:
+        return spec.tracking
+
+    def new_tuner(self, spec: CompareSpec, resources: PlacementGroupFactory) -> Tuner:
+        from fltune.compare.job import new_tuner
+
+        return new_tuner(spec, resources, callbacks(spec))
+
+    def restored_tuner(self, spec: CompareSpec, resources: PlacementGroupFactory) -> Tuner:
+        """The first time the Tuner is new; after a stop it is restored from the folder."""
+        from ray.tune import Tuner
+
+        from fltune.compare.job import restored_tuner
+
+        if not Tuner.can_restore(spec.path):
+            return self.new_tuner(spec, resources)
+        return restored_tuner(spec, resources)
+
+    def describe(self, spec: CompareSpec, nodes: int) -> str:
+        return (f"  cells: {len(spec.cells)} ({len(spec.methods)} methods × {spec.seeds} seeds), {spec.workers} "
+                f"client worker(s) each on a {nodes}-node cluster · folder {spec.path}")
+
+    def resume_command(self, spec: CompareSpec) -> str:
+        return RESUME_HINT.format(name=spec.name, storage=spec.storage)
+
+    def conclude(self, spec: CompareSpec, rows: list[TrialRow]) -> int:
+        return conclude(spec, rows)
+
+
+def callbacks(spec: CompareSpec) -> list:
+    from fltune.compare.mlflow_runs import CompareLog
+    from fltune.compare.report import live_board
+    from fltune.tune.board import TrialBoard
+    from fltune.tune.mlflow_runs import MLflowStudyCallback
+
+    tracked = [MLflowStudyCallback(spec, CompareLog)] if spec.tracking.enabled else []
+    return [TrialBoard(spec, live_board), *tracked]
+
+
+def conclude(spec: CompareSpec, rows: list[TrialRow]) -> int:
+    """The table, the files, and the exit status."""
+    from fltune.compare.report import results, rich_table, write_outputs
+    from fltune.tracking.progress import console
+
+    res = results(spec, rows)
+    console.print(rich_table(spec, res, f"compare {spec.name}: {spec.primary}, mean ± std over seeds"))
+    paths = write_outputs(spec, res, Path(spec.out))
+    console.print(f"written: {', '.join(str(p) for p in paths)}")
+    if any(r.status in ("running", "pending") for r in rows) or len(rows) < len(spec.cells):
+        console.print("fltune: comparison interrupted; continue it with: "
+                      + RESUME_HINT.format(name=spec.name, storage=spec.storage))
+        return 130
+    return 1 if any(r.status in ("diverged", "failed") for r in rows) else 0

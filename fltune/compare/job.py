@@ -1,0 +1,51 @@
+"""The comparison's cells (method × seed) as Ray Tune trials: a grid, no search, like ``reproduce``.
+
+Every cell runs the trainable body all fltune trials share (``run_federations``: a report per round and a
+checkpoint on the job's cadence), so a cluster runs cells in parallel, a crashed cell restarts from its checkpoint
+and ``--resume`` continues with ``Tuner.restore``. Besides the round's metrics a cell reports, for every
+evaluation protocol, the best accuracy so far (``objective:best:<acc>``): with the final values it is all
+the table needs, and MLflow logs the same numbers.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ray import tune
+
+from fltune.compare.spec import CompareSpec
+from fltune.tune.space import Objective
+from fltune.tune.study import grid_tuner, restore
+from fltune.tune.trainable import Cadence, objective_key, run_federations, seed_configs
+
+
+def objectives(spec: CompareSpec) -> list[Objective]:
+    """The ranking accuracy's final value first, then every protocol's best value."""
+    return [Objective(metric=spec.primary, reduce="final"),
+            *(Objective(metric=acc, reduce="best") for acc in spec.accuracies)]
+
+
+def best_key(accuracy: str) -> str:
+    """Where a cell reports an accuracy's best value so far."""
+    return f"objective:{objective_key(Objective(metric=accuracy, reduce='best'))}"
+
+
+def run_cell(config: dict[str, Any], spec: CompareSpec) -> None:
+    """Tune entry point: ``config["cell"]`` names the method and seed."""
+    cfgs = seed_configs(spec.cell_tree(config["cell"]), 1, spec.workers, spec.gpus_per_worker or 0.0)
+    first, *extra = objectives(spec)
+    run_federations(cfgs, first, Cadence(spec.checkpoint_every, spec.checkpoint_seconds), extra=extra)
+
+
+def trainable(spec: CompareSpec, resources: tune.PlacementGroupFactory):
+    return tune.with_resources(tune.with_parameters(run_cell, spec=spec), resources)
+
+
+def new_tuner(spec: CompareSpec, resources: tune.PlacementGroupFactory, callbacks: list) -> tune.Tuner:
+    """One trial per cell, as many at once as fit (or ``--max-concurrent``)."""
+    return grid_tuner(trainable(spec, resources), spec.cells, spec, spec.max_concurrent, callbacks)
+
+
+def restored_tuner(spec: CompareSpec, resources: tune.PlacementGroupFactory) -> tune.Tuner:
+    """Unfinished and errored cells run again from their checkpoints; finished ones are kept."""
+    return restore(spec, trainable(spec, resources), resume_errored=True)

@@ -1,0 +1,52 @@
+"""A comparison in MLflow: one parent run, one child run per cell (method × seed), written by the driver.
+
+The parent holds the comparison's settings and, at the end, ``compare.csv``, ``compare.md``, the overlay
+plot and every method's configuration (``configs/``); children carry their cell's config and per-round
+curves. The tuning studies are parents of their own (``tune``'s ``StudyLog``). Resuming reopens the
+same runs (by tags).
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from fltune.compare.report import results, write_outputs
+from fltune.compare.spec import CompareSpec, parse_cell
+from fltune.config import ExperimentConfig, build_config
+from fltune.tune.mlflow_runs import RunTree
+from fltune.tune.results import ENDED, TrialRow
+
+
+class CompareLog(RunTree):
+    kind = "compare"
+
+    def __init__(self, spec: CompareSpec) -> None:
+        self.spec = spec
+        super().__init__(spec.tracking, spec.path, spec.name, build_config(spec.trees[spec.methods[0]]))
+
+    def describe_parent(self, parent: str) -> None:
+        spec = self.spec
+        self.tracker.log_params(parent, {
+            "methods": ",".join(spec.methods), "seeds": spec.seeds, "tune_budget": spec.tune_budget or 0,
+            "ranked_by": spec.primary, "test": "welch_t_two_sided", "alpha": 0.05, "workers_per_trial": spec.workers,
+        })
+        self.tracker.set_tags(parent, {"fltune.methods": ",".join(spec.methods)})
+        self.tracker.log_text(parent, build_config(spec.base | {"method": {"name": spec.methods[0]}}).to_yaml(),
+                              "base_config.yaml")
+
+    def child(self, trial_id: str, params: dict[str, Any]) -> tuple[str, ExperimentConfig, dict[str, Any]]:
+        key = params["cell"]
+        extra = {"cell": key, "seed_index": parse_cell(key)[1]}
+        return f"{self.spec.name}/{key}", build_config(self.spec.cell_tree(key)), extra
+
+    def finish(self, rows: list[TrialRow], interrupted: bool) -> None:
+        res = results(self.spec, rows)
+        self.tracker.set_tags(self.parent, {"fltune.best": next((r.method for r in res if r.best), "")})
+        counts = {s: sum(r.status == s for r in rows) for s in (*ENDED, "killed", "running", "pending")}
+        self.tracker.set_tags(self.parent, {f"fltune.cells_{k}": v for k, v in counts.items() if v})
+        with tempfile.TemporaryDirectory() as tmp:
+            for path in write_outputs(self.spec, res, Path(tmp)):
+                self.tracker.log_artifact(self.parent, path, "configs" if path.suffix == ".yaml" else None)
+        self.tracker.end(self.parent, "killed" if interrupted else "finished")

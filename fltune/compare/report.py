@@ -1,0 +1,286 @@
+"""The comparison's results: one row per method over its seeds, the live board, the files.
+
+Every figure comes from the cells' last Tune results (the rounds' metrics MLflow logs too): final and
+best accuracy per protocol, rounds to target, the cell's wall time (Tune's ``time_total_s``), training
+TFLOPs and communication (``cost_cum_*``, fltune/metrics/cost.py). The best row is the highest mean final
+ranking accuracy; every other row says whether its gap to the best is beyond seed noise
+(``fltune.compare.stats``).
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich.table import Table
+
+from fltune.compare.job import best_key
+from fltune.compare.spec import TUNING_SEED_OFFSET, CompareSpec, method_tree, parse_cell
+from fltune.compare.stats import ALPHA, mean_std, welch_p
+from fltune.config import build_config
+from fltune.reproduce.report import eta
+from fltune.tune.results import ENDED, TrialRow
+
+COSTS = {"rounds_to_target": "rounds to target", "time_total_s": "wall s", "cost_cum_tflops": "train TFLOPs",
+         "cost_cum_comm_gbit": "comm Gbit"}
+"""Cost columns: the cell's last-result key → header."""
+
+
+@dataclass
+class MethodRow:
+    """One method over its seeds."""
+
+    method: str
+    statuses: list[str]
+    figures: dict[str, list[float]] = field(default_factory=dict)
+    """Column → the value of every finished seed."""
+    best: bool = False
+    p_value: float | None = None
+
+    def stat(self, column: str) -> tuple[float, float]:
+        return mean_std(self.figures.get(column, []))
+
+
+def columns(spec: CompareSpec) -> list[str]:
+    """``final <acc>`` and ``best <acc>`` per protocol, then the costs."""
+    return [*(f"final {acc}" for acc in spec.accuracies), *(f"best {acc}" for acc in spec.accuracies), *COSTS]
+
+
+def cell_figures(spec: CompareSpec, row: TrialRow) -> dict[str, float]:
+    """A cell's figures from its last result (NaN where it has none, e.g. a target never reached)."""
+    last = row.metrics
+    figures = {f"final {acc}": last.get(acc, math.nan) for acc in spec.accuracies}
+    figures |= {f"best {acc}": last.get(best_key(acc), math.nan) for acc in spec.accuracies}
+    return figures | {key: float(last.get(key, math.nan)) for key in COSTS}
+
+
+def results(spec: CompareSpec, rows: list[TrialRow]) -> list[MethodRow]:
+    """One row per method (the spec's order); the best marked, the others tested against it."""
+    by_cell = {row.params.get("cell"): row for row in rows}
+    out = []
+    for method in spec.methods:
+        cells = [by_cell.get(key) for key in spec.cells if parse_cell(key)[0] == method]
+        result = MethodRow(method, [c.status if c else "pending" for c in cells])
+        for cell in (c for c in cells if c is not None and c.status == "finished"):
+            for column, value in cell_figures(spec, cell).items():
+                if math.isfinite(value):
+                    result.figures.setdefault(column, []).append(float(value))
+        out.append(result)
+    mark_best(out, f"final {spec.primary}")
+    return out
+
+
+def mark_best(res: list[MethodRow], column: str) -> None:
+    """The highest mean of ``column`` is best; every other row gets Welch's p against it."""
+    scored = [r for r in res if r.figures.get(column)]
+    if not scored:
+        return
+    top = max(scored, key=lambda r: r.stat(column)[0])
+    top.best = True
+    for r in scored:
+        if r is not top:
+            r.p_value = welch_p(r.figures[column], top.figures[column])
+
+
+def verdict(r: MethodRow) -> str:
+    """The significance column: best, or p and whether that is beyond seed noise at α."""
+    if r.best:
+        return "best"
+    if r.p_value is None:
+        return "n/a (< 2 seeds)" if r.figures else "—"
+    return f"p={r.p_value:.3g} " + ("beyond noise" if r.p_value < ALPHA else "within noise")
+
+
+def shown(column: str, mean: float, std: float, seeds: int) -> str:
+    """Accuracies in % with ± std over seeds; costs as means."""
+    if math.isnan(mean):
+        return "—"
+    if column.startswith(("final", "best")):
+        return f"{100 * mean:.2f}" + (f" ± {100 * std:.2f}" if seeds > 1 else "")
+    return f"{mean:.4g}"
+
+
+def target_text(spec: CompareSpec, r: MethodRow) -> str:
+    """Rounds to target (``metrics.target``): the mean over the seeds that reached it, and how many did;
+    R+ when none did within the rounds."""
+    reached = r.figures.get("rounds_to_target", [])
+    done = sum(s == "finished" for s in r.statuses)
+    if not reached:
+        return "R+" if done and spec.config.metrics.target is not None else "—"
+    return f"{sum(reached) / len(reached):.1f}" + (f" ({len(reached)}/{done})" if len(reached) < done else "")
+
+
+def cells_text(r: MethodRow) -> str:
+    done = sum(s == "finished" for s in r.statuses)
+    others = sorted({s for s in r.statuses if s != "finished"})
+    return f"{done}/{len(r.statuses)}" + (f" ({', '.join(others)})" if others else "")
+
+
+def table_rows(spec: CompareSpec, res: list[MethodRow]) -> list[list[str]]:
+    """The table as text, one list per method: method, seeds done, figures, significance."""
+    lines = []
+    for r in res:
+        figures = [target_text(spec, r) if c == "rounds_to_target" else shown(c, *r.stat(c), spec.seeds)
+                   for c in columns(spec)]
+        lines.append([("★ " if r.best else "") + r.method, cells_text(r), *figures, verdict(r)])
+    return lines
+
+
+def headers(spec: CompareSpec) -> list[str]:
+    return ["method", "seeds done", *(COSTS.get(c, f"{c} %") for c in columns(spec)), f"vs best (Welch, α={ALPHA})"]
+
+
+def notes(spec: CompareSpec) -> list[str]:
+    """What the table is: the shared setting, the seeds, the tuning, the test."""
+    cfg = spec.config
+    fed, part = cfg.federation, cfg.partition
+    seeds = f"{spec.base_seed}" + (f"..{spec.base_seed + spec.seeds - 1}" if spec.seeds > 1 else "")
+    lines = [
+        f"{cfg.data.dataset}, {part.kind} partition (α={part.alpha:g}), {fed.clients} clients × {fed.fraction:g} "
+        f"per round, {fed.rounds} rounds; seeds {seeds}",
+        "every method: the same partition and, per seed, the same client-sampling sequence "
+        "(both functions of federation.seed and the round only)",
+        f"best (★): highest mean final {spec.primary}; 'vs best': Welch's two-sided t-test of final "
+        f"{spec.primary} over seeds against the best row, α = {ALPHA} (p < α: beyond seed noise)",
+    ]
+    if spec.tune_budget:
+        lines.append(f"tuned: {spec.tune_budget} trials per method (search_spaces/<method>.yaml, Optuna), objective "
+                     f"final val_{spec.primary} on a validation split held out of the training data, at seed "
+                     f"{spec.base_seed + TUNING_SEED_OFFSET}; no test data in the studies; reported seeds are fresh")
+    else:
+        lines.append("fixed settings: every method at its defaults (no tuning)")
+    return lines
+
+
+def tuned_params(spec: CompareSpec, method: str) -> dict[str, Any]:
+    """The values tuning changed from the method's defaults in the user's setting (dotted names)."""
+    if not spec.tune_budget:
+        return {}
+    plain, tuned = _flat(method_tree(spec.base, method)), _flat(spec.trees[method])
+    return {k: v for k, v in tuned.items() if plain.get(k) != v}
+
+
+def _flat(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            out |= _flat(value, f"{prefix}{key}.")
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def rich_table(spec: CompareSpec, res: list[MethodRow], title: str) -> Table:
+    table = Table(title=title, caption="\n".join(notes(spec)), show_lines=False)
+    for i, name in enumerate(headers(spec)):
+        table.add_column(name, justify="left" if i < 2 else "right")
+    for r, line in zip(res, table_rows(spec, res)):
+        table.add_row(*line, style="bold" if r.best else None)
+    return table
+
+
+def live_board(spec: CompareSpec, rows: list[TrialRow]) -> Table:
+    """The board while cells run (``TrialBoard`` renderer): the table so far, with an ETA."""
+    done = sum(r.status in ENDED for r in rows)
+    return rich_table(spec, results(spec, rows),
+                      f"compare {spec.name}: {done}/{len(spec.cells)} cells done{eta(rows, len(spec.cells))}")
+
+
+def markdown(spec: CompareSpec, res: list[MethodRow]) -> str:
+    head = headers(spec)
+    lines = [f"# compare {spec.name}", "", *(f"- {n}" for n in notes(spec)), ""]
+    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += ["| " + " | ".join(line) + " |" for line in table_rows(spec, res)]
+    tuned = {m: tuned_params(spec, m) for m in spec.methods}
+    if any(tuned.values()):
+        lines += ["", "Tuned values:", *(f"- {m}: {_params_text(p)}" for m, p in tuned.items())]
+    return "\n".join(lines) + "\n"
+
+
+def _params_text(params: dict[str, Any]) -> str:
+    return "; ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in params.items()) or "defaults"
+
+
+def write_csv(spec: CompareSpec, res: list[MethodRow], path: Path) -> Path:
+    """One line per method: means and sample stds of every column, the test, the tuned values."""
+    with path.open("w", newline="") as out:
+        writer = csv.writer(out)
+        names = [c.replace(" ", "_") for c in columns(spec)]
+        writer.writerow(["method", "seeds", "seeds_finished", *(f"{n}_{s}" for n in names for s in ("mean", "std")),
+                         "best", "welch_p", "beyond_noise", "tuned"])
+        for r in res:
+            stats = [_blank(v) for c in columns(spec) for v in r.stat(c)]
+            writer.writerow([r.method, spec.seeds, sum(s == "finished" for s in r.statuses), *stats, int(r.best),
+                             _blank(r.p_value), "" if r.p_value is None else int(r.p_value < ALPHA),
+                             _params_text(tuned_params(spec, r.method))])
+    return path
+
+
+def _blank(value: float | None) -> str:
+    return "" if value is None or math.isnan(value) else repr(float(value))
+
+
+def curves(spec: CompareSpec) -> dict[str, dict[int, float]]:
+    """Cell → {round: ranking accuracy} from the job folder's per-round results (empty if unreadable)."""
+    from ray.tune import ExperimentAnalysis
+
+    try:
+        analysis = ExperimentAnalysis(spec.path)
+        frames = analysis.trial_dataframes
+    except (OSError, ValueError):
+        return {}
+    out = {}
+    for trial in analysis.trials:
+        frame = frames.get(trial.trial_id)
+        if frame is not None and spec.primary in frame and "round" in frame:
+            pairs = frame[["round", spec.primary]].dropna()
+            out[trial.config["cell"]] = {int(r): float(a) for r, a in zip(pairs["round"], pairs[spec.primary])}
+    return out
+
+
+def overlay_png(spec: CompareSpec, path: Path) -> Path:
+    """Ranking accuracy per round: each method's mean over seeds, its min–max band shaded."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    per_cell = curves(spec)
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for i, method in enumerate(spec.methods):
+        runs = [per_cell[key] for key in spec.cells if parse_cell(key)[0] == method and key in per_cell]
+        rounds = sorted(set.intersection(*(set(run) for run in runs))) if runs else []
+        if not rounds:
+            continue
+        values = [[run[r] for run in runs] for r in rounds]
+        mean = [100 * sum(v) / len(v) for v in values]
+        ax.plot(rounds, mean, color=f"C{i}", label=f"{method} ({len(runs)} seed(s))")
+        ax.fill_between(rounds, [100 * min(v) for v in values], [100 * max(v) for v in values],
+                        color=f"C{i}", alpha=0.2)
+    ax.set(xlabel="round", ylabel=f"{spec.primary} (%)", title=f"compare {spec.name}: mean over seeds, min–max band")
+    ax.grid(alpha=0.3)
+    if ax.lines:
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def tuned_yaml(spec: CompareSpec, method: str, path: Path) -> Path:
+    """A method's configuration as its cells ran it (base seed), for ``cli.py run --config``."""
+    path.write_text(build_config(spec.trees[method]).to_yaml())
+    return path
+
+
+def write_outputs(spec: CompareSpec, res: list[MethodRow], folder: Path) -> list[Path]:
+    """compare.csv, compare.md, compare.png and configs/<method>.yaml under ``folder``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "configs").mkdir(exist_ok=True)
+    md = folder / "compare.md"
+    md.write_text(markdown(spec, res))
+    paths = [write_csv(spec, res, folder / "compare.csv"), md, overlay_png(spec, folder / "compare.png")]
+    return paths + [tuned_yaml(spec, m, folder / "configs" / f"{m}.yaml") for m in spec.methods]

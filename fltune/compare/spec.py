@@ -1,0 +1,157 @@
+"""A comparison job as plain data: the methods, the shared setting, the seeds, and (tuned or not) each
+method's experiment tree. Everything is validated here, before Ray starts, so bad input is one line and
+nothing is written.
+
+Fairness by construction. Every method's tree is the same user setting with only ``method`` (and, after
+tuning, the tuned ``method.*``/``training.*`` values) changed; the partition and the client sampling are
+functions of (``federation.seed``, round) alone (``fltune.data.partitions``, ``fltune.engine.rng``), so
+per seed every method trains on the same clients' data in the same order of client samples.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from fltune.catalog import method_names
+from fltune.config import ExperimentConfig, TrackingConfig, build_config
+from fltune.driver import CELL_CHECKPOINT_EVERY, CELL_CHECKPOINT_SECONDS, check_name
+from fltune.errors import FLTuneError
+from fltune.metrics.probe import unmet_need
+from fltune.tracking.mlflow_log import mlruns_dir
+from fltune.tune.space import set_dotted
+from fltune.tune.spec import SavedSpec
+
+ACCURACY = {"global": "acc_global", "all_model": "acc_all_model", "personalized": "acc_personalized"}
+"""Evaluation protocol (``metrics.protocols``) → the accuracy it reports."""
+
+TUNING_SEED_OFFSET = 1000
+"""Studies run at ``federation.seed + 1000``: the reported seeds are fresh, never the one tuned on."""
+
+TUNING_VAL_FRACTION = 0.1
+"""Validation share of each client's training data during tuning when ``partition.val_fraction`` is 0."""
+
+SHARED = ("data.", "partition.", "federation.", "metrics.", "model.", "resources.", "tracking.")
+"""Settings every method shares: a search space may not tune them (only ``method.*`` and ``training.*``)."""
+
+
+class CompareSpec(SavedSpec):
+    """Everything a comparison needs, frozen at its start (``--resume`` continues exactly this)."""
+
+    methods: list[str]
+    seeds: int
+    base: dict[str, Any]
+    """The user's setting (``--config`` + flags + ``--set``) without a method."""
+    tune_budget: int | None
+    trees: dict[str, dict[str, Any]]
+    """Method → its cells' experiment tree at the base seed; empty until the studies end when tuning."""
+    workers: int
+    gpus_per_worker: float | None
+    max_concurrent: int | None
+    out: str
+    checkpoint_every: int | None = CELL_CHECKPOINT_EVERY
+    checkpoint_seconds: float | None = CELL_CHECKPOINT_SECONDS
+    """The cells' checkpoint cadence (``trainable.Cadence``)."""
+
+    @property
+    def base_seed(self) -> int:
+        return build_config(self.base).federation.seed
+
+    @property
+    def config(self) -> ExperimentConfig:
+        return build_config(self.base)
+
+    @property
+    def tracking(self) -> TrackingConfig:
+        return self.config.tracking
+
+    @property
+    def primary(self) -> str:
+        """The accuracy that ranks the methods: the first evaluation protocol's."""
+        return ranking_accuracy(self.config)
+
+    @property
+    def accuracies(self) -> list[str]:
+        """The ranking accuracy, then every other protocol's the setting measures on test data."""
+        cfg = self.config
+        measured = [ACCURACY[p] for p in cfg.metrics.protocols if unmet_need(ACCURACY[p], "final", cfg) is None]
+        return list(dict.fromkeys([self.primary, *measured]))
+
+    @property
+    def cells(self) -> list[str]:
+        """One cell per method × seed: ``<method>/seed<k>``, method-major (the table's order)."""
+        return [cell_key(method, index) for method in self.methods for index in range(self.seeds)]
+
+    def cell_tree(self, key: str) -> dict[str, Any]:
+        """A cell's experiment: its method's tree at seed base + k."""
+        method, index = parse_cell(key)
+        return set_dotted(self.trees[method], {"federation.seed": self.base_seed + index})
+
+    def study_name(self, method: str) -> str:
+        return f"{self.name}-tune-{method}"
+
+
+def cell_key(method: str, index: int) -> str:
+    return f"{method}/seed{index}"
+
+
+def parse_cell(key: str) -> tuple[str, int]:
+    method, seed = key.rsplit("/seed", 1)
+    return method, int(seed)
+
+
+def parse_methods(text: str) -> list[str]:
+    """``--methods a,b,c``: at least two distinct registered methods."""
+    methods = [m.strip() for m in text.split(",") if m.strip()]
+    allowed = method_names()
+    unknown = [m for m in methods if m not in allowed and "+" not in m]
+    if unknown:
+        raise FLTuneError(f"--methods: unknown method {unknown[0]!r}; allowed: {', '.join(sorted(allowed))}")
+    duplicates = sorted({m for m in methods if methods.count(m) > 1})
+    if duplicates:
+        raise FLTuneError(f"--methods: {duplicates[0]} is named twice; allowed: each method once")
+    if len(methods) < 2:
+        raise FLTuneError(f"--methods: {len(methods)} method(s); allowed: at least 2, comma-separated")
+    return methods
+
+
+def method_tree(base: dict[str, Any], method: str) -> dict[str, Any]:
+    """The user's setting with ``method`` (at its defaults) in place of any method it names; validated."""
+    tree = set_dotted({k: v for k, v in base.items() if k != "method"}, {"method.name": method})
+    build_config(tree)
+    return tree
+
+
+def ranking_accuracy(cfg: ExperimentConfig) -> str:
+    """The first evaluation protocol's accuracy, which must be measured on the test data of every cell."""
+    protocol = next((p for p in cfg.metrics.protocols if p in ACCURACY), None)
+    if protocol is None:
+        raise FLTuneError(f"metrics.protocols: none to rank by; allowed: {', '.join(ACCURACY)}")
+    need = unmet_need(ACCURACY[protocol], "final", cfg)
+    if need:
+        raise FLTuneError(f"metrics.protocols: the ranking accuracy {ACCURACY[protocol]} {need}")
+    return ACCURACY[protocol]
+
+
+def new_spec(*, methods: list[str], base: dict[str, Any], seeds: int, tune_budget: int | None, storage: str,
+             name: str | None, out: str | None, max_concurrent: int | None,
+             checkpoint_every: int | None = None, checkpoint_seconds: float | None = None) -> CompareSpec:
+    """A fresh comparison, named ``compare-<time>`` unless ``--name``; trees filled now unless tuning."""
+    if seeds < 1:
+        raise FLTuneError(f"--seeds: {seeds}; allowed: ≥ 1")
+    if tune_budget is not None and tune_budget < 1:
+        raise FLTuneError(f"--tune-budget: {tune_budget}; allowed: ≥ 1 (trials per method), or leave it out")
+    if max_concurrent is not None and max_concurrent < 1:
+        raise FLTuneError(f"--max-concurrent: {max_concurrent}; allowed: ≥ 1 (or leave it out: as many as fit)")
+    name = check_name(name or f"compare-{time.strftime('%Y%m%d-%H%M%S')}")
+    trees = {method: method_tree(base, method) for method in methods}
+    cfg = build_config(trees[methods[0]])
+    ranking_accuracy(cfg)  # the setting is the same for every method
+    return CompareSpec(
+        name=name, storage=storage, methods=methods, seeds=seeds, base=base,
+        tune_budget=tune_budget, trees={} if tune_budget else trees, workers=cfg.resources.workers or 1,
+        gpus_per_worker=cfg.resources.gpus_per_worker, max_concurrent=max_concurrent,
+        out=out or str(mlruns_dir() / "compare" / name),
+        checkpoint_every=checkpoint_every or CELL_CHECKPOINT_EVERY,
+        checkpoint_seconds=checkpoint_seconds or CELL_CHECKPOINT_SECONDS,
+    )

@@ -1,0 +1,38 @@
+"""Whether two methods differ beyond seed noise: Welch's unequal-variances t-test, two-sided.
+
+Welch (1947): t = (x̄₁ − x̄₂) / √(s₁²/n₁ + s₂²/n₂) with ν = (s₁²/n₁ + s₂²/n₂)² / Σᵢ (sᵢ²/nᵢ)² / (nᵢ − 1)
+degrees of freedom (Welch–Satterthwaite); p = 2 · P(T_ν > |t|) from Student's t distribution (scipy).
+It assumes neither equal variances nor equal seed counts (a diverged seed drops out of one side only).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+from scipy.stats import t as student_t
+
+ALPHA = 0.05
+"""Significance level of the comparison's column: p < α is "beyond seed noise"."""
+
+
+def mean_std(values: Sequence[float]) -> tuple[float, float]:
+    """Mean and sample standard deviation (ddof 1, the one Welch's test uses; 0 for a single seed)."""
+    if not values:
+        return math.nan, math.nan
+    return float(np.mean(values)), float(np.std(values, ddof=1)) if len(values) > 1 else 0.0
+
+
+def welch_p(a: Sequence[float], b: Sequence[float]) -> float | None:
+    """Two-sided p-value of Welch's t-test for equal means; None below two values a side (no variance
+    estimate). Both sides without spread: 0 when the means differ, 1 when they do not."""
+    if len(a) < 2 or len(b) < 2:
+        return None
+    va, vb = np.var(a, ddof=1) / len(a), np.var(b, ddof=1) / len(b)
+    diff = float(np.mean(a) - np.mean(b))
+    if va + vb == 0:
+        return 0.0 if diff != 0 else 1.0
+    t = diff / math.sqrt(va + vb)
+    dof = (va + vb) ** 2 / (va ** 2 / (len(a) - 1) + vb ** 2 / (len(b) - 1))
+    return float(2 * student_t.sf(abs(t), dof))

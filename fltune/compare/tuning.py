@@ -1,0 +1,119 @@
+"""``--tune-budget N``: one ``tune`` study per method, scored on the validation split only.
+
+Each study is an ordinary fltune study (its own folder, its own MLflow parent run, resumable): the
+method's ``search_spaces/<method>.yaml`` gives the parameters and the sampler, the user's setting is the
+base, and every method gets the same N trials, each running all rounds (no early stopping, so no method
+is cut short by a noisy early rung). Its objective is the ranking accuracy on the validation split
+(``val_acc_*``, final round); the trials run with ``metrics.test: false``, so they hold no test data at
+all (``FederatedData.without_test``), and at seed base + ``TUNING_SEED_OFFSET``, so the seeds reported
+afterwards are fresh.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from fltune.compare.spec import ACCURACY, SHARED, TUNING_SEED_OFFSET, TUNING_VAL_FRACTION, CompareSpec, method_tree
+from fltune.config import build_config
+from fltune.errors import FLTuneError
+from fltune.tune.command import Study
+from fltune.tune.results import ENDED, TrialRow
+from fltune.tune.space import SearchSpace, check_objective, check_params, parse_space, set_dotted
+from fltune.tune.spec import StudySpec
+
+SPACES = Path(__file__).resolve().parents[2] / "search_spaces"
+
+
+def space_file(method: str) -> Path:
+    path = SPACES / f"{method}.yaml"
+    if not path.is_file():
+        have = sorted(p.stem for p in SPACES.glob("*.yaml"))
+        raise FLTuneError(f"--methods: {method} has no search space ({path}) to tune with --tune-budget; "
+                          f"allowed: {', '.join(have)}, or leave out --tune-budget")
+    return path
+
+
+def tuning_tree(spec: CompareSpec, method: str) -> dict[str, Any]:
+    """The method's setting as its study trains it: a validation split, no test data, the tuning seed, and
+    only the protocol of the objective (the others would cost evaluations nobody reads)."""
+    tree = method_tree(spec.base, method)
+    val = build_config(tree).partition.val_fraction or TUNING_VAL_FRACTION
+    protocol = next(p for p, acc in ACCURACY.items() if acc == spec.primary)
+    return set_dotted(tree, {"partition.val_fraction": val, "metrics.test": False, "metrics.protocols": [protocol],
+                             "federation.seed": spec.base_seed + TUNING_SEED_OFFSET})
+
+
+def study_spec(spec: CompareSpec, method: str) -> StudySpec:
+    """The method's study, validated: its space's parameters over the user's setting (no shared setting
+    tuned), ``tune_budget`` trials, the validation objective, every trial all rounds."""
+    path = space_file(method)
+    space = parse_space(path)
+    shared = [p for p in space.params if p.startswith(SHARED)]
+    if shared:
+        raise FLTuneError(f"{path}: params.{shared[0]} would differ between methods; allowed in a comparison: "
+                          "method.* and training.* parameters")
+    space = SearchSpace.model_validate({
+        **space.model_dump(), "base": {}, "overrides": [], "num_samples": spec.tune_budget, "seeds": 1,
+        "scheduler": {"name": "none"}, "max_concurrent": spec.max_concurrent or space.max_concurrent,
+        "objective": {"metric": f"val_{spec.primary}", "mode": "max", "reduce": "final"},
+    })
+    tree = tuning_tree(spec, method)
+    check_params(space, tree, method)
+    check_objective(space, build_config(tree))
+    return StudySpec(name=spec.study_name(method), storage=spec.storage, method=method, space_file=str(path),
+                     space_text=path.read_text(), space=space, base=tree, workers=spec.workers,
+                     gpus_per_worker=spec.gpus_per_worker)
+
+
+class TuningStudy(Study):
+    """One method's study inside a comparison: created or continued by the comparison, whose resume
+    command it names when stopped."""
+
+    def __init__(self, args: argparse.Namespace, spec: StudySpec, resume: str) -> None:
+        from fltune.driver import exists
+
+        super().__init__(argparse.Namespace(storage=spec.storage, address=args.address, best_out=None,
+                                            resume=exists(spec.path)))
+        self.spec, self.hint = spec, resume
+
+    def new_spec(self, storage: str) -> StudySpec:
+        return self.spec
+
+    def saved_spec(self, storage: str) -> StudySpec:
+        return StudySpec.load(self.spec.path)
+
+    def resume_command(self, spec: StudySpec) -> str:
+        return self.hint
+
+    def conclude(self, spec: StudySpec, rows: list[TrialRow]) -> int:
+        """The study's ranking and best configuration, or 130 (the comparison prints its resume line)."""
+        if any(r.status not in ENDED for r in rows):
+            return 130
+        return super().conclude(spec, rows)
+
+
+def study_rows(path: str) -> list[TrialRow]:
+    """The trials of the study at ``path`` as its folder holds them (none before it started)."""
+    from ray.tune import ExperimentAnalysis, Tuner
+
+    from fltune.tune.results import trial_row
+
+    if not Tuner.can_restore(path):
+        return []
+    return [trial_row(trial) for trial in ExperimentAnalysis(path).trials]
+
+
+def finished(study: StudySpec) -> bool:
+    rows = study_rows(study.path)
+    return len(rows) == study.space.num_samples and all(r.status in ENDED for r in rows)
+
+
+def tuned_tree(spec: CompareSpec, study: StudySpec) -> dict[str, Any] | None:
+    """The method's cells' tree: the user's setting with the study's best values (test data back, the
+    user's own validation share and seed); None when no trial produced a score."""
+    from fltune.tune.results import best
+
+    top = best(study_rows(study.path), "max")
+    return None if top is None else set_dotted(method_tree(spec.base, study.method), top.params)

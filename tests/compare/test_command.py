@@ -1,0 +1,130 @@
+"""`cli.py compare` as a user runs it: real Ray, Tune, Optuna and MLflow, on the tiny synthetic setting."""
+
+from __future__ import annotations
+
+import csv
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+from mlflow.tracking import MlflowClient
+
+from fltune.cli import main
+from fltune.compare.spec import CompareSpec, parse_cell
+from fltune.config import build_config
+from fltune.engine.builders import load_data
+from fltune.engine.rng import sample_clients
+
+TINY = ["--dataset", "synthetic", "--model", "mlp", "--clients", "4", "--fraction", "0.5", "--rounds", "2",
+        "--workers", "1", "--set", "metrics.protocols=[global]", "--set", "training.batch_size=64"]
+"""Two clients a round on the synthetic data, one client worker per trial: seconds per cell."""
+
+SHARED = ("data.", "partition.", "federation.", "model.", "metrics.")
+TEST_METRICS = ("acc_global", "loss", "acc_all_model", "loss_all_model", "acc_personalized", "loss_personalized")
+
+
+def runs(uri: str) -> list:
+    client = MlflowClient(uri)
+    return client.search_runs([e.experiment_id for e in client.search_experiments()])
+
+
+def children(all_runs: list, parent) -> list:
+    return [r for r in all_runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
+
+
+@pytest.mark.slow
+def test_tuned_comparison_is_fair_never_tunes_on_test_data_and_reports_what_mlflow_holds(
+        ray_session, tmp_path: Path, mlflow_uri: str, capsys) -> None:
+    out, storage = tmp_path / "out", tmp_path / "jobs"
+    args = ["compare", "--methods", "fedavg,fedprox", *TINY, "--tune-budget", "1", "--seeds", "2",
+            "--storage", str(storage), "--name", "c", "--out", str(out)]
+    assert main(args) == 0
+    printed = " ".join(capsys.readouterr().err.split())  # the console wraps long lines
+    assert "same client-sampling sequence" in printed and "Welch's two-sided t-test" in printed and "α = 0.05" in printed
+
+    all_runs = runs(mlflow_uri)
+    [parent] = [r for r in all_runs if r.data.tags.get("fltune.kind") == "compare"]
+    studies = [r for r in all_runs if r.data.tags.get("fltune.kind") == "study"]
+    assert parent.info.status == "FINISHED" and len(studies) == 2
+    assert all(r.info.status == "FINISHED" for r in all_runs)
+
+    # tuning: every study trial scored on the validation split, held no test data and measured nothing on it
+    # (a probe reading the test split of such a run raises, which would fail the trial and this test)
+    for study in studies:
+        [trial] = children(all_runs, study)
+        assert trial.data.params["metrics.test"] == "False" and float(trial.data.params["partition.val_fraction"]) > 0
+        assert "val_acc_global" in trial.data.metrics and not set(TEST_METRICS) & set(trial.data.metrics)
+        assert trial.data.params["federation.seed"] == "1000"  # reported seeds 0 and 1 are fresh
+
+    # the cells: per seed, every method has the same setting, hence the same partition and client samples
+    cells = children(all_runs, parent)
+    assert sorted(c.data.params["cell"] for c in cells) == ["fedavg/seed0", "fedavg/seed1", "fedprox/seed0",
+                                                           "fedprox/seed1"]
+    for seed in ("0", "1"):
+        pair = [c.data.params for c in cells if c.data.params["federation.seed"] == seed]
+        assert len(pair) == 2
+        assert {k: v for k, v in pair[0].items() if k.startswith(SHARED)} == {
+            k: v for k, v in pair[1].items() if k.startswith(SHARED)}
+    spec = CompareSpec.load(str(storage / "c"))
+    a, b = (build_config(spec.cell_tree(f"{m}/seed1")) for m in spec.methods)
+    assert all(np.array_equal(x, y) for x, y in zip(load_data(a).client_train, load_data(b).client_train))
+    assert [sample_clients(a.federation.seed, r, 4, 2) for r in (1, 2)] == [
+        sample_clients(b.federation.seed, r, 4, 2) for r in (1, 2)]
+
+    # the table's numbers are the child runs' metrics
+    with (out / "compare.csv").open() as f:
+        table = {row["method"]: row for row in csv.DictReader(f)}
+    client = MlflowClient(mlflow_uri)
+    for method, row in table.items():
+        mine = [c for c in cells if parse_cell(c.data.params["cell"])[0] == method]
+        final = [c.data.metrics["acc_global"] for c in mine]
+        best = [max(m.value for m in client.get_metric_history(c.info.run_id, "acc_global")) for c in mine]
+        assert math.isclose(float(row["final_acc_global_mean"]), np.mean(final))
+        assert math.isclose(float(row["final_acc_global_std"]), np.std(final, ddof=1), abs_tol=1e-12)
+        assert math.isclose(float(row["best_acc_global_mean"]), np.mean(best))
+        tflops = [c.data.metrics["cost_cum_tflops"] for c in mine]
+        assert math.isclose(float(row["cost_cum_tflops_mean"]), np.mean(tflops)) and row["seeds_finished"] == "2"
+    assert sorted(r["best"] for r in table.values()) == ["0", "1"]
+    other = next(r for r in table.values() if r["best"] == "0")
+    assert 0 <= float(other["welch_p"]) <= 1 and other["beyond_noise"] in ("0", "1")
+    assert "method.mu=" in table["fedprox"]["tuned"]
+    assert (out / "compare.png").stat().st_size > 0 and "| ★ " in (out / "compare.md").read_text()
+    assert build_config_yaml_method(out / "configs" / "fedprox.yaml") == "fedprox"
+    artifacts = {a.path for a in client.list_artifacts(parent.info.run_id)}
+    assert {"compare.csv", "compare.md", "compare.png", "configs"} <= artifacts
+
+    # resuming a finished comparison (the newest, without --name) redoes nothing: same table, same runs
+    assert main(["compare", "--storage", str(storage), "--resume", "--out", str(tmp_path / "again")]) == 0
+    assert (tmp_path / "again" / "compare.csv").read_text() == (out / "compare.csv").read_text()
+    assert len(runs(mlflow_uri)) == len(all_runs)
+
+
+def build_config_yaml_method(path: Path) -> str:
+    from fltune.config import read_yaml
+
+    return build_config(read_yaml(path)).method.name
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--methods", "fedavg,fedmagic"], "fltune: --methods: unknown method 'fedmagic'; allowed:"),
+    (["--methods", "fedavg"], "fltune: --methods: 1 method(s); allowed: at least 2"),
+    (["--methods", "fedavg,fedprox,fedavg"], "fltune: --methods: fedavg is named twice"),
+    ([], "fltune: --methods is required"),
+    (["--methods", "fedavg,fedprox", "--tune-budget", "0"], "fltune: --tune-budget: 0; allowed: ≥ 1"),
+    (["--methods", "fedavg,fedprox", "--seeds", "0"], "fltune: --seeds: 0; allowed: ≥ 1"),
+    (["--methods", "fedavg,fedprox", "--max-concurrent", "0"], "fltune: --max-concurrent: 0; allowed: ≥ 1"),
+    (["--methods", "fedavg,fedavg+man", "--tune-budget", "2"], "fltune: --methods: fedavg+man has no search space"),
+    (["--methods", "fedavg,fedprox", "--set", "metrics.protocols=[personalized]"],
+     "fltune: metrics.protocols: the ranking accuracy acc_personalized needs partition.eval_fraction > 0"),
+    (["--methods", "fedavg,fedprox", "--rounds", "0"], "fltune: config error: federation.rounds"),
+    (["--methods", "fedavg,fedprox", "--name", "a b"], "fltune: --name 'a b': allowed:"),
+    (["--resume"], "fltune: --resume: no comparison under"),
+])
+def test_bad_input_is_one_line_and_exit_2(args: list[str], message: str, capsys, tmp_path: Path,
+                                          mlflow_uri: str) -> None:
+    assert main(["compare", *TINY, *args, "--storage", str(tmp_path / "jobs")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(message) and len(err.splitlines()) == 1
+    assert not (tmp_path / "jobs").exists() or not any((tmp_path / "jobs").iterdir())  # nothing half-written
+    assert not (tmp_path / "mlflow.db").exists()  # no MLflow run at all, so none left RUNNING
