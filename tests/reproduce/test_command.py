@@ -77,6 +77,8 @@ def test_reproduce_prints_paper_beside_measured_writes_files_and_resumes(ray_ses
     (["reproduce", "table2", "--datasets", "svhn"], "fltune: --datasets: 'svhn' is not a dataset"),
     (["reproduce", "table2", "--seeds", "0"], "fltune: --seeds: 0; allowed: ≥ 1"),
     (["reproduce", "table2", "--max-concurrent", "0"], "fltune: --max-concurrent: 0; allowed: ≥ 1"),
+    (["reproduce", "table2", "--checkpoint-every", "0"], "fltune: --checkpoint-every: 0; allowed: ≥ 1"),
+    (["reproduce", "table2", "--checkpoint-seconds", "-5"], "fltune: --checkpoint-seconds: -5; allowed: > 0"),
     (["reproduce", "table2", "--resume"], "fltune: --resume: no job of simfafl:table2 under"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args: list[str], message: str, capsys, tmp_path: Path) -> None:
