@@ -6,7 +6,8 @@ loading, Ray start-up, MLflow, shutdown included), in pairs run back to back, an
 resident memory (the process plus every descendant: Ray's GCS, raylet and workers) is sampled every
 0.2 s from /proc. The tight loop trains the same clients on the same samples in one process with every
 core and evaluates the global model on the test set after every round. Last lines: ``ratio <cmd/tight>``
-(median wall clock; goal ≤ 1.15) and ``memory_ratio`` (peak tree RSS; goal: the command ≤ 2 GB).
+(median wall clock; goal ≤ 1.15), ``memory_ratio`` (peak tree RSS; goal: the command ≤ 2 GB) and
+``memory_ratio_pss`` (peak tree PSS, shared pages counted once: see ``tree_memory``).
 
     python bench/whole_command.py [--pairs 3] [--rounds 5] [--before /path/to/older/checkout]
 
@@ -40,8 +41,12 @@ def command(rounds: int, mlflow_uri: str, repo: Path = REPO) -> list[str]:
     ]
 
 
-def tree_rss(root: int) -> int:
-    """Resident bytes of ``root`` and all its descendants (read from /proc; vanished processes count 0)."""
+def tree_memory(root: int) -> tuple[int, int]:
+    """(RSS, PSS) bytes of ``root`` and all its descendants (read from /proc; vanished processes count 0).
+
+    RSS counts a page shared by several processes once per process: every Ray worker maps the same torch
+    libraries (~0.5 GB resident each for the CUDA build), so the summed RSS overstates what the tree holds.
+    PSS splits each shared page among its sharers: its sum is the memory the tree really occupies."""
     children: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
@@ -51,19 +56,28 @@ def tree_rss(root: int) -> int:
                 continue
             ppid = int(stat.rsplit(")", 1)[1].split()[1])
             children.setdefault(ppid, []).append(int(entry))
-    total, todo = 0, [root]
+    rss, pss, todo = 0, 0, [root]
     while todo:
         pid = todo.pop()
         todo.extend(children.get(pid, []))
         try:
-            total += int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * PAGE
+            rss += int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * PAGE
+            pss += _pss_kib(Path(f"/proc/{pid}/smaps_rollup").read_text()) * 1024
         except OSError:
             pass
-    return total
+    return rss, pss
 
 
-def measure(argv: list[str], env: dict[str, str]) -> tuple[float, float, list[tuple[float, str]]]:
-    """(wall seconds from spawn to exit, peak tree RSS in GB, (seconds since spawn, line) of its output)."""
+def _pss_kib(smaps_rollup: str) -> int:
+    return next((int(line.split()[1]) for line in smaps_rollup.splitlines() if line.startswith("Pss:")), 0)
+
+
+Run = tuple[float, float, float, list[tuple[float, str]]]
+
+
+def measure(argv: list[str], env: dict[str, str]) -> Run:
+    """(wall seconds from spawn to exit, peak tree RSS and PSS in GB, (seconds since spawn, line) of its
+    output)."""
     lines: list[tuple[float, str]] = []
     start = time.perf_counter()
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, cwd=REPO, text=True)
@@ -75,15 +89,16 @@ def measure(argv: list[str], env: dict[str, str]) -> tuple[float, float, list[tu
 
     reader = threading.Thread(target=read)
     reader.start()
-    peak = 0
+    peak_rss = peak_pss = 0
     while proc.poll() is None:
-        peak = max(peak, tree_rss(proc.pid))
+        rss, pss = tree_memory(proc.pid)
+        peak_rss, peak_pss = max(peak_rss, rss), max(peak_pss, pss)
         time.sleep(0.2)
     wall = time.perf_counter() - start
     reader.join()
     if proc.returncode != 0:
         sys.exit(f"{argv[1]} exited {proc.returncode}:\n" + "\n".join(line for _, line in lines[-20:]))
-    return wall, peak / 2**30, lines
+    return wall, peak_rss / 2**30, peak_pss / 2**30, lines
 
 
 def timeline(lines: list[tuple[float, str]], wall: float) -> str:
@@ -139,7 +154,7 @@ def main() -> None:
         tight_loop(args.rounds)
         return
     env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    runs: dict[str, list[tuple[float, float, list[tuple[float, str]]]]] = {"command": [], "tight": [], "before": []}
+    runs: dict[str, list[Run]] = {"command": [], "tight": [], "before": []}
     with tempfile.TemporaryDirectory() as tmp:
         for pair in range(args.pairs):
             uri = f"sqlite:///{tmp}/mlflow{pair}.db"
@@ -150,19 +165,22 @@ def main() -> None:
             runs["tight"].append(measure([sys.executable, __file__, "--tight", "--rounds", str(args.rounds)], env))
             for name, done in runs.items():
                 if done:
-                    wall, gb, lines = done[-1]
-                    print(f"pair {pair + 1} {name:8s} {wall:5.1f} s {gb:.2f} GB  {timeline(lines, wall)}", flush=True)
-    final = [line for _, line in runs["command"][-1][2] if line.startswith(f"round {args.rounds}/")]
+                    wall, rss, pss, lines = done[-1]
+                    print(f"pair {pair + 1} {name:8s} {wall:5.1f} s RSS {rss:.2f} GB PSS {pss:.2f} GB  "
+                          f"{timeline(lines, wall)}", flush=True)
+    final = [line for _, line in runs["command"][-1][3] if line.startswith(f"round {args.rounds}/")]
     print("command's last round:", final[-1] if final else "(not shown)")
     wall = {name: statistics.median(r[0] for r in done) for name, done in runs.items() if done}
-    peak = {name: max(r[1] for r in done) for name, done in runs.items() if done}
+    rss = {name: max(r[1] for r in done) for name, done in runs.items() if done}
+    pss = {name: max(r[2] for r in done) for name, done in runs.items() if done}
     for name in wall:
-        print(f"{name:8s} wall {wall[name]:.1f} s (median)  peak tree {peak[name]:.2f} GB")
+        print(f"{name:8s} wall {wall[name]:.1f} s (median)  peak tree RSS {rss[name]:.2f} GB  PSS {pss[name]:.2f} GB")
     if args.before:
         print(f"ratio_before {wall['before'] / wall['tight']:.3f}")
-        print(f"memory_ratio_before {peak['before'] / peak['tight']:.3f}")
+        print(f"memory_ratio_before {rss['before'] / rss['tight']:.3f}")
     print(f"ratio {wall['command'] / wall['tight']:.3f}")
-    print(f"memory_ratio {peak['command'] / peak['tight']:.3f}")
+    print(f"memory_ratio {rss['command'] / rss['tight']:.3f}")
+    print(f"memory_ratio_pss {pss['command'] / pss['tight']:.3f}")
 
 
 if __name__ == "__main__":
