@@ -273,8 +273,10 @@ def _local_steps(
                 meter.add(loss, logits, y)
 
 
-EVAL_BATCH = 1000
-"""Test images per evaluation batch: the unit the workers share an evaluation in (``batch_scores``)."""
+EVAL_BATCH = 100
+"""Test images per evaluation batch: the unit the workers share an evaluation in (``batch_scores``).
+100, not 1000: on a one-thread CPU worker the FedAvg CNN scores 100-image batches 1.8× faster (the
+activations stay in cache); counts are the same, summed losses differ from 1000's in the last digits."""
 
 
 @torch.no_grad()
