@@ -3,7 +3,7 @@
 
 import sys
 
-from fltune.cli import main
+from fltune.cli import entry
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(entry())

@@ -8,6 +8,7 @@ SIGTERM 143, each with one line (``fltune.driver``).
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import sys
 from collections.abc import Callable, Sequence
@@ -195,5 +196,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     return stop_status() if code == 130 else code
 
 
+def entry() -> int:
+    """The ``fltune`` command and ``python cli.py``: :func:`main`, then the interpreter's exit made short.
+
+    At exit Python garbage-collects every object that torch, Ray and MLflow created (~1.5 s of a short
+    run here). ``gc.freeze`` first moves them all to the permanent generation, which exit collections skip:
+    the process is ending, so its cycles need no collecting; atexit handlers (Ray's shutdown) and every
+    object's refcount destructor still run. Only for a process about to exit, hence not in :func:`main`,
+    which tests call in-process."""
+    code = main()
+    gc.freeze()
+    return code
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(entry())

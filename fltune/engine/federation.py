@@ -102,6 +102,7 @@ class Federation:
                 pool = WorkerPool(plan_workers(self.cfg, ray.cluster_resources()))
             keep = any(probe.keeps_local_models for probe in self.probes)
             self.run_ref = pool.bind(self.cfg, self.data, keep_latest=keep)
+            self.data = ray.get(self.run_ref).data  # the workers' shared copy (zero-copy), not a private one
             self.pool = pool
 
     def close(self) -> None:
@@ -288,6 +289,13 @@ class Federation:
         if self.val_ref is None:
             self.val_ref = self.pool.bind(self.cfg, self.data.val_as_eval(), keep_latest=False)
         return self.val_ref
+
+    def ask_worker(self, method: str, *args: Any) -> Any:
+        """``ClientWorker.<method>(run, *args)`` on the first client actor, for probes whose figures come
+        from the run's model on a worker's device (the GPU a Tune trial's own process lacks)."""
+        self.open()
+        assert self.pool is not None
+        return ray.get(getattr(self.pool.actors[0], method).remote([self.run_ref], *args))
 
     def static_costs(self) -> dict[str, float]:
         """The run's constants, from the probes that declare some (FedAlign Table 5: forward MFLOPs per

@@ -26,6 +26,7 @@ from fltune.engine.local import Executor, RoundInput, batch_scores, evaluate, lo
 from fltune.engine.rng import use_deterministic_cuda
 from fltune.methods.base import ClientResult, State, Upload, to_numpy
 from fltune.methods.finetune import FineTune
+from fltune.metrics.cost import forward_flops_per_sample
 from fltune.metrics.probe import client_meters
 
 
@@ -158,6 +159,11 @@ class ClientWorker:
         load_state(self.model, state)
         x, y = data.split(split)
         return batch_scores(self.model, data, x, y, self.device, batches)
+
+    def forward_mflops(self, run_ref: list) -> float:
+        """The run's model's forward MFLOPs for one sample (``CostProbe.model_mflops``)."""
+        data = self._attach(run_ref)
+        return forward_flops_per_sample(self.model, data.input_shape)
 
     def ready(self, run_ref: list) -> None:
         """Fetch the run's config and dataset and build its model now (``WorkerPool.bind``), while the

@@ -108,6 +108,10 @@ class CostMeter:
         """``samples`` trained on by one client; ``passes`` forward+backward passes each (2 for SAM-type)."""
         self._flops += samples * passes * FORWARD_BACKWARD_FACTOR * self._flops_per_sample
 
+    def set_model_forward(self, mflops_per_sample: float) -> None:
+        """The model's forward MFLOPs per sample, when it was not known at construction (``CostProbe``)."""
+        self._flops_per_sample = mflops_per_sample * 1e6
+
     def set_training_forward(self, mflops_per_sample: float) -> None:
         """The method's forward MFLOPs per training sample, counted on its real training (metrics/flops.py)."""
         self._train_forward = mflops_per_sample * 1e6
@@ -163,8 +167,17 @@ class CostProbe(Probe):
     }
 
     def __init__(self, fed: Federation) -> None:
-        self.forward_mflops = forward_flops_per_sample(fed.eval_model, fed.data.input_shape)
-        self.meter = CostMeter(self.forward_mflops)
+        self.forward_mflops: float | None = None
+        self.meter = CostMeter(0.0)  # the model's forward figure arrives with the first measure
+
+    def model_mflops(self, fed: Federation) -> float:
+        """The model's forward MFLOPs per sample, counted once by a client worker (``forward_mflops``):
+        ``FlopCounterMode`` loads torch's compiler stack (~1 s and ~150 MB), which the workers load
+        anyway to meter round 1's training, so the driver stays lighter and starts sooner."""
+        if self.forward_mflops is None:
+            self.forward_mflops = float(fed.ask_worker("forward_mflops"))
+            self.meter.set_model_forward(self.forward_mflops)
+        return self.forward_mflops
 
     @classmethod
     def client_meter(cls, round_: int) -> TrainingFlops | None:
@@ -181,6 +194,7 @@ class CostProbe(Probe):
     def measure(self, fed: Federation, view: RoundView) -> dict[str, float]:
         """Communication and compute of the round (FedAlign Tables 5 and 8)."""
         inputs = view.inputs
+        self.model_mflops(fed)
         self.meter.add_download(state_bits(inputs.global_state) + state_bits(_arrays(inputs.server)), len(view.clients))
         for m in view.client_metrics.values():
             self.meter.add_training(int(m["samples"]), fed.method.passes_per_step)
@@ -193,7 +207,7 @@ class CostProbe(Probe):
 
     def run_constants(self, fed: Federation) -> dict[str, float]:
         params = parameter_count(fed.eval_model)
-        return {"cost_forward_mflops": self.forward_mflops, "cost_params": float(params),
+        return {"cost_forward_mflops": self.model_mflops(fed), "cost_params": float(params),
                 "cost_stored_params": params * fed.method.stored_models}
 
     def state_dict(self) -> CostMeter:

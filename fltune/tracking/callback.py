@@ -17,6 +17,7 @@ from fltune.engine.callbacks import Callback
 from fltune.tracking.background import BackgroundWriter
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from fltune.engine.federation import Federation
     from fltune.tracking.mlflow_log import Tracker
 
@@ -38,15 +39,15 @@ class MLflowCallback(Callback):
             self.tracker = Tracker(self.cfg.tracking)
 
     def on_start(self, fed: Federation) -> None:
-        self.writer.submit(self._start, fed.static_costs())
+        self.writer.submit(self._start, fed.static_costs)  # on the writer: a worker counts the FLOPs
 
-    def _start(self, costs: dict[str, float]) -> None:
+    def _start(self, static_costs: Callable[[], dict[str, float]]) -> None:
         from fltune.tracking.mlflow_log import run_tags
 
         assert self.tracker is not None
         self.run_id = self.tracker.start(self.cfg.tracking.run_name, run_tags(self.cfg))
         self.tracker.log_config(self.run_id, self.cfg)
-        self.tracker.log_metrics(self.run_id, costs, step=0)
+        self.tracker.log_metrics(self.run_id, static_costs(), step=0)
 
     def on_round(self, fed: Federation, metrics: dict[str, float]) -> None:
         self.writer.submit(self._log, dict(metrics), int(metrics["round"]))
