@@ -138,3 +138,19 @@ def test_a_run_without_test_data_holds_none(fmnist, tmp_path: Path) -> None:
 def test_a_bad_validation_fraction_is_named(fmnist, tmp_path: Path) -> None:
     with pytest.raises(FLTuneError, match=r"partition\.val_fraction"):
         build_federated_data(fmnist, **SIMFAFL, val_fraction=1.0, cache_dir=tmp_path)
+
+
+def test_the_object_store_shares_one_copy_of_the_pool(fmnist, tmp_path: Path, ray_session) -> None:
+    """Workers read the pool in place from Ray's object store (no private copy per process), and get the
+    same tensors the driver put."""
+    import ray
+
+    data = build_federated_data(fmnist, kind="iid", num_clients=10, seed=0, cache_dir=tmp_path)
+    ref = ray.put(data)
+    first, second = ray.get(ref), ray.get(ref)
+
+    assert first.x.data_ptr() == second.x.data_ptr() != data.x.data_ptr()  # both views of the stored copy
+    for name in ("x", "y", "test_x", "test_y"):
+        assert torch.equal(getattr(first, name), getattr(data, name))
+        assert getattr(first, name).dtype == getattr(data, name).dtype
+    assert all(np.array_equal(a, b) for a, b in zip(first.client_train, data.client_train))
