@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from fltune.cli import main
+from fltune.cli import entry
 from fltune.tracking.mlflow_log import default_uri, mlruns_dir
 from fltune.driver import storage_root
 
@@ -27,8 +27,8 @@ def script() -> EntryPoint:
     return EntryPoint(name="fltune", value=value.group(1), group="console_scripts")
 
 
-def test_fltune_script_is_the_cli_main() -> None:
-    assert script().load() is main
+def test_fltune_script_is_the_cli_entry() -> None:
+    assert script().load() is entry
 
 
 def test_outside_the_checkout_runs_and_studies_go_under_the_current_directory(tmp_path, monkeypatch) -> None:
