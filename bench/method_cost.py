@@ -56,7 +56,7 @@ from fltune.data.datasets import load_dataset
 from fltune.engine.builders import build_model_for, model_name, resolve_augment
 from fltune.engine.federation import Federation
 from fltune.engine.local import RoundInput, train_client
-from fltune.engine.pool import ensure_ray
+from fltune.engine.cluster import ensure_ray
 from fltune.errors import DatasetMissing
 from fltune.methods import METHODS
 from fltune.metrics.flops import TrainingFlops

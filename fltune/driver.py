@@ -173,7 +173,7 @@ def stop_message() -> str:
 
 def start_ray(address: str | None) -> None:
     """Start or join Ray (one clear line when there is nothing to join), then take the signals back."""
-    from fltune.engine.pool import ensure_ray
+    from fltune.engine.cluster import ensure_ray
 
     try:
         ensure_ray(address)

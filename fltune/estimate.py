@@ -135,7 +135,7 @@ def cluster_resources(address: str | None) -> dict[str, float]:
     if address:
         import ray
 
-        from fltune.engine.pool import ensure_ray
+        from fltune.engine.cluster import ensure_ray
 
         ensure_ray(address)
         return dict(ray.cluster_resources())

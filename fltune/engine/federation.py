@@ -29,7 +29,8 @@ from fltune.engine.builders import build_method, build_model_for, initial_state,
 from fltune.engine.batched import note_fallback
 from fltune.engine.callbacks import Callback
 from fltune.engine.local import RoundInput, eval_batch_count, evaluate, load_state, total_scores
-from fltune.engine.pool import WorkerPool, balance, ensure_ray, plan_workers
+from fltune.engine.cluster import ensure_ray
+from fltune.engine.pool import WorkerPool, balance, plan_workers
 from fltune.engine.rng import sample_clients, use_deterministic_cuda
 from fltune.errors import FLTuneError
 from fltune.methods.base import Aggregate, ServerContext, State, Upload

@@ -7,12 +7,10 @@ randomness is keyed by (seed, round, client id), the retried round gives the sam
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Any
 
 import ray
-import torch
 
 from fltune.config import ExperimentConfig
 from fltune.data.federated import FederatedData
@@ -34,26 +32,6 @@ class WorkerPlan:
     def bundles(self) -> list[dict[str, float]]:
         bundle = {"CPU": self.cpus, **({"GPU": self.gpus} if self.gpus else {})}
         return [dict(bundle) for _ in range(self.workers)]
-
-
-def ensure_ray(address: str | None = None) -> None:
-    """Start a local Ray, or join ``address`` / $RAY_ADDRESS (no local resource arguments when joining)."""
-    if ray.is_initialized():
-        return
-    address = address or os.environ.get("RAY_ADDRESS")
-    kwargs: dict[str, Any] = {
-        "include_dashboard": False, "log_to_driver": True, "configure_logging": False,
-        "runtime_env": {"worker_process_setup_hook": "fltune.driver.quiet_worker"},  # no SystemExit noise
-    }
-    if address:
-        ray.init(address=address, **kwargs)
-    else:
-        # "local": a new instance even when another `ray start` on this machine left its address in /tmp/ray.
-        # No idle workers prestarted for the driver: here the client actors started in processes of their
-        # own anyway, so those took CPU and memory from the start-up, and one still starting when a short
-        # command ended aborted with a stack dump.
-        ray.init(address="local", num_cpus=os.cpu_count(), num_gpus=torch.cuda.device_count(),
-                 _system_config={"prestart_worker_first_driver": False}, **kwargs)
 
 
 def plan_workers(cfg: ExperimentConfig, cluster: dict[str, float]) -> WorkerPlan:
