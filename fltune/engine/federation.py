@@ -3,7 +3,8 @@
 ``Federation.rounds`` is the package's one round loop: it yields a :class:`RoundResult` per round, and
 every driver consumes those — ``run`` hands them to callbacks (progress, MLflow), a Tune trial reports and
 checkpoints them (several seeds in :func:`lockstep`). What is measured after a round — evaluation
-protocols, the Hessian, the cost — are probes (``fltune.metrics.probe``), run by name-blind code here.
+protocols, the Hessian, the cost — are probes (``fltune.metrics.probe``), run by name-blind code here;
+their heavy parts (evaluations, Hessian-vector products) run on the workers (``evaluate_state``, ``compute``).
 The engine knows no method by name (it only calls hooks) and imports neither MLflow nor Ray Tune. Its
 whole state — global weights, server state, the per-client store, the latest local models, the history,
 the probes' state — is plain data (``state_dict``), so a checkpoint is just that.
@@ -16,7 +17,7 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import ray
@@ -34,8 +35,10 @@ from fltune.engine.pool import WorkerPool, balance, plan_workers
 from fltune.engine.rng import sample_clients, use_deterministic_cuda
 from fltune.errors import FLTuneError
 from fltune.methods.base import Aggregate, ServerContext, State, Upload
-from fltune.metrics.probe import Probe, RoundView, probes_for
+from fltune.metrics.probe import Probe, ProbeTask, RoundView, probes_for
 from fltune.metrics.summary import run_summary
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -69,7 +72,7 @@ class Federation:
         self.history: list[dict[str, float]] = []
         self.status = "running"
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        if self.device.type == "cuda":  # the round probes run on the driver
+        if self.device.type == "cuda":  # evaluating a closed run (no workers) runs on the driver
             use_deterministic_cuda(cfg.resources.deterministic)
         self.eval_model = build_model_for(cfg, self.data).to(self.device)
         note_fallback(cfg, self.method, self.eval_model)
@@ -170,11 +173,11 @@ class Federation:
         total = WeightedSum()
         uploads, states, client_metrics, latest = {}, {}, {}, {}
         for res in results:
-            total.merge(res.partial)
+            total.merge(res.summed())
             uploads.update(res.uploads)
             states.update(res.states)
             client_metrics.update(res.metrics)
-            latest.update(res.latest)
+            latest.update(res.local_models(self.method))
         metrics = self._train_metrics(client_metrics)
         previous = self.global_state
         self.round = r
@@ -297,6 +300,17 @@ class Federation:
         self.open()
         assert self.pool is not None
         return ray.get(getattr(self.pool.actors[0], method).remote([self.run_ref], *args))
+
+    def compute(self, tasks: Sequence[ProbeTask[T]]) -> list[T]:
+        """Probe computations on the workers (their GPUs when they have some, which a Tune trial's own
+        process lacks), spread over them in turn and run at once; the results in task order. Each task
+        is a function of the run's config and data and its own arguments alone, so which worker ran it
+        does not change its result."""
+        self.open()
+        assert self.pool is not None
+        actors = self.pool.actors
+        refs = [actors[i % len(actors)].compute.remote([self.run_ref], task) for i, task in enumerate(tasks)]
+        return ray.get(refs)
 
     def static_costs(self) -> dict[str, float]:
         """The run's constants, from the probes that declare some (FedAlign Table 5: forward MFLOPs per

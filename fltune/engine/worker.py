@@ -6,6 +6,11 @@ run changes. Per call it trains its share of the round's clients one after anoth
 weighted sum (see aggregate.py) plus each client's upload, new state and metrics, with whatever the
 configured probes' client meters measured around its training (metrics/probe.py ``client_meters``). Weights
 arrive as numpy from one ``ray.put`` per round.
+
+When a probe needs every local model (``RunSpec.keep_latest``: ``all_model``, H_N/H_D), a worker whose
+clients' models the method rebuilds from their updates (``Method.local_model``) returns those updates
+instead of its partial sum, and the driver sums them in the worker's order: each client's weights travel
+once. Otherwise it returns the partial sum and every local model, as without such a probe.
 """
 
 from __future__ import annotations
@@ -15,8 +20,9 @@ import ctypes.util
 import os
 from contextlib import ExitStack
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
+import numpy as np
 import torch
 
 from fltune.config import ExperimentConfig
@@ -26,10 +32,12 @@ from fltune.engine.batched import client_groups, train_group, unbatchable
 from fltune.engine.builders import build_method, build_model_for, resolve_augment
 from fltune.engine.local import Executor, RoundInput, batch_scores, evaluate, load_state, train_client
 from fltune.engine.rng import use_deterministic_cuda
-from fltune.methods.base import ClientResult, State, Upload, to_numpy
+from fltune.methods.base import ClientResult, Method, State, Upload, to_numpy
 from fltune.methods.finetune import FineTune
 from fltune.metrics.cost import forward_flops_per_sample
-from fltune.metrics.probe import client_meters
+from fltune.metrics.probe import ProbeTask, client_meters
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -39,17 +47,42 @@ class RunSpec:
     cfg: ExperimentConfig
     data: FederatedData
     keep_latest: bool  # return each client's local model (the all_model protocol, H_N/H_D need them)
+    rebuild: bool = True
+    """With ``keep_latest``: let the driver rebuild local models it can (``Method.local_model``); False
+    ships every one, as before the rebuild (the reference tests/engine/test_federation_probes.py checks
+    it against)."""
 
 
 @dataclass
 class WorkerResult:
-    """One worker's share of a round."""
+    """One worker's share of a round: its weighted sum as ``partial``, or the summands themselves as
+    ``updates`` (each client's weight and update, in the order the worker trained them), for the driver to
+    add up (:meth:`summed`)."""
 
     partial: WeightedSum
     uploads: dict[int, Upload] = field(default_factory=dict)
     states: dict[int, dict[str, Any]] = field(default_factory=dict)
     metrics: dict[int, dict[str, float]] = field(default_factory=dict)
     latest: dict[int, State] = field(default_factory=dict)
+    """Local models shipped as they are (those not rebuilt from ``updates``)."""
+    updates: dict[int, tuple[float, State]] = field(default_factory=dict)
+
+    def summed(self) -> WeightedSum:
+        """The worker's weighted sum: the shipped ``partial``, or ``updates`` added in the worker's order,
+        which are the very operations the worker would have done, so the same bits."""
+        if not self.updates:
+            return self.partial
+        total = WeightedSum()
+        for weight, update in self.updates.values():
+            total.add(weight, update)
+        return total
+
+    def local_models(self, method: Method) -> dict[int, State]:
+        """Every trained client's local model: shipped, or rebuilt here from its update (the worker
+        checked that the rebuild is exact, :meth:`ClientWorker._pack`)."""
+        rebuilt = {cid: method.local_model(update, self.states[cid], self.uploads[cid])
+                   for cid, (_, update) in self.updates.items()}
+        return {**rebuilt, **self.latest}
 
 
 class ClientWorker:
@@ -69,7 +102,7 @@ class ClientWorker:
             import ray
 
             spec: RunSpec = ray.get(ref)
-            self.cfg, self.data, self.keep_latest = spec.cfg, spec.data, spec.keep_latest
+            self.cfg, self.data, self.keep_latest, self.rebuild = spec.cfg, spec.data, spec.keep_latest, spec.rebuild
             self.method = build_method(spec.cfg)
             self.model = build_model_for(spec.cfg, spec.data).to(self.device)
             self.augment_kind = resolve_augment(spec.cfg, spec.data)
@@ -93,7 +126,7 @@ class ClientWorker:
         result = WorkerResult(partial=WeightedSum())
         global_tensors = {k: torch.tensor(v, device=self.device) for k, v in inputs.global_state.items()}
         if self.batched and not client_meters(self.cfg, data, inputs.round):
-            return self._train_groups(result, inputs, client_ids, states, global_tensors)
+            return self._pack(self._train_groups(result, inputs, client_ids, states, global_tensors))
         for cid in client_ids:
             meters = client_meters(self.cfg, data, inputs.round)  # what probes measure of the training itself
             with ExitStack() as stack:
@@ -109,7 +142,7 @@ class ClientWorker:
             if out.metrics["diverged"]:
                 break
         release_free_memory()
-        return result
+        return self._pack(result)
 
     def _train_groups(
         self, result: WorkerResult, inputs: RoundInput, client_ids: list[int], states: dict[int, dict[str, Any]],
@@ -126,11 +159,29 @@ class ClientWorker:
         return result
 
     def _keep(self, result: WorkerResult, cid: int, out: ClientResult) -> None:
-        """Add a trained client to the worker's share (its local model: what ``self.model`` holds now)."""
-        result.partial.add(out.weight, out.update)
+        """Add a trained client to the worker's share (its local model: what ``self.model`` holds now);
+        with ``keep_latest`` its update is held apart until :meth:`_pack` decides what ships."""
         result.uploads[cid], result.states[cid], result.metrics[cid] = out.upload, out.state, out.metrics
         if self.keep_latest:
+            result.updates[cid] = (out.weight, out.update)
             result.latest[cid] = to_numpy(self.model.state_dict())
+        else:
+            result.partial.add(out.weight, out.update)
+
+    def _pack(self, result: WorkerResult) -> WorkerResult:
+        """What ships of a share that kept its local models: the updates alone when the method rebuilds
+        every one of those models exactly from its client's update, state and upload
+        (``Method.local_model``); else the partial sum and every local model."""
+        rebuilt = self.rebuild and all(
+            _identical(self.method.local_model(update, result.states[cid], result.uploads[cid]), result.latest[cid])
+            for cid, (_, update) in result.updates.items()
+        )
+        if rebuilt:
+            result.latest = {}
+        else:
+            result.partial = result.summed()
+            result.updates = {}
+        return result
 
     def evaluate_clients(
         self, run_ref: list, inputs: RoundInput, finetune: bool, client_ids: list[int],
@@ -171,6 +222,14 @@ class ClientWorker:
         data = self._attach(run_ref)
         return forward_flops_per_sample(self.model, data.input_shape)
 
+    def compute(self, run_ref: list, task: ProbeTask[T]) -> T:
+        """A probe's computation (``Federation.compute``) on this worker's device — its GPU when it has
+        one, which a Tune trial's own process lacks — with the run's config and data."""
+        data = self._attach(run_ref)
+        result = task(self.cfg, data, self.device)
+        release_free_memory()
+        return result
+
     def ready(self, run_ref: list) -> None:
         """Fetch the run's config and dataset and build its model now (``WorkerPool.bind``), while the
         driver still starts up, rather than inside the first round."""
@@ -203,6 +262,14 @@ def release_free_memory() -> None:
     machine's memory is what it holds then (fewer page faults are not worth it between calls)."""
     if _MALLOC_TRIM is not None:
         _MALLOC_TRIM(0)
+
+
+def _identical(rebuilt: State | None, trained: State) -> bool:
+    """Whether a rebuilt local model is the trained one: the same keys, dtypes, shapes and bytes."""
+    if rebuilt is None or rebuilt.keys() != trained.keys():
+        return False
+    pairs = ((np.asarray(rebuilt[k]), v) for k, v in trained.items())
+    return all(a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes() for a, b in pairs)
 
 
 def _has_gpu() -> bool:

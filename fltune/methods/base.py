@@ -306,6 +306,19 @@ class Method:
         weight = float(ctx.num_samples) if self.weighted_by_samples else 1.0
         return ClientResult(weight=weight, update=shared, state=new_state)
 
+    def local_model(self, update: State, state: dict[str, Any], upload: Upload) -> State | None:
+        """The client's trained weights rebuilt from what its :class:`ClientResult` carries (``update``,
+        new ``state``, ``upload``), or None when they cannot be; read by the ``all_model`` protocol and the
+        H_N/H_D probe (docs/methods.md §0, §4), which need every client's local model on the server.
+
+        Why: a rebuilt model costs no transfer beyond the update, where shipping it doubles the round's.
+        FedAvg: the update holds the shared weights, ``state["personal"]`` the rest (:meth:`client_result`).
+        The workers compare the rebuild with the trained weights bit for bit and ship those instead when
+        they differ (an update that is not the weights, as FedNova's d_k; a personal model that is not
+        the trained one, as Ditto's v_k), so a wrong rebuild costs transfer, never a figure.
+        """
+        return {**update, **state.get("personal", {})}
+
     # ---------------------------------------------------------------- server side
     def init_server_state(self, global_state: State) -> dict[str, Any]:
         """Server-side state kept across rounds (SCAFFOLD's c, FedDyn's h); FedAvg: none."""

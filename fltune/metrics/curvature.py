@@ -5,13 +5,19 @@ over k of the round's clients' local models (FedAlign Eq. 3–4), each on a fixe
 training batches in eval mode (docs/methods.md §4: the authors use 10 batches; for H_N/H_D by default the
 global model's, see :func:`consistency_batches`). At the end, the loss surface along the top-2
 eigenvectors and the top-k spectrum as PNGs (FedAlign Fig. 1, MAN Fig. 4a).
+
+Where: the Hessian-vector products run on the client workers (:class:`CurvatureTask`, one per model,
+spread over them by ``Federation.compute``), on their device — the GPU a Tune trial's own process lacks —
+and the driver only combines the figures (H_N/H_D from the traces) and draws the PNGs.
 """
 
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 import numpy as np
 import torch
@@ -31,12 +37,15 @@ from fltune.metrics.hessian import (
     layer_traces,
     top_eigenvalues,
 )
-from fltune.metrics.landscape import landscape_png, plot_spectrum
+from fltune.metrics.landscape import Landscape, plot_spectrum, top2_landscape
 from fltune.metrics.probe import Probe, RoundView, register
 
 if TYPE_CHECKING:
     from fltune.config import ExperimentConfig
     from fltune.engine.federation import Federation
+    from fltune.methods.base import State
+
+T = TypeVar("T")
 
 PROBE_ROUND = -1
 """RNG stream of the probe batches: fixed for the whole run, apart from every training round."""
@@ -80,22 +89,48 @@ def consistency_batches(data: FederatedData, client: int, shared: list[Batch], h
     return probe_batches(data, data.client_train[client], hcfg, seed, client, device)
 
 
-def client_consistency(models: list[tuple[nn.Module, list[Batch]]], hcfg: HessianConfig, seed: int) -> dict[str, float]:
-    """H_N and H_D (FedAlign Eq. 3–4) from each local model's per-layer traces on its probe batches."""
-    traces = [layer_traces(model, cross_entropy_loss, batches, hcfg.max_iter, hcfg.trace_tol, seed)
-              for model, batches in models]
+def client_traces(model: nn.Module, batches: list[Batch], hcfg: HessianConfig, seed: int) -> dict[str, float]:
+    """A local model's per-layer Hessian traces d_i, the input of H_N and H_D (FedAlign Eq. 3–4)."""
+    return layer_traces(model, cross_entropy_loss, batches, hcfg.max_iter, hcfg.trace_tol, seed)
+
+
+def client_consistency(traces: list[dict[str, float]]) -> dict[str, float]:
+    """H_N and H_D (FedAlign Eq. 3–4) from the local models' :func:`client_traces`, in client order."""
     h_n, h_d = cross_client_consistency(traces)
     return {"hessian_hn": h_n, "hessian_hd": h_d}
 
 
-def end_figures(model: nn.Module, batches: list[Batch], eigenvalues: list[float], folder: Path, title: str,
-                hcfg: HessianConfig, seed: int) -> list[Path]:
+def global_landscape(model: nn.Module, batches: list[Batch], hcfg: HessianConfig, seed: int) -> Landscape:
+    """The loss along the global model's top-2 eigenvectors (FedAlign Fig. 1), for the end-of-run PNG."""
+    return top2_landscape(model, cross_entropy_loss, batches, seed=seed, max_iter=hcfg.max_iter, tol=hcfg.tol)
+
+
+@dataclass(frozen=True)
+class CurvatureTask(Generic[T]):
+    """One independent piece of a Hessian probe, run on a worker (``Federation.compute``): ``measure`` of
+    the model with weights ``state`` on the probe batches — the global model's, or with ``client`` the
+    ones :func:`consistency_batches` gives that client's model. The batches are drawn there, from the
+    run's data and seed (:func:`probe_batches`), so only the weights travel."""
+
+    measure: Callable[[nn.Module, list[Batch], HessianConfig, int], T]
+    state: State
+    client: int | None = None
+
+    def __call__(self, cfg: ExperimentConfig, data: FederatedData, device: torch.device) -> T:
+        hcfg, seed = cfg.metrics.hessian, cfg.federation.seed
+        model = build_model_for(cfg, data).to(device)
+        load_state(model, self.state)
+        batches = probe_batches(data, np.concatenate(data.client_train), hcfg, seed, -1, device)
+        if self.client is not None:
+            batches = consistency_batches(data, self.client, batches, hcfg, seed, device)
+        return self.measure(model, batches, hcfg, seed)
+
+
+def end_figures(landscape: Landscape, eigenvalues: list[float], folder: Path, title: str) -> list[Path]:
     """The landscape along the top-2 eigenvectors and the eigenvalue spectrum, as PNG files."""
     folder.mkdir(parents=True, exist_ok=True)
     spectrum = plot_spectrum(eigenvalues, folder / "hessian_spectrum.png", f"top-{len(eigenvalues)} eigenvalues · {title}")
-    surface = landscape_png(model, cross_entropy_loss, batches, folder / "loss_landscape.png", seed=seed, title=title,
-                            max_iter=hcfg.max_iter, tol=hcfg.tol)
-    return [surface, spectrum]
+    return [landscape.png(folder / "loss_landscape.png", title), spectrum]
 
 
 @register
@@ -136,21 +171,22 @@ class HessianProbe(Probe):
         return self.curvature(fed, view.round, sorted(view.local_models))
 
     def curvature(self, fed: Federation, r: int, clients: list[int]) -> dict[str, float]:
-        """Hessian metrics of the global model and, over the first k of the round's clients, H_N/H_D."""
-        hcfg, seed = fed.cfg.metrics.hessian, fed.cfg.federation.seed
-        load_state(fed.eval_model, fed.global_state)
-        pool = np.concatenate(fed.data.client_train)
-        batches = probe_batches(fed.data, pool, hcfg, seed, -1, fed.device)
-        out = global_curvature(fed.eval_model, batches, hcfg, seed)
-        if hcfg.clients:
-            models = []
-            for cid in clients[: hcfg.clients]:
-                local = build_model_for(fed.cfg, fed.data).to(fed.device)
-                load_state(local, fed.latest[cid])
-                models.append((local, consistency_batches(fed.data, cid, batches, hcfg, seed, fed.device)))
-            out.update(client_consistency(models, hcfg, seed))
-        if r == fed.cfg.federation.rounds and hcfg.landscape:
+        """Hessian metrics of the global model and, over the first k of the round's clients, H_N/H_D:
+        computed on the workers, one :class:`CurvatureTask` each, and combined here."""
+        hcfg = fed.cfg.metrics.hessian
+        compared = clients[: hcfg.clients]
+        landscape = r == fed.cfg.federation.rounds and hcfg.landscape
+        tasks: list[CurvatureTask] = [
+            CurvatureTask(global_curvature, fed.global_state),
+            *(CurvatureTask(client_traces, fed.latest[cid], cid) for cid in compared),
+            *([CurvatureTask(global_landscape, fed.global_state)] if landscape else []),
+        ]
+        results = fed.compute(tasks)
+        out = results[0]
+        if compared:
+            out.update(client_consistency(results[1:1 + len(compared)]))
+        if landscape:
             eigen = [out[f"hessian_lambda_{i + 1}"] for i in range(hcfg.top_k)]
             folder = Path(tempfile.mkdtemp(prefix="fltune-figures-"))
-            fed.artifacts += end_figures(fed.eval_model, batches, eigen, folder, fed.cfg.method.name, hcfg, seed)
+            fed.artifacts += end_figures(results[-1], eigen, folder, fed.cfg.method.name)
         return out

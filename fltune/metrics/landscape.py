@@ -7,6 +7,7 @@ backend state and work headless.
 """
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -118,6 +119,45 @@ def plot_spectrum(eigenvalues: Sequence[float], path: str | Path, title: str) ->
     return _save(fig, path)
 
 
+@dataclass(frozen=True)
+class Landscape:
+    """The loss on the plane of the top-2 Hessian eigenvectors (:func:`top2_landscape`): plain data, so it
+    can be computed where the model is (a worker's device) and drawn where the files go (the driver)."""
+
+    eigenvalues: tuple[float, float]
+    alphas: np.ndarray
+    betas: np.ndarray
+    grid: np.ndarray
+
+    def png(self, path: str | Path, title: str) -> Path:
+        """The PNG of :func:`plot_landscape`, its title with λ1, λ2."""
+        first, second = self.eigenvalues
+        title = f"{title} (λ1 = {first:.4g}, λ2 = {second:.4g})"
+        return plot_landscape(self.alphas, self.betas, self.grid, path, title)
+
+
+def top2_landscape(
+    model: nn.Module,
+    loss_fn: LossFn,
+    batches: Sequence[Batch],
+    seed: int = 0,
+    steps: int = 21,
+    span: float = 1.0,
+    max_iter: int = 100,
+    tol: float = 1e-3,
+) -> Landscape:
+    """FedAlign Fig. 1 / FedSOL Fig. 8's data: the loss along the top-2 Hessian eigenvectors.
+
+    The eigenvectors have unit norm over all parameters, so ``span`` is a Euclidean distance in
+    parameter space. It is fixed (default ±1.0, the authors' ``np.linspace(-1.0, 1.0, 41)`` in
+    ``mmendiet/FedAlign:pyhessian/compute_hessian.py``) rather than scaled per model, so the plots of
+    different methods share axes and the sharper model shows the steeper bowl.
+    """
+    values, vectors = top_eigenpairs(model, loss_fn, batches, k=2, max_iter=max_iter, tol=tol, seed=seed)
+    alphas, betas, grid = loss_surface(model, loss_fn, batches, (vectors[0], vectors[1]), span, steps)
+    return Landscape((values[0], values[1]), alphas, betas, grid)
+
+
 def landscape_png(
     model: nn.Module,
     loss_fn: LossFn,
@@ -130,14 +170,5 @@ def landscape_png(
     max_iter: int = 100,
     tol: float = 1e-3,
 ) -> Path:
-    """FedAlign Fig. 1 / FedSOL Fig. 8: the loss along the top-2 Hessian eigenvectors, saved as a PNG.
-
-    The eigenvectors have unit norm over all parameters, so ``span`` is a Euclidean distance in
-    parameter space. It is fixed (default ±1.0, the authors' ``np.linspace(-1.0, 1.0, 41)`` in
-    ``mmendiet/FedAlign:pyhessian/compute_hessian.py``) rather than scaled per model, so the plots of
-    different methods share axes and the sharper model shows the steeper bowl. The title gets λ1, λ2.
-    """
-    values, vectors = top_eigenpairs(model, loss_fn, batches, k=2, max_iter=max_iter, tol=tol, seed=seed)
-    alphas, betas, grid = loss_surface(model, loss_fn, batches, (vectors[0], vectors[1]), span, steps)
-    eigen = f"λ1 = {values[0]:.4g}, λ2 = {values[1]:.4g}"
-    return plot_landscape(alphas, betas, grid, path, f"{title} ({eigen})")
+    """:func:`top2_landscape` computed and saved as a PNG in one go."""
+    return top2_landscape(model, loss_fn, batches, seed, steps, span, max_iter, tol).png(path, title)

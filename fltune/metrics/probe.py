@@ -16,9 +16,11 @@ import pkgutil
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
 
 if TYPE_CHECKING:
+    import torch
+
     from fltune.config import ExperimentConfig
     from fltune.data.federated import FederatedData
     from fltune.engine.federation import Federation
@@ -51,6 +53,17 @@ class RoundView:
     """Bits one client uploads."""
     metrics: Mapping[str, float]
     """This round's metrics so far: the loop's and those of the probes that ran before."""
+
+
+T_co = TypeVar("T_co", covariant=True)
+
+
+class ProbeTask(Protocol[T_co]):
+    """A piece of a probe's computation that runs on a client worker (``Federation.compute``): picklable,
+    and given the run's config, its data and the worker's device there (the GPU a Tune trial's own
+    process lacks)."""
+
+    def __call__(self, cfg: ExperimentConfig, data: FederatedData, device: torch.device) -> T_co: ...
 
 
 class ClientMeter(Protocol):

@@ -15,7 +15,7 @@ import torch
 
 from fltune.config import build_config
 from fltune.engine.builders import build_model_for, load_data
-from fltune.metrics.curvature import client_consistency, consistency_batches, probe_batches
+from fltune.metrics.curvature import client_consistency, client_traces, consistency_batches, probe_batches
 
 CPU = torch.device("cpu")
 TINY = ["data.dataset=synthetic", "data.subsample=0.1", "model.name=mlp", "partition.kind=dirichlet_prior",
@@ -53,8 +53,9 @@ def test_identical_models_are_consistent_only_on_shared_data(probe_data: str) ->
     cfg, data, shared = setup(probe_data)
     torch.manual_seed(0)
     model = build_model_for(cfg, data)
-    models = [(copy.deepcopy(model), consistency_batches(data, c, shared, cfg.metrics.hessian, 0, CPU)) for c in (0, 1)]
-    out = client_consistency(models, cfg.metrics.hessian, seed=0)
+    traces = [client_traces(copy.deepcopy(model), consistency_batches(data, c, shared, cfg.metrics.hessian, 0, CPU),
+                            cfg.metrics.hessian, seed=0) for c in (0, 1)]
+    out = client_consistency(traces)
     if probe_data == "shared":
         assert out == {"hessian_hn": 0.0, "hessian_hd": pytest.approx(1.0, abs=1e-12)}
     else:
