@@ -294,13 +294,6 @@ class Federation:
             self.val_ref = self.pool.bind(self.cfg, self.data.val_as_eval(), keep_latest=False)
         return self.val_ref
 
-    def ask_worker(self, method: str, *args: Any) -> Any:
-        """``ClientWorker.<method>(run, *args)`` on the first client actor, for probes whose figures come
-        from the run's model on a worker's device (the GPU a Tune trial's own process lacks)."""
-        self.open()
-        assert self.pool is not None
-        return ray.get(getattr(self.pool.actors[0], method).remote([self.run_ref], *args))
-
     def compute(self, tasks: Sequence[ProbeTask[T]]) -> list[T]:
         """Probe computations on the workers (their GPUs when they have some, which a Tune trial's own
         process lacks), spread over them in turn and run at once; the results in task order. Each task

@@ -34,7 +34,6 @@ from fltune.engine.local import Executor, RoundInput, batch_scores, evaluate, lo
 from fltune.engine.rng import use_deterministic_cuda
 from fltune.methods.base import ClientResult, Method, State, Upload, to_numpy
 from fltune.methods.finetune import FineTune
-from fltune.metrics.cost import forward_flops_per_sample
 from fltune.metrics.probe import ProbeTask, client_meters
 
 T = TypeVar("T")
@@ -216,11 +215,6 @@ class ClientWorker:
         scores = batch_scores(self.model, data, x, y, self.device, batches)
         release_free_memory()
         return scores
-
-    def forward_mflops(self, run_ref: list) -> float:
-        """The run's model's forward MFLOPs for one sample (``CostProbe.model_mflops``)."""
-        data = self._attach(run_ref)
-        return forward_flops_per_sample(self.model, data.input_shape)
 
     def compute(self, run_ref: list, task: ProbeTask[T]) -> T:
         """A probe's computation (``Federation.compute``) on this worker's device — its GPU when it has

@@ -20,8 +20,11 @@ from fltune.metrics.flops import TrainingFlops
 from fltune.metrics.probe import Probe, RoundView, register
 
 if TYPE_CHECKING:
+    import torch
     from torch import nn
 
+    from fltune.config import ExperimentConfig
+    from fltune.data.federated import FederatedData
     from fltune.engine.federation import Federation
 
 FORWARD_BACKWARD_FACTOR = 3.0
@@ -143,6 +146,15 @@ class CostMeter:
         return self._train_forward or self._flops_per_sample
 
 
+class ModelFlops:
+    """A ``ProbeTask``: :func:`forward_flops_per_sample` of the run's model, on the worker it runs on."""
+
+    def __call__(self, cfg: ExperimentConfig, data: FederatedData, device: torch.device) -> float:
+        from fltune.engine.builders import build_model_for
+
+        return forward_flops_per_sample(build_model_for(cfg, data).to(device), data.input_shape)
+
+
 @register
 class CostProbe(Probe):
     """Feeds a :class:`CostMeter` every round (diverged ones included) and reports its figures; the run's
@@ -171,11 +183,11 @@ class CostProbe(Probe):
         self.meter = CostMeter(0.0)  # the model's forward figure arrives with the first measure
 
     def model_mflops(self, fed: Federation) -> float:
-        """The model's forward MFLOPs per sample, counted once by a client worker (``forward_mflops``):
-        ``FlopCounterMode`` loads torch's compiler stack (~1 s and ~150 MB), which the workers load
-        anyway to meter round 1's training, so the driver stays lighter and starts sooner."""
+        """The model's forward MFLOPs per sample, counted once on a client worker (``ModelFlops``):
+        ``FlopCounterMode`` loads torch's compiler stack (~1 s and ~150 MB), which the workers load anyway
+        to meter round 1's training, so the driver stays lighter and starts sooner."""
         if self.forward_mflops is None:
-            self.forward_mflops = float(fed.ask_worker("forward_mflops"))
+            self.forward_mflops = fed.compute([ModelFlops()])[0]
             self.meter.set_model_forward(self.forward_mflops)
         return self.forward_mflops
 
