@@ -3,17 +3,21 @@
 The exact path (local.py) trains a worker's clients one after another, one small batch at a time, so on a
 GPU the step is bound by Python and kernel launches. Here a group of K clients shares every step: their
 parameters and SGD momentum buffers are stacked along a leading client axis and one
-``torch.func.vmap(torch.func.grad(...))`` over ``functional_call`` computes all K gradients in one set of
-kernels. The method supplies its per-batch objective as a pure function of the parameters
-(``Method.functional_loss``, with the per-client tensors of ``Method.loss_inputs``); every other client hook
-(``setup_client``, ``phases``, ``client_result``) runs per client on the worker's module as in the exact
-path, so methods need nothing else.
+``torch.func.vmap`` over the method's functional step computes all K gradients in one set of kernels.
+The method supplies its per-batch objective as a pure function of the parameters
+(``Method.functional_loss``, with the per-client tensors of ``Method.loss_inputs``), or, where a step is
+more than that loss's gradient, the whole step (``Method.functional_step``: SAM's two gradient
+evaluations, Ditto's personal model carried from step to step as a second stacked parameter set, FedCR's
+recorded (μ, σ) handed back per client to ``Method.record_step``); random draws come in from outside the
+vmap (``Method.step_noise``, VIB's ε), each client's from its own (seed, round, client id) generator.
+Every other client hook (``setup_client``, ``phases``, ``client_result``) runs per client on the worker's
+module as in the exact path.
 
 Semantics are the exact path's, client by client: each client draws its batches from its own generator
 seeded by (seed, round, client id) (``local.batches``), in the same order; a client with fewer samples
 runs fewer steps (a client without a batch at a step, or stopped by a non-finite loss, is masked: neither
-its parameters nor its momentum change); a short last batch is padded and its loss averaged over its
-real samples only (``masked_cross_entropy``). The numbers are not bit-identical to the exact path's
+its parameters, its momentum nor its carried inputs change); a short last batch is padded and its loss averaged over its
+real samples only (``batch_mean``). The numbers are not bit-identical to the exact path's
 (batched kernels sum in another order), but a group's result depends only on its clients: groups are the
 round's sorted client ids in chunks of ``resources.batch_clients`` and are handed to workers whole
 (``pool.balance``), so runs are deterministic and independent of the worker count.
@@ -28,13 +32,15 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
-from torch.func import functional_call, grad, vmap
+from torch.func import vmap
 
 from fltune.config import ExperimentConfig, TrainingConfig
 from fltune.data.federated import FederatedData
 from fltune.engine.local import RoundInput, batches, load_state
 from fltune.engine.rng import derive_seed
-from fltune.methods.base import ClientContext, ClientResult, Method, Phase
+from fltune.methods.base import (
+    ClientContext, ClientResult, Forward, FunctionalBatch, FunctionalStep, Method, Phase,
+)
 
 LOG = logging.getLogger(__name__)
 
@@ -53,7 +59,7 @@ def client_groups(clients: list[int], size: int) -> list[list[int]]:
 def unbatchable(cfg: ExperimentConfig, method: Method, model: nn.Module) -> str | None:
     """Why the batched executor trains this run per client on the exact path, or None when it batches."""
     if not type(method).batches_clients():
-        return f"method {cfg.method.name} has no functional local step (Method.functional_loss)"
+        return f"method {cfg.method.name} has no functional local step (Method.functional_loss or functional_step)"
     if cfg.training.optimizer != "sgd":
         return f"training.optimizer {cfg.training.optimizer} (the batched step is SGD)"
     if next(model.buffers(), None) is not None:
@@ -137,61 +143,85 @@ def _common_phases(method: Method, contexts: list[ClientContext]) -> list[list[P
     return [list(phases) for phases in by_index]
 
 
-def _padded_step(items: list[tuple[Tensor, Tensor] | None], device: torch.device) -> tuple[Tensor, ...]:
-    """The K clients' batches of one step padded to one shape: (x, y, weight, active); a client without a
-    batch gets weight 0 everywhere and active False."""
-    real = [item for item in items if item is not None]
-    size = max(len(y) for _, y in real)
-    x = torch.zeros((len(items), size, *real[0][0].shape[1:]), dtype=real[0][0].dtype, device=device)
-    y = torch.zeros((len(items), size), dtype=torch.long, device=device)
-    weight = torch.zeros((len(items), size), device=device)
-    for k, item in enumerate(items):
-        if item is not None:
-            n = len(item[1])
-            x[k, :n], y[k, :n], weight[k, :n] = item[0], item[1], 1.0
-    active = torch.tensor([item is not None for item in items], device=device)
-    return x, y, weight, active
+def _padded(rows: list[Tensor | None], size: int) -> Tensor:
+    """Per-client tensors (batch axis first, at most ``size`` long) zero-padded to ``size`` and stacked; a
+    client without a batch (None) gets zeros."""
+    real = next(row for row in rows if row is not None)
+    out = real.new_zeros((len(rows), size, *real.shape[1:]))
+    for k, row in enumerate(rows):
+        if row is not None:
+            out[k, :len(row)] = row
+    return out
+
+
+@dataclass
+class _Step:
+    """The K clients' batches of one step padded to one shape, and their noise; a client without a batch
+    has weight 0 everywhere and ``active`` False."""
+
+    x: Tensor
+    y: Tensor
+    weight: Tensor
+    active: Tensor
+    noise: dict[str, Tensor]
+    counts: list[int]
+
+    @classmethod
+    def pad(cls, items: list[tuple[Tensor, Tensor] | None], noise: list[dict[str, Tensor] | None],
+            device: torch.device) -> _Step:
+        counts = [0 if item is None else len(item[1]) for item in items]
+        size = max(counts)
+        n = torch.tensor(counts, device=device)
+        weight = (torch.arange(size, device=device) < n[:, None]).float()
+        keys = next(row for row in noise if row is not None)
+        padded_noise = {key: _padded([None if row is None else row[key] for row in noise], size) for key in keys}
+        return cls(_padded([None if item is None else item[0] for item in items], size),
+                   _padded([None if item is None else item[1] for item in items], size),
+                   weight, n > 0, padded_noise, counts)
 
 
 class _GroupTrainer:
     """One phase's batched SGD on a group: gradients by vmap, clipping and the optimiser step by hand,
     each op with torch.optim.SGD's meaning (weight decay, heavy-ball or Nesterov momentum)."""
 
-    def __init__(self, method: Method, model: nn.Module, training: TrainingConfig, trainable: list[str]) -> None:
+    def __init__(
+        self, method: Method, model: nn.Module, training: TrainingConfig, trainable: list[str], round_lr: float,
+    ) -> None:
         self.training, self.trainable = training, trainable
-        names = [n for n, _ in model.named_parameters()]
+        forward, names = Forward(model), tuple(n for n, _ in model.named_parameters())
 
-        def loss(
+        def client_step(
             train: Stacked, frozen: Stacked, inputs: dict[str, Stacked], x: Tensor, y: Tensor, w: Tensor,
-        ) -> tuple[Tensor, tuple[Tensor, Tensor]]:
-            params = {n: train[n] if n in train else frozen[n] for n in names}  # the model's order
-            value, logits = method.functional_loss(
-                lambda p, xb: functional_call(model, p, (xb,)), params, inputs, x, y, w,
-            )
-            return value, (value.detach(), logits.detach())
+            global_params: dict[str, Tensor],
+        ) -> FunctionalStep:
+            batch = FunctionalBatch(forward, names, frozen, inputs, x, y, w, global_params, round_lr)
+            return method.functional_step(train, batch)
 
-        self.grads = vmap(grad(loss, has_aux=True), randomness="different")
+        # the round's global weights are the same for every client: passed once, not stacked
+        self.steps = vmap(client_step, in_dims=(0, 0, 0, 0, 0, 0, None), randomness="different")
 
     def step(
-        self, params: Stacked, buffers: Stacked, inputs: dict[str, Stacked], batch: tuple[Tensor, ...], lr: float,
-        tally: _Tally,
-    ) -> None:
-        """One masked step of all K clients: ``params`` and ``buffers`` are updated in place."""
-        x, y, weight, active = batch
+        self, params: Stacked, buffers: Stacked, inputs: dict[str, Stacked], batch: _Step, lr: float,
+        tally: _Tally, global_params: dict[str, Tensor],
+    ) -> tuple[FunctionalStep, Tensor]:
+        """One masked step of all K clients: ``params`` and ``buffers`` are updated in place; returns the
+        stacked ``FunctionalStep`` and which clients took the step (``live``)."""
         train = {n: params[n] for n in self.trainable}
         frozen = {n: p for n, p in params.items() if n not in train}
-        grads, (loss, logits) = self.grads(train, frozen, inputs, x, y, weight)
-        tally.diverged |= active & ~torch.isfinite(loss)
-        live = active & ~tally.diverged
+        step_inputs = {**inputs, "noise": batch.noise} if batch.noise else inputs
+        out = self.steps(train, frozen, step_inputs, batch.x, batch.y, batch.weight, global_params)
+        tally.diverged |= batch.active & ~torch.isfinite(out.loss)
+        live = batch.active & ~tally.diverged
         if self.training.grad_clip is not None:
-            self._clip(grads)
-        for name, g in grads.items():
+            self._clip(out.grads)
+        for name, g in out.grads.items():
             self._update(name, g, params, buffers, lr, live)
-        count = weight.sum(1).long()
-        tally.loss_sum += torch.where(live, loss.double() * count, 0.0)
-        tally.correct += torch.where(live, ((logits.argmax(-1) == y) & (weight > 0)).sum(1), 0)
+        count = batch.weight.sum(1).long()
+        tally.loss_sum += torch.where(live, out.loss.double() * count, 0.0)
+        tally.correct += torch.where(live, ((out.logits.argmax(-1) == batch.y) & (batch.weight > 0)).sum(1), 0)
         tally.seen += torch.where(live, count, 0)
         tally.steps += live.long()
+        return out, live
 
     def _clip(self, grads: Stacked) -> None:
         """Per client, ``clip_grad_norm_``: scale by max_norm / (‖g‖ + 1e-6), at most 1 (in place)."""
@@ -218,20 +248,82 @@ class _GroupTrainer:
         p.addcmul_(g, torch.where(mask, -lr, 0.0))
 
 
-def _run_phase(
-    trainer: _GroupTrainer, contexts: list[ClientContext], phases: list[Phase], params: Stacked,
-    inputs: dict[str, Stacked], lr: float, tally: _Tally, device: torch.device,
-) -> None:
+@dataclass
+class _Group:
+    """A group's clients and their stacked training state: parameters, ``loss_inputs`` (carried entries
+    evolve per step), the running tally, and each client's own noise generator."""
+
+    method: Method
+    contexts: list[ClientContext]
+    noise: list[torch.Generator]
+    params: Stacked
+    inputs: dict[str, Stacked]
+    client_inputs: list[dict[str, dict[str, Tensor]]]
+    tally: _Tally
+    global_params: dict[str, Tensor]
+    device: torch.device
+    carried: set[str]
+
+    def step_noise(self, items: list[tuple[Tensor, Tensor] | None]) -> list[dict[str, Tensor] | None]:
+        """Each client's draws for its batch of this step, from its own generator (``Method.step_noise``)."""
+        return [None if item is None else self.method.step_noise(ctx, len(item[1]), generator)
+                for ctx, generator, item in zip(self.contexts, self.noise, items)]
+
+    def absorb(self, out: FunctionalStep, live: Tensor, step: _Step) -> None:
+        """Keep the live clients' carried inputs (a masked client's stay), and hand each client with a
+        batch its records of its real samples."""
+        for key, values in out.carry.items():
+            self.carried.add(key)
+            for name, new in values.items():
+                old = self.inputs[key][name]
+                self.inputs[key][name] = torch.where(live.view(-1, *[1] * (old.dim() - 1)), new, old)
+        if out.record:
+            for k, (ctx, n) in enumerate(zip(self.contexts, step.counts)):
+                if n:
+                    self.method.record_step(ctx, step.y[k, :n], {key: t[k, :n] for key, t in out.record.items()})
+
+    @torch.no_grad()
+    def finish(self, k: int, model: nn.Module) -> None:
+        """Client ``k``'s final weights into ``model`` and its carried inputs into the tensors its
+        ``loss_inputs`` gave, where ``client_result`` reads them as the exact path leaves them."""
+        for name, p in model.named_parameters():
+            p.copy_(self.params[name][k])
+        for key in self.carried:
+            for name, tensor in self.client_inputs[k][key].items():
+                tensor.copy_(self.inputs[key][name][k])
+
+
+def _run_phase(group: _Group, trainer: _GroupTrainer, phases: list[Phase], lr: float) -> None:
     """A phase's epochs for the group, each client for its own ``phase.epochs`` (momentum starts at zero,
     as the exact path's fresh optimiser per client and phase)."""
-    buffers = {n: torch.zeros_like(params[n]) for n in trainer.trainable}
+    buffers = {n: torch.zeros_like(group.params[n]) for n in trainer.trainable}
     for epoch in range(max(p.epochs for p in phases)):
-        streams = [ctx.batches() if epoch < p.epochs else iter(()) for ctx, p in zip(contexts, phases)]
+        streams = [ctx.batches() if epoch < p.epochs else iter(()) for ctx, p in zip(group.contexts, phases)]
         while True:
             items = [next(stream, None) for stream in streams]
             if all(item is None for item in items):
                 break
-            trainer.step(params, buffers, inputs, _padded_step(items, device), lr, tally)
+            step = _Step.pad(items, group.step_noise(items), group.device)
+            out, live = trainer.step(group.params, buffers, group.inputs, step, lr, group.tally, group.global_params)
+            group.absorb(out, live, step)
+
+
+def _group(
+    method: Method, model: nn.Module, data: FederatedData, client_ids: list[int], inputs: RoundInput,
+    states: dict[int, dict[str, Any]], training: TrainingConfig, augment_kind: str, device: torch.device,
+    global_tensors: dict[str, Tensor],
+) -> _Group:
+    """Set every client of the group up as ``local.train_client`` does and stack what they train."""
+    contexts, starts, client_inputs = [], [], []
+    for cid in client_ids:
+        ctx = _context(method, model, data, cid, inputs, states.get(cid, {}), training, augment_kind, device,
+                       global_tensors)
+        contexts.append(ctx)
+        starts.append({n: p.detach().clone() for n, p in model.named_parameters()})
+        client_inputs.append(method.loss_inputs(ctx))
+    noise = [torch.Generator(device).manual_seed(derive_seed(inputs.seed, inputs.round, cid)) for cid in client_ids]
+    return _Group(method, contexts, noise, _stack(starts), _stack(client_inputs), client_inputs,
+                  _Tally.zeros(len(client_ids), device), global_tensors, device, set())
 
 
 def train_group(
@@ -241,27 +333,16 @@ def train_group(
 ) -> Iterator[tuple[int, ClientResult]]:
     """Train one group of clients together; yield each client's result with ``model`` holding its final
     weights (so the worker can keep its local model), in the group's order."""
-    contexts, starts, per_client_inputs = [], [], []
-    for cid in client_ids:
-        ctx = _context(method, model, data, cid, inputs, states.get(cid, {}), training, augment_kind, device,
-                       global_tensors)
-        contexts.append(ctx)
-        starts.append({n: p.detach().clone() for n, p in model.named_parameters()})
-        per_client_inputs.append(method.loss_inputs(ctx))
-    params, stacked_inputs = _stack(starts), _stack(per_client_inputs)
+    group = _group(method, model, data, client_ids, inputs, states, training, augment_kind, device, global_tensors)
     model.train()
-    tally = _Tally.zeros(len(client_ids), device)
     torch.manual_seed(derive_seed(inputs.seed, inputs.round, client_ids[0]))  # a random layer's draws
-    for phases in _common_phases(method, contexts):
+    for phases in _common_phases(method, group.contexts):
         prefixes = phases[0].prefixes
-        trainable = [n for n in params if prefixes is None or n.startswith(prefixes)]
-        trainer = _GroupTrainer(method, model, training, trainable)
-        lr = phases[0].lr if phases[0].lr is not None else inputs.lr
-        _run_phase(trainer, contexts, phases, params, stacked_inputs, lr, tally, device)
-    for k, (ctx, metrics) in enumerate(zip(contexts, tally.metrics())):
-        with torch.no_grad():
-            for name, p in model.named_parameters():
-                p.copy_(params[name][k])
+        trainable = [n for n in group.params if prefixes is None or n.startswith(prefixes)]
+        trainer = _GroupTrainer(method, model, training, trainable, inputs.lr)
+        _run_phase(group, trainer, phases, phases[0].lr if phases[0].lr is not None else inputs.lr)
+    for k, (ctx, metrics) in enumerate(zip(group.contexts, group.tally.metrics())):
+        group.finish(k, model)
         ctx.steps = int(metrics["steps"])
         result = method.client_result(ctx)
         result.metrics.update(metrics)

@@ -7,6 +7,10 @@ how ε is scaled, so :class:`SharpnessAware` implements the step once and a meth
 (and FedSOL ``ascent``). The descent pass goes through ``self.local_loss``, so a modifier composed onto a
 SAM-type base (``fedsam+man``) is present in both passes.
 
+The batched executor takes the same step as a pure function (:meth:`SharpnessAware.functional_step`: both
+gradient evaluations inside its vmap) for SAM's own ascent; FedSOL's ascent on another loss falls back
+to the per-client loop.
+
 [U] BatchNorm running statistics are updated by the first pass only (momentum 0 at w + ε), as in the
 FedSOL authors' SAM code (``Lee-Gihun/FedSOL:algorithms/optim_utils.py``, ``disable_running_stats``).
 """
@@ -15,16 +19,16 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 
 import torch
 from torch import Tensor, nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from fltune.methods.base import ClientContext, Method
+from fltune.methods.base import ClientContext, FunctionalBatch, FunctionalStep, Method, Tensors
 
-Named = list[tuple[str, nn.Parameter]]
+Named = list[tuple[str, Tensor]]
 Epsilon = Callable[[Named, list[Tensor]], list[Tensor]]
 """(perturbed parameters, their ascent gradients g) → the perturbation ε of each."""
 
@@ -119,8 +123,9 @@ class SharpnessAware(Method, ABC):
     passes_per_step = 2.0  # the ascent pass at w and the descent pass at w + ε
 
     @abstractmethod
-    def epsilon(self, ctx: ClientContext) -> Epsilon:
-        """How the ascent gradients become ε (each method's own rule)."""
+    def epsilon(self, global_params: Mapping[str, Tensor]) -> Epsilon:
+        """How the ascent gradients become ε (each method's own rule); ``global_params`` are the round's
+        global weights, which FedSOL's adaptive strength reads."""
 
     def ascent(self, ctx: ClientContext, x: Tensor, loss: Tensor, logits: Tensor) -> tuple[Named, Tensor]:
         """(parameters to perturb, the loss whose gradient directs ε); SAM: all trainable, the local loss."""
@@ -129,7 +134,17 @@ class SharpnessAware(Method, ABC):
     def backward(self, ctx: ClientContext, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
         loss, logits = self.local_loss(ctx, x, y)
         named, ascent_loss = self.ascent(ctx, x, loss, logits)
-        eps = self.epsilon(ctx)(named, ascent_gradients(ascent_loss, named)) if named else []
+        eps = self.epsilon(ctx.global_state)(named, ascent_gradients(ascent_loss, named)) if named else []
         with perturbed(named, eps), bn_statistics_frozen(ctx.model):
             self.local_loss(ctx, x, y)[0].backward()
         return loss.detach(), logits.detach()
+
+    def functional_step(self, params: Tensors, batch: FunctionalBatch) -> FunctionalStep:
+        """:meth:`backward` for the batched executor, with SAM's own ascent (the loss's gradient over every
+        trainable parameter, whose loss and logits are the step's): ε from it, then the loss's gradient
+        at w + ε. ``params`` are never modified, so nothing needs restoring."""
+        ascent = super().functional_step(params, batch)
+        named = list(params.items())
+        eps = self.epsilon(batch.global_params)(named, list(ascent.grads.values()))
+        shifted = {n: p + e for (n, p), e in zip(named, eps, strict=True)}
+        return ascent._replace(grads=super().functional_step(shifted, batch).grads)

@@ -7,16 +7,22 @@ other model fails once, at model construction, with one line naming ``model.name
 All three methods come from FedCR's code base (``haozzh/FedCR``), whose server averages models without
 sample weights (``average``); they do the same. Under SimFAFL's partitions every client holds the same
 number of samples, so the two agree there.
+
+Batched executor: a VIB loss is written once, with the batch's ``weight`` (None on the exact path, whose
+bits it keeps), and evaluated on ``ctx.model.vib(x)`` there and on :func:`functional_vib` here; ε is drawn
+per step by :meth:`VIBMethod.step_noise` from the client's own generator, the same draws as the exact
+path's from torch's global RNG, so a client alone in its group gets the exact path's ε bit for bit.
 """
 
 from __future__ import annotations
 
 from typing import ClassVar, cast
 
-from torch import nn
+import torch
+from torch import Tensor, nn
 
-from fltune.methods.base import ClientContext, Method
-from fltune.models.vib import VIBNet
+from fltune.methods.base import ClientContext, Forward, Method, Tensors, masked_cross_entropy
+from fltune.models.vib import VIBNet, VIBOutput, posterior, sampled_cross_entropy
 
 VIB_MODELS = ("vib_cnn", "vib_mlp")
 _MLP_DATASETS = frozenset({"emnist_letters", "mnist"})
@@ -28,6 +34,8 @@ class VIBMethod(Method):
 
     default_model: ClassVar[str | None] = "vib_cnn"
     weighted_by_samples: ClassVar[bool] = False
+    vib_samples: ClassVar[int | None] = None
+    """z samples per input in training; None: the net's S (FedSR: 1)."""
 
     @classmethod
     def model_for(cls, dataset: str) -> str | None:
@@ -40,3 +48,24 @@ class VIBMethod(Method):
     def net(ctx: ClientContext) -> VIBNet:
         """The client's model, which ``adapt_model`` has already checked is a VIBNet."""
         return cast(VIBNet, ctx.model)
+
+    def step_noise(self, ctx: ClientContext, n: int, generator: torch.Generator) -> Tensors:
+        """ε of one step, as ``VIBNet.sample`` draws it on the exact path (``[S, n, dimZ]``), batch axis first."""
+        eps = self.net(ctx).noise(n, self.vib_samples, device=ctx.device, generator=generator)
+        return {"eps": eps.transpose(0, 1)}
+
+
+def functional_vib(forward: Forward, params: Tensors, x: Tensor, eps: Tensor) -> VIBOutput:
+    """``VIBNet.vib`` as a function of the parameters, with the step's ε (``step_noise``'s, batch axis first)."""
+    mu, sigma = posterior(forward.part("body", params, x))
+    z = mu + sigma * eps.transpose(0, 1)
+    return VIBOutput(mu, sigma, z, forward.part("head", params, z))
+
+
+def vib_cross_entropy(logits: Tensor, y: Tensor, weight: Tensor | None = None) -> Tensor:
+    """``sampled_cross_entropy`` (mean over S samples and the batch), over the real samples when ``weight``
+    marks them."""
+    if weight is None:
+        return sampled_cross_entropy(logits, y)
+    samples = logits.shape[0]
+    return masked_cross_entropy(logits.flatten(0, 1), y.repeat(samples), weight.repeat(samples))

@@ -22,13 +22,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, NamedTuple, TypeVar
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict
 from torch import nn
+from torch.func import functional_call, grad
 
 from fltune.errors import FLTuneError
 
@@ -157,8 +158,22 @@ class ServerUpdate:
     client_states: dict[int, dict[str, Any]]
 
 
-Forward = Callable[[dict[str, torch.Tensor], torch.Tensor], torch.Tensor]
-"""The model as a function of its parameters: ``forward(params, x) -> logits`` (``torch.func.functional_call``)."""
+class Forward:
+    """The model as a function of its parameters (``torch.func.functional_call``): ``forward(params, x)``
+    gives the logits; :meth:`part` runs one part (``body``/``head``) alone."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.model = model
+
+    def __call__(self, params: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+        return functional_call(self.model, params, (x,))
+
+    def part(self, name: str, params: Mapping[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+        """Submodule ``name`` on ``x`` with the entries of ``params`` under ``name.``: a VIB loss needs the
+        body's (μ, σ) and the head on sampled z, which the model's ``forward`` does not expose."""
+        prefix = f"{name}."
+        own = {k.removeprefix(prefix): v for k, v in params.items() if k.startswith(prefix)}
+        return functional_call(self.model.get_submodule(name), own, (x,))
 
 
 def squared_distance(params: Iterable[tuple[str, torch.Tensor]], anchor: Mapping[str, torch.Tensor]) -> torch.Tensor:
@@ -167,18 +182,87 @@ def squared_distance(params: Iterable[tuple[str, torch.Tensor]], anchor: Mapping
     return sum(((p - anchor[n]) ** 2).sum() for n, p in params)
 
 
-def masked_cross_entropy(logits: torch.Tensor, y: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """Mean cross-entropy over the samples with weight 1: a batched group pads every client's batch to one
-    shape, and a client's short last batch must still average over its real samples only (as the exact
-    path's ``F.cross_entropy`` does over its unpadded batch)."""
-    per_sample = F.cross_entropy(logits, y, reduction="none")
-    return (per_sample * weight).sum() / weight.sum().clamp(min=1.0)
+def batch_mean(values: torch.Tensor, weight: torch.Tensor | None = None) -> torch.Tensor:
+    """Mean of per-sample ``values`` over the samples with weight 1: a batched group pads every client's
+    batch to one shape, and a client's short last batch must still average over its real samples only.
+    ``weight`` None (the exact path's unpadded batch) is ``values.mean()`` itself, so a loss written once
+    for both paths keeps the exact path's bits."""
+    if weight is None:
+        return values.mean()
+    return (values * weight).sum() / weight.sum().clamp(min=1.0)
+
+
+def masked_cross_entropy(logits: torch.Tensor, y: torch.Tensor, weight: torch.Tensor | None = None) -> torch.Tensor:
+    """Mean cross-entropy over the real samples (:func:`batch_mean`); ``F.cross_entropy`` when unpadded."""
+    if weight is None:
+        return F.cross_entropy(logits, y)
+    return batch_mean(F.cross_entropy(logits, y, reduction="none"), weight)
 
 
 def gradient_term(term: torch.Tensor) -> torch.Tensor:
     """A zero-valued loss term whose gradient is ``term``'s: SCAFFOLD's correction ⟨θ, c − c_k⟩ added to a
     functional loss changes the gradient as ``after_backward`` does, and the reported loss not at all."""
     return term - term.detach()
+
+
+Tensors = dict[str, torch.Tensor]
+
+
+@dataclass(frozen=True)
+class FunctionalBatch:
+    """One client's step as :meth:`Method.functional_step` sees it inside the batched executor's vmap:
+    its padded batch (``weight`` marks the real samples), its ``loss_inputs`` (plus ``inputs["noise"]``,
+    the step's :meth:`Method.step_noise`), the parameters its phase keeps fixed, and what all clients of
+    the round share: the global weights and the round's learning rate (``ctx.lr``)."""
+
+    forward: Forward
+    names: tuple[str, ...]
+    frozen: Tensors
+    inputs: dict[str, Tensors]
+    x: torch.Tensor
+    y: torch.Tensor
+    weight: torch.Tensor
+    global_params: Tensors
+    lr: float
+
+    def full(self, trainable: Mapping[str, torch.Tensor]) -> Tensors:
+        """Every parameter, in the model's order: ``trainable`` where given, the frozen value elsewhere."""
+        return {n: trainable[n] if n in trainable else self.frozen[n] for n in self.names}
+
+    def loss(self, method: Method, trainable: Mapping[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """``method.functional_loss`` on this batch at ``trainable``: (loss, logits)."""
+        return method.functional_loss(self.forward, self.full(trainable), self.inputs, self.x, self.y, self.weight)
+
+
+class FunctionalStep(NamedTuple):
+    """What one client's functional step gives the batched executor (a pytree, so vmap stacks it).
+
+    ``grads``: the trainable parameters' gradient, which the engine clips and steps with SGD, as the exact
+    path's ``.grad``. ``loss``/``logits``: at the weights stepped from, for the train metrics. ``carry``:
+    new values of ``loss_inputs`` entries that evolve step by step (Ditto's personal model); the engine
+    keeps them for the client's next step and finally copies them into the tensors ``loss_inputs`` gave.
+    ``record``: per-sample tensors (batch axis first) handed to :meth:`Method.record_step` (FedCR's μ, σ).
+    """
+
+    grads: Tensors
+    loss: torch.Tensor
+    logits: torch.Tensor
+    carry: dict[str, Tensors] = {}
+    record: Tensors = {}
+
+
+def gradient(
+    objective: Callable[[Tensors], tuple[torch.Tensor, Any]], params: Tensors,
+) -> tuple[Tensors, torch.Tensor, Any]:
+    """(∇objective at ``params``, its value, its auxiliary output), the last two detached: ``objective``
+    returns (loss, aux). ``torch.func.grad`` gives zeros for a parameter the loss does not use."""
+
+    def value(p: Tensors) -> tuple[torch.Tensor, tuple[torch.Tensor, Any]]:
+        loss, aux = objective(p)
+        return loss, (loss.detach(), aux)
+
+    grads, (loss, aux) = grad(value, has_aux=True)(params)
+    return grads, loss, aux
 
 
 def to_numpy(state: dict[str, torch.Tensor], keys: set[str] | None = None) -> State:
@@ -269,15 +353,15 @@ class Method:
     @classmethod
     def batches_clients(cls) -> bool:
         """``batchable``, unless a subclass changed the per-batch step (``local_loss``, ``backward``,
-        ``after_backward``) below the class that gave :meth:`functional_loss`: a ``<method>+<modifier>``
-        composite inherits ``batchable`` but its extra loss term has no functional form, so it is trained
-        per client."""
+        ``after_backward``) below the class that gave its functional form (:meth:`functional_loss` or
+        :meth:`functional_step`): a ``<method>+<modifier>`` composite inherits ``batchable`` but its extra
+        loss term has no functional form, so it is trained per client."""
 
         def owner(hook: str) -> int:
             return next(i for i, klass in enumerate(cls.__mro__) if hook in vars(klass))
 
         step = min(owner(hook) for hook in ("local_loss", "backward", "after_backward"))
-        return cls.batchable and owner("functional_loss") <= step
+        return cls.batchable and min(owner(hook) for hook in ("functional_loss", "functional_step")) <= step
 
     def loss_inputs(self, ctx: ClientContext) -> dict[str, dict[str, torch.Tensor]]:
         """Per-client tensors :meth:`functional_loss` reads besides the batch, read after ``setup_client``
@@ -293,6 +377,25 @@ class Method:
         padded batch (:func:`masked_cross_entropy`). FedAvg: cross-entropy."""
         logits = forward(params, x)
         return masked_cross_entropy(logits, y, weight), logits
+
+    def step_noise(self, ctx: ClientContext, n: int, generator: torch.Generator) -> Tensors:
+        """Random tensors one step of :meth:`functional_loss` reads as ``inputs["noise"]``, for a batch of
+        ``n`` real samples, batch axis first (the engine pads it as it pads x). Drawn outside the vmap from
+        ``generator``, the client's own, seeded by (seed, round, client id) as the exact path seeds torch's
+        global RNG, so a client's draws do not depend on its group (VIB's ε). FedAvg: none."""
+        return {}
+
+    def functional_step(self, params: Tensors, batch: FunctionalBatch) -> FunctionalStep:
+        """One client's step as a pure function of its trainable ``params``: :meth:`backward` plus
+        :meth:`after_backward` for ``torch.func``. Default: the gradient of :meth:`functional_loss`.
+        Override where the step is more than one loss's gradient (SAM's two evaluations, Ditto's second
+        model) and call ``super()`` for the gradient of the loss itself."""
+        grads, loss, logits = gradient(lambda p: batch.loss(self, p), params)
+        return FunctionalStep(grads, loss, logits)
+
+    def record_step(self, ctx: ClientContext, y: torch.Tensor, record: Tensors) -> None:
+        """Take one batched step's ``FunctionalStep.record`` for this client's real samples ``y`` (what
+        the exact path's ``local_loss`` observes on the side, e.g. FedCR's class PoE); default: nothing."""
 
     def client_result(self, ctx: ClientContext) -> ClientResult:
         """Upload the shared weights (weight n_k, or 1 unless ``weighted_by_samples``); keep personal ones in

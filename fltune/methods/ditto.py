@@ -20,6 +20,7 @@ SGD (no momentum, weight decay or clipping: λ(v − w_g) is its only regularise
 from __future__ import annotations
 
 import copy
+from collections.abc import Iterable, Mapping
 
 import torch
 import torch.nn.functional as F
@@ -27,7 +28,10 @@ from pydantic import Field
 from torch import Tensor, nn
 
 from fltune.methods import register
-from fltune.methods.base import ClientContext, ClientResult, Method, Params, to_numpy
+from fltune.methods.base import (
+    ClientContext, ClientResult, FunctionalBatch, FunctionalStep, Method, Params, Tensors, gradient,
+    masked_cross_entropy, squared_distance, to_numpy,
+)
 
 
 class DittoParams(Params):
@@ -42,6 +46,7 @@ class Ditto(Method):
     Params = DittoParams
     stored_models = 2.0  # the personal model v_k beside the local copy of the global model
     passes_per_step = 2.0  # both are trained on every batch
+    batchable = True
 
     def setup_client(self, ctx: ClientContext) -> None:
         """The engine loaded the client's personal model: keep it aside and train w from w_g."""
@@ -53,11 +58,15 @@ class Ditto(Method):
     def personal_loss(self, ctx: ClientContext, x: Tensor, y: Tensor) -> Tensor:
         """CE(v(x), y) + (λ/2)‖v − w_g‖² over v's parameters (Ditto Eq. 2)."""
         personal: nn.Module = ctx.scratch["personal"]
-        loss = F.cross_entropy(personal(x), y)
+        return self._proximal(F.cross_entropy(personal(x), y), personal.named_parameters(), ctx.global_state)
+
+    def _proximal(
+        self, loss: Tensor, personal: Iterable[tuple[str, Tensor]], global_params: Mapping[str, Tensor],
+    ) -> Tensor:
+        """``loss`` + (λ/2)‖v − w_g‖², the term left out at λ = 0."""
         if self.params.lam == 0:
             return loss
-        prox = sum(((p - ctx.global_param(n)) ** 2).sum() for n, p in personal.named_parameters())
-        return loss + 0.5 * self.params.lam * prox
+        return loss + 0.5 * self.params.lam * squared_distance(personal, global_params)
 
     def backward(self, ctx: ClientContext, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
         """FedAvg's gradient for w (stepped by the engine), then one SGD step of v on the same batch."""
@@ -68,6 +77,24 @@ class Ditto(Method):
             for param, grad in zip(params, grads):
                 param.sub_(ctx.lr * grad)
         return result
+
+    def loss_inputs(self, ctx: ClientContext) -> dict[str, Tensors]:
+        """v's parameters (detached views: the engine's final copy into them is v's batched result)."""
+        personal = {n: p.detach() for n, p in ctx.scratch["personal"].named_parameters()}
+        return {**super().loss_inputs(ctx), "personal": personal}
+
+    def functional_step(self, params: Tensors, batch: FunctionalBatch) -> FunctionalStep:
+        """:meth:`backward` for the batched executor: w's gradient for the engine's step; v's plain SGD step
+        on the same batch as the carried ``personal`` input."""
+        step = super().functional_step(params, batch)
+
+        def personal_loss(v: Tensors) -> tuple[Tensor, tuple[()]]:
+            ce = masked_cross_entropy(batch.forward(v, batch.x), batch.y, batch.weight)
+            return self._proximal(ce, v.items(), batch.global_params), ()
+
+        grads, _, _ = gradient(personal_loss, batch.inputs["personal"])
+        personal = {n: v - batch.lr * grads[n] for n, v in batch.inputs["personal"].items()}
+        return step._replace(carry={"personal": personal})
 
     def client_result(self, ctx: ClientContext) -> ClientResult:
         result = super().client_result(ctx)

@@ -1,10 +1,13 @@
 """FedASAM (Caldarola et al., 2022; docs/methods.md §2): adaptive SAM (Kwon et al., 2021) as the local optimiser."""
 
+from collections.abc import Mapping
+
 from pydantic import Field
+from torch import Tensor
 
 from fltune.methods import register
 from fltune.methods._sam import Epsilon, SharpnessAware, asam_epsilon
-from fltune.methods.base import ClientContext, Params
+from fltune.methods.base import Params
 
 
 class FedASAMParams(Params):
@@ -20,6 +23,7 @@ class FedASAM(SharpnessAware):
 
     name = "fedasam"
     Params = FedASAMParams
+    batchable = True
 
-    def epsilon(self, ctx: ClientContext) -> Epsilon:
+    def epsilon(self, global_params: Mapping[str, Tensor]) -> Epsilon:
         return asam_epsilon(self.params.rho, self.params.eta)

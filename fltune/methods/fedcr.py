@@ -31,9 +31,12 @@ from torch import Tensor
 
 from fltune.methods import register
 from fltune.methods._personal import PersonalHead
-from fltune.methods._vib import VIBMethod
-from fltune.methods.base import ClientContext, ClientResult, Params, ServerContext, ServerUpdate, State
-from fltune.models.vib import SIGMA_FLOOR, gaussian_kl, sampled_cross_entropy
+from fltune.methods._vib import VIBMethod, functional_vib, vib_cross_entropy
+from fltune.methods.base import (
+    ClientContext, ClientResult, FunctionalBatch, FunctionalStep, Params, ServerContext, ServerUpdate, State,
+    Tensors, batch_mean, gradient,
+)
+from fltune.models.vib import SIGMA_FLOOR, VIBOutput, gaussian_kl
 
 
 class FedCRParams(Params):
@@ -75,6 +78,7 @@ class FedCR(VIBMethod, PersonalHead):
     Params = FedCRParams
     stored_models = 1.0  # the VIB net only (class Gaussians are small)
     passes_per_step = 1.0  # the z samples share one body pass
+    batchable = True
 
     def init_server_state(self, global_state: State) -> dict[str, Any]:
         """r = N(0, I) for every class; the shape comes from the head weight [classes, dimZ]."""
@@ -92,11 +96,35 @@ class FedCR(VIBMethod, PersonalHead):
     def local_loss(self, ctx: ClientContext, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
         out = self.net(ctx).vib(x)
         self._fold(ctx, y, out.mu, out.sigma)
-        loss = sampled_cross_entropy(out.logits, y)
+        return self._objective(out, y, ctx.scratch["r"], None), out.logits.mean(0)
+
+    def loss_inputs(self, ctx: ClientContext) -> dict[str, Tensors]:
+        r_mu, r_sigma = ctx.scratch["r"]
+        return {**super().loss_inputs(ctx), "r": {"mu": r_mu, "sigma": r_sigma}}
+
+    def functional_step(self, params: Tensors, batch: FunctionalBatch) -> FunctionalStep:
+        """The loss's gradient, recording each sample's (μ, σ) for :meth:`record_step`'s fold: the exact
+        path folds them inside ``local_loss``, which a pure function cannot."""
+        r = batch.inputs["r"]
+
+        def objective(p: Tensors) -> tuple[Tensor, tuple[Tensor, Tensors]]:
+            out = functional_vib(batch.forward, batch.full(p), batch.x, batch.inputs["noise"]["eps"])
+            loss = self._objective(out, batch.y, (r["mu"], r["sigma"]), batch.weight)
+            return loss, (out.logits.mean(0), {"mu": out.mu, "sigma": out.sigma})
+
+        grads, loss, (logits, record) = gradient(objective, params)
+        return FunctionalStep(grads, loss, logits, record=record)
+
+    def record_step(self, ctx: ClientContext, y: Tensor, record: Tensors) -> None:
+        self._fold(ctx, y, record["mu"], record["sigma"])
+
+    def _objective(self, out: VIBOutput, y: Tensor, r: tuple[Tensor, Tensor], weight: Tensor | None) -> Tensor:
+        """CE + β·KL(r(·|y) ‖ q(z|x)); ``weight`` marks a padded batch's real samples (batched executor)."""
+        loss = vib_cross_entropy(out.logits, y, weight)
         if self.params.beta:
-            r_mu, r_sigma = ctx.scratch["r"]
-            loss = loss + self.params.beta * gaussian_kl(r_mu[y], r_sigma[y], out.mu, out.sigma).mean()
-        return loss, out.logits.mean(0)
+            r_mu, r_sigma = r
+            loss = loss + self.params.beta * batch_mean(gaussian_kl(r_mu[y], r_sigma[y], out.mu, out.sigma), weight)
+        return loss
 
     @staticmethod
     def _fold(ctx: ClientContext, y: Tensor, mu: Tensor, sigma: Tensor) -> None:

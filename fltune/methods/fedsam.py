@@ -1,10 +1,13 @@
 """FedSAM (Qu et al., 2022; Caldarola et al., 2022; docs/methods.md §2): SAM as the local optimiser."""
 
+from collections.abc import Mapping
+
 from pydantic import Field
+from torch import Tensor
 
 from fltune.methods import register
 from fltune.methods._sam import Epsilon, SharpnessAware, sam_epsilon
-from fltune.methods.base import ClientContext, Params
+from fltune.methods.base import Params
 
 
 class FedSAMParams(Params):
@@ -20,6 +23,7 @@ class FedSAM(SharpnessAware):
 
     name = "fedsam"
     Params = FedSAMParams
+    batchable = True
 
-    def epsilon(self, ctx: ClientContext) -> Epsilon:
+    def epsilon(self, global_params: Mapping[str, Tensor]) -> Epsilon:
         return sam_epsilon(self.params.rho)

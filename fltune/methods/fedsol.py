@@ -1,5 +1,6 @@
 """FedSOL (Lee et al., 2024; docs/methods.md §2): local gradients taken where a proximal perturbation hurts least."""
 
+from collections.abc import Mapping
 from typing import Literal
 
 import torch
@@ -56,7 +57,7 @@ class FedSOL(SharpnessAware):
         named = trainable(ctx.model, SCOPES[self.params.scope])
         return named, soft_kl(logits, global_logits, self.params.temperature)
 
-    def epsilon(self, ctx: ClientContext) -> Epsilon:
+    def epsilon(self, global_params: Mapping[str, Tensor]) -> Epsilon:
         """Eq. 8: s ⊙ ρ·g/‖g‖; with ``adaptive: false`` s = 1 (Eq. 5)."""
         plain = sam_epsilon(self.params.rho)
         if not self.params.adaptive:
@@ -64,7 +65,7 @@ class FedSOL(SharpnessAware):
 
         def epsilon(named: Named, grads: list[Tensor]) -> list[Tensor]:
             return [
-                adaptive_strength(p, ctx.global_param(n)) * e
+                adaptive_strength(p, global_params[n]) * e
                 for (n, p), e in zip(named, plain(named, grads), strict=True)
             ]
 

@@ -1,12 +1,14 @@
 """FedSpeed (Sun et al., 2023; docs/methods.md §2): SAM-perturbed local gradients plus a FedDyn-style correction."""
 
+from collections.abc import Mapping
+
 from pydantic import Field
 from torch import Tensor
 
 from fltune.methods import register
 from fltune.methods._drift import DriftCorrected
 from fltune.methods._sam import Epsilon, SharpnessAware, sam_epsilon
-from fltune.methods.base import ClientContext, Params
+from fltune.methods.base import ClientContext, FunctionalBatch, FunctionalStep, Params, Tensors
 
 
 class FedSpeedParams(Params):
@@ -28,8 +30,9 @@ class FedSpeed(DriftCorrected, SharpnessAware):
     name = "fedspeed"
     Params = FedSpeedParams
     stored_models = 4.0  # SAM's w and ε, plus θ_g and the correction h_k
+    batchable = True
 
-    def epsilon(self, ctx: ClientContext) -> Epsilon:
+    def epsilon(self, global_params: Mapping[str, Tensor]) -> Epsilon:
         return sam_epsilon(self.params.rho)
 
     def backward(self, ctx: ClientContext, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
@@ -37,3 +40,12 @@ class FedSpeed(DriftCorrected, SharpnessAware):
         if self.params.lam != 0:
             self.drift_penalty(ctx, self.params.lam).backward()
         return loss, logits
+
+    def functional_step(self, params: Tensors, batch: FunctionalBatch) -> FunctionalStep:
+        """:meth:`backward` for the batched executor: SAM's gradient plus the drift penalty's, λ(θ − θ_g + h_k),
+        at the restored w."""
+        step = super().functional_step(params, batch)
+        if self.params.lam == 0:
+            return step
+        target = batch.inputs["drift_target"]
+        return step._replace(grads={n: g + self.params.lam * (params[n] - target[n]) for n, g in step.grads.items()})

@@ -20,6 +20,7 @@ evaluation is the VIB net's exact head(μ) (see ``fltune/models/vib.py``).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import cast
 
 import torch
@@ -28,11 +29,11 @@ from pydantic import Field
 from torch import Tensor, nn
 
 from fltune.methods import register
-from fltune.methods._vib import VIBMethod
-from fltune.methods.base import ClientContext, Params
-from fltune.models.vib import VIBNet, gaussian_kl
+from fltune.methods._vib import VIBMethod, functional_vib
+from fltune.methods.base import ClientContext, Forward, Params, Tensors, batch_mean, masked_cross_entropy
+from fltune.models.vib import VIBNet, VIBOutput, gaussian_kl
 
-REFERENCE_KEYS = ("head.r_mu", "head.r_sigma", "head.scale")
+REFERENCE_KEYS = ("head.scale", "head.r_mu", "head.r_sigma")
 
 
 class FedSRParams(Params):
@@ -56,10 +57,12 @@ class ReferenceHead(nn.Module):
     def forward(self, z: Tensor) -> Tensor:
         return self.linear(z)
 
-    def cmi(self, mu: Tensor, sigma: Tensor, y: Tensor) -> Tensor:
-        """mean_x KL(N(C·μ, (C·σ)²) ‖ N(r_μ[y], softplus(r_σ[y])²)) (FedSR's ``regCMI``)."""
-        r_sigma = F.softplus(self.r_sigma[y])
-        return gaussian_kl(self.scale * mu, self.scale * sigma, self.r_mu[y], r_sigma).mean()
+
+def class_kl(out: VIBOutput, y: Tensor, params: Mapping[str, Tensor]) -> Tensor:
+    """Per sample KL(N(C·μ, (C·σ)²) ‖ N(r_μ[y], softplus(r_σ[y])²)): FedSR's ``regCMI`` before its batch
+    mean."""
+    scale, r_mu, r_sigma = (params[key] for key in REFERENCE_KEYS)
+    return gaussian_kl(scale * out.mu, scale * out.sigma, r_mu[y], F.softplus(r_sigma[y]))
 
 
 @register
@@ -70,6 +73,8 @@ class FedSR(VIBMethod):
     Params = FedSRParams
     stored_models = 1.0  # the VIB net only (class Gaussians are small)
     passes_per_step = 1.0
+    batchable = True
+    vib_samples = 1  # the code's num_samples=1
 
     def adapt_model(self, model: nn.Module) -> nn.Module:
         net = cast(VIBNet, super().adapt_model(model))
@@ -80,11 +85,20 @@ class FedSR(VIBMethod):
         return set(REFERENCE_KEYS)
 
     def local_loss(self, ctx: ClientContext, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
-        out = self.net(ctx).vib(x, samples=1)
-        z, logits = out.z[0], out.logits[0]
-        loss = F.cross_entropy(logits, y)
+        out = self.net(ctx).vib(x, samples=self.vib_samples)
+        return self._objective(out, y, dict(ctx.model.named_parameters()), None), out.logits[0]
+
+    def functional_loss(
+        self, forward: Forward, params: Tensors, inputs: dict[str, Tensors], x: Tensor, y: Tensor, weight: Tensor,
+    ) -> tuple[Tensor, Tensor]:
+        out = functional_vib(forward, params, x, inputs["noise"]["eps"])
+        return self._objective(out, y, params, weight), out.logits[0]
+
+    def _objective(self, out: VIBOutput, y: Tensor, params: Mapping[str, Tensor], weight: Tensor | None) -> Tensor:
+        """L of the one z sample; ``params`` hold r_μ, r_σ and C, ``weight`` a padded batch's real samples."""
+        loss = masked_cross_entropy(out.logits[0], y, weight)
         if self.params.alpha_l2r:
-            loss = loss + self.params.alpha_l2r * z.norm(dim=1).mean()
+            loss = loss + self.params.alpha_l2r * batch_mean(out.z[0].norm(dim=1), weight)
         if self.params.alpha_cmi:
-            loss = loss + self.params.alpha_cmi * ctx.model.head.cmi(out.mu, out.sigma, y)
-        return loss, logits
+            loss = loss + self.params.alpha_cmi * batch_mean(class_kl(out, y, params), weight)
+        return loss

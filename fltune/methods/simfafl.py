@@ -28,6 +28,8 @@ evaluation uses the global body with the client's own head.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
 from typing import Literal
 
 import torch
@@ -37,9 +39,9 @@ from torch.func import functional_call
 
 from fltune.methods import register
 from fltune.methods._personal import PersonalHead
-from fltune.methods._vib import VIBMethod
-from fltune.methods.base import ClientContext, ClientResult, Params
-from fltune.models.vib import VIBOutput, gaussian_kl, sampled_cross_entropy
+from fltune.methods._vib import VIBMethod, functional_vib, vib_cross_entropy
+from fltune.methods.base import ClientContext, ClientResult, Forward, Params, Tensors, batch_mean
+from fltune.models.vib import VIBOutput, gaussian_kl
 
 
 class SimFAFLParams(Params):
@@ -54,12 +56,13 @@ class SimFAFLParams(Params):
     )
 
 
-def standard_normal_kl(out: VIBOutput, kl_order: str) -> Tensor:
-    """L_ca (Eq. 8): batch mean of the KL between q(z|x) and the fixed reference N(0, I)."""
+def standard_normal_kl(out: VIBOutput, kl_order: str, weight: Tensor | None = None) -> Tensor:
+    """L_ca (Eq. 8): batch mean (over a padded batch's real samples, given ``weight``) of the KL between
+    q(z|x) and the fixed reference N(0, I)."""
     zero, one = torch.zeros_like(out.mu), torch.ones_like(out.sigma)
     if kl_order == "posterior_first":
-        return gaussian_kl(out.mu, out.sigma, zero, one).mean()
-    return gaussian_kl(zero, one, out.mu, out.sigma).mean()
+        return batch_mean(gaussian_kl(out.mu, out.sigma, zero, one), weight)
+    return batch_mean(gaussian_kl(zero, one, out.mu, out.sigma), weight)
 
 
 def frozen_head_logits(ctx: ClientContext, z: Tensor) -> Tensor:
@@ -80,15 +83,34 @@ class SimFAFL(VIBMethod, PersonalHead):
     Params = SimFAFLParams
     stored_models = 1.0  # the VIB net only (class centres are small)
     passes_per_step = 1.0
+    batchable = True
 
     def local_loss(self, ctx: ClientContext, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
         out = self.net(ctx).vib(x)
-        loss = sampled_cross_entropy(out.logits, y)
+        return self._objective(out, y, lambda z: frozen_head_logits(ctx, z), None), out.logits.mean(0)
+
+    def loss_inputs(self, ctx: ClientContext) -> dict[str, Tensors]:
+        """head_f's weights, the round's global head."""
+        head = {k: v for k, v in ctx.global_state.items() if k.startswith("head.")}
+        return {**super().loss_inputs(ctx), "global_head": head}
+
+    def functional_loss(
+        self, forward: Forward, params: Tensors, inputs: dict[str, Tensors], x: Tensor, y: Tensor, weight: Tensor,
+    ) -> tuple[Tensor, Tensor]:
+        out = functional_vib(forward, params, x, inputs["noise"]["eps"])
+        head_f = partial(forward.part, "head", inputs["global_head"])
+        return self._objective(out, y, head_f, weight), out.logits.mean(0)
+
+    def _objective(
+        self, out: VIBOutput, y: Tensor, head_f: Callable[[Tensor], Tensor], weight: Tensor | None,
+    ) -> Tensor:
+        """Eq. 10; ``weight`` marks a padded batch's real samples (batched executor)."""
+        loss = vib_cross_entropy(out.logits, y, weight)
         if self.params.beta1:
-            loss = loss + self.params.beta1 * standard_normal_kl(out, self.params.kl_order)
+            loss = loss + self.params.beta1 * standard_normal_kl(out, self.params.kl_order, weight)
         if self.params.beta2:
-            loss = loss + self.params.beta2 * sampled_cross_entropy(frozen_head_logits(ctx, out.z), y)
-        return loss, out.logits.mean(0)
+            loss = loss + self.params.beta2 * vib_cross_entropy(head_f(out.z), y, weight)
+        return loss
 
     def client_result(self, ctx: ClientContext) -> ClientResult:
         """Body and personal head both go up: the heads' average is next round's head_f (§4.2)."""

@@ -63,16 +63,22 @@ class VIBNet(SplitModel):
 
     def encode(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """(μ, σ) of q(z|x), each ``[B, dimZ]``."""
-        mu, sigma_raw = self.body(x).chunk(2, dim=1)
-        return mu, F.softplus(sigma_raw)
+        return posterior(self.body(x))
+
+    def noise(
+        self, batch: int, samples: int | None = None, *, dtype: torch.dtype | None = None,
+        device: torch.device | None = None, generator: torch.Generator | None = None,
+    ) -> Tensor:
+        """ε ~ N(0, I) ``[samples (default S), batch, dimZ]``, from ``generator`` or torch's global RNG."""
+        shape = (self.samples if samples is None else samples, batch, self.feature_dim)
+        return torch.randn(shape, dtype=dtype, device=device, generator=generator)
 
     def sample(self, mu: Tensor, sigma: Tensor, samples: int | None = None) -> Tensor:
         """``samples`` (default S) reparameterised draws z = μ + σ⊙ε, ``[samples, B, dimZ]``.
 
         ε comes from torch's global RNG, which the engine seeds per (seed, round, client).
         """
-        eps = torch.randn((self.samples if samples is None else samples, *mu.shape), dtype=mu.dtype, device=mu.device)
-        return mu + sigma * eps
+        return mu + sigma * self.noise(len(mu), samples, dtype=mu.dtype, device=mu.device)
 
     def vib(self, x: Tensor, samples: int | None = None) -> VIBOutput:
         """μ, σ, sampled z and their logits: everything a VIB loss needs from one pass."""
@@ -84,6 +90,12 @@ class VIBNet(SplitModel):
         """Eval: μ (the exact mean of z). Training: the mean of S sampled z (so logits are S-averaged)."""
         mu, sigma = self.encode(x)
         return self.sample(mu, sigma).mean(0) if self.training else mu
+
+
+def posterior(body_out: Tensor) -> tuple[Tensor, Tensor]:
+    """(μ, σ = softplus(σ_raw)) from the body's ``[B, 2·dimZ]`` output."""
+    mu, sigma_raw = body_out.chunk(2, dim=1)
+    return mu, F.softplus(sigma_raw)
 
 
 def gaussian_kl(mu_q: Tensor, sigma_q: Tensor, mu_p: Tensor, sigma_p: Tensor) -> Tensor:

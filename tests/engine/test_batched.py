@@ -17,6 +17,7 @@ from fltune.engine.federation import Federation
 from fltune.engine.local import RoundInput, train_client
 from fltune.engine.pool import WorkerPlan, WorkerPool, balance
 from fltune.methods import get_method
+from fltune.methods.base import ClientResult
 from tests.conftest import needs_fmnist
 
 CPU = torch.device("cpu")
@@ -32,44 +33,63 @@ FEDERATION = [
 
 
 def exact_and_batched(overrides: list[str], group: list[int], lr: float = 0.01) -> list[tuple[dict, dict]]:
-    """Per client of ``group``: ((state, metrics) on the exact path, (state, metrics) batched with the
-    whole group at once). Round 1 from the initial model; SCAFFOLD gets a non-zero server c."""
+    """Per client of ``group``: ((arrays, metrics) on the exact path, (arrays, metrics) batched with the
+    whole group at once); arrays: the update, the personal state (``personal:`` keys) and the upload
+    (``upload:``). Round 1 from the initial model with the method's first server payload; SCAFFOLD gets a
+    non-zero server c."""
     cfg = build_config(overrides=[*LOCAL, *overrides])
     data, method = load_data(cfg), build_method(cfg)
     model = build_model_for(cfg, data)
     start = initial_state(cfg, data)
     rng = np.random.default_rng(0)
-    server = {"c": {k: rng.normal(0, 0.01, v.shape).astype(v.dtype) for k, v in start.items()}}
+    server = {**method.server_payload(method.init_server_state(start)),
+              "c": {k: rng.normal(0, 0.01, v.shape).astype(v.dtype) for k, v in start.items()}}
     inputs = RoundInput(round=1, seed=0, lr=lr, global_state=start, server=server)
     tensors = {k: torch.tensor(v) for k, v in start.items()}
-    exact = {}
-    for cid in group:
-        out = train_client(method, model, data, cid, inputs, {}, cfg.training, "none", CPU, tensors)
-        exact[cid] = ({**out.update, **out.state.get("personal", {})}, out.metrics)
-    batched = {}
-    for cid, out in train_group(method, model, data, group, inputs, {}, cfg.training, "none", CPU, tensors):
-        batched[cid] = ({**out.update, **out.state.get("personal", {})}, out.metrics)
-    return [(exact[cid], batched[cid]) for cid in group]
+    exact = {cid: train_client(method, model, data, cid, inputs, {}, cfg.training, "none", CPU, tensors)
+             for cid in group}
+    batched = dict(train_group(method, model, data, group, inputs, {}, cfg.training, "none", CPU, tensors))
+    return [(arrays_and_metrics(exact[cid]), arrays_and_metrics(batched[cid])) for cid in group]
+
+
+def arrays_and_metrics(out: ClientResult) -> tuple[dict, dict]:
+    personal = {f"personal:{k}": v for k, v in out.state.get("personal", {}).items()}
+    upload = {f"upload:{k}": v for k, v in out.upload.items()}
+    return {**out.update, **personal, **upload}, out.metrics
+
+
+VIB = ["model.name=vib_mlp", "model.options={dim_z: 16, samples: 4}"]
+NEW_METHODS = [  # the step beyond one loss's gradient: SAM's two evaluations, Ditto's second model, VIB's ε
+    ["method.name=ditto", "method.lam=0.5"], ["method.name=fedsam", "method.rho=0.5"],
+    ["method.name=fedasam", "method.rho=1.0"], ["method.name=fedspeed", "method.lam=0.5", "method.rho=0.5"],
+    ["method.name=fedsr", "method.alpha_l2r=0.1", "method.alpha_cmi=0.1", *VIB],
+    ["method.name=fedcr", "method.beta=0.1", *VIB], ["method.name=simfafl", "method.beta1=0.1", *VIB],
+]
+
+
+def ids(overrides: list[str]) -> str:
+    return "-".join(s.split("=")[-1] for s in overrides if not s.startswith("model."))
 
 
 @pytest.mark.parametrize("overrides", [
     ["method.name=fedavg"], ["method.name=fedprox", "method.mu=0.1"], ["method.name=scaffold"],
     ["method.name=fedrep"], ["method.name=lg_fedavg"], ["method.name=fedbabu"], ["method.name=fedper"],
-    ["method.name=feddyn", "method.alpha=0.1"], ["method.name=fednova"],
+    ["method.name=feddyn", "method.alpha=0.1"], ["method.name=fednova"], *NEW_METHODS,
     ["training.nesterov=true", "training.weight_decay=1e-3", "training.grad_clip=0.5"],
     ["training.momentum=0"],
-], ids=lambda o: "-".join(s.split("=")[-1] for s in o))
+], ids=ids)
 def test_each_client_follows_the_exact_path(overrides):
     """Masking (fewer steps for smaller clients, short last batches), the SGD state and every method's
-    functional loss: each client's weights and metrics match the exact path's up to float rounding in a
-    group with clients of other sizes (a wrong or missing step moves weights by ~lr·g ≈ 1e-3)."""
+    functional step: each client's weights, personal state, upload and metrics match the exact path's up
+    to float rounding in a group with clients of other sizes (a wrong or missing step moves weights by
+    ~lr·g ≈ 1e-3). VIB clients draw the exact path's ε (their own generators), so they match too."""
     assert_follows_exact(overrides, [0, 1, 2, 3])
 
 
-@pytest.mark.parametrize("method", ["fedavg", "fedrep"])
-def test_a_client_alone_follows_the_exact_path(method):
+@pytest.mark.parametrize("overrides", [["method.name=fedavg"], ["method.name=fedrep"], *NEW_METHODS], ids=ids)
+def test_a_client_alone_follows_the_exact_path(overrides):
     """One client per group: the vmapped step of a single client is the exact path's step."""
-    assert_follows_exact([f"method.name={method}"], [3])
+    assert_follows_exact(overrides, [3])
 
 
 def assert_follows_exact(overrides: list[str], group: list[int]) -> None:
@@ -103,10 +123,11 @@ def test_groups_depend_on_the_client_list_alone_and_travel_whole():
 
 
 def test_composites_and_step_overrides_are_not_batched():
-    """A ``<method>+<modifier>`` adds a loss term with no functional form; SAM methods override backward."""
-    assert get_method("fedavg").batches_clients() and get_method("feddc").batches_clients()
-    assert not get_method("fedavg+man").batches_clients()
-    assert not get_method("fedsam").batches_clients() and not get_method("fedspeed").batches_clients()
+    """A ``<method>+<modifier>`` adds a loss term with no functional form (on a SAM base too, whose
+    functional step would leave it out); FedSOL's ascent on its own loss has none either."""
+    assert all(get_method(name).batches_clients() for name in ("fedavg", "feddc", "fedsam", "ditto", "fedcr"))
+    assert not get_method("fedavg+man").batches_clients() and not get_method("fedsam+man").batches_clients()
+    assert not get_method("fedsol").batches_clients()
 
 
 def run_all(cfgs: list[list[str]], workers: int) -> list[Federation]:
@@ -127,8 +148,10 @@ def fingerprint(fed: Federation) -> tuple:
             {k: v.tobytes() for k, v in fed.global_state.items()})
 
 
-def test_batched_runs_are_deterministic_and_worker_count_free(ray_session):
-    batched = [*FEDERATION, "resources.executor=batched"]
+@pytest.mark.parametrize("method", [["method.name=fedavg"], ["method.name=simfafl", *VIB]], ids=ids)
+def test_batched_runs_are_deterministic_and_worker_count_free(ray_session, method):
+    """Also with per-client noise (SimFAFL's ε, drawn from each client's own generator)."""
+    batched = [*FEDERATION, *method, "resources.executor=batched"]
     one, again = run_all([batched, batched], workers=1)
     (two,) = run_all([batched], workers=2)
     assert one.status == "finished" and one.history[-1]["acc_global"] > 0.3
@@ -136,32 +159,41 @@ def test_batched_runs_are_deterministic_and_worker_count_free(ray_session):
 
 
 def test_unsupported_method_falls_back_and_says_so(ray_session, caplog):
-    """FedSAM's two-pass step has no functional form: it trains on the exact path, bit for bit, with one
-    warning for the run (not one per round)."""
-    sam = [*FEDERATION, "method.name=fedsam"]
+    """FedSOL's step has no functional form: it trains on the exact path, bit for bit, with one warning
+    for the run (not one per round)."""
+    sam = [*FEDERATION, "method.name=fedsol"]
     with caplog.at_level(logging.WARNING, logger="fltune.engine.batched"):
         fallback, exact = run_all([[*sam, "resources.executor=batched"], sam], workers=1)
     notes = [r.getMessage() for r in caplog.records if r.name == "fltune.engine.batched"]
-    assert notes == ["resources.executor: batched trains every client on the exact path: method fedsam has no "
-                     "functional local step (Method.functional_loss)"]
+    assert notes == ["resources.executor: batched trains every client on the exact path: method fedsol has no "
+                     "functional local step (Method.functional_loss or functional_step)"]
     assert fingerprint(fallback) == fingerprint(exact)
 
 
 @needs_fmnist
-def test_batched_accuracy_is_within_the_exact_paths_seed_spread(ray_session):
-    """Statistical equivalence on a tiny FMNIST federation (MLP, 10 Dirichlet clients, 5 per round, 3
-    rounds): over seeds 0-3 the batched mean final accuracy lies within max(2·std, 0.01) of the exact
-    path's mean, std the exact path's sample standard deviation over the same seeds."""
+@pytest.mark.parametrize("method, metric", [
+    (["method.name=fedavg", "model.name=mlp"], "acc_global"),
+    (["method.name=fedsam", "model.name=mlp"], "acc_global"),
+    (["method.name=ditto", "model.name=mlp", "metrics.protocols=[global,personalized]",
+      "partition.eval_fraction=0.3"], "acc_personalized"),
+    (["method.name=simfafl", *VIB], "acc_global"),
+], ids=lambda o: o[0].split("=")[-1] if isinstance(o, list) else o)
+def test_batched_accuracy_is_within_the_exact_paths_seed_spread(ray_session, method, metric):
+    """Statistical equivalence on a tiny FMNIST federation (10 Dirichlet clients, 5 per round, 3 rounds),
+    for FedAvg and one method of each kind with its own functional step (SAM; Ditto's personal models,
+    scored by their own accuracy; a VIB loss with its per-client ε): over seeds 0-3 the batched mean
+    final accuracy lies within max(2·std, 0.01) of the exact path's mean, std the exact path's sample
+    standard deviation over the same seeds."""
     base = [
-        "data.dataset=fmnist", "data.subsample=0.05", "model.name=mlp", "partition.kind=dirichlet",
+        "data.dataset=fmnist", "data.subsample=0.05", "partition.kind=dirichlet",
         "federation.clients=10", "federation.fraction=0.5", "federation.rounds=3", "training.batch_size=50",
         "training.local_epochs=1", "metrics.protocols=[global]", "tracking.enabled=false",
-        "resources.batch_clients=3",
+        "resources.batch_clients=3", *method,
     ]
     runs = {executor: run_all([[*base, f"federation.seed={s}", f"resources.executor={executor}"] for s in range(4)],
                               workers=2)
             for executor in ("exact", "batched")}
-    acc = {executor: [fed.history[-1]["acc_global"] for fed in feds] for executor, feds in runs.items()}
+    acc = {executor: [fed.history[-1][metric] for fed in feds] for executor, feds in runs.items()}
     assert all(a > 0.3 for a in acc["exact"]), acc  # the federations learn (chance is 0.1)
     assert fingerprint(runs["batched"][0]) != fingerprint(runs["exact"][0])  # batched really ran
     spread = max(2 * statistics.stdev(acc["exact"]), 0.01)

@@ -1,11 +1,17 @@
 """``effective_steps``: how far K momentum-SGD steps carry a constant gradient, the divisor of FedNova's a_k
 and SCAFFOLD/FedDC's c_k⁺ (the FedSOL authors' ``Lee-Gihun/FedSOL:algorithms/scaffold/ClientTrainer.py``,
-``__get_divisor``: new_K = (K − ρ(1 − ρ^K)/(1 − ρ))/(1 − ρ))."""
+``__get_divisor``: new_K = (K − ρ(1 − ρ^K)/(1 − ρ))/(1 − ρ)); and every batchable method's
+``functional_step`` against its exact step."""
 
 import pytest
 import torch
 
-from fltune.methods.base import effective_steps
+from fltune.methods import METHODS, get_method
+from fltune.methods._vib import VIBMethod
+from fltune.methods.base import Forward, FunctionalBatch, effective_steps, to_numpy
+from tests.methods.helpers import make_ctx, tiny_batch, tiny_model
+from tests.methods.local_helpers import assert_close, engine_grads, move_away, params_of
+from tests.methods.vib_helpers import tiny_vib
 
 
 @pytest.mark.parametrize(("steps", "momentum", "expected"), [(5, 0.0, 5.0), (50, 0.0, 50.0), (1, 0.9, 1.0), (2, 0.5, 2.5)])
@@ -31,3 +37,41 @@ def test_matches_torch_sgd(steps, momentum, nesterov):
         (2.0 * w).sum().backward()
         optimizer.step()
     assert -w.item() / (0.1 * 2.0) == pytest.approx(effective_steps(steps, momentum, nesterov), rel=1e-9)
+
+
+BATCHABLE = sorted(name for name, cls in METHODS.items() if cls.batches_clients())
+
+
+@pytest.mark.parametrize("name", BATCHABLE)
+def test_functional_step_is_the_exact_step(name):
+    """The batched executor's contract, method by method: on one batch padded by two zero-weight samples,
+    ``functional_step`` gives the loss and the gradient ``backward`` + ``after_backward`` leave in
+    ``.grad``, and Ditto's carried personal model the one ``backward`` stepped; ε is drawn alike
+    (``step_noise`` from a generator seeded as the exact path seeds torch's global RNG)."""
+    method = get_method(name)()
+    vib = isinstance(method, VIBMethod)
+    model = method.adapt_model(tiny_vib() if vib else tiny_model())
+    global_state = move_away(model)  # FedProx's and Ditto's proximal terms are not zero
+    server = method.server_payload(method.init_server_state(to_numpy(global_state)))
+    ctx = make_ctx(model, global_state=global_state, server=server)
+    method.setup_client(ctx)
+    x, y = tiny_batch()
+    names = tuple(n for n, _ in model.named_parameters())
+    params = {n: p.detach().clone() for n, p in model.named_parameters()}
+    noise = method.step_noise(ctx, len(y), torch.Generator().manual_seed(7))
+    inputs = {**method.loss_inputs(ctx), "noise": {k: pad(v) for k, v in noise.items()}}
+    weight = pad(torch.ones(len(y)))
+    batch = FunctionalBatch(Forward(model), names, {}, inputs, pad(x), pad(y), weight, global_state, ctx.lr)
+    step = method.functional_step(params, batch)
+
+    torch.manual_seed(7)
+    loss, grads = engine_grads(method, ctx, x, y)
+    assert step.loss.item() == pytest.approx(loss.item(), rel=1e-5)
+    assert_close(step.grads, grads, rtol=1e-4, atol=1e-6)
+    if name == "ditto":
+        assert_close(step.carry["personal"], params_of(ctx.scratch["personal"]), rtol=1e-4, atol=1e-6)
+
+
+def pad(t: torch.Tensor) -> torch.Tensor:
+    """``t`` with two zero samples appended along its batch axis (the first)."""
+    return torch.cat([t, t.new_zeros(2, *t.shape[1:])])
