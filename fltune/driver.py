@@ -26,6 +26,7 @@ import traceback
 import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Callable
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from fltune.errors import FLTuneError
@@ -158,6 +159,16 @@ def _end_if_ray_died(grace_s: float = 2.0) -> None:
         cleanup()
         print(f"{stop_message()}; continue it with: {resume}", file=sys.stderr)
     os._exit(stop_status())
+
+
+def unfinished_if_stopped(rows: list[TrialRow]) -> list[TrialRow]:
+    """After a stop signal, trials that ended in error count as unfinished ("pending"): a signal sent to
+    the whole process group (``timeout``, Slurm) kills trials' processes too, and Tune may record such a
+    trial as failed before its graceful stop pauses it. The job then concludes interrupted, and
+    ``--resume`` runs those trials again from their last checkpoints (``resume_errored``)."""
+    if not _stopped_by:
+        return rows
+    return [replace(row, status="pending") if row.status == "failed" else row for row in rows]
 
 
 def stop_status() -> int:
@@ -372,4 +383,5 @@ class TuneJob(ABC, Generic[Spec]):
         except BaseException:
             self.close_runs(spec)
             raise
-        return self.conclude(spec, [trial_row(trial) for trial in ExperimentAnalysis(spec.path).trials])
+        return self.conclude(spec, unfinished_if_stopped(
+            [trial_row(trial) for trial in ExperimentAnalysis(spec.path).trials]))

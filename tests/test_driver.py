@@ -11,9 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from fltune.driver import newest, quiet_libraries, quiet_worker, with_gpu_share
+from fltune import driver
+from fltune.driver import newest, quiet_libraries, quiet_worker, unfinished_if_stopped, with_gpu_share
 from fltune.errors import FLTuneError
 from fltune.tune.spec import StudySpec
+from fltune.tune.results import TrialRow
 from fltune.tune.study import StudyRequest, new_spec
 from tests.tune.helpers import write_space
 
@@ -114,3 +116,13 @@ def test_worker_drops_only_unraisable_system_exit(monkeypatch, capsys):
     assert capsys.readouterr().err == ""
     Raises(ValueError("a real bug"))
     assert "ValueError: a real bug" in capsys.readouterr().err
+
+
+def test_after_a_stop_signal_failed_trials_are_unfinished(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A SIGTERM to the process group can kill a trial before Tune pauses it: the stopped job must
+    conclude interrupted (and resume that trial), not report it failed."""
+    rows = [TrialRow(trial_id=t, status=s, params={}, round=1, objective=0.5, objective_std=0.0)
+            for t, s in (("a", "failed"), ("b", "finished"), ("c", "running"), ("d", "diverged"))]
+    assert [r.status for r in unfinished_if_stopped(rows)] == ["failed", "finished", "running", "diverged"]
+    monkeypatch.setattr(driver, "_stopped_by", [15])
+    assert [r.status for r in unfinished_if_stopped(rows)] == ["pending", "finished", "running", "diverged"]

@@ -158,8 +158,10 @@ def run_config(spec: SavedSpec, callbacks: list[tune.Callback]) -> tune.RunConfi
 
 
 def restored_tuner(spec: StudySpec, resources: tune.PlacementGroupFactory) -> tune.Tuner:
-    """Tune restores the searcher, the trials and their checkpoints; running trials continue."""
-    return restore(spec, trainable(spec, resources), resume_errored=False)
+    """Tune restores the searcher, the trials and their checkpoints; unfinished trials continue, and so
+    do errored ones (a stop signal can kill a trial's processes before Tune pauses it:
+    ``driver.unfinished_if_stopped``)."""
+    return restore(spec, trainable(spec, resources), resume_errored=True)
 
 
 def restore(spec: SavedSpec, trainable_: Any, resume_errored: bool) -> tune.Tuner:
