@@ -25,6 +25,7 @@ from fltune.data.datasets import Dataset
 from fltune.data.partitions import partition, split_train_eval
 from fltune.errors import FLTuneError
 
+
 def _unpickle(values: dict[str, Any], tensors: tuple[str, ...]) -> FederatedData:
     """:meth:`FederatedData.__reduce__`'s inverse: tensors over the arrays' memory, no copy. Arrays from
     the object store are read-only, which torch cannot mark on a tensor (it warns): nothing writes into

@@ -252,8 +252,8 @@ _MALLOC_TRIM = _libc_malloc_trim()
 
 def release_free_memory() -> None:
     """Hand the heap's free pages back to the OS after a call. glibc keeps what a round's activations and
-    temporaries freed (~80 MB a worker here) for reuse; a worker idles between calls, so its share of the
-    machine's memory is what it holds then (fewer page faults are not worth it between calls)."""
+    temporaries freed (~80 MB a worker here) for reuse; a worker spends much of a run idle between calls,
+    so what it holds then is its real footprint, and re-faulting those pages costs a few ms per call."""
     if _MALLOC_TRIM is not None:
         _MALLOC_TRIM(0)
 
