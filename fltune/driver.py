@@ -59,6 +59,7 @@ _stopped_by: list[int] = []
 
 _last_resort: list[tuple[Callable[[], None], str]] = []
 """What a Tune job does and says when the local Ray dies under it (``end_if_ray_dies``)."""
+_last_resort_lock = threading.Lock()
 
 
 # ---------------------------------------------------------------------------------------------- quiet
@@ -136,29 +137,45 @@ def handle_stop_signals() -> None:
 
 
 def end_if_ray_dies(cleanup: Callable[[], None], resume: str) -> None:
-    """Arm the last resort of a Tune job for a SIGTERM (see ``_end_if_ray_died``); ``resume`` is the
-    command that continues the job."""
-    _last_resort.append((cleanup, resume))
+    """Arm the last resort of a Tune job for a SIGTERM (see ``_end_if_ray_died``) until ``disarm``;
+    ``resume`` is the command that continues the job."""
+    with _last_resort_lock:
+        _last_resort.append((cleanup, resume))
 
 
-def _end_if_ray_died(grace_s: float = 2.0) -> None:
+def disarm() -> None:
+    """The job's fit is over (concluded or failed): from here the driver ends its own way, and Ray shutting
+    down at exit is no reason for the last resort."""
+    with _last_resort_lock:
+        _last_resort.clear()
+
+
+def _end_if_ray_died(poll_s: float = 0.1) -> None:
     """A SIGTERM sent to the whole process group (``timeout``, Slurm) also ends the local Ray this driver
-    started; then Tune's graceful stop can never finish, and Ray's core worker would kill the process
-    a minute later with status 1. When that Ray is gone, end now instead: the job's clean-up (its MLflow
-    runs → KILLED; its folder resumes as after a crash), its line, 143. A cluster that was joined, or a
-    local one that survived (SIGTERM to the driver only), leaves the graceful stop to finish."""
+    started; then Tune's graceful stop can never finish, and Ray's core worker would end the process with
+    status 1. So from the signal on, watch the local raylet and GCS server: the moment either is gone, end
+    the job here: its clean-up (its MLflow runs → KILLED; its folder resumes as after a crash), its line,
+    143. Watching rather than looking once: under load those processes take seconds to go. A cluster
+    that was joined (no local node), or a local one that survives (SIGTERM to the driver only), leaves the
+    graceful stop to finish; that ends this daemon thread with the process, or ``disarm`` does."""
     import time
 
     import ray
+    from ray._private.ray_constants import PROCESS_TYPE_GCS_SERVER, PROCESS_TYPE_RAYLET
 
-    time.sleep(grace_s)  # the group's signal reaches every process
     node = getattr(ray._private.worker, "_global_node", None)  # the local node's processes, if ours
-    if node is None or node.remaining_processes_alive():
+    if node is None:
         return
-    for cleanup, resume in _last_resort:
-        cleanup()
-        print(f"{stop_message()}; continue it with: {resume}", file=sys.stderr)
-    os._exit(stop_status())
+    core = [info.process for kind in (PROCESS_TYPE_RAYLET, PROCESS_TYPE_GCS_SERVER)
+            for info in node.all_processes.get(kind, [])]
+    while _last_resort and all(process.poll() is None for process in core):
+        time.sleep(poll_s)
+    with _last_resort_lock:
+        for cleanup, resume in _last_resort:
+            cleanup()
+            print(f"{stop_message()}; continue it with: {resume}", file=sys.stderr)
+        if _last_resort:
+            os._exit(stop_status())
 
 
 def unfinished_if_stopped(rows: list[TrialRow]) -> list[TrialRow]:
@@ -383,5 +400,7 @@ class TuneJob(ABC, Generic[Spec]):
         except BaseException:
             self.close_runs(spec)
             raise
+        finally:
+            disarm()
         return self.conclude(spec, unfinished_if_stopped(
             [trial_row(trial) for trial in ExperimentAnalysis(spec.path).trials]))

@@ -15,7 +15,7 @@ from ray import tune
 
 from fltune.compare.spec import CompareSpec
 from fltune.tune.space import Objective
-from fltune.tune.study import grid_tuner, restore
+from fltune.tune.study import bound_trainable, grid_tuner, restore
 from fltune.tune.trainable import Cadence, objective_key, run_federations, seed_configs
 
 
@@ -37,15 +37,12 @@ def run_cell(config: dict[str, Any], spec: CompareSpec) -> None:
     run_federations(cfgs, first, Cadence(spec.checkpoint_every, spec.checkpoint_seconds), extra=extra)
 
 
-def trainable(spec: CompareSpec, resources: tune.PlacementGroupFactory):
-    return tune.with_resources(tune.with_parameters(run_cell, spec=spec), resources)
-
 
 def new_tuner(spec: CompareSpec, resources: tune.PlacementGroupFactory, callbacks: list) -> tune.Tuner:
     """One trial per cell, as many at once as fit (or ``--max-concurrent``)."""
-    return grid_tuner(trainable(spec, resources), spec.cells, spec, spec.max_concurrent, callbacks)
+    return grid_tuner(bound_trainable(run_cell, spec, resources), spec.cells, spec, spec.max_concurrent, callbacks)
 
 
 def restored_tuner(spec: CompareSpec, resources: tune.PlacementGroupFactory) -> tune.Tuner:
     """Unfinished and errored cells run again from their checkpoints; finished ones are kept."""
-    return restore(spec, trainable(spec, resources), resume_errored=True)
+    return restore(spec, bound_trainable(run_cell, spec, resources), resume_errored=True)

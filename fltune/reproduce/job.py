@@ -24,7 +24,7 @@ from fltune.reproduce.registry import PaperTable, get_table
 from fltune.tracking.mlflow_log import mlruns_dir
 from fltune.tune.space import Objective
 from fltune.tune.spec import SavedSpec
-from fltune.tune.study import grid_tuner, restore
+from fltune.tune.study import bound_trainable, grid_tuner, restore
 from fltune.tune.trainable import Cadence, run_federations, seed_configs
 
 class CellRun(BaseModel):
@@ -118,15 +118,12 @@ def run_cell(config: dict[str, Any], spec: ReproSpec) -> None:
     run_federations(cfgs, first, Cadence(spec.checkpoint_every, spec.checkpoint_seconds), extra=extra)
 
 
-def trainable(spec: ReproSpec, resources: tune.PlacementGroupFactory):
-    return tune.with_resources(tune.with_parameters(run_cell, spec=spec), resources)
-
 
 def new_tuner(spec: ReproSpec, resources: tune.PlacementGroupFactory, callbacks: list) -> tune.Tuner:
     """A grid over the distinct experiments: each runs once (its seeds inside), as many at once as fit."""
-    return grid_tuner(trainable(spec, resources), list(spec.trials), spec, spec.max_concurrent, callbacks)
+    return grid_tuner(bound_trainable(run_cell, spec, resources), list(spec.trials), spec, spec.max_concurrent, callbacks)
 
 
 def restored_tuner(spec: ReproSpec, resources: tune.PlacementGroupFactory) -> tune.Tuner:
     """Unfinished and errored cells run again from their checkpoints; finished ones are kept."""
-    return restore(spec, trainable(spec, resources), resume_errored=True)
+    return restore(spec, bound_trainable(run_cell, spec, resources), resume_errored=True)

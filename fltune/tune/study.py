@@ -8,6 +8,7 @@ fit) plus one bundle per client actor, exactly what ``plan_workers`` gives its `
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -113,9 +114,20 @@ def scheduler(spec: StudySpec) -> TrialScheduler:
     )
 
 
-def trainable(spec: StudySpec, resources: tune.PlacementGroupFactory):
-    """``run_trial`` with the spec bound and the placement group reserved (its client actors live there)."""
-    return tune.with_resources(tune.with_parameters(run_trial, spec=spec), resources)
+def bound_trainable(entry: Callable[[dict[str, Any], Any], None], spec: Any,
+                    resources: tune.PlacementGroupFactory) -> Callable[[dict[str, Any]], None]:
+    """A job's Tune trainable: ``entry(config, spec)`` under ``entry``'s name, with the trial's placement
+    group reserved (its client actors live there).
+
+    Not ``tune.with_parameters``: that puts the spec in the object store, owned by the driver, and Ray ends
+    a driver that owns object-store data with status 1 — no clean-up, no resume hint — when the local Ray
+    dies under it (a process-group SIGTERM from ``timeout`` or Slurm): recovering the lost object reaches
+    for the gone store. A spec is a few KB; it travels inside the registered trainable instead."""
+    def trainable(config: dict[str, Any]) -> None:
+        entry(config, spec)
+
+    trainable.__name__ = trainable.__qualname__ = entry.__name__  # names the trials' folders
+    return tune.with_resources(trainable, resources)
 
 
 def callbacks(spec: StudySpec) -> list[tune.Callback]:
@@ -128,7 +140,7 @@ def new_tuner(spec: StudySpec, resources: tune.PlacementGroupFactory) -> tune.Tu
     """Optuna + ASHA/FIFO, at most ``max_concurrent`` trials, crashed trials restarted from checkpoints."""
     space = spec.space
     return tune.Tuner(
-        trainable(spec, resources),
+        bound_trainable(run_trial, spec, resources),
         tune_config=tune.TuneConfig(
             search_alg=make_searcher(space), scheduler=scheduler(spec), num_samples=space.num_samples,
             max_concurrent_trials=space.max_concurrent,
@@ -161,7 +173,7 @@ def restored_tuner(spec: StudySpec, resources: tune.PlacementGroupFactory) -> tu
     """Tune restores the searcher, the trials and their checkpoints; unfinished trials continue, and so
     do errored ones (a stop signal can kill a trial's processes before Tune pauses it:
     ``driver.unfinished_if_stopped``)."""
-    return restore(spec, trainable(spec, resources), resume_errored=True)
+    return restore(spec, bound_trainable(run_trial, spec, resources), resume_errored=True)
 
 
 def restore(spec: SavedSpec, trainable_: Any, resume_errored: bool) -> tune.Tuner:
