@@ -8,8 +8,8 @@ how ε is scaled, so :class:`SharpnessAware` implements the step once and a meth
 SAM-type base (``fedsam+man``) is present in both passes.
 
 The batched executor takes the same step as a pure function (:meth:`SharpnessAware.functional_step`: both
-gradient evaluations inside its vmap) for SAM's own ascent; FedSOL's ascent on another loss falls back
-to the per-client loop.
+gradient evaluations inside its vmap) for SAM's own ascent; FedSOL gives its own, whose ascent is on its
+proximal loss.
 
 [U] BatchNorm running statistics are updated by the first pass only (momentum 0 at w + ε), as in the
 FedSOL authors' SAM code (``Lee-Gihun/FedSOL:algorithms/optim_utils.py``, ``disable_running_stats``).

@@ -10,7 +10,7 @@ from torch import Tensor
 
 from fltune.methods import register
 from fltune.methods._sam import Epsilon, Named, SharpnessAware, sam_epsilon, trainable
-from fltune.methods.base import ClientContext, Params
+from fltune.methods.base import ClientContext, FunctionalBatch, FunctionalStep, Method, Params, Tensors, gradient
 from fltune.methods.fedntd import soft_kl
 from fltune.methods.moon import frozen_copy
 
@@ -40,9 +40,14 @@ class FedSOL(SharpnessAware):
     [U] Scope defaults to the head, the paper's setting (§3.4, Table 5); ``scope: all`` is the authors'
     configs'. The global copy runs in eval mode ([U], as MOON's). The reported loss and logits are the
     local loss at w, whose forward pass also gives z_l. ρ = 0 gives FedAvg's gradient.
+
+    Batched (:meth:`functional_step`): the same three moves as pure functions of a client's parameters.
+    The batched executor serves only models without buffers (no BatchNorm), where eval mode changes
+    nothing, so z_g is the global weights' forward pass.
     """
 
     name = "fedsol"
+    batchable = True
     Params = FedSOLParams
     stored_models = 3.0  # SAM's w and ε, plus the global model of the proximal (KL) loss
 
@@ -70,3 +75,21 @@ class FedSOL(SharpnessAware):
             ]
 
         return epsilon
+
+    def functional_step(self, params: Tensors, batch: FunctionalBatch) -> FunctionalStep:
+        """:meth:`SharpnessAware.backward` with FedSOL's ascent, for the batched executor: g = ∇L_p over the
+        scope at w (L_p against z_g on the real samples only, the padded ones weighted 0), ε from it
+        (Eq. 8), then the local loss's gradient at w + ε; loss and logits at w."""
+        scope = SCOPES[self.params.scope]
+        named = [(n, p) for n, p in params.items() if scope is None or n.startswith(scope)]
+        global_logits = batch.forward(batch.full(batch.global_params), batch.x)
+
+        def proximal(scoped: Tensors) -> tuple[Tensor, tuple[Tensor, Tensor]]:
+            loss, logits = batch.loss(self, {**params, **scoped})
+            kl = soft_kl(logits, global_logits, self.params.temperature, batch.weight)
+            return kl, (loss.detach(), logits.detach())
+
+        grads, _, (loss, logits) = gradient(proximal, dict(named))
+        eps = self.epsilon(batch.global_params)(named, [grads[n] for n, _ in named]) if named else []
+        shifted = {**params, **{n: p + e for (n, p), e in zip(named, eps, strict=True)}}
+        return FunctionalStep(Method.functional_step(self, shifted, batch).grads, loss, logits)

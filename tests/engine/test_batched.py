@@ -64,6 +64,7 @@ NEW_METHODS = [  # the step beyond one loss's gradient: SAM's two evaluations, D
     ["method.name=fedasam", "method.rho=1.0"], ["method.name=fedspeed", "method.lam=0.5", "method.rho=0.5"],
     ["method.name=fedsr", "method.alpha_l2r=0.1", "method.alpha_cmi=0.1", *VIB],
     ["method.name=fedcr", "method.beta=0.1", *VIB], ["method.name=simfafl", "method.beta1=0.1", *VIB],
+    ["method.name=fedsol", "method.rho=1.0", "method.scope=all"], ["method.name=fedsol", "method.rho=2.0"],
 ]
 
 
@@ -124,10 +125,11 @@ def test_groups_depend_on_the_client_list_alone_and_travel_whole():
 
 def test_composites_and_step_overrides_are_not_batched():
     """A ``<method>+<modifier>`` adds a loss term with no functional form (on a SAM base too, whose
-    functional step would leave it out); FedSOL's ascent on its own loss has none either."""
-    assert all(get_method(name).batches_clients() for name in ("fedavg", "feddc", "fedsam", "ditto", "fedcr"))
-    assert not get_method("fedavg+man").batches_clients() and not get_method("fedsam+man").batches_clients()
-    assert not get_method("fedsol").batches_clients()
+    functional step would leave it out); FedNTD's distillation from the global model has none either."""
+    batched = ("fedavg", "feddc", "fedsam", "ditto", "fedcr", "fedsol")
+    assert all(get_method(name).batches_clients() for name in batched)
+    assert not get_method("fedavg+man").batches_clients() and not get_method("fedsol+man").batches_clients()
+    assert not get_method("fedntd").batches_clients()
 
 
 def run_all(cfgs: list[list[str]], workers: int) -> list[Federation]:
@@ -159,13 +161,13 @@ def test_batched_runs_are_deterministic_and_worker_count_free(ray_session, metho
 
 
 def test_unsupported_method_falls_back_and_says_so(ray_session, caplog):
-    """FedSOL's step has no functional form: it trains on the exact path, bit for bit, with one warning
+    """FedNTD's step has no functional form: it trains on the exact path, bit for bit, with one warning
     for the run (not one per round)."""
-    sam = [*FEDERATION, "method.name=fedsol"]
+    ntd = [*FEDERATION, "method.name=fedntd"]
     with caplog.at_level(logging.WARNING, logger="fltune.engine.batched"):
-        fallback, exact = run_all([[*sam, "resources.executor=batched"], sam], workers=1)
+        fallback, exact = run_all([[*ntd, "resources.executor=batched"], ntd], workers=1)
     notes = [r.getMessage() for r in caplog.records if r.name == "fltune.engine.batched"]
-    assert notes == ["resources.executor: batched trains every client on the exact path: method fedsol has no "
+    assert notes == ["resources.executor: batched trains every client on the exact path: method fedntd has no "
                      "functional local step (Method.functional_loss or functional_step)"]
     assert fingerprint(fallback) == fingerprint(exact)
 
@@ -174,13 +176,15 @@ def test_unsupported_method_falls_back_and_says_so(ray_session, caplog):
 @pytest.mark.parametrize("method, metric", [
     (["method.name=fedavg", "model.name=mlp"], "acc_global"),
     (["method.name=fedsam", "model.name=mlp"], "acc_global"),
+    (["method.name=fedsol", "model.name=mlp", "method.scope=all"], "acc_global"),
     (["method.name=ditto", "model.name=mlp", "metrics.protocols=[global,personalized]",
       "partition.eval_fraction=0.3"], "acc_personalized"),
     (["method.name=simfafl", *VIB], "acc_global"),
 ], ids=lambda o: o[0].split("=")[-1] if isinstance(o, list) else o)
 def test_batched_accuracy_is_within_the_exact_paths_seed_spread(ray_session, method, metric):
     """Statistical equivalence on a tiny FMNIST federation (10 Dirichlet clients, 5 per round, 3 rounds),
-    for FedAvg and one method of each kind with its own functional step (SAM; Ditto's personal models,
+    for FedAvg and one method of each kind with its own functional step (SAM; FedSOL's ascent on its
+    proximal loss; Ditto's personal models,
     scored by their own accuracy; a VIB loss with its per-client ε): over seeds 0-3 the batched mean
     final accuracy lies within max(2·std, 0.01) of the exact path's mean, std the exact path's sample
     standard deviation over the same seeds."""
