@@ -84,3 +84,21 @@ def test_tune_plan_prints_trials_and_estimate_and_writes_nothing(mlflow_uri, wid
     assert "fedavg: 3 trial(s) × 1 seed(s)" in out and "searched: training.lr" in out
     assert re.search(r"estimate: [\d.]+[kMG]? client-samples to train, ~[\d.]+ (s|min|h|days) wall", out)
     assert_wrote_nothing(tmp_path)
+
+
+def test_compare_plan_prints_studies_and_cells_and_writes_nothing(mlflow_uri, wide, tmp_path, capsys) -> None:
+    args = ["compare", "--methods", "fedavg,fedprox", "--seeds", "2", "--tune-budget", "3", "--set",
+            "data.dataset=synthetic", "--plan", "--storage", str(tmp_path / "jobs"), "--out", str(tmp_path / "out")]
+    assert main(args) == 0
+    out = plan_output(capsys)
+    for row in ("fedavg: tuning, 3 trial(s)", "fedavg: 2 seed(s)", "fedprox: tuning, 3 trial(s)", "fedprox: 2 seed(s)"):
+        assert row in out, out
+    assert re.search(r"estimate: [\d.]+[kMG]? client-samples to train, ~[\d.]+ (s|min|h|days) wall", out)
+    assert_wrote_nothing(tmp_path)
+
+
+def test_compare_plan_refuses_bad_input_like_the_job(tmp_path, capsys) -> None:
+    assert main(["compare", "--methods", "fedavg", "--plan", "--storage", str(tmp_path / "jobs")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("fltune: --methods"), err
+    assert_wrote_nothing(tmp_path)

@@ -46,11 +46,36 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--name", help="job name (default: compare-<date>-<time>)")
     p.add_argument("--out", help="folder for compare.csv/.md/.png and configs/ (default: mlruns/compare/<name>)")
     p.add_argument("--resume", action="store_true", help="continue an interrupted comparison (--name, else the newest)")
+    p.add_argument("--plan", action="store_true",
+                   help="print the studies and cells that would run and their estimated cost; run nothing")
     return p
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
+    if args.plan:
+        return show_plan(args)
     return Comparison(args).run()
+
+
+def show_plan(args: argparse.Namespace) -> int:
+    """``--plan``: per method its study (with ``--tune-budget``) and its seeds' cells, at the base settings
+    (a study's tuned values are not known yet), and their cost; validated as the job is, nothing written."""
+    from fltune.compare.report import notes
+    from fltune.compare.spec import method_tree
+    from fltune.compare.tuning import study_spec
+    from fltune.estimate import print_plan
+
+    if args.resume:
+        raise FLTuneError("--plan: plans a new comparison; allowed: --plan without --resume")
+    spec = Comparison(args).spec(storage_root(args.storage))
+    items = []
+    for method in spec.methods:
+        if spec.tune_budget:
+            items.append((f"{method}: tuning, {spec.tune_budget} trial(s)", study_spec(spec, method).base,
+                          spec.tune_budget))
+        items.append((f"{method}: {spec.seeds} seed(s)", method_tree(spec.base, method), spec.seeds))
+    return print_plan(f"plan: compare {', '.join(spec.methods)}", items,
+                      args.address or spec.config.resources.address, spec.max_concurrent, notes(spec)[:2])
 
 
 def experiment_tree(args: argparse.Namespace) -> dict[str, Any]:
