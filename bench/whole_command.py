@@ -7,7 +7,8 @@ resident memory (the process plus every descendant: Ray's GCS, raylet and worker
 0.2 s from /proc. The tight loop trains the same clients on the same samples in one process with every
 core and evaluates the global model on the test set after every round. Last lines: ``ratio <cmd/tight>``
 (median wall clock; goal ≤ 1.15), ``memory_ratio`` (peak tree RSS; goal: the command ≤ 2 GB) and
-``memory_ratio_pss`` (peak tree PSS, shared pages counted once: see ``tree_memory``).
+``memory_ratio_pss`` (peak tree PSS, shared pages counted once: see ``tree_memory``). At the command's
+peak, its PSS is also split by part (``part``): the driver, the client workers and Ray's own services.
 
     python bench/whole_command.py [--pairs 3] [--rounds 5] [--before /path/to/older/checkout]
 
@@ -41,8 +42,9 @@ def command(rounds: int, mlflow_uri: str, repo: Path = REPO) -> list[str]:
     ]
 
 
-def tree_memory(root: int) -> tuple[int, int]:
-    """(RSS, PSS) bytes of ``root`` and all its descendants (read from /proc; vanished processes count 0).
+def tree_memory(root: int) -> tuple[int, int, dict[str, int]]:
+    """(RSS, PSS, PSS by part) bytes of ``root`` and all its descendants (read from /proc; vanished
+    processes count 0).
 
     RSS counts a page shared by several processes once per process: every Ray worker maps the same torch
     libraries (~0.5 GB resident each for the CUDA build), so the summed RSS overstates what the tree holds.
@@ -56,28 +58,37 @@ def tree_memory(root: int) -> tuple[int, int]:
                 continue
             ppid = int(stat.rsplit(")", 1)[1].split()[1])
             children.setdefault(ppid, []).append(int(entry))
-    rss, pss, todo = 0, 0, [root]
+    rss, parts, todo = 0, dict.fromkeys(("driver", "workers", "ray"), 0), [root]
     while todo:
         pid = todo.pop()
         todo.extend(children.get(pid, []))
         try:
             rss += int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * PAGE
-            pss += _pss_kib(Path(f"/proc/{pid}/smaps_rollup").read_text()) * 1024
+            parts[_part(pid, root)] += _pss_kib(Path(f"/proc/{pid}/smaps_rollup").read_text()) * 1024
         except OSError:
             pass
-    return rss, pss
+    return rss, sum(parts.values()), parts
+
+
+def _part(pid: int, root: int) -> str:
+    """The command's own process, a Ray worker process (client actors, and idle workers Ray keeps ready
+    to become one) or one of Ray's services (GCS, raylet, dashboard, agents, monitors)."""
+    if pid == root:
+        return "driver"
+    name = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0]
+    return "workers" if name.startswith((b"ray::ClientWorker", b"ray::IDLE")) else "ray"
 
 
 def _pss_kib(smaps_rollup: str) -> int:
     return next((int(line.split()[1]) for line in smaps_rollup.splitlines() if line.startswith("Pss:")), 0)
 
 
-Run = tuple[float, float, float, list[tuple[float, str]]]
+Run = tuple[float, float, float, list[tuple[float, str]], dict[str, float]]
 
 
 def measure(argv: list[str], env: dict[str, str]) -> Run:
     """(wall seconds from spawn to exit, peak tree RSS and PSS in GB, (seconds since spawn, line) of its
-    output)."""
+    output, the PSS by part in GB at the PSS peak)."""
     lines: list[tuple[float, str]] = []
     start = time.perf_counter()
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, cwd=REPO, text=True)
@@ -90,15 +101,18 @@ def measure(argv: list[str], env: dict[str, str]) -> Run:
     reader = threading.Thread(target=read)
     reader.start()
     peak_rss = peak_pss = 0
+    peak_parts: dict[str, int] = {}
     while proc.poll() is None:
-        rss, pss = tree_memory(proc.pid)
-        peak_rss, peak_pss = max(peak_rss, rss), max(peak_pss, pss)
+        rss, pss, parts = tree_memory(proc.pid)
+        peak_rss = max(peak_rss, rss)
+        if pss > peak_pss:
+            peak_pss, peak_parts = pss, parts
         time.sleep(0.2)
     wall = time.perf_counter() - start
     reader.join()
     if proc.returncode != 0:
         sys.exit(f"{argv[1]} exited {proc.returncode}:\n" + "\n".join(line for _, line in lines[-20:]))
-    return wall, peak_rss / 2**30, peak_pss / 2**30, lines
+    return wall, peak_rss / 2**30, peak_pss / 2**30, lines, {k: v / 2**30 for k, v in peak_parts.items()}
 
 
 def timeline(lines: list[tuple[float, str]], wall: float) -> str:
@@ -165,7 +179,7 @@ def main() -> None:
             runs["tight"].append(measure([sys.executable, __file__, "--tight", "--rounds", str(args.rounds)], env))
             for name, done in runs.items():
                 if done:
-                    wall, rss, pss, lines = done[-1]
+                    wall, rss, pss, lines, _ = done[-1]
                     print(f"pair {pair + 1} {name:8s} {wall:5.1f} s RSS {rss:.2f} GB PSS {pss:.2f} GB  "
                           f"{timeline(lines, wall)}", flush=True)
     final = [line for _, line in runs["command"][-1][3] if line.startswith(f"round {args.rounds}/")]
@@ -175,6 +189,8 @@ def main() -> None:
     pss = {name: max(r[2] for r in done) for name, done in runs.items() if done}
     for name in wall:
         print(f"{name:8s} wall {wall[name]:.1f} s (median)  peak tree RSS {rss[name]:.2f} GB  PSS {pss[name]:.2f} GB")
+    parts = max(runs["command"], key=lambda r: r[2])[4]
+    print("part " + "  ".join(f"{k} {v:.2f} GB" for k, v in parts.items()) + "  (the command's PSS at its peak)")
     if args.before:
         print(f"ratio_before {wall['before'] / wall['tight']:.3f}")
         print(f"memory_ratio_before {rss['before'] / rss['tight']:.3f}")

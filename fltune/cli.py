@@ -17,9 +17,12 @@ from typing import TYPE_CHECKING, Any
 
 from rich.table import Table
 
-from fltune.driver import handle_stop_signals, quiet_libraries, start_ray, stop_message, stop_status
+from fltune.compare.command import SETTINGS as COMPARE_SETTINGS
 from fltune.compare.command import add_parser as add_compare_parser
 from fltune.compare.command import cmd_compare
+from fltune.driver import (
+    handle_stop_signals, keep_on_resume, quiet_libraries, start_ray, stop_message, stop_status,
+)
 from fltune.errors import FLTuneError
 from fltune.reproduce.command import add_parsers as add_reproduce_parsers
 from fltune.reproduce.command import cmd_reproduce, cmd_tables
@@ -174,7 +177,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("methods", help="registered methods with their parameters and paper defaults")
     add_tune_parser(sub)
     add_reproduce_parsers(sub)
-    add_experiment_args(add_compare_parser(sub), skip=("method",))
+    compare = add_compare_parser(sub)
+    add_experiment_args(compare, skip=("method",))
+    keep_on_resume(compare, *COMPARE_SETTINGS, "config", "overrides",
+                   *(name for name in SHORTCUTS if name not in ("method", "address")))
     return parser
 
 

@@ -232,6 +232,27 @@ def add_checkpoint_args(p: argparse.ArgumentParser, rounds_default: str, seconds
                    help=f"also checkpoint once S seconds have passed since the last one (default: {seconds_default})")
 
 
+def keep_on_resume(p: argparse.ArgumentParser, *dests: str) -> None:
+    """Mark the flags of ``p`` that shape a job (its cells, trials, seeds, cadence): a resumed job runs the
+    settings it saved instead, so ``note_ignored_on_resume`` names those given anyway. Their defaults are
+    recorded here, so a flag left alone is told apart from one the user set."""
+    p.set_defaults(kept_on_resume={dest: p.get_default(dest) for dest in dests})
+
+
+def note_ignored_on_resume(args: argparse.Namespace, what: str) -> None:
+    """One note naming the job-shaping flags given to ``--resume`` (``keep_on_resume``): they change nothing,
+    and saying so beats a user believing the continued job runs the new settings."""
+    from fltune.tracking.progress import console
+
+    given = [_flag(dest) for dest, default in args.kept_on_resume.items() if getattr(args, dest) != default]
+    if given:
+        console.print(f"note: a resumed {what} keeps the settings it started with; ignored: {', '.join(given)}")
+
+
+def _flag(dest: str) -> str:
+    return "--set" if dest == "overrides" else f"--{dest.replace('_', '-')}"
+
+
 def storage_root(storage: str | None) -> str:
     """Where jobs live: a URI as given, a local path made absolute (Ray requires it); default
     ``<repo>/studies`` next to ``mlruns`` (a source checkout keeps its jobs in one place)."""

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from fltune.driver import (
     CELL_CHECKPOINT_EVERY, CELL_CHECKPOINT_SECONDS, TuneJob, add_checkpoint_args, check_cadence, exists, newest,
-    start_ray, storage_root,
+    note_ignored_on_resume, start_ray, storage_root,
 )
 from fltune.errors import FLTuneError
 
@@ -30,6 +30,8 @@ if TYPE_CHECKING:  # Ray Tune and MLflow load only when the command runs
     from fltune.tune.results import TrialRow
 
 RESUME_HINT = "python cli.py compare --name {name} --storage {storage} --resume"
+SETTINGS = ("methods", "seeds", "tune_budget", "max_concurrent", "checkpoint_every", "checkpoint_seconds")
+"""The command's own flags that shape a comparison (a resumed one keeps its saved settings instead)."""
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -101,6 +103,7 @@ class Comparison:
         if args.resume:
             saved = (compare_spec.CompareSpec.load(f"{storage.rstrip('/')}/{args.name}") if args.name
                      else newest(compare_spec.CompareSpec, storage, "comparison"))
+            note_ignored_on_resume(args, "comparison")
             return saved.model_copy(update={"out": args.out}) if args.out else saved
         if not args.methods:
             raise FLTuneError("--methods is required: at least two comma-separated methods, e.g. fedavg,fedprox")

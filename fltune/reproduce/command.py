@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fltune.driver import (
-    CELL_CHECKPOINT_EVERY, CELL_CHECKPOINT_SECONDS, TuneJob, add_checkpoint_args, check_cadence, newest,
+    CELL_CHECKPOINT_EVERY, CELL_CHECKPOINT_SECONDS, TuneJob, add_checkpoint_args, check_cadence, keep_on_resume,
+    newest, note_ignored_on_resume,
 )
 from fltune.errors import FLTuneError
 
@@ -48,6 +49,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                    help="continue an interrupted job (--name, else the newest job of TABLE)")
     p.add_argument("--plan", action="store_true",
                    help="print the cells, their settings, client-samples and an estimated wall time; run nothing")
+    keep_on_resume(p, "datasets", "rows", "scale", "seeds", "overrides", "data_root", "max_concurrent",
+                   "checkpoint_every", "checkpoint_seconds")
 
 
 def cmd_tables(args: argparse.Namespace) -> int:
@@ -112,6 +115,7 @@ class Reproduction(TuneJob["ReproSpec"]):
         else:
             key = self.table.key
             spec = newest(ReproSpec, storage, f"job of {key}", lambda saved: saved.table == key)
+        note_ignored_on_resume(self.args, "job")
         return spec.model_copy(update={"out": self.args.out}) if self.args.out else spec
 
     def experiment(self, spec: ReproSpec) -> dict[str, Any]:

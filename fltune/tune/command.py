@@ -11,7 +11,7 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fltune.driver import TuneJob, add_checkpoint_args, newest
+from fltune.driver import TuneJob, add_checkpoint_args, keep_on_resume, newest, note_ignored_on_resume
 from fltune.errors import FLTuneError
 
 if TYPE_CHECKING:  # the command's heavy imports (Ray Tune, MLflow, matplotlib) wait until it runs
@@ -43,6 +43,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--best-out", help="write the best configuration here (default: <study folder>/best_config.yaml)")
     p.add_argument("--plan", action="store_true",
                    help="print the trials, their settings, client-samples and an estimated wall time; run nothing")
+    keep_on_resume(p, "overrides", "method", "num_samples", "max_concurrent", "seeds", "checkpoint_every",
+                   "checkpoint_seconds")
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
@@ -63,20 +65,19 @@ class Study(TuneJob["StudySpec"]):
 
     def saved_spec(self, storage: str) -> StudySpec:
         """``--name``, else the newest study (of ``--space``'s file when given)."""
-        from fltune.tracking.progress import console
         from fltune.tune.spec import StudySpec
 
         args = self.args
-        if (args.overrides or args.num_samples or args.max_concurrent or args.seeds or args.method
-                or args.checkpoint_every or args.checkpoint_seconds):
-            console.print("note: a resumed study keeps the settings it started with; --set, --method, "
-                          "--num-samples, --max-concurrent, --seeds and --checkpoint-* are ignored")
         if args.name:
-            return StudySpec.load(f"{storage.rstrip('/')}/{args.name}")
-        if not args.space:
-            return newest(StudySpec, storage, "study")
-        stem = Path(args.space).stem
-        return newest(StudySpec, storage, f"study of {args.space}", lambda saved: Path(saved.space_file).stem == stem)
+            spec = StudySpec.load(f"{storage.rstrip('/')}/{args.name}")
+        elif not args.space:
+            spec = newest(StudySpec, storage, "study")
+        else:
+            stem = Path(args.space).stem
+            spec = newest(StudySpec, storage, f"study of {args.space}",
+                          lambda saved: Path(saved.space_file).stem == stem)
+        note_ignored_on_resume(args, "study")
+        return spec
 
     def request(self, storage: str) -> StudyRequest:
         return study_request(self.args, storage)

@@ -64,9 +64,10 @@ def test_reproduce_prints_paper_beside_measured_writes_files_and_resumes(ray_ses
     assert {a.path for a in client.list_artifacts(parent.info.run_id)} == {"table.csv", "table.md"}
 
     # resuming (without --name: the newest job of the table, as for `tune`) a finished job redoes nothing:
-    # same table, still one child run per cell
-    assert main(["reproduce", "table2", "--storage", str(tmp_path / "jobs"), "--resume",
+    # same table, still one child run per cell; a setting flag given with --resume is named and ignored
+    assert main(["reproduce", "table2", "--storage", str(tmp_path / "jobs"), "--resume", "--seeds", "3",
                  "--out", str(tmp_path / "again")]) == 0
+    assert "keeps the settings it started with; ignored: --seeds" in " ".join(capsys.readouterr().err.split())
     assert (tmp_path / "again" / "table.csv").read_text() == (out / "table.csv").read_text()
     assert len(reproduce_runs(mlflow_uri)[1]) == 4
 
