@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import importlib
 import os
 from contextlib import ExitStack
 from dataclasses import dataclass, field
@@ -88,7 +89,12 @@ class ClientWorker:
     """Trains and evaluates clients on one CPU slot or GPU fraction (wrapped by ``ray.remote`` in the pool)."""
 
     def __init__(self, threads: int) -> None:
+        """Also loads torch's compiler stack (``torch._dynamo``) now, while the driver still starts up: every
+        worker loads it anyway, at its first optimiser step or round 1's FLOP meter (``torch.optim`` and
+        ``TorchDispatchMode`` import it lazily), and there it cost ~1.1 s of round 1 per worker."""
         torch.set_num_threads(max(1, threads))
+        importlib.import_module("torch._dynamo")
+
         self.device = torch.device("cuda" if torch.cuda.is_available() and _has_gpu() else "cpu")
         self.run_id: str | None = None
 
