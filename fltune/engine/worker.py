@@ -94,7 +94,6 @@ class ClientWorker:
         ``TorchDispatchMode`` import it lazily), and there it cost ~1.1 s of round 1 per worker."""
         torch.set_num_threads(max(1, threads))
         importlib.import_module("torch._dynamo")
-
         self.device = torch.device("cuda" if torch.cuda.is_available() and _has_gpu() else "cpu")
         self.run_id: str | None = None
 
