@@ -21,7 +21,7 @@ from fltune.compare.command import SETTINGS as COMPARE_SETTINGS
 from fltune.compare.command import add_parser as add_compare_parser
 from fltune.compare.command import cmd_compare
 from fltune.driver import (
-    handle_stop_signals, keep_on_resume, quiet_libraries, start_ray, stop_message, stop_status,
+    exit_now_if_ray_died, handle_stop_signals, keep_on_resume, quiet_libraries, start_ray, stop_message, stop_status,
 )
 from fltune.errors import FLTuneError
 from fltune.reproduce.command import add_parsers as add_reproduce_parsers
@@ -211,6 +211,7 @@ def entry() -> int:
     object's refcount destructor still run. Only for a process about to exit, hence not in :func:`main`,
     which tests call in-process."""
     code = main()
+    exit_now_if_ray_died(code)
     gc.freeze()
     return code
 

@@ -25,7 +25,8 @@ import threading
 import traceback
 import warnings
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
@@ -58,8 +59,11 @@ _stopped_by: list[int] = []
 """The stop signals this process received, in order (the last one names the exit status)."""
 
 _last_resort: list[tuple[Callable[[], None], str]] = []
-"""What a Tune job does and says when the local Ray dies under it (``end_if_ray_dies``)."""
+"""What the running Tune jobs do and say when the local Ray dies under them (``ending_if_ray_dies``)."""
 _last_resort_lock = threading.Lock()
+
+_wakeup: list[int] = []
+"""The write end of the signal wake-up pipe, once ``handle_stop_signals`` made it."""
 
 
 # ---------------------------------------------------------------------------------------------- quiet
@@ -122,8 +126,6 @@ def _on_sigterm(signum: int, frame: Any) -> None:
     """SIGTERM does what Ctrl-C does at this moment: Tune's graceful stop while a job runs, else
     ``KeyboardInterrupt``."""
     _stopped_by.append(signum)
-    if _last_resort and len(_stopped_by) == 1:
-        threading.Thread(target=_end_if_ray_died, daemon=True).start()
     handler = signal.getsignal(signal.SIGINT)
     if callable(handler) and handler is not signal.default_int_handler:
         handler(signum, frame)
@@ -132,50 +134,102 @@ def _on_sigterm(signum: int, frame: Any) -> None:
 
 
 def handle_stop_signals() -> None:
-    """(Re)install fltune's SIGTERM handler; call at start and after anything that installs its own (Ray)."""
+    """(Re)install fltune's SIGTERM handler; call at start and after anything that installs its own (Ray).
+
+    Also the signal wake-up pipe that ``_watch_signals`` reads: Python runs a signal's handler in the main
+    thread only between bytecodes, and a driver blocked in a call to Ray's GCS (Tune registering a trainable,
+    sizing the cluster) never gets there once a process-group SIGTERM has killed the GCS — Ray's core worker
+    ends it 60 s later with status 1. The interpreter's C-level handler writes each signal's number to
+    this pipe at once, whatever the main thread is doing."""
     signal.signal(signal.SIGTERM, _on_sigterm)
+    if not _wakeup:
+        read, write = os.pipe()
+        os.set_blocking(write, False)
+        _wakeup.append(write)
+        threading.Thread(target=_watch_signals, args=(read,), daemon=True, name="fltune-signals").start()
+    signal.set_wakeup_fd(_wakeup[0], warn_on_full_buffer=False)
 
 
-def end_if_ray_dies(cleanup: Callable[[], None], resume: str) -> None:
-    """Arm the last resort of a Tune job for a SIGTERM (see ``_end_if_ray_died``) until ``disarm``;
-    ``resume`` is the command that continues the job."""
+def _watch_signals(read: int) -> None:
+    """From the first SIGTERM on, the last resort of whatever Tune job is running (``_end_if_ray_died``)."""
+    while signal.SIGTERM not in os.read(read, 64):
+        pass
+    _end_if_ray_died(signal.SIGTERM)
+
+
+@contextmanager
+def ending_if_ray_dies(cleanup: Callable[[], None], resume: str) -> Iterator[None]:
+    """Within this block a SIGTERM that also ends the local Ray ends the job by its last resort (see
+    ``_end_if_ray_died``): ``cleanup``, then one line naming ``resume``, the command that continues it.
+    Blocks nest (a comparison around each of its Tune jobs): every clean-up runs, the outermost line
+    prints. Outside every block the driver ends its own way (Ray shutting down at exit is no reason)."""
+    entry = (cleanup, resume)
     with _last_resort_lock:
-        _last_resort.append((cleanup, resume))
+        _last_resort.append(entry)
+    try:
+        yield
+    finally:
+        with _last_resort_lock:
+            _last_resort.remove(entry)
 
 
-def disarm() -> None:
-    """The job's fit is over (concluded or failed): from here the driver ends its own way, and Ray shutting
-    down at exit is no reason for the last resort."""
-    with _last_resort_lock:
-        _last_resort.clear()
-
-
-def _end_if_ray_died(poll_s: float = 0.1) -> None:
+def _end_if_ray_died(signum: int, poll_s: float = 0.1) -> None:
     """A SIGTERM sent to the whole process group (``timeout``, Slurm) also ends the local Ray this driver
     started; then Tune's graceful stop can never finish, and Ray's core worker would end the process with
-    status 1. So from the signal on, watch the local raylet and GCS server: the moment either is gone, end
-    the job here: its clean-up (its MLflow runs → KILLED; its folder resumes as after a crash), its line,
-    143. Watching rather than looking once: under load those processes take seconds to go. A cluster
-    that was joined (no local node), or a local one that survives (SIGTERM to the driver only), leaves the
-    graceful stop to finish; that ends this daemon thread with the process, or ``disarm`` does."""
+    status 1. So from the signal on, watch the local Ray (``_ray_alive``): the moment it is going, inside
+    an ``ending_if_ray_dies`` block, end the job here: its clean-ups (its MLflow runs → KILLED; its
+    folder resumes as after a crash), its line, 128 + the signal. Watching rather than looking once:
+    under load Ray takes a while to go. A cluster that was joined (no local node), or a local one that
+    survives (SIGTERM to the driver only), leaves the graceful stop to finish."""
     import time
 
-    import ray
-    from ray._private.ray_constants import PROCESS_TYPE_GCS_SERVER, PROCESS_TYPE_RAYLET
-
-    node = getattr(ray._private.worker, "_global_node", None)  # the local node's processes, if ours
+    node = _local_ray()
     if node is None:
         return
-    core = [info.process for kind in (PROCESS_TYPE_RAYLET, PROCESS_TYPE_GCS_SERVER)
-            for info in node.all_processes.get(kind, [])]
-    while _last_resort and all(process.poll() is None for process in core):
+    while _ray_alive(node):
         time.sleep(poll_s)
     with _last_resort_lock:
-        for cleanup, resume in _last_resort:
+        if not _last_resort:
+            return
+        for cleanup, _ in reversed(_last_resort):
             cleanup()
-            print(f"{stop_message()}; continue it with: {resume}", file=sys.stderr)
-        if _last_resort:
-            os._exit(stop_status())
+        say_resume(interrupted(signum), _last_resort[0][1])
+        os._exit(128 + signum)
+
+
+def exit_now_if_ray_died(code: int) -> None:
+    """A stopped command whose local Ray died under it (a process-group SIGTERM) ends here with ``code``:
+    Ray's shutdown at exit would wait a minute for the dead GCS, then end the process with status 1."""
+    node = _local_ray() if _stopped_by else None
+    if node is not None and not _ray_alive(node):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+def _local_ray() -> Any:
+    """The local Ray node this driver started (its processes are ours to watch), else None."""
+    import ray
+
+    return getattr(ray._private.worker, "_global_node", None)
+
+
+def _ray_alive(node: Any) -> bool:
+    """Whether the local raylet and GCS server still run and the GCS still accepts connections: on SIGTERM
+    it closes its port at once, seconds (under load, sometimes over a minute) before its process is gone."""
+    import socket
+
+    from ray._private.ray_constants import PROCESS_TYPE_GCS_SERVER, PROCESS_TYPE_RAYLET
+
+    if any(info.process.poll() is not None for kind in (PROCESS_TYPE_RAYLET, PROCESS_TYPE_GCS_SERVER)
+           for info in node.all_processes.get(kind, [])):
+        return False
+    host, port = node.gcs_address.rsplit(":", 1)
+    try:
+        socket.create_connection((host, int(port)), timeout=1).close()
+    except OSError:
+        return False
+    return True
 
 
 def unfinished_if_stopped(rows: list[TrialRow]) -> list[TrialRow]:
@@ -193,10 +247,21 @@ def stop_status() -> int:
     return 128 + (_stopped_by[-1] if _stopped_by else signal.SIGINT)
 
 
+def interrupted(signum: int | None = None) -> str:
+    """What stopped the command: by ``signum``, else by the last stop signal received."""
+    name = signal.Signals(signum or (_stopped_by[-1] if _stopped_by else signal.SIGINT)).name
+    return "interrupted" + ("" if name == "SIGINT" else f" ({name})")
+
+
 def stop_message() -> str:
-    """The one line a stopped command prints (besides a job's own resume hint)."""
-    name = signal.Signals(_stopped_by[-1]).name if _stopped_by else "SIGINT"
-    return "fltune: interrupted" + ("" if name == "SIGINT" else f" ({name})")
+    """The one line a stopped command prints when there is nothing to continue (else ``say_resume``)."""
+    return f"fltune: {interrupted()}"
+
+
+def say_resume(what: str, resume: str) -> None:
+    """A stopped job's line: what stopped and the command that continues it, printed whole (never wrapped
+    to the terminal's width) so that it can be copied, and found by scripts."""
+    print(f"fltune: {what}; continue it with: {resume}", file=sys.stderr, flush=True)
 
 
 def start_ray(address: str | None) -> None:
@@ -415,13 +480,11 @@ class TuneJob(ABC, Generic[Spec]):
             os.environ.setdefault(key, value)
         spec, tuner, nodes = self.prepare()
         console.print(self.describe(spec, nodes))
-        end_if_ray_dies(lambda: self.close_runs(spec), self.resume_command(spec))
-        try:
-            tuner.fit()
-        except BaseException:
-            self.close_runs(spec)
-            raise
-        finally:
-            disarm()
+        with ending_if_ray_dies(lambda: self.close_runs(spec), self.resume_command(spec)):
+            try:
+                tuner.fit()
+            except BaseException:
+                self.close_runs(spec)
+                raise
         return self.conclude(spec, unfinished_if_stopped(
             [trial_row(trial) for trial in ExperimentAnalysis(spec.path).trials]))

@@ -128,6 +128,29 @@ def test_after_a_stop_signal_failed_trials_are_unfinished(monkeypatch: pytest.Mo
     assert [r.status for r in unfinished_if_stopped(rows)] == ["pending", "finished", "running", "diverged"]
 
 
+def test_last_resorts_nest_and_unwind(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A comparison's last resort stays armed around each of its Tune jobs, and every block leaves the list
+    as it found it, also when its job raises."""
+    monkeypatch.setattr(driver, "_last_resort", [])
+    with driver.ending_if_ray_dies(print, "outer"):
+        with pytest.raises(KeyboardInterrupt), driver.ending_if_ray_dies(print, "inner"):
+            assert [resume for _, resume in driver._last_resort] == ["outer", "inner"]
+            raise KeyboardInterrupt
+        assert [resume for _, resume in driver._last_resort] == ["outer"]
+    assert driver._last_resort == []
+
+
+def test_a_stopped_jobs_line_is_whole_and_names_the_signal(monkeypatch, capsys) -> None:
+    """The resume command is copied from the terminal: never wrapped, however long."""
+    resume = "python cli.py compare --name c --storage /" + "x" * 150 + " --resume"
+    monkeypatch.setattr(driver, "_stopped_by", [15])
+    driver.say_resume(driver.interrupted(), resume)
+    assert capsys.readouterr().err == f"fltune: interrupted (SIGTERM); continue it with: {resume}\n"
+    monkeypatch.setattr(driver, "_stopped_by", [])
+    assert driver.stop_message() == "fltune: interrupted"
+    assert driver.interrupted(15) == "interrupted (SIGTERM)"
+
+
 @pytest.mark.parametrize("argv, ignored", [
     (["tune", "--resume", "--name", "s", "--storage", "x"], None),
     (["tune", "--resume", "--set", "federation.rounds=9", "--seeds", "2"], "--set, --seeds"),

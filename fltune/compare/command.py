@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fltune.driver import (
-    CELL_CHECKPOINT_EVERY, CELL_CHECKPOINT_SECONDS, TuneJob, add_checkpoint_args, check_cadence, exists, newest,
-    note_ignored_on_resume, start_ray, storage_root,
+    CELL_CHECKPOINT_EVERY, CELL_CHECKPOINT_SECONDS, TuneJob, add_checkpoint_args, check_cadence, ending_if_ray_dies,
+    exists, interrupted, newest, note_ignored_on_resume, say_resume, start_ray, stop_status, storage_root,
 )
 from fltune.errors import FLTuneError
 
@@ -133,21 +133,30 @@ class Comparison:
                       f"{', '.join(spec.methods)} × {spec.seeds} seed(s)"
                       + (f", each tuned with {spec.tune_budget} trials first" if spec.tune_budget else "")
                       + "".join(f"\n  {line}" for line in notes(spec)[:2]))
+        hint = RESUME_HINT.format(name=spec.name, storage=spec.storage)
+        with ending_if_ray_dies(lambda: None, hint):  # also between its Tune jobs
+            try:
+                return self.stages(spec, hint)
+            except KeyboardInterrupt:  # a stop between its Tune jobs
+                say_resume(interrupted(), hint)
+                return stop_status()
+
+    def stages(self, spec: CompareSpec, hint: str) -> int:
+        """Tuning (when asked and not done yet), then the cells: the exit status."""
         if spec.tune_budget and not spec.trees:
-            tuned = self.tune(spec)
+            tuned = self.tune(spec, hint)
             if isinstance(tuned, int):
                 return tuned
             spec = spec.model_copy(update={"trees": tuned})
             spec.save()
         return Cells(self.args, spec).run()
 
-    def tune(self, spec: CompareSpec) -> dict[str, dict[str, Any]] | int:
+    def tune(self, spec: CompareSpec, hint: str) -> dict[str, dict[str, Any]] | int:
         """Every method's study in turn (finished ones are kept): the tuned trees, or the exit status."""
         from fltune.compare.tuning import TuningStudy, finished, study_spec, tuned_tree
         from fltune.tracking.progress import console
         from fltune.tune.spec import StudySpec
 
-        hint = RESUME_HINT.format(name=spec.name, storage=spec.storage)
         trees = {}
         for method in spec.methods:
             study = study_spec(spec, method)
@@ -155,7 +164,7 @@ class Comparison:
             if not finished(study):
                 code = TuningStudy(self.args, study, hint).run()
                 if code == 130:
-                    console.print(f"fltune: comparison interrupted; continue it with: {hint}")
+                    say_resume("comparison interrupted", hint)
                 if code:
                     return code
             tree = tuned_tree(spec, study)
@@ -240,7 +249,6 @@ def conclude(spec: CompareSpec, rows: list[TrialRow]) -> int:
     paths = write_outputs(spec, res, Path(spec.out))
     console.print(f"written: {', '.join(str(p) for p in paths)}")
     if any(r.status in ("running", "pending") for r in rows) or len(rows) < len(spec.cells):
-        console.print("fltune: comparison interrupted; continue it with: "
-                      + RESUME_HINT.format(name=spec.name, storage=spec.storage))
+        say_resume("comparison interrupted", RESUME_HINT.format(name=spec.name, storage=spec.storage))
         return 130
     return 1 if any(r.status in ("diverged", "failed") for r in rows) else 0

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from fltune.driver import (
     CELL_CHECKPOINT_EVERY, CELL_CHECKPOINT_SECONDS, TuneJob, add_checkpoint_args, check_cadence, keep_on_resume,
-    newest, note_ignored_on_resume,
+    newest, note_ignored_on_resume, say_resume,
 )
 from fltune.errors import FLTuneError
 
@@ -231,7 +231,6 @@ def conclude(spec: ReproSpec, rows: list[TrialRow]) -> int:
         console.print(f"diverged (loss or weights NaN/inf; the number shown is the last evaluation before): "
                       f"{'; '.join(diverged)}")
     if any(r.status in ("running", "pending") for r in res):
-        console.print("fltune: job interrupted; continue it with: "
-                      + RESUME_HINT.format(table=spec.table, name=spec.name, storage=spec.storage))
+        say_resume("job interrupted", RESUME_HINT.format(table=spec.table, name=spec.name, storage=spec.storage))
         return 130
     return 1 if any(r.status in ("diverged", "failed") for r in res) else 0

@@ -11,7 +11,9 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fltune.driver import TuneJob, add_checkpoint_args, keep_on_resume, newest, note_ignored_on_resume
+from fltune.driver import (
+    TuneJob, add_checkpoint_args, keep_on_resume, newest, note_ignored_on_resume, say_resume,
+)
 from fltune.errors import FLTuneError
 
 if TYPE_CHECKING:  # the command's heavy imports (Ray Tune, MLflow, matplotlib) wait until it runs
@@ -159,9 +161,8 @@ def conclude(spec: StudySpec, rows: list[TrialRow], best_out: str | None) -> int
     from fltune.tune.results import best, best_config_yaml
 
     console.print(trials_table(rows, spec, f"study {spec.name}: trials ranked", ranked=True))
-    if any(r.status in ("running", "pending") for r in rows):
-        console.print(f"fltune: study interrupted; continue it with: "
-                      f"{RESUME_HINT.format(name=spec.name, storage=spec.storage)}")
+    if len(rows) < spec.space.num_samples or any(r.status in ("running", "pending") for r in rows):
+        say_resume("study interrupted", RESUME_HINT.format(name=spec.name, storage=spec.storage))
         return 130
     top = best(rows, spec.space.objective.direction)
     if top is None:
