@@ -345,6 +345,18 @@ def exists(path: str) -> bool:
     return fs.get_file_info(f"{folder}/{SPEC_FILE}").type != pyarrow.fs.FileType.NotFound
 
 
+def tune_started(path: str) -> bool:
+    """Whether Tune saved the state of the job at ``path`` (``experiment_state-*.json``), on any pyarrow
+    filesystem. A Tuner writes itself (``tuner.pkl``, all ``Tuner.can_restore`` looks for) before its
+    first state; restoring a job stopped in between starts trials without their configurations, so such
+    a job starts afresh instead."""
+    import pyarrow.fs
+
+    fs, folder = pyarrow.fs.FileSystem.from_uri(path)
+    found = fs.get_file_info(pyarrow.fs.FileSelector(folder, allow_not_found=True))
+    return any(info.base_name.startswith("experiment_state-") for info in found)
+
+
 Spec = TypeVar("Spec", bound="SavedSpec")
 
 
@@ -453,10 +465,11 @@ class TuneJob(ABC, Generic[Spec]):
         cluster, node_cpus = study.cluster_shape()
         spec = with_gpu_share(spec, cluster, build_config(tree).resources.cpus_per_worker, self.max_concurrent(spec))
         resources = study.placement(tree, spec.workers, spec.gpus_per_worker, cluster, node_cpus)
-        if self.resuming():
+        if self.resuming() and tune_started(spec.path):
             tuner = self.restored_tuner(spec, resources)
         else:
-            spec.save()
+            if not self.resuming():
+                spec.save()
             tuner = self.new_tuner(spec, resources)
         return spec, tuner, len(node_cpus)
 

@@ -209,13 +209,8 @@ class Cells(TuneJob["CompareSpec"]):
         return new_tuner(spec, resources, callbacks(spec))
 
     def restored_tuner(self, spec: CompareSpec, resources: PlacementGroupFactory) -> Tuner:
-        """The first time the Tuner is new; after a stop it is restored from the folder."""
-        from ray.tune import Tuner
-
         from fltune.compare.job import restored_tuner
 
-        if not Tuner.can_restore(spec.path):
-            return self.new_tuner(spec, resources)
         return restored_tuner(spec, resources)
 
     def describe(self, spec: CompareSpec, nodes: int) -> str:

@@ -96,11 +96,12 @@ class TuningStudy(Study):
 
 def study_rows(path: str) -> list[TrialRow]:
     """The trials of the study at ``path`` as its folder holds them (none before it started)."""
-    from ray.tune import ExperimentAnalysis, Tuner
+    from ray.tune import ExperimentAnalysis
 
+    from fltune.driver import tune_started
     from fltune.tune.results import trial_row
 
-    if not Tuner.can_restore(path):
+    if not tune_started(path):
         return []
     return [trial_row(trial) for trial in ExperimentAnalysis(path).trials]
 

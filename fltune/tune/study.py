@@ -177,7 +177,6 @@ def restored_tuner(spec: StudySpec, resources: tune.PlacementGroupFactory) -> tu
 
 
 def restore(spec: SavedSpec, trainable_: Any, resume_errored: bool) -> tune.Tuner:
-    """Any fltune Tune job from its folder (callbacks come back from there too)."""
-    if not tune.Tuner.can_restore(spec.path):
-        raise FLTuneError(f"--resume: {spec.path} has no Tune state to resume (it never started)")
+    """Any fltune Tune job from its folder (callbacks come back from there too); ``TuneJob.prepare`` makes
+    a new Tuner for a job that Tune never saved (``driver.tune_started``)."""
     return tune.Tuner.restore(spec.path, trainable_, resume_unfinished=True, resume_errored=resume_errored)

@@ -86,3 +86,26 @@ def test_sigterm_to_the_driver_alone_stops_the_study_gracefully(tmp_path: Path, 
     assert not any(m in log() for m in ("***", "Traceback", "SystemExit", "Stop signal", "Tuner.restore"))
     parent, children = study_runs(mlflow_uri)
     assert parent.info.status == "KILLED" and all(c.info.status != "RUNNING" for c in children)
+
+
+@pytest.mark.slow
+def test_a_study_stopped_before_tune_saved_its_state_starts_afresh(tmp_path: Path, mlflow_uri: str,
+                                                                   ray_session) -> None:
+    """A Tuner writes itself before Tune's first experiment state: a stop in between leaves a folder that
+    ``Tuner.can_restore`` accepts, but restoring it started trials without their configurations."""
+    from ray.tune import Tuner
+
+    from fltune.cli import main
+    from fltune.driver import tune_started
+    from fltune.tune.study import StudyRequest, cluster_shape, new_spec, new_tuner, placement
+
+    spec = new_spec(StudyRequest(space=str(write_space(tmp_path)), storage=str(tmp_path), name="study"))
+    spec.save()
+    new_tuner(spec, placement(spec.base, spec.workers, spec.gpus_per_worker, *cluster_shape()))
+    assert Tuner.can_restore(spec.path) and not tune_started(spec.path)
+
+    assert main(["tune", "--resume", "--name", "study", "--storage", str(tmp_path)]) == 0
+    trials = ExperimentAnalysis(spec.path).trials
+    assert len(trials) == 2 and all(t.last_result["round"] == 3 for t in trials)
+    parent, children = study_runs(mlflow_uri)
+    assert parent.info.status == "FINISHED" and len(children) == 2
