@@ -238,12 +238,13 @@ def conclude(spec: CompareSpec, rows: list[TrialRow]) -> int:
     """The table, the files, and the exit status."""
     from fltune.compare.report import results, rich_table, write_outputs
     from fltune.tracking.progress import console
+    from fltune.tune.results import unfinished
 
     res = results(spec, rows)
     console.print(rich_table(spec, res, f"compare {spec.name}: {spec.primary}, mean ± std over seeds"))
     paths = write_outputs(spec, res, Path(spec.out))
     console.print(f"written: {', '.join(str(p) for p in paths)}")
-    if any(r.status in ("running", "pending") for r in rows) or len(rows) < len(spec.cells):
+    if unfinished(rows, len(spec.cells)):
         say_resume("comparison interrupted", RESUME_HINT.format(name=spec.name, storage=spec.storage))
         return 130
     return 1 if any(r.status in ("diverged", "failed") for r in rows) else 0

@@ -26,6 +26,9 @@ class CompareLog(RunTree):
         self.spec = spec
         super().__init__(spec.tracking, spec.path, spec.name, build_config(spec.trees[spec.methods[0]]))
 
+    def expected_trials(self) -> int:
+        return len(self.spec.cells)
+
     def describe_parent(self, parent: str) -> None:
         spec = self.spec
         self.tracker.log_params(parent, {

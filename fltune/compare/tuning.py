@@ -19,7 +19,7 @@ from fltune.compare.spec import ACCURACY, SHARED, TUNING_SEED_OFFSET, TUNING_VAL
 from fltune.config import build_config
 from fltune.errors import FLTuneError
 from fltune.tune.command import Study
-from fltune.tune.results import ENDED, TrialRow
+from fltune.tune.results import TrialRow, unfinished
 from fltune.tune.space import SearchSpace, check_objective, check_params, parse_space, set_dotted
 from fltune.tune.spec import StudySpec
 
@@ -89,7 +89,7 @@ class TuningStudy(Study):
 
     def conclude(self, spec: StudySpec, rows: list[TrialRow]) -> int:
         """The study's ranking and best configuration, or 130 (the comparison prints its resume line)."""
-        if any(r.status not in ENDED for r in rows):
+        if unfinished(rows, spec.space.num_samples):
             return 130
         return super().conclude(spec, rows)
 
@@ -108,7 +108,7 @@ def study_rows(path: str) -> list[TrialRow]:
 
 def finished(study: StudySpec) -> bool:
     rows = study_rows(study.path)
-    return len(rows) == study.space.num_samples and all(r.status in ENDED for r in rows)
+    return not unfinished(rows, study.space.num_samples)
 
 
 def tuned_tree(spec: CompareSpec, study: StudySpec) -> dict[str, Any] | None:

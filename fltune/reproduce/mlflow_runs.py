@@ -25,6 +25,9 @@ class ReproLog(RunTree):
         first = build_config(next(iter(spec.cells.values())).tree)
         super().__init__(spec.tracking, spec.path, spec.name, first)
 
+    def expected_trials(self) -> int:
+        return len(self.spec.cells)
+
     def describe_parent(self, parent: str) -> None:
         spec, table = self.spec, self.spec.paper_table
         self.tracker.log_params(parent, {

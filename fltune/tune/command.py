@@ -158,10 +158,10 @@ def conclude(spec: StudySpec, rows: list[TrialRow], best_out: str | None) -> int
     """Print the ranking and write the best configuration; the exit status says how the study ended."""
     from fltune.tracking.progress import console
     from fltune.tune.board import trials_table
-    from fltune.tune.results import best, best_config_yaml
+    from fltune.tune.results import best, best_config_yaml, unfinished
 
     console.print(trials_table(rows, spec, f"study {spec.name}: trials ranked", ranked=True))
-    if len(rows) < spec.space.num_samples or any(r.status in ("running", "pending") for r in rows):
+    if unfinished(rows, spec.space.num_samples):
         say_resume("study interrupted", RESUME_HINT.format(name=spec.name, storage=spec.storage))
         return 130
     top = best(rows, spec.space.objective.direction)

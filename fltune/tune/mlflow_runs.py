@@ -23,7 +23,7 @@ from ray.tune.logger import LoggerCallback
 from fltune.config import ExperimentConfig, TrackingConfig
 from fltune.tracking.mlflow_log import Tracker, run_tags
 from fltune.tune.results import (
-    ENDED, TrialRow, best, best_config_yaml, sensitivity_png, trial_config, trial_row, write_csv,
+    ENDED, TrialRow, best, best_config_yaml, sensitivity_png, trial_config, trial_row, unfinished, write_csv,
 )
 from fltune.tune.spec import StudySpec
 
@@ -69,6 +69,10 @@ class RunTree(ABC):
         parent = self.tracker.start(self.name, {**run_tags(self.cfg), STUDY_TAG: self.path, KIND_TAG: self.kind})
         self.describe_parent(parent)
         return parent
+
+    @abstractmethod
+    def expected_trials(self) -> int:
+        """How many trials the job runs when nothing stops it."""
 
     def describe_parent(self, parent: str) -> None:
         """Log what the job is to its new parent run."""
@@ -123,6 +127,9 @@ class StudyLog(RunTree):
     def __init__(self, spec: StudySpec) -> None:
         self.spec = spec
         super().__init__(spec.base_config.tracking, spec.path, spec.name, spec.base_config)
+
+    def expected_trials(self) -> int:
+        return self.spec.space.num_samples
 
     def describe_parent(self, parent: str) -> None:
         spec, space = self.spec, self.spec.space
@@ -193,7 +200,7 @@ class MLflowStudyCallback(LoggerCallback):
 
     def on_experiment_end(self, trials: list[Trial], **info: Any) -> None:
         rows = [trial_row(t) for t in trials]
-        interrupted = any(r.status not in ENDED for r in rows)
+        interrupted = unfinished(rows, self.log.expected_trials())
         for row in rows:
             if row.status not in ENDED:
                 self.log.end_trial(row)

@@ -42,6 +42,12 @@ class TrialRow:
         return self.status in ("finished", "stopped") and math.isfinite(self.objective)
 
 
+def unfinished(rows: list[TrialRow], expected: int) -> bool:
+    """Whether a Tune job has trials left to run: some have not ended, or fewer than ``expected`` exist (a
+    stop came before Tune created them all; with none, before its first)."""
+    return len(rows) < expected or any(r.status not in ENDED for r in rows)
+
+
 def classify(last: dict[str, Any], errored: bool) -> str:
     """fltune's status of a trial from its last result. The trial's own ``status`` says whether it ran
     all its rounds or diverged; otherwise Tune's ``done`` means a scheduler stopped it early. (Tune's

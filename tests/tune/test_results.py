@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from fltune.metrics.target import reached_target
-from fltune.tune.results import best, classify, make_row, rank
+from fltune.tune.results import best, classify, make_row, rank, unfinished
 from fltune.tune.space import Objective
 from fltune.tune.trainable import last_good, seed_score
 
@@ -71,3 +71,12 @@ def test_ranking_puts_scored_trials_first_and_never_picks_a_diverged_one() -> No
     assert [r.trial_id for r in rank(rows, "min")][:3] == ["asha", "low", "high"]
     assert best(rows, "max").trial_id == "high"
     assert best(rows[3:4], "max") is None
+
+
+def test_a_job_with_trials_missing_or_not_ended_is_unfinished() -> None:
+    """A stop can come before Tune created every trial (or any): such a job resumes, it has not ended."""
+    done = make_row("a", {}, {"status": "finished", "round": 3}, errored=False)
+    running = make_row("b", {}, {"round": 1}, errored=False)
+    failed = make_row("c", {}, {"round": 1}, errored=True)
+    assert unfinished([], 2) and unfinished([done], 2) and unfinished([done, running], 2)
+    assert not unfinished([done, failed], 2)
