@@ -242,14 +242,19 @@ def unfinished_if_stopped(rows: list[TrialRow]) -> list[TrialRow]:
     return [replace(row, status="pending") if row.status == "failed" else row for row in rows]
 
 
+def _last_signal() -> int:
+    """The last stop signal received (SIGINT when none was: a ``KeyboardInterrupt``)."""
+    return _stopped_by[-1] if _stopped_by else signal.SIGINT
+
+
 def stop_status() -> int:
     """The exit status of a stopped command: 128 + the signal (130 Ctrl-C, 143 SIGTERM)."""
-    return 128 + (_stopped_by[-1] if _stopped_by else signal.SIGINT)
+    return 128 + _last_signal()
 
 
 def interrupted(signum: int | None = None) -> str:
     """What stopped the command: by ``signum``, else by the last stop signal received."""
-    name = signal.Signals(signum or (_stopped_by[-1] if _stopped_by else signal.SIGINT)).name
+    name = signal.Signals(signum or _last_signal()).name
     return "interrupted" + ("" if name == "SIGINT" else f" ({name})")
 
 
