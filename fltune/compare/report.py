@@ -21,6 +21,7 @@ from fltune.compare.job import best_key
 from fltune.compare.spec import TUNING_SEED_OFFSET, CompareSpec, method_tree, parse_cell
 from fltune.compare.stats import ALPHA, mean_std, welch_p
 from fltune.config import build_config
+from fltune.metrics.figures import new_figure, save_png
 from fltune.reproduce.report import eta
 from fltune.tune.results import ENDED, TrialRow
 
@@ -243,13 +244,9 @@ def curves(spec: CompareSpec) -> dict[str, dict[int, float]]:
 
 def overlay_png(spec: CompareSpec, path: Path) -> Path:
     """Ranking accuracy per round: each method's mean over seeds, its min–max band shaded."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     per_cell = curves(spec)
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig = new_figure(figsize=(7, 4.5))
+    ax = fig.subplots()
     for i, method in enumerate(spec.methods):
         runs = [per_cell[key] for key in spec.cells if parse_cell(key)[0] == method and key in per_cell]
         rounds = sorted(set.intersection(*(set(run) for run in runs))) if runs else []
@@ -265,9 +262,7 @@ def overlay_png(spec: CompareSpec, path: Path) -> Path:
     if ax.lines:
         ax.legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return save_png(fig, path, dpi=100)
 
 
 def tuned_yaml(spec: CompareSpec, method: str, path: Path) -> Path:

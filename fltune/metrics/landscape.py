@@ -2,8 +2,8 @@
 
 Why: λ_max and tr H summarise curvature in two numbers; the papers back them with pictures of the loss
 around the final global model along the top-2 Hessian eigenvectors, and of the top-k spectrum. Plots are
-drawn with matplotlib's object API (``Figure`` + Agg canvas), never ``pyplot``, so they touch no global
-backend state and work headless.
+drawn headless by :mod:`fltune.metrics.figures` (matplotlib, imported only when a plot is drawn: the
+client workers import this module to compute a landscape and never draw).
 """
 
 from collections.abc import Sequence
@@ -12,10 +12,10 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from matplotlib.figure import Figure
 from torch import nn
 
 from fltune.errors import FLTuneError
+from fltune.metrics.figures import new_figure, save_png
 from fltune.metrics.hessian import (
     Batch,
     LossFn,
@@ -76,19 +76,12 @@ def loss_surface(
     return alphas, betas, grid
 
 
-def _save(fig: Figure, path: str | Path) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    return path
-
-
 def plot_landscape(
     alphas: np.ndarray, betas: np.ndarray, grid: np.ndarray, path: str | Path, title: str
 ) -> Path:
     """A PNG with the contour map (left) and 3-D surface (right) of a :func:`loss_surface` grid."""
     a, b = np.meshgrid(alphas, betas, indexing="ij")
-    fig = Figure(figsize=(11, 4.5), layout="constrained")
+    fig = new_figure(figsize=(11, 4.5), layout="constrained")
     contour_ax = fig.add_subplot(1, 2, 1)
     filled = contour_ax.contourf(a, b, grid, levels=30, cmap="viridis")
     contour_ax.contour(a, b, grid, levels=10, colors="black", linewidths=0.4)
@@ -100,14 +93,14 @@ def plot_landscape(
         ax.set_xlabel(r"$\epsilon_0$ step")
         ax.set_ylabel(r"$\epsilon_1$ step")
     fig.suptitle(title)
-    return _save(fig, path)
+    return save_png(fig, path, dpi=120)
 
 
 def plot_spectrum(eigenvalues: Sequence[float], path: str | Path, title: str) -> Path:
     """A PNG of the top-k eigenvalues against their rank (MAN Fig. 4a), with λ1/λ5 (FedSOL Fig. 8)."""
     if len(eigenvalues) == 0:
         raise FLTuneError("eigenvalues: need at least one eigenvalue to plot")
-    fig = Figure(figsize=(5, 4), layout="constrained")
+    fig = new_figure(figsize=(5, 4), layout="constrained")
     ax = fig.add_subplot()
     ax.plot(np.arange(1, len(eigenvalues) + 1), eigenvalues, marker="o", markersize=3)
     ax.axhline(0.0, color="grey", linewidth=0.5)
@@ -116,7 +109,7 @@ def plot_spectrum(eigenvalues: Sequence[float], path: str | Path, title: str) ->
     ax.grid(alpha=0.3)
     has_ratio = len(eigenvalues) >= 5 and eigenvalues[4] != 0
     ax.set_title(f"{title}, λ1/λ5 = {eigenvalues[0] / eigenvalues[4]:.3g}" if has_ratio else title)
-    return _save(fig, path)
+    return save_png(fig, path, dpi=120)
 
 
 @dataclass(frozen=True)

@@ -1,20 +1,17 @@
-"""PNG figures logged as MLflow artifacts (matplotlib, headless Agg backend)."""
+"""PNG figures logged as MLflow artifacts (drawn headless by :mod:`fltune.metrics.figures`)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-
-from fltune.metrics.evaluation import ACCURACY_KEYS  # noqa: E402
+from fltune.metrics.evaluation import ACCURACY_KEYS
+from fltune.metrics.figures import new_figure, save_png
 
 
 def curves_png(history: list[dict[str, float]], path: str | Path, title: str) -> Path:
     """Accuracy under each protocol and train/test loss against the round."""
-    fig, (acc_ax, loss_ax) = plt.subplots(1, 2, figsize=(10, 4))
+    fig = new_figure(figsize=(10, 4))
+    acc_ax, loss_ax = fig.subplots(1, 2)
     for key in ACCURACY_KEYS:
         points = [(row["round"], row[key]) for row in history if key in row]
         if points:
@@ -31,7 +28,4 @@ def curves_png(history: list[dict[str, float]], path: str | Path, title: str) ->
             ax.legend()
     fig.suptitle(title)
     fig.tight_layout()
-    out = Path(path)
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
-    return out
+    return save_png(fig, path, dpi=100)

@@ -12,15 +12,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import matplotlib
+from ray.tune.experiment import Trial
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-from ray.tune.experiment import Trial  # noqa: E402
-
-from fltune.config import ExperimentConfig, build_config  # noqa: E402
-from fltune.tune.space import Choice, set_dotted  # noqa: E402
-from fltune.tune.spec import StudySpec  # noqa: E402
+from fltune.config import ExperimentConfig, build_config
+from fltune.metrics.figures import new_figure, save_png
+from fltune.tune.space import Choice, set_dotted
+from fltune.tune.spec import StudySpec
 
 ENDED = ("finished", "stopped", "diverged", "failed")
 """Final statuses: ran all rounds, stopped early by ASHA, NaN/inf, raised (after its retries)."""
@@ -115,7 +112,8 @@ def sensitivity_png(rows: list[TrialRow], spec: StudySpec, path: Path) -> Path:
     """Objective against each parameter (SimFAFL Table 4 style), one panel per parameter; ASHA-stopped
     trials hollow, since their score is from fewer rounds."""
     names = list(spec.space.params)
-    fig, axes = plt.subplots(1, len(names), figsize=(4 * len(names), 3.5), squeeze=False)
+    fig = new_figure(figsize=(4 * len(names), 3.5))
+    axes = fig.subplots(1, len(names), squeeze=False)
     scored = [r for r in rows if r.scored]
     for ax, name in zip(axes[0], names):
         dist = spec.space.params[name]
@@ -134,6 +132,4 @@ def sensitivity_png(rows: list[TrialRow], spec: StudySpec, path: Path) -> Path:
         axes[0][0].legend()
     fig.suptitle(f"{spec.name}: sensitivity")
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return save_png(fig, path, dpi=100)
