@@ -16,7 +16,7 @@ from fltune.driver import (
 )
 from fltune.errors import FLTuneError
 
-if TYPE_CHECKING:  # the command's heavy imports (Ray Tune, MLflow, matplotlib) wait until it runs
+if TYPE_CHECKING:  # the command's heavy imports (Ray Tune, MLflow) wait until it runs
     from ray.tune import PlacementGroupFactory, Tuner
 
     from fltune.config import TrackingConfig
