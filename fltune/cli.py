@@ -118,8 +118,7 @@ def start_federation(cfg: ExperimentConfig) -> tuple[Federation, WorkerPool]:
         data = loader.submit(_load_data, cfg)
         try:
             start_ray(cfg.resources.address)
-            from fltune.data.datasets import release_loaded
-            from fltune.engine.federation import Federation
+            from fltune.engine.federation import Federation, open_all
             from fltune.engine.pool import WorkerPool, plan_workers
 
             pool = WorkerPool(plan_workers(cfg, ray.cluster_resources()))
@@ -128,8 +127,7 @@ def start_federation(cfg: ExperimentConfig) -> tuple[Federation, WorkerPool]:
             raise
         try:
             fed = Federation(cfg, data.result(), pool=pool)
-            fed.open()
-            release_loaded()  # the run reads the workers' shared copy from here on
+            open_all([fed])  # the run reads the workers' shared copy from here on
         except BaseException:
             pool.shutdown()
             if started_here:

@@ -101,11 +101,8 @@ def load_dataset(name: str, root: str | Path | None = None, download: bool = Fal
 
 
 def release_loaded() -> None:
-    """Forget every dataset this process loaded (the next :func:`load_dataset` reads the files again).
-
-    Why: a run's driver loads its dataset once, hands it to the workers through Ray's object store, and
-    from then on reads their shared copy (``Federation.open``); the cache would keep the private copy
-    alive for the rest of the process (Fashion-MNIST: 55 MB of the driver's memory)."""
+    """Forget every dataset this process loaded (the next :func:`load_dataset` reads the files again):
+    for a process that reads the workers' shared copy from now on (``engine.federation.open_all``)."""
     _load.cache_clear()
 
 

@@ -26,7 +26,7 @@ import ray
 from ray import tune
 
 from fltune.config import ExperimentConfig, build_config
-from fltune.engine.federation import Federation, lockstep
+from fltune.engine.federation import Federation, lockstep, open_all
 from fltune.tune.space import Objective, set_dotted
 from fltune.tune.spec import StudySpec
 
@@ -179,8 +179,7 @@ def run_federations(cfgs: list[ExperimentConfig], objective: Objective, cadence:
     feds = [Federation(cfg) for cfg in cfgs]
     try:
         restore(feds)
-        for fed in feds:
-            fed.open()
+        open_all(feds)
         nodes = worker_nodes(feds)  # also waits until every client actor is up
         placement = {"startup_s": time.perf_counter() - start, "worker_nodes": nodes}
         if done(feds):  # restored from the final checkpoint: report the end again so Tune sees it

@@ -13,7 +13,8 @@ import torch
 
 from fltune.config import build_config
 from fltune.engine.callbacks import Callback
-from fltune.engine.federation import Federation, lockstep
+from fltune.data.datasets import load_dataset
+from fltune.engine.federation import Federation, lockstep, open_all
 from fltune.engine.pool import WorkerPlan, WorkerPool
 from tests.conftest import needs_fmnist
 
@@ -149,6 +150,27 @@ def test_lockstep_ends_every_loop_at_the_first_divergence(ray_session):
     assert [r.status for r in steps[-1]] == ["running", "diverged"]
     assert healthy.round == diverging.round == len(steps) < 5
     assert [r.metrics for r in steps[-1]] == [healthy.history[-1], diverging.history[-1]]
+
+
+def test_open_all_leaves_the_process_only_the_workers_shared_copy(ray_session):
+    """A trial's seeds are built on one load; once open they read the workers' copy, and the loader's
+    cache no longer holds the private one (a later load reads the files again)."""
+    feds = [federation("federation.seed=0"), federation("federation.seed=1")]
+    loaded = load_dataset("synthetic")
+    private = {t.untyped_storage().data_ptr() for t in vars(loaded).values() if hasattr(t, "untyped_storage")}
+
+    def reads_private(fed: Federation) -> bool:
+        return any(t.untyped_storage().data_ptr() in private
+                   for t in vars(fed.data).values() if hasattr(t, "untyped_storage"))
+
+    try:
+        assert all(reads_private(fed) for fed in feds)
+        open_all(feds)
+        assert load_dataset("synthetic") is not loaded
+        assert all(fed.pool is not None and not reads_private(fed) for fed in feds)
+    finally:
+        for fed in feds:
+            fed.close()
 
 
 def test_checkpoint_resumes_exactly(ray_session):
