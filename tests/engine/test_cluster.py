@@ -1,0 +1,44 @@
+"""Starting Ray for a command: its workers run the driver's own fltune."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import fltune
+
+WHERE = """
+import sys
+import ray
+from fltune.engine.cluster import ensure_ray
+
+ensure_ray()
+
+
+@ray.remote
+def where():
+    import fltune
+    return fltune.__file__, sys.unraisablehook is not sys.__unraisablehook__
+
+
+print(*ray.get(where.remote()))
+ray.shutdown()
+"""
+
+
+def test_workers_import_the_fltune_of_the_driver_not_the_installed_one(tmp_path: Path):
+    """A driver run from another checkout (``python cli.py`` in a clone, a benchmark's older tree) must have
+    its workers run that checkout's code, with the quieting hook applied; the hook's module-name form made
+    every worker import the installed fltune instead."""
+    checkout = tmp_path / "checkout"
+    shutil.copytree(Path(fltune.__file__).parent, checkout / "fltune", ignore=shutil.ignore_patterns("__pycache__"))
+    (checkout / "where.py").write_text(WHERE)
+    out = subprocess.run([sys.executable, "where.py"], cwd=checkout, capture_output=True, text=True, timeout=180,
+                         env={k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"})  # its own Ray
+    assert out.returncode == 0, out.stderr[-2000:]
+    path, hooked = out.stdout.split()[-2:]
+    assert Path(path).resolve() == (checkout / "fltune" / "__init__.py").resolve()
+    assert hooked == "True"
