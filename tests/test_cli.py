@@ -16,6 +16,7 @@ from mlflow.tracking import MlflowClient
 from fltune.cli import main, start_federation
 from fltune.config import build_config
 from fltune.data.datasets import load_dataset
+from tests.conftest import storages
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = ["--dataset", "synthetic", "--clients", "8", "--fraction", "0.5", "--rounds", "2", "--local-epochs", "1",
@@ -148,8 +149,7 @@ def test_a_started_run_keeps_no_private_copy_of_its_dataset(ray_session):
     fed, pool = start_federation(cfg)
     try:
         assert load_dataset(cfg.data.dataset) is not loaded
-        assert not any(t.untyped_storage().data_ptr() == loaded.train_x.untyped_storage().data_ptr()
-                       for t in vars(fed.data).values() if hasattr(t, "untyped_storage"))
+        assert not storages(fed.data) & storages(loaded)
     finally:
         fed.close()
         pool.shutdown()

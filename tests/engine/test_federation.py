@@ -16,7 +16,7 @@ from fltune.engine.callbacks import Callback
 from fltune.data.datasets import load_dataset
 from fltune.engine.federation import Federation, lockstep, open_all
 from fltune.engine.pool import WorkerPlan, WorkerPool
-from tests.conftest import needs_fmnist
+from tests.conftest import needs_fmnist, storages
 
 BASE = [
     "data.dataset=synthetic", "partition.kind=dirichlet_prior", "partition.eval_fraction=0.2",
@@ -157,17 +157,11 @@ def test_open_all_leaves_the_process_only_the_workers_shared_copy(ray_session):
     cache no longer holds the private one (a later load reads the files again)."""
     feds = [federation("federation.seed=0"), federation("federation.seed=1")]
     loaded = load_dataset("synthetic")
-    private = {t.untyped_storage().data_ptr() for t in vars(loaded).values() if hasattr(t, "untyped_storage")}
-
-    def reads_private(fed: Federation) -> bool:
-        return any(t.untyped_storage().data_ptr() in private
-                   for t in vars(fed.data).values() if hasattr(t, "untyped_storage"))
-
     try:
-        assert all(reads_private(fed) for fed in feds)
+        assert all(storages(fed.data) & storages(loaded) for fed in feds)
         open_all(feds)
         assert load_dataset("synthetic") is not loaded
-        assert all(fed.pool is not None and not reads_private(fed) for fed in feds)
+        assert all(fed.pool is not None and not storages(fed.data) & storages(loaded) for fed in feds)
     finally:
         for fed in feds:
             fed.close()
