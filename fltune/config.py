@@ -149,8 +149,9 @@ class TrainingConfig(_Section):
     weight_decay: float = Field(0.0, ge=0)
     lr_decay: float = Field(1.0, gt=0, le=1, description="lr at round r = lr · lr_decay^r (MAN 0.998, FedSOL 0.99)")
     grad_clip: float | None = Field(None, gt=0, description="max global grad norm; None = no clipping")
-    finetune_epochs: int = Field(0, ge=0, description="-FT: after the last round each client tunes its head "
-                                 "this many epochs (body frozen) before personalised evaluation")
+    finetune_epochs: int = Field(0, ge=0, description="-FT: after the last round every client trains this many "
+                                 "epochs before personalised evaluation: its personal part, else its head, with "
+                                 "the rest frozen; Ditto: one more of its own rounds (the method's final_round)")
     finetune_lr: float | None = Field(None, gt=0, description="fine-tuning lr; None = training.lr")
 
     @model_validator(mode="after")

@@ -194,7 +194,8 @@ class _GroupTrainer:
             train: Stacked, frozen: Stacked, inputs: dict[str, Stacked], x: Tensor, y: Tensor, w: Tensor,
             global_params: dict[str, Tensor],
         ) -> FunctionalStep:
-            batch = FunctionalBatch(forward, names, frozen, inputs, x, y, w, global_params, round_lr)
+            batch = FunctionalBatch(forward, names, frozen, inputs, x, y, w, global_params, round_lr,
+                                    training.grad_clip)
             return method.functional_step(train, batch)
 
         # the round's global weights are the same for every client: passed once, not stacked

@@ -21,6 +21,7 @@ from fltune.data.augment import augment, lookup_float, normalise_table, to_float
 from fltune.data.federated import FederatedData
 from fltune.engine.rng import derive_seed
 from fltune.methods.base import ClientContext, ClientResult, Method, Phase, State
+from fltune.methods.finetune import FineTune
 
 
 Batch = tuple[torch.Tensor, torch.Tensor]
@@ -232,6 +233,7 @@ def train_client(
         state=dict(client_state), server=inputs.server, num_samples=len(indices), epochs=training.local_epochs,
         lr=inputs.lr, device=device, batches=epoch,
         momentum=training.momentum if training.optimizer == "sgd" else 0.0, nesterov=training.nesterov,
+        grad_clip=training.grad_clip,
     )
     method.setup_client(ctx)
     model.train()
@@ -249,6 +251,26 @@ def train_client(
         train_acc=correct / max(seen, 1), samples=float(seen), steps=float(ctx.steps), diverged=float(diverged),
     )
     return result
+
+
+def final_round(
+    method: Method, model: nn.Module, data: FederatedData, client_id: int, inputs: RoundInput,
+    client_state: dict[str, Any], training: TrainingConfig, augment_kind: str, device: torch.device,
+    executor: Executor | None = None,
+) -> None:
+    """One client's final personal round (``training.finetune_epochs`` epochs at ``inputs.lr``), leaving in
+    ``model`` the model its personalised evaluation scores: the method's personal part tuned on CE from
+    its client model (``final_round = "tune"``, :class:`FineTune`), or one more of its own local updates,
+    then its new client model (``"own"``: Ditto's personal model, as FedCR's last round updates it)."""
+    if method.final_round == "tune":
+        tuner = FineTune(method, training.finetune_epochs, training.finetune_lr)
+        train_client(tuner, model, data, client_id, inputs, client_state, training, augment_kind, device,
+                     executor=executor)
+        return
+    own = training.model_copy(update={"local_epochs": training.finetune_epochs})
+    result = train_client(method, model, data, client_id, inputs, client_state, own, augment_kind, device,
+                          executor=executor)
+    load_state(model, method.client_model_state(inputs.global_state, result.state))
 
 
 def _local_steps(

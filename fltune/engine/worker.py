@@ -31,10 +31,11 @@ from fltune.data.federated import FederatedData
 from fltune.engine.aggregate import WeightedSum
 from fltune.engine.batched import client_groups, train_group, unbatchable
 from fltune.engine.builders import build_method, build_model_for, resolve_augment
-from fltune.engine.local import Executor, RoundInput, batch_scores, evaluate, load_state, train_client
+from fltune.engine.local import (
+    Executor, RoundInput, batch_scores, evaluate, final_round, load_state, train_client,
+)
 from fltune.engine.rng import use_deterministic_cuda
 from fltune.methods.base import ClientResult, Method, State, Upload, to_numpy
-from fltune.methods.finetune import FineTune
 from fltune.metrics.probe import ProbeTask, client_meters
 
 T = TypeVar("T")
@@ -194,14 +195,12 @@ class ClientWorker:
         """Personalised protocol: each client's own model (head fine-tuned first when ``finetune``) on its
         own held-out split."""
         data = self._attach(run_ref)
-        training = self.cfg.training
-        tuner = FineTune(self.method, training.finetune_epochs, training.finetune_lr)
         scores = {}
         for cid in client_ids:
             state = states.get(cid, {})
             if finetune:
-                train_client(tuner, self.model, data, cid, inputs, state, training, self.augment_kind, self.device,
-                             executor=self.executor)
+                final_round(self.method, self.model, data, cid, inputs, state, self.cfg.training, self.augment_kind,
+                            self.device, executor=self.executor)
             else:
                 load_state(self.model, self.method.client_model_state(inputs.global_state, state))
             idx = torch.tensor(data.client_eval[cid], dtype=torch.long)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, NamedTuple, TypeVar
+from typing import Any, ClassVar, Literal, NamedTuple, TypeVar
 
 import numpy as np
 import torch
@@ -78,6 +78,9 @@ class ClientContext:
     """The local optimiser's SGD momentum (0 for Adam): FedNova's a_k and SCAFFOLD's c_k depend on it."""
     nesterov: bool = False
     """Whether that momentum is Nesterov's (``training.nesterov``): it changes :func:`effective_steps`."""
+    grad_clip: float | None = None
+    """``training.grad_clip``: the engine clips the step's ``.grad`` with it; a method that steps a model of
+    its own (Ditto's personal model) clips that step too, as the authors' code does."""
     scratch: dict[str, Any] = field(default_factory=dict)
 
     def global_param(self, name: str) -> torch.Tensor:
@@ -224,6 +227,8 @@ class FunctionalBatch:
     weight: torch.Tensor
     global_params: Tensors
     lr: float
+    grad_clip: float | None = None
+    """``training.grad_clip`` (:attr:`ClientContext.grad_clip`)."""
 
     def full(self, trainable: Mapping[str, torch.Tensor]) -> Tensors:
         """Every parameter, in the model's order: ``trainable`` where given, the frozen value elsewhere."""
@@ -265,6 +270,17 @@ def gradient(
     return grads, loss, aux
 
 
+def clip_by_total_norm(grads: Tensors, max_norm: float | None) -> Tensors:
+    """``torch.nn.utils.clip_grad_norm_``'s rule without ``.grad`` or in-place writes, so it also runs
+    inside the batched executor's vmap: every tensor scaled by min(1, max_norm / (‖g‖ + 1e-6)), ‖g‖ the
+    norm over all of them; None leaves ``grads`` as they are."""
+    if max_norm is None:
+        return grads
+    total = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads.values()]))
+    scale = (max_norm / (total + 1e-6)).clamp(max=1.0)
+    return {n: g * scale for n, g in grads.items()}
+
+
 def to_numpy(state: dict[str, torch.Tensor], keys: set[str] | None = None) -> State:
     """Detach a (sub)state_dict to CPU numpy for the wire or the client store."""
     return {k: v.detach().cpu().numpy().copy() for k, v in state.items() if keys is None or k in keys}
@@ -292,6 +308,11 @@ class Method:
     """Whether the batched executor (``resources.executor: batched``, engine/batched.py) may train this
     method's clients K at a time: its local step is plain gradient descent on :meth:`functional_loss`, and
     its other client hooks work on one client's context as usual. Checked through :meth:`batches_clients`."""
+    final_round: ClassVar[Literal["tune", "own"]] = "tune"
+    """What the final personal round (``training.finetune_epochs``, after the last round) trains on every
+    client before the personalised evaluation: ``tune``, the personal part (else the head) on plain CE with
+    the rest frozen (``methods/finetune.py``, FedCR's last round); ``own``, one more of the method's own
+    local updates, after which its client model is evaluated (Ditto, as FedCR's ``main_fed_ditto.py``)."""
 
     def __init__(self, params: Params | None = None) -> None:
         self.params = params if params is not None else self.Params()

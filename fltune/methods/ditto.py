@@ -13,8 +13,16 @@ default ``client_model_state`` puts on top of the global weights). λ = 0 leaves
 models; λ → ∞ pins them to the global model.
 
 **[U]** v starts from the round's global model at a client's first participation; its steps are plain
-SGD (no momentum, weight decay or clipping: λ(v − w_g) is its only regulariser, as in FedCR's
+SGD (no momentum or weight decay: λ(v − w_g) is its only regulariser, as in FedCR's
 ``main_fed_ditto.py`` with momentum 0 and weight decay 0).
+
+With ``training.grad_clip`` the personal steps are clipped as that code clips them
+(``distributed_training_utils_ditto.py``, ``train_cnn_local``): its loss is CE(v) − λ⟨v, w_g⟩ with λ as
+SGD weight decay, so ``clip_grad_norm_`` bounds ∇CE(v) − λ·w_g and the optimiser adds λ·v afterwards;
+the step is the same λ-proximal one whenever the norm stays under the bound.
+
+Its final round (``training.finetune_epochs``, ``final_round = "own"``) is that code's last round: every
+client runs one more Ditto update, and its new personal model is evaluated.
 """
 
 from __future__ import annotations
@@ -29,8 +37,8 @@ from torch import Tensor, nn
 
 from fltune.methods import register
 from fltune.methods.base import (
-    ClientContext, ClientResult, FunctionalBatch, FunctionalStep, Method, Params, Tensors, gradient,
-    masked_cross_entropy, squared_distance, to_numpy,
+    ClientContext, ClientResult, FunctionalBatch, FunctionalStep, Method, Params, Tensors, clip_by_total_norm,
+    gradient, masked_cross_entropy, squared_distance, to_numpy,
 )
 
 
@@ -47,6 +55,7 @@ class Ditto(Method):
     stored_models = 2.0  # the personal model v_k beside the local copy of the global model
     passes_per_step = 2.0  # both are trained on every batch
     batchable = True
+    final_round = "own"
 
     def setup_client(self, ctx: ClientContext) -> None:
         """The engine loaded the client's personal model: keep it aside and train w from w_g."""
@@ -71,12 +80,24 @@ class Ditto(Method):
     def backward(self, ctx: ClientContext, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
         """FedAvg's gradient for w (stepped by the engine), then one SGD step of v on the same batch."""
         result = super().backward(ctx, x, y)
-        params = list(ctx.scratch["personal"].parameters())
-        grads = torch.autograd.grad(self.personal_loss(ctx, x, y), params)
+        params = dict(ctx.scratch["personal"].named_parameters())
+        grads = torch.autograd.grad(self.personal_loss(ctx, x, y), list(params.values()))
+        values = {n: p.detach() for n, p in params.items()}
+        direction = self._direction(dict(zip(params, grads)), values, ctx.grad_clip)
         with torch.no_grad():
-            for param, grad in zip(params, grads):
-                param.sub_(ctx.lr * grad)
+            for name, param in params.items():
+                param.sub_(ctx.lr * direction[name])
         return result
+
+    def _direction(self, grads: Tensors, personal: Tensors, max_norm: float | None) -> Tensors:
+        """v's step direction from ∇[CE + (λ/2)‖v − w_g‖²] (``grads``) at v (``personal``): clipped as
+        FedCR's code clips it, ∇CE − λ·w_g = ``grads`` − λ·v bounded, then λ·v added back; unclipped
+        without ``max_norm``."""
+        if max_norm is None:
+            return grads
+        lam = self.params.lam
+        clipped = clip_by_total_norm({n: g - lam * personal[n] for n, g in grads.items()}, max_norm)
+        return {n: g + lam * personal[n] for n, g in clipped.items()}
 
     def loss_inputs(self, ctx: ClientContext) -> dict[str, Tensors]:
         """v's parameters (detached views: the engine's final copy into them is v's batched result)."""
@@ -93,7 +114,8 @@ class Ditto(Method):
             return self._proximal(ce, v.items(), batch.global_params), ()
 
         grads, _, _ = gradient(personal_loss, batch.inputs["personal"])
-        personal = {n: v - batch.lr * grads[n] for n, v in batch.inputs["personal"].items()}
+        direction = self._direction(grads, batch.inputs["personal"], batch.grad_clip)
+        personal = {n: v - batch.lr * direction[n] for n, v in batch.inputs["personal"].items()}
         return step._replace(carry={"personal": personal})
 
     def client_result(self, ctx: ClientContext) -> ClientResult:

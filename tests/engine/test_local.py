@@ -1,12 +1,15 @@
 """The client optimiser ``make_optimizer`` builds from the training section: Nesterov SGD when
 ``training.nesterov`` (FedAlign's every method: ``SGD(..., momentum=0.9, nesterov=True)``,
-``mmendiet/FedAlign:methods/fedavg.py``), plain momentum SGD otherwise."""
+``mmendiet/FedAlign:methods/fedavg.py``), plain momentum SGD otherwise; and the final personal round
+``final_round`` runs, as each method declares it."""
 
+import numpy as np
 import pytest
 import torch
 
 from fltune.config import build_config
-from fltune.engine.local import make_optimizer
+from fltune.engine.builders import build_method, build_model_for, initial_state, load_data
+from fltune.engine.local import RoundInput, final_round, make_optimizer, train_client
 from fltune.methods.base import effective_steps
 
 
@@ -28,3 +31,49 @@ def test_nesterov_setting_reaches_the_optimiser():
     assert two_steps() == pytest.approx(-0.1 * 2.0 * 2.9, abs=1e-12)
     assert two_steps("training.nesterov=true") == pytest.approx(-0.1 * 2.0 * 4.61, abs=1e-12)
     assert 4.61 == pytest.approx(effective_steps(2, 0.9, nesterov=True))
+
+
+def _final_round_setup(method: str, **training: object) -> tuple:
+    """A synthetic 4-client run's config, data, method, model and round-(R+1) input."""
+    cfg = build_config({"data": {"dataset": "synthetic"}, "method": {"name": method}, "federation": {"clients": 4},
+                        "training": {"local_epochs": 1, **training}})
+    data = load_data(cfg)
+    state = initial_state(cfg, data)
+    inputs = RoundInput(round=cfg.federation.rounds + 1, seed=0, lr=0.1, global_state=state, server={})
+    return cfg, data, build_method(cfg), inputs
+
+
+def test_dittos_final_round_is_one_more_ditto_update_whose_personal_model_is_left_to_evaluate():
+    """``final_round = "own"`` (FedCR's main_fed_ditto.py last round): every parameter of the client's
+    personal model v trains for ``finetune_epochs`` (not ``local_epochs``) on Ditto's own objective, and v,
+    not the global copy w, is what the evaluation then scores."""
+    cfg, data, ditto, inputs = _final_round_setup("ditto", finetune_epochs=2)
+    personal = {k: v + np.float32(0.05) for k, v in inputs.global_state.items()}
+    cpu = torch.device("cpu")
+
+    model = build_model_for(cfg, data)
+    final_round(ditto, model, data, 0, inputs, {"personal": personal}, cfg.training, "none", cpu)
+    left = {k: v.detach().numpy() for k, v in model.state_dict().items()}
+
+    def ditto_round(epochs: int) -> dict:
+        training = cfg.training.model_copy(update={"local_epochs": epochs})
+        out = train_client(ditto, build_model_for(cfg, data), data, 0, inputs, {"personal": personal}, training,
+                           "none", cpu)
+        return out.state["personal"]
+
+    two, one = ditto_round(2), ditto_round(1)
+    assert all(np.array_equal(left[k], two[k]) for k in left)
+    assert not all(np.array_equal(left[k], one[k]) for k in left)
+    assert all(not np.array_equal(left[k], personal[k]) for k in left)  # body and head both trained
+
+
+def test_a_tuning_final_round_trains_the_personal_part_on_its_client_model():
+    """``final_round = "tune"`` (FedPer): the head moves from the client's own head, the shared body stays."""
+    cfg, data, fedper, inputs = _final_round_setup("fedper", finetune_epochs=2)
+    head = {k: v + np.float32(0.05) for k, v in inputs.global_state.items() if k.startswith("head.")}
+    model = build_model_for(cfg, data)
+    final_round(fedper, model, data, 0, inputs, {"personal": head}, cfg.training, "none", torch.device("cpu"))
+    left = {k: v.detach().numpy() for k, v in model.state_dict().items()}
+    assert all(np.array_equal(left[k], v) for k, v in inputs.global_state.items() if not k.startswith("head."))
+    assert all(not np.array_equal(left[k], head[k]) and not np.array_equal(left[k], inputs.global_state[k])
+               for k in head)

@@ -42,18 +42,20 @@ def test_matches_torch_sgd(steps, momentum, nesterov):
 BATCHABLE = sorted(name for name, cls in METHODS.items() if cls.batches_clients())
 
 
+@pytest.mark.parametrize("grad_clip", [None, 0.05])
 @pytest.mark.parametrize("name", BATCHABLE)
-def test_functional_step_is_the_exact_step(name):
+def test_functional_step_is_the_exact_step(name, grad_clip):
     """The batched executor's contract, method by method: on one batch padded by two zero-weight samples,
     ``functional_step`` gives the loss and the gradient ``backward`` + ``after_backward`` leave in
-    ``.grad``, and Ditto's carried personal model the one ``backward`` stepped; ε is drawn alike
-    (``step_noise`` from a generator seeded as the exact path seeds torch's global RNG)."""
+    ``.grad``, and Ditto's carried personal model the one ``backward`` stepped (clipped alike when
+    ``grad_clip`` is set: 0.05 clips it); ε is drawn alike (``step_noise`` from a generator seeded as the
+    exact path seeds torch's global RNG)."""
     method = get_method(name)()
     vib = isinstance(method, VIBMethod)
     model = method.adapt_model(tiny_vib() if vib else tiny_model())
     global_state = move_away(model)  # FedProx's and Ditto's proximal terms are not zero
     server = method.server_payload(method.init_server_state(to_numpy(global_state)))
-    ctx = make_ctx(model, global_state=global_state, server=server)
+    ctx = make_ctx(model, global_state=global_state, server=server, grad_clip=grad_clip)
     method.setup_client(ctx)
     x, y = tiny_batch()
     names = tuple(n for n, _ in model.named_parameters())
@@ -61,7 +63,7 @@ def test_functional_step_is_the_exact_step(name):
     noise = method.step_noise(ctx, len(y), torch.Generator().manual_seed(7))
     inputs = {**method.loss_inputs(ctx), "noise": {k: pad(v) for k, v in noise.items()}}
     weight = pad(torch.ones(len(y)))
-    batch = FunctionalBatch(Forward(model), names, {}, inputs, pad(x), pad(y), weight, global_state, ctx.lr)
+    batch = FunctionalBatch(Forward(model), names, {}, inputs, pad(x), pad(y), weight, global_state, ctx.lr, grad_clip)
     step = method.functional_step(params, batch)
 
     torch.manual_seed(7)

@@ -17,9 +17,9 @@ def shifted(model, delta):
     return {k: v.detach().clone() + delta for k, v in model.state_dict().items()}
 
 
-def personal_after_one_step(method, global_state, lr=0.1):
+def personal_after_one_step(method, global_state, lr=0.1, grad_clip=None):
     """A client whose personal model is tiny_model(seed 1) and whose round global is ``global_state``."""
-    ctx = make_ctx(tiny_model(seed=1), global_state=global_state, lr=lr)
+    ctx = make_ctx(tiny_model(seed=1), global_state=global_state, lr=lr, grad_clip=grad_clip)
     method.setup_client(ctx)
     x, y = tiny_batch()
     method.backward(ctx, x, y)
@@ -57,3 +57,24 @@ def test_global_copy_trains_from_w_g_and_personal_model_stays_in_the_state():
     assert set(result.update) == set(global_state)
     assert all((result.state["personal"][n] == personal[n].numpy()).all() for n in personal)
     assert all(ctx.model.get_parameter(n).grad is not None for n in personal)
+
+
+def test_with_grad_clip_the_personal_step_is_clipped_as_fedcrs_code():
+    """FedCR's ``train_cnn_local``: loss CE(v) − λ⟨v, w_g⟩, ``clip_grad_norm_(max_norm)``, then SGD with weight
+    decay λ, i.e. v ← v − η·(clip(∇CE − λ·w_g) + λ·v). Rebuilt here with torch's own clip and SGD."""
+    lam, lr, max_norm = 2.0, 0.1, 0.5
+    reference = tiny_model(seed=1)
+    global_state = shifted(reference, -0.1)
+    x, y = tiny_batch()
+    linear = sum((p * global_state[n]).sum() for n, p in reference.named_parameters())
+    (F.cross_entropy(reference(x), y) - lam * linear).backward()
+    norm = torch.nn.utils.clip_grad_norm_(reference.parameters(), max_norm)
+    torch.optim.SGD(reference.parameters(), lr=lr, weight_decay=lam).step()
+    assert norm > max_norm  # the bound is active
+
+    _, clipped = personal_after_one_step(ditto(lam), global_state, lr=lr, grad_clip=max_norm)
+    _, unclipped = personal_after_one_step(ditto(lam), global_state, lr=lr)
+
+    for name, param in reference.named_parameters():
+        assert torch.allclose(clipped[name], param.detach(), atol=1e-6)
+    assert not all(torch.allclose(clipped[n], unclipped[n], atol=1e-4) for n in clipped)

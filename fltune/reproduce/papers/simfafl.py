@@ -8,9 +8,10 @@ Table 2 was produced on FedCR's code base (``haozzh/FedCR``), so every row runs 
 its README's per-method commands (lr, Ditto's μ, FedSR's dimZ/CMI/L2R, 500 rounds, E = 10, B = 48),
 ``utils/options.py`` (SGD momentum 0, weight decay 0, ``last_local_ep`` 10, ``local_rep_ep`` 1) and
 ``models/distributed_training_utils*.py`` (gradient norm clipped at ``max_norm = 10`` on every step; a last
-round in which every client trains its personal part with the averaged part frozen — the engine's
-fine-tuning phase, ``training.finetune_epochs``). The README gives CIFAR-100 commands only: the same
-settings on the other datasets are **[U]**.
+round in which every client trains its personal part with the averaged part frozen, or for Ditto
+(``main_fed_ditto.py``) runs one more Ditto round — the engine's final personal round,
+``training.finetune_epochs``, as each method's ``final_round`` declares it). The README gives CIFAR-100
+commands only: the same settings on the other datasets are **[U]**.
 """
 
 from __future__ import annotations
@@ -38,7 +39,8 @@ class Row(NamedTuple):
     method: str
     lr: float
     final: bool
-    """Ends with the code's last round (personal part trained, shared part frozen): ``acc_personalized_ft``."""
+    """Ends with the code's last round (the method's ``final_round``: personal part trained with the shared
+    part frozen, or Ditto's own round): ``acc_personalized_ft``."""
     settings: dict[str, Any]
     note: str
     """Where the settings come from; **[U]** where no source gives them."""
@@ -55,9 +57,9 @@ ROWS: dict[str, Row] = {
     "FedBABU": Row("fedper", 0.01, True, {}, "README; FedCR's main_fed.py trains fedbabu exactly as fedper "
                    "(Table 2 prints identical numbers for the two in 6 of 8 columns), so this row runs fedper; "
                    "last round tunes the personal head"),
-    "Ditto": Row("ditto", 0.5, False, {"method.lam": 0.1}, "README (mu 0.1); main_fed_ditto.py has no head "
-                 "round [≠ code: its extra round updating every client's personal model is not run, and the "
-                 "personal model's own steps are not clipped]"),
+    "Ditto": Row("ditto", 0.5, True, {"method.lam": 0.1}, "README (mu 0.1); main_fed_ditto.py's last round is "
+                 "one more Ditto round of every client (E epochs), its personal model then evaluated; the personal "
+                 "steps clipped as distributed_training_utils_ditto.py clips them"),
     "FedSR-FT": Row("fedsr", 0.005, True,
                     {"method.alpha_cmi": 0.001, "method.alpha_l2r": 0.001, "model.options": {"dim_z": 256}},
                     "README (dimZ 256, CMI 0.001, L2R 0.001); last round tunes the head"),

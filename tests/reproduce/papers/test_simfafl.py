@@ -5,7 +5,8 @@ Sources pinned here: ``README.md`` (per-method commands: --lr, --mu, --dimZ, --C
 --last_local_ep 10, --local_rep_ep 1), ``code_FedCR/models/distributed_training_utils*.py`` (``max_norm = 10``
 clipping on every step; the last round trains the non-shared part for max(last_local_ep, local_ep −
 local_rep_ep) epochs, fedavg/fedSR the head for last_local_ep), ``code_FedCR/main_fed.py`` (fedbabu shares
-fedper's keys and schedule), ``code_FedCR/main_fed_ditto.py`` (Ditto: no head round).
+fedper's keys and schedule), ``code_FedCR/main_fed_ditto.py`` (Ditto's last round: one more Ditto round of
+every client, ``local_ep`` epochs).
 """
 
 from __future__ import annotations
@@ -20,9 +21,9 @@ from fltune.reproduce.registry import get_table
 README_LR = {"FedAvg": 0.01, "FedAvg-FT": 0.01, "FedPer": 0.01, "LG-FedAvg": 0.01, "FedRep": 0.01,
              "FedBABU": 0.01, "FedPAC": 0.01, "Ditto": 0.5, "FedSR-FT": 0.005, "FedCR": 0.05, "SimFAFL": 0.05}
 """FedCR README.md's --lr per method; SimFAFL as FedCR ([U]: the paper gives none)."""
-LAST_ROUND = {"FedAvg": False, "Ditto": False}
-"""Rows without the code's head/personal last round: FedAvg reports the averaged model, main_fed_ditto.py has
-no such round; every other row ends with it (main_fed.py, main_fedSR.py, main_fed_PAC.py)."""
+LAST_ROUND = {"FedAvg": False}
+"""Rows without the code's last round: FedAvg reports the averaged model; every other row ends with it
+(main_fed.py, main_fedSR.py, main_fed_PAC.py, main_fed_ditto.py)."""
 
 
 def configs(scale: str, dataset: str = "fmnist", column: str = "non-IID1") -> dict:
@@ -46,13 +47,19 @@ def test_every_row_takes_the_readme_lr_plain_sgd_and_clipping_at_both_scales(sca
 
 @pytest.mark.parametrize("scale, last_local_ep", [("paper", 10), ("quick", 2)])
 def test_last_round_lasts_max_of_last_local_ep_and_e_minus_rep_ep(scale: str, last_local_ep: int) -> None:
-    """distributed_training_utils.py: fedavg/fedSR → last_local_ep; the others → max(last_local_ep, E − 1).
-    Quick keeps the paper's last_local_ep = E."""
+    """distributed_training_utils.py: fedavg/fedSR → last_local_ep; Ditto's own round → local_ep
+    (distributed_training_utils_ditto.py); the others → max(last_local_ep, E − 1). Quick keeps the paper's
+    last_local_ep = E."""
     for row, cfg in configs(scale).items():
         if not LAST_ROUND.get(row, True):
             continue
         e = cfg.training.local_epochs
-        expected = last_local_ep if ROWS[row].method in ("fedavg", "fedsr") else max(last_local_ep, e - LOCAL_REP_EP)
+        if ROWS[row].method == "ditto":
+            expected = e
+        elif ROWS[row].method in ("fedavg", "fedsr"):
+            expected = last_local_ep
+        else:
+            expected = max(last_local_ep, e - LOCAL_REP_EP)
         assert cfg.training.finetune_epochs == expected, row
         assert last_local_ep == e  # README: --local_ep 10 with options.py's last_local_ep 10
 
@@ -80,5 +87,5 @@ def test_rows_own_settings_follow_the_readme() -> None:
 def test_header_lists_each_rows_settings_with_unknowns_marked() -> None:
     table = get_table("table2")
     assert list(table.row_settings) == list(ROWS)
-    assert table.row_settings["Ditto"].startswith("ditto, lr 0.5, lam 0.1 — ")
+    assert table.row_settings["Ditto"].startswith("ditto, lr 0.5, lam 0.1, last round — ")
     assert "[U" in table.row_settings["SimFAFL"] and "last round" in table.row_settings["FedCR"]
