@@ -5,8 +5,9 @@ Sources pinned here: ``README.md`` (per-method commands: --lr, --mu, --dimZ, --C
 --last_local_ep 10, --local_rep_ep 1), ``code_FedCR/models/distributed_training_utils*.py`` (``max_norm = 10``
 clipping on every step; the last round trains the non-shared part for max(last_local_ep, local_ep −
 local_rep_ep) epochs, fedavg/fedSR the head for last_local_ep), ``code_FedCR/main_fed.py`` (fedbabu shares
-fedper's keys and schedule), ``code_FedCR/main_fed_ditto.py`` (Ditto's last round: one more Ditto round of
-every client, ``local_ep`` epochs).
+fedper's keys and schedule), ``code_FedCR/main_fed_PAC.py`` (its own FedPAC: ``fedpac_fedcr``),
+``code_FedCR/main_fed_ditto.py`` (Ditto's last round: one more Ditto round of every client, ``local_ep``
+epochs).
 """
 
 from __future__ import annotations
@@ -78,7 +79,9 @@ def test_rows_own_settings_follow_the_readme() -> None:
     assert fedsr.model.options == {"dim_z": 256}  # --dimZ 256
     assert by["FedCR"].method.params.beta2 == 1.0  # --beta2 1
     assert by["FedRep"].method.params.body_epochs == 1  # --local_rep_ep 1
+    assert by["FedPAC"].method.name == "fedpac_fedcr"  # main_fed_PAC.py's FedPAC, not FedPAC's own code
     assert by["FedPAC"].method.params.lam == 1.0  # --beta_PAC 1
+    assert by["FedPAC"].method.params.body_epochs == 1  # --local_rep_ep 1
     assert by["FedBABU"].method.name == "fedper"  # main_fed.py: fedbabu is trained exactly as fedper
     # Table 4's FedCR-β = 0.001 column equals Table 2's FedCR CIFAR-100 non-IID2 value (42.91)
     assert configs("paper", "cifar100", "non-IID2")["FedCR"].method.params.beta == 0.001

@@ -1,0 +1,119 @@
+"""FedPAC as FedCR's code runs it (``haozzh/FedCR``: ``main_fed_PAC.py``,
+``models/distributed_training_utils_PAC.py``): the code behind SimFAFL Table 2's FedPAC row; docs/methods.md §2.
+
+It is not FedPAC's own algorithm (``fedpac``, from ``JianXu95/FedPAC``), and the table's numbers come from
+this one. Shared body, personal head (as FedPer); per round, client i:
+
+1. ``max(E − body_epochs, 1)`` epochs on the head alone (body frozen), then ``body_epochs`` on the body alone
+   (head frozen), all at the round's lr: FedRep's schedule (the code's ``local_ep − local_rep_ep`` and
+   ``local_rep_ep``);
+2. the body epochs add λ·R to the cross-entropy, with R = ‖F − C_y‖_F / B, where F holds the batch's
+   features f(x) (B × d) and C_y the server's centroid of each sample's class. R is a Frobenius norm
+   over the batch size, neither squared nor averaged over d (``torch.norm(...) / len(labels)``);
+3. after training, one pass over its data updates its class summaries s_k, sample by sample in batch
+   order: an empty (all-zero) s_k becomes f, otherwise s_k ← (f + s_k)/2 (``local_feature``). The
+   summaries are the client's own and are never reset, so they carry over between its rounds.
+
+Server (``global_feature_centroids``): the bodies are averaged n_k-weighted. For each class, the new centroid
+is the mean of *all entries* of the non-empty summaries s_k of this round's clients: ``torch.mean`` of
+their concatenation, one number that fills the whole d-vector. A class that no client of the round has
+keeps its centroid, and the centroids start at zero, so round 1's body epochs pull the features towards
+0. FedPAC's classifier combination is not run (``Get_classifier`` is commented out in ``main_fed_PAC.py``).
+The final round tunes the personal head (the engine's default final round; the code's ``last`` round
+trains the head alone on cross-entropy).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from pydantic import Field
+from torch import Tensor
+
+from fltune.methods import register
+from fltune.methods.base import ClientContext, ClientResult, ServerContext, ServerUpdate
+from fltune.methods.fedrep import FedRep, FedRepParams
+
+
+class FedPACFedCRParams(FedRepParams):
+    lam: float = Field(1.0, ge=0, description="weight λ of the alignment norm R (FedCR's README: beta_PAC 1)")
+
+
+def update_summaries(summaries: Tensor, features: Tensor, labels: Tensor) -> None:
+    """FedCR's ``local_feature`` for one batch, in place: per sample in order, an all-zero summary of its
+    class takes the feature, any other is averaged with it, (f + s)/2."""
+    for feature, label in zip(features, labels.tolist()):
+        current = summaries[label]
+        summaries[label] = (feature + current) / 2 if current.any() else feature
+
+
+def class_summaries(ctx: ClientContext, start: np.ndarray | None) -> np.ndarray:
+    """The client's summaries (classes × d) after one pass over its data with the trained model, from
+    ``start`` (its summaries of earlier rounds) or, at its first round, zeros."""
+    head = ctx.model.head
+    shape = (head.out_features, ctx.model.feature_dim)
+    summaries = torch.zeros(shape, device=ctx.device) if start is None else torch.tensor(start, device=ctx.device)
+    with torch.no_grad():
+        for x, y in ctx.batches():
+            update_summaries(summaries, ctx.model.features(x), y)
+    return summaries.cpu().numpy()
+
+
+def centroids(previous: np.ndarray, summaries: list[np.ndarray]) -> np.ndarray:
+    """FedCR's ``global_feature_centroids``: per class, the mean over every entry of the clients' non-empty
+    summaries, broadcast over the feature dimension; the previous centroid where none is non-empty."""
+    stacked = np.stack(summaries)  # clients × classes × d
+    present = stacked.any(axis=2)  # clients × classes
+    out = previous.copy()
+    for k in np.nonzero(present.any(axis=0))[0]:
+        out[k] = stacked[present[:, k], k].astype(np.float64).mean()
+    return out.astype(np.float32)
+
+
+@register
+class FedPACFedCR(FedRep):
+    """FedPAC as in FedCR's code: FedRep's head-then-body epochs, the body's CE plus λ·‖F − C_y‖_F / B."""
+
+    name = "fedpac_fedcr"
+    Params = FedPACFedCRParams
+    stored_models = 1.0  # the local model (summaries and centroids are classes × d)
+    passes_per_step = 1.0
+    batchable = False
+
+    def setup_client(self, ctx: ClientContext) -> None:
+        """The round's centroids C (zeros before the server has any), one row per class."""
+        shape = (ctx.model.head.out_features, ctx.model.feature_dim)
+        given = ctx.server.get("centroids")
+        ctx.scratch["centroids"] = (torch.zeros(shape, device=ctx.device) if given is None
+                                    else torch.tensor(given, device=ctx.device))
+
+    def local_loss(self, ctx: ClientContext, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
+        """CE + λ·‖F − C_y‖_F / B. The head epochs freeze the body, so the norm moves nothing there (the code
+        leaves it out of their loss; here it is in their reported loss only)."""
+        features = ctx.model.features(x)
+        logits = ctx.model.head(features)
+        loss = torch.nn.functional.cross_entropy(logits, y)
+        if self.params.lam:
+            distance = torch.linalg.norm(features - ctx.scratch["centroids"][y]) / len(y)
+            loss = loss + self.params.lam * distance
+        return loss, logits
+
+    def client_result(self, ctx: ClientContext) -> ClientResult:
+        result = super().client_result(ctx)
+        summaries = class_summaries(ctx, ctx.state.get("summaries"))
+        result.state["summaries"] = summaries
+        result.upload = {"summaries": summaries}
+        return result
+
+    def server_payload(self, server_state: dict[str, Any]) -> dict[str, Any]:
+        return dict(server_state)
+
+    def aggregate(self, ctx: ServerContext) -> ServerUpdate:
+        """Bodies: n_k-weighted mean (default); centroids from this round's clients' summaries."""
+        out = super().aggregate(ctx)
+        summaries = [u["summaries"] for u in ctx.aggregate.uploads.values()]
+        previous = ctx.server_state.get("centroids", np.zeros_like(summaries[0]))
+        return ServerUpdate(out.global_state, {**out.server_state, "centroids": centroids(previous, summaries)},
+                            out.client_states)

@@ -1,0 +1,114 @@
+"""FedPAC as FedCR's code runs it (``haozzh/FedCR``: ``models/distributed_training_utils_PAC.py``
+``train_cnn``, ``local_feature``, ``global_feature_centroids``; ``main_fed_PAC.py``): CE + λ·‖F − C_y‖_F / B
+in the body epochs, per-sample halving class summaries, and one scalar centroid per class."""
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fltune.methods import get_method
+from fltune.methods.base import Aggregate, Phase, ServerContext
+from fltune.methods.fedpac_fedcr import centroids, update_summaries
+from fltune.models import SplitModel
+from tests.methods.helpers import make_ctx, pure_aggregate, tiny_model
+
+FedPACFedCR = get_method("fedpac_fedcr")
+
+# class 0: features (1, 0), then (3, 0) in the next batch; class 1: (0, 2)
+HAND_BATCHES = [
+    (torch.tensor([[1.0, 0.0], [0.0, 2.0]]), torch.tensor([0, 1])),
+    (torch.tensor([[3.0, 0.0]]), torch.tensor([0])),
+]
+
+
+def identity_model() -> SplitModel:
+    """f(x) = x for 2-d inputs, so features can be written down by hand."""
+    torch.manual_seed(0)
+    return SplitModel(nn.Flatten(), nn.Linear(2, 2), feature_dim=2)
+
+
+def test_loss_is_ce_plus_lambda_frobenius_norm_over_the_batch_size():
+    """``loss = loss_f_i + beta_PAC · torch.norm(fecture_output − C[labels]) / len(labels)``."""
+    model = identity_model()
+    server = {"centroids": np.array([[1.0, 1.0], [0.5, 0.5]], np.float32)}
+    ctx = make_ctx(model, server=server, batches=HAND_BATCHES)
+    method = FedPACFedCR(FedPACFedCR.Params(lam=0.5))
+    method.setup_client(ctx)
+    x, y = HAND_BATCHES[0]
+
+    loss, logits = method.local_loss(ctx, x, y)
+
+    residual = x - torch.tensor([[1.0, 1.0], [0.5, 0.5]])  # rows (0, −1) and (−0.5, 1.5): ‖·‖_F² = 3.5
+    expected = F.cross_entropy(model(x), y) + 0.5 * residual.pow(2).sum().sqrt() / 2
+    assert torch.allclose(loss, expected)
+    assert torch.allclose(residual.pow(2).sum(), torch.tensor(3.5))
+    assert torch.allclose(logits, model(x))
+
+
+def test_centroids_start_at_zero():
+    """Round 1: the server has no centroids yet and the code's are zeros, so R = ‖F‖_F / B."""
+    model = identity_model()
+    ctx = make_ctx(model, batches=HAND_BATCHES)
+    method = FedPACFedCR()
+    method.setup_client(ctx)
+    x, y = HAND_BATCHES[0]
+    expected = F.cross_entropy(model(x), y) + x.pow(2).sum().sqrt() / 2
+    assert torch.allclose(method.local_loss(ctx, x, y)[0], expected)
+
+
+def test_head_epochs_then_body_epochs_at_the_rounds_lr():
+    """``head_eps = local_eps − local_rep_ep`` head epochs, then ``local_rep_ep`` body epochs, one lr."""
+    ctx = make_ctx(tiny_model(), epochs=10)
+    assert FedPACFedCR().phases(ctx) == [Phase(9, ("head.",)), Phase(1, ("body.",))]
+
+
+def test_summaries_halve_towards_each_new_sample_and_persist():
+    """``local_feature``: an all-zero summary takes the sample; otherwise (f + s)/2, in sample order."""
+    summaries = torch.zeros(2, 2)
+    for x, y in HAND_BATCHES:
+        update_summaries(summaries, x, y)
+    # class 0: (1, 0), then ((3, 0) + (1, 0))/2 = (2, 0); class 1: (0, 2)
+    assert torch.equal(summaries, torch.tensor([[2.0, 0.0], [0.0, 2.0]]))
+    update_summaries(summaries, torch.tensor([[0.0, 4.0]]), torch.tensor([0]))  # a later round goes on
+    assert torch.equal(summaries[0], torch.tensor([1.0, 2.0]))
+
+
+def test_client_keeps_and_uploads_its_summaries_after_training():
+    model = identity_model()
+    start = np.array([[4.0, 0.0], [0.0, 0.0]], np.float32)  # class 0 summarised in an earlier round
+    ctx = make_ctx(model, state={"summaries": start}, batches=HAND_BATCHES)
+    method = FedPACFedCR()
+    method.setup_client(ctx)
+    result = method.client_result(ctx)
+    # class 0: ((1, 0) + (4, 0))/2 = (2.5, 0), then ((3, 0) + (2.5, 0))/2 = (2.75, 0); class 1: (0, 2)
+    expected = np.array([[2.75, 0.0], [0.0, 2.0]], np.float32)
+    assert np.array_equal(result.state["summaries"], expected)
+    assert np.array_equal(result.upload["summaries"], expected)
+    assert set(result.update) == {k for k in model.state_dict() if k.startswith("body.")}
+
+
+def test_server_centroid_is_one_number_per_class_the_mean_of_all_entries():
+    """``torch.mean`` of the concatenated non-empty summaries fills the class's d-vector; a class no
+    client of the round has keeps its previous centroid."""
+    previous = np.array([[9.0, 9.0], [7.0, 7.0], [5.0, 5.0]], np.float32)
+    a = np.array([[1.0, 3.0], [0.0, 0.0], [0.0, 0.0]], np.float32)
+    b = np.array([[2.0, 6.0], [0.0, 4.0], [0.0, 0.0]], np.float32)
+    out = centroids(previous, [a, b])
+    assert np.allclose(out, [[3.0, 3.0], [2.0, 2.0], [5.0, 5.0]])  # (1+3+2+6)/4; (0+4)/2 from b alone
+
+
+def test_aggregate_averages_bodies_and_sends_new_centroids():
+    method = FedPACFedCR()
+    body = {"body.w": np.zeros(2, np.float32)}
+    summaries = {0: np.array([[1.0, 3.0]], np.float32), 1: np.array([[0.0, 0.0]], np.float32)}
+    aggregate = Aggregate(
+        mean={"body.w": np.ones(2, np.float32)}, total_weight=2.0, client_states={0: {}, 1: {}},
+        client_metrics={0: {}, 1: {}}, uploads={c: {"summaries": s} for c, s in summaries.items()},
+    )
+    ctx = ServerContext(round=1, global_state=body, aggregate=aggregate, server_state={}, client_store={},
+                        num_clients=2)
+    update = pure_aggregate(method, ctx)
+    assert np.array_equal(update.global_state["body.w"], np.ones(2, np.float32))
+    assert np.allclose(update.server_state["centroids"], [[2.0, 2.0]])
+    assert method.server_payload(update.server_state)["centroids"] is update.server_state["centroids"]
