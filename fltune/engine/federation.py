@@ -266,7 +266,7 @@ class Federation:
     def evaluate_personalized(self, finetune: bool, split: str = "test") -> tuple[float, float]:
         """Mean over clients of each client's accuracy (and loss) on its own held-out split (SimFAFL
         Table 2), or with ``split="val"`` on its own validation split, computed on the workers; with
-        ``finetune`` each head is fine-tuned first."""
+        ``finetune`` each client first runs its final personal round (``local.final_round``)."""
         assert self.pool is not None
         clients = list(range(self.cfg.federation.clients))
         run_ref = self.run_ref if split == "test" else self._validation_run()

@@ -192,8 +192,8 @@ class ClientWorker:
         self, run_ref: list, inputs: RoundInput, finetune: bool, client_ids: list[int],
         states: dict[int, dict[str, Any]],
     ) -> dict[int, tuple[int, float, int]]:
-        """Personalised protocol: each client's own model (head fine-tuned first when ``finetune``) on its
-        own held-out split."""
+        """Personalised protocol: each client's own model (after its final personal round when ``finetune``,
+        ``local.final_round``) on its own held-out split."""
         data = self._attach(run_ref)
         scores = {}
         for cid in client_ids:

@@ -66,7 +66,8 @@ ROWS: dict[str, Row] = {
     "FedPAC": Row("fedpac_fedcr", 0.01, True, {"method.lam": 1.0, "method.body_epochs": LOCAL_REP_EP},
                   "README (beta_PAC 1, local_rep_ep 1); FedPAC as main_fed_PAC.py runs it (E − 1 head epochs, "
                   "1 body epoch with λ·‖F − C_y‖_F / B, scalar class centroids, no head combination), not "
-                  "FedPAC's own algorithm (fedpac); last round tunes the personal head"),
+                  "FedPAC's own algorithm (fedpac); last round tunes the personal head [U: the code's comment "
+                  "says head combination was dropped for non-IID2; whether non-IID1 ran with it is not said]"),
     "FedCR": Row("fedcr", 0.05, True, {"method.beta": 0.001, "method.beta2": 1.0},
                  "README (beta2 1, dimZ 512, 18 samples); β 0.001 as Table 4 shows it for Table 2's CIFAR-100 "
                  "non-IID2 cell (the README's 1e-4 gives 40.81 there) [U on the other cells]; last round tunes "
