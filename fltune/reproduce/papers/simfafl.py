@@ -135,7 +135,7 @@ UNKNOWNS = (
     "SimFAFL: lr and last round as FedCR (built on FedCR's code; the paper gives neither)",
     "last round: max(last_local_ep, E − local_rep_ep) epochs for the personal rows, last_local_ep for "
     "FedAvg-FT/FedSR-FT (both 10 at paper scale, 2 at quick), on cross-entropy (the code keeps the method's "
-    "loss, whose regularisers act on the frozen encoder)",
+    "loss, whose regularisers act on the frozen encoder); Ditto's is its own round of E epochs, as the code's",
     "rows of methods that take any model use FedCR's trunks with a plain last layer (fedcr_cnn / fedcr_mlp)",
 )
 
