@@ -22,7 +22,6 @@ needs_fmnist = pytest.mark.skipif(
 )
 
 
-
 def storages(obj: object) -> set[int]:
     """Where the tensors among ``obj``'s fields keep their data: which copy of a dataset it reads."""
     return {t.untyped_storage().data_ptr() for t in vars(obj).values() if hasattr(t, "untyped_storage")}

@@ -49,12 +49,18 @@ def update_summaries(summaries: Tensor, features: Tensor, labels: Tensor) -> Non
         summaries[label] = (feature + current) / 2 if current.any() else feature
 
 
+def per_class(ctx: ClientContext, values: np.ndarray | None) -> Tensor:
+    """``values`` (classes × d) on the client's device, zeros when None: the code's empty summaries and its
+    starting centroids."""
+    if values is None:
+        return torch.zeros(ctx.model.head.out_features, ctx.model.feature_dim, device=ctx.device)
+    return torch.tensor(values, device=ctx.device)  # a copy: arrays from Ray are read-only
+
+
 def class_summaries(ctx: ClientContext, start: np.ndarray | None) -> np.ndarray:
     """The client's summaries (classes × d) after one pass over its data with the trained model, from
     ``start`` (its summaries of earlier rounds) or, at its first round, zeros."""
-    head = ctx.model.head
-    shape = (head.out_features, ctx.model.feature_dim)
-    summaries = torch.zeros(shape, device=ctx.device) if start is None else torch.tensor(start, device=ctx.device)
+    summaries = per_class(ctx, start)
     with torch.no_grad():
         for x, y in ctx.batches():
             update_summaries(summaries, ctx.model.features(x), y)
@@ -84,10 +90,7 @@ class FedPACFedCR(FedRep):
 
     def setup_client(self, ctx: ClientContext) -> None:
         """The round's centroids C (zeros before the server has any), one row per class."""
-        shape = (ctx.model.head.out_features, ctx.model.feature_dim)
-        given = ctx.server.get("centroids")
-        ctx.scratch["centroids"] = (torch.zeros(shape, device=ctx.device) if given is None
-                                    else torch.tensor(given, device=ctx.device))
+        ctx.scratch["centroids"] = per_class(ctx, ctx.server.get("centroids"))
 
     def local_loss(self, ctx: ClientContext, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
         """CE + λ·‖F − C_y‖_F / B. The head epochs freeze the body, so the norm moves nothing there (the code
