@@ -104,9 +104,10 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def start_federation(cfg: ExperimentConfig) -> tuple[Federation, WorkerPool]:
-    """The run's federation on client actors of its own, started side by side: the dataset loads (and
+    """The run's federation on client workers of its own, started side by side: the dataset loads (and
     torch imports) on a thread while Ray starts and the actors spawn, so start-up costs the longer of
-    the two instead of their sum. The workers are placed first: an unplaceable plan fails before
+    the two instead of their sum. On a Ray it started itself, the run trains one share in its own process
+    by default (``resources.driver_worker``). The workers are placed first: an unplaceable plan fails before
     anything is printed or logged; a dataset that fails to load stops the Ray this call started, so
     bad input leaves nothing running."""
     from concurrent.futures import ThreadPoolExecutor
@@ -117,11 +118,11 @@ def start_federation(cfg: ExperimentConfig) -> tuple[Federation, WorkerPool]:
     with ThreadPoolExecutor(1, thread_name_prefix="fltune-data") as loader:
         data = loader.submit(_load_data, cfg)
         try:
-            start_ray(cfg.resources.address)
+            own_ray = start_ray(cfg.resources.address)
             from fltune.engine.federation import Federation, open_all
             from fltune.engine.pool import WorkerPool, plan_workers
 
-            pool = WorkerPool(plan_workers(cfg, ray.cluster_resources()))
+            pool = WorkerPool(plan_workers(cfg, ray.cluster_resources(), own_ray))
         except BaseException:
             data.cancel()
             raise

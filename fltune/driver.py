@@ -269,15 +269,17 @@ def say_resume(what: str, resume: str) -> None:
     print(f"fltune: {what}; continue it with: {resume}", file=sys.stderr, flush=True)
 
 
-def start_ray(address: str | None) -> None:
-    """Start or join Ray (one clear line when there is nothing to join), then take the signals back."""
+def start_ray(address: str | None) -> bool:
+    """Start or join Ray (one clear line when there is nothing to join), then take the signals back.
+    True when this started a local Ray of its own (``cluster.ensure_ray``)."""
     from fltune.engine.cluster import ensure_ray
 
     try:
-        ensure_ray(address)
+        started = ensure_ray(address)
     except ConnectionError as err:  # no cluster there, or several and no address to choose one
         raise FLTuneError(f"--address {address or '$RAY_ADDRESS'}: {err}") from None
     handle_stop_signals()
+    return started
 
 
 # ---------------------------------------------------------------------------------------------- jobs

@@ -116,6 +116,7 @@ def test_methods_lists_registered_methods_with_defaults(capsys):
     (["--method", "fedprox", "--set", "method.mu=-1"], "method.mu:"),
     (["--fraction", "0"], "federation.fraction:"),
     (["--set", "federation.roundz=3"], "federation.roundz: unknown field"),
+    (["--set", "resources.driver_worker=maybe"], "resources.driver_worker:"),
     (["--config", "/nonexistent/exp.yaml"], "exp.yaml: no such file"),
 ])
 def test_bad_input_is_one_line_exit_2(args, message, capsys):

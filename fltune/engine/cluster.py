@@ -12,10 +12,11 @@ from typing import Any
 import ray
 
 
-def ensure_ray(address: str | None = None) -> None:
-    """Start a local Ray, or join ``address`` / $RAY_ADDRESS (no local resource arguments when joining)."""
+def ensure_ray(address: str | None = None) -> bool:
+    """Start a local Ray, or join ``address`` / $RAY_ADDRESS (no local resource arguments when joining).
+    True when this call started a local Ray: the process then owns it and its node alone."""
     if ray.is_initialized():
-        return
+        return False
     address = address or os.environ.get("RAY_ADDRESS")
     kwargs: dict[str, Any] = {
         "include_dashboard": False, "log_to_driver": True, "configure_logging": False,
@@ -23,13 +24,14 @@ def ensure_ray(address: str | None = None) -> None:
     }
     if address:
         ray.init(address=address, **kwargs)
-    else:
-        # "local": a new instance even when another `ray start` on this machine left its address in /tmp/ray.
-        # No idle workers prestarted for the driver: here the client actors started in processes of their
-        # own anyway, so those took CPU and memory from the start-up, and one still starting when a short
-        # command ended aborted with a stack dump.
-        ray.init(address="local", num_cpus=os.cpu_count(),
-                 _system_config={"prestart_worker_first_driver": False}, **kwargs)
+        return False
+    # "local": a new instance even when another `ray start` on this machine left its address in /tmp/ray.
+    # No idle workers prestarted for the driver: here the client actors started in processes of their
+    # own anyway, so those took CPU and memory from the start-up, and one still starting when a short
+    # command ended aborted with a stack dump.
+    ray.init(address="local", num_cpus=os.cpu_count(),
+             _system_config={"prestart_worker_first_driver": False}, **kwargs)
+    return True
 
 
 def worker_setup() -> Callable[[], None]:

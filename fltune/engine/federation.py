@@ -169,7 +169,7 @@ class Federation:
         inputs_ref = ray.put(inputs)
         res = self.cfg.resources
         group = res.batch_clients if res.executor == "batched" else 1  # whole groups per worker
-        shards = balance(clients, self.sizes, len(self.pool.actors), group)
+        shards = balance(clients, self.sizes, self.pool.workers, group)
         results = self.pool.map(self.run_ref, "train", shards, inputs_ref, per_shard=self._states_for)
         total = WeightedSum()
         uploads, states, client_metrics, latest = {}, {}, {}, {}
@@ -257,7 +257,7 @@ class Federation:
             correct, loss, _ = evaluate(self.eval_model, self.data, x, y, self.device)
             return correct / n, loss / n
         batches = list(range(eval_batch_count(n)))
-        workers = len(self.pool.actors)
+        workers = self.pool.workers
         shards = [batches[len(batches) * i // workers:len(batches) * (i + 1) // workers] for i in range(workers)]
         parts = self.pool.map(self.run_ref, "evaluate_split", shards, ray.put(state), split)
         correct, loss, _ = total_scores([score for part in parts for score in part], n)
@@ -272,7 +272,7 @@ class Federation:
         run_ref = self.run_ref if split == "test" else self._validation_run()
         held_out = self.data.client_eval if split == "test" else self.data.client_val
         sizes = self.sizes if finetune else [len(idx) for idx in held_out]
-        shards = balance(clients, sizes, len(self.pool.actors))
+        shards = balance(clients, sizes, self.pool.workers)
         training = self.cfg.training
         inputs = RoundInput(  # the fine-tuning stream is "round R+1", apart from every training round
             round=self.cfg.federation.rounds + 1, seed=self.cfg.federation.seed,
@@ -301,10 +301,8 @@ class Federation:
         is a function of the run's config and data and its own arguments alone, so which worker ran it
         does not change its result."""
         self.open()
-        assert self.pool is not None
-        actors = self.pool.actors
-        refs = [actors[i % len(actors)].compute.remote([self.run_ref], task) for i, task in enumerate(tasks)]
-        return ray.get(refs)
+        assert self.pool is not None and self.run_ref is not None
+        return self.pool.compute(self.run_ref, list(tasks))
 
     def static_costs(self) -> dict[str, float]:
         """The run's constants, from the probes that declare some (FedAlign Table 5: forward MFLOPs per

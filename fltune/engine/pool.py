@@ -1,8 +1,15 @@
-"""A fixed pool of ClientWorker actors, using Ray's own fault tolerance.
+"""A fixed pool of client workers: ClientWorker actors, using Ray's own fault tolerance, and optionally
+one worker's share trained in the driver's own process.
 
 A worker process that dies mid-round is restarted by Ray (``max_restarts``) and its in-flight call is
 retried (``max_task_retries``); since a call carries everything a client needs and every client's
 randomness is keyed by (seed, round, client id), the retried round gives the same bits as an unbroken one.
+
+The driver's share (``WorkerPlan.in_driver``): the driver only waits while its actors train, and each
+torch process costs ~0.6 GB (torch's CUDA build maps and dirties ~0.26 GB per process on import alone),
+so a local CPU run trains one shard in the driver instead of starting one more actor (issue 12's CPU
+memory goal). Its calls go through Ray's serialisation both ways, so it sees and returns exactly what an
+actor would, and the shards do not depend on which slot trains them: the numbers are the same bits.
 """
 
 from __future__ import annotations
@@ -11,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import ray
+import torch
 
 from fltune.config import ExperimentConfig
 from fltune.data.federated import FederatedData
@@ -23,19 +31,29 @@ MAX_RESTARTS = 3
 
 @dataclass(frozen=True)
 class WorkerPlan:
-    """How many client actors and what each reserves (the Tune trial reserves the same bundles)."""
+    """How many client workers and what each reserves (the Tune trial reserves the same bundles);
+    ``in_driver``: one of them is the driver's own process, the rest are actors."""
 
     workers: int
     cpus: float
     gpus: float
+    in_driver: bool = False
+
+    @property
+    def actors(self) -> int:
+        return self.workers - self.in_driver
 
     def bundles(self) -> list[dict[str, float]]:
         bundle = {"CPU": self.cpus, **({"GPU": self.gpus} if self.gpus else {})}
-        return [dict(bundle) for _ in range(self.workers)]
+        return [dict(bundle) for _ in range(self.actors)]
 
 
-def plan_workers(cfg: ExperimentConfig, cluster: dict[str, float]) -> WorkerPlan:
-    """Resolve ``resources.*`` against the cluster's totals; refuse what can never be placed."""
+def plan_workers(cfg: ExperimentConfig, cluster: dict[str, float], own_ray: bool = False) -> WorkerPlan:
+    """Resolve ``resources.*`` against the cluster's totals; refuse what can never be placed.
+
+    ``own_ray``: the caller started this Ray for itself on this machine (``run`` without an address), so
+    the driver's CPU is one of the cluster's and nothing else runs there: ``resources.driver_worker``'s
+    default then trains one share in the driver on a CPU-only plan of two or more workers."""
     res = cfg.resources
     cpus_total, gpus_total = cluster.get("CPU", 0.0), cluster.get("GPU", 0.0)
     workers = res.workers or max(1, min(cfg.federation.clients_per_round, int(cpus_total // res.cpus_per_worker)))
@@ -53,13 +71,45 @@ def plan_workers(cfg: ExperimentConfig, cluster: dict[str, float]) -> WorkerPlan
             f"resources.gpus_per_worker: {workers} × {gpus:g} GPU need {workers * gpus:g} GPUs but Ray has "
             f"{gpus_total:g}; allowed: workers × gpus_per_worker ≤ {gpus_total:g}"
         )
-    return WorkerPlan(workers=workers, cpus=res.cpus_per_worker, gpus=gpus)
+    in_driver = res.driver_worker if res.driver_worker is not None else own_ray and not gpus and workers >= 2
+    if in_driver and gpus:
+        raise FLTuneError(
+            f"resources.driver_worker: true trains on the driver's CPU, but the workers get {gpus:g} GPU each; "
+            "allowed: false or null (the default) when the workers have GPUs"
+        )
+    return WorkerPlan(workers=workers, cpus=res.cpus_per_worker, gpus=gpus, in_driver=in_driver)
+
+
+class DriverWorker:
+    """A ClientWorker called in this process: one worker's share without a process of its own.
+
+    Its arguments and results travel through Ray's object store as an actor's do: it reads what an actor
+    reads (read-only zero-copy arrays, its own copy of the client states) and the caller keeps what an
+    actor would return (copies, not views of this worker's model, which its next call overwrites). It
+    trains with the plan's thread count and gives the driver its own back between calls."""
+
+    def __init__(self, threads: int) -> None:
+        driver_threads = torch.get_num_threads()
+        self.worker = ClientWorker(threads, cpu_only=True)
+        self.threads = torch.get_num_threads()
+        torch.set_num_threads(driver_threads)
+
+    def call(self, method: str, *args: Any) -> Any:
+        resolved = [ray.get(arg if isinstance(arg, ray.ObjectRef) else ray.put(arg)) for arg in args]
+        driver_threads = torch.get_num_threads()
+        torch.set_num_threads(self.threads)
+        try:
+            result = getattr(self.worker, method)(*resolved)
+        finally:
+            torch.set_num_threads(driver_threads)
+        return ray.get(ray.put(result))
 
 
 class WorkerPool:
-    """``plan.workers`` ClientWorker actors; ``map`` runs one call per non-empty shard and gathers results.
+    """``plan.workers`` client workers — ClientWorker actors, and the driver's share when
+    ``plan.in_driver`` — ; ``map`` runs one call per non-empty shard and gathers results.
 
-    The actors are bound to no run: every call names its run (``bind``), so one pool can serve many runs
+    The workers are bound to no run: every call names its run (``bind``), so one pool can serve many runs
     (a test's many methods, a caller's sweep) without paying for new worker processes each time.
     """
 
@@ -68,7 +118,14 @@ class WorkerPool:
             num_cpus=plan.cpus, num_gpus=plan.gpus, max_restarts=MAX_RESTARTS, max_task_retries=MAX_RESTARTS,
         )
         self.plan = plan
-        self.actors = [remote.remote(max(1, int(plan.cpus))) for _ in range(plan.workers)]
+        threads = max(1, int(plan.cpus))
+        self.actors = [remote.remote(threads) for _ in range(plan.actors)]
+        self.driver = DriverWorker(threads) if plan.in_driver else None
+
+    @property
+    def workers(self) -> int:
+        """Shards a round is split into: one per worker, the driver's share included."""
+        return self.plan.workers
 
     def bind(self, cfg: ExperimentConfig, data: FederatedData, keep_latest: bool) -> ray.ObjectRef:
         """A run's handle for ``map``: its config and dataset in the object store, once per run. The caller
@@ -78,21 +135,35 @@ class WorkerPool:
         ref = ray.put(RunSpec(cfg, data, keep_latest))
         for actor in self.actors:
             actor.ready.remote([ref])
+        if self.driver is not None:
+            self.driver.call("ready", [ref])
         return ref
 
     def map(self, run: ray.ObjectRef, method: str, shards: list[list[int]], *args: Any,
             per_shard: Any = None) -> list[Any]:
-        """Call ``actor.method(run, *args, shard, per_shard(shard))`` on actor i for shard i, in shard order.
+        """Call ``worker.method(run, *args, shard, per_shard(shard))`` on worker i for shard i; the results
+        in shard order. Worker 0 is the driver's share when there is one: the actors' calls are sent
+        first, so it trains while they do.
 
         The run's reference goes nested (``[run]``) so Ray does not copy the dataset into every call; runs
         that share the pool interleave freely, each call naming its own.
         """
-        refs = []
-        for actor, shard in zip(self.actors, shards):
-            if shard:
-                extra = (per_shard(shard),) if per_shard else ()
-                refs.append(getattr(actor, method).remote([run], *args, shard, *extra))
-        return ray.get(refs)
+        def call_args(shard: list[int]) -> tuple[Any, ...]:
+            return ([run], *args, shard, *((per_shard(shard),) if per_shard else ()))
+
+        driver_shard, actor_shards = (shards[0], shards[1:]) if self.driver is not None else ([], shards)
+        refs = [getattr(actor, method).remote(*call_args(shard))
+                for actor, shard in zip(self.actors, actor_shards) if shard]
+        own = [self.driver.call(method, *call_args(driver_shard))] if driver_shard else []
+        return own + ray.get(refs)
+
+    def compute(self, run: ray.ObjectRef, tasks: list[Any]) -> list[Any]:
+        """Probe tasks dealt to the workers in turn (``ClientWorker.compute``) and run at once; the results
+        in task order."""
+        shards = [list(range(slot, len(tasks), self.workers)) for slot in range(self.workers)]
+        parts = self.map(run, "compute", shards, per_shard=lambda shard: [tasks[i] for i in shard])
+        done = {i: result for shard, part in zip([s for s in shards if s], parts) for i, result in zip(shard, part)}
+        return [done[i] for i in range(len(tasks))]
 
     def shutdown(self) -> None:
         for actor in self.actors:

@@ -89,13 +89,16 @@ class WorkerResult:
 class ClientWorker:
     """Trains and evaluates clients on one CPU slot or GPU fraction (wrapped by ``ray.remote`` in the pool)."""
 
-    def __init__(self, threads: int) -> None:
+    def __init__(self, threads: int, cpu_only: bool = False) -> None:
         """Also loads torch's compiler stack (``torch._dynamo``) now, while the driver still starts up: every
         worker loads it anyway, at its first optimiser step or round 1's FLOP meter (``torch.optim`` and
-        ``TorchDispatchMode`` import it lazily), and there it cost ~1.1 s of round 1 per worker."""
+        ``TorchDispatchMode`` import it lazily), and there it cost ~1.1 s of round 1 per worker.
+        ``cpu_only``: the driver's share (``pool.DriverWorker``), whose plan reserves no GPU even where the
+        driver's process sees one."""
         torch.set_num_threads(max(1, threads))
         importlib.import_module("torch._dynamo")
-        self.device = torch.device("cuda" if torch.cuda.is_available() and _has_gpu() else "cpu")
+        gpu = not cpu_only and torch.cuda.is_available() and _has_gpu()
+        self.device = torch.device("cuda" if gpu else "cpu")
         self.run_id: str | None = None
 
     def _attach(self, run_ref: list) -> FederatedData:
@@ -220,13 +223,14 @@ class ClientWorker:
         release_free_memory()
         return scores
 
-    def compute(self, run_ref: list, task: ProbeTask[T]) -> T:
-        """A probe's computation (``Federation.compute``) on this worker's device — its GPU when it has
-        one, which a Tune trial's own process lacks — with the run's config and data."""
+    def compute(self, run_ref: list, indices: list[int], tasks: list[ProbeTask[T]]) -> list[T]:
+        """Probe computations (``Federation.compute``; ``indices``: their places in the probe's list, which
+        the pool deals out) on this worker's device — its GPU when it has one, which a Tune trial's own
+        process lacks — with the run's config and data, one after another."""
         data = self._attach(run_ref)
-        result = task(self.cfg, data, self.device)
+        results = [task(self.cfg, data, self.device) for task in tasks]
         release_free_memory()
-        return result
+        return results
 
     def ready(self, run_ref: list) -> None:
         """Fetch the run's config and dataset and build its model now (``WorkerPool.bind``), while the

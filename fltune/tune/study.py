@@ -88,6 +88,11 @@ def placement(
     """Head bundle (empty) + one bundle per client actor; refuse what the cluster can never place."""
     pinned = {"resources.workers": workers, "resources.gpus_per_worker": gpus_per_worker}
     plan = plan_workers(build_config(set_dotted(tree, pinned)), cluster)
+    if plan.in_driver:
+        raise FLTuneError(
+            "resources.driver_worker: a Tune trial's own process reserves no CPU to train on; "
+            "allowed: false or null (the default)"
+        )
     largest = max(node_cpus, default=0.0)
     if plan.cpus > largest + 1e-9:
         raise FLTuneError(

@@ -10,9 +10,11 @@ data and their difference is the learning, not which clients were drawn; batches
 a round. Measured on ``synthetic``: FedAvg 2.085 → 1.336, FedCR 2.348 → 2.235, FedSpeed+MAN (the slowest)
 2.195 → 1.938 — with batches of 32 its loss did not fall in three rounds.
 
-Two client pools (1 actor, 2 actors) serve every case in turn, as ``WorkerPool`` allows: starting a
-torch worker process costs several seconds, the three rounds a fraction of that. Reused actors also
-check that nothing one run leaves in a worker changes the next one's numbers.
+Two client pools serve every case in turn, as ``WorkerPool`` allows: 1 actor, and 2 workers of which one is
+the test's own process (``WorkerPlan.in_driver``, what ``run`` does by default) — so the second pool also
+checks, for every method, that a share trained in the driver gives an actor's bits. Starting a torch
+worker process costs several seconds, the three rounds a fraction of that. Reused workers also check that
+nothing one run leaves in a worker changes the next one's numbers.
 """
 
 from __future__ import annotations
@@ -66,8 +68,9 @@ def tiny_data(dataset: str) -> FederatedData:
 
 @pytest.fixture(scope="module")
 def pools(ray_session):
-    """A 1-actor and a 2-actor pool side by side in the session's 2 CPUs (half a CPU, one thread each)."""
-    made = {n: WorkerPool(WorkerPlan(workers=n, cpus=0.5, gpus=0.0)) for n in (1, 2)}
+    """A 1-actor pool and a 2-worker pool (1 actor + this process) side by side in the session's 2 CPUs
+    (half a CPU, one thread each)."""
+    made = {n: WorkerPool(WorkerPlan(workers=n, cpus=0.5, gpus=0.0, in_driver=n == 2)) for n in (1, 2)}
     yield made
     for pool in made.values():
         pool.shutdown()
@@ -75,7 +78,7 @@ def pools(ray_session):
 
 def run_rounds(method: str, dataset: str, pool: WorkerPool) -> tuple[Federation, State]:
     """The finished federation and the global state it started from."""
-    fed = Federation(tiny_config(method, dataset, len(pool.actors)), tiny_data(dataset), pool=pool)
+    fed = Federation(tiny_config(method, dataset, pool.workers), tiny_data(dataset), pool=pool)
     start = {key: value.copy() for key, value in fed.global_state.items()}
     try:
         fed.run()

@@ -98,10 +98,13 @@ def test_malformed_yaml_and_bad_flags(tmp_path: Path, mlflow_uri: str, capsys) -
                       mlflow_uri, capsys)
 
 
-def test_trials_that_cannot_fit_the_cluster(ray_session, tmp_path: Path, mlflow_uri: str, capsys) -> None:
+def test_trials_that_cannot_fit_the_cluster_or_train_in_their_own_process(ray_session, tmp_path: Path,
+                                                                           mlflow_uri: str, capsys) -> None:
     space = write_space(tmp_path)
     argv = ["tune", "--space", str(space), "--storage", str(tmp_path), "--set", "resources.workers=3"]
     assert_user_error(argv, "resources.workers: 3 workers", mlflow_uri, capsys)
+    assert_user_error([*argv[:-1], "resources.driver_worker=true"],
+                      "resources.driver_worker: a Tune trial's own process", mlflow_uri, capsys)
 
 
 def assert_user_error(argv: list[str], expected: str, mlflow_uri: str, capsys) -> None:

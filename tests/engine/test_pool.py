@@ -1,0 +1,55 @@
+"""The worker plan (``plan_workers``) and the driver's share of a round (``WorkerPlan.in_driver``): when it is
+on by default, what refuses it, and that a share trained in the driver's process gives an actor's bits —
+training, evaluation and the probes' computations (``WorkerPool.compute``) alike."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fltune.config import build_config
+from fltune.engine.federation import Federation
+from fltune.engine.pool import plan_workers
+from fltune.errors import FLTuneError
+from tests.engine.test_federation import BASE, run, same_weights
+from tests.engine.test_federation_probes import HESSIAN
+
+CPUS = {"CPU": 4.0}
+
+
+@pytest.mark.parametrize(("sets", "cluster", "own_ray", "in_driver"), [
+    ([], CPUS, True, True),  # `run` on a Ray it started: the driver's CPU is one of the workers'
+    ([], CPUS, False, False),  # joined a cluster, or a Tune trial: the driver's process reserves no CPU
+    (["resources.workers=1"], CPUS, True, False),  # one worker: it keeps its process, the driver only waits
+    ([], {"CPU": 4.0, "GPU": 1.0}, True, False),  # the workers train on GPUs, the driver has none reserved
+    (["resources.driver_worker=false"], CPUS, True, False),
+    (["resources.driver_worker=true"], CPUS, False, True),
+])
+def test_driver_share_is_on_for_a_run_on_its_own_cpu_ray(sets, cluster, own_ray, in_driver):
+    plan = plan_workers(build_config(overrides=["federation.fraction=0.1", *sets]), cluster, own_ray)
+    assert plan.in_driver is in_driver
+    assert len(plan.bundles()) == plan.actors == plan.workers - in_driver
+
+
+def test_driver_share_with_gpu_workers_is_refused_in_one_line():
+    cfg = build_config(overrides=["federation.fraction=0.1", "resources.driver_worker=true"])
+    with pytest.raises(FLTuneError, match=r"^resources\.driver_worker: .*allowed: false or null") as err:
+        plan_workers(cfg, {"CPU": 4.0, "GPU": 1.0}, own_ray=True)
+    assert "\n" not in str(err.value)
+
+
+def test_driver_share_gives_the_actors_bits(ray_session):
+    """2 workers — two actors, or one actor and this process — on a run with Hessian probes (computed on
+    the workers) and per-round evaluation: the same figures and weights; the driver's thread count, which
+    its share trains with 1 thread, is its own again afterwards."""
+    threads = torch.get_num_threads()
+    overrides = [*BASE, *HESSIAN, "resources.workers=2"]
+    shared = run(Federation(build_config(overrides=[*overrides, "resources.driver_worker=true"])))
+    assert torch.get_num_threads() == threads
+    actors = run(Federation(build_config(overrides=[*overrides, "resources.driver_worker=false"])))
+    assert shared.status == actors.status == "finished"
+    figures = [sorted(k for k in row if "time" not in k and not k.endswith("_s")) for row in actors.history]
+    assert any("hessian_lambda_max" in keys for keys in figures)
+    assert [[row[k] for k in keys] for row, keys in zip(shared.history, figures)] == \
+        [[row[k] for k in keys] for row, keys in zip(actors.history, figures)]
+    assert same_weights(shared, actors)
