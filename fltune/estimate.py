@@ -24,7 +24,7 @@ import torch
 
 from fltune.config import ExperimentConfig, build_config
 from fltune.data.datasets import load_dataset
-from fltune.engine.builders import build_model_for, model_name
+from fltune.engine.builders import build_model_for, model_name, torch_threads
 from fltune.methods import get_method
 
 CALIBRATION_STEPS = 5
@@ -96,9 +96,7 @@ def _calibrate(model: str, options: str, method: str, dataset: str, root: str | 
     cfg = build_config({"data": {"dataset": dataset, "root": root}, "method": {"name": method},
                         "model": {"name": model, "options": json.loads(options)}})
     dev = device()
-    threads = torch.get_num_threads()
-    torch.set_num_threads(max(1, int(cpus)))
-    try:
+    with torch_threads(int(cpus)):
         net = build_model_for(cfg, SimpleNamespace(input_shape=shape, num_classes=data.num_classes)).to(dev)
         optimizer = torch.optim.SGD(net.parameters(), lr=1e-3)
         x = torch.randn(batch, *shape, device=dev)
@@ -113,8 +111,6 @@ def _calibrate(model: str, options: str, method: str, dataset: str, root: str | 
             optimizer.step()
         _sync(dev)
         return (time.perf_counter() - start) / (CALIBRATION_STEPS * batch)
-    finally:
-        torch.set_num_threads(threads)
 
 
 def _sync(dev: torch.device) -> None:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import torch
 from torch import nn
 
@@ -55,3 +58,15 @@ def build_method(cfg: ExperimentConfig) -> Method:
 def resolve_augment(cfg: ExperimentConfig, data: FederatedData) -> str:
     """``auto`` = the dataset's own default (crop+flip for CIFAR/SVHN, none for FMNIST/EMNIST)."""
     return data.augment if cfg.data.augment == "auto" else cfg.data.augment
+
+
+@contextmanager
+def torch_threads(threads: int) -> Iterator[None]:
+    """Run the block with ``threads`` torch threads, then give the caller's count back: work measured or
+    trained as a ``cpus_per_worker`` worker would, inside a process that keeps all its cores otherwise."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(max(1, threads))
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)

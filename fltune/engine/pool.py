@@ -18,11 +18,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import ray
-import torch
 
 from fltune.config import ExperimentConfig
 from fltune.data.federated import FederatedData
 from fltune.engine.batched import client_groups
+from fltune.engine.builders import torch_threads
 from fltune.engine.worker import ClientWorker, RunSpec
 from fltune.errors import FLTuneError
 
@@ -89,19 +89,14 @@ class DriverWorker:
     trains with the plan's thread count and gives the driver its own back between calls."""
 
     def __init__(self, threads: int) -> None:
-        driver_threads = torch.get_num_threads()
-        self.worker = ClientWorker(threads, cpu_only=True)
-        self.threads = torch.get_num_threads()
-        torch.set_num_threads(driver_threads)
+        self.threads = threads
+        with torch_threads(threads):  # ClientWorker sets its process's thread count
+            self.worker = ClientWorker(threads, cpu_only=True)
 
     def call(self, method: str, *args: Any) -> Any:
         resolved = [ray.get(arg if isinstance(arg, ray.ObjectRef) else ray.put(arg)) for arg in args]
-        driver_threads = torch.get_num_threads()
-        torch.set_num_threads(self.threads)
-        try:
+        with torch_threads(self.threads):
             result = getattr(self.worker, method)(*resolved)
-        finally:
-            torch.set_num_threads(driver_threads)
         return ray.get(ray.put(result))
 
 
@@ -160,10 +155,10 @@ class WorkerPool:
     def compute(self, run: ray.ObjectRef, tasks: list[Any]) -> list[Any]:
         """Probe tasks dealt to the workers in turn (``ClientWorker.compute``) and run at once; the results
         in task order."""
-        shards = [list(range(slot, len(tasks), self.workers)) for slot in range(self.workers)]
+        n = self.workers
+        shards = [list(range(slot, len(tasks), n)) for slot in range(n)]  # empty ones only at the end
         parts = self.map(run, "compute", shards, per_shard=lambda shard: [tasks[i] for i in shard])
-        done = {i: result for shard, part in zip([s for s in shards if s], parts) for i, result in zip(shard, part)}
-        return [done[i] for i in range(len(tasks))]
+        return [parts[i % n][i // n] for i in range(len(tasks))]
 
     def shutdown(self) -> None:
         for actor in self.actors:
