@@ -231,7 +231,7 @@ class ResourcesConfig(_Section):
     address: str | None = Field(None, description="Ray cluster address; None = start a local Ray")
     driver_worker: bool | None = Field(
         None, description="train one worker's share in the driver's process instead of one more actor (same "
-        "numbers, one torch process less: ~0.6 GB); None = when `run` starts its own Ray and plans ≥ 2 CPU "
+        "numbers, one torch process less: ~0.6 GiB); None = when `run` starts its own Ray and plans ≥ 2 CPU "
         "workers; a Tune trial's process reserves no CPU, so tune/reproduce/compare refuse true")
     executor: Literal["exact", "reference", "batched"] = Field(
         "exact", description="how workers train clients: exact = data on the worker's device, metrics read once "

@@ -6,7 +6,7 @@ retried (``max_task_retries``); since a call carries everything a client needs a
 randomness is keyed by (seed, round, client id), the retried round gives the same bits as an unbroken one.
 
 The driver's share (``WorkerPlan.in_driver``): the driver only waits while its actors train, and each
-torch process costs ~0.6 GB (torch's CUDA build maps and dirties ~0.26 GB per process on import alone),
+torch process costs ~0.6 GiB (torch's CUDA build maps and dirties ~0.26 GiB per process on import alone),
 so a local CPU run trains one shard in the driver instead of starting one more actor (issue 12's CPU
 memory goal). Its calls go through Ray's serialisation both ways, so it sees and returns exactly what an
 actor would, and the shards do not depend on which slot trains them: the numbers are the same bits.
@@ -156,8 +156,7 @@ class WorkerPool:
         """Probe tasks dealt to the workers in turn (``ClientWorker.compute``) and run at once; the results
         in task order."""
         n = self.workers
-        shards = [list(range(slot, len(tasks), n)) for slot in range(n)]  # empty ones only at the end
-        parts = self.map(run, "compute", shards, per_shard=lambda shard: [tasks[i] for i in shard])
+        parts = self.map(run, "compute", [tasks[slot::n] for slot in range(n)])  # empty ones only at the end
         return [parts[i % n][i // n] for i in range(len(tasks))]
 
     def shutdown(self) -> None:

@@ -223,10 +223,10 @@ class ClientWorker:
         release_free_memory()
         return scores
 
-    def compute(self, run_ref: list, indices: list[int], tasks: list[ProbeTask[T]]) -> list[T]:
-        """Probe computations (``Federation.compute``; ``indices``: their places in the probe's list, which
-        the pool deals out) on this worker's device — its GPU when it has one, which a Tune trial's own
-        process lacks — with the run's config and data, one after another."""
+    def compute(self, run_ref: list, tasks: list[ProbeTask[T]]) -> list[T]:
+        """Probe computations (``Federation.compute``, dealt out by the pool) on this worker's device — its
+        GPU when it has one, which a Tune trial's own process lacks — with the run's config and data, one
+        after another."""
         data = self._attach(run_ref)
         results = [task(self.cfg, data, self.device) for task in tasks]
         release_free_memory()
