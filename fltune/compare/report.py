@@ -1,10 +1,10 @@
 """The comparison's results: one row per method over its seeds, the live board, the files.
 
-Every figure comes from the cells' last Tune results (the rounds' metrics MLflow logs too): final and
-best accuracy per protocol, rounds to target, the cell's wall time (Tune's ``time_total_s``), training
-TFLOPs and communication (``cost_cum_*``, fltune/metrics/cost.py). The best row is the highest mean final
-ranking accuracy; every other row says whether its gap to the best is beyond seed noise
-(``fltune.compare.stats``).
+Every figure of the table comes from the cells' last Tune results (the rounds' metrics MLflow logs too):
+final and best accuracy per protocol, rounds to target, the cell's wall time (Tune's ``time_total_s``),
+training TFLOPs and communication (``cost_cum_*``, fltune/metrics/cost.py). The overlay's curves come from
+the cells' MLflow runs (``curves``). The best row is the highest mean final ranking accuracy; every other
+row says whether its gap to the best is beyond seed noise (``fltune.compare.stats``).
 """
 
 from __future__ import annotations
@@ -225,7 +225,33 @@ def _blank(value: float | None) -> str:
 
 
 def curves(spec: CompareSpec) -> dict[str, dict[int, float]]:
-    """Cell → {round: ranking accuracy} from the job folder's per-round results (empty if unreadable)."""
+    """Cell → {round: ranking accuracy}: from the cells' MLflow child runs when the comparison is tracked,
+    else from Tune's per-trial result files (empty if unreadable).
+
+    MLflow is preferred because it holds every round of every cell once (``RunTree.log_round``). Tune's
+    result files of a trial that Tune restarted from a checkpoint (a lost worker or node) keep only the
+    rows its driver had copied to the job folder before the restart, so the rounds before that copy can be
+    missing from them."""
+    return (spec.tracking.enabled and logged_curves(spec)) or tune_curves(spec)
+
+
+def logged_curves(spec: CompareSpec) -> dict[str, dict[int, float]]:
+    """Cell → {round: ranking accuracy} from the comparison's MLflow runs (empty if it has none)."""
+    from fltune.tracking.mlflow_log import Tracker
+    from fltune.tune.mlflow_runs import KIND_TAG, STUDY_TAG
+
+    tracker = Tracker(spec.tracking)
+    out = {}
+    for parent in tracker.find({STUDY_TAG: spec.path, KIND_TAG: "compare"}):
+        for child in tracker.find({"mlflow.parentRunId": parent.info.run_id}):
+            curve = tracker.history(child.info.run_id, spec.primary)
+            if "cell" in child.data.params and curve:
+                out[child.data.params["cell"]] = curve
+    return out
+
+
+def tune_curves(spec: CompareSpec) -> dict[str, dict[int, float]]:
+    """Cell → {round: ranking accuracy} from Tune's per-trial result files (empty if unreadable)."""
     from ray.tune import ExperimentAnalysis
 
     try:

@@ -105,9 +105,14 @@ class Tracker:
         """Mark a killed or interrupted run RUNNING again because its job goes on."""
         self.client.update_run(run_id, status="RUNNING")
 
+    def history(self, run_id: str, key: str) -> dict[int, float]:
+        """``key``'s curve as logged: step → value (the last value logged at a step)."""
+        logged = sorted(self.client.get_metric_history(run_id, key), key=lambda m: m.timestamp)
+        return {m.step: m.value for m in logged}
+
     def last_step(self, run_id: str, key: str) -> int | None:
         """The highest step logged for ``key``, None if never: where a resumed run's curve continues."""
-        return max((m.step for m in self.client.get_metric_history(run_id, key)), default=None)
+        return max(self.history(run_id, key), default=None)
 
     def delete(self, run_id: str) -> None:
         self.client.delete_run(run_id)

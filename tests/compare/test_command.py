@@ -11,6 +11,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from fltune.cli import main
+from fltune.compare.report import curves
 from fltune.compare.spec import CompareSpec, parse_cell
 from fltune.config import build_config
 from fltune.engine.builders import load_data
@@ -86,6 +87,17 @@ def test_tuned_comparison_is_fair_never_tunes_on_test_data_and_reports_what_mlfl
         tflops = [c.data.metrics["cost_cum_tflops"] for c in mine]
         assert math.isclose(float(row["cost_cum_tflops_mean"]), np.mean(tflops)) and row["seeds_finished"] == "2"
     assert sorted(r["best"] for r in table.values()) == ["0", "1"]
+
+    # the overlay plots every round MLflow holds, even where Tune's files lost rows (those of a trial Tune
+    # restarted from a checkpoint keep only the rows synced to the job folder before the restart): round 1's
+    # rows go here (result.json: a line per round; progress.csv: a header, then a line per round)
+    for name, first in (("result.json", 0), ("progress.csv", 1)):
+        for path in (storage / "c").glob(f"*/{name}"):
+            lines = path.read_text().splitlines(keepends=True)
+            path.write_text("".join(lines[:first] + lines[first + 1:]))
+    logged = {c.data.params["cell"]: {m.step: m.value for m in client.get_metric_history(c.info.run_id, "acc_global")}
+              for c in cells}
+    assert curves(spec) == logged and all(sorted(curve) == [1, 2] for curve in logged.values())
     other = next(r for r in table.values() if r["best"] == "0")
     assert 0 <= float(other["welch_p"]) <= 1 and other["beyond_noise"] in ("0", "1")
     assert "method.mu=" in table["fedprox"]["tuned"]
