@@ -97,9 +97,14 @@ class Tracker:
         self.client.log_text(run_id, text, file)
 
     def find(self, tags: Mapping[str, Any]) -> list[Run]:
-        """The experiment's runs carrying every one of ``tags``: how a resumed job finds the runs it made."""
-        query = " and ".join(f"tags.`{k}` = '{v}'" for k, v in tags.items())
-        return list(self.client.search_runs([self.experiment_id], filter_string=query, max_results=50_000))
+        """The experiment's runs carrying every one of ``tags``: how a resumed job finds the runs it made.
+
+        MLflow's filter grammar has no escapes: a value is quoted with the quote it does not contain (a job
+        folder may be ``/data/it's``); one holding both kinds is matched here instead of in the store."""
+        wanted = {k: str(v) for k, v in tags.items()}
+        query = " and ".join(f"tags.`{k}` = {_quoted(v)}" for k, v in wanted.items() if _quoted(v))
+        runs = self.client.search_runs([self.experiment_id], filter_string=query, max_results=50_000)
+        return [run for run in runs if all(run.data.tags.get(k) == v for k, v in wanted.items())]
 
     def reopen(self, run_id: str) -> None:
         """Mark a killed or interrupted run RUNNING again because its job goes on."""
@@ -121,6 +126,13 @@ class Tracker:
         """Close a run: fltune status → MLflow status, never left RUNNING."""
         self.set_tags(run_id, {"fltune.status": status})
         self.client.set_terminated(run_id, STATUS.get(status, "FAILED"))
+
+
+def _quoted(value: str) -> str | None:
+    """``value`` as a string literal of MLflow's search filter; None if it holds both quote characters."""
+    if "'" not in value:
+        return f"'{value}'"
+    return f'"{value}"' if '"' not in value else None
 
 
 def run_tags(cfg: ExperimentConfig) -> dict[str, Any]:
