@@ -342,6 +342,19 @@ def check_name(name: str) -> str:
     return name
 
 
+def make_out(out: str) -> None:
+    """Create a job's ``--out`` folder before Ray starts: one that cannot be written then fails in one line
+    at the start, not with a traceback after the job's trials have all run."""
+    from pathlib import Path
+
+    try:
+        Path(out).mkdir(parents=True, exist_ok=True)
+        if not os.access(out, os.W_OK):
+            raise PermissionError(13, "Permission denied")
+    except OSError as err:
+        raise FLTuneError(f"--out {out}: {err.strerror or err}; allowed: a folder this user can create and write") from None
+
+
 def exists(path: str) -> bool:
     """Whether ``path`` holds an fltune job (its saved spec), on any pyarrow filesystem."""
     import pyarrow.fs
@@ -441,6 +454,10 @@ class TuneJob(ABC, Generic[Spec]):
     def restored_tuner(self, spec: Spec, resources: PlacementGroupFactory) -> Tuner:
         ...
 
+    def out(self, spec: Spec) -> str | None:
+        """The folder of the job's result files besides its job folder (``--out``); None: it has none."""
+        return None
+
     @abstractmethod
     def describe(self, spec: Spec, nodes: int) -> str:
         """The job's first line(s) on the terminal."""
@@ -467,6 +484,8 @@ class TuneJob(ABC, Generic[Spec]):
         spec = self.saved_spec(storage) if self.resuming() else self.new_spec(storage)
         if not self.resuming() and exists(spec.path):
             raise FLTuneError(f"--name {spec.name}: {self.what} {spec.path} already exists; add --resume to continue it")
+        if self.out(spec) is not None:
+            make_out(self.out(spec))
         tree = self.experiment(spec)
         start_ray(self.args.address or build_config(tree).resources.address)
         cluster, node_cpus = study.cluster_shape()

@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 from fltune.driver import (
     CELL_CHECKPOINT_EVERY, CELL_CHECKPOINT_SECONDS, TuneJob, add_checkpoint_args, check_cadence, ending_if_ray_dies,
-    exists, interrupted, newest, note_ignored_on_resume, say_resume, start_ray, stop_status, storage_root,
+    exists, interrupted, make_out, newest, note_ignored_on_resume, say_resume, start_ray, stop_status,
+    storage_root,
 )
 from fltune.errors import FLTuneError
 
@@ -126,6 +127,7 @@ class Comparison:
         from fltune.tracking.progress import console
 
         spec = self.spec(storage_root(self.args.storage))
+        make_out(spec.out)
         start_ray(self.args.address or spec.config.resources.address)
         if not self.args.resume:
             spec.save()

@@ -118,6 +118,9 @@ class Reproduction(TuneJob["ReproSpec"]):
         note_ignored_on_resume(self.args, "job")
         return spec.model_copy(update={"out": self.args.out}) if self.args.out else spec
 
+    def out(self, spec: ReproSpec) -> str | None:
+        return spec.out
+
     def experiment(self, spec: ReproSpec) -> dict[str, Any]:
         return next(iter(spec.cells.values())).tree
 

@@ -132,6 +132,7 @@ def build_config_yaml_method(path: Path) -> str:
     (["--methods", "fedavg,fedprox", "--rounds", "0"], "fltune: config error: federation.rounds"),
     (["--methods", "fedavg,fedprox", "--name", "a b"], "fltune: --name 'a b': allowed:"),
     (["--resume"], "fltune: --resume: no comparison under"),
+    (["--methods", "fedavg,fedprox", "--out", "/dev/null/out"], "fltune: --out /dev/null/out: Not a directory; allowed:"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args: list[str], message: str, capsys, tmp_path: Path,
                                           mlflow_uri: str) -> None:

@@ -81,6 +81,7 @@ def test_reproduce_prints_paper_beside_measured_writes_files_and_resumes(ray_ses
     (["reproduce", "table2", "--checkpoint-every", "0"], "fltune: --checkpoint-every: 0; allowed: ≥ 1"),
     (["reproduce", "table2", "--checkpoint-seconds", "-5"], "fltune: --checkpoint-seconds: -5; allowed: > 0"),
     (["reproduce", "table2", "--resume"], "fltune: --resume: no job of simfafl:table2 under"),
+    (["reproduce", "table2", "--out", "/dev/null/out"], "fltune: --out /dev/null/out: Not a directory; allowed:"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args: list[str], message: str, capsys, tmp_path: Path) -> None:
     assert main([*args, "--storage", str(tmp_path)]) == 2
