@@ -78,8 +78,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.print_config:
         print(cfg.to_yaml(), end="")
         return 0
+    from fltune.tracking.mlflow_log import check_tracking
     from fltune.tracking.progress import ProgressCallback, console, summary_table
 
+    check_tracking(cfg.tracking)
     fed, pool = start_federation(cfg)
     console.print(f"[bold]fltune run[/] {cfg.method.name} on {cfg.data.dataset} ({cfg.partition.kind}), "
                   f"{cfg.federation.clients} clients × {cfg.federation.fraction}, {cfg.federation.rounds} rounds")

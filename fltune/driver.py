@@ -478,6 +478,7 @@ class TuneJob(ABC, Generic[Spec]):
         """Validate (before Ray starts), join or start Ray, size the trials, then create or restore the
         Tuner; also the number of Ray nodes."""
         from fltune.config import build_config
+        from fltune.tracking.mlflow_log import check_tracking
         from fltune.tune import study
 
         storage = storage_root(self.args.storage)
@@ -486,6 +487,7 @@ class TuneJob(ABC, Generic[Spec]):
             raise FLTuneError(f"--name {spec.name}: {self.what} {spec.path} already exists; add --resume to continue it")
         if self.out(spec) is not None:
             make_out(self.out(spec))
+        check_tracking(self.tracking(spec))
         tree = self.experiment(spec)
         start_ray(self.args.address or build_config(tree).resources.address)
         cluster, node_cpus = study.cluster_shape()

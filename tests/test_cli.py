@@ -17,6 +17,7 @@ from fltune.cli import main, start_federation
 from fltune.config import build_config
 from fltune.data.datasets import load_dataset
 from tests.conftest import storages
+from tests.tune.test_cluster import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = ["--dataset", "synthetic", "--clients", "8", "--fraction", "0.5", "--rounds", "2", "--local-epochs", "1",
@@ -123,6 +124,16 @@ def test_bad_input_is_one_line_exit_2(args, message, capsys):
     assert main(["run", *args]) == 2
     err = capsys.readouterr().err.strip()
     assert message in err and len(err.splitlines()) == 1 and "Traceback" not in err
+
+
+@pytest.mark.parametrize("command", [["run"], ["reproduce", "table2"], ["compare", "--methods", "fedavg,fedprox"]])
+def test_an_unreachable_tracking_server_is_one_line_before_any_work(command, tmp_path, capsys):
+    uri = f"http://127.0.0.1:{free_port()}"
+    storage = [] if command == ["run"] else ["--storage", str(tmp_path / "jobs")]
+    assert main([*command, *storage, "--set", f"tracking.uri={uri}"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"fltune: tracking.uri {uri}: Connection refused; allowed:") and len(err.splitlines()) == 1
+    assert not (tmp_path / "jobs").exists()  # checked before the job folder is written or Ray starts
 
 
 def test_missing_dataset_says_where_it_looked(tmp_path, capsys):

@@ -124,10 +124,12 @@ class Comparison:
 
     def run(self) -> int:
         from fltune.compare.report import notes
+        from fltune.tracking.mlflow_log import check_tracking
         from fltune.tracking.progress import console
 
         spec = self.spec(storage_root(self.args.storage))
         make_out(spec.out)
+        check_tracking(spec.tracking)
         start_ray(self.args.address or spec.config.resources.address)
         if not self.args.resume:
             spec.save()

@@ -19,7 +19,7 @@ from typing import Any
 from mlflow.entities import Metric, Param, Run, RunTag
 
 from fltune.config import ExperimentConfig, TrackingConfig, flatten
-from fltune.tracking.store import open_store, sqlite_path
+from fltune.tracking.store import check_reachable, open_store, sqlite_path
 
 REPO = Path(__file__).resolve().parents[2]
 STATUS = {"finished": "FINISHED", "diverged": "FAILED", "failed": "FAILED", "killed": "KILLED",
@@ -43,6 +43,12 @@ def mlruns_dir() -> Path:
 
 def default_uri() -> str:
     return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{mlruns_dir() / 'mlflow.db'}"
+
+
+def check_tracking(tracking: TrackingConfig) -> None:
+    """Before a command starts any work: the store it will log to answers (``store.check_reachable``)."""
+    if tracking.enabled:
+        check_reachable(tracking.uri or default_uri())
 
 
 def git_commit() -> str:
