@@ -21,7 +21,8 @@ from fltune.compare.command import SETTINGS as COMPARE_SETTINGS
 from fltune.compare.command import add_parser as add_compare_parser
 from fltune.compare.command import cmd_compare
 from fltune.driver import (
-    exit_now_if_ray_died, handle_stop_signals, keep_on_resume, quiet_libraries, start_ray, stop_message, stop_status,
+    exit_now_if_ray_died, handle_stop_signals, keep_on_resume, make_out, quiet_libraries, start_ray, stop_message,
+    stop_status,
 )
 from fltune.errors import FLTuneError
 from fltune.reproduce.command import add_parsers as add_reproduce_parsers
@@ -82,6 +83,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     from fltune.tracking.progress import ProgressCallback, console, summary_table
 
     check_tracking(cfg.tracking)
+    if args.json_out:
+        check_json_out(args.json_out)
     fed, pool = start_federation(cfg)
     console.print(f"[bold]fltune run[/] {cfg.method.name} on {cfg.data.dataset} ({cfg.partition.kind}), "
                   f"{cfg.federation.clients} clients × {cfg.federation.fraction}, {cfg.federation.rounds} rounds")
@@ -103,6 +106,13 @@ def cmd_run(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 1
     return 0
+
+
+def check_json_out(path: str) -> None:
+    """``--json-out`` can be written once the run ends: its folder exists (made now) and it is no folder."""
+    if Path(path).is_dir():
+        raise FLTuneError(f"--json-out {path}: is a folder; allowed: a file path")
+    make_out(str(Path(path).resolve().parent), "--json-out")
 
 
 def start_federation(cfg: ExperimentConfig) -> tuple[Federation, WorkerPool]:

@@ -246,7 +246,7 @@ class TrackingConfig(_Section):
 
     enabled: bool = True
     uri: str | None = Field(None, description="default: $MLFLOW_TRACKING_URI or sqlite:///<repo>/mlruns/mlflow.db")
-    experiment: str = "fltune"
+    experiment: str = Field("fltune", min_length=1)
     run_name: str | None = None
 
 

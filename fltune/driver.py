@@ -274,12 +274,32 @@ def start_ray(address: str | None) -> bool:
     True when this started a local Ray of its own (``cluster.ensure_ray``)."""
     from fltune.engine.cluster import ensure_ray
 
+    check_gcs(address or os.environ.get("RAY_ADDRESS"))
     try:
         started = ensure_ray(address)
     except ConnectionError as err:  # no cluster there, or several and no address to choose one
         raise FLTuneError(f"--address {address or '$RAY_ADDRESS'}: {err}") from None
     handle_stop_signals()
     return started
+
+
+def check_gcs(address: str | None) -> None:
+    """A cluster address of the form ``host:port`` (a head's GCS) accepts connections: for one where nothing
+    listens, ``ray.init`` retries for many minutes, printing a warning every few seconds. Other forms
+    (``auto``, ``local``, ``ray://…``) are left to Ray, which answers them at once."""
+    import socket
+
+    if not address or "://" in address or ":" not in address:
+        return
+    host, _, port = address.rpartition(":")
+    if not port.isdigit():
+        raise FLTuneError(f"--address {address}: the port is not a number; allowed: host:port of a Ray head's GCS")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=5).close()
+    except OSError as err:
+        reason = err.strerror or type(err).__name__
+        raise FLTuneError(f"--address {address}: no Ray cluster answers there ({reason}); allowed: host:port of "
+                          "a running Ray head's GCS (ray start --head), auto, or none for a local Ray") from None
 
 
 # ---------------------------------------------------------------------------------------------- jobs
@@ -333,7 +353,17 @@ def storage_root(storage: str | None) -> str:
     from fltune.tracking.mlflow_log import mlruns_dir
 
     storage = storage or str(mlruns_dir().parent / "studies")
-    return storage if "://" in storage else str(Path(storage).expanduser().resolve())
+    if "://" not in storage:
+        return str(Path(storage).expanduser().resolve())
+    import pyarrow.fs
+
+    try:  # a remote store that cannot be reached fails here, in one line, not inside Tune
+        fs, folder = pyarrow.fs.FileSystem.from_uri(storage)
+        fs.get_file_info(folder)
+    except (OSError, ValueError) as err:
+        raise FLTuneError(f"--storage {storage}: {str(err)[:200]}; allowed: a local folder, or a URI of a "
+                          "filesystem pyarrow can reach (s3://, gs://, hdfs://)") from None
+    return storage
 
 
 def check_name(name: str) -> str:
@@ -342,17 +372,20 @@ def check_name(name: str) -> str:
     return name
 
 
-def make_out(out: str) -> None:
-    """Create a job's ``--out`` folder before Ray starts: one that cannot be written then fails in one line
-    at the start, not with a traceback after the job's trials have all run."""
+def make_out(out: str, flag: str = "--out") -> None:
+    """Create the folder a command writes its result files to (``flag``) before Ray starts: one that cannot
+    be written then fails in one line at the start, not with a traceback after all the work is done."""
     from pathlib import Path
 
     try:
+        if Path(out).exists() and not Path(out).is_dir():
+            raise NotADirectoryError(20, "Not a directory")
         Path(out).mkdir(parents=True, exist_ok=True)
         if not os.access(out, os.W_OK):
             raise PermissionError(13, "Permission denied")
     except OSError as err:
-        raise FLTuneError(f"--out {out}: {err.strerror or err}; allowed: a folder this user can create and write") from None
+        raise FLTuneError(
+            f"{flag} {out}: {err.strerror or err}; allowed: a folder this user can create and write") from None
 
 
 def exists(path: str) -> bool:

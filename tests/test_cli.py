@@ -119,6 +119,10 @@ def test_methods_lists_registered_methods_with_defaults(capsys):
     (["--set", "federation.roundz=3"], "federation.roundz: unknown field"),
     (["--set", "resources.driver_worker=maybe"], "resources.driver_worker:"),
     (["--config", "/nonexistent/exp.yaml"], "exp.yaml: no such file"),
+    (["--set", "tracking.experiment="], "tracking.experiment: String should have at least 1 character"),
+    (["--json-out", "/dev/null/run.json"], "--json-out /dev/null: Not a directory; allowed:"),
+    (["--json-out", "/"], "--json-out /: is a folder; allowed: a file path"),
+    (["--address", "127.0.0.1:abc"], "--address 127.0.0.1:abc: the port is not a number"),
 ])
 def test_bad_input_is_one_line_exit_2(args, message, capsys):
     assert main(["run", *args]) == 2
@@ -134,6 +138,15 @@ def test_an_unreachable_tracking_server_is_one_line_before_any_work(command, tmp
     err = capsys.readouterr().err.strip()
     assert err.startswith(f"fltune: tracking.uri {uri}: Connection refused; allowed:") and len(err.splitlines()) == 1
     assert not (tmp_path / "jobs").exists()  # checked before the job folder is written or Ray starts
+
+
+def test_a_cluster_address_where_no_ray_listens_is_one_line_at_once(capsys):
+    """``ray.init`` would retry it for many minutes (over 5 measured), a warning every few seconds."""
+    address = f"127.0.0.1:{free_port()}"
+    assert main(["run", "--address", address, "--no-mlflow"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"fltune: --address {address}: no Ray cluster answers there (Connection refused); allowed:")
+    assert len(err.splitlines()) == 1
 
 
 def test_missing_dataset_says_where_it_looked(tmp_path, capsys):

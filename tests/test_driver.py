@@ -172,3 +172,22 @@ def test_a_resumed_job_names_the_setting_flags_it_ignores(argv, ignored, capsys)
         assert said == ""
     else:
         assert said == f"note: a resumed job keeps the settings it started with; ignored: {ignored}"
+
+
+def test_a_storage_uri_that_cannot_be_reached_is_one_line_naming_storage(tmp_path: Path) -> None:
+    from fltune.errors import FLTuneError
+
+    with pytest.raises(FLTuneError, match=r"^--storage nosuchfs://bucket/x: Unrecognized filesystem .*; allowed: "):
+        driver.storage_root("nosuchfs://bucket/x")
+    assert driver.storage_root(f"file://{tmp_path}") == f"file://{tmp_path}"  # a reachable URI is kept as given
+    assert driver.storage_root(str(tmp_path / "rel" / ".." / "jobs")) == str(tmp_path / "jobs")
+
+
+def test_check_gcs_asks_host_port_addresses_only() -> None:
+    from fltune.errors import FLTuneError
+    from tests.tune.test_cluster import free_port
+
+    for address in (None, "", "auto", "local", "ray://head:10001"):
+        driver.check_gcs(address)  # Ray answers these itself
+    with pytest.raises(FLTuneError, match="no Ray cluster answers there"):
+        driver.check_gcs(f"127.0.0.1:{free_port()}")
