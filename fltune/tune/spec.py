@@ -45,7 +45,7 @@ class SavedSpec(BaseModel):
             with fs.open_input_stream(f"{folder}/{SPEC_FILE}") as stream:
                 text = stream.readall()
         except FileNotFoundError:
-            raise FLTuneError(f"--resume: no fltune study at {path} (no {SPEC_FILE})") from None
+            raise FLTuneError(f"--resume: no fltune job at {path} (no {SPEC_FILE})") from None
         try:
             return cls.model_validate_json(text)
         except ValidationError:

@@ -94,7 +94,7 @@ def test_malformed_yaml_and_bad_flags(tmp_path: Path, mlflow_uri: str, capsys) -
     assert_user_error(["tune", "--space", str(space), "--method", "fedavg"], "is for fedprox", mlflow_uri, capsys)
     assert_user_error(["tune", "--space", str(space), "--set", "federation.rounds=0"], "federation.rounds",
                       mlflow_uri, capsys)
-    assert_user_error(["tune", "--resume", "--storage", str(tmp_path), "--name", "nope"], "no fltune study",
+    assert_user_error(["tune", "--resume", "--storage", str(tmp_path), "--name", "nope"], "no fltune job",
                       mlflow_uri, capsys)
 
 
