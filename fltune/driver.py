@@ -518,8 +518,8 @@ class TuneJob(ABC, Generic[Spec]):
         spec = self.saved_spec(storage) if self.resuming() else self.new_spec(storage)
         if not self.resuming() and exists(spec.path):
             raise FLTuneError(f"--name {spec.name}: {self.what} {spec.path} already exists; add --resume to continue it")
-        if self.out(spec) is not None:
-            make_out(self.out(spec))
+        if (out := self.out(spec)) is not None:
+            make_out(out)
         check_tracking(self.tracking(spec))
         tree = self.experiment(spec)
         start_ray(self.args.address or build_config(tree).resources.address)

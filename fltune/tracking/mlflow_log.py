@@ -108,7 +108,8 @@ class Tracker:
         MLflow's filter grammar has no escapes: a value is quoted with the quote it does not contain (a job
         folder may be ``/data/it's``); one holding both kinds is matched here instead of in the store."""
         wanted = {k: str(v) for k, v in tags.items()}
-        query = " and ".join(f"tags.`{k}` = {_quoted(v)}" for k, v in wanted.items() if _quoted(v))
+        literals = {k: _quoted(v) for k, v in wanted.items()}
+        query = " and ".join(f"tags.`{k}` = {literal}" for k, literal in literals.items() if literal)
         runs = self.client.search_runs([self.experiment_id], filter_string=query, max_results=50_000)
         return [run for run in runs if all(run.data.tags.get(k) == v for k, v in wanted.items())]
 

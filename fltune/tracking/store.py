@@ -163,6 +163,4 @@ def _reason(err: Exception) -> str:
     oserror = re.search(r"\[Errno -?\d+\] ([^'\")\]]+)", text)
     if oserror:
         return oserror.group(1).strip()
-    if "NameResolutionError" in text:
-        return "unknown host"
     return text.split(". ")[0].strip()[:200]
