@@ -11,10 +11,11 @@ core and evaluates the global model on the test set after every round. Last line
 tree PSS in 10^9 bytes; goal ≤ 2). Sizes elsewhere print in GiB (2^30 bytes). At the command's
 peak, its PSS is also split by part (``part``): the driver, the client workers and Ray's own services.
 
-    python bench/whole_command.py [--pairs 3] [--rounds 5] [--before /path/to/older/checkout]
+    python bench/whole_command.py [--pairs 3] [--rounds 5] [--before /path/to/older/checkout] [--set K=V ...]
 
 ``--before``: also time that checkout's command in every pair (a third run, same conditions), so a change
-is measured before and after in one run on a shared machine (``ratio_before``).
+is measured before and after in one run on a shared machine (``ratio_before``). ``--set``: a config
+override added to the command (and to ``--before``'s), to weigh a setting such as the resources plan.
 """
 
 from __future__ import annotations
@@ -33,13 +34,14 @@ REPO = Path(__file__).resolve().parents[1]
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
-def command(rounds: int, mlflow_uri: str, repo: Path = REPO) -> list[str]:
-    """The issue's CPU workload as a user types it (in the checkout ``repo``)."""
+def command(rounds: int, mlflow_uri: str, repo: Path = REPO, extra: tuple[str, ...] = ()) -> list[str]:
+    """The issue's CPU workload as a user types it (in the checkout ``repo``), plus ``--set`` overrides
+    ``extra`` (e.g. a resources setting to weigh)."""
     return [
         sys.executable, str(repo / "cli.py"), "run", "--method", "fedavg", "--dataset", "fmnist", "--partition",
         "iid", "--clients", "100", "--fraction", "0.1", "--rounds", str(rounds), "--local-epochs", "1",
         "--batch-size", "50", "--seed", "0", "--set", "metrics.protocols=[global]", "--set", "metrics.every=1",
-        "--set", f"tracking.uri={mlflow_uri}",
+        "--set", f"tracking.uri={mlflow_uri}", *(arg for item in extra for arg in ("--set", item)),
     ]
 
 
@@ -163,6 +165,8 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--before", type=Path, help="another checkout whose command joins every pair")
+    parser.add_argument("--set", dest="extra", action="append", default=[], metavar="KEY=VALUE",
+                        help="a config override for the command (and --before's), e.g. resources.workers=1")
     parser.add_argument("--tight", action="store_true", help=argparse.SUPPRESS)  # the reference's own process
     args = parser.parse_args()
     if args.tight:
@@ -175,8 +179,9 @@ def main() -> None:
             uri = f"sqlite:///{tmp}/mlflow{pair}.db"
             if args.before:
                 before_env = {**env, "PYTHONPATH": f"{args.before.resolve()}{os.pathsep}{env['PYTHONPATH']}"}
-                runs["before"].append(measure(command(args.rounds, uri, args.before.resolve()), before_env))
-            runs["command"].append(measure(command(args.rounds, uri), env))
+                runs["before"].append(measure(command(args.rounds, uri, args.before.resolve(), tuple(args.extra)),
+                                               before_env))
+            runs["command"].append(measure(command(args.rounds, uri, extra=tuple(args.extra)), env))
             runs["tight"].append(measure([sys.executable, __file__, "--tight", "--rounds", str(args.rounds)], env))
             for name, done in runs.items():
                 if done:
