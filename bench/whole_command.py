@@ -174,14 +174,14 @@ def main() -> None:
         return
     env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     runs: dict[str, list[Run]] = {"command": [], "tight": [], "before": []}
+    extra = tuple(args.extra)
     with tempfile.TemporaryDirectory() as tmp:
         for pair in range(args.pairs):
             uri = f"sqlite:///{tmp}/mlflow{pair}.db"
             if args.before:
                 before_env = {**env, "PYTHONPATH": f"{args.before.resolve()}{os.pathsep}{env['PYTHONPATH']}"}
-                runs["before"].append(measure(command(args.rounds, uri, args.before.resolve(), tuple(args.extra)),
-                                               before_env))
-            runs["command"].append(measure(command(args.rounds, uri, extra=tuple(args.extra)), env))
+                runs["before"].append(measure(command(args.rounds, uri, args.before.resolve(), extra), before_env))
+            runs["command"].append(measure(command(args.rounds, uri, extra=extra), env))
             runs["tight"].append(measure([sys.executable, __file__, "--tight", "--rounds", str(args.rounds)], env))
             for name, done in runs.items():
                 if done:

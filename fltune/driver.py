@@ -28,6 +28,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from fltune.errors import FLTuneError
@@ -348,8 +349,6 @@ def _flag(dest: str) -> str:
 def storage_root(storage: str | None) -> str:
     """Where jobs live: a URI as given, a local path made absolute (Ray requires it); default
     ``<repo>/studies`` next to ``mlruns`` (a source checkout keeps its jobs in one place)."""
-    from pathlib import Path
-
     from fltune.tracking.mlflow_log import mlruns_dir
 
     storage = storage or str(mlruns_dir().parent / "studies")
@@ -375,8 +374,6 @@ def check_name(name: str) -> str:
 def make_out(out: str, flag: str = "--out") -> None:
     """Create the folder a command writes its result files to (``flag``) before Ray starts: one that cannot
     be written then fails in one line at the start, not with a traceback after all the work is done."""
-    from pathlib import Path
-
     try:
         if Path(out).exists() and not Path(out).is_dir():
             raise NotADirectoryError(20, "Not a directory")
