@@ -51,6 +51,12 @@ class _Protocol(Probe):
 
     clock: ClassVar[str | None] = "eval_s"
 
+    def due(self, fed: Federation, view: RoundView) -> bool:
+        """Every ``metrics.every`` rounds and at the last, for every protocol (the personalised one too:
+        it scores all clients, the dearest of the three)."""
+        rounds = fed.cfg.federation.rounds
+        return view.running and (view.round % fed.cfg.metrics.every == 0 or view.round == rounds)
+
     @classmethod
     def enabled(cls, cfg: ExperimentConfig, data: FederatedData) -> bool:
         return cls.protocol in cfg.metrics.protocols
@@ -82,10 +88,6 @@ class _OneModel(_Protocol):
         for split in splits(fed.cfg):
             out.update(prefixed(split, dict(zip(self.keys, fed.evaluate_state(state, split)))))
         return out
-
-    def due(self, fed: Federation, view: RoundView) -> bool:
-        rounds = fed.cfg.federation.rounds
-        return view.running and (view.round % fed.cfg.metrics.every == 0 or view.round == rounds)
 
 
 @register
