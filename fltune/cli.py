@@ -79,7 +79,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.print_config:
         print(cfg.to_yaml(), end="")
         return 0
-    from fltune.tracking.mlflow_log import check_tracking
+    from fltune.tracking.paths import check_tracking
     from fltune.tracking.progress import ProgressCallback, console, summary_table
 
     check_tracking(cfg.tracking)

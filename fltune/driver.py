@@ -349,7 +349,7 @@ def _flag(dest: str) -> str:
 def storage_root(storage: str | None) -> str:
     """Where jobs live: a URI as given, a local path made absolute (Ray requires it); default
     ``<repo>/studies`` next to ``mlruns`` (a source checkout keeps its jobs in one place)."""
-    from fltune.tracking.mlflow_log import mlruns_dir
+    from fltune.tracking.paths import mlruns_dir
 
     storage = storage or str(mlruns_dir().parent / "studies")
     if "://" not in storage:
@@ -508,7 +508,7 @@ class TuneJob(ABC, Generic[Spec]):
         """Validate (before Ray starts), join or start Ray, size the trials, then create or restore the
         Tuner; also the number of Ray nodes."""
         from fltune.config import build_config
-        from fltune.tracking.mlflow_log import check_tracking
+        from fltune.tracking.paths import check_tracking
         from fltune.tune import study
 
         storage = storage_root(self.args.storage)

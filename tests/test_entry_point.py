@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from fltune.cli import entry
-from fltune.tracking.mlflow_log import default_uri, mlruns_dir
+from fltune.tracking.paths import default_uri, mlruns_dir
 from fltune.driver import storage_root
 
 REPO = Path(__file__).resolve().parents[1]

@@ -124,7 +124,7 @@ class Comparison:
 
     def run(self) -> int:
         from fltune.compare.report import notes
-        from fltune.tracking.mlflow_log import check_tracking
+        from fltune.tracking.paths import check_tracking
         from fltune.tracking.progress import console
 
         spec = self.spec(storage_root(self.args.storage))
@@ -229,13 +229,17 @@ class Cells(TuneJob["CompareSpec"]):
 
 
 def callbacks(spec: CompareSpec) -> list:
-    from fltune.compare.mlflow_runs import CompareLog
+    """The terminal board always; MLflow only when tracking is on (off, MLflow is never imported)."""
     from fltune.compare.report import live_board
     from fltune.tune.board import TrialBoard
+
+    board = TrialBoard(spec, live_board)
+    if not spec.tracking.enabled:
+        return [board]
+    from fltune.compare.mlflow_runs import CompareLog
     from fltune.tune.mlflow_runs import MLflowStudyCallback
 
-    tracked = [MLflowStudyCallback(spec, CompareLog)] if spec.tracking.enabled else []
-    return [TrialBoard(spec, live_board), *tracked]
+    return [board, MLflowStudyCallback(spec, CompareLog)]
 
 
 def conclude(spec: CompareSpec, rows: list[TrialRow]) -> int:

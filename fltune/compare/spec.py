@@ -18,7 +18,7 @@ from fltune.config import ExperimentConfig, TrackingConfig, build_config
 from fltune.driver import CELL_CHECKPOINT_EVERY, CELL_CHECKPOINT_SECONDS, check_name
 from fltune.errors import FLTuneError
 from fltune.metrics.probe import unmet_need
-from fltune.tracking.mlflow_log import mlruns_dir
+from fltune.tracking.paths import mlruns_dir
 from fltune.tune.space import set_dotted
 from fltune.tune.spec import SavedSpec
 

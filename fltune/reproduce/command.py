@@ -191,13 +191,17 @@ def show_plan(args: argparse.Namespace) -> int:
 
 
 def callbacks(spec: ReproSpec) -> list:
+    """The terminal board always; MLflow only when tracking is on (off, MLflow is never imported)."""
     from fltune.reproduce.report import live_cells
-    from fltune.reproduce.mlflow_runs import ReproLog
     from fltune.tune.board import TrialBoard
+
+    board = TrialBoard(spec, live_cells)
+    if not spec.tracking.enabled:
+        return [board]
+    from fltune.reproduce.mlflow_runs import ReproLog
     from fltune.tune.mlflow_runs import MLflowStudyCallback
 
-    tracked = [MLflowStudyCallback(spec, ReproLog)] if spec.tracking.enabled else []
-    return [TrialBoard(spec, live_cells), *tracked]
+    return [board, MLflowStudyCallback(spec, ReproLog)]
 
 
 def describe(spec: ReproSpec, nodes: int, resumed: bool) -> str:

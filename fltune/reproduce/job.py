@@ -21,7 +21,7 @@ from fltune.config import TrackingConfig, build_config
 from fltune.driver import check_name
 from fltune.reproduce.plan import PlannedCell, first_config
 from fltune.reproduce.registry import PaperTable, get_table
-from fltune.tracking.mlflow_log import mlruns_dir
+from fltune.tracking.paths import mlruns_dir
 from fltune.tune.space import Objective
 from fltune.tune.spec import SavedSpec
 from fltune.tune.study import bound_trainable, grid_tuner, restore

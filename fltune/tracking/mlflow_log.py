@@ -9,7 +9,6 @@ checkout, ``./mlruns/…`` elsewhere (MLflow ≥ 3.13 refuses a bare ``./mlruns`
 from __future__ import annotations
 
 import logging
-import os
 import subprocess
 import time
 from collections.abc import Mapping
@@ -19,9 +18,9 @@ from typing import Any
 from mlflow.entities import Metric, Param, Run, RunTag
 
 from fltune.config import ExperimentConfig, TrackingConfig, flatten
-from fltune.tracking.store import check_reachable, open_store, sqlite_path
+from fltune.tracking.paths import REPO, default_uri
+from fltune.tracking.store import open_store, sqlite_path
 
-REPO = Path(__file__).resolve().parents[2]
 STATUS = {"finished": "FINISHED", "diverged": "FAILED", "failed": "FAILED", "killed": "KILLED",
           "stopped": "FINISHED"}
 """fltune run status → MLflow run status (a diverged run is FAILED with tag fltune.status=diverged)."""
@@ -31,24 +30,6 @@ and may open the GenAI overview)."""
 
 for _noisy in ("mlflow.store.db.utils", "alembic.runtime.migration"):  # schema-creation chatter on a new db
     logging.getLogger(_noisy).setLevel(logging.WARNING)
-
-
-def mlruns_dir() -> Path:
-    """``<repo>/mlruns`` when run from inside the source checkout, else ``./mlruns`` under the current
-    directory (the installed ``fltune`` command run from a project folder keeps its runs there)."""
-    cwd = Path.cwd().resolve()
-    inside = (REPO / "pyproject.toml").exists() and (cwd == REPO or REPO in cwd.parents)
-    return (REPO if inside else cwd) / "mlruns"
-
-
-def default_uri() -> str:
-    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{mlruns_dir() / 'mlflow.db'}"
-
-
-def check_tracking(tracking: TrackingConfig) -> None:
-    """Before a command starts any work: the store it will log to answers (``store.check_reachable``)."""
-    if tracking.enabled:
-        check_reachable(tracking.uri or default_uri())
 
 
 def git_commit() -> str:

@@ -23,9 +23,7 @@ from fltune.driver import check_name, storage_root
 from fltune.engine.pool import plan_workers
 from fltune.errors import FLTuneError
 from fltune.tune.board import TrialBoard
-from fltune.tune.search import make_searcher
 from fltune.tune.space import Asha, SearchSpace, base_tree, check_objective, check_params, parse_space, set_dotted
-from fltune.tune.mlflow_runs import MLflowStudyCallback
 from fltune.tune.spec import SavedSpec, StudySpec
 from fltune.tune.trainable import run_trial
 
@@ -136,13 +134,19 @@ def bound_trainable(entry: Callable[[dict[str, Any], Any], None], spec: Any,
 
 
 def callbacks(spec: StudySpec) -> list[tune.Callback]:
-    """The terminal board always; MLflow unless the base experiment turns tracking off."""
+    """The terminal board always; MLflow unless the base experiment turns tracking off (then MLflow is
+    never imported)."""
+    from fltune.tune.mlflow_runs import MLflowStudyCallback
+
     tracked = [MLflowStudyCallback(spec)] if spec.base_config.tracking.enabled else []
     return [TrialBoard(spec), *tracked]
 
 
 def new_tuner(spec: StudySpec, resources: tune.PlacementGroupFactory) -> tune.Tuner:
-    """Optuna + ASHA/FIFO, at most ``max_concurrent`` trials, crashed trials restarted from checkpoints."""
+    """Optuna + ASHA/FIFO, at most ``max_concurrent`` trials, crashed trials restarted from checkpoints.
+    Optuna is imported here, not with the module: a grid job (``grid_tuner``) searches nothing."""
+    from fltune.tune.search import make_searcher
+
     space = spec.space
     return tune.Tuner(
         bound_trainable(run_trial, spec, resources),

@@ -1,0 +1,25 @@
+"""A command with tracking off never imports MLflow (or Optuna, unless it searches)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+IMPORTS = """
+import sys
+from fltune.cli import main
+from fltune.compare import command as compare
+from fltune.config import TrackingConfig
+from fltune.reproduce import command as reproduce, job
+from fltune.tracking.paths import check_tracking
+from fltune.tune import study
+check_tracking(TrackingConfig(enabled=False))
+print(sorted(name for name in ("mlflow", "optuna") if name in sys.modules))
+"""
+
+
+def test_the_commands_load_without_mlflow_or_optuna_when_tracking_is_off():
+    """A node with only the training stack (the GPU boxes issue 12 was measured on) runs ``reproduce``
+    with ``tracking.enabled=false``: the store check and the job's modules leave MLflow unimported."""
+    out = subprocess.run([sys.executable, "-c", IMPORTS], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
