@@ -112,3 +112,20 @@ def test_aggregate_averages_bodies_and_sends_new_centroids():
     assert np.array_equal(update.global_state["body.w"], np.ones(2, np.float32))
     assert np.allclose(update.server_state["centroids"], [[2.0, 2.0]])
     assert method.server_payload(update.server_state)["centroids"] is update.server_state["centroids"]
+
+
+def test_summaries_of_a_batch_at_once_equal_the_sample_by_sample_rule():
+    """All classes folded at once give the bits of FedCR's per-sample loop: random batches, repeated
+    labels, a class absent from the batch, an all-zero feature (its summary stays "empty")."""
+    generator = torch.Generator().manual_seed(0)
+    expected, summaries = torch.zeros(4, 6), torch.zeros(4, 6)
+    summaries[3] = expected[3] = torch.rand(6, generator=generator)  # summarised in an earlier round
+    for _ in range(5):
+        features = torch.relu(torch.randn(12, 6, generator=generator))
+        features[2] = 0.0
+        labels = torch.randint(0, 3, (12,), generator=generator)
+        for feature, label in zip(features, labels.tolist()):  # FedCR's local_feature, literally
+            current = expected[label]
+            expected[label] = (feature + current) / 2 if current.any() else feature
+        update_summaries(summaries, features, labels)
+        assert torch.equal(summaries, expected)
