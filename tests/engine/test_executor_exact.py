@@ -24,12 +24,14 @@ from fltune.engine.builders import build_method, build_model_for, initial_state,
 from fltune.engine.federation import Federation
 from fltune.engine.local import Executor, RoundInput, train_client
 from fltune.engine.pool import WorkerPlan, WorkerPool
-from fltune.engine.rng import sample_clients
+from fltune.engine.rng import sample_clients, use_deterministic_cuda
 from fltune.methods import METHODS, get_method
 from fltune.methods.base import Aggregate, ServerContext
 from tests.methods.test_contract import COMPOSED
 
-CPU = torch.device("cpu")
+DEVICES = ["cpu", *(["cuda"] if torch.cuda.is_available() else [])]
+"""The gate runs on every device this machine has: on CUDA both paths use the reproducible kernels a
+worker picks (``resources.deterministic``), so they must agree to the bit there too."""
 # 4 clients, 2 a round, 2 rounds: clients that return, clients never sampled, several steps each; crop,
 # flip and cutout draw from the batch generator, so the draw order of both paths is checked too.
 TINY = [
@@ -51,6 +53,18 @@ def _one_thread() -> Iterator[None]:
     torch.set_num_threads(threads)
 
 
+@pytest.fixture(params=DEVICES)
+def device(request: pytest.FixtureRequest) -> Iterator[torch.device]:
+    if request.param == "cpu":
+        yield torch.device("cpu")
+        return
+    flags = torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark
+    use_deterministic_cuda(True)
+    yield torch.device("cuda")
+    torch.use_deterministic_algorithms(flags[0])
+    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = flags[1], flags[2]
+
+
 def tiny_config(method: str, *extra: str) -> ExperimentConfig:
     small = ["model.options={blocks: 1}"] if get_method(method.split("+")[0]).default_model == "resnet56" else []
     return build_config(overrides=[*TINY, f"method.name={method}", *small, *extra])
@@ -61,11 +75,11 @@ def tiny_data() -> FederatedData:
     return load_data(tiny_config("fedavg"))
 
 
-def run_in_process(cfg: ExperimentConfig, data: FederatedData, kind: str) -> Run:
+def run_in_process(cfg: ExperimentConfig, data: FederatedData, kind: str, device: torch.device) -> Run:
     """Every round as the workers and ``Federation.step`` compute it, in this process on one executor:
     (final global state, client store, each round's per-client results). Stops at a diverged round."""
-    method, model = build_method(cfg), build_model_for(cfg, data)
-    executor = Executor.build(kind, data, CPU)
+    method, model = build_method(cfg), build_model_for(cfg, data).to(device)
+    executor = Executor.build(kind, data, device)
     fed, training = cfg.federation, cfg.training
     global_state = initial_state(cfg, data)
     server_state, store, rounds = method.init_server_state(global_state), {}, []
@@ -75,7 +89,7 @@ def run_in_process(cfg: ExperimentConfig, data: FederatedData, kind: str) -> Run
         total, results = WeightedSum(), {}
         for cid in sample_clients(fed.seed, r, fed.clients, fed.clients_per_round):
             results[cid] = train_client(method, model, data, cid, inputs, store.get(cid, {}), training,
-                                        resolve_augment(cfg, data), CPU, executor=executor)
+                                        resolve_augment(cfg, data), device, executor=executor)
             total.add(results[cid].weight, results[cid].update)
         rounds.append(results)
         if any(out.metrics["diverged"] for out in results.values()):
@@ -110,16 +124,16 @@ def assert_same(a: Any, b: Any, where: str) -> None:
         assert a == b or (a != a and b != b), f"{where}: {a!r} != {b!r}"
 
 
-def assert_executors_agree(cfg: ExperimentConfig) -> Run:
-    reference = run_in_process(cfg, tiny_data(), "reference")
-    exact = run_in_process(cfg, tiny_data(), "exact")
+def assert_executors_agree(cfg: ExperimentConfig, device: torch.device) -> Run:
+    reference = run_in_process(cfg, tiny_data(), "reference", device)
+    exact = run_in_process(cfg, tiny_data(), "exact", device)
     assert_same(exact, reference, cfg.method.name)
     return exact
 
 
 @pytest.mark.parametrize("method", [*sorted(METHODS), *COMPOSED])
-def test_exact_path_gives_the_reference_bits(method):
-    _, store, rounds = assert_executors_agree(tiny_config(method))
+def test_exact_path_gives_the_reference_bits(method, device):
+    _, store, rounds = assert_executors_agree(tiny_config(method), device)
     assert len(rounds) == 2 and not any(m.metrics["diverged"] for r in rounds for m in r.values())
     assert all(m.metrics["steps"] > 1 for r in rounds for m in r.values())
 
@@ -128,16 +142,17 @@ def test_exact_path_gives_the_reference_bits(method):
     ["training.optimizer=adam", "training.weight_decay=0.001"],
     ["training.nesterov=true", "training.grad_clip=1.0", "training.lr_decay=0.5"],
 ])
-def test_exact_path_reuses_optimisers_exactly(setting):
+def test_exact_path_reuses_optimisers_exactly(setting, device):
     """Kept optimisers, emptied per client and phase, step as fresh ones (Adam's moments, Nesterov's
     buffer; FedRep's two phases give each client two kept optimisers)."""
-    assert_executors_agree(tiny_config("fedrep", *setting))
+    assert_executors_agree(tiny_config("fedrep", *setting), device)
 
 
-def test_a_diverging_client_gives_the_reference_results():
+def test_a_diverging_client_gives_the_reference_results(device):
     """The reference stops a client at its first non-finite loss; the exact path notices once per client
     and re-runs it on the reference path, so the diverged round's metrics and results are the same."""
-    _, _, rounds = assert_executors_agree(tiny_config("fedavg", "training.lr=10000", "training.local_epochs=3"))
+    _, _, rounds = assert_executors_agree(tiny_config("fedavg", "training.lr=10000", "training.local_epochs=3"),
+                                         device)
     diverged = [m.metrics for m in rounds[-1].values() if m.metrics["diverged"]]
     assert diverged and all(np.isnan(m["train_loss"]) for m in diverged)
 
