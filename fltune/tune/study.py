@@ -136,10 +136,12 @@ def bound_trainable(entry: Callable[[dict[str, Any], Any], None], spec: Any,
 def callbacks(spec: StudySpec) -> list[tune.Callback]:
     """The terminal board always; MLflow unless the base experiment turns tracking off (then MLflow is
     never imported)."""
+    board = TrialBoard(spec)
+    if not spec.base_config.tracking.enabled:
+        return [board]
     from fltune.tune.mlflow_runs import MLflowStudyCallback
 
-    tracked = [MLflowStudyCallback(spec)] if spec.base_config.tracking.enabled else []
-    return [TrialBoard(spec), *tracked]
+    return [board, MLflowStudyCallback(spec)]
 
 
 def new_tuner(spec: StudySpec, resources: tune.PlacementGroupFactory) -> tune.Tuner:
