@@ -1,5 +1,5 @@
 """Where fltune's MLflow store lives, and the check that it answers, without importing MLflow: a command
-run with ``tracking.enabled=false`` never loads it (MLflow adds ~70 MiB and ~1 s to a driver, and a node
+run with ``tracking.enabled=false`` never loads it (MLflow adds ~73 MiB to a driver, and a node
 that only trains need not have it)."""
 
 from __future__ import annotations
