@@ -12,8 +12,12 @@ import sys
 import types
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from fltune.engine.pool import WorkerPool
 
 FMNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
 needs_fmnist = pytest.mark.skipif(
@@ -87,6 +91,37 @@ def ray_session():
                  log_to_driver=False)
     yield ray
     ray.shutdown()
+
+
+class SharedPools:
+    """Client actors shared by a test module's runs, a pool per worker count, started when first asked for
+    and planned as a run of its own would be (a GPU share where there is one) at half a CPU each.
+
+    Why: starting a torch worker process costs seconds, a tiny run a fraction of that, and a run's results
+    depend only on its pool's actor count (``Federation``'s ``pool``); reused actors also check that nothing
+    one run leaves in them changes the next one's numbers."""
+
+    def __init__(self, cluster: dict[str, float]) -> None:
+        self.cluster = cluster
+        self.made: dict[int, WorkerPool] = {}
+
+    def __getitem__(self, workers: int) -> WorkerPool:
+        from fltune.config import build_config
+        from fltune.engine.pool import WorkerPool, plan_workers
+
+        if workers not in self.made:
+            cfg = build_config(overrides=[f"resources.workers={workers}", "resources.cpus_per_worker=0.5"])
+            self.made[workers] = WorkerPool(plan_workers(cfg, self.cluster))
+        return self.made[workers]
+
+
+@pytest.fixture(scope="module")
+def pools(ray_session) -> Iterator[SharedPools]:
+    """This module's shared client actors (``SharedPools``), stopped when the module ends."""
+    shared = SharedPools(ray_session.cluster_resources())
+    yield shared
+    for pool in shared.made.values():
+        pool.shutdown()
 
 
 @pytest.fixture()

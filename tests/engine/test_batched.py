@@ -15,10 +15,10 @@ from fltune.engine.batched import client_groups, train_group
 from fltune.engine.builders import build_method, build_model_for, initial_state, load_data
 from fltune.engine.federation import Federation
 from fltune.engine.local import RoundInput, train_client
-from fltune.engine.pool import WorkerPlan, WorkerPool, balance
+from fltune.engine.pool import balance
 from fltune.methods import get_method
 from fltune.methods.base import ClientResult
-from tests.conftest import needs_fmnist
+from tests.conftest import SharedPools, needs_fmnist
 
 CPU = torch.device("cpu")
 LOCAL = [  # unequal clients (152..461 samples) and B = 32: every client ends its epochs on a short batch
@@ -132,16 +132,14 @@ def test_composites_and_step_overrides_are_not_batched():
     assert not get_method("fedntd").batches_clients()
 
 
-def run_all(cfgs: list[list[str]], workers: int) -> list[Federation]:
-    """The runs one after another on one shared pool of ``workers`` actors (started once)."""
-    pool = WorkerPool(WorkerPlan(workers=workers, cpus=1.0, gpus=0.0))
-    feds = [Federation(build_config(overrides=overrides), pool=pool) for overrides in cfgs]
-    try:
-        for fed in feds:
+def run_all(pools: SharedPools, cfgs: list[list[str]], workers: int) -> list[Federation]:
+    """The runs one after another on the module's shared pool of ``workers`` actors."""
+    feds = [Federation(build_config(overrides=overrides), pool=pools[workers]) for overrides in cfgs]
+    for fed in feds:
+        try:
             fed.run()
+        finally:
             fed.close()
-    finally:
-        pool.shutdown()
     return feds
 
 
@@ -151,21 +149,21 @@ def fingerprint(fed: Federation) -> tuple:
 
 
 @pytest.mark.parametrize("method", [["method.name=fedavg"], ["method.name=simfafl", *VIB]], ids=ids)
-def test_batched_runs_are_deterministic_and_worker_count_free(ray_session, method):
+def test_batched_runs_are_deterministic_and_worker_count_free(pools, method):
     """Also with per-client noise (SimFAFL's ε, drawn from each client's own generator)."""
     batched = [*FEDERATION, *method, "resources.executor=batched"]
-    one, again = run_all([batched, batched], workers=1)
-    (two,) = run_all([batched], workers=2)
+    one, again = run_all(pools, [batched, batched], workers=1)
+    (two,) = run_all(pools, [batched], workers=2)
     assert one.status == "finished" and one.history[-1]["acc_global"] > 0.3
     assert fingerprint(one) == fingerprint(again) == fingerprint(two)
 
 
-def test_unsupported_method_falls_back_and_says_so(ray_session, caplog):
+def test_unsupported_method_falls_back_and_says_so(pools, caplog):
     """FedNTD's step has no functional form: it trains on the exact path, bit for bit, with one warning
     for the run (not one per round)."""
     ntd = [*FEDERATION, "method.name=fedntd"]
     with caplog.at_level(logging.WARNING, logger="fltune.engine.batched"):
-        fallback, exact = run_all([[*ntd, "resources.executor=batched"], ntd], workers=1)
+        fallback, exact = run_all(pools, [[*ntd, "resources.executor=batched"], ntd], workers=1)
     notes = [r.getMessage() for r in caplog.records if r.name == "fltune.engine.batched"]
     assert notes == ["resources.executor: batched trains every client on the exact path: method fedntd has no "
                      "functional local step (Method.functional_loss or functional_step)"]
@@ -181,7 +179,7 @@ def test_unsupported_method_falls_back_and_says_so(ray_session, caplog):
       "partition.eval_fraction=0.3"], "acc_personalized"),
     (["method.name=simfafl", *VIB], "acc_global"),
 ], ids=lambda o: o[0].split("=")[-1] if isinstance(o, list) else o)
-def test_batched_accuracy_is_within_the_exact_paths_seed_spread(ray_session, method, metric):
+def test_batched_accuracy_is_within_the_exact_paths_seed_spread(pools, method, metric):
     """Statistical equivalence on a tiny FMNIST federation (10 Dirichlet clients, 5 per round, 3 rounds),
     for FedAvg and one method of each kind with its own functional step (SAM; FedSOL's ascent on its
     proximal loss; Ditto's personal models,
@@ -194,8 +192,8 @@ def test_batched_accuracy_is_within_the_exact_paths_seed_spread(ray_session, met
         "training.local_epochs=1", "metrics.protocols=[global]", "tracking.enabled=false",
         "resources.batch_clients=3", *method,
     ]
-    runs = {executor: run_all([[*base, f"federation.seed={s}", f"resources.executor={executor}"] for s in range(4)],
-                              workers=2)
+    runs = {executor: run_all(pools, [[*base, f"federation.seed={s}", f"resources.executor={executor}"]
+                                      for s in range(4)], workers=2)
             for executor in ("exact", "batched")}
     acc = {executor: [fed.history[-1][metric] for fed in feds] for executor, feds in runs.items()}
     assert all(a > 0.3 for a in acc["exact"]), acc  # the federations learn (chance is 0.1)

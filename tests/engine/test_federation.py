@@ -15,7 +15,7 @@ from fltune.config import build_config
 from fltune.engine.callbacks import Callback
 from fltune.data.datasets import load_dataset
 from fltune.engine.federation import Federation, lockstep, open_all
-from fltune.engine.pool import WorkerPlan, WorkerPool
+from fltune.engine.pool import WorkerPool
 from tests.conftest import needs_fmnist, storages
 
 BASE = [
@@ -25,8 +25,9 @@ BASE = [
 ]
 
 
-def federation(*extra: str) -> Federation:
-    return Federation(build_config(overrides=[*BASE, *extra]))
+def federation(*extra: str, pool: WorkerPool | None = None) -> Federation:
+    """A run on ``pool``'s actors, or on client actors of its own (``resources.*``)."""
+    return Federation(build_config(overrides=[*BASE, *extra]), pool=pool)
 
 
 def run(fed: Federation, callbacks=()) -> Federation:
@@ -41,9 +42,9 @@ def same_weights(a: Federation, b: Federation) -> bool:
     return all(a.global_state[k].tobytes() == b.global_state[k].tobytes() for k in a.global_state)
 
 
-def test_one_and_two_workers_give_identical_runs(ray_session):
-    one = run(federation("resources.workers=1"))
-    two = run(federation("resources.workers=2"))
+def test_one_and_two_workers_give_identical_runs(pools):
+    one = run(federation("resources.workers=1", pool=pools[1]))
+    two = run(federation("resources.workers=2", pool=pools[2]))
     assert one.status == two.status == "finished"
     keys = ("acc_global", "acc_all_model", "acc_personalized", "train_loss", "loss")
     assert [[r[k] for k in keys] for r in one.history] == [[r[k] for k in keys] for r in two.history]
@@ -52,14 +53,14 @@ def test_one_and_two_workers_give_identical_runs(ray_session):
 
 
 @needs_fmnist
-def test_evaluation_on_the_workers_equals_one_process_evaluating(ray_session):
+def test_evaluation_on_the_workers_equals_one_process_evaluating(pools):
     """2 500 test images: three evaluation batches, split 3 | 1 + 2 over one and two workers. The correct
     counts and summed losses must be those of the driver evaluating alone (the run closed, no pool), with
     the workers' one thread: on some CPUs (AVX-512 here) torch's kernels round differently per thread count."""
     fmnist = ("data.dataset=fmnist", "data.subsample=0.25", "federation.clients=4", "federation.rounds=1",
               "partition.eval_fraction=0")
-    one = run(federation("resources.workers=1", *fmnist))
-    two = run(federation("resources.workers=2", *fmnist))
+    one = run(federation("resources.workers=1", *fmnist, pool=pools[1]))
+    two = run(federation("resources.workers=2", *fmnist, pool=pools[2]))
     assert len(one.data.test_y) == 2500
     assert same_weights(one, two)
     threads = torch.get_num_threads()
@@ -86,23 +87,19 @@ def test_gpu_workers_give_identical_runs(ray_session, model):
     assert [r["acc_global"] for r in one.history] == [r["acc_global"] for r in two.history]
 
 
-def test_runs_interleaved_on_a_shared_pool_match_runs_on_their_own(ray_session):
-    gpus = 0.5 if ray.cluster_resources().get("GPU") else 0.0  # the same devices as the run on its own
-    own = run(federation("resources.workers=2", f"resources.gpus_per_worker={gpus}"))
-    pool = WorkerPool(WorkerPlan(workers=2, cpus=1.0, gpus=gpus))
-    try:
-        shared = Federation(own.cfg, pool=pool)
-        other = Federation(build_config(overrides=[*BASE, "method.name=fedprox", "method.mu=0.1"]), pool=pool)
-        # every call names its run, so two runs can take turns on the same actors
-        assert [[r.round for r in results] for results in lockstep([shared, other])] == [[1, 1], [2, 2]]
-        shared.close()
-        other.close()
-        assert same_weights(own, shared)
-        assert [r["acc_global"] for r in own.history] == [r["acc_global"] for r in shared.history]
-        assert other.round == 2 and not same_weights(other, shared)  # it really was another run
-        assert len(ray.get([actor.pid.remote() for actor in pool.actors])) == 2  # close() left the pool up
-    finally:
-        pool.shutdown()
+def test_runs_interleaved_on_a_shared_pool_match_runs_on_their_own(pools):
+    pool = pools[2]
+    own = run(federation("resources.workers=2", pool=pool))
+    shared = Federation(own.cfg, pool=pool)
+    other = Federation(build_config(overrides=[*BASE, "method.name=fedprox", "method.mu=0.1"]), pool=pool)
+    # every call names its run, so two runs can take turns on the same actors
+    assert [[r.round for r in results] for results in lockstep([shared, other])] == [[1, 1], [2, 2]]
+    shared.close()
+    other.close()
+    assert same_weights(own, shared)
+    assert [r["acc_global"] for r in own.history] == [r["acc_global"] for r in shared.history]
+    assert other.round == 2 and not same_weights(other, shared)  # it really was another run
+    assert len(ray.get([actor.pid.remote() for actor in pool.actors])) == 2  # close() left the pool up
 
 
 class KillWorkerMidRound(Callback):
@@ -119,10 +116,10 @@ class KillWorkerMidRound(Callback):
             self.killed_pid = pid
 
 
-def test_killed_worker_is_replaced_and_round_is_unchanged(ray_session):
-    reference = run(federation("resources.workers=2", "training.local_epochs=3"))
+def test_killed_worker_is_replaced_and_round_is_unchanged(pools):
+    reference = run(federation("resources.workers=2", "training.local_epochs=3", pool=pools[2]))
     killer = KillWorkerMidRound()
-    fed = federation("resources.workers=2", "training.local_epochs=3")
+    fed = federation("resources.workers=2", "training.local_epochs=3", pool=pools[2])
     fed.open()
     run(fed, [killer])
     assert killer.killed_pid is not None
@@ -131,16 +128,16 @@ def test_killed_worker_is_replaced_and_round_is_unchanged(ray_session):
     assert [r["acc_global"] for r in reference.history] == [r["acc_global"] for r in fed.history]
 
 
-def test_divergence_stops_with_status(ray_session):
-    fed = run(federation("training.lr=1.0e6", "federation.rounds=5", "resources.workers=1"))
+def test_divergence_stops_with_status(pools):
+    fed = run(federation("training.lr=1.0e6", "federation.rounds=5", "resources.workers=1", pool=pools[1]))
     assert fed.status == "diverged"
     assert fed.summary()["diverged_round"] == fed.round < 5
 
 
-def test_lockstep_ends_every_loop_at_the_first_divergence(ray_session):
+def test_lockstep_ends_every_loop_at_the_first_divergence(pools):
     """A trial's seeds advance one round each per step; one seed's divergence ends them all there."""
-    healthy = federation("federation.rounds=5", "resources.workers=1")
-    diverging = federation("training.lr=1.0e6", "federation.rounds=5", "resources.workers=1")
+    healthy = federation("federation.rounds=5", "resources.workers=1", pool=pools[1])
+    diverging = federation("training.lr=1.0e6", "federation.rounds=5", "resources.workers=1", pool=pools[1])
     try:
         steps = list(lockstep([healthy, diverging]))
     finally:
@@ -152,10 +149,10 @@ def test_lockstep_ends_every_loop_at_the_first_divergence(ray_session):
     assert [r.metrics for r in steps[-1]] == [healthy.history[-1], diverging.history[-1]]
 
 
-def test_open_all_leaves_the_process_only_the_workers_shared_copy(ray_session):
+def test_open_all_leaves_the_process_only_the_workers_shared_copy(pools):
     """A trial's seeds are built on one load; once open they read the workers' copy, and the loader's
     cache no longer holds the private one (a later load reads the files again)."""
-    feds = [federation("federation.seed=0"), federation("federation.seed=1")]
+    feds = [federation("federation.seed=0", pool=pools[2]), federation("federation.seed=1", pool=pools[2])]
     loaded = load_dataset("synthetic")
     try:
         assert all(storages(fed.data) & storages(loaded) for fed in feds)
@@ -167,15 +164,15 @@ def test_open_all_leaves_the_process_only_the_workers_shared_copy(ray_session):
             fed.close()
 
 
-def test_checkpoint_resumes_exactly(ray_session):
-    straight = run(federation("federation.rounds=3", "resources.workers=1"))
-    first = federation("federation.rounds=3", "resources.workers=1")
+def test_checkpoint_resumes_exactly(pools):
+    straight = run(federation("federation.rounds=3", "resources.workers=1", pool=pools[1]))
+    first = federation("federation.rounds=3", "resources.workers=1", pool=pools[1])
     first.open()
     first.step()
     first.step()
     saved = first.state_dict()
     first.close()
-    resumed = federation("federation.rounds=3", "resources.workers=1")
+    resumed = federation("federation.rounds=3", "resources.workers=1", pool=pools[1])
     resumed.load_state_dict(saved)
     run(resumed)
     assert resumed.round == 3
@@ -183,9 +180,9 @@ def test_checkpoint_resumes_exactly(ray_session):
     assert np.isclose(straight.history[-1]["acc_global"], resumed.history[-1]["acc_global"])
 
 
-def test_finetune_phase_reports_tuned_personal_accuracy_without_touching_the_global_model(ray_session):
-    plain = run(federation("resources.workers=2"))
-    tuned = run(federation("resources.workers=2", "training.finetune_epochs=2"))
+def test_finetune_phase_reports_tuned_personal_accuracy_without_touching_the_global_model(pools):
+    plain = run(federation("resources.workers=2", pool=pools[2]))
+    tuned = run(federation("resources.workers=2", "training.finetune_epochs=2", pool=pools[2]))
     assert same_weights(plain, tuned)
     last = tuned.history[-1]
     assert "acc_personalized_ft" in last and "acc_personalized_ft" not in tuned.history[0]
@@ -194,11 +191,11 @@ def test_finetune_phase_reports_tuned_personal_accuracy_without_touching_the_glo
     assert tuned.summary()["acc_personalized_ft"] == last["acc_personalized_ft"]
 
 
-def test_training_forward_flops_are_counted_on_the_real_training(ray_session):
+def test_training_forward_flops_are_counted_on_the_real_training(pools):
     """FedAvg's forward passes per training sample are the model's forward pass; MOON's add the global and
     previous models' (FedAlign Table 5: 262.2 vs 87.3); Table 8's cumulative figure is that × rounds."""
-    fedavg = run(federation("resources.workers=2", "federation.rounds=2"))
-    moon = run(federation("resources.workers=2", "federation.rounds=2", "method.name=moon"))
+    fedavg = run(federation("resources.workers=2", "federation.rounds=2", pool=pools[2]))
+    moon = run(federation("resources.workers=2", "federation.rounds=2", "method.name=moon", pool=pools[2]))
     model_mflops = fedavg.static_costs()["cost_forward_mflops"]
     assert fedavg.history[0]["cost_train_forward_mflops"] == pytest.approx(model_mflops)
     assert 2.9 < moon.history[-1]["cost_train_forward_mflops"] / model_mflops < 3.3

@@ -68,13 +68,13 @@ def test_local_model_hook_rebuilds_exactly_the_methods_it_should(name: str) -> N
 
 
 @pytest.mark.parametrize("name", ["fedavg", "feddyn", "fedper", "ditto"])
-def test_rebuilt_local_models_give_the_shipped_figures(ray_session, name: str) -> None:
+def test_rebuilt_local_models_give_the_shipped_figures(pools, name: str) -> None:
     """all_model accuracy and loss, weights, client store and every kept local model: the same bits
     whether the workers ship the local models (the path before the rebuild) or the driver rebuilds them
     (Ditto falls back to shipping: both runs take that path)."""
     overrides = [*BASE, f"method.name={name}"]
-    rebuilt = run(Federation(build_config(overrides=overrides)))
-    shipped = run(Federation(build_config(overrides=overrides)), shipped=True)
+    rebuilt = run(Federation(build_config(overrides=overrides), pool=pools[2]))
+    shipped = run(Federation(build_config(overrides=overrides), pool=pools[2]), shipped=True)
     assert "acc_all_model" in rebuilt.history[-1] and "loss_all_model" in rebuilt.history[-1]
     assert figures(rebuilt) == figures(shipped)
     assert same_bits(rebuilt.global_state, shipped.global_state)
@@ -84,10 +84,10 @@ def test_rebuilt_local_models_give_the_shipped_figures(ray_session, name: str) -
 
 
 @pytest.mark.parametrize("name", ["fedavg", "fedper"])
-def test_checkpoint_with_rebuilt_local_models_resumes_exactly(ray_session, name: str) -> None:
+def test_checkpoint_with_rebuilt_local_models_resumes_exactly(pools, name: str) -> None:
     overrides = [*BASE, f"method.name={name}", "federation.rounds=3"]
-    straight = run(Federation(build_config(overrides=overrides)))
-    first = Federation(build_config(overrides=overrides))
+    straight = run(Federation(build_config(overrides=overrides), pool=pools[2]))
+    first = Federation(build_config(overrides=overrides), pool=pools[2])
     try:
         first.open()
         first.step()
@@ -95,7 +95,7 @@ def test_checkpoint_with_rebuilt_local_models_resumes_exactly(ray_session, name:
         saved = pickle.dumps(first.state_dict())  # what a Tune checkpoint writes
     finally:
         first.close()
-    resumed = Federation(build_config(overrides=overrides))
+    resumed = Federation(build_config(overrides=overrides), pool=pools[2])
     resumed.load_state_dict(pickle.loads(saved))
     run(resumed)
     assert figures(resumed) == figures(straight)
@@ -109,7 +109,7 @@ HESSIAN = [
 ]
 
 
-def test_hessian_probe_runs_on_the_workers(ray_session, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_hessian_probe_runs_on_the_workers(pools, monkeypatch: pytest.MonkeyPatch) -> None:
     """With Hessian-vector products broken in this (the driver's) process, the probe still measures —
     the workers import their own — and its figures are those of this process computing them alone on
     one thread (the workers' ``cpus_per_worker``), bit for bit."""
@@ -118,7 +118,7 @@ def test_hessian_probe_runs_on_the_workers(ray_session, monkeypatch: pytest.Monk
         raise AssertionError("a Hessian-vector product ran in the driver's process")
 
     monkeypatch.setattr(fltune.metrics.hessian, "_mean_hvp", on_the_driver)
-    fed = run(Federation(build_config(overrides=[*BASE, *HESSIAN])))
+    fed = run(Federation(build_config(overrides=[*BASE, *HESSIAN]), pool=pools[2]))
     monkeypatch.undo()
     last = fed.history[-1]
     assert [int(row["round"]) for row in fed.history if "hessian_lambda_max" in row] == [1, 2]

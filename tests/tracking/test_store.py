@@ -25,7 +25,7 @@ TINY = ["--method", "fedavg", "--dataset", "synthetic", "--clients", "4", "--fra
 
 
 def _start_runs(uri: str, seeds: range, address: str) -> list[subprocess.Popen]:
-    """``python cli.py run`` once per seed, all at once, joining one Ray node (three Ray start-ups at once
+    """``python cli.py run`` once per seed, all at once, joining one Ray node (several Ray start-ups at once
     on a busy machine can exceed Ray's own start-up timeout, which is not what this test is about)."""
     env = {**os.environ, **ISOLATED, "MLFLOW_TRACKING_URI": uri, "RAY_ADDRESS": address}
     return [subprocess.Popen([sys.executable, "cli.py", "run", *TINY, "--seed", str(seed)], cwd=REPO, env=env,
@@ -47,15 +47,15 @@ def ray_node(tmp_path: Path) -> Iterator[str]:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(1800)  # six real commands; on a loaded machine each can take minutes
+@pytest.mark.timeout(1800)  # four real commands; on a loaded machine each can take minutes
 def test_concurrent_runs_on_a_fresh_then_an_existing_store_all_finish(ray_node: str, mlflow_uri: str) -> None:
-    for batch in (range(3), range(3, 6)):  # the first batch creates the store, the second shares it
+    for batch in (range(2), range(2, 4)):  # the first pair creates the store, the second shares it
         procs = _start_runs(mlflow_uri, batch, ray_node)
         errors = [proc.communicate()[1] for proc in procs]
-        assert [proc.returncode for proc in procs] == [0, 0, 0], "\n".join(e[-2000:] for e in errors)
+        assert [proc.returncode for proc in procs] == [0, 0], "\n".join(e[-2000:] for e in errors)
     client = MlflowClient(mlflow_uri)
     runs = client.search_runs([client.get_experiment_by_name("fltune").experiment_id])
-    assert sorted(run.data.tags["seed"] for run in runs) == [str(s) for s in range(6)]
+    assert sorted(run.data.tags["seed"] for run in runs) == [str(s) for s in range(4)]
     assert {run.info.status for run in runs} == {"FINISHED"}
 
 
