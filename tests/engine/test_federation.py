@@ -18,10 +18,10 @@ from fltune.engine.federation import Federation, lockstep, open_all
 from fltune.engine.pool import WorkerPool
 from tests.conftest import needs_fmnist, storages
 
-BASE = [
-    "data.dataset=synthetic", "partition.kind=dirichlet_prior", "partition.eval_fraction=0.2",
-    "federation.clients=10", "federation.fraction=0.4", "federation.rounds=2", "training.local_epochs=1",
-    "training.batch_size=32", "training.lr=0.05", "tracking.enabled=false",
+BASE = [  # a quarter of synthetic (150 samples a client): the same paths, ~3× faster
+    "data.dataset=synthetic", "data.subsample=0.25", "partition.kind=dirichlet_prior",
+    "partition.eval_fraction=0.2", "federation.clients=10", "federation.fraction=0.4", "federation.rounds=2",
+    "training.local_epochs=1", "training.batch_size=32", "training.lr=0.05", "tracking.enabled=false",
 ]
 
 
@@ -152,7 +152,8 @@ def test_lockstep_ends_every_loop_at_the_first_divergence(pools):
 def test_open_all_leaves_the_process_only_the_workers_shared_copy(pools):
     """A trial's seeds are built on one load; once open they read the workers' copy, and the loader's
     cache no longer holds the private one (a later load reads the files again)."""
-    feds = [federation("federation.seed=0", pool=pools[2]), federation("federation.seed=1", pool=pools[2])]
+    whole = "data.subsample=1.0"  # a subsample is a copy of its own from the start
+    feds = [federation(f"federation.seed={seed}", whole, pool=pools[2]) for seed in (0, 1)]
     loaded = load_dataset("synthetic")
     try:
         assert all(storages(fed.data) & storages(loaded) for fed in feds)
