@@ -14,9 +14,10 @@ Two client pools serve the synthetic cases in turn, as ``WorkerPool`` allows: 1 
 which one is the test's own process (``WorkerPlan.in_driver``, what ``run`` does by default) — so the second
 pool also checks, for every method, that a share trained in the driver gives an actor's bits. FMNIST runs on
 the second pool only: its invariance adds nothing the synthetic case does not check, and it cost ~2 min of
-the suite. Starting a torch
-worker process costs several seconds, the three rounds a fraction of that. Reused workers also check that
-nothing one run leaves in a worker changes the next one's numbers.
+the suite. Starting a torch worker process costs several seconds, the three rounds a fraction of that.
+Reused workers also check that nothing one run leaves in a worker changes the next one's numbers. (These
+pools are the contract's own, ``contract_pools``: the shared ``pools`` of ``tests/conftest.py`` have no
+driver's share.)
 """
 
 from __future__ import annotations
@@ -69,7 +70,7 @@ def tiny_data(dataset: str) -> FederatedData:
 
 
 @pytest.fixture(scope="module")
-def pools(ray_session):
+def contract_pools(ray_session):
     """A 1-actor pool and a 2-worker pool (1 actor + this process) side by side in the session's 2 CPUs
     (half a CPU, one thread each)."""
     made = {n: WorkerPool(WorkerPlan(workers=n, cpus=0.5, gpus=0.0, in_driver=n == 2)) for n in (1, 2)}
@@ -102,10 +103,11 @@ def assert_sound(fed: Federation, method: str) -> None:
 
 
 @pytest.mark.parametrize("method", METHOD_NAMES)
-def test_method_learns_and_is_worker_count_invariant(pools, method):
-    one, start = run_rounds(method, "synthetic", pools[1])
-    two, _ = run_rounds(method, "synthetic", pools[2])
+def test_method_learns_and_is_worker_count_invariant(contract_pools, method):
+    one, start = run_rounds(method, "synthetic", contract_pools[1])
+    two, _ = run_rounds(method, "synthetic", contract_pools[2])
     assert_sound(one, method)
+    assert two.status == "finished", f"{method} ended {two.status} with 2 workers"
     for key, value in one.global_state.items():
         assert value.tobytes() == two.global_state[key].tobytes(), f"{method}: {key} differs with 2 workers"
     assert [r.get("acc_personalized") for r in one.history] == [r.get("acc_personalized") for r in two.history]
@@ -119,8 +121,8 @@ def test_method_learns_and_is_worker_count_invariant(pools, method):
 
 @needs_fmnist
 @pytest.mark.parametrize("method", METHOD_NAMES)
-def test_method_runs_three_rounds_on_fmnist(pools, method):
+def test_method_runs_three_rounds_on_fmnist(contract_pools, method):
     """The 2-worker pool alone (a share in this process, one actor: what ``run`` does by default); the
     worker-count invariance is the synthetic case's, the data path the same."""
-    fed, _ = run_rounds(method, "fmnist", pools[2])
+    fed, _ = run_rounds(method, "fmnist", contract_pools[2])
     assert_sound(fed, method)
