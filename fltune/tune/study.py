@@ -25,6 +25,7 @@ from fltune.errors import FLTuneError
 from fltune.tune.board import TrialBoard
 from fltune.tune.space import Asha, SearchSpace, base_tree, check_objective, check_params, parse_space, set_dotted
 from fltune.tune.spec import SavedSpec, StudySpec
+from fltune.tune.storage import job_filesystem
 from fltune.tune.trainable import run_trial
 
 MAX_FAILURES = 2
@@ -172,9 +173,11 @@ def grid_tuner(trainable_: Any, cells: list[str], spec: SavedSpec, max_concurren
 
 
 def run_config(spec: SavedSpec, callbacks: list[tune.Callback]) -> tune.RunConfig:
-    """Every fltune Tune job: its folder, its callbacks, crashed trials restarted from checkpoints."""
+    """Every fltune Tune job: its folder (written all-or-nothing: ``storage.job_filesystem``), its
+    callbacks, crashed trials restarted from checkpoints."""
     return tune.RunConfig(
-        name=spec.name, storage_path=spec.storage, callbacks=callbacks, verbose=0,
+        name=spec.name, storage_path=spec.storage, storage_filesystem=job_filesystem(spec.storage),
+        callbacks=callbacks, verbose=0,
         failure_config=tune.FailureConfig(max_failures=MAX_FAILURES),
         checkpoint_config=tune.CheckpointConfig(num_to_keep=2),
     )
@@ -190,4 +193,5 @@ def restored_tuner(spec: StudySpec, resources: tune.PlacementGroupFactory) -> tu
 def restore(spec: SavedSpec, trainable_: Any, resume_errored: bool) -> tune.Tuner:
     """Any fltune Tune job from its folder (callbacks come back from there too); ``TuneJob.prepare`` makes
     a new Tuner for a job that Tune never saved (``driver.tune_started``)."""
-    return tune.Tuner.restore(spec.path, trainable_, resume_unfinished=True, resume_errored=resume_errored)
+    return tune.Tuner.restore(spec.path, trainable_, resume_unfinished=True, resume_errored=resume_errored,
+                              storage_filesystem=job_filesystem(spec.storage))
