@@ -20,8 +20,8 @@ from tests.conftest import storages
 from tests.tune.test_cluster import free_port
 
 REPO = Path(__file__).resolve().parents[1]
-TINY = ["--dataset", "synthetic", "--clients", "8", "--fraction", "0.5", "--rounds", "2", "--local-epochs", "1",
-        "--set", "partition.eval_fraction=0.2", "--workers", "2"]
+TINY = ["--dataset", "synthetic", "--model", "mlp", "--clients", "8", "--fraction", "0.5", "--rounds", "2",
+        "--local-epochs", "1", "--set", "partition.eval_fraction=0.2", "--workers", "2"]
 
 
 def cli(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:

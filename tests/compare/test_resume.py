@@ -1,5 +1,5 @@
-"""Stopping a comparison mid-tuning (SIGTERM to the process group, as `timeout` and Slurm do) and resuming it:
-the study continues where it stopped, the cells follow, every MLflow run appears once and ends FINISHED."""
+"""Stopping a comparison while it tunes (SIGTERM to the process group, as `timeout` and Slurm do) and resuming
+it: the study continues where it stopped, the cells follow, every MLflow run appears once and ends FINISHED."""
 
 from __future__ import annotations
 
@@ -27,28 +27,35 @@ def first_study_concluded(proc: subprocess.Popen, study: Path, timeout: float = 
         time.sleep(0.02)
 
 
+def stop(proc: subprocess.Popen, log: Path) -> None:
+    """SIGTERM to the process group (as `timeout` and Slurm send it): exit 143 and a line to resume with."""
+    os.killpg(proc.pid, signal.SIGTERM)
+    assert proc.wait(timeout=45) == 143, log.read_text()  # Ray gives up on its GCS at 60 s
+    said = [line for line in log.read_text().splitlines() if line.startswith("fltune:")]
+    assert said and all("python cli.py compare --name c" in line and "--resume" in line for line in said), said
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("moment", ["mid-study", "between studies"])
-def test_a_comparison_stopped_while_tuning_resumes_and_finishes_once(tmp_path: Path, mlflow_uri: str,
-                                                                     moment: str) -> None:
-    """Between studies the driver may be blocked in a call to Ray's GCS when the process-group SIGTERM kills
-    it: the signal's handler cannot run, so without fltune's last resort Ray's core worker ended the
-    command a minute later with status 1 and no resume line."""
+def test_a_comparison_stopped_mid_study_then_between_studies_resumes_and_finishes_once(tmp_path: Path,
+                                                                                      mlflow_uri: str) -> None:
+    """Stopped mid-study, resumed, stopped again between the two studies, resumed to the end: one sequence
+    for both moments (each costs a comparison's start-up). Between studies the driver may be blocked in a
+    call to Ray's GCS when the process-group SIGTERM kills it: the signal's handler cannot run, so without
+    fltune's last resort Ray's core worker ended the command a minute later with status 1 and no resume
+    line."""
     cmd = [sys.executable, str(REPO / "cli.py"), "compare", "--methods", "fedavg,fedprox", *TINY,
            "--rounds", "6", "--tune-budget", "1", "--seeds", "1", "--storage", str(tmp_path), "--name", "c",
            "--out", str(tmp_path / "out")]
     first = start(cmd, tmp_path / "1.log")
-    if moment == "mid-study":
-        run_until(first, tmp_path / "c-tune-fedavg", more=1)
-    else:
-        first_study_concluded(first, tmp_path / "c-tune-fedavg")
-    os.killpg(first.pid, signal.SIGTERM)
-    assert first.wait(timeout=45) == 143, (tmp_path / "1.log").read_text()  # Ray gives up on its GCS at 60 s
-    said = [line for line in (tmp_path / "1.log").read_text().splitlines() if line.startswith("fltune:")]
-    assert said and all("python cli.py compare --name c" in line and "--resume" in line for line in said), said
+    run_until(first, tmp_path / "c-tune-fedavg", more=1)
+    stop(first, tmp_path / "1.log")
 
     second = start([*cmd, "--resume"], tmp_path / "2.log")
-    assert second.wait(timeout=600) == 0, (tmp_path / "2.log").read_text()
+    first_study_concluded(second, tmp_path / "c-tune-fedavg")
+    stop(second, tmp_path / "2.log")
+
+    third = start([*cmd, "--resume"], tmp_path / "3.log")
+    assert third.wait(timeout=600) == 0, (tmp_path / "3.log").read_text()
     assert (tmp_path / "out" / "compare.csv").is_file()
 
     client = MlflowClient(mlflow_uri)

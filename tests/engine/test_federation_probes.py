@@ -22,7 +22,7 @@ from fltune.methods.base import State, to_numpy
 from fltune.metrics.curvature import CurvatureTask, client_consistency, client_traces, global_curvature
 
 BASE = [
-    "data.dataset=synthetic", "partition.kind=dirichlet_prior", "partition.eval_fraction=0.2",
+    "data.dataset=synthetic", "data.subsample=0.25", "partition.kind=dirichlet_prior", "partition.eval_fraction=0.2",
     "federation.clients=10", "federation.fraction=0.4", "federation.rounds=2", "training.local_epochs=1",
     "training.batch_size=32", "training.lr=0.05", "tracking.enabled=false", "resources.workers=2",
 ]
