@@ -407,6 +407,24 @@ def tune_started(path: str) -> bool:
     return any(info.base_name.startswith("experiment_state-") for info in found)
 
 
+def tuner_whole(path: str) -> bool:
+    """Whether the Tuner that Tune saved in the job at ``path`` (``tuner.pkl``) reads back. fltune writes
+    job folders whole (``tune.storage``), but a job saved before that, or copied cut, may hold an empty or
+    truncated one (ray-project/ray#58179): ``Tuner.restore`` then fails on it, though the job's trials,
+    checkpoints and searcher state are all there."""
+    import pickle
+
+    import pyarrow.fs
+
+    fs, folder = pyarrow.fs.FileSystem.from_uri(path)
+    try:
+        with fs.open_input_stream(f"{folder}/tuner.pkl") as saved:
+            pickle.loads(saved.readall())
+    except (OSError, EOFError, pickle.UnpicklingError):
+        return False
+    return True
+
+
 Spec = TypeVar("Spec", bound="SavedSpec")
 
 
@@ -524,6 +542,8 @@ class TuneJob(ABC, Generic[Spec]):
         spec = with_gpu_share(spec, cluster, build_config(tree).resources.cpus_per_worker, self.max_concurrent(spec))
         resources = study.placement(tree, spec.workers, spec.gpus_per_worker, cluster, node_cpus)
         if self.resuming() and tune_started(spec.path):
+            if not tuner_whole(spec.path):  # a new Tuner of the saved spec writes it again, as it was
+                self.new_tuner(spec, resources)
             tuner = self.restored_tuner(spec, resources)
         else:
             if not self.resuming():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import pickle
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -191,3 +192,11 @@ def test_check_gcs_asks_host_port_addresses_only() -> None:
         driver.check_gcs(address)  # Ray answers these itself
     with pytest.raises(FLTuneError, match="no Ray cluster answers there"):
         driver.check_gcs(f"127.0.0.1:{free_port()}")
+
+
+def test_a_saved_tuner_that_is_missing_empty_or_cut_is_not_whole(tmp_path: Path) -> None:
+    assert not driver.tuner_whole(str(tmp_path))
+    saved = pickle.dumps({"_tune_config": list(range(100))})
+    for data, whole in ((saved, True), (b"", False), (saved[: len(saved) // 2], False)):
+        (tmp_path / "tuner.pkl").write_bytes(data)
+        assert driver.tuner_whole(str(tmp_path)) == whole
