@@ -174,6 +174,24 @@ def ending_if_ray_dies(cleanup: Callable[[], None], resume: str) -> Iterator[Non
             _last_resort.remove(entry)
 
 
+@contextmanager
+def signal_handlers_kept() -> Iterator[None]:
+    """Whatever handles SIGINT and SIGUSR1 before the block handles them after it.
+
+    Tune's ``fit`` installs a handler of its own for both that sets its stop event and puts the old one
+    back only when a signal arrives. After a job that ran to its end that handler stays, stale: in a
+    command that runs several Tune jobs (a comparison tunes each method in turn), a Ctrl-C or SIGTERM
+    between two jobs would set the finished job's event and be lost, and the driver would go on into the
+    next job — where, after a process-group SIGTERM, its first call to the dying GCS ends the process
+    with a Ray stack trace and status 1 instead of 143 and the line to resume with."""
+    kept = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGUSR1)}
+    try:
+        yield
+    finally:
+        for signum, handler in kept.items():
+            signal.signal(signum, handler)
+
+
 def _end_if_ray_died(signum: int, poll_s: float = 0.1) -> None:
     """A SIGTERM sent to the whole process group (``timeout``, Slurm) also ends the local Ray this driver
     started; then Tune's graceful stop can never finish, and Ray's core worker would end the process with
@@ -573,7 +591,8 @@ class TuneJob(ABC, Generic[Spec]):
         console.print(self.describe(spec, nodes))
         with ending_if_ray_dies(lambda: self.close_runs(spec), self.resume_command(spec)):
             try:
-                tuner.fit()
+                with signal_handlers_kept():
+                    tuner.fit()
             except BaseException:
                 self.close_runs(spec)
                 raise

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import pickle
+import signal
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -139,6 +140,28 @@ def test_last_resorts_nest_and_unwind(monkeypatch: pytest.MonkeyPatch) -> None:
             raise KeyboardInterrupt
         assert [resume for _, resume in driver._last_resort] == ["outer"]
     assert driver._last_resort == []
+
+
+def test_a_sigterm_after_a_finished_tune_job_stops_the_command(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tune's ``fit`` leaves its own SIGINT handler installed after a job that ran to its end. Without
+    ``signal_handlers_kept`` a SIGTERM between two jobs of a command went to that stale handler and was
+    lost: the driver went on into the next job (CI found it crashing there on the dying GCS, status 1)."""
+    from ray.tune.tune import _setup_signal_catching  # what Tune's fit does first
+
+    monkeypatch.setattr(driver, "_stopped_by", [])
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)}
+    try:
+        signal.signal(signal.SIGTERM, driver._on_sigterm)
+        with driver.signal_handlers_kept():
+            _setup_signal_catching()
+        assert signal.getsignal(signal.SIGINT) is before[signal.SIGINT]
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGTERM)
+            signal.sigtimedwait([], 0)  # a bytecode boundary for the handler (it runs in the main thread)
+        assert driver._stopped_by == [signal.SIGTERM]
+    finally:
+        for signum, handler in before.items():
+            signal.signal(signum, handler)
 
 
 def test_a_stopped_jobs_line_is_whole_and_names_the_signal(monkeypatch, capsys) -> None:
