@@ -37,6 +37,8 @@ if TYPE_CHECKING:  # Ray Tune and MLflow load only when a command runs
     from ray.tune import PlacementGroupFactory, Tuner
 
     from fltune.config import TrackingConfig
+    from fltune.tune.board import TrialBoard
+    from fltune.tune.mlflow_runs import RunTree
     from fltune.tune.results import TrialRow
     from fltune.tune.spec import SavedSpec
 
@@ -514,7 +516,28 @@ class TuneJob(ABC, Generic[Spec]):
 
     @abstractmethod
     def new_tuner(self, spec: Spec, resources: PlacementGroupFactory) -> Tuner:
-        ...
+        """A new Tuner of the job, with ``callbacks``."""
+
+    def callbacks(self, spec: Spec) -> list[Any]:
+        """The terminal board always; MLflow only when tracking is on (off, MLflow is never imported)."""
+        board = self.board(spec)
+        if not self.tracking(spec).enabled:
+            return [board]
+        from fltune.tune.mlflow_runs import MLflowStudyCallback
+
+        return [board, MLflowStudyCallback(spec, self.run_tree())]
+
+    def board(self, spec: Spec) -> TrialBoard:
+        """The live board: the trials ranked (jobs of cells draw their cells instead)."""
+        from fltune.tune.board import TrialBoard
+
+        return TrialBoard(spec)
+
+    def run_tree(self) -> type[RunTree]:
+        """The MLflow runs the job keeps: a parent and a child per trial (jobs of cells: per cell)."""
+        from fltune.tune.mlflow_runs import StudyLog
+
+        return StudyLog
 
     @abstractmethod
     def restored_tuner(self, spec: Spec, resources: PlacementGroupFactory) -> Tuner:

@@ -28,6 +28,8 @@ if TYPE_CHECKING:  # Ray Tune and MLflow load only when the command runs
 
     from fltune.compare.spec import CompareSpec
     from fltune.config import TrackingConfig
+    from fltune.tune.board import TrialBoard
+    from fltune.tune.mlflow_runs import RunTree
     from fltune.tune.results import TrialRow
 
 RESUME_HINT = "python cli.py compare --name {name} --storage {storage} --resume"
@@ -210,7 +212,18 @@ class Cells(TuneJob["CompareSpec"]):
     def new_tuner(self, spec: CompareSpec, resources: PlacementGroupFactory) -> Tuner:
         from fltune.compare.job import new_tuner
 
-        return new_tuner(spec, resources, callbacks(spec))
+        return new_tuner(spec, resources, self.callbacks(spec))
+
+    def board(self, spec: CompareSpec) -> TrialBoard:
+        from fltune.compare.report import live_board
+        from fltune.tune.board import TrialBoard
+
+        return TrialBoard(spec, live_board)
+
+    def run_tree(self) -> type[RunTree]:
+        from fltune.compare.mlflow_runs import CompareLog
+
+        return CompareLog
 
     def restored_tuner(self, spec: CompareSpec, resources: PlacementGroupFactory) -> Tuner:
         from fltune.compare.job import restored_tuner
@@ -226,20 +239,6 @@ class Cells(TuneJob["CompareSpec"]):
 
     def conclude(self, spec: CompareSpec, rows: list[TrialRow]) -> int:
         return conclude(spec, rows)
-
-
-def callbacks(spec: CompareSpec) -> list:
-    """The terminal board always; MLflow only when tracking is on (off, MLflow is never imported)."""
-    from fltune.compare.report import live_board
-    from fltune.tune.board import TrialBoard
-
-    board = TrialBoard(spec, live_board)
-    if not spec.tracking.enabled:
-        return [board]
-    from fltune.compare.mlflow_runs import CompareLog
-    from fltune.tune.mlflow_runs import MLflowStudyCallback
-
-    return [board, MLflowStudyCallback(spec, CompareLog)]
 
 
 def conclude(spec: CompareSpec, rows: list[TrialRow]) -> int:

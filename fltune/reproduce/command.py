@@ -23,6 +23,8 @@ if TYPE_CHECKING:  # Ray Tune and MLflow load only when the command runs
 
     from fltune.config import TrackingConfig
     from fltune.reproduce.job import ReproSpec
+    from fltune.tune.board import TrialBoard
+    from fltune.tune.mlflow_runs import RunTree
     from fltune.tune.results import TrialRow
 
 RESUME_HINT = "python cli.py reproduce {table} --name {name} --storage {storage} --resume"
@@ -133,7 +135,18 @@ class Reproduction(TuneJob["ReproSpec"]):
     def new_tuner(self, spec: ReproSpec, resources: PlacementGroupFactory) -> Tuner:
         from fltune.reproduce.job import new_tuner
 
-        return new_tuner(spec, resources, callbacks(spec))
+        return new_tuner(spec, resources, self.callbacks(spec))
+
+    def board(self, spec: ReproSpec) -> TrialBoard:
+        from fltune.reproduce.report import live_cells
+        from fltune.tune.board import TrialBoard
+
+        return TrialBoard(spec, live_cells)
+
+    def run_tree(self) -> type[RunTree]:
+        from fltune.reproduce.mlflow_runs import ReproLog
+
+        return ReproLog
 
     def restored_tuner(self, spec: ReproSpec, resources: PlacementGroupFactory) -> Tuner:
         from fltune.reproduce.job import restored_tuner
@@ -188,20 +201,6 @@ def show_plan(args: argparse.Namespace) -> int:
     cells = [(p.cell.key, p.tree, args.seeds) for p in planned if p.runnable]
     return print_plan(f"plan: {table.key} at {args.scale} scale, {len(cells)} runnable cell(s) × {args.seeds} seed(s)",
                       cells, args.address, args.max_concurrent, notes)
-
-
-def callbacks(spec: ReproSpec) -> list:
-    """The terminal board always; MLflow only when tracking is on (off, MLflow is never imported)."""
-    from fltune.reproduce.report import live_cells
-    from fltune.tune.board import TrialBoard
-
-    board = TrialBoard(spec, live_cells)
-    if not spec.tracking.enabled:
-        return [board]
-    from fltune.reproduce.mlflow_runs import ReproLog
-    from fltune.tune.mlflow_runs import MLflowStudyCallback
-
-    return [board, MLflowStudyCallback(spec, ReproLog)]
 
 
 def describe(spec: ReproSpec, nodes: int, resumed: bool) -> str:

@@ -96,7 +96,7 @@ class Study(TuneJob["StudySpec"]):
     def new_tuner(self, spec: StudySpec, resources: PlacementGroupFactory) -> Tuner:
         from fltune.tune.study import new_tuner
 
-        return new_tuner(spec, resources)
+        return new_tuner(spec, resources, self.callbacks(spec))
 
     def restored_tuner(self, spec: StudySpec, resources: PlacementGroupFactory) -> Tuner:
         from fltune.tune.study import restored_tuner

@@ -22,7 +22,6 @@ from fltune.config import apply_overrides, build_config, describe_validation_err
 from fltune.driver import check_name, storage_root
 from fltune.engine.pool import plan_workers
 from fltune.errors import FLTuneError
-from fltune.tune.board import TrialBoard
 from fltune.tune.space import Asha, SearchSpace, base_tree, check_objective, check_params, parse_space, set_dotted
 from fltune.tune.spec import SavedSpec, StudySpec
 from fltune.tune.storage import job_filesystem
@@ -134,18 +133,7 @@ def bound_trainable(entry: Callable[[dict[str, Any], Any], None], spec: Any,
     return tune.with_resources(trainable, resources)
 
 
-def callbacks(spec: StudySpec) -> list[tune.Callback]:
-    """The terminal board always; MLflow unless the base experiment turns tracking off (then MLflow is
-    never imported)."""
-    board = TrialBoard(spec)
-    if not spec.base_config.tracking.enabled:
-        return [board]
-    from fltune.tune.mlflow_runs import MLflowStudyCallback
-
-    return [board, MLflowStudyCallback(spec)]
-
-
-def new_tuner(spec: StudySpec, resources: tune.PlacementGroupFactory) -> tune.Tuner:
+def new_tuner(spec: StudySpec, resources: tune.PlacementGroupFactory, callbacks: list[tune.Callback]) -> tune.Tuner:
     """Optuna + ASHA/FIFO, at most ``max_concurrent`` trials, crashed trials restarted from checkpoints.
     Optuna is imported here, not with the module: a grid job (``grid_tuner``) searches nothing."""
     from fltune.tune.search import make_searcher
@@ -157,7 +145,7 @@ def new_tuner(spec: StudySpec, resources: tune.PlacementGroupFactory) -> tune.Tu
             search_alg=make_searcher(space), scheduler=scheduler(spec), num_samples=space.num_samples,
             max_concurrent_trials=space.max_concurrent,
         ),
-        run_config=run_config(spec, callbacks(spec)),
+        run_config=run_config(spec, callbacks),
     )
 
 

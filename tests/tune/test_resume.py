@@ -104,7 +104,7 @@ def test_a_study_stopped_before_tune_saved_its_state_starts_afresh(tmp_path: Pat
 
     spec = new_spec(StudyRequest(space=str(write_space(tmp_path)), storage=str(tmp_path), name="study"))
     spec.save()
-    new_tuner(spec, placement(spec.base, spec.workers, spec.gpus_per_worker, *cluster_shape()))
+    new_tuner(spec, placement(spec.base, spec.workers, spec.gpus_per_worker, *cluster_shape()), callbacks=[])
     assert Tuner.can_restore(spec.path) and not tune_started(spec.path)
 
     assert main(["tune", "--resume", "--name", "study", "--storage", str(tmp_path)]) == 0
