@@ -368,7 +368,8 @@ def _flag(dest: str) -> str:
 
 def storage_root(storage: str | None) -> str:
     """Where jobs live: a URI as given, a local path made absolute (Ray requires it); default
-    ``<repo>/studies`` next to ``mlruns`` (a source checkout keeps its jobs in one place)."""
+    ``<repo>/studies`` next to ``mlruns`` (a source checkout keeps its jobs in one place). A ``file://``
+    URI is the local folder it names, so its job files are written whole too (``tune.storage``)."""
     from fltune.tracking.paths import mlruns_dir
 
     storage = storage or str(mlruns_dir().parent / "studies")
@@ -378,6 +379,8 @@ def storage_root(storage: str | None) -> str:
 
     try:  # a remote store that cannot be reached fails here, in one line, not inside Tune
         fs, folder = pyarrow.fs.FileSystem.from_uri(storage)
+        if isinstance(fs, pyarrow.fs.LocalFileSystem):
+            return str(Path(folder).resolve())
         fs.get_file_info(folder)
     except (OSError, ValueError) as err:
         raise FLTuneError(f"--storage {storage}: {str(err)[:200]}; allowed: a local folder, or a URI of a "

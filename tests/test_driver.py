@@ -203,7 +203,10 @@ def test_a_storage_uri_that_cannot_be_reached_is_one_line_naming_storage(tmp_pat
 
     with pytest.raises(FLTuneError, match=r"^--storage nosuchfs://bucket/x: Unrecognized filesystem .*; allowed: "):
         driver.storage_root("nosuchfs://bucket/x")
-    assert driver.storage_root(f"file://{tmp_path}") == f"file://{tmp_path}"  # a reachable URI is kept as given
+    # a local folder as a URI is that folder (its job files are written whole, as a plain path's are)
+    assert driver.storage_root(f"file://{tmp_path}/jobs") == str(tmp_path / "jobs")
+    with pytest.raises(FLTuneError, match=r"^--storage file://rel/x: Unsupported hostname .*; allowed: "):
+        driver.storage_root("file://rel/x")
     assert driver.storage_root(str(tmp_path / "rel" / ".." / "jobs")) == str(tmp_path / "jobs")
 
 
