@@ -1,5 +1,6 @@
-"""Stopping a comparison while it tunes (SIGTERM to the process group, as `timeout` and Slurm do) and resuming
-it: the study continues where it stopped, the cells follow, every MLflow run appears once and ends FINISHED."""
+"""Stopping a comparison while it tunes (SIGTERM to the process group, as `timeout` and Slurm do; Ctrl-C) and
+resuming it: the study continues where it stopped, the cells follow, every MLflow run appears once and ends
+FINISHED, and the comparison is as fair and as reported as one never stopped."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from tests.compare.test_command import TINY
+from fltune.cli import main
+from tests.compare.test_command import TINY, check_fair_and_reported
 from tests.tune.helpers import REPO, rounds_logged, start
 from tests.tune.test_resume import run_until
 
@@ -40,16 +42,18 @@ def stop(proc: subprocess.Popen, log: Path, group: bool) -> None:
 
 
 @pytest.mark.slow
-def test_a_comparison_stopped_mid_study_then_between_studies_resumes_and_finishes_once(tmp_path: Path,
-                                                                                      mlflow_uri: str) -> None:
+def test_a_comparison_stopped_mid_study_then_between_studies_resumes_finishes_once_and_is_fair(
+        ray_session, tmp_path: Path, mlflow_uri: str) -> None:
     """Stopped mid-study, resumed, stopped again between the two studies, resumed to the end: one sequence
-    for both moments (each costs a comparison's start-up). Between studies the first study's finished
-    ``fit`` had left Tune's SIGINT handler installed: the stop went to it and was lost, and the comparison
-    ran on into the next study (after a process-group SIGTERM, into the dying GCS: CI saw Ray's core worker
-    end it with status 1 and no resume line)."""
+    for both moments, and the finished comparison is then held to everything a tuned comparison promises
+    (``check_fair_and_reported``): each comparison's start-up costs more than its rounds. Between studies
+    the first study's finished ``fit`` had left Tune's SIGINT handler installed: the stop went to it and
+    was lost, and the comparison ran on into the next study (after a process-group SIGTERM, into the dying
+    GCS: CI saw Ray's core worker end it with status 1 and no resume line)."""
+    out = tmp_path / "out"
     cmd = [sys.executable, str(REPO / "cli.py"), "compare", "--methods", "fedavg,fedprox", *TINY,
-           "--rounds", "6", "--tune-budget", "1", "--seeds", "1", "--storage", str(tmp_path), "--name", "c",
-           "--out", str(tmp_path / "out")]
+           "--rounds", "6", "--tune-budget", "1", "--seeds", "2", "--storage", str(tmp_path), "--name", "c",
+           "--out", str(out)]
     first = start(cmd, tmp_path / "1.log")
     run_until(first, tmp_path / "c-tune-fedavg", more=1)
     stop(first, tmp_path / "1.log", group=True)
@@ -60,15 +64,19 @@ def test_a_comparison_stopped_mid_study_then_between_studies_resumes_and_finishe
 
     third = start([*cmd, "--resume"], tmp_path / "3.log")
     assert third.wait(timeout=600) == 0, (tmp_path / "3.log").read_text()
-    assert (tmp_path / "out" / "compare.csv").is_file()
+    check_fair_and_reported(tmp_path, out, " ".join((tmp_path / "3.log").read_text().split()), mlflow_uri, rounds=6)
 
     client = MlflowClient(mlflow_uri)
     runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
-    assert all(r.info.status == "FINISHED" for r in runs)
     parents = {r.info.run_name: r for r in runs if "mlflow.parentRunId" not in r.data.tags}
     assert sorted(parents) == ["c", "c-tune-fedavg", "c-tune-fedprox"]
     for name, parent in parents.items():
         kids = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
-        assert len(kids) == (2 if name == "c" else 1)  # one trial per study, one cell per method
+        assert len(kids) == (4 if name == "c" else 1)  # one trial per study, a cell per method and seed
         for kid in kids:
             assert rounds_logged(mlflow_uri, kid.info.run_id) == list(range(1, 7))  # each round logged once
+
+    # resuming a finished comparison (the newest, without --name) redoes nothing: same table, same runs
+    assert main(["compare", "--storage", str(tmp_path), "--resume", "--out", str(tmp_path / "again")]) == 0
+    assert (tmp_path / "again" / "compare.csv").read_text() == (out / "compare.csv").read_text()
+    assert len(client.search_runs([e.experiment_id for e in client.search_experiments()])) == len(runs)
