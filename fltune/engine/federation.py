@@ -36,7 +36,7 @@ from fltune.engine.pool import WorkerPool, balance, plan_workers
 from fltune.engine.rng import sample_clients, use_deterministic_cuda
 from fltune.errors import FLTuneError
 from fltune.methods.base import Aggregate, ServerContext, State, Upload
-from fltune.metrics.probe import Probe, ProbeTask, RoundView, probes_for
+from fltune.metrics.probe import Probe, ProbeTask, RoundView, client_meters, probes_for
 from fltune.metrics.summary import run_summary
 
 T = TypeVar("T")
@@ -169,8 +169,10 @@ class Federation:
         inputs_ref = ray.put(inputs)
         res = self.cfg.resources
         group = res.batch_clients if res.executor == "batched" else 1  # whole groups per worker
-        shards = balance(clients, self.sizes, self.pool.workers, group)
-        results = self.pool.map(self.run_ref, "train", shards, inputs_ref, per_shard=self._states_for)
+        metered = bool(client_meters(self.cfg, self.data, r))  # FLOP meters: the actors alone (engine/pool.py)
+        shards = balance(clients, self.sizes, self.pool.width(driver=not metered), group)
+        results = self.pool.map(self.run_ref, "train", shards, inputs_ref, per_shard=self._states_for,
+                                driver=not metered)
         total = WeightedSum()
         uploads, states, client_metrics, latest = {}, {}, {}, {}
         for res in results:
@@ -257,7 +259,7 @@ class Federation:
             correct, loss, _ = evaluate(self.eval_model, self.data, x, y, self.device)
             return correct / n, loss / n
         batches = list(range(eval_batch_count(n)))
-        workers = self.pool.workers
+        workers = self.pool.width()
         shards = [batches[len(batches) * i // workers:len(batches) * (i + 1) // workers] for i in range(workers)]
         parts = self.pool.map(self.run_ref, "evaluate_split", shards, ray.put(state), split)
         correct, loss, _ = total_scores([score for part in parts for score in part], n)
@@ -272,7 +274,7 @@ class Federation:
         run_ref = self.run_ref if split == "test" else self._validation_run()
         held_out = self.data.client_eval if split == "test" else self.data.client_val
         sizes = self.sizes if finetune else [len(idx) for idx in held_out]
-        shards = balance(clients, sizes, self.pool.workers)
+        shards = balance(clients, sizes, self.pool.width())
         training = self.cfg.training
         inputs = RoundInput(  # the fine-tuning stream is "round R+1", apart from every training round
             round=self.cfg.federation.rounds + 1, seed=self.cfg.federation.seed,
@@ -295,14 +297,15 @@ class Federation:
             self.val_ref = self.pool.bind(self.cfg, self.data.val_as_eval(), keep_latest=False)
         return self.val_ref
 
-    def compute(self, tasks: Sequence[ProbeTask[T]]) -> list[T]:
+    def compute(self, tasks: Sequence[ProbeTask[T]], driver: bool = True) -> list[T]:
         """Probe computations on the workers (their GPUs when they have some, which a Tune trial's own
         process lacks), spread over them in turn and run at once; the results in task order. Each task
         is a function of the run's config and data and its own arguments alone, so which worker ran it
-        does not change its result."""
+        does not change its result. ``driver=False``: not on the driver's share (tasks that load torch's
+        compiler stack, engine/pool.py)."""
         self.open()
         assert self.pool is not None and self.run_ref is not None
-        return self.pool.compute(self.run_ref, list(tasks))
+        return self.pool.compute(self.run_ref, list(tasks), driver)
 
     def static_costs(self) -> dict[str, float]:
         """The run's constants, from the probes that declare some (FedAlign Table 5: forward MFLOPs per

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 from torch import nn
+from torch.optim.sgd import sgd
 
 from fltune.config import TrainingConfig
 from fltune.data.augment import augment, lookup_float, normalise_table, to_float
@@ -151,24 +152,70 @@ def make_optimizer(params: list[nn.Parameter], training: TrainingConfig, lr: flo
     )
 
 
+class KeptSGD:
+    """``torch.optim.SGD``'s step for the exact path, without an ``Optimizer`` object: each step calls
+    ``torch.optim.sgd.sgd``, the public functional form ``SGD.step`` itself calls, with the arguments
+    ``SGD.step`` passes (same params, grads and momentum buffers, foreach/fused left to torch), so the
+    bits are SGD's. Why: building or stepping any ``torch.optim.Optimizer`` imports ``torch._dynamo``
+    (``add_param_group`` and ``zero_grad`` are dynamo-disabled, ``step`` graph-breaks) — ~150 MiB more in
+    every training process that never compiles (issue 12's tree memory). Its state is the momentum
+    buffers alone; ``reset`` empties them, as a fresh SGD starts (buffer = first gradient)."""
+
+    def __init__(self, params: list[nn.Parameter], training: TrainingConfig, lr: float) -> None:
+        self.params = params
+        self.settings = dict(weight_decay=training.weight_decay, momentum=training.momentum, dampening=0,
+                             nesterov=training.nesterov, maximize=False)
+        self.reset(lr)
+
+    def reset(self, lr: float) -> None:
+        self.lr = lr
+        self.buffers: dict[int, torch.Tensor | None] = {}
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for param in self.params:
+            param.grad = None
+
+    @torch.no_grad()
+    def step(self) -> None:
+        """SGD._init_group then SGD.step: only params with a gradient; buffers listed only with momentum."""
+        live = [(i, p) for i, p in enumerate(self.params) if p.grad is not None]
+        momentum = self.settings["momentum"] != 0
+        buffers = [self.buffers.get(i) for i, _ in live] if momentum else []
+        grads = [p.grad for _, p in live]
+        sgd(
+            [p for _, p in live], grads, buffers, lr=self.lr, has_sparse_grad=any(g.is_sparse for g in grads),
+            foreach=None, fused=None, grad_scale=None, found_inf=None, **self.settings,
+        )
+        if momentum:
+            self.buffers.update((i, b) for (i, _), b in zip(live, buffers, strict=True))
+
+
 class Optimizers:
     """Optimisers for each client and phase: built fresh (``reuse=False``, the reference), or one kept per
     parameter set and optimiser setting and emptied of its state before each use. SGD and Adam build their
     per-parameter state (momentum buffer; step and moments) lazily on the first step, so an emptied one
-    takes exactly a fresh one's steps; only the construction is saved. The kept ones hold their
+    takes exactly a fresh one's steps; only the construction is saved. Kept SGD is :class:`KeptSGD` (the
+    same bits, no ``torch._dynamo`` import); Adam stays ``torch.optim.Adam``. The kept ones hold their
     parameters, so an ``id`` in a key is never reused by another parameter."""
 
     def __init__(self, reuse: bool) -> None:
         self.reuse = reuse
-        self.kept: dict[tuple, torch.optim.Optimizer] = {}
+        self.kept: dict[tuple, torch.optim.Optimizer | KeptSGD] = {}
 
-    def get(self, params: list[nn.Parameter], training: TrainingConfig, lr: float) -> torch.optim.Optimizer:
+    def get(
+        self, params: list[nn.Parameter], training: TrainingConfig, lr: float,
+    ) -> torch.optim.Optimizer | KeptSGD:
         if not self.reuse:
             return make_optimizer(params, training, lr)
         key = (training.optimizer, training.momentum, training.weight_decay, training.nesterov, *map(id, params))
         optimizer = self.kept.get(key)
         if optimizer is None:
-            optimizer = self.kept[key] = make_optimizer(params, training, lr)
+            optimizer = self.kept[key] = (
+                KeptSGD(params, training, lr) if training.optimizer == "sgd" else make_optimizer(params, training, lr)
+            )
+        if isinstance(optimizer, KeptSGD):
+            optimizer.reset(lr)
+            return optimizer
         optimizer.state.clear()
         for group in optimizer.param_groups:
             group["lr"] = lr

@@ -10,6 +10,10 @@ torch process costs ~0.6 GiB (torch's CUDA build maps and dirties ~0.26 GiB per 
 so a local CPU run trains one shard in the driver instead of starting one more actor (issue 12's CPU
 memory goal). Its calls go through Ray's serialisation both ways, so it sees and returns exactly what an
 actor would, and the shards do not depend on which slot trains them: the numbers are the same bits.
+
+Work that loads torch's compiler stack goes to the actors alone (``driver=False``): FLOP counting
+(``FlopCounterMode``, round 1's client meters and the model's count) imports ``torch._dynamo``, ~150 MiB
+a process keeps for its life, so the driver, which would otherwise hold it for the whole run, never loads it.
 """
 
 from __future__ import annotations
@@ -91,7 +95,7 @@ class DriverWorker:
     def __init__(self, threads: int) -> None:
         self.threads = threads
         with torch_threads(threads):  # ClientWorker sets its process's thread count
-            self.worker = ClientWorker(threads, cpu_only=True)
+            self.worker = ClientWorker(threads, in_driver=True)
 
     def call(self, method: str, *args: Any) -> Any:
         resolved = [ray.get(arg if isinstance(arg, ray.ObjectRef) else ray.put(arg)) for arg in args]
@@ -117,10 +121,13 @@ class WorkerPool:
         self.actors = [remote.remote(threads) for _ in range(plan.actors)]
         self.driver = DriverWorker(threads) if plan.in_driver else None
 
-    @property
-    def workers(self) -> int:
-        """Shards a round is split into: one per worker, the driver's share included."""
-        return self.plan.workers
+    def width(self, driver: bool = True) -> int:
+        """Shards a call is split into: one per worker, the driver's share included; ``driver=False``: one
+        per actor (while there are actors), for work the driver's process leaves to them (module docstring)."""
+        return self.plan.actors + self._driver_takes_part(driver)
+
+    def _driver_takes_part(self, driver: bool) -> bool:
+        return self.driver is not None and (driver or not self.plan.actors)
 
     def bind(self, cfg: ExperimentConfig, data: FederatedData, keep_latest: bool) -> ray.ObjectRef:
         """A run's handle for ``map``: its config and dataset in the object store, once per run. The caller
@@ -135,28 +142,31 @@ class WorkerPool:
         return ref
 
     def map(self, run: ray.ObjectRef, method: str, shards: list[list[int]], *args: Any,
-            per_shard: Any = None) -> list[Any]:
-        """Call ``worker.method(run, *args, shard, per_shard(shard))`` on worker i for shard i; the results
-        in shard order. Worker 0 is the driver's share when there is one: the actors' calls are sent
-        first, so it trains while they do.
+            per_shard: Any = None, driver: bool = True) -> list[Any]:
+        """Call ``worker.method(run, *args, shard, per_shard(shard))`` on worker i for shard i, one shard per
+        slot of ``width(driver)``; the results in shard order. Worker 0 is the driver's share when it takes
+        part: the actors' calls are sent first, so it trains while they do.
 
         The run's reference goes nested (``[run]``) so Ray does not copy the dataset into every call; runs
         that share the pool interleave freely, each call naming its own.
         """
+        assert len(shards) == self.width(driver), (len(shards), self.width(driver))
+
         def call_args(shard: list[int]) -> tuple[Any, ...]:
             return ([run], *args, shard, *((per_shard(shard),) if per_shard else ()))
 
-        driver_shard, actor_shards = (shards[0], shards[1:]) if self.driver is not None else ([], shards)
+        own_part = self._driver_takes_part(driver)
+        driver_shard, actor_shards = (shards[0], shards[1:]) if own_part else ([], shards)
         refs = [getattr(actor, method).remote(*call_args(shard))
                 for actor, shard in zip(self.actors, actor_shards) if shard]
-        own = [self.driver.call(method, *call_args(driver_shard))] if driver_shard else []
+        own = [self.driver.call(method, *call_args(driver_shard))] if own_part and driver_shard else []
         return own + ray.get(refs)
 
-    def compute(self, run: ray.ObjectRef, tasks: list[Any]) -> list[Any]:
-        """Probe tasks dealt to the workers in turn (``ClientWorker.compute``) and run at once; the results
-        in task order."""
-        n = self.workers
-        parts = self.map(run, "compute", [tasks[slot::n] for slot in range(n)])  # empty ones only at the end
+    def compute(self, run: ray.ObjectRef, tasks: list[Any], driver: bool = True) -> list[Any]:
+        """Probe tasks dealt to the ``width(driver)`` workers in turn (``ClientWorker.compute``) and run at
+        once; the results in task order."""
+        n = self.width(driver)
+        parts = self.map(run, "compute", [tasks[slot::n] for slot in range(n)], driver=driver)  # empty ones last
         return [parts[i % n][i // n] for i in range(len(tasks))]
 
     def shutdown(self) -> None:

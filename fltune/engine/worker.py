@@ -89,15 +89,16 @@ class WorkerResult:
 class ClientWorker:
     """Trains and evaluates clients on one CPU slot or GPU fraction (wrapped by ``ray.remote`` in the pool)."""
 
-    def __init__(self, threads: int, cpu_only: bool = False) -> None:
-        """Also loads torch's compiler stack (``torch._dynamo``) now, while the driver still starts up: every
-        worker loads it anyway, at its first optimiser step or round 1's FLOP meter (``torch.optim`` and
-        ``TorchDispatchMode`` import it lazily), and there it cost ~1.1 s of round 1 per worker.
-        ``cpu_only``: the driver's share (``pool.DriverWorker``), whose plan reserves no GPU even where the
-        driver's process sees one."""
+    def __init__(self, threads: int, in_driver: bool = False) -> None:
+        """An actor also loads torch's compiler stack (``torch._dynamo``) now, while the driver still starts
+        up: it loads it anyway for round 1's FLOP meter (``TorchDispatchMode`` imports it lazily), and there
+        it cost ~1.1 s of round 1 per worker. ``in_driver``: the driver's share (``pool.DriverWorker``),
+        which never loads it (the pool leaves FLOP counting to the actors; exact-path SGD is ``KeptSGD``),
+        and whose plan reserves no GPU even where the driver's process sees one."""
         torch.set_num_threads(max(1, threads))
-        importlib.import_module("torch._dynamo")
-        gpu = not cpu_only and torch.cuda.is_available() and _has_gpu()
+        if not in_driver:
+            importlib.import_module("torch._dynamo")
+        gpu = not in_driver and torch.cuda.is_available() and _has_gpu()
         self.device = torch.device("cuda" if gpu else "cpu")
         self.run_id: str | None = None
 

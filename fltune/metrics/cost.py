@@ -183,11 +183,11 @@ class CostProbe(Probe):
         self.meter = CostMeter(0.0)  # the model's forward figure arrives with the first measure
 
     def model_mflops(self, fed: Federation) -> float:
-        """The model's forward MFLOPs per sample, counted once on a client worker (``ModelFlops``):
-        ``FlopCounterMode`` loads torch's compiler stack (~1 s and ~150 MB), which the workers load anyway
-        to meter round 1's training, so the driver stays lighter and starts sooner."""
+        """The model's forward MFLOPs per sample, counted once on a client actor (``ModelFlops``), never on
+        the driver's share: ``FlopCounterMode`` loads torch's compiler stack (~1 s and ~150 MiB), which the
+        actors load anyway to meter round 1's training, so the driver stays lighter and starts sooner."""
         if self.forward_mflops is None:
-            self.forward_mflops = fed.compute([ModelFlops()])[0]
+            self.forward_mflops = fed.compute([ModelFlops()], driver=False)[0]
             self.meter.set_model_forward(self.forward_mflops)
         return self.forward_mflops
 

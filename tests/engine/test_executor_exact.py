@@ -141,10 +141,12 @@ def test_exact_path_gives_the_reference_bits(method, device):
 @pytest.mark.parametrize("setting", [
     ["training.optimizer=adam", "training.weight_decay=0.001"],
     ["training.nesterov=true", "training.grad_clip=1.0", "training.lr_decay=0.5"],
+    ["training.momentum=0", "training.weight_decay=0.01"],
 ])
 def test_exact_path_reuses_optimisers_exactly(setting, device):
     """Kept optimisers, emptied per client and phase, step as fresh ones (Adam's moments, Nesterov's
-    buffer; FedRep's two phases give each client two kept optimisers)."""
+    buffer, plain SGD with weight decay and no buffer at all; FedRep's two phases give each client two
+    kept optimisers). Kept SGD is ``KeptSGD``, torch's functional SGD without an Optimizer object."""
     assert_executors_agree(tiny_config("fedrep", *setting), device)
 
 

@@ -1,7 +1,10 @@
 """The client optimiser ``make_optimizer`` builds from the training section: Nesterov SGD when
 ``training.nesterov`` (FedAlign's every method: ``SGD(..., momentum=0.9, nesterov=True)``,
 ``mmendiet/FedAlign:methods/fedavg.py``), plain momentum SGD otherwise; and the final personal round
-``final_round`` runs, as each method declares it."""
+``final_round`` runs, as each method declares it; the exact path trains without importing ``torch._dynamo``."""
+
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -77,3 +80,27 @@ def test_a_tuning_final_round_trains_the_personal_part_on_its_client_model():
     assert all(np.array_equal(left[k], v) for k, v in inputs.global_state.items() if not k.startswith("head."))
     assert all(not np.array_equal(left[k], head[k]) and not np.array_equal(left[k], inputs.global_state[k])
                for k in head)
+
+
+def test_the_exact_paths_training_and_evaluation_import_no_dynamo():
+    """A process that trains clients on the exact path (kept SGD, FedRep's two phases) and evaluates never
+    imports ``torch._dynamo``: any ``torch.optim.Optimizer`` would (~150 MiB per training process, issue 12's
+    tree memory). In a fresh interpreter, since this one may have imported it already."""
+    code = """
+import sys, torch
+from fltune.config import build_config
+from fltune.engine.builders import build_method, build_model_for, initial_state, load_data
+from fltune.engine.local import Executor, RoundInput, evaluate, train_client
+cfg = build_config({"data": {"dataset": "synthetic"}, "method": {"name": "fedrep"}, "federation": {"clients": 4},
+                    "training": {"local_epochs": 1, "nesterov": True, "weight_decay": 0.01}})
+data, cpu = load_data(cfg), torch.device("cpu")
+method, model, state = build_method(cfg), build_model_for(cfg, data), initial_state(cfg, data)
+executor = Executor.build("exact", data, cpu)
+inputs = RoundInput(round=1, seed=0, lr=0.1, global_state=state, server={})
+steps = sum(train_client(method, model, data, c, inputs, {}, cfg.training, "none", cpu,
+                         executor=executor).metrics["steps"] for c in range(2))
+evaluate(model, data, data.test_x, data.test_y, cpu)
+print(steps > 0, "torch._dynamo" in sys.modules)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["True", "False"]

@@ -1,15 +1,22 @@
 """The worker plan (``plan_workers``) and the driver's share of a round (``WorkerPlan.in_driver``): when it is
 on by default, what refuses it, and that a share trained in the driver's process gives an actor's bits —
-training, evaluation and the probes' computations (``WorkerPool.compute``) alike."""
+training, evaluation and the probes' computations (``WorkerPool.compute``) alike; and that FLOP counting
+(round 1's meters, the model's count) goes to the actors alone, so the driver never loads torch's compiler
+stack."""
 
 from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
 
 from fltune.config import build_config
 from fltune.engine.federation import Federation
-from fltune.engine.pool import plan_workers
+from fltune.engine.pool import WorkerPlan, WorkerPool, plan_workers
 from fltune.errors import FLTuneError
 from tests.engine.test_federation import BASE, run, same_weights
 from tests.engine.test_federation_probes import HESSIAN
@@ -53,3 +60,43 @@ def test_driver_share_gives_the_actors_bits(ray_session):
     assert [[row[k] for k in keys] for row, keys in zip(shared.history, figures)] == \
         [[row[k] for k in keys] for row, keys in zip(actors.history, figures)]
     assert same_weights(shared, actors)
+
+
+def process_id(cfg: object, data: object, device: torch.device) -> int:
+    """A probe task (``ProbeTask``): the process it ran in."""
+    return os.getpid()
+
+
+def test_work_left_to_the_actors_skips_the_driver_share(ray_session):
+    """``driver=False`` (FLOP counting): the actors alone take the tasks; by default the driver's share
+    takes slot 0; with no actor at all the driver does everything anyway."""
+    data_cfg = build_config(overrides=BASE)
+    from fltune.engine.builders import load_data
+
+    data = load_data(data_cfg)
+    pool = WorkerPool(WorkerPlan(workers=2, cpus=1.0, gpus=0.0, in_driver=True))
+    alone = WorkerPool(WorkerPlan(workers=1, cpus=1.0, gpus=0.0, in_driver=True))
+    try:
+        run_ref = pool.bind(data_cfg, data, keep_latest=False)
+        assert (pool.width(), pool.width(driver=False), alone.width(driver=False)) == (2, 1, 1)
+        shared = pool.compute(run_ref, [process_id] * 3)
+        left = pool.compute(run_ref, [process_id] * 3, driver=False)
+        assert shared[0] == shared[2] == os.getpid() != shared[1]
+        assert left == [shared[1]] * 3
+        assert alone.compute(alone.bind(data_cfg, data, keep_latest=False), [process_id], driver=False) == [os.getpid()]
+    finally:
+        pool.shutdown()
+
+
+def test_a_run_with_a_driver_share_never_loads_the_compiler_stack_in_the_driver(tmp_path):
+    """``cli.py run`` on its own 2-CPU Ray, one share in the driver, MLflow on, with round 1's FLOP meters
+    and the model's FLOP count: the driver's process ends without ``torch._dynamo`` (~150 MiB kept for
+    the run's life, issue 12's tree memory) and the cost figures are there. In a fresh interpreter,
+    since this one may have imported it already."""
+    sets = [*BASE, "resources.workers=2", "resources.driver_worker=true", "tracking.enabled=true",
+            f"tracking.uri=sqlite:///{tmp_path / 'mlflow.db'}"]
+    argv = ["run", *(a for item in sets for a in ("--set", item)), "--json-out", str(tmp_path / "summary.json")]
+    code = f"import sys; from fltune.cli import main; print(main({argv!r}), 'torch._dynamo' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split()[-2:] == ["0", "False"]
+    assert json.loads((tmp_path / "summary.json").read_text())["cost_cum_forward_mflops"] > 0

@@ -81,7 +81,7 @@ def contract_pools(ray_session):
 
 def run_rounds(method: str, dataset: str, pool: WorkerPool) -> tuple[Federation, State]:
     """The finished federation and the global state it started from."""
-    fed = Federation(tiny_config(method, dataset, pool.workers), tiny_data(dataset), pool=pool)
+    fed = Federation(tiny_config(method, dataset, pool.width()), tiny_data(dataset), pool=pool)
     start = {key: value.copy() for key, value in fed.global_state.items()}
     try:
         fed.run()
