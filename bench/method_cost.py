@@ -59,7 +59,7 @@ from fltune.engine.local import RoundInput, train_client
 from fltune.engine.cluster import ensure_ray
 from fltune.errors import DatasetMissing
 from fltune.methods import METHODS
-from fltune.metrics.flops import TrainingFlops
+from fltune.metrics._flops import TrainingFlops
 
 WORKLOAD = [
     "data.subsample=0.05", "partition.kind=dirichlet_prior", "partition.alpha=0.5", "federation.clients=20",

@@ -137,7 +137,7 @@ class ClientWorker:
         if self.batched and not client_meters(self.cfg, data, inputs.round):
             return self._pack(self._train_groups(result, inputs, client_ids, states, global_tensors))
         for cid in client_ids:
-            meters = client_meters(self.cfg, data, inputs.round)  # what probes measure of the training itself
+            meters = [build() for build in client_meters(self.cfg, data, inputs.round)]  # of the training itself
             with ExitStack() as stack:
                 for meter in meters:
                     stack.enter_context(meter)

@@ -3,8 +3,9 @@
 Why: FedAlign's claim is accuracy *per unit of client resources*; its tables give forward MFLOPs per
 sample, stored parameters, wall time per round, and the totals to reach a target accuracy. The
 :class:`CostMeter` is a plain accumulator; :class:`CostProbe` feeds it once per round from what the
-round broadcast, trained and uploaded. Only :func:`forward_flops_per_sample` needs torch, and imports it
-itself, so the meter can be used (and tested) without torch.
+round broadcast, trained and uploaded. Only :func:`forward_flops_per_sample` and :func:`training_flops`
+need torch's FLOP counter, and import it themselves, on the workers where they count: with triton it adds
+~76 MiB to a process, which the driver never pays, and the meter can be used (and tested) without torch.
 """
 
 from __future__ import annotations
@@ -16,8 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from fltune.metrics.flops import TrainingFlops
-from fltune.metrics.probe import Probe, RoundView, register
+from fltune.metrics.probe import ClientMeter, Probe, RoundView, register
 
 if TYPE_CHECKING:
     import torch
@@ -26,6 +26,13 @@ if TYPE_CHECKING:
     from fltune.config import ExperimentConfig
     from fltune.data.federated import FederatedData
     from fltune.engine.federation import Federation
+
+def training_flops() -> ClientMeter:
+    """A fresh ``TrainingFlops`` meter (metrics/_flops.py), imported here, on the worker that opens it."""
+    from fltune.metrics._flops import TrainingFlops
+
+    return TrainingFlops()
+
 
 FORWARD_BACKWARD_FACTOR = 3.0
 """Training FLOPs per sample = 3 × forward FLOPs: the backward pass computes gradients w.r.t. both the
@@ -116,7 +123,7 @@ class CostMeter:
         self._flops_per_sample = mflops_per_sample * 1e6
 
     def set_training_forward(self, mflops_per_sample: float) -> None:
-        """The method's forward MFLOPs per training sample, counted on its real training (metrics/flops.py)."""
+        """The method's forward MFLOPs per training sample, counted on its real training (metrics/_flops.py)."""
         self._train_forward = mflops_per_sample * 1e6
 
     def add_download(self, bits: int, clients: int = 1) -> None:
@@ -192,10 +199,10 @@ class CostProbe(Probe):
         return self.forward_mflops
 
     @classmethod
-    def client_meter(cls, round_: int) -> TrainingFlops | None:
+    def client_meter(cls, round_: int) -> Callable[[], ClientMeter] | None:
         """Round 1's training FLOPs, counted on the workers over every sampled client (the method's real
         passes: MOON's three models, GradAug's sub-networks); ``measure`` turns them into MFLOPs/sample."""
-        return TrainingFlops() if round_ == 1 else None
+        return training_flops if round_ == 1 else None
 
     def start_round(self) -> None:
         self.meter.start_round()

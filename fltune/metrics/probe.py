@@ -14,7 +14,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
 
@@ -105,9 +105,11 @@ class Probe(ABC):
         return True
 
     @classmethod
-    def client_meter(cls, round_: int) -> ClientMeter | None:
-        """A meter the workers open around each client's training in round ``round_``, for what only the
-        training itself can show (the FLOPs its passes spend); None (the default): nothing to measure there."""
+    def client_meter(cls, round_: int) -> Callable[[], ClientMeter] | None:
+        """What builds a meter the workers open around each client's training in round ``round_``, for what
+        only the training itself can show (the FLOPs its passes spend); None (the default): nothing to
+        measure there. A builder, not a meter: the driver asks whether a round is metered (it leaves such
+        rounds to the actors, engine/pool.py) without importing what the meter needs."""
         return None
 
     @classmethod
@@ -153,10 +155,12 @@ def register(cls: type[Probe]) -> type[Probe]:
 
 
 def _load_all() -> None:
-    """Import every module of this package once, so their ``@register`` decorators run."""
+    """Import every public module of this package once, so their ``@register`` decorators run. A private
+    one (``_flops``) registers no probe and is imported only where it is used (a worker's FLOP meter)."""
     package = importlib.import_module("fltune.metrics")
     for info in pkgutil.iter_modules(package.__path__):
-        importlib.import_module(f"fltune.metrics.{info.name}")
+        if not info.name.startswith("_"):
+            importlib.import_module(f"fltune.metrics.{info.name}")
 
 
 def all_probes() -> list[type[Probe]]:
@@ -187,10 +191,11 @@ def unmet_need(metric: str, reduce: str, cfg: ExperimentConfig) -> str | None:
     return probe.unmet(metric, cfg) if probe is not None else None
 
 
-def client_meters(cfg: ExperimentConfig, data: FederatedData, round_: int) -> list[ClientMeter]:
-    """The meters the probes ``cfg`` turns on want around one client's training in round ``round_``."""
-    meters = (cls.client_meter(round_) for cls in all_probes() if cls.enabled(cfg, data))
-    return [meter for meter in meters if meter is not None]
+def client_meters(cfg: ExperimentConfig, data: FederatedData, round_: int) -> list[Callable[[], ClientMeter]]:
+    """The builders of the meters the probes ``cfg`` turns on want around one client's training in round
+    ``round_`` (empty: the round is not metered)."""
+    builders = (cls.client_meter(round_) for cls in all_probes() if cls.enabled(cfg, data))
+    return [build for build in builders if build is not None]
 
 
 def probes_for(fed: Federation) -> list[Probe]:

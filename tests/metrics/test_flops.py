@@ -3,7 +3,7 @@
 import torch
 from torch import nn
 
-from fltune.metrics.flops import TrainingFlops
+from fltune.metrics._flops import TrainingFlops
 
 
 def test_forward_passes_are_counted_apart_from_backward() -> None:

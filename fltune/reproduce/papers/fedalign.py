@@ -13,7 +13,7 @@ The numbers are the arXiv version's (with the appendix, the only one holding Tab
 Cost columns: ``cost_train_forward_mflops`` is what the paper's MFLOPs column counts, "the compute needs for
 the forward pass of the training process": the forward FLOPs each method really spends per training sample,
 counted by the workers over round 1's training (MOON's three models, GradAug's sub-networks, StochDepth's
-dropped blocks, FedAlign's reduced-width pass; metrics/flops.py), at 2 FLOPs per multiply-add, so ×0.5 gives
+dropped blocks, FedAlign's reduced-width pass; metrics/_flops.py), at 2 FLOPs per multiply-add, so ×0.5 gives
 the paper's MAC-based figures (ResNet-56 on CIFAR-100, FedAvg: 87.2). Table 8's MFLOPs are that × the
 rounds to 60 %. ``cost_stored_params`` is the parameter count × the method's ``stored_models``.
 """
