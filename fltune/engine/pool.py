@@ -159,7 +159,7 @@ class WorkerPool:
         driver_shard, actor_shards = (shards[0], shards[1:]) if own_part else ([], shards)
         refs = [getattr(actor, method).remote(*call_args(shard))
                 for actor, shard in zip(self.actors, actor_shards) if shard]
-        own = [self.driver.call(method, *call_args(driver_shard))] if own_part and driver_shard else []
+        own = [self.driver.call(method, *call_args(driver_shard))] if driver_shard else []
         return own + ray.get(refs)
 
     def compute(self, run: ray.ObjectRef, tasks: list[Any], driver: bool = True) -> list[Any]:

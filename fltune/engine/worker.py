@@ -134,10 +134,11 @@ class ClientWorker:
         data = self._attach(run_ref)
         result = WorkerResult(partial=WeightedSum())
         global_tensors = {k: torch.tensor(v, device=self.device) for k, v in inputs.global_state.items()}
-        if self.batched and not client_meters(self.cfg, data, inputs.round):
+        builders = client_meters(self.cfg, data, inputs.round)  # what probes measure of the training itself
+        if self.batched and not builders:
             return self._pack(self._train_groups(result, inputs, client_ids, states, global_tensors))
         for cid in client_ids:
-            meters = [build() for build in client_meters(self.cfg, data, inputs.round)]  # of the training itself
+            meters = [build() for build in builders]
             with ExitStack() as stack:
                 for meter in meters:
                     stack.enter_context(meter)

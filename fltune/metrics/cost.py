@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from fltune.data.federated import FederatedData
     from fltune.engine.federation import Federation
 
+
 def training_flops() -> ClientMeter:
     """A fresh ``TrainingFlops`` meter (metrics/_flops.py), imported here, on the worker that opens it."""
     from fltune.metrics._flops import TrainingFlops
