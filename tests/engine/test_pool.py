@@ -1,8 +1,8 @@
 """The worker plan (``plan_workers``) and the driver's share of a round (``WorkerPlan.in_driver``): when it is
 on by default, what refuses it, and that a share trained in the driver's process gives an actor's bits —
-training, evaluation and the probes' computations (``WorkerPool.compute``) alike; and that FLOP counting
-(round 1's meters, the model's count) goes to the actors alone, so the driver never loads torch's compiler
-stack."""
+training, evaluation and the probes' computations (``WorkerPool.compute``) alike — handed back as copies
+outside Ray's object store; and that FLOP counting (round 1's meters, the model's count) goes to the actors
+alone, so the driver never loads torch's compiler stack."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import torch
 
@@ -65,6 +66,28 @@ def test_driver_share_gives_the_actors_bits(ray_session):
 def process_id(cfg: object, data: object, device: torch.device) -> int:
     """A probe task (``ProbeTask``): the process it ran in."""
     return os.getpid()
+
+
+def big_result(cfg: object, data: object, device: torch.device) -> np.ndarray:
+    """A probe task whose result is too large for Ray to inline in a reply (> 100 KiB)."""
+    return np.ones(1 << 18)
+
+
+def test_the_driver_shares_results_are_copies_outside_the_object_store(ray_session):
+    """What the driver's share returns is a deep copy on the driver's heap (writable, owning its memory),
+    not an object put in Ray's store, whose pages stay resident once used; an actor's result comes from
+    the store, read-only."""
+    cfg = build_config(overrides=BASE)
+    from fltune.engine.builders import load_data
+
+    pool = WorkerPool(WorkerPlan(workers=2, cpus=1.0, gpus=0.0, in_driver=True))
+    try:
+        own, actors = pool.compute(pool.bind(cfg, load_data(cfg), keep_latest=False), [big_result] * 2)
+        assert own.flags.writeable and own.flags.owndata
+        assert not actors.flags.writeable
+        assert np.array_equal(own, actors)
+    finally:
+        pool.shutdown()
 
 
 def test_work_left_to_the_actors_skips_the_driver_share(ray_session):
