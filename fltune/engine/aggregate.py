@@ -57,7 +57,8 @@ class WeightedSum:
 
     def add(self, weight: float, update: dict[str, np.ndarray]) -> None:
         """Add one client's update with its weight (n_k for FedAvg, 1 for a plain mean). A key's first
-        terms are stored as they are, not added to zeros, as the sum has always done."""
+        terms are stored as they are, not added to zeros (0.0 + −0.0 would turn a stored −0.0 into +0.0):
+        the partial sums keep the bits they have always had."""
         self.weights.append(float(weight))
         for key, value in update.items():
             value = np.asarray(value)
@@ -107,10 +108,10 @@ class WeightedSum:
         out = {}
         for key, dtype in self.dtypes.items():
             coarse, fine = self.coarse[key].reshape(-1), self.fine[key].reshape(-1)
-            mean = np.empty(coarse.size, dtype)
+            mean, integer = np.empty(coarse.size, dtype), np.issubdtype(dtype, np.integer)
             for block in _blocks(coarse.size):
                 value = coarse[block] + fine[block]
                 value /= total
-                mean[block] = np.round(value) if np.issubdtype(dtype, np.integer) else value
+                mean[block] = np.round(value) if integer else value
             out[key] = mean.reshape(self.coarse[key].shape)
         return out
