@@ -8,17 +8,30 @@ client (``local.train_client``), the batched one as one group of 10 (``batched.t
 between the two, so a shared machine's load hits both alike. Figure: client-samples per second (median
 over rounds). One line per method: ``ratio batched/exact <method> <ratio>``.
 
+``--count``: instead of timing, count each path's host work per client-step: the aten ops it dispatches
+(on a GPU, about one kernel launch each) and the Python function calls it makes. On a GPU a small model's
+steps are bound by exactly this work, not by the arithmetic (issue 12: the H100's B0 steps were
+host-bound), and the counts are the same on every machine, where a CPU's timings are dominated by its
+arithmetic. Per step means at the margin: a round of 3 epochs minus a round of 1, over the steps between,
+so a client's set-up and result are left out. Lines: ``ratio batched/exact <method> ops <x>`` and
+``... calls <x>`` (below 1: a group step costs less host work than its K exact steps).
+
     python bench/batched_throughput.py [--methods fedavg ditto fedsam fedcr] [--rounds 3] [--threads 1]
-                                       [--group 10] [--device cpu]
+                                       [--group 10] [--device cpu] [--count]
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
+import pstats
 import statistics
 import time
+from collections.abc import Callable
+from typing import Any
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from fltune.config import build_config
 from fltune.engine.batched import client_groups, train_group
@@ -26,6 +39,8 @@ from fltune.engine.builders import build_method, build_model_for, initial_state,
 from fltune.engine.local import Executor, RoundInput, train_client
 from fltune.engine.rng import sample_clients
 from fltune.methods import get_method
+
+Train = Callable[[RoundInput, list[int]], None]
 
 
 def main() -> None:
@@ -35,11 +50,19 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch threads (a worker's cpus_per_worker)")
     parser.add_argument("--group", type=int, default=10, help="resources.batch_clients")
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--count", action="store_true", help="count ops and Python calls per step, don't time")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     ratios = []
     for name in args.methods:
+        if args.count:
+            counts = step_counts(name, args.group, device)
+            for path, (ops, calls) in counts.items():
+                print(f"{name} {path:8s} {ops:7.1f} aten ops, {calls:7.1f} Python calls per client-step")
+            for i, what in enumerate(("ops", "calls")):
+                ratios.append(f"ratio batched/exact {name} {what} {counts['batched'][i] / counts['exact'][i]:.3f}")
+            continue
         medians = method_rates(name, args.rounds, args.group, device)
         for path, value in medians.items():
             print(f"{name} {path:8s} {value:9.0f} client-samples/s")
@@ -47,38 +70,51 @@ def main() -> None:
     print("\n".join(ratios))
 
 
+class Setup:
+    """One method's round, ready for both executors: the same model, data, config and round inputs."""
+
+    def __init__(self, name: str, group: int, device: torch.device, epochs: int = 1, subsample: float = 1.0) -> None:
+        model_name = get_method(name).model_for("fmnist") or "fedavg_cnn"
+        self.cfg = cfg = build_config(overrides=[
+            "data.dataset=fmnist", "partition.kind=iid", "federation.clients=100", "federation.fraction=0.1",
+            f"method.name={name}", f"model.name={model_name}", f"training.local_epochs={epochs}",
+            "training.batch_size=50", "tracking.enabled=false", f"data.subsample={subsample}",
+        ])
+        self.data, self.method = data, method = load_data(cfg), build_method(cfg)
+        model = build_model_for(cfg, data).to(device)
+        self.start = initial_state(cfg, data)
+        self.server = method.server_payload(method.init_server_state(self.start))
+        tensors = {k: torch.tensor(v, device=device) for k, v in self.start.items()}
+        executor = Executor.build("exact", data, device)  # a run's default executor
+
+        def exact(inputs: RoundInput, clients: list[int]) -> None:
+            for cid in clients:
+                train_client(method, model, data, cid, inputs, {}, cfg.training, "none", device, tensors, executor)
+
+        def batched(inputs: RoundInput, clients: list[int]) -> None:
+            for chunk in client_groups(clients, group):
+                for _ in train_group(method, model, data, chunk, inputs, {}, cfg.training, "none", device,
+                                     tensors, executor.source):
+                    pass
+
+        self.train: dict[str, Train] = {"exact": exact, "batched": batched}
+
+    def round(self, r: int) -> tuple[RoundInput, list[int], int]:
+        """Round ``r``'s inputs (from the initial model), its clients and their samples."""
+        fed = self.cfg.federation
+        clients = sample_clients(fed.seed, r, fed.clients, fed.clients_per_round)
+        inputs = RoundInput(round=r, seed=fed.seed, lr=self.cfg.training.lr, global_state=self.start,
+                            server=self.server)
+        return inputs, clients, sum(len(self.data.client_train[c]) for c in clients)
+
+
 def method_rates(name: str, rounds: int, group: int, device: torch.device) -> dict[str, float]:
     """Median client-samples/s of the exact and the batched executor on ``rounds`` timed rounds."""
-    model_name = get_method(name).model_for("fmnist") or "fedavg_cnn"
-    cfg = build_config(overrides=[
-        "data.dataset=fmnist", "partition.kind=iid", "federation.clients=100", "federation.fraction=0.1",
-        f"method.name={name}", f"model.name={model_name}", "training.local_epochs=1", "training.batch_size=50",
-        "tracking.enabled=false",
-    ])
-    data, method = load_data(cfg), build_method(cfg)
-    model = build_model_for(cfg, data).to(device)
-    start = initial_state(cfg, data)
-    server = method.server_payload(method.init_server_state(start))
-    tensors = {k: torch.tensor(v, device=device) for k, v in start.items()}
-    fed = cfg.federation
-
-    executor = Executor.build("exact", data, device)  # a run's default executor
-
-    def exact(inputs: RoundInput, clients: list[int]) -> None:
-        for cid in clients:
-            train_client(method, model, data, cid, inputs, {}, cfg.training, "none", device, tensors, executor)
-
-    def batched(inputs: RoundInput, clients: list[int]) -> None:
-        for chunk in client_groups(clients, group):
-            for _ in train_group(method, model, data, chunk, inputs, {}, cfg.training, "none", device, tensors):
-                pass
-
+    setup = Setup(name, group, device)
     rates: dict[str, list[float]] = {"exact": [], "batched": []}
     for r in range(1, rounds + 2):  # round 1 warms both up and is not timed
-        clients = sample_clients(fed.seed, r, fed.clients, fed.clients_per_round)
-        inputs = RoundInput(round=r, seed=fed.seed, lr=cfg.training.lr, global_state=start, server=server)
-        samples = sum(len(data.client_train[c]) for c in clients)
-        for path, train in (("exact", exact), ("batched", batched)):
+        inputs, clients, samples = setup.round(r)
+        for path, train in setup.train.items():
             began = time.perf_counter()
             train(inputs, clients)
             if device.type == "cuda":
@@ -86,6 +122,38 @@ def method_rates(name: str, rounds: int, group: int, device: torch.device) -> di
             if r > 1:
                 rates[path].append(samples / (time.perf_counter() - began))
     return {path: statistics.median(values) for path, values in rates.items()}
+
+
+class _Ops(TorchDispatchMode):
+    """Counts the aten ops dispatched under it (what reaches the kernels, after vmap's batching rules)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+def step_counts(name: str, group: int, device: torch.device) -> dict[str, tuple[float, float]]:
+    """Per path, (aten ops, Python calls) per client-step at the margin: round 2 with E = 3 minus with E = 1,
+    over the client-steps between (round 1 warms up). A quarter of the data (150 samples a client): the
+    counts per step do not depend on it. Ops and calls are counted in separate runs of the round, since the
+    op counter is Python that the profiler would count."""
+    totals: dict[str, list[tuple[int, int, int]]] = {"exact": [], "batched": []}
+    for epochs in (1, 3):
+        setup = Setup(name, group, device, epochs, subsample=0.25)
+        inputs, clients, _ = setup.round(2)
+        steps = epochs * sum(-(-len(setup.data.client_train[c]) // 50) for c in clients)
+        for path, train in setup.train.items():
+            train(*setup.round(1)[:2])
+            ops, profile = _Ops(), cProfile.Profile()
+            with ops:
+                train(inputs, clients)
+            profile.runcall(train, inputs, clients)
+            totals[path].append((steps, ops.count, pstats.Stats(profile).total_calls))
+    return {path: ((b[1] - a[1]) / (b[0] - a[0]), (b[2] - a[2]) / (b[0] - a[0])) for path, (a, b) in totals.items()}
 
 
 if __name__ == "__main__":

@@ -13,11 +13,17 @@ vmap (``Method.step_noise``, VIB's ε), each client's from its own (seed, round,
 Every other client hook (``setup_client``, ``phases``, ``client_result``) runs per client on the worker's
 module as in the exact path.
 
+A group step's host work does not grow with K where it can help it: the K batches come from the worker's
+device pool by one index (``_GroupEpoch``), and SGD updates all trainable parameters of all K clients as
+one [K, Σ sizes] tensor (``_GroupTrainer._update``). FedAvg CNN, per client-step at K = 10
+(``bench/batched_throughput.py --count``): 28 aten ops and 285 Python calls, from 47 and 383 when each
+client's batch was gathered on the host and each parameter stepped alone; the exact path's are 120 and 277.
+
 Semantics are the exact path's, client by client: each client draws its batches from its own generator
 seeded by (seed, round, client id) (``local.batches``), in the same order; a client with fewer samples
 runs fewer steps (a client without a batch at a step, or stopped by a non-finite loss, is masked: neither
-its parameters, its momentum nor its carried inputs change); a short last batch is padded and its loss averaged over its
-real samples only (``batch_mean``). The numbers are not bit-identical to the exact path's
+its parameters, its momentum nor its carried inputs change); a short last batch is padded and its loss
+averaged over its real samples only (``batch_mean``). The numbers are not bit-identical to the exact path's
 (batched kernels sum in another order), but a group's result depends only on its clients: groups are the
 round's sorted client ids in chunks of ``resources.batch_clients`` and are handed to workers whole
 (``pool.balance``), so runs are deterministic and independent of the worker count.
@@ -30,13 +36,15 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 from torch.func import vmap
 
 from fltune.config import ExperimentConfig, TrainingConfig
 from fltune.data.federated import FederatedData
-from fltune.engine.local import RoundInput, batches, load_state
+from fltune.data.augment import augment, lookup_float
+from fltune.engine.local import DeviceBatches, RoundInput, batches, epoch_order, load_state
 from fltune.engine.rng import derive_seed
 from fltune.methods.base import (
     ClientContext, ClientResult, Forward, FunctionalBatch, FunctionalStep, Method, Phase,
@@ -105,11 +113,10 @@ class _Tally:
 def _context(
     method: Method, model: nn.Module, data: FederatedData, cid: int, inputs: RoundInput, state: dict[str, Any],
     training: TrainingConfig, augment_kind: str, device: torch.device, global_tensors: dict[str, Tensor],
+    generator: torch.Generator,
 ) -> ClientContext:
     """Client ``cid``'s context after ``setup_client``, the model holding its starting weights (as in
-    ``local.train_client``); its batches come from its own (seed, round, client id) generator."""
-    seed = derive_seed(inputs.seed, inputs.round, cid)
-    generator = torch.Generator().manual_seed(seed)
+    ``local.train_client``); its batches come from ``generator``, its own (seed, round, client id) one."""
     load_state(model, method.client_model_state(inputs.global_state, state))
     indices = data.client_train[cid]
 
@@ -156,28 +163,60 @@ def _padded(rows: list[Tensor | None], size: int) -> Tensor:
 
 @dataclass
 class _Step:
-    """The K clients' batches of one step padded to one shape, and their noise; a client without a batch
-    has weight 0 everywhere and ``active`` False."""
+    """The K clients' batches of one step padded to one shape (the step's largest real batch), and their
+    noise; a client without a batch has weight 0 everywhere and ``active`` False."""
 
     x: Tensor
     y: Tensor
     weight: Tensor
     active: Tensor
+    count: Tensor
+    """Real samples per client, on the device (the tally's)."""
     noise: dict[str, Tensor]
     counts: list[int]
 
-    @classmethod
-    def pad(cls, items: list[tuple[Tensor, Tensor] | None], noise: list[dict[str, Tensor] | None],
-            device: torch.device) -> _Step:
-        counts = [0 if item is None else len(item[1]) for item in items]
-        size = max(counts)
-        n = torch.tensor(counts, device=device)
-        weight = (torch.arange(size, device=device) < n[:, None]).float()
-        keys = next(row for row in noise if row is not None)
-        padded_noise = {key: _padded([None if row is None else row[key] for row in noise], size) for key in keys}
-        return cls(_padded([None if item is None else item[0] for item in items], size),
-                   _padded([None if item is None else item[1] for item in items], size),
-                   weight, n > 0, padded_noise, counts)
+
+class _GroupEpoch:
+    """One epoch of a group's batches, laid out when it starts.
+
+    Each client's sample order is its own generator's ``randperm`` (``local.epoch_order``: the draw its
+    exact-path stream makes), cut into batches of B. A step then gathers all K clients' batches from the
+    worker's device pool at once (``DeviceBatches``: uint8, normalised by table lookup, bit-identical to
+    ``to_float``) by one [K, B] index: per step, K host gathers, K copies to the device and a padding copy per
+    client cost more host time than the K-client step itself on a GPU. Step s is padded to its largest real
+    batch and padded rows are zero, as each client's own stream padded one by one would be.
+    """
+
+    def __init__(self, source: DeviceBatches, orders: list[Tensor | None], batch_size: int) -> None:
+        lengths = torch.tensor([0 if order is None else len(order) for order in orders])
+        steps = -(-int(lengths.max()) // batch_size)
+        index = torch.zeros(len(orders), steps * batch_size, dtype=torch.long)
+        for k, order in enumerate(orders):
+            if order is not None:
+                index[k, :len(order)] = order
+        self.counts = (lengths[:, None] - torch.arange(steps) * batch_size).clamp(0, batch_size)  # host [K, S]
+        self.sizes = self.counts.amax(0).tolist()
+        self.source = source
+        device = source.device
+        self.index = index.view(len(orders), steps, batch_size).to(device)
+        self.count = self.counts.to(device)
+        self.real = torch.arange(batch_size, device=device) < self.count[..., None]  # [K, S, B]
+        self.weight = self.real.float()
+
+    def step(self, s: int, augment_kind: str, group: _Group) -> _Step:
+        """Step ``s``: the padded batches, augmented per client with its generator in its stream's draw
+        order, and the clients' noise."""
+        size, counts = self.sizes[s], self.counts[:, s].tolist()
+        index, real = self.index[:, s, :size], self.real[:, s, :size]
+        x = lookup_float(self.source.x[index], self.source.table)
+        if augment_kind != "none":
+            for k, n in enumerate(counts):
+                if n:
+                    x[k, :n] = augment(x[k, :n], augment_kind, group.generators[k])
+        x.masked_fill_(~real.view(*real.shape, *[1] * (x.dim() - 2)), 0.0)
+        y = self.source.y[index].masked_fill_(~real, 0)
+        count = self.count[:, s]
+        return _Step(x, y, self.weight[:, s, :size], count > 0, count, group.step_noise(counts, size), counts)
 
 
 class _GroupTrainer:
@@ -185,77 +224,93 @@ class _GroupTrainer:
     each op with torch.optim.SGD's meaning (weight decay, heavy-ball or Nesterov momentum)."""
 
     def __init__(
-        self, method: Method, model: nn.Module, training: TrainingConfig, trainable: list[str], round_lr: float,
+        self, method: Method, model: nn.Module, training: TrainingConfig, params: Stacked, trainable: list[str],
+        round_lr: float, global_params: dict[str, Tensor],
     ) -> None:
         self.training, self.trainable = training, trainable
+        self.params = [params[n] for n in trainable]
+        self.sizes = [p[0].numel() for p in self.params]
+        k = len(self.params[0]) if self.params else 0
+        # SGD's momentum, all trainable parameters side by side ([K, Σ sizes]): zero, as a fresh optimiser's
+        self.buffer = torch.zeros(k, sum(self.sizes), device=self.params[0].device) if training.momentum else None
         forward, names = Forward(model), tuple(n for n, _ in model.named_parameters())
 
         def client_step(
             train: Stacked, frozen: Stacked, inputs: dict[str, Stacked], x: Tensor, y: Tensor, w: Tensor,
-            global_params: dict[str, Tensor],
         ) -> FunctionalStep:
             batch = FunctionalBatch(forward, names, frozen, inputs, x, y, w, global_params, round_lr,
                                     training.grad_clip)
             return method.functional_step(train, batch)
 
-        # the round's global weights are the same for every client: passed once, not stacked
-        self.steps = vmap(client_step, in_dims=(0, 0, 0, 0, 0, 0, None), randomness="different")
+        # the round's global weights are the same for every client: closed over, not stacked, nor a vmap
+        # argument that every step would flatten again
+        self.steps = vmap(client_step, randomness="different")
 
     def step(
-        self, params: Stacked, buffers: Stacked, inputs: dict[str, Stacked], batch: _Step, lr: float,
-        tally: _Tally, global_params: dict[str, Tensor],
+        self, params: Stacked, inputs: dict[str, Stacked], batch: _Step, lr: float, tally: _Tally,
     ) -> tuple[FunctionalStep, Tensor]:
-        """One masked step of all K clients: ``params`` and ``buffers`` are updated in place; returns the
+        """One masked step of all K clients: ``params`` and the momentum are updated in place; returns the
         stacked ``FunctionalStep`` and which clients took the step (``live``)."""
         train = {n: params[n] for n in self.trainable}
         frozen = {n: p for n, p in params.items() if n not in train}
         step_inputs = {**inputs, "noise": batch.noise} if batch.noise else inputs
-        out = self.steps(train, frozen, step_inputs, batch.x, batch.y, batch.weight, global_params)
+        out = self.steps(train, frozen, step_inputs, batch.x, batch.y, batch.weight)
         tally.diverged |= batch.active & ~torch.isfinite(out.loss)
         live = batch.active & ~tally.diverged
-        if self.training.grad_clip is not None:
-            self._clip(out.grads)
-        for name, g in out.grads.items():
-            self._update(name, g, params, buffers, lr, live)
-        count = batch.weight.sum(1).long()
-        tally.loss_sum += torch.where(live, out.loss.double() * count, 0.0)
+        self._update(out.grads, lr, live)
+        tally.loss_sum += torch.where(live, out.loss.double() * batch.count, 0.0)
         tally.correct += torch.where(live, ((out.logits.argmax(-1) == batch.y) & (batch.weight > 0)).sum(1), 0)
-        tally.seen += torch.where(live, count, 0)
+        tally.seen += torch.where(live, batch.count, 0)
         tally.steps += live.long()
         return out, live
 
-    def _clip(self, grads: Stacked) -> None:
-        """Per client, ``clip_grad_norm_``: scale by max_norm / (‖g‖ + 1e-6), at most 1 (in place)."""
-        norms = torch.stack([g.flatten(1).norm(dim=1) for g in grads.values()], dim=1).norm(dim=1)
-        coef = (self.training.grad_clip / (norms + 1e-6)).clamp(max=1.0)
-        for g in grads.values():
-            g.mul_(coef.view(-1, *[1] * (g.dim() - 1)))
-
-    def _update(self, name: str, g: Tensor, params: Stacked, buffers: Stacked, lr: float, live: Tensor) -> None:
-        """SGD on one parameter of every live client, in place on ``g`` (the step's own gradient), the
-        buffer and the parameter: no new K-model tensors per step, which cost more than the arithmetic. A masked
-        client's gradient becomes 0 before it can touch the momentum (a non-finite one too), its buffer is
-        scaled by 1 instead of ρ and its step by 0, so neither changes; a zero buffer makes the first
-        momentum step b = g, as torch.optim.SGD's."""
+    def _update(self, grads: Stacked, lr: float, live: Tensor) -> None:
+        """SGD on every live client, in place: the parameters' gradients side by side in one [K, Σ sizes]
+        tensor, so each of clipping's scale, weight decay, the mask and momentum is one op for the whole
+        model, not one per parameter (on a GPU each op is a launch and a trip through the dispatcher). Every
+        element goes through the same float operations as ``torch.optim.SGD``'s per-parameter step. A
+        masked client's gradient becomes 0 before it can touch the momentum (a non-finite one too), its
+        buffer is scaled by 1 instead of ρ and its step by 0, so neither changes; a zero buffer makes the
+        first momentum step b = g, as torch.optim.SGD's."""
         t = self.training
-        p = params[name]
-        mask = live.view(-1, *[1] * (p.dim() - 1))
+        scale = self._clip_scale(grads)
+        g = torch.cat([_rows(grads[n]) for n in self.trainable], dim=1)
+        if scale is not None:
+            g.mul_(scale[:, None])
         if t.weight_decay:
-            g.add_(p, alpha=t.weight_decay)
+            g.add_(torch.cat([_rows(p) for p in self.params], dim=1), alpha=t.weight_decay)
+        mask = live[:, None]
         g.masked_fill_(~mask, 0.0)
-        if t.momentum:
-            buf = buffers[name].mul_(torch.where(mask, t.momentum, 1.0)).add_(g)
+        if self.buffer is not None:
+            buf = self.buffer.mul_(torch.where(mask, t.momentum, 1.0)).add_(g)
             g = g.add_(buf, alpha=t.momentum) if t.nesterov else buf
-        p.addcmul_(g, torch.where(mask, -lr, 0.0))
+        rate = torch.where(live, -lr, 0.0)
+        torch._foreach_addcmul_(  # addcmul's own rounding (a fused multiply-add on CPU), parameter by parameter
+            self.params, [v.view_as(p) for v, p in zip(g.split(self.sizes, dim=1), self.params)],
+            [rate.view(-1, *[1] * (p.dim() - 1)) for p in self.params])
+
+    def _clip_scale(self, grads: Stacked) -> Tensor | None:
+        """Per client, ``clip_grad_norm_``'s factor max_norm / (‖g‖ + 1e-6), at most 1; None without clipping."""
+        if self.training.grad_clip is None:
+            return None
+        norms = torch.stack([_rows(grads[n]).norm(dim=1) for n in self.trainable], dim=1).norm(dim=1)
+        return (self.training.grad_clip / (norms + 1e-6)).clamp(max=1.0)
+
+
+def _rows(stacked: Tensor) -> Tensor:
+    """[K, ...] → [K, n]: one client's tensor per row (a scalar parameter gives a column)."""
+    return stacked.reshape(len(stacked), -1)
 
 
 @dataclass
 class _Group:
     """A group's clients and their stacked training state: parameters, ``loss_inputs`` (carried entries
-    evolve per step), the running tally, and each client's own noise generator."""
+    evolve per step), the running tally, and each client's own generators (its batches', its noise's)."""
 
     method: Method
     contexts: list[ClientContext]
+    indices: list[np.ndarray]
+    generators: list[torch.Generator]
     noise: list[torch.Generator]
     params: Stacked
     inputs: dict[str, Stacked]
@@ -265,10 +320,19 @@ class _Group:
     device: torch.device
     carried: set[str]
 
-    def step_noise(self, items: list[tuple[Tensor, Tensor] | None]) -> list[dict[str, Tensor] | None]:
-        """Each client's draws for its batch of this step, from its own generator (``Method.step_noise``)."""
-        return [None if item is None else self.method.step_noise(ctx, len(item[1]), generator)
-                for ctx, generator, item in zip(self.contexts, self.noise, items)]
+    def epoch(self, source: DeviceBatches, phases: list[Phase], epoch: int, batch_size: int) -> _GroupEpoch:
+        """The group's batches of ``epoch``: a client past its phase's epochs has none (and draws nothing)."""
+        orders = [epoch_order(indices, generator, shuffle=True) if epoch < phase.epochs else None
+                  for indices, generator, phase in zip(self.indices, self.generators, phases)]
+        return _GroupEpoch(source, orders, batch_size)
+
+    def step_noise(self, counts: list[int], size: int) -> dict[str, Tensor]:
+        """Each client's draws for its batch of this step, from its own generator (``Method.step_noise``),
+        padded to the step's batch."""
+        noise = [None if n == 0 else self.method.step_noise(ctx, n, generator)
+                 for ctx, generator, n in zip(self.contexts, self.noise, counts)]
+        keys = next(row for row in noise if row is not None)
+        return {key: _padded([None if row is None else row[key] for row in noise], size) for key in keys}
 
     def absorb(self, out: FunctionalStep, live: Tensor, step: _Step) -> None:
         """Keep the live clients' carried inputs (a masked client's stay), and hand each client with a
@@ -294,18 +358,17 @@ class _Group:
                 tensor.copy_(self.inputs[key][name][k])
 
 
-def _run_phase(group: _Group, trainer: _GroupTrainer, phases: list[Phase], lr: float) -> None:
+def _run_phase(
+    group: _Group, trainer: _GroupTrainer, phases: list[Phase], lr: float, source: DeviceBatches, batch_size: int,
+    augment_kind: str,
+) -> None:
     """A phase's epochs for the group, each client for its own ``phase.epochs`` (momentum starts at zero,
     as the exact path's fresh optimiser per client and phase)."""
-    buffers = {n: torch.zeros_like(group.params[n]) for n in trainer.trainable}
     for epoch in range(max(p.epochs for p in phases)):
-        streams = [ctx.batches() if epoch < p.epochs else iter(()) for ctx, p in zip(group.contexts, phases)]
-        while True:
-            items = [next(stream, None) for stream in streams]
-            if all(item is None for item in items):
-                break
-            step = _Step.pad(items, group.step_noise(items), group.device)
-            out, live = trainer.step(group.params, buffers, group.inputs, step, lr, group.tally, group.global_params)
+        laid = group.epoch(source, phases, epoch, batch_size)
+        for s in range(len(laid.sizes)):
+            step = laid.step(s, augment_kind, group)
+            out, live = trainer.step(group.params, group.inputs, step, lr, group.tally)
             group.absorb(out, live, step)
 
 
@@ -316,32 +379,38 @@ def _group(
 ) -> _Group:
     """Set every client of the group up as ``local.train_client`` does and stack what they train."""
     contexts, starts, client_inputs = [], [], []
-    for cid in client_ids:
+    seeds = [derive_seed(inputs.seed, inputs.round, cid) for cid in client_ids]
+    generators = [torch.Generator().manual_seed(seed) for seed in seeds]
+    for cid, generator in zip(client_ids, generators):
         ctx = _context(method, model, data, cid, inputs, states.get(cid, {}), training, augment_kind, device,
-                       global_tensors)
+                       global_tensors, generator)
         contexts.append(ctx)
         starts.append({n: p.detach().clone() for n, p in model.named_parameters()})
         client_inputs.append(method.loss_inputs(ctx))
-    noise = [torch.Generator(device).manual_seed(derive_seed(inputs.seed, inputs.round, cid)) for cid in client_ids]
-    return _Group(method, contexts, noise, _stack(starts), _stack(client_inputs), client_inputs,
-                  _Tally.zeros(len(client_ids), device), global_tensors, device, set())
+    noise = [torch.Generator(device).manual_seed(seed) for seed in seeds]
+    return _Group(method, contexts, [data.client_train[cid] for cid in client_ids], generators, noise,
+                  _stack(starts), _stack(client_inputs), client_inputs, _Tally.zeros(len(client_ids), device),
+                  global_tensors, device, set())
 
 
 def train_group(
     method: Method, model: nn.Module, data: FederatedData, client_ids: list[int], inputs: RoundInput,
     states: dict[int, dict[str, Any]], training: TrainingConfig, augment_kind: str, device: torch.device,
-    global_tensors: dict[str, Tensor],
+    global_tensors: dict[str, Tensor], source: DeviceBatches | None = None,
 ) -> Iterator[tuple[int, ClientResult]]:
     """Train one group of clients together; yield each client's result with ``model`` holding its final
-    weights (so the worker can keep its local model), in the group's order."""
+    weights (so the worker can keep its local model), in the group's order. ``source``: the worker's
+    device pool of the run's data (its exact executor's); None = one made here."""
+    source = source if source is not None else DeviceBatches(data, device)
     group = _group(method, model, data, client_ids, inputs, states, training, augment_kind, device, global_tensors)
     model.train()
     torch.manual_seed(derive_seed(inputs.seed, inputs.round, client_ids[0]))  # a random layer's draws
     for phases in _common_phases(method, group.contexts):
         prefixes = phases[0].prefixes
         trainable = [n for n in group.params if prefixes is None or n.startswith(prefixes)]
-        trainer = _GroupTrainer(method, model, training, trainable, inputs.lr)
-        _run_phase(group, trainer, phases, phases[0].lr if phases[0].lr is not None else inputs.lr)
+        trainer = _GroupTrainer(method, model, training, group.params, trainable, inputs.lr, group.global_params)
+        lr = phases[0].lr if phases[0].lr is not None else inputs.lr
+        _run_phase(group, trainer, phases, lr, source, training.batch_size, augment_kind)
     for k, (ctx, metrics) in enumerate(zip(group.contexts, group.tally.metrics())):
         group.finish(k, model)
         ctx.steps = int(metrics["steps"])

@@ -49,7 +49,7 @@ def batches(
     *, shuffle: bool = True, augment_kind: str = "none",
 ) -> Iterator[Batch]:
     """Mini-batches of a client's samples: uint8 → float, augmented, normalised, on ``device``."""
-    index = _epoch_order(indices, generator, shuffle)
+    index = epoch_order(indices, generator, shuffle)
     for start in range(0, len(index), batch_size):
         chunk = index[start:start + batch_size]
         x = to_float(data.x[chunk], data.mean, data.std)
@@ -58,8 +58,9 @@ def batches(
         yield x.to(device, non_blocking=True), data.y[chunk].to(device, non_blocking=True)
 
 
-def _epoch_order(indices: np.ndarray, generator: torch.Generator, shuffle: bool) -> torch.Tensor:
-    """An epoch's sample order: the one ``randperm`` draw per epoch both batch sources share."""
+def epoch_order(indices: np.ndarray, generator: torch.Generator, shuffle: bool) -> torch.Tensor:
+    """An epoch's sample order: the one ``randperm`` draw per epoch every batch source shares (the
+    batched executor's too)."""
     index = torch.tensor(indices, dtype=torch.long)  # a copy: arrays from Ray's object store are read-only
     return index[torch.randperm(len(index), generator=generator)] if shuffle else index
 
@@ -87,7 +88,7 @@ class DeviceBatches:
 
     def epoch(self, indices: np.ndarray, batch_size: int, generator: torch.Generator,
               augment_kind: str) -> Iterator[Batch]:
-        index = _epoch_order(indices, generator, shuffle=True).to(self.device, non_blocking=True)
+        index = epoch_order(indices, generator, shuffle=True).to(self.device, non_blocking=True)
         for start in range(0, len(index), batch_size):
             chunk = index[start:start + batch_size]
             x = lookup_float(self.x[chunk], self.table)

@@ -9,13 +9,15 @@ import statistics
 import numpy as np
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from fltune.config import build_config
-from fltune.engine.batched import client_groups, train_group
+from fltune.engine.batched import _common_phases, _group, client_groups, train_group
 from fltune.engine.builders import build_method, build_model_for, initial_state, load_data
 from fltune.engine.federation import Federation
-from fltune.engine.local import RoundInput, train_client
+from fltune.engine.local import DeviceBatches, RoundInput, batches, train_client
 from fltune.engine.pool import balance
+from fltune.engine.rng import derive_seed
 from fltune.methods import get_method
 from fltune.methods.base import ClientResult
 from tests.conftest import SharedPools, needs_fmnist
@@ -121,6 +123,77 @@ def test_groups_depend_on_the_client_list_alone_and_travel_whole():
         regrouped = sorted(g for s in shards for g in client_groups(s, 3))
         assert regrouped == client_groups(clients, 3)
     assert balance(clients, sizes, 2) == balance(clients, sizes, 2, group=1)
+
+
+def laid_out(overrides: list[str], group: list[int], augment_kind: str = "none", epoch: int = 0):
+    """(group, its epoch ``epoch`` laid out, the data, B) for round 1 of ``LOCAL`` + ``overrides``."""
+    cfg = build_config(overrides=[*LOCAL, *overrides])
+    data, method = load_data(cfg), build_method(cfg)
+    model = build_model_for(cfg, data)
+    start = initial_state(cfg, data)
+    inputs = RoundInput(round=1, seed=0, lr=0.01, global_state=start, server=method.server_payload(start))
+    tensors = {k: torch.tensor(v) for k, v in start.items()}
+    group = _group(method, model, data, group, inputs, {}, cfg.training, augment_kind, CPU, tensors)
+    phases = _common_phases(method, group.contexts)[0]
+    for e in range(epoch):  # earlier epochs' draws: the shuffle at its start, augmentation at each step
+        earlier = group.epoch(DeviceBatches(data, CPU), phases, e, cfg.training.batch_size)
+        for s in range(len(earlier.sizes)):
+            earlier.step(s, augment_kind, group)
+    return group, group.epoch(DeviceBatches(data, CPU), phases, epoch, cfg.training.batch_size), data, cfg
+
+
+@pytest.mark.parametrize("augment_kind", ["none", "crop_flip_cutout"])
+def test_a_group_epoch_holds_each_clients_own_batches(augment_kind):
+    """Step by step, client k's rows are the batches its own exact-path stream gives (its generator's
+    shuffle and augmentation draws, in order, in its second epoch too), padded with zeros to the step's
+    largest batch; a client whose batches ran out has none, and weight marks the real rows."""
+    clients = [0, 1, 2, 3]
+    group, epoch, data, cfg = laid_out(["training.local_epochs=2"], clients, augment_kind, epoch=1)
+    seeds = [derive_seed(0, 1, cid) for cid in clients]
+    streams = []
+    for cid, seed in zip(clients, seeds):
+        generator = torch.Generator().manual_seed(seed)
+        first = list(batches(data, data.client_train[cid], cfg.training.batch_size, generator, CPU,
+                             augment_kind=augment_kind))
+        streams.append(iter(batches(data, data.client_train[cid], cfg.training.batch_size, generator, CPU,
+                                    augment_kind=augment_kind)))
+        assert first  # the first epoch's draws came first
+    assert len(epoch.sizes) == max(-(-len(data.client_train[c]) // cfg.training.batch_size) for c in clients)
+    for s in range(len(epoch.sizes)):
+        step = epoch.step(s, augment_kind, group)
+        for k, stream in enumerate(streams):
+            n = step.counts[k]
+            own = next(stream, None)
+            assert n == (0 if own is None else len(own[1]))
+            if n:
+                assert torch.equal(step.x[k, :n], own[0]) and torch.equal(step.y[k, :n], own[1])
+            assert not step.x[k, n:].any() and not step.y[k, n:].any()
+            assert step.weight[k].tolist() == [1.0] * n + [0.0] * (epoch.sizes[s] - n)
+        assert step.active.tolist() == [n > 0 for n in step.counts]
+    assert all(next(stream, None) is None for stream in streams)
+
+
+class _Ops(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+def test_a_group_gathers_a_steps_batches_in_as_many_ops_for_any_group_size():
+    """One index gathers all K clients' batches from the device pool: a step's data ops do not grow with K
+    (on a GPU each would be a kernel launch, and K host gathers and copies cost more than the step)."""
+    counts = []
+    for group in ([0, 1], [0, 1, 2, 3, 4, 5]):
+        laid_group, epoch, _, _ = laid_out(["method.name=fedavg"], group)
+        ops = _Ops()
+        with ops:
+            epoch.step(0, "none", laid_group)
+        counts.append(ops.count)
+    assert counts[0] == counts[1]
 
 
 def test_composites_and_step_overrides_are_not_batched():

@@ -77,3 +77,17 @@ def test_functional_step_is_the_exact_step(name, grad_clip):
 def pad(t: torch.Tensor) -> torch.Tensor:
     """``t`` with two zero samples appended along its batch axis (the first)."""
     return torch.cat([t, t.new_zeros(2, *t.shape[1:])])
+
+
+def test_forward_ties_weights_only_for_a_model_that_shares_a_tensor():
+    """``Forward`` skips ``functional_call``'s search for tied weights (a walk over every submodule per call)
+    where no tensor has two names, and keeps it where one has: a value given under one name of a shared
+    layer is the value of both."""
+    shared = torch.nn.Linear(3, 3)
+    tied = torch.nn.Sequential(shared, torch.nn.Tanh(), shared)
+    assert Forward(tied).tied and not Forward(tiny_model()).tied
+    params = {n: torch.randn_like(p) for n, p in tied.named_parameters()}  # one name per shared tensor
+    assert set(params) == {"0.weight", "0.bias"}
+    x = torch.randn(4, 3)
+    by_hand = torch.tanh(x @ params["0.weight"].T + params["0.bias"]) @ params["0.weight"].T + params["0.bias"]
+    torch.testing.assert_close(Forward(tied)(params, x), by_hand)
