@@ -11,9 +11,10 @@ over rounds). One line per method: ``ratio batched/exact <method> <ratio>``.
 ``--count``: instead of timing, count each path's host work per client-step: the aten ops it dispatches
 (on a GPU, about one kernel launch each) and the Python function calls it makes. On a GPU a small model's
 steps are bound by exactly this work, not by the arithmetic (issue 12: the H100's B0 steps were
-host-bound), and the counts are the same on every machine, where a CPU's timings are dominated by its
-arithmetic. Per step means at the margin: a round of 3 epochs minus a round of 1, over the steps between,
-so a client's set-up and result are left out. Lines: ``ratio batched/exact <method> ops <x>`` and
+host-bound), and the counts do not depend on the machine's speed, where a CPU's timings are dominated
+by its arithmetic (on a GPU torch's foreach optimisers change the exact path's counts). Per step means
+at the margin: a round of 3 epochs minus a round of 1, over the steps between, so a client's set-up and
+result are left out. Lines: ``ratio batched/exact <method> ops <x>`` and
 ``... calls <x>`` (below 1: a group step costs less host work than its K exact steps).
 
     python bench/batched_throughput.py [--methods fedavg ditto fedsam fedcr] [--rounds 3] [--threads 1]

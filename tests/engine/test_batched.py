@@ -9,7 +9,6 @@ import statistics
 import numpy as np
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from fltune.config import build_config
 from fltune.engine.batched import _common_phases, _group, client_groups, train_group
@@ -21,6 +20,7 @@ from fltune.engine.rng import derive_seed
 from fltune.methods import get_method
 from fltune.methods.base import ClientResult
 from tests.conftest import SharedPools, needs_fmnist
+from tests.engine.helpers import OpCount
 
 CPU = torch.device("cpu")
 LOCAL = [  # unequal clients (152..461 samples) and B = 32: every client ends its epochs on a short batch
@@ -173,23 +173,13 @@ def test_a_group_epoch_holds_each_clients_own_batches(augment_kind):
     assert all(next(stream, None) is None for stream in streams)
 
 
-class _Ops(TorchDispatchMode):
-    def __init__(self) -> None:
-        super().__init__()
-        self.count = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.count += 1
-        return func(*args, **(kwargs or {}))
-
-
 def test_a_group_gathers_a_steps_batches_in_as_many_ops_for_any_group_size():
     """One index gathers all K clients' batches from the device pool: a step's data ops do not grow with K
     (on a GPU each would be a kernel launch, and K host gathers and copies cost more than the step)."""
     counts = []
     for group in ([0, 1], [0, 1, 2, 3, 4, 5]):
         laid_group, epoch, _, _ = laid_out(["method.name=fedavg"], group)
-        ops = _Ops()
+        ops = OpCount()
         with ops:
             epoch.step(0, "none", laid_group)
         counts.append(ops.count)

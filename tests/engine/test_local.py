@@ -9,12 +9,12 @@ import sys
 import numpy as np
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from fltune.config import build_config
 from fltune.engine.builders import build_method, build_model_for, initial_state, load_data
 from fltune.engine.local import DeviceMeter, HostMeter, RoundInput, final_round, make_optimizer, train_client
 from fltune.methods.base import effective_steps
+from tests.engine.helpers import OpCount
 
 
 def two_steps(*overrides: str) -> float:
@@ -107,23 +107,13 @@ print(steps > 0, "torch._dynamo" in sys.modules)
     assert out.split() == ["True", "False"]
 
 
-class _Ops(TorchDispatchMode):
-    def __init__(self) -> None:
-        super().__init__()
-        self.count = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.count += 1
-        return func(*args, **(kwargs or {}))
-
-
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
 def test_the_device_meter_keeps_the_host_meters_figures_in_few_ops_a_step(bad):
     """The device meter sums what the host meter sums (same float64 bits), flags a client whose loss once
     was non-finite from the sum alone, and spends at most 8 ops a step (each a launch on a GPU)."""
     torch.manual_seed(0)
     steps = [(torch.rand(()) * 3, torch.randn(7, 10), torch.randint(0, 10, (7,))) for _ in range(5)]
-    host, device, ops = HostMeter(torch.device("cpu")), DeviceMeter(torch.device("cpu")), _Ops()
+    host, device, ops = HostMeter(torch.device("cpu")), DeviceMeter(torch.device("cpu")), OpCount()
     for loss, logits, y in steps:
         assert host.finite(loss)
         host.add(loss, logits, y)
