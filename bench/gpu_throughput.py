@@ -12,12 +12,15 @@ evaluation runs: ``metrics.protocols=[]``). Rows, in one run on the same device:
   reference  ``resources.executor=reference`` (the loop before the fast path) on the Ray worker pool;
   exact      ``resources.executor=exact`` (the default; bit-identical to reference);
   batched    ``resources.executor=batched`` when the config accepts it (skipped with a note otherwise).
-Last lines: ``ratio <path>/B0 <workload> <x>`` and ``ratio exact/reference <workload> <x>``.
+Last lines: ``ratio <path>/B0 <workload> <x>`` and ``ratio exact/reference <workload> <x>`` (each when both
+rows ran). ``--paths`` picks the rows, ``--set KEY=VALUE`` changes the fltune rows' config (e.g. a resources
+variant such as ``resources.deterministic=false`` or ``resources.batch_clients=5``).
 
 On a GPU the defaults are the issue's (3 warm-up rounds, 20 timed, full data); on CPU they are small
 (1 warm-up, 3 timed, 10 % of the data: ~60 samples a client) so a run takes minutes.
 
-    python bench/gpu_throughput.py [--workloads W1 W2] [--rounds N] [--warmup N] [--scale F] [--b0-threads N]
+    python bench/gpu_throughput.py [--workloads W1 W2] [--paths B0 exact ...] [--set KEY=VALUE ...]
+                                   [--rounds N] [--warmup N] [--scale F] [--b0-threads N]
 """
 
 from __future__ import annotations
@@ -54,10 +57,13 @@ COMMON = {"data.dataset": "fmnist", "federation.clients": 100, "federation.fract
           "metrics.protocols": [], "tracking.enabled": False}
 
 
-def workload_config(name: str, rounds: int, scale: float, executor: str = "exact") -> ExperimentConfig:
+def workload_config(
+    name: str, rounds: int, scale: float, executor: str = "exact", extra: tuple[str, ...] = (),
+) -> ExperimentConfig:
+    """The workload's config for one row; ``extra`` are ``KEY=VALUE`` overrides applied last."""
     settings = {**WORKLOADS[name](), **COMMON, "federation.rounds": rounds, "data.subsample": scale,
                 "resources.executor": executor}
-    return build_config(overrides=[f"{key}={json.dumps(value)}" for key, value in settings.items()])
+    return build_config(overrides=[*(f"{key}={json.dumps(value)}" for key, value in settings.items()), *extra])
 
 
 def executors() -> list[str]:
@@ -126,27 +132,29 @@ def main() -> None:
     parser.add_argument("--scale", type=float, default=1.0 if gpu else 0.1, help="data.subsample")
     parser.add_argument("--b0-threads", type=int, default=os.cpu_count() or 1,
                         help="B0's torch threads (on a shared CPU, 1 avoids threads spinning on each other)")
+    parser.add_argument("--paths", nargs="+", default=["B0", *executors()], choices=["B0", *executors()],
+                        help="rows to run (default all)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="config override for the fltune rows, repeatable")
     args = parser.parse_args()
     device = torch.device("cuda" if gpu else "cpu")
-    paths = ["reference", "exact", *(["batched"] if "batched" in executors() else [])]
     print(f"device {device}; {args.warmup} warm-up + {args.rounds} timed rounds; data.subsample {args.scale}; "
-          f"paths: B0 {' '.join(paths)}")
-    if "batched" not in paths:
-        print("batched: skipped (resources.executor does not accept 'batched' in this build)")
+          f"rows: {' '.join(args.paths)}; overrides: {' '.join(args.overrides) or 'none'}")
     ratios = []
     for name in args.workloads:
         cfg = workload_config(name, args.warmup + args.rounds, args.scale)
         data = load_data(cfg)
-        figures = {"B0": statistics.median(b0_rates(cfg, data, device, args.b0_threads)[args.warmup:])}
-        for path in paths:
-            rates = fltune_rates(workload_config(name, args.warmup + args.rounds, args.scale, path), data)
+        figures = {}
+        for path in args.paths:
+            rates = (b0_rates(cfg, data, device, args.b0_threads) if path == "B0" else fltune_rates(
+                workload_config(name, args.warmup + args.rounds, args.scale, path, tuple(args.overrides)), data))
             figures[path] = statistics.median(rates[args.warmup:])
-        for path, rate in figures.items():
-            print(f"{name} {path:<10} {rate:10.0f} client-samples/s")
-        ratios += [f"ratio {path}/B0 {name} {figures[path] / figures['B0']:.3f}" for path in paths]
-        ratios.append(f"ratio exact/reference {name} {figures['exact'] / figures['reference']:.3f}")
+            print(f"{name} {path:<10} {figures[path]:10.0f} client-samples/s", flush=True)
+        ratios += [f"ratio {path}/B0 {name} {rate / figures['B0']:.3f}"
+                   for path, rate in figures.items() if path != "B0" and "B0" in figures]
+        if "exact" in figures and "reference" in figures:
+            ratios.append(f"ratio exact/reference {name} {figures['exact'] / figures['reference']:.3f}")
     print("\n".join(ratios))
-
 
 if __name__ == "__main__":
     main()
