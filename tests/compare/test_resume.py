@@ -16,7 +16,7 @@ from mlflow.tracking import MlflowClient
 
 from fltune.cli import main
 from tests.compare.test_command import TINY, check_fair_and_reported
-from tests.tune.helpers import REPO, rounds_logged, start
+from tests.tune.helpers import REPO, finished, rounds_logged, start
 from tests.tune.test_resume import run_until
 
 
@@ -63,7 +63,7 @@ def test_a_comparison_stopped_mid_study_then_between_studies_resumes_finishes_on
     stop(second, tmp_path / "2.log", group=False)
 
     third = start([*cmd, "--resume"], tmp_path / "3.log")
-    assert third.wait(timeout=600) == 0, (tmp_path / "3.log").read_text()
+    assert finished(third, tmp_path / "3.log", timeout=400) == 0, (tmp_path / "3.log").read_text()
     check_fair_and_reported(tmp_path, out, " ".join((tmp_path / "3.log").read_text().split()), mlflow_uri, rounds=6)
 
     client = MlflowClient(mlflow_uri)

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -45,9 +47,25 @@ def tune_command(space: Path, storage: Path, *extra: str) -> list[str]:
 
 
 def start(cmd: list[str], log: Path, **env: str) -> subprocess.Popen:
-    """The CLI in its own process group (so a test can end it and every Ray process it started)."""
+    """The CLI in its own process group (so a test can end it and every Ray process it started), with
+    Python's fault handler on: ``finished`` has a stuck one write every thread's stack to its log."""
     return subprocess.Popen(cmd, cwd=REPO, stdout=log.open("w"), stderr=subprocess.STDOUT,
-                            env={**os.environ, **env}, start_new_session=True)
+                            env={**os.environ, "PYTHONFAULTHANDLER": "1", **env}, start_new_session=True)
+
+
+def finished(proc: subprocess.Popen, log: Path, timeout: float) -> int:
+    """``proc``'s exit status once it ends. One still running after ``timeout`` seconds is stuck: SIGABRT
+    makes the fault handler write its threads' stacks to ``log``, its process group is killed, and the test
+    fails with the log's end, where pytest's own time-out would kill the test and show only its own stack."""
+    try:
+        return proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGABRT)
+        time.sleep(5)
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        tail = log.read_text()[-20000:]
+        raise AssertionError(f"still running after {timeout:.0f} s; its log ends:\n{tail}") from None
 
 
 def study_runs(uri: str) -> tuple[Any, list[Any]]:

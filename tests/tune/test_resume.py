@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from ray.tune import ExperimentAnalysis
 
-from tests.tune.helpers import rounds_logged, start, study_runs, tune_command, write_space
+from tests.tune.helpers import finished, rounds_logged, start, study_runs, tune_command, write_space
 
 ROUNDS = 3
 
@@ -57,7 +57,7 @@ def test_interrupted_study_resumes_exactly_once(tmp_path: Path, mlflow_uri: str)
     (study / "tuner.pkl").write_bytes(b"")
 
     third = start([*cmd, "--resume"], tmp_path / "3.log")
-    assert third.wait(timeout=600) == 0, (tmp_path / "3.log").read_text()
+    assert finished(third, tmp_path / "3.log", timeout=400) == 0, (tmp_path / "3.log").read_text()
     quiet = (tmp_path / "3.log").read_text()  # no library chatter, no tracebacks of stopped workers
     assert not any(m in quiet for m in ("Token authentication", "Restored on", "Traceback", "SystemExit"))
 
