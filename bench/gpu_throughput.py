@@ -11,7 +11,7 @@ evaluation runs: ``metrics.protocols=[]``). Rows, in one run on the same device:
              what training clients one after another can reach at best;
   reference  ``resources.executor=reference`` (the loop before the fast path) on the Ray worker pool;
   exact      ``resources.executor=exact`` (the default; bit-identical to reference);
-  batched    ``resources.executor=batched`` when the config accepts it (skipped with a note otherwise).
+  batched    ``resources.executor=batched`` (K clients at once with torch.func).
 Last lines: ``ratio <path>/B0 <workload> <x>`` and ``ratio exact/reference <workload> <x>`` (each when both
 rows ran). ``--paths`` picks the rows, ``--set KEY=VALUE`` changes the fltune rows' config (e.g. a resources
 variant such as ``resources.deterministic=false`` or ``resources.batch_clients=5``).
@@ -41,6 +41,7 @@ from fltune.data.federated import FederatedData
 from fltune.engine.builders import build_method, build_model_for, initial_state, load_data
 from fltune.engine.federation import Federation
 from fltune.engine.rng import derive_seed, sample_clients
+from fltune.errors import FLTuneError
 from fltune.methods.base import ClientContext
 from fltune.reproduce.papers.simfafl import ROWS, SCALES, cell
 
@@ -67,7 +68,7 @@ def workload_config(
 
 
 def executors() -> list[str]:
-    """The executor names this build's config accepts (``batched`` only once it exists)."""
+    """The executor names the config accepts: the fltune rows."""
     return list(typing.get_args(ResourcesConfig.model_fields["executor"].annotation))
 
 
@@ -137,6 +138,11 @@ def main() -> None:
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="config override for the fltune rows, repeatable")
     args = parser.parse_args()
+    try:  # a bad --set fails here, in one line, before any row runs
+        for name in args.workloads:
+            workload_config(name, 1, args.scale, extra=tuple(args.overrides))
+    except FLTuneError as err:
+        parser.error(str(err))
     device = torch.device("cuda" if gpu else "cpu")
     print(f"device {device}; {args.warmup} warm-up + {args.rounds} timed rounds; data.subsample {args.scale}; "
           f"rows: {' '.join(args.paths)}; overrides: {' '.join(args.overrides) or 'none'}")
@@ -155,6 +161,7 @@ def main() -> None:
         if "exact" in figures and "reference" in figures:
             ratios.append(f"ratio exact/reference {name} {figures['exact'] / figures['reference']:.3f}")
     print("\n".join(ratios))
+
 
 if __name__ == "__main__":
     main()
