@@ -14,7 +14,8 @@ which slot trains them, and the numbers are the same bits.
 
 Work that loads torch's compiler stack goes to the actors alone (``driver=False``): FLOP counting
 (``FlopCounterMode``, round 1's client meters and the model's count) imports ``torch._dynamo``, ~150 MiB
-a process keeps for its life, so the driver, which would otherwise hold it for the whole run, never loads it.
+a process keeps for its life (~75 MiB in an actor without a GPU: ``worker.skip_triton``), so the driver,
+which would otherwise hold it for the whole run, never loads it.
 """
 
 from __future__ import annotations

@@ -18,7 +18,9 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import importlib
+import logging
 import os
+import sys
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -92,13 +94,16 @@ class ClientWorker:
     def __init__(self, threads: int, in_driver: bool = False) -> None:
         """An actor also loads torch's compiler stack (``torch._dynamo``) now, while the driver still starts
         up: it loads it anyway for round 1's FLOP meter (``TorchDispatchMode`` imports it lazily), and there
-        it cost ~1.1 s of round 1 per worker. ``in_driver``: the driver's share (``pool.DriverWorker``),
+        it cost ~1.1 s of round 1 per worker; one that sees no GPU loads it without Triton (``skip_triton``).
+        ``in_driver``: the driver's share (``pool.DriverWorker``),
         which never loads it (the pool leaves FLOP counting to the actors; exact-path SGD is ``KeptSGD``),
         and whose plan reserves no GPU even where the driver's process sees one."""
         torch.set_num_threads(max(1, threads))
-        if not in_driver:
-            importlib.import_module("torch._dynamo")
         gpu = not in_driver and torch.cuda.is_available() and _has_gpu()
+        if not in_driver:
+            if not torch.cuda.is_available():
+                skip_triton()
+            importlib.import_module("torch._dynamo")
         self.device = torch.device("cuda" if gpu else "cpu")
         self.run_id: str | None = None
 
@@ -268,6 +273,29 @@ def release_free_memory() -> None:
     peak by ~0.04 GiB, with no measurable change in its wall time (bench/whole_command.py)."""
     if _MALLOC_TRIM is not None:
         _MALLOC_TRIM(0)
+
+
+class _TritonNote(logging.Filter):
+    """Drops the FLOP counter's import-time note that Triton kernels can't be counted (``skip_triton``)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("triton not found")
+
+
+def skip_triton() -> None:
+    """Make ``import triton`` fail in this process, as if Triton were not installed: for a process that
+    sees no GPU, where it can run no kernel (Triton compiles GPU kernels; torch's CPU compiler writes C++).
+
+    The CUDA build of torch depends on Triton, and torch imports it whenever its compiler stack loads
+    (``torch._dynamo.utils`` imports it when the package exists): FLOP counting and any
+    ``torch.optim.Optimizer`` load that stack, and Triton then holds ~75 MiB of the process for its life,
+    ~4 % of a local run's memory per CPU actor (bench/whole_command.py). torch checks for Triton with an
+    import that may fail (``torch.utils._triton.has_triton_package``), and Python fails an import whose
+    ``sys.modules`` entry is None; a process that imported Triton already keeps it. The FLOP counter's note
+    that it can't count Triton kernels, true and moot here, is dropped."""
+    if "triton" not in sys.modules:
+        sys.modules["triton"] = None  # type: ignore[assignment]
+        logging.getLogger("torch.utils.flop_counter").addFilter(_TritonNote())
 
 
 def _identical(rebuilt: State | None, trained: State) -> bool:

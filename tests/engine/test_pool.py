@@ -111,6 +111,25 @@ def test_work_left_to_the_actors_skips_the_driver_share(ray_session):
         pool.shutdown()
 
 
+def compiler_stack(cfg: object, data: object, device: torch.device) -> tuple[bool, bool, bool]:
+    """A probe task: whether its process holds torch's compiler stack, and Triton, and whether it sees a GPU."""
+    return "torch._dynamo" in sys.modules, sys.modules.get("triton") is not None, torch.cuda.is_available()
+
+
+def test_actors_without_a_gpu_load_the_compiler_stack_without_triton(ray_session):
+    """An actor preloads torch's compiler stack for round 1's FLOP meters; one that sees no GPU, where Triton
+    can run nothing, loads it without Triton (``worker.skip_triton``, ~75 MiB a process)."""
+    cfg = build_config(overrides=BASE)
+    from fltune.engine.builders import load_data
+
+    pool = WorkerPool(WorkerPlan(workers=1, cpus=1.0, gpus=0.0))
+    try:
+        [(dynamo, triton, gpu)] = pool.compute(pool.bind(cfg, load_data(cfg), keep_latest=False), [compiler_stack])
+        assert dynamo and (gpu or not triton)
+    finally:
+        pool.shutdown()
+
+
 def test_a_run_with_a_driver_share_never_loads_the_compiler_stack_in_the_driver(tmp_path):
     """``cli.py run`` on its own 2-CPU Ray, one share in the driver, MLflow on, with round 1's FLOP meters
     and the model's FLOP count: the driver's process ends without ``torch._dynamo`` (~150 MiB kept for
