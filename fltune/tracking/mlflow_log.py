@@ -19,7 +19,8 @@ from mlflow.entities import Metric, Param, Run, RunTag
 
 from fltune.config import ExperimentConfig, TrackingConfig, flatten
 from fltune.tracking.paths import REPO, default_uri
-from fltune.tracking.store import open_store, sqlite_path
+from fltune.tracking.paths import sqlite_path
+from fltune.tracking.store import open_store
 
 STATUS = {"finished": "FINISHED", "diverged": "FAILED", "failed": "FAILED", "killed": "KILLED",
           "stopped": "FINISHED"}

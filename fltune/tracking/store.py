@@ -31,7 +31,6 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import wraps
-from pathlib import Path
 from typing import Any
 
 from mlflow.environment_variables import MLFLOW_HTTP_REQUEST_MAX_RETRIES, MLFLOW_HTTP_REQUEST_TIMEOUT
@@ -40,6 +39,7 @@ from mlflow.protos.databricks_pb2 import TEMPORARILY_UNAVAILABLE, ErrorCode
 from mlflow.tracking import MlflowClient
 
 from fltune.errors import FLTuneError
+from fltune.tracking.paths import sqlite_path
 
 RETRY_FOR_S = 120.0
 """How long a write keeps retrying "database is locked" before the error reaches the user."""
@@ -55,11 +55,6 @@ class _DropLockedNoise(logging.Filter):
 
 
 logging.getLogger("mlflow.store.db.utils").addFilter(_DropLockedNoise())
-
-
-def sqlite_path(uri: str) -> Path | None:
-    """The database file of a ``sqlite:///`` URI, None for any other store."""
-    return Path(uri.removeprefix("sqlite:///")) if uri.startswith("sqlite:///") else None
 
 
 @contextmanager
@@ -132,12 +127,9 @@ def open_store(uri: str, experiment: str, artifacts: str | None = None,
 
 
 def check_reachable(uri: str) -> None:
-    """One request to the store at ``uri`` with MLflow's HTTP retries off (10 s at most): a mistyped or
-    stopped tracking server, or a store MLflow no longer supports, is then one line naming
-    ``tracking.uri`` instead of minutes of retries and a traceback once the run has started. A sqlite
-    store is a local file that :func:`open_store` creates on first use; it is not asked."""
-    if sqlite_path(uri) is not None:
-        return
+    """One request to the store at ``uri``, not sqlite (``paths.check_tracking``), with MLflow's HTTP retries
+    off (10 s at most): a mistyped or stopped tracking server, or a store MLflow no longer supports, is then
+    one line naming ``tracking.uri`` instead of minutes of retries and a traceback once the run has started."""
     quick = {MLFLOW_HTTP_REQUEST_MAX_RETRIES.name: "0", MLFLOW_HTTP_REQUEST_TIMEOUT.name: "10"}
     before = {key: os.environ.get(key) for key in quick}
     os.environ.update(quick)

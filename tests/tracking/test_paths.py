@@ -1,4 +1,5 @@
-"""A command with tracking off never imports MLflow (or Optuna, unless it searches)."""
+"""A command with tracking off never imports MLflow (or Optuna, unless it searches); one that logs to sqlite
+checks its store without importing MLflow (its logging thread does, later)."""
 
 from __future__ import annotations
 
@@ -23,3 +24,21 @@ def test_the_commands_load_without_mlflow_or_optuna_when_tracking_is_off():
     with ``tracking.enabled=false``: the store check and the job's modules leave MLflow unimported."""
     out = subprocess.run([sys.executable, "-c", IMPORTS], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+SQLITE = """
+import sys
+from fltune.config import TrackingConfig
+from fltune.tracking.paths import check_tracking
+check_tracking(TrackingConfig(enabled=True, uri=sys.argv[1]))
+print("mlflow" in sys.modules)
+"""
+
+
+def test_a_sqlite_store_is_not_asked_and_mlflow_not_imported_before_the_run(tmp_path):
+    """The default store: nothing to ask (``open_store`` creates it when the run logs), and MLflow's ~3.5 s of
+    imports stay off the command's main thread, before its start-up."""
+    uri = f"sqlite:///{tmp_path / 'later' / 'mlflow.db'}"
+    out = subprocess.run([sys.executable, "-c", SQLITE, uri], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+    assert not (tmp_path / "later").exists()

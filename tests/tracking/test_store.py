@@ -87,7 +87,7 @@ def test_locked_database_is_retried_and_other_errors_are_not() -> None:
     assert len(calls) == 1
 
 
-def test_a_store_that_does_not_answer_is_one_line_at_once_and_sqlite_is_not_asked(tmp_path: Path) -> None:
+def test_a_store_that_does_not_answer_is_one_line_at_once(tmp_path: Path) -> None:
     """MLflow's client would retry a refused connection for minutes (4 min 23 s measured) before a traceback."""
     refused = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     before = os.environ.get("MLFLOW_HTTP_REQUEST_MAX_RETRIES")
@@ -96,5 +96,3 @@ def test_a_store_that_does_not_answer_is_one_line_at_once_and_sqlite_is_not_aske
     assert os.environ.get("MLFLOW_HTTP_REQUEST_MAX_RETRIES") == before  # the run's own logging retries as usual
     with pytest.raises(FLTuneError, match="tracking.uri file:.*filesystem tracking backend"):
         check_reachable((tmp_path / "mlruns").as_uri())  # MLflow ≥ 3.13 refuses the file store
-    check_reachable(f"sqlite:///{tmp_path / 'later' / 'mlflow.db'}")
-    assert not (tmp_path / "later").exists()  # created by open_store when the run logs, not here
