@@ -95,15 +95,16 @@ class ClientWorker:
         """An actor also loads torch's compiler stack (``torch._dynamo``) now, while the driver still starts
         up: it loads it anyway for round 1's FLOP meter (``TorchDispatchMode`` imports it lazily), and there
         it cost ~1.1 s of round 1 per worker; one that sees no GPU loads it without Triton (``skip_triton``).
-        ``in_driver``: the driver's share (``pool.DriverWorker``),
-        which never loads it (the pool leaves FLOP counting to the actors; exact-path SGD is ``KeptSGD``),
-        and whose plan reserves no GPU even where the driver's process sees one."""
+        ``in_driver``: the driver's share (``pool.DriverWorker``), which never loads it (the pool leaves FLOP
+        counting to the actors; exact-path SGD is ``KeptSGD``), and whose plan reserves no GPU even where the
+        driver's process sees one."""
         torch.set_num_threads(max(1, threads))
-        gpu = not in_driver and torch.cuda.is_available() and _has_gpu()
+        sees_gpu = torch.cuda.is_available()
+        if not in_driver and not sees_gpu:
+            skip_triton()
         if not in_driver:
-            if not torch.cuda.is_available():
-                skip_triton()
             importlib.import_module("torch._dynamo")
+        gpu = not in_driver and sees_gpu and _has_gpu()
         self.device = torch.device("cuda" if gpu else "cpu")
         self.run_id: str | None = None
 

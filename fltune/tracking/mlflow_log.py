@@ -18,8 +18,7 @@ from typing import Any
 from mlflow.entities import Metric, Param, Run, RunTag
 
 from fltune.config import ExperimentConfig, TrackingConfig, flatten
-from fltune.tracking.paths import REPO, default_uri
-from fltune.tracking.paths import sqlite_path
+from fltune.tracking.paths import REPO, default_uri, sqlite_path
 from fltune.tracking.store import open_store
 
 STATUS = {"finished": "FINISHED", "diverged": "FAILED", "failed": "FAILED", "killed": "KILLED",
