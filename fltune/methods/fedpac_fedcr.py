@@ -21,6 +21,9 @@ keeps its centroid, and the centroids start at zero, so round 1's body epochs pu
 0. FedPAC's classifier combination is not run (``Get_classifier`` is commented out in ``main_fed_PAC.py``).
 The final round tunes the personal head (the engine's default final round; the code's ``last`` round
 trains the head alone on cross-entropy).
+
+Batched (``resources.executor: batched``): the same loss as a pure function of the parameters, the centroids
+a per-client input; a padded short batch takes R over its real samples only, ‖(F − C_y)·w‖_F / Σw.
 """
 
 from __future__ import annotations
@@ -33,7 +36,9 @@ from pydantic import Field
 from torch import Tensor
 
 from fltune.methods import register
-from fltune.methods.base import ClientContext, ClientResult, ServerContext, ServerUpdate
+from fltune.methods.base import (
+    ClientContext, ClientResult, Forward, ServerContext, ServerUpdate, Tensors, masked_cross_entropy,
+)
 from fltune.methods.fedrep import FedRep, FedRepParams
 
 
@@ -64,6 +69,14 @@ def update_summaries(summaries: Tensor, features: Tensor, labels: Tensor) -> Non
         feature = padded[:, j]
         folded = torch.where(summaries.any(dim=1, keepdim=True), (feature + summaries) / 2, feature)
         summaries.copy_(torch.where(present[:, j], folded, summaries))
+
+
+def alignment(residual: Tensor, weight: Tensor | None) -> Tensor:
+    """R = ‖F − C_y‖_F / B (``torch.norm(...) / len(labels)``) from the residual rows F − C_y; over the real
+    rows of a padded batch (``weight`` 1) when given."""
+    if weight is None:
+        return torch.linalg.norm(residual) / len(residual)
+    return torch.linalg.norm(residual * weight[:, None]) / weight.sum().clamp(min=1.0)
 
 
 def per_class(ctx: ClientContext, values: np.ndarray | None) -> Tensor:
@@ -103,7 +116,7 @@ class FedPACFedCR(FedRep):
     Params = FedPACFedCRParams
     stored_models = 1.0  # the local model (summaries and centroids are classes × d)
     passes_per_step = 1.0
-    batchable = False
+    batchable = True
 
     def setup_client(self, ctx: ClientContext) -> None:
         """The round's centroids C (zeros before the server has any), one row per class."""
@@ -114,11 +127,25 @@ class FedPACFedCR(FedRep):
         leaves it out of their loss; here it is in their reported loss only)."""
         features = ctx.model.features(x)
         logits = ctx.model.head(features)
-        loss = torch.nn.functional.cross_entropy(logits, y)
-        if self.params.lam:
-            distance = torch.linalg.norm(features - ctx.scratch["centroids"][y]) / len(y)
-            loss = loss + self.params.lam * distance
-        return loss, logits
+        return self._objective(features, logits, y, ctx.scratch["centroids"], None), logits
+
+    def loss_inputs(self, ctx: ClientContext) -> dict[str, Tensors]:
+        return {**super().loss_inputs(ctx), "centroids": {"c": ctx.scratch["centroids"]}}
+
+    def functional_loss(
+        self, forward: Forward, params: Tensors, inputs: dict[str, Tensors], x: Tensor, y: Tensor, weight: Tensor,
+    ) -> tuple[Tensor, Tensor]:
+        features = forward.part("body", params, x)
+        logits = forward.part("head", params, features)
+        return self._objective(features, logits, y, inputs["centroids"]["c"], weight), logits
+
+    def _objective(self, features: Tensor, logits: Tensor, y: Tensor, centroids: Tensor,
+                   weight: Tensor | None) -> Tensor:
+        """CE + λ·R for both paths; ``weight`` None (the exact path's unpadded batch) keeps its bits."""
+        loss = masked_cross_entropy(logits, y, weight)
+        if not self.params.lam:
+            return loss
+        return loss + self.params.lam * alignment(features - centroids[y], weight)
 
     def client_result(self, ctx: ClientContext) -> ClientResult:
         result = super().client_result(ctx)

@@ -38,14 +38,15 @@ def exact_and_batched(overrides: list[str], group: list[int], lr: float = 0.01) 
     """Per client of ``group``: ((arrays, metrics) on the exact path, (arrays, metrics) batched with the
     whole group at once); arrays: the update, the personal state (``personal:`` keys) and the upload
     (``upload:``). Round 1 from the initial model with the method's first server payload; SCAFFOLD gets a
-    non-zero server c."""
+    non-zero server c, FedPAC-FedCR non-zero class centroids."""
     cfg = build_config(overrides=[*LOCAL, *overrides])
     data, method = load_data(cfg), build_method(cfg)
     model = build_model_for(cfg, data)
     start = initial_state(cfg, data)
     rng = np.random.default_rng(0)
     server = {**method.server_payload(method.init_server_state(start)),
-              "c": {k: rng.normal(0, 0.01, v.shape).astype(v.dtype) for k, v in start.items()}}
+              "c": {k: rng.normal(0, 0.01, v.shape).astype(v.dtype) for k, v in start.items()},
+              "centroids": rng.normal(0, 0.1, (data.num_classes, model.feature_dim)).astype(np.float32)}
     inputs = RoundInput(round=1, seed=0, lr=lr, global_state=start, server=server)
     tensors = {k: torch.tensor(v) for k, v in start.items()}
     exact = {cid: train_client(method, model, data, cid, inputs, {}, cfg.training, "none", CPU, tensors)
@@ -78,6 +79,7 @@ def ids(overrides: list[str]) -> str:
     ["method.name=fedavg"], ["method.name=fedprox", "method.mu=0.1"], ["method.name=scaffold"],
     ["method.name=fedrep"], ["method.name=lg_fedavg"], ["method.name=fedbabu"], ["method.name=fedper"],
     ["method.name=feddyn", "method.alpha=0.1"], ["method.name=fednova"], *NEW_METHODS,
+    ["method.name=fedpac_fedcr", "method.lam=0.5"],
     ["training.nesterov=true", "training.weight_decay=1e-3", "training.grad_clip=0.5"],
     ["training.momentum=0"],
 ], ids=ids)

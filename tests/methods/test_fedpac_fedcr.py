@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from fltune.methods import get_method
-from fltune.methods.base import Aggregate, Phase, ServerContext
+from fltune.methods.base import Aggregate, ClientContext, Forward, Method, Phase, ServerContext
 from fltune.methods.fedpac_fedcr import centroids, update_summaries
 from fltune.models import SplitModel
 from tests.methods.helpers import make_ctx, pure_aggregate, tiny_model
@@ -28,13 +28,19 @@ def identity_model() -> SplitModel:
     return SplitModel(nn.Flatten(), nn.Linear(2, 2), feature_dim=2)
 
 
-def test_loss_is_ce_plus_lambda_frobenius_norm_over_the_batch_size():
-    """``loss = loss_f_i + beta_PAC · torch.norm(fecture_output − C[labels]) / len(labels)``."""
+def with_centroids() -> tuple[SplitModel, ClientContext, Method]:
+    """The identity model's client set up with λ = 0.5 and centroids (1, 1) and (0.5, 0.5)."""
     model = identity_model()
     server = {"centroids": np.array([[1.0, 1.0], [0.5, 0.5]], np.float32)}
     ctx = make_ctx(model, server=server, batches=HAND_BATCHES)
     method = FedPACFedCR(FedPACFedCR.Params(lam=0.5))
     method.setup_client(ctx)
+    return model, ctx, method
+
+
+def test_loss_is_ce_plus_lambda_frobenius_norm_over_the_batch_size():
+    """``loss = loss_f_i + beta_PAC · torch.norm(fecture_output − C[labels]) / len(labels)``."""
+    model, ctx, method = with_centroids()
     x, y = HAND_BATCHES[0]
 
     loss, logits = method.local_loss(ctx, x, y)
@@ -44,6 +50,21 @@ def test_loss_is_ce_plus_lambda_frobenius_norm_over_the_batch_size():
     assert torch.allclose(loss, expected)
     assert torch.allclose(residual.pow(2).sum(), torch.tensor(3.5))
     assert torch.allclose(logits, model(x))
+
+
+def test_functional_loss_of_a_padded_batch_is_the_loss_of_its_real_samples():
+    """The batched executor's form: the same CE + λ·‖F − C_y‖_F / B, the batch padded with a zero row of
+    weight 0 that neither the cross-entropy nor R may see (R over the real rows: B = 2, not 3)."""
+    model, ctx, method = with_centroids()
+    x, y = HAND_BATCHES[0]
+    padded_x, padded_y = torch.cat([x, torch.zeros(1, 2)]), torch.cat([y, torch.zeros(1, dtype=torch.long)])
+    params = dict(model.named_parameters())
+
+    loss, logits = method.functional_loss(Forward(model), params, method.loss_inputs(ctx), padded_x, padded_y,
+                                          torch.tensor([1.0, 1.0, 0.0]))
+
+    assert torch.allclose(loss, method.local_loss(ctx, x, y)[0])
+    assert torch.allclose(logits[:2], model(x))
 
 
 def test_centroids_start_at_zero():
