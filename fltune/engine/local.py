@@ -8,7 +8,7 @@ dropout) is seeded from (seed, round, client id) only.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,6 +42,18 @@ class RoundInput:
 def load_state(model: nn.Module, state: State) -> None:
     """Copy numpy weights into the model (copying: arrays from Ray's object store are read-only)."""
     model.load_state_dict({k: torch.tensor(v) for k, v in state.items()})
+
+
+def load_changed(model: nn.Module, state: State, loaded: dict[str, Any]) -> None:
+    """``load_state`` for the entries of ``state`` that are not the very arrays loaded last (``loaded``, which
+    this updates), while nothing else writes the model: clients evaluated one after another share the
+    global arrays, and each copy to a GPU from pageable memory waits for the device."""
+    changed = {k: v for k, v in state.items() if loaded.get(k) is not v}
+    if len(changed) == len(state):
+        load_state(model, state)  # strict: every key checked
+    elif changed:
+        model.load_state_dict({k: torch.tensor(v) for k, v in changed.items()}, strict=False)
+    loaded.update(state)
 
 
 def batches(
@@ -353,22 +365,47 @@ activations stay in cache); counts are the same, summed losses differ from 1000'
 
 
 @torch.no_grad()
+def score_sums(
+    model: nn.Module, data: FederatedData, x: torch.Tensor, y: torch.Tensor, device: torch.device,
+    batches: Sequence[int],
+) -> torch.Tensor:
+    """[len(batches), 2] float64 on ``device``: (summed CE loss, correct) of ``model`` in eval mode on each of
+    ``batches`` (indices of ``EVAL_BATCH``-image slices of uint8 ``x``, in ascending order), left unread.
+
+    The batches' images and labels go over in one copy each and are normalised there by table lookup (the
+    bits of ``to_float``); each score is written into the result on the device. A per-batch read, as
+    ``float(loss)`` did, is a host sync, and so is each copy from pageable memory: where Tune trials share
+    one GPU, each waits for the GPU's turn (16 Table 2 trials on one H100: an evaluation of 100 clients took
+    10–27 s, a training round 1.4–6 s; docs/architecture.md). float32 → float64 is exact, so what the caller
+    reads equals those per-batch Python floats."""
+    model.eval()
+    sums = torch.empty(len(batches), 2, dtype=torch.float64, device=device)
+    if not batches:
+        return sums
+    first, end = batches[0] * EVAL_BATCH, (batches[-1] + 1) * EVAL_BATCH
+    xs, ys = x[first:end].to(device), y[first:end].to(device)
+    table = normalise_table(data.mean, data.std).to(device)
+    for row, b in enumerate(batches):
+        rows = slice(b * EVAL_BATCH - first, (b + 1) * EVAL_BATCH - first)
+        logits = model(lookup_float(xs[rows], table))
+        sums[row, 0] = torch.nn.functional.cross_entropy(logits, ys[rows], reduction="sum")
+        sums[row, 1] = (logits.argmax(1) == ys[rows]).sum()
+    return sums
+
+
+def read_scores(sums: torch.Tensor) -> list[tuple[int, float]]:
+    """``score_sums`` rows as (correct, summed loss) pairs: one read."""
+    return [(int(correct), loss) for loss, correct in sums.tolist()]
+
+
 def batch_scores(
     model: nn.Module, data: FederatedData, x: torch.Tensor, y: torch.Tensor, device: torch.device,
-    batches: Iterable[int],
+    batches: Sequence[int],
 ) -> list[tuple[int, float]]:
-    """(correct, summed CE loss) of ``model`` in eval mode on each of ``batches`` (indices of
-    ``EVAL_BATCH``-image slices of uint8 ``x``). Per batch, so an evaluation split over workers sums
-    the very same numbers in the same order as one process does (``evaluate``)."""
-    model.eval()
-    scores = []
-    for b in batches:
-        xb = to_float(x[b * EVAL_BATCH:(b + 1) * EVAL_BATCH], data.mean, data.std).to(device)
-        yb = y[b * EVAL_BATCH:(b + 1) * EVAL_BATCH].to(device)
-        logits = model(xb)
-        loss = float(torch.nn.functional.cross_entropy(logits, yb, reduction="sum"))
-        scores.append((int((logits.argmax(1) == yb).sum()), loss))
-    return scores
+    """(correct, summed CE loss) on each of ``batches`` (``score_sums``, read once). Per batch, so an
+    evaluation split over workers sums the very same numbers in the same order as one process does
+    (``evaluate``)."""
+    return read_scores(score_sums(model, data, x, y, device, batches))
 
 
 def eval_batch_count(n: int) -> int:

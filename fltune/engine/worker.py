@@ -34,7 +34,8 @@ from fltune.engine.aggregate import WeightedSum
 from fltune.engine.batched import client_groups, train_group, unbatchable
 from fltune.engine.builders import build_method, build_model_for, resolve_augment
 from fltune.engine.local import (
-    Executor, RoundInput, batch_scores, evaluate, final_round, load_state, train_client,
+    Executor, RoundInput, batch_scores, eval_batch_count, final_round, load_changed, load_state, read_scores,
+    score_sums, total_scores, train_client,
 )
 from fltune.engine.rng import use_deterministic_cuda
 from fltune.methods.base import ClientResult, Method, State, Upload, to_numpy
@@ -204,19 +205,26 @@ class ClientWorker:
         states: dict[int, dict[str, Any]],
     ) -> dict[int, tuple[int, float, int]]:
         """Personalised protocol: each client's own model (after its final personal round when ``finetune``,
-        ``local.final_round``) on its own held-out split."""
+        ``local.final_round``) on its own held-out split. Scores are read once for the whole shard, and
+        weights a client shares with the one before it are not loaded again (``load_changed``)."""
         data = self._attach(run_ref)
-        scores = {}
+        sums, loaded = {}, {}
         for cid in client_ids:
             state = states.get(cid, {})
             if finetune:
                 final_round(self.method, self.model, data, cid, inputs, state, self.cfg.training, self.augment_kind,
                             self.device, executor=self.executor)
             else:
-                load_state(self.model, self.method.client_model_state(inputs.global_state, state))
+                load_changed(self.model, self.method.client_model_state(inputs.global_state, state), loaded)
             idx = torch.tensor(data.client_eval[cid], dtype=torch.long)
-            scores[cid] = evaluate(self.model, data, data.x[idx], data.y[idx], self.device)
-        return scores
+            sums[cid] = score_sums(self.model, data, data.x[idx], data.y[idx], self.device,
+                                   range(eval_batch_count(len(idx))))
+        scores = read_scores(torch.cat(list(sums.values()))) if sums else []
+        out, start = {}, 0
+        for cid, part in sums.items():
+            out[cid] = total_scores(scores[start:start + len(part)], len(data.client_eval[cid]))
+            start += len(part)
+        return out
 
     def evaluate_split(
         self, run_ref: list, state: State, split: str, batches: list[int],

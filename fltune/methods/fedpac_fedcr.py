@@ -46,21 +46,22 @@ class FedPACFedCRParams(FedRepParams):
     lam: float = Field(1.0, ge=0, description="weight λ of the alignment norm R (FedCR's README: beta_PAC 1)")
 
 
-def update_summaries(summaries: Tensor, features: Tensor, labels: Tensor) -> None:
+def update_summaries(summaries: Tensor, features: Tensor, labels: Tensor, steps: int | None = None) -> None:
     """FedCR's ``local_feature`` for one batch, in place: per sample in order, an all-zero summary of its
     class takes the feature, any other is averaged with it, (f + s)/2.
 
     The same operations in the same order per class, but all classes at once: step j folds in each
     class's j-th sample of the batch (classes without one keep their summary). A sample-by-sample loop
     read ``s.any()`` back from the device for every sample, a host sync each (~6,000 a round at paper
-    scale); here every test stays on the device and a batch costs one read, its largest class."""
+    scale); here every test stays on the device and the loop's length is the batch's largest class count:
+    ``steps`` when the caller read it already (``largest_classes``), else one read here."""
     if not len(labels):
         return
     order = torch.sort(labels, stable=True).indices  # by class, batch order within a class
     by_class = labels[order]
     counts = torch.bincount(by_class, minlength=summaries.shape[0])
     rank = torch.arange(len(labels), device=labels.device) - (torch.cumsum(counts, 0) - counts)[by_class]
-    steps = int(counts.max())
+    steps = int(counts.max()) if steps is None else steps
     padded = summaries.new_zeros(summaries.shape[0], steps, summaries.shape[1])
     present = torch.zeros(summaries.shape[0], steps, 1, dtype=torch.bool, device=summaries.device)
     padded[by_class, rank] = features[order].to(summaries.dtype)
@@ -87,13 +88,24 @@ def per_class(ctx: ClientContext, values: np.ndarray | None) -> Tensor:
     return torch.tensor(values, device=ctx.device)  # a copy: arrays from Ray are read-only
 
 
+def largest_classes(labels: list[Tensor], classes: int) -> list[int]:
+    """Each batch's largest class count (``update_summaries``' loop length), all read at once."""
+    if not labels:
+        return []
+    return torch.stack([torch.bincount(y, minlength=classes).max() for y in labels]).tolist()
+
+
 def class_summaries(ctx: ClientContext, start: np.ndarray | None) -> np.ndarray:
     """The client's summaries (classes × d) after one pass over its data with the trained model, from
-    ``start`` (its summaries of earlier rounds) or, at its first round, zeros."""
+    ``start`` (its summaries of earlier rounds) or, at its first round, zeros. The pass's features are
+    computed first, so its loop lengths are read in one host sync, not one per batch (a sync waits for the
+    GPU's turn where Tune trials share one)."""
     summaries = per_class(ctx, start)
     with torch.no_grad():
-        for x, y in ctx.batches():
-            update_summaries(summaries, ctx.model.features(x), y)
+        passes = [(ctx.model.features(x), y) for x, y in ctx.batches()]
+        lengths = largest_classes([y for _, y in passes], summaries.shape[0])
+        for (features, y), steps in zip(passes, lengths):
+            update_summaries(summaries, features, y, steps)
     return summaries.cpu().numpy()
 
 

@@ -1,9 +1,10 @@
-"""Shared by the engine's tests: counting the aten ops a piece of the engine dispatches."""
+"""Shared by the engine's tests: counting the aten ops a piece of the engine dispatches, and its scalar reads."""
 
 from __future__ import annotations
 
 from typing import Any
 
+import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 
@@ -17,4 +18,17 @@ class OpCount(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+class ScalarReads(TorchDispatchMode):
+    """How many scalars were read from a tensor under it (``float``, ``int``, ``.item()``: each a host sync on
+    a GPU), in ``count``. ``tolist`` dispatches no op, so a whole-tensor read is not counted."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        self.count += func is torch.ops.aten._local_scalar_dense.default
         return func(*args, **(kwargs or {}))

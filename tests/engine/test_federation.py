@@ -12,9 +12,11 @@ import ray
 import torch
 
 from fltune.config import build_config
+from fltune.engine.builders import build_model_for
 from fltune.engine.callbacks import Callback
 from fltune.data.datasets import load_dataset
 from fltune.engine.federation import Federation, lockstep, open_all
+from fltune.engine.local import evaluate, load_state
 from fltune.engine.pool import WorkerPool
 from tests.conftest import needs_fmnist, storages
 
@@ -72,6 +74,25 @@ def test_evaluation_on_the_workers_equals_one_process_evaluating(pools):
     finally:
         torch.set_num_threads(threads)
     assert one.history[-1]["acc_global"] == two.history[-1]["acc_global"] > 0.5
+
+
+def test_personalised_evaluation_on_the_workers_equals_each_client_scored_alone(pools):
+    """FedPer on two workers: each shard's clients share the global body and differ in their heads, and
+    their scores are read once per shard. The mean accuracy must be what this process computes scoring each
+    client's own model alone, after the run."""
+    fed = run(federation("method.name=fedper", "resources.workers=2", "metrics.protocols=[personalized]",
+                         pool=pools[2]))
+    model, accs, threads = build_model_for(fed.cfg, fed.data), [], torch.get_num_threads()
+    torch.set_num_threads(1)  # the workers' count (see the test above)
+    try:
+        for cid, held_out in enumerate(fed.data.client_eval):
+            load_state(model, fed.method.client_model_state(fed.global_state, fed.client_store.get(cid, {})))
+            correct, _, n = evaluate(model, fed.data, fed.data.x[held_out], fed.data.y[held_out], torch.device("cpu"))
+            accs.append(correct / n)
+    finally:
+        torch.set_num_threads(threads)
+    assert len({fed.client_store[c]["personal"]["head.weight"].tobytes() for c in fed.client_store}) > 1
+    assert fed.history[-1]["acc_personalized"] == float(np.mean(accs))
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

@@ -1,7 +1,8 @@
 """The client optimiser ``make_optimizer`` builds from the training section: Nesterov SGD when
 ``training.nesterov`` (FedAlign's every method: ``SGD(..., momentum=0.9, nesterov=True)``,
 ``mmendiet/FedAlign:methods/fedavg.py``), plain momentum SGD otherwise; and the final personal round
-``final_round`` runs, as each method declares it; the exact path trains without importing ``torch._dynamo``."""
+``final_round`` runs, as each method declares it; the exact path trains without importing ``torch._dynamo``;
+evaluation scores are the per-batch figures of the loop that read each batch, read once."""
 
 import subprocess
 import sys
@@ -12,9 +13,13 @@ import torch
 
 from fltune.config import build_config
 from fltune.engine.builders import build_method, build_model_for, initial_state, load_data
-from fltune.engine.local import DeviceMeter, HostMeter, RoundInput, final_round, make_optimizer, train_client
+from fltune.data.augment import to_float
+from fltune.engine.local import (
+    EVAL_BATCH, DeviceMeter, HostMeter, RoundInput, batch_scores, final_round, load_changed, load_state,
+    make_optimizer, train_client,
+)
 from fltune.methods.base import effective_steps
-from tests.engine.helpers import OpCount
+from tests.engine.helpers import OpCount, ScalarReads
 
 
 def two_steps(*overrides: str) -> float:
@@ -125,3 +130,52 @@ def test_the_device_meter_keeps_the_host_meters_figures_in_few_ops_a_step(bad):
     for loss in (torch.tensor(bad), torch.tensor(1.0)):  # a later finite loss does not hide it
         device.add(loss, steps[0][1], steps[0][2])
     assert device.totals()[3]
+
+
+def per_batch_reads(model, data, x, y, batches) -> list[tuple[int, float]]:
+    """The evaluation loop before scores stayed on the device: each batch normalised by ``to_float`` and its
+    loss and correct count read as it is scored."""
+    scores = []
+    with torch.no_grad():
+        model.eval()
+        for b in batches:
+            xb, yb = to_float(x[b * EVAL_BATCH:(b + 1) * EVAL_BATCH], data.mean, data.std), y[b * EVAL_BATCH:(b + 1) * EVAL_BATCH]
+            logits = model(xb)
+            loss = float(torch.nn.functional.cross_entropy(logits, yb, reduction="sum"))
+            scores.append((int((logits.argmax(1) == yb).sum()), loss))
+    return scores
+
+
+def test_evaluation_scores_are_the_per_batch_reads_bit_for_bit_with_no_read_per_batch():
+    """A shard that starts past batch 0 and ends on a short batch: equal (correct, loss) pairs, the loss to
+    the bit (float32 sums widened to float64 on the device, as ``float`` widens them), and no scalar read of
+    the device inside the loop (the old loop made two a batch)."""
+    cfg, data, _, inputs = _final_round_setup("fedavg")
+    model = build_model_for(cfg, data)
+    load_state(model, inputs.global_state)
+    x, y = data.x[:730], data.y[:730]
+    for batches in (range(8), range(2, 8), []):
+        with ScalarReads() as reads:
+            got = batch_scores(model, data, x, y, torch.device("cpu"), batches)
+        assert got == per_batch_reads(model, data, x, y, batches)
+        assert reads.count == 0
+    assert len(got := batch_scores(model, data, x, y, torch.device("cpu"), range(8))) == 8 and got[-1][0] <= 30
+
+
+def test_load_changed_copies_only_arrays_it_has_not_loaded():
+    """Clients share the global arrays: the second client's load copies its own head alone. A weight written
+    since (which the evaluation loop never does) is left as it is when its array is the one loaded: the
+    cache is only valid while nothing else writes the model."""
+    cfg, data, _, inputs = _final_round_setup("fedper")
+    model, reference = build_model_for(cfg, data), build_model_for(cfg, data)
+    shared = inputs.global_state
+    head = {k: v + np.float32(1) for k, v in shared.items() if k.startswith("head.")}
+    stray = next(k for k, _ in model.named_parameters() if not k.startswith("head."))
+    loaded: dict = {}
+    load_changed(model, shared, loaded)
+    with torch.no_grad():
+        model.get_parameter(stray).add_(1.0)
+    load_changed(model, {**shared, **head}, loaded)
+    load_state(reference, {**shared, **head})
+    for (name, got), want in zip(model.state_dict().items(), reference.state_dict().values()):
+        assert torch.equal(got, want) == (name != stray), name

@@ -9,8 +9,9 @@ from torch import nn
 
 from fltune.methods import get_method
 from fltune.methods.base import Aggregate, ClientContext, Forward, Method, Phase, ServerContext
-from fltune.methods.fedpac_fedcr import centroids, update_summaries
+from fltune.methods.fedpac_fedcr import centroids, largest_classes, update_summaries
 from fltune.models import SplitModel
+from tests.engine.helpers import ScalarReads
 from tests.methods.helpers import make_ctx, pure_aggregate, tiny_model
 
 FedPACFedCR = get_method("fedpac_fedcr")
@@ -150,3 +151,19 @@ def test_summaries_of_a_batch_at_once_equal_the_sample_by_sample_rule():
             expected[label] = (feature + current) / 2 if current.any() else feature
         update_summaries(summaries, features, labels)
         assert torch.equal(summaries, expected)
+
+
+def test_loop_lengths_read_at_once_fold_to_the_same_summaries_with_no_read_per_batch():
+    """``class_summaries`` reads every batch's largest class count in one go (``largest_classes``) and hands
+    it to ``update_summaries``, which then reads nothing: the same bits as each batch reading its own."""
+    generator = torch.Generator().manual_seed(1)
+    batches = [(torch.relu(torch.randn(n, 6, generator=generator)), torch.randint(0, 4, (n,), generator=generator))
+               for n in (12, 7, 1)]
+    own, given = torch.zeros(4, 6), torch.zeros(4, 6)
+    lengths = largest_classes([y for _, y in batches], 4)
+    assert lengths == [int(torch.bincount(y, minlength=4).max()) for _, y in batches] and largest_classes([], 4) == []
+    for (features, labels), steps in zip(batches, lengths):
+        update_summaries(own, features, labels)
+        with ScalarReads() as reads:
+            update_summaries(given, features, labels, steps)
+        assert reads.count == 0 and torch.equal(own, given)
