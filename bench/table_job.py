@@ -109,7 +109,9 @@ def run_job(args: argparse.Namespace, storage: Path) -> tuple[Path, float]:
            "--storage", str(storage), "--name", name, "--out", str(storage / "out"),
            *(["--rows", args.rows] if args.rows else []), *(arg for item in args.extra for arg in ("--set", item))]
     start = time.perf_counter()
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    done = subprocess.run(cmd, stdout=subprocess.DEVNULL)
+    if done.returncode:
+        sys.exit(done.returncode)  # reproduce has said why on stderr
     return storage / name, time.perf_counter() - start
 
 
@@ -126,6 +128,8 @@ def completed(trials: list[Trial]) -> list[Trial]:
 def report(trials: list[Trial], full_rounds: int, target_min: float, wall: float | None = None) -> None:
     """Each trial at ``full_rounds``, the job's extrapolated minutes and the ratio to the target; with the
     short job's ``wall``, the part of it outside the trials (Ray's start, data, the table) is added once."""
+    if not trials:
+        sys.exit("table_job: no trial reported three rounds; allowed: a job whose trials ran --rounds ≥ 3")
     slots = busy_slots(trials)
     print(f"{'trial':28s} {'first':>6s} {'steady':>7s} {'eval':>6s} {'last':>6s} {'at ' + str(full_rounds):>9s}")
     for t in completed(trials):
@@ -153,6 +157,8 @@ def main() -> None:
     parser.add_argument("--target-min", type=float, default=30.0)
     args = parser.parse_args()
     if args.job:
+        if not (args.job / "fltune_study.json").exists():
+            parser.error(f"--job: {args.job} holds no reproduce job (no fltune_study.json)")
         report(read_job(args.job), args.full_rounds, args.target_min)
         return
     with tempfile.TemporaryDirectory() as tmp:

@@ -16,19 +16,18 @@ class OpCount(TorchDispatchMode):
         super().__init__()
         self.count = 0
 
+    def counts(self, func: Any) -> bool:
+        """Whether ``func`` is one of the ops counted: all of them."""
+        return True
+
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        self.count += 1
+        self.count += self.counts(func)
         return func(*args, **(kwargs or {}))
 
 
-class ScalarReads(TorchDispatchMode):
+class ScalarReads(OpCount):
     """How many scalars were read from a tensor under it (``float``, ``int``, ``.item()``: each a host sync on
     a GPU), in ``count``. ``tolist`` dispatches no op, so a whole-tensor read is not counted."""
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.count = 0
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        self.count += func is torch.ops.aten._local_scalar_dense.default
-        return func(*args, **(kwargs or {}))
+    def counts(self, func: Any) -> bool:
+        return func is torch.ops.aten._local_scalar_dense.default
