@@ -14,8 +14,10 @@ steps are bound by exactly this work, not by the arithmetic (issue 12: the H100'
 host-bound), and the counts do not depend on the machine's speed, where a CPU's timings are dominated
 by its arithmetic (on a GPU torch's foreach optimisers change the exact path's counts). Per step means
 at the margin: a round of 3 epochs minus a round of 1, over the steps between, so a client's set-up and
-result are left out. Lines: ``ratio batched/exact <method> ops <x>`` and
-``... calls <x>`` (below 1: a group step costs less host work than its K exact steps).
+result are left out; those are counted apart, as the ops of a round that do not grow with its steps (the
+E = 1 round less its steps at the margin's rate: FedPAC-FedCR's class summaries, for one). Lines:
+``ratio batched/exact <method> ops <x>`` and ``... calls <x>`` (below 1: a group step costs less host
+work than its K exact steps).
 
     python bench/batched_throughput.py [--methods fedavg ditto fedsam fedcr] [--rounds 3] [--threads 1]
                                        [--group 10] [--device cpu] [--count]
@@ -59,8 +61,9 @@ def main() -> None:
     for name in args.methods:
         if args.count:
             counts = step_counts(name, args.group, device)
-            for path, (ops, calls) in counts.items():
-                print(f"{name} {path:8s} {ops:7.1f} aten ops, {calls:7.1f} Python calls per client-step")
+            for path, (ops, calls, fixed) in counts.items():
+                print(f"{name} {path:8s} {ops:7.1f} aten ops, {calls:7.1f} Python calls per client-step; "
+                      f"{fixed:6.0f} aten ops a round besides")
             for i, what in enumerate(("ops", "calls")):
                 ratios.append(f"ratio batched/exact {name} {what} {counts['batched'][i] / counts['exact'][i]:.3f}")
             continue
@@ -137,11 +140,12 @@ class _Ops(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def step_counts(name: str, group: int, device: torch.device) -> dict[str, tuple[float, float]]:
+def step_counts(name: str, group: int, device: torch.device) -> dict[str, tuple[float, float, float]]:
     """Per path, (aten ops, Python calls) per client-step at the margin: round 2 with E = 3 minus with E = 1,
-    over the client-steps between (round 1 warms up). A quarter of the data (150 samples a client): the
-    counts per step do not depend on it. Ops and calls are counted in separate runs of the round, since the
-    op counter is Python that the profiler would count."""
+    over the client-steps between (round 1 warms up); then the aten ops of the E = 1 round that the margin
+    leaves out (its clients' set-up and results). A quarter of the data (150 samples a client): the counts
+    per step do not depend on it. Ops and calls are counted in separate runs of the round, since the op
+    counter is Python that the profiler would count."""
     totals: dict[str, list[tuple[int, int, int]]] = {"exact": [], "batched": []}
     for epochs in (1, 3):
         setup = Setup(name, group, device, epochs, subsample=0.25)
@@ -154,7 +158,11 @@ def step_counts(name: str, group: int, device: torch.device) -> dict[str, tuple[
                 train(inputs, clients)
             profile.runcall(train, inputs, clients)
             totals[path].append((steps, ops.count, pstats.Stats(profile).total_calls))
-    return {path: ((b[1] - a[1]) / (b[0] - a[0]), (b[2] - a[2]) / (b[0] - a[0])) for path, (a, b) in totals.items()}
+    out = {}
+    for path, (a, b) in totals.items():
+        ops = (b[1] - a[1]) / (b[0] - a[0])
+        out[path] = (ops, (b[2] - a[2]) / (b[0] - a[0]), a[1] - ops * a[0])
+    return out
 
 
 if __name__ == "__main__":

@@ -11,8 +11,8 @@ each trial's per-round times from its ``result.json``:
 - ``last``: the last round less a steady round (the final evaluation and fine-tuning pass, as at full length).
 
 A trial of R rounds then takes first + (R − 2)·steady + (evaluations before round R)·eval + steady + last.
-The trials are dealt in table order to as many slots as the short run kept busy at once (the longest
-finishes last), at the per-round times measured with that many trials sharing the machine; a run it made
+The trials are dealt in the order the job started them (Tune's trial index: at paper scale longest estimated
+first, ``reproduce.job.start_order``) to as many slots as the short run kept busy at once, at the per-round times measured with that many trials sharing the machine; a run it made
 adds the short job's time outside its trials (start-up, the table) once. Pick N so that
 an evaluation falls before the last round (N > ``metrics.every``: 11 at paper scale). Last lines:
 ``extrapolated_min`` and ``ratio <extrapolated / --target-min>`` (goal ≤ 1).
@@ -76,7 +76,7 @@ def read_trial(folder: Path, every: int) -> Trial | None:
 
 
 def read_job(job: Path) -> list[Trial]:
-    """Every trial of the job folder, in table order (Tune's trial index)."""
+    """Every trial of the job folder, in the order the job started them (Tune's trial index)."""
     spec = json.loads((job / "fltune_study.json").read_text())
     every = next(iter(spec["cells"].values()))["tree"].get("metrics", {}).get("every", 1)
     folders = sorted(job.glob("run_cell_*"), key=lambda f: int(f.name.split("_")[3]))

@@ -126,6 +126,14 @@ def work(label: str, tree: dict[str, Any], runs: int) -> Work:
     return Work(label, cfg, runs, samples, samples * passes * calibrate(cfg))
 
 
+def longest_first(items: list[tuple[str, dict[str, Any], int]]) -> list[str]:
+    """The labels of ``items`` (label, experiment tree, runs), the longest estimated run first, ties in their
+    given order. A job with more trials than slots ends when the trials started last do; dealing the long
+    ones first (Graham's LPT rule) keeps a long trial from starting when the others are nearly done."""
+    seconds = {label: work(label, tree, runs).seconds for label, tree, runs in items}
+    return sorted(seconds, key=lambda label: -seconds[label])
+
+
 def cluster_resources(address: str | None) -> dict[str, float]:
     """The cluster a job will run on: the one at ``address`` (joined, nothing created), else this machine."""
     if address:

@@ -11,7 +11,7 @@ import pytest
 from fltune.cli import main
 from fltune.config import build_config
 from fltune.data.datasets import load_dataset
-from fltune.estimate import calibrate, client_samples, estimate
+from fltune.estimate import calibrate, client_samples, estimate, longest_first
 from tests.conftest import needs_fmnist
 
 
@@ -102,3 +102,12 @@ def test_compare_plan_refuses_bad_input_like_the_job(tmp_path, capsys) -> None:
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("fltune: --methods"), err
     assert_wrote_nothing(tmp_path)
+
+
+def test_longest_first_orders_labels_by_estimated_time_and_keeps_ties_in_order() -> None:
+    """Three rounds against nine (three times the client-samples, the same model); two equal trees stay in
+    the order given."""
+    short, long = (synthetic(f"federation.rounds={r}").model_dump(mode="json") for r in (3, 9))
+    other = synthetic("federation.seed=1").model_dump(mode="json")  # another tree, the same cost
+    assert longest_first([("a", short, 1), ("b", long, 1), ("c", other, 1)]) == ["b", "a", "c"]
+    assert longest_first([("c", other, 1), ("b", long, 1), ("a", short, 1)]) == ["b", "c", "a"]
