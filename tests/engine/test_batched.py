@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from fltune.config import build_config
-from fltune.engine.batched import _common_phases, _group, client_groups, train_group
+from fltune.engine.batched import _common_phases, _group, _Tally, client_groups, train_group
 from fltune.engine.builders import build_method, build_model_for, initial_state, load_data
 from fltune.engine.federation import Federation
 from fltune.engine.local import DeviceBatches, RoundInput, batches, train_client
@@ -186,6 +186,44 @@ def test_a_group_gathers_a_steps_batches_in_as_many_ops_for_any_group_size():
             epoch.step(0, "none", laid_group)
         counts.append(ops.count)
     assert counts[0] == counts[1]
+
+
+def test_the_tally_read_once_gives_the_bits_of_running_sums_kept_per_step():
+    """The group's metrics from its per-step records, read once, equal the running device sums the executor
+    kept before (five updates a step; the reference below), bit for bit: random float32 losses, short and
+    empty batches, and two clients diverging (NaN, then inf) whose later losses are masked out. A diverging
+    step is also found as ``torch.isfinite`` finds it."""
+    generator = torch.Generator().manual_seed(0)
+    k = 5
+    tally, diverged = _Tally(torch.zeros(k, dtype=torch.bool)), torch.zeros(k, dtype=torch.bool)
+    loss_sum, correct = torch.zeros(k, dtype=torch.float64), torch.zeros(k, dtype=torch.long)
+    seen, steps = torch.zeros(k, dtype=torch.long), torch.zeros(k, dtype=torch.long)
+    for s in range(40):
+        loss = torch.rand(k, generator=generator) * 3
+        loss[2] = float("nan") if s == 10 else loss[2]
+        loss[4] = float("inf") if s == 20 else loss[4]
+        counts = torch.randint(1, 51, (k,), generator=generator)
+        counts[s % k] = 0 if s % 3 == 0 else counts[s % k]  # no batch for this client at this step
+        hits = torch.minimum(torch.randint(0, 51, (k,), generator=generator), counts)
+        active = counts > 0
+        tally.diverged |= active & ((loss - loss) != 0)
+        live = active & ~tally.diverged
+        tally.record(loss, live, hits, counts.tolist())
+        diverged |= active & ~torch.isfinite(loss)
+        loss_sum += torch.where(live, loss.double() * counts, 0.0)
+        correct += torch.where(live, hits, 0)
+        seen += torch.where(live, counts, 0)
+        steps += live.long()
+    assert torch.equal(tally.diverged, diverged) and diverged.tolist() == [False, False, True, False, True]
+    expected = [
+        {"train_loss": total / max(n, 1) if not bad else float("nan"), "train_acc": hits / max(n, 1),
+         "samples": float(n), "steps": float(taken), "diverged": float(bad)}
+        for total, hits, n, taken, bad in zip(*(t.tolist() for t in (loss_sum, correct, seen, steps, diverged)))
+    ]
+    got = tally.metrics()
+    assert [{key: v for key, v in m.items() if key != "train_loss"} for m in got] == [
+        {key: v for key, v in m.items() if key != "train_loss"} for m in expected]
+    assert [m["train_loss"].hex() for m in got] == [m["train_loss"].hex() for m in expected]
 
 
 def test_composites_and_step_overrides_are_not_batched():
