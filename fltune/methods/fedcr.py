@@ -92,6 +92,7 @@ class FedCR(VIBMethod, PersonalHead):
         # copies: arrays from Ray's object store are read-only
         ctx.scratch["r"] = tuple(torch.tensor(ctx.server[k], device=ctx.device) for k in ("r_mu", "r_sigma"))
         ctx.scratch["seen"] = 0
+        ctx.scratch["fold_from"] = (sum(phase.epochs for phase in self.phases(ctx)) - 1) * ctx.num_samples
 
     def local_loss(self, ctx: ClientContext, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
         out = self.net(ctx).vib(x)
@@ -126,21 +127,33 @@ class FedCR(VIBMethod, PersonalHead):
             loss = loss + self.params.beta * batch_mean(gaussian_kl(r_mu[y], r_sigma[y], out.mu, out.sigma), weight)
         return loss
 
-    @staticmethod
-    def _fold(ctx: ClientContext, y: Tensor, mu: Tensor, sigma: Tensor) -> None:
-        """PoE of this epoch's samples per class; restarted at each epoch, so the last epoch's is kept.
+    @classmethod
+    def _fold(cls, ctx: ClientContext, y: Tensor, mu: Tensor, sigma: Tensor) -> None:
+        """PoE of the last epoch's samples per class. FedCR's code restarts the fold at each epoch and keeps
+        the last one's, so the epochs before it are not folded at all: ~7 ops a step saved (each a kernel
+        launch on a GPU; ~70 of the ~290 of a FedCR group step of 10 clients) in all but one epoch.
 
-        An epoch is ``num_samples`` samples (the engine's batches cover the client's data once).
+        An epoch is ``num_samples`` samples (the engine's batches cover the client's data once); the last
+        one starts after ``fold_from`` samples (``setup_client``: every phase's epochs but one).
         """
-        if ctx.scratch["seen"] % ctx.num_samples == 0:
-            num_classes, dim = ctx.scratch["r"][0].shape
-            ctx.scratch["poe"] = ClassPoE(num_classes, dim, ctx.device)
-        ctx.scratch["poe"].add(y, mu, sigma)
+        seen = ctx.scratch["seen"]
         ctx.scratch["seen"] += len(y)
+        if seen < ctx.scratch["fold_from"]:
+            return
+        if seen % ctx.num_samples == 0:
+            ctx.scratch["poe"] = cls._empty_poe(ctx)
+        ctx.scratch["poe"].add(y, mu, sigma)
+
+    @staticmethod
+    def _empty_poe(ctx: ClientContext) -> ClassPoE:
+        num_classes, dim = ctx.scratch["r"][0].shape
+        return ClassPoE(num_classes, dim, ctx.device)
 
     def client_result(self, ctx: ClientContext) -> ClientResult:
+        """Uploads the last epoch's class Gaussians (empty for a client a non-finite loss stopped before
+        that epoch: the run ends there as diverged)."""
         result = super().client_result(ctx)
-        result.upload = ctx.scratch["poe"].to_numpy()
+        result.upload = ctx.scratch.get("poe", self._empty_poe(ctx)).to_numpy()
         return result
 
     def aggregate(self, ctx: ServerContext) -> ServerUpdate:

@@ -84,6 +84,33 @@ def test_clients_fold_only_the_last_epochs_samples():
     assert result.weight == 1.0
 
 
+def test_epochs_before_the_last_are_not_folded_and_a_client_stopped_before_it_uploads_nothing():
+    """Only the last of E = 3 epochs' fold is kept, so the first two fold nothing (~7 ops a step saved); a
+    client that a non-finite loss stops before its last epoch uploads empty class Gaussians."""
+    model, method = tiny_vib(), fedcr()
+    batches = [tiny_batch(seed=1, n=4), tiny_batch(seed=2, n=2)]
+    ctx = client_ctx(method, model, batches=batches)
+    ctx.epochs = 3
+    method.setup_client(ctx)
+    for epoch in range(3):
+        for x, y in ctx.batches():
+            method.local_loss(ctx, x, y)
+        assert ("poe" in ctx.scratch) == (epoch == 2)
+    precision = np.zeros((3, 2))
+    with torch.no_grad():
+        for x, y in batches:
+            np.add.at(precision, y.numpy(), (model.encode(x)[1].double() ** -2).numpy())
+    assert np.allclose(method.client_result(ctx).upload["precision"], precision)
+
+    stopped = client_ctx(method, model, batches=batches)
+    stopped.epochs = 3
+    method.setup_client(stopped)
+    for x, y in stopped.batches():  # one epoch, then a non-finite loss
+        method.local_loss(stopped, x, y)
+    upload = method.client_result(stopped).upload
+    assert not upload["precision"].any() and not upload["weighted_mean"].any()
+
+
 def test_server_poe_with_standard_normal_expert_then_ema():
     """Hand case for class 0: precisions 1 + 1 (client A, mean 2) + 2 (client B, mean −1) = 4, mean
     (2 − 2)/4 = 0, std 4^-½ = 0.5; with β2 = 0.5: r_μ = 0, r_σ = ½·1 + ½·0.5 = 0.75. Class 1 was seen by
