@@ -163,7 +163,8 @@ class Reproduction(TuneJob["ReproSpec"]):
         from fltune.estimate import estimate, summary
 
         cells = [(key, run.tree, spec.seeds) for key, run in spec.cells.items()]
-        order = " · runs start longest first by this estimate" if spec.trial_order != list(spec.trials) else ""
+        reordered = spec.trial_order is not None and spec.trial_order != list(spec.trials)
+        order = " · runs start longest first by this estimate" if reordered else ""
         return header + "\n  " + summary(estimate(cells, ray.cluster_resources(), spec.max_concurrent)) + order
 
     def resume_command(self, spec: ReproSpec) -> str:
