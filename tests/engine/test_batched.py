@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from fltune.config import build_config
-from fltune.engine.batched import _common_phases, _group, _Tally, client_groups, train_group
+from fltune.engine.batched import _common_phases, _group, _padded, _Tally, client_groups, train_group
 from fltune.engine.builders import build_method, build_model_for, initial_state, load_data
 from fltune.engine.federation import Federation
 from fltune.engine.local import DeviceBatches, RoundInput, batches, train_client
@@ -224,6 +224,24 @@ def test_the_tally_read_once_gives_the_bits_of_running_sums_kept_per_step():
     assert [{key: v for key, v in m.items() if key != "train_loss"} for m in got] == [
         {key: v for key, v in m.items() if key != "train_loss"} for m in expected]
     assert [m["train_loss"].hex() for m in got] == [m["train_loss"].hex() for m in expected]
+
+
+def test_padding_stacks_full_batches_in_one_op_and_zero_pads_short_or_missing_ones():
+    """Per-client step tensors (VIB's ε): all full, one stack whatever K (a copy per client was a launch
+    each); a short batch's rows past its end and a client without a batch are zeros."""
+    generator = torch.Generator().manual_seed(0)
+    ops = []
+    for k in (2, 6):
+        rows = [torch.randn(3, 4, 5, generator=generator).transpose(0, 1) for _ in range(k)]  # [4, 3, 5] views
+        with OpCount() as count:
+            out = _padded(rows, 4)
+        ops.append(count.count)
+        assert torch.equal(out, torch.stack([row.contiguous() for row in rows]))
+    assert ops[0] == ops[1] == 1
+    short, full = torch.randn(2, 5, generator=generator), torch.randn(4, 5, generator=generator)
+    out = _padded([short, None, full], 4)
+    assert torch.equal(out[0, :2], short) and not out[0, 2:].any() and not out[1].any()
+    assert torch.equal(out[2], full)
 
 
 def test_composites_and_step_overrides_are_not_batched():
