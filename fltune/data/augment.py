@@ -41,9 +41,10 @@ def lookup_float(x_uint8: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
     """``to_float`` of a uint8 batch [B, C, H, W] by one gather from :func:`normalise_table` (on x's device):
     one pass over the batch instead of four, and no per-batch mean/std tensors."""
     channels = table.shape[0]
-    offsets = torch.arange(0, 256 * channels, 256, device=x_uint8.device).view(1, channels, 1, 1)
-    flat = (x_uint8.long() + offsets).reshape(-1)
-    return table.view(-1).index_select(0, flat).view(x_uint8.shape)  # index_select: ~3× advanced indexing on CPU
+    index = x_uint8.long()
+    if channels > 1:  # channel c's entries start at 256·c (one channel: nothing to add, two launches fewer)
+        index = index + torch.arange(0, 256 * channels, 256, device=x_uint8.device).view(1, channels, 1, 1)
+    return table.view(-1).index_select(0, index.reshape(-1)).view(x_uint8.shape)  # ~3× advanced indexing (CPU)
 
 
 def augment(x: torch.Tensor, kind: str, generator: torch.Generator) -> torch.Tensor:

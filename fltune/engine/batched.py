@@ -238,8 +238,11 @@ class _GroupEpoch:
             for k, n in enumerate(counts):
                 if n:
                     x[k, :n] = augment(x[k, :n], augment_kind, group.generators[k])
-        x.masked_fill_(~real.view(*real.shape, *[1] * (x.dim() - 2)), 0.0)
-        y = self.source.y[index].masked_fill_(~real, 0)
+        y = self.source.y[index]
+        if min(counts) < size:  # padded rows (sample 0 gathered) become zeros; a step of full batches has none
+            pad = ~real
+            x.masked_fill_(pad.view(*pad.shape, *[1] * (x.dim() - 2)), 0.0)
+            y.masked_fill_(pad, 0)
         return _Step(x, y, self.weight[:, s, :size], real, self.active[:, s], group.step_noise(counts, size), counts)
 
 
