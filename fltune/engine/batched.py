@@ -17,9 +17,9 @@ A group step's host work does not grow with K where it can help it: the K batche
 device pool by one index (``_GroupEpoch``), and SGD updates all trainable parameters of all K clients as
 one [K, Σ sizes] tensor (``_GroupTrainer._update``); the clients' metrics are recorded per step and
 summed once at the end (``_Tally``). FedAvg CNN, per client-step at K = 10
-(``bench/batched_throughput.py --count``): 26.6 aten ops and 285 Python calls, from 47 and 383 when each
+(``bench/batched_throughput.py --count``): 25.8 aten ops and 284 Python calls, from 47 and 383 when each
 client's batch was gathered on the host and each parameter stepped alone (28.4 with running metric sums);
-the exact path's are 103 and 276.
+the exact path's are 100 and 274.
 
 Semantics are the exact path's, client by client: each client draws its batches from its own generator
 seeded by (seed, round, client id) (``local.batches``), in the same order; a client with fewer samples
