@@ -11,9 +11,10 @@ each trial's per-round times from its ``result.json``:
 - ``last``: the last round less a steady round (the final evaluation and fine-tuning pass, as at full length).
 
 A trial of R rounds then takes first + (R − 2)·steady + (evaluations before round R)·eval + steady + last.
-The trials are dealt in the order the job started them (Tune's trial index: at paper scale longest estimated
-first, ``reproduce.job.start_order``) to as many slots as the short run kept busy at once, at the per-round times measured with that many trials sharing the machine; a run it made
-adds the short job's time outside its trials (start-up, the table) once. Pick N so that
+The trials are dealt in the order the job started them (Tune's trial index: at paper scale longest
+estimated first, ``reproduce.job.start_order``) to as many slots as the short run kept busy at once, at the
+per-round times measured with that many trials sharing the machine; a run it made adds the short job's
+time outside its trials (start-up, the table) once. Pick N so that
 an evaluation falls before the last round (N > ``metrics.every``: 11 at paper scale). Last lines:
 ``extrapolated_min`` and ``ratio <extrapolated / --target-min>`` (goal ≤ 1).
 

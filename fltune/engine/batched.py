@@ -89,8 +89,8 @@ class _Tally:
     """What each client's metrics need, step by step: the step's losses, who took it (``live``) and the
     correct counts stay on the device as the step left them and are read once at the end; the real sample
     counts are the host's. Only ``diverged`` is updated per step, since it decides who takes the next one.
-    Five running sums updated per step cost ~17 more ops a step (each a launch on a GPU; a FedAvg CNN
-    group step is ~130), for numbers :meth:`metrics` gives bit for bit from these records."""
+    Five running sums updated per step cost ~17 more ops a step (each a launch on a GPU, where a FedAvg
+    CNN group step is now ~110), for numbers :meth:`metrics` gives bit for bit from these records."""
 
     diverged: Tensor
     losses: list[Tensor] = field(default_factory=list)

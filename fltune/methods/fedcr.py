@@ -153,7 +153,8 @@ class FedCR(VIBMethod, PersonalHead):
         """Uploads the last epoch's class Gaussians (empty for a client a non-finite loss stopped before
         that epoch: the run ends there as diverged)."""
         result = super().client_result(ctx)
-        result.upload = ctx.scratch.get("poe", self._empty_poe(ctx)).to_numpy()
+        poe = ctx.scratch["poe"] if "poe" in ctx.scratch else self._empty_poe(ctx)
+        result.upload = poe.to_numpy()
         return result
 
     def aggregate(self, ctx: ServerContext) -> ServerUpdate:
