@@ -1,9 +1,11 @@
 """Ditto: w by FedAvg; personal v ← v − η·∇[CE(v) + (λ/2)‖v − w_g‖²] on the same batches."""
 
+import pytest
 import torch
 import torch.nn.functional as F
 
 from fltune.methods import get_method
+from fltune.methods.base import Forward, FunctionalBatch, clip_by_total_norm, gradient, masked_cross_entropy
 from tests.methods.helpers import make_ctx, tiny_batch, tiny_model
 
 Ditto = get_method("ditto")
@@ -78,3 +80,37 @@ def test_with_grad_clip_the_personal_step_is_clipped_as_fedcrs_code():
     for name, param in reference.named_parameters():
         assert torch.allclose(clipped[name], param.detach(), atol=1e-6)
     assert not all(torch.allclose(clipped[n], unclipped[n], atol=1e-4) for n in clipped)
+
+
+@pytest.mark.parametrize("grad_clip", [None, 0.05])
+def test_both_paths_step_v_with_the_bits_of_autograd_through_eq_2(grad_clip):
+    """The personal step adds λ(v − w_g) to ∇CE(v) instead of differentiating (λ/2)‖v − w_g‖²: autograd's
+    (λ/2)·2(v − w_g) rounds to the same floats, so the exact ``backward`` and the batched
+    ``functional_step`` leave v where autograd through CE + (λ/2)‖v − w_g‖² would, to the last bit."""
+    lam, lr = 0.3, 0.1
+    model = tiny_model(seed=1)  # v, as personal_after_one_step starts it
+    global_state = shifted(tiny_model(seed=2), 0.0)
+    x, y = tiny_batch()
+    v = {n: p.detach().clone() for n, p in model.named_parameters()}
+    forward = Forward(model)
+
+    def stepped(ce_of):
+        def eq_2(params):
+            distance = sum(((p - global_state[n]) ** 2).sum() for n, p in params.items())
+            return ce_of(params) + 0.5 * lam * distance, ()
+
+        grads, _, _ = gradient(eq_2, v)
+        if grad_clip is not None:  # FedCR's code: ∇CE − λ·w_g clipped, λ·v added back
+            clipped = clip_by_total_norm({n: g - lam * v[n] for n, g in grads.items()}, grad_clip)
+            grads = {n: g + lam * v[n] for n, g in clipped.items()}
+        return {n: v[n] - lr * grads[n] for n in v}
+
+    _, exact = personal_after_one_step(ditto(lam), global_state, lr=lr, grad_clip=grad_clip)
+    expected = stepped(lambda params: F.cross_entropy(forward(params, x), y))
+    assert all(torch.equal(exact[n], expected[n]) for n in v)
+
+    weight = torch.ones(len(y))
+    batch = FunctionalBatch(forward, tuple(v), {}, {"personal": v}, x, y, weight, global_state, lr, grad_clip)
+    functional = ditto(lam).functional_step(v, batch).carry["personal"]
+    expected = stepped(lambda params: masked_cross_entropy(forward(params, x), y, weight))
+    assert all(torch.equal(functional[n], expected[n]) for n in v)
