@@ -159,7 +159,7 @@ class Comparison:
 
     def tune(self, spec: CompareSpec, hint: str) -> dict[str, dict[str, Any]] | int:
         """Every method's study in turn (finished ones are kept): the tuned trees, or the exit status."""
-        from fltune.compare.tuning import TuningStudy, finished, study_spec, tuned_tree
+        from fltune.compare.tuning import TuningStudy, concluded, study_spec, tuned_tree
         from fltune.tracking.progress import console
         from fltune.tune.spec import StudySpec
 
@@ -167,7 +167,7 @@ class Comparison:
         for method in spec.methods:
             study = study_spec(spec, method)
             study = StudySpec.load(study.path) if exists(study.path) else study
-            if not finished(study):
+            if not concluded(study):
                 code = TuningStudy(self.args, study, hint).run()
                 if code == 130:
                     say_resume("comparison interrupted", hint)

@@ -106,9 +106,17 @@ def study_rows(path: str) -> list[TrialRow]:
     return [trial_row(trial) for trial in ExperimentAnalysis(path).trials]
 
 
-def finished(study: StudySpec) -> bool:
-    rows = study_rows(study.path)
-    return not unfinished(rows, study.space.num_samples)
+def concluded(study: StudySpec) -> bool:
+    """Whether the study concluded: its best configuration is written, the last thing it does. Its trials'
+    state alone says less: a stop that lands after the last trial ended but before the study concluded
+    leaves every trial finished and nothing concluded (no ranking, no best configuration). Such a study is
+    run again, and its Tune job, restored with nothing left to train, concludes."""
+    import pyarrow.fs
+
+    from fltune.tune.command import BEST_CONFIG
+
+    fs, folder = pyarrow.fs.FileSystem.from_uri(study.path)
+    return fs.get_file_info(f"{folder}/{BEST_CONFIG}").type == pyarrow.fs.FileType.File
 
 
 def tuned_tree(spec: CompareSpec, study: StudySpec) -> dict[str, Any] | None:

@@ -25,6 +25,8 @@ if TYPE_CHECKING:  # the command's heavy imports (Ray Tune, MLflow) wait until i
     from fltune.tune.study import StudyRequest
 
 RESUME_HINT = "python cli.py tune --name {name} --storage {storage} --resume"
+BEST_CONFIG = "best_config.yaml"
+"""The best configuration's file in the study folder: the last thing a study that concludes writes."""
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -184,6 +186,6 @@ def write_best(spec: StudySpec, text: str, best_out: str | None) -> str:
         Path(best_out).write_text(text)
         return best_out
     fs, folder = pyarrow.fs.FileSystem.from_uri(spec.path)
-    with fs.open_output_stream(f"{folder}/best_config.yaml") as out:
+    with fs.open_output_stream(f"{folder}/{BEST_CONFIG}") as out:
         out.write(text.encode())
-    return f"{spec.path}/best_config.yaml"
+    return f"{spec.path}/{BEST_CONFIG}"

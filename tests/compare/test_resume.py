@@ -15,7 +15,8 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from fltune.cli import main
-from tests.compare.test_command import TINY, check_fair_and_reported
+from fltune.compare.spec import CompareSpec
+from tests.compare.test_command import TINY, check_fair_and_reported, runs
 from tests.tune.helpers import REPO, finished, rounds_logged, start
 from tests.tune.test_resume import run_until
 
@@ -80,3 +81,26 @@ def test_a_comparison_stopped_mid_study_then_between_studies_resumes_finishes_on
     assert main(["compare", "--storage", str(tmp_path), "--resume", "--out", str(tmp_path / "again")]) == 0
     assert (tmp_path / "again" / "compare.csv").read_text() == (out / "compare.csv").read_text()
     assert len(client.search_runs([e.experiment_id for e in client.search_experiments()])) == len(runs)
+
+
+@pytest.mark.slow
+def test_a_study_whose_trials_all_ended_before_a_stop_concludes_when_the_comparison_resumes(
+        ray_session, tmp_path: Path, mlflow_uri: str) -> None:
+    """A stop that lands after a study's last trial ended but before the study concluded leaves every trial
+    finished, no best configuration and no tuned trees in the comparison's spec (CI's race: the stop meant
+    for mid-study came that late). The resumed comparison concludes that study (its ranking, its
+    ``best_config.yaml``) from the trials it has, trains nothing again, and goes on; it used to skip the
+    study as finished and tune from it without either."""
+    cmd = ["compare", "--methods", "fedavg,fedprox", *TINY, "--tune-budget", "1", "--seeds", "1",
+           "--storage", str(tmp_path), "--name", "c", "--out", str(tmp_path / "out")]
+    assert main(cmd) == 0
+    before = {r.info.run_id: r.info.status for r in runs(mlflow_uri)}
+    for study in ("c-tune-fedavg", "c-tune-fedprox"):  # the folders as that stop left them
+        (tmp_path / study / "best_config.yaml").unlink()
+    spec = CompareSpec.load(str(tmp_path / "c"))
+    spec.model_copy(update={"trees": {}}).save()
+
+    assert main([*cmd, "--resume"]) == 0
+    assert all((tmp_path / study / "best_config.yaml").is_file() for study in ("c-tune-fedavg", "c-tune-fedprox"))
+    assert CompareSpec.load(str(tmp_path / "c")).trees == spec.trees
+    assert {r.info.run_id: r.info.status for r in runs(mlflow_uri)} == before  # nothing trained or logged again
