@@ -86,7 +86,8 @@ def test_sigterm_to_the_driver_alone_stops_the_study_gracefully(tmp_path: Path, 
     assert proc.wait(timeout=300) == 143, log()
     text = log()  # the hint may wrap: the terminal's width
     assert text.count("fltune:") == 1 and "--resume" in text.split("fltune: study interrupted")[1], text
-    assert not any(m in log() for m in ("***", "Traceback", "SystemExit", "Stop signal", "Tuner.restore"))
+    noise = [m for m in ("***", "Traceback", "SystemExit", "Stop signal", "Tuner.restore") if m in log()]
+    assert not noise, (noise, log())
     parent, children = study_runs(mlflow_uri)
     assert parent.info.status == "KILLED" and all(c.info.status != "RUNNING" for c in children)
 
