@@ -288,15 +288,12 @@ def gradient(
     return grads, loss, aux
 
 
-def clip_by_total_norm(grads: Tensors, max_norm: float | None) -> Tensors:
-    """``torch.nn.utils.clip_grad_norm_``'s rule without ``.grad`` or in-place writes, so it also runs
-    inside the batched executor's vmap: every tensor scaled by min(1, max_norm / (‖g‖ + 1e-6)), ‖g‖ the
-    norm over all of them; None leaves ``grads`` as they are."""
-    if max_norm is None:
-        return grads
-    total = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads.values()]))
-    scale = (max_norm / (total + 1e-6)).clamp(max=1.0)
-    return {n: g * scale for n, g in grads.items()}
+def clip_scale(tensors: Iterable[torch.Tensor], max_norm: float) -> torch.Tensor:
+    """``torch.nn.utils.clip_grad_norm_``'s factor min(1, max_norm / (‖g‖ + 1e-6)), ‖g‖ the norm over all of
+    ``tensors`` (the norm of their norms, as torch takes it), without ``.grad`` or in-place writes, so it
+    also runs inside the batched executor's vmap."""
+    total = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(t) for t in tensors]))
+    return (max_norm / (total + 1e-6)).clamp(max=1.0)
 
 
 def to_numpy(state: dict[str, torch.Tensor], keys: set[str] | None = None) -> State:

@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from fltune.methods import get_method
-from fltune.methods.base import Forward, FunctionalBatch, clip_by_total_norm, gradient, masked_cross_entropy
+from fltune.methods.base import Forward, FunctionalBatch, gradient, masked_cross_entropy
 from tests.methods.helpers import make_ctx, tiny_batch, tiny_model
 
 Ditto = get_method("ditto")
@@ -84,9 +84,10 @@ def test_with_grad_clip_the_personal_step_is_clipped_as_fedcrs_code():
 
 @pytest.mark.parametrize("grad_clip", [None, 0.05])
 def test_both_paths_step_v_with_the_bits_of_autograd_through_eq_2(grad_clip):
-    """The personal step adds λ(v − w_g) to ∇CE(v) instead of differentiating (λ/2)‖v − w_g‖²: autograd's
-    (λ/2)·2(v − w_g) rounds to the same floats, so the exact ``backward`` and the batched
-    ``functional_step`` leave v where autograd through CE + (λ/2)‖v − w_g‖² would, to the last bit."""
+    """The personal step adds λ(v − w_g) to ∇CE(v) instead of differentiating (λ/2)‖v − w_g‖², and steps all
+    parameters as one flat vector: autograd's (λ/2)·2(v − w_g) rounds to the same floats and every op is
+    elementwise, so the exact ``backward`` and the batched ``functional_step`` leave v where autograd
+    through CE + (λ/2)‖v − w_g‖², parameter by parameter, would, to the last bit."""
     lam, lr = 0.3, 0.1
     model = tiny_model(seed=1)  # v, as personal_after_one_step starts it
     global_state = shifted(tiny_model(seed=2), 0.0)
@@ -100,9 +101,11 @@ def test_both_paths_step_v_with_the_bits_of_autograd_through_eq_2(grad_clip):
             return ce_of(params) + 0.5 * lam * distance, ()
 
         grads, _, _ = gradient(eq_2, v)
-        if grad_clip is not None:  # FedCR's code: ∇CE − λ·w_g clipped, λ·v added back
-            clipped = clip_by_total_norm({n: g - lam * v[n] for n, g in grads.items()}, grad_clip)
-            grads = {n: g + lam * v[n] for n, g in clipped.items()}
+        if grad_clip is not None:  # FedCR's code: ∇CE − λ·w_g clipped (clip_grad_norm_'s rule), λ·v added back
+            bounded = {n: g - lam * v[n] for n, g in grads.items()}
+            norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in bounded.values()]))
+            scale = (grad_clip / (norm + 1e-6)).clamp(max=1.0)
+            grads = {n: g * scale + lam * v[n] for n, g in bounded.items()}
         return {n: v[n] - lr * grads[n] for n in v}
 
     _, exact = personal_after_one_step(ditto(lam), global_state, lr=lr, grad_clip=grad_clip)
