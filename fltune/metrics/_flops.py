@@ -41,7 +41,7 @@ class TrainingFlops(TorchDispatchMode):
     and it tried every op's decomposition inside a re-entered mode. ``bench/flop_meter.py`` (FedAvg CNN,
     one CPU thread, 30 SGD steps of batch 2, where the meter's own work shows): 0.129 s without a meter,
     0.228 s with ``FlopCounterMode``, 0.157 s with this one; at batch 32, 0.642, 0.878 and 0.697 s. A
-    GPU's round 1, which runs the exact path under the meter, took 3–4 times a steady exact round.
+    GPU's round 1, which runs the exact path under the meter, took up to 4 times a steady exact round.
     "Running in backward" is autograd's own flag, ``torch._C._current_graph_task_id() != -1`` (what
     ``ModuleTracker.is_bw`` reads).
     """
