@@ -408,14 +408,19 @@ def make_out(out: str, flag: str = "--out") -> None:
             f"{flag} {out}: {err.strerror or err}; allowed: a folder this user can create and write") from None
 
 
-def exists(path: str) -> bool:
-    """Whether ``path`` holds an fltune job (its saved spec), on any pyarrow filesystem."""
+def holds(path: str, name: str) -> bool:
+    """Whether the folder at ``path`` holds the file ``name``, on any pyarrow filesystem."""
     import pyarrow.fs
 
+    fs, folder = pyarrow.fs.FileSystem.from_uri(path)
+    return fs.get_file_info(f"{folder}/{name}").type == pyarrow.fs.FileType.File
+
+
+def exists(path: str) -> bool:
+    """Whether ``path`` holds an fltune job (its saved spec), on any pyarrow filesystem."""
     from fltune.tune.spec import SPEC_FILE
 
-    fs, folder = pyarrow.fs.FileSystem.from_uri(path)
-    return fs.get_file_info(f"{folder}/{SPEC_FILE}").type != pyarrow.fs.FileType.NotFound
+    return holds(path, SPEC_FILE)
 
 
 def tune_started(path: str) -> bool:

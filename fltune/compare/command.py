@@ -158,7 +158,7 @@ class Comparison:
         return Cells(self.args, spec).run()
 
     def tune(self, spec: CompareSpec, hint: str) -> dict[str, dict[str, Any]] | int:
-        """Every method's study in turn (finished ones are kept): the tuned trees, or the exit status."""
+        """Every method's study in turn (concluded ones are kept): the tuned trees, or the exit status."""
         from fltune.compare.tuning import TuningStudy, concluded, study_spec, tuned_tree
         from fltune.tracking.progress import console
         from fltune.tune.spec import StudySpec

@@ -111,12 +111,10 @@ def concluded(study: StudySpec) -> bool:
     state alone says less: a stop that lands after the last trial ended but before the study concluded
     leaves every trial finished and nothing concluded (no ranking, no best configuration). Such a study is
     run again, and its Tune job, restored with nothing left to train, concludes."""
-    import pyarrow.fs
-
+    from fltune.driver import holds
     from fltune.tune.command import BEST_CONFIG
 
-    fs, folder = pyarrow.fs.FileSystem.from_uri(study.path)
-    return fs.get_file_info(f"{folder}/{BEST_CONFIG}").type == pyarrow.fs.FileType.File
+    return holds(study.path, BEST_CONFIG)
 
 
 def tuned_tree(spec: CompareSpec, study: StudySpec) -> dict[str, Any] | None:
