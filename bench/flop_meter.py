@@ -26,6 +26,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from fltune.metrics._flops import TrainingFlops
 from fltune.models import build_model
+from fltune.models.registry import MODELS
 
 
 def train(model_name: str, batch: int, steps: int, meter: Any) -> tuple[float, dict[str, torch.Tensor]]:
@@ -45,12 +46,19 @@ def train(model_name: str, batch: int, steps: int, meter: Any) -> tuple[float, d
     return time.perf_counter() - start, model.state_dict()
 
 
+def positive(text: str) -> int:
+    """An argparse type: an integer ≥ 1 (argparse turns the error into one line and exit 2)."""
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text}; allowed: an integer ≥ 1")
+    return int(text)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="fedavg_cnn")
-    parser.add_argument("--batch", type=int, default=2)
-    parser.add_argument("--steps", type=int, default=30)
-    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--model", default="fedavg_cnn", choices=sorted(MODELS))
+    parser.add_argument("--batch", type=positive, default=2)
+    parser.add_argument("--steps", type=positive, default=30)
+    parser.add_argument("--repeats", type=positive, default=7)
     args = parser.parse_args()
     torch.set_num_threads(1)
     meters = {"none": lambda: None, "torch": lambda: FlopCounterMode(display=False), "fltune": TrainingFlops}
