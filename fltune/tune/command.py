@@ -179,13 +179,12 @@ def conclude(spec: StudySpec, rows: list[TrialRow], best_out: str | None) -> int
 
 
 def write_best(spec: StudySpec, text: str, best_out: str | None) -> str:
-    """Into the study folder by default (any storage), or to ``--best-out`` on this machine."""
-    import pyarrow.fs
+    """Into the study folder by default (any storage, written whole: a concluded study is one that holds
+    it), or to ``--best-out`` on this machine."""
+    from fltune.tune.storage import write_whole
 
     if best_out:
         Path(best_out).write_text(text)
         return best_out
-    fs, folder = pyarrow.fs.FileSystem.from_uri(spec.path)
-    with fs.open_output_stream(f"{folder}/{BEST_CONFIG}") as out:
-        out.write(text.encode())
+    write_whole(f"{spec.path}/{BEST_CONFIG}", text.encode())
     return f"{spec.path}/{BEST_CONFIG}"

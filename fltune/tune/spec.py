@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from fltune.config import ExperimentConfig, build_config
 from fltune.errors import FLTuneError
 from fltune.tune.space import SearchSpace
+from fltune.tune.storage import write_whole
 
 SPEC_FILE = "fltune_study.json"
 
@@ -33,10 +34,11 @@ class SavedSpec(BaseModel):
         return f"{self.storage.rstrip('/')}/{self.name}"
 
     def save(self) -> None:
+        """Written whole or not at all (``storage.write_whole``): ``--resume`` reads it back."""
+        data = self.model_dump_json(indent=2).encode()
         fs, folder = pyarrow.fs.FileSystem.from_uri(self.path)
         fs.create_dir(folder)
-        with fs.open_output_stream(f"{folder}/{SPEC_FILE}") as out:
-            out.write(self.model_dump_json(indent=2).encode())
+        write_whole(f"{self.path}/{SPEC_FILE}", data)
 
     @classmethod
     def load(cls, path: str) -> Self:

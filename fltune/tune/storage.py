@@ -21,15 +21,43 @@ import pyarrow
 import pyarrow.fs
 
 
+def part_path(path: str) -> str:
+    """Where a file bound for ``path`` is written first: a hidden name beside it, unique to the writer."""
+    folder, name = os.path.split(path)
+    return os.path.join(folder, f".{name}.{uuid.uuid4().hex[:8]}.part")
+
+
+def write_whole(uri: str, data: bytes) -> None:
+    """``data`` as the file at ``uri`` (a local path or a pyarrow URI), all or nothing.
+
+    For fltune's own files in a job folder (its saved spec, its best configuration), which ``--resume``
+    reads back. A stop can land mid-write: SIGTERM becomes ``KeyboardInterrupt`` between any two bytecodes
+    (``driver._on_sigterm``), and a file opened for writing is already truncated. CI once stopped a
+    comparison just as its second study saved its spec, and the resume refused the empty file as "a
+    different kind of fltune job". Here the old file, or none, stays until the new one is complete."""
+    if "://" in uri:  # a remote store publishes an object only when its upload completes
+        fs, path = pyarrow.fs.FileSystem.from_uri(uri)
+        with fs.open_output_stream(path) as out:
+            out.write(data)
+        return
+    part = part_path(uri)
+    try:
+        with open(part, "wb") as out:
+            out.write(data)
+        os.replace(part, uri)
+    finally:
+        if os.path.exists(part):
+            os.remove(part)
+
+
 class ReplaceOnClose(io.FileIO):
     """A file written under a hidden temporary name in the target's folder, moved onto the target when
     closed. A writer killed before ``close`` leaves the target as it was (and a ``.part`` file that
     Tune's listings, which match ``*.json`` and ``*.pkl``, never pick up)."""
 
     def __init__(self, path: str) -> None:
-        folder, name = os.path.split(path)
         self.target = path
-        super().__init__(os.path.join(folder, f".{name}.{uuid.uuid4().hex[:8]}.part"), "wb")
+        super().__init__(part_path(path), "wb")
 
     def close(self) -> None:
         if self.closed:

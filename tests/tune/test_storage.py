@@ -10,8 +10,10 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pyarrow.fs
+import pytest
 
-from fltune.tune.storage import job_filesystem
+from fltune.tune.spec import SPEC_FILE, SavedSpec
+from fltune.tune.storage import job_filesystem, write_whole
 from fltune.tune.study import run_config
 
 KILLED_MID_WRITE = """
@@ -53,3 +55,41 @@ def test_every_job_writes_local_folders_through_it_and_leaves_uris_to_tune(tmp_p
     local = run_config(SimpleNamespace(name="s", storage=str(tmp_path)), [])
     assert local.storage_filesystem.type_name == job_filesystem(str(tmp_path)).type_name
     assert run_config(SimpleNamespace(name="s", storage="s3://bucket/jobs"), []).storage_filesystem is None
+
+
+def test_a_stop_as_fltune_writes_its_own_file_leaves_the_old_one_or_none(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``write_whole``: the stop (SIGTERM is ``KeyboardInterrupt`` in the driver) lands as the file would be
+    moved into place; nothing of the new file shows, and nothing is left beside it."""
+    kept, absent = tmp_path / "best_config.yaml", tmp_path / "fltune_study.json"
+    kept.write_text("old")
+
+    def stopped(*_: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("os.replace", stopped)
+    for path in (kept, absent):
+        with pytest.raises(KeyboardInterrupt):
+            write_whole(str(path), b"new")
+    assert kept.read_text() == "old" and not absent.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["best_config.yaml"]
+    monkeypatch.undo()
+    write_whole(str(absent), b"new")
+    assert absent.read_text() == "new"
+
+
+def test_a_spec_saved_again_as_a_stop_lands_still_reads_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """CI's failure: a comparison stopped just as a study saved its spec found an empty file on resume
+    ("holds a different kind of fltune job"); the file was opened, so truncated, before its text was made."""
+    spec = SavedSpec(name="s", storage=str(tmp_path))
+    spec.save()
+
+    def stopped(*_: object, **__: object) -> str:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(SavedSpec, "model_dump_json", stopped)
+    with pytest.raises(KeyboardInterrupt):
+        spec.save()
+    monkeypatch.undo()
+    assert SavedSpec.load(spec.path) == spec
+    assert sorted(p.name for p in (tmp_path / "s").iterdir()) == [SPEC_FILE]
