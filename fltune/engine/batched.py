@@ -297,10 +297,9 @@ class _GroupTrainer:
         buffer is scaled by 1 instead of ρ and its step by 0, so neither changes; a zero buffer makes the
         first momentum step b = g, as torch.optim.SGD's."""
         t = self.training
-        scale = self._clip_scale(grads)
         g = torch.cat([_rows(grads[n]) for n in self.trainable], dim=1)
-        if scale is not None:
-            g.mul_(scale[:, None])
+        if t.grad_clip is not None:
+            g.mul_(self._clip_scale(g, t.grad_clip)[:, None])
         if t.weight_decay:
             g.add_(torch.cat([_rows(p) for p in self.params], dim=1), alpha=t.weight_decay)
         mask = live[:, None]
@@ -308,17 +307,19 @@ class _GroupTrainer:
         if self.buffer is not None:
             buf = self.buffer.mul_(torch.where(mask, t.momentum, 1.0)).add_(g)
             g = g.add_(buf, alpha=t.momentum) if t.nesterov else buf
-        rate = torch.where(live, -lr, 0.0)
+        rate = live * -lr  # −lr, or −0.0 for a masked client: p + (−0.0)·0 is p, bit for bit (−0.0 too)
         torch._foreach_addcmul_(  # addcmul's own rounding (a fused multiply-add on CPU), parameter by parameter
             self.params, [v.view_as(p) for v, p in zip(g.split(self.sizes, dim=1), self.params)],
             [rate.view(-1, *[1] * (p.dim() - 1)) for p in self.params])
 
-    def _clip_scale(self, grads: Stacked) -> Tensor | None:
-        """Per client, ``clip_grad_norm_``'s factor max_norm / (‖g‖ + 1e-6), at most 1; None without clipping."""
-        if self.training.grad_clip is None:
-            return None
-        norms = torch.stack([_rows(grads[n]).norm(dim=1) for n in self.trainable], dim=1).norm(dim=1)
-        return (self.training.grad_clip / (norms + 1e-6)).clamp(max=1.0)
+    @staticmethod
+    def _clip_scale(g: Tensor, max_norm: float) -> Tensor:
+        """Per client, ``clip_grad_norm_``'s factor max_norm / (‖g‖ + 1e-6), at most 1, ‖g‖ the norm of its
+        row of ``g`` (every trainable gradient side by side): one reduction where ``clip_grad_norm_`` takes
+        the norm of the per-parameter norms, one per parameter and a stack more (on a GPU a launch each).
+        The same real number, rounded otherwise; the factor is exactly 1 either way unless the norm is
+        within rounding of ``max_norm`` or above, so only a step that clipping changes can differ."""
+        return (max_norm / (g.norm(dim=1) + 1e-6)).clamp(max=1.0)
 
 
 def _rows(stacked: Tensor) -> Tensor:
