@@ -159,14 +159,12 @@ class Comparison:
 
     def tune(self, spec: CompareSpec, hint: str) -> dict[str, dict[str, Any]] | int:
         """Every method's study in turn (concluded ones are kept): the tuned trees, or the exit status."""
-        from fltune.compare.tuning import TuningStudy, concluded, study_spec, tuned_tree
+        from fltune.compare.tuning import TuningStudy, concluded, saved, study_spec, tuned_tree
         from fltune.tracking.progress import console
-        from fltune.tune.spec import StudySpec
 
         trees = {}
         for method in spec.methods:
-            study = study_spec(spec, method)
-            study = StudySpec.load(study.path) if exists(study.path) else study
+            study = saved(study_spec(spec, method))
             if not concluded(study):
                 code = TuningStudy(self.args, study, hint).run()
                 if code == 130:

@@ -106,6 +106,25 @@ def study_rows(path: str) -> list[TrialRow]:
     return [trial_row(trial) for trial in ExperimentAnalysis(path).trials]
 
 
+def saved(study: StudySpec) -> StudySpec:
+    """The study as its folder saved it, or as the comparison derives it before it first starts. A saved
+    spec that an older fltune left cut (a stop as it wrote it) is written again from the comparison's: the
+    comparison derives each study from its own saved spec, as it did when the study started (the method's
+    search-space file is read again)."""
+    from fltune.driver import exists
+    from fltune.tracking.progress import console
+    from fltune.tune.spec import CutSpec
+
+    if not exists(study.path):
+        return study
+    try:
+        return StudySpec.load(study.path)
+    except CutSpec:
+        console.print(f"fltune: note: {study.path}: its saved spec was cut short; written again from the comparison's")
+        study.save()
+        return study
+
+
 def concluded(study: StudySpec) -> bool:
     """Whether the study concluded: its best configuration is written, the last thing it does. Its trials'
     state alone says less: a stop that lands after the last trial ended but before the study concluded

@@ -50,8 +50,16 @@ class SavedSpec(BaseModel):
             raise FLTuneError(f"--resume: no fltune job at {path} (no {SPEC_FILE})") from None
         try:
             return cls.model_validate_json(text)
-        except ValidationError:
+        except ValidationError as err:
+            if any(error["type"] == "json_invalid" for error in err.errors()):
+                raise CutSpec(f"--resume: {path}/{SPEC_FILE} is empty or cut short (a stop as an older fltune "
+                              "wrote it), so the job cannot resume; start it again under another --name") from None
             raise FLTuneError(f"--resume: {path} holds a different kind of fltune job") from None
+
+
+class CutSpec(FLTuneError):
+    """A saved spec that is not JSON at all: empty or cut short. fltune writes it whole
+    (``storage.write_whole``); one written before that could be cut by a stop as it was written."""
 
 
 class StudySpec(SavedSpec):

@@ -96,6 +96,10 @@ def test_malformed_yaml_and_bad_flags(tmp_path: Path, mlflow_uri: str, capsys) -
                       mlflow_uri, capsys)
     assert_user_error(["tune", "--resume", "--storage", str(tmp_path), "--name", "nope"], "no fltune job",
                       mlflow_uri, capsys)
+    (tmp_path / "cut").mkdir()
+    (tmp_path / "cut" / "fltune_study.json").write_text('{"name": "cut", "stor')  # stopped as an older fltune wrote it
+    assert_user_error(["tune", "--resume", "--storage", str(tmp_path), "--name", "cut"],
+                      "fltune_study.json is empty or cut short", mlflow_uri, capsys)
 
 
 def test_trials_that_cannot_fit_the_cluster_or_train_in_their_own_process(ray_session, tmp_path: Path,
