@@ -186,5 +186,6 @@ def write_best(spec: StudySpec, text: str, best_out: str | None) -> str:
     if best_out:
         Path(best_out).write_text(text)
         return best_out
-    write_whole(f"{spec.path}/{BEST_CONFIG}", text.encode())
-    return f"{spec.path}/{BEST_CONFIG}"
+    path = f"{spec.path}/{BEST_CONFIG}"
+    write_whole(path, text.encode())
+    return path
