@@ -46,7 +46,7 @@ from torch.func import vmap
 from fltune.config import ExperimentConfig, TrainingConfig
 from fltune.data.federated import FederatedData
 from fltune.data.augment import augment, lookup_float
-from fltune.engine.local import DeviceBatches, RoundInput, batches, epoch_order, load_state
+from fltune.engine.local import DeviceBatches, RoundInput, batches, device_states, epoch_order
 from fltune.engine.rng import derive_seed
 from fltune.methods.base import (
     ClientContext, ClientResult, Forward, FunctionalBatch, FunctionalStep, Method, Phase,
@@ -133,11 +133,11 @@ class _Tally:
 def _context(
     method: Method, model: nn.Module, data: FederatedData, cid: int, inputs: RoundInput, state: dict[str, Any],
     training: TrainingConfig, augment_kind: str, device: torch.device, global_tensors: dict[str, Tensor],
-    generator: torch.Generator,
+    generator: torch.Generator, start: dict[str, Tensor],
 ) -> ClientContext:
-    """Client ``cid``'s context after ``setup_client``, the model holding its starting weights (as in
-    ``local.train_client``); its batches come from ``generator``, its own (seed, round, client id) one."""
-    load_state(model, method.client_model_state(inputs.global_state, state))
+    """Client ``cid``'s context after ``setup_client``, the model holding its starting weights ``start`` (as
+    in ``local.train_client``); its batches come from ``generator``, its own (seed, round, client id) one."""
+    model.load_state_dict(start)
     indices = data.client_train[cid]
 
     def epoch() -> Iterator[tuple[Tensor, Tensor]]:
@@ -406,9 +406,11 @@ def _group(
     contexts, starts, client_inputs = [], [], []
     seeds = [derive_seed(inputs.seed, inputs.round, cid) for cid in client_ids]
     generators = [torch.Generator().manual_seed(seed) for seed in seeds]
-    for cid, generator in zip(client_ids, generators):
+    loads = device_states([method.client_model_state(inputs.global_state, states.get(cid, {})) for cid in client_ids],
+                          device, inputs.global_state, global_tensors)  # the group's personal parts in one copy
+    for cid, generator, load in zip(client_ids, generators, loads):
         ctx = _context(method, model, data, cid, inputs, states.get(cid, {}), training, augment_kind, device,
-                       global_tensors, generator)
+                       global_tensors, generator, load)
         contexts.append(ctx)
         starts.append({n: p.detach().clone() for n, p in model.named_parameters()})
         client_inputs.append(method.loss_inputs(ctx))

@@ -22,7 +22,7 @@ from fltune.config import TrainingConfig
 from fltune.data.augment import augment, lookup_float, normalise_table, to_float
 from fltune.data.federated import FederatedData
 from fltune.engine.rng import derive_seed
-from fltune.methods.base import ClientContext, ClientResult, Method, Phase, State
+from fltune.methods.base import ClientContext, ClientResult, Method, Phase, State, dtype_groups
 from fltune.methods.finetune import FineTune
 
 
@@ -41,19 +41,57 @@ class RoundInput:
 
 
 def load_state(model: nn.Module, state: State) -> None:
-    """Copy numpy weights into the model (copying: arrays from Ray's object store are read-only)."""
-    model.load_state_dict({k: torch.tensor(v) for k, v in state.items()})
+    """Copy numpy weights into the model (copying: arrays from Ray's object store are read-only), all of a
+    dtype in one copy to the model's device (``to_device``)."""
+    device = next(iter(model.state_dict().values())).device
+    model.load_state_dict(dict(zip(state, to_device(list(state.values()), device))))
 
 
-def load_changed(model: nn.Module, state: State, loaded: dict[str, Any]) -> None:
-    """``load_state`` for the entries of ``state`` that are not the very arrays loaded last (``loaded``, which
-    this updates), while nothing else writes the model: clients evaluated one after another share the
-    global arrays, and each copy to a GPU from pageable memory waits for the device."""
+def to_device(arrays: Sequence[np.ndarray], device: torch.device) -> list[torch.Tensor]:
+    """``arrays`` as tensors on ``device`` (views of one buffer per dtype), in one copy per dtype.
+
+    A copy from pageable host memory to a GPU first waits for everything the device has queued, so loading
+    a state tensor by tensor is a host sync per tensor; where Tune trials share one GPU each waits for the
+    GPU's turn. Copies change no bits."""
+    out: list[torch.Tensor] = [torch.empty(0)] * len(arrays)
+    for rows in dtype_groups(array.dtype for array in arrays):
+        flat = torch.from_numpy(np.concatenate([arrays[i].reshape(-1) for i in rows])).to(device)
+        for i, part in zip(rows, flat.split([arrays[i].size for i in rows])):
+            out[i] = part.view(arrays[i].shape)
+    return out
+
+
+def global_twins(global_state: State, device: torch.device) -> dict[str, torch.Tensor]:
+    """The round's global weights on ``device``, in one copy (``to_device``): what methods read as
+    ``ClientContext.global_state``, and what clients' loads copy the weights they share with it from."""
+    return dict(zip(global_state, to_device(list(global_state.values()), device)))
+
+
+def device_states(
+    states: Sequence[State], device: torch.device, host_global: State, device_global: dict[str, torch.Tensor],
+) -> list[dict[str, torch.Tensor]]:
+    """Each of ``states`` as tensors on ``device``, for ``model.load_state_dict``: an entry that is the very
+    array of the round's global weights (``host_global``) is its twin already there (``device_global``), and
+    every other distinct array goes over in one copy with the rest (``to_device``). Clients start from the
+    global weights overridden by their personal parts (``Method.client_model_state``), so a client's
+    load copies its personal part alone, and a shard's personal parts go over together."""
+    others: dict[int, np.ndarray] = {}
+    for state in states:
+        others.update((id(v), v) for k, v in state.items() if host_global.get(k) is not v)
+    moved = dict(zip(others, to_device(list(others.values()), device)))
+    return [
+        {k: device_global[k] if host_global.get(k) is v else moved[id(v)] for k, v in state.items()}
+        for state in states
+    ]
+
+
+def load_changed(model: nn.Module, state: dict[str, torch.Tensor], loaded: dict[str, torch.Tensor]) -> None:
+    """Load the entries of ``state`` that are not the very tensors loaded last (``loaded``, which this
+    updates), while nothing else writes the model: clients evaluated one after another share the global
+    weights, and a load of every key checks them all (strict)."""
     changed = {k: v for k, v in state.items() if loaded.get(k) is not v}
-    if len(changed) == len(state):
-        load_state(model, state)  # strict: every key checked
-    elif changed:
-        model.load_state_dict({k: torch.tensor(v) for k, v in changed.items()}, strict=False)
+    if changed:
+        model.load_state_dict(changed, strict=len(changed) == len(state))
     loaded.update(state)
 
 
@@ -291,9 +329,10 @@ def train_client(
     client_seed = derive_seed(inputs.seed, inputs.round, client_id)
     torch.manual_seed(client_seed)
     generator = torch.Generator().manual_seed(client_seed)
-    load_state(model, method.client_model_state(inputs.global_state, client_state))
     if global_tensors is None:
-        global_tensors = {k: torch.tensor(v, device=device) for k, v in inputs.global_state.items()}
+        global_tensors = global_twins(inputs.global_state, device)
+    start = method.client_model_state(inputs.global_state, client_state)
+    model.load_state_dict(device_states([start], device, inputs.global_state, global_tensors)[0])
     indices = data.client_train[client_id]
 
     def epoch() -> Iterator[Batch]:
@@ -327,21 +366,24 @@ def train_client(
 def final_round(
     method: Method, model: nn.Module, data: FederatedData, client_id: int, inputs: RoundInput,
     client_state: dict[str, Any], training: TrainingConfig, augment_kind: str, device: torch.device,
-    executor: Executor | None = None,
+    executor: Executor | None = None, global_tensors: dict[str, torch.Tensor] | None = None,
 ) -> None:
     """One client's final personal round (``training.finetune_epochs`` epochs at ``inputs.lr``), leaving in
     ``model`` the model its personalised evaluation scores: the method's personal part tuned on CE from
     its client model (``final_round = "tune"``, :class:`FineTune`), or one more of its own local updates,
-    then its new client model (``"own"``: Ditto's personal model, as FedCR's last round updates it)."""
+    then its new client model (``"own"``: Ditto's personal model, as FedCR's last round updates it).
+    ``global_tensors``: ``global_twins`` of ``inputs.global_state``, made once for all a worker's clients."""
+    global_tensors = global_tensors if global_tensors is not None else global_twins(inputs.global_state, device)
     if method.final_round == "tune":
         tuner = FineTune(method, training.finetune_epochs, training.finetune_lr)
         train_client(tuner, model, data, client_id, inputs, client_state, training, augment_kind, device,
-                     executor=executor)
+                     global_tensors, executor)
         return
     own = training.model_copy(update={"local_epochs": training.finetune_epochs})
     result = train_client(method, model, data, client_id, inputs, client_state, own, augment_kind, device,
-                          executor=executor)
-    load_state(model, method.client_model_state(inputs.global_state, result.state))
+                          global_tensors, executor)
+    end = method.client_model_state(inputs.global_state, result.state)
+    model.load_state_dict(device_states([end], device, inputs.global_state, global_tensors)[0])
 
 
 def _local_steps(

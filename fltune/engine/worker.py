@@ -34,14 +34,18 @@ from fltune.engine.aggregate import WeightedSum
 from fltune.engine.batched import client_groups, train_group, unbatchable
 from fltune.engine.builders import build_method, build_model_for, resolve_augment
 from fltune.engine.local import (
-    Executor, RoundInput, batch_scores, eval_batch_count, final_round, load_changed, load_state, read_scores,
-    score_sums, total_scores, train_client,
+    Executor, RoundInput, batch_scores, device_states, eval_batch_count, final_round, global_twins, load_changed,
+    load_state, read_scores, score_sums, total_scores, train_client,
 )
 from fltune.engine.rng import use_deterministic_cuda
 from fltune.methods.base import ClientResult, Method, State, Upload, to_numpy
 from fltune.metrics.probe import ProbeTask, client_meters
 
 T = TypeVar("T")
+
+STAGED_BYTES = 64 * 2**20
+"""Bytes of weights a personalised evaluation stages on the device at once (``ClientWorker.evaluate_clients``):
+the FedCR CNN's 5 MB → 13 clients a chunk, their personal weights in one copy."""
 
 
 @dataclass(frozen=True)
@@ -140,7 +144,7 @@ class ClientWorker:
         client's own training (``client_meters``)."""
         data = self._attach(run_ref)
         result = WorkerResult(partial=WeightedSum())
-        global_tensors = {k: torch.tensor(v, device=self.device) for k, v in inputs.global_state.items()}
+        global_tensors = global_twins(inputs.global_state, self.device)
         builders = client_meters(self.cfg, data, inputs.round)  # what probes measure of the training itself
         if self.batched and not builders:
             return self._pack(self._train_groups(result, inputs, client_ids, states, global_tensors))
@@ -205,26 +209,48 @@ class ClientWorker:
         states: dict[int, dict[str, Any]],
     ) -> dict[int, tuple[int, float, int]]:
         """Personalised protocol: each client's own model (after its final personal round when ``finetune``,
-        ``local.final_round``) on its own held-out split. Scores are read once for the whole shard, and
-        weights a client shares with the one before it are not loaded again (``load_changed``)."""
+        ``local.final_round``) on its own held-out split, in chunks of clients whose weights fill at most
+        ``STAGED_BYTES`` (``_score_chunk``). Scores are read once for the whole shard."""
         data = self._attach(run_ref)
-        sums, loaded = {}, {}
-        for cid in client_ids:
-            state = states.get(cid, {})
-            if finetune:
-                final_round(self.method, self.model, data, cid, inputs, state, self.cfg.training, self.augment_kind,
-                            self.device, executor=self.executor)
-            else:
-                load_changed(self.model, self.method.client_model_state(inputs.global_state, state), loaded)
-            idx = torch.tensor(data.client_eval[cid], dtype=torch.long)
-            sums[cid] = score_sums(self.model, data, data.x[idx], data.y[idx], self.device,
-                                   range(eval_batch_count(len(idx))))
+        global_tensors = global_twins(inputs.global_state, self.device)
+        per_chunk = max(1, STAGED_BYTES // sum(v.nbytes for v in inputs.global_state.values()))
+        sums: dict[int, torch.Tensor] = {}
+        for first in range(0, len(client_ids), per_chunk):
+            chunk = client_ids[first:first + per_chunk]
+            sums.update(self._score_chunk(data, inputs, finetune, chunk, states, global_tensors))
         scores = read_scores(torch.cat(list(sums.values()))) if sums else []
         out, start = {}, 0
         for cid, part in sums.items():
             out[cid] = total_scores(scores[start:start + len(part)], len(data.client_eval[cid]))
             start += len(part)
         return out
+
+    def _score_chunk(
+        self, data: FederatedData, inputs: RoundInput, finetune: bool, chunk: list[int],
+        states: dict[int, dict[str, Any]], global_tensors: dict[str, torch.Tensor],
+    ) -> dict[int, torch.Tensor]:
+        """``score_sums`` of each client of ``chunk``, left on the device. The chunk's held-out images go over
+        in one copy, and so do its clients' personal weights (``local.device_states``; a fine-tuned client
+        copies its own as its final round starts); a client's load skips the weights it shares with the one
+        before it (``load_changed``)."""
+        held_out = [data.client_eval[cid] for cid in chunk]
+        idx = torch.from_numpy(np.concatenate(held_out).astype(np.int64))
+        xs, ys = data.x[idx].to(self.device), data.y[idx].to(self.device)
+        starts = [] if finetune else [
+            self.method.client_model_state(inputs.global_state, states.get(cid, {})) for cid in chunk
+        ]
+        loads = device_states(starts, self.device, inputs.global_state, global_tensors)
+        sums, loaded, offset = {}, {}, 0
+        for i, (cid, rows) in enumerate(zip(chunk, held_out)):
+            if finetune:
+                final_round(self.method, self.model, data, cid, inputs, states.get(cid, {}), self.cfg.training,
+                            self.augment_kind, self.device, self.executor, global_tensors)
+            else:
+                load_changed(self.model, loads[i], loaded)
+            sums[cid] = score_sums(self.model, data, xs[offset:offset + len(rows)], ys[offset:offset + len(rows)],
+                                   self.device, range(eval_batch_count(len(rows))))
+            offset += len(rows)
+        return sums
 
     def evaluate_split(
         self, run_ref: list, state: State, split: str, batches: list[int],

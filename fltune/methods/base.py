@@ -296,9 +296,28 @@ def clip_scale(tensors: Iterable[torch.Tensor], max_norm: float) -> torch.Tensor
     return (max_norm / (total + 1e-6)).clamp(max=1.0)
 
 
+def dtype_groups(dtypes: Iterable[Any]) -> list[list[int]]:
+    """Positions of equal dtypes, in order of first appearance: what one copy between host and device can
+    carry at once (``to_numpy``, ``engine.local.to_device``)."""
+    groups: dict[Any, list[int]] = {}
+    for i, dtype in enumerate(dtypes):
+        groups.setdefault(dtype, []).append(i)
+    return list(groups.values())
+
+
 def to_numpy(state: dict[str, torch.Tensor], keys: set[str] | None = None) -> State:
-    """Detach a (sub)state_dict to CPU numpy for the wire or the client store."""
-    return {k: v.detach().cpu().numpy().copy() for k, v in state.items() if keys is None or k in keys}
+    """Detach a (sub)state_dict to CPU numpy for the wire or the client store, in one copy per dtype.
+
+    A copy from a GPU to the host waits for the device, so a state copied tensor by tensor is a host sync
+    per tensor; where Tune trials share one GPU each waits for its turn. Each array is its own (a copy of
+    its part of the buffer), so a client store keeps no other tensor's bytes alive."""
+    tensors = [(k, v.detach()) for k, v in state.items() if keys is None or k in keys]
+    out: State = {}
+    for rows in dtype_groups(v.dtype for _, v in tensors):
+        flat = torch.cat([tensors[i][1].reshape(-1) for i in rows]).cpu().numpy()
+        for i, part in zip(rows, np.split(flat, np.cumsum([tensors[i][1].numel() for i in rows])[:-1])):
+            out[tensors[i][0]] = part.reshape(tensors[i][1].shape).copy()
+    return {k: out[k] for k, _ in tensors}
 
 
 class Method:

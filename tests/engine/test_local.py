@@ -15,8 +15,8 @@ from fltune.config import build_config
 from fltune.engine.builders import build_method, build_model_for, initial_state, load_data
 from fltune.data.augment import to_float
 from fltune.engine.local import (
-    EVAL_BATCH, DeviceMeter, HostMeter, RoundInput, batch_scores, final_round, load_changed, load_state,
-    make_optimizer, train_client,
+    EVAL_BATCH, DeviceMeter, HostMeter, RoundInput, batch_scores, device_states, final_round, global_twins,
+    load_changed, load_state, make_optimizer, train_client,
 )
 from fltune.methods.base import effective_steps
 from tests.engine.helpers import OpCount, ScalarReads
@@ -164,20 +164,41 @@ def test_evaluation_scores_are_the_per_batch_reads_bit_for_bit_with_no_read_per_
     assert len(scores[8]) == 8 and scores[8][-1][0] <= 30  # the last batch holds 30 images
 
 
-def test_load_changed_copies_only_arrays_it_has_not_loaded():
-    """Clients share the global arrays: the second client's load copies its own head alone. A weight written
-    since (which the evaluation loop never does) is left as it is when its array is the one loaded: the
-    cache is only valid while nothing else writes the model."""
+def test_load_changed_copies_only_tensors_it_has_not_loaded():
+    """Clients share the global weights' device twins: the second client's load copies its own head alone.
+    A weight written since (which the evaluation loop never does) is left as it is when its tensor is the
+    one loaded: the cache is only valid while nothing else writes the model."""
     cfg, data, _, inputs = _final_round_setup("fedper")
     model, reference = build_model_for(cfg, data), build_model_for(cfg, data)
     shared = inputs.global_state
     head = {k: v + np.float32(1) for k, v in shared.items() if k.startswith("head.")}
     stray = next(k for k, _ in model.named_parameters() if not k.startswith("head."))
+    twins = global_twins(shared, torch.device("cpu"))
+    first, second = device_states([shared, {**shared, **head}], torch.device("cpu"), shared, twins)
     loaded: dict = {}
-    load_changed(model, shared, loaded)
+    load_changed(model, first, loaded)
     with torch.no_grad():
         model.get_parameter(stray).add_(1.0)
-    load_changed(model, {**shared, **head}, loaded)
+    load_changed(model, second, loaded)
     load_state(reference, {**shared, **head})
     for (name, got), want in zip(model.state_dict().items(), reference.state_dict().values()):
         assert torch.equal(got, want) == (name != stray), name
+
+
+def test_device_states_move_each_distinct_array_once_and_keep_its_bits():
+    """The global weights' entries are their twins themselves; every other distinct array (a personal part
+    two clients share, as a never-sampled client shares the global one) is moved once, all of one dtype in
+    one buffer; the values are the arrays' own, dtype and shape included."""
+    shared = {"w": np.arange(6, dtype=np.float32).reshape(2, 3), "b": np.float32([0.5]),
+              "n": np.array(3, dtype=np.int64)}
+    head = {"b": np.float32([np.pi])}
+    twins = global_twins(shared, torch.device("cpu"))
+    assert {twins[k].untyped_storage().data_ptr() for k in ("w", "b")} == {twins["w"].untyped_storage().data_ptr()}
+    states = [shared, {**shared, **head}, {**shared, **head}, {**shared, "w": shared["w"] * 2}]
+    loads = device_states(states, torch.device("cpu"), shared, twins)
+    assert all(loads[0][k] is twins[k] for k in shared) and loads[1]["w"] is twins["w"]
+    assert loads[1]["b"] is loads[2]["b"] and loads[1]["b"] is not twins["b"]
+    for state, load in zip(states, loads):
+        assert list(load) == list(state)
+        for k, v in state.items():
+            assert load[k].dtype == torch.from_numpy(v).dtype and load[k].numpy().tobytes() == v.tobytes(), k

@@ -1,5 +1,6 @@
-"""``engine.worker.skip_triton``: a process that sees no GPU imports torch's compiler stack and counts FLOPs
-without Triton, with the same counts and without the counter's note about Triton kernels."""
+"""``engine.worker``: a process that sees no GPU imports torch's compiler stack and counts FLOPs without Triton
+(``skip_triton``), with the same counts and without the counter's note about Triton kernels; the personalised
+evaluation's staged copies give each client's own scores."""
 
 from __future__ import annotations
 
@@ -7,8 +8,16 @@ import json
 import subprocess
 import sys
 
+import numpy as np
 import pytest
+import ray
 import torch
+
+import fltune.engine.worker as worker_module
+from fltune.config import build_config
+from fltune.engine.builders import build_method, build_model_for, initial_state, load_data, resolve_augment
+from fltune.engine.local import RoundInput, evaluate, final_round, load_state
+from fltune.engine.worker import ClientWorker, RunSpec
 
 COUNT = """
 import json, sys
@@ -40,3 +49,49 @@ def test_flops_counted_without_triton_are_the_same_and_the_counter_stays_quiet()
     assert loaded and not loaded_skipped
     assert (total_skipped, forward_skipped) == (total, forward) > (0, 0)
     assert "triton" not in err.lower()
+
+
+@pytest.mark.parametrize("method", ["lg_fedavg", "ditto"])
+def test_personalised_scores_are_each_client_scored_alone_in_chunks_of_any_size(ray_session, monkeypatch, method):
+    """``evaluate_clients`` stages a chunk's held-out images and personal weights on the device at once and
+    loads each client's weights from there. LG-FedAvg's clients differ in their whole body, some share
+    theirs, and clients never sampled share the global one; with fine-tuning (Ditto's own last round) each
+    client trains first. Chunks of one, two and all clients must give the scores of each client's own model
+    scored alone, bit for bit."""
+    threads = torch.get_num_threads()
+    cfg = build_config(overrides=[
+        "data.dataset=synthetic", "data.subsample=0.25", "partition.eval_fraction=0.2", "federation.clients=6",
+        f"method.name={method}", "training.local_epochs=1", "training.finetune_epochs=1", "tracking.enabled=false",
+    ])
+    data = load_data(cfg)
+    state = initial_state(cfg, data)
+    inputs = RoundInput(round=cfg.federation.rounds + 1, seed=0, lr=0.05, global_state=state, server={})
+    rng = np.random.default_rng(0)
+    body = {k: v + rng.normal(0, 0.1, v.shape).astype(v.dtype) for k, v in state.items()}
+    states = {1: {"personal": body}, 2: {"personal": body},
+              4: {"personal": {k: v + rng.normal(0, 0.1, v.shape).astype(v.dtype) for k, v in state.items()}}}
+    method_ = build_method(cfg)
+    if method == "lg_fedavg":  # its personal part is the body alone
+        states = {c: {"personal": {k: v for k, v in s["personal"].items() if k.startswith("body.")}}
+                  for c, s in states.items()}
+    ids = [0, 1, 2, 3, 4, 5]
+    try:
+        worker = ClientWorker(threads=1, in_driver=True)
+        run_ref = [ray.put(RunSpec(cfg, data, keep_latest=False))]
+        per_model = sum(v.nbytes for v in state.values())
+        for finetune in (False, True):
+            alone = {}
+            model = build_model_for(cfg, data)
+            for cid in ids:
+                if finetune:
+                    final_round(method_, model, data, cid, inputs, states.get(cid, {}), cfg.training,
+                                resolve_augment(cfg, data), torch.device("cpu"))
+                else:
+                    load_state(model, method_.client_model_state(state, states.get(cid, {})))
+                held_out = data.client_eval[cid]
+                alone[cid] = evaluate(model, data, data.x[held_out], data.y[held_out], torch.device("cpu"))
+            for budget in (per_model, 2 * per_model, 100 * per_model):
+                monkeypatch.setattr(worker_module, "STAGED_BYTES", budget)
+                assert worker.evaluate_clients(run_ref, inputs, finetune, ids, states) == alone, (finetune, budget)
+    finally:
+        torch.set_num_threads(threads)
