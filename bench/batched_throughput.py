@@ -6,7 +6,9 @@ executors train the very same round (same clients, seeds, global weights, the me
 payload) in this process, as one worker would: the exact path (a run's default executor) client after
 client (``local.train_client``), the batched one as one group of 10 (``batched.train_group``). Rounds alternate
 between the two, so a shared machine's load hits both alike. Figure: client-samples per second (median
-over rounds). One line per method: ``ratio batched/exact <method> <ratio>``.
+over rounds). One line per method: ``ratio batched/exact <method> <ratio>``. ``--compile``: also the batched
+executor with its step compiled (``resources.compile``; its compile time falls in the untimed first
+round), and ``ratio compiled/batched <method> <ratio>``.
 
 ``--count``: instead of timing, count each path's host work per client-step: the aten ops it dispatches
 (on a GPU, about one kernel launch each) and the Python function calls it makes. On a GPU a small model's
@@ -20,7 +22,7 @@ E = 1 round less its steps at the margin's rate: FedPAC-FedCR's class summaries,
 work than its K exact steps).
 
     python bench/batched_throughput.py [--methods fedavg ditto fedsam fedcr] [--rounds 3] [--threads 1]
-                                       [--group 10] [--device cpu] [--count]
+                                       [--group 10] [--device cpu] [--count | --compile]
 """
 
 from __future__ import annotations
@@ -54,7 +56,10 @@ def main() -> None:
     parser.add_argument("--group", type=int, default=10, help="resources.batch_clients")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--count", action="store_true", help="count ops and Python calls per step, don't time")
+    parser.add_argument("--compile", action="store_true", help="also time the batched step compiled")
     args = parser.parse_args()
+    if args.count and args.compile:
+        parser.error("--count counts the eager paths' ops; a compiled step runs fused kernels that it cannot see")
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     ratios = []
@@ -67,17 +72,22 @@ def main() -> None:
             for i, what in enumerate(("ops", "calls")):
                 ratios.append(f"ratio batched/exact {name} {what} {counts['batched'][i] / counts['exact'][i]:.3f}")
             continue
-        medians = method_rates(name, args.rounds, args.group, device)
+        medians = method_rates(name, args.rounds, args.group, device, args.compile)
         for path, value in medians.items():
             print(f"{name} {path:8s} {value:9.0f} client-samples/s")
         ratios.append(f"ratio batched/exact {name} {medians['batched'] / medians['exact']:.2f}")
+        if args.compile:
+            ratios.append(f"ratio compiled/batched {name} {medians['compiled'] / medians['batched']:.2f}")
     print("\n".join(ratios))
 
 
 class Setup:
     """One method's round, ready for both executors: the same model, data, config and round inputs."""
 
-    def __init__(self, name: str, group: int, device: torch.device, epochs: int = 1, subsample: float = 1.0) -> None:
+    def __init__(
+        self, name: str, group: int, device: torch.device, epochs: int = 1, subsample: float = 1.0,
+        compiled: bool = False,
+    ) -> None:
         model_name = get_method(name).model_for("fmnist") or "fedavg_cnn"
         self.cfg = cfg = build_config(overrides=[
             "data.dataset=fmnist", "partition.kind=iid", "federation.clients=100", "federation.fraction=0.1",
@@ -95,13 +105,15 @@ class Setup:
             for cid in clients:
                 train_client(method, model, data, cid, inputs, {}, cfg.training, "none", device, tensors, executor)
 
-        def batched(inputs: RoundInput, clients: list[int]) -> None:
+        def batched(inputs: RoundInput, clients: list[int], compile_step: bool = False) -> None:
             for chunk in client_groups(clients, group):
                 for _ in train_group(method, model, data, chunk, inputs, {}, cfg.training, "none", device,
-                                     tensors, executor.source):
+                                     tensors, executor.source, compile_step):
                     pass
 
         self.train: dict[str, Train] = {"exact": exact, "batched": batched}
+        if compiled:
+            self.train["compiled"] = lambda inputs, clients: batched(inputs, clients, compile_step=True)
 
     def round(self, r: int) -> tuple[RoundInput, list[int], int]:
         """Round ``r``'s inputs (from the initial model), its clients and their samples."""
@@ -112,10 +124,11 @@ class Setup:
         return inputs, clients, sum(len(self.data.client_train[c]) for c in clients)
 
 
-def method_rates(name: str, rounds: int, group: int, device: torch.device) -> dict[str, float]:
-    """Median client-samples/s of the exact and the batched executor on ``rounds`` timed rounds."""
-    setup = Setup(name, group, device)
-    rates: dict[str, list[float]] = {"exact": [], "batched": []}
+def method_rates(name: str, rounds: int, group: int, device: torch.device, compiled: bool) -> dict[str, float]:
+    """Median client-samples/s of the exact and the batched executor (and the compiled batched step) on
+    ``rounds`` timed rounds."""
+    setup = Setup(name, group, device, compiled=compiled)
+    rates: dict[str, list[float]] = {path: [] for path in setup.train}
     for r in range(1, rounds + 2):  # round 1 warms both up and is not timed
         inputs, clients, samples = setup.round(r)
         for path, train in setup.train.items():

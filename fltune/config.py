@@ -239,6 +239,10 @@ class ResourcesConfig(_Section):
         "clients at once with torch.func (deterministic, statistically equivalent, not bit-identical)")
     batch_clients: int = Field(
         10, ge=1, description="K, clients per vmapped group of the batched executor (groups: sorted ids chunked)")
+    compile: bool = Field(
+        False, description="batched executor only: torch.compile each group step (fused kernels, fewer launches and "
+        "Python calls; numbers move by rounding, still deterministic and worker-count free; the first rounds pay "
+        "the compile time)")
 
 
 class TrackingConfig(_Section):
@@ -274,6 +278,9 @@ class ExperimentConfig(_Section):
                 )
         if not self.metrics.test and self.partition.val_fraction == 0:
             raise ValueError("metrics.test: false leaves nothing to evaluate; allowed with partition.val_fraction > 0")
+        if self.resources.compile and self.resources.executor != "batched":
+            raise ValueError(f"resources.compile: true needs resources.executor batched (it compiles that "
+                             f"executor's group step), not {self.resources.executor}")
         return self
 
     def to_yaml(self) -> str:

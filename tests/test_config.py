@@ -67,6 +67,8 @@ def test_overrides_parse_yaml_values_and_create_sections():
     (["training.nesterov=true", "training.momentum=0"], "training.nesterov: true needs training.optimizer sgd "
      "with training.momentum > 0"),
     (["training.nesterov=true", "training.optimizer=adam"], "training.nesterov: true needs training.optimizer sgd"),
+    (["resources.compile=true"], "resources.compile: true needs resources.executor batched (it compiles that "
+     "executor's group step), not exact"),
     (["metrics.hessian.probe_data=mine"], "metrics.hessian.probe_data: Input should be 'shared' or 'own'"),
 ])
 def test_bad_values_give_one_line_naming_the_field(overrides, message):

@@ -172,7 +172,8 @@ class ClientWorker:
         """The batched executor: the shard's client groups one after another, each trained at once."""
         for group in client_groups(client_ids, self.cfg.resources.batch_clients):
             for cid, out in train_group(self.method, self.model, self.data, group, inputs, states, self.cfg.training,
-                                        self.augment_kind, self.device, global_tensors, self.executor.source):
+                                        self.augment_kind, self.device, global_tensors, self.executor.source,
+                                        self.cfg.resources.compile):
                 self._keep(result, cid, out)
             release_free_memory()
             if any(result.metrics[cid]["diverged"] for cid in group):

@@ -9,6 +9,7 @@ import statistics
 import numpy as np
 import pytest
 import torch
+from torch._dynamo.utils import counters
 
 from fltune.config import build_config
 from fltune.engine.batched import _common_phases, _group, _padded, _Tally, client_groups, train_group
@@ -34,11 +35,10 @@ FEDERATION = [
 ]
 
 
-def exact_and_batched(overrides: list[str], group: list[int], lr: float = 0.01) -> list[tuple[dict, dict]]:
-    """Per client of ``group``: ((arrays, metrics) on the exact path, (arrays, metrics) batched with the
-    whole group at once); arrays: the update, the personal state (``personal:`` keys) and the upload
-    (``upload:``). Round 1 from the initial model with the method's first server payload; SCAFFOLD gets a
-    non-zero server c, FedPAC-FedCR non-zero class centroids."""
+def round_one(overrides: list[str], lr: float = 0.01) -> tuple:
+    """Config, data, method, model, round-1 input and global tensors of a ``LOCAL`` run: round 1 from the
+    initial model with the method's first server payload; SCAFFOLD gets a non-zero server c, FedPAC-FedCR
+    non-zero class centroids."""
     cfg = build_config(overrides=[*LOCAL, *overrides])
     data, method = load_data(cfg), build_method(cfg)
     model = build_model_for(cfg, data)
@@ -48,7 +48,14 @@ def exact_and_batched(overrides: list[str], group: list[int], lr: float = 0.01) 
               "c": {k: rng.normal(0, 0.01, v.shape).astype(v.dtype) for k, v in start.items()},
               "centroids": rng.normal(0, 0.1, (data.num_classes, model.feature_dim)).astype(np.float32)}
     inputs = RoundInput(round=1, seed=0, lr=lr, global_state=start, server=server)
-    tensors = {k: torch.tensor(v) for k, v in start.items()}
+    return cfg, data, method, model, inputs, {k: torch.tensor(v) for k, v in start.items()}
+
+
+def exact_and_batched(overrides: list[str], group: list[int], lr: float = 0.01) -> list[tuple[dict, dict]]:
+    """Per client of ``group`` (``round_one``): ((arrays, metrics) on the exact path, (arrays, metrics)
+    batched with the whole group at once); arrays: the update, the personal state (``personal:`` keys) and
+    the upload (``upload:``)."""
+    cfg, data, method, model, inputs, tensors = round_one(overrides, lr)
     exact = {cid: train_client(method, model, data, cid, inputs, {}, cfg.training, "none", CPU, tensors)
              for cid in group}
     batched = dict(train_group(method, model, data, group, inputs, {}, cfg.training, "none", CPU, tensors))
@@ -106,6 +113,31 @@ def assert_follows_exact(overrides: list[str], group: list[int]) -> None:
             k: exact_metrics[k] for k in ("samples", "steps", "diverged")}
         assert metrics["train_loss"] == pytest.approx(exact_metrics["train_loss"], rel=1e-5)
         assert metrics["train_acc"] == pytest.approx(exact_metrics["train_acc"], abs=1e-2)
+
+
+@pytest.mark.parametrize("overrides", [
+    ["method.name=fedavg"], ["method.name=ditto", "method.lam=0.5", "training.grad_clip=0.5"],
+    ["method.name=simfafl", "method.beta1=0.1", *VIB],
+], ids=ids)
+def test_a_compiled_step_follows_the_eager_one(overrides):
+    """``resources.compile``: the group step through torch.compile gives each client the eager batched step's
+    weights, states and metrics up to float rounding (fused kernels round differently) in a group with
+    clients of other sizes and short last batches, and it did compile (dynamo captured graphs)."""
+    cfg, data, method, model, inputs, tensors = round_one(overrides)
+    runs = []
+    counters.clear()
+    for compiled in (False, True):
+        out = dict(train_group(method, model, data, [0, 1, 2, 3], inputs, {}, cfg.training, "none", CPU, tensors,
+                               compiled=compiled))
+        runs.append({cid: arrays_and_metrics(result) for cid, result in out.items()})
+    assert counters["stats"]["unique_graphs"] >= 1
+    for cid, ((eager, eager_metrics), (state, metrics)) in enumerate(zip(runs[0].values(), runs[1].values())):
+        assert eager.keys() == state.keys()
+        for key in state:
+            np.testing.assert_allclose(state[key], eager[key], rtol=1e-4, atol=1e-5, err_msg=f"{cid} {key}")
+        assert {k: metrics[k] for k in ("samples", "steps", "diverged")} == {
+            k: eager_metrics[k] for k in ("samples", "steps", "diverged")}
+        assert metrics["train_loss"] == pytest.approx(eager_metrics["train_loss"], rel=1e-5)
 
 
 def test_a_diverging_client_stops_like_on_the_exact_path():
@@ -269,9 +301,12 @@ def fingerprint(fed: Federation) -> tuple:
             {k: v.tobytes() for k, v in fed.global_state.items()})
 
 
-@pytest.mark.parametrize("method", [["method.name=fedavg"], ["method.name=simfafl", *VIB]], ids=ids)
+@pytest.mark.parametrize("method", [
+    ["method.name=fedavg"], ["method.name=simfafl", *VIB], ["method.name=ditto", "resources.compile=true"],
+], ids=ids)
 def test_batched_runs_are_deterministic_and_worker_count_free(pools, method):
-    """Also with per-client noise (SimFAFL's ε, drawn from each client's own generator)."""
+    """Also with per-client noise (SimFAFL's ε, drawn from each client's own generator), and with the step
+    compiled in the workers (``resources.compile``)."""
     batched = [*FEDERATION, *method, "resources.executor=batched"]
     one, again = run_all(pools, [batched, batched], workers=1)
     (two,) = run_all(pools, [batched], workers=2)
