@@ -8,7 +8,8 @@ client (``local.train_client``), the batched one as one group of 10 (``batched.t
 between the two, so a shared machine's load hits both alike. Figure: client-samples per second (median
 over rounds). One line per method: ``ratio batched/exact <method> <ratio>``. ``--compile``: also the batched
 executor with its step compiled (``resources.compile``; its compile time falls in the untimed first
-round), and ``ratio compiled/batched <method> <ratio>``.
+round), and ``ratio compiled/batched <method> <ratio>``. ``--set K=V``: a config override for every path (e.g.
+SimFAFL Table 2's SGD: ``--set training.momentum=0 --set training.grad_clip=10 --set training.batch_size=48``).
 
 ``--count``: instead of timing, count each path's host work per client-step: the aten ops it dispatches
 (on a GPU, about one kernel launch each) and the Python function calls it makes. On a GPU a small model's
@@ -22,7 +23,7 @@ E = 1 round less its steps at the margin's rate: FedPAC-FedCR's class summaries,
 work than its K exact steps).
 
     python bench/batched_throughput.py [--methods fedavg ditto fedsam fedcr] [--rounds 3] [--threads 1]
-                                       [--group 10] [--device cpu] [--count | --compile]
+                                       [--group 10] [--device cpu] [--count | --compile] [--set K=V ...]
 """
 
 from __future__ import annotations
@@ -57,6 +58,8 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--count", action="store_true", help="count ops and Python calls per step, don't time")
     parser.add_argument("--compile", action="store_true", help="also time the batched step compiled")
+    parser.add_argument("--set", dest="extra", action="append", default=[], metavar="KEY=VALUE",
+                        help="a config override for every path (repeatable)")
     args = parser.parse_args()
     if args.count and args.compile:
         parser.error("--count counts the eager paths' ops; a compiled step runs fused kernels that it cannot see")
@@ -65,14 +68,14 @@ def main() -> None:
     ratios = []
     for name in args.methods:
         if args.count:
-            counts = step_counts(name, args.group, device)
+            counts = step_counts(name, args.group, device, args.extra)
             for path, (ops, calls, fixed) in counts.items():
                 print(f"{name} {path:8s} {ops:7.1f} aten ops, {calls:7.1f} Python calls per client-step; "
                       f"{fixed:6.0f} aten ops a round besides")
             for i, what in enumerate(("ops", "calls")):
                 ratios.append(f"ratio batched/exact {name} {what} {counts['batched'][i] / counts['exact'][i]:.3f}")
             continue
-        medians = method_rates(name, args.rounds, args.group, device, args.compile)
+        medians = method_rates(name, args.rounds, args.group, device, args.compile, args.extra)
         for path, value in medians.items():
             print(f"{name} {path:8s} {value:9.0f} client-samples/s")
         ratios.append(f"ratio batched/exact {name} {medians['batched'] / medians['exact']:.2f}")
@@ -86,13 +89,13 @@ class Setup:
 
     def __init__(
         self, name: str, group: int, device: torch.device, epochs: int = 1, subsample: float = 1.0,
-        compiled: bool = False,
+        compiled: bool = False, extra: list[str] | None = None,
     ) -> None:
         model_name = get_method(name).model_for("fmnist") or "fedavg_cnn"
         self.cfg = cfg = build_config(overrides=[
             "data.dataset=fmnist", "partition.kind=iid", "federation.clients=100", "federation.fraction=0.1",
             f"method.name={name}", f"model.name={model_name}", f"training.local_epochs={epochs}",
-            "training.batch_size=50", "tracking.enabled=false", f"data.subsample={subsample}",
+            "training.batch_size=50", "tracking.enabled=false", f"data.subsample={subsample}", *(extra or []),
         ])
         self.data, self.method = data, method = load_data(cfg), build_method(cfg)
         model = build_model_for(cfg, data).to(device)
@@ -124,10 +127,12 @@ class Setup:
         return inputs, clients, sum(len(self.data.client_train[c]) for c in clients)
 
 
-def method_rates(name: str, rounds: int, group: int, device: torch.device, compiled: bool) -> dict[str, float]:
+def method_rates(
+    name: str, rounds: int, group: int, device: torch.device, compiled: bool, extra: list[str],
+) -> dict[str, float]:
     """Median client-samples/s of the exact and the batched executor (and the compiled batched step) on
     ``rounds`` timed rounds."""
-    setup = Setup(name, group, device, compiled=compiled)
+    setup = Setup(name, group, device, compiled=compiled, extra=extra)
     rates: dict[str, list[float]] = {path: [] for path in setup.train}
     for r in range(1, rounds + 2):  # round 1 warms both up and is not timed
         inputs, clients, samples = setup.round(r)
@@ -153,7 +158,9 @@ class _Ops(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def step_counts(name: str, group: int, device: torch.device) -> dict[str, tuple[float, float, float]]:
+def step_counts(
+    name: str, group: int, device: torch.device, extra: list[str],
+) -> dict[str, tuple[float, float, float]]:
     """Per path, (aten ops, Python calls) per client-step at the margin: round 2 with E = 3 minus with E = 1,
     over the client-steps between (round 1 warms up); then the aten ops of the E = 1 round that the margin
     leaves out (its clients' set-up and results). A quarter of the data (150 samples a client): the counts
@@ -161,9 +168,10 @@ def step_counts(name: str, group: int, device: torch.device) -> dict[str, tuple[
     counter is Python that the profiler would count."""
     totals: dict[str, list[tuple[int, int, int]]] = {"exact": [], "batched": []}
     for epochs in (1, 3):
-        setup = Setup(name, group, device, epochs, subsample=0.25)
+        setup = Setup(name, group, device, epochs, subsample=0.25, extra=extra)
         inputs, clients, _ = setup.round(2)
-        steps = epochs * sum(-(-len(setup.data.client_train[c]) // 50) for c in clients)
+        size = setup.cfg.training.batch_size
+        steps = epochs * sum(-(-len(setup.data.client_train[c]) // size) for c in clients)
         for path, train in setup.train.items():
             train(*setup.round(1)[:2])
             ops, profile = _Ops(), cProfile.Profile()
