@@ -258,8 +258,12 @@ def compile_step(step: Callable[..., FunctionalStep]) -> Callable[..., Functiona
     lr are specialised at first and made dynamic at their first change (torch's automatic dynamic), so a run
     compiles a few graphs in its first rounds. Fused kernels round differently from eager ones: the numbers
     move in their last digits, and stay deterministic and free of the worker count (each worker's threads
-    are its own ``cpus_per_worker``)."""
+    are its own ``cpus_per_worker``). Inductor compiles with as many processes as the worker has threads,
+    not one per core of the machine: Tune's trials each start workers that compile at once."""
+    import torch._inductor.config
+
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, COMPILED_GRAPHS)
+    torch._inductor.config.compile_threads = torch.get_num_threads()
     return torch.compile(step)
 
 
