@@ -43,8 +43,7 @@ class RoundInput:
 def load_state(model: nn.Module, state: State) -> None:
     """Copy numpy weights into the model (copying: arrays from Ray's object store are read-only), all of a
     dtype in one copy to the model's device (``to_device``)."""
-    device = next(iter(model.state_dict().values())).device
-    model.load_state_dict(dict(zip(state, to_device(list(state.values()), device))))
+    model.load_state_dict(state_on_device(state, next(iter(model.state_dict().values())).device))
 
 
 def to_device(arrays: Sequence[np.ndarray], device: torch.device) -> list[torch.Tensor]:
@@ -61,10 +60,11 @@ def to_device(arrays: Sequence[np.ndarray], device: torch.device) -> list[torch.
     return out
 
 
-def global_twins(global_state: State, device: torch.device) -> dict[str, torch.Tensor]:
-    """The round's global weights on ``device``, in one copy (``to_device``): what methods read as
-    ``ClientContext.global_state``, and what clients' loads copy the weights they share with it from."""
-    return dict(zip(global_state, to_device(list(global_state.values()), device)))
+def state_on_device(state: State, device: torch.device) -> dict[str, torch.Tensor]:
+    """``state`` on ``device`` in one copy per dtype (``to_device``). Of the round's global weights: what
+    methods read as ``ClientContext.global_state``, and what clients' loads copy the weights they share
+    with it from (``device_states``)."""
+    return dict(zip(state, to_device(list(state.values()), device)))
 
 
 def device_states(
@@ -330,7 +330,7 @@ def train_client(
     torch.manual_seed(client_seed)
     generator = torch.Generator().manual_seed(client_seed)
     if global_tensors is None:
-        global_tensors = global_twins(inputs.global_state, device)
+        global_tensors = state_on_device(inputs.global_state, device)
     start = method.client_model_state(inputs.global_state, client_state)
     model.load_state_dict(device_states([start], device, inputs.global_state, global_tensors)[0])
     indices = data.client_train[client_id]
@@ -372,8 +372,8 @@ def final_round(
     ``model`` the model its personalised evaluation scores: the method's personal part tuned on CE from
     its client model (``final_round = "tune"``, :class:`FineTune`), or one more of its own local updates,
     then its new client model (``"own"``: Ditto's personal model, as FedCR's last round updates it).
-    ``global_tensors``: ``global_twins`` of ``inputs.global_state``, made once for all a worker's clients."""
-    global_tensors = global_tensors if global_tensors is not None else global_twins(inputs.global_state, device)
+    ``global_tensors``: ``state_on_device`` of ``inputs.global_state``, made once for all a worker's clients."""
+    global_tensors = global_tensors if global_tensors is not None else state_on_device(inputs.global_state, device)
     if method.final_round == "tune":
         tuner = FineTune(method, training.finetune_epochs, training.finetune_lr)
         train_client(tuner, model, data, client_id, inputs, client_state, training, augment_kind, device,

@@ -34,8 +34,8 @@ from fltune.engine.aggregate import WeightedSum
 from fltune.engine.batched import client_groups, train_group, unbatchable
 from fltune.engine.builders import build_method, build_model_for, resolve_augment
 from fltune.engine.local import (
-    Executor, RoundInput, batch_scores, device_states, eval_batch_count, final_round, global_twins, load_changed,
-    load_state, read_scores, score_sums, total_scores, train_client,
+    Executor, RoundInput, batch_scores, device_states, eval_batch_count, final_round, load_changed, load_state,
+    read_scores, score_sums, state_on_device, total_scores, train_client,
 )
 from fltune.engine.rng import use_deterministic_cuda
 from fltune.methods.base import ClientResult, Method, State, Upload, to_numpy
@@ -144,7 +144,7 @@ class ClientWorker:
         client's own training (``client_meters``)."""
         data = self._attach(run_ref)
         result = WorkerResult(partial=WeightedSum())
-        global_tensors = global_twins(inputs.global_state, self.device)
+        global_tensors = state_on_device(inputs.global_state, self.device)
         builders = client_meters(self.cfg, data, inputs.round)  # what probes measure of the training itself
         if self.batched and not builders:
             return self._pack(self._train_groups(result, inputs, client_ids, states, global_tensors))
@@ -213,7 +213,7 @@ class ClientWorker:
         ``local.final_round``) on its own held-out split, in chunks of clients whose weights fill at most
         ``STAGED_BYTES`` (``_score_chunk``). Scores are read once for the whole shard."""
         data = self._attach(run_ref)
-        global_tensors = global_twins(inputs.global_state, self.device)
+        global_tensors = state_on_device(inputs.global_state, self.device)
         per_chunk = max(1, STAGED_BYTES // sum(v.nbytes for v in inputs.global_state.values()))
         sums: dict[int, torch.Tensor] = {}
         for first in range(0, len(client_ids), per_chunk):

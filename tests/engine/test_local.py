@@ -15,8 +15,8 @@ from fltune.config import build_config
 from fltune.engine.builders import build_method, build_model_for, initial_state, load_data
 from fltune.data.augment import to_float
 from fltune.engine.local import (
-    EVAL_BATCH, DeviceMeter, HostMeter, RoundInput, batch_scores, device_states, final_round, global_twins,
-    load_changed, load_state, make_optimizer, train_client,
+    EVAL_BATCH, DeviceMeter, HostMeter, RoundInput, batch_scores, device_states, final_round, load_changed,
+    load_state, make_optimizer, state_on_device, train_client,
 )
 from fltune.methods.base import effective_steps
 from tests.engine.helpers import OpCount, ScalarReads
@@ -173,7 +173,7 @@ def test_load_changed_copies_only_tensors_it_has_not_loaded():
     shared = inputs.global_state
     head = {k: v + np.float32(1) for k, v in shared.items() if k.startswith("head.")}
     stray = next(k for k, _ in model.named_parameters() if not k.startswith("head."))
-    twins = global_twins(shared, torch.device("cpu"))
+    twins = state_on_device(shared, torch.device("cpu"))
     first, second = device_states([shared, {**shared, **head}], torch.device("cpu"), shared, twins)
     loaded: dict = {}
     load_changed(model, first, loaded)
@@ -192,7 +192,7 @@ def test_device_states_move_each_distinct_array_once_and_keep_its_bits():
     shared = {"w": np.arange(6, dtype=np.float32).reshape(2, 3), "b": np.float32([0.5]),
               "n": np.array(3, dtype=np.int64)}
     head = {"b": np.float32([np.pi])}
-    twins = global_twins(shared, torch.device("cpu"))
+    twins = state_on_device(shared, torch.device("cpu"))
     assert {twins[k].untyped_storage().data_ptr() for k in ("w", "b")} == {twins["w"].untyped_storage().data_ptr()}
     states = [shared, {**shared, **head}, {**shared, **head}, {**shared, "w": shared["w"] * 2}]
     loads = device_states(states, torch.device("cpu"), shared, twins)
