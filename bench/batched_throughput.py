@@ -20,8 +20,10 @@ at the margin: a round of 3 epochs minus a round of 1, over the steps between, s
 result are left out; those are counted apart, as the ops of a round that do not grow with its steps (the
 E = 1 round less its steps at the margin's rate: FedPAC-FedCR's class summaries, for one). Lines:
 ``ratio batched/exact <method> ops <x>`` and ``... calls <x>`` (below 1: a group step costs less host
-work than its K exact steps). With ``--compile`` the compiled step's Python calls too (its kernels are
-inductor's own, which the op counter does not see: ``nan``), and ``ratio compiled/batched <method> calls <x>``.
+work than its K exact steps). With ``--compile`` the compiled path too: its ops are the aten ops dispatched
+outside the compiled graph plus the calls the graph's generated code makes to kernels (inductor's fused ones
+and the aten ops it calls out to, e.g. convolutions: on a GPU a launch each), read from the profile since
+dispatch does not see inside a graph; and ``ratio compiled/batched <method> ops <x>`` and ``... calls <x>``.
 
     python bench/batched_throughput.py [--methods fedavg ditto fedsam fedcr] [--rounds 3] [--threads 1]
                                        [--group 10] [--device cpu] [--count] [--compile] [--set K=V ...]
@@ -31,17 +33,20 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import math
 import pstats
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
+from unittest.mock import patch
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch._inductor.runtime.cache_dir_utils import cache_dir
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
 from fltune.config import build_config
+from fltune.engine import batched
 from fltune.engine.batched import client_groups, train_group
 from fltune.engine.builders import build_method, build_model_for, initial_state, load_data
 from fltune.engine.local import Executor, RoundInput, train_client
@@ -75,7 +80,9 @@ def main() -> None:
             for i, what in enumerate(("ops", "calls")):
                 ratios.append(f"ratio batched/exact {name} {what} {counts['batched'][i] / counts['exact'][i]:.3f}")
             if args.compile:
-                ratios.append(f"ratio compiled/batched {name} calls {counts['compiled'][1] / counts['batched'][1]:.3f}")
+                for i, what in enumerate(("ops", "calls")):
+                    ratios.append(f"ratio compiled/batched {name} {what} "
+                                  f"{counts['compiled'][i] / counts['batched'][i]:.3f}")
             continue
         medians = method_rates(name, args.rounds, args.group, device, args.compile, args.extra)
         for path, value in medians.items():
@@ -160,6 +167,38 @@ class _Ops(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+@contextmanager
+def _graphs_unseen() -> Iterator[None]:
+    """Compiled steps run outside the op counter: under a dispatch mode dynamo would run them eagerly (and
+    the counter would count the eager ops)."""
+    compile_step = batched.compile_step
+
+    def unseen(step: Callable[..., Any]) -> Callable[..., Any]:
+        compiled = compile_step(step)
+
+        def run(*args: Any, **kwargs: Any) -> Any:
+            with _disable_current_modes():
+                return compiled(*args, **kwargs)
+        return run
+
+    with patch.object(batched, "compile_step", unseen):
+        yield
+
+
+KERNEL_HELPERS = "torch._C._dynamo.guards."
+"""The generated code's own helpers (allocations, size and alignment asserts): not kernels."""
+
+
+def _graph_kernels(stats: pstats.Stats) -> int:
+    """Calls made by inductor's generated code (the modules in its cache folder) to anything but its helpers
+    and Python: a compiled kernel (a builtin) or an aten op it calls out to, a launch each on a GPU."""
+    folder = cache_dir()
+    return sum(
+        count for (file, _, name), (*_, callers) in stats.stats.items()  # type: ignore[attr-defined]
+        if file == "~" and name.startswith("<built-in method") and KERNEL_HELPERS not in name
+        for (caller, _, _), (count, *_) in callers.items() if caller.startswith(folder))
+
+
 def step_counts(
     name: str, group: int, device: torch.device, extra: list[str], compiled: bool,
 ) -> dict[str, tuple[float, float, float]]:
@@ -177,12 +216,11 @@ def step_counts(
         for path, train in setup.train.items():
             train(*setup.round(1)[:2])
             ops, profile = _Ops(), cProfile.Profile()
-            if path != "compiled":  # a compiled graph runs inductor's kernels, which dispatch does not see
-                with ops:
-                    train(inputs, clients)
+            with ops, _graphs_unseen():
+                train(inputs, clients)
             profile.runcall(train, inputs, clients)
-            seen = ops.count if path != "compiled" else math.nan
-            totals.setdefault(path, []).append((steps, seen, pstats.Stats(profile).total_calls))
+            stats = pstats.Stats(profile)
+            totals.setdefault(path, []).append((steps, ops.count + _graph_kernels(stats), stats.total_calls))
     out = {}
     for path, (a, b) in totals.items():
         ops = (b[1] - a[1]) / (b[0] - a[0])
