@@ -144,6 +144,7 @@ def handle_stop_signals() -> None:
     sizing the cluster) never gets there once a process-group SIGTERM has killed the GCS — Ray's core worker
     ends it 60 s later with status 1. The interpreter's C-level handler writes each signal's number to
     this pipe at once, whatever the main thread is doing."""
+    take_ctrl_c()
     signal.signal(signal.SIGTERM, _on_sigterm)
     if not _wakeup:
         read, write = os.pipe()
@@ -151,6 +152,15 @@ def handle_stop_signals() -> None:
         _wakeup.append(write)
         threading.Thread(target=_watch_signals, args=(read,), daemon=True, name="fltune-signals").start()
     signal.set_wakeup_fd(_wakeup[0], warn_on_full_buffer=False)
+
+
+def take_ctrl_c() -> None:
+    """Make Ctrl-C (SIGINT) a stop at every moment of the command, also in a process that started with it
+    ignored: a non-interactive shell starts its background jobs so, and Python then leaves it ignored. Tune's ``fit`` installs its own handler whatever the disposition, so such a
+    driver took a SIGINT during a Tune job and lost one between two (a comparison went on into its next
+    study and ran to the end, status 0). A handler already installed is kept."""
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def _watch_signals(read: int) -> None:

@@ -164,6 +164,29 @@ def test_a_sigterm_after_a_finished_tune_job_stops_the_command(monkeypatch: pyte
             signal.signal(signum, handler)
 
 
+def test_ctrl_c_stops_a_command_that_started_with_it_ignored() -> None:
+    """A driver started with SIGINT ignored (a shell's background job, a CI step) took Ctrl-C during a Tune
+    job (Tune's own handler) and lost it between two: ``take_ctrl_c`` makes it ``KeyboardInterrupt`` at
+    every moment, and keeps a handler that is already installed."""
+    before = signal.getsignal(signal.SIGINT)
+    try:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        driver.take_ctrl_c()
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+            signal.sigtimedwait([], 0)  # a bytecode boundary for the handler (it runs in the main thread)
+
+        def own(signum: int, frame: object) -> None:
+            pass
+
+        signal.signal(signal.SIGINT, own)
+        driver.take_ctrl_c()
+        assert signal.getsignal(signal.SIGINT) is own
+    finally:
+        signal.signal(signal.SIGINT, before)
+
+
 def test_a_stopped_jobs_line_is_whole_and_names_the_signal(monkeypatch, capsys) -> None:
     """The resume command is copied from the terminal: never wrapped, however long."""
     resume = "python cli.py compare --name c --storage /" + "x" * 150 + " --resume"
