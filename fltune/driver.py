@@ -156,9 +156,10 @@ def handle_stop_signals() -> None:
 
 def take_ctrl_c() -> None:
     """Make Ctrl-C (SIGINT) a stop at every moment of the command, also in a process that started with it
-    ignored: a non-interactive shell starts its background jobs so, and Python then leaves it ignored. Tune's ``fit`` installs its own handler whatever the disposition, so such a
-    driver took a SIGINT during a Tune job and lost one between two (a comparison went on into its next
-    study and ran to the end, status 0). A handler already installed is kept."""
+    ignored: a non-interactive shell starts its background jobs so, and Python then leaves it ignored.
+    Tune's ``fit`` installs its own handler whatever the disposition, so such a driver took a SIGINT during
+    a Tune job and lost one between two (a comparison went on into its next study and ran to the end,
+    status 0). A handler already installed is kept."""
     if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
