@@ -262,11 +262,11 @@ def compile_step(step: Callable[..., _Taken]) -> Callable[..., _Taken]:
     and the update's Python is traced away and inductor fuses the elementwise work into few kernels (a group
     step of 10 FedAvg-CNN clients at Table 2's SGD: 59 launches where eager dispatches 277 ops, counted by
     ``bench/batched_throughput.py --count --compile``). Shapes and the round's lr are specialised at first
-    and made dynamic at their first change (torch's automatic dynamic), so a run
-    compiles a few graphs in its first rounds. Fused kernels round differently from eager ones: the numbers
-    move in their last digits, and stay deterministic and free of the worker count (each worker's threads
-    are its own ``cpus_per_worker``). Inductor compiles with as many processes as the worker has threads,
-    not one per core of the machine: Tune's trials each start workers that compile at once."""
+    and made dynamic at their first change (torch's automatic dynamic), so a run compiles a few graphs in
+    its first rounds. Fused kernels round differently from eager ones: the numbers move in their last
+    digits, and stay deterministic and free of the worker count (each worker's threads are its own
+    ``cpus_per_worker``). Inductor compiles with as many processes as the worker has threads, not one per
+    core of the machine: Tune's trials each start workers that compile at once."""
     import torch._inductor.config
 
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, COMPILED_GRAPHS)
