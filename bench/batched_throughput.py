@@ -204,12 +204,14 @@ def step_counts(
 ) -> dict[str, tuple[float, float, float]]:
     """Per path, (aten ops, Python calls) per client-step at the margin: round 2 with E = 3 minus with E = 1,
     over the client-steps between (round 1 warms up); then the aten ops of the E = 1 round that the margin
-    leaves out (its clients' set-up and results). A quarter of the data (150 samples a client): the counts
-    per step do not depend on it. Ops and calls are counted in separate runs of the round, since the op
-    counter is Python that the profiler would count."""
+    leaves out (its clients' set-up and results). All of each client's data (600 samples, 12 steps an epoch
+    at B 50, 13 at Table 2's 48): an epoch's set-up (its shuffles, its labels' gather, VIB's ε) is shared by
+    its steps, so the counts per step depend on how many there are, and these are a paper run's. Ops and
+    calls are counted in separate runs of the round, since the op counter is Python that the profiler would
+    count."""
     totals: dict[str, list[tuple[int, float, int]]] = {}
     for epochs in (1, 3):
-        setup = Setup(name, group, device, epochs, subsample=0.25, compiled=compiled, extra=extra)
+        setup = Setup(name, group, device, epochs, compiled=compiled, extra=extra)
         inputs, clients, _ = setup.round(2)
         size = setup.cfg.training.batch_size
         steps = epochs * sum(-(-len(setup.data.client_train[c]) // size) for c in clients)

@@ -9,7 +9,7 @@ The method supplies its per-batch objective as a pure function of the parameters
 more than that loss's gradient, the whole step (``Method.functional_step``: SAM's two gradient
 evaluations, Ditto's personal model carried from step to step as a second stacked parameter set, FedCR's
 recorded (μ, σ) handed back per client to ``Method.record_step``); random draws come in from outside the
-vmap (``Method.step_noise``, VIB's ε), each client's from its own (seed, round, client id) generator.
+vmap (``Method.epoch_noise``, VIB's ε), each client's from its own (seed, round, client id) generator.
 Every other client hook (``setup_client``, ``phases``, ``client_result``) runs per client on the worker's
 module as in the exact path.
 
@@ -171,26 +171,34 @@ def _common_phases(method: Method, contexts: list[ClientContext]) -> list[list[P
 
 
 def _padded(rows: list[Tensor | None], size: int) -> Tensor:
-    """Per-client tensors (batch axis first, at most ``size`` long) zero-padded to ``size`` and stacked; a
-    client without a batch (None) gets zeros. A step where every client has a full batch (all but an
-    epoch's last, mostly) is one stack instead of zeros and a copy per client (on a GPU, K + 1 launches)."""
+    """Per-client tensors (their leading axis at most ``size`` long: an epoch's steps) zero-padded to ``size``
+    and stacked along axis 1, [size, K, ...]; a client without any (None) gets zeros. Clients that all run
+    the epoch's every step (most epochs) are one stack instead of zeros and a copy per client (on a GPU,
+    K + 1 launches)."""
     full = [row for row in rows if row is not None and len(row) == size]
     if len(full) == len(rows):
-        return torch.stack(full)
+        return torch.stack(full, dim=1)
     real = next(row for row in rows if row is not None)
-    out = real.new_zeros((len(rows), size, *real.shape[1:]))
+    out = real.new_zeros((size, len(rows), *real.shape[1:]))
     for k, row in enumerate(rows):
         if row is not None:
-            out[k, :len(row)] = row
+            out[:len(row), k] = row
     return out
 
 
 @dataclass
 class _Step:
-    """The K clients' batches of one step padded to one shape (the step's largest real batch), and their
-    noise; a client without a batch has weight 0 everywhere and ``active`` False."""
+    """The K clients' batches of one step padded to one shape (the step's largest real batch, or B where
+    the epoch is ``fixed``), and their noise; a client without a batch has weight 0 everywhere and
+    ``active`` False. Every tensor is a view of its epoch's (``_GroupEpoch``) but the augmented images: on a
+    GPU a step launches nothing before the group step itself."""
 
-    x: Tensor
+    index: Tensor
+    """[K, size]: the step's rows of the device pool (0 in padded rows)."""
+    source: DeviceBatches
+    augmented: Tensor | None
+    """The step's images, augmented per client; None: gathered by :meth:`images` inside the group step."""
+    padded: bool
     y: Tensor
     weight: Tensor
     real: Tensor
@@ -199,19 +207,43 @@ class _Step:
     noise: dict[str, Tensor]
     counts: list[int]
 
+    def images(self) -> Tensor:
+        """The step's images [K, size, ...]: the augmented ones, or gathered from the device pool by index and
+        normalised by table lookup (``DeviceBatches``: bit-identical to ``to_float``) with padded rows zero.
+        Called inside the group step (``_GroupTrainer._take``) so that a compiled step fuses the gather, the
+        lookup and the padding into its graph: on a GPU three to five launches a step fewer."""
+        if self.augmented is not None:
+            return self.augmented
+        x = lookup_float(self.source.x[self.index], self.source.table)
+        return _zero_padding(x, self.real) if self.padded else x
+
+
+def _zero_padding(t: Tensor, real: Tensor) -> Tensor:
+    """``t`` with the rows that ``real`` (its leading axes: [K, B] or [S, K, B]) marks False set to zero, in
+    place."""
+    return t.masked_fill_(~real.view(*real.shape, *[1] * (t.dim() - real.dim())), 0)
+
 
 class _GroupEpoch:
     """One epoch of a group's batches, laid out when it starts.
 
     Each client's sample order is its own generator's ``randperm`` (``local.epoch_order``: the draw its
-    exact-path stream makes), cut into batches of B. A step then gathers all K clients' batches from the
-    worker's device pool at once (``DeviceBatches``: uint8, normalised by table lookup, bit-identical to
-    ``to_float``) by one [K, B] index: per step, K host gathers, K copies to the device and a padding copy per
-    client cost more host time than the K-client step itself on a GPU. Step s is padded to its largest real
-    batch and padded rows are zero, as each client's own stream padded one by one would be.
+    exact-path stream makes), cut into batches of B. A step gathers all K clients' batches from the worker's
+    device pool at once (``DeviceBatches``: uint8, normalised by table lookup, bit-identical to ``to_float``)
+    by one [K, B] index: per step, K host gathers, K copies to the device and a padding copy per client cost
+    more host time than the K-client step itself on a GPU. The labels of the whole epoch are gathered here in
+    one op, and its noise drawn (``noise``: one draw per client, ``Method.epoch_noise``), so that a step only
+    takes views. Step s is padded to its largest real batch and padded rows are zero, as each client's own
+    stream padded one by one would be; ``fixed`` pads every step to B instead (a compiled step: one shape,
+    so one graph, where the convolutions' kernels specialise on the batch and every new short batch would
+    compile anew). The layout is step-major ([S, K, B, ...]): a step's views are contiguous, with the same
+    strides in every epoch.
     """
 
-    def __init__(self, source: DeviceBatches, orders: list[Tensor | None], batch_size: int) -> None:
+    def __init__(
+        self, source: DeviceBatches, orders: list[Tensor | None], batch_size: int,
+        noise: Callable[[Tensor, int], dict[str, Tensor]], fixed: bool = False,
+    ) -> None:
         lengths = torch.tensor([0 if order is None else len(order) for order in orders])
         steps = -(-int(lengths.max()) // batch_size)
         index = torch.zeros(len(orders), steps * batch_size, dtype=torch.long)
@@ -219,31 +251,38 @@ class _GroupEpoch:
             if order is not None:
                 index[k, :len(order)] = order
         self.counts = (lengths[:, None] - torch.arange(steps) * batch_size).clamp(0, batch_size)  # host [K, S]
-        self.sizes = self.counts.amax(0).tolist()
-        self.source = source
+        self.sizes = [batch_size] * steps if fixed else self.counts.amax(0).tolist()
+        self.source, self.fixed = source, fixed
         device = source.device
-        self.index = index.view(len(orders), steps, batch_size).to(device)
-        count = self.counts.to(device)
-        self.active = count > 0  # [K, S]
-        self.real = torch.arange(batch_size, device=device) < count[..., None]  # [K, S, B]
+        self.index = index.view(len(orders), steps, batch_size).transpose(0, 1).contiguous().to(device)
+        count = self.counts.T.to(device)
+        self.active = count > 0  # [S, K]
+        self.real = torch.arange(batch_size, device=device) < count[..., None]  # [S, K, B]
         self.weight = self.real.float()
+        self.y = _zero_padding(source.y[self.index], self.real)  # [S, K, B]
+        self.noise = noise(self.counts, batch_size)  # [S, K, B, ...] each
 
     def step(self, s: int, augment_kind: str, group: _Group) -> _Step:
-        """Step ``s``: the padded batches, augmented per client with its generator in its stream's draw
-        order, and the clients' noise."""
+        """Step ``s``: views of the epoch's batches, and its images where the run augments them."""
         size, counts = self.sizes[s], self.counts[:, s].tolist()
-        index, real = self.index[:, s, :size], self.real[:, s, :size]
+        index, real = self.index[s, :, :size], self.real[s, :, :size]
+        padded = self.fixed or min(counts) < size  # a step of full batches (most of them) has none
+        augmented = None if augment_kind == "none" else self._augmented(index, real, padded, counts, augment_kind,
+                                                                         group.generators)
+        return _Step(index, self.source, augmented, padded, self.y[s, :, :size], self.weight[s, :, :size], real,
+                     self.active[s], {key: t[s, :, :size] for key, t in self.noise.items()}, counts)
+
+    def _augmented(
+        self, index: Tensor, real: Tensor, padded: bool, counts: list[int], augment_kind: str,
+        generators: list[torch.Generator],
+    ) -> Tensor:
+        """A step's images augmented per client, each with its generator in its stream's draw order (host
+        draws: outside the group step)."""
         x = lookup_float(self.source.x[index], self.source.table)
-        if augment_kind != "none":
-            for k, n in enumerate(counts):
-                if n:
-                    x[k, :n] = augment(x[k, :n], augment_kind, group.generators[k])
-        y = self.source.y[index]
-        if min(counts) < size:  # padded rows (sample 0 gathered) become zeros; a step of full batches has none
-            pad = ~real
-            x.masked_fill_(pad.view(*pad.shape, *[1] * (x.dim() - 2)), 0.0)
-            y.masked_fill_(pad, 0)
-        return _Step(x, y, self.weight[:, s, :size], real, self.active[:, s], group.step_noise(counts, size), counts)
+        for k, n in enumerate(counts):
+            if n:
+                x[k, :n] = augment(x[k, :n], augment_kind, generators[k])
+        return _zero_padding(x, real) if padded else x
 
 
 COMPILED_GRAPHS = 64
@@ -257,16 +296,19 @@ _Taken = tuple[FunctionalStep, Tensor, Tensor]
 
 def compile_step(step: Callable[..., _Taken]) -> Callable[..., _Taken]:
     """``torch.compile`` of a group step's device work (``resources.compile``; ``_GroupTrainer._take``: the
-    vmapped step, the divergence flags, the SGD update, the correct counts). Why: on a GPU a small model's
-    step waits on the host (Python, the dispatcher, one launch per op); compiled, vmap's, ``functional_call``'s
-    and the update's Python is traced away and inductor fuses the elementwise work into few kernels (a group
-    step of 10 FedAvg-CNN clients at Table 2's SGD: 59 launches where eager dispatches 277 ops, counted by
-    ``bench/batched_throughput.py --count --compile``). Shapes and the round's lr are specialised at first
-    and made dynamic at their first change (torch's automatic dynamic), so a run compiles a few graphs in
-    its first rounds. Fused kernels round differently from eager ones: the numbers move in their last
-    digits, and stay deterministic and free of the worker count (each worker's threads are its own
-    ``cpus_per_worker``). Inductor compiles with as many processes as the worker has threads, not one per
-    core of the machine: Tune's trials each start workers that compile at once."""
+    images' gather, the vmapped step, the divergence flags, the SGD update, the correct counts). Why: on a
+    GPU a small model's step waits on the host (Python, the dispatcher, one launch per op); compiled, vmap's,
+    ``functional_call``'s and the update's Python is traced away and inductor fuses the elementwise work
+    into few kernels (a group step of 10 FedAvg-CNN clients at Table 2's SGD: 38 ops and kernel calls, at
+    most a launch each, where eager dispatches 262 ops; ``bench/batched_throughput.py --count --compile``). Every compiled step
+    is padded to B (``_GroupEpoch``'s ``fixed``): the convolutions specialise a graph on the batch size, so
+    each short last batch of a new size compiled a graph anew. The round's lr is specialised at first and
+    made dynamic at its first change (torch's automatic dynamic), so a run compiles a graph or two per group
+    size and phase, in its first rounds. Fused kernels round differently from eager ones, and padded rows
+    add zeros to sums: the numbers move in their last digits, and stay deterministic and free of the worker
+    count (each worker's threads are its own ``cpus_per_worker``). Inductor compiles with as many processes
+    as the worker has threads, not one per core of the machine: Tune's trials each start workers that
+    compile at once."""
     import torch._inductor.config
 
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, COMPILED_GRAPHS)
@@ -300,6 +342,7 @@ class _GroupTrainer:
         # the round's global weights are the same for every client: closed over, not stacked, nor a vmap
         # argument that every step would flatten again
         self.steps = vmap(client_step, randomness="different")
+        self.compiled = compiled
         self.take = compile_step(self._take) if compiled else self._take
 
     def step(
@@ -310,23 +353,22 @@ class _GroupTrainer:
         train = {n: params[n] for n in self.trainable}
         frozen = {n: p for n, p in params.items() if n not in train}
         step_inputs = {**inputs, "noise": batch.noise} if batch.noise else inputs
-        out, live, correct = self.take(train, frozen, step_inputs, batch.x, batch.y, batch.weight, batch.real,
-                                       batch.active, tally.diverged, lr)
+        out, live, correct = self.take(train, frozen, step_inputs, batch, tally.diverged, lr)
         tally.record(out.loss, live, correct, batch.counts)
         return out, live
 
     def _take(
-        self, train: Stacked, frozen: Stacked, inputs: dict[str, Stacked], x: Tensor, y: Tensor, w: Tensor,
-        real: Tensor, active: Tensor, diverged: Tensor, lr: float,
+        self, train: Stacked, frozen: Stacked, inputs: dict[str, Stacked], batch: _Step, diverged: Tensor,
+        lr: float,
     ) -> _Taken:
-        """The step's device work, all of it in one function so that ``resources.compile`` traces the
-        gradients, the divergence flags (``diverged``, in place), the SGD update and the correct counts as
-        one graph (outside it, each would be eager ops and Python on every step)."""
-        out = self.steps(train, frozen, inputs, x, y, w)
-        diverged |= active & ((out.loss - out.loss) != 0)  # x − x is 0 unless x is NaN or ±inf
-        live = active & ~diverged
+        """The step's device work, all of it in one function so that ``resources.compile`` traces the batch's
+        images, the gradients, the divergence flags (``diverged``, in place), the SGD update and the correct
+        counts as one graph (outside it, each would be eager ops and Python on every step)."""
+        out = self.steps(train, frozen, inputs, batch.images(), batch.y, batch.weight)
+        diverged |= batch.active & ((out.loss - out.loss) != 0)  # x − x is 0 unless x is NaN or ±inf
+        live = batch.active & ~diverged
         self._update(out.grads, lr, live)
-        return out, live, ((out.logits.argmax(-1) == y) & real).sum(1)
+        return out, live, ((out.logits.argmax(-1) == batch.y) & batch.real).sum(1)
 
     def _update(self, grads: Stacked, lr: float, live: Tensor) -> None:
         """SGD on every live client, in place: the parameters' gradients side by side in one [K, Σ sizes]
@@ -385,19 +427,22 @@ class _Group:
     device: torch.device
     carried: set[str]
 
-    def epoch(self, source: DeviceBatches, phases: list[Phase], epoch: int, batch_size: int) -> _GroupEpoch:
+    def epoch(
+        self, source: DeviceBatches, phases: list[Phase], epoch: int, batch_size: int, fixed: bool = False,
+    ) -> _GroupEpoch:
         """The group's batches of ``epoch``: a client past its phase's epochs has none (and draws nothing)."""
         orders = [epoch_order(indices, generator, shuffle=True) if epoch < phase.epochs else None
                   for indices, generator, phase in zip(self.indices, self.generators, phases)]
-        return _GroupEpoch(source, orders, batch_size)
+        return _GroupEpoch(source, orders, batch_size, self.epoch_noise, fixed)
 
-    def step_noise(self, counts: list[int], size: int) -> dict[str, Tensor]:
-        """Each client's draws for its batch of this step, from its own generator (``Method.step_noise``),
-        padded to the step's batch."""
-        noise = [None if n == 0 else self.method.step_noise(ctx, n, generator)
-                 for ctx, generator, n in zip(self.contexts, self.noise, counts)]
-        keys = next(row for row in noise if row is not None)
-        return {key: _padded([None if row is None else row[key] for row in noise], size) for key in keys}
+    def epoch_noise(self, counts: Tensor, batch_size: int) -> dict[str, Tensor]:
+        """Each client's draws for its steps of this epoch (``counts`` [K, S]: its real rows per step), one
+        call each from its own generator (``Method.epoch_noise``), padded to the group's steps: [S, K, B, ...]
+        (a client without a step draws nothing and gets zeros)."""
+        rows = [self.method.epoch_noise(ctx, steps, batch_size, generator) if (steps := [n for n in row if n])
+                else None for ctx, generator, row in zip(self.contexts, self.noise, counts.tolist())]
+        keys = next((row.keys() for row in rows if row is not None), ())
+        return {key: _padded([None if row is None else row[key] for row in rows], counts.shape[1]) for key in keys}
 
     def absorb(self, out: FunctionalStep, live: Tensor, step: _Step) -> None:
         """Keep the live clients' carried inputs (a masked client's stay), and hand each client with a
@@ -430,7 +475,7 @@ def _run_phase(
     """A phase's epochs for the group, each client for its own ``phase.epochs`` (momentum starts at zero,
     as the exact path's fresh optimiser per client and phase)."""
     for epoch in range(max(p.epochs for p in phases)):
-        laid = group.epoch(source, phases, epoch, batch_size)
+        laid = group.epoch(source, phases, epoch, batch_size, fixed=trainer.compiled)
         for s in range(len(laid.sizes)):
             step = laid.step(s, augment_kind, group)
             out, live = trainer.step(group.params, group.inputs, step, lr, group.tally)

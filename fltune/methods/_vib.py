@@ -10,8 +10,9 @@ number of samples, so the two agree there.
 
 Batched executor: a VIB loss is written once, with the batch's ``weight`` (None on the exact path, whose
 bits it keeps), and evaluated on ``ctx.model.vib(x)`` there and on :func:`functional_vib` here; ε is drawn
-per step by :meth:`VIBMethod.step_noise` from the client's own generator, the same draws as the exact
-path's from torch's global RNG, so a client alone in its group gets the exact path's ε bit for bit.
+per epoch by :meth:`VIBMethod.epoch_noise` from the client's own generator, on a CPU the same draws as the
+exact path's per step from torch's global RNG, so a client alone in its group gets the exact path's ε bit
+for bit.
 """
 
 from __future__ import annotations
@@ -49,14 +50,28 @@ class VIBMethod(Method):
         """The client's model, which ``adapt_model`` has already checked is a VIBNet."""
         return cast(VIBNet, ctx.model)
 
-    def step_noise(self, ctx: ClientContext, n: int, generator: torch.Generator) -> Tensors:
-        """ε of one step, as ``VIBNet.sample`` draws it on the exact path (``[S, n, dimZ]``), batch axis first."""
-        eps = self.net(ctx).noise(n, self.vib_samples, device=ctx.device, generator=generator)
-        return {"eps": eps.transpose(0, 1)}
+    def epoch_noise(self, ctx: ClientContext, counts: list[int], size: int, generator: torch.Generator) -> Tensors:
+        """ε of an epoch's steps, ``[steps, size, S, dimZ]``, in one draw cut step by step. The exact path draws
+        ``[S, n, dimZ]`` per step (``VIBNet.sample``); on a CPU one draw of their total gives the same numbers in
+        the same order whenever a step's S·n·dimZ is a multiple of 16 (torch's CPU normal fills 16 at a time;
+        always so at dimZ = 512), so a client alone in its group keeps the exact path's ε bit for bit. On a GPU
+        the one draw gives other numbers of the same distribution. Memory: the epoch's ε at once (Table 2's
+        SimFAFL: 600 samples × 18 × 512 floats, 22 MB a client)."""
+        eps = self.net(ctx).noise(sum(counts), self.vib_samples, device=ctx.device, generator=generator)
+        samples, dim = eps.shape[0], eps.shape[2]
+        flat, out = eps.view(-1), eps.new_zeros(len(counts), size, samples, dim)
+        full = next((s for s, n in enumerate(counts) if n < size), len(counts))  # the steps before a short one
+        out[:full] = flat[:full * samples * size * dim].view(full, samples, size, dim).transpose(1, 2)
+        start = full * samples * size * dim
+        for s, n in enumerate(counts[full:], start=full):
+            out[s, :n] = flat[start:start + samples * n * dim].view(samples, n, dim).transpose(0, 1)
+            start += samples * n * dim
+        return {"eps": out}
 
 
 def functional_vib(forward: Forward, params: Tensors, x: Tensor, eps: Tensor) -> VIBOutput:
-    """``VIBNet.vib`` as a function of the parameters, with the step's ε (``step_noise``'s, batch axis first)."""
+    """``VIBNet.vib`` as a function of the parameters, with the step's ε (its share of ``epoch_noise``'s, batch
+    axis first)."""
     mu, sigma = posterior(forward.part("body", params, x))
     z = mu + sigma * eps.transpose(0, 1)
     return VIBOutput(mu, sigma, z, forward.part("head", params, z))

@@ -233,7 +233,7 @@ Tensors = dict[str, torch.Tensor]
 class FunctionalBatch:
     """One client's step as :meth:`Method.functional_step` sees it inside the batched executor's vmap:
     its padded batch (``weight`` marks the real samples), its ``loss_inputs`` (plus ``inputs["noise"]``,
-    the step's :meth:`Method.step_noise`), the parameters its phase keeps fixed, and what all clients of
+    the step's share of :meth:`Method.epoch_noise`), the parameters its phase keeps fixed, and what all clients of
     the round share: the global weights and the round's learning rate (``ctx.lr``)."""
 
     forward: Forward
@@ -433,11 +433,13 @@ class Method:
         logits = forward(params, x)
         return masked_cross_entropy(logits, y, weight), logits
 
-    def step_noise(self, ctx: ClientContext, n: int, generator: torch.Generator) -> Tensors:
-        """Random tensors one step of :meth:`functional_loss` reads as ``inputs["noise"]``, for a batch of
-        ``n`` real samples, batch axis first (the engine pads it as it pads x). Drawn outside the vmap from
-        ``generator``, the client's own, seeded by (seed, round, client id) as the exact path seeds torch's
-        global RNG, so a client's draws do not depend on its group (VIB's ε). FedAvg: none."""
+    def epoch_noise(self, ctx: ClientContext, counts: list[int], size: int, generator: torch.Generator) -> Tensors:
+        """Random tensors that the steps of one epoch of :meth:`functional_loss` read as ``inputs["noise"]``,
+        each ``[steps, size, ...]``: step s's draws for its ``counts[s]`` real samples, batch axis second, zero
+        past them (the engine pads them as it pads x). Drawn outside the vmap from ``generator``, the client's
+        own, seeded by (seed, round, client id) as the exact path seeds torch's global RNG, so a client's
+        draws do not depend on its group (VIB's ε); once per epoch, not per step, since on a GPU every draw is
+        a launch. FedAvg: none."""
         return {}
 
     def functional_step(self, params: Tensors, batch: FunctionalBatch) -> FunctionalStep:

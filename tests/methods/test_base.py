@@ -1,7 +1,9 @@
 """``effective_steps``: how far K momentum-SGD steps carry a constant gradient, the divisor of FedNova's a_k
 and SCAFFOLD/FedDC's c_k⁺ (the FedSOL authors' ``Lee-Gihun/FedSOL:algorithms/scaffold/ClientTrainer.py``,
-``__get_divisor``: new_K = (K − ρ(1 − ρ^K)/(1 − ρ))/(1 − ρ)); and every batchable method's
-``functional_step`` against its exact step."""
+``__get_divisor``: new_K = (K − ρ(1 − ρ^K)/(1 − ρ))/(1 − ρ)); every batchable method's
+``functional_step`` against its exact step, and an epoch's noise against the exact path's draws."""
+
+from typing import Any
 
 import pytest
 import torch
@@ -13,6 +15,7 @@ from fltune.methods._vib import VIBMethod
 from fltune.methods.base import (
     Forward, FunctionalBatch, batch_mean, effective_steps, masked_cross_entropy, to_numpy,
 )
+from fltune.models.registry import build_model
 from tests.engine.helpers import OpCount
 from tests.methods.helpers import make_ctx, tiny_batch, tiny_model
 from tests.methods.local_helpers import assert_close, engine_grads, move_away, params_of
@@ -53,8 +56,8 @@ def test_functional_step_is_the_exact_step(name, grad_clip):
     """The batched executor's contract, method by method: on one batch padded by two zero-weight samples,
     ``functional_step`` gives the loss and the gradient ``backward`` + ``after_backward`` leave in
     ``.grad``, and Ditto's carried personal model the one ``backward`` stepped (clipped alike when
-    ``grad_clip`` is set: 0.05 clips it); ε is drawn alike (``step_noise`` from a generator seeded as the
-    exact path seeds torch's global RNG)."""
+    ``grad_clip`` is set: 0.05 clips it); ε is drawn alike (``epoch_noise`` of a one-step epoch, from a
+    generator seeded as the exact path seeds torch's global RNG)."""
     method = get_method(name)()
     vib = isinstance(method, VIBMethod)
     model = method.adapt_model(tiny_vib() if vib else tiny_model())
@@ -65,8 +68,8 @@ def test_functional_step_is_the_exact_step(name, grad_clip):
     x, y = tiny_batch()
     names = tuple(n for n, _ in model.named_parameters())
     params = {n: p.detach().clone() for n, p in model.named_parameters()}
-    noise = method.step_noise(ctx, len(y), torch.Generator().manual_seed(7))
-    inputs = {**method.loss_inputs(ctx), "noise": {k: pad(v) for k, v in noise.items()}}
+    noise = method.epoch_noise(ctx, [len(y)], len(y) + 2, torch.Generator().manual_seed(7))
+    inputs = {**method.loss_inputs(ctx), "noise": {k: v[0] for k, v in noise.items()}}
     weight = pad(torch.ones(len(y)))
     batch = FunctionalBatch(Forward(model), names, {}, inputs, pad(x), pad(y), weight, global_state, ctx.lr, grad_clip)
     step = method.functional_step(params, batch)
@@ -77,6 +80,31 @@ def test_functional_step_is_the_exact_step(name, grad_clip):
     assert_close(step.grads, grads, rtol=1e-4, atol=1e-6)
     if name == "ditto":
         assert_close(step.carry["personal"], params_of(ctx.scratch["personal"]), rtol=1e-4, atol=1e-6)
+
+
+class Draws(OpCount):
+    """The random normal draws made under it."""
+
+    def counts(self, func: Any) -> bool:
+        return func is torch.ops.aten.randn.generator
+
+
+@pytest.mark.parametrize("name", ["simfafl", "fedsr"])
+def test_an_epochs_noise_is_one_draw_cut_into_the_exact_paths_steps(name):
+    """VIB's ε for an epoch of three full steps and a short one: step by step, the draws the exact path makes
+    per step from a generator seeded alike (batch axis second; S·n·dimZ a multiple of 16, where on a CPU one
+    draw cuts into the same numbers), zero past each step's samples, and made in one draw (on a GPU a launch
+    each, where the step's share used to be a draw per client and step)."""
+    method = get_method(name)()
+    ctx = make_ctx(method.adapt_model(build_model("vib_mlp", (1, 4, 4), 3, dim_z=16, samples=4)))
+    counts, size = [5, 5, 5, 3], 5
+    with Draws() as draws:
+        eps = method.epoch_noise(ctx, counts, size, torch.Generator().manual_seed(7))["eps"]
+    assert draws.count == 1 and eps.shape == (4, size, method.vib_samples or 4, 16)
+    generator = torch.Generator().manual_seed(7)
+    for s, n in enumerate(counts):
+        step = method.net(ctx).noise(n, method.vib_samples, generator=generator)  # the exact path's [S, n, dimZ]
+        assert torch.equal(eps[s, :n], step.transpose(0, 1)) and not eps[s, n:].any()
 
 
 def pad(t: torch.Tensor) -> torch.Tensor:
