@@ -291,7 +291,8 @@ step is one function's code (``_GroupTrainer._take``), so one cache holds all a 
 shapes and runs."""
 
 _Taken = tuple[FunctionalStep, Tensor, Tensor]
-"""A group step's stacked ``FunctionalStep``, which clients took it (``live``) and their correct counts."""
+"""A group step's stacked ``FunctionalStep`` (its ``carry`` kept for the clients that took the step), which
+clients took it (``live``) and their correct counts."""
 
 
 def compile_step(step: Callable[..., _Taken]) -> Callable[..., _Taken]:
@@ -347,28 +348,30 @@ class _GroupTrainer:
 
     def step(
         self, params: Stacked, inputs: dict[str, Stacked], batch: _Step, lr: float, tally: _Tally,
-    ) -> tuple[FunctionalStep, Tensor]:
+    ) -> FunctionalStep:
         """One masked step of all K clients: ``params`` and the momentum are updated in place; returns the
-        stacked ``FunctionalStep`` and which clients took the step (``live``)."""
+        stacked ``FunctionalStep``, its ``carry`` kept only for the clients that took the step."""
         train = {n: params[n] for n in self.trainable}
         frozen = {n: p for n, p in params.items() if n not in train}
         step_inputs = {**inputs, "noise": batch.noise} if batch.noise else inputs
         out, live, correct = self.take(train, frozen, step_inputs, batch, tally.diverged, lr)
         tally.record(out.loss, live, correct, batch.counts)
-        return out, live
+        return out
 
     def _take(
         self, train: Stacked, frozen: Stacked, inputs: dict[str, Stacked], batch: _Step, diverged: Tensor,
         lr: float,
     ) -> _Taken:
         """The step's device work, all of it in one function so that ``resources.compile`` traces the batch's
-        images, the gradients, the divergence flags (``diverged``, in place), the SGD update and the correct
-        counts as one graph (outside it, each would be eager ops and Python on every step)."""
+        images, the gradients, the divergence flags (``diverged``, in place), the SGD update, the carried
+        inputs kept and the correct counts as one graph (outside it, each would be eager ops and Python on
+        every step)."""
         out = self.steps(train, frozen, inputs, batch.images(), batch.y, batch.weight)
         diverged |= batch.active & ((out.loss - out.loss) != 0)  # x − x is 0 unless x is NaN or ±inf
         live = batch.active & ~diverged
         self._update(out.grads, lr, live)
-        return out, live, ((out.logits.argmax(-1) == batch.y) & batch.real).sum(1)
+        correct = ((out.logits.argmax(-1) == batch.y) & batch.real).sum(1)
+        return out._replace(carry=_kept(out.carry, inputs, live)), live, correct
 
     def _update(self, grads: Stacked, lr: float, live: Tensor) -> None:
         """SGD on every live client, in place: the parameters' gradients side by side in one [K, Σ sizes]
@@ -402,6 +405,13 @@ class _GroupTrainer:
         The same real number, rounded otherwise; the factor is exactly 1 either way unless the norm is
         within rounding of ``max_norm`` or above, so only a step that clipping changes can differ."""
         return (max_norm / (g.norm(dim=1) + 1e-6)).clamp(max=1.0)
+
+
+def _kept(carry: dict[str, Stacked], inputs: dict[str, Stacked], live: Tensor) -> dict[str, Stacked]:
+    """The carried inputs after a step: a live client's new values, a masked client's old ones (inside the
+    group step: one op per carried tensor that a compiled step fuses, not a launch each after it)."""
+    return {key: {name: torch.where(live.view(-1, *[1] * (new.dim() - 1)), new, inputs[key][name])
+                  for name, new in values.items()} for key, values in carry.items()}
 
 
 def _rows(stacked: Tensor) -> Tensor:
@@ -444,14 +454,12 @@ class _Group:
         keys = next((row.keys() for row in rows if row is not None), ())
         return {key: _padded([None if row is None else row[key] for row in rows], counts.shape[1]) for key in keys}
 
-    def absorb(self, out: FunctionalStep, live: Tensor, step: _Step) -> None:
-        """Keep the live clients' carried inputs (a masked client's stay), and hand each client with a
+    def absorb(self, out: FunctionalStep, step: _Step) -> None:
+        """Keep the step's carried inputs (``_kept``: a masked client's stayed), and hand each client with a
         batch its records of its real samples."""
         for key, values in out.carry.items():
             self.carried.add(key)
-            for name, new in values.items():
-                old = self.inputs[key][name]
-                self.inputs[key][name] = torch.where(live.view(-1, *[1] * (old.dim() - 1)), new, old)
+            self.inputs[key].update(values)
         if out.record:
             for k, (ctx, n) in enumerate(zip(self.contexts, step.counts)):
                 if n:
@@ -478,8 +486,7 @@ def _run_phase(
         laid = group.epoch(source, phases, epoch, batch_size, fixed=trainer.compiled)
         for s in range(len(laid.sizes)):
             step = laid.step(s, augment_kind, group)
-            out, live = trainer.step(group.params, group.inputs, step, lr, group.tally)
-            group.absorb(out, live, step)
+            group.absorb(trainer.step(group.params, group.inputs, step, lr, group.tally), step)
 
 
 def _group(
