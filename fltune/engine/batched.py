@@ -297,19 +297,19 @@ clients took it (``live``) and their correct counts."""
 
 def compile_step(step: Callable[..., _Taken]) -> Callable[..., _Taken]:
     """``torch.compile`` of a group step's device work (``resources.compile``; ``_GroupTrainer._take``: the
-    images' gather, the vmapped step, the divergence flags, the SGD update, the correct counts). Why: on a
-    GPU a small model's step waits on the host (Python, the dispatcher, one launch per op); compiled, vmap's,
-    ``functional_call``'s and the update's Python is traced away and inductor fuses the elementwise work
-    into few kernels (a group step of 10 FedAvg-CNN clients at Table 2's SGD: 38 ops and kernel calls, at
-    most a launch each, where eager dispatches 262 ops; ``bench/batched_throughput.py --count --compile``). Every compiled step
-    is padded to B (``_GroupEpoch``'s ``fixed``): the convolutions specialise a graph on the batch size, so
-    each short last batch of a new size compiled a graph anew. The round's lr is specialised at first and
-    made dynamic at its first change (torch's automatic dynamic), so a run compiles a graph or two per group
-    size and phase, in its first rounds. Fused kernels round differently from eager ones, and padded rows
-    add zeros to sums: the numbers move in their last digits, and stay deterministic and free of the worker
-    count (each worker's threads are its own ``cpus_per_worker``). Inductor compiles with as many processes
-    as the worker has threads, not one per core of the machine: Tune's trials each start workers that
-    compile at once."""
+    images' gather, the vmapped step, the divergence flags, the SGD update, the carried inputs kept, the
+    correct counts). Why: on a GPU a small model's step waits on the host (Python, the dispatcher, one launch
+    per op); compiled, vmap's, ``functional_call``'s and the update's Python is traced away and inductor
+    fuses the elementwise work into few kernels (a group step of 10 FedAvg-CNN clients at Table 2's SGD: 38
+    ops and kernel calls, at most a launch each, where eager dispatches 262 ops;
+    ``bench/batched_throughput.py --count --compile``). Every compiled step is padded to B (``_GroupEpoch``'s
+    ``fixed``): the convolutions specialise a graph on the batch size, so each short last batch of a new
+    size compiled a graph anew. The round's lr is specialised at first and made dynamic at its first change
+    (torch's automatic dynamic), so a run compiles a graph or two per group size and phase, in its first
+    rounds. Fused kernels round differently from eager ones, and padded rows add zeros to sums: the numbers
+    move in their last digits, and stay deterministic and free of the worker count (each worker's threads
+    are its own ``cpus_per_worker``). Inductor compiles with as many processes as the worker has threads,
+    not one per core of the machine: Tune's trials each start workers that compile at once."""
     import torch._inductor.config
 
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, COMPILED_GRAPHS)
