@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import statistics
+import weakref
 
 import numpy as np
 import pytest
@@ -12,7 +13,9 @@ import torch
 from torch._dynamo.utils import counters
 
 from fltune.config import build_config
-from fltune.engine.batched import _common_phases, _group, _padded, _Tally, client_groups, train_group
+from fltune.engine.batched import (
+    _common_phases, _group, _GroupEpoch, _padded, _Tally, client_groups, train_group,
+)
 from fltune.engine.builders import build_method, build_model_for, initial_state, load_data
 from fltune.engine.federation import Federation
 from fltune.engine.local import DeviceBatches, RoundInput, batches, train_client
@@ -260,6 +263,24 @@ def test_the_tally_read_once_gives_the_bits_of_running_sums_kept_per_step():
     assert [{key: v for key, v in m.items() if key != "train_loss"} for m in got] == [
         {key: v for key, v in m.items() if key != "train_loss"} for m in expected]
     assert [m["train_loss"].hex() for m in got] == [m["train_loss"].hex() for m in expected]
+
+
+def test_an_epochs_noise_is_freed_before_the_next_epoch_draws_its_own(monkeypatch):
+    """A VIB group's ε of a whole epoch (22 MB a client at Table 2's settings) is held once: when the next
+    epoch lays out its batches, no earlier epoch's tensors are alive."""
+    cfg, data, method, model, inputs, tensors = round_one(["method.name=simfafl", *VIB, "training.local_epochs=3"])
+    laid_out, alive = [], []
+    lay_out = _GroupEpoch.__init__
+
+    def watched(epoch: _GroupEpoch, *args, **kwargs) -> None:
+        alive.append(sum(ref() is not None for ref in laid_out))
+        lay_out(epoch, *args, **kwargs)
+        laid_out.append(weakref.ref(epoch.noise["eps"]))
+
+    monkeypatch.setattr(_GroupEpoch, "__init__", watched)
+    for _ in train_group(method, model, data, [0, 1, 2], inputs, {}, cfg.training, "none", CPU, tensors):
+        pass
+    assert alive == [0, 0, 0]
 
 
 def test_padding_stacks_full_batches_in_one_op_and_zero_pads_short_or_missing_ones():
