@@ -255,7 +255,7 @@ class _GroupEpoch:
         self.source, self.fixed = source, fixed
         device = source.device
         self.index = index.view(len(orders), steps, batch_size).transpose(0, 1).contiguous().to(device)
-        count = self.counts.T.to(device)
+        count = self.counts.T.contiguous().to(device)  # step-major in memory too: [S, K]
         self.active = count > 0  # [S, K]
         self.real = torch.arange(batch_size, device=device) < count[..., None]  # [S, K, B]
         self.weight = self.real.float()

@@ -145,6 +145,22 @@ def test_a_compiled_step_follows_the_eager_one(overrides):
         assert metrics["train_loss"] == pytest.approx(eager_metrics["train_loss"], rel=1e-5)
 
 
+def test_a_compiled_step_keeps_its_graph_for_groups_of_other_lengths():
+    """Groups of as many clients but with more or fewer steps in their epochs reuse the compiled graph: a
+    step's views have the same shape and strides whatever the epoch's length (a strided one compiled again)."""
+    cfg, data, method, model, inputs, tensors = round_one(["method.name=fedavg"])
+    groups = [[0, 1], [2, 3]]
+    steps = [max(-(-len(data.client_train[c]) // cfg.training.batch_size) for c in group) for group in groups]
+    assert steps[0] != steps[1]
+    torch._dynamo.reset()
+    counters.clear()
+    for group in groups:
+        for _ in train_group(method, model, data, group, inputs, {}, cfg.training, "none", CPU, tensors,
+                             compiled=True):
+            pass
+    assert counters["stats"]["unique_graphs"] == 1
+
+
 def test_a_diverging_client_stops_like_on_the_exact_path():
     """A non-finite loss stops that client before its step (masked from then on), as the exact path breaks."""
     pairs = exact_and_batched(["method.name=fedavg"], [0, 3], lr=1e6)
