@@ -214,8 +214,14 @@ class _Step:
         lookup and the padding into its graph: on a GPU three to five launches a step fewer."""
         if self.augmented is not None:
             return self.augmented
-        x = lookup_float(self.source.x[self.index], self.source.table)
-        return _zero_padding(x, self.real) if self.padded else x
+        return _gathered(self.source, self.index, self.real, self.padded)
+
+
+def _gathered(source: DeviceBatches, index: Tensor, real: Tensor, padded: bool) -> Tensor:
+    """Images [K, size, ...] gathered from the device pool by ``index`` and normalised by table lookup, with
+    the rows that ``real`` marks False zeroed when the step is ``padded``."""
+    x = lookup_float(source.x[index], source.table)
+    return _zero_padding(x, real) if padded else x
 
 
 def _zero_padding(t: Tensor, real: Tensor) -> Tensor:
@@ -276,13 +282,13 @@ class _GroupEpoch:
         self, index: Tensor, real: Tensor, padded: bool, counts: list[int], augment_kind: str,
         generators: list[torch.Generator],
     ) -> Tensor:
-        """A step's images augmented per client, each with its generator in its stream's draw order (host
-        draws: outside the group step)."""
-        x = lookup_float(self.source.x[index], self.source.table)
+        """A step's images augmented per client (its real rows), each with its generator in its stream's draw
+        order (host draws: outside the group step)."""
+        x = _gathered(self.source, index, real, padded)
         for k, n in enumerate(counts):
             if n:
                 x[k, :n] = augment(x[k, :n], augment_kind, generators[k])
-        return _zero_padding(x, real) if padded else x
+        return x
 
 
 COMPILED_GRAPHS = 64
