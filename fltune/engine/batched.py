@@ -46,7 +46,7 @@ from torch.func import vmap
 from fltune.config import ExperimentConfig, TrainingConfig
 from fltune.data.federated import FederatedData
 from fltune.data.augment import augment, lookup_float
-from fltune.engine.local import DeviceBatches, RoundInput, batches, device_states, epoch_order
+from fltune.engine.local import DeviceBatches, RoundInput, device_states, epoch_order
 from fltune.engine.rng import derive_seed
 from fltune.methods.base import (
     ClientContext, ClientResult, Forward, FunctionalBatch, FunctionalStep, Method, Phase,
@@ -133,15 +133,17 @@ class _Tally:
 def _context(
     method: Method, model: nn.Module, data: FederatedData, cid: int, inputs: RoundInput, state: dict[str, Any],
     training: TrainingConfig, augment_kind: str, device: torch.device, global_tensors: dict[str, Tensor],
-    generator: torch.Generator, start: dict[str, Tensor],
+    generator: torch.Generator, start: dict[str, Tensor], source: DeviceBatches,
 ) -> ClientContext:
     """Client ``cid``'s context after ``setup_client``, the model holding its starting weights ``start`` (as
-    in ``local.train_client``); its batches come from ``generator``, its own (seed, round, client id) one."""
+    in ``local.train_client``); its batches come from ``generator``, its own (seed, round, client id) one,
+    gathered from the worker's device pool ``source`` as the exact path's are: a hook's pass over the data
+    (FedPAC-FedCR's class summaries) makes no host batch and no pageable copy, each a wait for the GPU."""
     model.load_state_dict(start)
     indices = data.client_train[cid]
 
     def epoch() -> Iterator[tuple[Tensor, Tensor]]:
-        return batches(data, indices, training.batch_size, generator, device, augment_kind=augment_kind)
+        return source.epoch(indices, training.batch_size, generator, augment_kind)
 
     ctx = ClientContext(
         client_id=cid, round=inputs.round, model=model, global_state=global_tensors, state=dict(state),
@@ -504,7 +506,7 @@ def _run_epoch(group: _Group, trainer: _GroupTrainer, laid: _GroupEpoch, lr: flo
 def _group(
     method: Method, model: nn.Module, data: FederatedData, client_ids: list[int], inputs: RoundInput,
     states: dict[int, dict[str, Any]], training: TrainingConfig, augment_kind: str, device: torch.device,
-    global_tensors: dict[str, Tensor],
+    global_tensors: dict[str, Tensor], source: DeviceBatches,
 ) -> _Group:
     """Set every client of the group up as ``local.train_client`` does and stack what they train."""
     contexts, starts, client_inputs = [], [], []
@@ -514,7 +516,7 @@ def _group(
                           device, inputs.global_state, global_tensors)  # the group's personal parts in one copy
     for cid, generator, load in zip(client_ids, generators, loads):
         ctx = _context(method, model, data, cid, inputs, states.get(cid, {}), training, augment_kind, device,
-                       global_tensors, generator, load)
+                       global_tensors, generator, load, source)
         contexts.append(ctx)
         starts.append({n: p.detach().clone() for n, p in model.named_parameters()})
         client_inputs.append(method.loss_inputs(ctx))
@@ -535,7 +537,8 @@ def train_group(
     device pool of the run's data (its exact executor's); None = one made here. ``compiled``: the step
     through ``compile_step`` (``resources.compile``)."""
     source = source if source is not None else DeviceBatches(data, device)
-    group = _group(method, model, data, client_ids, inputs, states, training, augment_kind, device, global_tensors)
+    group = _group(method, model, data, client_ids, inputs, states, training, augment_kind, device, global_tensors,
+                   source)
     model.train()
     torch.manual_seed(derive_seed(inputs.seed, inputs.round, client_ids[0]))  # a random layer's draws
     for phases in _common_phases(method, group.contexts):

@@ -13,10 +13,12 @@ import torch
 from torch._dynamo.utils import counters
 
 from fltune.config import build_config
+from fltune.data.augment import to_float
 from fltune.engine.batched import (
     _common_phases, _group, _GroupEpoch, _padded, _Tally, client_groups, train_group,
 )
 from fltune.engine.builders import build_method, build_model_for, initial_state, load_data
+from fltune.engine import local
 from fltune.engine.federation import Federation
 from fltune.engine.local import DeviceBatches, RoundInput, batches, train_client
 from fltune.engine.pool import balance
@@ -188,13 +190,14 @@ def laid_out(overrides: list[str], group: list[int], augment_kind: str = "none",
     start = initial_state(cfg, data)
     inputs = RoundInput(round=1, seed=0, lr=0.01, global_state=start, server=method.server_payload(start))
     tensors = {k: torch.tensor(v) for k, v in start.items()}
-    group = _group(method, model, data, group, inputs, {}, cfg.training, augment_kind, CPU, tensors)
+    source = DeviceBatches(data, CPU)
+    group = _group(method, model, data, group, inputs, {}, cfg.training, augment_kind, CPU, tensors, source)
     phases = _common_phases(method, group.contexts)[0]
     for e in range(epoch):  # earlier epochs' draws: the shuffle at its start, augmentation at each step
-        earlier = group.epoch(DeviceBatches(data, CPU), phases, e, cfg.training.batch_size)
+        earlier = group.epoch(source, phases, e, cfg.training.batch_size)
         for s in range(len(earlier.sizes)):
             earlier.step(s, augment_kind, group)
-    return group, group.epoch(DeviceBatches(data, CPU), phases, epoch, cfg.training.batch_size), data, cfg
+    return group, group.epoch(source, phases, epoch, cfg.training.batch_size), data, cfg
 
 
 @pytest.mark.parametrize("augment_kind", ["none", "crop_flip_cutout"])
@@ -279,6 +282,19 @@ def test_the_tally_read_once_gives_the_bits_of_running_sums_kept_per_step():
     assert [{key: v for key, v in m.items() if key != "train_loss"} for m in got] == [
         {key: v for key, v in m.items() if key != "train_loss"} for m in expected]
     assert [m["train_loss"].hex() for m in got] == [m["train_loss"].hex() for m in expected]
+
+
+def test_a_hooks_pass_over_the_data_gathers_from_the_workers_device_pool(monkeypatch):
+    """FedPAC-FedCR's class summaries pass over each client's data after training. In a group that pass takes
+    its batches from the worker's device pool, as the exact path does: no batch is gathered and normalised on
+    the host (on a GPU each then went over in a pageable copy, a wait for the GPU: ~260 a paper-scale
+    round). The summaries themselves equal the exact path's (``test_each_client_follows_the_exact_path``)."""
+    cfg, data, method, model, inputs, tensors = round_one(["method.name=fedpac_fedcr", "method.lam=0.5"])
+    host_batches = []
+    monkeypatch.setattr(local, "to_float", lambda *args: host_batches.append(args) or to_float(*args))
+    results = dict(train_group(method, model, data, [0, 1, 2], inputs, {}, cfg.training, "none", CPU, tensors))
+    assert all(result.upload["summaries"].any() for result in results.values())
+    assert host_batches == []
 
 
 def test_an_epochs_noise_is_freed_before_the_next_epoch_draws_its_own(monkeypatch):
