@@ -147,8 +147,9 @@ def _context(
 
     ctx = ClientContext(
         client_id=cid, round=inputs.round, model=model, global_state=global_tensors, state=dict(state),
-        server=inputs.server, num_samples=len(indices), epochs=training.local_epochs, lr=inputs.lr,
-        device=device, batches=epoch, momentum=training.momentum, nesterov=training.nesterov,
+        server=inputs.server, server_tensors=inputs.server_on(device), num_samples=len(indices),
+        epochs=training.local_epochs, lr=inputs.lr, device=device, batches=epoch, momentum=training.momentum,
+        nesterov=training.nesterov,
     )
     method.setup_client(ctx)
     return ctx

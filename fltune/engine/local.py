@@ -8,8 +8,8 @@ dropout) is seeded from (seed, round, client id) only.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
@@ -38,6 +38,17 @@ class RoundInput:
     lr: float
     global_state: State
     server: dict[str, Any]
+    copies: dict[str, DeviceServer] = field(default_factory=dict, init=False, repr=False, compare=False)
+    """``server`` on each device this process trains the round on (:meth:`server_on`)."""
+
+    def server_on(self, device: torch.device) -> DeviceServer:
+        """``server``'s arrays as tensors on ``device``, each copied once for every client of the round that
+        this process trains (``ClientContext.server_tensors``)."""
+        return self.copies.setdefault(str(device), DeviceServer(self.server, device))
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Ray ships a round without its device copies: they stay in the process that made them."""
+        return {**self.__dict__, "copies": {}}
 
 
 def load_state(model: nn.Module, state: State) -> None:
@@ -58,6 +69,34 @@ def to_device(arrays: Sequence[np.ndarray], device: torch.device) -> list[torch.
         for i, part in zip(rows, flat.split([arrays[i].size for i in rows])):
             out[i] = part.view(arrays[i].shape)
     return out
+
+
+class DeviceServer(Mapping[str, Any]):
+    """A round's server payload read as tensors on one device: an array becomes a tensor, a dict of arrays
+    a dict of tensors (one copy per dtype, ``to_device``), each entry copied at its first read and kept.
+    Every client a worker trains reads the same payload, and where each copied it (FedCR's class Gaussians,
+    SCAFFOLD's c) every copy from pageable memory waited for the GPU. The tensors are shared: read only."""
+
+    def __init__(self, server: dict[str, Any], device: torch.device) -> None:
+        self.server, self.device = server, device
+        self.copied: dict[str, Any] = {}
+
+    def __getitem__(self, key: str) -> Any:
+        if key not in self.copied:
+            value = self.server[key]
+            arrays = value if isinstance(value, dict) else {key: value}
+            tensors = dict(zip(arrays, to_device(list(arrays.values()), self.device)))
+            self.copied[key] = tensors if isinstance(value, dict) else tensors[key]
+        return self.copied[key]
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.server  # no copy
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.server)
+
+    def __len__(self) -> int:
+        return len(self.server)
 
 
 def state_on_device(state: State, device: torch.device) -> dict[str, torch.Tensor]:
@@ -340,8 +379,8 @@ def train_client(
 
     ctx = ClientContext(
         client_id=client_id, round=inputs.round, model=model, global_state=global_tensors,
-        state=dict(client_state), server=inputs.server, num_samples=len(indices), epochs=training.local_epochs,
-        lr=inputs.lr, device=device, batches=epoch,
+        state=dict(client_state), server=inputs.server, server_tensors=inputs.server_on(device),
+        num_samples=len(indices), epochs=training.local_epochs, lr=inputs.lr, device=device, batches=epoch,
         momentum=training.momentum if training.optimizer == "sgd" else 0.0, nesterov=training.nesterov,
         grad_clip=training.grad_clip,
     )

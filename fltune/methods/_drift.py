@@ -13,6 +13,7 @@ averaged as in FedAvg, as in the authors' code, which flattens ``model.parameter
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -38,13 +39,18 @@ def mean_over_clients(store: dict[int, dict[str, Any]], key: str, num_clients: i
     return {name: (value / num_clients).astype(held[0][name].dtype) for name, value in total.items()}
 
 
-def parameter_tensors(ctx: ClientContext, stored: dict[str, np.ndarray] | None) -> dict[str, Tensor]:
+def parameter_tensors(ctx: ClientContext, stored: Mapping[str, np.ndarray | Tensor] | None) -> dict[str, Tensor]:
     """One tensor per model parameter on the training device: the stored value, or zeros before any."""
     stored = stored or {}
     return {
-        name: torch.tensor(stored[name], device=ctx.device) if name in stored else torch.zeros_like(p.detach())
+        name: _on_device(ctx, stored[name]) if name in stored else torch.zeros_like(p.detach())
         for name, p in ctx.model.named_parameters()
     }
+
+
+def _on_device(ctx: ClientContext, value: np.ndarray | Tensor) -> Tensor:
+    """An array copied over (Ray's are read only); a tensor of ``ctx.server_tensors`` as it is (shared)."""
+    return value if isinstance(value, Tensor) else torch.tensor(value, device=ctx.device)
 
 
 class DriftCorrected(Method):
@@ -108,7 +114,7 @@ class ControlVariates(Method):
     def setup_client(self, ctx: ClientContext) -> None:
         """Cache c − c_k, the correction added to every gradient."""
         super().setup_client(ctx)
-        c = parameter_tensors(ctx, ctx.server.get("c"))
+        c = parameter_tensors(ctx, ctx.server_tensors.get("c"))
         c_k = parameter_tensors(ctx, ctx.state.get("c"))
         ctx.scratch["correction"] = {name: c[name] - c_k[name] for name in c}
 

@@ -81,6 +81,9 @@ class ClientContext:
     grad_clip: float | None = None
     """``training.grad_clip``: the engine clips the step's ``.grad`` with it; a method that steps a model of
     its own (Ditto's personal model) clips that step too, as the authors' code does."""
+    server_tensors: Mapping[str, Any] = field(default_factory=dict)
+    """``server``'s arrays as tensors on ``device`` (a dict of arrays: a dict of tensors), copied once a round
+    for all the clients a worker trains, not once a client. Shared by those clients: read only."""
     scratch: dict[str, Any] = field(default_factory=dict)
 
     def global_param(self, name: str) -> torch.Tensor:

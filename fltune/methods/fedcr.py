@@ -89,8 +89,7 @@ class FedCR(VIBMethod, PersonalHead):
         return {"r_mu": server_state["r_mu"], "r_sigma": server_state["r_sigma"]}
 
     def setup_client(self, ctx: ClientContext) -> None:
-        # copies: arrays from Ray's object store are read-only
-        ctx.scratch["r"] = tuple(torch.tensor(ctx.server[k], device=ctx.device) for k in ("r_mu", "r_sigma"))
+        ctx.scratch["r"] = (ctx.server_tensors["r_mu"], ctx.server_tensors["r_sigma"])  # shared: read only
         ctx.scratch["seen"] = 0
         ctx.scratch["fold_from"] = (sum(phase.epochs for phase in self.phases(ctx)) - 1) * ctx.num_samples
 

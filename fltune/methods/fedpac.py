@@ -154,8 +154,7 @@ class FedPAC(PersonalHead):
         before = class_features(ctx, ctx.model.head.out_features)
         ctx.scratch["before"] = before
         if "protos" in ctx.server:
-            protos = torch.tensor(ctx.server["protos"], device=ctx.device)  # copies: read-only arrays from Ray
-            has = torch.tensor(ctx.server["has_proto"], device=ctx.device)
+            protos, has = ctx.server_tensors["protos"], ctx.server_tensors["has_proto"]
             ctx.scratch["targets"] = torch.where(has[:, None], protos, before.means.float())
 
     def local_loss(self, ctx: ClientContext, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:

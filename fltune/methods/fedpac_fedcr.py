@@ -63,11 +63,12 @@ def alignment(residual: Tensor, weight: Tensor | None) -> Tensor:
     return torch.linalg.norm(residual * weight[:, None]) / weight.sum().clamp(min=1.0)
 
 
-def per_class(ctx: ClientContext, values: np.ndarray | None) -> Tensor:
-    """The centroids (classes × d) on the client's device, zeros when None (the code's starting centroids)."""
-    if values is None:
+def per_class(ctx: ClientContext) -> Tensor:
+    """The round's centroids (classes × d) on the client's device (shared by the worker's clients: read
+    only), zeros before the server has any (the code's starting centroids)."""
+    if "centroids" not in ctx.server:
         return torch.zeros(ctx.model.head.out_features, ctx.model.feature_dim, device=ctx.device)
-    return torch.tensor(values, device=ctx.device)  # a copy: arrays from Ray are read-only
+    return ctx.server_tensors["centroids"]
 
 
 def class_summaries(ctx: ClientContext, start: np.ndarray | None) -> np.ndarray:
@@ -112,7 +113,7 @@ class FedPACFedCR(FedRep):
 
     def setup_client(self, ctx: ClientContext) -> None:
         """The round's centroids C (zeros before the server has any), one row per class."""
-        ctx.scratch["centroids"] = per_class(ctx, ctx.server.get("centroids"))
+        ctx.scratch["centroids"] = per_class(ctx)
 
     def local_loss(self, ctx: ClientContext, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
         """CE + λ·‖F − C_y‖_F / B. The head epochs freeze the body, so the norm moves nothing there (the code

@@ -297,6 +297,20 @@ def test_a_hooks_pass_over_the_data_gathers_from_the_workers_device_pool(monkeyp
     assert host_batches == []
 
 
+@pytest.mark.parametrize("overrides, read", [
+    (["method.name=fedcr", *VIB], lambda ctx: ctx.scratch["r"][0]),
+    (["method.name=fedpac_fedcr"], lambda ctx: ctx.scratch["centroids"]),
+], ids=["fedcr", "fedpac_fedcr"])
+def test_the_server_payload_is_copied_to_the_device_once_for_the_whole_group(overrides, read):
+    """Every client of a group reads the round's server values (FedCR's class Gaussians, FedPAC-FedCR's
+    centroids) from one device copy, not a copy of its own each (``RoundInput.server_on``)."""
+    cfg, data, method, model, inputs, tensors = round_one(overrides)
+    group = _group(method, model, data, [0, 1, 2], inputs, {}, cfg.training, "none", CPU, tensors,
+                   DeviceBatches(data, CPU))
+    first, *others = [read(ctx) for ctx in group.contexts]
+    assert all(other is first for other in others)
+
+
 def test_an_epochs_noise_is_freed_before_the_next_epoch_draws_its_own(monkeypatch):
     """A VIB group's ε of a whole epoch (22 MB a client at Table 2's settings) is held once: when the next
     epoch lays out its batches, no earlier epoch's tensors are alive."""

@@ -4,6 +4,7 @@
 ``final_round`` runs, as each method declares it; the exact path trains without importing ``torch._dynamo``;
 evaluation scores are the per-batch figures of the loop that read each batch, read once."""
 
+import pickle
 import subprocess
 import sys
 
@@ -202,3 +203,22 @@ def test_device_states_move_each_distinct_array_once_and_keep_its_bits():
         assert list(load) == list(state)
         for k, v in state.items():
             assert load[k].dtype == torch.from_numpy(v).dtype and load[k].numpy().tobytes() == v.tobytes(), k
+
+
+def test_a_rounds_server_payload_goes_to_the_device_once_for_every_client_a_process_trains():
+    """``RoundInput.server_on``: each entry copied at its first read (an array: a tensor; a dict of arrays: a
+    dict of tensors, one buffer per dtype), the same tensors for every later read and client, the arrays'
+    own bits; Ray ships the round without the copies, and a presence check copies nothing."""
+    server = {"r": np.float32([[1.5, -2.0]]), "c": {"w": np.arange(4, dtype=np.float32), "n": np.int64([7])},
+              "count": 3}
+    inputs = RoundInput(round=1, seed=0, lr=0.1, global_state={}, server=server)
+    on_cpu = inputs.server_on(torch.device("cpu"))
+    assert "c" in on_cpu and "missing" not in on_cpu and on_cpu.copied == {}
+    r, c = on_cpu["r"], on_cpu["c"]
+    assert inputs.server_on(torch.device("cpu")) is on_cpu and on_cpu["r"] is r and on_cpu["c"] is c
+    assert r.numpy().tobytes() == server["r"].tobytes() and r.shape == (1, 2)
+    assert {k: v.numpy().tobytes() for k, v in c.items()} == {k: v.tobytes() for k, v in server["c"].items()}
+    assert on_cpu.get("missing") is None and sorted(on_cpu) == ["c", "count", "r"]
+    shipped = pickle.loads(pickle.dumps(inputs))
+    assert shipped.copies == {} and shipped.round == inputs.round and list(shipped.server) == list(server)
+    assert shipped.server_on(torch.device("cpu"))["r"] is not r

@@ -10,6 +10,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from fltune.engine.local import DeviceServer
 from fltune.methods.base import ClientContext, Method, ServerContext, ServerUpdate
 from fltune.models import build_model
 
@@ -38,9 +39,10 @@ def make_ctx(
     def epoch() -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         return iter(data)
 
+    server = dict(server or {})
     return ClientContext(
         client_id=client_id, round=round_, model=model, global_state=global_state, state=dict(state or {}),
-        server=dict(server or {}), num_samples=sum(len(y) for _, y in data), epochs=epochs, lr=lr,
+        server=server, server_tensors=DeviceServer(server, torch.device("cpu")), num_samples=sum(len(y) for _, y in data), epochs=epochs, lr=lr,
         device=torch.device("cpu"), batches=epoch, grad_clip=grad_clip,
     )
 
