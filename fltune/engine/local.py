@@ -22,7 +22,7 @@ from fltune.config import TrainingConfig
 from fltune.data.augment import augment, lookup_float, normalise_table, to_float
 from fltune.data.federated import FederatedData
 from fltune.engine.rng import derive_seed
-from fltune.methods.base import ClientContext, ClientResult, Method, Phase, State, dtype_groups
+from fltune.methods.base import ClientContext, ClientResult, Method, Phase, State, to_device
 from fltune.methods.finetune import FineTune
 
 
@@ -55,20 +55,6 @@ def load_state(model: nn.Module, state: State) -> None:
     """Copy numpy weights into the model (copying: arrays from Ray's object store are read-only), all of a
     dtype in one copy to the model's device (``to_device``)."""
     model.load_state_dict(state_on_device(state, next(iter(model.state_dict().values())).device))
-
-
-def to_device(arrays: Sequence[np.ndarray], device: torch.device) -> list[torch.Tensor]:
-    """``arrays`` as tensors on ``device`` (views of one buffer per dtype), in one copy per dtype.
-
-    A copy from pageable host memory to a GPU first waits for everything the device has queued, so loading
-    a state tensor by tensor is a host sync per tensor; where Tune trials share one GPU each waits for the
-    GPU's turn. Copies change no bits."""
-    out: list[torch.Tensor] = [torch.empty(0)] * len(arrays)
-    for rows in dtype_groups(array.dtype for array in arrays):
-        flat = torch.from_numpy(np.concatenate([arrays[i].reshape(-1) for i in rows])).to(device)
-        for i, part in zip(rows, flat.split([arrays[i].size for i in rows])):
-            out[i] = part.view(arrays[i].shape)
-    return out
 
 
 class DeviceServer(Mapping[str, Any]):

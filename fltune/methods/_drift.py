@@ -23,7 +23,7 @@ from torch import Tensor
 
 from fltune.methods.base import (
     ClientContext, ClientResult, Forward, Method, ServerContext, ServerUpdate, State, effective_steps,
-    gradient_term, squared_distance, to_numpy,
+    gradient_term, squared_distance, to_device, to_numpy,
 )
 
 
@@ -40,17 +40,16 @@ def mean_over_clients(store: dict[int, dict[str, Any]], key: str, num_clients: i
 
 
 def parameter_tensors(ctx: ClientContext, stored: Mapping[str, np.ndarray | Tensor] | None) -> dict[str, Tensor]:
-    """One tensor per model parameter on the training device: the stored value, or zeros before any."""
-    stored = stored or {}
+    """One tensor per model parameter on the training device: the stored value, or zeros before any. Stored
+    arrays (the client's own h_k or c_k) go over together, one copy per dtype (``to_device``), not one a
+    parameter; tensors (the round's shared ``ctx.server_tensors``) are taken as they are."""
+    values = dict(stored or {})
+    arrays = {name: value for name, value in values.items() if not isinstance(value, Tensor)}
+    values.update(zip(arrays, to_device(list(arrays.values()), ctx.device)))
     return {
-        name: _on_device(ctx, stored[name]) if name in stored else torch.zeros_like(p.detach())
+        name: values[name] if name in values else torch.zeros_like(p.detach())
         for name, p in ctx.model.named_parameters()
     }
-
-
-def _on_device(ctx: ClientContext, value: np.ndarray | Tensor) -> Tensor:
-    """An array copied over (Ray's are read only); a tensor of ``ctx.server_tensors`` as it is (shared)."""
-    return value if isinstance(value, Tensor) else torch.tensor(value, device=ctx.device)
 
 
 class DriftCorrected(Method):

@@ -8,6 +8,7 @@ import torch
 from fltune.config import build_config
 from fltune.engine.federation import Federation
 from fltune.methods import get_method
+from fltune.methods._drift import parameter_tensors
 from fltune.methods.base import Aggregate, ServerContext, effective_steps
 from tests.conftest import needs_fmnist
 from tests.methods.helpers import make_ctx, pure_aggregate, tiny_batch, tiny_model
@@ -34,6 +35,20 @@ def test_gradient_is_corrected_by_c_minus_c_k():
     _, plain = engine_grads(get_method("fedavg")(), ctx, x, y)
     for n in grads:
         torch.testing.assert_close(grads[n], plain[n] - torch.tensor(c_k[n]) + torch.tensor(c[n]))
+
+
+def test_c_is_the_rounds_shared_copy_and_c_k_goes_over_in_one_buffer():
+    """The server's c is read from the round's one device copy (``ctx.server_tensors``); the client's own c_k
+    goes over in one copy, not one a parameter; both keep the arrays' bits."""
+    model = tiny_model()
+    c, c_k = variates(model, 0), variates(model, 1)
+    ctx = make_ctx(model, state={"c": c_k}, server={"c": c})
+    server_c = parameter_tensors(ctx, ctx.server_tensors["c"])
+    own = parameter_tensors(ctx, ctx.state["c"])
+    assert all(server_c[n] is ctx.server_tensors["c"][n] for n in c)
+    assert len({t.untyped_storage().data_ptr() for t in own.values()}) == 1
+    for tensors, arrays in ((server_c, c), (own, c_k)):
+        assert {n: t.numpy().tobytes() for n, t in tensors.items()} == {n: a.tobytes() for n, a in arrays.items()}
 
 
 def test_zero_variates_give_the_fedavg_step_exactly():
