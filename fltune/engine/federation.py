@@ -274,7 +274,9 @@ class Federation:
         run_ref = self.run_ref if split == "test" else self._validation_run()
         held_out = self.data.client_eval if split == "test" else self.data.client_val
         sizes = self.sizes if finetune else [len(idx) for idx in held_out]
-        shards = balance(clients, sizes, self.pool.width())
+        res = self.cfg.resources
+        group = res.batch_clients if finetune and res.executor == "batched" else 1  # a final round's groups whole
+        shards = balance(clients, sizes, self.pool.width(), group)
         training = self.cfg.training
         inputs = RoundInput(  # the fine-tuning stream is "round R+1", apart from every training round
             round=self.cfg.federation.rounds + 1, seed=self.cfg.federation.seed,

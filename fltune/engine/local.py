@@ -23,7 +23,7 @@ from fltune.data.augment import augment, lookup_float, normalise_table, to_float
 from fltune.data.federated import FederatedData
 from fltune.engine.rng import derive_seed
 from fltune.methods.base import ClientContext, ClientResult, Method, Phase, State, to_device
-from fltune.methods.finetune import FineTune
+from fltune.methods.finetune import tuner_for
 
 
 Batch = tuple[torch.Tensor, torch.Tensor]
@@ -388,27 +388,40 @@ def train_client(
     return result
 
 
+def final_training(method: Method, training: TrainingConfig) -> tuple[Method, TrainingConfig]:
+    """What a client's final personal round trains (``training.finetune_epochs`` epochs at the round's lr):
+    the method's personal part tuned on CE from its client model (``final_round = "tune"``, its tuner:
+    ``finetune.tuner_for``), or one more of its own local updates (``"own"``: Ditto's personal model, as FedCR's
+    last round updates it), with the training settings to run it under."""
+    if method.final_round == "tune":
+        return tuner_for(method, training.finetune_epochs, training.finetune_lr), training
+    return method, training.model_copy(update={"local_epochs": training.finetune_epochs})
+
+
+def final_model(
+    method: Method, model: nn.Module, inputs: RoundInput, result: ClientResult, device: torch.device,
+    global_tensors: dict[str, torch.Tensor],
+) -> None:
+    """Leave in ``model``, which holds a client's trained weights after its final round, the model its
+    personalised evaluation scores: those weights (``tune``), or its new client model (``own``)."""
+    if method.final_round == "own":
+        end = method.client_model_state(inputs.global_state, result.state)
+        model.load_state_dict(device_states([end], device, inputs.global_state, global_tensors)[0])
+
+
 def final_round(
     method: Method, model: nn.Module, data: FederatedData, client_id: int, inputs: RoundInput,
     client_state: dict[str, Any], training: TrainingConfig, augment_kind: str, device: torch.device,
     executor: Executor | None = None, global_tensors: dict[str, torch.Tensor] | None = None,
 ) -> None:
-    """One client's final personal round (``training.finetune_epochs`` epochs at ``inputs.lr``), leaving in
-    ``model`` the model its personalised evaluation scores: the method's personal part tuned on CE from
-    its client model (``final_round = "tune"``, :class:`FineTune`), or one more of its own local updates,
-    then its new client model (``"own"``: Ditto's personal model, as FedCR's last round updates it).
-    ``global_tensors``: ``state_on_device`` of ``inputs.global_state``, made once for all a worker's clients."""
+    """One client's final personal round (:func:`final_training`), leaving in ``model`` the model its
+    personalised evaluation scores (:func:`final_model`). ``global_tensors``: ``state_on_device`` of
+    ``inputs.global_state``, made once for all a worker's clients."""
     global_tensors = global_tensors if global_tensors is not None else state_on_device(inputs.global_state, device)
-    if method.final_round == "tune":
-        tuner = FineTune(method, training.finetune_epochs, training.finetune_lr)
-        train_client(tuner, model, data, client_id, inputs, client_state, training, augment_kind, device,
-                     global_tensors, executor)
-        return
-    own = training.model_copy(update={"local_epochs": training.finetune_epochs})
-    result = train_client(method, model, data, client_id, inputs, client_state, own, augment_kind, device,
+    final, settings = final_training(method, training)
+    result = train_client(final, model, data, client_id, inputs, client_state, settings, augment_kind, device,
                           global_tensors, executor)
-    end = method.client_model_state(inputs.global_state, result.state)
-    model.load_state_dict(device_states([end], device, inputs.global_state, global_tensors)[0])
+    final_model(method, model, inputs, result, device, global_tensors)
 
 
 def _local_steps(

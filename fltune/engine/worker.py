@@ -21,6 +21,7 @@ import importlib
 import logging
 import os
 import sys
+from collections.abc import Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -34,8 +35,8 @@ from fltune.engine.aggregate import WeightedSum
 from fltune.engine.batched import client_groups, train_group, unbatchable
 from fltune.engine.builders import build_method, build_model_for, resolve_augment
 from fltune.engine.local import (
-    Executor, RoundInput, batch_scores, device_states, eval_batch_count, final_round, load_changed, load_state,
-    read_scores, score_sums, state_on_device, total_scores, train_client,
+    Executor, RoundInput, batch_scores, device_states, eval_batch_count, final_model, final_round, final_training,
+    load_changed, load_state, read_scores, score_sums, state_on_device, total_scores, train_client,
 )
 from fltune.engine.rng import use_deterministic_cuda
 from fltune.methods.base import ClientResult, Method, State, Upload, to_numpy
@@ -215,6 +216,8 @@ class ClientWorker:
         data = self._attach(run_ref)
         global_tensors = state_on_device(inputs.global_state, self.device)
         per_chunk = max(1, STAGED_BYTES // sum(v.nbytes for v in inputs.global_state.values()))
+        if finetune and self.batched:  # chunks of whole groups: a final round's groups are the run's, not the shard's
+            per_chunk = -(-per_chunk // self.cfg.resources.batch_clients) * self.cfg.resources.batch_clients
         sums: dict[int, torch.Tensor] = {}
         for first in range(0, len(client_ids), per_chunk):
             chunk = client_ids[first:first + per_chunk]
@@ -234,24 +237,54 @@ class ClientWorker:
         in one copy, and so do its clients' personal weights (``local.device_states``; a fine-tuned client
         copies its own as its final round starts); a client's load skips the weights it shares with the one
         before it (``load_changed``)."""
-        held_out = [data.client_eval[cid] for cid in chunk]
-        idx = torch.from_numpy(np.concatenate(held_out).astype(np.int64))
+        held_out = {cid: data.client_eval[cid] for cid in chunk}
+        idx = torch.from_numpy(np.concatenate(list(held_out.values())).astype(np.int64))
         xs, ys = data.x[idx].to(self.device), data.y[idx].to(self.device)
-        starts = [] if finetune else [
-            self.method.client_model_state(inputs.global_state, states.get(cid, {})) for cid in chunk
-        ]
-        loads = device_states(starts, self.device, inputs.global_state, global_tensors)
-        sums, loaded, offset = {}, {}, 0
-        for i, (cid, rows) in enumerate(zip(chunk, held_out)):
-            if finetune:
+        offsets = dict(zip(chunk, np.cumsum([0, *(len(rows) for rows in held_out.values())]).tolist()))
+        if finetune:
+            ready = self._final_rounds(data, inputs, chunk, states, global_tensors)
+        else:
+            ready = self._client_models(inputs, chunk, states, global_tensors)
+        sums = {}
+        for cid in ready:
+            rows = slice(offsets[cid], offsets[cid] + len(held_out[cid]))
+            sums[cid] = score_sums(self.model, data, xs[rows], ys[rows], self.device,
+                                   range(eval_batch_count(len(held_out[cid]))))
+        return {cid: sums[cid] for cid in chunk}
+
+    def _client_models(
+        self, inputs: RoundInput, chunk: list[int], states: dict[int, dict[str, Any]],
+        global_tensors: dict[str, torch.Tensor],
+    ) -> Iterator[int]:
+        """Each client of ``chunk`` in turn, ``self.model`` holding its client model (personal weights staged
+        in one copy for the chunk)."""
+        starts = [self.method.client_model_state(inputs.global_state, states.get(cid, {})) for cid in chunk]
+        loaded: dict[str, Any] = {}
+        for cid, load in zip(chunk, device_states(starts, self.device, inputs.global_state, global_tensors)):
+            load_changed(self.model, load, loaded)
+            yield cid
+
+    def _final_rounds(
+        self, data: FederatedData, inputs: RoundInput, chunk: list[int], states: dict[int, dict[str, Any]],
+        global_tensors: dict[str, torch.Tensor],
+    ) -> Iterator[int]:
+        """Each client of ``chunk`` after its final personal round, ``self.model`` holding the model it is
+        scored with. The batched executor trains the round's clients in groups, as its training rounds
+        (``train_group``, eager: a graph compiled for one round would cost more than it saves), where the
+        round's method batches; otherwise, and on the other executors, client by client
+        (``local.final_round``)."""
+        final, settings = final_training(self.method, self.cfg.training)
+        if not (self.batched and unbatchable(self.cfg, final, self.model) is None):
+            for cid in chunk:
                 final_round(self.method, self.model, data, cid, inputs, states.get(cid, {}), self.cfg.training,
                             self.augment_kind, self.device, self.executor, global_tensors)
-            else:
-                load_changed(self.model, loads[i], loaded)
-            sums[cid] = score_sums(self.model, data, xs[offset:offset + len(rows)], ys[offset:offset + len(rows)],
-                                   self.device, range(eval_batch_count(len(rows))))
-            offset += len(rows)
-        return sums
+                yield cid
+            return
+        for group in client_groups(chunk, self.cfg.resources.batch_clients):
+            for cid, result in train_group(final, self.model, data, group, inputs, states, settings, self.augment_kind,
+                                           self.device, global_tensors, self.executor.source):
+                final_model(self.method, self.model, inputs, result, self.device, global_tensors)
+                yield cid
 
     def evaluate_split(
         self, run_ref: list, state: State, split: str, batches: list[int],

@@ -364,6 +364,10 @@ class Method:
     client before the personalised evaluation: ``tune``, the personal part (else the head) on plain CE with
     the rest frozen (``methods/finetune.py``, FedCR's last round); ``own``, one more of the method's own
     local updates, after which its client model is evaluated (Ditto, as FedCR's ``main_fed_ditto.py``)."""
+    tuner: ClassVar[type[Method] | None] = None
+    """The ``tune`` round's method (a :class:`~fltune.methods.finetune.FineTune`); None: FineTune itself. A
+    subclass names its own where the batched executor needs more of the tuning step than plain CE gives
+    (VIB nets: the train-mode forward's ε, drawn outside the vmap)."""
 
     def __init__(self, params: Params | None = None) -> None:
         self.params = params if params is not None else self.Params()

@@ -23,6 +23,8 @@ class FineTune(Method):
     part; every other method (none personal, a personal head, FedSR's per-client head extras) its head.
     """
 
+    batchable = True  # plain cross-entropy: the default functional loss (batched final rounds)
+
     def __init__(self, inner: Method, epochs: int, lr: float | None) -> None:
         super().__init__()
         self.inner, self.epochs, self.lr = inner, epochs, lr
@@ -38,3 +40,8 @@ def tuned_prefixes(method: Method, model: nn.Module) -> tuple[str, ...]:
     """What :class:`FineTune` trains: the method's personal keys when some lie outside ``head.``, else the head."""
     personal = sorted(method.personal_keys(model))
     return tuple(personal) if any(not k.startswith("head.") for k in personal) else ("head.",)
+
+
+def tuner_for(method: Method, epochs: int, lr: float | None) -> FineTune:
+    """The ``tune`` final round of ``method``: its own tuner class (``Method.tuner``) or :class:`FineTune`."""
+    return (method.tuner or FineTune)(method, epochs, lr)

@@ -121,6 +121,31 @@ def assert_follows_exact(overrides: list[str], group: list[int]) -> None:
 
 
 @pytest.mark.parametrize("overrides", [
+    ["method.name=fedrep"], ["method.name=lg_fedavg"], ["method.name=ditto", "method.lam=0.5"],
+    ["method.name=fedcr", "method.beta=0.1", *VIB], ["method.name=fedsr", *VIB],
+], ids=ids)
+def test_a_final_round_in_groups_follows_the_exact_one(overrides):
+    """The last round's pass over every client, batched (``ClientWorker._final_rounds``): each client's
+    tuned head (FedRep, and FedCR's and FedSR's VIB nets, whose train-mode forward averages the net's S
+    sampled z: ε from the client's own generator), tuned body (LG-FedAvg) or Ditto's own round ends on the
+    exact path's weights up to float rounding, in a group with clients of other sizes."""
+    cfg, data, method, model, inputs, tensors = round_one([*overrides, "training.finetune_epochs=2"], lr=0.05)
+    inputs = RoundInput(round=cfg.federation.rounds + 1, seed=0, lr=0.05, global_state=inputs.global_state, server={})
+    group, start = [0, 1, 2, 3], {k: v.clone() for k, v in model.state_dict().items()}
+    exact = {}
+    for cid in group:
+        local.final_round(method, model, data, cid, inputs, {}, cfg.training, "none", CPU, None, tensors)
+        exact[cid] = {k: v.clone() for k, v in model.state_dict().items()}
+    final, settings = local.final_training(method, cfg.training)
+    assert final.batches_clients()
+    for cid, result in train_group(final, model, data, group, inputs, {}, settings, "none", CPU, tensors):
+        local.final_model(method, model, inputs, result, CPU, tensors)
+        assert any(not torch.equal(exact[cid][k], start[k]) for k in start)  # the round trained something
+        for key, value in model.state_dict().items():
+            torch.testing.assert_close(value, exact[cid][key], rtol=1e-3, atol=1e-4, msg=key)
+
+
+@pytest.mark.parametrize("overrides", [
     ["method.name=fedavg"], ["method.name=ditto", "method.lam=0.5", "training.grad_clip=0.5"],
     ["method.name=simfafl", "method.beta1=0.1", *VIB],
 ], ids=ids)
@@ -369,16 +394,22 @@ def run_all(pools: SharedPools, cfgs: list[list[str]], workers: int) -> list[Fed
 
 
 def fingerprint(fed: Federation) -> tuple:
+    tuned = [(row.get("acc_personalized_ft"), row.get("loss_personalized_ft")) for row in fed.history]
     return ([row["acc_global"] for row in fed.history], [row["train_loss"] for row in fed.history],
-            {k: v.tobytes() for k, v in fed.global_state.items()})
+            {k: v.tobytes() for k, v in fed.global_state.items()}, tuned)
+
+
+FINAL_ROUND = ["metrics.protocols=[global,personalized]", "partition.eval_fraction=0.3", "training.finetune_epochs=1"]
 
 
 @pytest.mark.parametrize("method", [
     ["method.name=fedavg"], ["method.name=simfafl", *VIB], ["method.name=ditto", "resources.compile=true"],
+    ["method.name=fedrep", *FINAL_ROUND], ["method.name=fedcr", *VIB, *FINAL_ROUND],
 ], ids=ids)
 def test_batched_runs_are_deterministic_and_worker_count_free(pools, method):
-    """Also with per-client noise (SimFAFL's ε, drawn from each client's own generator), and with the step
-    compiled in the workers (``resources.compile``)."""
+    """Also with per-client noise (SimFAFL's ε, drawn from each client's own generator), with the step
+    compiled in the workers (``resources.compile``), and with the final round's pass over every client in
+    groups (the tuned personalised scores: its groups are the run's whole, whichever worker trains them)."""
     batched = [*FEDERATION, *method, "resources.executor=batched"]
     one, again = run_all(pools, [batched, batched], workers=1)
     (two,) = run_all(pools, [batched], workers=2)

@@ -95,3 +95,36 @@ def test_personalised_scores_are_each_client_scored_alone_in_chunks_of_any_size(
                 assert worker.evaluate_clients(run_ref, inputs, finetune, ids, states) == alone, (finetune, budget)
     finally:
         torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("method, tuner", [("fedrep", "FineTune"), ("ditto", "Ditto")])
+def test_a_batched_runs_final_round_trains_whole_groups_in_chunks_of_whole_groups(ray_session, monkeypatch, method,
+                                                                                   tuner):
+    """``resources.executor: batched``: the final round's pass over every client goes through ``train_group``
+    (FedRep's tuner, Ditto's own round), group by group as the run's sorted clients chunk, even where a staging
+    chunk would have cut a group (a one-client budget); each client is scored on what its group left it."""
+    cfg = build_config(overrides=[
+        "data.dataset=synthetic", "data.subsample=0.25", "partition.eval_fraction=0.2", "federation.clients=6",
+        f"method.name={method}", "training.local_epochs=1", "training.finetune_epochs=1", "tracking.enabled=false",
+        "resources.executor=batched", "resources.batch_clients=4",
+    ])
+    data = load_data(cfg)
+    state = initial_state(cfg, data)
+    inputs = RoundInput(round=cfg.federation.rounds + 1, seed=0, lr=0.05, global_state=state, server={})
+    groups, real = [], worker_module.train_group
+
+    def counted(final, model, data_, group, *args, **kwargs):
+        groups.append((type(final).__name__, list(group)))
+        yield from real(final, model, data_, group, *args, **kwargs)
+
+    monkeypatch.setattr(worker_module, "train_group", counted)
+    monkeypatch.setattr(worker_module, "STAGED_BYTES", sum(v.nbytes for v in state.values()))
+    threads = torch.get_num_threads()
+    try:
+        worker = ClientWorker(threads=1, in_driver=True)
+        run_ref = [ray.put(RunSpec(cfg, data, keep_latest=False))]
+        scores = worker.evaluate_clients(run_ref, inputs, True, list(range(6)), {})
+    finally:
+        torch.set_num_threads(threads)
+    assert groups == [(tuner, [0, 1, 2, 3]), (tuner, [4, 5])]
+    assert sorted(scores) == list(range(6)) and all(n == len(data.client_eval[c]) for c, (_, _, n) in scores.items())
