@@ -270,7 +270,7 @@ class ClientWorker:
     ) -> Iterator[int]:
         """Each client of ``chunk`` after its final personal round, ``self.model`` holding the model it is
         scored with. The batched executor trains the round's clients in groups, as its training rounds
-        (``train_group``, eager: a graph compiled for one round would cost more than it saves), where the
+        (``train_group``, eager: a graph used for one round hardly repays its compile time; not measured), where the
         round's method batches; otherwise, and on the other executors, client by client
         (``local.final_round``)."""
         final, settings = final_training(self.method, self.cfg.training)
