@@ -79,7 +79,7 @@ class VIBMethod(Method):
     weighted_by_samples: ClassVar[bool] = False
     vib_samples: ClassVar[int | None] = None
     """z samples per input in training; None: the net's S (FedSR: 1)."""
-    tuner: ClassVar[type[Method] | None] = VIBFineTune
+    tuner: ClassVar[type[FineTune] | None] = VIBFineTune
 
     @classmethod
     def model_for(cls, dataset: str) -> str | None:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal, NamedTuple, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, NamedTuple, TypeVar
 
 import numpy as np
 import torch
@@ -32,6 +32,9 @@ from torch import nn
 from torch.func import functional_call, grad
 
 from fltune.errors import FLTuneError
+
+if TYPE_CHECKING:  # the tuner's class; finetune.py imports this module
+    from fltune.methods.finetune import FineTune
 
 State = dict[str, np.ndarray]
 """Model weights on the wire: state_dict names → numpy arrays (what one ``ray.put`` ships)."""
@@ -364,7 +367,7 @@ class Method:
     client before the personalised evaluation: ``tune``, the personal part (else the head) on plain CE with
     the rest frozen (``methods/finetune.py``, FedCR's last round); ``own``, one more of the method's own
     local updates, after which its client model is evaluated (Ditto, as FedCR's ``main_fed_ditto.py``)."""
-    tuner: ClassVar[type[Method] | None] = None
+    tuner: ClassVar[type[FineTune] | None] = None
     """The ``tune`` round's method (a :class:`~fltune.methods.finetune.FineTune`); None: FineTune itself. A
     subclass names its own where the batched executor needs more of the tuning step than plain CE gives
     (VIB nets: the train-mode forward's ε, drawn outside the vmap)."""
