@@ -66,8 +66,7 @@ class VIBFineTune(FineTune):
     def functional_loss(
         self, forward: Forward, params: Tensors, inputs: dict[str, Tensors], x: Tensor, y: Tensor, weight: Tensor,
     ) -> tuple[Tensor, Tensor]:
-        mu, sigma = posterior(forward.part("body", params, x))
-        z = mu + sigma * inputs["noise"]["eps"].transpose(0, 1)
+        _, _, z = functional_z(forward, params, x, inputs["noise"]["eps"])
         logits = forward.part("head", params, z.mean(0))
         return masked_cross_entropy(logits, y, weight), logits
 
@@ -101,9 +100,14 @@ class VIBMethod(Method):
 def functional_vib(forward: Forward, params: Tensors, x: Tensor, eps: Tensor) -> VIBOutput:
     """``VIBNet.vib`` as a function of the parameters, with the step's ε (its share of ``epoch_noise``'s, batch
     axis first)."""
-    mu, sigma = posterior(forward.part("body", params, x))
-    z = mu + sigma * eps.transpose(0, 1)
+    mu, sigma, z = functional_z(forward, params, x, eps)
     return VIBOutput(mu, sigma, z, forward.part("head", params, z))
+
+
+def functional_z(forward: Forward, params: Tensors, x: Tensor, eps: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """μ, σ of q(z|x) and the sampled z ``[S, B, dimZ]`` as functions of the parameters, with the step's ε."""
+    mu, sigma = posterior(forward.part("body", params, x))
+    return mu, sigma, mu + sigma * eps.transpose(0, 1)
 
 
 def vib_cross_entropy(logits: Tensor, y: Tensor, weight: Tensor | None = None) -> Tensor:
