@@ -14,7 +14,8 @@ evaluation runs: ``metrics.protocols=[]``). Rows, in one run on the same device:
   batched    ``resources.executor=batched`` (K clients at once with torch.func).
 Last lines: ``ratio <path>/B0 <workload> <x>`` and ``ratio exact/reference <workload> <x>`` (each when both
 rows ran). ``--paths`` picks the rows, ``--set KEY=VALUE`` changes the fltune rows' config (e.g. a resources
-variant such as ``resources.deterministic=false`` or ``resources.batch_clients=5``).
+variant such as ``resources.deterministic=false``, ``resources.batch_clients=5`` or, with ``--paths B0 batched``,
+``resources.compile=true``).
 
 On a GPU the defaults are the issue's (3 warm-up rounds, 20 timed, full data); on CPU they are small
 (1 warm-up, 3 timed, 10 % of the data: ~60 samples a client) so a run takes minutes.
@@ -138,9 +139,10 @@ def main() -> None:
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="config override for the fltune rows, repeatable")
     args = parser.parse_args()
-    try:  # a bad --set fails here, in one line, before any row runs
+    try:  # a bad --set fails here, in one line, before any row runs (checked with each fltune row's executor)
         for name in args.workloads:
-            workload_config(name, 1, args.scale, extra=tuple(args.overrides))
+            for path in [p for p in args.paths if p != "B0"] or ["exact"]:
+                workload_config(name, 1, args.scale, path, tuple(args.overrides))
     except FLTuneError as err:
         parser.error(str(err))
     device = torch.device("cuda" if gpu else "cpu")
