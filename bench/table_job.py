@@ -60,7 +60,10 @@ class Trial:
 
 def read_trial(folder: Path, every: int) -> Trial | None:
     """The trial in ``folder`` (None when it reported fewer than three rounds)."""
-    rows = [json.loads(line) for line in (folder / "result.json").read_text().splitlines() if line.strip()]
+    reports = [json.loads(line) for line in (folder / "result.json").read_text().splitlines() if line.strip()]
+    # a trial Tune restarted (FailureConfig) reports its rounds again from its checkpoint: the last report of
+    # each round stands
+    rows = sorted({r["training_iteration"]: r for r in reports}.values(), key=lambda r: r["training_iteration"])
     if len(rows) < 3:
         return None
     final, inner = rows[-1], rows[1:-1]
@@ -81,6 +84,8 @@ def read_job(job: Path) -> list[Trial]:
     spec = json.loads((job / "fltune_study.json").read_text())
     every = next(iter(spec["cells"].values()))["tree"].get("metrics", {}).get("every", 1)
     folders = sorted(job.glob("run_cell_*"), key=lambda f: int(f.name.split("_")[3]))
+    if failed := [f.name for f in folders if (f / "error.txt").exists()]:
+        print(f"table_job: {len(failed)} trial(s) raised an error (their error.txt), e.g. {failed[0]}", file=sys.stderr)
     return [t for t in (read_trial(f, every) for f in folders if (f / "result.json").exists()) if t]
 
 

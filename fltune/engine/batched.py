@@ -36,7 +36,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -299,12 +299,26 @@ COMPILED_GRAPHS = 64
 step is one function's code (``_GroupTrainer._take``), so one cache holds all a process's phases, batch
 shapes and runs."""
 
-_Taken = tuple[FunctionalStep, Tensor, Tensor]
-"""A group step's stacked ``FunctionalStep`` (its ``carry`` kept for the clients that took the step), which
-clients took it (``live``) and their correct counts."""
+
+class _Taken(NamedTuple):
+    """What a group step leaves for the host: the stacked losses, the carried inputs (``_kept``: a masked
+    client's stay), the per-sample records, which clients took the step (``live``) and their correct counts.
+    ``_GroupTrainer._take`` returns it as a plain tuple, built into this outside the compiled step: dynamo
+    (torch 2.11, seen on an H100) fails an assertion when a compiled function returns a NamedTuple it built
+    with ``_replace``."""
+
+    loss: Tensor
+    carry: dict[str, Stacked]
+    record: Stacked
+    live: Tensor
+    correct: Tensor
 
 
-def compile_step(step: Callable[..., _Taken]) -> Callable[..., _Taken]:
+_Device = tuple[Tensor, dict[str, Stacked], Stacked, Tensor, Tensor]
+"""``_Taken``'s fields as the (compiled) step returns them."""
+
+
+def compile_step(step: Callable[..., _Device]) -> Callable[..., _Device]:
     """``torch.compile`` of a group step's device work (``resources.compile``; ``_GroupTrainer._take``: the
     images' gather, the vmapped step, the divergence flags, the SGD update, the carried inputs kept, the
     correct counts). Why: on a GPU a small model's step waits on the host (Python, the dispatcher, one launch
@@ -357,20 +371,20 @@ class _GroupTrainer:
 
     def step(
         self, params: Stacked, inputs: dict[str, Stacked], batch: _Step, lr: float, tally: _Tally,
-    ) -> FunctionalStep:
-        """One masked step of all K clients: ``params`` and the momentum are updated in place; returns the
-        stacked ``FunctionalStep``, its ``carry`` kept only for the clients that took the step."""
+    ) -> _Taken:
+        """One masked step of all K clients: ``params`` and the momentum are updated in place; returns what
+        the host keeps of it, the carried inputs kept only for the clients that took the step."""
         train = {n: params[n] for n in self.trainable}
         frozen = {n: p for n, p in params.items() if n not in train}
         step_inputs = {**inputs, "noise": batch.noise} if batch.noise else inputs
-        out, live, correct = self.take(train, frozen, step_inputs, batch, tally.diverged, lr)
-        tally.record(out.loss, live, correct, batch.counts)
+        out = _Taken(*self.take(train, frozen, step_inputs, batch, tally.diverged, lr))
+        tally.record(out.loss, out.live, out.correct, batch.counts)
         return out
 
     def _take(
         self, train: Stacked, frozen: Stacked, inputs: dict[str, Stacked], batch: _Step, diverged: Tensor,
         lr: float,
-    ) -> _Taken:
+    ) -> _Device:
         """The step's device work, all of it in one function so that ``resources.compile`` traces the batch's
         images, the gradients, the divergence flags (``diverged``, in place), the SGD update, the carried
         inputs kept and the correct counts as one graph (outside it, each would be eager ops and Python on
@@ -380,7 +394,7 @@ class _GroupTrainer:
         live = batch.active & ~diverged
         self._update(out.grads, lr, live)
         correct = ((out.logits.argmax(-1) == batch.y) & batch.real).sum(1)
-        return out._replace(carry=_kept(out.carry, inputs, live)), live, correct
+        return out.loss, _kept(out.carry, inputs, live), out.record, live, correct
 
     def _update(self, grads: Stacked, lr: float, live: Tensor) -> None:
         """SGD on every live client, in place: the parameters' gradients side by side in one [K, Σ sizes]
@@ -463,7 +477,7 @@ class _Group:
         keys = next((row.keys() for row in rows if row is not None), ())
         return {key: _padded([None if row is None else row[key] for row in rows], counts.shape[1]) for key in keys}
 
-    def absorb(self, out: FunctionalStep, step: _Step) -> None:
+    def absorb(self, out: _Taken, step: _Step) -> None:
         """Keep the step's carried inputs (``_kept``: a masked client's stayed), and hand each client with a
         batch its records of its real samples."""
         for key, values in out.carry.items():
