@@ -13,7 +13,8 @@ evaluation runs: ``metrics.protocols=[]``). Rows, in one run on the same device:
   exact      ``resources.executor=exact`` (the default; bit-identical to reference);
   batched    ``resources.executor=batched`` (K clients at once with torch.func).
 Last lines: ``ratio <path>/B0 <workload> <x>`` and ``ratio exact/reference <workload> <x>`` (each when both
-rows ran). ``--paths`` picks the rows, ``--set KEY=VALUE`` changes the fltune rows' config (e.g. a resources
+rows ran). ``--paths`` picks the rows, ``--set KEY=VALUE`` changes every row's config (B0 takes its data and
+training settings from it too: ``data.root``, ``training.batch_size``; the fltune rows also e.g. a resources
 variant such as ``resources.deterministic=false``, ``resources.batch_clients=5`` or, with ``--paths B0 batched``,
 ``resources.compile=true``).
 
@@ -137,11 +138,12 @@ def main() -> None:
     parser.add_argument("--paths", nargs="+", default=["B0", *executors()], choices=["B0", *executors()],
                         help="rows to run (default all)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                        help="config override for the fltune rows, repeatable")
+                        help="config override for every row (B0: its data and training settings), repeatable")
     args = parser.parse_args()
+    executors_run = [p for p in args.paths if p != "B0"] or ["exact"]
     try:  # a bad --set fails here, in one line, before any row runs (checked with each fltune row's executor)
         for name in args.workloads:
-            for path in [p for p in args.paths if p != "B0"] or ["exact"]:
+            for path in executors_run:
                 workload_config(name, 1, args.scale, path, tuple(args.overrides))
     except FLTuneError as err:
         parser.error(str(err))
@@ -150,7 +152,7 @@ def main() -> None:
           f"rows: {' '.join(args.paths)}; overrides: {' '.join(args.overrides) or 'none'}")
     ratios = []
     for name in args.workloads:
-        cfg = workload_config(name, args.warmup + args.rounds, args.scale)
+        cfg = workload_config(name, args.warmup + args.rounds, args.scale, executors_run[0], tuple(args.overrides))
         data = load_data(cfg)
         figures = {}
         for path in args.paths:
