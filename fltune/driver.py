@@ -35,6 +35,7 @@ from fltune.errors import FLTuneError
 
 if TYPE_CHECKING:  # Ray Tune and MLflow load only when a command runs
     from ray.tune import PlacementGroupFactory, Tuner
+    from ray.tune.experiment import Trial
 
     from fltune.config import TrackingConfig
     from fltune.tune.board import TrialBoard
@@ -272,6 +273,29 @@ def unfinished_if_stopped(rows: list[TrialRow]) -> list[TrialRow]:
     if not _stopped_by:
         return rows
     return [replace(row, status="pending") if row.status == "failed" else row for row in rows]
+
+
+def say_failures(trials: list[Trial]) -> None:
+    """Why trials failed (after Tune's retries), one line per reason (``results.failure_lines``); nothing
+    after a stop signal, whose killed trials are resumed rather than failed (``unfinished_if_stopped``)."""
+    from ray.tune.experiment import Trial
+
+    from fltune.tracking.progress import console
+    from fltune.tune.results import failure_lines
+
+    if _stopped_by:
+        return
+    traces = [(trial.path, _trace(trial)) for trial in trials if trial.status == Trial.ERROR]
+    for line in failure_lines(traces):
+        console.print(line, markup=False, soft_wrap=True)
+
+
+def _trace(trial: Trial) -> str:
+    """The trial's error trace as Tune kept it ("" when it kept none, or its storage cannot be read)."""
+    try:
+        return trial.get_error() or ""
+    except OSError:
+        return ""
 
 
 def _last_signal() -> int:
@@ -638,5 +662,6 @@ class TuneJob(ABC, Generic[Spec]):
             except BaseException:
                 self.close_runs(spec)
                 raise
-        return self.conclude(spec, unfinished_if_stopped(
-            [trial_row(trial) for trial in ExperimentAnalysis(spec.path).trials]))
+        trials = ExperimentAnalysis(spec.path).trials
+        say_failures(trials)
+        return self.conclude(spec, unfinished_if_stopped([trial_row(trial) for trial in trials]))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,6 +44,37 @@ def unfinished(rows: list[TrialRow], expected: int) -> bool:
     """Whether a Tune job has trials left to run: some have not ended, or fewer than ``expected`` exist (a
     stop came before Tune created them all; with none, before its first)."""
     return len(rows) < expected or any(r.status not in ENDED for r in rows)
+
+
+_RAISED = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Exit)):(.*)$")
+_FRAME = re.compile(r'^\s*File "(?:[^"]*/)?(fltune/[^"]+\.py)", line (\d+), in (\w+)')
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def error_line(trace: str) -> str:
+    """The one line that says why a trial failed, from the trace Tune keeps (its ``error.txt``: every
+    failure's, the last one last): the last exception raised, with the last fltune frame it passed through.
+    Ray's wrappers are left out unless Ray's error is all there is (a worker that died), and so are torch's
+    internals: e.g. ``AssertionError (fltune/engine/batched.py:383, _take)``."""
+    lines = _ANSI.sub("", trace).splitlines()
+    raised = [line for line in lines if _RAISED.match(line)]
+    own = [line for line in raised if not line.startswith("ray.")]  # Ray's re-raise of the cause, else Ray's
+    if not raised:
+        return next((line.strip() for line in reversed(lines) if line.strip()), "no trace")
+    name, message = _RAISED.match((own or raised)[-1]).groups()
+    frames = [m for m in map(_FRAME.match, lines) if m]
+    where = f" ({frames[-1][1]}:{frames[-1][2]}, {frames[-1][3]})" if frames else ""
+    return f"{name.rsplit('.', 1)[-1]}{': ' + message.strip() if message.strip() else ''}{where}"
+
+
+def failure_lines(traces: list[tuple[str, str]]) -> list[str]:
+    """One line per distinct reason among failed trials' (folder, trace) pairs: how many failed so, why
+    (``error_line``), and where the first one's whole trace is. A job's table says only "failed"."""
+    by_reason: dict[str, list[str]] = {}
+    for folder, trace in traces:
+        by_reason.setdefault(error_line(trace), []).append(folder)
+    return [f"fltune: {len(folders)} trial(s) failed: {reason}; trace: {folders[0]}/error.txt"
+            for reason, folders in by_reason.items()]
 
 
 def classify(last: dict[str, Any], errored: bool) -> str:

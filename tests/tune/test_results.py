@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from fltune.metrics.target import reached_target
-from fltune.tune.results import best, classify, make_row, rank, unfinished
+from fltune.tune.results import best, classify, error_line, failure_lines, make_row, rank, unfinished
 from fltune.tune.space import Objective
 from fltune.tune.trainable import last_good, seed_score
 
@@ -80,3 +80,56 @@ def test_a_job_with_trials_missing_or_not_ended_is_unfinished() -> None:
     failed = make_row("c", {}, {"round": 1}, errored=True)
     assert unfinished([], 2) and unfinished([done], 2) and unfinished([done, running], 2)
     assert not unfinished([done, failed], 2)
+
+
+# A trial's error.txt as Tune wrote it on an H100 (trimmed): its last failure of three, raised in torch's
+# compiler inside a Ray worker, fltune's frames in the trial process before Ray's re-raise line.
+COMPILER_TRACE = """Failure # 3 (occurred at 2026-11-28_00-08-09)
+\x1b[36mray::ImplicitFunc.train()\x1b[39m (pid=8962, ip=192.0.2.2, repr=run_cell)
+  File "/tmp/site/ray/tune/trainable/function_trainable.py", line 249, in _trainable_func
+    output = fn()
+  File "/home/u/fltune/fltune/engine/pool.py", line 170, in map
+    return own + ray.get(refs)
+ray.exceptions.RayTaskError: \x1b[36mray::ClientWorker.train()\x1b[39m (pid=10124, ip=192.0.2.2)
+  File "/home/u/fltune/fltune/engine/worker.py", line 151, in train
+    return self._pack(self._train_groups(result, inputs, client_ids, states, global_tensors))
+  File "/opt/torch/lib/python3.12/site-packages/torch/_dynamo/side_effects.py", line 792, in codegen_save_tempvars
+    assert var.mutation_type.cls_source is not None
+AssertionError: 
+
+from user code:
+   File "/home/u/fltune/fltune/engine/batched.py", line 383, in _take
+    return out._replace(carry=_kept(out.carry, inputs, live)), live, correct
+
+Set TORCHDYNAMO_VERBOSE=1 for the internal stack trace
+"""
+
+RAISED_TRACE = """Failure # 1 (occurred at 2026-11-28_01-00-00)
+ray.exceptions.RayTaskError(FLTuneError): \x1b[36mray::ImplicitFunc.train()\x1b[39m (pid=1, ip=127.0.0.1)
+  File "/x/site-packages/fltune/data/federated.py", line 207, in load
+    raise FLTuneError(f"data.root: {root} holds no FMNIST")
+fltune.errors.FLTuneError: data.root: /data holds no FMNIST
+"""
+
+
+def test_error_line_names_the_last_exception_and_the_last_fltune_frame_it_passed() -> None:
+    """Ray's wrapper lines and torch's frames are left out; an empty message leaves the exception's name."""
+    assert error_line(COMPILER_TRACE) == "AssertionError (fltune/engine/batched.py:383, _take)"
+    assert error_line(RAISED_TRACE) == (
+        "FLTuneError: data.root: /data holds no FMNIST (fltune/data/federated.py:207, load)")
+    assert error_line("Failure # 1\nray.exceptions.ActorDiedError: The actor died unexpectedly\n") == (
+        "ActorDiedError: The actor died unexpectedly")
+    assert error_line("Failure # 1\nthe worker died unexpectedly\n\n") == "the worker died unexpectedly"
+    assert error_line("") == "no trace"
+
+
+def test_failure_lines_give_one_line_per_reason_with_a_count_and_a_trace_to_read() -> None:
+    traces = [("/s/job/run_cell_0", COMPILER_TRACE), ("/s/job/run_cell_1", RAISED_TRACE),
+              ("/s/job/run_cell_2", COMPILER_TRACE)]
+    assert failure_lines(traces) == [
+        "fltune: 2 trial(s) failed: AssertionError (fltune/engine/batched.py:383, _take); "
+        "trace: /s/job/run_cell_0/error.txt",
+        "fltune: 1 trial(s) failed: FLTuneError: data.root: /data holds no FMNIST "
+        "(fltune/data/federated.py:207, load); trace: /s/job/run_cell_1/error.txt",
+    ]
+    assert failure_lines([]) == []
