@@ -49,14 +49,17 @@ def unfinished(rows: list[TrialRow], expected: int) -> bool:
 _RAISED = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Exit)):(.*)$")
 _FRAME = re.compile(r'^\s*File "(?:[^"]*/)?(fltune/[^"]+\.py)", line (\d+), in (\w+)')
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_COMPILING = ("torch/_dynamo/convert_frame.py", "torch/_inductor/")
+"""Frames of torch's compiler at work (``torch/_dynamo/eval_frame.py`` also wraps uncompiled calls, e.g. an
+optimiser's step, so it says nothing)."""
 
 
 def error_line(trace: str) -> str:
     """The one line that says why a trial failed, from the trace Tune keeps (its ``error.txt``: every
     failure's, the last one last): the last exception raised, with the last fltune frame it passed through.
     Ray's wrappers are left out unless Ray's error is all there is (a worker that died), and so are torch's
-    internals: e.g. ``AssertionError (fltune/engine/batched.py:383, _take)``."""
-    lines = _ANSI.sub("", trace).splitlines()
+    internals: e.g. ``AssertionError (fltune/engine/batched.py:383, _take) in torch.compile (…)``."""
+    lines = _ANSI.sub("", trace).rsplit("Failure # ", 1)[-1].splitlines()  # the last failure's
     raised = [line for line in lines if _RAISED.match(line)]
     own = [line for line in raised if not line.startswith("ray.")]  # Ray's re-raise of the cause, else Ray's
     if not raised:
@@ -64,7 +67,9 @@ def error_line(trace: str) -> str:
     name, message = _RAISED.match((own or raised)[-1]).groups()
     frames = [m for m in map(_FRAME.match, lines) if m]
     where = f" ({frames[-1][1]}:{frames[-1][2]}, {frames[-1][3]})" if frames else ""
-    return f"{name.rsplit('.', 1)[-1]}{': ' + message.strip() if message.strip() else ''}{where}"
+    compiling = any(part in line for line in lines for part in _COMPILING)
+    return (f"{name.rsplit('.', 1)[-1]}{': ' + message.strip() if message.strip() else ''}{where}"
+            + (" in torch.compile (resources.compile=false runs without it)" if compiling else ""))
 
 
 def failure_lines(traces: list[tuple[str, str]]) -> list[str]:

@@ -93,6 +93,8 @@ COMPILER_TRACE = """Failure # 3 (occurred at 2026-11-28_00-08-09)
 ray.exceptions.RayTaskError: \x1b[36mray::ClientWorker.train()\x1b[39m (pid=10124, ip=192.0.2.2)
   File "/home/u/fltune/fltune/engine/worker.py", line 151, in train
     return self._pack(self._train_groups(result, inputs, client_ids, states, global_tensors))
+  File "/opt/torch/lib/python3.12/site-packages/torch/_dynamo/convert_frame.py", line 729, in __call__
+    result = _compile(
   File "/opt/torch/lib/python3.12/site-packages/torch/_dynamo/side_effects.py", line 792, in codegen_save_tempvars
     assert var.mutation_type.cls_source is not None
 AssertionError: 
@@ -106,6 +108,8 @@ Set TORCHDYNAMO_VERBOSE=1 for the internal stack trace
 
 RAISED_TRACE = """Failure # 1 (occurred at 2026-11-28_01-00-00)
 ray.exceptions.RayTaskError(FLTuneError): \x1b[36mray::ImplicitFunc.train()\x1b[39m (pid=1, ip=127.0.0.1)
+  File "/x/site-packages/torch/_dynamo/eval_frame.py", line 1024, in _fn
+    return fn(*args, **kwargs)
   File "/x/site-packages/fltune/data/federated.py", line 207, in load
     raise FLTuneError(f"data.root: {root} holds no FMNIST")
 fltune.errors.FLTuneError: data.root: /data holds no FMNIST
@@ -113,8 +117,10 @@ fltune.errors.FLTuneError: data.root: /data holds no FMNIST
 
 
 def test_error_line_names_the_last_exception_and_the_last_fltune_frame_it_passed() -> None:
-    """Ray's wrapper lines and torch's frames are left out; an empty message leaves the exception's name."""
-    assert error_line(COMPILER_TRACE) == "AssertionError (fltune/engine/batched.py:383, _take)"
+    """Ray's wrapper lines and torch's frames are left out; an empty message leaves the exception's name; a
+    failure inside torch's compiler says so (a dynamo wrapper around an uncompiled call does not)."""
+    compiling = " in torch.compile (resources.compile=false runs without it)"
+    assert error_line(COMPILER_TRACE) == "AssertionError (fltune/engine/batched.py:383, _take)" + compiling
     assert error_line(RAISED_TRACE) == (
         "FLTuneError: data.root: /data holds no FMNIST (fltune/data/federated.py:207, load)")
     assert error_line("Failure # 1\nray.exceptions.ActorDiedError: The actor died unexpectedly\n") == (
@@ -127,9 +133,12 @@ def test_failure_lines_give_one_line_per_reason_with_a_count_and_a_trace_to_read
     traces = [("/s/job/run_cell_0", COMPILER_TRACE), ("/s/job/run_cell_1", RAISED_TRACE),
               ("/s/job/run_cell_2", COMPILER_TRACE)]
     assert failure_lines(traces) == [
-        "fltune: 2 trial(s) failed: AssertionError (fltune/engine/batched.py:383, _take); "
-        "trace: /s/job/run_cell_0/error.txt",
+        "fltune: 2 trial(s) failed: AssertionError (fltune/engine/batched.py:383, _take) in torch.compile "
+        "(resources.compile=false runs without it); trace: /s/job/run_cell_0/error.txt",
         "fltune: 1 trial(s) failed: FLTuneError: data.root: /data holds no FMNIST "
         "(fltune/data/federated.py:207, load); trace: /s/job/run_cell_1/error.txt",
     ]
     assert failure_lines([]) == []
+    assert failure_lines([("/s/job/run_cell_3", COMPILER_TRACE.replace("# 3", "# 2") + RAISED_TRACE)]) == [
+        "fltune: 1 trial(s) failed: FLTuneError: data.root: /data holds no FMNIST "
+        "(fltune/data/federated.py:207, load); trace: /s/job/run_cell_3/error.txt"]  # its last failure's reason
