@@ -147,4 +147,4 @@ class SharpnessAware(Method, ABC):
         named = list(params.items())
         eps = self.epsilon(batch.global_params)(named, list(ascent.grads.values()))
         shifted = {n: p + e for (n, p), e in zip(named, eps, strict=True)}
-        return ascent.but(grads=super().functional_step(shifted, batch).grads)
+        return ascent.replaced(grads=super().functional_step(shifted, batch).grads)

@@ -279,7 +279,7 @@ class FunctionalStep(NamedTuple):
     carry: dict[str, Tensors] = {}
     record: Tensors = {}
 
-    def but(self, grads: Tensors | None = None, carry: dict[str, Tensors] | None = None) -> FunctionalStep:
+    def replaced(self, grads: Tensors | None = None, carry: dict[str, Tensors] | None = None) -> FunctionalStep:
         """This step with other gradients or carried inputs. ``_replace`` would do, but under
         ``resources.compile`` this runs inside the traced group step, and torch 2.11's dynamo failed an
         assertion on a NamedTuple built by ``_replace`` there (an H100 run); the constructor it traces."""

@@ -119,7 +119,7 @@ class Ditto(Method):
 
         grads, _, _ = gradient(personal_ce, batch.inputs["personal"])
         personal = self._stepped(grads, batch.inputs["personal"], batch.global_params, batch.lr, batch.grad_clip)
-        return step.but(carry={"personal": personal})
+        return step.replaced(carry={"personal": personal})
 
     def client_result(self, ctx: ClientContext) -> ClientResult:
         result = super().client_result(ctx)

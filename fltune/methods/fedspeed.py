@@ -48,4 +48,4 @@ class FedSpeed(DriftCorrected, SharpnessAware):
         if self.params.lam == 0:
             return step
         target = batch.inputs["drift_target"]
-        return step.but(grads={n: g + self.params.lam * (params[n] - target[n]) for n, g in step.grads.items()})
+        return step.replaced(grads={n: g + self.params.lam * (params[n] - target[n]) for n, g in step.grads.items()})
