@@ -21,8 +21,8 @@ from fltune.compare.command import SETTINGS as COMPARE_SETTINGS
 from fltune.compare.command import add_parser as add_compare_parser
 from fltune.compare.command import cmd_compare
 from fltune.driver import (
-    exit_now_if_ray_died, handle_stop_signals, keep_on_resume, make_out, quiet_libraries, start_ray, stop_message,
-    stop_status,
+    exit_now_if_ray_died, forget_stops, handle_stop_signals, keep_on_resume, make_out, quiet_libraries, start_ray,
+    stop_message, stop_status,
 )
 from fltune.errors import FLTuneError
 from fltune.reproduce.command import add_parsers as add_reproduce_parsers
@@ -203,6 +203,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     quiet_libraries()
+    forget_stops()
     handle_stop_signals()
     try:
         code = COMMANDS[args.command](args)

@@ -15,6 +15,7 @@ an interrupted job) no longer prints ``SystemExit`` tracebacks. Real errors are 
 
 from __future__ import annotations
 
+import _thread
 import argparse
 import logging
 import os
@@ -68,6 +69,8 @@ _last_resort_lock = threading.Lock()
 
 _wakeup: list[int] = []
 """The write end of the signal wake-up pipe, once ``handle_stop_signals`` made it."""
+_arrived: list[int] = []
+"""Stop signals as the wake-up pipe saw them arrive (``_watch_signals``)."""
 
 
 # ---------------------------------------------------------------------------------------------- quiet
@@ -147,12 +150,40 @@ def handle_stop_signals() -> None:
     this pipe at once, whatever the main thread is doing."""
     take_ctrl_c()
     signal.signal(signal.SIGTERM, _on_sigterm)
+    keep_stops_raised_in_finalizers()
     if not _wakeup:
         read, write = os.pipe()
         os.set_blocking(write, False)
         _wakeup.append(write)
         threading.Thread(target=_watch_signals, args=(read,), daemon=True, name="fltune-signals").start()
     signal.set_wakeup_fd(_wakeup[0], warn_on_full_buffer=False)
+
+
+def keep_stops_raised_in_finalizers() -> None:
+    """A stop raised where Python cannot raise is delivered again instead of lost.
+
+    Python runs a signal's handler in the main thread at the next bytecode, which may be a weakref callback
+    or a ``__del__`` that garbage collection is running; a ``KeyboardInterrupt`` (Ctrl-C, or SIGTERM through
+    ``_on_sigterm``) raised there is printed as "Exception ignored in …" and dropped, and the command went on
+    to its end, status 0 (a comparison stopped between two studies ran every study and cell after it). The
+    hook has a thread re-send SIGINT to the main thread 10 ms later (``_thread.interrupt_main``), past the
+    finalizer (one still running gets it again, and the hook sends it again): whatever handles SIGINT then
+    (the default ``KeyboardInterrupt``, or Tune's stop during a job) gets it. Every other report goes to the
+    hook that was there before."""
+    if getattr(sys.unraisablehook, "fltune_keeps_stops", False):
+        return
+    previous = sys.unraisablehook
+
+    def hook(unraisable: Any) -> None:
+        if issubclass(unraisable.exc_type, KeyboardInterrupt):  # sent later, from a thread: in the hook it is lost
+            again = threading.Timer(0.01, _thread.interrupt_main, args=(signal.SIGINT,))
+            again.daemon = True
+            again.start()
+        else:
+            previous(unraisable)
+
+    hook.fltune_keeps_stops = True  # type: ignore[attr-defined]
+    sys.unraisablehook = hook
 
 
 def take_ctrl_c() -> None:
@@ -166,10 +197,28 @@ def take_ctrl_c() -> None:
 
 
 def _watch_signals(read: int) -> None:
-    """From the first SIGTERM on, the last resort of whatever Tune job is running (``_end_if_ray_died``)."""
-    while signal.SIGTERM not in os.read(read, 64):
-        pass
+    """Every stop signal's arrival (``_arrived``), whichever handler then takes it; from the first SIGTERM
+    on, the last resort of whatever Tune job is running (``_end_if_ray_died``)."""
+    while True:
+        got = os.read(read, 64)
+        _arrived.extend(signum for signum in got if signum in (signal.SIGINT, signal.SIGTERM))
+        if signal.SIGTERM in got:
+            break
     _end_if_ray_died(signal.SIGTERM)
+
+
+def forget_stops() -> None:
+    """A new command starts with no stop received (tests run several in one process)."""
+    _arrived.clear()
+
+
+def stop_arrived() -> bool:
+    """Whether a stop signal (Ctrl-C, SIGTERM) reached this driver. A Tune job can take one and still end
+    complete: Tune's handler only sets its stop event, which nothing reads once the last trial has ended
+    (a Ctrl-C during its final checkpoint, or a job resumed with nothing left to run), so the command used
+    to go on to its next job as if none had come (a comparison stopped between two studies ran to its end,
+    status 0). The wake-up pipe sees every signal, whatever handler takes it."""
+    return bool(_arrived)
 
 
 @contextmanager
@@ -664,4 +713,7 @@ class TuneJob(ABC, Generic[Spec]):
                 raise
         trials = ExperimentAnalysis(spec.path).trials
         say_failures(trials)
-        return self.conclude(spec, unfinished_if_stopped([trial_row(trial) for trial in trials]))
+        code = self.conclude(spec, unfinished_if_stopped([trial_row(trial) for trial in trials]))
+        if code != 130 and stop_arrived():  # a stop the job took after its last trial: the command ends here
+            raise KeyboardInterrupt
+        return code

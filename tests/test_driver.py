@@ -249,3 +249,41 @@ def test_a_saved_tuner_that_is_missing_empty_or_cut_is_not_whole(tmp_path: Path)
     for data, whole in ((saved, True), (b"", False), (saved[: len(saved) // 2], False)):
         (tmp_path / "tuner.pkl").write_bytes(data)
         assert driver.tuner_whole(str(tmp_path)) == whole
+
+
+def test_a_stop_that_another_handler_takes_is_still_seen() -> None:
+    """Tune's handler takes a Ctrl-C and only sets its stop event; once its job has no trial left, nothing
+    reads that event, so the driver asks the wake-up pipe, which saw the signal arrive."""
+    import time
+
+    driver.forget_stops()
+    driver.handle_stop_signals()
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: None)  # as Tune's: no exception
+    try:
+        assert not driver.stop_arrived()
+        os.kill(os.getpid(), signal.SIGINT)
+        deadline = time.monotonic() + 5
+        while not driver.stop_arrived() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert driver.stop_arrived()
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        driver.forget_stops()
+
+
+def test_a_ctrl_c_raised_inside_a_finalizer_is_raised_again_after_it() -> None:
+    """A KeyboardInterrupt raised in a ``__del__`` (or a weakref callback) that garbage collection runs is
+    one Python cannot raise: it used to be printed as ignored and lost."""
+    import time
+
+    class Finalized:
+        def __del__(self) -> None:
+            raise KeyboardInterrupt
+
+    driver.handle_stop_signals()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            Finalized()
+            time.sleep(5)  # the re-sent SIGINT ends it
+    finally:
+        driver.forget_stops()
