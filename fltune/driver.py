@@ -197,14 +197,17 @@ def take_ctrl_c() -> None:
 
 
 def _watch_signals(read: int) -> None:
-    """Every stop signal's arrival (``_arrived``), whichever handler then takes it; from the first SIGTERM
-    on, the last resort of whatever Tune job is running (``_end_if_ray_died``)."""
+    """Every stop signal's arrival (``_arrived``), whichever handler then takes it, for the process's life
+    (tests run several commands in one); from a SIGTERM on, the last resort of whatever Tune job is running
+    (``_end_if_ray_died``, on a thread of its own: this one goes on reading)."""
+    last_resort: threading.Thread | None = None
     while True:
         got = os.read(read, 64)
         _arrived.extend(signum for signum in got if signum in (signal.SIGINT, signal.SIGTERM))
-        if signal.SIGTERM in got:
-            break
-    _end_if_ray_died(signal.SIGTERM)
+        if signal.SIGTERM in got and (last_resort is None or not last_resort.is_alive()):
+            last_resort = threading.Thread(target=_end_if_ray_died, args=(signal.SIGTERM,), daemon=True,
+                                           name="fltune-last-resort")
+            last_resort.start()
 
 
 def forget_stops() -> None:
