@@ -67,6 +67,10 @@ _last_resort: list[tuple[Callable[[], None], str]] = []
 """What the running Tune jobs do and say when the local Ray dies under them (``ending_if_ray_dies``)."""
 _last_resort_lock = threading.Lock()
 
+CLEAN_UP_S = 20.0
+"""The longest the last resort waits for a job's clean-ups (``_within``): Ray's core worker ends a driver
+whose GCS is gone with status 1 a minute later (``gcs_rpc_server_reconnect_timeout_s``)."""
+
 _wakeup: list[int] = []
 """The write end of the signal wake-up pipe, once ``handle_stop_signals`` made it."""
 _arrived: list[int] = []
@@ -276,10 +280,30 @@ def _end_if_ray_died(signum: int, poll_s: float = 0.1) -> None:
     with _last_resort_lock:
         if not _last_resort:
             return
-        for cleanup, _ in reversed(_last_resort):
-            cleanup()
-        say_resume(interrupted(signum), _last_resort[0][1])
+        whole = _within(CLEAN_UP_S, [cleanup for cleanup, _ in reversed(_last_resort)])
+        cut = "" if whole else f"; its clean-up took over {CLEAN_UP_S:g} s, so MLflow may show its runs RUNNING"
+        say_resume(interrupted(signum) + cut, _last_resort[0][1])
         os._exit(128 + signum)
+
+
+def _within(seconds: float, calls: list[Callable[[], None]]) -> bool:
+    """``calls`` in order on a thread of their own, waited for ``seconds`` at most (``CLEAN_UP_S``); whether
+    they all ended. A clean-up that waits on a lock (MLflow's sqlite store, retried for two minutes) held
+    the last resort past the moment Ray's core worker ends the process: status 1 and no line (a CI run;
+    reproduced by locking the store as the SIGTERM lands). One that raises prints its traceback, as any
+    thread's exception does, and the rest still run."""
+
+    def run_all() -> None:
+        for call in calls:
+            try:
+                call()
+            except Exception:  # the others still run; the traceback says what failed
+                traceback.print_exc()
+
+    worker = threading.Thread(target=run_all, daemon=True, name="fltune-clean-up")
+    worker.start()
+    worker.join(seconds)
+    return not worker.is_alive()
 
 
 def exit_now_if_ray_died(code: int) -> None:

@@ -7,6 +7,7 @@ import os
 import pickle
 import signal
 import sys
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -287,3 +288,22 @@ def test_a_ctrl_c_raised_inside_a_finalizer_is_raised_again_after_it() -> None:
             time.sleep(5)  # the re-sent SIGINT ends it
     finally:
         driver.forget_stops()
+
+
+def test_the_last_resorts_clean_ups_are_waited_for_a_bounded_time(capsys: pytest.CaptureFixture[str]) -> None:
+    """A clean-up stuck on a lock must not keep the process past Ray's own end of it (status 1); one that
+    raises says why and the next still runs."""
+    reached, release = threading.Event(), threading.Event()
+
+    def fails() -> None:
+        raise OSError("disk full")
+
+    def stuck() -> None:
+        reached.set()
+        release.wait()
+
+    assert not driver._within(0.2, [fails, stuck])  # returns although its last call still waits
+    assert driver._within(10, [fails])
+    assert reached.wait(10)
+    release.set()
+    assert "OSError: disk full" in capsys.readouterr().err
