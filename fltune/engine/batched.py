@@ -403,7 +403,11 @@ class _GroupTrainer:
         element goes through the same float operations as ``torch.optim.SGD``'s per-parameter step. A
         masked client's gradient becomes 0 before it can touch the momentum (a non-finite one too), its
         buffer is scaled by 1 instead of ρ and its step by 0, so neither changes; a zero buffer makes the
-        first momentum step b = g, as torch.optim.SGD's."""
+        first momentum step b = g, as torch.optim.SGD's. The buffer is replaced by its new value, not written
+        in place (the same floats): torch 2.11's inductor, compiling the in-place update, fused the parameter
+        step with a recomputation of ρb + g that read b after its overwrite, so a step moved by (1 + ρ)·g on
+        a zeroed buffer (seen on CPU with clipping and Ditto's or FedSAM's second gradient; torch 2.14 got
+        it right, and the GPU machines' image has 2.11)."""
         t = self.training
         g = torch.cat([_rows(grads[n]) for n in self.trainable], dim=1)
         if t.grad_clip is not None:
@@ -413,7 +417,7 @@ class _GroupTrainer:
         mask = live[:, None]
         g.masked_fill_(~mask, 0.0)
         if self.buffer is not None:
-            buf = self.buffer.mul_(torch.where(mask, t.momentum, 1.0)).add_(g)
+            buf = self.buffer = self.buffer * torch.where(mask, t.momentum, 1.0) + g
             g = g.add_(buf, alpha=t.momentum) if t.nesterov else buf
         rate = live * -lr  # −lr, or −0.0 for a masked client: p + (−0.0)·0 is p, bit for bit (−0.0 too)
         torch._foreach_addcmul_(  # addcmul's own rounding (a fused multiply-add on CPU), parameter by parameter
