@@ -221,7 +221,8 @@ def check_objective(space: SearchSpace, cfg: ExperimentConfig) -> None:
         if space.scheduler.grace_period >= rounds:
             raise FLTuneError(
                 f"scheduler.grace_period: {space.scheduler.grace_period} ≥ federation.rounds {rounds}; "
-                f"allowed: 1..{rounds - 1}, or scheduler: {{name: none}}"
+                + (f"allowed: 1..{rounds - 1}, or scheduler: {{name: none}}" if rounds > 1 else
+                   "ASHA needs federation.rounds ≥ 2 to stop a trial early; with 1 round use scheduler: {name: none}")
             )
         if space.scheduler.grace_period < every and protocol is not None:
             raise FLTuneError(

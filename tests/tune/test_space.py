@@ -74,7 +74,9 @@ BAD_SPACES = {
                                             "overrides": ["metrics.protocols=[global, personalized]"]},
                                            "partition.eval_fraction > 0"),
     "metric not evaluated": ({"objective": {"metric": "acc_all_model"}}, "metrics.protocols to include all_model"),
-    "grace period past the last round": ({"scheduler": {"name": "asha", "grace_period": 3}}, "grace_period"),
+    "grace period past the last round": ({"scheduler": {"name": "asha", "grace_period": 3}}, "allowed: 1..2"),
+    "ASHA over one round": ({"scheduler": {"name": "asha", "grace_period": 1}, "overrides": ["federation.rounds=1"]},
+                            "ASHA needs federation.rounds ≥ 2"),
 }
 
 
