@@ -11,13 +11,14 @@ import pytest
 import ray
 import torch
 
-from fltune.config import build_config
+from fltune.config import ExperimentConfig, build_config
 from fltune.engine.builders import build_model_for
 from fltune.engine.callbacks import Callback
 from fltune.data.datasets import load_dataset
 from fltune.engine.federation import Federation, lockstep, open_all
 from fltune.engine.local import evaluate, load_state
 from fltune.engine.pool import WorkerPool
+from fltune.tune.trainable import read_states, write_states
 from tests.conftest import needs_fmnist, storages
 from tests.engine.test_executor_exact import assert_same, tiny_config
 from tests.methods.test_contract import METHOD_NAMES
@@ -61,22 +62,34 @@ EVERY_PROTOCOL = ["federation.clients=6", "federation.fraction=0.5", "federation
 
 
 @pytest.mark.parametrize("method", METHOD_NAMES)
-def test_every_method_gives_the_same_run_on_one_worker_or_two(pools, method):
-    """The determinism promise, method by method: 3 clients a round sharded 3 | 2 + 1, on the exact path
-    and on the batched one (groups of 2, or the exact path where the method has no functional step), over 3
-    rounds so that client states (SCAFFOLD's c_k, Ditto's personal model, FedDyn's h_k, FedPAC's
-    prototypes…) come back to a client from another worker, with every evaluation protocol and the final
-    fine-tuning. Same global state, client store and history, bit for bit."""
+def test_every_method_gives_the_same_run_on_one_worker_or_two_and_resumed(pools, method, tmp_path):
+    """The determinism promise, method by method, on the exact path and on the batched one (groups of 2, or
+    the exact path where the method has no functional step): 3 rounds on one worker, against rounds 1-2 on
+    two workers (3 clients a round: 2 + 1), checkpointed as a Tune trial writes it, and round 3 resumed in a
+    new federation on the other pool, whose actors never trained this run. Client states (SCAFFOLD's c_k,
+    Ditto's personal model, FedDyn's h_k, FedPAC's prototypes…) cross workers and the checkpoint, with every
+    evaluation protocol and the final fine-tuning. Same global state, client store and history, bit for bit."""
     for executor in ("exact", "batched"):
-        runs = []
-        for workers in (1, 2):
-            cfg = tiny_config(method, f"resources.executor={executor}", "resources.batch_clients=2",
-                              f"resources.workers={workers}", *EVERY_PROTOCOL)
-            fed = run(Federation(cfg, pool=pools[workers]))
-            assert fed.status == "finished", (executor, fed.status)
-            history = [{k: v for k, v in row.items() if not k.endswith("_s")} for row in fed.history]  # timings
-            runs.append((fed.global_state, fed.client_store, history))
-        assert_same(runs[0], runs[1], f"{method} {executor}")
+        def config(workers: int) -> ExperimentConfig:
+            return tiny_config(method, f"resources.executor={executor}", "resources.batch_clients=2",
+                               f"resources.workers={workers}", *EVERY_PROTOCOL)
+
+        straight = run(Federation(config(1), pool=pools[1]))
+        first = Federation(config(2), pool=pools[2])
+        try:
+            first.open()
+            first.step()
+            first.step()
+            write_states(tmp_path, [first.state_dict()])
+        finally:
+            first.close()
+        resumed = Federation(config(1), pool=pools[1])
+        resumed.load_state_dict(read_states(tmp_path)[0])
+        run(resumed)
+        assert straight.status == resumed.status == "finished" and resumed.round == 3, executor
+        assert_same(*[(fed.global_state, fed.client_store, [{k: v for k, v in row.items() if not k.endswith("_s")}
+                                                             for row in fed.history])  # timings left out
+                      for fed in (straight, resumed)], f"{method} {executor}")
 
 
 @needs_fmnist
