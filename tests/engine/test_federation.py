@@ -66,9 +66,11 @@ def test_every_method_gives_the_same_run_on_one_worker_or_two_and_resumed(pools,
     """The determinism promise, method by method, on the exact path and on the batched one (groups of 2, or
     the exact path where the method has no functional step): 3 rounds on one worker, against rounds 1-2 on
     two workers (3 clients a round: 2 + 1), checkpointed as a Tune trial writes it, and round 3 resumed in a
-    new federation on the other pool, whose actors never trained this run. Client states (SCAFFOLD's c_k,
-    Ditto's personal model, FedDyn's h_k, FedPAC's prototypes…) cross workers and the checkpoint, with every
-    evaluation protocol and the final fine-tuning. Same global state, client store and history, bit for bit."""
+    new federation on the other pool, whose actors never trained this run. Clients are sampled (3 of 6), so
+    client states (SCAFFOLD's c_k, Ditto's personal model, FedDyn's h_k, FedPAC's prototypes…) come back on
+    another worker and through the checkpoint, where the contract test (tests/methods) keeps the same three
+    clients on the same shards; every evaluation protocol and the final fine-tuning run. Same global state,
+    client store and history, bit for bit."""
     for executor in ("exact", "batched"):
         def config(workers: int) -> ExperimentConfig:
             return tiny_config(method, f"resources.executor={executor}", "resources.batch_clients=2",
