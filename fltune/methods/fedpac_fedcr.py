@@ -128,7 +128,7 @@ class FedPACFedCR(FedRep):
     def functional_loss(
         self, forward: Forward, params: Tensors, inputs: dict[str, Tensors], x: Tensor, y: Tensor, weight: Tensor,
     ) -> tuple[Tensor, Tensor]:
-        features = forward.part("body", params, x)
+        features = forward.model.features_of(forward.part("body", params, x))  # as local_loss's (a VIB net's z)
         logits = forward.part("head", params, features)
         return self._objective(features, logits, y, inputs["centroids"]["c"], weight), logits
 

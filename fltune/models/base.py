@@ -14,7 +14,8 @@ InShape = tuple[int, int, int]
 class SplitModel(nn.Module):
     """``head(body(x))``; every parameter and buffer key starts with ``body.`` or ``head.``.
 
-    ``body`` is the feature extractor and must return flat ``[B, feature_dim]`` features; ``head`` is the
+    ``body`` is the feature extractor and must return flat ``[B, ·]`` outputs (``features_of`` makes them the
+    ``[B, feature_dim]`` features: as they are, or a VIB net's z from its (μ, σ)); ``head`` is the
     task branch mapping them to logits. Subclasses (VIB nets, slimmable nets) may override ``forward``,
     ``features`` or ``activation_points`` but keep the two-part naming.
     """
@@ -30,7 +31,12 @@ class SplitModel(nn.Module):
 
     def features(self, x: Tensor) -> Tensor:
         """Penultimate features ``[B, feature_dim]`` (what MOON projects and FedPAC matches to prototypes)."""
-        return self.body(x)
+        return self.features_of(self.body(x))
+
+    def features_of(self, body_out: Tensor) -> Tensor:
+        """The features from the body's output: the output itself. A functional loss that runs the body
+        alone (``Forward.part``) goes through here to get what :meth:`features` gives (a VIB net's z)."""
+        return body_out
 
     @property
     def activation_points(self) -> list[nn.Module]:

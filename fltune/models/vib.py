@@ -86,9 +86,9 @@ class VIBNet(SplitModel):
         z = self.sample(mu, sigma, samples)
         return VIBOutput(mu, sigma, z, self.head(z))
 
-    def features(self, x: Tensor) -> Tensor:
+    def features_of(self, body_out: Tensor) -> Tensor:
         """Eval: μ (the exact mean of z). Training: the mean of S sampled z (so logits are S-averaged)."""
-        mu, sigma = self.encode(x)
+        mu, sigma = posterior(body_out)
         return self.sample(mu, sigma).mean(0) if self.training else mu
 
 

@@ -10,9 +10,9 @@ from torch import nn
 from fltune.methods import get_method
 from fltune.methods.base import Aggregate, ClientContext, Forward, Method, Phase, ServerContext
 from fltune.methods.fedpac_fedcr import centroids, class_summaries, update_summaries
-from fltune.models import SplitModel
+from fltune.models import SplitModel, build_model
 from tests.engine.helpers import OpCount
-from tests.methods.helpers import make_ctx, pure_aggregate, tiny_model
+from tests.methods.helpers import make_ctx, pure_aggregate, tiny_batch, tiny_model
 
 FedPACFedCR = get_method("fedpac_fedcr")
 
@@ -66,6 +66,29 @@ def test_functional_loss_of_a_padded_batch_is_the_loss_of_its_real_samples():
 
     assert torch.allclose(loss, method.local_loss(ctx, x, y)[0])
     assert torch.allclose(logits[:2], model(x))
+
+
+def test_functional_loss_on_a_vib_net_reads_the_features_the_exact_loss_reads():
+    """On a VIB net the features are z (in training the mean of S sampled z), not the body's (μ, σ) output:
+    the functional loss must take them through ``features_of`` as ``local_loss`` takes ``model.features``
+    (it once fed the head the body's 2·dimZ outputs, and a batched round crashed). With torch's RNG at the
+    same state both draw the same ε and give the same loss."""
+    torch.manual_seed(0)
+    model = build_model("vib_mlp", (1, 4, 4), 3, dim_z=2, samples=3)
+    model.train()
+    server = {"centroids": np.array([[1.0, 1.0], [0.5, 0.5], [0.0, 1.0]], np.float32)}
+    x, y = tiny_batch()
+    ctx = make_ctx(model, server=server, batches=[(x, y)])
+    method = FedPACFedCR(FedPACFedCR.Params(lam=0.5))
+    method.setup_client(ctx)
+
+    torch.manual_seed(1)
+    exact, exact_logits = method.local_loss(ctx, x, y)
+    torch.manual_seed(1)
+    loss, logits = method.functional_loss(Forward(model), dict(model.named_parameters()), method.loss_inputs(ctx),
+                                          x, y, torch.ones(len(y)))
+
+    assert torch.allclose(loss, exact) and torch.allclose(logits, exact_logits)
 
 
 def test_centroids_start_at_zero():
