@@ -87,18 +87,43 @@ class _DropChatter(logging.Filter):
         return not str(record.msg).startswith(self.prefixes)
 
 
-class _DropStalePrune(logging.Filter):
-    """Tune's "Error handling checkpoint" when its only error is that an old checkpoint it prunes
-    (``num_to_keep``) is already gone: a driver killed mid-prune had deleted it, so a resumed job tries
-    again. The new checkpoint is registered before the prune, so nothing is lost; every other checkpoint
-    error still shows, with its traceback."""
+class _DropHarmless(logging.Filter):
+    """Drop a library's error record (one that starts with ``start`` and carries a traceback) in the one case
+    ``harmless`` recognises from its exception and the names of its traceback's frames; every other error of
+    that kind still shows, with its traceback."""
+
+    def __init__(self, start: str, harmless: Callable[[BaseException, list[str]], bool]) -> None:
+        super().__init__()
+        self.start, self.harmless = start, harmless
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if not str(record.msg).startswith("Trial %s: Error handling checkpoint") or not record.exc_info:
+        if not str(record.msg).startswith(self.start) or not record.exc_info:
             return True
         _, error, trace = record.exc_info
-        pruning = any(frame.name == "_delete_fs_path" for frame in traceback.extract_tb(trace))
-        return not (isinstance(error, FileNotFoundError) and pruning)
+        return not self.harmless(error, [frame.name for frame in traceback.extract_tb(trace)])
+
+
+def _stale_prune(error: BaseException, frames: list[str]) -> bool:
+    """Tune's "Error handling checkpoint" when an old checkpoint it prunes (``num_to_keep``) is already gone:
+    a driver killed mid-prune had deleted it, so a resumed job tries again. The new checkpoint is registered
+    before the prune, so nothing is lost."""
+    return isinstance(error, FileNotFoundError) and "_delete_fs_path" in frames
+
+
+def _superseded_sync(error: BaseException, frames: list[str]) -> bool:
+    """Tune's "Saving experiment state to storage … failed" when the copy of its driver folder to the study
+    folder found one of Tune's own temporary files (``…-tmp-…``) gone: Tune saves the next state (a temporary
+    file renamed into place) before it waits for the previous copy, which may have listed that file. The
+    copy Tune starts next carries the renamed file and reports its own failure (seen once in CI, as a
+    SIGTERM stopped a study: Tune's graceful stop saves, then starts and waits for a last copy)."""
+    return isinstance(error, FileNotFoundError) and "_upload_to_fs_path" in frames and "-tmp-" in str(error)
+
+
+HARMLESS = {
+    "ray.tune.execution.tune_controller": ("Trial %s: Error handling checkpoint", _stale_prune),
+    "ray.tune.execution.experiment_state": ("Saving experiment state to storage at ", _superseded_sync),
+}
+"""Logger → (how its error record starts, the case in which it is harmless): see ``_DropHarmless``."""
 
 
 def quiet_libraries() -> None:
@@ -111,9 +136,10 @@ def quiet_libraries() -> None:
         logger = logging.getLogger(name)
         if not any(isinstance(f, _DropChatter) for f in logger.filters):
             logger.addFilter(_DropChatter(prefixes))
-    tune_controller = logging.getLogger("ray.tune.execution.tune_controller")
-    if not any(isinstance(f, _DropStalePrune) for f in tune_controller.filters):
-        tune_controller.addFilter(_DropStalePrune())
+    for name, (start, harmless) in HARMLESS.items():
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _DropHarmless) for f in logger.filters):
+            logger.addFilter(_DropHarmless(start, harmless))
 
 
 def quiet_worker() -> None:

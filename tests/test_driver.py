@@ -104,6 +104,34 @@ def test_only_a_prune_of_an_already_deleted_checkpoint_is_dropped(error, shown):
     assert seen == ["Trial t1: Error handling checkpoint ckpt"] * (2 if shown else 1)
 
 
+def _upload_to_fs_path(error: Exception) -> None:
+    """Named as the frame of Ray Tune's copy of its driver folder to storage (``ray.train._internal.storage``)."""
+    raise error
+
+
+def _save(error: Exception) -> None:
+    raise error
+
+
+@pytest.mark.parametrize(("error", "shown"), [
+    (FileNotFoundError("Failed to open local file '/tmp/ray/x/driver_artifacts/.b95a-tmp-searcher-state.pkl'"), False),
+    (FileNotFoundError("Failed to open local file '/tmp/ray/x/driver_artifacts/experiment_state.json'"), True),
+    (PermissionError("denied: .b95a-tmp-searcher-state.pkl"), True),
+])
+def test_only_a_copy_that_lost_a_temporary_file_is_dropped(error, shown):
+    """A SIGTERM'd study's Tune logged "Saving experiment state to storage … failed" with a traceback: the
+    copy it had started before saving again listed a temporary file that the save then renamed. Any other
+    failure of that copy, or a vanished temporary file outside it, still shows."""
+    with shown_by("ray.tune.execution.experiment_state") as (logger, seen):
+        for raiser in (_upload_to_fs_path, _save):
+            try:
+                raiser(type(error)(*error.args))
+            except OSError:
+                logger.error("Saving experiment state to storage at '/s/study' failed with exception: ", exc_info=True)
+    # the second raise is outside the copy: it always shows
+    assert seen == ["Saving experiment state to storage at '/s/study' failed with exception: "] * (2 if shown else 1)
+
+
 def test_worker_drops_only_unraisable_system_exit(monkeypatch, capsys):
     monkeypatch.setattr(sys, "unraisablehook", sys.unraisablehook)
     quiet_worker()
