@@ -17,7 +17,8 @@ class SplitModel(nn.Module):
     ``body`` is the feature extractor and must return flat ``[B, ·]`` outputs (``features_of`` makes them the
     ``[B, feature_dim]`` features: as they are, or a VIB net's z from its (μ, σ)); ``head`` is the
     task branch mapping them to logits. Subclasses (VIB nets, slimmable nets) may override ``forward``,
-    ``features`` or ``activation_points`` but keep the two-part naming.
+    ``features_of`` or ``activation_points`` but keep the two-part naming; ``features`` stays
+    ``features_of(body(x))``, so that a functional loss running the body alone gets the same features.
     """
 
     def __init__(self, body: nn.Module, head: nn.Module, feature_dim: int) -> None:
