@@ -24,8 +24,7 @@ import torch
 
 from fltune.config import ExperimentConfig, build_config
 from fltune.data.datasets import load_dataset
-from fltune.engine.builders import build_model_for, model_name, torch_threads
-from fltune.methods import get_method
+from fltune.engine.builders import build_method, build_model_for, model_name, torch_threads
 
 CALIBRATION_STEPS = 5
 """Timed optimiser steps per distinct model (after one warm-up step)."""
@@ -122,7 +121,7 @@ def work(label: str, tree: dict[str, Any], runs: int) -> Work:
     """A distinct experiment: its client-samples and one run's seconds on one worker."""
     cfg = build_config(tree)
     samples = client_samples(cfg)
-    passes = get_method(cfg.method.name).passes_per_step
+    passes = build_method(cfg).passes_per_step  # the method's, not its class's: GradAug's grows with its n
     return Work(label, cfg, runs, samples, samples * passes * calibrate(cfg))
 
 

@@ -11,7 +11,7 @@ import pytest
 from fltune.cli import main
 from fltune.config import build_config
 from fltune.data.datasets import load_dataset
-from fltune.estimate import calibrate, client_samples, estimate, longest_first
+from fltune.estimate import calibrate, client_samples, estimate, longest_first, work
 from tests.conftest import needs_fmnist
 
 
@@ -111,3 +111,12 @@ def test_longest_first_orders_labels_by_estimated_time_and_keeps_ties_in_order()
     other = synthetic("federation.seed=1").model_dump(mode="json")  # another tree, the same cost
     assert longest_first([("a", short, 1), ("b", long, 1), ("c", other, 1)]) == ["b", "a", "c"]
     assert longest_first([("c", other, 1), ("b", long, 1), ("a", short, 1)]) == ["b", "c", "a"]
+
+
+def test_a_methods_passes_per_step_is_read_from_its_parameters() -> None:
+    """GradAug's passes per step are 1 + n (its sub-networks), a property of the method's parameters: a plan or
+    a paper-scale start order of a FedAlign table (GradAug rows) read them off the class and raised."""
+    cfgs = [synthetic("method.name=gradaug", f"method.n={n}", "model.name=resnet56",
+                      "model.options={blocks: 1}") for n in (1, 3)]
+    works = [work(str(cfg.method.params.n), cfg.model_dump(mode="json"), 1) for cfg in cfgs]
+    assert [w.seconds / (w.samples * calibrate(cfg)) for w, cfg in zip(works, cfgs)] == pytest.approx([2.0, 4.0])
