@@ -26,7 +26,7 @@ import threading
 import traceback
 import warnings
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
@@ -38,7 +38,7 @@ if TYPE_CHECKING:  # Ray Tune and MLflow load only when a command runs
     from ray.tune import PlacementGroupFactory, Tuner
     from ray.tune.experiment import Trial
 
-    from fltune.config import TrackingConfig
+    from fltune.config import DataConfig, TrackingConfig
     from fltune.tune.board import TrialBoard
     from fltune.tune.mlflow_runs import RunTree
     from fltune.tune.results import TrialRow
@@ -460,6 +460,21 @@ def check_gcs(address: str | None) -> None:
                           "a running Ray head's GCS (ray start --head), auto, or none for a local Ray") from None
 
 
+def check_data(configs: Iterable[DataConfig]) -> None:
+    """Before a job starts Ray: every dataset its trials load is here. Each trial would otherwise fail on a
+    missing one with a traceback, and the job end with nothing run; here it is the loader's one line
+    (``data.dataset: … not found in …; pass --data-root …``). With ``data.download`` the files are fetched
+    now, once, rather than by every trial at once into the same folder. Nothing stays loaded in the
+    driver (its data are the trials')."""
+    from fltune.data.datasets import load_dataset, release_loaded
+
+    try:
+        for name, root, download in dict.fromkeys((c.dataset, c.root, c.download) for c in configs):
+            load_dataset(name, root, download)
+    finally:
+        release_loaded()
+
+
 # ---------------------------------------------------------------------------------------------- jobs
 CELL_CHECKPOINT_EVERY, CELL_CHECKPOINT_SECONDS = 25, 60.0
 """A job cell's default checkpoint cadence (reproduce, compare): paper-scale cells run hundreds of rounds,
@@ -659,6 +674,12 @@ class TuneJob(ABC, Generic[Spec]):
     def tracking(self, spec: Spec) -> TrackingConfig:
         ...
 
+    def data(self, spec: Spec) -> list[DataConfig]:
+        """The data of the job's trials (jobs of cells: of every cell), checked before Ray starts."""
+        from fltune.config import build_config
+
+        return [build_config(self.experiment(spec)).data]
+
     @abstractmethod
     def new_tuner(self, spec: Spec, resources: PlacementGroupFactory) -> Tuner:
         """A new Tuner of the job, with ``callbacks``."""
@@ -719,6 +740,7 @@ class TuneJob(ABC, Generic[Spec]):
         spec = self.saved_spec(storage) if self.resuming() else self.new_spec(storage)
         if not self.resuming() and exists(spec.path):
             raise FLTuneError(f"--name {spec.name}: {self.what} {spec.path} already exists; add --resume to continue it")
+        check_data(self.data(spec))
         if (out := self.out(spec)) is not None:
             make_out(out)
         check_tracking(self.tracking(spec))

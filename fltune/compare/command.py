@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fltune.driver import (
-    CELL_CHECKPOINT_EVERY, CELL_CHECKPOINT_SECONDS, TuneJob, add_checkpoint_args, check_cadence, ending_if_ray_dies,
-    exists, interrupted, make_out, newest, note_ignored_on_resume, say_resume, start_ray, stop_status,
-    storage_root,
+    CELL_CHECKPOINT_EVERY, CELL_CHECKPOINT_SECONDS, TuneJob, add_checkpoint_args, check_cadence, check_data,
+    ending_if_ray_dies, exists, interrupted, make_out, newest, note_ignored_on_resume, say_resume, start_ray,
+    stop_status, storage_root,
 )
 from fltune.errors import FLTuneError
 
@@ -130,6 +130,7 @@ class Comparison:
         from fltune.tracking.progress import console
 
         spec = self.spec(storage_root(self.args.storage))
+        check_data([spec.config.data])
         make_out(spec.out)
         check_tracking(spec.tracking)
         start_ray(self.args.address or spec.config.resources.address)

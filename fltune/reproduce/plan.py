@@ -74,8 +74,12 @@ def pick_cells(table: PaperTable, datasets: list[str] | None, rows: list[str] | 
     return [c for c in cells if c.dataset in wanted]
 
 
-def available(dataset: str, root: str | None) -> str | None:
-    """None when the dataset loads, else the loader's one-line message (where it looked, how to get it)."""
+def available(dataset: str, root: str | None, download: bool = False) -> str | None:
+    """None when the dataset loads, else the loader's one-line message (where it looked, how to get it).
+    With ``download`` it is taken as there: the job fetches it before Ray starts (``driver.check_data``),
+    and a plan that only shows the cells fetches nothing."""
+    if download:
+        return None
     try:
         load_dataset(dataset, root)
     except DatasetMissing as err:
@@ -102,9 +106,9 @@ def plan(table: PaperTable, scale_name: str, datasets: list[str] | None, overrid
     """Every selected cell, runnable or not; raises only for bad input."""
     scale = pick_scale(table, scale_name)
     cells = pick_cells(table, datasets, rows, scale.substitute)
-    root = _root_from(overrides)
-    missing = {d: available(d, root) for d in dict.fromkeys(c.dataset for c in cells)}
-    stand_in = scale.substitute if scale.substitute and available(scale.substitute, root) is None else None
+    root, download = _data_from(overrides)
+    missing = {d: available(d, root, download) for d in dict.fromkeys(c.dataset for c in cells)}
+    stand_in = scale.substitute if scale.substitute and available(scale.substitute, root, download) is None else None
     planned = []
     for cell in cells:
         if not missing[cell.dataset]:
@@ -117,10 +121,11 @@ def plan(table: PaperTable, scale_name: str, datasets: list[str] | None, overrid
     return planned
 
 
-def _root_from(overrides: list[str]) -> str | None:
-    """``data.root`` as a ``--set`` gives it, so the availability check looks where the runs will."""
-    tree = apply_overrides({}, list(overrides))
-    return tree.get("data", {}).get("root")
+def _data_from(overrides: list[str]) -> tuple[str | None, bool]:
+    """``data.root`` and ``data.download`` as ``--set`` gives them, so the availability check looks where
+    the runs will, and knows when they may fetch what is missing."""
+    data = apply_overrides({}, list(overrides)).get("data", {})
+    return data.get("root"), data.get("download") is True
 
 
 def first_config(planned: list[PlannedCell]) -> ExperimentConfig:

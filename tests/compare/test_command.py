@@ -125,6 +125,8 @@ def build_config_yaml_method(path: Path) -> str:
     (["--methods", "fedavg,fedprox", "--name", "a b"], "fltune: --name 'a b': allowed:"),
     (["--resume"], "fltune: --resume: no comparison under"),
     (["--methods", "fedavg,fedprox", "--out", "/dev/null/out"], "fltune: --out /dev/null/out: Not a directory; allowed:"),
+    (["--methods", "fedavg,fedprox", "--set", "data.dataset=cifar10", "--set", "data.root=/nonexistent-fltune-data"],
+     "fltune: data.dataset: cifar10 not found in /nonexistent-fltune-data"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args: list[str], message: str, capsys, tmp_path: Path,
                                           mlflow_uri: str) -> None:

@@ -82,6 +82,9 @@ def test_reproduce_prints_paper_beside_measured_writes_files_and_resumes(ray_ses
     (["reproduce", "table2", "--checkpoint-seconds", "-5"], "fltune: --checkpoint-seconds: -5; allowed: > 0"),
     (["reproduce", "table2", "--resume"], "fltune: --resume: no job of simfafl:table2 under"),
     (["reproduce", "table2", "--out", "/dev/null/out"], "fltune: --out /dev/null/out: Not a directory; allowed:"),
+    # a cell's data that can't be fetched (a root that can't be made): the driver's check, before Ray starts
+    (["reproduce", "table2", "--datasets", "cifar10", "--rows", "FedAvg", "--set", "data.download=true", "--set",
+      "data.root=/dev/null/fltune-data"], "fltune: data.dataset: cifar10 not found in /dev/null/fltune-data"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args: list[str], message: str, capsys, tmp_path: Path) -> None:
     assert main([*args, "--storage", str(tmp_path)]) == 2

@@ -14,7 +14,7 @@ from fltune.methods import METHODS, get_method
 from fltune.tune.search import DefineByRun
 from fltune.tune.space import parse_space
 from fltune.tune.study import StudyRequest, new_spec
-from tests.tune.helpers import REPO, write_space
+from tests.tune.helpers import REPO, TINY_BASE, write_space
 
 SPACE_FILES = sorted((REPO / "search_spaces").glob("*.yaml"))
 
@@ -77,6 +77,8 @@ BAD_SPACES = {
     "grace period past the last round": ({"scheduler": {"name": "asha", "grace_period": 3}}, "allowed: 1..2"),
     "ASHA over one round": ({"scheduler": {"name": "asha", "grace_period": 1}, "overrides": ["federation.rounds=1"]},
                             "ASHA needs federation.rounds ≥ 2"),
+    "dataset not here": ({"base": {**TINY_BASE, "data": {"dataset": "cifar10", "root": "/nonexistent-fltune-data"}}},
+                         "data.dataset: cifar10 not found in /nonexistent-fltune-data"),
 }
 
 
@@ -85,6 +87,7 @@ def test_bad_space_is_one_line_exit_2(case: str, tmp_path: Path, mlflow_uri: str
     changes, expected = BAD_SPACES[case]
     space = write_space(tmp_path, **changes)
     assert_user_error(["tune", "--space", str(space), "--storage", str(tmp_path)], expected, mlflow_uri, capsys)
+    assert [p.name for p in tmp_path.iterdir()] == ["space.yaml"]  # no study folder
 
 
 def test_malformed_yaml_and_bad_flags(tmp_path: Path, mlflow_uri: str, capsys) -> None:
