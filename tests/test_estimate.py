@@ -12,7 +12,7 @@ from fltune.cli import main
 from fltune.config import build_config
 from fltune.data.datasets import load_dataset
 from fltune.estimate import calibrate, client_samples, estimate, longest_first, work
-from tests.conftest import needs_fmnist
+from tests.conftest import FMNIST_DIR, needs_fmnist
 
 
 def synthetic(*overrides: str):
@@ -64,6 +64,24 @@ def test_reproduce_plan_prints_cells_settings_and_estimate_and_writes_nothing(ml
     assert "sgd lr 0.01 mom 0, clip 10" in out and "FedPer: fedper, lr 0.01, last round" in out
     found = re.search(r"estimate: ([\d.]+)([kMG]?) client-samples to train, ~([\d.]+) (s|min|h|days) wall", out)
     assert found and float(found.group(1)) > 0 and float(found.group(3)) > 0
+    assert_wrote_nothing(tmp_path)
+
+
+@needs_fmnist
+def test_a_plan_with_download_counts_the_data_here_and_names_the_data_to_fetch(mlflow_uri, wide, tmp_path,
+                                                                                capsys) -> None:
+    """A plan fetches nothing: cells whose data ``data.download`` would fetch are named, not estimated."""
+    args = ["reproduce", "table2", "--datasets", "fmnist,cifar10", "--rows", "FedAvg", "--plan", "--set",
+            "data.download=true", "--set", f"data.root={tmp_path / 'data'}", "--storage", str(tmp_path / "jobs"),
+            "--out", str(tmp_path / "out")]
+    (tmp_path / "data").mkdir()
+    for gz in FMNIST_DIR.glob("*.gz"):
+        (tmp_path / "data" / gz.name).symlink_to(gz)
+    assert main(args) == 0
+    out = plan_output(capsys)
+    assert "FedAvg | FMNIST non-IID1" in out and "CIFAR" not in out  # its two cells are not in the table
+    assert "2 cell(s) whose data data.download fetches when the job runs are not counted" in out
+    assert sorted(p.name for p in (tmp_path / "data").iterdir()) == sorted(p.name for p in FMNIST_DIR.glob("*.gz"))
     assert_wrote_nothing(tmp_path)
 
 

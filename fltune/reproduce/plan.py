@@ -26,6 +26,9 @@ class PlannedCell:
     missing: str | None = None
     substituted: str | None = None
     """e.g. 'fmnist for cifar100': the scale ran another dataset because the paper's is absent."""
+    fetched: bool = False
+    """Its dataset is not here yet: ``data.download`` fetches it when the job runs, before Ray starts
+    (``driver.check_data``); a plan that only shows the cells fetches nothing."""
 
     @property
     def runnable(self) -> bool:
@@ -74,12 +77,8 @@ def pick_cells(table: PaperTable, datasets: list[str] | None, rows: list[str] | 
     return [c for c in cells if c.dataset in wanted]
 
 
-def available(dataset: str, root: str | None, download: bool = False) -> str | None:
-    """None when the dataset loads, else the loader's one-line message (where it looked, how to get it).
-    With ``download`` it is taken as there: the job fetches it before Ray starts (``driver.check_data``),
-    and a plan that only shows the cells fetches nothing."""
-    if download:
-        return None
+def available(dataset: str, root: str | None) -> str | None:
+    """None when the dataset loads, else the loader's one-line message (where it looked, how to get it)."""
     try:
         load_dataset(dataset, root)
     except DatasetMissing as err:
@@ -107,12 +106,14 @@ def plan(table: PaperTable, scale_name: str, datasets: list[str] | None, overrid
     scale = pick_scale(table, scale_name)
     cells = pick_cells(table, datasets, rows, scale.substitute)
     root, download = _data_from(overrides)
-    missing = {d: available(d, root, download) for d in dict.fromkeys(c.dataset for c in cells)}
-    stand_in = scale.substitute if scale.substitute and available(scale.substitute, root, download) is None else None
+    missing = {d: available(d, root) for d in dict.fromkeys(c.dataset for c in cells)}
+    fetched = {d for d, why in missing.items() if why and download}
+    stand_in = scale.substitute if scale.substitute and available(scale.substitute, root) is None else None
     planned = []
     for cell in cells:
-        if not missing[cell.dataset]:
-            planned.append(PlannedCell(cell, cell_tree(cell, scale, cell.dataset, overrides)))
+        if not missing[cell.dataset] or cell.dataset in fetched:
+            planned.append(PlannedCell(cell, cell_tree(cell, scale, cell.dataset, overrides),
+                                       fetched=cell.dataset in fetched))
         elif stand_in:
             planned.append(PlannedCell(cell, cell_tree(cell, scale, stand_in, overrides),
                                        substituted=f"{stand_in} for {cell.dataset}"))

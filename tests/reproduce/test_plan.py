@@ -29,13 +29,15 @@ def test_missing_datasets_are_no_data_with_the_loaders_message(fmnist_only: Path
     assert str(fmnist_only) in missing["cifar10"] and "download" in missing["cifar10"]
 
 
-def test_datasets_to_download_are_planned_as_they_are_without_fetching_them() -> None:
+@needs_fmnist
+def test_datasets_to_download_are_planned_as_they_are_and_fetched_only_by_the_job(fmnist_only: Path) -> None:
     """With ``data.download`` the job fetches what is missing before Ray starts; the plan itself fetches
-    nothing (a root that can't even be made is no error here) and substitutes nothing."""
-    planned = plan(get_table("table2"), "quick", None, ["data.root=/dev/null/fltune-data", "data.download=true"],
+    nothing and substitutes nothing: a cell whose data is not here yet is runnable and marked ``fetched``."""
+    planned = plan(get_table("table2"), "quick", None, [f"data.root={fmnist_only}", "data.download=true"],
                    rows=["SimFAFL"])
     assert all(p.runnable and not p.substituted for p in planned)
-    assert {p.tree["data"]["dataset"] for p in planned} == {"fmnist", "emnist_letters", "cifar10", "cifar100"}
+    assert {p.tree["data"]["dataset"]: p.fetched for p in planned} == {
+        "fmnist": False, "emnist_letters": True, "cifar10": True, "cifar100": True}
 
 
 @needs_fmnist
