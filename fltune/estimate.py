@@ -25,6 +25,7 @@ import torch
 from fltune.config import ExperimentConfig, build_config
 from fltune.data.datasets import load_dataset
 from fltune.engine.builders import build_method, build_model_for, model_name, torch_threads
+from fltune.errors import DatasetMissing, FLTuneError
 
 CALIBRATION_STEPS = 5
 """Timed optimiser steps per distinct model (after one warm-up step)."""
@@ -120,9 +121,22 @@ def _sync(dev: torch.device) -> None:
 def work(label: str, tree: dict[str, Any], runs: int) -> Work:
     """A distinct experiment: its client-samples and one run's seconds on one worker."""
     cfg = build_config(tree)
+    _data_here(cfg)
     samples = client_samples(cfg)
     passes = build_method(cfg).passes_per_step  # the method's, not its class's: GradAug's grows with its n
     return Work(label, cfg, runs, samples, samples * passes * calibrate(cfg))
+
+
+def _data_here(cfg: ExperimentConfig) -> None:
+    """The run's data is here to count and calibrate on: a plan fetches nothing, so data that
+    ``data.download`` would fetch is named as such, not as missing with the advice to set that flag."""
+    try:
+        load_dataset(cfg.data.dataset, cfg.data.root)
+    except DatasetMissing:
+        if not cfg.data.download:
+            raise
+        raise FLTuneError(f"--plan: data.dataset {cfg.data.dataset} is not here yet; data.download fetches it when "
+                          "the job runs, and a plan fetches nothing: run the job, or get the data first") from None
 
 
 def longest_first(items: list[tuple[str, dict[str, Any], int]]) -> list[str]:

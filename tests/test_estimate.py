@@ -104,6 +104,19 @@ def test_tune_plan_prints_trials_and_estimate_and_writes_nothing(mlflow_uri, wid
     assert_wrote_nothing(tmp_path)
 
 
+def test_a_tune_plan_on_data_still_to_fetch_says_so_in_one_line(tmp_path, capsys) -> None:
+    """Not the loader's "not found …; or --set data.download=true": the flag is set, and a plan fetches nothing."""
+    space = Path(__file__).parents[1] / "search_spaces" / "fedavg.yaml"
+    args = ["tune", "--space", str(space), "--plan", "--set", "data.dataset=cifar10", "--set", "data.download=true",
+            "--set", f"data.root={tmp_path / 'data'}", "--storage", str(tmp_path / "jobs")]
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["fltune: --plan: data.dataset cifar10 is not here yet; data.download fetches it when the job runs, "
+                   "and a plan fetches nothing: run the job, or get the data first"]
+    assert not (tmp_path / "data").exists()
+    assert_wrote_nothing(tmp_path)
+
+
 def test_compare_plan_prints_studies_and_cells_and_writes_nothing(mlflow_uri, wide, tmp_path, capsys) -> None:
     args = ["compare", "--methods", "fedavg,fedprox", "--seeds", "2", "--tune-budget", "3", "--set",
             "data.dataset=synthetic", "--plan", "--storage", str(tmp_path / "jobs"), "--out", str(tmp_path / "out")]
