@@ -463,7 +463,7 @@ def check_gcs(address: str | None) -> None:
 def check_data(configs: Iterable[DataConfig]) -> None:
     """Before a job starts Ray: every dataset its trials load is here. Each trial would otherwise fail on a
     missing one with a traceback, and the job end with nothing run; here it is the loader's one line
-    (``data.dataset: … not found in …; pass --data-root …``). With ``data.download`` the files are fetched
+    (``data.dataset: … not found in …; pass --set data.root=…``). With ``data.download`` the files are fetched
     now, once, rather than by every trial at once into the same folder. Nothing stays loaded in the
     driver (its data are the trials')."""
     from fltune.data.datasets import load_dataset, release_loaded

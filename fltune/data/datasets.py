@@ -31,7 +31,7 @@ from fltune.errors import DatasetCorrupt, DatasetMissing, FLTuneError
 DEBIAN_FMNIST = Path("/usr/share/datasets/fashion-mnist")  # apt-get install dataset-fashion-mnist
 _FMNIST_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte",
                  "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
-_HOW_TO_GET = "pass --data-root DIR holding torchvision's files, or --set data.download=true (needs internet)"
+_HOW_TO_GET = "pass --set data.root=DIR holding torchvision's files, or --set data.download=true (needs internet)"
 _HOW_TO_REPLACE = "delete it and rerun with --set data.download=true (needs internet), or copy a good file there"
 _FMNIST_REPLACE = f"{_HOW_TO_REPLACE} (Debian's copy: apt-get install --reinstall dataset-fashion-mnist)"
 
