@@ -272,7 +272,7 @@ def markdown(spec: ReproSpec, res: list[CellResult]) -> str:
     head = ["method", *(f"{DATASET_NAMES.get(d, d)} {c}" for d, c in cols)]
     lines = [f"## {table.title}", "",
              f"{table.value}; measured at `{spec.scale}` scale, mean ± std over {spec.seeds} seed(s); "
-             f"source: {table.source}.", "",
+             f"source: {table.source}.", f"`{spec.scale}` scale: {table.scales[spec.scale].note}.", "",
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in rows:
         cells = [cell_text(grid[(row, d, c)], spec.seeds) if (row, d, c) in grid else "" for d, c in cols]

@@ -99,6 +99,7 @@ def test_quick_scale_shows_ranks_and_kendall_tau_instead_of_delta(tmp_path: Path
     md = markdown(quick, list(res.values()))
     assert "| Ditto | 92.00 ± 0.00 (rank 1; paper 91.14, rank 3) |" in md and "Δ" not in md.split("\n\n")[2]
     assert "| Kendall τ-b vs the paper's order | +0.00 | — |" in md
+    assert f"`quick` scale: {quick.paper_table.scales['quick'].note}." in md.split("\n\n")[1]  # the file says how
 
 
 @needs_fmnist
