@@ -21,10 +21,11 @@ from fltune.compare.command import SETTINGS as COMPARE_SETTINGS
 from fltune.compare.command import add_parser as add_compare_parser
 from fltune.compare.command import cmd_compare
 from fltune.driver import (
-    exit_now_if_ray_died, forget_stops, handle_stop_signals, keep_on_resume, make_out, quiet_libraries, start_ray,
-    stop_message, stop_status,
+    exit_now_if_ray_died, forget_stops, handle_stop_signals, keep_on_resume, quiet_libraries, start_ray, stop_message,
+    stop_status,
 )
 from fltune.errors import FLTuneError
+from fltune.folders import make_out
 from fltune.reproduce.command import add_parsers as add_reproduce_parsers
 from fltune.reproduce.command import cmd_reproduce, cmd_tables
 from fltune.tune.command import add_parser as add_tune_parser
@@ -79,9 +80,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.print_config:
         print(cfg.to_yaml(), end="")
         return 0
+    from fltune.metrics.probe import check_probes
     from fltune.tracking.paths import check_tracking
     from fltune.tracking.progress import ProgressCallback, console, summary_table
 
+    check_probes(cfg)
     check_tracking(cfg.tracking)
     if args.json_out:
         check_json_out(args.json_out)

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from fltune.errors import FLTuneError
+from fltune.folders import make_out
 
 if TYPE_CHECKING:  # Ray Tune and MLflow load only when a command runs
     from ray.tune import PlacementGroupFactory, Tuner
@@ -544,20 +545,6 @@ def check_name(name: str) -> str:
     if not re.fullmatch(r"[A-Za-z0-9._-]+", name):
         raise FLTuneError(f"--name {name!r}: allowed: letters, digits, '.', '_' and '-'")
     return name
-
-
-def make_out(out: str, flag: str = "--out") -> None:
-    """Create the folder a command writes its result files to (``flag``) before Ray starts: one that cannot
-    be written then fails in one line at the start, not with a traceback after all the work is done."""
-    try:
-        if Path(out).exists() and not Path(out).is_dir():
-            raise NotADirectoryError(20, "Not a directory")
-        Path(out).mkdir(parents=True, exist_ok=True)
-        if not os.access(out, os.W_OK):
-            raise PermissionError(13, "Permission denied")
-    except OSError as err:
-        raise FLTuneError(
-            f"{flag} {out}: {err.strerror or err}; allowed: a folder this user can create and write") from None
 
 
 def holds(path: str, name: str) -> bool:

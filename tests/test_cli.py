@@ -122,7 +122,12 @@ def test_methods_lists_registered_methods_with_defaults(capsys):
     (["--set", "tracking.experiment="], "tracking.experiment: String should have at least 1 character"),
     (["--json-out", "/dev/null/run.json"], "--json-out /dev/null: Not a directory; allowed:"),
     (["--json-out", "/"], "--json-out /: is a folder; allowed: a file path"),
+    (["--set", "tracking.uri=sqlite:////dev/null/mlflow.db"], "tracking.uri sqlite:////dev/null/mlflow.db: its "
+     "folder /dev/null: Not a directory"),
     (["--address", "127.0.0.1:abc"], "--address 127.0.0.1:abc: the port is not a number"),
+    (["--set", "metrics.target=0.5", "--set", "metrics.target_metric=acc_personalized", "--set",
+      "metrics.protocols=[global]"], "metrics.target_metric: acc_personalized is never measured here: it needs "
+     "metrics.protocols to include personalized"),
 ])
 def test_bad_input_is_one_line_exit_2(args, message, capsys):
     assert main(["run", *args]) == 2

@@ -18,10 +18,11 @@ from typing import TYPE_CHECKING, Any
 
 from fltune.driver import (
     CELL_CHECKPOINT_EVERY, CELL_CHECKPOINT_SECONDS, TuneJob, add_checkpoint_args, check_cadence, check_data,
-    ending_if_ray_dies, exists, interrupted, make_out, newest, note_ignored_on_resume, say_resume, start_ray,
-    stop_status, storage_root,
+    ending_if_ray_dies, exists, interrupted, newest, note_ignored_on_resume, say_resume, start_ray, stop_status,
+    storage_root,
 )
 from fltune.errors import FLTuneError
+from fltune.folders import make_out
 
 if TYPE_CHECKING:  # Ray Tune and MLflow load only when the command runs
     from ray.tune import PlacementGroupFactory, Tuner

@@ -17,7 +17,7 @@ from fltune.catalog import method_names
 from fltune.config import ExperimentConfig, TrackingConfig, build_config
 from fltune.driver import CELL_CHECKPOINT_EVERY, CELL_CHECKPOINT_SECONDS, check_name
 from fltune.errors import FLTuneError
-from fltune.metrics.probe import unmet_need
+from fltune.metrics.probe import check_probes, unmet_need
 from fltune.tracking.paths import mlruns_dir
 from fltune.tune.space import set_dotted
 from fltune.tune.spec import SavedSpec
@@ -147,6 +147,7 @@ def new_spec(*, methods: list[str], base: dict[str, Any], seeds: int, tune_budge
     trees = {method: method_tree(base, method) for method in methods}
     cfg = build_config(trees[methods[0]])
     ranking_accuracy(cfg)  # the setting is the same for every method
+    check_probes(cfg)
     return CompareSpec(
         name=name, storage=storage, methods=methods, seeds=seeds, base=base,
         tune_budget=tune_budget, trees={} if tune_budget else trees, workers=cfg.resources.workers or 1,

@@ -37,11 +37,13 @@ def space_file(method: str) -> Path:
 
 def tuning_tree(spec: CompareSpec, method: str) -> dict[str, Any]:
     """The method's setting as its study trains it: a validation split, no test data, the tuning seed, and
-    only the protocol of the objective (the others would cost evaluations nobody reads)."""
+    only the protocol of the objective (the others would cost evaluations nobody reads). Without test data
+    there is no rounds-to-target and no fine-tuned accuracy (both score the test data), so neither is asked."""
     tree = method_tree(spec.base, method)
     val = build_config(tree).partition.val_fraction or TUNING_VAL_FRACTION
     protocol = next(p for p, acc in ACCURACY.items() if acc == spec.primary)
     return set_dotted(tree, {"partition.val_fraction": val, "metrics.test": False, "metrics.protocols": [protocol],
+                             "metrics.target": None, "training.finetune_epochs": 0,
                              "federation.seed": spec.base_seed + TUNING_SEED_OFFSET})
 
 

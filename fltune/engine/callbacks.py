@@ -17,6 +17,10 @@ class Callback:
     def on_start(self, fed: Federation) -> None:
         """Before the first remaining round."""
 
+    def on_probe(self, fed: Federation, round_: int, probe: str) -> None:
+        """As probe ``probe`` starts measuring after round ``round_`` (a Hessian or the final fine-tuning can
+        take minutes on a CPU: progress names it rather than look stuck)."""
+
     def on_round(self, fed: Federation, metrics: dict[str, float]) -> None:
         """After each round, with that round's metrics."""
 

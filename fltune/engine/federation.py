@@ -85,6 +85,8 @@ class Federation:
         self.artifacts: list[Path] = []
         """Files the probes wrote (end-of-run figures), for the tracking callbacks."""
         self.probes: list[Probe] = probes_for(self)
+        self.callbacks: Sequence[Callback] = ()
+        """Those of the ``run`` in progress (told as each probe starts)."""
 
     # ------------------------------------------------------------------ setup
     def _check_sizes(self) -> None:
@@ -127,6 +129,7 @@ class Federation:
     def run(self, callbacks: Sequence[Callback] = ()) -> dict[str, Any]:
         """All remaining rounds; callbacks see every round and the end (also on failure or Ctrl-C)."""
         self.open()
+        self.callbacks = callbacks
         for cb in callbacks:
             cb.on_start(self)
         try:
@@ -227,6 +230,8 @@ class Federation:
         """Run the due probes in order, each adding its figures (and its time to its clock) to ``metrics``."""
         for probe in self.probes:
             if probe.due(self, view):
+                for cb in self.callbacks:
+                    cb.on_probe(self, view.round, probe.name)
                 probe_start = time.perf_counter()
                 metrics.update(probe.measure(self, view))
                 if probe.clock:

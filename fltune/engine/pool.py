@@ -76,7 +76,8 @@ def plan_workers(cfg: ExperimentConfig, cluster: dict[str, float], own_ray: bool
     if workers * gpus > gpus_total + 1e-9:
         raise FLTuneError(
             f"resources.gpus_per_worker: {workers} × {gpus:g} GPU need {workers * gpus:g} GPUs but Ray has "
-            f"{gpus_total:g}; allowed: workers × gpus_per_worker ≤ {gpus_total:g}"
+            f"{gpus_total:g}; allowed: " + (f"workers × gpus_per_worker ≤ {gpus_total:g}" if gpus_total else
+                                           "0 or unset (this Ray has no GPU: the workers train on CPUs)")
         )
     in_driver = res.driver_worker if res.driver_worker is not None else own_ray and not gpus and workers >= 2
     if in_driver and gpus:

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
+from fltune.errors import FLTuneError
 from fltune.metrics.probe import Probe, RoundView, register
 
 if TYPE_CHECKING:
@@ -164,7 +165,18 @@ class PersonalizedAccuracy(_Protocol):
         unmet = super().unmet(metric, cfg)
         if unmet is None and not metric.startswith(VAL) and cfg.partition.eval_fraction == 0:
             return "needs partition.eval_fraction > 0 (per-client held-out data)"
+        if unmet is None and metric.endswith("_ft") and cfg.training.finetune_epochs == 0:
+            return "needs training.finetune_epochs > 0 (it scores the fine-tuned heads)"
         return unmet
+
+    @classmethod
+    def check(cls, cfg: ExperimentConfig) -> None:
+        """``training.finetune_epochs`` exists for ``acc_personalized_ft``: a run that never scores it would
+        end without the figure it was asked for."""
+        epochs = cfg.training.finetune_epochs
+        if epochs and (need := cls.unmet("acc_personalized_ft", cfg)):
+            raise FLTuneError(f"training.finetune_epochs: {epochs} fine-tunes for acc_personalized_ft, which {need}; "
+                              "allowed here: 0")
 
     def measure(self, fed: Federation, view: RoundView) -> dict[str, float]:
         """Held-out (when there is any) and validation scores; fine-tuned only on the held-out data, after

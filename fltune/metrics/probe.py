@@ -105,6 +105,10 @@ class Probe(ABC):
         return True
 
     @classmethod
+    def check(cls, cfg: ExperimentConfig) -> None:
+        """Raise ``FLTuneError`` when ``cfg`` asks this probe for something it can't measure (default: never)."""
+
+    @classmethod
     def client_meter(cls, round_: int) -> Callable[[], ClientMeter] | None:
         """What builds a meter the workers open around each client's training in round ``round_``, for what
         only the training itself can show (the FLOPs its passes spend); None (the default): nothing to
@@ -183,12 +187,19 @@ def probe_of(metric: str) -> type[Probe] | None:
 def unmet_need(metric: str, reduce: str, cfg: ExperimentConfig) -> str | None:
     """What ``cfg`` lacks for ``metric`` (with ``reduce``) to be measured at all, or None.
 
-    At-target values need ``metrics.target``; everything else is the declaring probe's ``unmet``.
+    At-target values need what ``rounds_to_target`` needs; everything else is the declaring probe's ``unmet``.
     """
-    if reduce == "at_target" and cfg.metrics.target is None:
-        return "needs metrics.target (the accuracy to reach)"
+    if reduce == "at_target" and (need := unmet_need("rounds_to_target", "final", cfg)):
+        return need
     probe = probe_of(metric)
     return probe.unmet(metric, cfg) if probe is not None else None
+
+
+def check_probes(cfg: ExperimentConfig) -> None:
+    """Refuse, in one line naming the field, a configuration that asks a probe for a figure it never
+    measures (each probe's ``check``): without this a run or study would end with the figure blank."""
+    for probe in all_probes():
+        probe.check(cfg)
 
 
 def client_meters(cfg: ExperimentConfig, data: FederatedData, round_: int) -> list[Callable[[], ClientMeter]]:
@@ -200,4 +211,5 @@ def client_meters(cfg: ExperimentConfig, data: FederatedData, round_: int) -> li
 
 def probes_for(fed: Federation) -> list[Probe]:
     """The probes ``fed``'s configuration turns on, built for it, in run order."""
+    check_probes(fed.cfg)
     return [cls(fed) for cls in all_probes() if cls.enabled(fed.cfg, fed.data)]

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from fltune.metrics.probe import Probe, RoundView, register
+from fltune.errors import FLTuneError
+from fltune.metrics.probe import Probe, RoundView, register, unmet_need
 
 if TYPE_CHECKING:
     from fltune.config import ExperimentConfig
@@ -41,7 +42,19 @@ class RoundsToTarget(Probe):
 
     @classmethod
     def unmet(cls, metric: str, cfg: ExperimentConfig) -> str | None:
-        return "needs metrics.target (the accuracy to reach)" if cfg.metrics.target is None else None
+        """Needs the accuracy to reach, and a ``metrics.target_metric`` the run measures every round it
+        evaluates."""
+        if cfg.metrics.target is None:
+            return "needs metrics.target (the accuracy to reach)"
+        need = unmet_need(cfg.metrics.target_metric, "final", cfg)
+        return None if need is None else f"needs metrics.target_metric {cfg.metrics.target_metric}, which {need}"
+
+    @classmethod
+    def check(cls, cfg: ExperimentConfig) -> None:
+        """A target on a metric the run never measures would leave ``rounds_to_target`` and ``best_acc``
+        blank after the whole run."""
+        if cfg.metrics.target is not None and (need := unmet_need(cfg.metrics.target_metric, "final", cfg)):
+            raise FLTuneError(f"metrics.target_metric: {cfg.metrics.target_metric} is never measured here: it {need}")
 
     def due(self, fed: Federation, view: RoundView) -> bool:
         return True

@@ -14,6 +14,7 @@ from fltune.config import ExperimentConfig, apply_overrides, build_config
 from fltune.data.datasets import DATASETS, load_dataset
 from fltune.errors import DatasetMissing, FLTuneError
 from fltune.reproduce.registry import DATASET_NAMES, Cell, PaperTable, Scale
+from fltune.metrics.probe import check_probes
 from fltune.tune.space import set_dotted, unmet_need
 
 
@@ -97,6 +98,10 @@ def cell_tree(cell: Cell, scale: Scale, dataset: str, overrides: list[str]) -> d
     need = unmet_need(cell.metric, cell.reduce, cfg)
     if need:
         raise FLTuneError(f"{cell.key}: its metric {cell.metric} {need}")
+    try:
+        check_probes(cfg)
+    except FLTuneError as err:
+        raise FLTuneError(f"{cell.key}: {err}") from None
     return tree
 
 

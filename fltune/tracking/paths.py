@@ -8,6 +8,8 @@ import os
 from pathlib import Path
 
 from fltune.config import TrackingConfig
+from fltune.errors import FLTuneError
+from fltune.folders import make_out
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -33,10 +35,18 @@ def check_tracking(tracking: TrackingConfig) -> None:
     """Before a command starts any work: the store it will log to answers (``store.check_reachable``).
 
     A sqlite store (the default) is a local file that ``store.open_store`` creates on first use: it is not
-    asked, and MLflow is not imported here. Its imports take ~3.5 s on 2 cores, which on the command's main
-    thread came before anything else started; a run imports it on its logging thread while round 1 trains."""
+    asked, and MLflow is not imported here (its imports take ~3.5 s on 2 cores, which on the command's main
+    thread came before anything else started; a run imports it on its logging thread while round 1 trains).
+    Its folder is made now: one that can't be written fails here in one line, not on that thread."""
     uri = tracking.uri or default_uri()
-    if tracking.enabled and sqlite_path(uri) is None:
+    if not tracking.enabled:
+        return
+    db = sqlite_path(uri)
+    if db is None:
         from fltune.tracking.store import check_reachable
 
         check_reachable(uri)
+    elif db.is_dir():
+        raise FLTuneError(f"tracking.uri {uri}: {db} is a folder; allowed: sqlite:///<folder>/<file>.db")
+    else:  # sqlite makes the file, and fltune its lock file beside it, on the logging thread
+        make_out(str(db.parent), f"tracking.uri {uri}: its folder")

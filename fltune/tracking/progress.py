@@ -27,17 +27,22 @@ class ProgressCallback(Callback):
         self.description = description
         self.task = None
         self.latest: dict[str, float] = {}
+        self.info = ""
+        """The last round's figures (shown after the name of the probe running, if any)."""
 
     def on_start(self, fed: Federation) -> None:
         self.progress.start()
         self.task = self.progress.add_task(
-            self.description, total=fed.cfg.federation.rounds, completed=fed.round, info="starting workers …",
+            self.description, total=fed.cfg.federation.rounds, completed=fed.round, info="training …",
         )
+
+    def on_probe(self, fed: Federation, round_: int, probe: str) -> None:
+        self.progress.update(self.task, info=f"round {round_}: {probe} … {self.info}")
 
     def on_round(self, fed: Federation, metrics: dict[str, float]) -> None:
         self.latest.update({k: v for k, v in metrics.items() if k.startswith("acc_") or k == "loss"})
         accs = " ".join(f"{k.removeprefix('acc_')}={v:.4f}" for k, v in self.latest.items() if k.startswith("acc_"))
-        info = f"{accs} train_loss={metrics['train_loss']:.4f} {metrics['round_s']:.1f}s/round"
+        self.info = info = f"{accs} train_loss={metrics['train_loss']:.4f} {metrics['round_s']:.1f}s/round"
         self.progress.update(self.task, completed=int(metrics["round"]), info=info)
         if not console.is_terminal:  # logs (CI, `ray job submit`) get one plain line per round instead
             console.print(f"round {int(metrics['round'])}/{fed.cfg.federation.rounds} {info}", soft_wrap=True)

@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from fltune.config import ExperimentConfig, build_config, describe_validation_error, read_yaml
 from fltune.errors import FLTuneError
 from fltune.methods import get_method
-from fltune.metrics.probe import metric_names, probe_of, unmet_need
+from fltune.metrics.probe import check_probes, metric_names, probe_of, unmet_need
 
 Scalar = Union[bool, int, float, str, None]
 METRICS: tuple[str, ...] = metric_names()
@@ -207,15 +207,16 @@ def check_params(space: SearchSpace, tree: dict[str, Any], method: str) -> None:
 
 def check_objective(space: SearchSpace, cfg: ExperimentConfig) -> None:
     """The metric must be produced by the base experiment, and ASHA must see it before its first rung."""
+    check_probes(cfg)
     metric = space.objective.metric
     need = unmet_need(metric, space.objective.reduce, cfg)
     if need:
         raise FLTuneError(f"objective.metric: {metric} {need}")
     probe = probe_of(metric)
     protocol = probe.protocol if probe is not None else None
-    if metric.endswith("_ft") and (cfg.training.finetune_epochs == 0 or isinstance(space.scheduler, Asha)):
+    if metric.endswith("_ft") and isinstance(space.scheduler, Asha):
         raise FLTuneError(f"objective.metric: {metric} exists only after the final fine-tuning; it needs "
-                          "training.finetune_epochs > 0 and scheduler: none (ASHA would see no value)")
+                          "scheduler: none (ASHA would see no value)")
     if isinstance(space.scheduler, Asha):
         rounds, every = cfg.federation.rounds, cfg.metrics.every
         if space.scheduler.grace_period >= rounds:

@@ -189,6 +189,28 @@ def test_killed_worker_is_replaced_and_round_is_unchanged(pools):
     assert [r["acc_global"] for r in reference.history] == [r["acc_global"] for r in fed.history]
 
 
+class Events(Callback):
+    """Records the probes callbacks are told of and the rounds, in order."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[int, str]] = []
+
+    def on_probe(self, fed, round_, probe):
+        self.seen.append((round_, probe))
+
+    def on_round(self, fed, metrics):
+        self.seen.append((int(metrics["round"]), "end"))
+
+
+def test_callbacks_are_told_of_each_due_probe_before_its_round_ends(pools):
+    """Progress names the probe running (a Hessian can take minutes on a CPU), only on the rounds it runs."""
+    events = Events()
+    run(federation("federation.rounds=2", "metrics.every=2", "metrics.protocols=[global]", "resources.workers=1",
+                   pool=pools[1]), [events])
+    assert [name for r, name in events.seen if r == 1] == ["cost", "update_norm", "end"]
+    assert [name for r, name in events.seen if r == 2] == ["cost", "global", "update_norm", "end"]
+
+
 def test_divergence_stops_with_status(pools):
     fed = run(federation("training.lr=1.0e6", "federation.rounds=5", "resources.workers=1", pool=pools[1]))
     assert fed.status == "diverged"

@@ -46,6 +46,17 @@ def test_driver_share_with_gpu_workers_is_refused_in_one_line():
     assert "\n" not in str(err.value)
 
 
+@pytest.mark.parametrize(("cluster", "allowed"), [
+    ({"CPU": 4.0, "GPU": 1.0}, "allowed: workers × gpus_per_worker ≤ 1"),
+    (CPUS, "allowed: 0 or unset (this Ray has no GPU: the workers train on CPUs)"),
+])
+def test_more_gpus_than_the_cluster_has_are_refused_with_what_it_allows(cluster, allowed):
+    cfg = build_config(overrides=["federation.fraction=0.1", "resources.workers=2", "resources.gpus_per_worker=1"])
+    with pytest.raises(FLTuneError, match="resources.gpus_per_worker: 2 × 1 GPU need 2 GPUs") as err:
+        plan_workers(cfg, cluster, own_ray=True)
+    assert str(err.value).endswith(allowed) and "\n" not in str(err.value)
+
+
 def test_driver_share_gives_the_actors_bits(ray_session):
     """2 workers — two actors, or one actor and this process — on a run with Hessian probes (computed on
     the workers) and per-round evaluation: the same figures and weights; the driver's thread count, which

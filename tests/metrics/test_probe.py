@@ -2,11 +2,23 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from fltune.config import build_config
 from fltune.engine.builders import load_data
-from fltune.metrics.probe import LOOP_METRICS, Probe, all_probes, metric_names, probe_of, register, unmet_need
+from fltune.errors import FLTuneError
+from fltune.metrics.probe import (
+    LOOP_METRICS,
+    Probe,
+    all_probes,
+    check_probes,
+    metric_names,
+    probe_of,
+    register,
+    unmet_need,
+)
 from fltune.tune.space import METRICS
 
 TINY = ["data.dataset=synthetic", "federation.clients=4", "tracking.enabled=false"]
@@ -38,6 +50,13 @@ def test_a_probe_redeclaring_a_metric_is_refused() -> None:
     ("acc_global", "at_target", [], "needs metrics.target"),
     ("rounds_to_target", "final", [], "needs metrics.target"),
     ("rounds_to_target", "final", ["metrics.target=0.5"], None),
+    ("rounds_to_target", "final", ["metrics.target=0.5", "metrics.protocols=[global]",
+                                   "metrics.target_metric=acc_all_model"],
+     "needs metrics.target_metric acc_all_model, which needs metrics.protocols to include all_model"),
+    ("acc_global", "at_target", ["metrics.target=0.5", "metrics.target_metric=acc_personalized"],
+     "needs metrics.target_metric acc_personalized, which needs partition.eval_fraction > 0"),
+    ("acc_personalized_ft", "final", ["partition.eval_fraction=0.2"], "needs training.finetune_epochs > 0"),
+    ("acc_personalized_ft", "final", ["partition.eval_fraction=0.2", "training.finetune_epochs=1"], None),
     ("hessian_trace", "final", [], "needs a Hessian probe"),
     ("hessian_hn", "final", ["metrics.hessian.at_end=true"], "metrics.hessian.clients ≥ 2"),
     ("hessian_hn", "final", ["metrics.hessian.at_end=true", "metrics.hessian.clients=2"], None),
@@ -47,6 +66,25 @@ def test_unmet_need_names_what_the_config_lacks(metric: str, reduce: str, overri
                                                 expected: str | None) -> None:
     need = unmet_need(metric, reduce, build_config(overrides=[*TINY, *overrides]))
     assert need == expected if expected is None else expected in need
+
+
+@pytest.mark.parametrize(("overrides", "expected"), [
+    ([], None),  # no target: nothing asked of rounds_to_target
+    (["metrics.target=0.5"], None),
+    (["metrics.target=0.5", "metrics.protocols=[global]", "metrics.target_metric=acc_personalized"],
+     "metrics.target_metric: acc_personalized is never measured here: it needs metrics.protocols to include "
+     "personalized; allowed here: global"),
+    (["metrics.target=0.5", "metrics.target_metric=acc_personalized_ft", "partition.eval_fraction=0.2"],
+     "metrics.target_metric: acc_personalized_ft is never measured here: it needs training.finetune_epochs > 0"),
+])
+def test_a_target_on_a_metric_the_run_never_measures_is_refused(overrides: list[str], expected: str | None) -> None:
+    """Else the whole run would end with rounds_to_target and best_acc blank."""
+    cfg = build_config(overrides=[*TINY, *overrides])
+    if expected is None:
+        check_probes(cfg)
+    else:
+        with pytest.raises(FLTuneError, match=re.escape(expected)):
+            check_probes(cfg)
 
 
 def test_the_config_and_data_choose_the_probes() -> None:

@@ -6,6 +6,12 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
+from fltune.config import TrackingConfig
+from fltune.errors import FLTuneError
+from fltune.tracking.paths import check_tracking
+
 IMPORTS = """
 import sys
 from fltune.cli import main
@@ -41,4 +47,18 @@ def test_a_sqlite_store_is_not_asked_and_mlflow_not_imported_before_the_run(tmp_
     uri = f"sqlite:///{tmp_path / 'later' / 'mlflow.db'}"
     out = subprocess.run([sys.executable, "-c", SQLITE, uri], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
-    assert not (tmp_path / "later").exists()
+    assert list((tmp_path / "later").iterdir()) == []  # its folder is made, the store not yet
+
+
+@pytest.mark.parametrize(("where", "expected"), [
+    ("file/mlflow.db", "its folder {tmp}/file: Not a directory; allowed: a folder this user can create and write"),
+    ("folder", "{tmp}/folder is a folder; allowed: sqlite:///<folder>/<file>.db"),
+])
+def test_a_sqlite_store_that_cannot_be_written_is_one_line_before_any_work(tmp_path, where, expected):
+    """Else the run trained its first round and its logging thread ended it with a traceback."""
+    (tmp_path / "file").write_text("")
+    (tmp_path / "folder").mkdir()
+    uri = f"sqlite:///{tmp_path / where}"
+    with pytest.raises(FLTuneError) as err:
+        check_tracking(TrackingConfig(enabled=True, uri=uri))
+    assert str(err.value) == f"tracking.uri {uri}: " + expected.format(tmp=tmp_path)
