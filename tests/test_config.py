@@ -100,3 +100,17 @@ def test_model_options_reach_the_builder_and_bad_ones_are_one_line() -> None:
     assert sum(p.numel() for p in small.parameters()) < sum(p.numel() for p in full.parameters()) / 3
     with pytest.raises(FLTuneError, match=r"model.options: 'resnet56' does not take \['depth'\]"):
         build_model_for(build_config(overrides=["method.name=fedalign", "model.options={depth: 3}"]), data)
+
+
+def test_the_readme_lists_every_field_of_every_section():
+    """The README's Configuration table is the users' reference: a field added to a section is listed there."""
+    import re
+    from pathlib import Path
+
+    from fltune.config import ExperimentConfig
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    rows = dict(re.findall(r"^\| `(\w+)` \| (.*) \|$", readme, re.M))
+    missing = [f"{section}.{name}" for section, field in ExperimentConfig.model_fields.items()
+               for name in getattr(field.annotation, "model_fields", {}) if f"`{name}`" not in rows.get(section, "")]
+    assert missing == []
