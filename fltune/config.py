@@ -36,7 +36,7 @@ def one_of(value: str, allowed: Sequence[str], what: str) -> str:
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
 class DataConfig(_Section):

@@ -1,5 +1,6 @@
 """Config: YAML in/out, dotted overrides, method Params validation, one-line errors, a torch-free leaf."""
 
+import re
 import subprocess
 import sys
 
@@ -114,3 +115,12 @@ def test_the_readme_lists_every_field_of_every_section():
     missing = [f"{section}.{name}" for section, field in ExperimentConfig.model_fields.items()
                for name in getattr(field.annotation, "model_fields", {}) if f"`{name}`" not in rows.get(section, "")]
     assert missing == []
+
+
+@pytest.mark.parametrize("override", ["training.lr=.inf", "training.grad_clip=.inf", "partition.alpha=1e400",
+                                      "method.name=fedprox\nmethod.mu=.inf"])
+def test_an_infinite_number_is_refused_where_a_bound_alone_would_let_it_through(override):
+    """``gt=0`` admits inf: an infinite lr used to train a round and end as 'diverged' (exit 1), not bad input."""
+    *_, last = override.split("\n")
+    with pytest.raises(FLTuneError, match=rf"{re.escape(last.split('=')[0])}: Input should be a finite number"):
+        build_config(overrides=override.split("\n"))

@@ -45,7 +45,7 @@ ModelT = TypeVar("ModelT", bound=nn.Module)
 class Params(BaseModel):
     """A method's hyperparameters: frozen, validated, with the paper's defaults."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 @dataclass(frozen=True)
