@@ -79,7 +79,7 @@ class PaperTable(_Frozen):
 
     key: str = Field(description="'<paper>:<table>', e.g. 'simfafl:table2'")
     title: str
-    source: str = Field(description="where the numbers are printed, e.g. 'papers/simfafl.md, Table 2'")
+    source: str = Field(description="where the numbers are printed, e.g. 'FedSOL, Lee et al. 2024: Table 5'")
     value: str = Field(description="what a number is, e.g. 'final personalised test accuracy (%)'")
     percent: bool = Field(True, description="paper values are percentages of fltune's [0, 1] metrics")
     cells: tuple[Cell, ...]

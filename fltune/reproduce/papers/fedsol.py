@@ -1,4 +1,4 @@
-"""FedSOL (papers/fedsol.md) Table 2 (Sharding and LDA) and Table 5 (partial perturbation).
+"""FedSOL (Lee et al. 2024) Table 2 (Sharding and LDA) and Table 5 (partial perturbation).
 
 Protocol (§4.1, App. B.3–B.5): 100 clients, 10 % per round; the FedAvg CNN; 5 local epochs of momentum
 SGD (lr 0.01, momentum 0.9, weight decay 1e-5, lr × 0.99 per round), batch 50 (App. B.5 configs); 300
@@ -116,7 +116,7 @@ def table2() -> PaperTable:
               for row in ROWS for i in range(len(DATASETS))]
     return PaperTable(
         key="fedsol:table2", title="FedSOL Table 2: accuracy (%) under Sharding (s) and LDA (α) partitions",
-        source="papers/fedsol.md, Table 2 (MNIST, CIFAR-10, SVHN columns)",
+        source="FedSOL, Lee et al. 2024: Table 2 (MNIST, CIFAR-10, SVHN columns)",
         value="test accuracy of the final server model (%)",
         cells=tuple(cells), scales={"paper": PAPER, "quick": QUICK}, unknowns=UNKNOWNS,
     )
@@ -141,7 +141,7 @@ def table5() -> PaperTable:
              for row, (scope, values) in TABLE5.items() for rho, value in values.items()]
     return PaperTable(
         key="fedsol:table5", title="FedSOL Table 5: accuracy (%) perturbing all, the body or the head (CIFAR-10, LDA α = 0.1)",
-        source="papers/fedsol.md, Table 5", value="test accuracy of the final server model (%)",
+        source="FedSOL, Lee et al. 2024: Table 5", value="test accuracy of the final server model (%)",
         cells=tuple(cells), scales={"paper": PAPER, "quick": QUICK},
         unknowns=(*UNKNOWNS, "Table 5's partition: CIFAR-10 LDA α = 0.1 (its ρ = 0 value is Table 2's FedAvg there)"),
     )

@@ -1,4 +1,4 @@
-"""MAN (papers/man.md) Table 1 (accuracy and rounds to 50 %), Table 2 (top eigenvalue and trace) and
+"""MAN (Yashwanth et al. 2023) Table 1 (accuracy and rounds to 50 %), Table 2 (top eigenvalue and trace) and
 supplementary Table 5 (CIFAR-10): six FL methods with and without the MAN regulariser.
 
 Protocol (§4, supp. §7): 100 clients, 10 % per round, equal-size clients with Dirichlet(δ) class priors
@@ -119,7 +119,7 @@ def table1() -> PaperTable:
                               settings=settings))
     return PaperTable(
         key="man:table1", title="MAN Table 1: accuracy (%) and rounds to the target with and without MAN (CIFAR-100)",
-        source="papers/man.md, Table 1 (CIFAR-100 columns)",
+        source="MAN, Yashwanth et al. 2023: Table 1 (CIFAR-100 columns)",
         value="accuracy of the all-client average model after the last round (%); rounds to 50 % "
               "(quick: 60 %), '500+' = never",
         cells=tuple(cells), scales=SCALES, unknowns=UNKNOWNS,
@@ -141,7 +141,7 @@ def table2() -> PaperTable:
                               metric="hessian_trace", settings=settings))
     return PaperTable(
         key="man:table2", title="MAN Table 2: top Hessian eigenvalue and trace with and without MAN (CIFAR-100)",
-        source="papers/man.md, Table 2", value="λ_max and trace of the final global model's loss Hessian",
+        source="MAN, Yashwanth et al. 2023: Table 2", value="λ_max and trace of the final global model's loss Hessian",
         percent=False, cells=tuple(cells), scales=scales, unknowns=UNKNOWNS,
     )
 
@@ -153,7 +153,8 @@ def supp5() -> PaperTable:
              for row, values in SUPP5.items() for column, value in zip(SUPP5_COLUMNS, values)]
     return PaperTable(
         key="man:supp5", title="MAN supplementary Table 5: accuracy (%) with and without MAN (CIFAR-10)",
-        source="papers/man.md, supplementary Table 5", value="accuracy of the all-client average model (%)",
+        source="MAN, Yashwanth et al. 2023: supplementary Table 5",
+        value="accuracy of the all-client average model (%)",
         cells=tuple(cells), scales=SCALES,
         unknowns=(*UNKNOWNS, "CIFAR-10 runs: Table 1's settings (500 rounds; the supplement gives none of its own)"),
     )
