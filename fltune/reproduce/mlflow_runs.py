@@ -26,7 +26,7 @@ class ReproLog(RunTree):
         super().__init__(spec.tracking, spec.path, spec.name, first)
 
     def expected_trials(self) -> int:
-        return len(self.spec.cells)
+        return len(self.spec.trials)  # one run may score several cells (job.py: ``trials``)
 
     def describe_parent(self, parent: str) -> None:
         spec, table = self.spec, self.spec.paper_table
