@@ -1,10 +1,10 @@
 """The comparison's results: one row per method over its seeds, the live board, the files.
 
 Every figure of the table comes from the cells' last Tune results (the rounds' metrics MLflow logs too):
-final and best accuracy per protocol, rounds to target, the cell's wall time (Tune's ``time_total_s``),
-training TFLOPs and communication (``cost_cum_*``, fltune/metrics/cost.py). The overlay's curves come from
-the cells' MLflow runs (``curves``). The best row is the highest mean final ranking accuracy; every other
-row says whether its gap to the best is beyond seed noise (``fltune.compare.stats``).
+final and best accuracy per protocol (and the final fine-tuned one), rounds to target, the cell's wall time
+(Tune's ``time_total_s``), training TFLOPs and communication (``cost_cum_*``, fltune/metrics/cost.py). The
+overlay's curves come from the cells' MLflow runs (``curves``). The best row is the highest mean final ranking
+accuracy; every other row says whether its gap to the best is beyond seed noise (``fltune.compare.stats``).
 """
 
 from __future__ import annotations
@@ -46,14 +46,14 @@ class MethodRow:
 
 
 def columns(spec: CompareSpec) -> list[str]:
-    """``final <acc>`` and ``best <acc>`` per protocol, then the costs."""
-    return [*(f"final {acc}" for acc in spec.accuracies), *(f"best {acc}" for acc in spec.accuracies), *COSTS]
+    """``final <acc>`` per reported accuracy and ``best <acc>`` per protocol, then the costs."""
+    return [*(f"final {acc}" for acc in spec.finals), *(f"best {acc}" for acc in spec.accuracies), *COSTS]
 
 
 def cell_figures(spec: CompareSpec, row: TrialRow) -> dict[str, float]:
     """A cell's figures from its last result (NaN where it has none, e.g. a target never reached)."""
     last = row.metrics
-    figures = {f"final {acc}": last.get(acc, math.nan) for acc in spec.accuracies}
+    figures = {f"final {acc}": last.get(acc, math.nan) for acc in spec.finals}
     figures |= {f"best {acc}": last.get(best_key(acc), math.nan) for acc in spec.accuracies}
     return figures | {key: float(last.get(key, math.nan)) for key in COSTS}
 

@@ -23,6 +23,7 @@ from fltune.tune.space import set_dotted
 from fltune.tune.spec import SavedSpec
 
 ACCURACY = {"global": "acc_global", "all_model": "acc_all_model", "personalized": "acc_personalized"}
+FINE_TUNED = "acc_personalized_ft"
 """Evaluation protocol (``metrics.protocols``) → the accuracy it reports."""
 
 TUNING_SEED_OFFSET = 1000
@@ -76,6 +77,13 @@ class CompareSpec(SavedSpec):
         cfg = self.config
         measured = [ACCURACY[p] for p in cfg.metrics.protocols if unmet_need(ACCURACY[p], "final", cfg) is None]
         return list(dict.fromkeys([self.primary, *measured]))
+
+    @property
+    def finals(self) -> list[str]:
+        """The accuracies reported at the end: ``accuracies``, then ``acc_personalized_ft`` when the setting
+        fine-tunes (the papers' "-FT" figure; measured once, after the last round, so it has no best)."""
+        tuned = unmet_need(FINE_TUNED, "final", self.config) is None
+        return [*self.accuracies, *([FINE_TUNED] if tuned else [])]
 
     @property
     def cells(self) -> list[str]:
