@@ -33,6 +33,8 @@ class TrialRow:
     objective: float
     objective_std: float
     metrics: dict[str, Any] = field(default_factory=dict)
+    created: int = 0
+    """The trial's place in the order Tune created them (1, 2, …; 0 when unknown): breaks ties for best."""
 
     @property
     def scored(self) -> bool:
@@ -97,10 +99,12 @@ def classify(last: dict[str, Any], errored: bool) -> str:
 
 def make_row(trial_id: str, config: dict[str, Any], last: dict[str, Any] | None, errored: bool) -> TrialRow:
     last = last or {}
+    counter = re.match(r"\d+", str(last.get("experiment_tag", "")))  # Tune's tag: "<counter>_<params>"
     return TrialRow(
         trial_id=trial_id, status=classify(last, errored), params=dict(config),
         round=int(last.get("round", 0)), objective=float(last.get("objective", math.nan)),
         objective_std=float(last.get("objective_std", math.nan)), metrics=last,
+        created=int(counter.group()) if counter else 0,
     )
 
 
@@ -115,9 +119,11 @@ def trial_config(spec: StudySpec, params: dict[str, Any]) -> ExperimentConfig:
 
 
 def rank(rows: list[TrialRow], mode: str) -> list[TrialRow]:
-    """Best first: scored trials by objective (more rounds first on ties), then the rest."""
+    """Best first: scored trials by objective (on ties: more rounds, then the earlier created, so that the
+    best of a study is the same however Tune lists its trials, e.g. after a resume), then the rest."""
     sign = -1.0 if mode == "max" else 1.0
-    return sorted(rows, key=lambda r: (not r.scored, sign * r.objective if r.scored else 0.0, -r.round))
+    return sorted(rows, key=lambda r: (not r.scored, sign * r.objective if r.scored else 0.0, -r.round, r.created,
+                                       r.trial_id))
 
 
 def best(rows: list[TrialRow], mode: str) -> TrialRow | None:

@@ -73,6 +73,17 @@ def test_ranking_puts_scored_trials_first_and_never_picks_a_diverged_one() -> No
     assert best(rows[3:4], "max") is None
 
 
+def test_tied_trials_rank_in_the_order_tune_created_them_however_they_are_listed() -> None:
+    """A resumed study lists its trials in another order: its best (and best_config.yaml, a comparison's tuned
+    values) used to flip between tied trials (three FedProx trials at acc_global 0.312, measured)."""
+    rows = [make_row(f"t{tag[0]}", {}, {"round": 4, "status": "finished", "objective": 0.312, "experiment_tag": tag},
+                     False) for tag in ("3_method_mu=0.0258", "1_method_mu=0.0157", "2_method_mu=0.0726")]
+    assert [r.created for r in rows] == [3, 1, 2]
+    for listed in (rows, rows[::-1], rows[1:] + rows[:1]):
+        assert [r.trial_id for r in rank(listed, "max")] == ["t1", "t2", "t3"]
+        assert best(listed, "min").trial_id == "t1"
+
+
 def test_a_job_with_trials_missing_or_not_ended_is_unfinished() -> None:
     """A stop can come before Tune created every trial (or any): such a job resumes, it has not ended."""
     done = make_row("a", {}, {"status": "finished", "round": 3}, errored=False)
