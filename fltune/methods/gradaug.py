@@ -15,9 +15,11 @@ Paper settings: n = 2, μ = 1.75, ω_b = 0.8, sizes {32, 28, 24, 20}; FedAlign T
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import torch
 import torch.nn.functional as F
-from pydantic import Field
+from pydantic import Field, field_validator
 from torch import Tensor
 
 from fltune.methods import register
@@ -29,9 +31,17 @@ class GradAugParams(Params):
     mu: float = Field(1.75, ge=0, description="weight μ of the sub-network KL terms (n = 2: 1.75)")
     n: int = Field(2, ge=1, description="sub-networks per batch")
     omega_b: float = Field(0.8, gt=0, le=1, description="width ω_b of the narrowest sub-network")
-    resolutions: tuple[int, ...] = Field(
-        (32, 28, 24, 20), min_length=1, description="input sizes T_i draws from (CIFAR: 32, 28, 24, 20)"
+    resolutions: tuple[Annotated[int, Field(ge=1)], ...] = Field(
+        (32, 28, 24, 20), description="input sizes T_i draws from (CIFAR: 32, 28, 24, 20)"
     )
+
+    @field_validator("resolutions")
+    @classmethod
+    def _some(cls, value: tuple[int, ...]) -> tuple[int, ...]:
+        """Checked after the sizes themselves (a length bound would also report a bad size as a missing one)."""
+        if not value:
+            raise ValueError("at least one input size; allowed: e.g. [32, 28, 24, 20]")
+        return value
 
 
 def sub_widths(n: int, omega_b: float) -> list[float]:

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 import torch.nn.functional as F
 
+from fltune.config import build_config
 from fltune.errors import FLTuneError
 from fltune.methods import get_method
 from fltune.methods.gradaug import sub_widths
@@ -72,3 +75,13 @@ def test_defaults_and_model_requirement():
     assert GradAug.default_model == "resnet56"
     with pytest.raises(FLTuneError, match="model.name"):
         GradAug().adapt_model(tiny_model())
+
+
+@pytest.mark.parametrize(("sizes", "message"), [
+    ("[0]", "method.resolutions.0: Input should be greater than or equal to 1 (got 0)"),
+    ("[]", "method.resolutions: at least one input size"),
+])
+def test_input_sizes_are_positive_and_at_least_one(sizes: str, message: str) -> None:
+    """A size of 0 used to fail inside a worker (F.interpolate), after the run had started."""
+    with pytest.raises(FLTuneError, match=re.escape(message)):
+        build_config(overrides=["method.name=gradaug", f"method.resolutions={sizes}"])
