@@ -87,6 +87,22 @@ def test_a_target_on_a_metric_the_run_never_measures_is_refused(overrides: list[
             check_probes(cfg)
 
 
+@pytest.mark.parametrize(("overrides", "expected"), [
+    (["metrics.protocols=[global]"], "needs metrics.protocols to include personalized; allowed here: global"),
+    ([], "needs partition.eval_fraction > 0 (per-client held-out data)"),
+    (["partition.eval_fraction=0.2"], None),
+])
+def test_a_fine_tuning_nobody_scores_is_refused(overrides: list[str], expected: str | None) -> None:
+    """``training.finetune_epochs`` exists for acc_personalized_ft: a run that never scores it is refused."""
+    cfg = build_config(overrides=[*TINY, "training.finetune_epochs=1", *overrides])
+    if expected is None:
+        check_probes(cfg)
+    else:
+        with pytest.raises(FLTuneError, match=re.escape(
+                f"training.finetune_epochs: 1 fine-tunes for acc_personalized_ft, which {expected}; allowed here: 0")):
+            check_probes(cfg)
+
+
 def test_the_config_and_data_choose_the_probes() -> None:
     def enabled(*overrides: str) -> list[str]:
         cfg = build_config(overrides=[*TINY, *overrides])
