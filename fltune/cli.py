@@ -80,7 +80,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.print_config:
         print(cfg.to_yaml(), end="")
         return 0
-    from fltune.metrics.probe import check_probes
+    from fltune.metrics.probe import check_probes, unmeasured_protocols
     from fltune.tracking.paths import check_tracking
     from fltune.tracking.progress import ProgressCallback, console, summary_table
 
@@ -91,6 +91,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     fed, pool = start_federation(cfg)
     console.print(f"[bold]fltune run[/] {cfg.method.name} on {cfg.data.dataset} ({cfg.partition.kind}), "
                   f"{cfg.federation.clients} clients × {cfg.federation.fraction}, {cfg.federation.rounds} rounds")
+    for idle in unmeasured_protocols(cfg, fed.probes):
+        console.print(f"[dim]not measured: {idle}[/]")
     callbacks: list[Any] = [ProgressCallback(cfg.method.name)]
     try:
         if cfg.tracking.enabled:

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from fltune.data.datasets import Dataset
-from fltune.data.partitions import partition, split_train_eval
+from fltune.data.partitions import check_held_out, partition, split_train_eval
 from fltune.errors import FLTuneError
 
 
@@ -72,10 +72,6 @@ class FederatedData:
     def num_clients(self) -> int:
         return len(self.client_train)
 
-    @property
-    def has_val(self) -> bool:
-        return any(len(idx) for idx in self.client_val)
-
     def val_split(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The union of the clients' validation data: the server-side validation set (global models)."""
         idx = torch.from_numpy(np.sort(np.concatenate(self.client_val)))
@@ -84,6 +80,15 @@ class FederatedData:
     def split(self, name: str) -> tuple[torch.Tensor, torch.Tensor]:
         """(uint8 images, labels) of the global ``test`` split or of the ``val`` union."""
         return (self.test_x, self.test_y) if name == "test" else self.val_split()
+
+    def held_out(self, name: str) -> tuple[list[np.ndarray], list[int]]:
+        """Each client's own ``test`` (held-out) or ``val`` indices, and how many samples each was drawn
+        from: the held-out split is taken from the client's whole part, the validation split from what the
+        held-out split left for training."""
+        trained = [len(t) + len(v) for t, v in zip(self.client_train, self.client_val, strict=True)]
+        if name == "val":
+            return self.client_val, trained
+        return self.client_eval, [n + len(e) for n, e in zip(trained, self.client_eval, strict=True)]
 
     def __reduce__(self) -> tuple[Any, tuple[dict[str, Any], tuple[str, ...]]]:
         """Pickled with numpy arrays in place of its tensors: Ray's object store then hands every worker
@@ -145,8 +150,11 @@ def build_federated_data(
         test_x, test_y = x[test], y[test]
     else:
         test_x, test_y = dataset.test_x, dataset.test_y
-    return FederatedData(x, y, train, held_out, test_x, test_y, dataset.num_classes, dataset.mean,
+    data = FederatedData(x, y, train, held_out, test_x, test_y, dataset.num_classes, dataset.mean,
                          dataset.std, dataset.augment, dataset.name, val)
+    check_held_out("partition.eval_fraction", eval_fraction, *data.held_out("test"))
+    check_held_out("partition.val_fraction", val_fraction, *data.held_out("val"))
+    return data
 
 
 def split_validation(train: list[np.ndarray], val_fraction: float,

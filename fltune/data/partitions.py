@@ -71,6 +71,26 @@ def split_train_eval(
     return train, held_out
 
 
+def check_held_out(field: str, fraction: float, held_out: list[np.ndarray], sizes: list[int],
+                   each_client: str | None = None) -> None:
+    """Refuse a ``fraction`` > 0 that :func:`split_train_eval` turned into no sample at all (every figure
+    the split exists for would be unmeasurable), or, when ``each_client`` says what scores every client on
+    its own split, into none for some client. Above 0.5/n a client of n samples holds out at least one:
+    round((1 − f)·n) ≤ n − 1 once (1 − f)·n < n − 0.5."""
+    if fraction == 0:
+        return
+    empty = [n for idx, n in zip(held_out, sizes, strict=True) if len(idx) == 0]
+    if len(empty) == len(sizes):
+        n = max(sizes)
+        raise FLTuneError(f"{field}: {fraction:g} holds out no sample of any client (the largest has {n}); "
+                          f"allowed: 0, or above 0.5/{n} = {0.5 / n:.3g}")
+    if empty and each_client:
+        n = min(empty)
+        raise FLTuneError(f"{field}: {fraction:g} holds out no sample of {len(empty)} of {len(sizes)} clients, "
+                          f"and {each_client}; allowed: above 0.5/{n} = {0.5 / n:.3g} (the smallest client has "
+                          f"{n} samples)")
+
+
 # --- validation ---------------------------------------------------------------------------------------
 
 

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
+from fltune.data.partitions import check_held_out
 from fltune.errors import FLTuneError
 from fltune.metrics.probe import Probe, RoundView, register
 
@@ -41,6 +42,13 @@ def with_val(metrics: dict[str, str]) -> dict[str, str]:
 def splits(cfg: ExperimentConfig) -> list[str]:
     """The data the protocols score on: test (unless ``metrics.test`` is off), val (with a validation split)."""
     return ["test"] * cfg.metrics.test + ["val"] * (cfg.partition.val_fraction > 0)
+
+
+def own_split(cfg: ExperimentConfig, split: str) -> tuple[str, float]:
+    """The field, and its value, that holds each client's own ``test`` (held-out) or ``val`` data out."""
+    if split == "test":
+        return "partition.eval_fraction", cfg.partition.eval_fraction
+    return "partition.val_fraction", cfg.partition.val_fraction
 
 
 def prefixed(split: str, figures: dict[str, float]) -> dict[str, float]:
@@ -145,6 +153,7 @@ class PersonalizedAccuracy(_Protocol):
     name = "personalized"
     order = 30
     protocol = "personalized"
+    keys = ("acc_personalized", "loss_personalized")
     metrics = {
         "acc_personalized": "mean over clients of their own model's accuracy on their held-out split",
         "loss_personalized": "the same clients' mean held-out loss",
@@ -154,11 +163,18 @@ class PersonalizedAccuracy(_Protocol):
         "val_loss_personalized": "the same clients' mean validation loss",
     }
 
+    def __init__(self, fed: Federation) -> None:
+        """Refuse a split that leaves some client nothing to be scored on: the figure is a mean over all."""
+        super().__init__(fed)
+        for split in splits(fed.cfg):
+            field, fraction = own_split(fed.cfg, split)
+            check_held_out(field, fraction, *fed.data.held_out(split),
+                           each_client="the personalized protocol scores every client on its own")
+
     @classmethod
     def enabled(cls, cfg: ExperimentConfig, data: FederatedData) -> bool:
         """Needs per-client held-out splits (partition.eval_fraction > 0) or validation splits."""
-        held_out = cfg.metrics.test and all(len(idx) > 0 for idx in data.client_eval)
-        return super().enabled(cfg, data) and (held_out or data.has_val)
+        return super().enabled(cfg, data) and any(own_split(cfg, split)[1] > 0 for split in splits(cfg))
 
     @classmethod
     def unmet(cls, metric: str, cfg: ExperimentConfig) -> str | None:
@@ -182,10 +198,9 @@ class PersonalizedAccuracy(_Protocol):
         """Held-out (when there is any) and validation scores; fine-tuned only on the held-out data, after
         the last round (a tuning objective reads the plain validation score)."""
         out: dict[str, float] = {}
-        if fed.cfg.metrics.test and all(len(idx) > 0 for idx in fed.data.client_eval):
-            out["acc_personalized"], out["loss_personalized"] = fed.evaluate_personalized(finetune=False)
-            if view.round == fed.cfg.federation.rounds and fed.cfg.training.finetune_epochs:
+        last = view.round == fed.cfg.federation.rounds
+        for split in (split for split in splits(fed.cfg) if own_split(fed.cfg, split)[1] > 0):
+            out.update(prefixed(split, dict(zip(self.keys, fed.evaluate_personalized(False, split)))))
+            if split == "test" and last and fed.cfg.training.finetune_epochs:
                 out["acc_personalized_ft"], out["loss_personalized_ft"] = fed.evaluate_personalized(finetune=True)
-        if fed.data.has_val:
-            out["val_acc_personalized"], out["val_loss_personalized"] = fed.evaluate_personalized(False, "val")
         return out

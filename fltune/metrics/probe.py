@@ -14,7 +14,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
 
@@ -200,6 +200,15 @@ def check_probes(cfg: ExperimentConfig) -> None:
     measures (each probe's ``check``): without this a run or study would end with the figure blank."""
     for probe in all_probes():
         probe.check(cfg)
+
+
+def unmeasured_protocols(cfg: ExperimentConfig, probes: Sequence[Probe | type[Probe]]) -> list[str]:
+    """Each protocol ``metrics.protocols`` lists that none of a run's ``probes`` measures, with what it
+    needs (``personalized: needs partition.eval_fraction > 0 …``): the default lists all three, and a run
+    without held-out data would otherwise drop one without a word."""
+    measured = {probe.protocol for probe in probes}
+    idle = [cls for cls in all_probes() if cls.protocol in cfg.metrics.protocols and cls.protocol not in measured]
+    return [f"{cls.protocol}: {cls.unmet(next(iter(cls.metrics)), cfg) or 'not measured'}" for cls in idle]
 
 
 def client_meters(cfg: ExperimentConfig, data: FederatedData, round_: int) -> list[Callable[[], ClientMeter]]:

@@ -1,12 +1,13 @@
-"""The run summary (``--json-out``, MLflow ``final_*``): the last accuracies, rounds-to-target,
-throughput, and the last cost and Hessian figures, all read back from the per-round history."""
+"""The run summary (``--json-out``, MLflow ``final_*``): the last accuracies (test and validation),
+rounds-to-target, throughput, and the last cost and Hessian figures, all read back from the per-round
+history."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from fltune.config import ExperimentConfig
-from fltune.metrics.evaluation import ACCURACY_KEYS
+from fltune.metrics.evaluation import ACCURACY_KEYS, VAL
 from fltune.metrics.target import rounds_to_target
 
 
@@ -21,7 +22,8 @@ def run_summary(history: list[dict[str, float]], cfg: ExperimentConfig, status: 
     """The final summary written by ``--json-out``: last evaluated values plus run totals."""
     round_s = sum(row["round_s"] for row in history)
     samples = sum(row["samples"] for row in history)
-    summary: dict[str, Any] = {key: _last(history, key) for key in (*ACCURACY_KEYS, "loss")}
+    scores = (*ACCURACY_KEYS, "loss", *(VAL + key for key in (*ACCURACY_KEYS, "loss")))
+    summary: dict[str, Any] = {key: _last(history, key) for key in scores}
     summary = {k: v for k, v in summary.items() if v is not None or k in ("acc_global", "loss")}
     target = cfg.metrics.target
     summary.update(

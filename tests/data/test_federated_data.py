@@ -124,7 +124,7 @@ def test_validation_split_comes_out_of_training_and_leaves_the_rest_as_it_was(fm
         assert len(val) == 98 and len(np.intersect1d(train, val)) == 0  # 20 % of each client's 490
         assert np.array_equal(np.sort(np.concatenate([train, val])), before)  # carved from its training data
         assert np.array_equal(held, held_before)  # the held-out (test) split does not move
-    assert all(len(v) == 0 for v in plain.client_val) and not plain.has_val
+    assert all(len(v) == 0 for v in plain.client_val)
     x, y = data.val_split()
     assert len(y) == 9800 and torch.equal(y, data.y[np.sort(np.concatenate(data.client_val))])
 
@@ -132,12 +132,33 @@ def test_validation_split_comes_out_of_training_and_leaves_the_rest_as_it_was(fm
 def test_a_run_without_test_data_holds_none(fmnist, tmp_path: Path) -> None:
     data = build_federated_data(fmnist, **SIMFAFL, val_fraction=0.1, cache_dir=tmp_path).without_test()
     assert len(data.test_x) == len(data.test_y) == 0 and all(len(e) == 0 for e in data.client_eval)
-    assert data.has_val
+    assert all(len(v) == 49 for v in data.client_val)  # 10 % of each client's 490
 
 
 def test_a_bad_validation_fraction_is_named(fmnist, tmp_path: Path) -> None:
     with pytest.raises(FLTuneError, match=r"partition\.val_fraction"):
         build_federated_data(fmnist, **SIMFAFL, val_fraction=1.0, cache_dir=tmp_path)
+
+
+@pytest.mark.parametrize("field", ["eval_fraction", "val_fraction"])
+def test_a_fraction_that_holds_out_nothing_at_all_is_refused_with_the_smallest_that_would(
+        fmnist, tmp_path: Path, field: str) -> None:
+    """Each client holds out round(f·n) of its n samples: a fraction > 0 too small for that to reach one
+    anywhere gives a split with nothing in it, which every figure it exists for would then fail to read."""
+    sizes = {"eval_fraction": 700, "val_fraction": 490}[field]  # what each SimFAFL client splits (70/30)
+    with pytest.raises(FLTuneError, match=rf"^partition\.{field}: 0\.0005 holds out no sample of any client "
+                                          rf"\(the largest has {sizes}\); allowed: 0, or above 0\.5/{sizes} = "):
+        build_federated_data(fmnist, **{**SIMFAFL, field: 0.0005}, cache_dir=tmp_path)
+    data = build_federated_data(fmnist, **{**SIMFAFL, field: 0.5 / sizes + 1e-6}, cache_dir=tmp_path)
+    assert all(len(idx) == 1 for idx in data.held_out({"eval_fraction": "test", "val_fraction": "val"}[field])[0])
+
+
+def test_held_out_names_each_clients_split_and_what_it_was_drawn_from(fmnist, tmp_path: Path) -> None:
+    data = build_federated_data(fmnist, **SIMFAFL, val_fraction=0.2, cache_dir=tmp_path)
+    held, drawn_from = data.held_out("test")
+    assert held is data.client_eval and drawn_from == [700] * 100
+    held, drawn_from = data.held_out("val")
+    assert held is data.client_val and drawn_from == [490] * 100
 
 
 def test_the_object_store_shares_one_copy_of_the_pool(fmnist, tmp_path: Path, ray_session) -> None:

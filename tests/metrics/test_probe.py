@@ -17,6 +17,7 @@ from fltune.metrics.probe import (
     metric_names,
     probe_of,
     register,
+    unmeasured_protocols,
     unmet_need,
 )
 from fltune.tune.space import METRICS
@@ -112,3 +113,18 @@ def test_the_config_and_data_choose_the_probes() -> None:
     everything = enabled("partition.eval_fraction=0.2", "metrics.hessian.every=2", "metrics.target=0.5")
     assert everything == ["cost", "global", "all_model", "personalized", "hessian", "update_norm", "target"]
     assert "personalized" not in enabled("partition.eval_fraction=0")  # no held-out splits to evaluate on
+
+
+@pytest.mark.parametrize(("overrides", "expected"), [
+    ([], ["personalized: needs partition.eval_fraction > 0 (per-client held-out data)"]),
+    (["partition.eval_fraction=0.2"], []),
+    (["partition.val_fraction=0.2"], []),  # scored on the validation splits
+    (["metrics.protocols=[global]"], []),
+])
+def test_a_listed_protocol_the_run_cannot_measure_is_named_with_its_need(overrides: list[str],
+                                                                          expected: list[str]) -> None:
+    """The default lists all three protocols; without held-out splits ``run`` now says which one it drops
+    and why, where it dropped it without a word."""
+    cfg = build_config(overrides=[*TINY, *overrides])
+    probes = [probe for probe in all_probes() if probe.enabled(cfg, load_data(cfg))]
+    assert unmeasured_protocols(cfg, probes) == expected
