@@ -91,7 +91,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     fed, pool = start_federation(cfg)
     console.print(f"[bold]fltune run[/] {cfg.method.name} on {cfg.data.dataset} ({cfg.partition.kind}), "
                   f"{cfg.federation.clients} clients × {cfg.federation.fraction}, {cfg.federation.rounds} rounds")
-    for idle in unmeasured_protocols(cfg, fed.probes):
+    for idle in unmeasured_protocols(cfg):
         console.print(f"[dim]not measured: {idle}[/]")
     callbacks: list[Any] = [ProgressCallback(cfg.method.name)]
     try:

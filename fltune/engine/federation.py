@@ -172,7 +172,7 @@ class Federation:
         inputs_ref = ray.put(inputs)
         res = self.cfg.resources
         group = res.batch_clients if res.executor == "batched" else 1  # whole groups per worker
-        metered = bool(client_meters(self.cfg, self.data, r))  # FLOP meters: the actors alone (engine/pool.py)
+        metered = bool(client_meters(self.cfg, r))  # FLOP meters: the actors alone (engine/pool.py)
         shards = balance(clients, self.sizes, self.pool.width(driver=not metered), group)
         results = self.pool.map(self.run_ref, "train", shards, inputs_ref, per_shard=self._states_for,
                                 driver=not metered)

@@ -146,7 +146,7 @@ class ClientWorker:
         data = self._attach(run_ref)
         result = WorkerResult(partial=WeightedSum())
         global_tensors = state_on_device(inputs.global_state, self.device)
-        builders = client_meters(self.cfg, data, inputs.round)  # what probes measure of the training itself
+        builders = client_meters(self.cfg, inputs.round)  # what probes measure of the training itself
         if self.batched and not builders:
             return self._pack(self._train_groups(result, inputs, client_ids, states, global_tensors))
         for cid in client_ids:

@@ -152,7 +152,7 @@ class HessianProbe(Probe):
         self.keeps_local_models = fed.cfg.metrics.hessian.clients > 0
 
     @classmethod
-    def enabled(cls, cfg: ExperimentConfig, data: FederatedData) -> bool:
+    def enabled(cls, cfg: ExperimentConfig) -> bool:
         return bool(cfg.metrics.hessian.every or cfg.metrics.hessian.at_end)
 
     @classmethod

@@ -25,7 +25,6 @@ from fltune.metrics.probe import Probe, RoundView, register
 
 if TYPE_CHECKING:
     from fltune.config import ExperimentConfig
-    from fltune.data.federated import FederatedData
     from fltune.engine.federation import Federation
     from fltune.methods.base import State
 
@@ -67,7 +66,7 @@ class _Protocol(Probe):
         return view.running and (view.round % fed.cfg.metrics.every == 0 or view.round == rounds)
 
     @classmethod
-    def enabled(cls, cfg: ExperimentConfig, data: FederatedData) -> bool:
+    def enabled(cls, cfg: ExperimentConfig) -> bool:
         return cls.protocol in cfg.metrics.protocols
 
     @classmethod
@@ -172,9 +171,9 @@ class PersonalizedAccuracy(_Protocol):
                            each_client="the personalized protocol scores every client on its own")
 
     @classmethod
-    def enabled(cls, cfg: ExperimentConfig, data: FederatedData) -> bool:
+    def enabled(cls, cfg: ExperimentConfig) -> bool:
         """Needs per-client held-out splits (partition.eval_fraction > 0) or validation splits."""
-        return super().enabled(cfg, data) and any(own_split(cfg, split)[1] > 0 for split in splits(cfg))
+        return super().enabled(cfg) and any(own_split(cfg, split)[1] > 0 for split in splits(cfg))
 
     @classmethod
     def unmet(cls, metric: str, cfg: ExperimentConfig) -> str | None:

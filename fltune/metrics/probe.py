@@ -14,7 +14,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
 
@@ -100,8 +100,8 @@ class Probe(ABC):
         """Built once per federation, after its data and evaluation model."""
 
     @classmethod
-    def enabled(cls, cfg: ExperimentConfig, data: FederatedData) -> bool:
-        """Whether ``cfg`` (and the data it partitioned) turn this probe on."""
+    def enabled(cls, cfg: ExperimentConfig) -> bool:
+        """Whether ``cfg`` turns this probe on (what its data lack it refuses as it is built)."""
         return True
 
     @classmethod
@@ -202,23 +202,22 @@ def check_probes(cfg: ExperimentConfig) -> None:
         probe.check(cfg)
 
 
-def unmeasured_protocols(cfg: ExperimentConfig, probes: Sequence[Probe | type[Probe]]) -> list[str]:
-    """Each protocol ``metrics.protocols`` lists that none of a run's ``probes`` measures, with what it
-    needs (``personalized: needs partition.eval_fraction > 0 …``): the default lists all three, and a run
-    without held-out data would otherwise drop one without a word."""
-    measured = {probe.protocol for probe in probes}
-    idle = [cls for cls in all_probes() if cls.protocol in cfg.metrics.protocols and cls.protocol not in measured]
+def unmeasured_protocols(cfg: ExperimentConfig) -> list[str]:
+    """Each protocol ``metrics.protocols`` lists that ``cfg`` does not turn on, with what it needs
+    (``personalized: needs partition.eval_fraction > 0 …``): the default lists all three, and a run without
+    held-out data would otherwise drop one without a word."""
+    idle = [cls for cls in all_probes() if cls.protocol in cfg.metrics.protocols and not cls.enabled(cfg)]
     return [f"{cls.protocol}: {cls.unmet(next(iter(cls.metrics)), cfg) or 'not measured'}" for cls in idle]
 
 
-def client_meters(cfg: ExperimentConfig, data: FederatedData, round_: int) -> list[Callable[[], ClientMeter]]:
+def client_meters(cfg: ExperimentConfig, round_: int) -> list[Callable[[], ClientMeter]]:
     """The builders of the meters the probes ``cfg`` turns on want around one client's training in round
     ``round_`` (empty: the round is not metered)."""
-    builders = (cls.client_meter(round_) for cls in all_probes() if cls.enabled(cfg, data))
+    builders = (cls.client_meter(round_) for cls in all_probes() if cls.enabled(cfg))
     return [build for build in builders if build is not None]
 
 
 def probes_for(fed: Federation) -> list[Probe]:
     """The probes ``fed``'s configuration turns on, built for it, in run order."""
     check_probes(fed.cfg)
-    return [cls(fed) for cls in all_probes() if cls.enabled(fed.cfg, fed.data)]
+    return [cls(fed) for cls in all_probes() if cls.enabled(fed.cfg)]

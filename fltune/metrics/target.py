@@ -9,7 +9,6 @@ from fltune.metrics.probe import Probe, RoundView, register, unmet_need
 
 if TYPE_CHECKING:
     from fltune.config import ExperimentConfig
-    from fltune.data.federated import FederatedData
     from fltune.engine.federation import Federation
 
 
@@ -37,7 +36,7 @@ class RoundsToTarget(Probe):
     metrics = {"rounds_to_target": "first round metrics.target_metric reached metrics.target (from then on)"}
 
     @classmethod
-    def enabled(cls, cfg: ExperimentConfig, data: FederatedData) -> bool:
+    def enabled(cls, cfg: ExperimentConfig) -> bool:
         return cfg.metrics.target is not None
 
     @classmethod

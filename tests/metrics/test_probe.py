@@ -7,7 +7,6 @@ import re
 import pytest
 
 from fltune.config import build_config
-from fltune.engine.builders import load_data
 from fltune.errors import FLTuneError
 from fltune.metrics.probe import (
     LOOP_METRICS,
@@ -104,10 +103,10 @@ def test_a_fine_tuning_nobody_scores_is_refused(overrides: list[str], expected: 
             check_probes(cfg)
 
 
-def test_the_config_and_data_choose_the_probes() -> None:
+def test_the_config_chooses_the_probes() -> None:
     def enabled(*overrides: str) -> list[str]:
         cfg = build_config(overrides=[*TINY, *overrides])
-        return [probe.name for probe in all_probes() if probe.enabled(cfg, load_data(cfg))]
+        return [probe.name for probe in all_probes() if probe.enabled(cfg)]
 
     assert enabled("metrics.protocols=[global]") == ["cost", "global", "update_norm"]
     everything = enabled("partition.eval_fraction=0.2", "metrics.hessian.every=2", "metrics.target=0.5")
@@ -125,6 +124,4 @@ def test_a_listed_protocol_the_run_cannot_measure_is_named_with_its_need(overrid
                                                                           expected: list[str]) -> None:
     """The default lists all three protocols; without held-out splits ``run`` now says which one it drops
     and why, where it dropped it without a word."""
-    cfg = build_config(overrides=[*TINY, *overrides])
-    probes = [probe for probe in all_probes() if probe.enabled(cfg, load_data(cfg))]
-    assert unmeasured_protocols(cfg, probes) == expected
+    assert unmeasured_protocols(build_config(overrides=[*TINY, *overrides])) == expected
