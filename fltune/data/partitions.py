@@ -81,9 +81,10 @@ def check_held_out(field: str, fraction: float, held_out: list[np.ndarray], size
         return
     empty = [n for idx, n in zip(held_out, sizes, strict=True) if len(idx) == 0]
     if len(empty) == len(sizes):
-        n = max(sizes)
+        n, smallest = max(sizes), min(sizes)
+        every = f"; above 0.5/{smallest} = {0.5 / smallest:.3g} for one of every client" if smallest < n else ""
         raise FLTuneError(f"{field}: {fraction:g} holds out no sample of any client (the largest has {n}); "
-                          f"allowed: 0, or above 0.5/{n} = {0.5 / n:.3g}")
+                          f"allowed: 0, or above 0.5/{n} = {0.5 / n:.3g}{every}")
     if empty and each_client:
         n = min(empty)
         raise FLTuneError(f"{field}: {fraction:g} holds out no sample of {len(empty)} of {len(sizes)} clients, "

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import re
 
 import numpy as np
 import pytest
 
-from fltune.data.partitions import partition, split_train_eval
+from fltune.data.partitions import check_held_out, partition, split_train_eval
 from fltune.errors import FLTuneError
 
 KINDS = {
@@ -159,3 +160,27 @@ def test_bad_inputs_name_the_config_field(kind: str, clients: int, kwargs: dict,
 def test_bad_eval_fraction_names_the_field() -> None:
     with pytest.raises(FLTuneError, match=r"partition\.eval_fraction"):
         split_train_eval([np.arange(10)], 1.0, seed=0)
+
+
+def test_check_held_out_names_both_bounds_when_nothing_at_all_is_held_out():
+    """Nothing held out anywhere: the bound for one sample of the largest client, and, when sizes differ,
+    the one for a sample of every client (what the personalized protocol will ask next)."""
+    sizes = [10, 60]
+    held, _ = split_train_eval([np.arange(n) for n in sizes], 0.005, seed=0)
+    with pytest.raises(FLTuneError, match=re.escape(
+            "partition.eval_fraction: 0.005 holds out no sample of any client (the largest has 60); allowed: 0, "
+            "or above 0.5/60 = 0.00833; above 0.5/10 = 0.05 for one of every client")):
+        check_held_out("partition.eval_fraction", 0.005, [idx[:0] for idx in held], sizes)
+
+
+def test_check_held_out_refuses_a_client_left_without_only_when_each_client_is_scored():
+    sizes = [10, 60]
+    train, held = split_train_eval([np.arange(n) for n in sizes], 0.02, seed=0)
+    assert [len(h) for h in held] == [0, 1]
+    check_held_out("partition.val_fraction", 0.02, held, sizes)  # the union has a sample: fine
+    with pytest.raises(FLTuneError, match=re.escape(
+            "partition.val_fraction: 0.02 holds out no sample of 1 of 2 clients, and each is scored; "
+            "allowed: above 0.5/10 = 0.05 (the smallest client has 10 samples)")):
+        check_held_out("partition.val_fraction", 0.02, held, sizes, each_client="each is scored")
+    train, held = split_train_eval([np.arange(n) for n in sizes], 0.0501, seed=0)
+    assert [len(h) for h in held] == [1, 3]
