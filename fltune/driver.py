@@ -39,7 +39,7 @@ if TYPE_CHECKING:  # Ray Tune and MLflow load only when a command runs
     from ray.tune import PlacementGroupFactory, Tuner
     from ray.tune.experiment import Trial
 
-    from fltune.config import DataConfig, TrackingConfig
+    from fltune.config import ExperimentConfig, TrackingConfig
     from fltune.tune.board import TrialBoard
     from fltune.tune.mlflow_runs import RunTree
     from fltune.tune.results import TrialRow
@@ -461,19 +461,32 @@ def check_gcs(address: str | None) -> None:
                           "a running Ray head's GCS (ray start --head), auto, or none for a local Ray") from None
 
 
-def check_data(configs: Iterable[DataConfig]) -> None:
-    """Before a job starts Ray: every dataset its trials load is here. Each trial would otherwise fail on a
-    missing one with a traceback, and the job end with nothing run; here it is the loader's one line
-    (``data.dataset: … not found in …; pass --set data.root=…``). With ``data.download`` the files are fetched
-    now, once, rather than by every trial at once into the same folder. Nothing stays loaded in the
-    driver (its data are the trials')."""
+def check_data(configs: Iterable[ExperimentConfig]) -> None:
+    """Before a job starts Ray: every dataset its trials load is here, and every distinct setting of them
+    partitions into data that serves its run. Each trial would otherwise fail on a missing dataset, a client
+    left without training samples or a split too small for its probes (``check_probes``) with Tune's
+    traceback, retried, and the job end with nothing run; here it is one line (``data.dataset: … not found
+    in …; pass --set data.root=…``, ``partition.eval_fraction: …``). With ``data.download`` the files are
+    fetched now, once, rather than by every trial at once into the same folder. The partitions land in the
+    trials' disk cache; nothing stays loaded in the driver (its data are the trials')."""
     from fltune.data.datasets import load_dataset, release_loaded
+    from fltune.engine.builders import load_data
+    from fltune.metrics.probe import check_probes
 
+    configs = list(configs)
     try:
-        for name, root, download in dict.fromkeys((c.dataset, c.root, c.download) for c in configs):
+        for name, root, download in dict.fromkeys((c.data.dataset, c.data.root, c.data.download) for c in configs):
             load_dataset(name, root, download)
+        for cfg in {split_setting(c): c for c in configs}.values():
+            check_probes(cfg, load_data(cfg))
     finally:
         release_loaded()
+
+
+def split_setting(cfg: ExperimentConfig) -> str:
+    """What a run's partitioned data, and what its probes need of them, depend on: runs that agree here
+    (methods, learning rates) are checked once."""
+    return cfg.model_dump_json(include={"data", "partition", "federation", "metrics"})
 
 
 # ---------------------------------------------------------------------------------------------- jobs
@@ -661,11 +674,12 @@ class TuneJob(ABC, Generic[Spec]):
     def tracking(self, spec: Spec) -> TrackingConfig:
         ...
 
-    def data(self, spec: Spec) -> list[DataConfig]:
-        """The data of the job's trials (jobs of cells: of every cell), checked before Ray starts."""
+    def trial_configs(self, spec: Spec) -> list[ExperimentConfig]:
+        """The settings of the job's trials (jobs of cells: every cell's; studies: their base), whose data
+        are checked before Ray starts (``check_data``)."""
         from fltune.config import build_config
 
-        return [build_config(self.experiment(spec)).data]
+        return [build_config(self.experiment(spec))]
 
     @abstractmethod
     def new_tuner(self, spec: Spec, resources: PlacementGroupFactory) -> Tuner:
@@ -727,7 +741,7 @@ class TuneJob(ABC, Generic[Spec]):
         spec = self.saved_spec(storage) if self.resuming() else self.new_spec(storage)
         if not self.resuming() and exists(spec.path):
             raise FLTuneError(f"--name {spec.name}: {self.what} {spec.path} already exists; add --resume to continue it")
-        check_data(self.data(spec))
+        check_data(self.trial_configs(spec))
         if (out := self.out(spec)) is not None:
             make_out(out)
         check_tracking(self.tracking(spec))

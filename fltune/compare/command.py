@@ -28,7 +28,7 @@ if TYPE_CHECKING:  # Ray Tune and MLflow load only when the command runs
     from ray.tune import PlacementGroupFactory, Tuner
 
     from fltune.compare.spec import CompareSpec
-    from fltune.config import TrackingConfig
+    from fltune.config import ExperimentConfig, TrackingConfig
     from fltune.tune.board import TrialBoard
     from fltune.tune.mlflow_runs import RunTree
     from fltune.tune.results import TrialRow
@@ -92,6 +92,20 @@ def experiment_tree(args: argparse.Namespace) -> dict[str, Any]:
     return apply_overrides(read_yaml(args.config) if args.config else {}, experiment_overrides(args))
 
 
+def job_configs(spec: CompareSpec) -> list[ExperimentConfig]:
+    """The settings of every trial the comparison will run, at their base values (tuning moves only
+    ``method.*`` and ``training.*``, never the data): each method's cells, one per seed, and its study's."""
+    from fltune.compare.spec import method_tree
+    from fltune.compare.tuning import tuning_tree
+    from fltune.config import build_config
+    from fltune.tune.space import set_dotted
+
+    cells = [set_dotted(method_tree(spec.base, method), {"federation.seed": spec.base_seed + index})
+             for method in spec.methods for index in range(spec.seeds)]
+    studies = [tuning_tree(spec, method) for method in spec.methods] if spec.tune_budget else []
+    return [build_config(tree) for tree in (*cells, *studies)]
+
+
 class Comparison:
     """The whole command: validate, tune (when asked), run the cells, report."""
 
@@ -131,7 +145,7 @@ class Comparison:
         from fltune.tracking.progress import console
 
         spec = self.spec(storage_root(self.args.storage))
-        check_data([spec.config.data])
+        check_data(job_configs(spec))
         make_out(spec.out)
         check_tracking(spec.tracking)
         start_ray(self.args.address or spec.config.resources.address)

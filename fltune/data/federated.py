@@ -127,6 +127,9 @@ def build_federated_data(
     The validation split is drawn after the cached partition, from a seed of its own, so the partition,
     the held-out split and their cache files are the same whatever ``val_fraction`` is; with 0 the
     training indices are exactly those of a run without validation.
+
+    Refused here, in one line naming the field, before any worker sees the data: a client left without
+    training samples, and a fraction that holds out nothing at all (:func:`check_held_out`).
     """
     if pool_test and eval_fraction == 0:
         raise FLTuneError(
@@ -152,6 +155,9 @@ def build_federated_data(
         test_x, test_y = dataset.test_x, dataset.test_y
     data = FederatedData(x, y, train, held_out, test_x, test_y, dataset.num_classes, dataset.mean,
                          dataset.std, dataset.augment, dataset.name, val)
+    if untrained := sum(len(idx) == 0 for idx in train):
+        raise FLTuneError(f"federation.clients: {untrained} of {num_clients} clients got no training samples; "
+                          "allowed: fewer clients or a less skewed partition")
     check_held_out("partition.eval_fraction", eval_fraction, *data.held_out("test"))
     check_held_out("partition.val_fraction", val_fraction, *data.held_out("val"))
     return data

@@ -62,7 +62,6 @@ class Federation:
         ``resources.*`` of its own; results do not depend on which, only on the pool's actor count."""
         self.cfg = cfg
         self.data = data if data is not None else load_data(cfg)
-        self._check_sizes()
         self.method = build_method(cfg)
         self.initial_state: State = initial_state(cfg, self.data)
         self.global_state: State = self.initial_state
@@ -89,17 +88,6 @@ class Federation:
         """Those of the ``run`` in progress (told as each probe starts)."""
 
     # ------------------------------------------------------------------ setup
-    def _check_sizes(self) -> None:
-        fed = self.cfg.federation
-        if fed.clients_per_round > fed.clients:
-            raise FLTuneError(f"federation.fraction: {fed.fraction} of {fed.clients} clients; allowed: (0, 1]")
-        empty = [c for c, idx in enumerate(self.data.client_train) if len(idx) == 0]
-        if empty:
-            raise FLTuneError(
-                f"federation.clients: {len(empty)} of {fed.clients} clients got no training samples; "
-                "allowed: fewer clients or a less skewed partition"
-            )
-
     def open(self) -> None:
         """Start (or join) Ray and the client actors — or take the shared pool — and bind this run to them."""
         if self.pool is None:

@@ -25,6 +25,7 @@ from fltune.metrics.probe import Probe, RoundView, register
 
 if TYPE_CHECKING:
     from fltune.config import ExperimentConfig
+    from fltune.data.federated import FederatedData
     from fltune.engine.federation import Federation
     from fltune.methods.base import State
 
@@ -162,12 +163,12 @@ class PersonalizedAccuracy(_Protocol):
         "val_loss_personalized": "the same clients' mean validation loss",
     }
 
-    def __init__(self, fed: Federation) -> None:
+    @classmethod
+    def check_data(cls, cfg: ExperimentConfig, data: FederatedData) -> None:
         """Refuse a split that leaves some client nothing to be scored on: the figure is a mean over all."""
-        super().__init__(fed)
-        for split in splits(fed.cfg):
-            field, fraction = own_split(fed.cfg, split)
-            check_held_out(field, fraction, *fed.data.held_out(split),
+        for split in splits(cfg):
+            field, fraction = own_split(cfg, split)
+            check_held_out(field, fraction, *data.held_out(split),
                            each_client="the personalized protocol scores every client on its own")
 
     @classmethod

@@ -109,6 +109,11 @@ class Probe(ABC):
         """Raise ``FLTuneError`` when ``cfg`` asks this probe for something it can't measure (default: never)."""
 
     @classmethod
+    def check_data(cls, cfg: ExperimentConfig, data: FederatedData) -> None:
+        """Raise ``FLTuneError`` when the data ``cfg`` partitioned can't serve this probe, which ``cfg`` turns
+        on (default: never). Jobs of Tune trials run it before Ray starts, on each distinct setting."""
+
+    @classmethod
     def client_meter(cls, round_: int) -> Callable[[], ClientMeter] | None:
         """What builds a meter the workers open around each client's training in round ``round_``, for what
         only the training itself can show (the FLOPs its passes spend); None (the default): nothing to
@@ -195,11 +200,15 @@ def unmet_need(metric: str, reduce: str, cfg: ExperimentConfig) -> str | None:
     return probe.unmet(metric, cfg) if probe is not None else None
 
 
-def check_probes(cfg: ExperimentConfig) -> None:
+def check_probes(cfg: ExperimentConfig, data: FederatedData | None = None) -> None:
     """Refuse, in one line naming the field, a configuration that asks a probe for a figure it never
-    measures (each probe's ``check``): without this a run or study would end with the figure blank."""
+    measures (each probe's ``check``), and with ``data`` partitioned data that can't serve a probe the
+    configuration turns on (``check_data``): without this a run or study would end with the figure blank,
+    or fail in its trials."""
     for probe in all_probes():
         probe.check(cfg)
+        if data is not None and probe.enabled(cfg):
+            probe.check_data(cfg, data)
 
 
 def unmeasured_protocols(cfg: ExperimentConfig) -> list[str]:
@@ -219,5 +228,5 @@ def client_meters(cfg: ExperimentConfig, round_: int) -> list[Callable[[], Clien
 
 def probes_for(fed: Federation) -> list[Probe]:
     """The probes ``fed``'s configuration turns on, built for it, in run order."""
-    check_probes(fed.cfg)
+    check_probes(fed.cfg, fed.data)
     return [cls(fed) for cls in all_probes() if cls.enabled(fed.cfg)]

@@ -21,7 +21,7 @@ from fltune.errors import FLTuneError
 if TYPE_CHECKING:  # Ray Tune and MLflow load only when the command runs
     from ray.tune import PlacementGroupFactory, Tuner
 
-    from fltune.config import DataConfig, TrackingConfig
+    from fltune.config import ExperimentConfig, TrackingConfig
     from fltune.reproduce.job import ReproSpec
     from fltune.tune.board import TrialBoard
     from fltune.tune.mlflow_runs import RunTree
@@ -132,10 +132,10 @@ class Reproduction(TuneJob["ReproSpec"]):
     def tracking(self, spec: ReproSpec) -> TrackingConfig:
         return spec.tracking
 
-    def data(self, spec: ReproSpec) -> list[DataConfig]:
+    def trial_configs(self, spec: ReproSpec) -> list[ExperimentConfig]:
         from fltune.config import build_config
 
-        return [build_config(run.tree).data for run in spec.cells.values()]
+        return [build_config(run.tree) for run in spec.cells.values()]
 
     def new_tuner(self, spec: ReproSpec, resources: PlacementGroupFactory) -> Tuner:
         from fltune.reproduce.job import new_tuner

@@ -127,6 +127,9 @@ def build_config_yaml_method(path: Path) -> str:
     (["--methods", "fedavg,fedprox", "--out", "/dev/null/out"], "fltune: --out /dev/null/out: Not a directory; allowed:"),
     (["--methods", "fedavg,fedprox", "--set", "data.dataset=cifar10", "--set", "data.root=/nonexistent-fltune-data"],
      "fltune: data.dataset: cifar10 not found in /nonexistent-fltune-data"),
+    # data every cell would refuse in its trial (partitioned by the driver, before Ray starts)
+    (["--methods", "fedavg,fedprox", "--set", "partition.eval_fraction=0.0001"],
+     "fltune: partition.eval_fraction: 0.0001 holds out no sample of any client (the largest has 1500)"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args: list[str], message: str, capsys, tmp_path: Path,
                                           mlflow_uri: str) -> None:

@@ -175,3 +175,16 @@ def test_the_object_store_shares_one_copy_of_the_pool(fmnist, tmp_path: Path, ra
         assert torch.equal(getattr(first, name), getattr(data, name))
         assert getattr(first, name).dtype == getattr(data, name).dtype
     assert all(np.array_equal(a, b) for a, b in zip(first.client_train, data.client_train))
+
+
+def test_a_client_left_without_training_samples_is_refused_by_the_data() -> None:
+    """60 samples over 50 clients (1 or 2 each), 60 % of each held out for validation: a client of one
+    sample keeps none to train on. The data refuse it, so a job's driver does too, before any trial."""
+    from fltune.config import build_config
+    from fltune.engine.builders import load_data
+
+    cfg = build_config(overrides=["data.dataset=synthetic", "data.subsample=0.01", "federation.clients=50",
+                                  "partition.kind=iid", "partition.val_fraction=0.6"])
+    with pytest.raises(FLTuneError, match=r"^federation\.clients: 40 of 50 clients got no training samples; "
+                                          r"allowed: fewer clients or a less skewed partition$"):
+        load_data(cfg)

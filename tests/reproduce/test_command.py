@@ -85,6 +85,8 @@ def test_reproduce_prints_paper_beside_measured_writes_files_and_resumes(ray_ses
     # a cell's data that can't be fetched (a root that can't be made): the driver's check, before Ray starts
     (["reproduce", "table2", "--datasets", "cifar10", "--rows", "FedAvg", "--set", "data.download=true", "--set",
       "data.root=/dev/null/fltune-data"], "fltune: data.dataset: cifar10 not found in /dev/null/fltune-data"),
+    (["reproduce", "table2", "--datasets", "fmnist", "--rows", "FedAvg", "--set", "partition.eval_fraction=0.0001"],
+     "fltune: partition.eval_fraction: 0.0001 holds out no sample of any client"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args: list[str], message: str, capsys, tmp_path: Path) -> None:
     assert main([*args, "--storage", str(tmp_path)]) == 2

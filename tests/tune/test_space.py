@@ -88,6 +88,8 @@ BAD_SPACES = {
                             "ASHA needs federation.rounds ≥ 2"),
     "dataset not here": ({"base": {**TINY_BASE, "data": {"dataset": "cifar10", "root": "/nonexistent-fltune-data"}}},
                          "data.dataset: cifar10 not found in /nonexistent-fltune-data"),
+    "a split holding nothing out": ({"overrides": ["partition.val_fraction=0.0001"]},
+                                    "partition.val_fraction: 0.0001 holds out no sample of any client"),
 }
 
 
