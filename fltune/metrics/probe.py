@@ -101,7 +101,7 @@ class Probe(ABC):
 
     @classmethod
     def enabled(cls, cfg: ExperimentConfig) -> bool:
-        """Whether ``cfg`` turns this probe on (what its data lack it refuses as it is built)."""
+        """Whether ``cfg`` turns this probe on (what its data can't give it, ``check_data`` refuses)."""
         return True
 
     @classmethod
