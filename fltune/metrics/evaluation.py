@@ -44,11 +44,12 @@ def splits(cfg: ExperimentConfig) -> list[str]:
     return ["test"] * cfg.metrics.test + ["val"] * (cfg.partition.val_fraction > 0)
 
 
-def own_split(cfg: ExperimentConfig, split: str) -> tuple[str, float]:
-    """The field, and its value, that holds each client's own ``test`` (held-out) or ``val`` data out."""
-    if split == "test":
-        return "partition.eval_fraction", cfg.partition.eval_fraction
-    return "partition.val_fraction", cfg.partition.val_fraction
+def own_splits(cfg: ExperimentConfig) -> dict[str, tuple[str, float]]:
+    """Of the ``splits`` scored, those each client holds a part of its own (``test``: the held-out split,
+    ``val``: the validation split), with the field, and its value > 0, that holds that part out."""
+    fields = {"test": ("partition.eval_fraction", cfg.partition.eval_fraction),
+              "val": ("partition.val_fraction", cfg.partition.val_fraction)}
+    return {split: fields[split] for split in splits(cfg) if fields[split][1] > 0}
 
 
 def prefixed(split: str, figures: dict[str, float]) -> dict[str, float]:
@@ -166,15 +167,14 @@ class PersonalizedAccuracy(_Protocol):
     @classmethod
     def check_data(cls, cfg: ExperimentConfig, data: FederatedData) -> None:
         """Refuse a split that leaves some client nothing to be scored on: the figure is a mean over all."""
-        for split in splits(cfg):
-            field, fraction = own_split(cfg, split)
+        for split, (field, fraction) in own_splits(cfg).items():
             check_held_out(field, fraction, *data.held_out(split),
                            each_client="the personalized protocol scores every client on its own")
 
     @classmethod
     def enabled(cls, cfg: ExperimentConfig) -> bool:
         """Needs per-client held-out splits (partition.eval_fraction > 0) or validation splits."""
-        return super().enabled(cfg) and any(own_split(cfg, split)[1] > 0 for split in splits(cfg))
+        return super().enabled(cfg) and bool(own_splits(cfg))
 
     @classmethod
     def unmet(cls, metric: str, cfg: ExperimentConfig) -> str | None:
@@ -199,7 +199,7 @@ class PersonalizedAccuracy(_Protocol):
         the last round (a tuning objective reads the plain validation score)."""
         out: dict[str, float] = {}
         last = view.round == fed.cfg.federation.rounds
-        for split in (split for split in splits(fed.cfg) if own_split(fed.cfg, split)[1] > 0):
+        for split in own_splits(fed.cfg):
             out.update(prefixed(split, dict(zip(self.keys, fed.evaluate_personalized(False, split)))))
             if split == "test" and last and fed.cfg.training.finetune_epochs:
                 out["acc_personalized_ft"], out["loss_personalized_ft"] = fed.evaluate_personalized(finetune=True)
