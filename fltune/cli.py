@@ -28,6 +28,7 @@ from fltune.errors import FLTuneError
 from fltune.folders import make_out
 from fltune.reproduce.command import add_parsers as add_reproduce_parsers
 from fltune.reproduce.command import cmd_reproduce, cmd_tables
+from fltune.text import counted
 from fltune.tune.command import add_parser as add_tune_parser
 from fltune.tune.command import cmd_tune
 
@@ -90,7 +91,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         check_json_out(args.json_out)
     fed, pool = start_federation(cfg)
     console.print(f"[bold]fltune run[/] {cfg.method.name} on {cfg.data.dataset} ({cfg.partition.kind}), "
-                  f"{cfg.federation.clients} clients × {cfg.federation.fraction}, {cfg.federation.rounds} rounds")
+                  f"{cfg.federation.clients} clients × {cfg.federation.fraction}, "
+                  f"{counted(cfg.federation.rounds, 'round')}")
     for idle in unmeasured_protocols(cfg):
         console.print(f"[dim]not measured: {idle}[/]")
     callbacks: list[Any] = [ProgressCallback(cfg.method.name)]

@@ -26,6 +26,7 @@ from fltune.config import ExperimentConfig, build_config
 from fltune.data.datasets import load_dataset
 from fltune.engine.builders import build_method, build_model_for, model_name, torch_threads
 from fltune.errors import DatasetMissing, FLTuneError
+from fltune.text import counted
 
 CALIBRATION_STEPS = 5
 """Timed optimiser steps per distinct model (after one warm-up step)."""
@@ -231,8 +232,8 @@ def settings(cfg: ExperimentConfig) -> str:
     fed, t = cfg.federation, cfg.training
     final = f" + final {t.finetune_epochs} ep" if t.finetune_epochs else ""
     clip = f", clip {t.grad_clip:g}" if t.grad_clip else ""
-    return (f"{cfg.method.name} · {model_name(cfg)} · {fed.rounds} rounds × {fed.clients_per_round}/{fed.clients} "
-            f"clients × E {t.local_epochs}{final} · B {t.batch_size}, {t.optimizer} lr {t.lr:g} "
+    return (f"{cfg.method.name} · {model_name(cfg)} · {counted(fed.rounds, 'round')} × "
+            f"{fed.clients_per_round}/{fed.clients} clients × E {t.local_epochs}{final} · B {t.batch_size}, {t.optimizer} lr {t.lr:g} "
             f"mom {t.momentum:g}{clip}")
 
 

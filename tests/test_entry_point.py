@@ -9,7 +9,6 @@ import sys
 from importlib.metadata import EntryPoint
 from pathlib import Path
 
-import pytest
 
 from fltune.cli import entry
 from fltune.tracking.paths import default_uri, mlruns_dir

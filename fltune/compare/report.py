@@ -23,6 +23,7 @@ from fltune.compare.stats import ALPHA, mean_std, welch_p
 from fltune.config import build_config
 from fltune.metrics.figures import new_figure, save_png
 from fltune.reproduce.report import eta
+from fltune.text import counted
 from fltune.tune.results import ENDED, TrialRow
 
 COSTS = {"rounds_to_target": "rounds to target", "time_total_s": "wall s", "cost_cum_tflops": "train TFLOPs",
@@ -141,7 +142,7 @@ def notes(spec: CompareSpec) -> list[str]:
     seeds = f"{spec.base_seed}" + (f"..{spec.base_seed + spec.seeds - 1}" if spec.seeds > 1 else "")
     lines = [
         f"{cfg.data.dataset}, {part.kind} partition (α={part.alpha:g}), {fed.clients} clients × {fed.fraction:g} "
-        f"per round, {fed.rounds} rounds; seeds {seeds}",
+        f"per round, {counted(fed.rounds, 'round')}; seeds {seeds}",
         "every method: the same partition and, per seed, the same client-sampling sequence "
         "(both functions of federation.seed and the round only)",
         f"best (★): highest mean final {spec.primary}; 'vs best': Welch's two-sided t-test of final "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
@@ -13,7 +14,20 @@ from fltune.engine.callbacks import Callback
 if TYPE_CHECKING:
     from fltune.engine.federation import Federation
 
-console = Console(stderr=True)
+LOG_WIDTH = 400
+"""Columns of a log, where Rich assumes 80: the tables (a comparison's is ~200 wide) would cut every figure
+to "61.…". Tables keep their natural width below it; $COLUMNS still wins."""
+
+
+def _console() -> Console:
+    """stderr's console: the terminal's width, or ``LOG_WIDTH`` when stderr is a file or a pipe."""
+    out = Console(stderr=True)
+    if not out.is_terminal and "COLUMNS" not in os.environ:
+        out.width = LOG_WIDTH
+    return out
+
+
+console = _console()
 
 
 class ProgressCallback(Callback):

@@ -184,7 +184,7 @@ def table3() -> PaperTable:
         key="simfafl:table3", title="SimFAFL Table 3: ablation of the constraints L_ca (β1) and L_sa (β2)",
         source="SimFAFL, anonymous submission under review: Table 3",
         value="mean over clients of the accuracy on their own 30 % (%)",
-        cells=tuple(cells), scales=SCALES, unknowns=UNKNOWNS, 
+        cells=tuple(cells), scales=SCALES, unknowns=UNKNOWNS,
         row_settings=dict.fromkeys(TABLE3, row_settings()["SimFAFL"]),
     )
 
