@@ -23,7 +23,7 @@ from fltune.engine.federation import Federation
 from fltune.engine.local import DeviceBatches, RoundInput, batches, train_client
 from fltune.engine.pool import balance
 from fltune.engine.rng import derive_seed
-from fltune.methods import get_method
+from fltune.methods import METHODS, get_method
 from fltune.methods.base import ClientResult
 from tests.conftest import SharedPools, needs_fmnist
 from tests.engine.helpers import OpCount
@@ -87,11 +87,24 @@ def ids(overrides: list[str]) -> str:
     return "-".join(s.split("=")[-1] for s in overrides if not s.startswith("model."))
 
 
-@pytest.mark.parametrize("overrides", [
+EVERY_BATCHED = [  # every method the batched executor trains, with its terms switched on
     ["method.name=fedavg"], ["method.name=fedprox", "method.mu=0.1"], ["method.name=scaffold"],
     ["method.name=fedrep"], ["method.name=lg_fedavg"], ["method.name=fedbabu"], ["method.name=fedper"],
-    ["method.name=feddyn", "method.alpha=0.1"], ["method.name=fednova"], *NEW_METHODS,
-    ["method.name=fedpac_fedcr", "method.lam=0.5"],
+    ["method.name=feddyn", "method.alpha=0.1"], ["method.name=feddc", "method.alpha=0.1"], ["method.name=fednova"],
+    *NEW_METHODS, ["method.name=fedpac_fedcr", "method.lam=0.5"],
+]
+
+
+def test_every_batched_method_is_checked_against_the_exact_path():
+    """A method that declares ``batchable`` is trained by its functional form: its place in
+    ``EVERY_BATCHED`` is what checks that form against its ``local_loss`` and ``after_backward``."""
+    checked = {s.removeprefix("method.name=") for overrides in EVERY_BATCHED for s in overrides
+               if s.startswith("method.name=")}
+    assert checked == {name for name, cls in METHODS.items() if cls.batches_clients()}
+
+
+@pytest.mark.parametrize("overrides", [
+    *EVERY_BATCHED,
     ["training.nesterov=true", "training.weight_decay=1e-3", "training.grad_clip=0.5"],
     ["training.momentum=0"],
 ], ids=ids)
