@@ -81,6 +81,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.print_config:
         print(cfg.to_yaml(), end="")
         return 0
+    if args.plan:
+        from fltune.estimate import print_plan
+
+        return print_plan(f"plan: run {cfg.method.name}", [(cfg.method.name, cfg.model_dump(mode="json"), 1)],
+                          cfg.resources.address, None, [])
     from fltune.metrics.probe import check_probes, unmeasured_protocols
     from fltune.tracking.paths import check_tracking
     from fltune.tracking.progress import ProgressCallback, console, summary_table
@@ -193,6 +198,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_experiment_args(run)
     run.add_argument("--json-out", help="write the final metrics as JSON here")
     run.add_argument("--print-config", action="store_true", help="print the resolved config as YAML and exit")
+    run.add_argument("--plan", action="store_true",
+                     help="print the run, its client-samples and an estimated wall time; run nothing")
     run.add_argument("--no-mlflow", action="store_true", help="= --set tracking.enabled=false")
     sub.add_parser("methods", help="registered methods with their parameters and paper defaults")
     add_tune_parser(sub)

@@ -39,7 +39,7 @@ def test_estimate_is_positive_and_counts_a_shared_experiment_once() -> None:
 
 @pytest.fixture()
 def wide(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A console wide enough that no table cell wraps (it is 80 columns when not a terminal)."""
+    """A console wide enough that no table cell wraps, whatever $COLUMNS says."""
     from fltune.tracking.progress import console
 
     monkeypatch.setattr(console, "width", 300)
@@ -114,6 +114,16 @@ def test_a_tune_plan_on_data_still_to_fetch_says_so_in_one_line(tmp_path, capsys
     assert err == ["fltune: --plan: data.dataset cifar10 is not here yet; data.download fetches it when the job runs, "
                    "and a plan fetches nothing: run the job, or get the data first"]
     assert not (tmp_path / "data").exists()
+    assert_wrote_nothing(tmp_path)
+
+
+def test_run_plan_prints_the_run_and_estimate_and_writes_nothing(mlflow_uri, wide, tmp_path, capsys) -> None:
+    args = ["run", "--dataset", "synthetic", "--partition", "iid", "--clients", "10", "--fraction", "0.5",
+            "--rounds", "3", "--json-out", str(tmp_path / "out" / "run.json"), "--plan"]
+    assert main(args) == 0
+    out = plan_output(capsys)
+    assert "plan: run fedavg" in out and "fedavg · fedavg_cnn · 3 rounds × 5/10 clients × E 5" in out, out
+    assert re.search(r"estimate: [\d.]+[kMG]? client-samples to train, ~[\d.]+ (s|min|h|days) wall", out)
     assert_wrote_nothing(tmp_path)
 
 
