@@ -740,7 +740,8 @@ class TuneJob(ABC, Generic[Spec]):
         storage = storage_root(self.args.storage)
         spec = self.saved_spec(storage) if self.resuming() else self.new_spec(storage)
         if not self.resuming() and exists(spec.path):
-            raise FLTuneError(f"--name {spec.name}: {self.what} {spec.path} already exists; add --resume to continue it")
+            raise FLTuneError(f"--name {spec.name}: {self.what} {spec.path} already exists; "
+                              "add --resume to continue it")
         check_data(self.trial_configs(spec))
         if (out := self.out(spec)) is not None:
             make_out(out)

@@ -103,8 +103,8 @@ class ControlVariates(Method):
     [K − ρ(1 − ρ^K)/(1 − ρ)]/(1 − ρ) under momentum ρ, as the FedSOL authors' Scaffold divides
     (``Lee-Gihun/FedSOL:algorithms/scaffold/ClientTrainer.py``, ``adaptive_divison: true`` in
     ``configs/baselines/scaffold.json``). Dividing by K alone makes c ~8× too large at K = 50, ρ = 0.9,
-    and the corrected local steps over-shoot. Server c = mean over all N of c_k, i.e. c += (1/N)·Σ_S Δc_k. Clients keep c_k in ``state["c"]``; c is
-    kept in ``server_state["c"]`` and broadcast.
+    and the corrected local steps over-shoot. Server c = mean over all N of c_k, i.e. c += (1/N)·Σ_S Δc_k.
+    Clients keep c_k in ``state["c"]``; c is kept in ``server_state["c"]`` and broadcast.
     """
 
     weighted_by_samples = False

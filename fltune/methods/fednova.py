@@ -5,7 +5,9 @@ from dataclasses import replace
 import numpy as np
 
 from fltune.methods import register
-from fltune.methods.base import ClientContext, ClientResult, Method, ServerContext, ServerUpdate, effective_steps, to_numpy
+from fltune.methods.base import (
+    ClientContext, ClientResult, Method, ServerContext, ServerUpdate, effective_steps, to_numpy,
+)
 
 NORMALISER = "fednova.a"
 """Upload key carrying a_k, so the engine's n_k-weighted mean yields Σ p_k a_k beside Σ p_k d_k."""

@@ -14,8 +14,9 @@ engine's fine-tuning phase at the end.
 
 **[U]** L2R follows the authors' code, ‖z‖₂ (``z.norm(dim=1).mean()``), not the squared norm of the paper's
 text. The weights default to the run behind SimFAFL Table 2's FedSR-FT row, FedCR's README command
-(``haozzh/FedCR:README.md``: ``--L2R 0.001 --CMI 0.001``); FedSR's own code defaults to α_L2R = 0.01. Training draws one z per input (the code's ``num_samples=1``);
-evaluation is the VIB net's exact head(μ) (see ``fltune/models/vib.py``).
+(``haozzh/FedCR:README.md``: ``--L2R 0.001 --CMI 0.001``); FedSR's own code defaults to α_L2R = 0.01.
+Training draws one z per input (the code's ``num_samples=1``); evaluation is the VIB net's exact head(μ)
+(see ``fltune/models/vib.py``).
 """
 
 from __future__ import annotations

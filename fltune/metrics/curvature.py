@@ -129,7 +129,8 @@ class CurvatureTask(Generic[T]):
 def end_figures(landscape: Landscape, eigenvalues: list[float], folder: Path, title: str) -> list[Path]:
     """The landscape along the top-2 eigenvectors and the eigenvalue spectrum, as PNG files."""
     folder.mkdir(parents=True, exist_ok=True)
-    spectrum = plot_spectrum(eigenvalues, folder / "hessian_spectrum.png", f"top-{len(eigenvalues)} eigenvalues · {title}")
+    spectrum = plot_spectrum(eigenvalues, folder / "hessian_spectrum.png",
+                             f"top-{len(eigenvalues)} eigenvalues · {title}")
     return [landscape.png(folder / "loss_landscape.png", title), spectrum]
 
 

@@ -1,9 +1,9 @@
 """A reproduction job: a paper table's runnable cells as Ray Tune trials (a grid, no search).
 
-Every distinct experiment is one trial of the same trainable body as ``tune`` (``run_federations``: the
-seeds in lockstep, a report per round, a checkpoint on the job's cadence), so a cluster runs cells in parallel, a crashed
-cell restarts from its checkpoint and ``--resume`` continues the job with ``Tuner.restore``. Cells that
-differ only in the metric they read (accuracy and rounds-to-target of MAN Table 1, accuracy and the
+Every distinct experiment is one trial of the same trainable body as ``tune`` (``run_federations``: the seeds
+in lockstep, a report per round, a checkpoint on the job's cadence), so a cluster runs cells in parallel, a
+crashed cell restarts from its checkpoint and ``--resume`` continues the job with ``Tuner.restore``. Cells
+that differ only in the metric they read (accuracy and rounds-to-target of MAN Table 1, accuracy and the
 Hessian figures of FedAlign Table 1) share one trial, which reports every metric they need.
 """
 

@@ -136,7 +136,8 @@ def show_plan(args: argparse.Namespace) -> int:
 
     space, method, tree = resolve_space(study_request(args))
     notes = [f"searched: {', '.join(space.params)} ({space.sampler.name}); scheduler {space.scheduler.name}"]
-    trials = [(f"{method}: {space.num_samples} trial(s) × {space.seeds} seed(s)", tree, space.num_samples * space.seeds)]
+    label = f"{method}: {space.num_samples} trial(s) × {space.seeds} seed(s)"
+    trials = [(label, tree, space.num_samples * space.seeds)]
     return print_plan(f"plan: tune {method}", trials, args.address or tree.get("resources", {}).get("address"),
                       space.max_concurrent, notes)
 

@@ -1,10 +1,10 @@
 """FedAlign (Mendieta et al. 2022, the arXiv version with its appendix) Tables 1, 2, 5, 7 and appendix Table 8.
 
-Protocol (§3.2): CIFAR-100 over 16 clients, all sampled every round, FedML's per-class Dirichlet
-partition (``dirichlet``, α = 0.5); 25 rounds of 20 local epochs, SGD with Nesterov momentum 0.9 at a fixed lr 0.01 (the authors' code);
-crop + flip; FedML's ResNet-56 for every method. A number is the final server model's test accuracy
-(``global``). Method settings: FedProx μ = 1e-4, MOON μ = 1 (τ = 0.5), Mixup γ = 0.1, StochDepth ρ_L = 0.9,
-GradAug n = 2, μ = 1.75, ω_b = 0.8 (Table 5: μ = 1.5, 2.0, 2.25 for n = 1, 3, 4), FedAlign μ = 0.45,
+Protocol (§3.2): CIFAR-100 over 16 clients, all sampled every round, FedML's per-class Dirichlet partition
+(``dirichlet``, α = 0.5); 25 rounds of 20 local epochs, SGD with Nesterov momentum 0.9 at a fixed lr 0.01 (the
+authors' code); crop + flip; FedML's ResNet-56 for every method. A number is the final server model's test
+accuracy (``global``). Method settings: FedProx μ = 1e-4, MOON μ = 1 (τ = 0.5), Mixup γ = 0.1, StochDepth
+ρ_L = 0.9, GradAug n = 2, μ = 1.75, ω_b = 0.8 (Table 5: μ = 1.5, 2.0, 2.25 for n = 1, 3, 4), FedAlign μ = 0.45,
 ω_S = 0.25 with gradient clipping (App. E).
 
 The numbers are the arXiv version's (with the appendix, the only one holding Table 8 and a legible Table
@@ -116,8 +116,8 @@ QUICK = Scale(
     per_column={SAMPLED: {"federation.clients": 8, "federation.fraction": 0.25, "federation.rounds": 12}},
     substitute="fmnist",
     note="2 % of the data (stratified) over 2 clients × 1.0 (~600 training samples each), 3 rounds, E = 2, B = 32, "
-         "the paper's lr and Nesterov momentum, ResNet-56 (the 64 × 0.25 column: 8 clients × 0.25, 12 rounds); FMNIST stands "
-         "in for CIFAR-100 and CIFAR-10 — a ResNet-56 barely starts learning in this budget",
+         "the paper's lr and Nesterov momentum, ResNet-56 (the 64 × 0.25 column: 8 clients × 0.25, 12 rounds); "
+         "FMNIST stands in for CIFAR-100 and CIFAR-10 — a ResNet-56 barely starts learning in this budget",
 )
 SCALES = {"paper": PAPER, "quick": QUICK}
 HESSIAN = {"metrics.hessian.at_end": True, "metrics.hessian.top_k": 1, "metrics.hessian.landscape": False}
@@ -139,7 +139,8 @@ def cell(row: str, dataset: str, column: str, paper: float, metric: str = "acc_g
                 reduce=reduce, settings=settings)
 
 
-def with_settings(scales: dict[str, Scale], paper: dict[str, Any], quick: dict[str, Any], note: str = "") -> dict[str, Scale]:
+def with_settings(scales: dict[str, Scale], paper: dict[str, Any], quick: dict[str, Any],
+                  note: str = "") -> dict[str, Scale]:
     """The scales with extra settings (e.g. the Hessian probe) at each, and a note appended at quick."""
     return {
         "paper": scales["paper"].model_copy(update={"settings": {**scales["paper"].settings, **paper}}),
@@ -182,7 +183,8 @@ def table2() -> PaperTable:
 
 def table5() -> PaperTable:
     """Accuracy, forward MFLOPs, stored parameters and s/round of each method: four cells, one run."""
-    cells = [cell(row, "cifar100", column, values[i], metric, factor, reduce="mean" if metric == "cost_round_s" else "final")
+    cells = [cell(row, "cifar100", column, values[i], metric, factor,
+                  reduce="mean" if metric == "cost_round_s" else "final")
              for row, values in TABLE5.items() for i, (column, metric, factor) in enumerate(TABLE5_COLUMNS)]
     return PaperTable(
         key="fedalign:table5", title="FedAlign Table 5: accuracy, local compute, stored parameters and time per round",

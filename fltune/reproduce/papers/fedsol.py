@@ -140,7 +140,8 @@ def table5() -> PaperTable:
     cells = [cell(row, "cifar10", f"ρ={rho:g}", value, lda(0.1), {"method.scope": scope, "method.rho": rho}, "FedSOL")
              for row, (scope, values) in TABLE5.items() for rho, value in values.items()]
     return PaperTable(
-        key="fedsol:table5", title="FedSOL Table 5: accuracy (%) perturbing all, the body or the head (CIFAR-10, LDA α = 0.1)",
+        key="fedsol:table5",
+        title="FedSOL Table 5: accuracy (%) perturbing all, the body or the head (CIFAR-10, LDA α = 0.1)",
         source="FedSOL, Lee et al. 2024: Table 5", value="test accuracy of the final server model (%)",
         cells=tuple(cells), scales={"paper": PAPER, "quick": QUICK},
         unknowns=(*UNKNOWNS, "Table 5's partition: CIFAR-10 LDA α = 0.1 (its ρ = 0 value is Table 2's FedAvg there)"),

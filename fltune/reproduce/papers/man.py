@@ -130,7 +130,8 @@ def table2() -> PaperTable:
     """Top Hessian eigenvalue and trace of the final global model, δ = 0.3 and 0.6."""
     scales = {"paper": PAPER.model_copy(update={"settings": {**PAPER.settings, **HESSIAN}}),
               "quick": QUICK.model_copy(update={"settings": {**QUICK.settings, **HESSIAN, **HESSIAN_QUICK},
-                                                "note": QUICK.note + "; Hessian on 4 batches, ≤ 30 iterations, tol 1e-2"})}
+                                                "note": QUICK.note
+                                                + "; Hessian on 4 batches, ≤ 30 iterations, tol 1e-2"})}
     cells = []
     for row, entries in TABLE2.items():
         for column, (eigen, trace) in zip(("δ=0.3", "δ=0.6"), entries):

@@ -93,7 +93,8 @@ TABLE2 = {
 }
 # Table 3 (ablation of SimFAFL's constraints), same columns.
 TABLE3 = {  # row: (constraints dropped, values)
-    "non-constraint": (("method.beta1", "method.beta2"), (94.8389, 94.9533, 93.3728, 90.9202, 63.2619, 68.3190, 39.9522, 29.7148)),
+    "non-constraint": (("method.beta1", "method.beta2"),
+                       (94.8389, 94.9533, 93.3728, 90.9202, 63.2619, 68.3190, 39.9522, 29.7148)),
     "with L_ca": (("method.beta2",), (96.1380, 96.3144, 96.0014, 92.5024, 84.4444, 83.4911, 57.3922, 38.1615)),
     "with L_sa": (("method.beta1",), (96.2799, 96.5000, 95.1832, 91.3411, 82.2167, 82.0900, 56.6933, 36.2740)),
     "SimFAFL": ((), (97.6824, 97.0015, 96.7400, 92.8227, 85.0722, 84.2222, 61.2111, 46.1333)),
