@@ -37,7 +37,7 @@ class ProgressCallback(Callback):
         self.progress = Progress(
             TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
             TextColumn("{task.fields[info]}"), TimeElapsedColumn(), TimeRemainingColumn(), console=console,
-            transient=False,
+            transient=False, disable=not console.is_terminal,  # a log gets the plain lines of on_round alone
         )
         self.description = description
         self.task = None

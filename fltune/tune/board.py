@@ -53,6 +53,13 @@ def trials_table(rows: list[TrialRow], spec: StudySpec, title: str, ranked: bool
     return table
 
 
+def trial_label(row: TrialRow) -> str:
+    """A trial as a log names it: the cell of a reproduce or compare job, else its id and parameters."""
+    if "cell" in row.params:
+        return str(row.params["cell"])
+    return f"{row.trial_id} ({', '.join(f'{name}={shown(value)}' for name, value in row.params.items())})"
+
+
 def live_table(spec: StudySpec, rows: list[TrialRow]) -> Table:
     """The study's board while it runs."""
     done = sum(r.status in ENDED for r in rows)
@@ -69,9 +76,10 @@ class TrialBoard(Callback):
         self.render = render
         self.live: Live | None = None
         self.drawn = 0.0
+        self.logged: set[str] = set()
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"spec": self.spec, "render": self.render, "live": None, "drawn": 0.0}
+        return {"spec": self.spec, "render": self.render, "live": None, "drawn": 0.0, "logged": set()}
 
     def setup(self, **info: Any) -> None:
         self.live = Live(console=console, refresh_per_second=2, transient=True)
@@ -80,10 +88,27 @@ class TrialBoard(Callback):
     def on_step_end(self, iteration: int, trials: list[Trial], **info: Any) -> None:
         if time.monotonic() - self.drawn >= 0.5:
             self.draw(trials)
+        if not console.is_terminal:
+            self.log_ended(trials)
 
     def draw(self, trials: list[Trial]) -> None:
         self.live.update(self.render(self.spec, [trial_row(t) for t in trials]))
         self.drawn = time.monotonic()
 
+    def log_ended(self, trials: list[Trial]) -> None:
+        """A log (stderr to a file or a pipe) shows no live table: a line per trial when it ends instead,
+        after the board's title (how many are done, the ETA where the board gives one)."""
+        rows = [trial_row(t) for t in trials]
+        ended = [row for row in rows if row.status in ENDED and row.trial_id not in self.logged]
+        if not ended:
+            return
+        title = self.render(self.spec, rows).title
+        for row in ended:
+            self.logged.add(row.trial_id)
+            console.print(f"{title} · {trial_label(row)} {row.status} at round {row.round}, objective "
+                          f"{shown(row.objective)}", soft_wrap=True, highlight=False)
+
     def on_experiment_end(self, trials: list[Trial], **info: Any) -> None:
+        if not console.is_terminal:
+            self.log_ended(trials)
         self.live.stop()

@@ -40,6 +40,8 @@ def test_reproduce_prints_paper_beside_measured_writes_files_and_resumes(ray_ses
     assert main(args) == 0
     printed = capsys.readouterr().err
     assert "paper 96.74" in printed and "SimFAFL" in printed and "Kendall τ-b" in printed and "Δ" not in printed
+    for cell in (f"{m} | FMNIST {p}" for m in ("FedAvg", "SimFAFL") for p in ("non-IID1", "non-IID2")):
+        assert f" · {cell} finished at round " in printed  # a log's line per cell as it ends
     with (out / "table.csv").open() as f:
         rows = list(csv.DictReader(f))
     assert [(r["method"], r["dataset"], r["partition"]) for r in rows] == [

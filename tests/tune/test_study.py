@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import pickle
+import re
 from pathlib import Path
 
 import pytest
@@ -43,6 +44,11 @@ def test_study_stops_poor_trials_and_survives_divergence(ray_session, tmp_path: 
     table = list(csv.DictReader(open(client.download_artifacts(parent.info.run_id, "trials.csv", str(tmp_path)))))
     assert [r["status"] for r in table] == ["finished", "stopped", "diverged"]
     assert "finished" in out and "stopped" in out and "diverged" in out  # the ranking in the terminal
+    # stderr is a pipe here, as in a log: no live table, a line per trial as it ends
+    ended = [line for line in out.splitlines() if line.startswith("study s: ")]
+    assert [line.split(" · ")[0] for line in ended] == [f"study s: {n}/3 trials done" for n in (1, 2, 3)]
+    assert {re.search(r"\(training\.lr=(\S+)\) (\w+) at round", line).groups() for line in ended} == {
+        ("0.05", "finished"), ("0.0001", "stopped"), ("1e+06", "diverged")}
     # Optuna was told the diverged trial FAILED, not given a score
     state = next((tmp_path / "s").glob("searcher-state-*.pkl"))
     study = pickle.loads(state.read_bytes())["_ot_study"]  # OptunaSearch saves its __dict__
