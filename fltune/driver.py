@@ -51,6 +51,9 @@ JOB_ENV = {
     # Tune snapshots its state every `num_to_keep` trial checkpoints (so a resume never points at a deleted
     # one) and warns when that is frequent: with a checkpoint per round it is, by design
     "TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S": "0",
+    # Tune logs every failed attempt's whole traceback; fltune says each restart in a line (the board's
+    # on_trial_recover) and why trials failed in one line per reason at the end (say_failures)
+    "TUNE_PRINT_ALL_TRIAL_ERRORS": "0",
 }
 
 CHATTER = {
@@ -389,7 +392,9 @@ def say_failures(trials: list[Trial]) -> None:
     if _stopped_by:
         return
     traces = [(trial.path, _trace(trial)) for trial in trials if trial.status == Trial.ERROR]
-    for line in failure_lines(traces):
+    refused = [str(trial.last_result["error"]) for trial in trials
+               if trial.status != Trial.ERROR and (trial.last_result or {}).get("status") == "failed"]
+    for line in failure_lines(traces, refused):
         console.print(line, markup=False, soft_wrap=True)
 
 

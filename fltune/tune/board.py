@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from ray.tune import Callback
@@ -13,7 +14,7 @@ from rich.live import Live
 from rich.table import Table
 
 from fltune.tracking.progress import console
-from fltune.tune.results import ENDED, TrialRow, rank, trial_row
+from fltune.tune.results import ENDED, TrialRow, error_line, rank, trial_row
 from fltune.tune.spec import StudySpec
 
 STYLE = {"finished": "green", "stopped": "yellow", "diverged": "red", "failed": "red", "running": "cyan",
@@ -58,6 +59,12 @@ def trial_label(row: TrialRow) -> str:
     if "cell" in row.params:
         return str(row.params["cell"])
     return f"{row.trial_id} ({', '.join(f'{name}={shown(value)}' for name, value in row.params.items())})"
+
+
+def latest_trace(trial: Trial) -> str:
+    """The traces Tune appended to the trial's local ``error.txt`` so far ("" before any)."""
+    path = trial.error_file
+    return Path(path).read_text(errors="replace") if path and Path(path).is_file() else ""
 
 
 def live_table(spec: StudySpec, rows: list[TrialRow]) -> Table:
@@ -107,6 +114,13 @@ class TrialBoard(Callback):
             self.logged.add(row.trial_id)
             console.print(f"{title} · {trial_label(row)} {row.status} at round {row.round}, objective "
                           f"{shown(row.objective)}", soft_wrap=True, highlight=False)
+
+    def on_trial_recover(self, iteration: int, trials: list[Trial], trial: Trial, **info: Any) -> None:
+        """A crashed trial restarting from its last checkpoint (``tune.FailureConfig``): a line saying why,
+        above the live table or in the log; Tune's own traceback per attempt is off (``driver.JOB_ENV``)."""
+        console.print(f"{trial_label(trial_row(trial))}: attempt {trial.run_metadata.num_failures} failed, "
+                      f"restarting from its last checkpoint: {error_line(latest_trace(trial))}",
+                      markup=False, highlight=False, soft_wrap=True)
 
     def on_experiment_end(self, trials: list[Trial], **info: Any) -> None:
         if not console.is_terminal:

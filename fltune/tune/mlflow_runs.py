@@ -164,7 +164,8 @@ class StudyLog(RunTree):
             self.tracker.set_tags(self.parent, {"fltune.best_trial": top.trial_id,
                                                 **{f"best.{k}": v for k, v in top.params.items()}})
             self.tracker.log_text(self.parent, best_config_yaml(spec, top), "best_config.yaml")
-        self.tracker.end(self.parent, "killed" if interrupted else "finished")
+        # a study that scored no trial exits 1 (tune.command.conclude): its parent run says FAILED
+        self.tracker.end(self.parent, "killed" if interrupted else "finished" if top is not None else "failed")
 
 
 class MLflowStudyCallback(LoggerCallback):

@@ -74,14 +74,25 @@ def error_line(trace: str) -> str:
             + (" in torch.compile (resources.compile=false runs without it)" if compiling else ""))
 
 
-def failure_lines(traces: list[tuple[str, str]]) -> list[str]:
-    """One line per distinct reason among failed trials' (folder, trace) pairs: how many failed so, why
-    (``error_line``), and where the first one's whole trace is. A job's table says only "failed"."""
-    by_reason: dict[str, list[str]] = {}
+def failure_lines(traces: list[tuple[str, str]], refused: list[str] = ()) -> list[str]:
+    """One line per distinct reason among failed trials: how many failed so and why. ``traces``: (folder,
+    trace) pairs of crashed trials, whose reason is ``error_line`` and whose first whole trace is named;
+    ``refused``: the reasons of trials fltune refused (``failed_result``), one line each already. A job's
+    table says only "failed"."""
+    by_reason: dict[str, list[str | None]] = {}
     for folder, trace in traces:
         by_reason.setdefault(error_line(trace), []).append(folder)
-    return [f"fltune: {len(folders)} trial(s) failed: {reason}; trace: {folders[0]}/error.txt"
-            for reason, folders in by_reason.items()]
+    for reason in refused:
+        by_reason.setdefault(reason, []).append(None)
+    return [f"fltune: {len(where)} trial(s) failed: {reason}"
+            + (f"; trace: {where[0]}/error.txt" if where[0] else "") for reason, where in by_reason.items()]
+
+
+def failed_result(err: Exception) -> dict[str, Any]:
+    """The last result of a trial that fltune refused: ``failed``, with the one-line reason. The objective
+    is NaN because ASHA and the searcher require it in every result; it scores nothing (``TrialRow.scored``),
+    and no ``round`` means ASHA files it under no rung."""
+    return {"status": "failed", "error": str(err), "objective": math.nan}
 
 
 def classify(last: dict[str, Any], errored: bool) -> str:
@@ -90,7 +101,7 @@ def classify(last: dict[str, Any], errored: bool) -> str:
     TERMINATED cannot tell: it also marks trials it merely shut down on Ctrl-C.)"""
     if errored:
         return "failed"
-    if last.get("status") in ("finished", "diverged"):
+    if last.get("status") in ("finished", "diverged", "failed"):
         return last["status"]
     if last.get("done"):
         return "stopped"

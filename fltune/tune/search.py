@@ -1,5 +1,5 @@
 """Optuna as Tune's searcher: a define-by-run space (so ``when`` conditions are native), seeded samplers,
-and a diverged trial told to Optuna as FAILED rather than scored with its last good value."""
+and a diverged (or refused) trial told to Optuna as FAILED rather than scored with its last good value."""
 
 from __future__ import annotations
 
@@ -12,10 +12,11 @@ from fltune.tune.space import SearchSpace
 
 
 class FLOptunaSearch(OptunaSearch):
-    """OptunaSearch that reports diverged trials as failures (Tune sees them end normally)."""
+    """OptunaSearch that reports diverged trials, and trials fltune refused, as failures (Tune sees them
+    end normally)."""
 
     def on_trial_complete(self, trial_id: str, result: dict[str, Any] | None = None, error: bool = False) -> None:
-        if result and result.get("status") == "diverged":
+        if result and result.get("status") in ("diverged", "failed"):
             super().on_trial_complete(trial_id, result=None, error=True)
         else:
             super().on_trial_complete(trial_id, result=result, error=error)

@@ -25,6 +25,7 @@ from fltune.errors import FLTuneError
 from fltune.tune.space import Asha, SearchSpace, base_tree, check_objective, check_params, parse_space, set_dotted
 from fltune.tune.spec import SavedSpec, StudySpec
 from fltune.tune.storage import job_filesystem
+from fltune.tune.results import failed_result
 from fltune.tune.trainable import run_trial
 
 MAX_FAILURES = 2
@@ -125,9 +126,16 @@ def bound_trainable(entry: Callable[[dict[str, Any], Any], None], spec: Any,
     Not ``tune.with_parameters``: that puts the spec in the object store, owned by the driver, and Ray ends
     a driver that owns object-store data with status 1 — no clean-up, no resume hint — when the local Ray
     dies under it (a process-group SIGTERM from ``timeout`` or Slurm): recovering the lost object reaches
-    for the gone store. A spec is a few KB; it travels inside the registered trainable instead."""
+    for the gone store. A spec is a few KB; it travels inside the registered trainable instead.
+
+    A trial whose settings fltune refuses (``FLTuneError``: a sampled ``partition.alpha`` that leaves a
+    client empty, say) ends with a ``failed`` result (``failed_result``) rather than an exception: it would
+    fail the same way on each of Tune's ``MAX_FAILURES`` restarts, which are for crashes."""
     def trainable(config: dict[str, Any]) -> None:
-        entry(config, spec)
+        try:
+            entry(config, spec)
+        except FLTuneError as err:
+            tune.report(failed_result(err))
 
     trainable.__name__ = trainable.__qualname__ = entry.__name__  # names the trials' folders
     return tune.with_resources(trainable, resources)

@@ -10,9 +10,11 @@ from typing import Any
 
 import pytest
 from ray import tune
+from rich.table import Table
 
 from fltune.config import build_config
 from fltune.engine.federation import Federation
+from fltune.tune.board import TrialBoard
 from fltune.tune.space import Objective
 from fltune.tune.trainable import Cadence, run_federations
 
@@ -70,12 +72,17 @@ class KillOnce(tune.Callback):
             os.kill(result["pid"], signal.SIGKILL)
 
 
+def cadence_board(spec: Any, rows: list) -> Table:
+    return Table(title="cadence")
+
+
 def cadence_trial(config: dict[str, Any]) -> None:
     run_federations([build_config(overrides=TINY)], Objective(metric="acc_global"), Cadence(config["every"]))
 
 
 @pytest.mark.slow
-def test_a_trial_restarted_from_an_earlier_checkpoint_ends_as_an_unbroken_run(ray_session, tmp_path: Path) -> None:
+def test_a_trial_restarted_from_an_earlier_checkpoint_ends_as_an_unbroken_run(ray_session, tmp_path: Path,
+                                                                               capsys) -> None:
     unbroken = Federation(build_config(overrides=TINY))
     try:
         unbroken.run()
@@ -86,11 +93,14 @@ def test_a_trial_restarted_from_an_earlier_checkpoint_ends_as_an_unbroken_run(ra
     trainable = tune.with_resources(cadence_trial, tune.PlacementGroupFactory([{"CPU": 0}, {"CPU": 1}]))
     killer = KillOnce(at=4)
     tuner = tune.Tuner(trainable, param_space={"every": 3}, run_config=tune.RunConfig(
-        name="cadence", storage_path=str(tmp_path), callbacks=[killer], verbose=0,
+        name="cadence", storage_path=str(tmp_path), callbacks=[killer, TrialBoard(None, cadence_board)], verbose=0,
         failure_config=tune.FailureConfig(max_failures=1),
     ))
     result = tuner.fit()[0]
     assert result.error is None
     assert killer.seen == [1, 2, 3, 4, 4, 5, ROUNDS]  # round 4 replayed from the checkpoint of round 3
+    restarts = [line for line in capsys.readouterr().err.splitlines() if "restarting" in line]
+    assert len(restarts) == 1 and restarts[0].startswith(f"{result.metrics['trial_id']} (every=3): attempt 1 "
+                                                         "failed, restarting from its last checkpoint: "), restarts
     final = unbroken.history[-1]
     assert (result.metrics["acc_global"], result.metrics["train_loss"]) == (final["acc_global"], final["train_loss"])

@@ -5,7 +5,9 @@ from __future__ import annotations
 import math
 
 from fltune.metrics.target import reached_target
-from fltune.tune.results import best, classify, error_line, failure_lines, make_row, rank, unfinished
+from fltune.tune.results import (
+    best, classify, error_line, failed_result, failure_lines, make_row, rank, unfinished,
+)
 from fltune.tune.space import Objective
 from fltune.tune.trainable import last_good, seed_score
 
@@ -55,6 +57,7 @@ def test_status_of_a_trial() -> None:
     assert classify({"round": 1, "status": "running", "done": True}, errored=False) == "stopped"
     assert classify({"round": 1, "status": "diverged"}, errored=False) == "diverged"
     assert classify({"round": 1, "status": "running"}, errored=True) == "failed"
+    assert classify(failed_result(ValueError("partition.alpha: refused")), errored=False) == "failed"
     assert classify({"round": 1, "status": "running"}, errored=False) == "running"  # shut down by Ctrl-C
     assert classify({}, errored=False) == "pending"
 
@@ -150,6 +153,12 @@ def test_failure_lines_give_one_line_per_reason_with_a_count_and_a_trace_to_read
         "(fltune/data/federated.py:207, load); trace: /s/job/run_cell_1/error.txt",
     ]
     assert failure_lines([]) == []
+    # trials fltune refused (``failed_result``) come with their reason and no trace, grouped with the others
+    refused = ["partition.alpha: 1e-06 leaves clients empty", "partition.alpha: 1e-06 leaves clients empty"]
+    assert failure_lines([("/s/job/run_cell_1", RAISED_TRACE)], refused) == [
+        "fltune: 1 trial(s) failed: FLTuneError: data.root: /data holds no FMNIST "
+        "(fltune/data/federated.py:207, load); trace: /s/job/run_cell_1/error.txt",
+        "fltune: 2 trial(s) failed: partition.alpha: 1e-06 leaves clients empty"]
     assert failure_lines([("/s/job/run_cell_3", COMPILER_TRACE.replace("# 3", "# 2") + RAISED_TRACE)]) == [
         "fltune: 1 trial(s) failed: FLTuneError: data.root: /data holds no FMNIST "
         "(fltune/data/federated.py:207, load); trace: /s/job/run_cell_3/error.txt"]  # its last failure's reason

@@ -11,7 +11,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from fltune.cli import main
-from tests.tune.helpers import rounds_logged, study_runs, write_space
+from tests.tune.helpers import TINY_BASE, rounds_logged, study_runs, write_space
 
 
 @pytest.mark.slow
@@ -56,3 +56,27 @@ def test_study_stops_poor_trials_and_survives_divergence(ray_session, tmp_path: 
     # the best configuration is a config `cli.py run --config` accepts unchanged
     assert main(["run", "--config", str(tmp_path / "s" / "best_config.yaml"), "--print-config"]) == 0
     assert "lr: 0.05" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_a_refused_setting_fails_its_trial_once_in_one_line(ray_session, tmp_path: Path, mlflow_uri: str, capsys):
+    """A sampled ``partition.alpha`` that leaves clients empty fails the same way on every attempt: the trial
+    ends failed at once (no restart, no traceback), Optuna hears FAIL, the reason is one line, and a study
+    that scored nothing exits 1 with its parent run FAILED."""
+    base = {**TINY_BASE, "partition": {"kind": "dirichlet", "alpha": 0.5, "min_size": 10},
+            "federation": {"clients": 40, "fraction": 0.1, "rounds": 2}}
+    space = write_space(tmp_path, base=base, params={"partition.alpha": {"type": "choice", "values": [1.0e-4]}},
+                        num_samples=2)
+    assert main(["tune", "--space", str(space), "--storage", str(tmp_path), "--name", "s"]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "Trial task failed" not in err and "restarting" not in err
+    lines = [line for line in err.splitlines() if line.startswith("fltune: ")]
+    assert lines[0].startswith("fltune: 2 trial(s) failed: partition.alpha/partition.min_size: no split with every "
+                               "client ≥ 10 samples") and "trace:" not in lines[0]
+    assert lines[1:] == ["fltune: no trial produced a score (all diverged or failed)"]
+    parent, children = study_runs(mlflow_uri)
+    assert parent.info.status == "FAILED" and parent.data.tags["fltune.trials_failed"] == "2"
+    assert [(c.info.status, c.data.tags["fltune.status"]) for c in children] == [("FAILED", "failed")] * 2
+    assert not list((tmp_path / "s").glob("*/error.txt"))  # Tune saw no error: nothing to restart
+    state = next((tmp_path / "s").glob("searcher-state-*.pkl"))
+    assert [t.state.name for t in pickle.loads(state.read_bytes())["_ot_study"].trials] == ["FAIL", "FAIL"]
