@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import inspect
 import os
+import signal
 import sys
 import types
 from collections.abc import Callable, Iterator
@@ -130,6 +131,19 @@ def mlflow_uri(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     return uri
+
+
+@pytest.fixture(autouse=True)
+def _signal_handlers_restored() -> Iterator[None]:
+    """Each test ends with the SIGINT and SIGTERM handlers it started with. A test that runs Tune's ``fit``
+    itself (the driver's jobs put their handlers back: ``driver.signal_handlers_kept``) leaves Tune's SIGINT
+    handler installed, and the driver's signal tests that ran after it found a SIGTERM handed to that stale
+    handler: the suite's outcome depended on its order."""
+    saved = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+    yield
+    for signum, handler in saved.items():
+        if handler is not None:  # None: installed outside Python, which Python cannot put back
+            signal.signal(signum, handler)
 
 
 @pytest.fixture(autouse=True)

@@ -113,7 +113,7 @@ class TrialBoard(Callback):
         for row in ended:
             self.logged.add(row.trial_id)
             console.print(f"{title} · {trial_label(row)} {row.status} at round {row.round}, objective "
-                          f"{shown(row.objective)}", soft_wrap=True, highlight=False)
+                          f"{shown(row.objective)}", markup=False, highlight=False, soft_wrap=True)
 
     def on_trial_recover(self, iteration: int, trials: list[Trial], trial: Trial, **info: Any) -> None:
         """A crashed trial restarting from its last checkpoint (``tune.FailureConfig``): a line saying why,
