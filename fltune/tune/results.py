@@ -9,6 +9,7 @@ from __future__ import annotations
 import csv
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -74,11 +75,11 @@ def error_line(trace: str) -> str:
             + (" in torch.compile (resources.compile=false runs without it)" if compiling else ""))
 
 
-def failure_lines(traces: list[tuple[str, str]], refused: list[str] = ()) -> list[str]:
+def failure_lines(traces: Sequence[tuple[str, str]], refused: Sequence[str] = ()) -> list[str]:
     """One line per distinct reason among failed trials: how many failed so and why. ``traces``: (folder,
     trace) pairs of crashed trials, whose reason is ``error_line`` and whose first whole trace is named;
-    ``refused``: the reasons of trials fltune refused (``failed_result``), one line each already. A job's
-    table says only "failed"."""
+    ``refused``: the one-line reasons of trials fltune refused (``failed_result``). A job's table says only
+    "failed"."""
     by_reason: dict[str, list[str | None]] = {}
     for folder, trace in traces:
         by_reason.setdefault(error_line(trace), []).append(folder)

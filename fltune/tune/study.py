@@ -22,10 +22,10 @@ from fltune.config import apply_overrides, build_config, describe_validation_err
 from fltune.driver import check_name, storage_root
 from fltune.engine.pool import plan_workers
 from fltune.errors import FLTuneError
+from fltune.tune.results import failed_result
 from fltune.tune.space import Asha, SearchSpace, base_tree, check_objective, check_params, parse_space, set_dotted
 from fltune.tune.spec import SavedSpec, StudySpec
 from fltune.tune.storage import job_filesystem
-from fltune.tune.results import failed_result
 from fltune.tune.trainable import run_trial
 
 MAX_FAILURES = 2
