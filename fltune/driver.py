@@ -469,8 +469,8 @@ def check_gcs(address: str | None) -> None:
 def check_data(configs: Iterable[ExperimentConfig]) -> None:
     """Before a job starts Ray: every dataset its trials load is here, and every distinct setting of them
     partitions into data that serves its run. Each trial would otherwise fail on a missing dataset, a client
-    left without training samples or a split too small for its probes (``check_probes``) with Tune's
-    traceback, retried, and the job end with nothing run; here it is one line (``data.dataset: … not found
+    left without training samples or a split too small for its probes (``check_probes``), after Ray and the
+    job had started, and the job end with nothing run; here it is one line (``data.dataset: … not found
     in …; pass --set data.root=…``, ``partition.eval_fraction: …``). With ``data.download`` the files are
     fetched now, once, rather than by every trial at once into the same folder. The partitions land in the
     trials' disk cache; nothing stays loaded in the driver (its data are the trials')."""

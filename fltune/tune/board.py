@@ -95,11 +95,13 @@ class TrialBoard(Callback):
     def on_step_end(self, iteration: int, trials: list[Trial], **info: Any) -> None:
         if time.monotonic() - self.drawn >= 0.5:
             self.draw(trials)
-        if not console.is_terminal:
-            self.log_ended(trials)
 
     def draw(self, trials: list[Trial]) -> None:
-        self.live.update(self.render(self.spec, [trial_row(t) for t in trials]))
+        """The live table in a terminal; in a log, where Rich shows no live display, the trials that ended."""
+        if console.is_terminal:
+            self.live.update(self.render(self.spec, [trial_row(t) for t in trials]))
+        else:
+            self.log_ended(trials)
         self.drawn = time.monotonic()
 
     def log_ended(self, trials: list[Trial]) -> None:
