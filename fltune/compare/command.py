@@ -259,7 +259,7 @@ def conclude(spec: CompareSpec, rows: list[TrialRow]) -> int:
     """The table, the files, and the exit status."""
     from fltune.compare.report import results, rich_table, write_outputs
     from fltune.tracking.progress import console
-    from fltune.tune.results import unfinished
+    from fltune.tune.results import any_unscored, unfinished
 
     res = results(spec, rows)
     console.print(rich_table(spec, res, f"compare {spec.name}: {spec.primary}, mean ± std over seeds"))
@@ -268,4 +268,4 @@ def conclude(spec: CompareSpec, rows: list[TrialRow]) -> int:
     if unfinished(rows, len(spec.cells)):
         say_resume("comparison interrupted", RESUME_HINT.format(name=spec.name, storage=spec.storage))
         return 130
-    return 1 if any(r.status in ("diverged", "failed") for r in rows) else 0
+    return 1 if any_unscored(r.status for r in rows) else 0

@@ -16,7 +16,7 @@ from fltune.compare.report import results, write_outputs
 from fltune.compare.spec import CompareSpec, parse_cell
 from fltune.config import ExperimentConfig, build_config
 from fltune.tune.mlflow_runs import RunTree
-from fltune.tune.results import ENDED, TrialRow
+from fltune.tune.results import ENDED, TrialRow, any_unscored
 
 
 class CompareLog(RunTree):
@@ -52,4 +52,4 @@ class CompareLog(RunTree):
         with tempfile.TemporaryDirectory() as tmp:
             for path in write_outputs(self.spec, res, Path(tmp)):
                 self.tracker.log_artifact(self.parent, path, "configs" if path.suffix == ".yaml" else None)
-        self.tracker.end(self.parent, "killed" if interrupted else "finished")
+        self.end_job(interrupted, failed=any_unscored(r.status for r in rows))

@@ -233,6 +233,7 @@ def conclude(spec: ReproSpec, rows: list[TrialRow]) -> int:
     """The side-by-side table, the files, what had no data, and the exit status."""
     from fltune.reproduce.report import results, rich_table, write_outputs
     from fltune.tracking.progress import console
+    from fltune.tune.results import any_unscored
 
     res = results(spec, rows)
     console.print(rich_table(spec, res))
@@ -248,4 +249,4 @@ def conclude(spec: ReproSpec, rows: list[TrialRow]) -> int:
     if any(r.status in ("running", "pending") for r in res):
         say_resume("job interrupted", RESUME_HINT.format(table=spec.table, name=spec.name, storage=spec.storage))
         return 130
-    return 1 if any(r.status in ("diverged", "failed") for r in res) else 0
+    return 1 if any_unscored(r.status for r in res) else 0

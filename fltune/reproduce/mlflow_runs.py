@@ -13,7 +13,7 @@ from typing import Any
 from fltune.config import ExperimentConfig, build_config
 from fltune.reproduce.job import ReproSpec
 from fltune.reproduce.report import results, tau_metrics, write_outputs
-from fltune.tune.results import ENDED, TrialRow
+from fltune.tune.results import ENDED, TrialRow, any_unscored
 from fltune.tune.mlflow_runs import RunTree
 
 
@@ -55,4 +55,4 @@ class ReproLog(RunTree):
         with tempfile.TemporaryDirectory() as tmp:
             for path in write_outputs(self.spec, res, Path(tmp)):
                 self.tracker.log_artifact(self.parent, path)
-        self.tracker.end(self.parent, "killed" if interrupted else "finished")
+        self.end_job(interrupted, failed=any_unscored(r.status for r in res))

@@ -120,6 +120,10 @@ class RunTree(ABC):
     def finish(self, rows: list[TrialRow], interrupted: bool) -> None:
         """Job-level results on the parent (also after an interruption: they show progress so far)."""
 
+    def end_job(self, interrupted: bool, failed: bool) -> None:
+        """The parent ends as the command does: KILLED when stopped (130/143), FAILED when it exits 1."""
+        self.tracker.end(self.parent, "killed" if interrupted else "failed" if failed else "finished")
+
 
 class StudyLog(RunTree):
     """A Tune study: the parent holds the space, the search settings and the best configuration."""
@@ -164,8 +168,7 @@ class StudyLog(RunTree):
             self.tracker.set_tags(self.parent, {"fltune.best_trial": top.trial_id,
                                                 **{f"best.{k}": v for k, v in top.params.items()}})
             self.tracker.log_text(self.parent, best_config_yaml(spec, top), "best_config.yaml")
-        # a study that scored no trial exits 1 (tune.command.conclude): its parent run says FAILED
-        self.tracker.end(self.parent, "killed" if interrupted else "finished" if top is not None else "failed")
+        self.end_job(interrupted, failed=top is None)  # a study that scored no trial exits 1
 
 
 class MLflowStudyCallback(LoggerCallback):

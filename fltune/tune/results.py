@@ -9,7 +9,7 @@ from __future__ import annotations
 import csv
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,6 +47,13 @@ def unfinished(rows: list[TrialRow], expected: int) -> bool:
     """Whether a Tune job has trials left to run: some have not ended, or fewer than ``expected`` exist (a
     stop came before Tune created them all; with none, before its first)."""
     return len(rows) < expected or any(r.status not in ENDED for r in rows)
+
+
+def any_unscored(statuses: Iterable[str]) -> bool:
+    """Whether a job of asked-for cells (``reproduce``, ``compare``) lost one: a diverged or failed cell makes
+    the command exit 1 and its MLflow parent run end FAILED (a study, which explores, fails only when no
+    trial scored: ``tune.command.conclude``)."""
+    return any(s in ("diverged", "failed") for s in statuses)
 
 
 _RAISED = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Exit)):(.*)$")
