@@ -83,10 +83,12 @@ class TrialBoard(Callback):
         self.render = render
         self.live: Live | None = None
         self.drawn = 0.0
+        self.ending: set[str] = set()
         self.logged: set[str] = set()
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"spec": self.spec, "render": self.render, "live": None, "drawn": 0.0, "logged": set()}
+        return {"spec": self.spec, "render": self.render, "live": None, "drawn": 0.0, "ending": set(),
+                "logged": set()}
 
     def setup(self, **info: Any) -> None:
         self.live = Live(console=console, refresh_per_second=2, transient=True)
@@ -104,11 +106,19 @@ class TrialBoard(Callback):
             self.log_ended(trials)
         self.drawn = time.monotonic()
 
+    def on_trial_complete(self, iteration: int, trials: list[Trial], trial: Trial, **info: Any) -> None:
+        self.ending.add(trial.trial_id)
+
+    def on_trial_error(self, iteration: int, trials: list[Trial], trial: Trial, **info: Any) -> None:
+        self.ending.add(trial.trial_id)
+
     def log_ended(self, trials: list[Trial]) -> None:
         """A log (stderr to a file or a pipe) shows no live table: a line per trial when it ends instead,
-        after the board's title (how many are done, the ETA where the board gives one)."""
+        after the board's title (how many are done, the ETA where the board gives one). Only trials that
+        ended in this process: a resumed job's log does not repeat the lines of those that ended before."""
         rows = [trial_row(t) for t in trials]
-        ended = [row for row in rows if row.status in ENDED and row.trial_id not in self.logged]
+        ended = [row for row in rows
+                 if row.status in ENDED and row.trial_id in self.ending and row.trial_id not in self.logged]
         if not ended:
             return
         title = self.render(self.spec, rows).title
