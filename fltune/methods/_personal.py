@@ -25,8 +25,20 @@ class PersonalHead(Method):
         return part_keys(model, "head")
 
 
-class PersonalBody(Method):
-    """Each client keeps its own body; only the head is uploaded and averaged (LG-FedAvg)."""
-
-    def personal_keys(self, model: nn.Module) -> set[str]:
-        return part_keys(model, "body")
+def weight_layers(model: nn.Module) -> list[set[str]]:
+    """The model's layers in forward order, each as its state-dict keys, counted as LG-FedAvg's and FedCR's
+    code count them (``weight_keys``: one entry per convolution or linear map). A module whose own weight is
+    1-d (a norm layer) joins the layer before it, with its running statistics."""
+    keys = set(model.state_dict())
+    layers: list[set[str]] = []
+    for name, module in model.named_modules():
+        params = dict(module.named_parameters(recurse=False))
+        if not params:
+            continue
+        own = {f"{name}.{k}".lstrip(".") for k in [*params, *dict(module.named_buffers(recurse=False))]} & keys
+        weight = params.get("weight")
+        if layers and (weight is None or weight.dim() == 1):
+            layers[-1] |= own
+        else:
+            layers.append(own)
+    return layers

@@ -19,7 +19,7 @@ class FineTune(Method):
     method's client model, train its personal part with plain cross-entropy, the shared part frozen.
 
     As FedCR's code does in its last round (``train_cnn(last=True)``: the averaged ``w_glob_keys`` frozen,
-    the rest trained): a method whose personal part lies outside the head (LG-FedAvg's body) tunes that
+    the rest trained): a method whose personal part lies outside the head (LG-FedAvg's lower layers) tunes that
     part; every other method (none personal, a personal head, FedSR's per-client head extras) its head.
     """
 

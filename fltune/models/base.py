@@ -1,6 +1,6 @@
 """The body/head split every fltune model follows (docs/methods.md §1).
 
-Personalised methods keep one part per client (FedPer/FedCR/FedPAC: head; LG-FedAvg: body), FedSOL can
+Personalised methods keep one part per client (FedPer/FedCR/FedPAC: head; LG-FedAvg: its lower layers), FedSOL can
 perturb one part only, and MAN regularises hidden activations; so the split and the activation points
 are part of the model's contract rather than something each method rediscovers.
 """

@@ -54,7 +54,7 @@ def test_flops_counted_without_triton_are_the_same_and_the_counter_stays_quiet()
 @pytest.mark.parametrize("method", ["lg_fedavg", "ditto"])
 def test_personalised_scores_are_each_client_scored_alone_in_chunks_of_any_size(ray_session, monkeypatch, method):
     """``evaluate_clients`` stages a chunk's held-out images and personal weights on the device at once and
-    loads each client's weights from there. LG-FedAvg's clients differ in their whole body, some share
+    loads each client's weights from there. LG-FedAvg's clients differ in their lower layers, some share
     theirs, and clients never sampled share the global one; with fine-tuning (Ditto's own last round) each
     client trains first. Chunks of one, two and all clients must give the scores of each client's own model
     scored alone, bit for bit."""
@@ -71,9 +71,9 @@ def test_personalised_scores_are_each_client_scored_alone_in_chunks_of_any_size(
     states = {1: {"personal": body}, 2: {"personal": body},
               4: {"personal": {k: v + rng.normal(0, 0.1, v.shape).astype(v.dtype) for k, v in state.items()}}}
     method_ = build_method(cfg)
-    if method == "lg_fedavg":  # its personal part is the body alone
-        states = {c: {"personal": {k: v for k, v in s["personal"].items() if k.startswith("body.")}}
-                  for c, s in states.items()}
+    if method == "lg_fedavg":  # its personal part is the layers below its shared top two
+        keep = method_.personal_keys(build_model_for(cfg, data))
+        states = {c: {"personal": {k: v for k, v in s["personal"].items() if k in keep}} for c, s in states.items()}
     ids = [0, 1, 2, 3, 4, 5]
     try:
         worker = ClientWorker(threads=1, in_driver=True)

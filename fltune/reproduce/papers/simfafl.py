@@ -51,8 +51,9 @@ ROWS: dict[str, Row] = {
     "FedAvg": Row("fedavg", 0.01, False, {}, "README; the averaged model on each client's 30 %"),
     "FedAvg-FT": Row("fedavg", 0.01, True, {}, "README; last round tunes the head"),
     "FedPer": Row("fedper", 0.01, True, {}, "README; last round tunes the personal head"),
-    "LG-FedAvg": Row("lg_fedavg", 0.01, True, {}, "README; last round tunes the personal body "
-                     "[U: the code shares its nets' last two layers, here the head]"),
+    "LG-FedAvg": Row("lg_fedavg", 0.01, True, {"method.global_layers": 2},
+                     "README; main_fed.py's w_glob_keys share the last two layers of each net (its CNNs' fc2 and "
+                     "classifier); last round tunes the layers below them"),
     "FedRep": Row("fedrep", 0.01, True, {"method.body_epochs": LOCAL_REP_EP},
                   "README (local_rep_ep 1); last round tunes the personal head"),
     "FedBABU": Row("fedper", 0.01, True, {}, "README; FedCR's main_fed.py trains fedbabu exactly as fedper "
