@@ -149,7 +149,7 @@ def _context(
         client_id=cid, round=inputs.round, model=model, global_state=global_tensors, state=dict(state),
         server=inputs.server, server_tensors=inputs.server_on(device), num_samples=len(indices),
         epochs=training.local_epochs, lr=inputs.lr, device=device, batches=epoch, momentum=training.momentum,
-        nesterov=training.nesterov,
+        nesterov=training.nesterov, initial_lr=training.lr,
     )
     method.setup_client(ctx)
     return ctx

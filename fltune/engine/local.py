@@ -368,7 +368,7 @@ def train_client(
         state=dict(client_state), server=inputs.server, server_tensors=inputs.server_on(device),
         num_samples=len(indices), epochs=training.local_epochs, lr=inputs.lr, device=device, batches=epoch,
         momentum=training.momentum if training.optimizer == "sgd" else 0.0, nesterov=training.nesterov,
-        grad_clip=training.grad_clip,
+        initial_lr=training.lr, grad_clip=training.grad_clip,
     )
     method.setup_client(ctx)
     model.train()

@@ -98,7 +98,7 @@ class ControlVariates(Method):
     """SCAFFOLD's control variates (Karimi et al., 2020, option II), also FedDC's gradient correction.
 
     Local gradient g − c_k + c (FedDC writes it as the loss term ⟨θ, c − c_k⟩: same gradient);
-    c_k⁺ = c_k − c + (θ_g − θ_k)/(K_eff·lr) with lr = this round's ``ctx.lr`` and K_eff the
+    c_k⁺ = c_k − c + (θ_g − θ_k)/(K_eff·lr) with lr = this round's ``ctx.lr`` (``correction_lr``) and K_eff the
     :func:`~fltune.methods.base.effective_steps` of the ``ctx.steps`` local steps: K for plain SGD,
     [K − ρ(1 − ρ^K)/(1 − ρ)]/(1 − ρ) under momentum ρ, as the FedSOL authors' Scaffold divides
     (``Lee-Gihun/FedSOL:algorithms/scaffold/ClientTrainer.py``, ``adaptive_divison: true`` in
@@ -136,11 +136,16 @@ class ControlVariates(Method):
         correction = inputs["correction"]
         return loss + gradient_term(sum((p * correction[n]).sum() for n, p in params.items())), logits
 
+    def correction_lr(self, ctx: ClientContext) -> float:
+        """The lr in c_k⁺'s divisor: the round's, the lr its local steps took (SCAFFOLD)."""
+        return ctx.lr
+
     def client_result(self, ctx: ClientContext) -> ClientResult:
         """c_k⁺ = (θ_g − θ_k)/(K_eff·lr) − (c − c_k); K_eff ≥ 1 guards a client stopped before its first step."""
         result = super().client_result(ctx)
         correction = ctx.scratch["correction"]
-        inv_k_lr = 1.0 / (max(effective_steps(ctx.steps, ctx.momentum, ctx.nesterov), 1.0) * ctx.lr)
+        k_eff = max(effective_steps(ctx.steps, ctx.momentum, ctx.nesterov), 1.0)
+        inv_k_lr = 1.0 / (k_eff * self.correction_lr(ctx))
         result.state["c"] = to_numpy({
             name: (ctx.global_param(name) - p) * inv_k_lr - correction[name]
             for name, p in ctx.model.named_parameters()

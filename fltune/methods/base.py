@@ -73,6 +73,7 @@ class ClientContext:
     num_samples: int
     epochs: int
     lr: float
+    """This round's learning rate: ``training.lr`` after ``training.lr_decay``."""
     device: torch.device
     batches: Callable[[], Iterator[tuple[torch.Tensor, torch.Tensor]]]
     """One epoch of this client's (augmented, shuffled, seeded) training batches, on ``device``."""
@@ -81,6 +82,9 @@ class ClientContext:
     """The local optimiser's SGD momentum (0 for Adam): FedNova's a_k and SCAFFOLD's c_k depend on it."""
     nesterov: bool = False
     """Whether that momentum is Nesterov's (``training.nesterov``): it changes :func:`effective_steps`."""
+    initial_lr: float | None = None
+    """``training.lr``, the first round's learning rate (None: ``lr``): FedDC's code divides its gradient correction
+    by it whatever the round's decay."""
     grad_clip: float | None = None
     """``training.grad_clip``: the engine clips the step's ``.grad`` with it; a method that steps a model of
     its own (Ditto's personal model) clips that step too, as the authors' code does."""

@@ -2,6 +2,7 @@
 
 from fltune.methods import register
 from fltune.methods._drift import ControlVariates
+from fltune.methods.base import ClientContext
 from fltune.methods.feddyn import FedDyn
 
 
@@ -9,13 +10,18 @@ from fltune.methods.feddyn import FedDyn
 class FedDC(FedDyn, ControlVariates):
     """FedDC: L = CE + (α/2)‖θ − (θ_g − h_k)‖² + ⟨θ, c − c_k⟩ (``gaoliang13/FedDC``, ``train_model_FedDC``).
 
-    h_k += θ_k − θ_g; c_k ← c_k − c + (θ_g − θ_k)/(K_eff·lr); server c += Σ_S Δc_k / N and
+    h_k += θ_k − θ_g; c_k ← c_k − c + (θ_g − θ_k)/(K_eff·lr_0); server c += Σ_S Δc_k / N and
     θ = mean_S θ_k + mean_all h_k. The drift half is FedDyn's (same penalty, same α, same h_k), the
-    ⟨θ, c − c_k⟩ term is SCAFFOLD's gradient correction (``_drift.ControlVariates``). [U] lr is the
-    round's decayed lr (the authors' code divides by the initial lr even when it decays); α is not scaled
-    by client size (see FedDyn).
+    ⟨θ, c − c_k⟩ term is SCAFFOLD's gradient correction (``_drift.ControlVariates``). lr_0 is
+    ``training.lr``, the first round's lr, also when it decays: the code divides by the learning rate it
+    was given, not the decayed one its local steps take (``beta = 1/n_minibatch/learning_rate`` in
+    ``gaoliang13/FedDC:utils_methods_FedDC.py`` and in the copy that produced MAN Table 1,
+    ``vcl-iisc/fedMAN:man_code_sam/utils_methods_FedDC.py``). [U] α is not scaled by client size (see FedDyn).
     """
 
     name = "feddc"
     passes_per_step = 1.0
     stored_models = 4.0  # the local model, θ_g, the drift h_k and the correction c_k (c is broadcast)
+
+    def correction_lr(self, ctx: ClientContext) -> float:
+        return ctx.initial_lr or ctx.lr

@@ -1,4 +1,5 @@
-"""FedDC: L = CE + (α/2)‖θ − (θ_g − h_k)‖² + ⟨θ, c − c_k⟩; c_k ← c_k − c + (θ_g − θ_k)/(K·lr);
+"""FedDC: L = CE + (α/2)‖θ − (θ_g − h_k)‖² + ⟨θ, c − c_k⟩; c_k ← c_k − c + (θ_g − θ_k)/(K·lr_0), lr_0 the first
+round's lr;
 server c += Σ_S Δc_k/N, θ = mean_S θ_k + mean_all h_k (docs/methods.md §2)."""
 
 import numpy as np
@@ -57,6 +58,22 @@ def test_client_updates_drift_and_control_variate():
         np.testing.assert_allclose(result.state["c"][name], -0.3, rtol=1e-5)
         np.testing.assert_allclose(result.state["h"][name], 0.3, rtol=1e-5)
     assert result.weight == 1.0
+
+
+def test_the_control_variate_divides_by_the_first_rounds_lr_as_the_authors_code():
+    """A decayed round (lr 0.05, training.lr 0.1): ``beta = 1/n_minibatch/learning_rate`` takes the lr the code was
+    given, so c_k⁺ is again 0.3 − 0.1 + (−0.2)/(4·0.1) = −0.3 (the round's lr would give −0.8); SCAFFOLD's c_k⁺
+    divides by the round's."""
+    ctx = client()
+    ctx.lr, ctx.initial_lr, ctx.steps = 0.05, 0.1, 4
+    method = feddc(0.1)
+    method.setup_client(ctx)
+    for value in method.client_result(ctx).state["c"].values():
+        np.testing.assert_allclose(value, -0.3, rtol=1e-5)
+    scaffold = get_method("scaffold")()
+    scaffold.setup_client(ctx)
+    for value in scaffold.client_result(ctx).state["c"].values():
+        np.testing.assert_allclose(value, 0.3 - 0.1 + (-0.2) / (4 * 0.05), rtol=1e-5)
 
 
 def test_no_drift_and_no_variates_with_alpha_zero_is_exactly_fedavg():
