@@ -96,7 +96,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         check_json_out(args.json_out)
     fed, pool = start_federation(cfg)
     console.print(f"[bold]fltune run[/] {cfg.method.name} on {cfg.data.dataset} ({cfg.partition.kind}), "
-                  f"{cfg.federation.clients} clients × {cfg.federation.fraction}, "
+                  f"{cfg.federation.clients} clients × {cfg.federation.fraction}"
+                  f"{' (each drawn alone)' if cfg.federation.sampling == 'bernoulli' else ''}, "
                   f"{counted(cfg.federation.rounds, 'round')}")
     for idle in unmeasured_protocols(cfg):
         console.print(f"[dim]not measured: {idle}[/]")

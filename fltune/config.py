@@ -172,6 +172,9 @@ class FederationConfig(_Section):
     fraction: float = Field(0.1, gt=0, le=1)
     rounds: int = Field(10, ge=1)
     seed: int = Field(0, ge=0)
+    sampling: Literal["fixed", "bernoulli"] = Field(
+        "fixed", description="fixed: round(N·fraction) clients a round, drawn without replacement; bernoulli: each "
+        "client with probability fraction, so their number varies (FedDyn's, FedDC's and MAN's code)")
 
     @property
     def clients_per_round(self) -> int:

@@ -233,7 +233,8 @@ def settings(cfg: ExperimentConfig) -> str:
     final = f" + final {t.finetune_epochs} ep" if t.finetune_epochs else ""
     clip = f", clip {t.grad_clip:g}" if t.grad_clip else ""
     return (f"{cfg.method.name} · {model_name(cfg)} · {counted(fed.rounds, 'round')} × "
-            f"{fed.clients_per_round}/{fed.clients} clients × E {t.local_epochs}{final} · B {t.batch_size}, "
+            f"{'~' if fed.sampling == 'bernoulli' else ''}{fed.clients_per_round}/{fed.clients} clients × "
+            f"E {t.local_epochs}{final} · B {t.batch_size}, "
             f"{t.optimizer} lr {t.lr:g} mom {t.momentum:g}{clip}")
 
 

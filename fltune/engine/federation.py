@@ -33,7 +33,7 @@ from fltune.engine.callbacks import Callback
 from fltune.engine.local import RoundInput, eval_batch_count, evaluate, load_state, total_scores
 from fltune.engine.cluster import ensure_ray
 from fltune.engine.pool import WorkerPool, balance, plan_workers
-from fltune.engine.rng import sample_clients, use_deterministic_cuda
+from fltune.engine.rng import round_clients, use_deterministic_cuda
 from fltune.errors import FLTuneError
 from fltune.methods.base import Aggregate, ServerContext, State, Upload
 from fltune.metrics.probe import Probe, ProbeTask, RoundView, client_meters, probes_for
@@ -152,7 +152,7 @@ class Federation:
             probe.start_round()
         r = self.round + 1
         fed, training = self.cfg.federation, self.cfg.training
-        clients = sample_clients(fed.seed, r, fed.clients, fed.clients_per_round)
+        clients = round_clients(fed, r)
         inputs = RoundInput(
             round=r, seed=fed.seed, lr=training.lr * training.lr_decay ** (r - 1),
             global_state=self.global_state, server=self.method.server_payload(self.server_state),

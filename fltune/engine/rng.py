@@ -9,9 +9,13 @@ too (:func:`use_deterministic_cuda`).
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
+
+if TYPE_CHECKING:
+    from fltune.config import FederationConfig
 
 CLIENT_STREAM, SAMPLING_STREAM = 1, 2
 """Stream tags: client/server training streams and client sampling never share a seed."""
@@ -29,6 +33,24 @@ def sample_clients(seed: int, round_: int, num_clients: int, per_round: int) -> 
     every method and every worker count sees the same client sequence."""
     rng = np.random.default_rng(np.random.SeedSequence([seed, SAMPLING_STREAM, round_]))
     return sorted(int(c) for c in rng.choice(num_clients, size=per_round, replace=False))
+
+
+def bernoulli_clients(seed: int, round_: int, num_clients: int, probability: float) -> list[int]:
+    """Clients of a round, each taking part with ``probability`` on its own, from the same (seed, round) stream:
+    the protocol of FedDyn's code and of the code built on it (FedDC's, MAN's: ``act_list <= act_prob``). The
+    number of clients varies around N·p from round to round; a round that drew nobody draws again, as there."""
+    rng = np.random.default_rng(np.random.SeedSequence([seed, SAMPLING_STREAM, round_]))
+    while True:
+        picked = np.flatnonzero(rng.uniform(size=num_clients) <= probability)
+        if picked.size:
+            return [int(c) for c in picked]
+
+
+def round_clients(fed: FederationConfig, round_: int) -> list[int]:
+    """The clients of round ``round_`` as ``federation.sampling`` draws them."""
+    if fed.sampling == "bernoulli":
+        return bernoulli_clients(fed.seed, round_, fed.clients, fed.fraction)
+    return sample_clients(fed.seed, round_, fed.clients, fed.clients_per_round)
 
 
 CUBLAS_WORKSPACE = ":4096:8"

@@ -18,6 +18,7 @@ from fltune.data.datasets import load_dataset
 from fltune.engine.federation import Federation, lockstep, open_all
 from fltune.engine.local import evaluate, load_state
 from fltune.engine.pool import WorkerPool
+from fltune.engine.rng import round_clients
 from fltune.tune.trainable import read_states, write_states
 from tests.conftest import needs_fmnist, storages
 from tests.engine.test_executor_exact import assert_same, tiny_config
@@ -55,6 +56,18 @@ def test_one_and_two_workers_give_identical_runs(pools):
     assert [[r[k] for k in keys] for r in one.history] == [[r[k] for k in keys] for r in two.history]
     assert same_weights(one, two)
     assert one.history[-1]["acc_global"] > 0.3  # synthetic is learnable: well above 10 % chance
+
+
+def test_bernoulli_sampling_trains_each_rounds_draw_the_same_on_one_worker_or_two(pools):
+    """MAN's protocol (``federation.sampling=bernoulli``): seed 0 draws 3, 6 and 7 of the 10 clients; FedDyn
+    keeps a drift per client that trained, and the run is still a function of the seed alone."""
+    extra = ("federation.sampling=bernoulli", "federation.rounds=3", "method.name=feddyn")
+    one = run(federation("resources.workers=1", *extra, pool=pools[1]))
+    two = run(federation("resources.workers=2", *extra, pool=pools[2]))
+    assert one.status == two.status == "finished" and same_weights(one, two)
+    drawn = [round_clients(one.cfg.federation, r) for r in (1, 2, 3)]
+    assert [len(c) for c in drawn] == [3, 6, 7]
+    assert set(one.client_store) == set().union(*drawn) == set(two.client_store)
 
 
 EVERY_PROTOCOL = ["federation.clients=6", "federation.fraction=0.5", "federation.rounds=3",

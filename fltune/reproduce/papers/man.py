@@ -1,7 +1,8 @@
 """MAN (Yashwanth et al. 2023) Table 1 (accuracy and rounds to 50 %), Table 2 (top eigenvalue and trace) and
 supplementary Table 5 (CIFAR-10): six FL methods with and without the MAN regulariser.
 
-Protocol (§4, supp. §7): 100 clients, 10 % per round, equal-size clients with Dirichlet(δ) class priors
+Protocol (§4, supp. §7): 100 clients, 10 % per round (each client with probability 0.1, as the authors' code
+``vcl-iisc/fedMAN:code/utils_methods.py`` draws them), equal-size clients with Dirichlet(δ) class priors
 (``dirichlet_prior``) or iid; 500 rounds of 5 local epochs, batch 50, SGD lr 0.1 × 0.998^r, weight decay
 1e-3, gradient clipping at 10; FedDyn's CIFAR CNN (supp. Table 4). Accuracy is that of the average of
 all clients' latest models (``all_model``, FedDyn's protocol, §5), mean ± std over 3 seeds
@@ -65,21 +66,24 @@ SUPP5 = {
     "FedSpeed": (84.06, 84.24, 85.14), "FedSpeed+MAN": (84.37, 84.82, 85.95),
 }
 
-COMMON = {"model.name": "feddyn_cnn", "metrics.protocols": ["all_model"], "metrics.target_metric": "acc_all_model"}
+COMMON = {"model.name": "feddyn_cnn", "metrics.protocols": ["all_model"], "metrics.target_metric": "acc_all_model",
+          "federation.sampling": "bernoulli"}
+"""Every cell: FedDyn's CNN, the all-client average model, and clients drawn as the authors' ``train_*`` functions
+draw them, each with probability ``fraction`` (``act_list <= act_prob``), not a fixed number a round."""
 OPTIMISER = {"training.local_epochs": 5, "training.batch_size": 50, "training.lr": 0.1, "training.momentum": 0.0,
              "training.lr_decay": 0.998, "training.weight_decay": 1e-3, "training.grad_clip": 10.0}
 PAPER = Scale(
     settings={"federation.clients": 100, "federation.fraction": 0.1, "federation.rounds": 500, **OPTIMISER,
               "metrics.every": 1, "metrics.target": 0.5},
-    note="100 clients × 0.1, 500 rounds, E = 5, B = 50, SGD lr 0.1 × 0.998^r (no momentum), wd 1e-3, clip 10, "
-         "FedDyn CNN; accuracy of the all-client average model, rounds to 50 %",
+    note="100 clients, each in a round with probability 0.1, 500 rounds, E = 5, B = 50, SGD lr 0.1 × 0.998^r "
+         "(no momentum), wd 1e-3, clip 10, FedDyn CNN; accuracy of the all-client average model, rounds to 50 %",
 )
 QUICK = Scale(
     settings={"data.subsample": 0.05, "federation.clients": 10, "federation.fraction": 0.3,
               "federation.rounds": 12, **OPTIMISER, "training.local_epochs": 1, "metrics.every": 1,
               "metrics.target": 0.6},
     substitute="fmnist",
-    note="5 % of the data (stratified) over 10 clients × 0.3 (~300 training samples each, 3 per round), "
+    note="5 % of the data (stratified) over 10 clients × 0.3 (~300 training samples each, 3 a round on average), "
          "12 rounds, E = 1, the paper's optimiser, FedDyn CNN, target 60 % instead of 50 %; FMNIST stands in "
          "for CIFAR-100 and CIFAR-10; 1 seed unless --seeds",
 )
