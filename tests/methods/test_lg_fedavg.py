@@ -7,7 +7,6 @@ import torch.nn.functional as F
 
 from fltune.errors import FLTuneError
 from fltune.methods import get_method
-from fltune.methods._personal import weight_layers
 from fltune.models.registry import build_model
 from tests.methods.helpers import make_ctx, tiny_batch, tiny_model
 
@@ -47,15 +46,6 @@ def test_by_default_the_layers_fedcrs_code_shares_are_shared(model: str, in_shap
     net = build_model(model, in_shape, 10)
     personal = lg().personal_keys(lg().adapt_model(net))
     assert set(net.state_dict()) - personal == {f"{k}.{p}" for k in code_keys for p in ("weight", "bias")}
-
-
-def test_a_norm_layer_counts_with_the_layer_before_it():
-    net = build_model("resnet18", (3, 32, 32), 10)
-    layers = weight_layers(net)
-    assert len(layers) == 21  # the stem, 16 block convolutions, 3 shortcut convolutions, the classifier
-    assert layers[-2] == {f"body.layer4.1.conv2.{k}" for k in (
-        "conv.weight", "bn.weight", "bn.bias", "bn.running_mean", "bn.running_var", "bn.num_batches_tracked")}
-    assert set().union(*layers) == set(net.state_dict())
 
 
 def test_sharing_every_layer_is_refused_in_one_line():
