@@ -55,7 +55,8 @@ def assert_wrote_nothing(tmp_path: Path) -> None:
 
 
 @needs_fmnist
-def test_reproduce_plan_prints_cells_settings_and_estimate_and_writes_nothing(mlflow_uri, wide, tmp_path, capsys) -> None:
+def test_reproduce_plan_prints_cells_settings_and_estimate_and_writes_nothing(mlflow_uri, wide, tmp_path,
+                                                                              capsys) -> None:
     args = ["reproduce", "table2", "--datasets", "fmnist", "--rows", "FedAvg,FedPer", "--plan",
             "--storage", str(tmp_path / "jobs"), "--out", str(tmp_path / "out")]
     assert main(args) == 0

@@ -39,7 +39,8 @@ def check_fair_and_reported(storage: Path, out: Path, printed: str, uri: str, ro
     never tuned on test data, and its table, files and plot are what MLflow holds. ``printed``: its output,
     whitespace collapsed (the console wraps long lines). Called by ``test_resume``, whose comparison is
     stopped twice on its way: one comparison's start-up for both."""
-    assert "same client-sampling sequence" in printed and "Welch's two-sided t-test" in printed and "α = 0.05" in printed
+    assert "same client-sampling sequence" in printed and "Welch's two-sided t-test" in printed
+    assert "α = 0.05" in printed
 
     all_runs = runs(uri)
     [parent] = [r for r in all_runs if r.data.tags.get("fltune.kind") == "compare"]
@@ -124,7 +125,8 @@ def build_config_yaml_method(path: Path) -> str:
     (["--methods", "fedavg,fedprox", "--rounds", "0"], "fltune: config error: federation.rounds"),
     (["--methods", "fedavg,fedprox", "--name", "a b"], "fltune: --name 'a b': allowed:"),
     (["--resume"], "fltune: --resume: no comparison under"),
-    (["--methods", "fedavg,fedprox", "--out", "/dev/null/out"], "fltune: --out /dev/null/out: Not a directory; allowed:"),
+    (["--methods", "fedavg,fedprox", "--out", "/dev/null/out"],
+     "fltune: --out /dev/null/out: Not a directory; allowed:"),
     (["--methods", "fedavg,fedprox", "--set", "data.dataset=cifar10", "--set", "data.root=/nonexistent-fltune-data"],
      "fltune: data.dataset: cifar10 not found in /nonexistent-fltune-data"),
     # data every cell would refuse in its trial (partitioned by the driver, before Ray starts)

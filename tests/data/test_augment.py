@@ -96,4 +96,5 @@ def test_table_lookup_gives_to_floats_bits_for_every_value_and_dataset(name: str
             x[0, c] = (torch.arange(height * width) % 256).to(torch.uint8).view(height, width)
             x[-1, c] = x[0, c].flip(0, 1)
         got = lookup_float(x, normalise_table(mean, std))
-        assert got.dtype == torch.float32 and torch.equal(got.view(torch.int32), to_float(x, mean, std).view(torch.int32))
+        assert got.dtype == torch.float32
+        assert torch.equal(got.view(torch.int32), to_float(x, mean, std).view(torch.int32))

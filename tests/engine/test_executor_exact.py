@@ -58,7 +58,8 @@ def device(request: pytest.FixtureRequest) -> Iterator[torch.device]:
     if request.param == "cpu":
         yield torch.device("cpu")
         return
-    flags = torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark
+    flags = (torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.deterministic,
+             torch.backends.cudnn.benchmark)
     use_deterministic_cuda(True)
     yield torch.device("cuda")
     torch.use_deterministic_algorithms(flags[0])
@@ -115,7 +116,8 @@ def assert_same(a: Any, b: Any, where: str) -> None:
         for i, (x, y) in enumerate(zip(a, b)):
             assert_same(x, y, f"{where}[{i}]")
     elif isinstance(a, torch.Tensor):
-        assert torch.equal(a, b) or (a.isnan() == b.isnan()).all() and torch.equal(a.nan_to_num(), b.nan_to_num()), where
+        same_nans = (a.isnan() == b.isnan()).all() and torch.equal(a.nan_to_num(), b.nan_to_num())
+        assert torch.equal(a, b) or same_nans, where
     elif isinstance(a, np.ndarray):
         assert a.dtype == b.dtype and np.array_equal(a, b, equal_nan=a.dtype.kind == "f"), where
     elif hasattr(a, "__dataclass_fields__"):

@@ -37,7 +37,8 @@ def two_steps(*overrides: str) -> float:
 
 def test_nesterov_setting_reaches_the_optimiser():
     """Heavy ball moves w by lr·g·(1 + 1.9) = 0.58 in two steps; Nesterov by lr·g·(1.9 + 2.71) = 0.922."""
-    assert make_optimizer([torch.zeros(1, requires_grad=True)], build_config().training, 0.1).defaults["nesterov"] is False
+    optimizer = make_optimizer([torch.zeros(1, requires_grad=True)], build_config().training, 0.1)
+    assert optimizer.defaults["nesterov"] is False
     assert two_steps() == pytest.approx(-0.1 * 2.0 * 2.9, abs=1e-12)
     assert two_steps("training.nesterov=true") == pytest.approx(-0.1 * 2.0 * 4.61, abs=1e-12)
     assert 4.61 == pytest.approx(effective_steps(2, 0.9, nesterov=True))

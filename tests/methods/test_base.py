@@ -22,7 +22,8 @@ from tests.methods.local_helpers import assert_close, engine_grads, move_away, p
 from tests.methods.vib_helpers import tiny_vib
 
 
-@pytest.mark.parametrize(("steps", "momentum", "expected"), [(5, 0.0, 5.0), (50, 0.0, 50.0), (1, 0.9, 1.0), (2, 0.5, 2.5)])
+@pytest.mark.parametrize(("steps", "momentum", "expected"),
+                         [(5, 0.0, 5.0), (50, 0.0, 50.0), (1, 0.9, 1.0), (2, 0.5, 2.5)])
 def test_by_hand(steps, momentum, expected):
     """ρ = 0.5, K = 2: g_1 moves w in steps 1 and 2 (1 + ρ), g_2 in step 2 (1): 2.5. ρ = 0 gives K."""
     assert effective_steps(steps, momentum) == pytest.approx(expected)

@@ -1,4 +1,5 @@
-"""FedNTD: L = CE + β·τ²·KL(softmax(z̃_g/τ) ‖ softmax(z̃_l/τ)), z̃ = logits without the true class (docs/methods.md §2)."""
+"""FedNTD: L = CE + β·τ²·KL(softmax(z̃_g/τ) ‖ softmax(z̃_l/τ)), z̃ = logits without the true class
+(docs/methods.md §2)."""
 
 import torch
 import torch.nn.functional as F

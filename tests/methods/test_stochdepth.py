@@ -47,7 +47,8 @@ def test_rho_one_is_exactly_fedavg_on_resnet56():
 
 
 def test_other_models_are_a_one_line_user_error():
-    with pytest.raises(FLTuneError, match=r"^model.name: stochdepth needs ResNet-56's slimmable stages; allowed: auto, resnet56") as err:
+    refusal = r"^model.name: stochdepth needs ResNet-56's slimmable stages; allowed: auto, resnet56"
+    with pytest.raises(FLTuneError, match=refusal) as err:
         StochDepth().adapt_model(tiny_model())
 
     assert "\n" not in str(err.value)

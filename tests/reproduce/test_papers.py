@@ -47,7 +47,8 @@ def test_fedsol_tables_hold_the_printed_values_and_partitions() -> None:
     head = {(c.row, c.column): c for c in get_table("fedsol:table5").cells}
     assert len(head) == 13 and head[("All (full)", "ρ=0")].paper == 56.13
     tuned = config(get_table("fedsol:table5"), head[("Head (partial)", "ρ=1.5")])
-    assert head[("Head (partial)", "ρ=1.5")].paper == 64.13 and (tuned.method.params.scope, tuned.method.params.rho) == ("head", 1.5)
+    assert head[("Head (partial)", "ρ=1.5")].paper == 64.13
+    assert (tuned.method.params.scope, tuned.method.params.rho) == ("head", 1.5)
 
 
 def test_man_tables_pair_accuracy_with_rounds_and_compose_man() -> None:
@@ -77,8 +78,10 @@ def test_man_tables_pair_accuracy_with_rounds_and_compose_man() -> None:
 
 def test_fedalign_tables_values_metrics_and_column_sizes() -> None:
     t1 = cells("fedalign:table1")
-    assert t1[("GradAug", "cifar100", "H_N")].paper == 2924 and t1[("GradAug", "cifar100", "H_N")].metric == "hessian_hn"
-    assert t1[("Mixup", "cifar100", "H_D")].paper == 0.99 and get_table("fedalign:table1").factor(t1[("Mixup", "cifar100", "H_D")]) == 1.0
+    assert t1[("GradAug", "cifar100", "H_N")].paper == 2924
+    assert t1[("GradAug", "cifar100", "H_N")].metric == "hessian_hn"
+    assert t1[("Mixup", "cifar100", "H_D")].paper == 0.99
+    assert get_table("fedalign:table1").factor(t1[("Mixup", "cifar100", "H_D")]) == 1.0
     assert config(get_table("fedalign:table1"), t1[("FedAvg", "cifar100", "λ_max")]).metrics.hessian.clients == 16
     assert cells("fedalign:table2")[("StochDepth", "cifar100", "homog")].paper == 58.6
 
@@ -173,5 +176,5 @@ def test_report_reads_each_cells_metric_scales_it_and_writes_r_plus(man_job, tmp
         by = {(r["method"], r["partition"]): r for r in csv.DictReader(f)}
     assert (by[("FedAvg", "δ=0.3 rounds")]["paper"], by[("FedAvg", "δ=0.3 rounds")]["measured"]) == ("500+", "12+")
     assert by[("FedDC+MAN", "δ=0.3 rounds")]["measured"] == "4.0000"
-    assert "| FedDC+MAN | 80.00 ± 1.00 (rank 1; paper 55.21, rank 1) | 4.00 ± 0.00 (rank 1; paper 144.00, rank 1) |" in markdown(
-        man_job, list(res.values()))
+    assert ("| FedDC+MAN | 80.00 ± 1.00 (rank 1; paper 55.21, rank 1) | 4.00 ± 0.00 (rank 1; paper 144.00, rank 1) |"
+            in markdown(man_job, list(res.values())))

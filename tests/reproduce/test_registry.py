@@ -34,7 +34,8 @@ def test_every_cell_is_a_valid_experiment_at_every_scale(table) -> None:
     scale, on its own dataset and on the quick scale's stand-in, and evaluates the protocol it reads."""
     quick = table.scales["quick"]
     assert quick.substitute == "fmnist" or "fmnist" in table.datasets  # every quick scale runs here
-    runs = [(scale, None) for scale in table.scales.values()] + ([(quick, quick.substitute)] if quick.substitute else [])
+    runs = [(scale, None) for scale in table.scales.values()]
+    runs += [(quick, quick.substitute)] if quick.substitute else []
     for scale, stand_in in runs:
         for cell in table.cells:
             cfg = build_config(cell_tree(cell, scale, stand_in or cell.dataset, []))
@@ -76,7 +77,8 @@ def test_simfafl_cells_take_the_papers_betas_per_dataset() -> None:
     assert (fmnist.method.params.beta1, fmnist.method.params.beta2) == (0.0025, 0.1)
     assert fmnist.partition.kind == "classes"
     ablation = {c.row: c for c in get_table("table3").cells if c.dataset == "fmnist" and c.column == "non-IID1"}
-    assert ablation["with L_ca"].settings["method.beta2"] == 0.0 and "method.beta1" not in ablation["with L_ca"].settings
+    assert ablation["with L_ca"].settings["method.beta2"] == 0.0
+    assert "method.beta1" not in ablation["with L_ca"].settings
 
 
 def test_unknown_table_lists_the_known_ones() -> None:

@@ -40,7 +40,8 @@ def spec(tmp_path: Path):
 @needs_fmnist
 def test_paper_scale_on_the_papers_dataset_shows_delta(tmp_path: Path) -> None:
     paper = job(tmp_path, "paper", ["FedAvg", "SimFAFL"])
-    rows = [row("FedAvg | FMNIST non-IID1", "finished", 0.80, 0.01), row("SimFAFL | FMNIST non-IID1", "diverged", math.nan)]
+    rows = [row("FedAvg | FMNIST non-IID1", "finished", 0.80, 0.01),
+            row("SimFAFL | FMNIST non-IID1", "diverged", math.nan)]
     res = {r.cell.key: r for r in results(paper, rows)}
     fedavg = res["FedAvg | FMNIST non-IID1"]
     assert fedavg.measured == pytest.approx(80.0) and fedavg.std == pytest.approx(1.0)
@@ -54,7 +55,8 @@ def test_paper_scale_on_the_papers_dataset_shows_delta(tmp_path: Path) -> None:
     first = by[("FedAvg", "FMNIST", "non-IID1")]
     assert (first["table"], first["paper"], first["measured"], first["std"], first["delta"], first["seeds"]) == (
         "simfafl:table2", "84.1754", "80.0000", "1.0000", "-4.1754", "2")
-    assert by[("FedAvg", "CIFAR-10", "non-IID1")]["measured"] == "" and by[("FedAvg", "CIFAR-10", "non-IID1")]["status"] == "no data"
+    no_data = by[("FedAvg", "CIFAR-10", "non-IID1")]
+    assert no_data["measured"] == "" and no_data["status"] == "no data"
 
     md = markdown(paper, list(res.values()))
     assert "| FedAvg | 80.00 ± 1.00 (paper 84.18, Δ -4.18) |" in md and "data.dataset: cifar10 not found" in md

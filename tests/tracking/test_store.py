@@ -20,8 +20,8 @@ from fltune.tracking.store import check_reachable, open_store, retrying
 from tests.tune.test_cluster import ISOLATED, free_port, start_node, stop_node
 
 REPO = Path(__file__).resolve().parents[2]
-TINY = ["--method", "fedavg", "--dataset", "synthetic", "--model", "mlp", "--clients", "4", "--fraction", "1", "--rounds", "2",
-        "--local-epochs", "1", "--workers", "1", "--set", "resources.cpus_per_worker=0.25"]
+TINY = ["--method", "fedavg", "--dataset", "synthetic", "--model", "mlp", "--clients", "4", "--fraction", "1",
+        "--rounds", "2", "--local-epochs", "1", "--workers", "1", "--set", "resources.cpus_per_worker=0.25"]
 
 
 def _start_runs(uri: str, seeds: range, address: str) -> list[subprocess.Popen]:
