@@ -252,10 +252,14 @@ def plan_table(title: str, est: Estimate):
 
 def print_plan(title: str, items: list[tuple[str, dict[str, Any], int]], address: str | None,
                max_concurrent: int | None, notes: list[str]) -> int:
-    """``--plan``: print what would run and what it costs, run and write nothing; exit status 0."""
+    """``--plan``: print what would run and what it costs, and run nothing; exit status 0. The job's data
+    checks come first (``driver.check_data``: every distinct split partitioned, into the disk cache the job
+    reads), so a plan of a job that would be refused is refused with the job's own line."""
+    from fltune.driver import check_data
     from fltune.tracking.progress import console
 
     est = estimate(items, cluster_resources(address), max_concurrent)
+    check_data(w.cfg for w in est.work)
     console.print(plan_table(title, est))
     for line in notes:
         console.print(line, highlight=False)

@@ -162,3 +162,24 @@ def test_a_methods_passes_per_step_is_read_from_its_parameters() -> None:
                       "model.options={blocks: 1}") for n in (1, 3)]
     works = [work(str(cfg.method.params.n), cfg.model_dump(mode="json"), 1) for cfg in cfgs]
     assert [w.seconds / (w.samples * calibrate(cfg)) for w, cfg in zip(works, cfgs)] == pytest.approx([2.0, 4.0])
+
+
+IMPOSSIBLE_SPLIT = ["--set", "data.dataset=synthetic", "--set", "partition.kind=dirichlet", "--set",
+                    "partition.alpha=0.001", "--set", "partition.min_size=50"]
+
+
+@pytest.mark.parametrize("command", [
+    ["run"], ["tune", "--space", str(Path(__file__).parents[1] / "search_spaces" / "fedavg.yaml")],
+    ["compare", "--methods", "fedavg,fedprox"], ["reproduce", "table2", "--datasets", "fmnist", "--rows", "FedAvg"]])
+def test_a_plan_of_a_job_its_data_checks_refuse_is_refused_with_the_jobs_line(command, tmp_path, capsys) -> None:
+    """A plan partitions the data as the job would before Ray: a split no client draw can serve is the job's one
+    line and exit 2, not a plan of a job that cannot start."""
+    if command[0] == "reproduce" and not FMNIST_DIR.exists():
+        pytest.skip("needs FMNIST")
+    storage = [] if command[0] == "run" else ["--storage", str(tmp_path / "jobs")]
+    split = IMPOSSIBLE_SPLIT[2:] if command[0] == "reproduce" else IMPOSSIBLE_SPLIT  # the table's own dataset
+    assert main([*command, "--plan", *split, *storage]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("fltune: partition.alpha/partition.min_size: no split with every "
+                                               "client ≥ 50 samples"), err
+    assert_wrote_nothing(tmp_path)
