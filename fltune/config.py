@@ -153,6 +153,9 @@ class TrainingConfig(_Section):
                                  "epochs before personalised evaluation: its personal part, else its head, with "
                                  "the rest frozen; Ditto: one more of its own rounds (the method's final_round)")
     finetune_lr: float | None = Field(None, gt=0, description="fine-tuning lr; None = training.lr")
+    drop_last: bool = Field(False, description="drop each epoch's short last batch, as a DataLoader with drop_last "
+                            "(FedAlign's code): a client trains, and weighs in the server's average with, "
+                            "floor(n_k/B)·B samples an epoch")
 
     @model_validator(mode="after")
     def _nesterov_needs_momentum(self) -> TrainingConfig:

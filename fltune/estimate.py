@@ -231,7 +231,7 @@ def settings(cfg: ExperimentConfig) -> str:
     """The settings that set a run's cost and its optimiser, as the plan lists them."""
     fed, t = cfg.federation, cfg.training
     final = f" + final {t.finetune_epochs} ep" if t.finetune_epochs else ""
-    clip = f", clip {t.grad_clip:g}" if t.grad_clip else ""
+    clip = (f", clip {t.grad_clip:g}" if t.grad_clip else "") + (", drop last" if t.drop_last else "")
     return (f"{cfg.method.name} · {model_name(cfg)} · {counted(fed.rounds, 'round')} × "
             f"{'~' if fed.sampling == 'bernoulli' else ''}{fed.clients_per_round}/{fed.clients} clients × "
             f"E {t.local_epochs}{final} · B {t.batch_size}, "

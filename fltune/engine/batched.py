@@ -46,7 +46,7 @@ from torch.func import vmap
 from fltune.config import ExperimentConfig, TrainingConfig
 from fltune.data.federated import FederatedData
 from fltune.data.augment import augment, lookup_float
-from fltune.engine.local import DeviceBatches, RoundInput, device_states, epoch_order
+from fltune.engine.local import DeviceBatches, RoundInput, device_states, epoch_order, epoch_samples
 from fltune.engine.rng import derive_seed
 from fltune.methods.base import (
     ClientContext, ClientResult, Forward, FunctionalBatch, FunctionalStep, Method, Phase,
@@ -141,13 +141,14 @@ def _context(
     (FedPAC-FedCR's class summaries) makes no host batch and no pageable copy, each a wait for the GPU."""
     model.load_state_dict(start)
     indices = data.client_train[cid]
+    kept = epoch_samples(len(indices), training)
 
     def epoch() -> Iterator[tuple[Tensor, Tensor]]:
-        return source.epoch(indices, training.batch_size, generator, augment_kind)
+        return source.epoch(indices, training.batch_size, generator, augment_kind, kept)
 
     ctx = ClientContext(
         client_id=cid, round=inputs.round, model=model, global_state=global_tensors, state=dict(state),
-        server=inputs.server, server_tensors=inputs.server_on(device), num_samples=len(indices),
+        server=inputs.server, server_tensors=inputs.server_on(device), num_samples=kept,
         epochs=training.local_epochs, lr=inputs.lr, device=device, batches=epoch, momentum=training.momentum,
         nesterov=training.nesterov, initial_lr=training.lr,
     )
@@ -468,8 +469,8 @@ class _Group:
         self, source: DeviceBatches, phases: list[Phase], epoch: int, batch_size: int, fixed: bool = False,
     ) -> _GroupEpoch:
         """The group's batches of ``epoch``: a client past its phase's epochs has none (and draws nothing)."""
-        orders = [epoch_order(indices, generator, shuffle=True) if epoch < phase.epochs else None
-                  for indices, generator, phase in zip(self.indices, self.generators, phases)]
+        orders = [epoch_order(indices, generator, True, ctx.num_samples) if epoch < phase.epochs else None
+                  for indices, generator, phase, ctx in zip(self.indices, self.generators, phases, self.contexts)]
         return _GroupEpoch(source, orders, batch_size, self.epoch_noise, fixed)
 
     def epoch_noise(self, counts: Tensor, batch_size: int) -> dict[str, Tensor]:

@@ -12,6 +12,7 @@ from fltune.config import ExperimentConfig
 from fltune.data.datasets import load_dataset, subsample
 from fltune.data.federated import FederatedData, build_federated_data
 from fltune.engine.rng import derive_seed
+from fltune.errors import FLTuneError
 from fltune.methods import get_method
 from fltune.methods.base import Method, State, to_numpy
 from fltune.models import build_model, default_model
@@ -28,7 +29,22 @@ def load_data(cfg: ExperimentConfig) -> FederatedData:
         min_size=part.min_size, eval_fraction=part.eval_fraction, val_fraction=part.val_fraction,
         pool_test=part.pool_test, cache_dir=part.cache_dir,
     )
+    check_drop_last(cfg, data)
     return data if cfg.metrics.test else data.without_test()
+
+
+def check_drop_last(cfg: ExperimentConfig, data: FederatedData) -> None:
+    """With ``training.drop_last`` a client smaller than one batch would train no step and weigh nothing, and
+    the methods that divide by a client's steps (SCAFFOLD, FedNova) would divide by zero: refused here, before
+    Ray (``driver.check_data``), naming the smallest client."""
+    if not cfg.training.drop_last:
+        return
+    sizes = [len(train) for train in data.client_train]
+    smallest = min(range(len(sizes)), key=sizes.__getitem__)
+    if sizes[smallest] < cfg.training.batch_size:
+        raise FLTuneError(f"training.drop_last: client {smallest} has {sizes[smallest]} training samples, fewer than "
+                          f"training.batch_size {cfg.training.batch_size}, so it would train no step; allowed: "
+                          f"training.batch_size ≤ {sizes[smallest]}, a split with larger clients, or drop_last false")
 
 
 def model_name(cfg: ExperimentConfig) -> str:

@@ -129,10 +129,11 @@ def device_table(mean: tuple[float, ...], std: tuple[float, ...], device: torch.
 
 def batches(
     data: FederatedData, indices: np.ndarray, batch_size: int, generator: torch.Generator, device: torch.device,
-    *, shuffle: bool = True, augment_kind: str = "none",
+    *, shuffle: bool = True, augment_kind: str = "none", keep: int | None = None,
 ) -> Iterator[Batch]:
-    """Mini-batches of a client's samples: uint8 → float, augmented, normalised, on ``device``."""
-    index = epoch_order(indices, generator, shuffle)
+    """Mini-batches of a client's samples: uint8 → float, augmented, normalised, on ``device``; the first
+    ``keep`` of the epoch's order (:func:`epoch_samples`)."""
+    index = epoch_order(indices, generator, shuffle, keep)
     for start in range(0, len(index), batch_size):
         chunk = index[start:start + batch_size]
         x = to_float(data.x[chunk], data.mean, data.std)
@@ -141,11 +142,20 @@ def batches(
         yield x.to(device, non_blocking=True), data.y[chunk].to(device, non_blocking=True)
 
 
-def epoch_order(indices: np.ndarray, generator: torch.Generator, shuffle: bool) -> torch.Tensor:
+def epoch_order(indices: np.ndarray, generator: torch.Generator, shuffle: bool,
+                keep: int | None = None) -> torch.Tensor:
     """An epoch's sample order: the one ``randperm`` draw per epoch every batch source shares (the
-    batched executor's too)."""
+    batched executor's too), cut to its first ``keep`` (None: all) after the draw, as a DataLoader's
+    ``drop_last`` cuts its shuffled sampler's order: each epoch drops other samples."""
     index = torch.tensor(indices, dtype=torch.long)  # a copy: arrays from Ray's object store are read-only
-    return index[torch.randperm(len(index), generator=generator)] if shuffle else index
+    return (index[torch.randperm(len(index), generator=generator)] if shuffle else index)[:keep]
+
+
+def epoch_samples(n: int, training: TrainingConfig) -> int:
+    """The samples a client of ``n`` trains an epoch: all, or with ``training.drop_last`` its full batches'
+    floor(n/B)·B. That is also its n_k in the server's weighted average, as FedAlign's code weighs a client by
+    ``len(loader) * batch_size`` of a ``drop_last`` loader (``mmendiet/FedAlign:methods/base.py``)."""
+    return n - n % training.batch_size if training.drop_last else n
 
 
 class HostBatches:
@@ -155,8 +165,8 @@ class HostBatches:
         self.data, self.device = data, device
 
     def epoch(self, indices: np.ndarray, batch_size: int, generator: torch.Generator,
-              augment_kind: str) -> Iterator[Batch]:
-        return batches(self.data, indices, batch_size, generator, self.device, augment_kind=augment_kind)
+              augment_kind: str, keep: int | None = None) -> Iterator[Batch]:
+        return batches(self.data, indices, batch_size, generator, self.device, augment_kind=augment_kind, keep=keep)
 
 
 class DeviceBatches:
@@ -170,8 +180,8 @@ class DeviceBatches:
         self.device = device
 
     def epoch(self, indices: np.ndarray, batch_size: int, generator: torch.Generator,
-              augment_kind: str) -> Iterator[Batch]:
-        index = epoch_order(indices, generator, shuffle=True).to(self.device, non_blocking=True)
+              augment_kind: str, keep: int | None = None) -> Iterator[Batch]:
+        index = epoch_order(indices, generator, True, keep).to(self.device, non_blocking=True)
         for start in range(0, len(index), batch_size):
             chunk = index[start:start + batch_size]
             x = lookup_float(self.x[chunk], self.table)
@@ -359,14 +369,15 @@ def train_client(
     start = method.client_model_state(inputs.global_state, client_state)
     model.load_state_dict(device_states([start], device, inputs.global_state, global_tensors)[0])
     indices = data.client_train[client_id]
+    kept = epoch_samples(len(indices), training)
 
     def epoch() -> Iterator[Batch]:
-        return executor.source.epoch(indices, training.batch_size, generator, augment_kind)
+        return executor.source.epoch(indices, training.batch_size, generator, augment_kind, kept)
 
     ctx = ClientContext(
         client_id=client_id, round=inputs.round, model=model, global_state=global_tensors,
         state=dict(client_state), server=inputs.server, server_tensors=inputs.server_on(device),
-        num_samples=len(indices), epochs=training.local_epochs, lr=inputs.lr, device=device, batches=epoch,
+        num_samples=kept, epochs=training.local_epochs, lr=inputs.lr, device=device, batches=epoch,
         momentum=training.momentum if training.optimizer == "sgd" else 0.0, nesterov=training.nesterov,
         initial_lr=training.lr, grad_clip=training.grad_clip,
     )

@@ -71,6 +71,8 @@ class ClientContext:
     state: dict[str, Any]
     server: dict[str, Any]
     num_samples: int
+    """The samples an epoch of ``batches`` holds: the client's training split, less the short last batch's
+    with ``training.drop_last``. Its weight n_k in the server's average."""
     epochs: int
     lr: float
     """This round's learning rate: ``training.lr`` after ``training.lr_decay``."""

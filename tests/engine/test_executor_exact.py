@@ -185,3 +185,19 @@ def test_federation_on_ray_is_the_same_with_either_executor(pool, method):
         runs[kind] = (fed.global_state, fed.client_store, history)
     assert_same(runs["exact"], runs["reference"], method)
     assert "acc_personalized" in runs["exact"][2][-1]  # the fine-tuning ran on both paths
+
+
+@pytest.mark.parametrize("method", ["fedavg", "scaffold", "fedcr"])
+def test_drop_last_gives_the_reference_bits_and_trains_and_weighs_full_batches(method, device):
+    """``training.drop_last``: each epoch's short last batch is dropped on both paths alike, so a client
+    takes floor(n/B) steps an epoch and weighs floor(n/B)·B in a weighted average (FedAlign's code). FedCR folds its
+    epoch's statistics by ``num_samples``, which is then the kept count."""
+    cfg = tiny_config(method, "training.drop_last=true", "training.local_epochs=2", "training.batch_size=10")
+    _, _, rounds = assert_executors_agree(cfg, device)
+    data, batch = tiny_data(), cfg.training.batch_size
+    assert any(len(data.client_train[c]) % batch for r in rounds for c in r)  # some client had a short batch
+    for results in rounds:
+        for cid, out in results.items():
+            full = len(data.client_train[cid]) // batch
+            assert (out.metrics["steps"], out.metrics["samples"]) == (2 * full, 2 * full * batch)
+            assert out.weight == (full * batch if build_method(cfg).weighted_by_samples else 1.0)  # SCAFFOLD: a mean

@@ -101,14 +101,17 @@ TABLE8 = {  # rounds, MFLOPs, Comm Cost (Gb) to 60 % on CIFAR-100
 COMMON = {"model.name": "resnet56", "partition.kind": "dirichlet", "partition.alpha": 0.5,
           "metrics.protocols": ["global"]}
 OPTIMISER = {"training.batch_size": 64, "training.lr": 0.01, "training.momentum": 0.9, "training.nesterov": True,
-             "training.weight_decay": 1e-4}
+             "training.weight_decay": 1e-4, "training.drop_last": True}
 """Every client optimiser in the authors' code is ``SGD(lr, momentum=0.9, weight_decay=wd, nesterov=True)``
-(``mmendiet/FedAlign:methods/fedavg.py``, ``methods/fedalign.py`` and the other methods/*.py alike)."""
+(``mmendiet/FedAlign:methods/fedavg.py``, ``methods/fedalign.py`` and the other methods/*.py alike), and every
+client loader drops its short last batch (``data_preprocessing/data_loader.py``: ``drop_last=True``), the server
+weighing a client by ``len(loader) * batch_size`` (``methods/base.py``)."""
 PAPER = Scale(
     settings={"federation.clients": 16, "federation.fraction": 1.0, "federation.rounds": 25,
               "training.local_epochs": 20, **OPTIMISER, "metrics.every": 5},
     per_column={SAMPLED: {"metrics.every": 10}},
-    note="16 clients × 1.0, 25 rounds, E = 20, B = 64, SGD lr 0.01, Nesterov momentum 0.9, wd 1e-4, ResNet-56",
+    note="16 clients × 1.0, 25 rounds, E = 20, B = 64 (short last batch dropped), SGD lr 0.01, Nesterov momentum "
+         "0.9, wd 1e-4, ResNet-56",
 )
 QUICK = Scale(
     settings={"data.subsample": 0.02, "federation.clients": 2, "federation.fraction": 1.0, "federation.rounds": 3,
@@ -122,8 +125,9 @@ QUICK = Scale(
 SCALES = {"paper": PAPER, "quick": QUICK}
 HESSIAN = {"metrics.hessian.at_end": True, "metrics.hessian.top_k": 1, "metrics.hessian.landscape": False}
 UNKNOWNS = (
-    "Nesterov momentum 0.9, weight decay 1e-4, batch 64 (docs/methods.md §3: the authors' code; the paper says only "
-    "'SGD with momentum, lr 0.01')",
+    "Nesterov momentum 0.9, weight decay 1e-4, batch 64, each epoch's short last batch dropped and clients weighed by "
+    "their full batches' samples (docs/methods.md §3: the authors' code; the paper says only 'SGD with momentum, "
+    "lr 0.01')",
     "gradient clipping at norm 10 for FedAlign alone (App. E: 'a gradient clip is also applied'; value from "
     "the authors' code)",
     "GradAug's input sizes {32, 28, 24, 20} (the CIFAR sizes) on every dataset",
