@@ -9,7 +9,10 @@ the dataset model's body and a new 256→classes head (``QinbinLi/MOON:model.py`
 FedAlign authors' ResNet-56 does the same). Being part of the model, the projector is aggregated.
 z_g comes from a frozen copy of the round's global model and z_prev from the client's own model after its
 last local update, kept in the client's state as numpy. Both frozen copies run in eval mode, as in
-``QinbinLi/MOON:main.py``.
+``QinbinLi/MOON:main.py`` (``anchors: eval``), or in train mode (``anchors: train``) as in
+``mmendiet/FedAlign:methods/moon.py``, which builds them as fresh modules and never calls ``.eval()``: there
+their batch norms normalise by each batch's own statistics, so z_g and z_prev differ from eval mode's for a
+model with batch norm (FedAlign's ResNet-56), and are the same without one.
 
 **[U]** A client's first participation has no previous model: ``mmendiet/FedAlign:methods/moon.py``
 uses the initial global model for it; here the round's global model stands in, which makes ℓ_con the
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import copy
 from collections import OrderedDict
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -39,6 +43,9 @@ PROJECTION_DIM = 256
 class MoonParams(Params):
     mu: float = Field(1.0, ge=0, description="weight μ of the model-contrastive loss (FedAlign §3.2: 1.0)")
     tau: float = Field(0.5, gt=0, description="temperature τ (MOON default 0.5)")
+    anchors: Literal["eval", "train"] = Field(
+        "eval", description="mode of the frozen global and previous copies: eval (MOON's code: batch-norm running "
+        "statistics) or train (FedAlign's code: each batch's own statistics)")
 
 
 def add_projector(model: nn.Module) -> SplitModel:
@@ -66,9 +73,11 @@ def contrastive_loss(z: Tensor, z_global: Tensor, z_prev: Tensor, tau: float) ->
     return F.cross_entropy(logits / tau, torch.zeros(len(z), dtype=torch.long, device=z.device))
 
 
-def frozen_copy(model: nn.Module, state: dict[str, Tensor]) -> nn.Module:
-    """An eval-mode, gradient-free copy of ``model`` holding ``state`` (MOON's global and previous nets)."""
-    clone = copy.deepcopy(model).eval()
+def frozen_copy(model: nn.Module, state: dict[str, Tensor], train: bool = False) -> nn.Module:
+    """A gradient-free copy of ``model`` holding ``state`` (MOON's global and previous nets), in eval mode or,
+    with ``train``, in train mode. The copy owns its buffers (``load_state_dict`` copies into them), so a
+    train-mode batch norm's running-statistics update never reaches ``state``, which other clients share."""
+    clone = copy.deepcopy(model).train(train)
     clone.load_state_dict(state)
     clone.requires_grad_(False)
     return clone
@@ -91,12 +100,12 @@ class Moon(Method):
 
     def setup_client(self, ctx: ClientContext) -> None:
         """Frozen copies of the round's global model and of this client's previous local model."""
-        global_model = frozen_copy(ctx.model, ctx.global_state)
+        train = self.params.anchors == "train"
+        global_model = frozen_copy(ctx.model, ctx.global_state, train)
         prev = ctx.state.get("prev")  # numpy from the client store, read-only if it came through Ray: copied
         ctx.scratch["global"] = global_model
-        ctx.scratch["prev"] = (
-            global_model if prev is None else frozen_copy(ctx.model, {k: torch.tensor(v) for k, v in prev.items()})
-        )
+        ctx.scratch["prev"] = global_model if prev is None else frozen_copy(
+            ctx.model, {k: torch.tensor(v) for k, v in prev.items()}, train)
 
     def local_loss(self, ctx: ClientContext, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
         z = ctx.model.features(x)

@@ -1,13 +1,17 @@
 """Stochastic depth (Huang et al., ECCV 2016) as a local regulariser (FedAlign §3.2; docs/methods.md §2).
 
 ζ_ℓ = σ(b_ℓ·F_ℓ(ζ_{ℓ−1}) + I(ζ_{ℓ−1})), b_ℓ ~ Bernoulli(p_ℓ), p_ℓ = 1 − (ℓ/L)(1 − ρ_L) over the L = 18
-bottleneck blocks of ResNet-56; at evaluation the branch is scaled by p_ℓ. The loss is plain CE; all of
+bottleneck blocks of ResNet-56 (``schedule: paper``), or p_ℓ = 1 − ((ℓ − 1)/(L − 1))(1 − ρ_L), the first block
+always kept, as ``mmendiet/FedAlign:models/resnet_stochdepth.py`` builds it (``schedule: code``, which
+FedAlign's tables use); at evaluation the branch is scaled by p_ℓ. The loss is plain CE; all of
 the method is the model option :meth:`~fltune.models.resnet56.ResNet56.set_stochastic_depth`, which
 ``adapt_model`` switches on in every copy of the model (driver and workers), so the global model is also
 *evaluated* with the p_ℓ scaling. Needs ``model.name=resnet56`` (``auto`` picks it).
 """
 
 from __future__ import annotations
+
+from typing import Literal
 
 from pydantic import Field
 from torch import nn
@@ -19,6 +23,9 @@ from fltune.methods.base import Params
 
 class StochDepthParams(Params):
     rho_L: float = Field(0.9, gt=0, le=1, description="survival probability ρ_L of the last block (FedAlign: 0.9)")
+    schedule: Literal["paper", "code"] = Field(
+        "paper", description="paper: p_ℓ = 1 − (ℓ/L)(1 − ρ_L), ℓ = 1..L (Huang et al.); code: the first block always "
+        "kept, p_ℓ = 1 − ((ℓ−1)/(L−1))(1 − ρ_L) (FedAlign's models/resnet_stochdepth.py)")
 
 
 @register
@@ -35,5 +42,5 @@ class StochDepth(ResNet56Method):
 
     def adapt_model(self, model: nn.Module) -> nn.Module:
         resnet = super().adapt_model(model)
-        resnet.set_stochastic_depth(self.params.rho_L)
+        resnet.set_stochastic_depth(self.params.rho_L, first_kept=self.params.schedule == "code")
         return resnet

@@ -183,15 +183,16 @@ class ResNet56(SplitModel):
         """Logits of the whole network sliced to width ω (a GradAug sub-network)."""
         return self.head(self.body(x, width))
 
-    def set_stochastic_depth(self, last_survival: float) -> None:
-        """Survival p_ℓ = 1 − (ℓ/L)(1 − p_L) for blocks ℓ = 1..L (FedAlign §3.2, Huang et al. 2016).
-
-        The authors' ``resnet_stochdepth.py`` instead starts at p = 1 for the first block; both fall
-        linearly to p_L at the last. 1.0 turns stochastic depth off.
+    def set_stochastic_depth(self, last_survival: float, first_kept: bool = False) -> None:
+        """Survival p_ℓ = 1 − (ℓ/L)(1 − p_L) for blocks ℓ = 1..L (FedAlign §3.2, Huang et al. 2016), or with
+        ``first_kept`` p_ℓ = 1 − ((ℓ − 1)/(L − 1))(1 − p_L), as the FedAlign authors'
+        ``models/resnet_stochdepth.py`` builds it (p = 1 for the first block, steps of (1 − p_L)/(L − 1)).
+        Both fall linearly to p_L at the last block. 1.0 turns stochastic depth off.
         """
         blocks = list(self.body.blocks())
         for depth, block in enumerate(blocks, 1):
-            block.survival = 1.0 - depth / len(blocks) * (1.0 - last_survival)
+            fall = (depth - 1) / max(len(blocks) - 1, 1) if first_kept else depth / len(blocks)
+            block.survival = 1.0 - fall * (1.0 - last_survival)
 
 
 @register_model("resnet56")

@@ -15,6 +15,7 @@ from fltune.methods.base import Method
 from fltune.methods.moon import PROJECTION_DIM, contrastive_loss
 from fltune.models import SplitModel, split_keys
 from tests.methods.helpers import make_ctx, tiny_batch, tiny_model
+from tests.methods.resnet56_helpers import resnet_batch, tiny_resnet
 
 Moon = get_method("moon")
 
@@ -123,3 +124,32 @@ def test_model_without_a_linear_head_is_a_user_error():
 
     with pytest.raises(FLTuneError, match="model.name"):
         moon().adapt_model(model)
+
+
+@pytest.mark.parametrize("anchors", ["eval", "train"])
+def test_the_frozen_copies_run_in_the_anchors_mode_and_leave_the_shared_state_alone(anchors):
+    """``anchors: train`` is FedAlign's code (its global and previous nets are never put in eval mode): on a
+    ResNet with batch norm z_g and z_prev then come from each batch's own statistics, not the running ones.
+    The copies' running-statistics updates stay theirs: the round's global state, which every client of a
+    worker shares, keeps its bits."""
+    model = moon().adapt_model(tiny_resnet())
+    global_state = {k: v + 0.5 if v.is_floating_point() else v for k, v in model.state_dict().items()}
+    kept = {k: v.clone() for k, v in global_state.items()}
+    prev = {k: v.numpy() for k, v in shifted_state(model, 2).items()}
+    ctx = make_ctx(model, global_state=global_state, state={"prev": prev})
+    x, _ = resnet_batch()
+    moon(anchors=anchors).setup_client(ctx)
+
+    def z_of(state, train: bool):
+        other = moon().adapt_model(tiny_resnet())
+        other.load_state_dict({k: torch.as_tensor(v) for k, v in state.items()})
+        with torch.no_grad():
+            return other.train(train).features(x)
+
+    with torch.no_grad():
+        z_g, z_p = ctx.scratch["global"].features(x), ctx.scratch["prev"].features(x)
+    train = anchors == "train"
+    torch.testing.assert_close(z_g, z_of(global_state, train))
+    torch.testing.assert_close(z_p, z_of(prev, train))
+    assert not torch.allclose(z_g, z_of(global_state, not train))  # the mode matters on this model
+    assert all(torch.equal(global_state[k], kept[k]) for k in kept)

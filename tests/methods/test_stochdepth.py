@@ -21,6 +21,13 @@ def test_adapt_model_sets_the_linear_survival_schedule():
     assert StochDepth.Params().rho_L == 0.9 and StochDepth.default_model == "resnet56"
 
 
+def test_the_codes_schedule_keeps_the_first_block_and_falls_to_rho_l_at_the_last():
+    """FedAlign's ``resnet_stochdepth.py``: p starts at 1 and falls by (1 − ρ_L)/(L − 1) a block."""
+    model = StochDepth(StochDepth.Params(rho_L=0.4, schedule="code")).adapt_model(tiny_resnet())  # 3 blocks
+
+    assert [b.survival for b in model.body.blocks()] == pytest.approx([1.0, 0.7, 0.4])
+
+
 def test_loss_is_ce_of_the_stochastic_forward_and_differs_across_seeds():
     method = StochDepth(StochDepth.Params(rho_L=0.1))
     model = method.adapt_model(tiny_resnet()).train()

@@ -95,15 +95,21 @@ def test_fedalign_tables_values_metrics_and_column_sizes() -> None:
     assert align.training.grad_clip == 10.0 and align.partition.kind == "dirichlet" and align.federation.clients == 16
 
 
-def test_fedalign_rows_train_with_nesterov_momentum() -> None:
+def test_fedalign_rows_train_as_the_authors_code() -> None:
     """Every method in the authors' code builds ``SGD(lr, momentum=0.9, weight_decay=wd, nesterov=True)``
-    (``mmendiet/FedAlign:methods/fedavg.py``, ``methods/fedalign.py``, …): so does every FedAlign cell."""
+    (``mmendiet/FedAlign:methods/fedavg.py``, ``methods/fedalign.py``, …) and trains on ``drop_last`` loaders
+    (``data_preprocessing/data_loader.py``); its MOON runs the frozen models in train mode
+    (``methods/moon.py``) and its StochDepth always keeps the first block (``models/resnet_stochdepth.py``): so
+    does every FedAlign cell."""
     for key in ("fedalign:table1", "fedalign:table2", "fedalign:table5", "fedalign:table7", "fedalign:table8"):
         table = get_table(key)
         for scale in ("paper", "quick"):
             for one in table.cells:
-                training = config(table, one, scale).training
-                assert (training.momentum, training.nesterov) == (0.9, True), (key, one.row, scale)
+                cfg = config(table, one, scale)
+                training = cfg.training
+                assert (training.momentum, training.nesterov, training.drop_last) == (0.9, True, True), (key, one.row)
+                assert cfg.method.name != "moon" or cfg.method.params.anchors == "train", (key, one.row, scale)
+                assert cfg.method.name != "stochdepth" or cfg.method.params.schedule == "code", (key, one.row)
 
     t7 = get_table("fedalign:table7")
     sampled = cells("fedalign:table7")[("FedAvg", "cifar10", "C=64×0.25 (100)")]

@@ -22,7 +22,9 @@ SPACE_FILES = sorted((REPO / "search_spaces").glob("*.yaml"))
 AUTHORS_OPTIMISER = {
     **dict.fromkeys(("simfafl", "fedcr", "fedsr", "ditto", "fedbabu", "fedper", "fedrep", "lg_fedavg", "fedpac_fedcr"),
                     simfafl.CODE_SETTINGS),
-    **dict.fromkeys(("fedalign", "gradaug", "mixup", "moon", "stochdepth"), fedalign.OPTIMISER),
+    **dict.fromkeys(("fedalign", "gradaug", "mixup"), fedalign.OPTIMISER),
+    "stochdepth": {**fedalign.OPTIMISER, "method.schedule": "code"},  # FedAlign's survival schedule
+    "moon": {**fedalign.OPTIMISER, "method.anchors": "train"},  # FedAlign's MOON: frozen models in train mode
     **dict.fromkeys(("man", "fedsam", "fedasam", "fedspeed", "feddyn", "feddc"), man.OPTIMISER),
     **dict.fromkeys(("fedsol", "fedntd", "fednova", "scaffold"), fedsol.OPTIMISER),
     "fedpac": {"training.momentum": 0.5, "training.weight_decay": 5e-4},  # JianXu95/FedPAC's client SGD

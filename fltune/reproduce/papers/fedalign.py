@@ -28,9 +28,9 @@ GRADAUG = {"method.omega_b": 0.8}
 ROWS: dict[str, tuple[str, dict[str, Any]]] = {
     "FedAvg": ("fedavg", {}),
     "FedProx": ("fedprox", {"method.mu": 1e-4}),
-    "MOON": ("moon", {"method.mu": 1.0, "method.tau": 0.5}),
+    "MOON": ("moon", {"method.mu": 1.0, "method.tau": 0.5, "method.anchors": "train"}),
     "Mixup": ("mixup", {"method.gamma": 0.1}),
-    "StochDepth": ("stochdepth", {"method.rho_L": 0.9}),
+    "StochDepth": ("stochdepth", {"method.rho_L": 0.9, "method.schedule": "code"}),
     "GradAug": ("gradaug", {"method.n": 2, "method.mu": 1.75, **GRADAUG}),
     "GradAug (n = 1)": ("gradaug", {"method.n": 1, "method.mu": 1.5, **GRADAUG}),
     "GradAug (n = 2)": ("gradaug", {"method.n": 2, "method.mu": 1.75, **GRADAUG}),
@@ -131,6 +131,13 @@ UNKNOWNS = (
     "gradient clipping at norm 10 for FedAlign alone (App. E: 'a gradient clip is also applied'; value from "
     "the authors' code)",
     "GradAug's input sizes {32, 28, 24, 20} (the CIFAR sizes) on every dataset",
+    "MOON's frozen global and previous models in train mode, batch statistics (method.anchors: train), as the "
+    "authors' methods/moon.py runs them; MOON's own code uses eval mode",
+    "StochDepth's survival falls from 1 at the first block to ρ_L at the last (method.schedule: code), as the "
+    "authors' models/resnet_stochdepth.py builds it; §3.2's formula starts at 1 − (1 − ρ_L)/L",
+    "≠ code: each client's optimiser starts afresh every round (the code builds one per worker process, so at "
+    "16 × 1.0 a client's momentum carries over from its previous round), and the test split is scored whole (the "
+    "code's drop_last test loader scores 9,984 of CIFAR's 10,000 images)",
 )
 
 
