@@ -82,7 +82,8 @@ def test_fedalign_tables_values_metrics_and_column_sizes() -> None:
     assert t1[("GradAug", "cifar100", "H_N")].metric == "hessian_hn"
     assert t1[("Mixup", "cifar100", "H_D")].paper == 0.99
     assert get_table("fedalign:table1").factor(t1[("Mixup", "cifar100", "H_D")]) == 1.0
-    assert config(get_table("fedalign:table1"), t1[("FedAvg", "cifar100", "λ_max")]).metrics.hessian.clients == 16
+    probe = config(get_table("fedalign:table1"), t1[("FedAvg", "cifar100", "λ_max")]).metrics.hessian
+    assert (probe.clients, probe.batches, probe.batch_size) == (16, 10, 64)  # pyhessian: 10 batches of the run's B
     assert cells("fedalign:table2")[("StochDepth", "cifar100", "homog")].paper == 58.6
 
     t5 = get_table("fedalign:table5")
