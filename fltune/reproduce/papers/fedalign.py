@@ -131,6 +131,8 @@ UNKNOWNS = (
     "gradient clipping at norm 10 for FedAlign alone (App. E: 'a gradient clip is also applied'; value from "
     "the authors' code)",
     "GradAug's input sizes {32, 28, 24, 20} (the CIFAR sizes) on every dataset",
+    "accuracy is the last round's server model; the authors' server logs its test accuracy every round and keeps "
+    "the best round's model (methods/base.py), and the paper does not say which of the two it prints",
     "MOON's frozen global and previous models in train mode, batch statistics (method.anchors: train), as the "
     "authors' methods/moon.py runs them; MOON's own code uses eval mode",
     "StochDepth's survival falls from 1 at the first block to ρ_L at the last (method.schedule: code), as the "
