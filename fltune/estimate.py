@@ -220,6 +220,8 @@ def count(samples: float) -> str:
 
 def summary(est: Estimate) -> str:
     """One line: total client-samples, estimated wall time, on what."""
+    if not est.work:
+        return "estimate: nothing to train here (no run has its data; see above)"
     gpus = est.cluster.get("GPU", 0.0)
     where = f"{est.cluster.get('CPU', 0):g} CPUs" + (f" + {gpus:g} GPU(s)" if gpus else "")
     speeds = "; ".join(f"{k}: {v * 1e3:.3f} ms/sample" for k, v in est.calibration.items())

@@ -183,3 +183,17 @@ def test_a_plan_of_a_job_its_data_checks_refuse_is_refused_with_the_jobs_line(co
     assert len(err) == 1 and err[0].startswith("fltune: partition.alpha/partition.min_size: no split with every "
                                                "client ≥ 50 samples"), err
     assert_wrote_nothing(tmp_path)
+
+
+def test_a_plan_with_no_data_here_names_what_is_missing_and_how_to_get_it(mlflow_uri, wide, tmp_path, capsys) -> None:
+    """No cell has its data: the plan says where the loader looked and the flag that fetches it, and that there
+    is nothing to estimate, not "0 client-samples, ~0 s"."""
+    (tmp_path / "data").mkdir()
+    args = ["reproduce", "fedalign:table2", "--scale", "paper", "--plan", "--set", f"data.root={tmp_path / 'data'}",
+            "--storage", str(tmp_path / "jobs"), "--out", str(tmp_path / "out")]
+    assert main(args) == 0
+    out = plan_output(capsys)
+    assert "24 cell(s) without data are not counted" in out
+    assert out.count("data.dataset: cifar100 not found in") == 1 and "--set data.download=true" in out, out
+    assert "estimate: nothing to train here (no run has its data; see above)" in out
+    assert_wrote_nothing(tmp_path)

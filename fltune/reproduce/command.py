@@ -205,6 +205,7 @@ def show_plan(args: argparse.Namespace) -> int:
     notes = row_lines(table, [p.cell.row for p in planned])
     notes += [f"{sum(not p.runnable for p in planned)} cell(s) without data are not counted"] * any(
         not p.runnable for p in planned)
+    notes += list(dict.fromkeys(f"  {p.missing}" for p in planned if p.missing))
     notes += [f"{sum(p.fetched for p in planned)} cell(s) whose data data.download fetches when the job runs are "
               "not counted"] * any(p.fetched for p in planned)
     cells = [(p.cell.key, p.tree, args.seeds) for p in planned if p.runnable and not p.fetched]
