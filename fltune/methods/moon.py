@@ -14,17 +14,21 @@ last local update, kept in the client's state as numpy. Both frozen copies run i
 their batch norms normalise by each batch's own statistics, so z_g and z_prev differ from eval mode's for a
 model with batch norm (FedAlign's ResNet-56), and are the same without one.
 
-**[U]** A client's first participation has no previous model: ``mmendiet/FedAlign:methods/moon.py``
-uses the initial global model for it; here the round's global model stands in, which makes ℓ_con the
-constant log 2 (no gradient), so a first-time client trains on CE alone. With full participation
-(FedAlign's setting) both agree.
+A client's first participation has no previous model. By default (``first_prev: global``, **[U]**) the
+round's global model stands in, which makes ℓ_con the constant log 2 (no gradient), so a first-time client
+trains on CE alone. ``first_prev: initial`` uses the initial global model, as
+``mmendiet/FedAlign:methods/moon.py`` does (its server starts every client's previous model as the initial
+one): the server keeps that model and sends it beside the round's weights until every client has a previous
+model of its own. With full participation the two agree (round 1's global model is the initial one); they
+differ when clients are sampled (FedAlign Table 7's 64 × 0.25 column).
 """
 
 from __future__ import annotations
 
 import copy
 from collections import OrderedDict
-from typing import Literal
+from dataclasses import replace
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -33,9 +37,13 @@ from torch import Tensor, nn
 
 from fltune.errors import FLTuneError
 from fltune.methods import register
-from fltune.methods.base import ClientContext, ClientResult, Method, Params, to_numpy
+from fltune.methods.base import (
+    ClientContext, ClientResult, Method, Params, ServerContext, ServerUpdate, State, to_numpy,
+)
 from fltune.models.base import SplitModel
 
+INITIAL = "initial"
+"""Server-state and payload key of the initial model (``first_prev: initial``)."""
 PROJECTION_DIM = 256
 """Output width of MOON's projection head (``out_dim`` in the MOON code, 256 in FedAlign's runs)."""
 
@@ -43,6 +51,9 @@ PROJECTION_DIM = 256
 class MoonParams(Params):
     mu: float = Field(1.0, ge=0, description="weight μ of the model-contrastive loss (FedAlign §3.2: 1.0)")
     tau: float = Field(0.5, gt=0, description="temperature τ (MOON default 0.5)")
+    first_prev: Literal["global", "initial"] = Field(
+        "global", description="previous model at a client's first participation: the round's global model "
+        "(ℓ_con = log 2, no gradient) or the initial model (FedAlign's code)")
     anchors: Literal["eval", "train"] = Field(
         "eval", description="mode of the frozen global and previous copies: eval (MOON's code: batch-norm running "
         "statistics) or train (FedAlign's code: each batch's own statistics)")
@@ -104,8 +115,12 @@ class Moon(Method):
         global_model = frozen_copy(ctx.model, ctx.global_state, train)
         prev = ctx.state.get("prev")  # numpy from the client store, read-only if it came through Ray: copied
         ctx.scratch["global"] = global_model
-        ctx.scratch["prev"] = global_model if prev is None else frozen_copy(
-            ctx.model, {k: torch.tensor(v) for k, v in prev.items()}, train)
+        if prev is not None:
+            ctx.scratch["prev"] = frozen_copy(ctx.model, {k: torch.tensor(v) for k, v in prev.items()}, train)
+        elif INITIAL in ctx.server_tensors:
+            ctx.scratch["prev"] = frozen_copy(ctx.model, ctx.server_tensors[INITIAL], train)
+        else:
+            ctx.scratch["prev"] = global_model
 
     def local_loss(self, ctx: ClientContext, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
         z = ctx.model.features(x)
@@ -122,3 +137,19 @@ class Moon(Method):
         result = super().client_result(ctx)
         result.state["prev"] = to_numpy(ctx.model.state_dict())
         return result
+
+    def init_server_state(self, global_state: State) -> dict[str, Any]:
+        """``first_prev: initial``: the initial model, every client's previous model until it has its own."""
+        return {INITIAL: {k: v.copy() for k, v in global_state.items()}} if self.params.first_prev == "initial" else {}
+
+    def server_payload(self, server_state: dict[str, Any]) -> dict[str, Any]:
+        return {INITIAL: server_state[INITIAL]} if INITIAL in server_state else {}
+
+    def aggregate(self, ctx: ServerContext) -> ServerUpdate:
+        """FedAvg's; the initial model is dropped once every client has a previous model (it is then sent for
+        nothing: ~9 MB a round for MOON's ResNet-56)."""
+        update = super().aggregate(ctx)
+        if INITIAL not in ctx.server_state or any(
+                "prev" not in ctx.client_store.get(k, {}) for k in range(ctx.num_clients)):
+            return update
+        return replace(update, server_state={k: v for k, v in update.server_state.items() if k != INITIAL})

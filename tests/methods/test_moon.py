@@ -11,10 +11,10 @@ from torch import nn
 
 from fltune.errors import FLTuneError
 from fltune.methods import get_method
-from fltune.methods.base import Method
+from fltune.methods.base import Aggregate, Method, ServerContext
 from fltune.methods.moon import PROJECTION_DIM, contrastive_loss
 from fltune.models import SplitModel, split_keys
-from tests.methods.helpers import make_ctx, tiny_batch, tiny_model
+from tests.methods.helpers import make_ctx, pure_aggregate, tiny_batch, tiny_model
 from tests.methods.resnet56_helpers import resnet_batch, tiny_resnet
 
 Moon = get_method("moon")
@@ -153,3 +153,33 @@ def test_the_frozen_copies_run_in_the_anchors_mode_and_leave_the_shared_state_al
     torch.testing.assert_close(z_p, z_of(prev, train))
     assert not torch.allclose(z_g, z_of(global_state, not train))  # the mode matters on this model
     assert all(torch.equal(global_state[k], kept[k]) for k in kept)
+
+
+def test_a_first_participation_takes_the_initial_model_as_its_previous_one_with_first_prev_initial():
+    """FedAlign's code starts every client's previous model as the initial one: a client first sampled in a
+    later round contrasts against it (not the round's global model, which would make ℓ_con log 2). The server
+    sends it until every client has a model of its own, then stops."""
+    method = moon(first_prev="initial")
+    model = adapted()
+    initial = {k: v.detach().numpy().copy() for k, v in model.state_dict().items()}
+    server_state = method.init_server_state(initial)
+    later_global = shifted_state(model, 1)  # round 5's global model: no longer the initial one
+    ctx = make_ctx(model, global_state=later_global, server=method.server_payload(server_state))
+    x, y = tiny_batch()
+
+    method.setup_client(ctx)
+    loss, _ = method.local_loss(ctx, x, y)
+
+    z_init = adapted()
+    z_init.load_state_dict({k: torch.tensor(v) for k, v in initial.items()})
+    torch.testing.assert_close(ctx.scratch["prev"].features(x), z_init.features(x))
+    assert loss.item() != pytest.approx(F.cross_entropy(model(x), y).item() + math.log(2))
+
+    mean = {k: v + 1 for k, v in initial.items()}
+    half = {0: {"prev": initial}}
+    full = {0: {"prev": initial}, 1: {"prev": initial}}
+    for store, keeps in ((half, True), (full, False)):
+        ctx_s = ServerContext(5, initial, Aggregate(mean, 1.0, {0: store[0]}, {}), server_state, store, num_clients=2)
+        update = pure_aggregate(method, ctx_s)
+        assert ("initial" in method.server_payload(update.server_state)) is keeps
+    assert moon().init_server_state(initial) == {} and moon().server_payload({}) == {}

@@ -24,7 +24,7 @@ AUTHORS_OPTIMISER = {
                     simfafl.CODE_SETTINGS),
     **dict.fromkeys(("fedalign", "gradaug", "mixup"), fedalign.OPTIMISER),
     "stochdepth": {**fedalign.OPTIMISER, "method.schedule": "code"},  # FedAlign's survival schedule
-    "moon": {**fedalign.OPTIMISER, "method.anchors": "train"},  # FedAlign's MOON: frozen models in train mode
+    "moon": {**fedalign.OPTIMISER, "method.anchors": "train", "method.first_prev": "initial"},  # FedAlign's MOON
     **dict.fromkeys(("man", "fedsam", "fedasam", "fedspeed", "feddyn", "feddc"), man.OPTIMISER),
     **dict.fromkeys(("fedsol", "fedntd", "fednova", "scaffold"), fedsol.OPTIMISER),
     "fedpac": {"training.momentum": 0.5, "training.weight_decay": 5e-4},  # JianXu95/FedPAC's client SGD

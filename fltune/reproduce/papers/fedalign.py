@@ -28,7 +28,7 @@ GRADAUG = {"method.omega_b": 0.8}
 ROWS: dict[str, tuple[str, dict[str, Any]]] = {
     "FedAvg": ("fedavg", {}),
     "FedProx": ("fedprox", {"method.mu": 1e-4}),
-    "MOON": ("moon", {"method.mu": 1.0, "method.tau": 0.5, "method.anchors": "train"}),
+    "MOON": ("moon", {"method.mu": 1.0, "method.tau": 0.5, "method.anchors": "train", "method.first_prev": "initial"}),
     "Mixup": ("mixup", {"method.gamma": 0.1}),
     "StochDepth": ("stochdepth", {"method.rho_L": 0.9, "method.schedule": "code"}),
     "GradAug": ("gradaug", {"method.n": 2, "method.mu": 1.75, **GRADAUG}),
@@ -133,8 +133,9 @@ UNKNOWNS = (
     "GradAug's input sizes {32, 28, 24, 20} (the CIFAR sizes) on every dataset",
     "accuracy is the last round's server model; the authors' server logs its test accuracy every round and keeps "
     "the best round's model (methods/base.py), and the paper does not say which of the two it prints",
-    "MOON's frozen global and previous models in train mode, batch statistics (method.anchors: train), as the "
-    "authors' methods/moon.py runs them; MOON's own code uses eval mode",
+    "MOON's frozen global and previous models in train mode, batch statistics (method.anchors: train), and a "
+    "client's first previous model the initial one (method.first_prev: initial), as the authors' methods/moon.py "
+    "runs them; MOON's own code uses eval mode",
     "StochDepth's survival falls from 1 at the first block to ρ_L at the last (method.schedule: code), as the "
     "authors' models/resnet_stochdepth.py builds it; §3.2's formula starts at 1 − (1 − ρ_L)/L",
     "≠ code: each client's optimiser starts afresh every round (the code builds one per worker process, so at "
