@@ -3,8 +3,10 @@
 Each round a client first fits its personal head with the received body frozen, then updates the body
 with its new head frozen; only the body is uploaded (n_k-weighted average).
 
-**[U]** Epoch split: FedCR's runs (``--local_ep 10 --local_rep_ep 1``) train the head for E − 1 epochs and
-the body for 1, so here the head gets max(E − ``body_epochs``, 1) epochs and the body ``body_epochs``.
+Epoch split as FedCR's ``models/distributed_training_utils.py`` (``train_cnn``: ``head_eps = local_eps -
+local_rep_ep``, the head first): the head gets E − ``body_epochs`` epochs and the body ``body_epochs``, so a
+round is E epochs (Table 2's runs: 9 + 1). Where E ≤ ``body_epochs`` that code trains no head epoch; here the
+head keeps one, max(E − ``body_epochs``, 1), so a personal head is never left untrained (≠ code there only).
 """
 
 from pydantic import Field
