@@ -12,9 +12,12 @@ Personalised evaluation uses v (``state["personal"]`` holds the whole personal m
 default ``client_model_state`` puts on top of the global weights). λ = 0 leaves purely local personal
 models; λ → ∞ pins them to the global model.
 
-**[U]** v starts from the round's global model at a client's first participation; its steps are plain
-SGD (no momentum or weight decay: λ(v − w_g) is its only regulariser, as in FedCR's
-``main_fed_ditto.py`` with momentum 0 and weight decay 0).
+At a client's first participation v starts from the round's global model (``first_personal: global``,
+**[U]**) or from the initial global model (``first_personal: initial``), as FedCR's
+``distributed_training_utils_ditto.py`` builds every client's ``model_local`` as a copy of the initial model
+before round 1 (``_initial.InitialStandIn`` sends it until every client has trained). v's steps are plain
+SGD (no momentum or weight decay: λ(v − w_g) is its only regulariser, as in FedCR's ``main_fed_ditto.py``
+with momentum 0 and weight decay 0).
 
 With ``training.grad_clip`` the personal steps are clipped as that code clips them
 (``distributed_training_utils_ditto.py``, ``train_cnn_local``): its loss is CE(v) − λ⟨v, w_g⟩ with λ as
@@ -29,6 +32,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Mapping
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -36,6 +40,7 @@ from pydantic import Field
 from torch import Tensor, nn
 
 from fltune.methods import register
+from fltune.methods._initial import InitialStandIn
 from fltune.methods.base import (
     ClientContext, ClientResult, FunctionalBatch, FunctionalStep, Method, Params, Tensors, clip_scale, gradient,
     masked_cross_entropy, to_numpy,
@@ -44,10 +49,13 @@ from fltune.methods.base import (
 
 class DittoParams(Params):
     lam: float = Field(0.1, ge=0, description="proximal weight λ of the personal model (FedCR's runs: mu 0.1)")
+    first_personal: Literal["global", "initial"] = Field(
+        "global", description="personal model at a client's first participation: the round's global model or the "
+        "initial model (FedCR's code)")
 
 
 @register
-class Ditto(Method):
+class Ditto(InitialStandIn):
     """Ditto: global w by FedAvg; personal v_k ← v_k − η·∇[CE(v_k) + (λ/2)‖v_k − w_g‖²] per batch."""
 
     name = "ditto"
@@ -56,10 +64,16 @@ class Ditto(Method):
     passes_per_step = 2.0  # both are trained on every batch
     batchable = True
     final_round = "own"
+    kept = "personal"
+
+    def uses_initial(self) -> bool:
+        return self.params.first_personal == "initial"
 
     def setup_client(self, ctx: ClientContext) -> None:
         """The engine loaded the client's personal model: keep it aside and train w from w_g."""
         personal = copy.deepcopy(ctx.model).train()
+        if (initial := self.initial_model(ctx)) is not None:
+            personal.load_state_dict(dict(initial))
         personal.requires_grad_(True)
         ctx.scratch["personal"] = personal
         ctx.model.load_state_dict(ctx.global_state)

@@ -18,17 +18,16 @@ A client's first participation has no previous model. By default (``first_prev: 
 round's global model stands in, which makes ℓ_con the constant log 2 (no gradient), so a first-time client
 trains on CE alone. ``first_prev: initial`` uses the initial global model, as
 ``mmendiet/FedAlign:methods/moon.py`` does (its server starts every client's previous model as the initial
-one): the server keeps that model and sends it beside the round's weights until every client has a previous
-model of its own. With full participation the two agree (round 1's global model is the initial one); they
-differ when clients are sampled (FedAlign Table 7's 64 × 0.25 column).
+one; ``_initial.InitialStandIn`` keeps it and sends it until every client has a previous model of its own).
+With full participation the two agree (round 1's global model is the initial one); they differ when clients
+are sampled (FedAlign Table 7's 64 × 0.25 column).
 """
 
 from __future__ import annotations
 
 import copy
 from collections import OrderedDict
-from dataclasses import replace
-from typing import Any, Literal
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -37,13 +36,10 @@ from torch import Tensor, nn
 
 from fltune.errors import FLTuneError
 from fltune.methods import register
-from fltune.methods.base import (
-    ClientContext, ClientResult, Method, Params, ServerContext, ServerUpdate, State, to_numpy,
-)
+from fltune.methods._initial import InitialStandIn
+from fltune.methods.base import ClientContext, ClientResult, Params, to_numpy
 from fltune.models.base import SplitModel
 
-INITIAL = "initial"
-"""Server-state and payload key of the initial model (``first_prev: initial``)."""
 PROJECTION_DIM = 256
 """Output width of MOON's projection head (``out_dim`` in the MOON code, 256 in FedAlign's runs)."""
 
@@ -95,7 +91,7 @@ def frozen_copy(model: nn.Module, state: dict[str, Tensor], train: bool = False)
 
 
 @register
-class Moon(Method):
+class Moon(InitialStandIn):
     """MOON: L = CE + μ·CE([cos(z, z_g), cos(z, z_prev)]/τ, 0); server as FedAvg (projector included).
 
     μ = 0 skips the term, reproducing CE on the adapted model exactly.
@@ -104,6 +100,7 @@ class Moon(Method):
     name = "moon"
     Params = MoonParams
     stored_models = 3.0  # local, global and previous local model (MOON's contrastive anchors)
+    kept = "prev"
     passes_per_step = 5.0 / 3.0  # + two forward-only passes (global, previous), a forward ≈ 1/3 of a step
 
     def adapt_model(self, model: nn.Module) -> nn.Module:
@@ -117,8 +114,8 @@ class Moon(Method):
         ctx.scratch["global"] = global_model
         if prev is not None:
             ctx.scratch["prev"] = frozen_copy(ctx.model, {k: torch.tensor(v) for k, v in prev.items()}, train)
-        elif INITIAL in ctx.server_tensors:
-            ctx.scratch["prev"] = frozen_copy(ctx.model, ctx.server_tensors[INITIAL], train)
+        elif (initial := self.initial_model(ctx)) is not None:
+            ctx.scratch["prev"] = frozen_copy(ctx.model, dict(initial), train)
         else:
             ctx.scratch["prev"] = global_model
 
@@ -138,18 +135,5 @@ class Moon(Method):
         result.state["prev"] = to_numpy(ctx.model.state_dict())
         return result
 
-    def init_server_state(self, global_state: State) -> dict[str, Any]:
-        """``first_prev: initial``: the initial model, every client's previous model until it has its own."""
-        return {INITIAL: {k: v.copy() for k, v in global_state.items()}} if self.params.first_prev == "initial" else {}
-
-    def server_payload(self, server_state: dict[str, Any]) -> dict[str, Any]:
-        return {INITIAL: server_state[INITIAL]} if INITIAL in server_state else {}
-
-    def aggregate(self, ctx: ServerContext) -> ServerUpdate:
-        """FedAvg's; the initial model is dropped once every client has a previous model (it is then sent for
-        nothing: ~9 MB a round for MOON's ResNet-56)."""
-        update = super().aggregate(ctx)
-        if INITIAL not in ctx.server_state or any(
-                "prev" not in ctx.client_store.get(k, {}) for k in range(ctx.num_clients)):
-            return update
-        return replace(update, server_state={k: v for k, v in update.server_state.items() if k != INITIAL})
+    def uses_initial(self) -> bool:
+        return self.params.first_prev == "initial"

@@ -5,8 +5,8 @@ import torch
 import torch.nn.functional as F
 
 from fltune.methods import get_method
-from fltune.methods.base import Forward, FunctionalBatch, gradient, masked_cross_entropy
-from tests.methods.helpers import make_ctx, tiny_batch, tiny_model
+from fltune.methods.base import Aggregate, Forward, FunctionalBatch, ServerContext, gradient, masked_cross_entropy
+from tests.methods.helpers import make_ctx, pure_aggregate, tiny_batch, tiny_model
 
 Ditto = get_method("ditto")
 
@@ -117,3 +117,31 @@ def test_both_paths_step_v_with_the_bits_of_autograd_through_eq_2(grad_clip):
     functional = ditto(lam).functional_step(v, batch).carry["personal"]
     expected = stepped(lambda params: masked_cross_entropy(forward(params, x), y, weight))
     assert all(torch.equal(functional[n], expected[n]) for n in v)
+
+
+def test_first_personal_initial_starts_a_new_clients_personal_model_from_the_initial_one():
+    """FedCR's code makes every client's ``model_local`` a copy of the initial model before round 1: a client
+    first sampled later starts v there, not at the round's global model. A client with a personal model keeps
+    its own; the server stops sending the initial model once every client has one."""
+    method = Ditto(Ditto.Params(lam=0.1, first_personal="initial"))
+    initial = {k: v.detach().numpy().copy() for k, v in tiny_model(seed=3).state_dict().items()}
+    server_state = method.init_server_state(initial)
+    payload = method.server_payload(server_state)
+    round_global = shifted(tiny_model(seed=2), 0.0)
+
+    new = make_ctx(tiny_model(seed=2), global_state=round_global, server=payload)
+    method.setup_client(new)
+    assert all(torch.equal(t, torch.tensor(initial[k])) for k, t in new.scratch["personal"].state_dict().items())
+    assert all(torch.equal(new.model.state_dict()[k], round_global[k]) for k in round_global)  # w trains from w_g
+
+    own = {k: v + 1.0 for k, v in initial.items()}
+    returning = make_ctx(tiny_model(seed=2), global_state=round_global, server=payload, state={"personal": own})
+    returning.model.load_state_dict({k: torch.tensor(v) for k, v in own.items()})  # as the engine loads it
+    method.setup_client(returning)
+    assert all(torch.equal(t, torch.tensor(own[k])) for k, t in returning.scratch["personal"].state_dict().items())
+
+    mean = {k: v + 1 for k, v in initial.items()}
+    for store, keeps in (({0: {"personal": own}}, True), ({0: {"personal": own}, 1: {"personal": own}}, False)):
+        ctx = ServerContext(4, initial, Aggregate(mean, 1.0, {0: store[0]}, {}), server_state, store, num_clients=2)
+        assert ("initial" in method.server_payload(pure_aggregate(method, ctx).server_state)) is keeps
+    assert ditto(0.1).init_server_state(initial) == {}

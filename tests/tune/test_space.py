@@ -20,8 +20,9 @@ from tests.tune.helpers import REPO, TINY_BASE, write_space
 
 SPACE_FILES = sorted((REPO / "search_spaces").glob("*.yaml"))
 AUTHORS_OPTIMISER = {
-    **dict.fromkeys(("simfafl", "fedcr", "fedsr", "ditto", "fedbabu", "fedper", "fedrep", "lg_fedavg", "fedpac_fedcr"),
+    **dict.fromkeys(("simfafl", "fedcr", "fedsr", "fedbabu", "fedper", "fedrep", "lg_fedavg", "fedpac_fedcr"),
                     simfafl.CODE_SETTINGS),
+    "ditto": {**simfafl.CODE_SETTINGS, "method.first_personal": "initial"},  # FedCR's model_local
     **dict.fromkeys(("fedalign", "gradaug", "mixup"), fedalign.OPTIMISER),
     "stochdepth": {**fedalign.OPTIMISER, "method.schedule": "code"},  # FedAlign's survival schedule
     "moon": {**fedalign.OPTIMISER, "method.anchors": "train", "method.first_prev": "initial"},  # FedAlign's MOON

@@ -59,9 +59,11 @@ ROWS: dict[str, Row] = {
     "FedBABU": Row("fedper", 0.01, True, {}, "README; FedCR's main_fed.py trains fedbabu exactly as fedper "
                    "(Table 2 prints identical numbers for the two in 6 of 8 columns), so this row runs fedper; "
                    "last round tunes the personal head"),
-    "Ditto": Row("ditto", 0.5, True, {"method.lam": 0.1}, "README (mu 0.1); main_fed_ditto.py's last round is "
-                 "one more Ditto round of every client (E epochs), its personal model then evaluated; the personal "
-                 "steps clipped as distributed_training_utils_ditto.py clips them"),
+    "Ditto": Row("ditto", 0.5, True, {"method.lam": 0.1, "method.first_personal": "initial"},
+                 "README (mu 0.1); main_fed_ditto.py's last round is one more Ditto round of every client (E "
+                 "epochs), its personal model then evaluated; the personal steps clipped as "
+                 "distributed_training_utils_ditto.py clips them, each client's personal model starting as its "
+                 "copy of the initial model"),
     "FedSR-FT": Row("fedsr", 0.005, True,
                     {"method.alpha_cmi": 0.001, "method.alpha_l2r": 0.001, "model.options": {"dim_z": 256}},
                     "README (dimZ 256, CMI 0.001, L2R 0.001); last round tunes the head"),

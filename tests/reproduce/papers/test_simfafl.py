@@ -74,6 +74,7 @@ def test_paper_scale_is_the_readme_run() -> None:
 def test_rows_own_settings_follow_the_readme() -> None:
     by = configs("paper")
     assert by["Ditto"].method.params.lam == 0.1  # --mu 0.1
+    assert by["Ditto"].method.params.first_personal == "initial"  # model_local: a copy of the initial model
     fedsr = by["FedSR-FT"]
     assert (fedsr.method.params.alpha_cmi, fedsr.method.params.alpha_l2r) == (0.001, 0.001)  # --CMI, --L2R
     assert fedsr.model.options == {"dim_z": 256}  # --dimZ 256
@@ -90,5 +91,5 @@ def test_rows_own_settings_follow_the_readme() -> None:
 def test_header_lists_each_rows_settings_with_unknowns_marked() -> None:
     table = get_table("table2")
     assert list(table.row_settings) == list(ROWS)
-    assert table.row_settings["Ditto"].startswith("ditto, lr 0.5, lam 0.1, last round — ")
+    assert table.row_settings["Ditto"].startswith("ditto, lr 0.5, lam 0.1, first_personal initial, last round — ")
     assert "[U" in table.row_settings["SimFAFL"] and "last round" in table.row_settings["FedCR"]

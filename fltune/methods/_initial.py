@@ -1,0 +1,60 @@
+"""The initial global model as a client's own model before it has one (a shared base; nothing registered).
+
+Some authors' code builds every client's kept model once, as a copy of the initial global model, before
+round 1: MOON's previous model in ``mmendiet/FedAlign:methods/moon.py`` (the server's ``prev_models``) and
+Ditto's personal model in ``haozzh/FedCR:models/distributed_training_utils_ditto.py`` (``model_local``). A
+client first sampled in round r > 1 then starts from that initial model, not from the round's global one.
+With full participation the two are the same (round 1's global model is the initial one); they differ
+when clients are sampled.
+
+:class:`InitialStandIn` keeps the initial model in the server state and sends it with the round's weights
+while some client has no ``kept`` entry in its state yet; once every client has trained, it stops sending it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any
+
+from torch import Tensor
+
+from fltune.methods.base import ClientContext, Method, ServerContext, ServerUpdate, State
+
+INITIAL = "initial"
+"""Server-state and payload key of the initial model."""
+
+
+class InitialStandIn(Method):
+    """A method whose clients may start their kept model (state key ``kept``) from the initial model."""
+
+    kept: str
+    """The client-state key of the model the initial one stands in for."""
+
+    def uses_initial(self) -> bool:
+        """Whether this configuration starts a client's kept model from the initial one (a parameter)."""
+        raise NotImplementedError
+
+    def init_server_state(self, global_state: State) -> dict[str, Any]:
+        state = super().init_server_state(global_state)
+        return {**state, INITIAL: {k: v.copy() for k, v in global_state.items()}} if self.uses_initial() else state
+
+    def server_payload(self, server_state: dict[str, Any]) -> dict[str, Any]:
+        payload = super().server_payload(server_state)
+        return {**payload, INITIAL: server_state[INITIAL]} if INITIAL in server_state else payload
+
+    def aggregate(self, ctx: ServerContext) -> ServerUpdate:
+        """The base's; the initial model is dropped once every client has its own (it would then be sent for
+        nothing: ~9 MB a round for MOON's ResNet-56)."""
+        update = super().aggregate(ctx)
+        if INITIAL not in update.server_state or any(
+                self.kept not in ctx.client_store.get(k, {}) for k in range(ctx.num_clients)):
+            return update
+        return replace(update, server_state={k: v for k, v in update.server_state.items() if k != INITIAL})
+
+    def initial_model(self, ctx: ClientContext) -> Mapping[str, Tensor] | None:
+        """The initial model on the training device, for a client without a kept model; None when this
+        configuration does not use it or the client has one."""
+        if self.kept in ctx.state or INITIAL not in ctx.server_tensors:
+            return None
+        return ctx.server_tensors[INITIAL]
