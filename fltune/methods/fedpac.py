@@ -21,9 +21,13 @@ The QP is solved by accelerated projected gradient on the simplex (FISTA with st
 is convex, so a few hundred steps reach solver accuracy) instead of cvxpy; weights below 1e-3 are zeroed
 and the rest renormalised, as in ``get_head_agg_weight``/``agg_classifier_weighted_p``.
 
-**[U]** Statistics and prototypes are computed in eval mode (FedPAC's models have no batch norm or
-dropout, so this only matters for other models, where train mode would also move BN running stats).
-The combined heads also replace the heads in the final round (the code skips combining then).
+Statistics and prototypes are computed in eval mode, as the authors' code computes them from a client's
+second round on: its ``local_test`` (run before and after local training) leaves the model in eval mode and
+nothing sets it back, so ``statistics_extraction`` and ``get_local_protos`` see an eval-mode model. The same
+quirk runs that code's local training in eval mode too; fltune trains in train mode (≠ code). FedPAC's
+models have no batch norm or dropout, so neither matters there; for other models train mode would also
+move BN running statistics. **[U]** The combined heads also replace the heads in the final round (the code
+skips combining then).
 """
 
 from __future__ import annotations
