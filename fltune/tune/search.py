@@ -13,9 +13,21 @@ from fltune.tune.space import SearchSpace
 
 class FLOptunaSearch(OptunaSearch):
     """OptunaSearch that reports diverged trials, and trials fltune refused, as failures (Tune sees them
-    end normally)."""
+    end normally), and passes over a trial it never suggested.
+
+    Such a trial comes from a driver killed (SIGKILL, a lost node) after Tune had saved a new trial in the
+    experiment state but before it saved the searcher's state: on ``--resume`` the trial runs, and
+    OptunaSearch raised ``KeyError`` on its first result (a CI run of ``tests/tune/test_resume.py``). Its
+    Optuna trial was lost with the killed driver, so there is nothing to tell Optuna; the trial still runs,
+    scores and is tracked as any other."""
+
+    def on_trial_result(self, trial_id: str, result: dict[str, Any]) -> None:
+        if trial_id in self._ot_trials:
+            super().on_trial_result(trial_id, result)
 
     def on_trial_complete(self, trial_id: str, result: dict[str, Any] | None = None, error: bool = False) -> None:
+        if trial_id not in self._ot_trials:
+            return
         if result and result.get("status") in ("diverged", "failed"):
             super().on_trial_complete(trial_id, result=None, error=True)
         else:

@@ -1,0 +1,27 @@
+"""fltune/tune/search.py: Optuna as Tune's searcher."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from fltune.tune.search import make_searcher
+from fltune.tune.space import parse_space
+
+SPACE = Path(__file__).parents[2] / "search_spaces" / "fedavg.yaml"
+
+
+def test_a_trial_the_searcher_never_suggested_is_passed_over_and_the_others_still_reach_optuna() -> None:
+    """A driver killed between Tune saving a new trial and saving the searcher leaves, on resume, a trial the
+    searcher has no Optuna trial for: its results and its end are passed over, not a KeyError that ends the
+    study."""
+    searcher = make_searcher(parse_space(str(SPACE)))
+    searcher.set_search_properties(metric=None, mode=None, config={})
+    assert searcher.suggest("known") is not None
+
+    searcher.on_trial_result("lost", {"objective": 0.5, "training_iteration": 1})
+    searcher.on_trial_complete("lost", {"objective": 0.5, "training_iteration": 1})
+
+    searcher.on_trial_result("known", {"objective": 0.5, "training_iteration": 1})
+    searcher.on_trial_complete("known", {"objective": 0.7, "training_iteration": 2})
+    [trial] = searcher._ot_study.trials
+    assert (trial.state.name, trial.value, trial.intermediate_values) == ("COMPLETE", 0.7, {1: 0.5})
