@@ -30,14 +30,14 @@ class InitialStandIn(Method):
 
     kept: str
     """The client-state key of the model the initial one stands in for."""
-
-    def uses_initial(self) -> bool:
-        """Whether this configuration starts a client's kept model from the initial one (a parameter)."""
-        raise NotImplementedError
+    first: str
+    """The parameter choosing the kept model's start: ``global`` (the round's) or ``initial``."""
 
     def init_server_state(self, global_state: State) -> dict[str, Any]:
         state = super().init_server_state(global_state)
-        return {**state, INITIAL: {k: v.copy() for k, v in global_state.items()}} if self.uses_initial() else state
+        if getattr(self.params, self.first) != "initial":
+            return state
+        return {**state, INITIAL: {k: v.copy() for k, v in global_state.items()}}
 
     def server_payload(self, server_state: dict[str, Any]) -> dict[str, Any]:
         payload = super().server_payload(server_state)

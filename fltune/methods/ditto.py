@@ -64,10 +64,7 @@ class Ditto(InitialStandIn):
     passes_per_step = 2.0  # both are trained on every batch
     batchable = True
     final_round = "own"
-    kept = "personal"
-
-    def uses_initial(self) -> bool:
-        return self.params.first_personal == "initial"
+    kept, first = "personal", "first_personal"
 
     def setup_client(self, ctx: ClientContext) -> None:
         """The engine loaded the client's personal model: keep it aside and train w from w_g."""

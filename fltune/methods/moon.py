@@ -100,7 +100,7 @@ class Moon(InitialStandIn):
     name = "moon"
     Params = MoonParams
     stored_models = 3.0  # local, global and previous local model (MOON's contrastive anchors)
-    kept = "prev"
+    kept, first = "prev", "first_prev"
     passes_per_step = 5.0 / 3.0  # + two forward-only passes (global, previous), a forward ≈ 1/3 of a step
 
     def adapt_model(self, model: nn.Module) -> nn.Module:
@@ -135,5 +135,3 @@ class Moon(InitialStandIn):
         result.state["prev"] = to_numpy(ctx.model.state_dict())
         return result
 
-    def uses_initial(self) -> bool:
-        return self.params.first_prev == "initial"
