@@ -25,6 +25,7 @@ import torch
 from fltune.config import ExperimentConfig, build_config
 from fltune.data.datasets import load_dataset
 from fltune.engine.builders import build_method, build_model_for, model_name, torch_threads
+from fltune.engine.local import epoch_samples
 from fltune.errors import DatasetMissing, FLTuneError
 from fltune.text import counted
 
@@ -70,9 +71,12 @@ def samples_per_client(cfg: ExperimentConfig) -> float:
 
 def client_samples(cfg: ExperimentConfig) -> int:
     """rounds × clients per round × local epochs × samples per client, plus the final personal round
-    (every client, ``finetune_epochs``) when the run ends with one."""
+    (every client, ``finetune_epochs``) when the run ends with one. With ``training.drop_last`` a client
+    trains its full batches only (``local.epoch_samples``), taken here of the mean client."""
     fed, training = cfg.federation, cfg.training
     per_client = samples_per_client(cfg)
+    if training.drop_last:
+        per_client = epoch_samples(round(per_client), training)
     rounds = fed.rounds * fed.clients_per_round * training.local_epochs * per_client
     final = fed.clients * training.finetune_epochs * per_client if "personalized" in cfg.metrics.protocols else 0.0
     return round(rounds + final)

@@ -27,6 +27,9 @@ def test_client_samples_are_rounds_times_clients_times_epochs_times_samples_per_
     # a final personal round: every client, finetune_epochs more passes over its training share
     tuned = synthetic("training.finetune_epochs=1", "partition.eval_fraction=0.5", "metrics.protocols=[personalized]")
     assert client_samples(tuned) == round((3 * 5 * 2 + 10 * 1) * per_client * 0.5)
+    # drop_last: a client trains its full batches only, floor(n/B)·B of the mean client
+    assert client_samples(synthetic("training.drop_last=true", "training.batch_size=7")) == (
+        3 * 5 * 2 * (round(per_client) // 7 * 7))
 
 
 def test_estimate_is_positive_and_counts_a_shared_experiment_once() -> None:

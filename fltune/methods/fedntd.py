@@ -34,8 +34,8 @@ def not_true(logits: Tensor, y: Tensor) -> Tensor:
 class FedNTD(Method):
     """FedNTD: L = CE + β·τ²·KL(softmax(z̃_g/τ) ‖ softmax(z̃_l/τ)); server as FedAvg.
 
-    z̃_g comes from a frozen, eval-mode copy of the round's global model ([U] eval mode, as MOON's). With
-    β = 0 the term is skipped and the loss is exactly CE.
+    z̃_g comes from a frozen, eval-mode copy of the round's global model (eval mode as in the FedSOL
+    authors' code, docs/methods.md). With β = 0 the term is skipped and the loss is exactly CE.
     """
 
     name = "fedntd"

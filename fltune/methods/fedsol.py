@@ -38,8 +38,9 @@ class FedSOL(SharpnessAware):
     scope); the local loss's gradient is taken at w + ε (BN momentum 0) and w restored; server as FedAvg.
 
     [U] Scope defaults to the head, the paper's setting (§3.4, Table 5); ``scope: all`` is the authors'
-    configs'. The global copy runs in eval mode ([U], as MOON's). The reported loss and logits are the
-    local loss at w, whose forward pass also gives z_l. ρ = 0 gives FedAvg's gradient.
+    configs'. The global copy runs in eval mode (as in the authors' code, docs/methods.md). The reported
+    loss and logits are the local loss at w, whose forward pass also gives z_l. ρ = 0 gives FedAvg's
+    gradient.
 
     Batched (:meth:`functional_step`): the same three moves as pure functions of a client's parameters.
     The batched executor serves only models without buffers (no BatchNorm), where eval mode changes
