@@ -45,7 +45,8 @@ class DataConfig(_Section):
     dataset: str = "fmnist"
     root: str | None = None
     download: bool = False
-    augment: Literal["auto", "none", "crop_flip", "crop_flip_cutout"] = "auto"
+    augment: Literal["auto", "none", "flip", "crop_flip", "crop_flip_cutout", "reflect_crop_flip",
+                     "flip_crop_half"] = "auto"
     subsample: float = Field(1.0, gt=0, le=1, description="keep this seeded, class-stratified share of the "
                              "train and test splits (quick reproduction scales); 1 = all")
 

@@ -1,8 +1,18 @@
 """Batched, seeded image augmentation and normalisation (docs/methods.md §0, "Augmentation").
 
-CIFAR recipes use random-crop (pad 4) + horizontal flip; FedSOL adds Cutout(16); the MNIST family uses
-none. Every random number comes from the caller's ``torch.Generator`` so a client's batches are a
-function of its seed, and each transform is one vectorised gather or mask over the whole batch.
+Each kind is one paper code's recipe, written as that code runs it:
+
+- ``crop_flip``: torchvision's ``RandomCrop(32, padding=4)`` on the image (its padding is black) and
+  ``RandomHorizontalFlip()``: the CIFAR/SVHN/MNIST recipe of the FedAlign and FedSOL code;
+- ``crop_flip_cutout``: the same, then Cutout(16) after normalisation (FedSOL's CIFAR-10 and MNIST);
+- ``reflect_crop_flip``: the crop from a reflection-padded image (FedSOL's CINIC-10);
+- ``flip_crop_half``: FedDyn's code (and MAN's, built on it): a flip with probability 1/2, then with
+  probability 1/2 a crop of the normalised image zero-padded by 4, i.e. padded with the dataset's mean colour;
+- ``flip``: ``RandomHorizontalFlip()`` alone (FedSOL's MedMNIST);
+- ``none``: the MNIST family elsewhere.
+
+Every random number comes from the caller's ``torch.Generator`` so a client's batches are a function of
+its seed, and each transform is one vectorised gather or mask over the whole batch.
 """
 
 from __future__ import annotations
@@ -14,7 +24,9 @@ import torch.nn.functional as F
 
 from fltune.errors import FLTuneError
 
-AUGMENTATIONS: tuple[str, ...] = ("none", "crop_flip", "crop_flip_cutout")
+AUGMENTATIONS: tuple[str, ...] = (
+    "none", "flip", "crop_flip", "crop_flip_cutout", "reflect_crop_flip", "flip_crop_half",
+)
 CROP_PADDING = 4  # RandomCrop(32, padding=4), the CIFAR recipe of every paper here
 CUTOUT_SIZE = 16  # Cutout(16), FedSOL
 
@@ -47,36 +59,67 @@ def lookup_float(x_uint8: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
     return table.view(-1).index_select(0, index.reshape(-1)).view(x_uint8.shape)  # ~3× advanced indexing (CPU)
 
 
-def augment(x: torch.Tensor, kind: str, generator: torch.Generator) -> torch.Tensor:
+def augment(x: torch.Tensor, kind: str, generator: torch.Generator, black: torch.Tensor | None = None) -> torch.Tensor:
     """Augment a batch [B, C, H, W] independently per sample; ``"none"`` returns ``x`` itself.
 
-    Padding and cutout write zeros of ``x``'s own scale: on normalised batches (as the engine passes)
-    that is the dataset's mean colour, as in the reference Cutout, which runs after ``Normalize``;
-    torchvision's RandomCrop on PIL images pads black instead (pass uint8 batches for that).
+    ``black``: a black pixel's value per channel [C] in ``x``'s scale, which ``crop_flip`` and
+    ``crop_flip_cutout`` pad with, as torchvision's ``RandomCrop`` pads the image before ``Normalize``
+    (the engine passes normalised batches and ``normalise_table(...)[:, 0]``); None: 0, for unnormalised
+    batches. Cutout and ``flip_crop_half`` write zeros of ``x``'s own scale: on normalised batches the
+    dataset's mean colour, as their reference code, which runs them after normalising.
     """
     if kind not in AUGMENTATIONS:
         raise FLTuneError(f"data.augment: unknown augmentation {kind!r}; allowed: {', '.join(AUGMENTATIONS)}")
     if kind == "none":
         return x
-    x = random_crop_flip(x, generator)
+    if kind == "flip":
+        return random_flip(x, generator)
+    if kind == "flip_crop_half":
+        return random_crop_flip(x, generator, fill=None, crop_half=True)
+    fill = "reflect" if kind == "reflect_crop_flip" else black
+    x = random_crop_flip(x, generator, fill=fill)
     return cutout(x, generator) if kind == "crop_flip_cutout" else x
 
 
-def random_crop_flip(x: torch.Tensor, generator: torch.Generator, padding: int = CROP_PADDING) -> torch.Tensor:
-    """Zero-pad by ``padding``, crop back to H×W at a random offset, mirror with probability 1/2.
+def random_flip(x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """Mirror each sample left-right with probability 1/2 (one draw per sample)."""
+    flip = _randint(2, (len(x), 1, 1, 1), generator, x.device).bool()
+    return torch.where(flip, x.flip(-1), x)
 
-    One advanced-indexing gather: sample b reads rows dy_b + i and columns dx_b + j (or
-    dx_b + W − 1 − j when flipped) of its padded image.
+
+def random_crop_flip(
+    x: torch.Tensor, generator: torch.Generator, padding: int = CROP_PADDING,
+    fill: torch.Tensor | str | None = None, crop_half: bool = False,
+) -> torch.Tensor:
+    """Pad by ``padding``, crop back to H×W at a random offset, mirror with probability 1/2.
+
+    ``fill``: the padding, a colour per channel [C], None for zeros, or ``"reflect"``. ``crop_half``: each
+    sample is cropped with probability 1/2 and otherwise kept whole (an offset of ``padding``), drawn after
+    the offsets and flips, so the other kinds' draws are unchanged. One advanced-indexing gather: sample b
+    reads rows dy_b + i and columns dx_b + j (or dx_b + W − 1 − j when flipped) of its padded image.
     """
     b, _, h, w = x.shape
     dy, dx = _randint(2 * padding + 1, (2, b), generator, x.device)
     flip = _randint(2, (b, 1), generator, x.device).bool()
+    if crop_half:
+        cropped = _randint(2, (b,), generator, x.device).bool()
+        dy, dx = (torch.where(cropped, d, padding) for d in (dy, dx))
     rows = dy[:, None] + torch.arange(h, device=x.device)
     cols_in_crop = torch.arange(w, device=x.device).expand(b, w)
     cols = dx[:, None] + torch.where(flip, w - 1 - cols_in_crop, cols_in_crop)
-    padded = F.pad(x, (padding,) * 4)
+    padded = _padded(x, padding, fill)
     batch = torch.arange(b, device=x.device)[:, None, None]
     return padded[batch, :, rows[:, :, None], cols[:, None, :]].permute(0, 3, 1, 2).contiguous()
+
+
+def _padded(x: torch.Tensor, padding: int, fill: torch.Tensor | str | None) -> torch.Tensor:
+    """``x`` padded on every side: with zeros, by reflection, or with a colour per channel."""
+    if fill is None or isinstance(fill, str):
+        return F.pad(x, (padding,) * 4, mode="reflect" if fill == "reflect" else "constant")
+    b, c, h, w = x.shape
+    out = fill.to(x.dtype).view(1, c, 1, 1).expand(b, c, h + 2 * padding, w + 2 * padding).clone()
+    out[:, :, padding:padding + h, padding:padding + w] = x
+    return out
 
 
 def cutout(x: torch.Tensor, generator: torch.Generator, size: int = CUTOUT_SIZE) -> torch.Tensor:

@@ -291,7 +291,7 @@ class _GroupEpoch:
         x = _gathered(self.source, index, real, padded)
         for k, n in enumerate(counts):
             if n:
-                x[k, :n] = augment(x[k, :n], augment_kind, generators[k])
+                x[k, :n] = augment(x[k, :n], augment_kind, generators[k], self.source.black)
         return x
 
 

@@ -134,11 +134,12 @@ def batches(
     """Mini-batches of a client's samples: uint8 → float, augmented, normalised, on ``device``; the first
     ``keep`` of the epoch's order (:func:`epoch_samples`)."""
     index = epoch_order(indices, generator, shuffle, keep)
+    black = normalise_table(data.mean, data.std)[:, 0]  # a black pixel, normalised: a crop's padding
     for start in range(0, len(index), batch_size):
         chunk = index[start:start + batch_size]
         x = to_float(data.x[chunk], data.mean, data.std)
         if augment_kind != "none":
-            x = augment(x, augment_kind, generator)
+            x = augment(x, augment_kind, generator, black)
         yield x.to(device, non_blocking=True), data.y[chunk].to(device, non_blocking=True)
 
 
@@ -177,6 +178,7 @@ class DeviceBatches:
     def __init__(self, data: FederatedData, device: torch.device) -> None:
         self.x, self.y = data.x.to(device), data.y.to(device)  # no copy when the device is the CPU
         self.table = device_table(data.mean, data.std, device)
+        self.black = self.table[:, 0]  # a black pixel, normalised: a crop's padding (``augment``)
         self.device = device
 
     def epoch(self, indices: np.ndarray, batch_size: int, generator: torch.Generator,
@@ -185,7 +187,7 @@ class DeviceBatches:
         for start in range(0, len(index), batch_size):
             chunk = index[start:start + batch_size]
             x = lookup_float(self.x[chunk], self.table)
-            yield (augment(x, augment_kind, generator) if augment_kind != "none" else x), self.y[chunk]
+            yield (augment(x, augment_kind, generator, self.black) if augment_kind != "none" else x), self.y[chunk]
 
 
 class HostMeter:

@@ -32,7 +32,7 @@ def test_none_is_the_identity() -> None:
     assert augment(x, "none", _gen(0)) is x
 
 
-@pytest.mark.parametrize("kind", ["crop_flip", "crop_flip_cutout"])
+@pytest.mark.parametrize("kind", ["flip", "crop_flip", "crop_flip_cutout", "reflect_crop_flip", "flip_crop_half"])
 def test_shapes_kept_and_seed_determines_the_result(kind: str) -> None:
     x = to_float(_batch(), (0.5,) * 3, (0.25,) * 3)
     first, again, other = augment(x, kind, _gen(1)), augment(x, kind, _gen(1)), augment(x, kind, _gen(2))
@@ -58,6 +58,43 @@ def test_crop_flip_output_is_a_window_of_the_padded_image_maybe_mirrored() -> No
         assert matches, f"sample {b} is not a crop of its padded image"
         mirrored += all(matches)
     assert 0 < mirrored < len(x)  # both mirrored and plain crops occur
+
+
+def test_crop_flip_pads_black_as_torchvision_pads_the_image_before_normalising() -> None:
+    """On a normalised batch the padding is a black pixel's normalised value (``black``), so augmenting then
+    normalising and normalising then augmenting give the same bits, as RandomCrop before Normalize."""
+    x, table = _batch(), normalise_table((0.49, 0.48, 0.45), (0.25, 0.24, 0.26))
+    on_pixels = lookup_float(augment(x, "crop_flip", _gen(6)), table)
+    assert torch.equal(augment(lookup_float(x, table), "crop_flip", _gen(6), table[:, 0]), on_pixels)
+    assert not torch.equal(augment(lookup_float(x, table), "crop_flip", _gen(6)), on_pixels)  # zeros: the mean
+
+
+def _crops(out: torch.Tensor, padded: torch.Tensor, offsets: range = range(9)) -> list[list[bool]]:
+    """Per sample, the flips under which it is a 32×32 window of its padded image at one of ``offsets``."""
+    return [[flip for dy in offsets for dx in offsets for flip in (False, True)
+             if torch.equal(out[b], _window(padded[b], dy, dx, flip))] for b in range(len(out))]
+
+
+def test_reflect_crop_flip_crops_the_reflection_padded_image() -> None:
+    x = to_float(_batch(), (0.5,) * 3, (0.25,) * 3)
+    matches = _crops(augment(x, "reflect_crop_flip", _gen(7)), F.pad(x, (4, 4, 4, 4), mode="reflect"))
+    assert all(matches)
+
+
+def test_flip_crop_half_keeps_about_half_the_samples_whole_and_crops_the_rest() -> None:
+    """FedDyn's code: flip with probability 1/2, then crop the zero-padded image with probability 1/2."""
+    x = to_float(torch.randint(0, 256, (64, 3, 32, 32), generator=_gen(8)).to(torch.uint8), (0.5,) * 3, (0.25,) * 3)
+    out = augment(x, "flip_crop_half", _gen(9))
+    assert all(_crops(out, F.pad(x, (4, 4, 4, 4))))
+    whole = sum(torch.equal(out[b], x[b]) or torch.equal(out[b], x[b].flip(-1)) for b in range(len(x)))
+    assert 16 < whole < 48
+
+
+def test_flip_mirrors_some_samples_and_leaves_the_rest() -> None:
+    x = _batch()
+    out = augment(x, "flip", _gen(10))
+    mirrored = [torch.equal(out[b], x[b].flip(-1)) for b in range(len(x))]
+    assert all(m or torch.equal(out[b], x[b]) for b, m in enumerate(mirrored)) and 0 < sum(mirrored) < len(x)
 
 
 def test_cutout_zeroes_one_square_of_at_most_16x16_per_sample() -> None:

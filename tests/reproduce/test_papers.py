@@ -42,7 +42,9 @@ def test_fedsol_tables_hold_the_printed_values_and_partitions() -> None:
     lda = config(table, by[("FedSAM", "cifar10", "LDA α=0.3")])
     assert (lda.partition.kind, lda.partition.alpha, lda.method.params.rho) == ("dirichlet", 0.3, 0.1)
     assert lda.federation.rounds == 300 and lda.training.lr_decay == 0.99 and lda.data.augment == "crop_flip_cutout"
-    assert config(table, by[("FedAvg", "mnist", "LDA α=0.1")]).federation.rounds == 200
+    mnist = config(table, by[("FedAvg", "mnist", "LDA α=0.1")])
+    assert mnist.federation.rounds == 200 and mnist.data.augment == "crop_flip_cutout"  # the authors' MNIST loader
+    assert config(table, by[("FedAvg", "svhn", "LDA α=0.1")]).data.augment == "crop_flip"
 
     head = {(c.row, c.column): c for c in get_table("fedsol:table5").cells}
     assert len(head) == 13 and head[("All (full)", "ρ=0")].paper == 56.13
@@ -64,8 +66,10 @@ def test_man_tables_pair_accuracy_with_rounds_and_compose_man() -> None:
     paper = config(table, rounds)
     assert paper.method.name == "feddc+man" and paper.metrics.target == 0.5
     assert (paper.metrics.target_metric, paper.training.lr, paper.training.grad_clip) == ("acc_all_model", 0.1, 10.0)
+    assert paper.data.augment == "flip_crop_half"  # the authors' (FedDyn's) Dataset: flip, then crop half the time
     quick = config(table, by[("FedASAM", "cifar100", "iid")], "quick")
     assert quick.method.params.rho == 0.1 and quick.partition.kind == "iid" and quick.metrics.target == 0.6
+    assert quick.data.augment == "auto"  # FMNIST stands in: no augmentation
 
     hessian = get_table("man:table2")
     trace = cells("man:table2")[("FedSAM+MAN", "cifar100", "δ=0.6 trace")]
@@ -74,6 +78,8 @@ def test_man_tables_pair_accuracy_with_rounds_and_compose_man() -> None:
 
     supp = cells("man:supp5")
     assert supp[("FedAvg", "cifar10", "δ=0.6")].paper == 79.34 and supp[("FedDC", "cifar10", "iid")].paper == 84.8
+    assert config(get_table("man:supp5"), supp[("FedAvg", "cifar10", "δ=0.6")]).data.augment == "flip_crop_half"
+    assert config(hessian, trace).data.augment == "flip_crop_half"
 
 
 def test_fedalign_tables_values_metrics_and_column_sizes() -> None:
