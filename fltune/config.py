@@ -49,6 +49,9 @@ class DataConfig(_Section):
                      "flip_crop_half"] = "auto"
     subsample: float = Field(1.0, gt=0, le=1, description="keep this seeded, class-stratified share of the "
                              "train and test splits (quick reproduction scales); 1 = all")
+    normalise: Literal["dataset", "train", "half"] = Field(
+        "dataset", description="the inputs' per-channel mean and std: the dataset's published constants, the "
+        "whole train split's own (before subsample), or 0.5 and 0.5 (Normalize((0.5,), (0.5,)))")
 
     @field_validator("dataset")
     @classmethod

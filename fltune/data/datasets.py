@@ -2,19 +2,24 @@
 
 Images stay uint8 in memory (4x smaller than float32, and a pooled train+test split is copied into every
 Ray worker); ``augment.to_float`` normalises each batch. Fashion-MNIST is read straight from its idx
-files, so Debian's flat ``dataset-fashion-mnist`` directory works offline; the other datasets use
-torchvision's classes and on-disk formats. Every missing-file error is one :class:`DatasetMissing` line
-naming the dataset, every path looked in and how to get the files; every file that is there but unusable
-(truncated download, not gzip, wrong idx header or size, checksum mismatch, unreadable) is one
-:class:`DatasetCorrupt` line naming the file, what is wrong and how to replace it, raised before anything
-is trained or logged.
+files, so Debian's flat ``dataset-fashion-mnist`` directory works offline; MNIST, EMNIST, CIFAR and SVHN
+use torchvision's classes and on-disk formats; PathMNIST and TissueMNIST are MedMNIST v2's ``.npz`` files;
+CINIC-10 is its image-folder tree (``train/<class>/*.png``), decoded once into a cache file beside it.
+Every missing-file error is one :class:`DatasetMissing` line naming the dataset, every path looked in and
+how to get the files; every file that is there but unusable (truncated download, not gzip or zip, wrong
+header, size, keys or shape, checksum mismatch, undecodable image) is one :class:`DatasetCorrupt` line
+naming the file, what is wrong and how to replace it, raised before anything is trained or logged.
 """
 
 from __future__ import annotations
 
 import gzip
 import hashlib
+import io
 import math
+import os
+import tarfile
+import zipfile
 import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -68,6 +73,12 @@ _SPECS: dict[str, _Spec] = {
     "cifar100": _Spec((0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762), "crop_flip"),
     # no flips for digits (a mirrored 2 is no 2); SVHN's usual recipe is no augmentation
     "svhn": _Spec((0.4377, 0.4438, 0.4728), (0.1980, 0.2010, 0.1970), "none"),
+    # FedSOL's code (train_tools/preprocessing): MedMNIST Normalize(mean=[0.5], std=[0.5]) and a flip;
+    # CINIC-10 its constants, and a 32-crop of the image reflection-padded by 4, then a flip
+    "pathmnist": _Spec((0.5,) * 3, (0.5,) * 3, "flip"),
+    "tissuemnist": _Spec((0.5,), (0.5,), "flip"),
+    "cinic10": _Spec((0.47889522, 0.47227842, 0.43047404), (0.24205776, 0.23828046, 0.25874835),
+                     "reflect_crop_flip"),
     "synthetic": _Spec(None, None, "none"),
 }
 DATASETS: tuple[str, ...] = tuple(_SPECS)
@@ -90,10 +101,10 @@ def default_root() -> Path:
 def load_dataset(name: str, root: str | Path | None = None, download: bool = False) -> Dataset:
     """Load a dataset by name; repeated loads in a process are served from memory.
 
-    ``root`` is the directory holding torchvision's on-disk layout (default ``~/.cache/fltune/data``);
-    Fashion-MNIST is also found in Debian's ``/usr/share/datasets/fashion-mnist`` when no root is given.
-    ``download=True`` lets torchvision fetch what is missing. The returned tensors are shared by every
-    caller: treat them as read-only.
+    ``root`` is the directory holding torchvision's on-disk layout, MedMNIST's ``<name>.npz`` files or
+    CINIC-10's folders (default ``~/.cache/fltune/data``); Fashion-MNIST is also found in Debian's
+    ``/usr/share/datasets/fashion-mnist`` when no root is given. ``download=True`` fetches what is missing.
+    The returned tensors are shared by every caller: treat them as read-only.
     """
     if name not in _SPECS:
         raise FLTuneError(f"data.dataset: unknown dataset {name!r}; allowed: {', '.join(DATASETS)}")
@@ -114,6 +125,23 @@ def _load(name: str, root: str | None, download: bool) -> Dataset:
     mean, std = (spec.mean, spec.std) if spec.mean is not None else _pixel_stats(train_x)
     return Dataset(name, train_x.contiguous(), train_y.long(), test_x.contiguous(), test_y.long(),
                    NUM_CLASSES[name], mean, std, spec.augment)
+
+
+def normalised(dataset: Dataset, how: str) -> Dataset:
+    """The dataset with the per-channel mean and std its batches are normalised by (``data.normalise``).
+
+    ``dataset``: its published constants (``_SPECS``); ``train``: those of its whole train split's pixels, as
+    FedCR's code normalises EMNIST (take it before :func:`subsample`, so a quick scale's share does not move
+    them); ``half``: 0.5 and 0.5, torchvision's ``Normalize((0.5,), (0.5,))``, FedCR's FMNIST. The images
+    stay the same uint8 tensors.
+    """
+    if how == "dataset":
+        return dataset
+    if how == "train":
+        mean, std = _pixel_stats(dataset.train_x)
+    else:
+        mean, std = (0.5,) * len(dataset.mean), (0.5,) * len(dataset.std)
+    return replace(dataset, mean=mean, std=std)
 
 
 def subsample(dataset: Dataset, fraction: float, seed: int) -> Dataset:
@@ -348,6 +376,295 @@ def _load_svhn(root: Path | None, download: bool) -> Splits:
     return tuple(out)
 
 
+# --- MedMNIST v2: one .npz per dataset -----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _MedMNIST:
+    """A MedMNIST v2 file as the MedMNIST package publishes it (``medmnist/info.py``, v2.1 to v3.0: the
+    28×28 files of Zenodo records 6496656 and 10519652 are the same, same MD5), and one image's shape in it
+    (H, W for grey, H, W, C for colour)."""
+
+    url: str
+    md5: str
+    image_shape: tuple[int, ...]
+
+
+_MEDMNIST: dict[str, _MedMNIST] = {
+    "pathmnist": _MedMNIST("https://zenodo.org/records/10519652/files/pathmnist.npz?download=1",
+                           "a8b06965200029087d5bd730944a56c1", (28, 28, 3)),
+    "tissuemnist": _MedMNIST("https://zenodo.org/records/10519652/files/tissuemnist.npz?download=1",
+                             "ebe78ee8b05294063de985d821c1c34b", (28, 28)),
+}
+_MEDMNIST_SPLITS = ("train", "val", "test")
+
+
+def _medmnist_loader(name: str) -> Callable[[Path | None, bool], Splits]:
+    """Loader for a MedMNIST v2 ``.npz``, read as FedSOL's code reads it (``train_tools/preprocessing/medmnist``).
+
+    The train split is the file's train images then its val images (FedSOL trains on both), the test split
+    its test images; labels [N, 1] are raveled. Images keep the file's channels: TissueMNIST is 1×28×28 here
+    where FedSOL's code converts it to 3 identical channels, but a first conv over 3 equal channels is a conv
+    over the one channel with the kernels summed, the same function class (fltune's models take the data's
+    own channel count). The file is ``<root>/<name>.npz``, else FedSOL's ``<root>/medmnist/<name>.npz``.
+
+    An existing file is not hashed against its published MD5 (downloads are: :func:`_download_medmnist`);
+    it is checked for what a cut-off or damaged download fails instead: a whole zip whose members pass their
+    CRC-32, with every key, uint8 images of the right shape, one label per image, labels in range. So a
+    file that is right but not byte-identical (re-saved with ``np.savez``, another packaging) still loads.
+    """
+
+    def load(root: Path | None, download: bool) -> Splits:
+        base = root or default_root()
+        looked_in = [base / f"{name}.npz", base / "medmnist" / f"{name}.npz"]
+        found = next((p for p in looked_in if p.exists()), None)
+        if found is None and download:
+            found = _download_medmnist(name, looked_in)
+        if found is None:
+            raise _missing(name, looked_in, _medmnist_how(name))
+        keys = [f"{split}_{kind}" for split in _MEDMNIST_SPLITS for kind in ("images", "labels")]
+        arrays = _read_npz(found, keys, _HOW_TO_REPLACE)
+        (train_x, train_y), (val_x, val_y), (test_x, test_y) = (
+            _medmnist_split(found, arrays, split, _MEDMNIST[name].image_shape, NUM_CLASSES[name])
+            for split in _MEDMNIST_SPLITS)
+        out: list[torch.Tensor] = []
+        for x, y in ((np.concatenate([train_x, val_x]), np.concatenate([train_y, val_y])), (test_x, test_y)):
+            x = x[:, None] if x.ndim == 3 else x.transpose(0, 3, 1, 2)  # NHW or NHWC → NCHW
+            out += [torch.from_numpy(np.ascontiguousarray(x)), torch.from_numpy(y)]
+        return tuple(out)
+
+    return load
+
+
+def _medmnist_how(name: str) -> str:
+    return f"pass --set data.root=DIR holding {name}.npz, or --set data.download=true (needs internet)"
+
+
+def _read_npz(path: Path, keys: Sequence[str], how: str) -> dict[str, np.ndarray]:
+    """The arrays ``keys`` of an ``.npz`` file, each member's CRC-32 checked as it is read.
+
+    ``np.load`` fails on a damaged file with a bare zip, pickle or reshape error; this names the file and
+    the fault (not a zip, cut off, a bad CRC, a missing key, not a numeric array).
+    """
+    try:
+        with zipfile.ZipFile(path) as archive:
+            held = sorted(n.removesuffix(".npy") for n in archive.namelist())
+            if absent := [key for key in keys if key not in held]:
+                raise _damaged(path, f"lacks the array(s) {', '.join(absent)} (it holds {', '.join(held) or 'none'})",
+                               how)
+            return {key: _read_npy(path, key, archive.read(f"{key}.npy"), how) for key in keys}
+    except zipfile.BadZipFile as err:  # an HTML error page, cut off (no central directory), a bad CRC-32
+        raise _damaged(path, f"is damaged or not an npz (zip) file ({err})", how) from err
+    except (zlib.error, EOFError) as err:  # a compressed member's data damaged or cut short
+        raise _damaged(path, f"has damaged compressed data ({err})", how) from err
+    except OSError as err:  # permission denied, a directory, an I/O error
+        raise _damaged(path, f"cannot be read ({err.strerror or err})", how) from err
+
+
+def _read_npy(path: Path, key: str, data: bytes, how: str) -> np.ndarray:
+    """One member's array; not ``.npy`` data, an object array or a short payload → one DatasetCorrupt line."""
+    try:
+        return np.lib.format.read_array(io.BytesIO(data), allow_pickle=False)
+    except (ValueError, EOFError) as err:
+        raise _damaged(path, f"holds a {key} that is not a numeric .npy array ({' '.join(str(err).split())})",
+                       how) from err
+
+
+def _medmnist_split(path: Path, arrays: dict[str, np.ndarray], split: str, image_shape: tuple[int, ...],
+                    num_classes: int) -> tuple[np.ndarray, np.ndarray]:
+    """One split's uint8 images [N, *image_shape] and int64 labels [N], checked against each other."""
+    images, labels = arrays[f"{split}_images"], arrays[f"{split}_labels"]
+    if images.dtype != np.uint8 or images.shape[1:] != image_shape:
+        raise _damaged(path, f"holds {split}_images of {images.dtype} {list(images.shape)}; expected uint8 "
+                             f"[N, {', '.join(map(str, image_shape))}]", _HOW_TO_REPLACE)
+    if not np.issubdtype(labels.dtype, np.integer) or labels.shape not in ((len(images),), (len(images), 1)):
+        raise _damaged(path, f"holds {split}_labels of {labels.dtype} {list(labels.shape)} for {len(images)} "
+                             f"{split}_images; expected integers [{len(images)}, 1]", _HOW_TO_REPLACE)
+    labels = labels.ravel().astype(np.int64)
+    if len(labels) and (labels.min() < 0 or labels.max() >= num_classes):
+        bad = labels.min() if labels.min() < 0 else labels.max()
+        raise _damaged(path, f"holds label {bad} in {split}_labels; allowed 0..{num_classes - 1}", _HOW_TO_REPLACE)
+    return images, labels
+
+
+def _download_medmnist(name: str, looked_in: list[Path]) -> Path:
+    """Fetch ``<root>/<name>.npz`` (the first place looked) from Zenodo, checked against its published MD5.
+
+    torchvision's ``download_url`` writes to its target and leaves it there when the MD5 differs; so the
+    download goes to ``<name>.npz.part`` and is moved into place only once it matches, and an interrupted or
+    damaged download never sits where the next load would take it for the dataset.
+    """
+    from torchvision.datasets.utils import download_url
+
+    info, path = _MEDMNIST[name], looked_in[0]
+    part = path.with_name(f"{path.name}.part")
+    try:
+        download_url(info.url, str(path.parent), part.name, md5=info.md5)
+    except (RuntimeError, OSError) as err:  # urllib: OSError; torchvision: RuntimeError when the MD5 differs
+        mismatch = isinstance(err, RuntimeError) and part.is_file()
+        part.unlink(missing_ok=True)
+        if mismatch:
+            raise _damaged(path, f"as downloaded from {info.url} does not match its published MD5 {info.md5} "
+                                 "(not kept)", "rerun to download it again, or copy a good file there") from err
+        raise _missing(name, looked_in, _medmnist_how(name), err) from err
+    os.replace(part, path)
+    return path
+
+
+# --- CINIC-10: an image-folder tree, decoded once into a cache file beside it --------------------------
+
+CINIC10_URL = "https://datashare.ed.ac.uk/bitstream/handle/10283/3192/CINIC-10.tar.gz"
+CINIC10_CACHE = "fltune-uint8.npz"
+_CINIC10_SPLITS = ("train", "test")  # valid/ is not used, as in FedSOL's code
+_CINIC10_HOW = (f"pass --set data.root=DIR holding CINIC-10's train/ and test/ folders ({CINIC10_URL} extracted), "
+                "or --set data.download=true (needs internet)")
+_CINIC10_REPLACE = (f"extract a good copy from {CINIC10_URL} over it, or delete the dataset's folder and rerun "
+                    "with --set data.download=true (needs internet)")
+_CINIC10_KEYS = ("train_x", "train_y", "test_x", "test_y")
+
+
+def _load_cinic10(root: Path | None, download: bool) -> Splits:
+    """CINIC-10 as FedSOL's code reads it: ``train/`` (90,000 images) and ``test/`` (90,000), RGB 32×32.
+
+    Samples are those torchvision's ``DatasetFolder`` lists, in its order: class index = rank of the class
+    folder's name (airplane 0 … truck 9), sorted by class, then by path. The folder holding both splits is
+    ``<root>/cinic10`` (FedSOL's layout; where ``download=True`` extracts the tarball), else
+    ``<root>/CINIC-10``, else ``<root>``. Decoding 180,000 PNGs takes minutes, so the decoded splits are
+    cached in that folder (:func:`_cinic10_cache`).
+    """
+    base = root or default_root()
+    dirs = [base / "cinic10", base / "CINIC-10", base]
+    found = next((d for d in dirs if _holds_cinic10(d)), None)
+    if found is None and download:
+        _download_cinic10(dirs)
+        if not _holds_cinic10(dirs[0]):
+            raise _missing("cinic10", dirs, _CINIC10_HOW,
+                           FileNotFoundError(f"{CINIC10_URL} extracted no train/ and test/ into {dirs[0]}"))
+        found = dirs[0]
+    if found is None:
+        raise _missing("cinic10", dirs, _CINIC10_HOW)
+    (train_classes, train), (test_classes, test) = (_image_folder(found / split) for split in _CINIC10_SPLITS)
+    if test_classes != train_classes:  # a class index must mean the same class in both splits
+        raise _damaged(found / "test", f"holds class folders {', '.join(test_classes)} but train/ holds "
+                                       f"{', '.join(train_classes)}", _CINIC10_REPLACE)
+    if len(train_classes) > NUM_CLASSES["cinic10"]:
+        raise _damaged(found / "train", f"holds {len(train_classes)} class folders; CINIC-10 has "
+                                        f"{NUM_CLASSES['cinic10']}", _CINIC10_REPLACE)
+    return tuple(torch.from_numpy(a) for a in _cinic10_cache(found, {"train": train, "test": test}))
+
+
+def _holds_cinic10(folder: Path) -> bool:
+    return all((folder / split).is_dir() for split in _CINIC10_SPLITS)
+
+
+def _image_folder(folder: Path) -> tuple[list[str], list[tuple[str, int]]]:
+    """torchvision ``DatasetFolder``'s classes and (path, class index) samples of ``folder``, in its order."""
+    from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes, make_dataset
+
+    try:
+        classes, class_to_idx = find_classes(folder)
+        return classes, make_dataset(folder, class_to_idx, extensions=IMG_EXTENSIONS)
+    except FileNotFoundError as err:  # no class folder, or a class folder without images
+        raise _damaged(folder, f"is not a CINIC-10 split ({err})", _CINIC10_REPLACE) from err
+    except OSError as err:
+        raise _damaged(folder, f"cannot be read ({err.strerror or err})", _CINIC10_REPLACE) from err
+
+
+def _cinic10_cache(folder: Path, samples: dict[str, list[tuple[str, int]]]) -> list[np.ndarray]:
+    """train_x, train_y, test_x, test_y of ``samples``, from ``folder/fltune-uint8.npz`` when it holds them.
+
+    The cache (uncompressed: it loads in seconds) records a digest of the listing it was decoded from:
+    every sample's path, size and label. A cache whose digest differs (files added, removed, renamed or
+    replaced by ones of another size), or that cannot be read, is decoded again and rewritten. It is
+    written atomically (a temporary file, then ``os.replace``), so concurrent loads never see half of one;
+    where the folder is not writable the splits are decoded on every load instead.
+    """
+    cache, digest = folder / CINIC10_CACHE, _listing_digest(folder, samples)
+    cached = _read_cinic10_cache(cache, digest)
+    if cached is not None:
+        return cached
+    arrays = [a for split in _CINIC10_SPLITS for a in _decode_rgb32(samples[split])]
+    tmp = cache.with_name(f"{cache.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            np.savez(f, listing=np.array(digest), **dict(zip(_CINIC10_KEYS, arrays)))
+        os.replace(tmp, cache)
+    except OSError:  # read-only or full: go on without a cache
+        tmp.unlink(missing_ok=True)
+    return arrays
+
+
+def _listing_digest(folder: Path, samples: dict[str, list[tuple[str, int]]]) -> str:
+    """SHA-256 of every sample's path (relative to ``folder``), size in bytes and label."""
+    digest = hashlib.sha256()
+    for path, label in (sample for split in _CINIC10_SPLITS for sample in samples[split]):
+        try:
+            size = os.stat(path).st_size
+        except OSError as err:  # a dangling link
+            raise _damaged(Path(path), f"cannot be read ({err.strerror or err})", _CINIC10_REPLACE) from err
+        digest.update(os.fsencode(os.path.relpath(path, folder)) + f"\0{size}\0{label}\n".encode())
+    return digest.hexdigest()
+
+
+def _read_cinic10_cache(cache: Path, digest: str) -> list[np.ndarray] | None:
+    """The cached splits if ``cache`` is a whole cache of this listing, else None (decode again)."""
+    if not cache.is_file():
+        return None
+    try:
+        with np.load(cache, allow_pickle=False) as npz:
+            if str(npz["listing"]) != digest:
+                return None
+            arrays = [npz[key] for key in _CINIC10_KEYS]
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile, zlib.error):
+        return None
+    for x, y in (arrays[:2], arrays[2:]):
+        if x.dtype != np.uint8 or x.shape[1:] != (3, 32, 32) or y.dtype != np.int64 or y.shape != (len(x),):
+            return None
+    return arrays
+
+
+def _decode_rgb32(samples: list[tuple[str, int]]) -> tuple[np.ndarray, np.ndarray]:
+    """The samples' images as uint8 [N, 3, 32, 32] (PIL, ``convert("RGB")`` as FedSOL's loader) and labels."""
+    from PIL import Image
+
+    images = np.empty((len(samples), 3, 32, 32), dtype=np.uint8)
+    for i, (path, _) in enumerate(samples):
+        try:
+            with Image.open(path) as image:
+                if image.size != (32, 32):
+                    raise _damaged(Path(path), f"is {image.width}x{image.height} pixels; CINIC-10 images are "
+                                               "32x32", _CINIC10_REPLACE)
+                images[i] = np.asarray(image.convert("RGB")).transpose(2, 0, 1)
+        except (OSError, SyntaxError, ValueError) as err:  # PIL: not an image, cut off, a broken chunk
+            reason = " ".join(str(err).split())
+            raise _damaged(Path(path), f"cannot be decoded as an image ({reason})", _CINIC10_REPLACE) from err
+    return images, np.array([label for _, label in samples], dtype=np.int64)
+
+
+def _download_cinic10(dirs: list[Path]) -> None:
+    """Fetch CINIC-10's tarball into ``<root>/cinic10`` and extract it there (train/, valid/, test/).
+
+    CINIC-10 publishes no checksum. ``download_and_extract_archive`` in two steps, so that a failed download
+    (DatasetMissing) and a tarball that does not extract (DatasetCorrupt naming it) are told apart; a partial
+    download is deleted, since without an MD5 torchvision would take it for complete next time. The tarball
+    is deleted once extracted (about 700 MB that the folders hold again).
+    """
+    from torchvision.datasets.utils import download_url, extract_archive
+
+    target = dirs[0]
+    archive = target / Path(CINIC10_URL).name
+    try:
+        download_url(CINIC10_URL, str(target), archive.name, md5=None)
+    except (RuntimeError, OSError) as err:
+        archive.unlink(missing_ok=True)
+        raise _missing("cinic10", dirs, _CINIC10_HOW, err) from err
+    try:
+        extract_archive(str(archive), str(target), remove_finished=True)
+    except (tarfile.TarError, EOFError, zlib.error, OSError) as err:
+        raise _damaged(archive, f"cannot be extracted ({' '.join(str(err).split())})",
+                       "delete it and rerun with --set data.download=true (needs internet)") from err
+
+
 # --- synthetic: offline, seeded, learnable ------------------------------------------------------------
 
 
@@ -374,5 +691,8 @@ _LOADERS: dict[str, Callable[[Path | None, bool], Splits]] = {
     "cifar10": _cifar_loader("CIFAR10", "cifar-10-batches-py"),
     "cifar100": _cifar_loader("CIFAR100", "cifar-100-python"),
     "svhn": _load_svhn,
+    "pathmnist": _medmnist_loader("pathmnist"),
+    "tissuemnist": _medmnist_loader("tissuemnist"),
+    "cinic10": _load_cinic10,
     "synthetic": _load_synthetic,
 }

@@ -40,6 +40,7 @@ def _unpickle(values: dict[str, Any], tensors: tuple[str, ...]) -> FederatedData
 # 10 classes), SVHN as CIFAR-10.
 DEFAULT_CLASSES_PER_CLIENT: dict[str, int] = {
     "emnist_letters": 5, "cifar10": 5, "fmnist": 3, "cifar100": 15, "mnist": 3, "svhn": 5, "synthetic": 3,
+    "cinic10": 5, "pathmnist": 3, "tissuemnist": 3,
 }
 PARTITION_FORMAT = 1  # part of every cache key: bump it when a partition algorithm changes
 

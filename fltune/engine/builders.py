@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from fltune.config import ExperimentConfig
-from fltune.data.datasets import load_dataset, subsample
+from fltune.data.datasets import load_dataset, normalised, subsample
 from fltune.data.federated import FederatedData, build_federated_data
 from fltune.engine.rng import derive_seed
 from fltune.errors import FLTuneError
@@ -20,8 +20,8 @@ from fltune.models import build_model, default_model
 
 def load_data(cfg: ExperimentConfig) -> FederatedData:
     """Dataset + seeded, disk-cached partition (config → data, the first room data flows through)."""
-    dataset = subsample(load_dataset(cfg.data.dataset, cfg.data.root, cfg.data.download), cfg.data.subsample,
-                        cfg.federation.seed)
+    loaded = load_dataset(cfg.data.dataset, cfg.data.root, cfg.data.download)
+    dataset = subsample(normalised(loaded, cfg.data.normalise), cfg.data.subsample, cfg.federation.seed)
     part = cfg.partition
     data = build_federated_data(
         dataset, kind=part.kind, num_clients=cfg.federation.clients, seed=cfg.federation.seed, alpha=part.alpha,

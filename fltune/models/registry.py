@@ -19,9 +19,9 @@ MODELS: dict[str, ModelBuilder] = {}
 
 _DEFAULT_MODELS = {
     # FedSOL trains its (FedAvg) CNN on the MNIST family; SimFAFL/FedCR's own VIB nets are opt-in.
-    **dict.fromkeys(("mnist", "fmnist", "emnist_letters", "synthetic"), "fedavg_cnn"),
+    **dict.fromkeys(("mnist", "fmnist", "emnist_letters", "synthetic", "pathmnist", "tissuemnist"), "fedavg_cnn"),
     # MAN/FedDyn's CIFAR-100 CNN (MAN Table 4).
-    **dict.fromkeys(("cifar10", "cifar100", "svhn"), "feddyn_cnn"),
+    **dict.fromkeys(("cifar10", "cifar100", "svhn", "cinic10"), "feddyn_cnn"),
     "tinyimagenet": "tinyimagenet_cnn",  # MAN Table 4
 }
 

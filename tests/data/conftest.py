@@ -1,11 +1,25 @@
-"""Shared fixtures: the real Fashion-MNIST from Debian's dataset-fashion-mnist."""
+"""Shared fixtures: the real Fashion-MNIST from Debian's dataset-fashion-mnist; the damaged-file check."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from fltune.data.datasets import DEBIAN_FMNIST, Dataset, load_dataset
+from fltune.errors import DatasetCorrupt
+
+
+def corrupt_line(name: str, root: Path, damaged: Path, says: str) -> str:
+    """Loading ``name`` from ``root`` fails with one DatasetCorrupt line naming ``damaged`` and saying ``says``
+    and how to get a good copy; returns the line."""
+    with pytest.raises(DatasetCorrupt) as err:
+        load_dataset(name, root=root)
+    message = str(err.value)
+    assert message.startswith(f"data.root: {damaged} ") and says in message and "\n" not in message
+    assert "data.download=true" in message
+    return message
 
 
 @pytest.fixture(scope="session")

@@ -32,7 +32,7 @@ def config(table: PaperTable, cell, scale: str = "paper"):
 def test_fedsol_tables_hold_the_printed_values_and_partitions() -> None:
     table = get_table("fedsol:table2")
     by = cells("fedsol:table2")
-    assert len(table.cells) == 8 * 6 * 2  # 8 rows × (MNIST, CIFAR-10 ×4, SVHN) × (Sharding, LDA)
+    assert len(table.cells) == 8 * 9 * 2  # 8 rows × (MNIST, CIFAR-10 ×4, SVHN, CINIC-10, Path-, TissueMNIST) × 2
     assert by[("FedAvg", "mnist", "Sharding s=2")].paper == 96.16
     assert by[("FedSOL", "cifar10", "LDA α=0.05")].paper == 60.01
     assert by[("Scaffold", "cifar10", "LDA α=0.1")].paper == 10.00
@@ -45,6 +45,14 @@ def test_fedsol_tables_hold_the_printed_values_and_partitions() -> None:
     mnist = config(table, by[("FedAvg", "mnist", "LDA α=0.1")])
     assert mnist.federation.rounds == 200 and mnist.data.augment == "crop_flip_cutout"  # the authors' MNIST loader
     assert config(table, by[("FedAvg", "svhn", "LDA α=0.1")]).data.augment == "crop_flip"
+    assert by[("Scaffold", "tissuemnist", "Sharding s=2")].paper == 30.99
+    assert by[("FedSOL", "pathmnist", "LDA α=0.1")].paper == 78.88
+    cinic = config(table, by[("FedProx", "cinic10", "LDA α=0.1")])
+    assert by[("FedProx", "cinic10", "LDA α=0.1")].paper == 40.09  # Table 4's FedProx 'Base' CINIC-10
+    assert (cinic.federation.clients, cinic.federation.fraction, cinic.federation.rounds) == (200, 0.05, 300)
+    assert cinic.data.augment == "reflect_crop_flip"
+    path = config(table, by[("FedAvg", "pathmnist", "Sharding s=2")])
+    assert (path.federation.clients, path.federation.rounds, path.data.augment) == (200, 200, "flip")
 
     head = {(c.row, c.column): c for c in get_table("fedsol:table5").cells}
     assert len(head) == 13 and head[("All (full)", "ρ=0")].paper == 56.13

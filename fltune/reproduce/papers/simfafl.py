@@ -30,6 +30,10 @@ takes any model use their plain twins, the VIB rows (FedSR, FedCR, SimFAFL) pick
 BETAS = {"cifar100": {"method.beta1": 0.003, "method.beta2": 0.2}}
 """§5.1: β1 = 0.0025, β2 = 0.1 (SimFAFL's defaults) for the 10-class tasks; 0.003 / 0.2 for CIFAR-100."""
 
+NORMALISE = {"fmnist": {"data.normalise": "half"}, "emnist_letters": {"data.normalise": "train"}}
+"""FedCR's ``utils/utils_dataset.py``: FMNIST through ``Normalize((0.5,), (0.5,))``, EMNIST-L by the mean and
+std of its own 10-letter training pixels; CIFAR's constants are fltune's to the third decimal."""
+
 LOCAL_REP_EP = 1
 """FedCR's ``local_rep_ep`` (options.py default, README's FedRep/FedPAC commands)."""
 
@@ -158,9 +162,10 @@ def _extras(row: Row) -> str:
 def cell(row: str, dataset: str, column: str, paper: float | None, spec: Row,
          extra: dict[str, Any] | None = None) -> Cell:
     """A Table 2-style cell run as ``spec`` (a Table 2 row): its method, lr and settings, its model, the
-    column's partition, the dataset's β's, then ``extra``."""
+    column's partition, the dataset's β's and input normalisation, then ``extra``."""
     settings: dict[str, Any] = {**COMMON, **COLUMNS[column], "partition.alpha": ALPHA[dataset],
-                                "method.name": spec.method, "training.lr": spec.lr, **spec.settings}
+                                **NORMALISE.get(dataset, {}), "method.name": spec.method, "training.lr": spec.lr,
+                                **spec.settings}
     if spec.method == "simfafl":
         settings.update(BETAS.get(dataset, {}))
     if get_method(spec.method).model_for(dataset) is None:

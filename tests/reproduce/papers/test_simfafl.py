@@ -46,6 +46,16 @@ def test_every_row_takes_the_readme_lr_plain_sgd_and_clipping_at_both_scales(sca
         assert t.finetune_lr is None, row  # the last round runs at the row's own lr (args.lr)
 
 
+@pytest.mark.parametrize("scale", ["paper", "quick"])
+def test_inputs_are_normalised_as_fedcrs_dataset_code(scale: str) -> None:
+    """utils/utils_dataset.py: FMNIST through Normalize((0.5,), (0.5,)), EMNIST by its own training pixels'
+    statistics, CIFAR by (to the third decimal) fltune's constants."""
+    expected = {"fmnist": "half", "emnist_letters": "train", "cifar10": "dataset", "cifar100": "dataset"}
+    for dataset, how in expected.items():
+        for column in ("non-IID1", "non-IID2"):
+            assert {cfg.data.normalise for cfg in configs(scale, dataset, column).values()} == {how}, dataset
+
+
 @pytest.mark.parametrize("scale, last_local_ep", [("paper", 10), ("quick", 2)])
 def test_last_round_lasts_max_of_last_local_ep_and_e_minus_rep_ep(scale: str, last_local_ep: int) -> None:
     """distributed_training_utils.py: fedavg/fedSR → last_local_ep; Ditto's own round → local_ep
