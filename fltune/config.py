@@ -62,7 +62,7 @@ class DataConfig(_Section):
 class PartitionConfig(_Section):
     """How the pool is split over clients (docs/methods.md §0, Partitions)."""
 
-    kind: Literal["iid", "classes", "dirichlet_prior", "dirichlet", "shards"] = "dirichlet_prior"
+    kind: Literal["iid", "classes", "dirichlet_prior", "dirichlet", "shards", "class_shards"] = "dirichlet_prior"
     alpha: float = Field(0.5, gt=0, description="Dirichlet concentration (δ of non-IID2/MAN, α of LDA)")
     classes_per_client: int | None = Field(None, ge=1, description="k of `classes`; None = dataset default")
     shards_per_client: int = Field(2, ge=1)

@@ -2,8 +2,9 @@
 
 Every function here is pure: labels, sizes and a seed in, sorted int64 index arrays out. All randomness
 comes from one ``numpy.random.default_rng(seed)``, so a partition is a function of its arguments and can
-be cached on disk (see ``federated.py``). A sample lands in at most one client; ``iid``, ``dirichlet``
-and ``shards`` place every sample, ``classes`` and ``dirichlet_prior`` give every client the same
+be cached on disk (see ``federated.py``). A sample lands in at most one client (``class_shards`` aside, in
+the one case :func:`_class_shards` names); ``iid``, ``dirichlet``, ``shards`` and ``class_shards`` place
+every sample, ``classes`` and ``dirichlet_prior`` give every client the same
 ``len(labels) // num_clients`` samples and so drop a remainder of fewer than ``num_clients`` samples
 (``classes`` drops more only when its owned classes cannot fill every client; see :func:`_classes`).
 """
@@ -16,7 +17,7 @@ import numpy as np
 
 from fltune.errors import FLTuneError
 
-PARTITIONS: tuple[str, ...] = ("iid", "classes", "dirichlet_prior", "dirichlet", "shards")
+PARTITIONS: tuple[str, ...] = ("iid", "classes", "dirichlet_prior", "dirichlet", "shards", "class_shards")
 DIRICHLET_MAX_DRAWS = 1000  # `dirichlet` redraws before giving up on partition.min_size
 
 
@@ -32,6 +33,7 @@ def partition(
     - ``dirichlet_prior``: client priors π_i ~ Dir(α·1_C), equal sizes.
     - ``dirichlet``: FedML's LDA, per-class proportions ~ Dir(α·1_N), unequal sizes ≥ ``min_size``.
     - ``shards``: label-sorted shards, ``shards_per_client`` per client.
+    - ``class_shards``: each class cut into its own shards, ``shards_per_client`` per client (FedSOL's code).
 
     Raises :class:`FLTuneError` naming the config field (``partition.*``, ``federation.clients``) when
     the arguments cannot make a partition.
@@ -47,8 +49,10 @@ def partition(
         parts = _dirichlet_prior(labels, num_classes, num_clients, _check_alpha(alpha), rng)
     elif kind == "dirichlet":
         parts = _dirichlet(labels, num_classes, num_clients, _check_alpha(alpha), min_size, rng)
-    else:
+    elif kind == "shards":
         parts = _shards(labels, num_clients, shards_per_client, rng)
+    else:
+        parts = _class_shards(labels, num_classes, num_clients, shards_per_client, rng)
     return [np.sort(part).astype(np.int64) for part in parts]
 
 
@@ -404,6 +408,34 @@ def _shards(labels: np.ndarray, num_clients: int, shards_per_client: int,
     shards = np.array_split(by_label, num_shards)
     picks = rng.permutation(num_shards).reshape(num_clients, shards_per_client)
     return [np.concatenate([shards[s] for s in row]) for row in picks]
+
+
+def _class_shards(labels: np.ndarray, num_classes: int, num_clients: int, shards_per_client: int,
+                  rng: np.random.Generator) -> list[np.ndarray]:
+    """FedSOL's sharding as its code runs it (``Lee-Gihun/FedSOL:train_tools/preprocessing/
+    partition_strategy.py``, ``_sharding_partition``): every class alone is cut, in the data's order, into
+    m = ⌊s·N/C⌋ shards (its first n_c mod m shards one sample longer), so no shard mixes two classes and a
+    client's size depends on its classes' sizes. A shuffled plan of every class m times, padded up to a
+    multiple of N by repeating its entries 1, 2, … (the code's padding), gives each client s labels; for
+    each label the client takes a random one of that class's shards left. Where the padding hands a client
+    only labels whose shards are gone (C ∤ s·N, e.g. 9 classes over 200 clients × 2), the code gives that
+    client the previous client's samples, and so does this: then two clients hold the same samples.
+    """
+    per_class = shards_per_client * num_clients // num_classes
+    if shards_per_client < 1 or per_class < 1:
+        raise FLTuneError(f"partition.shards_per_client: must be at least {-(-num_classes // num_clients)} so that "
+                          f"{num_clients} clients' shards cover {num_classes} classes; got {shards_per_client}")
+    shards = [np.array_split(np.flatnonzero(labels == c), per_class) for c in range(num_classes)]
+    plan = list(rng.permutation(np.repeat(np.arange(num_classes), per_class)))
+    for i in range(1, num_clients + 1):
+        if len(plan) % num_clients == 0:
+            break
+        plan.append(plan[i])
+    parts: list[np.ndarray] = []
+    for wanted in np.array(plan).reshape(num_clients, -1):
+        taken = [shards[c].pop(rng.integers(len(shards[c]))) for c in wanted if shards[c]]
+        parts.append(np.concatenate(taken) if taken else parts[-1] if parts else np.array([], dtype=np.int64))
+    return parts
 
 
 # --- shared -------------------------------------------------------------------------------------------

@@ -16,8 +16,9 @@ KINDS = {
     "dirichlet_prior": {"alpha": 0.5},
     "dirichlet": {"alpha": 0.5},
     "shards": {"shards_per_client": 2},
+    "class_shards": {"shards_per_client": 2},
 }
-PLACES_EVERY_SAMPLE = {"iid", "dirichlet", "shards"}  # classes/dirichlet_prior drop len % N samples
+PLACES_EVERY_SAMPLE = {"iid", "dirichlet", "shards", "class_shards"}  # classes/dirichlet_prior drop len % N samples
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -116,6 +117,34 @@ def test_shards_give_each_client_s_label_sorted_shards(fmnist) -> None:
     assert {len(p) for p in parts} == {600}
     assert all(len(np.unique(labels[p])) <= 2 for p in parts)
     assert all(np.bincount(labels[p]).max() % 300 == 0 for p in parts)
+
+
+def test_class_shards_cut_each_class_alone_as_fedsols_code(fmnist) -> None:
+    """Unequal classes (FMNIST's train split subsampled unevenly): every class is cut into s·N/C shards of
+    its own, so no client holds more than s classes and sizes follow the classes' sizes."""
+    labels = fmnist.train_y.numpy()
+    keep = np.flatnonzero((labels != 3) | (np.arange(len(labels)) % 2 == 0))  # class 3 has half the samples
+    labels = labels[keep]
+    parts = partition(labels, 10, "class_shards", 100, seed=0, shards_per_client=2)
+    assert all(1 <= len(np.unique(labels[p])) <= 2 for p in parts)
+    for part in parts:  # each class's part is a whole number of that class's shards (20 a class)
+        counts = np.bincount(labels[part], minlength=10)
+        for c in np.flatnonzero(counts):
+            size = (labels == c).sum() // 20
+            assert counts[c] in {k * size + extra for k in (1, 2) for extra in range(3)}
+    assert len(np.concatenate(parts)) == len(labels)  # every sample placed once
+    straddles = partition(labels, 10, "shards", 100, seed=0, shards_per_client=2)
+    assert max(len(np.unique(labels[p])) for p in straddles) > 2  # equal-size shards mix classes
+
+
+def test_class_shards_give_a_client_left_without_shards_the_previous_clients_samples() -> None:
+    """9 classes over 20 clients × 2: 9·⌊40/9⌋ = 36 shards, the plan padded to 40 with repeated labels whose
+    shards are gone by then, so (as the code does) the last clients copy the previous client's samples."""
+    labels = np.repeat(np.arange(9), 40)
+    parts = partition(labels, 9, "class_shards", 20, seed=0, shards_per_client=2)
+    assert len(parts) == 20 and all(len(p) for p in parts)
+    assert np.array_equal(parts[-1], parts[-2]) and np.array_equal(parts[-2], parts[-3])
+    assert len(np.unique(np.concatenate(parts))) == len(labels)
 
 
 def test_split_train_eval_holds_out_a_fraction_of_each_client() -> None:
