@@ -134,7 +134,7 @@ def batches(
     """Mini-batches of a client's samples: uint8 → float, augmented, normalised, on ``device``; the first
     ``keep`` of the epoch's order (:func:`epoch_samples`)."""
     index = epoch_order(indices, generator, shuffle, keep)
-    black = normalise_table(data.mean, data.std)[:, 0]  # a black pixel, normalised: a crop's padding
+    black = None if augment_kind == "none" else normalise_table(data.mean, data.std)[:, 0]  # a crop's padding
     for start in range(0, len(index), batch_size):
         chunk = index[start:start + batch_size]
         x = to_float(data.x[chunk], data.mean, data.std)

@@ -38,7 +38,8 @@ def test_fedsol_tables_hold_the_printed_values_and_partitions() -> None:
     assert by[("Scaffold", "cifar10", "LDA α=0.1")].paper == 10.00
     assert by[("FedNTD", "svhn", "Sharding s=2")].paper == 85.30
     shards = config(table, by[("FedProx", "cifar10", "Sharding s=10")])
-    assert (shards.partition.kind, shards.partition.shards_per_client, shards.method.params.mu) == ("class_shards", 10, 1.0)
+    part = shards.partition
+    assert (part.kind, part.shards_per_client, shards.method.params.mu) == ("class_shards", 10, 1.0)
     lda = config(table, by[("FedSAM", "cifar10", "LDA α=0.3")])
     assert (lda.partition.kind, lda.partition.alpha, lda.method.params.rho) == ("dirichlet", 0.3, 0.1)
     assert lda.federation.rounds == 300 and lda.training.lr_decay == 0.99 and lda.data.augment == "crop_flip_cutout"

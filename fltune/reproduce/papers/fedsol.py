@@ -3,9 +3,10 @@
 Protocol (§4.1, App. B.3–B.5): 100 clients, 10 % per round (CINIC-10, PathMNIST, TissueMNIST: 200 clients,
 5 %); the FedAvg CNN; 5 local epochs of momentum SGD (lr 0.01, momentum 0.9, weight decay 1e-5, lr × 0.99 per
 round), batch 50 (App. B.5 configs); 300 rounds (200 for MNIST, PathMNIST, TissueMNIST). Sharding = s
-shards per client, each class cut into its own shards as the authors' code does (``class_shards``); LDA = FedML's per-class Dirichlet(α) over clients
-(``dirichlet``). A number is the server model's test accuracy (``global``). Each dataset is augmented as the
-authors' loader for it does (``train_tools/preprocessing/*/loader.py``).
+shards per client, each class cut into its own shards as the authors' code does (``class_shards``); LDA =
+FedML's per-class Dirichlet(α) over clients (``dirichlet``). A number is the server model's test accuracy
+(``global``). Each dataset is augmented as the authors' loader for it does
+(``train_tools/preprocessing/*/loader.py``).
 """
 
 from __future__ import annotations
