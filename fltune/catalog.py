@@ -12,7 +12,7 @@ from pathlib import Path
 
 NUM_CLASSES: dict[str, int] = {
     "fmnist": 10, "mnist": 10, "emnist_letters": 10, "cifar10": 10, "cifar100": 100, "svhn": 10,
-    "pathmnist": 9, "tissuemnist": 8, "cinic10": 10, "synthetic": 10,
+    "pathmnist": 9, "tissuemnist": 8, "cinic10": 10, "tinyimagenet": 200, "synthetic": 10,
 }
 """Dataset name → number of classes: every dataset ``fltune.data.datasets`` loads."""
 

@@ -4,7 +4,9 @@ Images stay uint8 in memory (4x smaller than float32, and a pooled train+test sp
 Ray worker); ``augment.to_float`` normalises each batch. Fashion-MNIST is read straight from its idx
 files, so Debian's flat ``dataset-fashion-mnist`` directory works offline; MNIST, EMNIST, CIFAR and SVHN
 use torchvision's classes and on-disk formats; PathMNIST and TissueMNIST are MedMNIST v2's ``.npz`` files;
-CINIC-10 is its image-folder tree (``train/<class>/*.png``), decoded once into a cache file beside it.
+CINIC-10 is its image-folder tree (``train/<class>/*.png``) and Tiny-ImageNet-200 the cs231n zip's
+``tiny-imagenet-200/`` (``train/<wnid>/images/*.JPEG``, ``val/images/*.JPEG`` labelled by
+``val/val_annotations.txt``), each decoded once into a cache file beside it.
 Every missing-file error is one :class:`DatasetMissing` line naming the dataset, every path looked in and
 how to get the files; every file that is there but unusable (truncated download, not gzip or zip, wrong
 header, size, keys or shape, checksum mismatch, undecodable image) is one :class:`DatasetCorrupt` line
@@ -79,6 +81,9 @@ _SPECS: dict[str, _Spec] = {
     "tissuemnist": _Spec((0.5,), (0.5,), "flip"),
     "cinic10": _Spec((0.47889522, 0.47227842, 0.43047404), (0.24205776, 0.23828046, 0.25874835),
                      "reflect_crop_flip"),
+    # MAN's code (vcl-iisc/fedMAN:code/utils_dataset.py, its 'TinyImageNet' branch): ImageNet's constants;
+    # its Dataset.__getitem__ augments as FedDyn's code, a flip then half the time a crop, here at 64×64
+    "tinyimagenet": _Spec((0.485, 0.456, 0.406), (0.229, 0.224, 0.225), "flip_crop_half"),
     "synthetic": _Spec(None, None, "none"),
 }
 DATASETS: tuple[str, ...] = tuple(_SPECS)
@@ -101,9 +106,10 @@ def default_root() -> Path:
 def load_dataset(name: str, root: str | Path | None = None, download: bool = False) -> Dataset:
     """Load a dataset by name; repeated loads in a process are served from memory.
 
-    ``root`` is the directory holding torchvision's on-disk layout, MedMNIST's ``<name>.npz`` files or
-    CINIC-10's folders (default ``~/.cache/fltune/data``); Fashion-MNIST is also found in Debian's
-    ``/usr/share/datasets/fashion-mnist`` when no root is given. ``download=True`` fetches what is missing.
+    ``root`` is the directory holding torchvision's on-disk layout, MedMNIST's ``<name>.npz`` files,
+    CINIC-10's folders or Tiny-ImageNet's ``tiny-imagenet-200/`` (default ``~/.cache/fltune/data``);
+    Fashion-MNIST is also found in Debian's ``/usr/share/datasets/fashion-mnist`` when no root is given.
+    ``download=True`` fetches what is missing.
     The returned tensors are shared by every caller: treat them as read-only.
     """
     if name not in _SPECS:
@@ -511,16 +517,184 @@ def _download_medmnist(name: str, looked_in: list[Path]) -> Path:
     return path
 
 
-# --- CINIC-10: an image-folder tree, decoded once into a cache file beside it --------------------------
+# --- image-folder trees (CINIC-10, Tiny-ImageNet), decoded once into a cache file beside them ----------
+
+DECODED_CACHE = "fltune-uint8.npz"
+_CACHE_KEYS = ("train_x", "train_y", "test_x", "test_y")  # whatever the dataset calls its test folder
+Samples = list[tuple[str, int]]  # (image path, class index), in torchvision DatasetFolder's order
+
+
+@dataclass(frozen=True)
+class _ImageTree:
+    """A dataset published as one archive of image folders, decoded once into :data:`DECODED_CACHE` beside
+    them: what the code CINIC-10 and Tiny-ImageNet share (find or download, list, decode, cache) needs to
+    know of it, so that both datasets run the same code and word their errors the same way."""
+
+    name: str  # fltune's name (DatasetMissing lines, NUM_CLASSES)
+    title: str  # the name its authors print (DatasetCorrupt lines)
+    splits: tuple[str, str]  # its train and test folders
+    size: int  # its images are RGB size×size
+    url: str  # the archive, extracted as published
+    md5: str | None  # the archive's published MD5 (None: it publishes none)
+    holding: str  # what a data.root folder must hold, in the how-to-get line
+
+    @property
+    def how_to_get(self) -> str:
+        return (f"pass --set data.root=DIR holding {self.holding} ({self.url} extracted), "
+                "or --set data.download=true (needs internet)")
+
+    @property
+    def how_to_replace(self) -> str:
+        return (f"extract a good copy from {self.url} over it, or delete the dataset's folder and rerun "
+                "with --set data.download=true (needs internet)")
+
+
+def _find_tree(tree: _ImageTree, dirs: list[Path], download: bool, into: Path) -> Path:
+    """The first of ``dirs`` holding both of ``tree``'s split folders; with ``download``, where none does, the
+    archive is fetched and extracted into ``into``, which must put them in ``dirs[0]``."""
+    found = next((d for d in dirs if _holds(d, tree)), None)
+    if found is None and download:
+        _download_tree(tree, dirs, into)
+        if not _holds(dirs[0], tree):
+            folders = " and ".join(f"{split}/" for split in tree.splits)
+            raise _missing(tree.name, dirs, tree.how_to_get,
+                           FileNotFoundError(f"{tree.url} extracted no {folders} into {dirs[0]}"))
+        found = dirs[0]
+    if found is None:
+        raise _missing(tree.name, dirs, tree.how_to_get)
+    return found
+
+
+def _holds(folder: Path, tree: _ImageTree) -> bool:
+    return all((folder / split).is_dir() for split in tree.splits)
+
+
+def _image_folder(folder: Path, tree: _ImageTree) -> tuple[list[str], Samples]:
+    """torchvision ``DatasetFolder``'s classes and (path, class index) samples of ``folder``, in its order.
+
+    Class index = rank of the class folder's name; samples sorted by class, then by path, found at any depth
+    (``make_dataset`` walks each class folder, so Tiny-ImageNet's ``<wnid>/images/*.JPEG`` are found).
+    """
+    from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes, make_dataset
+
+    try:
+        classes, class_to_idx = find_classes(folder)
+        samples = make_dataset(folder, class_to_idx, extensions=IMG_EXTENSIONS)
+    except FileNotFoundError as err:  # no class folder, or a class folder without images
+        raise _damaged(folder, f"is not a {tree.title} split ({err})", tree.how_to_replace) from err
+    except OSError as err:
+        raise _damaged(folder, f"cannot be read ({err.strerror or err})", tree.how_to_replace) from err
+    return classes, samples
+
+
+def _check_class_count(folder: Path, classes: list[str], tree: _ImageTree) -> None:
+    """More class folders than the dataset has classes are refused: a stray folder shifts every label after it."""
+    if len(classes) > NUM_CLASSES[tree.name]:
+        raise _damaged(folder, f"holds {len(classes)} class folders; {tree.title} has {NUM_CLASSES[tree.name]}",
+                       tree.how_to_replace)
+
+
+def _decoded(folder: Path, train: Samples, test: Samples, tree: _ImageTree) -> Splits:
+    """train_x, train_y, test_x, test_y of the samples, from ``folder/fltune-uint8.npz`` when it holds them.
+
+    Decoding the images takes minutes, so the cache (uncompressed: it loads in seconds) records a digest of
+    the listing it was decoded from: every sample's path, size and label. A cache whose digest differs (files
+    added, removed, renamed, relabelled or replaced by ones of another size), or that cannot be read, is
+    decoded again and rewritten. It is written atomically (a temporary file, then ``os.replace``), so
+    concurrent loads never see half of one; where the folder is not writable the splits are decoded on every
+    load instead.
+    """
+    cache, digest = folder / DECODED_CACHE, _listing_digest(folder, train + test, tree.how_to_replace)
+    arrays = _read_decoded_cache(cache, digest, tree.size)
+    if arrays is None:
+        arrays = [*_decode_rgb(train, tree), *_decode_rgb(test, tree)]
+        tmp = cache.with_name(f"{cache.name}.{os.getpid()}.tmp")
+        try:
+            with open(tmp, "wb") as f:
+                np.savez(f, listing=np.array(digest), **dict(zip(_CACHE_KEYS, arrays)))
+            os.replace(tmp, cache)
+        except OSError:  # read-only or full: go on without a cache
+            tmp.unlink(missing_ok=True)
+    return tuple(torch.from_numpy(a) for a in arrays)
+
+
+def _listing_digest(folder: Path, samples: Samples, how: str) -> str:
+    """SHA-256 of every sample's path (relative to ``folder``), size in bytes and label."""
+    digest = hashlib.sha256()
+    for path, label in samples:
+        try:
+            size = os.stat(path).st_size
+        except OSError as err:  # a dangling link
+            raise _damaged(Path(path), f"cannot be read ({err.strerror or err})", how) from err
+        digest.update(os.fsencode(os.path.relpath(path, folder)) + f"\0{size}\0{label}\n".encode())
+    return digest.hexdigest()
+
+
+def _read_decoded_cache(cache: Path, digest: str, size: int) -> list[np.ndarray] | None:
+    """The cached splits if ``cache`` is a whole cache of this listing (images uint8 [N, 3, size, size]),
+    else None (decode again)."""
+    if not cache.is_file():
+        return None
+    try:
+        with np.load(cache, allow_pickle=False) as npz:
+            if str(npz["listing"]) != digest:
+                return None
+            arrays = [npz[key] for key in _CACHE_KEYS]
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile, zlib.error):
+        return None
+    for x, y in (arrays[:2], arrays[2:]):
+        if x.dtype != np.uint8 or x.shape[1:] != (3, size, size) or y.dtype != np.int64 or y.shape != (len(x),):
+            return None
+    return arrays
+
+
+def _decode_rgb(samples: Samples, tree: _ImageTree) -> tuple[np.ndarray, np.ndarray]:
+    """The samples' images as uint8 [N, 3, size, size] and their labels. PIL's ``convert("RGB")``, as
+    torchvision's default loader in FedSOL's and MAN's code, makes a grey image 3 equal channels."""
+    from PIL import Image
+
+    images = np.empty((len(samples), 3, tree.size, tree.size), dtype=np.uint8)
+    for i, (path, _) in enumerate(samples):
+        try:
+            with Image.open(path) as image:
+                if image.size != (tree.size, tree.size):
+                    raise _damaged(Path(path), f"is {image.width}x{image.height} pixels; {tree.title} images are "
+                                               f"{tree.size}x{tree.size}", tree.how_to_replace)
+                images[i] = np.asarray(image.convert("RGB")).transpose(2, 0, 1)
+        except (OSError, SyntaxError, ValueError) as err:  # PIL: not an image, cut off, a broken chunk
+            reason = " ".join(str(err).split())
+            raise _damaged(Path(path), f"cannot be decoded as an image ({reason})", tree.how_to_replace) from err
+    return images, np.array([label for _, label in samples], dtype=np.int64)
+
+
+def _download_tree(tree: _ImageTree, dirs: list[Path], into: Path) -> None:
+    """Fetch ``tree``'s archive into ``into`` and extract it there.
+
+    ``download_url`` then ``extract_archive``, not ``download_and_extract_archive``, so that a failed download
+    (DatasetMissing) and an archive that does not extract (DatasetCorrupt naming it) are told apart. A partial
+    or mismatching download is deleted: without an MD5 torchvision would take it for complete next time. The
+    archive is deleted once extracted (its images are in the folders again).
+    """
+    from torchvision.datasets.utils import download_url, extract_archive
+
+    archive = into / Path(tree.url).name
+    try:
+        download_url(tree.url, str(into), archive.name, md5=tree.md5)
+    except (RuntimeError, OSError) as err:  # urllib: OSError; torchvision: RuntimeError when the MD5 differs
+        archive.unlink(missing_ok=True)
+        raise _missing(tree.name, dirs, tree.how_to_get, err) from err
+    try:
+        extract_archive(str(archive), str(into), remove_finished=True)
+    except (tarfile.TarError, zipfile.BadZipFile, EOFError, zlib.error, OSError) as err:
+        raise _damaged(archive, f"cannot be extracted ({' '.join(str(err).split())})",
+                       "delete it and rerun with --set data.download=true (needs internet)") from err
+
+
+# --- CINIC-10: train/<class>/*.png and test/<class>/*.png ----------------------------------------------
 
 CINIC10_URL = "https://datashare.ed.ac.uk/bitstream/handle/10283/3192/CINIC-10.tar.gz"
-CINIC10_CACHE = "fltune-uint8.npz"
-_CINIC10_SPLITS = ("train", "test")  # valid/ is not used, as in FedSOL's code
-_CINIC10_HOW = (f"pass --set data.root=DIR holding CINIC-10's train/ and test/ folders ({CINIC10_URL} extracted), "
-                "or --set data.download=true (needs internet)")
-_CINIC10_REPLACE = (f"extract a good copy from {CINIC10_URL} over it, or delete the dataset's folder and rerun "
-                    "with --set data.download=true (needs internet)")
-_CINIC10_KEYS = ("train_x", "train_y", "test_x", "test_y")
+_CINIC10 = _ImageTree("cinic10", "CINIC-10", ("train", "test"), 32, CINIC10_URL, None,  # it publishes no MD5
+                      "CINIC-10's train/ and test/ folders")  # valid/ is not used, as in FedSOL's code
 
 
 def _load_cinic10(root: Path | None, download: bool) -> Splits:
@@ -530,139 +704,78 @@ def _load_cinic10(root: Path | None, download: bool) -> Splits:
     folder's name (airplane 0 … truck 9), sorted by class, then by path. The folder holding both splits is
     ``<root>/cinic10`` (FedSOL's layout; where ``download=True`` extracts the tarball), else
     ``<root>/CINIC-10``, else ``<root>``. Decoding 180,000 PNGs takes minutes, so the decoded splits are
-    cached in that folder (:func:`_cinic10_cache`).
+    cached in that folder (:func:`_decoded`).
     """
     base = root or default_root()
     dirs = [base / "cinic10", base / "CINIC-10", base]
-    found = next((d for d in dirs if _holds_cinic10(d)), None)
-    if found is None and download:
-        _download_cinic10(dirs)
-        if not _holds_cinic10(dirs[0]):
-            raise _missing("cinic10", dirs, _CINIC10_HOW,
-                           FileNotFoundError(f"{CINIC10_URL} extracted no train/ and test/ into {dirs[0]}"))
-        found = dirs[0]
-    if found is None:
-        raise _missing("cinic10", dirs, _CINIC10_HOW)
-    (train_classes, train), (test_classes, test) = (_image_folder(found / split) for split in _CINIC10_SPLITS)
+    found = _find_tree(_CINIC10, dirs, download, dirs[0])
+    (train_classes, train), (test_classes, test) = (_image_folder(found / split, _CINIC10)
+                                                    for split in _CINIC10.splits)
     if test_classes != train_classes:  # a class index must mean the same class in both splits
         raise _damaged(found / "test", f"holds class folders {', '.join(test_classes)} but train/ holds "
-                                       f"{', '.join(train_classes)}", _CINIC10_REPLACE)
-    if len(train_classes) > NUM_CLASSES["cinic10"]:
-        raise _damaged(found / "train", f"holds {len(train_classes)} class folders; CINIC-10 has "
-                                        f"{NUM_CLASSES['cinic10']}", _CINIC10_REPLACE)
-    return tuple(torch.from_numpy(a) for a in _cinic10_cache(found, {"train": train, "test": test}))
+                                       f"{', '.join(train_classes)}", _CINIC10.how_to_replace)
+    _check_class_count(found / "train", train_classes, _CINIC10)
+    return _decoded(found, train, test, _CINIC10)
 
 
-def _holds_cinic10(folder: Path) -> bool:
-    return all((folder / split).is_dir() for split in _CINIC10_SPLITS)
+# --- Tiny-ImageNet-200: train/<wnid>/images/*.JPEG, val/images/*.JPEG labelled by val_annotations.txt ----
+
+TINYIMAGENET_URL = "http://cs231n.stanford.edu/tiny-imagenet-200.zip"
+_TINYIMAGENET = _ImageTree("tinyimagenet", "Tiny-ImageNet", ("train", "val"), 64, TINYIMAGENET_URL,
+                           "90528d7ca1a48142e341f4ef8d21d0de", "tiny-imagenet-200/")  # test/ is unlabelled
 
 
-def _image_folder(folder: Path) -> tuple[list[str], list[tuple[str, int]]]:
-    """torchvision ``DatasetFolder``'s classes and (path, class index) samples of ``folder``, in its order."""
-    from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes, make_dataset
+def _load_tinyimagenet(root: Path | None, download: bool) -> Splits:
+    """Tiny-ImageNet-200 as MAN's code reads it: ``train/`` (100,000 images) trains, ``val/`` (10,000) tests.
 
+    The folder is the cs231n zip's ``tiny-imagenet-200/``: ``<root>/tiny-imagenet-200`` (where
+    ``download=True`` extracts the zip), else ``<root>/tinyimagenet``, else ``<root>``. Train samples are
+    torchvision ``ImageFolder``'s, in its order (class index = rank of the wnid folder's name under
+    ``train/``), as MAN's ImageFolder path reads them. The val images are labelled by
+    ``val/val_annotations.txt`` through the same wnid → index map and ordered by file name; each is taken
+    from ``val/images/<file>`` (the zip's layout) or ``val/images/<wnid>/<file>`` (the one MAN's code moves
+    them into). Decoded once into a cache in that folder (:func:`_decoded`).
+    """
+    base = root or default_root()
+    found = _find_tree(_TINYIMAGENET, [base / "tiny-imagenet-200", base / "tinyimagenet", base], download, base)
+    classes, train = _image_folder(found / "train", _TINYIMAGENET)
+    _check_class_count(found / "train", classes, _TINYIMAGENET)
+    return _decoded(found, train, _tinyimagenet_val(found / "val", classes), _TINYIMAGENET)
+
+
+def _tinyimagenet_val(folder: Path, classes: list[str]) -> Samples:
+    """The val split's (path, class index) samples by file name, from ``val_annotations.txt`` (tab-separated:
+    file name, wnid, 4 box numbers); an unusable line or a missing file → one DatasetCorrupt line naming it."""
+    annotations, how = folder / "val_annotations.txt", _TINYIMAGENET.how_to_replace
     try:
-        classes, class_to_idx = find_classes(folder)
-        return classes, make_dataset(folder, class_to_idx, extensions=IMG_EXTENSIONS)
-    except FileNotFoundError as err:  # no class folder, or a class folder without images
-        raise _damaged(folder, f"is not a CINIC-10 split ({err})", _CINIC10_REPLACE) from err
+        lines = annotations.read_text(encoding="utf-8").splitlines()
+    except FileNotFoundError as err:
+        raise _damaged(annotations, "is missing (it labels the val images)", how) from err
+    except UnicodeDecodeError as err:
+        raise _damaged(annotations, f"is not UTF-8 text ({err.reason})", how) from err
     except OSError as err:
-        raise _damaged(folder, f"cannot be read ({err.strerror or err})", _CINIC10_REPLACE) from err
-
-
-def _cinic10_cache(folder: Path, samples: dict[str, list[tuple[str, int]]]) -> list[np.ndarray]:
-    """train_x, train_y, test_x, test_y of ``samples``, from ``folder/fltune-uint8.npz`` when it holds them.
-
-    The cache (uncompressed: it loads in seconds) records a digest of the listing it was decoded from:
-    every sample's path, size and label. A cache whose digest differs (files added, removed, renamed or
-    replaced by ones of another size), or that cannot be read, is decoded again and rewritten. It is
-    written atomically (a temporary file, then ``os.replace``), so concurrent loads never see half of one;
-    where the folder is not writable the splits are decoded on every load instead.
-    """
-    cache, digest = folder / CINIC10_CACHE, _listing_digest(folder, samples)
-    cached = _read_cinic10_cache(cache, digest)
-    if cached is not None:
-        return cached
-    arrays = [a for split in _CINIC10_SPLITS for a in _decode_rgb32(samples[split])]
-    tmp = cache.with_name(f"{cache.name}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, "wb") as f:
-            np.savez(f, listing=np.array(digest), **dict(zip(_CINIC10_KEYS, arrays)))
-        os.replace(tmp, cache)
-    except OSError:  # read-only or full: go on without a cache
-        tmp.unlink(missing_ok=True)
-    return arrays
-
-
-def _listing_digest(folder: Path, samples: dict[str, list[tuple[str, int]]]) -> str:
-    """SHA-256 of every sample's path (relative to ``folder``), size in bytes and label."""
-    digest = hashlib.sha256()
-    for path, label in (sample for split in _CINIC10_SPLITS for sample in samples[split]):
-        try:
-            size = os.stat(path).st_size
-        except OSError as err:  # a dangling link
-            raise _damaged(Path(path), f"cannot be read ({err.strerror or err})", _CINIC10_REPLACE) from err
-        digest.update(os.fsencode(os.path.relpath(path, folder)) + f"\0{size}\0{label}\n".encode())
-    return digest.hexdigest()
-
-
-def _read_cinic10_cache(cache: Path, digest: str) -> list[np.ndarray] | None:
-    """The cached splits if ``cache`` is a whole cache of this listing, else None (decode again)."""
-    if not cache.is_file():
-        return None
-    try:
-        with np.load(cache, allow_pickle=False) as npz:
-            if str(npz["listing"]) != digest:
-                return None
-            arrays = [npz[key] for key in _CINIC10_KEYS]
-    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile, zlib.error):
-        return None
-    for x, y in (arrays[:2], arrays[2:]):
-        if x.dtype != np.uint8 or x.shape[1:] != (3, 32, 32) or y.dtype != np.int64 or y.shape != (len(x),):
-            return None
-    return arrays
-
-
-def _decode_rgb32(samples: list[tuple[str, int]]) -> tuple[np.ndarray, np.ndarray]:
-    """The samples' images as uint8 [N, 3, 32, 32] (PIL, ``convert("RGB")`` as FedSOL's loader) and labels."""
-    from PIL import Image
-
-    images = np.empty((len(samples), 3, 32, 32), dtype=np.uint8)
-    for i, (path, _) in enumerate(samples):
-        try:
-            with Image.open(path) as image:
-                if image.size != (32, 32):
-                    raise _damaged(Path(path), f"is {image.width}x{image.height} pixels; CINIC-10 images are "
-                                               "32x32", _CINIC10_REPLACE)
-                images[i] = np.asarray(image.convert("RGB")).transpose(2, 0, 1)
-        except (OSError, SyntaxError, ValueError) as err:  # PIL: not an image, cut off, a broken chunk
-            reason = " ".join(str(err).split())
-            raise _damaged(Path(path), f"cannot be decoded as an image ({reason})", _CINIC10_REPLACE) from err
-    return images, np.array([label for _, label in samples], dtype=np.int64)
-
-
-def _download_cinic10(dirs: list[Path]) -> None:
-    """Fetch CINIC-10's tarball into ``<root>/cinic10`` and extract it there (train/, valid/, test/).
-
-    CINIC-10 publishes no checksum. ``download_and_extract_archive`` in two steps, so that a failed download
-    (DatasetMissing) and a tarball that does not extract (DatasetCorrupt naming it) are told apart; a partial
-    download is deleted, since without an MD5 torchvision would take it for complete next time. The tarball
-    is deleted once extracted (about 700 MB that the folders hold again).
-    """
-    from torchvision.datasets.utils import download_url, extract_archive
-
-    target = dirs[0]
-    archive = target / Path(CINIC10_URL).name
-    try:
-        download_url(CINIC10_URL, str(target), archive.name, md5=None)
-    except (RuntimeError, OSError) as err:
-        archive.unlink(missing_ok=True)
-        raise _missing("cinic10", dirs, _CINIC10_HOW, err) from err
-    try:
-        extract_archive(str(archive), str(target), remove_finished=True)
-    except (tarfile.TarError, EOFError, zlib.error, OSError) as err:
-        raise _damaged(archive, f"cannot be extracted ({' '.join(str(err).split())})",
-                       "delete it and rerun with --set data.download=true (needs internet)") from err
+        raise _damaged(annotations, f"cannot be read ({err.strerror or err})", how) from err
+    index = {wnid: i for i, wnid in enumerate(classes)}
+    samples: dict[str, tuple[str, int]] = {}
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        file, wnid, *_ = [*line.split("\t"), ""]
+        if not file or not wnid or Path(file).name != file:
+            raise _damaged(annotations, f"line {number} is not a file name, a tab and a wnid", how)
+        if wnid not in index:
+            raise _damaged(annotations, f"line {number} names {wnid}, which has no folder in {folder.parent / 'train'}",
+                           how)
+        if file in samples:
+            raise _damaged(annotations, f"line {number} names {file} a second time", how)
+        path = next((p for p in (folder / "images" / file, folder / "images" / wnid / file) if p.is_file()), None)
+        if path is None:
+            raise _damaged(annotations, f"line {number} names {file}, which is neither in {folder / 'images'} nor in "
+                                        f"{folder / 'images' / wnid}", how)
+        samples[file] = (str(path), index[wnid])
+    if not samples:
+        raise _damaged(annotations, "labels no images", how)
+    return [samples[file] for file in sorted(samples)]
 
 
 # --- synthetic: offline, seeded, learnable ------------------------------------------------------------
@@ -694,5 +807,6 @@ _LOADERS: dict[str, Callable[[Path | None, bool], Splits]] = {
     "pathmnist": _medmnist_loader("pathmnist"),
     "tissuemnist": _medmnist_loader("tissuemnist"),
     "cinic10": _load_cinic10,
+    "tinyimagenet": _load_tinyimagenet,
     "synthetic": _load_synthetic,
 }

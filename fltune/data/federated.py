@@ -37,10 +37,10 @@ def _unpickle(values: dict[str, Any], tensors: tuple[str, ...]) -> FederatedData
 
 # k of the `classes` partition when partition.classes_per_client is unset. SimFAFL: 5 (EMNIST-L,
 # CIFAR-10), 3 (FMNIST), 15 (CIFAR-100). [U] for the rest: MNIST and synthetic as FMNIST (same shape,
-# 10 classes), SVHN as CIFAR-10.
+# 10 classes), SVHN as CIFAR-10, Tiny-ImageNet 30 of its 200 classes (CIFAR-100's 15 of 100, scaled).
 DEFAULT_CLASSES_PER_CLIENT: dict[str, int] = {
     "emnist_letters": 5, "cifar10": 5, "fmnist": 3, "cifar100": 15, "mnist": 3, "svhn": 5, "synthetic": 3,
-    "cinic10": 5, "pathmnist": 3, "tissuemnist": 3,
+    "cinic10": 5, "pathmnist": 3, "tissuemnist": 3, "tinyimagenet": 30,
 }
 PARTITION_FORMAT = 1  # part of every cache key: bump it when a partition algorithm changes
 

@@ -44,15 +44,20 @@ def first_activations(points: list[nn.Module]) -> Iterator[dict[nn.Module, Tenso
             handle.remove()
 
 
-def activation_norm(activations: list[Tensor]) -> Tensor:
-    """Eq. 16-18: L_act = Σ_l E‖a_l‖², the mean of a_l² over batch, channels and positions (or units)."""
-    return sum(a.pow(2).mean() for a in activations)
+def activation_norm(activations: list[Tensor], variances: list[Tensor] = ()) -> Tensor:
+    """Eq. 16-18: L_act = Σ_l E‖a_l‖², the mean of a_l² over batch, channels and positions (or units);
+    plus, for each of ``variances``, the mean over its units of their unbiased variance over the batch
+    (a term only the authors' Tiny-ImageNet code adds, ``SplitModel.variance_points``; a batch of one
+    sample adds 0 there rather than the code's NaN)."""
+    squares = sum(a.pow(2).mean() for a in activations)
+    return squares + sum(v.var(dim=0, correction=min(1, len(v) - 1)).mean() for v in variances)
 
 
 @register_modifier
 class MAN(Modifier):
     """MAN (Eq. 15): f_k = L_k + ζ·L_act over the post-ReLU output of every hidden layer (the model's
-    ``activation_points``; never the logits), recorded from the base's own forward pass.
+    ``activation_points``; never the logits), recorded from the base's own forward pass; plus the batch
+    variance of the model's ``variance_points`` where its authors' code adds it (Tiny-ImageNet).
 
     [U] The authors' code (``vcl-iisc/fedMAN:code/utils_general.py``, ``(args.mu_mean/2)*loss_var_algo``)
     weights the term by ζ/2 and the paper's ζ values were tuned with it, so ``halve: true`` is the default;
@@ -65,10 +70,13 @@ class MAN(Modifier):
     def local_loss(self, ctx: ClientContext, base_loss: Callable[[], LossAndLogits]) -> LossAndLogits:
         if self.params.zeta == 0:
             return base_loss()
-        with first_activations(ctx.model.activation_points) as outputs:
+        squared, varied = ctx.model.activation_points, ctx.model.variance_points
+        with first_activations(list(dict.fromkeys([*squared, *varied]))) as outputs:
             loss, logits = base_loss()
         weight = self.params.zeta / 2 if self.params.halve else self.params.zeta
-        return loss + weight * activation_norm(list(outputs.values())), logits
+        term = activation_norm([outputs[p] for p in squared if p in outputs],
+                               [outputs[p] for p in varied if p in outputs])
+        return loss + weight * term, logits
 
 
 FedAvgMAN = register(compose(FedAvg, MAN, name="man"))

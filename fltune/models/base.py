@@ -49,6 +49,13 @@ class SplitModel(nn.Module):
         """
         return [m for m in self.body.modules() if isinstance(m, nn.ReLU)]
 
+    @property
+    def variance_points(self) -> list[nn.Module]:
+        """Points whose output's per-unit variance over the batch MAN adds to its term besides the squared
+        activations: none here. Only a model built after code that adds such a term lists any (the authors'
+        Tiny-ImageNet ConvNet, :class:`~fltune.models.convnets.TinyImageNetCNN`)."""
+        return []
+
 
 def activations(model: SplitModel, x: Tensor) -> tuple[Tensor, list[Tensor]]:
     """``(logits, [output of each activation point])`` from one forward pass.

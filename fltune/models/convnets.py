@@ -12,9 +12,10 @@ from fltune.models.registry import register_model
 
 
 def plain_net(
-    in_shape: InShape, num_classes: int, convs: Sequence[ConvBlock], widths: Sequence[int]
+    in_shape: InShape, num_classes: int, convs: Sequence[ConvBlock], widths: Sequence[int],
+    model_class: type[SplitModel] = SplitModel,
 ) -> SplitModel:
-    """Body ``convs → flatten → dense(widths)``, head ``Linear(widths[-1], num_classes)``.
+    """Body ``convs → flatten → dense(widths)``, head ``Linear(widths[-1], num_classes)``, as a ``model_class``.
 
     The flatten width comes from a dummy pass, so one definition serves every input size. Keys read
     ``body.conv1.conv.weight``, ``body.fc1.linear.weight``, ``head.weight``.
@@ -24,7 +25,7 @@ def plain_net(
     dims = [flat_size(body, in_shape), *widths]
     for i, (d_in, d_out) in enumerate(pairwise(dims), 1):
         body.add_module(f"fc{i}", dense(d_in, d_out))
-    return SplitModel(body, nn.Linear(dims[-1], num_classes), feature_dim=dims[-1])
+    return model_class(body, nn.Linear(dims[-1], num_classes), feature_dim=dims[-1])
 
 
 @register_model("mlp")
@@ -55,6 +56,28 @@ def feddyn_cnn(in_shape: InShape, num_classes: int) -> SplitModel:
     return plain_net(in_shape, num_classes, (ConvBlock(c, 64, 5), ConvBlock(64, 64, 5)), widths=(384, 192))
 
 
+class TinyImageNetCNN(SplitModel):
+    """A plain net whose MAN terms are those of the authors' ``ConvNet.forward``
+    (``vcl-iisc/fedMAN:code/utils_models.py``), which produced MAN's Tiny-ImageNet columns.
+
+    That forward returns, for the loss to sum the mean of each: the squared activations of the first two
+    conv blocks and of the two dense layers (the third conv block's is computed, then overwritten by the
+    first dense layer's), and ``torch.std(x, axis=[0])**2`` of the last dense layer, its units' variance
+    over the batch. So the activation points are every hidden ReLU but the last conv block's, and the last
+    hidden ReLU is also a variance point.
+    """
+
+    @property
+    def activation_points(self) -> list[nn.Module]:
+        convs = [block for name, block in self.body.named_children() if name.startswith("conv")]
+        dropped = convs[-1].relu if convs else None
+        return [m for m in super().activation_points if m is not dropped]
+
+    @property
+    def variance_points(self) -> list[nn.Module]:
+        return super().activation_points[-1:]
+
+
 @register_model("tinyimagenet_cnn")
 def tinyimagenet_cnn(
     in_shape: InShape, num_classes: int, widths: Sequence[int] = (512, 384)
@@ -63,10 +86,9 @@ def tinyimagenet_cnn(
 
     Dense widths default to the authors' code (``vcl-iisc/fedMAN:code/utils_models.py``, ``ConvNet``:
     4096→512→384→200), which agrees with Table 4's last layer FC(384,200). A reading of Table 4 as
-    "→384 →192" matches neither; pass ``widths=(384, 192)`` for it. The authors' code also leaves the
-    third conv's activation out of MAN (a variable is overwritten); here every hidden ReLU is an
-    activation point.
+    "→384 →192" matches neither; pass ``widths=(384, 192)`` for it. MAN's term on it is the code's
+    (:class:`TinyImageNetCNN`), not quite Eq. 15's.
     """
     c = in_shape[0]
     convs = [ConvBlock(c_in, 64, 3, padding=1, gn_groups=4) for c_in in (c, 64, 64)]
-    return plain_net(in_shape, num_classes, convs, widths)
+    return plain_net(in_shape, num_classes, convs, widths, model_class=TinyImageNetCNN)

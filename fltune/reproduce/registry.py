@@ -18,7 +18,7 @@ from fltune.errors import FLTuneError
 DATASET_NAMES = {
     "emnist_letters": "EMNIST", "fmnist": "FMNIST", "mnist": "MNIST", "cifar10": "CIFAR-10",
     "cifar100": "CIFAR-100", "svhn": "SVHN", "synthetic": "synthetic", "cinic10": "CINIC-10",
-    "pathmnist": "PathMNIST", "tissuemnist": "TissueMNIST",
+    "pathmnist": "PathMNIST", "tissuemnist": "TissueMNIST", "tinyimagenet": "Tiny-ImageNet",
 }
 """fltune dataset → the name papers print."""
 

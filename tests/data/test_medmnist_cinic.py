@@ -12,7 +12,7 @@ import pytest
 import torch
 from PIL import Image
 
-from fltune.data.datasets import CINIC10_CACHE, load_dataset, release_loaded
+from fltune.data.datasets import DECODED_CACHE, load_dataset, release_loaded
 from fltune.errors import DatasetCorrupt, DatasetMissing
 from tests.data.conftest import corrupt_line
 
@@ -168,7 +168,7 @@ def test_cinic10_reads_train_and_test_in_datasetfolder_order(tmp_path: Path, lay
         assert np.array_equal(x.numpy(), images) and y.tolist() == labels == [0, 0, 1, 1]
     assert ds.num_classes == 10 and ds.augment == "reflect_crop_flip"
     assert ds.mean == (0.47889522, 0.47227842, 0.43047404) and ds.std == (0.24205776, 0.23828046, 0.25874835)
-    assert (tmp_path / layout / CINIC10_CACHE).is_file()
+    assert (tmp_path / layout / DECODED_CACHE).is_file()
 
 
 def test_cinic10_grey_pngs_become_three_equal_channels(tmp_path: Path) -> None:
@@ -182,7 +182,7 @@ def test_cinic10_grey_pngs_become_three_equal_channels(tmp_path: Path) -> None:
 def test_cinic10_second_load_reads_the_cache_until_the_listing_changes(tmp_path: Path) -> None:
     write_cinic(tmp_path / "cinic10")
     first = load_dataset("cinic10", root=tmp_path)
-    cache = tmp_path / "cinic10" / CINIC10_CACHE
+    cache = tmp_path / "cinic10" / DECODED_CACHE
     assert cache.is_file() and not list(cache.parent.glob("*.tmp"))
 
     # same name and size, undecodable: only a load from the cache still succeeds
@@ -204,10 +204,10 @@ def test_cinic10_second_load_reads_the_cache_until_the_listing_changes(tmp_path:
 
 def test_cinic10_a_damaged_cache_is_decoded_again(tmp_path: Path) -> None:
     write_cinic(tmp_path / "cinic10")
-    (tmp_path / "cinic10" / CINIC10_CACHE).write_bytes(b"PK\3\4 cut off")
+    (tmp_path / "cinic10" / DECODED_CACHE).write_bytes(b"PK\3\4 cut off")
     ds = load_dataset("cinic10", root=tmp_path)
     assert np.array_equal(ds.train_x.numpy(), expected_cinic("train")[0])
-    with np.load(tmp_path / "cinic10" / CINIC10_CACHE) as npz:  # rewritten whole
+    with np.load(tmp_path / "cinic10" / DECODED_CACHE) as npz:  # rewritten whole
         assert np.array_equal(npz["test_x"], expected_cinic("test")[0])
 
 
@@ -224,7 +224,7 @@ def test_a_bad_cinic10_image_is_one_line_naming_it(tmp_path: Path, damage: str, 
         load_dataset("cinic10", root=tmp_path)
     message = str(err.value)
     assert message.startswith(f"data.root: {bad} {says}") and "data.download=true" in message
-    assert "\n" not in message and not (tmp_path / "cinic10" / CINIC10_CACHE).exists()
+    assert "\n" not in message and not (tmp_path / "cinic10" / DECODED_CACHE).exists()
 
 
 def test_cinic10_splits_with_different_classes_are_corrupt(tmp_path: Path) -> None:

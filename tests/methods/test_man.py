@@ -7,6 +7,7 @@ from fltune.methods import get_method
 from fltune.methods.base import Method
 from fltune.methods.compose import compose
 from fltune.methods.man import MAN
+from fltune.models import build_model
 from tests.methods.helpers import make_ctx, tiny_batch, tiny_model
 from tests.methods.local_helpers import (
     assert_close, engine_grads, grad_of, mlp, move_away, norm, params_of, shifted,
@@ -94,3 +95,45 @@ def test_only_the_first_firing_of_each_point_is_regularised():
     composed = compose(TwoPasses, MAN)(compose(TwoPasses, MAN).Params(zeta=0.4))
     loss, _ = composed.local_loss(make_ctx(model), x, y)
     torch.testing.assert_close(loss, man_objective(params_of(model), x, y, weight=0.2))
+
+
+def convnet_objective(model, x, y, weight: float):
+    """The authors' ``ConvNet.forward`` and loss (``vcl-iisc/fedMAN:code/utils_models.py``, ``utils_general.py``)
+    written out on the model's own layers: var1, var2 of the first two conv blocks (the third's is overwritten),
+    var3, var4 of the dense layers, var5 = ``torch.std(x, axis=[0])**2`` of the last; CE + weight · Σ mean(var)."""
+    body = model.body
+    terms = []
+    h = x
+    for i, block in enumerate((body.conv1, body.conv2, body.conv3)):
+        h = block.relu(block.norm(block.conv(h)))
+        if i < 2:
+            terms.append(torch.mean(h**2, dim=(1, 2, 3)))
+        h = block.pool(h)
+    h = body.fc1.relu(body.fc1.linear(h.flatten(1)))
+    terms.append(torch.mean(h**2, dim=1))
+    h = body.fc2.relu(body.fc2.linear(h))
+    terms += [torch.mean(h**2, dim=1), torch.std(h, dim=0) ** 2]
+    return F.cross_entropy(model.head(h), y) + weight * sum(torch.mean(t) for t in terms)
+
+
+def test_tinyimagenet_cnn_term_is_the_authors_convnet_code():
+    torch.manual_seed(0)
+    model = build_model("tinyimagenet_cnn", (3, 8, 8), 5, widths=(12, 10))
+    gen = torch.Generator().manual_seed(1)
+    x, y = torch.randn(6, 3, 8, 8, generator=gen), torch.randint(0, 5, (6,), generator=gen)
+
+    loss, _ = method("man", zeta=0.2).local_loss(make_ctx(model, batches=[(x, y)]), x, y)
+
+    torch.testing.assert_close(loss, convnet_objective(model, x, y, weight=0.1))
+    assert model.variance_points == [model.body.fc2.relu]
+    assert model.body.conv3.relu not in model.activation_points
+
+
+def test_a_one_sample_batch_adds_no_variance():
+    torch.manual_seed(0)
+    model = build_model("tinyimagenet_cnn", (3, 8, 8), 5, widths=(12, 10))
+    x, y = torch.randn(1, 3, 8, 8), torch.tensor([2])
+
+    loss, _ = method("man", zeta=0.2).local_loss(make_ctx(model, batches=[(x, y)]), x, y)
+
+    assert torch.isfinite(loss)

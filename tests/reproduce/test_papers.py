@@ -65,7 +65,7 @@ def test_fedsol_tables_hold_the_printed_values_and_partitions() -> None:
 def test_man_tables_pair_accuracy_with_rounds_and_compose_man() -> None:
     table = get_table("man:table1")
     by = cells("man:table1")
-    assert len(table.cells) == 12 * 3 * 2
+    assert len(table.cells) == 12 * 2 * 3 * 2  # rows × (CIFAR-100, Tiny-ImageNet) × δ × (accuracy, rounds)
     assert by[("FedDC+MAN", "cifar100", "δ=0.3")].paper == 55.21
     rounds = by[("FedDC+MAN", "cifar100", "δ=0.3 rounds")]
     assert (rounds.paper, rounds.metric, table.factor(rounds)) == (144, "rounds_to_target", 1.0)
@@ -80,6 +80,16 @@ def test_man_tables_pair_accuracy_with_rounds_and_compose_man() -> None:
     assert quick.method.params.rho == 0.1 and quick.partition.kind == "iid" and quick.metrics.target == 0.6
     assert quick.data.augment == "auto"  # FMNIST stands in: no augmentation
 
+    tiny = config(table, by[("FedSAM+MAN", "tinyimagenet", "iid rounds")])  # supp. §7, run_exp.sh
+    assert by[("FedSAM+MAN", "tinyimagenet", "iid rounds")].paper == 82
+    assert (tiny.model.name, tiny.method.params.zeta, tiny.method.params.rho) == ("tinyimagenet_cnn", 0.2, 0.01)
+    assert tiny.metrics.target == 0.28 and tiny.data.augment == "flip_crop_half"
+    assert config(table, by[("FedSAM+MAN", "tinyimagenet", "iid")], "quick").metrics.target == 0.6
+    assert config(table, by[("FedSAM", "tinyimagenet", "iid")]).method.params.rho == 0.03
+    assert config(table, by[("FedSAM", "tinyimagenet", "δ=0.3")]).method.params.rho == 0.05
+    assert config(table, by[("FedSAM+MAN", "cifar100", "iid")]).method.params.zeta == 0.15
+    assert by[("FedDC+MAN", "tinyimagenet", "iid")].paper == 36.53
+
     hessian = get_table("man:table2")
     trace = cells("man:table2")[("FedSAM+MAN", "cifar100", "δ=0.6 trace")]
     assert trace.paper == 2918 and trace.metric == "hessian_trace" and not hessian.percent
@@ -89,6 +99,11 @@ def test_man_tables_pair_accuracy_with_rounds_and_compose_man() -> None:
     assert supp[("FedAvg", "cifar10", "δ=0.6")].paper == 79.34 and supp[("FedDC", "cifar10", "iid")].paper == 84.8
     assert config(get_table("man:supp5"), supp[("FedAvg", "cifar10", "δ=0.6")]).data.augment == "flip_crop_half"
     assert config(hessian, trace).data.augment == "flip_crop_half"
+
+    supp6 = cells("man:supp6")
+    assert len(supp6) == 4 * 2 * 2 and supp6[("FedSpeed+MAN", "cifar100", "δ=0.6 trace")].paper == 3674
+    eigen = supp6[("FedSpeed", "cifar100", "δ=0.3 top eigenvalue")]
+    assert eigen.paper == 47.31 and config(get_table("man:supp6"), eigen).method.name == "fedspeed"
 
 
 def test_fedalign_tables_values_metrics_and_column_sizes() -> None:
@@ -155,7 +170,7 @@ def test_a_metric_whose_needs_a_set_removes_is_one_line() -> None:
 @pytest.fixture()
 def man_job(fmnist_only: Path, tmp_path: Path):  # noqa: F811
     table = get_table("man:table1")
-    planned = plan(table, "quick", None, [f"data.root={fmnist_only}"], rows=["FedAvg", "FedDC+MAN"])
+    planned = plan(table, "quick", ["cifar100"], [f"data.root={fmnist_only}"], rows=["FedAvg", "FedDC+MAN"])
     return new_spec(table, "quick", planned, seeds=2, storage=str(tmp_path), name="m", out=None,
                     max_concurrent=None, datasets=None)
 
