@@ -17,7 +17,7 @@ NUM_CLASSES: dict[str, int] = {
 """Dataset name → number of classes: every dataset ``fltune.data.datasets`` loads."""
 
 MODELS: tuple[str, ...] = (
-    "mlp", "fedavg_cnn", "feddyn_cnn", "tinyimagenet_cnn", "resnet18", "resnet56",
+    "mlp", "fedavg_cnn", "feddyn_cnn", "tinyimagenet_cnn", "resnet18", "resnet56", "vgg11", "sl_vit",
     "vib_cnn", "vib_mlp", "fedcr_cnn", "fedcr_mlp",
 )
 """Names ``fltune.models.register_model`` accepts (one builder each)."""

@@ -411,6 +411,15 @@ class Method:
             )
         return model
 
+    def require_linear_head(self, model: nn.Module) -> nn.Module:
+        """``adapt_model`` of a method that reads the head as one classes × features linear map (FedPAC's
+        classifier combination): any other head fails once, at model construction, in one line."""
+        head = getattr(model, "head", None)
+        if not isinstance(head, nn.Linear):
+            raise FLTuneError(f"model.name: {self.name} needs a model whose head is one linear layer; this "
+                              f"model's head is a {type(head).__name__}")
+        return model
+
     # ---------------------------------------------------------------- client side
     def personal_keys(self, model: nn.Module) -> set[str]:
         """State-dict keys each client keeps for itself (never averaged); FedAvg: none."""

@@ -3,9 +3,10 @@
 MAN (docs/methods.md §2) is meant to sit on top of FedAvg, FedDyn, FedDC, FedSAM/ASAM, FedSpeed, ... A file
 per combination would copy every base; instead a :class:`Modifier` states only how it changes the base's
 per-batch objective, and :func:`compose` builds the combined method class on demand (``get_method`` in
-``fltune.methods`` caches it). The combined class subclasses the base and overrides ``local_loss`` alone,
-so every other hook stays the base's. SAM-type bases compute their ascent and descent passes through
-``self.local_loss``, so the modifier's term is in both passes without either class knowing the other.
+``fltune.methods`` caches it). The combined class subclasses the base and overrides ``local_loss`` (and
+``adapt_model``, so the modifier can refuse a model it cannot serve), so every other hook stays the base's.
+SAM-type bases compute their ascent and descent passes through ``self.local_loss``, so the modifier's term is
+in both passes without either class knowing the other.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from collections.abc import Callable
 from typing import ClassVar
 
 import torch
+from torch import nn
 
 from fltune.errors import FLTuneError
 from fltune.methods.base import ClientContext, Method, Params
@@ -37,6 +39,11 @@ class Modifier:
     def local_loss(self, ctx: ClientContext, base_loss: Callable[[], LossAndLogits]) -> LossAndLogits:
         """The base's (loss, logits) with this modifier's term added; default: unchanged."""
         return base_loss()
+
+    def adapt_model(self, model: nn.Module) -> nn.Module:
+        """The base's model, checked for what this modifier needs (one line at model construction); default:
+        as is."""
+        return model
 
 
 def composite_params(base: type[Method], modifier: type[Modifier]) -> type[Params]:
@@ -65,9 +72,12 @@ def compose(base: type[Method], modifier: type[Modifier], name: str | None = Non
     def local_loss(self: Method, ctx: ClientContext, x: torch.Tensor, y: torch.Tensor) -> LossAndLogits:
         return self.modifier.local_loss(ctx, lambda: base.local_loss(self, ctx, x, y))
 
+    def adapt_model(self: Method, model: nn.Module) -> nn.Module:
+        return self.modifier.adapt_model(base.adapt_model(self, model))
+
     doc = f"{base.name} with the {modifier.name} term added to its local loss.\n\n{base.__doc__ or ''}"
     namespace = {
         "name": name or f"{base.name}+{modifier.name}", "Params": params_cls, "__init__": __init__,
-        "local_loss": local_loss, "__doc__": doc,
+        "local_loss": local_loss, "adapt_model": adapt_model, "__doc__": doc,
     }
     return type(f"{base.__name__}With{modifier.__name__}", (base,), namespace)

@@ -150,6 +150,9 @@ class FedPAC(PersonalHead):
     stored_models = 1.0  # the local model (prototypes are small)
     passes_per_step = 1.0
 
+    def adapt_model(self, model: nn.Module) -> nn.Module:
+        return self.require_linear_head(super().adapt_model(model))
+
     def phases(self, ctx: ClientContext) -> list[Phase]:
         return [Phase(1, ("head.",), lr=self.params.head_lr), Phase(ctx.epochs, ("body.",))]
 

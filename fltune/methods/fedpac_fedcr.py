@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 import torch
 from pydantic import Field
-from torch import Tensor
+from torch import Tensor, nn
 
 from fltune.methods import register
 from fltune.methods.base import (
@@ -110,6 +110,9 @@ class FedPACFedCR(FedRep):
     stored_models = 1.0  # the local model (summaries and centroids are classes × d)
     passes_per_step = 1.0
     batchable = True
+
+    def adapt_model(self, model: nn.Module) -> nn.Module:
+        return self.require_linear_head(super().adapt_model(model))
 
     def setup_client(self, ctx: ClientContext) -> None:
         """The round's centroids C (zeros before the server has any), one row per class."""

@@ -10,6 +10,7 @@ from contextlib import contextmanager
 from pydantic import Field
 from torch import Tensor, nn
 
+from fltune.errors import FLTuneError
 from fltune.methods import register, register_modifier
 from fltune.methods.base import ClientContext, Params
 from fltune.methods.compose import LossAndLogits, Modifier, compose
@@ -66,6 +67,13 @@ class MAN(Modifier):
 
     name = "man"
     Params = MANParams
+
+    def adapt_model(self, model: nn.Module) -> nn.Module:
+        """A model without activation points (a ViT has GELUs, no ReLU) would silently train the base alone."""
+        if self.params.zeta and not (model.activation_points or model.variance_points):
+            raise FLTuneError("model.name: man needs a model with hidden ReLU layers to regularise; this model "
+                              "has none (every model but sl_vit has them)")
+        return model
 
     def local_loss(self, ctx: ClientContext, base_loss: Callable[[], LossAndLogits]) -> LossAndLogits:
         if self.params.zeta == 0:

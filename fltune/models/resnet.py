@@ -2,6 +2,12 @@
 
 docs/methods.md §1 uses it for ImageNet-200 and FedSOL's Table 3. Written here rather than taken from
 torchvision, whose 7x7 stride-2 stem and max-pool shrink 32x32 inputs to 8x8 before the first stage.
+
+It is FedSOL's ``resnet18`` (``Lee-Gihun/FedSOL:train_tools/models/resnet.py``) layer for layer: the same 3x3
+stem without max-pool, stages 64/128/256/512 of two basic blocks, bias-free convs, 1x1 projection shortcuts, and
+their ``avg_pool2d(out, 4)`` over the 4x4 last map is this global pool at 32x32 inputs (and at 28x28 ones,
+whose last map is 4x4 too: 28 → 14 → 7 → 4). Theirs keeps no BatchNorm running statistics; ``running_stats=False``
+builds that variant. Their stem takes 3 channels only; this one takes the input's own.
 """
 
 from collections import OrderedDict
@@ -12,10 +18,12 @@ from fltune.models.base import InShape, SplitModel
 from fltune.models.registry import register_model
 
 
-def conv_bn(c_in: int, c_out: int, kernel: int, stride: int = 1) -> nn.Sequential:
-    """Bias-free conv followed by BatchNorm (the bias would duplicate BN's shift)."""
+def conv_bn(c_in: int, c_out: int, kernel: int, stride: int = 1, running_stats: bool = True) -> nn.Sequential:
+    """Bias-free conv followed by BatchNorm (the bias would duplicate BN's shift); ``running_stats=False``: a
+    BatchNorm without running buffers, which normalises by the batch's own statistics in evaluation too."""
     conv = nn.Conv2d(c_in, c_out, kernel, stride=stride, padding=kernel // 2, bias=False)
-    return nn.Sequential(OrderedDict(conv=conv, bn=nn.BatchNorm2d(c_out)))
+    bn = nn.BatchNorm2d(c_out, track_running_stats=running_stats)
+    return nn.Sequential(OrderedDict(conv=conv, bn=bn))
 
 
 class BasicBlock(nn.Module):
@@ -24,35 +32,41 @@ class BasicBlock(nn.Module):
     Two distinct ReLU modules, so both hidden activations are activation points (MAN).
     """
 
-    def __init__(self, c_in: int, c_out: int, stride: int) -> None:
+    def __init__(self, c_in: int, c_out: int, stride: int, running_stats: bool = True) -> None:
         super().__init__()
-        self.conv1 = conv_bn(c_in, c_out, 3, stride)
+        self.conv1 = conv_bn(c_in, c_out, 3, stride, running_stats)
         self.relu1 = nn.ReLU()
-        self.conv2 = conv_bn(c_out, c_out, 3)
+        self.conv2 = conv_bn(c_out, c_out, 3, running_stats=running_stats)
         reshape = stride != 1 or c_in != c_out
-        self.shortcut = conv_bn(c_in, c_out, 1, stride) if reshape else nn.Identity()
+        self.shortcut = conv_bn(c_in, c_out, 1, stride, running_stats) if reshape else nn.Identity()
         self.relu2 = nn.ReLU()
 
     def forward(self, x: Tensor) -> Tensor:
         return self.relu2(self.conv2(self.relu1(self.conv1(x))) + self.shortcut(x))
 
 
-def stage(c_in: int, c_out: int, stride: int, blocks: int = 2) -> nn.Sequential:
+def stage(c_in: int, c_out: int, stride: int, blocks: int = 2, running_stats: bool = True) -> nn.Sequential:
     """``blocks`` basic blocks; only the first changes resolution/width."""
-    first = BasicBlock(c_in, c_out, stride)
-    return nn.Sequential(first, *(BasicBlock(c_out, c_out, 1) for _ in range(blocks - 1)))
+    first = BasicBlock(c_in, c_out, stride, running_stats)
+    return nn.Sequential(first, *(BasicBlock(c_out, c_out, 1, running_stats) for _ in range(blocks - 1)))
 
 
 @register_model("resnet18")
-def resnet18(in_shape: InShape, num_classes: int) -> SplitModel:
-    """Body: stem, stages 64/128/256/512 (strides 1/2/2/2), global average pool, flatten: 512-d."""
+def resnet18(in_shape: InShape, num_classes: int, running_stats: bool = True) -> SplitModel:
+    """Body: stem, stages 64/128/256/512 (strides 1/2/2/2), global average pool, flatten: 512-d.
+
+    ``running_stats=False`` (``model.options.running_stats: false``) is FedSOL's variant: every BatchNorm has
+    ``track_running_stats=False``, so it has no running buffers and normalises by the batch's own statistics in
+    training and evaluation alike. The parameters, and the random numbers drawn for them, are the same either way.
+    """
+    stem = conv_bn(in_shape[0], 64, 3, running_stats=running_stats)
     body = nn.Sequential(
         OrderedDict(
-            stem=nn.Sequential(OrderedDict(conv_bn=conv_bn(in_shape[0], 64, 3), relu=nn.ReLU())),
-            layer1=stage(64, 64, 1),
-            layer2=stage(64, 128, 2),
-            layer3=stage(128, 256, 2),
-            layer4=stage(256, 512, 2),
+            stem=nn.Sequential(OrderedDict(conv_bn=stem, relu=nn.ReLU())),
+            layer1=stage(64, 64, 1, running_stats=running_stats),
+            layer2=stage(64, 128, 2, running_stats=running_stats),
+            layer3=stage(128, 256, 2, running_stats=running_stats),
+            layer4=stage(256, 512, 2, running_stats=running_stats),
             pool=nn.AdaptiveAvgPool2d(1),
             flatten=nn.Flatten(),
         )

@@ -7,10 +7,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fltune.errors import FLTuneError
 from fltune.methods import get_method
 from fltune.methods.base import Aggregate, Phase, ServerContext
 from fltune.methods.fedpac import class_features, head_weights, simplex_qp
-from fltune.models import SplitModel
+from fltune.models import SplitModel, build_model
 from tests.methods.helpers import make_ctx, pure_aggregate, tiny_batch, tiny_model
 
 FedPAC = get_method("fedpac")
@@ -136,3 +137,12 @@ def test_head_weights_prefer_clients_with_similar_statistics_and_drop_tiny_weigh
     alpha = head_weights(np.array([1.0, 1.0, 1.0]), h, 0)
 
     assert np.allclose(alpha, [0.5, 0.5, 0.0]) and alpha.sum() == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("name", ["fedpac", "fedpac_fedcr"])
+def test_a_head_that_is_not_one_linear_layer_is_refused_in_one_line(name):
+    torch.manual_seed(0)
+    with pytest.raises(FLTuneError, match=f"model.name: {name} needs a model whose head is one linear layer"):
+        get_method(name)().adapt_model(build_model("sl_vit", (3, 8, 8), 5))
+    model = tiny_model()
+    assert get_method(name)().adapt_model(model) is model

@@ -1,8 +1,10 @@
 """MAN: L = L_base + (ζ/2)·Σ_l mean(a_l²) over hidden post-ReLU activations (MAN Eq. 15-18, docs/methods.md §2)."""
 
+import pytest
 import torch
 import torch.nn.functional as F
 
+from fltune.errors import FLTuneError
 from fltune.methods import get_method
 from fltune.methods.base import Method
 from fltune.methods.compose import compose
@@ -137,3 +139,10 @@ def test_a_one_sample_batch_adds_no_variance():
     loss, _ = method("man", zeta=0.2).local_loss(make_ctx(model, batches=[(x, y)]), x, y)
 
     assert torch.isfinite(loss)
+
+
+def test_a_model_without_relus_is_refused_in_one_line():
+    vit = build_model("sl_vit", (3, 8, 8), 5)
+    with pytest.raises(FLTuneError, match="model.name: man needs a model with hidden ReLU layers"):
+        method("feddyn+man").adapt_model(vit)
+    assert method("feddyn+man", zeta=0.0).adapt_model(vit) is vit  # ζ = 0 adds nothing: nothing to refuse

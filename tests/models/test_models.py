@@ -119,9 +119,23 @@ def test_activation_penalty_backpropagates_into_the_body():
         ("tinyimagenet_cnn", (3, 64, 64), 200, 2_447_688),
         # The standard CIFAR ResNet-18 count (e.g. kuangliu/pytorch-cifar): 11,168,832 + head 512*10+10.
         ("resnet18", CIFAR, 10, 11_173_962),
+        # VGG-11 convs (3x3, with bias): 3*9*64+64 = 1,792; 64*9*128+128 = 73,856; 128*9*256+256 = 295,168;
+        # 256*9*256+256 = 590,080; 256*9*512+512 = 1,180,160; 3 x (512*9*512+512 = 2,359,808) = 7,079,424: 9,220,480.
+        # 32 -> 1 after five pools, flatten 512; fc 2 x (512*512+512 = 262,656) = 525,312; head 512*10+10 = 5,130.
+        ("vgg11", CIFAR, 10, 9_750_922),
+        # SL-ViT at 32x32: patch 8, 16 patches, patch_dim 5*3*8*8 = 960; SPT LayerNorm 2*960 = 1,920 + Linear
+        # 960*192+192 = 184,512; pos 17*192 = 3,264; cls 192. Per block: LN 384, temperature 1, qkv 192*2304
+        # = 442,368 (no bias), out 768*192+192 = 147,648, LN 384, FF 2 x (192*192+192 = 37,056): 664,897; x 9 =
+        # 5,984,073. Head LN 384 + 192*10+10 = 1,930.
+        ("sl_vit", CIFAR, 10, 6_176_275),
+        # At 28x28 (PathMNIST): patch 7, 16 patches, patch_dim 5*3*49 = 735; SPT 1,470 + 735*192+192 = 141,312;
+        # pos 3,264; cls 192; blocks 5,984,073; head 384 + 192*9+9 = 1,737.
+        ("sl_vit", (3, 28, 28), 9, 6_132_432),
     ],
 )
 def test_parameter_counts_match_the_paper_architectures(name, shape, classes, expected):
+    """VGG-11 and SL-ViT's counts are also those of FedSOL's ``vgg.vgg11`` and ``small_vit.ViT`` as its
+    ``create_models`` builds them (``Lee-Gihun/FedSOL:train_tools``)."""
     assert n_params(model(name, shape, classes)) == expected
 
 

@@ -62,6 +62,20 @@ def test_fedsol_tables_hold_the_printed_values_and_partitions() -> None:
     assert (tuned.method.params.scope, tuned.method.params.rho) == ("head", 1.5)
 
 
+def test_fedsol_table3_runs_table2s_settings_on_the_authors_three_models() -> None:
+    table = get_table("fedsol:table3")
+    by = cells("fedsol:table3")
+    assert len(table.cells) == 4 * 3 * 3  # rows × architectures × (CIFAR-10, SVHN, PathMNIST)
+    assert by[("FedSOL", "svhn", "Res18")].paper == 85.97 and by[("FedProx", "pathmnist", "SL-ViT")].paper == 74.10
+    res18 = config(table, by[("FedSOL", "pathmnist", "Res18")])
+    assert (res18.model.name, res18.model.options) == ("resnet18", {"running_stats": False})
+    assert (res18.partition.kind, res18.partition.alpha, res18.federation.clients) == ("dirichlet", 0.1, 200)
+    assert res18.method.params.scope == "head" and res18.data.augment == "flip"
+    vgg = config(table, by[("FedNTD", "cifar10", "Vgg11")])
+    assert vgg.model.name == "vgg11" and vgg.method.params.tau == 1.0 and vgg.data.augment == "crop_flip_cutout"
+    assert config(table, by[("FedAvg", "svhn", "SL-ViT")], "quick").model.name == "sl_vit"
+
+
 def test_man_tables_pair_accuracy_with_rounds_and_compose_man() -> None:
     table = get_table("man:table1")
     by = cells("man:table1")

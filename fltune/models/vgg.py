@@ -1,0 +1,65 @@
+"""VGG-11 as FedSOL's Table 3 trains it (``Lee-Gihun/FedSOL:train_tools/models/vgg.py``).
+
+Their ``create_models`` calls ``vgg.vgg11(num_classes=...)``, so ``img_size`` stays 3·32·32: no BatchNorm, no
+dropout, and every conv layer keeps its ReLU (the 28x28 branch of their ``make_layers``, which drops the last
+one, is never taken).
+"""
+
+import math
+from collections import OrderedDict
+
+from torch import nn
+
+from fltune.models.base import InShape, SplitModel
+from fltune.models.layers import dense, flat_size
+from fltune.models.registry import register_model
+
+VGG11: tuple[int | str, ...] = (64, "M", 128, "M", 256, 256, "M", 512, 512, "M", 512, 512, "M")
+"""Conv widths with "M" for a 2x2 max-pool, their ``cfg["vgg11"]``."""
+
+
+def conv_relu(c_in: int, c_out: int) -> nn.Sequential:
+    """conv3x3 (pad 1) → ReLU; the ReLU is its own non-inplace module so MAN can hook it (theirs is inplace)."""
+    return nn.Sequential(OrderedDict(conv=nn.Conv2d(c_in, c_out, 3, padding=1), relu=nn.ReLU()))
+
+
+def init_convs(model: nn.Module) -> None:
+    """Their initialisation: every conv weight ~ N(0, 2 / (k·k·c_out)), bias 0, drawn after the whole model is
+    built (so one seed gives their model's bits); linear layers keep torch's default."""
+    for module in model.modules():
+        if isinstance(module, nn.Conv2d):
+            fan_out = module.kernel_size[0] * module.kernel_size[1] * module.out_channels
+            nn.init.normal_(module.weight, 0.0, math.sqrt(2.0 / fan_out))
+            nn.init.zeros_(module.bias)
+
+
+@register_model("vgg11")
+def vgg11(in_shape: InShape, num_classes: int) -> SplitModel:
+    """Body: conv blocks of :data:`VGG11`, flatten (512 at 32x32), fc 512 → 512 → 512 (ReLU); head: their
+    ``classifier``, Linear(512, classes) — the last child, which FedSOL's head-only perturbation perturbs.
+
+    A model built for 28-wide inputs starts with nearest-neighbour upsampling to 32x32: their ``forward`` resizes
+    every 28-wide batch so (``if x.size(-1) == 28: x = F.upsample(x, size=32)``), and fixing it at construction
+    keeps the body a plain stack whose flatten width ``flat_size`` derives (512, as theirs). Other sizes run
+    unresized and the flatten width follows the input. The first conv takes the input's own channel count
+    (theirs: ``dim_in=3``).
+    """
+    layers: OrderedDict[str, nn.Module] = OrderedDict()
+    if in_shape[2] == 28:
+        layers["upsample"] = nn.Upsample(size=32, mode="nearest")
+    c_in, convs, pools = in_shape[0], 0, 0
+    for width in VGG11:
+        if isinstance(width, int):
+            convs += 1
+            layers[f"conv{convs}"] = conv_relu(c_in, width)
+            c_in = width
+        else:
+            pools += 1
+            layers[f"pool{pools}"] = nn.MaxPool2d(2)
+    body = nn.Sequential(layers)
+    body.add_module("flatten", nn.Flatten())
+    body.add_module("fc1", dense(flat_size(body, in_shape), 512))
+    body.add_module("fc2", dense(512, 512))
+    model = SplitModel(body, nn.Linear(512, num_classes), feature_dim=512)
+    init_convs(model)
+    return model
