@@ -140,13 +140,41 @@ def test_fedalign_tables_values_metrics_and_column_sizes() -> None:
     assert align.training.grad_clip == 10.0 and align.partition.kind == "dirichlet" and align.federation.clients == 16
 
 
+def test_fedalign_ablation_tables_change_one_setting_per_column() -> None:
+    t3, t4, t6 = (get_table(f"fedalign:table{n}") for n in (3, 4, 6))
+    e10 = cells("fedalign:table3")[("StochDepth", "cifar100", "E=10")]
+    assert e10.paper == 51.1 and config(t3, e10).training.local_epochs == 10
+    assert config(t3, e10, "quick").training.local_epochs == 1
+    assert config(t3, cells("fedalign:table3")[("MOON", "cifar100", "E=20")]).training.local_epochs == 20
+    c64 = cells("fedalign:table4")[("GradAug", "cifar100", "C=64×0.25")]
+    paper, quick = config(t4, c64), config(t4, c64, "quick")
+    assert c64.paper == 38.4 and (paper.federation.clients, paper.federation.fraction, paper.federation.rounds) == (
+        64, 0.25, 25)
+    assert (quick.federation.clients, quick.federation.fraction, quick.federation.rounds) == (8, 0.25, 3)
+    assert config(t4, cells("fedalign:table4")[("FedAvg", "cifar100", "C=32")], "quick").federation.clients == 4
+    align = cells("fedalign:table6")
+    assert len(align) == 9 and align[("FedAlign", "cifar100", "α=2.5")].paper == 58.1
+    homog = config(t6, align[("FedAlign", "cifar100", "homog")])
+    assert homog.partition.kind == "iid" and homog.method.params.mu == 0.45 and homog.training.grad_clip == 10.0
+    assert config(t6, align[("FedAlign", "cifar100", "C=64×0.25 (100)")]).federation.rounds == 100
+
+    t9 = cells("fedalign:table9")
+    assert t9[("FedAlign", "cifar100", "H_N")].paper == 23110
+    assert t9[("GradAug (n = 1)", "cifar100", "λ_max")].paper == 179
+    t10 = get_table("fedalign:table10")
+    by = cells("fedalign:table10")
+    assert config(t10, by[("FedAlign", "cifar100", "ω_S=0.4")]).method.params.omega_s == 0.4
+    assert config(t10, by[("FedAlign", "cifar100", "μ=0.35")]).method.params.mu == 0.35
+    assert by[("FedAlign", "cifar100", "μ=0.45")].settings == by[("FedAlign", "cifar100", "ω_S=0.25")].settings
+
+
 def test_fedalign_rows_train_as_the_authors_code() -> None:
     """Every method in the authors' code builds ``SGD(lr, momentum=0.9, weight_decay=wd, nesterov=True)``
     (``mmendiet/FedAlign:methods/fedavg.py``, ``methods/fedalign.py``, …) and trains on ``drop_last`` loaders
     (``data_preprocessing/data_loader.py``); its MOON runs the frozen models in train mode, a client's first
     previous model the initial one (``methods/moon.py``), and its StochDepth always keeps the first block
     (``models/resnet_stochdepth.py``): so does every FedAlign cell."""
-    for key in ("fedalign:table1", "fedalign:table2", "fedalign:table5", "fedalign:table7", "fedalign:table8"):
+    for key in (f"fedalign:table{n}" for n in range(1, 11)):
         table = get_table(key)
         for scale in ("paper", "quick"):
             for one in table.cells:

@@ -1,4 +1,5 @@
-"""FedAlign (Mendieta et al. 2022, the arXiv version with its appendix) Tables 1, 2, 5, 7 and appendix Table 8.
+"""FedAlign (Mendieta et al. 2022, the arXiv version with its appendix) Tables 1–7 (Table 7: CIFAR-10) and appendix
+Tables 8–10.
 
 Protocol (§3.2): CIFAR-100 over 16 clients, all sampled every round, FedML's per-class Dirichlet partition
 (``dirichlet``, α = 0.5); 25 rounds of 20 local epochs, SGD with Nesterov momentum 0.9 at a fixed lr 0.01 (the
@@ -59,6 +60,38 @@ TABLE2 = {
     "StochDepth": (48.0, 55.5, 57.6, 58.6),
     "GradAug": (48.8, 57.1, 59.5, 60.7),
 }
+EPOCHS = {"E=10": {"training.local_epochs": 10}, "E=20": {}, "E=30": {"training.local_epochs": 30}}
+TABLE3 = {
+    "FedAvg": (50.6, 52.9, 53.2),
+    "FedProx": (50.9, 53.0, 52.8),
+    "MOON": (50.3, 55.3, 55.2),
+    "Mixup": (50.5, 54.0, 54.2),
+    "StochDepth": (51.1, 55.5, 56.7),
+    "GradAug": (53.7, 57.1, 57.9),
+}
+SAMPLED = "C=64×0.25 (100)"
+"""Tables 4, 6 and 7's client-sampling column: 64 clients, 25 % per round, 100 rounds."""
+CLIENTS = {"C=16": {}, "C=32": {"federation.clients": 32}, "C=64": {"federation.clients": 64},
+           "C=64×0.25": {"federation.clients": 64, "federation.fraction": 0.25},
+           SAMPLED: {"federation.clients": 64, "federation.fraction": 0.25, "federation.rounds": 100}}
+TABLE4 = {
+    "FedAvg": (52.9, 44.7, 34.4, 33.2, 47.0),
+    "FedProx": (53.0, 45.1, 34.8, 32.1, 46.2),
+    "MOON": (55.3, 45.5, 35.2, 34.3, 50.2),
+    "Mixup": (54.0, 44.8, 35.6, 34.1, 49.2),
+    "StochDepth": (55.5, 47.7, 36.1, 34.5, 51.5),
+    "GradAug": (57.1, 50.5, 40.3, 38.4, 53.5),
+}
+TABLE6 = {"α=0.1": 48.8, "α=2.5": 58.1, "homog": 58.1, "E=10": 50.9, "E=30": 58.5, "C=32": 48.0, "C=64": 36.5,
+          "C=64×0.25": 35.6, SAMPLED: 51.5}
+"""FedAlign under Tables 2–4's settings (its value in their default column is Table 5's 57.4)."""
+ABLATIONS = {**TABLE2_COLUMNS, **EPOCHS, **CLIENTS}
+TABLE9 = {**TABLE1, "GradAug (n = 1)": (56.8, 179, 3620, 2607, 0.97), "FedAlign": (57.4, 153, 4274, 23110, 0.98)}
+"""Appendix Table 9: Table 1 (its GradAug is n = 2) plus GradAug (n = 1) and FedAlign."""
+TABLE10 = {"μ=0.35": {"method.mu": 0.35}, "μ=0.45": {}, "μ=0.55": {"method.mu": 0.55},
+           "ω_S=0.1": {"method.omega_s": 0.1}, "ω_S=0.25": {}, "ω_S=0.4": {"method.omega_s": 0.4}}
+TABLE10_VALUES = (56.0, 57.4, 56.1, 54.9, 57.4, 55.2)
+"""Appendix Table 10: FedAlign's μ with ω_S = 0.25, then ω_S with μ = 0.45."""
 TABLE5 = {  # Acc (%), MFLOPs, Param (M), Time (s per round, 4 RTX-2080Ti)
     "FedAvg": (52.9, 87.3, 0.61, 137.2),
     "FedProx": (53.0, 87.3, 1.21, 161.9),
@@ -85,8 +118,6 @@ TABLE7 = {  # CIFAR-10: C = 16, C = 64 × 0.25 (100), MFLOPs, Param (M)
     "GradAug (n = 1)": (84.2, 81.8, 133.9, 0.61),
     "FedAlign": (82.3, 82.5, 89.1, 0.61),
 }
-SAMPLED = "C=64×0.25 (100)"
-"""Table 7's client-sampling column: 64 clients, 25 % per round, 100 rounds."""
 TABLE8 = {  # rounds, MFLOPs, Comm Cost (Gb) to 60 % on CIFAR-100
     "FedAvg": (84, 7332, 26.23),
     "FedProx": (78, 6809, 24.36),
@@ -116,10 +147,14 @@ PAPER = Scale(
 QUICK = Scale(
     settings={"data.subsample": 0.02, "federation.clients": 2, "federation.fraction": 1.0, "federation.rounds": 3,
               "training.local_epochs": 2, **OPTIMISER, "training.batch_size": 32, "metrics.every": 3},
-    per_column={SAMPLED: {"federation.clients": 8, "federation.fraction": 0.25, "federation.rounds": 12}},
+    per_column={SAMPLED: {"federation.clients": 8, "federation.fraction": 0.25, "federation.rounds": 12},
+                "C=32": {"federation.clients": 4}, "C=64": {"federation.clients": 8},
+                "C=64×0.25": {"federation.clients": 8, "federation.fraction": 0.25},
+                "E=10": {"training.local_epochs": 1}, "E=30": {"training.local_epochs": 3}},
     substitute="fmnist",
     note="2 % of the data (stratified) over 2 clients × 1.0 (~600 training samples each), 3 rounds, E = 2, B = 32, "
-         "the paper's lr and Nesterov momentum, ResNet-56 (the 64 × 0.25 column: 8 clients × 0.25, 12 rounds); "
+         "the paper's lr and Nesterov momentum, ResNet-56 (columns of more clients: 1/8 of their clients, the "
+         "100-round column 12 rounds; E = 10 and 30: E = 1 and 3); "
          "FMNIST stands in for CIFAR-100 and CIFAR-10 — a ResNet-56 barely starts learning in this budget",
 )
 SCALES = {"paper": PAPER, "quick": QUICK}
@@ -163,18 +198,19 @@ def with_settings(scales: dict[str, Scale], paper: dict[str, Any], quick: dict[s
     }
 
 
-def table1() -> PaperTable:
-    """Accuracy and the Hessian figures of each method: five cells sharing one run."""
+def hessian_table(number: int, printed: dict[str, tuple[float, ...]]) -> PaperTable:
+    """Accuracy and the Hessian figures of each method: five cells sharing one run (Tables 1 and 9)."""
     cells = [cell(row, "cifar100", column, values[i], metric, None if i == 0 else 1.0)
-             for row, values in TABLE1.items() for i, (column, metric) in enumerate(TABLE1_COLUMNS)]
+             for row, values in printed.items() for i, (column, metric) in enumerate(TABLE1_COLUMNS)]
     scales = with_settings(
         SCALES, {**HESSIAN, "metrics.hessian.clients": 16, "metrics.hessian.batch_size": 64},
         {**HESSIAN, "metrics.hessian.clients": 2, "metrics.hessian.batches": 1, "metrics.hessian.batch_size": 32,
          "metrics.hessian.max_iter": 20, "metrics.hessian.tol": 0.01},
         "; Hessian on 1 batch of 32, ≤ 20 iterations, tol 1e-2, H_N/H_D over the 2 clients")
     return PaperTable(
-        key="fedalign:table1", title="FedAlign Table 1: accuracy (%) and second-order metrics (CIFAR-100)",
-        source="FedAlign, Mendieta et al. 2022, arXiv version with appendix: Table 1",
+        key=f"fedalign:table{number}", title=f"FedAlign Table {number}: accuracy (%) and second-order metrics "
+                                             "(CIFAR-100)",
+        source=f"FedAlign, Mendieta et al. 2022, arXiv version with appendix: Table {number}",
         value="final server-model test accuracy (%); λ_max and trace H_T of its training-loss Hessian; H_N and "
               "H_D (Eq. 3–4) across the last round's client models",
         cells=tuple(cells), scales=scales,
@@ -188,16 +224,52 @@ def table1() -> PaperTable:
     )
 
 
+def table1() -> PaperTable:
+    return hessian_table(1, TABLE1)
+
+
+def table9() -> PaperTable:
+    return hessian_table(9, TABLE9)
+
+
+def ablation(number: int, what: str, printed: dict[str, tuple[float, ...]], columns: dict[str, dict[str, Any]],
+             extra_unknowns: tuple[str, ...] = ()) -> PaperTable:
+    """An accuracy table whose columns each change the §3.2 setting (Tables 2, 3, 4, 6 and 10)."""
+    cells = [cell(row, "cifar100", column, values[i], extra=columns[column])
+             for row, values in printed.items() for i, column in enumerate(columns)]
+    return PaperTable(
+        key=f"fedalign:table{number}", title=f"FedAlign Table {number}: accuracy (%) {what} (CIFAR-100)",
+        source=f"FedAlign, Mendieta et al. 2022, arXiv version with appendix: Table {number}",
+        value="final server-model test accuracy (%)",
+        cells=tuple(cells), scales=SCALES, unknowns=(*UNKNOWNS, *extra_unknowns),
+    )
+
+
 def table2() -> PaperTable:
     """Accuracy under Dirichlet α ∈ {0.1, 0.5, 2.5} and a homogeneous (iid) split."""
-    cells = [cell(row, "cifar100", column, values[i], extra=TABLE2_COLUMNS[column])
-             for row, values in TABLE2.items() for i, column in enumerate(TABLE2_COLUMNS)]
-    return PaperTable(
-        key="fedalign:table2", title="FedAlign Table 2: accuracy (%) under data heterogeneity Dir(α) (CIFAR-100)",
-        source="FedAlign, Mendieta et al. 2022, arXiv version with appendix: Table 2",
-        value="final server-model test accuracy (%)",
-        cells=tuple(cells), scales=SCALES, unknowns=UNKNOWNS,
-    )
+    return ablation(2, "under data heterogeneity Dir(α)", TABLE2, TABLE2_COLUMNS)
+
+
+def table3() -> PaperTable:
+    """Accuracy with E = 10, 20 and 30 local epochs a round."""
+    return ablation(3, "by local epochs E", TABLE3, EPOCHS)
+
+
+def table4() -> PaperTable:
+    """Accuracy over 16, 32 and 64 clients all sampled, and 64 with 25 % a round for 25 and 100 rounds."""
+    return ablation(4, "by number of clients C (× fraction sampled; (100): 100 rounds)", TABLE4, CLIENTS)
+
+
+def table6() -> PaperTable:
+    """FedAlign under Tables 2–4's settings: one row, each column its table's."""
+    columns = {column: ABLATIONS[column] for column in TABLE6}
+    return ablation(6, "of FedAlign under Tables 2–4's settings", {"FedAlign": tuple(TABLE6.values())}, columns)
+
+
+def table10() -> PaperTable:
+    """FedAlign's μ and ω_S, each varied with the other at its default."""
+    return ablation(10, "of FedAlign by μ and ω_S", {"FedAlign": TABLE10_VALUES}, TABLE10,
+                    ("Table 10's two default columns (μ = 0.45, ω_S = 0.25) are the same run, Table 5's FedAlign",))
 
 
 def table5() -> PaperTable:
@@ -221,8 +293,7 @@ def table7() -> PaperTable:
     cells = []
     for row, (synchronous, sampled, mflops, params) in TABLE7.items():
         cells.append(cell(row, "cifar10", "C=16", synchronous))
-        cells.append(cell(row, "cifar10", SAMPLED, sampled, extra={
-            "federation.clients": 64, "federation.fraction": 0.25, "federation.rounds": 100}))
+        cells.append(cell(row, "cifar10", SAMPLED, sampled, extra=CLIENTS[SAMPLED]))
         cells.append(cell(row, "cifar10", MFLOPS[0], mflops, MFLOPS[1], MFLOPS[2]))
         cells.append(cell(row, "cifar10", PARAMS[0], params, PARAMS[1], PARAMS[2]))
     return PaperTable(
@@ -257,5 +328,5 @@ def table8() -> PaperTable:
     )
 
 
-for build in (table1, table2, table5, table7, table8):
+for build in (table1, table2, table3, table4, table5, table6, table7, table8, table9, table10):
     register_table(build())
