@@ -1,5 +1,5 @@
-"""SimFAFL (an anonymous submission under review) Tables 2–4: personalised FL on EMNIST-L, FMNIST, CIFAR-10 and
-CIFAR-100.
+"""SimFAFL (an anonymous submission under review) Tables 2–7: personalised FL on EMNIST-L, FMNIST, CIFAR-10 and
+CIFAR-100, the ablation of its constraints and the sweeps of their weights β1, β2.
 
 Protocol (§5.1): 100 clients, 10 % per round; non-IID1 = `classes` (k = 5 EMNIST/CIFAR-10, 3 FMNIST, 15
 CIFAR-100), non-IID2 = `dirichlet_prior` (δ = 0.5, 0.3 for CIFAR-100); train and test pooled, each client
@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 from fltune.methods import get_method
-from fltune.reproduce.registry import Cell, PaperTable, Scale, register_table
+from fltune.reproduce.registry import DATASET_NAMES, Cell, PaperTable, Scale, register_table
 
 COLUMNS = {"non-IID1": {"partition.kind": "classes"}, "non-IID2": {"partition.kind": "dirichlet_prior"}}
 ALPHA = {"emnist_letters": 0.5, "fmnist": 0.5, "cifar10": 0.5, "cifar100": 0.3}
@@ -208,24 +208,61 @@ TABLE4_WEIGHTS = {
 }
 
 
-def table4() -> PaperTable:
-    """β sweeps on CIFAR-100 non-IID2 (§5.4: β2 = 0.3 while β1 varies, β1 = 0.003 while β2 varies)."""
-    cells = []
-    for row, (base, field, weights, values, fixed) in TABLE4_WEIGHTS.items():
-        for weight, value in zip(weights, values):
-            c = cell(row, "cifar100", "non-IID2", value, ROWS[base], {**fixed, field: weight})
-            cells.append(c.model_copy(update={"column": f"non-IID2 {field.split('.')[1]}={weight:g}"}))
+def weight_cell(row: str, dataset: str, column: str, value: float, base: str, weights: dict[str, float],
+                varied: str) -> Cell:
+    """A cell of the weight sweeps: ``base``'s Table 2 settings with ``weights``, its column named by the
+    ``varied`` one (e.g. 'non-IID2 beta1=0.003')."""
+    label = f"{column} {varied.split('.')[1]}={weights[varied]:g}"
+    return cell(row, dataset, column, value, ROWS[base], weights).model_copy(update={"column": label})
+
+
+def sweep_table(number: int, dataset: str, column: str, cells: list[Cell], rows: dict[str, str],
+                extra_unknowns: tuple[str, ...] = ()) -> PaperTable:
+    """Tables 4–7: one dataset and partition, β's varied; FMNIST stands in at quick scale when it is absent."""
+    name = DATASET_NAMES[dataset]
     quick = SCALES["quick"].model_copy(update={
-        "substitute": "fmnist", "note": SCALES["quick"].note + "; FMNIST stands in when CIFAR-100 is absent"})
+        "substitute": "fmnist", "note": SCALES["quick"].note + f"; FMNIST stands in when {name} is absent"})
     settings = row_settings()
     return PaperTable(
-        key="simfafl:table4", title="SimFAFL Table 4: accuracy (%) on CIFAR-100 non-IID2 under varying β1, β2",
-        source="SimFAFL, anonymous submission under review: Table 4",
+        key=f"simfafl:table{number}",
+        title=f"SimFAFL Table {number}: accuracy (%) on {name} {column} under varying β1, β2",
+        source=f"SimFAFL, anonymous submission under review: Table {number}",
         value="mean over clients of the accuracy on their own 30 % (%)",
-        cells=tuple(cells), scales={**SCALES, "quick": quick}, unknowns=UNKNOWNS,
-        row_settings={row: settings[base] for row, (base, *_) in TABLE4_WEIGHTS.items()},
+        cells=tuple(cells), scales={**SCALES, "quick": quick}, unknowns=(*UNKNOWNS, *extra_unknowns),
+        row_settings={row: settings[base] for row, base in rows.items()},
     )
 
 
-for build in (table2, table3, table4):
-    register_table(build())
+def table4() -> PaperTable:
+    """β sweeps on CIFAR-100 non-IID2 (§5.4: β2 = 0.3 while β1 varies, β1 = 0.003 while β2 varies)."""
+    cells = [weight_cell(row, "cifar100", "non-IID2", value, base, {**fixed, field: weight}, field)
+             for row, (base, field, weights, values, fixed) in TABLE4_WEIGHTS.items()
+             for weight, value in zip(weights, values)]
+    return sweep_table(4, "cifar100", "non-IID2", cells, {row: base for row, (base, *_) in TABLE4_WEIGHTS.items()})
+
+
+GRID_BETA1 = (0.001, 0.0015, 0.002, 0.0025, 0.003)
+GRIDS = {  # appendix B.1: table → (dataset, column, {β2: accuracy per β1 of GRID_BETA1})
+    5: ("cifar100", "non-IID1", {0.1: (59.75, 59.99, 60.13, 60.22, 60.73), 0.2: (59.91, 60.19, 60.57, 60.94, 61.21),
+                                 0.3: (59.89, 59.99, 60.87, 60.60, 60.53), 0.4: (59.68, 59.74, 60.97, 61.06, 61.42)}),
+    6: ("cifar10", "non-IID1", {0.0: (84.44, 84.51, 84.83, 84.79, 84.74), 0.1: (84.72, 84.82, 84.83, 85.07, 85.04),
+                                0.2: (84.57, 84.74, 84.87, 84.86, 84.87)}),
+    7: ("cifar10", "non-IID2", {0.0: (83.50, 84.07, 83.83, 83.85, 83.93), 0.1: (83.79, 83.89, 83.98, 84.22, 83.90),
+                                0.2: (83.63, 83.65, 83.65, 84.02, 83.77), 0.3: (83.50, 83.55, 83.58, 83.88, 83.91)}),
+}
+
+
+def grid_table(number: int) -> PaperTable:
+    """Appendix Tables 5–7: SimFAFL on a β1 × β2 grid, a row per β2 and a column per β1."""
+    dataset, column, grid = GRIDS[number]
+    cells = [weight_cell(f"SimFAFL β2={beta2:g}", dataset, column, value, "SimFAFL",
+                         {"method.beta1": beta1, "method.beta2": beta2}, "method.beta1")
+             for beta2, values in grid.items() for beta1, value in zip(GRID_BETA1, values)]
+    rows = {f"SimFAFL β2={beta2:g}": "SimFAFL" for beta2 in grid}
+    return sweep_table(number, dataset, column, cells, rows, (
+        "Tables 5–7's axes: their caption's symbols are lost ('horizontal … A, vertical … B'); read as β1 across "
+        "(Table 4's β1 values) and β2 down (§5.4: the best β2 grows with β1)",))
+
+
+for table in (table2(), table3(), table4(), *(grid_table(number) for number in GRIDS)):
+    register_table(table)

@@ -103,3 +103,21 @@ def test_header_lists_each_rows_settings_with_unknowns_marked() -> None:
     assert list(table.row_settings) == list(ROWS)
     assert table.row_settings["Ditto"].startswith("ditto, lr 0.5, lam 0.1, first_personal initial, last round — ")
     assert "[U" in table.row_settings["SimFAFL"] and "last round" in table.row_settings["FedCR"]
+
+
+def test_weight_sweeps_set_the_varied_beta_and_keep_table2s_simfafl_row() -> None:
+    """Table 4 (§5.4) and appendix Tables 5–7: SimFAFL at each (β1, β2), on one dataset and partition."""
+    sweep = {c.key: c for c in get_table("simfafl:table4").cells}
+    assert sweep["SimFAFL-β2 | CIFAR-100 non-IID2 beta2=0.6"].paper == 46.80
+    grid = get_table("simfafl:table5")
+    assert len(grid.cells) == 4 * 5 and {c.dataset for c in grid.cells} == {"cifar100"}
+    top = next(c for c in grid.cells if c.key == "SimFAFL β2=0.4 | CIFAR-100 non-IID1 beta1=0.003")
+    cfg = build_config(cell_tree(top, grid.scales["paper"], "cifar100", []))
+    assert top.paper == 61.42 and (cfg.method.params.beta1, cfg.method.params.beta2) == (0.003, 0.4)
+    assert cfg.partition.kind == "classes" and cfg.training.lr == README_LR["SimFAFL"] and top.finetune
+    table7 = get_table("simfafl:table7")
+    corner = table7.cells[0]
+    assert (corner.key, corner.paper) == ("SimFAFL β2=0 | CIFAR-10 non-IID2 beta1=0.001", 83.50)
+    quick = build_config(cell_tree(corner, table7.scales["quick"], "fmnist", []))
+    assert quick.partition.kind == "dirichlet_prior" and table7.scales["quick"].substitute == "fmnist"
+    assert len(get_table("simfafl:table6").cells) == 3 * 5
