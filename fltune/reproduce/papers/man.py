@@ -114,8 +114,8 @@ PAPER = Scale(
               "metrics.every": 1, "metrics.target": 0.5, **AUGMENT},
     per_dataset={"tinyimagenet": {"metrics.target": 0.28}},
     note="100 clients, each in a round with probability 0.1, 500 rounds, E = 5, B = 50, SGD lr 0.1 × 0.998^r "
-         "(no momentum), wd 1e-3, clip 10, FedDyn CNN, FedDyn's code's flip and half-time crop; accuracy of the "
-         "all-client average model, rounds to 50 % (Tiny-ImageNet 28 %)",
+         "(no momentum), wd 1e-3, clip 10, FedDyn CNN (Tiny-ImageNet: the authors' ConvNet), FedDyn's code's flip "
+         "and half-time crop; accuracy of the all-client average model, rounds to 50 % (Tiny-ImageNet 28 %)",
 )
 QUICK = Scale(
     settings={"data.subsample": 0.05, "federation.clients": 10, "federation.fraction": 0.3,
