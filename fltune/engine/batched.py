@@ -72,8 +72,10 @@ def unbatchable(cfg: ExperimentConfig, method: Method, model: nn.Module) -> str 
         return f"method {cfg.method.name} has no functional local step (Method.functional_loss or functional_step)"
     if cfg.training.optimizer != "sgd":
         return f"training.optimizer {cfg.training.optimizer} (the batched step is SGD)"
-    if next(model.buffers(), None) is not None:
-        return f"model {cfg.model.name} has buffers (BatchNorm statistics would mix padded samples in)"
+    if next(model.buffers(), None) is not None or any(isinstance(m, nn.modules.batchnorm._BatchNorm)
+                                                      for m in model.modules()):
+        # a BatchNorm without running buffers (FedSOL's ResNet-18) still normalises by the batch's statistics
+        return f"model {cfg.model.name} has BatchNorm or buffers (batch statistics would mix padded samples in)"
     return None
 
 

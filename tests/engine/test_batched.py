@@ -15,7 +15,7 @@ from torch._dynamo.utils import counters
 from fltune.config import build_config
 from fltune.data.augment import to_float
 from fltune.engine.batched import (
-    _common_phases, _group, _GroupEpoch, _padded, _Tally, client_groups, train_group,
+    _common_phases, _group, _GroupEpoch, _padded, _Tally, client_groups, train_group, unbatchable,
 )
 from fltune.engine.builders import build_method, build_model_for, initial_state, load_data
 from fltune.engine import local
@@ -25,6 +25,7 @@ from fltune.engine.pool import balance
 from fltune.engine.rng import derive_seed
 from fltune.methods import METHODS, get_method
 from fltune.methods.base import ClientResult
+from fltune.models import build_model
 from tests.conftest import SharedPools, needs_fmnist
 from tests.engine.helpers import OpCount
 
@@ -480,3 +481,19 @@ def test_batched_accuracy_is_within_the_exact_paths_seed_spread(pools, method, m
     assert fingerprint(runs["batched"][0]) != fingerprint(runs["exact"][0])  # batched really ran
     spread = max(2 * statistics.stdev(acc["exact"]), 0.01)
     assert abs(statistics.mean(acc["batched"]) - statistics.mean(acc["exact"])) <= spread, acc
+
+
+@pytest.mark.parametrize(("model", "options", "batches"), [
+    ("fedavg_cnn", {}, True),
+    ("resnet18", {}, False),  # running buffers
+    ("resnet18", {"running_stats": False}, False),  # no buffers, yet BatchNorm's batch statistics
+    ("sl_vit", {}, True),  # LayerNorm is per sample
+])
+def test_models_normalising_by_batch_statistics_train_per_client(model, options, batches):
+    cfg = build_config({"method": {"name": "fedavg"}, "model": {"name": model, "options": options},
+                        "resources": {"executor": "batched"}})
+    torch.manual_seed(0)
+    net = build_model(model, (1, 28, 28), 10, **options)
+    reason = unbatchable(cfg, get_method("fedavg")(), net)
+    assert (reason is None) == batches
+    assert batches or "BatchNorm" in reason
