@@ -101,6 +101,12 @@ def test_model_options_reach_the_builder_and_bad_ones_are_one_line() -> None:
     assert sum(p.numel() for p in small.parameters()) < sum(p.numel() for p in full.parameters()) / 3
     with pytest.raises(FLTuneError, match=r"model.options: 'resnet56' does not take \['depth'\]"):
         build_model_for(build_config(overrides=["method.name=fedalign", "model.options={depth: 3}"]), data)
+    with pytest.raises(FLTuneError, match=r"model.options.blocks: 'two' is not a valid int"):
+        build_model_for(build_config(overrides=["method.name=fedalign", "model.options={blocks: two}"]), data)
+    plain = build_config(overrides=["model.name=resnet18", "model.options.running_stats=false"])
+    assert next(build_model_for(plain, data).buffers(), None) is None  # the string 'false' is False
+    with pytest.raises(FLTuneError, match=r"model.options.running_stats: 'maybe' is not a valid bool"):
+        build_model_for(build_config(overrides=["model.name=resnet18", "model.options.running_stats=maybe"]), data)
 
 
 def test_the_readme_lists_every_field_of_every_section():

@@ -4,7 +4,7 @@ A modifier, not a method of its own: ``<base>+man`` adds the term to any base's 
 ``feddyn+man``, ``fedsam+man`` ...), and ``man`` alone is FedAvg+MAN, the paper's main variant.
 """
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 
 from pydantic import Field
@@ -45,7 +45,7 @@ def first_activations(points: list[nn.Module]) -> Iterator[dict[nn.Module, Tenso
             handle.remove()
 
 
-def activation_norm(activations: list[Tensor], variances: list[Tensor] = ()) -> Tensor:
+def activation_norm(activations: Sequence[Tensor], variances: Sequence[Tensor] = ()) -> Tensor:
     """Eq. 16-18: L_act = Σ_l E‖a_l‖², the mean of a_l² over batch, channels and positions (or units);
     plus, for each of ``variances``, the mean over its units of their unbiased variance over the batch
     (a term only the authors' Tiny-ImageNet code adds, ``SplitModel.variance_points``; a batch of one

@@ -6,7 +6,9 @@ adding an architecture (VIB nets, slimmable ResNet-56) means adding one file, on
 """
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, get_type_hints
+
+from pydantic import TypeAdapter, ValidationError
 
 from fltune import catalog
 from fltune.errors import FLTuneError
@@ -42,13 +44,32 @@ def build_model(name: str, in_shape: InShape, num_classes: int, **kwargs: Any) -
     """A fresh model; deterministic given the caller's ``torch.manual_seed``."""
     if name not in MODELS:
         raise FLTuneError(f"model.name: unknown model {name!r}; allowed: {', '.join(sorted(MODELS))}")
+    builder = MODELS[name]
     try:
-        return MODELS[name](tuple(in_shape), num_classes, **kwargs)
+        return builder(tuple(in_shape), num_classes, **checked_options(builder, kwargs))
     except TypeError as err:  # an option the builder does not take
         raise FLTuneError(f"model.options: {name!r} does not take {sorted(kwargs)}: {err}") from None
     except ValueError as err:
         shape = tuple(in_shape)
         raise FLTuneError(f"model.name: {name!r} cannot take inputs of shape {shape}: {err}") from err
+
+
+def checked_options(builder: ModelBuilder, options: dict[str, Any]) -> dict[str, Any]:
+    """``model.options`` validated against the builder's own annotations (pydantic's lax rules: ``"false"``
+    is False, ``"maybe"`` is refused), so a wrong value is one line, not a model silently built with it.
+    Options the builder does not take are left for the call to refuse."""
+    hints = get_type_hints(builder)
+    checked = {}
+    for key, value in options.items():
+        if key not in hints:
+            checked[key] = value
+            continue
+        try:
+            checked[key] = TypeAdapter(hints[key]).validate_python(value)
+        except ValidationError:
+            expected = getattr(hints[key], "__name__", str(hints[key]))
+            raise FLTuneError(f"model.options.{key}: {value!r} is not a valid {expected}") from None
+    return checked
 
 
 def default_model(dataset: str) -> str:
