@@ -17,12 +17,17 @@ without sample weights (``average``). The final-round head fine-tuning is the en
 
 Folding through precision sums is the closed form of FedCR's sample-by-sample
 ``product_of_experts_two``, and independent of the order of samples and clients.
+
+``centroids="overall"`` is SimFAFL's Pre-experiment I (SimFAFL §4.1, Table 1): the same framework with one
+Gaussian for every sample instead of one per class, "feature distribution aggregation on features of all
+samples by PoE", continuously updated. Every sample counts as class 0: r has one row, and clients fold all
+their samples into it. No code of it is published: the rest of FedCR stays as it is **[U]**.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -42,6 +47,9 @@ from fltune.models.vib import SIGMA_FLOOR, VIBOutput, gaussian_kl
 class FedCRParams(Params):
     beta: float = Field(1e-4, ge=0, description="weight β of KL(r(z|y) ‖ q(z|x)) (FedCR runs: 1e-4)")
     beta2: float = Field(1.0, ge=0, le=1, description="EMA rate β2 of the server's class Gaussians (runs: 1)")
+    centroids: Literal["class", "overall"] = Field(
+        "class", description="one Gaussian r per class (FedCR) or one for all samples (SimFAFL's Pre-exp I) [U]"
+    )
 
 
 class ClassPoE:
@@ -81,8 +89,10 @@ class FedCR(VIBMethod, PersonalHead):
     batchable = True
 
     def init_server_state(self, global_state: State) -> dict[str, Any]:
-        """r = N(0, I) for every class; the shape comes from the head weight [classes, dimZ]."""
-        shape = global_state["head.weight"].shape
+        """r = N(0, I) for every class (one row with ``centroids="overall"``); the shape comes from the head
+        weight [classes, dimZ]."""
+        classes, dim = global_state["head.weight"].shape
+        shape = (classes if self.params.centroids == "class" else 1, dim)
         return {"r_mu": np.zeros(shape, np.float32), "r_sigma": np.ones(shape, np.float32)}
 
     def server_payload(self, server_state: dict[str, Any]) -> dict[str, Any]:
@@ -92,6 +102,10 @@ class FedCR(VIBMethod, PersonalHead):
         ctx.scratch["r"] = (ctx.server_tensors["r_mu"], ctx.server_tensors["r_sigma"])  # shared: read only
         ctx.scratch["seen"] = 0
         ctx.scratch["fold_from"] = (sum(phase.epochs for phase in self.phases(ctx)) - 1) * ctx.num_samples
+
+    def centre(self, y: Tensor) -> Tensor:
+        """The row of r each sample is aligned to and folded into: its class, or 0 for every sample."""
+        return y if self.params.centroids == "class" else torch.zeros_like(y)
 
     def local_loss(self, ctx: ClientContext, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
         out = self.net(ctx).vib(x)
@@ -123,14 +137,15 @@ class FedCR(VIBMethod, PersonalHead):
         loss = vib_cross_entropy(out.logits, y, weight)
         if self.params.beta:
             r_mu, r_sigma = r
-            loss = loss + self.params.beta * batch_mean(gaussian_kl(r_mu[y], r_sigma[y], out.mu, out.sigma), weight)
+            c = self.centre(y)
+            loss = loss + self.params.beta * batch_mean(gaussian_kl(r_mu[c], r_sigma[c], out.mu, out.sigma), weight)
         return loss
 
-    @classmethod
-    def _fold(cls, ctx: ClientContext, y: Tensor, mu: Tensor, sigma: Tensor) -> None:
-        """PoE of the last epoch's samples per class. FedCR's code restarts the fold at each epoch and keeps
-        the last one's, so the epochs before it are not folded at all: ~7 ops a step saved (each a kernel
-        launch on a GPU; ~70 of the ~290 of a FedCR group step of 10 clients) in all but one epoch.
+    def _fold(self, ctx: ClientContext, y: Tensor, mu: Tensor, sigma: Tensor) -> None:
+        """PoE of the last epoch's samples per class (per row of r: :meth:`centre`). FedCR's code restarts the
+        fold at each epoch and keeps the last one's, so the epochs before it are not folded at all: ~7 ops a
+        step saved (each a kernel launch on a GPU; ~70 of the ~290 of a FedCR group step of 10 clients) in all
+        but one epoch.
 
         An epoch is ``num_samples`` samples (the engine's batches cover the client's data once); the last
         one starts after ``fold_from`` samples (``setup_client``: every phase's epochs but one).
@@ -140,8 +155,8 @@ class FedCR(VIBMethod, PersonalHead):
         if seen < ctx.scratch["fold_from"]:
             return
         if seen % ctx.num_samples == 0:
-            ctx.scratch["poe"] = cls._empty_poe(ctx)
-        ctx.scratch["poe"].add(y, mu, sigma)
+            ctx.scratch["poe"] = self._empty_poe(ctx)
+        ctx.scratch["poe"].add(self.centre(y), mu, sigma)
 
     @staticmethod
     def _empty_poe(ctx: ClientContext) -> ClassPoE:

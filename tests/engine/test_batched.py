@@ -109,6 +109,7 @@ def test_every_batched_method_is_checked_against_the_exact_path():
     ["training.nesterov=true", "training.weight_decay=1e-3", "training.grad_clip=0.5"],
     ["training.momentum=0"],
     ["training.drop_last=true"], ["method.name=fedcr", "method.beta=0.1", *VIB, "training.drop_last=true"],
+    ["method.name=fedcr", "method.beta=0.1", "method.centroids=overall", *VIB],
 ], ids=ids)
 def test_each_client_follows_the_exact_path(overrides):
     """Masking (fewer steps for smaller clients, short last batches), the SGD state and every method's

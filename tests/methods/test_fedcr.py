@@ -138,3 +138,32 @@ def test_initial_class_gaussians_are_standard_normal():
     state = fedcr().init_server_state(numpy_state(tiny_vib()))
 
     assert np.array_equal(state["r_mu"], np.zeros((3, 2))) and np.array_equal(state["r_sigma"], np.ones((3, 2)))
+
+
+def test_overall_centroid_aligns_and_folds_every_sample_into_one_gaussian():
+    """SimFAFL's Pre-experiment I: r has one row; the KL of every sample is taken to it whatever its class,
+    and the last epoch folds all samples into it (precisions add)."""
+    model, method = tiny_vib(), fedcr(beta=0.2, centroids="overall")
+    state = method.init_server_state(numpy_state(model))
+    assert state["r_mu"].shape == state["r_sigma"].shape == (1, 2)
+    r_mu, r_sigma = np.array([[0.5, -1.0]], np.float32), np.array([[0.8, 1.5]], np.float32)
+    batches = [tiny_batch(seed=1, n=4), tiny_batch(seed=2, n=2)]
+    ctx = client_ctx(method, model, r_mu, r_sigma, batches=batches)
+    x, y = batches[0]
+
+    torch.manual_seed(5)
+    loss, _ = method.local_loss(ctx, x, y)
+    torch.manual_seed(5)
+    out = model.vib(x)
+    ce = F.cross_entropy(out.logits.flatten(0, 1), y.repeat(4))
+    m_r, s_r, s_q = torch.tensor(r_mu), torch.tensor(r_sigma), out.sigma
+    kl = 0.5 * (s_r**2 / s_q**2 + (out.mu - m_r) ** 2 / s_q**2 - 1 + 2 * torch.log(s_q) - 2 * torch.log(s_r))
+    assert torch.allclose(loss, ce + 0.2 * kl.sum(1).mean(), rtol=1e-5)
+
+    method.setup_client(ctx)
+    for x, y in ctx.batches():
+        method.local_loss(ctx, x, y)
+    upload = method.client_result(ctx).upload
+    with torch.no_grad():
+        precision = sum((model.encode(x)[1].double() ** -2).sum(0) for x, _ in batches)
+    assert upload["precision"].shape == (1, 2) and np.allclose(upload["precision"][0], precision.numpy())

@@ -17,7 +17,7 @@ import pytest
 from fltune.config import build_config
 from fltune.reproduce.papers.simfafl import LOCAL_REP_EP, ROWS
 from fltune.reproduce.plan import cell_tree
-from fltune.reproduce.registry import get_table
+from fltune.reproduce.registry import DATASET_NAMES, get_table
 
 README_LR = {"FedAvg": 0.01, "FedAvg-FT": 0.01, "FedPer": 0.01, "LG-FedAvg": 0.01, "FedRep": 0.01,
              "FedBABU": 0.01, "FedPAC": 0.01, "Ditto": 0.5, "FedSR-FT": 0.005, "FedCR": 0.05, "SimFAFL": 0.05}
@@ -121,3 +121,33 @@ def test_weight_sweeps_set_the_varied_beta_and_keep_table2s_simfafl_row() -> Non
     quick = build_config(cell_tree(corner, table7.scales["quick"], "fmnist", []))
     assert quick.partition.kind == "dirichlet_prior" and table7.scales["quick"].substitute == "fmnist"
     assert len(get_table("simfafl:table6").cells) == 3 * 5
+
+
+def test_pre_experiments_run_as_table2s_rows_with_one_overall_centroid_or_l_ca_alone() -> None:
+    """Table 1 (§4.1): FedAvg and FedCR as Table 2 runs them; Pre-exp I is FedCR with one Gaussian for every
+    sample; Pre-exp II is Table 3's "with L_ca" (β2 = 0; on CIFAR-10 β1 = 0.001, the β1 at which Tables 6–7's
+    β2 = 0 cells print its values 84.44 and 83.50)."""
+    table = get_table("simfafl:table1")
+    assert {c.dataset for c in table.cells} == {"cifar10", "cifar100"} and len(table.cells) == 16
+    assert table.scales["quick"].substitute == "fmnist"
+
+    def params(row: str, dataset: str, column: str = "non-IID2"):
+        cell = table.cell(f"{row} | {DATASET_NAMES[dataset]} {column}")
+        return cell, build_config(cell_tree(cell, table.scales["paper"], dataset, [])).method
+
+    cell, pre1 = params("Pre-exp I", "cifar100")
+    fedcr = params("FedCR", "cifar100")[1]
+    assert (pre1.name, pre1.params.centroids, fedcr.params.centroids) == ("fedcr", "overall", "class")
+    assert pre1.params.model_dump(exclude={"centroids"}) == fedcr.params.model_dump(exclude={"centroids"})
+    assert cell.paper == 41.41 and cell.finetune
+
+    cell, pre2 = params("Pre-exp II", "cifar10")
+    assert cell.paper == 83.50 and (pre2.name, pre2.params.beta1, pre2.params.beta2) == ("simfafl", 0.001, 0.0)
+    grid = get_table("simfafl:table7").cell("SimFAFL β2=0 | CIFAR-10 non-IID2 beta1=0.001")
+    assert grid.paper == cell.paper
+    ablation = get_table("simfafl:table3").cell("with L_ca | CIFAR-10 non-IID2")
+    assert ablation.settings == cell.settings
+    cifar100 = params("Pre-exp II", "cifar100")[1].params
+    assert (cifar100.beta1, cifar100.beta2) == (0.003, 0.0)  # Table 2's CIFAR-100 β1
+    assert params("FedAvg", "cifar10", "non-IID1")[0].settings == get_table("table2").cell(
+        "FedAvg | CIFAR-10 non-IID1").settings
