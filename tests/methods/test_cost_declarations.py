@@ -11,7 +11,7 @@ from fltune.methods.base import Method
 @pytest.mark.parametrize("name, stored, passes", [
     ("fedavg", 1, 1), ("fedprox", 2, 1), ("moon", 3, 5 / 3), ("ditto", 2, 2), ("scaffold", 3, 1),
     ("feddyn", 3, 1), ("feddc", 4, 1), ("fedsam", 2, 2), ("fedasam", 2, 2), ("fedspeed", 4, 2),
-    ("fedsol", 3, 2), ("fedntd", 2, 4 / 3), ("fedalign", 1, 1), ("fedsam+man", 2, 2),
+    ("fedsol", 3, 2), ("fedntd", 2, 4 / 3), ("fedalign", 1, 1), ("fedsam+man", 2, 2), ("proximal", 2, 2),
 ])
 def test_models_held_and_passes_per_step(name: str, stored: float, passes: float) -> None:
     method = get_method(name)

@@ -76,6 +76,25 @@ def test_fedsol_table3_runs_table2s_settings_on_the_authors_three_models() -> No
     assert config(table, by[("FedAvg", "svhn", "SL-ViT")], "quick").model.name == "sl_vit"
 
 
+def test_fedsol_table1_uses_the_proximal_loss_as_a_loss_or_by_projection_in_table2s_fedprox_column() -> None:
+    """§2.3: CIFAR-10 LDA α = 0.1, where Table 2 prints FedProx's 59.80 (Table 1's L2 Base)."""
+    table = get_table("fedsol:table1")
+    by = cells("fedsol:table1")
+    assert len(table.cells) == 5
+    base = config(table, by[("L2 Distance", "cifar10", "Base")])
+    fedprox = cells("fedsol:table2")[("FedProx", "cifar10", "LDA α=0.1")]
+    assert by[("L2 Distance", "cifar10", "Base")].paper == fedprox.paper == 59.80
+    assert base == config(get_table("fedsol:table2"), fedprox)
+    for row, column, loss, usage, paper in (("L2 Distance", "Projection", "l2", "projection", 56.35),
+                                            ("KL-Divergence", "Base", "kl", "base", 60.31),
+                                            ("KL-Divergence", "Projection", "kl", "projection", 50.88)):
+        cfg = config(table, by[(row, "cifar10", column)])
+        assert by[(row, "cifar10", column)].paper == paper
+        assert (cfg.method.name, cfg.method.params.loss, cfg.method.params.usage) == ("proximal", loss, usage)
+        assert (cfg.method.params.temperature, cfg.partition.alpha, cfg.training.lr_decay) == (3.0, 0.1, 0.99)
+    assert config(table, by[("None (FedAvg)", "cifar10", "Base")]).method.name == "fedavg"
+
+
 def test_man_tables_pair_accuracy_with_rounds_and_compose_man() -> None:
     table = get_table("man:table1")
     by = cells("man:table1")

@@ -1,0 +1,113 @@
+"""A proximal loss as FedSOL's §2 weighs its two uses (Lee et al., 2024, Table 1; docs/methods.md §2).
+
+The proximal loss L_p measures how far the local model has moved from the round's global one:
+
+    l2:  L_p = ½‖w − w_g‖²                                    (FedProx's term, μ = β)
+    kl:  L_p = KL(softmax(z_g/T) ‖ softmax(z_l/T))            (FedSOL's, z_g from a frozen global copy)
+
+and it is used either
+
+    base        L = CE + β·L_p                                 (Eq. 2: an auxiliary loss)
+    projection  g = g_l − min(0, ⟨g_l, g_p⟩)/‖g_p‖² · g_p      (Eq. 3: the local gradient g_l = ∇CE with its
+                                                                component against g_p = ∇L_p removed)
+
+Projection updates with g alone: it is orthogonal to g_p where the two conflicted (⟨g_l, g_p⟩ < 0) and g_l
+elsewhere, and it does not depend on β or on the scale of L_p. ⟨·,·⟩ and ‖·‖ run over every trainable
+parameter as one vector [U: Eq. 3 writes whole gradients]. Neither the projection nor the KL "Base" is in the
+authors' code (``Lee-Gihun/FedSOL``); the paper's text gives Eq. 3 and says when it projects.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from pydantic import Field
+from torch import Tensor
+
+from fltune.methods import register
+from fltune.methods.base import ClientContext, Method, Params, squared_distance
+from fltune.methods.fedntd import soft_kl
+from fltune.methods.moon import frozen_copy
+
+
+class ProximalParams(Params):
+    loss: Literal["l2", "kl"] = Field("kl", description="L_p: ½‖w − w_g‖² or the KL of the outputs (FedSOL's)")
+    usage: Literal["base", "projection"] = Field(
+        "projection", description="CE + β·L_p (Eq. 2) or ∇CE projected off ∇L_p where they conflict (Eq. 3)"
+    )
+    beta: float = Field(1.0, ge=0, description="weight β of L_p with usage base [U: Table 1 gives none]")
+    temperature: float = Field(3.0, gt=0, description="softmax temperature T of the KL (FedSOL's App. B.5: 3)")
+
+
+def project_off(grads: list[Tensor], against: list[Tensor]) -> list[Tensor]:
+    """Eq. 3: ``grads`` less their component along ``against`` where the two point apart (negative inner
+    product over all tensors at once); unchanged where they agree or ``against`` is zero."""
+    dot = sum((g * a).sum() for g, a in zip(grads, against, strict=True))
+    norm = sum((a * a).sum() for a in against)
+    if dot >= 0 or norm == 0:
+        return grads
+    return [g - (dot / norm) * a for g, a in zip(grads, against, strict=True)]
+
+
+@register
+class Proximal(Method):
+    """A proximal loss L_p (L2 or KL) added to CE (``base``) or as a projection of CE's gradient off ∇L_p
+    (``projection``); server as FedAvg. ``l2`` with ``base`` is FedProx with μ = β."""
+
+    name = "proximal"
+    Params = ProximalParams
+    stored_models = 2.0  # the local model and the global one (w_g, or the KL's frozen copy)
+
+    @property
+    def passes_per_step(self) -> float:  # type: ignore[override]
+        """KL: + the global copy's forward (⅓ of a pass), and with projection the second backward (⅔)."""
+        if self.params.loss == "l2":
+            return 1.0
+        return 2.0 if self.params.usage == "projection" else 4.0 / 3.0
+
+    def setup_client(self, ctx: ClientContext) -> None:
+        super().setup_client(ctx)
+        if self.params.loss == "kl":
+            ctx.scratch["global_model"] = frozen_copy(ctx.model, ctx.global_state)
+
+    def local_loss(self, ctx: ClientContext, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
+        """CE (+ β·L_p with ``base``). With ``projection`` and KL, ∇L_p is taken here, from the same forward,
+        for :meth:`after_backward`."""
+        loss, logits = super().local_loss(ctx, x, y)
+        if self.params.usage == "base":
+            if self.params.beta == 0:  # exactly FedAvg
+                return loss, logits
+            return loss + self.params.beta * self.proximal_loss(ctx, x, logits), logits
+        if self.params.loss == "kl":
+            params = trainable(ctx)
+            grads = torch.autograd.grad(self.proximal_loss(ctx, x, logits), params, retain_graph=True,
+                                        allow_unused=True)
+            ctx.scratch["proximal_grad"] = [torch.zeros_like(p) if g is None else g for p, g in zip(params, grads)]
+        return loss, logits
+
+    def proximal_loss(self, ctx: ClientContext, x: Tensor, logits: Tensor) -> Tensor:
+        """L_p at the current weights: ½‖w − w_g‖² or KL(softmax(z_g/T) ‖ softmax(z_l/T))."""
+        if self.params.loss == "l2":
+            return 0.5 * squared_distance(ctx.model.named_parameters(), ctx.global_state)
+        with torch.no_grad():
+            global_logits = ctx.scratch["global_model"](x)
+        return soft_kl(logits, global_logits, self.params.temperature)
+
+    def after_backward(self, ctx: ClientContext) -> None:
+        """``projection``: the CE gradient in ``.grad`` projected off ∇L_p (Eq. 3); ∇(½‖w − w_g‖²) = w − w_g."""
+        if self.params.usage != "projection":
+            return
+        params = trainable(ctx)
+        if self.params.loss == "l2":
+            against = [p.detach() - ctx.global_param(n) for n, p in ctx.model.named_parameters() if p.requires_grad]
+        else:
+            against = ctx.scratch.pop("proximal_grad")
+        grads = [torch.zeros_like(p) if p.grad is None else p.grad for p in params]
+        for p, g in zip(params, project_off(grads, against), strict=True):
+            p.grad = g
+
+
+def trainable(ctx: ClientContext) -> list[Tensor]:
+    """The parameters this phase trains, in ``named_parameters`` order."""
+    return [p for p in ctx.model.parameters() if p.requires_grad]
