@@ -22,8 +22,8 @@ from fltune.compare.spec import TUNING_SEED_OFFSET, CompareSpec, method_tree, pa
 from fltune.compare.stats import ALPHA, mean_std, welch_p
 from fltune.config import build_config
 from fltune.metrics.figures import new_figure, save_png
-from fltune.reproduce.report import eta
 from fltune.text import counted
+from fltune.tune.board import eta
 from fltune.tune.results import ENDED, TrialRow
 
 COSTS = {"rounds_to_target": "rounds to target", "time_total_s": "wall s", "cost_cum_tflops": "train TFLOPs",

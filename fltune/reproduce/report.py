@@ -22,6 +22,7 @@ from rich.table import Table
 
 from fltune.reproduce.job import CellRun, ReproSpec
 from fltune.reproduce.registry import DATASET_NAMES, Cell, PaperTable
+from fltune.tune.board import eta
 from fltune.tune.results import ENDED, TrialRow
 from fltune.tune.trainable import objective_key
 
@@ -253,36 +254,6 @@ def live_cells(spec: ReproSpec, rows: list[TrialRow]) -> Table:
     done = sum(r.status in ENDED for r in res)
     title = f"{spec.table} ({spec.scale}): {done}/{len(spec.cells)} cells done{eta(rows, len(spec.trials))}"
     return rich_table(spec, res, title)
-
-
-def eta(rows: list[TrialRow], cells: int) -> str:
-    """', ETA ~m min': the cells left, over how many run at once, times the finished ones' mean duration
-    (blank before any ends); ``rows`` are trials and ``cells`` counts trials (cells sharing a run count once).
-
-    How many run at once is read from the finished trials' spans (Tune's ``time_total_s`` and ``timestamp``),
-    not from how many Tune calls running: it starts every trial of a grid, and most of them wait for their
-    workers' resources (SimFAFL Table 1 at quick scale: 16 "running", 2 training; the count of running trials
-    made its ETA ~1 min of 6 left). A trial training now counts as half done.
-    """
-    ended = [r.metrics for r in rows if r.status in ENDED and {"time_total_s", "timestamp"} <= r.metrics.keys()]
-    if not ended:
-        return ""
-    spans = [(m["timestamp"] - m["time_total_s"], m["timestamp"]) for m in ended]
-    training = sum(r.status == "running" and r.round > 0 for r in rows)
-    left = max(0.0, cells - len(ended) - training / 2)
-    mean = sum(end - start for start, end in spans) / len(spans)
-    return f", ETA ~{left * mean / most_at_once(spans) / 60:.0f} min"
-
-
-def most_at_once(spans: list[tuple[float, float]]) -> int:
-    """The most (start, end) spans that overlap by over a second (Tune's ``timestamp`` is whole seconds, so
-    a trial starting as another ends may seem to overlap it by less)."""
-    events = sorted([(start + 1.0, 1) for start, _ in spans] + [(end, -1) for _, end in spans])
-    most = now = 0
-    for _, step in events:  # at equal times ends (-1) sort first: spans that only touch don't overlap
-        now += step
-        most = max(most, now)
-    return max(most, 1)
 
 
 def markdown(spec: ReproSpec, res: list[CellResult]) -> str:

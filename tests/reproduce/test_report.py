@@ -12,9 +12,7 @@ import pytest
 from fltune.reproduce.job import new_spec
 from fltune.reproduce.plan import PlannedCell, plan
 from fltune.reproduce.registry import get_table
-from fltune.reproduce.report import (
-    column_taus, eta, kendall_tau_b, markdown, most_at_once, results, tau_metrics, write_csv,
-)
+from fltune.reproduce.report import column_taus, kendall_tau_b, markdown, results, tau_metrics, write_csv
 from fltune.tune.results import TrialRow
 from tests.conftest import needs_fmnist
 
@@ -113,23 +111,3 @@ def test_a_diverged_cell_with_a_last_accuracy_says_it_diverged(spec) -> None:
     res = {r.cell.key: r for r in results(spec, rows)}
     assert "| FedAvg | 80.00 ± 0.00 (rank 1; paper" in markdown(spec, list(res.values()))
     assert "| SimFAFL | 10.00 ± 0.00 diverged r20 (rank 2; paper" in markdown(spec, list(res.values()))
-
-
-def test_eta_divides_by_the_trials_that_ran_at_once_not_those_tune_calls_running() -> None:
-    """6 trials: 2 finished side by side (100 s and 140 s, overlapping), 1 training (round 3), 1 started but
-    waiting for resources (round 0), 2 pending → 6 − 2 − ½ = 3.5 trial-lengths of 120 s over 2 at once = 3.5
-    min. Counting Tune's 2 running trials as 2 more at once would say 1.75."""
-    rows = [ended("a", 100.0, 1_000), ended("b", 140.0, 1_050),
-            TrialRow("c", "running", {}, 3, math.nan, math.nan, {}), TrialRow("d", "running", {}, 0, math.nan,
-                                                                               math.nan, {})]
-    assert eta(rows, 6) == ", ETA ~4 min"  # 3.5 rounds to 4
-    assert eta(rows[2:], 6) == ""  # none ended yet
-    one_after_another = [ended("a", 100.0, 1_000), ended("b", 100.0, 1_100), ended("c", 100.0, 1_200)]
-    assert eta(one_after_another, 9) == ", ETA ~10 min"  # 6 left × 100 s, one at a time
-    assert most_at_once([(0.0, 10.0), (5.0, 15.0), (8.0, 20.0), (14.0, 30.0)]) == 3
-    assert most_at_once([(0.0, 10.0), (10.0, 20.0), (19.5, 25.0)]) == 1  # touching; < 1 s overlap
-
-
-def ended(trial: str, seconds: float, timestamp: int) -> TrialRow:
-    """A finished trial as Tune's last result gives it: its duration and when it ended (whole seconds)."""
-    return TrialRow(trial, "finished", {}, 20, 0.8, 0.0, {"time_total_s": seconds, "timestamp": timestamp})
