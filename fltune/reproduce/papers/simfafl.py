@@ -102,7 +102,8 @@ L_CA_ONLY_CIFAR10 = {"method.beta1": 0.001}
 """β1 of SimFAFL with L_ca alone on CIFAR-10 **[U]**: Tables 6 and 7 print 84.44 and 83.50 for β2 = 0 at
 β1 = 0.001 (84.79 and 83.85 at Table 2's 0.0025), and those are Table 3's "with L_ca" CIFAR-10 values (84.4444,
 83.4911) and Table 1's Pre-exp II ones (84.44, 83.50): so those runs took β1 = 0.001. The other datasets keep
-Table 2's β1 (no table prints a β2 = 0 sweep for them)."""
+Table 2's β1; on CIFAR-100 non-IID2 no printed β1 explains them: Table 4 prints 44.79 at β1 = 0.003, β2 = 0, where
+Tables 1 and 3 print 38.16."""
 L_CA_NOTE = "β2 0 (L_sa dropped); CIFAR-10 β1 0.001 [U: Tables 6–7's β2 = 0 cells at that β1 print these values]"
 
 # Table 3 (ablation of SimFAFL's constraints), same columns.
@@ -185,9 +186,10 @@ def cell(row: str, dataset: str, column: str, paper: float | None, spec: Row,
          extra: dict[str, Any] | None = None) -> Cell:
     """A Table 2-style cell run as ``spec`` (a Table 2 row): its method, lr and settings, its model, the
     column's partition, the dataset's β's and input normalisation, then ``extra``."""
-    settings: dict[str, Any] = {**COMMON, **COLUMNS[column], "partition.alpha": ALPHA[dataset],
-                                **NORMALISE.get(dataset, {}), "method.name": spec.method, "training.lr": spec.lr,
-                                **spec.settings}
+    settings: dict[str, Any] = {**COMMON, **COLUMNS[column], **NORMALISE.get(dataset, {}), "method.name": spec.method,
+                                "training.lr": spec.lr, **spec.settings}
+    if COLUMNS[column]["partition.kind"] == "dirichlet_prior":  # `classes` reads no α: cells that differ in
+        settings["partition.alpha"] = ALPHA[dataset]             # it alone are one run (FMNIST standing in)
     if spec.method == "simfafl":
         settings.update(BETAS.get(dataset, {}))
     if get_method(spec.method).model_for(dataset) is None:
@@ -235,7 +237,9 @@ def table1() -> PaperTable:
             for row, (base, _, _) in TABLE1.items()}
     return cifar_table(1, "test accuracy (%) of the pre-experiments", cells, rows, (
         "Table 1's FedCR CIFAR-10 values (81.55, 82.09) are not Table 2's (82.92, 82.73) while its CIFAR-100 and "
-        "FedAvg values are: the run behind them is not said; the row runs as Table 2's FedCR",))
+        "FedAvg values are: the run behind them is not said; the row runs as Table 2's FedCR",
+        "Pre-exp II on CIFAR-100: Table 2's β1 0.003; Table 4 prints 44.79 for β1 0.003, β2 0 on non-IID2, where "
+        "Tables 1 and 3 print 38.16, so no printed β1 is theirs",))
 
 
 TABLE4_WEIGHTS = {

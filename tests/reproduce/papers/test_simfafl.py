@@ -16,8 +16,11 @@ import pytest
 
 from fltune.config import build_config
 from fltune.reproduce.papers.simfafl import LOCAL_REP_EP, ROWS
-from fltune.reproduce.plan import cell_tree
+from fltune.reproduce.job import new_spec
+from fltune.reproduce.plan import cell_tree, plan
 from fltune.reproduce.registry import DATASET_NAMES, get_table
+from tests.conftest import needs_fmnist
+from tests.reproduce.test_plan import fmnist_only  # noqa: F401 (fixture)
 
 README_LR = {"FedAvg": 0.01, "FedAvg-FT": 0.01, "FedPer": 0.01, "LG-FedAvg": 0.01, "FedRep": 0.01,
              "FedBABU": 0.01, "FedPAC": 0.01, "Ditto": 0.5, "FedSR-FT": 0.005, "FedCR": 0.05, "SimFAFL": 0.05}
@@ -151,3 +154,17 @@ def test_pre_experiments_run_as_table2s_rows_with_one_overall_centroid_or_l_ca_a
     assert (cifar100.beta1, cifar100.beta2) == (0.003, 0.0)  # Table 2's CIFAR-100 β1
     assert params("FedAvg", "cifar10", "non-IID1")[0].settings == get_table("table2").cell(
         "FedAvg | CIFAR-10 non-IID1").settings
+
+
+@needs_fmnist
+def test_cells_that_fmnist_makes_the_same_run_share_one_trial(fmnist_only) -> None:
+    """Table 1 at quick scale without CIFAR: CIFAR-10 and CIFAR-100 non-IID1 become the same FMNIST run
+    (`classes` reads no α) for the rows without per-dataset settings, so they share a trial: 13 runs, not 16
+    (Pre-exp II's β1 differs between them)."""
+    table = get_table("simfafl:table1")
+    planned = plan(table, "quick", None, [f"data.root={fmnist_only}"])
+    spec = new_spec(table, "quick", planned, seeds=1, storage="/tmp/unused", name="t", out=None,
+                    max_concurrent=None, datasets=None)
+    assert len(spec.cells) == 16 and len(spec.trials) == 13
+    assert spec.trials["FedAvg | CIFAR-10 non-IID1"] == ["FedAvg | CIFAR-10 non-IID1", "FedAvg | CIFAR-100 non-IID1"]
+    assert "Pre-exp II | CIFAR-100 non-IID1" in spec.trials
