@@ -144,11 +144,15 @@ def _data_here(cfg: ExperimentConfig) -> None:
                           "the job runs, and a plan fetches nothing: run the job, or get the data first") from None
 
 
-def longest_first(items: list[tuple[str, dict[str, Any], int]]) -> list[str]:
-    """The labels of ``items`` (label, experiment tree, runs), the longest estimated run first, ties in their
-    given order. A job with more trials than slots ends when the trials started last do; dealing the long
-    ones first (Graham's LPT rule) keeps a long trial from starting when the others are nearly done."""
-    seconds = {label: work(label, tree, runs).seconds for label, tree, runs in items}
+def run_seconds(items: list[tuple[str, dict[str, Any], int]]) -> dict[str, float]:
+    """Each of ``items`` (label, experiment tree, runs): one run's estimated seconds on one worker."""
+    return {label: work(label, tree, runs).seconds for label, tree, runs in items}
+
+
+def longest_first(seconds: dict[str, float]) -> list[str]:
+    """The labels of ``seconds`` (:func:`run_seconds`), the longest estimated run first, ties in their given
+    order. A job with more trials than slots ends when the trials started last do; dealing the long ones
+    first (Graham's LPT rule) keeps a long trial from starting when the others are nearly done."""
     return sorted(seconds, key=lambda label: -seconds[label])
 
 

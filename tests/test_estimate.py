@@ -11,7 +11,7 @@ import pytest
 from fltune.cli import main
 from fltune.config import build_config
 from fltune.data.datasets import load_dataset
-from fltune.estimate import calibrate, client_samples, estimate, longest_first, work
+from fltune.estimate import calibrate, client_samples, estimate, longest_first, run_seconds, work
 from tests.conftest import FMNIST_DIR, needs_fmnist
 
 
@@ -154,8 +154,8 @@ def test_longest_first_orders_labels_by_estimated_time_and_keeps_ties_in_order()
     the order given."""
     short, long = (synthetic(f"federation.rounds={r}").model_dump(mode="json") for r in (3, 9))
     other = synthetic("federation.seed=1").model_dump(mode="json")  # another tree, the same cost
-    assert longest_first([("a", short, 1), ("b", long, 1), ("c", other, 1)]) == ["b", "a", "c"]
-    assert longest_first([("c", other, 1), ("b", long, 1), ("a", short, 1)]) == ["b", "c", "a"]
+    assert longest_first(run_seconds([("a", short, 1), ("b", long, 1), ("c", other, 1)])) == ["b", "a", "c"]
+    assert longest_first(run_seconds([("c", other, 1), ("b", long, 1), ("a", short, 1)])) == ["b", "c", "a"]
 
 
 def test_a_methods_passes_per_step_is_read_from_its_parameters() -> None:

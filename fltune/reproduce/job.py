@@ -63,6 +63,10 @@ class ReproSpec(SavedSpec):
     trial_order: list[str] | None = None
     """The order Tune starts the trials in (``start_order``), frozen so a resumed job's grid is the same;
     None: the table's."""
+    trial_seconds: dict[str, float] | None = None
+    """Each trial's estimated seconds on one worker at paper scale (``estimate.run_seconds``), which order its
+    start and weigh its ETA (``tune.board.eta``); None at quick scale, and in jobs saved before it existed:
+    every trial weighs the same."""
 
     @property
     def paper_table(self) -> PaperTable:
@@ -103,19 +107,30 @@ def new_spec(table: PaperTable, scale: str, planned: list[PlannedCell], *, seeds
         out=out or str(mlruns_dir() / "reproduce" / name), checkpoint_every=checkpoint_every,
         checkpoint_seconds=checkpoint_seconds,
     )
-    return spec.model_copy(update={"trial_order": start_order(spec)})
+    seconds = trial_seconds(spec)
+    return spec.model_copy(update={"trial_order": start_order(spec, seconds), "trial_seconds": seconds})
 
 
-def start_order(spec: ReproSpec) -> list[str]:
-    """The trials longest first by the job's cost estimate (``estimate.longest_first``) at paper scale, whose
-    header calibrates its models anyway and whose trials outnumber the slots of one machine (SimFAFL
-    Table 2 FMNIST: 18 trials, 16 at once on one GPU; in the table's order its two SimFAFL trials, among the
-    longest, started last); in the table's order otherwise, where a job takes minutes."""
+def trial_seconds(spec: ReproSpec) -> dict[str, float] | None:
+    """Each trial's estimated seconds at paper scale, whose header calibrates its models anyway; None at quick
+    scale, where a job takes minutes and calibrating would lengthen its start."""
     if spec.scale != "paper":
+        return None
+    from fltune.estimate import run_seconds
+
+    return run_seconds([(trial, spec.cells[trial].tree, spec.seeds) for trial in spec.trials])
+
+
+def start_order(spec: ReproSpec, seconds: dict[str, float] | None) -> list[str]:
+    """The trials longest first by their estimated ``seconds`` (``estimate.longest_first``), when the job has
+    them: at paper scale its trials outnumber the slots of one machine (SimFAFL Table 2 FMNIST: 18 trials, 16
+    at once on one GPU; in the table's order its two SimFAFL trials, among the longest, started last); in the
+    table's order otherwise."""
+    if seconds is None:
         return list(spec.trials)
     from fltune.estimate import longest_first
 
-    return longest_first([(trial, spec.cells[trial].tree, spec.seeds) for trial in spec.trials])
+    return longest_first(seconds)
 
 
 def cell_objectives(spec: ReproSpec, trial: str) -> list[Objective]:

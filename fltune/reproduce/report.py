@@ -252,7 +252,8 @@ def live_cells(spec: ReproSpec, rows: list[TrialRow]) -> Table:
     """The job's board while it runs (``TrialBoard`` renderer)."""
     res = results(spec, rows)
     done = sum(r.status in ENDED for r in res)
-    title = f"{spec.table} ({spec.scale}): {done}/{len(spec.cells)} cells done{eta(rows, len(spec.trials))}"
+    title = f"{spec.table} ({spec.scale}): {done}/{len(spec.cells)} cells done"
+    title += eta(rows, len(spec.trials), spec.trial_seconds)
     return rich_table(spec, res, title)
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -73,24 +73,32 @@ def live_table(spec: StudySpec, rows: list[TrialRow]) -> Table:
     return trials_table(rows, spec, f"study {spec.name}: {done}/{total} trials done{eta(rows, total)}")
 
 
-def eta(rows: list[TrialRow], trials: int) -> str:
+def eta(rows: list[TrialRow], trials: int, costs: Mapping[str, float] | None = None) -> str:
     """', ETA ~m min': the ``trials`` (of a study or job, ``rows`` those Tune has made so far) left, over how many
-    run at once, times the finished ones' mean duration; blank before any ends.
+    run at once, at the pace of those finished; blank before any ends.
 
     How many run at once is read from the finished trials' spans (Tune's ``time_total_s`` and ``timestamp``),
     not from how many Tune calls running: it starts every trial of a grid, and most of them wait for their
     workers' resources (SimFAFL Table 1 at quick scale: 16 "running", 2 training; the count of running trials
-    made its ETA ~1 min of 6 left). A trial training now counts as half done. A study's early-stopped trials
-    are shorter than its mean, so its ETA errs long.
+    made its ETA ~1 min of 6 left). A trial training now counts as half done.
+
+    ``costs`` (a trial's label → its estimated seconds: a paper-scale reproduce job's) weigh the trials, and
+    the pace is the finished ones' measured over estimated seconds; without them each trial weighs their
+    mean duration, so cheap trials finishing first make the ETA short, and a study's early-stopped ones long.
     """
-    ended = [r.metrics for r in rows if r.status in ENDED and {"time_total_s", "timestamp"} <= r.metrics.keys()]
+    ended = [r for r in rows if r.status in ENDED and {"time_total_s", "timestamp"} <= r.metrics.keys()]
     if not ended:
         return ""
-    spans = [(m["timestamp"] - m["time_total_s"], m["timestamp"]) for m in ended]
-    training = sum(r.status == "running" and r.round > 0 for r in rows)
-    left = max(0.0, trials - len(ended) - training / 2)
-    mean = sum(end - start for start, end in spans) / len(spans)
-    return f", ETA ~{left * mean / most_at_once(spans) / 60:.0f} min"
+    spans = [(r.metrics["timestamp"] - r.metrics["time_total_s"], r.metrics["timestamp"]) for r in ended]
+
+    def cost(row: TrialRow) -> float:
+        return costs.get(str(row.params.get("cell")), 1.0) if costs else 1.0
+
+    training = [r for r in rows if r.status == "running" and r.round > 0]
+    total = sum(costs.values()) if costs else trials
+    left = max(0.0, total - sum(map(cost, ended)) - sum(map(cost, training)) / 2)
+    pace = sum(end - start for start, end in spans) / sum(map(cost, ended))
+    return f", ETA ~{left * pace / most_at_once(spans) / 60:.0f} min"
 
 
 def most_at_once(spans: list[tuple[float, float]]) -> int:

@@ -28,11 +28,14 @@ def test_paper_scale_trials_start_longest_estimated_first_and_the_order_survives
     seconds = [work(t, spec.cells[t].tree, 1).seconds for t in spec.trial_order]
     assert seconds == sorted(seconds, reverse=True)
     assert spec.trial_order[:2] == ["SimFAFL | FMNIST non-IID1", "SimFAFL | FMNIST non-IID2"]
+    assert list(spec.trial_seconds) == list(spec.trials)  # the ETA's weights, every trial's
+    assert [spec.trial_seconds[t] for t in spec.trial_order] == seconds  # calibrations are cached: equal
     spec.save()
-    assert ReproSpec.load(spec.path).trial_order == spec.trial_order
+    saved = ReproSpec.load(spec.path)
+    assert (saved.trial_order, saved.trial_seconds) == (spec.trial_order, spec.trial_seconds)
 
 
 @needs_fmnist
 def test_quick_scale_trials_start_in_the_tables_order(tmp_path: Path) -> None:
     spec = spec_at("quick", tmp_path)
-    assert spec.trial_order == list(spec.trials)
+    assert spec.trial_order == list(spec.trials) and spec.trial_seconds is None

@@ -26,3 +26,15 @@ def test_eta_divides_by_the_trials_that_ran_at_once_not_those_tune_calls_running
 def ended(trial: str, seconds: float, timestamp: int) -> TrialRow:
     """A finished trial as Tune's last result gives it: its duration and when it ended (whole seconds)."""
     return TrialRow(trial, "finished", {}, 20, 0.8, 0.0, {"time_total_s": seconds, "timestamp": timestamp})
+
+
+def test_eta_weighs_trials_by_their_estimated_seconds_when_given() -> None:
+    """A paper-scale job: a cheap trial (estimated 100 s) took 200 s, so the pace is 2 s a second of estimate;
+    left: one long (1,000 s) and one cheap, half done (training) → (1,000 + 100 − 50) × 2 / 1 at once = 35 min.
+    Unweighted, the same rows say (3 − 1 − ½) × 200 s = 5 min."""
+    rows = [TrialRow("a", "finished", {"cell": "cheap"}, 20, 0.8, 0.0, {"time_total_s": 200.0, "timestamp": 1_000}),
+            TrialRow("b", "running", {"cell": "cheap2"}, 5, math.nan, math.nan, {}),
+            TrialRow("c", "pending", {"cell": "long"}, 0, math.nan, math.nan, {})]
+    costs = {"cheap": 100.0, "cheap2": 100.0, "long": 1_000.0}
+    assert eta(rows, 3, costs) == ", ETA ~35 min"
+    assert eta(rows, 3) == ", ETA ~5 min"
