@@ -71,6 +71,19 @@ class PartitionConfig(_Section):
     val_fraction: float = Field(0.0, ge=0, lt=1, description="share of each client's training data held out "
                                 "as a validation split (val_* metrics, tuning objectives); 0 = none")
     pool_test: bool = Field(False, description="pool train+test before partitioning (SimFAFL/FedCR)")
+    test_per_client: int = Field(0, ge=0, description="each client's held-out split drawn from the test set, this "
+                                 "many samples in the proportions of its labels (FedSOL's test_align: 1000); "
+                                 "0 = none (eval_fraction holds out instead)")
+
+    @model_validator(mode="after")
+    def _one_held_out_split(self) -> PartitionConfig:
+        """``test_per_client`` and ``eval_fraction``/``pool_test`` each define the clients' held-out splits."""
+        if self.test_per_client and (self.eval_fraction or self.pool_test):
+            raise ValueError(
+                f"partition.test_per_client: {self.test_per_client} draws each client's held-out split from the test "
+                "set, which partition.eval_fraction and partition.pool_test define otherwise; allowed: 0 with "
+                f"those set (got eval_fraction {self.eval_fraction:g}, pool_test {self.pool_test})")
+        return self
     cache_dir: str | None = None
 
 
@@ -156,7 +169,11 @@ class TrainingConfig(_Section):
     finetune_epochs: int = Field(0, ge=0, description="-FT: after the last round every client trains this many "
                                  "epochs before personalised evaluation: its personal part, else its head, with "
                                  "the rest frozen; Ditto: one more of its own rounds (the method's final_round)")
-    finetune_lr: float | None = Field(None, gt=0, description="fine-tuning lr; None = training.lr")
+    finetune_params: Literal["personal", "all"] = Field(
+        "personal", description="what a `tune` final round trains: the personal part (else the head), or every "
+        "parameter (FedSOL's code fine-tunes whole models)")
+    finetune_lr: float | None = Field(None, gt=0, description="fine-tuning lr; None = the lr a round after the "
+                                      "last would train at, training.lr · lr_decay^rounds")
     drop_last: bool = Field(False, description="drop each epoch's short last batch, as a DataLoader with drop_last "
                             "(FedAlign's code): a client trains, and weighs in the server's average with, "
                             "floor(n_k/B)·B samples an epoch")

@@ -27,6 +27,7 @@ from fltune.data.datasets import load_dataset
 from fltune.engine.builders import build_method, build_model_for, model_name, torch_threads
 from fltune.engine.local import epoch_samples
 from fltune.errors import DatasetMissing, FLTuneError
+from fltune.methods import get_method
 from fltune.text import counted
 
 CALIBRATION_STEPS = 5
@@ -71,14 +72,17 @@ def samples_per_client(cfg: ExperimentConfig) -> float:
 
 def client_samples(cfg: ExperimentConfig) -> int:
     """rounds × clients per round × local epochs × samples per client, plus the final personal round
-    (every client, ``finetune_epochs``) when the run ends with one. With ``training.drop_last`` a client
-    trains its full batches only (``local.epoch_samples``), taken here of the mean client."""
+    (every client, ``finetune_epochs``) when the run ends with one; epochs as the method trains them
+    (``Method.epochs_trained``: Per-FedAvg's ≈ 2 whatever E). With ``training.drop_last`` a client trains its
+    full batches only (``local.epoch_samples``), taken here of the mean client."""
     fed, training = cfg.federation, cfg.training
+    epochs = get_method(cfg.method.name).epochs_trained
     per_client = samples_per_client(cfg)
     if training.drop_last:
         per_client = epoch_samples(round(per_client), training)
-    rounds = fed.rounds * fed.clients_per_round * training.local_epochs * per_client
-    final = fed.clients * training.finetune_epochs * per_client if "personalized" in cfg.metrics.protocols else 0.0
+    rounds = fed.rounds * fed.clients_per_round * epochs(training.local_epochs, training.local_epochs) * per_client
+    tuned = epochs(training.finetune_epochs, training.local_epochs)
+    final = fed.clients * tuned * per_client if "personalized" in cfg.metrics.protocols else 0.0
     return round(rounds + final)
 
 

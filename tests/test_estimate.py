@@ -21,12 +21,19 @@ def synthetic(*overrides: str):
                          "training": {"local_epochs": 2}}, list(overrides))
 
 
+def tuned_overrides() -> tuple[str, ...]:
+    return "training.finetune_epochs=1", "partition.eval_fraction=0.5", "metrics.protocols=[personalized]"
+
+
 def test_client_samples_are_rounds_times_clients_times_epochs_times_samples_per_client() -> None:
     per_client = len(load_dataset("synthetic").train_y) / 10
     assert client_samples(synthetic()) == round(3 * 5 * 2 * per_client)
     # a final personal round: every client, finetune_epochs more passes over its training share
-    tuned = synthetic("training.finetune_epochs=1", "partition.eval_fraction=0.5", "metrics.protocols=[personalized]")
+    tuned = synthetic(*tuned_overrides())
     assert client_samples(tuned) == round((3 * 5 * 2 + 10 * 1) * per_client * 0.5)
+    # Per-FedAvg: 2·E·⌈n_b/E⌉ batches a round, ~2 passes whatever E; its fine-tuning 2τ/E
+    meta = synthetic("method.name=perfedavg", *tuned_overrides(), "training.local_epochs=4")
+    assert client_samples(meta) == round((3 * 5 * 2 + 10 * 2 / 4) * per_client * 0.5)
     # drop_last: a client trains its full batches only, floor(n/B)·B of the mean client
     assert client_samples(synthetic("training.drop_last=true", "training.batch_size=7")) == (
         3 * 5 * 2 * (round(per_client) // 7 * 7))

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from fltune.data.datasets import Dataset
-from fltune.data.partitions import check_held_out, partition, split_train_eval
+from fltune.data.partitions import aligned_test_split, check_held_out, partition, split_train_eval
 from fltune.errors import FLTuneError
 
 
@@ -114,7 +114,7 @@ class FederatedData:
 def build_federated_data(
     dataset: Dataset, *, kind: str, num_clients: int, seed: int, alpha: float = 0.5,
     classes_per_client: int | None = None, shards_per_client: int = 2, min_size: int = 10,
-    eval_fraction: float = 0.0, val_fraction: float = 0.0, pool_test: bool = False,
+    eval_fraction: float = 0.0, val_fraction: float = 0.0, pool_test: bool = False, test_per_client: int = 0,
     cache_dir: str | Path | None = None,
 ) -> FederatedData:
     """Partition ``dataset`` over ``num_clients`` clients, hold out ``eval_fraction`` of each, then
@@ -128,6 +128,11 @@ def build_federated_data(
     The validation split is drawn after the cached partition, from a seed of its own, so the partition,
     the held-out split and their cache files are the same whatever ``val_fraction`` is; with 0 the
     training indices are exactly those of a run without validation.
+
+    ``test_per_client > 0`` is FedSOL's protocol instead of ``eval_fraction``: each client's held-out split is
+    drawn from the test split in the proportions of its own labels (:func:`aligned_test_split`, stream 3 of the
+    seed). Those test samples join the pool after the training samples, so the held-out split is indices into
+    the pool as ever; the global test split stays the dataset's.
 
     Refused here, in one line naming the field, before any worker sees the data: a client left without
     training samples, and a fraction that holds out nothing at all (:func:`check_held_out`).
@@ -154,6 +159,9 @@ def build_federated_data(
         test_x, test_y = x[test], y[test]
     else:
         test_x, test_y = dataset.test_x, dataset.test_y
+    if test_per_client:
+        held_out = [len(y) + idx for idx in _aligned(y, train, val, test_y, dataset.num_classes, test_per_client, seed)]
+        x, y = torch.cat([x, test_x]), torch.cat([y, test_y])
     data = FederatedData(x, y, train, held_out, test_x, test_y, dataset.num_classes, dataset.mean,
                          dataset.std, dataset.augment, dataset.name, val)
     if untrained := sum(len(idx) == 0 for idx in train):
@@ -162,6 +170,15 @@ def build_federated_data(
     check_held_out("partition.eval_fraction", eval_fraction, *data.held_out("test"))
     check_held_out("partition.val_fraction", val_fraction, *data.held_out("val"))
     return data
+
+
+def _aligned(y: torch.Tensor, train: list[np.ndarray], val: list[np.ndarray], test_y: torch.Tensor,
+             num_classes: int, per_client: int, seed: int) -> list[np.ndarray]:
+    """Each client's :func:`aligned_test_split` indices into the test split, in the label proportions of its
+    whole part (training and validation), from stream 3 of the seed."""
+    labels = [y[np.concatenate(part)].numpy() for part in zip(train, val, strict=True)]
+    stream = int(np.random.SeedSequence([seed, 3]).generate_state(1)[0])
+    return aligned_test_split(labels, test_y.numpy(), num_classes, per_client, stream)
 
 
 def split_validation(train: list[np.ndarray], val_fraction: float,

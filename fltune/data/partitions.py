@@ -75,6 +75,28 @@ def split_train_eval(
     return train, held_out
 
 
+def aligned_test_split(
+    client_labels: list[np.ndarray], test_labels: np.ndarray, num_classes: int, per_client: int, seed: int,
+) -> list[np.ndarray]:
+    """Per client, test samples in the proportions of its own labels: FedSOL's per-client ``test_align``
+    split (``Lee-Gihun/FedSOL:train_tools/preprocessing/partition_strategy.py test_data_partitioning``).
+
+    For each class c of client share p_c, int(``per_client``·p_c) test samples of class c (all of them when
+    the class has fewer), drawn without replacement for that client alone, so two clients' splits may share
+    samples, as in the code. p_c and the product are float32, as the code's torch tensors compute them, so the
+    counts are the code's. Indices into ``test_labels``, in class order, each class's sorted.
+    """
+    rng = np.random.default_rng(seed)
+    by_class = [np.flatnonzero(test_labels == c) for c in range(num_classes)]
+    out = []
+    for labels in client_labels:
+        shares = np.bincount(labels, minlength=num_classes).astype(np.float32) / np.float32(len(labels))
+        picked = [np.sort(rng.choice(pool, min(len(pool), int(np.float32(per_client) * share)), replace=False))
+                  for pool, share in zip(by_class, shares, strict=True)]
+        out.append(np.concatenate(picked).astype(np.int64))
+    return out
+
+
 def check_held_out(field: str, fraction: float, held_out: list[np.ndarray], sizes: list[int],
                    each_client: str | None = None) -> None:
     """Refuse a ``fraction`` > 0 that :func:`split_train_eval` turned into no sample at all (every figure

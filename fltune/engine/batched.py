@@ -173,6 +173,9 @@ def _common_phases(method: Method, contexts: list[ClientContext]) -> list[list[P
     for phases in by_index:
         if len({(p.prefixes, p.lr) for p in phases}) > 1:
             raise ValueError(f"{method.name}: clients of one group train different parameters or lrs in a phase")
+        if any(p.steps is not None for p in phases):
+            raise ValueError(f"{method.name}: a phase capped at a step count (Phase.steps) has no batched form; "
+                             "declare batchable = False")
     return [list(phases) for phases in by_index]
 
 

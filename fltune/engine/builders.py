@@ -27,7 +27,7 @@ def load_data(cfg: ExperimentConfig) -> FederatedData:
         dataset, kind=part.kind, num_clients=cfg.federation.clients, seed=cfg.federation.seed, alpha=part.alpha,
         classes_per_client=part.classes_per_client, shards_per_client=part.shards_per_client,
         min_size=part.min_size, eval_fraction=part.eval_fraction, val_fraction=part.val_fraction,
-        pool_test=part.pool_test, cache_dir=part.cache_dir,
+        pool_test=part.pool_test, test_per_client=part.test_per_client, cache_dir=part.cache_dir,
     )
     check_drop_last(cfg, data)
     return data if cfg.metrics.test else data.without_test()

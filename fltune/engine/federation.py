@@ -273,7 +273,8 @@ class Federation:
         training = self.cfg.training
         inputs = RoundInput(  # the fine-tuning stream is "round R+1", apart from every training round
             round=self.cfg.federation.rounds + 1, seed=self.cfg.federation.seed,
-            lr=training.finetune_lr or training.lr, global_state=self.global_state, server={},
+            lr=training.finetune_lr or training.lr * training.lr_decay ** self.cfg.federation.rounds,
+            global_state=self.global_state, server={},
         )
         scores: dict[int, tuple[int, float, int]] = {}
         calls = self.pool.map(run_ref, "evaluate_clients", shards, ray.put(inputs), finetune,

@@ -381,7 +381,7 @@ def train_client(
         state=dict(client_state), server=inputs.server, server_tensors=inputs.server_on(device),
         num_samples=kept, epochs=training.local_epochs, lr=inputs.lr, device=device, batches=epoch,
         momentum=training.momentum if training.optimizer == "sgd" else 0.0, nesterov=training.nesterov,
-        initial_lr=training.lr, grad_clip=training.grad_clip,
+        batch_size=training.batch_size, initial_lr=training.lr, grad_clip=training.grad_clip,
     )
     method.setup_client(ctx)
     model.train()
@@ -407,7 +407,8 @@ def final_training(method: Method, training: TrainingConfig) -> tuple[Method, Tr
     ``finetune.tuner_for``), or one more of its own local updates (``"own"``: Ditto's personal model, as FedCR's
     last round updates it), with the training settings to run it under."""
     if method.final_round == "tune":
-        return tuner_for(method, training.finetune_epochs, training.finetune_lr), training
+        whole = training.finetune_params == "all"
+        return tuner_for(method, training.finetune_epochs, training.finetune_lr, whole), training
     return method, training.model_copy(update={"local_epochs": training.finetune_epochs})
 
 
@@ -441,22 +442,57 @@ def _local_steps(
     method: Method, ctx: ClientContext, training: TrainingConfig, lr: float, optimizers: Optimizers,
     meter: HostMeter,
 ) -> None:
-    """Every phase's epochs of steps; stops at the first step ``meter`` finds non-finite."""
+    """Every phase's epochs of steps (its first ``Phase.steps`` of them when it caps them); stops at the first
+    step ``meter`` finds non-finite."""
     for phase in method.phases(ctx):
         params = _trainable(ctx.model, phase)
-        optimizer = optimizers.get(params, training, phase.lr if phase.lr is not None else lr)
-        for _ in range(phase.epochs):
-            for x, y in ctx.batches():
-                optimizer.zero_grad(set_to_none=True)
-                loss, logits = method.backward(ctx, x, y)
-                if not meter.finite(loss):
-                    return
-                method.after_backward(ctx)
-                if training.grad_clip is not None:
-                    torch.nn.utils.clip_grad_norm_(params, training.grad_clip)
-                optimizer.step()
-                ctx.steps += 1
-                meter.add(loss, logits, y)
+        phase_lr = phase.lr if phase.lr is not None else lr
+        optimizer = optimizers.get(params, training, phase_lr)
+        for x, y in _phase_batches(ctx, phase):
+            optimizer.zero_grad(set_to_none=True)
+            loss, logits = method.backward(ctx, x, y)
+            if not meter.finite(loss):
+                return
+            method.after_backward(ctx)
+            if training.grad_clip is not None:
+                torch.nn.utils.clip_grad_norm_(params, training.grad_clip)
+            _step(optimizer, ctx, phase_lr)
+            ctx.steps += 1
+            meter.add(loss, logits, y)
+
+
+def _phase_batches(ctx: ClientContext, phase: Phase) -> Iterator[Batch]:
+    """A phase's batches: its epochs' in turn, ending after ``phase.steps`` of them when it caps them. An epoch
+    past the cap is never begun, so it draws nothing from the client's generator."""
+    taken = 0
+    for _ in range(phase.epochs):
+        if taken == phase.steps:
+            return
+        for batch in ctx.batches():
+            yield batch
+            taken += 1
+            if taken == phase.steps:
+                return
+
+
+def _step(optimizer: torch.optim.Optimizer | KeptSGD, ctx: ClientContext, phase_lr: float) -> None:
+    """The optimiser step, at ``ctx.step_lr`` when ``backward`` set one for this step (then cleared)."""
+    if ctx.step_lr is None:
+        optimizer.step()
+        return
+    set_lr(optimizer, ctx.step_lr)
+    optimizer.step()
+    set_lr(optimizer, phase_lr)
+    ctx.step_lr = None
+
+
+def set_lr(optimizer: torch.optim.Optimizer | KeptSGD, lr: float) -> None:
+    """Change the learning rate of every parameter group."""
+    if isinstance(optimizer, KeptSGD):
+        optimizer.lr = lr
+        return
+    for group in optimizer.param_groups:
+        group["lr"] = lr
 
 
 EVAL_BATCH = 100

@@ -21,7 +21,7 @@ import importlib
 import logging
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -35,10 +35,10 @@ from fltune.engine.aggregate import WeightedSum
 from fltune.engine.batched import client_groups, train_group, unbatchable
 from fltune.engine.builders import build_method, build_model_for, resolve_augment
 from fltune.engine.local import (
-    Executor, RoundInput, batch_scores, device_states, eval_batch_count, final_model, final_round, final_training,
-    load_changed, load_state, read_scores, score_sums, state_on_device, total_scores, train_client,
+    Batch, Executor, RoundInput, batch_scores, batches, device_states, eval_batch_count, final_model, final_round,
+    final_training, load_changed, load_state, read_scores, score_sums, state_on_device, total_scores, train_client,
 )
-from fltune.engine.rng import use_deterministic_cuda
+from fltune.engine.rng import derive_seed, use_deterministic_cuda
 from fltune.methods.base import ClientResult, Method, State, Upload, to_numpy
 from fltune.metrics.probe import ProbeTask, client_meters
 
@@ -248,9 +248,21 @@ class ClientWorker:
         sums = {}
         for cid in ready:
             rows = slice(offsets[cid], offsets[cid] + len(held_out[cid]))
-            sums[cid] = score_sums(self.model, data, xs[rows], ys[rows], self.device,
+            scorer = self.method.personal_scorer(self.model, self._train_batches(data, inputs, cid))
+            sums[cid] = score_sums(scorer, data, xs[rows], ys[rows], self.device,
                                    range(eval_batch_count(len(held_out[cid]))))
         return {cid: sums[cid] for cid in chunk}
+
+    def _train_batches(self, data: FederatedData, inputs: RoundInput, cid: int) -> Callable[[], Iterator[Batch]]:
+        """One epoch of ``cid``'s training batches, as its local training draws them, for ``personal_scorer``:
+        from a generator of its own, seeded one round past ``inputs.round`` (the final round's), so its draws
+        are apart from every training and fine-tuning draw. Each call is the next epoch."""
+        generator = torch.Generator().manual_seed(derive_seed(inputs.seed, inputs.round + 1, cid))
+
+        def epoch() -> Iterator[Batch]:
+            return batches(data, data.client_train[cid], self.cfg.training.batch_size, generator, self.device,
+                           augment_kind=self.augment_kind)
+        return epoch
 
     def _client_models(
         self, inputs: RoundInput, chunk: list[int], states: dict[int, dict[str, Any]],

@@ -53,11 +53,14 @@ class Phase:
     """A stretch of local training over a subset of parameters (FedRep: head epochs, then body epochs).
 
     ``prefixes`` selects trainable parameters by state-dict prefix (``("head.",)``); None trains all.
+    ``steps`` ends the phase after that many steps, mid-epoch if need be (Per-FedAvg's code counts its
+    iterations, not epochs); None: every batch of its ``epochs``.
     """
 
     epochs: int
     prefixes: tuple[str, ...] | None = None
     lr: float | None = None
+    steps: int | None = None
 
 
 @dataclass
@@ -84,6 +87,12 @@ class ClientContext:
     """The local optimiser's SGD momentum (0 for Adam): FedNova's a_k and SCAFFOLD's c_k depend on it."""
     nesterov: bool = False
     """Whether that momentum is Nesterov's (``training.nesterov``): it changes :func:`effective_steps`."""
+    batch_size: int = 1
+    """``training.batch_size``: with ``num_samples`` it gives an epoch's batches (Per-FedAvg counts its steps by
+    them)."""
+    step_lr: float | None = None
+    """Set by ``backward`` to take this one step at another learning rate (Per-FedAvg's meta step at β); the
+    engine reads it before the optimiser step and clears it. None: the phase's rate."""
     initial_lr: float | None = None
     """``training.lr``, the first round's learning rate (None: ``lr``): FedDC's code divides its gradient correction
     by it whatever the round's decay."""
@@ -436,6 +445,13 @@ class Method:
         """Local training schedule; FedAvg trains every parameter for E epochs."""
         return [Phase(epochs=ctx.epochs)]
 
+    @classmethod
+    def epochs_trained(cls, epochs: int, local_epochs: int) -> float:
+        """Passes over its data a client update of ``epochs`` epochs makes (``local_epochs``: the run's E), for
+        the run-time estimate (``estimate.client_samples``): ``epochs``. A method whose phases count steps
+        rather than epochs says how many passes those steps make."""
+        return float(epochs)
+
     def local_loss(self, ctx: ClientContext, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Per-batch objective → (loss, logits). FedAvg: cross-entropy."""
         logits = ctx.model(x)
@@ -524,6 +540,17 @@ class Method:
         the trained one, as Ditto's v_k), so a wrong rebuild costs transfer, never a figure.
         """
         return {**update, **state.get("personal", {})}
+
+    def personal_scorer(
+        self, model: nn.Module, train_batches: Callable[[], Iterator[tuple[torch.Tensor, torch.Tensor]]],
+    ) -> nn.Module:
+        """What the personalised protocol scores a client with, given ``model`` holding its (final) client model:
+        a module whose eval-mode output is read as logits (argmax for accuracy, CE for the loss).
+
+        ``train_batches`` gives one epoch of the client's training batches as its local training sees them
+        (augmented, shuffled, seeded by (seed, round, client id)): kNN-Per builds its datastore from them.
+        Default: the model itself."""
+        return model
 
     # ---------------------------------------------------------------- server side
     def init_server_state(self, global_state: State) -> dict[str, Any]:

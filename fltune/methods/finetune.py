@@ -21,19 +21,23 @@ class FineTune(Method):
     As FedCR's code does in its last round (``train_cnn(last=True)``: the averaged ``w_glob_keys`` frozen,
     the rest trained): a method whose personal part lies outside the head (LG-FedAvg's lower layers) tunes that
     part; every other method (none personal, a personal head, FedSR's per-client head extras) its head.
+
+    With ``whole`` (``training.finetune_params: all``) it trains every parameter instead, as FedSOL's code
+    fine-tunes every method before its personalised evaluation (``algorithms/BaseClientTrainer.py finetune``).
     """
 
     batchable = True  # plain cross-entropy: the default functional loss (batched final rounds)
 
-    def __init__(self, inner: Method, epochs: int, lr: float | None) -> None:
+    def __init__(self, inner: Method, epochs: int, lr: float | None, whole: bool = False) -> None:
         super().__init__()
-        self.inner, self.epochs, self.lr = inner, epochs, lr
+        self.inner, self.epochs, self.lr, self.whole = inner, epochs, lr, whole
 
     def client_model_state(self, global_state: State, client_state: dict[str, Any]) -> State:
         return self.inner.client_model_state(global_state, client_state)
 
     def phases(self, ctx: ClientContext) -> list[Phase]:
-        return [Phase(epochs=self.epochs, prefixes=tuned_prefixes(self.inner, ctx.model), lr=self.lr)]
+        prefixes = None if self.whole else tuned_prefixes(self.inner, ctx.model)
+        return [Phase(epochs=self.epochs, prefixes=prefixes, lr=self.lr)]
 
 
 def tuned_prefixes(method: Method, model: nn.Module) -> tuple[str, ...]:
@@ -42,6 +46,6 @@ def tuned_prefixes(method: Method, model: nn.Module) -> tuple[str, ...]:
     return tuple(personal) if any(not k.startswith("head.") for k in personal) else ("head.",)
 
 
-def tuner_for(method: Method, epochs: int, lr: float | None) -> FineTune:
+def tuner_for(method: Method, epochs: int, lr: float | None, whole: bool = False) -> FineTune:
     """The ``tune`` final round of ``method``: its own tuner class (``Method.tuner``) or :class:`FineTune`."""
-    return (method.tuner or FineTune)(method, epochs, lr)
+    return (method.tuner or FineTune)(method, epochs, lr, whole)

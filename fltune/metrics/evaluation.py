@@ -47,8 +47,10 @@ def splits(cfg: ExperimentConfig) -> list[str]:
 def own_splits(cfg: ExperimentConfig) -> dict[str, tuple[str, float]]:
     """Of the ``splits`` scored, those each client holds a part of its own (``test``: the held-out split,
     ``val``: the validation split), with the field, and its value > 0, that holds that part out."""
-    fields = {"test": ("partition.eval_fraction", cfg.partition.eval_fraction),
-              "val": ("partition.val_fraction", cfg.partition.val_fraction)}
+    part = cfg.partition
+    test = ("partition.test_per_client", part.test_per_client) if part.test_per_client else (
+        "partition.eval_fraction", part.eval_fraction)
+    fields = {"test": test, "val": ("partition.val_fraction", part.val_fraction)}
     return {split: fields[split] for split in splits(cfg) if fields[split][1] > 0}
 
 
@@ -173,14 +175,15 @@ class PersonalizedAccuracy(_Protocol):
 
     @classmethod
     def enabled(cls, cfg: ExperimentConfig) -> bool:
-        """Needs per-client held-out splits (partition.eval_fraction > 0) or validation splits."""
+        """Needs per-client held-out splits (``partition.eval_fraction`` or ``test_per_client``) or validation
+        splits."""
         return super().enabled(cfg) and bool(own_splits(cfg))
 
     @classmethod
     def unmet(cls, metric: str, cfg: ExperimentConfig) -> str | None:
         unmet = super().unmet(metric, cfg)
-        if unmet is None and not metric.startswith(VAL) and cfg.partition.eval_fraction == 0:
-            return "needs partition.eval_fraction > 0 (per-client held-out data)"
+        if unmet is None and not metric.startswith(VAL) and "test" not in own_splits(cfg):
+            return "needs partition.eval_fraction > 0 or partition.test_per_client > 0 (per-client held-out data)"
         if unmet is None and metric.endswith("_ft") and cfg.training.finetune_epochs == 0:
             return "needs training.finetune_epochs > 0 (it scores the fine-tuned heads)"
         return unmet

@@ -88,9 +88,10 @@ def available(dataset: str, root: str | None) -> str | None:
 
 
 def cell_tree(cell: Cell, scale: Scale, dataset: str, overrides: list[str]) -> dict[str, Any]:
-    """scale settings (then the dataset's) < the cell's own < the scale's for its column < ``--set``; validated."""
+    """scale settings (then the dataset's) < the cell's own < the scale's for its column, then its row < ``--set``;
+    validated."""
     values = {**scale.for_dataset(dataset), **cell.settings, **scale.per_column.get(cell.column, {}),
-              "data.dataset": dataset}
+              **scale.per_row.get(cell.row, {}), "data.dataset": dataset}
     if cell.finetune:
         values["training.finetune_epochs"] = scale.finetune_epochs
     tree = apply_overrides(set_dotted({}, values), list(overrides))

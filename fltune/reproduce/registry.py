@@ -67,6 +67,9 @@ class Scale(_Frozen):
     per_column: dict[str, dict[str, Any]] = Field(
         default_factory=dict, description="settings of the cells of a column at this scale, over the cell's own "
         "(e.g. the quick size of FedAlign's 64-client column)")
+    per_row: dict[str, dict[str, Any]] = Field(
+        default_factory=dict, description="settings of the cells of a row at this scale, over the cell's own "
+        "(e.g. the quick length of FedSOL's Local-only row, whose rounds are its epochs)")
     finetune_epochs: int = Field(0, ge=0, description="training.finetune_epochs of cells marked finetune")
     substitute: str | None = Field(None, description="dataset run instead of a missing one (said in the output)")
     note: str = ""

@@ -11,6 +11,7 @@ import torch
 
 from fltune.data import federated
 from fltune.data.federated import build_federated_data
+from fltune.data.partitions import aligned_test_split
 from fltune.errors import FLTuneError
 
 SIMFAFL = {"kind": "dirichlet_prior", "num_clients": 100, "seed": 0, "alpha": 0.5, "eval_fraction": 0.3,
@@ -188,3 +189,30 @@ def test_a_client_left_without_training_samples_is_refused_by_the_data() -> None
     with pytest.raises(FLTuneError, match=r"^federation\.clients: 40 of 50 clients got no training samples; "
                                           r"allowed: fewer clients or a less skewed partition$"):
         load_data(cfg)
+
+
+def test_fedsols_aligned_test_split_follows_each_clients_labels(fmnist, tmp_path: Path) -> None:
+    """FedSOL's test_align: int(1000·p_c) test samples of each class c per client (float32, as the code's
+    tensors), drawn from the dataset's test split, which joins the pool after the training samples."""
+    data = build_federated_data(fmnist, kind="dirichlet", alpha=0.1, num_clients=20, seed=0, test_per_client=1000,
+                                cache_dir=tmp_path)
+
+    assert len(data.x) == 70000 and torch.equal(data.x[60000:], fmnist.test_x) and data.test_x is fmnist.test_x
+    for train, held_out in zip(data.client_train, data.client_eval, strict=True):
+        assert held_out.min() >= 60000 and len(np.unique(held_out)) == len(held_out)
+        shares = np.bincount(data.y[train].numpy(), minlength=10).astype(np.float32) / np.float32(len(train))
+        expected = [min(1000, int(np.float32(1000) * p)) for p in shares]  # FMNIST's test split: 1000 per class
+        assert np.bincount(data.y[held_out].numpy(), minlength=10).tolist() == expected
+    assert len({tuple(e[:5]) for e in data.client_eval}) > 1  # each client draws its own
+    again = build_federated_data(fmnist, kind="dirichlet", alpha=0.1, num_clients=20, seed=0, test_per_client=1000,
+                                 cache_dir=tmp_path)
+    assert all(np.array_equal(a, b) for a, b in zip(data.client_eval, again.client_eval, strict=True))
+    assert all(np.array_equal(a, b) for a, b in zip(data.client_train, build_federated_data(
+        fmnist, kind="dirichlet", alpha=0.1, num_clients=20, seed=0, cache_dir=tmp_path).client_train, strict=True))
+
+
+def test_float32_shares_give_the_codes_counts() -> None:
+    """A share of 251/1000 of 1000 is 251 in float64 but 250 in float32, the code's torch arithmetic."""
+    labels = np.array([0] * 251 + [1] * 749)
+    picked = aligned_test_split([labels], np.repeat([0, 1], 800), 2, 1000, seed=0)[0]
+    assert np.bincount(np.repeat([0, 1], 800)[picked]).tolist() == [250, 749]

@@ -24,7 +24,7 @@ from fltune.engine.local import DeviceBatches, RoundInput, batches, train_client
 from fltune.engine.pool import balance
 from fltune.engine.rng import derive_seed
 from fltune.methods import METHODS, get_method
-from fltune.methods.base import ClientResult
+from fltune.methods.base import ClientResult, Method, Phase
 from fltune.models import build_model
 from tests.conftest import SharedPools, needs_fmnist
 from tests.engine.helpers import OpCount
@@ -92,7 +92,7 @@ EVERY_BATCHED = [  # every method the batched executor trains, with its terms sw
     ["method.name=fedavg"], ["method.name=fedprox", "method.mu=0.1"], ["method.name=scaffold"],
     ["method.name=fedrep"], ["method.name=lg_fedavg"], ["method.name=fedbabu"], ["method.name=fedper"],
     ["method.name=feddyn", "method.alpha=0.1"], ["method.name=feddc", "method.alpha=0.1"], ["method.name=fednova"],
-    *NEW_METHODS, ["method.name=fedpac_fedcr", "method.lam=0.5"],
+    *NEW_METHODS, ["method.name=fedpac_fedcr", "method.lam=0.5"], ["method.name=knnper"], ["method.name=local_only"],
 ]
 
 
@@ -498,3 +498,16 @@ def test_models_normalising_by_batch_statistics_train_per_client(model, options,
     reason = unbatchable(cfg, get_method("fedavg")(), net)
     assert (reason is None) == batches
     assert batches or "BatchNorm" in reason
+
+
+def test_a_phase_capped_at_a_step_count_has_no_batched_form():
+    """``Phase.steps`` (Per-FedAvg) cuts an epoch short per client, which the group's padded epochs don't: a
+    method that caps a phase and claims ``batchable`` is told so, not trained past its cap."""
+    class Capped(Method):
+        name, stored_models, passes_per_step = "capped", 1.0, 1.0
+
+        def phases(self, ctx):
+            return [Phase(epochs=1, steps=3)]
+
+    with pytest.raises(ValueError, match=r"capped: a phase capped at a step count \(Phase.steps\)"):
+        _common_phases(Capped(), [None, None])

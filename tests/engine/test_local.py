@@ -16,10 +16,10 @@ from fltune.config import build_config
 from fltune.engine.builders import build_method, build_model_for, initial_state, load_data
 from fltune.data.augment import to_float
 from fltune.engine.local import (
-    EVAL_BATCH, DeviceMeter, HostMeter, RoundInput, batch_scores, device_states, final_round, load_changed,
+    EVAL_BATCH, DeviceMeter, Executor, HostMeter, RoundInput, batch_scores, device_states, final_round, load_changed,
     load_state, make_optimizer, state_on_device, train_client,
 )
-from fltune.methods.base import effective_steps
+from fltune.methods.base import Method, Phase, effective_steps
 from tests.engine.helpers import OpCount, ScalarReads
 
 
@@ -88,6 +88,68 @@ def test_a_tuning_final_round_trains_the_personal_part_on_its_client_model():
     assert all(np.array_equal(left[k], v) for k, v in inputs.global_state.items() if not k.startswith("head."))
     assert all(not np.array_equal(left[k], head[k]) and not np.array_equal(left[k], inputs.global_state[k])
                for k in head)
+
+
+class _Recorder(Method):
+    """FedAvg that records its batches and takes every ``slow``-th step at lr 0 (``ClientContext.step_lr``)."""
+
+    name = "recorder"
+    stored_models = passes_per_step = 1.0
+
+    def __init__(self, epochs: int, steps: int | None, slow: int = 0) -> None:
+        super().__init__()
+        self.epochs, self.steps, self.slow, self.seen, self.batches = epochs, steps, slow, [], []
+
+    def phases(self, ctx):
+        return [Phase(epochs=self.epochs, steps=self.steps)]
+
+    def backward(self, ctx, x, y):
+        self.seen.append(y.clone())
+        self.batches.append((x.clone(), y.clone()))
+        if self.slow and len(self.seen) % self.slow == 0:
+            ctx.step_lr = 0.0
+        return super().backward(ctx, x, y)
+
+
+@pytest.mark.parametrize("executor", ["reference", "exact"])
+def test_a_phase_capped_at_steps_stops_mid_epoch_and_draws_no_epoch_past_its_cap(executor: str):
+    """``Phase.steps`` (Per-FedAvg's iteration count): the first N batches of the uncapped phase's stream,
+    the client's generator left where N batches leave it (a later epoch is never begun)."""
+    cfg, data, _, inputs = _final_round_setup("fedavg", batch_size=4)
+    n_b = -(-len(data.client_train[0]) // 4)
+    runs = {}
+    for steps in (None, n_b + 1, 2 * n_b):
+        method = _Recorder(epochs=3, steps=steps)
+        out = train_client(method, build_model_for(cfg, data), data, 0, inputs, {}, cfg.training, "none",
+                           torch.device("cpu"), executor=Executor.build(executor, data, torch.device("cpu")))
+        runs[steps] = (method.seen, out.metrics["steps"])
+    full, _ = runs[None]
+    assert len(full) == 3 * n_b
+    for steps in (n_b + 1, 2 * n_b):
+        seen, taken = runs[steps]
+        assert taken == len(seen) == steps and all(torch.equal(a, b) for a, b in zip(seen, full))
+
+
+def test_a_step_at_another_lr_takes_that_lr_for_that_step_alone():
+    """``ClientContext.step_lr`` = 0 on every second step: SGD with momentum then moves the weights on the
+    slow steps by nothing but still folds their gradients into its buffer, and every other step runs at the
+    phase's lr again: the hand-written loop over the same batches, bit for bit."""
+    cfg, data, _, inputs = _final_round_setup("fedavg", batch_size=4, momentum=0.9)
+    slow, model = _Recorder(epochs=1, steps=None, slow=2), build_model_for(cfg, data)
+    train_client(slow, model, data, 0, inputs, {}, cfg.training, "none", torch.device("cpu"))
+
+    reference = build_model_for(cfg, data)
+    load_state(reference, inputs.global_state)
+    optimizer = make_optimizer(list(reference.parameters()), cfg.training, inputs.lr)
+    for i, (x, y) in enumerate(slow.batches, start=1):
+        optimizer.zero_grad()
+        torch.nn.functional.cross_entropy(reference(x), y).backward()
+        optimizer.param_groups[0]["lr"] = 0.0 if i % 2 == 0 else inputs.lr
+        optimizer.step()
+    assert len(slow.batches) > 2
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), reference.state_dict().values()))
+    assert not all(torch.equal(a, torch.from_numpy(inputs.global_state[k]))
+                   for k, a in model.state_dict().items())
 
 
 def test_the_exact_paths_training_and_evaluation_import_no_dynamo():

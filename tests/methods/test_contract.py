@@ -48,6 +48,8 @@ TINY = [
 # `man` itself is fedavg+man; the MAN paper's other bases compose by name, no file each.
 COMPOSED = [f"{base}+man" for base in ("feddyn", "feddc", "fedsam", "fedasam", "fedspeed")]
 METHOD_NAMES = [*sorted(METHODS), *COMPOSED]
+NOTHING_SHARED = {"local_only"}
+"""Every client keeps its whole model: the server's stays the initial one, and each trained client's own moves."""
 SELF_DISTILLING = {"gradaug"}
 """Its reported loss is CE + μ·Σ KL(sub-network ‖ full network's softmax): the KL terms grow while the full
 network sharpens, so in three rounds the sum rose here (2.326 → 2.406; at batch 32, E = 2: 2.254 → 2.327)
@@ -112,8 +114,15 @@ def test_method_learns_and_is_worker_count_invariant(contract_pools, method):
         assert value.tobytes() == two.global_state[key].tobytes(), f"{method}: {key} differs with 2 workers"
     assert [r.get("acc_personalized") for r in one.history] == [r.get("acc_personalized") for r in two.history]
     assert one.history[-1]["cost_train_forward_mflops"] == two.history[-1]["cost_train_forward_mflops"]
-    assert any(not np.array_equal(start[key], value) for key, value in one.global_state.items()), \
-        f"{method}: the global state did not change"
+    if method in NOTHING_SHARED:
+        assert one.global_state.keys() == start.keys() and all(
+            np.array_equal(start[key], value) for key, value in one.global_state.items())
+        moved = [c for c, state in one.client_store.items()
+                 if any(not np.array_equal(start[k], v) for k, v in state["personal"].items())]
+        assert moved and moved == sorted(one.client_store), f"{method}: a trained client's own model did not change"
+    else:
+        assert any(not np.array_equal(start[key], value) for key, value in one.global_state.items()), \
+            f"{method}: the global state did not change"
     first, last = one.history[0]["train_loss"], one.history[-1]["train_loss"]
     if method not in SELF_DISTILLING:
         assert last < first, f"{method}: train loss {first:.4f} in round 1, {last:.4f} in round 3"

@@ -29,16 +29,20 @@ def test_the_personal_part_is_tuned_or_else_the_head(method: str, model: str, tu
         assert set(prefixes) == {"body.fc1.linear.weight", "body.fc1.linear.bias"}
 
 
-@pytest.mark.parametrize("method, changed", [("lg_fedavg", "body."), ("fedper", "head.")])
-def test_tuning_moves_only_the_tuned_part(method: str, changed: str) -> None:
+@pytest.mark.parametrize("method, whole, changed", [
+    ("lg_fedavg", False, {"body."}), ("fedper", False, {"head."}),
+    ("fedbabu", True, {"body.", "head."}),  # finetune_params: all (FedSOL's code): every parameter, FedBABU's head too
+])
+def test_tuning_moves_only_the_tuned_part(method: str, whole: bool, changed: set[str]) -> None:
     cfg = build_config({"data": {"dataset": "synthetic"}, "method": {"name": method},
                         "federation": {"clients": 4}, "training": {"finetune_epochs": 2, "grad_clip": 10.0}})
     data = load_data(cfg)
     algo, model = build_method(cfg), build_model_for(cfg, data)
     state = initial_state(cfg, data)
     inputs = RoundInput(round=cfg.federation.rounds + 1, seed=0, lr=0.1, global_state=state, server={})
-    out = train_client(FineTune(algo, 2, None), model, data, 0, inputs, {}, cfg.training, "none", torch.device("cpu"))
+    tuner = FineTune(algo, 2, None, whole)
+    out = train_client(tuner, model, data, 0, inputs, {}, cfg.training, "none", torch.device("cpu"))
     assert out.metrics["steps"] > 0
     after = {k: v.detach().numpy() for k, v in model.state_dict().items()}
     moved = {k for k in state if not np.array_equal(state[k], after[k])}
-    assert moved and all(k.startswith(changed) for k in moved)
+    assert {k.split(".")[0] + "." for k in moved} == changed

@@ -22,6 +22,7 @@ from fltune.metrics.probe import (
 from fltune.tune.space import METRICS
 
 TINY = ["data.dataset=synthetic", "federation.clients=4", "tracking.enabled=false"]
+NO_HELD_OUT = "needs partition.eval_fraction > 0 or partition.test_per_client > 0 (per-client held-out data)"
 
 
 def test_every_metric_is_declared_by_exactly_one_probe_or_the_loop() -> None:
@@ -89,7 +90,7 @@ def test_a_target_on_a_metric_the_run_never_measures_is_refused(overrides: list[
 
 @pytest.mark.parametrize(("overrides", "expected"), [
     (["metrics.protocols=[global]"], "needs metrics.protocols to include personalized; allowed here: global"),
-    ([], "needs partition.eval_fraction > 0 (per-client held-out data)"),
+    ([], NO_HELD_OUT),
     (["partition.eval_fraction=0.2"], None),
 ])
 def test_a_fine_tuning_nobody_scores_is_refused(overrides: list[str], expected: str | None) -> None:
@@ -115,9 +116,10 @@ def test_the_config_chooses_the_probes() -> None:
 
 
 @pytest.mark.parametrize(("overrides", "expected"), [
-    ([], ["personalized: needs partition.eval_fraction > 0 (per-client held-out data)"]),
+    ([], [f"personalized: {NO_HELD_OUT}"]),
     (["partition.eval_fraction=0.2"], []),
     (["partition.val_fraction=0.2"], []),  # scored on the validation splits
+    (["partition.test_per_client=50"], []),  # FedSOL's: held out of the test split
     (["metrics.protocols=[global]"], []),
 ])
 def test_a_listed_protocol_the_run_cannot_measure_is_named_with_its_need(overrides: list[str],

@@ -15,7 +15,7 @@ from fltune.reproduce.command import describe
 from fltune.reproduce.job import cell_objectives, new_spec
 from fltune.reproduce.plan import cell_tree, plan
 from fltune.reproduce.registry import PaperTable, get_table
-from fltune.reproduce.report import cell_text, markdown, results, write_csv
+from fltune.reproduce.report import cell_text, markdown, results, row_lines, write_csv
 from fltune.tune.results import TrialRow
 from tests.conftest import needs_fmnist
 from tests.reproduce.test_plan import fmnist_only  # noqa: F401 (fixture)
@@ -93,6 +93,28 @@ def test_fedsol_table1_uses_the_proximal_loss_as_a_loss_or_by_projection_in_tabl
         assert (cfg.method.name, cfg.method.params.loss, cfg.method.params.usage) == ("proximal", loss, usage)
         assert (cfg.method.params.temperature, cfg.partition.alpha, cfg.training.lr_decay) == (3.0, 0.1, 0.99)
     assert config(table, by[("None (FedAvg)", "cifar10", "Base")]).method.name == "fedavg"
+
+
+def test_fedsol_table9_fine_tunes_whole_models_and_scores_each_client_on_its_label_aligned_test_split() -> None:
+    """App. D: the authors' configs/personalized/*.json (LDA α = 0.1, 300 rounds, E = 5), fine-tuned τ epochs;
+    Local-only one 200-epoch run as 200 one-epoch rounds on every client."""
+    table = get_table("fedsol:table9")
+    by = cells("fedsol:table9")
+    assert len(table.cells) == 11 * 3
+    assert by[("PerFedAvg τ=1", "svhn", "LDA α=0.1")].paper == 64.1
+    assert by[("FedSoL-FT τ=5", "tissuemnist", "LDA α=0.1")].paper == 91.6
+    knn = config(table, by[("kNN-Per τ=5", "cifar10", "LDA α=0.1")])
+    assert (knn.method.name, knn.training.finetune_epochs, knn.training.finetune_params) == ("knnper", 5, "all")
+    assert (knn.partition.kind, knn.partition.alpha, knn.partition.test_per_client) == ("dirichlet", 0.1, 1000)
+    assert (knn.federation.rounds, knn.training.local_epochs, knn.training.lr_decay) == (300, 5, 0.99)
+    assert by[("kNN-Per τ=5", "cifar10", "LDA α=0.1")].metric == "acc_personalized_ft"
+    local = by[("Local-only", "cifar10", "LDA α=0.1")]
+    paper, quick = config(table, local), config(table, local, "quick")
+    assert local.metric == "acc_personalized" and paper.training.finetune_epochs == 0
+    assert (paper.method.name, paper.federation.fraction, paper.federation.rounds) == ("local_only", 1.0, 200)
+    assert (quick.federation.rounds, quick.training.local_epochs) == (10, 1)  # the quick scale's length
+    assert config(table, by[("FedAvg τ=1", "svhn", "LDA α=0.1")], "quick").federation.rounds == 10
+    assert row_lines(table, ["FedBabu τ=1"])[0].startswith("FedBabu τ=1: fedbabu (head frozen at init)")
 
 
 def test_man_tables_pair_accuracy_with_rounds_and_compose_man() -> None:

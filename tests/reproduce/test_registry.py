@@ -40,7 +40,8 @@ def test_every_cell_is_a_valid_experiment_at_every_scale(table) -> None:
         for cell in table.cells:
             cfg = build_config(cell_tree(cell, scale, stand_in or cell.dataset, []))
             assert cfg.method.name == cell.settings["method.name"]
-            assert cfg.training.finetune_epochs == (scale.finetune_epochs if cell.finetune else 0)
+            own = cell.settings.get("training.finetune_epochs", 0)  # a cell's own τ (FedSOL Table 9)
+            assert cfg.training.finetune_epochs == (scale.finetune_epochs if cell.finetune else own)
             probe = probe_of(cell.metric)
             assert probe is None or probe.protocol in (None, *cfg.metrics.protocols)
             if table.key.startswith("simfafl:"):

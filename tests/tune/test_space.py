@@ -27,7 +27,8 @@ AUTHORS_OPTIMISER = {
     "stochdepth": {**fedalign.OPTIMISER, "method.schedule": "code"},  # FedAlign's survival schedule
     "moon": {**fedalign.OPTIMISER, "method.anchors": "train", "method.first_prev": "initial"},  # FedAlign's MOON
     **dict.fromkeys(("man", "fedsam", "fedasam", "fedspeed", "feddyn", "feddc"), man.OPTIMISER),
-    **dict.fromkeys(("fedsol", "fedntd", "fednova", "scaffold"), fedsol.OPTIMISER),
+    **dict.fromkeys(("fedsol", "fedntd", "fednova", "scaffold", "perfedavg", "knnper", "local_only"),
+                    fedsol.OPTIMISER),
     "fedpac": {"training.momentum": 0.5, "training.weight_decay": 5e-4},  # JianXu95/FedPAC's client SGD
 }
 """The client optimiser of the code each space's comment names (the reproduce tables' settings); local epochs,

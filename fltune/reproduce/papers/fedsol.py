@@ -1,5 +1,5 @@
-"""FedSOL (Lee et al. 2024) Table 1 (the proximal loss's uses), Table 2 (Sharding and LDA), Table 3 (architectures)
-and Table 5 (partial perturbation).
+"""FedSOL (Lee et al. 2024) Table 1 (the proximal loss's uses), Table 2 (Sharding and LDA), Table 3 (architectures),
+Table 5 (partial perturbation) and Table 9 (personalised accuracy).
 
 Protocol (§4.1, App. B.3–B.5): 100 clients, 10 % per round (CINIC-10, PathMNIST, TissueMNIST: 200 clients,
 5 %); the FedAvg CNN; 5 local epochs of momentum SGD (lr 0.01, momentum 0.9, weight decay 1e-5, lr × 0.99 per
@@ -107,6 +107,17 @@ UNKNOWNS = (
 )
 
 
+def fedsol_table(number: int, title: str, cells: list[Cell], *, unknowns: tuple[str, ...] = (),
+                 source: str | None = None, value: str = "test accuracy of the final server model (%)",
+                 quick: Scale = QUICK, **extra: Any) -> PaperTable:
+    """A FedSOL table at the shared scales, its own [U] readings after the paper's common ones."""
+    return PaperTable(
+        key=f"fedsol:table{number}", title=f"FedSOL Table {number}: {title}",
+        source=f"FedSOL, Lee et al. 2024: {source or f'Table {number}'}", value=value, cells=tuple(cells),
+        scales={"paper": PAPER, "quick": quick}, unknowns=(*UNKNOWNS, *unknowns), **extra,
+    )
+
+
 def cell(row: str, dataset: str, column: str, paper: float, partition: dict[str, Any],
          extra: dict[str, Any] | None = None, method_row: str | None = None) -> Cell:
     """A FedSOL cell: the method and hyperparameters of ``method_row`` (default: the row itself) on the
@@ -131,12 +142,7 @@ def table2() -> PaperTable:
              for row in ROWS for i in range(len(DATASETS))]
     cells += [cell(row, DATASETS[i], f"LDA α={ALPHAS[i]:g}", LDA[row][i], lda(ALPHAS[i]))
               for row in ROWS for i in range(len(DATASETS))]
-    return PaperTable(
-        key="fedsol:table2", title="FedSOL Table 2: accuracy (%) under Sharding (s) and LDA (α) partitions",
-        source="FedSOL, Lee et al. 2024: Table 2",
-        value="test accuracy of the final server model (%)",
-        cells=tuple(cells), scales={"paper": PAPER, "quick": QUICK}, unknowns=UNKNOWNS,
-    )
+    return fedsol_table(2, "accuracy (%) under Sharding (s) and LDA (α) partitions", cells)
 
 
 # Table 5 (CIFAR-10, LDA α = 0.1): accuracy per perturbed scope and ρ. ρ = 0 perturbs nothing (FedAvg,
@@ -156,12 +162,9 @@ def table5() -> PaperTable:
     """
     cells = [cell(row, "cifar10", f"ρ={rho:g}", value, lda(0.1), {"method.scope": scope, "method.rho": rho}, "FedSOL")
              for row, (scope, values) in TABLE5.items() for rho, value in values.items()]
-    return PaperTable(
-        key="fedsol:table5",
-        title="FedSOL Table 5: accuracy (%) perturbing all, the body or the head (CIFAR-10, LDA α = 0.1)",
-        source="FedSOL, Lee et al. 2024: Table 5", value="test accuracy of the final server model (%)",
-        cells=tuple(cells), scales={"paper": PAPER, "quick": QUICK},
-        unknowns=(*UNKNOWNS, "Table 5's partition: CIFAR-10 LDA α = 0.1 (its ρ = 0 value is Table 2's FedAvg there)"),
+    return fedsol_table(
+        5, "accuracy (%) perturbing all, the body or the head (CIFAR-10, LDA α = 0.1)", cells,
+        unknowns=("Table 5's partition: CIFAR-10 LDA α = 0.1 (its ρ = 0 value is Table 2's FedAvg there)",),
     )
 
 
@@ -190,14 +193,13 @@ def table3() -> PaperTable:
     cells = [cell(row, dataset, arch, values[i], lda(0.1), ARCHITECTURES[arch])
              for arch, rows in TABLE3.items() for row, values in rows.items()
              for i, dataset in enumerate(TABLE3_DATASETS)]
-    return PaperTable(
-        key="fedsol:table3", title="FedSOL Table 3: accuracy (%) on VGG-11, ResNet-18 and SL-ViT",
-        source="FedSOL, Lee et al. 2024: Table 3", value="test accuracy of the final server model (%)",
-        cells=tuple(cells), scales={"paper": PAPER, "quick": QUICK},
-        unknowns=(*UNKNOWNS,
-                  "Table 3's partition: not printed; LDA α = 0.1, the authors' config default (and Tables 4–5's)",
-                  "SL-ViT on 28×28 PathMNIST: patches of 7 on the 28×28 image, as the code's create_models builds it "
-                  "(App. B.1 says the images are resized)"),
+    return fedsol_table(
+        3, "accuracy (%) on VGG-11, ResNet-18 and SL-ViT", cells,
+        unknowns=(
+            "Table 3's partition: not printed; LDA α = 0.1, the authors' config default (and Tables 4–5's)",
+            "SL-ViT on 28×28 PathMNIST: patches of 7 on the 28×28 image, as the code's create_models builds it "
+            "(App. B.1 says the images are resized)",
+        ),
     )
 
 
@@ -216,16 +218,15 @@ def table1() -> PaperTable:
         cell("KL-Divergence", "cifar10", "Base", 60.31, lda(0.1), proximal("kl", "base"), "FedAvg"),
         cell("KL-Divergence", "cifar10", "Projection", 50.88, lda(0.1), proximal("kl", "projection"), "FedAvg"),
     ]
-    return PaperTable(
-        key="fedsol:table1", title="FedSOL Table 1: accuracy (%) using a proximal loss as a loss or by projection",
-        source="FedSOL, Lee et al. 2024: Table 1", value="test accuracy of the final server model (%)",
-        cells=tuple(cells), scales={"paper": PAPER, "quick": QUICK},
-        unknowns=(*UNKNOWNS,
-                  "Table 1's setting: CIFAR-10, LDA α = 0.1 (not printed; its L2 Base value is Table 2's FedProx "
-                  "there, 59.80)",
-                  "its None (FedAvg) value is printed as 59.80, FedProx's; Table 2 prints 56.13 for FedAvg there",
-                  "KL Base: CE + β·KL with β = 1 (not printed); the projection and the KL Base are not in the "
-                  "authors' code, the projection is Eq. 3 over all parameters as one vector"),
+    return fedsol_table(
+        1, "accuracy (%) using a proximal loss as a loss or by projection", cells,
+        unknowns=(
+            "Table 1's setting: CIFAR-10, LDA α = 0.1 (not printed; its L2 Base value is Table 2's FedProx "
+            "there, 59.80)",
+            "its None (FedAvg) value is printed as 59.80, FedProx's; Table 2 prints 56.13 for FedAvg there",
+            "KL Base: CE + β·KL with β = 1 (not printed); the projection and the KL Base are not in the "
+            "authors' code, the projection is Eq. 3 over all parameters as one vector",
+        ),
         row_settings={
             "None (FedAvg)": "fedavg",
             "L2 Distance": "Base: fedprox, μ 1 (Table 2's row); Projection: proximal, loss l2 (Eq. 3)",
@@ -235,5 +236,75 @@ def table1() -> PaperTable:
     )
 
 
-for build in (table1, table2, table3, table5):
+# Table 9 (App. D) as printed: per row and τ (fine-tuning epochs), CIFAR-10, SVHN, TissueMNIST.
+TABLE9 = {
+    "Local-only": {None: (84.7, 87.4, 82.4)},
+    "FedAvg": {1: (84.1, 86.6, 82.2), 5: (88.9, 92.1, 89.2)},
+    "PerFedAvg": {1: (80.5, 64.1, 82.3), 5: (86.3, 72.4, 88.8)},
+    "FedBabu": {1: (84.6, 88.7, 85.7), 5: (89.2, 92.7, 90.5)},
+    "kNN-Per": {1: (85.7, 86.4, 86.5), 5: (89.7, 92.8, 91.4)},
+    "FedSoL-FT": {1: (87.5, 92.5, 88.1), 5: (90.5, 95.0, 91.6)},
+}
+PERSONALISED = {
+    # row: its method and the authors' configs/personalized/*.json parameters
+    "Local-only": {"method.name": "local_only", "federation.fraction": 1.0, "federation.rounds": 200,
+                   "training.local_epochs": 1},
+    "FedAvg": {"method.name": "fedavg"},
+    "PerFedAvg": {"method.name": "perfedavg", "method.beta": 0.01},
+    "FedBabu": {"method.name": "fedbabu"},
+    "kNN-Per": {"method.name": "knnper", "method.capacity": 500, "method.k": 5, "method.weight": 0.5,
+                "method.scale": 1.0},
+    "FedSoL-FT": {"method.name": "fedsol"},
+}
+"""Local-only is one 200-epoch local run with the lr × 0.99 an epoch (``configs/personalized/localonly.json``):
+200 rounds of one epoch on every client, each keeping its whole model, at the rounds' decayed lr."""
+ALIGNED = {**lda(0.1), "partition.test_per_client": 1000, "metrics.protocols": ["global", "personalized"]}
+"""Every Table 9 config's partition (LDA α = 0.1, 100 clients) and the code's per-client ``test_align`` split: 1000
+test samples in the client's label proportions (``train_tools/preprocessing/datasetter.py``)."""
+ROW_TEXT = {
+    "Local-only": "local_only: every client's whole model stays its own (no averaging)",
+    "FedAvg": "fedavg, then the whole model fine-tuned on CE",
+    "PerFedAvg": "perfedavg, β 0.01 (first-order MAML, as the code); fine-tuned by its own MAML steps",
+    "FedBabu": "fedbabu (head frozen at init), then the whole model fine-tuned on CE",
+    "kNN-Per": "knnper: FedAvg, the whole model fine-tuned, then scored with a kNN over its training "
+               "features (capacity 500, k 5, weight 0.5, scale 1)",
+    "FedSoL-FT": "fedsol (Table 2's), then the whole model fine-tuned on CE without perturbation",
+}
+"""Each Table 9 row's settings, for every τ of it."""
+
+
+def table9() -> PaperTable:
+    """App. D: personalised accuracy after fine-tuning the whole final model τ epochs on each client (the code's
+    ``finetune``, every method but Per-FedAvg on plain CE; Per-FedAvg by its own MAML steps), on each client's
+    label-aligned test split; Local-only, each client's own model."""
+    cells, labels = [], {}
+    for row, by_tau in TABLE9.items():
+        for tau, values in by_tau.items():
+            tuned = {"training.finetune_epochs": tau, "training.finetune_params": "all"} if tau else {}
+            label = f"{row} τ={tau}" if tau else row
+            labels[label] = row
+            metric = "acc_personalized_ft" if tau else "acc_personalized"
+            cells += [Cell(row=label, dataset=dataset, column="LDA α=0.1", paper=value, metric=metric,
+                           settings={**COMMON, **ALIGNED, **PERSONALISED[row], **tuned})
+                      for dataset, value in zip(("cifar10", "svhn", "tissuemnist"), values, strict=True)]
+    return fedsol_table(
+        9, "personalised accuracy (%) after τ epochs of fine-tuning", cells, source="App. D, Table 9",
+        value="mean over clients of the fine-tuned model's accuracy on the client's own test split (%)",
+        quick=QUICK.model_copy(update={"per_row": {"Local-only": {"federation.rounds": 10}}}),
+        unknowns=(
+            "Table 9's setting: not printed; LDA α = 0.1 over 100 clients, 300 rounds, E = 5, the authors' "
+            "configs/personalized/*.json (SVHN and TissueMNIST as in Table 2)",
+            "τ: the code fine-tunes min(E, 5) epochs; τ = 1 is read as one epoch of the same fine-tuning",
+            "fine-tuning lr: the server's decayed lr after the last round (0.01 · 0.99^300), as the code's "
+            "downloaded optimiser holds it",
+            "Local-only: 200 rounds of one epoch on every client (the code: one 200-epoch run), so its "
+            "momentum restarts each epoch",
+            "the code's personalised evaluation is commented out of algorithms/BaseServer.py; Table 9 is read "
+            "as its finetune() after the last round on every client",
+        ),
+        row_settings={label: ROW_TEXT[row] for label, row in labels.items()},
+    )
+
+
+for build in (table1, table2, table3, table5, table9):
     register_table(build())

@@ -1,0 +1,123 @@
+"""Per-FedAvg (Fallah, Mokhtari & Ozdaglar, NeurIPS 2020; docs/methods.md §2), first-order MAML, as the FedSOL
+authors' code runs it (``Lee-Gihun/FedSOL:algorithms/perfedavg/ClientTrainer.py``, ``configs/personalized/
+perfedavg.json``).
+
+Each local iteration is two optimiser steps on two consecutive batches b1, b2 of the client's stream:
+
+    θ' = θ − α·∇CE(θ; b1)                   step 1 at the round's lr α
+    θ  ← θ − β·∇CE(θ'; b2)                  step 2: the gradient taken at θ', applied to θ (restored)
+
+with one SGD optimiser (momentum, weight decay) for both steps, so step 2's momentum buffer holds step 1's
+gradient too and its weight decay acts on the restored θ. A client runs E·⌈n_b/E⌉ iterations a round (n_b:
+the batches of one epoch), 2·E·⌈n_b/E⌉ batches, the stream starting a new shuffled epoch whenever one runs out.
+
+On fltune's engine one engine step is one of those optimiser steps: the round is one :class:`Phase` capped at
+2·E·⌈n_b/E⌉ steps; odd steps save θ and step at the phase's lr, even steps restore θ after the backward pass and
+take the step at β (``ClientContext.step_lr``). Server as FedAvg. The code's fine-tuning before personalised
+evaluation (``finetune``) is the same procedure for τ outer loops over every parameter: :class:`PerFedAvgTune`,
+the method's ``tune`` final round.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import ClassVar, cast
+
+import torch
+from pydantic import Field
+
+from fltune.methods import register
+from fltune.methods.base import ClientContext, Method, Params, Phase
+from fltune.methods.finetune import FineTune
+
+SAVED = "perfedavg_theta"
+"""``ClientContext.scratch`` key of θ, the parameters before an iteration's step 1."""
+
+
+class PerFedAvgParams(Params):
+    """β from the FedSOL authors' Per-FedAvg config (``Lee-Gihun/FedSOL:configs/personalized/perfedavg.json``:
+    ``beta`` 0.01, beside SGD lr 0.01, momentum 0.9, weight decay 1e-5, batch 50, 5 local epochs)."""
+
+    beta: float = Field(0.01, gt=0, description="meta step size β of step 2; default the FedSOL authors' 0.01 "
+                                                "(configs/personalized/perfedavg.json)")
+
+
+def meta_phase(ctx: ClientContext, loops: int, lr: float | None) -> Phase:
+    """``loops`` outer loops of ⌈n_b/E⌉ two-step iterations, as the code counts them (``num_iter =
+    ceil(len(loader) / local_epochs)``, E the training's local epochs even when fine-tuning): one phase over
+    every parameter, capped at 2·loops·⌈n_b/E⌉ steps, with the epochs that hold them.
+
+    n_b is ``len(loader)``: ⌈n/B⌉ batches, or n/B exactly when ``training.drop_last`` has already cut
+    ``num_samples`` to whole batches. A client with no batch takes no step."""
+    n_batches = math.ceil(ctx.num_samples / ctx.batch_size)
+    steps = 2 * loops * math.ceil(n_batches / ctx.epochs)
+    return Phase(epochs=math.ceil(steps / n_batches) if n_batches else 0, lr=lr, steps=steps)
+
+
+class FirstOrderMAML(Method):
+    """Per-FedAvg's two-step iteration as engine steps: even ``ctx.steps`` (step 1) save θ and step at the
+    phase's lr; odd ones (step 2) take the gradient at θ', put θ back and step at β. ``ctx.steps`` counts the
+    steps of this client update, and a fine-tuning round is an update of its own, so both start on a step 1."""
+
+    def meta_lr(self) -> float:
+        """β, the learning rate of step 2."""
+        return cast(PerFedAvgParams, self.params).beta
+
+    def backward(self, ctx: ClientContext, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Step 1: θ kept (in one buffer per parameter, reused through the update), CE's gradient at θ. Step 2:
+        CE's gradient at θ', then θ restored with its ``.grad`` left in place, as the code's ``old_p.data =
+        new_p.data.clone()`` before ``optimizer.step()``, and the step taken at β."""
+        params = list(ctx.model.parameters())
+        if ctx.steps % 2 == 0:
+            saved = ctx.scratch.get(SAVED)
+            if saved is None:
+                ctx.scratch[SAVED] = [p.detach().clone() for p in params]
+            else:
+                with torch.no_grad():
+                    for keep, p in zip(saved, params, strict=True):
+                        keep.copy_(p)
+            return super().backward(ctx, x, y)
+        loss, logits = super().backward(ctx, x, y)
+        with torch.no_grad():
+            for p, keep in zip(params, ctx.scratch[SAVED], strict=True):
+                p.copy_(keep)
+        ctx.step_lr = self.meta_lr()
+        return loss, logits
+
+
+class PerFedAvgTune(FirstOrderMAML, FineTune):
+    """Per-FedAvg's ``tune`` final round: the code's ``finetune``, the two-step iteration for τ =
+    ``training.finetune_epochs`` outer loops of ⌈n_b/E⌉ (E the training's local epochs: the engine hands the
+    ``tune`` round the run's training settings, so ``ctx.epochs`` is E), 2·τ·⌈n_b/E⌉ steps, step 1 at the
+    round's lr, step 2 at the method's β. Every parameter trains, whatever ``training.finetune_params``: the
+    code's fine-tuning is its meta step on the whole model. Plain CE, as the code's ``criterion``."""
+
+    batchable = False  # its step is two kinds of step and a restore: no functional form (per-client fallback)
+
+    def meta_lr(self) -> float:
+        return cast(PerFedAvgParams, self.inner.params).beta  # the wrapped Per-FedAvg's β
+
+    def phases(self, ctx: ClientContext) -> list[Phase]:
+        return [meta_phase(ctx, self.epochs, self.lr)]
+
+
+@register
+class PerFedAvg(FirstOrderMAML):
+    """Per-FedAvg (first-order): each iteration θ ← θ − β·∇CE(θ − α·∇CE(θ; b1); b2), by one momentum SGD for
+    both steps, E·⌈n_b/E⌉ iterations a round; server as FedAvg (n_k-weighted mean of the whole state)."""
+
+    name = "perfedavg"
+    Params = PerFedAvgParams
+    stored_models = 2.0  # the local model and θ, saved at each step 1 for step 2's restore
+    passes_per_step = 1.0  # one forward+backward per engine step (an iteration is two steps on two batches)
+    batchable = False  # no functional form of the restore and the per-step lr: clients train one by one
+    tuner: ClassVar[type[FineTune] | None] = PerFedAvgTune
+
+    @classmethod
+    def epochs_trained(cls, epochs: int, local_epochs: int) -> float:
+        """2·epochs·⌈n_b/E⌉ batches (:func:`meta_phase`): about 2·epochs/E passes, in training (two) and in its
+        fine-tuning round (2τ/E) alike."""
+        return 2 * epochs / local_epochs
+
+    def phases(self, ctx: ClientContext) -> list[Phase]:
+        return [meta_phase(ctx, ctx.epochs, None)]
