@@ -90,10 +90,13 @@ def device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def calibrate(cfg: ExperimentConfig) -> float:
+def calibrate(cfg: ExperimentConfig, as_built: bool = True) -> float:
     """Seconds per training sample of the run's model at its batch size, one client worker's share of this
-    machine (its CPU threads, or the GPU)."""
-    return _calibrate(model_name(cfg), json.dumps(cfg.model.options, sort_keys=True), cfg.method.name,
+    machine (its CPU threads, or the GPU). ``as_built=False`` times the model without what its method adds
+    (MOON's projector, …): one calibration per model, not per model and method, for the weights of a quick
+    job's ETA (:func:`run_seconds`), where 3 models × 4 methods took 55 s on this machine's CPU."""
+    method = cfg.method.name if as_built else "fedavg"
+    return _calibrate(model_name(cfg), json.dumps(cfg.model.options, sort_keys=True), method,
                       cfg.data.dataset, cfg.data.root, cfg.training.batch_size, cfg.resources.cpus_per_worker)
 
 
@@ -127,13 +130,14 @@ def _sync(dev: torch.device) -> None:
         torch.cuda.synchronize(dev)
 
 
-def work(label: str, tree: dict[str, Any], runs: int) -> Work:
-    """A distinct experiment: its client-samples and one run's seconds on one worker."""
+def work(label: str, tree: dict[str, Any], runs: int, as_built: bool = True) -> Work:
+    """A distinct experiment: its client-samples and one run's seconds on one worker (``as_built``: see
+    :func:`calibrate`)."""
     cfg = build_config(tree)
     _data_here(cfg)
     samples = client_samples(cfg)
     passes = build_method(cfg).passes_per_step  # the method's, not its class's: GradAug's grows with its n
-    return Work(label, cfg, runs, samples, samples * passes * calibrate(cfg))
+    return Work(label, cfg, runs, samples, samples * passes * calibrate(cfg, as_built))
 
 
 def _data_here(cfg: ExperimentConfig) -> None:
@@ -148,9 +152,10 @@ def _data_here(cfg: ExperimentConfig) -> None:
                           "the job runs, and a plan fetches nothing: run the job, or get the data first") from None
 
 
-def run_seconds(items: list[tuple[str, dict[str, Any], int]]) -> dict[str, float]:
-    """Each of ``items`` (label, experiment tree, runs): one run's estimated seconds on one worker."""
-    return {label: work(label, tree, runs).seconds for label, tree, runs in items}
+def run_seconds(items: list[tuple[str, dict[str, Any], int]], as_built: bool = True) -> dict[str, float]:
+    """Each of ``items`` (label, experiment tree, runs): one run's estimated seconds on one worker
+    (``as_built``: see :func:`calibrate`)."""
+    return {label: work(label, tree, runs, as_built).seconds for label, tree, runs in items}
 
 
 def longest_first(seconds: dict[str, float]) -> list[str]:

@@ -207,3 +207,10 @@ def test_a_plan_with_no_data_here_names_what_is_missing_and_how_to_get_it(mlflow
     assert out.count("data.dataset: cifar100 not found in") == 1 and "--set data.download=true" in out, out
     assert "estimate: nothing to train here (no run has its data; see above)" in out
     assert_wrote_nothing(tmp_path)
+
+
+def test_a_model_timed_without_its_methods_additions_is_timed_once_for_every_method() -> None:
+    """``as_built=False`` (a quick job's weights): MOON's projector left out, one calibration per model."""
+    fedavg, moon = synthetic(), synthetic("method.name=moon")
+    assert calibrate(moon, as_built=False) == calibrate(fedavg, as_built=False) == calibrate(fedavg)
+    assert calibrate(moon) != calibrate(fedavg)  # timed with its projector

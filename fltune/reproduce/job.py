@@ -61,12 +61,12 @@ class ReproSpec(SavedSpec):
     checkpoint_seconds: float | None = None
     """The trials' checkpoint cadence (``trainable.Cadence``; jobs saved before it existed: every round)."""
     trial_order: list[str] | None = None
-    """The order Tune starts the trials in (``start_order``), frozen so a resumed job's grid is the same;
-    None: the table's."""
+    """The order Tune starts the trials in (longest estimated first), frozen so a resumed job's grid is the same;
+    None: the table's (a job that downloads its data first, which is not here to time the models on)."""
     trial_seconds: dict[str, float] | None = None
-    """Each trial's estimated seconds on one worker at paper scale (``estimate.run_seconds``), which order its
-    start and weigh its ETA (``tune.board.eta``); None at quick scale, and in jobs saved before it existed:
-    every trial weighs the same."""
+    """Each trial's estimated seconds on one worker (``trial_seconds``), which order its start and weigh its
+    ETA (``tune.board.eta``); None where ``trial_order`` is, and in jobs saved before it existed (quick-scale
+    ones before session 51 too): every trial weighs the same."""
 
     @property
     def paper_table(self) -> PaperTable:
@@ -107,30 +107,27 @@ def new_spec(table: PaperTable, scale: str, planned: list[PlannedCell], *, seeds
         out=out or str(mlruns_dir() / "reproduce" / name), checkpoint_every=checkpoint_every,
         checkpoint_seconds=checkpoint_seconds,
     )
-    seconds = trial_seconds(spec)
-    return spec.model_copy(update={"trial_order": start_order(spec, seconds), "trial_seconds": seconds})
-
-
-def trial_seconds(spec: ReproSpec) -> dict[str, float] | None:
-    """Each trial's estimated seconds at paper scale, whose header calibrates its models anyway; None at quick
-    scale, where a job takes minutes and calibrating would lengthen its start."""
-    if spec.scale != "paper":
-        return None
-    from fltune.estimate import run_seconds
-
-    return run_seconds([(trial, spec.cells[trial].tree, spec.seeds) for trial in spec.trials])
-
-
-def start_order(spec: ReproSpec, seconds: dict[str, float] | None) -> list[str]:
-    """The trials longest first by their estimated ``seconds`` (``estimate.longest_first``), when the job has
-    them: at paper scale its trials outnumber the slots of one machine (SimFAFL Table 2 FMNIST: 18 trials, 16
-    at once on one GPU; in the table's order its two SimFAFL trials, among the longest, started last); in the
-    table's order otherwise."""
-    if seconds is None:
-        return list(spec.trials)
     from fltune.estimate import longest_first
 
-    return longest_first(seconds)
+    # longest first: a job's trials outnumber its slots (SimFAFL Table 2 FMNIST at paper scale: 18 trials, 16 at
+    # once on one GPU; in the table's order its two SimFAFL trials, among the longest, started last)
+    if any(p.fetched for p in planned):  # data the job downloads is not here to calibrate on: the table's order
+        return spec
+    seconds = trial_seconds(spec)
+    return spec.model_copy(update={"trial_order": longest_first(seconds), "trial_seconds": seconds})
+
+
+def trial_seconds(spec: ReproSpec) -> dict[str, float]:
+    """Each trial's estimated seconds. At paper scale its header calibrates every model and method anyway; at
+    quick scale each model is timed once, without what a method adds to it (``estimate.calibrate``): a quick
+    job takes minutes, and on this machine's CPU a calibration per model and method took 55 s for FedSOL
+    Table 3's three models and 12 methods, one per model 15 s; SimFAFL Table 1's two CNNs take 0.2 s and weigh
+    its FedCR runs 2.1× its FedAvg ones (measured: 110 s and 50 s)."""
+    from fltune.estimate import run_seconds
+
+    items = [(trial, spec.cells[trial].tree, spec.seeds) for trial in spec.trials]
+    return run_seconds(items, as_built=spec.scale == "paper")
+
 
 
 def cell_objectives(spec: ReproSpec, trial: str) -> list[Objective]:

@@ -82,7 +82,7 @@ def eta(rows: list[TrialRow], trials: int, costs: Mapping[str, float] | None = N
     workers' resources (SimFAFL Table 1 at quick scale: 16 "running", 2 training; the count of running trials
     made its ETA ~1 min of 6 left). A trial training now counts as half done.
 
-    ``costs`` (a trial's label → its estimated seconds: a paper-scale reproduce job's) weigh the trials, and
+    ``costs`` (a trial's label → its estimated seconds: a reproduce job's) weigh the trials, and
     the pace is the finished ones' measured over estimated seconds; without them each trial weighs their
     mean duration, so cheap trials finishing first make the ETA short, and a study's early-stopped ones long.
     """

@@ -1,4 +1,4 @@
-"""The job's frozen spec: the order its trials start in (longest first at paper scale), kept for --resume."""
+"""The job's frozen spec: the order its trials start in (longest first), kept for --resume."""
 
 from __future__ import annotations
 
@@ -36,6 +36,9 @@ def test_paper_scale_trials_start_longest_estimated_first_and_the_order_survives
 
 
 @needs_fmnist
-def test_quick_scale_trials_start_in_the_tables_order(tmp_path: Path) -> None:
+def test_quick_scale_trials_are_weighed_by_one_calibration_per_model(tmp_path: Path) -> None:
+    """Quick scale: the same order and ETA weights, each model timed once without its method's additions."""
     spec = spec_at("quick", tmp_path)
-    assert spec.trial_order == list(spec.trials) and spec.trial_seconds is None
+    seconds = [work(t, spec.cells[t].tree, 1, as_built=False).seconds for t in spec.trial_order]
+    assert seconds == sorted(seconds, reverse=True) and list(spec.trial_seconds) == list(spec.trials)
+    assert spec.trial_order[:2] == ["SimFAFL | FMNIST non-IID1", "SimFAFL | FMNIST non-IID2"]
