@@ -13,7 +13,7 @@ from fltune.methods.base import Method
 
 @register
 class LocalOnly(Method):
-    """L = CE on client i's data, from the common initial model; the whole model stays on client i.
+    """Local-only: L = CE on client i's data from the common initial model; the whole model stays on client i.
 
     FedSOL's code (``Lee-Gihun/FedSOL:algorithms/localonly``) trains each client once for 200 epochs with its lr
     decayed by 0.99 an epoch; here a round is a stretch of local epochs, so ``federation.fraction: 1`` with

@@ -103,8 +103,10 @@ class PerFedAvgTune(FirstOrderMAML, FineTune):
 
 @register
 class PerFedAvg(FirstOrderMAML):
-    """Per-FedAvg (first-order): each iteration θ ← θ − β·∇CE(θ − α·∇CE(θ; b1); b2), by one momentum SGD for
-    both steps, E·⌈n_b/E⌉ iterations a round; server as FedAvg (n_k-weighted mean of the whole state)."""
+    """Per-FedAvg (first-order MAML): θ ← θ − β·∇CE(θ − α·∇CE(θ; b1); b2) per two-batch iteration.
+
+    One momentum SGD for both steps, E·⌈n_b/E⌉ iterations a round; server as FedAvg (n_k-weighted mean of the
+    whole state)."""
 
     name = "perfedavg"
     Params = PerFedAvgParams
