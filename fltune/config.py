@@ -178,6 +178,10 @@ class TrainingConfig(_Section):
                             "(FedAlign's code): a client trains, and weighs in the server's average with, "
                             "floor(n_k/B)·B samples an epoch")
 
+    def lr_at(self, round_: int) -> float:
+        """Round ``round_``'s learning rate, lr · lr_decay^(round − 1); the final personal round is round R + 1."""
+        return self.lr * self.lr_decay ** (round_ - 1)
+
     @model_validator(mode="after")
     def _nesterov_needs_momentum(self) -> TrainingConfig:
         """torch's SGD rejects Nesterov without momentum deep inside a worker; say it once, here."""

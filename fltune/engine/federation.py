@@ -154,7 +154,7 @@ class Federation:
         fed, training = self.cfg.federation, self.cfg.training
         clients = round_clients(fed, r)
         inputs = RoundInput(
-            round=r, seed=fed.seed, lr=training.lr * training.lr_decay ** (r - 1),
+            round=r, seed=fed.seed, lr=training.lr_at(r),
             global_state=self.global_state, server=self.method.server_payload(self.server_state),
         )
         inputs_ref = ray.put(inputs)
@@ -271,11 +271,9 @@ class Federation:
         group = res.batch_clients if finetune and res.executor == "batched" else 1  # a final round's groups whole
         shards = balance(clients, sizes, self.pool.width(), group)
         training = self.cfg.training
-        inputs = RoundInput(  # the fine-tuning stream is "round R+1", apart from every training round
-            round=self.cfg.federation.rounds + 1, seed=self.cfg.federation.seed,
-            lr=training.finetune_lr or training.lr * training.lr_decay ** self.cfg.federation.rounds,
-            global_state=self.global_state, server={},
-        )
+        final = self.cfg.federation.rounds + 1  # the fine-tuning stream: "round R+1", apart from every training one
+        inputs = RoundInput(round=final, seed=self.cfg.federation.seed, lr=training.finetune_lr or training.lr_at(final),
+                            global_state=self.global_state, server={})
         scores: dict[int, tuple[int, float, int]] = {}
         calls = self.pool.map(run_ref, "evaluate_clients", shards, ray.put(inputs), finetune,
                               per_shard=self._states_for)

@@ -122,6 +122,8 @@ class KNNScorer(nn.Module):
         self.stored, self.stored_targets = features, targets
         self.stored_norms = features.pow(2).sum(1)
         self.k, self.weight, self.scale = min(k, len(targets)), weight, scale
+        # SplitModel.forward is head(features(x)): one body pass gives both, as the code's get_features=True
+        self.one_pass = type(model).forward is SplitModel.forward
         self.train(False)
 
     def train(self, mode: bool = True) -> KNNScorer:
@@ -131,9 +133,7 @@ class KNNScorer(nn.Module):
     @torch.no_grad()
     def forward(self, x: Tensor) -> Tensor:
         features = self.model.features(x)
-        # SplitModel.forward is head(features(x)): one body pass gives both, as the code's get_features=True
-        one_pass = type(self.model).forward is SplitModel.forward
-        logits = self.model.head(features) if one_pass else self.model(x)
+        logits = self.model.head(features) if self.one_pass else self.model(x)
         if self.k == 0:
             return (1 - self.weight) * logits
         knn = self.knn_scores(features, logits.shape[1])

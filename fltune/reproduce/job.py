@@ -107,12 +107,12 @@ def new_spec(table: PaperTable, scale: str, planned: list[PlannedCell], *, seeds
         out=out or str(mlruns_dir() / "reproduce" / name), checkpoint_every=checkpoint_every,
         checkpoint_seconds=checkpoint_seconds,
     )
+    if any(p.fetched for p in planned):  # data the job downloads is not here to calibrate on: the table's order
+        return spec
     from fltune.estimate import longest_first
 
     # longest first: a job's trials outnumber its slots (SimFAFL Table 2 FMNIST at paper scale: 18 trials, 16 at
     # once on one GPU; in the table's order its two SimFAFL trials, among the longest, started last)
-    if any(p.fetched for p in planned):  # data the job downloads is not here to calibrate on: the table's order
-        return spec
     seconds = trial_seconds(spec)
     return spec.model_copy(update={"trial_order": longest_first(seconds), "trial_seconds": seconds})
 
