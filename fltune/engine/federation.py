@@ -36,7 +36,7 @@ from fltune.engine.pool import WorkerPool, balance, plan_workers
 from fltune.engine.rng import round_clients, use_deterministic_cuda
 from fltune.errors import FLTuneError
 from fltune.methods.base import Aggregate, ServerContext, State, Upload
-from fltune.metrics.probe import Probe, ProbeTask, RoundView, client_meters, probes_for
+from fltune.metrics.probe import Probe, ProbeTask, RoundView, probes_for
 from fltune.metrics.summary import run_summary
 
 T = TypeVar("T")
@@ -160,10 +160,8 @@ class Federation:
         inputs_ref = ray.put(inputs)
         res = self.cfg.resources
         group = res.batch_clients if res.executor == "batched" else 1  # whole groups per worker
-        metered = bool(client_meters(self.cfg, r))  # FLOP meters: the actors alone (engine/pool.py)
-        shards = balance(clients, self.sizes, self.pool.width(driver=not metered), group)
-        results = self.pool.map(self.run_ref, "train", shards, inputs_ref, per_shard=self._states_for,
-                                driver=not metered)
+        shards = balance(clients, self.sizes, self.pool.width(), group)
+        results = self.pool.map(self.run_ref, "train", shards, inputs_ref, per_shard=self._states_for)
         total = WeightedSum()
         uploads, states, client_metrics, latest = {}, {}, {}, {}
         for res in results:
@@ -291,15 +289,14 @@ class Federation:
             self.val_ref = self.pool.bind(self.cfg, self.data.val_as_eval(), keep_latest=False)
         return self.val_ref
 
-    def compute(self, tasks: Sequence[ProbeTask[T]], driver: bool = True) -> list[T]:
+    def compute(self, tasks: Sequence[ProbeTask[T]]) -> list[T]:
         """Probe computations on the workers (their GPUs when they have some, which a Tune trial's own
         process lacks), spread over them in turn and run at once; the results in task order. Each task
         is a function of the run's config and data and its own arguments alone, so which worker ran it
-        does not change its result. ``driver=False``: not on the driver's share (tasks that load torch's
-        compiler stack, engine/pool.py)."""
+        does not change its result."""
         self.open()
         assert self.pool is not None and self.run_ref is not None
-        return self.pool.compute(self.run_ref, list(tasks), driver)
+        return self.pool.compute(self.run_ref, list(tasks))
 
     def static_costs(self) -> dict[str, float]:
         """The run's constants, from the probes that declare some (FedAlign Table 5: forward MFLOPs per

@@ -10,12 +10,9 @@ torch process costs ~0.6 GiB (torch's CUDA build maps and dirties ~0.26 GiB per 
 so a local CPU run trains one shard in the driver instead of starting one more actor (issue 12's CPU
 memory goal). Its arguments come through Ray's object store, so it reads what an actor reads, and its
 results come back as copies, so the caller holds what an actor would return: the shards do not depend on
-which slot trains them, and the numbers are the same bits.
-
-Work that loads torch's compiler stack goes to the actors alone (``driver=False``): FLOP counting
-(``FlopCounterMode``, round 1's client meters and the model's count) imports ``torch._dynamo``, ~150 MiB
-a process keeps for its life (~75 MiB in an actor without a GPU: ``worker.skip_triton``), so the driver,
-which would otherwise hold it for the whole run, never loads it.
+which slot trains them, and the numbers are the same bits. It takes its share of every call, round 1's
+metered training and the FLOP count included: counting loads none of torch's compiler stack
+(``metrics._flops.TrainingFlops``).
 """
 
 from __future__ import annotations
@@ -129,13 +126,9 @@ class WorkerPool:
         self.actors = [remote.remote(threads) for _ in range(plan.actors)]
         self.driver = DriverWorker(threads) if plan.in_driver else None
 
-    def width(self, driver: bool = True) -> int:
-        """Shards a call is split into: one per worker, the driver's share included; ``driver=False``: one
-        per actor (while there are actors), for work the driver's process leaves to them (module docstring)."""
-        return self.plan.actors + self._driver_takes_part(driver)
-
-    def _driver_takes_part(self, driver: bool) -> bool:
-        return self.driver is not None and (driver or not self.plan.actors)
+    def width(self) -> int:
+        """Shards a call is split into: one per worker, the driver's share included."""
+        return self.plan.workers
 
     def bind(self, cfg: ExperimentConfig, data: FederatedData, keep_latest: bool) -> ray.ObjectRef:
         """A run's handle for ``map``: its config and dataset in the object store, once per run. The caller
@@ -150,31 +143,30 @@ class WorkerPool:
         return ref
 
     def map(self, run: ray.ObjectRef, method: str, shards: list[list[int]], *args: Any,
-            per_shard: Any = None, driver: bool = True) -> list[Any]:
+            per_shard: Any = None) -> list[Any]:
         """Call ``worker.method(run, *args, shard, per_shard(shard))`` on worker i for shard i, one shard per
-        slot of ``width(driver)``; the results in shard order. Worker 0 is the driver's share when it takes
-        part: the actors' calls are sent first, so it trains while they do.
+        slot of ``width()``; the results in shard order. Worker 0 is the driver's share when there is one:
+        the actors' calls are sent first, so it trains while they do.
 
         The run's reference goes nested (``[run]``) so Ray does not copy the dataset into every call; runs
         that share the pool interleave freely, each call naming its own.
         """
-        assert len(shards) == self.width(driver), (len(shards), self.width(driver))
+        assert len(shards) == self.width(), (len(shards), self.width())
 
         def call_args(shard: list[int]) -> tuple[Any, ...]:
             return ([run], *args, shard, *((per_shard(shard),) if per_shard else ()))
 
-        own_part = self._driver_takes_part(driver)
-        driver_shard, actor_shards = (shards[0], shards[1:]) if own_part else ([], shards)
+        driver_shard, actor_shards = (shards[0], shards[1:]) if self.driver is not None else ([], shards)
         refs = [getattr(actor, method).remote(*call_args(shard))
                 for actor, shard in zip(self.actors, actor_shards) if shard]
         own = [self.driver.call(method, *call_args(driver_shard))] if driver_shard else []
         return own + ray.get(refs)
 
-    def compute(self, run: ray.ObjectRef, tasks: list[Any], driver: bool = True) -> list[Any]:
-        """Probe tasks dealt to the ``width(driver)`` workers in turn (``ClientWorker.compute``) and run at
-        once; the results in task order."""
-        n = self.width(driver)
-        parts = self.map(run, "compute", [tasks[slot::n] for slot in range(n)], driver=driver)  # empty ones last
+    def compute(self, run: ray.ObjectRef, tasks: list[Any]) -> list[Any]:
+        """Probe tasks dealt to the ``width()`` workers in turn (``ClientWorker.compute``) and run at once;
+        the results in task order."""
+        n = self.width()
+        parts = self.map(run, "compute", [tasks[slot::n] for slot in range(n)])  # empty ones last
         return [parts[i % n][i // n] for i in range(len(tasks))]
 
     def shutdown(self) -> None:

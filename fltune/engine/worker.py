@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
-import importlib
 import logging
 import os
 import sys
@@ -98,18 +97,13 @@ class ClientWorker:
     """Trains and evaluates clients on one CPU slot or GPU fraction (wrapped by ``ray.remote`` in the pool)."""
 
     def __init__(self, threads: int, in_driver: bool = False) -> None:
-        """An actor also loads torch's compiler stack (``torch._dynamo``) now, while the driver still starts
-        up: it loads it anyway for round 1's FLOP meter (``TorchDispatchMode`` imports it lazily), and there
-        it cost ~1.1 s of round 1 per worker; one that sees no GPU loads it without Triton (``skip_triton``).
-        ``in_driver``: the driver's share (``pool.DriverWorker``), which never loads it (the pool leaves FLOP
-        counting to the actors; exact-path SGD is ``KeptSGD``), and whose plan reserves no GPU even where the
-        driver's process sees one."""
+        """A process that sees no GPU keeps Triton out (``skip_triton``): round 1's FLOP meter imports torch's
+        FLOP counter, which imports Triton where it is installed. ``in_driver``: the driver's share
+        (``pool.DriverWorker``), whose plan reserves no GPU even where the driver's process sees one."""
         torch.set_num_threads(max(1, threads))
         sees_gpu = torch.cuda.is_available()
-        if not in_driver and not sees_gpu:
+        if not sees_gpu:
             skip_triton()
-        if not in_driver:
-            importlib.import_module("torch._dynamo")
         gpu = not in_driver and sees_gpu and _has_gpu()
         self.device = torch.device("cuda" if gpu else "cpu")
         self.run_id: str | None = None
@@ -368,9 +362,10 @@ def skip_triton() -> None:
     sees no GPU, where it can run no kernel (Triton compiles GPU kernels; torch's CPU compiler writes C++).
 
     The CUDA build of torch depends on Triton, and torch imports it whenever its compiler stack loads
-    (``torch._dynamo.utils`` imports it when the package exists): FLOP counting and any
-    ``torch.optim.Optimizer`` load that stack, and Triton then holds ~75 MiB of the process for its life,
-    ~4 % of a local run's memory per CPU actor (bench/whole_command.py). torch checks for Triton with an
+    (``torch._dynamo.utils`` imports it when the package exists: any ``torch.optim.Optimizer``, the batched
+    executor's ``torch.func``) and with its FLOP counter (``torch.utils.flop_counter``, round 1's meters), and
+    Triton then holds ~75 MiB of the process for its life, ~4 % of a local run's memory per CPU worker
+    (bench/whole_command.py). torch checks for Triton with an
     import that may fail (``torch.utils._triton.has_triton_package``), and Python fails an import whose
     ``sys.modules`` entry is None; a process that imported Triton already keeps it. The FLOP counter's note
     that it can't count Triton kernels, true and moot here, is dropped."""

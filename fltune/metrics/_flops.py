@@ -7,6 +7,9 @@ counts (its formulas: 2 FLOPs per multiply-add of every matmul and convolution) 
 inside autograd's backward apart. The engine wraps the first round's local training in it, on the workers,
 so the figure is the real training's, averaged over every sampled client's batches — an expectation for the
 stochastic methods. Later rounds run uncounted.
+
+Counting loads no part of torch's compiler stack (:meth:`TrainingFlops._should_skip_dynamo`), so any training
+process may meter, the driver's share of a local ``run`` included (engine/pool.py).
 """
 
 from __future__ import annotations
@@ -50,6 +53,16 @@ class TrainingFlops(TorchDispatchMode):
         super().__init__()
         self.forward_flops = 0
         self.total_flops = 0
+
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        """False: ``__torch_dispatch__`` stays as written, not wrapped in ``torch._disable_dynamo``, the wrapper
+        torch puts around a mode's dispatch by default (``TorchDispatchMode.__init_subclass__``; this classmethod
+        is torch's switch for it). That wrapper imports ``torch._dynamo`` at its first call, which cost a
+        process ~0.9 s and ~150 MiB (~75 MiB without Triton) for its life, while it only matters when
+        ``torch.compile`` traces code running under the mode. No metered training is compiled: a metered round
+        trains client by client on the exact path (``ClientWorker.train``). Same ops, same counts, same bits."""
+        return False
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}

@@ -4,8 +4,9 @@ Why: FedAlign's claim is accuracy *per unit of client resources*; its tables giv
 sample, stored parameters, wall time per round, and the totals to reach a target accuracy. The
 :class:`CostMeter` is a plain accumulator; :class:`CostProbe` feeds it once per round from what the
 round broadcast, trained and uploaded. Only :func:`forward_flops_per_sample` and :func:`training_flops`
-need torch's FLOP counter, and import it themselves, on the workers where they count: with triton it adds
-~76 MiB to a process, which the driver never pays, and the meter can be used (and tested) without torch.
+need torch's FLOP counter, and import it themselves, on the workers where they count: it imports Triton
+where Triton is installed (~76 MiB), except in a process that sees no GPU (``worker.skip_triton``: ~0.1 MiB),
+and the meter can be used (and tested) without torch.
 """
 
 from __future__ import annotations
@@ -43,19 +44,20 @@ activations and the weights, each about one forward's worth (the usual 1 + 2 rul
 def forward_flops_per_sample(model: nn.Module, input_shape: tuple[int, ...]) -> float:
     """Forward MFLOPs for one sample of shape ``input_shape`` (no batch dim), as FedAlign Table 5 lists.
 
-    Counted by ``torch.utils.flop_counter.FlopCounterMode`` on one sample in eval mode without grad: it
+    Counted with ``torch.utils.flop_counter.FlopCounterMode``'s formulas (through ``TrainingFlops``, which
+    counts as it does without loading torch's compiler stack) on one sample in eval mode without grad: it
     counts matmuls and convolutions at 2 FLOPs per multiply-accumulate (Linear(100, 10): 2000 FLOPs) and
     ignores element-wise ops (bias adds, activations, BN, pooling), so tables counted in MACs
     (thop, ptflops) show about half these values.
     """
     import torch
-    from torch.utils.flop_counter import FlopCounterMode
 
+    from fltune.metrics._flops import TrainingFlops
     from fltune.metrics.hessian import eval_mode
 
     parameter = next(model.parameters())
     sample = torch.zeros((1, *input_shape), dtype=parameter.dtype, device=parameter.device)
-    counter = FlopCounterMode(display=False)
+    counter = TrainingFlops()
     with torch.no_grad(), eval_mode(model), counter:
         model(sample)
     return counter.get_total_flops() / 1e6
@@ -191,11 +193,9 @@ class CostProbe(Probe):
         self.meter = CostMeter(0.0)  # the model's forward figure arrives with the first measure
 
     def model_mflops(self, fed: Federation) -> float:
-        """The model's forward MFLOPs per sample, counted once on a client actor (``ModelFlops``), never on
-        the driver's share: ``FlopCounterMode`` loads torch's compiler stack (~1 s and ~150 MiB), which the
-        actors load anyway to meter round 1's training, so the driver stays lighter and starts sooner."""
+        """The model's forward MFLOPs per sample, counted once on a client worker (``ModelFlops``)."""
         if self.forward_mflops is None:
-            self.forward_mflops = fed.compute([ModelFlops()], driver=False)[0]
+            self.forward_mflops = fed.compute([ModelFlops()])[0]
             self.meter.set_model_forward(self.forward_mflops)
         return self.forward_mflops
 

@@ -117,8 +117,8 @@ class Probe(ABC):
     def client_meter(cls, round_: int) -> Callable[[], ClientMeter] | None:
         """What builds a meter the workers open around each client's training in round ``round_``, for what
         only the training itself can show (the FLOPs its passes spend); None (the default): nothing to
-        measure there. A builder, not a meter: the driver asks whether a round is metered (it leaves such
-        rounds to the actors, engine/pool.py) without importing what the meter needs."""
+        measure there. A builder, not a meter: each client gets a fresh one, and what a meter needs is imported
+        only by a worker that meters."""
         return None
 
     @classmethod

@@ -1,8 +1,8 @@
 """The worker plan (``plan_workers``) and the driver's share of a round (``WorkerPlan.in_driver``): when it is
 on by default, what refuses it, and that a share trained in the driver's process gives an actor's bits —
 training, evaluation and the probes' computations (``WorkerPool.compute``) alike — handed back as copies
-outside Ray's object store; and that FLOP counting (round 1's meters, the model's count) goes to the actors
-alone, so the driver never loads torch's compiler stack."""
+outside Ray's object store; and that FLOP counting (round 1's meters, the model's count) loads no part of
+torch's compiler stack in any worker, so the driver's share takes part in it."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from fltune.config import build_config
 from fltune.engine.federation import Federation
 from fltune.engine.pool import WorkerPlan, WorkerPool, plan_workers
 from fltune.errors import FLTuneError
+from fltune.metrics.cost import ModelFlops
 from tests.engine.test_federation import BASE, run, same_weights
 from tests.engine.test_federation_probes import HESSIAN
 
@@ -101,9 +102,9 @@ def test_the_driver_shares_results_are_copies_outside_the_object_store(ray_sessi
         pool.shutdown()
 
 
-def test_work_left_to_the_actors_skips_the_driver_share(ray_session):
-    """``driver=False`` (FLOP counting): the actors alone take the tasks; by default the driver's share
-    takes slot 0; with no actor at all the driver does everything anyway."""
+def test_the_driver_share_takes_slot_0_of_every_call(ray_session):
+    """The driver's share takes slot 0 of a call and the actor the next, in turn; with no actor at all the
+    driver does everything."""
     data_cfg = build_config(overrides=BASE)
     from fltune.engine.builders import load_data
 
@@ -111,13 +112,10 @@ def test_work_left_to_the_actors_skips_the_driver_share(ray_session):
     pool = WorkerPool(WorkerPlan(workers=2, cpus=1.0, gpus=0.0, in_driver=True))
     alone = WorkerPool(WorkerPlan(workers=1, cpus=1.0, gpus=0.0, in_driver=True))
     try:
-        run_ref = pool.bind(data_cfg, data, keep_latest=False)
-        assert (pool.width(), pool.width(driver=False), alone.width(driver=False)) == (2, 1, 1)
-        shared = pool.compute(run_ref, [process_id] * 3)
-        left = pool.compute(run_ref, [process_id] * 3, driver=False)
+        assert (pool.width(), alone.width()) == (2, 1)
+        shared = pool.compute(pool.bind(data_cfg, data, keep_latest=False), [process_id] * 3)
         assert shared[0] == shared[2] == os.getpid() != shared[1]
-        assert left == [shared[1]] * 3
-        assert alone.compute(alone.bind(data_cfg, data, keep_latest=False), [process_id], driver=False) == [os.getpid()]
+        assert alone.compute(alone.bind(data_cfg, data, keep_latest=False), [process_id]) == [os.getpid()]
     finally:
         pool.shutdown()
 
@@ -127,31 +125,34 @@ def compiler_stack(cfg: object, data: object, device: torch.device) -> tuple[boo
     return "torch._dynamo" in sys.modules, sys.modules.get("triton") is not None, torch.cuda.is_available()
 
 
-def test_actors_without_a_gpu_load_the_compiler_stack_without_triton(ray_session):
-    """An actor preloads torch's compiler stack for round 1's FLOP meters; one that sees no GPU, where Triton
-    can run nothing, loads it without Triton (``worker.skip_triton``, ~75 MiB a process)."""
+def test_an_actor_counts_flops_without_the_compiler_stack_and_without_a_gpu_without_triton(ray_session):
+    """An actor that has counted the model's FLOPs (``ModelFlops``, torch's FLOP counter) holds no
+    ``torch._dynamo`` (~150 MiB a process keeps for its life), and one that sees no GPU, where Triton can run
+    nothing, no Triton either (``worker.skip_triton``, ~75 MiB)."""
     cfg = build_config(overrides=BASE)
     from fltune.engine.builders import load_data
 
     pool = WorkerPool(WorkerPlan(workers=1, cpus=1.0, gpus=0.0))
     try:
-        [(dynamo, triton, gpu)] = pool.compute(pool.bind(cfg, load_data(cfg), keep_latest=False), [compiler_stack])
-        assert dynamo and (gpu or not triton)
+        mflops, (dynamo, triton, gpu) = pool.compute(pool.bind(cfg, load_data(cfg), keep_latest=False),
+                                                     [ModelFlops(), compiler_stack])
+        assert mflops > 0
+        assert not dynamo and (gpu or not triton)
     finally:
         pool.shutdown()
 
 
-def test_a_run_with_a_driver_share_never_loads_the_compiler_stack_in_the_driver(tmp_path):
+def test_a_run_with_a_driver_share_meters_there_without_loading_the_compiler_stack(tmp_path):
     """``cli.py run`` on its own 2-CPU Ray, one share in the driver, MLflow on, with round 1's FLOP meters
-    and the model's FLOP count: the driver's process ends without ``torch._dynamo`` (~150 MiB kept for
-    the run's life, issue 12's tree memory) or torch's FLOP counter (~76 MiB with triton), and the cost
-    figures are there. In a fresh interpreter,
-    since this one may have imported it already."""
+    and the model's FLOP count: the driver's share meters its part of round 1 (torch's FLOP counter is
+    loaded there), yet the driver's process ends without ``torch._dynamo`` (~150 MiB kept for the run's
+    life, issue 12's tree memory) and, seeing no GPU, without Triton (~76 MiB), and the cost figures are
+    there. In a fresh interpreter, since this one may have imported them already."""
     sets = [*BASE, "resources.workers=2", "resources.driver_worker=true", "tracking.enabled=true",
             f"tracking.uri=sqlite:///{tmp_path / 'mlflow.db'}"]
     argv = ["run", *(a for item in sets for a in ("--set", item)), "--json-out", str(tmp_path / "summary.json")]
     code = (f"import sys; from fltune.cli import main; print(main({argv!r}), 'torch._dynamo' in sys.modules, "
-            "'torch.utils.flop_counter' in sys.modules)")
+            "'torch.utils.flop_counter' in sys.modules, sys.modules.get('triton') is not None)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.split()[-3:] == ["0", "False", "False"]
+    assert out.split()[-4:] == ["0", "False", "True", str(torch.cuda.is_available())]
     assert json.loads((tmp_path / "summary.json").read_text())["cost_cum_forward_mflops"] > 0

@@ -1,4 +1,8 @@
-"""TrainingFlops keeps the forward passes of a training step apart from its backward (FedAlign Table 5)."""
+"""TrainingFlops keeps the forward passes of a training step apart from its backward (FedAlign Table 5), and
+counts without loading torch's compiler stack."""
+
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -62,3 +66,29 @@ def test_an_op_that_reaches_the_meter_whole_is_counted_through_its_decomposition
     with torch.inference_mode(), counter:
         layer(torch.randn(5, 8))
     assert counter.get_total_flops() == counter.forward_flops == 320
+
+
+METERED_STEP = """
+import sys
+import torch
+from fltune.engine.local import KeptSGD
+from fltune.config import TrainingConfig
+from fltune.metrics._flops import TrainingFlops
+from fltune.metrics.cost import forward_flops_per_sample
+from fltune.models import build_model
+model = build_model("fedavg_cnn", (1, 28, 28), 10)
+optimizer = KeptSGD(list(model.parameters()), TrainingConfig(), 0.01)
+with TrainingFlops() as meter:
+    torch.nn.functional.cross_entropy(model(torch.randn(4, 1, 28, 28)), torch.tensor([0, 1, 2, 3])).backward()
+    optimizer.step()
+print(meter.forward_flops > 0, forward_flops_per_sample(model, (1, 28, 28)) > 0, "torch._dynamo" in sys.modules)
+"""
+
+
+def test_metering_a_training_step_and_counting_the_model_load_no_compiler_stack() -> None:
+    """A metered exact-path step (KeptSGD) and the model's count leave ``torch._dynamo`` unloaded: torch wraps
+    a dispatch mode's ``__torch_dispatch__`` in a dynamo-disabling wrapper that imports it (~0.9 s and
+    ~150 MiB a process keeps), which ``TrainingFlops._should_skip_dynamo`` turns off. In a fresh interpreter,
+    since this one may hold the compiler stack already."""
+    out = subprocess.run([sys.executable, "-c", METERED_STEP], capture_output=True, text=True, check=True).stdout
+    assert out.split()[-3:] == ["True", "True", "False"]
