@@ -25,6 +25,7 @@ from fltune.driver import (
     stop_status,
 )
 from fltune.errors import FLTuneError
+from fltune.examples import EXAMPLES
 from fltune.folders import make_out
 from fltune.reproduce.command import add_parsers as add_reproduce_parsers
 from fltune.reproduce.command import cmd_reproduce, cmd_tables
@@ -195,14 +196,16 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description="fltune: run, tune and compare FL methods.")
     sub = parser.add_subparsers(dest="command", required=True)
-    run = sub.add_parser("run", help="one federated run, tracked in MLflow")
+    run = sub.add_parser("run", help="one federated run, tracked in MLflow", epilog=EXAMPLES["run"],
+                         formatter_class=argparse.RawDescriptionHelpFormatter)
     add_experiment_args(run)
     run.add_argument("--json-out", help="write the final metrics as JSON here")
     run.add_argument("--print-config", action="store_true", help="print the resolved config as YAML and exit")
     run.add_argument("--plan", action="store_true",
                      help="print the run, its client-samples and an estimated wall time; run nothing")
     run.add_argument("--no-mlflow", action="store_true", help="= --set tracking.enabled=false")
-    sub.add_parser("methods", help="registered methods with their parameters and paper defaults")
+    sub.add_parser("methods", help="registered methods with their parameters and paper defaults",
+                   epilog=EXAMPLES["methods"], formatter_class=argparse.RawDescriptionHelpFormatter)
     add_tune_parser(sub)
     add_reproduce_parsers(sub)
     compare = add_compare_parser(sub)

@@ -22,6 +22,7 @@ from fltune.driver import (
     storage_root,
 )
 from fltune.errors import FLTuneError
+from fltune.examples import EXAMPLES
 from fltune.folders import make_out
 
 if TYPE_CHECKING:  # Ray Tune and MLflow load only when the command runs
@@ -41,7 +42,8 @@ SETTINGS = ("methods", "seeds", "tune_budget", "max_concurrent", "checkpoint_eve
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """The command's own flags; the caller adds the experiment flags ``run`` has (but ``--method``)."""
     p = sub.add_parser("compare", help="compare methods on one setting: same split and sampling, seeds, "
-                                       "optional tuning on a validation split (Ray Tune trials)")
+                                       "optional tuning on a validation split (Ray Tune trials)",
+                       epilog=EXAMPLES["compare"], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--methods", help="comma-separated methods, at least two, e.g. fedavg,fedprox,scaffold")
     p.add_argument("--seeds", type=int, default=3, help="seeds per method (base seed + 0, 1, …); rows show mean ± std")
     p.add_argument("--tune-budget", type=int,

@@ -17,6 +17,7 @@ from fltune.driver import (
     newest, note_ignored_on_resume, say_resume,
 )
 from fltune.errors import FLTuneError
+from fltune.examples import EXAMPLES
 
 if TYPE_CHECKING:  # Ray Tune and MLflow load only when the command runs
     from ray.tune import PlacementGroupFactory, Tuner
@@ -31,8 +32,10 @@ RESUME_HINT = "python cli.py reproduce {table} --name {name} --storage {storage}
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
-    sub.add_parser("tables", help="paper tables that `reproduce` can re-run, with their sources and data")
-    p = sub.add_parser("reproduce", help="re-run a paper table (Ray Tune trials) beside the paper's numbers")
+    sub.add_parser("tables", help="paper tables that `reproduce` can re-run, with their sources and data",
+                   epilog=EXAMPLES["tables"], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = sub.add_parser("reproduce", help="re-run a paper table (Ray Tune trials) beside the paper's numbers",
+                       epilog=EXAMPLES["reproduce"], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("table", help="e.g. table2 (= simfafl:table2), simfafl:table3; see `cli.py tables`")
     p.add_argument("--datasets", help="comma-separated subset of the table's datasets, e.g. fmnist")
     p.add_argument("--rows", help="comma-separated subset of the table's rows, e.g. FedAvg,SimFAFL")

@@ -15,6 +15,7 @@ from fltune.driver import (
     TuneJob, add_checkpoint_args, keep_on_resume, newest, note_ignored_on_resume, say_resume,
 )
 from fltune.errors import FLTuneError
+from fltune.examples import EXAMPLES
 
 if TYPE_CHECKING:  # the command's heavy imports (Ray Tune, MLflow) wait until it runs
     from ray.tune import PlacementGroupFactory, Tuner
@@ -30,7 +31,8 @@ BEST_CONFIG = "best_config.yaml"
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("tune", help="hyperparameter study of one method (Ray Tune + Optuna, tracked in MLflow)")
+    p = sub.add_parser("tune", help="hyperparameter study of one method (Ray Tune + Optuna, tracked in MLflow)",
+                       epilog=EXAMPLES["tune"], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--space", help="search-space YAML, e.g. search_spaces/fedprox.yaml")
     p.add_argument("--method", help="method to tune (default: the space file's `method`)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
