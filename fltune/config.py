@@ -42,11 +42,15 @@ class _Section(BaseModel):
 class DataConfig(_Section):
     """Which dataset, where its files are, and how to augment it."""
 
-    dataset: str = "fmnist"
-    root: str | None = None
-    download: bool = False
+    dataset: str = Field("fmnist", description="dataset name (fltune.catalog); FMNIST loads offline from Debian's "
+                         "dataset-fashion-mnist, synthetic needs no files")
+    root: str | None = Field(None, description="folder of the dataset's files; None = Debian's FMNIST folder, "
+                             "then ~/.cache/fltune/data (docs/methods.md §0)")
+    download: bool = Field(False, description="fetch a missing dataset (needs internet); jobs fetch once, before "
+                           "any trial starts")
     augment: Literal["auto", "none", "flip", "crop_flip", "crop_flip_cutout", "reflect_crop_flip",
-                     "flip_crop_half"] = "auto"
+                     "flip_crop_half"] = Field("auto", description="training augmentation; auto = the dataset's "
+                                               "recipe (crop+flip for CIFAR, none for FMNIST; docs/methods.md §0)")
     subsample: float = Field(1.0, gt=0, le=1, description="keep this seeded, class-stratified share of the "
                              "train and test splits (quick reproduction scales); 1 = all")
     normalise: Literal["dataset", "train", "half"] = Field(
@@ -62,10 +66,11 @@ class DataConfig(_Section):
 class PartitionConfig(_Section):
     """How the pool is split over clients (docs/methods.md §0, Partitions)."""
 
-    kind: Literal["iid", "classes", "dirichlet_prior", "dirichlet", "shards", "class_shards"] = "dirichlet_prior"
+    kind: Literal["iid", "classes", "dirichlet_prior", "dirichlet", "shards", "class_shards"] = Field(
+        "dirichlet_prior", description="how labels are spread over clients (docs/methods.md §0, Partitions)")
     alpha: float = Field(0.5, gt=0, description="Dirichlet concentration (δ of non-IID2/MAN, α of LDA)")
     classes_per_client: int | None = Field(None, ge=1, description="k of `classes`; None = dataset default")
-    shards_per_client: int = Field(2, ge=1)
+    shards_per_client: int = Field(2, ge=1, description="label-sorted shards per client of `shards`/`class_shards`")
     min_size: int = Field(10, ge=1, description="`dirichlet`: redraw until every client has this many")
     eval_fraction: float = Field(0.0, ge=0, lt=1, description="per-client held-out share (SimFAFL: 0.3)")
     val_fraction: float = Field(0.0, ge=0, lt=1, description="share of each client's training data held out "
@@ -84,13 +89,15 @@ class PartitionConfig(_Section):
                 "set, which partition.eval_fraction and partition.pool_test define otherwise; allowed: 0 with "
                 f"those set (got eval_fraction {self.eval_fraction:g}, pool_test {self.pool_test})")
         return self
-    cache_dir: str | None = None
+    cache_dir: str | None = Field(None, description="where seeded partitions are cached on disk; None = "
+                                  "$FLTUNE_CACHE/partitions, else ~/.cache/fltune/partitions")
 
 
 class ModelConfig(_Section):
     """Architecture by registry name; `auto` picks the dataset's default."""
 
-    name: str = "auto"
+    name: str = Field("auto", description="model registry name; auto = the method's model if it needs one, else "
+                      "the dataset's (docs/methods.md §1)")
     options: dict[str, Any] = Field(default_factory=dict, description="keyword arguments of the model's "
                                     "builder, e.g. {blocks: 1} for a 1-block-per-stage ResNet-56 in quick tests")
 
@@ -111,7 +118,8 @@ class MethodConfig(BaseModel):
 
     model_config = ConfigDict(extra="allow")
 
-    name: str = "fedavg"
+    name: str = Field("fedavg", description="registered method (`fltune methods`) or <method>+<modifier>; its "
+                      "parameters are method.<name> fields")
 
     @field_validator("name")
     @classmethod
@@ -156,14 +164,14 @@ class MethodConfig(BaseModel):
 class TrainingConfig(_Section):
     """Local training, identical for every method (the engine owns the loop)."""
 
-    local_epochs: int = Field(5, ge=1)
-    batch_size: int = Field(50, ge=1)
-    optimizer: Literal["sgd", "adam"] = "sgd"
-    lr: float = Field(0.01, gt=0)
-    momentum: float = Field(0.9, ge=0, lt=1)
+    local_epochs: int = Field(5, ge=1, description="E, local epochs per round")
+    batch_size: int = Field(50, ge=1, description="B, local mini-batch size")
+    optimizer: Literal["sgd", "adam"] = Field("sgd", description="local optimiser, fresh for every client")
+    lr: float = Field(0.01, gt=0, description="local learning rate (round 1; see lr_decay)")
+    momentum: float = Field(0.9, ge=0, lt=1, description="SGD momentum")
     nesterov: bool = Field(False, description="Nesterov momentum (SGD with momentum > 0 only); FedAlign's code "
                            "uses it in every method")
-    weight_decay: float = Field(0.0, ge=0)
+    weight_decay: float = Field(0.0, ge=0, description="L2 weight decay of the local optimiser")
     lr_decay: float = Field(1.0, gt=0, le=1, description="lr at round r = lr · lr_decay^r (MAN 0.998, FedSOL 0.99)")
     grad_clip: float | None = Field(None, gt=0, description="max global grad norm; None = no clipping")
     finetune_epochs: int = Field(0, ge=0, description="-FT: after the last round every client trains this many "
@@ -196,10 +204,10 @@ class TrainingConfig(_Section):
 class FederationConfig(_Section):
     """Who takes part: N clients, a fraction per round, for R rounds, all from one seed."""
 
-    clients: int = Field(100, ge=1)
-    fraction: float = Field(0.1, gt=0, le=1)
-    rounds: int = Field(10, ge=1)
-    seed: int = Field(0, ge=0)
+    clients: int = Field(100, ge=1, description="N, clients in the federation")
+    fraction: float = Field(0.1, gt=0, le=1, description="share of clients sampled each round")
+    rounds: int = Field(10, ge=1, description="R, communication rounds")
+    seed: int = Field(0, ge=0, description="the seed every random number derives from, with the round and client id")
     sampling: Literal["fixed", "bernoulli"] = Field(
         "fixed", description="fixed: round(N·fraction) clients a round, drawn without replacement; bernoulli: each "
         "client with probability fraction, so their number varies (FedDyn's, FedDC's and MAN's code)")
@@ -212,12 +220,12 @@ class FederationConfig(_Section):
 class HessianConfig(_Section):
     """When and how to measure the loss curvature (docs/methods.md §4); every = 0 turns it off."""
 
-    every: int = Field(0, ge=0)
-    at_end: bool = False
-    batches: int = Field(10, ge=1)
-    batch_size: int = Field(50, ge=1)
+    every: int = Field(0, ge=0, description="probe every k rounds; 0 = off")
+    at_end: bool = Field(False, description="probe after the last round too")
+    batches: int = Field(10, ge=1, description="seeded training batches the Hessian is taken on")
+    batch_size: int = Field(50, ge=1, description="samples per probe batch")
     clients: int = Field(0, ge=0, description="local models for H_N/H_D (FedAlign Eq. 3–4); 0 = skip")
-    top_k: int = Field(5, ge=1)
+    top_k: int = Field(5, ge=1, description="leading eigenvalues logged (hessian_lambda_1…k)")
     max_iter: int = Field(100, ge=1, description="power iterations per eigenvalue; Hutchinson samples at most")
     tol: float = Field(1e-3, gt=0, description="power iteration stops when λ changes by less than this, relatively")
     trace_tol: float = Field(1e-2, gt=0, description="Hutchinson (tr H, H_N/H_D) stops once its standard error "
@@ -242,27 +250,29 @@ class HessianConfig(_Section):
 class MetricsConfig(_Section):
     """Evaluation protocols (docs/methods.md §0) and rounds-to-target."""
 
-    protocols: list[Protocol] = Field(default_factory=lambda: list(PROTOCOLS))
+    protocols: list[Protocol] = Field(default_factory=lambda: list(PROTOCOLS), description="evaluation protocols "
+                                      "scored (docs/methods.md §0); `run` names those it can't measure")
     every: int = Field(1, ge=1, description="evaluate every k rounds (and always at the last round)")
     target: float | None = Field(None, gt=0, le=1, description="accuracy for rounds_to_target")
-    target_metric: Literal["acc_global", "acc_all_model", "acc_personalized", "acc_personalized_ft"] = "acc_global"
+    target_metric: Literal["acc_global", "acc_all_model", "acc_personalized", "acc_personalized_ft"] = Field(
+        "acc_global", description="the accuracy rounds_to_target watches; must be one the run measures")
     test: bool = Field(True, description="evaluate on the test data; false: the run holds no test data and "
                        "evaluates only the validation split (compare's tuning studies)")
-    hessian: HessianConfig = Field(default_factory=HessianConfig)
+    hessian: HessianConfig = Field(default_factory=HessianConfig, description="the Hessian probe (docs/methods.md §4)")
 
 
 class ResourcesConfig(_Section):
     """Ray actors that train clients: how many and what each reserves."""
 
     workers: int | None = Field(None, ge=1, description="client actors; None = as many as CPUs allow")
-    cpus_per_worker: float = Field(1.0, gt=0)
+    cpus_per_worker: float = Field(1.0, gt=0, description="CPUs each worker reserves (its torch threads)")
     gpus_per_worker: float | None = Field(None, ge=0, le=1, description="None = share the GPUs when CUDA exists")
     deterministic: bool = Field(
         True, description="reproducible CUDA kernels (same numbers with 1 or many workers); false = faster on GPU")
     address: str | None = Field(None, description="Ray cluster address; None = start a local Ray")
     driver_worker: bool | None = Field(
         None, description="train one worker's share in the driver's process instead of one more actor (same "
-        "numbers, one torch process less: ~0.6 GiB); None = when `run` starts its own Ray and plans ≥ 2 CPU "
+        "numbers, one torch process less); None = when `run` starts its own Ray and plans ≥ 2 CPU "
         "workers; a Tune trial's process reserves no CPU, so tune/reproduce/compare refuse true")
     executor: Literal["exact", "reference", "batched"] = Field(
         "exact", description="how workers train clients: exact = data on the worker's device, metrics read once "
@@ -279,10 +289,10 @@ class ResourcesConfig(_Section):
 class TrackingConfig(_Section):
     """Where MLflow writes (the driver only)."""
 
-    enabled: bool = True
+    enabled: bool = Field(True, description="log the run to MLflow; false = MLflow is not even imported")
     uri: str | None = Field(None, description="default: $MLFLOW_TRACKING_URI or sqlite:///<repo>/mlruns/mlflow.db")
-    experiment: str = Field("fltune", min_length=1)
-    run_name: str | None = None
+    experiment: str = Field("fltune", min_length=1, description="MLflow experiment name")
+    run_name: str | None = Field(None, description="MLflow run name; None = MLflow's generated one")
 
 
 class ExperimentConfig(_Section):
