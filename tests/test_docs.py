@@ -1,11 +1,23 @@
-"""The docs against the code: docs/adding-a-method.md shows FedProx's files as they ship, and docs/methods.md
-writes out every registered method."""
+"""The docs against the code: docs/adding-a-method.md shows FedProx's files as they ship, docs/methods.md
+writes out every registered method, the generated regions (docs/generate.py) are current, every
+command's --help ends with examples that parse, and every README command runs as written."""
 
 from __future__ import annotations
 
+import argparse
+import importlib.util
+import os
 import re
+import shlex
+import shutil
+import subprocess
 from pathlib import Path
+from types import ModuleType
 
+import pytest
+
+from fltune.cli import build_parser
+from fltune.examples import EXAMPLES
 from fltune.methods import METHODS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -40,3 +52,118 @@ def test_every_registered_method_is_written_out_in_methods_md() -> None:
     text = (ROOT / "docs" / "methods.md").read_text()
     methods = text[text.index("## 2. Methods"):text.index("## 3. ")]
     assert [name for name in sorted(METHODS) if f"`{name}`" not in methods] == []
+
+
+# ---------------------------------------------------------------------------------------------- generated regions
+def generator() -> ModuleType:
+    """``docs/generate.py``, which lives outside the package (only the docs need it)."""
+    spec = importlib.util.spec_from_file_location("docs_generate", ROOT / "docs" / "generate.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_generated_regions_match_the_code() -> None:
+    """The methods table, the papers and tables lists and the configuration reference are the code's."""
+    stale = generator().stale_regions(write=False)
+    assert stale == [], f"stale generated regions {stale}: run `python docs/generate.py`"
+
+
+def test_a_stale_region_is_found_and_rewritten() -> None:
+    gen = generator()
+    text = "intro\n<!-- generated:methods -->\n| old table |\n<!-- /generated:methods -->\nend\n"
+    new, stale = gen.regenerate(text, "x.md", {})
+    assert stale == ["methods"] and "| `fedprox` |" in new and new.startswith("intro\n") and new.endswith("end\n")
+    assert gen.regenerate(new, "x.md", {})[1] == []
+
+
+def test_every_region_the_generator_knows_is_in_the_docs() -> None:
+    gen = generator()
+    found = {m["name"] for path in gen.documents() for m in gen.REGION.finditer(path.read_text())}
+    assert found == set(gen.GENERATORS)
+
+
+def test_readme_and_architecture_stay_short() -> None:
+    assert len((ROOT / "README.md").read_text().splitlines()) <= 200
+    assert len((ROOT / "docs" / "architecture.md").read_text().splitlines()) <= 300
+
+
+# ---------------------------------------------------------------------------------------------- --help examples
+def test_every_commands_help_ends_with_examples_that_parse() -> None:
+    """Each command's epilog shows real commands: every one parses with the real parser."""
+    parser = build_parser()
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+    assert set(EXAMPLES) == set(commands)
+    for name, sub in commands.items():
+        assert sub.format_help().rstrip().endswith(EXAMPLES[name].rstrip())
+        lines = commands_in(EXAMPLES[name])
+        assert len(lines) >= 2 and all(line.startswith("fltune ") for line in lines), name
+        for line in lines:
+            parser.parse_args(shlex.split(line)[1:])  # SystemExit on a flag that does not exist
+
+
+# ---------------------------------------------------------------------------------------------- README commands
+def commands_in(text: str) -> list[str]:
+    """The command lines of a shell snippet, ``\\`` continuations joined."""
+    return [line.strip() for line in text.replace("\\\n", " ").splitlines() if line.strip()
+            and not line.strip().endswith(":")]
+
+
+def readme_commands() -> list[str]:
+    readme = (ROOT / "README.md").read_text()
+    return [c for block in re.findall(r"```bash\n(.*?)```", readme, re.S) for c in commands_in(block)]
+
+
+TEST_COMMAND = "python -m pytest -q"
+
+
+def as_run(command: str) -> str | None:
+    """What the README test runs for one README command: short ones as written, long ones with ``--plan``
+    (a job's whole check, then its plan: nothing trained), the fast loop collected only; None: checked
+    otherwise (install lines and the test command: CI runs them; ``mlflow ui``: a server, so only that it
+    is installed)."""
+    if command.startswith(("apt-get", "pip ")) or command == TEST_COMMAND:  # the test command: .ci/run's, below
+        return None
+    if command.startswith("mlflow ui"):
+        assert shutil.which("mlflow"), "mlflow is not on PATH"
+        return None
+    if command.startswith("ray job submit"):
+        assert shutil.which("ray"), "ray is not on PATH"
+        command = command.split(" -- ", 1)[1].strip()
+    if "-m pytest" in command:
+        return command + " --collect-only -q"
+    long = re.match(r"(fltune|python cli\.py) (run|tune|reproduce|compare)\b", command)
+    return command + " --plan" if long else command
+
+
+def test_the_readmes_test_command_is_the_one_ci_runs() -> None:
+    assert TEST_COMMAND in readme_commands()
+    assert [line for line in (ROOT / ".ci" / "run").read_text().splitlines() if "pytest" in line] == [TEST_COMMAND]
+
+
+@pytest.mark.slow
+def test_every_readme_command_runs_as_written(tmp_path: Path) -> None:
+    """Each fenced command of the README, run in a fresh folder holding what the README refers to (the
+    search spaces, cli.py, its YAML example), exits 0."""
+    assert shutil.which("fltune"), "fltune is not on PATH: pip install -e ."
+    readme = (ROOT / "README.md").read_text()
+    for name, body in re.findall(r"`([\w.]+\.yaml)`:\n\n```yaml\n(.*?)```", readme, re.S):
+        (tmp_path / name).write_text(body)
+    (tmp_path / "search_spaces").symlink_to(ROOT / "search_spaces")
+    (tmp_path / "cli.py").symlink_to(ROOT / "cli.py")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+           "FLTUNE_CACHE": str(tmp_path / "cache"), "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/mlflow.db"}
+    ran = []
+    for command in readme_commands():
+        shell = as_run(command)
+        if shell is None:
+            continue
+        if "-m pytest" in shell:
+            done = subprocess.run(shell, shell=True, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+        else:
+            done = subprocess.run(shell, shell=True, cwd=tmp_path, env=env, capture_output=True, text=True,
+                                  timeout=600, executable="/bin/bash")
+        assert done.returncode == 0, f"{shell}\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}"
+        ran.append(shell)
+    assert any(c.startswith("fltune run --method fedavg") for c in ran) and len(ran) >= 8, ran
