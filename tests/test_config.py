@@ -109,20 +109,6 @@ def test_model_options_reach_the_builder_and_bad_ones_are_one_line() -> None:
         build_model_for(build_config(overrides=["model.name=resnet18", "model.options.running_stats=maybe"]), data)
 
 
-def test_the_readme_lists_every_field_of_every_section():
-    """The README's Configuration table is the users' reference: a field added to a section is listed there."""
-    import re
-    from pathlib import Path
-
-    from fltune.config import ExperimentConfig
-
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    rows = dict(re.findall(r"^\| `(\w+)` \| (.*) \|$", readme, re.M))
-    missing = [f"{section}.{name}" for section, field in ExperimentConfig.model_fields.items()
-               for name in getattr(field.annotation, "model_fields", {}) if f"`{name}`" not in rows.get(section, "")]
-    assert missing == []
-
-
 @pytest.mark.parametrize("override", ["training.lr=.inf", "training.grad_clip=.inf", "partition.alpha=1e400",
                                       "method.name=fedprox\nmethod.mu=.inf"])
 def test_an_infinite_number_is_refused_where_a_bound_alone_would_let_it_through(override):

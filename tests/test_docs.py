@@ -84,6 +84,21 @@ def test_every_region_the_generator_knows_is_in_the_docs() -> None:
     assert found == set(gen.GENERATORS)
 
 
+def test_every_config_field_is_described() -> None:
+    """docs/configuration.md is generated from the schema: a field without ``description=`` would be a blank."""
+    from fltune.config import ExperimentConfig
+
+    todo, blank = [("", ExperimentConfig)], []
+    while todo:
+        prefix, model = todo.pop()
+        for name, info in model.model_fields.items():
+            if hasattr(info.annotation, "model_fields"):
+                todo.append((f"{prefix}{name}.", info.annotation))
+            elif not info.description:
+                blank.append(f"{prefix}{name}")
+    assert blank == []
+
+
 def test_readme_and_architecture_stay_short() -> None:
     assert len((ROOT / "README.md").read_text().splitlines()) <= 200
     assert len((ROOT / "docs" / "architecture.md").read_text().splitlines()) <= 300
