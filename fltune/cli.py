@@ -23,7 +23,7 @@ from fltune.compare.command import cmd_compare
 from fltune.errors import FLTuneError
 from fltune.folders import make_out
 from fltune.process import (
-    exit_now_if_ray_died, forget_stops, handle_stop_signals, quiet_libraries, stop_message, stop_status,
+    exit_now_if_ray_died, forget_stops, handle_stop_signals, interrupted, quiet_libraries, stop_status,
 )
 from fltune.reproduce.command import add_parsers as add_reproduce_parsers
 from fltune.reproduce.command import cmd_reproduce, cmd_tables
@@ -109,13 +109,13 @@ def start_federation(cfg: ExperimentConfig) -> tuple[Federation, WorkerPool]:
 
     import ray
 
-    from fltune.engine.cluster import start_ray
+    from fltune.engine.cluster import ensure_ray
 
     started_here = not ray.is_initialized()
     with ThreadPoolExecutor(1, thread_name_prefix="fltune-data") as loader:
         data = loader.submit(_load_data, cfg)
         try:
-            own_ray = start_ray(cfg.resources.address)
+            own_ray = ensure_ray(cfg.resources.address)
             from fltune.engine.federation import Federation, open_all
             from fltune.engine.pool import WorkerPool, plan_workers
 
@@ -195,7 +195,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"fltune: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print(stop_message(), file=sys.stderr)
+        print(f"fltune: {interrupted()}", file=sys.stderr)  # nothing to continue (a job says its resume line)
         return stop_status()
     return stop_status() if code == 130 else code
 

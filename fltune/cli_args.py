@@ -65,10 +65,7 @@ def note_ignored_on_resume(args: argparse.Namespace, what: str) -> None:
     and saying so beats a user believing the continued job runs the new settings."""
     from fltune.tracking.progress import console
 
-    given = [_flag(dest) for dest, default in args.kept_on_resume.items() if getattr(args, dest) != default]
+    given = ["--set" if dest == "overrides" else f"--{dest.replace('_', '-')}"
+             for dest, default in args.kept_on_resume.items() if getattr(args, dest) != default]
     if given:
         console.print(f"note: a resumed {what} keeps the settings it started with; ignored: {', '.join(given)}")
-
-
-def _flag(dest: str) -> str:
-    return "--set" if dest == "overrides" else f"--{dest.replace('_', '-')}"

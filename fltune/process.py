@@ -6,7 +6,7 @@ stop), a Tune job gets Tune's own graceful stop (trials checkpointed, the study 
 The exit status says which signal it was: 128 + its number (130, 143). Ray installs handlers of its
 own in the driver when it starts — a Python one that turns SIGTERM into ``SystemExit`` and a C++ one
 that dumps a stack trace and aborts — so ours is installed again right after Ray starts
-(``engine.cluster.start_ray``).
+(``engine.cluster.ensure_ray``).
 
 Quiet. Ray's banner about token authentication (the security default stays on) and Tune's "stop
 signal received" advice are dropped; a worker that Ray ends with SIGTERM (a trial stopped early by ASHA,
@@ -19,21 +19,15 @@ import _thread
 import logging
 import os
 import signal
+import socket
 import sys
 import threading
+import time
 import traceback
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
-
-CHATTER = {
-    "ray._private.authentication.authentication_token_setup": ("Token authentication is enabled",),
-    # Tune's advice on a stop, and its resume hint naming its Python API: fltune prints its own command
-    "ray.tune.tune": ("Stop signal received", "Experiment has been interrupted"),
-    "ray.tune.trainable.trainable": ("Restored on",),  # every resumed trial, in its worker
-}
-"""Logger → how the messages of it that are noise to an fltune user start (the rest still show)."""
 
 _stopped_by: list[int] = []
 """The stop signals this process received, in order (the last one names the exit status)."""
@@ -53,26 +47,21 @@ _arrived: list[int] = []
 
 
 # ---------------------------------------------------------------------------------------------- quiet
-class _DropChatter(logging.Filter):
-    def __init__(self, prefixes: tuple[str, ...]) -> None:
+class _Drop(logging.Filter):
+    """Drop a library's records that start with one of ``prefixes``; with ``harmless``, only its error records
+    in the one case ``harmless`` recognises from the exception and the names of its traceback's frames, so
+    every other error of that kind still shows, with its traceback."""
+
+    def __init__(self, prefixes: tuple[str, ...], harmless: Callable[[BaseException, list[str]], bool] | None) -> None:
         super().__init__()
-        self.prefixes = prefixes
+        self.prefixes, self.harmless = prefixes, harmless
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.msg).startswith(self.prefixes)
-
-
-class _DropHarmless(logging.Filter):
-    """Drop a library's error record (one that starts with ``start`` and carries a traceback) in the one case
-    ``harmless`` recognises from its exception and the names of its traceback's frames; every other error of
-    that kind still shows, with its traceback."""
-
-    def __init__(self, start: str, harmless: Callable[[BaseException, list[str]], bool]) -> None:
-        super().__init__()
-        self.start, self.harmless = start, harmless
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if not str(record.msg).startswith(self.start) or not record.exc_info:
+        if not str(record.msg).startswith(self.prefixes):
+            return True
+        if self.harmless is None:
+            return False
+        if not record.exc_info:
             return True
         _, error, trace = record.exc_info
         return not self.harmless(error, [frame.name for frame in traceback.extract_tb(trace)])
@@ -94,27 +83,28 @@ def _superseded_sync(error: BaseException, frames: list[str]) -> bool:
     return isinstance(error, FileNotFoundError) and "_upload_to_fs_path" in frames and "-tmp-" in str(error)
 
 
-HARMLESS = {
-    "ray.tune.execution.tune_controller": ("Trial %s: Error handling checkpoint", _stale_prune),
-    "ray.tune.execution.experiment_state": ("Saving experiment state to storage at ", _superseded_sync),
+NOISE = {
+    "ray._private.authentication.authentication_token_setup": (("Token authentication is enabled",), None),
+    # Tune's advice on a stop, and its resume hint naming its Python API: fltune prints its own command
+    "ray.tune.tune": (("Stop signal received", "Experiment has been interrupted"), None),
+    "ray.tune.trainable.trainable": (("Restored on",), None),  # every resumed trial, in its worker
+    "ray.tune.execution.tune_controller": (("Trial %s: Error handling checkpoint",), _stale_prune),
+    "ray.tune.execution.experiment_state": (("Saving experiment state to storage at ",), _superseded_sync),
 }
-"""Logger → (how its error record starts, the case in which it is harmless): see ``_DropHarmless``."""
+"""Logger → how its records that are noise to an fltune user start, and the one case in which such an error
+record is harmless (None: every such record is noise); the rest still show (``_Drop``)."""
 
 
 def quiet_libraries() -> None:
-    """Drop the library chatter listed in ``CHATTER``; workers get ``quiet_worker`` (Ray's setup hook).
+    """Drop the library noise listed in ``NOISE``; workers get ``quiet_worker`` (Ray's setup hook).
 
     Also numpy's "All-NaN slice" warning: ASHA takes a percentile of the objectives at a rung, which are
     all NaN when every trial there diverged (the board already says so, trial by trial)."""
     warnings.filterwarnings("ignore", message="All-NaN slice encountered", category=RuntimeWarning)
-    for name, prefixes in CHATTER.items():
+    for name, (prefixes, harmless) in NOISE.items():
         logger = logging.getLogger(name)
-        if not any(isinstance(f, _DropChatter) for f in logger.filters):
-            logger.addFilter(_DropChatter(prefixes))
-    for name, (start, harmless) in HARMLESS.items():
-        logger = logging.getLogger(name)
-        if not any(isinstance(f, _DropHarmless) for f in logger.filters):
-            logger.addFilter(_DropHarmless(start, harmless))
+        if not any(isinstance(f, _Drop) for f in logger.filters):
+            logger.addFilter(_Drop(prefixes, harmless))
 
 
 def quiet_worker() -> None:
@@ -122,7 +112,7 @@ def quiet_worker() -> None:
 
     A SIGTERM from Ray (a trial stopped by ASHA, an ended job) raises ``SystemExit`` wherever the worker
     is; inside a weakref callback Python cannot raise it and prints "Exception ignored in … SystemExit"
-    with a traceback instead. That report is dropped; every other one still prints. ``CHATTER`` too.
+    with a traceback instead. That report is dropped; every other one still prints. ``NOISE`` too.
     (Ctrl-C needs nothing here: Ray starts its processes with SIGINT blocked; the driver stops them.)"""
     quiet_libraries()
 
@@ -271,8 +261,6 @@ def _end_if_ray_died(signum: int, poll_s: float = 0.1) -> None:
     folder resumes as after a crash), its line, 128 + the signal. Watching rather than looking once:
     under load Ray takes a while to go. A cluster that was joined (no local node), or a local one that
     survives (SIGTERM to the driver only), leaves the graceful stop to finish."""
-    import time
-
     node = _local_ray()
     if node is None:
         return
@@ -327,8 +315,6 @@ def _local_ray() -> Any:
 def _ray_alive(node: Any) -> bool:
     """Whether the local raylet and GCS server still run and the GCS still accepts connections: on SIGTERM
     it closes its port at once, seconds (under load, sometimes over a minute) before its process is gone."""
-    import socket
-
     from ray._private.ray_constants import PROCESS_TYPE_GCS_SERVER, PROCESS_TYPE_RAYLET
 
     if any(info.process.poll() is not None for kind in (PROCESS_TYPE_RAYLET, PROCESS_TYPE_GCS_SERVER)
@@ -362,11 +348,6 @@ def interrupted(signum: int | None = None) -> str:
     """What stopped the command: by ``signum``, else by the last stop signal received."""
     name = signal.Signals(signum or _last_signal()).name
     return "interrupted" + ("" if name == "SIGINT" else f" ({name})")
-
-
-def stop_message() -> str:
-    """The one line a stopped command prints when there is nothing to continue (else ``say_resume``)."""
-    return f"fltune: {interrupted()}"
 
 
 def say_resume(what: str, resume: str) -> None:

@@ -167,7 +167,7 @@ def test_a_stopped_jobs_line_is_whole_and_names_the_signal(monkeypatch, capsys) 
     process.say_resume(process.interrupted(), resume)
     assert capsys.readouterr().err == f"fltune: interrupted (SIGTERM); continue it with: {resume}\n"
     monkeypatch.setattr(process, "_stopped_by", [])
-    assert process.stop_message() == "fltune: interrupted"
+    assert process.interrupted() == "interrupted"
     assert process.interrupted(15) == "interrupted (SIGTERM)"
 
 

@@ -5,6 +5,7 @@ GPUs itself (its NVIDIA detection), as it does for ``ray start``."""
 from __future__ import annotations
 
 import os
+import socket
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -15,24 +16,10 @@ from fltune.errors import FLTuneError
 from fltune.process import handle_stop_signals
 
 
-def start_ray(address: str | None) -> bool:
-    """Start or join Ray (one clear line when there is nothing to join), then take the signals back.
-    True when this started a local Ray of its own (``ensure_ray``)."""
-    check_gcs(address or os.environ.get("RAY_ADDRESS"))
-    try:
-        started = ensure_ray(address)
-    except ConnectionError as err:  # no cluster there, or several and no address to choose one
-        raise FLTuneError(f"--address {address or '$RAY_ADDRESS'}: {err}") from None
-    handle_stop_signals()
-    return started
-
-
 def check_gcs(address: str | None) -> None:
     """A cluster address of the form ``host:port`` (a head's GCS) accepts connections: for one where nothing
     listens, ``ray.init`` retries for many minutes, printing a warning every few seconds. Other forms
     (``auto``, ``local``, ``ray://…``) are left to Ray, which answers them at once."""
-    import socket
-
     if not address or "://" in address or ":" not in address:
         return
     host, _, port = address.rpartition(":")
@@ -47,25 +34,32 @@ def check_gcs(address: str | None) -> None:
 
 
 def ensure_ray(address: str | None = None) -> bool:
-    """Start a local Ray, or join ``address`` / $RAY_ADDRESS (no local resource arguments when joining).
-    True when this call started a local Ray: the process then owns it and its node alone."""
+    """Start a local Ray, or join ``address`` / $RAY_ADDRESS (no local resource arguments when joining; one
+    clear line when there is nothing to join). True when this call started a local Ray: the process then owns
+    it and its node alone. Ray installs signal handlers of its own as it starts, so fltune's stop handling
+    is installed again after it (``process.handle_stop_signals``)."""
     if ray.is_initialized():
         return False
-    address = address or os.environ.get("RAY_ADDRESS")
+    given, address = address, address or os.environ.get("RAY_ADDRESS")
+    check_gcs(address)
     kwargs: dict[str, Any] = {
         "include_dashboard": False, "log_to_driver": True, "configure_logging": False,
         "runtime_env": {"worker_process_setup_hook": worker_setup()},
     }
-    if address:
-        ray.init(address=address, **kwargs)
-        return False
-    # "local": a new instance even when another `ray start` on this machine left its address in /tmp/ray.
-    # No idle workers prestarted for the driver: here the client actors started in processes of their
-    # own anyway, so those took CPU and memory from the start-up, and one still starting when a short
-    # command ended aborted with a stack dump.
-    ray.init(address="local", num_cpus=os.cpu_count(),
-             _system_config={"prestart_worker_first_driver": False}, **kwargs)
-    return True
+    try:
+        if address:
+            ray.init(address=address, **kwargs)
+        else:
+            # "local": a new instance even when another `ray start` on this machine left its address in
+            # /tmp/ray. No idle workers prestarted for the driver: here the client actors started in processes
+            # of their own anyway, so those took CPU and memory from the start-up, and one still starting
+            # when a short command ended aborted with a stack dump.
+            ray.init(address="local", num_cpus=os.cpu_count(),
+                     _system_config={"prestart_worker_first_driver": False}, **kwargs)
+    except ConnectionError as err:  # no cluster there, or several and no address to choose one
+        raise FLTuneError(f"--address {given or '$RAY_ADDRESS'}: {err}") from None
+    handle_stop_signals()
+    return not address
 
 
 def worker_setup() -> Callable[[], None]:

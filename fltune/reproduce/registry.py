@@ -1,8 +1,8 @@
-"""The paper tables by name, loaded on first lookup: importing ``fltune.reproduce.papers`` registers them
-(``table.register_table``)."""
+"""The paper tables by name: importing ``fltune.reproduce.papers`` registers them (``table.register_table``)."""
 
 from __future__ import annotations
 
+import fltune.reproduce.papers  # noqa: F401  (registers every table)
 from fltune.errors import FLTuneError
 from fltune.reproduce.table import TABLES, PaperTable
 
@@ -12,7 +12,6 @@ ALIASES = {"table2": "simfafl:table2", "table3": "simfafl:table3", "table4": "si
 
 def get_table(name: str) -> PaperTable:
     """A table by ``paper:table`` or short alias; one clear line when unknown."""
-    _load_papers()
     key = ALIASES.get(name, name)
     if key not in TABLES:
         allowed = ", ".join([*ALIASES, *sorted(TABLES)])
@@ -21,11 +20,4 @@ def get_table(name: str) -> PaperTable:
 
 
 def all_tables() -> list[PaperTable]:
-    _load_papers()
     return [TABLES[k] for k in sorted(TABLES)]
-
-
-def _load_papers() -> None:
-    """Import ``fltune.reproduce.papers``: each module registers its tables on import."""
-    import fltune.reproduce.papers  # noqa: F401
-
