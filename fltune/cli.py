@@ -2,7 +2,7 @@
 
 Precedence of settings: ``--config`` YAML < shortcut flags (``--rounds 3``) < ``--set a.b=c``. Every
 user error ends as one line on stderr and exit status 2; a diverged run exits 1; Ctrl-C exits 130 and
-SIGTERM 143, each with one line (``fltune.driver``).
+SIGTERM 143, each with one line (``fltune.process``).
 """
 
 from __future__ import annotations
@@ -17,16 +17,15 @@ from typing import TYPE_CHECKING, Any
 
 from rich.table import Table
 
-from fltune.compare.command import SETTINGS as COMPARE_SETTINGS
+from fltune.cli_args import add_experiment_args, experiment_overrides
 from fltune.compare.command import add_parser as add_compare_parser
 from fltune.compare.command import cmd_compare
-from fltune.driver import (
-    exit_now_if_ray_died, forget_stops, handle_stop_signals, keep_on_resume, quiet_libraries, start_ray, stop_message,
-    stop_status,
-)
 from fltune.errors import FLTuneError
 from fltune.examples import EXAMPLES
 from fltune.folders import make_out
+from fltune.process import (
+    exit_now_if_ray_died, forget_stops, handle_stop_signals, interrupted, quiet_libraries, stop_status,
+)
 from fltune.reproduce.command import add_parsers as add_reproduce_parsers
 from fltune.reproduce.command import cmd_reproduce, cmd_tables
 from fltune.text import counted
@@ -38,35 +37,6 @@ if TYPE_CHECKING:
     from fltune.data.federated import FederatedData
     from fltune.engine.federation import Federation
     from fltune.engine.pool import WorkerPool
-
-SHORTCUTS: dict[str, tuple[str, type]] = {
-    "method": ("method.name", str), "dataset": ("data.dataset", str), "data_root": ("data.root", str),
-    "partition": ("partition.kind", str), "alpha": ("partition.alpha", float),
-    "clients": ("federation.clients", int), "fraction": ("federation.fraction", float),
-    "rounds": ("federation.rounds", int), "seed": ("federation.seed", int),
-    "local_epochs": ("training.local_epochs", int), "batch_size": ("training.batch_size", int),
-    "lr": ("training.lr", float), "model": ("model.name", str), "workers": ("resources.workers", int),
-    "address": ("resources.address", str), "experiment": ("tracking.experiment", str),
-}
-"""CLI flag → config field; flags are only shortcuts for ``--set field=value``."""
-
-
-def add_experiment_args(parser: argparse.ArgumentParser, skip: tuple[str, ...] = ()) -> None:
-    """The config sources shared by run and compare (``skip``: shortcuts a command sets itself)."""
-    parser.add_argument("--config", help="experiment YAML (same fields as --print-config shows)")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
-                        help="override any config field by dotted path, e.g. --set method.mu=0.01 (repeatable)")
-    for name, (field, kind) in SHORTCUTS.items():
-        if name in skip:
-            continue
-        parser.add_argument(f"--{name.replace('_', '-')}", dest=name, type=kind, help=f"= --set {field}=…")
-
-
-def experiment_overrides(args: argparse.Namespace) -> list[str]:
-    flags = [f"{field}={getattr(args, name)}" for name, (field, _) in SHORTCUTS.items()
-             if getattr(args, name, None) is not None]
-    return flags + list(args.overrides)
-
 
 def load_experiment(args: argparse.Namespace, extra: Sequence[str] = ()):
     """Config file + flags + --set → a validated ExperimentConfig."""
@@ -140,11 +110,13 @@ def start_federation(cfg: ExperimentConfig) -> tuple[Federation, WorkerPool]:
 
     import ray
 
+    from fltune.engine.cluster import ensure_ray
+
     started_here = not ray.is_initialized()
     with ThreadPoolExecutor(1, thread_name_prefix="fltune-data") as loader:
         data = loader.submit(_load_data, cfg)
         try:
-            own_ray = start_ray(cfg.resources.address)
+            own_ray = ensure_ray(cfg.resources.address)
             from fltune.engine.federation import Federation, open_all
             from fltune.engine.pool import WorkerPool, plan_workers
 
@@ -208,10 +180,7 @@ def build_parser() -> argparse.ArgumentParser:
                    epilog=EXAMPLES["methods"], formatter_class=argparse.RawDescriptionHelpFormatter)
     add_tune_parser(sub)
     add_reproduce_parsers(sub)
-    compare = add_compare_parser(sub)
-    add_experiment_args(compare, skip=("method",))
-    keep_on_resume(compare, *COMPARE_SETTINGS, "config", "overrides",
-                   *(name for name in SHORTCUTS if name not in ("method", "address")))
+    add_compare_parser(sub)
     return parser
 
 
@@ -229,7 +198,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"fltune: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print(stop_message(), file=sys.stderr)
+        print(f"fltune: {interrupted()}", file=sys.stderr)  # nothing to continue (a job says its resume line)
         return stop_status()
     return stop_status() if code == 130 else code
 

@@ -272,9 +272,9 @@ def plan_table(title: str, est: Estimate):
 def print_plan(title: str, items: list[tuple[str, dict[str, Any], int]], address: str | None,
                max_concurrent: int | None, notes: list[str]) -> int:
     """``--plan``: print what would run and what it costs, and run nothing; exit status 0. The job's data
-    checks come first (``driver.check_data``: every distinct split partitioned, into the disk cache the job
+    checks come first (``preflight.check_data``: every distinct split partitioned, into the disk cache the job
     reads), so a plan of a job that would be refused is refused with the job's own line."""
-    from fltune.driver import check_data
+    from fltune.preflight import check_data
     from fltune.tracking.progress import console
 
     est = estimate(items, cluster_resources(address), max_concurrent)

@@ -136,8 +136,8 @@ def mlflow_uri(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
 @pytest.fixture(autouse=True)
 def _signal_handlers_restored() -> Iterator[None]:
     """Each test ends with the SIGINT and SIGTERM handlers it started with. A test that runs Tune's ``fit``
-    itself (the driver's jobs put their handlers back: ``driver.signal_handlers_kept``) leaves Tune's SIGINT
-    handler installed, and the driver's signal tests that ran after it found a SIGTERM handed to that stale
+    itself (fltune's jobs put their handlers back: ``process.signal_handlers_kept``) leaves Tune's SIGINT
+    handler installed, and the process's signal tests that ran after it found a SIGTERM handed to that stale
     handler: the suite's outcome depended on its order."""
     saved = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
     yield

@@ -9,10 +9,9 @@ import sys
 from importlib.metadata import EntryPoint
 from pathlib import Path
 
-
 from fltune.cli import entry
 from fltune.tracking.paths import default_uri, mlruns_dir
-from fltune.driver import storage_root
+from fltune.tune.storage import storage_root
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -1,6 +1,6 @@
 """``python cli.py compare --methods a,b,c``: a fair, multi-seed comparison of methods on one setting.
 
-Two stages, both Ray Tune jobs in the shared driver (``fltune.driver.TuneJob``): with ``--tune-budget N``
+Two stages, both Ray Tune jobs (``fltune.tune.job.TuneJob``): with ``--tune-budget N``
 first one study per method (``fltune.compare.tuning``), then the cells — every method × seed — as trials
 (``fltune.compare.job``), reported as one row per method (``fltune.compare.report``). The comparison's
 folder ``<storage>/<name>`` holds its spec and the cells' Tune state; the studies sit beside it
@@ -16,14 +16,15 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fltune.driver import (
-    CELL_CHECKPOINT_EVERY, CELL_CHECKPOINT_SECONDS, TuneJob, add_checkpoint_args, check_cadence, check_data,
-    ending_if_ray_dies, exists, interrupted, newest, note_ignored_on_resume, say_resume, start_ray, stop_status,
-    storage_root,
+from fltune.cli_args import (
+    SHORTCUTS, add_checkpoint_args, add_experiment_args, check_cadence, experiment_overrides, keep_on_resume,
+    note_ignored_on_resume,
 )
 from fltune.errors import FLTuneError
 from fltune.examples import EXAMPLES
 from fltune.folders import make_out
+from fltune.process import ending_if_ray_dies, interrupted, say_resume, stop_status
+from fltune.tune.job import CELL_CHECKPOINT_EVERY, CELL_CHECKPOINT_SECONDS, TuneJob
 
 if TYPE_CHECKING:  # Ray Tune and MLflow load only when the command runs
     from ray.tune import PlacementGroupFactory, Tuner
@@ -39,8 +40,8 @@ SETTINGS = ("methods", "seeds", "tune_budget", "max_concurrent", "checkpoint_eve
 """The command's own flags that shape a comparison (a resumed one keeps its saved settings instead)."""
 
 
-def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    """The command's own flags; the caller adds the experiment flags ``run`` has (but ``--method``)."""
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    """The command's own flags, then the experiment flags ``run`` has (but ``--method``)."""
     p = sub.add_parser("compare", help="compare methods on one setting: same split and sampling, seeds, "
                                        "optional tuning on a validation split (Ray Tune trials)",
                        epilog=EXAMPLES["compare"], formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -56,7 +57,9 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--resume", action="store_true", help="continue an interrupted comparison (--name, else the newest)")
     p.add_argument("--plan", action="store_true",
                    help="print the studies and cells that would run and their estimated cost; run nothing")
-    return p
+    add_experiment_args(p, skip=("method",))
+    keep_on_resume(p, *SETTINGS, "config", "overrides",
+                   *(name for name in SHORTCUTS if name not in ("method", "address")))
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
@@ -72,6 +75,7 @@ def show_plan(args: argparse.Namespace) -> int:
     from fltune.compare.spec import method_tree
     from fltune.compare.tuning import study_spec
     from fltune.estimate import print_plan
+    from fltune.tune.storage import storage_root
 
     if args.resume:
         raise FLTuneError("--plan: plans a new comparison; allowed: --plan without --resume")
@@ -88,7 +92,6 @@ def show_plan(args: argparse.Namespace) -> int:
 
 def experiment_tree(args: argparse.Namespace) -> dict[str, Any]:
     """``--config`` + shortcut flags + ``--set``, as ``run`` reads them (validated per method later)."""
-    from fltune.cli import experiment_overrides
     from fltune.config import apply_overrides, read_yaml
 
     return apply_overrides(read_yaml(args.config) if args.config else {}, experiment_overrides(args))
@@ -118,11 +121,12 @@ class Comparison:
         """A new comparison (every study validated too), or with ``--resume`` the saved one."""
         from fltune.compare import spec as compare_spec
         from fltune.compare.tuning import study_spec
+        from fltune.tune.spec import exists
 
         args = self.args
         if args.resume:
             saved = (compare_spec.CompareSpec.load(f"{storage.rstrip('/')}/{args.name}") if args.name
-                     else newest(compare_spec.CompareSpec, storage, "comparison"))
+                     else compare_spec.CompareSpec.newest(storage, "comparison"))
             note_ignored_on_resume(args, "comparison")
             return saved.model_copy(update={"out": args.out}) if args.out else saved
         if not args.methods:
@@ -143,14 +147,17 @@ class Comparison:
 
     def run(self) -> int:
         from fltune.compare.report import notes
+        from fltune.engine.cluster import ensure_ray
+        from fltune.preflight import check_data
         from fltune.tracking.paths import check_tracking
         from fltune.tracking.progress import console
+        from fltune.tune.storage import storage_root
 
         spec = self.spec(storage_root(self.args.storage))
         check_data(job_configs(spec))
         make_out(spec.out)
         check_tracking(spec.tracking)
-        start_ray(self.args.address or spec.config.resources.address)
+        ensure_ray(self.args.address or spec.config.resources.address)
         if not self.args.resume:
             spec.save()
         console.print(f"[bold]fltune compare[/] {'resuming ' if self.args.resume else ''}{spec.name}: "

@@ -15,12 +15,13 @@ from typing import Any
 
 from fltune.catalog import method_names
 from fltune.config import ExperimentConfig, TrackingConfig, build_config
-from fltune.driver import CELL_CHECKPOINT_EVERY, CELL_CHECKPOINT_SECONDS, check_name
 from fltune.errors import FLTuneError
 from fltune.metrics.probe import check_probes, unmet_need
 from fltune.tracking.paths import mlruns_dir
+from fltune.tune.job import CELL_CHECKPOINT_EVERY, CELL_CHECKPOINT_SECONDS
 from fltune.tune.space import set_dotted
 from fltune.tune.spec import SavedSpec
+from fltune.tune.storage import check_name
 
 ACCURACY = {"global": "acc_global", "all_model": "acc_all_model", "personalized": "acc_personalized"}
 FINE_TUNED = "acc_personalized_ft"

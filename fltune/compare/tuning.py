@@ -21,7 +21,8 @@ from fltune.errors import FLTuneError
 from fltune.tune.command import Study
 from fltune.tune.results import TrialRow, unfinished
 from fltune.tune.space import SearchSpace, check_objective, check_params, parse_space, set_dotted
-from fltune.tune.spec import StudySpec
+from fltune.tune.spec import StudySpec, exists
+from fltune.tune.storage import holds, tune_started
 
 SPACES = Path(__file__).resolve().parents[2] / "search_spaces"
 
@@ -74,8 +75,6 @@ class TuningStudy(Study):
     command it names when stopped."""
 
     def __init__(self, args: argparse.Namespace, spec: StudySpec, resume: str) -> None:
-        from fltune.driver import exists
-
         super().__init__(argparse.Namespace(storage=spec.storage, address=args.address, best_out=None,
                                             resume=exists(spec.path)))
         self.spec, self.hint = spec, resume
@@ -100,7 +99,6 @@ def study_rows(path: str) -> list[TrialRow]:
     """The trials of the study at ``path`` as its folder holds them (none before it started)."""
     from ray.tune import ExperimentAnalysis
 
-    from fltune.driver import tune_started
     from fltune.tune.results import trial_row
 
     if not tune_started(path):
@@ -113,7 +111,6 @@ def saved(study: StudySpec) -> StudySpec:
     spec that an older fltune left cut (a stop as it wrote it) is written again from the comparison's: the
     comparison derives each study from its own saved spec, as it did when the study started (the method's
     search-space file is read again)."""
-    from fltune.driver import exists
     from fltune.tracking.progress import console
     from fltune.tune.spec import CutSpec
 
@@ -132,7 +129,6 @@ def concluded(study: StudySpec) -> bool:
     state alone says less: a stop that lands after the last trial ended but before the study concluded
     leaves every trial finished and nothing concluded (no ranking, no best configuration). Such a study is
     run again, and its Tune job, restored with nothing left to train, concludes."""
-    from fltune.driver import holds
     from fltune.tune.command import BEST_CONFIG
 
     return holds(study.path, BEST_CONFIG)

@@ -12,12 +12,11 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fltune.driver import (
-    CELL_CHECKPOINT_EVERY, CELL_CHECKPOINT_SECONDS, TuneJob, add_checkpoint_args, check_cadence, keep_on_resume,
-    newest, note_ignored_on_resume, say_resume,
-)
+from fltune.cli_args import add_checkpoint_args, check_cadence, keep_on_resume, note_ignored_on_resume
 from fltune.errors import FLTuneError
 from fltune.examples import EXAMPLES
+from fltune.process import say_resume
+from fltune.tune.job import CELL_CHECKPOINT_EVERY, CELL_CHECKPOINT_SECONDS, TuneJob
 
 if TYPE_CHECKING:  # Ray Tune and MLflow load only when the command runs
     from ray.tune import PlacementGroupFactory, Tuner
@@ -62,7 +61,8 @@ def cmd_tables(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     from fltune.reproduce.plan import available
-    from fltune.reproduce.registry import ALIASES, DATASET_NAMES, all_tables
+    from fltune.reproduce.registry import ALIASES, all_tables
+    from fltune.reproduce.table import DATASET_NAMES
     from fltune.tracking.progress import console
 
     short = {v: k for k, v in ALIASES.items()}
@@ -88,7 +88,7 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
 
 
 class Reproduction(TuneJob["ReproSpec"]):
-    """A paper table's cells as Tune trials, in the shared job driver."""
+    """A paper table's cells as Tune trials."""
 
     what = "job"
 
@@ -119,7 +119,7 @@ class Reproduction(TuneJob["ReproSpec"]):
             spec = ReproSpec.load(f"{storage.rstrip('/')}/{self.args.name}")
         else:
             key = self.table.key
-            spec = newest(ReproSpec, storage, f"job of {key}", lambda saved: saved.table == key)
+            spec = ReproSpec.newest(storage, f"job of {key}", lambda saved: saved.table == key)
         note_ignored_on_resume(self.args, "job")
         return spec.model_copy(update={"out": self.args.out}) if self.args.out else spec
 

@@ -18,12 +18,13 @@ from pydantic import BaseModel, ConfigDict
 from ray import tune
 
 from fltune.config import TrackingConfig, build_config
-from fltune.driver import check_name
 from fltune.reproduce.plan import PlannedCell, first_config
-from fltune.reproduce.registry import PaperTable, get_table
+from fltune.reproduce.registry import get_table
+from fltune.reproduce.table import PaperTable
 from fltune.tracking.paths import mlruns_dir
 from fltune.tune.space import Objective
 from fltune.tune.spec import SavedSpec
+from fltune.tune.storage import check_name
 from fltune.tune.study import bound_trainable, grid_tuner, restore
 from fltune.tune.trainable import Cadence, run_federations, seed_configs
 
@@ -95,7 +96,7 @@ def new_spec(table: PaperTable, scale: str, planned: list[PlannedCell], *, seeds
              name: str | None, out: str | None, max_concurrent: int | None,
              datasets: list[str] | None, checkpoint_every: int | None = 1,
              checkpoint_seconds: float | None = None) -> ReproSpec:
-    """Name the job ``<paper>-<table>-<scale>-<time>`` unless --name (the driver refuses an existing one)."""
+    """Name the job ``<paper>-<table>-<scale>-<time>`` unless --name (``TuneJob.prepare`` refuses an existing one)."""
     name = check_name(name or f"{table.key.replace(':', '-')}-{scale}-{time.strftime('%Y%m%d-%H%M%S')}")
     resources = first_config(planned).resources
     cells = {p.cell.key: CellRun(tree=p.tree, metric=p.cell.metric, reduce=p.cell.reduce, substituted=p.substituted)

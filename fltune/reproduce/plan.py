@@ -13,7 +13,7 @@ from typing import Any
 from fltune.config import ExperimentConfig, apply_overrides, build_config
 from fltune.data.datasets import DATASETS, load_dataset
 from fltune.errors import DatasetMissing, FLTuneError
-from fltune.reproduce.registry import DATASET_NAMES, Cell, PaperTable, Scale
+from fltune.reproduce.table import DATASET_NAMES, Cell, PaperTable, Scale
 from fltune.metrics.probe import check_probes
 from fltune.tune.space import set_dotted, unmet_need
 
@@ -29,7 +29,7 @@ class PlannedCell:
     """e.g. 'fmnist for cifar100': the scale ran another dataset because the paper's is absent."""
     fetched: bool = False
     """Its dataset is not here yet: ``data.download`` fetches it when the job runs, before Ray starts
-    (``driver.check_data``); a plan that only shows the cells fetches nothing."""
+    (``preflight.check_data``); a plan that only shows the cells fetches nothing."""
 
     @property
     def runnable(self) -> bool:

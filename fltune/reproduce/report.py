@@ -21,7 +21,7 @@ from pathlib import Path
 from rich.table import Table
 
 from fltune.reproduce.job import CellRun, ReproSpec
-from fltune.reproduce.registry import DATASET_NAMES, Cell, PaperTable
+from fltune.reproduce.table import DATASET_NAMES, Cell, PaperTable
 from fltune.tune.board import eta
 from fltune.tune.results import ENDED, TrialRow
 from fltune.tune.trainable import objective_key

@@ -5,6 +5,7 @@ that only trains need not have it), and one that logs to sqlite loads it off the
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 from fltune.config import TrackingConfig
@@ -32,7 +33,7 @@ def sqlite_path(uri: str) -> Path | None:
 
 
 def check_tracking(tracking: TrackingConfig) -> None:
-    """Before a command starts any work: the store it will log to answers (``store.check_reachable``).
+    """Before a command starts any work: the store it will log to answers (``check_reachable``).
 
     A sqlite store (the default) is a local file that ``store.open_store`` creates on first use: it is not
     asked, and MLflow is not imported here (its imports take ~3.5 s on 2 cores, which on the command's main
@@ -43,10 +44,43 @@ def check_tracking(tracking: TrackingConfig) -> None:
         return
     db = sqlite_path(uri)
     if db is None:
-        from fltune.tracking.store import check_reachable
-
         check_reachable(uri)
     elif db.is_dir():
         raise FLTuneError(f"tracking.uri {uri}: {db} is a folder; allowed: sqlite:///<folder>/<file>.db")
     else:  # sqlite makes the file, and fltune its lock file beside it, on the logging thread
         make_out(str(db.parent), f"tracking.uri {uri}: its folder")
+
+
+def check_reachable(uri: str) -> None:
+    """One request to the store at ``uri``, not sqlite (``check_tracking``), with MLflow's HTTP retries
+    off (10 s at most): a mistyped or stopped tracking server, or a store MLflow no longer supports, is then
+    one line naming ``tracking.uri`` instead of minutes of retries and a traceback once the run has started."""
+    from mlflow.environment_variables import MLFLOW_HTTP_REQUEST_MAX_RETRIES, MLFLOW_HTTP_REQUEST_TIMEOUT
+    from mlflow.tracking import MlflowClient
+
+    quick = {MLFLOW_HTTP_REQUEST_MAX_RETRIES.name: "0", MLFLOW_HTTP_REQUEST_TIMEOUT.name: "10"}
+    before = {key: os.environ.get(key) for key in quick}
+    os.environ.update(quick)
+    try:
+        MlflowClient(uri).search_experiments(max_results=1)
+    except Exception as err:  # whatever stops the client (HTTP, a missing database driver) makes it unusable
+        raise FLTuneError(f"tracking.uri {uri}: {_reason(err)}; allowed: a reachable MLflow tracking server "
+                          "or database, or sqlite:///path/mlflow.db (the default)") from None
+    finally:
+        for key, value in before.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def _reason(err: Exception) -> str:
+    """What went wrong, in a few words: a missing package, the OS error of a failed connection, else the
+    message's first sentence."""
+    if isinstance(err, ImportError):
+        return f"needs the Python package {err.name or err}"
+    text = str(err)
+    oserror = re.search(r"\[Errno -?\d+\] ([^'\")\]]+)", text)
+    if oserror:
+        return oserror.group(1).strip()
+    return text.split(". ")[0].strip()[:200]

@@ -16,7 +16,7 @@ beside a ``reproduce`` job). Two things break there without care:
 
 A tracking server (``http://…``) serialises writes itself; its client needs neither, and MLflow's HTTP
 client retries on its own (``MLFLOW_HTTP_REQUEST_MAX_RETRIES``). Those retries back off for minutes
-before a refused connection is reported, so :func:`check_reachable` asks a store other than sqlite once,
+before a refused connection is reported, so ``paths.check_reachable`` asks a store other than sqlite once,
 without them, before a command starts any work.
 """
 
@@ -24,21 +24,17 @@ from __future__ import annotations
 
 import fcntl
 import logging
-import os
 import random
-import re
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import wraps
 from typing import Any
 
-from mlflow.environment_variables import MLFLOW_HTTP_REQUEST_MAX_RETRIES, MLFLOW_HTTP_REQUEST_TIMEOUT
 from mlflow.exceptions import MlflowException
 from mlflow.protos.databricks_pb2 import TEMPORARILY_UNAVAILABLE, ErrorCode
 from mlflow.tracking import MlflowClient
 
-from fltune.errors import FLTuneError
 from fltune.tracking.paths import sqlite_path
 
 RETRY_FOR_S = 120.0
@@ -124,35 +120,3 @@ def open_store(uri: str, experiment: str, artifacts: str | None = None,
             if found.tags.get(key) != value:
                 client.set_experiment_tag(found.experiment_id, key, value)
         return client, found.experiment_id
-
-
-def check_reachable(uri: str) -> None:
-    """One request to the store at ``uri``, not sqlite (``paths.check_tracking``), with MLflow's HTTP retries
-    off (10 s at most): a mistyped or stopped tracking server, or a store MLflow no longer supports, is then
-    one line naming ``tracking.uri`` instead of minutes of retries and a traceback once the run has started."""
-    quick = {MLFLOW_HTTP_REQUEST_MAX_RETRIES.name: "0", MLFLOW_HTTP_REQUEST_TIMEOUT.name: "10"}
-    before = {key: os.environ.get(key) for key in quick}
-    os.environ.update(quick)
-    try:
-        MlflowClient(uri).search_experiments(max_results=1)
-    except Exception as err:  # whatever stops the client (HTTP, a missing database driver) makes it unusable
-        raise FLTuneError(f"tracking.uri {uri}: {_reason(err)}; allowed: a reachable MLflow tracking server "
-                          "or database, or sqlite:///path/mlflow.db (the default)") from None
-    finally:
-        for key, value in before.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-
-
-def _reason(err: Exception) -> str:
-    """What went wrong, in a few words: a missing package, the OS error of a failed connection, else the
-    message's first sentence."""
-    if isinstance(err, ImportError):
-        return f"needs the Python package {err.name or err}"
-    text = str(err)
-    oserror = re.search(r"\[Errno -?\d+\] ([^'\")\]]+)", text)
-    if oserror:
-        return oserror.group(1).strip()
-    return text.split(". ")[0].strip()[:200]

@@ -168,7 +168,7 @@ class TrialBoard(Callback):
 
     def on_trial_recover(self, iteration: int, trials: list[Trial], trial: Trial, **info: Any) -> None:
         """A crashed trial restarting from its last checkpoint (``tune.FailureConfig``): a line saying why,
-        above the live table or in the log; Tune's own traceback per attempt is off (``driver.JOB_ENV``)."""
+        above the live table or in the log; Tune's own traceback per attempt is off (``job.JOB_ENV``)."""
         console.print(f"{trial_label(trial_row(trial))}: attempt {trial.run_metadata.num_failures} failed, "
                       f"restarting from its last checkpoint: {error_line(latest_trace(trial))}",
                       markup=False, highlight=False, soft_wrap=True)

@@ -11,11 +11,11 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fltune.driver import (
-    TuneJob, add_checkpoint_args, keep_on_resume, newest, note_ignored_on_resume, say_resume,
-)
+from fltune.cli_args import add_checkpoint_args, keep_on_resume, note_ignored_on_resume
 from fltune.errors import FLTuneError
 from fltune.examples import EXAMPLES
+from fltune.process import say_resume
+from fltune.tune.job import TuneJob
 
 if TYPE_CHECKING:  # the command's heavy imports (Ray Tune, MLflow) wait until it runs
     from ray.tune import PlacementGroupFactory, Tuner
@@ -60,7 +60,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
 
 class Study(TuneJob["StudySpec"]):
-    """A Ray Tune + Optuna study in the shared job driver."""
+    """A Ray Tune + Optuna study."""
 
     what = "study"
 
@@ -77,11 +77,11 @@ class Study(TuneJob["StudySpec"]):
         if args.name:
             spec = StudySpec.load(f"{storage.rstrip('/')}/{args.name}")
         elif not args.space:
-            spec = newest(StudySpec, storage, "study")
+            spec = StudySpec.newest(storage, "study")
         else:
             stem = Path(args.space).stem
-            spec = newest(StudySpec, storage, f"study of {args.space}",
-                          lambda saved: Path(saved.space_file).stem == stem)
+            spec = StudySpec.newest(storage, f"study of {args.space}",
+                                    lambda saved: Path(saved.space_file).stem == stem)
         note_ignored_on_resume(args, "study")
         return spec
 

@@ -6,6 +6,7 @@ folder), so a resumed study runs exactly the settings it started with, whatever 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import cached_property
 from typing import Any, Self
 
@@ -15,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from fltune.config import ExperimentConfig, build_config
 from fltune.errors import FLTuneError
 from fltune.tune.space import SearchSpace
-from fltune.tune.storage import write_whole
+from fltune.tune.storage import holds, write_whole
 
 SPEC_FILE = "fltune_study.json"
 
@@ -55,6 +56,31 @@ class SavedSpec(BaseModel):
                 raise CutSpec(f"--resume: {path}/{SPEC_FILE} is empty or cut short (a stop as an older fltune "
                               "wrote it), so the job cannot resume; start it again under another --name") from None
             raise FLTuneError(f"--resume: {path} holds a different kind of fltune job") from None
+
+    @classmethod
+    def newest(cls, storage: str, what: str, keep: Callable[[Self], bool] = lambda _: True) -> Self:
+        """The most recently created job of this kind under ``storage`` that ``keep`` accepts: what
+        ``--resume`` without ``--name`` continues."""
+        fs, folder = pyarrow.fs.FileSystem.from_uri(storage)
+        found: list[tuple[Any, Self]] = []
+        for info in fs.get_file_info(pyarrow.fs.FileSelector(folder, allow_not_found=True)):
+            saved = fs.get_file_info(f"{info.path}/{SPEC_FILE}")
+            if saved.type != pyarrow.fs.FileType.File:
+                continue
+            try:
+                spec = cls.load(f"{storage.rstrip('/')}/{info.base_name}")
+            except FLTuneError:  # another kind of job
+                continue
+            if keep(spec):
+                found.append((saved.mtime, spec))
+        if not found:
+            raise FLTuneError(f"--resume: no {what} under {storage}; pass --name")
+        return max(found, key=lambda pair: pair[0])[1]
+
+
+def exists(path: str) -> bool:
+    """Whether ``path`` holds an fltune job (its saved spec), on any pyarrow filesystem."""
+    return holds(path, SPEC_FILE)
 
 
 class CutSpec(FLTuneError):

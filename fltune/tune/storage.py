@@ -1,4 +1,5 @@
-"""The filesystem Tune writes a job folder through: on local disk, every file is replaced whole or not at all.
+"""Where fltune's jobs live (``<storage>/<name>``, on any pyarrow filesystem), what their folders hold, and
+the filesystem Tune writes a job folder through: on local disk, every file is replaced whole or not at all.
 
 Tune rewrites its state files in place. The driver keeps them in a staging folder and copies *all* of them
 (``tuner.pkl``, ``experiment_state-*.json``, ``searcher-state-*.pkl``) to the job folder every few seconds,
@@ -14,11 +15,17 @@ from __future__ import annotations
 
 import io
 import os
+import pickle
+import re
 import uuid
+from pathlib import Path
 
 import fsspec
 import pyarrow
 import pyarrow.fs
+
+from fltune.errors import FLTuneError
+from fltune.tracking.paths import mlruns_dir
 
 
 def part_path(path: str) -> str:
@@ -32,7 +39,7 @@ def write_whole(uri: str, data: bytes) -> None:
 
     For fltune's own files in a job folder (its saved spec, its best configuration), which ``--resume``
     reads back. A stop can land mid-write: SIGTERM becomes ``KeyboardInterrupt`` between any two bytecodes
-    (``driver._on_sigterm``), and a file opened for writing is already truncated. CI once stopped a
+    (``process._on_sigterm``), and a file opened for writing is already truncated. CI once stopped a
     comparison just as its second study saved its spec, and the resume refused the empty file as "a
     different kind of fltune job". Here the old file, or none, stays until the new one is complete."""
     if "://" in uri:  # a remote store publishes an object only when its upload completes
@@ -79,8 +86,63 @@ class AtomicLocalFiles(pyarrow.fs.FSSpecHandler):
 
 def job_filesystem(storage: str) -> pyarrow.fs.FileSystem | None:
     """What Tune should write ``storage`` through: all-or-nothing files for a local folder (``storage``
-    is then a plain absolute path, as ``driver.storage_root`` makes it); None for a URI, which Tune
+    is then a plain absolute path, as ``storage_root`` makes it); None for a URI, which Tune
     resolves itself."""
     if "://" in storage:
         return None
     return pyarrow.fs.PyFileSystem(AtomicLocalFiles())
+
+
+def storage_root(storage: str | None) -> str:
+    """Where jobs live: a URI as given, a local path made absolute (Ray requires it); default
+    ``<repo>/studies`` next to ``mlruns`` (a source checkout keeps its jobs in one place). A ``file://``
+    URI is the local folder it names, so its job files are written whole too (``job_filesystem``)."""
+    storage = storage or str(mlruns_dir().parent / "studies")
+    if "://" not in storage:
+        return str(Path(storage).expanduser().resolve())
+    try:  # a remote store that cannot be reached fails here, in one line, not inside Tune
+        fs, folder = pyarrow.fs.FileSystem.from_uri(storage)
+        if isinstance(fs, pyarrow.fs.LocalFileSystem):
+            return str(Path(folder).resolve())
+        fs.get_file_info(folder)
+    except (OSError, ValueError) as err:
+        raise FLTuneError(f"--storage {storage}: {str(err)[:200]}; allowed: a local folder, or a URI of a "
+                          "filesystem pyarrow can reach (s3://, gs://, hdfs://)") from None
+    return storage
+
+
+def check_name(name: str) -> str:
+    if not re.fullmatch(r"[A-Za-z0-9._-]+", name):
+        raise FLTuneError(f"--name {name!r}: allowed: letters, digits, '.', '_' and '-'")
+    return name
+
+
+def holds(path: str, name: str) -> bool:
+    """Whether the folder at ``path`` holds the file ``name``, on any pyarrow filesystem."""
+    fs, folder = pyarrow.fs.FileSystem.from_uri(path)
+    return fs.get_file_info(f"{folder}/{name}").type == pyarrow.fs.FileType.File
+
+
+def tune_started(path: str) -> bool:
+    """Whether Tune saved the state of the job at ``path`` (``experiment_state-*.json``), on any pyarrow
+    filesystem. A Tuner writes itself (``tuner.pkl``, all ``Tuner.can_restore`` looks for) before its
+    first state; restoring a job stopped in between starts trials without their configurations, so such
+    a job starts afresh instead."""
+    fs, folder = pyarrow.fs.FileSystem.from_uri(path)
+    found = fs.get_file_info(pyarrow.fs.FileSelector(folder, allow_not_found=True))
+    return any(info.base_name.startswith("experiment_state-") for info in found)
+
+
+def tuner_whole(path: str) -> bool:
+    """Whether the Tuner that Tune saved in the job at ``path`` (``tuner.pkl``) reads back. fltune writes
+    job folders whole (``job_filesystem``), but a job saved before that, or copied cut, may hold an empty or
+    truncated one (ray-project/ray#58179): ``Tuner.restore`` then fails on it, though the job's trials,
+    checkpoints and searcher state are all there."""
+    fs, folder = pyarrow.fs.FileSystem.from_uri(path)
+    try:
+        with fs.open_input_stream(f"{folder}/tuner.pkl") as saved:
+            pickle.loads(saved.readall())
+    except (OSError, EOFError, pickle.UnpicklingError):
+        return False
+    return True
+

@@ -19,13 +19,12 @@ from ray import tune
 from ray.tune.schedulers import ASHAScheduler, FIFOScheduler, TrialScheduler
 
 from fltune.config import apply_overrides, build_config, describe_validation_error
-from fltune.driver import check_name, storage_root
 from fltune.engine.pool import plan_workers
 from fltune.errors import FLTuneError
 from fltune.tune.results import failed_result
 from fltune.tune.space import Asha, SearchSpace, base_tree, check_objective, check_params, parse_space, set_dotted
 from fltune.tune.spec import SavedSpec, StudySpec
-from fltune.tune.storage import job_filesystem
+from fltune.tune.storage import check_name, job_filesystem, storage_root
 from fltune.tune.trainable import run_trial
 
 MAX_FAILURES = 2
@@ -182,12 +181,12 @@ def run_config(spec: SavedSpec, callbacks: list[tune.Callback]) -> tune.RunConfi
 def restored_tuner(spec: StudySpec, resources: tune.PlacementGroupFactory) -> tune.Tuner:
     """Tune restores the searcher, the trials and their checkpoints; unfinished trials continue, and so
     do errored ones (a stop signal can kill a trial's processes before Tune pauses it:
-    ``driver.unfinished_if_stopped``)."""
+    ``job.unfinished_if_stopped``)."""
     return restore(spec, bound_trainable(run_trial, spec, resources), resume_errored=True)
 
 
 def restore(spec: SavedSpec, trainable_: Any, resume_errored: bool) -> tune.Tuner:
     """Any fltune Tune job from its folder (callbacks come back from there too); ``TuneJob.prepare`` makes
-    a new Tuner for a job that Tune never saved (``driver.tune_started``)."""
+    a new Tuner for a job that Tune never saved (``storage.tune_started``)."""
     return tune.Tuner.restore(spec.path, trainable_, resume_unfinished=True, resume_errored=resume_errored,
                               storage_filesystem=job_filesystem(spec.storage))

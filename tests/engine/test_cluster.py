@@ -8,7 +8,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import fltune
+from fltune.engine.cluster import check_gcs
+from fltune.errors import FLTuneError
+from tests.tune.test_cluster import free_port
 
 WHERE = """
 import sys
@@ -42,3 +47,10 @@ def test_workers_import_the_fltune_of_the_driver_not_the_installed_one(tmp_path:
     path, hooked = out.stdout.split()[-2:]
     assert Path(path).resolve() == (checkout / "fltune" / "__init__.py").resolve()
     assert hooked == "True"
+
+
+def test_check_gcs_asks_host_port_addresses_only() -> None:
+    for address in (None, "", "auto", "local", "ray://head:10001"):
+        check_gcs(address)  # Ray answers these itself
+    with pytest.raises(FLTuneError, match="no Ray cluster answers there"):
+        check_gcs(f"127.0.0.1:{free_port()}")

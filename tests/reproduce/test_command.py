@@ -86,7 +86,7 @@ def test_reproduce_prints_paper_beside_measured_writes_files_and_resumes(ray_ses
     (["reproduce", "table2", "--checkpoint-seconds", "-5"], "fltune: --checkpoint-seconds: -5; allowed: > 0"),
     (["reproduce", "table2", "--resume"], "fltune: --resume: no job of simfafl:table2 under"),
     (["reproduce", "table2", "--out", "/dev/null/out"], "fltune: --out /dev/null/out: Not a directory; allowed:"),
-    # a cell's data that can't be fetched (a root that can't be made): the driver's check, before Ray starts
+    # a cell's data that can't be fetched (a root that can't be made): the job's data check, before Ray starts
     (["reproduce", "table2", "--datasets", "cifar10", "--rows", "FedAvg", "--set", "data.download=true", "--set",
       "data.root=/dev/null/fltune-data"], "fltune: data.dataset: cifar10 not found in /dev/null/fltune-data"),
     (["reproduce", "table2", "--datasets", "fmnist", "--rows", "FedAvg", "--set", "partition.eval_fraction=0.0001"],

@@ -14,7 +14,8 @@ from fltune.errors import FLTuneError
 from fltune.reproduce.command import describe
 from fltune.reproduce.job import cell_objectives, new_spec
 from fltune.reproduce.plan import cell_tree, plan
-from fltune.reproduce.registry import PaperTable, get_table
+from fltune.reproduce.registry import get_table
+from fltune.reproduce.table import PaperTable
 from fltune.reproduce.report import cell_text, markdown, results, row_lines, write_csv
 from fltune.tune.results import TrialRow
 from tests.conftest import needs_fmnist

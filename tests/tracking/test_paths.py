@@ -1,16 +1,19 @@
 """A command with tracking off never imports MLflow (or Optuna, unless it searches); one that logs to sqlite
-checks its store without importing MLflow (its logging thread does, later)."""
+checks its store without importing MLflow (its logging thread does, later); any other store is asked once."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from fltune.config import TrackingConfig
 from fltune.errors import FLTuneError
-from fltune.tracking.paths import check_tracking
+from fltune.tracking.paths import check_reachable, check_tracking
+from tests.tune.test_cluster import free_port
 
 IMPORTS = """
 import sys
@@ -62,3 +65,14 @@ def test_a_sqlite_store_that_cannot_be_written_is_one_line_before_any_work(tmp_p
     with pytest.raises(FLTuneError) as err:
         check_tracking(TrackingConfig(enabled=True, uri=uri))
     assert str(err.value) == f"tracking.uri {uri}: " + expected.format(tmp=tmp_path)
+
+
+def test_a_store_that_does_not_answer_is_one_line_at_once(tmp_path: Path) -> None:
+    """MLflow's client would retry a refused connection for minutes (4 min 23 s measured) before a traceback."""
+    refused = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    before = os.environ.get("MLFLOW_HTTP_REQUEST_MAX_RETRIES")
+    with pytest.raises(FLTuneError, match=rf"^tracking.uri {refused}: Connection refused; allowed: "):
+        check_reachable(refused)
+    assert os.environ.get("MLFLOW_HTTP_REQUEST_MAX_RETRIES") == before  # the run's own logging retries as usual
+    with pytest.raises(FLTuneError, match="tracking.uri file:.*filesystem tracking backend"):
+        check_reachable((tmp_path / "mlruns").as_uri())  # MLflow ≥ 3.13 refuses the file store

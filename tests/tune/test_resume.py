@@ -123,7 +123,7 @@ def test_a_study_stopped_before_tune_saved_its_state_starts_afresh(tmp_path: Pat
     from ray.tune import Tuner
 
     from fltune.cli import main
-    from fltune.driver import tune_started
+    from fltune.tune.storage import tune_started
     from fltune.tune.study import StudyRequest, cluster_shape, new_spec, new_tuner, placement
 
     spec = new_spec(StudyRequest(space=str(write_space(tmp_path)), storage=str(tmp_path), name="study"))

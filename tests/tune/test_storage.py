@@ -12,8 +12,9 @@ from types import SimpleNamespace
 import pyarrow.fs
 import pytest
 
+from fltune.errors import FLTuneError
 from fltune.tune.spec import SPEC_FILE, SavedSpec
-from fltune.tune.storage import job_filesystem, write_whole
+from fltune.tune.storage import job_filesystem, storage_root, tuner_whole, write_whole
 from fltune.tune.study import run_config
 
 KILLED_MID_WRITE = """
@@ -93,3 +94,21 @@ def test_a_spec_saved_again_as_a_stop_lands_still_reads_back(tmp_path: Path, mon
     monkeypatch.undo()
     assert SavedSpec.load(spec.path) == spec
     assert sorted(p.name for p in (tmp_path / "s").iterdir()) == [SPEC_FILE]
+
+
+def test_a_storage_uri_that_cannot_be_reached_is_one_line_naming_storage(tmp_path: Path) -> None:
+    with pytest.raises(FLTuneError, match=r"^--storage nosuchfs://bucket/x: Unrecognized filesystem .*; allowed: "):
+        storage_root("nosuchfs://bucket/x")
+    # a local folder as a URI is that folder (its job files are written whole, as a plain path's are)
+    assert storage_root(f"file://{tmp_path}/jobs") == str(tmp_path / "jobs")
+    with pytest.raises(FLTuneError, match=r"^--storage file://rel/x: Unsupported hostname .*; allowed: "):
+        storage_root("file://rel/x")
+    assert storage_root(str(tmp_path / "rel" / ".." / "jobs")) == str(tmp_path / "jobs")
+
+
+def test_a_saved_tuner_that_is_missing_empty_or_cut_is_not_whole(tmp_path: Path) -> None:
+    assert not tuner_whole(str(tmp_path))
+    saved = pickle.dumps({"_tune_config": list(range(100))})
+    for data, whole in ((saved, True), (b"", False), (saved[: len(saved) // 2], False)):
+        (tmp_path / "tuner.pkl").write_bytes(data)
+        assert tuner_whole(str(tmp_path)) == whole

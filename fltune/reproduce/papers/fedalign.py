@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fltune.reproduce.registry import Cell, PaperTable, Scale, register_table
+from fltune.reproduce.table import Cell, PaperTable, Scale, register_table
 
 GRADAUG = {"method.omega_b": 0.8}
 ROWS: dict[str, tuple[str, dict[str, Any]]] = {

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fltune.reproduce.registry import Cell, PaperTable, Scale, register_table
+from fltune.reproduce.table import Cell, PaperTable, Scale, register_table
 
 ROWS: dict[str, tuple[str, dict[str, Any]]] = {
     # paper row: (method, its App. B.5 Table 8 hyperparameters; the rest are fltune's defaults)

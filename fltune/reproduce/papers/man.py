@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fltune.reproduce.registry import Cell, PaperTable, Scale, register_table
+from fltune.reproduce.table import Cell, PaperTable, Scale, register_table
 
 BASES = {"FedAvg": "fedavg", "FedSAM": "fedsam", "FedASAM": "fedasam", "FedDyn": "feddyn", "FedDC": "feddc",
          "FedSpeed": "fedspeed"}

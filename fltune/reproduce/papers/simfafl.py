@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 from fltune.methods import get_method
-from fltune.reproduce.registry import DATASET_NAMES, Cell, PaperTable, Scale, register_table
+from fltune.reproduce.table import DATASET_NAMES, Cell, PaperTable, Scale, register_table
 
 COLUMNS = {"non-IID1": {"partition.kind": "classes"}, "non-IID2": {"partition.kind": "dirichlet_prior"}}
 ALPHA = {"emnist_letters": 0.5, "fmnist": 0.5, "cifar10": 0.5, "cifar100": 0.3}

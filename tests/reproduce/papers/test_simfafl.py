@@ -18,7 +18,8 @@ from fltune.config import build_config
 from fltune.reproduce.papers.simfafl import LOCAL_REP_EP, ROWS
 from fltune.reproduce.job import new_spec
 from fltune.reproduce.plan import cell_tree, plan
-from fltune.reproduce.registry import DATASET_NAMES, get_table
+from fltune.reproduce.registry import get_table
+from fltune.reproduce.table import DATASET_NAMES
 from tests.conftest import needs_fmnist
 from tests.reproduce.test_plan import fmnist_only  # noqa: F401 (fixture)
 

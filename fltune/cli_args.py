@@ -1,0 +1,71 @@
+"""Command-line flags that several commands share: the experiment's config sources (``run``, ``compare``),
+a Tune job's checkpoint cadence (``tune``, ``reproduce``, ``compare``), and the flags ``--resume`` ignores."""
+
+from __future__ import annotations
+
+import argparse
+
+from fltune.errors import FLTuneError
+
+SHORTCUTS: dict[str, tuple[str, type]] = {
+    "method": ("method.name", str), "dataset": ("data.dataset", str), "data_root": ("data.root", str),
+    "partition": ("partition.kind", str), "alpha": ("partition.alpha", float),
+    "clients": ("federation.clients", int), "fraction": ("federation.fraction", float),
+    "rounds": ("federation.rounds", int), "seed": ("federation.seed", int),
+    "local_epochs": ("training.local_epochs", int), "batch_size": ("training.batch_size", int),
+    "lr": ("training.lr", float), "model": ("model.name", str), "workers": ("resources.workers", int),
+    "address": ("resources.address", str), "experiment": ("tracking.experiment", str),
+}
+"""CLI flag → config field; flags are only shortcuts for ``--set field=value``."""
+
+
+def add_experiment_args(parser: argparse.ArgumentParser, skip: tuple[str, ...] = ()) -> None:
+    """The config sources shared by run and compare (``skip``: shortcuts a command sets itself)."""
+    parser.add_argument("--config", help="experiment YAML (same fields as --print-config shows)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
+                        help="override any config field by dotted path, e.g. --set method.mu=0.01 (repeatable)")
+    for name, (field, kind) in SHORTCUTS.items():
+        if name in skip:
+            continue
+        parser.add_argument(f"--{name.replace('_', '-')}", dest=name, type=kind, help=f"= --set {field}=…")
+
+
+def experiment_overrides(args: argparse.Namespace) -> list[str]:
+    """The shortcut flags as ``--set`` overrides, placed before the ``--set`` ones, which take precedence."""
+    flags = [f"{field}={getattr(args, name)}" for name, (field, _) in SHORTCUTS.items()
+             if getattr(args, name, None) is not None]
+    return flags + list(args.overrides)
+
+
+def check_cadence(args: argparse.Namespace) -> None:
+    """``--checkpoint-every`` ≥ 1 and ``--checkpoint-seconds`` > 0 when given."""
+    if args.checkpoint_every is not None and args.checkpoint_every < 1:
+        raise FLTuneError(f"--checkpoint-every: {args.checkpoint_every}; allowed: ≥ 1")
+    if args.checkpoint_seconds is not None and not args.checkpoint_seconds > 0:
+        raise FLTuneError(f"--checkpoint-seconds: {args.checkpoint_seconds:g}; allowed: > 0")
+
+
+def add_checkpoint_args(p: argparse.ArgumentParser, rounds_default: str, seconds_default: str) -> None:
+    """The checkpoint cadence of a Tune job's trials (``trainable.Cadence``): tune, reproduce and compare."""
+    p.add_argument("--checkpoint-every", type=int, metavar="ROUNDS",
+                   help=f"checkpoint each trial every ROUNDS rounds, always at the end (default: {rounds_default})")
+    p.add_argument("--checkpoint-seconds", type=float, metavar="S",
+                   help=f"also checkpoint once S seconds have passed since the last one (default: {seconds_default})")
+
+
+def keep_on_resume(p: argparse.ArgumentParser, *dests: str) -> None:
+    """Mark the flags of ``p`` that shape a job (its cells, trials, seeds, cadence): a resumed job runs the
+    settings it saved instead, so ``note_ignored_on_resume`` names those given anyway. Their defaults are
+    recorded here, so a flag left alone is told apart from one the user set."""
+    p.set_defaults(kept_on_resume={dest: p.get_default(dest) for dest in dests})
+
+
+def note_ignored_on_resume(args: argparse.Namespace, what: str) -> None:
+    """One note naming the job-shaping flags given to ``--resume`` (``keep_on_resume``): they change nothing,
+    and saying so beats a user believing the continued job runs the new settings."""
+    from fltune.tracking.progress import console
+
+    given = ["--set" if dest == "overrides" else f"--{dest.replace('_', '-')}"
+             for dest, default in args.kept_on_resume.items() if getattr(args, dest) != default]
+    if given:
+        console.print(f"note: a resumed {what} keeps the settings it started with; ignored: {', '.join(given)}")

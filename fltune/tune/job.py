@@ -1,0 +1,246 @@
+"""The scaffold of an fltune Tune job (a study, a paper-table reproduction, a comparison's cells):
+``TuneJob.run`` validates, starts Ray, sizes and fits the trials, and concludes from the job folder —
+also after a stop, whose trials ``--resume`` continues."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from abc import ABC, abstractmethod
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+from fltune.errors import FLTuneError
+from fltune.folders import make_out
+from fltune.process import ending_if_ray_dies, signal_handlers_kept, stop_arrived, terminated
+
+if TYPE_CHECKING:  # Ray Tune and MLflow load only when a command runs
+    from ray.tune import PlacementGroupFactory, Tuner
+    from ray.tune.experiment import Trial
+
+    from fltune.config import ExperimentConfig, TrackingConfig
+    from fltune.tune.board import TrialBoard
+    from fltune.tune.mlflow_runs import RunTree
+    from fltune.tune.results import TrialRow
+    from fltune.tune.spec import SavedSpec
+
+JOB_ENV = {
+    # with verbose=0 and the old output engine Tune prints nothing: the board is the job's output
+    "RAY_AIR_NEW_OUTPUT": "0",
+    # Tune snapshots its state every `num_to_keep` trial checkpoints (so a resume never points at a deleted
+    # one) and warns when that is frequent: with a checkpoint per round it is, by design
+    "TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S": "0",
+    # Tune logs every failed attempt's whole traceback; fltune says each restart in a line (the board's
+    # on_trial_recover) and why trials failed in one line per reason at the end (say_failures)
+    "TUNE_PRINT_ALL_TRIAL_ERRORS": "0",
+}
+
+CELL_CHECKPOINT_EVERY, CELL_CHECKPOINT_SECONDS = 25, 60.0
+"""A job cell's default checkpoint cadence (reproduce, compare): paper-scale cells run hundreds of rounds,
+and a checkpoint of a personalised method's state costs more than its round."""
+
+
+Spec = TypeVar("Spec", bound="SavedSpec")
+
+
+def with_gpu_share(spec: Spec, cluster: dict[str, float], cpus_per_worker: float, max_concurrent: int | None) -> Spec:
+    """Pin ``gpus_per_worker`` once (a job keeps it on resume). Unset, the cluster's GPUs are shared by
+    the client workers of the trials that run at once: as many as ``max_concurrent`` allows *and* the
+    CPUs fit. Dividing by ``max_concurrent`` alone starves the GPU when the CPUs fit fewer trials;
+    dividing by the CPU fit alone does when ``--max-concurrent`` allows fewer."""
+    if spec.gpus_per_worker is not None:
+        return spec
+    gpus = cluster.get("GPU", 0.0)
+    fit = max(1, int(cluster.get("CPU", 0.0) // (spec.workers * cpus_per_worker)))
+    at_once = min(fit, max_concurrent or fit)
+    return spec.model_copy(update={"gpus_per_worker": min(1.0, gpus / (spec.workers * at_once)) if gpus else 0.0})
+
+
+def unfinished_if_stopped(rows: list[TrialRow]) -> list[TrialRow]:
+    """After a stop signal, trials that ended in error count as unfinished ("pending"): a signal sent to
+    the whole process group (``timeout``, Slurm) kills trials' processes too, and Tune may record such a
+    trial as failed before its graceful stop pauses it. The job then concludes interrupted, and
+    ``--resume`` runs those trials again from their last checkpoints (``resume_errored``)."""
+    if not terminated():
+        return rows
+    return [replace(row, status="pending") if row.status == "failed" else row for row in rows]
+
+
+def say_failures(trials: list[Trial]) -> None:
+    """Why trials failed (after Tune's retries), one line per reason (``results.failure_lines``); nothing
+    after a stop signal, whose killed trials are resumed rather than failed (``unfinished_if_stopped``)."""
+    from ray.tune.experiment import Trial
+
+    from fltune.tracking.progress import console
+    from fltune.tune.results import failure_lines
+
+    if terminated():
+        return
+    traces = [(trial.path, _trace(trial)) for trial in trials if trial.status == Trial.ERROR]
+    refused = [str(trial.last_result["error"]) for trial in trials
+               if trial.status != Trial.ERROR and (trial.last_result or {}).get("status") == "failed"]
+    for line in failure_lines(traces, refused):
+        console.print(line, markup=False, soft_wrap=True)
+
+
+def _trace(trial: Trial) -> str:
+    """The trial's error trace as Tune kept it ("" when it kept none, or its storage cannot be read)."""
+    try:
+        return trial.get_error() or ""
+    except OSError:
+        return ""
+
+
+class TuneJob(ABC, Generic[Spec]):
+    """One kind of fltune Tune job (a study, a paper-table reproduction, a comparison's cells), run by ``run``."""
+
+    what = "job"
+    """How messages name the job."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+
+    @abstractmethod
+    def new_spec(self, storage: str) -> Spec:
+        """A fresh job from the command line, validated before Ray starts."""
+
+    @abstractmethod
+    def saved_spec(self, storage: str) -> Spec:
+        """The job ``--resume`` continues (``--name``, else the newest of its kind)."""
+
+    @abstractmethod
+    def experiment(self, spec: Spec) -> dict[str, Any]:
+        """An experiment tree of the job's trials (their resources are the same)."""
+
+    @abstractmethod
+    def max_concurrent(self, spec: Spec) -> int | None:
+        """Trials at once (None: as many as fit)."""
+
+    @abstractmethod
+    def tracking(self, spec: Spec) -> TrackingConfig:
+        ...
+
+    def trial_configs(self, spec: Spec) -> list[ExperimentConfig]:
+        """The settings of the job's trials (jobs of cells: every cell's; studies: their base), whose data
+        are checked before Ray starts (``check_data``)."""
+        from fltune.config import build_config
+
+        return [build_config(self.experiment(spec))]
+
+    @abstractmethod
+    def new_tuner(self, spec: Spec, resources: PlacementGroupFactory) -> Tuner:
+        """A new Tuner of the job, with ``callbacks``."""
+
+    def callbacks(self, spec: Spec) -> list[Any]:
+        """The terminal board always; MLflow only when tracking is on (off, MLflow is never imported)."""
+        board = self.board(spec)
+        if not self.tracking(spec).enabled:
+            return [board]
+        from fltune.tune.mlflow_runs import MLflowStudyCallback
+
+        return [board, MLflowStudyCallback(spec, self.run_tree())]
+
+    def board(self, spec: Spec) -> TrialBoard:
+        """The live board: the trials ranked (jobs of cells draw their cells instead)."""
+        from fltune.tune.board import TrialBoard
+
+        return TrialBoard(spec)
+
+    def run_tree(self) -> type[RunTree]:
+        """The MLflow runs the job keeps: a parent and a child per trial (jobs of cells: per cell)."""
+        from fltune.tune.mlflow_runs import StudyLog
+
+        return StudyLog
+
+    @abstractmethod
+    def restored_tuner(self, spec: Spec, resources: PlacementGroupFactory) -> Tuner:
+        ...
+
+    def out(self, spec: Spec) -> str | None:
+        """The folder of the job's result files besides its job folder (``--out``); None: it has none."""
+        return None
+
+    @abstractmethod
+    def describe(self, spec: Spec, nodes: int) -> str:
+        """The job's first line(s) on the terminal."""
+
+    @abstractmethod
+    def resume_command(self, spec: Spec) -> str:
+        """The command line that continues the job."""
+
+    @abstractmethod
+    def conclude(self, spec: Spec, rows: list[TrialRow]) -> int:
+        """Results, files and the exit status (130 when trials are left to resume)."""
+
+    def resuming(self) -> bool:
+        """Whether ``prepare`` continues a saved job (``--resume``) rather than creating one."""
+        return bool(self.args.resume)
+
+    def prepare(self) -> tuple[Spec, Tuner, int]:
+        """Validate (before Ray starts), join or start Ray, size the trials, then create or restore the
+        Tuner; also the number of Ray nodes."""
+        from fltune.config import build_config
+        from fltune.engine.cluster import ensure_ray
+        from fltune.preflight import check_data
+        from fltune.tracking.paths import check_tracking
+        from fltune.tune import study
+        from fltune.tune.spec import exists
+        from fltune.tune.storage import storage_root, tune_started, tuner_whole
+
+        storage = storage_root(self.args.storage)
+        spec = self.saved_spec(storage) if self.resuming() else self.new_spec(storage)
+        if not self.resuming() and exists(spec.path):
+            raise FLTuneError(f"--name {spec.name}: {self.what} {spec.path} already exists; "
+                              "add --resume to continue it")
+        check_data(self.trial_configs(spec))
+        if (out := self.out(spec)) is not None:
+            make_out(out)
+        check_tracking(self.tracking(spec))
+        tree = self.experiment(spec)
+        ensure_ray(self.args.address or build_config(tree).resources.address)
+        cluster, node_cpus = study.cluster_shape()
+        spec = with_gpu_share(spec, cluster, build_config(tree).resources.cpus_per_worker, self.max_concurrent(spec))
+        resources = study.placement(tree, spec.workers, spec.gpus_per_worker, cluster, node_cpus)
+        if self.resuming() and tune_started(spec.path):
+            if not tuner_whole(spec.path):  # a new Tuner of the saved spec writes it again, as it was
+                self.new_tuner(spec, resources)
+            tuner = self.restored_tuner(spec, resources)
+        else:
+            if not self.resuming():
+                spec.save()
+            tuner = self.new_tuner(spec, resources)
+        return spec, tuner, len(node_cpus)
+
+    def close_runs(self, spec: Spec) -> None:
+        """End the job's MLflow runs still RUNNING as KILLED (the command is going down)."""
+        from fltune.tune.mlflow_runs import close_open_runs
+
+        if self.tracking(spec).enabled:
+            close_open_runs(self.tracking(spec), spec.path, "killed")
+
+    def run(self) -> int:
+        """The whole command: prepare, fit, and conclude from the job folder's final state — every trial,
+        also those a stop left pending or running. A command that dies of an exception ends its MLflow
+        runs KILLED (Tune's own clean-up ends them in every other case)."""
+        from ray.tune import ExperimentAnalysis
+
+        from fltune.tracking.progress import console
+        from fltune.tune.results import trial_row
+
+        for key, value in JOB_ENV.items():
+            os.environ.setdefault(key, value)
+        spec, tuner, nodes = self.prepare()
+        console.print(self.describe(spec, nodes))
+        with ending_if_ray_dies(lambda: self.close_runs(spec), self.resume_command(spec)):
+            try:
+                with signal_handlers_kept():
+                    tuner.fit()
+            except BaseException:
+                self.close_runs(spec)
+                raise
+        trials = ExperimentAnalysis(spec.path).trials
+        say_failures(trials)
+        code = self.conclude(spec, unfinished_if_stopped([trial_row(trial) for trial in trials]))
+        if code != 130 and stop_arrived():  # a stop the job took after its last trial: the command ends here
+            raise KeyboardInterrupt
+        return code
