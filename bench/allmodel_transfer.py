@@ -20,8 +20,8 @@ import pickle
 
 import ray
 
+from fltune.assembly import build_federation
 from fltune.config import build_config
-from fltune.engine.federation import Federation
 from fltune.engine.worker import RunSpec
 from fltune.errors import DatasetMissing
 from fltune.data.datasets import load_dataset
@@ -39,7 +39,7 @@ def dataset() -> str:
 
 def measure(overrides: list[str], path: str) -> tuple[list[int], int, int]:
     """(bytes the workers returned per round, checkpoint bytes, local models held) of one run."""
-    fed = Federation(build_config(overrides=overrides))
+    fed = build_federation(build_config(overrides=overrides))
     sizes: list[int] = []
     try:
         fed.open()

@@ -37,11 +37,11 @@ from collections.abc import Callable
 
 import torch
 
+from fltune.assembly import build_federation
 from fltune.config import ExperimentConfig, ResourcesConfig, build_config
 from fltune.data.augment import to_float
 from fltune.data.federated import FederatedData
 from fltune.engine.builders import build_method, build_model_for, initial_state, load_data
-from fltune.engine.federation import Federation
 from fltune.engine.rng import derive_seed, sample_clients
 from fltune.errors import FLTuneError
 from fltune.methods.base import ClientContext
@@ -76,7 +76,7 @@ def executors() -> list[str]:
 
 def fltune_rates(cfg: ExperimentConfig, data: FederatedData) -> list[float]:
     """Client-samples per second of every round run by the engine (the round's own training time)."""
-    fed = Federation(cfg, data)
+    fed = build_federation(cfg, data)
     try:
         return [result.metrics["samples"] / result.metrics["round_s"] for result in fed.rounds()]
     finally:

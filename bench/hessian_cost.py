@@ -3,7 +3,7 @@
 Workload: the FedAvg CNN (FMNIST shape, 1.66 M parameters) and 10 batches of 50 FMNIST training images
 (the first 500; random N(0, 1) images with random labels when FMNIST is not installed — the ``data``
 line says which). Timed: one local epoch of SGD over the 10 batches (lr 0.01, momentum 0.9, FedSOL's
-setting; best of 3, each from a fresh copy of the model), then λ_max (``top_eigenvalues``, k = 1) plus
+setting; best of 3, each from a fresh copy of the model), then λ_max (``top_eigenpairs``, k = 1) plus
 the trace (``hessian_trace``) at the model after those epochs, with docs/methods.md §4's defaults (tol 1e-3, at
 most 100 iterations each), on the same 10 batches. Runs on CUDA when available, else on CPU with
 ``torch.set_num_threads(1)`` for both timings (the 2 cores are shared; one thread keeps timings stable).
@@ -24,7 +24,7 @@ import torch
 from fltune.data.augment import to_float
 from fltune.data.datasets import load_dataset
 from fltune.errors import DatasetMissing
-from fltune.metrics.hessian import Batch, cross_entropy_loss, hessian_trace, top_eigenvalues
+from fltune.metrics.hessian import Batch, cross_entropy_loss, hessian_trace, top_eigenpairs
 from fltune.models import build_model
 
 BATCHES, BATCH_SIZE, EPOCH_REPEATS = 10, 50, 3
@@ -96,7 +96,7 @@ def main() -> None:
         calls += 1
         return cross_entropy_loss(m, batch)
 
-    eigen = timed(lambda: top_eigenvalues(model, counted_loss, batches)[0], device)
+    eigen = timed(lambda: top_eigenpairs(model, counted_loss, batches)[0][0], device)
     eigen_products, calls = calls // BATCHES, 0
     trace = timed(lambda: hessian_trace(model, counted_loss, batches).value, device)
     trace_products = calls // BATCHES

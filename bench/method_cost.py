@@ -51,6 +51,7 @@ from pathlib import Path
 import ray
 import torch
 
+from fltune.assembly import build_federation
 from fltune.config import ExperimentConfig, build_config
 from fltune.data.datasets import load_dataset
 from fltune.engine.builders import build_model_for, model_name, resolve_augment
@@ -122,7 +123,7 @@ def train_mflops_per_sample(fed: Federation) -> tuple[float, float]:
 
 def measure(cfg: ExperimentConfig) -> Cost:
     """One method's run on a fresh worker process: its rounds, the worker's memory, the cost metrics."""
-    fed = Federation(cfg)
+    fed = build_federation(cfg)
     try:
         fed.open()
         assert fed.pool is not None

@@ -18,15 +18,15 @@ import time
 import torch
 import torch.nn.functional as F
 
+from fltune.assembly import build_federation
 from fltune.config import build_config
 from fltune.data.augment import to_float
 from fltune.engine.builders import build_model_for, initial_state, load_data
-from fltune.engine.federation import Federation
 from fltune.engine.rng import sample_clients
 
 
 def fltune_round_seconds(cfg) -> list[float]:
-    fed = Federation(cfg)
+    fed = build_federation(cfg)
     try:
         fed.open()
         return [result.metrics["round_s"] for result in fed.rounds()]

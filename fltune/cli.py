@@ -117,7 +117,8 @@ def start_federation(cfg: ExperimentConfig) -> tuple[Federation, WorkerPool]:
         data = loader.submit(_load_data, cfg)
         try:
             own_ray = ensure_ray(cfg.resources.address)
-            from fltune.engine.federation import Federation, open_all
+            from fltune.assembly import build_federation
+            from fltune.engine.federation import open_all
             from fltune.engine.pool import WorkerPool, plan_workers
 
             pool = WorkerPool(plan_workers(cfg, ray.cluster_resources(), own_ray))
@@ -125,7 +126,7 @@ def start_federation(cfg: ExperimentConfig) -> tuple[Federation, WorkerPool]:
             data.cancel()
             raise
         try:
-            fed = Federation(cfg, data.result(), pool=pool)
+            fed = build_federation(cfg, data.result(), pool)
             open_all([fed])  # the run reads the workers' shared copy from here on
         except BaseException:
             pool.shutdown()

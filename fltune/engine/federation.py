@@ -1,12 +1,14 @@
-"""The round loop: sample, broadcast, train on the actor pool, aggregate, run the round probes.
+"""The round loop: sample, broadcast, train on the pool's workers, aggregate, run the round probes.
 
 ``Federation.rounds`` is the package's one round loop: it yields a :class:`RoundResult` per round, and
-every driver consumes those — ``run`` hands them to callbacks (progress, MLflow), a Tune trial reports and
+every command consumes those — ``run`` hands them to callbacks (progress, MLflow), a Tune trial reports and
 checkpoints them (several seeds in :func:`lockstep`). What is measured after a round — evaluation
-protocols, the Hessian, the cost — are probes (``fltune.metrics.probe``), run by name-blind code here;
-their heavy parts (evaluations, Hessian-vector products) run on the workers (``evaluate_state``, ``compute``).
-The engine knows no method by name (it only calls hooks) and imports neither MLflow nor Ray Tune. Its
-whole state — global weights, server state, the per-client store, the latest local models, the history,
+protocols, the Hessian, the cost — are the probes it is handed (``engine.probes``; ``fltune.assembly``
+hands it those of the metrics package), run by name-blind code here, each adding its own entries to the run
+summary; their heavy parts (evaluations, Hessian-vector products) run on the workers (``evaluate_state``,
+``compute``). The workers are a :class:`~fltune.engine.dispatch.Pool` (Ray actors, this process), so the
+loop imports no Ray; it knows no method by name (it only calls hooks) and imports neither MLflow nor Ray
+Tune. Its whole state — global weights, server state, the per-client store, the latest local models, the history,
 the probes' state — is plain data (``state_dict``), so a checkpoint is just that.
 """
 
@@ -14,30 +16,27 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
 import numpy as np
-import ray
 import torch
 
 from fltune.config import ExperimentConfig
 from fltune.data.datasets import release_loaded
 from fltune.data.federated import FederatedData
 from fltune.engine.aggregate import WeightedSum
-from fltune.engine.builders import build_method, build_model_for, initial_state, load_data
 from fltune.engine.batched import note_fallback
+from fltune.engine.builders import build_method, build_model_for, initial_state
 from fltune.engine.callbacks import Callback
+from fltune.engine.dispatch import Pool, balance, deal
 from fltune.engine.local import RoundInput, eval_batch_count, evaluate, load_state, total_scores
-from fltune.engine.cluster import ensure_ray
-from fltune.engine.pool import WorkerPool, balance, plan_workers
+from fltune.engine.probes import Probe, ProbeTask, RoundView
 from fltune.engine.rng import round_clients, use_deterministic_cuda
 from fltune.errors import FLTuneError
 from fltune.methods.base import Aggregate, ServerContext, State, Upload
-from fltune.metrics.probe import Probe, ProbeTask, RoundView, probes_for
-from fltune.metrics.summary import run_summary
 
 T = TypeVar("T")
 
@@ -56,12 +55,14 @@ class Federation:
     """One federated run: ``rounds()`` yields each round's result, ``run()`` hands them to callbacks."""
 
     def __init__(
-        self, cfg: ExperimentConfig, data: FederatedData | None = None, pool: WorkerPool | None = None,
+        self, cfg: ExperimentConfig, data: FederatedData, pool: Pool | Callable[[], Pool],
+        probes: Callable[[Federation], Sequence[Probe]] | None = None,
     ) -> None:
-        """``pool``: serve the run on a caller's client actors (kept open by ``close``) instead of starting
-        ``resources.*`` of its own; results do not depend on which, only on the pool's actor count."""
+        """``pool``: the client workers that serve the run — a caller's pool (``close`` leaves it up for its
+        owner), or what starts the run's own as it opens (``close`` stops it); results do not depend on
+        which. ``probes``: what builds the run's probes for it, once its data and evaluation model exist."""
         self.cfg = cfg
-        self.data = data if data is not None else load_data(cfg)
+        self.data = data
         self.method = build_method(cfg)
         self.initial_state: State = initial_state(cfg, self.data)
         self.global_state: State = self.initial_state
@@ -77,34 +78,33 @@ class Federation:
         self.eval_model = build_model_for(cfg, self.data).to(self.device)
         note_fallback(cfg, self.method, self.eval_model)
         self.sizes = [len(idx) for idx in self.data.client_train]
-        self.pool: WorkerPool | None = None
-        self.shared_pool = pool
-        self.run_ref: ray.ObjectRef | None = None
-        self.val_ref: ray.ObjectRef | None = None
+        self.pool: Pool | None = None if callable(pool) else pool
+        self.start_pool = pool if callable(pool) else None
+        self.run_ref: Any = None
+        """The pool's handle of this run while it is open (``Pool.bind``); None: not open."""
+        self.val_ref: Any = None
         self.artifacts: list[Path] = []
         """Files the probes wrote (end-of-run figures), for the tracking callbacks."""
-        self.probes: list[Probe] = probes_for(self)
+        self.probes: list[Probe] = list(probes(self)) if probes else []
         self.callbacks: Sequence[Callback] = ()
         """Those of the ``run`` in progress (told as each probe starts)."""
 
     # ------------------------------------------------------------------ setup
     def open(self) -> None:
-        """Start (or join) Ray and the client actors — or take the shared pool — and bind this run to them."""
-        if self.pool is None:
-            pool = self.shared_pool
-            if pool is None:
-                ensure_ray(self.cfg.resources.address)
-                pool = WorkerPool(plan_workers(self.cfg, ray.cluster_resources()))
+        """Start the run's own workers, or take the caller's, and bind this run to them."""
+        if self.run_ref is None:
+            if self.pool is None:
+                assert self.start_pool is not None
+                self.pool = self.start_pool()
             keep = any(probe.keeps_local_models for probe in self.probes)
-            self.run_ref = pool.bind(self.cfg, self.data, keep_latest=keep)
-            self.data = ray.get(self.run_ref).data  # the workers' shared copy (zero-copy), not a private one
-            self.pool = pool
+            self.run_ref, self.data = self.pool.bind(self.cfg, self.data, keep_latest=keep)  # the workers' copy
 
     def close(self) -> None:
-        """Stop the client actors this run started (a shared pool stays up for its owner)."""
-        if self.pool is not None and self.pool is not self.shared_pool:
+        """Stop the workers this run started (a caller's pool stays up for its owner)."""
+        if self.start_pool is not None and self.pool is not None:
             self.pool.shutdown()
-        self.pool = self.run_ref = self.val_ref = None
+            self.pool = None
+        self.run_ref = self.val_ref = None
 
     # ------------------------------------------------------------------ loop
     def rounds(self) -> Iterator[RoundResult]:
@@ -157,11 +157,11 @@ class Federation:
             round=r, seed=fed.seed, lr=training.lr_at(r),
             global_state=self.global_state, server=self.method.server_payload(self.server_state),
         )
-        inputs_ref = ray.put(inputs)
+        meters = [build for probe in self.probes if (build := probe.client_meter(r)) is not None]
         res = self.cfg.resources
         group = res.batch_clients if res.executor == "batched" else 1  # whole groups per worker
         shards = balance(clients, self.sizes, self.pool.width(), group)
-        results = self.pool.map(self.run_ref, "train", shards, inputs_ref, per_shard=self._states_for)
+        results = self.pool.map(self.run_ref, "train", shards, inputs, meters, per_shard=self._states_for)
         total = WeightedSum()
         uploads, states, client_metrics, latest = {}, {}, {}, {}
         for res in results:
@@ -244,7 +244,7 @@ class Federation:
         n = len(self.data.split(split)[1])
         if n == 0:  # a run with metrics.test: false holds no test data: reading it is a bug, never a score
             raise FLTuneError(f"this run has no {split} data to evaluate on")
-        if self.pool is None:
+        if self.run_ref is None:
             load_state(self.eval_model, state)
             x, y = self.data.split(split)
             correct, loss, _ = evaluate(self.eval_model, self.data, x, y, self.device)
@@ -252,7 +252,7 @@ class Federation:
         batches = list(range(eval_batch_count(n)))
         workers = self.pool.width()
         shards = [batches[len(batches) * i // workers:len(batches) * (i + 1) // workers] for i in range(workers)]
-        parts = self.pool.map(self.run_ref, "evaluate_split", shards, ray.put(state), split)
+        parts = self.pool.map(self.run_ref, "evaluate_split", shards, state, split)
         correct, loss, _ = total_scores([score for part in parts for score in part], n)
         return correct / n, loss / n
 
@@ -273,20 +273,19 @@ class Federation:
         inputs = RoundInput(round=final, seed=self.cfg.federation.seed, lr=training.finetune_lr or training.lr_at(final),
                             global_state=self.global_state, server={})
         scores: dict[int, tuple[int, float, int]] = {}
-        calls = self.pool.map(run_ref, "evaluate_clients", shards, ray.put(inputs), finetune,
-                              per_shard=self._states_for)
+        calls = self.pool.map(run_ref, "evaluate_clients", shards, inputs, finetune, per_shard=self._states_for)
         for part in calls:
             scores.update(part)
         accs = [scores[c][0] / scores[c][2] for c in clients]
         losses = [scores[c][1] / scores[c][2] for c in clients]
         return float(np.mean(accs)), float(np.mean(losses))
 
-    def _validation_run(self) -> ray.ObjectRef:
+    def _validation_run(self) -> Any:
         """This run bound a second time with the validation splits as the clients' held-out data (the
         workers evaluate ``client_eval``); bound on first use, only by runs that evaluate validation."""
         assert self.pool is not None
         if self.val_ref is None:
-            self.val_ref = self.pool.bind(self.cfg, self.data.val_as_eval(), keep_latest=False)
+            self.val_ref, _ = self.pool.bind(self.cfg, self.data.val_as_eval(), keep_latest=False)
         return self.val_ref
 
     def compute(self, tasks: Sequence[ProbeTask[T]]) -> list[T]:
@@ -295,8 +294,8 @@ class Federation:
         is a function of the run's config and data and its own arguments alone, so which worker ran it
         does not change its result."""
         self.open()
-        assert self.pool is not None and self.run_ref is not None
-        return self.pool.compute(self.run_ref, list(tasks))
+        assert self.pool is not None
+        return deal(self.pool, self.run_ref, tasks)
 
     def static_costs(self) -> dict[str, float]:
         """The run's constants, from the probes that declare some (FedAlign Table 5: forward MFLOPs per
@@ -305,8 +304,23 @@ class Federation:
 
     # ------------------------------------------------------------------ results and checkpoints
     def summary(self) -> dict[str, Any]:
-        """The run's final figures (keys of ``--json-out``)."""
-        return run_summary(self.history, self.cfg, self.status)
+        """The run's final figures (keys of ``--json-out``): each probe's own entries (``Probe.summary``),
+        then the loop's totals; ``wall_s`` counts the rounds and the probes' clocks ``in_wall``."""
+        history = self.history
+        round_s = sum(row["round_s"] for row in history)
+        samples = sum(row["samples"] for row in history)
+        clocks = {probe.clock for probe in self.probes if probe.clock and probe.in_wall}
+        summary = {key: value for probe in self.probes for key, value in probe.summary(self).items()}
+        summary.update(
+            rounds=int(history[-1]["round"]) if history else 0,
+            wall_s=sum(row["round_s"] + sum(row.get(clock, 0.0) for clock in clocks) for row in history),
+            round_s_mean=round_s / len(history) if history else None,
+            samples_per_s=samples / round_s if round_s else None,
+            status=self.status,
+        )
+        if self.status == "diverged":
+            summary["diverged_round"] = summary["rounds"]
+        return summary
 
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to continue exactly where the run stands."""
@@ -335,7 +349,7 @@ def open_all(feds: Sequence[Federation]) -> None:
 
     Why: ``open`` hands each dataset to the workers through Ray's object store and from then on reads
     their shared copy; the loader's cache would keep the private copy alive for the rest of the process
-    (Fashion-MNIST: 55 MB in a run's driver or a Tune trial's process). The federations are all built
+    (a run's driver or a Tune trial's). The federations are all built
     before (a trial's seeds share one load), so releasing afterwards costs no second read."""
     for fed in feds:
         fed.open()

@@ -5,19 +5,19 @@ A worker process that dies mid-round is restarted by Ray (``max_restarts``) and 
 retried (``max_task_retries``); since a call carries everything a client needs and every client's
 randomness is keyed by (seed, round, client id), the retried round gives the same bits as an unbroken one.
 
-The driver's share (``WorkerPlan.in_driver``): the driver only waits while its actors train, and each
-torch process costs ~0.6 GiB (torch's CUDA build maps and dirties ~0.26 GiB per process on import alone),
-so a local CPU run trains one shard in the driver instead of starting one more actor (issue 12's CPU
-memory goal). Its arguments come through Ray's object store, so it reads what an actor reads, and its
-results come back as copies, so the caller holds what an actor would return: the shards do not depend on
-which slot trains them, and the numbers are the same bits. It takes its share of every call, round 1's
-metered training and the FLOP count included: counting loads none of torch's compiler stack
-(``metrics._flops.TrainingFlops``).
+The driver's share (``WorkerPlan.in_driver``, an :class:`InProcessPool`): the driver only waits while its
+actors train, and every torch process holds its own copy of torch's memory, so a local CPU run trains one
+shard in the driver instead of starting one more actor (issue 12's CPU memory goal). Its arguments come
+through Ray's object store, so it reads what an actor reads, and its results come back as copies, so the
+caller holds what an actor would return: the shards do not depend on which slot trains them, and the
+numbers are the same bits. It takes its share of every call, round 1's metered training and the FLOP count
+included: counting loads none of torch's compiler stack (``metrics._flops.TrainingFlops``).
 """
 
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,7 +25,6 @@ import ray
 
 from fltune.config import ExperimentConfig
 from fltune.data.federated import FederatedData
-from fltune.engine.batched import client_groups
 from fltune.engine.builders import torch_threads
 from fltune.engine.worker import ClientWorker, RunSpec
 from fltune.errors import FLTuneError
@@ -85,33 +84,53 @@ def plan_workers(cfg: ExperimentConfig, cluster: dict[str, float], own_ray: bool
     return WorkerPlan(workers=workers, cpus=res.cpus_per_worker, gpus=gpus, in_driver=in_driver)
 
 
-class DriverWorker:
-    """A ClientWorker called in this process: one worker's share without a process of its own.
+class InProcessPool:
+    """One client worker in this process: a pool of width 1 without a process of its own, alone or as the
+    driver's share of a :class:`WorkerPool`.
 
     Its arguments travel through Ray's object store as an actor's do: it reads what an actor reads
     (read-only zero-copy arrays, its own copy of the client states). The caller keeps what an actor would
     return: copies, not views of this worker's model, which its next call overwrites. They are deep copies
     on the driver's heap, not objects put in the store: a page of the store, once used, stays resident for
-    the rest of the run, so a round's result put there (the FedAvg CNN's partial sum: 26.6 MB of float64)
-    kept that much more of the store resident (measured: ~25 MiB), where a copy is freed once the round
-    has summed it. It trains with the plan's thread count and gives the driver its own back between
-    calls."""
+    the rest of the run, so a round's result put there (a partial sum of the weights in float64) would keep
+    that much more of the store resident, where a copy is freed once the round has summed it. It trains
+    with the plan's thread count, as an actor does (torch's CPU kernels may round differently per thread
+    count), and gives the driver its own back between calls."""
 
-    def __init__(self, threads: int) -> None:
+    def __init__(self, threads: int = 1) -> None:
         self.threads = threads
         with torch_threads(threads):  # ClientWorker sets its process's thread count
             self.worker = ClientWorker(threads, in_driver=True)
 
+    def width(self) -> int:
+        return 1
+
+    def bind(self, cfg: ExperimentConfig, data: FederatedData, keep_latest: bool) -> tuple[Any, FederatedData]:
+        """The run in the object store (as :meth:`WorkerPool.bind`), the worker's model built now."""
+        ref = ray.put(RunSpec(cfg, data, keep_latest))
+        self.call("ready", [ref])
+        return ref, ray.get(ref).data
+
+    def map(self, run: ray.ObjectRef, method: str, shards: list[list[Any]], *args: Any,
+            per_shard: Callable[[list[Any]], Any] | None = None) -> list[Any]:
+        (shard,) = shards
+        return [self.call(method, [run], *args, *_call_tail(shard, per_shard))] if shard else []
+
     def call(self, method: str, *args: Any) -> Any:
+        """``ClientWorker.method(*args)``, each argument read from Ray's object store as an actor reads it."""
         resolved = [ray.get(arg if isinstance(arg, ray.ObjectRef) else ray.put(arg)) for arg in args]
         with torch_threads(self.threads):
             result = getattr(self.worker, method)(*resolved)
         return copy.deepcopy(result)
 
+    def shutdown(self) -> None:
+        """Nothing to stop: the worker is this process."""
+
 
 class WorkerPool:
-    """``plan.workers`` client workers — ClientWorker actors, and the driver's share when
-    ``plan.in_driver`` — ; ``map`` runs one call per non-empty shard and gathers results.
+    """``plan.workers`` client workers — ClientWorker actors, and the driver's share (an
+    :class:`InProcessPool`) when ``plan.in_driver`` — ; ``map`` runs one call per non-empty shard and gathers
+    results.
 
     The workers are bound to no run: every call names its run (``bind``), so one pool can serve many runs
     (a test's many methods, a caller's sweep) without paying for new worker processes each time.
@@ -124,50 +143,41 @@ class WorkerPool:
         self.plan = plan
         threads = max(1, int(plan.cpus))
         self.actors = [remote.remote(threads) for _ in range(plan.actors)]
-        self.driver = DriverWorker(threads) if plan.in_driver else None
+        self.driver = InProcessPool(threads) if plan.in_driver else None
 
     def width(self) -> int:
         """Shards a call is split into: one per worker, the driver's share included."""
         return self.plan.workers
 
-    def bind(self, cfg: ExperimentConfig, data: FederatedData, keep_latest: bool) -> ray.ObjectRef:
-        """A run's handle for ``map``: its config and dataset in the object store, once per run. The caller
-        holds it for the run's life, so restarted actors can fetch them again. Every actor starts fetching
-        it at once (``ClientWorker.ready``, not waited for): the first round then finds them warm, and
-        their start-up overlaps the driver's (tracking, the header)."""
+    def bind(self, cfg: ExperimentConfig, data: FederatedData, keep_latest: bool) -> tuple[Any, FederatedData]:
+        """The run's config and dataset in the object store, once per run (its zero-copy dataset is the one
+        the caller reads from then on); the caller holds the handle for the run's life, so restarted actors
+        can fetch them again. Every actor starts fetching it at once (``ClientWorker.ready``, not waited
+        for): the first round then finds them warm, and their start-up overlaps the driver's (tracking, the
+        header)."""
         ref = ray.put(RunSpec(cfg, data, keep_latest))
         for actor in self.actors:
             actor.ready.remote([ref])
         if self.driver is not None:
             self.driver.call("ready", [ref])
-        return ref
+        return ref, ray.get(ref).data
 
-    def map(self, run: ray.ObjectRef, method: str, shards: list[list[int]], *args: Any,
-            per_shard: Any = None) -> list[Any]:
-        """Call ``worker.method(run, *args, shard, per_shard(shard))`` on worker i for shard i, one shard per
-        slot of ``width()``; the results in shard order. Worker 0 is the driver's share when there is one:
-        the actors' calls are sent first, so it trains while they do.
+    def map(self, run: ray.ObjectRef, method: str, shards: list[list[Any]], *args: Any,
+            per_shard: Callable[[list[Any]], Any] | None = None) -> list[Any]:
+        """``Pool.map``. Worker 0 is the driver's share when there is one: the actors' calls are sent first,
+        so it trains while they do.
 
-        The run's reference goes nested (``[run]``) so Ray does not copy the dataset into every call; runs
-        that share the pool interleave freely, each call naming its own.
+        The arguments go to the object store once for all calls, and the run's reference nested (``[run]``)
+        so Ray does not copy the dataset into every call; runs that share the pool interleave freely, each
+        call naming its own.
         """
         assert len(shards) == self.width(), (len(shards), self.width())
-
-        def call_args(shard: list[int]) -> tuple[Any, ...]:
-            return ([run], *args, shard, *((per_shard(shard),) if per_shard else ()))
-
+        shared = [ray.put(arg) for arg in args]
         driver_shard, actor_shards = (shards[0], shards[1:]) if self.driver is not None else ([], shards)
-        refs = [getattr(actor, method).remote(*call_args(shard))
+        refs = [getattr(actor, method).remote([run], *shared, *_call_tail(shard, per_shard))
                 for actor, shard in zip(self.actors, actor_shards) if shard]
-        own = [self.driver.call(method, *call_args(driver_shard))] if driver_shard else []
+        own = self.driver.map(run, method, [driver_shard], *shared, per_shard=per_shard) if self.driver else []
         return own + ray.get(refs)
-
-    def compute(self, run: ray.ObjectRef, tasks: list[Any]) -> list[Any]:
-        """Probe tasks dealt to the ``width()`` workers in turn (``ClientWorker.compute``) and run at once;
-        the results in task order."""
-        n = self.width()
-        parts = self.map(run, "compute", [tasks[slot::n] for slot in range(n)])  # empty ones last
-        return [parts[i % n][i // n] for i in range(len(tasks))]
 
     def shutdown(self) -> None:
         for actor in self.actors:
@@ -175,14 +185,6 @@ class WorkerPool:
         self.actors = []
 
 
-def balance(clients: list[int], sizes: list[int], workers: int, group: int = 1) -> list[list[int]]:
-    """Longest-processing-time-first assignment of clients to workers (deterministic, size-balanced), in
-    units of the batched executor's client groups (``batched.client_groups``; ``group = 1``: single clients)."""
-    shards: list[list[int]] = [[] for _ in range(workers)]
-    loads = [0] * workers
-    units = client_groups(clients, group)
-    for unit in sorted(units, key=lambda u: (-sum(sizes[c] for c in u), u[0])):
-        slot = min(range(workers), key=lambda i: (loads[i], i))
-        shards[slot].extend(unit)
-        loads[slot] += sum(sizes[c] for c in unit)
-    return [sorted(s) for s in shards]
+def _call_tail(shard: list[Any], per_shard: Callable[[list[Any]], Any] | None) -> tuple[Any, ...]:
+    """A worker call's last arguments: its shard, and what ``per_shard`` gives it."""
+    return (shard, *((per_shard(shard),) if per_shard else ()))

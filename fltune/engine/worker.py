@@ -4,7 +4,7 @@ A worker serves one run at a time: the run's config and dataset arrive by refere
 (one ``ray.put`` per run, see ``WorkerPool.bind``), and the worker builds its model and method when the
 run changes. Per call it trains its share of the round's clients one after another and returns one partial
 weighted sum (see aggregate.py) plus each client's upload, new state and metrics, with whatever the
-configured probes' client meters measured around its training (metrics/probe.py ``client_meters``). Weights
+meters the call carries measured around its training (``Probe.client_meter``). Weights
 arrive as numpy from one ``ray.put`` per round.
 
 When a probe needs every local model (``RunSpec.keep_latest``: ``all_model``, H_N/H_D), a worker whose
@@ -20,7 +20,7 @@ import ctypes.util
 import logging
 import os
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -37,9 +37,9 @@ from fltune.engine.local import (
     Batch, Executor, RoundInput, batch_scores, batches, device_states, eval_batch_count, final_model, final_round,
     final_training, load_changed, load_state, read_scores, score_sums, state_on_device, total_scores, train_client,
 )
+from fltune.engine.probes import ClientMeter, ProbeTask
 from fltune.engine.rng import derive_seed, use_deterministic_cuda
 from fltune.methods.base import ClientResult, Method, State, Upload, to_numpy
-from fltune.metrics.probe import ProbeTask, client_meters
 
 T = TypeVar("T")
 
@@ -99,7 +99,7 @@ class ClientWorker:
     def __init__(self, threads: int, in_driver: bool = False) -> None:
         """A process that sees no GPU keeps Triton out (``skip_triton``): round 1's FLOP meter imports torch's
         FLOP counter, which imports Triton where it is installed. ``in_driver``: the driver's share
-        (``pool.DriverWorker``), whose plan reserves no GPU even where the driver's process sees one."""
+        (``pool.InProcessPool``), whose plan reserves no GPU even where the driver's process sees one."""
         torch.set_num_threads(max(1, threads))
         sees_gpu = torch.cuda.is_available()
         if not sees_gpu:
@@ -132,15 +132,15 @@ class ClientWorker:
         return self.data
 
     def train(
-        self, run_ref: list, inputs: RoundInput, client_ids: list[int], states: dict[int, dict[str, Any]],
+        self, run_ref: list, inputs: RoundInput, builders: Sequence[Callable[[], ClientMeter]], client_ids: list[int],
+        states: dict[int, dict[str, Any]],
     ) -> WorkerResult:
         """Train ``client_ids`` in order; stop early if one diverges (the round is lost anyway). The batched
         executor trains them in groups (engine/batched.py), except in a round whose probes meter each
-        client's own training (``client_meters``)."""
+        client's own training (``builders``: what builds each meter, ``Probe.client_meter``)."""
         data = self._attach(run_ref)
         result = WorkerResult(partial=WeightedSum())
         global_tensors = state_on_device(inputs.global_state, self.device)
-        builders = client_meters(self.cfg, inputs.round)  # what probes measure of the training itself
         if self.batched and not builders:
             return self._pack(self._train_groups(result, inputs, client_ids, states, global_tensors))
         for cid in client_ids:

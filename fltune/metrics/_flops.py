@@ -41,12 +41,9 @@ class TrainingFlops(TorchDispatchMode):
     decomposition run (and counted) as that decomposition, as it runs them, so the training's numbers stay
     the same too. What it leaves out is the per-module attribution: ``FlopCounterMode``'s ``ModuleTracker``
     hooks every module call (a forward pre- and post-hook plus autograd hooks, kept until the meter closes)
-    and it tried every op's decomposition inside a re-entered mode. ``bench/flop_meter.py`` (FedAvg CNN,
-    one CPU thread, 30 SGD steps of batch 2, where the meter's own work shows): 0.129 s without a meter,
-    0.228 s with ``FlopCounterMode``, 0.157 s with this one; at batch 32, 0.642, 0.878 and 0.697 s. A
-    GPU's round 1, which runs the exact path under the meter, took up to 4 times a steady exact round.
-    "Running in backward" is autograd's own flag, ``torch._C._current_graph_task_id() != -1`` (what
-    ``ModuleTracker.is_bw`` reads).
+    and it tried every op's decomposition inside a re-entered mode, work that slowed the metered round
+    (``bench/flop_meter.py`` measures both). "Running in backward" is autograd's own flag,
+    ``torch._C._current_graph_task_id() != -1`` (what ``ModuleTracker.is_bw`` reads).
     """
 
     def __init__(self) -> None:
@@ -58,8 +55,8 @@ class TrainingFlops(TorchDispatchMode):
     def _should_skip_dynamo(cls) -> bool:
         """False: ``__torch_dispatch__`` stays as written, not wrapped in ``torch._disable_dynamo``, the wrapper
         torch puts around a mode's dispatch by default (``TorchDispatchMode.__init_subclass__``; this classmethod
-        is torch's switch for it). That wrapper imports ``torch._dynamo`` at its first call, which cost a
-        process ~0.9 s and ~150 MiB (~75 MiB without Triton) for its life, while it only matters when
+        is torch's switch for it). That wrapper imports ``torch._dynamo`` at its first call, which a process
+        then holds for its life (Triton too where it is installed), while it only matters when
         ``torch.compile`` traces code running under the mode. No metered training is compiled: a metered round
         trains client by client on the exact path (``ClientWorker.train``). Same ops, same counts, same bits."""
         return False

@@ -5,8 +5,8 @@ sample, stored parameters, wall time per round, and the totals to reach a target
 :class:`CostMeter` is a plain accumulator; :class:`CostProbe` feeds it once per round from what the
 round broadcast, trained and uploaded. Only :func:`forward_flops_per_sample` and :func:`training_flops`
 need torch's FLOP counter, and import it themselves, on the workers where they count: it imports Triton
-where Triton is installed (~76 MiB), except in a process that sees no GPU (``worker.skip_triton``: ~0.1 MiB),
-and the meter can be used (and tested) without torch.
+where Triton is installed, except in a process that sees no GPU (``worker.skip_triton``), and the meter can
+be used (and tested) without torch.
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from fltune.metrics.probe import ClientMeter, Probe, RoundView, register
+from fltune.engine.probes import ClientMeter, Probe, RoundView
+from fltune.metrics.probe import register
 
 if TYPE_CHECKING:
     import torch
@@ -224,6 +225,11 @@ class CostProbe(Probe):
             samples = sum(m["samples"] for m in view.client_metrics.values())
             self.meter.set_training_forward(math.fsum(forward) / 1e6 / max(samples, 1.0))
         return self.meter.round_metrics()
+
+    def summary(self, fed: Federation) -> dict[str, Any]:
+        """The run's totals: the last round's cumulative figures."""
+        last = fed.history[-1] if fed.history else {}
+        return {k: v for k, v in last.items() if k.startswith("cost_cum")}
 
     def run_constants(self, fed: Federation) -> dict[str, float]:
         params = parameter_count(fed.eval_model)

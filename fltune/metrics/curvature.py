@@ -17,7 +17,7 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import numpy as np
 import torch
@@ -28,6 +28,7 @@ from fltune.data.augment import to_float
 from fltune.data.federated import FederatedData
 from fltune.engine.builders import build_model_for
 from fltune.engine.local import load_state
+from fltune.engine.probes import Probe, RoundView
 from fltune.engine.rng import derive_seed
 from fltune.metrics.hessian import (
     Batch,
@@ -35,10 +36,10 @@ from fltune.metrics.hessian import (
     cross_entropy_loss,
     hessian_trace,
     layer_traces,
-    top_eigenvalues,
+    top_eigenpairs,
 )
 from fltune.metrics.landscape import Landscape, plot_spectrum, top2_landscape
-from fltune.metrics.probe import Probe, RoundView, register
+from fltune.metrics.probe import register
 
 if TYPE_CHECKING:
     from fltune.config import ExperimentConfig
@@ -65,7 +66,7 @@ def probe_batches(data: FederatedData, indices: np.ndarray, hcfg: HessianConfig,
 
 def global_curvature(model: nn.Module, batches: list[Batch], hcfg: HessianConfig, seed: int) -> dict[str, float]:
     """λ1 … λk (by magnitude), λ1/λk and the trace of the global model's training-loss Hessian."""
-    values = top_eigenvalues(model, cross_entropy_loss, batches, hcfg.top_k, hcfg.max_iter, hcfg.tol, seed)
+    values, _ = top_eigenpairs(model, cross_entropy_loss, batches, hcfg.top_k, hcfg.max_iter, hcfg.tol, seed)
     out = {f"hessian_lambda_{i + 1}": v for i, v in enumerate(values)}
     out["hessian_lambda_max"] = values[0]
     if len(values) > 1:
@@ -141,6 +142,7 @@ class HessianProbe(Probe):
     name = "hessian"
     order = 40
     clock = "hessian_s"
+    in_wall = False  # a diagnostic: the run's wall_s is what the run costs without it
     metrics = {
         "hessian_lambda_max": "largest Hessian eigenvalue of the global model (FedAlign Table 1, MAN Table 2)",
         "hessian_trace": "Hessian trace of the global model (Hutchinson estimate)",
@@ -170,6 +172,11 @@ class HessianProbe(Probe):
 
     def measure(self, fed: Federation, view: RoundView) -> dict[str, float]:
         return self.curvature(fed, view.round, sorted(view.local_models))
+
+    def summary(self, fed: Federation) -> dict[str, Any]:
+        """The last measurement's figures, all from that one round (its ``hessian_s`` too)."""
+        rows = [row for row in fed.history if "hessian_lambda_max" in row]
+        return {k: v for k, v in rows[-1].items() if k.startswith("hessian_")} if rows else {}
 
     def curvature(self, fed: Federation, r: int, clients: list[int]) -> dict[str, float]:
         """Hessian metrics of the global model and, over the first k of the round's clients, H_N/H_D:

@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import math
 from abc import abstractmethod
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
 from fltune.data.partitions import check_held_out
+from fltune.engine.probes import Probe, RoundView, last_value
 from fltune.errors import FLTuneError
-from fltune.metrics.probe import Probe, RoundView, register
+from fltune.metrics.probe import register
 
 if TYPE_CHECKING:
     from fltune.config import ExperimentConfig
@@ -62,6 +63,8 @@ class _Protocol(Probe):
     """An evaluation protocol: measured on evaluation rounds, when ``metrics.protocols`` lists it."""
 
     clock: ClassVar[str | None] = "eval_s"
+    summarized: ClassVar[tuple[str, ...]]
+    """Its test figures the run summary names (their validation twins too, when measured)."""
 
     def due(self, fed: Federation, view: RoundView) -> bool:
         """Every ``metrics.every`` rounds and at the last, for every protocol (the personalised one too:
@@ -83,6 +86,11 @@ class _Protocol(Probe):
         if not metric.startswith(VAL) and not cfg.metrics.test:
             return "needs metrics.test: true (this run evaluates only its validation split)"
         return None
+
+    def summary(self, fed: Federation) -> dict[str, Any]:
+        """The last value of each ``summarized`` figure and of its validation twin, of those measured."""
+        keys = (*self.summarized, *(VAL + key for key in self.summarized))
+        return {key: value for key in keys if (value := last_value(fed.history, key)) is not None}
 
 
 class _OneModel(_Protocol):
@@ -110,10 +118,15 @@ class GlobalAccuracy(_OneModel):
     order = 10
     protocol = "global"
     metrics = with_val({"acc_global": "global model's test accuracy", "loss": "global model's mean test loss"})
-    keys = ("acc_global", "loss")
+    keys = summarized = ("acc_global", "loss")
 
     def state(self, fed: Federation) -> State:
         return fed.global_state
+
+    def summary(self, fed: Federation) -> dict[str, Any]:
+        """Its test figures even blank (a run that scores only validation, ``metrics.test: false``): every
+        summary names them."""
+        return {"acc_global": None, "loss": None, **super().summary(fed)}
 
 
 @register
@@ -126,6 +139,7 @@ class AllModelAccuracy(_OneModel):
     metrics = with_val({"acc_all_model": "all-clients average model's test accuracy",
                         "loss_all_model": "all-clients average model's mean test loss"})
     keys = ("acc_all_model", "loss_all_model")
+    summarized = ("acc_all_model",)
     keeps_local_models = True
 
     def state(self, fed: Federation) -> State:
@@ -157,6 +171,7 @@ class PersonalizedAccuracy(_Protocol):
     order = 30
     protocol = "personalized"
     keys = ("acc_personalized", "loss_personalized")
+    summarized = ("acc_personalized", "acc_personalized_ft")
     metrics = {
         "acc_personalized": "mean over clients of their own model's accuracy on their held-out split",
         "loss_personalized": "the same clients' mean held-out loss",

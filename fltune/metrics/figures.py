@@ -5,8 +5,8 @@ figure registry and backend, so every plot needs ``matplotlib.use("Agg")`` befor
 after it; a bare ``Figure`` needs neither and draws without a display.
 
 Why the import waits: the modules that draw (the landscape, a study's trial rows) are also imported by
-every client worker and Tune trial, which never draw. Importing matplotlib with them cost each such process
-~25 MB of private memory and ~0.3 s (issue 12, item 4: the command's process tree).
+every client worker and Tune trial, which never draw, and matplotlib's import would cost each such process
+memory and start-up time for nothing (issue 12, item 4: the command's process tree).
 """
 
 from __future__ import annotations

@@ -205,9 +205,8 @@ def top_eigenpairs(
 
     Accuracy: the error shrinks by |λ_{i+1}/λ_i| per iteration, and the relative-change stop can fire
     while it is still large when that ratio is near 1 — neighbours a few % apart, or a +λ and −λ' of
-    similar size, between which the Rayleigh quotient drifts slowly. On a 357-parameter net the default
-    tol 1e-3 gave λ_max within 0.6 % but a deflated 4th value of 0.67 for a true −0.85; tol 1e-4 gave
-    all five within 0.3 %. Lower ``tol`` for k > 1 or at indefinite points (e.g. initialisation).
+    similar size, between which the Rayleigh quotient drifts slowly. Lower ``tol`` for k > 1 or at
+    indefinite points (e.g. initialisation).
     """
     if k < 1:
         raise FLTuneError(f"k: must be at least 1, got {k}")
@@ -224,19 +223,6 @@ def top_eigenpairs(
             values.append(value)
             vectors.append(vector)
     return values, vectors
-
-
-def top_eigenvalues(
-    model: nn.Module,
-    loss_fn: LossFn,
-    batches: Sequence[Batch],
-    k: int = 1,
-    max_iter: int = 100,
-    tol: float = 1e-3,
-    seed: int = 0,
-) -> list[float]:
-    """The eigenvalues of :func:`top_eigenpairs` (signed, ordered by magnitude)."""
-    return top_eigenpairs(model, loss_fn, batches, k, max_iter, tol, seed)[0]
 
 
 MIN_TRACE_SAMPLES = 10
@@ -268,9 +254,8 @@ def _hutchinson(
     tr H) when ``per_tensor``, else summed to one entry. Sampling stops once ``min_samples`` are in and the
     standard error of the mean is below ``tol`` relative to the mean (Euclidean norms over the entries), or
     after ``max_iter`` samples; ``tol=0`` always takes ``max_iter``. A rule on how much the running mean
-    last moved would fire whenever one sample lands near the mean — on a 357-parameter net it ended 5.9 %
-    off at tol 1e-4 but 0.5 % off at 1e-3 — while the standard error only shrinks as samples accrue, so a
-    tighter tol means more samples and a smaller error bar. Mean and variance by Welford's update.
+    last moved would fire whenever one sample lands near the mean, while the standard error only shrinks
+    as samples accrue, so a tighter tol means more samples and a smaller error bar. Mean and variance by Welford's update.
     """
     _check_iterations(max_iter, tol)
     check_batches(batches)

@@ -149,19 +149,3 @@ def top2_landscape(
     values, vectors = top_eigenpairs(model, loss_fn, batches, k=2, max_iter=max_iter, tol=tol, seed=seed)
     alphas, betas, grid = loss_surface(model, loss_fn, batches, (vectors[0], vectors[1]), span, steps)
     return Landscape((values[0], values[1]), alphas, betas, grid)
-
-
-def landscape_png(
-    model: nn.Module,
-    loss_fn: LossFn,
-    batches: Sequence[Batch],
-    path: str | Path,
-    seed: int = 0,
-    steps: int = 21,
-    span: float = 1.0,
-    title: str = "loss landscape",
-    max_iter: int = 100,
-    tol: float = 1e-3,
-) -> Path:
-    """:func:`top2_landscape` computed and saved as a PNG in one go."""
-    return top2_landscape(model, loss_fn, batches, seed, steps, span, max_iter, tol).png(path, title)

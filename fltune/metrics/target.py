@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from fltune.engine.probes import Probe, RoundView
 from fltune.errors import FLTuneError
-from fltune.metrics.probe import Probe, RoundView, register, unmet_need
+from fltune.metrics.probe import register, unmet_need
 
 if TYPE_CHECKING:
     from fltune.config import ExperimentConfig
@@ -29,15 +30,12 @@ def reached_target(history: list[dict[str, float]], metric: str, target: float |
 
 @register
 class RoundsToTarget(Probe):
-    """Runs after every other probe, every round, once ``metrics.target`` is set."""
+    """Runs after every other probe, every round, once ``metrics.target`` is set; on in every run, since
+    every summary names ``best_acc`` and ``rounds_to_target`` (null: never reached, or no target)."""
 
     name = "target"
     order = 90
     metrics = {"rounds_to_target": "first round metrics.target_metric reached metrics.target (from then on)"}
-
-    @classmethod
-    def enabled(cls, cfg: ExperimentConfig) -> bool:
-        return cfg.metrics.target is not None
 
     @classmethod
     def unmet(cls, metric: str, cfg: ExperimentConfig) -> str | None:
@@ -56,8 +54,15 @@ class RoundsToTarget(Probe):
             raise FLTuneError(f"metrics.target_metric: {cfg.metrics.target_metric} is never measured here: it {need}")
 
     def due(self, fed: Federation, view: RoundView) -> bool:
-        return True
+        return fed.cfg.metrics.target is not None
 
     def measure(self, fed: Federation, view: RoundView) -> dict[str, float]:
         metrics = fed.cfg.metrics
         return reached_target([*fed.history, dict(view.metrics)], metrics.target_metric, metrics.target)
+
+    def summary(self, fed: Federation) -> dict[str, Any]:
+        """The run's best ``metrics.target_metric`` and the round it first reached ``metrics.target``."""
+        metrics = fed.cfg.metrics
+        best = max((row[metrics.target_metric] for row in fed.history if metrics.target_metric in row), default=None)
+        reached = rounds_to_target(fed.history, metrics.target_metric, metrics.target) if metrics.target else None
+        return {"best_acc": best, "rounds_to_target": reached}

@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from fltune.metrics.probe import Probe, RoundView, register
+from fltune.engine.probes import Probe, RoundView
+from fltune.metrics.probe import register
 
 if TYPE_CHECKING:
     from fltune.engine.federation import Federation

@@ -25,6 +25,7 @@ import numpy as np
 import ray
 from ray import tune
 
+from fltune.assembly import build_federation
 from fltune.config import ExperimentConfig, build_config
 from fltune.engine.federation import Federation, lockstep, open_all
 from fltune.tune.space import Objective, set_dotted
@@ -196,7 +197,7 @@ def run_federations(cfgs: list[ExperimentConfig], objective: Objective, cadence:
     ``extra`` objectives are reported beside the main one (cells of a table that share this run)."""
     start = time.perf_counter()
     logging.getLogger("ray.train._internal.storage").setLevel(logging.WARNING)  # one line per checkpoint
-    feds = [Federation(cfg) for cfg in cfgs]
+    feds = [build_federation(cfg) for cfg in cfgs]
     try:
         restore(feds)
         open_all(feds)

@@ -12,6 +12,7 @@ import pytest
 import torch
 from torch._dynamo.utils import counters
 
+from fltune.assembly import build_federation
 from fltune.config import build_config
 from fltune.data.augment import to_float
 from fltune.engine.batched import (
@@ -21,7 +22,7 @@ from fltune.engine.builders import build_method, build_model_for, initial_state,
 from fltune.engine import local
 from fltune.engine.federation import Federation
 from fltune.engine.local import DeviceBatches, RoundInput, batches, train_client
-from fltune.engine.pool import balance
+from fltune.engine.dispatch import balance
 from fltune.engine.rng import derive_seed
 from fltune.methods import METHODS, get_method
 from fltune.methods.base import ClientResult, Method, Phase
@@ -407,7 +408,7 @@ def test_composites_and_step_overrides_are_not_batched():
 
 def run_all(pools: SharedPools, cfgs: list[list[str]], workers: int) -> list[Federation]:
     """The runs one after another on the module's shared pool of ``workers`` actors."""
-    feds = [Federation(build_config(overrides=overrides), pool=pools[workers]) for overrides in cfgs]
+    feds = [build_federation(build_config(overrides=overrides), pool=pools[workers]) for overrides in cfgs]
     for fed in feds:
         try:
             fed.run()

@@ -6,8 +6,8 @@ import math
 
 from mlflow.tracking import MlflowClient
 
+from fltune.assembly import build_federation
 from fltune.config import build_config
-from fltune.engine.federation import Federation
 from fltune.tracking.callback import MLflowCallback
 
 TINY_HESSIAN = [
@@ -21,7 +21,7 @@ TINY_HESSIAN = [
 
 def test_hessian_schedule_logs_curves_and_end_figures(ray_session, mlflow_uri):
     cfg = build_config(overrides=TINY_HESSIAN)
-    fed = Federation(cfg)
+    fed = build_federation(cfg)
     try:
         summary = fed.run([MLflowCallback(cfg)])
     finally:

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import torch
 
+from fltune.assembly import build_federation
 from fltune.config import ExperimentConfig, build_config
 from fltune.data.federated import FederatedData
 from fltune.engine.aggregate import WeightedSum
@@ -176,7 +177,7 @@ def test_federation_on_ray_is_the_same_with_either_executor(pool, method):
     for kind in ("reference", "exact"):
         cfg = tiny_config(method, f"resources.executor={kind}", "federation.rounds=3",
                           "metrics.protocols=[global,all_model,personalized]", "training.finetune_epochs=1")
-        fed = Federation(cfg, tiny_data(), pool=pool)
+        fed = build_federation(cfg, tiny_data(), pool=pool)
         try:
             fed.run()
         finally:

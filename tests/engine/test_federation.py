@@ -11,6 +11,7 @@ import pytest
 import ray
 import torch
 
+from fltune.assembly import build_federation
 from fltune.config import ExperimentConfig, build_config
 from fltune.engine.builders import build_model_for
 from fltune.engine.callbacks import Callback
@@ -33,7 +34,7 @@ BASE = [  # a quarter of synthetic (150 samples a client): the same paths, ~3× 
 
 def federation(*extra: str, pool: WorkerPool | None = None) -> Federation:
     """A run on ``pool``'s actors, or on client actors of its own (``resources.*``)."""
-    return Federation(build_config(overrides=[*BASE, *extra]), pool=pool)
+    return build_federation(build_config(overrides=[*BASE, *extra]), pool=pool)
 
 
 def run(fed: Federation, callbacks=()) -> Federation:
@@ -89,8 +90,8 @@ def test_every_method_gives_the_same_run_on_one_worker_or_two_and_resumed(pools,
             return tiny_config(method, f"resources.executor={executor}", "resources.batch_clients=2",
                                f"resources.workers={workers}", *EVERY_PROTOCOL)
 
-        straight = run(Federation(config(1), pool=pools[1]))
-        first = Federation(config(2), pool=pools[2])
+        straight = run(build_federation(config(1), pool=pools[1]))
+        first = build_federation(config(2), pool=pools[2])
         try:
             first.open()
             first.step()
@@ -98,7 +99,7 @@ def test_every_method_gives_the_same_run_on_one_worker_or_two_and_resumed(pools,
             write_states(tmp_path, [first.state_dict()])
         finally:
             first.close()
-        resumed = Federation(config(1), pool=pools[1])
+        resumed = build_federation(config(1), pool=pools[1])
         resumed.load_state_dict(read_states(tmp_path)[0])
         run(resumed)
         assert straight.status == resumed.status == "finished" and resumed.round == 3, executor
@@ -122,7 +123,7 @@ def test_evaluation_on_the_workers_equals_one_process_evaluating(pools):
     torch.set_num_threads(1)
     try:
         for fed in (one, two):
-            assert fed.pool is None  # closed: evaluate_state now evaluates in this process
+            assert fed.run_ref is None  # closed: evaluate_state now evaluates in this process
             assert (fed.history[-1]["acc_global"], fed.history[-1]["loss"]) == fed.evaluate_state(fed.global_state)
     finally:
         torch.set_num_threads(threads)
@@ -164,8 +165,8 @@ def test_gpu_workers_give_identical_runs(ray_session, model):
 def test_runs_interleaved_on_a_shared_pool_match_runs_on_their_own(pools):
     pool = pools[2]
     own = run(federation("resources.workers=2", pool=pool))
-    shared = Federation(own.cfg, pool=pool)
-    other = Federation(build_config(overrides=[*BASE, "method.name=fedprox", "method.mu=0.1"]), pool=pool)
+    shared = build_federation(own.cfg, pool=pool)
+    other = build_federation(build_config(overrides=[*BASE, "method.name=fedprox", "method.mu=0.1"]), pool=pool)
     # every call names its run, so two runs can take turns on the same actors
     assert [[r.round for r in results] for results in lockstep([shared, other])] == [[1, 1], [2, 2]]
     shared.close()

@@ -12,6 +12,7 @@ import ray
 import torch
 
 import fltune.metrics.hessian
+from fltune.assembly import build_federation
 from fltune.config import build_config
 from fltune.engine.builders import build_method, build_model_for, initial_state, load_data
 from fltune.engine.federation import Federation
@@ -73,8 +74,8 @@ def test_rebuilt_local_models_give_the_shipped_figures(pools, name: str) -> None
     whether the workers ship the local models (the path before the rebuild) or the driver rebuilds them
     (Ditto falls back to shipping: both runs take that path)."""
     overrides = [*BASE, f"method.name={name}"]
-    rebuilt = run(Federation(build_config(overrides=overrides), pool=pools[2]))
-    shipped = run(Federation(build_config(overrides=overrides), pool=pools[2]), shipped=True)
+    rebuilt = run(build_federation(build_config(overrides=overrides), pool=pools[2]))
+    shipped = run(build_federation(build_config(overrides=overrides), pool=pools[2]), shipped=True)
     assert "acc_all_model" in rebuilt.history[-1] and "loss_all_model" in rebuilt.history[-1]
     assert figures(rebuilt) == figures(shipped)
     assert same_bits(rebuilt.global_state, shipped.global_state)
@@ -86,8 +87,8 @@ def test_rebuilt_local_models_give_the_shipped_figures(pools, name: str) -> None
 @pytest.mark.parametrize("name", ["fedavg", "fedper"])
 def test_checkpoint_with_rebuilt_local_models_resumes_exactly(pools, name: str) -> None:
     overrides = [*BASE, f"method.name={name}", "federation.rounds=3"]
-    straight = run(Federation(build_config(overrides=overrides), pool=pools[2]))
-    first = Federation(build_config(overrides=overrides), pool=pools[2])
+    straight = run(build_federation(build_config(overrides=overrides), pool=pools[2]))
+    first = build_federation(build_config(overrides=overrides), pool=pools[2])
     try:
         first.open()
         first.step()
@@ -95,7 +96,7 @@ def test_checkpoint_with_rebuilt_local_models_resumes_exactly(pools, name: str) 
         saved = pickle.dumps(first.state_dict())  # what a Tune checkpoint writes
     finally:
         first.close()
-    resumed = Federation(build_config(overrides=overrides), pool=pools[2])
+    resumed = build_federation(build_config(overrides=overrides), pool=pools[2])
     resumed.load_state_dict(pickle.loads(saved))
     run(resumed)
     assert figures(resumed) == figures(straight)
@@ -118,7 +119,7 @@ def test_hessian_probe_runs_on_the_workers(pools, monkeypatch: pytest.MonkeyPatc
         raise AssertionError("a Hessian-vector product ran in the driver's process")
 
     monkeypatch.setattr(fltune.metrics.hessian, "_mean_hvp", on_the_driver)
-    fed = run(Federation(build_config(overrides=[*BASE, *HESSIAN]), pool=pools[2]))
+    fed = run(build_federation(build_config(overrides=[*BASE, *HESSIAN]), pool=pools[2]))
     monkeypatch.undo()
     last = fed.history[-1]
     assert [int(row["round"]) for row in fed.history if "hessian_lambda_max" in row] == [1, 2]

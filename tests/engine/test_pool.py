@@ -1,8 +1,9 @@
 """The worker plan (``plan_workers``) and the driver's share of a round (``WorkerPlan.in_driver``): when it is
 on by default, what refuses it, and that a share trained in the driver's process gives an actor's bits —
-training, evaluation and the probes' computations (``WorkerPool.compute``) alike — handed back as copies
-outside Ray's object store; and that FLOP counting (round 1's meters, the model's count) loads no part of
-torch's compiler stack in any worker, so the driver's share takes part in it."""
+training, evaluation and the probes' computations (``dispatch.deal``) alike — handed back as copies
+outside Ray's object store, and an ``InProcessPool`` alone gives one actor's bits; and that FLOP counting
+(round 1's meters, the model's count) loads no part of torch's compiler stack in any worker, so the
+driver's share takes part in it."""
 
 from __future__ import annotations
 
@@ -15,9 +16,10 @@ import numpy as np
 import pytest
 import torch
 
+from fltune.assembly import build_federation
 from fltune.config import build_config
-from fltune.engine.federation import Federation
-from fltune.engine.pool import WorkerPlan, WorkerPool, plan_workers
+from fltune.engine.dispatch import deal
+from fltune.engine.pool import InProcessPool, WorkerPlan, WorkerPool, plan_workers
 from fltune.errors import FLTuneError
 from fltune.metrics.cost import ModelFlops
 from tests.engine.test_federation import BASE, run, same_weights
@@ -64,15 +66,31 @@ def test_driver_share_gives_the_actors_bits(ray_session):
     its share trains with 1 thread, is its own again afterwards."""
     threads = torch.get_num_threads()
     overrides = [*BASE, *HESSIAN, "resources.workers=2"]
-    shared = run(Federation(build_config(overrides=[*overrides, "resources.driver_worker=true"])))
+    shared = run(build_federation(build_config(overrides=[*overrides, "resources.driver_worker=true"])))
     assert torch.get_num_threads() == threads
-    actors = run(Federation(build_config(overrides=[*overrides, "resources.driver_worker=false"])))
+    actors = run(build_federation(build_config(overrides=[*overrides, "resources.driver_worker=false"])))
     assert shared.status == actors.status == "finished"
     figures = [sorted(k for k in row if "time" not in k and not k.endswith("_s")) for row in actors.history]
     assert any("hessian_lambda_max" in keys for keys in figures)
     assert [[row[k] for k in keys] for row, keys in zip(shared.history, figures)] == \
         [[row[k] for k in keys] for row, keys in zip(actors.history, figures)]
     assert same_weights(shared, actors)
+
+
+def test_an_in_process_pool_gives_one_actors_run(pools):
+    """The in-process pool on its own (width 1, no worker process): a run with Hessian probes, the cost
+    meters and every evaluation protocol gives the bits of the same run on one actor, and leaves the
+    driver's thread count as it was."""
+    threads = torch.get_num_threads()
+    cfg = build_config(overrides=[*BASE, *HESSIAN, "resources.workers=1"])
+    alone = run(build_federation(cfg, pool=InProcessPool()))
+    assert torch.get_num_threads() == threads
+    actor = run(build_federation(cfg, pool=pools[1]))
+    figures = [sorted(k for k in row if not k.endswith("_s")) for row in actor.history]
+    assert any("hessian_lambda_max" in keys for keys in figures) and "cost_train_forward_mflops" in figures[0]
+    assert [[row[k] for k in keys] for row, keys in zip(alone.history, figures)] == \
+        [[row[k] for k in keys] for row, keys in zip(actor.history, figures)]
+    assert same_weights(alone, actor) and alone.latest.keys() == actor.latest.keys()
 
 
 def process_id(cfg: object, data: object, device: torch.device) -> int:
@@ -94,7 +112,7 @@ def test_the_driver_shares_results_are_copies_outside_the_object_store(ray_sessi
 
     pool = WorkerPool(WorkerPlan(workers=2, cpus=1.0, gpus=0.0, in_driver=True))
     try:
-        own, actors = pool.compute(pool.bind(cfg, load_data(cfg), keep_latest=False), [big_result] * 2)
+        own, actors = deal(pool, pool.bind(cfg, load_data(cfg), keep_latest=False)[0], [big_result] * 2)
         assert own.flags.writeable and own.flags.owndata
         assert not actors.flags.writeable
         assert np.array_equal(own, actors)
@@ -113,9 +131,9 @@ def test_the_driver_share_takes_slot_0_of_every_call(ray_session):
     alone = WorkerPool(WorkerPlan(workers=1, cpus=1.0, gpus=0.0, in_driver=True))
     try:
         assert (pool.width(), alone.width()) == (2, 1)
-        shared = pool.compute(pool.bind(data_cfg, data, keep_latest=False), [process_id] * 3)
+        shared = deal(pool, pool.bind(data_cfg, data, keep_latest=False)[0], [process_id] * 3)
         assert shared[0] == shared[2] == os.getpid() != shared[1]
-        assert alone.compute(alone.bind(data_cfg, data, keep_latest=False), [process_id]) == [os.getpid()]
+        assert deal(alone, alone.bind(data_cfg, data, keep_latest=False)[0], [process_id]) == [os.getpid()]
     finally:
         pool.shutdown()
 
@@ -134,8 +152,8 @@ def test_an_actor_counts_flops_without_the_compiler_stack_and_without_a_gpu_with
 
     pool = WorkerPool(WorkerPlan(workers=1, cpus=1.0, gpus=0.0))
     try:
-        mflops, (dynamo, triton, gpu) = pool.compute(pool.bind(cfg, load_data(cfg), keep_latest=False),
-                                                     [ModelFlops(), compiler_stack])
+        mflops, (dynamo, triton, gpu) = deal(pool, pool.bind(cfg, load_data(cfg), keep_latest=False)[0],
+                                             [ModelFlops(), compiler_stack])
         assert mflops > 0
         assert not dynamo and (gpu or not triton)
     finally:

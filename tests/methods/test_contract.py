@@ -27,6 +27,7 @@ from functools import cache
 import numpy as np
 import pytest
 
+from fltune.assembly import build_federation
 from fltune.config import ExperimentConfig, build_config
 from fltune.data.federated import FederatedData
 from fltune.engine.builders import load_data
@@ -83,7 +84,7 @@ def contract_pools(ray_session):
 
 def run_rounds(method: str, dataset: str, pool: WorkerPool) -> tuple[Federation, State]:
     """The finished federation and the global state it started from."""
-    fed = Federation(tiny_config(method, dataset, pool.width()), tiny_data(dataset), pool=pool)
+    fed = build_federation(tiny_config(method, dataset, pool.width()), tiny_data(dataset), pool=pool)
     start = {key: value.copy() for key, value in fed.global_state.items()}
     try:
         fed.run()

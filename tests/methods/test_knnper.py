@@ -14,8 +14,8 @@ import torch
 from pydantic import ValidationError
 from torch import nn
 
+from fltune.assembly import build_federation
 from fltune.config import build_config
-from fltune.engine.federation import Federation
 from fltune.engine.pool import WorkerPlan, WorkerPool
 from fltune.errors import FLTuneError
 from fltune.methods import get_method
@@ -198,7 +198,7 @@ def test_through_the_engine_knnper_trains_as_fedavg_and_scores_otherwise(ray_ses
     try:
         for name, extra in (("fedavg", []), ("knnper", []), ("knnper0", ["method.weight=0"])):
             cfg = build_config(overrides=[*TINY, f"method.name={name.rstrip('0')}", *extra])
-            fed = Federation(cfg, pool=pool)
+            fed = build_federation(cfg, pool=pool)
             try:
                 fed.run()
             finally:

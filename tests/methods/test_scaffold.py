@@ -5,8 +5,8 @@
 import numpy as np
 import torch
 
+from fltune.assembly import build_federation
 from fltune.config import build_config
-from fltune.engine.federation import Federation
 from fltune.methods import get_method
 from fltune.methods._drift import parameter_tensors
 from fltune.methods.base import Aggregate, ServerContext, effective_steps
@@ -142,7 +142,7 @@ def test_fedsol_table_optimiser_no_longer_diverges(ray_session):
     0.9, wd 1e-5, lr × 0.99 per round, B = 50, E = 5, LDA α = 0.1) on a small FMNIST federation. Dividing by
     K instead of K_eff made c ~8× too large: this run's train loss went 0.62, 0.83, 2.6, 691, 1e18, NaN
     (diverged in round 6); with K_eff it stays below 0.62 and finite."""
-    fed = Federation(build_config(overrides=[
+    fed = build_federation(build_config(overrides=[
         "method.name=scaffold", "data.dataset=fmnist", "data.subsample=0.05", "model.name=mlp",
         "partition.kind=dirichlet", "partition.alpha=0.1", "federation.clients=10", "federation.fraction=0.5",
         "federation.rounds=5", "training.local_epochs=5", "training.batch_size=50", "training.lr=0.01",

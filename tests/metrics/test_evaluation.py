@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from fltune.assembly import build_federation
 from fltune.config import build_config
 from fltune.engine.builders import load_data
-from fltune.engine.federation import Federation
 from fltune.errors import FLTuneError
 from fltune.metrics.evaluation import ACCURACY_KEYS
 from tests.engine.test_federation import BASE, run
@@ -17,7 +17,7 @@ def test_every_protocol_measures_every_k_rounds_and_at_the_last(ray_session):
     evaluation): at paper scale it ran after each of the 500 rounds instead of every 10th."""
     cfg = build_config(overrides=[*BASE, "federation.rounds=5", "metrics.every=2", "resources.workers=1",
                                   "metrics.protocols=[global,all_model,personalized]"])
-    history = run(Federation(cfg)).history
+    history = run(build_federation(cfg)).history
     measured = {key: [row["round"] for row in history if key in row] for key in ACCURACY_KEYS[:3]}
     assert measured == dict.fromkeys(ACCURACY_KEYS[:3], [2, 4, 5])
     assert [row["round"] for row in history] == [1, 2, 3, 4, 5]  # training rounds all report
@@ -40,5 +40,5 @@ def test_a_split_that_leaves_some_client_nothing_to_score_is_refused_where_the_p
     with pytest.raises(FLTuneError, match=rf"^partition\.{field}: 0\.015 holds out no sample of \d of 10 clients, "
                                           r"and the personalized protocol scores every client on its own; "
                                           rf"allowed: above 0\.5/{smallest} = "):
-        Federation(cfg)
-    Federation(build_config(overrides=[*SKEWED, f"partition.{field}=0.015", "metrics.protocols=[global]"]))
+        build_federation(cfg)
+    build_federation(build_config(overrides=[*SKEWED, f"partition.{field}=0.015", "metrics.protocols=[global]"]))

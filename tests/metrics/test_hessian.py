@@ -26,7 +26,6 @@ from fltune.metrics.hessian import (
     hvp,
     layer_traces,
     top_eigenpairs,
-    top_eigenvalues,
 )
 
 Batches = list[tuple[Tensor, Tensor]]
@@ -219,7 +218,7 @@ def test_lambda_max_within_1_percent(fixture: str, request: pytest.FixtureReques
     """With docs/methods.md §4's defaults (tol 1e-3, ≤ 100 iterations). Trained, λ2/λ1 = 0.94 slows convergence
     and the relative-change stop leaves 0.5 % error; untrained (λ2/λ1 = 0.65), 0.03 %."""
     model, batches, matrix = request.getfixturevalue(fixture)
-    (value,) = top_eigenvalues(model, cross_entropy_loss, batches)
+    (value,), _ = top_eigenpairs(model, cross_entropy_loss, batches)
     assert value == pytest.approx(float(by_magnitude(matrix, 1)[0]), rel=0.01)
 
 
@@ -228,7 +227,7 @@ def test_top5_within_2_percent_with_signs(untrained: tuple[nn.Module, Batches, T
     model, batches, matrix = untrained
     exact = by_magnitude(matrix, 5)
     assert (exact < 0).any() and (exact > 0).any()
-    values = top_eigenvalues(model, cross_entropy_loss, batches, k=5, max_iter=300, tol=1e-4)
+    values, _ = top_eigenpairs(model, cross_entropy_loss, batches, k=5, max_iter=300, tol=1e-4)
     assert values == pytest.approx(exact.tolist(), rel=0.02)
 
 
@@ -350,7 +349,7 @@ def test_bad_arguments_are_user_errors(untrained: tuple[nn.Module, Batches, Tens
     with pytest.raises(FLTuneError, match="batches"):
         hessian_trace(model, cross_entropy_loss, [])
     with pytest.raises(FLTuneError, match="k:"):
-        top_eigenvalues(model, cross_entropy_loss, batches, k=0)
+        top_eigenpairs(model, cross_entropy_loss, batches, k=0)
     with pytest.raises(FLTuneError, match="vec"):
         hvp(model, cross_entropy_loss, batches, [torch.zeros(2)])
 
@@ -360,7 +359,7 @@ def test_cuda_matches_cpu_and_frees_each_batch_graph(untrained: tuple[nn.Module,
     """Same seed ⇒ same random vectors on both devices; peak memory must not grow with the number of
     batches (each batch's double-backward graph is freed before the next is built)."""
     model, batches, _ = untrained
-    cpu_values = top_eigenvalues(model, cross_entropy_loss, batches, k=2)
+    cpu_values, _ = top_eigenpairs(model, cross_entropy_loss, batches, k=2)
     gpu_model = copy.deepcopy(model).cuda()
     gpu_values, gpu_vectors = top_eigenpairs(gpu_model, cross_entropy_loss, batches, k=2)
     assert gpu_values == pytest.approx(cpu_values, rel=1e-6)

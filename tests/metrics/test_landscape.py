@@ -10,7 +10,7 @@ from torch import Tensor, nn
 
 from fltune.errors import FLTuneError
 from fltune.metrics.hessian import cross_entropy_loss
-from fltune.metrics.landscape import landscape_png, loss_surface, plot_landscape, plot_spectrum
+from fltune.metrics.landscape import loss_surface, plot_landscape, plot_spectrum, top2_landscape
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -103,9 +103,9 @@ def assert_png(path: Path) -> None:
     assert path.read_bytes()[:8] == PNG_MAGIC
 
 
-def test_landscape_png_is_written(tmp_path: Path) -> None:
+def test_the_top2_landscape_png_is_written(tmp_path: Path) -> None:
     model, batches = tiny_classifier()
-    path = landscape_png(model, cross_entropy_loss, batches, tmp_path / "plots" / "landscape.png", steps=5)
+    path = top2_landscape(model, cross_entropy_loss, batches, steps=5).png(tmp_path / "plots" / "landscape.png", "l")
     assert path == tmp_path / "plots" / "landscape.png"
     assert_png(path)
 

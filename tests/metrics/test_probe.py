@@ -7,10 +7,9 @@ import re
 import pytest
 
 from fltune.config import build_config
+from fltune.engine.probes import LOOP_METRICS, Probe
 from fltune.errors import FLTuneError
 from fltune.metrics.probe import (
-    LOOP_METRICS,
-    Probe,
     all_probes,
     check_probes,
     metric_names,
@@ -109,7 +108,7 @@ def test_the_config_chooses_the_probes() -> None:
         cfg = build_config(overrides=[*TINY, *overrides])
         return [probe.name for probe in all_probes() if probe.enabled(cfg)]
 
-    assert enabled("metrics.protocols=[global]") == ["cost", "global", "update_norm"]
+    assert enabled("metrics.protocols=[global]") == ["cost", "global", "update_norm", "target"]  # best_acc
     everything = enabled("partition.eval_fraction=0.2", "metrics.hessian.every=2", "metrics.target=0.5")
     assert everything == ["cost", "global", "all_model", "personalized", "hessian", "update_norm", "target"]
     assert "personalized" not in enabled("partition.eval_fraction=0")  # no held-out splits to evaluate on

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from fltune.assembly import build_federation
 from fltune.config import build_config
 from fltune.engine.callbacks import Callback
-from fltune.engine.federation import Federation
 from fltune.metrics.update_norm import update_norm
 
 
@@ -34,7 +34,7 @@ def test_federation_reports_each_rounds_global_step(ray_session) -> None:
         "federation.fraction=0.5", "federation.rounds=3", "training.local_epochs=1", "training.batch_size=32",
         "metrics.protocols=[global]", "resources.workers=1", "tracking.enabled=false",
     ])
-    fed = Federation(cfg)
+    fed = build_federation(cfg)
     kept = GlobalModels()
     try:
         fed.run([kept])

@@ -8,6 +8,7 @@ import threading
 import pytest
 from mlflow.tracking import MlflowClient
 
+from fltune.assembly import build_federation
 from fltune.config import build_config
 from fltune.engine.callbacks import Callback
 from fltune.engine.federation import Federation
@@ -57,7 +58,7 @@ class StopAt(Callback):
                                            (None, "FINISHED")])
 def test_run_ends_with_its_status_and_every_round_logged(ray_session, mlflow_uri, error, status) -> None:
     cfg = build_config(overrides=TINY)
-    fed = Federation(cfg)
+    fed = build_federation(cfg)
     logger = MLflowCallback(cfg)
     summary: dict = {}
     try:

@@ -12,8 +12,8 @@ import pytest
 from ray import tune
 from rich.table import Table
 
+from fltune.assembly import build_federation
 from fltune.config import build_config
-from fltune.engine.federation import Federation
 from fltune.tune.board import TrialBoard
 from fltune.tune.space import Objective
 from fltune.tune.trainable import Cadence, run_federations
@@ -83,7 +83,7 @@ def cadence_trial(config: dict[str, Any]) -> None:
 @pytest.mark.slow
 def test_a_trial_restarted_from_an_earlier_checkpoint_ends_as_an_unbroken_run(ray_session, tmp_path: Path,
                                                                                capsys) -> None:
-    unbroken = Federation(build_config(overrides=TINY))
+    unbroken = build_federation(build_config(overrides=TINY))
     try:
         unbroken.run()
     finally:
