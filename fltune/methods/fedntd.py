@@ -6,8 +6,9 @@ from pydantic import Field
 from torch import Tensor
 
 from fltune.methods import register
-from fltune.methods.base import ClientContext, Method, Params, batch_mean
+from fltune.methods.base import ClientContext, Method, Params
 from fltune.methods.moon import frozen_copy
+from fltune.methods.objective import Batch, batch_mean
 
 
 class FedNTDParams(Params):
@@ -42,13 +43,15 @@ class FedNTD(Method):
     Params = FedNTDParams
     stored_models = 2.0  # the local model and the global teacher
     passes_per_step = 4.0 / 3.0  # + one forward-only pass of the teacher
+    pure_loss = False  # the objective distils from a frozen copy of the global model
 
     def setup_client(self, ctx: ClientContext) -> None:
         super().setup_client(ctx)
         ctx.scratch["global_model"] = frozen_copy(ctx.model, ctx.global_state)
 
-    def local_loss(self, ctx: ClientContext, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
-        loss, logits = super().local_loss(ctx, x, y)
+    def local_loss(self, batch: Batch) -> tuple[Tensor, Tensor]:
+        ctx, x, y = batch.client, batch.x, batch.y
+        loss, logits = super().local_loss(batch)
         if self.params.beta == 0:
             return loss, logits
         with torch.no_grad():

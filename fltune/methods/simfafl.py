@@ -28,19 +28,17 @@ evaluation uses the global body with the client's own head.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from functools import partial
 from typing import Literal
 
 import torch
 from pydantic import Field
 from torch import Tensor
-from torch.func import functional_call
 
 from fltune.methods import register
 from fltune.methods._personal import PersonalHead
 from fltune.methods._vib import VIBMethod, functional_vib, vib_cross_entropy
-from fltune.methods.base import ClientContext, ClientResult, Forward, Params, Tensors, batch_mean
+from fltune.methods.base import ClientContext, ClientResult, Params
+from fltune.methods.objective import Batch, batch_mean
 from fltune.models.vib import VIBOutput, gaussian_kl
 
 
@@ -65,16 +63,6 @@ def standard_normal_kl(out: VIBOutput, kl_order: str, weight: Tensor | None = No
     return batch_mean(gaussian_kl(zero, one, out.mu, out.sigma), weight)
 
 
-def frozen_head_logits(ctx: ClientContext, z: Tensor) -> Tensor:
-    """head_f(z): the client's head module run with the round's global (aggregated) head weights.
-
-    The global tensors are not parameters of the model, so no gradient reaches them; z carries it back
-    into the body.
-    """
-    weights = {k.removeprefix("head."): v for k, v in ctx.global_state.items() if k.startswith("head.")}
-    return functional_call(ctx.model.head, weights, (z,))
-
-
 @register
 class SimFAFL(VIBMethod, PersonalHead):
     """SimFAFL: L = CE(head_i(z), y) + β1·KL(q(z|x) ‖ N(0,I)) + β2·CE(head_f(z), y) (Eq. 10)."""
@@ -83,34 +71,23 @@ class SimFAFL(VIBMethod, PersonalHead):
     Params = SimFAFLParams
     stored_models = 1.0  # the VIB net only (class centres are small)
     passes_per_step = 1.0
-    batchable = True
 
-    def local_loss(self, ctx: ClientContext, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
-        out = self.net(ctx).vib(x)
-        return self._objective(out, y, lambda z: frozen_head_logits(ctx, z), None), out.logits.mean(0)
+    def setup_client(self, ctx: ClientContext) -> None:
+        """head_f's weights, the round's global head, as the client's input ``global_head``."""
+        super().setup_client(ctx)
+        ctx.inputs["global_head"] = {k: v for k, v in ctx.global_state.items() if k.startswith("head.")}
 
-    def loss_inputs(self, ctx: ClientContext) -> dict[str, Tensors]:
-        """head_f's weights, the round's global head."""
-        head = {k: v for k, v in ctx.global_state.items() if k.startswith("head.")}
-        return {**super().loss_inputs(ctx), "global_head": head}
-
-    def functional_loss(
-        self, forward: Forward, params: Tensors, inputs: dict[str, Tensors], x: Tensor, y: Tensor, weight: Tensor,
-    ) -> tuple[Tensor, Tensor]:
-        out = functional_vib(forward, params, x, inputs["noise"]["eps"])
-        head_f = partial(forward.part, "head", inputs["global_head"])
-        return self._objective(out, y, head_f, weight), out.logits.mean(0)
-
-    def _objective(
-        self, out: VIBOutput, y: Tensor, head_f: Callable[[Tensor], Tensor], weight: Tensor | None,
-    ) -> Tensor:
-        """Eq. 10; ``weight`` marks a padded batch's real samples (batched executor)."""
+    def local_loss(self, batch: Batch) -> tuple[Tensor, Tensor]:
+        """Eq. 10 over the batch's real samples; head_f runs the client's head with the global head's weights,
+        which take no gradient, so L_sa trains the body only."""
+        out, y, weight = functional_vib(batch), batch.y, batch.weight
         loss = vib_cross_entropy(out.logits, y, weight)
         if self.params.beta1:
             loss = loss + self.params.beta1 * standard_normal_kl(out, self.params.kl_order, weight)
         if self.params.beta2:
-            loss = loss + self.params.beta2 * vib_cross_entropy(head_f(out.z), y, weight)
-        return loss
+            head_f = batch.forward.part("head", batch.inputs["global_head"], out.z)
+            loss = loss + self.params.beta2 * vib_cross_entropy(head_f, y, weight)
+        return loss, out.logits.mean(0)
 
     def client_result(self, ctx: ClientContext) -> ClientResult:
         """Body and personal head both go up: the heads' average is next round's head_f (§4.2)."""
