@@ -349,7 +349,7 @@ class _GroupTrainer:
 
     def __init__(
         self, method: Method, model: nn.Module, training: TrainingConfig, params: Stacked, trainable: list[str],
-        round_lr: float, global_params: dict[str, Tensor], compiled: bool = False,
+        round_lr: float, global_weights: dict[str, Tensor], compiled: bool = False,
     ) -> None:
         self.training, self.trainable = training, trainable
         self.params = [params[n] for n in trainable]
@@ -363,7 +363,7 @@ class _GroupTrainer:
             train: Stacked, frozen: Stacked, inputs: dict[str, Stacked], noise: Stacked, x: Tensor, y: Tensor,
             w: Tensor,
         ) -> FunctionalStep:
-            batch = FunctionalBatch(forward, names, frozen, inputs, noise, x, y, w, global_params, round_lr,
+            batch = FunctionalBatch(forward, names, frozen, inputs, noise, x, y, w, global_weights, round_lr,
                                     training.grad_clip)
             return local_step(method, train, batch)
 
@@ -486,7 +486,7 @@ class _Group:
     inputs: dict[str, Stacked]
     client_inputs: list[dict[str, dict[str, Tensor]]]
     tally: _Tally
-    global_params: dict[str, Tensor]
+    global_weights: dict[str, Tensor]
     device: torch.device
     carried: set[str]
     noise_shapes: NoiseShapes
@@ -590,7 +590,7 @@ def train_group(
     for phases in _common_phases(method, group.contexts):
         prefixes = phases[0].prefixes
         trainable = [n for n in group.params if prefixes is None or n.startswith(prefixes)]
-        trainer = _GroupTrainer(method, model, training, group.params, trainable, inputs.lr, group.global_params,
+        trainer = _GroupTrainer(method, model, training, group.params, trainable, inputs.lr, group.global_weights,
                                 compiled)
         lr = phases[0].lr if phases[0].lr is not None else inputs.lr
         _run_phase(group, trainer, phases, lr, source, training.batch_size, augment_kind)

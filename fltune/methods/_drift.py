@@ -106,7 +106,7 @@ class ControlVariates(Method):
         c_k = parameter_tensors(ctx, ctx.state.get("c"))
         ctx.inputs["correction"] = {name: c[name] - c_k[name] for name in c}
 
-    def gradient_correction(self, params: Mapping[str, Tensor], inputs: Mapping[str, Tensors]) -> Tensors:
+    def gradient_correction(self, weights: Mapping[str, Tensor], inputs: Mapping[str, Tensors]) -> Tensors:
         return inputs["correction"]
 
     def correction_lr(self, ctx: ClientContext) -> float:

@@ -108,9 +108,9 @@ def perturbed(named: Named, eps: list[Tensor]) -> Iterator[None]:
 
 def ascent_gradients(loss: Tensor, named: Named) -> list[Tensor]:
     """∇loss for each of ``named`` (zeros where it does not depend on one), leaving ``.grad`` untouched."""
-    params = [p for _, p in named]
-    grads = torch.autograd.grad(loss, params, allow_unused=True)
-    return [torch.zeros_like(p) if g is None else g for p, g in zip(params, grads, strict=True)]
+    weights = [p for _, p in named]
+    grads = torch.autograd.grad(loss, weights, allow_unused=True)
+    return [torch.zeros_like(p) if g is None else g for p, g in zip(weights, grads, strict=True)]
 
 
 class SharpnessAware(Method, ABC):
@@ -125,8 +125,8 @@ class SharpnessAware(Method, ABC):
     passes_per_step = 2.0  # the ascent pass at w and the descent pass at w + ε
 
     @abstractmethod
-    def epsilon(self, global_params: Mapping[str, Tensor]) -> Epsilon:
-        """How the ascent gradients become ε (each method's own rule); ``global_params`` are the round's
+    def epsilon(self, global_weights: Mapping[str, Tensor]) -> Epsilon:
+        """How the ascent gradients become ε (each method's own rule); ``global_weights`` are the round's
         global weights, which FedSOL's adaptive strength reads."""
 
     def ascent(self, ctx: ClientContext, x: Tensor, loss: Tensor, logits: Tensor) -> tuple[Named, Tensor]:
@@ -141,12 +141,12 @@ class SharpnessAware(Method, ABC):
             self.local_loss(self.batch(ctx, x, y))[0].backward()
         return loss.detach(), logits.detach()
 
-    def functional_step(self, params: Tensors, batch: FunctionalBatch) -> FunctionalStep:
+    def functional_step(self, weights: Tensors, batch: FunctionalBatch) -> FunctionalStep:
         """:meth:`backward` as a pure function, with SAM's own ascent (the objective's gradient over every
         trainable parameter, whose loss and logits are the step's): ε from it, then the objective's gradient
-        at w + ε. ``params`` are never modified, so nothing needs restoring."""
-        ascent = objective_step(self, params, batch)
-        named = list(params.items())
-        eps = self.epsilon(batch.global_params)(named, list(ascent.grads.values()))
+        at w + ε. ``weights`` are never modified, so nothing needs restoring."""
+        ascent = objective_step(self, weights, batch)
+        named = list(weights.items())
+        eps = self.epsilon(batch.global_weights)(named, list(ascent.grads.values()))
         shifted = {n: p + e for (n, p), e in zip(named, eps, strict=True)}
         return ascent.replaced(grads=objective_step(self, shifted, batch).grads)

@@ -42,9 +42,9 @@ class VIBFineTune(FineTune):
         return {"eps": (net.samples if self.vib_samples is None else self.vib_samples, net.feature_dim)}
 
     def local_loss(self, batch: Batch) -> tuple[Tensor, Tensor]:
-        _, _, z = functional_z(batch.forward, batch.params, batch.x, batch.noise["eps"])
-        logits = batch.forward.part("head", batch.params, z.mean(0))
-        return masked_cross_entropy(logits, batch.y, batch.weight), logits
+        _, _, z = functional_z(batch.forward, batch.weights, batch.x, batch.noise["eps"])
+        logits = batch.forward.part("head", batch.weights, z.mean(0))
+        return masked_cross_entropy(logits, batch.y, batch.mask), logits
 
 
 class VIBMethod(Method):
@@ -73,21 +73,21 @@ class VIBMethod(Method):
 
 def functional_vib(batch: Batch) -> VIBOutput:
     """``VIBNet.vib`` as a function of the batch's parameters, with its ε."""
-    mu, sigma, z = functional_z(batch.forward, batch.params, batch.x, batch.noise["eps"])
-    return VIBOutput(mu, sigma, z, batch.forward.part("head", batch.params, z))
+    mu, sigma, z = functional_z(batch.forward, batch.weights, batch.x, batch.noise["eps"])
+    return VIBOutput(mu, sigma, z, batch.forward.part("head", batch.weights, z))
 
 
-def functional_z(forward: Forward, params: Tensors, x: Tensor, eps: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+def functional_z(forward: Forward, weights: Tensors, x: Tensor, eps: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """μ, σ of q(z|x) and the sampled z ``[S, B, dimZ]`` as functions of the parameters, with the batch's ε
     ``[B, S, dimZ]``."""
-    mu, sigma = posterior(forward.part("body", params, x))
+    mu, sigma = posterior(forward.part("body", weights, x))
     return mu, sigma, mu + sigma * eps.transpose(0, 1)
 
 
-def vib_cross_entropy(logits: Tensor, y: Tensor, weight: Tensor | None = None) -> Tensor:
-    """``sampled_cross_entropy`` (mean over S samples and the batch), over the real samples when ``weight``
+def vib_cross_entropy(logits: Tensor, y: Tensor, mask: Tensor | None = None) -> Tensor:
+    """``sampled_cross_entropy`` (mean over S samples and the batch), over the real samples when ``mask``
     marks them."""
-    if weight is None:
+    if mask is None:
         return sampled_cross_entropy(logits, y)
     samples = logits.shape[0]
-    return masked_cross_entropy(logits.flatten(0, 1), y.repeat(samples), weight.repeat(samples))
+    return masked_cross_entropy(logits.flatten(0, 1), y.repeat(samples), mask.repeat(samples))

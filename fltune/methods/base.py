@@ -294,8 +294,8 @@ class Method:
     def local_loss(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         """The per-batch objective → (loss, logits), written once for every executor. FedAvg: cross-entropy
         over the batch's real samples (``masked_cross_entropy``: ``F.cross_entropy`` when unpadded)."""
-        logits = batch.forward(batch.params, batch.x)
-        return masked_cross_entropy(logits, batch.y, batch.weight), logits
+        logits = batch.forward(batch.weights, batch.x)
+        return masked_cross_entropy(logits, batch.y, batch.mask), logits
 
     def record_step(self, ctx: ClientContext, y: torch.Tensor, record: Tensors) -> None:
         """Take what :meth:`local_loss` left in ``batch.record`` at one step, for the client's real samples

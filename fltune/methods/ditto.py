@@ -76,21 +76,21 @@ class Ditto(InitialStandIn):
         ctx.inputs["personal"] = {n: p.detach() for n, p in personal.named_parameters()}
         ctx.model.load_state_dict(ctx.global_state)
 
-    def personal_loss(self, forward: Forward, personal: Tensors, x: Tensor, y: Tensor, weight: Tensor | None) -> Tensor:
+    def personal_loss(self, forward: Forward, personal: Tensors, x: Tensor, y: Tensor, mask: Tensor | None) -> Tensor:
         """v's objective at ``personal``: the plain one (FedAvg's CE, whatever modifier w's objective takes
         on), whose λ-proximal part :meth:`_stepped` adds in closed form."""
-        return Method.local_loss(self, Batch(forward, personal, x, y, weight))[0]
+        return Method.local_loss(self, Batch(forward, personal, x, y, mask))[0]
 
     def backward(self, ctx: ClientContext, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
         """FedAvg's gradient for w (stepped by the engine), then one SGD step of v on the same batch."""
         result = super().backward(ctx, x, y)
         personal: Forward = ctx.scratch["personal"]
-        params = personal.own
-        grads = torch.autograd.grad(self.personal_loss(personal, params, x, y, None), list(params.values()))
+        weights = personal.own
+        grads = torch.autograd.grad(self.personal_loss(personal, weights, x, y, None), list(weights.values()))
         values = ctx.inputs["personal"]
-        stepped = self._stepped(dict(zip(params, grads)), values, ctx.global_state, ctx.lr, ctx.grad_clip)
+        stepped = self._stepped(dict(zip(weights, grads)), values, ctx.global_state, ctx.lr, ctx.grad_clip)
         with torch.no_grad():
-            for name, param in params.items():
+            for name, param in weights.items():
                 param.copy_(stepped[name])
         return result
 
@@ -121,16 +121,16 @@ class Ditto(InitialStandIn):
         stepped = v - lr * direction
         return {n: piece.view_as(personal[n]) for n, piece in zip(names, stepped.split(sizes))}
 
-    def functional_step(self, params: Tensors, batch: FunctionalBatch) -> FunctionalStep:
+    def functional_step(self, weights: Tensors, batch: FunctionalBatch) -> FunctionalStep:
         """:meth:`backward` as a pure function: w's gradient for the engine's step; v's plain SGD step on the
         same batch as the carried ``personal`` input."""
-        step = objective_step(self, params, batch)
+        step = objective_step(self, weights, batch)
 
         def objective(v: Tensors) -> tuple[Tensor, tuple[()]]:
-            return self.personal_loss(batch.forward, v, batch.x, batch.y, batch.weight), ()
+            return self.personal_loss(batch.forward, v, batch.x, batch.y, batch.mask), ()
 
         grads, _, _ = gradient(objective, batch.inputs["personal"])
-        personal = self._stepped(grads, batch.inputs["personal"], batch.global_params, batch.lr, batch.grad_clip)
+        personal = self._stepped(grads, batch.inputs["personal"], batch.global_weights, batch.lr, batch.grad_clip)
         return step.replaced(carry={"personal": personal})
 
     def client_result(self, ctx: ClientContext) -> ClientResult:

@@ -24,5 +24,5 @@ class FedASAM(SharpnessAware):
     name = "fedasam"
     Params = FedASAMParams
 
-    def epsilon(self, global_params: Mapping[str, Tensor]) -> Epsilon:
+    def epsilon(self, global_weights: Mapping[str, Tensor]) -> Epsilon:
         return asam_epsilon(self.params.rho, self.params.eta)

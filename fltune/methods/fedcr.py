@@ -107,12 +107,12 @@ class FedCR(VIBMethod, PersonalHead):
     def local_loss(self, batch: Batch) -> tuple[Tensor, Tensor]:
         """CE + β·KL(r(·|y) ‖ q(z|x)) over the batch's real samples; each sample's (μ, σ) is recorded for
         :meth:`record_step`."""
-        out, y, weight = functional_vib(batch), batch.y, batch.weight
+        out, y, mask = functional_vib(batch), batch.y, batch.mask
         batch.record.update(mu=out.mu, sigma=out.sigma)
-        loss = vib_cross_entropy(out.logits, y, weight)
+        loss = vib_cross_entropy(out.logits, y, mask)
         if self.params.beta:
             r, c = batch.inputs["r"], self.centre(y)
-            loss = loss + self.params.beta * batch_mean(gaussian_kl(r["mu"][c], r["sigma"][c], out.mu, out.sigma), weight)
+            loss = loss + self.params.beta * batch_mean(gaussian_kl(r["mu"][c], r["sigma"][c], out.mu, out.sigma), mask)
         return loss, out.logits.mean(0)
 
     def record_step(self, ctx: ClientContext, y: Tensor, record: Tensors) -> None:

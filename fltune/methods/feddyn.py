@@ -35,4 +35,4 @@ class FedDyn(DriftCorrected):
         if self.params.alpha == 0:
             return loss, logits
         alpha = self.params.alpha
-        return loss + 0.5 * alpha * squared_distance(batch.params.items(), batch.inputs["drift_target"]), logits
+        return loss + 0.5 * alpha * squared_distance(batch.weights.items(), batch.inputs["drift_target"]), logits

@@ -16,13 +16,13 @@ class FedNTDParams(Params):
     beta: float = Field(1.0, ge=0, description="weight β of the not-true distillation term (FedSOL Table 8: 1.0)")
 
 
-def soft_kl(student_logits: Tensor, teacher_logits: Tensor, tau: float, weight: Tensor | None = None) -> Tensor:
+def soft_kl(student_logits: Tensor, teacher_logits: Tensor, tau: float, mask: Tensor | None = None) -> Tensor:
     """KL(softmax(teacher/τ) ‖ softmax(student/τ)), averaged over the batch (KLDivLoss 'batchmean'); with
-    ``weight`` over the real samples of a padded batch only (:func:`batch_mean`)."""
+    ``mask`` over the real samples of a padded batch only (:func:`batch_mean`)."""
     log_student, teacher = F.log_softmax(student_logits / tau, dim=1), F.softmax(teacher_logits / tau, dim=1)
-    if weight is None:
+    if mask is None:
         return F.kl_div(log_student, teacher, reduction="batchmean")
-    return batch_mean(F.kl_div(log_student, teacher, reduction="none").sum(dim=1), weight)
+    return batch_mean(F.kl_div(log_student, teacher, reduction="none").sum(dim=1), mask)
 
 
 def not_true(logits: Tensor, y: Tensor) -> Tensor:

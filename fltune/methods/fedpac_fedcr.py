@@ -54,12 +54,12 @@ def update_summaries(summaries: np.ndarray, features: np.ndarray, labels: list[i
         summaries[label] = (feature + current) / 2 if current.any() else feature
 
 
-def alignment(residual: Tensor, weight: Tensor | None) -> Tensor:
+def alignment(residual: Tensor, mask: Tensor | None) -> Tensor:
     """R = ‖F − C_y‖_F / B (``torch.norm(...) / len(labels)``) from the residual rows F − C_y; over the real
-    rows of a padded batch (``weight`` 1) when given."""
-    if weight is None:
+    rows of a padded batch (``mask`` 1) when given."""
+    if mask is None:
         return torch.linalg.norm(residual) / len(residual)
-    return torch.linalg.norm(residual * weight[:, None]) / weight.sum().clamp(min=1.0)
+    return torch.linalg.norm(residual * mask[:, None]) / mask.sum().clamp(min=1.0)
 
 
 def per_class(ctx: ClientContext) -> Tensor:
@@ -119,13 +119,13 @@ class FedPACFedCR(FedRep):
     def local_loss(self, batch: Batch) -> tuple[Tensor, Tensor]:
         """CE + λ·‖F − C_y‖_F / B over the batch's real samples. The head epochs freeze the body, so the norm
         moves nothing there (the code leaves it out of their loss; here it is in their reported loss only)."""
-        features = batch.forward.model.features_of(batch.forward.part("body", batch.params, batch.x))
-        logits = batch.forward.part("head", batch.params, features)
-        loss = masked_cross_entropy(logits, batch.y, batch.weight)
+        features = batch.forward.model.features_of(batch.forward.part("body", batch.weights, batch.x))
+        logits = batch.forward.part("head", batch.weights, features)
+        loss = masked_cross_entropy(logits, batch.y, batch.mask)
         if not self.params.lam:
             return loss, logits
         residual = features - batch.inputs["centroids"]["c"][batch.y]
-        return loss + self.params.lam * alignment(residual, batch.weight), logits
+        return loss + self.params.lam * alignment(residual, batch.mask), logits
 
     def client_result(self, ctx: ClientContext) -> ClientResult:
         result = super().client_result(ctx)

@@ -32,4 +32,4 @@ class FedProx(Method):
         loss, logits = super().local_loss(batch)
         if self.params.mu == 0:
             return loss, logits
-        return loss + 0.5 * self.params.mu * squared_distance(batch.params.items(), batch.global_params), logits
+        return loss + 0.5 * self.params.mu * squared_distance(batch.weights.items(), batch.global_weights), logits

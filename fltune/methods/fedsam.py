@@ -24,5 +24,5 @@ class FedSAM(SharpnessAware):
     name = "fedsam"
     Params = FedSAMParams
 
-    def epsilon(self, global_params: Mapping[str, Tensor]) -> Epsilon:
+    def epsilon(self, global_weights: Mapping[str, Tensor]) -> Epsilon:
         return sam_epsilon(self.params.rho)

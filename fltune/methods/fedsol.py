@@ -65,7 +65,7 @@ class FedSOL(SharpnessAware):
         named = trainable(ctx.model, SCOPES[self.params.scope])
         return named, soft_kl(logits, global_logits, self.params.temperature)
 
-    def epsilon(self, global_params: Mapping[str, Tensor]) -> Epsilon:
+    def epsilon(self, global_weights: Mapping[str, Tensor]) -> Epsilon:
         """Eq. 8: s ⊙ ρ·g/‖g‖; with ``adaptive: false`` s = 1 (Eq. 5)."""
         plain = sam_epsilon(self.params.rho)
         if not self.params.adaptive:
@@ -73,26 +73,26 @@ class FedSOL(SharpnessAware):
 
         def epsilon(named: Named, grads: list[Tensor]) -> list[Tensor]:
             return [
-                adaptive_strength(p, global_params[n]) * e
+                adaptive_strength(p, global_weights[n]) * e
                 for (n, p), e in zip(named, plain(named, grads), strict=True)
             ]
 
         return epsilon
 
-    def functional_step(self, params: Tensors, batch: FunctionalBatch) -> FunctionalStep:
+    def functional_step(self, weights: Tensors, batch: FunctionalBatch) -> FunctionalStep:
         """:meth:`SharpnessAware.backward` with FedSOL's ascent, as a pure function: g = ∇L_p over the
         scope at w (L_p against z_g on the real samples only, the padded ones weighted 0), ε from it
         (Eq. 8), then the local loss's gradient at w + ε; loss and logits at w."""
         scope = SCOPES[self.params.scope]
-        named = [(n, p) for n, p in params.items() if scope is None or n.startswith(scope)]
-        global_logits = batch.forward(batch.full(batch.global_params), batch.x)
+        named = [(n, p) for n, p in weights.items() if scope is None or n.startswith(scope)]
+        global_logits = batch.forward(batch.full(batch.global_weights), batch.x)
 
         def proximal(scoped: Tensors) -> tuple[Tensor, tuple[Tensor, Tensor]]:
-            loss, logits = self.local_loss(batch.batch({**params, **scoped}))
-            kl = soft_kl(logits, global_logits, self.params.temperature, batch.weight)
+            loss, logits = self.local_loss(batch.batch({**weights, **scoped}))
+            kl = soft_kl(logits, global_logits, self.params.temperature, batch.mask)
             return kl, (loss.detach(), logits.detach())
 
         grads, _, (loss, logits) = gradient(proximal, dict(named))
-        eps = self.epsilon(batch.global_params)(named, [grads[n] for n, _ in named]) if named else []
-        shifted = {**params, **{n: p + e for (n, p), e in zip(named, eps, strict=True)}}
+        eps = self.epsilon(batch.global_weights)(named, [grads[n] for n, _ in named]) if named else []
+        shifted = {**weights, **{n: p + e for (n, p), e in zip(named, eps, strict=True)}}
         return FunctionalStep(objective_step(self, shifted, batch).grads, loss, logits)

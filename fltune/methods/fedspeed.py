@@ -32,12 +32,12 @@ class FedSpeed(DriftCorrected, SharpnessAware):
     Params = FedSpeedParams
     stored_models = 4.0  # SAM's w and ε, plus θ_g and the correction h_k
 
-    def epsilon(self, global_params: Mapping[str, Tensor]) -> Epsilon:
+    def epsilon(self, global_weights: Mapping[str, Tensor]) -> Epsilon:
         return sam_epsilon(self.params.rho)
 
-    def gradient_correction(self, params: Mapping[str, Tensor], inputs: Mapping[str, Tensors]) -> Tensors:
+    def gradient_correction(self, weights: Mapping[str, Tensor], inputs: Mapping[str, Tensors]) -> Tensors:
         """λ(θ − θ_g + h_k), the drift penalty's gradient at the restored w (none with λ = 0)."""
         if self.params.lam == 0:
             return {}
         target = inputs["drift_target"]
-        return {n: self.params.lam * (p - target[n]) for n, p in params.items()}
+        return {n: self.params.lam * (p - target[n]) for n, p in weights.items()}

@@ -60,10 +60,10 @@ class ReferenceHead(nn.Module):
         return self.linear(z)
 
 
-def class_kl(out: VIBOutput, y: Tensor, params: Mapping[str, Tensor]) -> Tensor:
+def class_kl(out: VIBOutput, y: Tensor, weights: Mapping[str, Tensor]) -> Tensor:
     """Per sample KL(N(C·μ, (C·σ)²) ‖ N(r_μ[y], softplus(r_σ[y])²)): FedSR's ``regCMI`` before its batch
     mean."""
-    scale, r_mu, r_sigma = (params[key] for key in REFERENCE_KEYS)
+    scale, r_mu, r_sigma = (weights[key] for key in REFERENCE_KEYS)
     return gaussian_kl(scale * out.mu, scale * out.sigma, r_mu[y], F.softplus(r_sigma[y]))
 
 
@@ -87,10 +87,10 @@ class FedSR(VIBMethod):
 
     def local_loss(self, batch: Batch) -> tuple[Tensor, Tensor]:
         """L of the one z sample over the batch's real samples; the parameters hold r_μ, r_σ and C."""
-        out, y, weight = functional_vib(batch), batch.y, batch.weight
-        loss = masked_cross_entropy(out.logits[0], y, weight)
+        out, y, mask = functional_vib(batch), batch.y, batch.mask
+        loss = masked_cross_entropy(out.logits[0], y, mask)
         if self.params.alpha_l2r:
-            loss = loss + self.params.alpha_l2r * batch_mean(out.z[0].norm(dim=1), weight)
+            loss = loss + self.params.alpha_l2r * batch_mean(out.z[0].norm(dim=1), mask)
         if self.params.alpha_cmi:
-            loss = loss + self.params.alpha_cmi * batch_mean(class_kl(out, y, batch.params), weight)
+            loss = loss + self.params.alpha_cmi * batch_mean(class_kl(out, y, batch.weights), mask)
         return loss, out.logits[0]

@@ -1,7 +1,7 @@
 """A method's local step as a pure function of one client's parameters (``torch.func``), for executors
 that train many clients at once (engine/batched.py runs it inside a ``vmap``): the gradient of its one
 objective, or, where its step is more (it overrides ``Method.backward``: SAM's two passes, Ditto's second
-model), its own ``functional_step(params, batch)``; without one it is trained client by client."""
+model), its own ``functional_step(weights, batch)``; without one it is trained client by client."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from fltune.methods.objective import Batch, Forward, Tensors
 
 @dataclass(frozen=True)
 class FunctionalBatch:
-    """One client's step inside the batched executor's vmap: its padded batch (``weight`` marks the real
+    """One client's step inside the batched executor's vmap: its padded batch (``mask`` marks the real
     samples), its tensors (``ClientContext.inputs``) and noise, the parameters its phase keeps fixed, and
     what all clients of the round share: the global weights and the round's learning rate (``ctx.lr``)."""
 
@@ -29,8 +29,8 @@ class FunctionalBatch:
     noise: Tensors
     x: torch.Tensor
     y: torch.Tensor
-    weight: torch.Tensor
-    global_params: Tensors
+    mask: torch.Tensor
+    global_weights: Tensors
     lr: float
     grad_clip: float | None = None
     """``training.grad_clip`` (:attr:`ClientContext.grad_clip`)."""
@@ -41,8 +41,8 @@ class FunctionalBatch:
 
     def batch(self, trainable: Mapping[str, torch.Tensor]) -> Batch:
         """The objective's :class:`Batch` at ``trainable`` (the frozen parameters as they are)."""
-        return Batch(self.forward, self.full(trainable), self.x, self.y, self.weight, self.inputs, self.noise,
-                     self.global_params)
+        return Batch(self.forward, self.full(trainable), self.x, self.y, self.mask, self.inputs, self.noise,
+                     self.global_weights)
 
 
 class FunctionalStep(NamedTuple):
@@ -82,18 +82,18 @@ def has_functional_step(method_cls: type[Method]) -> bool:
     return method_cls.pure_loss and (method_cls.__mro__[step] is Method or owner("functional_step") <= step)
 
 
-def local_step(method: Method, params: Tensors, batch: FunctionalBatch) -> FunctionalStep:
-    """One client's local step at its trainable ``params``: the method's own ``functional_step`` where it has
+def local_step(method: Method, weights: Tensors, batch: FunctionalBatch) -> FunctionalStep:
+    """One client's local step at its trainable ``weights``: the method's own ``functional_step`` where it has
     one, else its objective's gradient; plus its ``gradient_correction`` (the client-by-client path adds it
     to ``.grad`` after the step's passes)."""
     own = getattr(method, "functional_step", None)
-    out = own(params, batch) if own is not None else objective_step(method, params, batch)
-    correction = method.gradient_correction(params, batch.inputs)
+    out = own(weights, batch) if own is not None else objective_step(method, weights, batch)
+    correction = method.gradient_correction(weights, batch.inputs)
     return out.replaced(grads={n: g + correction[n] for n, g in out.grads.items()}) if correction else out
 
 
-def objective_step(method: Method, params: Tensors, batch: FunctionalBatch) -> FunctionalStep:
-    """The gradient of ``method.local_loss`` at the trainable ``params``, with the loss, logits and record
+def objective_step(method: Method, weights: Tensors, batch: FunctionalBatch) -> FunctionalStep:
+    """The gradient of ``method.local_loss`` at the trainable ``weights``, with the loss, logits and record
     there: the client-by-client path's ``local_loss(...).backward()``."""
 
     def objective(p: Tensors) -> tuple[torch.Tensor, tuple[torch.Tensor, Tensors]]:
@@ -101,21 +101,21 @@ def objective_step(method: Method, params: Tensors, batch: FunctionalBatch) -> F
         loss, logits = method.local_loss(seen)
         return loss, (logits, seen.record)
 
-    grads, loss, (logits, record) = gradient(objective, params)
+    grads, loss, (logits, record) = gradient(objective, weights)
     return FunctionalStep(grads, loss, logits, record=record)
 
 
 def gradient(
-    objective: Callable[[Tensors], tuple[torch.Tensor, Any]], params: Tensors,
+    objective: Callable[[Tensors], tuple[torch.Tensor, Any]], weights: Tensors,
 ) -> tuple[Tensors, torch.Tensor, Any]:
-    """(∇objective at ``params``, its value, its auxiliary output), the last two detached: ``objective``
+    """(∇objective at ``weights``, its value, its auxiliary output), the last two detached: ``objective``
     returns (loss, aux). ``torch.func.grad`` gives zeros for a parameter the loss does not use."""
 
     def value(p: Tensors) -> tuple[torch.Tensor, tuple[torch.Tensor, Any]]:
         loss, aux = objective(p)
         return loss, (loss.detach(), aux)
 
-    grads, (loss, aux) = grad(value, has_aux=True)(params)
+    grads, (loss, aux) = grad(value, has_aux=True)(weights)
     return grads, loss, aux
 
 

@@ -84,10 +84,10 @@ class Proximal(Method):
                 return loss, logits
             return loss + self.params.beta * self.proximal_loss(ctx, x, logits), logits
         if self.params.loss == "kl":
-            params = [p for _, p in trainable(ctx.model)]
-            grads = torch.autograd.grad(self.proximal_loss(ctx, x, logits), params, retain_graph=True,
+            weights = [p for _, p in trainable(ctx.model)]
+            grads = torch.autograd.grad(self.proximal_loss(ctx, x, logits), weights, retain_graph=True,
                                         allow_unused=True)
-            ctx.scratch["proximal_grad"] = [torch.zeros_like(p) if g is None else g for p, g in zip(params, grads)]
+            ctx.scratch["proximal_grad"] = [torch.zeros_like(p) if g is None else g for p, g in zip(weights, grads)]
         return loss, logits
 
     def proximal_loss(self, ctx: ClientContext, x: Tensor, logits: Tensor) -> Tensor:
@@ -103,13 +103,13 @@ class Proximal(Method):
         result = super().backward(ctx, x, y)
         if self.params.usage != "projection":
             return result
-        params = [p for _, p in trainable(ctx.model)]
+        weights = [p for _, p in trainable(ctx.model)]
         if self.params.loss == "l2":
             against = [p.detach() - ctx.global_param(n) for n, p in ctx.model.named_parameters() if p.requires_grad]
         else:
             against = ctx.scratch.pop("proximal_grad")
-        grads = [torch.zeros_like(p) if p.grad is None else p.grad for p in params]
-        for p, g in zip(params, project_off(grads, against), strict=True):
+        grads = [torch.zeros_like(p) if p.grad is None else p.grad for p in weights]
+        for p, g in zip(weights, project_off(grads, against), strict=True):
             p.grad = g
         return result
 

@@ -54,13 +54,13 @@ class SimFAFLParams(Params):
     )
 
 
-def standard_normal_kl(out: VIBOutput, kl_order: str, weight: Tensor | None = None) -> Tensor:
-    """L_ca (Eq. 8): batch mean (over a padded batch's real samples, given ``weight``) of the KL between
+def standard_normal_kl(out: VIBOutput, kl_order: str, mask: Tensor | None = None) -> Tensor:
+    """L_ca (Eq. 8): batch mean (over a padded batch's real samples, given ``mask``) of the KL between
     q(z|x) and the fixed reference N(0, I)."""
     zero, one = torch.zeros_like(out.mu), torch.ones_like(out.sigma)
     if kl_order == "posterior_first":
-        return batch_mean(gaussian_kl(out.mu, out.sigma, zero, one), weight)
-    return batch_mean(gaussian_kl(zero, one, out.mu, out.sigma), weight)
+        return batch_mean(gaussian_kl(out.mu, out.sigma, zero, one), mask)
+    return batch_mean(gaussian_kl(zero, one, out.mu, out.sigma), mask)
 
 
 @register
@@ -80,13 +80,13 @@ class SimFAFL(VIBMethod, PersonalHead):
     def local_loss(self, batch: Batch) -> tuple[Tensor, Tensor]:
         """Eq. 10 over the batch's real samples; head_f runs the client's head with the global head's weights,
         which take no gradient, so L_sa trains the body only."""
-        out, y, weight = functional_vib(batch), batch.y, batch.weight
-        loss = vib_cross_entropy(out.logits, y, weight)
+        out, y, mask = functional_vib(batch), batch.y, batch.mask
+        loss = vib_cross_entropy(out.logits, y, mask)
         if self.params.beta1:
-            loss = loss + self.params.beta1 * standard_normal_kl(out, self.params.kl_order, weight)
+            loss = loss + self.params.beta1 * standard_normal_kl(out, self.params.kl_order, mask)
         if self.params.beta2:
             head_f = batch.forward.part("head", batch.inputs["global_head"], out.z)
-            loss = loss + self.params.beta2 * vib_cross_entropy(head_f, y, weight)
+            loss = loss + self.params.beta2 * vib_cross_entropy(head_f, y, mask)
         return loss, out.logits.mean(0)
 
     def client_result(self, ctx: ClientContext) -> ClientResult:

@@ -62,7 +62,7 @@ def test_the_loss_of_a_padded_batch_is_the_loss_of_its_real_samples():
     x, y = HAND_BATCHES[0]
     padded_x, padded_y = torch.cat([x, torch.zeros(1, 2)]), torch.cat([y, torch.zeros(1, dtype=torch.long)])
 
-    loss, logits = method.local_loss(replace(method.batch(ctx, padded_x, padded_y), weight=torch.tensor([1.0, 1.0, 0.0])))
+    loss, logits = method.local_loss(replace(method.batch(ctx, padded_x, padded_y), mask=torch.tensor([1.0, 1.0, 0.0])))
 
     assert torch.allclose(loss, loss_of(method, ctx, x, y)[0])
     assert torch.allclose(logits[:2], model(x))
@@ -86,7 +86,7 @@ def test_the_loss_on_a_vib_net_reads_its_features_at_any_parameters():
     exact, exact_logits = loss_of(method, ctx, x, y)
     torch.manual_seed(1)
     batch = method.batch(ctx, x, y)
-    loss, logits = method.local_loss(replace(batch, params=dict(batch.params)))  # not the module's own dict
+    loss, logits = method.local_loss(replace(batch, weights=dict(batch.weights)))  # not the module's own dict
 
     assert torch.allclose(loss, exact) and torch.allclose(logits, exact_logits)
 
