@@ -102,9 +102,8 @@ class ClientContext:
     for all the clients a worker trains, not once a client. Shared by those clients: read only."""
     scratch: dict[str, Any] = field(default_factory=dict)
     inputs: dict[str, Tensors] = field(default_factory=dict)
-    """The client's tensors its objective reads as ``Batch.inputs`` (FedDyn's θ_g − h_k, Ditto's personal
-    model), set by ``setup_client``. An executor that trains clients together stacks them over its group;
-    an entry its step carries (Ditto's) is copied back into these tensors when the client's training ends."""
+    """The client's tensors its objective reads (``Batch.inputs``: FedDyn's θ_g − h_k, Ditto's v), set by
+    ``setup_client``; clients trained together have theirs stacked, and a carried one (Ditto's) copied back."""
 
     @cached_property
     def forward(self) -> Forward:
@@ -208,9 +207,8 @@ class Method:
     weighted_by_samples: ClassVar[bool] = True
     """Whether updates are weighted by n_k (FedAvg) or equally (FedDyn-family); also weights `all_model`."""
     pure_loss: ClassVar[bool] = True
-    """Whether :meth:`local_loss` is a function of its :class:`Batch` alone (parameters, client tensors, data,
-    noise, padding weight), never of ``batch.client``: then it holds at any parameters and for a padded
-    batch, so an executor may evaluate it for many clients at once. False for an objective that runs
+    """Whether :meth:`local_loss` reads its :class:`Batch` alone, never ``batch.client``: then it holds at any
+    weights and for a padded batch, so clients may be trained together. False for an objective that runs
     modules of its own or hooks on the model (MOON's frozen copies, MAN's activations)."""
     final_round: ClassVar[Literal["tune", "own"]] = "tune"
     """What the final personal round (``training.finetune_epochs``, after the last round) trains on every
@@ -219,8 +217,7 @@ class Method:
     local updates, after which its client model is evaluated (Ditto, as FedCR's ``main_fed_ditto.py``)."""
     tuner: ClassVar[type[FineTune] | None] = None
     """The ``tune`` round's method (a :class:`~fltune.methods.finetune.FineTune`); None: FineTune itself. A
-    subclass names its own where the batched executor needs more of the tuning step than plain CE gives
-    (VIB nets: the train-mode forward's ε, drawn outside the vmap)."""
+    subclass names its own where its model's training forward draws random numbers (VIB nets: ε as noise)."""
 
     def __init__(self, params: Params | None = None) -> None:
         self.params = params if params is not None else self.Params()
@@ -311,9 +308,9 @@ class Method:
         loss.backward()
         return loss.detach(), logits.detach()
 
-    def gradient_correction(self, params: Mapping[str, torch.Tensor], inputs: Mapping[str, Tensors]) -> Tensors:
+    def gradient_correction(self, weights: Mapping[str, torch.Tensor], inputs: Mapping[str, Tensors]) -> Tensors:
         """A term the engine adds to each parameter's gradient after the step's passes (SCAFFOLD's c − c_k,
-        FedSpeed's λ(θ − θ_g + h_k) outside SAM's passes), from the current ``params`` and the client's
+        FedSpeed's λ(θ − θ_g + h_k) outside SAM's passes), from the current ``weights`` and the client's
         ``inputs``; FedAvg: none."""
         return {}
 
