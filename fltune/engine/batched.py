@@ -4,22 +4,20 @@ The exact path (local.py) trains a worker's clients one after another, one small
 GPU the step is bound by Python and kernel launches. Here a group of K clients shares every step: their
 parameters and SGD momentum buffers are stacked along a leading client axis and one
 ``torch.func.vmap`` over the method's functional step computes all K gradients in one set of kernels.
-The method supplies its per-batch objective as a pure function of the parameters
-(``Method.functional_loss``, with the per-client tensors of ``Method.loss_inputs``), or, where a step is
-more than that loss's gradient, the whole step (``Method.functional_step``: SAM's two gradient
-evaluations, Ditto's personal model carried from step to step as a second stacked parameter set, FedCR's
-recorded (μ, σ) handed back per client to ``Method.record_step``); random draws come in from outside the
-vmap (``Method.epoch_noise``, VIB's ε), each client's from its own (seed, round, client id) generator.
+The step is ``methods/functional.py``'s ``local_step``: the gradient of the method's one objective
+(``Method.local_loss`` on a padded batch and the client's stacked ``ClientContext.inputs``), or, where a
+method's step is more than that gradient, its own ``functional_step`` (SAM's two gradient evaluations,
+Ditto's personal model carried from step to step as a second stacked parameter set), plus the method's
+``gradient_correction``; what the objective records (FedCR's μ, σ) goes back per client to
+``Method.record_step``. Random draws the objective declares (``Method.noise``, VIB's ε) come in from
+outside the vmap, each client's from its own (seed, round, client id) generator, one draw per epoch.
 Every other client hook (``setup_client``, ``phases``, ``client_result``) runs per client on the worker's
 module as in the exact path.
 
 A group step's host work does not grow with K where it can help it: the K batches come from the worker's
 device pool by one index (``_GroupEpoch``), and SGD updates all trainable parameters of all K clients as
 one [K, Σ sizes] tensor (``_GroupTrainer._update``); the clients' metrics are recorded per step and
-summed once at the end (``_Tally``). FedAvg CNN, per client-step at K = 10
-(``bench/batched_throughput.py --count``): 25.8 aten ops and 284 Python calls, from 47 and 383 when each
-client's batch was gathered on the host and each parameter stepped alone (28.4 with running metric sums);
-the exact path's are 100 and 274.
+summed once at the end (``_Tally``).
 
 Semantics are the exact path's, client by client: each client draws its batches from its own generator
 seeded by (seed, round, client id) (``local.batches``), in the same order; a client with fewer samples
@@ -48,9 +46,9 @@ from fltune.data.federated import FederatedData
 from fltune.data.augment import augment, lookup_float
 from fltune.engine.local import DeviceBatches, RoundInput, device_states, epoch_order, epoch_samples
 from fltune.engine.rng import derive_seed
-from fltune.methods.base import (
-    ClientContext, ClientResult, Forward, FunctionalBatch, FunctionalStep, Method, Phase,
-)
+from fltune.methods.base import ClientContext, ClientResult, Method, Phase
+from fltune.methods.functional import FunctionalBatch, FunctionalStep, has_functional_step, local_step
+from fltune.methods.objective import Forward, NoiseShapes
 
 LOG = logging.getLogger(__name__)
 
@@ -68,8 +66,9 @@ def client_groups(clients: list[int], size: int) -> list[list[int]]:
 
 def unbatchable(cfg: ExperimentConfig, method: Method, model: nn.Module) -> str | None:
     """Why the batched executor trains this run per client on the exact path, or None when it batches."""
-    if not type(method).batches_clients():
-        return f"method {cfg.method.name} has no functional local step (Method.functional_loss or functional_step)"
+    if not has_functional_step(type(method)):
+        return (f"method {cfg.method.name} has no functional local step (an objective that reads the client's "
+                "context, or a per-batch step without functional_step)")
     if cfg.training.optimizer != "sgd":
         return f"training.optimizer {cfg.training.optimizer} (the batched step is SGD)"
     if next(model.buffers(), None) is not None or any(isinstance(m, nn.modules.batchnorm._BatchNorm)
@@ -90,9 +89,9 @@ def note_fallback(cfg: ExperimentConfig, method: Method, model: nn.Module) -> No
 class _Tally:
     """What each client's metrics need, step by step: the step's losses, who took it (``live``) and the
     correct counts stay on the device as the step left them and are read once at the end; the real sample
-    counts are the host's. Only ``diverged`` is updated per step, since it decides who takes the next one.
-    Five running sums updated per step cost ~17 more ops a step (each a launch on a GPU, where a FedAvg
-    CNN group step is now ~110), for numbers :meth:`metrics` gives bit for bit from these records."""
+    counts are the host's. Only ``diverged`` is updated per step, since it decides who takes the next one:
+    running sums updated per step would cost ops a step (each a launch on a GPU) for numbers :meth:`metrics`
+    gives bit for bit from these records."""
 
     diverged: Tensor
     losses: list[Tensor] = field(default_factory=list)
@@ -174,8 +173,7 @@ def _common_phases(method: Method, contexts: list[ClientContext]) -> list[list[P
         if len({(p.prefixes, p.lr) for p in phases}) > 1:
             raise ValueError(f"{method.name}: clients of one group train different parameters or lrs in a phase")
         if any(p.steps is not None for p in phases):
-            raise ValueError(f"{method.name}: a phase capped at a step count (Phase.steps) has no batched form; "
-                             "declare batchable = False")
+            raise ValueError(f"{method.name}: a phase capped at a step count (Phase.steps) has no batched form")
     return [list(phases) for phases in by_index]
 
 
@@ -247,7 +245,7 @@ class _GroupEpoch:
     device pool at once (``DeviceBatches``: uint8, normalised by table lookup, bit-identical to ``to_float``)
     by one [K, B] index: per step, K host gathers, K copies to the device and a padding copy per client cost
     more host time than the K-client step itself on a GPU. The labels of the whole epoch are gathered here in
-    one op, and its noise drawn (``noise``: one draw per client, ``Method.epoch_noise``), so that a step only
+    one op, and its noise drawn (``noise``: one draw per client, :func:`client_noise`), so that a step only
     takes views. Step s is padded to its largest real batch and padded rows are zero, as each client's own
     stream padded one by one would be; ``fixed`` pads every step to B instead (a compiled step: one shape,
     so one graph, where the convolutions' kernels specialise on the batch and every new short batch would
@@ -329,9 +327,8 @@ def compile_step(step: Callable[..., _Device]) -> Callable[..., _Device]:
     images' gather, the vmapped step, the divergence flags, the SGD update, the carried inputs kept, the
     correct counts). Why: on a GPU a small model's step waits on the host (Python, the dispatcher, one launch
     per op); compiled, vmap's, ``functional_call``'s and the update's Python is traced away and inductor
-    fuses the elementwise work into few kernels (a group step of 10 FedAvg-CNN clients at Table 2's SGD: 38
-    ops and kernel calls, at most a launch each, where eager dispatches 262 ops;
-    ``bench/batched_throughput.py --count --compile``). Every compiled step is padded to B (``_GroupEpoch``'s
+    fuses the elementwise work into few kernels (``bench/batched_throughput.py --count --compile`` counts
+    them). Every compiled step is padded to B (``_GroupEpoch``'s
     ``fixed``): the convolutions specialise a graph on the batch size, so each short last batch of a new
     size compiled a graph anew. The round's lr is specialised at first and made dynamic at its first change
     (torch's automatic dynamic), so a run compiles a graph or two per group size and phase, in its first
@@ -352,7 +349,7 @@ class _GroupTrainer:
 
     def __init__(
         self, method: Method, model: nn.Module, training: TrainingConfig, params: Stacked, trainable: list[str],
-        round_lr: float, global_params: dict[str, Tensor], compiled: bool = False,
+        round_lr: float, global_weights: dict[str, Tensor], compiled: bool = False,
     ) -> None:
         self.training, self.trainable = training, trainable
         self.params = [params[n] for n in trainable]
@@ -363,11 +360,12 @@ class _GroupTrainer:
         forward, names = Forward(model), tuple(n for n, _ in model.named_parameters())
 
         def client_step(
-            train: Stacked, frozen: Stacked, inputs: dict[str, Stacked], x: Tensor, y: Tensor, w: Tensor,
+            train: Stacked, frozen: Stacked, inputs: dict[str, Stacked], noise: Stacked, x: Tensor, y: Tensor,
+            w: Tensor,
         ) -> FunctionalStep:
-            batch = FunctionalBatch(forward, names, frozen, inputs, x, y, w, global_params, round_lr,
+            batch = FunctionalBatch(forward, names, frozen, inputs, noise, x, y, w, global_weights, round_lr,
                                     training.grad_clip)
-            return method.functional_step(train, batch)
+            return local_step(method, train, batch)
 
         # the round's global weights are the same for every client: closed over, not stacked, nor a vmap
         # argument that every step would flatten again
@@ -382,8 +380,7 @@ class _GroupTrainer:
         the host keeps of it, the carried inputs kept only for the clients that took the step."""
         train = {n: params[n] for n in self.trainable}
         frozen = {n: p for n, p in params.items() if n not in train}
-        step_inputs = {**inputs, "noise": batch.noise} if batch.noise else inputs
-        out = _Taken(*self.take(train, frozen, step_inputs, batch, tally.diverged, lr))
+        out = _Taken(*self.take(train, frozen, inputs, batch, tally.diverged, lr))
         tally.record(out.loss, out.live, out.correct, batch.counts)
         return out
 
@@ -395,7 +392,7 @@ class _GroupTrainer:
         images, the gradients, the divergence flags (``diverged``, in place), the SGD update, the carried
         inputs kept and the correct counts as one graph (outside it, each would be eager ops and Python on
         every step)."""
-        out = self.steps(train, frozen, inputs, batch.images(), batch.y, batch.weight)
+        out = self.steps(train, frozen, inputs, batch.noise, batch.images(), batch.y, batch.weight)
         diverged |= batch.active & ((out.loss - out.loss) != 0)  # x − x is 0 unless x is NaN or ±inf
         live = batch.active & ~diverged
         self._update(out.grads, lr, live)
@@ -452,10 +449,33 @@ def _rows(stacked: Tensor) -> Tensor:
     return stacked.reshape(len(stacked), -1)
 
 
+def client_noise(
+    shapes: NoiseShapes, counts: list[int], size: int, generator: torch.Generator, device: torch.device,
+) -> dict[str, Tensor]:
+    """One client's draws of ``shapes`` for an epoch's steps, ``[steps, size, S, d]`` each (``counts``: the
+    real samples of each step), in one draw per key cut step by step. The exact path draws ``[S, n, d]`` per
+    step (``objective.draw_noise``); on a CPU one draw of their total gives the same numbers in the same
+    order whenever a step's S·n·d is a multiple of 16 (torch's CPU normal fills 16 at a time; always so at
+    dimZ = 512), so a client alone in its group keeps the exact path's ε bit for bit. On a GPU the one draw
+    gives other numbers of the same distribution. Memory: the epoch's draws at once."""
+    out = {}
+    for key, (samples, dim) in shapes.items():
+        flat = torch.randn((samples, sum(counts), dim), device=device, generator=generator).view(-1)
+        eps = out[key] = flat.new_zeros(len(counts), size, samples, dim)
+        full = next((s for s, n in enumerate(counts) if n < size), len(counts))  # the steps before a short one
+        eps[:full] = flat[:full * samples * size * dim].view(full, samples, size, dim).transpose(1, 2)
+        start = full * samples * size * dim
+        for s, n in enumerate(counts[full:], start=full):
+            eps[s, :n] = flat[start:start + samples * n * dim].view(samples, n, dim).transpose(0, 1)
+            start += samples * n * dim
+    return out
+
+
 @dataclass
 class _Group:
-    """A group's clients and their stacked training state: parameters, ``loss_inputs`` (carried entries
-    evolve per step), the running tally, and each client's own generators (its batches', its noise's)."""
+    """A group's clients and their stacked training state: parameters, ``ClientContext.inputs`` (carried
+    entries evolve per step), the running tally, and each client's own generators (its batches', its
+    noise's, of the objective's ``noise_shapes``)."""
 
     method: Method
     contexts: list[ClientContext]
@@ -466,9 +486,10 @@ class _Group:
     inputs: dict[str, Stacked]
     client_inputs: list[dict[str, dict[str, Tensor]]]
     tally: _Tally
-    global_params: dict[str, Tensor]
+    global_weights: dict[str, Tensor]
     device: torch.device
     carried: set[str]
+    noise_shapes: NoiseShapes
 
     def epoch(
         self, source: DeviceBatches, phases: list[Phase], epoch: int, batch_size: int, fixed: bool = False,
@@ -480,10 +501,10 @@ class _Group:
 
     def epoch_noise(self, counts: Tensor, batch_size: int) -> dict[str, Tensor]:
         """Each client's draws for its steps of this epoch (``counts`` [K, S]: its real rows per step), one
-        call each from its own generator (``Method.epoch_noise``), padded to the group's steps: [S, K, B, ...]
+        call each from its own generator (:func:`client_noise`), padded to the group's steps: [S, K, B, ...]
         (a client without a step draws nothing and gets zeros)."""
-        rows = [self.method.epoch_noise(ctx, steps, batch_size, generator) if (steps := [n for n in row if n])
-                else None for ctx, generator, row in zip(self.contexts, self.noise, counts.tolist())]
+        rows = [client_noise(self.noise_shapes, steps, batch_size, generator, self.device)
+                if (steps := [n for n in row if n]) else None for generator, row in zip(self.noise, counts.tolist())]
         keys = next((row.keys() for row in rows if row is not None), ())
         return {key: _padded([None if row is None else row[key] for row in rows], counts.shape[1]) for key in keys}
 
@@ -500,8 +521,8 @@ class _Group:
 
     @torch.no_grad()
     def finish(self, k: int, model: nn.Module) -> None:
-        """Client ``k``'s final weights into ``model`` and its carried inputs into the tensors its
-        ``loss_inputs`` gave, where ``client_result`` reads them as the exact path leaves them."""
+        """Client ``k``'s final weights into ``model`` and its carried inputs into its own
+        ``ClientContext.inputs`` tensors, where ``client_result`` reads them as the exact path leaves them."""
         for name, p in model.named_parameters():
             p.copy_(self.params[name][k])
         for key in self.carried:
@@ -521,8 +542,8 @@ def _run_phase(
 
 
 def _run_epoch(group: _Group, trainer: _GroupTrainer, laid: _GroupEpoch, lr: float, augment_kind: str) -> None:
-    """One epoch's steps; a function of its own so that the epoch's tensors (VIB's ε: 22 MB a client at
-    Table 2's settings) are freed when it ends, not held while the next epoch lays out its own."""
+    """One epoch's steps; a function of its own so that the epoch's tensors (VIB's ε: S × dimZ floats a
+    sample) are freed when it ends, not held while the next epoch lays out its own."""
     for s in range(len(laid.sizes)):
         step = laid.step(s, augment_kind, group)
         group.absorb(trainer.step(group.params, group.inputs, step, lr, group.tally), step)
@@ -544,12 +565,12 @@ def _group(
                        global_tensors, generator, load, source)
         contexts.append(ctx)
         starts.append({n: p.detach().clone() for n, p in model.named_parameters()})
-        client_inputs.append(method.loss_inputs(ctx))
+        client_inputs.append(ctx.inputs)
     noise = [torch.Generator(device).manual_seed(seed) for seed in seeds]
     return _Group(method, contexts, [data.client_train[cid] for cid in client_ids], generators, noise,
                   _stack(starts), _stack(client_inputs), client_inputs,
                   _Tally(torch.zeros(len(client_ids), dtype=torch.bool, device=device)),
-                  global_tensors, device, set())
+                  global_tensors, device, set(), method.noise(model))
 
 
 def train_group(
@@ -569,7 +590,7 @@ def train_group(
     for phases in _common_phases(method, group.contexts):
         prefixes = phases[0].prefixes
         trainable = [n for n in group.params if prefixes is None or n.startswith(prefixes)]
-        trainer = _GroupTrainer(method, model, training, group.params, trainable, inputs.lr, group.global_params,
+        trainer = _GroupTrainer(method, model, training, group.params, trainable, inputs.lr, group.global_weights,
                                 compiled)
         lr = phases[0].lr if phases[0].lr is not None else inputs.lr
         _run_phase(group, trainer, phases, lr, source, training.batch_size, augment_kind)

@@ -22,8 +22,9 @@ from fltune.config import TrainingConfig
 from fltune.data.augment import augment, lookup_float, normalise_table, to_float
 from fltune.data.federated import FederatedData
 from fltune.engine.rng import derive_seed
-from fltune.methods.base import ClientContext, ClientResult, Method, Phase, State, to_device
+from fltune.methods.base import ClientContext, ClientResult, Method, Phase
 from fltune.methods.finetune import tuner_for
+from fltune.methods.wire import State, to_device
 
 
 Batch = tuple[torch.Tensor, torch.Tensor]
@@ -220,7 +221,7 @@ class DeviceMeter(HostMeter):
     (NaN stays NaN, ±inf stays ±inf or becomes NaN, and finite float32 losses × batch sizes cannot overflow
     float64), which flags the client (``deferred``) and the caller re-runs it on the reference path.
     Each step adds to views of one buffer made once: no indexing, reads or checks per step, whose every op
-    is a kernel launch on a GPU (8 ops a step where ``sums[i] += …`` took ~20)."""
+    is a kernel launch on a GPU."""
 
     deferred = True
 
@@ -256,8 +257,8 @@ class KeptSGD:
     ``torch.optim.sgd.sgd``, the public functional form ``SGD.step`` itself calls, with the arguments
     ``SGD.step`` passes (same params, grads and momentum buffers, foreach/fused left to torch), so the
     bits are SGD's. Why: building or stepping any ``torch.optim.Optimizer`` imports ``torch._dynamo``
-    (``add_param_group`` and ``zero_grad`` are dynamo-disabled, ``step`` graph-breaks) — ~150 MiB more in
-    every training process that never compiles (issue 12's tree memory). Its state is the momentum
+    (``add_param_group`` and ``zero_grad`` are dynamo-disabled, ``step`` graph-breaks): memory in every
+    training process that never compiles. Its state is the momentum
     buffers alone; ``reset`` empties them, as a fresh SGD starts (buffer = first gradient)."""
 
     def __init__(self, params: list[nn.Parameter], training: TrainingConfig, lr: float) -> None:
@@ -453,12 +454,22 @@ def _local_steps(
             loss, logits = method.backward(ctx, x, y)
             if not meter.finite(loss):
                 return
-            method.after_backward(ctx)
+            add_correction(method, ctx)
             if training.grad_clip is not None:
                 torch.nn.utils.clip_grad_norm_(params, training.grad_clip)
             _step(optimizer, ctx, phase_lr)
             ctx.steps += 1
             meter.add(loss, logits, y)
+
+
+@torch.no_grad()
+def add_correction(method: Method, ctx: ClientContext) -> None:
+    """Add the method's ``gradient_correction`` to each parameter's ``.grad`` (one with a gradient)."""
+    params = ctx.forward.own
+    correction = method.gradient_correction(params, ctx.inputs)
+    for name in correction:
+        if params[name].grad is not None:
+            params[name].grad.add_(correction[name])
 
 
 def _phase_batches(ctx: ClientContext, phase: Phase) -> Iterator[Batch]:
@@ -497,8 +508,8 @@ def set_lr(optimizer: torch.optim.Optimizer | KeptSGD, lr: float) -> None:
 
 EVAL_BATCH = 100
 """Test images per evaluation batch: the unit the workers share an evaluation in (``batch_scores``).
-100, not 1000: on a one-thread CPU worker the FedAvg CNN scores 100-image batches 1.8× faster (the
-activations stay in cache); counts are the same, summed losses differ from 1000's in the last digits."""
+100, not 1000: on a one-thread CPU worker the activations of a small batch stay in cache; counts are the
+same, summed losses differ from 1000's in the last digits."""
 
 
 @torch.no_grad()
@@ -512,8 +523,7 @@ def score_sums(
     The batches' images and labels go over in one copy each and are normalised there by table lookup (the
     bits of ``to_float``); each score is written into the result on the device. A per-batch read, as
     ``float(loss)`` did, is a host sync, and so is each copy from pageable memory: where Tune trials share
-    one GPU, each waits for the GPU's turn (16 Table 2 trials on one H100: an evaluation of 100 clients took
-    10–27 s, a training round 1.4–6 s; docs/architecture.md). float32 → float64 is exact, so what the caller
+    one GPU, each waits for the GPU's turn (docs/architecture.md). float32 → float64 is exact, so what the caller
     reads equals those per-batch Python floats."""
     model.eval()
     sums = torch.empty(len(batches), 2, dtype=torch.float64, device=device)

@@ -21,10 +21,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from fltune.methods.base import (
-    ClientContext, ClientResult, Forward, Method, ServerContext, ServerUpdate, State, effective_steps,
-    gradient_term, squared_distance, to_device, to_numpy,
-)
+from fltune.methods.base import ClientContext, ClientResult, Method, ServerContext, ServerUpdate, effective_steps
+from fltune.methods.objective import Tensors
+from fltune.methods.wire import State, to_device, to_numpy
 
 
 def mean_over_clients(store: dict[int, dict[str, Any]], key: str, num_clients: int) -> State:
@@ -55,8 +54,9 @@ def parameter_tensors(ctx: ClientContext, stored: Mapping[str, np.ndarray | Tens
 class DriftCorrected(Method):
     """FedDyn's h_k (FedDC's local drift): h_k ← h_k + (θ_k − θ_g); server θ = mean_S θ_k + mean_all h_k.
 
-    Clients keep h_k in ``state["h"]``. The local penalty (:meth:`drift_penalty`) is left to subclasses to
-    place: FedDyn/FedDC add it to the loss, FedSpeed adds its gradient after the SAM step.
+    Clients keep h_k in ``state["h"]``; θ_g − h_k is the client's input ``drift_target``, the point the local
+    penalty (α/2)·‖θ − (θ_g − h_k)‖² pulls towards: FedDyn/FedDC add it to the loss, FedSpeed adds its gradient
+    after the SAM step.
     """
 
     weighted_by_samples = False
@@ -66,24 +66,12 @@ class DriftCorrected(Method):
         """Cache θ_g − h_k, the point the drift penalty pulls towards."""
         super().setup_client(ctx)
         h = parameter_tensors(ctx, ctx.state.get("h"))
-        ctx.scratch["drift_target"] = {name: ctx.global_param(name) - h[name] for name in h}
-
-    def drift_penalty(self, ctx: ClientContext, alpha: float) -> Tensor:
-        """(α/2)·‖θ − (θ_g − h_k)‖² (FedDC's form), gradient α(θ − θ_g + h_k).
-
-        FedDyn's −⟨∇L_k(θ_k^{t−1}), θ⟩ + (α/2)‖θ − θ_g‖² with ∇L_k(θ_k^{t−1}) = −α·h_k (its Alg. 1 state,
-        ``acarturk/FedDyn``: α⟨θ, h_k − θ_g⟩ plus weight decay α) has the same gradient; the two values
-        differ by a θ-independent constant only.
-        """
-        return 0.5 * alpha * squared_distance(ctx.model.named_parameters(), ctx.scratch["drift_target"])
-
-    def loss_inputs(self, ctx: ClientContext) -> dict[str, dict[str, Tensor]]:
-        return {**super().loss_inputs(ctx), "drift_target": ctx.scratch["drift_target"]}
+        ctx.inputs["drift_target"] = {name: ctx.global_param(name) - h[name] for name in h}
 
     def client_result(self, ctx: ClientContext) -> ClientResult:
         """h_k + θ_k − θ_g = θ_k − (θ_g − h_k)."""
         result = super().client_result(ctx)
-        target = ctx.scratch["drift_target"]
+        target = ctx.inputs["drift_target"]
         result.state["h"] = to_numpy({name: p - target[name] for name, p in ctx.model.named_parameters()})
         return result
 
@@ -97,7 +85,8 @@ class DriftCorrected(Method):
 class ControlVariates(Method):
     """SCAFFOLD's control variates (Karimi et al., 2020, option II), also FedDC's gradient correction.
 
-    Local gradient g − c_k + c (FedDC writes it as the loss term ⟨θ, c − c_k⟩: same gradient);
+    Local gradient g − c_k + c (:meth:`gradient_correction`; FedDC writes it as the loss term ⟨θ, c − c_k⟩:
+    same gradient);
     c_k⁺ = c_k − c + (θ_g − θ_k)/(K_eff·lr) with lr = this round's ``ctx.lr`` (``correction_lr``) and K_eff the
     :func:`~fltune.methods.base.effective_steps` of the ``ctx.steps`` local steps: K for plain SGD,
     [K − ρ(1 − ρ^K)/(1 − ρ)]/(1 − ρ) under momentum ρ, as the FedSOL authors' Scaffold divides
@@ -115,26 +104,10 @@ class ControlVariates(Method):
         super().setup_client(ctx)
         c = parameter_tensors(ctx, ctx.server_tensors.get("c"))
         c_k = parameter_tensors(ctx, ctx.state.get("c"))
-        ctx.scratch["correction"] = {name: c[name] - c_k[name] for name in c}
+        ctx.inputs["correction"] = {name: c[name] - c_k[name] for name in c}
 
-    def after_backward(self, ctx: ClientContext) -> None:
-        super().after_backward(ctx)
-        correction = ctx.scratch["correction"]
-        for name, p in ctx.model.named_parameters():
-            if p.grad is not None:
-                p.grad.add_(correction[name])
-
-    def loss_inputs(self, ctx: ClientContext) -> dict[str, dict[str, Tensor]]:
-        return {**super().loss_inputs(ctx), "correction": ctx.scratch["correction"]}
-
-    def functional_loss(
-        self, forward: Forward, params: dict[str, Tensor], inputs: dict[str, dict[str, Tensor]],
-        x: Tensor, y: Tensor, weight: Tensor,
-    ) -> tuple[Tensor, Tensor]:
-        """The loss term ⟨θ, c − c_k⟩ with its value left out: the gradient ``after_backward`` adds."""
-        loss, logits = super().functional_loss(forward, params, inputs, x, y, weight)
-        correction = inputs["correction"]
-        return loss + gradient_term(sum((p * correction[n]).sum() for n, p in params.items())), logits
+    def gradient_correction(self, weights: Mapping[str, Tensor], inputs: Mapping[str, Tensors]) -> Tensors:
+        return inputs["correction"]
 
     def correction_lr(self, ctx: ClientContext) -> float:
         """The lr in c_k⁺'s divisor: the round's, the lr its local steps took (SCAFFOLD)."""
@@ -143,7 +116,7 @@ class ControlVariates(Method):
     def client_result(self, ctx: ClientContext) -> ClientResult:
         """c_k⁺ = (θ_g − θ_k)/(K_eff·lr) − (c − c_k); K_eff ≥ 1 guards a client stopped before its first step."""
         result = super().client_result(ctx)
-        correction = ctx.scratch["correction"]
+        correction = ctx.inputs["correction"]
         k_eff = max(effective_steps(ctx.steps, ctx.momentum, ctx.nesterov), 1.0)
         inv_k_lr = 1.0 / (k_eff * self.correction_lr(ctx))
         result.state["c"] = to_numpy({

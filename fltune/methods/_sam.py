@@ -4,12 +4,12 @@ Each of them (Foret et al., 2021 and its FL variants) fills ``.grad`` in three m
 g at w picks a perturbation ε; the loss is recomputed and back-propagated at w + ε; w is restored, so the
 optimiser steps from w with ∇L(w + ε). They differ only in which loss gives g, which parameters move and
 how ε is scaled, so :class:`SharpnessAware` implements the step once and a method supplies ``epsilon``
-(and FedSOL ``ascent``). The descent pass goes through ``self.local_loss``, so a modifier composed onto a
-SAM-type base (``fedsam+man``) is present in both passes.
+(and FedSOL ``ascent``). Both passes evaluate the method's one objective, ``self.local_loss``, so a modifier
+composed onto a SAM-type base (``fedsam+man``) is present in both.
 
-The batched executor takes the same step as a pure function (:meth:`SharpnessAware.functional_step`: both
-gradient evaluations inside its vmap) for SAM's own ascent; FedSOL gives its own, whose ascent is on its
-proximal loss.
+The step is also given as a pure function (:meth:`SharpnessAware.functional_step`: both gradient
+evaluations of the objective, for an executor that trains clients together) for SAM's own ascent; FedSOL
+gives its own, whose ascent is on its proximal loss.
 
 [U] BatchNorm running statistics are updated by the first pass only (momentum 0 at w + ε), as in the
 FedSOL authors' SAM code (``Lee-Gihun/FedSOL:algorithms/optim_utils.py``, ``disable_running_stats``).
@@ -26,7 +26,9 @@ import torch
 from torch import Tensor, nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from fltune.methods.base import ClientContext, FunctionalBatch, FunctionalStep, Method, Tensors
+from fltune.methods.base import ClientContext, Method
+from fltune.methods.functional import FunctionalBatch, FunctionalStep, objective_step
+from fltune.methods.objective import Tensors
 
 Named = list[tuple[str, Tensor]]
 Epsilon = Callable[[Named, list[Tensor]], list[Tensor]]
@@ -106,9 +108,9 @@ def perturbed(named: Named, eps: list[Tensor]) -> Iterator[None]:
 
 def ascent_gradients(loss: Tensor, named: Named) -> list[Tensor]:
     """∇loss for each of ``named`` (zeros where it does not depend on one), leaving ``.grad`` untouched."""
-    params = [p for _, p in named]
-    grads = torch.autograd.grad(loss, params, allow_unused=True)
-    return [torch.zeros_like(p) if g is None else g for p, g in zip(params, grads, strict=True)]
+    weights = [p for _, p in named]
+    grads = torch.autograd.grad(loss, weights, allow_unused=True)
+    return [torch.zeros_like(p) if g is None else g for p, g in zip(weights, grads, strict=True)]
 
 
 class SharpnessAware(Method, ABC):
@@ -123,8 +125,8 @@ class SharpnessAware(Method, ABC):
     passes_per_step = 2.0  # the ascent pass at w and the descent pass at w + ε
 
     @abstractmethod
-    def epsilon(self, global_params: Mapping[str, Tensor]) -> Epsilon:
-        """How the ascent gradients become ε (each method's own rule); ``global_params`` are the round's
+    def epsilon(self, global_weights: Mapping[str, Tensor]) -> Epsilon:
+        """How the ascent gradients become ε (each method's own rule); ``global_weights`` are the round's
         global weights, which FedSOL's adaptive strength reads."""
 
     def ascent(self, ctx: ClientContext, x: Tensor, loss: Tensor, logits: Tensor) -> tuple[Named, Tensor]:
@@ -132,19 +134,19 @@ class SharpnessAware(Method, ABC):
         return trainable(ctx.model), loss
 
     def backward(self, ctx: ClientContext, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
-        loss, logits = self.local_loss(ctx, x, y)
+        loss, logits = self.local_loss(self.batch(ctx, x, y))
         named, ascent_loss = self.ascent(ctx, x, loss, logits)
         eps = self.epsilon(ctx.global_state)(named, ascent_gradients(ascent_loss, named)) if named else []
         with perturbed(named, eps), bn_statistics_frozen(ctx.model):
-            self.local_loss(ctx, x, y)[0].backward()
+            self.local_loss(self.batch(ctx, x, y))[0].backward()
         return loss.detach(), logits.detach()
 
-    def functional_step(self, params: Tensors, batch: FunctionalBatch) -> FunctionalStep:
-        """:meth:`backward` for the batched executor, with SAM's own ascent (the loss's gradient over every
-        trainable parameter, whose loss and logits are the step's): ε from it, then the loss's gradient
-        at w + ε. ``params`` are never modified, so nothing needs restoring."""
-        ascent = super().functional_step(params, batch)
-        named = list(params.items())
-        eps = self.epsilon(batch.global_params)(named, list(ascent.grads.values()))
+    def functional_step(self, weights: Tensors, batch: FunctionalBatch) -> FunctionalStep:
+        """:meth:`backward` as a pure function, with SAM's own ascent (the objective's gradient over every
+        trainable parameter, whose loss and logits are the step's): ε from it, then the objective's gradient
+        at w + ε. ``weights`` are never modified, so nothing needs restoring."""
+        ascent = objective_step(self, weights, batch)
+        named = list(weights.items())
+        eps = self.epsilon(batch.global_weights)(named, list(ascent.grads.values()))
         shifted = {n: p + e for (n, p), e in zip(named, eps, strict=True)}
-        return ascent.replaced(grads=super().functional_step(shifted, batch).grads)
+        return ascent.replaced(grads=objective_step(self, shifted, batch).grads)

@@ -1,14 +1,14 @@
-"""The method plug-in interface.
+"""The method plug-in interface: the contract types and :class:`Method`.
 
 A method is one small class with optional hooks; FedAvg behaviour is the default for every hook, so a
-method file contains only what differs from FedAvg. The engine owns the one local training loop and
-calls, per client and round::
+method file contains only what differs from FedAvg. Its local objective is written once,
+``local_loss(batch)`` on a :class:`~fltune.methods.objective.Batch`, and every executor trains with it.
+The engine owns the local training loop and calls, per client and round::
 
-    setup_client(ctx)                      # once, before training (frozen copies, control variates ...)
+    setup_client(ctx)                      # once, before training (frozen copies, the client's tensors ...)
     for phase in phases(ctx):              # default: one phase training every parameter
-        for batch:  backward(ctx, x, y)    # default: local_loss(...).backward()
-                    after_backward(ctx)    # e.g. SCAFFOLD's gradient correction
-                    (clip, optimiser step by the engine)
+        for batch:  backward(ctx, x, y)    # default: local_loss(batch).backward()
+                    (+ gradient_correction, clip, optimiser step by the engine)
     client_result(ctx)                     # a ClientResult: weight, summable update, upload, new state
 
 and on the server, once per round: ``aggregate(ServerContext) -> ServerUpdate`` over the order-independent
@@ -20,24 +20,22 @@ inside a worker, so any worker can train any client and a checkpoint is just the
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, NamedTuple, TypeVar
+from functools import cached_property
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict
 from torch import nn
-from torch.func import functional_call, grad
 
 from fltune.errors import FLTuneError
+from fltune.methods.objective import Batch, Forward, NoiseShapes, Tensors, draw_noise, masked_cross_entropy
+from fltune.methods.wire import State, to_numpy
 
 if TYPE_CHECKING:  # the tuner's class; finetune.py imports this module
     from fltune.methods.finetune import FineTune
-
-State = dict[str, np.ndarray]
-"""Model weights on the wire: state_dict names → numpy arrays (what one ``ray.put`` ships)."""
 
 ModelT = TypeVar("ModelT", bound=nn.Module)
 
@@ -103,6 +101,14 @@ class ClientContext:
     """``server``'s arrays as tensors on ``device`` (a dict of arrays: a dict of tensors), copied once a round
     for all the clients a worker trains, not once a client. Shared by those clients: read only."""
     scratch: dict[str, Any] = field(default_factory=dict)
+    inputs: dict[str, Tensors] = field(default_factory=dict)
+    """The client's tensors its objective reads (``Batch.inputs``: FedDyn's θ_g − h_k, Ditto's v), set by
+    ``setup_client``; clients trained together have theirs stacked, and a carried one (Ditto's) copied back."""
+
+    @cached_property
+    def forward(self) -> Forward:
+        """The client's model as a function of its parameters (its own: ``forward.own``)."""
+        return Forward(self.model)
 
     def global_param(self, name: str) -> torch.Tensor:
         """The round's global value of a parameter, on the training device."""
@@ -182,186 +188,6 @@ class ServerUpdate:
     client_states: dict[int, dict[str, Any]]
 
 
-class Forward:
-    """The model as a function of its parameters (``torch.func.functional_call``): ``forward(params, x)``
-    gives the logits; :meth:`part` runs one part (``body``/``head``) alone."""
-
-    def __init__(self, model: nn.Module) -> None:
-        self.model = model
-        self.tied = _ties_tensors(model)
-
-    def __call__(self, params: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
-        return functional_call(self.model, params, (x,), tie_weights=self.tied)
-
-    def part(self, name: str, params: Mapping[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
-        """Submodule ``name`` on ``x`` with the entries of ``params`` under ``name.``: a VIB loss needs the
-        body's (μ, σ) and the head on sampled z, which the model's ``forward`` does not expose."""
-        prefix = f"{name}."
-        own = {k.removeprefix(prefix): v for k, v in params.items() if k.startswith(prefix)}
-        return functional_call(self.model.get_submodule(name), own, (x,), tie_weights=self.tied)
-
-
-def _ties_tensors(model: nn.Module) -> bool:
-    """Whether one tensor sits under two names in ``model``. Only then must ``functional_call`` look for
-    ties (``tie_weights``), which walks every submodule on every call: in the batched executor's step that
-    walk was ~330 of its ~3,800 Python calls (FedAvg CNN, K = 10): host time a GPU waits on."""
-    def count(named: Iterable[tuple[str, torch.Tensor]]) -> tuple[int, int]:
-        pairs = list(named)
-        return len(pairs), len({id(t) for _, t in pairs})
-
-    return any(n != unique for n, unique in (count(model.named_parameters(remove_duplicate=False)),
-                                            count(model.named_buffers(remove_duplicate=False))))
-
-
-def squared_distance(params: Iterable[tuple[str, torch.Tensor]], anchor: Mapping[str, torch.Tensor]) -> torch.Tensor:
-    """Σ_n ‖p_n − anchor_n‖² over (name, tensor) pairs: FedProx's and FedDyn's penalties, for a module's
-    ``named_parameters()`` (exact path) or a parameter dict's items (batched executor) alike."""
-    return sum(((p - anchor[n]) ** 2).sum() for n, p in params)
-
-
-def batch_mean(values: torch.Tensor, weight: torch.Tensor | None = None) -> torch.Tensor:
-    """Mean of per-sample ``values`` over the samples with weight 1: a batched group pads every client's
-    batch to one shape, and a client's short last batch must still average over its real samples only.
-    ``weight`` None (the exact path's unpadded batch) is ``values.mean()`` itself, so a loss written once
-    for both paths keeps the exact path's bits."""
-    if weight is None:
-        return values.mean()
-    return (values * weight).sum() / weight.sum().clamp(min=1.0)
-
-
-def masked_cross_entropy(logits: torch.Tensor, y: torch.Tensor, weight: torch.Tensor | None = None) -> torch.Tensor:
-    """Mean cross-entropy over the real samples (:func:`batch_mean`); ``F.cross_entropy`` when unpadded.
-
-    Padded, each sample's −log softmax at its label is written out: inside the batched executor's vmap
-    ``F.cross_entropy(reduction="none")`` decomposes into the same gather and negation plus an
-    ``ignore_index`` mask (7 more ops in the forward and 7 in the backward, each a GPU launch) that no
-    label here needs; the values and gradients are the same floats."""
-    if weight is None:
-        return F.cross_entropy(logits, y)
-    return batch_mean(-logits.log_softmax(-1).gather(-1, y.unsqueeze(-1)).squeeze(-1), weight)
-
-
-def gradient_term(term: torch.Tensor) -> torch.Tensor:
-    """A zero-valued loss term whose gradient is ``term``'s: SCAFFOLD's correction ⟨θ, c − c_k⟩ added to a
-    functional loss changes the gradient as ``after_backward`` does, and the reported loss not at all."""
-    return term - term.detach()
-
-
-Tensors = dict[str, torch.Tensor]
-
-
-@dataclass(frozen=True)
-class FunctionalBatch:
-    """One client's step as :meth:`Method.functional_step` sees it inside the batched executor's vmap:
-    its padded batch (``weight`` marks the real samples), its ``loss_inputs`` (plus ``inputs["noise"]``,
-    the step's share of :meth:`Method.epoch_noise`), the parameters its phase keeps fixed, and what all clients of
-    the round share: the global weights and the round's learning rate (``ctx.lr``)."""
-
-    forward: Forward
-    names: tuple[str, ...]
-    frozen: Tensors
-    inputs: dict[str, Tensors]
-    x: torch.Tensor
-    y: torch.Tensor
-    weight: torch.Tensor
-    global_params: Tensors
-    lr: float
-    grad_clip: float | None = None
-    """``training.grad_clip`` (:attr:`ClientContext.grad_clip`)."""
-
-    def full(self, trainable: Mapping[str, torch.Tensor]) -> Tensors:
-        """Every parameter, in the model's order: ``trainable`` where given, the frozen value elsewhere."""
-        return {n: trainable[n] if n in trainable else self.frozen[n] for n in self.names}
-
-    def loss(self, method: Method, trainable: Mapping[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-        """``method.functional_loss`` on this batch at ``trainable``: (loss, logits)."""
-        return method.functional_loss(self.forward, self.full(trainable), self.inputs, self.x, self.y, self.weight)
-
-
-class FunctionalStep(NamedTuple):
-    """What one client's functional step gives the batched executor (a pytree, so vmap stacks it).
-
-    ``grads``: the trainable parameters' gradient, which the engine clips and steps with SGD, as the exact
-    path's ``.grad``. ``loss``/``logits``: at the weights stepped from, for the train metrics. ``carry``:
-    new values of ``loss_inputs`` entries that evolve step by step (Ditto's personal model); the engine
-    keeps them for the client's next step and finally copies them into the tensors ``loss_inputs`` gave.
-    ``record``: per-sample tensors (batch axis first) handed to :meth:`Method.record_step` (FedCR's μ, σ).
-    """
-
-    grads: Tensors
-    loss: torch.Tensor
-    logits: torch.Tensor
-    carry: dict[str, Tensors] = {}
-    record: Tensors = {}
-
-    def replaced(self, grads: Tensors | None = None, carry: dict[str, Tensors] | None = None) -> FunctionalStep:
-        """This step with other gradients or carried inputs. ``_replace`` would do, but under
-        ``resources.compile`` this runs inside the traced group step, and torch 2.11's dynamo failed an
-        assertion on a NamedTuple built by ``_replace`` there (an H100 run); the constructor it traces."""
-        return FunctionalStep(self.grads if grads is None else grads, self.loss, self.logits,
-                              self.carry if carry is None else carry, self.record)
-
-
-def gradient(
-    objective: Callable[[Tensors], tuple[torch.Tensor, Any]], params: Tensors,
-) -> tuple[Tensors, torch.Tensor, Any]:
-    """(∇objective at ``params``, its value, its auxiliary output), the last two detached: ``objective``
-    returns (loss, aux). ``torch.func.grad`` gives zeros for a parameter the loss does not use."""
-
-    def value(p: Tensors) -> tuple[torch.Tensor, tuple[torch.Tensor, Any]]:
-        loss, aux = objective(p)
-        return loss, (loss.detach(), aux)
-
-    grads, (loss, aux) = grad(value, has_aux=True)(params)
-    return grads, loss, aux
-
-
-def clip_scale(tensors: Iterable[torch.Tensor], max_norm: float) -> torch.Tensor:
-    """``torch.nn.utils.clip_grad_norm_``'s factor min(1, max_norm / (‖g‖ + 1e-6)), ‖g‖ the norm over all of
-    ``tensors`` (the norm of their norms, as torch takes it), without ``.grad`` or in-place writes, so it
-    also runs inside the batched executor's vmap."""
-    total = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(t) for t in tensors]))
-    return (max_norm / (total + 1e-6)).clamp(max=1.0)
-
-
-def dtype_groups(dtypes: Iterable[Any]) -> list[list[int]]:
-    """Positions of equal dtypes, in order of first appearance: what one copy between host and device can
-    carry at once (``to_numpy``, ``to_device``)."""
-    groups: dict[Any, list[int]] = {}
-    for i, dtype in enumerate(dtypes):
-        groups.setdefault(dtype, []).append(i)
-    return list(groups.values())
-
-
-def to_device(arrays: Sequence[np.ndarray], device: torch.device) -> list[torch.Tensor]:
-    """``arrays`` as tensors on ``device`` (views of one buffer per dtype), in one copy per dtype.
-
-    A copy from pageable host memory to a GPU first waits for everything the device has queued, so loading
-    a state tensor by tensor is a host sync per tensor; where Tune trials share one GPU each waits for the
-    GPU's turn. Copies change no bits."""
-    out: list[torch.Tensor] = [torch.empty(0)] * len(arrays)
-    for rows in dtype_groups(array.dtype for array in arrays):
-        flat = torch.from_numpy(np.concatenate([arrays[i].reshape(-1) for i in rows])).to(device)
-        for i, part in zip(rows, flat.split([arrays[i].size for i in rows])):
-            out[i] = part.view(arrays[i].shape)
-    return out
-
-
-def to_numpy(state: dict[str, torch.Tensor], keys: set[str] | None = None) -> State:
-    """Detach a (sub)state_dict to CPU numpy for the wire or the client store, in one copy per dtype.
-
-    A copy from a GPU to the host waits for the device, so a state copied tensor by tensor is a host sync
-    per tensor; where Tune trials share one GPU each waits for its turn. Each array is its own (a copy of
-    its part of the buffer), so a client store keeps no other tensor's bytes alive."""
-    tensors = [(k, v.detach()) for k, v in state.items() if keys is None or k in keys]
-    out: State = {}
-    for rows in dtype_groups(v.dtype for _, v in tensors):
-        flat = torch.cat([tensors[i][1].reshape(-1) for i in rows]).cpu().numpy()
-        for i, part in zip(rows, np.split(flat, np.cumsum([tensors[i][1].numel() for i in rows])[:-1])):
-            out[tensors[i][0]] = part.reshape(tensors[i][1].shape).copy()
-    return {k: out[k] for k, _ in tensors}
-
-
 class Method:
     """FedAvg (McMahan et al., 2017): CE locally, n_k-weighted average of the full state on the server.
 
@@ -380,10 +206,10 @@ class Method:
     No default, as ``stored_models``."""
     weighted_by_samples: ClassVar[bool] = True
     """Whether updates are weighted by n_k (FedAvg) or equally (FedDyn-family); also weights `all_model`."""
-    batchable: ClassVar[bool] = False
-    """Whether the batched executor (``resources.executor: batched``, engine/batched.py) may train this
-    method's clients K at a time: its local step is plain gradient descent on :meth:`functional_loss`, and
-    its other client hooks work on one client's context as usual. Checked through :meth:`batches_clients`."""
+    pure_loss: ClassVar[bool] = True
+    """Whether :meth:`local_loss` reads its :class:`Batch` alone, never ``batch.client``: then it holds at any
+    weights and for a padded batch, so clients may be trained together. False for an objective that runs
+    modules of its own or hooks on the model (MOON's frozen copies, MAN's activations)."""
     final_round: ClassVar[Literal["tune", "own"]] = "tune"
     """What the final personal round (``training.finetune_epochs``, after the last round) trains on every
     client before the personalised evaluation: ``tune``, the personal part (else the head) on plain CE with
@@ -391,8 +217,7 @@ class Method:
     local updates, after which its client model is evaluated (Ditto, as FedCR's ``main_fed_ditto.py``)."""
     tuner: ClassVar[type[FineTune] | None] = None
     """The ``tune`` round's method (a :class:`~fltune.methods.finetune.FineTune`); None: FineTune itself. A
-    subclass names its own where the batched executor needs more of the tuning step than plain CE gives
-    (VIB nets: the train-mode forward's ε, drawn outside the vmap)."""
+    subclass names its own where its model's training forward draws random numbers (VIB nets: ε as noise)."""
 
     def __init__(self, params: Params | None = None) -> None:
         self.params = params if params is not None else self.Params()
@@ -452,69 +277,42 @@ class Method:
         rather than epochs says how many passes those steps make."""
         return float(epochs)
 
-    def local_loss(self, ctx: ClientContext, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Per-batch objective → (loss, logits). FedAvg: cross-entropy."""
-        logits = ctx.model(x)
-        return F.cross_entropy(logits, y), logits
+    def noise(self, model: nn.Module) -> NoiseShapes:
+        """The standard normal draws one batch of :meth:`local_loss` reads as ``batch.noise`` (VIB's ε); FedAvg:
+        none. Each client draws them from its own seeded stream, so they do not depend on its executor."""
+        return {}
+
+    def batch(self, ctx: ClientContext, x: torch.Tensor, y: torch.Tensor) -> Batch:
+        """``(x, y)`` as :meth:`local_loss` reads it for the client's own model: its parameters, unpadded,
+        the client's tensors, the batch's noise from torch's global RNG (seeded per (seed, round, client))."""
+        noise = draw_noise(self.noise(ctx.model), len(y), x.device)
+        return Batch(ctx.forward, ctx.forward.own, x, y, None, ctx.inputs, noise, ctx.global_state, ctx)
+
+    def local_loss(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        """The per-batch objective → (loss, logits), written once for every executor. FedAvg: cross-entropy
+        over the batch's real samples (``masked_cross_entropy``: ``F.cross_entropy`` when unpadded)."""
+        logits = batch.forward(batch.weights, batch.x)
+        return masked_cross_entropy(logits, batch.y, batch.mask), logits
+
+    def record_step(self, ctx: ClientContext, y: torch.Tensor, record: Tensors) -> None:
+        """Take what :meth:`local_loss` left in ``batch.record`` at one step, for the client's real samples
+        ``y`` (FedCR folds its μ, σ); default: nothing."""
 
     def backward(self, ctx: ClientContext, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Fill ``.grad`` for one batch → (detached loss, detached logits). SAM-type methods override."""
-        loss, logits = self.local_loss(ctx, x, y)
+        """Fill ``.grad`` for one batch → (detached loss, detached logits). SAM-type methods override (and give
+        the same step as ``functional_step``, ``methods/functional.py``), as does Proximal's projection."""
+        batch = self.batch(ctx, x, y)
+        loss, logits = self.local_loss(batch)
+        if batch.record:
+            self.record_step(ctx, y, batch.record)
         loss.backward()
         return loss.detach(), logits.detach()
 
-    def after_backward(self, ctx: ClientContext) -> None:
-        """Adjust gradients before clipping and the optimiser step (SCAFFOLD, FedDC)."""
-
-    # ---------------------------------------------------------------- functional step (batched executor)
-    @classmethod
-    def batches_clients(cls) -> bool:
-        """``batchable``, unless a subclass changed the per-batch step (``local_loss``, ``backward``,
-        ``after_backward``) below the class that gave its functional form (:meth:`functional_loss` or
-        :meth:`functional_step`): a ``<method>+<modifier>`` composite inherits ``batchable`` but its extra
-        loss term has no functional form, so it is trained per client."""
-
-        def owner(hook: str) -> int:
-            return next(i for i, klass in enumerate(cls.__mro__) if hook in vars(klass))
-
-        step = min(owner(hook) for hook in ("local_loss", "backward", "after_backward"))
-        return cls.batchable and min(owner(hook) for hook in ("functional_loss", "functional_step")) <= step
-
-    def loss_inputs(self, ctx: ClientContext) -> dict[str, dict[str, torch.Tensor]]:
-        """Per-client tensors :meth:`functional_loss` reads besides the batch, read after ``setup_client``
-        (the batched executor stacks them over a group); FedAvg: none. Overrides extend ``super()``'s."""
+    def gradient_correction(self, weights: Mapping[str, torch.Tensor], inputs: Mapping[str, Tensors]) -> Tensors:
+        """A term the engine adds to each parameter's gradient after the step's passes (SCAFFOLD's c − c_k,
+        FedSpeed's λ(θ − θ_g + h_k) outside SAM's passes), from the current ``weights`` and the client's
+        ``inputs``; FedAvg: none."""
         return {}
-
-    def functional_loss(
-        self, forward: Forward, params: dict[str, torch.Tensor], inputs: dict[str, dict[str, torch.Tensor]],
-        x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """:meth:`local_loss` (plus what ``after_backward`` adds to the gradient) as a pure function of one
-        client's ``params``, for ``torch.func``: (loss, logits). ``weight`` marks the real samples of a
-        padded batch (:func:`masked_cross_entropy`). FedAvg: cross-entropy."""
-        logits = forward(params, x)
-        return masked_cross_entropy(logits, y, weight), logits
-
-    def epoch_noise(self, ctx: ClientContext, counts: list[int], size: int, generator: torch.Generator) -> Tensors:
-        """Random tensors that the steps of one epoch of :meth:`functional_loss` read as ``inputs["noise"]``,
-        each ``[steps, size, ...]``: step s's draws for its ``counts[s]`` real samples, batch axis second, zero
-        past them (the engine pads them as it pads x). Drawn outside the vmap from ``generator``, the client's
-        own, seeded by (seed, round, client id) as the exact path seeds torch's global RNG, so a client's
-        draws do not depend on its group (VIB's ε); once per epoch, not per step, since on a GPU every draw is
-        a launch. FedAvg: none."""
-        return {}
-
-    def functional_step(self, params: Tensors, batch: FunctionalBatch) -> FunctionalStep:
-        """One client's step as a pure function of its trainable ``params``: :meth:`backward` plus
-        :meth:`after_backward` for ``torch.func``. Default: the gradient of :meth:`functional_loss`.
-        Override where the step is more than one loss's gradient (SAM's two evaluations, Ditto's second
-        model) and call ``super()`` for the gradient of the loss itself."""
-        grads, loss, logits = gradient(lambda p: batch.loss(self, p), params)
-        return FunctionalStep(grads, loss, logits)
-
-    def record_step(self, ctx: ClientContext, y: torch.Tensor, record: Tensors) -> None:
-        """Take one batched step's ``FunctionalStep.record`` for this client's real samples ``y`` (what
-        the exact path's ``local_loss`` observes on the side, e.g. FedCR's class PoE); default: nothing."""
 
     def client_result(self, ctx: ClientContext) -> ClientResult:
         """Upload the shared weights (weight n_k, or 1 unless ``weighted_by_samples``); keep personal ones in

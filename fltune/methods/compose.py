@@ -6,7 +6,9 @@ per-batch objective, and :func:`compose` builds the combined method class on dem
 ``fltune.methods`` caches it). The combined class subclasses the base and overrides ``local_loss`` (and
 ``adapt_model``, so the modifier can refuse a model it cannot serve), so every other hook stays the base's.
 SAM-type bases compute their ascent and descent passes through ``self.local_loss``, so the modifier's term is
-in both passes without either class knowing the other.
+in both passes without either class knowing the other. A modifier's term reads the model's own modules
+(MAN's activations, on every sample of the batch), so a composite's objective is not pure
+(``Method.pure_loss``): it is trained client by client.
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ import torch
 from torch import nn
 
 from fltune.errors import FLTuneError
-from fltune.methods.base import ClientContext, Method, Params
+from fltune.methods.base import Method, Params
+from fltune.methods.objective import Batch
 
 LossAndLogits = tuple[torch.Tensor, torch.Tensor]
 
@@ -26,7 +29,7 @@ LossAndLogits = tuple[torch.Tensor, torch.Tensor]
 class Modifier:
     """An addition to a base method's per-batch objective, with its own hyperparameters.
 
-    ``local_loss`` receives the base's objective as a zero-argument callable so that it can observe the
+    ``local_loss`` receives the batch and the base's objective as a zero-argument callable so that it can observe the
     forward pass the base runs (MAN records activations during it) instead of running one of its own.
     """
 
@@ -36,7 +39,7 @@ class Modifier:
     def __init__(self, params: Params | None = None) -> None:
         self.params = params if params is not None else self.Params()
 
-    def local_loss(self, ctx: ClientContext, base_loss: Callable[[], LossAndLogits]) -> LossAndLogits:
+    def local_loss(self, batch: Batch, base_loss: Callable[[], LossAndLogits]) -> LossAndLogits:
         """The base's (loss, logits) with this modifier's term added; default: unchanged."""
         return base_loss()
 
@@ -69,8 +72,8 @@ def compose(base: type[Method], modifier: type[Modifier], name: str | None = Non
         base.__init__(self, params if params is not None else params_cls())
         self.modifier = modifier(modifier.Params(**{f: getattr(self.params, f) for f in mod_fields}))
 
-    def local_loss(self: Method, ctx: ClientContext, x: torch.Tensor, y: torch.Tensor) -> LossAndLogits:
-        return self.modifier.local_loss(ctx, lambda: base.local_loss(self, ctx, x, y))
+    def local_loss(self: Method, batch: Batch) -> LossAndLogits:
+        return self.modifier.local_loss(batch, lambda: base.local_loss(self, batch))
 
     def adapt_model(self: Method, model: nn.Module) -> nn.Module:
         return self.modifier.adapt_model(base.adapt_model(self, model))
@@ -78,6 +81,6 @@ def compose(base: type[Method], modifier: type[Modifier], name: str | None = Non
     doc = f"{base.name} with the {modifier.name} term added to its local loss.\n\n{base.__doc__ or ''}"
     namespace = {
         "name": name or f"{base.name}+{modifier.name}", "Params": params_cls, "__init__": __init__,
-        "local_loss": local_loss, "adapt_model": adapt_model, "__doc__": doc,
+        "local_loss": local_loss, "pure_loss": False, "adapt_model": adapt_model, "__doc__": doc,
     }
     return type(f"{base.__name__}With{modifier.__name__}", (base,), namespace)

@@ -35,16 +35,15 @@ from collections.abc import Mapping
 from typing import Literal
 
 import torch
-import torch.nn.functional as F
 from pydantic import Field
-from torch import Tensor, nn
+from torch import Tensor
 
 from fltune.methods import register
 from fltune.methods._initial import InitialStandIn
-from fltune.methods.base import (
-    ClientContext, ClientResult, FunctionalBatch, FunctionalStep, Method, Params, Tensors, clip_scale, gradient,
-    masked_cross_entropy, to_numpy,
-)
+from fltune.methods.base import ClientContext, ClientResult, Method, Params
+from fltune.methods.functional import FunctionalBatch, FunctionalStep, clip_scale, gradient, objective_step
+from fltune.methods.objective import Batch, Forward, Tensors
+from fltune.methods.wire import to_numpy
 
 
 class DittoParams(Params):
@@ -62,29 +61,36 @@ class Ditto(InitialStandIn):
     Params = DittoParams
     stored_models = 2.0  # the personal model v_k beside the local copy of the global model
     passes_per_step = 2.0  # both are trained on every batch
-    batchable = True
     final_round = "own"
     kept, first = "personal", "first_personal"
 
     def setup_client(self, ctx: ClientContext) -> None:
-        """The engine loaded the client's personal model: keep it aside and train w from w_g."""
+        """The engine loaded the client's personal model: keep it aside and train w from w_g. v's parameters
+        are the client's input ``personal`` (detached views: an executor's final copy into them is v's
+        result)."""
         personal = copy.deepcopy(ctx.model).train()
         if (initial := self.initial_model(ctx)) is not None:
             personal.load_state_dict(dict(initial))
         personal.requires_grad_(True)
-        ctx.scratch["personal"] = personal
+        ctx.scratch["personal"] = Forward(personal)
+        ctx.inputs["personal"] = {n: p.detach() for n, p in personal.named_parameters()}
         ctx.model.load_state_dict(ctx.global_state)
+
+    def personal_loss(self, forward: Forward, personal: Tensors, x: Tensor, y: Tensor, mask: Tensor | None) -> Tensor:
+        """v's objective at ``personal``: the plain one (FedAvg's CE, whatever modifier w's objective takes
+        on), whose λ-proximal part :meth:`_stepped` adds in closed form."""
+        return Method.local_loss(self, Batch(forward, personal, x, y, mask))[0]
 
     def backward(self, ctx: ClientContext, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
         """FedAvg's gradient for w (stepped by the engine), then one SGD step of v on the same batch."""
         result = super().backward(ctx, x, y)
-        personal: nn.Module = ctx.scratch["personal"]
-        params = dict(personal.named_parameters())
-        grads = torch.autograd.grad(F.cross_entropy(personal(x), y), list(params.values()))
-        values = {n: p.detach() for n, p in params.items()}
-        stepped = self._stepped(dict(zip(params, grads)), values, ctx.global_state, ctx.lr, ctx.grad_clip)
+        personal: Forward = ctx.scratch["personal"]
+        weights = personal.own
+        grads = torch.autograd.grad(self.personal_loss(personal, weights, x, y, None), list(weights.values()))
+        values = ctx.inputs["personal"]
+        stepped = self._stepped(dict(zip(weights, grads)), values, ctx.global_state, ctx.lr, ctx.grad_clip)
         with torch.no_grad():
-            for name, param in params.items():
+            for name, param in weights.items():
                 param.copy_(stepped[name])
         return result
 
@@ -115,24 +121,19 @@ class Ditto(InitialStandIn):
         stepped = v - lr * direction
         return {n: piece.view_as(personal[n]) for n, piece in zip(names, stepped.split(sizes))}
 
-    def loss_inputs(self, ctx: ClientContext) -> dict[str, Tensors]:
-        """v's parameters (detached views: the engine's final copy into them is v's batched result)."""
-        personal = {n: p.detach() for n, p in ctx.scratch["personal"].named_parameters()}
-        return {**super().loss_inputs(ctx), "personal": personal}
+    def functional_step(self, weights: Tensors, batch: FunctionalBatch) -> FunctionalStep:
+        """:meth:`backward` as a pure function: w's gradient for the engine's step; v's plain SGD step on the
+        same batch as the carried ``personal`` input."""
+        step = objective_step(self, weights, batch)
 
-    def functional_step(self, params: Tensors, batch: FunctionalBatch) -> FunctionalStep:
-        """:meth:`backward` for the batched executor: w's gradient for the engine's step; v's plain SGD step
-        on the same batch as the carried ``personal`` input."""
-        step = super().functional_step(params, batch)
+        def objective(v: Tensors) -> tuple[Tensor, tuple[()]]:
+            return self.personal_loss(batch.forward, v, batch.x, batch.y, batch.mask), ()
 
-        def personal_ce(v: Tensors) -> tuple[Tensor, tuple[()]]:
-            return masked_cross_entropy(batch.forward(v, batch.x), batch.y, batch.weight), ()
-
-        grads, _, _ = gradient(personal_ce, batch.inputs["personal"])
-        personal = self._stepped(grads, batch.inputs["personal"], batch.global_params, batch.lr, batch.grad_clip)
+        grads, _, _ = gradient(objective, batch.inputs["personal"])
+        personal = self._stepped(grads, batch.inputs["personal"], batch.global_weights, batch.lr, batch.grad_clip)
         return step.replaced(carry={"personal": personal})
 
     def client_result(self, ctx: ClientContext) -> ClientResult:
         result = super().client_result(ctx)
-        result.state["personal"] = to_numpy(ctx.scratch["personal"].state_dict())
+        result.state["personal"] = to_numpy(ctx.scratch["personal"].model.state_dict())
         return result

@@ -29,7 +29,8 @@ from torch import Tensor
 
 from fltune.methods import register
 from fltune.methods._resnet56 import ResNet56Method
-from fltune.methods.base import ClientContext, Params
+from fltune.methods.base import Params
+from fltune.methods.objective import Batch
 from fltune.models.resnet56 import ResNet56
 
 POWER_ITERATIONS = 10
@@ -84,8 +85,10 @@ class FedAlign(ResNet56Method):
     Params = FedAlignParams
     stored_models = 1.0  # one model: the reduced-width pass runs on the same weights
     passes_per_step = 1.0  # the full-width pass; the width-reduced one is counted in FLOPs by the workers
+    pure_loss = False  # the objective runs the client's ResNet-56 at reduced width
 
-    def local_loss(self, ctx: ClientContext, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
+    def local_loss(self, batch: Batch) -> tuple[Tensor, Tensor]:
+        ctx, x, y = batch.client, batch.x, batch.y
         model = self.resnet(ctx)
         x2, x3, logits = model.feature_maps(x)
         ce = F.cross_entropy(logits, y)

@@ -23,7 +23,6 @@ class FedASAM(SharpnessAware):
 
     name = "fedasam"
     Params = FedASAMParams
-    batchable = True
 
-    def epsilon(self, global_params: Mapping[str, Tensor]) -> Epsilon:
+    def epsilon(self, global_weights: Mapping[str, Tensor]) -> Epsilon:
         return asam_epsilon(self.params.rho, self.params.eta)

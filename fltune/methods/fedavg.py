@@ -14,4 +14,3 @@ class FedAvg(Method):
     name = "fedavg"
     stored_models = 1.0  # the local model only
     passes_per_step = 1.0  # one forward+backward per batch
-    batchable = True

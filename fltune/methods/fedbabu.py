@@ -18,7 +18,6 @@ class FedBABU(Method):
     name = "fedbabu"
     stored_models = 1.0  # the local model only (the head is frozen, not copied)
     passes_per_step = 1.0
-    batchable = True
 
     def phases(self, ctx: ClientContext) -> list[Phase]:
         return [Phase(epochs=ctx.epochs, prefixes=("body.",))]

@@ -37,11 +37,9 @@ from torch import Tensor
 from fltune.methods import register
 from fltune.methods._personal import PersonalHead
 from fltune.methods._vib import VIBMethod, functional_vib, vib_cross_entropy
-from fltune.methods.base import (
-    ClientContext, ClientResult, FunctionalBatch, FunctionalStep, Params, ServerContext, ServerUpdate, State,
-    Tensors, batch_mean, gradient,
-)
-from fltune.models.vib import SIGMA_FLOOR, VIBOutput, gaussian_kl
+from fltune.methods.base import ClientContext, ClientResult, Params, ServerContext, ServerUpdate, State
+from fltune.methods.objective import Batch, Tensors, batch_mean
+from fltune.models.vib import SIGMA_FLOOR, gaussian_kl
 
 
 class FedCRParams(Params):
@@ -86,7 +84,6 @@ class FedCR(VIBMethod, PersonalHead):
     Params = FedCRParams
     stored_models = 1.0  # the VIB net only (class Gaussians are small)
     passes_per_step = 1.0  # the z samples share one body pass
-    batchable = True
 
     def init_server_state(self, global_state: State) -> dict[str, Any]:
         """r = N(0, I) for every class (one row with ``centroids="overall"``); the shape comes from the head
@@ -99,7 +96,7 @@ class FedCR(VIBMethod, PersonalHead):
         return {"r_mu": server_state["r_mu"], "r_sigma": server_state["r_sigma"]}
 
     def setup_client(self, ctx: ClientContext) -> None:
-        ctx.scratch["r"] = (ctx.server_tensors["r_mu"], ctx.server_tensors["r_sigma"])  # shared: read only
+        ctx.inputs["r"] = {"mu": ctx.server_tensors["r_mu"], "sigma": ctx.server_tensors["r_sigma"]}  # read only
         ctx.scratch["seen"] = 0
         ctx.scratch["fold_from"] = (sum(phase.epochs for phase in self.phases(ctx)) - 1) * ctx.num_samples
 
@@ -107,45 +104,21 @@ class FedCR(VIBMethod, PersonalHead):
         """The row of r each sample is aligned to and folded into: its class, or 0 for every sample."""
         return y if self.params.centroids == "class" else torch.zeros_like(y)
 
-    def local_loss(self, ctx: ClientContext, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
-        out = self.net(ctx).vib(x)
-        self._fold(ctx, y, out.mu, out.sigma)
-        return self._objective(out, y, ctx.scratch["r"], None), out.logits.mean(0)
-
-    def loss_inputs(self, ctx: ClientContext) -> dict[str, Tensors]:
-        r_mu, r_sigma = ctx.scratch["r"]
-        return {**super().loss_inputs(ctx), "r": {"mu": r_mu, "sigma": r_sigma}}
-
-    def functional_step(self, params: Tensors, batch: FunctionalBatch) -> FunctionalStep:
-        """The loss's gradient, recording each sample's (μ, σ) for :meth:`record_step`'s fold: the exact
-        path folds them inside ``local_loss``, which a pure function cannot."""
-        r = batch.inputs["r"]
-
-        def objective(p: Tensors) -> tuple[Tensor, tuple[Tensor, Tensors]]:
-            out = functional_vib(batch.forward, batch.full(p), batch.x, batch.inputs["noise"]["eps"])
-            loss = self._objective(out, batch.y, (r["mu"], r["sigma"]), batch.weight)
-            return loss, (out.logits.mean(0), {"mu": out.mu, "sigma": out.sigma})
-
-        grads, loss, (logits, record) = gradient(objective, params)
-        return FunctionalStep(grads, loss, logits, record=record)
+    def local_loss(self, batch: Batch) -> tuple[Tensor, Tensor]:
+        """CE + β·KL(r(·|y) ‖ q(z|x)) over the batch's real samples; each sample's (μ, σ) is recorded for
+        :meth:`record_step`."""
+        out, y, mask = functional_vib(batch), batch.y, batch.mask
+        batch.record.update(mu=out.mu, sigma=out.sigma)
+        loss = vib_cross_entropy(out.logits, y, mask)
+        if self.params.beta:
+            r, c = batch.inputs["r"], self.centre(y)
+            loss = loss + self.params.beta * batch_mean(gaussian_kl(r["mu"][c], r["sigma"][c], out.mu, out.sigma), mask)
+        return loss, out.logits.mean(0)
 
     def record_step(self, ctx: ClientContext, y: Tensor, record: Tensors) -> None:
-        self._fold(ctx, y, record["mu"], record["sigma"])
-
-    def _objective(self, out: VIBOutput, y: Tensor, r: tuple[Tensor, Tensor], weight: Tensor | None) -> Tensor:
-        """CE + β·KL(r(·|y) ‖ q(z|x)); ``weight`` marks a padded batch's real samples (batched executor)."""
-        loss = vib_cross_entropy(out.logits, y, weight)
-        if self.params.beta:
-            r_mu, r_sigma = r
-            c = self.centre(y)
-            loss = loss + self.params.beta * batch_mean(gaussian_kl(r_mu[c], r_sigma[c], out.mu, out.sigma), weight)
-        return loss
-
-    def _fold(self, ctx: ClientContext, y: Tensor, mu: Tensor, sigma: Tensor) -> None:
         """PoE of the last epoch's samples per class (per row of r: :meth:`centre`). FedCR's code restarts the
-        fold at each epoch and keeps the last one's, so the epochs before it are not folded at all: ~7 ops a
-        step saved (each a kernel launch on a GPU; ~70 of the ~290 of a FedCR group step of 10 clients) in all
-        but one epoch.
+        fold at each epoch and keeps the last one's, so the epochs before it are not folded at all (on a GPU
+        each fold is several kernel launches a step).
 
         An epoch is ``num_samples`` samples (the engine's batches cover the client's data once); the last
         one starts after ``fold_from`` samples (``setup_client``: every phase's epochs but one).
@@ -156,11 +129,11 @@ class FedCR(VIBMethod, PersonalHead):
             return
         if seen % ctx.num_samples == 0:
             ctx.scratch["poe"] = self._empty_poe(ctx)
-        ctx.scratch["poe"].add(self.centre(y), mu, sigma)
+        ctx.scratch["poe"].add(self.centre(y), record["mu"], record["sigma"])
 
     @staticmethod
     def _empty_poe(ctx: ClientContext) -> ClassPoE:
-        num_classes, dim = ctx.scratch["r"][0].shape
+        num_classes, dim = ctx.inputs["r"]["mu"].shape
         return ClassPoE(num_classes, dim, ctx.device)
 
     def client_result(self, ctx: ClientContext) -> ClientResult:

@@ -5,7 +5,8 @@ from pydantic import Field
 
 from fltune.methods import register
 from fltune.methods._drift import DriftCorrected
-from fltune.methods.base import ClientContext, Forward, Params, squared_distance
+from fltune.methods.base import Params
+from fltune.methods.objective import Batch, squared_distance
 
 
 class FedDynParams(Params):
@@ -25,19 +26,13 @@ class FedDyn(DriftCorrected):
     name = "feddyn"
     Params = FedDynParams
     passes_per_step = 1.0
-    batchable = True
 
-    def local_loss(self, ctx: ClientContext, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
-        loss, logits = super().local_loss(ctx, x, y)
+    def local_loss(self, batch: Batch) -> tuple[Tensor, Tensor]:
+        """CE + (α/2)·‖θ − (θ_g − h_k)‖² (FedDC's form), whose gradient α(θ − θ_g + h_k) is that of FedDyn's
+        −⟨∇L_k(θ_k^{t−1}), θ⟩ + (α/2)‖θ − θ_g‖² with ∇L_k(θ_k^{t−1}) = −α·h_k (its Alg. 1 state,
+        ``acarturk/FedDyn``: α⟨θ, h_k − θ_g⟩ plus weight decay α); the values differ by a constant."""
+        loss, logits = super().local_loss(batch)
         if self.params.alpha == 0:
             return loss, logits
-        return loss + self.drift_penalty(ctx, self.params.alpha), logits
-
-    def functional_loss(
-        self, forward: Forward, params: dict[str, Tensor], inputs: dict[str, dict[str, Tensor]],
-        x: Tensor, y: Tensor, weight: Tensor,
-    ) -> tuple[Tensor, Tensor]:
-        loss, logits = super().functional_loss(forward, params, inputs, x, y, weight)
-        if self.params.alpha == 0:
-            return loss, logits
-        return loss + 0.5 * self.params.alpha * squared_distance(params.items(), inputs["drift_target"]), logits
+        alpha = self.params.alpha
+        return loss + 0.5 * alpha * squared_distance(batch.weights.items(), batch.inputs["drift_target"]), logits

@@ -5,9 +5,8 @@ from dataclasses import replace
 import numpy as np
 
 from fltune.methods import register
-from fltune.methods.base import (
-    ClientContext, ClientResult, Method, ServerContext, ServerUpdate, effective_steps, to_numpy,
-)
+from fltune.methods.base import ClientContext, ClientResult, Method, ServerContext, ServerUpdate, effective_steps
+from fltune.methods.wire import to_numpy
 
 NORMALISER = "fednova.a"
 """Upload key carrying a_k, so the engine's n_k-weighted mean yields Σ p_k a_k beside Σ p_k d_k."""
@@ -26,7 +25,6 @@ class FedNova(Method):
     name = "fednova"
     stored_models = 1.0  # the local model only
     passes_per_step = 1.0
-    batchable = True
 
     def client_result(self, ctx: ClientContext) -> ClientResult:
         """Float entries become d_k; a_k ≥ 1 after one step, and a client stopped before its first step

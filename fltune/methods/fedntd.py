@@ -6,8 +6,9 @@ from pydantic import Field
 from torch import Tensor
 
 from fltune.methods import register
-from fltune.methods.base import ClientContext, Method, Params, batch_mean
+from fltune.methods.base import ClientContext, Method, Params
 from fltune.methods.moon import frozen_copy
+from fltune.methods.objective import Batch, batch_mean
 
 
 class FedNTDParams(Params):
@@ -15,13 +16,13 @@ class FedNTDParams(Params):
     beta: float = Field(1.0, ge=0, description="weight β of the not-true distillation term (FedSOL Table 8: 1.0)")
 
 
-def soft_kl(student_logits: Tensor, teacher_logits: Tensor, tau: float, weight: Tensor | None = None) -> Tensor:
+def soft_kl(student_logits: Tensor, teacher_logits: Tensor, tau: float, mask: Tensor | None = None) -> Tensor:
     """KL(softmax(teacher/τ) ‖ softmax(student/τ)), averaged over the batch (KLDivLoss 'batchmean'); with
-    ``weight`` over the real samples of a padded batch only (:func:`batch_mean`)."""
+    ``mask`` over the real samples of a padded batch only (:func:`batch_mean`)."""
     log_student, teacher = F.log_softmax(student_logits / tau, dim=1), F.softmax(teacher_logits / tau, dim=1)
-    if weight is None:
+    if mask is None:
         return F.kl_div(log_student, teacher, reduction="batchmean")
-    return batch_mean(F.kl_div(log_student, teacher, reduction="none").sum(dim=1), weight)
+    return batch_mean(F.kl_div(log_student, teacher, reduction="none").sum(dim=1), mask)
 
 
 def not_true(logits: Tensor, y: Tensor) -> Tensor:
@@ -42,13 +43,15 @@ class FedNTD(Method):
     Params = FedNTDParams
     stored_models = 2.0  # the local model and the global teacher
     passes_per_step = 4.0 / 3.0  # + one forward-only pass of the teacher
+    pure_loss = False  # the objective distils from a frozen copy of the global model
 
     def setup_client(self, ctx: ClientContext) -> None:
         super().setup_client(ctx)
         ctx.scratch["global_model"] = frozen_copy(ctx.model, ctx.global_state)
 
-    def local_loss(self, ctx: ClientContext, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
-        loss, logits = super().local_loss(ctx, x, y)
+    def local_loss(self, batch: Batch) -> tuple[Tensor, Tensor]:
+        ctx, x, y = batch.client, batch.x, batch.y
+        loss, logits = super().local_loss(batch)
         if self.params.beta == 0:
             return loss, logits
         with torch.no_grad():

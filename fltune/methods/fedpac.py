@@ -47,6 +47,7 @@ from torch import Tensor, nn
 from fltune.methods import register
 from fltune.methods._personal import PersonalHead
 from fltune.methods.base import ClientContext, ClientResult, Params, Phase, ServerContext, ServerUpdate, Upload
+from fltune.methods.objective import Batch
 QP_STEPS = 500
 MIN_WEIGHT = 1e-3
 """Head-combination weights below this are zeroed (``get_head_agg_weight``'s eps)."""
@@ -149,6 +150,7 @@ class FedPAC(PersonalHead):
     Params = FedPACParams
     stored_models = 1.0  # the local model (prototypes are small)
     passes_per_step = 1.0
+    pure_loss = False  # the objective reads the client's feature targets from its context
 
     def adapt_model(self, model: nn.Module) -> nn.Module:
         return self.require_linear_head(super().adapt_model(model))
@@ -164,8 +166,9 @@ class FedPAC(PersonalHead):
             protos, has = ctx.server_tensors["protos"], ctx.server_tensors["has_proto"]
             ctx.scratch["targets"] = torch.where(has[:, None], protos, before.means.float())
 
-    def local_loss(self, ctx: ClientContext, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
+    def local_loss(self, batch: Batch) -> tuple[Tensor, Tensor]:
         """CE + λ·MSE(f(x), c_y). In the head phase the body is frozen, so the MSE adds no gradient."""
+        ctx, x, y = batch.client, batch.x, batch.y
         features = ctx.model.features(x)
         logits = ctx.model.head(features)
         loss = F.cross_entropy(logits, y)

@@ -23,8 +23,8 @@ keeps its centroid, and the centroids start at zero, so round 1's body epochs pu
 The final round tunes the personal head (the engine's default final round; the code's ``last`` round
 trains the head alone on cross-entropy).
 
-Batched (``resources.executor: batched``): the same loss as a pure function of the parameters, the centroids
-a per-client input; a padded short batch takes R over its real samples only, ‖(F − C_y)·w‖_F / Σw.
+The loss is a pure function of the parameters, the centroids a per-client input; a padded short batch (clients
+trained together) takes R over its real samples only, ‖(F − C_y)·w‖_F / Σw.
 """
 
 from __future__ import annotations
@@ -37,10 +37,9 @@ from pydantic import Field
 from torch import Tensor, nn
 
 from fltune.methods import register
-from fltune.methods.base import (
-    ClientContext, ClientResult, Forward, ServerContext, ServerUpdate, Tensors, masked_cross_entropy,
-)
+from fltune.methods.base import ClientContext, ClientResult, ServerContext, ServerUpdate
 from fltune.methods.fedrep import FedRep, FedRepParams
+from fltune.methods.objective import Batch, masked_cross_entropy
 
 
 class FedPACFedCRParams(FedRepParams):
@@ -55,12 +54,12 @@ def update_summaries(summaries: np.ndarray, features: np.ndarray, labels: list[i
         summaries[label] = (feature + current) / 2 if current.any() else feature
 
 
-def alignment(residual: Tensor, weight: Tensor | None) -> Tensor:
+def alignment(residual: Tensor, mask: Tensor | None) -> Tensor:
     """R = ‖F − C_y‖_F / B (``torch.norm(...) / len(labels)``) from the residual rows F − C_y; over the real
-    rows of a padded batch (``weight`` 1) when given."""
-    if weight is None:
+    rows of a padded batch (``mask`` 1) when given."""
+    if mask is None:
         return torch.linalg.norm(residual) / len(residual)
-    return torch.linalg.norm(residual * weight[:, None]) / weight.sum().clamp(min=1.0)
+    return torch.linalg.norm(residual * mask[:, None]) / mask.sum().clamp(min=1.0)
 
 
 def per_class(ctx: ClientContext) -> Tensor:
@@ -109,39 +108,24 @@ class FedPACFedCR(FedRep):
     Params = FedPACFedCRParams
     stored_models = 1.0  # the local model (summaries and centroids are classes × d)
     passes_per_step = 1.0
-    batchable = True
 
     def adapt_model(self, model: nn.Module) -> nn.Module:
         return self.require_linear_head(super().adapt_model(model))
 
     def setup_client(self, ctx: ClientContext) -> None:
         """The round's centroids C (zeros before the server has any), one row per class."""
-        ctx.scratch["centroids"] = per_class(ctx)
+        ctx.inputs["centroids"] = {"c": per_class(ctx)}
 
-    def local_loss(self, ctx: ClientContext, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
-        """CE + λ·‖F − C_y‖_F / B. The head epochs freeze the body, so the norm moves nothing there (the code
-        leaves it out of their loss; here it is in their reported loss only)."""
-        features = ctx.model.features(x)
-        logits = ctx.model.head(features)
-        return self._objective(features, logits, y, ctx.scratch["centroids"], None), logits
-
-    def loss_inputs(self, ctx: ClientContext) -> dict[str, Tensors]:
-        return {**super().loss_inputs(ctx), "centroids": {"c": ctx.scratch["centroids"]}}
-
-    def functional_loss(
-        self, forward: Forward, params: Tensors, inputs: dict[str, Tensors], x: Tensor, y: Tensor, weight: Tensor,
-    ) -> tuple[Tensor, Tensor]:
-        features = forward.model.features_of(forward.part("body", params, x))  # as local_loss's (a VIB net's z)
-        logits = forward.part("head", params, features)
-        return self._objective(features, logits, y, inputs["centroids"]["c"], weight), logits
-
-    def _objective(self, features: Tensor, logits: Tensor, y: Tensor, centroids: Tensor,
-                   weight: Tensor | None) -> Tensor:
-        """CE + λ·R for both paths; ``weight`` None (the exact path's unpadded batch) keeps its bits."""
-        loss = masked_cross_entropy(logits, y, weight)
+    def local_loss(self, batch: Batch) -> tuple[Tensor, Tensor]:
+        """CE + λ·‖F − C_y‖_F / B over the batch's real samples. The head epochs freeze the body, so the norm
+        moves nothing there (the code leaves it out of their loss; here it is in their reported loss only)."""
+        features = batch.forward.model.features_of(batch.forward.part("body", batch.weights, batch.x))
+        logits = batch.forward.part("head", batch.weights, features)
+        loss = masked_cross_entropy(logits, batch.y, batch.mask)
         if not self.params.lam:
-            return loss
-        return loss + self.params.lam * alignment(features - centroids[y], weight)
+            return loss, logits
+        residual = features - batch.inputs["centroids"]["c"][batch.y]
+        return loss + self.params.lam * alignment(residual, batch.mask), logits
 
     def client_result(self, ctx: ClientContext) -> ClientResult:
         result = super().client_result(ctx)

@@ -14,4 +14,3 @@ class FedPer(PersonalHead):
     name = "fedper"
     stored_models = 1.0  # the local model only
     passes_per_step = 1.0
-    batchable = True

@@ -4,7 +4,8 @@ import torch
 from pydantic import Field
 
 from fltune.methods import register
-from fltune.methods.base import ClientContext, Forward, Method, Params, squared_distance
+from fltune.methods.base import Method, Params
+from fltune.methods.objective import Batch, squared_distance
 
 
 class FedProxParams(Params):
@@ -26,23 +27,9 @@ class FedProx(Method):
     Params = FedProxParams
     passes_per_step = 1.0  # the proximal term needs no extra pass
     stored_models = 2.0  # the local model and the global copy w_g of the proximal term
-    batchable = True
 
-    def local_loss(self, ctx: ClientContext, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        loss, logits = super().local_loss(ctx, x, y)
+    def local_loss(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        loss, logits = super().local_loss(batch)
         if self.params.mu == 0:
             return loss, logits
-        return loss + 0.5 * self.params.mu * squared_distance(ctx.model.named_parameters(), ctx.global_state), logits
-
-    def loss_inputs(self, ctx: ClientContext) -> dict[str, dict[str, torch.Tensor]]:
-        names = [n for n, _ in ctx.model.named_parameters()]
-        return {**super().loss_inputs(ctx), "global": {n: ctx.global_param(n) for n in names}}
-
-    def functional_loss(
-        self, forward: Forward, params: dict[str, torch.Tensor], inputs: dict[str, dict[str, torch.Tensor]],
-        x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        loss, logits = super().functional_loss(forward, params, inputs, x, y, weight)
-        if self.params.mu == 0:
-            return loss, logits
-        return loss + 0.5 * self.params.mu * squared_distance(params.items(), inputs["global"]), logits
+        return loss + 0.5 * self.params.mu * squared_distance(batch.weights.items(), batch.global_weights), logits

@@ -28,7 +28,6 @@ class FedRep(PersonalHead):
     Params = FedRepParams
     stored_models = 1.0  # the local model only
     passes_per_step = 1.0  # head and body epochs each take one pass per batch
-    batchable = True
 
     def phases(self, ctx: ClientContext) -> list[Phase]:
         head_epochs = max(ctx.epochs - self.params.body_epochs, 1)

@@ -23,7 +23,6 @@ class FedSAM(SharpnessAware):
 
     name = "fedsam"
     Params = FedSAMParams
-    batchable = True
 
-    def epsilon(self, global_params: Mapping[str, Tensor]) -> Epsilon:
+    def epsilon(self, global_weights: Mapping[str, Tensor]) -> Epsilon:
         return sam_epsilon(self.params.rho)

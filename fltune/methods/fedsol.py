@@ -10,9 +10,12 @@ from torch import Tensor
 
 from fltune.methods import register
 from fltune.methods._sam import Epsilon, Named, SharpnessAware, sam_epsilon, trainable
-from fltune.methods.base import ClientContext, FunctionalBatch, FunctionalStep, Method, Params, Tensors, gradient
+from fltune.methods.base import ClientContext, Params
 from fltune.methods.fedntd import soft_kl
+from fltune.methods.functional import FunctionalBatch, FunctionalStep, gradient, objective_step
 from fltune.methods.moon import frozen_copy
+from fltune.methods.objective import Tensors
+
 
 SCOPES: dict[str, tuple[str, ...] | None] = {"head": ("head.",), "body": ("body.",), "all": None}
 
@@ -42,13 +45,12 @@ class FedSOL(SharpnessAware):
     loss and logits are the local loss at w, whose forward pass also gives z_l. ρ = 0 gives FedAvg's
     gradient.
 
-    Batched (:meth:`functional_step`): the same three moves as pure functions of a client's parameters.
-    The batched executor serves only models without buffers (no BatchNorm), where eval mode changes
+    :meth:`functional_step`: the same three moves as pure functions of a client's parameters. The
+    batched executor serves only models without buffers (no BatchNorm), where eval mode changes
     nothing, so z_g is the global weights' forward pass.
     """
 
     name = "fedsol"
-    batchable = True
     Params = FedSOLParams
     stored_models = 3.0  # SAM's w and ε, plus the global model of the proximal (KL) loss
 
@@ -63,7 +65,7 @@ class FedSOL(SharpnessAware):
         named = trainable(ctx.model, SCOPES[self.params.scope])
         return named, soft_kl(logits, global_logits, self.params.temperature)
 
-    def epsilon(self, global_params: Mapping[str, Tensor]) -> Epsilon:
+    def epsilon(self, global_weights: Mapping[str, Tensor]) -> Epsilon:
         """Eq. 8: s ⊙ ρ·g/‖g‖; with ``adaptive: false`` s = 1 (Eq. 5)."""
         plain = sam_epsilon(self.params.rho)
         if not self.params.adaptive:
@@ -71,26 +73,26 @@ class FedSOL(SharpnessAware):
 
         def epsilon(named: Named, grads: list[Tensor]) -> list[Tensor]:
             return [
-                adaptive_strength(p, global_params[n]) * e
+                adaptive_strength(p, global_weights[n]) * e
                 for (n, p), e in zip(named, plain(named, grads), strict=True)
             ]
 
         return epsilon
 
-    def functional_step(self, params: Tensors, batch: FunctionalBatch) -> FunctionalStep:
-        """:meth:`SharpnessAware.backward` with FedSOL's ascent, for the batched executor: g = ∇L_p over the
+    def functional_step(self, weights: Tensors, batch: FunctionalBatch) -> FunctionalStep:
+        """:meth:`SharpnessAware.backward` with FedSOL's ascent, as a pure function: g = ∇L_p over the
         scope at w (L_p against z_g on the real samples only, the padded ones weighted 0), ε from it
         (Eq. 8), then the local loss's gradient at w + ε; loss and logits at w."""
         scope = SCOPES[self.params.scope]
-        named = [(n, p) for n, p in params.items() if scope is None or n.startswith(scope)]
-        global_logits = batch.forward(batch.full(batch.global_params), batch.x)
+        named = [(n, p) for n, p in weights.items() if scope is None or n.startswith(scope)]
+        global_logits = batch.forward(batch.full(batch.global_weights), batch.x)
 
         def proximal(scoped: Tensors) -> tuple[Tensor, tuple[Tensor, Tensor]]:
-            loss, logits = batch.loss(self, {**params, **scoped})
-            kl = soft_kl(logits, global_logits, self.params.temperature, batch.weight)
+            loss, logits = self.local_loss(batch.batch({**weights, **scoped}))
+            kl = soft_kl(logits, global_logits, self.params.temperature, batch.mask)
             return kl, (loss.detach(), logits.detach())
 
         grads, _, (loss, logits) = gradient(proximal, dict(named))
-        eps = self.epsilon(batch.global_params)(named, [grads[n] for n, _ in named]) if named else []
-        shifted = {**params, **{n: p + e for (n, p), e in zip(named, eps, strict=True)}}
-        return FunctionalStep(Method.functional_step(self, shifted, batch).grads, loss, logits)
+        eps = self.epsilon(batch.global_weights)(named, [grads[n] for n, _ in named]) if named else []
+        shifted = {**weights, **{n: p + e for (n, p), e in zip(named, eps, strict=True)}}
+        return FunctionalStep(objective_step(self, shifted, batch).grads, loss, logits)

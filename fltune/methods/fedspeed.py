@@ -8,7 +8,8 @@ from torch import Tensor
 from fltune.methods import register
 from fltune.methods._drift import DriftCorrected
 from fltune.methods._sam import Epsilon, SharpnessAware, sam_epsilon
-from fltune.methods.base import ClientContext, FunctionalBatch, FunctionalStep, Params, Tensors
+from fltune.methods.base import Params
+from fltune.methods.objective import Tensors
 
 
 class FedSpeedParams(Params):
@@ -30,22 +31,13 @@ class FedSpeed(DriftCorrected, SharpnessAware):
     name = "fedspeed"
     Params = FedSpeedParams
     stored_models = 4.0  # SAM's w and ε, plus θ_g and the correction h_k
-    batchable = True
 
-    def epsilon(self, global_params: Mapping[str, Tensor]) -> Epsilon:
+    def epsilon(self, global_weights: Mapping[str, Tensor]) -> Epsilon:
         return sam_epsilon(self.params.rho)
 
-    def backward(self, ctx: ClientContext, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
-        loss, logits = super().backward(ctx, x, y)
-        if self.params.lam != 0:
-            self.drift_penalty(ctx, self.params.lam).backward()
-        return loss, logits
-
-    def functional_step(self, params: Tensors, batch: FunctionalBatch) -> FunctionalStep:
-        """:meth:`backward` for the batched executor: SAM's gradient plus the drift penalty's, λ(θ − θ_g + h_k),
-        at the restored w."""
-        step = super().functional_step(params, batch)
+    def gradient_correction(self, weights: Mapping[str, Tensor], inputs: Mapping[str, Tensors]) -> Tensors:
+        """λ(θ − θ_g + h_k), the drift penalty's gradient at the restored w (none with λ = 0)."""
         if self.params.lam == 0:
-            return step
-        target = batch.inputs["drift_target"]
-        return step.replaced(grads={n: g + self.params.lam * (params[n] - target[n]) for n, g in step.grads.items()})
+            return {}
+        target = inputs["drift_target"]
+        return {n: self.params.lam * (p - target[n]) for n, p in weights.items()}

@@ -31,7 +31,8 @@ from torch import Tensor, nn
 
 from fltune.methods import register
 from fltune.methods._vib import VIBMethod, functional_vib
-from fltune.methods.base import ClientContext, Forward, Params, Tensors, batch_mean, masked_cross_entropy
+from fltune.methods.base import Params
+from fltune.methods.objective import Batch, batch_mean, masked_cross_entropy
 from fltune.models.vib import VIBNet, VIBOutput, gaussian_kl
 
 REFERENCE_KEYS = ("head.scale", "head.r_mu", "head.r_sigma")
@@ -59,10 +60,10 @@ class ReferenceHead(nn.Module):
         return self.linear(z)
 
 
-def class_kl(out: VIBOutput, y: Tensor, params: Mapping[str, Tensor]) -> Tensor:
+def class_kl(out: VIBOutput, y: Tensor, weights: Mapping[str, Tensor]) -> Tensor:
     """Per sample KL(N(C·μ, (C·σ)²) ‖ N(r_μ[y], softplus(r_σ[y])²)): FedSR's ``regCMI`` before its batch
     mean."""
-    scale, r_mu, r_sigma = (params[key] for key in REFERENCE_KEYS)
+    scale, r_mu, r_sigma = (weights[key] for key in REFERENCE_KEYS)
     return gaussian_kl(scale * out.mu, scale * out.sigma, r_mu[y], F.softplus(r_sigma[y]))
 
 
@@ -74,7 +75,6 @@ class FedSR(VIBMethod):
     Params = FedSRParams
     stored_models = 1.0  # the VIB net only (class Gaussians are small)
     passes_per_step = 1.0
-    batchable = True
     vib_samples = 1  # the code's num_samples=1
 
     def adapt_model(self, model: nn.Module) -> nn.Module:
@@ -85,21 +85,12 @@ class FedSR(VIBMethod):
     def personal_keys(self, model: nn.Module) -> set[str]:
         return set(REFERENCE_KEYS)
 
-    def local_loss(self, ctx: ClientContext, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
-        out = self.net(ctx).vib(x, samples=self.vib_samples)
-        return self._objective(out, y, dict(ctx.model.named_parameters()), None), out.logits[0]
-
-    def functional_loss(
-        self, forward: Forward, params: Tensors, inputs: dict[str, Tensors], x: Tensor, y: Tensor, weight: Tensor,
-    ) -> tuple[Tensor, Tensor]:
-        out = functional_vib(forward, params, x, inputs["noise"]["eps"])
-        return self._objective(out, y, params, weight), out.logits[0]
-
-    def _objective(self, out: VIBOutput, y: Tensor, params: Mapping[str, Tensor], weight: Tensor | None) -> Tensor:
-        """L of the one z sample; ``params`` hold r_μ, r_σ and C, ``weight`` a padded batch's real samples."""
-        loss = masked_cross_entropy(out.logits[0], y, weight)
+    def local_loss(self, batch: Batch) -> tuple[Tensor, Tensor]:
+        """L of the one z sample over the batch's real samples; the parameters hold r_μ, r_σ and C."""
+        out, y, mask = functional_vib(batch), batch.y, batch.mask
+        loss = masked_cross_entropy(out.logits[0], y, mask)
         if self.params.alpha_l2r:
-            loss = loss + self.params.alpha_l2r * batch_mean(out.z[0].norm(dim=1), weight)
+            loss = loss + self.params.alpha_l2r * batch_mean(out.z[0].norm(dim=1), mask)
         if self.params.alpha_cmi:
-            loss = loss + self.params.alpha_cmi * batch_mean(class_kl(out, y, params), weight)
-        return loss
+            loss = loss + self.params.alpha_cmi * batch_mean(class_kl(out, y, batch.weights), mask)
+        return loss, out.logits[0]

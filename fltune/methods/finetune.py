@@ -11,9 +11,8 @@ from typing import Any
 
 from torch import nn
 
-from fltune.methods.base import ClientContext, Method, Phase, State
-
-
+from fltune.methods.base import ClientContext, Method, Phase
+from fltune.methods.wire import State
 class FineTune(Method):
     """The final personal round (FedAvg-FT, FedSR-FT, FedCR's last round; docs/methods.md §2): starting from a
     method's client model, train its personal part with plain cross-entropy, the shared part frozen.
@@ -25,8 +24,6 @@ class FineTune(Method):
     With ``whole`` (``training.finetune_params: all``) it trains every parameter instead, as FedSOL's code
     fine-tunes every method before its personalised evaluation (``algorithms/BaseClientTrainer.py finetune``).
     """
-
-    batchable = True  # plain cross-entropy: the default functional loss (batched final rounds)
 
     def __init__(self, inner: Method, epochs: int, lr: float | None, whole: bool = False) -> None:
         super().__init__()

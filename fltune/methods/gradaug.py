@@ -24,7 +24,8 @@ from torch import Tensor
 
 from fltune.methods import register
 from fltune.methods._resnet56 import ResNet56Method
-from fltune.methods.base import ClientContext, Params
+from fltune.methods.base import Params
+from fltune.methods.objective import Batch
 
 
 class GradAugParams(Params):
@@ -60,13 +61,15 @@ class GradAug(ResNet56Method):
     name = "gradaug"
     Params = GradAugParams
     stored_models = 1.0  # one model: the sub-networks share its weights
+    pure_loss = False  # the objective runs sub-networks of the client's ResNet-56
 
     @property
     def passes_per_step(self) -> float:  # type: ignore[override]
         """The full network plus n sub-networks per batch (an upper bound: the sub-networks are narrower)."""
         return 1.0 + self.params.n
 
-    def local_loss(self, ctx: ClientContext, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
+    def local_loss(self, batch: Batch) -> tuple[Tensor, Tensor]:
+        ctx, x, y = batch.client, batch.x, batch.y
         model = self.resnet(ctx)
         logits = model(x)
         loss = F.cross_entropy(logits, y)

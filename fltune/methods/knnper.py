@@ -59,7 +59,7 @@ class KNNPer(FedAvg):
     p_knn is the k-nearest-neighbour class distribution over a datastore of the client's own training features
     (module docstring), f(x) its model's logits. Needs a :class:`SplitModel` for the features φ = ``features``.
 
-    ``stored_models``, ``passes_per_step`` and ``batchable`` are FedAvg's (inherited): training is FedAvg's
+    ``stored_models``, ``passes_per_step`` and the objective are FedAvg's (inherited): training is FedAvg's
     step exactly. The datastore exists only while a client is scored (``capacity`` × D floats).
     """
 

@@ -34,7 +34,6 @@ class LGFedAvg(Method):
     Params = LGFedAvgParams
     stored_models = 1.0  # the local model only
     passes_per_step = 1.0
-    batchable = True
 
     def adapt_model(self, model: nn.Module) -> nn.Module:
         """The model is kept; a count that leaves no layer on the clients fails here, in one line."""

@@ -23,7 +23,6 @@ class LocalOnly(Method):
     name = "local_only"
     stored_models = 1.0  # the local model only
     passes_per_step = 1.0
-    batchable = True
 
     def personal_keys(self, model: nn.Module) -> set[str]:
         return set(model.state_dict())

@@ -12,9 +12,10 @@ from torch import Tensor, nn
 
 from fltune.errors import FLTuneError
 from fltune.methods import register, register_modifier
-from fltune.methods.base import ClientContext, Params
+from fltune.methods.base import Params
 from fltune.methods.compose import LossAndLogits, Modifier, compose
 from fltune.methods.fedavg import FedAvg
+from fltune.methods.objective import Batch
 
 
 class MANParams(Params):
@@ -75,10 +76,11 @@ class MAN(Modifier):
                               "has none (every model but sl_vit has them)")
         return model
 
-    def local_loss(self, ctx: ClientContext, base_loss: Callable[[], LossAndLogits]) -> LossAndLogits:
+    def local_loss(self, batch: Batch, base_loss: Callable[[], LossAndLogits]) -> LossAndLogits:
         if self.params.zeta == 0:
             return base_loss()
-        squared, varied = ctx.model.activation_points, ctx.model.variance_points
+        model = batch.forward.model
+        squared, varied = model.activation_points, model.variance_points
         with first_activations(list(dict.fromkeys([*squared, *varied]))) as outputs:
             loss, logits = base_loss()
         weight = self.params.zeta / 2 if self.params.halve else self.params.zeta

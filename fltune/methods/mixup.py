@@ -16,7 +16,8 @@ from pydantic import Field
 from torch import Tensor
 
 from fltune.methods import register
-from fltune.methods.base import ClientContext, Method, Params
+from fltune.methods.base import Method, Params
+from fltune.methods.objective import Batch
 
 
 class MixupParams(Params):
@@ -42,10 +43,12 @@ class Mixup(Method):
     Params = MixupParams
     stored_models = 1.0  # the local model only
     passes_per_step = 1.0  # one pass over the mixed batch
+    pure_loss = False  # the objective mixes with draws from torch's global RNG
 
-    def local_loss(self, ctx: ClientContext, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
+    def local_loss(self, batch: Batch) -> tuple[Tensor, Tensor]:
+        ctx, x, y = batch.client, batch.x, batch.y
         if self.params.gamma == 0:
-            return super().local_loss(ctx, x, y)
+            return super().local_loss(batch)
         mixed, perm, lam = mix(x, self.params.gamma)
         logits = ctx.model(mixed)
         return lam * F.cross_entropy(logits, y) + (1 - lam) * F.cross_entropy(logits, y[perm]), logits

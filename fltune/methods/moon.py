@@ -37,7 +37,9 @@ from torch import Tensor, nn
 from fltune.errors import FLTuneError
 from fltune.methods import register
 from fltune.methods._initial import InitialStandIn
-from fltune.methods.base import ClientContext, ClientResult, Params, to_numpy
+from fltune.methods.base import ClientContext, ClientResult, Params
+from fltune.methods.objective import Batch
+from fltune.methods.wire import to_numpy
 from fltune.models.base import SplitModel
 
 PROJECTION_DIM = 256
@@ -102,6 +104,7 @@ class Moon(InitialStandIn):
     stored_models = 3.0  # local, global and previous local model (MOON's contrastive anchors)
     kept, first = "prev", "first_prev"
     passes_per_step = 5.0 / 3.0  # + two forward-only passes (global, previous), a forward ≈ 1/3 of a step
+    pure_loss = False  # the objective contrasts with frozen copies of the global and previous models
 
     def adapt_model(self, model: nn.Module) -> nn.Module:
         return add_projector(model)
@@ -119,7 +122,8 @@ class Moon(InitialStandIn):
         else:
             ctx.scratch["prev"] = global_model
 
-    def local_loss(self, ctx: ClientContext, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
+    def local_loss(self, batch: Batch) -> tuple[Tensor, Tensor]:
+        ctx, x, y = batch.client, batch.x, batch.y
         z = ctx.model.features(x)
         logits = ctx.model.head(z)
         loss = F.cross_entropy(logits, y)

@@ -92,8 +92,6 @@ class PerFedAvgTune(FirstOrderMAML, FineTune):
     round's lr, step 2 at the method's β. Every parameter trains, whatever ``training.finetune_params``: the
     code's fine-tuning is its meta step on the whole model. Plain CE, as the code's ``criterion``."""
 
-    batchable = False  # its step is two kinds of step and a restore: no functional form (per-client fallback)
-
     def meta_lr(self) -> float:
         return cast(PerFedAvgParams, self.inner.params).beta  # the wrapped Per-FedAvg's β
 
@@ -112,7 +110,6 @@ class PerFedAvg(FirstOrderMAML):
     Params = PerFedAvgParams
     stored_models = 2.0  # the local model and θ, saved at each step 1 for step 2's restore
     passes_per_step = 1.0  # one forward+backward per engine step (an iteration is two steps on two batches)
-    batchable = False  # no functional form of the restore and the per-step lr: clients train one by one
     tuner: ClassVar[type[FineTune] | None] = PerFedAvgTune
 
     @classmethod

@@ -26,9 +26,11 @@ from pydantic import Field
 from torch import Tensor
 
 from fltune.methods import register
-from fltune.methods.base import ClientContext, Method, Params, squared_distance
+from fltune.methods._sam import trainable
+from fltune.methods.base import ClientContext, Method, Params
 from fltune.methods.fedntd import soft_kl
 from fltune.methods.moon import frozen_copy
+from fltune.methods.objective import Batch, squared_distance
 
 
 class ProximalParams(Params):
@@ -58,6 +60,7 @@ class Proximal(Method):
     name = "proximal"
     Params = ProximalParams
     stored_models = 2.0  # the local model and the global one (w_g, or the KL's frozen copy)
+    pure_loss = False  # the objective runs a frozen global copy and takes ∇L_p for the projection
 
     @property
     def passes_per_step(self) -> float:  # type: ignore[override]
@@ -71,19 +74,20 @@ class Proximal(Method):
         if self.params.loss == "kl":
             ctx.scratch["global_model"] = frozen_copy(ctx.model, ctx.global_state)
 
-    def local_loss(self, ctx: ClientContext, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
+    def local_loss(self, batch: Batch) -> tuple[Tensor, Tensor]:
         """CE (+ β·L_p with ``base``). With ``projection`` and KL, ∇L_p is taken here, from the same forward,
-        for :meth:`after_backward`."""
-        loss, logits = super().local_loss(ctx, x, y)
+        for :meth:`backward`."""
+        ctx, x, y = batch.client, batch.x, batch.y
+        loss, logits = super().local_loss(batch)
         if self.params.usage == "base":
             if self.params.beta == 0:  # exactly FedAvg
                 return loss, logits
             return loss + self.params.beta * self.proximal_loss(ctx, x, logits), logits
         if self.params.loss == "kl":
-            params = trainable(ctx)
-            grads = torch.autograd.grad(self.proximal_loss(ctx, x, logits), params, retain_graph=True,
+            weights = [p for _, p in trainable(ctx.model)]
+            grads = torch.autograd.grad(self.proximal_loss(ctx, x, logits), weights, retain_graph=True,
                                         allow_unused=True)
-            ctx.scratch["proximal_grad"] = [torch.zeros_like(p) if g is None else g for p, g in zip(params, grads)]
+            ctx.scratch["proximal_grad"] = [torch.zeros_like(p) if g is None else g for p, g in zip(weights, grads)]
         return loss, logits
 
     def proximal_loss(self, ctx: ClientContext, x: Tensor, logits: Tensor) -> Tensor:
@@ -94,20 +98,18 @@ class Proximal(Method):
             global_logits = ctx.scratch["global_model"](x)
         return soft_kl(logits, global_logits, self.params.temperature)
 
-    def after_backward(self, ctx: ClientContext) -> None:
+    def backward(self, ctx: ClientContext, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
         """``projection``: the CE gradient in ``.grad`` projected off ∇L_p (Eq. 3); ∇(½‖w − w_g‖²) = w − w_g."""
+        result = super().backward(ctx, x, y)
         if self.params.usage != "projection":
-            return
-        params = trainable(ctx)
+            return result
+        weights = [p for _, p in trainable(ctx.model)]
         if self.params.loss == "l2":
             against = [p.detach() - ctx.global_param(n) for n, p in ctx.model.named_parameters() if p.requires_grad]
         else:
             against = ctx.scratch.pop("proximal_grad")
-        grads = [torch.zeros_like(p) if p.grad is None else p.grad for p in params]
-        for p, g in zip(params, project_off(grads, against), strict=True):
+        grads = [torch.zeros_like(p) if p.grad is None else p.grad for p in weights]
+        for p, g in zip(weights, project_off(grads, against), strict=True):
             p.grad = g
+        return result
 
-
-def trainable(ctx: ClientContext) -> list[Tensor]:
-    """The parameters this phase trains, in ``named_parameters`` order."""
-    return [p for p in ctx.model.parameters() if p.requires_grad]

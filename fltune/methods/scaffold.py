@@ -25,7 +25,6 @@ class Scaffold(ControlVariates):
     name = "scaffold"
     Params = ScaffoldParams
     passes_per_step = 1.0  # the correction is added to the gradient, no extra pass
-    batchable = True
 
     def aggregate(self, ctx: ServerContext) -> ServerUpdate:
         out = super().aggregate(ctx)

@@ -28,19 +28,17 @@ evaluation uses the global body with the client's own head.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from functools import partial
 from typing import Literal
 
 import torch
 from pydantic import Field
 from torch import Tensor
-from torch.func import functional_call
 
 from fltune.methods import register
 from fltune.methods._personal import PersonalHead
 from fltune.methods._vib import VIBMethod, functional_vib, vib_cross_entropy
-from fltune.methods.base import ClientContext, ClientResult, Forward, Params, Tensors, batch_mean
+from fltune.methods.base import ClientContext, ClientResult, Params
+from fltune.methods.objective import Batch, batch_mean
 from fltune.models.vib import VIBOutput, gaussian_kl
 
 
@@ -56,23 +54,13 @@ class SimFAFLParams(Params):
     )
 
 
-def standard_normal_kl(out: VIBOutput, kl_order: str, weight: Tensor | None = None) -> Tensor:
-    """L_ca (Eq. 8): batch mean (over a padded batch's real samples, given ``weight``) of the KL between
+def standard_normal_kl(out: VIBOutput, kl_order: str, mask: Tensor | None = None) -> Tensor:
+    """L_ca (Eq. 8): batch mean (over a padded batch's real samples, given ``mask``) of the KL between
     q(z|x) and the fixed reference N(0, I)."""
     zero, one = torch.zeros_like(out.mu), torch.ones_like(out.sigma)
     if kl_order == "posterior_first":
-        return batch_mean(gaussian_kl(out.mu, out.sigma, zero, one), weight)
-    return batch_mean(gaussian_kl(zero, one, out.mu, out.sigma), weight)
-
-
-def frozen_head_logits(ctx: ClientContext, z: Tensor) -> Tensor:
-    """head_f(z): the client's head module run with the round's global (aggregated) head weights.
-
-    The global tensors are not parameters of the model, so no gradient reaches them; z carries it back
-    into the body.
-    """
-    weights = {k.removeprefix("head."): v for k, v in ctx.global_state.items() if k.startswith("head.")}
-    return functional_call(ctx.model.head, weights, (z,))
+        return batch_mean(gaussian_kl(out.mu, out.sigma, zero, one), mask)
+    return batch_mean(gaussian_kl(zero, one, out.mu, out.sigma), mask)
 
 
 @register
@@ -83,34 +71,23 @@ class SimFAFL(VIBMethod, PersonalHead):
     Params = SimFAFLParams
     stored_models = 1.0  # the VIB net only (class centres are small)
     passes_per_step = 1.0
-    batchable = True
 
-    def local_loss(self, ctx: ClientContext, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
-        out = self.net(ctx).vib(x)
-        return self._objective(out, y, lambda z: frozen_head_logits(ctx, z), None), out.logits.mean(0)
+    def setup_client(self, ctx: ClientContext) -> None:
+        """head_f's weights, the round's global head, as the client's input ``global_head``."""
+        super().setup_client(ctx)
+        ctx.inputs["global_head"] = {k: v for k, v in ctx.global_state.items() if k.startswith("head.")}
 
-    def loss_inputs(self, ctx: ClientContext) -> dict[str, Tensors]:
-        """head_f's weights, the round's global head."""
-        head = {k: v for k, v in ctx.global_state.items() if k.startswith("head.")}
-        return {**super().loss_inputs(ctx), "global_head": head}
-
-    def functional_loss(
-        self, forward: Forward, params: Tensors, inputs: dict[str, Tensors], x: Tensor, y: Tensor, weight: Tensor,
-    ) -> tuple[Tensor, Tensor]:
-        out = functional_vib(forward, params, x, inputs["noise"]["eps"])
-        head_f = partial(forward.part, "head", inputs["global_head"])
-        return self._objective(out, y, head_f, weight), out.logits.mean(0)
-
-    def _objective(
-        self, out: VIBOutput, y: Tensor, head_f: Callable[[Tensor], Tensor], weight: Tensor | None,
-    ) -> Tensor:
-        """Eq. 10; ``weight`` marks a padded batch's real samples (batched executor)."""
-        loss = vib_cross_entropy(out.logits, y, weight)
+    def local_loss(self, batch: Batch) -> tuple[Tensor, Tensor]:
+        """Eq. 10 over the batch's real samples; head_f runs the client's head with the global head's weights,
+        which take no gradient, so L_sa trains the body only."""
+        out, y, mask = functional_vib(batch), batch.y, batch.mask
+        loss = vib_cross_entropy(out.logits, y, mask)
         if self.params.beta1:
-            loss = loss + self.params.beta1 * standard_normal_kl(out, self.params.kl_order, weight)
+            loss = loss + self.params.beta1 * standard_normal_kl(out, self.params.kl_order, mask)
         if self.params.beta2:
-            loss = loss + self.params.beta2 * vib_cross_entropy(head_f(out.z), y, weight)
-        return loss
+            head_f = batch.forward.part("head", batch.inputs["global_head"], out.z)
+            loss = loss + self.params.beta2 * vib_cross_entropy(head_f, y, mask)
+        return loss, out.logits.mean(0)
 
     def client_result(self, ctx: ClientContext) -> ClientResult:
         """Body and personal head both go up: the heads' average is next round's head_f (§4.2)."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import statistics
 import weakref
+from typing import Any
 
 import numpy as np
 import pytest
@@ -16,7 +17,7 @@ from fltune.assembly import build_federation
 from fltune.config import build_config
 from fltune.data.augment import to_float
 from fltune.engine.batched import (
-    _common_phases, _group, _GroupEpoch, _padded, _Tally, client_groups, train_group, unbatchable,
+    _common_phases, _group, _GroupEpoch, _padded, _Tally, client_groups, client_noise, train_group, unbatchable,
 )
 from fltune.engine.builders import build_method, build_model_for, initial_state, load_data
 from fltune.engine import local
@@ -26,6 +27,8 @@ from fltune.engine.dispatch import balance
 from fltune.engine.rng import derive_seed
 from fltune.methods import METHODS, get_method
 from fltune.methods.base import ClientResult, Method, Phase
+from fltune.methods.functional import has_functional_step
+from fltune.methods.objective import draw_noise
 from fltune.models import build_model
 from tests.conftest import SharedPools, needs_fmnist
 from tests.engine.helpers import OpCount
@@ -98,11 +101,11 @@ EVERY_BATCHED = [  # every method the batched executor trains, with its terms sw
 
 
 def test_every_batched_method_is_checked_against_the_exact_path():
-    """A method that declares ``batchable`` is trained by its functional form: its place in
-    ``EVERY_BATCHED`` is what checks that form against its ``local_loss`` and ``after_backward``."""
+    """A method whose step has a functional form is trained by it: its place in ``EVERY_BATCHED`` is what
+    checks that form against the exact path's step."""
     checked = {s.removeprefix("method.name=") for overrides in EVERY_BATCHED for s in overrides
                if s.startswith("method.name=")}
-    assert checked == {name for name, cls in METHODS.items() if cls.batches_clients()}
+    assert checked == {name for name, cls in METHODS.items() if has_functional_step(cls)}
 
 
 @pytest.mark.parametrize("overrides", [
@@ -154,7 +157,7 @@ def test_a_final_round_in_groups_follows_the_exact_one(overrides):
         local.final_round(method, model, data, cid, inputs, {}, cfg.training, "none", CPU, None, tensors)
         exact[cid] = {k: v.clone() for k, v in model.state_dict().items()}
     final, settings = local.final_training(method, cfg.training)
-    assert final.batches_clients()
+    assert has_functional_step(type(final))
     for cid, result in train_group(final, model, data, group, inputs, {}, settings, "none", CPU, tensors):
         local.final_model(method, model, inputs, result, CPU, tensors)
         assert any(not torch.equal(exact[cid][k], start[k]) for k in start)  # the round trained something
@@ -347,8 +350,8 @@ def test_a_hooks_pass_over_the_data_gathers_from_the_workers_device_pool(monkeyp
 
 
 @pytest.mark.parametrize("overrides, read", [
-    (["method.name=fedcr", *VIB], lambda ctx: ctx.scratch["r"][0]),
-    (["method.name=fedpac_fedcr"], lambda ctx: ctx.scratch["centroids"]),
+    (["method.name=fedcr", *VIB], lambda ctx: ctx.inputs["r"]["mu"]),
+    (["method.name=fedpac_fedcr"], lambda ctx: ctx.inputs["centroids"]["c"]),
 ], ids=["fedcr", "fedpac_fedcr"])
 def test_the_server_payload_is_copied_to_the_device_once_for_the_whole_group(overrides, read):
     """Every client of a group reads the round's server values (FedCR's class Gaussians, FedPAC-FedCR's
@@ -378,6 +381,31 @@ def test_an_epochs_noise_is_freed_before_the_next_epoch_draws_its_own(monkeypatc
     assert alive == [0, 0, 0]
 
 
+class Draws(OpCount):
+    """The random normal draws made under it."""
+
+    def counts(self, func: Any) -> bool:
+        return func is torch.ops.aten.randn.generator
+
+
+@pytest.mark.parametrize("name", ["simfafl", "fedsr"])
+def test_an_epochs_noise_is_one_draw_cut_into_the_exact_paths_steps(name):
+    """VIB's ε for an epoch of three full steps and a short one: step by step, the draws the exact path makes
+    per step (``draw_noise``) from a generator seeded alike (S·n·dimZ a multiple of 16, where on a CPU one
+    draw cuts into the same numbers), zero past each step's samples, and made in one draw (on a GPU a launch
+    each, where the step's share used to be a draw per client and step)."""
+    method = get_method(name)()
+    shapes = method.noise(method.adapt_model(build_model("vib_mlp", (1, 4, 4), 3, dim_z=16, samples=4)))
+    counts, size = [5, 5, 5, 3], 5
+    with Draws() as draws:
+        eps = client_noise(shapes, counts, size, torch.Generator().manual_seed(7), CPU)["eps"]
+    assert draws.count == 1 and eps.shape == (4, size, method.vib_samples or 4, 16)
+    generator = torch.Generator().manual_seed(7)
+    for s, n in enumerate(counts):
+        step = draw_noise(shapes, n, CPU, generator)["eps"]  # the exact path's, [n, S, dimZ]
+        assert torch.equal(eps[s, :n], step) and not eps[s, n:].any()
+
+
 def test_padding_stacks_full_batches_in_one_op_and_zero_pads_short_or_missing_ones():
     """Per-client epoch tensors (VIB's ε, steps first) stacked step-major, [S, K, ...]: all full, one stack
     whatever K (a copy per client was a launch each); a client's steps past its last and a client without
@@ -398,12 +426,12 @@ def test_padding_stacks_full_batches_in_one_op_and_zero_pads_short_or_missing_on
 
 
 def test_composites_and_step_overrides_are_not_batched():
-    """A ``<method>+<modifier>`` adds a loss term with no functional form (on a SAM base too, whose
-    functional step would leave it out); FedNTD's distillation from the global model has none either."""
+    """A ``<method>+<modifier>``'s term reads the model's own modules, so its objective is not pure (on a SAM
+    base too); FedNTD's distillation from a frozen global copy is not either."""
     batched = ("fedavg", "feddc", "fedsam", "ditto", "fedcr", "fedsol")
-    assert all(get_method(name).batches_clients() for name in batched)
-    assert not get_method("fedavg+man").batches_clients() and not get_method("fedsol+man").batches_clients()
-    assert not get_method("fedntd").batches_clients()
+    assert all(has_functional_step(get_method(name)) for name in batched)
+    assert not has_functional_step(get_method("fedavg+man")) and not has_functional_step(get_method("fedsol+man"))
+    assert not has_functional_step(get_method("fedntd"))
 
 
 def run_all(pools: SharedPools, cfgs: list[list[str]], workers: int) -> list[Federation]:
@@ -449,7 +477,8 @@ def test_unsupported_method_falls_back_and_says_so(pools, caplog):
         fallback, exact = run_all(pools, [[*ntd, "resources.executor=batched"], ntd], workers=1)
     notes = [r.getMessage() for r in caplog.records if r.name == "fltune.engine.batched"]
     assert notes == ["resources.executor: batched trains every client on the exact path: method fedntd has no "
-                     "functional local step (Method.functional_loss or functional_step)"]
+                     "functional local step (an objective that reads the client's context, or a per-batch step "
+                     "without functional_step)"]
     assert fingerprint(fallback) == fingerprint(exact)
 
 
@@ -503,7 +532,7 @@ def test_models_normalising_by_batch_statistics_train_per_client(model, options,
 
 def test_a_phase_capped_at_a_step_count_has_no_batched_form():
     """``Phase.steps`` (Per-FedAvg) cuts an epoch short per client, which the group's padded epochs don't: a
-    method that caps a phase and claims ``batchable`` is told so, not trained past its cap."""
+    method that caps a phase is told so, not trained past its cap."""
     class Capped(Method):
         name, stored_models, passes_per_step = "capped", 1.0, 1.0
 

@@ -48,6 +48,11 @@ def make_ctx(
     )
 
 
+def loss_of(method: Method, ctx: ClientContext, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``method``'s objective on ``(x, y)`` for the client's own model, as a client trained on its own sees it."""
+    return method.local_loss(method.batch(ctx, x, y))
+
+
 def pure_aggregate(method: Method, ctx: ServerContext) -> ServerUpdate:
     """``method.aggregate(ctx)``, failing if the call changed any of its inputs (byte-compared pickles)."""
     before = pickle.dumps(ctx)

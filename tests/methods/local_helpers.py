@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from fltune.engine.local import add_correction
 from fltune.methods.base import ClientContext, Method
 
 Params = dict[str, Tensor]
@@ -52,7 +53,7 @@ def engine_grads(method: Method, ctx: ClientContext, x: Tensor, y: Tensor) -> tu
     """What the engine's loop leaves in ``.grad`` for one batch (before clipping): (loss, gradients)."""
     ctx.model.zero_grad(set_to_none=True)
     loss, _ = method.backward(ctx, x, y)
-    method.after_backward(ctx)
+    add_correction(method, ctx)
     return loss, {n: p.grad.detach().clone() for n, p in ctx.model.named_parameters()}
 
 

@@ -5,7 +5,9 @@ import torch
 import torch.nn.functional as F
 
 from fltune.methods import get_method
-from fltune.methods.base import Aggregate, Forward, FunctionalBatch, ServerContext, gradient, masked_cross_entropy
+from fltune.methods.base import Aggregate, ServerContext
+from fltune.methods.functional import FunctionalBatch, gradient
+from fltune.methods.objective import Forward, masked_cross_entropy
 from tests.methods.helpers import make_ctx, pure_aggregate, tiny_batch, tiny_model
 
 Ditto = get_method("ditto")
@@ -25,7 +27,7 @@ def personal_after_one_step(method, global_state, lr=0.1, grad_clip=None):
     method.setup_client(ctx)
     x, y = tiny_batch()
     method.backward(ctx, x, y)
-    return ctx, {n: p.detach() for n, p in ctx.scratch["personal"].named_parameters()}
+    return ctx, {n: p.detach() for n, p in ctx.scratch["personal"].model.named_parameters()}
 
 
 def test_personal_step_is_sgd_on_ce_plus_half_lambda_squared_distance():
@@ -113,7 +115,7 @@ def test_both_paths_step_v_with_the_bits_of_autograd_through_eq_2(grad_clip):
     assert all(torch.equal(exact[n], expected[n]) for n in v)
 
     weight = torch.ones(len(y))
-    batch = FunctionalBatch(forward, tuple(v), {}, {"personal": v}, x, y, weight, global_state, lr, grad_clip)
+    batch = FunctionalBatch(forward, tuple(v), {}, {"personal": v}, {}, x, y, weight, global_state, lr, grad_clip)
     functional = ditto(lam).functional_step(v, batch).carry["personal"]
     expected = stepped(lambda params: masked_cross_entropy(forward(params, x), y, weight))
     assert all(torch.equal(functional[n], expected[n]) for n in v)
@@ -131,14 +133,14 @@ def test_first_personal_initial_starts_a_new_clients_personal_model_from_the_ini
 
     new = make_ctx(tiny_model(seed=2), global_state=round_global, server=payload)
     method.setup_client(new)
-    assert all(torch.equal(t, torch.tensor(initial[k])) for k, t in new.scratch["personal"].state_dict().items())
+    assert all(torch.equal(t, torch.tensor(initial[k])) for k, t in new.scratch["personal"].model.state_dict().items())
     assert all(torch.equal(new.model.state_dict()[k], round_global[k]) for k in round_global)  # w trains from w_g
 
     own = {k: v + 1.0 for k, v in initial.items()}
     returning = make_ctx(tiny_model(seed=2), global_state=round_global, server=payload, state={"personal": own})
     returning.model.load_state_dict({k: torch.tensor(v) for k, v in own.items()})  # as the engine loads it
     method.setup_client(returning)
-    assert all(torch.equal(t, torch.tensor(own[k])) for k, t in returning.scratch["personal"].state_dict().items())
+    assert all(torch.equal(t, torch.tensor(own[k])) for k, t in returning.scratch["personal"].model.state_dict().items())
 
     mean = {k: v + 1 for k, v in initial.items()}
     for store, keeps in (({0: {"personal": own}}, True), ({0: {"personal": own}, 1: {"personal": own}}, False)):

@@ -12,7 +12,7 @@ from fltune.errors import FLTuneError
 from fltune.methods import get_method
 from fltune.methods.base import Method
 from fltune.methods.fedalign import lipschitz_loss, spectral_norm, transmitting_matrix
-from tests.methods.helpers import make_ctx, tiny_model
+from tests.methods.helpers import loss_of, make_ctx, tiny_model
 from tests.methods.resnet56_helpers import resnet_batch, tiny_resnet
 
 FedAlign = get_method("fedalign")
@@ -49,7 +49,7 @@ def test_power_iteration_matches_the_svd_largest_singular_value():
 def test_loss_is_ce_plus_mu_mse_of_student_and_teacher_lipschitz_constants():
     model, (x, y) = tiny_resnet().train(), resnet_batch()
 
-    loss, logits = fedalign(mu=0.3, omega_s=0.5, rescale=False).local_loss(make_ctx(model), x, y)
+    loss, logits = loss_of(fedalign(mu=0.3, omega_s=0.5, rescale=False), make_ctx(model), x, y)
 
     x2, x3, full = model.feature_maps(x)
     x2_s, x3_s = model.stage3_at_width(x2, 0.5)
@@ -63,7 +63,7 @@ def test_loss_is_ce_plus_mu_mse_of_student_and_teacher_lipschitz_constants():
 def test_rescaled_term_has_the_value_mu_times_ce():
     model, (x, y) = tiny_resnet().train(), resnet_batch()
 
-    loss, logits = fedalign(mu=0.45).local_loss(make_ctx(model), x, y)
+    loss, logits = loss_of(fedalign(mu=0.45), make_ctx(model), x, y)
 
     torch.testing.assert_close(loss, 1.45 * F.cross_entropy(logits, y))
 
@@ -83,7 +83,7 @@ def test_lipschitz_term_trains_only_stage_3():
 def test_degenerate_settings_are_plain_ce(params):
     model, (x, y) = tiny_resnet().train(), resnet_batch()
 
-    loss, logits = fedalign(**params).local_loss(make_ctx(model), x, y)
+    loss, logits = loss_of(fedalign(**params), make_ctx(model), x, y)
 
     assert torch.equal(loss, F.cross_entropy(logits, y))
 

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from fltune.methods import get_method
 from fltune.methods.base import Aggregate, ServerContext
 from fltune.methods.fedcr import ClassPoE
-from tests.methods.helpers import make_ctx, pure_aggregate, tiny_batch
+from tests.methods.helpers import loss_of, make_ctx, pure_aggregate, tiny_batch
 from tests.methods.vib_helpers import numpy_state, tiny_vib
 
 FedCR = get_method("fedcr")
@@ -38,7 +38,7 @@ def test_loss_is_sampled_ce_plus_beta_kl_from_the_class_gaussian_to_q():
     x, y = tiny_batch()
 
     torch.manual_seed(5)
-    loss, _ = method.local_loss(ctx, x, y)
+    loss, _ = loss_of(method, ctx, x, y)
 
     torch.manual_seed(5)
     out = model.vib(x)
@@ -70,7 +70,7 @@ def test_clients_fold_only_the_last_epochs_samples():
     for _epoch in range(2):
         for x, y in ctx.batches():
             torch.manual_seed(len(y))
-            method.local_loss(ctx, x, y)
+            method.backward(ctx, x, y)  # folds the batch (record_step)
     result = method.client_result(ctx)
 
     precision = np.zeros((3, 2))
@@ -94,7 +94,7 @@ def test_epochs_before_the_last_are_not_folded_and_a_client_stopped_before_it_up
     method.setup_client(ctx)
     for epoch in range(3):
         for x, y in ctx.batches():
-            method.local_loss(ctx, x, y)
+            method.backward(ctx, x, y)  # folds the batch (record_step)
         assert ("poe" in ctx.scratch) == (epoch == 2)
     precision = np.zeros((3, 2))
     with torch.no_grad():
@@ -106,7 +106,7 @@ def test_epochs_before_the_last_are_not_folded_and_a_client_stopped_before_it_up
     stopped.epochs = 3
     method.setup_client(stopped)
     for x, y in stopped.batches():  # one epoch, then a non-finite loss
-        method.local_loss(stopped, x, y)
+        method.backward(stopped, x, y)  # folds the batch (record_step)
     upload = method.client_result(stopped).upload
     assert not upload["precision"].any() and not upload["weighted_mean"].any()
 
@@ -152,7 +152,7 @@ def test_overall_centroid_aligns_and_folds_every_sample_into_one_gaussian():
     x, y = batches[0]
 
     torch.manual_seed(5)
-    loss, _ = method.local_loss(ctx, x, y)
+    loss, _ = loss_of(method, ctx, x, y)
     torch.manual_seed(5)
     out = model.vib(x)
     ce = F.cross_entropy(out.logits.flatten(0, 1), y.repeat(4))
@@ -162,7 +162,7 @@ def test_overall_centroid_aligns_and_folds_every_sample_into_one_gaussian():
 
     method.setup_client(ctx)
     for x, y in ctx.batches():
-        method.local_loss(ctx, x, y)
+        method.backward(ctx, x, y)  # folds the batch (record_step)
     upload = method.client_result(ctx).upload
     with torch.no_grad():
         precision = sum((model.encode(x)[1].double() ** -2).sum(0) for x, _ in batches)

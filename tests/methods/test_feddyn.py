@@ -7,7 +7,7 @@ import torch.nn.functional as F
 
 from fltune.methods import get_method
 from fltune.methods.base import Aggregate, ServerContext
-from tests.methods.helpers import make_ctx, pure_aggregate, tiny_batch, tiny_model
+from tests.methods.helpers import loss_of, make_ctx, pure_aggregate, tiny_batch, tiny_model
 from tests.methods.local_helpers import assert_close, ce, engine_grads, grad_of, params_of
 
 
@@ -32,7 +32,7 @@ def test_loss_is_ce_plus_the_drift_penalty():
     method = feddyn(0.1)
     method.setup_client(ctx)
     x, y = tiny_batch()
-    loss, _ = method.local_loss(ctx, x, y)
+    loss, _ = loss_of(method, ctx, x, y)
     n = sum(p.numel() for p in ctx.model.parameters())
     torch.testing.assert_close(loss, F.cross_entropy(ctx.model(x), y) + 0.0045 * n)
 
@@ -61,7 +61,7 @@ def test_alpha_zero_and_no_drift_is_exactly_ce():
     ctx = make_ctx(model)
     method = feddyn(0.0)
     method.setup_client(ctx)
-    assert torch.equal(method.local_loss(ctx, x, y)[0], get_method("fedavg")().local_loss(ctx, x, y)[0])
+    assert torch.equal(loss_of(method, ctx, x, y)[0], loss_of(get_method("fedavg")(), ctx, x, y)[0])
 
 
 def test_client_accumulates_its_drift_and_uploads_with_weight_one():

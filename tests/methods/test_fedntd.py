@@ -6,7 +6,7 @@ import torch.nn.functional as F
 
 from fltune.methods import get_method
 from fltune.methods.fedntd import not_true
-from tests.methods.helpers import make_ctx, tiny_batch, tiny_model
+from tests.methods.helpers import loss_of, make_ctx, tiny_batch, tiny_model
 from tests.methods.local_helpers import mlp, move_away, params_of
 
 
@@ -27,7 +27,7 @@ def test_loss_adds_scaled_not_true_distillation():
     ctx = make_ctx(model, global_state=global_state)
     method = fedntd(tau=2.0, beta=0.5)
     method.setup_client(ctx)
-    loss, _ = method.local_loss(ctx, x, y)
+    loss, _ = loss_of(method, ctx, x, y)
 
     local, glob = mlp(params_of(model), x)[0], mlp(global_params, x)[0]
     kl = 0.0
@@ -48,7 +48,7 @@ def test_global_model_is_frozen_and_untouched_by_training():
     teacher = ctx.scratch["global_model"]
     assert not teacher.training and not any(p.requires_grad for p in teacher.parameters())
     x, y = tiny_batch()
-    method.local_loss(ctx, x, y)[0].backward()
+    loss_of(method, ctx, x, y)[0].backward()
     assert all(p.grad is None for p in teacher.parameters())
 
 
@@ -58,4 +58,4 @@ def test_beta_zero_is_exactly_ce():
     ctx = make_ctx(model)
     method = fedntd(1.0, 0.0)
     method.setup_client(ctx)
-    assert torch.equal(method.local_loss(ctx, x, y)[0], get_method("fedavg")().local_loss(ctx, x, y)[0])
+    assert torch.equal(loss_of(method, ctx, x, y)[0], loss_of(get_method("fedavg")(), ctx, x, y)[0])

@@ -12,7 +12,7 @@ from fltune.methods import get_method
 from fltune.methods.base import Aggregate, Phase, ServerContext
 from fltune.methods.fedpac import class_features, head_weights, simplex_qp
 from fltune.models import SplitModel, build_model
-from tests.methods.helpers import make_ctx, pure_aggregate, tiny_batch, tiny_model
+from tests.methods.helpers import loss_of, make_ctx, pure_aggregate, tiny_batch, tiny_model
 
 FedPAC = get_method("fedpac")
 
@@ -63,7 +63,7 @@ def test_loss_is_ce_plus_lambda_mse_to_global_or_own_prototypes():
     method.setup_client(ctx)
     x, y = HAND_BATCHES[0]
 
-    loss, logits = method.local_loss(ctx, x, y)
+    loss, logits = loss_of(method, ctx, x, y)
 
     # sample 0 (class 0) → global prototype (1, 1); sample 1 (class 1, no global one) → own mean (0, 2).
     targets = torch.tensor([[1.0, 1.0], [0.0, 2.0]])
@@ -79,7 +79,7 @@ def test_no_prototypes_yet_or_lambda_zero_is_plain_ce():
     for method, server in [(FedPAC(), {}), (FedPAC(FedPAC.Params(lam=0.0)), protos)]:
         ctx = make_ctx(model, server=server)
         method.setup_client(ctx)
-        assert torch.equal(method.local_loss(ctx, x, y)[0], F.cross_entropy(model(x), y))
+        assert torch.equal(loss_of(method, ctx, x, y)[0], F.cross_entropy(model(x), y))
 
 
 def test_one_head_epoch_at_lr_0_1_then_the_body():

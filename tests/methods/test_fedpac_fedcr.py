@@ -2,17 +2,19 @@
 ``train_cnn``, ``local_feature``, ``global_feature_centroids``; ``main_fed_PAC.py``): CE + λ·‖F − C_y‖_F / B
 in the body epochs, per-sample halving class summaries, and one scalar centroid per class."""
 
+from dataclasses import replace
+
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from fltune.methods import get_method
-from fltune.methods.base import Aggregate, ClientContext, Forward, Method, Phase, ServerContext
+from fltune.methods.base import Aggregate, ClientContext, Method, Phase, ServerContext
 from fltune.methods.fedpac_fedcr import centroids, class_summaries, update_summaries
 from fltune.models import SplitModel, build_model
 from tests.engine.helpers import OpCount
-from tests.methods.helpers import make_ctx, pure_aggregate, tiny_batch, tiny_model
+from tests.methods.helpers import loss_of, make_ctx, pure_aggregate, tiny_batch, tiny_model
 
 FedPACFedCR = get_method("fedpac_fedcr")
 
@@ -44,7 +46,7 @@ def test_loss_is_ce_plus_lambda_frobenius_norm_over_the_batch_size():
     model, ctx, method = with_centroids()
     x, y = HAND_BATCHES[0]
 
-    loss, logits = method.local_loss(ctx, x, y)
+    loss, logits = loss_of(method, ctx, x, y)
 
     residual = x - torch.tensor([[1.0, 1.0], [0.5, 0.5]])  # rows (0, −1) and (−0.5, 1.5): ‖·‖_F² = 3.5
     expected = F.cross_entropy(model(x), y) + 0.5 * residual.pow(2).sum().sqrt() / 2
@@ -53,26 +55,24 @@ def test_loss_is_ce_plus_lambda_frobenius_norm_over_the_batch_size():
     assert torch.allclose(logits, model(x))
 
 
-def test_functional_loss_of_a_padded_batch_is_the_loss_of_its_real_samples():
-    """The batched executor's form: the same CE + λ·‖F − C_y‖_F / B, the batch padded with a zero row of
-    weight 0 that neither the cross-entropy nor R may see (R over the real rows: B = 2, not 3)."""
+def test_the_loss_of_a_padded_batch_is_the_loss_of_its_real_samples():
+    """A batch padded (clients trained together): the same CE + λ·‖F − C_y‖_F / B, the batch padded with a
+    zero row of weight 0 that neither the cross-entropy nor R may see (R over the real rows: B = 2, not 3)."""
     model, ctx, method = with_centroids()
     x, y = HAND_BATCHES[0]
     padded_x, padded_y = torch.cat([x, torch.zeros(1, 2)]), torch.cat([y, torch.zeros(1, dtype=torch.long)])
-    params = dict(model.named_parameters())
 
-    loss, logits = method.functional_loss(Forward(model), params, method.loss_inputs(ctx), padded_x, padded_y,
-                                          torch.tensor([1.0, 1.0, 0.0]))
+    loss, logits = method.local_loss(replace(method.batch(ctx, padded_x, padded_y), mask=torch.tensor([1.0, 1.0, 0.0])))
 
-    assert torch.allclose(loss, method.local_loss(ctx, x, y)[0])
+    assert torch.allclose(loss, loss_of(method, ctx, x, y)[0])
     assert torch.allclose(logits[:2], model(x))
 
 
-def test_functional_loss_on_a_vib_net_reads_the_features_the_exact_loss_reads():
+def test_the_loss_on_a_vib_net_reads_its_features_at_any_parameters():
     """On a VIB net the features are z (in training the mean of S sampled z), not the body's (μ, σ) output:
-    the functional loss must take them through ``features_of`` as ``local_loss`` takes ``model.features``
-    (it once fed the head the body's 2·dimZ outputs, and a batched round crashed). With torch's RNG at the
-    same state both draw the same ε and give the same loss."""
+    the loss takes them through ``features_of`` (it once fed the head the body's 2·dimZ outputs, and a
+    batched round crashed), on the module itself and at parameters passed in (``functional_call``, as a
+    batched step runs it) alike. With torch's RNG at the same state both draw the same ε."""
     torch.manual_seed(0)
     model = build_model("vib_mlp", (1, 4, 4), 3, dim_z=2, samples=3)
     model.train()
@@ -83,10 +83,10 @@ def test_functional_loss_on_a_vib_net_reads_the_features_the_exact_loss_reads():
     method.setup_client(ctx)
 
     torch.manual_seed(1)
-    exact, exact_logits = method.local_loss(ctx, x, y)
+    exact, exact_logits = loss_of(method, ctx, x, y)
     torch.manual_seed(1)
-    loss, logits = method.functional_loss(Forward(model), dict(model.named_parameters()), method.loss_inputs(ctx),
-                                          x, y, torch.ones(len(y)))
+    batch = method.batch(ctx, x, y)
+    loss, logits = method.local_loss(replace(batch, weights=dict(batch.weights)))  # not the module's own dict
 
     assert torch.allclose(loss, exact) and torch.allclose(logits, exact_logits)
 
@@ -99,7 +99,7 @@ def test_centroids_start_at_zero():
     method.setup_client(ctx)
     x, y = HAND_BATCHES[0]
     expected = F.cross_entropy(model(x), y) + x.pow(2).sum().sqrt() / 2
-    assert torch.allclose(method.local_loss(ctx, x, y)[0], expected)
+    assert torch.allclose(loss_of(method, ctx, x, y)[0], expected)
 
 
 def test_head_epochs_then_body_epochs_at_the_rounds_lr():

@@ -5,14 +5,14 @@ import torch
 import torch.nn.functional as F
 
 from fltune.methods import get_method
-from tests.methods.helpers import make_ctx, tiny_batch, tiny_model
+from tests.methods.helpers import loss_of, make_ctx, tiny_batch, tiny_model
 
 
 def test_loss_is_cross_entropy():
     model = tiny_model()
     x, y = tiny_batch()
 
-    loss, _ = get_method("fedper")().local_loss(make_ctx(model), x, y)
+    loss, _ = loss_of(get_method("fedper")(), make_ctx(model), x, y)
 
     assert torch.equal(loss, F.cross_entropy(model(x), y))
 

@@ -7,7 +7,7 @@ from fltune.config import build_config
 from fltune.methods import get_method
 from fltune.reproduce.plan import cell_tree
 from fltune.reproduce.registry import get_table
-from tests.methods.helpers import make_ctx, tiny_batch, tiny_model
+from tests.methods.helpers import loss_of, make_ctx, tiny_batch, tiny_model
 
 
 def test_loss_is_ce_plus_half_mu_squared_distance():
@@ -18,7 +18,7 @@ def test_loss_is_ce_plus_half_mu_squared_distance():
             p.add_(0.1)  # every parameter 0.1 away from the global model
     method = get_method("fedprox")(get_method("fedprox").Params(mu=0.5))
     x, y = tiny_batch()
-    loss, logits = method.local_loss(make_ctx(model, global_state=global_state), x, y)
+    loss, logits = loss_of(method, make_ctx(model, global_state=global_state), x, y)
     n_params = sum(p.numel() for p in model.parameters())
     expected = F.cross_entropy(model(x), y) + 0.5 * 0.5 * n_params * 0.1**2
     assert torch.allclose(loss, expected, rtol=1e-5)
@@ -30,7 +30,7 @@ def test_mu_zero_is_exactly_fedavg_loss():
     ctx = make_ctx(model)
     prox = get_method("fedprox")(get_method("fedprox").Params(mu=0.0))
     avg = get_method("fedavg")()
-    assert torch.equal(prox.local_loss(ctx, x, y)[0], avg.local_loss(ctx, x, y)[0])
+    assert torch.equal(loss_of(prox, ctx, x, y)[0], loss_of(avg, ctx, x, y)[0])
 
 
 def test_negative_mu_is_rejected():

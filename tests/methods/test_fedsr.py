@@ -9,7 +9,7 @@ from fltune.config import build_config
 from fltune.methods import get_method
 from fltune.reproduce.plan import cell_tree
 from fltune.reproduce.registry import get_table
-from tests.methods.helpers import make_ctx, tiny_batch
+from tests.methods.helpers import loss_of, make_ctx, tiny_batch
 from tests.methods.vib_helpers import tiny_vib
 
 FedSR = get_method("fedsr")
@@ -21,7 +21,7 @@ def fedsr_model(method):
 
 def loss_at_seed(method, model, x, y):
     torch.manual_seed(5)
-    return method.local_loss(make_ctx(model), x, y)[0]
+    return loss_of(method, make_ctx(model), x, y)[0]
 
 
 def test_reference_gaussians_live_in_the_head_and_stay_on_the_client():

@@ -12,7 +12,7 @@ from fltune.config import build_config
 from fltune.errors import FLTuneError
 from fltune.methods import get_method
 from fltune.methods.gradaug import sub_widths
-from tests.methods.helpers import make_ctx, tiny_model
+from tests.methods.helpers import loss_of, make_ctx, tiny_model
 from tests.methods.resnet56_helpers import resnet_batch, tiny_resnet
 
 GradAug = get_method("gradaug")
@@ -37,7 +37,7 @@ def test_loss_is_ce_plus_mu_sum_of_kl_to_the_detached_full_net():
     model, (x, y) = tiny_resnet().train(), resnet_batch()
 
     torch.manual_seed(3)
-    loss, logits = GradAug(params).local_loss(make_ctx(model), x, y)
+    loss, logits = loss_of(GradAug(params), make_ctx(model), x, y)
 
     torch.manual_seed(3)  # replay the draws: n − 1 uniform widths, then one size per sub-network
     widths = sorted([0.5, *(0.5 + 0.5 * torch.rand(2)).tolist()], reverse=True)
@@ -55,7 +55,7 @@ def test_mu_zero_is_exactly_fedavg_and_draws_nothing():
     model, (x, y) = tiny_resnet().train(), resnet_batch()
     rng = torch.get_rng_state()
 
-    loss, _ = GradAug(GradAug.Params(mu=0.0)).local_loss(make_ctx(model), x, y)
+    loss, _ = loss_of(GradAug(GradAug.Params(mu=0.0)), make_ctx(model), x, y)
 
     assert torch.equal(loss, F.cross_entropy(tiny_resnet().train()(x), y))
     assert torch.equal(torch.get_rng_state(), rng)
@@ -65,7 +65,7 @@ def test_a_full_width_full_size_sub_network_adds_nothing():
     params = GradAug.Params(mu=2.0, n=1, omega_b=1.0, resolutions=(8,))
     model, (x, y) = tiny_resnet().train(), resnet_batch()
 
-    loss, logits = GradAug(params).local_loss(make_ctx(model), x, y)
+    loss, logits = loss_of(GradAug(params), make_ctx(model), x, y)
 
     torch.testing.assert_close(loss, F.cross_entropy(logits, y), rtol=0, atol=1e-6)
 

@@ -20,7 +20,8 @@ from fltune.engine.pool import WorkerPlan, WorkerPool
 from fltune.errors import FLTuneError
 from fltune.methods import get_method
 from fltune.methods.base import Method
-from tests.methods.helpers import make_ctx, tiny_batch, tiny_model
+from fltune.methods.functional import has_functional_step
+from tests.methods.helpers import loss_of, make_ctx, tiny_batch, tiny_model
 
 KNNPer = get_method("knnper")
 Batches = list[tuple[torch.Tensor, torch.Tensor]]
@@ -162,10 +163,10 @@ def test_training_is_fedavgs() -> None:
     model, (x, y) = tiny_model(), tiny_batch()
     ctx = make_ctx(model)
     fedavg = get_method("fedavg")()
-    assert torch.equal(knnper().local_loss(ctx, x, y)[0], fedavg.local_loss(ctx, x, y)[0])
+    assert torch.equal(loss_of(knnper(), ctx, x, y)[0], loss_of(fedavg, ctx, x, y)[0])
     method = knnper()
     assert (method.stored_models, method.passes_per_step) == (fedavg.stored_models, fedavg.passes_per_step)
-    assert KNNPer.batches_clients() == get_method("fedavg").batches_clients()
+    assert has_functional_step(KNNPer) == has_functional_step(get_method("fedavg"))
 
 
 def test_a_model_without_features_is_refused_in_one_line() -> None:

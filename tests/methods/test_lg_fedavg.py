@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from fltune.errors import FLTuneError
 from fltune.methods import get_method
 from fltune.models.registry import build_model
-from tests.methods.helpers import make_ctx, tiny_batch, tiny_model
+from tests.methods.helpers import loss_of, make_ctx, tiny_batch, tiny_model
 
 
 def lg(**params):
@@ -19,7 +19,7 @@ def lg(**params):
 def test_loss_is_cross_entropy():
     model = tiny_model()
     x, y = tiny_batch()
-    loss, _ = lg().local_loss(make_ctx(model), x, y)
+    loss, _ = loss_of(lg(), make_ctx(model), x, y)
     assert torch.equal(loss, F.cross_entropy(model(x), y))
 
 

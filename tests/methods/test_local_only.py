@@ -6,7 +6,7 @@ import torch.nn.functional as F
 
 from fltune.methods import get_method
 from fltune.methods.base import Aggregate, ServerContext
-from tests.methods.helpers import make_ctx, pure_aggregate, tiny_batch, tiny_model
+from tests.methods.helpers import loss_of, make_ctx, pure_aggregate, tiny_batch, tiny_model
 
 LocalOnly = get_method("local_only")
 
@@ -15,7 +15,7 @@ def test_loss_is_cross_entropy():
     model = tiny_model()
     x, y = tiny_batch()
 
-    loss, _ = LocalOnly().local_loss(make_ctx(model), x, y)
+    loss, _ = loss_of(LocalOnly(), make_ctx(model), x, y)
 
     assert torch.equal(loss, F.cross_entropy(model(x), y))
 

@@ -10,7 +10,7 @@ from fltune.methods.base import Method
 from fltune.methods.compose import compose
 from fltune.methods.man import MAN
 from fltune.models import build_model
-from tests.methods.helpers import make_ctx, tiny_batch, tiny_model
+from tests.methods.helpers import loss_of, make_ctx, tiny_batch, tiny_model
 from tests.methods.local_helpers import (
     assert_close, engine_grads, grad_of, mlp, move_away, norm, params_of, shifted,
 )
@@ -30,14 +30,14 @@ def man_objective(params, x, y, weight: float):
 def test_loss_adds_half_zeta_times_the_mean_squared_activations():
     model = tiny_model()
     x, y = tiny_batch()
-    loss, _ = method("man", zeta=0.4).local_loss(make_ctx(model), x, y)
+    loss, _ = loss_of(method("man", zeta=0.4), make_ctx(model), x, y)
     torch.testing.assert_close(loss, man_objective(params_of(model), x, y, weight=0.2))
 
 
 def test_halve_false_uses_zeta_as_in_eq_15():
     model = tiny_model()
     x, y = tiny_batch()
-    loss, _ = method("man", zeta=0.4, halve=False).local_loss(make_ctx(model), x, y)
+    loss, _ = loss_of(method("man", zeta=0.4, halve=False), make_ctx(model), x, y)
     torch.testing.assert_close(loss, man_objective(params_of(model), x, y, weight=0.4))
 
 
@@ -46,14 +46,14 @@ def test_zeta_zero_is_exactly_the_base_loss():
     x, y = tiny_batch()
     ctx = make_ctx(model)
     for base in ("fedavg", "fedprox"):
-        composed = method(f"{base}+man", zeta=0.0).local_loss(ctx, x, y)[0]
-        assert torch.equal(composed, method(base).local_loss(ctx, x, y)[0])
+        composed = loss_of(method(f"{base}+man", zeta=0.0), ctx, x, y)[0]
+        assert torch.equal(composed, loss_of(method(base), ctx, x, y)[0])
 
 
 def test_hooks_do_not_outlive_the_loss_call():
     model = tiny_model()
     x, y = tiny_batch()
-    method("man").local_loss(make_ctx(model), x, y)
+    loss_of(method("man"), make_ctx(model), x, y)
     assert not any(m._forward_hooks for m in model.modules())
 
 
@@ -76,7 +76,7 @@ def test_term_adds_to_a_regularised_base():
     ctx = make_ctx(model, global_state=global_state)
     composed = method("feddyn+man", alpha=0.1, zeta=0.2)
     composed.setup_client(ctx)
-    loss, _ = composed.local_loss(ctx, x, y)
+    loss, _ = loss_of(composed, ctx, x, y)
     drift = sum(((p - global_state[n]) ** 2).sum() for n, p in model.named_parameters())
     torch.testing.assert_close(loss, man_objective(params_of(model), x, y, weight=0.1) + 0.05 * drift)
 
@@ -86,16 +86,16 @@ class TwoPasses(Method):
 
     name = "two_passes"
 
-    def local_loss(self, ctx, x, y):
-        loss, logits = super().local_loss(ctx, x, y)
-        return loss + 0.0 * ctx.model(2 * x).sum(), logits
+    def local_loss(self, batch):
+        loss, logits = super().local_loss(batch)
+        return loss + 0.0 * batch.forward.model(2 * batch.x).sum(), logits
 
 
 def test_only_the_first_firing_of_each_point_is_regularised():
     model = tiny_model()
     x, y = tiny_batch()
     composed = compose(TwoPasses, MAN)(compose(TwoPasses, MAN).Params(zeta=0.4))
-    loss, _ = composed.local_loss(make_ctx(model), x, y)
+    loss, _ = loss_of(composed, make_ctx(model), x, y)
     torch.testing.assert_close(loss, man_objective(params_of(model), x, y, weight=0.2))
 
 
@@ -124,7 +124,7 @@ def test_tinyimagenet_cnn_term_is_the_authors_convnet_code():
     gen = torch.Generator().manual_seed(1)
     x, y = torch.randn(6, 3, 8, 8, generator=gen), torch.randint(0, 5, (6,), generator=gen)
 
-    loss, _ = method("man", zeta=0.2).local_loss(make_ctx(model, batches=[(x, y)]), x, y)
+    loss, _ = loss_of(method("man", zeta=0.2), make_ctx(model, batches=[(x, y)]), x, y)
 
     torch.testing.assert_close(loss, convnet_objective(model, x, y, weight=0.1))
     assert model.variance_points == [model.body.fc2.relu]
@@ -136,7 +136,7 @@ def test_a_one_sample_batch_adds_no_variance():
     model = build_model("tinyimagenet_cnn", (3, 8, 8), 5, widths=(12, 10))
     x, y = torch.randn(1, 3, 8, 8), torch.tensor([2])
 
-    loss, _ = method("man", zeta=0.2).local_loss(make_ctx(model, batches=[(x, y)]), x, y)
+    loss, _ = loss_of(method("man", zeta=0.2), make_ctx(model, batches=[(x, y)]), x, y)
 
     assert torch.isfinite(loss)
 

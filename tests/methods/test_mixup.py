@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from fltune.methods import get_method
 from fltune.methods.mixup import mix
-from tests.methods.helpers import make_ctx, tiny_batch, tiny_model
+from tests.methods.helpers import loss_of, make_ctx, tiny_batch, tiny_model
 
 Mixup = get_method("mixup")
 
@@ -28,7 +28,7 @@ def test_loss_is_the_lambda_weighted_ce_on_mixed_inputs_with_draws_from_torch():
     method = Mixup(Mixup.Params(gamma=0.4))
 
     torch.manual_seed(7)
-    loss, logits = method.local_loss(make_ctx(model), x, y)
+    loss, logits = loss_of(method, make_ctx(model), x, y)
 
     torch.manual_seed(7)  # replay: λ from torch's Beta, then the pairing
     lam = float(torch.distributions.Beta(torch.tensor(0.4), torch.tensor(0.4)).sample())
@@ -44,7 +44,7 @@ def test_the_engine_seed_fixes_the_draw():
     losses = []
     for seed in (1, 1, 2):
         torch.manual_seed(seed)
-        losses.append(method.local_loss(ctx, x, y)[0])
+        losses.append(loss_of(method, ctx, x, y)[0])
 
     assert torch.equal(losses[0], losses[1]) and not torch.equal(losses[0], losses[2])
 
@@ -54,9 +54,9 @@ def test_gamma_zero_is_exactly_fedavg_and_draws_nothing():
     ctx = make_ctx(model)
     rng = torch.get_rng_state()
 
-    loss, _ = Mixup(Mixup.Params(gamma=0.0)).local_loss(ctx, x, y)
+    loss, _ = loss_of(Mixup(Mixup.Params(gamma=0.0)), ctx, x, y)
 
-    assert torch.equal(loss, get_method("fedavg")().local_loss(ctx, x, y)[0])
+    assert torch.equal(loss, loss_of(get_method("fedavg")(), ctx, x, y)[0])
     assert torch.equal(torch.get_rng_state(), rng)
 
 

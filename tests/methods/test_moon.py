@@ -14,7 +14,7 @@ from fltune.methods import get_method
 from fltune.methods.base import Aggregate, Method, ServerContext
 from fltune.methods.moon import PROJECTION_DIM, contrastive_loss
 from fltune.models import SplitModel, split_keys
-from tests.methods.helpers import make_ctx, pure_aggregate, tiny_batch, tiny_model
+from tests.methods.helpers import loss_of, make_ctx, pure_aggregate, tiny_batch, tiny_model
 from tests.methods.resnet56_helpers import resnet_batch, tiny_resnet
 
 Moon = get_method("moon")
@@ -63,7 +63,7 @@ def test_loss_is_ce_plus_mu_times_the_contrastive_term():
     x, y = tiny_batch()
 
     method.setup_client(ctx)
-    loss, logits = method.local_loss(ctx, x, y)
+    loss, logits = loss_of(method, ctx, x, y)
 
     def z_of(state):
         other = adapted()
@@ -85,7 +85,7 @@ def test_first_participation_uses_the_global_model_so_the_term_is_log_two():
     method = moon(mu=2.0)
 
     method.setup_client(ctx)
-    loss, _ = method.local_loss(ctx, x, y)
+    loss, _ = loss_of(method, ctx, x, y)
 
     torch.testing.assert_close(loss, F.cross_entropy(model(x), y) + 2.0 * math.log(2))
 
@@ -98,7 +98,7 @@ def test_mu_zero_is_exactly_ce():
 
     method.setup_client(ctx)
 
-    assert torch.equal(method.local_loss(ctx, x, y)[0], F.cross_entropy(model(x), y))
+    assert torch.equal(loss_of(method, ctx, x, y)[0], F.cross_entropy(model(x), y))
 
 
 def test_trained_model_becomes_the_next_previous_model():
@@ -168,7 +168,7 @@ def test_a_first_participation_takes_the_initial_model_as_its_previous_one_with_
     x, y = tiny_batch()
 
     method.setup_client(ctx)
-    loss, _ = method.local_loss(ctx, x, y)
+    loss, _ = loss_of(method, ctx, x, y)
 
     z_init = adapted()
     z_init.load_state_dict({k: torch.tensor(v) for k, v in initial.items()})

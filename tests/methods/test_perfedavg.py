@@ -25,6 +25,7 @@ from fltune.engine.local import Executor, RoundInput, batches, final_training, t
 from fltune.engine.rng import derive_seed
 from fltune.methods import get_method
 from fltune.methods.base import Method
+from fltune.methods.functional import has_functional_step
 from fltune.methods.perfedavg import PerFedAvgTune, meta_phase
 from tests.methods.helpers import make_ctx, tiny_model
 
@@ -186,7 +187,7 @@ def test_training_and_tuning_fall_back_to_per_client_under_the_batched_executor(
     cfg = config(executor="batched", finetune_epochs=1)
     method, model = build_method(cfg), build_model_for(cfg, tiny_data())
     final, _ = final_training(method, cfg.training)
-    assert not type(method).batches_clients() and not type(final).batches_clients()
+    assert not has_functional_step(type(method)) and not has_functional_step(type(final))
     for hooks in (method, final):
         reason = unbatchable(cfg, hooks, model)
         assert reason is not None and "no functional local step" in reason

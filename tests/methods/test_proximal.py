@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from fltune.methods import get_method
 from fltune.methods.proximal import project_off
-from tests.methods.helpers import make_ctx, tiny_batch, tiny_model
+from tests.methods.helpers import loss_of, make_ctx, tiny_batch, tiny_model
 from tests.methods.local_helpers import assert_close, ce, engine_grads, grad_of, mlp, move_away, params_of
 
 Proximal = get_method("proximal")
@@ -126,7 +126,7 @@ def test_l2_base_is_fedprox_with_mu_beta() -> None:
     x, y = tiny_batch()
     method, ctx, _, _ = setup("l2", "base", beta=0.4)
     fedprox = get_method("fedprox")(get_method("fedprox").Params(mu=0.4))
-    assert torch.allclose(method.local_loss(ctx, x, y)[0], fedprox.local_loss(ctx, x, y)[0], rtol=1e-6)
+    assert torch.allclose(loss_of(method, ctx, x, y)[0], loss_of(fedprox, ctx, x, y)[0], rtol=1e-6)
 
 
 def test_costs_follow_the_loss_and_its_use() -> None:

@@ -9,7 +9,7 @@ from pydantic import ValidationError
 
 from fltune.errors import FLTuneError
 from fltune.methods import get_method
-from tests.methods.helpers import make_ctx, tiny_batch, tiny_model
+from tests.methods.helpers import loss_of, make_ctx, tiny_batch, tiny_model
 from tests.methods.vib_helpers import global_copy, numpy_state, tiny_vib
 
 SimFAFL = get_method("simfafl")
@@ -20,8 +20,9 @@ def simfafl(**params):
 
 
 def loss_at_seed(method, ctx, x, y, seed=5):
+    method.setup_client(ctx)  # head_f: the round's global head
     torch.manual_seed(seed)
-    return method.local_loss(ctx, x, y)
+    return loss_of(method, ctx, x, y)
 
 
 def test_defaults_are_table_2_ten_class_settings():

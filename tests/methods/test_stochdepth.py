@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from fltune.errors import FLTuneError
 from fltune.methods import get_method
-from tests.methods.helpers import make_ctx, tiny_model
+from tests.methods.helpers import loss_of, make_ctx, tiny_model
 from tests.methods.resnet56_helpers import resnet_batch, tiny_resnet
 
 StochDepth = get_method("stochdepth")
@@ -35,7 +35,7 @@ def test_loss_is_ce_of_the_stochastic_forward_and_differs_across_seeds():
     losses = []
     for seed in range(4):
         torch.manual_seed(seed)
-        loss, _ = method.local_loss(ctx, x, y)
+        loss, _ = loss_of(method, ctx, x, y)
         torch.manual_seed(seed)
         torch.testing.assert_close(loss, F.cross_entropy(model(x), y))
         losses.append(loss.item())
@@ -48,7 +48,7 @@ def test_rho_one_is_exactly_fedavg_on_resnet56():
     model, (x, y) = method.adapt_model(tiny_resnet()).train(), resnet_batch()
     ctx = make_ctx(model)
 
-    loss, _ = method.local_loss(ctx, x, y)
+    loss, _ = loss_of(method, ctx, x, y)
 
     assert torch.equal(loss, F.cross_entropy(tiny_resnet().train()(x), y))
 

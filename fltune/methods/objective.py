@@ -1,0 +1,125 @@
+"""What a method's one local objective, ``Method.local_loss(batch)``, reads, and the loss terms methods share.
+
+Trained client by client, a :class:`Batch` holds the client model's own parameters and no padding mask,
+and :class:`Forward` called with those runs the module itself, so the objective takes the steps a
+module-based loss would; trained K clients at once (engine/batched.py), the same function runs inside a
+``vmap`` on each client's padded batch and stacked parameters, ``mask`` marking the real samples.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.func import functional_call
+
+if TYPE_CHECKING:  # base.py imports this module
+    from fltune.methods.base import ClientContext
+
+Tensors = dict[str, torch.Tensor]
+
+NoiseShapes = dict[str, tuple[int, int]]
+"""Per key, (S, d): the objective reads S × d standard normal draws per sample of a batch (VIB's ε)."""
+
+
+class Forward:
+    """The model as a function of its parameters (``torch.func.functional_call``): ``forward(weights, x)``
+    gives the logits; :meth:`part` runs one part (``body``/``head``) alone. Called with the model's own
+    parameters (:attr:`own`), it runs the module itself: the same operations, without swapping parameters
+    in and out, and the module's forward hooks fire (MAN's activations)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.model = model
+        self.tied = _ties_tensors(model)
+        self.own: Tensors = dict(model.named_parameters())
+
+    def __call__(self, weights: Mapping[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+        if weights is self.own:
+            return self.model(x)
+        return functional_call(self.model, weights, (x,), tie_weights=self.tied)
+
+    def part(self, name: str, weights: Mapping[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+        """Submodule ``name`` on ``x`` with the entries of ``weights`` under ``name.``: a VIB loss needs the
+        body's (μ, σ) and the head on sampled z, which the model's ``forward`` does not expose."""
+        module = self.model.get_submodule(name)
+        if weights is self.own:
+            return module(x)
+        prefix = f"{name}."
+        own = {k.removeprefix(prefix): v for k, v in weights.items() if k.startswith(prefix)}
+        return functional_call(module, own, (x,), tie_weights=self.tied)
+
+
+def _ties_tensors(model: nn.Module) -> bool:
+    """Whether one tensor sits under two names in ``model``. Only then must ``functional_call`` look for
+    ties (``tie_weights``), which walks every submodule on every call: host time a GPU waits on in the
+    batched executor's step."""
+    def count(named: Iterable[tuple[str, torch.Tensor]]) -> tuple[int, int]:
+        pairs = list(named)
+        return len(pairs), len({id(t) for _, t in pairs})
+
+    return any(n != unique for n, unique in (count(model.named_parameters(remove_duplicate=False)),
+                                            count(model.named_buffers(remove_duplicate=False))))
+
+
+@dataclass(frozen=True)
+class Batch:
+    """One batch as a method's objective reads it.
+
+    ``weights``: every parameter of the model by name (those a phase freezes too; only the trained ones get
+    a gradient). ``inputs``: the client's tensors (``ClientContext.inputs``). ``mask``: 1 on the real
+    samples of a padded batch, None when every sample is real (:func:`batch_mean`). ``noise``: the batch's
+    draws of ``Method.noise``, batch axis first. ``global_weights``: the round's global weights.
+    ``client``: the client's context where the client is trained on its own; an objective that reads it
+    (a module of its own, hooks on the model) declares ``Method.pure_loss = False``. ``record``: per-sample
+    tensors (batch axis first) the objective leaves for ``Method.record_step`` (FedCR's μ, σ)."""
+
+    forward: Forward
+    weights: Tensors
+    x: torch.Tensor
+    y: torch.Tensor
+    mask: torch.Tensor | None = None
+    inputs: Mapping[str, Tensors] = field(default_factory=dict)
+    noise: Tensors = field(default_factory=dict)
+    global_weights: Mapping[str, torch.Tensor] = field(default_factory=dict)
+    client: ClientContext | None = None
+    record: Tensors = field(default_factory=dict)
+
+
+def draw_noise(
+    shapes: NoiseShapes, n: int, device: torch.device, generator: torch.Generator | None = None,
+) -> Tensors:
+    """One batch's draws of ``shapes`` for ``n`` samples, [n, S, d] each: drawn [S, n, d] (the layout
+    ``VIBNet.sample`` draws) from ``generator`` or torch's global RNG, read batch axis first."""
+    return {key: torch.randn((s, n, d), device=device, generator=generator).transpose(0, 1)
+            for key, (s, d) in shapes.items()}
+
+
+def squared_distance(weights: Iterable[tuple[str, torch.Tensor]], anchor: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    """Σ_n ‖p_n − anchor_n‖² over (name, tensor) pairs: FedProx's and FedDyn's penalties."""
+    return sum(((p - anchor[n]) ** 2).sum() for n, p in weights)
+
+
+def batch_mean(values: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Mean of per-sample ``values`` over the samples with mask 1: a batched group pads every client's
+    batch to one shape, and a client's short last batch must still average over its real samples only.
+    ``mask`` None (an unpadded batch) is ``values.mean()`` itself, so one objective keeps the bits of
+    the client-by-client path."""
+    if mask is None:
+        return values.mean()
+    return (values * mask).sum() / mask.sum().clamp(min=1.0)
+
+
+def masked_cross_entropy(logits: torch.Tensor, y: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Mean cross-entropy over the real samples (:func:`batch_mean`); ``F.cross_entropy`` when unpadded.
+
+    Padded, each sample's −log softmax at its label is written out: inside the batched executor's vmap
+    ``F.cross_entropy(reduction="none")`` decomposes into the same gather and negation plus an
+    ``ignore_index`` mask (7 more ops in the forward and 7 in the backward, each a GPU launch) that no
+    label here needs; the values and gradients are the same floats."""
+    if mask is None:
+        return F.cross_entropy(logits, y)
+    return batch_mean(-logits.log_softmax(-1).gather(-1, y.unsqueeze(-1)).squeeze(-1), mask)
