@@ -172,17 +172,21 @@ class Suite:
             sections[section] = result
         else:
             sections.setdefault(section, {})[key] = result
+        self.save()
+        return result
+
+    def save(self) -> None:
+        """Write the record as it stands (after every step: a suite stopped from outside keeps its figures)."""
         self.record["elapsed_s"] = round(self.budget.seconds - self.budget.left(), 1)
         (self.out / "suite.json").write_text(json.dumps(self.record, indent=2) + "\n")
-        return result
 
 
 def throughput(suite: Suite, name: str, sizes: Sizes, device: torch.device, extra: tuple[str, ...]) -> None:
     """One workload's rows (``gpu_throughput.row_rate``), each as a step, then each row's ratio to B0."""
     rounds = sizes.warmup + sizes.rounds
+    exact = gpu_throughput.workload_config(name, rounds, sizes.scale, "exact", extra)
     configs = {
-        "B0": gpu_throughput.workload_config(name, rounds, sizes.scale, "exact", extra),
-        "exact": gpu_throughput.workload_config(name, rounds, sizes.scale, "exact", extra),
+        "B0": exact, "exact": exact,
         "batched": gpu_throughput.workload_config(name, rounds, sizes.scale, "batched", extra),
         "compiled": gpu_throughput.workload_config(
             name, rounds, sizes.scale, "batched", (*extra, "resources.compile=true")),
@@ -209,6 +213,7 @@ def throughput(suite: Suite, name: str, sizes: Sizes, device: torch.device, extr
     base = rows["B0"].get("client_samples_per_s")
     rows["ratio_to_B0"] = {path: round(rows[path]["client_samples_per_s"] / base, 3) for path in ROWS[1:]
                            if base and "client_samples_per_s" in rows[path]}
+    suite.save()
 
 
 def table(sizes: Sizes, extra: tuple[str, ...], budget: Budget) -> dict[str, Any]:
@@ -252,12 +257,46 @@ def profile(path: str, sizes: Sizes, device: torch.device, extra: tuple[str, ...
     prof.export_chrome_trace(str(trace))
     sort = "self_device_time_total" if gpu else "self_cpu_time_total"
     by_op = prof.key_averages()
-    tables.write_text(f"{path}: {PROFILE_STEPS} steps, {take} client(s), sorted by {sort}\n\n"
-                      + by_op.table(sort_by=sort, row_limit=30) + "\n\nby op and its 5 innermost Python frames\n\n"
-                      + prof.key_averages(group_by_stack_n=5).table(sort_by=sort, row_limit=30))
+    frames = python_self_ms(trace)
+    tables.write_text(f"{path}: {PROFILE_STEPS} steps, {take} client(s), ops sorted by {sort}\n\n"
+                      + by_op.table(sort_by=sort, row_limit=30) + "\n\nPython frames by self time (host CPU)\n\n"
+                      + "\n".join(f"{ms:12.3f} ms  {name}" for name, ms in list(frames.items())[:30]) + "\n")
     top = sorted(by_op, key=lambda e: getattr(e, sort), reverse=True)[:5]
     return {"steps": PROFILE_STEPS, "clients": take, "trace": trace.name, "tables": tables.name,
-            "top_self_ms": {e.key: round(getattr(e, sort) / 1000, 3) for e in top}}
+            "top_self_ms": {e.key: round(getattr(e, sort) / 1000, 3) for e in top},
+            "top_python_self_ms": {name: round(ms, 3) for name, ms in list(frames.items())[:5]}}
+
+
+def python_self_ms(trace: Path) -> dict[str, float]:
+    """Each Python function's self time in a Chrome trace (ms, most first): its frames' durations less
+    those of the events directly inside them on the same thread (the functions it called, the ops it ran),
+    i.e. the host time spent in its own bytecode, which on a GPU is time the device may wait for. Only the
+    threads that ran ops count (not, e.g., Ray's log thread, blocked in a wait all along)."""
+    spans = [e for e in json.loads(trace.read_text())["traceEvents"] if e.get("ph") == "X" and "dur" in e]
+    working = {(e["pid"], e["tid"]) for e in spans if e.get("cat") == "cpu_op"}
+    events = sorted((e for e in spans if (e["pid"], e["tid"]) in working),
+                    key=lambda e: (str(e["pid"]), str(e["tid"]), e["ts"], -e["dur"]))
+    totals: dict[str, float] = {}
+    open_: list[list[Any]] = []  # [event, time of its direct children] on the current thread, outermost first
+    thread = None
+
+    def close(entry: list[Any]) -> None:
+        if entry[0].get("cat") == "python_function":
+            totals[entry[0]["name"]] = totals.get(entry[0]["name"], 0.0) + max(entry[0]["dur"] - entry[1], 0.0) / 1e3
+
+    for event in events:
+        if (event["pid"], event["tid"]) != thread:
+            thread = (event["pid"], event["tid"])
+            while open_:
+                close(open_.pop())
+        while open_ and open_[-1][0]["ts"] + open_[-1][0]["dur"] <= event["ts"]:
+            close(open_.pop())
+        if open_:
+            open_[-1][1] += event["dur"]
+        open_.append([event, 0.0])
+    while open_:
+        close(open_.pop())
+    return dict(sorted(totals.items(), key=lambda kv: -kv[1]))
 
 
 def summary(record: dict[str, Any], gpu: bool) -> Table:
@@ -275,7 +314,7 @@ def summary(record: dict[str, Any], gpu: bool) -> Table:
     for name in ("W1", "W2"):
         rows = sections.get(name, {})
         for path in ROWS:
-            got = rows.get(path, {})
+            got = rows.get(path, rows if "skipped" in rows else {})  # a section not asked for: its reason
             ratio = rows.get("ratio_to_B0", {}).get(path)
             value = (f"{got['client_samples_per_s']:.0f} /s" + (f", {ratio:.2f}× B0" if ratio is not None else "")
                      if "client_samples_per_s" in got else _why(got))
@@ -291,7 +330,8 @@ def summary(record: dict[str, Any], gpu: bool) -> Table:
     grid.add_row("round_overhead", "fltune / tight",
                  _why(rounds) if "ratio" not in rounds else f"{rounds['ratio']:.3f}", "")
     for path in ("exact", "batched"):
-        prof = sections.get("profile", {}).get(path, {})
+        profiles = sections.get("profile", {})
+        prof = profiles.get(path, profiles if "skipped" in profiles else {})
         top = next(iter(prof.get("top_self_ms", {}).items()), None)
         grid.add_row("profile", path, _why(prof) if top is None else f"{prof['trace']}; top {top[0]} {top[1]:.1f} ms",
                      "")

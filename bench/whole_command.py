@@ -14,7 +14,7 @@ goal ≤ 2). Sizes elsewhere print in GiB (2^30 bytes). At the command's peak, i
 Where the command's extra seconds go, from its timeline as seen from outside the package: when its lines
 appear (the header after start-up, each round's line), when Ray's GCS, the first worker process and the
 first client actor appear in its process tree, when its processes hold the FMNIST files open (/proc, every
-0.1 s), when MLflow's sqlite store says the run started, each round's metrics were stamped and the run ended;
+0.2 s), when MLflow's sqlite store says the run started, each round's metrics were stamped and the run ended;
 and, from one more run under ``python -X importtime``, the driver's imports by package. The phase table puts
 each phase beside the reference's matching one (its ``imported``, ``data``, ``model`` and round lines).
 
@@ -153,7 +153,7 @@ class Run:
 def measure(argv: list[str], env: dict[str, str]) -> Run:
     """Run ``argv`` from spawn to exit: its wall seconds, peak tree RSS and PSS in GiB (every 0.2 s), the PSS
     by part at the PSS peak, its output lines with their arrival times, and ``MARKS`` and FMNIST files
-    open seen every 0.1 s."""
+    open seen at the same ticks."""
     lines: list[tuple[float, str]] = []
     spawn_epoch, start = time.time(), time.perf_counter()
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, cwd=REPO, text=True)
@@ -169,17 +169,14 @@ def measure(argv: list[str], env: dict[str, str]) -> Run:
     peak_parts: dict[str, int] = {}
     marks: dict[str, float] = {}
     files: list[float] = []
-    tick = 0
     while proc.poll() is None:
         pids, now = tree(proc.pid), time.perf_counter() - start
         _seen(pids, now, marks, files)
-        if tick % 2 == 0:
-            rss, pss, parts = tree_memory(proc.pid, pids)
-            peak_rss = max(peak_rss, rss)
-            if pss > peak_pss:
-                peak_pss, peak_parts = pss, parts
-        tick += 1
-        time.sleep(0.1)
+        rss, pss, parts = tree_memory(proc.pid, pids)
+        peak_rss = max(peak_rss, rss)
+        if pss > peak_pss:
+            peak_pss, peak_parts = pss, parts
+        time.sleep(0.2)
     wall = time.perf_counter() - start
     reader.join()
     if proc.returncode != 0:
@@ -281,9 +278,9 @@ def phase_table(command: list[Phases], reference: list[Phases]) -> str:
 
 def side_notes(runs: list[Run], mlflows: list[dict[str, float]]) -> str:
     """What the command's timeline shows beside the phases: the FMNIST files open (overlapped with Ray's
-    start, on a thread), the first client actor, when MLflow's run began and each round's metric lag."""
+    start, on a thread), when each of ``MARKS`` appeared, when MLflow's run began and each round's metric lag."""
     last = runs[-1]
-    files = f"{min(last.files):.1f}–{max(last.files):.1f} s" if last.files else "not seen (open < 0.1 s)"
+    files = f"{min(last.files):.1f}–{max(last.files):.1f} s" if last.files else "not seen (open < 0.2 s)"
     lags = [m[f"step {i}"] - t for run, m in zip(runs, mlflows) for i, t in enumerate(run.rounds(), 1)
             if f"step {i}" in m]
     header = last.at("fltune run") or 0.0

@@ -14,6 +14,9 @@ import pytest
 from tests.conftest import needs_fmnist
 
 SUITE = Path(__file__).resolve().parents[2] / "bench" / "gpu_suite.py"
+sys.path.insert(0, str(SUITE.parent))
+import gpu_suite  # noqa: E402
+
 FIGURES = {"table_job": "extrapolated_min", "round_overhead": "ratio"}
 
 
@@ -60,3 +63,18 @@ def test_a_small_budget_skips_later_sections_and_says_why(tmp_path: Path) -> Non
         assert result["skipped"].startswith("needs ~"), result
         assert "left of the 12 s budget" in result["skipped"]
     assert record["elapsed_s"] <= 12 + 10
+
+
+def test_python_self_time_leaves_out_callees_ops_and_idle_threads(tmp_path: Path) -> None:
+    """A frame's self time is its span less what ran directly inside it; a thread that ran no op (a log
+    thread waiting) is left out, and so are the ops themselves."""
+    def span(name: str, cat: str, ts: float, dur: float, tid: int = 1) -> dict:
+        return {"ph": "X", "cat": cat, "name": name, "pid": 7, "tid": tid, "ts": ts, "dur": dur}
+
+    events = [span("step", "python_function", 0, 10_000), span("forward", "python_function", 1_000, 4_000),
+              span("aten::mm", "cpu_op", 2_000, 2_500), span("update", "python_function", 6_000, 3_000),
+              span("aten::add_", "cpu_op", 6_500, 500), span("forward", "python_function", 9_500, 200),
+              span("wait", "python_function", 0, 50_000, tid=2), {"ph": "i", "name": "marker", "ts": 3}]
+    trace = tmp_path / "trace.json"
+    trace.write_text(json.dumps({"traceEvents": events}))
+    assert gpu_suite.python_self_ms(trace) == pytest.approx({"step": 2.8, "update": 2.5, "forward": 1.7})
