@@ -69,7 +69,8 @@ ROWS = ("B0", "exact", "batched", "compiled")
 TARGETS = {("W1", "exact"): 3.0, ("W2", "exact"): 5.0, ("W1", "batched"): 10.0}
 """Issue 61's targets: a row's client-samples/s at least this many times B0's (the tight GPU loop)."""
 TABLE_TARGET_MIN = 30.0
-PROFILE_STEPS, PROFILE_BATCH = 20, 30  # a 600-sample client at B 30 trains 20 steps an epoch
+PROFILE_BATCH = 30
+"""The profiled steps' batch size: a client of 600 samples (IID, all the data) trains 20 steps an epoch."""
 STOP_S = 30.0
 """Seconds the table job is given to stop (SIGTERM, then its process group is killed) within the budget."""
 
@@ -238,8 +239,9 @@ def overhead(sizes: Sizes, device: torch.device, extra: tuple[str, ...]) -> dict
 
 
 def profile(path: str, sizes: Sizes, device: torch.device, extra: tuple[str, ...], out: Path) -> dict[str, Any]:
-    """``torch.profiler`` over ``PROFILE_STEPS`` steady steps of ``path`` (``batched_throughput.Setup``'s
-    round: exact trains one client, batched one group of K): the Chrome trace, the tables and the top 5 ops."""
+    """``torch.profiler`` over one steady epoch of ``path`` at B ``PROFILE_BATCH`` (``batched_throughput.Setup``'s
+    round: exact trains one client, batched one group of K; 20 steps each): the Chrome trace, the tables and
+    the top 5 ops and Python frames by self time."""
     torch.set_num_threads(1)  # a worker's one CPU (resources.cpus_per_worker)
     setup = batched_throughput.Setup("fedavg", sizes.group, device, extra=[f"training.batch_size={PROFILE_BATCH}",
                                                                            *extra])
@@ -247,6 +249,8 @@ def profile(path: str, sizes: Sizes, device: torch.device, extra: tuple[str, ...
     warm, clients, _ = setup.round(1)
     setup.train[path](warm, clients[:take])  # allocations, first-call work: not steady
     inputs, clients, _ = setup.round(2)
+    counts = [-(-len(setup.data.client_train[c]) // PROFILE_BATCH) for c in clients[:take]]
+    steps = max(counts) if path == "batched" else sum(counts)  # a group steps as long as its longest client
     gpu = device.type == "cuda"
     activities = [torch.profiler.ProfilerActivity.CPU, *([torch.profiler.ProfilerActivity.CUDA] if gpu else [])]
     with torch.profiler.profile(activities=activities, with_stack=True) as prof:
@@ -258,11 +262,13 @@ def profile(path: str, sizes: Sizes, device: torch.device, extra: tuple[str, ...
     sort = "self_device_time_total" if gpu else "self_cpu_time_total"
     by_op = prof.key_averages()
     frames = python_self_ms(trace)
-    tables.write_text(f"{path}: {PROFILE_STEPS} steps, {take} client(s), ops sorted by {sort}\n\n"
-                      + by_op.table(sort_by=sort, row_limit=30) + "\n\nPython frames by self time (host CPU)\n\n"
+    host = f"\n\nops sorted by self_cpu_time_total (host)\n\n{by_op.table(sort_by='self_cpu_time_total', row_limit=30)}"
+    tables.write_text(f"{path}: {steps} steps, {take} client(s), ops sorted by {sort}\n\n"
+                      + by_op.table(sort_by=sort, row_limit=30) + (host if gpu else "")
+                      + "\n\nPython frames by self time (host CPU)\n\n"
                       + "\n".join(f"{ms:12.3f} ms  {name}" for name, ms in list(frames.items())[:30]) + "\n")
     top = sorted(by_op, key=lambda e: getattr(e, sort), reverse=True)[:5]
-    return {"steps": PROFILE_STEPS, "clients": take, "trace": trace.name, "tables": tables.name,
+    return {"steps": steps, "clients": take, "trace": trace.name, "tables": tables.name,
             "top_self_ms": {e.key: round(getattr(e, sort) / 1000, 3) for e in top},
             "top_python_self_ms": {name: round(ms, 3) for name, ms in list(frames.items())[:5]}}
 
