@@ -108,9 +108,10 @@ def _pss_kib(smaps_rollup: str) -> int:
 
 
 MARKS = {"gcs": (b"gcs_server",), "raylet": (b"/raylet",),
-         "worker": (b"default_worker.py", b"ray::IDLE", b"ray::ClientWorker"), "actor": (b"ray::ClientWorker",)}
+         "worker": (b"default_worker.py", b"ray::IDLE", b"ray::ClientWorker"), "actor task": (b"ray::ClientWorker.",)}
 """Processes whose first appearance in the tree marks a phase: Ray's GCS (Ray starting), its raylet, a
-worker process (the raylet spawning workers; renamed ``ray::IDLE`` once it runs), a client actor."""
+worker process (the raylet spawning workers; renamed ``ray::IDLE`` once it runs), a client actor running a
+task (named ``ray::ClientWorker.<method>`` while it does)."""
 
 
 def _seen(pids: list[int], now: float, marks: dict[str, float], files: list[float]) -> None:
@@ -213,19 +214,21 @@ Phases = dict[str, float | None]
 
 
 def command_phases(run: Run, mlflow: dict[str, float]) -> Phases:
-    """The command's timeline cut into phases (seconds; None where it has no such phase)."""
+    """The command's timeline cut into phases (seconds; None where it has no such phase). The rows without
+    indent add up to its wall time; the indented ones split the row above them."""
     header, rounds = run.at("fltune run"), run.rounds()
     gcs, worker = run.marks.get("gcs"), run.marks.get("worker")
     if header is None or not rounds or gcs is None or worker is None:
         sys.exit(f"whole_command: the command's timeline lacks a mark (header {header}, rounds {len(rounds)}, "
                  f"Ray's GCS {gcs}, a worker {worker}); its output:\n" + "\n".join(line for _, line in run.lines[-20:]))
-    after = [t for t, line in run.lines if t > rounds[-1] and line.strip()]
+    table = next((t for t, line in run.lines if t > rounds[-1] and line.strip()), run.wall)  # the summary's title
+    ended = mlflow["end"] if mlflow else None
     return {
         "to_ray": gcs, "ray": worker - gcs, "ready": header - worker, "round1": rounds[0] - header,
+        "mlflow_start": mlflow["start"] - header if mlflow else None,
         "steady": rounds[-1] - rounds[0], "steady_median": _median_gap(rounds), "after": run.wall - rounds[-1],
-        "mlflow_end": mlflow["end"] - rounds[-1] if mlflow else None,
-        "summary": (after[0] if after else run.wall) - rounds[-1],
-        "total": run.wall,
+        "mlflow_end": None if ended is None else ended - rounds[-1], "close": table - (ended or rounds[-1]),
+        "exit": run.wall - table, "total": run.wall,
     }
 
 
@@ -235,9 +238,9 @@ def reference_phases(run: Run) -> Phases:
     if imported is None or model is None or not rounds:
         sys.exit("whole_command: the reference printed no imported/model/round lines")
     return {
-        "to_ray": imported, "ray": None, "ready": model - imported, "round1": rounds[0] - model,
+        "to_ray": imported, "ray": None, "ready": model - imported, "round1": rounds[0] - model, "mlflow_start": None,
         "steady": rounds[-1] - rounds[0], "steady_median": _median_gap(rounds), "after": run.wall - rounds[-1],
-        "mlflow_end": None, "summary": None, "total": run.wall,
+        "mlflow_end": None, "close": None, "exit": None, "total": run.wall,
     }
 
 
@@ -246,16 +249,18 @@ def _median_gap(times: list[float]) -> float | None:
 
 
 ROWS = (
-    ("to_ray", "start → Ray starts (command: imports, config) / → imported (reference: torch)"),
-    ("ray", "Ray start: GCS → first worker process"),
-    ("ready", "workers start + warm-up, data (command) / data + model (reference) → round 1 starts"),
-    ("round1", "round 1 (train + evaluate)"),
+    ("to_ray", "spawn → Ray starting (cmd) / → `imported` (ref)"),
+    ("ray", "Ray start: its GCS → a worker process"),
+    ("ready", "→ round 1 starts: workers, data (cmd) / data, model (ref)"),
+    ("round1", "round 1: train + evaluate"),
+    ("mlflow_start", "  of which header → MLflow run created"),
     ("steady", "rounds 2..R"),
     ("steady_median", "  one steady round (median)"),
     ("after", "last round → exit"),
-    ("mlflow_end", "  of which → MLflow run ended (sqlite end_time)"),
-    ("summary", "  of which → summary table printed (close, pool shutdown)"),
-    ("total", "total (spawn → exit)"),
+    ("mlflow_end", "  last round → MLflow run ended"),
+    ("close", "  → summary table (fed close, pool shutdown)"),
+    ("exit", "  summary table → exit (Ray's shutdown at exit)"),
+    ("total", "total: spawn → exit"),
 )
 
 
@@ -269,10 +274,10 @@ def phase_table(command: list[Phases], reference: list[Phases]) -> str:
     def cell(value: float | None) -> str:
         return f"{value:8.2f}" if value is not None else f"{'—':>8s}"
 
-    out = [f"{'phase (median s over pairs)':76s} {'command':>8s} {'ref':>8s} {'extra':>8s}"]
+    out = [f"{'phase (median s over pairs)':60s} {'command':>8s} {'ref':>8s} {'extra':>8s}"]
     for key, label in ROWS:
         c, r = med(command, key), med(reference, key)
-        out.append(f"{label:76s} {cell(c)} {cell(r)} {cell(None if c is None else c - (r or 0.0))}")
+        out.append(f"{label:60s} {cell(c)} {cell(r)} {cell(None if c is None else c - (r or 0.0))}")
     return "\n".join(out)
 
 
@@ -291,9 +296,10 @@ def side_notes(runs: list[Run], mlflows: list[dict[str, float]]) -> str:
 
 
 def import_times(argv: list[str], env: dict[str, str]) -> str:
-    """The command's driver imports by top-level package, from one more run under ``python -X importtime``
-    (cumulative times of the imports made at top level; the data thread imports beside the main thread, so
-    this is a sum of import work, not a span of wall time)."""
+    """The command's driver imports by top-level package, from one more run under ``python -X importtime``:
+    the cumulative times of the imports made at top level, so a package is charged with what it is the first
+    to import (fltune's own modules with the torch or pydantic they pull in first). The data thread imports
+    beside the main thread: a sum of import work, not a span of wall time."""
     done = subprocess.run([argv[0], "-X", "importtime", *argv[1:]], capture_output=True, text=True, env=env, cwd=REPO)
     if done.returncode:
         return f"imports: the -X importtime run exited {done.returncode}"

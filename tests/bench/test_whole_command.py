@@ -24,17 +24,24 @@ def command_run() -> Run:
 
 def test_command_phases_add_up_to_its_wall_time() -> None:
     phases = whole_command.command_phases(command_run(), {"start": 3.2, "end": 6.8, "step 1": 4.0})
-    assert phases == pytest.approx({"to_ray": 1.0, "ray": 1.0, "ready": 1.0, "round1": 1.0, "steady": 2.5,
-                                    "steady_median": 1.25, "after": 3.5, "mlflow_end": 0.3, "summary": 0.5,
-                                    "total": 10.0})
+    assert phases == pytest.approx({"to_ray": 1.0, "ray": 1.0, "ready": 1.0, "round1": 1.0, "mlflow_start": 0.2,
+                                    "steady": 2.5, "steady_median": 1.25, "after": 3.5, "mlflow_end": 0.3,
+                                    "close": 0.2, "exit": 3.0, "total": 10.0})
     assert sum(phases[k] for k in ADDITIVE) == pytest.approx(phases["total"])
+    assert phases["mlflow_end"] + phases["close"] + phases["exit"] == pytest.approx(phases["after"])
+
+
+def test_without_mlflow_the_close_counts_from_the_last_round() -> None:
+    phases = whole_command.command_phases(command_run(), {})
+    assert phases["mlflow_start"] is None and phases["mlflow_end"] is None
+    assert phases["close"] == pytest.approx(0.5) and phases["exit"] == pytest.approx(3.0)
 
 
 def test_reference_phases_match_the_commands_rows() -> None:
     lines = [(1.5, "imported"), (2.0, "data"), (2.2, "model"), (3.0, "round 1/2 acc_global=0.5 loss=1.0"),
              (3.7, "round 2/2 acc_global=0.6 loss=0.9"), (3.8, "independent True")]
     phases = whole_command.reference_phases(Run(4.0, 0.5, 0.4, lines, {}, spawn_epoch=0.0))
-    assert phases["ray"] is None and phases["mlflow_end"] is None
+    assert phases["ray"] is None and phases["mlflow_end"] is None and phases["exit"] is None
     assert phases["to_ray"] == 1.5 and phases["ready"] == pytest.approx(0.7)
     assert sum(phases[k] or 0.0 for k in ADDITIVE) == pytest.approx(4.0)
     table = whole_command.phase_table([whole_command.command_phases(command_run(), {})], [phases]).splitlines()
