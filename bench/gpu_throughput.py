@@ -126,6 +126,14 @@ def b0_rates(cfg: ExperimentConfig, data: FederatedData, device: torch.device, t
     return rates
 
 
+def row_rate(
+    path: str, cfg: ExperimentConfig, data: FederatedData, warmup: int, device: torch.device, b0_threads: int,
+) -> float:
+    """One row's figure: the median client-samples/s of ``cfg``'s rounds after the ``warmup`` first."""
+    rates = b0_rates(cfg, data, device, b0_threads) if path == "B0" else fltune_rates(cfg, data)
+    return statistics.median(rates[warmup:])
+
+
 def main() -> None:
     gpu = torch.cuda.is_available()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -156,9 +164,9 @@ def main() -> None:
         data = load_data(cfg)
         figures = {}
         for path in args.paths:
-            rates = (b0_rates(cfg, data, device, args.b0_threads) if path == "B0" else fltune_rates(
-                workload_config(name, args.warmup + args.rounds, args.scale, path, tuple(args.overrides)), data))
-            figures[path] = statistics.median(rates[args.warmup:])
+            row_cfg = cfg if path == "B0" else workload_config(
+                name, args.warmup + args.rounds, args.scale, path, tuple(args.overrides))
+            figures[path] = row_rate(path, row_cfg, data, args.warmup, device, args.b0_threads)
             print(f"{name} {path:<10} {figures[path]:10.0f} client-samples/s", flush=True)
         ratios += [f"ratio {path}/B0 {name} {rate / figures['B0']:.3f}"
                    for path, rate in figures.items() if path != "B0" and "B0" in figures]

@@ -26,7 +26,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
+import signal
 import statistics
 import subprocess
 import sys
@@ -107,17 +109,33 @@ def makespan(durations: list[float], slots: int) -> float:
     return max(free)
 
 
-def run_job(args: argparse.Namespace, storage: Path) -> tuple[Path, float]:
-    """The short job, as a user runs it: its folder and its wall time (start-up and shutdown included)."""
+def run_job(
+    storage: Path, table: str, datasets: str, scale: str, rounds: int, rows: str | None = None,
+    extra: tuple[str, ...] = (), timeout: float | None = None,
+) -> tuple[Path, float]:
+    """The short job, as a user runs it: its folder and its wall time (start-up and shutdown included).
+
+    Past ``timeout`` seconds (or on any exception here, e.g. a caller's deadline) the job is stopped as a
+    user stops it, by SIGTERM (reproduce shuts its Ray down), and killed with its process group 30 s later."""
     name = f"bench-{time.strftime('%Y%m%d-%H%M%S')}"
-    cmd = [sys.executable, str(REPO / "cli.py"), "reproduce", args.table, "--datasets", args.datasets,
-           "--scale", args.scale, "--set", f"federation.rounds={args.rounds}", "--set", "tracking.enabled=false",
+    cmd = [sys.executable, str(REPO / "cli.py"), "reproduce", table, "--datasets", datasets,
+           "--scale", scale, "--set", f"federation.rounds={rounds}", "--set", "tracking.enabled=false",
            "--storage", str(storage), "--name", name, "--out", str(storage / "out"),
-           *(["--rows", args.rows] if args.rows else []), *(arg for item in args.extra for arg in ("--set", item))]
+           *(["--rows", rows] if rows else []), *(arg for item in extra for arg in ("--set", item))]
     start = time.perf_counter()
-    done = subprocess.run(cmd, stdout=subprocess.DEVNULL)
-    if done.returncode:
-        sys.exit(done.returncode)  # reproduce has said why on stderr
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, start_new_session=True)
+    try:
+        code = proc.wait(timeout)
+    except BaseException:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        raise
+    if code:
+        sys.exit(code)  # reproduce has said why on stderr
     return storage / name, time.perf_counter() - start
 
 
@@ -131,9 +149,10 @@ def completed(trials: list[Trial]) -> list[Trial]:
     return [t if t.done else replace(t, last=last, eval=evaluation) for t in trials]
 
 
-def report(trials: list[Trial], full_rounds: int, target_min: float, wall: float | None = None) -> None:
-    """Each trial at ``full_rounds``, the job's extrapolated minutes and the ratio to the target; with the
-    short job's ``wall``, the part of it outside the trials (Ray's start, data, the table) is added once."""
+def report(trials: list[Trial], full_rounds: int, target_min: float, wall: float | None = None) -> float:
+    """Each trial at ``full_rounds``, the job's extrapolated minutes (returned) and the ratio to the target;
+    with the short job's ``wall``, the part of it outside the trials (Ray's start, data, the table) is added
+    once."""
     if not trials:
         sys.exit("table_job: no trial reported three rounds; allowed: a job whose trials ran --rounds ≥ 3")
     slots = busy_slots(trials)
@@ -147,6 +166,7 @@ def report(trials: list[Trial], full_rounds: int, target_min: float, wall: float
                                                       "the trials" if wall is not None else ""))
     print(f"extrapolated_min {minutes:.1f}  (the job at {full_rounds} rounds)")
     print(f"ratio {minutes / target_min:.3f}")
+    return minutes
 
 
 def main() -> None:
@@ -168,7 +188,8 @@ def main() -> None:
         report(read_job(args.job), args.full_rounds, args.target_min)
         return
     with tempfile.TemporaryDirectory() as tmp:
-        job, wall = run_job(args, Path(tmp))
+        job, wall = run_job(Path(tmp), args.table, args.datasets, args.scale, args.rounds, args.rows,
+                            tuple(args.extra))
         report(read_job(job), args.full_rounds, args.target_min, wall)
 
 

@@ -1,17 +1,25 @@
-"""The whole ``python cli.py run …`` command against a tight single-process PyTorch loop, start to exit.
+"""The whole ``python cli.py run …`` command against an independent plain-PyTorch run, start to exit.
 
-Workload (issue 12, item 4): FedAvg, FMNIST IID, 100 clients × 600, 10 per round, E = 1, B = 50, global
-evaluation every round, 5 rounds. Both sides are timed as subprocesses from spawn to exit (imports, data
-loading, Ray start-up, MLflow, shutdown included), in pairs run back to back, and the process tree's
-resident memory (the process plus every descendant: Ray's GCS, raylet and workers) is sampled every
-0.2 s from /proc. The tight loop trains the same clients on the same samples in one process with every
-core and evaluates the global model on the test set after every round. Last lines: ``ratio <cmd/tight>``
-(median wall clock; goal ≤ 1.15), ``memory_ratio`` (peak tree RSS), ``memory_ratio_pss``
-(peak tree PSS, shared pages counted once: see ``tree_memory``) and ``memory_pss_gb`` (the command's peak
-tree PSS in 10^9 bytes; goal ≤ 2). Sizes elsewhere print in GiB (2^30 bytes). At the command's
-peak, its PSS is also split by part (``part``): the driver, the client workers and Ray's own services.
+Workload (issue 12, item 4; issue 64): FedAvg, FMNIST IID, 100 clients × 600, 10 per round, E = 1, B = 50,
+global evaluation every round, 5 rounds. The reference is ``bench/plain_reference.py``: the same work
+(client-samples, model, optimiser, evaluations, 2 threads) in plain PyTorch, importing nothing from fltune,
+so no part of fltune's own start-up is paid on both sides. Both are timed as subprocesses from spawn to exit,
+in pairs run back to back, and the process tree's resident memory (the process plus every descendant: Ray's
+GCS, raylet and workers) is sampled from /proc. Last lines: ``ratio <command/reference>`` (the median of the
+pairs' ratios; goal ≤ 1.10), ``memory_ratio`` (peak tree RSS), ``memory_ratio_pss`` (peak tree PSS, shared
+pages counted once: see ``tree_memory``) and ``memory_pss_gb`` (the command's peak tree PSS in 10^9 bytes;
+goal ≤ 2). Sizes elsewhere print in GiB (2^30 bytes). At the command's peak, its PSS is also split by part
+(``part``): the driver, the client workers and Ray's own services.
+
+Where the command's extra seconds go, from its timeline as seen from outside the package: when its lines
+appear (the header after start-up, each round's line), when Ray's GCS, the first worker process and the
+first client actor appear in its process tree, when its processes hold the FMNIST files open (/proc, every
+0.2 s), when MLflow's sqlite store says the run started, each round's metrics were stamped and the run ended;
+and, from one more run under ``python -X importtime``, the driver's imports by package. The phase table puts
+each phase beside the reference's matching one (its ``imported``, ``data``, ``model`` and round lines).
 
     python bench/whole_command.py [--pairs 3] [--rounds 5] [--before /path/to/older/checkout] [--set K=V ...]
+                                  [--no-imports]
 
 ``--before``: also time that checkout's command in every pair (a third run, same conditions), so a change
 is measured before and after in one run on a shared machine (``ratio_before``). ``--set``: a config
@@ -22,16 +30,22 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
+import sqlite3
 import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 PAGE = os.sysconf("SC_PAGE_SIZE")
+REFERENCE = REPO / "bench" / "plain_reference.py"
+DATA_FILES = "fashion-mnist"
+"""A path holding this is an FMNIST file (Debian's folder; the reference and the command read the same)."""
 
 
 def command(rounds: int, mlflow_uri: str, repo: Path = REPO, extra: tuple[str, ...] = ()) -> list[str]:
@@ -45,13 +59,8 @@ def command(rounds: int, mlflow_uri: str, repo: Path = REPO, extra: tuple[str, .
     ]
 
 
-def tree_memory(root: int) -> tuple[int, int, dict[str, int]]:
-    """(RSS, PSS, PSS by part) bytes of ``root`` and all its descendants (read from /proc; vanished
-    processes count 0).
-
-    RSS counts a page shared by several processes once per process: every Ray worker maps the same torch
-    libraries (~0.5 GB resident each for the CUDA build), so the summed RSS overstates what the tree holds.
-    PSS splits each shared page among its sharers: its sum is the memory the tree really occupies."""
+def tree(root: int) -> list[int]:
+    """``root`` and all its descendants (read from /proc)."""
     children: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
@@ -61,10 +70,22 @@ def tree_memory(root: int) -> tuple[int, int, dict[str, int]]:
                 continue
             ppid = int(stat.rsplit(")", 1)[1].split()[1])
             children.setdefault(ppid, []).append(int(entry))
-    rss, parts, todo = 0, dict.fromkeys(("driver", "workers", "ray"), 0), [root]
+    found, todo = [], [root]
     while todo:
         pid = todo.pop()
+        found.append(pid)
         todo.extend(children.get(pid, []))
+    return found
+
+
+def tree_memory(root: int, pids: list[int]) -> tuple[int, int, dict[str, int]]:
+    """(RSS, PSS, PSS by part) bytes of the tree ``pids`` under ``root`` (vanished processes count 0).
+
+    RSS counts a page shared by several processes once per process: every Ray worker maps the same torch
+    libraries (~0.5 GB resident each for the CUDA build), so the summed RSS overstates what the tree holds.
+    PSS splits each shared page among its sharers: its sum is the memory the tree really occupies."""
+    rss, parts = 0, dict.fromkeys(("driver", "workers", "ray"), 0)
+    for pid in pids:
         try:
             rss += int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * PAGE
             parts[_part(pid, root)] += _pss_kib(Path(f"/proc/{pid}/smaps_rollup").read_text()) * 1024
@@ -86,14 +107,56 @@ def _pss_kib(smaps_rollup: str) -> int:
     return next((int(line.split()[1]) for line in smaps_rollup.splitlines() if line.startswith("Pss:")), 0)
 
 
-Run = tuple[float, float, float, list[tuple[float, str]], dict[str, float]]
+MARKS = {"gcs": (b"gcs_server",), "raylet": (b"/raylet",),
+         "worker": (b"default_worker.py", b"ray::IDLE", b"ray::ClientWorker"), "actor task": (b"ray::ClientWorker.",)}
+"""Processes whose first appearance in the tree marks a phase: Ray's GCS (Ray starting), its raylet, a
+worker process (the raylet spawning workers; renamed ``ray::IDLE`` once it runs), a client actor running a
+task (named ``ray::ClientWorker.<method>`` while it does)."""
+
+
+def _seen(pids: list[int], now: float, marks: dict[str, float], files: list[float]) -> None:
+    """Note the first time each of ``MARKS`` shows in a process of the tree, and whether one holds an FMNIST
+    file open now."""
+    for pid in pids:
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            for mark, needles in MARKS.items():
+                if mark not in marks and any(needle in cmdline for needle in needles):
+                    marks[mark] = now
+            if any(DATA_FILES in os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")):
+                files.append(now)
+        except OSError:
+            continue
+
+
+@dataclass
+class Run:
+    """One process's run: its wall time, peak memory, output lines and the marks seen from outside."""
+
+    wall: float
+    rss: float
+    pss: float
+    lines: list[tuple[float, str]]
+    parts: dict[str, float]
+    spawn_epoch: float
+    marks: dict[str, float] = field(default_factory=dict)
+    files: list[float] = field(default_factory=list)
+
+    def at(self, prefix: str) -> float | None:
+        """When its first line starting with ``prefix`` arrived (seconds since spawn)."""
+        return next((t for t, line in self.lines if line.startswith(prefix)), None)
+
+    def rounds(self) -> list[float]:
+        """When each ``round r/R`` line arrived."""
+        return [t for t, line in self.lines if re.match(r"round \d+/\d+", line)]
 
 
 def measure(argv: list[str], env: dict[str, str]) -> Run:
-    """(wall seconds from spawn to exit, peak tree RSS and PSS in GiB, (seconds since spawn, line) of its
-    output, the PSS by part in GiB at the PSS peak)."""
+    """Run ``argv`` from spawn to exit: its wall seconds, peak tree RSS and PSS in GiB (every 0.2 s), the PSS
+    by part at the PSS peak, its output lines with their arrival times, and ``MARKS`` and FMNIST files
+    open seen at the same ticks."""
     lines: list[tuple[float, str]] = []
-    start = time.perf_counter()
+    spawn_epoch, start = time.time(), time.perf_counter()
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, cwd=REPO, text=True)
 
     def read() -> None:
@@ -105,8 +168,12 @@ def measure(argv: list[str], env: dict[str, str]) -> Run:
     reader.start()
     peak_rss = peak_pss = 0
     peak_parts: dict[str, int] = {}
+    marks: dict[str, float] = {}
+    files: list[float] = []
     while proc.poll() is None:
-        rss, pss, parts = tree_memory(proc.pid)
+        pids, now = tree(proc.pid), time.perf_counter() - start
+        _seen(pids, now, marks, files)
+        rss, pss, parts = tree_memory(proc.pid, pids)
         peak_rss = max(peak_rss, rss)
         if pss > peak_pss:
             peak_pss, peak_parts = pss, parts
@@ -115,49 +182,136 @@ def measure(argv: list[str], env: dict[str, str]) -> Run:
     reader.join()
     if proc.returncode != 0:
         sys.exit(f"{argv[1]} exited {proc.returncode}:\n" + "\n".join(line for _, line in lines[-20:]))
-    return wall, peak_rss / 2**30, peak_pss / 2**30, lines, {k: v / 2**30 for k, v in peak_parts.items()}
+    return Run(wall, peak_rss / 2**30, peak_pss / 2**30, lines, {k: v / 2**30 for k, v in peak_parts.items()},
+               spawn_epoch, marks, files)
 
 
-def timeline(lines: list[tuple[float, str]], wall: float) -> str:
+def timeline(run: Run) -> str:
     """When the header and each round's line appeared, and the exit: where the command's time goes."""
     marks = [f"{'header' if line.startswith('fltune run') else line.split()[1]} {t:.1f}"
-             for t, line in lines if line.startswith(("fltune run", "round "))]
-    return "  ".join([*marks, f"exit {wall:.1f}"])
+             for t, line in run.lines if line.startswith(("fltune run", "round "))]
+    return "  ".join([*marks, f"exit {run.wall:.1f}"])
 
 
-def tight_loop(rounds: int) -> None:
-    """The reference: round_overhead.py's plain-PyTorch FedAvg round (same clients, samples and steps as
-    fltune's), then the global model on the test set after every round."""
-    sys.path.insert(0, str(REPO / "bench"))
-    import torch
-    from round_overhead import tight_round
+def mlflow_times(uri: str, spawn_epoch: float) -> dict[str, float]:
+    """From the run's sqlite store, in seconds since the command's spawn: the run's start and end and when
+    each round's metrics were stamped (``step r``, the earliest of the step's metrics); empty without a run
+    (tracking off)."""
+    path = Path(uri.removeprefix("sqlite:///"))
+    if not path.exists():
+        return {}
+    with sqlite3.connect(path) as db:
+        run = db.execute("SELECT start_time, end_time FROM runs ORDER BY start_time DESC LIMIT 1").fetchone()
+        steps = db.execute("SELECT step, MIN(timestamp) FROM metrics WHERE step > 0 GROUP BY step").fetchall()
+    if run is None or run[1] is None:
+        return {}
+    out = {"start": run[0] / 1000 - spawn_epoch, "end": run[1] / 1000 - spawn_epoch}
+    out.update({f"step {step}": stamp / 1000 - spawn_epoch for step, stamp in steps})
+    return out
 
-    from fltune.config import build_config
-    from fltune.data.augment import to_float
-    from fltune.engine.builders import build_model_for, initial_state, load_data
-    from fltune.engine.rng import sample_clients
 
-    cfg = build_config(overrides=[
-        "method.name=fedavg", "data.dataset=fmnist", "partition.kind=iid", "federation.clients=100",
-        "federation.fraction=0.1", f"federation.rounds={rounds}", "training.local_epochs=1",
-        "training.batch_size=50", "tracking.enabled=false",
-    ])
-    torch.set_num_threads(os.cpu_count() or 1)
-    data = load_data(cfg)
-    model = build_model_for(cfg, data)
-    global_state = {k: torch.tensor(v) for k, v in initial_state(cfg, data).items()}
-    fed = cfg.federation
-    for r in range(1, fed.rounds + 1):
-        clients = sample_clients(fed.seed, r, fed.clients, fed.clients_per_round)
-        global_state = tight_round(model, data, global_state, clients, cfg.training)
-        model.load_state_dict(global_state)
-        model.eval()
-        correct = 0
-        with torch.no_grad():
-            for s in range(0, len(data.test_y), 1000):
-                logits = model(to_float(data.test_x[s:s + 1000], data.mean, data.std))
-                correct += int((logits.argmax(1) == data.test_y[s:s + 1000]).sum())
-        print(f"round {r} acc_global={correct / len(data.test_y):.4f}", flush=True)
+Phases = dict[str, float | None]
+
+
+def command_phases(run: Run, mlflow: dict[str, float]) -> Phases:
+    """The command's timeline cut into phases (seconds; None where it has no such phase). The rows without
+    indent add up to its wall time; the indented ones split the row above them."""
+    header, rounds = run.at("fltune run"), run.rounds()
+    gcs, worker = run.marks.get("gcs"), run.marks.get("worker")
+    if header is None or not rounds or gcs is None or worker is None:
+        sys.exit(f"whole_command: the command's timeline lacks a mark (header {header}, rounds {len(rounds)}, "
+                 f"Ray's GCS {gcs}, a worker {worker}); its output:\n" + "\n".join(line for _, line in run.lines[-20:]))
+    table = next((t for t, line in run.lines if t > rounds[-1] and line.strip()), run.wall)  # the summary's title
+    ended = mlflow["end"] if mlflow else None
+    return {
+        "to_ray": gcs, "ray": worker - gcs, "ready": header - worker, "round1": rounds[0] - header,
+        "mlflow_start": mlflow["start"] - header if mlflow else None,
+        "steady": rounds[-1] - rounds[0], "steady_median": _median_gap(rounds), "after": run.wall - rounds[-1],
+        "mlflow_end": None if ended is None else ended - rounds[-1], "close": table - (ended or rounds[-1]),
+        "exit": run.wall - table, "total": run.wall,
+    }
+
+
+def reference_phases(run: Run) -> Phases:
+    """The reference's timeline cut into the same phases."""
+    imported, model, rounds = run.at("imported"), run.at("model"), run.rounds()
+    if imported is None or model is None or not rounds:
+        sys.exit("whole_command: the reference printed no imported/model/round lines")
+    return {
+        "to_ray": imported, "ray": None, "ready": model - imported, "round1": rounds[0] - model, "mlflow_start": None,
+        "steady": rounds[-1] - rounds[0], "steady_median": _median_gap(rounds), "after": run.wall - rounds[-1],
+        "mlflow_end": None, "close": None, "exit": None, "total": run.wall,
+    }
+
+
+def _median_gap(times: list[float]) -> float | None:
+    return statistics.median(b - a for a, b in zip(times, times[1:])) if len(times) > 1 else None
+
+
+ROWS = (
+    ("to_ray", "spawn → Ray starting (cmd) / → `imported` (ref)"),
+    ("ray", "Ray start: its GCS → a worker process"),
+    ("ready", "→ round 1 starts: workers, data (cmd) / data, model (ref)"),
+    ("round1", "round 1: train + evaluate"),
+    ("mlflow_start", "  of which header → MLflow run created"),
+    ("steady", "rounds 2..R"),
+    ("steady_median", "  one steady round (median)"),
+    ("after", "last round → exit"),
+    ("mlflow_end", "  last round → MLflow run ended"),
+    ("close", "  → summary table (fed close, pool shutdown)"),
+    ("exit", "  summary table → exit (Ray's shutdown at exit)"),
+    ("total", "total: spawn → exit"),
+)
+
+
+def phase_table(command: list[Phases], reference: list[Phases]) -> str:
+    """Each phase's median over the pairs, the command's beside the reference's, and the difference."""
+
+    def med(runs: list[Phases], key: str) -> float | None:
+        values = [r[key] for r in runs if r[key] is not None]
+        return statistics.median(values) if values else None
+
+    def cell(value: float | None) -> str:
+        return f"{value:8.2f}" if value is not None else f"{'—':>8s}"
+
+    out = [f"{'phase (median s over pairs)':60s} {'command':>8s} {'ref':>8s} {'extra':>8s}"]
+    for key, label in ROWS:
+        c, r = med(command, key), med(reference, key)
+        out.append(f"{label:60s} {cell(c)} {cell(r)} {cell(None if c is None else c - (r or 0.0))}")
+    return "\n".join(out)
+
+
+def side_notes(runs: list[Run], mlflows: list[dict[str, float]]) -> str:
+    """What the command's timeline shows beside the phases: the FMNIST files open (overlapped with Ray's
+    start, on a thread), when each of ``MARKS`` appeared, when MLflow's run began and each round's metric lag."""
+    last = runs[-1]
+    files = f"{min(last.files):.1f}–{max(last.files):.1f} s" if last.files else "not seen (open < 0.2 s)"
+    lags = [m[f"step {i}"] - t for run, m in zip(runs, mlflows) for i, t in enumerate(run.rounds(), 1)
+            if f"step {i}" in m]
+    header = last.at("fltune run") or 0.0
+    marks = "; ".join(f"{mark} seen {t:.1f} s" for mark, t in last.marks.items())
+    created = f"MLflow run created {mlflows[-1]['start']:.1f} s" if mlflows[-1] else "MLflow off"
+    lag = f"; a round's metrics stamped {statistics.median(lags):+.2f} s from its line (median)" if lags else ""
+    return f"command (last pair): FMNIST files open {files}; {marks}; header {header:.1f} s; {created}{lag}"
+
+
+def import_times(argv: list[str], env: dict[str, str]) -> str:
+    """The command's driver imports by top-level package, from one more run under ``python -X importtime``:
+    the cumulative times of the imports made at top level, so a package is charged with what it is the first
+    to import (fltune's own modules with the torch or pydantic they pull in first). The data thread imports
+    beside the main thread: a sum of import work, not a span of wall time."""
+    done = subprocess.run([argv[0], "-X", "importtime", *argv[1:]], capture_output=True, text=True, env=env, cwd=REPO)
+    if done.returncode:
+        return f"imports: the -X importtime run exited {done.returncode}"
+    totals: dict[str, float] = {}
+    for line in done.stderr.splitlines():
+        match = re.match(r"import time:\s+\d+ \|\s+(\d+) \| (\S.*)$", line)  # no indent: a top-level import
+        if match:
+            root = match.group(2).split(".")[0]
+            totals[root] = totals.get(root, 0.0) + int(match.group(1)) / 1e6
+    top = sorted(totals.items(), key=lambda kv: -kv[1])
+    shown = "  ".join(f"{name} {s:.2f}" for name, s in top[:8])
+    return f"imports (command's driver, -X importtime, s): total {sum(totals.values()):.2f}  {shown}"
 
 
 def main() -> None:
@@ -167,42 +321,57 @@ def main() -> None:
     parser.add_argument("--before", type=Path, help="another checkout whose command joins every pair")
     parser.add_argument("--set", dest="extra", action="append", default=[], metavar="KEY=VALUE",
                         help="a config override for the command (and --before's), e.g. resources.workers=1")
-    parser.add_argument("--tight", action="store_true", help=argparse.SUPPRESS)  # the reference's own process
+    parser.add_argument("--no-imports", action="store_true", help="skip the extra -X importtime run")
     args = parser.parse_args()
-    if args.tight:
-        tight_loop(args.rounds)
-        return
+    if args.pairs < 1 or args.rounds < 2:
+        parser.error("allowed: --pairs ≥ 1, --rounds ≥ 2")
     env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    runs: dict[str, list[Run]] = {"command": [], "tight": [], "before": []}
+    runs: dict[str, list[Run]] = {"command": [], "reference": [], "before": []}
+    mlflows: list[dict[str, float]] = []
     extra = tuple(args.extra)
+    reference = [sys.executable, str(REFERENCE), "--rounds", str(args.rounds)]
     with tempfile.TemporaryDirectory() as tmp:
         for pair in range(args.pairs):
             uri = f"sqlite:///{tmp}/mlflow{pair}.db"
             if args.before:
                 before_env = {**env, "PYTHONPATH": f"{args.before.resolve()}{os.pathsep}{env['PYTHONPATH']}"}
-                runs["before"].append(measure(command(args.rounds, uri, args.before.resolve(), extra), before_env))
+                runs["before"].append(measure(command(args.rounds, f"{uri}.before", args.before.resolve(), extra),
+                                              before_env))
             runs["command"].append(measure(command(args.rounds, uri, extra=extra), env))
-            runs["tight"].append(measure([sys.executable, __file__, "--tight", "--rounds", str(args.rounds)], env))
+            mlflows.append(mlflow_times(uri, runs["command"][-1].spawn_epoch))
+            runs["reference"].append(measure(reference, env))
+            if (last := runs["reference"][-1].lines[-1][1]) != "independent True":
+                sys.exit(f"whole_command: the reference loaded a module of fltune: {last}")
             for name, done in runs.items():
                 if done:
-                    wall, rss, pss, lines, _ = done[-1]
-                    print(f"pair {pair + 1} {name:8s} {wall:5.1f} s RSS {rss:.2f} GiB PSS {pss:.2f} GiB  "
-                          f"{timeline(lines, wall)}", flush=True)
-    final = [line for _, line in runs["command"][-1][3] if line.startswith(f"round {args.rounds}/")]
+                    run = done[-1]
+                    print(f"pair {pair + 1} {name:9s} {run.wall:5.1f} s RSS {run.rss:.2f} GiB PSS {run.pss:.2f} GiB  "
+                          f"{timeline(run)}", flush=True)
+        imports = None if args.no_imports else import_times(command(args.rounds, f"sqlite:///{tmp}/imports.db",
+                                                                    extra=extra), env)
+    final = [line for _, line in runs["command"][-1].lines if line.startswith(f"round {args.rounds}/")]
     print("command's last round:", final[-1] if final else "(not shown)")
-    wall = {name: statistics.median(r[0] for r in done) for name, done in runs.items() if done}
-    rss = {name: max(r[1] for r in done) for name, done in runs.items() if done}
-    pss = {name: max(r[2] for r in done) for name, done in runs.items() if done}
+    print(phase_table([command_phases(r, m) for r, m in zip(runs["command"], mlflows)],
+                      [reference_phases(r) for r in runs["reference"]]))
+    print(side_notes(runs["command"], mlflows))
+    if imports:
+        print(imports)
+    wall = {name: statistics.median(r.wall for r in done) for name, done in runs.items() if done}
+    rss = {name: max(r.rss for r in done) for name, done in runs.items() if done}
+    pss = {name: max(r.pss for r in done) for name, done in runs.items() if done}
     for name in wall:
-        print(f"{name:8s} wall {wall[name]:.1f} s (median)  peak tree RSS {rss[name]:.2f} GiB  PSS {pss[name]:.2f} GiB")
-    parts = max(runs["command"], key=lambda r: r[2])[4]
+        print(f"{name:9s} wall {wall[name]:.1f} s (median)  peak tree RSS {rss[name]:.2f} GiB  PSS {pss[name]:.2f} GiB")
+    parts = max(runs["command"], key=lambda r: r.pss).parts
     print("part " + "  ".join(f"{k} {v:.2f} GiB" for k, v in parts.items()) + "  (the command's PSS at its peak)")
+    ratios = [c.wall / r.wall for c, r in zip(runs["command"], runs["reference"])]
     if args.before:
-        print(f"ratio_before {wall['before'] / wall['tight']:.3f}")
-        print(f"memory_ratio_before {rss['before'] / rss['tight']:.3f}")
-    print(f"ratio {wall['command'] / wall['tight']:.3f}")
-    print(f"memory_ratio {rss['command'] / rss['tight']:.3f}")
-    print(f"memory_ratio_pss {pss['command'] / pss['tight']:.3f}")
+        before = statistics.median(b.wall / r.wall for b, r in zip(runs["before"], runs["reference"]))
+        print(f"ratio_before {before:.3f}")
+        print(f"memory_ratio_before {rss['before'] / rss['reference']:.3f}")
+    print(f"pair ratios {' '.join(f'{x:.3f}' for x in ratios)}  (best {min(ratios):.3f}, worst {max(ratios):.3f})")
+    print(f"ratio {statistics.median(ratios):.3f}")
+    print(f"memory_ratio {rss['command'] / rss['reference']:.3f}")
+    print(f"memory_ratio_pss {pss['command'] / pss['reference']:.3f}")
     print(f"memory_pss_gb {pss['command'] * 2**30 / 1e9:.3f}  (the command's peak tree PSS in 10^9 bytes; goal ≤ 2)")
 
 
