@@ -110,13 +110,13 @@ def start_federation(cfg: ExperimentConfig) -> tuple[Federation, WorkerPool]:
 
     import ray
 
-    from fltune.engine.cluster import ensure_ray
+    from fltune.engine.cluster import start_ray
 
     started_here = not ray.is_initialized()
     with ThreadPoolExecutor(1, thread_name_prefix="fltune-data") as loader:
         data = loader.submit(_load_data, cfg)
         try:
-            own_ray = ensure_ray(cfg.resources.address)
+            own_ray = start_ray(cfg.resources.address)
             from fltune.assembly import build_federation
             from fltune.engine.federation import open_all
             from fltune.engine.pool import WorkerPool, plan_workers

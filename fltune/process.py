@@ -6,7 +6,7 @@ stop), a Tune job gets Tune's own graceful stop (trials checkpointed, the study 
 The exit status says which signal it was: 128 + its number (130, 143). Ray installs handlers of its
 own in the driver when it starts — a Python one that turns SIGTERM into ``SystemExit`` and a C++ one
 that dumps a stack trace and aborts — so ours is installed again right after Ray starts
-(``engine.cluster.ensure_ray``).
+(``engine.cluster.start_ray``).
 
 Quiet. Ray's banner about token authentication (the security default stays on) and Tune's "stop
 signal received" advice are dropped; a worker that Ray ends with SIGTERM (a trial stopped early by ASHA,

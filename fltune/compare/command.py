@@ -147,7 +147,7 @@ class Comparison:
 
     def run(self) -> int:
         from fltune.compare.report import notes
-        from fltune.engine.cluster import ensure_ray
+        from fltune.engine.cluster import start_ray
         from fltune.preflight import check_data
         from fltune.tracking.paths import check_tracking
         from fltune.tracking.progress import console
@@ -157,7 +157,7 @@ class Comparison:
         check_data(job_configs(spec))
         make_out(spec.out)
         check_tracking(spec.tracking)
-        ensure_ray(self.args.address or spec.config.resources.address)
+        start_ray(self.args.address or spec.config.resources.address)
         if not self.args.resume:
             spec.save()
         console.print(f"[bold]fltune compare[/] {'resuming ' if self.args.resume else ''}{spec.name}: "

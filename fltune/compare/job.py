@@ -37,7 +37,6 @@ def run_cell(config: dict[str, Any], spec: CompareSpec) -> None:
     run_federations(cfgs, first, Cadence(spec.checkpoint_every, spec.checkpoint_seconds), extra=extra)
 
 
-
 def new_tuner(spec: CompareSpec, resources: tune.PlacementGroupFactory, callbacks: list) -> tune.Tuner:
     """One trial per cell, as many at once as fit (or ``--max-concurrent``)."""
     return grid_tuner(bound_trainable(run_cell, spec, resources), spec.cells, spec, spec.max_concurrent, callbacks)

@@ -33,33 +33,39 @@ def check_gcs(address: str | None) -> None:
                           "a running Ray head's GCS (ray start --head), auto, or none for a local Ray") from None
 
 
+def start_ray(address: str | None) -> bool:
+    """A command's start or join of Ray: the address checked first (``check_gcs``), one clear line when there
+    is nothing to join, and fltune's stop handling installed again after the handlers Ray installs as it
+    starts (``process.handle_stop_signals``). True when this started a local Ray of its own."""
+    check_gcs(address or os.environ.get("RAY_ADDRESS"))
+    try:
+        started = ensure_ray(address)
+    except ConnectionError as err:  # no cluster there, or several and no address to choose one
+        raise FLTuneError(f"--address {address or '$RAY_ADDRESS'}: {err}") from None
+    handle_stop_signals()
+    return started
+
+
 def ensure_ray(address: str | None = None) -> bool:
-    """Start a local Ray, or join ``address`` / $RAY_ADDRESS (no local resource arguments when joining; one
-    clear line when there is nothing to join). True when this call started a local Ray: the process then owns
-    it and its node alone. Ray installs signal handlers of its own as it starts, so fltune's stop handling
-    is installed again after it (``process.handle_stop_signals``)."""
+    """Start a local Ray, or join ``address`` / $RAY_ADDRESS (no local resource arguments when joining).
+    True when this call started a local Ray: the process then owns it and its node alone."""
     if ray.is_initialized():
         return False
-    given, address = address, address or os.environ.get("RAY_ADDRESS")
-    check_gcs(address)
+    address = address or os.environ.get("RAY_ADDRESS")
     kwargs: dict[str, Any] = {
         "include_dashboard": False, "log_to_driver": True, "configure_logging": False,
         "runtime_env": {"worker_process_setup_hook": worker_setup()},
     }
-    try:
-        if address:
-            ray.init(address=address, **kwargs)
-        else:
-            # "local": a new instance even when another `ray start` on this machine left its address in
-            # /tmp/ray. No idle workers prestarted for the driver: here the client actors started in processes
-            # of their own anyway, so those took CPU and memory from the start-up, and one still starting
-            # when a short command ended aborted with a stack dump.
-            ray.init(address="local", num_cpus=os.cpu_count(),
-                     _system_config={"prestart_worker_first_driver": False}, **kwargs)
-    except ConnectionError as err:  # no cluster there, or several and no address to choose one
-        raise FLTuneError(f"--address {given or '$RAY_ADDRESS'}: {err}") from None
-    handle_stop_signals()
-    return not address
+    if address:
+        ray.init(address=address, **kwargs)
+        return False
+    # "local": a new instance even when another `ray start` on this machine left its address in /tmp/ray.
+    # No idle workers prestarted for the driver: here the client actors started in processes of their
+    # own anyway, so those took CPU and memory from the start-up, and one still starting when a short
+    # command ended aborted with a stack dump.
+    ray.init(address="local", num_cpus=os.cpu_count(),
+             _system_config={"prestart_worker_first_driver": False}, **kwargs)
+    return True
 
 
 def worker_setup() -> Callable[[], None]:

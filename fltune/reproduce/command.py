@@ -90,8 +90,6 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
 class Reproduction(TuneJob["ReproSpec"]):
     """A paper table's cells as Tune trials."""
 
-    what = "job"
-
     def __init__(self, args: argparse.Namespace) -> None:
         from fltune.reproduce.registry import get_table
 

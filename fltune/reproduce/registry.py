@@ -1,11 +1,26 @@
-"""The paper tables by name: importing ``fltune.reproduce.papers`` registers them (``table.register_table``)."""
+"""The paper tables by name: every table that a module of ``fltune/reproduce/papers/`` lists."""
 
 from __future__ import annotations
 
-import fltune.reproduce.papers  # noqa: F401  (registers every table)
 from fltune.errors import FLTuneError
-from fltune.reproduce.table import TABLES, PaperTable
+from fltune.reproduce.papers import fedalign, fedsol, man, simfafl
+from fltune.reproduce.table import PaperTable
 
+
+def _by_key(tables: list[PaperTable]) -> dict[str, PaperTable]:
+    """Every table under its key; a key or a cell listed twice is a mistake in ``papers/``."""
+    found: dict[str, PaperTable] = {}
+    for table in tables:
+        if table.key in found:
+            raise ValueError(f"table {table.key} registered twice")
+        keys = [c.key for c in table.cells]
+        if len(set(keys)) != len(keys):
+            raise ValueError(f"table {table.key}: duplicate cells")
+        found[table.key] = table
+    return found
+
+
+TABLES = _by_key([*fedalign.TABLES, *fedsol.TABLES, *man.TABLES, *simfafl.TABLES])
 ALIASES = {"table2": "simfafl:table2", "table3": "simfafl:table3", "table4": "simfafl:table4"}
 """Short names: the SimFAFL tables, the product's default."""
 

@@ -3,8 +3,8 @@
 A table is data, not code: each cell names the paper's row and column, the paper's value, the metric it
 is compared with, and the config fields (dotted, as ``--set`` takes them) that make it; a scale adds the
 settings common to every cell (``paper``: the paper's clients, rounds, epochs; ``quick``: what fits this
-2-core machine). Tables register under ``<paper>:<table>`` from ``fltune/reproduce/papers/``; ``registry``
-looks them up.
+2-core machine). Each module of ``fltune/reproduce/papers/`` lists its tables (``TABLES``), keyed
+``<paper>:<table>``; ``registry`` looks them up.
 """
 
 from __future__ import annotations
@@ -107,17 +107,3 @@ class PaperTable(_Frozen):
             if cell.key == key:
                 return cell
         raise KeyError(key)
-
-
-TABLES: dict[str, PaperTable] = {}
-"""Every registered table by key; ``registry`` looks them up."""
-
-
-def register_table(table: PaperTable) -> PaperTable:
-    if table.key in TABLES:
-        raise ValueError(f"table {table.key} registered twice")
-    keys = [c.key for c in table.cells]
-    if len(set(keys)) != len(keys):
-        raise ValueError(f"table {table.key}: duplicate cells")
-    TABLES[table.key] = table
-    return table

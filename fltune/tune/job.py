@@ -180,7 +180,7 @@ class TuneJob(ABC, Generic[Spec]):
         """Validate (before Ray starts), join or start Ray, size the trials, then create or restore the
         Tuner; also the number of Ray nodes."""
         from fltune.config import build_config
-        from fltune.engine.cluster import ensure_ray
+        from fltune.engine.cluster import start_ray
         from fltune.preflight import check_data
         from fltune.tracking.paths import check_tracking
         from fltune.tune import study
@@ -197,7 +197,7 @@ class TuneJob(ABC, Generic[Spec]):
             make_out(out)
         check_tracking(self.tracking(spec))
         tree = self.experiment(spec)
-        ensure_ray(self.args.address or build_config(tree).resources.address)
+        start_ray(self.args.address or build_config(tree).resources.address)
         cluster, node_cpus = study.cluster_shape()
         spec = with_gpu_share(spec, cluster, build_config(tree).resources.cpus_per_worker, self.max_concurrent(spec))
         resources = study.placement(tree, spec.workers, spec.gpus_per_worker, cluster, node_cpus)

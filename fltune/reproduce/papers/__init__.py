@@ -1,3 +1,1 @@
-"""Paper tables, one module per paper; importing a module registers its tables."""
-
-from fltune.reproduce.papers import fedalign, fedsol, man, simfafl  # noqa: F401
+"""Paper tables, one module per paper, each listing its own (``TABLES``) for ``reproduce.registry``."""

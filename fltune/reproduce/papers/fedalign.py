@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fltune.reproduce.table import Cell, PaperTable, Scale, register_table
+from fltune.reproduce.table import Cell, PaperTable, Scale
 
 GRADAUG = {"method.omega_b": 0.8}
 ROWS: dict[str, tuple[str, dict[str, Any]]] = {
@@ -328,5 +328,4 @@ def table8() -> PaperTable:
     )
 
 
-for build in (table1, table2, table3, table4, table5, table6, table7, table8, table9, table10):
-    register_table(build())
+TABLES = [build() for build in (table1, table2, table3, table4, table5, table6, table7, table8, table9, table10)]

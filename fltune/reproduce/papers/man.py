@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fltune.reproduce.table import Cell, PaperTable, Scale, register_table
+from fltune.reproduce.table import Cell, PaperTable, Scale
 
 BASES = {"FedAvg": "fedavg", "FedSAM": "fedsam", "FedASAM": "fedasam", "FedDyn": "feddyn", "FedDC": "feddc",
          "FedSpeed": "fedspeed"}
@@ -222,5 +222,4 @@ def supp5() -> PaperTable:
     )
 
 
-for build in (table1, table2, supp5, supp6):
-    register_table(build())
+TABLES = [build() for build in (table1, table2, supp5, supp6)]

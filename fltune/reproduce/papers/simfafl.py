@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 from fltune.methods import get_method
-from fltune.reproduce.table import DATASET_NAMES, Cell, PaperTable, Scale, register_table
+from fltune.reproduce.table import DATASET_NAMES, Cell, PaperTable, Scale
 
 COLUMNS = {"non-IID1": {"partition.kind": "classes"}, "non-IID2": {"partition.kind": "dirichlet_prior"}}
 ALPHA = {"emnist_letters": 0.5, "fmnist": 0.5, "cifar10": 0.5, "cifar100": 0.3}
@@ -316,5 +316,4 @@ def grid_table(number: int) -> PaperTable:
         "(Table 4's β1 values) and β2 down (§5.4: the best β2 grows with β1)",))
 
 
-for table in (table1(), table2(), table3(), table4(), *(grid_table(number) for number in GRIDS)):
-    register_table(table)
+TABLES = [table1(), table2(), table3(), table4(), *(grid_table(number) for number in GRIDS)]
