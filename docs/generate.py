@@ -37,7 +37,9 @@ OFFLINE = {"fmnist": "Debian's `dataset-fashion-mnist`", "synthetic": "generated
 # ----------------------------------------------------------------------------------------------- methods
 def batched(cls: type) -> bool:
     """Whether the batched executor trains this method's clients K at a time (the one place this is read)."""
-    return bool(cls.batches_clients())
+    from fltune.engine.batched import has_functional_step
+
+    return has_functional_step(cls)
 
 
 def personalised(cls: type) -> bool:
@@ -92,7 +94,7 @@ def methods_table() -> str:
 # ----------------------------------------------------------------------------------------------- tables
 def dataset_list(datasets: Iterable[str]) -> str:
     """Datasets as papers print them, the offline ones marked."""
-    from fltune.reproduce.registry import DATASET_NAMES
+    from fltune.reproduce.table import DATASET_NAMES
 
     return ", ".join(DATASET_NAMES.get(d, d) + (" (offline)" if d in OFFLINE else "") for d in datasets)
 

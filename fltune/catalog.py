@@ -23,7 +23,7 @@ MODELS: tuple[str, ...] = (
 """Names ``fltune.models.register_model`` accepts (one builder each)."""
 
 _METHODS_DIR = Path(__file__).parent / "methods"
-_NOT_METHODS = {"base", "compose", "finetune"}
+_NOT_METHODS = {"base", "compose", "finetune", "functional", "objective", "wire"}
 
 
 def method_names() -> tuple[str, ...]:

@@ -36,7 +36,7 @@ def load_data(cfg: ExperimentConfig) -> FederatedData:
 def check_drop_last(cfg: ExperimentConfig, data: FederatedData) -> None:
     """With ``training.drop_last`` a client smaller than one batch would train no step and weigh nothing, and
     the methods that divide by a client's steps (SCAFFOLD, FedNova) would divide by zero: refused here, before
-    Ray (``driver.check_data``), naming the smallest client."""
+    Ray (``preflight.check_data``), naming the smallest client."""
     if not cfg.training.drop_last:
         return
     sizes = [len(train) for train in data.client_train]
