@@ -75,9 +75,8 @@ def class_summaries(ctx: ClientContext, start: np.ndarray | None) -> np.ndarray:
     ``start`` (its summaries of earlier rounds) or, at its first round, zeros.
 
     The features are computed on the client's device and come to the host in one copy; the fold runs
-    there. On a GPU the fold cost a few kernel launches per sample (~1,800 per client at paper scale, even
-    with all classes folded at once), each waiting for the GPU's turn where Tune trials share one; on the
-    host it takes about a millisecond. Its float32 sums are correctly rounded and its halvings exact on
+    there. On a GPU the fold cost a few kernel launches per sample, each waiting for the GPU's turn where
+    Tune trials share one; on the host it is a short loop. Its float32 sums are correctly rounded and its halvings exact on
     either device, so the summaries have the same bits."""
     shape = (ctx.model.head.out_features, ctx.model.feature_dim)
     summaries = np.zeros(shape, np.float32) if start is None else start.copy()  # Ray's arrays are read-only
