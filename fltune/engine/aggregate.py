@@ -23,8 +23,8 @@ _SCALE = float(2**GRID_BITS)
 
 
 BLOCK = 1 << 16
-"""Elements per block of the float64 arithmetic: a term's temporaries stay ~1 MB instead of several
-float64 copies of the largest layer (the FedAvg CNN's fc1: 12.8 MB each) at the moment each process that
+"""Elements per block of the float64 arithmetic: a term's temporaries stay a fixed small size instead of
+several float64 copies of the largest layer at the moment each process that
 trains clients adds one up, and every element still goes through the very same operations: same bits."""
 
 

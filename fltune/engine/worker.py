@@ -45,7 +45,7 @@ T = TypeVar("T")
 
 STAGED_BYTES = 64 * 2**20
 """Bytes of weights a personalised evaluation stages on the device at once (``ClientWorker.evaluate_clients``):
-the FedCR CNN's 5 MB → 13 clients a chunk, their personal weights in one copy."""
+several clients' personal weights in one copy, with the device's memory bounded whatever the model."""
 
 
 @dataclass(frozen=True)
@@ -342,10 +342,9 @@ _MALLOC_TRIM = _libc_malloc_trim()
 
 def release_free_memory() -> None:
     """Hand the heap's free pages back to the OS after a call, and after each client (or batched group)
-    that a call trains. glibc keeps what activations and temporaries freed (~80 MB a worker here) for
-    reuse; a worker spends much of a run idle between calls, so what it holds then is its real footprint,
-    and re-faulting those pages costs a few ms. Trimming after each client as well lowered a local run's
-    peak by ~0.04 GiB, with no measurable change in its wall time (bench/whole_command.py)."""
+    that a call trains. glibc keeps what activations and temporaries freed for reuse; a worker spends much
+    of a run idle between calls, so what it holds then is its real footprint, and re-faulting those pages
+    is cheap next to a client's training (figures: docs/performance.md)."""
     if _MALLOC_TRIM is not None:
         _MALLOC_TRIM(0)
 
@@ -364,8 +363,7 @@ def skip_triton() -> None:
     The CUDA build of torch depends on Triton, and torch imports it whenever its compiler stack loads
     (``torch._dynamo.utils`` imports it when the package exists: any ``torch.optim.Optimizer``, the batched
     executor's ``torch.func``) and with its FLOP counter (``torch.utils.flop_counter``, round 1's meters), and
-    Triton then holds ~75 MiB of the process for its life, ~4 % of a local run's memory per CPU worker
-    (bench/whole_command.py). torch checks for Triton with an
+    Triton then holds memory of the process for its life that no CPU worker uses. torch checks for Triton with an
     import that may fail (``torch.utils._triton.has_triton_package``), and Python fails an import whose
     ``sys.modules`` entry is None; a process that imported Triton already keeps it. The FLOP counter's note
     that it can't count Triton kernels, true and moot here, is dropped."""

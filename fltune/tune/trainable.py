@@ -115,7 +115,7 @@ def done(feds: list[Federation]) -> bool:
 class Cadence:
     """When a trial checkpoints: at every ``rounds``-th round, once ``seconds`` have passed since its
     last checkpoint (or its start), and always at the end. A checkpoint is the whole federation state
-    (for LG-FedAvg or Ditto ~0.5 GB of personal models), so on long runs one per round costs more than
+    (for LG-FedAvg or Ditto, every client's personal model), so on long runs one per round costs more than
     the round; what a crash loses is at most one cadence of rounds, replayed exactly."""
 
     rounds: int | None = 1
@@ -153,9 +153,8 @@ def write_states(folder: Path, states: list[dict[str, Any]]) -> None:
 
     Protocol 5 writes each array from its own buffer, where protocol 4 copies every array into a bytes object
     first, and a pickle built in memory holds the whole state a second time. A trial's round waits while its
-    checkpoint is written. Measured on this project's CPU machine, a state of 100 personal models (Ditto,
-    LG-FedAvg at Table 2's paper scale: 0.5 GB) took ~0.95 GB more memory at each checkpoint and 1.2–2.8 s;
-    streamed, no more memory and 0.1–0.4 s. An array comes back as it was (read-only stays read-only)."""
+    checkpoint is written, so streaming it saves both memory and time (docs/performance.md,
+    "Streaming checkpoints"). An array comes back as it was (read-only stays read-only)."""
     with open(folder / STATE_FILE, "wb") as out:
         pickle.dump(states, out, protocol=CHECKPOINT_PROTOCOL)
 
