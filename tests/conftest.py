@@ -1,7 +1,23 @@
-"""Shared fixtures: one real local Ray for the session, a real MLflow sqlite store per test.
+"""Shared fixtures: one real local Ray for the session, client actors shared per module, a real MLflow
+sqlite store per test.
 
 Tests that start Ray, a federation or a CLI subprocess are marked ``slow`` here, so
 ``python -m pytest -m "not slow"`` is the fast loop; ``python -m pytest`` (CI) runs everything.
+
+For a new test that needs them (they keep the suite within its 15 minutes on 2 cores):
+
+- ``ray_session``: the session's one local Ray (2 CPUs), started once; a test that needs no cluster of its
+  own (signals, crashes, several nodes do) runs on it, in-process (``fltune.cli.main``, Tune's ``fit``)
+  rather than as a CLI subprocess that starts its own.
+- ``pools``: the module's client actors: ``build_federation(cfg, pool=pools[2])`` runs on 2 warm actors,
+  ``pools.with_driver(2)`` on 1 actor and this process, as ``run`` does by default. A run's numbers depend
+  on its pool's worker count alone, so runs of any config share them; build a run without ``pool=`` only
+  when the test is about how a run makes its own.
+- ``mlflow_uri``: a fresh sqlite store, exported for subprocesses; ``needs_fmnist``: skips without the data.
+- Sizes: 1-3 rounds, 3-10 clients, ``data.subsample`` ≤ 0.05 (a few hundred samples), the MLP or the
+  FedAvg CNN (ResNet-56 methods on ``model.options={blocks: 1}``). A property of every method is checked once
+  per method (``tests/methods/test_contract.py``: sound and learning; ``tests/engine/test_federation.py``:
+  bits on 1 or 2 workers and resumed, on each executor that trains it differently), not again per file.
 """
 
 from __future__ import annotations
@@ -18,7 +34,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 if TYPE_CHECKING:
-    from fltune.engine.pool import WorkerPool
+    from fltune.engine.pool import WorkerPlan, WorkerPool
 
 FMNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
 needs_fmnist = pytest.mark.skipif(
@@ -95,25 +111,39 @@ def ray_session():
 
 
 class SharedPools:
-    """Client actors shared by a test module's runs, a pool per worker count, started when first asked for
-    and planned as a run of its own would be (a GPU share where there is one) at half a CPU each.
+    """Client actors shared by a test module's runs, started when first asked for and planned as a run of
+    its own would be (a GPU share where there is one) at half a CPU each: ``pools[n]``, ``n`` actors;
+    ``pools.with_driver(n)``, ``n`` workers of which worker 0 is this process (``WorkerPlan.in_driver``,
+    what ``run`` on its own Ray does by default), so a run on it also checks a share trained in the driver
+    against an actor's bits.
 
     Why: starting a torch worker process costs seconds, a tiny run a fraction of that, and a run's results
-    depend only on its pool's actor count (``Federation``'s ``pool``); reused actors also check that nothing
+    depend only on its pool's worker count (``Federation``'s ``pool``); reused actors also check that nothing
     one run leaves in them changes the next one's numbers."""
 
     def __init__(self, cluster: dict[str, float]) -> None:
         self.cluster = cluster
-        self.made: dict[int, WorkerPool] = {}
+        self.made: dict[WorkerPlan, WorkerPool] = {}
 
     def __getitem__(self, workers: int) -> WorkerPool:
         from fltune.config import build_config
-        from fltune.engine.pool import WorkerPool, plan_workers
+        from fltune.engine.pool import plan_workers
 
-        if workers not in self.made:
-            cfg = build_config(overrides=[f"resources.workers={workers}", "resources.cpus_per_worker=0.5"])
-            self.made[workers] = WorkerPool(plan_workers(cfg, self.cluster))
-        return self.made[workers]
+        cfg = build_config(overrides=[f"resources.workers={workers}", "resources.cpus_per_worker=0.5"])
+        return self._pool(plan_workers(cfg, self.cluster))
+
+    def with_driver(self, workers: int) -> WorkerPool:
+        """No GPU share: fltune refuses a driver's share beside GPU workers (``plan_workers``)."""
+        from fltune.engine.pool import WorkerPlan
+
+        return self._pool(WorkerPlan(workers=workers, cpus=0.5, gpus=0.0, in_driver=True))
+
+    def _pool(self, plan: WorkerPlan) -> WorkerPool:
+        from fltune.engine.pool import WorkerPool
+
+        if plan not in self.made:
+            self.made[plan] = WorkerPool(plan)
+        return self.made[plan]
 
 
 @pytest.fixture(scope="module")

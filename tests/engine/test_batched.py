@@ -451,18 +451,12 @@ def fingerprint(fed: Federation) -> tuple:
             {k: v.tobytes() for k, v in fed.global_state.items()}, tuned)
 
 
-FINAL_ROUND = ["metrics.protocols=[global,personalized]", "partition.eval_fraction=0.3", "training.finetune_epochs=1"]
-
-
-@pytest.mark.parametrize("method", [
-    ["method.name=fedavg"], ["method.name=simfafl", *VIB], ["method.name=ditto", "resources.compile=true"],
-    ["method.name=fedrep", *FINAL_ROUND], ["method.name=fedcr", *VIB, *FINAL_ROUND],
-], ids=ids)
-def test_batched_runs_are_deterministic_and_worker_count_free(pools, method):
-    """Also with per-client noise (SimFAFL's ε, drawn from each client's own generator), with the step
-    compiled in the workers (``resources.compile``), and with the final round's pass over every client in
-    groups (the tuned personalised scores: its groups are the run's whole, whichever worker trains them)."""
-    batched = [*FEDERATION, *method, "resources.executor=batched"]
+def test_a_batched_run_compiled_in_the_workers_is_deterministic_and_worker_count_free(pools):
+    """Ditto's step compiled in the workers (``resources.compile``): the same run again on the same actors
+    and on two workers. Uncompiled, every batched method (per-client noise, the final round's pass over
+    every client in groups) is checked on one worker or two and resumed by
+    ``tests/engine/test_federation.py``'s every-method test."""
+    batched = [*FEDERATION, "method.name=ditto", "resources.compile=true", "resources.executor=batched"]
     one, again = run_all(pools, [batched, batched], workers=1)
     (two,) = run_all(pools, [batched], workers=2)
     assert one.status == "finished" and one.history[-1]["acc_global"] > 0.3

@@ -13,6 +13,7 @@ import torch
 
 from fltune.assembly import build_federation
 from fltune.config import ExperimentConfig, build_config
+from fltune.engine.batched import unbatchable
 from fltune.engine.builders import build_model_for
 from fltune.engine.callbacks import Callback
 from fltune.data.datasets import load_dataset
@@ -77,21 +78,28 @@ EVERY_PROTOCOL = ["federation.clients=6", "federation.fraction=0.5", "federation
 
 @pytest.mark.parametrize("method", METHOD_NAMES)
 def test_every_method_gives_the_same_run_on_one_worker_or_two_and_resumed(pools, method, tmp_path):
-    """The determinism promise, method by method, on the exact path and on the batched one (groups of 2, or
-    the exact path where the method has no functional step): 3 rounds on one worker, against rounds 1-2 on
-    two workers (3 clients a round: 2 + 1), checkpointed as a Tune trial writes it, and round 3 resumed in a
-    new federation on the other pool, whose actors never trained this run. Clients are sampled (3 of 6), so
+    """The determinism promise, method by method: 3 rounds on one worker, against rounds 1-2 on two workers
+    (3 clients a round: 2 + 1), one of them this process (``pools.with_driver``: a share trained in the
+    driver gives an actor's bits), checkpointed as a Tune trial writes it, and round 3 resumed in a new
+    federation on the other pool, whose actors never trained this run. Clients are sampled (3 of 6), so
     client states (SCAFFOLD's c_k, Ditto's personal model, FedDyn's h_k, FedPAC's prototypes…) come back on
     another worker and through the checkpoint, where the contract test (tests/methods) keeps the same three
     clients on the same shards; every evaluation protocol and the final fine-tuning run. Same global state,
-    client store and history, bit for bit."""
+    client store and history (every round's accuracies, losses and FLOP counts), bit for bit.
+
+    On the exact path, and on the batched one (groups of 2) where it batches this run: a method without a
+    functional step, a composite or a model with BatchNorm trains on the exact path under ``batched``
+    (``unbatchable``), the same run again."""
     for executor in ("exact", "batched"):
         def config(workers: int) -> ExperimentConfig:
             return tiny_config(method, f"resources.executor={executor}", "resources.batch_clients=2",
                                f"resources.workers={workers}", *EVERY_PROTOCOL)
 
-        straight = run(build_federation(config(1), pool=pools[1]))
-        first = build_federation(config(2), pool=pools[2])
+        straight = build_federation(config(1), pool=pools[1])
+        if executor == "batched" and unbatchable(straight.cfg, straight.method, straight.eval_model):
+            break
+        run(straight)
+        first = build_federation(config(2), pool=pools.with_driver(2))
         try:
             first.open()
             first.step()
@@ -260,22 +268,6 @@ def test_open_all_leaves_the_process_only_the_workers_shared_copy(pools):
     finally:
         for fed in feds:
             fed.close()
-
-
-def test_checkpoint_resumes_exactly(pools):
-    straight = run(federation("federation.rounds=3", "resources.workers=1", pool=pools[1]))
-    first = federation("federation.rounds=3", "resources.workers=1", pool=pools[1])
-    first.open()
-    first.step()
-    first.step()
-    saved = first.state_dict()
-    first.close()
-    resumed = federation("federation.rounds=3", "resources.workers=1", pool=pools[1])
-    resumed.load_state_dict(saved)
-    run(resumed)
-    assert resumed.round == 3
-    assert same_weights(straight, resumed)
-    assert np.isclose(straight.history[-1]["acc_global"], resumed.history[-1]["acc_global"])
 
 
 def test_finetune_phase_reports_tuned_personal_accuracy_without_touching_the_global_model(pools):
