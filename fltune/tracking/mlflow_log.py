@@ -28,8 +28,9 @@ EXPERIMENT_KIND = ("mlflow.experimentKind", "custom_model_development")
 """The experiment tag MLflow 3's UI reads to open an experiment on its training runs (unset, it guesses
 and may open the GenAI overview)."""
 NOTE = "mlflow.note.content"
-"""The experiment tag MLflow's UI shows as the experiment's description."""
-DESCRIPTION = """Runs logged by fltune: federated learning methods run, tuned and compared.
+"""The experiment tag MLflow's UI shows as the experiment's description (markdown; its first line is the
+headline shown folded)."""
+DESCRIPTION = "\n\n".join(" ".join(paragraph.split("\n")) for paragraph in """Runs logged by fltune: federated learning methods run, tuned and compared.
 
 **Runs.** `fltune run`: one run per federation, named *method · dataset · partition · seed*.
 `fltune tune`: a parent run per study (tag `fltune.kind = study`) and a child per trial.
@@ -50,7 +51,7 @@ final accuracy (`final_<acc>/<method>`).
 
 **Artifacts.** A run: `config.yaml`, `curves.png`. A study's parent: `trials.csv`, `trials_curves.png`,
 `sensitivity.png`, `best_config.yaml`. A comparison's parent: `compare.md`, `compare.csv`, `compare.png`,
-`configs/`."""
+`configs/`.""".split("\n\n"))
 
 for _noisy in ("mlflow.store.db.utils", "alembic.runtime.migration"):  # schema-creation chatter on a new db
     logging.getLogger(_noisy).setLevel(logging.WARNING)

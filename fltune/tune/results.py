@@ -207,6 +207,7 @@ def sensitivity_figure(rows: list[TrialRow], space: SearchSpace, title: str) -> 
                 for x, y, round_ in points:
                     ax.annotate(f"r{round_}", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
         ax.set(xlabel=name, ylabel=objective_label(space))
+        ax.margins(x=0.1)  # room for the round labels of points at the ends
         ax.grid(alpha=0.3)
     if scored:
         axes[0][0].legend()
