@@ -25,8 +25,9 @@ STATUS = {"finished": "FINISHED", "diverged": "FAILED", "failed": "FAILED", "kil
           "stopped": "FINISHED"}
 """fltune run status → MLflow run status (a diverged run is FAILED with tag fltune.status=diverged)."""
 EXPERIMENT_KIND = ("mlflow.experimentKind", "custom_model_development")
-"""The experiment tag MLflow 3's UI reads to open an experiment on its training runs (unset, it guesses
-and may open the GenAI overview)."""
+"""The experiment tag early MLflow 3 UIs read to open an experiment on its training runs (unset, they
+guess and may open the GenAI overview). MLflow 3.17 ignores it and opens the view last picked (GenAI at
+first; the README gives the ``?workflowType=machine_learning`` link)."""
 NOTE = "mlflow.note.content"
 """The experiment tag MLflow's UI shows as the experiment's description (markdown; its first line is the
 headline shown folded)."""
@@ -47,7 +48,7 @@ local objective; `cost_*`: training TFLOPs and communication (`cost_cum_*` since
 `eval_s`: seconds. Logged once, at the last round: `best_acc`, `rounds_to_target`, `wall_s`,
 `round_s_mean`, `samples_per_s`. A trial's `objective` (± `objective_std` over its seeds) is what its
 study optimises; a study's parent logs `best_objective`, a comparison's parent each method's mean
-final accuracy (`final_<acc>/<method>`).
+final accuracy (`final_<acc>.<method>`).
 
 **Artifacts.** A run: `config.yaml`, `curves.png`. A study's parent: `trials.csv`, `trials_curves.png`,
 `sensitivity.png`, `best_config.yaml`. A comparison's parent: `compare.md`, `compare.csv`, `compare.png`,

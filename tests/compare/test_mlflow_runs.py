@@ -40,5 +40,5 @@ def test_the_parent_run_names_the_methods_compared_and_logs_each_ones_final_accu
     parent = MlflowClient(mlflow_uri).get_run(log.parent)
     assert parent.data.tags["methods"] == "fedavg,fedrep" and parent.data.tags["dataset"] == "synthetic"
     assert "method" not in parent.data.tags and "seed" not in parent.data.tags
-    assert parent.data.metrics == {"final_acc_global/fedavg": 0.5, "final_acc_global/fedrep": 0.75}
+    assert parent.data.metrics == {"final_acc_global.fedavg": 0.5, "final_acc_global.fedrep": 0.75}
     assert parent.data.tags["fltune.best"] == "fedrep"
