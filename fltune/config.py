@@ -292,7 +292,7 @@ class TrackingConfig(_Section):
     enabled: bool = Field(True, description="log the run to MLflow; false = MLflow is not even imported")
     uri: str | None = Field(None, description="default: $MLFLOW_TRACKING_URI or sqlite:///<repo>/mlruns/mlflow.db")
     experiment: str = Field("fltune", min_length=1, description="MLflow experiment name")
-    run_name: str | None = Field(None, description="MLflow run name; None = MLflow's generated one")
+    run_name: str | None = Field(None, description="MLflow run name; None = method · dataset · partition · seed")
 
 
 class ExperimentConfig(_Section):

@@ -53,7 +53,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     add_checkpoint_args(p, f"{CELL_CHECKPOINT_EVERY}", f"{CELL_CHECKPOINT_SECONDS:g}")
     p.add_argument("--storage", help="job folder root, local or a URI (default: ./studies)")
     p.add_argument("--name", help="job name (default: compare-<date>-<time>)")
-    p.add_argument("--out", help="folder for compare.csv/.md/.png and configs/ (default: mlruns/compare/<name>)")
+    p.add_argument("--out", help="folder for compare.csv/.md/.png and configs/ (default: compare/<name> beside the sqlite store of tracking.uri: mlruns/compare/<name>)")
     p.add_argument("--resume", action="store_true", help="continue an interrupted comparison (--name, else the newest)")
     p.add_argument("--plan", action="store_true",
                    help="print the studies and cells that would run and their estimated cost; run nothing")

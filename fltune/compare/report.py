@@ -21,7 +21,7 @@ from fltune.compare.job import best_key
 from fltune.compare.spec import TUNING_SEED_OFFSET, CompareSpec, method_tree, parse_cell
 from fltune.compare.stats import ALPHA, mean_std, welch_p
 from fltune.config import build_config
-from fltune.metrics.figures import new_figure, save_png
+from fltune.metrics.figures import new_figure, round_axis, save_png
 from fltune.text import counted
 from fltune.tune.board import eta
 from fltune.tune.results import ENDED, TrialRow
@@ -284,7 +284,8 @@ def overlay_png(spec: CompareSpec, path: Path) -> Path:
         ax.plot(rounds, mean, color=f"C{i}", label=f"{method} ({len(runs)} seed(s))")
         ax.fill_between(rounds, [100 * min(v) for v in values], [100 * max(v) for v in values],
                         color=f"C{i}", alpha=0.2)
-    ax.set(xlabel="round", ylabel=f"{spec.primary} (%)", title=f"compare {spec.name}: mean over seeds, min–max band")
+    round_axis(ax)
+    ax.set(ylabel=f"{spec.primary} (%)", title=f"compare {spec.name}: mean over seeds, min–max band")
     ax.grid(alpha=0.3)
     if ax.lines:
         ax.legend()

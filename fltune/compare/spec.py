@@ -17,7 +17,7 @@ from fltune.catalog import method_names
 from fltune.config import ExperimentConfig, TrackingConfig, build_config
 from fltune.errors import FLTuneError
 from fltune.metrics.probe import check_probes, unmet_need
-from fltune.tracking.paths import mlruns_dir
+from fltune.tracking.paths import outputs_dir
 from fltune.tune.job import CELL_CHECKPOINT_EVERY, CELL_CHECKPOINT_SECONDS
 from fltune.tune.space import set_dotted
 from fltune.tune.spec import SavedSpec
@@ -161,7 +161,7 @@ def new_spec(*, methods: list[str], base: dict[str, Any], seeds: int, tune_budge
         name=name, storage=storage, methods=methods, seeds=seeds, base=base,
         tune_budget=tune_budget, trees={} if tune_budget else trees, workers=cfg.resources.workers or 1,
         gpus_per_worker=cfg.resources.gpus_per_worker, max_concurrent=max_concurrent,
-        out=out or str(mlruns_dir() / "compare" / name),
+        out=out or str(outputs_dir(cfg.tracking) / "compare" / name),
         checkpoint_every=checkpoint_every or CELL_CHECKPOINT_EVERY,
         checkpoint_seconds=checkpoint_seconds or CELL_CHECKPOINT_SECONDS,
     )

@@ -31,3 +31,26 @@ def save_png(fig: Figure, path: str | Path, dpi: int) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=dpi)
     return path
+
+
+def is_accuracy(metric: str) -> bool:
+    """Whether ``metric`` is an accuracy (``acc_*``, ``val_acc_*``, ``best_acc``): plotted in percent, as
+    the papers print them."""
+    return "acc" in metric.split("_")
+
+
+def percent(metric: str, value: float) -> float:
+    """``value`` of ``metric`` as plotted: an accuracy in [0, 1] as percent, anything else as is."""
+    return 100 * value if is_accuracy(metric) else value
+
+
+def axis_label(metric: str) -> str:
+    return f"{metric} (%)" if is_accuracy(metric) else metric
+
+
+def round_axis(ax: Any) -> None:
+    """An x axis of federated rounds: labelled so, ticks on whole rounds only."""
+    from matplotlib.ticker import MaxNLocator
+
+    ax.set_xlabel("round")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))

@@ -48,7 +48,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     add_checkpoint_args(p, f"{CELL_CHECKPOINT_EVERY}", f"{CELL_CHECKPOINT_SECONDS:g}")
     p.add_argument("--storage", help="job folder root, local or a URI (default: ./studies)")
     p.add_argument("--name", help="job name (default: <paper>-<table>-<scale>-<time>)")
-    p.add_argument("--out", help="folder for table.csv and table.md (default: mlruns/reproduce/<name>)")
+    p.add_argument("--out", help="folder for table.csv and table.md (default: reproduce/<name> beside the sqlite store of tracking.uri: mlruns/reproduce/<name>)")
     p.add_argument("--resume", action="store_true",
                    help="continue an interrupted job (--name, else the newest job of TABLE)")
     p.add_argument("--plan", action="store_true",

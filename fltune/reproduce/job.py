@@ -21,7 +21,7 @@ from fltune.config import TrackingConfig, build_config
 from fltune.reproduce.plan import PlannedCell, first_config
 from fltune.reproduce.registry import get_table
 from fltune.reproduce.table import PaperTable
-from fltune.tracking.paths import mlruns_dir
+from fltune.tracking.paths import outputs_dir
 from fltune.tune.space import Objective
 from fltune.tune.spec import SavedSpec
 from fltune.tune.storage import check_name
@@ -98,14 +98,15 @@ def new_spec(table: PaperTable, scale: str, planned: list[PlannedCell], *, seeds
              checkpoint_seconds: float | None = None) -> ReproSpec:
     """Name the job ``<paper>-<table>-<scale>-<time>`` unless --name (``TuneJob.prepare`` refuses an existing one)."""
     name = check_name(name or f"{table.key.replace(':', '-')}-{scale}-{time.strftime('%Y%m%d-%H%M%S')}")
-    resources = first_config(planned).resources
+    first = first_config(planned)
+    resources = first.resources
     cells = {p.cell.key: CellRun(tree=p.tree, metric=p.cell.metric, reduce=p.cell.reduce, substituted=p.substituted)
              for p in planned if p.runnable}
     spec = ReproSpec(
         name=name, storage=storage, table=table.key, scale=scale, seeds=seeds, datasets=datasets, cells=cells,
         missing={p.cell.key: p.missing for p in planned if not p.runnable}, workers=resources.workers or 1,
         gpus_per_worker=resources.gpus_per_worker, max_concurrent=max_concurrent,
-        out=out or str(mlruns_dir() / "reproduce" / name), checkpoint_every=checkpoint_every,
+        out=out or str(outputs_dir(first.tracking) / "reproduce" / name), checkpoint_every=checkpoint_every,
         checkpoint_seconds=checkpoint_seconds,
     )
     if any(p.fetched for p in planned):  # data the job downloads is not here to calibrate on: the table's order

@@ -22,8 +22,17 @@ if TYPE_CHECKING:
     from fltune.tracking.mlflow_log import Tracker
 
 
+def summary_only(summary: dict[str, Any], history: list[dict[str, float]]) -> dict[str, Any]:
+    """The summary's figures that no round logged (``best_acc``, ``wall_s`` …). A curve's final value is
+    its last step, which the runs table already shows and sorts by; logging it again under another name
+    (``final_acc_global``) would put each figure in two places."""
+    logged = {key for row in history for key in row}
+    return {k: v for k, v in summary.items() if k not in logged and k not in ("rounds", "status")}
+
+
 class MLflowCallback(Callback):
-    """Params + tags at the start, metrics with ``step=round`` each round, summary + PNG at the end."""
+    """Params + tags at the start, metrics with ``step=round`` each round, the summary's own figures and
+    the PNGs at the end."""
 
     def __init__(self, cfg: ExperimentConfig, tracker: Tracker | None = None) -> None:
         self.cfg = cfg
@@ -42,19 +51,19 @@ class MLflowCallback(Callback):
         self.writer.submit(self._start, fed.static_costs)  # on the writer: a worker counts the FLOPs
 
     def _start(self, static_costs: Callable[[], dict[str, float]]) -> None:
-        from fltune.tracking.mlflow_log import run_tags
+        from fltune.tracking.mlflow_log import run_name, run_tags
 
         assert self.tracker is not None
-        self.run_id = self.tracker.start(self.cfg.tracking.run_name, run_tags(self.cfg))
+        self.run_id = self.tracker.start(run_name(self.cfg), run_tags(self.cfg))
         self.tracker.log_config(self.run_id, self.cfg)
         self.tracker.log_metrics(self.run_id, static_costs(), step=0)
 
     def on_round(self, fed: Federation, metrics: dict[str, float]) -> None:
-        self.writer.submit(self._log, dict(metrics), int(metrics["round"]))
+        self.writer.submit(self._log, dict(metrics))
 
-    def _log(self, metrics: dict[str, float], step: int) -> None:
+    def _log(self, metrics: dict[str, float]) -> None:
         assert self.tracker is not None and self.run_id is not None
-        self.tracker.log_metrics(self.run_id, metrics, step=step)
+        self.tracker.log_round(self.run_id, metrics)
 
     def on_end(self, fed: Federation, summary: dict[str, Any]) -> None:
         """Queue the summary, curves and figures and the run's end, then wait for the writer."""
@@ -66,16 +75,17 @@ class MLflowCallback(Callback):
             summary["mlflow_run_id"] = self.run_id
 
     def _end(self, summary: dict[str, Any], history: list[dict[str, float]], artifacts: list[Path]) -> None:
-        from fltune.tracking.plots import curves_png
+        from fltune.metrics.figures import save_png
+        from fltune.tracking.mlflow_log import run_name
+        from fltune.tracking.plots import curves_figure
 
         if self.run_id is None or self.tracker is None:
             return
-        final = {f"final_{k}": v for k, v in summary.items() if k not in ("rounds", "status")}
-        self.tracker.log_metrics(self.run_id, final, step=summary["rounds"])
+        self.tracker.log_metrics(self.run_id, summary_only(summary, history), step=summary["rounds"])
         if history:
             with tempfile.TemporaryDirectory() as tmp:
-                title = f"{self.cfg.method.name} · {self.cfg.data.dataset} · {self.cfg.partition.kind}"
-                self.tracker.log_artifact(self.run_id, curves_png(history, Path(tmp) / "curves.png", title))
+                figure = curves_figure(history, run_name(self.cfg))
+                self.tracker.log_artifact(self.run_id, save_png(figure, Path(tmp) / "curves.png", dpi=100))
         for figure in artifacts:
             self.tracker.log_artifact(self.run_id, figure)
         self.tracker.end(self.run_id, summary["status"])

@@ -25,8 +25,34 @@ STATUS = {"finished": "FINISHED", "diverged": "FAILED", "failed": "FAILED", "kil
           "stopped": "FINISHED"}
 """fltune run status → MLflow run status (a diverged run is FAILED with tag fltune.status=diverged)."""
 EXPERIMENT_KIND = ("mlflow.experimentKind", "custom_model_development")
-"""The experiment tag MLflow 3's UI reads to open an experiment on its training runs (unset, it guesses
-and may open the GenAI overview)."""
+"""The experiment tag early MLflow 3 UIs read to open an experiment on its training runs (unset, they
+guess and may open the GenAI overview). MLflow 3.17 ignores it and opens the view last picked (GenAI at
+first; the README gives the ``?workflowType=machine_learning`` link)."""
+NOTE = "mlflow.note.content"
+"""The experiment tag MLflow's UI shows as the experiment's description (markdown; its first line is the
+headline shown folded)."""
+DESCRIPTION = "\n\n".join(" ".join(paragraph.split("\n")) for paragraph in """Runs logged by fltune: federated learning methods run, tuned and compared.
+
+**Runs.** `fltune run`: one run per federation, named *method · dataset · partition · seed*.
+`fltune tune`: a parent run per study (tag `fltune.kind = study`) and a child per trial.
+`fltune compare`: a parent per comparison (`fltune.kind = compare`, tag `methods`) and a child per
+method × seed cell; `fltune reproduce`: a parent per table job. Filter by the tags `method`, `dataset`,
+`partition`, `seed`; expand a parent to see its children.
+
+**Metrics** are logged once per federated round, the round as the chart's step; the runs table shows
+each metric's last round, i.e. its final value. `acc_*`: accuracy in [0, 1] per evaluation protocol
+(`acc_global`: the global model on the pooled test set; `acc_personalized`: each client's own model on
+its own held-out split; `acc_all_model`: the average of the clients' local models); `val_*`: the same
+on the validation split; `loss`: the global model's test cross-entropy; `train_loss`: the clients'
+local objective; `cost_*`: training TFLOPs and communication (`cost_cum_*` since round 1); `round_s`,
+`eval_s`: seconds. Logged once, at the last round: `best_acc`, `rounds_to_target`, `wall_s`,
+`round_s_mean`, `samples_per_s`. A trial's `objective` (± `objective_std` over its seeds) is what its
+study optimises; a study's parent logs `best_objective`, a comparison's parent each method's mean
+final accuracy (`final_<acc>.<method>`).
+
+**Artifacts.** A run: `config.yaml`, `curves.png`. A study's parent: `trials.csv`, `trials_curves.png`,
+`sensitivity.png`, `best_config.yaml`. A comparison's parent: `compare.md`, `compare.csv`, `compare.png`,
+`configs/`.""".split("\n\n"))
 
 for _noisy in ("mlflow.store.db.utils", "alembic.runtime.migration"):  # schema-creation chatter on a new db
     logging.getLogger(_noisy).setLevel(logging.WARNING)
@@ -47,7 +73,8 @@ class Tracker:
         self.uri = tracking.uri or default_uri()
         db = sqlite_path(self.uri)  # artifacts live beside the database they belong to
         artifacts = None if db is None else (db.parent / "artifacts" / tracking.experiment).as_uri()
-        self.client, self.experiment_id = open_store(self.uri, tracking.experiment, artifacts, dict([EXPERIMENT_KIND]))
+        self.client, self.experiment_id = open_store(self.uri, tracking.experiment, artifacts,
+                                                     dict([EXPERIMENT_KIND]), {NOTE: DESCRIPTION})
 
     def start(self, name: str | None, tags: Mapping[str, Any], parent: str | None = None) -> str:
         """Create a run (a child when ``parent`` is given) and return its id."""
@@ -73,6 +100,10 @@ class Tracker:
                 if isinstance(v, (int, float)) and not isinstance(v, bool)]
         if rows:
             self.client.log_batch(run_id, metrics=rows)
+
+    def log_round(self, run_id: str, metrics: Mapping[str, float | None]) -> None:
+        """One round's metrics at ``step = round`` (the round is the step, not a metric of its own)."""
+        self.log_metrics(run_id, {k: v for k, v in metrics.items() if k != "round"}, step=int(metrics["round"]))
 
     def set_tags(self, run_id: str, tags: Mapping[str, Any]) -> None:
         self.client.log_batch(run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
@@ -121,6 +152,12 @@ def _quoted(value: str) -> str | None:
     if "'" not in value:
         return f"'{value}'"
     return f'"{value}"' if '"' not in value else None
+
+
+def run_name(cfg: ExperimentConfig) -> str:
+    """A run's name in the MLflow UI: ``tracking.run_name``, else what the run is (the tags' values)."""
+    return cfg.tracking.run_name or " · ".join(
+        [cfg.method.name, cfg.data.dataset, cfg.partition.kind, f"seed {cfg.federation.seed}"])
 
 
 def run_tags(cfg: ExperimentConfig) -> dict[str, Any]:

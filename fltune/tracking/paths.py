@@ -27,6 +27,14 @@ def default_uri() -> str:
     return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{mlruns_dir() / 'mlflow.db'}"
 
 
+def outputs_dir(tracking: TrackingConfig) -> Path:
+    """Where a job writes its result folders (``compare/<name>``, ``reproduce/<name>``): beside the sqlite
+    store its runs go to, so results stay together wherever ``tracking.uri`` puts them; ``mlruns_dir``
+    for any other store."""
+    db = sqlite_path(tracking.uri or default_uri())
+    return mlruns_dir() if db is None else db.parent
+
+
 def sqlite_path(uri: str) -> Path | None:
     """The database file of a ``sqlite:///`` URI, None for any other store."""
     return Path(uri.removeprefix("sqlite:///")) if uri.startswith("sqlite:///") else None

@@ -2,30 +2,38 @@
 
 from __future__ import annotations
 
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 from fltune.metrics.evaluation import ACCURACY_KEYS
-from fltune.metrics.figures import new_figure, save_png
+from fltune.metrics.figures import new_figure, round_axis
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+LOSSES = {"train_loss": "train: clients' local objective", "loss": "test: global model's cross-entropy"}
+"""The loss curves of a run and what each one is (the method's local loss may add terms to the
+cross-entropy, e.g. FedProx's proximal term, so the two are not the same function)."""
 
 
-def curves_png(history: list[dict[str, float]], path: str | Path, title: str) -> Path:
-    """Accuracy under each protocol and train/test loss against the round."""
+def curves_figure(history: list[dict[str, float]], title: str) -> Figure:
+    """Accuracy (%) under each protocol and the train/test losses against the round."""
     fig = new_figure(figsize=(10, 4))
     acc_ax, loss_ax = fig.subplots(1, 2)
     for key in ACCURACY_KEYS:
-        points = [(row["round"], row[key]) for row in history if key in row]
+        points = [(row["round"], 100 * row[key]) for row in history if key in row]
         if points:
             acc_ax.plot(*zip(*points), marker=".", label=key.removeprefix("acc_"))
-    for key in ("train_loss", "loss"):
+    for key, label in LOSSES.items():
         points = [(row["round"], row[key]) for row in history if key in row]
         if points:
-            loss_ax.plot(*zip(*points), marker=".", label=key)
-    acc_ax.set(xlabel="round", ylabel="accuracy", title="accuracy")
-    loss_ax.set(xlabel="round", ylabel="loss", title="loss")
+            loss_ax.plot(*zip(*points), marker=".", label=label)
+    acc_ax.set(ylabel="accuracy (%)", title="accuracy by evaluation protocol")
+    loss_ax.set(ylabel="loss", title="loss")
     for ax in (acc_ax, loss_ax):
+        round_axis(ax)
         ax.grid(alpha=0.3)
         if ax.get_legend_handles_labels()[0]:
             ax.legend()
     fig.suptitle(title)
     fig.tight_layout()
-    return save_png(fig, path, dpi=100)
+    return fig

@@ -102,21 +102,24 @@ class RetryingClient:
         return retrying(value) if callable(value) else value
 
 
-def open_store(uri: str, experiment: str, artifacts: str | None = None,
-               tags: dict[str, str] | None = None) -> tuple[RetryingClient, str]:
+def open_store(uri: str, experiment: str, artifacts: str | None = None, tags: dict[str, str] | None = None,
+               defaults: dict[str, str] | None = None) -> tuple[RetryingClient, str]:
     """A client of the store at ``uri`` and the id of ``experiment`` there, created if new.
 
     ``artifacts`` is where a new experiment keeps its artifacts (MLflow's default when None); ``tags`` are
-    set on the experiment, also on one made before they existed. The store's schema and the experiment are
-    created under :func:`store_lock`, so concurrent first uses queue up.
+    set on the experiment, also on one made before they existed; ``defaults`` only where the experiment has
+    no such tag (its description: one the user wrote in the UI stays). The store's schema and the
+    experiment are created under :func:`store_lock`, so concurrent first uses queue up.
     """
-    tags = tags or {}
+    tags, defaults = tags or {}, defaults or {}
     with store_lock(uri):
         client = RetryingClient(MlflowClient(uri))
         found = client.get_experiment_by_name(experiment)
         if found is None:
-            return client, client.create_experiment(experiment, artifact_location=artifacts, tags=tags)
-        for key, value in tags.items():
+            return client, client.create_experiment(experiment, artifact_location=artifacts,
+                                                    tags={**defaults, **tags})
+        wanted = {**{k: v for k, v in defaults.items() if k not in found.tags}, **tags}
+        for key, value in wanted.items():
             if found.tags.get(key) != value:
                 client.set_experiment_tag(found.experiment_id, key, value)
         return client, found.experiment_id

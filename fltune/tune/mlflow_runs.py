@@ -19,25 +19,31 @@ from typing import Any
 
 from ray.tune.experiment import Trial
 from ray.tune.logger import LoggerCallback
+from ray.tune.result import AUTO_RESULT_KEYS
 
 from fltune.config import ExperimentConfig, TrackingConfig
+from fltune.metrics.figures import save_png
 from fltune.tracking.mlflow_log import Tracker, run_tags
 from fltune.tune.results import (
-    ENDED, TrialRow, best, best_config_yaml, sensitivity_png, trial_config, trial_row, unfinished, write_csv,
+    ENDED, TrialRow, best, best_config_yaml, sensitivity_figure, trial_config, trial_row, trials_figure, unfinished,
+    write_csv,
 )
 from fltune.tune.spec import StudySpec
 
 STUDY_TAG = "fltune.study"
 TRIAL_TAG = "fltune.trial_id"
 KIND_TAG = "fltune.kind"
+EVERY_ROUND = "round_s"
+"""A metric every round logs (its wall time): its last step is the round a resumed trial's curves go on
+after (the round itself is the step, not a metric)."""
 
 
 def loggable(metrics: dict[str, Any]) -> dict[str, float]:
-    """Finite numeric round metrics only (Tune adds strings, dicts and bookkeeping of its own; an
-    objective that is NaN because nothing was evaluated yet is left out rather than plotted)."""
-    skip = {"done", "training_iteration", "iterations_since_restore", "pid", "timestamp"}
-    return {k: v for k, v in metrics.items()
-            if k not in skip and isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
+    """fltune's finite numeric round metrics, the round kept as the step: Tune's own bookkeeping
+    (``AUTO_RESULT_KEYS``: ``time_total_s``, ``time_since_restore``, ``pid`` …) and its strings, dicts and
+    flags are left out, and so is an objective that is NaN because nothing was evaluated yet."""
+    return {k: v for k, v in metrics.items() if k not in AUTO_RESULT_KEYS and k != "done"
+            and isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
 
 
 class RunTree(ABC):
@@ -59,16 +65,20 @@ class RunTree(ABC):
         for run in self.tracker.find({"mlflow.parentRunId": self.parent}):
             trial_id = run.data.tags.get(TRIAL_TAG)
             self.children[trial_id] = run.info.run_id
-            self.logged[trial_id] = self.tracker.last_step(run.info.run_id, "round") or 0
+            self.logged[trial_id] = self.tracker.last_step(run.info.run_id, EVERY_ROUND) or 0
 
     def _open_parent(self) -> str:
         found = self.tracker.find({STUDY_TAG: self.path, KIND_TAG: self.kind})
         if found:
             self.tracker.reopen(found[0].info.run_id)
             return found[0].info.run_id
-        parent = self.tracker.start(self.name, {**run_tags(self.cfg), STUDY_TAG: self.path, KIND_TAG: self.kind})
+        parent = self.tracker.start(self.name, {**self.parent_tags(), STUDY_TAG: self.path, KIND_TAG: self.kind})
         self.describe_parent(parent)
         return parent
+
+    def parent_tags(self) -> dict[str, Any]:
+        """What the job is, as the filterable tags of its parent run (one method's: ``run_tags``)."""
+        return run_tags(self.cfg)
 
     @abstractmethod
     def expected_trials(self) -> int:
@@ -108,7 +118,7 @@ class RunTree(ABC):
         if self.nodes.get(trial_id) != nodes:  # a restarted trial may be placed elsewhere
             self.tracker.set_tags(self.children[trial_id], {"fltune.worker_nodes": nodes})
             self.nodes[trial_id] = nodes
-        self.tracker.log_metrics(self.children[trial_id], loggable(result), step=round_)
+        self.tracker.log_round(self.children[trial_id], loggable(result))
         self.logged[trial_id] = round_
 
     def end_trial(self, row: TrialRow) -> None:
@@ -159,9 +169,14 @@ class StudyLog(RunTree):
         self.tracker.set_tags(self.parent, {f"fltune.trials_{k}": v for k, v in counts.items() if v})
         top = best(rows, mode)
         with tempfile.TemporaryDirectory() as tmp:
-            self.tracker.log_artifact(self.parent, write_csv(rows, spec, Path(tmp) / "trials.csv"))
+            self.tracker.log_artifact(self.parent, write_csv(rows, spec.space, Path(tmp) / "trials.csv"))
             if any(r.scored for r in rows):
-                self.tracker.log_artifact(self.parent, sensitivity_png(rows, spec, Path(tmp) / "sensitivity.png"))
+                figure = sensitivity_figure(rows, spec.space, spec.name)
+                self.tracker.log_artifact(self.parent, save_png(figure, Path(tmp) / "sensitivity.png", dpi=100))
+            curves = {trial: self.tracker.history(run, "objective") for trial, run in self.children.items()}
+            if any(curves.values()):
+                figure = trials_figure(curves, top and top.trial_id, spec.space, spec.name)
+                self.tracker.log_artifact(self.parent, save_png(figure, Path(tmp) / "trials_curves.png", dpi=100))
         if top is not None:
             self.tracker.log_metrics(self.parent, {"best_objective": top.objective,
                                                    "best_objective_std": top.objective_std})

@@ -9,17 +9,21 @@ from __future__ import annotations
 import csv
 import math
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ray.tune.experiment import Trial
 
 from fltune.config import ExperimentConfig, build_config
-from fltune.metrics.figures import new_figure, save_png
-from fltune.tune.space import Choice, set_dotted
+from fltune.text import counted
+from fltune.metrics.figures import axis_label, new_figure, percent, round_axis
+from fltune.tune.space import Choice, IntRange, LogUniform, SearchSpace, set_dotted
 from fltune.tune.spec import StudySpec
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 ENDED = ("finished", "stopped", "diverged", "failed")
 """Final statuses: ran all rounds, stopped early by ASHA, NaN/inf, raised (after its retries)."""
@@ -156,13 +160,19 @@ def best_config_yaml(spec: StudySpec, row: TrialRow) -> str:
     return trial_config(spec, row.params).to_yaml()
 
 
-def write_csv(rows: list[TrialRow], spec: StudySpec, path: Path) -> Path:
-    names = list(spec.space.params)
-    extra = ("acc_global", "acc_personalized", "loss", "startup_s", "time_total_s", "worker_nodes")
+CSV_METRICS = ("acc_global", "acc_personalized", "loss", "startup_s", "time_total_s", "worker_nodes")
+"""Figures of a trial's last result beside its score in ``trials.csv`` (those some trial has)."""
+
+
+def write_csv(rows: list[TrialRow], space: SearchSpace, path: Path) -> Path:
+    """One line per trial, best first: status, score, parameters, and the ``CSV_METRICS`` the study
+    measured (a protocol ``metrics.protocols`` leaves out has no column, rather than an empty one)."""
+    names = list(space.params)
+    extra = [k for k in CSV_METRICS if any(k in row.metrics for row in rows)]
     with path.open("w", newline="") as out:
         writer = csv.writer(out)
         writer.writerow(["rank", "trial_id", "status", "round", "objective", "objective_std", *names, *extra])
-        for i, row in enumerate(rank(rows, spec.space.objective.direction), 1):
+        for i, row in enumerate(rank(rows, space.objective.direction), 1):
             writer.writerow([
                 i, row.trial_id, row.status, row.round, row.objective, row.objective_std,
                 *(row.params.get(n, "") for n in names), *(row.metrics.get(k, "") for k in extra),
@@ -170,28 +180,75 @@ def write_csv(rows: list[TrialRow], spec: StudySpec, path: Path) -> Path:
     return path
 
 
-def sensitivity_png(rows: list[TrialRow], spec: StudySpec, path: Path) -> Path:
-    """Objective against each parameter (SimFAFL Table 4 style), one panel per parameter; ASHA-stopped
-    trials hollow, since their score is from fewer rounds."""
-    names = list(spec.space.params)
+def objective_label(space: SearchSpace) -> str:
+    return f"{axis_label(space.objective.metric)}, {space.objective.reduce}"
+
+
+def sensitivity_figure(rows: list[TrialRow], space: SearchSpace, title: str) -> Figure:
+    """Objective against each parameter (SimFAFL Table 4 style), one panel per parameter. Numeric values
+    on a numeric axis (log-scaled where the space samples log-uniformly), a choice of names in the space's
+    order; ASHA-stopped trials hollow and labelled with the round their score is from (fewer rounds than
+    the finished ones')."""
+    names = list(space.params)
+    metric = space.objective.metric
     fig = new_figure(figsize=(4 * len(names), 3.5))
     axes = fig.subplots(1, len(names), squeeze=False)
     scored = [r for r in rows if r.scored]
     for ax, name in zip(axes[0], names):
-        dist = spec.space.params[name]
-        for status, face in (("finished", "C0"), ("stopped", "none")):
-            points = [(r.params[name], r.objective) for r in scored if r.status == status and name in r.params]
-            if points:
-                xs, ys = zip(*points)
-                if isinstance(dist, Choice):
-                    xs = [str(x) for x in xs]
-                ax.scatter(xs, ys, facecolors=face, edgecolors="C0", label=status)
-        if getattr(dist, "type", "") == "loguniform" or getattr(dist, "log", False):
-            ax.set_xscale("log")
-        ax.set(xlabel=name, ylabel=f"{spec.space.objective.metric} ({spec.space.objective.reduce})")
+        position = _positions(ax, space.params[name])
+        for status, face, label in (("finished", "C0", "finished"), ("stopped", "none", "stopped early (ASHA)")):
+            points = [(position(r.params[name]), percent(metric, r.objective), r.round)
+                      for r in scored if r.status == status and name in r.params]
+            if not points:
+                continue
+            xs, ys, _ = zip(*points)
+            ax.scatter(xs, ys, facecolors=face, edgecolors="C0", label=label)
+            if status == "stopped":
+                for x, y, round_ in points:
+                    ax.annotate(f"r{round_}", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
+        ax.set(xlabel=name, ylabel=objective_label(space))
+        ax.margins(x=0.1)  # room for the round labels of points at the ends
         ax.grid(alpha=0.3)
     if scored:
         axes[0][0].legend()
-    fig.suptitle(f"{spec.name}: sensitivity")
+    fig.suptitle(f"{title}: sensitivity")
     fig.tight_layout()
-    return save_png(fig, path, dpi=100)
+    return fig
+
+
+def _positions(ax: Any, dist: Any) -> Callable[[Any], Any]:
+    """How a parameter's values map onto ``ax``'s x axis, the axis set up for them: numbers as they are
+    (log scale for a log-uniform space), any other choice at its index in the space's list, named."""
+    if isinstance(dist, Choice) and not all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                                            for v in dist.values):
+        ax.set_xticks(range(len(dist.values)), [str(v) for v in dist.values])
+        ax.set_xlim(-0.5, len(dist.values) - 0.5)
+        return dist.values.index
+    if isinstance(dist, LogUniform) or (isinstance(dist, IntRange) and dist.log):
+        ax.set_xscale("log")
+    if isinstance(dist, Choice):
+        ax.set_xticks(sorted(dist.values))
+    return lambda value: value
+
+
+def trials_figure(curves: dict[str, dict[int, float]], best_trial: str | None, space: SearchSpace,
+                  title: str) -> Figure:
+    """Every trial's objective per round (trial id → {round: value}, as its MLflow run logged it), the
+    best trial drawn thick and named: how the study's trials progressed, and where ASHA cut them."""
+    metric = space.objective.metric
+    fig = new_figure(figsize=(7, 4.5))
+    ax = fig.subplots()
+    for trial, curve in curves.items():
+        rounds = sorted(curve)
+        values = [percent(metric, curve[r]) for r in rounds]
+        if trial == best_trial:
+            ax.plot(rounds, values, color="C3", linewidth=2.5, marker="o", label=f"best: {trial}", zorder=3)
+        else:
+            ax.plot(rounds, values, color="0.55", linewidth=1, marker=".", alpha=0.7)
+    round_axis(ax)
+    ax.set(ylabel=objective_label(space), title=f"{title}: {counted(len(curves), 'trial')}, objective per round")
+    ax.grid(alpha=0.3)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend()
+    fig.tight_layout()
+    return fig

@@ -25,3 +25,20 @@ def test_the_parent_run_ends_as_the_command(tmp_path, mlflow_uri, last: str, par
             for i, (key, status) in enumerate(zip(cells, statuses))]
     log.finish(rows, interrupted=last == "running")
     assert MlflowClient(mlflow_uri).get_run(log.parent).info.status == parent
+
+
+def test_the_parent_run_names_the_methods_compared_and_logs_each_ones_final_accuracy(tmp_path, mlflow_uri) -> None:
+    """Tagged with what it compares (not the first method's ``method``/``seed``), its headline figures
+    sortable in the runs table."""
+    comparison = spec(tmp_path)
+    log = CompareLog(comparison)
+    accuracy = {"fedavg": 0.5, "fedrep": 0.75}
+    rows = [TrialRow(trial_id=f"t{i}", status="finished", params={"cell": key}, round=2, objective=0.5,
+                     objective_std=math.nan, metrics={"acc_global": accuracy[key.split("/")[0]]})
+            for i, key in enumerate(comparison.cells)]
+    log.finish(rows, interrupted=False)
+    parent = MlflowClient(mlflow_uri).get_run(log.parent)
+    assert parent.data.tags["methods"] == "fedavg,fedrep" and parent.data.tags["dataset"] == "synthetic"
+    assert "method" not in parent.data.tags and "seed" not in parent.data.tags
+    assert parent.data.metrics == {"final_acc_global.fedavg": 0.5, "final_acc_global.fedrep": 0.75}
+    assert parent.data.tags["fltune.best"] == "fedrep"

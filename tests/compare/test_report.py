@@ -29,3 +29,11 @@ def test_a_fine_tuning_setting_reports_the_fine_tuned_accuracy_once(tmp_path, fi
     row = TrialRow(trial_id="t", status="finished", params={"cell": "fedrep/seed0"}, round=2, objective=math.nan,
                    objective_std=math.nan, metrics=last)
     assert cell_figures(comparison, row).get("final acc_personalized_ft") == (0.7 if reported else None)
+
+
+def test_the_files_go_beside_the_store_the_runs_are_logged_to(tmp_path):
+    """Not ``./mlruns/compare`` when ``tracking.uri`` points elsewhere."""
+    base = set_dotted({}, {**BASE, "tracking.uri": f"sqlite:///{tmp_path}/store/mlflow.db"})
+    comparison = new_spec(methods=["fedavg"], base=base, seeds=1, tune_budget=None, storage=str(tmp_path), name="c",
+                          out=None, max_concurrent=None)
+    assert comparison.out == str(tmp_path / "store" / "compare" / "c")

@@ -12,7 +12,7 @@ import pytest
 
 from fltune.config import TrackingConfig
 from fltune.errors import FLTuneError
-from fltune.tracking.paths import check_reachable, check_tracking
+from fltune.tracking.paths import check_reachable, check_tracking, mlruns_dir, outputs_dir
 from tests.tune.test_cluster import free_port
 
 IMPORTS = """
@@ -76,3 +76,8 @@ def test_a_store_that_does_not_answer_is_one_line_at_once(tmp_path: Path) -> Non
     assert os.environ.get("MLFLOW_HTTP_REQUEST_MAX_RETRIES") == before  # the run's own logging retries as usual
     with pytest.raises(FLTuneError, match="tracking.uri file:.*filesystem tracking backend"):
         check_reachable((tmp_path / "mlruns").as_uri())  # MLflow ≥ 3.13 refuses the file store
+
+
+def test_job_outputs_go_beside_the_sqlite_store_the_user_chose(tmp_path: Path) -> None:
+    assert outputs_dir(TrackingConfig(uri=f"sqlite:///{tmp_path}/runs/mlflow.db")) == tmp_path / "runs"
+    assert outputs_dir(TrackingConfig(uri="http://localhost:5000")) == mlruns_dir()

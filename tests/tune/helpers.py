@@ -13,6 +13,8 @@ from typing import Any
 import yaml
 from mlflow.tracking import MlflowClient
 
+from fltune.tune.mlflow_runs import EVERY_ROUND
+
 REPO = Path(__file__).resolve().parents[2]
 
 TINY_BASE: dict[str, Any] = {
@@ -80,4 +82,4 @@ def study_runs(uri: str) -> tuple[Any, list[Any]]:
 
 
 def rounds_logged(uri: str, run_id: str) -> list[int]:
-    return [m.step for m in MlflowClient(uri).get_metric_history(run_id, "round")]
+    return [m.step for m in MlflowClient(uri).get_metric_history(run_id, EVERY_ROUND)]

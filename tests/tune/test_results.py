@@ -6,9 +6,10 @@ import math
 
 from fltune.metrics.target import reached_target
 from fltune.tune.results import (
-    best, classify, error_line, failed_result, failure_lines, make_row, rank, unfinished,
+    TrialRow, best, classify, error_line, failed_result, failure_lines, make_row, rank, sensitivity_figure,
+    trials_figure, unfinished, write_csv,
 )
-from fltune.tune.space import Objective
+from fltune.tune.space import Objective, SearchSpace
 from fltune.tune.trainable import last_good, seed_score
 
 HISTORY = [
@@ -163,3 +164,42 @@ def test_failure_lines_give_one_line_per_reason_with_a_count_and_a_trace_to_read
     assert failure_lines([("/s/job/run_cell_3", COMPILER_TRACE.replace("# 3", "# 2") + RAISED_TRACE)]) == [
         "fltune: 1 trial(s) failed: FLTuneError: data.root: /data holds no FMNIST "
         "(fltune/data/federated.py:207, load); trace: /s/job/run_cell_3/error.txt"]  # its last failure's reason
+
+
+SPACE = SearchSpace.model_validate({
+    "params": {"method.mu": {"type": "loguniform", "low": 1e-4, "high": 1.0},
+               "training.lr": {"type": "choice", "values": [0.1, 0.01, 0.05]},
+               "model.name": {"type": "choice", "values": ["mlp", "cnn"]}},
+    "objective": {"metric": "acc_global"}})
+ROWS = [TrialRow("a", "finished", {"method.mu": 0.01, "training.lr": 0.05, "model.name": "cnn"}, 4, 0.8, 0.0,
+                 {"acc_global": 0.8}),
+        TrialRow("b", "stopped", {"method.mu": 0.5, "training.lr": 0.1, "model.name": "mlp"}, 2, 0.6, 0.0,
+                 {"acc_global": 0.6}),
+        TrialRow("c", "finished", {"method.mu": 0.001, "training.lr": 0.01, "model.name": "mlp"}, 4, 0.7, 0.0,
+                 {"acc_global": 0.7})]
+
+
+def test_sensitivity_axes_are_sorted_log_where_sampled_so_in_percent_and_mark_asha_stops() -> None:
+    mu, lr, model = sensitivity_figure(ROWS, SPACE, "s").axes
+    assert mu.get_xscale() == "log" and lr.get_xscale() == model.get_xscale() == "linear"
+    assert list(lr.get_xticks()) == [0.01, 0.05, 0.1]  # numbers in order, not as the space lists them
+    assert [t.get_text() for t in model.get_xticklabels()] == ["mlp", "cnn"]  # names in the space's order
+    finished, stopped = mu.collections
+    assert sorted(y for _, y in finished.get_offsets()) == [70.0, 80.0]  # accuracy in percent
+    assert stopped.get_facecolors().size == 0 and finished.get_facecolors().size > 0  # stopped: hollow
+    assert [text.get_text() for text in mu.texts] == ["r2"]  # the round its score is from
+    assert mu.get_ylabel() == "acc_global (%), final"
+
+
+def test_trials_figure_draws_every_trial_per_round_and_the_best_on_top() -> None:
+    curves = {"a": {1: 0.5, 2: 0.8}, "b": {1: 0.6}, "c": {1: 0.4, 2: 0.7}}
+    (ax,) = trials_figure(curves, "a", SPACE, "s").axes
+    assert len(ax.lines) == 3 and ax.get_xlabel() == "round"
+    best_line = max(ax.lines, key=lambda line: line.get_linewidth())
+    assert best_line.get_label() == "best: a" and list(best_line.get_ydata()) == [50.0, 80.0]
+    assert all(tick == round(tick) for tick in ax.get_xticks())
+
+
+def test_trials_csv_has_a_column_only_for_what_some_trial_measured(tmp_path) -> None:
+    columns = write_csv(ROWS, SPACE, tmp_path / "t.csv").read_text().splitlines()[0].split(",")
+    assert "acc_global" in columns and "acc_personalized" not in columns and "worker_nodes" not in columns

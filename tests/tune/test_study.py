@@ -37,11 +37,15 @@ def test_study_stops_poor_trials_and_survives_divergence(ray_session, tmp_path: 
     assert rounds_logged(mlflow_uri, by_lr[0.05].info.run_id) == [1, 2]
     assert rounds_logged(mlflow_uri, by_lr[1.0e-4].info.run_id) == [1]
     assert by_lr[0.05].data.metrics["objective_std"] >= 0.0  # two seeds: mean and std
+    logged = {key for c in children for key in c.data.metrics}  # fltune's metrics, the round as the step
+    assert {"acc_global", "train_loss", "objective"} <= logged
+    assert not logged & {"round", "time_this_iter_s", "time_total_s", "time_since_restore", "training_iteration"}
     assert parent.info.status == "FINISHED" and parent.data.tags["best.training.lr"] == "0.05"
     client = MlflowClient(mlflow_uri)
     assert {a.path for a in client.list_artifacts(parent.info.run_id)} >= {
-        "trials.csv", "sensitivity.png", "best_config.yaml", "base_config.yaml", "space"}
+        "trials.csv", "sensitivity.png", "trials_curves.png", "best_config.yaml", "base_config.yaml", "space"}
     table = list(csv.DictReader(open(client.download_artifacts(parent.info.run_id, "trials.csv", str(tmp_path)))))
+    assert "acc_global" in table[0] and "acc_personalized" not in table[0]  # not measured: no empty column
     assert [r["status"] for r in table] == ["finished", "stopped", "diverged"]
     assert "finished" in out and "stopped" in out and "diverged" in out  # the ranking in the terminal
     # stderr is a pipe here, as in a log: no live table, a line per trial as it ends

@@ -1,0 +1,30 @@
+"""A run's MLflow run, from a real federation: named after what it is, fltune's metrics per round with the
+round as the step, the summary's own figures once, the curves figure."""
+
+from __future__ import annotations
+
+from mlflow.tracking import MlflowClient
+
+from fltune.assembly import build_federation
+from fltune.config import build_config
+from fltune.tracking.callback import MLflowCallback
+from tests.engine.test_federation import BASE
+
+
+def test_a_run_is_named_and_logs_each_figure_in_one_place(ray_session, mlflow_uri: str) -> None:
+    cfg = build_config(overrides=[*BASE, "resources.workers=1", "tracking.enabled=true"])
+    callback = MLflowCallback(cfg)
+    fed = build_federation(cfg)
+    try:
+        summary = fed.run([callback])
+    finally:
+        fed.close()
+    client = MlflowClient(mlflow_uri)
+    run = client.get_run(summary["mlflow_run_id"])
+    assert run.info.run_name == "fedavg · synthetic · dirichlet_prior · seed 0"
+    metrics = run.data.metrics
+    assert "round" not in metrics and not [key for key in metrics if key.startswith("final_")]
+    assert {"best_acc", "wall_s", "samples_per_s"} <= set(metrics)  # the summary's figures no round has
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "acc_global")] == [1, 2]
+    assert metrics["acc_global"] == summary["acc_global"]  # the final value: the curve's last step
+    assert "curves.png" in {a.path for a in client.list_artifacts(run.info.run_id)}
