@@ -28,7 +28,7 @@ from fltune.process import (
 )
 from fltune.reproduce.command import add_parsers as add_reproduce_parsers
 from fltune.reproduce.command import cmd_reproduce, cmd_tables
-from fltune.text import counted
+from fltune.text import counted, invoked_as
 from fltune.tune.command import add_parser as add_tune_parser
 from fltune.tune.command import cmd_tune
 
@@ -146,7 +146,7 @@ def _load_data(cfg: ExperimentConfig) -> FederatedData:
 def cmd_methods(args: argparse.Namespace) -> int:
     from fltune.methods import METHODS
     from fltune.methods.base import params_table
-    from fltune.tracking.progress import console
+    from fltune.tracking.progress import listing
 
     table = Table(title="registered methods", show_lines=True)
     for column in ("method", "summary", "parameters (default)"):
@@ -155,7 +155,7 @@ def cmd_methods(args: argparse.Namespace) -> int:
         cls = METHODS[name]
         params = "\n".join(f"{p} = {d!r}  {desc}" for p, _, d, desc in params_table(cls)) or "—"
         table.add_row(name, (cls.__doc__ or "").strip().splitlines()[0], params)
-    console.print(table)
+    listing.print(table)
     return 0
 
 
@@ -167,7 +167,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description="fltune: run, tune and compare FL methods.")
+    parser = argparse.ArgumentParser(prog=invoked_as(), description="fltune: run, tune and compare FL methods.")
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="one federated run, tracked in MLflow", epilog=EXAMPLES["run"],
                          formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -185,11 +185,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
+    """The command line; a flag its command does not know is refused with that command's usage (argparse
+    leaves unrecognised arguments to the top-level parser, whose usage only lists the commands)."""
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        commands.choices[args.command].error(f"unrecognized arguments: {' '.join(unknown)}")
+    return args
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command: bad input → one line and 2; Ctrl-C or SIGTERM → one line and 128 + the signal
     (a Tune job prints its own resume hint instead and returns 130, whatever stopped it)."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parse(build_parser(), argv)
     quiet_libraries()
     forget_stops()
     handle_stop_signals()

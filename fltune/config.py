@@ -23,15 +23,17 @@ from pydantic import (
 
 from fltune import catalog
 from fltune.errors import FLTuneError
+from fltune.text import allowed
 
 Protocol = Literal["global", "all_model", "personalized"]
 PROTOCOLS: tuple[str, ...] = ("global", "all_model", "personalized")
 
 
-def one_of(value: str, allowed: Sequence[str], what: str) -> str:
-    """``value`` if allowed, else the ValueError pydantic turns into 'field: unknown … ; allowed: …'."""
-    if value not in allowed:
-        raise ValueError(f"unknown {what} {value!r}; allowed: {', '.join(allowed)}")
+def one_of(value: str, names: Sequence[str], what: str) -> str:
+    """``value`` if one of ``names``, else the ValueError pydantic turns into 'field: unknown …; did you
+    mean …?' (``text.allowed``)."""
+    if value not in names:
+        raise ValueError(f"unknown {what} {value!r}; {allowed(value, names)}")
     return value
 
 
@@ -139,8 +141,8 @@ class MethodConfig(BaseModel):
         fields = method_cls.Params.model_fields
         unknown = sorted(set(given) - set(fields))
         if unknown:
-            allowed = ", ".join(fields) or "none"
-            raise ValueError(f"method.{unknown[0]}: {self.name} has no parameter {unknown[0]!r}; allowed: {allowed}")
+            raise ValueError(f"method.{unknown[0]}: {self.name} has no parameter {unknown[0]!r}; "
+                             f"{allowed(unknown[0], fields)}")
         try:
             params = method_cls.Params(**given)
         except ValidationError as err:
@@ -328,19 +330,34 @@ class ExperimentConfig(_Section):
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
 
 
-def describe_validation_error(err: ValidationError, prefix: str = "") -> str:
-    """One line per problem: the dotted field, what is wrong/allowed, and the value given."""
+def describe_validation_error(err: ValidationError, prefix: str = "", model: type[BaseModel] | None = None) -> str:
+    """One line per problem: the dotted field, what is wrong/allowed, and the value given; an unknown field
+    of ``model`` (the tree validated) with the field it was likely meant to be (``text.allowed``)."""
     lines = []
     for item in err.errors():
         loc = ".".join(str(p) for p in (prefix, *item["loc"]) if p != "")
         msg = item["msg"].removeprefix("Value error, ")
         if item["type"] == "extra_forbidden":
-            msg = "unknown field"
+            *section, key = (prefix, *item["loc"]) if prefix else item["loc"]
+            fields = fields_beside(model, item["loc"]) if model else []
+            msg = "unknown field" + (f"; {allowed(str(key), fields, section=''.join(f'{s}.' for s in section))}"
+                                     if fields else "")
         given = item.get("input")
         shown = "" if isinstance(given, dict) or item["type"] == "value_error" else f" (got {given!r})"
         nested = msg.startswith(f"{loc}.")  # a sub-model already named the full field path
         lines.append(f"{loc}: {msg}{shown}" if loc and not nested else f"{msg}{shown}")
     return "; ".join(lines)
+
+
+def fields_beside(model: type[BaseModel], loc: tuple[int | str, ...]) -> list[str]:
+    """The fields of the section of ``model`` that holds ``loc`` (none when a step is not a plain section)."""
+    for part in loc[:-1]:
+        field = model.model_fields.get(str(part))
+        section = field.annotation if field else None
+        if not (isinstance(section, type) and issubclass(section, BaseModel)):
+            return []
+        model = section
+    return list(model.model_fields)
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:
@@ -393,7 +410,7 @@ def build_config(tree: dict[str, Any] | None = None, overrides: list[str] | None
     try:
         return ExperimentConfig.model_validate(merged)
     except ValidationError as err:
-        raise FLTuneError(f"config error: {describe_validation_error(err)}") from None
+        raise FLTuneError(f"config error: {describe_validation_error(err, model=ExperimentConfig)}") from None
 
 
 def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -108,7 +108,7 @@ def test_print_config_round_trips_into_run_config(tmp_path, capsys):
 
 def test_methods_lists_registered_methods_with_defaults(capsys):
     assert main(["methods"]) == 0
-    out = capsys.readouterr().err
+    out = capsys.readouterr().out
     assert "fedavg" in out and "fedprox" in out and "mu" in out
 
 

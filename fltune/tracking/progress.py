@@ -19,15 +19,18 @@ LOG_WIDTH = 400
 to "61.…". Tables keep their natural width below it; $COLUMNS still wins."""
 
 
-def _console() -> Console:
-    """stderr's console: the terminal's width, or ``LOG_WIDTH`` when stderr is a file or a pipe."""
-    out = Console(stderr=True)
+def _console(stderr: bool = True) -> Console:
+    """stderr's (or stdout's) console: the terminal's width, or ``LOG_WIDTH`` when it is a file or a pipe."""
+    out = Console(stderr=stderr)
     if not out.is_terminal and "COLUMNS" not in os.environ:
         out.width = LOG_WIDTH
     return out
 
 
 console = _console()
+"""Progress and diagnostics: stderr, so that a command's output can be piped while the user watches."""
+listing = _console(stderr=False)
+"""What a command is asked for (``methods``, ``tables``): stdout, for ``| grep`` and ``> file``."""
 
 
 class ProgressCallback(Callback):

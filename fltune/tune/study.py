@@ -60,7 +60,7 @@ def resolve_space(request: StudyRequest) -> tuple[SearchSpace, str, dict]:
     try:
         space = SearchSpace.model_validate({**space.model_dump(), **{k: v for k, v in flags.items() if v is not None}})
     except ValidationError as err:
-        raise FLTuneError(f"command line: {describe_validation_error(err)}") from None
+        raise FLTuneError(f"command line: {describe_validation_error(err, model=SearchSpace)}") from None
     tree = apply_overrides(base_tree(space, request.space, method), [*space.overrides, *request.overrides])
     cfg = build_config(tree)  # raises with the bad field named
     check_params(space, tree, method)

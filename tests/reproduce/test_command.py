@@ -18,7 +18,7 @@ TINY = ["--datasets", "fmnist", "--rows", "FedAvg,SimFAFL", "--set", "federation
 
 def test_tables_lists_the_registry_with_data_status(capsys) -> None:
     assert main(["tables"]) == 0
-    out = capsys.readouterr().err  # fltune's console is stderr; stdout stays for data (--print-config)
+    out = capsys.readouterr().out  # a listing: stdout, for `| grep` and `> file`
     assert "simfafl:table2" in out and "= table2" in out and "FMNIST" in out
 
 
