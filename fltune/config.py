@@ -11,6 +11,7 @@ a config imports neither torch nor any method unless it names method parameters 
 
 from __future__ import annotations
 
+import typing
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -338,10 +339,7 @@ def describe_validation_error(err: ValidationError, prefix: str = "", model: typ
         loc = ".".join(str(p) for p in (prefix, *item["loc"]) if p != "")
         msg = item["msg"].removeprefix("Value error, ")
         if item["type"] == "extra_forbidden":
-            *section, key = (prefix, *item["loc"]) if prefix else item["loc"]
-            fields = fields_beside(model, item["loc"]) if model else []
-            msg = "unknown field" + (f"; {allowed(str(key), fields, section=''.join(f'{s}.' for s in section))}"
-                                     if fields else "")
+            loc, msg = unknown_field(item["loc"], prefix, model)
         given = item.get("input")
         shown = "" if isinstance(given, dict) or item["type"] == "value_error" else f" (got {given!r})"
         nested = msg.startswith(f"{loc}.")  # a sub-model already named the full field path
@@ -349,15 +347,42 @@ def describe_validation_error(err: ValidationError, prefix: str = "", model: typ
     return "; ".join(lines)
 
 
-def fields_beside(model: type[BaseModel], loc: tuple[int | str, ...]) -> list[str]:
-    """The fields of the section of ``model`` that holds ``loc`` (none when a step is not a plain section)."""
-    for part in loc[:-1]:
-        field = model.model_fields.get(str(part))
-        section = field.annotation if field else None
-        if not (isinstance(section, type) and issubclass(section, BaseModel)):
-            return []
-        model = section
-    return list(model.model_fields)
+def unknown_field(loc: tuple[int | str, ...], prefix: str, model: type[BaseModel] | None) -> tuple[str, str]:
+    """An unknown key's dotted path and "unknown field; did you mean …?" (with ``model``, the tree validated)."""
+    path, fields = section_of(model, loc) if model else ([str(part) for part in loc[:-1]], [])
+    section = "".join(f"{part}." for part in ([prefix] if prefix else []) + path)
+    key = str(loc[-1])
+    return f"{section}{key}", "unknown field" + (f"; {allowed(key, fields, section=section)}" if fields else "")
+
+
+def section_of(model: type[BaseModel], loc: tuple[int | str, ...]) -> tuple[list[str], list[str]]:
+    """The dotted path of the section of ``model`` that holds ``loc``, as the user writes it, and its fields
+    (none when a step is not a section). A section of several kinds (a search space's ``scheduler``) has
+    the kind's tag next in pydantic's ``loc``: its fields are the kind's, and the tag is no part of the path."""
+    path: list[str] = []
+    kinds: dict[str, type[BaseModel]] = {}
+    for part in map(str, loc[:-1]):
+        if part in kinds:
+            model, kinds = kinds[part], {}
+            continue
+        path.append(part)
+        field = model.model_fields.get(part)
+        options = [a for a in typing.get_args(field.annotation) if isinstance(a, type)] if field else []
+        sections = [a for a in (field.annotation if field else None, *options)
+                    if isinstance(a, type) and issubclass(a, BaseModel)]
+        if len(sections) != 1:
+            kinds = {tag: kind for kind in sections for tag in _tags(kind)}
+            if not kinds:
+                return path, []
+            continue
+        model = sections[0]
+    return path, [] if kinds else list(model.model_fields)
+
+
+def _tags(kind: type[BaseModel]) -> tuple[str, ...]:
+    """The values that tag ``kind`` in a union of sections: its ``Literal`` fields' (``name: Literal["asha"]``)."""
+    return tuple(value for field in kind.model_fields.values()
+                 if typing.get_origin(field.annotation) is Literal for value in typing.get_args(field.annotation))
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:
@@ -372,10 +397,14 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     return key.strip().split("."), value
 
 
-def apply_overrides(tree: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    """Set dotted keys in a nested dict (creating sections); validation happens afterwards."""
+def apply_overrides(tree: dict[str, Any], overrides: list[str], fresh: Sequence[str] = ()) -> dict[str, Any]:
+    """Set dotted keys in a nested dict (creating sections); validation happens afterwards. A section named
+    in ``fresh`` starts empty when its ``name`` is set: its other keys belong to the kind it names (a search
+    space's ``--set scheduler.name=none`` drops ASHA's grace period)."""
     for text in overrides:
         path, value = parse_override(text)
+        if len(path) == 2 and path[0] in fresh and path[1] == "name" and isinstance(tree.get(path[0]), dict):
+            tree[path[0]] = {}
         node = tree
         for part in path[:-1]:
             child = node.setdefault(part, {})

@@ -19,7 +19,7 @@ def allowed(value: str, names: Iterable[str], none: str = "none", section: str =
     a list of forty methods buries it, so the list shows only when nothing is close. ``section``: the
     dotted path the names sit in, for a suggestion the user can paste (``training.lr``)."""
     names = list(names)
-    close = difflib.get_close_matches(value, names, n=1)
+    close = difflib.get_close_matches(value, names, n=1, cutoff=0.75)
     if close:
         return f"did you mean {section}{close[0]}?"
     return f"allowed: {', '.join(names) or none}"

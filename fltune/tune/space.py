@@ -152,6 +152,17 @@ class SearchSpace(_Strict):
         return self
 
 
+SETTINGS: tuple[str, ...] = ("objective", "num_samples", "sampler", "scheduler", "max_concurrent", "seeds",
+                             "checkpoint_every", "checkpoint_seconds")
+"""The space file's search settings that ``tune --set`` changes (``--set scheduler.grace_period=1``); every
+other ``--set`` edits the base experiment."""
+
+
+def is_space_setting(override: str) -> bool:
+    """Whether ``--set key=value`` names a search setting (``SETTINGS``) rather than an experiment field."""
+    return override.split("=", 1)[0].strip().split(".")[0] in SETTINGS
+
+
 def set_dotted(tree: dict[str, Any], values: dict[str, Any]) -> dict[str, Any]:
     """A deep copy of ``tree`` with each ``a.b.c`` key set to its value (typed values, no YAML round trip)."""
     out = copy.deepcopy(tree)
@@ -223,8 +234,10 @@ def check_objective(space: SearchSpace, cfg: ExperimentConfig) -> None:
         if space.scheduler.grace_period >= rounds:
             raise FLTuneError(
                 f"scheduler.grace_period: {space.scheduler.grace_period} ≥ federation.rounds {rounds}; "
-                + (f"allowed: 1..{rounds - 1}, or scheduler: {{name: none}}" if rounds > 1 else
-                   "ASHA needs federation.rounds ≥ 2 to stop a trial early; with 1 round use scheduler: {name: none}")
+                + (f"allowed: {'1..' if rounds > 2 else ''}{rounds - 1} (--set scheduler.grace_period={rounds - 1}), "
+                   "or no early stopping "
+                   "(--set scheduler.name=none)" if rounds > 1 else
+                   "ASHA needs federation.rounds ≥ 2 to stop a trial early; with 1 round use --set scheduler.name=none")
             )
         if space.scheduler.grace_period < every and protocol is not None:
             raise FLTuneError(
