@@ -313,11 +313,15 @@ def _md5(path: Path) -> str:
 
 def _torchvision_splits(name: str, root: Path, looked_in: list[Path],
                         make: Callable[[str, bool], Any]) -> tuple[Any, Any]:
-    """``make(root, train)`` for the train and test split; "not found" or a failed download → DatasetMissing."""
+    """``make(root, train)`` for the train and test split; "not found" or a failed download → DatasetMissing,
+    in fltune's words: torchvision's "not found" advises its own ``download=True``, a failed download's
+    reason (urllib's) is kept."""
     try:
         return make(str(root), True), make(str(root), False)
-    except (RuntimeError, OSError) as err:  # torchvision: RuntimeError "not found"; urllib: OSError
+    except OSError as err:
         raise _missing(name, looked_in, _HOW_TO_GET, err) from err
+    except RuntimeError as err:  # torchvision: "Dataset not found or corrupted. You can use download=True …"
+        raise _missing(name, looked_in, _HOW_TO_GET) from err
 
 
 def _load_mnist(root: Path | None, download: bool) -> Splits:

@@ -55,6 +55,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
+    """A study, or its plan; a space file that is missing or no YAML is one line before Ray, torch or the
+    methods load (seconds)."""
+    from fltune.config import read_yaml
+
+    if args.space:
+        read_yaml(args.space)
     if args.plan:
         return show_plan(args)
     return Study(args).run()
