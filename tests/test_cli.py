@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -36,6 +37,8 @@ def test_run_writes_json_and_one_finished_mlflow_run(tmp_path, mlflow_uri):
                "--json-out", str(out))
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "Token authentication" not in proc.stderr and "Traceback" not in proc.stderr  # no library chatter
+    # piped, a line per round with its pace and the ETA of the rounds left, from round 1 on
+    assert re.search(r"^round 1/2 \d+\.\d s/round, ETA 0:\d\d:\d\d global=", proc.stderr, re.M), proc.stderr[-2000:]
     summary = json.loads(out.read_text())
     for key in ("acc_global", "acc_all_model", "acc_personalized", "loss", "rounds_to_target", "rounds",
                 "wall_s", "samples_per_s", "mlflow_run_id"):

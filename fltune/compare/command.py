@@ -242,7 +242,10 @@ class Cells(TuneJob["CompareSpec"]):
         from fltune.compare.report import live_board
         from fltune.tune.board import TrialBoard
 
-        return TrialBoard(spec, live_board)
+        return TrialBoard(spec, live_board, self.planned_s(spec))
+
+    def planned(self, spec: CompareSpec) -> list[tuple[str, dict[str, Any], int]]:
+        return [(method, spec.trees[method], spec.seeds) for method in spec.methods]
 
     def run_tree(self) -> type[RunTree]:
         from fltune.compare.mlflow_runs import CompareLog
@@ -272,9 +275,9 @@ def conclude(spec: CompareSpec, rows: list[TrialRow]) -> int:
     from fltune.tune.results import any_unscored, unfinished
 
     res = results(spec, rows)
-    console.print(rich_table(spec, res, f"compare {spec.name}: {spec.primary}, mean ± std over seeds"))
-    paths = write_outputs(spec, res, Path(spec.out))
-    console.print(f"written: {', '.join(str(p) for p in paths)}")
+    console.print(rich_table(spec, res, f"compare {spec.name}: final accuracies, mean ± std over seeds"))
+    write_outputs(spec, res, Path(spec.out))
+    console.print(f"written: {spec.out}/: compare.md and .csv (every figure), compare.png, configs/<method>.yaml")
     if unfinished(rows, len(spec.cells)):
         say_resume("comparison interrupted", RESUME_HINT.format(prog=invoked_as(), name=spec.name, storage=spec.storage))
         return 130

@@ -67,15 +67,22 @@ def latest_trace(trial: Trial) -> str:
     return Path(path).read_text(errors="replace") if path and Path(path).is_file() else ""
 
 
-def live_table(spec: StudySpec, rows: list[TrialRow]) -> Table:
+def live_table(spec: StudySpec, rows: list[TrialRow], planned: Planned | None = None) -> Table:
     """The study's board while it runs."""
     done, total = sum(r.status in ENDED for r in rows), spec.space.num_samples
-    return trials_table(rows, spec, f"study {spec.name}: {done}/{total} trials done{eta(rows, total)}")
+    return trials_table(rows, spec, f"study {spec.name}: {done}/{total} trials done{eta(rows, total, planned=planned)}")
 
 
-def eta(rows: list[TrialRow], trials: int, costs: Mapping[str, float] | None = None) -> str:
+Planned = tuple[float, float]
+"""When the job's trials started (``time.time()``) and the seconds its plan estimated for them all
+(``fltune.estimate``): the ETA until a trial has ended and measured the pace."""
+
+
+def eta(rows: list[TrialRow], trials: int, costs: Mapping[str, float] | None = None,
+        planned: Planned | None = None) -> str:
     """', ETA ~m min': the ``trials`` (of a study or job, ``rows`` those Tune has made so far) left, over how many
-    run at once, at the pace of those finished; blank before any ends.
+    run at once, at the pace of those finished; before any ends, the plan's estimate less the time since the
+    start (``planned``), else blank.
 
     How many run at once is read from the finished trials' spans (Tune's ``time_total_s`` and ``timestamp``),
     not from how many Tune calls running: it starts every trial of a grid, and most of them wait for their
@@ -88,7 +95,7 @@ def eta(rows: list[TrialRow], trials: int, costs: Mapping[str, float] | None = N
     """
     ended = [r for r in rows if r.status in ENDED and {"time_total_s", "timestamp"} <= r.metrics.keys()]
     if not ended:
-        return ""
+        return planned_eta(planned) if planned else ""
     spans = [(r.metrics["timestamp"] - r.metrics["time_total_s"], r.metrics["timestamp"]) for r in ended]
 
     def cost(row: TrialRow) -> float:
@@ -99,6 +106,14 @@ def eta(rows: list[TrialRow], trials: int, costs: Mapping[str, float] | None = N
     left = max(0.0, total - sum(map(cost, ended)) - sum(map(cost, training)) / 2)
     pace = sum(end - start for start, end in spans) / sum(map(cost, ended))
     return f", ETA ~{left * pace / most_at_once(spans) / 60:.0f} min"
+
+
+def planned_eta(planned: Planned) -> str:
+    """', ETA ~m min (plan)': what the plan estimated less the time since the start; the plan is a lower
+    bound (it counts no evaluation), so once it has passed the board says so rather than count down to 0."""
+    started, seconds = planned
+    left = seconds - (time.time() - started)
+    return f", ETA ~{max(1, round(left / 60))} min (plan)" if left >= 30 else f", past the plan's ~{seconds / 60:.0f} min"
 
 
 def most_at_once(spans: list[tuple[float, float]]) -> int:
@@ -112,24 +127,31 @@ def most_at_once(spans: list[tuple[float, float]]) -> int:
     return max(most, 1)
 
 
+Render = Callable[[Any, list[TrialRow], Planned | None], Table]
+
+
 class TrialBoard(Callback):
     """Tune callback redrawing a table of the trials at most twice a second (driver side): a study's by
-    default, or what ``render(spec, rows)`` draws. Holds only the spec and the (module-level) renderer
-    when pickled into the study folder; the rich Live display is created in ``setup``."""
+    default, or what ``render(spec, rows, planned)`` draws. Holds only the spec, the (module-level) renderer
+    and the plan's seconds when pickled into the study folder; the rich Live display is created in ``setup``.
+    ``planned_s``: the job's estimated seconds (``TuneJob.planned_s``), its ETA until a trial has ended."""
 
-    def __init__(self, spec: Any, render: Callable[[Any, list[TrialRow]], Table] = live_table) -> None:
+    def __init__(self, spec: Any, render: Render = live_table, planned_s: float | None = None) -> None:
         self.spec = spec
         self.render = render
+        self.planned_s = planned_s
+        self.planned: Planned | None = None
         self.live: Live | None = None
         self.drawn = 0.0
         self.ending: set[str] = set()
         self.logged: set[str] = set()
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"spec": self.spec, "render": self.render, "live": None, "drawn": 0.0, "ending": set(),
-                "logged": set()}
+        return {"spec": self.spec, "render": self.render, "planned_s": self.planned_s, "planned": None, "live": None,
+                "drawn": 0.0, "ending": set(), "logged": set()}
 
     def setup(self, **info: Any) -> None:
+        self.planned = (time.time(), self.planned_s) if self.planned_s else None
         self.live = Live(console=console, refresh_per_second=2, transient=True)
         self.live.start()
 
@@ -140,7 +162,7 @@ class TrialBoard(Callback):
     def draw(self, trials: list[Trial]) -> None:
         """The live table in a terminal; in a log, where Rich shows no live display, the trials that ended."""
         if console.is_terminal:
-            self.live.update(self.render(self.spec, [trial_row(t) for t in trials]))
+            self.live.update(self.render(self.spec, [trial_row(t) for t in trials], self.planned))
         else:
             self.log_ended(trials)
         self.drawn = time.monotonic()
@@ -160,7 +182,7 @@ class TrialBoard(Callback):
                  if row.status in ENDED and row.trial_id in self.ending and row.trial_id not in self.logged]
         if not ended:
             return
-        title = self.render(self.spec, rows).title
+        title = self.render(self.spec, rows, self.planned).title
         for row in ended:
             self.logged.add(row.trial_id)
             console.print(f"{title} · {trial_label(row)} {row.status} at round {row.round}, objective "

@@ -101,6 +101,9 @@ class Study(TuneJob["StudySpec"]):
     def max_concurrent(self, spec: StudySpec) -> int:
         return spec.space.max_concurrent
 
+    def planned(self, spec: StudySpec) -> list[tuple[str, dict[str, Any], int]]:
+        return [(spec.method, spec.base, spec.space.num_samples * spec.space.seeds)]
+
     def tracking(self, spec: StudySpec) -> TrackingConfig:
         return spec.base_config.tracking
 
