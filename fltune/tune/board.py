@@ -8,6 +8,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+import ray
 from ray.tune import Callback
 from ray.tune.experiment import Trial
 from rich.live import Live
@@ -27,8 +28,18 @@ def shown(value: Any) -> str:
     return str(value)
 
 
+def node_addresses() -> dict[str, str]:
+    """The alive nodes of the Ray this driver joined (none without one): short node id, as a trial reports its
+    workers' (``trainable.worker_nodes``) → the node's IP address, which a user can tell apart."""
+    if not ray.is_initialized():
+        return {}
+    return {node["NodeID"][:8]: node["NodeManagerAddress"] for node in ray.nodes() if node.get("Alive")}
+
+
 def trials_table(rows: list[TrialRow], spec: StudySpec, title: str, ranked: bool = False) -> Table:
-    """State, parameters, round and objective per trial; with ``ranked``, best first and numbered."""
+    """State, parameters, round and objective per trial; with ``ranked``, best first and numbered; on a
+    cluster of several nodes, the nodes each trial's workers ran on."""
+    nodes = node_addresses()
     table = Table(title=title, show_lines=False)
     if ranked:
         table.add_column("#", justify="right")
@@ -41,7 +52,8 @@ def trials_table(rows: list[TrialRow], spec: StudySpec, title: str, ranked: bool
     table.add_column(f"{objective.metric} ({objective.reduce}, {objective.direction})", justify="right")
     if spec.space.seeds > 1:
         table.add_column("± std", justify="right")
-    table.add_column("nodes")
+    if len(nodes) > 1:
+        table.add_column("nodes")
     for i, row in enumerate(rank(rows, objective.direction) if ranked else rows, 1):
         cells = [str(i)] if ranked else []
         cells += [row.trial_id, f"[{STYLE.get(row.status, '')}]{row.status}[/]"]
@@ -49,7 +61,9 @@ def trials_table(rows: list[TrialRow], spec: StudySpec, title: str, ranked: bool
         cells += [f"{row.round}/{spec.rounds}", shown(row.objective)]
         if spec.space.seeds > 1:
             cells.append(shown(row.objective_std))
-        cells.append(str(row.metrics.get("worker_nodes", "")))
+        if len(nodes) > 1:
+            ids = str(row.metrics.get("worker_nodes", "")).split(",")
+            cells.append(",".join(nodes.get(node, node) for node in ids))
         table.add_row(*cells)
     return table
 
