@@ -20,6 +20,7 @@ from rich.table import Table
 from fltune.cli_args import add_experiment_args, experiment_overrides
 from fltune.compare.command import add_parser as add_compare_parser
 from fltune.compare.command import cmd_compare
+from fltune.data.locations import check_here
 from fltune.errors import FLTuneError
 from fltune.examples import EXAMPLES
 from fltune.folders import make_out
@@ -52,6 +53,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.print_config:
         print(cfg.to_yaml(), end="")
         return 0
+    check_here(cfg.data.dataset, cfg.data.root, cfg.data.download)  # before torch and Ray: one line at once
     if args.plan:
         from fltune.estimate import print_plan
 

@@ -163,6 +163,25 @@ def test_missing_dataset_says_where_it_looked(tmp_path, capsys):
     assert "cifar10" in err and str(tmp_path) in err and len(err.splitlines()) == 1
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("args", [
+    ["tune", "--space", "/nonexistent/space.yaml"],
+    ["run", "--dataset", "cifar10", "--data-root", "/nonexistent-fltune-data"],
+    ["compare", "--methods", "fedavg,fedprox", "--dataset", "mnist", "--data-root", "/nonexistent-fltune-data"],
+], ids=["space file", "run's dataset", "compare's dataset"])
+def test_a_missing_file_is_refused_before_torch_or_ray_load(args):
+    """What makes the line come in a second or two, not the 7–20 s that importing torch and starting Ray take:
+    the command checks files first (``python -X importtime`` lists every module the process imported)."""
+    proc = subprocess.run([sys.executable, "-X", "importtime", "cli.py", *args], cwd=REPO, capture_output=True,
+                          text=True, timeout=120)
+    lines = proc.stderr.splitlines()
+    said = [line for line in lines if not line.startswith("import time:")]
+    imported = {line.rsplit("|", 1)[-1].strip() for line in lines if line.startswith("import time:")}
+    assert proc.returncode == 2 and len(said) == 1 and said[0].startswith("fltune: "), said
+    assert not imported & {"torch", "ray", "mlflow", "torchvision"}
+    assert "download=True" not in said[0]  # fltune's words and flag, not torchvision's
+
+
 def test_impossible_partition_and_unplaceable_workers(ray_session, capsys, mlflow_uri):
     assert main(["run", "--dataset", "synthetic", "--clients", "100000", "--rounds", "1"]) == 2
     assert "federation.clients" in capsys.readouterr().err

@@ -64,6 +64,17 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
+    """A comparison, or its plan; a dataset that is nowhere is one line before torch or Ray load."""
+    from fltune.config import build_config
+    from fltune.data.locations import check_here
+
+    if not args.resume:
+        try:
+            data = build_config(experiment_tree(args)).data
+        except FLTuneError:  # said, per method, where the comparison is validated
+            data = None
+        if data is not None:
+            check_here(data.dataset, data.root, data.download)
     if args.plan:
         return show_plan(args)
     return Comparison(args).run()
