@@ -109,6 +109,14 @@ def test_print_config_round_trips_into_run_config(tmp_path, capsys):
     assert capsys.readouterr().out == text
 
 
+def test_an_unknown_flag_shows_its_commands_usage(capsys):
+    with pytest.raises(SystemExit) as stop:
+        main(["run", "--bogus"])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and "usage: fltune run [-h]" in err
+    assert "fltune run: error: unrecognized arguments: --bogus" in err
+
+
 def test_methods_lists_registered_methods_with_defaults(capsys):
     assert main(["methods"]) == 0
     out = capsys.readouterr().out

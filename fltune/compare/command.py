@@ -290,6 +290,7 @@ def conclude(spec: CompareSpec, rows: list[TrialRow]) -> int:
     write_outputs(spec, res, Path(spec.out))
     console.print(f"written: {spec.out}/: compare.md and .csv (every figure), compare.png, configs/<method>.yaml")
     if unfinished(rows, len(spec.cells)):
-        say_resume("comparison interrupted", RESUME_HINT.format(prog=invoked_as(), name=spec.name, storage=spec.storage))
+        say_resume("comparison interrupted",
+                   RESUME_HINT.format(prog=invoked_as(), name=spec.name, storage=spec.storage))
         return 130
     return 1 if any_unscored(r.status for r in rows) else 0

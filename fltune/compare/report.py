@@ -190,20 +190,25 @@ SHORT = {"acc_global": "global", "acc_all_model": "all-model", "acc_personalized
 """Terminal headers of the final accuracies (the files name them in full)."""
 
 
+TERMINAL = {"rounds_to_target": "to target", "time_total_s": "wall s"}
+"""The costs the terminal's table shows, with their headers there (the files show them all)."""
+
+
 def rich_table(spec: CompareSpec, res: list[MethodRow], title: str, live: bool = False) -> Table:
     """The terminal's table, made to read in 100 columns: the final accuracies, rounds to target when a
     target is set, wall time and the test against the best; every other figure (best accuracies, TFLOPs,
     communication, full p-values) is in compare.md and compare.csv. ``live``: the board's, whose seeds
     column says the round of each running cell."""
-    table = Table(title=title, box=box.SIMPLE_HEAD, show_edge=False, collapse_padding=True, caption=f"★ highest mean final {spec.primary}; vs ★: "
-                  f"Welch's p over seeds, * below α = {ALPHA:g} (beyond seed noise)")
-    shown_columns = [f"final {acc}" for acc in spec.finals] + [
-        c for c in COSTS if c == "time_total_s" or (c == "rounds_to_target" and spec.config.metrics.target)]
-    heads = ["method", "seeds", *(f"{SHORT[c.removeprefix('final ')]} %" if c.startswith("final") else
-                                  "to target" if c == "rounds_to_target" else COSTS[c] for c in shown_columns), "vs ★"]
-    lines = [[("★ " if r.best else "") + r.method, cells_text(r, spec.config.federation.rounds if live else None),
-              *(target_text(spec, r) if c == "rounds_to_target" else shown(c, *r.stat(c), spec.seeds).replace(" ± ", "±")
-                for c in shown_columns), short_verdict(r)] for r in res]
+    costs = [c for c in TERMINAL if c != "rounds_to_target" or spec.config.metrics.target]
+    heads = ["method", "seeds", *(f"{SHORT[acc]} %" for acc in spec.finals), *(TERMINAL[c] for c in costs), "vs ★"]
+    rounds = spec.config.federation.rounds if live else None
+    lines = [[("★ " if r.best else "") + r.method, cells_text(r, rounds),
+              *(shown(f"final {a}", *r.stat(f"final {a}"), spec.seeds).replace(" ± ", "±") for a in spec.finals),
+              *(target_text(spec, r) if c == "rounds_to_target" else shown(c, *r.stat(c), spec.seeds) for c in costs),
+              short_verdict(r)] for r in res]
+    table = Table(title=title, box=box.SIMPLE_HEAD, show_edge=False, collapse_padding=True,
+                  caption=f"★ highest mean final {spec.primary}; vs ★: Welch's p over seeds, * below "
+                          f"α = {ALPHA:g} (beyond seed noise)")
     for i, name in enumerate(heads):  # names and seeds whole; the figures never wrap
         table.add_column(name, justify="left" if i < 2 else "right", no_wrap=True,
                          min_width=max(len(line[i]) for line in lines) if i < 2 and lines else None)

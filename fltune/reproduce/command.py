@@ -250,6 +250,7 @@ def conclude(spec: ReproSpec, rows: list[TrialRow]) -> int:
         console.print(f"diverged (loss or weights NaN/inf; the number shown is the last evaluation before): "
                       f"{'; '.join(diverged)}")
     if any(r.status in ("running", "pending") for r in res):
-        say_resume("job interrupted", RESUME_HINT.format(prog=invoked_as(), table=spec.table, name=spec.name, storage=spec.storage))
+        say_resume("job interrupted",
+                   RESUME_HINT.format(prog=invoked_as(), table=spec.table, name=spec.name, storage=spec.storage))
         return 130
     return 1 if any_unscored(r.status for r in res) else 0

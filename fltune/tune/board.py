@@ -127,7 +127,9 @@ def planned_eta(planned: Planned) -> str:
     bound (it counts no evaluation), so once it has passed the board says so rather than count down to 0."""
     started, seconds = planned
     left = seconds - (time.time() - started)
-    return f", ETA ~{max(1, round(left / 60))} min (plan)" if left >= 30 else f", past the plan's ~{seconds / 60:.0f} min"
+    if left < 30:
+        return f", past the plan's ~{seconds / 60:.0f} min"
+    return f", ETA ~{max(1, round(left / 60))} min (plan)"
 
 
 def most_at_once(spans: list[tuple[float, float]]) -> int:

@@ -237,7 +237,8 @@ def check_objective(space: SearchSpace, cfg: ExperimentConfig) -> None:
                 + (f"allowed: {'1..' if rounds > 2 else ''}{rounds - 1} (--set scheduler.grace_period={rounds - 1}), "
                    "or no early stopping "
                    "(--set scheduler.name=none)" if rounds > 1 else
-                   "ASHA needs federation.rounds ≥ 2 to stop a trial early; with 1 round use --set scheduler.name=none")
+                   "ASHA needs federation.rounds ≥ 2 to stop a trial early; with 1 round use "
+                   "--set scheduler.name=none")
             )
         if space.scheduler.grace_period < every and protocol is not None:
             raise FLTuneError(
