@@ -14,14 +14,14 @@ def counted(n: int, noun: str) -> str:
 
 
 def allowed(value: str, names: Iterable[str], none: str = "none", section: str = "") -> str:
-    """The tail of an "unknown name" line: "did you mean fedprox?" when a name is close to ``value`` (a typo),
+    """The tail of an "unknown name" line: "did you mean fedprox?" when names are close to ``value`` (a typo),
     else "allowed: a, b, c" (``none`` when there are no names). A near miss is what a user needs to see;
     a list of forty methods buries it, so the list shows only when nothing is close. ``section``: the
     dotted path the names sit in, for a suggestion the user can paste (``training.lr``)."""
     names = list(names)
-    close = difflib.get_close_matches(value, names, n=1, cutoff=0.75)
+    close = difflib.get_close_matches(value, names, n=3, cutoff=0.75)
     if close:
-        return f"did you mean {section}{close[0]}?"
+        return f"did you mean {' or '.join(section + name for name in close)}?"
     return f"allowed: {', '.join(names) or none}"
 
 

@@ -206,7 +206,7 @@ def rich_table(spec: CompareSpec, res: list[MethodRow], title: str, live: bool =
               *(shown(f"final {a}", *r.stat(f"final {a}"), spec.seeds).replace(" ± ", "±") for a in spec.finals),
               *(target_text(spec, r) if c == "rounds_to_target" else shown(c, *r.stat(c), spec.seeds) for c in costs),
               short_verdict(r)] for r in res]
-    table = Table(title=title, box=box.SIMPLE_HEAD, show_edge=False, collapse_padding=True,
+    table = Table(title=title, box=box.SIMPLE_HEAD, show_edge=False, collapse_padding=True, min_width=len(title),
                   caption=f"★ highest mean final {spec.primary}; vs ★: Welch's p over seeds, * below "
                           f"α = {ALPHA:g} (beyond seed noise)")
     for i, name in enumerate(heads):  # names and seeds whole; the figures never wrap

@@ -77,7 +77,7 @@ def test_reproduce_prints_paper_beside_measured_writes_files_and_resumes(ray_ses
 
 
 @pytest.mark.parametrize("args, message", [
-    (["reproduce", "table9"], "fltune: table: unknown table 'table9'; allowed:"),
+    (["reproduce", "table9"], "fltune: table: unknown table 'table9'; did you mean table4 or"),
     (["reproduce", "table2", "--scale", "huge"], "fltune: --scale: simfafl:table2 has no scale 'huge'"),
     (["reproduce", "table2", "--datasets", "svhn"], "fltune: --datasets: 'svhn' is not a dataset"),
     (["reproduce", "table2", "--seeds", "0"], "fltune: --seeds: 0; allowed: ≥ 1"),
