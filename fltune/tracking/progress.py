@@ -72,13 +72,15 @@ class ProgressCallback(Callback):
         self.latest: dict[str, float] = {}
         self.info = ""
         """The last round's figures (shown after the name of the probe running, if any)."""
-        self.started, self.first = 0.0, 0
-        """When this process started its first round, and which round that was (a resumed run's rounds
-        before it took no time here)."""
+        self.clock: tuple[float, int] = (0.0, 0)
+        """Since when, and since which round, the pace is measured: from the start of this process's first
+        round (a resumed run's rounds before it took no time here), then from the end of that round, whose
+        one-off costs (the workers' first batches, data moved to them) would skew the ETA of the rest."""
+        self.first_done = False
 
     def on_start(self, fed: Federation) -> None:
         self.progress.start()
-        self.started, self.first = time.monotonic(), fed.round
+        self.clock, self.first_done = (time.monotonic(), fed.round), False
         self.task = self.progress.add_task(
             self.description, total=fed.cfg.federation.rounds, completed=fed.round, info="training …", pace="",
         )
@@ -91,7 +93,10 @@ class ProgressCallback(Callback):
         accs = " ".join(f"{k.removeprefix('acc_')}={v:.4f}" for k, v in self.latest.items() if k.startswith("acc_"))
         self.info = info = f"{accs} train_loss={metrics['train_loss']:.4f}"
         done, total = int(metrics["round"]), fed.cfg.federation.rounds
-        speed = pace(time.monotonic() - self.started, done - self.first, total - done)
+        since, since_round = self.clock
+        speed = pace(time.monotonic() - since, done - since_round, total - done)
+        if not self.first_done:
+            self.clock, self.first_done = (time.monotonic(), done), True
         self.progress.update(self.task, completed=done, info=info, pace=speed)
         if not console.is_terminal:  # logs (CI, `ray job submit`) get one plain line per round instead
             console.print(f"round {done}/{total} {speed} {info}", soft_wrap=True, markup=False, highlight=False)
