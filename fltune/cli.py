@@ -20,6 +20,7 @@ from rich.table import Table
 from fltune.cli_args import add_experiment_args, experiment_overrides
 from fltune.compare.command import add_parser as add_compare_parser
 from fltune.compare.command import cmd_compare
+from fltune.data.locations import check_here
 from fltune.errors import FLTuneError
 from fltune.examples import EXAMPLES
 from fltune.folders import make_out
@@ -28,7 +29,7 @@ from fltune.process import (
 )
 from fltune.reproduce.command import add_parsers as add_reproduce_parsers
 from fltune.reproduce.command import cmd_reproduce, cmd_tables
-from fltune.text import counted
+from fltune.text import counted, invoked_as
 from fltune.tune.command import add_parser as add_tune_parser
 from fltune.tune.command import cmd_tune
 
@@ -52,6 +53,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.print_config:
         print(cfg.to_yaml(), end="")
         return 0
+    check_here(cfg.data.dataset, cfg.data.root, cfg.data.download)  # before torch and Ray: one line at once
     if args.plan:
         from fltune.estimate import print_plan
 
@@ -146,7 +148,7 @@ def _load_data(cfg: ExperimentConfig) -> FederatedData:
 def cmd_methods(args: argparse.Namespace) -> int:
     from fltune.methods import METHODS
     from fltune.methods.base import params_table
-    from fltune.tracking.progress import console
+    from fltune.tracking.progress import listing
 
     table = Table(title="registered methods", show_lines=True)
     for column in ("method", "summary", "parameters (default)"):
@@ -155,7 +157,7 @@ def cmd_methods(args: argparse.Namespace) -> int:
         cls = METHODS[name]
         params = "\n".join(f"{p} = {d!r}  {desc}" for p, _, d, desc in params_table(cls)) or "—"
         table.add_row(name, (cls.__doc__ or "").strip().splitlines()[0], params)
-    console.print(table)
+    listing.print(table)
     return 0
 
 
@@ -167,7 +169,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description="fltune: run, tune and compare FL methods.")
+    parser = argparse.ArgumentParser(prog=invoked_as(), description="fltune: run, tune and compare FL methods.")
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="one federated run, tracked in MLflow", epilog=EXAMPLES["run"],
                          formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -185,11 +187,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
+    """The command line; a flag its command does not know is refused with that command's usage (argparse
+    leaves unrecognised arguments to the top-level parser, whose usage only lists the commands)."""
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        commands.choices[args.command].error(f"unrecognized arguments: {' '.join(unknown)}")
+    return args
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command: bad input → one line and 2; Ctrl-C or SIGTERM → one line and 128 + the signal
     (a Tune job prints its own resume hint instead and returns 130, whatever stopped it)."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parse(build_parser(), argv)
     quiet_libraries()
     forget_stops()
     handle_stop_signals()

@@ -11,6 +11,7 @@ a config imports neither torch nor any method unless it names method parameters 
 
 from __future__ import annotations
 
+import typing
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -23,15 +24,17 @@ from pydantic import (
 
 from fltune import catalog
 from fltune.errors import FLTuneError
+from fltune.text import allowed
 
 Protocol = Literal["global", "all_model", "personalized"]
 PROTOCOLS: tuple[str, ...] = ("global", "all_model", "personalized")
 
 
-def one_of(value: str, allowed: Sequence[str], what: str) -> str:
-    """``value`` if allowed, else the ValueError pydantic turns into 'field: unknown … ; allowed: …'."""
-    if value not in allowed:
-        raise ValueError(f"unknown {what} {value!r}; allowed: {', '.join(allowed)}")
+def one_of(value: str, names: Sequence[str], what: str) -> str:
+    """``value`` if one of ``names``, else the ValueError pydantic turns into 'field: unknown …; did you
+    mean …?' (``text.allowed``)."""
+    if value not in names:
+        raise ValueError(f"unknown {what} {value!r}; {allowed(value, names)}")
     return value
 
 
@@ -139,8 +142,8 @@ class MethodConfig(BaseModel):
         fields = method_cls.Params.model_fields
         unknown = sorted(set(given) - set(fields))
         if unknown:
-            allowed = ", ".join(fields) or "none"
-            raise ValueError(f"method.{unknown[0]}: {self.name} has no parameter {unknown[0]!r}; allowed: {allowed}")
+            raise ValueError(f"method.{unknown[0]}: {self.name} has no parameter {unknown[0]!r}; "
+                             f"{allowed(unknown[0], fields)}")
         try:
             params = method_cls.Params(**given)
         except ValidationError as err:
@@ -328,19 +331,58 @@ class ExperimentConfig(_Section):
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
 
 
-def describe_validation_error(err: ValidationError, prefix: str = "") -> str:
-    """One line per problem: the dotted field, what is wrong/allowed, and the value given."""
+def describe_validation_error(err: ValidationError, prefix: str = "", model: type[BaseModel] | None = None) -> str:
+    """One line per problem: the dotted field, what is wrong/allowed, and the value given; an unknown field
+    of ``model`` (the tree validated) with the field it was likely meant to be (``text.allowed``)."""
     lines = []
     for item in err.errors():
         loc = ".".join(str(p) for p in (prefix, *item["loc"]) if p != "")
         msg = item["msg"].removeprefix("Value error, ")
         if item["type"] == "extra_forbidden":
-            msg = "unknown field"
+            loc, msg = unknown_field(item["loc"], prefix, model)
         given = item.get("input")
         shown = "" if isinstance(given, dict) or item["type"] == "value_error" else f" (got {given!r})"
         nested = msg.startswith(f"{loc}.")  # a sub-model already named the full field path
         lines.append(f"{loc}: {msg}{shown}" if loc and not nested else f"{msg}{shown}")
     return "; ".join(lines)
+
+
+def unknown_field(loc: tuple[int | str, ...], prefix: str, model: type[BaseModel] | None) -> tuple[str, str]:
+    """An unknown key's dotted path and "unknown field; did you mean …?" (with ``model``, the tree validated)."""
+    path, fields = section_of(model, loc) if model else ([str(part) for part in loc[:-1]], [])
+    section = "".join(f"{part}." for part in ([prefix] if prefix else []) + path)
+    key = str(loc[-1])
+    return f"{section}{key}", "unknown field" + (f"; {allowed(key, fields, section=section)}" if fields else "")
+
+
+def section_of(model: type[BaseModel], loc: tuple[int | str, ...]) -> tuple[list[str], list[str]]:
+    """The dotted path of the section of ``model`` that holds ``loc``, as the user writes it, and its fields
+    (none when a step is not a section). A section of several kinds (a search space's ``scheduler``) has
+    the kind's tag next in pydantic's ``loc``: its fields are the kind's, and the tag is no part of the path."""
+    path: list[str] = []
+    kinds: dict[str, type[BaseModel]] = {}
+    for part in map(str, loc[:-1]):
+        if part in kinds:
+            model, kinds = kinds[part], {}
+            continue
+        path.append(part)
+        field = model.model_fields.get(part)
+        options = [a for a in typing.get_args(field.annotation) if isinstance(a, type)] if field else []
+        sections = [a for a in (field.annotation if field else None, *options)
+                    if isinstance(a, type) and issubclass(a, BaseModel)]
+        if len(sections) != 1:
+            kinds = {tag: kind for kind in sections for tag in _tags(kind)}
+            if not kinds:
+                return path, []
+            continue
+        model = sections[0]
+    return path, [] if kinds else list(model.model_fields)
+
+
+def _tags(kind: type[BaseModel]) -> tuple[str, ...]:
+    """The values that tag ``kind`` in a union of sections: its ``Literal`` fields' (``name: Literal["asha"]``)."""
+    return tuple(value for field in kind.model_fields.values()
+                 if typing.get_origin(field.annotation) is Literal for value in typing.get_args(field.annotation))
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:
@@ -355,10 +397,14 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     return key.strip().split("."), value
 
 
-def apply_overrides(tree: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    """Set dotted keys in a nested dict (creating sections); validation happens afterwards."""
+def apply_overrides(tree: dict[str, Any], overrides: list[str], fresh: Sequence[str] = ()) -> dict[str, Any]:
+    """Set dotted keys in a nested dict (creating sections); validation happens afterwards. A section named
+    in ``fresh`` starts empty when its ``name`` is set: its other keys belong to the kind it names (a search
+    space's ``--set scheduler.name=none`` drops ASHA's grace period)."""
     for text in overrides:
         path, value = parse_override(text)
+        if len(path) == 2 and path[0] in fresh and path[1] == "name" and isinstance(tree.get(path[0]), dict):
+            tree[path[0]] = {}
         node = tree
         for part in path[:-1]:
             child = node.setdefault(part, {})
@@ -393,7 +439,7 @@ def build_config(tree: dict[str, Any] | None = None, overrides: list[str] | None
     try:
         return ExperimentConfig.model_validate(merged)
     except ValidationError as err:
-        raise FLTuneError(f"config error: {describe_validation_error(err)}") from None
+        raise FLTuneError(f"config error: {describe_validation_error(err, model=ExperimentConfig)}") from None
 
 
 def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -36,6 +37,8 @@ def test_run_writes_json_and_one_finished_mlflow_run(tmp_path, mlflow_uri):
                "--json-out", str(out))
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "Token authentication" not in proc.stderr and "Traceback" not in proc.stderr  # no library chatter
+    # piped, a line per round with its pace and the ETA of the rounds left, from round 1 on
+    assert re.search(r"^round 1/2 \d+\.\d s/round, ETA 0:\d\d:\d\d global=", proc.stderr, re.M), proc.stderr[-2000:]
     summary = json.loads(out.read_text())
     for key in ("acc_global", "acc_all_model", "acc_personalized", "loss", "rounds_to_target", "rounds",
                 "wall_s", "samples_per_s", "mlflow_run_id"):
@@ -106,9 +109,17 @@ def test_print_config_round_trips_into_run_config(tmp_path, capsys):
     assert capsys.readouterr().out == text
 
 
+def test_an_unknown_flag_shows_its_commands_usage(capsys):
+    with pytest.raises(SystemExit) as stop:
+        main(["run", "--bogus"])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and "usage: fltune run [-h]" in err
+    assert "fltune run: error: unrecognized arguments: --bogus" in err
+
+
 def test_methods_lists_registered_methods_with_defaults(capsys):
     assert main(["methods"]) == 0
-    out = capsys.readouterr().err
+    out = capsys.readouterr().out
     assert "fedavg" in out and "fedprox" in out and "mu" in out
 
 
@@ -158,6 +169,25 @@ def test_missing_dataset_says_where_it_looked(tmp_path, capsys):
     assert main(["run", "--dataset", "cifar10", "--data-root", str(tmp_path), "--rounds", "1"]) == 2
     err = capsys.readouterr().err.strip()
     assert "cifar10" in err and str(tmp_path) in err and len(err.splitlines()) == 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("args", [
+    ["tune", "--space", "/nonexistent/space.yaml"],
+    ["run", "--dataset", "cifar10", "--data-root", "/nonexistent-fltune-data"],
+    ["compare", "--methods", "fedavg,fedprox", "--dataset", "mnist", "--data-root", "/nonexistent-fltune-data"],
+], ids=["space file", "run's dataset", "compare's dataset"])
+def test_a_missing_file_is_refused_before_torch_or_ray_load(args):
+    """What makes the line come in a second or two, not the 7–20 s that importing torch and starting Ray take:
+    the command checks files first (``python -X importtime`` lists every module the process imported)."""
+    proc = subprocess.run([sys.executable, "-X", "importtime", "cli.py", *args], cwd=REPO, capture_output=True,
+                          text=True, timeout=120)
+    lines = proc.stderr.splitlines()
+    said = [line for line in lines if not line.startswith("import time:")]
+    imported = {line.rsplit("|", 1)[-1].strip() for line in lines if line.startswith("import time:")}
+    assert proc.returncode == 2 and len(said) == 1 and said[0].startswith("fltune: "), said
+    assert not imported & {"torch", "ray", "mlflow", "torchvision"}
+    assert "download=True" not in said[0]  # fltune's words and flag, not torchvision's
 
 
 def test_impossible_partition_and_unplaceable_workers(ray_session, capsys, mlflow_uri):

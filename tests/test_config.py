@@ -55,6 +55,11 @@ def test_overrides_parse_yaml_values_and_create_sections():
 
 @pytest.mark.parametrize(("overrides", "message"), [
     (["method.name=nope"], "method.name: unknown method 'nope'; allowed:"),
+    (["method.name=fedprx"], "method.name: unknown method 'fedprx'; did you mean fedprox or"),
+    (["training.lrr=0.1"], "training.lrr: unknown field; did you mean training.lr?"),
+    (["trainin.lr=0.1"], "trainin: unknown field; did you mean training?"),
+    (["method.name=fedprox", "method.muu=0.1"], "method.muu: fedprox has no parameter 'muu'; did you mean mu?"),
+    (["data.dataset=cifar"], "data.dataset: unknown dataset 'cifar'; did you mean cifar10 or cifar100?"),
     (["method.name=fedprox", "method.mu=-1"], "method.mu: Input should be greater than or equal to 0"),
     (["method.mu=0.1"], "method.mu: fedavg has no parameter 'mu'; allowed: none"),
     (["federation.fraction=1.5"], "federation.fraction: Input should be less than or equal to 1"),

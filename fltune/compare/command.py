@@ -24,6 +24,7 @@ from fltune.errors import FLTuneError
 from fltune.examples import EXAMPLES
 from fltune.folders import make_out
 from fltune.process import ending_if_ray_dies, interrupted, say_resume, stop_status
+from fltune.text import invoked_as
 from fltune.tune.job import CELL_CHECKPOINT_EVERY, CELL_CHECKPOINT_SECONDS, TuneJob
 
 if TYPE_CHECKING:  # Ray Tune and MLflow load only when the command runs
@@ -35,7 +36,7 @@ if TYPE_CHECKING:  # Ray Tune and MLflow load only when the command runs
     from fltune.tune.mlflow_runs import RunTree
     from fltune.tune.results import TrialRow
 
-RESUME_HINT = "python cli.py compare --name {name} --storage {storage} --resume"
+RESUME_HINT = "{prog} compare --name {name} --storage {storage} --resume"
 SETTINGS = ("methods", "seeds", "tune_budget", "max_concurrent", "checkpoint_every", "checkpoint_seconds")
 """The command's own flags that shape a comparison (a resumed one keeps its saved settings instead)."""
 
@@ -63,6 +64,17 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
+    """A comparison, or its plan; a dataset that is nowhere is one line before torch or Ray load."""
+    from fltune.config import build_config
+    from fltune.data.locations import check_here
+
+    if not args.resume:
+        try:
+            data = build_config(experiment_tree(args)).data
+        except FLTuneError:  # said, per method, where the comparison is validated
+            data = None
+        if data is not None:
+            check_here(data.dataset, data.root, data.download)
     if args.plan:
         return show_plan(args)
     return Comparison(args).run()
@@ -164,7 +176,7 @@ class Comparison:
                       f"{', '.join(spec.methods)} × {spec.seeds} seed(s)"
                       + (f", each tuned with {spec.tune_budget} trials first" if spec.tune_budget else "")
                       + "".join(f"\n  {line}" for line in notes(spec)[:2]))
-        hint = RESUME_HINT.format(name=spec.name, storage=spec.storage)
+        hint = RESUME_HINT.format(prog=invoked_as(), name=spec.name, storage=spec.storage)
         with ending_if_ray_dies(lambda: None, hint):  # also between its Tune jobs
             try:
                 return self.stages(spec, hint)
@@ -241,7 +253,10 @@ class Cells(TuneJob["CompareSpec"]):
         from fltune.compare.report import live_board
         from fltune.tune.board import TrialBoard
 
-        return TrialBoard(spec, live_board)
+        return TrialBoard(spec, live_board, self.planned_s(spec))
+
+    def planned(self, spec: CompareSpec) -> list[tuple[str, dict[str, Any], int]]:
+        return [(method, spec.trees[method], spec.seeds) for method in spec.methods]
 
     def run_tree(self) -> type[RunTree]:
         from fltune.compare.mlflow_runs import CompareLog
@@ -258,7 +273,7 @@ class Cells(TuneJob["CompareSpec"]):
                 f"client worker(s) each on a {nodes}-node cluster · folder {spec.path}")
 
     def resume_command(self, spec: CompareSpec) -> str:
-        return RESUME_HINT.format(name=spec.name, storage=spec.storage)
+        return RESUME_HINT.format(prog=invoked_as(), name=spec.name, storage=spec.storage)
 
     def conclude(self, spec: CompareSpec, rows: list[TrialRow]) -> int:
         return conclude(spec, rows)
@@ -271,10 +286,11 @@ def conclude(spec: CompareSpec, rows: list[TrialRow]) -> int:
     from fltune.tune.results import any_unscored, unfinished
 
     res = results(spec, rows)
-    console.print(rich_table(spec, res, f"compare {spec.name}: {spec.primary}, mean ± std over seeds"))
-    paths = write_outputs(spec, res, Path(spec.out))
-    console.print(f"written: {', '.join(str(p) for p in paths)}")
+    console.print(rich_table(spec, res, f"compare {spec.name}: final accuracies, mean ± std over seeds"))
+    write_outputs(spec, res, Path(spec.out))
+    console.print(f"written: {spec.out}/: compare.md and .csv (every figure), compare.png, configs/<method>.yaml")
     if unfinished(rows, len(spec.cells)):
-        say_resume("comparison interrupted", RESUME_HINT.format(name=spec.name, storage=spec.storage))
+        say_resume("comparison interrupted",
+                   RESUME_HINT.format(prog=invoked_as(), name=spec.name, storage=spec.storage))
         return 130
     return 1 if any_unscored(r.status for r in rows) else 0

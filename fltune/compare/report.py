@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rich import box
 from rich.table import Table
 
 from fltune.compare.job import best_key
@@ -23,7 +24,7 @@ from fltune.compare.stats import ALPHA, mean_std, welch_p
 from fltune.config import build_config
 from fltune.metrics.figures import new_figure, round_axis, save_png
 from fltune.text import counted
-from fltune.tune.board import eta
+from fltune.tune.board import Planned, eta
 from fltune.tune.results import ENDED, TrialRow
 
 COSTS = {"rounds_to_target": "rounds to target", "time_total_s": "wall s", "cost_cum_tflops": "train TFLOPs",
@@ -41,6 +42,8 @@ class MethodRow:
     """Column → the value of every finished seed."""
     best: bool = False
     p_value: float | None = None
+    running: list[int] = field(default_factory=list)
+    """The round of each of its cells running now."""
 
     def stat(self, column: str) -> tuple[float, float]:
         return mean_std(self.figures.get(column, []))
@@ -65,7 +68,8 @@ def results(spec: CompareSpec, rows: list[TrialRow]) -> list[MethodRow]:
     out = []
     for method in spec.methods:
         cells = [by_cell.get(key) for key in spec.cells if parse_cell(key)[0] == method]
-        result = MethodRow(method, [c.status if c else "pending" for c in cells])
+        result = MethodRow(method, [c.status if c else "pending" for c in cells],
+                           running=[c.round for c in cells if c is not None and c.status == "running"])
         for cell in (c for c in cells if c is not None and c.status == "finished"):
             for column, value in cell_figures(spec, cell).items():
                 if math.isfinite(value):
@@ -115,10 +119,16 @@ def target_text(spec: CompareSpec, r: MethodRow) -> str:
     return f"{sum(reached) / len(reached):.1f}" + (f" ({len(reached)}/{done})" if len(reached) < done else "")
 
 
-def cells_text(r: MethodRow) -> str:
+def cells_text(r: MethodRow, rounds: int | None = None) -> str:
+    """Seeds finished of seeds, the others' states; with ``rounds`` (the live board), the round each running
+    seed is at instead ("1/3 r4 r2/10": a running cell's progress before it ends), and no pending ones."""
     done = sum(s == "finished" for s in r.statuses)
-    others = sorted({s for s in r.statuses if s != "finished"})
-    return f"{done}/{len(r.statuses)}" + (f" ({', '.join(others)})" if others else "")
+    waiting = ("finished", "running", "pending") if rounds is not None else ("finished",)
+    others = sorted({s for s in r.statuses if s not in waiting})
+    text = f"{done}/{len(r.statuses)}" + (f" ({', '.join(others)})" if others else "")
+    if rounds is not None and r.running:
+        text += f" {' '.join(f'r{n}' for n in r.running)}/{rounds}"
+    return text
 
 
 def table_rows(spec: CompareSpec, res: list[MethodRow]) -> list[list[str]]:
@@ -145,8 +155,8 @@ def notes(spec: CompareSpec) -> list[str]:
         f"per round, {counted(fed.rounds, 'round')}; seeds {seeds}",
         "every method: the same partition and, per seed, the same client-sampling sequence "
         "(both functions of federation.seed and the round only)",
-        f"best (★): highest mean final {spec.primary}; 'vs best': Welch's two-sided t-test of final "
-        f"{spec.primary} over seeds against the best row, α = {ALPHA} (p < α: beyond seed noise)",
+        f"best (★): highest mean final {spec.primary}; 'vs best' (vs ★): Welch's two-sided t-test of final "
+        f"{spec.primary} over seeds against the best row, α = {ALPHA} (p < α, marked *: beyond seed noise)",
     ]
     if spec.tune_budget:
         lines.append(f"tuned: {spec.tune_budget} trials per method (search_spaces/<method>.yaml, Optuna), objective "
@@ -175,20 +185,51 @@ def _flat(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def rich_table(spec: CompareSpec, res: list[MethodRow], title: str) -> Table:
-    table = Table(title=title, caption="\n".join(notes(spec)), show_lines=False)
-    for i, name in enumerate(headers(spec)):
-        table.add_column(name, justify="left" if i < 2 else "right")
-    for r, line in zip(res, table_rows(spec, res)):
+SHORT = {"acc_global": "global", "acc_all_model": "all-model", "acc_personalized": "pers.",
+         "acc_personalized_ft": "pers.-FT"}
+"""Terminal headers of the final accuracies (the files name them in full)."""
+
+
+TERMINAL = {"rounds_to_target": "to target", "time_total_s": "wall s"}
+"""The costs the terminal's table shows, with their headers there (the files show them all)."""
+
+
+def rich_table(spec: CompareSpec, res: list[MethodRow], title: str, live: bool = False) -> Table:
+    """The terminal's table, made to read in 100 columns: the final accuracies, rounds to target when a
+    target is set, wall time and the test against the best; every other figure (best accuracies, TFLOPs,
+    communication, full p-values) is in compare.md and compare.csv. ``live``: the board's, whose seeds
+    column says the round of each running cell."""
+    costs = [c for c in TERMINAL if c != "rounds_to_target" or spec.config.metrics.target]
+    heads = ["method", "seeds", *(f"{SHORT[acc]} %" for acc in spec.finals), *(TERMINAL[c] for c in costs), "vs ★"]
+    rounds = spec.config.federation.rounds if live else None
+    lines = [[("★ " if r.best else "") + r.method, cells_text(r, rounds),
+              *(shown(f"final {a}", *r.stat(f"final {a}"), spec.seeds).replace(" ± ", "±") for a in spec.finals),
+              *(target_text(spec, r) if c == "rounds_to_target" else shown(c, *r.stat(c), spec.seeds) for c in costs),
+              short_verdict(r)] for r in res]
+    table = Table(title=title, box=box.SIMPLE_HEAD, show_edge=False, collapse_padding=True, min_width=len(title),
+                  caption=f"★ highest mean final {spec.primary}; vs ★: Welch's p over seeds, * below "
+                          f"α = {ALPHA:g} (beyond seed noise)")
+    for i, name in enumerate(heads):  # names and seeds whole; the figures never wrap
+        table.add_column(name, justify="left" if i < 2 else "right", no_wrap=True,
+                         min_width=max(len(line[i]) for line in lines) if i < 2 and lines else None)
+    for r, line in zip(res, lines):
         table.add_row(*line, style="bold" if r.best else None)
     return table
 
 
-def live_board(spec: CompareSpec, rows: list[TrialRow]) -> Table:
+def short_verdict(r: MethodRow) -> str:
+    """The test against the best row in a few characters: "p=0.012 *" when beyond seed noise (notes), "p<0.01"
+    below that (compare.md has every p)."""
+    if r.best or r.p_value is None:
+        return "" if r.best else "n/a" if r.figures else "—"
+    return ("p<0.01" if r.p_value < 0.01 else f"p={r.p_value:.2g}") + (" *" if r.p_value < ALPHA else "")
+
+
+def live_board(spec: CompareSpec, rows: list[TrialRow], planned: Planned | None = None) -> Table:
     """The board while cells run (``TrialBoard`` renderer): the table so far, with an ETA."""
     done = sum(r.status in ENDED for r in rows)
-    return rich_table(spec, results(spec, rows),
-                      f"compare {spec.name}: {done}/{len(spec.cells)} cells done{eta(rows, len(spec.cells))}")
+    title = f"compare {spec.name}: {done}/{len(spec.cells)} cells done{eta(rows, len(spec.cells), planned=planned)}"
+    return rich_table(spec, results(spec, rows), title, live=True)
 
 
 def markdown(spec: CompareSpec, res: list[MethodRow]) -> str:

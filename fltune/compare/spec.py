@@ -16,6 +16,7 @@ from typing import Any
 from fltune.catalog import method_names
 from fltune.config import ExperimentConfig, TrackingConfig, build_config
 from fltune.errors import FLTuneError
+from fltune.text import allowed
 from fltune.metrics.probe import check_probes, unmet_need
 from fltune.tracking.paths import outputs_dir
 from fltune.tune.job import CELL_CHECKPOINT_EVERY, CELL_CHECKPOINT_SECONDS
@@ -112,10 +113,10 @@ def parse_cell(key: str) -> tuple[str, int]:
 def parse_methods(text: str) -> list[str]:
     """``--methods a,b,c``: at least two distinct registered methods."""
     methods = [m.strip() for m in text.split(",") if m.strip()]
-    allowed = method_names()
-    unknown = [m for m in methods if m not in allowed and "+" not in m]
+    names = method_names()
+    unknown = [m for m in methods if m not in names and "+" not in m]
     if unknown:
-        raise FLTuneError(f"--methods: unknown method {unknown[0]!r}; allowed: {', '.join(sorted(allowed))}")
+        raise FLTuneError(f"--methods: unknown method {unknown[0]!r}; {allowed(unknown[0], sorted(names))}")
     duplicates = sorted({m for m in methods if methods.count(m) > 1})
     if duplicates:
         raise FLTuneError(f"--methods: {duplicates[0]} is named twice; allowed: each method once")

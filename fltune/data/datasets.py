@@ -33,12 +33,12 @@ import numpy as np
 import torch
 
 from fltune.catalog import NUM_CLASSES
-from fltune.errors import DatasetCorrupt, DatasetMissing, FLTuneError
+from fltune.data.locations import default_root, missing, where
+from fltune.errors import DatasetCorrupt, FLTuneError
+from fltune.text import allowed
 
-DEBIAN_FMNIST = Path("/usr/share/datasets/fashion-mnist")  # apt-get install dataset-fashion-mnist
 _FMNIST_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte",
                  "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
-_HOW_TO_GET = "pass --set data.root=DIR holding torchvision's files, or --set data.download=true (needs internet)"
 _HOW_TO_REPLACE = "delete it and rerun with --set data.download=true (needs internet), or copy a good file there"
 _FMNIST_REPLACE = f"{_HOW_TO_REPLACE} (Debian's copy: apt-get install --reinstall dataset-fashion-mnist)"
 
@@ -98,11 +98,6 @@ def fixed_stats(name: str) -> tuple[tuple[float, ...], tuple[float, ...]] | None
     return None if spec.mean is None or spec.std is None else (spec.mean, spec.std)
 
 
-def default_root() -> Path:
-    """Where torchvision-format datasets live unless ``data.root`` says otherwise."""
-    return Path("~/.cache/fltune/data").expanduser()
-
-
 def load_dataset(name: str, root: str | Path | None = None, download: bool = False) -> Dataset:
     """Load a dataset by name; repeated loads in a process are served from memory.
 
@@ -113,7 +108,7 @@ def load_dataset(name: str, root: str | Path | None = None, download: bool = Fal
     The returned tensors are shared by every caller: treat them as read-only.
     """
     if name not in _SPECS:
-        raise FLTuneError(f"data.dataset: unknown dataset {name!r}; allowed: {', '.join(DATASETS)}")
+        raise FLTuneError(f"data.dataset: unknown dataset {name!r}; {allowed(name, DATASETS)}")
     return _load(name, None if root is None else str(Path(root).expanduser().resolve()), download)
 
 
@@ -177,13 +172,6 @@ def _pixel_stats(x: torch.Tensor) -> tuple[tuple[float, ...], tuple[float, ...]]
     return tuple(scaled.mean(dim=1).tolist()), tuple(scaled.std(dim=1).tolist())
 
 
-def _missing(name: str, looked_in: list[Path], how: str, cause: Exception | None = None) -> DatasetMissing:
-    """The one-line error for files that are not where we looked."""
-    reason = f" ({' '.join(str(cause).split())})" if cause else ""
-    paths = ", ".join(str(p) for p in looked_in)
-    return DatasetMissing(f"data.dataset: {name} not found in {paths}{reason}; {how}")
-
-
 # --- Fashion-MNIST: idx files, flat (Debian) or torchvision layout ------------------------------------
 
 
@@ -194,8 +182,7 @@ def _load_fmnist(root: Path | None, download: bool) -> Splits:
     directory, then torchvision's layout under the default root (where ``download=True`` puts them).
     """
     base = root or default_root()
-    dirs = [root] if root else [DEBIAN_FMNIST]
-    dirs.append(base / "FashionMNIST" / "raw")
+    dirs, how = where("fmnist", root)
     found = next((d for d in dirs if all(_idx_path(d, f) for f in _FMNIST_FILES)), None)
     if found is None and download:
         from torchvision.datasets import FashionMNIST
@@ -203,7 +190,7 @@ def _load_fmnist(root: Path | None, download: bool) -> Splits:
         _torchvision_splits("fmnist", base, dirs, lambda r, t: FashionMNIST(r, train=t, download=True))
         found = dirs[-1]
     if found is None:
-        raise _missing("fmnist", dirs, "apt-get install dataset-fashion-mnist, or " + _HOW_TO_GET)
+        raise missing("fmnist", dirs, how)
     paths = [_idx_path(found, f) for f in _FMNIST_FILES]
     arrays = [_read_idx(path, shape, _FMNIST_REPLACE) for path, shape in zip(paths, _IDX_SHAPES * 2)]
     for (images, labels), (images_path, labels_path) in zip((arrays[:2], arrays[2:]), (paths[:2], paths[2:])):
@@ -311,13 +298,17 @@ def _md5(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _torchvision_splits(name: str, root: Path, looked_in: list[Path],
-                        make: Callable[[str, bool], Any]) -> tuple[Any, Any]:
-    """``make(root, train)`` for the train and test split; "not found" or a failed download → DatasetMissing."""
+def _torchvision_splits(name: str, root: Path, make: Callable[[str, bool], Any]) -> tuple[Any, Any]:
+    """``make(root, train)`` for the train and test split; "not found" or a failed download → DatasetMissing
+    naming where it looked (``locations.where``), in fltune's words: torchvision's "not found" advises its own
+    ``download=True``, a failed download's reason (urllib's) is kept."""
+    looked_in, how = where(name, root)
     try:
         return make(str(root), True), make(str(root), False)
-    except (RuntimeError, OSError) as err:  # torchvision: RuntimeError "not found"; urllib: OSError
-        raise _missing(name, looked_in, _HOW_TO_GET, err) from err
+    except OSError as err:
+        raise missing(name, looked_in, how, err) from err
+    except RuntimeError as err:  # torchvision: "Dataset not found or corrupted. You can use download=True …"
+        raise missing(name, looked_in, how) from err
 
 
 def _load_mnist(root: Path | None, download: bool) -> Splits:
@@ -325,8 +316,7 @@ def _load_mnist(root: Path | None, download: bool) -> Splits:
 
     root = root or default_root()
     _check_idx_files(root / "MNIST" / "raw", _FMNIST_FILES)  # MNIST and Fashion-MNIST share file names
-    train, test = _torchvision_splits("mnist", root, [root / "MNIST" / "raw"],
-                                      lambda r, t: MNIST(r, train=t, download=download))
+    train, test = _torchvision_splits("mnist", root, lambda r, t: MNIST(r, train=t, download=download))
     return train.data.unsqueeze(1), train.targets, test.data.unsqueeze(1), test.targets
 
 
@@ -340,7 +330,7 @@ def _load_emnist_letters(root: Path | None, download: bool) -> Splits:
     root = root or default_root()
     _check_idx_files(root / "EMNIST" / "raw", [f"emnist-letters-{split}-{kind}" for split in ("train", "test")
                                                for kind in ("images-idx3-ubyte", "labels-idx1-ubyte")])
-    splits = _torchvision_splits("emnist_letters", root, [root / "EMNIST" / "raw"],
+    splits = _torchvision_splits("emnist_letters", root,
                                  lambda r, t: EMNIST(r, split="letters", train=t, download=download))
     out: list[torch.Tensor] = []
     for ds in splits:
@@ -358,8 +348,7 @@ def _cifar_loader(class_name: str, folder: str) -> Callable[[Path | None, bool],
         root = root or default_root()
         cls = getattr(torchvision.datasets, class_name)
         _check_md5_files(root / folder, cls.train_list + cls.test_list)
-        splits = _torchvision_splits(class_name.lower(), root, [root / folder],
-                                     lambda r, t: cls(r, train=t, download=download))
+        splits = _torchvision_splits(class_name.lower(), root, lambda r, t: cls(r, train=t, download=download))
         out: list[torch.Tensor] = []
         for ds in splits:
             out += [torch.from_numpy(ds.data).permute(0, 3, 1, 2), torch.tensor(ds.targets)]
@@ -374,8 +363,7 @@ def _load_svhn(root: Path | None, download: bool) -> Splits:
 
     root = root or default_root()
     _check_md5_files(root, [SVHN.split_list[split][1:] for split in ("train", "test")])
-    splits = _torchvision_splits("svhn", root, [root / "train_32x32.mat", root / "test_32x32.mat"],
-                                 lambda r, t: SVHN(r, split="train" if t else "test", download=download))
+    splits = _torchvision_splits("svhn", root, lambda r, t: SVHN(r, split="train" if t else "test", download=download))
     out: list[torch.Tensor] = []
     for ds in splits:
         out += [torch.from_numpy(ds.data), torch.from_numpy(ds.labels.astype(np.int64))]
@@ -421,13 +409,12 @@ def _medmnist_loader(name: str) -> Callable[[Path | None, bool], Splits]:
     """
 
     def load(root: Path | None, download: bool) -> Splits:
-        base = root or default_root()
-        looked_in = [base / f"{name}.npz", base / "medmnist" / f"{name}.npz"]
+        looked_in, how = where(name, root)
         found = next((p for p in looked_in if p.exists()), None)
         if found is None and download:
             found = _download_medmnist(name, looked_in)
         if found is None:
-            raise _missing(name, looked_in, _medmnist_how(name))
+            raise missing(name, looked_in, how)
         keys = [f"{split}_{kind}" for split in _MEDMNIST_SPLITS for kind in ("images", "labels")]
         arrays = _read_npz(found, keys, _HOW_TO_REPLACE)
         (train_x, train_y), (val_x, val_y), (test_x, test_y) = (
@@ -440,10 +427,6 @@ def _medmnist_loader(name: str) -> Callable[[Path | None, bool], Splits]:
         return tuple(out)
 
     return load
-
-
-def _medmnist_how(name: str) -> str:
-    return f"pass --set data.root=DIR holding {name}.npz, or --set data.download=true (needs internet)"
 
 
 def _read_npz(path: Path, keys: Sequence[str], how: str) -> dict[str, np.ndarray]:
@@ -512,7 +495,7 @@ def _download_medmnist(name: str, looked_in: list[Path]) -> Path:
         if mismatch:
             raise _damaged(path, f"as downloaded from {info.url} does not match its published MD5 {info.md5} "
                                  "(not kept)", "rerun to download it again, or copy a good file there") from err
-        raise _missing(name, looked_in, _medmnist_how(name), err) from err
+        raise missing(name, looked_in, where(name, None)[1], err) from err
     os.replace(part, path)
     return path
 
@@ -557,11 +540,11 @@ def _find_tree(tree: _ImageTree, dirs: list[Path], download: bool, into: Path) -
         _download_tree(tree, dirs, into)
         if not _holds(dirs[0], tree):
             folders = " and ".join(f"{split}/" for split in tree.splits)
-            raise _missing(tree.name, dirs, tree.how_to_get,
+            raise missing(tree.name, dirs, tree.how_to_get,
                            FileNotFoundError(f"{tree.url} extracted no {folders} into {dirs[0]}"))
         found = dirs[0]
     if found is None:
-        raise _missing(tree.name, dirs, tree.how_to_get)
+        raise missing(tree.name, dirs, tree.how_to_get)
     return found
 
 
@@ -686,7 +669,7 @@ def _download_tree(tree: _ImageTree, dirs: list[Path], into: Path) -> None:
         download_url(tree.url, str(into), archive.name, md5=tree.md5)
     except (RuntimeError, OSError) as err:  # urllib: OSError; torchvision: RuntimeError when the MD5 differs
         archive.unlink(missing_ok=True)
-        raise _missing(tree.name, dirs, tree.how_to_get, err) from err
+        raise missing(tree.name, dirs, tree.how_to_get, err) from err
     try:
         extract_archive(str(archive), str(into), remove_finished=True)
     except (tarfile.TarError, zipfile.BadZipFile, EOFError, zlib.error, OSError) as err:

@@ -12,6 +12,7 @@ import pkgutil
 from functools import cache
 
 from fltune.errors import FLTuneError
+from fltune.text import allowed
 from fltune.methods.base import Method
 from fltune.methods.compose import Modifier, compose
 
@@ -56,7 +57,7 @@ def get_method(name: str) -> type[Method]:
     if "+" in name:
         return _composite(name)
     if name not in METHODS:
-        raise FLTuneError(f"method.name: unknown method {name!r}; allowed: {', '.join(sorted(METHODS))}")
+        raise FLTuneError(f"method.name: unknown method {name!r}; {allowed(name, sorted(METHODS))}")
     return METHODS[name]
 
 
@@ -66,7 +67,7 @@ def _composite(name: str) -> type[Method]:
     base, modifier = name.rsplit("+", 1)
     if modifier not in MODIFIERS:
         raise FLTuneError(
-            f"method.name: unknown modifier {modifier!r} in {name!r}; allowed: {', '.join(sorted(MODIFIERS))}"
+            f"method.name: unknown modifier {modifier!r} in {name!r}; {allowed(modifier, sorted(MODIFIERS))}"
         )
     return compose(get_method(base), MODIFIERS[modifier])
 

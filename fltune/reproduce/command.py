@@ -16,6 +16,7 @@ from fltune.cli_args import add_checkpoint_args, check_cadence, keep_on_resume, 
 from fltune.errors import FLTuneError
 from fltune.examples import EXAMPLES
 from fltune.process import say_resume
+from fltune.text import invoked_as
 from fltune.tune.job import CELL_CHECKPOINT_EVERY, CELL_CHECKPOINT_SECONDS, TuneJob
 
 if TYPE_CHECKING:  # Ray Tune and MLflow load only when the command runs
@@ -27,7 +28,7 @@ if TYPE_CHECKING:  # Ray Tune and MLflow load only when the command runs
     from fltune.tune.mlflow_runs import RunTree
     from fltune.tune.results import TrialRow
 
-RESUME_HINT = "python cli.py reproduce {table} --name {name} --storage {storage} --resume"
+RESUME_HINT = "{prog} reproduce {table} --name {name} --storage {storage} --resume"
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
@@ -63,10 +64,10 @@ def cmd_tables(args: argparse.Namespace) -> int:
     from fltune.reproduce.plan import available
     from fltune.reproduce.registry import ALIASES, all_tables
     from fltune.reproduce.table import DATASET_NAMES
-    from fltune.tracking.progress import console
+    from fltune.tracking.progress import listing
 
     short = {v: k for k, v in ALIASES.items()}
-    out = Table(title="paper tables (python cli.py reproduce NAME)", show_lines=True)
+    out = Table(title=f"paper tables ({invoked_as()} reproduce NAME)", show_lines=True)
     for column in ("name", "table (source)", "cells", "datasets (✓ here)"):
         out.add_column(column)
     tables = all_tables()
@@ -75,8 +76,8 @@ def cmd_tables(args: argparse.Namespace) -> int:
         data = ", ".join(f"{DATASET_NAMES.get(d, d)} {'✓' if here[d] else '✗'}" for d in table.datasets)
         name = table.key + (f"\n= {short[table.key]}" if table.key in short else "")
         out.add_row(name, f"{table.title} ({table.source})", str(len(table.cells)), data)
-    console.print(out)
-    console.print("scales: " + ", ".join(sorted({k for t in tables for k in t.scales}))
+    listing.print(out)
+    listing.print("scales: " + ", ".join(sorted({k for t in tables for k in t.scales}))
                   + " (--scale; `reproduce` prints what each means)")
     return 0
 
@@ -174,7 +175,7 @@ class Reproduction(TuneJob["ReproSpec"]):
         return header + "\n  " + summary(estimate(cells, ray.cluster_resources(), spec.max_concurrent)) + order
 
     def resume_command(self, spec: ReproSpec) -> str:
-        return RESUME_HINT.format(table=spec.table, name=spec.name, storage=spec.storage)
+        return RESUME_HINT.format(prog=invoked_as(), table=spec.table, name=spec.name, storage=spec.storage)
 
     def conclude(self, spec: ReproSpec, rows: list[TrialRow]) -> int:
         return conclude(spec, rows)
@@ -249,6 +250,7 @@ def conclude(spec: ReproSpec, rows: list[TrialRow]) -> int:
         console.print(f"diverged (loss or weights NaN/inf; the number shown is the last evaluation before): "
                       f"{'; '.join(diverged)}")
     if any(r.status in ("running", "pending") for r in res):
-        say_resume("job interrupted", RESUME_HINT.format(table=spec.table, name=spec.name, storage=spec.storage))
+        say_resume("job interrupted",
+                   RESUME_HINT.format(prog=invoked_as(), table=spec.table, name=spec.name, storage=spec.storage))
         return 130
     return 1 if any_unscored(r.status for r in res) else 0

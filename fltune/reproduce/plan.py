@@ -14,6 +14,7 @@ from fltune.config import ExperimentConfig, apply_overrides, build_config
 from fltune.data.datasets import DATASETS, load_dataset
 from fltune.errors import DatasetMissing, FLTuneError
 from fltune.reproduce.table import DATASET_NAMES, Cell, PaperTable, Scale
+from fltune.text import allowed, invoked_as
 from fltune.metrics.probe import check_probes
 from fltune.tune.space import set_dotted, unmet_need
 
@@ -38,7 +39,7 @@ class PlannedCell:
 
 def pick_scale(table: PaperTable, name: str) -> Scale:
     if name not in table.scales:
-        raise FLTuneError(f"--scale: {table.key} has no scale {name!r}; allowed: {', '.join(table.scales)}")
+        raise FLTuneError(f"--scale: {table.key} has no scale {name!r}; {allowed(name, table.scales)}")
     return table.scales[name]
 
 
@@ -59,7 +60,7 @@ def pick_cells(table: PaperTable, datasets: list[str] | None, rows: list[str] | 
         labels = list(dict.fromkeys(c.row for c in cells))
         unknown = [r for r in rows if r not in labels]
         if unknown:
-            raise FLTuneError(f"--rows: {unknown[0]!r} is not a row of {table.key}; allowed: {', '.join(labels)}")
+            raise FLTuneError(f"--rows: {unknown[0]!r} is not a row of {table.key}; {allowed(unknown[0], labels)}")
         cells = [c for c in cells if c.row in rows]
     if not datasets:
         return cells
@@ -73,8 +74,7 @@ def pick_cells(table: PaperTable, datasets: list[str] | None, rows: list[str] | 
         elif dataset is not None and dataset == substitute and stands_for:
             wanted.update(stands_for)
         else:
-            allowed = ", ".join(table.datasets)
-            raise FLTuneError(f"--datasets: {name!r} is not a dataset of {table.key}; allowed: {allowed}")
+            raise FLTuneError(f"--datasets: {name!r} is not a dataset of {table.key}; {allowed(name, table.datasets)}")
     return [c for c in cells if c.dataset in wanted]
 
 
@@ -140,4 +140,4 @@ def first_config(planned: list[PlannedCell]) -> ExperimentConfig:
     for p in planned:
         if p.runnable:
             return build_config(p.tree)
-    raise FLTuneError("datasets: no cell of this table has its dataset here (see `python cli.py tables`)")
+    raise FLTuneError(f"datasets: no cell of this table has its dataset here (see `{invoked_as()} tables`)")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from fltune.errors import FLTuneError
+from fltune.text import allowed
 from fltune.reproduce.papers import fedalign, fedsol, man, simfafl
 from fltune.reproduce.table import PaperTable
 
@@ -29,8 +30,7 @@ def get_table(name: str) -> PaperTable:
     """A table by ``paper:table`` or short alias; one clear line when unknown."""
     key = ALIASES.get(name, name)
     if key not in TABLES:
-        allowed = ", ".join([*ALIASES, *sorted(TABLES)])
-        raise FLTuneError(f"table: unknown table {name!r}; allowed: {allowed}")
+        raise FLTuneError(f"table: unknown table {name!r}; {allowed(name, [*ALIASES, *sorted(TABLES)])}")
     return TABLES[key]
 
 

@@ -22,7 +22,7 @@ from rich.table import Table
 
 from fltune.reproduce.job import CellRun, ReproSpec
 from fltune.reproduce.table import DATASET_NAMES, Cell, PaperTable
-from fltune.tune.board import eta
+from fltune.tune.board import Planned, eta
 from fltune.tune.results import ENDED, TrialRow
 from fltune.tune.trainable import objective_key
 
@@ -248,12 +248,12 @@ def _rich_cell(r: CellResult, seeds: int, percent: bool) -> str:
     return f"[bold]{_fmt(r.measured)}[/]{spread}{live}\n[dim]paper {paper_text(r.cell)}[/]\n{delta}"
 
 
-def live_cells(spec: ReproSpec, rows: list[TrialRow]) -> Table:
+def live_cells(spec: ReproSpec, rows: list[TrialRow], planned: Planned | None = None) -> Table:
     """The job's board while it runs (``TrialBoard`` renderer)."""
     res = results(spec, rows)
     done = sum(r.status in ENDED for r in res)
     title = f"{spec.table} ({spec.scale}): {done}/{len(spec.cells)} cells done"
-    title += eta(rows, len(spec.trials), spec.trial_seconds)
+    title += eta(rows, len(spec.trials), spec.trial_seconds, planned)
     return rich_table(spec, res, title)
 
 

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import datetime
 import os
+import time
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.console import Console, RenderableType
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
 from fltune.engine.callbacks import Callback
 
@@ -19,36 +23,66 @@ LOG_WIDTH = 400
 to "61.…". Tables keep their natural width below it; $COLUMNS still wins."""
 
 
-def _console() -> Console:
-    """stderr's console: the terminal's width, or ``LOG_WIDTH`` when stderr is a file or a pipe."""
-    out = Console(stderr=True)
+def _console(stderr: bool = True) -> Console:
+    """stderr's (or stdout's) console: the terminal's width, or ``LOG_WIDTH`` when it is a file or a pipe."""
+    out = Console(stderr=stderr)
     if not out.is_terminal and "COLUMNS" not in os.environ:
         out.width = LOG_WIDTH
     return out
 
 
 console = _console()
+"""Progress and diagnostics: stderr, so that a command's output can be piped while the user watches."""
+listing = _console(stderr=False)
+"""What a command is asked for (``methods``, ``tables``): stdout, for ``| grep`` and ``> file``."""
+
+
+def pace(seconds: float, rounds: int, left: int) -> str:
+    """"12.3 s/round, ETA 0:01:26": the rounds this process ran (``seconds`` over ``rounds``) set the pace of
+    the ``left`` ones. Rich's own estimate averages the last half-minute of updates and shows ``-:--:--`` when
+    each round takes longer than that; a run's rounds take 30–75 s on 2 cores."""
+    per_round = seconds / rounds
+    return f"{per_round:.1f} s/round, ETA {datetime.timedelta(seconds=round(per_round * left))}"
+
+
+class RunProgress(Progress):
+    """Rich's bar with each task's figures (``info``) on a line of their own under it, cut (…) at the
+    terminal's edge: on one line with the bar, they squeezed it to nothing in 100 columns."""
+
+    def get_renderables(self) -> Iterable[RenderableType]:
+        yield self.make_tasks_table(self.tasks)
+        for task in self.tasks:
+            yield Text(f"  {task.fields.get('info', '')}", no_wrap=True, overflow="ellipsis")
 
 
 class ProgressCallback(Callback):
-    """Rounds done, ETA, and the latest accuracy / loss / s per round."""
+    """Rounds done, s/round and ETA from the run's own rounds, and the latest accuracy / loss.
+
+    In a terminal a bar (name, rounds done, pace and ETA, elapsed time) over a line of the figures; in a log,
+    one line per round."""
 
     def __init__(self, description: str) -> None:
-        self.progress = Progress(
-            TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-            TextColumn("{task.fields[info]}"), TimeElapsedColumn(), TimeRemainingColumn(), console=console,
-            transient=False, disable=not console.is_terminal,  # a log gets the plain lines of on_round alone
+        self.progress = RunProgress(
+            TextColumn("[bold]{task.description}"), BarColumn(bar_width=30), MofNCompleteColumn(),
+            TextColumn("{task.fields[pace]}"), TimeElapsedColumn(), console=console, transient=False,
+            disable=not console.is_terminal,  # a log gets the plain lines of on_round alone
         )
         self.description = description
         self.task = None
         self.latest: dict[str, float] = {}
         self.info = ""
         """The last round's figures (shown after the name of the probe running, if any)."""
+        self.clock: tuple[float, int] = (0.0, 0)
+        """Since when, and since which round, the pace is measured: from the start of this process's first
+        round (a resumed run's rounds before it took no time here), then from the end of that round, whose
+        one-off costs (the workers' first batches, data moved to them) would skew the ETA of the rest."""
+        self.first_done = False
 
     def on_start(self, fed: Federation) -> None:
         self.progress.start()
+        self.clock, self.first_done = (time.monotonic(), fed.round), False
         self.task = self.progress.add_task(
-            self.description, total=fed.cfg.federation.rounds, completed=fed.round, info="training …",
+            self.description, total=fed.cfg.federation.rounds, completed=fed.round, info="training …", pace="",
         )
 
     def on_probe(self, fed: Federation, round_: int, probe: str) -> None:
@@ -57,10 +91,15 @@ class ProgressCallback(Callback):
     def on_round(self, fed: Federation, metrics: dict[str, float]) -> None:
         self.latest.update({k: v for k, v in metrics.items() if k.startswith("acc_") or k == "loss"})
         accs = " ".join(f"{k.removeprefix('acc_')}={v:.4f}" for k, v in self.latest.items() if k.startswith("acc_"))
-        self.info = info = f"{accs} train_loss={metrics['train_loss']:.4f} {metrics['round_s']:.1f}s/round"
-        self.progress.update(self.task, completed=int(metrics["round"]), info=info)
+        self.info = info = f"{accs} train_loss={metrics['train_loss']:.4f}"
+        done, total = int(metrics["round"]), fed.cfg.federation.rounds
+        since, since_round = self.clock
+        speed = pace(time.monotonic() - since, done - since_round, total - done)
+        if not self.first_done:
+            self.clock, self.first_done = (time.monotonic(), done), True
+        self.progress.update(self.task, completed=done, info=info, pace=speed)
         if not console.is_terminal:  # logs (CI, `ray job submit`) get one plain line per round instead
-            console.print(f"round {int(metrics['round'])}/{fed.cfg.federation.rounds} {info}", soft_wrap=True)
+            console.print(f"round {done}/{total} {speed} {info}", soft_wrap=True, markup=False, highlight=False)
 
     def on_end(self, fed: Federation, summary: dict[str, Any]) -> None:
         self.progress.stop()

@@ -8,6 +8,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+import ray
 from ray.tune import Callback
 from ray.tune.experiment import Trial
 from rich.live import Live
@@ -27,8 +28,18 @@ def shown(value: Any) -> str:
     return str(value)
 
 
+def node_addresses() -> dict[str, str]:
+    """The alive nodes of the Ray this driver joined (none without one): short node id, as a trial reports its
+    workers' (``trainable.worker_nodes``) → the node's IP address, which a user can tell apart."""
+    if not ray.is_initialized():
+        return {}
+    return {node["NodeID"][:8]: node["NodeManagerAddress"] for node in ray.nodes() if node.get("Alive")}
+
+
 def trials_table(rows: list[TrialRow], spec: StudySpec, title: str, ranked: bool = False) -> Table:
-    """State, parameters, round and objective per trial; with ``ranked``, best first and numbered."""
+    """State, parameters, round and objective per trial; with ``ranked``, best first and numbered; on a
+    cluster of several nodes, the nodes each trial's workers ran on."""
+    nodes = node_addresses()
     table = Table(title=title, show_lines=False)
     if ranked:
         table.add_column("#", justify="right")
@@ -41,7 +52,8 @@ def trials_table(rows: list[TrialRow], spec: StudySpec, title: str, ranked: bool
     table.add_column(f"{objective.metric} ({objective.reduce}, {objective.direction})", justify="right")
     if spec.space.seeds > 1:
         table.add_column("± std", justify="right")
-    table.add_column("nodes")
+    if len(nodes) > 1:
+        table.add_column("nodes")
     for i, row in enumerate(rank(rows, objective.direction) if ranked else rows, 1):
         cells = [str(i)] if ranked else []
         cells += [row.trial_id, f"[{STYLE.get(row.status, '')}]{row.status}[/]"]
@@ -49,7 +61,9 @@ def trials_table(rows: list[TrialRow], spec: StudySpec, title: str, ranked: bool
         cells += [f"{row.round}/{spec.rounds}", shown(row.objective)]
         if spec.space.seeds > 1:
             cells.append(shown(row.objective_std))
-        cells.append(str(row.metrics.get("worker_nodes", "")))
+        if len(nodes) > 1:
+            ids = str(row.metrics.get("worker_nodes", "")).split(",")
+            cells.append(",".join(nodes.get(node, node) for node in ids))
         table.add_row(*cells)
     return table
 
@@ -67,15 +81,22 @@ def latest_trace(trial: Trial) -> str:
     return Path(path).read_text(errors="replace") if path and Path(path).is_file() else ""
 
 
-def live_table(spec: StudySpec, rows: list[TrialRow]) -> Table:
+def live_table(spec: StudySpec, rows: list[TrialRow], planned: Planned | None = None) -> Table:
     """The study's board while it runs."""
     done, total = sum(r.status in ENDED for r in rows), spec.space.num_samples
-    return trials_table(rows, spec, f"study {spec.name}: {done}/{total} trials done{eta(rows, total)}")
+    return trials_table(rows, spec, f"study {spec.name}: {done}/{total} trials done{eta(rows, total, planned=planned)}")
 
 
-def eta(rows: list[TrialRow], trials: int, costs: Mapping[str, float] | None = None) -> str:
+Planned = tuple[float, float]
+"""When the job's trials started (``time.time()``) and the seconds its plan estimated for them all
+(``fltune.estimate``): the ETA until a trial has ended and measured the pace."""
+
+
+def eta(rows: list[TrialRow], trials: int, costs: Mapping[str, float] | None = None,
+        planned: Planned | None = None) -> str:
     """', ETA ~m min': the ``trials`` (of a study or job, ``rows`` those Tune has made so far) left, over how many
-    run at once, at the pace of those finished; blank before any ends.
+    run at once, at the pace of those finished; before any ends, the plan's estimate less the time since the
+    start (``planned``), else blank.
 
     How many run at once is read from the finished trials' spans (Tune's ``time_total_s`` and ``timestamp``),
     not from how many Tune calls running: it starts every trial of a grid, and most of them wait for their
@@ -88,7 +109,7 @@ def eta(rows: list[TrialRow], trials: int, costs: Mapping[str, float] | None = N
     """
     ended = [r for r in rows if r.status in ENDED and {"time_total_s", "timestamp"} <= r.metrics.keys()]
     if not ended:
-        return ""
+        return planned_eta(planned) if planned else ""
     spans = [(r.metrics["timestamp"] - r.metrics["time_total_s"], r.metrics["timestamp"]) for r in ended]
 
     def cost(row: TrialRow) -> float:
@@ -99,6 +120,16 @@ def eta(rows: list[TrialRow], trials: int, costs: Mapping[str, float] | None = N
     left = max(0.0, total - sum(map(cost, ended)) - sum(map(cost, training)) / 2)
     pace = sum(end - start for start, end in spans) / sum(map(cost, ended))
     return f", ETA ~{left * pace / most_at_once(spans) / 60:.0f} min"
+
+
+def planned_eta(planned: Planned) -> str:
+    """', ETA ~m min (plan)': what the plan estimated less the time since the start; the plan is a lower
+    bound (it counts no evaluation), so once it has passed the board says so rather than count down to 0."""
+    started, seconds = planned
+    left = seconds - (time.time() - started)
+    if left < 30:
+        return f", past the plan's ~{seconds / 60:.0f} min"
+    return f", ETA ~{max(1, round(left / 60))} min (plan)"
 
 
 def most_at_once(spans: list[tuple[float, float]]) -> int:
@@ -112,24 +143,31 @@ def most_at_once(spans: list[tuple[float, float]]) -> int:
     return max(most, 1)
 
 
+Render = Callable[[Any, list[TrialRow], Planned | None], Table]
+
+
 class TrialBoard(Callback):
     """Tune callback redrawing a table of the trials at most twice a second (driver side): a study's by
-    default, or what ``render(spec, rows)`` draws. Holds only the spec and the (module-level) renderer
-    when pickled into the study folder; the rich Live display is created in ``setup``."""
+    default, or what ``render(spec, rows, planned)`` draws. Holds only the spec, the (module-level) renderer
+    and the plan's seconds when pickled into the study folder; the rich Live display is created in ``setup``.
+    ``planned_s``: the job's estimated seconds (``TuneJob.planned_s``), its ETA until a trial has ended."""
 
-    def __init__(self, spec: Any, render: Callable[[Any, list[TrialRow]], Table] = live_table) -> None:
+    def __init__(self, spec: Any, render: Render = live_table, planned_s: float | None = None) -> None:
         self.spec = spec
         self.render = render
+        self.planned_s = planned_s
+        self.planned: Planned | None = None
         self.live: Live | None = None
         self.drawn = 0.0
         self.ending: set[str] = set()
         self.logged: set[str] = set()
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"spec": self.spec, "render": self.render, "live": None, "drawn": 0.0, "ending": set(),
-                "logged": set()}
+        return {"spec": self.spec, "render": self.render, "planned_s": self.planned_s, "planned": None, "live": None,
+                "drawn": 0.0, "ending": set(), "logged": set()}
 
     def setup(self, **info: Any) -> None:
+        self.planned = (time.time(), self.planned_s) if self.planned_s else None
         self.live = Live(console=console, refresh_per_second=2, transient=True)
         self.live.start()
 
@@ -140,7 +178,7 @@ class TrialBoard(Callback):
     def draw(self, trials: list[Trial]) -> None:
         """The live table in a terminal; in a log, where Rich shows no live display, the trials that ended."""
         if console.is_terminal:
-            self.live.update(self.render(self.spec, [trial_row(t) for t in trials]))
+            self.live.update(self.render(self.spec, [trial_row(t) for t in trials], self.planned))
         else:
             self.log_ended(trials)
         self.drawn = time.monotonic()
@@ -160,7 +198,7 @@ class TrialBoard(Callback):
                  if row.status in ENDED and row.trial_id in self.ending and row.trial_id not in self.logged]
         if not ended:
             return
-        title = self.render(self.spec, rows).title
+        title = self.render(self.spec, rows, self.planned).title
         for row in ended:
             self.logged.add(row.trial_id)
             console.print(f"{title} · {trial_label(row)} {row.status} at round {row.round}, objective "

@@ -15,6 +15,7 @@ from fltune.cli_args import add_checkpoint_args, keep_on_resume, note_ignored_on
 from fltune.errors import FLTuneError
 from fltune.examples import EXAMPLES
 from fltune.process import say_resume
+from fltune.text import invoked_as
 from fltune.tune.job import TuneJob
 
 if TYPE_CHECKING:  # the command's heavy imports (Ray Tune, MLflow) wait until it runs
@@ -25,7 +26,7 @@ if TYPE_CHECKING:  # the command's heavy imports (Ray Tune, MLflow) wait until i
     from fltune.tune.spec import StudySpec
     from fltune.tune.study import StudyRequest
 
-RESUME_HINT = "python cli.py tune --name {name} --storage {storage} --resume"
+RESUME_HINT = "{prog} tune --name {name} --storage {storage} --resume"
 BEST_CONFIG = "best_config.yaml"
 """The best configuration's file in the study folder: the last thing a study that concludes writes."""
 
@@ -54,6 +55,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
+    """A study, or its plan; a space file that is missing or no YAML is one line before Ray, torch or the
+    methods load (seconds)."""
+    from fltune.config import read_yaml
+
+    if args.space:
+        read_yaml(args.space)
     if args.plan:
         return show_plan(args)
     return Study(args).run()
@@ -94,6 +101,9 @@ class Study(TuneJob["StudySpec"]):
     def max_concurrent(self, spec: StudySpec) -> int:
         return spec.space.max_concurrent
 
+    def planned(self, spec: StudySpec) -> list[tuple[str, dict[str, Any], int]]:
+        return [(spec.method, spec.base, spec.space.num_samples * spec.space.seeds)]
+
     def tracking(self, spec: StudySpec) -> TrackingConfig:
         return spec.base_config.tracking
 
@@ -111,7 +121,7 @@ class Study(TuneJob["StudySpec"]):
         return describe(spec, nodes, self.args.resume)
 
     def resume_command(self, spec: StudySpec) -> str:
-        return RESUME_HINT.format(name=spec.name, storage=spec.storage)
+        return RESUME_HINT.format(prog=invoked_as(), name=spec.name, storage=spec.storage)
 
     def conclude(self, spec: StudySpec, rows: list[TrialRow]) -> int:
         return conclude(spec, rows, self.args.best_out)
@@ -167,7 +177,7 @@ def conclude(spec: StudySpec, rows: list[TrialRow], best_out: str | None) -> int
 
     console.print(trials_table(rows, spec, f"study {spec.name}: trials ranked", ranked=True))
     if unfinished(rows, spec.space.num_samples):
-        say_resume("study interrupted", RESUME_HINT.format(name=spec.name, storage=spec.storage))
+        say_resume("study interrupted", RESUME_HINT.format(prog=invoked_as(), name=spec.name, storage=spec.storage))
         return 130
     top = best(rows, spec.space.objective.direction)
     if top is None:
@@ -177,7 +187,7 @@ def conclude(spec: StudySpec, rows: list[TrialRow], best_out: str | None) -> int
     params = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in top.params.items())
     console.print(f"[bold green]best[/] {top.trial_id}: {spec.space.objective.metric} = {top.objective:.4f}"
                   + (f" ± {top.objective_std:.4f}" if spec.space.seeds > 1 else "")
-                  + f" with {params}\n  config: {path}  (python cli.py run --config {path})")
+                  + f" with {params}\n  config: {path}  ({invoked_as()} run --config {path})")
     return 0
 
 

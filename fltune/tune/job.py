@@ -144,7 +144,25 @@ class TuneJob(ABC, Generic[Spec]):
         """The live board: the trials ranked (jobs of cells draw their cells instead)."""
         from fltune.tune.board import TrialBoard
 
-        return TrialBoard(spec)
+        return TrialBoard(spec, planned_s=self.planned_s(spec))
+
+    def planned(self, spec: Spec) -> list[tuple[str, dict[str, Any], int]]:
+        """The job's trials as its plan counts them (``fltune.estimate``: label, experiment, runs); none: the
+        board shows no ETA until a trial has ended."""
+        return []
+
+    def planned_s(self, spec: Spec) -> float | None:
+        """The plan's wall time of the job's trials on the cluster Ray has (None when it plans nothing or
+        cannot estimate): the board's ETA until the first trial ends and measures the pace."""
+        import ray
+
+        from fltune.estimate import estimate
+
+        items = self.planned(spec)
+        try:
+            return estimate(items, ray.cluster_resources(), self.max_concurrent(spec)).wall_s if items else None
+        except FLTuneError:
+            return None
 
     def run_tree(self) -> type[RunTree]:
         """The MLflow runs the job keeps: a parent and a child per trial (jobs of cells: per cell)."""

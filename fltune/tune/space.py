@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from fltune.config import ExperimentConfig, build_config, describe_validation_error, read_yaml
 from fltune.errors import FLTuneError
+from fltune.text import allowed
 from fltune.methods import get_method
 from fltune.metrics.probe import check_probes, metric_names, probe_of, unmet_need
 
@@ -37,8 +38,8 @@ class _Distribution(_Strict):
     def applies(self, chosen: dict[str, Any]) -> bool:
         """Whether the condition holds for the values sampled so far (absent parameters fail it)."""
         for name, wanted in (self.when or {}).items():
-            allowed = wanted if isinstance(wanted, list) else [wanted]
-            if name not in chosen or chosen[name] not in allowed:
+            values = wanted if isinstance(wanted, list) else [wanted]
+            if name not in chosen or chosen[name] not in values:
                 return False
         return True
 
@@ -145,11 +146,21 @@ class SearchSpace(_Strict):
             unknown = [other for other in dist.when or {} if other not in seen]
             if unknown:
                 raise ValueError(
-                    f"params.{name}.when: {', '.join(unknown)} is not a parameter listed above it; "
-                    f"allowed: {', '.join(seen) or 'none'}"
+                    f"params.{name}.when: {unknown[0]} is not a parameter listed above it; {allowed(unknown[0], seen)}"
                 )
             seen.append(name)
         return self
+
+
+SETTINGS: tuple[str, ...] = ("objective", "num_samples", "sampler", "scheduler", "max_concurrent", "seeds",
+                             "checkpoint_every", "checkpoint_seconds")
+"""The space file's search settings that ``tune --set`` changes (``--set scheduler.grace_period=1``); every
+other ``--set`` edits the base experiment."""
+
+
+def is_space_setting(override: str) -> bool:
+    """Whether ``--set key=value`` names a search setting (``SETTINGS``) rather than an experiment field."""
+    return override.split("=", 1)[0].strip().split(".")[0] in SETTINGS
 
 
 def set_dotted(tree: dict[str, Any], values: dict[str, Any]) -> dict[str, Any]:
@@ -172,7 +183,7 @@ def parse_space(path: str | Path) -> SearchSpace:
     try:
         return SearchSpace.model_validate(tree)
     except ValidationError as err:
-        raise FLTuneError(f"{path}: {describe_validation_error(err)}") from None
+        raise FLTuneError(f"{path}: {describe_validation_error(err, model=SearchSpace)}") from None
 
 
 def base_tree(space: SearchSpace, space_path: str | Path, method: str) -> dict[str, Any]:
@@ -194,9 +205,10 @@ def check_params(space: SearchSpace, tree: dict[str, Any], method: str) -> None:
     """Each parameter is a real field and both ends of its range (every choice) validate in the config."""
     fields = get_method(method).Params.model_fields
     for name, dist in space.params.items():
-        if name.startswith("method.") and name.removeprefix("method.") not in fields:
-            allowed = ", ".join(fields) or "none (the method has no parameters)"
-            raise FLTuneError(f"params.{name}: not a parameter of {method}; allowed: {allowed}")
+        param = name.removeprefix("method.")
+        if name.startswith("method.") and param not in fields:
+            raise FLTuneError(f"params.{name}: not a parameter of {method}; "
+                              f"{allowed(param, fields, 'none (the method has no parameters)')}")
         probes = dist.values if isinstance(dist, Choice) else [dist.low, dist.high]
         for value in probes:
             try:
@@ -222,8 +234,11 @@ def check_objective(space: SearchSpace, cfg: ExperimentConfig) -> None:
         if space.scheduler.grace_period >= rounds:
             raise FLTuneError(
                 f"scheduler.grace_period: {space.scheduler.grace_period} ≥ federation.rounds {rounds}; "
-                + (f"allowed: 1..{rounds - 1}, or scheduler: {{name: none}}" if rounds > 1 else
-                   "ASHA needs federation.rounds ≥ 2 to stop a trial early; with 1 round use scheduler: {name: none}")
+                + (f"allowed: {'1..' if rounds > 2 else ''}{rounds - 1} (--set scheduler.grace_period={rounds - 1}), "
+                   "or no early stopping "
+                   "(--set scheduler.name=none)" if rounds > 1 else
+                   "ASHA needs federation.rounds ≥ 2 to stop a trial early; with 1 round use "
+                   "--set scheduler.name=none")
             )
         if space.scheduler.grace_period < every and protocol is not None:
             raise FLTuneError(

@@ -22,7 +22,9 @@ from fltune.config import apply_overrides, build_config, describe_validation_err
 from fltune.engine.pool import plan_workers
 from fltune.errors import FLTuneError
 from fltune.tune.results import failed_result
-from fltune.tune.space import Asha, SearchSpace, base_tree, check_objective, check_params, parse_space, set_dotted
+from fltune.tune.space import (
+    Asha, SearchSpace, base_tree, check_objective, check_params, is_space_setting, parse_space, set_dotted,
+)
 from fltune.tune.spec import SavedSpec, StudySpec
 from fltune.tune.storage import check_name, job_filesystem, storage_root
 from fltune.tune.trainable import run_trial
@@ -57,11 +59,14 @@ def resolve_space(request: StudyRequest) -> tuple[SearchSpace, str, dict]:
         raise FLTuneError(f"--method {request.method}: the space file {request.space} is for {space.method}")
     flags = {"num_samples": request.num_samples, "max_concurrent": request.max_concurrent, "seeds": request.seeds,
              "checkpoint_every": request.checkpoint_every, "checkpoint_seconds": request.checkpoint_seconds}
+    settings = [text for text in request.overrides if is_space_setting(text)]
+    tree = {**space.model_dump(), **{k: v for k, v in flags.items() if v is not None}}
     try:
-        space = SearchSpace.model_validate({**space.model_dump(), **{k: v for k, v in flags.items() if v is not None}})
+        space = SearchSpace.model_validate(apply_overrides(tree, settings, fresh=("scheduler",)))
     except ValidationError as err:
-        raise FLTuneError(f"command line: {describe_validation_error(err)}") from None
-    tree = apply_overrides(base_tree(space, request.space, method), [*space.overrides, *request.overrides])
+        raise FLTuneError(f"command line: {describe_validation_error(err, model=SearchSpace)}") from None
+    experiment = [text for text in request.overrides if not is_space_setting(text)]
+    tree = apply_overrides(base_tree(space, request.space, method), [*space.overrides, *experiment])
     cfg = build_config(tree)  # raises with the bad field named
     check_params(space, tree, method)
     check_objective(space, cfg)

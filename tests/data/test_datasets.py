@@ -98,7 +98,9 @@ def test_missing_fmnist_names_every_directory_and_the_debian_package(tmp_path: P
 
 
 def test_unknown_dataset_lists_the_allowed_ones() -> None:
-    with pytest.raises(FLTuneError, match=r"data\.dataset: unknown dataset 'imagenet'; allowed: fmnist, mnist"):
+    with pytest.raises(FLTuneError, match=r"data\.dataset: unknown dataset 'coco'; allowed: fmnist, mnist"):
+        load_dataset("coco")
+    with pytest.raises(FLTuneError, match=r"data\.dataset: unknown dataset 'imagenet'; did you mean tinyimagenet\?"):
         load_dataset("imagenet")
     assert set(NUM_CLASSES) == set(DATASETS)
 

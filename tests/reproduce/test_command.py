@@ -18,7 +18,7 @@ TINY = ["--datasets", "fmnist", "--rows", "FedAvg,SimFAFL", "--set", "federation
 
 def test_tables_lists_the_registry_with_data_status(capsys) -> None:
     assert main(["tables"]) == 0
-    out = capsys.readouterr().err  # fltune's console is stderr; stdout stays for data (--print-config)
+    out = capsys.readouterr().out  # a listing: stdout, for `| grep` and `> file`
     assert "simfafl:table2" in out and "= table2" in out and "FMNIST" in out
 
 
@@ -77,7 +77,7 @@ def test_reproduce_prints_paper_beside_measured_writes_files_and_resumes(ray_ses
 
 
 @pytest.mark.parametrize("args, message", [
-    (["reproduce", "table9"], "fltune: table: unknown table 'table9'; allowed:"),
+    (["reproduce", "table9"], "fltune: table: unknown table 'table9'; did you mean table4 or"),
     (["reproduce", "table2", "--scale", "huge"], "fltune: --scale: simfafl:table2 has no scale 'huge'"),
     (["reproduce", "table2", "--datasets", "svhn"], "fltune: --datasets: 'svhn' is not a dataset"),
     (["reproduce", "table2", "--seeds", "0"], "fltune: --seeds: 0; allowed: ≥ 1"),

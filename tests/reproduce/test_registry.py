@@ -83,5 +83,7 @@ def test_simfafl_cells_take_the_papers_betas_per_dataset() -> None:
 
 
 def test_unknown_table_lists_the_known_ones() -> None:
-    with pytest.raises(FLTuneError, match=r"unknown table 'table9'; allowed: table2, .*simfafl:table4"):
+    with pytest.raises(FLTuneError, match=r"unknown table 'cifar'; allowed: table2, .*simfafl:table4"):
+        get_table("cifar")
+    with pytest.raises(FLTuneError, match=r"unknown table 'table9'; did you mean table4 or table3 or table2\?"):
         get_table("table9")

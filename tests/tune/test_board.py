@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import time
 
 from fltune.tune.board import eta, most_at_once
 from fltune.tune.results import TrialRow
@@ -17,6 +18,9 @@ def test_eta_divides_by_the_trials_that_ran_at_once_not_those_tune_calls_running
                                                                                math.nan, {})]
     assert eta(rows, 6) == ", ETA ~4 min"  # 3.5 rounds to 4
     assert eta(rows[2:], 6) == ""  # none ended yet
+    assert eta(rows[2:], 6, planned=(time.time() - 60, 600.0)) == ", ETA ~9 min (plan)"  # until one has, the plan's
+    assert eta(rows[2:], 6, planned=(time.time() - 700, 600.0)) == ", past the plan's ~10 min"
+    assert eta(rows, 6, planned=(time.time() - 60, 600.0)) == ", ETA ~4 min"  # then the measured pace
     one_after_another = [ended("a", 100.0, 1_000), ended("b", 100.0, 1_100), ended("c", 100.0, 1_200)]
     assert eta(one_after_another, 9) == ", ETA ~10 min"  # 6 left × 100 s, one at a time
     assert most_at_once([(0.0, 10.0), (5.0, 15.0), (8.0, 20.0), (14.0, 30.0)]) == 3

@@ -72,7 +72,7 @@ class KillOnce(tune.Callback):
             os.kill(result["pid"], signal.SIGKILL)
 
 
-def cadence_board(spec: Any, rows: list) -> Table:
+def cadence_board(spec: Any, rows: list, planned: Any) -> Table:
     return Table(title="cadence")
 
 

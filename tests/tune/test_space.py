@@ -71,6 +71,33 @@ def test_overrides_and_flags_reach_the_spec(tmp_path: Path) -> None:
     assert spec.path == f"{tmp_path}/s1" and spec.base_config.method.name == "fedprox"
 
 
+def test_search_settings_are_set_like_any_field(tmp_path: Path) -> None:
+    """``--set scheduler.*`` (and sampler, objective, num_samples) edits the space; the rest the experiment.
+    Naming the scheduler starts its section afresh: ``none`` has no grace period."""
+    space = write_space(tmp_path, scheduler={"name": "asha", "grace_period": 2})
+    sets = ("federation.rounds=2", "scheduler.grace_period=1", "sampler.name=tpe", "objective.reduce=best",
+            "num_samples=3")
+    spec = new_spec(StudyRequest(space=str(space), storage=str(tmp_path), overrides=sets))
+    assert (spec.rounds, spec.space.scheduler.grace_period, spec.space.sampler.name) == (2, 1, "tpe")
+    assert (spec.space.objective.reduce, spec.space.num_samples) == ("best", 3)
+    unscheduled = new_spec(StudyRequest(space=str(space), storage=str(tmp_path),
+                                        overrides=("federation.rounds=2", "scheduler.name=none")))
+    assert unscheduled.space.scheduler.name == "none"
+
+
+@pytest.mark.parametrize(("sets", "expected"), [
+    (["federation.rounds=2"], "scheduler.grace_period: 2 ≥ federation.rounds 2; allowed: 1 "
+     "(--set scheduler.grace_period=1), or no early stopping (--set scheduler.name=none)"),
+    (["scheduler.grace_perod=1"], "scheduler.grace_perod: unknown field; did you mean scheduler.grace_period?"),
+    (["scheduler.grace_period=0"], "scheduler.asha.grace_period: Input should be greater than or equal to 1"),
+])
+def test_a_refused_search_setting_names_the_flag_that_fixes_it(sets: list[str], expected: str, tmp_path: Path) -> None:
+    space = write_space(tmp_path, scheduler={"name": "asha", "grace_period": 2})
+    with pytest.raises(FLTuneError) as err:
+        new_spec(StudyRequest(space=str(space), storage=str(tmp_path), overrides=tuple(sets)))
+    assert expected in str(err.value)
+
+
 def test_conditions_sample_only_when_they_hold(tmp_path: Path) -> None:
     space = parse_space(write_space(tmp_path, params={
         "training.optimizer": {"type": "choice", "values": ["sgd", "adam"]},
@@ -111,7 +138,8 @@ BAD_SPACES = {
     "target on a metric not evaluated": ({"objective": {"metric": "rounds_to_target", "reduce": "final"},
                                           "overrides": ["metrics.target=0.5", "metrics.target_metric=acc_all_model"]},
                                          "metrics.target_metric: acc_all_model is never measured here"),
-    "grace period past the last round": ({"scheduler": {"name": "asha", "grace_period": 3}}, "allowed: 1..2"),
+    "grace period past the last round": ({"scheduler": {"name": "asha", "grace_period": 3}}, "allowed: 1..2 "
+                                         "(--set scheduler.grace_period=2), or no early stopping"),
     "ASHA over one round": ({"scheduler": {"name": "asha", "grace_period": 1}, "overrides": ["federation.rounds=1"]},
                             "ASHA needs federation.rounds ≥ 2"),
     "dataset not here": ({"base": {**TINY_BASE, "data": {"dataset": "cifar10", "root": "/nonexistent-fltune-data"}}},

@@ -1,0 +1,72 @@
+"""Where each dataset's files are looked for, known without torch.
+
+The loaders (``fltune.data.datasets``) look in these places and no others, and a command checks them before
+it imports torch or starts Ray (``check_here``): a dataset that is nowhere there is one line at once rather
+than after the seconds those take. Only absence is decided here; whether the files that are there are
+whole and readable is the loader's to say (``DatasetCorrupt``), as is every dataset whose folder this
+module leaves to it (CINIC-10, Tiny-ImageNet: a folder of the root itself may hold them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from fltune.errors import DatasetMissing
+
+DEBIAN_FMNIST = Path("/usr/share/datasets/fashion-mnist")  # apt-get install dataset-fashion-mnist
+HOW_TO_GET = "pass --set data.root=DIR holding torchvision's files, or --set data.download=true (needs internet)"
+
+
+def default_root() -> Path:
+    """Where torchvision-format datasets live unless ``data.root`` says otherwise."""
+    return Path("~/.cache/fltune/data").expanduser()
+
+
+def missing(name: str, looked_in: list[Path], how: str, cause: Exception | None = None) -> DatasetMissing:
+    """The one-line error for files that are not where we looked."""
+    reason = f" ({' '.join(str(cause).split())})" if cause else ""
+    paths = ", ".join(str(p) for p in looked_in)
+    return DatasetMissing(f"data.dataset: {name} not found in {paths}{reason}; {how}")
+
+
+def _fmnist(root: Path | None) -> tuple[list[Path], str]:
+    """``root`` itself (Debian's folder without one), then torchvision's layout under it."""
+    return ([root] if root else [DEBIAN_FMNIST]) + [(root or default_root()) / "FashionMNIST" / "raw"], (
+        "apt-get install dataset-fashion-mnist, or " + HOW_TO_GET)
+
+
+def _under(*parts: str) -> Callable[[Path | None], tuple[list[Path], str]]:
+    """torchvision's own layout: one folder or file under the root (several files: each)."""
+    return lambda root: ([(root or default_root()) / part for part in parts], HOW_TO_GET)
+
+
+def _medmnist(name: str) -> Callable[[Path | None], tuple[list[Path], str]]:
+    """``<root>/<name>.npz``, else FedSOL's ``<root>/medmnist/<name>.npz``."""
+    how = f"pass --set data.root=DIR holding {name}.npz, or --set data.download=true (needs internet)"
+    return lambda root: ([(root or default_root()) / f"{name}.npz",
+                          (root or default_root()) / "medmnist" / f"{name}.npz"], how)
+
+
+WHERE: dict[str, Callable[[Path | None], tuple[list[Path], str]]] = {
+    "fmnist": _fmnist, "mnist": _under("MNIST/raw"), "emnist_letters": _under("EMNIST/raw"),
+    "cifar10": _under("cifar-10-batches-py"), "cifar100": _under("cifar-100-python"),
+    "svhn": _under("train_32x32.mat", "test_32x32.mat"),
+    "pathmnist": _medmnist("pathmnist"), "tissuemnist": _medmnist("tissuemnist"),
+}
+"""Dataset → (the paths its loader looks in, in order, and how to get the files), for a ``data.root`` or None."""
+
+
+def where(name: str, root: Path | None) -> tuple[list[Path], str]:
+    """The paths the loader of ``name`` looks in for a ``data.root`` (None: the default), and how to get it."""
+    return WHERE[name](root)
+
+
+def check_here(name: str, root: str | None, download: bool) -> None:
+    """The loader's own "not found" line, now, when none of the paths it looks in exists (and nothing is to be
+    downloaded); datasets it finds by other means are left to it."""
+    if download or name not in WHERE:
+        return
+    looked_in, how = where(name, Path(root).expanduser().resolve() if root else None)
+    if not any(path.exists() for path in looked_in):
+        raise missing(name, looked_in, how)
