@@ -88,6 +88,8 @@ class ClientStore(Mapping[int, dict[str, Any]]):
         self.dirty: set[int] = set()
         """Clients written since the last ``commit``."""
         self.cache: OrderedDict[int, dict[str, Any]] = OrderedDict()
+        self.fresh = True
+        """Not restored: the first ``commit`` starts the log anew (a folder reused by a new run)."""
         self._reset()
 
     # ---------------------------------------------------------------- reading
@@ -154,6 +156,10 @@ class ClientStore(Mapping[int, dict[str, Any]]):
     def commit(self, version: int) -> dict[str, Any]:
         """Write the clients changed since the last commit to the log as ``version``; the checkpoint's
         reference to this state of the store."""
+        log = self.folder / LOG
+        if self.fresh:
+            shutil.rmtree(log, ignore_errors=True)
+            self.fresh = False
         if self.dirty:
             cids = np.array(sorted(self.dirty), np.int64)
             arrays: dict[str, np.ndarray] = {
@@ -163,30 +169,38 @@ class ClientStore(Mapping[int, dict[str, Any]]):
                 arrays[f"has{i}"] = has
                 arrays[f"rows{i}"] = np.stack([np.frombuffer(self._read(key, int(c), 1), np.uint8)
                                                for c in cids[has]]) if has.any() else np.zeros((0, 0), np.uint8)
-            log = self.folder / LOG
             log.mkdir(parents=True, exist_ok=True)
             partial = log / f".{version:09d}.npz"
             np.savez(partial, **arrays)
             partial.replace(log / f"{version:09d}.npz")
             self.dirty.clear()
-        return {"folder": str(self.folder), "version": version}
+        entries = len(list(log.glob("[0-9]*.npz"))) if log.is_dir() else 0
+        return {"folder": str(self.folder), "version": version, "entries": entries, "clients": len(self)}
 
     def restore(self, ref: dict[str, Any]) -> None:
         """The store as ``commit`` left it at ``ref``'s version: its log files up to it replayed (copied in
-        first when ``ref`` names another folder), the later ones removed."""
+        first when ``ref`` names another folder that still exists), the later ones removed."""
         version, source = ref["version"], Path(ref["folder"]) / LOG
         log = self.folder / LOG
         log.mkdir(parents=True, exist_ok=True)
-        if source.resolve() != log.resolve():
+        if source.is_dir() and source.resolve() != log.resolve():
             for entry in source.glob("[0-9]*.npz"):
                 shutil.copyfile(entry, log / entry.name)
         self._reset()
+        replayed = 0
         for entry in sorted(log.glob("[0-9]*.npz")):
             if int(entry.stem) > version:
                 entry.unlink()
                 continue
             self._replay(entry)
+            replayed += 1
+        if (replayed, len(self)) != (ref["entries"], ref["clients"]):
+            raise FLTuneError(
+                f"client store: the checkpoint refers to {ref['entries']} log files of {ref['clients']} clients' "
+                f"states in {source}, but {log} holds {replayed} of {len(self)}; allowed: a checkpoint whose "
+                "client-state folder this process can read (a Tune trial's storage path)")
         self.dirty.clear()
+        self.fresh = False
 
     # ---------------------------------------------------------------- inside
     def _reset(self) -> None:
