@@ -25,6 +25,7 @@ import os
 import shutil
 import tempfile
 import weakref
+import zipfile
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -38,8 +39,8 @@ Layout = list[tuple[str, str, tuple[int, ...]]]
 """A state key's arrays: (name, dtype, shape) in order; name "" for a key that holds one array."""
 
 LIVE, LOG = "live", "log"
-READ_ROWS = 1024
-"""Rows read at once when streaming one key over every client (``held``)."""
+READ_BYTES = 16 * 2**20
+"""Bytes of rows read at once when streaming one key over every client (``held``)."""
 
 
 def layout_of(value: Any) -> Layout:
@@ -122,13 +123,14 @@ class ClientStore(Mapping[int, dict[str, Any]]):
 
     def held(self, key: str) -> Iterator[tuple[int, Any]]:
         """(client, its ``key`` value) for every client holding ``key``, in client-id order, read
-        ``READ_ROWS`` rows at a time: a sum over all clients costs a few reads, and one block in memory."""
+        ``READ_BYTES`` of rows at a time: a sum over all clients costs few reads, and one block in memory."""
         if key not in self.layouts:
             return
         layout, holders = self.layouts[key], np.flatnonzero(self.present[key])
         size = row_bytes(layout)
-        for first in range(0, self.clients, READ_ROWS):
-            block = holders[(holders >= first) & (holders < first + READ_ROWS)]
+        span = max(1, READ_BYTES // max(1, size))
+        for first in range(0, self.clients, span):
+            block = holders[(holders >= first) & (holders < first + span)]
             if not len(block):
                 continue
             rows = memoryview(self._read(key, int(block[0]), int(block[-1]) - int(block[0]) + 1))
@@ -161,17 +163,9 @@ class ClientStore(Mapping[int, dict[str, Any]]):
             shutil.rmtree(log, ignore_errors=True)
             self.fresh = False
         if self.dirty:
-            cids = np.array(sorted(self.dirty), np.int64)
-            arrays: dict[str, np.ndarray] = {
-                "cids": cids, "layouts": np.array(json.dumps(list(self.layouts.items())))}
-            for i, key in enumerate(self.layouts):
-                has = self.present[key][cids]
-                arrays[f"has{i}"] = has
-                arrays[f"rows{i}"] = np.stack([np.frombuffer(self._read(key, int(c), 1), np.uint8)
-                                               for c in cids[has]]) if has.any() else np.zeros((0, 0), np.uint8)
             log.mkdir(parents=True, exist_ok=True)
             partial = log / f".{version:09d}.npz"
-            np.savez(partial, **arrays)
+            self._write_delta(partial, np.array(sorted(self.dirty), np.int64))
             partial.replace(log / f"{version:09d}.npz")
             self.dirty.clear()
         entries = len(list(log.glob("[0-9]*.npz"))) if log.is_dir() else 0
@@ -214,16 +208,37 @@ class ClientStore(Mapping[int, dict[str, Any]]):
         self.known[:] = False
         self.cache.clear()
 
+    def _write_delta(self, path: Path, cids: np.ndarray) -> None:
+        """An ``.npz`` of ``cids``' states: their ids, the layouts, and per key which of them hold it
+        (``has<i>``) and those clients' rows (``rows<i>``), streamed a row at a time (``np.lib.format``
+        headers in a zip, which ``np.load`` reads as any ``.npz``)."""
+        with zipfile.ZipFile(path, "w") as archive:
+            _put(archive, "cids", cids)
+            _put(archive, "layouts", np.array(json.dumps(list(self.layouts.items()))))
+            for i, key in enumerate(self.layouts):
+                has = self.present[key][cids]
+                _put(archive, f"has{i}", has)
+                size = row_bytes(self.layouts[key])
+                with archive.open(f"rows{i}.npy", "w", force_zip64=True) as out:
+                    header = {"descr": "|u1", "fortran_order": False, "shape": (int(has.sum()), size)}
+                    np.lib.format.write_array_header_2_0(out, header)
+                    for cid in cids[has]:
+                        out.write(self._read(key, int(cid), 1))
+
     def _replay(self, entry: Path) -> None:
-        with np.load(entry, allow_pickle=False) as saved:
-            cids = saved["cids"]
-            for i, (key, layout) in enumerate(json.loads(str(saved["layouts"]))):
+        """Write one log file's states into the rows, a row at a time."""
+        with zipfile.ZipFile(entry) as archive:
+            cids = _get(archive, "cids")
+            for i, (key, layout) in enumerate(json.loads(str(_get(archive, "layouts")))):
                 layout = [(name, dtype, tuple(shape)) for name, dtype, shape in layout]
                 if key not in self.layouts:
                     self._add_key(key, layout)
-                has, rows = saved[f"has{i}"], saved[f"rows{i}"]
-                for cid, row in zip(cids[has], rows):
-                    self._write(key, int(cid), row.tobytes())
+                has = _get(archive, f"has{i}")
+                with archive.open(f"rows{i}.npy") as rows:
+                    np.lib.format.read_magic(rows)
+                    np.lib.format.read_array_header_2_0(rows)  # as _write_delta wrote it
+                    for cid in cids[has]:
+                        self._write(key, int(cid), rows.read(row_bytes(layout)))
                 self.present[key][cids] = has
             self.known[cids] = True
 
@@ -287,3 +302,13 @@ def _release(files: dict[str, tuple[int, int, int]], temporary: Path | None) -> 
     files.clear()
     if temporary is not None:
         shutil.rmtree(temporary, ignore_errors=True)
+
+
+def _put(archive: zipfile.ZipFile, name: str, array: np.ndarray) -> None:
+    with archive.open(f"{name}.npy", "w") as out:
+        np.lib.format.write_array(out, array, allow_pickle=False)
+
+
+def _get(archive: zipfile.ZipFile, name: str) -> np.ndarray:
+    with archive.open(f"{name}.npy") as member:
+        return np.lib.format.read_array(member, allow_pickle=False)
