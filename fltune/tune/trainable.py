@@ -115,9 +115,9 @@ def done(feds: list[Federation]) -> bool:
 @dataclass
 class Cadence:
     """When a trial checkpoints: at every ``rounds``-th round, once ``seconds`` have passed since its
-    last checkpoint (or its start), and always at the end. A checkpoint is the whole federation state
-    (for LG-FedAvg or Ditto, every client's personal model), so on long runs one per round costs more than
-    the round; what a crash loses is at most one cadence of rounds, replayed exactly."""
+    last checkpoint (or its start), and always at the end. A checkpoint is the federation state with the
+    states of the clients trained since the last one (the client stores' logs, ``engine/store.py``); what a
+    crash loses is at most one cadence of rounds, replayed exactly."""
 
     rounds: int | None = 1
     seconds: float | None = None
