@@ -8,6 +8,7 @@ Tune trial) should not wire the parts themselves; this is the one place that kno
 from __future__ import annotations
 
 from functools import partial
+from pathlib import Path
 
 import ray
 
@@ -21,13 +22,15 @@ from fltune.engine.pool import WorkerPool, plan_workers
 from fltune.metrics.probe import probes_for
 
 
-def build_federation(cfg: ExperimentConfig, data: FederatedData | None = None, pool: Pool | None = None) -> Federation:
+def build_federation(cfg: ExperimentConfig, data: FederatedData | None = None, pool: Pool | None = None,
+                     folder: Path | None = None) -> Federation:
     """The run ``cfg`` describes, on ``data`` (default: loaded and split as ``cfg`` says), with the probes
     ``cfg`` turns on (refused in one line when the data can't serve one, ``check_probes``). ``pool``: the
     caller's workers, left up after the run; without one the run starts Ray actors of its own as it opens
-    (``resources.*``, on the Ray at ``resources.address``, started when none runs) and stops them as it closes."""
+    (``resources.*``, on the Ray at ``resources.address``, started when none runs) and stops them as it closes.
+    ``folder``: where the client states go (``Federation``; default a temporary folder)."""
     return Federation(cfg, data if data is not None else load_data(cfg), pool or partial(ray_pool, cfg),
-                      probes=probes_for)
+                      probes=probes_for, folder=folder)
 
 
 def ray_pool(cfg: ExperimentConfig) -> WorkerPool:

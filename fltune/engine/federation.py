@@ -8,8 +8,9 @@ hands it those of the metrics package), run by name-blind code here, each adding
 summary; their heavy parts (evaluations, Hessian-vector products) run on the workers (``evaluate_state``,
 ``compute``). The workers are a :class:`~fltune.engine.dispatch.Pool` (Ray actors, this process), so the
 loop imports no Ray; it knows no method by name (it only calls hooks) and imports neither MLflow nor Ray
-Tune. Its whole state — global weights, server state, the per-client store, the latest local models, the history,
-the probes' state — is plain data (``state_dict``), so a checkpoint is just that.
+Tune. Its whole state — global weights, server state, the history, the probes' state — is plain data
+(``state_dict``), so a checkpoint is just that; the per-client states and the latest local models live in
+client stores on disk (engine/store.py), whose checkpoint is a reference to a version of their log.
 """
 
 from __future__ import annotations
@@ -28,17 +29,22 @@ from fltune.config import ExperimentConfig
 from fltune.data.datasets import release_loaded
 from fltune.data.federated import FederatedData
 from fltune.engine.aggregate import WeightedSum
-from fltune.engine.batched import note_fallback
+from fltune.engine.batched import client_groups, note_fallback
 from fltune.engine.builders import build_method, build_model_for, initial_state
 from fltune.engine.callbacks import Callback
 from fltune.engine.dispatch import Pool, balance, deal
 from fltune.engine.local import RoundInput, eval_batch_count, evaluate, load_state, total_scores
 from fltune.engine.probes import Probe, ProbeTask, RoundView
 from fltune.engine.rng import round_clients, use_deterministic_cuda
+from fltune.engine.store import ClientStore, WithRound
 from fltune.errors import FLTuneError
 from fltune.methods.base import Aggregate, ServerContext, State, Upload
 
 T = TypeVar("T")
+
+EVAL_CLIENTS = 256
+"""Clients a personalised evaluation sends out at once (``Federation.evaluate_personalized``): their states
+are in memory together, whatever the clients in total."""
 
 
 @dataclass(frozen=True)
@@ -56,19 +62,23 @@ class Federation:
 
     def __init__(
         self, cfg: ExperimentConfig, data: FederatedData, pool: Pool | Callable[[], Pool],
-        probes: Callable[[Federation], Sequence[Probe]] | None = None,
+        probes: Callable[[Federation], Sequence[Probe]] | None = None, folder: Path | None = None,
     ) -> None:
         """``pool``: the client workers that serve the run — a caller's pool (``close`` leaves it up for its
         owner), or what starts the run's own as it opens (``close`` stops it); results do not depend on
-        which. ``probes``: what builds the run's probes for it, once its data and evaluation model exist."""
+        which. ``probes``: what builds the run's probes for it, once its data and evaluation model exist.
+        ``folder``: where the client stores keep their files and checkpoint logs (a Tune trial's storage, so
+        a restarted trial finds them); None: a temporary folder, removed with the run."""
         self.cfg = cfg
         self.data = data
         self.method = build_method(cfg)
         self.initial_state: State = initial_state(cfg, self.data)
         self.global_state: State = self.initial_state
         self.server_state: dict[str, Any] = self.method.init_server_state(self.global_state)
-        self.client_store: dict[int, dict[str, Any]] = {}
-        self.latest: dict[int, State] = {}
+        fed = cfg.federation
+        self.client_store = ClientStore(fed.clients, folder and folder / "clients", cache=fed.clients_per_round)
+        self.latest = ClientStore(fed.clients, folder and folder / "latest", cache=fed.clients_per_round)
+        """Each client's latest local model, kept for the probes that need them (``keeps_local_models``)."""
         self.round = 0
         self.history: list[dict[str, float]] = []
         self.status = "running"
@@ -203,14 +213,14 @@ class Federation:
             total.mean(), total.total_weight, {c: states[c] for c in ids}, {c: client_metrics[c] for c in ids},
             {c: uploads[c] for c in ids},
         )
-        store = {**self.client_store, **aggregate.client_states}
+        store = WithRound(self.client_store, aggregate.client_states)
         ctx = ServerContext(r, self.global_state, aggregate, self.server_state, store, self.cfg.federation.clients)
         update = self.method.aggregate(ctx)
         if not all(np.isfinite(v).all() for v in update.global_state.values() if v.dtype.kind == "f"):
             self.status = "diverged"
             return
         self.global_state, self.server_state = update.global_state, update.server_state
-        self.client_store = {**store, **update.client_states}
+        self.client_store.update({**aggregate.client_states, **update.client_states})
 
     def _probe(self, view: RoundView, metrics: dict[str, float]) -> None:
         """Run the due probes in order, each adding its figures (and its time to its clock) to ``metrics``."""
@@ -259,7 +269,8 @@ class Federation:
     def evaluate_personalized(self, finetune: bool, split: str = "test") -> tuple[float, float]:
         """Mean over clients of each client's accuracy (and loss) on its own held-out split (SimFAFL
         Table 2), or with ``split="val"`` on its own validation split, computed on the workers; with
-        ``finetune`` each client first runs its final personal round (``local.final_round``)."""
+        ``finetune`` each client first runs its final personal round (``local.final_round``). The clients go
+        out ``EVAL_CLIENTS`` at a time, so only that many clients' states are read from the store at once."""
         assert self.pool is not None
         clients = list(range(self.cfg.federation.clients))
         run_ref = self.run_ref if split == "test" else self._validation_run()
@@ -267,15 +278,16 @@ class Federation:
         sizes = self.sizes if finetune else [len(idx) for idx in held_out]
         res = self.cfg.resources
         group = res.batch_clients if finetune and res.executor == "batched" else 1  # a final round's groups whole
-        shards = balance(clients, sizes, self.pool.width(), group)
         training = self.cfg.training
         final = self.cfg.federation.rounds + 1  # the fine-tuning stream: "round R+1", apart from every training one
         inputs = RoundInput(round=final, seed=self.cfg.federation.seed, lr=training.finetune_lr or training.lr_at(final),
                             global_state=self.global_state, server={})
         scores: dict[int, tuple[int, float, int]] = {}
-        calls = self.pool.map(run_ref, "evaluate_clients", shards, inputs, finetune, per_shard=self._states_for)
-        for part in calls:
-            scores.update(part)
+        for chunk in client_groups(clients, -(-EVAL_CLIENTS // group) * group):  # whole groups in each
+            shards = balance(chunk, sizes, self.pool.width(), group)
+            for part in self.pool.map(run_ref, "evaluate_clients", shards, inputs, finetune,
+                                      per_shard=self._states_for):
+                scores.update(part)
         accs = [scores[c][0] / scores[c][2] for c in clients]
         losses = [scores[c][1] / scores[c][2] for c in clients]
         return float(np.mean(accs)), float(np.mean(losses))
@@ -323,10 +335,12 @@ class Federation:
         return summary
 
     def state_dict(self) -> dict[str, Any]:
-        """Everything needed to continue exactly where the run stands."""
+        """Everything needed to continue exactly where the run stands; the client stores commit the states
+        changed since the last call to their logs, and the state holds their version (``ClientStore.commit``)."""
         return {
             "round": self.round, "global_state": self.global_state, "server_state": self.server_state,
-            "client_store": self.client_store, "latest": self.latest, "history": self.history,
+            "client_store": self.client_store.commit(self.round), "latest": self.latest.commit(self.round),
+            "history": self.history,
             "status": self.status,
             **{probe.name: probe.state_dict() for probe in self.probes if probe.state_dict() is not None},
         }
@@ -335,8 +349,8 @@ class Federation:
         self.round = state["round"]
         self.global_state = state["global_state"]
         self.server_state = state["server_state"]
-        self.client_store = state["client_store"]
-        self.latest = state["latest"]
+        self.client_store.restore(state["client_store"])
+        self.latest.restore(state["latest"])
         self.history = state["history"]
         self.status = state["status"]
         for probe in self.probes:

@@ -5,7 +5,7 @@ Nothing is registered here. Both bases keep their per-client variables in the cl
 override calls ``super()``, so FedDC = FedDyn's drift + SCAFFOLD's control variates by inheriting both.
 
 Both servers need means over *all* N clients (never-sampled ones count as zero), read from the engine's
-client store; :func:`mean_over_clients` sums in client-id order so the result does not depend on which
+client store; :func:`mean_over_clients` sums in client-id order, streaming the states from the store, so the result does not depend on which
 worker returned which client first. Server and upload use the plain mean over the round's clients
 (``weighted_by_samples = False``, docs/methods.md §0). Only parameters drift: buffers (BN statistics) are
 averaged as in FedAvg, as in the authors' code, which flattens ``model.parameters()`` only.
@@ -21,21 +21,25 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from fltune.methods.base import ClientContext, ClientResult, Method, ServerContext, ServerUpdate, effective_steps
+from fltune.methods.base import (
+    ClientContext, ClientResult, Method, ServerContext, ServerUpdate, effective_steps, held,
+)
 from fltune.methods.objective import Tensors
 from fltune.methods.wire import State, to_device, to_numpy
 
 
-def mean_over_clients(store: dict[int, dict[str, Any]], key: str, num_clients: int) -> State:
-    """(1/N)·Σ_k store[k][key] over all N clients; {} while no client holds ``key`` yet."""
-    held = [store[c][key] for c in sorted(store) if key in store[c]]
-    if not held:
-        return {}
-    total = {name: np.zeros(value.shape, np.float64) for name, value in held[0].items()}
-    for arrays in held:
+def mean_over_clients(store: Mapping[int, dict[str, Any]], key: str, num_clients: int) -> State:
+    """(1/N)·Σ_k store[k][key] over all N clients, summed in float64 in client-id order one client at a time
+    (``held``: the store streams them); {} while no client holds ``key`` yet."""
+    total: dict[str, np.ndarray] = {}
+    dtypes: dict[str, np.dtype] = {}
+    for index, (_, arrays) in enumerate(held(store, key)):
+        if index == 0:
+            total = {name: np.zeros(value.shape, np.float64) for name, value in arrays.items()}
+            dtypes = {name: value.dtype for name, value in arrays.items()}
         for name, value in arrays.items():
             total[name] += value
-    return {name: (value / num_clients).astype(held[0][name].dtype) for name, value in total.items()}
+    return {name: (value / num_clients).astype(dtypes[name]) for name, value in total.items()}
 
 
 def parameter_tensors(ctx: ClientContext, stored: Mapping[str, np.ndarray | Tensor] | None) -> dict[str, Tensor]:

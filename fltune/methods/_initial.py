@@ -19,7 +19,7 @@ from typing import Any
 
 from torch import Tensor
 
-from fltune.methods.base import ClientContext, Method, ServerContext, ServerUpdate, State
+from fltune.methods.base import ClientContext, Method, ServerContext, ServerUpdate, State, holders
 
 INITIAL = "initial"
 """Server-state and payload key of the initial model."""
@@ -47,8 +47,7 @@ class InitialStandIn(Method):
         """The base's; the initial model is dropped once every client has its own (it would then be sent for
         nothing: ~9 MB a round for MOON's ResNet-56)."""
         update = super().aggregate(ctx)
-        if INITIAL not in update.server_state or any(
-                self.kept not in ctx.client_store.get(k, {}) for k in range(ctx.num_clients)):
+        if INITIAL not in update.server_state or holders(ctx.client_store, self.kept) < ctx.num_clients:
             return update
         return replace(update, server_state={k: v for k, v in update.server_state.items() if k != INITIAL})
 

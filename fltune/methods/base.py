@@ -171,8 +171,24 @@ class ServerContext:
     global_state: State
     aggregate: Aggregate
     server_state: dict[str, Any]
-    client_store: dict[int, dict[str, Any]]
+    client_store: Mapping[int, dict[str, Any]]
     num_clients: int
+
+
+def held(store: Mapping[int, dict[str, Any]], key: str) -> Iterator[tuple[int, Any]]:
+    """(client, ``store[client][key]``) for every client holding ``key``, in client-id order. The engine's
+    store (engine/store.py) streams them from disk a block at a time (``held``), so a sum over every client
+    keeps one value in memory; a plain dict is read client by client."""
+    stream = getattr(store, "held", None)
+    if stream is not None:
+        return stream(key)
+    return ((cid, store[cid][key]) for cid in sorted(store) if key in store[cid])
+
+
+def holders(store: Mapping[int, dict[str, Any]], key: str) -> int:
+    """How many clients of ``store`` hold ``key``: the engine's store counts without reading a state."""
+    count = getattr(store, "holders", None)
+    return count(key) if count is not None else sum(key in state for state in store.values())
 
 
 @dataclass(frozen=True)

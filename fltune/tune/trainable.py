@@ -4,7 +4,8 @@ The seeds' round loops advance together (``lockstep``); after each round the tri
 of every metric plus the objective (mean and std over seeds of the metric, final or best so far), so ASHA
 can compare trials round by round. The trial's client actors live in its placement group (reserved by the study). On
 the checkpoint cadence (``Cadence``: every k rounds and/or every s seconds, always at the end) the whole
-federation state of every seed is checkpointed, so a failed trial (``FailureConfig``) or a resumed study
+federation state of every seed is checkpointed (its client states as a version of their stores' logs,
+``client_folder``), so a failed trial (``FailureConfig``) or a resumed study
 (``Tuner.restore``) continues from its last checkpoint: the rounds after it are replayed, and since every
 random number derives from (seed, round, client id) they give the same numbers again.
 """
@@ -114,9 +115,9 @@ def done(feds: list[Federation]) -> bool:
 @dataclass
 class Cadence:
     """When a trial checkpoints: at every ``rounds``-th round, once ``seconds`` have passed since its
-    last checkpoint (or its start), and always at the end. A checkpoint is the whole federation state
-    (for LG-FedAvg or Ditto, every client's personal model), so on long runs one per round costs more than
-    the round; what a crash loses is at most one cadence of rounds, replayed exactly."""
+    last checkpoint (or its start), and always at the end. A checkpoint is the federation state with the
+    states of the clients trained since the last one (the client stores' logs, ``engine/store.py``); what a
+    crash loses is at most one cadence of rounds, replayed exactly."""
 
     rounds: int | None = 1
     seconds: float | None = None
@@ -181,6 +182,16 @@ def worker_nodes(feds: list[Federation]) -> str:
     return ",".join(sorted({node[:8] for node in ray.get(refs)}))
 
 
+def client_folder() -> Path:
+    """Where this trial's client stores keep their states and checkpoint logs (``engine/store.py``): under
+    the trial's folder in the study's storage when that is a path (local, or a filesystem every node mounts),
+    so a trial restarted on any node finds the log its checkpoint refers to; with a URI storage (s3://, …),
+    the trial's folder on its node, which a restart on the same node finds."""
+    context = tune.get_context()
+    storage = Path(context.get_storage().trial_fs_path)
+    return (storage if storage.is_absolute() else Path(context.get_trial_dir())) / "clients"
+
+
 def run_trial(config: dict[str, Any], spec: StudySpec) -> None:
     """Tune entry point: ``config`` holds the sampled parameters under their dotted names."""
     cfgs = seed_configs(set_dotted(spec.base, config), spec.space.seeds, spec.workers, spec.gpus_per_worker or 0.0)
@@ -196,7 +207,8 @@ def run_federations(cfgs: list[ExperimentConfig], objective: Objective, cadence:
     ``extra`` objectives are reported beside the main one (cells of a table that share this run)."""
     start = time.perf_counter()
     logging.getLogger("ray.train._internal.storage").setLevel(logging.WARNING)  # one line per checkpoint
-    feds = [build_federation(cfg) for cfg in cfgs]
+    folder = client_folder()
+    feds = [build_federation(cfg, folder=folder / f"seed{cfg.federation.seed}") for cfg in cfgs]
     try:
         restore(feds)
         open_all(feds)

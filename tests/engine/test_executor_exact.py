@@ -183,7 +183,7 @@ def test_federation_on_ray_is_the_same_with_either_executor(pool, method):
         finally:
             fed.close()
         history = [{k: v for k, v in row.items() if not k.endswith("_s")} for row in fed.history]  # timings
-        runs[kind] = (fed.global_state, fed.client_store, history)
+        runs[kind] = (fed.global_state, dict(fed.client_store), history)
     assert_same(runs["exact"], runs["reference"], method)
     assert "acc_personalized" in runs["exact"][2][-1]  # the fine-tuning ran on both paths
 

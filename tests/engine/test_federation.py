@@ -111,7 +111,7 @@ def test_every_method_gives_the_same_run_on_one_worker_or_two_and_resumed(pools,
         resumed.load_state_dict(read_states(tmp_path)[0])
         run(resumed)
         assert straight.status == resumed.status == "finished" and resumed.round == 3, executor
-        assert_same(*[(fed.global_state, fed.client_store, [{k: v for k, v in row.items() if not k.endswith("_s")}
+        assert_same(*[(fed.global_state, dict(fed.client_store), [{k: v for k, v in row.items() if not k.endswith("_s")}
                                                              for row in fed.history])  # timings left out
                       for fed in (straight, resumed)], f"{method} {executor}")
 
