@@ -180,7 +180,8 @@ class Comparison:
                 return tuned
             spec = spec.model_copy(update={"trees": tuned})
             spec.save()
-        return Cells(self.args, spec).run()
+        self.cells = Cells(self.args, spec)  # its spec and trials: fltune.api.compare's result
+        return self.cells.run()
 
     def tune(self, spec: CompareSpec, hint: str) -> dict[str, dict[str, Any]] | int:
         """Every method's study in turn (concluded ones are kept): the tuned trees, or the exit status."""

@@ -14,6 +14,7 @@ import time
 from typing import Any
 
 from fltune.catalog import method_names
+from fltune.plugins import is_reference, plugins
 from fltune.config import ExperimentConfig, TrackingConfig, build_config
 from fltune.errors import FLTuneError
 from fltune.metrics.probe import check_probes, unmet_need
@@ -112,10 +113,11 @@ def parse_cell(key: str) -> tuple[str, int]:
 def parse_methods(text: str) -> list[str]:
     """``--methods a,b,c``: at least two distinct registered methods."""
     methods = [m.strip() for m in text.split(",") if m.strip()]
-    allowed = method_names()
-    unknown = [m for m in methods if m not in allowed and "+" not in m]
+    allowed = [*method_names(), *plugins("method")]
+    unknown = [m for m in methods if m not in allowed and "+" not in m and not is_reference(m)]
     if unknown:
-        raise FLTuneError(f"--methods: unknown method {unknown[0]!r}; allowed: {', '.join(sorted(allowed))}")
+        raise FLTuneError(f"--methods: unknown method {unknown[0]!r}; allowed: {', '.join(sorted(allowed))}, or "
+                          "package.module:Class or path/to/file.py:Class")
     duplicates = sorted({m for m in methods if methods.count(m) > 1})
     if duplicates:
         raise FLTuneError(f"--methods: {duplicates[0]} is named twice; allowed: each method once")

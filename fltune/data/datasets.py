@@ -34,6 +34,7 @@ import torch
 
 from fltune.catalog import NUM_CLASSES
 from fltune.errors import DatasetCorrupt, DatasetMissing, FLTuneError
+from fltune.plugins import is_reference, plugins
 
 DEBIAN_FMNIST = Path("/usr/share/datasets/fashion-mnist")  # apt-get install dataset-fashion-mnist
 _FMNIST_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte",
@@ -112,8 +113,9 @@ def load_dataset(name: str, root: str | Path | None = None, download: bool = Fal
     ``download=True`` fetches what is missing.
     The returned tensors are shared by every caller: treat them as read-only.
     """
-    if name not in _SPECS:
-        raise FLTuneError(f"data.dataset: unknown dataset {name!r}; allowed: {', '.join(DATASETS)}")
+    if name not in _SPECS and not is_reference(name) and name not in plugins("dataset"):
+        raise FLTuneError(f"data.dataset: unknown dataset {name!r}; allowed: "
+                          f"{', '.join([*DATASETS, *plugins('dataset')])}, or a reference package.module:Name")
     return _load(name, None if root is None else str(Path(root).expanduser().resolve()), download)
 
 
@@ -125,7 +127,14 @@ def release_loaded() -> None:
 
 @lru_cache(maxsize=4)
 def _load(name: str, root: str | None, download: bool) -> Dataset:
-    """Load and wrap one dataset; cached on (name, absolute root, download)."""
+    """Load and wrap one dataset, built-in or the user's (``fltune.data.plugin``); cached on (name, absolute
+    root, download)."""
+    if name not in _SPECS:
+        from fltune.data.plugin import label, load_user
+
+        (train_x, train_y, test_x, test_y), user = load_user(name, root, download)
+        mean, std = (tuple(user.mean), tuple(user.std)) if user.mean and user.std else _pixel_stats(train_x)
+        return Dataset(label(name), train_x, train_y, test_x, test_y, user.num_classes, mean, std, user.augment)
     spec = _SPECS[name]
     train_x, train_y, test_x, test_y = _LOADERS[name](None if root is None else Path(root), download)
     mean, std = (spec.mean, spec.std) if spec.mean is not None else _pixel_stats(train_x)

@@ -37,7 +37,7 @@ class ProgressCallback(Callback):
         self.progress = Progress(
             TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
             TextColumn("{task.fields[info]}"), TimeElapsedColumn(), TimeRemainingColumn(), console=console,
-            transient=False, disable=not console.is_terminal,  # a log gets the plain lines of on_round alone
+            transient=False, disable=not (console.is_terminal or console.is_jupyter),  # a log: on_round's lines
         )
         self.description = description
         self.task = None
@@ -59,7 +59,7 @@ class ProgressCallback(Callback):
         accs = " ".join(f"{k.removeprefix('acc_')}={v:.4f}" for k, v in self.latest.items() if k.startswith("acc_"))
         self.info = info = f"{accs} train_loss={metrics['train_loss']:.4f} {metrics['round_s']:.1f}s/round"
         self.progress.update(self.task, completed=int(metrics["round"]), info=info)
-        if not console.is_terminal:  # logs (CI, `ray job submit`) get one plain line per round instead
+        if not (console.is_terminal or console.is_jupyter):  # logs (CI, `ray job submit`): a line per round
             console.print(f"round {int(metrics['round'])}/{fed.cfg.federation.rounds} {info}", soft_wrap=True)
 
     def on_end(self, fed: Federation, summary: dict[str, Any]) -> None:
