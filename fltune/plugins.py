@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import re
 import sys
 import sysconfig
 from functools import cache
@@ -54,6 +55,14 @@ def normalised(name: str) -> str:
     if not where.endswith(".py"):
         return name
     return f"{Path(where).expanduser().resolve()}:{attr}"
+
+
+def label(name: str) -> str:
+    """A short, file-safe name for what ``name`` refers to (file and study names, partition caches):
+    ``stem.Name`` of a file reference, ``module.Name`` of a module's, the name itself otherwise."""
+    where, _, attr = name.rpartition(":")
+    stem = Path(where).stem if where.endswith(".py") else where
+    return re.sub(r"[^\w.+-]", "_", f"{stem}.{attr}" if where else name)
 
 
 def plugins(kind: Kind) -> dict[str, EntryPoint]:

@@ -14,7 +14,7 @@ import time
 from typing import Any
 
 from fltune.catalog import method_names
-from fltune.plugins import is_reference, plugins
+from fltune.plugins import is_reference, label, plugins
 from fltune.config import ExperimentConfig, TrackingConfig, build_config
 from fltune.errors import FLTuneError
 from fltune.metrics.probe import check_probes, unmet_need
@@ -98,7 +98,7 @@ class CompareSpec(SavedSpec):
         return set_dotted(self.trees[method], {"federation.seed": self.base_seed + index})
 
     def study_name(self, method: str) -> str:
-        return f"{self.name}-tune-{method}"
+        return f"{self.name}-tune-{label(method)}"
 
 
 def cell_key(method: str, index: int) -> str:

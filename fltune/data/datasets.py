@@ -34,7 +34,7 @@ import torch
 
 from fltune.catalog import NUM_CLASSES
 from fltune.errors import DatasetCorrupt, DatasetMissing, FLTuneError
-from fltune.plugins import is_reference, plugins
+from fltune.plugins import is_reference, label, plugins
 
 DEBIAN_FMNIST = Path("/usr/share/datasets/fashion-mnist")  # apt-get install dataset-fashion-mnist
 _FMNIST_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte",
@@ -130,7 +130,7 @@ def _load(name: str, root: str | None, download: bool) -> Dataset:
     """Load and wrap one dataset, built-in or the user's (``fltune.data.plugin``); cached on (name, absolute
     root, download)."""
     if name not in _SPECS:
-        from fltune.data.plugin import label, load_user
+        from fltune.data.plugin import load_user
 
         (train_x, train_y, test_x, test_y), user = load_user(name, root, download)
         mean, std = (tuple(user.mean), tuple(user.std)) if user.mean and user.std else _pixel_stats(train_x)

@@ -9,7 +9,6 @@ partitions, caching, augmentation and evaluation treat it as one of them.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,14 +46,6 @@ def load_user(name: str, root: str | None, download: bool) -> tuple[tuple[torch.
         raise FLTuneError(f"data.dataset: {name!r} returned a {type(answer).__name__}; expected "
                           f"{EXPECTED['dataset']}")
     return (*_tensors(name, "train", answer.train), *_tensors(name, "test", answer.test)), answer
-
-
-def label(name: str) -> str:
-    """A short, file-safe name for the dataset (partition cache files, MLflow): ``file.Name`` or
-    ``module.Name`` of a reference, a plug-in's own name otherwise."""
-    where, _, attr = name.rpartition(":")
-    stem = Path(where).stem if where.endswith(".py") else where
-    return re.sub(r"[^\w.-]", "_", f"{stem}.{attr}" if where else name)
 
 
 def _tensors(name: str, split: str, data: Any) -> tuple[torch.Tensor, torch.Tensor]:
