@@ -99,8 +99,7 @@ def run(cfg: ExperimentConfig | str | Path, *, progress: bool = True) -> RunResu
             fed.close()
             pool.shutdown()
         console.print(summary_table(summary, f"{cfg.method.name} · {cfg.data.dataset} · {summary['status']}"))
-    run_id = next((cb.run_id for cb in callbacks if hasattr(cb, "run_id")), None)
-    return RunResult(cfg, summary, history.rounds, run_id)
+    return RunResult(cfg, summary, history.rounds, summary.get("mlflow_run_id"))
 
 
 def start_federation(cfg: ExperimentConfig) -> tuple[Federation, WorkerPool]:

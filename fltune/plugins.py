@@ -98,8 +98,8 @@ def load(kind: Kind, ref: str, shown: str | None = None) -> Any:
         raise FLTuneError(f"{problem}: not a reference; {expected}")
     try:
         module = _import_file(Path(where)) if where.endswith(".py") else importlib.import_module(where)
-    except FLTuneError:
-        raise
+    except FLTuneError as err:
+        raise FLTuneError(f"{problem}: {err}; {expected}") from None
     except Exception as err:  # the user's module failed: its own error, in one line
         raise FLTuneError(f"{problem}: cannot import {where} ({type(err).__name__}: {err}); {expected}") from None
     if not hasattr(module, attr):
@@ -121,10 +121,9 @@ def _import_file(path: Path) -> ModuleType:
     if not path.is_file():
         if name.isidentifier() and loaded is None and importlib.util.find_spec(name) is not None:
             return importlib.import_module(name)
-        raise FLTuneError(f"{path}: no such file")
+        raise FLTuneError("no such file")
     if loaded is not None:
-        raise FLTuneError(f"{path}: a module named {name!r} is already imported (from {loaded.__file__}); "
-                          "allowed: a file whose name no imported module has")
+        raise FLTuneError(f"a module named {name!r} is imported already (from {loaded.__file__}): rename the file")
     spec = importlib.util.spec_from_file_location(name, path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)

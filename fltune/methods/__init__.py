@@ -77,7 +77,8 @@ def get_method(name: str) -> type[Method]:
 def _checked(found: object, name: str) -> type[Method]:
     """A user's class, held to what ``register`` asks of a built-in one."""
     if not (isinstance(found, type) and issubclass(found, Method)):
-        raise FLTuneError(f"{FIELDS['method']}: {name!r} is {found!r}; expected {EXPECTED['method']}")
+        what = f"{'class' if isinstance(found, type) else type(found).__name__} {getattr(found, '__qualname__', '')}"
+        raise FLTuneError(f"{FIELDS['method']}: {name!r} is the {what.strip()}; expected {EXPECTED['method']}")
     missing = undeclared(found)
     if missing:
         raise FLTuneError(f"{FIELDS['method']}: {name!r}: {missing}")
