@@ -70,9 +70,10 @@ def write_method(folder: Path) -> Path:
 
 
 def write_space(folder: Path, method: str, **changes: Any) -> Path:
-    """``space.yaml`` in ``folder``, tuning ``method``'s eps over the tiny setting (2 trials, 1 round)."""
+    """``space.yaml`` in ``folder``, tuning ``method``'s eps over the tiny setting (2 trials, 1 round, no
+    MLflow)."""
     base: dict[str, Any] = {}
-    for key, value in {**TINY, "federation.rounds": 1, "resources.workers": 1}.items():
+    for key, value in {**TINY, "federation.rounds": 1, "resources.workers": 1, "tracking.enabled": False}.items():
         section, field = key.split(".")
         base.setdefault(section, {})[field] = value
     space = {"method": method, "base": base, "params": {"method.eps": {"type": "uniform", "low": 0.0, "high": 0.3}},
