@@ -8,8 +8,7 @@ from typing import Any
 
 import yaml
 
-SMOOTH = '''"""FedAvg with label smoothing: L = CE(f(x), (1 - eps) onehot(y) + eps / C)."""
-import torch.nn.functional as F
+SMOOTH = '''import torch.nn.functional as F
 from pydantic import Field
 
 import fltune
@@ -33,6 +32,7 @@ class LabelSmooth(fltune.Method):
         per_sample = F.cross_entropy(logits, batch.y, reduction="none", label_smoothing=self.params.eps)
         return batch_mean(per_sample, batch.mask), logits
 '''
+"""FedAvg with label smoothing, L = CE(f(x), (1 − ε)·onehot(y) + ε/C), as docs/adding-a-method.md §6 shows it."""
 
 DATA = '''"""Three blobs of 6x6 images and a one-layer model for them."""
 import torch
