@@ -202,8 +202,7 @@ def _args(add: Callable[[argparse._SubParsersAction], None], command: str, **fla
     """The command's flags at their defaults, then ``flags``: one definition of the options for both."""
     parser = argparse.ArgumentParser(prog="fltune")
     add(parser.add_subparsers(dest="command"))
-    sub = parser._subparsers._group_actions[0].choices[command]  # type: ignore[union-attr]
-    args = sub.parse_args([] if command != "reproduce" else [flags["table"]])
+    args = parser.parse_args([command, *([str(flags["table"])] if command == "reproduce" else [])])
     unknown = sorted(set(flags) - set(vars(args)))
     if unknown:
         raise FLTuneError(f"{command}: no option {unknown[0]!r}; allowed: {', '.join(sorted(vars(args)))}")

@@ -34,6 +34,16 @@ def test_config_from_keywords_and_yaml(tmp_path: Path) -> None:
         fltune.Config(**{"federation.rounds": 0})
 
 
+def test_a_jobs_keywords_are_its_commands_flags() -> None:
+    from fltune.api import _args
+    from fltune.reproduce.command import add_parsers
+
+    args = _args(add_parsers, "reproduce", table="table2", datasets="fmnist", seeds=2)
+    assert (args.table, args.datasets, args.seeds, args.scale, args.resume) == ("table2", "fmnist", 2, "quick", False)
+    with pytest.raises(FLTuneError, match="compare: no option 'seedz'; allowed: .*seeds"):
+        fltune.compare(["fedavg", "fedprox"], seedz=2)
+
+
 @pytest.mark.slow
 def test_import_fltune_loads_no_torch_or_ray() -> None:
     code = "import sys, fltune; fltune.Config; print(sorted({'torch', 'ray'} & set(sys.modules)))"
