@@ -13,7 +13,6 @@ import json
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
 from rich.table import Table
 
@@ -29,15 +28,9 @@ from fltune.process import (
 )
 from fltune.reproduce.command import add_parsers as add_reproduce_parsers
 from fltune.reproduce.command import cmd_reproduce, cmd_tables
-from fltune.text import counted, invoked_as
+from fltune.text import invoked_as
 from fltune.tune.command import add_parser as add_tune_parser
 from fltune.tune.command import cmd_tune
-
-if TYPE_CHECKING:
-    from fltune.config import ExperimentConfig
-    from fltune.data.federated import FederatedData
-    from fltune.engine.federation import Federation
-    from fltune.engine.pool import WorkerPool
 
 def load_experiment(args: argparse.Namespace, extra: Sequence[str] = ()):
     """Config file + flags + --set → a validated ExperimentConfig."""
@@ -59,32 +52,11 @@ def cmd_run(args: argparse.Namespace) -> int:
 
         return print_plan(f"plan: run {cfg.method.name}", [(cfg.method.name, cfg.model_dump(mode="json"), 1)],
                           cfg.resources.address, None, [])
-    from fltune.metrics.probe import check_probes, unmeasured_protocols
-    from fltune.tracking.paths import check_tracking
-    from fltune.tracking.progress import ProgressCallback, console, summary_table
+    from fltune.api import run
 
-    check_probes(cfg)
-    check_tracking(cfg.tracking)
     if args.json_out:
         check_json_out(args.json_out)
-    fed, pool = start_federation(cfg)
-    console.print(f"[bold]fltune run[/] {cfg.method.name} on {cfg.data.dataset} ({cfg.partition.kind}), "
-                  f"{cfg.federation.clients} clients × {cfg.federation.fraction}"
-                  f"{' (each drawn alone)' if cfg.federation.sampling == 'bernoulli' else ''}, "
-                  f"{counted(cfg.federation.rounds, 'round')}")
-    for idle in unmeasured_protocols(cfg):
-        console.print(f"[dim]not measured: {idle}[/]")
-    callbacks: list[Any] = [ProgressCallback(cfg.method.name)]
-    try:
-        if cfg.tracking.enabled:
-            from fltune.tracking.callback import MLflowCallback
-
-            callbacks.append(MLflowCallback(cfg))
-        summary = fed.run(callbacks)
-    finally:
-        fed.close()
-        pool.shutdown()
-    console.print(summary_table(summary, f"{cfg.method.name} · {cfg.data.dataset} · {summary['status']}"))
+    summary = run(cfg).metrics
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(summary, indent=2) + "\n")
     if summary["status"] == "diverged":
@@ -101,62 +73,21 @@ def check_json_out(path: str) -> None:
     make_out(str(Path(path).resolve().parent), "--json-out")
 
 
-def start_federation(cfg: ExperimentConfig) -> tuple[Federation, WorkerPool]:
-    """The run's federation on client workers of its own, started side by side: the dataset loads (and
-    torch imports) on a thread while Ray starts and the actors spawn, so start-up costs the longer of
-    the two instead of their sum. On a Ray it started itself, the run trains one share in its own process
-    by default (``resources.driver_worker``). The workers are placed first: an unplaceable plan fails before
-    anything is printed or logged; a dataset that fails to load stops the Ray this call started, so
-    bad input leaves nothing running."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    import ray
-
-    from fltune.engine.cluster import start_ray
-
-    started_here = not ray.is_initialized()
-    with ThreadPoolExecutor(1, thread_name_prefix="fltune-data") as loader:
-        data = loader.submit(_load_data, cfg)
-        try:
-            own_ray = start_ray(cfg.resources.address)
-            from fltune.assembly import build_federation
-            from fltune.engine.federation import open_all
-            from fltune.engine.pool import WorkerPool, plan_workers
-
-            pool = WorkerPool(plan_workers(cfg, ray.cluster_resources(), own_ray))
-        except BaseException:
-            data.cancel()
-            raise
-        try:
-            fed = build_federation(cfg, data.result(), pool)
-            open_all([fed])  # the run reads the workers' shared copy from here on
-        except BaseException:
-            pool.shutdown()
-            if started_here:
-                ray.shutdown()
-            raise
-    return fed, pool
-
-
-def _load_data(cfg: ExperimentConfig) -> FederatedData:
-    from fltune.engine.builders import load_data
-
-    return load_data(cfg)
-
-
 # ---------------------------------------------------------------------------------------------- methods
 def cmd_methods(args: argparse.Namespace) -> int:
-    from fltune.methods import METHODS
+    from fltune.methods import METHODS, get_method
     from fltune.methods.base import params_table
+    from fltune.plugins import origin, plugins
     from fltune.tracking.progress import listing
 
     table = Table(title="registered methods", show_lines=True)
-    for column in ("method", "summary", "parameters (default)"):
+    for column in ("method", "from", "summary", "parameters (default)"):
         table.add_column(column)
-    for name in sorted(METHODS):
-        cls = METHODS[name]
+    found = {**{name: (cls, "fltune") for name, cls in METHODS.items()},
+             **{name: (get_method(name), origin("method", name)) for name in plugins("method") if name not in METHODS}}
+    for name, (cls, where) in sorted(found.items()):
         params = "\n".join(f"{p} = {d!r}  {desc}" for p, _, d, desc in params_table(cls)) or "—"
-        table.add_row(name, (cls.__doc__ or "").strip().splitlines()[0], params)
+        table.add_row(name, where, (cls.__doc__ or "").strip().splitlines()[0], params)
     listing.print(table)
     return 0
 

@@ -6,12 +6,15 @@ FL-bench's ``funetune_epoch``). The method section is open: its extra keys are v
 method's own ``Params`` model, so ``method.mu`` is FedProx's μ with FedProx's bounds and paper default.
 
 The config is a leaf: dataset, model and method names are checked against ``fltune.catalog``, so building
-a config imports neither torch nor any method unless it names method parameters (see ``MethodConfig``).
+a config imports neither torch nor any method unless it names method parameters (see ``MethodConfig``) or
+the user's own code (a reference or an installed plug-in, ``fltune.plugins``), which is imported here so a
+bad one is refused before any work starts.
 """
 
 from __future__ import annotations
 
 import typing
+import copy
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -25,6 +28,7 @@ from pydantic import (
 from fltune import catalog
 from fltune.errors import FLTuneError
 from fltune.text import allowed
+from fltune.plugins import Kind, is_reference, normalised, plugins, resolve
 
 Protocol = Literal["global", "all_model", "personalized"]
 PROTOCOLS: tuple[str, ...] = ("global", "all_model", "personalized")
@@ -36,6 +40,18 @@ def one_of(value: str, names: Sequence[str], what: str) -> str:
     if value not in names:
         raise ValueError(f"unknown {what} {value!r}; {allowed(value, names)}")
     return value
+
+
+def named(value: str, builtin: Sequence[str], kind: Kind) -> str:
+    """A built-in name, an installed plug-in's, or a reference to the user's code (imported now, its path
+    made absolute); else the ValueError naming what is allowed."""
+    if value in builtin:
+        return value
+    if is_reference(value) or value in plugins(kind):
+        resolve(kind, value)
+        return normalised(value)
+    names = [*builtin, *sorted(plugins(kind)), f"package.module:Name or path/to/file.py:Name ({kind} of your own)"]
+    return one_of(value, names, kind)
 
 
 class _Section(BaseModel):
@@ -63,7 +79,7 @@ class DataConfig(_Section):
     @field_validator("dataset")
     @classmethod
     def _known_dataset(cls, value: str) -> str:
-        return one_of(value, tuple(catalog.NUM_CLASSES), "dataset")
+        return named(value, tuple(catalog.NUM_CLASSES), "dataset")
 
 
 class PartitionConfig(_Section):
@@ -107,7 +123,7 @@ class ModelConfig(_Section):
     @field_validator("name")
     @classmethod
     def _known_model(cls, value: str) -> str:
-        return one_of(value, ("auto", *sorted(catalog.MODELS)), "model")
+        return named(value, ("auto", *sorted(catalog.MODELS)), "model")
 
 
 class MethodConfig(BaseModel):
@@ -121,15 +137,22 @@ class MethodConfig(BaseModel):
 
     model_config = ConfigDict(extra="allow")
 
-    name: str = Field("fedavg", description="registered method (`fltune methods`) or <method>+<modifier>; its "
+    name: str = Field("fedavg", description="registered method (`fltune methods`), package.module:Class or "
+                      "path/to/file.py:Class of your own, or <method>+<modifier>; its "
                       "parameters are method.<name> fields")
 
     @field_validator("name")
     @classmethod
     def _known_method(cls, value: str) -> str:
-        """The base of ``<method>+<modifier>`` must be a method file; modifiers are checked by building."""
-        one_of(value.split("+")[0], catalog.method_names(), "method")
-        return value
+        """The base of ``<method>+<modifier>`` must be a method file, a plug-in or a ``Method`` subclass of
+        the user's; modifiers are checked by building."""
+        base, plus, modifiers = value.partition("+")
+        base = named(base, catalog.method_names(), "method")
+        if base not in catalog.method_names():
+            from fltune.methods import get_method
+
+            get_method(base)  # a Method subclass declaring its costs, before any work starts
+        return f"{base}{plus}{modifiers}"
 
     @model_validator(mode="after")
     def _validate_params(self) -> MethodConfig:
@@ -327,6 +350,19 @@ class ExperimentConfig(_Section):
                              f"executor's group step), not {self.resources.executor}")
         return self
 
+    def __init__(self, /, **fields: Any) -> None:
+        """``Config(method="fedprox", **{"federation.rounds": 2, "method.mu": 0.1})``: sections, dotted fields
+        and a method's name; a bad value raises FLTuneError with the line the CLI prints."""
+        try:
+            super().__init__(**set_fields({}, fields))
+        except ValidationError as err:
+            raise FLTuneError(f"config error: {describe_validation_error(err)}") from None
+
+    @classmethod
+    def from_yaml(cls, path: str | Path, **fields: Any) -> ExperimentConfig:
+        """The config file ``path`` with ``fields`` set on top (as ``__init__`` takes them)."""
+        return cls(**set_fields(read_yaml(path), fields))
+
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
 
@@ -405,14 +441,32 @@ def apply_overrides(tree: dict[str, Any], overrides: list[str], fresh: Sequence[
         path, value = parse_override(text)
         if len(path) == 2 and path[0] in fresh and path[1] == "name" and isinstance(tree.get(path[0]), dict):
             tree[path[0]] = {}
-        node = tree
-        for part in path[:-1]:
-            child = node.setdefault(part, {})
-            if not isinstance(child, dict):
-                raise FLTuneError(f"--set {text!r}: {part} is a value, not a section")
-            node = child
-        node[path[-1]] = value
+        set_path(tree, path, value, f"--set {text!r}")
     return tree
+
+
+def set_fields(tree: dict[str, Any], fields: dict[str, Any]) -> dict[str, Any]:
+    """``tree`` (copied) with each ``fields`` key set: a section, a dotted field, or ``method`` as a name."""
+    tree = copy.deepcopy(tree)
+    for key, value in fields.items():
+        if key == "method" and isinstance(value, str):
+            key = "method.name"
+        set_path(tree, key.split("."), copy.deepcopy(value), key)
+    return tree
+
+
+def set_path(tree: dict[str, Any], path: list[str], value: Any, shown: str) -> None:
+    """``tree[a][b] = value`` for ``path`` [a, b], creating sections and merging a section into one there."""
+    node = tree
+    for part in path[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise FLTuneError(f"{shown}: {part} is a value, not a section")
+        node = child
+    if isinstance(value, dict) and isinstance(node.get(path[-1]), dict):
+        node[path[-1]] = set_fields(node[path[-1]], value)
+    else:
+        node[path[-1]] = value
 
 
 def read_yaml(path: str | Path) -> dict[str, Any]:

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from fltune.cli import main, start_federation
+from fltune.api import start_federation
+from fltune.cli import main
 from fltune.config import build_config
 from fltune.data.datasets import load_dataset
 from tests.conftest import storages

@@ -19,6 +19,7 @@ import pytest
 from fltune.cli import build_parser
 from fltune.examples import EXAMPLES
 from fltune.methods import METHODS
+from tests.plugin_helpers import SMOOTH
 
 ROOT = Path(__file__).resolve().parents[1]
 GUIDE = (ROOT / "docs" / "adding-a-method.md").read_text()
@@ -45,6 +46,10 @@ def test_the_guides_tests_are_in_fedprox_tests() -> None:
     tests = re.findall(r"^def test_.*?(?=^def |\Z)", shown, re.S | re.M)
     shipped = (ROOT / "tests/methods/test_fedprox.py").read_text()
     assert len(tests) == 2 and all(test.strip() in shipped for test in tests)
+
+
+def test_the_guides_method_of_your_own_is_the_one_the_tests_run() -> None:
+    assert block_after("`smooth.py`, FedAvg with label smoothing:", "python") == SMOOTH
 
 
 def test_every_registered_method_is_written_out_in_methods_md() -> None:

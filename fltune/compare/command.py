@@ -49,7 +49,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--methods", help="comma-separated methods, at least two, e.g. fedavg,fedprox,scaffold")
     p.add_argument("--seeds", type=int, default=3, help="seeds per method (base seed + 0, 1, …); rows show mean ± std")
     p.add_argument("--tune-budget", type=int,
-                   help="first tune each method with this many trials (search_spaces/<method>.yaml, validation split)")
+                   help="first tune each method with this many trials (search_spaces/<method>.yaml, or "
+                        "mine.yaml beside mine.py; validation split)")
     p.add_argument("--max-concurrent", type=int, help="trials at once (default: as many as the cluster fits)")
     add_checkpoint_args(p, f"{CELL_CHECKPOINT_EVERY}", f"{CELL_CHECKPOINT_SECONDS:g}")
     p.add_argument("--storage", help="job folder root, local or a URI (default: ./studies)")
@@ -192,7 +193,8 @@ class Comparison:
                 return tuned
             spec = spec.model_copy(update={"trees": tuned})
             spec.save()
-        return Cells(self.args, spec).run()
+        self.cells = Cells(self.args, spec)  # its spec and trials: fltune.api.compare's result
+        return self.cells.run()
 
     def tune(self, spec: CompareSpec, hint: str) -> dict[str, dict[str, Any]] | int:
         """Every method's study in turn (concluded ones are kept): the tuned trees, or the exit status."""

@@ -23,6 +23,7 @@ from fltune.compare.spec import TUNING_SEED_OFFSET, CompareSpec, method_tree, pa
 from fltune.compare.stats import ALPHA, mean_std, welch_p
 from fltune.config import build_config
 from fltune.metrics.figures import new_figure, round_axis, save_png
+from fltune.plugins import label
 from fltune.text import counted
 from fltune.tune.board import Planned, eta
 from fltune.tune.results import ENDED, TrialRow
@@ -347,4 +348,4 @@ def write_outputs(spec: CompareSpec, res: list[MethodRow], folder: Path) -> list
     md = folder / "compare.md"
     md.write_text(markdown(spec, res))
     paths = [write_csv(spec, res, folder / "compare.csv"), md, overlay_png(spec, folder / "compare.png")]
-    return paths + [tuned_yaml(spec, m, folder / "configs" / f"{m}.yaml") for m in spec.methods]
+    return paths + [tuned_yaml(spec, m, folder / "configs" / f"{label(m)}.yaml") for m in spec.methods]

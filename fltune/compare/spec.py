@@ -14,9 +14,9 @@ import time
 from typing import Any
 
 from fltune.catalog import method_names
+from fltune.plugins import is_reference, label, plugins, unknown
 from fltune.config import ExperimentConfig, TrackingConfig, build_config
 from fltune.errors import FLTuneError
-from fltune.text import allowed
 from fltune.metrics.probe import check_probes, unmet_need
 from fltune.tracking.paths import outputs_dir
 from fltune.tune.job import CELL_CHECKPOINT_EVERY, CELL_CHECKPOINT_SECONDS
@@ -98,7 +98,7 @@ class CompareSpec(SavedSpec):
         return set_dotted(self.trees[method], {"federation.seed": self.base_seed + index})
 
     def study_name(self, method: str) -> str:
-        return f"{self.name}-tune-{method}"
+        return f"{self.name}-tune-{label(method)}"
 
 
 def cell_key(method: str, index: int) -> str:
@@ -114,9 +114,10 @@ def parse_methods(text: str) -> list[str]:
     """``--methods a,b,c``: at least two distinct registered methods."""
     methods = [m.strip() for m in text.split(",") if m.strip()]
     names = method_names()
-    unknown = [m for m in methods if m not in names and "+" not in m]
-    if unknown:
-        raise FLTuneError(f"--methods: unknown method {unknown[0]!r}; {allowed(unknown[0], sorted(names))}")
+    unknown_ones = [m for m in methods if m not in names and m not in plugins("method") and "+" not in m
+                    and not is_reference(m)]
+    if unknown_ones:
+        raise unknown("method", unknown_ones[0], sorted(names), field="--methods")
     duplicates = sorted({m for m in methods if methods.count(m) > 1})
     if duplicates:
         raise FLTuneError(f"--methods: {duplicates[0]} is named twice; allowed: each method once")

@@ -28,7 +28,9 @@ SPACES = Path(__file__).resolve().parents[2] / "search_spaces"
 
 
 def space_file(method: str) -> Path:
-    path = SPACES / f"{method}.yaml"
+    """The method's search space: the shipped one, or for a method in a file the ``.yaml`` beside it."""
+    where = method.rpartition(":")[0]
+    path = Path(where).with_suffix(".yaml") if where.endswith(".py") else SPACES / f"{method}.yaml"
     if not path.is_file():
         have = sorted(p.stem for p in SPACES.glob("*.yaml"))
         raise FLTuneError(f"--methods: {method} has no search space ({path}) to tune with --tune-budget; "

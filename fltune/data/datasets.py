@@ -34,8 +34,8 @@ import torch
 
 from fltune.catalog import NUM_CLASSES
 from fltune.data.locations import default_root, missing, where
-from fltune.errors import DatasetCorrupt, FLTuneError
-from fltune.text import allowed
+from fltune.errors import DatasetCorrupt
+from fltune.plugins import is_reference, label, plugins, unknown
 
 _FMNIST_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte",
                  "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
@@ -107,8 +107,8 @@ def load_dataset(name: str, root: str | Path | None = None, download: bool = Fal
     ``download=True`` fetches what is missing.
     The returned tensors are shared by every caller: treat them as read-only.
     """
-    if name not in _SPECS:
-        raise FLTuneError(f"data.dataset: unknown dataset {name!r}; {allowed(name, DATASETS)}")
+    if name not in _SPECS and not is_reference(name) and name not in plugins("dataset"):
+        raise unknown("dataset", name, list(DATASETS))
     return _load(name, None if root is None else str(Path(root).expanduser().resolve()), download)
 
 
@@ -120,7 +120,14 @@ def release_loaded() -> None:
 
 @lru_cache(maxsize=4)
 def _load(name: str, root: str | None, download: bool) -> Dataset:
-    """Load and wrap one dataset; cached on (name, absolute root, download)."""
+    """Load and wrap one dataset, built-in or the user's (``fltune.data.plugin``); cached on (name, absolute
+    root, download)."""
+    if name not in _SPECS:
+        from fltune.data.plugin import load_user
+
+        (train_x, train_y, test_x, test_y), user = load_user(name, root, download)
+        mean, std = (tuple(user.mean), tuple(user.std)) if user.mean and user.std else _pixel_stats(train_x)
+        return Dataset(label(name), train_x, train_y, test_x, test_y, user.num_classes, mean, std, user.augment)
     spec = _SPECS[name]
     train_x, train_y, test_x, test_y = _LOADERS[name](None if root is None else Path(root), download)
     mean, std = (spec.mean, spec.std) if spec.mean is not None else _pixel_stats(train_x)
@@ -604,12 +611,12 @@ def _decoded(folder: Path, train: Samples, test: Samples, tree: _ImageTree) -> S
 def _listing_digest(folder: Path, samples: Samples, how: str) -> str:
     """SHA-256 of every sample's path (relative to ``folder``), size in bytes and label."""
     digest = hashlib.sha256()
-    for path, label in samples:
+    for path, target in samples:
         try:
             size = os.stat(path).st_size
         except OSError as err:  # a dangling link
             raise _damaged(Path(path), f"cannot be read ({err.strerror or err})", how) from err
-        digest.update(os.fsencode(os.path.relpath(path, folder)) + f"\0{size}\0{label}\n".encode())
+        digest.update(os.fsencode(os.path.relpath(path, folder)) + f"\0{size}\0{target}\n".encode())
     return digest.hexdigest()
 
 

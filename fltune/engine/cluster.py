@@ -1,5 +1,5 @@
 """Starting or joining Ray, without importing torch: a command calls this first, so Ray's processes start
-while torch imports and the dataset loads on another thread (``cli.start_federation``). Ray counts the
+while torch imports and the dataset loads on another thread (``api.start_federation``). Ray counts the
 GPUs itself (its NVIDIA detection), as it does for ``ray start``."""
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from typing import Any
 import ray
 
 from fltune.errors import FLTuneError
+from fltune.plugins import shipped
 from fltune.process import handle_stop_signals
 
 
@@ -47,8 +48,10 @@ def start_ray(address: str | None) -> bool:
 
 
 def ensure_ray(address: str | None = None) -> bool:
-    """Start a local Ray, or join ``address`` / $RAY_ADDRESS (no local resource arguments when joining).
-    True when this call started a local Ray: the process then owns it and its node alone."""
+    """Start a local Ray, or join ``address`` / $RAY_ADDRESS (no local resource arguments when joining; the
+    files and packages of the user's methods, models and datasets go along as Ray's ``py_modules``, which
+    the config's validation loaded before: ``fltune.plugins.shipped``). True when this call started a local
+    Ray: the process then owns it and its node alone, whose workers read the user's files where they are."""
     if ray.is_initialized():
         return False
     address = address or os.environ.get("RAY_ADDRESS")
@@ -56,7 +59,8 @@ def ensure_ray(address: str | None = None) -> bool:
         "include_dashboard": False, "log_to_driver": True, "configure_logging": False,
         "runtime_env": {"worker_process_setup_hook": worker_setup()},
     }
-    if address:
+    if address:  # the user's own code, named by reference, reaches the workers of every node
+        kwargs["runtime_env"]["py_modules"] = shipped() or None
         ray.init(address=address, **kwargs)
         return False
     # "local": a new instance even when another `ray start` on this machine left its address in /tmp/ray.

@@ -1,6 +1,8 @@
 """Method registry: ``@register`` on a Method subclass makes it available by name.
 
-Adding a method = one file here (imported below) + ``search_spaces/<name>.yaml`` + a test pinning its loss.
+Adding a method = one file here (imported below) + ``search_spaces/<name>.yaml`` + a test pinning its loss;
+or, without a fork, a ``Method`` subclass named by reference (``my_pkg.mod:Mine``, ``./mine.py:Mine``) or
+declared as an entry point of an installed package (``fltune.plugins``), checked as registration checks.
 ``@register_modifier`` adds a loss term (MAN) that any method takes on as ``<method>+<modifier>``; those
 combinations are built on first use by :func:`get_method`, never registered one by one.
 """
@@ -15,6 +17,7 @@ from fltune.errors import FLTuneError
 from fltune.text import allowed
 from fltune.methods.base import Method
 from fltune.methods.compose import Modifier, compose
+from fltune.plugins import EXPECTED, FIELDS, resolve, unknown
 
 METHODS: dict[str, type[Method]] = {}
 MODIFIERS: dict[str, type[Modifier]] = {}
@@ -28,12 +31,18 @@ def register(cls: type[Method]) -> type[Method]:
     """Class decorator: add a method under ``cls.name``, once it declares its cost (COST_DECLARATIONS)."""
     if not cls.name or cls.name in METHODS:
         raise ValueError(f"method name {cls.name!r} is empty or registered twice")
-    missing = [attr for attr in COST_DECLARATIONS if not hasattr(cls, attr)]
+    missing = undeclared(cls)
     if missing:
-        raise TypeError(f"method {cls.name!r} ({cls.__module__}): declare {' and '.join(missing)} as class "
-                        "attributes (models held while training, forward+backward passes per local step)")
+        raise TypeError(f"method {cls.name!r} ({cls.__module__}): {missing}")
     METHODS[cls.name] = cls
     return cls
+
+
+def undeclared(cls: type[Method]) -> str:
+    """What ``cls`` fails to declare of COST_DECLARATIONS, as the line that asks for it; '' when nothing."""
+    missing = [attr for attr in COST_DECLARATIONS if not hasattr(cls, attr)]
+    return (f"declare {' and '.join(missing)} as class attributes (models held while training, "
+            "forward+backward passes per local step)") if missing else ""
 
 
 def register_modifier(cls: type[Modifier]) -> type[Modifier]:
@@ -56,9 +65,23 @@ def get_method(name: str) -> type[Method]:
     a user error naming the allowed methods and modifiers otherwise."""
     if "+" in name:
         return _composite(name)
-    if name not in METHODS:
-        raise FLTuneError(f"method.name: unknown method {name!r}; {allowed(name, sorted(METHODS))}")
-    return METHODS[name]
+    if name in METHODS:
+        return METHODS[name]
+    found = resolve("method", name)
+    if found is None:
+        raise unknown("method", name, sorted(METHODS))
+    return _checked(found, name)
+
+
+def _checked(found: object, name: str) -> type[Method]:
+    """A user's class, held to what ``register`` asks of a built-in one."""
+    if not (isinstance(found, type) and issubclass(found, Method)):
+        what = f"{'class' if isinstance(found, type) else type(found).__name__} {getattr(found, '__qualname__', '')}"
+        raise FLTuneError(f"{FIELDS['method']}: {name!r} is the {what.strip()}; expected {EXPECTED['method']}")
+    missing = undeclared(found)
+    if missing:
+        raise FLTuneError(f"{FIELDS['method']}: {name!r}: {missing}")
+    return found
 
 
 @cache

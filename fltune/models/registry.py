@@ -2,7 +2,8 @@
 
 Each model file registers its builders with ``@register_model``; ``fltune.models`` imports the files, so
 adding an architecture (VIB nets, slimmable ResNet-56) means adding one file, one import and its name in
-``fltune.catalog.MODELS`` (the torch-free list the config checks ``model.name`` against).
+``fltune.catalog.MODELS`` (the torch-free list the config checks ``model.name`` against). A user's builder
+needs none of that: ``model.name`` names it by reference or as an installed plug-in (``fltune.plugins``).
 """
 
 from collections.abc import Callable
@@ -13,6 +14,7 @@ from pydantic import TypeAdapter, ValidationError
 from fltune import catalog
 from fltune.errors import FLTuneError
 from fltune.models.base import InShape, SplitModel
+from fltune.plugins import EXPECTED, plugins, resolve
 
 ModelBuilder = Callable[..., SplitModel]
 """``builder(in_shape, num_classes, **kwargs) -> SplitModel``; must draw parameters only from torch's RNG."""
@@ -42,16 +44,21 @@ def register_model(name: str) -> Callable[[ModelBuilder], ModelBuilder]:
 
 def build_model(name: str, in_shape: InShape, num_classes: int, **kwargs: Any) -> SplitModel:
     """A fresh model; deterministic given the caller's ``torch.manual_seed``."""
-    if name not in MODELS:
-        raise FLTuneError(f"model.name: unknown model {name!r}; allowed: {', '.join(sorted(MODELS))}")
-    builder = MODELS[name]
+    builder = MODELS.get(name) or resolve("model", name)
+    if builder is None:
+        allowed = ", ".join(sorted([*MODELS, *plugins("model")]))
+        raise FLTuneError(f"model.name: unknown model {name!r}; allowed: {allowed}, or a reference "
+                          "package.module:Name or path/to/file.py:Name")
     try:
-        return builder(tuple(in_shape), num_classes, **checked_options(builder, kwargs))
+        model = builder(tuple(in_shape), num_classes, **checked_options(builder, kwargs))
     except TypeError as err:  # an option the builder does not take
         raise FLTuneError(f"model.options: {name!r} does not take {sorted(kwargs)}: {err}") from None
     except ValueError as err:
         shape = tuple(in_shape)
         raise FLTuneError(f"model.name: {name!r} cannot take inputs of shape {shape}: {err}") from err
+    if not isinstance(model, SplitModel):
+        raise FLTuneError(f"model.name: {name!r} built a {type(model).__name__}; expected {EXPECTED['model']}")
+    return model
 
 
 def checked_options(builder: ModelBuilder, options: dict[str, Any]) -> dict[str, Any]:

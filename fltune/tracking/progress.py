@@ -65,7 +65,7 @@ class ProgressCallback(Callback):
         self.progress = RunProgress(
             TextColumn("[bold]{task.description}"), BarColumn(bar_width=30), MofNCompleteColumn(),
             TextColumn("{task.fields[pace]}"), TimeElapsedColumn(), console=console, transient=False,
-            disable=not console.is_terminal,  # a log gets the plain lines of on_round alone
+            disable=not (console.is_terminal or console.is_jupyter),  # a log: on_round's lines alone
         )
         self.description = description
         self.task = None
@@ -98,7 +98,7 @@ class ProgressCallback(Callback):
         if not self.first_done:
             self.clock, self.first_done = (time.monotonic(), done), True
         self.progress.update(self.task, completed=done, info=info, pace=speed)
-        if not console.is_terminal:  # logs (CI, `ray job submit`) get one plain line per round instead
+        if not (console.is_terminal or console.is_jupyter):  # logs (CI, `ray job submit`): a line per round
             console.print(f"round {done}/{total} {speed} {info}", soft_wrap=True, markup=False, highlight=False)
 
     def on_end(self, fed: Federation, summary: dict[str, Any]) -> None:

@@ -4,3 +4,9 @@ space.py (the search-space files) → spec.py (a resolved, saved study) → stud
 trainable.py (one trial: a federation per seed, reported per round, checkpointed) → board.py (terminal),
 tracking.py (MLflow parent + children), results.py (status, ranking, CSV, sensitivity plot, best YAML).
 """
+
+import sys
+
+from fltune.api import CommandModule
+
+sys.modules[__name__].__class__ = CommandModule  # ``fltune.tune(...)`` is ``fltune.api.tune``

@@ -258,7 +258,8 @@ class TuneJob(ABC, Generic[Spec]):
                 raise
         trials = ExperimentAnalysis(spec.path).trials
         say_failures(trials)
-        code = self.conclude(spec, unfinished_if_stopped([trial_row(trial) for trial in trials]))
+        self.spec, self.rows = spec, unfinished_if_stopped([trial_row(trial) for trial in trials])  # fltune.api's
+        code = self.conclude(spec, self.rows)
         if code != 130 and stop_arrived():  # a stop the job took after its last trial: the command ends here
             raise KeyboardInterrupt
         return code

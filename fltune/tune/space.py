@@ -201,6 +201,16 @@ def base_tree(space: SearchSpace, space_path: str | Path, method: str) -> dict[s
     return tree
 
 
+def space_method(space: SearchSpace, space_path: str | Path) -> str | None:
+    """The space's ``method:``; a file reference (``./mine.py:Mine``) is relative to the space file, as
+    ``base`` is, when the file is there (else to the working folder)."""
+    where, _, attr = (space.method or "").rpartition(":")
+    if not where.endswith(".py") or Path(where).is_absolute():
+        return space.method
+    beside = Path(space_path).parent / where
+    return f"{beside}:{attr}" if beside.is_file() else space.method
+
+
 def check_params(space: SearchSpace, tree: dict[str, Any], method: str) -> None:
     """Each parameter is a real field and both ends of its range (every choice) validate in the config."""
     fields = get_method(method).Params.model_fields

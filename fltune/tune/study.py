@@ -24,6 +24,7 @@ from fltune.errors import FLTuneError
 from fltune.tune.results import failed_result
 from fltune.tune.space import (
     Asha, SearchSpace, base_tree, check_objective, check_params, is_space_setting, parse_space, set_dotted,
+    space_method,
 )
 from fltune.tune.spec import SavedSpec, StudySpec
 from fltune.tune.storage import check_name, job_filesystem, storage_root
@@ -52,7 +53,7 @@ class StudyRequest:
 def resolve_space(request: StudyRequest) -> tuple[SearchSpace, str, dict]:
     """The validated space with the CLI flags applied, its method, and the base experiment tree."""
     space = parse_space(request.space)
-    method = request.method or space.method
+    method = request.method or space_method(space, request.space)
     if method is None:
         raise FLTuneError(f"{request.space}: no method; add `method: NAME` to the file or pass --method")
     if request.method and space.method and request.method != space.method:

@@ -1,0 +1,232 @@
+"""fltune's Python API: ``fltune.run``, ``fltune.tune``, ``fltune.compare`` and ``fltune.reproduce``, each
+returning a result object, for notebooks and scripts. The command line is a layer over these functions.
+
+``run`` is the one federation ``fltune run`` runs (start-up, progress, MLflow, clean-up all here). The three
+jobs take the keyword arguments their command's flags name (``tune(space=..., num_samples=2)`` is
+``fltune tune --space ... --num-samples 2``) and run the same job. Bad input raises
+:class:`fltune.FLTuneError` with the one line the CLI prints; ``progress=False`` keeps them quiet (rich
+draws its progress bars in Jupyter as on a terminal).
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from types import ModuleType
+
+from fltune.errors import FLTuneError
+
+if TYPE_CHECKING:  # torch, Ray and pydantic wait until a function runs: ``import fltune`` stays cheap
+    import pandas
+
+    from fltune.config import ExperimentConfig
+    from fltune.data.federated import FederatedData
+    from fltune.engine.federation import Federation
+    from fltune.engine.pool import WorkerPool
+    from fltune.tune.results import TrialRow
+
+
+@dataclass
+class RunResult:
+    """One federation's outcome: ``metrics`` (the final summary, ``status`` included), ``history`` (each
+    round's metrics, a list of dicts), and the MLflow run's id (None with tracking off)."""
+
+    config: ExperimentConfig
+    metrics: dict[str, Any]
+    history: list[dict[str, float]]
+    run_id: str | None
+
+    @property
+    def status(self) -> str:
+        """finished or diverged."""
+        return self.metrics["status"]
+
+    def to_pandas(self) -> pandas.DataFrame:
+        """The history as a DataFrame, one row per round (needs pandas)."""
+        try:
+            import pandas
+        except ImportError:
+            raise FLTuneError("RunResult.to_pandas: pandas is not installed; RunResult.history is the same "
+                              "rounds as a list of dicts") from None
+        return pandas.DataFrame(self.history)
+
+
+def run(cfg: ExperimentConfig | str | Path, *, progress: bool = True) -> RunResult:
+    """One federated run of ``cfg`` (a config or a YAML file) on Ray, tracked in MLflow unless
+    ``tracking.enabled`` is false. Checks everything before Ray starts; leaves no Ray it started running."""
+    from fltune.config import ExperimentConfig
+    from fltune.engine.callbacks import Callback
+    from fltune.metrics.probe import check_probes, unmeasured_protocols
+    from fltune.text import counted
+    from fltune.tracking.paths import check_tracking
+    from fltune.tracking.progress import ProgressCallback, console, summary_table
+
+    class History(Callback):
+        """Keeps every round's metrics."""
+
+        def __init__(self) -> None:
+            self.rounds: list[dict[str, float]] = []
+
+        def on_round(self, fed: Federation, metrics: dict[str, float]) -> None:
+            self.rounds.append(dict(metrics))
+
+
+    cfg = cfg if isinstance(cfg, ExperimentConfig) else ExperimentConfig.from_yaml(cfg)
+    check_probes(cfg)
+    check_tracking(cfg.tracking)
+    with _console_quiet(not progress):
+        fed, pool = start_federation(cfg)
+        console.print(f"[bold]fltune run[/] {cfg.method.name} on {cfg.data.dataset} ({cfg.partition.kind}), "
+                      f"{cfg.federation.clients} clients × {cfg.federation.fraction}"
+                      f"{' (each drawn alone)' if cfg.federation.sampling == 'bernoulli' else ''}, "
+                      f"{counted(cfg.federation.rounds, 'round')}")
+        for idle in unmeasured_protocols(cfg):
+            console.print(f"[dim]not measured: {idle}[/]")
+        history = History()
+        callbacks: list[Any] = [history, ProgressCallback(cfg.method.name)]
+        try:
+            if cfg.tracking.enabled:
+                from fltune.tracking.callback import MLflowCallback
+
+                callbacks.append(MLflowCallback(cfg))
+            summary = fed.run(callbacks)
+        finally:
+            fed.close()
+            pool.shutdown()
+        console.print(summary_table(summary, f"{cfg.method.name} · {cfg.data.dataset} · {summary['status']}"))
+    return RunResult(cfg, summary, history.rounds, summary.get("mlflow_run_id"))
+
+
+def start_federation(cfg: ExperimentConfig) -> tuple[Federation, WorkerPool]:
+    """The run's federation on client workers of its own, started side by side: the dataset loads (and
+    torch imports) on a thread while Ray starts and the actors spawn, so start-up costs the longer of
+    the two instead of their sum. On a Ray it started itself, the run trains one share in its own process
+    by default (``resources.driver_worker``). The workers are placed first: an unplaceable plan fails before
+    anything is printed or logged; a dataset that fails to load stops the Ray this call started, so
+    bad input leaves nothing running."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import ray
+
+    from fltune.engine.cluster import start_ray
+
+    started_here = not ray.is_initialized()
+    with ThreadPoolExecutor(1, thread_name_prefix="fltune-data") as loader:
+        data = loader.submit(_load_data, cfg)
+        try:
+            own_ray = start_ray(cfg.resources.address)
+            from fltune.assembly import build_federation
+            from fltune.engine.federation import open_all
+            from fltune.engine.pool import WorkerPool, plan_workers
+
+            pool = WorkerPool(plan_workers(cfg, ray.cluster_resources(), own_ray))
+        except BaseException:
+            data.cancel()
+            raise
+        try:
+            fed = build_federation(cfg, data.result(), pool)
+            open_all([fed])  # the run reads the workers' shared copy from here on
+        except BaseException:
+            pool.shutdown()
+            if started_here:
+                ray.shutdown()
+            raise
+    return fed, pool
+
+
+def _load_data(cfg: ExperimentConfig) -> FederatedData:
+    from fltune.engine.builders import load_data
+
+    return load_data(cfg)
+
+
+# ------------------------------------------------------------------------------------------ the jobs
+@dataclass
+class JobResult:
+    """A Tune job's outcome: ``code`` is the command's exit status (0 done, 1 nothing scored, 130
+    interrupted: rerun with ``resume=True``), ``name`` and ``folder`` the job's, ``trials`` every trial
+    (id, status, parameters, objective, metrics) and, for a study, ``best``, the winning configuration."""
+
+    code: int
+    name: str
+    folder: str
+    trials: list[TrialRow] = field(default_factory=list)
+    best: ExperimentConfig | None = None
+
+
+def tune(space: str | Path | None = None, *, progress: bool = True, **flags: Any) -> JobResult:
+    """A Ray Tune + Optuna study of one method (``fltune tune``); ``flags`` as the command's, e.g.
+    ``method="./mine.py:Mine"``, ``num_samples=2``, ``overrides=["federation.rounds=2"]``."""
+    from fltune.config import ExperimentConfig
+    from fltune.tune.command import BEST_CONFIG, Study, add_parser
+
+    job = Study(_args(add_parser, "tune", space=None if space is None else str(space), **flags))
+    with _console_quiet(not progress):
+        code = job.run()
+    best_file = Path(job.spec.path) / BEST_CONFIG
+    best = ExperimentConfig.from_yaml(best_file) if code == 0 and best_file.is_file() else None
+    return JobResult(code, job.spec.name, job.spec.path, job.rows, best)
+
+
+def compare(methods: str | list[str] | None = None, *, progress: bool = True, **flags: Any) -> JobResult:
+    """Methods compared on one setting over seeds, tuned first if ``tune_budget`` (``fltune compare``):
+    ``compare(["./mine.py:Mine", "fedavg"], seeds=2, overrides=[...])``; the tables land in ``out``."""
+    from fltune.compare.command import Comparison, add_parser
+
+    names = ",".join(methods) if isinstance(methods, list) else methods
+    job = Comparison(_args(add_parser, "compare", methods=names, **flags))
+    with _console_quiet(not progress):
+        code = job.run()
+    cells = getattr(job, "cells", None)  # None: a method's tuning study ended the job first
+    if cells is None or not hasattr(cells, "spec"):
+        return JobResult(code, flags.get("name") or "", "")
+    return JobResult(code, cells.spec.name, cells.spec.path, cells.rows)
+
+
+def reproduce(table: str, *, progress: bool = True, **flags: Any) -> JobResult:
+    """A paper table's cells (``fltune reproduce``), e.g. ``reproduce("fedsol-table2", scale="smoke")``."""
+    from fltune.reproduce.command import Reproduction, add_parsers
+
+    job = Reproduction(_args(add_parsers, "reproduce", table=table, **flags))
+    with _console_quiet(not progress):
+        code = job.run()
+    return JobResult(code, job.spec.name, job.spec.path, job.rows)
+
+
+def _args(add: Callable[[argparse._SubParsersAction], None], command: str, **flags: Any) -> argparse.Namespace:
+    """The command's flags at their defaults, then ``flags``: one definition of the options for both."""
+    parser = argparse.ArgumentParser(prog="fltune")
+    add(parser.add_subparsers(dest="command"))
+    args = parser.parse_args([command, *([str(flags["table"])] if command == "reproduce" else [])])
+    unknown = sorted(set(flags) - set(vars(args)))
+    if unknown:
+        raise FLTuneError(f"{command}: no option {unknown[0]!r}; allowed: {', '.join(sorted(vars(args)))}")
+    for key, value in flags.items():
+        setattr(args, key, value)
+    return args
+
+
+@contextmanager
+def _console_quiet(quiet: bool) -> Iterator[None]:
+    from fltune.tracking.progress import console
+
+    was = console.quiet
+    console.quiet = quiet or was
+    try:
+        yield
+    finally:
+        console.quiet = was
+
+
+class CommandModule(ModuleType):
+    """A command's package that is also its API function: ``fltune.tune`` is the package behind ``fltune
+    tune`` and, called, :func:`tune` (importing a subpackage sets the parent's attribute of that name, so a
+    function named ``fltune.tune`` could not live beside it)."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> JobResult:
+        return globals()[self.__name__.rpartition(".")[2]](*args, **kwargs)

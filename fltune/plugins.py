@@ -1,0 +1,160 @@
+"""The user's own methods, models and datasets, without a fork: by reference or by installed plug-in.
+
+Wherever fltune takes a method, model or dataset name it also takes a *reference*, ``package.module:Name``
+or ``path/to/file.py:Name``, and the names that installed packages declare as entry points in the groups
+``fltune.methods``, ``fltune.models`` and ``fltune.datasets`` (``[project.entry-points."fltune.methods"]``
+in their ``pyproject.toml``). This module finds and imports them, one resolver for the three kinds; what
+the object must be (a ``Method`` subclass, a model builder, a dataset loader) is checked by the registry of
+its kind. It imports no torch: the user's module does, when it is loaded.
+
+A file is imported as the module named after its stem, as ``python -c 'import stem'`` beside it would, so
+its classes pickle by reference; the config holds its absolute path, so every process on the machine loads
+the same file, and a worker on another node imports the copy :func:`shipped` sends there through Ray's
+``runtime_env`` ``py_modules`` (``engine.cluster.ensure_ray``).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import re
+import sys
+import sysconfig
+from functools import cache
+from importlib.metadata import EntryPoint, entry_points
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Literal
+
+from fltune.errors import FLTuneError
+from fltune.text import allowed
+
+Kind = Literal["method", "model", "dataset"]
+
+FIELDS: dict[str, str] = {"method": "method.name", "model": "model.name", "dataset": "data.dataset"}
+"""The config field each kind is named in, which every error about it names."""
+
+EXPECTED: dict[str, str] = {
+    "method": "a subclass of fltune.Method",
+    "model": "a model builder (in_shape, num_classes, **options) -> fltune.models.SplitModel",
+    "dataset": "a dataset loader (root, download) -> fltune.data.UserDataset",
+}
+
+_LOADED: dict[str, Path | ModuleType] = {}
+"""What this process imported by reference: a file's path, or a module's top-level package."""
+
+
+def unknown(kind: Kind, name: str, names: list[str], field: str | None = None) -> FLTuneError:
+    """The one line for a name that is neither built in, installed nor a reference: "did you mean …?" for a
+    typo, else the names allowed and the reference forms."""
+    hint = allowed(name, [*names, *sorted(plugins(kind))])
+    forms = ", or a reference package.module:Name or path/to/file.py:Name" if hint.startswith("allowed") else ""
+    return FLTuneError(f"{field or FIELDS[kind]}: unknown {kind} {name!r}; {hint}{forms}")
+
+
+def is_reference(name: str) -> bool:
+    """``module:Name`` or ``file.py:Name`` rather than a registered name."""
+    return ":" in name
+
+
+def normalised(name: str) -> str:
+    """A file reference with its path made absolute (the config keeps this form, so a worker started in
+    another folder loads the same file); anything else unchanged."""
+    where, _, attr = name.rpartition(":")
+    if not where.endswith(".py"):
+        return name
+    return f"{Path(where).expanduser().resolve()}:{attr}"
+
+
+def label(name: str) -> str:
+    """A short, file-safe name for what ``name`` refers to (file and study names, partition caches):
+    ``stem.Name`` of a file reference, ``module.Name`` of a module's, the name itself otherwise."""
+    where, _, attr = name.rpartition(":")
+    stem = Path(where).stem if where.endswith(".py") else where
+    return re.sub(r"[^\w.+-]", "_", f"{stem}.{attr}" if where else name)
+
+
+def plugins(kind: Kind) -> dict[str, EntryPoint]:
+    """The entry points installed packages declare for ``kind``, by name."""
+    return {ep.name: ep for ep in entry_points(group=f"fltune.{kind}s")}
+
+
+def origin(kind: Kind, name: str) -> str:
+    """Where a plug-in name comes from: its distribution and version, and its target."""
+    ep = plugins(kind)[name]
+    dist = f"{ep.dist.name} {ep.dist.version}" if ep.dist is not None else "an installed package"
+    return f"{dist} ({ep.value})"
+
+
+def resolve(kind: Kind, name: str) -> Any | None:
+    """The object ``name`` refers to: a reference imported, a plug-in name's entry point loaded; None for
+    any other name (a built-in, or unknown: the caller's registry says which)."""
+    if is_reference(name):
+        return load(kind, normalised(name))
+    found = plugins(kind).get(name)
+    return None if found is None else load(kind, found.value, f"{name!r} (entry point of {origin(kind, name)})")
+
+
+@cache
+def load(kind: Kind, ref: str, shown: str | None = None) -> Any:
+    """Import ``module:Name`` or ``/abs/file.py:Name`` once per process; a user error naming the field,
+    the reference and what was expected when it cannot be imported or is not callable."""
+    shown = shown or repr(ref)
+    where, _, attr = ref.rpartition(":")
+    problem = f"{FIELDS[kind]}: {shown}"
+    expected = f"expected package.module:Name or path/to/file.py:Name naming {EXPECTED[kind]}"
+    if not where or not attr.isidentifier():
+        raise FLTuneError(f"{problem}: not a reference; {expected}")
+    try:
+        module = _import_file(Path(where)) if where.endswith(".py") else importlib.import_module(where)
+    except FLTuneError as err:
+        raise FLTuneError(f"{problem}: {err}; {expected}") from None
+    except Exception as err:  # the user's module failed: its own error, in one line
+        raise FLTuneError(f"{problem}: cannot import {where} ({type(err).__name__}: {err}); {expected}") from None
+    if not hasattr(module, attr):
+        raise FLTuneError(f"{problem}: {where} has no {attr!r}; {expected}")
+    found = getattr(module, attr)
+    if not callable(found):
+        raise FLTuneError(f"{problem}: {attr} is a {type(found).__name__}; {expected}")
+    _LOADED[ref] = Path(where) if where.endswith(".py") else sys.modules[where.partition(".")[0]]
+    return found
+
+
+def _import_file(path: Path) -> ModuleType:
+    """``path`` imported as the module named after its stem. A path missing here is looked up as that
+    module: the copy Ray ships to a worker on another node (:func:`shipped`)."""
+    name = path.stem
+    loaded = sys.modules.get(name)
+    if loaded is not None and getattr(loaded, "__file__", None) and Path(loaded.__file__).resolve() == path:
+        return loaded
+    if not path.is_file():
+        if name.isidentifier() and loaded is None and importlib.util.find_spec(name) is not None:
+            return importlib.import_module(name)
+        raise FLTuneError("no such file")
+    if loaded is not None:
+        raise FLTuneError(f"a module named {name!r} is imported already (from {loaded.__file__}): rename the file")
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    return module
+
+
+def shipped() -> list[str | ModuleType]:
+    """Ray ``py_modules`` for joining a cluster: every file loaded by reference, and the top-level package
+    of every module, except those installed in this environment (a cluster installs its packages itself)."""
+    installed = {Path(sysconfig.get_paths()[key]).resolve() for key in ("purelib", "platlib")}
+    found: list[str | ModuleType] = []
+    for item in _LOADED.values():
+        if isinstance(item, Path):
+            found.append(str(item))
+        elif item.__name__ != "fltune" and not any(Path(p).resolve().is_relative_to(site)
+                                                    for p in getattr(item, "__path__", [item.__file__])
+                                                    for site in installed):
+            found.append(item)
+    return list(dict.fromkeys(found))

@@ -1,0 +1,160 @@
+"""The user's own method, model and dataset by reference and by installed plug-in; bad ones are one line."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import fltune
+from fltune.cli import main
+from fltune.data.datasets import load_dataset
+from fltune.errors import FLTuneError
+from fltune.methods import get_method
+from fltune.models import build_model
+from fltune.plugins import label, shipped
+from fltune.tune.study import StudyRequest, resolve_space
+from tests.plugin_helpers import DATA, TINY, write_method, write_package, write_space
+
+
+@pytest.fixture()
+def user_code(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A method file and a data file in a folder of the user's, which is the working folder; each test
+    gets its modules afresh (a file is imported as the module named after it)."""
+    folder = tmp_path / "mine"
+    write_method(folder)
+    (folder / "mydata.py").write_text(DATA)
+    monkeypatch.chdir(folder)
+    for name in ("smooth", "mydata"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    return folder
+
+
+def test_a_method_in_a_file_is_a_method_like_the_built_ins(user_code: Path) -> None:
+    cfg = fltune.Config(method="./smooth.py:LabelSmooth", **{"method.eps": 0.2})
+    assert cfg.method.name == f"{user_code / 'smooth.py'}:LabelSmooth"  # absolute: workers load the same file
+    method = get_method(cfg.method.name)
+    assert method.__name__ == "LabelSmooth" and issubclass(method, fltune.Method)
+    assert cfg.method.params.eps == 0.2 and "eps: 0.2" in cfg.to_yaml()
+    assert get_method(f"{cfg.method.name}+man").__name__.startswith("LabelSmooth")  # modifiers compose with it
+    assert shipped() and str(user_code / "smooth.py") in shipped()  # what joining a cluster sends along
+
+
+def test_a_module_reference_and_its_package_shipped(user_code: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    package = user_code / "mypkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "smooth.py").write_text((user_code / "smooth.py").read_text())
+    monkeypatch.syspath_prepend(str(user_code))
+    cfg = fltune.Config(method="mypkg.smooth:LabelSmooth")
+    assert cfg.method.name == "mypkg.smooth:LabelSmooth"
+    assert sys.modules["mypkg"] in shipped()
+
+
+@pytest.mark.parametrize(("reference", "expected"), [
+    ("./smooth.py:Nope", "smooth.py has no 'Nope'; expected package.module:Name or path/to/file.py:Name naming "
+                         "a subclass of fltune.Method"),
+    ("./absent.py:Mine", "absent.py:Mine': no such file; expected"),
+    ("no_such_package.mod:Mine", "cannot import no_such_package.mod (ModuleNotFoundError"),
+    ("json:dumps", "'json:dumps' is the function dumps; expected a subclass of fltune.Method"),
+    ("json:JSONDecoder", "'json:JSONDecoder' is the class JSONDecoder; expected a subclass of fltune.Method"),
+    ("./smooth.py:F", "smooth.py:F': F is a module; expected"),
+])
+def test_a_bad_method_reference_is_one_line_and_exit_2(user_code, reference, expected, capsys) -> None:
+    assert main(["run", "--method", reference, "--dataset", "synthetic", "--no-mlflow"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("fltune: method.name: ") and expected in err and len(err.splitlines()) == 1, err
+
+
+def test_a_method_without_its_cost_declarations_is_refused(user_code: Path) -> None:
+    (user_code / "nocost.py").write_text("import fltune\n\nclass Bare(fltune.Method):\n    name = 'bare'\n")
+    with pytest.raises(FLTuneError, match=r"method.name: '.*nocost.py:Bare': declare stored_models and "
+                                          r"passes_per_step"):
+        fltune.Config(method="./nocost.py:Bare")
+
+
+def test_a_space_naming_a_parameter_the_method_lacks_is_one_line(user_code: Path) -> None:
+    space = write_space(user_code, "./smooth.py:LabelSmooth", params={"method.mu": {"type": "choice", "values": [1]}})
+    with pytest.raises(FLTuneError, match=r"params.method.mu: not a parameter of .*smooth.py:LabelSmooth; "
+                                          r"allowed: eps"):
+        resolve_space(StudyRequest(space=str(space)))
+
+
+def test_a_space_beside_its_method_names_it_relative_to_itself(user_code: Path, tmp_path, monkeypatch) -> None:
+    space = write_space(user_code, "./smooth.py:LabelSmooth")
+    monkeypatch.chdir(tmp_path)  # elsewhere: the reference is read from the space file's folder
+    _, method, tree = resolve_space(StudyRequest(space=str(space)))
+    assert fltune.Config(**tree).method.name == f"{user_code / 'smooth.py'}:LabelSmooth"
+
+
+def test_compare_takes_references_and_names_their_files_safely(user_code: Path) -> None:
+    from fltune.compare.spec import parse_methods
+
+    assert parse_methods("./smooth.py:LabelSmooth,fedavg") == ["./smooth.py:LabelSmooth", "fedavg"]
+    assert label(f"{user_code / 'smooth.py'}:LabelSmooth") == "smooth.LabelSmooth"
+    with pytest.raises(FLTuneError, match="--methods: unknown method 'nope'"):
+        parse_methods("nope,fedavg")
+
+
+def test_a_dataset_and_a_model_of_the_users(user_code: Path) -> None:
+    cfg = fltune.Config(**{"data.dataset": "./mydata.py:blobs", "model.name": "./mydata.py:small",
+                           "model.options": {"hidden": 8}})
+    data = load_dataset(cfg.data.dataset)
+    assert (data.name, data.num_classes, data.augment) == ("mydata.blobs", 3, "none")
+    assert data.train_x.shape == (180, 1, 6, 6) and data.train_x.dtype.is_floating_point is False
+    assert len(data.mean) == len(data.std) == 1  # computed from the train split: none were given
+    model = build_model(cfg.model.name, (1, 6, 6), 3, hidden=8)
+    assert isinstance(model, fltune.SplitModel) and model.feature_dim == 8
+
+
+def test_a_torchvision_style_dataset_becomes_uint8_splits(user_code: Path) -> None:
+    (user_code / "pairs.py").write_text('''import numpy as np
+import fltune
+
+class Pairs:
+    def __init__(self, n): self.n = n
+    def __len__(self): return self.n
+    def __getitem__(self, i): return np.full((4, 5, 3), i, dtype=np.uint8), i % 2
+
+def load(root, download):
+    return fltune.UserDataset(Pairs(6), Pairs(4), num_classes=2, mean=(0.5,) * 3, std=(0.25,) * 3)
+''')
+    data = load_dataset(fltune.Config(**{"data.dataset": "./pairs.py:load"}).data.dataset)
+    assert data.train_x.shape == (6, 3, 4, 5) and int(data.train_x[5].max()) == 5
+    assert data.train_y.tolist() == [0, 1, 0, 1, 0, 1] and data.mean == (0.5,) * 3
+
+
+def test_a_model_that_is_no_split_model_is_refused(user_code: Path) -> None:
+    (user_code / "flat.py").write_text("from torch import nn\n\ndef flat(in_shape, num_classes):\n"
+                                       "    return nn.Linear(3, num_classes)\n")
+    with pytest.raises(FLTuneError, match=r"model.name: '.*flat.py:flat' built a Linear; expected a model builder"):
+        build_model(fltune.Config(**{"model.name": "./flat.py:flat"}).model.name, (1, 6, 6), 3)
+
+
+@pytest.fixture()
+def installed(tmp_path: Path) -> Iterator[None]:
+    """The plug-in package pip-installed into this environment (its own pyproject with entry points), where
+    Ray's worker processes find it too, and uninstalled after."""
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "--quiet"]
+    subprocess.run([*pip, "install", "--no-deps", "--no-build-isolation", str(write_package(tmp_path / "pkg"))],
+                   check=True, env={**os.environ, "PIP_ROOT_USER_ACTION": "ignore"})
+    try:
+        yield
+    finally:
+        subprocess.run([*pip, "uninstall", "--yes", "fltune-smooth"], check=True,
+                       env={**os.environ, "PIP_ROOT_USER_ACTION": "ignore"})
+
+
+@pytest.mark.slow
+def test_an_installed_plug_in_is_listed_and_runs(installed: None, capsys) -> None:
+    assert main(["methods"]) == 0
+    listing = "".join(capsys.readouterr())  # stderr's console today; stdout is where listings belong
+    assert "smoothed" in listing and "fltune-smooth 0.1.0 (fltune_smooth.methods:LabelSmooth)" in listing
+    cfg = fltune.Config(**{**TINY, "method": "smoothed", "data.dataset": "blobs", "model.name": "blob_net",
+                           "federation.rounds": 1, "resources.workers": 1, "tracking.enabled": False})
+    result = fltune.run(cfg, progress=False)
+    assert result.status == "finished" and 0 < result.metrics["acc_global"] <= 1
