@@ -356,7 +356,7 @@ class ExperimentConfig(_Section):
         try:
             super().__init__(**set_fields({}, fields))
         except ValidationError as err:
-            raise FLTuneError(f"config error: {describe_validation_error(err)}") from None
+            raise FLTuneError(f"config error: {describe_validation_error(err, model=ExperimentConfig)}") from None
 
     @classmethod
     def from_yaml(cls, path: str | Path, **fields: Any) -> ExperimentConfig:
