@@ -41,9 +41,10 @@ def small_disk(tmp_path: Path) -> Iterator[tuple[Path, Callable[[str], None]]]:
         subprocess.run(["umount", "-l", str(disk)], check=True)
 
 
-def objectives(job: Path) -> dict[str, float]:
-    """Each trial's final objective by its parameters (a cell's name, a sampled value): what it computed."""
-    return {str(trial.config): trial.last_result["objective"] for trial in ExperimentAnalysis(str(job)).trials}
+def objectives(job: Path) -> dict[str, tuple[float, float, float]]:
+    """Each trial's final round, objective and loss by its parameters (a cell's name, a sampled value)."""
+    return {str(trial.config): tuple(trial.last_result[key] for key in ("round", "objective", "loss"))
+            for trial in ExperimentAnalysis(str(job)).trials}
 
 
 def said_once(printed: str, disk: Path, resume: str) -> None:
