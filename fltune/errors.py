@@ -32,5 +32,6 @@ class WriteFailed(Exception):
         self.path, self.reason, self.free, self.resume = path, reason, free, resume
 
     def __str__(self) -> str:
-        then = f"; make room, then continue it with: {self.resume}" if self.resume else "; make room and run it again"
-        return f"cannot write {self.path or 'a file'}: {self.reason}{f' ({self.free})' if self.free else ''}{then}"
+        room = f" ({self.free})" if self.free else ""
+        then = f"continue it with: {self.resume}" if self.resume else "run it again"
+        return f"cannot write {self.path or 'a file'}: {self.reason}{room}; make room, then {then}"

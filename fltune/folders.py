@@ -36,11 +36,15 @@ def make_out(out: str, flag: str = "--out") -> None:
                           f"{MIN_FREE >> 20} MiB free (make room, or choose another folder)")
 
 
-WRITE_ERRORS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EIO, errno.EACCES, errno.EPERM})
-"""The errors of a write that no retry mends: a full disk or quota, a file too big, a folder made read-only or
-unwritable, a failing disk."""
+FULL = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS})
+"""The errors that only a write meets: a full disk or quota, a file too big, a read-only filesystem."""
 SQLITE_FULL = ("database or disk is full", "disk I/O error")
 """How sqlite says so (its errors carry no errno): an MLflow store on a full disk."""
+
+
+class NotWritten(OSError):
+    """A job file that ``ReplaceOnClose`` could not write, whatever the reason (a full disk, a folder made
+    read-only, a failing disk); it names the file."""
 
 
 def failed_write(error: BaseException | None, store: str = "") -> WriteFailed | None:
@@ -52,7 +56,7 @@ def failed_write(error: BaseException | None, store: str = "") -> WriteFailed | 
         seen.add(id(error))
         if isinstance(error, WriteFailed):
             return error
-        if isinstance(error, OSError) and error.errno in WRITE_ERRORS:
+        if isinstance(error, NotWritten) or (isinstance(error, OSError) and error.errno in FULL):
             return WriteFailed(str(error.filename or ""), error.strerror or str(error))
         if isinstance(error, sqlite3.Error) and str(error).startswith(SQLITE_FULL):
             return WriteFailed(store, str(error))
@@ -93,12 +97,15 @@ class ReplaceOnClose(io.FileIO):
     ``.part`` file that Tune's listings, which match ``*.json`` and ``*.pkl``, never pick up); a write that
     fails (a full disk), or a ``with`` block that raises, leaves the target as it was and no ``.part``: a
     checkpoint cut by a full disk used to be renamed into place, and the resumed trial died unpickling it.
-    A failed write's ``OSError`` names the target, so the line that reports it says which file."""
+    A failed write raises ``NotWritten`` naming the target, so the line that reports it says which file."""
 
     def __init__(self, path: str) -> None:
         self.target = path
         self.failed = False
-        super().__init__(part_path(path), "wb")
+        try:
+            super().__init__(part_path(path), "wb")
+        except OSError as err:
+            raise NotWritten(err.errno, err.strerror, path) from None
 
     def write(self, data: bytes) -> int:  # type: ignore[override]
         """All of ``data``: a disk that fills mid-write first writes part of it and says how much (which
@@ -110,7 +117,7 @@ class ReplaceOnClose(io.FileIO):
         except OSError as err:
             self.failed = True
             self.close()  # its room is given back now, not when the writer lets go of the file
-            raise OSError(err.errno, err.strerror, self.target) from None
+            raise NotWritten(err.errno, err.strerror, self.target) from None
         return done
 
     def __exit__(self, *raised: object) -> None:

@@ -12,7 +12,7 @@ Quiet. Ray's banner about token authentication (the security default stays on) a
 signal received" advice are dropped; a worker that Ray ends with SIGTERM (a trial stopped early by ASHA,
 an interrupted job) no longer prints ``SystemExit`` tracebacks. A failed write that Tune's driver logs and
 goes on past (its syncer, its state snapshots: a full disk) is dropped too, and kept for the job to stop on
-(``failed_write``): fltune says it once, in its own words. Real errors are untouched.
+(``library_write_failure``): fltune says it once, in its own words. Real errors are untouched.
 """
 
 from __future__ import annotations
@@ -62,7 +62,8 @@ class _Drop(logging.Filter):
     """Drop a library's records that start with one of a rule's ``prefixes``; with the rule's ``harmless``,
     only its error records in the one case ``harmless`` recognises from the exception and the names of its
     traceback's frames, or whose exception is a failed write (``folders.failed_write``), which is kept for
-    the job to stop on (``failed_write``); every other error of that kind still shows, with its traceback.
+    the job to stop on (``library_write_failure``); every other error of that kind still shows, with its
+    traceback.
     The exception is the record's, or the one being handled where the library logs it (Tune's syncer formats
     its traceback into the message, inside its ``except`` block)."""
 
@@ -71,11 +72,11 @@ class _Drop(logging.Filter):
         self.rules = rules
 
     def filter(self, record: logging.LogRecord) -> bool:
-        harmless = next((rule for prefixes, rule in self.rules if str(record.msg).startswith(prefixes)), True)
-        if harmless is None:
-            return False
-        if harmless is True:
+        matched = [harmless for prefixes, harmless in self.rules if str(record.msg).startswith(prefixes)]
+        if not matched:
             return True
+        if matched[0] is None:
+            return False
         _, error, trace = record.exc_info or sys.exc_info()
         if error is None:
             return True
@@ -83,7 +84,7 @@ class _Drop(logging.Filter):
         if failed is not None:
             _failed_writes.append(failed)
             return False
-        return not harmless(error, [frame.name for frame in traceback.extract_tb(trace)])
+        return not matched[0](error, [frame.name for frame in traceback.extract_tb(trace)])
 
 
 def _never(error: BaseException, frames: list[str]) -> bool:
@@ -117,7 +118,7 @@ NOISE: dict[str, tuple[Rule, ...]] = {
     "ray.tune.trainable.trainable": ((("Restored on",), None),),  # every resumed trial, in its worker
     "ray.tune.execution.tune_controller": ((("Trial %s: Error handling checkpoint",), _stale_prune),),
     "ray.tune.execution.experiment_state": ((("Saving experiment state to storage at ",), _superseded_sync),),
-    # its copies of the driver's files to a full or read-only storage: fltune stops the job (``failed_write``)
+    # its copies of the driver's files to a full or read-only storage: the job stops (``library_write_failure``)
     "ray.train._internal.syncer": ((("Last sync command failed",), _never),),
 }
 """Logger → rules: how its records that are noise to an fltune user start, and the one case in which such an
@@ -152,7 +153,7 @@ def quiet_worker() -> None:
     sys.unraisablehook = hook
 
 
-def failed_write() -> WriteFailed | None:
+def library_write_failure() -> WriteFailed | None:
     """The first write that failed inside a library since the last call (``_Drop``), else None: a Tune job
     stops on it (``tune.study.StopOnFailedWrite``)."""
     failed = _failed_writes[0] if _failed_writes else None

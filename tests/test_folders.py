@@ -17,7 +17,7 @@ import pytest
 from ray.exceptions import RayTaskError
 
 from fltune.errors import FLTuneError, WriteFailed
-from fltune.folders import ReplaceOnClose, failed_write, make_out
+from fltune.folders import NotWritten, ReplaceOnClose, failed_write, make_out
 from fltune.tune.storage import job_filesystem
 
 
@@ -80,7 +80,8 @@ def test_a_failed_write_is_found_among_the_causes_of_what_ended_a_trial() -> Non
             raise RuntimeError("(sqlite3.OperationalError) database or disk is full") from err
     except RuntimeError as mlflow_error:
         assert failed_write(mlflow_error, "/m/mlflow.db").path == "/m/mlflow.db"
-    assert failed_write(FileNotFoundError(errno.ENOENT, "gone", "/x")) is None  # not a failed write
+    assert failed_write(PermissionError(errno.EACCES, "denied", "/data/x")) is None  # a read, maybe
+    assert failed_write(NotWritten(errno.EACCES, "denied", "/s/x")).path == "/s/x"  # a job file's write
     assert str(WriteFailed("/s/a.pkl", "No space left on device", "0 B free on /s", "fltune tune --resume")) == (
         "cannot write /s/a.pkl: No space left on device (0 B free on /s); make room, then continue it with: "
         "fltune tune --resume")

@@ -95,17 +95,17 @@ def test_a_failed_write_of_tunes_syncer_is_dropped_and_kept_for_the_job(error, s
     """Tune's syncer logs "Last sync command failed" with the traceback in its message, inside its ``except``
     block, and goes on (a ~25-line traceback on every copy to a full disk); a write that failed is kept for
     the job to stop on, with its file; any other failure still shows."""
-    process.failed_write()
+    process.library_write_failure()
     with shown_by("ray.train._internal.syncer") as (logger, seen):
         try:
             raise error
         except Exception:
             logger.warning("Last sync command failed with the following error:\nTraceback …")
     assert seen == (["Last sync command failed with the following error:\nTraceback …"] if shown else [])
-    failed = process.failed_write()
+    failed = process.library_write_failure()
     assert (failed is None) == shown
     assert shown or (failed.path, failed.reason) == ("/s/study/experiment_state.json", "No space left on device")
-    assert process.failed_write() is None  # said once
+    assert process.library_write_failure() is None  # said once
 
 
 def test_worker_drops_only_unraisable_system_exit(monkeypatch, capsys):

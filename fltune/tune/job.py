@@ -11,9 +11,10 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from fltune.errors import FLTuneError
-from fltune.folders import failed_write as failed_write_in
-from fltune.folders import make_out, said
-from fltune.process import ending_if_ray_dies, failed_write, signal_handlers_kept, stop_arrived, terminated
+from fltune.folders import failed_write, make_out, said
+from fltune.process import (
+    ending_if_ray_dies, library_write_failure, signal_handlers_kept, stop_arrived, terminated,
+)
 
 if TYPE_CHECKING:  # Ray Tune and MLflow load only when a command runs
     from ray.tune import PlacementGroupFactory, Tuner
@@ -227,7 +228,7 @@ class TuneJob(ABC, Generic[Spec]):
         from fltune.tracking.paths import default_uri, sqlite_path
 
         tracking = self.tracking(spec)
-        failed = failed_write_in(err, str(sqlite_path(tracking.uri or default_uri()) or tracking.uri))
+        failed = failed_write(err, str(sqlite_path(tracking.uri or default_uri()) or tracking.uri or ""))
         try:
             self.close_runs(spec)
         except Exception:  # a full disk under the MLflow store fails this too; the line says so
@@ -254,7 +255,7 @@ class TuneJob(ABC, Generic[Spec]):
             try:
                 with signal_handlers_kept():
                     tuner.fit()
-                if (failed := failed_write()) is not None:  # Tune's last save of its state
+                if (failed := library_write_failure()) is not None:  # Tune's last save of its state
                     raise failed
             except BaseException as err:
                 self.stop(spec, err)

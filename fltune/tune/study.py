@@ -23,7 +23,7 @@ from fltune import folders
 from fltune.config import apply_overrides, build_config, describe_validation_error
 from fltune.engine.pool import plan_workers
 from fltune.errors import FLTuneError
-from fltune.process import failed_write
+from fltune.process import library_write_failure
 from fltune.tune.results import failed_result
 from fltune.tune.space import Asha, SearchSpace, base_tree, check_objective, check_params, parse_space, set_dotted
 from fltune.tune.spec import SavedSpec, StudySpec
@@ -38,7 +38,7 @@ failed write is no crash (``StopOnFailedWrite``)."""
 class StopOnFailedWrite(tune.Callback):
     """Stop the job at once, in the driver, when a write failed: a trial's checkpoint or result (its error,
     as Tune hands it over), or a file Tune's driver copies to the job folder (its syncer and state snapshots
-    log the error and go on: ``process.failed_write``).
+    log the error and go on: ``process.library_write_failure``).
 
     ``FailureConfig`` restarts a failed trial (``MAX_FAILURES``), which on a full disk fails the same way,
     and ``fail_fast`` would end every other trial as if done; raising here ends ``fit`` as an exception
@@ -52,7 +52,7 @@ class StopOnFailedWrite(tune.Callback):
         self._stop_if_failed(trial)
 
     def on_step_end(self, iteration: int, trials: list[Any], **info: Any) -> None:
-        if (failed := failed_write()) is not None:
+        if (failed := library_write_failure()) is not None:
             raise failed
 
     @staticmethod
