@@ -54,13 +54,16 @@ def failed_write(error: BaseException | None, store: str = "") -> WriteFailed | 
     seen: set[int] = set()
     while error is not None and id(error) not in seen:
         seen.add(id(error))
+        if isinstance(getattr(error, "cause", None), BaseException):  # Ray's wrapper, which may pose as its
+            error = error.cause  # cause's class (``as_instanceof_cause``) without its errno or file
+            continue
         if isinstance(error, WriteFailed):
             return error
         if isinstance(error, NotWritten) or (isinstance(error, OSError) and error.errno in FULL):
             return WriteFailed(str(error.filename or ""), error.strerror or str(error))
         if isinstance(error, sqlite3.Error) and str(error).startswith(SQLITE_FULL):
             return WriteFailed(store, str(error))
-        error = getattr(error, "cause", None) or error.__cause__ or error.__context__
+        error = error.__cause__ or error.__context__
     return None
 
 

@@ -72,7 +72,8 @@ def test_a_failed_write_is_found_among_the_causes_of_what_ended_a_trial() -> Non
     """Ray hands the driver a trial's error wrapped (``RayTaskError``); MLflow its store's as its own."""
     full = OSError(errno.ENOSPC, "No space left on device", "/s/t/checkpoint_000001/federations.pkl")
     wrapped = RayTaskError("run_trial", "Traceback …", full)
-    assert (failed_write(wrapped).path, failed_write(wrapped).reason) == (full.filename, full.strerror)
+    for raised in (wrapped, wrapped.as_instanceof_cause()):  # as Tune hands it over, and as Ray raises it
+        assert (failed_write(raised).path, failed_write(raised).reason) == (full.filename, full.strerror)
     try:
         try:
             raise sqlite3.OperationalError("database or disk is full")
