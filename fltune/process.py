@@ -118,6 +118,9 @@ NOISE: dict[str, tuple[Rule, ...]] = {
     "ray.tune.trainable.trainable": ((("Restored on",), None),),  # every resumed trial, in its worker
     "ray.tune.execution.tune_controller": ((("Trial %s: Error handling checkpoint",), _stale_prune),),
     "ray.tune.execution.experiment_state": ((("Saving experiment state to storage at ",), _superseded_sync),),
+    # the metric tables of trials that never reported (a job stopped before they did), which fltune never
+    # reads: it takes each trial's results from Tune's saved state (``Trial.last_result``)
+    "ray.tune.analysis.experiment_analysis": ((("Failed to fetch metrics for",), None),),
     # its copies of the driver's files to a full or read-only storage: the job stops (``library_write_failure``)
     "ray.train._internal.syncer": ((("Last sync command failed",), _never),),
 }

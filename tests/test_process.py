@@ -32,6 +32,14 @@ def shown_by(name: str) -> Iterator[tuple[logging.Logger, list[str]]]:
         logger.removeHandler(handler)
 
 
+def test_tunes_missing_metric_tables_of_trials_that_never_reported_are_dropped():
+    """A job stopped before some trials reported (a full disk) warned on resume, three lines per job."""
+    with shown_by("ray.tune.analysis.experiment_analysis") as (logger, seen):
+        logger.warning("Failed to fetch metrics for 1 trial(s):\n- run_cell_1: FileNotFoundError('… not found')")
+        logger.warning("No trials found in /s/job")
+    assert seen == ["No trials found in /s/job"]
+
+
 def test_ray_token_banner_is_dropped_and_other_warnings_kept():
     with shown_by("ray._private.authentication.authentication_token_setup") as (logger, seen):
         logger.warning("Token authentication is enabled for this Ray cluster. Set RAY_AUTH_MODE=disabled …")

@@ -53,7 +53,8 @@ def said_once(printed: str, disk: Path, resume: str) -> None:
     assert len(said) == 1 and said[0].startswith(f"fltune: cannot write {disk}/"), printed
     assert "No space left on device (" in said[0] and f"free on {disk}); make room, then continue it with: " \
         f"{resume}" in said[0], said
-    assert not any(noise in printed for noise in ("Traceback", "Last sync", "failed with exception", "attempt 1"))
+    noise = [n for n in ("Traceback", "Last sync", "failed with exception", "attempt 1") if n in printed]
+    assert not noise, (noise, printed)
 
 
 @pytest.mark.slow
@@ -93,11 +94,12 @@ def each_once(cells: list, job: Path) -> None:
 
 
 def stopped_then_resumed(args: list[str], disk: Path, resize: Callable[[str], None], resume: str,
-                         capsys: pytest.CaptureFixture[str]) -> None:
-    """``args`` on the full disk (74 and its line), then again with ``--resume`` once there is room (0)."""
+                         capsys: pytest.CaptureFixture[str], uri: str) -> None:
+    """``args`` on the full disk (74, its line, no MLflow run left RUNNING), then again with ``--resume``
+    once there is room (0)."""
     assert main(args) == WriteFailed.STATUS
     said_once(capsys.readouterr().err, disk, resume)
-    assert not list(disk.rglob("*.part"))
+    assert not list(disk.rglob("*.part")) and all(r.info.status != "RUNNING" for r in runs(uri))
     resize("50m")
     assert main([*args, "--resume"]) == 0
 
@@ -109,8 +111,8 @@ def test_a_table_on_a_full_disk_resumes_to_the_same_numbers(ray_session, tmp_pat
     disk, resize = small_disk
     args = ["reproduce", "table2", *REPRODUCE_TINY, "--storage", str(disk), "--name", "t2", "--out",
             str(tmp_path / "out")]
-    stopped_then_resumed(args, disk, resize, f"python cli.py reproduce table2 --name t2 --storage {disk} --resume",
-                         capsys)
+    resume = f"python cli.py reproduce simfafl:table2 --name t2 --storage {disk} --resume"
+    stopped_then_resumed(args, disk, resize, resume, capsys, mlflow_uri)
     [parent] = [r for r in runs(mlflow_uri) if r.data.tags.get("fltune.kind") == "reproduce"]
     cells = children(runs(mlflow_uri), parent)
     each_once(cells, disk / "t2")
@@ -127,7 +129,8 @@ def test_a_comparison_on_a_full_disk_resumes_to_the_same_numbers(ray_session, tm
     disk, resize = small_disk
     args = ["compare", "--methods", "fedavg,fedprox", *COMPARE_TINY, "--storage", str(disk), "--name", "c",
             "--out", str(tmp_path / "out")]
-    stopped_then_resumed(args, disk, resize, f"python cli.py compare --name c --storage {disk} --resume", capsys)
+    stopped_then_resumed(args, disk, resize, f"python cli.py compare --name c --storage {disk} --resume", capsys,
+                         mlflow_uri)
     [parent] = [r for r in runs(mlflow_uri) if r.data.tags.get("fltune.kind") == "compare"]
     cells = children(runs(mlflow_uri), parent)
     each_once(cells, disk / "c")
