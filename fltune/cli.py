@@ -2,7 +2,8 @@
 
 Precedence of settings: ``--config`` YAML < shortcut flags (``--rounds 3``) < ``--set a.b=c``. Every
 user error ends as one line on stderr and exit status 2; a diverged run exits 1; Ctrl-C exits 130 and
-SIGTERM 143, each with one line (``fltune.process``).
+SIGTERM 143, each with one line (``fltune.process``); a write that failed (a full disk) exits 74 with one
+line naming the file, the room left and, for a job, the command that continues it (``errors.WriteFailed``).
 """
 
 from __future__ import annotations
@@ -20,9 +21,9 @@ from fltune.cli_args import add_experiment_args, experiment_overrides
 from fltune.compare.command import add_parser as add_compare_parser
 from fltune.compare.command import cmd_compare
 from fltune.data.locations import check_here
-from fltune.errors import FLTuneError
+from fltune.errors import FLTuneError, WriteFailed
 from fltune.examples import EXAMPLES
-from fltune.folders import make_out
+from fltune.folders import failed_write, make_out, said
 from fltune.process import (
     exit_now_if_ray_died, forget_stops, handle_stop_signals, interrupted, quiet_libraries, stop_status,
 )
@@ -130,7 +131,8 @@ def parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argpar
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command: bad input → one line and 2; Ctrl-C or SIGTERM → one line and 128 + the signal
-    (a Tune job prints its own resume hint instead and returns 130, whatever stopped it)."""
+    (a Tune job prints its own resume hint instead and returns 130, whatever stopped it); a job whose
+    write failed (a full disk) → one line naming the file, the room left and the resume command, and 74."""
     args = parse(build_parser(), argv)
     quiet_libraries()
     forget_stops()
@@ -140,6 +142,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except FLTuneError as err:
         print(f"fltune: {err}", file=sys.stderr)
         return 2
+    except Exception as err:  # a write that failed (a full disk): a job's line says how to continue it
+        if (failed := failed_write(err)) is None:
+            raise
+        print(f"fltune: {said(failed)}", file=sys.stderr, flush=True)
+        return WriteFailed.STATUS
     except KeyboardInterrupt:
         print(f"fltune: {interrupted()}", file=sys.stderr)  # nothing to continue (a job says its resume line)
         return stop_status()

@@ -15,3 +15,23 @@ class DatasetMissing(FLTuneError):
 
 class DatasetCorrupt(FLTuneError):
     """A dataset file is there but unusable: truncated, not gzip, a wrong header or checksum, unreadable."""
+
+
+class WriteFailed(Exception):
+    """A job could not write one of its files (a checkpoint, a result, its state, its MLflow store): a full
+    disk, a folder made read-only or gone. Tune would restart the trial, which fails the same way, and its
+    syncer would go on without the files ``--resume`` needs; so the job stops at once instead, every file
+    it wrote whole (``folders.ReplaceOnClose``), and the command ends with this one line and status
+    ``STATUS``. ``resume`` is the command that continues the job once there is room."""
+
+    STATUS = 74
+    """``EX_IOERR`` of sysexits.h: an I/O error, distinct from bad input (2) and a stop (130, 143)."""
+
+    def __init__(self, path: str, reason: str, free: str = "", resume: str = "") -> None:
+        super().__init__(path, reason, free, resume)
+        self.path, self.reason, self.free, self.resume = path, reason, free, resume
+
+    def __str__(self) -> str:
+        room = f" ({self.free})" if self.free else ""
+        then = f"continue it with: {self.resume}" if self.resume else "run it again"
+        return f"cannot write {self.path or 'a file'}: {self.reason}{room}; make room, then {then}"

@@ -10,7 +10,9 @@ that dumps a stack trace and aborts — so ours is installed again right after R
 
 Quiet. Ray's banner about token authentication (the security default stays on) and Tune's "stop
 signal received" advice are dropped; a worker that Ray ends with SIGTERM (a trial stopped early by ASHA,
-an interrupted job) no longer prints ``SystemExit`` tracebacks. Real errors are untouched.
+an interrupted job) no longer prints ``SystemExit`` tracebacks. A failed write that Tune's driver logs and
+goes on past (its syncer, its state snapshots: a full disk) is dropped too, and kept for the job to stop on
+(``library_write_failure``): fltune says it once, in its own words. Real errors are untouched.
 """
 
 from __future__ import annotations
@@ -28,6 +30,15 @@ import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
+
+from fltune import folders
+from fltune.errors import WriteFailed
+
+Rule = tuple[tuple[str, ...], "Callable[[BaseException, list[str]], bool] | None"]
+"""A kind of library record: how its message starts, and when such an error record is harmless (``_Drop``)."""
+
+_failed_writes: list[WriteFailed] = []
+"""Writes that failed in a library that logged them and went on (``_Drop``), for the job to stop on."""
 
 _stopped_by: list[int] = []
 """The stop signals this process received, in order (the last one names the exit status)."""
@@ -48,23 +59,37 @@ _arrived: list[int] = []
 
 # ---------------------------------------------------------------------------------------------- quiet
 class _Drop(logging.Filter):
-    """Drop a library's records that start with one of ``prefixes``; with ``harmless``, only its error records
-    in the one case ``harmless`` recognises from the exception and the names of its traceback's frames, so
-    every other error of that kind still shows, with its traceback."""
+    """Drop a library's records that start with one of a rule's ``prefixes``; with the rule's ``harmless``,
+    only its error records in the one case ``harmless`` recognises from the exception and the names of its
+    traceback's frames, or whose exception is a failed write (``folders.failed_write``), which is kept for
+    the job to stop on (``library_write_failure``); every other error of that kind still shows, with its
+    traceback.
+    The exception is the record's, or the one being handled where the library logs it (Tune's syncer formats
+    its traceback into the message, inside its ``except`` block)."""
 
-    def __init__(self, prefixes: tuple[str, ...], harmless: Callable[[BaseException, list[str]], bool] | None) -> None:
+    def __init__(self, rules: tuple[Rule, ...]) -> None:
         super().__init__()
-        self.prefixes, self.harmless = prefixes, harmless
+        self.rules = rules
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if not str(record.msg).startswith(self.prefixes):
+        matched = [harmless for prefixes, harmless in self.rules if str(record.msg).startswith(prefixes)]
+        if not matched:
             return True
-        if self.harmless is None:
+        if matched[0] is None:
             return False
-        if not record.exc_info:
+        _, error, trace = record.exc_info or sys.exc_info()
+        if error is None:
             return True
-        _, error, trace = record.exc_info
-        return not self.harmless(error, [frame.name for frame in traceback.extract_tb(trace)])
+        failed = folders.failed_write(error, "")
+        if failed is not None:
+            _failed_writes.append(failed)
+            return False
+        return not matched[0](error, [frame.name for frame in traceback.extract_tb(trace)])
+
+
+def _never(error: BaseException, frames: list[str]) -> bool:
+    """For a library's error records that are noise only when they are failed writes (``_Drop``)."""
+    return False
 
 
 def _stale_prune(error: BaseException, frames: list[str]) -> bool:
@@ -83,16 +108,24 @@ def _superseded_sync(error: BaseException, frames: list[str]) -> bool:
     return isinstance(error, FileNotFoundError) and "_upload_to_fs_path" in frames and "-tmp-" in str(error)
 
 
-NOISE = {
-    "ray._private.authentication.authentication_token_setup": (("Token authentication is enabled",), None),
-    # Tune's advice on a stop, and its resume hint naming its Python API: fltune prints its own command
-    "ray.tune.tune": (("Stop signal received", "Experiment has been interrupted"), None),
-    "ray.tune.trainable.trainable": (("Restored on",), None),  # every resumed trial, in its worker
-    "ray.tune.execution.tune_controller": (("Trial %s: Error handling checkpoint",), _stale_prune),
-    "ray.tune.execution.experiment_state": (("Saving experiment state to storage at ",), _superseded_sync),
+NOISE: dict[str, tuple[Rule, ...]] = {
+    "ray._private.authentication.authentication_token_setup": ((("Token authentication is enabled",), None),),
+    "ray.tune.tune": (
+        # Tune's advice on a stop, and its resume hint naming its Python API: fltune prints its own command
+        (("Stop signal received", "Experiment has been interrupted"), None),
+        (("Experiment state snapshotting failed",), _never),  # its last save, on a full storage
+    ),
+    "ray.tune.trainable.trainable": ((("Restored on",), None),),  # every resumed trial, in its worker
+    "ray.tune.execution.tune_controller": ((("Trial %s: Error handling checkpoint",), _stale_prune),),
+    "ray.tune.execution.experiment_state": ((("Saving experiment state to storage at ",), _superseded_sync),),
+    # the metric tables of trials that never reported (a job stopped before they did), which fltune never
+    # reads: it takes each trial's results from Tune's saved state (``Trial.last_result``)
+    "ray.tune.analysis.experiment_analysis": ((("Failed to fetch metrics for",), None),),
+    # its copies of the driver's files to a full or read-only storage: the job stops (``library_write_failure``)
+    "ray.train._internal.syncer": ((("Last sync command failed",), _never),),
 }
-"""Logger → how its records that are noise to an fltune user start, and the one case in which such an error
-record is harmless (None: every such record is noise); the rest still show (``_Drop``)."""
+"""Logger → rules: how its records that are noise to an fltune user start, and the one case in which such an
+error record is harmless (None: every such record is noise); the rest still show (``_Drop``)."""
 
 
 def quiet_libraries() -> None:
@@ -101,10 +134,10 @@ def quiet_libraries() -> None:
     Also numpy's "All-NaN slice" warning: ASHA takes a percentile of the objectives at a rung, which are
     all NaN when every trial there diverged (the board already says so, trial by trial)."""
     warnings.filterwarnings("ignore", message="All-NaN slice encountered", category=RuntimeWarning)
-    for name, (prefixes, harmless) in NOISE.items():
+    for name, rules in NOISE.items():
         logger = logging.getLogger(name)
         if not any(isinstance(f, _Drop) for f in logger.filters):
-            logger.addFilter(_Drop(prefixes, harmless))
+            logger.addFilter(_Drop(rules))
 
 
 def quiet_worker() -> None:
@@ -121,6 +154,14 @@ def quiet_worker() -> None:
             sys.__unraisablehook__(unraisable)
 
     sys.unraisablehook = hook
+
+
+def library_write_failure() -> WriteFailed | None:
+    """The first write that failed inside a library since the last call (``_Drop``), else None: a Tune job
+    stops on it (``tune.study.StopOnFailedWrite``)."""
+    failed = _failed_writes[0] if _failed_writes else None
+    _failed_writes.clear()
+    return failed
 
 
 # ---------------------------------------------------------------------------------------------- stop

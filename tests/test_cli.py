@@ -19,6 +19,7 @@ from fltune.cli import main
 from fltune.config import build_config
 from fltune.data.datasets import load_dataset
 from tests.conftest import storages
+from tests.tune.helpers import write_space
 from tests.tune.test_cluster import free_port
 
 REPO = Path(__file__).resolve().parents[1]
@@ -155,6 +156,24 @@ def test_an_unreachable_tracking_server_is_one_line_before_any_work(command, tmp
     err = capsys.readouterr().err.strip()
     assert err.startswith(f"fltune: tracking.uri {uri}: Connection refused; allowed:") and len(err.splitlines()) == 1
     assert not (tmp_path / "jobs").exists()  # checked before the job folder is written or Ray starts
+
+
+@pytest.mark.parametrize("command", [["run"], ["tune"], ["reproduce", "table2"],
+                                     ["compare", "--methods", "fedavg,fedprox"]])
+def test_a_store_that_is_no_database_is_one_line_before_any_work(command, tmp_path, capsys):
+    """A text file where ``mlruns/mlflow.db`` should be (a crash of another tool, a bad copy): ``run``
+    printed its header, then two tracebacks ending in "file is not a database", status 1."""
+    db = tmp_path / "mlruns" / "mlflow.db"
+    db.parent.mkdir()
+    db.write_text("not a database\n")
+    space = ["--space", str(write_space(tmp_path))] if command == ["tune"] else []
+    storage = [] if command == ["run"] else ["--storage", str(tmp_path / "jobs")]
+    assert main([*command, *space, *storage, "--set", f"tracking.uri=sqlite:///{db}"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (f"fltune: tracking.uri sqlite:///{db}: {db} is not an SQLite database (file is not a database); "
+                   f"move it aside (mv {db} {db}.bad) or point --set tracking.uri=sqlite:///<other folder>/mlflow.db "
+                   "elsewhere")
+    assert not (tmp_path / "jobs").exists() and db.read_text() == "not a database\n"
 
 
 def test_a_cluster_address_where_no_ray_listens_is_one_line_at_once(capsys):

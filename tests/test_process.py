@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import signal
@@ -29,6 +30,14 @@ def shown_by(name: str) -> Iterator[tuple[logging.Logger, list[str]]]:
         yield logger, seen
     finally:
         logger.removeHandler(handler)
+
+
+def test_tunes_missing_metric_tables_of_trials_that_never_reported_are_dropped():
+    """A job stopped before some trials reported (a full disk) warned on resume, three lines per job."""
+    with shown_by("ray.tune.analysis.experiment_analysis") as (logger, seen):
+        logger.warning("Failed to fetch metrics for 1 trial(s):\n- run_cell_1: FileNotFoundError('… not found')")
+        logger.warning("No trials found in /s/job")
+    assert seen == ["No trials found in /s/job"]
 
 
 def test_ray_token_banner_is_dropped_and_other_warnings_kept():
@@ -84,6 +93,27 @@ def test_only_a_copy_that_lost_a_temporary_file_is_dropped(error, shown):
                 logger.error("Saving experiment state to storage at '/s/study' failed with exception: ", exc_info=True)
     # the second raise is outside the copy: it always shows
     assert seen == ["Saving experiment state to storage at '/s/study' failed with exception: "] * (2 if shown else 1)
+
+
+@pytest.mark.parametrize(("error", "shown"), [
+    (OSError(errno.ENOSPC, "No space left on device", "/s/study/experiment_state.json"), False),
+    (ConnectionError("the bucket went away"), True),
+])
+def test_a_failed_write_of_tunes_syncer_is_dropped_and_kept_for_the_job(error, shown):
+    """Tune's syncer logs "Last sync command failed" with the traceback in its message, inside its ``except``
+    block, and goes on (a ~25-line traceback on every copy to a full disk); a write that failed is kept for
+    the job to stop on, with its file; any other failure still shows."""
+    process.library_write_failure()
+    with shown_by("ray.train._internal.syncer") as (logger, seen):
+        try:
+            raise error
+        except Exception:
+            logger.warning("Last sync command failed with the following error:\nTraceback …")
+    assert seen == (["Last sync command failed with the following error:\nTraceback …"] if shown else [])
+    failed = process.library_write_failure()
+    assert (failed is None) == shown
+    assert shown or (failed.path, failed.reason) == ("/s/study/experiment_state.json", "No space left on device")
+    assert process.library_write_failure() is None  # said once
 
 
 def test_worker_drops_only_unraisable_system_exit(monkeypatch, capsys):

@@ -164,12 +164,13 @@ class Comparison:
         from fltune.preflight import check_data
         from fltune.tracking.paths import check_tracking
         from fltune.tracking.progress import console
-        from fltune.tune.storage import storage_root
+        from fltune.tune.storage import check_storage, storage_root
 
         spec = self.spec(storage_root(self.args.storage))
-        check_data(job_configs(spec))
-        make_out(spec.out)
         check_tracking(spec.tracking)
+        check_storage(spec.storage)
+        make_out(spec.out)
+        check_data(job_configs(spec))
         start_ray(self.args.address or spec.config.resources.address)
         if not self.args.resume:
             spec.save()

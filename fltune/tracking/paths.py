@@ -1,11 +1,14 @@
 """Where fltune's MLflow store lives, and the check that it answers, without importing MLflow: a command
 run with ``tracking.enabled=false`` never loads it (MLflow adds ~73 MiB to a driver, and a node
-that only trains need not have it), and one that logs to sqlite loads it off the main thread."""
+that only trains need not have it), and one that logs to a new sqlite store loads it off the main thread
+(an existing one is checked against this MLflow's schema first: ``check_store``)."""
 
 from __future__ import annotations
 
 import os
 import re
+import sqlite3
+from contextlib import closing
 from pathlib import Path
 
 from fltune.config import TrackingConfig
@@ -44,9 +47,10 @@ def check_tracking(tracking: TrackingConfig) -> None:
     """Before a command starts any work: the store it will log to answers (``check_reachable``).
 
     A sqlite store (the default) is a local file that ``store.open_store`` creates on first use: it is not
-    asked, and MLflow is not imported here (its imports take ~3.5 s on 2 cores, which on the command's main
-    thread came before anything else started; a run imports it on its logging thread while round 1 trains).
-    Its folder is made now: one that can't be written fails here in one line, not on that thread."""
+    asked through MLflow, and for a new one MLflow is not imported here (its imports take ~3.5 s on 2 cores,
+    which on the command's main thread came before anything else started; a run imports it on its logging
+    thread while round 1 trains). Its folder is made now: one that can't be written, or has no room, fails
+    here in one line, not on that thread; a file already there must be an MLflow store (``check_store``)."""
     uri = tracking.uri or default_uri()
     if not tracking.enabled:
         return
@@ -57,6 +61,46 @@ def check_tracking(tracking: TrackingConfig) -> None:
         raise FLTuneError(f"tracking.uri {uri}: {db} is a folder; allowed: sqlite:///<folder>/<file>.db")
     else:  # sqlite makes the file, and fltune its lock file beside it, on the logging thread
         make_out(str(db.parent), f"tracking.uri {uri}: its folder")
+        check_store(db, uri)
+
+
+def check_store(db: Path, uri: str) -> None:
+    """The sqlite file at ``db``, when there is one, is an MLflow store that this MLflow can use: an SQLite
+    database (not a file cut or overwritten by a crash or a bad copy), holding MLflow's tables at the
+    schema revision this MLflow's migrations end at (alembic's, as ``mlflow.store.db.utils`` reads it).
+    MLflow would otherwise fail at its first write, after the work began, with two tracebacks ("file is not
+    a database", "Detected out-of-date database schema"). A new or empty file MLflow sets up itself.
+
+    sqlite is asked directly; MLflow is imported only for a store that has a schema revision to compare."""
+    if not db.is_file() or db.stat().st_size == 0:
+        return
+    try:
+        with closing(sqlite3.connect(f"{db.as_uri()}?mode=ro", uri=True, timeout=20)) as store:
+            tables = {row[0] for row in store.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            found = (store.execute("SELECT version_num FROM alembic_version").fetchone() or ("none",))[0] \
+                if "alembic_version" in tables else None
+    except sqlite3.DatabaseError as err:
+        if "locked" in str(err):  # another command writes to it: a store that answers
+            return
+        raise _not_a_store(uri, db, f"is not an SQLite database ({err})") from None
+    if not tables:
+        return
+    if found is None or "experiments" not in tables:
+        shown = ", ".join(sorted(tables)[:5])
+        raise _not_a_store(uri, db, f"is an SQLite database of another schema (tables: {shown})")
+    import mlflow
+    from mlflow.store.db.utils import _get_latest_schema_revision
+
+    expected = _get_latest_schema_revision()
+    if found != expected:
+        raise _not_a_store(uri, db, f"is an MLflow store of schema revision {found}, and MLflow {mlflow.__version__} "
+                                    f"reads {expected} (`mlflow db upgrade {uri}` upgrades an older one)")
+
+
+def _not_a_store(uri: str, db: Path, what: str) -> FLTuneError:
+    """The line for a file at ``db`` that MLflow cannot use: what it is, and what to do."""
+    return FLTuneError(f"tracking.uri {uri}: {db} {what}; move it aside (mv {db} {db}.bad) or point "
+                       "--set tracking.uri=sqlite:///<other folder>/mlflow.db elsewhere")
 
 
 def check_reachable(uri: str) -> None:

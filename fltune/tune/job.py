@@ -11,8 +11,10 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from fltune.errors import FLTuneError
-from fltune.folders import make_out
-from fltune.process import ending_if_ray_dies, signal_handlers_kept, stop_arrived, terminated
+from fltune.folders import failed_write, make_out, said
+from fltune.process import (
+    ending_if_ray_dies, library_write_failure, signal_handlers_kept, stop_arrived, terminated,
+)
 
 if TYPE_CHECKING:  # Ray Tune and MLflow load only when a command runs
     from ray.tune import PlacementGroupFactory, Tuner
@@ -203,17 +205,18 @@ class TuneJob(ABC, Generic[Spec]):
         from fltune.tracking.paths import check_tracking
         from fltune.tune import study
         from fltune.tune.spec import exists
-        from fltune.tune.storage import storage_root, tune_started, tuner_whole
+        from fltune.tune.storage import check_storage, storage_root, tune_started, tuner_whole
 
         storage = storage_root(self.args.storage)
         spec = self.saved_spec(storage) if self.resuming() else self.new_spec(storage)
         if not self.resuming() and exists(spec.path):
             raise FLTuneError(f"--name {spec.name}: {self.what} {spec.path} already exists; "
                               "add --resume to continue it")
-        check_data(self.trial_configs(spec))
+        check_tracking(self.tracking(spec))
+        check_storage(spec.storage)
         if (out := self.out(spec)) is not None:
             make_out(out)
-        check_tracking(self.tracking(spec))
+        check_data(self.trial_configs(spec))
         tree = self.experiment(spec)
         start_ray(self.args.address or build_config(tree).resources.address)
         cluster, node_cpus = study.cluster_shape()
@@ -236,10 +239,27 @@ class TuneJob(ABC, Generic[Spec]):
         if self.tracking(spec).enabled:
             close_open_runs(self.tracking(spec), spec.path, "killed")
 
+    def stop(self, spec: Spec, err: BaseException) -> None:
+        """The job ended by ``err``: its MLflow runs end KILLED; a failed write (``StopOnFailedWrite``,
+        or the MLflow store's own) is raised again as its line, naming the file (the job folder when the
+        library did not say), the room left there, and the command that continues the job."""
+        from fltune.tracking.paths import default_uri, sqlite_path
+
+        tracking = self.tracking(spec)
+        failed = failed_write(err, str(sqlite_path(tracking.uri or default_uri()) or tracking.uri or ""))
+        try:
+            self.close_runs(spec)
+        except Exception:  # a full disk under the MLflow store fails this too; the line says so
+            if failed is None:
+                raise
+        if failed is not None:
+            raise said(failed, spec.path, self.resume_command(spec)) from None
+
     def run(self) -> int:
         """The whole command: prepare, fit, and conclude from the job folder's final state — every trial,
         also those a stop left pending or running. A command that dies of an exception ends its MLflow
-        runs KILLED (Tune's own clean-up ends them in every other case)."""
+        runs KILLED (Tune's own clean-up ends them in every other case); one whose write failed ends with
+        ``WriteFailed`` (``stop``)."""
         from ray.tune import ExperimentAnalysis
 
         from fltune.tracking.progress import console
@@ -253,8 +273,10 @@ class TuneJob(ABC, Generic[Spec]):
             try:
                 with signal_handlers_kept():
                     tuner.fit()
-            except BaseException:
-                self.close_runs(spec)
+                if (failed := library_write_failure()) is not None:  # Tune's last save of its state
+                    raise failed
+            except BaseException as err:
+                self.stop(spec, err)
                 raise
         trials = ExperimentAnalysis(spec.path).trials
         say_failures(trials)

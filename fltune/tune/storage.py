@@ -13,11 +13,8 @@ an object only when its upload completes, so Tune keeps its own filesystem for t
 
 from __future__ import annotations
 
-import io
-import os
 import pickle
 import re
-import uuid
 from pathlib import Path
 
 import fsspec
@@ -25,13 +22,8 @@ import pyarrow
 import pyarrow.fs
 
 from fltune.errors import FLTuneError
+from fltune.folders import ReplaceOnClose, make_out
 from fltune.tracking.paths import mlruns_dir
-
-
-def part_path(path: str) -> str:
-    """Where a file bound for ``path`` is written first: a hidden name beside it, unique to the writer."""
-    folder, name = os.path.split(path)
-    return os.path.join(folder, f".{name}.{uuid.uuid4().hex[:8]}.part")
 
 
 def write_whole(uri: str, data: bytes) -> None:
@@ -47,30 +39,8 @@ def write_whole(uri: str, data: bytes) -> None:
         with fs.open_output_stream(path) as out:
             out.write(data)
         return
-    part = part_path(uri)
-    try:
-        with open(part, "wb") as out:
-            out.write(data)
-        os.replace(part, uri)
-    finally:
-        if os.path.exists(part):
-            os.remove(part)
-
-
-class ReplaceOnClose(io.FileIO):
-    """A file written under a hidden temporary name in the target's folder, moved onto the target when
-    closed. A writer killed before ``close`` leaves the target as it was (and a ``.part`` file that
-    Tune's listings, which match ``*.json`` and ``*.pkl``, never pick up)."""
-
-    def __init__(self, path: str) -> None:
-        self.target = path
-        super().__init__(part_path(path), "wb")
-
-    def close(self) -> None:
-        if self.closed:
-            return
-        super().close()
-        os.replace(self.name, self.target)
+    with ReplaceOnClose(uri) as out:
+        out.write(data)
 
 
 class AtomicLocalFiles(pyarrow.fs.FSSpecHandler):
@@ -109,6 +79,13 @@ def storage_root(storage: str | None) -> str:
         raise FLTuneError(f"--storage {storage}: {str(err)[:200]}; allowed: a local folder, or a URI of a "
                           "filesystem pyarrow can reach (s3://, gs://, hdfs://)") from None
     return storage
+
+
+def check_storage(storage: str) -> None:
+    """Before a job starts work: a local ``storage`` can be written and has room (``folders.make_out``); a
+    URI was reached by ``storage_root``."""
+    if "://" not in storage:
+        make_out(storage, "--storage")
 
 
 def check_name(name: str) -> str:

@@ -7,6 +7,7 @@ fit) plus one bundle per client actor, exactly what ``plan_workers`` gives its `
 
 from __future__ import annotations
 
+import pickle
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -18,9 +19,11 @@ from pydantic import ValidationError
 from ray import tune
 from ray.tune.schedulers import ASHAScheduler, FIFOScheduler, TrialScheduler
 
+from fltune import folders
 from fltune.config import apply_overrides, build_config, describe_validation_error
 from fltune.engine.pool import plan_workers
 from fltune.errors import FLTuneError
+from fltune.process import library_write_failure
 from fltune.tune.results import failed_result
 from fltune.tune.space import (
     Asha, SearchSpace, base_tree, check_objective, check_params, is_space_setting, parse_space, set_dotted,
@@ -31,7 +34,41 @@ from fltune.tune.storage import check_name, job_filesystem, storage_root
 from fltune.tune.trainable import run_trial
 
 MAX_FAILURES = 2
-"""Restarts of a trial from its last checkpoint after a crash (a lost node, an OOM-killed process)."""
+"""Restarts of a trial from its last checkpoint after a crash (a lost node, an OOM-killed process); a
+failed write is no crash (``StopOnFailedWrite``)."""
+
+
+class StopOnFailedWrite(tune.Callback):
+    """Stop the job at once, in the driver, when a write failed: a trial's checkpoint or result (its error,
+    as Tune hands it over), or a file Tune's driver copies to the job folder (its syncer and state snapshots
+    log the error and go on: ``process.library_write_failure``).
+
+    ``FailureConfig`` restarts a failed trial (``MAX_FAILURES``), which on a full disk fails the same way,
+    and ``fail_fast`` would end every other trial as if done; raising here ends ``fit`` as an exception
+    does, with Tune's last saved state (written whole) naming every unfinished trial and its last whole
+    checkpoint, so ``--resume`` continues them. ``TuneJob.run`` turns the error into its one line."""
+
+    def on_trial_recover(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
+        self._stop_if_failed(trial)
+
+    def on_trial_error(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
+        self._stop_if_failed(trial)
+
+    def on_step_end(self, iteration: int, trials: list[Any], **info: Any) -> None:
+        if (failed := library_write_failure()) is not None:
+            raise failed
+
+    @staticmethod
+    def _stop_if_failed(trial: Any) -> None:
+        """Raise the failed write that ended ``trial``'s attempt, if that is what ended it: Tune pickles the
+        error of each attempt into the trial's folder of the driver (``Trial.handle_error``)."""
+        path = trial.pickled_error_file
+        if path is None or not Path(path).is_file():
+            return
+        with open(path, "rb") as saved:
+            error = pickle.load(saved)
+        if (failed := folders.failed_write(error)) is not None:
+            raise failed
 
 
 @dataclass(frozen=True)
@@ -175,10 +212,11 @@ def grid_tuner(trainable_: Any, cells: list[str], spec: SavedSpec, max_concurren
 
 def run_config(spec: SavedSpec, callbacks: list[tune.Callback]) -> tune.RunConfig:
     """Every fltune Tune job: its folder (written all-or-nothing: ``storage.job_filesystem``), its
-    callbacks, crashed trials restarted from checkpoints."""
+    callbacks, crashed trials restarted from checkpoints, a failed write stopping the job
+    (``StopOnFailedWrite``, first: before the board says a trial restarts)."""
     return tune.RunConfig(
         name=spec.name, storage_path=spec.storage, storage_filesystem=job_filesystem(spec.storage),
-        callbacks=callbacks, verbose=0,
+        callbacks=[StopOnFailedWrite(), *callbacks], verbose=0,
         failure_config=tune.FailureConfig(max_failures=MAX_FAILURES),
         checkpoint_config=tune.CheckpointConfig(num_to_keep=2),
     )

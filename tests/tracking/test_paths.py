@@ -1,9 +1,11 @@
-"""A command with tracking off never imports MLflow (or Optuna, unless it searches); one that logs to sqlite
-checks its store without importing MLflow (its logging thread does, later); any other store is asked once."""
+"""A command with tracking off never imports MLflow (or Optuna, unless it searches); one that logs to a new
+sqlite store checks it without importing MLflow (its logging thread does, later), and an existing one for
+being an MLflow store of this MLflow's schema; any other store is asked once."""
 
 from __future__ import annotations
 
 import os
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +15,7 @@ import pytest
 from fltune.config import TrackingConfig
 from fltune.errors import FLTuneError
 from fltune.tracking.paths import check_reachable, check_tracking, mlruns_dir, outputs_dir
+from fltune.tracking.store import open_store
 from tests.tune.test_cluster import free_port
 
 IMPORTS = """
@@ -81,3 +84,36 @@ def test_a_store_that_does_not_answer_is_one_line_at_once(tmp_path: Path) -> Non
 def test_job_outputs_go_beside_the_sqlite_store_the_user_chose(tmp_path: Path) -> None:
     assert outputs_dir(TrackingConfig(uri=f"sqlite:///{tmp_path}/runs/mlflow.db")) == tmp_path / "runs"
     assert outputs_dir(TrackingConfig(uri="http://localhost:5000")) == mlruns_dir()
+def other_schema(db: Path) -> None:
+    with sqlite3.connect(db) as other:
+        other.execute("CREATE TABLE notes (text TEXT)")
+
+
+def newer_schema(db: Path) -> None:
+    """A store a newer MLflow migrated past every revision this one knows."""
+    open_store(f"sqlite:///{db}", "fltune")
+    with sqlite3.connect(db) as store:
+        store.execute("UPDATE alembic_version SET version_num = 'ffffffffffff'")
+
+
+@pytest.mark.parametrize(("make", "found"), [
+    (lambda db: db.write_bytes(b"\x00" * 4096), "is not an SQLite database (file is not a database)"),
+    (other_schema, "is an SQLite database of another schema (tables: notes)"),
+    (newer_schema, "is an MLflow store of schema revision ffffffffffff, and MLflow "),
+])
+def test_a_store_mlflow_cannot_use_is_one_line_naming_what_was_found(tmp_path: Path, make, found: str) -> None:
+    db = tmp_path / "mlflow.db"
+    make(db)
+    uri = f"sqlite:///{db}"
+    with pytest.raises(FLTuneError) as err:
+        check_tracking(TrackingConfig(enabled=True, uri=uri))
+    assert str(err.value).startswith(f"tracking.uri {uri}: {db} {found}")
+    assert str(err.value).endswith(f"; move it aside (mv {db} {db}.bad) or point --set "
+                                   "tracking.uri=sqlite:///<other folder>/mlflow.db elsewhere")
+
+
+def test_an_mlflow_store_of_this_mlflow_and_an_empty_file_pass(tmp_path: Path) -> None:
+    (tmp_path / "empty.db").write_bytes(b"")
+    open_store(f"sqlite:///{tmp_path / 'mlflow.db'}", "fltune")
+    for name in ("empty.db", "mlflow.db"):
+        check_tracking(TrackingConfig(enabled=True, uri=f"sqlite:///{tmp_path / name}"))
