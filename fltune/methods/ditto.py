@@ -41,7 +41,7 @@ from torch import Tensor
 from fltune.methods import register
 from fltune.methods._initial import InitialStandIn
 from fltune.methods.base import ClientContext, ClientResult, Method, Params
-from fltune.methods.functional import FunctionalBatch, FunctionalStep, clip_scale, gradient, objective_step
+from fltune.methods.functional import FunctionalBatch, FunctionalStep, WholeStep, clip_scale, objective_step
 from fltune.methods.objective import Batch, Forward, Tensors
 from fltune.methods.wire import to_numpy
 
@@ -54,7 +54,7 @@ class DittoParams(Params):
 
 
 @register
-class Ditto(InitialStandIn):
+class Ditto(InitialStandIn, WholeStep):
     """Ditto: global w by FedAvg; personal v_k ← v_k − η·∇[CE(v_k) + (λ/2)‖v_k − w_g‖²] per batch."""
 
     name = "ditto"
@@ -75,24 +75,6 @@ class Ditto(InitialStandIn):
         ctx.scratch["personal"] = Forward(personal)
         ctx.inputs["personal"] = {n: p.detach() for n, p in personal.named_parameters()}
         ctx.model.load_state_dict(ctx.global_state)
-
-    def personal_loss(self, forward: Forward, personal: Tensors, x: Tensor, y: Tensor, mask: Tensor | None) -> Tensor:
-        """v's objective at ``personal``: the plain one (FedAvg's CE, whatever modifier w's objective takes
-        on), whose λ-proximal part :meth:`_stepped` adds in closed form."""
-        return Method.local_loss(self, Batch(forward, personal, x, y, mask))[0]
-
-    def backward(self, ctx: ClientContext, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
-        """FedAvg's gradient for w (stepped by the engine), then one SGD step of v on the same batch."""
-        result = super().backward(ctx, x, y)
-        personal: Forward = ctx.scratch["personal"]
-        weights = personal.own
-        grads = torch.autograd.grad(self.personal_loss(personal, weights, x, y, None), list(weights.values()))
-        values = ctx.inputs["personal"]
-        stepped = self._stepped(dict(zip(weights, grads)), values, ctx.global_state, ctx.lr, ctx.grad_clip)
-        with torch.no_grad():
-            for name, param in weights.items():
-                param.copy_(stepped[name])
-        return result
 
     def _stepped(
         self, ce_grads: Tensors, personal: Tensors, anchor: Mapping[str, Tensor], lr: float, max_norm: float | None,
@@ -122,14 +104,17 @@ class Ditto(InitialStandIn):
         return {n: piece.view_as(personal[n]) for n, piece in zip(names, stepped.split(sizes))}
 
     def functional_step(self, weights: Tensors, batch: FunctionalBatch) -> FunctionalStep:
-        """:meth:`backward` as a pure function: w's gradient for the engine's step; v's plain SGD step on the
-        same batch as the carried ``personal`` input."""
-        step = objective_step(self, weights, batch)
+        """FedAvg's gradient for w (stepped by the engine), and v after one plain SGD step on the same batch,
+        carried as the ``personal`` input. v's objective is the plain one (FedAvg's CE, whatever modifier w's
+        takes on), whose λ-proximal part :meth:`_stepped` adds in closed form; client by client it runs
+        the personal model itself, so its BatchNorm statistics are v's."""
+        forward = batch.forward if batch.client is None else batch.client.scratch["personal"]
 
         def objective(v: Tensors) -> tuple[Tensor, tuple[()]]:
-            return self.personal_loss(batch.forward, v, batch.x, batch.y, batch.mask), ()
+            return Method.local_loss(self, Batch(forward, v, batch.x, batch.y, batch.mask))[0], ()
 
-        grads, _, _ = gradient(objective, batch.inputs["personal"])
+        step = objective_step(self, weights, batch)
+        grads, _, _ = batch.gradient(objective, batch.inputs["personal"])
         personal = self._stepped(grads, batch.inputs["personal"], batch.global_weights, batch.lr, batch.grad_clip)
         return step.replaced(carry={"personal": personal})
 
