@@ -7,7 +7,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fltune.data.datasets import DEBIAN_FMNIST, Dataset, load_dataset
+from fltune.data.datasets import Dataset, load_dataset
+from fltune.data.torchvision_sets import DEBIAN_FMNIST
 from fltune.errors import DatasetCorrupt
 
 
