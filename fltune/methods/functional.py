@@ -84,9 +84,10 @@ class FunctionalStep(NamedTuple):
 class WholeStep(Method):
     """A method whose per-batch step is more than its objective's gradient, written once as the pure
     :meth:`functional_step`; the client-by-client path's :meth:`backward` runs it at the model's own
-    trainable weights (unpadded, ``client`` set) and writes its gradients into ``.grad``. torch.func's
-    gradient is autograd's, and ``functional_call`` with a module's own buffers updates its BatchNorm
-    statistics as calling the module does, so both paths take the same float operations."""
+    trainable weights (unpadded, ``client`` set) and writes its gradients into ``.grad``. There
+    ``batch.gradient`` is autograd's on leaf views of the weights, whose forward updates the module's
+    BatchNorm statistics in place as calling the module does: the same float operations as the hand-written
+    ``backward`` this replaced, bit for bit (the SAM family, FedSOL and Ditto, BatchNorm models included)."""
 
     def functional_step(self, weights: Tensors, batch: FunctionalBatch) -> FunctionalStep:
         """One client's step at its trainable ``weights``: their gradient for the engine's optimiser step,
@@ -112,23 +113,18 @@ class WholeStep(Method):
 
 def has_functional_step(method_cls: type[Method]) -> bool:
     """Whether a method's local step has this pure form: its objective is pure (``Method.pure_loss``) and its
-    per-batch step is that objective's gradient, or the class that last changed the step (``backward``) gives
-    it as ``functional_step`` too. A ``<method>+<modifier>`` composite's objective
-    is not pure; Per-FedAvg's step, a restore and a per-step lr, has no functional form."""
-
-    def owner(hook: str) -> int:
-        return next((i for i, klass in enumerate(method_cls.__mro__) if hook in vars(klass)), len(method_cls.__mro__))
-
-    step = owner("backward")
-    return method_cls.pure_loss and (method_cls.__mro__[step] is Method or owner("functional_step") <= step)
+    per-batch step is that objective's gradient or a :class:`WholeStep`'s. A ``<method>+<modifier>``
+    composite's objective is not pure; Per-FedAvg's step, a restore and a per-step lr, has no pure form."""
+    owner = next(klass for klass in method_cls.__mro__ if "backward" in vars(klass))
+    return method_cls.pure_loss and owner in (Method, WholeStep)
 
 
 def local_step(method: Method, weights: Tensors, batch: FunctionalBatch) -> FunctionalStep:
-    """One client's local step at its trainable ``weights``: the method's own ``functional_step`` where it has
-    one, else its objective's gradient; plus its ``gradient_correction`` (the client-by-client path adds it
+    """One client's local step at its trainable ``weights``: a :class:`WholeStep`'s ``functional_step``, else
+    its objective's gradient; plus its ``gradient_correction`` (the client-by-client path adds it
     to ``.grad`` after the step's passes)."""
-    own = getattr(method, "functional_step", None)
-    out = own(weights, batch) if own is not None else objective_step(method, weights, batch)
+    whole = isinstance(method, WholeStep)
+    out = method.functional_step(weights, batch) if whole else objective_step(method, weights, batch)
     correction = method.gradient_correction(weights, batch.inputs)
     return out.replaced(grads={n: g + correction[n] for n, g in out.grads.items()}) if correction else out
 
