@@ -1,31 +1,12 @@
 """Ditto (Li, Hu, Beirami & Smith, ICML 2021; docs/methods.md §2, SimFAFL Table 2): a λ-proximal personal model.
 
-Each sampled client runs two independent updates on the same batches:
-
-* the global model w: FedAvg's local CE update from the round's w_g, uploaded and averaged (n_k);
-* its personal model v (kept in its state, never uploaded): min_v CE(v) + (λ/2)‖v − w_g‖², one SGD
-  step per batch at the round's learning rate (Ditto Alg. 1 with s = E epochs of steps).
-
-The two updates do not interact within a round (v is pulled towards the *received* w_g, not the local w),
-so running them interleaved on one batch stream is Algorithm 1 with both using the same batches.
-Personalised evaluation uses v (``state["personal"]`` holds the whole personal model, which the
-default ``client_model_state`` puts on top of the global weights). λ = 0 leaves purely local personal
-models; λ → ∞ pins them to the global model.
-
-At a client's first participation v starts from the round's global model (``first_personal: global``,
-**[U]**) or from the initial global model (``first_personal: initial``), as FedCR's
-``distributed_training_utils_ditto.py`` builds every client's ``model_local`` as a copy of the initial model
-before round 1 (``_initial.InitialStandIn`` sends it until every client has trained). v's steps are plain
-SGD (no momentum or weight decay: λ(v − w_g) is its only regulariser, as in FedCR's ``main_fed_ditto.py``
-with momentum 0 and weight decay 0).
-
-With ``training.grad_clip`` the personal steps are clipped as that code clips them
-(``distributed_training_utils_ditto.py``, ``train_cnn_local``): its loss is CE(v) − λ⟨v, w_g⟩ with λ as
-SGD weight decay, so ``clip_grad_norm_`` bounds ∇CE(v) − λ·w_g and the optimiser adds λ·v afterwards;
-the step is the same λ-proximal one whenever the norm stays under the bound.
-
-Its final round (``training.finetune_epochs``, ``final_round = "own"``) is that code's last round: every
-client runs one more Ditto update, and its new personal model is evaluated.
+Each sampled client runs two independent updates on the same batches: the global model w by FedAvg's local
+step (uploaded, n_k-weighted), and its personal model v (kept in its state, never uploaded) by one plain SGD
+step per batch on CE(v) + (λ/2)‖v − w_g‖², pulled towards the *received* w_g, so running them interleaved
+is Ditto's Algorithm 1. Personalised evaluation uses v. docs/methods.md §2 (Ditto) writes out v's first
+value (``first_personal``, FedCR's code via ``_initial.InitialStandIn``), its clipping as FedCR's
+``distributed_training_utils_ditto.py`` clips it (:meth:`Ditto._stepped`), and the final round, one more
+Ditto update (``final_round = "own"``, FedCR's ``main_fed_ditto.py``).
 """
 
 from __future__ import annotations
