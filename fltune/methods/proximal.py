@@ -77,7 +77,7 @@ class Proximal(Method):
     def local_loss(self, batch: Batch) -> tuple[Tensor, Tensor]:
         """CE (+ β·L_p with ``base``). With ``projection`` and KL, ∇L_p is taken here, from the same forward,
         for :meth:`backward`."""
-        ctx, x, y = batch.client, batch.x, batch.y
+        ctx, x = batch.client, batch.x
         loss, logits = super().local_loss(batch)
         if self.params.usage == "base":
             if self.params.beta == 0:  # exactly FedAvg
