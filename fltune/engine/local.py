@@ -149,10 +149,9 @@ class Optimizers:
             )
         if isinstance(optimizer, KeptSGD):
             optimizer.reset(lr)
-            return optimizer
-        optimizer.state.clear()
-        for group in optimizer.param_groups:
-            group["lr"] = lr
+        else:
+            optimizer.state.clear()
+            set_lr(optimizer, lr)
         return optimizer
 
 
