@@ -49,7 +49,8 @@ from fltune.config import build_config
 from fltune.engine import batched
 from fltune.engine.batched import client_groups, train_group
 from fltune.engine.builders import build_method, build_model_for, initial_state, load_data
-from fltune.engine.local import Executor, RoundInput, train_client
+from fltune.engine.local import Executor, train_client
+from fltune.engine.transfer import RoundInput
 from fltune.engine.rng import sample_clients
 from fltune.methods import get_method
 

@@ -56,7 +56,8 @@ from fltune.config import ExperimentConfig, build_config
 from fltune.data.datasets import load_dataset
 from fltune.engine.builders import build_model_for, model_name, resolve_augment
 from fltune.engine.federation import Federation
-from fltune.engine.local import RoundInput, train_client
+from fltune.engine.local import train_client
+from fltune.engine.transfer import RoundInput
 from fltune.engine.cluster import ensure_ray
 from fltune.errors import DatasetMissing
 from fltune.methods import METHODS

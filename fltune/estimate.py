@@ -25,7 +25,7 @@ import torch
 from fltune.config import ExperimentConfig, build_config
 from fltune.data.datasets import load_dataset
 from fltune.engine.builders import build_method, build_model_for, model_name, torch_threads
-from fltune.engine.local import epoch_samples
+from fltune.engine.batches import epoch_samples
 from fltune.errors import DatasetMissing, FLTuneError
 from fltune.methods import get_method
 from fltune.text import counted

@@ -44,7 +44,8 @@ from torch.func import vmap
 from fltune.config import ExperimentConfig, TrainingConfig
 from fltune.data.federated import FederatedData
 from fltune.data.augment import augment, lookup_float
-from fltune.engine.local import DeviceBatches, RoundInput, device_states, epoch_order, epoch_samples
+from fltune.engine.batches import DeviceBatches, epoch_order, epoch_samples
+from fltune.engine.transfer import RoundInput, device_states
 from fltune.engine.rng import derive_seed
 from fltune.methods.base import ClientContext, ClientResult, Method, Phase
 from fltune.methods.functional import FunctionalBatch, FunctionalStep, has_functional_step, local_step
@@ -348,15 +349,15 @@ class _GroupTrainer:
     each op with torch.optim.SGD's meaning (weight decay, heavy-ball or Nesterov momentum)."""
 
     def __init__(
-        self, method: Method, model: nn.Module, training: TrainingConfig, params: Stacked, trainable: list[str],
+        self, method: Method, model: nn.Module, training: TrainingConfig, weights: Stacked, trainable: list[str],
         round_lr: float, global_weights: dict[str, Tensor], compiled: bool = False,
     ) -> None:
         self.training, self.trainable = training, trainable
-        self.params = [params[n] for n in trainable]
-        self.sizes = [p[0].numel() for p in self.params]
-        k = len(self.params[0]) if self.params else 0
+        self.weights = [weights[n] for n in trainable]
+        self.sizes = [p[0].numel() for p in self.weights]
+        k = len(self.weights[0]) if self.weights else 0
         # SGD's momentum, all trainable parameters side by side ([K, Σ sizes]): zero, as a fresh optimiser's
-        self.buffer = torch.zeros(k, sum(self.sizes), device=self.params[0].device) if training.momentum else None
+        self.buffer = torch.zeros(k, sum(self.sizes), device=self.weights[0].device) if training.momentum else None
         forward, names = Forward(model), tuple(n for n, _ in model.named_parameters())
 
         def client_step(
@@ -374,12 +375,12 @@ class _GroupTrainer:
         self.take = compile_step(self._take) if compiled else self._take
 
     def step(
-        self, params: Stacked, inputs: dict[str, Stacked], batch: _Step, lr: float, tally: _Tally,
+        self, weights: Stacked, inputs: dict[str, Stacked], batch: _Step, lr: float, tally: _Tally,
     ) -> _Taken:
-        """One masked step of all K clients: ``params`` and the momentum are updated in place; returns what
+        """One masked step of all K clients: ``weights`` and the momentum are updated in place; returns what
         the host keeps of it, the carried inputs kept only for the clients that took the step."""
-        train = {n: params[n] for n in self.trainable}
-        frozen = {n: p for n, p in params.items() if n not in train}
+        train = {n: weights[n] for n in self.trainable}
+        frozen = {n: p for n, p in weights.items() if n not in train}
         out = _Taken(*self.take(train, frozen, inputs, batch, tally.diverged, lr))
         tally.record(out.loss, out.live, out.correct, batch.counts)
         return out
@@ -416,7 +417,7 @@ class _GroupTrainer:
         if t.grad_clip is not None:
             g.mul_(self._clip_scale(g, t.grad_clip)[:, None])
         if t.weight_decay:
-            g.add_(torch.cat([_rows(p) for p in self.params], dim=1), alpha=t.weight_decay)
+            g.add_(torch.cat([_rows(p) for p in self.weights], dim=1), alpha=t.weight_decay)
         mask = live[:, None]
         g.masked_fill_(~mask, 0.0)
         if self.buffer is not None:
@@ -424,8 +425,8 @@ class _GroupTrainer:
             g = g.add_(buf, alpha=t.momentum) if t.nesterov else buf
         rate = live * -lr  # −lr, or −0.0 for a masked client: p + (−0.0)·0 is p, bit for bit (−0.0 too)
         torch._foreach_addcmul_(  # addcmul's own rounding (a fused multiply-add on CPU), parameter by parameter
-            self.params, [v.view_as(p) for v, p in zip(g.split(self.sizes, dim=1), self.params)],
-            [rate.view(-1, *[1] * (p.dim() - 1)) for p in self.params])
+            self.weights, [v.view_as(p) for v, p in zip(g.split(self.sizes, dim=1), self.weights)],
+            [rate.view(-1, *[1] * (p.dim() - 1)) for p in self.weights])
 
     @staticmethod
     def _clip_scale(g: Tensor, max_norm: float) -> Tensor:
@@ -473,7 +474,7 @@ def client_noise(
 
 @dataclass
 class _Group:
-    """A group's clients and their stacked training state: parameters, ``ClientContext.inputs`` (carried
+    """A group's clients and their stacked training state: weights, ``ClientContext.inputs`` (carried
     entries evolve per step), the running tally, and each client's own generators (its batches', its
     noise's, of the objective's ``noise_shapes``)."""
 
@@ -482,7 +483,7 @@ class _Group:
     indices: list[np.ndarray]
     generators: list[torch.Generator]
     noise: list[torch.Generator]
-    params: Stacked
+    weights: Stacked
     inputs: dict[str, Stacked]
     client_inputs: list[dict[str, dict[str, Tensor]]]
     tally: _Tally
@@ -524,7 +525,7 @@ class _Group:
         """Client ``k``'s final weights into ``model`` and its carried inputs into its own
         ``ClientContext.inputs`` tensors, where ``client_result`` reads them as the exact path leaves them."""
         for name, p in model.named_parameters():
-            p.copy_(self.params[name][k])
+            p.copy_(self.weights[name][k])
         for key in self.carried:
             for name, tensor in self.client_inputs[k][key].items():
                 tensor.copy_(self.inputs[key][name][k])
@@ -546,7 +547,7 @@ def _run_epoch(group: _Group, trainer: _GroupTrainer, laid: _GroupEpoch, lr: flo
     sample) are freed when it ends, not held while the next epoch lays out its own."""
     for s in range(len(laid.sizes)):
         step = laid.step(s, augment_kind, group)
-        group.absorb(trainer.step(group.params, group.inputs, step, lr, group.tally), step)
+        group.absorb(trainer.step(group.weights, group.inputs, step, lr, group.tally), step)
 
 
 def _group(
@@ -589,8 +590,8 @@ def train_group(
     torch.manual_seed(derive_seed(inputs.seed, inputs.round, client_ids[0]))  # a random layer's draws
     for phases in _common_phases(method, group.contexts):
         prefixes = phases[0].prefixes
-        trainable = [n for n in group.params if prefixes is None or n.startswith(prefixes)]
-        trainer = _GroupTrainer(method, model, training, group.params, trainable, inputs.lr, group.global_weights,
+        trainable = [n for n in group.weights if prefixes is None or n.startswith(prefixes)]
+        trainer = _GroupTrainer(method, model, training, group.weights, trainable, inputs.lr, group.global_weights,
                                 compiled)
         lr = phases[0].lr if phases[0].lr is not None else inputs.lr
         _run_phase(group, trainer, phases, lr, source, training.batch_size, augment_kind)

@@ -33,7 +33,8 @@ from fltune.engine.batched import client_groups, note_fallback
 from fltune.engine.builders import build_method, build_model_for, initial_state
 from fltune.engine.callbacks import Callback
 from fltune.engine.dispatch import Pool, balance, deal
-from fltune.engine.local import RoundInput, eval_batch_count, evaluate, load_state, total_scores
+from fltune.engine.evaluation import eval_batch_count, evaluate, total_scores
+from fltune.engine.transfer import RoundInput, load_state
 from fltune.engine.probes import Probe, ProbeTask, RoundView
 from fltune.engine.rng import round_clients, use_deterministic_cuda
 from fltune.engine.store import ClientStore, WithRound

@@ -1,4 +1,4 @@
-"""The one local training loop every method runs, and plain evaluation.
+"""The one local training loop every method runs, with its optimisers and step metrics.
 
 Pure functions of (model, data, weights, state, seeds): they run inside Ray worker actors in a
 federation and in-process in tests and benchmarks. Each client's randomness (shuffling, augmentation,
@@ -8,187 +8,21 @@ dropout) is seeded from (seed, round, client id) only.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
-from functools import lru_cache
+from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 from torch import nn
 from torch.optim.sgd import sgd
 
 from fltune.config import TrainingConfig
-from fltune.data.augment import augment, lookup_float, normalise_table, to_float
 from fltune.data.federated import FederatedData
+from fltune.engine.batches import Batch, DeviceBatches, HostBatches, epoch_samples
 from fltune.engine.rng import derive_seed
+from fltune.engine.transfer import RoundInput, device_states, state_on_device
 from fltune.methods.base import ClientContext, ClientResult, Method, Phase
 from fltune.methods.finetune import tuner_for
-from fltune.methods.wire import State, to_device
-
-
-Batch = tuple[torch.Tensor, torch.Tensor]
-
-
-@dataclass(frozen=True)
-class RoundInput:
-    """What every client of a round starts from (shared by all clients a worker trains)."""
-
-    round: int
-    seed: int
-    lr: float
-    global_state: State
-    server: dict[str, Any]
-    copies: dict[str, DeviceServer] = field(default_factory=dict, init=False, repr=False, compare=False)
-    """``server`` on each device this process trains the round on (:meth:`server_on`)."""
-
-    def server_on(self, device: torch.device) -> DeviceServer:
-        """``server``'s arrays as tensors on ``device``, each copied once for every client of the round that
-        this process trains (``ClientContext.server_tensors``)."""
-        return self.copies.setdefault(str(device), DeviceServer(self.server, device))
-
-    def __getstate__(self) -> dict[str, Any]:
-        """Ray ships a round without its device copies: they stay in the process that made them."""
-        return {**self.__dict__, "copies": {}}
-
-
-def load_state(model: nn.Module, state: State) -> None:
-    """Copy numpy weights into the model (copying: arrays from Ray's object store are read-only), all of a
-    dtype in one copy to the model's device (``to_device``)."""
-    model.load_state_dict(state_on_device(state, next(iter(model.state_dict().values())).device))
-
-
-class DeviceServer(Mapping[str, Any]):
-    """A round's server payload read as tensors on one device: an array becomes a tensor, a dict of arrays
-    a dict of tensors (one copy per dtype, ``to_device``), each entry copied at its first read and kept.
-    Every client a worker trains reads the same payload, and where each copied it (FedCR's class Gaussians,
-    SCAFFOLD's c) every copy from pageable memory waited for the GPU. The tensors are shared: read only."""
-
-    def __init__(self, server: dict[str, Any], device: torch.device) -> None:
-        self.server, self.device = server, device
-        self.copied: dict[str, Any] = {}
-
-    def __getitem__(self, key: str) -> Any:
-        if key not in self.copied:
-            value = self.server[key]
-            arrays = value if isinstance(value, dict) else {key: value}
-            tensors = dict(zip(arrays, to_device(list(arrays.values()), self.device)))
-            self.copied[key] = tensors if isinstance(value, dict) else tensors[key]
-        return self.copied[key]
-
-    def __contains__(self, key: object) -> bool:
-        return key in self.server  # no copy
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self.server)
-
-    def __len__(self) -> int:
-        return len(self.server)
-
-
-def state_on_device(state: State, device: torch.device) -> dict[str, torch.Tensor]:
-    """``state`` on ``device`` in one copy per dtype (``to_device``). Of the round's global weights: what
-    methods read as ``ClientContext.global_state``, and what clients' loads copy the weights they share
-    with it from (``device_states``)."""
-    return dict(zip(state, to_device(list(state.values()), device)))
-
-
-def device_states(
-    states: Sequence[State], device: torch.device, host_global: State, device_global: dict[str, torch.Tensor],
-) -> list[dict[str, torch.Tensor]]:
-    """Each of ``states`` as tensors on ``device``, for ``model.load_state_dict``: an entry that is the very
-    array of the round's global weights (``host_global``) is its twin already there (``device_global``), and
-    every other distinct array goes over in one copy with the rest (``to_device``). Clients start from the
-    global weights overridden by their personal parts (``Method.client_model_state``), so a client's
-    load copies its personal part alone, and a shard's personal parts go over together."""
-    others: dict[int, np.ndarray] = {}
-    for state in states:
-        others.update((id(v), v) for k, v in state.items() if host_global.get(k) is not v)
-    moved = dict(zip(others, to_device(list(others.values()), device)))
-    return [
-        {k: device_global[k] if host_global.get(k) is v else moved[id(v)] for k, v in state.items()}
-        for state in states
-    ]
-
-
-def load_changed(model: nn.Module, state: dict[str, torch.Tensor], loaded: dict[str, torch.Tensor]) -> None:
-    """Load the entries of ``state`` that are not the very tensors loaded last (``loaded``, which this
-    updates), while nothing else writes the model: clients evaluated one after another share the global
-    weights, and a load of every key checks them all (strict)."""
-    changed = {k: v for k, v in state.items() if loaded.get(k) is not v}
-    if changed:
-        model.load_state_dict(changed, strict=len(changed) == len(state))
-    loaded.update(state)
-
-
-@lru_cache(maxsize=8)
-def device_table(mean: tuple[float, ...], std: tuple[float, ...], device: torch.device) -> torch.Tensor:
-    """:func:`normalise_table` on ``device``, made once per dataset and device (read only): a personalised
-    evaluation scores 100 clients in 100 calls, each of which made and copied it over again."""
-    return normalise_table(mean, std).to(device)
-
-
-def batches(
-    data: FederatedData, indices: np.ndarray, batch_size: int, generator: torch.Generator, device: torch.device,
-    *, shuffle: bool = True, augment_kind: str = "none", keep: int | None = None,
-) -> Iterator[Batch]:
-    """Mini-batches of a client's samples: uint8 → float, augmented, normalised, on ``device``; the first
-    ``keep`` of the epoch's order (:func:`epoch_samples`)."""
-    index = epoch_order(indices, generator, shuffle, keep)
-    black = None if augment_kind == "none" else normalise_table(data.mean, data.std)[:, 0]  # a crop's padding
-    for start in range(0, len(index), batch_size):
-        chunk = index[start:start + batch_size]
-        x = to_float(data.x[chunk], data.mean, data.std)
-        if augment_kind != "none":
-            x = augment(x, augment_kind, generator, black)
-        yield x.to(device, non_blocking=True), data.y[chunk].to(device, non_blocking=True)
-
-
-def epoch_order(indices: np.ndarray, generator: torch.Generator, shuffle: bool,
-                keep: int | None = None) -> torch.Tensor:
-    """An epoch's sample order: the one ``randperm`` draw per epoch every batch source shares (the
-    batched executor's too), cut to its first ``keep`` (None: all) after the draw, as a DataLoader's
-    ``drop_last`` cuts its shuffled sampler's order: each epoch drops other samples."""
-    index = torch.tensor(indices, dtype=torch.long)  # a copy: arrays from Ray's object store are read-only
-    return (index[torch.randperm(len(index), generator=generator)] if shuffle else index)[:keep]
-
-
-def epoch_samples(n: int, training: TrainingConfig) -> int:
-    """The samples a client of ``n`` trains an epoch: all, or with ``training.drop_last`` its full batches'
-    floor(n/B)·B. That is also its n_k in the server's weighted average, as FedAlign's code weighs a client by
-    ``len(loader) * batch_size`` of a ``drop_last`` loader (``mmendiet/FedAlign:methods/base.py``)."""
-    return n - n % training.batch_size if training.drop_last else n
-
-
-class HostBatches:
-    """The reference batch source: each batch gathered and normalised on the host, then copied over."""
-
-    def __init__(self, data: FederatedData, device: torch.device) -> None:
-        self.data, self.device = data, device
-
-    def epoch(self, indices: np.ndarray, batch_size: int, generator: torch.Generator,
-              augment_kind: str, keep: int | None = None) -> Iterator[Batch]:
-        return batches(self.data, indices, batch_size, generator, self.device, augment_kind=augment_kind, keep=keep)
-
-
-class DeviceBatches:
-    """The fast path's batch source: the run's uint8 pool on the device once (not per client), each batch
-    gathered there by index and normalised by table lookup (bit-identical to ``to_float``), augmented
-    with the same generator draws in the same order as :class:`HostBatches`, so the batches are equal."""
-
-    def __init__(self, data: FederatedData, device: torch.device) -> None:
-        self.x, self.y = data.x.to(device), data.y.to(device)  # no copy when the device is the CPU
-        self.table = device_table(data.mean, data.std, device)
-        self.black = self.table[:, 0]  # a black pixel, normalised: a crop's padding (``augment``)
-        self.device = device
-
-    def epoch(self, indices: np.ndarray, batch_size: int, generator: torch.Generator,
-              augment_kind: str, keep: int | None = None) -> Iterator[Batch]:
-        index = epoch_order(indices, generator, True, keep).to(self.device, non_blocking=True)
-        for start in range(0, len(index), batch_size):
-            chunk = index[start:start + batch_size]
-            x = lookup_float(self.x[chunk], self.table)
-            yield (augment(x, augment_kind, generator, self.black) if augment_kind != "none" else x), self.y[chunk]
 
 
 class HostMeter:
@@ -315,10 +149,9 @@ class Optimizers:
             )
         if isinstance(optimizer, KeptSGD):
             optimizer.reset(lr)
-            return optimizer
-        optimizer.state.clear()
-        for group in optimizer.param_groups:
-            group["lr"] = lr
+        else:
+            optimizer.state.clear()
+            set_lr(optimizer, lr)
         return optimizer
 
 
@@ -504,72 +337,3 @@ def set_lr(optimizer: torch.optim.Optimizer | KeptSGD, lr: float) -> None:
         return
     for group in optimizer.param_groups:
         group["lr"] = lr
-
-
-EVAL_BATCH = 100
-"""Test images per evaluation batch: the unit the workers share an evaluation in (``batch_scores``).
-100, not 1000: on a one-thread CPU worker the activations of a small batch stay in cache; counts are the
-same, summed losses differ from 1000's in the last digits."""
-
-
-@torch.no_grad()
-def score_sums(
-    model: nn.Module, data: FederatedData, x: torch.Tensor, y: torch.Tensor, device: torch.device,
-    batches: Sequence[int],
-) -> torch.Tensor:
-    """[len(batches), 2] float64 on ``device``: (summed CE loss, correct) of ``model`` in eval mode on each of
-    ``batches`` (indices of ``EVAL_BATCH``-image slices of uint8 ``x``, in ascending order), left unread.
-
-    The batches' images and labels go over in one copy each and are normalised there by table lookup (the
-    bits of ``to_float``); each score is written into the result on the device. A per-batch read, as
-    ``float(loss)`` did, is a host sync, and so is each copy from pageable memory: where Tune trials share
-    one GPU, each waits for the GPU's turn (docs/architecture.md). float32 → float64 is exact, so what the caller
-    reads equals those per-batch Python floats."""
-    model.eval()
-    sums = torch.empty(len(batches), 2, dtype=torch.float64, device=device)
-    if not batches:
-        return sums
-    first, end = batches[0] * EVAL_BATCH, (batches[-1] + 1) * EVAL_BATCH
-    xs, ys = x[first:end].to(device), y[first:end].to(device)
-    table = device_table(data.mean, data.std, device)
-    for row, b in enumerate(batches):
-        rows = slice(b * EVAL_BATCH - first, (b + 1) * EVAL_BATCH - first)
-        logits = model(lookup_float(xs[rows], table))
-        sums[row, 0] = torch.nn.functional.cross_entropy(logits, ys[rows], reduction="sum")
-        sums[row, 1] = (logits.argmax(1) == ys[rows]).sum()
-    return sums
-
-
-def read_scores(sums: torch.Tensor) -> list[tuple[int, float]]:
-    """``score_sums`` rows as (correct, summed loss) pairs: one read."""
-    return [(int(correct), loss) for loss, correct in sums.tolist()]
-
-
-def batch_scores(
-    model: nn.Module, data: FederatedData, x: torch.Tensor, y: torch.Tensor, device: torch.device,
-    batches: Sequence[int],
-) -> list[tuple[int, float]]:
-    """(correct, summed CE loss) on each of ``batches`` (``score_sums``, read once). Per batch, so an
-    evaluation split over workers sums the very same numbers in the same order as one process does
-    (``evaluate``)."""
-    return read_scores(score_sums(model, data, x, y, device, batches))
-
-
-def eval_batch_count(n: int) -> int:
-    return -(-n // EVAL_BATCH)
-
-
-def total_scores(scores: list[tuple[int, float]], n: int) -> tuple[int, float, int]:
-    """(correct, summed loss, count) from per-batch scores in batch order: losses added left to right."""
-    correct, loss_sum = 0, 0.0
-    for batch_correct, batch_loss in scores:
-        correct += batch_correct
-        loss_sum += batch_loss
-    return correct, loss_sum, n
-
-
-def evaluate(
-    model: nn.Module, data: FederatedData, x: torch.Tensor, y: torch.Tensor, device: torch.device,
-) -> tuple[int, float, int]:
-    """(correct, summed CE loss, count) of ``model`` on uint8 images ``x`` in eval mode."""
-    return total_scores(batch_scores(model, data, x, y, device, range(eval_batch_count(len(y)))), len(y))

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from fltune.config import ExperimentConfig
     from fltune.data.federated import FederatedData
     from fltune.engine.federation import Federation
-    from fltune.engine.local import RoundInput
+    from fltune.engine.transfer import RoundInput
     from fltune.methods.base import State
 
 LOOP_METRICS: Mapping[str, str] = {

@@ -33,10 +33,10 @@ from fltune.data.federated import FederatedData
 from fltune.engine.aggregate import WeightedSum
 from fltune.engine.batched import client_groups, train_group, unbatchable
 from fltune.engine.builders import build_method, build_model_for, resolve_augment
-from fltune.engine.local import (
-    Batch, Executor, RoundInput, batch_scores, batches, device_states, eval_batch_count, final_model, final_round,
-    final_training, load_changed, load_state, read_scores, score_sums, state_on_device, total_scores, train_client,
-)
+from fltune.engine.batches import Batch, batches
+from fltune.engine.evaluation import batch_scores, eval_batch_count, read_scores, score_sums, total_scores
+from fltune.engine.local import Executor, final_model, final_round, final_training, train_client
+from fltune.engine.transfer import RoundInput, device_states, load_changed, load_state, state_on_device
 from fltune.engine.probes import ClientMeter, ProbeTask
 from fltune.engine.rng import derive_seed, use_deterministic_cuda
 from fltune.methods.base import ClientResult, Method, State, Upload, to_numpy

@@ -1,15 +1,12 @@
 """The sharpness-aware step shared by FedSAM, FedASAM, FedSpeed and FedSOL (nothing registered here).
 
-Each of them (Foret et al., 2021 and its FL variants) fills ``.grad`` in three moves: an ascent gradient
-g at w picks a perturbation ε; the loss is recomputed and back-propagated at w + ε; w is restored, so the
-optimiser steps from w with ∇L(w + ε). They differ only in which loss gives g, which parameters move and
-how ε is scaled, so :class:`SharpnessAware` implements the step once and a method supplies ``epsilon``
-(and FedSOL ``ascent``). Both passes evaluate the method's one objective, ``self.local_loss``, so a modifier
-composed onto a SAM-type base (``fedsam+man``) is present in both.
-
-The step is also given as a pure function (:meth:`SharpnessAware.functional_step`: both gradient
-evaluations of the objective, for an executor that trains clients together) for SAM's own ascent; FedSOL
-gives its own, whose ascent is on its proximal loss.
+Each of them (Foret et al., 2021 and its FL variants) takes its step's gradient in two moves: an ascent
+gradient g at w picks a perturbation ε; the objective's gradient is taken at w + ε, and the optimiser
+steps from w with ∇L(w + ε). They differ only in which loss gives g, which parameters move and how ε is
+scaled, so :class:`SharpnessAware` writes the step once, as a pure function of the weights that every
+executor runs (``functional.WholeStep``), and a method supplies ``epsilon`` (and FedSOL ``ascent``). Both
+passes evaluate the method's one objective, ``self.local_loss``, so a modifier composed onto a SAM-type
+base (``fedsam+man``) is present in both.
 
 [U] BatchNorm running statistics are updated by the first pass only (momentum 0 at w + ε), as in the
 FedSOL authors' SAM code (``Lee-Gihun/FedSOL:algorithms/optim_utils.py``, ``disable_running_stats``).
@@ -26,8 +23,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from fltune.methods.base import ClientContext, Method
-from fltune.methods.functional import FunctionalBatch, FunctionalStep, objective_step
+from fltune.methods.functional import FunctionalBatch, FunctionalStep, WholeStep, objective_step
 from fltune.methods.objective import Tensors
 
 Named = list[tuple[str, Tensor]]
@@ -91,33 +87,11 @@ def bn_statistics_frozen(model: nn.Module) -> Iterator[None]:
             m.momentum = momentum
 
 
-@contextmanager
-def perturbed(named: Named, eps: list[Tensor]) -> Iterator[None]:
-    """Parameters at w + ε inside the block, restored bit-exactly to w (copied, not subtracted) after it."""
-    saved = [p.detach().clone() for _, p in named]
-    with torch.no_grad():
-        for (_, p), e in zip(named, eps, strict=True):
-            p.add_(e)
-    try:
-        yield
-    finally:
-        with torch.no_grad():
-            for (_, p), w in zip(named, saved, strict=True):
-                p.copy_(w)
-
-
-def ascent_gradients(loss: Tensor, named: Named) -> list[Tensor]:
-    """∇loss for each of ``named`` (zeros where it does not depend on one), leaving ``.grad`` untouched."""
-    weights = [p for _, p in named]
-    grads = torch.autograd.grad(loss, weights, allow_unused=True)
-    return [torch.zeros_like(p) if g is None else g for p, g in zip(weights, grads, strict=True)]
-
-
-class SharpnessAware(Method, ABC):
-    """Base of the SAM family: ``backward`` = ascent at w, descent gradient at w + ε, restore w.
+class SharpnessAware(WholeStep, ABC):
+    """Base of the SAM family: the step (:meth:`functional_step`) = ascent at w, descent gradient at w + ε.
 
     Subclasses define :meth:`epsilon`; :meth:`ascent` defaults to SAM's (the local loss itself, every
-    trainable parameter). The returned loss and logits are the first pass's, i.e. at the weights w the
+    trainable parameter). The step's loss and logits are the ascent pass's, i.e. at the weights w the
     optimiser steps from, like every other method's.
     """
 
@@ -129,24 +103,17 @@ class SharpnessAware(Method, ABC):
         """How the ascent gradients become ε (each method's own rule); ``global_weights`` are the round's
         global weights, which FedSOL's adaptive strength reads."""
 
-    def ascent(self, ctx: ClientContext, x: Tensor, loss: Tensor, logits: Tensor) -> tuple[Named, Tensor]:
-        """(parameters to perturb, the loss whose gradient directs ε); SAM: all trainable, the local loss."""
-        return trainable(ctx.model), loss
-
-    def backward(self, ctx: ClientContext, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
-        loss, logits = self.local_loss(self.batch(ctx, x, y))
-        named, ascent_loss = self.ascent(ctx, x, loss, logits)
-        eps = self.epsilon(ctx.global_state)(named, ascent_gradients(ascent_loss, named)) if named else []
-        with perturbed(named, eps), bn_statistics_frozen(ctx.model):
-            self.local_loss(self.batch(ctx, x, y))[0].backward()
-        return loss.detach(), logits.detach()
+    def ascent(self, weights: Tensors, batch: FunctionalBatch) -> tuple[Named, list[Tensor], FunctionalStep]:
+        """(weights to perturb, the ascent gradients g that direct ε, the step's loss and logits at w); SAM: the
+        objective's gradient over every trainable weight."""
+        step = objective_step(self, weights, batch)
+        return list(weights.items()), list(step.grads.values()), step
 
     def functional_step(self, weights: Tensors, batch: FunctionalBatch) -> FunctionalStep:
-        """:meth:`backward` as a pure function, with SAM's own ascent (the objective's gradient over every
-        trainable parameter, whose loss and logits are the step's): ε from it, then the objective's gradient
-        at w + ε. ``weights`` are never modified, so nothing needs restoring."""
-        ascent = objective_step(self, weights, batch)
-        named = list(weights.items())
-        eps = self.epsilon(batch.global_weights)(named, list(ascent.grads.values()))
-        shifted = {n: p + e for (n, p), e in zip(named, eps, strict=True)}
-        return ascent.replaced(grads=objective_step(self, shifted, batch).grads)
+        """ε from the ascent, then the objective's gradient at w + ε, BatchNorm statistics left as the ascent
+        pass left them. ``weights`` are never modified, so nothing needs restoring."""
+        named, grads, ascent = self.ascent(weights, batch)
+        eps = self.epsilon(batch.global_weights)(named, grads) if named else []
+        shifted = {**weights, **{n: p + e for (n, p), e in zip(named, eps, strict=True)}}
+        with bn_statistics_frozen(batch.forward.model):
+            return ascent.replaced(grads=objective_step(self, shifted, batch).grads)

@@ -315,8 +315,9 @@ class Method:
         ``y`` (FedCR folds its μ, σ); default: nothing."""
 
     def backward(self, ctx: ClientContext, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Fill ``.grad`` for one batch → (detached loss, detached logits). SAM-type methods override (and give
-        the same step as ``functional_step``, ``methods/functional.py``), as does Proximal's projection."""
+        """Fill ``.grad`` for one batch → (detached loss, detached logits). A step that is more than this
+        gradient (SAM's two passes, Ditto's second model) is written once as ``functional.WholeStep``'s pure
+        step; one that exists only client by client overrides this (Proximal's projection, Per-FedAvg's restore)."""
         batch = self.batch(ctx, x, y)
         loss, logits = self.local_loss(batch)
         if batch.record:

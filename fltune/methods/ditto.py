@@ -1,31 +1,12 @@
 """Ditto (Li, Hu, Beirami & Smith, ICML 2021; docs/methods.md §2, SimFAFL Table 2): a λ-proximal personal model.
 
-Each sampled client runs two independent updates on the same batches:
-
-* the global model w: FedAvg's local CE update from the round's w_g, uploaded and averaged (n_k);
-* its personal model v (kept in its state, never uploaded): min_v CE(v) + (λ/2)‖v − w_g‖², one SGD
-  step per batch at the round's learning rate (Ditto Alg. 1 with s = E epochs of steps).
-
-The two updates do not interact within a round (v is pulled towards the *received* w_g, not the local w),
-so running them interleaved on one batch stream is Algorithm 1 with both using the same batches.
-Personalised evaluation uses v (``state["personal"]`` holds the whole personal model, which the
-default ``client_model_state`` puts on top of the global weights). λ = 0 leaves purely local personal
-models; λ → ∞ pins them to the global model.
-
-At a client's first participation v starts from the round's global model (``first_personal: global``,
-**[U]**) or from the initial global model (``first_personal: initial``), as FedCR's
-``distributed_training_utils_ditto.py`` builds every client's ``model_local`` as a copy of the initial model
-before round 1 (``_initial.InitialStandIn`` sends it until every client has trained). v's steps are plain
-SGD (no momentum or weight decay: λ(v − w_g) is its only regulariser, as in FedCR's ``main_fed_ditto.py``
-with momentum 0 and weight decay 0).
-
-With ``training.grad_clip`` the personal steps are clipped as that code clips them
-(``distributed_training_utils_ditto.py``, ``train_cnn_local``): its loss is CE(v) − λ⟨v, w_g⟩ with λ as
-SGD weight decay, so ``clip_grad_norm_`` bounds ∇CE(v) − λ·w_g and the optimiser adds λ·v afterwards;
-the step is the same λ-proximal one whenever the norm stays under the bound.
-
-Its final round (``training.finetune_epochs``, ``final_round = "own"``) is that code's last round: every
-client runs one more Ditto update, and its new personal model is evaluated.
+Each sampled client runs two independent updates on the same batches: the global model w by FedAvg's local
+step (uploaded, n_k-weighted), and its personal model v (kept in its state, never uploaded) by one plain SGD
+step per batch on CE(v) + (λ/2)‖v − w_g‖², pulled towards the *received* w_g, so running them interleaved
+is Ditto's Algorithm 1. Personalised evaluation uses v. docs/methods.md §2 (Ditto) writes out v's first
+value (``first_personal``, FedCR's code via ``_initial.InitialStandIn``), its clipping as FedCR's
+``distributed_training_utils_ditto.py`` clips it (:meth:`Ditto._stepped`), and the final round, one more
+Ditto update (``final_round = "own"``, FedCR's ``main_fed_ditto.py``).
 """
 
 from __future__ import annotations
@@ -41,7 +22,7 @@ from torch import Tensor
 from fltune.methods import register
 from fltune.methods._initial import InitialStandIn
 from fltune.methods.base import ClientContext, ClientResult, Method, Params
-from fltune.methods.functional import FunctionalBatch, FunctionalStep, clip_scale, gradient, objective_step
+from fltune.methods.functional import FunctionalBatch, FunctionalStep, WholeStep, clip_scale, objective_step
 from fltune.methods.objective import Batch, Forward, Tensors
 from fltune.methods.wire import to_numpy
 
@@ -54,7 +35,7 @@ class DittoParams(Params):
 
 
 @register
-class Ditto(InitialStandIn):
+class Ditto(InitialStandIn, WholeStep):
     """Ditto: global w by FedAvg; personal v_k ← v_k − η·∇[CE(v_k) + (λ/2)‖v_k − w_g‖²] per batch."""
 
     name = "ditto"
@@ -75,24 +56,6 @@ class Ditto(InitialStandIn):
         ctx.scratch["personal"] = Forward(personal)
         ctx.inputs["personal"] = {n: p.detach() for n, p in personal.named_parameters()}
         ctx.model.load_state_dict(ctx.global_state)
-
-    def personal_loss(self, forward: Forward, personal: Tensors, x: Tensor, y: Tensor, mask: Tensor | None) -> Tensor:
-        """v's objective at ``personal``: the plain one (FedAvg's CE, whatever modifier w's objective takes
-        on), whose λ-proximal part :meth:`_stepped` adds in closed form."""
-        return Method.local_loss(self, Batch(forward, personal, x, y, mask))[0]
-
-    def backward(self, ctx: ClientContext, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
-        """FedAvg's gradient for w (stepped by the engine), then one SGD step of v on the same batch."""
-        result = super().backward(ctx, x, y)
-        personal: Forward = ctx.scratch["personal"]
-        weights = personal.own
-        grads = torch.autograd.grad(self.personal_loss(personal, weights, x, y, None), list(weights.values()))
-        values = ctx.inputs["personal"]
-        stepped = self._stepped(dict(zip(weights, grads)), values, ctx.global_state, ctx.lr, ctx.grad_clip)
-        with torch.no_grad():
-            for name, param in weights.items():
-                param.copy_(stepped[name])
-        return result
 
     def _stepped(
         self, ce_grads: Tensors, personal: Tensors, anchor: Mapping[str, Tensor], lr: float, max_norm: float | None,
@@ -122,14 +85,17 @@ class Ditto(InitialStandIn):
         return {n: piece.view_as(personal[n]) for n, piece in zip(names, stepped.split(sizes))}
 
     def functional_step(self, weights: Tensors, batch: FunctionalBatch) -> FunctionalStep:
-        """:meth:`backward` as a pure function: w's gradient for the engine's step; v's plain SGD step on the
-        same batch as the carried ``personal`` input."""
-        step = objective_step(self, weights, batch)
+        """FedAvg's gradient for w (stepped by the engine), and v after one plain SGD step on the same batch,
+        carried as the ``personal`` input. v's objective is the plain one (FedAvg's CE, whatever modifier w's
+        takes on), whose λ-proximal part :meth:`_stepped` adds in closed form; client by client it runs
+        the personal model itself, so its BatchNorm statistics are v's."""
+        forward = batch.forward if batch.client is None else batch.client.scratch["personal"]
 
         def objective(v: Tensors) -> tuple[Tensor, tuple[()]]:
-            return self.personal_loss(batch.forward, v, batch.x, batch.y, batch.mask), ()
+            return Method.local_loss(self, Batch(forward, v, batch.x, batch.y, batch.mask))[0], ()
 
-        grads, _, _ = gradient(objective, batch.inputs["personal"])
+        step = objective_step(self, weights, batch)
+        grads, _, _ = batch.gradient(objective, batch.inputs["personal"])
         personal = self._stepped(grads, batch.inputs["personal"], batch.global_weights, batch.lr, batch.grad_clip)
         return step.replaced(carry={"personal": personal})
 

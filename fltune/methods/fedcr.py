@@ -5,23 +5,11 @@ Client i, with z_s = μ(x) + σ(x)⊙ε_s from the VIB body and r(·|y) = N(r_μ
     L = mean_s CE(head_i(z_s), y) + β·mean_x KL(r(·|y) ‖ q(z|x))
 
 (``haozzh/FedCR:code_FedCR/models/distributed_training_utils.py``: ``KL_between_normals(prior, encoder)``.)
-During the last local epoch the client folds the (μ, σ) of every sample of class c into one Gaussian by
-product of experts (precisions add: P_c = Σ 1/σ², P_c·m_c = Σ μ/σ², per dimension). The server takes the
-PoE of the sampled clients' class Gaussians and one N(0, 1) expert,
-
-    P = 1 + Σ_k P_{k,c},   m = Σ_k P_{k,c}·m_{k,c} / P,   s = P^(-1/2),
-
-then r_c ← (1 − β2)·r_c + β2·(m, s) on mean and standard deviation, for every class some client saw
-(``global_POE``); r starts as N(0, I). Heads are personal and never uploaded; bodies are averaged
-without sample weights (``average``). The final-round head fine-tuning is the engine's -FT phase.
-
-Folding through precision sums is the closed form of FedCR's sample-by-sample
-``product_of_experts_two``, and independent of the order of samples and clients.
-
-``centroids="overall"`` is SimFAFL's Pre-experiment I (SimFAFL §4.1, Table 1): the same framework with one
-Gaussian for every sample instead of one per class, "feature distribution aggregation on features of all
-samples by PoE", continuously updated. Every sample counts as class 0: r has one row, and clients fold all
-their samples into it. No code of it is published: the rest of FedCR stays as it is **[U]**.
+In its last local epoch a client folds each class's (μ, σ) into one Gaussian by product of experts through
+precision sums (the closed form of the code's sample-by-sample ``product_of_experts_two``, independent of
+sample and client order); the server takes the PoE of the clients' Gaussians and N(0, 1) and moves r by β2
+(:func:`server_poe`, ``global_POE``). Heads are personal; bodies are averaged unweighted. docs/methods.md §2
+(FedCR) writes it out, with ``centroids: overall`` (SimFAFL's Pre-experiment I, **[U]**).
 """
 
 from __future__ import annotations

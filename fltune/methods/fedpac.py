@@ -1,33 +1,11 @@
 """FedPAC (Xu, Tong & Huang, ICLR 2023; docs/methods.md §2): feature alignment + classifier collaboration.
 
-Per round, client i (``JianXu95/FedPAC:methods/fedpac.py``, ``tools.py``, ``running.py``):
-
-1. Statistics with the received model (global body, own head), before training: class shares p_k,
-   class means μ_k of the features f(x), h_i = [p_k·μ_k]_k and the variance term
-   v_i = (Σ_k p_k·E[‖f‖² | k] − Σ_k p_k²‖μ_k‖²) / n_i (``statistics_extraction``).
-2. One epoch on the head alone at lr 0.1, then E epochs on the body with
-   L = CE + λ·MSE(f(x), c_y)   (MSE averaged over batch and feature dimension, ``nn.MSELoss``)
-   against the global prototypes c; a class without one uses the client's own pre-training mean; the
-   term is skipped until the server has prototypes (the code's ``round > 0``).
-3. Uploads the body, its trained features' class means (prototypes) and class counts, and v_i, h_i.
-
-Server: bodies n_k-weighted (FedAvg); prototypes c_k = Σ_i n_ik·c_ik / Σ_i n_ik over this round's
-clients (classes nobody sampled has are dropped, as in ``protos_aggregation``); and for each sampled
-client i a new head Σ_j α_ij·head_j over the sampled clients' trained heads, where
-
-    α_i = argmin_{α ≥ 0, Σα = 1} αᵀ(diag(v) + D_i)α,   (D_i)_{jl} = Σ_k (h_i,k − h_j,k)·(h_i,k − h_l,k).
-
-The QP is solved by accelerated projected gradient on the simplex (FISTA with step 1/L, L = 2·λ_max; it
-is convex, so a few hundred steps reach solver accuracy) instead of cvxpy; weights below 1e-3 are zeroed
-and the rest renormalised, as in ``get_head_agg_weight``/``agg_classifier_weighted_p``.
-
-Statistics and prototypes are computed in eval mode, as the authors' code computes them from a client's
-second round on: its ``local_test`` (run before and after local training) leaves the model in eval mode and
-nothing sets it back, so ``statistics_extraction`` and ``get_local_protos`` see an eval-mode model. The same
-quirk runs that code's local training in eval mode too; fltune trains in train mode (≠ code). FedPAC's
-models have no batch norm or dropout, so neither matters there; for other models train mode would also
-move BN running statistics. **[U]** The combined heads also replace the heads in the final round (the code
-skips combining then).
+Per round a client takes its statistics with the received model (``statistics_extraction``), trains its head
+one epoch at ``head_lr`` and then its body on CE + λ·MSE(f(x), c_y) against the global prototypes, and
+uploads body, prototypes and statistics; the server averages bodies and prototypes and gives each sampled
+client the head combination Σ_j α_ij·head_j of the QP (:func:`project_simplex`, accelerated projected
+gradient instead of cvxpy). docs/methods.md §2 (FedPAC) writes it out, with where it departs from
+``JianXu95/FedPAC`` (statistics in eval mode, **[U]** combined heads in the final round).
 """
 
 from __future__ import annotations

@@ -1,30 +1,12 @@
 """FedPAC as FedCR's code runs it (``haozzh/FedCR``: ``main_fed_PAC.py``,
 ``models/distributed_training_utils_PAC.py``): the code behind SimFAFL Table 2's FedPAC row; docs/methods.md §2.
 
-It is not FedPAC's own algorithm (``fedpac``, from ``JianXu95/FedPAC``), and the table's numbers come from
-this one. Shared body, personal head (as FedPer); per round, client i:
-
-1. ``max(E − body_epochs, 1)`` epochs on the head alone (body frozen), then ``body_epochs`` on the body alone
-   (head frozen), all at the round's lr: FedRep's schedule (the code's ``local_ep − local_rep_ep`` and
-   ``local_rep_ep``);
-2. the body epochs add λ·R to the cross-entropy, with R = ‖F − C_y‖_F / B, where F holds the batch's
-   features f(x) (B × d) and C_y the server's centroid of each sample's class. R is a Frobenius norm
-   over the batch size, neither squared nor averaged over d (``torch.norm(...) / len(labels)``);
-3. after training, one pass over its data updates its class summaries s_k, sample by sample in batch
-   order: an empty (all-zero) s_k becomes f, otherwise s_k ← (f + s_k)/2 (``local_feature``). The
-   summaries are the client's own and are never reset, so they carry over between its rounds. The
-   features come from the client's device; the fold runs on the host (:func:`class_summaries`).
-
-Server (``global_feature_centroids``): the bodies are averaged n_k-weighted. For each class, the new centroid
-is the mean of *all entries* of the non-empty summaries s_k of this round's clients: ``torch.mean`` of
-their concatenation, one number that fills the whole d-vector. A class that no client of the round has
-keeps its centroid, and the centroids start at zero, so round 1's body epochs pull the features towards
-0. FedPAC's classifier combination is not run (``Get_classifier`` is commented out in ``main_fed_PAC.py``).
-The final round tunes the personal head (the engine's default final round; the code's ``last`` round
-trains the head alone on cross-entropy).
-
-The loss is a pure function of the parameters, the centroids a per-client input; a padded short batch (clients
-trained together) takes R over its real samples only, ‖(F − C_y)·w‖_F / Σw.
+Not FedPAC's own algorithm (``fedpac``): shared body, personal head, FedRep's schedule; the body epochs add
+λ·R, R = ‖F − C_y‖_F / B against the server's class centroids (a padded short batch takes R over its real
+samples only, ‖(F − C_y)·w‖_F / Σw); after training the client folds its features into its class summaries
+(:func:`class_summaries`, on the host), and the server's centroid of a class is the mean of all entries of
+the round's non-empty summaries (``global_feature_centroids``). docs/methods.md §2 ("FedPAC as FedCR's code
+runs it") writes out each step against that code.
 """
 
 from __future__ import annotations

@@ -9,10 +9,10 @@ from pydantic import Field
 from torch import Tensor
 
 from fltune.methods import register
-from fltune.methods._sam import Epsilon, Named, SharpnessAware, sam_epsilon, trainable
+from fltune.methods._sam import Epsilon, Named, SharpnessAware, sam_epsilon
 from fltune.methods.base import ClientContext, Params
 from fltune.methods.fedntd import soft_kl
-from fltune.methods.functional import FunctionalBatch, FunctionalStep, gradient, objective_step
+from fltune.methods.functional import FunctionalBatch, FunctionalStep
 from fltune.methods.moon import frozen_copy
 from fltune.methods.objective import Tensors
 
@@ -38,16 +38,12 @@ def adaptive_strength(p: Tensor, global_p: Tensor) -> Tensor:
 class FedSOL(SharpnessAware):
     """FedSOL (Alg. 1): per batch, L_p = KL(softmax(z_g/T) ‖ softmax(z_l/T)) against a frozen copy of the
     round's global model; g = ∇L_p over the perturbed scope; ε = ρ·s⊙g/‖g‖ (Eq. 8, global norm over the
-    scope); the local loss's gradient is taken at w + ε (BN momentum 0) and w restored; server as FedAvg.
+    scope); the local loss's gradient is taken at w + ε (BN momentum 0) and stepped from w; server as FedAvg.
 
     [U] Scope defaults to the head, the paper's setting (§3.4, Table 5); ``scope: all`` is the authors'
     configs'. The global copy runs in eval mode (as in the authors' code, docs/methods.md). The reported
     loss and logits are the local loss at w, whose forward pass also gives z_l. ρ = 0 gives FedAvg's
     gradient.
-
-    :meth:`functional_step`: the same three moves as pure functions of a client's parameters. The
-    batched executor serves only models without buffers (no BatchNorm), where eval mode changes
-    nothing, so z_g is the global weights' forward pass.
     """
 
     name = "fedsol"
@@ -58,12 +54,29 @@ class FedSOL(SharpnessAware):
         super().setup_client(ctx)
         ctx.scratch["global_model"] = frozen_copy(ctx.model, ctx.global_state)
 
-    def ascent(self, ctx: ClientContext, x: Tensor, loss: Tensor, logits: Tensor) -> tuple[Named, Tensor]:
-        """Eq. 5's proximal loss on the scope's parameters (its gradient only directs ε)."""
+    def ascent(self, weights: Tensors, batch: FunctionalBatch) -> tuple[Named, list[Tensor], FunctionalStep]:
+        """g = ∇L_p (Eq. 5) over the scope's weights at w, L_p against z_g on the real samples only (the
+        padded ones weighted 0); the local loss and logits at w come from the same forward pass."""
+        scope = SCOPES[self.params.scope]
+        named = [(n, p) for n, p in weights.items() if scope is None or n.startswith(scope)]
+        global_logits = self.global_logits(batch)
+
+        def proximal(scoped: Tensors) -> tuple[Tensor, tuple[Tensor, Tensor]]:
+            loss, logits = self.local_loss(batch.batch({**weights, **scoped}))
+            kl = soft_kl(logits, global_logits, self.params.temperature, batch.mask)
+            return kl, (loss.detach(), logits.detach())
+
+        grads, _, (loss, logits) = batch.gradient(proximal, dict(named))
+        return named, [grads[n] for n, _ in named], FunctionalStep({}, loss, logits)
+
+    @staticmethod
+    def global_logits(batch: FunctionalBatch) -> Tensor:
+        """z_g: the client's frozen global copy in eval mode (as the authors' code); trained together, the
+        global weights' forward pass, the same where the model has no buffers (no BatchNorm), as there."""
+        if batch.client is None:
+            return batch.forward(batch.full(batch.global_weights), batch.x)
         with torch.no_grad():
-            global_logits = ctx.scratch["global_model"](x)
-        named = trainable(ctx.model, SCOPES[self.params.scope])
-        return named, soft_kl(logits, global_logits, self.params.temperature)
+            return batch.client.scratch["global_model"](batch.x)
 
     def epsilon(self, global_weights: Mapping[str, Tensor]) -> Epsilon:
         """Eq. 8: s ⊙ ρ·g/‖g‖; with ``adaptive: false`` s = 1 (Eq. 5)."""
@@ -78,21 +91,3 @@ class FedSOL(SharpnessAware):
             ]
 
         return epsilon
-
-    def functional_step(self, weights: Tensors, batch: FunctionalBatch) -> FunctionalStep:
-        """:meth:`SharpnessAware.backward` with FedSOL's ascent, as a pure function: g = ∇L_p over the
-        scope at w (L_p against z_g on the real samples only, the padded ones weighted 0), ε from it
-        (Eq. 8), then the local loss's gradient at w + ε; loss and logits at w."""
-        scope = SCOPES[self.params.scope]
-        named = [(n, p) for n, p in weights.items() if scope is None or n.startswith(scope)]
-        global_logits = batch.forward(batch.full(batch.global_weights), batch.x)
-
-        def proximal(scoped: Tensors) -> tuple[Tensor, tuple[Tensor, Tensor]]:
-            loss, logits = self.local_loss(batch.batch({**weights, **scoped}))
-            kl = soft_kl(logits, global_logits, self.params.temperature, batch.mask)
-            return kl, (loss.detach(), logits.detach())
-
-        grads, _, (loss, logits) = gradient(proximal, dict(named))
-        eps = self.epsilon(batch.global_weights)(named, [grads[n] for n, _ in named]) if named else []
-        shifted = {**weights, **{n: p + e for (n, p), e in zip(named, eps, strict=True)}}
-        return FunctionalStep(objective_step(self, shifted, batch).grads, loss, logits)

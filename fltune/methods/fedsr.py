@@ -7,16 +7,9 @@ A VIB body gives q(z|x) = N(μ, σ²); one sample z = μ + σ⊙ε is classified
 
 r(·|y) = N(r_μ[y], softplus(r_σ[y])²) are learned class-conditional Gaussians (init r_μ = 0, r_σ = 1) and
 C a learned scale (init 1): the CMI term bounds I(Z; X | Y). ``adapt_model`` attaches r_μ, r_σ and C to
-the head (they are task parameters, per class), which otherwise still computes ``linear(z)``. The server
-averages body and classifier without sample weights (the code's ``communicate``); r_μ, r_σ and C are not
-in the averaged model there, so they stay on each client here (``personal_keys``). The "-FT" is the
-engine's fine-tuning phase at the end.
-
-**[U]** L2R follows the authors' code, ‖z‖₂ (``z.norm(dim=1).mean()``), not the squared norm of the paper's
-text. The weights default to the run behind SimFAFL Table 2's FedSR-FT row, FedCR's README command
-(``haozzh/FedCR:README.md``: ``--L2R 0.001 --CMI 0.001``); FedSR's own code defaults to α_L2R = 0.01.
-Training draws one z per input (the code's ``num_samples=1``); evaluation is the VIB net's exact head(μ)
-(see ``fltune/models/vib.py``).
+the head, where they stay on each client (``personal_keys``: the code's ``communicate`` averages only body
+and classifier). docs/methods.md §2 (FedSR) gives the defaults and the **[U]** L2R, ‖z‖₂ as the authors'
+code has it (``z.norm(dim=1).mean()``), not the paper's squared norm.
 """
 
 from __future__ import annotations

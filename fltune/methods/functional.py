@@ -1,7 +1,8 @@
-"""A method's local step as a pure function of one client's parameters (``torch.func``), for executors
+"""A method's local step as a pure function of one client's weights (``torch.func``), for executors
 that train many clients at once (engine/batched.py runs it inside a ``vmap``): the gradient of its one
-objective, or, where its step is more (it overrides ``Method.backward``: SAM's two passes, Ditto's second
-model), its own ``functional_step(weights, batch)``; without one it is trained client by client."""
+objective, or, where its step is more (SAM's two passes, Ditto's second model), the step a
+:class:`WholeStep` method writes once as ``functional_step(weights, batch)``, which the client-by-client
+path runs too; a method that writes only ``Method.backward`` is trained client by client."""
 
 from __future__ import annotations
 
@@ -11,8 +12,9 @@ from typing import Any, NamedTuple
 
 import torch
 from torch.func import grad
+from torch.utils._pytree import tree_map
 
-from fltune.methods.base import Method
+from fltune.methods.base import ClientContext, Method
 from fltune.methods.objective import Batch, Forward, Tensors
 
 
@@ -34,15 +36,25 @@ class FunctionalBatch:
     lr: float
     grad_clip: float | None = None
     """``training.grad_clip`` (:attr:`ClientContext.grad_clip`)."""
+    client: ClientContext | None = None
+    """The client's context where it is trained on its own (:meth:`WholeStep.backward`): a step reads the
+    modules of its own there (FedSOL's global copy, Ditto's personal model), whose BatchNorm statistics
+    are theirs; None inside the batched executor, whose models have no buffers."""
 
     def full(self, trainable: Mapping[str, torch.Tensor]) -> Tensors:
         """Every parameter, in the model's order: ``trainable`` where given, the frozen value elsewhere."""
         return {n: trainable[n] if n in trainable else self.frozen[n] for n in self.names}
 
+    def gradient(
+        self, objective: Callable[[Tensors], tuple[torch.Tensor, Any]], weights: Tensors,
+    ) -> tuple[Tensors, torch.Tensor, Any]:
+        """:func:`gradient`, by torch.func inside the batched executor's vmap, by autograd client by client."""
+        return gradient(objective, weights, functional=self.client is None)
+
     def batch(self, trainable: Mapping[str, torch.Tensor]) -> Batch:
         """The objective's :class:`Batch` at ``trainable`` (the frozen parameters as they are)."""
         return Batch(self.forward, self.full(trainable), self.x, self.y, self.mask, self.inputs, self.noise,
-                     self.global_weights)
+                     self.global_weights, self.client)
 
 
 class FunctionalStep(NamedTuple):
@@ -69,25 +81,50 @@ class FunctionalStep(NamedTuple):
                               self.carry if carry is None else carry, self.record)
 
 
+class WholeStep(Method):
+    """A method whose per-batch step is more than its objective's gradient, written once as the pure
+    :meth:`functional_step`; the client-by-client path's :meth:`backward` runs it at the model's own
+    trainable weights (unpadded, ``client`` set) and writes its gradients into ``.grad``. There
+    ``batch.gradient`` is autograd's on leaf views of the weights, whose forward updates the module's
+    BatchNorm statistics in place as calling the module does: the same float operations as the hand-written
+    ``backward`` this replaced, bit for bit (the SAM family, FedSOL and Ditto, BatchNorm models included)."""
+
+    def functional_step(self, weights: Tensors, batch: FunctionalBatch) -> FunctionalStep:
+        """One client's step at its trainable ``weights``: their gradient for the engine's optimiser step,
+        the loss and logits at ``weights``, and the new values of carried inputs."""
+        raise NotImplementedError
+
+    def backward(self, ctx: ClientContext, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        own = {n: p.detach() for n, p in ctx.forward.own.items()}
+        trained = {n: p for n, p in ctx.forward.own.items() if p.requires_grad}
+        batch = FunctionalBatch(ctx.forward, tuple(own), own, ctx.inputs, self.batch(ctx, x, y).noise, x, y, None,
+                                ctx.global_state, ctx.lr, ctx.grad_clip, ctx)
+        step = self.functional_step({n: own[n] for n in trained}, batch)
+        if step.record:
+            self.record_step(ctx, y, step.record)
+        for name, param in trained.items():
+            param.grad = step.grads[name]
+        with torch.no_grad():
+            for key, values in step.carry.items():
+                for name, tensor in ctx.inputs[key].items():
+                    tensor.copy_(values[name])
+        return step.loss, step.logits
+
+
 def has_functional_step(method_cls: type[Method]) -> bool:
     """Whether a method's local step has this pure form: its objective is pure (``Method.pure_loss``) and its
-    per-batch step is that objective's gradient, or the class that last changed the step (``backward``) gives
-    it as ``functional_step`` too. A ``<method>+<modifier>`` composite's objective
-    is not pure; Per-FedAvg's step, a restore and a per-step lr, has no functional form."""
-
-    def owner(hook: str) -> int:
-        return next((i for i, klass in enumerate(method_cls.__mro__) if hook in vars(klass)), len(method_cls.__mro__))
-
-    step = owner("backward")
-    return method_cls.pure_loss and (method_cls.__mro__[step] is Method or owner("functional_step") <= step)
+    per-batch step is that objective's gradient or a :class:`WholeStep`'s. A ``<method>+<modifier>``
+    composite's objective is not pure; Per-FedAvg's step, a restore and a per-step lr, has no pure form."""
+    owner = next(klass for klass in method_cls.__mro__ if "backward" in vars(klass))
+    return method_cls.pure_loss and owner in (Method, WholeStep)
 
 
 def local_step(method: Method, weights: Tensors, batch: FunctionalBatch) -> FunctionalStep:
-    """One client's local step at its trainable ``weights``: the method's own ``functional_step`` where it has
-    one, else its objective's gradient; plus its ``gradient_correction`` (the client-by-client path adds it
+    """One client's local step at its trainable ``weights``: a :class:`WholeStep`'s ``functional_step``, else
+    its objective's gradient; plus its ``gradient_correction`` (the client-by-client path adds it
     to ``.grad`` after the step's passes)."""
-    own = getattr(method, "functional_step", None)
-    out = own(weights, batch) if own is not None else objective_step(method, weights, batch)
+    whole = isinstance(method, WholeStep)
+    out = method.functional_step(weights, batch) if whole else objective_step(method, weights, batch)
     correction = method.gradient_correction(weights, batch.inputs)
     return out.replaced(grads={n: g + correction[n] for n, g in out.grads.items()}) if correction else out
 
@@ -101,15 +138,25 @@ def objective_step(method: Method, weights: Tensors, batch: FunctionalBatch) -> 
         loss, logits = method.local_loss(seen)
         return loss, (logits, seen.record)
 
-    grads, loss, (logits, record) = gradient(objective, weights)
+    grads, loss, (logits, record) = batch.gradient(objective, weights)
     return FunctionalStep(grads, loss, logits, record=record)
 
 
 def gradient(
-    objective: Callable[[Tensors], tuple[torch.Tensor, Any]], weights: Tensors,
+    objective: Callable[[Tensors], tuple[torch.Tensor, Any]], weights: Tensors, functional: bool = True,
 ) -> tuple[Tensors, torch.Tensor, Any]:
     """(∇objective at ``weights``, its value, its auxiliary output), the last two detached: ``objective``
-    returns (loss, aux). ``torch.func.grad`` gives zeros for a parameter the loss does not use."""
+    returns (loss, aux); zeros for a weight the loss does not use. ``functional``: ``torch.func.grad``, which
+    runs inside a ``vmap``; else autograd on leaf views of ``weights``, where the forward may update a
+    module's BatchNorm statistics in place (torch.func refuses writes to tensors it did not make). Both
+    run autograd's backward formulas, so they give the same bits."""
+    if not functional:
+        leaves = {n: w.detach().requires_grad_() for n, w in weights.items()}
+        loss, aux = objective(leaves)
+        grads = torch.autograd.grad(loss, list(leaves.values()), allow_unused=True)
+        detached = tree_map(lambda t: t.detach() if isinstance(t, torch.Tensor) else t, aux)
+        return ({n: torch.zeros_like(w) if g is None else g for (n, w), g in zip(leaves.items(), grads, strict=True)},
+                loss.detach(), detached)
 
     def value(p: Tensors) -> tuple[torch.Tensor, tuple[torch.Tensor, Any]]:
         loss, aux = objective(p)

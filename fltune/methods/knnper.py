@@ -2,23 +2,11 @@
 baseline, ``Lee-Gihun/FedSOL:algorithms/knnper/``): FedAvg training, then each client's model mixed with a
 k-nearest-neighbour classifier over its own training features when it is scored.
 
-Training is FedAvg's (the code's ``Server`` is its ``BaseServer``, its client trains plain CE); the code's
-whole-model fine-tuning before the personalised evaluation is fltune's generic final round
-(``training.finetune_epochs`` with ``training.finetune_params: all``). What is kNN-Per's own is the
-evaluation, ``evaluate_knn_model_on_loaders`` of ``algorithms/knnper/ClientTrainer.py``:
-
-    datastore  S = {(φ(x_j), y_j)}: the eval-mode features of one pass over the client's train loader
-               (augmented, shuffled); a random ``capacity`` of them when there are more
-    test x     d_i = ‖φ(x) − φ(x_i)‖² for its k nearest entries i of S       (faiss IndexFlatL2: squared)
-               s_i = exp(−d_i / (D·scale)),   D = the feature dimension
-               p_knn(c) = Σ_{i: y_i = c} s_i / Σ_i s_i
-    scores     weight·p_knn + (1 − weight)·f(x)     (f(x): the model's raw logits, not their softmax)
-
-The personalised protocol reads those scores as logits: argmax for ``acc_personalized``, and
-``loss_personalized`` is the cross-entropy of softmax(scores). That loss is fltune's, not the code's (which
-reports accuracy only), and is not the likelihood of a mixture: p_knn is a distribution, f(x) logits, so
-with ``weight`` 1 the scores lie in [0, 1] and the CE cannot fall below log(C − 1 + e) − 1 (1.46 for C = 10
-classes) however right the neighbours are. Compare kNN-Per with other methods on accuracy.
+Training is FedAvg's; what is kNN-Per's own is the personalised evaluation (:meth:`KNNPer.personal_scorer`,
+the code's ``evaluate_knn_model_on_loaders``): scores = weight·p_knn + (1 − weight)·f(x), p_knn the softmax
+of −d/(D·scale) over the k nearest of up to ``capacity`` eval-mode training features (``knn_scores``).
+docs/methods.md §2 (kNN-Per) writes it out, with why its ``loss_personalized`` is not comparable with other
+methods' (compare on accuracy).
 """
 
 from __future__ import annotations

@@ -1,26 +1,12 @@
 """MOON (Li, He & Song, CVPR 2021; docs/methods.md §2): model-contrastive local learning.
 
-L = CE(f(x), y) + μ·ℓ_con,  ℓ_con = −log( e^{cos(z, z_g)/τ} / (e^{cos(z, z_g)/τ} + e^{cos(z, z_prev)/τ}) )
-    = CE([cos(z, z_g), cos(z, z_prev)]/τ, label 0)        (MOON §3: ℓ = ℓ_sup + μ·ℓ_con)
+L = CE(f(x), y) + μ·ℓ_con,  ℓ_con = CE([cos(z, z_g), cos(z, z_prev)]/τ, label 0)   (MOON §3)
 
-z is the projection of the penultimate features: MOON's network is encoder → 2-layer projection head →
-output layer, so ``adapt_model`` inserts the projector (feature_dim → feature_dim → ReLU → 256) between
-the dataset model's body and a new 256→classes head (``QinbinLi/MOON:model.py`` ``ModelFedCon``; the
-FedAlign authors' ResNet-56 does the same). Being part of the model, the projector is aggregated.
-z_g comes from a frozen copy of the round's global model and z_prev from the client's own model after its
-last local update, kept in the client's state as numpy. Both frozen copies run in eval mode, as in
-``QinbinLi/MOON:main.py`` (``anchors: eval``), or in train mode (``anchors: train``) as in
-``mmendiet/FedAlign:methods/moon.py``, which builds them as fresh modules and never calls ``.eval()``: there
-their batch norms normalise by each batch's own statistics, so z_g and z_prev differ from eval mode's for a
-model with batch norm (FedAlign's ResNet-56), and are the same without one.
-
-A client's first participation has no previous model. By default (``first_prev: global``, **[U]**) the
-round's global model stands in, which makes ℓ_con the constant log 2 (no gradient), so a first-time client
-trains on CE alone. ``first_prev: initial`` uses the initial global model, as
-``mmendiet/FedAlign:methods/moon.py`` does (its server starts every client's previous model as the initial
-one; ``_initial.InitialStandIn`` keeps it and sends it until every client has a previous model of its own).
-With full participation the two agree (round 1's global model is the initial one); they differ when clients
-are sampled (FedAlign Table 7's 64 × 0.25 column).
+z is the projection of the penultimate features (``adapt_model`` inserts MOON's projector, which is then
+aggregated like any weight); z_g comes from a frozen copy of the round's global model and z_prev from the
+client's previous local model, kept in its state. docs/methods.md §2 (MOON) gives the anchors' mode
+(``anchors``: eval as ``QinbinLi/MOON``, train as ``mmendiet/FedAlign``) and a first-time client's previous
+model (``first_prev``, **[U]**).
 """
 
 from __future__ import annotations

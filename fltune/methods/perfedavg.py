@@ -7,15 +7,11 @@ Each local iteration is two optimiser steps on two consecutive batches b1, b2 of
     θ' = θ − α·∇CE(θ; b1)                   step 1 at the round's lr α
     θ  ← θ − β·∇CE(θ'; b2)                  step 2: the gradient taken at θ', applied to θ (restored)
 
-with one SGD optimiser (momentum, weight decay) for both steps, so step 2's momentum buffer holds step 1's
-gradient too and its weight decay acts on the restored θ. A client runs E·⌈n_b/E⌉ iterations a round (n_b:
-the batches of one epoch), 2·E·⌈n_b/E⌉ batches, the stream starting a new shuffled epoch whenever one runs out.
-
 On fltune's engine one engine step is one of those optimiser steps: the round is one :class:`Phase` capped at
 2·E·⌈n_b/E⌉ steps; odd steps save θ and step at the phase's lr, even steps restore θ after the backward pass and
-take the step at β (``ClientContext.step_lr``). Server as FedAvg. The code's fine-tuning before personalised
-evaluation (``finetune``) is the same procedure for τ outer loops over every parameter: :class:`PerFedAvgTune`,
-the method's ``tune`` final round.
+take the step at β (``ClientContext.step_lr``). Its final round, the code's ``finetune``, is
+:class:`PerFedAvgTune`. docs/methods.md §2 (Per-FedAvg) gives the iteration count and where the code departs
+from the paper (one optimiser for both steps, batch-norm statistics not rolled back).
 """
 
 from __future__ import annotations

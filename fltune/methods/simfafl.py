@@ -6,24 +6,9 @@ Local objective of client i (Eq. 10), with z_s = μ(x) + σ(x)⊙ε_s, s = 1..S,
     L_ca = mean_x KL(q(z|x) ‖ N(0, I))                  (Eq. 8: centroid alignment to a fixed reference)
     L_sa = mean_s CE(head_f(z_s), y)                    (Eq. 9: shape alignment to the global task branch)
 
-head_f is last round's aggregate of the clients' heads, frozen: its weights are the round's global head
-and take no gradient, so L_sa trains the body only.
-
-What is personal (§3 "Problem Formulation": the extractor is shared, the task parameters v_i are local;
-§4.2: v_f "is aggregated from the local branches v_i of each client in the last round"): each client keeps
-its own head_i across rounds, *and* uploads it so that the server's average becomes next round's head_f.
-The server averages body and heads (unweighted, as FedCR's code base, see ``_vib.py``); personalised
-evaluation uses the global body with the client's own head.
-
-**[U]** decisions:
-
-* KL direction of L_ca: Eq. 8 only says "L_d(f_i, z_f)". The default ``kl_order="posterior_first"`` is
-  KL(q ‖ N(0, I)), the standard VIB rate term and the I(Z;X) bound FedCR's code evaluates against N(0, I);
-  ``"prior_first"`` is KL(N(0, I) ‖ q), FedCR's training KL(r ‖ q) with r replaced by N(0, I).
-* A client's first round starts its head from the round's global head (the average head, = head_f);
-  FedCR's code would start it from the initial head. In round 1 head_f is the initial head.
-* β1 = β2 = 0 leaves mean_s CE(head_i(z_s), y): the plain VIB net with a personal head (FedPer on a VIB
-  net), which the tests pin.
+head_f is last round's aggregate of the clients' heads (the round's global head), frozen, so L_sa trains the
+body only; each client keeps its own head_i and uploads it for that average (§3, §4.2). docs/methods.md §2
+(SimFAFL) gives the **[U]** decisions: the KL's direction (``kl_order``) and a first round's head.
 """
 
 from __future__ import annotations

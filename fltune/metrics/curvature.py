@@ -27,7 +27,7 @@ from fltune.config import HessianConfig
 from fltune.data.augment import to_float
 from fltune.data.federated import FederatedData
 from fltune.engine.builders import build_model_for
-from fltune.engine.local import load_state
+from fltune.engine.transfer import load_state
 from fltune.engine.probes import Probe, RoundView
 from fltune.engine.rng import derive_seed
 from fltune.metrics.hessian import (

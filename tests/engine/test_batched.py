@@ -22,7 +22,9 @@ from fltune.engine.batched import (
 from fltune.engine.builders import build_method, build_model_for, initial_state, load_data
 from fltune.engine import local
 from fltune.engine.federation import Federation
-from fltune.engine.local import DeviceBatches, RoundInput, batches, train_client
+from fltune.engine.batches import DeviceBatches, batches
+from fltune.engine.local import train_client
+from fltune.engine.transfer import RoundInput
 from fltune.engine.dispatch import balance
 from fltune.engine.rng import derive_seed
 from fltune.methods import METHODS, get_method
@@ -343,7 +345,7 @@ def test_a_hooks_pass_over_the_data_gathers_from_the_workers_device_pool(monkeyp
     round). The summaries themselves equal the exact path's (``test_each_client_follows_the_exact_path``)."""
     cfg, data, method, model, inputs, tensors = round_one(["method.name=fedpac_fedcr", "method.lam=0.5"])
     host_batches = []
-    monkeypatch.setattr(local, "to_float", lambda *args: host_batches.append(args) or to_float(*args))
+    monkeypatch.setattr("fltune.engine.batches.to_float", lambda *args: host_batches.append(args) or to_float(*args))
     results = dict(train_group(method, model, data, [0, 1, 2], inputs, {}, cfg.training, "none", CPU, tensors))
     assert all(result.upload["summaries"].any() for result in results.values())
     assert host_batches == []

@@ -23,7 +23,8 @@ from fltune.data.federated import FederatedData
 from fltune.engine.aggregate import WeightedSum
 from fltune.engine.builders import build_method, build_model_for, initial_state, load_data, resolve_augment
 from fltune.engine.federation import Federation
-from fltune.engine.local import Executor, RoundInput, train_client
+from fltune.engine.local import Executor, train_client
+from fltune.engine.transfer import RoundInput
 from fltune.engine.pool import WorkerPlan, WorkerPool
 from fltune.engine.rng import sample_clients, use_deterministic_cuda
 from fltune.methods import METHODS, get_method

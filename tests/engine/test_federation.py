@@ -18,7 +18,8 @@ from fltune.engine.builders import build_model_for
 from fltune.engine.callbacks import Callback
 from fltune.data.datasets import load_dataset
 from fltune.engine.federation import Federation, lockstep, open_all
-from fltune.engine.local import evaluate, load_state
+from fltune.engine.evaluation import evaluate
+from fltune.engine.transfer import load_state
 from fltune.engine.pool import WorkerPool
 from fltune.engine.rng import round_clients
 from fltune.tune.trainable import read_states, write_states

@@ -16,7 +16,8 @@ from fltune.assembly import build_federation
 from fltune.config import build_config
 from fltune.engine.builders import build_method, build_model_for, initial_state, load_data
 from fltune.engine.federation import Federation
-from fltune.engine.local import RoundInput, train_client
+from fltune.engine.local import train_client
+from fltune.engine.transfer import RoundInput
 from fltune.engine.rng import sample_clients
 from fltune.engine.worker import RunSpec
 from fltune.methods.base import State, to_numpy

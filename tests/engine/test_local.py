@@ -1,10 +1,8 @@
 """The client optimiser ``make_optimizer`` builds from the training section: Nesterov SGD when
 ``training.nesterov`` (FedAlign's every method: ``SGD(..., momentum=0.9, nesterov=True)``,
 ``mmendiet/FedAlign:methods/fedavg.py``), plain momentum SGD otherwise; and the final personal round
-``final_round`` runs, as each method declares it; the exact path trains without importing ``torch._dynamo``;
-evaluation scores are the per-batch figures of the loop that read each batch, read once."""
+``final_round`` runs, as each method declares it; the exact path trains without importing ``torch._dynamo``."""
 
-import pickle
 import subprocess
 import sys
 
@@ -14,13 +12,10 @@ import torch
 
 from fltune.config import build_config
 from fltune.engine.builders import build_method, build_model_for, initial_state, load_data
-from fltune.data.augment import to_float
-from fltune.engine.local import (
-    EVAL_BATCH, DeviceMeter, Executor, HostMeter, RoundInput, batch_scores, device_states, final_round, load_changed,
-    load_state, make_optimizer, state_on_device, train_client,
-)
+from fltune.engine.local import DeviceMeter, Executor, HostMeter, final_round, make_optimizer, train_client
+from fltune.engine.transfer import RoundInput, load_state
 from fltune.methods.base import Method, Phase, effective_steps
-from tests.engine.helpers import OpCount, ScalarReads
+from tests.engine.helpers import OpCount
 
 
 def two_steps(*overrides: str) -> float:
@@ -160,7 +155,9 @@ def test_the_exact_paths_training_and_evaluation_import_no_dynamo():
 import sys, torch
 from fltune.config import build_config
 from fltune.engine.builders import build_method, build_model_for, initial_state, load_data
-from fltune.engine.local import Executor, RoundInput, evaluate, train_client
+from fltune.engine.evaluation import evaluate
+from fltune.engine.local import Executor, train_client
+from fltune.engine.transfer import RoundInput
 cfg = build_config({"data": {"dataset": "synthetic"}, "method": {"name": "fedrep"}, "federation": {"clients": 4},
                     "training": {"local_epochs": 1, "nesterov": True, "weight_decay": 0.01}})
 data, cpu = load_data(cfg), torch.device("cpu")
@@ -194,94 +191,3 @@ def test_the_device_meter_keeps_the_host_meters_figures_in_few_ops_a_step(bad):
     for loss in (torch.tensor(bad), torch.tensor(1.0)):  # a later finite loss does not hide it
         device.add(loss, steps[0][1], steps[0][2])
     assert device.totals()[3]
-
-
-def per_batch_reads(model, data, x, y, batches) -> list[tuple[int, float]]:
-    """The evaluation loop before scores stayed on the device: each batch normalised by ``to_float`` and its
-    loss and correct count read as it is scored."""
-    scores = []
-    with torch.no_grad():
-        model.eval()
-        for b in batches:
-            rows = slice(b * EVAL_BATCH, (b + 1) * EVAL_BATCH)
-            xb, yb = to_float(x[rows], data.mean, data.std), y[rows]
-            logits = model(xb)
-            loss = float(torch.nn.functional.cross_entropy(logits, yb, reduction="sum"))
-            scores.append((int((logits.argmax(1) == yb).sum()), loss))
-    return scores
-
-
-def test_evaluation_scores_are_the_per_batch_reads_bit_for_bit_with_no_read_per_batch():
-    """A shard that starts past batch 0 and ends on a short batch: equal (correct, loss) pairs, the loss to
-    the bit (float32 sums widened to float64 on the device, as ``float`` widens them), and no scalar read of
-    the device inside the loop (the old loop made two a batch)."""
-    cfg, data, _, inputs = _final_round_setup("fedavg")
-    model = build_model_for(cfg, data)
-    load_state(model, inputs.global_state)
-    x, y = data.x[:730], data.y[:730]
-    scores = {}
-    for batches in (range(8), range(2, 8), []):
-        with ScalarReads() as reads:
-            scores[len(batches)] = batch_scores(model, data, x, y, torch.device("cpu"), batches)
-        assert scores[len(batches)] == per_batch_reads(model, data, x, y, batches)
-        assert reads.count == 0
-    assert len(scores[8]) == 8 and scores[8][-1][0] <= 30  # the last batch holds 30 images
-
-
-def test_load_changed_copies_only_tensors_it_has_not_loaded():
-    """Clients share the global weights' device twins: the second client's load copies its own head alone.
-    A weight written since (which the evaluation loop never does) is left as it is when its tensor is the
-    one loaded: the cache is only valid while nothing else writes the model."""
-    cfg, data, _, inputs = _final_round_setup("fedper")
-    model, reference = build_model_for(cfg, data), build_model_for(cfg, data)
-    shared = inputs.global_state
-    head = {k: v + np.float32(1) for k, v in shared.items() if k.startswith("head.")}
-    stray = next(k for k, _ in model.named_parameters() if not k.startswith("head."))
-    twins = state_on_device(shared, torch.device("cpu"))
-    first, second = device_states([shared, {**shared, **head}], torch.device("cpu"), shared, twins)
-    loaded: dict = {}
-    load_changed(model, first, loaded)
-    with torch.no_grad():
-        model.get_parameter(stray).add_(1.0)
-    load_changed(model, second, loaded)
-    load_state(reference, {**shared, **head})
-    for (name, got), want in zip(model.state_dict().items(), reference.state_dict().values()):
-        assert torch.equal(got, want) == (name != stray), name
-
-
-def test_device_states_move_each_distinct_array_once_and_keep_its_bits():
-    """The global weights' entries are their twins themselves; every other distinct array (a personal part
-    two clients share, as a never-sampled client shares the global one) is moved once, all of one dtype in
-    one buffer; the values are the arrays' own, dtype and shape included."""
-    shared = {"w": np.arange(6, dtype=np.float32).reshape(2, 3), "b": np.float32([0.5]),
-              "n": np.array(3, dtype=np.int64)}
-    head = {"b": np.float32([np.pi])}
-    twins = state_on_device(shared, torch.device("cpu"))
-    assert {twins[k].untyped_storage().data_ptr() for k in ("w", "b")} == {twins["w"].untyped_storage().data_ptr()}
-    states = [shared, {**shared, **head}, {**shared, **head}, {**shared, "w": shared["w"] * 2}]
-    loads = device_states(states, torch.device("cpu"), shared, twins)
-    assert all(loads[0][k] is twins[k] for k in shared) and loads[1]["w"] is twins["w"]
-    assert loads[1]["b"] is loads[2]["b"] and loads[1]["b"] is not twins["b"]
-    for state, load in zip(states, loads):
-        assert list(load) == list(state)
-        for k, v in state.items():
-            assert load[k].dtype == torch.from_numpy(v).dtype and load[k].numpy().tobytes() == v.tobytes(), k
-
-
-def test_a_rounds_server_payload_goes_to_the_device_once_for_every_client_a_process_trains():
-    """``RoundInput.server_on``: each entry copied at its first read (an array: a tensor; a dict of arrays: a
-    dict of tensors, one buffer per dtype), the same tensors for every later read and client, the arrays'
-    own bits; Ray ships the round without the copies, and a presence check copies nothing."""
-    server = {"r": np.float32([[1.5, -2.0]]), "c": {"w": np.arange(4, dtype=np.float32), "n": np.int64([7])},
-              "count": 3}
-    inputs = RoundInput(round=1, seed=0, lr=0.1, global_state={}, server=server)
-    on_cpu = inputs.server_on(torch.device("cpu"))
-    assert "c" in on_cpu and "missing" not in on_cpu and on_cpu.copied == {}
-    r, c = on_cpu["r"], on_cpu["c"]
-    assert inputs.server_on(torch.device("cpu")) is on_cpu and on_cpu["r"] is r and on_cpu["c"] is c
-    assert r.numpy().tobytes() == server["r"].tobytes() and r.shape == (1, 2)
-    assert {k: v.numpy().tobytes() for k, v in c.items()} == {k: v.tobytes() for k, v in server["c"].items()}
-    assert on_cpu.get("missing") is None and sorted(on_cpu) == ["c", "count", "r"]
-    shipped = pickle.loads(pickle.dumps(inputs))
-    assert shipped.copies == {} and shipped.round == inputs.round and list(shipped.server) == list(server)
-    assert shipped.server_on(torch.device("cpu"))["r"] is not r

@@ -16,7 +16,9 @@ import torch
 import fltune.engine.worker as worker_module
 from fltune.config import build_config
 from fltune.engine.builders import build_method, build_model_for, initial_state, load_data, resolve_augment
-from fltune.engine.local import RoundInput, evaluate, final_round, load_state
+from fltune.engine.evaluation import evaluate
+from fltune.engine.local import final_round
+from fltune.engine.transfer import RoundInput, load_state
 from fltune.engine.worker import ClientWorker, RunSpec
 
 COUNT = """

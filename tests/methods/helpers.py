@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from fltune.engine.local import DeviceServer
+from fltune.engine.transfer import DeviceServer
 from fltune.methods.base import ClientContext, Method, ServerContext, ServerUpdate
 from fltune.models import build_model
 

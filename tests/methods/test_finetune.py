@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from fltune.config import build_config
-from fltune.engine.local import RoundInput, train_client
+from fltune.engine.local import train_client
+from fltune.engine.transfer import RoundInput
 from fltune.methods.finetune import FineTune, tuned_prefixes
 from fltune.engine.builders import build_method, build_model_for, initial_state, load_data
 from fltune.methods import get_method

@@ -21,7 +21,9 @@ from fltune.config import ExperimentConfig, build_config
 from fltune.data.federated import FederatedData
 from fltune.engine.batched import unbatchable
 from fltune.engine.builders import build_method, build_model_for, initial_state, load_data
-from fltune.engine.local import Executor, RoundInput, batches, final_training, train_client
+from fltune.engine.batches import batches
+from fltune.engine.local import Executor, final_training, train_client
+from fltune.engine.transfer import RoundInput
 from fltune.engine.rng import derive_seed
 from fltune.methods import get_method
 from fltune.methods.base import Method

@@ -1,6 +1,7 @@
-"""Tiny-ImageNet-200 (MAN's Table 1) from a small fake ``tiny-imagenet-200/`` tree in a tmp dir, laid out as the
-cs231n zip is: its class order, val labels, pixels, cache, the layout MAN's code moves val/ into, a download
-from a local zip, and its missing and damaged files."""
+"""Image-folder trees (data/image_trees.py) in a tmp dir. Tiny-ImageNet-200 (MAN's Table 1) from a small fake
+``tiny-imagenet-200/`` tree laid out as the cs231n zip is: its class order, val labels, pixels, cache, the
+layout MAN's code moves val/ into, a download from a local zip, and its missing and damaged files. CINIC-10
+(FedSOL's Table 2): its image-folder tree with its decoded cache, its missing and damaged files."""
 
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ import torchvision.datasets.utils
 from PIL import Image
 
 from fltune.data.augment import augment, to_float
-from fltune.data.datasets import DECODED_CACHE, TINYIMAGENET_URL, load_dataset, release_loaded
+from fltune.data.datasets import load_dataset, release_loaded
+from fltune.data.image_trees import DECODED_CACHE, TINYIMAGENET_URL
 from fltune.errors import DatasetCorrupt, DatasetMissing
 from tests.data.conftest import corrupt_line
 
@@ -248,3 +250,118 @@ def test_augmentation_keeps_64x64_batches_whole(kind: str) -> None:
     out = augment(x, kind, torch.Generator().manual_seed(1))
     assert out.shape == (8, 3, 64, 64) and out.dtype == torch.float32
     assert not torch.equal(out, x)
+
+
+# --- CINIC-10 ---------------------------------------------------------------------------------------------
+
+CLASSES = ("cat", "airplane")  # written unsorted: airplane is class 0, cat class 1
+FILES = ("b.png", "a.png")  # written unsorted: a.png comes first
+
+
+def _cinic_pixels(split: str, cls: str, file: str) -> np.ndarray:
+    """A distinct image per file, so a test can see which file landed where."""
+    seed = [("train", "test", "valid").index(split), CLASSES.index(cls), FILES.index(file)]
+    return np.random.default_rng(seed).integers(0, 256, (32, 32, 3), dtype=np.uint8)
+
+
+def write_cinic(folder: Path) -> None:
+    """CINIC-10's tarball layout with 2 classes × 2 PNGs per split (valid/ too, which is not read)."""
+    for split in ("train", "valid", "test"):
+        for cls in CLASSES:
+            (folder / split / cls).mkdir(parents=True)
+            for file in FILES:
+                Image.fromarray(_cinic_pixels(split, cls, file)).save(folder / split / cls / file)
+
+
+def expected_cinic(split: str) -> tuple[np.ndarray, list[int]]:
+    """torchvision DatasetFolder's order: classes by name, then files by name."""
+    order = [(cls, file) for cls in sorted(CLASSES) for file in sorted(FILES)]
+    images = np.stack([_cinic_pixels(split, cls, file).transpose(2, 0, 1) for cls, file in order])
+    return images, [sorted(CLASSES).index(cls) for cls, _ in order]
+
+
+@pytest.mark.parametrize("layout", ["cinic10", "CINIC-10", ""])
+def test_cinic10_reads_train_and_test_in_datasetfolder_order(tmp_path: Path, layout: str) -> None:
+    write_cinic(tmp_path / layout)
+    ds = load_dataset("cinic10", root=tmp_path)
+
+    for x, y, split in ((ds.train_x, ds.train_y, "train"), (ds.test_x, ds.test_y, "test")):
+        images, labels = expected_cinic(split)
+        assert x.shape == (4, 3, 32, 32) and x.dtype == torch.uint8 and y.dtype == torch.int64
+        assert np.array_equal(x.numpy(), images) and y.tolist() == labels == [0, 0, 1, 1]
+    assert ds.num_classes == 10 and ds.augment == "reflect_crop_flip"
+    assert ds.mean == (0.47889522, 0.47227842, 0.43047404) and ds.std == (0.24205776, 0.23828046, 0.25874835)
+    assert (tmp_path / layout / DECODED_CACHE).is_file()
+
+
+def test_cinic10_grey_pngs_become_three_equal_channels(tmp_path: Path) -> None:
+    write_cinic(tmp_path / "cinic10")
+    grey = np.arange(32 * 32, dtype=np.uint32).reshape(32, 32).astype(np.uint8)
+    Image.fromarray(grey, mode="L").save(tmp_path / "cinic10" / "test" / "airplane" / "a.png")
+    ds = load_dataset("cinic10", root=tmp_path)
+    assert all(np.array_equal(ds.test_x[0, c].numpy(), grey) for c in range(3))
+
+
+def test_cinic10_second_load_reads_the_cache_until_the_listing_changes(tmp_path: Path) -> None:
+    write_cinic(tmp_path / "cinic10")
+    first = load_dataset("cinic10", root=tmp_path)
+    cache = tmp_path / "cinic10" / DECODED_CACHE
+    assert cache.is_file() and not list(cache.parent.glob("*.tmp"))
+
+    # same name and size, undecodable: only a load from the cache still succeeds
+    broken = tmp_path / "cinic10" / "train" / "cat" / "b.png"
+    broken.write_bytes(b"\0" * broken.stat().st_size)
+    release_loaded()
+    second = load_dataset("cinic10", root=tmp_path)
+    assert second is not first
+    for a, b in ((first.train_x, second.train_x), (first.train_y, second.train_y), (first.test_x, second.test_x),
+                 (first.test_y, second.test_y)):
+        assert torch.equal(a, b)
+
+    # a file added: the cache is stale, everything is decoded again (and the broken file is found)
+    Image.fromarray(_cinic_pixels("train", "cat", "a.png")).save(tmp_path / "cinic10" / "train" / "cat" / "c.png")
+    release_loaded()
+    with pytest.raises(DatasetCorrupt, match=f"data.root: {broken} cannot be decoded as an image"):
+        load_dataset("cinic10", root=tmp_path)
+
+
+def test_cinic10_a_damaged_cache_is_decoded_again(tmp_path: Path) -> None:
+    write_cinic(tmp_path / "cinic10")
+    (tmp_path / "cinic10" / DECODED_CACHE).write_bytes(b"PK\3\4 cut off")
+    ds = load_dataset("cinic10", root=tmp_path)
+    assert np.array_equal(ds.train_x.numpy(), expected_cinic("train")[0])
+    with np.load(tmp_path / "cinic10" / DECODED_CACHE) as npz:  # rewritten whole
+        assert np.array_equal(npz["test_x"], expected_cinic("test")[0])
+
+
+@pytest.mark.parametrize("damage, says", [("30x30", "is 30x30 pixels; CINIC-10 images are 32x32"),
+                                          ("text", "cannot be decoded as an image")])
+def test_a_bad_cinic10_image_is_one_line_naming_it(tmp_path: Path, damage: str, says: str) -> None:
+    write_cinic(tmp_path / "cinic10")
+    bad = tmp_path / "cinic10" / "test" / "cat" / "a.png"
+    if damage == "text":
+        bad.write_text("<html>404</html>")
+    else:
+        Image.fromarray(np.zeros((30, 30, 3), np.uint8)).save(bad)
+    with pytest.raises(DatasetCorrupt) as err:
+        load_dataset("cinic10", root=tmp_path)
+    message = str(err.value)
+    assert message.startswith(f"data.root: {bad} {says}") and "data.download=true" in message
+    assert "\n" not in message and not (tmp_path / "cinic10" / DECODED_CACHE).exists()
+
+
+def test_cinic10_splits_with_different_classes_are_corrupt(tmp_path: Path) -> None:
+    write_cinic(tmp_path / "cinic10")
+    (tmp_path / "cinic10" / "test" / "cat").rename(tmp_path / "cinic10" / "test" / "dog")
+    with pytest.raises(DatasetCorrupt, match=r"cinic10/test holds class folders airplane, dog but train/ holds "
+                                             r"airplane, cat"):
+        load_dataset("cinic10", root=tmp_path)
+
+
+def test_missing_cinic10_names_every_folder_looked_in(tmp_path: Path) -> None:
+    (tmp_path / "cinic10" / "train").mkdir(parents=True)  # no test/: not CINIC-10
+    with pytest.raises(DatasetMissing) as err:
+        load_dataset("cinic10", root=tmp_path)
+    message = str(err.value)
+    assert f"cinic10 not found in {tmp_path / 'cinic10'}, {tmp_path / 'CINIC-10'}, {tmp_path};" in message
+    assert "train/ and test/" in message and "data.download=true" in message and "\n" not in message

@@ -1,0 +1,87 @@
+"""A client's epoch of batches: the seeded sample order, and the two batch sources the exact and reference
+executors read (gathered and normalised on the host, or on the device from the run's uint8 pool)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from functools import lru_cache
+
+import numpy as np
+import torch
+
+from fltune.config import TrainingConfig
+from fltune.data.augment import augment, lookup_float, normalise_table, to_float
+from fltune.data.federated import FederatedData
+
+Batch = tuple[torch.Tensor, torch.Tensor]
+
+
+@lru_cache(maxsize=8)
+def device_table(mean: tuple[float, ...], std: tuple[float, ...], device: torch.device) -> torch.Tensor:
+    """:func:`normalise_table` on ``device``, made once per dataset and device (read only): a personalised
+    evaluation scores 100 clients in 100 calls, each of which made and copied it over again."""
+    return normalise_table(mean, std).to(device)
+
+
+def batches(
+    data: FederatedData, indices: np.ndarray, batch_size: int, generator: torch.Generator, device: torch.device,
+    *, shuffle: bool = True, augment_kind: str = "none", keep: int | None = None,
+) -> Iterator[Batch]:
+    """Mini-batches of a client's samples: uint8 → float, augmented, normalised, on ``device``; the first
+    ``keep`` of the epoch's order (:func:`epoch_samples`)."""
+    index = epoch_order(indices, generator, shuffle, keep)
+    black = None if augment_kind == "none" else normalise_table(data.mean, data.std)[:, 0]  # a crop's padding
+    for start in range(0, len(index), batch_size):
+        chunk = index[start:start + batch_size]
+        x = to_float(data.x[chunk], data.mean, data.std)
+        if augment_kind != "none":
+            x = augment(x, augment_kind, generator, black)
+        yield x.to(device, non_blocking=True), data.y[chunk].to(device, non_blocking=True)
+
+
+def epoch_order(indices: np.ndarray, generator: torch.Generator, shuffle: bool,
+                keep: int | None = None) -> torch.Tensor:
+    """An epoch's sample order: the one ``randperm`` draw per epoch every batch source shares (the
+    batched executor's too), cut to its first ``keep`` (None: all) after the draw, as a DataLoader's
+    ``drop_last`` cuts its shuffled sampler's order: each epoch drops other samples."""
+    index = torch.tensor(indices, dtype=torch.long)  # a copy: arrays from Ray's object store are read-only
+    return (index[torch.randperm(len(index), generator=generator)] if shuffle else index)[:keep]
+
+
+def epoch_samples(n: int, training: TrainingConfig) -> int:
+    """The samples a client of ``n`` trains an epoch: all, or with ``training.drop_last`` its full batches'
+    floor(n/B)·B. That is also its n_k in the server's weighted average, as FedAlign's code weighs a client by
+    ``len(loader) * batch_size`` of a ``drop_last`` loader (``mmendiet/FedAlign:methods/base.py``)."""
+    return n - n % training.batch_size if training.drop_last else n
+
+
+class HostBatches:
+    """The reference batch source: each batch gathered and normalised on the host, then copied over."""
+
+    def __init__(self, data: FederatedData, device: torch.device) -> None:
+        self.data, self.device = data, device
+
+    def epoch(self, indices: np.ndarray, batch_size: int, generator: torch.Generator,
+              augment_kind: str, keep: int | None = None) -> Iterator[Batch]:
+        return batches(self.data, indices, batch_size, generator, self.device, augment_kind=augment_kind, keep=keep)
+
+
+class DeviceBatches:
+    """The fast path's batch source: the run's uint8 pool on the device once (not per client), each batch
+    gathered there by index and normalised by table lookup (bit-identical to ``to_float``), augmented
+    with the same generator draws in the same order as :class:`HostBatches`, so the batches are equal."""
+
+    def __init__(self, data: FederatedData, device: torch.device) -> None:
+        self.x, self.y = data.x.to(device), data.y.to(device)  # no copy when the device is the CPU
+        self.table = device_table(data.mean, data.std, device)
+        self.black = self.table[:, 0]  # a black pixel, normalised: a crop's padding (``augment``)
+        self.device = device
+
+    def epoch(self, indices: np.ndarray, batch_size: int, generator: torch.Generator,
+              augment_kind: str, keep: int | None = None) -> Iterator[Batch]:
+        index = epoch_order(indices, generator, True, keep).to(self.device, non_blocking=True)
+        for start in range(0, len(index), batch_size):
+            chunk = index[start:start + batch_size]
+            x = lookup_float(self.x[chunk], self.table)
+            yield (augment(x, augment_kind, generator, self.black) if augment_kind != "none" else x), self.y[chunk]
+

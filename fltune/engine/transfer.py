@@ -1,0 +1,106 @@
+"""What a round's clients start from, on the training device: the round's input (weights, server payload)
+and the weights' copies to a device, made once per distinct array for every client a process trains."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from fltune.methods.wire import State, to_device
+
+
+@dataclass(frozen=True)
+class RoundInput:
+    """What every client of a round starts from (shared by all clients a worker trains)."""
+
+    round: int
+    seed: int
+    lr: float
+    global_state: State
+    server: dict[str, Any]
+    copies: dict[str, DeviceServer] = field(default_factory=dict, init=False, repr=False, compare=False)
+    """``server`` on each device this process trains the round on (:meth:`server_on`)."""
+
+    def server_on(self, device: torch.device) -> DeviceServer:
+        """``server``'s arrays as tensors on ``device``, each copied once for every client of the round that
+        this process trains (``ClientContext.server_tensors``)."""
+        return self.copies.setdefault(str(device), DeviceServer(self.server, device))
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Ray ships a round without its device copies: they stay in the process that made them."""
+        return {**self.__dict__, "copies": {}}
+
+
+def load_state(model: nn.Module, state: State) -> None:
+    """Copy numpy weights into the model (copying: arrays from Ray's object store are read-only), all of a
+    dtype in one copy to the model's device (``to_device``)."""
+    model.load_state_dict(state_on_device(state, next(iter(model.state_dict().values())).device))
+
+
+class DeviceServer(Mapping[str, Any]):
+    """A round's server payload read as tensors on one device: an array becomes a tensor, a dict of arrays
+    a dict of tensors (one copy per dtype, ``to_device``), each entry copied at its first read and kept.
+    Every client a worker trains reads the same payload, and where each copied it (FedCR's class Gaussians,
+    SCAFFOLD's c) every copy from pageable memory waited for the GPU. The tensors are shared: read only."""
+
+    def __init__(self, server: dict[str, Any], device: torch.device) -> None:
+        self.server, self.device = server, device
+        self.copied: dict[str, Any] = {}
+
+    def __getitem__(self, key: str) -> Any:
+        if key not in self.copied:
+            value = self.server[key]
+            arrays = value if isinstance(value, dict) else {key: value}
+            tensors = dict(zip(arrays, to_device(list(arrays.values()), self.device)))
+            self.copied[key] = tensors if isinstance(value, dict) else tensors[key]
+        return self.copied[key]
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.server  # no copy
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.server)
+
+    def __len__(self) -> int:
+        return len(self.server)
+
+
+def state_on_device(state: State, device: torch.device) -> dict[str, torch.Tensor]:
+    """``state`` on ``device`` in one copy per dtype (``to_device``). Of the round's global weights: what
+    methods read as ``ClientContext.global_state``, and what clients' loads copy the weights they share
+    with it from (``device_states``)."""
+    return dict(zip(state, to_device(list(state.values()), device)))
+
+
+def device_states(
+    states: Sequence[State], device: torch.device, host_global: State, device_global: dict[str, torch.Tensor],
+) -> list[dict[str, torch.Tensor]]:
+    """Each of ``states`` as tensors on ``device``, for ``model.load_state_dict``: an entry that is the very
+    array of the round's global weights (``host_global``) is its twin already there (``device_global``), and
+    every other distinct array goes over in one copy with the rest (``to_device``). Clients start from the
+    global weights overridden by their personal parts (``Method.client_model_state``), so a client's
+    load copies its personal part alone, and a shard's personal parts go over together."""
+    others: dict[int, np.ndarray] = {}
+    for state in states:
+        others.update((id(v), v) for k, v in state.items() if host_global.get(k) is not v)
+    moved = dict(zip(others, to_device(list(others.values()), device)))
+    return [
+        {k: device_global[k] if host_global.get(k) is v else moved[id(v)] for k, v in state.items()}
+        for state in states
+    ]
+
+
+def load_changed(model: nn.Module, state: dict[str, torch.Tensor], loaded: dict[str, torch.Tensor]) -> None:
+    """Load the entries of ``state`` that are not the very tensors loaded last (``loaded``, which this
+    updates), while nothing else writes the model: clients evaluated one after another share the global
+    weights, and a load of every key checks them all (strict)."""
+    changed = {k: v for k, v in state.items() if loaded.get(k) is not v}
+    if changed:
+        model.load_state_dict(changed, strict=len(changed) == len(state))
+    loaded.update(state)
+
