@@ -196,7 +196,8 @@ def test_missing_dataset_says_where_it_looked(tmp_path, capsys):
     ["tune", "--space", "/nonexistent/space.yaml"],
     ["run", "--dataset", "cifar10", "--data-root", "/nonexistent-fltune-data"],
     ["compare", "--methods", "fedavg,fedprox", "--dataset", "mnist", "--data-root", "/nonexistent-fltune-data"],
-], ids=["space file", "run's dataset", "compare's dataset"])
+    ["tune", "--space", "search_spaces/fedprox.yaml", "--set", "data.root=/nonexistent-fltune-data"],
+], ids=["space file", "run's dataset", "compare's dataset", "a study's dataset"])
 def test_a_missing_file_is_refused_before_torch_or_ray_load(args):
     """What makes the line come in a second or two, not the 7–20 s that importing torch and starting Ray take:
     the command checks files first (``python -X importtime`` lists every module the process imported)."""

@@ -60,10 +60,30 @@ def cmd_tune(args: argparse.Namespace) -> int:
     from fltune.config import read_yaml
 
     if args.space:
-        read_yaml(args.space)
+        space = read_yaml(args.space)
+        if not args.resume:
+            check_data_here(space, args.overrides)
     if args.plan:
         return show_plan(args)
     return Study(args).run()
+
+
+def check_data_here(space: dict, overrides: list[str]) -> None:
+    """A dataset that is nowhere fltune looks is one line before torch or Ray load (``locations.check_here``),
+    for a space whose ``base`` is inline: its ``data`` section under the command line's ``--set data.*``. A
+    base in a file of its own, or a ``data`` section that does not validate, is checked where the study is."""
+    from fltune.config import DataConfig, apply_overrides
+    from fltune.data.locations import check_here
+
+    base = space.get("base")
+    if not isinstance(base, dict) or not isinstance(base.get("data", {}), dict):
+        return
+    tree = apply_overrides({"data": dict(base.get("data", {}))}, [o for o in overrides if o.startswith("data.")])
+    try:
+        data = DataConfig.model_validate(tree["data"])
+    except ValueError:
+        return
+    check_here(data.dataset, data.root, data.download)
 
 
 class Study(TuneJob["StudySpec"]):
