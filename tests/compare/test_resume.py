@@ -41,7 +41,7 @@ def stop(proc: subprocess.Popen, log: Path, group: bool) -> None:
     # Ray gives up on its GCS at 60 s; a driver still running at 45 s writes its threads' stacks to the log
     assert finished(proc, log, timeout=45) == (143 if group else 130), log.read_text()
     said = [line for line in log.read_text().splitlines() if line.startswith("fltune:")]
-    assert said and all("python cli.py compare --name c" in line and "--resume" in line for line in said), said
+    assert said and all("cli.py compare --name c" in line and "--resume" in line for line in said), said
 
 
 @pytest.mark.slow
