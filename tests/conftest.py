@@ -2,7 +2,10 @@
 sqlite store per test.
 
 Tests that start Ray, a federation or a CLI subprocess are marked ``slow`` here, so
-``python -m pytest -m "not slow"`` is the fast loop; ``python -m pytest`` (CI) runs everything.
+``python -m pytest -m "not slow"`` is the fast loop; ``python -m pytest`` is the suite (15 minutes on 2
+cores); ``python -m pytest -m extended`` the second tier CI runs after it: a per-method property on every
+method (the suite runs it on ``tests.methods.test_contract.CORE_METHODS``) and the longer fault, resume and
+cluster paths whose property a test of the suite already proves on one path.
 
 For a new test that needs them (they keep the suite within its 15 minutes on 2 cores):
 
@@ -16,7 +19,7 @@ For a new test that needs them (they keep the suite within its 15 minutes on 2 c
 - ``mlflow_uri``: a fresh sqlite store, exported for subprocesses; ``needs_fmnist``: skips without the data.
 - Sizes: 1-3 rounds, 3-10 clients, ``data.subsample`` ≤ 0.05 (a few hundred samples), the MLP or the
   FedAvg CNN (ResNet-56 methods on ``model.options={blocks: 1}``). A property of every method is checked once
-  per method (``tests/methods/test_contract.py``: sound and learning; ``tests/engine/test_federation.py``:
+  per method, in the extended tier outside ``CORE_METHODS`` (``tests/methods/test_contract.py``: sound and learning; ``tests/engine/test_federation.py``:
   bits on 1 or 2 workers and resumed, on each executor that trains it differently), not again per file.
 """
 

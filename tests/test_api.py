@@ -76,6 +76,7 @@ def test_a_users_method_runs_alike_on_one_and_two_workers(tmp_path: Path) -> Non
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_a_users_method_is_tuned_and_compared(tmp_path: Path) -> None:
     folder = tmp_path / "mine"
     write_method(folder)

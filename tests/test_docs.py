@@ -135,7 +135,8 @@ def readme_commands() -> list[str]:
     return [c for block in re.findall(r"```bash\n(.*?)```", readme, re.S) for c in commands_in(block)]
 
 
-TEST_COMMAND = "python -m pytest -q"
+TEST_COMMANDS = ["python -m pytest -q", "python -m pytest -q -m extended"]
+"""The README's suite and its extended tier, which CI runs in this order."""
 
 
 def as_run(command: str) -> str | None:
@@ -143,7 +144,7 @@ def as_run(command: str) -> str | None:
     (a job's whole check, then its plan: nothing trained), the fast loop collected only; None: checked
     otherwise (install lines and the test command: CI runs them; ``mlflow ui``: a server, so only that it
     is installed)."""
-    if command.startswith(("apt-get", "pip ")) or command == TEST_COMMAND:  # the test command: .ci/run's, below
+    if command.startswith(("apt-get", "pip ")) or command in TEST_COMMANDS:  # the test commands: .ci/run's, below
         return None
     if command.startswith("mlflow ui"):
         assert shutil.which("mlflow"), "mlflow is not on PATH"
@@ -157,9 +158,9 @@ def as_run(command: str) -> str | None:
     return command + " --plan" if long else command
 
 
-def test_the_readmes_test_command_is_the_one_ci_runs() -> None:
-    assert TEST_COMMAND in readme_commands()
-    assert [line for line in (ROOT / ".ci" / "run").read_text().splitlines() if "pytest" in line] == [TEST_COMMAND]
+def test_the_readmes_test_commands_are_the_ones_ci_runs() -> None:
+    assert all(command in readme_commands() for command in TEST_COMMANDS)
+    assert [line for line in (ROOT / ".ci" / "run").read_text().splitlines() if "pytest" in line] == TEST_COMMANDS
 
 
 @pytest.mark.slow

@@ -34,6 +34,7 @@ def reported(result: dict, figure: str) -> bool:
 
 @pytest.mark.slow
 @needs_fmnist
+@pytest.mark.extended
 def test_tiny_suite_reports_every_section_within_three_minutes(tmp_path: Path) -> None:
     record, wall = run_suite(tmp_path)
     sections = record["sections"]

@@ -86,6 +86,7 @@ def test_a_comparison_stopped_mid_study_then_between_studies_resumes_finishes_on
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_a_study_whose_trials_all_ended_before_a_stop_concludes_when_the_comparison_resumes(
         ray_session, tmp_path: Path, mlflow_uri: str) -> None:
     """A stop that lands after a study's last trial ended but before the study concluded leaves every trial

@@ -487,6 +487,7 @@ def test_unsupported_method_falls_back_and_says_so(pools, caplog):
       "partition.eval_fraction=0.3"], "acc_personalized"),
     (["method.name=simfafl", *VIB], "acc_global"),
 ], ids=lambda o: o[0].split("=")[-1] if isinstance(o, list) else o)
+@pytest.mark.extended
 def test_batched_accuracy_is_within_the_exact_paths_seed_spread(pools, method, metric):
     """Statistical equivalence on a tiny FMNIST federation (10 Dirichlet clients, 5 per round, 3 rounds),
     for FedAvg and one method of each kind with its own functional step (SAM; FedSOL's ascent on its

@@ -25,7 +25,7 @@ from fltune.engine.rng import round_clients
 from fltune.tune.trainable import read_states, write_states
 from tests.conftest import needs_fmnist, storages
 from tests.engine.test_executor_exact import assert_same, tiny_config
-from tests.methods.test_contract import METHOD_NAMES
+from tests.methods.test_contract import each_method
 
 BASE = [  # a quarter of synthetic (150 samples a client): the same paths, ~3× faster
     "data.dataset=synthetic", "data.subsample=0.25", "partition.kind=dirichlet_prior",
@@ -77,7 +77,7 @@ EVERY_PROTOCOL = ["federation.clients=6", "federation.fraction=0.5", "federation
                   "metrics.protocols=[global,all_model,personalized]", "training.finetune_epochs=1"]
 
 
-@pytest.mark.parametrize("method", METHOD_NAMES)
+@pytest.mark.parametrize("method", each_method())
 def test_every_method_gives_the_same_run_on_one_worker_or_two_and_resumed(pools, method, tmp_path):
     """The determinism promise, method by method: 3 rounds on one worker, against rounds 1-2 on two workers
     (3 clients a round: 2 + 1), one of them this process (``pools.with_driver``: a share trained in the

@@ -106,7 +106,7 @@ class _Recorder(Method):
         return super().backward(ctx, x, y)
 
 
-@pytest.mark.parametrize("executor", ["reference", "exact"])
+@pytest.mark.parametrize("executor", [pytest.param("reference", marks=pytest.mark.extended), "exact"])
 def test_a_phase_capped_at_steps_stops_mid_epoch_and_draws_no_epoch_past_its_cap(executor: str):
     """``Phase.steps`` (Per-FedAvg's iteration count): the first N batches of the uncapped phase's stream,
     the client's generator left where N batches leave it (a later epoch is never begun)."""

@@ -45,6 +45,15 @@ TINY = [
 # `man` itself is fedavg+man; the MAN paper's other bases compose by name, no file each.
 COMPOSED = [f"{base}+man" for base in ("feddyn", "feddc", "fedsam", "fedasam", "fedspeed")]
 METHOD_NAMES = [*sorted(METHODS), *COMPOSED]
+CORE_METHODS = ("fedavg", "scaffold", "ditto", "fedper", "moon", "fedsam")
+"""One method of each kind of state and step (none; client control variates; a personal model; a personal
+head; the previous local model; a two-pass SAM step): a per-method property runs on these in the suite and
+on every method in the extended tier (``-m extended``)."""
+
+
+def each_method() -> list:
+    """``METHOD_NAMES`` as parameters, those outside ``CORE_METHODS`` in the extended tier."""
+    return [pytest.param(m, marks=() if m in CORE_METHODS else pytest.mark.extended) for m in METHOD_NAMES]
 NOTHING_SHARED = {"local_only"}
 """Every client keeps its whole model: the server's stays the initial one, and each trained client's own moves."""
 
@@ -85,7 +94,7 @@ def assert_sound(fed: Federation, method: str) -> None:
 
 
 @needs_fmnist
-@pytest.mark.parametrize("method", METHOD_NAMES)
+@pytest.mark.parametrize("method", each_method())
 def test_method_learns_on_fmnist(pools, method):
     one, start = run_rounds(method, pools.with_driver(2))
     assert_sound(one, method)

@@ -245,6 +245,7 @@ def test_trace_within_5_percent(trained: tuple[nn.Module, Batches, Tensor]) -> N
     assert estimate.se == pytest.approx(hutchinson_sd(matrix, slice(None)) / math.sqrt(SAMPLES), rel=0.15)
 
 
+@pytest.mark.extended
 def test_tighter_tol_never_makes_the_trace_worse(trained: tuple[nn.Module, Batches, Tensor]) -> None:
     """The stop rule of issue 11 (item 4): stop once SE < tol·|mean|. The old rule (the running mean moved
     by < tol) ended a small MLP 0.5 % off at tol 1e-3 and 5.9 % off at the tighter 1e-4. Here, per seed,

@@ -47,6 +47,7 @@ def ray_node(tmp_path: Path) -> Iterator[str]:
 
 @pytest.mark.slow
 @pytest.mark.timeout(1800)  # four real commands; on a loaded machine each can take minutes
+@pytest.mark.extended
 def test_concurrent_runs_on_a_fresh_then_an_existing_store_all_finish(ray_node: str, mlflow_uri: str) -> None:
     for batch in (range(2), range(2, 4)):  # the first pair creates the store, the second shares it
         procs = _start_runs(mlflow_uri, batch, ray_node)

@@ -81,6 +81,7 @@ def cadence_trial(config: dict[str, Any]) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_a_trial_restarted_from_an_earlier_checkpoint_ends_as_an_unbroken_run(ray_session, tmp_path: Path,
                                                                                capsys) -> None:
     unbroken = build_federation(build_config(overrides=TINY))

@@ -66,6 +66,7 @@ def two_nodes(tmp_path: Path) -> Iterator[str]:
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_study_on_two_nodes_uses_both(two_nodes: str, tmp_path: Path, mlflow_uri: str) -> None:
     space = write_space(tmp_path, num_samples=2, max_concurrent=2)
     driver = start(tune_command(space, tmp_path, "--set", "federation.rounds=1"), tmp_path / "tune.log",

@@ -108,6 +108,7 @@ def stopped_then_resumed(args: list[str], disk: Path, resize: Callable[[str], No
 
 @needs_fmnist
 @pytest.mark.slow
+@pytest.mark.extended
 def test_a_table_on_a_full_disk_stops_in_one_line_and_resumes_each_cell_once(
         ray_session, tmp_path: Path, mlflow_uri: str, small_disk, capsys) -> None:
     disk, resize = small_disk
@@ -122,6 +123,7 @@ def test_a_table_on_a_full_disk_stops_in_one_line_and_resumes_each_cell_once(
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_a_comparison_on_a_full_disk_stops_in_one_line_and_resumes_each_cell_once(
         ray_session, tmp_path: Path, mlflow_uri: str, small_disk, capsys) -> None:
     disk, resize = small_disk

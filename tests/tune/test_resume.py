@@ -76,6 +76,7 @@ def test_interrupted_study_resumes_exactly_once(tmp_path: Path, mlflow_uri: str)
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_a_stopped_driver_whose_store_is_locked_still_ends_with_its_line(tmp_path: Path, mlflow_uri: str) -> None:
     """A process-group SIGTERM while another process holds the MLflow store: the last resort's clean-up waits
     on the lock, and used to hold the driver until Ray's core worker ended it a minute later (status 1, no
@@ -96,6 +97,7 @@ def test_a_stopped_driver_whose_store_is_locked_still_ends_with_its_line(tmp_pat
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_sigterm_to_the_driver_alone_stops_the_study_gracefully(tmp_path: Path, mlflow_uri: str) -> None:
     """``kill PID`` / Kubernetes: Ray stays up, so Tune's own graceful stop runs (trials checkpointed,
     the ranking so far printed) and the exit status is still 143."""
