@@ -39,7 +39,7 @@ def check_fair_and_reported(storage: Path, out: Path, printed: str, uri: str, ro
     never tuned on test data, and its table, files and plot are what MLflow holds. ``printed``: its output,
     whitespace collapsed (the console wraps long lines). Called by ``test_resume``, whose comparison is
     stopped twice on its way: one comparison's start-up for both."""
-    assert "same client-sampling sequence" in printed and "Welch's two-sided t-test" in printed
+    assert "same client-sampling sequence" in printed and "Welch's p over seeds" in printed
     assert "α = 0.05" in printed
 
     all_runs = runs(uri)

@@ -453,6 +453,7 @@ def fingerprint(fed: Federation) -> tuple:
             {k: v.tobytes() for k, v in fed.global_state.items()}, tuned)
 
 
+@pytest.mark.extended
 def test_a_batched_run_compiled_in_the_workers_is_deterministic_and_worker_count_free(pools):
     """Ditto's step compiled in the workers (``resources.compile``): the same run again on the same actors
     and on two workers. Uncompiled, every batched method (per-client noise, the final round's pass over

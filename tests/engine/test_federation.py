@@ -118,6 +118,7 @@ def test_every_method_gives_the_same_run_on_one_worker_or_two_and_resumed(pools,
 
 
 @needs_fmnist
+@pytest.mark.extended
 def test_evaluation_on_the_workers_equals_one_process_evaluating(pools):
     """2 500 test images: three evaluation batches, split 3 | 1 + 2 over one and two workers. The correct
     counts and summed losses must be those of the driver evaluating alone (the run closed, no pool), with

@@ -69,7 +69,8 @@ def test_local_model_hook_rebuilds_exactly_the_methods_it_should(name: str) -> N
     assert same_bits(rebuilt, to_numpy(model.state_dict())) == (name in REBUILT)
 
 
-@pytest.mark.parametrize("name", ["fedavg", "feddyn", "fedper", "ditto"])
+@pytest.mark.parametrize("name", ["ditto", *(pytest.param(n, marks=pytest.mark.extended)
+                                            for n in ("fedavg", "feddyn", "fedper"))])
 def test_rebuilt_local_models_give_the_shipped_figures(pools, name: str) -> None:
     """all_model accuracy and loss, weights, client store and every kept local model: the same bits
     whether the workers ship the local models (the path before the rebuild) or the driver rebuilds them

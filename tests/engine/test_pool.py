@@ -160,6 +160,7 @@ def test_an_actor_counts_flops_without_the_compiler_stack_and_without_a_gpu_with
         pool.shutdown()
 
 
+@pytest.mark.extended
 def test_a_run_with_a_driver_share_meters_there_without_loading_the_compiler_stack(tmp_path):
     """``cli.py run`` on its own 2-CPU Ray, one share in the driver, MLflow on, with round 1's FLOP meters
     and the model's FLOP count: the driver's share meters its part of round 1 (torch's FLOP counter is

@@ -69,7 +69,8 @@ def test_a_study_on_a_full_disk_stops_in_one_line_and_resumes_to_the_same_number
     assert finished(first, tmp_path / "1.log", timeout=400) == WriteFailed.STATUS, (tmp_path / "1.log").read_text()
     said_once((tmp_path / "1.log").read_text(), disk, f"tune --name study --storage {disk} --resume")
     parent, children_ = study_runs(mlflow_uri)
-    assert parent.info.status == "KILLED" and all(c.info.status == "KILLED" for c in children_)
+    statuses = [c.info.status for c in children_]  # a trial that ended before the disk filled is FINISHED
+    assert parent.info.status == "KILLED" and "KILLED" in statuses and "RUNNING" not in statuses, statuses
     assert not list(disk.rglob("*.part"))
 
     resize("50m")

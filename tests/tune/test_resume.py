@@ -118,6 +118,7 @@ def test_sigterm_to_the_driver_alone_stops_the_study_gracefully(tmp_path: Path, 
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_a_study_stopped_before_tune_saved_its_state_starts_afresh(tmp_path: Path, mlflow_uri: str,
                                                                    ray_session) -> None:
     """A Tuner writes itself before Tune's first experiment state: a stop in between leaves a folder that
