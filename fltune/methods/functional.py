@@ -6,6 +6,8 @@ path runs too; a method that writes only ``Method.backward`` is trained client b
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
+
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -81,7 +83,7 @@ class FunctionalStep(NamedTuple):
                               self.carry if carry is None else carry, self.record)
 
 
-class WholeStep(Method):
+class WholeStep(Method, ABC):
     """A method whose per-batch step is more than its objective's gradient, written once as the pure
     :meth:`functional_step`; the client-by-client path's :meth:`backward` runs it at the model's own
     trainable weights (unpadded, ``client`` set) and writes its gradients into ``.grad``. There
@@ -89,10 +91,10 @@ class WholeStep(Method):
     BatchNorm statistics in place as calling the module does: the same float operations as the hand-written
     ``backward`` this replaced, bit for bit (the SAM family, FedSOL and Ditto, BatchNorm models included)."""
 
+    @abstractmethod
     def functional_step(self, weights: Tensors, batch: FunctionalBatch) -> FunctionalStep:
         """One client's step at its trainable ``weights``: their gradient for the engine's optimiser step,
         the loss and logits at ``weights``, and the new values of carried inputs."""
-        raise NotImplementedError
 
     def backward(self, ctx: ClientContext, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         own = {n: p.detach() for n, p in ctx.forward.own.items()}
