@@ -115,10 +115,9 @@ def job_configs(spec: CompareSpec) -> list[ExperimentConfig]:
     ``method.*`` and ``training.*``, never the data): each method's cells, one per seed, and its study's."""
     from fltune.compare.spec import method_tree
     from fltune.compare.tuning import tuning_tree
-    from fltune.config import build_config
-    from fltune.tune.space import set_dotted
+    from fltune.config import build_config, set_fields
 
-    cells = [set_dotted(method_tree(spec.base, method), {"federation.seed": spec.base_seed + index})
+    cells = [set_fields(method_tree(spec.base, method), {"federation.seed": spec.base_seed + index})
              for method in spec.methods for index in range(spec.seeds)]
     studies = [tuning_tree(spec, method) for method in spec.methods] if spec.tune_budget else []
     return [build_config(tree) for tree in (*cells, *studies)]

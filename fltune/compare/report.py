@@ -21,7 +21,7 @@ from rich.table import Table
 from fltune.compare.job import best_key
 from fltune.compare.spec import TUNING_SEED_OFFSET, CompareSpec, method_tree, parse_cell
 from fltune.compare.stats import ALPHA, mean_std, welch_p
-from fltune.config import build_config
+from fltune.config import build_config, flatten
 from fltune.metrics.figures import new_figure, round_axis, save_png
 from fltune.plugins import label
 from fltune.text import counted
@@ -172,18 +172,8 @@ def tuned_params(spec: CompareSpec, method: str) -> dict[str, Any]:
     """The values tuning changed from the method's defaults in the user's setting (dotted names)."""
     if not spec.tune_budget:
         return {}
-    plain, tuned = _flat(method_tree(spec.base, method)), _flat(spec.trees[method])
+    plain, tuned = flatten(method_tree(spec.base, method)), flatten(spec.trees[method])
     return {k: v for k, v in tuned.items() if plain.get(k) != v}
-
-
-def _flat(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in tree.items():
-        if isinstance(value, dict):
-            out |= _flat(value, f"{prefix}{key}.")
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
 
 
 SHORT = {"acc_global": "global", "acc_all_model": "all-model", "acc_personalized": "pers.",

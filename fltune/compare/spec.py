@@ -15,12 +15,11 @@ from typing import Any
 
 from fltune.catalog import method_names
 from fltune.plugins import is_reference, label, plugins, unknown
-from fltune.config import ExperimentConfig, TrackingConfig, build_config
+from fltune.config import ExperimentConfig, TrackingConfig, build_config, set_fields
 from fltune.errors import FLTuneError
 from fltune.metrics.probe import check_probes, unmet_need
 from fltune.tracking.paths import outputs_dir
 from fltune.tune.job import CELL_CHECKPOINT_EVERY, CELL_CHECKPOINT_SECONDS
-from fltune.tune.space import set_dotted
 from fltune.tune.spec import SavedSpec
 from fltune.tune.storage import check_name
 
@@ -95,7 +94,7 @@ class CompareSpec(SavedSpec):
     def cell_tree(self, key: str) -> dict[str, Any]:
         """A cell's experiment: its method's tree at seed base + k."""
         method, index = parse_cell(key)
-        return set_dotted(self.trees[method], {"federation.seed": self.base_seed + index})
+        return set_fields(self.trees[method], {"federation.seed": self.base_seed + index})
 
     def study_name(self, method: str) -> str:
         return f"{self.name}-tune-{label(method)}"
@@ -128,7 +127,7 @@ def parse_methods(text: str) -> list[str]:
 
 def method_tree(base: dict[str, Any], method: str) -> dict[str, Any]:
     """The user's setting with ``method`` (at its defaults) in place of any method it names; validated."""
-    tree = set_dotted({k: v for k, v in base.items() if k != "method"}, {"method.name": method})
+    tree = set_fields({k: v for k, v in base.items() if k != "method"}, {"method.name": method})
     build_config(tree)
     return tree
 

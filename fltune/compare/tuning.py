@@ -16,11 +16,11 @@ from pathlib import Path
 from typing import Any
 
 from fltune.compare.spec import ACCURACY, SHARED, TUNING_SEED_OFFSET, TUNING_VAL_FRACTION, CompareSpec, method_tree
-from fltune.config import build_config
+from fltune.config import build_config, set_fields
 from fltune.errors import FLTuneError
 from fltune.tune.command import Study
 from fltune.tune.results import TrialRow, unfinished
-from fltune.tune.space import SearchSpace, check_objective, check_params, parse_space, set_dotted
+from fltune.tune.space import SearchSpace, check_objective, check_params, parse_space
 from fltune.tune.spec import StudySpec, exists
 from fltune.tune.storage import holds, tune_started
 
@@ -45,7 +45,7 @@ def tuning_tree(spec: CompareSpec, method: str) -> dict[str, Any]:
     tree = method_tree(spec.base, method)
     val = build_config(tree).partition.val_fraction or TUNING_VAL_FRACTION
     protocol = next(p for p, acc in ACCURACY.items() if acc == spec.primary)
-    return set_dotted(tree, {"partition.val_fraction": val, "metrics.test": False, "metrics.protocols": [protocol],
+    return set_fields(tree, {"partition.val_fraction": val, "metrics.test": False, "metrics.protocols": [protocol],
                              "metrics.target": None, "training.finetune_epochs": 0,
                              "federation.seed": spec.base_seed + TUNING_SEED_OFFSET})
 
@@ -142,4 +142,4 @@ def tuned_tree(spec: CompareSpec, study: StudySpec) -> dict[str, Any] | None:
     from fltune.tune.results import best
 
     top = best(study_rows(study.path), "max")
-    return None if top is None else set_dotted(method_tree(spec.base, study.method), top.params)
+    return None if top is None else set_fields(method_tree(spec.base, study.method), top.params)

@@ -10,13 +10,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from fltune.config import ExperimentConfig, apply_overrides, build_config
+from fltune.config import ExperimentConfig, apply_overrides, build_config, set_fields
 from fltune.data.datasets import DATASETS, load_dataset
 from fltune.errors import DatasetMissing, FLTuneError
 from fltune.reproduce.table import DATASET_NAMES, Cell, PaperTable, Scale
 from fltune.text import allowed, invoked_as
 from fltune.metrics.probe import check_probes
-from fltune.tune.space import set_dotted, unmet_need
+from fltune.tune.space import unmet_need
 
 
 @dataclass(frozen=True)
@@ -94,7 +94,7 @@ def cell_tree(cell: Cell, scale: Scale, dataset: str, overrides: list[str]) -> d
               **scale.per_row.get(cell.row, {}), "data.dataset": dataset}
     if cell.finetune:
         values["training.finetune_epochs"] = scale.finetune_epochs
-    tree = apply_overrides(set_dotted({}, values), list(overrides))
+    tree = apply_overrides(set_fields({}, values), list(overrides))
     cfg = build_config(tree)  # one line naming the field when a --set breaks a cell
     need = unmet_need(cell.metric, cell.reduce, cfg)
     if need:

@@ -16,10 +16,10 @@ from typing import TYPE_CHECKING, Any
 
 from ray.tune.experiment import Trial
 
-from fltune.config import ExperimentConfig, build_config
+from fltune.config import ExperimentConfig, build_config, set_fields
 from fltune.text import counted
 from fltune.metrics.figures import axis_label, new_figure, percent, round_axis
-from fltune.tune.space import Choice, IntRange, LogUniform, SearchSpace, set_dotted
+from fltune.tune.space import Choice, IntRange, LogUniform, SearchSpace
 from fltune.tune.spec import StudySpec
 
 if TYPE_CHECKING:
@@ -138,7 +138,7 @@ def trial_row(trial: Trial, failed: bool = False) -> TrialRow:
 
 def trial_config(spec: StudySpec, params: dict[str, Any]) -> ExperimentConfig:
     """A configuration of the study as one experiment: base + its parameters (base seed and resources)."""
-    return build_config(set_dotted(spec.base, params))
+    return build_config(set_fields(spec.base, params))
 
 
 def rank(rows: list[TrialRow], mode: str) -> list[TrialRow]:

@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from fltune.config import ExperimentConfig, build_config, describe_validation_error, read_yaml
+from fltune.config import ExperimentConfig, build_config, describe_validation_error, read_yaml, set_fields
 from fltune.errors import FLTuneError
 from fltune.text import allowed
 from fltune.methods import get_method
@@ -163,20 +163,6 @@ def is_space_setting(override: str) -> bool:
     return override.split("=", 1)[0].strip().split(".")[0] in SETTINGS
 
 
-def set_dotted(tree: dict[str, Any], values: dict[str, Any]) -> dict[str, Any]:
-    """A deep copy of ``tree`` with each ``a.b.c`` key set to its value (typed values, no YAML round trip)."""
-    out = copy.deepcopy(tree)
-    for path, value in values.items():
-        node = out
-        *parents, leaf = path.split(".")
-        for part in parents:
-            node = node.setdefault(part, {})
-            if not isinstance(node, dict):
-                raise FLTuneError(f"params.{path}: {part} is a value, not a section")
-        node[leaf] = value
-    return out
-
-
 def parse_space(path: str | Path) -> SearchSpace:
     """Read and validate a search-space file; every problem becomes one line naming the file."""
     tree = read_yaml(path)
@@ -222,7 +208,7 @@ def check_params(space: SearchSpace, tree: dict[str, Any], method: str) -> None:
         probes = dist.values if isinstance(dist, Choice) else [dist.low, dist.high]
         for value in probes:
             try:
-                build_config(set_dotted(tree, {name: value}))
+                build_config(set_fields(tree, {name: value}))
             except FLTuneError as err:
                 raise FLTuneError(f"params.{name} = {value!r}: {str(err).removeprefix('config error: ')}") from None
 

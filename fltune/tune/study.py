@@ -20,14 +20,13 @@ from ray import tune
 from ray.tune.schedulers import ASHAScheduler, FIFOScheduler, TrialScheduler
 
 from fltune import folders
-from fltune.config import apply_overrides, build_config, describe_validation_error
+from fltune.config import apply_overrides, build_config, describe_validation_error, set_fields
 from fltune.engine.pool import plan_workers
 from fltune.errors import FLTuneError
 from fltune.process import library_write_failure
 from fltune.tune.results import failed_result
 from fltune.tune.space import (
-    Asha, SearchSpace, base_tree, check_objective, check_params, is_space_setting, parse_space, set_dotted,
-    space_method,
+    Asha, SearchSpace, base_tree, check_objective, check_params, is_space_setting, parse_space, space_method,
 )
 from fltune.tune.spec import SavedSpec, StudySpec
 from fltune.tune.storage import check_name, job_filesystem, storage_root
@@ -128,7 +127,7 @@ def placement(
 ) -> tune.PlacementGroupFactory:
     """Head bundle (empty) + one bundle per client actor; refuse what the cluster can never place."""
     pinned = {"resources.workers": workers, "resources.gpus_per_worker": gpus_per_worker}
-    plan = plan_workers(build_config(set_dotted(tree, pinned)), cluster)
+    plan = plan_workers(build_config(set_fields(tree, pinned)), cluster)
     if plan.in_driver:
         raise FLTuneError(
             "resources.driver_worker: a Tune trial's own process reserves no CPU to train on; "

@@ -27,9 +27,9 @@ import ray
 from ray import tune
 
 from fltune.assembly import build_federation
-from fltune.config import ExperimentConfig, build_config
+from fltune.config import ExperimentConfig, build_config, set_fields
 from fltune.engine.federation import Federation, lockstep, open_all
-from fltune.tune.space import Objective, set_dotted
+from fltune.tune.space import Objective
 from fltune.tune.spec import StudySpec
 
 STATE_FILE = "federations.pkl"
@@ -41,7 +41,7 @@ def seed_configs(tree: dict[str, Any], seeds: int, workers: int, gpus_per_worker
     """One configuration per seed: seed i is the base seed + i; its workers reserve a 1/seeds share of
     the trial's worker bundles, because the seeds take turns on the same CPUs. MLflow is the driver's."""
     base = build_config(tree)
-    return [build_config(set_dotted(tree, {
+    return [build_config(set_fields(tree, {
         "federation.seed": base.federation.seed + index,
         "resources.workers": workers,
         "resources.cpus_per_worker": base.resources.cpus_per_worker / seeds,
@@ -194,7 +194,7 @@ def client_folder() -> Path:
 
 def run_trial(config: dict[str, Any], spec: StudySpec) -> None:
     """Tune entry point: ``config`` holds the sampled parameters under their dotted names."""
-    cfgs = seed_configs(set_dotted(spec.base, config), spec.space.seeds, spec.workers, spec.gpus_per_worker or 0.0)
+    cfgs = seed_configs(set_fields(spec.base, config), spec.space.seeds, spec.workers, spec.gpus_per_worker or 0.0)
     cadence = Cadence(spec.space.checkpoint_every, spec.space.checkpoint_seconds)
     run_federations(cfgs, spec.space.objective, cadence)
 

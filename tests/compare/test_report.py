@@ -9,16 +9,16 @@ import math
 import pytest
 from rich.console import Console
 
+from fltune.config import set_fields
 from fltune.compare.report import cell_figures, columns, live_board, results, rich_table
 from fltune.compare.spec import new_spec
 from fltune.tune.results import TrialRow
-from fltune.tune.space import set_dotted
 
 BASE = {"data.dataset": "synthetic", "federation.clients": 4, "partition.eval_fraction": 0.2}
 
 
 def spec(tmp_path, **settings):
-    return new_spec(methods=["fedavg", "fedrep"], base=set_dotted({}, {**BASE, **settings}), seeds=1,
+    return new_spec(methods=["fedavg", "fedrep"], base=set_fields({}, {**BASE, **settings}), seeds=1,
                     tune_budget=None, storage=str(tmp_path), name="c", out=str(tmp_path / "out"), max_concurrent=None)
 
 
@@ -36,7 +36,7 @@ def test_a_fine_tuning_setting_reports_the_fine_tuned_accuracy_once(tmp_path, fi
 
 def test_the_files_go_beside_the_store_the_runs_are_logged_to(tmp_path):
     """Not ``./mlruns/compare`` when ``tracking.uri`` points elsewhere."""
-    base = set_dotted({}, {**BASE, "tracking.uri": f"sqlite:///{tmp_path}/store/mlflow.db"})
+    base = set_fields({}, {**BASE, "tracking.uri": f"sqlite:///{tmp_path}/store/mlflow.db"})
     comparison = new_spec(methods=["fedavg"], base=base, seeds=1, tune_budget=None, storage=str(tmp_path), name="c",
                           out=None, max_concurrent=None)
     assert comparison.out == str(tmp_path / "store" / "compare" / "c")
@@ -45,7 +45,7 @@ def test_the_files_go_beside_the_store_the_runs_are_logged_to(tmp_path):
 def test_the_terminal_table_reads_in_100_columns(tmp_path):
     """Every reported accuracy, rounds to target and the test, uncut at 100 columns (the live board's too:
     each running cell's round); the files keep every column."""
-    comparison = new_spec(methods=["fedavg", "fedprox", "fedrep"], base=set_dotted({}, {
+    comparison = new_spec(methods=["fedavg", "fedprox", "fedrep"], base=set_fields({}, {
         **BASE, "training.finetune_epochs": 1, "metrics.target": 0.5}), seeds=3, tune_budget=None,
         storage=str(tmp_path), name="c", out=str(tmp_path / "out"), max_concurrent=None)
     rows = [TrialRow(trial_id=f"t{i}", status="running" if i == 8 else "finished", params={"cell": cell},
