@@ -37,10 +37,14 @@ def experiment_overrides(args: argparse.Namespace) -> list[str]:
     return flags + list(args.overrides)
 
 
-def check_cadence(args: argparse.Namespace) -> None:
-    """``--checkpoint-every`` ≥ 1 and ``--checkpoint-seconds`` > 0 when given."""
-    if args.checkpoint_every is not None and args.checkpoint_every < 1:
-        raise FLTuneError(f"--checkpoint-every: {args.checkpoint_every}; allowed: ≥ 1")
+def check_job_flags(args: argparse.Namespace) -> None:
+    """A Tune job's counts (``--seeds``, ``--tune-budget``, ``--max-concurrent``, ``--checkpoint-every``: ≥ 1
+    when given; a command without the flag passes it over) and ``--checkpoint-seconds`` > 0 when given."""
+    for flag, hint in (("seeds", ""), ("tune_budget", " (trials per method), or leave it out"),
+                       ("max_concurrent", " (or leave it out: as many as fit)"), ("checkpoint_every", "")):
+        value = getattr(args, flag, None)
+        if value is not None and value < 1:
+            raise FLTuneError(f"--{flag.replace('_', '-')}: {value}; allowed: ≥ 1{hint}")
     if args.checkpoint_seconds is not None and not args.checkpoint_seconds > 0:
         raise FLTuneError(f"--checkpoint-seconds: {args.checkpoint_seconds:g}; allowed: > 0")
 

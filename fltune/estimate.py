@@ -94,7 +94,7 @@ def calibrate(cfg: ExperimentConfig, as_built: bool = True) -> float:
     """Seconds per training sample of the run's model at its batch size, one client worker's share of this
     machine (its CPU threads, or the GPU). ``as_built=False`` times the model without what its method adds
     (MOON's projector, …): one calibration per model, not per model and method, for the weights of a quick
-    job's ETA (:func:`run_seconds`), where 3 models × 4 methods took 55 s on this machine's CPU."""
+    job's ETA (:func:`run_seconds`)."""
     method = cfg.method.name if as_built else "fedavg"
     return _calibrate(model_name(cfg), json.dumps(cfg.model.options, sort_keys=True), method,
                       cfg.data.dataset, cfg.data.root, cfg.training.batch_size, cfg.resources.cpus_per_worker)

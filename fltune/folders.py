@@ -98,9 +98,9 @@ class ReplaceOnClose(io.FileIO):
     """A file written under a hidden temporary name in the target's folder (``part_path``), moved onto the
     target when closed, all or nothing. A writer killed before ``close`` leaves the target as it was (and a
     ``.part`` file that Tune's listings, which match ``*.json`` and ``*.pkl``, never pick up); a write that
-    fails (a full disk), or a ``with`` block that raises, leaves the target as it was and no ``.part``: a
-    checkpoint cut by a full disk used to be renamed into place, and the resumed trial died unpickling it.
-    A failed write raises ``NotWritten`` naming the target, so the line that reports it says which file."""
+    fails (a full disk), or a ``with`` block that raises, leaves the target as it was and no ``.part`` (a
+    cut checkpoint renamed into place would kill the resumed trial unpickling it). A failed write raises
+    ``NotWritten`` naming the target, so the line that reports it says which file."""
 
     def __init__(self, path: str) -> None:
         self.target = path

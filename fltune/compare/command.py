@@ -13,11 +13,12 @@ input (one line, nothing written); 130 interrupted, 143 on SIGTERM (continue wit
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fltune.cli_args import (
-    SHORTCUTS, add_checkpoint_args, add_experiment_args, check_cadence, experiment_overrides, keep_on_resume,
+    SHORTCUTS, add_checkpoint_args, add_experiment_args, check_job_flags, experiment_overrides, keep_on_resume,
     note_ignored_on_resume,
 )
 from fltune.errors import FLTuneError
@@ -143,7 +144,7 @@ class Comparison:
             return saved.model_copy(update={"out": args.out}) if args.out else saved
         if not args.methods:
             raise FLTuneError("--methods is required: at least two comma-separated methods, e.g. fedavg,fedprox")
-        check_cadence(args)
+        check_job_flags(args)
         spec = compare_spec.new_spec(
             methods=compare_spec.parse_methods(args.methods), base=experiment_tree(args), seeds=args.seeds,
             tune_budget=args.tune_budget, storage=storage, name=args.name, out=args.out,
@@ -246,10 +247,17 @@ class Cells(TuneJob["CompareSpec"]):
     def tracking(self, spec: CompareSpec) -> TrackingConfig:
         return spec.tracking
 
-    def new_tuner(self, spec: CompareSpec, resources: PlacementGroupFactory) -> Tuner:
-        from fltune.compare.job import new_tuner
+    def entry(self) -> Callable[[dict[str, Any], CompareSpec], None]:
+        from fltune.compare.job import run_cell
 
-        return new_tuner(spec, resources, self.callbacks(spec))
+        return run_cell
+
+    def new_tuner(self, spec: CompareSpec, resources: PlacementGroupFactory) -> Tuner:
+        """One trial per cell, as many at once as fit (or ``--max-concurrent``)."""
+        from fltune.tune.study import bound_trainable, grid_tuner
+
+        trainable = bound_trainable(self.entry(), spec, resources)
+        return grid_tuner(trainable, spec.cells, spec, spec.max_concurrent, self.callbacks(spec))
 
     def board(self, spec: CompareSpec) -> TrialBoard:
         from fltune.compare.report import live_board
@@ -265,11 +273,6 @@ class Cells(TuneJob["CompareSpec"]):
 
         return CompareLog
 
-    def restored_tuner(self, spec: CompareSpec, resources: PlacementGroupFactory) -> Tuner:
-        from fltune.compare.job import restored_tuner
-
-        return restored_tuner(spec, resources)
-
     def describe(self, spec: CompareSpec, nodes: int) -> str:
         return (f"  cells: {len(spec.cells)} ({len(spec.methods)} methods × {spec.seeds} seeds), {spec.workers} "
                 f"client worker(s) each on a {nodes}-node cluster · folder {spec.path}")
@@ -278,21 +281,16 @@ class Cells(TuneJob["CompareSpec"]):
         return RESUME_HINT.format(prog=invoked_as(), name=spec.name, storage=spec.storage)
 
     def conclude(self, spec: CompareSpec, rows: list[TrialRow]) -> int:
-        return conclude(spec, rows)
+        """The table, the files, and the exit status."""
+        from fltune.compare.report import results, rich_table, write_outputs
+        from fltune.tracking.progress import console
+        from fltune.tune.results import any_unscored, unfinished
 
-
-def conclude(spec: CompareSpec, rows: list[TrialRow]) -> int:
-    """The table, the files, and the exit status."""
-    from fltune.compare.report import results, rich_table, write_outputs
-    from fltune.tracking.progress import console
-    from fltune.tune.results import any_unscored, unfinished
-
-    res = results(spec, rows)
-    console.print(rich_table(spec, res, f"compare {spec.name}: final accuracies, mean ± std over seeds"))
-    write_outputs(spec, res, Path(spec.out))
-    console.print(f"written: {spec.out}/: compare.md and .csv (every figure), compare.png, configs/<method>.yaml")
-    if unfinished(rows, len(spec.cells)):
-        say_resume("comparison interrupted",
-                   RESUME_HINT.format(prog=invoked_as(), name=spec.name, storage=spec.storage))
-        return 130
-    return 1 if any_unscored(r.status for r in rows) else 0
+        res = results(spec, rows)
+        console.print(rich_table(spec, res, f"compare {spec.name}: final accuracies, mean ± std over seeds"))
+        write_outputs(spec, res, Path(spec.out))
+        console.print(f"written: {spec.out}/: compare.md and .csv (every figure), compare.png, configs/<method>.yaml")
+        if unfinished(rows, len(spec.cells)):
+            say_resume("comparison interrupted", self.resume_command(spec))
+            return 130
+        return 1 if any_unscored(r.status for r in rows) else 0

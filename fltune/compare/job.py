@@ -11,11 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ray import tune
-
 from fltune.compare.spec import CompareSpec
 from fltune.tune.space import Objective
-from fltune.tune.study import bound_trainable, grid_tuner, restore
 from fltune.tune.trainable import Cadence, objective_key, run_federations, seed_configs
 
 
@@ -35,13 +32,3 @@ def run_cell(config: dict[str, Any], spec: CompareSpec) -> None:
     cfgs = seed_configs(spec.cell_tree(config["cell"]), 1, spec.workers, spec.gpus_per_worker or 0.0)
     first, *extra = objectives(spec)
     run_federations(cfgs, first, Cadence(spec.checkpoint_every, spec.checkpoint_seconds), extra=extra)
-
-
-def new_tuner(spec: CompareSpec, resources: tune.PlacementGroupFactory, callbacks: list) -> tune.Tuner:
-    """One trial per cell, as many at once as fit (or ``--max-concurrent``)."""
-    return grid_tuner(bound_trainable(run_cell, spec, resources), spec.cells, spec, spec.max_concurrent, callbacks)
-
-
-def restored_tuner(spec: CompareSpec, resources: tune.PlacementGroupFactory) -> tune.Tuner:
-    """Unfinished and errored cells run again from their checkpoints; finished ones are kept."""
-    return restore(spec, bound_trainable(run_cell, spec, resources), resume_errored=True)

@@ -325,17 +325,15 @@ def overlay_png(spec: CompareSpec, path: Path) -> Path:
     return save_png(fig, path, dpi=100)
 
 
-def tuned_yaml(spec: CompareSpec, method: str, path: Path) -> Path:
-    """A method's configuration as its cells ran it (base seed), for ``cli.py run --config``."""
-    path.write_text(build_config(spec.trees[method]).to_yaml())
-    return path
-
-
 def write_outputs(spec: CompareSpec, res: list[MethodRow], folder: Path) -> list[Path]:
-    """compare.csv, compare.md, compare.png and configs/<method>.yaml under ``folder``."""
+    """compare.csv, compare.md, compare.png and configs/<method>.yaml under ``folder`` (each method's
+    configuration as its cells ran it, at the base seed, for ``run --config``)."""
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "configs").mkdir(exist_ok=True)
     md = folder / "compare.md"
     md.write_text(markdown(spec, res))
     paths = [write_csv(spec, res, folder / "compare.csv"), md, overlay_png(spec, folder / "compare.png")]
-    return paths + [tuned_yaml(spec, m, folder / "configs" / f"{label(m)}.yaml") for m in spec.methods]
+    for method in spec.methods:
+        paths.append(folder / "configs" / f"{label(method)}.yaml")
+        paths[-1].write_text(build_config(spec.trees[method]).to_yaml())
+    return paths

@@ -89,7 +89,7 @@ class CompareSpec(SavedSpec):
     @property
     def cells(self) -> list[str]:
         """One cell per method × seed: ``<method>/seed<k>``, method-major (the table's order)."""
-        return [cell_key(method, index) for method in self.methods for index in range(self.seeds)]
+        return [f"{method}/seed{index}" for method in self.methods for index in range(self.seeds)]
 
     def cell_tree(self, key: str) -> dict[str, Any]:
         """A cell's experiment: its method's tree at seed base + k."""
@@ -98,10 +98,6 @@ class CompareSpec(SavedSpec):
 
     def study_name(self, method: str) -> str:
         return f"{self.name}-tune-{label(method)}"
-
-
-def cell_key(method: str, index: int) -> str:
-    return f"{method}/seed{index}"
 
 
 def parse_cell(key: str) -> tuple[str, int]:
@@ -146,13 +142,8 @@ def ranking_accuracy(cfg: ExperimentConfig) -> str:
 def new_spec(*, methods: list[str], base: dict[str, Any], seeds: int, tune_budget: int | None, storage: str,
              name: str | None, out: str | None, max_concurrent: int | None,
              checkpoint_every: int | None = None, checkpoint_seconds: float | None = None) -> CompareSpec:
-    """A fresh comparison, named ``compare-<time>`` unless ``--name``; trees filled now unless tuning."""
-    if seeds < 1:
-        raise FLTuneError(f"--seeds: {seeds}; allowed: ≥ 1")
-    if tune_budget is not None and tune_budget < 1:
-        raise FLTuneError(f"--tune-budget: {tune_budget}; allowed: ≥ 1 (trials per method), or leave it out")
-    if max_concurrent is not None and max_concurrent < 1:
-        raise FLTuneError(f"--max-concurrent: {max_concurrent}; allowed: ≥ 1 (or leave it out: as many as fit)")
+    """A fresh comparison (its counts checked with its flags, ``cli_args.check_job_flags``), named
+    ``compare-<time>`` unless ``--name``; trees filled now unless tuning."""
     name = check_name(name or f"compare-{time.strftime('%Y%m%d-%H%M%S')}")
     trees = {method: method_tree(base, method) for method in methods}
     cfg = build_config(trees[methods[0]])

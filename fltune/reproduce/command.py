@@ -9,11 +9,11 @@ diverged or failed; 2 bad input; 130 interrupted, 143 on SIGTERM (continue with 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fltune.cli_args import add_checkpoint_args, check_cadence, keep_on_resume, note_ignored_on_resume
-from fltune.errors import FLTuneError
+from fltune.cli_args import add_checkpoint_args, check_job_flags, keep_on_resume, note_ignored_on_resume
 from fltune.examples import EXAMPLES
 from fltune.process import say_resume
 from fltune.text import invoked_as
@@ -139,10 +139,18 @@ class Reproduction(TuneJob["ReproSpec"]):
 
         return [build_config(run.tree) for run in spec.cells.values()]
 
-    def new_tuner(self, spec: ReproSpec, resources: PlacementGroupFactory) -> Tuner:
-        from fltune.reproduce.job import new_tuner
+    def entry(self) -> Callable[[dict[str, Any], ReproSpec], None]:
+        from fltune.reproduce.job import run_cell
 
-        return new_tuner(spec, resources, self.callbacks(spec))
+        return run_cell
+
+    def new_tuner(self, spec: ReproSpec, resources: PlacementGroupFactory) -> Tuner:
+        """A grid over the distinct experiments: each runs once (its seeds inside), as many at once as fit."""
+        from fltune.tune.study import bound_trainable, grid_tuner
+
+        order = spec.trial_order or list(spec.trials)
+        trainable = bound_trainable(self.entry(), spec, resources)
+        return grid_tuner(trainable, order, spec, spec.max_concurrent, self.callbacks(spec))
 
     def board(self, spec: ReproSpec) -> TrialBoard:
         from fltune.reproduce.report import live_cells
@@ -154,11 +162,6 @@ class Reproduction(TuneJob["ReproSpec"]):
         from fltune.reproduce.mlflow_runs import ReproLog
 
         return ReproLog
-
-    def restored_tuner(self, spec: ReproSpec, resources: PlacementGroupFactory) -> Tuner:
-        from fltune.reproduce.job import restored_tuner
-
-        return restored_tuner(spec, resources)
 
     def describe(self, spec: ReproSpec, nodes: int) -> str:
         """The header; a paper-scale job adds its cost estimate (fltune/estimate.py) before it starts."""
@@ -178,17 +181,32 @@ class Reproduction(TuneJob["ReproSpec"]):
         return RESUME_HINT.format(prog=invoked_as(), table=spec.table, name=spec.name, storage=spec.storage)
 
     def conclude(self, spec: ReproSpec, rows: list[TrialRow]) -> int:
-        return conclude(spec, rows)
+        """The side-by-side table, the files, what had no data, and the exit status."""
+        from fltune.reproduce.report import results, rich_table, write_outputs
+        from fltune.tracking.progress import console
+        from fltune.tune.results import any_unscored
+
+        res = results(spec, rows)
+        console.print(rich_table(spec, res))
+        paths = write_outputs(spec, res, Path(spec.out))
+        console.print(f"written: {', '.join(str(p) for p in paths)}")
+        for dataset_note in sorted({r.note for r in res if r.status == "no data"}):
+            console.print(f"[dim]no data:[/] {dataset_note}")
+        diverged = [f"{r.cell.row} | {r.cell.dataset} {r.cell.column} (round {r.round})"
+                    for r in res if r.status == "diverged"]
+        if diverged:
+            console.print(f"diverged (loss or weights NaN/inf; the number shown is the last evaluation before): "
+                          f"{'; '.join(diverged)}")
+        if any(r.status in ("running", "pending") for r in res):
+            say_resume("job interrupted", self.resume_command(spec))
+            return 130
+        return 1 if any_unscored(r.status for r in res) else 0
 
 
 def selection(args: argparse.Namespace) -> tuple[list[str] | None, list[str] | None, list[str]]:
     """--datasets, --rows and the overrides (--data-root first, then every --set); --seeds,
     --max-concurrent and --checkpoint-* checked on the way."""
-    if args.seeds < 1:
-        raise FLTuneError(f"--seeds: {args.seeds}; allowed: ≥ 1")
-    if args.max_concurrent is not None and args.max_concurrent < 1:
-        raise FLTuneError(f"--max-concurrent: {args.max_concurrent}; allowed: ≥ 1 (or leave it out: as many as fit)")
-    check_cadence(args)
+    check_job_flags(args)
     overrides = [*([f"data.root={args.data_root}"] if args.data_root else []), *args.overrides]
     return (args.datasets.split(",") if args.datasets else None, args.rows.split(",") if args.rows else None,
             overrides)
@@ -230,27 +248,3 @@ def describe(spec: ReproSpec, nodes: int, resumed: bool) -> str:
         + f"\n  per cell: {spec.workers} client worker(s) on a {nodes}-node cluster · folder {spec.path}"
         + "".join(f"\n  {line}" for line in row_lines(table, [table.cell(key).row for key in spec.cells]))
     )
-
-
-def conclude(spec: ReproSpec, rows: list[TrialRow]) -> int:
-    """The side-by-side table, the files, what had no data, and the exit status."""
-    from fltune.reproduce.report import results, rich_table, write_outputs
-    from fltune.tracking.progress import console
-    from fltune.tune.results import any_unscored
-
-    res = results(spec, rows)
-    console.print(rich_table(spec, res))
-    paths = write_outputs(spec, res, Path(spec.out))
-    console.print(f"written: {', '.join(str(p) for p in paths)}")
-    for dataset_note in sorted({r.note for r in res if r.status == "no data"}):
-        console.print(f"[dim]no data:[/] {dataset_note}")
-    diverged = [f"{r.cell.row} | {r.cell.dataset} {r.cell.column} (round {r.round})"
-                for r in res if r.status == "diverged"]
-    if diverged:
-        console.print(f"diverged (loss or weights NaN/inf; the number shown is the last evaluation before): "
-                      f"{'; '.join(diverged)}")
-    if any(r.status in ("running", "pending") for r in res):
-        say_resume("job interrupted",
-                   RESUME_HINT.format(prog=invoked_as(), table=spec.table, name=spec.name, storage=spec.storage))
-        return 130
-    return 1 if any_unscored(r.status for r in res) else 0

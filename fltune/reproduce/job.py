@@ -15,7 +15,6 @@ from functools import cached_property
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
-from ray import tune
 
 from fltune.config import TrackingConfig, build_config
 from fltune.reproduce.plan import PlannedCell, first_config
@@ -25,7 +24,6 @@ from fltune.tracking.paths import outputs_dir
 from fltune.tune.space import Objective
 from fltune.tune.spec import SavedSpec
 from fltune.tune.storage import check_name
-from fltune.tune.study import bound_trainable, grid_tuner, restore
 from fltune.tune.trainable import Cadence, run_federations, seed_configs
 
 class CellRun(BaseModel):
@@ -66,8 +64,8 @@ class ReproSpec(SavedSpec):
     None: the table's (a job that downloads its data first, which is not here to time the models on)."""
     trial_seconds: dict[str, float] | None = None
     """Each trial's estimated seconds on one worker (``trial_seconds``), which order its start and weigh its
-    ETA (``tune.board.eta``); None where ``trial_order`` is, and in jobs saved before it existed (quick-scale
-    ones before session 51 too): every trial weighs the same."""
+    ETA (``tune.board.eta``); None where ``trial_order`` is, and in jobs saved before it existed: every trial
+    weighs the same."""
 
     @property
     def paper_table(self) -> PaperTable:
@@ -113,18 +111,15 @@ def new_spec(table: PaperTable, scale: str, planned: list[PlannedCell], *, seeds
         return spec
     from fltune.estimate import longest_first
 
-    # longest first: a job's trials outnumber its slots (SimFAFL Table 2 FMNIST at paper scale: 18 trials, 16 at
-    # once on one GPU; in the table's order its two SimFAFL trials, among the longest, started last)
-    seconds = trial_seconds(spec)
+    seconds = trial_seconds(spec)  # longest first: a job's trials can outnumber its slots
     return spec.model_copy(update={"trial_order": longest_first(seconds), "trial_seconds": seconds})
 
 
 def trial_seconds(spec: ReproSpec) -> dict[str, float]:
     """Each trial's estimated seconds. At paper scale its header calibrates every model and method anyway; at
     quick scale each model is timed once, without what a method adds to it (``estimate.calibrate``): a quick
-    job takes minutes, and on this machine's CPU a calibration per model and method took 55 s for FedSOL
-    Table 3's three models and 12 methods, one per model 15 s; SimFAFL Table 1's two CNNs take 0.2 s and weigh
-    its FedCR runs 2.1× its FedAvg ones (measured: 110 s and 50 s)."""
+    job takes minutes, and a calibration per model and method would add a large share of that
+    (docs/performance.md, "Figures from code comments")."""
     from fltune.estimate import run_seconds
 
     items = [(trial, spec.cells[trial].tree, spec.seeds) for trial in spec.trials]
@@ -145,15 +140,3 @@ def run_cell(config: dict[str, Any], spec: ReproSpec) -> None:
     cfgs = seed_configs(spec.cells[trial].tree, spec.seeds, spec.workers, spec.gpus_per_worker or 0.0)
     first, *extra = cell_objectives(spec, trial)
     run_federations(cfgs, first, Cadence(spec.checkpoint_every, spec.checkpoint_seconds), extra=extra)
-
-
-
-def new_tuner(spec: ReproSpec, resources: tune.PlacementGroupFactory, callbacks: list) -> tune.Tuner:
-    """A grid over the distinct experiments: each runs once (its seeds inside), as many at once as fit."""
-    order = spec.trial_order or list(spec.trials)
-    return grid_tuner(bound_trainable(run_cell, spec, resources), order, spec, spec.max_concurrent, callbacks)
-
-
-def restored_tuner(spec: ReproSpec, resources: tune.PlacementGroupFactory) -> tune.Tuner:
-    """Unfinished and errored cells run again from their checkpoints; finished ones are kept."""
-    return restore(spec, bound_trainable(run_cell, spec, resources), resume_errored=True)

@@ -37,12 +37,6 @@ class PlannedCell:
         return self.tree is not None
 
 
-def pick_scale(table: PaperTable, name: str) -> Scale:
-    if name not in table.scales:
-        raise FLTuneError(f"--scale: {table.key} has no scale {name!r}; {allowed(name, table.scales)}")
-    return table.scales[name]
-
-
 LIKE_FOR_LIKE = {"fmnist": ("mnist", "emnist_letters"), "mnist": ("fmnist", "emnist_letters")}
 """A substitute named in ``--datasets`` selects the cells it stands in for like-for-like (same 28×28 grey
 images, 10 classes): ``--datasets fmnist`` on FedSOL's Table 2 is its MNIST column run on FMNIST."""
@@ -109,7 +103,9 @@ def cell_tree(cell: Cell, scale: Scale, dataset: str, overrides: list[str]) -> d
 def plan(table: PaperTable, scale_name: str, datasets: list[str] | None, overrides: list[str],
          rows: list[str] | None = None) -> list[PlannedCell]:
     """Every selected cell, runnable or not; raises only for bad input."""
-    scale = pick_scale(table, scale_name)
+    if scale_name not in table.scales:
+        raise FLTuneError(f"--scale: {table.key} has no scale {scale_name!r}; {allowed(scale_name, table.scales)}")
+    scale = table.scales[scale_name]
     cells = pick_cells(table, datasets, rows, scale.substitute)
     root, download = _data_from(overrides)
     missing = {d: available(d, root) for d in dict.fromkeys(c.dataset for c in cells)}

@@ -57,10 +57,6 @@ class CellResult:
 def results(spec: ReproSpec, rows: list[TrialRow]) -> list[CellResult]:
     """Every cell of the job in table order: the final objective its trial reported for the cell's metric,
     read as the paper prints it (``PaperTable.factor``: ×100 for percentages), ranked within its column."""
-    return ranked(_results(spec, rows))
-
-
-def _results(spec: ReproSpec, rows: list[TrialRow]) -> list[CellResult]:
     table = spec.paper_table
     by_trial = {row.params.get("cell"): row for row in rows}
     out = []
@@ -77,11 +73,12 @@ def _results(spec: ReproSpec, rows: list[TrialRow]) -> list[CellResult]:
             value, std = cell_objective(row, run)
             factor = table.factor(cell)
             std = std if value is not None and spec.seeds > 1 else None
-            unreached = value is None and row.status == "finished" and needs_target(run)
+            needs_target = run.metric == "rounds_to_target" or run.reduce == "at_target"
+            unreached = value is None and row.status == "finished" and needs_target
             out.append(CellResult(cell, row.status, None if value is None else value * factor,
                                   None if std is None else std * factor, row.round, note, unreached,
                                   ordering=spec.scale != "paper" or run.substituted is not None))
-    return out
+    return ranked(out)
 
 
 def ranked(res: list[CellResult]) -> list[CellResult]:
@@ -141,10 +138,6 @@ def tau_metrics(res: list[CellResult]) -> dict[str, float]:
             for (d, c), tau in column_taus(res).items() if tau is not None}
 
 
-def needs_target(run: CellRun) -> bool:
-    return run.metric == "rounds_to_target" or run.reduce == "at_target"
-
-
 def cell_objective(row: TrialRow, run: CellRun) -> tuple[float | None, float | None]:
     """(mean, std) over seeds of the cell's objective (None when not finite): under its own key when its
     trial scored several cells (``objective:<reduce>:<metric>``), else the trial's objective."""
@@ -200,21 +193,17 @@ def diverged_text(result: CellResult) -> str:
     return f" diverged r{result.round}" if result.status == "diverged" else ""
 
 
-def columns(table: PaperTable, res: list[CellResult]) -> list[tuple[str, str]]:
-    return list(dict.fromkeys((r.cell.dataset, r.cell.column) for r in res))
-
-
-def layout(table: PaperTable, res: list[CellResult]) -> tuple[list[str], list[tuple[str, str]], dict]:
+def layout(res: list[CellResult]) -> tuple[list[str], list[tuple[str, str]], dict]:
     """Paper rows, (dataset, column) columns, and the result at each (row, dataset, column)."""
     rows = list(dict.fromkeys(r.cell.row for r in res))
     grid = {(r.cell.row, r.cell.dataset, r.cell.column): r for r in res}
-    return rows, columns(table, res), grid
+    return rows, list(dict.fromkeys((r.cell.dataset, r.cell.column) for r in res)), grid
 
 
 def rich_table(spec: ReproSpec, res: list[CellResult], title: str | None = None) -> Table:
     """The paper's layout; each cell shows measured (± std), the paper's value and Δ on three lines."""
     table = spec.paper_table
-    rows, cols, grid = layout(table, res)
+    rows, cols, grid = layout(res)
     out = Table(title=title or f"{table.title} — {spec.scale} scale, {spec.seeds} seed(s)", show_lines=True)
     out.add_column("method")
     for dataset, column in cols:
@@ -259,7 +248,7 @@ def live_cells(spec: ReproSpec, rows: list[TrialRow], planned: Planned | None = 
 
 def markdown(spec: ReproSpec, res: list[CellResult]) -> str:
     table = spec.paper_table
-    rows, cols, grid = layout(table, res)
+    rows, cols, grid = layout(res)
     head = ["method", *(f"{DATASET_NAMES.get(d, d)} {c}" for d, c in cols)]
     lines = [f"## {table.title}", "",
              f"{table.value}; measured at `{spec.scale}` scale, mean ± std over {spec.seeds} seed(s); "

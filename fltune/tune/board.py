@@ -100,8 +100,7 @@ def eta(rows: list[TrialRow], trials: int, costs: Mapping[str, float] | None = N
 
     How many run at once is read from the finished trials' spans (Tune's ``time_total_s`` and ``timestamp``),
     not from how many Tune calls running: it starts every trial of a grid, and most of them wait for their
-    workers' resources (SimFAFL Table 1 at quick scale: 16 "running", 2 training; the count of running trials
-    made its ETA ~1 min of 6 left). A trial training now counts as half done.
+    workers' resources. A trial training now counts as half done.
 
     ``costs`` (a trial's label → its estimated seconds: a reproduce job's) weigh the trials, and
     the pace is the finished ones' measured over estimated seconds; without them each trial weighs their

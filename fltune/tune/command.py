@@ -8,6 +8,7 @@ or 143 on SIGTERM (the study is saved: rerun with ``--resume``).
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -94,7 +95,7 @@ class Study(TuneJob["StudySpec"]):
     def new_spec(self, storage: str) -> StudySpec:
         from fltune.tune import study
 
-        return study.new_spec(self.request(storage))
+        return study.new_spec(study_request(self.args, storage))
 
     def saved_spec(self, storage: str) -> StudySpec:
         """``--name``, else the newest study (of ``--space``'s file when given)."""
@@ -112,9 +113,6 @@ class Study(TuneJob["StudySpec"]):
         note_ignored_on_resume(args, "study")
         return spec
 
-    def request(self, storage: str) -> StudyRequest:
-        return study_request(self.args, storage)
-
     def experiment(self, spec: StudySpec) -> dict[str, Any]:
         return spec.base
 
@@ -127,24 +125,53 @@ class Study(TuneJob["StudySpec"]):
     def tracking(self, spec: StudySpec) -> TrackingConfig:
         return spec.base_config.tracking
 
+    def entry(self) -> Callable[[dict[str, Any], StudySpec], None]:
+        from fltune.tune.trainable import run_trial
+
+        return run_trial
+
     def new_tuner(self, spec: StudySpec, resources: PlacementGroupFactory) -> Tuner:
         from fltune.tune.study import new_tuner
 
         return new_tuner(spec, resources, self.callbacks(spec))
 
-    def restored_tuner(self, spec: StudySpec, resources: PlacementGroupFactory) -> Tuner:
-        from fltune.tune.study import restored_tuner
-
-        return restored_tuner(spec, resources)
-
     def describe(self, spec: StudySpec, nodes: int) -> str:
-        return describe(spec, nodes, self.args.resume)
+        space, res = spec.space, spec.base_config.resources
+        sched = space.scheduler.name
+        if sched == "asha":
+            sched += f" (grace {space.scheduler.grace_period} rounds)"
+        return (
+            f"[bold]fltune tune[/] {'resuming ' if self.args.resume else ''}study [bold]{spec.name}[/] · "
+            f"{spec.method} · {space.num_samples} samples × {space.seeds} seed(s), ≤{space.max_concurrent} at once · "
+            f"{space.objective.metric} ({space.objective.reduce}, {space.objective.direction}) · {space.sampler.name} · "
+            f"{sched}\n  per trial: {spec.workers} client worker(s) × {res.cpus_per_worker:g} CPU"
+            f"{f' + {spec.gpus_per_worker:g} GPU' if spec.gpus_per_worker else ''} on a {nodes}-node cluster · "
+            f"folder {spec.path}"
+        )
 
     def resume_command(self, spec: StudySpec) -> str:
         return RESUME_HINT.format(prog=invoked_as(), name=spec.name, storage=spec.storage)
 
     def conclude(self, spec: StudySpec, rows: list[TrialRow]) -> int:
-        return conclude(spec, rows, self.args.best_out)
+        """Print the ranking and write the best configuration; the exit status says how the study ended."""
+        from fltune.tracking.progress import console
+        from fltune.tune.board import trials_table
+        from fltune.tune.results import best, trial_config, unfinished
+
+        console.print(trials_table(rows, spec, f"study {spec.name}: trials ranked", ranked=True))
+        if unfinished(rows, spec.space.num_samples):
+            say_resume("study interrupted", self.resume_command(spec))
+            return 130
+        top = best(rows, spec.space.objective.direction)
+        if top is None:
+            console.print("fltune: no trial produced a score (all diverged or failed)")
+            return 1
+        path = write_best(spec, trial_config(spec, top.params).to_yaml(), self.args.best_out)
+        params = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in top.params.items())
+        console.print(f"[bold green]best[/] {top.trial_id}: {spec.space.objective.metric} = {top.objective:.4f}"
+                      + (f" ± {top.objective_std:.4f}" if spec.space.seeds > 1 else "")
+                      + f" with {params}\n  config: {path}  ({invoked_as()} run --config {path})")
+        return 0
 
 
 def study_request(args: argparse.Namespace, storage: str | None = None) -> StudyRequest:
@@ -172,43 +199,6 @@ def show_plan(args: argparse.Namespace) -> int:
     trials = [(label, tree, space.num_samples * space.seeds)]
     return print_plan(f"plan: tune {method}", trials, args.address or tree.get("resources", {}).get("address"),
                       space.max_concurrent, notes)
-
-
-def describe(spec: StudySpec, nodes: int, resumed: bool) -> str:
-    space, res = spec.space, spec.base_config.resources
-    sched = space.scheduler.name
-    if sched == "asha":
-        sched += f" (grace {space.scheduler.grace_period} rounds)"
-    return (
-        f"[bold]fltune tune[/] {'resuming ' if resumed else ''}study [bold]{spec.name}[/] · {spec.method} · "
-        f"{space.num_samples} samples × {space.seeds} seed(s), ≤{space.max_concurrent} at once · "
-        f"{space.objective.metric} ({space.objective.reduce}, {space.objective.direction}) · {space.sampler.name} · "
-        f"{sched}\n  per trial: {spec.workers} client worker(s) × {res.cpus_per_worker:g} CPU"
-        f"{f' + {spec.gpus_per_worker:g} GPU' if spec.gpus_per_worker else ''} on a {nodes}-node cluster · "
-        f"folder {spec.path}"
-    )
-
-
-def conclude(spec: StudySpec, rows: list[TrialRow], best_out: str | None) -> int:
-    """Print the ranking and write the best configuration; the exit status says how the study ended."""
-    from fltune.tracking.progress import console
-    from fltune.tune.board import trials_table
-    from fltune.tune.results import best, best_config_yaml, unfinished
-
-    console.print(trials_table(rows, spec, f"study {spec.name}: trials ranked", ranked=True))
-    if unfinished(rows, spec.space.num_samples):
-        say_resume("study interrupted", RESUME_HINT.format(prog=invoked_as(), name=spec.name, storage=spec.storage))
-        return 130
-    top = best(rows, spec.space.objective.direction)
-    if top is None:
-        console.print("fltune: no trial produced a score (all diverged or failed)")
-        return 1
-    path = write_best(spec, best_config_yaml(spec, top), best_out)
-    params = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in top.params.items())
-    console.print(f"[bold green]best[/] {top.trial_id}: {spec.space.objective.metric} = {top.objective:.4f}"
-                  + (f" ± {top.objective_std:.4f}" if spec.space.seeds > 1 else "")
-                  + f" with {params}\n  config: {path}  ({invoked_as()} run --config {path})")
-    return 0
 
 
 def write_best(spec: StudySpec, text: str, best_out: str | None) -> str:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import os
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
@@ -130,8 +131,20 @@ class TuneJob(ABC, Generic[Spec]):
         return [build_config(self.experiment(spec))]
 
     @abstractmethod
+    def entry(self) -> Callable[[dict[str, Any], Spec], None]:
+        """The trials' Tune entry point, ``entry(config, spec)`` (a module-level function)."""
+
+    @abstractmethod
     def new_tuner(self, spec: Spec, resources: PlacementGroupFactory) -> Tuner:
         """A new Tuner of the job, with ``callbacks``."""
+
+    def restored_tuner(self, spec: Spec, resources: PlacementGroupFactory) -> Tuner:
+        """The job's Tuner from its folder: unfinished trials continue from their checkpoints, and so do
+        errored ones (a stop signal can kill a trial's processes before Tune pauses it:
+        ``unfinished_if_stopped``); finished ones are kept."""
+        from fltune.tune.study import bound_trainable, restore
+
+        return restore(spec, bound_trainable(self.entry(), spec, resources))
 
     def callbacks(self, spec: Spec) -> list[Any]:
         """The terminal board always; MLflow only when tracking is on (off, MLflow is never imported)."""
@@ -171,10 +184,6 @@ class TuneJob(ABC, Generic[Spec]):
         from fltune.tune.mlflow_runs import StudyLog
 
         return StudyLog
-
-    @abstractmethod
-    def restored_tuner(self, spec: Spec, resources: PlacementGroupFactory) -> Tuner:
-        ...
 
     def out(self, spec: Spec) -> str | None:
         """The folder of the job's result files besides its job folder (``--out``); None: it has none."""

@@ -25,7 +25,7 @@ from fltune.config import ExperimentConfig, TrackingConfig
 from fltune.metrics.figures import save_png
 from fltune.tracking.mlflow_log import Tracker, run_tags
 from fltune.tune.results import (
-    ENDED, TrialRow, best, best_config_yaml, sensitivity_figure, trial_config, trial_row, trials_figure, unfinished,
+    ENDED, TrialRow, best, sensitivity_figure, trial_config, trial_row, trials_figure, unfinished,
     write_csv,
 )
 from fltune.tune.spec import StudySpec
@@ -182,7 +182,7 @@ class StudyLog(RunTree):
                                                    "best_objective_std": top.objective_std})
             self.tracker.set_tags(self.parent, {"fltune.best_trial": top.trial_id,
                                                 **{f"best.{k}": v for k, v in top.params.items()}})
-            self.tracker.log_text(self.parent, best_config_yaml(spec, top), "best_config.yaml")
+            self.tracker.log_text(self.parent, trial_config(spec, top.params).to_yaml(), "best_config.yaml")
         self.end_job(interrupted, failed=top is None)  # a study that scored no trial exits 1
 
 

@@ -137,7 +137,9 @@ def trial_row(trial: Trial, failed: bool = False) -> TrialRow:
 
 
 def trial_config(spec: StudySpec, params: dict[str, Any]) -> ExperimentConfig:
-    """A configuration of the study as one experiment: base + its parameters (base seed and resources)."""
+    """A configuration of the study as one experiment: base + its parameters, at the base seed and
+    resources (not a trial's pinned share: a single run may use the whole machine); as YAML, the best one is
+    a ``run --config`` file."""
     return build_config(set_fields(spec.base, params))
 
 
@@ -152,12 +154,6 @@ def rank(rows: list[TrialRow], mode: str) -> list[TrialRow]:
 def best(rows: list[TrialRow], mode: str) -> TrialRow | None:
     ranked = rank(rows, mode)
     return ranked[0] if ranked and ranked[0].scored else None
-
-
-def best_config_yaml(spec: StudySpec, row: TrialRow) -> str:
-    """The winning configuration as a ``cli.py run --config`` file, fully resolved (not the trial's pinned
-    resource share: a single run may use the whole machine)."""
-    return trial_config(spec, row.params).to_yaml()
 
 
 CSV_METRICS = ("acc_global", "acc_personalized", "loss", "startup_s", "time_total_s", "worker_nodes")

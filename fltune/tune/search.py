@@ -17,9 +17,8 @@ class FLOptunaSearch(OptunaSearch):
 
     Such a trial comes from a driver killed (SIGKILL, a lost node) after Tune had saved a new trial in the
     experiment state but before it saved the searcher's state: on ``--resume`` the trial runs, and
-    OptunaSearch raised ``KeyError`` on its first result (a CI run of ``tests/tune/test_resume.py``). Its
-    Optuna trial was lost with the killed driver, so there is nothing to tell Optuna; the trial still runs,
-    scores and is tracked as any other."""
+    OptunaSearch would raise ``KeyError`` on its first result. Its Optuna trial was lost with the killed
+    driver, so there is nothing to tell Optuna; the trial still runs, scores and is tracked as any other."""
 
     def on_trial_result(self, trial_id: str, result: dict[str, Any]) -> None:
         if trial_id in self._ot_trials:

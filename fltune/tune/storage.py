@@ -31,9 +31,8 @@ def write_whole(uri: str, data: bytes) -> None:
 
     For fltune's own files in a job folder (its saved spec, its best configuration), which ``--resume``
     reads back. A stop can land mid-write: SIGTERM becomes ``KeyboardInterrupt`` between any two bytecodes
-    (``process._on_sigterm``), and a file opened for writing is already truncated. CI once stopped a
-    comparison just as its second study saved its spec, and the resume refused the empty file as "a
-    different kind of fltune job". Here the old file, or none, stays until the new one is complete."""
+    (``process._on_sigterm``), and a file opened for writing is already truncated. Here the old file, or
+    none, stays until the new one is complete."""
     if "://" in uri:  # a remote store publishes an object only when its upload completes
         fs, path = pyarrow.fs.FileSystem.from_uri(uri)
         with fs.open_output_stream(path) as out:

@@ -221,15 +221,8 @@ def run_config(spec: SavedSpec, callbacks: list[tune.Callback]) -> tune.RunConfi
     )
 
 
-def restored_tuner(spec: StudySpec, resources: tune.PlacementGroupFactory) -> tune.Tuner:
-    """Tune restores the searcher, the trials and their checkpoints; unfinished trials continue, and so
-    do errored ones (a stop signal can kill a trial's processes before Tune pauses it:
-    ``job.unfinished_if_stopped``)."""
-    return restore(spec, bound_trainable(run_trial, spec, resources), resume_errored=True)
-
-
-def restore(spec: SavedSpec, trainable_: Any, resume_errored: bool) -> tune.Tuner:
-    """Any fltune Tune job from its folder (callbacks come back from there too); ``TuneJob.prepare`` makes
-    a new Tuner for a job that Tune never saved (``storage.tune_started``)."""
-    return tune.Tuner.restore(spec.path, trainable_, resume_unfinished=True, resume_errored=resume_errored,
+def restore(spec: SavedSpec, trainable_: Any) -> tune.Tuner:
+    """Any fltune Tune job from its folder (searcher and callbacks come back from there too), errored trials
+    resumed; ``TuneJob.prepare`` makes a new Tuner for a job that Tune never saved (``storage.tune_started``)."""
+    return tune.Tuner.restore(spec.path, trainable_, resume_unfinished=True, resume_errored=True,
                               storage_filesystem=job_filesystem(spec.storage))
