@@ -77,6 +77,10 @@ class Scale(_Frozen):
     def for_dataset(self, dataset: str) -> dict[str, Any]:
         return {**self.settings, **self.per_dataset.get(dataset, {})}
 
+    def plus(self, settings: dict[str, Any], note: str = "") -> Scale:
+        """This scale with ``settings`` over its own (e.g. the Hessian probe's) and ``note`` appended to its note."""
+        return self.model_copy(update={"settings": {**self.settings, **settings}, "note": self.note + note})
+
 
 class PaperTable(_Frozen):
     """A paper table: where it is printed, what its numbers are, its cells and its scales."""

@@ -188,25 +188,16 @@ def cell(row: str, dataset: str, column: str, paper: float, metric: str = "acc_g
                 reduce=reduce, settings=settings)
 
 
-def with_settings(scales: dict[str, Scale], paper: dict[str, Any], quick: dict[str, Any],
-                  note: str = "") -> dict[str, Scale]:
-    """The scales with extra settings (e.g. the Hessian probe) at each, and a note appended at quick."""
-    return {
-        "paper": scales["paper"].model_copy(update={"settings": {**scales["paper"].settings, **paper}}),
-        "quick": scales["quick"].model_copy(update={"settings": {**scales["quick"].settings, **quick},
-                                                     "note": scales["quick"].note + note}),
-    }
-
-
 def hessian_table(number: int, printed: dict[str, tuple[float, ...]]) -> PaperTable:
     """Accuracy and the Hessian figures of each method: five cells sharing one run (Tables 1 and 9)."""
     cells = [cell(row, "cifar100", column, values[i], metric, None if i == 0 else 1.0)
              for row, values in printed.items() for i, (column, metric) in enumerate(TABLE1_COLUMNS)]
-    scales = with_settings(
-        SCALES, {**HESSIAN, "metrics.hessian.clients": 16, "metrics.hessian.batch_size": 64},
-        {**HESSIAN, "metrics.hessian.clients": 2, "metrics.hessian.batches": 1, "metrics.hessian.batch_size": 32,
-         "metrics.hessian.max_iter": 20, "metrics.hessian.tol": 0.01},
-        "; Hessian on 1 batch of 32, ≤ 20 iterations, tol 1e-2, H_N/H_D over the 2 clients")
+    paper = {**HESSIAN, "metrics.hessian.clients": 16, "metrics.hessian.batch_size": 64}
+    scales = {"paper": SCALES["paper"].plus(paper),
+              "quick": SCALES["quick"].plus(
+                  {**HESSIAN, "metrics.hessian.clients": 2, "metrics.hessian.batches": 1,
+                   "metrics.hessian.batch_size": 32, "metrics.hessian.max_iter": 20, "metrics.hessian.tol": 0.01},
+                  "; Hessian on 1 batch of 32, ≤ 20 iterations, tol 1e-2, H_N/H_D over the 2 clients")}
     return PaperTable(
         key=f"fedalign:table{number}", title=f"FedAlign Table {number}: accuracy (%) and second-order metrics "
                                              "(CIFAR-100)",
@@ -313,9 +304,9 @@ def table8() -> PaperTable:
         cells.append(cell(row, "cifar100", "Rounds", rounds, "rounds_to_target", 1.0))
         cells.append(cell(row, "cifar100", "MFLOPs", mflops, "cost_cum_forward_mflops", 0.5, reduce="at_target"))
         cells.append(cell(row, "cifar100", "Comm Cost (Gb)", gbit, "cost_cum_up_gbit", 1.0, reduce="at_target"))
-    scales = with_settings(SCALES, {"federation.rounds": 100, "metrics.every": 1, "metrics.target": 0.6},
-                           {"federation.rounds": 6, "metrics.every": 1, "metrics.target": 0.5},
-                           "; 6 rounds, target 50 %")
+    scales = {"paper": SCALES["paper"].plus({"federation.rounds": 100, "metrics.every": 1, "metrics.target": 0.6}),
+              "quick": SCALES["quick"].plus({"federation.rounds": 6, "metrics.every": 1, "metrics.target": 0.5},
+                                            "; 6 rounds, target 50 %")}
     return PaperTable(
         key="fedalign:table8", title="FedAlign Table 8: rounds, MFLOPs and communication to reach 60 % (CIFAR-100)",
         source="FedAlign, Mendieta et al. 2022, arXiv version with appendix: appendix Table 8",

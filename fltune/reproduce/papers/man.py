@@ -181,10 +181,8 @@ def table1() -> PaperTable:
 
 def hessian_table(key: str, title: str, source: str, printed: dict[str, Any]) -> PaperTable:
     """Top Hessian eigenvalue and trace of the final global model, δ = 0.3 and 0.6 (CIFAR-100)."""
-    scales = {"paper": PAPER.model_copy(update={"settings": {**PAPER.settings, **HESSIAN}}),
-              "quick": QUICK.model_copy(update={"settings": {**QUICK.settings, **HESSIAN, **HESSIAN_QUICK},
-                                                "note": QUICK.note
-                                                + "; Hessian on 4 batches, ≤ 30 iterations, tol 1e-2"})}
+    scales = {"paper": PAPER.plus(HESSIAN),
+              "quick": QUICK.plus({**HESSIAN, **HESSIAN_QUICK}, "; Hessian on 4 batches, ≤ 30 iterations, tol 1e-2")}
     cells = []
     for row, entries in printed.items():
         for column, (eigen, trace) in zip(("δ=0.3", "δ=0.6"), entries):

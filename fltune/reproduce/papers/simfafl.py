@@ -204,12 +204,7 @@ def cell(row: str, dataset: str, column: str, paper: float | None, spec: Row,
 
 def table2() -> PaperTable:
     cells = [cell(row, d, col, TABLE2[row][i], ROWS[row]) for row in ROWS for i, (d, col) in enumerate(CELL_ORDER)]
-    return PaperTable(
-        key="simfafl:table2", title="SimFAFL Table 2: final test accuracy (%) of SimFAFL and other methods",
-        source="SimFAFL, anonymous submission under review: Table 2",
-        value="mean over clients of the accuracy on their own 30 % (%)",
-        cells=tuple(cells), scales=SCALES, unknowns=UNKNOWNS, row_settings=row_settings(),
-    )
+    return simfafl_table(2, "final test accuracy (%) of SimFAFL and other methods", cells, row_settings())
 
 
 def table3() -> PaperTable:
@@ -219,13 +214,8 @@ def table3() -> PaperTable:
                   {**dict.fromkeys(dropped, 0.0), **(cifar10 if d == "cifar10" else {})})
              for row, (dropped, cifar10, values) in TABLE3.items() for i, (d, col) in enumerate(CELL_ORDER)]
     simfafl = row_settings()["SimFAFL"]
-    return PaperTable(
-        key="simfafl:table3", title="SimFAFL Table 3: ablation of the constraints L_ca (β1) and L_sa (β2)",
-        source="SimFAFL, anonymous submission under review: Table 3",
-        value="mean over clients of the accuracy on their own 30 % (%)",
-        cells=tuple(cells), scales=SCALES, unknowns=UNKNOWNS,
-        row_settings={**dict.fromkeys(TABLE3, simfafl), "with L_ca": f"{L_CA_NOTE}; {simfafl}"},
-    )
+    return simfafl_table(3, "ablation of the constraints L_ca (β1) and L_sa (β2)", cells,
+                         {**dict.fromkeys(TABLE3, simfafl), "with L_ca": f"{L_CA_NOTE}; {simfafl}"})
 
 
 def table1() -> PaperTable:
@@ -261,20 +251,24 @@ def weight_cell(row: str, dataset: str, column: str, value: float, base: str, we
     return cell(row, dataset, column, value, ROWS[base], weights).model_copy(update={"column": label})
 
 
-def cifar_table(number: int, title: str, cells: list[Cell], rows: dict[str, str],
-                extra_unknowns: tuple[str, ...] = ()) -> PaperTable:
-    """Tables 1 and 4–7, on CIFAR only: FMNIST stands in at quick scale for a CIFAR that is absent; ``rows``
-    gives each row's settings as the header prints them."""
-    names = " or ".join(dict.fromkeys(DATASET_NAMES[c.dataset] for c in cells))
-    quick = SCALES["quick"].model_copy(update={
-        "substitute": "fmnist", "note": SCALES["quick"].note + f"; FMNIST stands in when {names} is absent"})
+def simfafl_table(number: int, title: str, cells: list[Cell], rows: dict[str, str],
+                  extra_unknowns: tuple[str, ...] = (), scales: dict[str, Scale] = SCALES) -> PaperTable:
+    """A SimFAFL table; ``rows`` gives each row's settings as the header prints them."""
     return PaperTable(
         key=f"simfafl:table{number}", title=f"SimFAFL Table {number}: {title}",
         source=f"SimFAFL, anonymous submission under review: Table {number}",
         value="mean over clients of the accuracy on their own 30 % (%)",
-        cells=tuple(cells), scales={**SCALES, "quick": quick}, unknowns=(*UNKNOWNS, *extra_unknowns),
-        row_settings=rows,
+        cells=tuple(cells), scales=scales, unknowns=(*UNKNOWNS, *extra_unknowns), row_settings=rows,
     )
+
+
+def cifar_table(number: int, title: str, cells: list[Cell], rows: dict[str, str],
+                extra_unknowns: tuple[str, ...] = ()) -> PaperTable:
+    """Tables 1 and 4–7, on CIFAR only: FMNIST stands in at quick scale for a CIFAR that is absent."""
+    names = " or ".join(dict.fromkeys(DATASET_NAMES[c.dataset] for c in cells))
+    quick = SCALES["quick"].model_copy(update={"substitute": "fmnist"}).plus(
+        {}, f"; FMNIST stands in when {names} is absent")
+    return simfafl_table(number, title, cells, rows, extra_unknowns, {**SCALES, "quick": quick})
 
 
 def sweep_table(number: int, dataset: str, column: str, cells: list[Cell], rows: dict[str, str],
