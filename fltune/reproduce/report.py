@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from rich.table import Table
+from scipy.stats import kendalltau
 
 from fltune.reproduce.job import CellRun, ReproSpec
 from fltune.reproduce.table import DATASET_NAMES, Cell, PaperTable
@@ -103,23 +104,11 @@ def _by_column(res: list[CellResult]) -> dict[tuple[str, str], list[int]]:
 
 
 def kendall_tau_b(xs: list[float], ys: list[float]) -> float | None:
-    """Kendall's τ-b of paired values: (C − D) / √((n0 − n_x)(n0 − n_y)), with n0 − n_x the pairs untied in
-    ``xs`` (likewise ``ys``); None when either side has no untied pair (fewer than 2 values, all equal)."""
-    concordant = discordant = untied_x = untied_y = 0
-    for i in range(len(xs)):
-        for j in range(i + 1, len(xs)):
-            dx, dy = _sign(xs[i] - xs[j]), _sign(ys[i] - ys[j])
-            untied_x += dx != 0
-            untied_y += dy != 0
-            concordant += dx * dy > 0
-            discordant += dx * dy < 0
-    if not untied_x or not untied_y:
-        return None
-    return (concordant - discordant) / math.sqrt(untied_x * untied_y)
-
-
-def _sign(value: float) -> int:
-    return (value > 0) - (value < 0)
+    """Kendall's τ-b of paired values, (C − D) / √((n0 − n_x)(n0 − n_y)) with n0 − n_x the pairs untied in
+    ``xs`` (likewise ``ys``): ``scipy.stats.kendalltau``'s default; None when either side has no untied pair
+    (fewer than 2 values, all equal)."""
+    tau = kendalltau(xs, ys).statistic if len(xs) > 1 else math.nan
+    return None if math.isnan(tau) else float(tau)
 
 
 def column_taus(res: list[CellResult]) -> dict[tuple[str, str], float | None]:

@@ -188,6 +188,16 @@ def cell(row: str, dataset: str, column: str, paper: float, metric: str = "acc_g
                 reduce=reduce, settings=settings)
 
 
+def fedalign_table(number: int, title: str, value: str, cells: list[Cell], *, unknowns: tuple[str, ...] = (),
+                   scales: dict[str, Scale] = SCALES, source: str | None = None, **extra: Any) -> PaperTable:
+    """A FedAlign table (at the shared scales unless ``scales``), its own [U] readings after the common ones."""
+    return PaperTable(
+        key=f"fedalign:table{number}", title=f"FedAlign Table {number}: {title}",
+        source=f"FedAlign, Mendieta et al. 2022, arXiv version with appendix: {source or f'Table {number}'}",
+        value=value, cells=tuple(cells), scales=scales, unknowns=(*UNKNOWNS, *unknowns), **extra,
+    )
+
+
 def hessian_table(number: int, printed: dict[str, tuple[float, ...]]) -> PaperTable:
     """Accuracy and the Hessian figures of each method: five cells sharing one run (Tables 1 and 9)."""
     cells = [cell(row, "cifar100", column, values[i], metric, None if i == 0 else 1.0)
@@ -198,16 +208,12 @@ def hessian_table(number: int, printed: dict[str, tuple[float, ...]]) -> PaperTa
                   {**HESSIAN, "metrics.hessian.clients": 2, "metrics.hessian.batches": 1,
                    "metrics.hessian.batch_size": 32, "metrics.hessian.max_iter": 20, "metrics.hessian.tol": 0.01},
                   "; Hessian on 1 batch of 32, ≤ 20 iterations, tol 1e-2, H_N/H_D over the 2 clients")}
-    return PaperTable(
-        key=f"fedalign:table{number}", title=f"FedAlign Table {number}: accuracy (%) and second-order metrics "
-                                             "(CIFAR-100)",
-        source=f"FedAlign, Mendieta et al. 2022, arXiv version with appendix: Table {number}",
-        value="final server-model test accuracy (%); λ_max and trace H_T of its training-loss Hessian; H_N and "
-              "H_D (Eq. 3–4) across the last round's client models",
-        cells=tuple(cells), scales=scales,
-        unknowns=(*UNKNOWNS, "Hessian: 10 batches of 64 training samples, as the authors' pyhessian/hessian.py "
-                             "stops its loader after 10 batches of the run's batch size; H_N/H_D over all 16 clients "
-                             "of the last round",
+    return fedalign_table(
+        number, "accuracy (%) and second-order metrics (CIFAR-100)",
+        "final server-model test accuracy (%); λ_max and trace H_T of its training-loss Hessian; H_N and "
+        "H_D (Eq. 3–4) across the last round's client models", cells, scales=scales,
+        unknowns=("Hessian: 10 batches of 64 training samples, as the authors' pyhessian/hessian.py stops its "
+                  "loader after 10 batches of the run's batch size; H_N/H_D over all 16 clients of the last round",
                   "≠ code: the Hessian is that of the final server model on a fixed, seeded set without augmentation; "
                   "the authors' compute_hessian.py loads server.pt, which their server saves whenever its accuracy "
                   "improves (the best round's model), and its shuffled, augmented training loader draws other "
@@ -228,12 +234,8 @@ def ablation(number: int, what: str, printed: dict[str, tuple[float, ...]], colu
     """An accuracy table whose columns each change the §3.2 setting (Tables 2, 3, 4, 6 and 10)."""
     cells = [cell(row, "cifar100", column, values[i], extra=columns[column])
              for row, values in printed.items() for i, column in enumerate(columns)]
-    return PaperTable(
-        key=f"fedalign:table{number}", title=f"FedAlign Table {number}: accuracy (%) {what} (CIFAR-100)",
-        source=f"FedAlign, Mendieta et al. 2022, arXiv version with appendix: Table {number}",
-        value="final server-model test accuracy (%)",
-        cells=tuple(cells), scales=SCALES, unknowns=(*UNKNOWNS, *extra_unknowns),
-    )
+    return fedalign_table(number, f"accuracy (%) {what} (CIFAR-100)", "final server-model test accuracy (%)", cells,
+                          unknowns=extra_unknowns)
 
 
 def table2() -> PaperTable:
@@ -268,15 +270,12 @@ def table5() -> PaperTable:
     cells = [cell(row, "cifar100", column, values[i], metric, factor,
                   reduce="mean" if metric == "cost_round_s" else "final")
              for row, values in TABLE5.items() for i, (column, metric, factor) in enumerate(TABLE5_COLUMNS)]
-    return PaperTable(
-        key="fedalign:table5", title="FedAlign Table 5: accuracy, local compute, stored parameters and time per round",
-        source="FedAlign, Mendieta et al. 2022, arXiv version with appendix: Table 5",
-        value="final server-model test accuracy (%); training forward MFLOPs per sample (MACs); parameters "
-              "stored while training (M); wall seconds per round (mean over rounds; the paper's on 4 RTX-2080Ti)",
-        cells=tuple(cells), scales=SCALES,
-        unknowns=(*UNKNOWNS, "MFLOPs of the stochastic methods (StochDepth, GradAug) are round 1's average over "
-                             "its batches; time is this machine's, with its worker count"),
-    )
+    return fedalign_table(
+        5, "accuracy, local compute, stored parameters and time per round",
+        "final server-model test accuracy (%); training forward MFLOPs per sample (MACs); parameters "
+        "stored while training (M); wall seconds per round (mean over rounds; the paper's on 4 RTX-2080Ti)", cells,
+        unknowns=("MFLOPs of the stochastic methods (StochDepth, GradAug) are round 1's average over its batches; "
+                  "time is this machine's, with its worker count",))
 
 
 def table7() -> PaperTable:
@@ -287,14 +286,11 @@ def table7() -> PaperTable:
         cells.append(cell(row, "cifar10", SAMPLED, sampled, extra=CLIENTS[SAMPLED]))
         cells.append(cell(row, "cifar10", MFLOPS[0], mflops, MFLOPS[1], MFLOPS[2]))
         cells.append(cell(row, "cifar10", PARAMS[0], params, PARAMS[1], PARAMS[2]))
-    return PaperTable(
-        key="fedalign:table7", title="FedAlign Table 7: CIFAR-10 accuracy (%), MFLOPs and parameters",
-        source="FedAlign, Mendieta et al. 2022, arXiv version with appendix: Table 7 (CIFAR-10 columns)",
-        value="final server-model test accuracy (%); training forward MFLOPs per sample (MACs); stored "
-              "parameters (M)",
-        cells=tuple(cells), scales=SCALES,
-        unknowns=(*UNKNOWNS, "Table 7's ImageNet-200 columns are not registered (no loader in fltune)"),
-    )
+    return fedalign_table(
+        7, "CIFAR-10 accuracy (%), MFLOPs and parameters",
+        "final server-model test accuracy (%); training forward MFLOPs per sample (MACs); stored parameters (M)",
+        cells, source="Table 7 (CIFAR-10 columns)",
+        unknowns=("Table 7's ImageNet-200 columns are not registered (no loader in fltune)",))
 
 
 def table8() -> PaperTable:
@@ -307,14 +303,12 @@ def table8() -> PaperTable:
     scales = {"paper": SCALES["paper"].plus({"federation.rounds": 100, "metrics.every": 1, "metrics.target": 0.6}),
               "quick": SCALES["quick"].plus({"federation.rounds": 6, "metrics.every": 1, "metrics.target": 0.5},
                                             "; 6 rounds, target 50 %")}
-    return PaperTable(
-        key="fedalign:table8", title="FedAlign Table 8: rounds, MFLOPs and communication to reach 60 % (CIFAR-100)",
-        source="FedAlign, Mendieta et al. 2022, arXiv version with appendix: appendix Table 8",
-        value="first round the server model reaches 60 %; training forward MFLOPs (MACs) per sample × those "
-              "rounds, as the paper's numbers are computed (87.3 × 84 = 7332); Gbit uploaded by then (32-bit "
-              "weights)",
-        percent=False, cells=tuple(cells), scales=scales,
-        unknowns=(*UNKNOWNS, "rounds: at most 100 (the paper runs until 60 %; its slowest method needs 84)",
+    return fedalign_table(
+        8, "rounds, MFLOPs and communication to reach 60 % (CIFAR-100)",
+        "first round the server model reaches 60 %; training forward MFLOPs (MACs) per sample × those rounds, as "
+        "the paper's numbers are computed (87.3 × 84 = 7332); Gbit uploaded by then (32-bit weights)",
+        cells, scales=scales, source="appendix Table 8", percent=False,
+        unknowns=("rounds: at most 100 (the paper runs until 60 %; its slowest method needs 84)",
                   "uploads are the whole state at its dtypes (BN buffers included), the paper counts parameters"),
     )
 
