@@ -142,11 +142,11 @@ class Study(TuneJob["StudySpec"]):
             sched += f" (grace {space.scheduler.grace_period} rounds)"
         return (
             f"[bold]fltune tune[/] {'resuming ' if self.args.resume else ''}study [bold]{spec.name}[/] · "
-            f"{spec.method} · {space.num_samples} samples × {space.seeds} seed(s), ≤{space.max_concurrent} at once · "
-            f"{space.objective.metric} ({space.objective.reduce}, {space.objective.direction}) · {space.sampler.name} · "
-            f"{sched}\n  per trial: {spec.workers} client worker(s) × {res.cpus_per_worker:g} CPU"
-            f"{f' + {spec.gpus_per_worker:g} GPU' if spec.gpus_per_worker else ''} on a {nodes}-node cluster · "
-            f"folder {spec.path}"
+            f"{spec.method} · {space.num_samples} samples × {space.seeds} seed(s), ≤{space.max_concurrent} at "
+            f"once · {space.objective.metric} ({space.objective.reduce}, {space.objective.direction}) · "
+            f"{space.sampler.name} · {sched}\n  per trial: {spec.workers} client worker(s) × "
+            f"{res.cpus_per_worker:g} CPU{f' + {spec.gpus_per_worker:g} GPU' if spec.gpus_per_worker else ''} on a "
+            f"{nodes}-node cluster · folder {spec.path}"
         )
 
     def resume_command(self, spec: StudySpec) -> str:

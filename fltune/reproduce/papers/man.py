@@ -157,6 +157,13 @@ def method_settings(row: str, column: str, dataset: str = "cifar100") -> dict[st
     return {**COMMON, **COLUMNS[column], "method.name": name, **params}
 
 
+def man_table(key: str, title: str, source: str, value: str, cells: list[Cell], *,
+              scales: dict[str, Scale] = SCALES, unknowns: tuple[str, ...] = (), **extra: Any) -> PaperTable:
+    """A MAN table (at the shared scales unless ``scales``), its own [U] readings after the common ones."""
+    return PaperTable(key=f"man:{key}", title=f"MAN {title}", source=f"MAN, Yashwanth et al. 2023: {source}",
+                      value=value, cells=tuple(cells), scales=scales, unknowns=(*UNKNOWNS, *unknowns), **extra)
+
+
 def table1() -> PaperTable:
     """Accuracy and rounds-to-target per (row, dataset, δ): two cells that share one run."""
     cells = []
@@ -169,14 +176,10 @@ def table1() -> PaperTable:
                 cells.append(Cell(row=row, dataset=dataset, column=f"{column} rounds", paper=rounds,
                                   paper_text=None if rounds else "500+", metric="rounds_to_target", factor=1.0,
                                   settings=settings))
-    return PaperTable(
-        key="man:table1",
-        title="MAN Table 1: accuracy (%) and rounds to the target with and without MAN (CIFAR-100, Tiny-ImageNet)",
-        source="MAN, Yashwanth et al. 2023: Table 1",
-        value="accuracy of the all-client average model after the last round (%); rounds to 50 % on CIFAR-100, "
-              "28 % on Tiny-ImageNet (quick: 60 %), '500+' = never",
-        cells=tuple(cells), scales=SCALES, unknowns=UNKNOWNS,
-    )
+    return man_table(
+        "table1", "Table 1: accuracy (%) and rounds to the target with and without MAN (CIFAR-100, Tiny-ImageNet)",
+        "Table 1", "accuracy of the all-client average model after the last round (%); rounds to 50 % on "
+        "CIFAR-100, 28 % on Tiny-ImageNet (quick: 60 %), '500+' = never", cells)
 
 
 def hessian_table(key: str, title: str, source: str, printed: dict[str, Any]) -> PaperTable:
@@ -191,19 +194,18 @@ def hessian_table(key: str, title: str, source: str, printed: dict[str, Any]) ->
                               metric="hessian_lambda_max", settings=settings))
             cells.append(Cell(row=row, dataset="cifar100", column=f"{column} trace", paper=trace,
                               metric="hessian_trace", settings=settings))
-    return PaperTable(key=key, title=title, source=source, value="λ_max and trace of the final global model's loss "
-                      "Hessian", percent=False, cells=tuple(cells), scales=scales, unknowns=UNKNOWNS)
+    return man_table(key, title, source, "λ_max and trace of the final global model's loss Hessian", cells,
+                     scales=scales, percent=False)
 
 
 def table2() -> PaperTable:
-    return hessian_table("man:table2", "MAN Table 2: top Hessian eigenvalue and trace with and without MAN "
-                         "(CIFAR-100)", "MAN, Yashwanth et al. 2023: Table 2", TABLE2)
+    return hessian_table("table2", "Table 2: top Hessian eigenvalue and trace with and without MAN (CIFAR-100)",
+                         "Table 2", TABLE2)
 
 
 def supp6() -> PaperTable:
-    return hessian_table("man:supp6", "MAN supplementary Table 6: top Hessian eigenvalue and trace of FedASAM and "
-                         "FedSpeed with and without MAN (CIFAR-100)",
-                         "MAN, Yashwanth et al. 2023: supplementary Table 6", SUPP6)
+    return hessian_table("supp6", "supplementary Table 6: top Hessian eigenvalue and trace of FedASAM and "
+                         "FedSpeed with and without MAN (CIFAR-100)", "supplementary Table 6", SUPP6)
 
 
 def supp5() -> PaperTable:
@@ -211,13 +213,9 @@ def supp5() -> PaperTable:
     cells = [Cell(row=row, dataset="cifar10", column=column, paper=value, metric="acc_all_model",
                   settings=method_settings(row, column))
              for row, values in SUPP5.items() for column, value in zip(SUPP5_COLUMNS, values)]
-    return PaperTable(
-        key="man:supp5", title="MAN supplementary Table 5: accuracy (%) with and without MAN (CIFAR-10)",
-        source="MAN, Yashwanth et al. 2023: supplementary Table 5",
-        value="accuracy of the all-client average model (%)",
-        cells=tuple(cells), scales=SCALES,
-        unknowns=(*UNKNOWNS, "CIFAR-10 runs: Table 1's settings (500 rounds; the supplement gives none of its own)"),
-    )
+    return man_table("supp5", "supplementary Table 5: accuracy (%) with and without MAN (CIFAR-10)",
+                     "supplementary Table 5", "accuracy of the all-client average model (%)", cells,
+                     unknowns=("CIFAR-10 runs: Table 1's settings (500 rounds; the supplement gives none of its own)",))
 
 
 TABLES = [build() for build in (table1, table2, supp5, supp6)]
