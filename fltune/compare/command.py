@@ -32,7 +32,7 @@ if TYPE_CHECKING:  # Ray Tune and MLflow load only when the command runs
     from ray.tune import PlacementGroupFactory, Tuner
 
     from fltune.compare.spec import CompareSpec
-    from fltune.config import ExperimentConfig, TrackingConfig
+    from fltune.config import ExperimentConfig
     from fltune.tune.board import TrialBoard
     from fltune.tune.mlflow_runs import RunTree
     from fltune.tune.results import TrialRow
@@ -240,12 +240,6 @@ class Cells(TuneJob["CompareSpec"]):
 
     def experiment(self, spec: CompareSpec) -> dict[str, Any]:
         return spec.trees[spec.methods[0]]
-
-    def max_concurrent(self, spec: CompareSpec) -> int | None:
-        return spec.max_concurrent
-
-    def tracking(self, spec: CompareSpec) -> TrackingConfig:
-        return spec.tracking
 
     def entry(self) -> Callable[[dict[str, Any], CompareSpec], None]:
         from fltune.compare.job import run_cell

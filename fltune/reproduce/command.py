@@ -22,7 +22,7 @@ from fltune.tune.job import CELL_CHECKPOINT_EVERY, CELL_CHECKPOINT_SECONDS, Tune
 if TYPE_CHECKING:  # Ray Tune and MLflow load only when the command runs
     from ray.tune import PlacementGroupFactory, Tuner
 
-    from fltune.config import ExperimentConfig, TrackingConfig
+    from fltune.config import ExperimentConfig
     from fltune.reproduce.job import ReproSpec
     from fltune.tune.board import TrialBoard
     from fltune.tune.mlflow_runs import RunTree
@@ -127,12 +127,6 @@ class Reproduction(TuneJob["ReproSpec"]):
 
     def experiment(self, spec: ReproSpec) -> dict[str, Any]:
         return next(iter(spec.cells.values())).tree
-
-    def max_concurrent(self, spec: ReproSpec) -> int | None:
-        return spec.max_concurrent
-
-    def tracking(self, spec: ReproSpec) -> TrackingConfig:
-        return spec.tracking
 
     def trial_configs(self, spec: ReproSpec) -> list[ExperimentConfig]:
         from fltune.config import build_config

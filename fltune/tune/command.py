@@ -22,7 +22,6 @@ from fltune.tune.job import TuneJob
 if TYPE_CHECKING:  # the command's heavy imports (Ray Tune, MLflow) wait until it runs
     from ray.tune import PlacementGroupFactory, Tuner
 
-    from fltune.config import TrackingConfig
     from fltune.tune.results import TrialRow
     from fltune.tune.spec import StudySpec
     from fltune.tune.study import StudyRequest
@@ -116,14 +115,8 @@ class Study(TuneJob["StudySpec"]):
     def experiment(self, spec: StudySpec) -> dict[str, Any]:
         return spec.base
 
-    def max_concurrent(self, spec: StudySpec) -> int:
-        return spec.space.max_concurrent
-
     def planned(self, spec: StudySpec) -> list[tuple[str, dict[str, Any], int]]:
         return [(spec.method, spec.base, spec.space.num_samples * spec.space.seeds)]
-
-    def tracking(self, spec: StudySpec) -> TrackingConfig:
-        return spec.base_config.tracking
 
     def entry(self) -> Callable[[dict[str, Any], StudySpec], None]:
         from fltune.tune.trainable import run_trial

@@ -21,7 +21,7 @@ if TYPE_CHECKING:  # Ray Tune and MLflow load only when a command runs
     from ray.tune import PlacementGroupFactory, Tuner
     from ray.tune.experiment import Trial
 
-    from fltune.config import ExperimentConfig, TrackingConfig
+    from fltune.config import ExperimentConfig
     from fltune.tune.board import TrialBoard
     from fltune.tune.mlflow_runs import RunTree
     from fltune.tune.results import TrialRow
@@ -115,14 +115,6 @@ class TuneJob(ABC, Generic[Spec]):
     def experiment(self, spec: Spec) -> dict[str, Any]:
         """An experiment tree of the job's trials (their resources are the same)."""
 
-    @abstractmethod
-    def max_concurrent(self, spec: Spec) -> int | None:
-        """Trials at once (None: as many as fit)."""
-
-    @abstractmethod
-    def tracking(self, spec: Spec) -> TrackingConfig:
-        ...
-
     def trial_configs(self, spec: Spec) -> list[ExperimentConfig]:
         """The settings of the job's trials (jobs of cells: every cell's; studies: their base), whose data
         are checked before Ray starts (``check_data``)."""
@@ -149,7 +141,7 @@ class TuneJob(ABC, Generic[Spec]):
     def callbacks(self, spec: Spec) -> list[Any]:
         """The terminal board always; MLflow only when tracking is on (off, MLflow is never imported)."""
         board = self.board(spec)
-        if not self.tracking(spec).enabled:
+        if not spec.tracking.enabled:
             return [board]
         from fltune.tune.mlflow_runs import MLflowStudyCallback
 
@@ -175,7 +167,7 @@ class TuneJob(ABC, Generic[Spec]):
 
         items = self.planned(spec)
         try:
-            return estimate(items, ray.cluster_resources(), self.max_concurrent(spec)).wall_s if items else None
+            return estimate(items, ray.cluster_resources(), spec.max_concurrent).wall_s if items else None
         except FLTuneError:
             return None
 
@@ -221,7 +213,7 @@ class TuneJob(ABC, Generic[Spec]):
         if not self.resuming() and exists(spec.path):
             raise FLTuneError(f"--name {spec.name}: {self.what} {spec.path} already exists; "
                               "add --resume to continue it")
-        check_tracking(self.tracking(spec))
+        check_tracking(spec.tracking)
         check_storage(spec.storage)
         if (out := self.out(spec)) is not None:
             make_out(out)
@@ -229,7 +221,7 @@ class TuneJob(ABC, Generic[Spec]):
         tree = self.experiment(spec)
         start_ray(self.args.address or build_config(tree).resources.address)
         cluster, node_cpus = study.cluster_shape()
-        spec = with_gpu_share(spec, cluster, build_config(tree).resources.cpus_per_worker, self.max_concurrent(spec))
+        spec = with_gpu_share(spec, cluster, build_config(tree).resources.cpus_per_worker, spec.max_concurrent)
         resources = study.placement(tree, spec.workers, spec.gpus_per_worker, cluster, node_cpus)
         if self.resuming() and tune_started(spec.path):
             if not tuner_whole(spec.path):  # a new Tuner of the saved spec writes it again, as it was
@@ -245,8 +237,8 @@ class TuneJob(ABC, Generic[Spec]):
         """End the job's MLflow runs still RUNNING as KILLED (the command is going down)."""
         from fltune.tune.mlflow_runs import close_open_runs
 
-        if self.tracking(spec).enabled:
-            close_open_runs(self.tracking(spec), spec.path, "killed")
+        if spec.tracking.enabled:
+            close_open_runs(spec.tracking, spec.path, "killed")
 
     def stop(self, spec: Spec, err: BaseException) -> None:
         """The job ended by ``err``: its MLflow runs end KILLED; a failed write (``StopOnFailedWrite``,
@@ -254,7 +246,7 @@ class TuneJob(ABC, Generic[Spec]):
         library did not say), the room left there, and the command that continues the job."""
         from fltune.tracking.paths import default_uri, sqlite_path
 
-        tracking = self.tracking(spec)
+        tracking = spec.tracking
         failed = failed_write(err, str(sqlite_path(tracking.uri or default_uri()) or tracking.uri or ""))
         try:
             self.close_runs(spec)

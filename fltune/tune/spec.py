@@ -13,7 +13,7 @@ from typing import Any, Self
 import pyarrow.fs
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from fltune.config import ExperimentConfig, build_config
+from fltune.config import ExperimentConfig, TrackingConfig, build_config
 from fltune.errors import FLTuneError
 from fltune.tune.space import SearchSpace
 from fltune.tune.storage import holds, write_whole
@@ -22,7 +22,9 @@ SPEC_FILE = "fltune_study.json"
 
 
 class SavedSpec(BaseModel):
-    """A Tune job's settings kept in its folder (``<storage>/<name>/fltune_study.json``) for --resume."""
+    """A Tune job's settings kept in its folder (``<storage>/<name>/fltune_study.json``) for --resume. Every
+    kind also has ``tracking`` (its MLflow settings) and ``max_concurrent`` (trials at once; None: as many as
+    fit), which ``TuneJob`` reads."""
 
     model_config = ConfigDict(frozen=True, ignored_types=(cached_property,))
 
@@ -109,4 +111,12 @@ class StudySpec(SavedSpec):
     @property
     def rounds(self) -> int:
         return self.base_config.federation.rounds
+
+    @property
+    def tracking(self) -> TrackingConfig:
+        return self.base_config.tracking
+
+    @property
+    def max_concurrent(self) -> int:
+        return self.space.max_concurrent
 
