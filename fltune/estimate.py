@@ -262,8 +262,8 @@ def plan_table(title: str, est: Estimate):
     from rich.table import Table
 
     out = Table(title=title)
-    for column in ("run", "settings", "× runs", "client-samples", "est. (1 worker)"):
-        out.add_column(column, justify="right" if column in ("× runs", "client-samples", "est. (1 worker)") else "left")
+    for i, column in enumerate(("run", "settings", "× runs", "client-samples", "est. (1 worker)")):
+        out.add_column(column, justify="left" if i < 2 else "right")  # names left, figures right
     for w in est.work:
         out.add_row(w.label, settings(w.cfg), str(w.runs), count(w.samples * w.runs), duration(w.seconds * w.runs))
     return out
