@@ -138,8 +138,7 @@ class Comparison:
 
         args = self.args
         if args.resume:
-            saved = (compare_spec.CompareSpec.load(f"{storage.rstrip('/')}/{args.name}") if args.name
-                     else compare_spec.CompareSpec.newest(storage, "comparison"))
+            saved = compare_spec.CompareSpec.resumed(storage, args.name, "comparison")
             note_ignored_on_resume(args, "comparison")
             return saved.model_copy(update={"out": args.out}) if args.out else saved
         if not args.methods:

@@ -114,11 +114,8 @@ class Reproduction(TuneJob["ReproSpec"]):
         """``--name``, else the newest job of this table; ``--out`` may move its files (not part of the job)."""
         from fltune.reproduce.job import ReproSpec
 
-        if self.args.name:
-            spec = ReproSpec.load(f"{storage.rstrip('/')}/{self.args.name}")
-        else:
-            key = self.table.key
-            spec = ReproSpec.newest(storage, f"job of {key}", lambda saved: saved.table == key)
+        key = self.table.key
+        spec = ReproSpec.resumed(storage, self.args.name, f"job of {key}", lambda saved: saved.table == key)
         note_ignored_on_resume(self.args, "job")
         return spec.model_copy(update={"out": self.args.out}) if self.args.out else spec
 

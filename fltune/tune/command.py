@@ -101,14 +101,9 @@ class Study(TuneJob["StudySpec"]):
         from fltune.tune.spec import StudySpec
 
         args = self.args
-        if args.name:
-            spec = StudySpec.load(f"{storage.rstrip('/')}/{args.name}")
-        elif not args.space:
-            spec = StudySpec.newest(storage, "study")
-        else:
-            stem = Path(args.space).stem
-            spec = StudySpec.newest(storage, f"study of {args.space}",
-                                    lambda saved: Path(saved.space_file).stem == stem)
+        stem = Path(args.space).stem if args.space else None
+        spec = StudySpec.resumed(storage, args.name, f"study of {args.space}" if stem else "study",
+                                 lambda saved: stem is None or Path(saved.space_file).stem == stem)
         note_ignored_on_resume(args, "study")
         return spec
 

@@ -60,6 +60,11 @@ class SavedSpec(BaseModel):
             raise FLTuneError(f"--resume: {path} holds a different kind of fltune job") from None
 
     @classmethod
+    def resumed(cls, storage: str, name: str | None, what: str, keep: Callable[[Self], bool] = lambda _: True) -> Self:
+        """The job ``--resume`` continues: ``--name``'s, else the newest ``what`` that ``keep`` accepts."""
+        return cls.load(f"{storage.rstrip('/')}/{name}") if name else cls.newest(storage, what, keep)
+
+    @classmethod
     def newest(cls, storage: str, what: str, keep: Callable[[Self], bool] = lambda _: True) -> Self:
         """The most recently created job of this kind under ``storage`` that ``keep`` accepts: what
         ``--resume`` without ``--name`` continues."""
