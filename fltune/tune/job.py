@@ -131,12 +131,17 @@ class TuneJob(ABC, Generic[Spec]):
         """A new Tuner of the job, with ``callbacks``."""
 
     def restored_tuner(self, spec: Spec, resources: PlacementGroupFactory) -> Tuner:
-        """The job's Tuner from its folder: unfinished trials continue from their checkpoints, and so do
-        errored ones (a stop signal can kill a trial's processes before Tune pauses it:
-        ``unfinished_if_stopped``); finished ones are kept."""
-        from fltune.tune.study import bound_trainable, restore
+        """The job's Tuner from its folder (searcher and callbacks come back from there too): unfinished trials
+        continue from their checkpoints, and so do errored ones (a stop signal can kill a trial's processes
+        before Tune pauses it: ``unfinished_if_stopped``); finished ones are kept. ``prepare`` makes a new
+        Tuner for a job that Tune never saved (``storage.tune_started``)."""
+        from ray.tune import Tuner
 
-        return restore(spec, bound_trainable(self.entry(), spec, resources))
+        from fltune.tune.storage import job_filesystem
+        from fltune.tune.study import bound_trainable
+
+        return Tuner.restore(spec.path, bound_trainable(self.entry(), spec, resources), resume_unfinished=True,
+                             resume_errored=True, storage_filesystem=job_filesystem(spec.storage))
 
     def callbacks(self, spec: Spec) -> list[Any]:
         """The terminal board always; MLflow only when tracking is on (off, MLflow is never imported)."""

@@ -219,10 +219,3 @@ def run_config(spec: SavedSpec, callbacks: list[tune.Callback]) -> tune.RunConfi
         failure_config=tune.FailureConfig(max_failures=MAX_FAILURES),
         checkpoint_config=tune.CheckpointConfig(num_to_keep=2),
     )
-
-
-def restore(spec: SavedSpec, trainable_: Any) -> tune.Tuner:
-    """Any fltune Tune job from its folder (searcher and callbacks come back from there too), errored trials
-    resumed; ``TuneJob.prepare`` makes a new Tuner for a job that Tune never saved (``storage.tune_started``)."""
-    return tune.Tuner.restore(spec.path, trainable_, resume_unfinished=True, resume_errored=True,
-                              storage_filesystem=job_filesystem(spec.storage))
