@@ -142,10 +142,6 @@ def table_rows(spec: CompareSpec, res: list[MethodRow]) -> list[list[str]]:
     return lines
 
 
-def headers(spec: CompareSpec) -> list[str]:
-    return ["method", "seeds done", *(COSTS.get(c, f"{c} %") for c in columns(spec)), f"vs best (Welch, α={ALPHA})"]
-
-
 def notes(spec: CompareSpec) -> list[str]:
     """What the table is: the shared setting, the seeds, the tuning, the test."""
     cfg = spec.config
@@ -224,7 +220,7 @@ def live_board(spec: CompareSpec, rows: list[TrialRow], planned: Planned | None 
 
 
 def markdown(spec: CompareSpec, res: list[MethodRow]) -> str:
-    head = headers(spec)
+    head = ["method", "seeds done", *(COSTS.get(c, f"{c} %") for c in columns(spec)), f"vs best (Welch, α={ALPHA})"]
     lines = [f"# compare {spec.name}", "", *(f"- {n}" for n in notes(spec)), ""]
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     lines += ["| " + " | ".join(line) + " |" for line in table_rows(spec, res)]
