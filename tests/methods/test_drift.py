@@ -8,6 +8,7 @@ import torch
 from fltune.config import build_config
 from fltune.errors import FLTuneError
 from fltune.methods import get_method
+from fltune.methods._drift import _hint
 from fltune.methods.base import Aggregate, ServerContext
 from tests.engine.test_executor_exact import _one_thread, run_in_process, tiny_config, tiny_data  # noqa: F401
 from tests.methods.helpers import make_ctx, pure_aggregate, tiny_model
@@ -64,3 +65,14 @@ def test_running_mean_tracks_the_exact_one():
 def test_server_mean_is_validated():
     with pytest.raises(FLTuneError, match="server_mean"):
         build_config(overrides=["method.name=scaffold", "method.server_mean=approx"])
+
+
+def test_an_exact_mean_over_many_clients_hints_at_running_once(caplog):
+    _hint.cache_clear()
+    state = {"w": np.zeros(2, np.float32)}
+    for clients in (999, 1000, 1000):
+        ctx = ServerContext(1, state, Aggregate(state, 1.0, {}, {}), {}, {}, num_clients=clients)
+        get_method("scaffold")().aggregate(ctx)
+    assert [r.message for r in caplog.records] == [
+        "scaffold at 1000+ clients: method.server_mean=running keeps the server's mean at O(clients a round) "
+        "(opt-in: last bits differ)"]
