@@ -6,14 +6,15 @@ override calls ``super()``, so FedDC = FedDyn's drift + SCAFFOLD's control varia
 
 Both servers need means over *all* N clients (never-sampled ones count as zero). ``server_mean`` (the
 bases' :class:`DriftParams`) says how: ``exact`` (default) re-sums the engine's client store every round
-(:func:`mean_over_clients`, client-id order, streamed from the store: O(N) reads a round, and the result does
-not depend on which worker returned which client first); ``running`` keeps the float64 sum in
-``server_state`` and adds the round's clients' changes, Σ_S (s_k⁺ − s_k), the papers' own update (SCAFFOLD
-Alg. 1 line 17, FedDyn Alg. 1's h): O(clients a round), but summed in another order, so the last bits of a
-mean can differ (opt-in; docs/performance.md "Clients in total" measures by how much). For it each client
-uploads its state value from before the round (:func:`prior_upload`). Server and upload use the plain mean over the round's clients
-(``weighted_by_samples = False``, docs/methods.md §0). Only parameters drift: buffers (BN statistics) are
-averaged as in FedAvg, as in the authors' code, which flattens ``model.parameters()`` only.
+(:func:`mean_over_clients`, client-id order, streamed from the store: O(N) reads a round, and the result
+does not depend on which worker returned which client first); ``running`` keeps the float64 sum in
+``server_state`` and adds the round's clients' changes Σ_S (s_k⁺ − s_k), the papers' own update (SCAFFOLD
+Alg. 1 line 17: c ← c + (1/N)·Σ_S Δc_k; FedDyn's h likewise): O(clients a round), for which each client
+uploads its value from before the round (:func:`prior_upload`). Summed in another order, a mean's last bits
+may differ, so it is opt-in (docs/performance.md "Clients in total" measures by how much). Server and
+upload use the plain mean over the round's clients (``weighted_by_samples = False``, docs/methods.md §0).
+Only parameters drift: buffers (BN statistics) are averaged as in FedAvg, as in the authors' code, which
+flattens ``model.parameters()`` only.
 """
 
 from __future__ import annotations
@@ -44,12 +45,14 @@ LOG = logging.getLogger(__name__)
 
 
 class DriftParams(Params):
-    """The drift bases' own setting; each method's Params extends it."""
+    """The drift bases' setting, which each of their methods' Params extends. A method parameter, not an
+    engine one: it is the method's server arithmetic (as SCAFFOLD's ``server_lr``), validated, recorded and
+    tunable with its other parameters, while the engine stays blind to which methods keep means."""
 
     server_mean: Literal["exact", "running"] = Field("exact", description=(
         "how the server keeps its mean over all N clients' states (SCAFFOLD's c, FedDyn's h): 'exact' re-sums "
         "every client's state each round (reads grow with N; the reference numbers), 'running' adds the round's "
-        "clients' changes to a float64 running sum (the papers' update; opt-in: last bits of the figures differ)"))
+        "clients' changes to a float64 running sum (the papers' update; opt-in: last bits of the figures may differ)"))
 
 
 def sum_over_clients(store: Mapping[int, dict[str, Any]], key: str) -> Sums:
@@ -71,6 +74,7 @@ def mean_over_clients(store: Mapping[int, dict[str, Any]], key: str, num_clients
 
 
 def divided(sums: Sums, num_clients: int) -> State:
+    """The sums over N, each back in its array's dtype."""
     total, dtypes = sums
     return {name: (value / num_clients).astype(dtypes[name]) for name, value in total.items()}
 
@@ -100,8 +104,9 @@ def running_sum(ctx: ServerContext, key: str) -> Sums:
 
 @cache
 def _hint(method: str) -> None:
+    """One line per method and process: the exact mean's reads grow with the clients in total."""
     LOG.warning("%s at %d+ clients: method.server_mean=running keeps the server's mean at O(clients a round) "
-                "(opt-in: last bits differ)", method, MANY_CLIENTS)
+                "(opt-in: last bits may differ)", method, MANY_CLIENTS)
 
 
 def server_mean(method: Method, ctx: ServerContext, key: str) -> tuple[State, dict[str, Any]]:
