@@ -15,7 +15,11 @@ measured rounds; the bytes a round's checkpoint writes (the trial's checkpoint f
 file); s/round with its checkpoint; and the seconds to partition the data. Last lines: ``memory_ratio``,
 ``checkpoint_ratio``, ``time_ratio``: the largest size over the smallest, the worst method first.
 
+SCAFFOLD keeps its server c as a running sum (``method.server_mean=running``, the opt-in that reads only the
+round's clients); ``--server-mean exact`` measures the default, which re-sums every client's c_k each round.
+
     python bench/client_scale.py [--methods scaffold,ditto] [--clients 100,1000,10000] [--rounds 3]
+                                 [--server-mean running|exact]
 """
 
 from __future__ import annotations
@@ -74,12 +78,14 @@ class Peak(threading.Thread):
         self.peak = 0
 
 
-def one(method: str, clients: int, rounds: int, dataset: str) -> dict[str, float]:
+def one(method: str, clients: int, rounds: int, dataset: str, server_mean: str) -> dict[str, float]:
     import ray
 
     from fltune.assembly import build_federation
     from fltune.config import build_config
     from fltune.engine.builders import load_data
+    from fltune.methods import get_method
+    from fltune.methods._drift import sum_over_clients
     from fltune.tune.trainable import STATE_FILE, write_states
 
     peak = Peak()
@@ -91,6 +97,7 @@ def one(method: str, clients: int, rounds: int, dataset: str) -> dict[str, float
         f"federation.clients={clients}", f"federation.fraction={10 / clients}", f"federation.rounds={rounds + 2}",
         "training.local_epochs=1", "training.batch_size=10", "metrics.protocols=[global]",
         "resources.workers=2", "tracking.enabled=false",
+        *([f"method.server_mean={server_mean}"] if "server_mean" in get_method(method).Params.model_fields else []),
     ])
     start = time.perf_counter()
     data = load_data(cfg)
@@ -104,6 +111,10 @@ def one(method: str, clients: int, rounds: int, dataset: str) -> dict[str, float
         for first in range(0, clients, 256):
             fed.client_store.update({cid: trained[cid % len(trained)] for cid in range(first, min(first + 256, clients))
                                      if cid not in fed.client_store})
+        if server_mean == "running":  # the running sums as training would leave them over the filled store
+            fed.server_state = {**fed.server_state, **{
+                name: sum_over_clients(fed.client_store, name.removesuffix("_sum"))[0]
+                for name in fed.server_state if name.endswith("_sum")}}
         write_states(Path(tempfile.mkdtemp(dir=folder)), [fed.state_dict()])
         fill_s = time.perf_counter() - start
         log = Path(folder) / "run" / "clients" / "log"
@@ -128,10 +139,12 @@ def main() -> None:
     parser.add_argument("--methods", default="scaffold,ditto")
     parser.add_argument("--clients", default="100,1000,10000")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--server-mean", choices=["running", "exact"], default="running",
+                        help="method.server_mean of the methods that have it (SCAFFOLD)")
     parser.add_argument("--one", nargs=3, metavar=("METHOD", "CLIENTS", "DATASET"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
-        print(json.dumps(one(args.one[0], int(args.one[1]), args.rounds, args.one[2])))
+        print(json.dumps(one(args.one[0], int(args.one[1]), args.rounds, args.one[2], args.server_mean)))
         return
     from allmodel_transfer import dataset  # this folder is on the path when run as a script
 
@@ -139,12 +152,14 @@ def main() -> None:
     sizes = [int(n) for n in args.clients.split(",")]
     sizes = [n for n in sizes if n * SAMPLES <= TRAIN[data]]
     figures: dict[str, dict[int, dict[str, float]]] = {}
-    print(f"dataset {data}, model mlp, 10 clients a round, {args.rounds} rounds, a checkpoint each")
+    print(f"dataset {data}, model mlp, 10 clients a round, {args.rounds} rounds, a checkpoint each, "
+          f"server_mean {args.server_mean} (SCAFFOLD)")
     print(f"{'method':9} {'clients':>7} {'peak MB':>8} {'ckpt MB':>8} {'s/round':>8} {'partition s':>11} {'fill s':>7}")
     for method in args.methods.split(","):
         for n in sizes:
-            run = subprocess.run([sys.executable, __file__, "--rounds", str(args.rounds), "--one", method, str(n), data],
-                                 capture_output=True, text=True, check=True)
+            run = subprocess.run([sys.executable, __file__, "--rounds", str(args.rounds), "--server-mean",
+                                  args.server_mean, "--one", method, str(n), data], capture_output=True, text=True,
+                                 check=True)
             row = figures.setdefault(method, {})[n] = json.loads(run.stdout.strip().splitlines()[-1])
             print(f"{method:9} {n:7d} {row['peak_mb']:8.0f} {row['checkpoint_mb']:8.2f} {row['round_s']:8.2f} "
                   f"{row['partition_s']:11.2f} {row['fill_s']:7.1f}", flush=True)

@@ -4,42 +4,120 @@ Nothing is registered here. Both bases keep their per-client variables in the cl
 ``ctx.state``/``ClientResult.state``) and their server variables in ``server_state``. Every hook they
 override calls ``super()``, so FedDC = FedDyn's drift + SCAFFOLD's control variates by inheriting both.
 
-Both servers need means over *all* N clients (never-sampled ones count as zero), read from the engine's
-client store; :func:`mean_over_clients` sums in client-id order, streaming the states from the store, so the result does not depend on which
-worker returned which client first. Server and upload use the plain mean over the round's clients
-(``weighted_by_samples = False``, docs/methods.md §0). Only parameters drift: buffers (BN statistics) are
-averaged as in FedAvg, as in the authors' code, which flattens ``model.parameters()`` only.
+Both servers need means over *all* N clients (never-sampled ones count as zero). ``server_mean`` (the
+bases' :class:`DriftParams`) says how: ``exact`` (default) re-sums the engine's client store every round
+(:func:`mean_over_clients`, client-id order, streamed from the store: O(N) reads a round, and the result
+does not depend on which worker returned which client first); ``running`` keeps the float64 sum in
+``server_state`` and adds the round's clients' changes Σ_S (s_k⁺ − s_k), the papers' own update (SCAFFOLD
+Alg. 1 line 17: c ← c + (1/N)·Σ_S Δc_k; FedDyn's h likewise): O(clients a round), for which each client
+uploads its value from before the round (:func:`prior_upload`). Summed in another order, a mean's last bits
+may differ, so it is opt-in (docs/performance.md "Clients in total" measures by how much). Server and
+upload use the plain mean over the round's clients (``weighted_by_samples = False``, docs/methods.md §0).
+Only parameters drift: buffers (BN statistics) are averaged as in FedAvg, as in the authors' code, which
+flattens ``model.parameters()`` only.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from dataclasses import replace
-from typing import Any
+from functools import cache
+from typing import Any, Literal
 
 import numpy as np
 import torch
+from pydantic import Field
 from torch import Tensor
 
 from fltune.methods.base import (
-    ClientContext, ClientResult, Method, ServerContext, ServerUpdate, effective_steps, held,
+    ClientContext, ClientResult, Method, Params, ServerContext, ServerUpdate, Upload, effective_steps, held,
 )
 from fltune.methods.objective import Tensors
 from fltune.methods.wire import State, to_device, to_numpy
 
 
-def mean_over_clients(store: Mapping[int, dict[str, Any]], key: str, num_clients: int) -> State:
-    """(1/N)·Σ_k store[k][key] over all N clients, summed in float64 in client-id order one client at a time
-    (``held``: the store streams them); {} while no client holds ``key`` yet."""
+Sums = tuple[dict[str, np.ndarray], dict[str, np.dtype]]
+"""Float64 sums of a state's arrays by name, and each array's own dtype (the mean's)."""
+MANY_CLIENTS = 1000
+"""Clients in total from which an ``exact`` run hints at ``running`` (once)."""
+LOG = logging.getLogger(__name__)
+
+
+class DriftParams(Params):
+    """The drift bases' setting, which each of their methods' Params extends. A method parameter, not an
+    engine one: it is the method's server arithmetic (as SCAFFOLD's ``server_lr``), validated, recorded and
+    tunable with its other parameters, while the engine stays blind to which methods keep means."""
+
+    server_mean: Literal["exact", "running"] = Field("exact", description=(
+        "how the server keeps its mean over all N clients' states (SCAFFOLD's c, FedDyn's h): 'exact' re-sums "
+        "every client's state each round (reads grow with N; the reference numbers), 'running' adds the round's "
+        "clients' changes to a float64 running sum (the papers' update; opt-in: last bits of the figures may differ)"))
+
+
+def sum_over_clients(store: Mapping[int, dict[str, Any]], key: str) -> Sums:
+    """Σ_k store[k][key] over every client holding ``key``, in float64 in client-id order one client at a time
+    (``held``: the store streams them); empty while no client holds ``key``."""
     total: dict[str, np.ndarray] = {}
     dtypes: dict[str, np.dtype] = {}
-    for index, (_, arrays) in enumerate(held(store, key)):
-        if index == 0:
-            total = {name: np.zeros(value.shape, np.float64) for name, value in arrays.items()}
-            dtypes = {name: value.dtype for name, value in arrays.items()}
+    for _, arrays in held(store, key):
         for name, value in arrays.items():
+            if name not in total:
+                total[name], dtypes[name] = np.zeros(value.shape, np.float64), value.dtype
             total[name] += value
+    return total, dtypes
+
+
+def mean_over_clients(store: Mapping[int, dict[str, Any]], key: str, num_clients: int) -> State:
+    """(1/N)·Σ_k store[k][key] over all N clients (:func:`sum_over_clients`); {} while no client holds ``key``."""
+    return divided(sum_over_clients(store, key), num_clients)
+
+
+def divided(sums: Sums, num_clients: int) -> State:
+    """The sums over N, each back in its array's dtype."""
+    total, dtypes = sums
     return {name: (value / num_clients).astype(dtypes[name]) for name, value in total.items()}
+
+
+def prior_upload(ctx: ClientContext, key: str) -> Upload:
+    """The client's ``key`` state from before the round, for the server's running sum (``key:name``); none
+    for a client never sampled (its old value is zero)."""
+    return {f"{key}:{name}": value for name, value in (ctx.state.get(key) or {}).items()}
+
+
+def running_sum(ctx: ServerContext, key: str) -> Sums:
+    """Σ_k s_k over all N clients in float64: ``server_state[key + "_sum"]`` plus Σ_S (s_k⁺ − s_k) over the
+    round's clients in client-id order, s_k from their :func:`prior_upload` (zero when absent). Every client
+    of a round returns its ``key``, so the round's states give the dtypes."""
+    total = {name: value.copy() for name, value in ctx.server_state.get(f"{key}_sum", {}).items()}
+    dtypes: dict[str, np.dtype] = {}
+    for cid, state in sorted(ctx.aggregate.client_states.items()):
+        upload = ctx.aggregate.uploads.get(cid, {})
+        for name, value in state.get(key, {}).items():
+            if name not in total:
+                total[name] = np.zeros(value.shape, np.float64)
+            dtypes[name] = value.dtype
+            prior = upload.get(f"{key}:{name}")
+            total[name] += value.astype(np.float64) - prior if prior is not None else value
+    return total, dtypes
+
+
+@cache
+def _hint(method: str) -> None:
+    """One line per method and process: the exact mean's reads grow with the clients in total."""
+    LOG.warning("%s at %d+ clients: method.server_mean=running keeps the server's mean at O(clients a round) "
+                "(opt-in: last bits may differ)", method, MANY_CLIENTS)
+
+
+def server_mean(method: Method, ctx: ServerContext, key: str) -> tuple[State, dict[str, Any]]:
+    """(1/N)·Σ_k s_k for state ``key`` as ``method.params.server_mean`` says, and the server-state entries
+    to keep (the running sum; none for ``exact``)."""
+    if method.params.server_mean == "running":
+        sums = running_sum(ctx, key)
+        return divided(sums, ctx.num_clients), {f"{key}_sum": sums[0]}
+    if ctx.num_clients >= MANY_CLIENTS:
+        _hint(method.name)
+    return mean_over_clients(ctx.client_store, key, ctx.num_clients), {}
 
 
 def parameter_tensors(ctx: ClientContext, stored: Mapping[str, np.ndarray | Tensor] | None) -> dict[str, Tensor]:
@@ -63,6 +141,7 @@ class DriftCorrected(Method):
     after the SAM step.
     """
 
+    Params = DriftParams
     weighted_by_samples = False
     stored_models = 3.0  # the local model, the global model θ_g and h_k
 
@@ -77,13 +156,16 @@ class DriftCorrected(Method):
         result = super().client_result(ctx)
         target = ctx.inputs["drift_target"]
         result.state["h"] = to_numpy({name: p - target[name] for name, p in ctx.model.named_parameters()})
+        if self.params.server_mean == "running":
+            result.upload.update(prior_upload(ctx, "h"))
         return result
 
     def aggregate(self, ctx: ServerContext) -> ServerUpdate:
         out = super().aggregate(ctx)
         new = out.global_state
-        drift = mean_over_clients(ctx.client_store, "h", ctx.num_clients)
-        return replace(out, global_state={**new, **{name: new[name] + value for name, value in drift.items()}})
+        drift, kept = server_mean(self, ctx, "h")
+        return replace(out, global_state={**new, **{name: new[name] + value for name, value in drift.items()}},
+                       server_state={**out.server_state, **kept})
 
 
 class ControlVariates(Method):
@@ -100,6 +182,7 @@ class ControlVariates(Method):
     Clients keep c_k in ``state["c"]``; c is kept in ``server_state["c"]`` and broadcast.
     """
 
+    Params = DriftParams
     weighted_by_samples = False
     stored_models = 3.0  # the local model, c and c_k
 
@@ -127,6 +210,8 @@ class ControlVariates(Method):
             name: (ctx.global_param(name) - p) * inv_k_lr - correction[name]
             for name, p in ctx.model.named_parameters()
         })
+        if self.params.server_mean == "running":
+            result.upload.update(prior_upload(ctx, "c"))
         return result
 
     def server_payload(self, server_state: dict[str, Any]) -> dict[str, Any]:
@@ -137,5 +222,5 @@ class ControlVariates(Method):
 
     def aggregate(self, ctx: ServerContext) -> ServerUpdate:
         out = super().aggregate(ctx)
-        c = mean_over_clients(ctx.client_store, "c", ctx.num_clients)
-        return replace(out, server_state={**out.server_state, "c": c})
+        c, kept = server_mean(self, ctx, "c")
+        return replace(out, server_state={**out.server_state, "c": c, **kept})

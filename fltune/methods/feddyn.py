@@ -4,12 +4,11 @@ from torch import Tensor
 from pydantic import Field
 
 from fltune.methods import register
-from fltune.methods._drift import DriftCorrected
-from fltune.methods.base import Params
+from fltune.methods._drift import DriftCorrected, DriftParams
 from fltune.methods.objective import Batch, squared_distance
 
 
-class FedDynParams(Params):
+class FedDynParams(DriftParams):
     alpha: float = Field(0.01, ge=0, description="regulariser weight α (MAN §7, FedDyn CIFAR: 0.01)")
 
 

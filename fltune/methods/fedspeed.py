@@ -6,13 +6,12 @@ from pydantic import Field
 from torch import Tensor
 
 from fltune.methods import register
-from fltune.methods._drift import DriftCorrected
+from fltune.methods._drift import DriftCorrected, DriftParams
 from fltune.methods._sam import Epsilon, SharpnessAware, sam_epsilon
-from fltune.methods.base import Params
 from fltune.methods.objective import Tensors
 
 
-class FedSpeedParams(Params):
+class FedSpeedParams(DriftParams):
     lam: float = Field(0.1, ge=0, description="weight λ of the prox-correction term")
     rho: float = Field(0.1, ge=0, description="SAM radius ρ (MAN §7: 0.1 non-IID, 0.01 IID)")
 

@@ -6,11 +6,11 @@ import numpy as np
 from pydantic import Field
 
 from fltune.methods import register
-from fltune.methods._drift import ControlVariates
-from fltune.methods.base import Params, ServerContext, ServerUpdate
+from fltune.methods._drift import ControlVariates, DriftParams
+from fltune.methods.base import ServerContext, ServerUpdate
 
 
-class ScaffoldParams(Params):
+class ScaffoldParams(DriftParams):
     server_lr: float = Field(1.0, gt=0, description="global step size η_g (1 = plain mean of local models)")
 
 

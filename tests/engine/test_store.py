@@ -1,10 +1,11 @@
 """The client store (engine/store.py): states round-trip bit for bit with a bounded cache, sums over every
 client stream the same bits as a dict gives, a checkpoint writes only the states changed since the last one,
-and a run restored from a mid-run checkpoint replays to the same bits."""
+and a run restored from a mid-run checkpoint replays to the same bits, also a 10,000-client study killed mid-run."""
 
 from __future__ import annotations
 
 import pickle
+import signal
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +18,11 @@ from fltune.engine.store import ClientStore, WithRound
 from fltune.errors import FLTuneError
 from fltune.methods._drift import mean_over_clients
 from fltune.methods.base import holders
+from tests.conftest import needs_fmnist
 from tests.engine.test_executor_exact import TINY, assert_same
+from tests.tune.helpers import TINY_BASE, finished, start, tune_command, write_space
+from tests.tune.test_full_disk import objectives
+from tests.tune.test_resume import reported, run_until
 
 
 def state(rng: np.random.Generator) -> dict:
@@ -102,3 +107,31 @@ def test_a_run_restored_from_a_mid_run_checkpoint_replays_the_same_bits(ray_sess
             for fed in (straight, resumed)]
     assert_same(*runs, "scaffold resumed")
     assert Path(tmp_path / "first" / "clients" / "log").is_dir()
+
+
+@needs_fmnist
+@pytest.mark.slow
+@pytest.mark.extended
+def test_a_10000_client_scaffold_study_killed_mid_run_resumes_to_the_same_bits(tmp_path, mlflow_uri):
+    """SCAFFOLD at 10,000 clients (one FMNIST sample each: the synthetic set has 6,000), the MLP, 10 a round,
+    ``server_mean=running`` (its sum lives in the server state), a checkpoint every round: the study's driver
+    killed (SIGKILL) once two rounds are reported, then resumed, ends with the numbers of a study never
+    stopped."""
+    base = {**TINY_BASE, "data": {"dataset": "fmnist", "subsample": 0.17},
+            "partition": {"kind": "iid", "eval_fraction": 0.0},
+            "federation": {"clients": 10000, "fraction": 0.001, "rounds": 4},
+            "training": {"local_epochs": 1, "batch_size": 10}}
+    space = write_space(tmp_path, method="scaffold", base=base, num_samples=1, max_concurrent=1,
+                        params={"method.server_mean": {"type": "choice", "values": ["running"]}})
+    cmd = tune_command(space, tmp_path)  # a checkpoint every round: the default
+    first = start(cmd, tmp_path / "1.log")
+    run_until(first, tmp_path / "study", more=2)
+    first.send_signal(signal.SIGKILL)  # the driver alone; its Ray processes share its fate
+    first.wait(timeout=60)
+    second = start([*cmd, "--resume"], tmp_path / "2.log")
+    assert finished(second, tmp_path / "2.log", timeout=400) == 0, (tmp_path / "2.log").read_text()
+    reference = start(tune_command(space, tmp_path / "ref", "--set", "tracking.enabled=false"), tmp_path / "3.log")
+    assert finished(reference, tmp_path / "3.log", timeout=400) == 0, (tmp_path / "3.log").read_text()
+    assert reported(tmp_path / "study") == 4  # each round once: resumed from a checkpoint, not from the start
+    resumed, straight = objectives(tmp_path / "study"), objectives(tmp_path / "ref" / "study")
+    assert [row[0] for row in resumed.values()] == [4] and resumed == straight
