@@ -349,11 +349,9 @@ def release_free_memory() -> None:
         _MALLOC_TRIM(0)
 
 
-class _TritonNote(logging.Filter):
+def _no_triton_note(record: logging.LogRecord) -> bool:
     """Drops the FLOP counter's import-time note that Triton kernels can't be counted (``skip_triton``)."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not record.getMessage().startswith("triton not found")
+    return not record.getMessage().startswith("triton not found")
 
 
 def skip_triton() -> None:
@@ -369,7 +367,7 @@ def skip_triton() -> None:
     that it can't count Triton kernels, true and moot here, is dropped."""
     if "triton" not in sys.modules:
         sys.modules["triton"] = None  # type: ignore[assignment]
-        logging.getLogger("torch.utils.flop_counter").addFilter(_TritonNote())
+        logging.getLogger("torch.utils.flop_counter").addFilter(_no_triton_note)
 
 
 def _identical(rebuilt: State | None, trained: State) -> bool:

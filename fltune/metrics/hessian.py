@@ -158,13 +158,6 @@ def _rademacher(params: list[Tensor], generator: torch.Generator) -> Vector:
     return [(torch.randint(0, 2, p.shape, generator=generator) * 2 - 1).to(p) for p in params]
 
 
-def _check_iterations(max_iter: int, tol: float) -> None:
-    if max_iter < 1:
-        raise FLTuneError(f"max_iter: must be at least 1, got {max_iter}")
-    if tol < 0:
-        raise FLTuneError(f"tol: must be non-negative, got {tol}")
-
-
 def _power_iteration(
     apply_h: HessianProduct, start: Vector, found: list[Vector], max_iter: int, tol: float
 ) -> tuple[float, Vector]:
@@ -210,7 +203,6 @@ def top_eigenpairs(
     """
     if k < 1:
         raise FLTuneError(f"k: must be at least 1, got {k}")
-    _check_iterations(max_iter, tol)
     check_batches(batches)
     params = trainable_parameters(model)
     generator = torch.Generator().manual_seed(seed)
@@ -257,7 +249,6 @@ def _hutchinson(
     last moved would fire whenever one sample lands near the mean, while the standard error only shrinks
     as samples accrue, so a tighter tol means more samples and a smaller error bar. Mean and variance by Welford's update.
     """
-    _check_iterations(max_iter, tol)
     check_batches(batches)
     params = trainable_parameters(model)
     generator = torch.Generator().manual_seed(seed)
