@@ -76,9 +76,8 @@ class FunctionalStep(NamedTuple):
     record: Tensors = {}
 
     def replaced(self, grads: Tensors | None = None, carry: dict[str, Tensors] | None = None) -> FunctionalStep:
-        """This step with other gradients or carried inputs. ``_replace`` would do, but under
-        ``resources.compile`` this runs inside the traced group step, and torch 2.11's dynamo failed an
-        assertion on a NamedTuple built by ``_replace`` there; the constructor it traces."""
+        """This step with other gradients or carried inputs (not ``_replace``: torch 2.11's dynamo fails on it
+        inside a compiled group step)."""
         return FunctionalStep(self.grads if grads is None else grads, self.loss, self.logits,
                               self.carry if carry is None else carry, self.record)
 
@@ -88,8 +87,7 @@ class WholeStep(Method, ABC):
     :meth:`functional_step`; the client-by-client path's :meth:`backward` runs it at the model's own
     trainable weights (unpadded, ``client`` set) and writes its gradients into ``.grad``. There
     ``batch.gradient`` is autograd's on leaf views of the weights, whose forward updates the module's
-    BatchNorm statistics in place as calling the module does: the same float operations as the hand-written
-    ``backward`` this replaced, bit for bit (the SAM family, FedSOL and Ditto, BatchNorm models included)."""
+    BatchNorm statistics in place as calling the module does."""
 
     @abstractmethod
     def functional_step(self, weights: Tensors, batch: FunctionalBatch) -> FunctionalStep:
