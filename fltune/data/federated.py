@@ -190,7 +190,7 @@ def split_validation(train: list[np.ndarray], val_fraction: float,
     if val_fraction == 0:
         return train, [idx[:0] for idx in train]
     val_seed = int(np.random.SeedSequence([seed, 2]).generate_state(1)[0])
-    return split_train_eval(train, val_fraction, val_seed, field="partition.val_fraction")
+    return split_train_eval(train, val_fraction, val_seed)
 
 
 def _default_cache_dir() -> Path:
