@@ -89,11 +89,7 @@ def check_vector(vec: Vector, params: Sequence[Tensor], field: str) -> None:
 
 
 def hvp(
-    model: nn.Module,
-    loss_fn: LossFn,
-    batches: Sequence[Batch],
-    vec: Vector,
-    params: Sequence[Tensor] | None = None,
+    model: nn.Module, loss_fn: LossFn, batches: Sequence[Batch], vec: Vector, params: Sequence[Tensor] | None = None,
 ) -> Vector:
     """H·v, H being the Hessian of the mean over ``batches`` of ``loss_fn`` w.r.t. ``params``.
 
@@ -179,12 +175,7 @@ def _power_iteration(
 
 
 def top_eigenpairs(
-    model: nn.Module,
-    loss_fn: LossFn,
-    batches: Sequence[Batch],
-    k: int = 1,
-    max_iter: int = 100,
-    tol: float = 1e-3,
+    model: nn.Module, loss_fn: LossFn, batches: Sequence[Batch], k: int = 1, max_iter: int = 100, tol: float = 1e-3,
     seed: int = 0,
 ) -> tuple[list[float], list[Vector]]:
     """The k eigenvalues of H largest in *magnitude*, with unit eigenvectors (λ_max: FedAlign Table 1,
@@ -201,8 +192,6 @@ def top_eigenpairs(
     similar size, between which the Rayleigh quotient drifts slowly. Lower ``tol`` for k > 1 or at
     indefinite points (e.g. initialisation).
     """
-    if k < 1:
-        raise FLTuneError(f"k: must be at least 1, got {k}")
     check_batches(batches)
     params = trainable_parameters(model)
     generator = torch.Generator().manual_seed(seed)
@@ -230,13 +219,7 @@ class TraceEstimate(NamedTuple):
 
 
 def _hutchinson(
-    model: nn.Module,
-    loss_fn: LossFn,
-    batches: Sequence[Batch],
-    max_iter: int,
-    tol: float,
-    seed: int,
-    per_tensor: bool,
+    model: nn.Module, loss_fn: LossFn, batches: Sequence[Batch], max_iter: int, tol: float, seed: int, per_tensor: bool,
     min_samples: int = MIN_TRACE_SAMPLES,
 ) -> tuple[Tensor, Tensor, int]:
     """(mean, standard error, n) of Rademacher samples vᵀHv (Hutchinson 1989, FedAlign ref. [7]), float64
@@ -247,7 +230,7 @@ def _hutchinson(
     standard error of the mean is below ``tol`` relative to the mean (Euclidean norms over the entries), or
     after ``max_iter`` samples; ``tol=0`` always takes ``max_iter``. A rule on how much the running mean
     last moved would fire whenever one sample lands near the mean, while the standard error only shrinks
-    as samples accrue, so a tighter tol means more samples and a smaller error bar. Mean and variance by Welford's update.
+    as samples accrue, so a tighter tol means more samples and a smaller error bar. Welford's update.
     """
     check_batches(batches)
     params = trainable_parameters(model)
@@ -276,12 +259,7 @@ def _standard_error(squares: Tensor, n: int) -> Tensor:
 
 
 def hessian_trace(
-    model: nn.Module,
-    loss_fn: LossFn,
-    batches: Sequence[Batch],
-    max_iter: int = 100,
-    tol: float = 1e-2,
-    seed: int = 0,
+    model: nn.Module, loss_fn: LossFn, batches: Sequence[Batch], max_iter: int = 100, tol: float = 1e-2, seed: int = 0,
     min_samples: int = MIN_TRACE_SAMPLES,
 ) -> TraceEstimate:
     """tr H by Hutchinson with Rademacher vectors (H_T: FedAlign Table 1, MAN Table 2), with its standard
@@ -296,12 +274,7 @@ def hessian_trace(
 
 
 def layer_traces(
-    model: nn.Module,
-    loss_fn: LossFn,
-    batches: Sequence[Batch],
-    max_iter: int = 100,
-    tol: float = 1e-2,
-    seed: int = 0,
+    model: nn.Module, loss_fn: LossFn, batches: Sequence[Batch], max_iter: int = 100, tol: float = 1e-2, seed: int = 0,
     min_samples: int = MIN_TRACE_SAMPLES,
 ) -> dict[str, float]:
     """Per parameter tensor, its part of tr H: mean over Rademacher v of Σ (Hv)⊙v over its entries.
