@@ -10,7 +10,7 @@ arrive as numpy from one ``ray.put`` per round.
 When a probe needs every local model (``RunSpec.keep_latest``: ``all_model``, H_N/H_D), a worker whose
 clients' models the method rebuilds from their updates (``Method.local_model``) returns those updates
 instead of its partial sum, and the driver sums them in the worker's order: each client's weights travel
-once. Otherwise it returns the partial sum and every local model, as without such a probe.
+once. Otherwise it returns the partial sum and every local model.
 """
 
 from __future__ import annotations
