@@ -94,7 +94,7 @@ class FederatedData:
     def __reduce__(self) -> tuple[Any, tuple[dict[str, Any], tuple[str, ...]]]:
         """Pickled with numpy arrays in place of its tensors: Ray's object store then hands every worker
         zero-copy views of one shared copy of the pool (pickle-5 out-of-band buffers, as Ray serialises
-        numpy) instead of a private copy each (~55 MB per process for FMNIST)."""
+        numpy) instead of a private copy each."""
         values = {f.name: getattr(self, f.name) for f in fields(self)}
         tensors = tuple(k for k, v in values.items() if isinstance(v, torch.Tensor))
         return _unpickle, ({k: values[k].numpy() if k in tensors else values[k] for k in values}, tensors)
