@@ -439,7 +439,7 @@ class _Group:
         self, source: DeviceBatches, phases: list[Phase], epoch: int, batch_size: int, fixed: bool = False,
     ) -> _GroupEpoch:
         """The group's batches of ``epoch``: a client past its phase's epochs has none (and draws nothing)."""
-        orders = [epoch_order(indices, generator, True, ctx.num_samples) if epoch < phase.epochs else None
+        orders = [epoch_order(indices, generator, ctx.num_samples) if epoch < phase.epochs else None
                   for indices, generator, phase, ctx in zip(self.indices, self.generators, phases, self.contexts)]
         return _GroupEpoch(source, orders, batch_size, self.epoch_noise, fixed)
 

@@ -166,9 +166,12 @@ def gradient(
     return grads, loss, aux
 
 
+def global_norm(tensors: Iterable[torch.Tensor]) -> torch.Tensor:
+    """‖concat(tensors)‖₂ without concatenating: the norm of their norms, as ``clip_grad_norm_`` takes it."""
+    return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(t) for t in tensors]))
+
+
 def clip_scale(tensors: Iterable[torch.Tensor], max_norm: float) -> torch.Tensor:
-    """``torch.nn.utils.clip_grad_norm_``'s factor min(1, max_norm / (‖g‖ + 1e-6)), ‖g‖ the norm over all of
-    ``tensors`` (the norm of their norms, as torch takes it), without ``.grad`` or in-place writes, so it
-    also runs inside the batched executor's vmap."""
-    total = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(t) for t in tensors]))
-    return (max_norm / (total + 1e-6)).clamp(max=1.0)
+    """``torch.nn.utils.clip_grad_norm_``'s factor min(1, max_norm / (‖g‖ + 1e-6)), ‖g‖ the :func:`global_norm`
+    of ``tensors``, without ``.grad`` or in-place writes, so it also runs inside the batched executor's vmap."""
+    return (max_norm / (global_norm(tensors) + 1e-6)).clamp(max=1.0)

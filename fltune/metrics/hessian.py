@@ -220,15 +220,14 @@ class TraceEstimate(NamedTuple):
 
 def _hutchinson(
     model: nn.Module, loss_fn: LossFn, batches: Sequence[Batch], max_iter: int, tol: float, seed: int, per_tensor: bool,
-    min_samples: int = MIN_TRACE_SAMPLES,
 ) -> tuple[Tensor, Tensor, int]:
     """(mean, standard error, n) of Rademacher samples vᵀHv (Hutchinson 1989, FedAlign ref. [7]), float64
     on CPU.
 
     Each sample is split by parameter tensor (Σ over the tensor of (Hv)⊙v, so E = that tensor's part of
-    tr H) when ``per_tensor``, else summed to one entry. Sampling stops once ``min_samples`` are in and the
-    standard error of the mean is below ``tol`` relative to the mean (Euclidean norms over the entries), or
-    after ``max_iter`` samples; ``tol=0`` always takes ``max_iter``. A rule on how much the running mean
+    tr H) when ``per_tensor``, else summed to one entry. Sampling stops once :data:`MIN_TRACE_SAMPLES` are in
+    and the standard error of the mean is below ``tol`` relative to the mean (Euclidean norms over the
+    entries), or after ``max_iter`` samples; ``tol=0`` always takes ``max_iter``. A rule on how much the running mean
     last moved would fire whenever one sample lands near the mean, while the standard error only shrinks
     as samples accrue, so a tighter tol means more samples and a smaller error bar. Welford's update.
     """
@@ -248,7 +247,7 @@ def _hutchinson(
             delta = sample - mean
             mean = mean + delta / n
             squares = squares + delta * (sample - mean)
-            if n >= max(min_samples, 2) and _standard_error(squares, n).norm() < tol * mean.norm():
+            if n >= MIN_TRACE_SAMPLES and _standard_error(squares, n).norm() < tol * mean.norm():
                 break
     return mean, _standard_error(squares, n), n
 
@@ -260,31 +259,29 @@ def _standard_error(squares: Tensor, n: int) -> Tensor:
 
 def hessian_trace(
     model: nn.Module, loss_fn: LossFn, batches: Sequence[Batch], max_iter: int = 100, tol: float = 1e-2, seed: int = 0,
-    min_samples: int = MIN_TRACE_SAMPLES,
 ) -> TraceEstimate:
     """tr H by Hutchinson with Rademacher vectors (H_T: FedAlign Table 1, MAN Table 2), with its standard
     error.
 
     Unbiased; its variance per sample is 2·Σ_{i≠j} H_ij². Sampling stops once the standard error is below
-    ``tol``·|tr H estimate| (after ``min_samples``), or at ``max_iter`` — then ``se`` says how far off the
-    value may be.
+    ``tol``·|tr H estimate| (after :data:`MIN_TRACE_SAMPLES`), or at ``max_iter`` — then ``se`` says how far
+    off the value may be.
     """
-    mean, se, n = _hutchinson(model, loss_fn, batches, max_iter, tol, seed, False, min_samples)
+    mean, se, n = _hutchinson(model, loss_fn, batches, max_iter, tol, seed, False)
     return TraceEstimate(float(mean[0]), float(se[0]), n)
 
 
 def layer_traces(
     model: nn.Module, loss_fn: LossFn, batches: Sequence[Batch], max_iter: int = 100, tol: float = 1e-2, seed: int = 0,
-    min_samples: int = MIN_TRACE_SAMPLES,
 ) -> dict[str, float]:
     """Per parameter tensor, its part of tr H: mean over Rademacher v of Σ (Hv)⊙v over its entries.
 
     This is the vector d_i the authors feed into FedAlign Eq. 3–4 in place of Diag(H): PyHessian's
     ``trace()`` returns it as ``diag`` (``mmendiet/FedAlign:pyhessian/compute_hessian.py``). Stops when the
     norm of the vector of standard errors is below ``tol`` times the norm of the means (after
-    ``min_samples``; ``tol=0``: ``max_iter`` samples always).
+    :data:`MIN_TRACE_SAMPLES`; ``tol=0``: ``max_iter`` samples always).
     """
-    means, _, _ = _hutchinson(model, loss_fn, batches, max_iter, tol, seed, True, min_samples)
+    means, _, _ = _hutchinson(model, loss_fn, batches, max_iter, tol, seed, True)
     return dict(zip(named_trainable_parameters(model), means.tolist()))
 
 
