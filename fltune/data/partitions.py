@@ -292,10 +292,8 @@ def _unwind(parent: dict[int, tuple[int, int] | None], last: int, last_slot: int
 
 def _giver_slots(chain: list[tuple[int, int]], owned: np.ndarray, num_classes: int) -> list[tuple[int, int]]:
     """(giver, giver's slot) for each link: the next client in the chain gives the taker's class."""
-    links = []
-    for (taker, slot), (giver, _) in zip(chain, chain[1:]):
-        links.append((giver, int((owned[taker, slot] - giver) % num_classes)))
-    return links
+    return [(giver, int((owned[taker, slot] - giver) % num_classes))
+            for (taker, slot), (giver, _) in zip(chain, chain[1:])]
 
 
 # --- dirichlet_prior (SimFAFL/FedCR non-IID2, MAN, FedDyn) ---------------------------------------------

@@ -326,15 +326,10 @@ class ClientWorker:
         return ray.get_runtime_context().get_node_id()
 
 
-def _libc_malloc_trim() -> Any:
-    """glibc's ``malloc_trim``, or None off glibc (macOS, musl)."""
-    try:
-        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
-    except (OSError, AttributeError):
-        return None
-
-
-_MALLOC_TRIM = _libc_malloc_trim()
+try:  # glibc's malloc_trim; None off glibc (macOS, musl)
+    _MALLOC_TRIM: Any = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+except (OSError, AttributeError):
+    _MALLOC_TRIM = None
 
 
 def release_free_memory() -> None:
