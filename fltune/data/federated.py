@@ -94,7 +94,7 @@ class FederatedData:
     def __reduce__(self) -> tuple[Any, tuple[dict[str, Any], tuple[str, ...]]]:
         """Pickled with numpy arrays in place of its tensors: Ray's object store then hands every worker
         zero-copy views of one shared copy of the pool (pickle-5 out-of-band buffers, as Ray serialises
-        numpy) instead of a private copy each (~55 MB per process for FMNIST)."""
+        numpy) instead of a private copy each."""
         values = {f.name: getattr(self, f.name) for f in fields(self)}
         tensors = tuple(k for k, v in values.items() if isinstance(v, torch.Tensor))
         return _unpickle, ({k: values[k].numpy() if k in tensors else values[k] for k in values}, tensors)
@@ -190,7 +190,7 @@ def split_validation(train: list[np.ndarray], val_fraction: float,
     if val_fraction == 0:
         return train, [idx[:0] for idx in train]
     val_seed = int(np.random.SeedSequence([seed, 2]).generate_state(1)[0])
-    return split_train_eval(train, val_fraction, val_seed, field="partition.val_fraction")
+    return split_train_eval(train, val_fraction, val_seed)
 
 
 def _default_cache_dir() -> Path:

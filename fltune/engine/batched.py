@@ -1,32 +1,17 @@
 """The batched executor (``resources.executor: batched``): K clients of a round trained at once.
 
-The exact path (local.py) trains a worker's clients one after another, one small batch at a time, so on a
-GPU the step is bound by Python and kernel launches. Here a group of K clients shares every step: their
-parameters and SGD momentum buffers are stacked along a leading client axis and one
-``torch.func.vmap`` over the method's functional step computes all K gradients in one set of kernels.
-The step is ``methods/functional.py``'s ``local_step``: the gradient of the method's one objective
-(``Method.local_loss`` on a padded batch and the client's stacked ``ClientContext.inputs``), or, where a
-method's step is more than that gradient, its own ``functional_step`` (SAM's two gradient evaluations,
-Ditto's personal model carried from step to step as a second stacked parameter set), plus the method's
-``gradient_correction``; what the objective records (FedCR's μ, σ) goes back per client to
-``Method.record_step``. Random draws the objective declares (``Method.noise``, VIB's ε) come in from
-outside the vmap, each client's from its own (seed, round, client id) generator, one draw per epoch.
-Every other client hook (``setup_client``, ``phases``, ``client_result``) runs per client on the worker's
-module as in the exact path.
+Why: the exact path (local.py) trains one client and one small batch at a time, so on a GPU its step is
+bound by Python and kernel launches. Here the K clients' parameters and SGD momentum are stacked along a
+leading client axis and one ``torch.func.vmap`` over ``functional.local_step`` (the gradient of
+``Method.local_loss``, or a method's own ``functional_step``, plus its ``gradient_correction``) computes
+all K steps in one set of kernels. The other client hooks run per client, as on the exact path.
 
-A group step's host work does not grow with K where it can help it: the K batches come from the worker's
-device pool by one index (``_GroupEpoch``), and SGD updates all trainable parameters of all K clients as
-one [K, Σ sizes] tensor (``_GroupTrainer._update``); the clients' metrics are recorded per step and
-summed once at the end (``_Tally``).
-
-Semantics are the exact path's, client by client: each client draws its batches from its own generator
-seeded by (seed, round, client id) (``local.batches``), in the same order; a client with fewer samples
-runs fewer steps (a client without a batch at a step, or stopped by a non-finite loss, is masked: neither
-its parameters, its momentum nor its carried inputs change); a short last batch is padded and its loss
-averaged over its real samples only (``batch_mean``). The numbers are not bit-identical to the exact path's
-(batched kernels sum in another order), but a group's result depends only on its clients: groups are the
-round's sorted client ids in chunks of ``resources.batch_clients`` and are handed to workers whole
-(``pool.balance``), so runs are deterministic and independent of the worker count.
+Semantics are the exact path's, client by client: each client's batches and noise come from its own
+(seed, round, client id) generators in the same order; a client without a batch at a step, or stopped by
+a non-finite loss, is masked (nothing of it changes); a short batch is padded and averaged over its real
+samples. The bits differ from the exact path's (batched kernels sum in another order), but a group depends
+only on its clients: groups are the sorted client ids in chunks of ``resources.batch_clients``, handed to
+workers whole (``dispatch.balance``), so results are independent of the worker count.
 """
 
 from __future__ import annotations
@@ -88,11 +73,8 @@ def note_fallback(cfg: ExperimentConfig, method: Method, model: nn.Module) -> No
 
 @dataclass
 class _Tally:
-    """What each client's metrics need, step by step: the step's losses, who took it (``live``) and the
-    correct counts stay on the device as the step left them and are read once at the end; the real sample
-    counts are the host's. Only ``diverged`` is updated per step, since it decides who takes the next one:
-    running sums updated per step would cost ops a step (each a launch on a GPU) for numbers :meth:`metrics`
-    gives bit for bit from these records."""
+    """Each step's losses, takers (``live``) and correct counts, left on the device and read once at the
+    end (:meth:`metrics`); only ``diverged`` is updated per step, since it decides who takes the next one."""
 
     diverged: Tensor
     losses: list[Tensor] = field(default_factory=list)
@@ -138,9 +120,7 @@ def _context(
     generator: torch.Generator, start: dict[str, Tensor], source: DeviceBatches,
 ) -> ClientContext:
     """Client ``cid``'s context after ``setup_client``, the model holding its starting weights ``start`` (as
-    in ``local.train_client``); its batches come from ``generator``, its own (seed, round, client id) one,
-    gathered from the worker's device pool ``source`` as the exact path's are: a hook's pass over the data
-    (FedPAC-FedCR's class summaries) makes no host batch and no pageable copy, each a wait for the GPU."""
+    in ``local.train_client``); its batches come from its own ``generator`` through the device pool ``source``."""
     model.load_state_dict(start)
     indices = data.client_train[cid]
     kept = epoch_samples(len(indices), training)
@@ -179,10 +159,8 @@ def _common_phases(method: Method, contexts: list[ClientContext]) -> list[list[P
 
 
 def _padded(rows: list[Tensor | None], size: int) -> Tensor:
-    """Per-client tensors (their leading axis at most ``size`` long: an epoch's steps) zero-padded to ``size``
-    and stacked along axis 1, [size, K, ...]; a client without any (None) gets zeros. Clients that all run
-    the epoch's every step (most epochs) are one stack instead of zeros and a copy per client (on a GPU,
-    K + 1 launches)."""
+    """Per-client tensors (leading axis at most ``size``: an epoch's steps) zero-padded to ``size`` and stacked
+    along axis 1, [size, K, ...]; a client without any (None) gets zeros."""
     full = [row for row in rows if row is not None and len(row) == size]
     if len(full) == len(rows):
         return torch.stack(full, dim=1)
@@ -198,8 +176,7 @@ def _padded(rows: list[Tensor | None], size: int) -> Tensor:
 class _Step:
     """The K clients' batches of one step padded to one shape (the step's largest real batch, or B where
     the epoch is ``fixed``), and their noise; a client without a batch has weight 0 everywhere and
-    ``active`` False. Every tensor is a view of its epoch's (``_GroupEpoch``) but the augmented images: on a
-    GPU a step launches nothing before the group step itself."""
+    ``active`` False. All views of the epoch's tensors (``_GroupEpoch``) but the augmented images."""
 
     index: Tensor
     """[K, size]: the step's rows of the device pool (0 in padded rows)."""
@@ -216,10 +193,8 @@ class _Step:
     counts: list[int]
 
     def images(self) -> Tensor:
-        """The step's images [K, size, ...]: the augmented ones, or gathered from the device pool by index and
-        normalised by table lookup (``DeviceBatches``: bit-identical to ``to_float``) with padded rows zero.
-        Called inside the group step (``_GroupTrainer._take``) so that a compiled step fuses the gather, the
-        lookup and the padding into its graph: on a GPU three to five launches a step fewer."""
+        """The step's images [K, size, ...]: the augmented ones, or gathered from the device pool (``_gathered``)
+        inside the group step (``_GroupTrainer._take``), so that a compiled step fuses the gather into its graph."""
         if self.augmented is not None:
             return self.augmented
         return _gathered(self.source, self.index, self.real, self.padded)
@@ -233,25 +208,18 @@ def _gathered(source: DeviceBatches, index: Tensor, real: Tensor, padded: bool) 
 
 
 def _zero_padding(t: Tensor, real: Tensor) -> Tensor:
-    """``t`` with the rows that ``real`` (its leading axes: [K, B] or [S, K, B]) marks False set to zero, in
-    place."""
+    """``t`` with the rows ``real`` ([K, B] or [S, K, B]) marks False set to zero, in place."""
     return t.masked_fill_(~real.view(*real.shape, *[1] * (t.dim() - real.dim())), 0)
 
 
 class _GroupEpoch:
-    """One epoch of a group's batches, laid out when it starts.
+    """One epoch of a group's batches, laid out when it starts, step-major ([S, K, B, ...]).
 
-    Each client's sample order is its own generator's ``randperm`` (``local.epoch_order``: the draw its
-    exact-path stream makes), cut into batches of B. A step gathers all K clients' batches from the worker's
-    device pool at once (``DeviceBatches``: uint8, normalised by table lookup, bit-identical to ``to_float``)
-    by one [K, B] index: per step, K host gathers, K copies to the device and a padding copy per client cost
-    more host time than the K-client step itself on a GPU. The labels of the whole epoch are gathered here in
-    one op, and its noise drawn (``noise``: one draw per client, :func:`client_noise`), so that a step only
-    takes views. Step s is padded to its largest real batch and padded rows are zero, as each client's own
-    stream padded one by one would be; ``fixed`` pads every step to B instead (a compiled step: one shape,
-    so one graph, where the convolutions' kernels specialise on the batch and every new short batch would
-    compile anew). The layout is step-major ([S, K, B, ...]): a step's views are contiguous, with the same
-    strides in every epoch.
+    Each client's order is its own generator's ``randperm`` (``batches.epoch_order``, the exact path's draw)
+    cut into batches of B; a step gathers all K batches from the device pool by one [K, B] index, and the
+    epoch's labels and noise (:func:`client_noise`) are laid out here, so a step only takes views. Step s is
+    padded with zero rows to its largest real batch, or to B when ``fixed`` (a compiled step: one shape, one
+    graph).
     """
 
     def __init__(
@@ -300,17 +268,14 @@ class _GroupEpoch:
 
 
 COMPILED_GRAPHS = 64
-"""Graphs torch.compile may keep for the group step (torch's default keeps 8, then runs eager): every group's
-step is one function's code (``_GroupTrainer._take``), so one cache holds all a process's phases, batch
-shapes and runs."""
+"""Graphs torch.compile may keep for the group step (torch's default: 8, then eager): one function's code
+(``_GroupTrainer._take``) serves every phase, batch shape and run of a process."""
 
 
 class _Taken(NamedTuple):
-    """What a group step leaves for the host: the stacked losses, the carried inputs (``_kept``: a masked
-    client's stay), the per-sample records, which clients took the step (``live``) and their correct counts.
-    ``_GroupTrainer._take`` returns it as a plain tuple, built into this outside the compiled step: dynamo
-    (torch 2.11, seen on an H100) fails an assertion when a compiled function returns a NamedTuple it built
-    with ``_replace``."""
+    """What a group step leaves for the host: the stacked losses, the carried inputs (``_kept``), the
+    per-sample records, which clients took the step (``live``) and their correct counts. Built outside the
+    compiled step from the plain tuple it returns: dynamo (torch 2.11) fails on a NamedTuple built inside."""
 
     loss: Tensor
     carry: dict[str, Stacked]
@@ -324,19 +289,11 @@ _Device = tuple[Tensor, dict[str, Stacked], Stacked, Tensor, Tensor]
 
 
 def compile_step(step: Callable[..., _Device]) -> Callable[..., _Device]:
-    """``torch.compile`` of a group step's device work (``resources.compile``; ``_GroupTrainer._take``: the
-    images' gather, the vmapped step, the divergence flags, the SGD update, the carried inputs kept, the
-    correct counts). Why: on a GPU a small model's step waits on the host (Python, the dispatcher, one launch
-    per op); compiled, vmap's, ``functional_call``'s and the update's Python is traced away and inductor
-    fuses the elementwise work into few kernels (``bench/batched_throughput.py --count --compile`` counts
-    them). Every compiled step is padded to B (``_GroupEpoch``'s
-    ``fixed``): the convolutions specialise a graph on the batch size, so each short last batch of a new
-    size compiled a graph anew. The round's lr is specialised at first and made dynamic at its first change
-    (torch's automatic dynamic), so a run compiles a graph or two per group size and phase, in its first
-    rounds. Fused kernels round differently from eager ones, and padded rows add zeros to sums: the numbers
-    move in their last digits, and stay deterministic and free of the worker count (each worker's threads
-    are its own ``cpus_per_worker``). Inductor compiles with as many processes as the worker has threads,
-    not one per core of the machine: Tune's trials each start workers that compile at once."""
+    """``torch.compile`` of a group step's device work (``resources.compile``, ``_GroupTrainer._take``). Why: on
+    a GPU a small model's step waits on the host; compiled, the Python is traced away and the elementwise
+    work fused. Compiled steps are padded to B (``_GroupEpoch``'s ``fixed``) so that short batches compile no
+    new graph. Fused kernels round otherwise: the numbers move in their last digits and stay deterministic.
+    Inductor compiles with the worker's threads, not every core: Tune's trials' workers compile at once."""
     import torch._inductor.config
 
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, COMPILED_GRAPHS)
@@ -389,10 +346,8 @@ class _GroupTrainer:
         self, train: Stacked, frozen: Stacked, inputs: dict[str, Stacked], batch: _Step, diverged: Tensor,
         lr: float,
     ) -> _Device:
-        """The step's device work, all of it in one function so that ``resources.compile`` traces the batch's
-        images, the gradients, the divergence flags (``diverged``, in place), the SGD update, the carried
-        inputs kept and the correct counts as one graph (outside it, each would be eager ops and Python on
-        every step)."""
+        """The step's device work (images, gradients, divergence flags ``diverged`` in place, SGD update,
+        carried inputs, correct counts) in one function, so that ``resources.compile`` traces one graph."""
         out = self.steps(train, frozen, inputs, batch.noise, batch.images(), batch.y, batch.weight)
         diverged |= batch.active & ((out.loss - out.loss) != 0)  # x − x is 0 unless x is NaN or ±inf
         live = batch.active & ~diverged
@@ -401,17 +356,11 @@ class _GroupTrainer:
         return out.loss, _kept(out.carry, inputs, live), out.record, live, correct
 
     def _update(self, grads: Stacked, lr: float, live: Tensor) -> None:
-        """SGD on every live client, in place: the parameters' gradients side by side in one [K, Σ sizes]
-        tensor, so each of clipping's scale, weight decay, the mask and momentum is one op for the whole
-        model, not one per parameter (on a GPU each op is a launch and a trip through the dispatcher). Every
-        element goes through the same float operations as ``torch.optim.SGD``'s per-parameter step. A
-        masked client's gradient becomes 0 before it can touch the momentum (a non-finite one too), its
-        buffer is scaled by 1 instead of ρ and its step by 0, so neither changes; a zero buffer makes the
-        first momentum step b = g, as torch.optim.SGD's. The buffer is replaced by its new value, not written
-        in place (the same floats): torch 2.11's inductor, compiling the in-place update, fused the parameter
-        step with a recomputation of ρb + g that read b after its overwrite, so a step moved by (1 + ρ)·g on
-        a zeroed buffer (seen on CPU with clipping and Ditto's or FedSAM's second gradient; torch 2.14 got
-        it right, and the GPU machines' image has 2.11)."""
+        """SGD on every live client, in place, on the gradients side by side in one [K, Σ sizes] tensor (one op
+        per clip, decay, mask and momentum for the whole model), each element through ``torch.optim.SGD``'s
+        float operations. A masked client's gradient becomes 0 first, its buffer is scaled by 1 and its step
+        by 0, so neither changes. The buffer is replaced, not written in place: torch 2.11's inductor fused
+        the in-place update with a read of the overwritten buffer (a step of (1 + ρ)·g)."""
         t = self.training
         g = torch.cat([_rows(grads[n]) for n in self.trainable], dim=1)
         if t.grad_clip is not None:
@@ -430,17 +379,13 @@ class _GroupTrainer:
 
     @staticmethod
     def _clip_scale(g: Tensor, max_norm: float) -> Tensor:
-        """Per client, ``clip_grad_norm_``'s factor max_norm / (‖g‖ + 1e-6), at most 1, ‖g‖ the norm of its
-        row of ``g`` (every trainable gradient side by side): one reduction where ``clip_grad_norm_`` takes
-        the norm of the per-parameter norms, one per parameter and a stack more (on a GPU a launch each).
-        The same real number, rounded otherwise; the factor is exactly 1 either way unless the norm is
-        within rounding of ``max_norm`` or above, so only a step that clipping changes can differ."""
+        """Per client, ``clip_grad_norm_``'s factor max_norm / (‖g‖ + 1e-6), at most 1, from one norm of its row
+        of ``g``: the same real number rounded otherwise, exactly 1 unless clipping changes the step."""
         return (max_norm / (g.norm(dim=1) + 1e-6)).clamp(max=1.0)
 
 
 def _kept(carry: dict[str, Stacked], inputs: dict[str, Stacked], live: Tensor) -> dict[str, Stacked]:
-    """The carried inputs after a step: a live client's new values, a masked client's old ones (inside the
-    group step: one op per carried tensor that a compiled step fuses, not a launch each after it)."""
+    """The carried inputs after a step: a live client's new values, a masked client's old ones."""
     return {key: {name: torch.where(live.view(-1, *[1] * (new.dim() - 1)), new, inputs[key][name])
                   for name, new in values.items()} for key, values in carry.items()}
 
@@ -453,12 +398,10 @@ def _rows(stacked: Tensor) -> Tensor:
 def client_noise(
     shapes: NoiseShapes, counts: list[int], size: int, generator: torch.Generator, device: torch.device,
 ) -> dict[str, Tensor]:
-    """One client's draws of ``shapes`` for an epoch's steps, ``[steps, size, S, d]`` each (``counts``: the
-    real samples of each step), in one draw per key cut step by step. The exact path draws ``[S, n, d]`` per
-    step (``objective.draw_noise``); on a CPU one draw of their total gives the same numbers in the same
-    order whenever a step's S·n·d is a multiple of 16 (torch's CPU normal fills 16 at a time; always so at
-    dimZ = 512), so a client alone in its group keeps the exact path's ε bit for bit. On a GPU the one draw
-    gives other numbers of the same distribution. Memory: the epoch's draws at once."""
+    """One client's draws of ``shapes`` for an epoch's steps, ``[steps, size, S, d]`` each (``counts``: each
+    step's real samples), in one draw per key cut step by step. On a CPU this is the exact path's per-step
+    ``[S, n, d]`` draws (``objective.draw_noise``) bit for bit whenever S·n·d is a multiple of 16 (torch's
+    CPU normal fills 16 at a time; always so at dimZ = 512)."""
     out = {}
     for key, (samples, dim) in shapes.items():
         flat = torch.randn((samples, sum(counts), dim), device=device, generator=generator).view(-1)
@@ -496,14 +439,13 @@ class _Group:
         self, source: DeviceBatches, phases: list[Phase], epoch: int, batch_size: int, fixed: bool = False,
     ) -> _GroupEpoch:
         """The group's batches of ``epoch``: a client past its phase's epochs has none (and draws nothing)."""
-        orders = [epoch_order(indices, generator, True, ctx.num_samples) if epoch < phase.epochs else None
+        orders = [epoch_order(indices, generator, ctx.num_samples) if epoch < phase.epochs else None
                   for indices, generator, phase, ctx in zip(self.indices, self.generators, phases, self.contexts)]
         return _GroupEpoch(source, orders, batch_size, self.epoch_noise, fixed)
 
     def epoch_noise(self, counts: Tensor, batch_size: int) -> dict[str, Tensor]:
-        """Each client's draws for its steps of this epoch (``counts`` [K, S]: its real rows per step), one
-        call each from its own generator (:func:`client_noise`), padded to the group's steps: [S, K, B, ...]
-        (a client without a step draws nothing and gets zeros)."""
+        """Each client's draws for this epoch (``counts`` [K, S]: real rows per step) from its own generator
+        (:func:`client_noise`), padded to [S, K, B, ...] (a client without a step draws nothing)."""
         rows = [client_noise(self.noise_shapes, steps, batch_size, generator, self.device)
                 if (steps := [n for n in row if n]) else None for generator, row in zip(self.noise, counts.tolist())]
         keys = next((row.keys() for row in rows if row is not None), ())
@@ -543,8 +485,7 @@ def _run_phase(
 
 
 def _run_epoch(group: _Group, trainer: _GroupTrainer, laid: _GroupEpoch, lr: float, augment_kind: str) -> None:
-    """One epoch's steps; a function of its own so that the epoch's tensors (VIB's ε: S × dimZ floats a
-    sample) are freed when it ends, not held while the next epoch lays out its own."""
+    """One epoch's steps; a function of its own so that the epoch's tensors (VIB's ε) are freed when it ends."""
     for s in range(len(laid.sizes)):
         step = laid.step(s, augment_kind, group)
         group.absorb(trainer.step(group.weights, group.inputs, step, lr, group.tally), step)

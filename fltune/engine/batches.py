@@ -25,11 +25,11 @@ def device_table(mean: tuple[float, ...], std: tuple[float, ...], device: torch.
 
 def batches(
     data: FederatedData, indices: np.ndarray, batch_size: int, generator: torch.Generator, device: torch.device,
-    *, shuffle: bool = True, augment_kind: str = "none", keep: int | None = None,
+    *, augment_kind: str = "none", keep: int | None = None,
 ) -> Iterator[Batch]:
     """Mini-batches of a client's samples: uint8 → float, augmented, normalised, on ``device``; the first
     ``keep`` of the epoch's order (:func:`epoch_samples`)."""
-    index = epoch_order(indices, generator, shuffle, keep)
+    index = epoch_order(indices, generator, keep)
     black = None if augment_kind == "none" else normalise_table(data.mean, data.std)[:, 0]  # a crop's padding
     for start in range(0, len(index), batch_size):
         chunk = index[start:start + batch_size]
@@ -39,13 +39,12 @@ def batches(
         yield x.to(device, non_blocking=True), data.y[chunk].to(device, non_blocking=True)
 
 
-def epoch_order(indices: np.ndarray, generator: torch.Generator, shuffle: bool,
-                keep: int | None = None) -> torch.Tensor:
+def epoch_order(indices: np.ndarray, generator: torch.Generator, keep: int | None = None) -> torch.Tensor:
     """An epoch's sample order: the one ``randperm`` draw per epoch every batch source shares (the
     batched executor's too), cut to its first ``keep`` (None: all) after the draw, as a DataLoader's
     ``drop_last`` cuts its shuffled sampler's order: each epoch drops other samples."""
     index = torch.tensor(indices, dtype=torch.long)  # a copy: arrays from Ray's object store are read-only
-    return (index[torch.randperm(len(index), generator=generator)] if shuffle else index)[:keep]
+    return index[torch.randperm(len(index), generator=generator)][:keep]
 
 
 def epoch_samples(n: int, training: TrainingConfig) -> int:
@@ -79,7 +78,7 @@ class DeviceBatches:
 
     def epoch(self, indices: np.ndarray, batch_size: int, generator: torch.Generator,
               augment_kind: str, keep: int | None = None) -> Iterator[Batch]:
-        index = epoch_order(indices, generator, True, keep).to(self.device, non_blocking=True)
+        index = epoch_order(indices, generator, keep).to(self.device, non_blocking=True)
         for start in range(0, len(index), batch_size):
             chunk = index[start:start + batch_size]
             x = lookup_float(self.x[chunk], self.table)

@@ -27,11 +27,9 @@ def score_sums(
     """[len(batches), 2] float64 on ``device``: (summed CE loss, correct) of ``model`` in eval mode on each of
     ``batches`` (indices of ``EVAL_BATCH``-image slices of uint8 ``x``, in ascending order), left unread.
 
-    The batches' images and labels go over in one copy each and are normalised there by table lookup (the
-    bits of ``to_float``); each score is written into the result on the device. A per-batch read, as
-    ``float(loss)`` did, is a host sync, and so is each copy from pageable memory: where Tune trials share
-    one GPU, each waits for the GPU's turn (docs/architecture.md). float32 → float64 is exact, so what the caller
-    reads equals those per-batch Python floats."""
+    The images and labels go over in one copy each and are normalised there by table lookup (the bits of
+    ``to_float``); the scores stay on the device, since each read is a host sync that waits for the GPU's
+    turn where Tune trials share one. float32 → float64 is exact, so the caller reads per-batch floats."""
     model.eval()
     sums = torch.empty(len(batches), 2, dtype=torch.float64, device=device)
     if not batches:

@@ -143,16 +143,14 @@ class Federation:
             raise
         if self.status == "running":  # restored from a checkpoint taken before the end was marked
             self.status = "finished"
-        summary = self.summary()
-        for cb in callbacks:
-            cb.on_end(self, summary)
-        return summary
+        return self._finish(callbacks, self.status)
 
-    def _finish(self, callbacks: Sequence[Callback], status: str) -> None:
+    def _finish(self, callbacks: Sequence[Callback], status: str) -> dict[str, Any]:
         self.status = status
         summary = self.summary()
         for cb in callbacks:
             cb.on_end(self, summary)
+        return summary
 
     def step(self) -> dict[str, float]:
         """One round (the body of ``rounds``); returns its metrics (accuracies only on evaluation rounds)."""

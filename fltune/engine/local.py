@@ -50,12 +50,9 @@ class HostMeter:
 
 class DeviceMeter(HostMeter):
     """Fast-path step metrics: accumulated on the device and read once per client. The loss sum is kept in
-    float64 as ``HostMeter``'s Python float is (float32 loss × batch size, summed in order), so the figures
-    are the same bits. A non-finite loss cannot stop the step here; the sum then turns non-finite for good
-    (NaN stays NaN, ±inf stays ±inf or becomes NaN, and finite float32 losses × batch sizes cannot overflow
-    float64), which flags the client (``deferred``) and the caller re-runs it on the reference path.
-    Each step adds to views of one buffer made once: no indexing, reads or checks per step, whose every op
-    is a kernel launch on a GPU."""
+    float64 as ``HostMeter``'s Python float is, so the figures are the same bits. A non-finite loss cannot
+    stop the step here; the sum then stays non-finite (float32 losses × batch sizes cannot overflow
+    float64), which flags the client (``deferred``) and the caller re-runs it on the reference path."""
 
     deferred = True
 
@@ -87,13 +84,10 @@ def make_optimizer(params: list[nn.Parameter], training: TrainingConfig, lr: flo
 
 
 class KeptSGD:
-    """``torch.optim.SGD``'s step for the exact path, without an ``Optimizer`` object: each step calls
-    ``torch.optim.sgd.sgd``, the public functional form ``SGD.step`` itself calls, with the arguments
-    ``SGD.step`` passes (same params, grads and momentum buffers, foreach/fused left to torch), so the
-    bits are SGD's. Why: building or stepping any ``torch.optim.Optimizer`` imports ``torch._dynamo``
-    (``add_param_group`` and ``zero_grad`` are dynamo-disabled, ``step`` graph-breaks): memory in every
-    training process that never compiles. Its state is the momentum
-    buffers alone; ``reset`` empties them, as a fresh SGD starts (buffer = first gradient)."""
+    """``torch.optim.SGD``'s step without an ``Optimizer`` object: ``torch.optim.sgd.sgd``, the functional form
+    ``SGD.step`` calls, with the arguments it passes, so the bits are SGD's. Why: any ``torch.optim.Optimizer``
+    imports ``torch._dynamo``, memory in every training process that never compiles. ``reset`` empties the
+    momentum buffers, as a fresh SGD starts."""
 
     def __init__(self, params: list[nn.Parameter], training: TrainingConfig, lr: float) -> None:
         self.params = params
@@ -126,11 +120,9 @@ class KeptSGD:
 
 class Optimizers:
     """Optimisers for each client and phase: built fresh (``reuse=False``, the reference), or one kept per
-    parameter set and optimiser setting and emptied of its state before each use. SGD and Adam build their
-    per-parameter state (momentum buffer; step and moments) lazily on the first step, so an emptied one
-    takes exactly a fresh one's steps; only the construction is saved. Kept SGD is :class:`KeptSGD` (the
-    same bits, no ``torch._dynamo`` import); Adam stays ``torch.optim.Adam``. The kept ones hold their
-    parameters, so an ``id`` in a key is never reused by another parameter."""
+    parameter set and setting (SGD as :class:`KeptSGD`) and emptied before each use, which takes exactly a
+    fresh one's steps (their state is built lazily on the first step). The kept ones hold their parameters,
+    so an ``id`` in a key is never reused by another parameter."""
 
     def __init__(self, reuse: bool) -> None:
         self.reuse = reuse

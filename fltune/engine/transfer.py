@@ -44,9 +44,8 @@ def load_state(model: nn.Module, state: State) -> None:
 
 class DeviceServer(Mapping[str, Any]):
     """A round's server payload read as tensors on one device: an array becomes a tensor, a dict of arrays
-    a dict of tensors (one copy per dtype, ``to_device``), each entry copied at its first read and kept.
-    Every client a worker trains reads the same payload, and where each copied it (FedCR's class Gaussians,
-    SCAFFOLD's c) every copy from pageable memory waited for the GPU. The tensors are shared: read only."""
+    a dict of tensors (one copy per dtype, ``to_device``), each entry copied at its first read and kept for
+    every client the worker trains (each copy from pageable memory waits for the GPU). Shared: read only."""
 
     def __init__(self, server: dict[str, Any], device: torch.device) -> None:
         self.server, self.device = server, device

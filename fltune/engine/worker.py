@@ -10,7 +10,7 @@ arrive as numpy from one ``ray.put`` per round.
 When a probe needs every local model (``RunSpec.keep_latest``: ``all_model``, H_N/H_D), a worker whose
 clients' models the method rebuilds from their updates (``Method.local_model``) returns those updates
 instead of its partial sum, and the driver sums them in the worker's order: each client's weights travel
-once. Otherwise it returns the partial sum and every local model, as without such a probe.
+once. Otherwise it returns the partial sum and every local model.
 """
 
 from __future__ import annotations
@@ -57,8 +57,7 @@ class RunSpec:
     keep_latest: bool  # return each client's local model (the all_model protocol, H_N/H_D need them)
     rebuild: bool = True
     """With ``keep_latest``: let the driver rebuild local models it can (``Method.local_model``); False
-    ships every one, as before the rebuild (the reference tests/engine/test_federation_probes.py checks
-    it against)."""
+    ships every one (the reference tests/engine/test_federation_probes.py checks against)."""
 
 
 @dataclass
@@ -275,10 +274,8 @@ class ClientWorker:
         global_tensors: dict[str, torch.Tensor],
     ) -> Iterator[int]:
         """Each client of ``chunk`` after its final personal round, ``self.model`` holding the model it is
-        scored with. The batched executor trains the round's clients in groups, as its training rounds
-        (``train_group``, eager: a graph used for one round hardly repays its compile time; not measured), where the
-        round's method batches; otherwise, and on the other executors, client by client
-        (``local.final_round``)."""
+        scored with: in groups (``train_group``, eager) where the batched executor batches the round's method,
+        else client by client (``local.final_round``)."""
         final, settings = final_training(self.method, self.cfg.training)
         if not (self.batched and unbatchable(self.cfg, final, self.model) is None):
             for cid in chunk:
@@ -329,15 +326,10 @@ class ClientWorker:
         return ray.get_runtime_context().get_node_id()
 
 
-def _libc_malloc_trim() -> Any:
-    """glibc's ``malloc_trim``, or None off glibc (macOS, musl)."""
-    try:
-        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
-    except (OSError, AttributeError):
-        return None
-
-
-_MALLOC_TRIM = _libc_malloc_trim()
+try:  # glibc's malloc_trim; None off glibc (macOS, musl)
+    _MALLOC_TRIM: Any = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+except (OSError, AttributeError):
+    _MALLOC_TRIM = None
 
 
 def release_free_memory() -> None:
@@ -349,27 +341,19 @@ def release_free_memory() -> None:
         _MALLOC_TRIM(0)
 
 
-class _TritonNote(logging.Filter):
+def _no_triton_note(record: logging.LogRecord) -> bool:
     """Drops the FLOP counter's import-time note that Triton kernels can't be counted (``skip_triton``)."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not record.getMessage().startswith("triton not found")
+    return not record.getMessage().startswith("triton not found")
 
 
 def skip_triton() -> None:
     """Make ``import triton`` fail in this process, as if Triton were not installed: for a process that
-    sees no GPU, where it can run no kernel (Triton compiles GPU kernels; torch's CPU compiler writes C++).
-
-    The CUDA build of torch depends on Triton, and torch imports it whenever its compiler stack loads
-    (``torch._dynamo.utils`` imports it when the package exists: any ``torch.optim.Optimizer``, the batched
-    executor's ``torch.func``) and with its FLOP counter (``torch.utils.flop_counter``, round 1's meters), and
-    Triton then holds memory of the process for its life that no CPU worker uses. torch checks for Triton with an
-    import that may fail (``torch.utils._triton.has_triton_package``), and Python fails an import whose
-    ``sys.modules`` entry is None; a process that imported Triton already keeps it. The FLOP counter's note
-    that it can't count Triton kernels, true and moot here, is dropped."""
+    sees no GPU, where it can run no Triton kernel. Why: torch imports Triton whenever its compiler stack or
+    FLOP counter loads, and it then holds memory no CPU worker uses; torch's check for it is an import that
+    may fail, and Python fails an import whose ``sys.modules`` entry is None."""
     if "triton" not in sys.modules:
         sys.modules["triton"] = None  # type: ignore[assignment]
-        logging.getLogger("torch.utils.flop_counter").addFilter(_TritonNote())
+        logging.getLogger("torch.utils.flop_counter").addFilter(_no_triton_note)
 
 
 def _identical(rebuilt: State | None, trained: State) -> bool:

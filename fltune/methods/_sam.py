@@ -23,7 +23,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from fltune.methods.functional import FunctionalBatch, FunctionalStep, WholeStep, objective_step
+from fltune.methods.functional import FunctionalBatch, FunctionalStep, WholeStep, global_norm, objective_step
 from fltune.methods.objective import Tensors
 
 Named = list[tuple[str, Tensor]]
@@ -40,11 +40,6 @@ def trainable(model: nn.Module, prefixes: tuple[str, ...] | None = None) -> Name
         (n, p) for n, p in model.named_parameters()
         if p.requires_grad and (prefixes is None or n.startswith(prefixes))
     ]
-
-
-def global_norm(tensors: list[Tensor]) -> Tensor:
-    """‖concat(tensors)‖₂ without concatenating."""
-    return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(t) for t in tensors]))
 
 
 def sam_epsilon(rho: float) -> Epsilon:

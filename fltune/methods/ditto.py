@@ -66,10 +66,8 @@ class Ditto(InitialStandIn, WholeStep):
         The proximal part is added in closed form, λ(v − w_g): autograd's (λ/2)·2(v − w_g) is the same real
         number and rounds once to the same float, so the bits are autograd's. With ``max_norm`` the step is
         clipped as FedCR's code clips it: ∇CE − λ·w_g, i.e. that gradient − λ·v, bounded, then λ·v added
-        back. The parameters are stepped side by side as one flat vector: every op is elementwise (the
-        clipping norm is still taken parameter by parameter), so each element goes through the same float
-        operations as parameter by parameter did, while a batched step launches each op once for the model
-        instead of once per parameter."""
+        back. The parameters are stepped side by side as one flat vector (every op is elementwise; the
+        clipping norm is still taken parameter by parameter), so a batched step launches each op once."""
         names = list(personal)
         sizes = [personal[n].numel() for n in names]
 

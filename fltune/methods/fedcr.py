@@ -105,8 +105,7 @@ class FedCR(VIBMethod, PersonalHead):
 
     def record_step(self, ctx: ClientContext, y: Tensor, record: Tensors) -> None:
         """PoE of the last epoch's samples per class (per row of r: :meth:`centre`). FedCR's code restarts the
-        fold at each epoch and keeps the last one's, so the epochs before it are not folded at all (on a GPU
-        each fold is several kernel launches a step).
+        fold at each epoch and keeps the last one's, so the epochs before it are not folded at all.
 
         An epoch is ``num_samples`` samples (the engine's batches cover the client's data once); the last
         one starts after ``fold_from`` samples (``setup_client``: every phase's epochs but one).

@@ -56,10 +56,8 @@ def class_summaries(ctx: ClientContext, start: np.ndarray | None) -> np.ndarray:
     """The client's summaries (classes × d) after one pass over its data with the trained model, from
     ``start`` (its summaries of earlier rounds) or, at its first round, zeros.
 
-    The features are computed on the client's device and come to the host in one copy; the fold runs
-    there. On a GPU the fold cost a few kernel launches per sample, each waiting for the GPU's turn where
-    Tune trials share one; on the host it is a short loop. Its float32 sums are correctly rounded and its halvings exact on
-    either device, so the summaries have the same bits."""
+    The features come to the host in one copy and the fold runs there (on a GPU it is launches per sample);
+    its float32 sums are correctly rounded and its halvings exact, so the bits are the same on either device."""
     shape = (ctx.model.head.out_features, ctx.model.feature_dim)
     summaries = np.zeros(shape, np.float32) if start is None else start.copy()  # Ray's arrays are read-only
     with torch.no_grad():

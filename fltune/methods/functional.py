@@ -76,9 +76,8 @@ class FunctionalStep(NamedTuple):
     record: Tensors = {}
 
     def replaced(self, grads: Tensors | None = None, carry: dict[str, Tensors] | None = None) -> FunctionalStep:
-        """This step with other gradients or carried inputs. ``_replace`` would do, but under
-        ``resources.compile`` this runs inside the traced group step, and torch 2.11's dynamo failed an
-        assertion on a NamedTuple built by ``_replace`` there; the constructor it traces."""
+        """This step with other gradients or carried inputs (not ``_replace``: torch 2.11's dynamo fails on it
+        inside a compiled group step)."""
         return FunctionalStep(self.grads if grads is None else grads, self.loss, self.logits,
                               self.carry if carry is None else carry, self.record)
 
@@ -88,8 +87,7 @@ class WholeStep(Method, ABC):
     :meth:`functional_step`; the client-by-client path's :meth:`backward` runs it at the model's own
     trainable weights (unpadded, ``client`` set) and writes its gradients into ``.grad``. There
     ``batch.gradient`` is autograd's on leaf views of the weights, whose forward updates the module's
-    BatchNorm statistics in place as calling the module does: the same float operations as the hand-written
-    ``backward`` this replaced, bit for bit (the SAM family, FedSOL and Ditto, BatchNorm models included)."""
+    BatchNorm statistics in place as calling the module does."""
 
     @abstractmethod
     def functional_step(self, weights: Tensors, batch: FunctionalBatch) -> FunctionalStep:
@@ -168,9 +166,12 @@ def gradient(
     return grads, loss, aux
 
 
+def global_norm(tensors: Iterable[torch.Tensor]) -> torch.Tensor:
+    """‖concat(tensors)‖₂ without concatenating: the norm of their norms, as ``clip_grad_norm_`` takes it."""
+    return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(t) for t in tensors]))
+
+
 def clip_scale(tensors: Iterable[torch.Tensor], max_norm: float) -> torch.Tensor:
-    """``torch.nn.utils.clip_grad_norm_``'s factor min(1, max_norm / (‖g‖ + 1e-6)), ‖g‖ the norm over all of
-    ``tensors`` (the norm of their norms, as torch takes it), without ``.grad`` or in-place writes, so it
-    also runs inside the batched executor's vmap."""
-    total = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(t) for t in tensors]))
-    return (max_norm / (total + 1e-6)).clamp(max=1.0)
+    """``torch.nn.utils.clip_grad_norm_``'s factor min(1, max_norm / (‖g‖ + 1e-6)), ‖g‖ the :func:`global_norm`
+    of ``tensors``, without ``.grad`` or in-place writes, so it also runs inside the batched executor's vmap."""
+    return (max_norm / (global_norm(tensors) + 1e-6)).clamp(max=1.0)

@@ -54,9 +54,8 @@ class Forward:
 
 
 def _ties_tensors(model: nn.Module) -> bool:
-    """Whether one tensor sits under two names in ``model``. Only then must ``functional_call`` look for
-    ties (``tie_weights``), which walks every submodule on every call: host time a GPU waits on in the
-    batched executor's step."""
+    """Whether one tensor sits under two names in ``model``: only then need ``functional_call`` look for ties
+    (``tie_weights`` walks every submodule on every call)."""
     def count(named: Iterable[tuple[str, torch.Tensor]]) -> tuple[int, int]:
         pairs = list(named)
         return len(pairs), len({id(t) for _, t in pairs})
@@ -115,11 +114,8 @@ def batch_mean(values: torch.Tensor, mask: torch.Tensor | None = None) -> torch.
 
 def masked_cross_entropy(logits: torch.Tensor, y: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
     """Mean cross-entropy over the real samples (:func:`batch_mean`); ``F.cross_entropy`` when unpadded.
-
-    Padded, each sample's −log softmax at its label is written out: inside the batched executor's vmap
-    ``F.cross_entropy(reduction="none")`` decomposes into the same gather and negation plus an
-    ``ignore_index`` mask (7 more ops in the forward and 7 in the backward, each a GPU launch) that no
-    label here needs; the values and gradients are the same floats."""
+    Padded, −log softmax at the label is written out: the same floats as ``F.cross_entropy(reduction="none")``
+    without its ``ignore_index`` mask, ops a vmapped step would launch for nothing."""
     if mask is None:
         return F.cross_entropy(logits, y)
     return batch_mean(-logits.log_softmax(-1).gather(-1, y.unsqueeze(-1)).squeeze(-1), mask)

@@ -23,11 +23,8 @@ def dtype_groups(dtypes: Iterable[Any]) -> list[list[int]]:
 
 
 def to_device(arrays: Sequence[np.ndarray], device: torch.device) -> list[torch.Tensor]:
-    """``arrays`` as tensors on ``device`` (views of one buffer per dtype), in one copy per dtype.
-
-    A copy from pageable host memory to a GPU first waits for everything the device has queued, so loading
-    a state tensor by tensor is a host sync per tensor; where Tune trials share one GPU each waits for the
-    GPU's turn. Copies change no bits."""
+    """``arrays`` as tensors on ``device`` (views of one buffer per dtype), in one copy per dtype: each copy
+    from pageable host memory waits for everything the GPU has queued. Copies change no bits."""
     out: list[torch.Tensor] = [torch.empty(0)] * len(arrays)
     for rows in dtype_groups(array.dtype for array in arrays):
         flat = torch.from_numpy(np.concatenate([arrays[i].reshape(-1) for i in rows])).to(device)
@@ -37,11 +34,9 @@ def to_device(arrays: Sequence[np.ndarray], device: torch.device) -> list[torch.
 
 
 def to_numpy(state: dict[str, torch.Tensor], keys: set[str] | None = None) -> State:
-    """Detach a (sub)state_dict to CPU numpy for the wire or the client store, in one copy per dtype.
-
-    A copy from a GPU to the host waits for the device, so a state copied tensor by tensor is a host sync
-    per tensor; where Tune trials share one GPU each waits for its turn. Each array is its own (a copy of
-    its part of the buffer), so a client store keeps no other tensor's bytes alive."""
+    """Detach a (sub)state_dict to CPU numpy for the wire or the client store, in one copy per dtype (each
+    copy waits for the GPU). Each array is a copy of its part of the buffer, so a client store keeps no
+    other tensor's bytes alive."""
     tensors = [(k, v.detach()) for k, v in state.items() if keys is None or k in keys]
     out: State = {}
     for rows in dtype_groups(v.dtype for _, v in tensors):

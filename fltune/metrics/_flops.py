@@ -37,13 +37,10 @@ def _has_decomposition(func: Any) -> bool:
 class TrainingFlops(TorchDispatchMode):
     """``get_total_flops()``: forward and backward; ``forward_flops``: the forward passes alone.
 
-    The count is ``FlopCounterMode``'s, op for op: its registry's formulas, and an op with a composite
-    decomposition run (and counted) as that decomposition, as it runs them, so the training's numbers stay
-    the same too. What it leaves out is the per-module attribution: ``FlopCounterMode``'s ``ModuleTracker``
-    hooks every module call (a forward pre- and post-hook plus autograd hooks, kept until the meter closes)
-    and it tried every op's decomposition inside a re-entered mode, work that slowed the metered round
-    (``bench/flop_meter.py`` measures both). "Running in backward" is autograd's own flag,
-    ``torch._C._current_graph_task_id() != -1`` (what ``ModuleTracker.is_bw`` reads).
+    The count is ``FlopCounterMode``'s, op for op (its registry's formulas; an op with a composite
+    decomposition counted as that decomposition), so the training's numbers stay the same too. It leaves
+    out the per-module attribution, whose module hooks slow the metered round (``bench/flop_meter.py``).
+    "Running in backward" is autograd's own flag, ``torch._C._current_graph_task_id() != -1``.
     """
 
     def __init__(self) -> None:
@@ -54,11 +51,9 @@ class TrainingFlops(TorchDispatchMode):
     @classmethod
     def _should_skip_dynamo(cls) -> bool:
         """False: ``__torch_dispatch__`` stays as written, not wrapped in ``torch._disable_dynamo``, the wrapper
-        torch puts around a mode's dispatch by default (``TorchDispatchMode.__init_subclass__``; this classmethod
-        is torch's switch for it). That wrapper imports ``torch._dynamo`` at its first call, which a process
-        then holds for its life (Triton too where it is installed), while it only matters when
-        ``torch.compile`` traces code running under the mode. No metered training is compiled: a metered round
-        trains client by client on the exact path (``ClientWorker.train``). Same ops, same counts, same bits."""
+        torch puts around a mode's dispatch by default (this classmethod is torch's switch for it). That wrapper
+        imports ``torch._dynamo``, held for the process's life, and matters only when ``torch.compile`` traces
+        code under the mode; a metered round trains client by client on the exact path, never compiled."""
         return False
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:

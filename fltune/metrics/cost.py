@@ -78,25 +78,16 @@ def state_bits(state: Mapping[str, Any]) -> int:
 
 
 class CostMeter:
-    """Per-round and cumulative cost of a run, fed by the engine.
+    """Per-round and cumulative cost of a run, fed by the engine; the keys of :meth:`round_metrics` are
+    :class:`CostProbe`'s ``metrics``.
 
     Per round: ``start_round()``; ``add_download(bits, clients)`` for the broadcast (counted once per
     receiving client); ``add_training(samples)`` and ``add_upload(bits)`` for each client; then
-    ``round_metrics()``. Keys of :meth:`round_metrics`:
-
-    - ``cost_round_s``: wall seconds since ``start_round`` (FedAlign Table 5 "Time").
-    - ``cost_cum_tflops``: training TFLOPs of all clients so far = Σ samples × passes ×
-      :data:`FORWARD_BACKWARD_FACTOR` × forward FLOPs per sample. (FedAlign Table 8's "MFLOPs" column is
-      not this total: it equals Table 5's per-sample forward MFLOPs × rounds, e.g. 87.3 × 84 = 7332.)
-    - ``cost_cum_comm_gbit``: Gbit sent so far, both directions.
-    - ``cost_cum_up_gbit``: Gbit uploaded so far, the quantity in FedAlign Table 8's "Comm Cost (Gb)"
-      (0.61 M params × 32 bit × 16 clients × 84 rounds = 26.2 Gbit for FedAvg).
-    - ``cost_up_mbit_round``, ``cost_down_mbit_round``: Mbit uploaded / downloaded in this round.
-    - ``cost_train_forward_mflops``: the forward MFLOPs the method spends per training sample (FedAlign
-      Table 5's "MFLOPs": FedAvg 87.3, MOON 262.2, FedAlign 89.1), as the workers counted them in round 1
-      (``set_training_forward``); the model's forward pass until then.
-    - ``cost_cum_forward_mflops``: that figure times the rounds so far — FedAlign Table 8's "MFLOPs" as its
-      numbers are computed (87.3 × 84 = 7332, MOON 262.2 × 55 = 14421; fltune counts 2 FLOPs per MAC).
+    ``round_metrics()``. ``cost_cum_tflops`` = Σ samples × passes × :data:`FORWARD_BACKWARD_FACTOR` ×
+    forward FLOPs per sample. FedAlign Table 8's "MFLOPs" is not that total but Table 5's per-sample
+    forward MFLOPs × rounds (87.3 × 84 = 7332): ``cost_cum_forward_mflops``, from the training forward
+    the workers count in round 1 (``set_training_forward``; the model's forward until then). Its "Comm
+    Cost (Gb)" is ``cost_cum_up_gbit`` (0.61 M params × 32 bit × 16 clients × 84 rounds = 26.2 for FedAvg).
     """
 
     _rounds = 0

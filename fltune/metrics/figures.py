@@ -6,7 +6,7 @@ after it; a bare ``Figure`` needs neither and draws without a display.
 
 Why the import waits: the modules that draw (the landscape, a study's trial rows) are also imported by
 every client worker and Tune trial, which never draw, and matplotlib's import would cost each such process
-memory and start-up time for nothing (issue 12, item 4: the command's process tree).
+memory and start-up time for nothing.
 """
 
 from __future__ import annotations

@@ -89,11 +89,7 @@ def check_vector(vec: Vector, params: Sequence[Tensor], field: str) -> None:
 
 
 def hvp(
-    model: nn.Module,
-    loss_fn: LossFn,
-    batches: Sequence[Batch],
-    vec: Vector,
-    params: Sequence[Tensor] | None = None,
+    model: nn.Module, loss_fn: LossFn, batches: Sequence[Batch], vec: Vector, params: Sequence[Tensor] | None = None,
 ) -> Vector:
     """H·v, H being the Hessian of the mean over ``batches`` of ``loss_fn`` w.r.t. ``params``.
 
@@ -158,13 +154,6 @@ def _rademacher(params: list[Tensor], generator: torch.Generator) -> Vector:
     return [(torch.randint(0, 2, p.shape, generator=generator) * 2 - 1).to(p) for p in params]
 
 
-def _check_iterations(max_iter: int, tol: float) -> None:
-    if max_iter < 1:
-        raise FLTuneError(f"max_iter: must be at least 1, got {max_iter}")
-    if tol < 0:
-        raise FLTuneError(f"tol: must be non-negative, got {tol}")
-
-
 def _power_iteration(
     apply_h: HessianProduct, start: Vector, found: list[Vector], max_iter: int, tol: float
 ) -> tuple[float, Vector]:
@@ -186,12 +175,7 @@ def _power_iteration(
 
 
 def top_eigenpairs(
-    model: nn.Module,
-    loss_fn: LossFn,
-    batches: Sequence[Batch],
-    k: int = 1,
-    max_iter: int = 100,
-    tol: float = 1e-3,
+    model: nn.Module, loss_fn: LossFn, batches: Sequence[Batch], k: int = 1, max_iter: int = 100, tol: float = 1e-3,
     seed: int = 0,
 ) -> tuple[list[float], list[Vector]]:
     """The k eigenvalues of H largest in *magnitude*, with unit eigenvectors (λ_max: FedAlign Table 1,
@@ -208,9 +192,6 @@ def top_eigenpairs(
     similar size, between which the Rayleigh quotient drifts slowly. Lower ``tol`` for k > 1 or at
     indefinite points (e.g. initialisation).
     """
-    if k < 1:
-        raise FLTuneError(f"k: must be at least 1, got {k}")
-    _check_iterations(max_iter, tol)
     check_batches(batches)
     params = trainable_parameters(model)
     generator = torch.Generator().manual_seed(seed)
@@ -238,26 +219,18 @@ class TraceEstimate(NamedTuple):
 
 
 def _hutchinson(
-    model: nn.Module,
-    loss_fn: LossFn,
-    batches: Sequence[Batch],
-    max_iter: int,
-    tol: float,
-    seed: int,
-    per_tensor: bool,
-    min_samples: int = MIN_TRACE_SAMPLES,
+    model: nn.Module, loss_fn: LossFn, batches: Sequence[Batch], max_iter: int, tol: float, seed: int, per_tensor: bool,
 ) -> tuple[Tensor, Tensor, int]:
     """(mean, standard error, n) of Rademacher samples vᵀHv (Hutchinson 1989, FedAlign ref. [7]), float64
     on CPU.
 
     Each sample is split by parameter tensor (Σ over the tensor of (Hv)⊙v, so E = that tensor's part of
-    tr H) when ``per_tensor``, else summed to one entry. Sampling stops once ``min_samples`` are in and the
-    standard error of the mean is below ``tol`` relative to the mean (Euclidean norms over the entries), or
-    after ``max_iter`` samples; ``tol=0`` always takes ``max_iter``. A rule on how much the running mean
+    tr H) when ``per_tensor``, else summed to one entry. Sampling stops once :data:`MIN_TRACE_SAMPLES` are in
+    and the standard error of the mean is below ``tol`` relative to the mean (Euclidean norms over the
+    entries), or after ``max_iter`` samples; ``tol=0`` always takes ``max_iter``. A rule on how much the running mean
     last moved would fire whenever one sample lands near the mean, while the standard error only shrinks
-    as samples accrue, so a tighter tol means more samples and a smaller error bar. Mean and variance by Welford's update.
+    as samples accrue, so a tighter tol means more samples and a smaller error bar. Welford's update.
     """
-    _check_iterations(max_iter, tol)
     check_batches(batches)
     params = trainable_parameters(model)
     generator = torch.Generator().manual_seed(seed)
@@ -274,7 +247,7 @@ def _hutchinson(
             delta = sample - mean
             mean = mean + delta / n
             squares = squares + delta * (sample - mean)
-            if n >= max(min_samples, 2) and _standard_error(squares, n).norm() < tol * mean.norm():
+            if n >= MIN_TRACE_SAMPLES and _standard_error(squares, n).norm() < tol * mean.norm():
                 break
     return mean, _standard_error(squares, n), n
 
@@ -285,42 +258,30 @@ def _standard_error(squares: Tensor, n: int) -> Tensor:
 
 
 def hessian_trace(
-    model: nn.Module,
-    loss_fn: LossFn,
-    batches: Sequence[Batch],
-    max_iter: int = 100,
-    tol: float = 1e-2,
-    seed: int = 0,
-    min_samples: int = MIN_TRACE_SAMPLES,
+    model: nn.Module, loss_fn: LossFn, batches: Sequence[Batch], max_iter: int = 100, tol: float = 1e-2, seed: int = 0,
 ) -> TraceEstimate:
     """tr H by Hutchinson with Rademacher vectors (H_T: FedAlign Table 1, MAN Table 2), with its standard
     error.
 
     Unbiased; its variance per sample is 2·Σ_{i≠j} H_ij². Sampling stops once the standard error is below
-    ``tol``·|tr H estimate| (after ``min_samples``), or at ``max_iter`` — then ``se`` says how far off the
-    value may be.
+    ``tol``·|tr H estimate| (after :data:`MIN_TRACE_SAMPLES`), or at ``max_iter`` — then ``se`` says how far
+    off the value may be.
     """
-    mean, se, n = _hutchinson(model, loss_fn, batches, max_iter, tol, seed, False, min_samples)
+    mean, se, n = _hutchinson(model, loss_fn, batches, max_iter, tol, seed, False)
     return TraceEstimate(float(mean[0]), float(se[0]), n)
 
 
 def layer_traces(
-    model: nn.Module,
-    loss_fn: LossFn,
-    batches: Sequence[Batch],
-    max_iter: int = 100,
-    tol: float = 1e-2,
-    seed: int = 0,
-    min_samples: int = MIN_TRACE_SAMPLES,
+    model: nn.Module, loss_fn: LossFn, batches: Sequence[Batch], max_iter: int = 100, tol: float = 1e-2, seed: int = 0,
 ) -> dict[str, float]:
     """Per parameter tensor, its part of tr H: mean over Rademacher v of Σ (Hv)⊙v over its entries.
 
     This is the vector d_i the authors feed into FedAlign Eq. 3–4 in place of Diag(H): PyHessian's
     ``trace()`` returns it as ``diag`` (``mmendiet/FedAlign:pyhessian/compute_hessian.py``). Stops when the
     norm of the vector of standard errors is below ``tol`` times the norm of the means (after
-    ``min_samples``; ``tol=0``: ``max_iter`` samples always).
+    :data:`MIN_TRACE_SAMPLES`; ``tol=0``: ``max_iter`` samples always).
     """
-    means, _, _ = _hutchinson(model, loss_fn, batches, max_iter, tol, seed, True, min_samples)
+    means, _, _ = _hutchinson(model, loss_fn, batches, max_iter, tol, seed, True)
     return dict(zip(named_trainable_parameters(model), means.tolist()))
 
 

@@ -42,11 +42,7 @@ def _mean_loss(model: nn.Module, loss_fn: LossFn, batches: Sequence[Batch], devi
 
 
 def loss_surface(
-    model: nn.Module,
-    loss_fn: LossFn,
-    batches: Sequence[Batch],
-    directions: tuple[Vector, Vector],
-    span: float = 1.0,
+    model: nn.Module, loss_fn: LossFn, batches: Sequence[Batch], directions: tuple[Vector, Vector], span: float = 1.0,
     steps: int = 21,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Loss at θ + a·d1 + b·d2 on a ``steps``×``steps`` grid of (a, b) ∈ [−span, span]².
@@ -130,14 +126,8 @@ class Landscape:
 
 
 def top2_landscape(
-    model: nn.Module,
-    loss_fn: LossFn,
-    batches: Sequence[Batch],
-    seed: int = 0,
-    steps: int = 21,
-    span: float = 1.0,
-    max_iter: int = 100,
-    tol: float = 1e-3,
+    model: nn.Module, loss_fn: LossFn, batches: Sequence[Batch], seed: int = 0, steps: int = 21, span: float = 1.0,
+    max_iter: int = 100, tol: float = 1e-3,
 ) -> Landscape:
     """FedAlign Fig. 1 / FedSOL Fig. 8's data: the loss along the top-2 Hessian eigenvectors.
 

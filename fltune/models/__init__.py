@@ -4,14 +4,13 @@ Importing a model file registers its builders; add new files to the import list 
 """
 
 from fltune.models import convnets, resnet, resnet56, vgg, vib, vit  # noqa: F401  (imported for their registrations)
-from fltune.models.base import InShape, SplitModel, activations, split_keys
+from fltune.models.base import InShape, SplitModel, split_keys
 from fltune.models.registry import MODELS, build_model, default_model, register_model
 
 __all__ = [
     "MODELS",
     "InShape",
     "SplitModel",
-    "activations",
     "build_model",
     "default_model",
     "register_model",

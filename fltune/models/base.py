@@ -44,7 +44,7 @@ class SplitModel(nn.Module):
         """The ReLU module of every hidden layer, in forward order (MAN Eq. 15-18 regularises their outputs).
 
         Derived as the body's ``nn.ReLU`` instances in registration order, which is forward order for every
-        model here (tests/models checks each fires exactly once, in this order). Logits are never included:
+        model here (tests/models checks that each fires, in this order). Logits are never included:
         the head holds no ReLU.
         """
         return [m for m in self.body.modules() if isinstance(m, nn.ReLU)]
@@ -55,27 +55,6 @@ class SplitModel(nn.Module):
         activations: none here. Only a model built after code that adds such a term lists any (the authors'
         Tiny-ImageNet ConvNet, :class:`~fltune.models.convnets.TinyImageNetCNN`)."""
         return []
-
-
-def activations(model: SplitModel, x: Tensor) -> tuple[Tensor, list[Tensor]]:
-    """``(logits, [output of each activation point])`` from one forward pass.
-
-    The hooks are temporary so a model never carries hidden state between calls (it is copied, averaged
-    and shipped to workers); they are removed even if the forward pass raises. Outputs keep their graph,
-    so a loss built on them (MAN) back-propagates.
-    """
-    outputs: list[Tensor] = []
-
-    def record(_module: nn.Module, _inputs: tuple[Tensor, ...], output: Tensor) -> None:
-        outputs.append(output)
-
-    handles = [m.register_forward_hook(record) for m in model.activation_points]
-    try:
-        logits = model(x)
-    finally:
-        for handle in handles:
-            handle.remove()
-    return logits, outputs
 
 
 def split_keys(model: nn.Module) -> tuple[list[str], list[str]]:

@@ -136,11 +136,6 @@ def test_a_run_without_test_data_holds_none(fmnist, tmp_path: Path) -> None:
     assert all(len(v) == 49 for v in data.client_val)  # 10 % of each client's 490
 
 
-def test_a_bad_validation_fraction_is_named(fmnist, tmp_path: Path) -> None:
-    with pytest.raises(FLTuneError, match=r"partition\.val_fraction"):
-        build_federated_data(fmnist, **SIMFAFL, val_fraction=1.0, cache_dir=tmp_path)
-
-
 @pytest.mark.parametrize("field", ["eval_fraction", "val_fraction"])
 def test_a_fraction_that_holds_out_nothing_at_all_is_refused_with_the_smallest_that_would(
         fmnist, tmp_path: Path, field: str) -> None:

@@ -7,7 +7,8 @@ import torch
 from torch import nn
 
 from fltune.errors import FLTuneError
-from fltune.models import MODELS, SplitModel, activations, build_model, default_model, split_keys
+from fltune.methods.man import first_activations
+from fltune.models import MODELS, SplitModel, build_model, default_model, split_keys
 from fltune.models import registry
 
 FMNIST, CIFAR = (1, 28, 28), (3, 32, 32)
@@ -72,20 +73,22 @@ def test_activation_points_fire_once_each_in_forward_order(name, shape):
 def test_feddyn_cnn_activations_are_the_four_man_layers_and_hooks_are_removed():
     m, x = model("feddyn_cnn", CIFAR, 100), batch(CIFAR)
 
-    logits, acts = activations(m, x)
+    with first_activations(m.activation_points) as acts:
+        logits = m(x)
 
     assert logits.shape == (2, 100)
+    assert list(acts) == m.activation_points  # each fires, in the order they are listed
     # conv activations are taken before pooling: 32-5+1 = 28, pool 14, 14-5+1 = 10.
-    assert [tuple(a.shape) for a in acts] == [(2, 64, 28, 28), (2, 64, 10, 10), (2, 384), (2, 192)]
-    assert all((a >= 0).all() for a in acts)
+    assert [tuple(a.shape) for a in acts.values()] == [(2, 64, 28, 28), (2, 64, 10, 10), (2, 384), (2, 192)]
+    assert all((a >= 0).all() for a in acts.values())
     assert not any(mod._forward_hooks for mod in m.modules())
 
 
 def test_activations_removes_hooks_when_forward_raises():
     m = model("feddyn_cnn", CIFAR)
 
-    with pytest.raises(RuntimeError):
-        activations(m, torch.zeros(2, 5, 32, 32))  # wrong channel count
+    with pytest.raises(RuntimeError), first_activations(m.activation_points):
+        m(torch.zeros(2, 5, 32, 32))  # wrong channel count
 
     assert not any(mod._forward_hooks for mod in m.modules())
 
@@ -94,8 +97,9 @@ def test_activation_penalty_backpropagates_into_the_body():
     torch.manual_seed(0)
     m = build_model("mlp", FMNIST, 10)
 
-    _, acts = activations(m, batch(FMNIST))
-    sum(a.pow(2).mean() for a in acts).backward()
+    with first_activations(m.activation_points) as acts:
+        m(batch(FMNIST))
+    sum(a.pow(2).mean() for a in acts.values()).backward()
 
     assert all(p.grad is not None for p in m.body.parameters())
     assert all(p.grad is None for p in m.head.parameters())
