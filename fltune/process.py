@@ -337,20 +337,24 @@ def _within(seconds: float, calls: list[Callable[[], None]]) -> bool:
 
 
 def exit_now(code: int) -> None:
-    """A command that started a local Ray ends here with ``code``, its output flushed, skipping the
-    interpreter's exit. Ray starts its services bound to the driver (its fate sharing: on Linux the kernel
-    ends them with it, ``PR_SET_PDEATHSIG``) and its workers end with their raylet, so nothing of the user's
-    is lost: the run's MLflow writes and files were done before ``main`` returned. What is skipped is what
-    the user waited for after the last line: Ray's shutdown at exit sleeps 0.5 s and then stops its
-    services one by one, waiting up to a second for each, and Python collects every object torch, Ray and
-    MLflow made. A stopped command whose local Ray died under it (a process-group SIGTERM) needs this on any
-    platform: Ray's shutdown would wait a minute for the dead GCS, then end the process with status 1. A
-    driver that joined a cluster leaves the usual way (Ray disconnects it from the cluster)."""
+    """A command that started a local Ray ends here with ``code``: Ray's shutdown, its output flushed, and
+    no interpreter exit after it. The run's MLflow writes and files were done before ``main`` returned, so
+    what is skipped is only what the user waited for after the last line: the 0.5 s that Ray's shutdown
+    sleeps when it runs at exit, the other exit hooks, and Python collecting every object torch, Ray and
+    MLflow made. Ray's shutdown itself stays: its raylet ends the workers and agents it started (killed
+    with the driver instead, the agents linger a minute). A stopped command whose local Ray died under it
+    (a process-group SIGTERM) skips that too: Ray's shutdown would wait a minute for the dead GCS, then end
+    the process with status 1. A driver that joined a cluster leaves the usual way."""
     node = _local_ray()
-    if node is not None and (sys.platform.startswith("linux") or (_stopped_by and not _ray_alive(node))):
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
+    if node is None:
+        return
+    if not (_stopped_by and not _ray_alive(node)):
+        import ray
+
+        ray.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def _local_ray() -> Any:
