@@ -336,6 +336,10 @@ def _within(seconds: float, calls: list[Callable[[], None]]) -> bool:
     return not worker.is_alive()
 
 
+RAYLET_STOP_S = 5.0
+"""The longest ``exit_now`` waits for the raylet to end its workers and agents."""
+
+
 def exit_now(code: int) -> None:
     """A command that started a local Ray ends here with ``code``: Ray's shutdown, its output flushed, and
     no interpreter exit after it. The run's MLflow writes and files were done before ``main`` returned, so
@@ -349,9 +353,11 @@ def exit_now(code: int) -> None:
     if node is None:
         return
     if not (_stopped_by and not _ray_alive(node)):
-        import ray
+        from ray._private.ray_constants import PROCESS_TYPE_RAYLET
 
-        ray.shutdown()
+        for info in node.all_processes.get(PROCESS_TYPE_RAYLET, []):
+            info.process.terminate()
+            info.process.wait(timeout=RAYLET_STOP_S)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
