@@ -259,7 +259,7 @@ ROWS = (
     ("after", "last round → exit"),
     ("mlflow_end", "  last round → MLflow run ended"),
     ("close", "  → summary table (fed close, pool shutdown)"),
-    ("exit", "  summary table → exit (Ray's shutdown at exit)"),
+    ("exit", "  summary table → exit (the process ends)"),
     ("total", "total: spawn → exit"),
 )
 

@@ -25,7 +25,7 @@ from fltune.errors import FLTuneError, WriteFailed
 from fltune.examples import EXAMPLES
 from fltune.folders import failed_write, make_out, said
 from fltune.process import (
-    exit_now_if_ray_died, forget_stops, handle_stop_signals, interrupted, quiet_libraries, stop_status,
+    exit_now, forget_stops, handle_stop_signals, interrupted, quiet_libraries, stop_status,
 )
 from fltune.reproduce.command import add_parsers as add_reproduce_parsers
 from fltune.reproduce.command import cmd_reproduce, cmd_tables
@@ -154,15 +154,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def entry() -> int:
-    """The ``fltune`` command and ``python cli.py``: :func:`main`, then the interpreter's exit made short.
-
-    At exit Python garbage-collects every object that torch, Ray and MLflow created (~1.5 s of a short
-    run here). ``gc.freeze`` first moves them all to the permanent generation, which exit collections skip:
-    the process is ending, so its cycles need no collecting; atexit handlers (Ray's shutdown) and every
-    object's refcount destructor still run. Only for a process about to exit, hence not in :func:`main`,
-    which tests call in-process."""
+    """The ``fltune`` command and ``python cli.py``: :func:`main`, then the process ends at once where it
+    started a local Ray (``process.exit_now``). Elsewhere (a joined cluster, a command without Ray) Python
+    would garbage-collect at exit every object torch, Ray and MLflow created; ``gc.freeze`` moves them to
+    the permanent generation, which exit collections skip (atexit handlers and refcount destructors still
+    run). Only for a process about to exit, hence not in :func:`main`, which tests call in-process."""
     code = main()
-    exit_now_if_ray_died(code)
+    exit_now(code)
     gc.freeze()
     return code
 

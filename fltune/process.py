@@ -22,6 +22,7 @@ import logging
 import os
 import signal
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -336,21 +337,43 @@ def _within(seconds: float, calls: list[Callable[[], None]]) -> bool:
     return not worker.is_alive()
 
 
-def exit_now_if_ray_died(code: int) -> None:
-    """A stopped command whose local Ray died under it (a process-group SIGTERM) ends here with ``code``:
-    Ray's shutdown at exit would wait a minute for the dead GCS, then end the process with status 1."""
-    node = _local_ray() if _stopped_by else None
-    if node is not None and not _ray_alive(node):
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
+RAYLET_STOP_S = 5.0
+"""The longest ``exit_now`` waits for the raylet to end its workers and agents."""
+
+
+def exit_now(code: int) -> None:
+    """A command that started a local Ray ends here with ``code``, once its raylet has stopped, its output
+    flushed, skipping the interpreter's exit. The run's MLflow writes and files were done before ``main``
+    returned; what is skipped is what the user waited for after the last line: Ray's shutdown at exit,
+    which sleeps 0.5 s and then stops its services one by one, waiting up to a second for each, and Python
+    collecting every object torch, Ray and MLflow made. The raylet is stopped as Ray's shutdown stops it
+    (SIGTERM, then waited for): it ends the workers and agents it started, which would otherwise linger a
+    minute; the GCS and Ray's other services are this process's children, which Ray binds to it (its fate
+    sharing), so they end with it. A stopped command whose local Ray died under it (a process-group
+    SIGTERM) ends at once: Ray's shutdown would wait a minute for the dead GCS, then end the process with
+    status 1. A driver that joined a cluster leaves the usual way (Ray disconnects it)."""
+    node = _local_ray()
+    if node is None:
+        return
+    if not (_stopped_by and not _ray_alive(node)):
+        from ray._private.ray_constants import PROCESS_TYPE_RAYLET
+
+        for info in node.all_processes.get(PROCESS_TYPE_RAYLET, []):
+            info.process.terminate()
+            try:
+                info.process.wait(timeout=RAYLET_STOP_S)
+            except subprocess.TimeoutExpired:  # ends with this process (Ray's fate sharing)
+                pass
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def _local_ray() -> Any:
-    """The local Ray node this driver started (its processes are ours to watch), else None."""
-    import ray
-
-    return getattr(ray._private.worker, "_global_node", None)
+    """The local Ray node this driver started (its processes are ours to watch), else None; a command
+    that never imported Ray (bad input refused first) started none, and imports none here."""
+    ray = sys.modules.get("ray")
+    return None if ray is None else getattr(ray._private.worker, "_global_node", None)
 
 
 def _ray_alive(node: Any) -> bool:

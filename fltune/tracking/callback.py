@@ -48,7 +48,10 @@ class MLflowCallback(Callback):
             self.tracker = Tracker(self.cfg.tracking)
 
     def on_start(self, fed: Federation) -> None:
+        from fltune.tracking.plots import warm_up
+
         self.writer.submit(self._start, fed.static_costs)  # on the writer: a worker counts the FLOPs
+        self.writer.submit(warm_up)  # the end's curves then draw without importing matplotlib
 
     def _start(self, static_costs: Callable[[], dict[str, float]]) -> None:
         from fltune.tracking.mlflow_log import run_name, run_tags

@@ -15,6 +15,14 @@ LOSSES = {"train_loss": "train: clients' local objective", "loss": "test: global
 cross-entropy, e.g. FedProx's proximal term, so the two are not the same function)."""
 
 
+def warm_up() -> None:
+    """Import what drawing and saving a figure takes (matplotlib, its Agg canvas) ahead of time: the
+    tracking writer calls this as a run starts, while the rounds train, so the curves drawn after the last
+    round do not make the user wait for the import as well."""
+    import matplotlib.backends.backend_agg  # noqa: F401
+    import matplotlib.figure  # noqa: F401
+
+
 def curves_figure(history: list[dict[str, float]], title: str) -> Figure:
     """Accuracy (%) under each protocol and the train/test losses against the round."""
     fig = new_figure(figsize=(10, 4))
