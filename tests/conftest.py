@@ -76,10 +76,12 @@ def _spawns(func: Callable, depth: int = 2) -> bool:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark ``slow`` every test that starts Ray (through a Ray fixture) or spawns a process."""
+    """Mark ``slow`` every test that starts Ray (through a Ray fixture) or spawns a process, and every test of
+    the extended tier (``-m "not slow"`` is the fast loop: it runs neither)."""
     for item in items:
         function = getattr(item, "function", None)
-        if RAY_FIXTURES & set(getattr(item, "fixturenames", ())) or (function is not None and _spawns(function)):
+        if (RAY_FIXTURES & set(getattr(item, "fixturenames", ())) or item.get_closest_marker("extended")
+                or (function is not None and _spawns(function))):
             item.add_marker(pytest.mark.slow)
 
 

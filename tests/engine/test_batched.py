@@ -170,9 +170,11 @@ def test_a_final_round_in_groups_follows_the_exact_one(overrides):
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
     not torch.cuda.is_available(), reason="needs CUDA"))])
 @pytest.mark.parametrize("overrides", [
-    ["method.name=fedavg"], ["method.name=ditto", "method.lam=0.5", "training.grad_clip=0.5"],
-    ["method.name=fedsam", "method.rho=0.5", "training.grad_clip=100"],
-    ["method.name=simfafl", "method.beta1=0.1", *VIB],
+    ["method.name=fedavg"],
+    *(pytest.param(o, marks=pytest.mark.slow) for o in (  # a compile each: seconds
+        ["method.name=ditto", "method.lam=0.5", "training.grad_clip=0.5"],
+        ["method.name=fedsam", "method.rho=0.5", "training.grad_clip=100"],
+        ["method.name=simfafl", "method.beta1=0.1", *VIB])),
 ], ids=ids)
 def test_a_compiled_step_follows_the_eager_one(overrides, device):
     """``resources.compile``: the group step through torch.compile gives each client the eager batched step's
