@@ -1,11 +1,13 @@
 """Shared fixtures: one real local Ray for the session, client actors shared per module, a real MLflow
 sqlite store per test.
 
-Tests that start Ray, a federation or a CLI subprocess are marked ``slow`` here, so
-``python -m pytest -m "not slow"`` is the fast loop; ``python -m pytest`` is the suite (15 minutes on 2
-cores); ``python -m pytest -m extended`` the second tier CI runs after it: a per-method property on every
+Tests that start Ray, a federation or a CLI subprocess, and the extended tier's, are marked ``slow`` here, so
+``python -m pytest -m "not slow"`` is the fast loop (2 minutes); ``python -m pytest`` is the suite (15 minutes
+on 2 cores); ``python -m pytest -m extended`` the second tier CI runs after it: a per-method property on every
 method (the suite runs it on ``tests.methods.test_contract.CORE_METHODS``) and the longer fault, resume and
-cluster paths whose property a test of the suite already proves on one path.
+cluster paths whose property a test of the suite already proves on one path. A test that stays over ~2 s
+without any of these is marked ``slow`` by hand (a method-wide one in the fast loop on ``CORE_METHODS`` only:
+``each_method(others=pytest.mark.slow)``).
 
 For a new test that needs them (they keep the suite within its 15 minutes on 2 cores):
 
@@ -76,10 +78,12 @@ def _spawns(func: Callable, depth: int = 2) -> bool:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark ``slow`` every test that starts Ray (through a Ray fixture) or spawns a process."""
+    """Mark ``slow`` every test that starts Ray (through a Ray fixture) or spawns a process, and every test of
+    the extended tier (``-m "not slow"`` is the fast loop: it runs neither)."""
     for item in items:
         function = getattr(item, "function", None)
-        if RAY_FIXTURES & set(getattr(item, "fixturenames", ())) or (function is not None and _spawns(function)):
+        if (RAY_FIXTURES & set(getattr(item, "fixturenames", ())) or item.get_closest_marker("extended")
+                or (function is not None and _spawns(function))):
             item.add_marker(pytest.mark.slow)
 
 

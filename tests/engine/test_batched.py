@@ -110,13 +110,19 @@ def test_every_batched_method_is_checked_against_the_exact_path():
     assert checked == {name for name, cls in METHODS.items() if has_functional_step(cls)}
 
 
-@pytest.mark.parametrize("overrides", [
+def slow_where(cases: list[list[str]], methods: tuple[str, ...]) -> list:
+    """``cases`` as parameters, those of ``methods`` marked ``slow`` (the fast loop leaves them out)."""
+    return [pytest.param(o, marks=pytest.mark.slow) if {f"method.name={m}" for m in methods} & set(o) else o
+            for o in cases]
+
+
+@pytest.mark.parametrize("overrides", slow_where([
     *EVERY_BATCHED,
     ["training.nesterov=true", "training.weight_decay=1e-3", "training.grad_clip=0.5"],
     ["training.momentum=0"],
     ["training.drop_last=true"], ["method.name=fedcr", "method.beta=0.1", *VIB, "training.drop_last=true"],
     ["method.name=fedcr", "method.beta=0.1", "method.centroids=overall", *VIB],
-], ids=ids)
+], ("ditto", "fedsr", "fedcr", "fedsol")), ids=ids)  # a second model or a VIB model's draws: seconds each
 def test_each_client_follows_the_exact_path(overrides):
     """Masking (fewer steps for smaller clients, short last batches), the SGD state and every method's
     functional step: each client's weights, personal state, upload and metrics match the exact path's up
@@ -169,11 +175,11 @@ def test_a_final_round_in_groups_follows_the_exact_one(overrides):
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
     not torch.cuda.is_available(), reason="needs CUDA"))])
-@pytest.mark.parametrize("overrides", [
+@pytest.mark.parametrize("overrides", slow_where([
     ["method.name=fedavg"], ["method.name=ditto", "method.lam=0.5", "training.grad_clip=0.5"],
     ["method.name=fedsam", "method.rho=0.5", "training.grad_clip=100"],
     ["method.name=simfafl", "method.beta1=0.1", *VIB],
-], ids=ids)
+], ("ditto", "fedsam", "simfafl")), ids=ids)  # a compile each: seconds
 def test_a_compiled_step_follows_the_eager_one(overrides, device):
     """``resources.compile``: the group step through torch.compile gives each client the eager batched step's
     weights, states and metrics up to float rounding (fused kernels round differently) in a group with

@@ -27,9 +27,9 @@ from fltune.engine.local import Executor, train_client
 from fltune.engine.transfer import RoundInput
 from fltune.engine.pool import WorkerPlan, WorkerPool
 from fltune.engine.rng import sample_clients, use_deterministic_cuda
-from fltune.methods import METHODS, get_method
+from fltune.methods import get_method
 from fltune.methods.base import Aggregate, ServerContext
-from tests.methods.test_contract import COMPOSED
+from tests.methods.test_contract import each_method
 
 DEVICES = ["cpu", *(["cuda"] if torch.cuda.is_available() else [])]
 """The gate runs on every device this machine has: on CUDA both paths use the reproducible kernels a
@@ -135,7 +135,7 @@ def assert_executors_agree(cfg: ExperimentConfig, device: torch.device) -> Run:
     return exact
 
 
-@pytest.mark.parametrize("method", [*sorted(METHODS), *COMPOSED])
+@pytest.mark.parametrize("method", each_method(others=pytest.mark.slow))
 def test_exact_path_gives_the_reference_bits(method, device):
     _, store, rounds = assert_executors_agree(tiny_config(method), device)
     assert len(rounds) == 2 and not any(m.metrics["diverged"] for r in rounds for m in r.values())

@@ -51,6 +51,7 @@ def same_weights(a: Federation, b: Federation) -> bool:
     return all(a.global_state[k].tobytes() == b.global_state[k].tobytes() for k in a.global_state)
 
 
+@pytest.mark.extended  # the suite's test_every_method_gives_the_same_run_on_one_worker_or_two_and_resumed[fedavg]
 def test_one_and_two_workers_give_identical_runs(pools):
     one = run(federation("resources.workers=1", pool=pools[1]))
     two = run(federation("resources.workers=2", pool=pools[2]))

@@ -86,7 +86,7 @@ def test_rebuilt_local_models_give_the_shipped_figures(pools, name: str) -> None
     assert pickle.dumps(dict(rebuilt.client_store)) == pickle.dumps(dict(shipped.client_store))
 
 
-@pytest.mark.parametrize("name", ["fedavg", "fedper"])
+@pytest.mark.parametrize("name", [pytest.param("fedavg", marks=pytest.mark.extended), "fedper"])
 def test_checkpoint_with_rebuilt_local_models_resumes_exactly(pools, name: str) -> None:
     overrides = [*BASE, f"method.name={name}", "federation.rounds=3"]
     straight = run(build_federation(build_config(overrides=overrides), pool=pools[2]))

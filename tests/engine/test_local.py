@@ -40,12 +40,14 @@ def test_nesterov_setting_reaches_the_optimiser():
 
 
 def _final_round_setup(method: str, **training: object) -> tuple:
-    """A synthetic 4-client run's config, data, method, model and round-(R+1) input."""
-    cfg = build_config({"data": {"dataset": "synthetic"}, "method": {"name": method}, "federation": {"clients": 4},
+    """A synthetic 4-client run's config, data, method, model and round-(R+1) input: 60 samples a client and
+    the MLP, so a phase is a few cheap batches (these tests check which batches and steps, not how many)."""
+    cfg = build_config({"data": {"dataset": "synthetic", "subsample": 0.04}, "model": {"name": "mlp"},
+                        "method": {"name": method}, "federation": {"clients": 4},
                         "training": {"local_epochs": 1, **training}})
     data = load_data(cfg)
     state = initial_state(cfg, data)
-    inputs = RoundInput(round=cfg.federation.rounds + 1, seed=0, lr=0.1, global_state=state, server={})
+    inputs = RoundInput(round=cfg.federation.rounds + 1, seed=0, lr=0.01, global_state=state, server={})
     return cfg, data, build_method(cfg), inputs
 
 

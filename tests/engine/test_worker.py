@@ -62,7 +62,7 @@ def test_personalised_scores_are_each_client_scored_alone_in_chunks_of_any_size(
     scored alone, bit for bit."""
     threads = torch.get_num_threads()
     cfg = build_config(overrides=[
-        "data.dataset=synthetic", "data.subsample=0.25", "partition.eval_fraction=0.2", "federation.clients=6",
+        "data.dataset=synthetic", "data.subsample=0.05", "partition.eval_fraction=0.2", "federation.clients=6",
         f"method.name={method}", "training.local_epochs=1", "training.finetune_epochs=1", "tracking.enabled=false",
     ])
     data = load_data(cfg)
@@ -106,7 +106,7 @@ def test_a_batched_runs_final_round_trains_whole_groups_in_chunks_of_whole_group
     (FedRep's tuner, Ditto's own round), group by group as the run's sorted clients chunk, even where a staging
     chunk would have cut a group (a one-client budget); each client is scored on what its group left it."""
     cfg = build_config(overrides=[
-        "data.dataset=synthetic", "data.subsample=0.25", "partition.eval_fraction=0.2", "federation.clients=6",
+        "data.dataset=synthetic", "data.subsample=0.05", "partition.eval_fraction=0.2", "federation.clients=6",
         f"method.name={method}", "training.local_epochs=1", "training.finetune_epochs=1", "tracking.enabled=false",
         "resources.executor=batched", "resources.batch_clients=4",
     ])

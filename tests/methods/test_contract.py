@@ -51,9 +51,11 @@ head; the previous local model; a two-pass SAM step): a per-method property runs
 on every method in the extended tier (``-m extended``)."""
 
 
-def each_method() -> list:
-    """``METHOD_NAMES`` as parameters, those outside ``CORE_METHODS`` in the extended tier."""
-    return [pytest.param(m, marks=() if m in CORE_METHODS else pytest.mark.extended) for m in METHOD_NAMES]
+def each_method(others: pytest.MarkDecorator = pytest.mark.extended) -> list:
+    """``METHOD_NAMES`` as parameters, those outside ``CORE_METHODS`` marked ``others``: the extended tier
+    (a property the suite checks on the core methods), or ``slow`` (a property the suite checks on every
+    method, the fast loop on the core ones)."""
+    return [pytest.param(m, marks=() if m in CORE_METHODS else others) for m in METHOD_NAMES]
 NOTHING_SHARED = {"local_only"}
 """Every client keeps its whole model: the server's stays the initial one, and each trained client's own moves."""
 
