@@ -85,7 +85,9 @@ def methods_table() -> str:
     rows = ["| method | paper | key hyperparameters (default) | personalised | batched |", "|---|---|---|---|---|"]
     for name in sorted(METHODS):
         cls = METHODS[name]
-        params = ", ".join(f"`{p}` = {default_text(f.default)}" for p, f in cls.Params.model_fields.items()) or "—"
+        fields = cls.Params.model_fields  # the method's own first, then what its base's Params adds
+        order = sorted(fields, key=lambda p: p not in cls.Params.__annotations__)
+        params = ", ".join(f"`{p}` = {default_text(fields[p].default)}" for p in order) or "—"
         rows.append(f"| `{name}` | {cell(paper(name))} | {cell(params)} | "
                     f"{'yes' if personalised(cls) else '—'} | {'yes' if batched(cls) else '—'} |")
     return "\n".join(rows) + "\n"
