@@ -15,9 +15,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
-
 from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 from fltune.errors import FLTuneError
 
@@ -74,7 +73,6 @@ def run(cfg: ExperimentConfig | str | Path, *, progress: bool = True) -> RunResu
 
         def on_round(self, fed: Federation, metrics: dict[str, float]) -> None:
             self.rounds.append(dict(metrics))
-
 
     cfg = cfg if isinstance(cfg, ExperimentConfig) else ExperimentConfig.from_yaml(cfg)
     check_probes(cfg)
