@@ -25,7 +25,7 @@ from fltune.config import build_config, flatten
 from fltune.metrics.figures import new_figure, round_axis, save_png
 from fltune.plugins import label
 from fltune.text import counted
-from fltune.tune.board import Planned, eta
+from fltune.tune.board import Planned, eta, params_text
 from fltune.tune.results import ENDED, TrialRow
 
 COSTS = {"rounds_to_target": "rounds to target", "time_total_s": "wall s", "cost_cum_tflops": "train TFLOPs",
@@ -101,23 +101,21 @@ def verdict(r: MethodRow) -> str:
     return f"p={r.p_value:.3g} " + ("beyond noise" if r.p_value < ALPHA else "within noise")
 
 
-def shown(column: str, mean: float, std: float, seeds: int) -> str:
-    """Accuracies in % with ± std over seeds; costs as means."""
+def figure_text(spec: CompareSpec, r: MethodRow, column: str) -> str:
+    """Accuracies in % with ± std over seeds; costs as means; rounds to target (``metrics.target``) as the mean
+    over the seeds that reached it, and how many did (R+ when none did within the rounds)."""
+    if column == "rounds_to_target":
+        reached = r.figures.get(column, [])
+        done = sum(s == "finished" for s in r.statuses)
+        if not reached:
+            return "R+" if done and spec.config.metrics.target is not None else "—"
+        return f"{sum(reached) / len(reached):.1f}" + (f" ({len(reached)}/{done})" if len(reached) < done else "")
+    mean, std = r.stat(column)
     if math.isnan(mean):
         return "—"
     if column.startswith(("final", "best")):
-        return f"{100 * mean:.2f}" + (f" ± {100 * std:.2f}" if seeds > 1 else "")
+        return f"{100 * mean:.2f}" + (f" ± {100 * std:.2f}" if spec.seeds > 1 else "")
     return f"{mean:.4g}"
-
-
-def target_text(spec: CompareSpec, r: MethodRow) -> str:
-    """Rounds to target (``metrics.target``): the mean over the seeds that reached it, and how many did;
-    R+ when none did within the rounds."""
-    reached = r.figures.get("rounds_to_target", [])
-    done = sum(s == "finished" for s in r.statuses)
-    if not reached:
-        return "R+" if done and spec.config.metrics.target is not None else "—"
-    return f"{sum(reached) / len(reached):.1f}" + (f" ({len(reached)}/{done})" if len(reached) < done else "")
 
 
 def cells_text(r: MethodRow, rounds: int | None = None) -> str:
@@ -130,16 +128,6 @@ def cells_text(r: MethodRow, rounds: int | None = None) -> str:
     if rounds is not None and r.running:
         text += f" {' '.join(f'r{n}' for n in r.running)}/{rounds}"
     return text
-
-
-def table_rows(spec: CompareSpec, res: list[MethodRow]) -> list[list[str]]:
-    """The table as text, one list per method: method, seeds done, figures, significance."""
-    lines = []
-    for r in res:
-        figures = [target_text(spec, r) if c == "rounds_to_target" else shown(c, *r.stat(c), spec.seeds)
-                   for c in columns(spec)]
-        lines.append([("★ " if r.best else "") + r.method, cells_text(r), *figures, verdict(r)])
-    return lines
 
 
 def notes(spec: CompareSpec) -> list[str]:
@@ -190,8 +178,8 @@ def rich_table(spec: CompareSpec, res: list[MethodRow], title: str, live: bool =
     heads = ["method", "seeds", *(f"{SHORT[acc]} %" for acc in spec.finals), *(TERMINAL[c] for c in costs), "vs ★"]
     rounds = spec.config.federation.rounds if live else None
     lines = [[("★ " if r.best else "") + r.method, cells_text(r, rounds),
-              *(shown(f"final {a}", *r.stat(f"final {a}"), spec.seeds).replace(" ± ", "±") for a in spec.finals),
-              *(target_text(spec, r) if c == "rounds_to_target" else shown(c, *r.stat(c), spec.seeds) for c in costs),
+              *(figure_text(spec, r, f"final {a}").replace(" ± ", "±") for a in spec.finals),
+              *(figure_text(spec, r, c) for c in costs),
               short_verdict(r)] for r in res]
     table = Table(title=title, box=box.SIMPLE_HEAD, show_edge=False, collapse_padding=True, min_width=len(title),
                   caption=f"★ highest mean final {spec.primary}; vs ★: Welch's p over seeds, * below "
@@ -223,16 +211,12 @@ def markdown(spec: CompareSpec, res: list[MethodRow]) -> str:
     head = ["method", "seeds done", *(COSTS.get(c, f"{c} %") for c in columns(spec)), f"vs best (Welch, α={ALPHA})"]
     lines = [f"# compare {spec.name}", "", *(f"- {n}" for n in notes(spec)), ""]
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    lines += ["| " + " | ".join(line) + " |" for line in table_rows(spec, res)]
+    lines += ["| " + " | ".join([("★ " if r.best else "") + r.method, cells_text(r),
+                                 *(figure_text(spec, r, c) for c in columns(spec)), verdict(r)]) + " |" for r in res]
     tuned = {m: tuned_params(spec, m) for m in spec.methods}
     if any(tuned.values()):
-        lines += ["", "Tuned values:", *(f"- {m}: {_params_text(p)}" for m, p in tuned.items())]
+        lines += ["", "Tuned values:", *(f"- {m}: {params_text(p, '; ') or 'defaults'}" for m, p in tuned.items())]
     return "\n".join(lines) + "\n"
-
-
-def _params_text(params: dict[str, Any]) -> str:
-    return "; ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in params.items()) or "defaults"
-
 
 def write_csv(spec: CompareSpec, res: list[MethodRow], path: Path) -> Path:
     """One line per method: means and sample stds of every column, the test, the tuned values."""
@@ -245,7 +229,7 @@ def write_csv(spec: CompareSpec, res: list[MethodRow], path: Path) -> Path:
             stats = [_blank(v) for c in columns(spec) for v in r.stat(c)]
             writer.writerow([r.method, spec.seeds, sum(s == "finished" for s in r.statuses), *stats, int(r.best),
                              _blank(r.p_value), "" if r.p_value is None else int(r.p_value < ALPHA),
-                             _params_text(tuned_params(spec, r.method))])
+                             params_text(tuned_params(spec, r.method), "; ") or "defaults"])
     return path
 
 

@@ -24,6 +24,8 @@ if TYPE_CHECKING:  # Ray Tune and MLflow load only when the command runs
 
     from fltune.config import ExperimentConfig
     from fltune.reproduce.job import ReproSpec
+    from fltune.reproduce.plan import PlannedCell
+    from fltune.reproduce.table import PaperTable
     from fltune.tune.board import TrialBoard
     from fltune.tune.mlflow_runs import RunTree
     from fltune.tune.results import TrialRow
@@ -100,11 +102,9 @@ class Reproduction(TuneJob["ReproSpec"]):
     def new_spec(self, storage: str) -> ReproSpec:
         """Validate and plan the cells (before Ray starts)."""
         from fltune.reproduce import job
-        from fltune.reproduce.plan import plan
 
         args = self.args
-        datasets, rows, overrides = selection(args)
-        planned = plan(self.table, args.scale, datasets, overrides, rows)
+        planned, datasets = selection(args, self.table)
         return job.new_spec(self.table, args.scale, planned, seeds=args.seeds, storage=storage, name=args.name,
                             out=args.out, max_concurrent=args.max_concurrent, datasets=datasets,
                             checkpoint_every=args.checkpoint_every or CELL_CHECKPOINT_EVERY,
@@ -194,25 +194,25 @@ class Reproduction(TuneJob["ReproSpec"]):
         return 1 if any_unscored(r.status for r in res) else 0
 
 
-def selection(args: argparse.Namespace) -> tuple[list[str] | None, list[str] | None, list[str]]:
-    """--datasets, --rows and the overrides (--data-root first, then every --set); --seeds,
-    --max-concurrent and --checkpoint-* checked on the way."""
+def selection(args: argparse.Namespace, table: PaperTable) -> tuple[list[PlannedCell], list[str] | None]:
+    """The cells of --datasets and --rows planned with the overrides (--data-root first, then every --set),
+    and --datasets; --seeds, --max-concurrent and --checkpoint-* checked on the way."""
+    from fltune.reproduce.plan import plan
+
     check_job_flags(args)
+    datasets = args.datasets.split(",") if args.datasets else None
     overrides = [*([f"data.root={args.data_root}"] if args.data_root else []), *args.overrides]
-    return (args.datasets.split(",") if args.datasets else None, args.rows.split(",") if args.rows else None,
-            overrides)
+    return plan(table, args.scale, datasets, overrides, args.rows.split(",") if args.rows else None), datasets
 
 
 def show_plan(args: argparse.Namespace) -> int:
     """``--plan``: the job's cells with their settings and cost (see fltune/estimate.py); nothing is written."""
     from fltune.estimate import print_plan
-    from fltune.reproduce.plan import plan
     from fltune.reproduce.registry import get_table
     from fltune.reproduce.report import row_lines
 
     table = get_table(args.table)
-    datasets, rows, overrides = selection(args)
-    planned = plan(table, args.scale, datasets, overrides, rows)
+    planned = selection(args, table)[0]
     notes = row_lines(table, [p.cell.row for p in planned])
     notes += [f"{sum(not p.runnable for p in planned)} cell(s) without data are not counted"] * any(
         not p.runnable for p in planned)

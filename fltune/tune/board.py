@@ -28,6 +28,11 @@ def shown(value: Any) -> str:
     return str(value)
 
 
+def params_text(params: dict[str, Any], sep: str = ", ") -> str:
+    """Each parameter as ``name=value`` (floats to 4 significant digits): a trial's in a log, the best's."""
+    return sep.join(f"{name}={shown(value)}" for name, value in params.items())
+
+
 def node_addresses() -> dict[str, str]:
     """The alive nodes of the Ray this driver joined (none without one): short node id, as a trial reports its
     workers' (``trainable.worker_nodes``) → the node's IP address, which a user can tell apart."""
@@ -72,7 +77,7 @@ def trial_label(row: TrialRow) -> str:
     """A trial as a log names it: the cell of a reproduce or compare job, else its id and parameters."""
     if "cell" in row.params:
         return str(row.params["cell"])
-    return f"{row.trial_id} ({', '.join(f'{name}={shown(value)}' for name, value in row.params.items())})"
+    return f"{row.trial_id} ({params_text(row.params)})"
 
 
 def latest_trace(trial: Trial) -> str:

@@ -143,7 +143,7 @@ class Study(TuneJob["StudySpec"]):
     def conclude(self, spec: StudySpec, rows: list[TrialRow]) -> int:
         """Print the ranking and write the best configuration; the exit status says how the study ended."""
         from fltune.tracking.progress import console
-        from fltune.tune.board import trials_table
+        from fltune.tune.board import params_text, trials_table
         from fltune.tune.results import best, trial_config, unfinished
 
         console.print(trials_table(rows, spec, f"study {spec.name}: trials ranked", ranked=True))
@@ -155,10 +155,9 @@ class Study(TuneJob["StudySpec"]):
             console.print("fltune: no trial produced a score (all diverged or failed)")
             return 1
         path = write_best(spec, trial_config(spec, top.params).to_yaml(), self.args.best_out)
-        params = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in top.params.items())
         console.print(f"[bold green]best[/] {top.trial_id}: {spec.space.objective.metric} = {top.objective:.4f}"
                       + (f" ± {top.objective_std:.4f}" if spec.space.seeds > 1 else "")
-                      + f" with {params}\n  config: {path}  ({invoked_as()} run --config {path})")
+                      + f" with {params_text(top.params)}\n  config: {path}  ({invoked_as()} run --config {path})")
         return 0
 
 

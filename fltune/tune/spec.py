@@ -61,13 +61,10 @@ class SavedSpec(BaseModel):
 
     @classmethod
     def resumed(cls, storage: str, name: str | None, what: str, keep: Callable[[Self], bool] = lambda _: True) -> Self:
-        """The job ``--resume`` continues: ``--name``'s, else the newest ``what`` that ``keep`` accepts."""
-        return cls.load(f"{storage.rstrip('/')}/{name}") if name else cls.newest(storage, what, keep)
-
-    @classmethod
-    def newest(cls, storage: str, what: str, keep: Callable[[Self], bool] = lambda _: True) -> Self:
-        """The most recently created job of this kind under ``storage`` that ``keep`` accepts: what
-        ``--resume`` without ``--name`` continues."""
+        """The job ``--resume`` continues: ``--name``'s, else the most recently created ``what`` (a job of
+        this kind) under ``storage`` that ``keep`` accepts."""
+        if name:
+            return cls.load(f"{storage.rstrip('/')}/{name}")
         fs, folder = pyarrow.fs.FileSystem.from_uri(storage)
         found: list[tuple[Any, Self]] = []
         for info in fs.get_file_info(pyarrow.fs.FileSelector(folder, allow_not_found=True)):

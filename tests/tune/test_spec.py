@@ -22,7 +22,7 @@ def test_resume_without_name_takes_the_newest_job_of_its_kind(tmp_path):
     other = tmp_path / "studies" / "other-kind"
     other.mkdir()
     (other / "fltune_study.json").write_text('{"name": "other-kind", "storage": "x", "table": "t"}')
-    assert StudySpec.newest(storage, "study").name == "aa-new"
-    assert StudySpec.newest(storage, "study", lambda s: s.name.startswith("zz")).name == "zz-old"
+    assert StudySpec.resumed(storage, None, "study").name == "aa-new"
+    assert StudySpec.resumed(storage, None, "study", lambda s: s.name.startswith("zz")).name == "zz-old"
     with pytest.raises(FLTuneError, match="--resume: no study of x.yaml under .*; pass --name"):
-        StudySpec.newest(storage, "study of x.yaml", lambda s: False)
+        StudySpec.resumed(storage, None, "study of x.yaml", lambda s: False)
