@@ -25,8 +25,7 @@ from fltune.errors import FLTuneError
 from fltune.examples import EXAMPLES
 from fltune.folders import make_out
 from fltune.process import ending_if_ray_dies, interrupted, say_resume, stop_status
-from fltune.text import invoked_as
-from fltune.tune.job import CELL_CHECKPOINT_EVERY, CELL_CHECKPOINT_SECONDS, TuneJob
+from fltune.tune.job import CELL_CHECKPOINT_EVERY, CELL_CHECKPOINT_SECONDS, TuneJob, resume_line
 
 if TYPE_CHECKING:  # Ray Tune and MLflow load only when the command runs
     from ray.tune import PlacementGroupFactory, Tuner
@@ -37,7 +36,6 @@ if TYPE_CHECKING:  # Ray Tune and MLflow load only when the command runs
     from fltune.tune.mlflow_runs import RunTree
     from fltune.tune.results import TrialRow
 
-RESUME_HINT = "{prog} compare --name {name} --storage {storage} --resume"
 SETTINGS = ("methods", "seeds", "tune_budget", "max_concurrent", "checkpoint_every", "checkpoint_seconds")
 """The command's own flags that shape a comparison (a resumed one keeps its saved settings instead)."""
 
@@ -177,7 +175,7 @@ class Comparison:
                       f"{', '.join(spec.methods)} × {spec.seeds} seed(s)"
                       + (f", each tuned with {spec.tune_budget} trials first" if spec.tune_budget else "")
                       + "".join(f"\n  {line}" for line in notes(spec)[:2]))
-        hint = RESUME_HINT.format(prog=invoked_as(), name=spec.name, storage=spec.storage)
+        hint = resume_line("compare", spec)
         with ending_if_ray_dies(lambda: None, hint):  # also between its Tune jobs
             try:
                 return self.stages(spec, hint)
@@ -223,6 +221,7 @@ class Cells(TuneJob["CompareSpec"]):
     always continues a saved job, creating the Tuner the first time and restoring it after."""
 
     what = "comparison"
+    command = "compare"
 
     def __init__(self, args: argparse.Namespace, spec: CompareSpec) -> None:
         super().__init__(args)
@@ -269,9 +268,6 @@ class Cells(TuneJob["CompareSpec"]):
     def describe(self, spec: CompareSpec, nodes: int) -> str:
         return (f"  cells: {len(spec.cells)} ({len(spec.methods)} methods × {spec.seeds} seeds), {spec.workers} "
                 f"client worker(s) each on a {nodes}-node cluster · folder {spec.path}")
-
-    def resume_command(self, spec: CompareSpec) -> str:
-        return RESUME_HINT.format(prog=invoked_as(), name=spec.name, storage=spec.storage)
 
     def conclude(self, spec: CompareSpec, rows: list[TrialRow]) -> int:
         """The table, the files, and the exit status."""

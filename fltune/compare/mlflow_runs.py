@@ -8,15 +8,13 @@ same runs (by tags).
 
 from __future__ import annotations
 
-import tempfile
-from pathlib import Path
 from typing import Any
 
 from fltune.compare.report import MethodRow, results, write_outputs
 from fltune.compare.spec import CompareSpec, parse_cell
 from fltune.config import ExperimentConfig, build_config
 from fltune.tune.mlflow_runs import RunTree
-from fltune.tune.results import ENDED, TrialRow, any_unscored
+from fltune.tune.results import TrialRow
 
 
 def headline(res: list[MethodRow]) -> dict[str, float]:
@@ -67,9 +65,4 @@ class CompareLog(RunTree):
         res = results(self.spec, rows)
         self.tracker.set_tags(self.parent, {"fltune.best": next((r.method for r in res if r.best), "")})
         self.tracker.log_metrics(self.parent, headline(res))
-        counts = {s: sum(r.status == s for r in rows) for s in (*ENDED, "killed", "running", "pending")}
-        self.tracker.set_tags(self.parent, {f"fltune.cells_{k}": v for k, v in counts.items() if v})
-        with tempfile.TemporaryDirectory() as tmp:
-            for path in write_outputs(self.spec, res, Path(tmp)):
-                self.tracker.log_artifact(self.parent, path, "configs" if path.suffix == ".yaml" else None)
-        self.end_job(interrupted, failed=any_unscored(r.status for r in rows))
+        self.end_cells([r.status for r in rows], lambda folder: write_outputs(self.spec, res, folder), interrupted)

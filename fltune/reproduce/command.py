@@ -30,7 +30,6 @@ if TYPE_CHECKING:  # Ray Tune and MLflow load only when the command runs
     from fltune.tune.mlflow_runs import RunTree
     from fltune.tune.results import TrialRow
 
-RESUME_HINT = "{prog} reproduce {table} --name {name} --storage {storage} --resume"
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
@@ -98,6 +97,7 @@ class Reproduction(TuneJob["ReproSpec"]):
 
         super().__init__(args)
         self.table = get_table(args.table)
+        self.command = f"reproduce {self.table.key}"
 
     def new_spec(self, storage: str) -> ReproSpec:
         """Validate and plan the cells (before Ray starts)."""
@@ -167,9 +167,6 @@ class Reproduction(TuneJob["ReproSpec"]):
         reordered = spec.trial_order is not None and spec.trial_order != list(spec.trials)
         order = " · runs start longest first by this estimate" if reordered else ""
         return header + "\n  " + summary(estimate(cells, ray.cluster_resources(), spec.max_concurrent)) + order
-
-    def resume_command(self, spec: ReproSpec) -> str:
-        return RESUME_HINT.format(prog=invoked_as(), table=spec.table, name=spec.name, storage=spec.storage)
 
     def conclude(self, spec: ReproSpec, rows: list[TrialRow]) -> int:
         """The side-by-side table, the files, what had no data, and the exit status."""

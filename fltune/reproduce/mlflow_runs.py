@@ -6,14 +6,12 @@ cell's config, its paper value and its per-round curves. Resuming reopens the sa
 
 from __future__ import annotations
 
-import tempfile
-from pathlib import Path
 from typing import Any
 
 from fltune.config import ExperimentConfig, build_config
 from fltune.reproduce.job import ReproSpec
 from fltune.reproduce.report import results, tau_metrics, write_outputs
-from fltune.tune.results import ENDED, TrialRow, any_unscored
+from fltune.tune.results import TrialRow
 from fltune.tune.mlflow_runs import RunTree
 
 
@@ -49,10 +47,5 @@ class ReproLog(RunTree):
 
     def finish(self, rows: list[TrialRow], interrupted: bool) -> None:
         res = results(self.spec, rows)
-        counts = {s: sum(r.status == s for r in res) for s in (*ENDED, "killed", "running", "pending", "no data")}
-        self.tracker.set_tags(self.parent, {f"fltune.cells_{k.replace(' ', '_')}": v for k, v in counts.items() if v})
         self.tracker.log_metrics(self.parent, tau_metrics(res))  # the ordering check, per column
-        with tempfile.TemporaryDirectory() as tmp:
-            for path in write_outputs(self.spec, res, Path(tmp)):
-                self.tracker.log_artifact(self.parent, path)
-        self.end_job(interrupted, failed=any_unscored(r.status for r in res))
+        self.end_cells([r.status for r in res], lambda folder: write_outputs(self.spec, res, folder), interrupted)

@@ -138,15 +138,14 @@ def cell_objective(row: TrialRow, run: CellRun) -> tuple[float | None, float | N
     return value, std if math.isfinite(std) else None
 
 
-def _fmt(value: float | None, sign: bool = False) -> str:
-    if value is None:
-        return "—"
-    return f"{value:+.2f}" if sign else f"{value:.2f}"
+def _fmt(value: float | None, fmt: str = ".2f", none: str = "—") -> str:
+    """A number as ``fmt`` formats it (ranks: "d", Δ and τ: "+.2f", the CSV's figures: ".4f"), else ``none``."""
+    return none if value is None else format(value, fmt)
 
 
-def paper_text(cell: Cell) -> str:
+def paper_text(cell: Cell, fmt: str = ".2f", none: str = "—") -> str:
     """The paper's entry as printed ('500+' where it prints no number)."""
-    return cell.paper_text if cell.paper is None and cell.paper_text else _fmt(cell.paper)
+    return cell.paper_text if cell.paper is None and cell.paper_text else _fmt(cell.paper, fmt, none)
 
 
 def unreached_text(result: CellResult) -> str:
@@ -163,18 +162,10 @@ def cell_text(result: CellResult, seeds: int) -> str:
         return result.status
     spread = f" ± {_fmt(result.std)}" if seeds > 1 and result.std is not None else ""
     if result.ordering:
-        return (f"{_fmt(result.measured)}{spread}{diverged_text(result)} "
-                f"(rank {_rank(result.rank)}; paper {paper_text(result.cell)}, rank {_rank(result.paper_rank)})")
+        return (f"{_fmt(result.measured)}{spread}{diverged_text(result)} (rank {_fmt(result.rank, 'd')}; "
+                f"paper {paper_text(result.cell)}, rank {_fmt(result.paper_rank, 'd')})")
     return (f"{_fmt(result.measured)}{spread}{diverged_text(result)} "
-            f"(paper {paper_text(result.cell)}, Δ {_fmt(result.delta, True)})")
-
-
-def _rank(rank: int | None) -> str:
-    return "—" if rank is None else str(rank)
-
-
-def _tau(tau: float | None) -> str:
-    return "—" if tau is None else f"{tau:+.2f}"
+            f"(paper {paper_text(result.cell)}, Δ {_fmt(result.delta, '+.2f')})")
 
 
 def diverged_text(result: CellResult) -> str:
@@ -205,7 +196,7 @@ def rich_table(spec: ReproSpec, res: list[CellResult], title: str | None = None)
         out.add_row(*cells)
     taus = column_taus(res)
     if any(tau is not None for tau in taus.values()):
-        out.add_row("Kendall τ-b\n[dim]vs the paper's order[/]", *(_tau(taus.get(col)) for col in cols))
+        out.add_row("Kendall τ-b\n[dim]vs the paper's order[/]", *(_fmt(taus.get(col), "+.2f") for col in cols))
     return out
 
 
@@ -221,8 +212,8 @@ def _rich_cell(r: CellResult, seeds: int, percent: bool) -> str:
     live = live if r.status in ("finished", "diverged") else f" [dim]r{r.round}[/]"
     if r.ordering:
         return (f"[bold]{_fmt(r.measured)}[/]{spread}{live}\n[dim]paper {paper_text(r.cell)}[/]\n"
-                f"rank {_rank(r.rank)} [dim](paper {_rank(r.paper_rank)})[/]")
-    delta = f"[{colour}]Δ {_fmt(r.delta, True)}[/]" if percent else f"Δ {_fmt(r.delta, True)}"
+                f"rank {_fmt(r.rank, 'd')} [dim](paper {_fmt(r.paper_rank, 'd')})[/]")
+    delta = f"[{colour}]Δ {_fmt(r.delta, '+.2f')}[/]" if percent else f"Δ {_fmt(r.delta, '+.2f')}"
     return f"[bold]{_fmt(r.measured)}[/]{spread}{live}\n[dim]paper {paper_text(r.cell)}[/]\n{delta}"
 
 
@@ -248,7 +239,7 @@ def markdown(spec: ReproSpec, res: list[CellResult]) -> str:
         lines.append("| " + " | ".join([row, *cells]) + " |")
     taus = column_taus(res)
     if any(tau is not None for tau in taus.values()):
-        lines.append("| Kendall τ-b vs the paper's order | " + " | ".join(_tau(taus.get(col)) for col in cols) + " |")
+        lines.append("| Kendall τ-b vs the paper's order | " + " | ".join(_fmt(taus.get(col), "+.2f") for col in cols) + " |")
     if any(r.ordering for r in res):
         lines += ["", "Quick scale or substituted data: ranks within each column (1 = highest) beside the "
                   "paper's, and Kendall's τ-b between the two orders, instead of Δ."]
@@ -275,16 +266,11 @@ def write_csv(spec: ReproSpec, res: list[CellResult], path: Path) -> Path:
         for r in res:
             writer.writerow([
                 spec.table, r.cell.row, DATASET_NAMES.get(r.cell.dataset, r.cell.dataset), r.cell.column,
-                r.cell.paper_text if r.cell.paper is None and r.cell.paper_text else _blank(r.cell.paper),
-                unreached_text(r) if r.unreached else _blank(r.measured), _blank(r.std), _blank(r.delta),
-                "" if r.rank is None else r.rank, "" if r.paper_rank is None else r.paper_rank,
-                _blank(taus.get((r.cell.dataset, r.cell.column))), spec.seeds, spec.scale, r.status, r.note,
+                paper_text(r.cell, ".4f", ""), unreached_text(r) if r.unreached else _fmt(r.measured, ".4f", ""),
+                _fmt(r.std, ".4f", ""), _fmt(r.delta, ".4f", ""), _fmt(r.rank, "d", ""), _fmt(r.paper_rank, "d", ""),
+                _fmt(taus.get((r.cell.dataset, r.cell.column)), ".4f", ""), spec.seeds, spec.scale, r.status, r.note,
             ])
     return path
-
-
-def _blank(value: float | None) -> str:
-    return "" if value is None else f"{value:.4f}"
 
 
 def write_outputs(spec: ReproSpec, res: list[CellResult], folder: Path) -> list[Path]:

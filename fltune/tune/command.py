@@ -26,7 +26,6 @@ if TYPE_CHECKING:  # the command's heavy imports (Ray Tune, MLflow) wait until i
     from fltune.tune.spec import StudySpec
     from fltune.tune.study import StudyRequest
 
-RESUME_HINT = "{prog} tune --name {name} --storage {storage} --resume"
 BEST_CONFIG = "best_config.yaml"
 """The best configuration's file in the study folder: the last thing a study that concludes writes."""
 
@@ -90,6 +89,7 @@ class Study(TuneJob["StudySpec"]):
     """A Ray Tune + Optuna study."""
 
     what = "study"
+    command = "tune"
 
     def new_spec(self, storage: str) -> StudySpec:
         from fltune.tune import study
@@ -136,9 +136,6 @@ class Study(TuneJob["StudySpec"]):
             f"{res.cpus_per_worker:g} CPU{f' + {spec.gpus_per_worker:g} GPU' if spec.gpus_per_worker else ''} on a "
             f"{nodes}-node cluster · folder {spec.path}"
         )
-
-    def resume_command(self, spec: StudySpec) -> str:
-        return RESUME_HINT.format(prog=invoked_as(), name=spec.name, storage=spec.storage)
 
     def conclude(self, spec: StudySpec, rows: list[TrialRow]) -> int:
         """Print the ranking and write the best configuration; the exit status says how the study ended."""

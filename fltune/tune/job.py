@@ -16,6 +16,7 @@ from fltune.folders import failed_write, make_out, said
 from fltune.process import (
     ending_if_ray_dies, library_write_failure, signal_handlers_kept, stop_arrived, terminated,
 )
+from fltune.text import invoked_as
 
 if TYPE_CHECKING:  # Ray Tune and MLflow load only when a command runs
     from ray.tune import PlacementGroupFactory, Tuner
@@ -86,6 +87,11 @@ def say_failures(trials: list[Trial]) -> None:
         console.print(line, markup=False, soft_wrap=True)
 
 
+def resume_line(command: str, spec: SavedSpec) -> str:
+    """``cli.py <command> --name … --storage … --resume``: what continues the job ``spec``."""
+    return f"{invoked_as()} {command} --name {spec.name} --storage {spec.storage} --resume"
+
+
 def _trace(trial: Trial) -> str:
     """The trial's error trace as Tune kept it ("" when it kept none, or its storage cannot be read)."""
     try:
@@ -99,6 +105,8 @@ class TuneJob(ABC, Generic[Spec]):
 
     what = "job"
     """How messages name the job."""
+    command: str
+    """The ``cli.py`` command (with its arguments) that continues the job with ``--resume``."""
 
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
@@ -190,9 +198,9 @@ class TuneJob(ABC, Generic[Spec]):
     def describe(self, spec: Spec, nodes: int) -> str:
         """The job's first line(s) on the terminal."""
 
-    @abstractmethod
     def resume_command(self, spec: Spec) -> str:
         """The command line that continues the job."""
+        return resume_line(self.command, spec)
 
     @abstractmethod
     def conclude(self, spec: Spec, rows: list[TrialRow]) -> int:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 import tempfile
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,7 @@ from fltune.config import ExperimentConfig, TrackingConfig
 from fltune.metrics.figures import save_png
 from fltune.tracking.mlflow_log import Tracker, run_tags
 from fltune.tune.results import (
-    ENDED, TrialRow, best, sensitivity_figure, trial_config, trial_row, trials_figure, unfinished,
+    ENDED, TrialRow, any_unscored, best, sensitivity_figure, trial_config, trial_row, trials_figure, unfinished,
     write_csv,
 )
 from fltune.tune.spec import StudySpec
@@ -130,6 +131,20 @@ class RunTree(ABC):
     def finish(self, rows: list[TrialRow], interrupted: bool) -> None:
         """Job-level results on the parent (also after an interruption: they show progress so far)."""
 
+    def tag_counts(self, what: str, statuses: list[str]) -> None:
+        """How many of the job's ``what`` (trials, cells) are in each state, as tags of its parent."""
+        counts = {s: statuses.count(s) for s in (*ENDED, "killed", "running", "pending", "no data")}
+        self.tracker.set_tags(self.parent, {f"fltune.{what}_{s.replace(' ', '_')}": n for s, n in counts.items() if n})
+
+    def end_cells(self, statuses: list[str], outputs: Callable[[Path], list[Path]], interrupted: bool) -> None:
+        """A job of cells ends: its cells' states, its files (``outputs(folder)``; the ``.yaml`` ones under
+        ``configs/``) and its parent, FAILED when a cell was lost (``any_unscored``)."""
+        self.tag_counts("cells", statuses)
+        with tempfile.TemporaryDirectory() as tmp:
+            for path in outputs(Path(tmp)):
+                self.tracker.log_artifact(self.parent, path, "configs" if path.suffix == ".yaml" else None)
+        self.end_job(interrupted, failed=any_unscored(statuses))
+
     def end_job(self, interrupted: bool, failed: bool) -> None:
         """The parent ends as the command does: KILLED when stopped (130/143), FAILED when it exits 1."""
         self.tracker.end(self.parent, "killed" if interrupted else "failed" if failed else "finished")
@@ -165,8 +180,7 @@ class StudyLog(RunTree):
         """Study-level results on the parent (also after an interruption: they show progress so far)."""
         spec = self.spec
         mode = spec.space.objective.direction
-        counts = {s: sum(r.status == s for r in rows) for s in (*ENDED, "killed", "running", "pending")}
-        self.tracker.set_tags(self.parent, {f"fltune.trials_{k}": v for k, v in counts.items() if v})
+        self.tag_counts("trials", [r.status for r in rows])
         top = best(rows, mode)
         with tempfile.TemporaryDirectory() as tmp:
             self.tracker.log_artifact(self.parent, write_csv(rows, spec.space, Path(tmp) / "trials.csv"))
