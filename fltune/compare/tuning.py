@@ -97,17 +97,6 @@ class TuningStudy(Study):
         return super().conclude(spec, rows)
 
 
-def study_rows(path: str) -> list[TrialRow]:
-    """The trials of the study at ``path`` as its folder holds them (none before it started)."""
-    from ray.tune import ExperimentAnalysis
-
-    from fltune.tune.results import trial_row
-
-    if not tune_started(path):
-        return []
-    return [trial_row(trial) for trial in ExperimentAnalysis(path).trials]
-
-
 def saved(study: StudySpec) -> StudySpec:
     """The study as its folder saved it, or as the comparison derives it before it first starts. A saved
     spec that an older fltune left cut (a stop as it wrote it) is written again from the comparison's: the
@@ -138,8 +127,11 @@ def concluded(study: StudySpec) -> bool:
 
 def tuned_tree(spec: CompareSpec, study: StudySpec) -> dict[str, Any] | None:
     """The method's cells' tree: the user's setting with the study's best values (test data back, the
-    user's own validation share and seed); None when no trial produced a score."""
-    from fltune.tune.results import best
+    user's own validation share and seed); None when no trial produced a score (or none started)."""
+    from ray.tune import ExperimentAnalysis
 
-    top = best(study_rows(study.path), "max")
+    from fltune.tune.results import best, trial_row
+
+    trials = ExperimentAnalysis(study.path).trials if tune_started(study.path) else []
+    top = best([trial_row(trial) for trial in trials], "max")
     return None if top is None else set_fields(method_tree(spec.base, study.method), top.params)

@@ -26,6 +26,7 @@ from fltune.tune.spec import SavedSpec
 from fltune.tune.storage import check_name
 from fltune.tune.trainable import Cadence, run_federations, seed_configs
 
+
 class CellRun(BaseModel):
     """A runnable cell as the job froze it: its experiment tree and the metric the paper reports."""
 
@@ -124,7 +125,6 @@ def trial_seconds(spec: ReproSpec) -> dict[str, float]:
 
     items = [(trial, spec.cells[trial].tree, spec.seeds) for trial in spec.trials]
     return run_seconds(items, as_built=spec.scale == "paper")
-
 
 
 def cell_objectives(spec: ReproSpec, trial: str) -> list[Objective]:

@@ -84,8 +84,8 @@ def available(dataset: str, root: str | None) -> str | None:
 def cell_tree(cell: Cell, scale: Scale, dataset: str, overrides: list[str]) -> dict[str, Any]:
     """scale settings (then the dataset's) < the cell's own < the scale's for its column, then its row < ``--set``;
     validated."""
-    values = {**scale.for_dataset(dataset), **cell.settings, **scale.per_column.get(cell.column, {}),
-              **scale.per_row.get(cell.row, {}), "data.dataset": dataset}
+    values = {**scale.settings, **scale.per_dataset.get(dataset, {}), **cell.settings,
+              **scale.per_column.get(cell.column, {}), **scale.per_row.get(cell.row, {}), "data.dataset": dataset}
     if cell.finetune:
         values["training.finetune_epochs"] = scale.finetune_epochs
     tree = apply_overrides(set_fields({}, values), list(overrides))
@@ -107,7 +107,8 @@ def plan(table: PaperTable, scale_name: str, datasets: list[str] | None, overrid
         raise FLTuneError(f"--scale: {table.key} has no scale {scale_name!r}; {allowed(scale_name, table.scales)}")
     scale = table.scales[scale_name]
     cells = pick_cells(table, datasets, rows, scale.substitute)
-    root, download = _data_from(overrides)
+    data = apply_overrides({}, list(overrides)).get("data", {})  # where the runs will look, and whether they fetch
+    root, download = data.get("root"), data.get("download") is True
     missing = {d: available(d, root) for d in dict.fromkeys(c.dataset for c in cells)}
     fetched = {d for d, why in missing.items() if why and download}
     stand_in = scale.substitute if scale.substitute and available(scale.substitute, root) is None else None
@@ -122,13 +123,6 @@ def plan(table: PaperTable, scale_name: str, datasets: list[str] | None, overrid
         else:
             planned.append(PlannedCell(cell, None, missing=missing[cell.dataset]))
     return planned
-
-
-def _data_from(overrides: list[str]) -> tuple[str | None, bool]:
-    """``data.root`` and ``data.download`` as ``--set`` gives them, so the availability check looks where
-    the runs will, and knows when they may fetch what is missing."""
-    data = apply_overrides({}, list(overrides)).get("data", {})
-    return data.get("root"), data.get("download") is True
 
 
 def first_config(planned: list[PlannedCell]) -> ExperimentConfig:

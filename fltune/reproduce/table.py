@@ -74,9 +74,6 @@ class Scale(_Frozen):
     substitute: str | None = Field(None, description="dataset run instead of a missing one (said in the output)")
     note: str = ""
 
-    def for_dataset(self, dataset: str) -> dict[str, Any]:
-        return {**self.settings, **self.per_dataset.get(dataset, {})}
-
     def plus(self, settings: dict[str, Any], note: str = "") -> Scale:
         """This scale with ``settings`` over its own (e.g. the Hessian probe's) and ``note`` appended to its note."""
         return self.model_copy(update={"settings": {**self.settings, **settings}, "note": self.note + note})
@@ -107,7 +104,4 @@ class PaperTable(_Frozen):
         return 100.0 if self.percent else 1.0
 
     def cell(self, key: str) -> Cell:
-        for cell in self.cells:
-            if cell.key == key:
-                return cell
-        raise KeyError(key)
+        return next(cell for cell in self.cells if cell.key == key)

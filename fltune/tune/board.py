@@ -190,8 +190,7 @@ class TrialBoard(Callback):
     def on_trial_complete(self, iteration: int, trials: list[Trial], trial: Trial, **info: Any) -> None:
         self.ending.add(trial.trial_id)
 
-    def on_trial_error(self, iteration: int, trials: list[Trial], trial: Trial, **info: Any) -> None:
-        self.ending.add(trial.trial_id)
+    on_trial_error = on_trial_complete
 
     def log_ended(self, trials: list[Trial]) -> None:
         """A log (stderr to a file or a pipe) shows no live table: a line per trial when it ends instead,

@@ -50,8 +50,7 @@ class StopOnFailedWrite(tune.Callback):
     def on_trial_recover(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
         self._stop_if_failed(trial)
 
-    def on_trial_error(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
-        self._stop_if_failed(trial)
+    on_trial_error = on_trial_recover
 
     def on_step_end(self, iteration: int, trials: list[Any], **info: Any) -> None:
         if (failed := library_write_failure()) is not None:
