@@ -1,10 +1,7 @@
-"""The comparison's cells (method × seed) as Ray Tune trials: a grid, no search, like ``reproduce``.
-
-Every cell runs the trainable body all fltune trials share (``run_federations``: a report per round and a
-checkpoint on the job's cadence), so a cluster runs cells in parallel, a crashed cell restarts from its checkpoint
-and ``--resume`` continues with ``Tuner.restore``. Besides the round's metrics a cell reports, for every
-evaluation protocol, the best accuracy so far (``objective:best:<acc>``): with the final values it is all
-the table needs, and MLflow logs the same numbers.
+"""The comparison's cells (method × seed) as Ray Tune trials: a grid, no search, run as ``reproduce`` runs a
+table's (``fltune.reproduce.job``). Besides the round's metrics a cell reports, for every evaluation protocol,
+the best accuracy so far (``objective:best:<acc>``): with the final values it is all the table needs, and
+MLflow logs the same numbers.
 """
 
 from __future__ import annotations

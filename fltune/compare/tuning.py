@@ -4,9 +4,7 @@ Each study is an ordinary fltune study (its own folder, its own MLflow parent ru
 method's ``search_spaces/<method>.yaml`` gives the parameters and the sampler, the user's setting is the
 base, and every method gets the same N trials, each running all rounds (no early stopping, so no method
 is cut short by a noisy early rung). Its objective is the ranking accuracy on the validation split
-(``val_acc_*``, final round); the trials run with ``metrics.test: false``, so they hold no test data at
-all (``FederatedData.without_test``), and at seed base + ``TUNING_SEED_OFFSET``, so the seeds reported
-afterwards are fresh.
+(``val_acc_*``, final round); the trials hold no test data at all (``tuning_tree``).
 """
 
 from __future__ import annotations
@@ -39,9 +37,10 @@ def space_file(method: str) -> Path:
 
 
 def tuning_tree(spec: CompareSpec, method: str) -> dict[str, Any]:
-    """The method's setting as its study trains it: a validation split, no test data, the tuning seed, and
-    only the protocol of the objective (the others would cost evaluations nobody reads). Without test data
-    there is no rounds-to-target and no fine-tuned accuracy (both score the test data), so neither is asked."""
+    """The method's setting as its study trains it: a validation split, no test data (``metrics.test: false``,
+    ``FederatedData.without_test``), the tuning seed (the reported seeds are fresh), and only the protocol of the
+    objective (the others would cost evaluations nobody reads). Without test data there is no rounds-to-target
+    and no fine-tuned accuracy (both score the test data), so neither is asked."""
     tree = method_tree(spec.base, method)
     val = build_config(tree).partition.val_fraction or TUNING_VAL_FRACTION
     protocol = next(p for p, acc in ACCURACY.items() if acc == spec.primary)

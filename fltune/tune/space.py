@@ -37,11 +37,8 @@ class _Distribution(_Strict):
 
     def applies(self, chosen: dict[str, Any]) -> bool:
         """Whether the condition holds for the values sampled so far (absent parameters fail it)."""
-        for name, wanted in (self.when or {}).items():
-            values = wanted if isinstance(wanted, list) else [wanted]
-            if name not in chosen or chosen[name] not in values:
-                return False
-        return True
+        return all(name in chosen and chosen[name] in (wanted if isinstance(wanted, list) else [wanted])
+                   for name, wanted in (self.when or {}).items())
 
 
 class _Range(_Distribution):

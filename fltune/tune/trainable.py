@@ -2,12 +2,10 @@
 
 The seeds' round loops advance together (``lockstep``); after each round the trial reports the seed-mean
 of every metric plus the objective (mean and std over seeds of the metric, final or best so far), so ASHA
-can compare trials round by round. The trial's client actors live in its placement group (reserved by the study). On
-the checkpoint cadence (``Cadence``: every k rounds and/or every s seconds, always at the end) the whole
-federation state of every seed is checkpointed (its client states as a version of their stores' logs,
-``client_folder``), so a failed trial (``FailureConfig``) or a resumed study
-(``Tuner.restore``) continues from its last checkpoint: the rounds after it are replayed, and since every
-random number derives from (seed, round, client id) they give the same numbers again.
+can compare trials round by round. On the checkpoint cadence (``Cadence``) the whole federation state of every
+seed is checkpointed, so a failed trial (``FailureConfig``) or a resumed study (``Tuner.restore``) continues
+from its last checkpoint: the rounds after it are replayed, and since every random number derives from
+(seed, round, client id) they give the same numbers again.
 """
 
 from __future__ import annotations
