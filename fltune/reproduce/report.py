@@ -239,7 +239,8 @@ def markdown(spec: ReproSpec, res: list[CellResult]) -> str:
         lines.append("| " + " | ".join([row, *cells]) + " |")
     taus = column_taus(res)
     if any(tau is not None for tau in taus.values()):
-        lines.append("| Kendall τ-b vs the paper's order | " + " | ".join(_fmt(taus.get(col), "+.2f") for col in cols) + " |")
+        lines.append("| Kendall τ-b vs the paper's order | "
+                     + " | ".join(_fmt(taus.get(col), "+.2f") for col in cols) + " |")
     if any(r.ordering for r in res):
         lines += ["", "Quick scale or substituted data: ranks within each column (1 = highest) beside the "
                   "paper's, and Kendall's τ-b between the two orders, instead of Δ."]

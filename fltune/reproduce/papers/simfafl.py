@@ -172,16 +172,9 @@ UNKNOWNS = (
     "loss, whose regularisers act on the frozen encoder); Ditto's is its own round of E epochs, as the code's",
     "rows of methods that take any model use FedCR's trunks with a plain last layer (fedcr_cnn / fedcr_mlp)",
 )
-
-
-def row_settings() -> dict[str, str]:
-    """Each row's own settings as the job header and table.md print them."""
-    return {name: f"{r.method}, lr {r.lr:g}{_extras(r)}{', last round' if r.final else ''} — {r.note}"
-            for name, r in ROWS.items()}
-
-
-def _extras(row: Row) -> str:
-    return "".join(f", {k.split('.')[-1]} {v}" for k, v in row.settings.items())
+ROW_SETTINGS = {name: f"{r.method}, lr {r.lr:g}" + "".join(f", {k.split('.')[-1]} {v}" for k, v in r.settings.items())
+                + f"{', last round' if r.final else ''} — {r.note}" for name, r in ROWS.items()}
+"""Each row's own settings as the job header and table.md print them."""
 
 
 def cell(row: str, dataset: str, column: str, paper: float | None, spec: Row,
@@ -204,7 +197,7 @@ def cell(row: str, dataset: str, column: str, paper: float | None, spec: Row,
 
 def table2() -> PaperTable:
     cells = [cell(row, d, col, TABLE2[row][i], ROWS[row]) for row in ROWS for i, (d, col) in enumerate(CELL_ORDER)]
-    return simfafl_table(2, "final test accuracy (%) of SimFAFL and other methods", cells, row_settings())
+    return simfafl_table(2, "final test accuracy (%) of SimFAFL and other methods", cells, ROW_SETTINGS)
 
 
 def table3() -> PaperTable:
@@ -213,7 +206,7 @@ def table3() -> PaperTable:
     cells = [cell(row, d, col, values[i], ROWS["SimFAFL"],
                   {**dict.fromkeys(dropped, 0.0), **(cifar10 if d == "cifar10" else {})})
              for row, (dropped, cifar10, values) in TABLE3.items() for i, (d, col) in enumerate(CELL_ORDER)]
-    simfafl = row_settings()["SimFAFL"]
+    simfafl = ROW_SETTINGS["SimFAFL"]
     return simfafl_table(3, "ablation of the constraints L_ca (β1) and L_sa (β2)", cells,
                          {**dict.fromkeys(TABLE3, simfafl), "with L_ca": f"{L_CA_NOTE}; {simfafl}"})
 
@@ -224,8 +217,8 @@ def table1() -> PaperTable:
     order = [(d, col) for d, col in CELL_ORDER if d in ("cifar10", "cifar100")]
     cells = [cell(row, d, col, values[i], ROWS[base], {**own, **(cifar10 if d == "cifar10" else {})})
              for row, (base, own, cifar10, values) in TABLE1.items() for i, (d, col) in enumerate(order)]
-    settings = row_settings()
-    rows = {row: "; ".join(filter(None, (TABLE1_NOTES.get(row), settings[base]))) for row, (base, *_) in TABLE1.items()}
+    rows = {row: "; ".join(filter(None, (TABLE1_NOTES.get(row), ROW_SETTINGS[base])))
+            for row, (base, *_) in TABLE1.items()}
     return cifar_table(1, "test accuracy (%) of the pre-experiments", cells, rows, (
         "Table 1's FedCR CIFAR-10 values (81.55, 82.09) are not Table 2's (82.92, 82.73) while its CIFAR-100 and "
         "FedAvg values are: the run behind them is not said; the row runs as Table 2's FedCR",
@@ -275,8 +268,7 @@ def sweep_table(number: int, dataset: str, column: str, cells: list[Cell], rows:
                 extra_unknowns: tuple[str, ...] = ()) -> PaperTable:
     """Tables 4–7: one dataset and partition, β's varied."""
     title = f"accuracy (%) on {DATASET_NAMES[dataset]} {column} under varying β1, β2"
-    settings = row_settings()
-    return cifar_table(number, title, cells, {row: settings[base] for row, base in rows.items()}, extra_unknowns)
+    return cifar_table(number, title, cells, {row: ROW_SETTINGS[base] for row, base in rows.items()}, extra_unknowns)
 
 
 def table4() -> PaperTable:
