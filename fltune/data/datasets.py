@@ -24,6 +24,7 @@ from fltune.data.medmnist import medmnist_loader
 from fltune.data.torchvision_sets import cifar_loader, load_emnist_letters, load_fmnist, load_mnist, load_svhn
 from fltune.plugins import is_reference, label, plugins, unknown
 
+
 @dataclass(frozen=True)
 class Dataset:
     """A dataset's train and test splits (uint8 [N, C, H, W] images, int64 labels) and its constants."""
@@ -70,11 +71,7 @@ _SPECS: dict[str, _Spec] = {
 DATASETS: tuple[str, ...] = tuple(_SPECS)
 
 
-def fixed_stats(name: str) -> tuple[tuple[float, ...], tuple[float, ...]] | None:
-    """A dataset's per-channel (mean, std) known before loading, or None where they are computed from the
-    train split at load time (synthetic)."""
-    spec = _SPECS[name]
-    return None if spec.mean is None or spec.std is None else (spec.mean, spec.std)
+
 
 def load_dataset(name: str, root: str | Path | None = None, download: bool = False) -> Dataset:
     """Load a dataset by name; repeated loads in a process are served from memory.
@@ -155,8 +152,6 @@ def _pixel_stats(x: torch.Tensor) -> tuple[tuple[float, ...], tuple[float, ...]]
     """Per-channel mean and std of uint8 images on the [0, 1] scale."""
     scaled = x.float().div_(255).transpose(0, 1).reshape(x.shape[1], -1)
     return tuple(scaled.mean(dim=1).tolist()), tuple(scaled.std(dim=1).tolist())
-
-
 
 
 def _load_synthetic(root: Path | None, download: bool) -> Splits:

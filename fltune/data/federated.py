@@ -10,7 +10,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 import zipfile
 import zlib
 import warnings
@@ -24,6 +23,7 @@ import torch
 from fltune.data.datasets import Dataset
 from fltune.data.partitions import aligned_test_split, check_held_out, partition, split_train_eval
 from fltune.errors import FLTuneError
+from fltune.folders import ReplaceOnClose
 
 
 def _unpickle(values: dict[str, Any], tensors: tuple[str, ...]) -> FederatedData:
@@ -241,23 +241,19 @@ def _read(path: Path, meta: str) -> tuple[list[np.ndarray], list[np.ndarray]] | 
 
 
 def _write(path: Path, meta: str, train: list[np.ndarray], held_out: list[np.ndarray]) -> None:
-    """Write to a temporary file in the same directory, then rename it into place (atomic on POSIX)."""
+    """Written whole or not at all (``folders.ReplaceOnClose``)."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.stem, suffix=".tmp")
+        file = ReplaceOnClose(str(path))
     except OSError as err:
         raise FLTuneError(f"partition.cache_dir: cannot write to {path.parent} ({err.strerror})") from err
     try:
-        with os.fdopen(fd, "wb") as f:
-            np.savez(f, meta=np.array(meta), train_flat=_flat(train), train_sizes=_sizes(train),
+        with file:
+            np.savez(file, meta=np.array(meta), train_flat=_flat(train), train_sizes=_sizes(train),
                      eval_flat=_flat(held_out), eval_sizes=_sizes(held_out))
-        os.replace(tmp, path)
     except OSError as err:  # a full disk, or a directory squatting on the file's name
         raise FLTuneError(f"partition.cache_dir: cannot write {path} ({err.strerror}); free space there, "
                           f"remove what is in the way or choose another partition.cache_dir") from err
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
 
 
 def _flat(parts: list[np.ndarray]) -> np.ndarray:

@@ -15,7 +15,7 @@ import torch
 
 from fltune.catalog import NUM_CLASSES
 from fltune.data.files import HOW_TO_REPLACE, Splits, damaged
-from fltune.data.locations import missing, where
+from fltune.data.locations import WHERE, missing
 
 
 @dataclass(frozen=True)
@@ -54,7 +54,7 @@ def medmnist_loader(name: str) -> Callable[[Path | None, bool], Splits]:
     """
 
     def load(root: Path | None, download: bool) -> Splits:
-        looked_in, how = where(name, root)
+        looked_in, how = WHERE[name](root)
         found = next((p for p in looked_in if p.exists()), None)
         if found is None and download:
             found = _download_medmnist(name, looked_in)
@@ -140,7 +140,7 @@ def _download_medmnist(name: str, looked_in: list[Path]) -> Path:
         if mismatch:
             raise damaged(path, f"as downloaded from {info.url} does not match its published MD5 {info.md5} "
                                  "(not kept)", "rerun to download it again, or copy a good file there") from err
-        raise missing(name, looked_in, where(name, None)[1], err) from err
+        raise missing(name, looked_in, WHERE[name](None)[1], err) from err
     os.replace(part, path)
     return path
 
