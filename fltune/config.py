@@ -489,11 +489,7 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
 
 def build_config(tree: dict[str, Any] | None = None, overrides: list[str] | None = None) -> ExperimentConfig:
     """Validate a (possibly partial) config tree plus ``--set`` overrides into an ExperimentConfig."""
-    merged = apply_overrides(dict(tree or {}), list(overrides or []))
-    try:
-        return ExperimentConfig.model_validate(merged)
-    except ValidationError as err:
-        raise FLTuneError(f"config error: {describe_validation_error(err, model=ExperimentConfig)}") from None
+    return ExperimentConfig(**apply_overrides(dict(tree or {}), list(overrides or [])))
 
 
 def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:

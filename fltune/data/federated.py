@@ -73,14 +73,13 @@ class FederatedData:
     def num_clients(self) -> int:
         return len(self.client_train)
 
-    def val_split(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """The union of the clients' validation data: the server-side validation set (global models)."""
+    def split(self, name: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """(uint8 images, labels) of the global ``test`` split or of the ``val`` union, the clients' validation
+        data together: the server-side validation set (global models)."""
+        if name == "test":
+            return self.test_x, self.test_y
         idx = torch.from_numpy(np.sort(np.concatenate(self.client_val)))
         return self.x[idx], self.y[idx]
-
-    def split(self, name: str) -> tuple[torch.Tensor, torch.Tensor]:
-        """(uint8 images, labels) of the global ``test`` split or of the ``val`` union."""
-        return (self.test_x, self.test_y) if name == "test" else self.val_split()
 
     def held_out(self, name: str) -> tuple[list[np.ndarray], list[int]]:
         """Each client's own ``test`` (held-out) or ``val`` indices, and how many samples each was drawn
@@ -249,19 +248,16 @@ def _write(path: Path, meta: str, train: list[np.ndarray], held_out: list[np.nda
         raise FLTuneError(f"partition.cache_dir: cannot write to {path.parent} ({err.strerror})") from err
     try:
         with file:
-            np.savez(file, meta=np.array(meta), train_flat=_flat(train), train_sizes=_sizes(train),
-                     eval_flat=_flat(held_out), eval_sizes=_sizes(held_out))
+            np.savez(file, meta=np.array(meta), **_packed("train", train), **_packed("eval", held_out))
     except OSError as err:  # a full disk, or a directory squatting on the file's name
         raise FLTuneError(f"partition.cache_dir: cannot write {path} ({err.strerror}); free space there, "
                           f"remove what is in the way or choose another partition.cache_dir") from err
 
 
-def _flat(parts: list[np.ndarray]) -> np.ndarray:
-    return np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
-
-
-def _sizes(parts: list[np.ndarray]) -> np.ndarray:
-    return np.array([len(p) for p in parts], dtype=np.int64)
+def _packed(half: str, parts: list[np.ndarray]) -> dict[str, np.ndarray]:
+    """``parts`` as the ``.npz`` arrays ``<half>_flat`` (all of them, concatenated) and ``<half>_sizes``."""
+    flat = np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
+    return {f"{half}_flat": flat, f"{half}_sizes": np.array([len(p) for p in parts], dtype=np.int64)}
 
 
 def _unflatten(flat: np.ndarray, sizes: np.ndarray) -> list[np.ndarray]:

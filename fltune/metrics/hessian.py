@@ -146,14 +146,6 @@ def _orthogonalized(v: Vector, basis: list[Vector]) -> Vector:
     return v
 
 
-def _gaussian(params: list[Tensor], generator: torch.Generator) -> Vector:
-    return [torch.randn(p.shape, generator=generator).to(p) for p in params]
-
-
-def _rademacher(params: list[Tensor], generator: torch.Generator) -> Vector:
-    return [(torch.randint(0, 2, p.shape, generator=generator) * 2 - 1).to(p) for p in params]
-
-
 def _power_iteration(
     apply_h: HessianProduct, start: Vector, found: list[Vector], max_iter: int, tol: float
 ) -> tuple[float, Vector]:
@@ -200,7 +192,8 @@ def top_eigenpairs(
     vectors: list[Vector] = []
     with eval_mode(model):
         for _ in range(k):
-            value, vector = _power_iteration(apply_h, _gaussian(params, generator), vectors, max_iter, tol)
+            start = [torch.randn(p.shape, generator=generator).to(p) for p in params]
+            value, vector = _power_iteration(apply_h, start, vectors, max_iter, tol)
             values.append(value)
             vectors.append(vector)
     return values, vectors
@@ -238,7 +231,7 @@ def _hutchinson(
     n = 0
     with eval_mode(model):
         while n < max_iter:
-            v = _rademacher(params, generator)
+            v = [(torch.randint(0, 2, p.shape, generator=generator) * 2 - 1).to(p) for p in params]  # ±1 each
             hv = _mean_hvp(model, loss_fn, batches, params, v)
             sample = torch.stack([(h * x).sum() for h, x in zip(hv, v)]).detach().double().cpu()
             if not per_tensor:
