@@ -31,7 +31,7 @@ from fltune.text import allowed
 from fltune.plugins import Kind, is_reference, normalised, plugins, resolve
 
 Protocol = Literal["global", "all_model", "personalized"]
-PROTOCOLS: tuple[str, ...] = ("global", "all_model", "personalized")
+PROTOCOLS: tuple[str, ...] = typing.get_args(Protocol)
 
 
 def one_of(value: str, names: Sequence[str], what: str) -> str:
