@@ -176,20 +176,24 @@ def _aligned(y: torch.Tensor, train: list[np.ndarray], val: list[np.ndarray], te
     """Each client's :func:`aligned_test_split` indices into the test split, in the label proportions of its
     whole part (training and validation), from stream 3 of the seed."""
     labels = [y[np.concatenate(part)].numpy() for part in zip(train, val, strict=True)]
-    stream = int(np.random.SeedSequence([seed, 3]).generate_state(1)[0])
-    return aligned_test_split(labels, test_y.numpy(), num_classes, per_client, stream)
+    return aligned_test_split(labels, test_y.numpy(), num_classes, per_client, _stream(seed, 3))
 
 
 def split_validation(train: list[np.ndarray], val_fraction: float,
                      seed: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
     """Each client's training indices → (training, validation); with 0 the training indices are untouched.
-
-    Seeded apart from the partition (stream 0) and the held-out split (stream 1), so turning validation
-    on moves no sample between clients or into the held-out data."""
+    A stream of its own (:func:`_stream`): turning validation on moves no sample between clients or into the
+    held-out data."""
     if val_fraction == 0:
         return train, [idx[:0] for idx in train]
-    val_seed = int(np.random.SeedSequence([seed, 2]).generate_state(1)[0])
-    return split_train_eval(train, val_fraction, val_seed)
+    return split_train_eval(train, val_fraction, _stream(seed, 2))
+
+
+def _stream(seed: int, stream: int) -> int:
+    """The seed of stream ``stream`` of ``seed``: the partition draws from the seed itself (stream 0), the
+    held-out split from 1, the validation split from 2 and FedSOL's aligned test splits from 3, so none
+    replays another's random numbers."""
+    return int(np.random.SeedSequence([seed, stream]).generate_state(1)[0])
 
 
 def _default_cache_dir() -> Path:
@@ -214,9 +218,7 @@ def _cached_split(name: str, labels: np.ndarray, num_classes: int, params: dict,
         classes_per_client=params["classes_per_client"], shards_per_client=params["shards_per_client"],
         min_size=params["min_size"],
     )
-    # a seed of its own, so the held-out shuffle is not the partition's random stream replayed
-    split_seed = int(np.random.SeedSequence([params["seed"], 1]).generate_state(1)[0])
-    train, held_out = split_train_eval(parts, params["eval_fraction"], split_seed)
+    train, held_out = split_train_eval(parts, params["eval_fraction"], _stream(params["seed"], 1))
     _write(path, meta, train, held_out)
     return train, held_out
 
