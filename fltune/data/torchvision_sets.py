@@ -147,19 +147,15 @@ def _a_to_j(ds: Any) -> tuple[torch.Tensor, torch.Tensor]:
     return ds.data[keep].transpose(1, 2).unsqueeze(1), ds.targets[keep] - 1
 
 
-def cifar_loader(class_name: str, folder: str) -> Callable[[Path | None, bool], Splits]:
-    """Loader for CIFAR-10/100 (torchvision's python pickle batches, HWC images)."""
+def load_cifar(class_name: str, folder: str, root: Path | None, download: bool) -> Splits:
+    """CIFAR-10/100 (torchvision's class ``class_name``: python pickle batches in ``folder``, HWC images)."""
+    import torchvision.datasets
 
-    def load(root: Path | None, download: bool) -> Splits:
-        import torchvision.datasets
-
-        root = root or default_root()
-        cls = getattr(torchvision.datasets, class_name)
-        check_md5_files(root / folder, cls.train_list + cls.test_list)
-        return _torchvision_splits(class_name.lower(), root, lambda r, t: cls(r, train=t, download=download),
-                                   lambda ds: (torch.from_numpy(ds.data).permute(0, 3, 1, 2), torch.tensor(ds.targets)))
-
-    return load
+    root = root or default_root()
+    cls = getattr(torchvision.datasets, class_name)
+    check_md5_files(root / folder, cls.train_list + cls.test_list)
+    return _torchvision_splits(class_name.lower(), root, lambda r, t: cls(r, train=t, download=download),
+                               lambda ds: (torch.from_numpy(ds.data).permute(0, 3, 1, 2), torch.tensor(ds.targets)))
 
 
 def load_svhn(root: Path | None, download: bool) -> Splits:
