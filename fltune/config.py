@@ -31,7 +31,7 @@ from fltune.text import allowed
 from fltune.plugins import Kind, is_reference, normalised, plugins, resolve
 
 Protocol = Literal["global", "all_model", "personalized"]
-PROTOCOLS: tuple[str, ...] = ("global", "all_model", "personalized")
+PROTOCOLS: tuple[str, ...] = typing.get_args(Protocol)
 
 
 def one_of(value: str, names: Sequence[str], what: str) -> str:
@@ -99,6 +99,9 @@ class PartitionConfig(_Section):
                                  "many samples in the proportions of its labels (FedSOL's test_align: 1000); "
                                  "0 = none (eval_fraction holds out instead)")
 
+    cache_dir: str | None = Field(None, description="where seeded partitions are cached on disk; None = "
+                                  "$FLTUNE_CACHE/partitions, else ~/.cache/fltune/partitions")
+
     @model_validator(mode="after")
     def _one_held_out_split(self) -> PartitionConfig:
         """``test_per_client`` and ``eval_fraction``/``pool_test`` each define the clients' held-out splits."""
@@ -108,8 +111,6 @@ class PartitionConfig(_Section):
                 "set, which partition.eval_fraction and partition.pool_test define otherwise; allowed: 0 with "
                 f"those set (got eval_fraction {self.eval_fraction:g}, pool_test {self.pool_test})")
         return self
-    cache_dir: str | None = Field(None, description="where seeded partitions are cached on disk; None = "
-                                  "$FLTUNE_CACHE/partitions, else ~/.cache/fltune/partitions")
 
 
 class ModelConfig(_Section):
@@ -337,11 +338,11 @@ class ExperimentConfig(_Section):
     @model_validator(mode="after")
     def _cross_checks(self) -> ExperimentConfig:
         if self.partition.kind == "classes" and self.partition.classes_per_client is not None:
-            allowed = catalog.NUM_CLASSES.get(self.data.dataset)
-            if allowed is not None and self.partition.classes_per_client > allowed:
+            classes = catalog.NUM_CLASSES.get(self.data.dataset)
+            if classes is not None and self.partition.classes_per_client > classes:
                 raise ValueError(
                     f"partition.classes_per_client: {self.partition.classes_per_client} > the "
-                    f"{allowed} classes of {self.data.dataset}; allowed: 1..{allowed}"
+                    f"{classes} classes of {self.data.dataset}; allowed: 1..{classes}"
                 )
         if not self.metrics.test and self.partition.val_fraction == 0:
             raise ValueError("metrics.test: false leaves nothing to evaluate; allowed with partition.val_fraction > 0")
@@ -489,11 +490,7 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
 
 def build_config(tree: dict[str, Any] | None = None, overrides: list[str] | None = None) -> ExperimentConfig:
     """Validate a (possibly partial) config tree plus ``--set`` overrides into an ExperimentConfig."""
-    merged = apply_overrides(dict(tree or {}), list(overrides or []))
-    try:
-        return ExperimentConfig.model_validate(merged)
-    except ValidationError as err:
-        raise FLTuneError(f"config error: {describe_validation_error(err, model=ExperimentConfig)}") from None
+    return ExperimentConfig(**apply_overrides(dict(tree or {}), list(overrides or [])))
 
 
 def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:

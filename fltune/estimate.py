@@ -62,22 +62,17 @@ class Estimate:
         return sum(w.samples * w.runs for w in self.work)
 
 
-def samples_per_client(cfg: ExperimentConfig) -> float:
-    """Mean training samples of a client: the (subsampled) train split — plus the test split when pooled —
-    less each client's held-out share, spread over the clients."""
-    data = load_dataset(cfg.data.dataset, cfg.data.root)
-    pool = len(data.train_y) + (len(data.test_y) if cfg.partition.pool_test else 0)
-    return pool * cfg.data.subsample * (1 - cfg.partition.eval_fraction) / cfg.federation.clients
-
-
 def client_samples(cfg: ExperimentConfig) -> int:
     """rounds × clients per round × local epochs × samples per client, plus the final personal round
     (every client, ``finetune_epochs``) when the run ends with one; epochs as the method trains them
-    (``Method.epochs_trained``: Per-FedAvg's ≈ 2 whatever E). With ``training.drop_last`` a client trains its
-    full batches only (``local.epoch_samples``), taken here of the mean client."""
+    (``Method.epochs_trained``: Per-FedAvg's ≈ 2 whatever E). Samples per client are the mean client's: the
+    (subsampled) train split — plus the test split when pooled — less each client's held-out share, spread
+    over the clients; with ``training.drop_last`` its full batches only (``local.epoch_samples``)."""
     fed, training = cfg.federation, cfg.training
     epochs = get_method(cfg.method.name).epochs_trained
-    per_client = samples_per_client(cfg)
+    data = load_dataset(cfg.data.dataset, cfg.data.root)
+    pool = len(data.train_y) + (len(data.test_y) if cfg.partition.pool_test else 0)
+    per_client = pool * cfg.data.subsample * (1 - cfg.partition.eval_fraction) / fed.clients
     if training.drop_last:
         per_client = epoch_samples(round(per_client), training)
     rounds = fed.rounds * fed.clients_per_round * epochs(training.local_epochs, training.local_epochs) * per_client

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from functools import lru_cache
+from functools import lru_cache, partial
 from pathlib import Path
 
 import numpy as np
@@ -20,9 +20,10 @@ import torch
 from fltune.catalog import NUM_CLASSES
 from fltune.data.files import Splits
 from fltune.data.image_trees import load_cinic10, load_tinyimagenet
-from fltune.data.medmnist import medmnist_loader
-from fltune.data.torchvision_sets import cifar_loader, load_emnist_letters, load_fmnist, load_mnist, load_svhn
+from fltune.data.medmnist import load_medmnist
+from fltune.data.torchvision_sets import load_cifar, load_emnist_letters, load_fmnist, load_mnist, load_svhn
 from fltune.plugins import is_reference, label, plugins, unknown
+
 
 @dataclass(frozen=True)
 class Dataset:
@@ -70,11 +71,7 @@ _SPECS: dict[str, _Spec] = {
 DATASETS: tuple[str, ...] = tuple(_SPECS)
 
 
-def fixed_stats(name: str) -> tuple[tuple[float, ...], tuple[float, ...]] | None:
-    """A dataset's per-channel (mean, std) known before loading, or None where they are computed from the
-    train split at load time (synthetic)."""
-    spec = _SPECS[name]
-    return None if spec.mean is None or spec.std is None else (spec.mean, spec.std)
+
 
 def load_dataset(name: str, root: str | Path | None = None, download: bool = False) -> Dataset:
     """Load a dataset by name; repeated loads in a process are served from memory.
@@ -157,8 +154,6 @@ def _pixel_stats(x: torch.Tensor) -> tuple[tuple[float, ...], tuple[float, ...]]
     return tuple(scaled.mean(dim=1).tolist()), tuple(scaled.std(dim=1).tolist())
 
 
-
-
 def _load_synthetic(root: Path | None, download: bool) -> Splits:
     """6000 train / 1000 test 1×28×28 images of 10 classes, identical in every process.
 
@@ -179,11 +174,11 @@ _LOADERS: dict[str, Callable[[Path | None, bool], Splits]] = {
     "fmnist": load_fmnist,
     "mnist": load_mnist,
     "emnist_letters": load_emnist_letters,
-    "cifar10": cifar_loader("CIFAR10", "cifar-10-batches-py"),
-    "cifar100": cifar_loader("CIFAR100", "cifar-100-python"),
+    "cifar10": partial(load_cifar, "CIFAR10", "cifar-10-batches-py"),
+    "cifar100": partial(load_cifar, "CIFAR100", "cifar-100-python"),
     "svhn": load_svhn,
-    "pathmnist": medmnist_loader("pathmnist"),
-    "tissuemnist": medmnist_loader("tissuemnist"),
+    "pathmnist": partial(load_medmnist, "pathmnist"),
+    "tissuemnist": partial(load_medmnist, "tissuemnist"),
     "cinic10": load_cinic10,
     "tinyimagenet": load_tinyimagenet,
     "synthetic": _load_synthetic,

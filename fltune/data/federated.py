@@ -10,7 +10,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 import zipfile
 import zlib
 import warnings
@@ -24,6 +23,7 @@ import torch
 from fltune.data.datasets import Dataset
 from fltune.data.partitions import aligned_test_split, check_held_out, partition, split_train_eval
 from fltune.errors import FLTuneError
+from fltune.folders import ReplaceOnClose
 
 
 def _unpickle(values: dict[str, Any], tensors: tuple[str, ...]) -> FederatedData:
@@ -73,14 +73,13 @@ class FederatedData:
     def num_clients(self) -> int:
         return len(self.client_train)
 
-    def val_split(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """The union of the clients' validation data: the server-side validation set (global models)."""
+    def split(self, name: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """(uint8 images, labels) of the global ``test`` split or of the ``val`` union, the clients' validation
+        data together: the server-side validation set (global models)."""
+        if name == "test":
+            return self.test_x, self.test_y
         idx = torch.from_numpy(np.sort(np.concatenate(self.client_val)))
         return self.x[idx], self.y[idx]
-
-    def split(self, name: str) -> tuple[torch.Tensor, torch.Tensor]:
-        """(uint8 images, labels) of the global ``test`` split or of the ``val`` union."""
-        return (self.test_x, self.test_y) if name == "test" else self.val_split()
 
     def held_out(self, name: str) -> tuple[list[np.ndarray], list[int]]:
         """Each client's own ``test`` (held-out) or ``val`` indices, and how many samples each was drawn
@@ -177,20 +176,24 @@ def _aligned(y: torch.Tensor, train: list[np.ndarray], val: list[np.ndarray], te
     """Each client's :func:`aligned_test_split` indices into the test split, in the label proportions of its
     whole part (training and validation), from stream 3 of the seed."""
     labels = [y[np.concatenate(part)].numpy() for part in zip(train, val, strict=True)]
-    stream = int(np.random.SeedSequence([seed, 3]).generate_state(1)[0])
-    return aligned_test_split(labels, test_y.numpy(), num_classes, per_client, stream)
+    return aligned_test_split(labels, test_y.numpy(), num_classes, per_client, _stream(seed, 3))
 
 
 def split_validation(train: list[np.ndarray], val_fraction: float,
                      seed: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
     """Each client's training indices → (training, validation); with 0 the training indices are untouched.
-
-    Seeded apart from the partition (stream 0) and the held-out split (stream 1), so turning validation
-    on moves no sample between clients or into the held-out data."""
+    A stream of its own (:func:`_stream`): turning validation on moves no sample between clients or into the
+    held-out data."""
     if val_fraction == 0:
         return train, [idx[:0] for idx in train]
-    val_seed = int(np.random.SeedSequence([seed, 2]).generate_state(1)[0])
-    return split_train_eval(train, val_fraction, val_seed)
+    return split_train_eval(train, val_fraction, _stream(seed, 2))
+
+
+def _stream(seed: int, stream: int) -> int:
+    """The seed of stream ``stream`` of ``seed``: the partition draws from the seed itself (stream 0), the
+    held-out split from 1, the validation split from 2 and FedSOL's aligned test splits from 3, so none
+    replays another's random numbers."""
+    return int(np.random.SeedSequence([seed, stream]).generate_state(1)[0])
 
 
 def _default_cache_dir() -> Path:
@@ -215,9 +218,7 @@ def _cached_split(name: str, labels: np.ndarray, num_classes: int, params: dict,
         classes_per_client=params["classes_per_client"], shards_per_client=params["shards_per_client"],
         min_size=params["min_size"],
     )
-    # a seed of its own, so the held-out shuffle is not the partition's random stream replayed
-    split_seed = int(np.random.SeedSequence([params["seed"], 1]).generate_state(1)[0])
-    train, held_out = split_train_eval(parts, params["eval_fraction"], split_seed)
+    train, held_out = split_train_eval(parts, params["eval_fraction"], _stream(params["seed"], 1))
     _write(path, meta, train, held_out)
     return train, held_out
 
@@ -241,31 +242,24 @@ def _read(path: Path, meta: str) -> tuple[list[np.ndarray], list[np.ndarray]] | 
 
 
 def _write(path: Path, meta: str, train: list[np.ndarray], held_out: list[np.ndarray]) -> None:
-    """Write to a temporary file in the same directory, then rename it into place (atomic on POSIX)."""
+    """Written whole or not at all (``folders.ReplaceOnClose``)."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.stem, suffix=".tmp")
+        file = ReplaceOnClose(str(path))
     except OSError as err:
         raise FLTuneError(f"partition.cache_dir: cannot write to {path.parent} ({err.strerror})") from err
     try:
-        with os.fdopen(fd, "wb") as f:
-            np.savez(f, meta=np.array(meta), train_flat=_flat(train), train_sizes=_sizes(train),
-                     eval_flat=_flat(held_out), eval_sizes=_sizes(held_out))
-        os.replace(tmp, path)
+        with file:
+            np.savez(file, meta=np.array(meta), **_packed("train", train), **_packed("eval", held_out))
     except OSError as err:  # a full disk, or a directory squatting on the file's name
         raise FLTuneError(f"partition.cache_dir: cannot write {path} ({err.strerror}); free space there, "
                           f"remove what is in the way or choose another partition.cache_dir") from err
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
 
 
-def _flat(parts: list[np.ndarray]) -> np.ndarray:
-    return np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
-
-
-def _sizes(parts: list[np.ndarray]) -> np.ndarray:
-    return np.array([len(p) for p in parts], dtype=np.int64)
+def _packed(half: str, parts: list[np.ndarray]) -> dict[str, np.ndarray]:
+    """``parts`` as the ``.npz`` arrays ``<half>_flat`` (all of them, concatenated) and ``<half>_sizes``."""
+    flat = np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
+    return {f"{half}_flat": flat, f"{half}_sizes": np.array([len(p) for p in parts], dtype=np.int64)}
 
 
 def _unflatten(flat: np.ndarray, sizes: np.ndarray) -> list[np.ndarray]:

@@ -49,12 +49,9 @@ def check_md5_files(folder: Path, files: Sequence[Sequence[str]]) -> None:
 
 
 def file_md5(path: Path) -> str:
-    digest = hashlib.md5(usedforsecurity=False)
     try:
         with open(path, "rb") as f:
-            while chunk := f.read(1 << 20):
-                digest.update(chunk)
+            return hashlib.file_digest(f, lambda: hashlib.md5(usedforsecurity=False)).hexdigest()
     except OSError as err:
         raise damaged(path, f"cannot be read ({err.strerror or err})", HOW_TO_REPLACE) from err
-    return digest.hexdigest()
 

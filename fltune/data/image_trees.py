@@ -8,6 +8,7 @@ import os
 import tarfile
 import zipfile
 import zlib
+from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,6 +18,7 @@ import torch
 from fltune.catalog import NUM_CLASSES
 from fltune.data.files import Splits, damaged
 from fltune.data.locations import default_root, missing
+from fltune.folders import ReplaceOnClose
 
 DECODED_CACHE = "fltune-uint8.npz"
 _CACHE_KEYS = ("train_x", "train_y", "test_x", "test_y")  # whatever the dataset calls its test folder
@@ -99,7 +101,7 @@ def _decoded(folder: Path, train: Samples, test: Samples, tree: _ImageTree) -> S
     Decoding the images takes minutes, so the cache (uncompressed: it loads in seconds) records a digest of
     the listing it was decoded from: every sample's path, size and label. A cache whose digest differs (files
     added, removed, renamed, relabelled or replaced by ones of another size), or that cannot be read, is
-    decoded again and rewritten. It is written atomically (a temporary file, then ``os.replace``), so
+    decoded again and rewritten. It is written whole or not at all (``folders.ReplaceOnClose``), so
     concurrent loads never see half of one; where the folder is not writable the splits are decoded on every
     load instead.
     """
@@ -107,13 +109,8 @@ def _decoded(folder: Path, train: Samples, test: Samples, tree: _ImageTree) -> S
     arrays = _read_decoded_cache(cache, digest, tree.size)
     if arrays is None:
         arrays = [*_decode_rgb(train, tree), *_decode_rgb(test, tree)]
-        tmp = cache.with_name(f"{cache.name}.{os.getpid()}.tmp")
-        try:
-            with open(tmp, "wb") as f:
-                np.savez(f, listing=np.array(digest), **dict(zip(_CACHE_KEYS, arrays)))
-            os.replace(tmp, cache)
-        except OSError:  # read-only or full: go on without a cache
-            tmp.unlink(missing_ok=True)
+        with suppress(OSError), ReplaceOnClose(str(cache)) as f:  # read-only or full: go on without a cache
+            np.savez(f, listing=np.array(digest), **dict(zip(_CACHE_KEYS, arrays)))
     return tuple(torch.from_numpy(a) for a in arrays)
 
 

@@ -57,16 +57,11 @@ WHERE: dict[str, Callable[[Path | None], tuple[list[Path], str]]] = {
 """Dataset → (the paths its loader looks in, in order, and how to get the files), for a ``data.root`` or None."""
 
 
-def where(name: str, root: Path | None) -> tuple[list[Path], str]:
-    """The paths the loader of ``name`` looks in for a ``data.root`` (None: the default), and how to get it."""
-    return WHERE[name](root)
-
-
 def check_here(name: str, root: str | None, download: bool) -> None:
     """The loader's own "not found" line, now, when none of the paths it looks in exists (and nothing is to be
     downloaded); datasets it finds by other means are left to it."""
     if download or name not in WHERE:
         return
-    looked_in, how = where(name, Path(root).expanduser().resolve() if root else None)
+    looked_in, how = WHERE[name](Path(root).expanduser().resolve() if root else None)
     if not any(path.exists() for path in looked_in):
         raise missing(name, looked_in, how)

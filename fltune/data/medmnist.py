@@ -6,7 +6,7 @@ import io
 import os
 import zipfile
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,7 +15,7 @@ import torch
 
 from fltune.catalog import NUM_CLASSES
 from fltune.data.files import HOW_TO_REPLACE, Splits, damaged
-from fltune.data.locations import missing, where
+from fltune.data.locations import WHERE, missing
 
 
 @dataclass(frozen=True)
@@ -38,8 +38,8 @@ _MEDMNIST: dict[str, _MedMNIST] = {
 _MEDMNIST_SPLITS = ("train", "val", "test")
 
 
-def medmnist_loader(name: str) -> Callable[[Path | None, bool], Splits]:
-    """Loader for a MedMNIST v2 ``.npz``, read as FedSOL's code reads it (``train_tools/preprocessing/medmnist``).
+def load_medmnist(name: str, root: Path | None, download: bool) -> Splits:
+    """A MedMNIST v2 ``.npz``, read as FedSOL's code reads it (``train_tools/preprocessing/medmnist``).
 
     The train split is the file's train images then its val images (FedSOL trains on both), the test split
     its test images; labels [N, 1] are raveled. Images keep the file's channels: TissueMNIST is 1×28×28 here
@@ -52,26 +52,22 @@ def medmnist_loader(name: str) -> Callable[[Path | None, bool], Splits]:
     CRC-32, with every key, uint8 images of the right shape, one label per image, labels in range. So a
     file that is right but not byte-identical (re-saved with ``np.savez``, another packaging) still loads.
     """
-
-    def load(root: Path | None, download: bool) -> Splits:
-        looked_in, how = where(name, root)
-        found = next((p for p in looked_in if p.exists()), None)
-        if found is None and download:
-            found = _download_medmnist(name, looked_in)
-        if found is None:
-            raise missing(name, looked_in, how)
-        keys = [f"{split}_{kind}" for split in _MEDMNIST_SPLITS for kind in ("images", "labels")]
-        arrays = _read_npz(found, keys, HOW_TO_REPLACE)
-        (train_x, train_y), (val_x, val_y), (test_x, test_y) = (
-            _medmnist_split(found, arrays, split, _MEDMNIST[name].image_shape, NUM_CLASSES[name])
-            for split in _MEDMNIST_SPLITS)
-        out: list[torch.Tensor] = []
-        for x, y in ((np.concatenate([train_x, val_x]), np.concatenate([train_y, val_y])), (test_x, test_y)):
-            x = x[:, None] if x.ndim == 3 else x.transpose(0, 3, 1, 2)  # NHW or NHWC → NCHW
-            out += [torch.from_numpy(np.ascontiguousarray(x)), torch.from_numpy(y)]
-        return tuple(out)
-
-    return load
+    looked_in, how = WHERE[name](root)
+    found = next((p for p in looked_in if p.exists()), None)
+    if found is None and download:
+        found = _download_medmnist(name, looked_in)
+    if found is None:
+        raise missing(name, looked_in, how)
+    keys = [f"{split}_{kind}" for split in _MEDMNIST_SPLITS for kind in ("images", "labels")]
+    arrays = _read_npz(found, keys, HOW_TO_REPLACE)
+    (train_x, train_y), (val_x, val_y), (test_x, test_y) = (
+        _medmnist_split(found, arrays, split, _MEDMNIST[name].image_shape, NUM_CLASSES[name])
+        for split in _MEDMNIST_SPLITS)
+    out: list[torch.Tensor] = []
+    for x, y in ((np.concatenate([train_x, val_x]), np.concatenate([train_y, val_y])), (test_x, test_y)):
+        x = x[:, None] if x.ndim == 3 else x.transpose(0, 3, 1, 2)  # NHW or NHWC → NCHW
+        out += [torch.from_numpy(np.ascontiguousarray(x)), torch.from_numpy(y)]
+    return tuple(out)
 
 
 def _read_npz(path: Path, keys: Sequence[str], how: str) -> dict[str, np.ndarray]:
@@ -140,7 +136,7 @@ def _download_medmnist(name: str, looked_in: list[Path]) -> Path:
         if mismatch:
             raise damaged(path, f"as downloaded from {info.url} does not match its published MD5 {info.md5} "
                                  "(not kept)", "rerun to download it again, or copy a good file there") from err
-        raise missing(name, looked_in, where(name, None)[1], err) from err
+        raise missing(name, looked_in, WHERE[name](None)[1], err) from err
     os.replace(part, path)
     return path
 

@@ -39,7 +39,9 @@ def partition(
     the config checks.
     """
     labels = _check_labels(labels, num_classes)
-    _check_clients(num_clients, len(labels))
+    if not 1 <= num_clients <= len(labels):
+        raise FLTuneError(f"federation.clients: must be between 1 and the {len(labels)} samples to split; "
+                          f"got {num_clients}")
     rng = np.random.default_rng(seed)
     if kind == "iid":
         parts = np.array_split(rng.permutation(len(labels)), num_clients)
@@ -127,13 +129,6 @@ def _check_labels(labels: np.ndarray, num_classes: int) -> np.ndarray:
     if len(labels) and (labels.min() < 0 or labels.max() >= num_classes):
         raise ValueError(f"labels must lie in [0, {num_classes}); got [{labels.min()}, {labels.max()}]")
     return labels.astype(np.int64, copy=False)
-
-
-def _check_clients(num_clients: int, num_samples: int) -> None:
-    if not 1 <= num_clients <= num_samples:
-        raise FLTuneError(
-            f"federation.clients: must be between 1 and the {num_samples} samples to split; got {num_clients}"
-        )
 
 
 def _check_k(classes_per_client: int | None, num_classes: int) -> int:
@@ -272,22 +267,17 @@ def _find_chain(start: int, owned: np.ndarray, counts: np.ndarray, left: np.ndar
         taker = queue.popleft()
         for slot in range(k):
             cls = owned[taker, slot]
-            if left[cls] > 0:
-                return _unwind(parent, taker, slot)
+            if left[cls] > 0:  # unwind the search: [(start, slot), ..., (taker, slot)]
+                chain = [(taker, slot)]
+                while parent[chain[0][0]] is not None:
+                    chain.insert(0, parent[chain[0][0]])
+                return chain
             for holder_slot in range(k):  # owners of cls are the clients j ≡ cls - t (mod C), t < k
                 for holder in range((cls - holder_slot) % num_classes, num_clients, num_classes):
                     if holder not in parent and counts[holder, holder_slot] > 0:
                         parent[holder] = (taker, slot)
                         queue.append(holder)
     return None
-
-
-def _unwind(parent: dict[int, tuple[int, int] | None], last: int, last_slot: int) -> list[tuple[int, int]]:
-    """The chain [(start, slot), ..., (last, last_slot)] recorded by the breadth-first search."""
-    chain = [(last, last_slot)]
-    while parent[chain[0][0]] is not None:
-        chain.insert(0, parent[chain[0][0]])
-    return chain
 
 
 def _giver_slots(chain: list[tuple[int, int]], owned: np.ndarray, num_classes: int) -> list[tuple[int, int]]:

@@ -13,7 +13,7 @@ import torch
 
 from fltune.catalog import NUM_CLASSES
 from fltune.data.files import HOW_TO_REPLACE, Splits, check_md5_files, damaged, read_bytes
-from fltune.data.locations import default_root, missing, where
+from fltune.data.locations import WHERE, default_root, missing
 
 _FMNIST_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte",
                  "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
@@ -30,12 +30,12 @@ def load_fmnist(root: Path | None, download: bool) -> Splits:
     directory, then torchvision's layout under the default root (where ``download=True`` puts them).
     """
     base = root or default_root()
-    dirs, how = where("fmnist", root)
+    dirs, how = WHERE["fmnist"](root)
     found = next((d for d in dirs if all(_idx_path(d, f) for f in _FMNIST_FILES)), None)
     if found is None and download:
         from torchvision.datasets import FashionMNIST
 
-        _torchvision_splits("fmnist", base, lambda r, t: FashionMNIST(r, train=t, download=True))
+        _torchvision_splits("fmnist", base, lambda r, t: FashionMNIST(r, train=t, download=True), lambda ds: ())
         found = dirs[-1]
     if found is None:
         raise missing("fmnist", dirs, how)
@@ -105,18 +105,19 @@ def _check_idx_files(folder: Path, stems: Sequence[str]) -> None:
             _read_idx(folder / stem, shape, HOW_TO_REPLACE)
 
 
-
-def _torchvision_splits(name: str, root: Path, make: Callable[[str, bool], Any]) -> tuple[Any, Any]:
-    """``make(root, train)`` for the train and test split; "not found" or a failed download → DatasetMissing
-    naming where it looked (``locations.where``), in fltune's words: torchvision's "not found" advises its own
-    ``download=True``, a failed download's reason (urllib's) is kept."""
-    looked_in, how = where(name, root)
+def _torchvision_splits(name: str, root: Path, make: Callable[[str, bool], Any],
+                        tensors: Callable[[Any], tuple[torch.Tensor, torch.Tensor]]) -> Splits:
+    """``tensors(make(root, train))`` for the train and test split; "not found" or a failed download →
+    DatasetMissing naming where it looked (``locations.WHERE``), in fltune's words: torchvision's "not found"
+    advises its own ``download=True``, a failed download's reason (urllib's) is kept."""
+    looked_in, how = WHERE[name](root)
     try:
-        return make(str(root), True), make(str(root), False)
+        splits = make(str(root), True), make(str(root), False)
     except OSError as err:
         raise missing(name, looked_in, how, err) from err
     except RuntimeError as err:  # torchvision: "Dataset not found or corrupted. You can use download=True …"
         raise missing(name, looked_in, how) from err
+    return tuple(tensor for split in splits for tensor in tensors(split))
 
 
 def load_mnist(root: Path | None, download: bool) -> Splits:
@@ -124,45 +125,37 @@ def load_mnist(root: Path | None, download: bool) -> Splits:
 
     root = root or default_root()
     _check_idx_files(root / "MNIST" / "raw", _FMNIST_FILES)  # MNIST and Fashion-MNIST share file names
-    train, test = _torchvision_splits("mnist", root, lambda r, t: MNIST(r, train=t, download=download))
-    return train.data.unsqueeze(1), train.targets, test.data.unsqueeze(1), test.targets
+    return _torchvision_splits("mnist", root, lambda r, t: MNIST(r, train=t, download=download),
+                               lambda ds: (ds.data.unsqueeze(1), ds.targets))
 
 
 def load_emnist_letters(root: Path | None, download: bool) -> Splits:
-    """EMNIST "letters", first 10 letters a–j as labels 0..9 (SimFAFL, ``haozzh/FedCR``).
-
-    EMNIST stores images transposed relative to MNIST; they are turned upright here.
-    """
+    """EMNIST "letters", first 10 letters a–j as labels 0..9 (SimFAFL, ``haozzh/FedCR``)."""
     from torchvision.datasets import EMNIST
 
     root = root or default_root()
     _check_idx_files(root / "EMNIST" / "raw", [f"emnist-letters-{split}-{kind}" for split in ("train", "test")
                                                for kind in ("images-idx3-ubyte", "labels-idx1-ubyte")])
-    splits = _torchvision_splits("emnist_letters", root,
-                                 lambda r, t: EMNIST(r, split="letters", train=t, download=download))
-    out: list[torch.Tensor] = []
-    for ds in splits:
-        keep = ds.targets <= 10  # letters are labelled 1..26
-        out += [ds.data[keep].transpose(1, 2).unsqueeze(1), ds.targets[keep] - 1]
-    return tuple(out)
+    return _torchvision_splits("emnist_letters", root,
+                               lambda r, t: EMNIST(r, split="letters", train=t, download=download), _a_to_j)
 
 
-def cifar_loader(class_name: str, folder: str) -> Callable[[Path | None, bool], Splits]:
-    """Loader for CIFAR-10/100 (torchvision's python pickle batches, HWC images)."""
+def _a_to_j(ds: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """The letters a–j (labelled 1..10 of 26) as 0..9, turned upright: EMNIST stores images transposed
+    relative to MNIST."""
+    keep = ds.targets <= 10
+    return ds.data[keep].transpose(1, 2).unsqueeze(1), ds.targets[keep] - 1
 
-    def load(root: Path | None, download: bool) -> Splits:
-        import torchvision.datasets
 
-        root = root or default_root()
-        cls = getattr(torchvision.datasets, class_name)
-        check_md5_files(root / folder, cls.train_list + cls.test_list)
-        splits = _torchvision_splits(class_name.lower(), root, lambda r, t: cls(r, train=t, download=download))
-        out: list[torch.Tensor] = []
-        for ds in splits:
-            out += [torch.from_numpy(ds.data).permute(0, 3, 1, 2), torch.tensor(ds.targets)]
-        return tuple(out)
+def load_cifar(class_name: str, folder: str, root: Path | None, download: bool) -> Splits:
+    """CIFAR-10/100 (torchvision's class ``class_name``: python pickle batches in ``folder``, HWC images)."""
+    import torchvision.datasets
 
-    return load
+    root = root or default_root()
+    cls = getattr(torchvision.datasets, class_name)
+    check_md5_files(root / folder, cls.train_list + cls.test_list)
+    return _torchvision_splits(class_name.lower(), root, lambda r, t: cls(r, train=t, download=download),
+                               lambda ds: (torch.from_numpy(ds.data).permute(0, 3, 1, 2), torch.tensor(ds.targets)))
 
 
 def load_svhn(root: Path | None, download: bool) -> Splits:
@@ -171,9 +164,5 @@ def load_svhn(root: Path | None, download: bool) -> Splits:
 
     root = root or default_root()
     check_md5_files(root, [SVHN.split_list[split][1:] for split in ("train", "test")])
-    splits = _torchvision_splits("svhn", root, lambda r, t: SVHN(r, split="train" if t else "test", download=download))
-    out: list[torch.Tensor] = []
-    for ds in splits:
-        out += [torch.from_numpy(ds.data), torch.from_numpy(ds.labels.astype(np.int64))]
-    return tuple(out)
-
+    return _torchvision_splits("svhn", root, lambda r, t: SVHN(r, split="train" if t else "test", download=download),
+                               lambda ds: (torch.from_numpy(ds.data), torch.from_numpy(ds.labels.astype(np.int64))))

@@ -14,6 +14,7 @@ process may meter, the driver's share of a local ``run`` included (engine/pool.p
 
 from __future__ import annotations
 
+from functools import cache
 from typing import Any
 
 import torch
@@ -21,17 +22,13 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import flop_registry
 
 _COMPOSITE = torch._C.DispatchKey.CompositeImplicitAutograd
-_decomposes: dict[Any, bool] = {}
-"""Per op overload: whether it has a composite decomposition (what ``OpOverload.decompose`` runs)."""
 
 
+@cache
 def _has_decomposition(func: Any) -> bool:
-    """Whether ``func.decompose`` would run something rather than return NotImplemented; asked once per op."""
-    known = _decomposes.get(func)
-    if known is None:
-        known = _decomposes[func] = _COMPOSITE in func.py_kernels or torch._C._dispatch_has_kernel_for_dispatch_key(
-            func.name(), _COMPOSITE)
-    return known
+    """Whether the op overload has a composite decomposition, i.e. ``func.decompose`` would run something
+    rather than return NotImplemented; asked once per op."""
+    return _COMPOSITE in func.py_kernels or torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), _COMPOSITE)
 
 
 class TrainingFlops(TorchDispatchMode):

@@ -133,6 +133,7 @@ class CostMeter:
 
     def round_metrics(self) -> dict[str, float]:
         """The current round's and the cumulative figures (keys in the class docstring)."""
+        forward = self._train_forward or self._flops_per_sample
         return {
             "cost_round_s": self._clock() - self._round_start,
             "cost_cum_tflops": self._flops / 1e12,
@@ -140,12 +141,9 @@ class CostMeter:
             "cost_cum_up_gbit": self._up_bits / 1e9,
             "cost_up_mbit_round": self._round_up_bits / 1e6,
             "cost_down_mbit_round": self._round_down_bits / 1e6,
-            "cost_train_forward_mflops": self._training_forward() / 1e6,
-            "cost_cum_forward_mflops": self._rounds * self._training_forward() / 1e6,
+            "cost_train_forward_mflops": forward / 1e6,
+            "cost_cum_forward_mflops": self._rounds * forward / 1e6,
         }
-
-    def _training_forward(self) -> float:
-        return self._train_forward or self._flops_per_sample
 
 
 class ModelFlops:

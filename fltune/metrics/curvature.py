@@ -127,14 +127,6 @@ class CurvatureTask(Generic[T]):
         return self.measure(model, batches, hcfg, seed)
 
 
-def end_figures(landscape: Landscape, eigenvalues: list[float], folder: Path, title: str) -> list[Path]:
-    """The landscape along the top-2 eigenvectors and the eigenvalue spectrum, as PNG files."""
-    folder.mkdir(parents=True, exist_ok=True)
-    spectrum = plot_spectrum(eigenvalues, folder / "hessian_spectrum.png",
-                             f"top-{len(eigenvalues)} eigenvalues · {title}")
-    return [landscape.png(folder / "loss_landscape.png", title), spectrum]
-
-
 @register
 class HessianProbe(Probe):
     """The ``metrics.hessian`` schedule: every ``every`` rounds and/or at the end, on non-diverged rounds."""
@@ -193,8 +185,9 @@ class HessianProbe(Probe):
         out = results[0]
         if compared:
             out.update(client_consistency(results[1:1 + len(compared)]))
-        if landscape:
-            eigen = [out[f"hessian_lambda_{i + 1}"] for i in range(hcfg.top_k)]
+        if landscape:  # the loss along the top-2 eigenvectors and the eigenvalue spectrum, as PNG files
+            eigen, title = [out[f"hessian_lambda_{i + 1}"] for i in range(hcfg.top_k)], fed.cfg.method.name
             folder = Path(tempfile.mkdtemp(prefix="fltune-figures-"))
-            fed.artifacts += end_figures(results[-1], eigen, folder, fed.cfg.method.name)
+            spectrum = plot_spectrum(eigen, folder / "hessian_spectrum.png", f"top-{len(eigen)} eigenvalues · {title}")
+            fed.artifacts += [results[-1].png(folder / "loss_landscape.png", title), spectrum]
         return out

@@ -143,24 +143,20 @@ class AllModelAccuracy(_OneModel):
     keeps_local_models = True
 
     def state(self, fed: Federation) -> State:
-        return all_model_state(fed)
+        """Average of every client's latest local model (initial model if never sampled), FedDyn-style.
 
-
-def all_model_state(fed: Federation) -> State:
-    """Average of every client's latest local model (initial model if never sampled), FedDyn-style.
-
-    Weighted by n_k when the method weights its updates by n_k, plain mean otherwise (docs/methods.md §0).
-    Summed in client order on the driver, so the result is independent of the worker count.
-    """
-    initial = fed.initial_state
-    by_samples = fed.method.weighted_by_samples
-    weights = [float(fed.sizes[c]) if by_samples else 1.0 for c in range(fed.cfg.federation.clients)]
-    total = math.fsum(weights)
-    acc = {k: np.zeros(v.shape, np.float64) for k, v in initial.items()}
-    for cid, weight in enumerate(weights):
-        for key, value in fed.latest.get(cid, initial).items():
-            acc[key] += weight * value
-    return {k: (acc[k] / total).astype(initial[k].dtype) for k in acc}
+        Weighted by n_k when the method weights its updates by n_k, plain mean otherwise (docs/methods.md §0).
+        Summed in client order on the driver, so the result is independent of the worker count.
+        """
+        initial = fed.initial_state
+        by_samples = fed.method.weighted_by_samples
+        weights = [float(fed.sizes[c]) if by_samples else 1.0 for c in range(fed.cfg.federation.clients)]
+        total = math.fsum(weights)
+        acc = {k: np.zeros(v.shape, np.float64) for k, v in initial.items()}
+        for cid, weight in enumerate(weights):
+            for key, value in fed.latest.get(cid, initial).items():
+                acc[key] += weight * value
+        return {k: (acc[k] / total).astype(initial[k].dtype) for k in acc}
 
 
 @register

@@ -146,14 +146,6 @@ def _orthogonalized(v: Vector, basis: list[Vector]) -> Vector:
     return v
 
 
-def _gaussian(params: list[Tensor], generator: torch.Generator) -> Vector:
-    return [torch.randn(p.shape, generator=generator).to(p) for p in params]
-
-
-def _rademacher(params: list[Tensor], generator: torch.Generator) -> Vector:
-    return [(torch.randint(0, 2, p.shape, generator=generator) * 2 - 1).to(p) for p in params]
-
-
 def _power_iteration(
     apply_h: HessianProduct, start: Vector, found: list[Vector], max_iter: int, tol: float
 ) -> tuple[float, Vector]:
@@ -200,7 +192,8 @@ def top_eigenpairs(
     vectors: list[Vector] = []
     with eval_mode(model):
         for _ in range(k):
-            value, vector = _power_iteration(apply_h, _gaussian(params, generator), vectors, max_iter, tol)
+            start = [torch.randn(p.shape, generator=generator).to(p) for p in params]
+            value, vector = _power_iteration(apply_h, start, vectors, max_iter, tol)
             values.append(value)
             vectors.append(vector)
     return values, vectors
@@ -238,7 +231,7 @@ def _hutchinson(
     n = 0
     with eval_mode(model):
         while n < max_iter:
-            v = _rademacher(params, generator)
+            v = [(torch.randint(0, 2, p.shape, generator=generator) * 2 - 1).to(p) for p in params]  # ±1 each
             hv = _mean_hvp(model, loss_fn, batches, params, v)
             sample = torch.stack([(h * x).sum() for h, x in zip(hv, v)]).detach().double().cpu()
             if not per_tensor:
@@ -261,11 +254,8 @@ def hessian_trace(
     model: nn.Module, loss_fn: LossFn, batches: Sequence[Batch], max_iter: int = 100, tol: float = 1e-2, seed: int = 0,
 ) -> TraceEstimate:
     """tr H by Hutchinson with Rademacher vectors (H_T: FedAlign Table 1, MAN Table 2), with its standard
-    error.
-
-    Unbiased; its variance per sample is 2·Σ_{i≠j} H_ij². Sampling stops once the standard error is below
-    ``tol``·|tr H estimate| (after :data:`MIN_TRACE_SAMPLES`), or at ``max_iter`` — then ``se`` says how far
-    off the value may be.
+    error: unbiased, of variance 2·Σ_{i≠j} H_ij² per sample. Stopped by ``_hutchinson``'s rule, or at
+    ``max_iter``, where ``se`` says how far off the value may be.
     """
     mean, se, n = _hutchinson(model, loss_fn, batches, max_iter, tol, seed, False)
     return TraceEstimate(float(mean[0]), float(se[0]), n)
@@ -277,9 +267,8 @@ def layer_traces(
     """Per parameter tensor, its part of tr H: mean over Rademacher v of Σ (Hv)⊙v over its entries.
 
     This is the vector d_i the authors feed into FedAlign Eq. 3–4 in place of Diag(H): PyHessian's
-    ``trace()`` returns it as ``diag`` (``mmendiet/FedAlign:pyhessian/compute_hessian.py``). Stops when the
-    norm of the vector of standard errors is below ``tol`` times the norm of the means (after
-    :data:`MIN_TRACE_SAMPLES`; ``tol=0``: ``max_iter`` samples always).
+    ``trace()`` returns it as ``diag`` (``mmendiet/FedAlign:pyhessian/compute_hessian.py``). Stopped by
+    ``_hutchinson``'s rule on the vector's norms.
     """
     means, _, _ = _hutchinson(model, loss_fn, batches, max_iter, tol, seed, True)
     return dict(zip(named_trainable_parameters(model), means.tolist()))

@@ -37,10 +37,6 @@ def _axis(span: float, steps: int) -> np.ndarray:
     return span * (np.arange(steps) - half) / half
 
 
-def _mean_loss(model: nn.Module, loss_fn: LossFn, batches: Sequence[Batch], device: torch.device) -> float:
-    return sum(float(loss_fn(model, to_device(batch, device))) for batch in batches) / len(batches)
-
-
 def loss_surface(
     model: nn.Module, loss_fn: LossFn, batches: Sequence[Batch], directions: tuple[Vector, Vector], span: float = 1.0,
     steps: int = 21,
@@ -65,7 +61,8 @@ def loss_surface(
                 for j, b in enumerate(betas):
                     for p, theta, u, w in zip(params, origin, d1, d2):
                         p.copy_(theta).add_(u, alpha=float(a)).add_(w, alpha=float(b))
-                    grid[i, j] = _mean_loss(model, loss_fn, batches, params[0].device)
+                    losses = (float(loss_fn(model, to_device(batch, params[0].device))) for batch in batches)
+                    grid[i, j] = sum(losses) / len(batches)
         finally:
             for p, theta in zip(params, origin):
                 p.copy_(theta)

@@ -34,18 +34,14 @@ def register(cls: type[Probe]) -> type[Probe]:
     return cls
 
 
-def _load_all() -> None:
-    """Import every public module of this package once, so their ``@register`` decorators run. A private
-    one (``_flops``) registers no probe and is imported only where it is used (a worker's FLOP meter)."""
+def all_probes() -> list[type[Probe]]:
+    """Every registered probe, in the order they run after a round: every public module of this package is
+    imported, so their ``@register`` decorators run. A private one (``_flops``) registers no probe and is
+    imported only where it is used (a worker's FLOP meter)."""
     package = importlib.import_module("fltune.metrics")
     for info in pkgutil.iter_modules(package.__path__):
         if not info.name.startswith("_"):
             importlib.import_module(f"fltune.metrics.{info.name}")
-
-
-def all_probes() -> list[type[Probe]]:
-    """Every registered probe, in the order they run after a round."""
-    _load_all()
     return list(PROBES)
 
 

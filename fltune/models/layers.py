@@ -18,13 +18,10 @@ class ConvBlock(nn.Sequential):
     def __init__(
         self, c_in: int, c_out: int, kernel: int, padding: int = 0, gn_groups: int | None = None
     ) -> None:
-        conv = nn.Conv2d(c_in, c_out, kernel, padding=padding)
-        layers: OrderedDict[str, nn.Module] = OrderedDict(conv=conv)
+        layers: OrderedDict[str, nn.Module] = OrderedDict(conv=nn.Conv2d(c_in, c_out, kernel, padding=padding))
         if gn_groups is not None:
             layers["norm"] = nn.GroupNorm(gn_groups, c_out)
-        layers["relu"] = nn.ReLU()
-        layers["pool"] = nn.MaxPool2d(2)
-        super().__init__(layers)
+        super().__init__(OrderedDict(**layers, relu=nn.ReLU(), pool=nn.MaxPool2d(2)))
 
 
 def dense(in_dim: int, out_dim: int) -> nn.Sequential:

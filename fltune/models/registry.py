@@ -14,7 +14,7 @@ from pydantic import TypeAdapter, ValidationError
 from fltune import catalog
 from fltune.errors import FLTuneError
 from fltune.models.base import InShape, SplitModel
-from fltune.plugins import EXPECTED, plugins, resolve
+from fltune.plugins import EXPECTED, resolve, unknown
 
 ModelBuilder = Callable[..., SplitModel]
 """``builder(in_shape, num_classes, **kwargs) -> SplitModel``; must draw parameters only from torch's RNG."""
@@ -46,9 +46,7 @@ def build_model(name: str, in_shape: InShape, num_classes: int, **kwargs: Any) -
     """A fresh model; deterministic given the caller's ``torch.manual_seed``."""
     builder = MODELS.get(name) or resolve("model", name)
     if builder is None:
-        allowed = ", ".join(sorted([*MODELS, *plugins("model")]))
-        raise FLTuneError(f"model.name: unknown model {name!r}; allowed: {allowed}, or a reference "
-                          "package.module:Name or path/to/file.py:Name")
+        raise unknown("model", name, sorted(MODELS))
     try:
         model = builder(tuple(in_shape), num_classes, **checked_options(builder, kwargs))
     except TypeError as err:  # an option the builder does not take

@@ -11,6 +11,7 @@ builds that variant. Their stem takes 3 channels only; this one takes the input'
 """
 
 from collections import OrderedDict
+from itertools import pairwise
 
 from torch import Tensor, nn
 
@@ -59,16 +60,8 @@ def resnet18(in_shape: InShape, num_classes: int, running_stats: bool = True) ->
     ``track_running_stats=False``, so it has no running buffers and normalises by the batch's own statistics in
     training and evaluation alike. The parameters, and the random numbers drawn for them, are the same either way.
     """
-    stem = conv_bn(in_shape[0], 64, 3, running_stats=running_stats)
-    body = nn.Sequential(
-        OrderedDict(
-            stem=nn.Sequential(OrderedDict(conv_bn=stem, relu=nn.ReLU())),
-            layer1=stage(64, 64, 1, running_stats=running_stats),
-            layer2=stage(64, 128, 2, running_stats=running_stats),
-            layer3=stage(128, 256, 2, running_stats=running_stats),
-            layer4=stage(256, 512, 2, running_stats=running_stats),
-            pool=nn.AdaptiveAvgPool2d(1),
-            flatten=nn.Flatten(),
-        )
-    )
+    stem = nn.Sequential(OrderedDict(conv_bn=conv_bn(in_shape[0], 64, 3, running_stats=running_stats), relu=nn.ReLU()))
+    stages = {f"layer{i}": stage(c_in, c_out, 1 if i == 1 else 2, running_stats=running_stats)
+              for i, (c_in, c_out) in enumerate(pairwise((64, 64, 128, 256, 512)), 1)}
+    body = nn.Sequential(OrderedDict(stem=stem, **stages, pool=nn.AdaptiveAvgPool2d(1), flatten=nn.Flatten()))
     return SplitModel(body, nn.Linear(512, num_classes), feature_dim=512)

@@ -126,7 +126,7 @@ def test_validation_split_comes_out_of_training_and_leaves_the_rest_as_it_was(fm
         assert np.array_equal(np.sort(np.concatenate([train, val])), before)  # carved from its training data
         assert np.array_equal(held, held_before)  # the held-out (test) split does not move
     assert all(len(v) == 0 for v in plain.client_val)
-    x, y = data.val_split()
+    x, y = data.split("val")
     assert len(y) == 9800 and torch.equal(y, data.y[np.sort(np.concatenate(data.client_val))])
 
 

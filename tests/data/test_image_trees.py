@@ -118,7 +118,7 @@ def test_val_images_moved_into_wnid_folders_as_mans_code_does_load_the_same(tmp_
 def test_second_load_reads_the_cache_until_the_listing_changes(tmp_path: Path) -> None:
     folder = write_tiny(tmp_path / "tiny-imagenet-200")
     first = load_dataset("tinyimagenet", root=tmp_path)
-    assert (folder / DECODED_CACHE).is_file() and not list(folder.glob("*.tmp"))
+    assert (folder / DECODED_CACHE).is_file() and not list(folder.glob(".*.part"))
 
     # same name and size, undecodable: only a load from the cache still succeeds
     broken = folder / "val" / "images" / "val_2.JPEG"
@@ -306,7 +306,7 @@ def test_cinic10_second_load_reads_the_cache_until_the_listing_changes(tmp_path:
     write_cinic(tmp_path / "cinic10")
     first = load_dataset("cinic10", root=tmp_path)
     cache = tmp_path / "cinic10" / DECODED_CACHE
-    assert cache.is_file() and not list(cache.parent.glob("*.tmp"))
+    assert cache.is_file() and not list(cache.parent.glob(".*.part"))
 
     # same name and size, undecodable: only a load from the cache still succeeds
     broken = tmp_path / "cinic10" / "train" / "cat" / "b.png"
