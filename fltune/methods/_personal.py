@@ -8,8 +8,11 @@ was never sampled holds no personal part yet and starts from (and is evaluated w
 
 from __future__ import annotations
 
+from typing import Any
+
 from torch import nn
 
+from fltune.errors import FLTuneError
 from fltune.methods.base import Method
 
 
@@ -23,6 +26,23 @@ class PersonalHead(Method):
 
     def personal_keys(self, model: nn.Module) -> set[str]:
         return part_keys(model, "head")
+
+
+class FeatureAligned(PersonalHead):
+    """A personal head read as one classes × features linear map, over features aligned to the server's class
+    targets (FedPAC's prototypes, its FedCR-code variant's centroids): the server state, those targets, is
+    broadcast whole, and a model whose head is not one linear layer fails once, at model construction."""
+
+    def adapt_model(self, model: nn.Module) -> nn.Module:
+        model = super().adapt_model(model)
+        head = getattr(model, "head", None)
+        if not isinstance(head, nn.Linear):
+            raise FLTuneError(f"model.name: {self.name} needs a model whose head is one linear layer; this "
+                              f"model's head is a {type(head).__name__}")
+        return model
+
+    def server_payload(self, server_state: dict[str, Any]) -> dict[str, Any]:
+        return dict(server_state)
 
 
 def weight_layers(model: nn.Module) -> list[set[str]]:

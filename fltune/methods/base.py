@@ -110,10 +110,6 @@ class ClientContext:
         """The client's model as a function of its parameters (its own: ``forward.own``)."""
         return Forward(self.model)
 
-    def global_param(self, name: str) -> torch.Tensor:
-        """The round's global value of a parameter, on the training device."""
-        return self.global_state[name]
-
 
 def effective_steps(steps: int, momentum: float, nesterov: bool = False) -> float:
     """How many lr·g a constant gradient g moves the weights over ``steps`` SGD steps: the ‖a‖₁ that turns
@@ -259,15 +255,6 @@ class Method:
             raise FLTuneError(
                 f"model.name: {self.name} needs {needs}; allowed: {allowed} (got a {type(model).__name__})"
             )
-        return model
-
-    def require_linear_head(self, model: nn.Module) -> nn.Module:
-        """``adapt_model`` of a method that reads the head as one classes × features linear map (FedPAC's
-        classifier combination): any other head fails once, at model construction, in one line."""
-        head = getattr(model, "head", None)
-        if not isinstance(head, nn.Linear):
-            raise FLTuneError(f"model.name: {self.name} needs a model whose head is one linear layer; this "
-                              f"model's head is a {type(head).__name__}")
         return model
 
     # ---------------------------------------------------------------- client side

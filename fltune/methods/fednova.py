@@ -33,7 +33,7 @@ class FedNova(Method):
         a_k = effective_steps(ctx.steps, ctx.momentum, ctx.nesterov)
         state = ctx.model.state_dict()
         floats = [name for name in result.update if state[name].is_floating_point()]
-        d_k = to_numpy({name: (ctx.global_param(name) - state[name]) / max(a_k, 1.0) for name in floats})
+        d_k = to_numpy({name: (ctx.global_state[name] - state[name]) / max(a_k, 1.0) for name in floats})
         result.update = {**result.update, **d_k, NORMALISER: np.array(a_k)}
         return result
 

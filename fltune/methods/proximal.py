@@ -105,7 +105,7 @@ class Proximal(Method):
             return result
         weights = [p for _, p in trainable(ctx.model)]
         if self.params.loss == "l2":
-            against = [p.detach() - ctx.global_param(n) for n, p in ctx.model.named_parameters() if p.requires_grad]
+            against = [p.detach() - ctx.global_state[n] for n, p in ctx.model.named_parameters() if p.requires_grad]
         else:
             against = ctx.scratch.pop("proximal_grad")
         grads = [torch.zeros_like(p) if p.grad is None else p.grad for p in weights]
