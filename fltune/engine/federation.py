@@ -345,13 +345,10 @@ class Federation:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.round = state["round"]
-        self.global_state = state["global_state"]
-        self.server_state = state["server_state"]
+        for key in ("round", "global_state", "server_state", "history", "status"):
+            setattr(self, key, state[key])
         self.client_store.restore(state["client_store"])
         self.latest.restore(state["latest"])
-        self.history = state["history"]
-        self.status = state["status"]
         for probe in self.probes:
             if probe.name in state:
                 probe.load_state_dict(state[probe.name])

@@ -149,7 +149,6 @@ class Executor:
     how step metrics are kept, whether optimisers are reused. ``exact`` and ``reference`` give the same
     bits (tests/engine/test_executor_exact.py); ``exact`` spends fewer host syncs and copies per step."""
 
-    kind: str
     source: HostBatches | DeviceBatches
     meter: type[HostMeter]
     optimizers: Optimizers
@@ -158,8 +157,8 @@ class Executor:
     def build(cls, kind: str, data: FederatedData, device: torch.device) -> Executor:
         """Once per run and worker: ``exact`` moves the run's data to ``device`` here."""
         if kind == "exact":
-            return cls(kind, DeviceBatches(data, device), DeviceMeter, Optimizers(reuse=True))
-        return cls("reference", HostBatches(data, device), HostMeter, Optimizers(reuse=False))
+            return cls(DeviceBatches(data, device), DeviceMeter, Optimizers(reuse=True))
+        return cls(HostBatches(data, device), HostMeter, Optimizers(reuse=False))
 
 
 def _trainable(model: nn.Module, phase: Phase) -> list[nn.Parameter]:

@@ -155,7 +155,4 @@ class Probe(ABC):
 
 def last_value(history: Sequence[Mapping[str, float]], key: str) -> float | None:
     """``key``'s value in the last round that reported it (None: none did), for ``Probe.summary``."""
-    for row in reversed(history):
-        if key in row:
-            return row[key]
-    return None
+    return next((row[key] for row in reversed(history) if key in row), None)

@@ -198,9 +198,7 @@ class ClientStore(Mapping[int, dict[str, Any]]):
 
     # ---------------------------------------------------------------- inside
     def _reset(self) -> None:
-        for fd, _, _ in self.files.values():
-            os.close(fd)
-        self.files.clear()
+        _release(self.files, None)
         shutil.rmtree(self.folder / LIVE, ignore_errors=True)
         (self.folder / LIVE).mkdir(parents=True)
         self.layouts.clear()
