@@ -1,16 +1,12 @@
 """The round loop: sample, broadcast, train on the pool's workers, aggregate, run the round probes.
 
-``Federation.rounds`` is the package's one round loop: it yields a :class:`RoundResult` per round, and
-every command consumes those — ``run`` hands them to callbacks (progress, MLflow), a Tune trial reports and
-checkpoints them (several seeds in :func:`lockstep`). What is measured after a round — evaluation
-protocols, the Hessian, the cost — are the probes it is handed (``engine.probes``; ``fltune.assembly``
-hands it those of the metrics package), run by name-blind code here, each adding its own entries to the run
-summary; their heavy parts (evaluations, Hessian-vector products) run on the workers (``evaluate_state``,
-``compute``). The workers are a :class:`~fltune.engine.dispatch.Pool` (Ray actors, this process), so the
-loop imports no Ray; it knows no method by name (it only calls hooks) and imports neither MLflow nor Ray
-Tune. Its whole state — global weights, server state, the history, the probes' state — is plain data
-(``state_dict``), so a checkpoint is just that; the per-client states and the latest local models live in
-client stores on disk (engine/store.py), whose checkpoint is a reference to a version of their log.
+``Federation.rounds`` is the package's one round loop: it yields a :class:`RoundResult` per round, which
+``run`` hands to callbacks (progress, MLflow) and a Tune trial reports and checkpoints (its seeds in
+:func:`lockstep`). What is measured after a round is a probe it is handed (``engine.probes``), whose heavy
+parts run on the workers (``evaluate_state``, ``compute``), a :class:`~fltune.engine.dispatch.Pool`: the
+loop imports no Ray, no MLflow, no Tune, and knows no method by name. Its state is plain data
+(``state_dict``); the per-client states and latest local models live in client stores on disk
+(engine/store.py), whose checkpoint is a reference to a version of their log.
 """
 
 from __future__ import annotations
@@ -355,12 +351,10 @@ class Federation:
 
 
 def open_all(feds: Sequence[Federation]) -> None:
-    """Open every federation of this process, then forget the datasets it loaded for them.
-
-    Why: ``open`` hands each dataset to the workers through Ray's object store and from then on reads
-    their shared copy; the loader's cache would keep the private copy alive for the rest of the process
-    (a run's driver or a Tune trial's). The federations are all built
-    before (a trial's seeds share one load), so releasing afterwards costs no second read."""
+    """Open every federation of this process, then forget the datasets it loaded for them. Why: ``open``
+    hands each dataset to the workers (Ray's object store) and reads their shared copy from then on; the
+    loader's cache would keep the private copy alive. All are built before (a trial's seeds share one load),
+    so releasing afterwards costs no second read."""
     for fed in feds:
         fed.open()
     release_loaded()

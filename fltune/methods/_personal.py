@@ -1,10 +1,6 @@
-"""Shared bases of the partially personalised methods (docs/methods.md §2, SimFAFL Table 2 baselines).
-
-Not methods themselves (nothing is registered here). A client keeps one part of the split model for
-itself (``personal_keys``); the engine's default ``client_result``/``client_model_state`` then store that
-part in ``state["personal"]`` and evaluate each client with it on top of the global weights. A client that
-was never sampled holds no personal part yet and starts from (and is evaluated with) the global one.
-"""
+"""Shared bases (nothing registered) of the partially personalised methods (docs/methods.md §2, SimFAFL
+Table 2 baselines): a client keeps one part of the model (``personal_keys``, stored in ``state["personal"]``
+by ``Method.client_result``); a client never sampled starts from, and is evaluated with, the global one."""
 
 from __future__ import annotations
 

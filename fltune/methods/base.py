@@ -48,12 +48,9 @@ class Params(BaseModel):
 
 @dataclass(frozen=True)
 class Phase:
-    """A stretch of local training over a subset of parameters (FedRep: head epochs, then body epochs).
-
-    ``prefixes`` selects trainable parameters by state-dict prefix (``("head.",)``); None trains all.
-    ``steps`` ends the phase after that many steps, mid-epoch if need be (Per-FedAvg's code counts its
-    iterations, not epochs); None: every batch of its ``epochs``.
-    """
+    """A stretch of local training over a subset of parameters (FedRep: head epochs, then body epochs):
+    ``prefixes`` by state-dict prefix (None: all); ``steps`` ends it after that many steps, mid-epoch if need
+    be (Per-FedAvg's code counts iterations, not epochs; None: every batch of its ``epochs``)."""
 
     epochs: int
     prefixes: tuple[str, ...] | None = None
@@ -189,11 +186,8 @@ def holders(store: Mapping[int, dict[str, Any]], key: str) -> int:
 
 @dataclass(frozen=True)
 class ServerUpdate:
-    """What ``Method.aggregate`` returns; the engine keeps it as the next round's starting point.
-
-    ``client_states`` are the round's clients' states to store (``aggregate.client_states`` unless the
-    server rewrites them, as FedPAC does with each client's combined head).
-    """
+    """What ``Method.aggregate`` returns, the next round's starting point; ``client_states``: the round's
+    clients' states to store (rewritten by a server such as FedPAC's, with each client's combined head)."""
 
     global_state: State
     server_state: dict[str, Any]
@@ -241,11 +235,8 @@ class Method:
 
     # ---------------------------------------------------------------- model
     def adapt_model(self, model: nn.Module) -> nn.Module:
-        """Extend the dataset's model with method-owned modules (e.g. MOON's projector); default: as is.
-
-        Called wherever the run builds a model (driver and workers), so extra parameters are aggregated
-        and checkpointed like any other.
-        """
+        """Extend the dataset's model with method-owned modules (MOON's projector), wherever the run builds a
+        model, so they are aggregated and checkpointed like any other; default: as is."""
         return model
 
     def require_model(self, model: nn.Module, kind: type[ModelT], needs: str, allowed: str) -> ModelT:
@@ -331,27 +322,19 @@ class Method:
         return ClientResult(weight=weight, update=shared, state=new_state)
 
     def local_model(self, update: State, state: dict[str, Any], upload: Upload) -> State | None:
-        """The client's trained weights rebuilt from what its :class:`ClientResult` carries (``update``,
-        new ``state``, ``upload``), or None when they cannot be; read by the ``all_model`` protocol and the
-        H_N/H_D probe (docs/methods.md §0, §4), which need every client's local model on the server.
-
-        Why: a rebuilt model costs no transfer beyond the update, where shipping it doubles the round's.
-        FedAvg: the update holds the shared weights, ``state["personal"]`` the rest (:meth:`client_result`).
-        The workers compare the rebuild with the trained weights bit for bit and ship those instead when
-        they differ (an update that is not the weights, as FedNova's d_k; a personal model that is not
-        the trained one, as Ditto's v_k), so a wrong rebuild costs transfer, never a figure.
-        """
+        """The client's trained weights rebuilt from its :class:`ClientResult` (``update``, new ``state``,
+        ``upload``), or None, for the ``all_model`` protocol and the H_N/H_D probe (docs/methods.md §0, §4).
+        Why: a rebuild costs no transfer beyond the update, where shipping the model doubles the round's. The
+        workers ship the trained weights instead where the rebuild differs from them by a bit (FedNova's d_k,
+        Ditto's v_k), so a wrong rebuild costs transfer, never a figure."""
         return {**update, **state.get("personal", {})}
 
     def personal_scorer(
         self, model: nn.Module, train_batches: Callable[[], Iterator[tuple[torch.Tensor, torch.Tensor]]],
     ) -> nn.Module:
-        """What the personalised protocol scores a client with, given ``model`` holding its (final) client model:
-        a module whose eval-mode output is read as logits (argmax for accuracy, CE for the loss).
-
-        ``train_batches`` gives one epoch of the client's training batches as its local training sees them
-        (augmented, shuffled, seeded by (seed, round, client id)): kNN-Per builds its datastore from them.
-        Default: the model itself."""
+        """What the personalised protocol scores a client with (eval-mode output read as logits), ``model``
+        holding its final client model; ``train_batches``: one epoch of its training batches as its local
+        training draws them (kNN-Per's datastore). Default: the model itself."""
         return model
 
     # ---------------------------------------------------------------- server side
