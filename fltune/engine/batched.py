@@ -30,7 +30,7 @@ from fltune.config import ExperimentConfig, TrainingConfig
 from fltune.data.federated import FederatedData
 from fltune.data.augment import augment, lookup_float
 from fltune.engine.batches import DeviceBatches, epoch_order
-from fltune.engine.local import client_context
+from fltune.engine.local import client_context, train_metrics
 from fltune.engine.transfer import RoundInput, device_states
 from fltune.engine.rng import derive_seed
 from fltune.methods.base import ClientContext, ClientResult, Method, Phase
@@ -82,7 +82,7 @@ class _Tally:
     """Per step: (losses, live, correct counts, real samples), one entry per client each."""
 
     def metrics(self) -> list[dict[str, float]]:
-        """Each client's metrics as ``train_client`` reports them. The loss sum is folded step by step in
+        """Each client's :func:`~fltune.engine.local.train_metrics`. The loss sum is folded step by step in
         float64, as a running device sum ``loss_sum += where(live, loss.double() * count, 0)`` adds, so its
         bits are that sum's; the counts are integers."""
         k = len(self.diverged)
@@ -97,13 +97,8 @@ class _Tally:
             for loss, live, count in zip(losses, lives, counts):
                 loss_sum += np.where(live, loss * count, 0.0)
         seen, correct, steps = (counts * lives).sum(0), (corrects * lives).sum(0), lives.sum(0)
-        return [
-            {"train_loss": total / max(n, 1) if not diverged else float("nan"),
-             "train_acc": float(hits) / max(n, 1), "samples": float(n), "steps": float(taken),
-             "diverged": float(diverged)}
-            for total, hits, n, taken, diverged in zip(
-                loss_sum.tolist(), correct.tolist(), seen.tolist(), steps.tolist(), self.diverged.tolist())
-        ]
+        return [train_metrics(*client) for client in zip(
+            loss_sum.tolist(), correct.tolist(), seen.tolist(), steps.tolist(), self.diverged.tolist())]
 
 
 def _stack(rows: list[dict[str, Any]]) -> dict[str, Any]:

@@ -229,11 +229,16 @@ def train_client(
         return train_client(method, model, data, client_id, inputs, client_state, training, augment_kind, device,
                             global_tensors)
     result = method.client_result(ctx)
-    result.metrics.update(
-        train_loss=loss_sum / max(seen, 1) if not diverged else math.nan,
-        train_acc=correct / max(seen, 1), samples=float(seen), steps=float(ctx.steps), diverged=float(diverged),
-    )
+    result.metrics.update(train_metrics(loss_sum, correct, seen, ctx.steps, diverged))
     return result
+
+
+def train_metrics(loss_sum: float, correct: float, seen: int, steps: int, diverged: bool) -> dict[str, float]:
+    """A client's metrics, as both executors report them, from the steps it took: mean loss (NaN once it
+    diverged) and accuracy over their samples."""
+    return {"train_loss": loss_sum / max(seen, 1) if not diverged else math.nan,
+            "train_acc": correct / max(seen, 1), "samples": float(seen), "steps": float(steps),
+            "diverged": float(diverged)}
 
 
 def final_training(method: Method, training: TrainingConfig) -> tuple[Method, TrainingConfig]:
