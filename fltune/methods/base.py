@@ -168,6 +168,13 @@ class ServerContext:
     num_clients: int
 
 
+def server_step(old: State, new: State, step: Callable[[np.ndarray, np.ndarray], np.ndarray]) -> State:
+    """``step(θ_g, new)`` of each entry of ``new`` in float64, cast back to its dtype (a server update such as
+    FedNova's or SCAFFOLD's); integer counters (BN's batch counts) take ``new`` as it is."""
+    return {name: step(old[name].astype(np.float64), value.astype(np.float64)).astype(old[name].dtype)
+            if old[name].dtype.kind == "f" else value for name, value in new.items()}
+
+
 def held(store: Mapping[int, dict[str, Any]], key: str) -> Iterator[tuple[int, Any]]:
     """(client, ``store[client][key]``) for every client holding ``key``, in client-id order. The engine's
     store (engine/store.py) streams them from disk a block at a time (``held``), so a sum over every client
