@@ -29,7 +29,7 @@ from fltune.engine.batched import client_groups, note_fallback
 from fltune.engine.builders import build_method, build_model_for, initial_state
 from fltune.engine.callbacks import Callback
 from fltune.engine.dispatch import Pool, balance, deal
-from fltune.engine.evaluation import eval_batch_count, evaluate, total_scores
+from fltune.engine.evaluation import batch_scores, eval_batch_count, total_scores
 from fltune.engine.transfer import RoundInput, load_state
 from fltune.engine.probes import Probe, ProbeTask, RoundView
 from fltune.engine.rng import round_clients, use_deterministic_cuda
@@ -249,16 +249,16 @@ class Federation:
         n = len(self.data.split(split)[1])
         if n == 0:  # a run with metrics.test: false holds no test data: reading it is a bug, never a score
             raise FLTuneError(f"this run has no {split} data to evaluate on")
+        batches = list(range(eval_batch_count(n)))
         if self.run_ref is None:
             load_state(self.eval_model, state)
-            x, y = self.data.split(split)
-            correct, loss, _ = evaluate(self.eval_model, self.data, x, y, self.device)
-            return correct / n, loss / n
-        batches = list(range(eval_batch_count(n)))
-        workers = self.pool.width()
-        shards = [batches[len(batches) * i // workers:len(batches) * (i + 1) // workers] for i in range(workers)]
-        parts = self.pool.map(self.run_ref, "evaluate_split", shards, state, split)
-        correct, loss, _ = total_scores([score for part in parts for score in part], n)
+            scores = batch_scores(self.eval_model, self.data, *self.data.split(split), self.device, batches)
+        else:
+            workers = self.pool.width()
+            shards = [batches[len(batches) * i // workers:len(batches) * (i + 1) // workers] for i in range(workers)]
+            parts = self.pool.map(self.run_ref, "evaluate_split", shards, state, split)
+            scores = [score for part in parts for score in part]
+        correct, loss, _ = total_scores(scores, n)
         return correct / n, loss / n
 
     def evaluate_personalized(self, finetune: bool, split: str = "test") -> tuple[float, float]:
