@@ -29,7 +29,8 @@ from torch.func import vmap
 from fltune.config import ExperimentConfig, TrainingConfig
 from fltune.data.federated import FederatedData
 from fltune.data.augment import augment, lookup_float
-from fltune.engine.batches import DeviceBatches, epoch_order, epoch_samples
+from fltune.engine.batches import DeviceBatches, epoch_order
+from fltune.engine.local import client_context, train_metrics
 from fltune.engine.transfer import RoundInput, device_states
 from fltune.engine.rng import derive_seed
 from fltune.methods.base import ClientContext, ClientResult, Method, Phase
@@ -77,65 +78,27 @@ class _Tally:
     end (:meth:`metrics`); only ``diverged`` is updated per step, since it decides who takes the next one."""
 
     diverged: Tensor
-    losses: list[Tensor] = field(default_factory=list)
-    lives: list[Tensor] = field(default_factory=list)
-    corrects: list[Tensor] = field(default_factory=list)
-    counts: list[list[int]] = field(default_factory=list)
-
-    def record(self, loss: Tensor, live: Tensor, correct: Tensor, counts: list[int]) -> None:
-        self.losses.append(loss)
-        self.lives.append(live)
-        self.corrects.append(correct)
-        self.counts.append(counts)
+    steps: list[tuple[Tensor, Tensor, Tensor, list[int]]] = field(default_factory=list)
+    """Per step: (losses, live, correct counts, real samples), one entry per client each."""
 
     def metrics(self) -> list[dict[str, float]]:
-        """Each client's metrics as ``train_client`` reports them. The loss sum is folded step by step in
+        """Each client's :func:`~fltune.engine.local.train_metrics`. The loss sum is folded step by step in
         float64, as a running device sum ``loss_sum += where(live, loss.double() * count, 0)`` adds, so its
         bits are that sum's; the counts are integers."""
         k = len(self.diverged)
-        if self.losses:
-            rows = torch.cat([torch.stack(t).double() for t in (self.losses, self.lives, self.corrects)])
+        losses = lives = corrects = np.zeros((0, k))
+        if self.steps:
+            rows = torch.cat([torch.stack(t).double() for t in list(zip(*self.steps))[:3]])
             losses, lives, corrects = np.split(rows.cpu().numpy(), 3)  # one read: [S, K] each
-        else:
-            losses = lives = corrects = np.zeros((0, k))
         lives = lives.astype(bool)
-        counts = np.array(self.counts, dtype=np.int64).reshape(len(lives), k)
+        counts = np.array([step[3] for step in self.steps], dtype=np.int64).reshape(len(lives), k)
         loss_sum = np.zeros(k)
         with np.errstate(invalid="ignore", over="ignore"):  # a masked client's loss may be NaN or inf
             for loss, live, count in zip(losses, lives, counts):
                 loss_sum += np.where(live, loss * count, 0.0)
         seen, correct, steps = (counts * lives).sum(0), (corrects * lives).sum(0), lives.sum(0)
-        return [
-            {"train_loss": total / max(n, 1) if not diverged else float("nan"),
-             "train_acc": float(hits) / max(n, 1), "samples": float(n), "steps": float(taken),
-             "diverged": float(diverged)}
-            for total, hits, n, taken, diverged in zip(
-                loss_sum.tolist(), correct.tolist(), seen.tolist(), steps.tolist(), self.diverged.tolist())
-        ]
-
-
-def _context(
-    method: Method, model: nn.Module, data: FederatedData, cid: int, inputs: RoundInput, state: dict[str, Any],
-    training: TrainingConfig, augment_kind: str, device: torch.device, global_tensors: dict[str, Tensor],
-    generator: torch.Generator, start: dict[str, Tensor], source: DeviceBatches,
-) -> ClientContext:
-    """Client ``cid``'s context after ``setup_client``, the model holding its starting weights ``start`` (as
-    in ``local.train_client``); its batches come from its own ``generator`` through the device pool ``source``."""
-    model.load_state_dict(start)
-    indices = data.client_train[cid]
-    kept = epoch_samples(len(indices), training)
-
-    def epoch() -> Iterator[tuple[Tensor, Tensor]]:
-        return source.epoch(indices, training.batch_size, generator, augment_kind, kept)
-
-    ctx = ClientContext(
-        client_id=cid, round=inputs.round, model=model, global_state=global_tensors, state=dict(state),
-        server=inputs.server, server_tensors=inputs.server_on(device), num_samples=kept,
-        epochs=training.local_epochs, lr=inputs.lr, device=device, batches=epoch, momentum=training.momentum,
-        nesterov=training.nesterov, initial_lr=training.lr,
-    )
-    method.setup_client(ctx)
-    return ctx
+        return [train_metrics(*client) for client in zip(
+            loss_sum.tolist(), correct.tolist(), seen.tolist(), steps.tolist(), self.diverged.tolist())]
 
 
 def _stack(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -339,7 +302,7 @@ class _GroupTrainer:
         train = {n: weights[n] for n in self.trainable}
         frozen = {n: p for n, p in weights.items() if n not in train}
         out = _Taken(*self.take(train, frozen, inputs, batch, tally.diverged, lr))
-        tally.record(out.loss, out.live, out.correct, batch.counts)
+        tally.steps.append((out.loss, out.live, out.correct, batch.counts))
         return out
 
     def _take(
@@ -473,17 +436,6 @@ class _Group:
                 tensor.copy_(self.inputs[key][name][k])
 
 
-def _run_phase(
-    group: _Group, trainer: _GroupTrainer, phases: list[Phase], lr: float, source: DeviceBatches, batch_size: int,
-    augment_kind: str,
-) -> None:
-    """A phase's epochs for the group, each client for its own ``phase.epochs`` (momentum starts at zero,
-    as the exact path's fresh optimiser per client and phase)."""
-    for epoch in range(max(p.epochs for p in phases)):
-        _run_epoch(group, trainer, group.epoch(source, phases, epoch, batch_size, fixed=trainer.compiled), lr,
-                   augment_kind)
-
-
 def _run_epoch(group: _Group, trainer: _GroupTrainer, laid: _GroupEpoch, lr: float, augment_kind: str) -> None:
     """One epoch's steps; a function of its own so that the epoch's tensors (VIB's ε) are freed when it ends."""
     for s in range(len(laid.sizes)):
@@ -503,8 +455,8 @@ def _group(
     loads = device_states([method.client_model_state(inputs.global_state, states.get(cid, {})) for cid in client_ids],
                           device, inputs.global_state, global_tensors)  # the group's personal parts in one copy
     for cid, generator, load in zip(client_ids, generators, loads):
-        ctx = _context(method, model, data, cid, inputs, states.get(cid, {}), training, augment_kind, device,
-                       global_tensors, generator, load, source)
+        ctx = client_context(method, model, data, cid, inputs, states.get(cid, {}), training, augment_kind, device,
+                             global_tensors, generator, load, source)
         contexts.append(ctx)
         starts.append({n: p.detach().clone() for n, p in model.named_parameters()})
         client_inputs.append(ctx.inputs)
@@ -520,10 +472,11 @@ def train_group(
     states: dict[int, dict[str, Any]], training: TrainingConfig, augment_kind: str, device: torch.device,
     global_tensors: dict[str, Tensor], source: DeviceBatches | None = None, compiled: bool = False,
 ) -> Iterator[tuple[int, ClientResult]]:
-    """Train one group of clients together; yield each client's result with ``model`` holding its final
-    weights (so the worker can keep its local model), in the group's order. ``source``: the worker's
-    device pool of the run's data (its exact executor's); None = one made here. ``compiled``: the step
-    through ``compile_step`` (``resources.compile``)."""
+    """Train one group of clients together, each phase's momentum from zero (as the exact path's fresh optimiser
+    per client and phase); yield each client's result with ``model`` holding its final weights (so the worker
+    can keep its local model), in the group's order. ``source``: the worker's device pool of the run's data
+    (its exact executor's); None = one made here. ``compiled``: the step through ``compile_step``
+    (``resources.compile``)."""
     source = source if source is not None else DeviceBatches(data, device)
     group = _group(method, model, data, client_ids, inputs, states, training, augment_kind, device, global_tensors,
                    source)
@@ -535,7 +488,9 @@ def train_group(
         trainer = _GroupTrainer(method, model, training, group.weights, trainable, inputs.lr, group.global_weights,
                                 compiled)
         lr = phases[0].lr if phases[0].lr is not None else inputs.lr
-        _run_phase(group, trainer, phases, lr, source, training.batch_size, augment_kind)
+        for epoch in range(max(p.epochs for p in phases)):  # each client for its own phase's epochs
+            _run_epoch(group, trainer, group.epoch(source, phases, epoch, training.batch_size, compiled), lr,
+                       augment_kind)
     for k, (ctx, metrics) in enumerate(zip(group.contexts, group.tally.metrics())):
         group.finish(k, model)
         ctx.steps = int(metrics["steps"])

@@ -1,11 +1,10 @@
 """Where a run's work goes: the :class:`Pool` of client workers a ``Federation`` is handed, and how a round's
 clients and a probe's tasks are dealt to its workers.
 
-Why a protocol: the round loop only sends ``width()`` shards — of clients, evaluation batches, probe tasks —
-and gets their results back in shard order. Whether the workers are Ray actors, this process or both
-(engine/pool.py), and how a call's arguments reach them (Ray's object store), is the pool's business, so
-the loop imports no Ray. Results depend only on the shards, never on which worker ran one: every client's
-randomness is keyed by (seed, round, client id).
+Why a protocol: the round loop only sends ``width()`` shards (clients, evaluation batches, probe tasks) and
+gets their results back in shard order; what the workers are (engine/pool.py) is the pool's business, so
+the loop imports no Ray. Results depend only on the shards: every client's randomness is keyed by (seed,
+round, client id).
 """
 
 from __future__ import annotations

@@ -1,16 +1,12 @@
 """The round loop: sample, broadcast, train on the pool's workers, aggregate, run the round probes.
 
-``Federation.rounds`` is the package's one round loop: it yields a :class:`RoundResult` per round, and
-every command consumes those — ``run`` hands them to callbacks (progress, MLflow), a Tune trial reports and
-checkpoints them (several seeds in :func:`lockstep`). What is measured after a round — evaluation
-protocols, the Hessian, the cost — are the probes it is handed (``engine.probes``; ``fltune.assembly``
-hands it those of the metrics package), run by name-blind code here, each adding its own entries to the run
-summary; their heavy parts (evaluations, Hessian-vector products) run on the workers (``evaluate_state``,
-``compute``). The workers are a :class:`~fltune.engine.dispatch.Pool` (Ray actors, this process), so the
-loop imports no Ray; it knows no method by name (it only calls hooks) and imports neither MLflow nor Ray
-Tune. Its whole state — global weights, server state, the history, the probes' state — is plain data
-(``state_dict``), so a checkpoint is just that; the per-client states and the latest local models live in
-client stores on disk (engine/store.py), whose checkpoint is a reference to a version of their log.
+``Federation.rounds`` is the package's one round loop: it yields a :class:`RoundResult` per round, which
+``run`` hands to callbacks (progress, MLflow) and a Tune trial reports and checkpoints (its seeds in
+:func:`lockstep`). What is measured after a round is a probe it is handed (``engine.probes``), whose heavy
+parts run on the workers (``evaluate_state``, ``compute``), a :class:`~fltune.engine.dispatch.Pool`: the
+loop imports no Ray, no MLflow, no Tune, and knows no method by name. Its state is plain data
+(``state_dict``); the per-client states and latest local models live in client stores on disk
+(engine/store.py), whose checkpoint is a reference to a version of their log.
 """
 
 from __future__ import annotations
@@ -33,7 +29,7 @@ from fltune.engine.batched import client_groups, note_fallback
 from fltune.engine.builders import build_method, build_model_for, initial_state
 from fltune.engine.callbacks import Callback
 from fltune.engine.dispatch import Pool, balance, deal
-from fltune.engine.evaluation import eval_batch_count, evaluate, total_scores
+from fltune.engine.evaluation import batch_scores, eval_batch_count, total_scores
 from fltune.engine.transfer import RoundInput, load_state
 from fltune.engine.probes import Probe, ProbeTask, RoundView
 from fltune.engine.rng import round_clients, use_deterministic_cuda
@@ -253,16 +249,16 @@ class Federation:
         n = len(self.data.split(split)[1])
         if n == 0:  # a run with metrics.test: false holds no test data: reading it is a bug, never a score
             raise FLTuneError(f"this run has no {split} data to evaluate on")
+        batches = list(range(eval_batch_count(n)))
         if self.run_ref is None:
             load_state(self.eval_model, state)
-            x, y = self.data.split(split)
-            correct, loss, _ = evaluate(self.eval_model, self.data, x, y, self.device)
-            return correct / n, loss / n
-        batches = list(range(eval_batch_count(n)))
-        workers = self.pool.width()
-        shards = [batches[len(batches) * i // workers:len(batches) * (i + 1) // workers] for i in range(workers)]
-        parts = self.pool.map(self.run_ref, "evaluate_split", shards, state, split)
-        correct, loss, _ = total_scores([score for part in parts for score in part], n)
+            scores = batch_scores(self.eval_model, self.data, *self.data.split(split), self.device, batches)
+        else:
+            workers = self.pool.width()
+            shards = [batches[len(batches) * i // workers:len(batches) * (i + 1) // workers] for i in range(workers)]
+            parts = self.pool.map(self.run_ref, "evaluate_split", shards, state, split)
+            scores = [score for part in parts for score in part]
+        correct, loss, _ = total_scores(scores, n)
         return correct / n, loss / n
 
     def evaluate_personalized(self, finetune: bool, split: str = "test") -> tuple[float, float]:
@@ -345,25 +341,20 @@ class Federation:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.round = state["round"]
-        self.global_state = state["global_state"]
-        self.server_state = state["server_state"]
+        for key in ("round", "global_state", "server_state", "history", "status"):
+            setattr(self, key, state[key])
         self.client_store.restore(state["client_store"])
         self.latest.restore(state["latest"])
-        self.history = state["history"]
-        self.status = state["status"]
         for probe in self.probes:
             if probe.name in state:
                 probe.load_state_dict(state[probe.name])
 
 
 def open_all(feds: Sequence[Federation]) -> None:
-    """Open every federation of this process, then forget the datasets it loaded for them.
-
-    Why: ``open`` hands each dataset to the workers through Ray's object store and from then on reads
-    their shared copy; the loader's cache would keep the private copy alive for the rest of the process
-    (a run's driver or a Tune trial's). The federations are all built
-    before (a trial's seeds share one load), so releasing afterwards costs no second read."""
+    """Open every federation of this process, then forget the datasets it loaded for them. Why: ``open``
+    hands each dataset to the workers (Ray's object store) and reads their shared copy from then on; the
+    loader's cache would keep the private copy alive. All are built before (a trial's seeds share one load),
+    so releasing afterwards costs no second read."""
     for fed in feds:
         fed.open()
     release_loaded()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
+from itertools import islice
 from typing import Any
 
 import torch
@@ -86,18 +87,15 @@ def make_optimizer(params: list[nn.Parameter], training: TrainingConfig, lr: flo
 class KeptSGD:
     """``torch.optim.SGD``'s step without an ``Optimizer`` object: ``torch.optim.sgd.sgd``, the functional form
     ``SGD.step`` calls, with the arguments it passes, so the bits are SGD's. Why: any ``torch.optim.Optimizer``
-    imports ``torch._dynamo``, memory in every training process that never compiles. ``reset`` empties the
-    momentum buffers, as a fresh SGD starts."""
+    imports ``torch._dynamo``, memory in every training process that never compiles. It keeps an Optimizer's
+    ``state`` (the momentum buffers; emptied, as a fresh SGD starts) and ``param_groups`` (the lr)."""
 
     def __init__(self, params: list[nn.Parameter], training: TrainingConfig, lr: float) -> None:
         self.params = params
         self.settings = dict(weight_decay=training.weight_decay, momentum=training.momentum, dampening=0,
                              nesterov=training.nesterov, maximize=False)
-        self.reset(lr)
-
-    def reset(self, lr: float) -> None:
-        self.lr = lr
-        self.buffers: dict[int, torch.Tensor | None] = {}
+        self.param_groups = [{"lr": lr}]
+        self.state: dict[int, torch.Tensor | None] = {}
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         for param in self.params:
@@ -108,14 +106,15 @@ class KeptSGD:
         """SGD._init_group then SGD.step: only params with a gradient; buffers listed only with momentum."""
         live = [(i, p) for i, p in enumerate(self.params) if p.grad is not None]
         momentum = self.settings["momentum"] != 0
-        buffers = [self.buffers.get(i) for i, _ in live] if momentum else []
+        buffers = [self.state.get(i) for i, _ in live] if momentum else []
         grads = [p.grad for _, p in live]
         sgd(
-            [p for _, p in live], grads, buffers, lr=self.lr, has_sparse_grad=any(g.is_sparse for g in grads),
-            foreach=None, fused=None, grad_scale=None, found_inf=None, **self.settings,
+            [p for _, p in live], grads, buffers, lr=self.param_groups[0]["lr"],
+            has_sparse_grad=any(g.is_sparse for g in grads), foreach=None, fused=None, grad_scale=None,
+            found_inf=None, **self.settings,
         )
         if momentum:
-            self.buffers.update((i, b) for (i, _), b in zip(live, buffers, strict=True))
+            self.state.update((i, b) for (i, _), b in zip(live, buffers, strict=True))
 
 
 class Optimizers:
@@ -139,11 +138,8 @@ class Optimizers:
             optimizer = self.kept[key] = (
                 KeptSGD(params, training, lr) if training.optimizer == "sgd" else make_optimizer(params, training, lr)
             )
-        if isinstance(optimizer, KeptSGD):
-            optimizer.reset(lr)
-        else:
-            optimizer.state.clear()
-            set_lr(optimizer, lr)
+        optimizer.state.clear()
+        set_lr(optimizer, lr)
         return optimizer
 
 
@@ -153,7 +149,6 @@ class Executor:
     how step metrics are kept, whether optimisers are reused. ``exact`` and ``reference`` give the same
     bits (tests/engine/test_executor_exact.py); ``exact`` spends fewer host syncs and copies per step."""
 
-    kind: str
     source: HostBatches | DeviceBatches
     meter: type[HostMeter]
     optimizers: Optimizers
@@ -162,8 +157,8 @@ class Executor:
     def build(cls, kind: str, data: FederatedData, device: torch.device) -> Executor:
         """Once per run and worker: ``exact`` moves the run's data to ``device`` here."""
         if kind == "exact":
-            return cls(kind, DeviceBatches(data, device), DeviceMeter, Optimizers(reuse=True))
-        return cls("reference", HostBatches(data, device), HostMeter, Optimizers(reuse=False))
+            return cls(DeviceBatches(data, device), DeviceMeter, Optimizers(reuse=True))
+        return cls(HostBatches(data, device), HostMeter, Optimizers(reuse=False))
 
 
 def _trainable(model: nn.Module, phase: Phase) -> list[nn.Parameter]:
@@ -174,6 +169,32 @@ def _trainable(model: nn.Module, phase: Phase) -> list[nn.Parameter]:
         if param.requires_grad:
             chosen.append(param)
     return chosen
+
+
+def client_context(
+    method: Method, model: nn.Module, data: FederatedData, client_id: int, inputs: RoundInput,
+    client_state: dict[str, Any], training: TrainingConfig, augment_kind: str, device: torch.device,
+    global_tensors: dict[str, torch.Tensor], generator: torch.Generator, start: dict[str, torch.Tensor],
+    source: HostBatches | DeviceBatches,
+) -> ClientContext:
+    """A client's context after ``setup_client``, ``model`` holding its starting weights ``start``; its batches
+    come from its own ``generator`` through ``source``. Both executors' clients start here."""
+    model.load_state_dict(start)
+    indices = data.client_train[client_id]
+    kept = epoch_samples(len(indices), training)
+
+    def epoch() -> Iterator[Batch]:
+        return source.epoch(indices, training.batch_size, generator, augment_kind, kept)
+
+    ctx = ClientContext(
+        client_id=client_id, round=inputs.round, model=model, global_state=global_tensors,
+        state=dict(client_state), server=inputs.server, server_tensors=inputs.server_on(device),
+        num_samples=kept, epochs=training.local_epochs, lr=inputs.lr, device=device, batches=epoch,
+        momentum=training.momentum if training.optimizer == "sgd" else 0.0, nesterov=training.nesterov,
+        batch_size=training.batch_size, initial_lr=training.lr, grad_clip=training.grad_clip,
+    )
+    method.setup_client(ctx)
+    return ctx
 
 
 def train_client(
@@ -195,21 +216,9 @@ def train_client(
     if global_tensors is None:
         global_tensors = state_on_device(inputs.global_state, device)
     start = method.client_model_state(inputs.global_state, client_state)
-    model.load_state_dict(device_states([start], device, inputs.global_state, global_tensors)[0])
-    indices = data.client_train[client_id]
-    kept = epoch_samples(len(indices), training)
-
-    def epoch() -> Iterator[Batch]:
-        return executor.source.epoch(indices, training.batch_size, generator, augment_kind, kept)
-
-    ctx = ClientContext(
-        client_id=client_id, round=inputs.round, model=model, global_state=global_tensors,
-        state=dict(client_state), server=inputs.server, server_tensors=inputs.server_on(device),
-        num_samples=kept, epochs=training.local_epochs, lr=inputs.lr, device=device, batches=epoch,
-        momentum=training.momentum if training.optimizer == "sgd" else 0.0, nesterov=training.nesterov,
-        batch_size=training.batch_size, initial_lr=training.lr, grad_clip=training.grad_clip,
-    )
-    method.setup_client(ctx)
+    load = device_states([start], device, inputs.global_state, global_tensors)[0]
+    ctx = client_context(method, model, data, client_id, inputs, client_state, training, augment_kind, device,
+                         global_tensors, generator, load, executor.source)
     model.train()
     meter = executor.meter(device)
     _local_steps(method, ctx, training, inputs.lr, executor.optimizers, meter)
@@ -220,11 +229,16 @@ def train_client(
         return train_client(method, model, data, client_id, inputs, client_state, training, augment_kind, device,
                             global_tensors)
     result = method.client_result(ctx)
-    result.metrics.update(
-        train_loss=loss_sum / max(seen, 1) if not diverged else math.nan,
-        train_acc=correct / max(seen, 1), samples=float(seen), steps=float(ctx.steps), diverged=float(diverged),
-    )
+    result.metrics.update(train_metrics(loss_sum, correct, seen, ctx.steps, diverged))
     return result
+
+
+def train_metrics(loss_sum: float, correct: float, seen: int, steps: int, diverged: bool) -> dict[str, float]:
+    """A client's metrics, as both executors report them, from the steps it took: mean loss (NaN once it
+    diverged) and accuracy over their samples."""
+    return {"train_loss": loss_sum / max(seen, 1) if not diverged else math.nan,
+            "train_acc": correct / max(seen, 1), "samples": float(seen), "steps": float(steps),
+            "diverged": float(diverged)}
 
 
 def final_training(method: Method, training: TrainingConfig) -> tuple[Method, TrainingConfig]:
@@ -299,16 +313,9 @@ def add_correction(method: Method, ctx: ClientContext) -> None:
 
 def _phase_batches(ctx: ClientContext, phase: Phase) -> Iterator[Batch]:
     """A phase's batches: its epochs' in turn, ending after ``phase.steps`` of them when it caps them. An epoch
-    past the cap is never begun, so it draws nothing from the client's generator."""
-    taken = 0
-    for _ in range(phase.epochs):
-        if taken == phase.steps:
-            return
-        for batch in ctx.batches():
-            yield batch
-            taken += 1
-            if taken == phase.steps:
-                return
+    past the cap is never begun (``islice`` stops before asking for it), so it draws nothing from the client's
+    generator."""
+    return islice((batch for _ in range(phase.epochs) for batch in ctx.batches()), phase.steps)
 
 
 def _step(optimizer: torch.optim.Optimizer | KeptSGD, ctx: ClientContext, phase_lr: float) -> None:
@@ -324,8 +331,5 @@ def _step(optimizer: torch.optim.Optimizer | KeptSGD, ctx: ClientContext, phase_
 
 def set_lr(optimizer: torch.optim.Optimizer | KeptSGD, lr: float) -> None:
     """Change the learning rate of every parameter group."""
-    if isinstance(optimizer, KeptSGD):
-        optimizer.lr = lr
-        return
     for group in optimizer.param_groups:
         group["lr"] = lr

@@ -1,11 +1,9 @@
 """The probe interface: what a federation measures after its rounds, seen from the round loop.
 
-Why here: every figure beyond the round's training loss — an evaluation protocol's accuracy, the Hessian,
-the cost, the global update's norm — is a :class:`Probe`, and the loop (``Federation``) runs the probes it is
-handed without knowing any by name: it gives each a read-only :class:`RoundView` of the finished round,
-lets it run :class:`ProbeTask` s on the workers and meter their training (``client_meter``), and asks it for
-its own entries of the run summary (``summary``). The probes themselves and their registry live in the
-metrics package, which whoever assembles a run (``fltune.assembly``) imports; the engine imports none of it.
+Why here: every figure beyond the round's training loss (an evaluation protocol's accuracy, the Hessian, the
+cost) is a :class:`Probe`, which the loop (``Federation``) runs without knowing any by name: it gives each a
+read-only :class:`RoundView` of the finished round, runs its :class:`ProbeTask` s on the workers, and asks it
+for its entries of the run summary. The probes live in the metrics package, which the engine never imports.
 """
 
 from __future__ import annotations
@@ -114,10 +112,9 @@ class Probe(ABC):
 
     @classmethod
     def client_meter(cls, round_: int) -> Callable[[], ClientMeter] | None:
-        """What builds a meter the workers open around each client's training in round ``round_``, for what
-        only the training itself can show (the FLOPs its passes spend); None (the default): nothing to
-        measure there. A picklable builder, not a meter: it travels with the round's training call, each
-        client gets a fresh meter, and what a meter needs is imported only by a worker that meters."""
+        """What builds a meter the workers open around each client's training in round ``round_`` (the FLOPs
+        its passes spend); None (the default): nothing to measure. A picklable builder, not a meter: each
+        client gets a fresh one, and what a meter needs is imported only by a worker that meters."""
         return None
 
     @classmethod
@@ -155,7 +152,4 @@ class Probe(ABC):
 
 def last_value(history: Sequence[Mapping[str, float]], key: str) -> float | None:
     """``key``'s value in the last round that reported it (None: none did), for ``Probe.summary``."""
-    for row in reversed(history):
-        if key in row:
-            return row[key]
-    return None
+    return next((row[key] for row in reversed(history) if key in row), None)

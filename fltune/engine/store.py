@@ -83,12 +83,8 @@ class ClientStore(Mapping[int, dict[str, Any]]):
         temporary = folder is None
         self.folder = Path(tempfile.mkdtemp(prefix="fltune-clients-")) if temporary else Path(folder)
         weakref.finalize(self, _release, self.files, self.folder if temporary else None)
-        self.layouts: dict[str, Layout] = {}
-        self.known = np.zeros(clients, bool)
-        self.present: dict[str, np.ndarray] = {}
         self.dirty: set[int] = set()
         """Clients written since the last ``commit``."""
-        self.cache: OrderedDict[int, dict[str, Any]] = OrderedDict()
         self.fresh = True
         """Not restored: the first ``commit`` starts the log anew (a folder reused by a new run)."""
         self._reset()
@@ -198,15 +194,14 @@ class ClientStore(Mapping[int, dict[str, Any]]):
 
     # ---------------------------------------------------------------- inside
     def _reset(self) -> None:
-        for fd, _, _ in self.files.values():
-            os.close(fd)
-        self.files.clear()
+        """No client and no key: the live rows' files closed and removed (``files`` is the finalizer's)."""
+        _release(self.files, None)
         shutil.rmtree(self.folder / LIVE, ignore_errors=True)
         (self.folder / LIVE).mkdir(parents=True)
-        self.layouts.clear()
-        self.present.clear()
-        self.known[:] = False
-        self.cache.clear()
+        self.layouts: dict[str, Layout] = {}
+        self.present: dict[str, np.ndarray] = {}
+        self.known = np.zeros(self.clients, bool)
+        self.cache: OrderedDict[int, dict[str, Any]] = OrderedDict()
 
     def _write_delta(self, path: Path, cids: np.ndarray) -> None:
         """An ``.npz`` of ``cids``' states: their ids, the layouts, and per key which of them hold it

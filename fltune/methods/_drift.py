@@ -10,7 +10,7 @@ bases' :class:`DriftParams`) says how: ``exact`` (default) re-sums the engine's 
 does not depend on which worker returned which client first); ``running`` keeps the float64 sum in
 ``server_state`` and adds the round's clients' changes Σ_S (s_k⁺ − s_k), the papers' own update (SCAFFOLD
 Alg. 1 line 17: c ← c + (1/N)·Σ_S Δc_k; FedDyn's h likewise): O(clients a round), for which each client
-uploads its value from before the round (:func:`prior_upload`). Summed in another order, a mean's last bits
+uploads its value from before the round (:func:`keep_state`). Summed in another order, a mean's last bits
 may differ, so it is opt-in (docs/performance.md "Clients in total" measures by how much). Server and
 upload use the plain mean over the round's clients (``weighted_by_samples = False``, docs/methods.md §0).
 Only parameters drift: buffers (BN statistics) are averaged as in FedAvg, as in the authors' code, which
@@ -31,7 +31,7 @@ from pydantic import Field
 from torch import Tensor
 
 from fltune.methods.base import (
-    ClientContext, ClientResult, Method, Params, ServerContext, ServerUpdate, Upload, effective_steps, held,
+    ClientContext, ClientResult, Method, Params, ServerContext, ServerUpdate, effective_steps, held,
 )
 from fltune.methods.objective import Tensors
 from fltune.methods.wire import State, to_device, to_numpy
@@ -79,15 +79,17 @@ def divided(sums: Sums, num_clients: int) -> State:
     return {name: (value / num_clients).astype(dtypes[name]) for name, value in total.items()}
 
 
-def prior_upload(ctx: ClientContext, key: str) -> Upload:
-    """The client's ``key`` state from before the round, for the server's running sum (``key:name``); none
-    for a client never sampled (its old value is zero)."""
-    return {f"{key}:{name}": value for name, value in (ctx.state.get(key) or {}).items()}
+def keep_state(method: Method, ctx: ClientContext, result: ClientResult, key: str, values: dict[str, Tensor]) -> None:
+    """The client's new ``key`` state into ``result``; for the server's running sum (``server_mean: running``)
+    its value from before the round goes up too, as ``key:name`` (none for a client never sampled: zero)."""
+    result.state[key] = to_numpy(values)
+    if method.params.server_mean == "running":
+        result.upload.update({f"{key}:{name}": value for name, value in (ctx.state.get(key) or {}).items()})
 
 
 def running_sum(ctx: ServerContext, key: str) -> Sums:
     """Σ_k s_k over all N clients in float64: ``server_state[key + "_sum"]`` plus Σ_S (s_k⁺ − s_k) over the
-    round's clients in client-id order, s_k from their :func:`prior_upload` (zero when absent). Every client
+    round's clients in client-id order, s_k from their upload (:func:`keep_state`; zero when absent). Every client
     of a round returns its ``key``, so the round's states give the dtypes."""
     total = {name: value.copy() for name, value in ctx.server_state.get(f"{key}_sum", {}).items()}
     dtypes: dict[str, np.dtype] = {}
@@ -149,15 +151,13 @@ class DriftCorrected(Method):
         """Cache θ_g − h_k, the point the drift penalty pulls towards."""
         super().setup_client(ctx)
         h = parameter_tensors(ctx, ctx.state.get("h"))
-        ctx.inputs["drift_target"] = {name: ctx.global_param(name) - h[name] for name in h}
+        ctx.inputs["drift_target"] = {name: ctx.global_state[name] - h[name] for name in h}
 
     def client_result(self, ctx: ClientContext) -> ClientResult:
         """h_k + θ_k − θ_g = θ_k − (θ_g − h_k)."""
         result = super().client_result(ctx)
         target = ctx.inputs["drift_target"]
-        result.state["h"] = to_numpy({name: p - target[name] for name, p in ctx.model.named_parameters()})
-        if self.params.server_mean == "running":
-            result.upload.update(prior_upload(ctx, "h"))
+        keep_state(self, ctx, result, "h", {name: p - target[name] for name, p in ctx.model.named_parameters()})
         return result
 
     def aggregate(self, ctx: ServerContext) -> ServerUpdate:
@@ -206,12 +206,10 @@ class ControlVariates(Method):
         correction = ctx.inputs["correction"]
         k_eff = max(effective_steps(ctx.steps, ctx.momentum, ctx.nesterov), 1.0)
         inv_k_lr = 1.0 / (k_eff * self.correction_lr(ctx))
-        result.state["c"] = to_numpy({
-            name: (ctx.global_param(name) - p) * inv_k_lr - correction[name]
+        keep_state(self, ctx, result, "c", {
+            name: (ctx.global_state[name] - p) * inv_k_lr - correction[name]
             for name, p in ctx.model.named_parameters()
         })
-        if self.params.server_mean == "running":
-            result.upload.update(prior_upload(ctx, "c"))
         return result
 
     def server_payload(self, server_state: dict[str, Any]) -> dict[str, Any]:

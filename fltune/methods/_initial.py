@@ -2,13 +2,9 @@
 
 Some authors' code builds every client's kept model once, as a copy of the initial global model, before
 round 1: MOON's previous model in ``mmendiet/FedAlign:methods/moon.py`` (the server's ``prev_models``) and
-Ditto's personal model in ``haozzh/FedCR:models/distributed_training_utils_ditto.py`` (``model_local``). A
-client first sampled in round r > 1 then starts from that initial model, not from the round's global one.
-With full participation the two are the same (round 1's global model is the initial one); they differ
-when clients are sampled.
-
-:class:`InitialStandIn` keeps the initial model in the server state and sends it with the round's weights
-while some client has no ``kept`` entry in its state yet; once every client has trained, it stops sending it.
+Ditto's personal model in ``haozzh/FedCR:models/distributed_training_utils_ditto.py`` (``model_local``), so
+a client first sampled in round r > 1 starts from the initial model, not the round's global one.
+:class:`InitialStandIn` sends it with the round's weights until every client has its own.
 """
 
 from __future__ import annotations

@@ -1,15 +1,14 @@
-"""Shared bases of the partially personalised methods (docs/methods.md §2, SimFAFL Table 2 baselines).
-
-Not methods themselves (nothing is registered here). A client keeps one part of the split model for
-itself (``personal_keys``); the engine's default ``client_result``/``client_model_state`` then store that
-part in ``state["personal"]`` and evaluate each client with it on top of the global weights. A client that
-was never sampled holds no personal part yet and starts from (and is evaluated with) the global one.
-"""
+"""Shared bases (nothing registered) of the partially personalised methods (docs/methods.md §2, SimFAFL
+Table 2 baselines): a client keeps one part of the model (``personal_keys``, stored in ``state["personal"]``
+by ``Method.client_result``); a client never sampled starts from, and is evaluated with, the global one."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from torch import nn
 
+from fltune.errors import FLTuneError
 from fltune.methods.base import Method
 
 
@@ -23,6 +22,23 @@ class PersonalHead(Method):
 
     def personal_keys(self, model: nn.Module) -> set[str]:
         return part_keys(model, "head")
+
+
+class FeatureAligned(PersonalHead):
+    """A personal head read as one classes × features linear map, over features aligned to the server's class
+    targets (FedPAC's prototypes, its FedCR-code variant's centroids): the server state, those targets, is
+    broadcast whole, and a model whose head is not one linear layer fails once, at model construction."""
+
+    def adapt_model(self, model: nn.Module) -> nn.Module:
+        model = super().adapt_model(model)
+        head = getattr(model, "head", None)
+        if not isinstance(head, nn.Linear):
+            raise FLTuneError(f"model.name: {self.name} needs a model whose head is one linear layer; this "
+                              f"model's head is a {type(head).__name__}")
+        return model
+
+    def server_payload(self, server_state: dict[str, Any]) -> dict[str, Any]:
+        return dict(server_state)
 
 
 def weight_layers(model: nn.Module) -> list[set[str]]:

@@ -1,9 +1,5 @@
-"""Shared base of the methods built on ResNet-56's width-ω and stochastic-depth API (FedAlign §3.2, §4).
-
-Not a method itself (nothing is registered here): StochDepth, GradAug and FedAlign subclass it, so that
-``model.name: auto`` resolves to ``resnet56`` and any other model fails once, at model construction, with
-one line naming ``model.name`` instead of an AttributeError deep inside a Ray worker.
-"""
+"""Shared base (nothing registered) of StochDepth, GradAug and FedAlign, built on ResNet-56's width-ω and
+stochastic-depth API (FedAlign §3.2, §4): ``model.name: auto`` resolves to ``resnet56``, any other fails once."""
 
 from __future__ import annotations
 

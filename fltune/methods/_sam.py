@@ -34,14 +34,6 @@ NORM_EPS = 1e-12
 """Added to ‖·‖ in ε's denominator, so a zero ascent gradient gives ε = 0 (SAM's reference code)."""
 
 
-def trainable(model: nn.Module, prefixes: tuple[str, ...] | None = None) -> Named:
-    """The parameters the current phase trains, optionally only those under ``prefixes`` (``("head.",)``)."""
-    return [
-        (n, p) for n, p in model.named_parameters()
-        if p.requires_grad and (prefixes is None or n.startswith(prefixes))
-    ]
-
-
 def sam_epsilon(rho: float) -> Epsilon:
     """SAM / FedSAM: ε = ρ·g/‖g‖."""
 

@@ -1,16 +1,9 @@
-"""Shared base of the methods whose local objective needs a VIB net's q(z|x) (FedCR, SimFAFL, FedSR).
+"""Shared base (nothing registered) of the methods whose objective needs a VIB net's q(z|x): FedCR, SimFAFL,
+FedSR. ``model.name: auto`` resolves to FedCR's nets (:meth:`VIBMethod.model_for`), any other fails once.
 
-Not a method itself (nothing is registered here). ``model.name: auto`` resolves through
-:meth:`VIBMethod.model_for` to FedCR's nets (the MLP on EMNIST/MNIST, the CNN elsewhere), and any
-other model fails once, at model construction, with one line naming ``model.name``.
-
-All three methods come from FedCR's code base (``haozzh/FedCR``), whose server averages models without
-sample weights (``average``); they do the same. Under SimFAFL's partitions every client holds the same
-number of samples, so the two agree there.
-
-A VIB objective reads its ε as ``batch.noise["eps"]`` (declared by ``noise``), so every executor draws it
-from the client's own seeded stream: per batch from torch's global RNG where clients train one by one, per
-epoch from the client's generator where they train together (on a CPU the same numbers).
+All three come from FedCR's code base (``haozzh/FedCR``), whose server averages models without sample
+weights (``average``), as they do here (the same under SimFAFL's equal-size partitions). The objective's ε
+is ``batch.noise["eps"]`` (``noise``), so every executor draws it from the client's own seeded stream.
 """
 
 from __future__ import annotations

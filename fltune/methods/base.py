@@ -48,12 +48,9 @@ class Params(BaseModel):
 
 @dataclass(frozen=True)
 class Phase:
-    """A stretch of local training over a subset of parameters (FedRep: head epochs, then body epochs).
-
-    ``prefixes`` selects trainable parameters by state-dict prefix (``("head.",)``); None trains all.
-    ``steps`` ends the phase after that many steps, mid-epoch if need be (Per-FedAvg's code counts its
-    iterations, not epochs); None: every batch of its ``epochs``.
-    """
+    """A stretch of local training over a subset of parameters (FedRep: head epochs, then body epochs):
+    ``prefixes`` by state-dict prefix (None: all); ``steps`` ends it after that many steps, mid-epoch if need
+    be (Per-FedAvg's code counts iterations, not epochs; None: every batch of its ``epochs``)."""
 
     epochs: int
     prefixes: tuple[str, ...] | None = None
@@ -109,10 +106,6 @@ class ClientContext:
     def forward(self) -> Forward:
         """The client's model as a function of its parameters (its own: ``forward.own``)."""
         return Forward(self.model)
-
-    def global_param(self, name: str) -> torch.Tensor:
-        """The round's global value of a parameter, on the training device."""
-        return self.global_state[name]
 
 
 def effective_steps(steps: int, momentum: float, nesterov: bool = False) -> float:
@@ -175,6 +168,13 @@ class ServerContext:
     num_clients: int
 
 
+def server_step(old: State, new: State, step: Callable[[np.ndarray, np.ndarray], np.ndarray]) -> State:
+    """``step(θ_g, new)`` of each entry of ``new`` in float64, cast back to its dtype (a server update such as
+    FedNova's or SCAFFOLD's); integer counters (BN's batch counts) take ``new`` as it is."""
+    return {name: step(old[name].astype(np.float64), value.astype(np.float64)).astype(old[name].dtype)
+            if old[name].dtype.kind == "f" else value for name, value in new.items()}
+
+
 def held(store: Mapping[int, dict[str, Any]], key: str) -> Iterator[tuple[int, Any]]:
     """(client, ``store[client][key]``) for every client holding ``key``, in client-id order. The engine's
     store (engine/store.py) streams them from disk a block at a time (``held``), so a sum over every client
@@ -193,11 +193,8 @@ def holders(store: Mapping[int, dict[str, Any]], key: str) -> int:
 
 @dataclass(frozen=True)
 class ServerUpdate:
-    """What ``Method.aggregate`` returns; the engine keeps it as the next round's starting point.
-
-    ``client_states`` are the round's clients' states to store (``aggregate.client_states`` unless the
-    server rewrites them, as FedPAC does with each client's combined head).
-    """
+    """What ``Method.aggregate`` returns, the next round's starting point; ``client_states``: the round's
+    clients' states to store (rewritten by a server such as FedPAC's, with each client's combined head)."""
 
     global_state: State
     server_state: dict[str, Any]
@@ -245,11 +242,8 @@ class Method:
 
     # ---------------------------------------------------------------- model
     def adapt_model(self, model: nn.Module) -> nn.Module:
-        """Extend the dataset's model with method-owned modules (e.g. MOON's projector); default: as is.
-
-        Called wherever the run builds a model (driver and workers), so extra parameters are aggregated
-        and checkpointed like any other.
-        """
+        """Extend the dataset's model with method-owned modules (MOON's projector), wherever the run builds a
+        model, so they are aggregated and checkpointed like any other; default: as is."""
         return model
 
     def require_model(self, model: nn.Module, kind: type[ModelT], needs: str, allowed: str) -> ModelT:
@@ -259,15 +253,6 @@ class Method:
             raise FLTuneError(
                 f"model.name: {self.name} needs {needs}; allowed: {allowed} (got a {type(model).__name__})"
             )
-        return model
-
-    def require_linear_head(self, model: nn.Module) -> nn.Module:
-        """``adapt_model`` of a method that reads the head as one classes × features linear map (FedPAC's
-        classifier combination): any other head fails once, at model construction, in one line."""
-        head = getattr(model, "head", None)
-        if not isinstance(head, nn.Linear):
-            raise FLTuneError(f"model.name: {self.name} needs a model whose head is one linear layer; this "
-                              f"model's head is a {type(head).__name__}")
         return model
 
     # ---------------------------------------------------------------- client side
@@ -344,27 +329,19 @@ class Method:
         return ClientResult(weight=weight, update=shared, state=new_state)
 
     def local_model(self, update: State, state: dict[str, Any], upload: Upload) -> State | None:
-        """The client's trained weights rebuilt from what its :class:`ClientResult` carries (``update``,
-        new ``state``, ``upload``), or None when they cannot be; read by the ``all_model`` protocol and the
-        H_N/H_D probe (docs/methods.md §0, §4), which need every client's local model on the server.
-
-        Why: a rebuilt model costs no transfer beyond the update, where shipping it doubles the round's.
-        FedAvg: the update holds the shared weights, ``state["personal"]`` the rest (:meth:`client_result`).
-        The workers compare the rebuild with the trained weights bit for bit and ship those instead when
-        they differ (an update that is not the weights, as FedNova's d_k; a personal model that is not
-        the trained one, as Ditto's v_k), so a wrong rebuild costs transfer, never a figure.
-        """
+        """The client's trained weights rebuilt from its :class:`ClientResult` (``update``, new ``state``,
+        ``upload``), or None, for the ``all_model`` protocol and the H_N/H_D probe (docs/methods.md §0, §4).
+        Why: a rebuild costs no transfer beyond the update, where shipping the model doubles the round's. The
+        workers ship the trained weights instead where the rebuild differs from them by a bit (FedNova's d_k,
+        Ditto's v_k), so a wrong rebuild costs transfer, never a figure."""
         return {**update, **state.get("personal", {})}
 
     def personal_scorer(
         self, model: nn.Module, train_batches: Callable[[], Iterator[tuple[torch.Tensor, torch.Tensor]]],
     ) -> nn.Module:
-        """What the personalised protocol scores a client with, given ``model`` holding its (final) client model:
-        a module whose eval-mode output is read as logits (argmax for accuracy, CE for the loss).
-
-        ``train_batches`` gives one epoch of the client's training batches as its local training sees them
-        (augmented, shuffled, seeded by (seed, round, client id)): kNN-Per builds its datastore from them.
-        Default: the model itself."""
+        """What the personalised protocol scores a client with (eval-mode output read as logits), ``model``
+        holding its final client model; ``train_batches``: one epoch of its training batches as its local
+        training draws them (kNN-Per's datastore). Default: the model itself."""
         return model
 
     # ---------------------------------------------------------------- server side

@@ -2,13 +2,10 @@
 
 MAN (docs/methods.md §2) is meant to sit on top of FedAvg, FedDyn, FedDC, FedSAM/ASAM, FedSpeed, ... A file
 per combination would copy every base; instead a :class:`Modifier` states only how it changes the base's
-per-batch objective, and :func:`compose` builds the combined method class on demand (``get_method`` in
-``fltune.methods`` caches it). The combined class subclasses the base and overrides ``local_loss`` (and
-``adapt_model``, so the modifier can refuse a model it cannot serve), so every other hook stays the base's.
-SAM-type bases compute their ascent and descent passes through ``self.local_loss``, so the modifier's term is
-in both passes without either class knowing the other. A modifier's term reads the model's own modules
-(MAN's activations, on every sample of the batch), so a composite's objective is not pure
-(``Method.pure_loss``): it is trained client by client.
+per-batch objective, and :func:`compose` builds the combined class on demand, a subclass of the base
+overriding ``local_loss`` and ``adapt_model`` alone. SAM-type bases run both passes through
+``self.local_loss``, so the term is in both. The term reads the model's own modules (MAN's activations), so
+a composite's objective is not pure (``Method.pure_loss``): it is trained client by client.
 """
 
 from __future__ import annotations
@@ -27,11 +24,8 @@ LossAndLogits = tuple[torch.Tensor, torch.Tensor]
 
 
 class Modifier:
-    """An addition to a base method's per-batch objective, with its own hyperparameters.
-
-    ``local_loss`` receives the batch and the base's objective as a zero-argument callable so that it can observe the
-    forward pass the base runs (MAN records activations during it) instead of running one of its own.
-    """
+    """An addition to a base method's per-batch objective, with its own hyperparameters. ``local_loss`` gets
+    the base's objective as a callable so that it can observe the base's forward pass (MAN's activations)."""
 
     name: ClassVar[str] = ""
     Params: ClassVar[type[Params]] = Params

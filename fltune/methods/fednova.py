@@ -5,7 +5,9 @@ from dataclasses import replace
 import numpy as np
 
 from fltune.methods import register
-from fltune.methods.base import ClientContext, ClientResult, Method, ServerContext, ServerUpdate, effective_steps
+from fltune.methods.base import (
+    ClientContext, ClientResult, Method, ServerContext, ServerUpdate, effective_steps, server_step,
+)
 from fltune.methods.wire import to_numpy
 
 NORMALISER = "fednova.a"
@@ -33,19 +35,13 @@ class FedNova(Method):
         a_k = effective_steps(ctx.steps, ctx.momentum, ctx.nesterov)
         state = ctx.model.state_dict()
         floats = [name for name in result.update if state[name].is_floating_point()]
-        d_k = to_numpy({name: (ctx.global_param(name) - state[name]) / max(a_k, 1.0) for name in floats})
+        d_k = to_numpy({name: (ctx.global_state[name] - state[name]) / max(a_k, 1.0) for name in floats})
         result.update = {**result.update, **d_k, NORMALISER: np.array(a_k)}
         return result
 
     def aggregate(self, ctx: ServerContext) -> ServerUpdate:
+        """θ_g − τ_eff·Σ p_k d_k for float entries (in float64); integer counters take the mean."""
         mean = dict(ctx.aggregate.mean)
         tau_eff = float(mean.pop(NORMALISER))
-        stepped = {name: self._step(ctx.global_state[name], value, tau_eff) for name, value in mean.items()}
+        stepped = server_step(ctx.global_state, mean, lambda old, d: old - tau_eff * d)
         return replace(super().aggregate(ctx), global_state=stepped)
-
-    @staticmethod
-    def _step(old: np.ndarray, mean: np.ndarray, tau_eff: float) -> np.ndarray:
-        """θ_g − τ_eff·Σ p_k d_k for float entries (in float64); integer counters take the mean."""
-        if old.dtype.kind != "f":
-            return mean
-        return (old.astype(np.float64) - tau_eff * mean.astype(np.float64)).astype(old.dtype)

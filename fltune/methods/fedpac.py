@@ -23,7 +23,7 @@ from pydantic import Field
 from torch import Tensor, nn
 
 from fltune.methods import register
-from fltune.methods._personal import PersonalHead
+from fltune.methods._personal import FeatureAligned
 from fltune.methods.base import ClientContext, ClientResult, Params, Phase, ServerContext, ServerUpdate, Upload
 from fltune.methods.objective import Batch
 QP_STEPS = 500
@@ -121,7 +121,7 @@ def head_weights(variances: np.ndarray, h: np.ndarray, i: int) -> np.ndarray:
 
 
 @register
-class FedPAC(PersonalHead):
+class FedPAC(FeatureAligned):
     """FedPAC: head epoch, then body epochs with CE + λ·MSE(f(x), c_y); server combines heads per client."""
 
     name = "fedpac"
@@ -129,9 +129,6 @@ class FedPAC(PersonalHead):
     stored_models = 1.0  # the local model (prototypes are small)
     passes_per_step = 1.0
     pure_loss = False  # the objective reads the client's feature targets from its context
-
-    def adapt_model(self, model: nn.Module) -> nn.Module:
-        return self.require_linear_head(super().adapt_model(model))
 
     def phases(self, ctx: ClientContext) -> list[Phase]:
         return [Phase(1, ("head.",), lr=self.params.head_lr), Phase(ctx.epochs, ("body.",))]
@@ -164,9 +161,6 @@ class FedPAC(PersonalHead):
             "counts": after.counts.cpu().numpy(),
         }
         return result
-
-    def server_payload(self, server_state: dict[str, Any]) -> dict[str, Any]:
-        return dict(server_state)
 
     def aggregate(self, ctx: ServerContext) -> ServerUpdate:
         """Body: n_k-weighted mean (default). Prototypes: count-weighted. Heads: per-client QP weights."""

@@ -11,14 +11,13 @@ runs it") writes out each step against that code.
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 import torch
 from pydantic import Field
-from torch import Tensor, nn
+from torch import Tensor
 
 from fltune.methods import register
+from fltune.methods._personal import FeatureAligned
 from fltune.methods.base import ClientContext, ClientResult, ServerContext, ServerUpdate
 from fltune.methods.fedrep import FedRep, FedRepParams
 from fltune.methods.objective import Batch, masked_cross_entropy
@@ -80,16 +79,13 @@ def centroids(previous: np.ndarray, summaries: list[np.ndarray]) -> np.ndarray:
 
 
 @register
-class FedPACFedCR(FedRep):
+class FedPACFedCR(FeatureAligned, FedRep):
     """FedPAC as in FedCR's code: FedRep's head-then-body epochs, the body's CE plus λ·‖F − C_y‖_F / B."""
 
     name = "fedpac_fedcr"
     Params = FedPACFedCRParams
     stored_models = 1.0  # the local model (summaries and centroids are classes × d)
     passes_per_step = 1.0
-
-    def adapt_model(self, model: nn.Module) -> nn.Module:
-        return self.require_linear_head(super().adapt_model(model))
 
     def setup_client(self, ctx: ClientContext) -> None:
         """The round's centroids C (zeros before the server has any), one row per class."""
@@ -112,9 +108,6 @@ class FedPACFedCR(FedRep):
         result.state["summaries"] = summaries
         result.upload = {"summaries": summaries}
         return result
-
-    def server_payload(self, server_state: dict[str, Any]) -> dict[str, Any]:
-        return dict(server_state)
 
     def aggregate(self, ctx: ServerContext) -> ServerUpdate:
         """Bodies: n_k-weighted mean (default); centroids from this round's clients' summaries."""

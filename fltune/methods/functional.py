@@ -1,8 +1,6 @@
-"""A method's local step as a pure function of one client's weights (``torch.func``), for executors
-that train many clients at once (engine/batched.py runs it inside a ``vmap``): the gradient of its one
-objective, or, where its step is more (SAM's two passes, Ditto's second model), the step a
-:class:`WholeStep` method writes once as ``functional_step(weights, batch)``, which the client-by-client
-path runs too; a method that writes only ``Method.backward`` is trained client by client."""
+"""A method's local step as a pure function of one client's weights (``torch.func``), which
+engine/batched.py runs inside a ``vmap``: its objective's gradient, or a :class:`WholeStep`'s own step; a
+method that writes only ``Method.backward`` is trained client by client."""
 
 from __future__ import annotations
 

@@ -44,11 +44,8 @@ class KNNPerParams(Params):
 class KNNPer(FedAvg):
     """kNN-Per: FedAvg's training; a client scores x by weight·p_knn(x) + (1 − weight)·f(x).
 
-    p_knn is the k-nearest-neighbour class distribution over a datastore of the client's own training features
-    (module docstring), f(x) its model's logits. Needs a :class:`SplitModel` for the features φ = ``features``.
-
-    ``stored_models``, ``passes_per_step`` and the objective are FedAvg's (inherited): training is FedAvg's
-    step exactly. The datastore exists only while a client is scored (``capacity`` × D floats).
+    Training, its cost declarations included, is FedAvg's (inherited); the datastore exists only while a
+    client is scored (``capacity`` × D floats).
     """
 
     name = "knnper"

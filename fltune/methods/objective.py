@@ -56,12 +56,8 @@ class Forward:
 def _ties_tensors(model: nn.Module) -> bool:
     """Whether one tensor sits under two names in ``model``: only then need ``functional_call`` look for ties
     (``tie_weights`` walks every submodule on every call)."""
-    def count(named: Iterable[tuple[str, torch.Tensor]]) -> tuple[int, int]:
-        pairs = list(named)
-        return len(pairs), len({id(t) for _, t in pairs})
-
-    return any(n != unique for n, unique in (count(model.named_parameters(remove_duplicate=False)),
-                                            count(model.named_buffers(remove_duplicate=False))))
+    named = [*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)]
+    return len(named) != len({id(t) for _, t in named})
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,6 @@ from pydantic import Field
 from torch import Tensor
 
 from fltune.methods import register
-from fltune.methods._sam import trainable
 from fltune.methods.base import ClientContext, Method, Params
 from fltune.methods.fedntd import soft_kl
 from fltune.methods.moon import frozen_copy
@@ -84,7 +83,7 @@ class Proximal(Method):
                 return loss, logits
             return loss + self.params.beta * self.proximal_loss(ctx, x, logits), logits
         if self.params.loss == "kl":
-            weights = [p for _, p in trainable(ctx.model)]
+            weights = [p for p in ctx.model.parameters() if p.requires_grad]
             grads = torch.autograd.grad(self.proximal_loss(ctx, x, logits), weights, retain_graph=True,
                                         allow_unused=True)
             ctx.scratch["proximal_grad"] = [torch.zeros_like(p) if g is None else g for p, g in zip(weights, grads)]
@@ -103,9 +102,9 @@ class Proximal(Method):
         result = super().backward(ctx, x, y)
         if self.params.usage != "projection":
             return result
-        weights = [p for _, p in trainable(ctx.model)]
+        weights = [p for p in ctx.model.parameters() if p.requires_grad]
         if self.params.loss == "l2":
-            against = [p.detach() - ctx.global_param(n) for n, p in ctx.model.named_parameters() if p.requires_grad]
+            against = [p.detach() - ctx.global_state[n] for n, p in ctx.model.named_parameters() if p.requires_grad]
         else:
             against = ctx.scratch.pop("proximal_grad")
         grads = [torch.zeros_like(p) if p.grad is None else p.grad for p in weights]

@@ -2,12 +2,11 @@
 
 from dataclasses import replace
 
-import numpy as np
 from pydantic import Field
 
 from fltune.methods import register
 from fltune.methods._drift import ControlVariates, DriftParams
-from fltune.methods.base import ServerContext, ServerUpdate
+from fltune.methods.base import ServerContext, ServerUpdate, server_step
 
 
 class ScaffoldParams(DriftParams):
@@ -27,14 +26,9 @@ class Scaffold(ControlVariates):
     passes_per_step = 1.0  # the correction is added to the gradient, no extra pass
 
     def aggregate(self, ctx: ServerContext) -> ServerUpdate:
-        out = super().aggregate(ctx)
-        stepped = {name: self._step(ctx.global_state[name], value) for name, value in out.global_state.items()}
-        return replace(out, global_state=stepped)
-
-    def _step(self, old: np.ndarray, mean: np.ndarray) -> np.ndarray:
         """θ_g + η_g·(mean − θ_g) for float entries (in float64, so η_g = 1 gives the mean bit for bit);
         integer counters take the mean."""
-        if old.dtype.kind != "f":
-            return mean
-        old64 = old.astype(np.float64)
-        return (old64 + self.params.server_lr * (mean.astype(np.float64) - old64)).astype(old.dtype)
+        out = super().aggregate(ctx)
+        lr = self.params.server_lr
+        return replace(out, global_state=server_step(ctx.global_state, out.global_state,
+                                                     lambda old, mean: old + lr * (mean - old)))

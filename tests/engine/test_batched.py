@@ -326,7 +326,7 @@ def test_the_tally_read_once_gives_the_bits_of_running_sums_kept_per_step():
         active = counts > 0
         tally.diverged |= active & ((loss - loss) != 0)
         live = active & ~tally.diverged
-        tally.record(loss, live, hits, counts.tolist())
+        tally.steps.append((loss, live, hits, counts.tolist()))
         diverged |= active & ~torch.isfinite(loss)
         loss_sum += torch.where(live, loss.double() * counts, 0.0)
         correct += torch.where(live, hits, 0)
