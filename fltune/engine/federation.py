@@ -234,8 +234,8 @@ class Federation:
                 if probe.clock:
                     metrics[probe.clock] = metrics.get(probe.clock, 0.0) + time.perf_counter() - probe_start
 
-    def _states_for(self, shard: list[int]) -> dict[int, dict[str, Any]]:
-        return {c: self.client_store[c] for c in shard if c in self.client_store}
+    def _states_for(self, unit: list[int]) -> dict[int, dict[str, Any]]:
+        return {c: self.client_store[c] for c in unit if c in self.client_store}
 
     @staticmethod
     def _train_metrics(client_metrics: dict[int, dict[str, float]]) -> dict[str, float]:

@@ -6,11 +6,10 @@ retried (``max_task_retries``); since a call carries everything a client needs a
 randomness is keyed by (seed, round, client id), the retried round gives the same bits as an unbroken one.
 
 The driver's share (``WorkerPlan.in_driver``, an :class:`InProcessPool`): the driver only waits while its
-actors train, and every torch process holds its own copy of torch's memory, so a local CPU run trains one
-shard in the driver instead of starting one more actor (issue 12's CPU memory goal). Its arguments come
+actors train, and every torch process holds its own copy of torch's memory, so a local CPU run trains in
+the driver too instead of starting one more actor (issue 12's CPU memory goal). Its arguments come
 through Ray's object store, so it reads what an actor reads, and its results come back as copies, so the
-caller holds what an actor would return: the shards do not depend on which slot trains them, and the
-numbers are the same bits. It takes its share of every call, round 1's metered training and the FLOP count
+caller holds what an actor would return: the numbers are the same bits. It takes its share of every call, round 1's metered training and the FLOP count
 included: counting loads none of torch's compiler stack (``metrics._flops.TrainingFlops``).
 
 A call's units go to whichever worker is free (``WorkerPool.map``): an actor still importing torch as round 1
@@ -98,8 +97,8 @@ class InProcessPool:
     (read-only zero-copy arrays, its own copy of the client states). The caller keeps what an actor would
     return: copies, not views of this worker's model, which its next call overwrites. They are deep copies
     on the driver's heap, not objects put in the store: a page of the store, once used, stays resident for
-    the rest of the run, so a round's result put there (a partial sum of the weights in float64) would keep
-    that much more of the store resident, where a copy is freed once the round has summed it. It trains
+    the rest of the run, so a round's results put there (its clients' updates) would keep that much more of
+    the store resident, where a copy is freed once the round has summed it. It trains
     with the plan's thread count, as an actor does (torch's CPU kernels may round differently per thread
     count), and gives the driver its own back between calls."""
 

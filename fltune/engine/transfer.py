@@ -83,7 +83,7 @@ def device_states(
     array of the round's global weights (``host_global``) is its twin already there (``device_global``), and
     every other distinct array goes over in one copy with the rest (``to_device``). Clients start from the
     global weights overridden by their personal parts (``Method.client_model_state``), so a client's
-    load copies its personal part alone, and a shard's personal parts go over together."""
+    load copies its personal part alone, and a unit's personal parts go over together."""
     others: dict[int, np.ndarray] = {}
     for state in states:
         others.update((id(v), v) for k, v in state.items() if host_global.get(k) is not v)

@@ -149,7 +149,7 @@ class ClientWorker:
         self, result: WorkerResult, inputs: RoundInput, client_ids: list[int], states: dict[int, dict[str, Any]],
         global_tensors: dict[str, torch.Tensor],
     ) -> WorkerResult:
-        """The batched executor: the shard's client groups one after another, each trained at once."""
+        """The batched executor: the unit's client groups one after another, each trained at once."""
         for group in client_groups(client_ids, self.cfg.resources.batch_clients):
             for cid, out in train_group(self.method, self.model, self.data, group, inputs, states, self.cfg.training,
                                         self.augment_kind, self.device, global_tensors, self.executor.source,
@@ -185,11 +185,11 @@ class ClientWorker:
     ) -> dict[int, tuple[int, float, int]]:
         """Personalised protocol: each client's own model (after its final personal round when ``finetune``,
         ``local.final_round``) on its own held-out split, in chunks of clients whose weights fill at most
-        ``STAGED_BYTES`` (``_score_chunk``). Scores are read once for the whole shard."""
+        ``STAGED_BYTES`` (``_score_chunk``). Scores are read once for the whole unit."""
         data = self._attach(run_ref)
         global_tensors = state_on_device(inputs.global_state, self.device)
         per_chunk = max(1, STAGED_BYTES // sum(v.nbytes for v in inputs.global_state.values()))
-        if finetune and self.batched:  # chunks of whole groups: a final round's groups are the run's, not the shard's
+        if finetune and self.batched:  # chunks of whole groups: a final round's groups are the run's, not the unit's
             per_chunk = -(-per_chunk // self.cfg.resources.batch_clients) * self.cfg.resources.batch_clients
         sums: dict[int, torch.Tensor] = {}
         for first in range(0, len(client_ids), per_chunk):
