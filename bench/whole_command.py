@@ -4,7 +4,9 @@ Workload (issue 12, item 4; issue 64): FedAvg, FMNIST IID, 100 clients × 600, 1
 global evaluation every round, 5 rounds. The reference is ``bench/plain_reference.py``: the same work
 (client-samples, model, optimiser, evaluations, 2 threads) in plain PyTorch, importing nothing from fltune,
 so no part of fltune's own start-up is paid on both sides. Both are timed as subprocesses from spawn to exit,
-in pairs run back to back, and the process tree's resident memory (the process plus every descendant: Ray's
+in pairs run back to back after one uncounted warm-up run of each (its wall time printed: Python's
+bytecode caches written, the files in the page cache, the command's MLflow store created, which every
+later run reuses as a user's runs do), and the process tree's resident memory (the process plus every descendant: Ray's
 GCS, raylet and workers) is sampled from /proc. Last lines: ``ratio <command/reference>`` (the median of the
 pairs' ratios; goal ≤ 1.10), ``memory_ratio`` (peak tree RSS), ``memory_ratio_pss`` (peak tree PSS, shared
 pages counted once: see ``tree_memory``) and ``memory_pss_gb`` (the command's peak tree PSS in 10^9 bytes;
@@ -194,18 +196,19 @@ def timeline(run: Run) -> str:
 
 
 def mlflow_times(uri: str, spawn_epoch: float) -> dict[str, float]:
-    """From the run's sqlite store, in seconds since the command's spawn: the run's start and end and when
+    """From the sqlite store's newest run, in seconds since the command's spawn: the run's start and end and when
     each round's metrics were stamped (``step r``, the earliest of the step's metrics); empty without a run
     (tracking off)."""
     path = Path(uri.removeprefix("sqlite:///"))
     if not path.exists():
         return {}
     with sqlite3.connect(path) as db:
-        run = db.execute("SELECT start_time, end_time FROM runs ORDER BY start_time DESC LIMIT 1").fetchone()
-        steps = db.execute("SELECT step, MIN(timestamp) FROM metrics WHERE step > 0 GROUP BY step").fetchall()
-    if run is None or run[1] is None:
+        run = db.execute("SELECT run_uuid, start_time, end_time FROM runs ORDER BY start_time DESC LIMIT 1").fetchone()
+        steps = db.execute("SELECT step, MIN(timestamp) FROM metrics WHERE step > 0 AND run_uuid = ? GROUP BY step",
+                           run[:1]).fetchall() if run else []
+    if run is None or run[2] is None:
         return {}
-    out = {"start": run[0] / 1000 - spawn_epoch, "end": run[1] / 1000 - spawn_epoch}
+    out = {"start": run[1] / 1000 - spawn_epoch, "end": run[2] / 1000 - spawn_epoch}
     out.update({f"step {step}": stamp / 1000 - spawn_epoch for step, stamp in steps})
     return out
 
@@ -331,12 +334,18 @@ def main() -> None:
     extra = tuple(args.extra)
     reference = [sys.executable, str(REFERENCE), "--rounds", str(args.rounds)]
     with tempfile.TemporaryDirectory() as tmp:
+        uri = f"sqlite:///{tmp}/mlflow.db"
+        before_env = {**env, "PYTHONPATH": f"{args.before.resolve()}{os.pathsep}{env['PYTHONPATH']}"} if args.before \
+            else env
+        before = command(args.rounds, f"{uri}.before", args.before.resolve(), extra) if args.before else []
+        warm = {"command": measure(command(args.rounds, uri, extra=extra), env), "reference": measure(reference, env)}
+        if args.before:
+            warm["before"] = measure(before, before_env)
+        print("warm-up (not counted; the command's MLflow store new): "
+              + "  ".join(f"{name} {run.wall:.1f} s" for name, run in warm.items()), flush=True)
         for pair in range(args.pairs):
-            uri = f"sqlite:///{tmp}/mlflow{pair}.db"
             if args.before:
-                before_env = {**env, "PYTHONPATH": f"{args.before.resolve()}{os.pathsep}{env['PYTHONPATH']}"}
-                runs["before"].append(measure(command(args.rounds, f"{uri}.before", args.before.resolve(), extra),
-                                              before_env))
+                runs["before"].append(measure(before, before_env))
             runs["command"].append(measure(command(args.rounds, uri, extra=extra), env))
             mlflows.append(mlflow_times(uri, runs["command"][-1].spawn_epoch))
             runs["reference"].append(measure(reference, env))
@@ -347,7 +356,7 @@ def main() -> None:
                     run = done[-1]
                     print(f"pair {pair + 1} {name:9s} {run.wall:5.1f} s RSS {run.rss:.2f} GiB PSS {run.pss:.2f} GiB  "
                           f"{timeline(run)}", flush=True)
-        imports = None if args.no_imports else import_times(command(args.rounds, f"sqlite:///{tmp}/imports.db",
+        imports = None if args.no_imports else import_times(command(args.rounds, uri,
                                                                     extra=extra), env)
     final = [line for _, line in runs["command"][-1].lines if line.startswith(f"round {args.rounds}/")]
     print("command's last round:", final[-1] if final else "(not shown)")

@@ -28,7 +28,7 @@ from fltune.engine.aggregate import WeightedSum
 from fltune.engine.batched import client_groups, note_fallback
 from fltune.engine.builders import build_method, build_model_for, initial_state
 from fltune.engine.callbacks import Callback
-from fltune.engine.dispatch import Pool, balance, deal
+from fltune.engine.dispatch import Pool, deal, units
 from fltune.engine.evaluation import batch_scores, eval_batch_count, total_scores
 from fltune.engine.transfer import RoundInput, load_state
 from fltune.engine.probes import Probe, ProbeTask, RoundView
@@ -93,6 +93,7 @@ class Federation:
         self.artifacts: list[Path] = []
         """Files the probes wrote (end-of-run figures), for the tracking callbacks."""
         self.probes: list[Probe] = list(probes(self)) if probes else []
+        self.keep_latest = any(probe.keeps_local_models for probe in self.probes)
         self.callbacks: Sequence[Callback] = ()
         """Those of the ``run`` in progress (told as each probe starts)."""
 
@@ -103,8 +104,7 @@ class Federation:
             if self.pool is None:
                 assert self.start_pool is not None
                 self.pool = self.start_pool()
-            keep = any(probe.keeps_local_models for probe in self.probes)
-            self.run_ref, self.data = self.pool.bind(self.cfg, self.data, keep_latest=keep)  # the workers' copy
+            self.run_ref, self.data = self.pool.bind(self.cfg, self.data, self.keep_latest)  # the workers' copy
 
     def close(self) -> None:
         """Stop the workers this run started (a caller's pool stays up for its owner)."""
@@ -164,17 +164,19 @@ class Federation:
         )
         meters = [build for probe in self.probes if (build := probe.client_meter(r)) is not None]
         res = self.cfg.resources
-        group = res.batch_clients if res.executor == "batched" else 1  # whole groups per worker
-        shards = balance(clients, self.sizes, self.pool.width(), group)
-        results = self.pool.map(self.run_ref, "train", shards, inputs, meters, per_shard=self._states_for)
+        group = res.batch_clients if res.executor == "batched" else 1  # a batched group trains in one call
+        results = self.pool.map(self.run_ref, "train", client_groups(sorted(clients), group), inputs, meters,
+                                per_unit=self._states_for)
         total = WeightedSum()
         uploads, states, client_metrics, latest = {}, {}, {}, {}
-        for res in results:
-            total.merge(res.summed())
+        for res in results:  # in client order, whichever worker trained them: the very sum one worker makes
+            for weight, update in res.updates.values():
+                total.add(weight, update)
             uploads.update(res.uploads)
             states.update(res.states)
             client_metrics.update(res.metrics)
-            latest.update(res.local_models(self.method))
+            if self.keep_latest:
+                latest.update(res.local_models(self.method))
         metrics = self._train_metrics(client_metrics)
         previous = self.global_state
         self.round = r
@@ -228,8 +230,8 @@ class Federation:
                 if probe.clock:
                     metrics[probe.clock] = metrics.get(probe.clock, 0.0) + time.perf_counter() - probe_start
 
-    def _states_for(self, shard: list[int]) -> dict[int, dict[str, Any]]:
-        return {c: self.client_store[c] for c in shard if c in self.client_store}
+    def _states_for(self, unit: list[int]) -> dict[int, dict[str, Any]]:
+        return {c: self.client_store[c] for c in unit if c in self.client_store}
 
     @staticmethod
     def _train_metrics(client_metrics: dict[int, dict[str, float]]) -> dict[str, float]:
@@ -243,9 +245,9 @@ class Federation:
         """(accuracy, mean loss) of the model with weights ``state`` on the pooled test set, or with
         ``split="val"`` on the union of the clients' validation splits.
 
-        On the workers while the run is open: the split's batches are divided into contiguous shards,
-        one per worker, and the per-batch scores come back in batch order, so correct counts and summed
-        losses are the very numbers one process computes (``evaluate``), whatever the worker count."""
+        On the workers while the run is open: the split's batches are cut into contiguous units, and the
+        per-batch scores come back in batch order, so correct counts and summed losses are the very numbers
+        one process computes (``evaluate``), whatever the worker count."""
         n = len(self.data.split(split)[1])
         if n == 0:  # a run with metrics.test: false holds no test data: reading it is a bug, never a score
             raise FLTuneError(f"this run has no {split} data to evaluate on")
@@ -254,9 +256,7 @@ class Federation:
             load_state(self.eval_model, state)
             scores = batch_scores(self.eval_model, self.data, *self.data.split(split), self.device, batches)
         else:
-            workers = self.pool.width()
-            shards = [batches[len(batches) * i // workers:len(batches) * (i + 1) // workers] for i in range(workers)]
-            parts = self.pool.map(self.run_ref, "evaluate_split", shards, state, split)
+            parts = self.pool.map(self.run_ref, "evaluate_split", units(batches, self.pool.width()), state, split)
             scores = [score for part in parts for score in part]
         correct, loss, _ = total_scores(scores, n)
         return correct / n, loss / n
@@ -269,8 +269,6 @@ class Federation:
         assert self.pool is not None
         clients = list(range(self.cfg.federation.clients))
         run_ref = self.run_ref if split == "test" else self._validation_run()
-        held_out = self.data.client_eval if split == "test" else self.data.client_val
-        sizes = self.sizes if finetune else [len(idx) for idx in held_out]
         res = self.cfg.resources
         group = res.batch_clients if finetune and res.executor == "batched" else 1  # a final round's groups whole
         training = self.cfg.training
@@ -279,9 +277,8 @@ class Federation:
                             global_state=self.global_state, server={})
         scores: dict[int, tuple[int, float, int]] = {}
         for chunk in client_groups(clients, -(-EVAL_CLIENTS // group) * group):  # whole groups in each
-            shards = balance(chunk, sizes, self.pool.width(), group)
-            for part in self.pool.map(run_ref, "evaluate_clients", shards, inputs, finetune,
-                                      per_shard=self._states_for):
+            for part in self.pool.map(run_ref, "evaluate_clients", units(chunk, self.pool.width(), group), inputs,
+                                      finetune, per_unit=self._states_for):
                 scores.update(part)
         accs = [scores[c][0] / scores[c][2] for c in clients]
         losses = [scores[c][1] / scores[c][2] for c in clients]

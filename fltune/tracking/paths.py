@@ -5,10 +5,12 @@ that only trains need not have it), and one that logs to a new sqlite store load
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import sqlite3
 from contextlib import closing
+from importlib.metadata import version
 from pathlib import Path
 
 from fltune.config import TrackingConfig
@@ -71,7 +73,8 @@ def check_store(db: Path, uri: str) -> None:
     MLflow would otherwise fail at its first write, after the work began, with two tracebacks ("file is not
     a database", "Detected out-of-date database schema"). A new or empty file MLflow sets up itself.
 
-    sqlite is asked directly; MLflow is imported only for a store that has a schema revision to compare."""
+    sqlite is asked directly, and MLflow's schema revision read from its scripts (``schema_head``): the check
+    imports no MLflow."""
     if not db.is_file() or db.stat().st_size == 0:
         return
     try:
@@ -88,13 +91,33 @@ def check_store(db: Path, uri: str) -> None:
     if found is None or "experiments" not in tables:
         shown = ", ".join(sorted(tables)[:5])
         raise _not_a_store(uri, db, f"is an SQLite database of another schema (tables: {shown})")
-    import mlflow
+    expected = schema_head()
+    if found != expected:
+        raise _not_a_store(uri, db, f"is an MLflow store of schema revision {found}, and MLflow {version('mlflow')} "
+                                    f"reads {expected} (`mlflow db upgrade {uri}` upgrades an older one)")
+
+
+def schema_head() -> str:
+    """The schema revision this MLflow's migrations end at (what ``mlflow.store.db.utils`` compares a store
+    with), read from the text of its alembic scripts: the one ``revision`` that no script names as its
+    ``down_revision``. Why not ask alembic: its script directory executes every migration, and some import
+    MLflow, whose import costs seconds on the main thread of a command about to start; MLflow's own answer
+    is the fallback for a layout these lines do not describe (not exactly one head)."""
+    spec = importlib.util.find_spec("mlflow")
+    folder = Path(spec.submodule_search_locations[0]) / "store" / "db_migrations" / "versions" if spec else None
+    revisions: set[str] = set()
+    parents: set[str] = set()
+    for script in folder.glob("*.py") if folder and folder.is_dir() else ():
+        text = script.read_text()
+        revisions.update(re.findall(r'^revision = "(\w+)"', text, re.M))
+        for line in re.findall(r"^down_revision = (.*)$", text, re.M):
+            parents.update(re.findall(r'"(\w+)"', line))
+    heads = revisions - parents
+    if len(heads) == 1:
+        return heads.pop()
     from mlflow.store.db.utils import _get_latest_schema_revision
 
-    expected = _get_latest_schema_revision()
-    if found != expected:
-        raise _not_a_store(uri, db, f"is an MLflow store of schema revision {found}, and MLflow {mlflow.__version__} "
-                                    f"reads {expected} (`mlflow db upgrade {uri}` upgrades an older one)")
+    return _get_latest_schema_revision()
 
 
 def _not_a_store(uri: str, db: Path, what: str) -> FLTuneError:

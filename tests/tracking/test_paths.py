@@ -1,6 +1,6 @@
 """A command with tracking off never imports MLflow (or Optuna, unless it searches); one that logs to a new
 sqlite store checks it without importing MLflow (its logging thread does, later), and an existing one for
-being an MLflow store of this MLflow's schema; any other store is asked once."""
+being an MLflow store of this MLflow's schema, also without importing it; any other store is asked once."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 
 from fltune.config import TrackingConfig
 from fltune.errors import FLTuneError
-from fltune.tracking.paths import check_reachable, check_tracking, mlruns_dir, outputs_dir
+from fltune.tracking.paths import check_reachable, check_tracking, mlruns_dir, outputs_dir, schema_head
 from fltune.tracking.store import open_store
 from tests.tune.test_cluster import free_port
 
@@ -117,3 +117,19 @@ def test_an_mlflow_store_of_this_mlflow_and_an_empty_file_pass(tmp_path: Path) -
     open_store(f"sqlite:///{tmp_path / 'mlflow.db'}", "fltune")
     for name in ("empty.db", "mlflow.db"):
         check_tracking(TrackingConfig(enabled=True, uri=f"sqlite:///{tmp_path / name}"))
+
+
+def test_the_schema_head_read_from_the_scripts_is_mlflows_own() -> None:
+    from mlflow.store.db.utils import _get_latest_schema_revision
+
+    assert schema_head() == _get_latest_schema_revision()
+
+
+def test_checking_an_existing_store_imports_no_mlflow(tmp_path: Path) -> None:
+    """The check runs on the command's main thread before any work: MLflow's import would come first."""
+    db = tmp_path / "mlflow.db"
+    open_store(f"sqlite:///{db}", "fltune")
+    check = ("import sys; from fltune.config import TrackingConfig; from fltune.tracking.paths import check_tracking; "
+             f"check_tracking(TrackingConfig(enabled=True, uri='sqlite:///{db}')); print('mlflow' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
