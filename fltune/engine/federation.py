@@ -165,18 +165,18 @@ class Federation:
         meters = [build for probe in self.probes if (build := probe.client_meter(r)) is not None]
         res = self.cfg.resources
         group = res.batch_clients if res.executor == "batched" else 1  # a batched group trains in one call
-        results = self.pool.map(self.run_ref, "train", client_groups(sorted(clients), group), inputs, meters,
+        results = self.pool.map(self.run_ref, "train", client_groups(clients, group), inputs, meters,
                                 per_unit=self._states_for)
         total = WeightedSum()
         uploads, states, client_metrics, latest = {}, {}, {}, {}
-        for res in results:  # in client order, whichever worker trained them: the very sum one worker makes
-            for weight, update in res.updates.values():
+        for part in results:  # in client order, whichever worker trained them: the very sum one worker makes
+            for weight, update in part.updates.values():
                 total.add(weight, update)
-            uploads.update(res.uploads)
-            states.update(res.states)
-            client_metrics.update(res.metrics)
+            uploads.update(part.uploads)
+            states.update(part.states)
+            client_metrics.update(part.metrics)
             if self.keep_latest:
-                latest.update(res.local_models(self.method))
+                latest.update(part.local_models(self.method))
         metrics = self._train_metrics(client_metrics)
         previous = self.global_state
         self.round = r
