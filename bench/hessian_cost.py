@@ -24,7 +24,7 @@ import torch
 from fltune.data.augment import to_float
 from fltune.data.datasets import load_dataset
 from fltune.errors import DatasetMissing
-from fltune.metrics.hessian import Batch, cross_entropy_loss, hessian_trace, top_eigenpairs
+from fltune.metrics._hessian import Batch, cross_entropy_loss, hessian_trace, top_eigenpairs
 from fltune.models import build_model
 
 BATCHES, BATCH_SIZE, EPOCH_REPEATS = 10, 50, 3

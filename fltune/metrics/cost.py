@@ -54,7 +54,7 @@ def forward_flops_per_sample(model: nn.Module, input_shape: tuple[int, ...]) -> 
     import torch
 
     from fltune.metrics._flops import TrainingFlops
-    from fltune.metrics.hessian import eval_mode
+    from fltune.metrics._hessian import eval_mode
 
     parameter = next(model.parameters())
     sample = torch.zeros((1, *input_shape), dtype=parameter.dtype, device=parameter.device)

@@ -11,7 +11,7 @@ import pytest
 import ray
 import torch
 
-import fltune.metrics.hessian
+import fltune.metrics._hessian
 from fltune.assembly import build_federation
 from fltune.config import build_config
 from fltune.engine.builders import build_method, build_model_for, initial_state, load_data
@@ -21,7 +21,7 @@ from fltune.engine.transfer import RoundInput
 from fltune.engine.rng import sample_clients
 from fltune.engine.worker import RunSpec
 from fltune.methods.base import State, to_numpy
-from fltune.metrics.curvature import CurvatureTask, client_consistency, client_traces, global_curvature
+from fltune.metrics._curvature import CurvatureTask, client_consistency, client_traces, global_curvature
 
 BASE = [
     "data.dataset=synthetic", "data.subsample=0.25", "partition.kind=dirichlet_prior", "partition.eval_fraction=0.2",
@@ -120,7 +120,7 @@ def test_hessian_probe_runs_on_the_workers(pools, monkeypatch: pytest.MonkeyPatc
     def on_the_driver(*args: object) -> None:
         raise AssertionError("a Hessian-vector product ran in the driver's process")
 
-    monkeypatch.setattr(fltune.metrics.hessian, "_mean_hvp", on_the_driver)
+    monkeypatch.setattr(fltune.metrics._hessian, "_mean_hvp", on_the_driver)
     fed = run(build_federation(build_config(overrides=[*BASE, *HESSIAN]), pool=pools[2]))
     monkeypatch.undo()
     last = fed.history[-1]

@@ -8,7 +8,7 @@ from fltune.metrics.figures import new_figure, save_png
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
-DRAWING_MODULES = ["fltune.engine.worker", "fltune.metrics.curvature", "fltune.metrics.landscape",
+DRAWING_MODULES = ["fltune.engine.worker", "fltune.metrics.curvature", "fltune.metrics._landscape",
                    "fltune.tune.results", "fltune.compare.report", "fltune.tracking.plots"]
 
 

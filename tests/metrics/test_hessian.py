@@ -17,7 +17,7 @@ from torch.autograd.functional import hessian
 from torch.func import functional_call
 
 from fltune.errors import FLTuneError
-from fltune.metrics.hessian import (
+from fltune.metrics._hessian import (
     MIN_TRACE_SAMPLES,
     LossFn,
     cross_client_consistency,

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 
 import pytest
 
@@ -126,3 +128,13 @@ def test_a_listed_protocol_the_run_cannot_measure_is_named_with_its_need(overrid
     """The default lists all three protocols; without held-out splits ``run`` now says which one it drops
     and why, where it dropped it without a word."""
     assert unmeasured_protocols(build_config(overrides=[*TINY, *overrides])) == expected
+
+
+def test_checking_the_probes_imports_no_torch() -> None:
+    """``run`` checks every probe's settings before it starts Ray, and torch imports beside Ray's start on
+    another thread: a probe module that imported torch would put its import on the command's main thread."""
+    check = ("import sys; from fltune.config import build_config; "
+             "from fltune.metrics.probe import check_probes, unmeasured_protocols; cfg = build_config(overrides=[]); "
+             "check_probes(cfg); unmeasured_protocols(cfg); print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"

@@ -16,7 +16,7 @@ from torch import nn
 
 from fltune.errors import FLTuneError
 from fltune.metrics.figures import new_figure, save_png
-from fltune.metrics.hessian import (
+from fltune.metrics._hessian import (
     Batch,
     LossFn,
     Vector,
