@@ -46,7 +46,7 @@ def deal(pool: Pool, run: Any, tasks: Sequence[ProbeTask[T]]) -> list[T]:
     return [result for part in pool.map(run, "compute", [[task] for task in tasks]) for result in part]
 
 
-UNITS_PER_WORKER = 4
+UNITS_PER_WORKER = 8
 """Units a call's work is cut into per worker (``units``), where one item is small (an evaluation batch):
 few enough that a call's fixed cost stays small, enough that a late worker takes fewer of them."""
 

@@ -237,7 +237,7 @@ def test_groups_depend_on_the_client_list_alone_and_travel_whole():
         cut = units(clients, workers, group=3)
         assert [c for unit in cut for c in unit] == clients
         assert [g for unit in cut for g in client_groups(unit, 3)] == client_groups(clients, 3)
-    assert units(list(range(100)), 2) == [list(range(start, min(start + 13, 100))) for start in range(0, 100, 13)]
+    assert units(list(range(100)), 2) == [list(range(start, min(start + 7, 100))) for start in range(0, 100, 7)]
 
 
 def laid_out(overrides: list[str], group: list[int], augment_kind: str = "none", epoch: int = 0):
