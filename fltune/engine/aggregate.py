@@ -6,8 +6,9 @@ float64 for integer weights < 2^29) is split into a coarse part on a fixed grid 
 are exact in float64 and so independent of order, and a remainder below that grid. Only the remainders' sum
 can depend on order, at ~2^-(GRID_BITS+52) in absolute terms: far below float32 resolution for any weight
 that matters. Weights are summed with ``math.fsum`` (exactly rounded, hence order-free). The round loop
-adds the clients in client order whichever worker trained them (``Federation.step``); this arithmetic is
-what every earlier figure was summed with, workers' partial sums merged, so it keeps their bits.
+adds the clients in an order fixed by the round's clients, whichever worker trained them
+(``Federation.step``); this arithmetic is what every earlier figure was summed with, workers' partial sums
+merged, so it keeps their bits.
 """
 
 from __future__ import annotations

@@ -165,11 +165,11 @@ class Federation:
         meters = [build for probe in self.probes if (build := probe.client_meter(r)) is not None]
         res = self.cfg.resources
         group = res.batch_clients if res.executor == "batched" else 1  # a batched group trains in one call
-        results = self.pool.map(self.run_ref, "train", client_groups(clients, group), inputs, meters,
-                                per_unit=self._states_for)
+        results = self.pool.map(self.run_ref, "train", self._largest_first(client_groups(clients, group)), inputs,
+                                meters, per_unit=self._states_for)
         total = WeightedSum()
         uploads, states, client_metrics, latest = {}, {}, {}, {}
-        for part in results:  # in client order, whichever worker trained them: the very sum one worker makes
+        for part in results:  # in unit order, whichever worker trained them: the very sum one worker makes
             for weight, update in part.updates.values():
                 total.add(weight, update)
             uploads.update(part.uploads)
@@ -229,6 +229,12 @@ class Federation:
                 metrics.update(probe.measure(self, view))
                 if probe.clock:
                     metrics[probe.clock] = metrics.get(probe.clock, 0.0) + time.perf_counter() - probe_start
+
+    def _largest_first(self, units: list[list[int]]) -> list[list[int]]:
+        """A round's units by training samples, largest first (ties by client id): the round ends on its
+        smallest units, whichever workers are free for them, and the order is a rule of the round's clients
+        alone, so the updates are added in the same order whatever the workers."""
+        return sorted(units, key=lambda unit: (-sum(self.sizes[c] for c in unit), unit[0]))
 
     def _states_for(self, unit: list[int]) -> dict[int, dict[str, Any]]:
         return {c: self.client_store[c] for c in unit if c in self.client_store}

@@ -15,7 +15,8 @@ included: counting loads none of torch's compiler stack (``metrics._flops.Traini
 A call's units go to whichever worker is free (``WorkerPool.map``): an actor still importing torch as round 1
 starts, or one slowed by a busy machine, takes fewer units, and the round ends when the work does, not when
 the slowest worker's fixed share does. Which worker ran a unit changes no number: the results come back in
-unit order, and the round loop adds the clients' updates in client order.
+unit order, and the round loop adds the clients' updates in that order (largest first, a rule of the round's
+clients alone).
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@
 A worker serves one run at a time: the run's config and dataset arrive by reference with every call
 (one ``ray.put`` per run, see ``WorkerPool.bind``), and the worker builds its model and method when the
 run changes. Per call it trains a unit of the round's clients (one, or a batched group) and returns each
-client's weight and update, which the driver adds up in client order (aggregate.py), its upload, new state
-and metrics, with whatever the meters the call carries measured around its training
+client's weight and update, which the driver adds up in the round's unit order (aggregate.py), its upload,
+new state and metrics, with whatever the meters the call carries measured around its training
 (``Probe.client_meter``). Weights arrive as numpy from one ``ray.put`` per round.
 
 When a probe needs every local model (``RunSpec.keep_latest``: ``all_model``, H_N/H_D), those travel too,
