@@ -9,8 +9,9 @@ The driver's share (``WorkerPlan.in_driver``, an :class:`InProcessPool`): the dr
 actors train, and every torch process holds its own copy of torch's memory, so a local CPU run trains in
 the driver too instead of starting one more actor (issue 12's CPU memory goal). Its arguments come
 through Ray's object store, so it reads what an actor reads, and its results come back as copies, so the
-caller holds what an actor would return: the numbers are the same bits. It takes its share of every call, round 1's metered training and the FLOP count
-included: counting loads none of torch's compiler stack (``metrics._flops.TrainingFlops``).
+caller holds what an actor would return: the numbers are the same bits. It takes its share of every call,
+round 1's metered training and the FLOP count included: counting loads none of torch's compiler stack
+(``metrics._flops.TrainingFlops``).
 
 A call's units go to whichever worker is free (``WorkerPool.map``): an actor still importing torch as round 1
 starts, or one slowed by a busy machine, takes fewer units, and the round ends when the work does, not when
