@@ -47,13 +47,16 @@ def deal(pool: Pool, run: Any, tasks: Sequence[ProbeTask[T]]) -> list[T]:
 
 
 UNITS_PER_WORKER = 8
-"""Units a call's work is cut into per worker (``units``), where one item is small (an evaluation batch):
-few enough that a call's fixed cost stays small, enough that a late worker takes fewer of them."""
+"""Units a call's work is cut into per worker (``units``) where one item is small (an evaluation batch): few
+enough that a call's fixed cost stays small, enough that a late worker takes fewer of them."""
+
+TRAINING_UNITS_PER_WORKER = 2
+"""The same for a round's clients: a call costs more than a client's training would alone (measured:
+docs/performance.md, "Start-up of `run`"), so the clients go out in about two units a worker, and a late
+or slow worker still takes fewer."""
 
 
-def units(items: list[Any], workers: int, group: int = 1) -> list[list[Any]]:
-    """``items`` cut in order into about ``UNITS_PER_WORKER`` units a worker, each of whole groups of
-    ``group`` items (the batched executor's client groups, ``batched.client_groups``)."""
-    size = max(1, -(-len(items) // (workers * UNITS_PER_WORKER)))
-    size = -(-size // group) * group
+def units(items: list[Any], workers: int, per_worker: int = UNITS_PER_WORKER) -> list[list[Any]]:
+    """``items`` cut in order into about ``per_worker`` units a worker."""
+    size = max(1, -(-len(items) // (workers * per_worker)))
     return [items[start:start + size] for start in range(0, len(items), size)]

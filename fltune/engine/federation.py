@@ -28,7 +28,7 @@ from fltune.engine.aggregate import WeightedSum
 from fltune.engine.batched import client_groups, note_fallback
 from fltune.engine.builders import build_method, build_model_for, initial_state
 from fltune.engine.callbacks import Callback
-from fltune.engine.dispatch import Pool, deal, units
+from fltune.engine.dispatch import TRAINING_UNITS_PER_WORKER, Pool, deal, units
 from fltune.engine.evaluation import batch_scores, eval_batch_count, total_scores
 from fltune.engine.transfer import RoundInput, load_state
 from fltune.engine.probes import Probe, ProbeTask, RoundView
@@ -165,11 +165,12 @@ class Federation:
         meters = [build for probe in self.probes if (build := probe.client_meter(r)) is not None]
         res = self.cfg.resources
         group = res.batch_clients if res.executor == "batched" else 1  # a batched group trains in one call
-        results = self.pool.map(self.run_ref, "train", self._largest_first(client_groups(clients, group)), inputs,
-                                meters, per_unit=self._states_for)
+        groups = units(self._largest_first(client_groups(clients, group)), self.pool.width(), TRAINING_UNITS_PER_WORKER)
+        calls = [[cid for unit in part for cid in unit] for part in groups]  # whole batched groups in each
+        results = self.pool.map(self.run_ref, "train", calls, inputs, meters, per_unit=self._states_for)
         total = WeightedSum()
         uploads, states, client_metrics, latest = {}, {}, {}, {}
-        for part in results:  # in unit order, whichever worker trained them: the very sum one worker makes
+        for part in results:  # in call order, whichever worker trained them: the very sum one worker makes
             for weight, update in part.updates.values():
                 total.add(weight, update)
             uploads.update(part.uploads)
@@ -230,11 +231,11 @@ class Federation:
                 if probe.clock:
                     metrics[probe.clock] = metrics.get(probe.clock, 0.0) + time.perf_counter() - probe_start
 
-    def _largest_first(self, units: list[list[int]]) -> list[list[int]]:
-        """A round's units by training samples, largest first (ties by client id): the round ends on its
-        smallest units, whichever workers are free for them, and the order is a rule of the round's clients
+    def _largest_first(self, groups: list[list[int]]) -> list[list[int]]:
+        """A round's client groups by training samples, largest first (ties by client id): the round ends on
+        its smallest, whichever workers are free for them, and the order is a rule of the round's clients
         alone, so the updates are added in the same order whatever the workers."""
-        return sorted(units, key=lambda unit: (-sum(self.sizes[c] for c in unit), unit[0]))
+        return sorted(groups, key=lambda group: (-sum(self.sizes[c] for c in group), group[0]))
 
     def _states_for(self, unit: list[int]) -> dict[int, dict[str, Any]]:
         return {c: self.client_store[c] for c in unit if c in self.client_store}
@@ -283,8 +284,9 @@ class Federation:
                             global_state=self.global_state, server={})
         scores: dict[int, tuple[int, float, int]] = {}
         for chunk in client_groups(clients, -(-EVAL_CLIENTS // group) * group):  # whole groups in each
-            for part in self.pool.map(run_ref, "evaluate_clients", units(chunk, self.pool.width(), group), inputs,
-                                      finetune, per_unit=self._states_for):
+            calls = [[cid for unit in part for cid in unit] for part in units(client_groups(chunk, group),
+                                                                              self.pool.width())]
+            for part in self.pool.map(run_ref, "evaluate_clients", calls, inputs, finetune, per_unit=self._states_for):
                 scores.update(part)
         accs = [scores[c][0] / scores[c][2] for c in clients]
         losses = [scores[c][1] / scores[c][2] for c in clients]

@@ -232,11 +232,10 @@ def test_a_diverging_client_stops_like_on_the_exact_path():
 
 def test_groups_depend_on_the_client_list_alone_and_travel_whole():
     assert client_groups([7, 2, 9, 4, 5], 2) == [[2, 4], [5, 7], [9]]
-    clients = [0, 2, 3, 5, 6, 8, 9]
-    for workers in (1, 2, 3):
-        cut = units(clients, workers, group=3)
-        assert [c for unit in cut for c in unit] == clients
-        assert [g for unit in cut for g in client_groups(unit, 3)] == client_groups(clients, 3)
+    groups = client_groups([0, 2, 3, 5, 6, 8, 9], 3)
+    for workers in (1, 2, 3):  # a call of whole groups, in any order, re-chunks into the very same groups
+        for part in units(groups[::-1], workers, per_worker=1):
+            assert client_groups([c for group in part for c in group], 3) == sorted(part)
     assert units(list(range(100)), 2) == [list(range(start, min(start + 7, 100))) for start in range(0, 100, 7)]
 
 
