@@ -1,14 +1,12 @@
-"""A weighted sum whose bits do not depend on the order of its terms.
+"""An order-independent weighted sum, so 1 worker and N workers aggregate to the same bits.
 
-Floating-point addition is not associative: clients {1, 2} summed before {3} differ in the last bits from
-{3} before {1, 2}, and those bits grow over rounds. Each term w·v (a float32 value times a weight, exact in
-float64 for integer weights < 2^29) is split into a coarse part on a fixed grid of 2^-GRID_BITS, whose sums
-are exact in float64 and so independent of order, and a remainder below that grid. Only the remainders' sum
-can depend on order, at ~2^-(GRID_BITS+52) in absolute terms: far below float32 resolution for any weight
-that matters. Weights are summed with ``math.fsum`` (exactly rounded, hence order-free). The round loop
-adds the clients in an order fixed by the round's clients, whichever worker trained them
-(``Federation.step``); this arithmetic is what every earlier figure was summed with, workers' partial sums
-merged, so it keeps their bits.
+Floating-point addition is not associative: if worker A sums clients {1, 2} and worker B {3}, the total
+differs in the last bits from one worker summing {1, 2, 3}, and those bits grow over rounds. Each term
+w·v (a float32 value times a weight, exact in float64 for integer weights < 2^29) is split into a
+coarse part on a fixed grid of 2^-GRID_BITS, whose sums are exact in float64 and so independent of order,
+and a remainder below that grid. Only the remainders' sum can depend on order, at ~2^-(GRID_BITS+52) in
+absolute terms: far below float32 resolution for any weight that matters. Weights are summed with
+``math.fsum`` (exactly rounded, hence order-free).
 """
 
 from __future__ import annotations
@@ -50,7 +48,7 @@ def _terms(value: np.ndarray, weight: float) -> Iterator[tuple[slice, np.ndarray
 
 @dataclass
 class WeightedSum:
-    """Σ_k w_k·u_k over clients' updates."""
+    """Σ_k w_k·u_k over clients' updates, mergeable across workers in any grouping."""
 
     weights: list[float] = field(default_factory=list)
     coarse: dict[str, np.ndarray] = field(default_factory=dict)
@@ -76,9 +74,24 @@ class WeightedSum:
                     coarse_sum[block] += coarse
                     fine_sum[block] += fine
 
+    def merge(self, other: WeightedSum) -> None:
+        """Fold another partial sum (e.g. another worker's) into this one."""
+        self.weights.extend(other.weights)
+        for key in other.coarse:
+            if key not in self.coarse:
+                self.coarse[key], self.fine[key] = other.coarse[key], other.fine[key]
+                self.dtypes[key] = other.dtypes[key]
+                continue
+            for sums, theirs in ((self.coarse, other.coarse), (self.fine, other.fine)):
+                total = self._flat(sums, key)
+                total += theirs[key].reshape(-1)
+
     @staticmethod
     def _flat(sums: dict[str, np.ndarray], key: str) -> np.ndarray:
-        """A flat view of ``sums[key]``."""
+        """A writable flat view of ``sums[key]``, copied first when it is read-only: another worker's
+        partial as Ray's object store hands it over, which a merge adds to but never writes."""
+        if not sums[key].flags.writeable:
+            sums[key] = np.array(sums[key])
         return sums[key].reshape(-1)
 
     def entry_bits(self) -> int:

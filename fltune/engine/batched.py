@@ -11,7 +11,7 @@ Semantics are the exact path's, client by client: each client's batches and nois
 a non-finite loss, is masked (nothing of it changes); a short batch is padded and averaged over its real
 samples. The bits differ from the exact path's (batched kernels sum in another order), but a group depends
 only on its clients: groups are the sorted client ids in chunks of ``resources.batch_clients``, handed to
-workers whole (one unit of ``Pool.map`` each), so results are independent of the worker count.
+workers whole (``dispatch.balance``), so results are independent of the worker count.
 """
 
 from __future__ import annotations
@@ -45,8 +45,8 @@ Stacked = dict[str, Tensor]
 
 def client_groups(clients: list[int], size: int) -> list[list[int]]:
     """The clients, sorted, in consecutive chunks of ``size``: a rule of the client list alone, never of
-    the workers. A unit of whole groups re-chunks into the very same groups (only the last group, which
-    holds the largest ids, can be short), so workers need not be told the grouping."""
+    the workers. A worker's shard made of whole groups re-chunks into the very same groups (only the last
+    group, which holds the largest ids, can be short), so workers need not be told the grouping."""
     ordered = sorted(clients)
     return [ordered[start:start + size] for start in range(0, len(ordered), size)]
 

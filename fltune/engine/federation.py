@@ -28,7 +28,7 @@ from fltune.engine.aggregate import WeightedSum
 from fltune.engine.batched import client_groups, note_fallback
 from fltune.engine.builders import build_method, build_model_for, initial_state
 from fltune.engine.callbacks import Callback
-from fltune.engine.dispatch import TRAINING_UNITS_PER_WORKER, Pool, deal, units
+from fltune.engine.dispatch import Pool, balance, deal
 from fltune.engine.evaluation import batch_scores, eval_batch_count, total_scores
 from fltune.engine.transfer import RoundInput, load_state
 from fltune.engine.probes import Probe, ProbeTask, RoundView
@@ -93,7 +93,6 @@ class Federation:
         self.artifacts: list[Path] = []
         """Files the probes wrote (end-of-run figures), for the tracking callbacks."""
         self.probes: list[Probe] = list(probes(self)) if probes else []
-        self.keep_latest = any(probe.keeps_local_models for probe in self.probes)
         self.callbacks: Sequence[Callback] = ()
         """Those of the ``run`` in progress (told as each probe starts)."""
 
@@ -104,7 +103,8 @@ class Federation:
             if self.pool is None:
                 assert self.start_pool is not None
                 self.pool = self.start_pool()
-            self.run_ref, self.data = self.pool.bind(self.cfg, self.data, self.keep_latest)  # the workers' copy
+            keep = any(probe.keeps_local_models for probe in self.probes)
+            self.run_ref, self.data = self.pool.bind(self.cfg, self.data, keep_latest=keep)  # the workers' copy
 
     def close(self) -> None:
         """Stop the workers this run started (a caller's pool stays up for its owner)."""
@@ -164,20 +164,17 @@ class Federation:
         )
         meters = [build for probe in self.probes if (build := probe.client_meter(r)) is not None]
         res = self.cfg.resources
-        group = res.batch_clients if res.executor == "batched" else 1  # a batched group trains in one call
-        groups = units(self._largest_first(client_groups(clients, group)), self.pool.width(), TRAINING_UNITS_PER_WORKER)
-        calls = [[cid for unit in part for cid in unit] for part in groups]  # whole batched groups in each
-        results = self.pool.map(self.run_ref, "train", calls, inputs, meters, per_unit=self._states_for)
+        group = res.batch_clients if res.executor == "batched" else 1  # whole groups per worker
+        shards = balance(clients, self.sizes, self.pool.width(), group)
+        results = self.pool.map(self.run_ref, "train", shards, inputs, meters, per_shard=self._states_for)
         total = WeightedSum()
         uploads, states, client_metrics, latest = {}, {}, {}, {}
-        for part in results:  # in call order, whichever worker trained them: the very sum one worker makes
-            for weight, update in part.updates.values():
-                total.add(weight, update)
-            uploads.update(part.uploads)
-            states.update(part.states)
-            client_metrics.update(part.metrics)
-            if self.keep_latest:
-                latest.update(part.local_models(self.method))
+        for res in results:
+            total.merge(res.summed())
+            uploads.update(res.uploads)
+            states.update(res.states)
+            client_metrics.update(res.metrics)
+            latest.update(res.local_models(self.method))
         metrics = self._train_metrics(client_metrics)
         previous = self.global_state
         self.round = r
@@ -231,14 +228,8 @@ class Federation:
                 if probe.clock:
                     metrics[probe.clock] = metrics.get(probe.clock, 0.0) + time.perf_counter() - probe_start
 
-    def _largest_first(self, groups: list[list[int]]) -> list[list[int]]:
-        """A round's client groups by training samples, largest first (ties by client id): the round ends on
-        its smallest, whichever workers are free for them, and the order is a rule of the round's clients
-        alone, so the updates are added in the same order whatever the workers."""
-        return sorted(groups, key=lambda group: (-sum(self.sizes[c] for c in group), group[0]))
-
-    def _states_for(self, unit: list[int]) -> dict[int, dict[str, Any]]:
-        return {c: self.client_store[c] for c in unit if c in self.client_store}
+    def _states_for(self, shard: list[int]) -> dict[int, dict[str, Any]]:
+        return {c: self.client_store[c] for c in shard if c in self.client_store}
 
     @staticmethod
     def _train_metrics(client_metrics: dict[int, dict[str, float]]) -> dict[str, float]:
@@ -252,9 +243,9 @@ class Federation:
         """(accuracy, mean loss) of the model with weights ``state`` on the pooled test set, or with
         ``split="val"`` on the union of the clients' validation splits.
 
-        On the workers while the run is open: the split's batches are cut into contiguous units, and the
-        per-batch scores come back in batch order, so correct counts and summed losses are the very numbers
-        one process computes (``evaluate``), whatever the worker count."""
+        On the workers while the run is open: the split's batches are divided into contiguous shards,
+        one per worker, and the per-batch scores come back in batch order, so correct counts and summed
+        losses are the very numbers one process computes (``evaluate``), whatever the worker count."""
         n = len(self.data.split(split)[1])
         if n == 0:  # a run with metrics.test: false holds no test data: reading it is a bug, never a score
             raise FLTuneError(f"this run has no {split} data to evaluate on")
@@ -263,7 +254,9 @@ class Federation:
             load_state(self.eval_model, state)
             scores = batch_scores(self.eval_model, self.data, *self.data.split(split), self.device, batches)
         else:
-            parts = self.pool.map(self.run_ref, "evaluate_split", units(batches, self.pool.width()), state, split)
+            workers = self.pool.width()
+            shards = [batches[len(batches) * i // workers:len(batches) * (i + 1) // workers] for i in range(workers)]
+            parts = self.pool.map(self.run_ref, "evaluate_split", shards, state, split)
             scores = [score for part in parts for score in part]
         correct, loss, _ = total_scores(scores, n)
         return correct / n, loss / n
@@ -276,6 +269,8 @@ class Federation:
         assert self.pool is not None
         clients = list(range(self.cfg.federation.clients))
         run_ref = self.run_ref if split == "test" else self._validation_run()
+        held_out = self.data.client_eval if split == "test" else self.data.client_val
+        sizes = self.sizes if finetune else [len(idx) for idx in held_out]
         res = self.cfg.resources
         group = res.batch_clients if finetune and res.executor == "batched" else 1  # a final round's groups whole
         training = self.cfg.training
@@ -284,9 +279,9 @@ class Federation:
                             global_state=self.global_state, server={})
         scores: dict[int, tuple[int, float, int]] = {}
         for chunk in client_groups(clients, -(-EVAL_CLIENTS // group) * group):  # whole groups in each
-            calls = [[cid for unit in part for cid in unit] for part in units(client_groups(chunk, group),
-                                                                              self.pool.width())]
-            for part in self.pool.map(run_ref, "evaluate_clients", calls, inputs, finetune, per_unit=self._states_for):
+            shards = balance(chunk, sizes, self.pool.width(), group)
+            for part in self.pool.map(run_ref, "evaluate_clients", shards, inputs, finetune,
+                                      per_shard=self._states_for):
                 scores.update(part)
         accs = [scores[c][0] / scores[c][2] for c in clients]
         losses = [scores[c][1] / scores[c][2] for c in clients]

@@ -6,25 +6,18 @@ retried (``max_task_retries``); since a call carries everything a client needs a
 randomness is keyed by (seed, round, client id), the retried round gives the same bits as an unbroken one.
 
 The driver's share (``WorkerPlan.in_driver``, an :class:`InProcessPool`): the driver only waits while its
-actors train, and every torch process holds its own copy of torch's memory, so a local CPU run trains in
-the driver too instead of starting one more actor (issue 12's CPU memory goal). Its arguments come
+actors train, and every torch process holds its own copy of torch's memory, so a local CPU run trains one
+shard in the driver instead of starting one more actor (issue 12's CPU memory goal). Its arguments come
 through Ray's object store, so it reads what an actor reads, and its results come back as copies, so the
-caller holds what an actor would return: the numbers are the same bits. It takes its share of every call,
-round 1's metered training and the FLOP count included: counting loads none of torch's compiler stack
-(``metrics._flops.TrainingFlops``).
-
-A call's units go to whichever worker is free (``WorkerPool.map``): an actor still importing torch as round 1
-starts, or one slowed by a busy machine, takes fewer units, and the round ends when the work does, not when
-the slowest worker's fixed share does. Which worker ran a unit changes no number: the results come back in
-unit order, and the round loop adds the clients' updates in that order (largest first, a rule of the round's
-clients alone).
+caller holds what an actor would return: the shards do not depend on which slot trains them, and the
+numbers are the same bits. It takes its share of every call, round 1's metered training and the FLOP count
+included: counting loads none of torch's compiler stack (``metrics._flops.TrainingFlops``).
 """
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Iterator
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -99,8 +92,8 @@ class InProcessPool:
     (read-only zero-copy arrays, its own copy of the client states). The caller keeps what an actor would
     return: copies, not views of this worker's model, which its next call overwrites. They are deep copies
     on the driver's heap, not objects put in the store: a page of the store, once used, stays resident for
-    the rest of the run, so a round's results put there (its clients' updates) would keep that much more of
-    the store resident, where a copy is freed once the round has summed it. It trains
+    the rest of the run, so a round's result put there (a partial sum of the weights in float64) would keep
+    that much more of the store resident, where a copy is freed once the round has summed it. It trains
     with the plan's thread count, as an actor does (torch's CPU kernels may round differently per thread
     count), and gives the driver its own back between calls."""
 
@@ -118,11 +111,10 @@ class InProcessPool:
         self.call("ready", [ref])
         return ref, ray.get(ref).data
 
-    def map(self, run: ray.ObjectRef, method: str, units: list[list[Any]], *args: Any,
-            per_unit: Callable[[list[Any]], Any] | None = None) -> Iterator[Any]:
-        """``Pool.map``: the units one after another."""
-        for unit in units:
-            yield self.call(method, [run], *args, *_call_tail(unit, per_unit))
+    def map(self, run: ray.ObjectRef, method: str, shards: list[list[Any]], *args: Any,
+            per_shard: Callable[[list[Any]], Any] | None = None) -> list[Any]:
+        (shard,) = shards
+        return [self.call(method, [run], *args, *_call_tail(shard, per_shard))] if shard else []
 
     def call(self, method: str, *args: Any) -> Any:
         """``ClientWorker.method(*args)``, each argument read from Ray's object store as an actor reads it."""
@@ -137,8 +129,8 @@ class InProcessPool:
 
 class WorkerPool:
     """``plan.workers`` client workers — ClientWorker actors, and the driver's share (an
-    :class:`InProcessPool`, on a thread of its own) when ``plan.in_driver`` — ; ``map`` sends each unit to the
-    next free worker and gives the results back in unit order.
+    :class:`InProcessPool`) when ``plan.in_driver`` — ; ``map`` runs one call per non-empty shard and gathers
+    results.
 
     The workers are bound to no run: every call names its run (``bind``), so one pool can serve many runs
     (a test's many methods, a caller's sweep) without paying for new worker processes each time.
@@ -152,9 +144,6 @@ class WorkerPool:
         threads = max(1, int(plan.cpus))
         self.actors = [remote.remote(threads) for _ in range(plan.actors)]
         self.driver = InProcessPool(threads) if plan.in_driver else None
-        self.driver_thread = ThreadPoolExecutor(1, thread_name_prefix="fltune-share") if plan.in_driver else None
-        """Where the driver's share trains, so that this thread hands the next unit to an actor the moment
-        the actor is free."""
 
     def width(self) -> int:
         """Shards a call is split into: one per worker, the driver's share included."""
@@ -173,52 +162,29 @@ class WorkerPool:
             self.driver.call("ready", [ref])
         return ref, ray.get(ref).data
 
-    def map(self, run: ray.ObjectRef, method: str, units: list[list[Any]], *args: Any,
-            per_unit: Callable[[list[Any]], Any] | None = None) -> Iterator[Any]:
-        """``Pool.map``: each unit to the next free worker, the actors served first, so the driver's share
-        trains while they do; each result is yielded once it and every unit before it are done.
+    def map(self, run: ray.ObjectRef, method: str, shards: list[list[Any]], *args: Any,
+            per_shard: Callable[[list[Any]], Any] | None = None) -> list[Any]:
+        """``Pool.map``. Worker 0 is the driver's share when there is one: the actors' calls are sent first,
+        so it trains while they do.
 
         The arguments go to the object store once for all calls, and the run's reference nested (``[run]``)
         so Ray does not copy the dataset into every call; runs that share the pool interleave freely, each
         call naming its own.
         """
+        assert len(shards) == self.width(), (len(shards), self.width())
         shared = [ray.put(arg) for arg in args]
-        todo = iter(enumerate(units))
-        running: dict[Future, tuple[Any, int]] = {}
-        done: dict[int, Any] = {}
-
-        def send(worker: Any) -> None:
-            if (item := next(todo, None)) is not None:
-                index, unit = item
-                tail = (*shared, *_call_tail(unit, per_unit))
-                if worker is self.driver:
-                    assert self.driver_thread is not None
-                    future = self.driver_thread.submit(self.driver.call, method, [run], *tail)
-                else:
-                    future = getattr(worker, method).remote([run], *tail).future()
-                running[future] = (worker, index)
-
-        for worker in (*self.actors, *([self.driver] if self.driver else [])):
-            send(worker)
-        following = 0
-        while running:
-            finished, _ = wait(running, return_when=FIRST_COMPLETED)
-            for future in finished:
-                worker, index = running.pop(future)
-                done[index] = future.result()
-                send(worker)
-            while following in done:
-                yield done.pop(following)
-                following += 1
+        driver_shard, actor_shards = (shards[0], shards[1:]) if self.driver is not None else ([], shards)
+        refs = [getattr(actor, method).remote([run], *shared, *_call_tail(shard, per_shard))
+                for actor, shard in zip(self.actors, actor_shards) if shard]
+        own = self.driver.map(run, method, [driver_shard], *shared, per_shard=per_shard) if self.driver else []
+        return own + ray.get(refs)
 
     def shutdown(self) -> None:
         for actor in self.actors:
             ray.kill(actor)
         self.actors = []
-        if self.driver_thread is not None:
-            self.driver_thread.shutdown()
 
 
-def _call_tail(unit: list[Any], per_unit: Callable[[list[Any]], Any] | None) -> tuple[Any, ...]:
-    """A worker call's last arguments: its unit, and what ``per_unit`` gives it."""
-    return (unit, *((per_unit(unit),) if per_unit else ()))
+def _call_tail(shard: list[Any], per_shard: Callable[[list[Any]], Any] | None) -> tuple[Any, ...]:
+    """A worker call's last arguments: its shard, and what ``per_shard`` gives it."""
+    return (shard, *((per_shard(shard),) if per_shard else ()))

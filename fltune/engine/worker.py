@@ -2,14 +2,15 @@
 
 A worker serves one run at a time: the run's config and dataset arrive by reference with every call
 (one ``ray.put`` per run, see ``WorkerPool.bind``), and the worker builds its model and method when the
-run changes. Per call it trains a unit of the round's clients (one, or a batched group) and returns each
-client's weight and update, which the driver adds up in the round's unit order (aggregate.py), its upload,
-new state and metrics, with whatever the meters the call carries measured around its training
-(``Probe.client_meter``). Weights arrive as numpy from one ``ray.put`` per round.
+run changes. Per call it trains its share of the round's clients one after another and returns one partial
+weighted sum (see aggregate.py) plus each client's upload, new state and metrics, with whatever the
+meters the call carries measured around its training (``Probe.client_meter``). Weights
+arrive as numpy from one ``ray.put`` per round.
 
-When a probe needs every local model (``RunSpec.keep_latest``: ``all_model``, H_N/H_D), those travel too,
-except where the method rebuilds them exactly from their updates (``Method.local_model``): then each
-client's weights travel once.
+When a probe needs every local model (``RunSpec.keep_latest``: ``all_model``, H_N/H_D), a worker whose
+clients' models the method rebuilds from their updates (``Method.local_model``) returns those updates
+instead of its partial sum, and the driver sums them in the worker's order: each client's weights travel
+once. Otherwise it returns the partial sum and every local model.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import torch
 
 from fltune.config import ExperimentConfig
 from fltune.data.federated import FederatedData
+from fltune.engine.aggregate import WeightedSum
 from fltune.engine.batched import client_groups, train_group, unbatchable
 from fltune.engine.builders import build_method, build_model_for, resolve_augment
 from fltune.engine.batches import Batch, batches
@@ -60,21 +62,33 @@ class RunSpec:
 
 @dataclass
 class WorkerResult:
-    """One call's clients: each one's weight and update (``updates``, in the order trained), upload, new
-    state and metrics, and the local models the driver cannot rebuild from the updates (``latest``)."""
+    """One worker's share of a round: its weighted sum as ``partial``, or the summands themselves as
+    ``updates`` (each client's weight and update, in the order the worker trained them), for the driver to
+    add up (:meth:`summed`)."""
 
-    updates: dict[int, tuple[float, State]] = field(default_factory=dict)
+    partial: WeightedSum
     uploads: dict[int, Upload] = field(default_factory=dict)
     states: dict[int, dict[str, Any]] = field(default_factory=dict)
     metrics: dict[int, dict[str, float]] = field(default_factory=dict)
     latest: dict[int, State] = field(default_factory=dict)
-    """Local models shipped as they are (with ``keep_latest``, those the method does not rebuild)."""
+    """Local models shipped as they are (those not rebuilt from ``updates``)."""
+    updates: dict[int, tuple[float, State]] = field(default_factory=dict)
+
+    def summed(self) -> WeightedSum:
+        """The worker's weighted sum: the shipped ``partial``, or ``updates`` added in the worker's order,
+        which are the very operations the worker would have done, so the same bits."""
+        if not self.updates:
+            return self.partial
+        total = WeightedSum()
+        for weight, update in self.updates.values():
+            total.add(weight, update)
+        return total
 
     def local_models(self, method: Method) -> dict[int, State]:
         """Every trained client's local model: shipped, or rebuilt here from its update (the worker
         checked that the rebuild is exact, :meth:`ClientWorker._pack`)."""
         rebuilt = {cid: method.local_model(update, self.states[cid], self.uploads[cid])
-                   for cid, (_, update) in self.updates.items() if cid not in self.latest}
+                   for cid, (_, update) in self.updates.items()}
         return {**rebuilt, **self.latest}
 
 
@@ -124,7 +138,7 @@ class ClientWorker:
         executor trains them in groups (engine/batched.py), except in a round whose probes meter each
         client's own training (``builders``: what builds each meter, ``Probe.client_meter``)."""
         data = self._attach(run_ref)
-        result = WorkerResult()
+        result = WorkerResult(partial=WeightedSum())
         global_tensors = state_on_device(inputs.global_state, self.device)
         if self.batched and not builders:
             return self._pack(self._train_groups(result, inputs, client_ids, states, global_tensors))
@@ -149,7 +163,7 @@ class ClientWorker:
         self, result: WorkerResult, inputs: RoundInput, client_ids: list[int], states: dict[int, dict[str, Any]],
         global_tensors: dict[str, torch.Tensor],
     ) -> WorkerResult:
-        """The batched executor: the unit's client groups one after another, each trained at once."""
+        """The batched executor: the shard's client groups one after another, each trained at once."""
         for group in client_groups(client_ids, self.cfg.resources.batch_clients):
             for cid, out in train_group(self.method, self.model, self.data, group, inputs, states, self.cfg.training,
                                         self.augment_kind, self.device, global_tensors, self.executor.source,
@@ -161,22 +175,28 @@ class ClientWorker:
         return result
 
     def _keep(self, result: WorkerResult, cid: int, out: ClientResult) -> None:
-        """Add a trained client to the call's result; with ``keep_latest`` also its local model (what
-        ``self.model`` holds now), until :meth:`_pack` decides whether it ships."""
+        """Add a trained client to the worker's share (its local model: what ``self.model`` holds now);
+        with ``keep_latest`` its update is held apart until :meth:`_pack` decides what ships."""
         result.uploads[cid], result.states[cid], result.metrics[cid] = out.upload, out.state, out.metrics
-        result.updates[cid] = (out.weight, out.update)
         if self.keep_latest:
+            result.updates[cid] = (out.weight, out.update)
             result.latest[cid] = to_numpy(self.model.state_dict())
+        else:
+            result.partial.add(out.weight, out.update)
 
     def _pack(self, result: WorkerResult) -> WorkerResult:
-        """What ships: no local model when the method rebuilds every one of them exactly from its client's
-        update, state and upload (``Method.local_model``); else every one."""
-        rebuilt = self.keep_latest and self.rebuild and all(
+        """What ships of a share that kept its local models: the updates alone when the method rebuilds
+        every one of those models exactly from its client's update, state and upload
+        (``Method.local_model``); else the partial sum and every local model."""
+        rebuilt = self.rebuild and all(
             _identical(self.method.local_model(update, result.states[cid], result.uploads[cid]), result.latest[cid])
             for cid, (_, update) in result.updates.items()
         )
         if rebuilt:
             result.latest = {}
+        else:
+            result.partial = result.summed()
+            result.updates = {}
         return result
 
     def evaluate_clients(
@@ -185,11 +205,11 @@ class ClientWorker:
     ) -> dict[int, tuple[int, float, int]]:
         """Personalised protocol: each client's own model (after its final personal round when ``finetune``,
         ``local.final_round``) on its own held-out split, in chunks of clients whose weights fill at most
-        ``STAGED_BYTES`` (``_score_chunk``). Scores are read once for the whole unit."""
+        ``STAGED_BYTES`` (``_score_chunk``). Scores are read once for the whole shard."""
         data = self._attach(run_ref)
         global_tensors = state_on_device(inputs.global_state, self.device)
         per_chunk = max(1, STAGED_BYTES // sum(v.nbytes for v in inputs.global_state.values()))
-        if finetune and self.batched:  # chunks of whole groups: a final round's groups are the run's, not the unit's
+        if finetune and self.batched:  # chunks of whole groups: a final round's groups are the run's, not the shard's
             per_chunk = -(-per_chunk // self.cfg.resources.batch_clients) * self.cfg.resources.batch_clients
         sums: dict[int, torch.Tensor] = {}
         for first in range(0, len(client_ids), per_chunk):

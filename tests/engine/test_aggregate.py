@@ -1,9 +1,10 @@
-"""The weighted sum must not depend on the order of its terms (the bits of every figure summed from workers'
-partials), and summing block by block (to bound its float64 temporaries) must give the whole-array formula's bits."""
+"""The weighted sum must not depend on how clients are grouped across workers (determinism, 1 vs N), and
+summing block by block (to bound its float64 temporaries) must give the whole-array formula's bits."""
 
 import math
 
 import numpy as np
+import ray
 
 from fltune.engine.aggregate import BLOCK, GRID_BITS, WeightedSum
 
@@ -19,25 +20,31 @@ def _updates(seed: int = 0, clients: int = 7) -> list[tuple[float, dict[str, np.
     ]
 
 
-def _summed(updates, order: list[int]) -> dict[str, np.ndarray]:
-    total = WeightedSum()
-    for i in order:
-        total.add(*updates[i])
+def _grouped(updates, groups: list[list[int]]) -> dict[str, np.ndarray]:
+    partials = []
+    for group in groups:
+        part = WeightedSum()
+        for i in group:
+            part.add(*updates[i])
+        partials.append(part)
+    total = partials[0]
+    for part in partials[1:]:
+        total.merge(part)
     return total.mean()
 
 
-def test_order_gives_identical_bits():
+def test_grouping_and_order_give_identical_bits():
     updates = _updates()
-    one = _summed(updates, list(range(7)))
-    two = _summed(updates, [6, 0, 3, 5, 1, 4, 2])
-    three = _summed(updates, [2, 4, 0, 6, 5, 3, 1])
+    one = _grouped(updates, [list(range(7))])
+    two = _grouped(updates, [[6, 0, 3], [5, 1, 4, 2]])
+    three = _grouped(updates, [[2], [4, 0], [6, 5, 3, 1]])
     for key in one:
         assert one[key].tobytes() == two[key].tobytes() == three[key].tobytes()
 
 
 def test_mean_matches_weighted_average_and_keeps_dtypes():
     updates = _updates(seed=1)
-    mean = _summed(updates, list(range(7)))
+    mean = _grouped(updates, [list(range(7))])
     weights = np.array([w for w, _ in updates])
     expected = sum(w * u["w"].astype(np.float64) for w, u in updates) / weights.sum()
     np.testing.assert_allclose(mean["w"], expected, rtol=1e-6, atol=1e-12)
@@ -73,3 +80,21 @@ def test_block_by_block_sums_give_the_whole_array_formulas_bits():
     mean = ((coarse_sum + fine_sum) / math.fsum(sorted(w for w, _ in updates))).astype(np.float32)
     assert acc.coarse["w"].tobytes() == coarse_sum.tobytes() and acc.fine["w"].tobytes() == fine_sum.tobytes()
     assert acc.mean()["w"].shape == shape and acc.mean()["w"].tobytes() == mean.tobytes()
+
+
+def test_merging_partials_from_the_object_store_leaves_them_as_they_were(ray_session):
+    """Another worker's partial arrives read-only from Ray's object store: a merge adds to a copy of it
+    and gives the bits of summing every client in one place."""
+    updates = _updates(seed=3)
+    parts = [WeightedSum(), WeightedSum()]
+    for i, (weight, update) in enumerate(updates):
+        parts[i % 2].add(weight, update)
+    received = [ray.get(ray.put(part)) for part in parts]
+    before = [part.coarse["w"].tobytes() for part in received]
+    total = WeightedSum()
+    for part in received:
+        total.merge(part)
+    assert not received[0].coarse["w"].flags.writeable
+    assert [part.coarse["w"].tobytes() for part in received] == before
+    one = _grouped(updates, [list(range(len(updates)))])
+    assert all(total.mean()[key].tobytes() == one[key].tobytes() for key in one)

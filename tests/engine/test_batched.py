@@ -25,7 +25,7 @@ from fltune.engine.federation import Federation
 from fltune.engine.batches import DeviceBatches, batches
 from fltune.engine.local import train_client
 from fltune.engine.transfer import RoundInput
-from fltune.engine.dispatch import units
+from fltune.engine.dispatch import balance
 from fltune.engine.rng import derive_seed
 from fltune.methods import METHODS, get_method
 from fltune.methods.base import ClientResult, Method, Phase
@@ -232,11 +232,14 @@ def test_a_diverging_client_stops_like_on_the_exact_path():
 
 def test_groups_depend_on_the_client_list_alone_and_travel_whole():
     assert client_groups([7, 2, 9, 4, 5], 2) == [[2, 4], [5, 7], [9]]
-    groups = client_groups([0, 2, 3, 5, 6, 8, 9], 3)
-    for workers in (1, 2, 3):  # a call of whole groups, in any order, re-chunks into the very same groups
-        for part in units(groups[::-1], workers, per_worker=1):
-            assert client_groups([c for group in part for c in group], 3) == sorted(part)
-    assert units(list(range(100)), 2) == [list(range(start, min(start + 7, 100))) for start in range(0, 100, 7)]
+    sizes = [100, 5, 80, 60, 40, 10, 30, 20, 90, 70]
+    clients = [0, 2, 3, 5, 6, 8, 9]
+    for workers in (1, 2, 3):
+        shards = balance(clients, sizes, workers, group=3)
+        assert sorted(c for s in shards for c in s) == clients
+        regrouped = sorted(g for s in shards for g in client_groups(s, 3))
+        assert regrouped == client_groups(clients, 3)
+    assert balance(clients, sizes, 2) == balance(clients, sizes, 2, group=1)
 
 
 def laid_out(overrides: list[str], group: list[int], augment_kind: str = "none", epoch: int = 0):

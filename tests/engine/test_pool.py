@@ -98,9 +98,9 @@ def process_id(cfg: object, data: object, device: torch.device) -> int:
     return os.getpid()
 
 
-def big_result(cfg: object, data: object, device: torch.device) -> tuple[int, np.ndarray]:
-    """A probe task whose result is too large for Ray to inline in a reply (> 100 KiB), and where it ran."""
-    return os.getpid(), np.ones(1 << 18)
+def big_result(cfg: object, data: object, device: torch.device) -> np.ndarray:
+    """A probe task whose result is too large for Ray to inline in a reply (> 100 KiB)."""
+    return np.ones(1 << 18)
 
 
 def test_the_driver_shares_results_are_copies_outside_the_object_store(ray_session):
@@ -112,8 +112,7 @@ def test_the_driver_shares_results_are_copies_outside_the_object_store(ray_sessi
 
     pool = WorkerPool(WorkerPlan(workers=2, cpus=1.0, gpus=0.0, in_driver=True))
     try:
-        results = dict(deal(pool, pool.bind(cfg, load_data(cfg), keep_latest=False)[0], [big_result] * 2))
-        own, actors = results.pop(os.getpid()), results.popitem()[1]  # each worker starts with one unit
+        own, actors = deal(pool, pool.bind(cfg, load_data(cfg), keep_latest=False)[0], [big_result] * 2)
         assert own.flags.writeable and own.flags.owndata
         assert not actors.flags.writeable
         assert np.array_equal(own, actors)
@@ -121,9 +120,9 @@ def test_the_driver_shares_results_are_copies_outside_the_object_store(ray_sessi
         pool.shutdown()
 
 
-def test_the_driver_share_takes_units_beside_the_actor(ray_session):
-    """A call's first units go to the actor and then the driver's share, the next to whichever is free; with
-    no actor at all the driver does everything."""
+def test_the_driver_share_takes_slot_0_of_every_call(ray_session):
+    """The driver's share takes slot 0 of a call and the actor the next, in turn; with no actor at all the
+    driver does everything."""
     data_cfg = build_config(overrides=BASE)
     from fltune.engine.builders import load_data
 
@@ -133,7 +132,7 @@ def test_the_driver_share_takes_units_beside_the_actor(ray_session):
     try:
         assert (pool.width(), alone.width()) == (2, 1)
         shared = deal(pool, pool.bind(data_cfg, data, keep_latest=False)[0], [process_id] * 3)
-        assert shared[0] != os.getpid() == shared[1] and shared[2] in shared[:2]
+        assert shared[0] == shared[2] == os.getpid() != shared[1]
         assert deal(alone, alone.bind(data_cfg, data, keep_latest=False)[0], [process_id]) == [os.getpid()]
     finally:
         pool.shutdown()
