@@ -103,11 +103,10 @@ def schema_head() -> str:
     ``down_revision``. Why not ask alembic: its script directory executes every migration, and some import
     MLflow, whose import costs seconds on the main thread of a command about to start; MLflow's own answer
     is the fallback for a layout these lines do not describe (not exactly one head)."""
-    spec = importlib.util.find_spec("mlflow")
-    folder = Path(spec.submodule_search_locations[0]) / "store" / "db_migrations" / "versions" if spec else None
+    package = importlib.util.find_spec("mlflow").submodule_search_locations[0]  # found, not imported
     revisions: set[str] = set()
     parents: set[str] = set()
-    for script in folder.glob("*.py") if folder and folder.is_dir() else ():
+    for script in (Path(package) / "store" / "db_migrations" / "versions").glob("*.py"):
         text = script.read_text()
         revisions.update(re.findall(r'^revision = "(\w+)"', text, re.M))
         for line in re.findall(r"^down_revision = (.*)$", text, re.M):
