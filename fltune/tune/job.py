@@ -278,6 +278,7 @@ class TuneJob(ABC, Generic[Spec]):
 
         from fltune.tracking.progress import console
         from fltune.tune.results import trial_row
+        from fltune.tune.storage import PRUNES
 
         for key, value in JOB_ENV.items():
             os.environ.setdefault(key, value)
@@ -289,6 +290,7 @@ class TuneJob(ABC, Generic[Spec]):
                     tuner.fit()
                 if (failed := library_write_failure()) is not None:  # Tune's last save of its state
                     raise failed
+                PRUNES.release()
             except BaseException as err:
                 self.stop(spec, err)
                 raise

@@ -9,12 +9,23 @@ no longer resume: ``Tuner.restore`` fails with ``EOFError: Ran out of input`` (r
 Writing each file beside its target and renaming it into place when complete (``os.replace``, atomic on
 POSIX) leaves the old version or the new one, never a mix. Remote stores (s3://, gs://) already publish
 an object only when its upload completes, so Tune keeps its own filesystem for them.
+
+Tune also deletes a trial's checkpoints beyond ``num_to_keep`` the moment a newer one registers, while the
+job folder's state that names them is copied later (a forced copy waits for the driver's next step and for
+the copy before it). A driver killed in between leaves a state whose trial resumes from a deleted
+checkpoint ("Could not recover from checkpoint as it does not exist on storage anymore"), on every retry.
+On local disk such deletions wait (``AtomicLocalFiles.delete_dir``) until the job folder holds a state
+saved after them.
 """
 
 from __future__ import annotations
 
+import os
 import pickle
 import re
+import shutil
+import threading
+import time
 from pathlib import Path
 
 import fsspec
@@ -42,15 +53,88 @@ def write_whole(uri: str, data: bytes) -> None:
         out.write(data)
 
 
+STATE_PREFIX = "experiment_state-"
+CHECKPOINT = re.compile(r"checkpoint_\d+")
+
+
+class HeldPrunes:
+    """Trial checkpoints Tune pruned, held until the job folder holds a state saved after the prune.
+
+    One per process: the driver deletes through the filesystem each checkpoint came back with (a copy
+    unpickled from its trial), and copies its state through the one its storage holds. Tune's driver thread
+    saves its state, then starts a copy only when the previous copy has ended (``_BackgroundSyncer``), and
+    prunes on that thread between copies, never between a save and the start of its copy. So a copy that
+    *opened* after a prune may still carry a state saved before it, but a copy that opens after that one
+    *ended* was started, and so saved, after the prune: once it ends, no state in the job folder names the
+    checkpoint."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._asked: list[tuple[str, float]] = []  # (checkpoint, when pruned)
+        self._passed: list[tuple[str, float]] = []  # (checkpoint, when the first copy opened after it ended)
+
+    def hold(self, path: str) -> None:
+        with self._lock:
+            self._asked.append((path, time.monotonic()))
+
+    def state_copied(self, opened: float, ended: float) -> None:
+        """A copy of the job state, opened and ended (whole) at these ``time.monotonic()`` times."""
+        with self._lock:
+            ready = [path for path, since in self._passed if opened > since]
+            self._passed = [(path, since) for path, since in self._passed if opened <= since]
+            self._passed += [(path, ended) for path, asked in self._asked if opened > asked]
+            self._asked = [(path, asked) for path, asked in self._asked if opened <= asked]
+        self._delete(ready)
+
+    def release(self) -> None:
+        """Delete every held checkpoint: Tune's last save of a job whose run ended (``tune.py``: it saves
+        and waits for the copy after its loop, also when stopped) came after every prune."""
+        with self._lock:
+            ready = [path for path, _ in self._asked + self._passed]
+            self._asked, self._passed = [], []
+        self._delete(ready)
+
+    @staticmethod
+    def _delete(paths: list[str]) -> None:
+        for path in paths:
+            shutil.rmtree(path, ignore_errors=True)
+
+
+PRUNES = HeldPrunes()
+
+
 class AtomicLocalFiles(pyarrow.fs.FSSpecHandler):
-    """Local files whose writes are all-or-nothing (``ReplaceOnClose``); everything else is fsspec's
-    local filesystem as pyarrow wraps it. Picklable, so Tune ships it to trials with their storage."""
+    """Local files whose writes are all-or-nothing (``ReplaceOnClose``), and trial checkpoints that Tune
+    prunes held until no saved job state names them (``HeldPrunes``); everything else is fsspec's local
+    filesystem as pyarrow wraps it. Picklable, so Tune ships it to trials with their storage."""
 
     def __init__(self) -> None:
         super().__init__(fsspec.filesystem("file"))
 
     def open_output_stream(self, path: str, metadata: dict | None) -> pyarrow.NativeFile:
+        if Path(path).name.startswith(STATE_PREFIX):
+            return pyarrow.PythonFile(StateCopy(path), mode="w")
         return pyarrow.PythonFile(ReplaceOnClose(path), mode="w")
+
+    def delete_dir(self, path: str) -> None:
+        if CHECKPOINT.fullmatch(Path(path).name):
+            PRUNES.hold(path)
+        else:
+            super().delete_dir(path)
+
+
+class StateCopy(ReplaceOnClose):
+    """A copy of Tune's job state into the job folder, which tells ``PRUNES`` when it opened and ended whole."""
+
+    def __init__(self, path: str) -> None:
+        self.opened = time.monotonic()
+        super().__init__(path)
+
+    def close(self) -> None:
+        whole = not self.closed and not self.failed
+        super().close()
+        if whole and os.path.exists(self.target):
+            PRUNES.state_copied(self.opened, time.monotonic())
 
 
 def job_filesystem(storage: str) -> pyarrow.fs.FileSystem | None:
@@ -106,7 +190,7 @@ def tune_started(path: str) -> bool:
     a job starts afresh instead."""
     fs, folder = pyarrow.fs.FileSystem.from_uri(path)
     found = fs.get_file_info(pyarrow.fs.FileSelector(folder, allow_not_found=True))
-    return any(info.base_name.startswith("experiment_state-") for info in found)
+    return any(info.base_name.startswith(STATE_PREFIX) for info in found)
 
 
 def tuner_whole(path: str) -> bool:

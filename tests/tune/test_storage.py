@@ -1,5 +1,6 @@
 """The job folder's filesystem: a write cut short by a kill leaves the file as it was (Tune's own in-place
-copies left ``tuner.pkl`` empty, and the job unable to resume: ray-project/ray#58179)."""
+copies left ``tuner.pkl`` empty, and the job unable to resume: ray-project/ray#58179), and a checkpoint
+Tune prunes stays until the job folder holds a state saved after the prune."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import pytest
 
 from fltune.errors import FLTuneError
 from fltune.tune.spec import SPEC_FILE, SavedSpec
-from fltune.tune.storage import job_filesystem, storage_root, tuner_whole, write_whole
+from fltune.tune.storage import PRUNES, job_filesystem, storage_root, tuner_whole, write_whole
 from fltune.tune.study import run_config
 
 KILLED_MID_WRITE = """
@@ -50,6 +51,47 @@ def test_a_finished_write_replaces_the_file_and_the_filesystem_travels_to_trials
     assert (job / "experiment_state-1.json").read_text() == "{}"
     assert (job / "trial" / "model.pt").read_bytes() == (staging / "trial" / "model.pt").read_bytes()
     assert sorted(p.name for p in job.rglob("*")) == ["experiment_state-1.json", "model.pt", "trial"]
+
+
+def copy_state(fs: pyarrow.fs.FileSystem, job: Path, text: str) -> None:
+    """One copy of Tune's job state into the job folder, as its syncer makes it."""
+    with fs.open_output_stream(str(job / "experiment_state-1.json")) as out:
+        out.write(text.encode())
+
+
+def test_a_pruned_checkpoint_stays_until_a_state_saved_after_the_prune_is_in_the_job_folder(
+        tmp_path: Path) -> None:
+    """Tune prunes ``checkpoint_000001`` as ``checkpoint_000003`` registers, during a copy of its state. The
+    next copy, opened after the prune, may still carry a state saved before it (Tune's driver thread saves,
+    then waits for the copy under way before it starts the next). The copy that opens after that one ended
+    was started, so saved, after the prune: only when it ends does the checkpoint go. Pruning goes through
+    the filesystem each checkpoint came back with (an unpickled copy), copies through the storage's own; a
+    folder that is not a checkpoint goes at once."""
+    job, trial = tmp_path / "job", tmp_path / "job" / "trial"
+    for name in ("checkpoint_000001", "checkpoint_000003", "other"):
+        (trial / name).mkdir(parents=True)
+    storage, returned = job_filesystem(str(tmp_path)), pickle.loads(pickle.dumps(job_filesystem(str(tmp_path))))
+    under_way = storage.open_output_stream(str(job / "experiment_state-1.json"))
+    returned.delete_dir(str(trial / "other"))
+    returned.delete_dir(str(trial / "checkpoint_000001"))
+    assert not (trial / "other").exists()
+    under_way.write(b"names 1")
+    under_way.close()
+    copy_state(storage, job, "saved before or after the prune")
+    assert (trial / "checkpoint_000001").is_dir()
+    copy_state(storage, job, "saved after the prune")
+    assert sorted(p.name for p in trial.iterdir()) == ["checkpoint_000003"]
+
+
+def test_a_job_whose_run_ended_lets_go_of_what_it_held(tmp_path: Path) -> None:
+    """After ``Tuner.fit`` returns, Tune's last save (made after its loop, stopped or not) came after every
+    prune: what is still held goes (``TuneJob.run``)."""
+    held = tmp_path / "trial" / "checkpoint_000002"
+    held.mkdir(parents=True)
+    job_filesystem(str(tmp_path)).delete_dir(str(held))
+    assert held.is_dir()
+    PRUNES.release()
+    assert not held.exists()
 
 
 def test_every_job_writes_local_folders_through_it_and_leaves_uris_to_tune(tmp_path: Path) -> None:
