@@ -11,6 +11,7 @@ import re
 import shlex
 import shutil
 import subprocess
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import ModuleType
 
@@ -166,25 +167,27 @@ def test_the_readmes_test_commands_are_the_ones_ci_runs() -> None:
 @pytest.mark.slow
 def test_every_readme_command_runs_as_written(tmp_path: Path) -> None:
     """Each fenced command of the README, run in a fresh folder holding what the README refers to (the
-    search spaces, cli.py, its YAML example), exits 0."""
+    search spaces, cli.py, its YAML example), exits 0. Two at a time, each with its own MLflow store and
+    cache: a command is one mostly single-threaded process, and the machine has two cores."""
     assert shutil.which("fltune"), "fltune is not on PATH: pip install -e ."
     readme = (ROOT / "README.md").read_text()
     for name, body in re.findall(r"`([\w.]+\.yaml)`:\n\n```yaml\n(.*?)```", readme, re.S):
         (tmp_path / name).write_text(body)
     (tmp_path / "search_spaces").symlink_to(ROOT / "search_spaces")
     (tmp_path / "cli.py").symlink_to(ROOT / "cli.py")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-           "FLTUNE_CACHE": str(tmp_path / "cache"), "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/mlflow.db"}
-    ran = []
-    for command in readme_commands():
-        shell = as_run(command)
-        if shell is None:
-            continue
-        if "-m pytest" in shell:
-            done = subprocess.run(shell, shell=True, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-        else:
-            done = subprocess.run(shell, shell=True, cwd=tmp_path, env=env, capture_output=True, text=True,
-                                  timeout=600, executable="/bin/bash")
-        assert done.returncode == 0, f"{shell}\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}"
-        ran.append(shell)
+    ran = [shell for shell in map(as_run, readme_commands()) if shell is not None]
+
+    def outcome(numbered: tuple[int, str]) -> tuple[str, subprocess.CompletedProcess]:
+        number, shell = numbered
+        own = tmp_path / f"command{number}"
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+               "FLTUNE_CACHE": str(own / "cache"), "MLFLOW_TRACKING_URI": f"sqlite:///{own}/mlflow.db"}
+        own.mkdir()
+        where = {"cwd": ROOT} if "-m pytest" in shell else {"cwd": tmp_path, "executable": "/bin/bash"}
+        return shell, subprocess.run(shell, shell=True, env=env, capture_output=True, text=True, timeout=600,
+                                     **where)
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        for shell, done in pool.map(outcome, enumerate(ran)):
+            assert done.returncode == 0, f"{shell}\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}"
     assert any(c.startswith("fltune run --method fedavg") for c in ran) and len(ran) >= 8, ran

@@ -110,10 +110,11 @@ def test_every_batched_method_is_checked_against_the_exact_path():
     assert checked == {name for name, cls in METHODS.items() if has_functional_step(cls)}
 
 
-def slow_where(cases: list[list[str]], methods: tuple[str, ...]) -> list:
-    """``cases`` as parameters, those of ``methods`` marked ``slow`` (the fast loop leaves them out)."""
-    return [pytest.param(o, marks=pytest.mark.slow) if {f"method.name={m}" for m in methods} & set(o) else o
-            for o in cases]
+def slow_where(cases: list[list[str]], methods: tuple[str, ...],
+               mark: pytest.MarkDecorator = pytest.mark.slow) -> list:
+    """``cases`` as parameters, those of ``methods`` marked ``mark``: ``slow`` (the fast loop leaves them out)
+    or ``extended`` (the suite too)."""
+    return [pytest.param(o, marks=mark) if {f"method.name={m}" for m in methods} & set(o) else o for o in cases]
 
 
 @pytest.mark.parametrize("overrides", slow_where([
@@ -179,7 +180,7 @@ def test_a_final_round_in_groups_follows_the_exact_one(overrides):
     ["method.name=fedavg"], ["method.name=ditto", "method.lam=0.5", "training.grad_clip=0.5"],
     ["method.name=fedsam", "method.rho=0.5", "training.grad_clip=100"],
     ["method.name=simfafl", "method.beta1=0.1", *VIB],
-], ("ditto", "fedsam", "simfafl")), ids=ids)  # a compile each: seconds
+], ("ditto", "fedsam", "simfafl"), pytest.mark.extended), ids=ids)  # a compile each: seconds; the suite compiles FedAvg's
 def test_a_compiled_step_follows_the_eager_one(overrides, device):
     """``resources.compile``: the group step through torch.compile gives each client the eager batched step's
     weights, states and metrics up to float rounding (fused kernels round differently) in a group with

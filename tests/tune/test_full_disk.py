@@ -19,7 +19,7 @@ from tests.compare.test_command import TINY as COMPARE_TINY
 from tests.compare.test_command import children, runs
 from tests.conftest import needs_fmnist
 from tests.reproduce.test_command import TINY as REPRODUCE_TINY
-from tests.tune.helpers import finished, rounds_logged, start, study_runs, tune_command, write_space
+from tests.tune.helpers import rounds_logged, study_runs, tune_command, write_space
 
 ROUNDS = 2
 
@@ -61,21 +61,19 @@ def said_once(printed: str, disk: Path, resume: str) -> None:
 
 @pytest.mark.slow
 def test_a_study_on_a_full_disk_stops_in_one_line_and_resumes_to_the_same_numbers(
-        ray_session, tmp_path: Path, mlflow_uri: str, small_disk) -> None:
+        ray_session, tmp_path: Path, mlflow_uri: str, small_disk, capsys) -> None:
     disk, resize = small_disk
     space = write_space(tmp_path)
-    cmd = tune_command(space, disk, "--set", f"federation.rounds={ROUNDS}")
-    first = start(cmd, tmp_path / "1.log")
-    assert finished(first, tmp_path / "1.log", timeout=400) == WriteFailed.STATUS, (tmp_path / "1.log").read_text()
-    said_once((tmp_path / "1.log").read_text(), disk, f"tune --name study --storage {disk} --resume")
+    args = tune_command(space, disk, "--set", f"federation.rounds={ROUNDS}")[2:]
+    assert main(args) == WriteFailed.STATUS
+    said_once(capsys.readouterr().err, disk, f"tune --name study --storage {disk} --resume")
     parent, children_ = study_runs(mlflow_uri)
     statuses = [c.info.status for c in children_]  # a trial that ended before the disk filled is FINISHED
     assert parent.info.status == "KILLED" and "KILLED" in statuses and "RUNNING" not in statuses, statuses
     assert not list(disk.rglob("*.part"))
 
     resize("50m")
-    second = start([*cmd, "--resume"], tmp_path / "2.log")
-    assert finished(second, tmp_path / "2.log", timeout=400) == 0, (tmp_path / "2.log").read_text()
+    assert main([*args, "--resume"]) == 0
     parent, children_ = study_runs(mlflow_uri)
     trials = ExperimentAnalysis(str(disk / "study")).trials
     assert parent.info.status == "FINISHED" and len(trials) == 2
@@ -83,9 +81,8 @@ def test_a_study_on_a_full_disk_stops_in_one_line_and_resumes_to_the_same_number
     for child in children_:
         assert child.info.status == "FINISHED" and rounds_logged(mlflow_uri, child.info.run_id) == [1, 2]
 
-    # the study never stopped, in this process on the session's Ray (a third start-up would cost seconds)
     reference = tune_command(space, tmp_path / "ref", "--set", f"federation.rounds={ROUNDS}", "--set",
-                             "tracking.enabled=false")
+                             "tracking.enabled=false")  # the study never stopped
     assert main(reference[2:]) == 0
     assert objectives(disk / "study") == objectives(tmp_path / "ref" / "study")
 
