@@ -96,7 +96,7 @@ def _never(error: BaseException, frames: list[str]) -> bool:
 def _stale_prune(error: BaseException, frames: list[str]) -> bool:
     """Tune's "Error handling checkpoint" when an old checkpoint it prunes (``num_to_keep``) is already gone:
     a driver killed mid-prune had deleted it, so a resumed job tries again. The new checkpoint is registered
-    before the prune, so nothing is lost."""
+    before the prune, so nothing is lost. (A URI storage's: on local disk prunes wait, ``tune.storage.HeldPrunes``.)"""
     return isinstance(error, FileNotFoundError) and "_delete_fs_path" in frames
 
 

@@ -66,7 +66,8 @@ class HeldPrunes:
     prunes on that thread between copies, never between a save and the start of its copy. So a copy that
     *opened* after a prune may still carry a state saved before it, but a copy that opens after that one
     *ended* was started, and so saved, after the prune: once it ends, no state in the job folder names the
-    checkpoint."""
+    checkpoint. A driver killed while it holds some leaves them on disk: superseded checkpoints, never a
+    missing one."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
