@@ -41,8 +41,7 @@ def node_addresses() -> dict[str, str]:
 
 
 def trials_table(rows: list[TrialRow], spec: StudySpec, title: str, ranked: bool = False) -> Table:
-    """State, parameters, round and objective per trial (``ranked``: best first, numbered), and on several
-    nodes, where each trial's workers ran."""
+    """State, parameters, round, objective (and nodes, on several) per trial; ``ranked``: best first."""
     nodes = node_addresses()
     table = Table(title=title, show_lines=False)
     if ranked:
@@ -97,14 +96,9 @@ Planned = tuple[float, float]
 
 def eta(rows: list[TrialRow], trials: int, costs: Mapping[str, float] | None = None,
         planned: Planned | None = None) -> str:
-    """', ETA ~m min': the ``trials`` left (``rows``: those Tune made so far), over how many run at once, at the
-    finished ones' pace; before any ends, ``planned_eta``, else blank.
-
-    How many run at once comes from the finished trials' spans, not Tune's "running": it starts every trial of
-    a grid, most waiting for resources. A trial training now counts as half done. ``costs`` (label → estimated
-    seconds) weigh the trials; without them each weighs the mean duration, so cheap or early-stopped trials
-    finishing first skew the ETA.
-    """
+    """', ETA ~m min': the ``trials`` left over how many ran at once, at the finished ones' pace; before any ends,
+    ``planned_eta``, else blank. How many ran at once comes from the finished spans, not Tune's "running" (it
+    starts a whole grid). Training trials count half; ``costs`` (label → estimated seconds) weigh the trials."""
     ended = [r for r in rows if r.status in ENDED and {"time_total_s", "timestamp"} <= r.metrics.keys()]
     if not ended:
         return planned_eta(planned) if planned else ""
@@ -121,8 +115,7 @@ def eta(rows: list[TrialRow], trials: int, costs: Mapping[str, float] | None = N
 
 
 def planned_eta(planned: Planned) -> str:
-    """', ETA ~m min (plan)': the plan less the time since the start; the plan is a lower bound (no
-    evaluation), so once passed the board says so rather than show 0."""
+    """', ETA ~m min (plan)'; the plan is a lower bound (no evaluation), so once passed it says so."""
     started, seconds = planned
     left = seconds - (time.time() - started)
     if left < 30:
@@ -144,9 +137,8 @@ Render = Callable[[Any, list[TrialRow], Planned | None], Table]
 
 
 class TrialBoard(Callback):
-    """Tune callback redrawing the trials at most twice a second (driver side) with ``render(spec, rows,
-    planned)``. Pickles only the spec, the module-level renderer and ``planned_s`` (``TuneJob.planned_s``);
-    the rich Live display is created in ``setup``."""
+    """Tune callback redrawing ``render(spec, rows, planned)`` at most twice a second. Pickles only the spec,
+    the module-level renderer and ``planned_s``; the Live display is created in ``setup``."""
 
     def __init__(self, spec: Any, render: Render = live_table, planned_s: float | None = None) -> None:
         self.spec = spec
@@ -185,8 +177,7 @@ class TrialBoard(Callback):
     on_trial_error = on_trial_complete
 
     def log_ended(self, trials: list[Trial]) -> None:
-        """In a log (no live table), a line per trial when it ends, after the board's title; only trials that
-        ended in this process, so a resumed job does not repeat lines."""
+        """In a log, a line per trial that ended in this process (a resumed job repeats none)."""
         rows = [trial_row(t) for t in trials]
         ended = [row for row in rows
                  if row.status in ENDED and row.trial_id in self.ending and row.trial_id not in self.logged]
@@ -199,8 +190,7 @@ class TrialBoard(Callback):
                           f"{shown(row.objective)}", markup=False, highlight=False, soft_wrap=True)
 
     def on_trial_recover(self, iteration: int, trials: list[Trial], trial: Trial, **info: Any) -> None:
-        """A crashed trial restarting from its last checkpoint: one line saying why (Tune's traceback is off:
-        ``job.JOB_ENV``)."""
+        """A crashed trial restarting: one line saying why (Tune's traceback is off: ``job.JOB_ENV``)."""
         console.print(f"{trial_label(trial_row(trial))}: attempt {trial.run_metadata.num_failures} failed, "
                       f"restarting from its last checkpoint: {error_line(latest_trace(trial))}",
                       markup=False, highlight=False, soft_wrap=True)

@@ -37,17 +37,15 @@ JOB_ENV = {
 }
 
 CELL_CHECKPOINT_EVERY, CELL_CHECKPOINT_SECONDS = 25, 60.0
-"""A job cell's default checkpoint cadence: cells run hundreds of rounds, and a personalised method's checkpoint
-costs more than its round."""
+"""A job cell's default checkpoint cadence: a personalised method's checkpoint costs more than its round."""
 
 
 Spec = TypeVar("Spec", bound="SavedSpec")
 
 
 def with_gpu_share(spec: Spec, cluster: dict[str, float], cpus_per_worker: float, max_concurrent: int | None) -> Spec:
-    """Pin ``gpus_per_worker`` once (kept on resume). Unset, the GPUs are shared by the workers of the trials
-    that run at once: as many as ``max_concurrent`` allows *and* the CPUs fit (either bound alone can starve
-    the GPU)."""
+    """Pin ``gpus_per_worker`` once (kept on resume): the GPUs shared by the workers of the trials that run at
+    once, as many as ``max_concurrent`` allows *and* the CPUs fit (either bound alone can starve the GPU)."""
     if spec.gpus_per_worker is not None:
         return spec
     gpus = cluster.get("GPU", 0.0)
@@ -57,9 +55,8 @@ def with_gpu_share(spec: Spec, cluster: dict[str, float], cpus_per_worker: float
 
 
 def unfinished_if_stopped(rows: list[TrialRow]) -> list[TrialRow]:
-    """After a stop signal, errored trials count as unfinished ("pending"): a signal to the process group
-    (``timeout``, Slurm) kills trial processes, which Tune may record as failed before pausing them.
-    ``--resume`` reruns them from their last checkpoints (``resume_errored``)."""
+    """After a stop signal, errored trials are "pending": a process-group signal (``timeout``, Slurm) kills
+    trials Tune may record as failed before pausing them; ``--resume`` reruns them (``resume_errored``)."""
     if not terminated():
         return rows
     return [replace(row, status="pending") if row.status == "failed" else row for row in rows]
@@ -132,8 +129,7 @@ class TuneJob(ABC, Generic[Spec]):
         """A new Tuner of the job, with ``callbacks``."""
 
     def restored_tuner(self, spec: Spec, resources: PlacementGroupFactory) -> Tuner:
-        """The job's Tuner from its folder, with searcher and callbacks: unfinished and errored trials continue
-        from their checkpoints (``unfinished_if_stopped``); finished ones are kept."""
+        """The job's Tuner from its folder; unfinished and errored trials continue (``unfinished_if_stopped``)."""
         from ray.tune import Tuner
 
         from fltune.tune.storage import job_filesystem
@@ -162,8 +158,7 @@ class TuneJob(ABC, Generic[Spec]):
         return []
 
     def planned_s(self, spec: Spec) -> float | None:
-        """The plan's wall time on Ray's cluster (None: nothing planned or no estimate): the board's ETA until
-        the first trial ends."""
+        """The plan's wall time on Ray's cluster (None: no estimate), the board's ETA until a trial ends."""
         import ray
 
         from fltune.estimate import estimate
@@ -258,9 +253,8 @@ class TuneJob(ABC, Generic[Spec]):
             raise said(failed, spec.path, self.resume_command(spec)) from None
 
     def run(self) -> int:
-        """Prepare, fit, and conclude from the job folder's final state, also trials a stop left pending. An
-        exception ends the MLflow runs KILLED (Tune ends them otherwise); a failed write ends with
-        ``WriteFailed`` (``stop``)."""
+        """Prepare, fit, and conclude from the job folder's final state (also after a stop). An exception ends
+        the MLflow runs KILLED; a failed write ends with ``WriteFailed`` (``stop``)."""
         from ray.tune import ExperimentAnalysis
 
         from fltune.tracking.progress import console

@@ -1,10 +1,9 @@
 """The study in MLflow: one parent run per study, one child run per trial, written by the driver only.
 
-Not Ray's ``MLflowLoggerCallback``: its runs are flat, logged against ``training_iteration``, mapped to trials
-only in memory (a resume opens a second run per trial) and only FINISHED/FAILED. Here MLflow is the source of
-truth: runs are tagged with the study's path and Tune trial id, so ``--resume`` (even after SIGKILL) reopens
-them, continues each curve after its last round, and deletes children of trials the restored state never saw:
-every trial appears exactly once.
+Not Ray's ``MLflowLoggerCallback``: flat runs per ``training_iteration``, mapped to trials only in memory (a
+resume opens a second run). Here runs are tagged with the study's path and trial id, so ``--resume`` (even after
+SIGKILL) reopens them, continues each curve and deletes children the restored state never saw: every trial
+appears exactly once.
 """
 
 from __future__ import annotations
@@ -37,16 +36,13 @@ EVERY_ROUND = "round_s"
 
 
 def loggable(metrics: dict[str, Any]) -> dict[str, float]:
-    """fltune's finite numeric round metrics: no Tune bookkeeping (``AUTO_RESULT_KEYS``), strings, flags, or
-    NaN objective before the first evaluation."""
+    """fltune's finite numeric (not bool) round metrics, without Tune's bookkeeping (``AUTO_RESULT_KEYS``)."""
     return {k: v for k, v in metrics.items() if k not in AUTO_RESULT_KEYS and k != "done"
             and isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
 
 
 class RunTree(ABC):
-    """A parent run and one child run per Tune trial, found again by tags when the job resumes. Subclasses say
-    what the parent records (``describe_parent``), what each child is (``child``) and what ends the job
-    (``finish``)."""
+    """A parent run and one child run per Tune trial, found again by tags when the job resumes."""
 
     kind = "study"
 
@@ -131,8 +127,7 @@ class RunTree(ABC):
         self.tracker.set_tags(self.parent, {f"fltune.{what}_{s.replace(' ', '_')}": n for s, n in counts.items() if n})
 
     def end_cells(self, statuses: list[str], outputs: Callable[[Path], list[Path]], interrupted: bool) -> None:
-        """A job of cells ends: cell states, files (``outputs(folder)``; ``.yaml`` under ``configs/``) and its
-        parent, FAILED when a cell was lost (``any_unscored``)."""
+        """Cell states, files (``outputs(folder)``) and the parent's end, FAILED when a cell was lost."""
         self.tag_counts("cells", statuses)
         with tempfile.TemporaryDirectory() as tmp:
             for path in outputs(Path(tmp)):
@@ -195,8 +190,7 @@ class StudyLog(RunTree):
 
 
 class MLflowStudyCallback(LoggerCallback):
-    """Tune → a RunTree (``StudyLog`` by default). Pickles only the spec (``Tuner.restore`` brings it back);
-    MLflow is (re)opened in ``setup``, on the driver."""
+    """Tune → a RunTree. Pickles only the spec (for ``Tuner.restore``); MLflow is (re)opened in ``setup``."""
 
     def __init__(self, spec: Any, log_class: type[RunTree] = StudyLog) -> None:
         self.spec = spec

@@ -1,8 +1,5 @@
-"""What a study produced, trial by trial: status, parameters, score; ranked, tabulated and plotted.
-
-One ``TrialRow`` per Tune ``Trial``, built the same way for the board, MLflow and the final ranking, so the
-terminal, the CSV and MLflow never disagree.
-"""
+"""What a study produced, trial by trial, ranked, tabulated and plotted: one ``TrialRow`` per Tune ``Trial``,
+built the same way for the board, MLflow and the final ranking, so they never disagree."""
 
 from __future__ import annotations
 
@@ -53,8 +50,7 @@ def unfinished(rows: list[TrialRow], expected: int) -> bool:
 
 
 def any_unscored(statuses: Iterable[str]) -> bool:
-    """Whether a job of asked-for cells (``reproduce``, ``compare``) lost one: the command then exits 1 and its
-    MLflow parent ends FAILED (a study fails only when no trial scored: ``tune.command.conclude``)."""
+    """Whether a job of cells lost one (diverged or failed): it then exits 1 and its MLflow parent ends FAILED."""
     return any(s in ("diverged", "failed") for s in statuses)
 
 
@@ -95,8 +91,7 @@ def failure_lines(traces: Sequence[tuple[str, str]], refused: Sequence[str] = ()
 
 
 def failed_result(err: Exception) -> dict[str, Any]:
-    """The last result of a trial fltune refused. The objective is NaN because ASHA and the searcher require
-    one in every result; no ``round`` files it under no ASHA rung."""
+    """A refused trial's last result: NaN objective (ASHA and the searcher require one), no ``round`` (no rung)."""
     return {"status": "failed", "error": str(err), "objective": math.nan}
 
 
@@ -129,8 +124,7 @@ def trial_row(trial: Trial, failed: bool = False) -> TrialRow:
 
 
 def trial_config(spec: StudySpec, params: dict[str, Any]) -> ExperimentConfig:
-    """Base + ``params`` as one experiment, at the base seed and resources (a single run may use the whole
-    machine); as YAML, a ``run --config`` file."""
+    """Base + ``params`` at the base seed and resources (not a trial's share): as YAML, a ``run --config`` file."""
     return build_config(set_fields(spec.base, params))
 
 
@@ -171,8 +165,7 @@ def objective_label(space: SearchSpace) -> str:
 
 
 def sensitivity_figure(rows: list[TrialRow], space: SearchSpace, title: str) -> Figure:
-    """Objective against each parameter (SimFAFL Table 4 style), one panel each; ASHA-stopped trials hollow
-    and labelled with the round their score is from."""
+    """Objective against each parameter (SimFAFL Table 4 style); ASHA-stopped trials hollow, labelled by round."""
     names = list(space.params)
     metric = space.objective.metric
     fig = new_figure(figsize=(4 * len(names), 3.5))
@@ -201,8 +194,7 @@ def sensitivity_figure(rows: list[TrialRow], space: SearchSpace, title: str) -> 
 
 
 def _positions(ax: Any, dist: Any) -> Callable[[Any], Any]:
-    """Map a parameter's values onto ``ax``'s x axis, set up for them: numbers as they are (log scale for a
-    log-uniform space), other choices at their index, named."""
+    """Set up ``ax``'s x axis for a parameter and map its values: numbers as they are, other choices to indices."""
     if isinstance(dist, Choice) and not all(isinstance(v, (int, float)) and not isinstance(v, bool)
                                             for v in dist.values):
         ax.set_xticks(range(len(dist.values)), [str(v) for v in dist.values])

@@ -1,16 +1,13 @@
 """Where fltune's jobs live (``<storage>/<name>``, on any pyarrow filesystem) and the filesystem Tune writes a
 job folder through: on local disk, every file is replaced whole or not at all.
 
-Tune copies its state files (``tuner.pkl``, ``experiment_state-*.json``, ``searcher-state-*.pkl``) to the job
-folder every few seconds, truncating each first (``_ExperimentCheckpointManager.sync_up_experiment_state``): a
-driver killed mid-copy leaves a cut file and ``Tuner.restore`` fails with ``EOFError: Ran out of input``
-(ray-project/ray#58179). Writing beside the target and ``os.replace``-ing it (atomic on POSIX) leaves the old
-version or the new one. Remote stores (s3://, gs://) publish an object only once uploaded whole, so Tune keeps
-its own filesystem for them.
+Tune truncates and rewrites its state files in the job folder every few seconds (``sync_up_experiment_state``):
+a driver killed mid-copy leaves a cut file and ``Tuner.restore`` fails with ``EOFError: Ran out of input``
+(ray-project/ray#58179). Here each file is written beside its target and ``os.replace``-d; remote stores
+(s3://, gs://) publish an object only once uploaded whole, so they keep Tune's filesystem.
 
-Tune also deletes checkpoints beyond ``num_to_keep`` before the job folder's state naming them is copied; a
-driver killed in between leaves a trial that resumes from a deleted checkpoint on every retry. On local disk
-such deletions wait (``AtomicLocalFiles.delete_dir``) until the job folder holds a state saved after them.
+Tune also deletes checkpoints beyond ``num_to_keep`` before the state naming them is copied, so a driver killed
+in between resumes from a deleted checkpoint on every retry: such deletions wait (``HeldPrunes``).
 """
 
 from __future__ import annotations
@@ -52,11 +49,9 @@ CHECKPOINT = re.compile(r"checkpoint_\d+")
 class HeldPrunes:
     """Trial checkpoints Tune pruned, held until the job folder holds a state saved after the prune.
 
-    One per process, since the driver deletes and copies through different filesystem copies. Tune's driver
-    thread starts a copy only when the previous one has ended (``_BackgroundSyncer``) and prunes between copies,
-    never between a save and its copy. So a copy *opened* after a prune may still carry an older state, but one
-    that opens after that copy *ended* was saved after the prune: once it ends, no saved state names the
-    checkpoint."""
+    One per process (the driver deletes and copies through different filesystem copies). Tune's driver thread
+    starts a copy only after the previous one ended (``_BackgroundSyncer``) and prunes between copies, so a
+    copy *opened* after a prune may carry an older state, but one opening after that copy *ended* cannot."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -77,8 +72,7 @@ class HeldPrunes:
         self._delete(ready)
 
     def release(self) -> None:
-        """Delete every held checkpoint: Tune's last save after its loop (``tune.py``, also when stopped) came
-        after every prune."""
+        """Delete every held checkpoint: Tune's last save (``tune.py``, also when stopped) followed every prune."""
         with self._lock:
             ready = [path for path, _ in self._asked + self._passed]
             self._asked, self._passed = [], []
@@ -127,17 +121,15 @@ class StateCopy(ReplaceOnClose):
 
 
 def job_filesystem(storage: str) -> pyarrow.fs.FileSystem | None:
-    """What Tune writes ``storage`` through: all-or-nothing files for a local folder (an absolute path, as
-    ``storage_root`` makes it); None for a URI, which Tune resolves itself."""
+    """What Tune writes ``storage`` through: all-or-nothing files for a local path; None for a URI."""
     if "://" in storage:
         return None
     return pyarrow.fs.PyFileSystem(AtomicLocalFiles())
 
 
 def storage_root(storage: str | None) -> str:
-    """Where jobs live: a URI as given, a local path made absolute (Ray requires it); default
-    ``<repo>/studies`` next to ``mlruns``. A ``file://`` URI becomes its local folder, so its job files are
-    written whole too (``job_filesystem``)."""
+    """Where jobs live: a URI as given, a local path (or ``file://`` URI, so its files are written whole) made
+    absolute as Ray requires; default ``<repo>/studies`` next to ``mlruns``."""
     storage = storage or str(mlruns_dir().parent / "studies")
     if "://" not in storage:
         return str(Path(storage).expanduser().resolve())
@@ -153,8 +145,7 @@ def storage_root(storage: str | None) -> str:
 
 
 def check_storage(storage: str) -> None:
-    """A local ``storage`` can be written and has room (``folders.make_out``); a URI was checked by
-    ``storage_root``."""
+    """A local ``storage`` can be written and has room (``folders.make_out``); URIs: ``storage_root``."""
     if "://" not in storage:
         make_out(storage, "--storage")
 
@@ -172,9 +163,8 @@ def holds(path: str, name: str) -> bool:
 
 
 def tune_started(path: str) -> bool:
-    """Whether Tune saved the state of the job at ``path`` (``experiment_state-*.json``). ``tuner.pkl``, all
-    ``Tuner.can_restore`` looks for, comes first; restoring a job stopped before its first state starts trials
-    without their configurations, so such a job starts afresh."""
+    """Whether Tune saved the job's state (``experiment_state-*.json``), not just ``tuner.pkl`` (all
+    ``Tuner.can_restore`` checks): restoring without it starts trials without their configurations."""
     fs, folder = pyarrow.fs.FileSystem.from_uri(path)
     found = fs.get_file_info(pyarrow.fs.FileSelector(folder, allow_not_found=True))
     return any(info.base_name.startswith(STATE_PREFIX) for info in found)

@@ -1,7 +1,5 @@
-"""Building and running a study: resolve the spec, size the trials for the cluster, run or restore Tune.
-
-Each trial reserves one placement group: an empty head bundle for the trial process (it works only while its
-workers wait; a CPU for it would halve the trials that fit) plus one bundle per client actor (``plan_workers``).
+"""Building a study: resolve the spec, size the trials, make the Tuner. A trial's placement group has an empty
+head bundle (its process works only while workers wait) plus one per client actor (``plan_workers``).
 """
 
 from __future__ import annotations
@@ -36,12 +34,9 @@ MAX_FAILURES = 2
 
 
 class StopOnFailedWrite(tune.Callback):
-    """Stop the job at once, in the driver, when a write failed: a trial's checkpoint or result, or a file
-    Tune's driver copies (which Tune only logs: ``process.library_write_failure``).
-
-    A restart (``MAX_FAILURES``) fails the same way on a full disk, and ``fail_fast`` would end the other
-    trials as if done; raising here ends ``fit`` with Tune's last whole state naming every unfinished trial,
-    so ``--resume`` continues them. ``TuneJob.run`` turns the error into its one line."""
+    """Stop the job at once, in the driver, when a write failed (a trial's, or one Tune only logs:
+    ``process.library_write_failure``). A restart fails the same way on a full disk and ``fail_fast`` would end
+    the other trials as if done; raising ends ``fit`` with every unfinished trial resumable."""
 
     def on_trial_recover(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
         self._stop_if_failed(trial)
@@ -155,14 +150,11 @@ def scheduler(spec: StudySpec) -> TrialScheduler:
 
 def bound_trainable(entry: Callable[[dict[str, Any], Any], None], spec: Any,
                     resources: tune.PlacementGroupFactory) -> Callable[[dict[str, Any]], None]:
-    """A job's Tune trainable: ``entry(config, spec)`` under ``entry``'s name, with the trial's placement
-    group reserved.
+    """A job's Tune trainable: ``entry(config, spec)`` under ``entry``'s name, in the trial's placement group.
 
-    Not ``tune.with_parameters``: a driver owning object-store data exits with status 1, with no clean-up,
-    when the local Ray dies under it (a process-group SIGTERM). The few-KB spec travels in the trainable.
-
-    A trial whose settings fltune refuses (``FLTuneError``) ends with a ``failed`` result rather than an
-    exception, which would recur on each of the ``MAX_FAILURES`` restarts meant for crashes."""
+    Not ``tune.with_parameters``: a driver owning object-store data exits 1, with no clean-up, when the local
+    Ray dies under it (a process-group SIGTERM); the few-KB spec travels in the trainable. A refused trial
+    (``FLTuneError``) ends with a ``failed`` result, not an exception that each restart would repeat."""
     def trainable(config: dict[str, Any]) -> None:
         try:
             entry(config, spec)

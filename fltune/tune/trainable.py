@@ -1,9 +1,7 @@
 """The Ray Tune function trainable: one trial = one configuration, run for every seed in lockstep.
 
-After each round the trial reports the seed means of every metric and the objective's mean and std, so ASHA
-can compare trials round by round. On the ``Cadence`` every seed's federation state is checkpointed; a failed
-trial or a resumed study replays the rounds after it, and since every random number derives from (seed,
-round, client id) they give the same numbers again.
+Each round reports seed means, so ASHA compares trials round by round. A restored trial replays the rounds
+after its checkpoint exactly: every random number derives from (seed, round, client id).
 """
 
 from __future__ import annotations
@@ -34,8 +32,8 @@ CHECKPOINT_PROTOCOL = 5
 
 
 def seed_configs(tree: dict[str, Any], seeds: int, workers: int, gpus_per_worker: float) -> list[ExperimentConfig]:
-    """One configuration per seed (base seed + i), each reserving 1/seeds of the trial's worker bundles, as the
-    seeds take turns on the same CPUs. MLflow is the driver's."""
+    """One configuration per seed (base seed + i), each reserving 1/seeds of the worker bundles the seeds share;
+    MLflow off (the driver's)."""
     base = build_config(tree)
     return [build_config(set_fields(tree, {
         "federation.seed": base.federation.seed + index,
@@ -73,8 +71,7 @@ def objective_key(objective: Objective) -> str:
 
 
 def last_good(history: list[dict[str, float]]) -> dict[str, float]:
-    """Every metric's latest finite value: accuracies carry over non-evaluation rounds, and NaN/inf never
-    replaces the last good numbers."""
+    """Every metric's latest finite value (carried over non-evaluation rounds and NaN/inf ones)."""
     latest: dict[str, float] = {}
     for row in history:
         latest.update({k: v for k, v in row.items() if math.isfinite(v)})
@@ -109,8 +106,7 @@ def done(feds: list[Federation]) -> bool:
 
 @dataclass
 class Cadence:
-    """When a trial checkpoints: every ``rounds``-th round, once ``seconds`` have passed since the last one,
-    and at the end. A crash loses at most one cadence of rounds, replayed exactly."""
+    """When a trial checkpoints: every ``rounds``-th round, once ``seconds`` passed since the last, and at the end."""
 
     rounds: int | None = 1
     seconds: float | None = None
@@ -172,8 +168,8 @@ def worker_nodes(feds: list[Federation]) -> str:
 
 
 def client_folder() -> Path:
-    """Where this trial's client stores keep their logs (``engine/store.py``): under the trial's folder in
-    a path storage, so a restart on any node finds them; with a URI storage, the trial's folder on its node."""
+    """Where this trial's client stores keep their logs (``engine/store.py``): in a path storage, so a restart on
+    any node finds them; with a URI storage, the trial's folder on its node."""
     context = tune.get_context()
     storage = Path(context.get_storage().trial_fs_path)
     return (storage if storage.is_absolute() else Path(context.get_trial_dir())) / "clients"
