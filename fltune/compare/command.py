@@ -1,10 +1,7 @@
 """``python cli.py compare --methods a,b,c``: a fair, multi-seed comparison of methods on one setting.
 
-Two stages, both Ray Tune jobs: with ``--tune-budget N`` one study per method (``fltune.compare.tuning``), then
-the cells, every method × seed (``fltune.compare.job``), reported as one row per method. The folder
-``<storage>/<name>`` holds the spec and the cells' Tune state, the studies sit beside it (``<name>-tune-<method>``),
-and ``--resume`` continues whichever stage was stopped.
-
+Two Ray Tune stages: with ``--tune-budget N`` one study per method (``fltune.compare.tuning``, beside the job as
+``<name>-tune-<method>``), then the cells, method × seed (``fltune.compare.job``); ``--resume`` continues either.
 Exit status: 0 every cell finished; 1 some cell diverged or failed, or a study produced no score; 2 bad input
 (one line, nothing written); 130 interrupted, 143 on SIGTERM (continue with ``--resume``).
 """
@@ -80,8 +77,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def show_plan(args: argparse.Namespace) -> int:
-    """``--plan``: per method its study (with ``--tune-budget``) and its cells at the base settings, and their
-    cost; validated as the job is, nothing written."""
+    """``--plan``: each method's study and cells at the base settings, with their cost; writes nothing."""
     from fltune.compare.report import notes
     from fltune.compare.spec import method_tree
     from fltune.compare.tuning import study_spec
@@ -215,8 +211,7 @@ class Comparison:
 
 
 class Cells(TuneJob["CompareSpec"]):
-    """The cells as one Tune job of the comparison's saved spec: it always "resumes", creating the Tuner the
-    first time and restoring it after."""
+    """The cells as one Tune job of the comparison's saved spec, so it always "resumes"."""
 
     what = "comparison"
     command = "compare"

@@ -1,8 +1,5 @@
-"""A comparison in MLflow: one parent run, one child run per cell (method × seed), written by the driver.
-
-The parent holds the settings and, at the end, the compare files and ``configs/``; children carry their cell's
-config and curves. Tuning studies are parents of their own (``StudyLog``). Resuming reopens the runs by tags.
-"""
+"""A comparison in MLflow: a parent run (settings, then the compare files and ``configs/``) and a child per cell;
+tuning studies are parents of their own (``StudyLog``)."""
 
 from __future__ import annotations
 
@@ -16,9 +13,8 @@ from fltune.tune.results import TrialRow
 
 
 def headline(res: list[MethodRow]) -> dict[str, float]:
-    """Sortable figures: each method's mean final accuracy (``final_<acc>.<method>``) and Welch's p against the
-    best (``welch_p.<method>``). A dot, not a slash: MLflow's chart view would put slash sections before the
-    runs' own curves."""
+    """Sortable ``final_<acc>.<method>`` means and ``welch_p.<method>``. A dot, not a slash: MLflow's chart view
+    would put slash sections before the runs' own curves."""
     out = {}
     for r in res:
         out |= {f"{column.replace(' ', '_')}.{r.method}": r.stat(column)[0]

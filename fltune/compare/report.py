@@ -1,9 +1,6 @@
-"""The comparison's results: one row per method over its seeds, the live board, the files.
-
-Every figure comes from the cells' last Tune results: final and best accuracy per protocol, rounds to target,
-wall time (``time_total_s``), training TFLOPs and communication (``cost_cum_*``, fltune/metrics/cost.py); the
-overlay's curves from ``curves``. The best row has the highest mean final ranking accuracy; every other row says
-whether its gap to it is beyond seed noise (``fltune.compare.stats``).
+"""The comparison's results: one row per method over its seeds, the live board, the files. Figures come from the
+cells' last Tune results (costs: ``cost_cum_*``, fltune/metrics/cost.py); each row's gap to the best is tested
+against seed noise (``fltune.compare.stats``).
 """
 
 from __future__ import annotations
@@ -101,8 +98,7 @@ def verdict(r: MethodRow) -> str:
 
 
 def figure_text(spec: CompareSpec, r: MethodRow, column: str) -> str:
-    """Accuracies in % ± std over seeds; costs as means; rounds to target as the mean over the seeds that reached
-    it, and how many did (R+ when none did)."""
+    """Accuracies in % ± std; costs as means; rounds to target over the seeds that reached it (R+: none did)."""
     if column == "rounds_to_target":
         reached = r.figures.get(column, [])
         done = sum(s == "finished" for s in r.statuses)
@@ -118,8 +114,7 @@ def figure_text(spec: CompareSpec, r: MethodRow, column: str) -> str:
 
 
 def cells_text(r: MethodRow, rounds: int | None = None) -> str:
-    """Seeds finished of seeds, the others' states; with ``rounds`` (live board), each running seed's round
-    instead ("1/3 r4 r2/10"), and no pending ones."""
+    """Seeds finished of seeds and the others' states; with ``rounds``, running seeds' rounds ("1/3 r4 r2/10")."""
     done = sum(s == "finished" for s in r.statuses)
     waiting = ("finished", "running", "pending") if rounds is not None else ("finished",)
     others = sorted({s for s in r.statuses if s not in waiting})
@@ -169,9 +164,8 @@ TERMINAL = {"rounds_to_target": "to target", "time_total_s": "wall s"}
 
 
 def rich_table(spec: CompareSpec, res: list[MethodRow], title: str, live: bool = False) -> Table:
-    """The terminal's table, to read in 100 columns: final accuracies, rounds to target (when set), wall time
-    and the test against the best; the other figures are in compare.md and compare.csv. ``live``: the
-    board's, with each running cell's round."""
+    """The terminal's table, to read in 100 columns (the other figures are in compare.md and .csv); ``live``:
+    the board's, with running cells' rounds."""
     costs = [c for c in TERMINAL if c != "rounds_to_target" or spec.config.metrics.target]
     heads = ["method", "seeds", *(f"{SHORT[acc]} %" for acc in spec.finals), *(TERMINAL[c] for c in costs), "vs ★"]
     rounds = spec.config.federation.rounds if live else None
@@ -235,9 +229,8 @@ def _blank(value: float | None) -> str:
 
 
 def curves(spec: CompareSpec) -> dict[str, dict[int, float]]:
-    """Cell → {round: ranking accuracy}: from the cells' MLflow runs when tracked, else from Tune's result
-    files (empty if unreadable). MLflow holds every round once (``RunTree.log_round``); Tune's files of a
-    restarted trial can miss rounds its driver had not yet copied."""
+    """Cell → {round: ranking accuracy}: from MLflow when tracked (Tune's files of a restarted trial can miss
+    rounds), else from Tune's result files."""
     return (spec.tracking.enabled and logged_curves(spec)) or tune_curves(spec)
 
 
@@ -299,8 +292,7 @@ def overlay_png(spec: CompareSpec, path: Path) -> Path:
 
 
 def write_outputs(spec: CompareSpec, res: list[MethodRow], folder: Path) -> list[Path]:
-    """compare.csv, compare.md, compare.png and configs/<method>.yaml (as its cells ran, at the base seed, for
-    ``run --config``) under ``folder``."""
+    """compare.csv, .md, .png and configs/<method>.yaml (for ``run --config``) under ``folder``."""
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "configs").mkdir(exist_ok=True)
     md = folder / "compare.md"

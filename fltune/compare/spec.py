@@ -1,9 +1,6 @@
-"""A comparison job as plain data: the methods, the shared setting, the seeds and each method's experiment tree,
-validated before Ray starts (bad input is one line, nothing written).
-
-Fairness by construction: every method's tree is the same setting with only ``method`` (and tuned
-``method.*``/``training.*``) changed, and the partition and client sampling depend on (``federation.seed``,
-round) alone (``fltune.data.partitions``, ``fltune.engine.rng``): per seed every method sees the same data.
+"""A comparison job as plain data, validated before Ray starts. Fair by construction: method trees differ only in
+``method`` (and tuned ``method.*``/``training.*``), and partition and client sampling depend on
+(``federation.seed``, round) alone (``fltune.data.partitions``, ``fltune.engine.rng``).
 """
 
 from __future__ import annotations

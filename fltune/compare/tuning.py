@@ -1,8 +1,5 @@
-"""``--tune-budget N``: one ``tune`` study per method, scored on the validation split only.
-
-Each is an ordinary, resumable fltune study of ``search_spaces/<method>.yaml`` over the user's setting; every
-method gets the same N trials, each running all rounds (no early stopping: a noisy early rung cuts no method
-short). The objective is the final ranking accuracy on the validation split; trials hold no test data.
+"""``--tune-budget N``: one ordinary ``tune`` study per method, scored on the validation split only (no test
+data). Every method gets N trials of all rounds (no early stopping: a noisy early rung cuts no method short).
 """
 
 from __future__ import annotations
@@ -35,9 +32,8 @@ def space_file(method: str) -> Path:
 
 
 def tuning_tree(spec: CompareSpec, method: str) -> dict[str, Any]:
-    """The method's setting as its study trains it: a validation split, no test data (``metrics.test: false``),
-    the tuning seed, and only the objective's protocol; no rounds-to-target or fine-tuning (both need test
-    data)."""
+    """The method's setting as its study trains it: a validation split, no test data, the tuning seed, only the
+    objective's protocol; no rounds-to-target or fine-tuning (both need test data)."""
     tree = method_tree(spec.base, method)
     val = build_config(tree).partition.val_fraction or TUNING_VAL_FRACTION
     protocol = next(p for p, acc in ACCURACY.items() if acc == spec.primary)
@@ -109,17 +105,15 @@ def saved(study: StudySpec) -> StudySpec:
 
 
 def concluded(study: StudySpec) -> bool:
-    """Whether the study wrote its best configuration, the last thing it does. Finished trials alone do not
-    say so: a stop between the last trial and the conclusion leaves none; such a study runs again and,
-    with nothing left to train, concludes."""
+    """Whether the study wrote its best configuration, its last act; finished trials alone do not say so (a
+    stop can land before it concludes: it then runs again and, with nothing left to train, concludes)."""
     from fltune.tune.command import BEST_CONFIG
 
     return holds(study.path, BEST_CONFIG)
 
 
 def tuned_tree(spec: CompareSpec, study: StudySpec) -> dict[str, Any] | None:
-    """The method's cells' tree: the user's setting with the study's best values; None when no trial
-    scored."""
+    """The user's setting with the study's best values; None when no trial scored."""
     from ray.tune import ExperimentAnalysis
 
     from fltune.tune.results import best, trial_row

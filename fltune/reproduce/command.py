@@ -1,9 +1,7 @@
 """``python cli.py tables`` and ``python cli.py reproduce TABLE``.
 
-``reproduce`` re-runs a paper table's cells as Ray Tune trials beside the paper's numbers (rich table,
-``table.csv``/``table.md`` under ``--out``, MLflow runs). Exit status: 0 every runnable cell finished (cells
-without data are reported, not errors); 1 some cell diverged or failed; 2 bad input; 130 interrupted, 143 on
-SIGTERM (continue with ``--resume``).
+Exit status: 0 every runnable cell finished (cells without data are reported, not errors); 1 some cell diverged
+or failed; 2 bad input; 130 interrupted, 143 on SIGTERM (continue with ``--resume``).
 """
 
 from __future__ import annotations
@@ -192,8 +190,7 @@ class Reproduction(TuneJob["ReproSpec"]):
 
 
 def selection(args: argparse.Namespace, table: PaperTable) -> tuple[list[PlannedCell], list[str] | None]:
-    """The cells of --datasets and --rows planned with --data-root then every --set, and --datasets; the
-    job flags are checked on the way."""
+    """The cells of --datasets and --rows planned with --data-root then every --set, and --datasets."""
     from fltune.reproduce.plan import plan
 
     check_job_flags(args)

@@ -1,8 +1,5 @@
-"""A reproduction job: a paper table's runnable cells as Ray Tune trials (a grid, no search).
-
-Every distinct experiment is one trial of ``tune``'s trainable body (``run_federations``), so cells run in
-parallel, restart from checkpoints and resume with ``Tuner.restore``. Cells that differ only in the metric they
-read (e.g. MAN Table 1's accuracy and rounds-to-target) share one trial, which reports every metric they need.
+"""A reproduction job: a paper table's runnable cells as a Ray Tune grid of ``run_federations`` trials. Cells
+that differ only in the metric they read (e.g. MAN Table 1's accuracy and rounds-to-target) share one trial.
 """
 
 from __future__ import annotations
@@ -59,11 +56,9 @@ class ReproSpec(SavedSpec):
     checkpoint_seconds: float | None = None
     """The trials' checkpoint cadence (``trainable.Cadence``)."""
     trial_order: list[str] | None = None
-    """The order Tune starts the trials in (longest estimated first), frozen so a resumed grid is the same;
-    None: the table's (a job whose data is downloaded later cannot be timed)."""
+    """Longest estimated first, frozen so a resumed grid is the same; None: the table's (data not here to time)."""
     trial_seconds: dict[str, float] | None = None
-    """Each trial's estimated seconds on one worker, weighing its ETA (``tune.board.eta``); None: every trial
-    weighs the same."""
+    """Each trial's estimated seconds, weighing the ETA (``tune.board.eta``); None: all weigh the same."""
 
     @property
     def paper_table(self) -> PaperTable:
@@ -114,9 +109,8 @@ def new_spec(table: PaperTable, scale: str, planned: list[PlannedCell], *, seeds
 
 
 def trial_seconds(spec: ReproSpec) -> dict[str, float]:
-    """Each trial's estimated seconds. At paper scale every model and method is calibrated (the header does so
-    anyway); at quick scale each model once, without the method's share, since per-method calibration would add
-    much to a job of minutes (docs/performance.md, "Figures from code comments")."""
+    """Each trial's estimated seconds: at quick scale each model timed once, without the method's share, as
+    per-method calibration would add much to a job of minutes (docs/performance.md)."""
     from fltune.estimate import run_seconds
 
     items = [(trial, spec.cells[trial].tree, spec.seeds) for trial in spec.trials]
@@ -130,8 +124,7 @@ def cell_objectives(spec: ReproSpec, trial: str) -> list[Objective]:
 
 
 def run_cell(config: dict[str, Any], spec: ReproSpec) -> None:
-    """Tune entry point: ``config["cell"]`` names the trial (its first cell); every objective its cells read is
-    reported."""
+    """Tune entry point: ``config["cell"]`` names the trial; every objective its cells read is reported."""
     trial = config["cell"]
     cfgs = seed_configs(spec.cells[trial].tree, spec.seeds, spec.workers, spec.gpus_per_worker or 0.0)
     first, *extra = cell_objectives(spec, trial)

@@ -1,7 +1,5 @@
-"""From a paper table to runnable cells: scale settings, dataset checks, substitutions, ``--set``.
-
-All before Ray starts, so bad input is one line and nothing is created. A cell whose dataset is missing is
-planned as "no data" with the loader's message, unless the scale substitutes a dataset.
+"""From a paper table to runnable cells, before Ray starts. A cell whose dataset is missing is planned as
+"no data" with the loader's message, unless the scale substitutes a dataset.
 """
 
 from __future__ import annotations
@@ -28,8 +26,7 @@ class PlannedCell:
     substituted: str | None = None
     """e.g. 'fmnist for cifar100': the scale ran another dataset because the paper's is absent."""
     fetched: bool = False
-    """Its dataset is not here yet: ``data.download`` fetches it when the job runs (``preflight.check_data``),
-    not when planning."""
+    """Its dataset is not here yet: ``data.download`` fetches it when the job runs, not when planning."""
 
     @property
     def runnable(self) -> bool:
@@ -43,8 +40,7 @@ LIKE_FOR_LIKE = {"fmnist": ("mnist", "emnist_letters"), "mnist": ("fmnist", "emn
 
 def pick_cells(table: PaperTable, datasets: list[str] | None, rows: list[str] | None = None,
                substitute: str | None = None) -> list[Cell]:
-    """The table's cells, only those of ``datasets`` (fltune or paper names) and ``rows`` when given;
-    ``datasets`` may name the scale's ``substitute`` (:data:`LIKE_FOR_LIKE`)."""
+    """The table's cells of ``datasets`` (or a ``substitute``: :data:`LIKE_FOR_LIKE`) and ``rows`` when given."""
     cells = list(table.cells)
     if rows:
         labels = list(dict.fromkeys(c.row for c in cells))

@@ -1,11 +1,7 @@
 """A reproduced table in the paper's layout: paper value, measured mean ± std over seeds, Δ or ranks.
 
-One ``CellResult`` per cell, built the same way for the board, the rich table, the CSV, the Markdown and MLflow,
-so they never disagree.
-
-Δ against the paper is shown only at paper scale on the paper's dataset; elsewhere the number cannot match and
-the check is the ordering: each row's rank within its column beside the paper's, and per column Kendall's τ-b
-between measured and printed values (ties in either ranking never inflate τ-b).
+Δ against the paper is shown only at paper scale on the paper's dataset; elsewhere the check is the ordering:
+each row's rank in its column beside the paper's, and per column Kendall's τ-b (ties never inflate it).
 """
 
 from __future__ import annotations
@@ -54,8 +50,7 @@ class CellResult:
 
 
 def results(spec: ReproSpec, rows: list[TrialRow]) -> list[CellResult]:
-    """Every cell in table order: its trial's final objective, scaled as the paper prints it
-    (``PaperTable.factor``), ranked within its column."""
+    """Every cell in table order: its final objective as the paper prints it (``PaperTable.factor``), ranked."""
     table = spec.paper_table
     by_trial = {row.params.get("cell"): row for row in rows}
     out = []
@@ -124,8 +119,7 @@ def tau_metrics(res: list[CellResult]) -> dict[str, float]:
 
 
 def cell_objective(row: TrialRow, run: CellRun) -> tuple[float | None, float | None]:
-    """(mean, std) over seeds of the cell's objective (None when not finite): its own key when the trial scored
-    several cells (``objective_key``), else the trial's objective."""
+    """(mean, std) over seeds of the cell's objective (its ``objective_key`` if present); None when not finite."""
     key = objective_key(run.objective)
     value = float(row.metrics.get(f"objective:{key}", row.objective))
     std = float(row.metrics.get(f"objective_std:{key}", row.objective_std))
@@ -150,8 +144,7 @@ def unreached_text(result: CellResult) -> str:
 
 
 def cell_text(result: CellResult, seeds: int) -> str:
-    """'measured ± std (paper p, Δ d)', or 'measured ± std (rank r; paper p, rank q)' when ordering; else
-    the status."""
+    """'measured ± std (paper p, Δ d)' or, ordering, '… (rank r; paper p, rank q)'; else the status."""
     if result.unreached:
         return f"{unreached_text(result)} (paper {paper_text(result.cell)})"
     if result.measured is None:
