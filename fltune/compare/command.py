@@ -1,13 +1,9 @@
 """``python cli.py compare --methods a,b,c``: a fair, multi-seed comparison of methods on one setting.
 
-Two stages, both Ray Tune jobs (``fltune.tune.job.TuneJob``): with ``--tune-budget N``
-first one study per method (``fltune.compare.tuning``), then the cells — every method × seed — as trials
-(``fltune.compare.job``), reported as one row per method (``fltune.compare.report``). The comparison's
-folder ``<storage>/<name>`` holds its spec and the cells' Tune state; the studies sit beside it
-(``<name>-tune-<method>``); ``--resume`` continues whichever stage was stopped.
-
-Exit status: 0 every cell finished; 1 some cell diverged or failed, or a study produced no score; 2 bad
-input (one line, nothing written); 130 interrupted, 143 on SIGTERM (continue with ``--resume``).
+Two Ray Tune stages: with ``--tune-budget N`` one study per method (``fltune.compare.tuning``, beside the job as
+``<name>-tune-<method>``), then the cells, method × seed (``fltune.compare.job``); ``--resume`` continues either.
+Exit status: 0 every cell finished; 1 some cell diverged or failed, or a study produced no score; 2 bad input
+(one line, nothing written); 130 interrupted, 143 on SIGTERM (continue with ``--resume``).
 """
 
 from __future__ import annotations
@@ -37,7 +33,7 @@ if TYPE_CHECKING:  # Ray Tune and MLflow load only when the command runs
     from fltune.tune.results import TrialRow
 
 SETTINGS = ("methods", "seeds", "tune_budget", "max_concurrent", "checkpoint_every", "checkpoint_seconds")
-"""The command's own flags that shape a comparison (a resumed one keeps its saved settings instead)."""
+"""The command's own flags that shape a comparison (a resumed one keeps its saved settings)."""
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -81,8 +77,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def show_plan(args: argparse.Namespace) -> int:
-    """``--plan``: per method its study (with ``--tune-budget``) and its seeds' cells, at the base settings
-    (a study's tuned values are not known yet), and their cost; validated as the job is, nothing written."""
+    """``--plan``: each method's study and cells at the base settings, with their cost; writes nothing."""
     from fltune.compare.report import notes
     from fltune.compare.spec import method_tree
     from fltune.compare.tuning import study_spec
@@ -110,8 +105,7 @@ def experiment_tree(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def job_configs(spec: CompareSpec) -> list[ExperimentConfig]:
-    """The settings of every trial the comparison will run, at their base values (tuning moves only
-    ``method.*`` and ``training.*``, never the data): each method's cells, one per seed, and its study's."""
+    """Every trial's settings at base values (tuning never moves the data): each method's cells and study."""
     from fltune.compare.spec import method_tree
     from fltune.compare.tuning import tuning_tree
     from fltune.config import build_config, set_fields
@@ -217,8 +211,7 @@ class Comparison:
 
 
 class Cells(TuneJob["CompareSpec"]):
-    """The cells as one Tune job. Its spec is the comparison's, saved before (with the tuned trees): it
-    always continues a saved job, creating the Tuner the first time and restoring it after."""
+    """The cells as one Tune job of the comparison's saved spec, so it always "resumes"."""
 
     what = "comparison"
     command = "compare"

@@ -1,7 +1,5 @@
-"""The comparison's cells (method × seed) as Ray Tune trials: a grid, no search, run as ``reproduce`` runs a
-table's (``fltune.reproduce.job``). Besides the round's metrics a cell reports, for every evaluation protocol,
-the best accuracy so far (``objective:best:<acc>``): with the final values it is all the table needs, and
-MLflow logs the same numbers.
+"""The comparison's cells (method × seed) as a Ray Tune grid, as ``reproduce`` runs a table. A cell also reports
+each protocol's best accuracy so far (``objective:best:<acc>``): with the final values, all the table needs.
 """
 
 from __future__ import annotations

@@ -1,10 +1,5 @@
-"""A comparison in MLflow: one parent run, one child run per cell (method × seed), written by the driver.
-
-The parent holds the comparison's settings and, at the end, ``compare.csv``, ``compare.md``, the overlay
-plot and every method's configuration (``configs/``); children carry their cell's config and per-round
-curves. The tuning studies are parents of their own (``tune``'s ``StudyLog``). Resuming reopens the
-same runs (by tags).
-"""
+"""A comparison in MLflow: a parent run (settings, then the compare files and ``configs/``) and a child per cell;
+tuning studies are parents of their own (``StudyLog``)."""
 
 from __future__ import annotations
 
@@ -18,10 +13,8 @@ from fltune.tune.results import TrialRow
 
 
 def headline(res: list[MethodRow]) -> dict[str, float]:
-    """The comparison's figures the runs table can sort by: each method's mean final accuracy over its
-    finished seeds (``final_<acc>.<method>``) and Welch's p against the best (``welch_p.<method>``). A dot,
-    not a slash: MLflow's chart view makes a section of each slash prefix and puts those sections before
-    the runs' own curves (``acc_*`` first)."""
+    """Sortable ``final_<acc>.<method>`` means and ``welch_p.<method>``. A dot, not a slash: MLflow's chart view
+    would put slash sections before the runs' own curves."""
     out = {}
     for r in res:
         out |= {f"{column.replace(' ', '_')}.{r.method}": r.stat(column)[0]

@@ -1,10 +1,6 @@
-"""The comparison's results: one row per method over its seeds, the live board, the files.
-
-Every figure of the table comes from the cells' last Tune results (the rounds' metrics MLflow logs too):
-final and best accuracy per protocol (and the final fine-tuned one), rounds to target, the cell's wall time
-(Tune's ``time_total_s``), training TFLOPs and communication (``cost_cum_*``, fltune/metrics/cost.py). The
-overlay's curves come from the cells' MLflow runs (``curves``). The best row is the highest mean final ranking
-accuracy; every other row says whether its gap to the best is beyond seed noise (``fltune.compare.stats``).
+"""The comparison's results: one row per method over its seeds, the live board, the files. Figures come from the
+cells' last Tune results (costs: ``cost_cum_*``, fltune/metrics/cost.py); each row's gap to the best is tested
+against seed noise (``fltune.compare.stats``).
 """
 
 from __future__ import annotations
@@ -102,8 +98,7 @@ def verdict(r: MethodRow) -> str:
 
 
 def figure_text(spec: CompareSpec, r: MethodRow, column: str) -> str:
-    """Accuracies in % with ± std over seeds; costs as means; rounds to target (``metrics.target``) as the mean
-    over the seeds that reached it, and how many did (R+ when none did within the rounds)."""
+    """Accuracies in % ± std; costs as means; rounds to target over the seeds that reached it (R+: none did)."""
     if column == "rounds_to_target":
         reached = r.figures.get(column, [])
         done = sum(s == "finished" for s in r.statuses)
@@ -119,8 +114,7 @@ def figure_text(spec: CompareSpec, r: MethodRow, column: str) -> str:
 
 
 def cells_text(r: MethodRow, rounds: int | None = None) -> str:
-    """Seeds finished of seeds, the others' states; with ``rounds`` (the live board), the round each running
-    seed is at instead ("1/3 r4 r2/10": a running cell's progress before it ends), and no pending ones."""
+    """Seeds finished of seeds and the others' states; with ``rounds``, running seeds' rounds ("1/3 r4 r2/10")."""
     done = sum(s == "finished" for s in r.statuses)
     waiting = ("finished", "running", "pending") if rounds is not None else ("finished",)
     others = sorted({s for s in r.statuses if s not in waiting})
@@ -170,10 +164,8 @@ TERMINAL = {"rounds_to_target": "to target", "time_total_s": "wall s"}
 
 
 def rich_table(spec: CompareSpec, res: list[MethodRow], title: str, live: bool = False) -> Table:
-    """The terminal's table, made to read in 100 columns: the final accuracies, rounds to target when a
-    target is set, wall time and the test against the best; every other figure (best accuracies, TFLOPs,
-    communication, full p-values) is in compare.md and compare.csv. ``live``: the board's, whose seeds
-    column says the round of each running cell."""
+    """The terminal's table, to read in 100 columns (the other figures are in compare.md and .csv); ``live``:
+    the board's, with running cells' rounds."""
     costs = [c for c in TERMINAL if c != "rounds_to_target" or spec.config.metrics.target]
     heads = ["method", "seeds", *(f"{SHORT[acc]} %" for acc in spec.finals), *(TERMINAL[c] for c in costs), "vs ★"]
     rounds = spec.config.federation.rounds if live else None
@@ -193,8 +185,7 @@ def rich_table(spec: CompareSpec, res: list[MethodRow], title: str, live: bool =
 
 
 def short_verdict(r: MethodRow) -> str:
-    """The test against the best row in a few characters: "p=0.012 *" when beyond seed noise (notes), "p<0.01"
-    below that (compare.md has every p)."""
+    """The test against the best row in a few characters: "p=0.012 *" when beyond seed noise, "p<0.01" below."""
     if r.best or r.p_value is None:
         return "" if r.best else "n/a" if r.figures else "—"
     return ("p<0.01" if r.p_value < 0.01 else f"p={r.p_value:.2g}") + (" *" if r.p_value < ALPHA else "")
@@ -238,13 +229,8 @@ def _blank(value: float | None) -> str:
 
 
 def curves(spec: CompareSpec) -> dict[str, dict[int, float]]:
-    """Cell → {round: ranking accuracy}: from the cells' MLflow child runs when the comparison is tracked,
-    else from Tune's per-trial result files (empty if unreadable).
-
-    MLflow is preferred because it holds every round of every cell once (``RunTree.log_round``). Tune's
-    result files of a trial that Tune restarted from a checkpoint (a lost worker or node) keep only the
-    rows its driver had copied to the job folder before the restart, so the rounds before that copy can be
-    missing from them."""
+    """Cell → {round: ranking accuracy}: from MLflow when tracked (Tune's files of a restarted trial can miss
+    rounds), else from Tune's result files."""
     return (spec.tracking.enabled and logged_curves(spec)) or tune_curves(spec)
 
 
@@ -306,8 +292,7 @@ def overlay_png(spec: CompareSpec, path: Path) -> Path:
 
 
 def write_outputs(spec: CompareSpec, res: list[MethodRow], folder: Path) -> list[Path]:
-    """compare.csv, compare.md, compare.png and configs/<method>.yaml under ``folder`` (each method's
-    configuration as its cells ran it, at the base seed, for ``run --config``)."""
+    """compare.csv, .md, .png and configs/<method>.yaml (for ``run --config``) under ``folder``."""
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "configs").mkdir(exist_ok=True)
     md = folder / "compare.md"

@@ -1,11 +1,6 @@
-"""A comparison job as plain data: the methods, the shared setting, the seeds, and (tuned or not) each
-method's experiment tree. Everything is validated here, before Ray starts, so bad input is one line and
-nothing is written.
-
-Fairness by construction. Every method's tree is the same user setting with only ``method`` (and, after
-tuning, the tuned ``method.*``/``training.*`` values) changed; the partition and the client sampling are
-functions of (``federation.seed``, round) alone (``fltune.data.partitions``, ``fltune.engine.rng``), so
-per seed every method trains on the same clients' data in the same order of client samples.
+"""A comparison job as plain data, validated before Ray starts. Fair by construction: method trees differ only in
+``method`` (and tuned ``method.*``/``training.*``), and partition and client sampling depend on
+(``federation.seed``, round) alone (``fltune.data.partitions``, ``fltune.engine.rng``).
 """
 
 from __future__ import annotations
@@ -81,8 +76,7 @@ class CompareSpec(SavedSpec):
 
     @property
     def finals(self) -> list[str]:
-        """The accuracies reported at the end: ``accuracies``, then ``acc_personalized_ft`` when the setting
-        fine-tunes (the papers' "-FT" figure; measured once, after the last round, so it has no best)."""
+        """``accuracies``, then ``acc_personalized_ft`` when the setting fine-tunes (measured once, no best)."""
         tuned = unmet_need(FINE_TUNED, "final", self.config) is None
         return [*self.accuracies, *([FINE_TUNED] if tuned else [])]
 
@@ -142,8 +136,7 @@ def ranking_accuracy(cfg: ExperimentConfig) -> str:
 def new_spec(*, methods: list[str], base: dict[str, Any], seeds: int, tune_budget: int | None, storage: str,
              name: str | None, out: str | None, max_concurrent: int | None,
              checkpoint_every: int | None = None, checkpoint_seconds: float | None = None) -> CompareSpec:
-    """A fresh comparison (its counts checked with its flags, ``cli_args.check_job_flags``), named
-    ``compare-<time>`` unless ``--name``; trees filled now unless tuning."""
+    """A fresh comparison named ``compare-<time>`` unless ``--name``; trees filled now unless tuning."""
     name = check_name(name or f"compare-{time.strftime('%Y%m%d-%H%M%S')}")
     trees = {method: method_tree(base, method) for method in methods}
     cfg = build_config(trees[methods[0]])

@@ -25,8 +25,7 @@ def mean_std(values: Sequence[float]) -> tuple[float, float]:
 
 
 def welch_p(a: Sequence[float], b: Sequence[float]) -> float | None:
-    """Two-sided p-value of Welch's t-test for equal means; None below two values a side (no variance
-    estimate). Both sides without spread: 0 when the means differ, 1 when they do not."""
+    """Two-sided p of Welch's t-test; None below two values a side; no spread at all: 0 if means differ, else 1."""
     if len(a) < 2 or len(b) < 2:
         return None
     if np.var(a, ddof=1) + np.var(b, ddof=1) == 0:  # scipy's p is NaN here

@@ -1,10 +1,5 @@
-"""``--tune-budget N``: one ``tune`` study per method, scored on the validation split only.
-
-Each study is an ordinary fltune study (its own folder, its own MLflow parent run, resumable): the
-method's ``search_spaces/<method>.yaml`` gives the parameters and the sampler, the user's setting is the
-base, and every method gets the same N trials, each running all rounds (no early stopping, so no method
-is cut short by a noisy early rung). Its objective is the ranking accuracy on the validation split
-(``val_acc_*``, final round); the trials hold no test data at all (``tuning_tree``).
+"""``--tune-budget N``: one ordinary ``tune`` study per method, scored on the validation split only (no test
+data). Every method gets N trials of all rounds (no early stopping: a noisy early rung cuts no method short).
 """
 
 from __future__ import annotations
@@ -37,10 +32,8 @@ def space_file(method: str) -> Path:
 
 
 def tuning_tree(spec: CompareSpec, method: str) -> dict[str, Any]:
-    """The method's setting as its study trains it: a validation split, no test data (``metrics.test: false``,
-    ``FederatedData.without_test``), the tuning seed (the reported seeds are fresh), and only the protocol of the
-    objective (the others would cost evaluations nobody reads). Without test data there is no rounds-to-target
-    and no fine-tuned accuracy (both score the test data), so neither is asked."""
+    """The method's setting as its study trains it: a validation split, no test data, the tuning seed, only the
+    objective's protocol; no rounds-to-target or fine-tuning (both need test data)."""
     tree = method_tree(spec.base, method)
     val = build_config(tree).partition.val_fraction or TUNING_VAL_FRACTION
     protocol = next(p for p, acc in ACCURACY.items() if acc == spec.primary)
@@ -50,8 +43,8 @@ def tuning_tree(spec: CompareSpec, method: str) -> dict[str, Any]:
 
 
 def study_spec(spec: CompareSpec, method: str) -> StudySpec:
-    """The method's study, validated: its space's parameters over the user's setting (no shared setting
-    tuned), ``tune_budget`` trials, the validation objective, every trial all rounds."""
+    """The method's study, validated: its space over the user's setting (no ``SHARED`` setting tuned),
+    ``tune_budget`` trials, the validation objective, all rounds."""
     path = space_file(method)
     space = parse_space(path)
     shared = [p for p in space.params if p.startswith(SHARED)]
@@ -72,8 +65,7 @@ def study_spec(spec: CompareSpec, method: str) -> StudySpec:
 
 
 class TuningStudy(Study):
-    """One method's study inside a comparison: created or continued by the comparison, whose resume
-    command it names when stopped."""
+    """One method's study inside a comparison, naming the comparison's resume command when stopped."""
 
     def __init__(self, args: argparse.Namespace, spec: StudySpec, resume: str) -> None:
         super().__init__(argparse.Namespace(storage=spec.storage, address=args.address, best_out=None,
@@ -97,10 +89,8 @@ class TuningStudy(Study):
 
 
 def saved(study: StudySpec) -> StudySpec:
-    """The study as its folder saved it, or as the comparison derives it before it first starts. A saved
-    spec that an older fltune left cut (a stop as it wrote it) is written again from the comparison's: the
-    comparison derives each study from its own saved spec, as it did when the study started (the method's
-    search-space file is read again)."""
+    """The study as its folder saved it, or as the comparison derives it before it starts. A saved spec left
+    cut by an older fltune is written again from the comparison's, as derived when the study started."""
     from fltune.tracking.progress import console
     from fltune.tune.spec import CutSpec
 
@@ -115,18 +105,15 @@ def saved(study: StudySpec) -> StudySpec:
 
 
 def concluded(study: StudySpec) -> bool:
-    """Whether the study concluded: its best configuration is written, the last thing it does. Its trials'
-    state alone says less: a stop that lands after the last trial ended but before the study concluded
-    leaves every trial finished and nothing concluded (no ranking, no best configuration). Such a study is
-    run again, and its Tune job, restored with nothing left to train, concludes."""
+    """Whether the study wrote its best configuration, its last act; finished trials alone do not say so (a
+    stop can land before it concludes: it then runs again and, with nothing left to train, concludes)."""
     from fltune.tune.command import BEST_CONFIG
 
     return holds(study.path, BEST_CONFIG)
 
 
 def tuned_tree(spec: CompareSpec, study: StudySpec) -> dict[str, Any] | None:
-    """The method's cells' tree: the user's setting with the study's best values (test data back, the
-    user's own validation share and seed); None when no trial produced a score (or none started)."""
+    """The user's setting with the study's best values; None when no trial scored."""
     from ray.tune import ExperimentAnalysis
 
     from fltune.tune.results import best, trial_row

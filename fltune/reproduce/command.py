@@ -1,9 +1,7 @@
 """``python cli.py tables`` and ``python cli.py reproduce TABLE``.
 
-``reproduce`` re-runs a paper table's cells as Ray Tune trials and prints the paper's numbers beside the
-measured ones (rich table, ``table.csv``/``table.md`` under ``--out``, MLflow parent + child runs).
-Exit status: 0 every runnable cell finished (cells without data are reported, not errors); 1 some cell
-diverged or failed; 2 bad input; 130 interrupted, 143 on SIGTERM (continue with ``--resume``).
+Exit status: 0 every runnable cell finished (cells without data are reported, not errors); 1 some cell diverged
+or failed; 2 bad input; 130 interrupted, 143 on SIGTERM (continue with ``--resume``).
 """
 
 from __future__ import annotations
@@ -136,7 +134,7 @@ class Reproduction(TuneJob["ReproSpec"]):
         return run_cell
 
     def new_tuner(self, spec: ReproSpec, resources: PlacementGroupFactory) -> Tuner:
-        """A grid over the distinct experiments: each runs once (its seeds inside), as many at once as fit."""
+        """A grid over the distinct experiments, each run once (its seeds inside)."""
         from fltune.tune.study import bound_trainable, grid_tuner
 
         order = spec.trial_order or list(spec.trials)
@@ -155,7 +153,7 @@ class Reproduction(TuneJob["ReproSpec"]):
         return ReproLog
 
     def describe(self, spec: ReproSpec, nodes: int) -> str:
-        """The header; a paper-scale job adds its cost estimate (fltune/estimate.py) before it starts."""
+        """The header; at paper scale also its cost estimate (fltune/estimate.py)."""
         header = describe(spec, nodes, self.args.resume)
         if spec.scale != "paper":
             return header
@@ -192,8 +190,7 @@ class Reproduction(TuneJob["ReproSpec"]):
 
 
 def selection(args: argparse.Namespace, table: PaperTable) -> tuple[list[PlannedCell], list[str] | None]:
-    """The cells of --datasets and --rows planned with the overrides (--data-root first, then every --set),
-    and --datasets; --seeds, --max-concurrent and --checkpoint-* checked on the way."""
+    """The cells of --datasets and --rows planned with --data-root then every --set, and --datasets."""
     from fltune.reproduce.plan import plan
 
     check_job_flags(args)
@@ -203,7 +200,7 @@ def selection(args: argparse.Namespace, table: PaperTable) -> tuple[list[Planned
 
 
 def show_plan(args: argparse.Namespace) -> int:
-    """``--plan``: the job's cells with their settings and cost (see fltune/estimate.py); nothing is written."""
+    """``--plan``: the cells with their settings and cost (fltune/estimate.py); writes nothing."""
     from fltune.estimate import print_plan
     from fltune.reproduce.registry import get_table
     from fltune.reproduce.report import row_lines

@@ -1,10 +1,5 @@
-"""A reproduction job: a paper table's runnable cells as Ray Tune trials (a grid, no search).
-
-Every distinct experiment is one trial of the same trainable body as ``tune`` (``run_federations``: the seeds
-in lockstep, a report per round, a checkpoint on the job's cadence), so a cluster runs cells in parallel, a
-crashed cell restarts from its checkpoint and ``--resume`` continues the job with ``Tuner.restore``. Cells
-that differ only in the metric they read (accuracy and rounds-to-target of MAN Table 1, accuracy and the
-Hessian figures of FedAlign Table 1) share one trial, which reports every metric they need.
+"""A reproduction job: a paper table's runnable cells as a Ray Tune grid of ``run_federations`` trials. Cells
+that differ only in the metric they read (e.g. MAN Table 1's accuracy and rounds-to-target) share one trial.
 """
 
 from __future__ import annotations
@@ -59,14 +54,11 @@ class ReproSpec(SavedSpec):
     out: str
     checkpoint_every: int | None = 1
     checkpoint_seconds: float | None = None
-    """The trials' checkpoint cadence (``trainable.Cadence``; jobs saved before it existed: every round)."""
+    """The trials' checkpoint cadence (``trainable.Cadence``)."""
     trial_order: list[str] | None = None
-    """The order Tune starts the trials in (longest estimated first), frozen so a resumed job's grid is the same;
-    None: the table's (a job that downloads its data first, which is not here to time the models on)."""
+    """Longest estimated first, frozen so a resumed grid is the same; None: the table's (data not here to time)."""
     trial_seconds: dict[str, float] | None = None
-    """Each trial's estimated seconds on one worker (``trial_seconds``), which order its start and weigh its
-    ETA (``tune.board.eta``); None where ``trial_order`` is, and in jobs saved before it existed: every trial
-    weighs the same."""
+    """Each trial's estimated seconds, weighing the ETA (``tune.board.eta``); None: all weigh the same."""
 
     @property
     def paper_table(self) -> PaperTable:
@@ -117,10 +109,8 @@ def new_spec(table: PaperTable, scale: str, planned: list[PlannedCell], *, seeds
 
 
 def trial_seconds(spec: ReproSpec) -> dict[str, float]:
-    """Each trial's estimated seconds. At paper scale its header calibrates every model and method anyway; at
-    quick scale each model is timed once, without what a method adds to it (``estimate.calibrate``): a quick
-    job takes minutes, and a calibration per model and method would add a large share of that
-    (docs/performance.md, "Figures from code comments")."""
+    """Each trial's estimated seconds: at quick scale each model timed once, without the method's share, as
+    per-method calibration would add much to a job of minutes (docs/performance.md)."""
     from fltune.estimate import run_seconds
 
     items = [(trial, spec.cells[trial].tree, spec.seeds) for trial in spec.trials]
@@ -134,8 +124,7 @@ def cell_objectives(spec: ReproSpec, trial: str) -> list[Objective]:
 
 
 def run_cell(config: dict[str, Any], spec: ReproSpec) -> None:
-    """Tune entry point: ``config["cell"]`` names the trial (its first cell); its seeds run in lockstep and
-    every objective its cells read is reported."""
+    """Tune entry point: ``config["cell"]`` names the trial; every objective its cells read is reported."""
     trial = config["cell"]
     cfgs = seed_configs(spec.cells[trial].tree, spec.seeds, spec.workers, spec.gpus_per_worker or 0.0)
     first, *extra = cell_objectives(spec, trial)

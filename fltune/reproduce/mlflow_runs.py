@@ -1,7 +1,5 @@
-"""A reproduction job in MLflow: one parent run per job, one child run per cell (driver only).
-
-The parent holds the table's settings and, at the end, ``table.csv`` / ``table.md``; children carry the
-cell's config, its paper value and its per-round curves. Resuming reopens the same runs (by tags).
+"""A reproduction job in MLflow: a parent run (settings, then ``table.csv`` / ``table.md``) and a child per cell
+(config, paper value, per-round curves), reopened by tags on resume.
 """
 
 from __future__ import annotations

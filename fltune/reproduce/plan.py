@@ -1,8 +1,5 @@
-"""From a paper table to runnable cells: scale settings, dataset checks, substitutions, ``--set``.
-
-Everything here happens before Ray starts, so a bad table, scale, dataset or ``--set`` is one line and
-nothing is created. A cell whose dataset is missing is not an error: it is planned as "no data" with
-the loader's own message (where it looked, how to get it), unless the scale substitutes a dataset.
+"""From a paper table to runnable cells, before Ray starts. A cell whose dataset is missing is planned as
+"no data" with the loader's message, unless the scale substitutes a dataset.
 """
 
 from __future__ import annotations
@@ -29,8 +26,7 @@ class PlannedCell:
     substituted: str | None = None
     """e.g. 'fmnist for cifar100': the scale ran another dataset because the paper's is absent."""
     fetched: bool = False
-    """Its dataset is not here yet: ``data.download`` fetches it when the job runs, before Ray starts
-    (``preflight.check_data``); a plan that only shows the cells fetches nothing."""
+    """Its dataset is not here yet: ``data.download`` fetches it when the job runs, not when planning."""
 
     @property
     def runnable(self) -> bool:
@@ -38,17 +34,13 @@ class PlannedCell:
 
 
 LIKE_FOR_LIKE = {"fmnist": ("mnist", "emnist_letters"), "mnist": ("fmnist", "emnist_letters")}
-"""A substitute named in ``--datasets`` selects the cells it stands in for like-for-like (same 28×28 grey
-images, 10 classes): ``--datasets fmnist`` on FedSOL's Table 2 is its MNIST column run on FMNIST."""
+"""A substitute named in ``--datasets`` selects the cells it stands in for like-for-like (28×28 grey, 10 classes):
+``--datasets fmnist`` on FedSOL's Table 2 is its MNIST column run on FMNIST."""
 
 
 def pick_cells(table: PaperTable, datasets: list[str] | None, rows: list[str] | None = None,
                substitute: str | None = None) -> list[Cell]:
-    """The table's cells, only those of ``datasets`` (fltune or paper names) and ``rows`` when given.
-
-    ``datasets`` may name the scale's ``substitute`` when the table lacks it: the cells of the datasets it
-    stands in for like-for-like (:data:`LIKE_FOR_LIKE`).
-    """
+    """The table's cells of ``datasets`` (or a ``substitute``: :data:`LIKE_FOR_LIKE`) and ``rows`` when given."""
     cells = list(table.cells)
     if rows:
         labels = list(dict.fromkeys(c.row for c in cells))
@@ -82,8 +74,7 @@ def available(dataset: str, root: str | None) -> str | None:
 
 
 def cell_tree(cell: Cell, scale: Scale, dataset: str, overrides: list[str]) -> dict[str, Any]:
-    """scale settings (then the dataset's) < the cell's own < the scale's for its column, then its row < ``--set``;
-    validated."""
+    """Validated tree: scale (then dataset) settings < the cell's < the scale's column, then row < ``--set``."""
     values = {**scale.settings, **scale.per_dataset.get(dataset, {}), **cell.settings,
               **scale.per_column.get(cell.column, {}), **scale.per_row.get(cell.row, {}), "data.dataset": dataset}
     if cell.finetune:

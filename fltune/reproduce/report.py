@@ -1,13 +1,7 @@
 """A reproduced table in the paper's layout: paper value, measured mean ± std over seeds, Δ or ranks.
 
-One ``CellResult`` per cell, built the same way for the live board, the final rich table, the CSV, the
-Markdown and MLflow, so they never disagree. Rows are the paper's rows, columns its dataset × setting.
-
-Δ against the paper is shown only for a cell run on the paper's own dataset at paper scale; elsewhere (a
-quick scale, a substituted dataset) the absolute number cannot match and the honest check is the
-ordering: each row's rank within its column beside the paper's rank, and per column Kendall's τ-b between
-measured and printed values (τ-b counts tied pairs as neither concordant nor discordant and normalises by
-the untied pairs of each side, so ties in either ranking never inflate it).
+Δ against the paper is shown only at paper scale on the paper's dataset; elsewhere the check is the ordering:
+each row's rank in its column beside the paper's, and per column Kendall's τ-b (ties never inflate it).
 """
 
 from __future__ import annotations
@@ -56,8 +50,7 @@ class CellResult:
 
 
 def results(spec: ReproSpec, rows: list[TrialRow]) -> list[CellResult]:
-    """Every cell of the job in table order: the final objective its trial reported for the cell's metric,
-    read as the paper prints it (``PaperTable.factor``: ×100 for percentages), ranked within its column."""
+    """Every cell in table order: its final objective as the paper prints it (``PaperTable.factor``), ranked."""
     table = spec.paper_table
     by_trial = {row.params.get("cell"): row for row in rows}
     out = []
@@ -83,8 +76,7 @@ def results(spec: ReproSpec, rows: list[TrialRow]) -> list[CellResult]:
 
 
 def ranked(res: list[CellResult]) -> list[CellResult]:
-    """Each result with its rank and the paper's rank within its (dataset, column), over the cells that
-    have both a measured and a printed value."""
+    """Each result with its and the paper's rank within its (dataset, column), over the cells with both values."""
     out = list(res)
     for members in _by_column(res).values():
         for i in members:
@@ -104,9 +96,8 @@ def _by_column(res: list[CellResult]) -> dict[tuple[str, str], list[int]]:
 
 
 def kendall_tau_b(xs: list[float], ys: list[float]) -> float | None:
-    """Kendall's τ-b of paired values, (C − D) / √((n0 − n_x)(n0 − n_y)) with n0 − n_x the pairs untied in
-    ``xs`` (likewise ``ys``): ``scipy.stats.kendalltau``'s default; None when either side has no untied pair
-    (fewer than 2 values, all equal)."""
+    """Kendall's τ-b, (C − D) / √((n0 − n_x)(n0 − n_y)) (``scipy.stats.kendalltau``'s default); None when
+    either side has no untied pair."""
     tau = kendalltau(xs, ys).statistic if len(xs) > 1 else math.nan
     return None if math.isnan(tau) else float(tau)
 
@@ -128,8 +119,7 @@ def tau_metrics(res: list[CellResult]) -> dict[str, float]:
 
 
 def cell_objective(row: TrialRow, run: CellRun) -> tuple[float | None, float | None]:
-    """(mean, std) over seeds of the cell's objective (None when not finite): under its own key when its
-    trial scored several cells (``objective:<reduce>:<metric>``), else the trial's objective."""
+    """(mean, std) over seeds of the cell's objective (its ``objective_key`` if present); None when not finite."""
     key = objective_key(run.objective)
     value = float(row.metrics.get(f"objective:{key}", row.objective))
     std = float(row.metrics.get(f"objective_std:{key}", row.objective_std))
@@ -139,7 +129,7 @@ def cell_objective(row: TrialRow, run: CellRun) -> tuple[float | None, float | N
 
 
 def _fmt(value: float | None, fmt: str = ".2f", none: str = "—") -> str:
-    """A number as ``fmt`` formats it (ranks: "d", Δ and τ: "+.2f", the CSV's figures: ".4f"), else ``none``."""
+    """``value`` formatted by ``fmt``, else ``none``."""
     return none if value is None else format(value, fmt)
 
 
@@ -154,8 +144,7 @@ def unreached_text(result: CellResult) -> str:
 
 
 def cell_text(result: CellResult, seeds: int) -> str:
-    """'measured ± std (paper p, Δ d)', or at quick scale 'measured ± std (rank r; paper p, rank q)' — or
-    the status when there is no number yet."""
+    """'measured ± std (paper p, Δ d)' or, ordering, '… (rank r; paper p, rank q)'; else the status."""
     if result.unreached:
         return f"{unreached_text(result)} (paper {paper_text(result.cell)})"
     if result.measured is None:
@@ -201,7 +190,7 @@ def rich_table(spec: ReproSpec, res: list[CellResult], title: str | None = None)
 
 
 def _rich_cell(r: CellResult, seeds: int, percent: bool) -> str:
-    """Measured (± std), paper, Δ — coloured by Δ for accuracies only (lower is better for the rest)."""
+    """Measured (± std), paper, Δ; coloured by Δ for accuracies only (lower is better for the rest)."""
     if r.unreached:
         return f"[bold]{unreached_text(r)}[/]\n[dim]paper {paper_text(r.cell)}[/]"
     if r.measured is None:

@@ -1,10 +1,8 @@
 """Paper tables fltune can re-run: their cells, the paper's numbers, and how to run them at two scales.
 
-A table is data, not code: each cell names the paper's row and column, the paper's value, the metric it
-is compared with, and the config fields (dotted, as ``--set`` takes them) that make it; a scale adds the
-settings common to every cell (``paper``: the paper's clients, rounds, epochs; ``quick``: what fits this
-2-core machine). Each module of ``fltune/reproduce/papers/`` lists its tables (``TABLES``), keyed
-``<paper>:<table>``; ``registry`` looks them up.
+A table is data: each cell names the paper's row, column and value, the metric compared, and the dotted config
+fields that make it; a scale adds settings common to every cell (``paper``: the paper's; ``quick``: what fits a
+2-core machine). Each ``fltune/reproduce/papers/`` module lists its ``TABLES``, keyed ``<paper>:<table>``.
 """
 
 from __future__ import annotations
@@ -75,7 +73,7 @@ class Scale(_Frozen):
     note: str = ""
 
     def plus(self, settings: dict[str, Any], note: str = "") -> Scale:
-        """This scale with ``settings`` over its own (e.g. the Hessian probe's) and ``note`` appended to its note."""
+        """This scale with ``settings`` over its own and ``note`` appended."""
         return self.model_copy(update={"settings": {**self.settings, **settings}, "note": self.note + note})
 
 

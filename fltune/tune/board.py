@@ -34,16 +34,14 @@ def params_text(params: dict[str, Any], sep: str = ", ") -> str:
 
 
 def node_addresses() -> dict[str, str]:
-    """The alive nodes of the Ray this driver joined (none without one): short node id, as a trial reports its
-    workers' (``trainable.worker_nodes``) → the node's IP address, which a user can tell apart."""
+    """Alive Ray nodes: short node id (as ``trainable.worker_nodes`` reports) → IP address; {} without Ray."""
     if not ray.is_initialized():
         return {}
     return {node["NodeID"][:8]: node["NodeManagerAddress"] for node in ray.nodes() if node.get("Alive")}
 
 
 def trials_table(rows: list[TrialRow], spec: StudySpec, title: str, ranked: bool = False) -> Table:
-    """State, parameters, round and objective per trial; with ``ranked``, best first and numbered; on a
-    cluster of several nodes, the nodes each trial's workers ran on."""
+    """State, parameters, round, objective (and nodes, on several) per trial; ``ranked``: best first."""
     nodes = node_addresses()
     table = Table(title=title, show_lines=False)
     if ranked:
@@ -93,24 +91,14 @@ def live_table(spec: StudySpec, rows: list[TrialRow], planned: Planned | None = 
 
 
 Planned = tuple[float, float]
-"""When the job's trials started (``time.time()``) and the seconds its plan estimated for them all
-(``fltune.estimate``): the ETA until a trial has ended and measured the pace."""
+"""When the job's trials started (``time.time()``) and the seconds ``fltune.estimate`` planned for them all."""
 
 
 def eta(rows: list[TrialRow], trials: int, costs: Mapping[str, float] | None = None,
         planned: Planned | None = None) -> str:
-    """', ETA ~m min': the ``trials`` (of a study or job, ``rows`` those Tune has made so far) left, over how many
-    run at once, at the pace of those finished; before any ends, the plan's estimate less the time since the
-    start (``planned``), else blank.
-
-    How many run at once is read from the finished trials' spans (Tune's ``time_total_s`` and ``timestamp``),
-    not from how many Tune calls running: it starts every trial of a grid, and most of them wait for their
-    workers' resources. A trial training now counts as half done.
-
-    ``costs`` (a trial's label → its estimated seconds: a reproduce job's) weigh the trials, and
-    the pace is the finished ones' measured over estimated seconds; without them each trial weighs their
-    mean duration, so cheap trials finishing first make the ETA short, and a study's early-stopped ones long.
-    """
+    """', ETA ~m min': the ``trials`` left over how many ran at once, at the finished ones' pace; before any ends,
+    ``planned_eta``, else blank. How many ran at once comes from the finished spans, not Tune's "running" (it
+    starts a whole grid). Training trials count half; ``costs`` (label → estimated seconds) weigh the trials."""
     ended = [r for r in rows if r.status in ENDED and {"time_total_s", "timestamp"} <= r.metrics.keys()]
     if not ended:
         return planned_eta(planned) if planned else ""
@@ -127,8 +115,7 @@ def eta(rows: list[TrialRow], trials: int, costs: Mapping[str, float] | None = N
 
 
 def planned_eta(planned: Planned) -> str:
-    """', ETA ~m min (plan)': what the plan estimated less the time since the start; the plan is a lower
-    bound (it counts no evaluation), so once it has passed the board says so rather than count down to 0."""
+    """', ETA ~m min (plan)'; the plan is a lower bound (no evaluation), so once passed it says so."""
     started, seconds = planned
     left = seconds - (time.time() - started)
     if left < 30:
@@ -137,8 +124,7 @@ def planned_eta(planned: Planned) -> str:
 
 
 def most_at_once(spans: list[tuple[float, float]]) -> int:
-    """The most (start, end) spans that overlap by over a second (Tune's ``timestamp`` is whole seconds, so
-    a trial starting as another ends may seem to overlap it by less)."""
+    """The most (start, end) spans overlapping by over a second (Tune's ``timestamp`` is whole seconds)."""
     events = sorted([(start + 1.0, 1) for start, _ in spans] + [(end, -1) for _, end in spans])
     most = now = 0
     for _, step in events:  # at equal times ends (-1) sort first: spans that only touch don't overlap
@@ -151,10 +137,8 @@ Render = Callable[[Any, list[TrialRow], Planned | None], Table]
 
 
 class TrialBoard(Callback):
-    """Tune callback redrawing a table of the trials at most twice a second (driver side): a study's by
-    default, or what ``render(spec, rows, planned)`` draws. Holds only the spec, the (module-level) renderer
-    and the plan's seconds when pickled into the study folder; the rich Live display is created in ``setup``.
-    ``planned_s``: the job's estimated seconds (``TuneJob.planned_s``), its ETA until a trial has ended."""
+    """Tune callback redrawing ``render(spec, rows, planned)`` at most twice a second. Pickles only the spec,
+    the module-level renderer and ``planned_s``; the Live display is created in ``setup``."""
 
     def __init__(self, spec: Any, render: Render = live_table, planned_s: float | None = None) -> None:
         self.spec = spec
@@ -193,9 +177,7 @@ class TrialBoard(Callback):
     on_trial_error = on_trial_complete
 
     def log_ended(self, trials: list[Trial]) -> None:
-        """A log (stderr to a file or a pipe) shows no live table: a line per trial when it ends instead,
-        after the board's title (how many are done, the ETA where the board gives one). Only trials that
-        ended in this process: a resumed job's log does not repeat the lines of those that ended before."""
+        """In a log, a line per trial that ended in this process (a resumed job repeats none)."""
         rows = [trial_row(t) for t in trials]
         ended = [row for row in rows
                  if row.status in ENDED and row.trial_id in self.ending and row.trial_id not in self.logged]
@@ -208,8 +190,7 @@ class TrialBoard(Callback):
                           f"{shown(row.objective)}", markup=False, highlight=False, soft_wrap=True)
 
     def on_trial_recover(self, iteration: int, trials: list[Trial], trial: Trial, **info: Any) -> None:
-        """A crashed trial restarting from its last checkpoint (``tune.FailureConfig``): a line saying why,
-        above the live table or in the log; Tune's own traceback per attempt is off (``job.JOB_ENV``)."""
+        """A crashed trial restarting: one line saying why (Tune's traceback is off: ``job.JOB_ENV``)."""
         console.print(f"{trial_label(trial_row(trial))}: attempt {trial.run_metadata.num_failures} failed, "
                       f"restarting from its last checkpoint: {error_line(latest_trace(trial))}",
                       markup=False, highlight=False, soft_wrap=True)

@@ -1,8 +1,7 @@
 """``python cli.py tune``: a Ray Tune + Optuna study of one method, tracked in MLflow.
 
-Exit status: 0 when the study ends with a best configuration, 1 when no trial produced a score (all
-diverged or failed), 2 for bad input (one line, before any MLflow run exists), 130 when interrupted
-or 143 on SIGTERM (the study is saved: rerun with ``--resume``).
+Exit status: 0 with a best configuration, 1 when no trial scored, 2 for bad input (one line, before any MLflow
+run exists), 130 when interrupted or 143 on SIGTERM (rerun with ``--resume``).
 """
 
 from __future__ import annotations
@@ -27,7 +26,7 @@ if TYPE_CHECKING:  # the command's heavy imports (Ray Tune, MLflow) wait until i
     from fltune.tune.study import StudyRequest
 
 BEST_CONFIG = "best_config.yaml"
-"""The best configuration's file in the study folder: the last thing a study that concludes writes."""
+"""The best configuration's file in the study folder: the last thing a concluding study writes."""
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -54,8 +53,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
-    """A study, or its plan; a space file that is missing or no YAML is one line before Ray, torch or the
-    methods load (seconds)."""
+    """A study, or its plan; a bad space file is one line before Ray, torch or the methods load."""
     from fltune.config import read_yaml
 
     if args.space:
@@ -68,9 +66,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
 
 def check_data_here(space: dict, overrides: list[str]) -> None:
-    """A dataset that is nowhere fltune looks is one line before torch or Ray load (``locations.check_here``),
-    for a space whose ``base`` is inline: its ``data`` section under the command line's ``--set data.*``. A
-    base in a file of its own, or a ``data`` section that does not validate, is checked where the study is."""
+    """A missing dataset is one line before torch or Ray load (``locations.check_here``), for an inline
+    ``base`` with ``--set data.*``; other bases are checked later with the study."""
     from fltune.config import DataConfig, apply_overrides
     from fltune.data.locations import check_here
 
@@ -172,8 +169,7 @@ def study_request(args: argparse.Namespace, storage: str | None = None) -> Study
 
 
 def show_plan(args: argparse.Namespace) -> int:
-    """``--plan``: the study's trials at their base settings and their cost (an upper bound under ASHA, which
-    stops trials early); nothing is written."""
+    """``--plan``: the trials at their base settings and their cost (an upper bound under ASHA); writes nothing."""
     from fltune.estimate import print_plan
     from fltune.tune.study import resolve_space
 
@@ -186,8 +182,7 @@ def show_plan(args: argparse.Namespace) -> int:
 
 
 def write_best(spec: StudySpec, text: str, best_out: str | None) -> str:
-    """Into the study folder by default (any storage, written whole: a concluded study is one that holds
-    it), or to ``--best-out`` on this machine."""
+    """Into the study folder, written whole (a concluded study is one that holds it), or to ``--best-out``."""
     from fltune.tune.storage import write_whole
 
     if best_out:

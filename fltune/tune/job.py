@@ -1,6 +1,5 @@
-"""The scaffold of an fltune Tune job (a study, a paper-table reproduction, a comparison's cells):
-``TuneJob.run`` validates, starts Ray, sizes and fits the trials, and concludes from the job folder —
-also after a stop, whose trials ``--resume`` continues."""
+"""The scaffold of an fltune Tune job (a study, a paper-table reproduction, a comparison's cells): ``TuneJob.run``
+validates, starts Ray, fits the trials and concludes from the job folder, also after a stop (``--resume``)."""
 
 from __future__ import annotations
 
@@ -31,27 +30,22 @@ if TYPE_CHECKING:  # Ray Tune and MLflow load only when a command runs
 JOB_ENV = {
     # with verbose=0 and the old output engine Tune prints nothing: the board is the job's output
     "RAY_AIR_NEW_OUTPUT": "0",
-    # Tune snapshots its state every `num_to_keep` trial checkpoints (so a resume never points at a deleted
-    # one) and warns when that is frequent: with a checkpoint per round it is, by design
+    # Tune snapshots its state every `num_to_keep` checkpoints and warns when that is frequent: by design here
     "TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S": "0",
-    # Tune logs every failed attempt's whole traceback; fltune says each restart in a line (the board's
-    # on_trial_recover) and why trials failed in one line per reason at the end (say_failures)
+    # fltune says each restart in a line (board's on_trial_recover) and each failure reason once (say_failures)
     "TUNE_PRINT_ALL_TRIAL_ERRORS": "0",
 }
 
 CELL_CHECKPOINT_EVERY, CELL_CHECKPOINT_SECONDS = 25, 60.0
-"""A job cell's default checkpoint cadence (reproduce, compare): paper-scale cells run hundreds of rounds,
-and a checkpoint of a personalised method's state costs more than its round."""
+"""A job cell's default checkpoint cadence: a personalised method's checkpoint costs more than its round."""
 
 
 Spec = TypeVar("Spec", bound="SavedSpec")
 
 
 def with_gpu_share(spec: Spec, cluster: dict[str, float], cpus_per_worker: float, max_concurrent: int | None) -> Spec:
-    """Pin ``gpus_per_worker`` once (a job keeps it on resume). Unset, the cluster's GPUs are shared by
-    the client workers of the trials that run at once: as many as ``max_concurrent`` allows *and* the
-    CPUs fit. Dividing by ``max_concurrent`` alone starves the GPU when the CPUs fit fewer trials;
-    dividing by the CPU fit alone does when ``--max-concurrent`` allows fewer."""
+    """Pin ``gpus_per_worker`` once (kept on resume): the GPUs shared by the workers of the trials that run at
+    once, as many as ``max_concurrent`` allows *and* the CPUs fit (either bound alone can starve the GPU)."""
     if spec.gpus_per_worker is not None:
         return spec
     gpus = cluster.get("GPU", 0.0)
@@ -61,18 +55,15 @@ def with_gpu_share(spec: Spec, cluster: dict[str, float], cpus_per_worker: float
 
 
 def unfinished_if_stopped(rows: list[TrialRow]) -> list[TrialRow]:
-    """After a stop signal, trials that ended in error count as unfinished ("pending"): a signal sent to
-    the whole process group (``timeout``, Slurm) kills trials' processes too, and Tune may record such a
-    trial as failed before its graceful stop pauses it. The job then concludes interrupted, and
-    ``--resume`` runs those trials again from their last checkpoints (``resume_errored``)."""
+    """After a stop signal, errored trials are "pending": a process-group signal (``timeout``, Slurm) kills
+    trials Tune may record as failed before pausing them; ``--resume`` reruns them (``resume_errored``)."""
     if not terminated():
         return rows
     return [replace(row, status="pending") if row.status == "failed" else row for row in rows]
 
 
 def say_failures(trials: list[Trial]) -> None:
-    """Why trials failed (after Tune's retries), one line per reason (``results.failure_lines``); nothing
-    after a stop signal, whose killed trials are resumed rather than failed (``unfinished_if_stopped``)."""
+    """Why trials failed, one line per reason; nothing after a stop signal (``unfinished_if_stopped``)."""
     from ray.tune.experiment import Trial
 
     from fltune.tracking.progress import console
@@ -124,8 +115,7 @@ class TuneJob(ABC, Generic[Spec]):
         """An experiment tree of the job's trials (their resources are the same)."""
 
     def trial_configs(self, spec: Spec) -> list[ExperimentConfig]:
-        """The settings of the job's trials (jobs of cells: every cell's; studies: their base), whose data
-        are checked before Ray starts (``check_data``)."""
+        """The settings of the job's trials (cells: each; studies: their base), for ``check_data`` before Ray."""
         from fltune.config import build_config
 
         return [build_config(self.experiment(spec))]
@@ -139,10 +129,7 @@ class TuneJob(ABC, Generic[Spec]):
         """A new Tuner of the job, with ``callbacks``."""
 
     def restored_tuner(self, spec: Spec, resources: PlacementGroupFactory) -> Tuner:
-        """The job's Tuner from its folder (searcher and callbacks come back from there too): unfinished trials
-        continue from their checkpoints, and so do errored ones (a stop signal can kill a trial's processes
-        before Tune pauses it: ``unfinished_if_stopped``); finished ones are kept. ``prepare`` makes a new
-        Tuner for a job that Tune never saved (``storage.tune_started``)."""
+        """The job's Tuner from its folder; unfinished and errored trials continue (``unfinished_if_stopped``)."""
         from ray.tune import Tuner
 
         from fltune.tune.storage import job_filesystem
@@ -167,13 +154,11 @@ class TuneJob(ABC, Generic[Spec]):
         return TrialBoard(spec, planned_s=self.planned_s(spec))
 
     def planned(self, spec: Spec) -> list[tuple[str, dict[str, Any], int]]:
-        """The job's trials as its plan counts them (``fltune.estimate``: label, experiment, runs); none: the
-        board shows no ETA until a trial has ended."""
+        """The job's trials for ``fltune.estimate`` (label, experiment, runs); none: no ETA until a trial ends."""
         return []
 
     def planned_s(self, spec: Spec) -> float | None:
-        """The plan's wall time of the job's trials on the cluster Ray has (None when it plans nothing or
-        cannot estimate): the board's ETA until the first trial ends and measures the pace."""
+        """The plan's wall time on Ray's cluster (None: no estimate), the board's ETA until a trial ends."""
         import ray
 
         from fltune.estimate import estimate
@@ -211,8 +196,7 @@ class TuneJob(ABC, Generic[Spec]):
         return bool(self.args.resume)
 
     def prepare(self) -> tuple[Spec, Tuner, int]:
-        """Validate (before Ray starts), join or start Ray, size the trials, then create or restore the
-        Tuner; also the number of Ray nodes."""
+        """Validate, start Ray, size the trials and create or restore the Tuner; also the number of Ray nodes."""
         from fltune.config import build_config
         from fltune.engine.cluster import start_ray
         from fltune.preflight import check_data
@@ -254,9 +238,8 @@ class TuneJob(ABC, Generic[Spec]):
             close_open_runs(spec.tracking, spec.path, "killed")
 
     def stop(self, spec: Spec, err: BaseException) -> None:
-        """The job ended by ``err``: its MLflow runs end KILLED; a failed write (``StopOnFailedWrite``,
-        or the MLflow store's own) is raised again as its line, naming the file (the job folder when the
-        library did not say), the room left there, and the command that continues the job."""
+        """The job ended by ``err``: its MLflow runs end KILLED; a failed write is raised again as a line
+        naming the file (else the job folder), the room left, and the resume command."""
         from fltune.tracking.paths import default_uri, sqlite_path
 
         tracking = spec.tracking
@@ -270,10 +253,8 @@ class TuneJob(ABC, Generic[Spec]):
             raise said(failed, spec.path, self.resume_command(spec)) from None
 
     def run(self) -> int:
-        """The whole command: prepare, fit, and conclude from the job folder's final state — every trial,
-        also those a stop left pending or running. A command that dies of an exception ends its MLflow
-        runs KILLED (Tune's own clean-up ends them in every other case); one whose write failed ends with
-        ``WriteFailed`` (``stop``)."""
+        """Prepare, fit, and conclude from the job folder's final state (also after a stop). An exception ends
+        the MLflow runs KILLED; a failed write ends with ``WriteFailed`` (``stop``)."""
         from ray.tune import ExperimentAnalysis
 
         from fltune.tracking.progress import console

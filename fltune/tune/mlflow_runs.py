@@ -1,12 +1,9 @@
 """The study in MLflow: one parent run per study, one child run per trial, written by the driver only.
 
-Ray's own ``MLflowLoggerCallback`` is not used: it makes flat runs (no study parent), logs against
-``training_iteration`` rather than the FL round, keeps its trial→run map only in memory (so a resumed
-study would open a second run per trial) and knows only FINISHED/FAILED. This callback keeps MLflow
-itself as the source of truth instead: the parent is tagged with the study's path and each child with
-its Tune trial id, so ``--resume`` (even after SIGKILL) finds and reopens them, continues each curve
-after its last logged round, and deletes children of trials the restored Tune state never saw (they are
-re-sampled under new ids) — every trial appears exactly once.
+Not Ray's ``MLflowLoggerCallback``: flat runs per ``training_iteration``, mapped to trials only in memory (a
+resume opens a second run). Here runs are tagged with the study's path and trial id, so ``--resume`` (even after
+SIGKILL) reopens them, continues each curve and deletes children the restored state never saw: every trial
+appears exactly once.
 """
 
 from __future__ import annotations
@@ -35,24 +32,17 @@ STUDY_TAG = "fltune.study"
 TRIAL_TAG = "fltune.trial_id"
 KIND_TAG = "fltune.kind"
 EVERY_ROUND = "round_s"
-"""A metric every round logs (its wall time): its last step is the round a resumed trial's curves go on
-after (the round itself is the step, not a metric)."""
+"""A metric every round logs: its last step is the round a resumed trial's curves go on after."""
 
 
 def loggable(metrics: dict[str, Any]) -> dict[str, float]:
-    """fltune's finite numeric round metrics, the round kept as the step: Tune's own bookkeeping
-    (``AUTO_RESULT_KEYS``: ``time_total_s``, ``time_since_restore``, ``pid`` …) and its strings, dicts and
-    flags are left out, and so is an objective that is NaN because nothing was evaluated yet."""
+    """fltune's finite numeric (not bool) round metrics, without Tune's bookkeeping (``AUTO_RESULT_KEYS``)."""
     return {k: v for k, v in metrics.items() if k not in AUTO_RESULT_KEYS and k != "done"
             and isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
 
 
 class RunTree(ABC):
-    """A parent run and one child run per Tune trial, found again by tags when the job resumes.
-
-    The shape every Tune job of fltune logs (a study, a reproduced table); subclasses say what the
-    parent records (``describe_parent``), what each child is (``child``) and what ends the job (``finish``).
-    """
+    """A parent run and one child run per Tune trial, found again by tags when the job resumes."""
 
     kind = "study"
 
@@ -137,8 +127,7 @@ class RunTree(ABC):
         self.tracker.set_tags(self.parent, {f"fltune.{what}_{s.replace(' ', '_')}": n for s, n in counts.items() if n})
 
     def end_cells(self, statuses: list[str], outputs: Callable[[Path], list[Path]], interrupted: bool) -> None:
-        """A job of cells ends: its cells' states, its files (``outputs(folder)``; the ``.yaml`` ones under
-        ``configs/``) and its parent, FAILED when a cell was lost (``any_unscored``)."""
+        """Cell states, files (``outputs(folder)``) and the parent's end, FAILED when a cell was lost."""
         self.tag_counts("cells", statuses)
         with tempfile.TemporaryDirectory() as tmp:
             for path in outputs(Path(tmp)):
@@ -201,9 +190,7 @@ class StudyLog(RunTree):
 
 
 class MLflowStudyCallback(LoggerCallback):
-    """Tune → a RunTree (``StudyLog`` by default). Holds only the spec when pickled into the study folder
-    (``Tuner.restore`` brings the callback back from there); the MLflow side is (re)opened in ``setup``,
-    on the driver."""
+    """Tune → a RunTree. Pickles only the spec (for ``Tuner.restore``); MLflow is (re)opened in ``setup``."""
 
     def __init__(self, spec: Any, log_class: type[RunTree] = StudyLog) -> None:
         self.spec = spec
@@ -241,8 +228,7 @@ class MLflowStudyCallback(LoggerCallback):
 
 
 def close_open_runs(tracking: TrackingConfig, path: str, status: str) -> None:
-    """End the job's runs still RUNNING when the driver dies of an exception (Tune's own cleanup
-    already ended them for everything else), so none stays RUNNING."""
+    """End the job's runs still RUNNING when the driver dies of an exception (Tune ends them otherwise)."""
     tracker = Tracker(tracking)
     for run in tracker.find({STUDY_TAG: path}):
         if run.info.status == "RUNNING":

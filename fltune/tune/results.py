@@ -1,8 +1,5 @@
-"""What a study produced, trial by trial: status, parameters, score; ranked, tabulated and plotted.
-
-One ``TrialRow`` per Tune ``Trial``, built the same way for the live board, MLflow and the final
-ranking (from the study folder's state), so the terminal, the CSV and MLflow never disagree.
-"""
+"""What a study produced, trial by trial, ranked, tabulated and plotted: one ``TrialRow`` per Tune ``Trial``,
+built the same way for the board, MLflow and the final ranking, so they never disagree."""
 
 from __future__ import annotations
 
@@ -48,15 +45,12 @@ class TrialRow:
 
 
 def unfinished(rows: list[TrialRow], expected: int) -> bool:
-    """Whether a Tune job has trials left to run: some have not ended, or fewer than ``expected`` exist (a
-    stop came before Tune created them all; with none, before its first)."""
+    """Whether a Tune job has trials left to run: some have not ended, or fewer than ``expected`` exist."""
     return len(rows) < expected or any(r.status not in ENDED for r in rows)
 
 
 def any_unscored(statuses: Iterable[str]) -> bool:
-    """Whether a job of asked-for cells (``reproduce``, ``compare``) lost one: a diverged or failed cell makes
-    the command exit 1 and its MLflow parent run end FAILED (a study, which explores, fails only when no
-    trial scored: ``tune.command.conclude``)."""
+    """Whether a job of cells lost one (diverged or failed): it then exits 1 and its MLflow parent ends FAILED."""
     return any(s in ("diverged", "failed") for s in statuses)
 
 
@@ -64,15 +58,13 @@ _RAISED = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Exit)):(.*)$")
 _FRAME = re.compile(r'^\s*File "(?:[^"]*/)?(fltune/[^"]+\.py)", line (\d+), in (\w+)')
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _COMPILING = ("torch/_dynamo/convert_frame.py", "torch/_inductor/")
-"""Frames of torch's compiler at work (``torch/_dynamo/eval_frame.py`` also wraps uncompiled calls, e.g. an
-optimiser's step, so it says nothing)."""
+"""Frames of torch's compiler at work (not ``eval_frame.py``, which also wraps uncompiled calls)."""
 
 
 def error_line(trace: str) -> str:
-    """The one line that says why a trial failed, from the trace Tune keeps (its ``error.txt``: every
-    failure's, the last one last): the last exception raised, with the last fltune frame it passed through.
-    Ray's wrappers are left out unless Ray's error is all there is (a worker that died), and so are torch's
-    internals: e.g. ``AssertionError (fltune/engine/batched.py:383, _take) in torch.compile (…)``."""
+    """Why a trial failed, in one line, from Tune's ``error.txt`` (last failure last): the last exception, with
+    the last fltune frame it passed. Ray's wrappers are left out unless they are all there is (a dead worker):
+    e.g. ``AssertionError (fltune/engine/batched.py:383, _take) in torch.compile (…)``."""
     lines = _ANSI.sub("", trace).rsplit("Failure # ", 1)[-1].splitlines()  # the last failure's
     raised = [line for line in lines if _RAISED.match(line)]
     own = [line for line in raised if not line.startswith("ray.")]  # Ray's re-raise of the cause, else Ray's
@@ -87,10 +79,8 @@ def error_line(trace: str) -> str:
 
 
 def failure_lines(traces: Sequence[tuple[str, str]], refused: Sequence[str] = ()) -> list[str]:
-    """One line per distinct reason among failed trials: how many failed so and why. ``traces``: (folder,
-    trace) pairs of crashed trials, whose reason is ``error_line`` and whose first whole trace is named;
-    ``refused``: the one-line reasons of trials fltune refused (``failed_result``). A job's table says only
-    "failed"."""
+    """One line per distinct reason among failed trials, with a count. ``traces``: (folder, trace) of crashed
+    trials (reason: ``error_line``; the first trace is named); ``refused``: reasons from ``failed_result``."""
     by_reason: dict[str, list[str | None]] = {}
     for folder, trace in traces:
         by_reason.setdefault(error_line(trace), []).append(folder)
@@ -101,16 +91,13 @@ def failure_lines(traces: Sequence[tuple[str, str]], refused: Sequence[str] = ()
 
 
 def failed_result(err: Exception) -> dict[str, Any]:
-    """The last result of a trial that fltune refused: ``failed``, with the one-line reason. The objective
-    is NaN because ASHA and the searcher require it in every result; it scores nothing (``TrialRow.scored``),
-    and no ``round`` means ASHA files it under no rung."""
+    """A refused trial's last result: NaN objective (ASHA and the searcher require one), no ``round`` (no rung)."""
     return {"status": "failed", "error": str(err), "objective": math.nan}
 
 
 def classify(last: dict[str, Any], errored: bool) -> str:
-    """fltune's status of a trial from its last result. The trial's own ``status`` says whether it ran
-    all its rounds or diverged; otherwise Tune's ``done`` means a scheduler stopped it early. (Tune's
-    TERMINATED cannot tell: it also marks trials it merely shut down on Ctrl-C.)"""
+    """fltune's status of a trial from its last result: its own ``status``, else Tune's ``done`` means a
+    scheduler stopped it (Tune's TERMINATED also marks trials shut down on Ctrl-C)."""
     if errored:
         return "failed"
     if last.get("status") in ("finished", "diverged", "failed"):
@@ -137,15 +124,13 @@ def trial_row(trial: Trial, failed: bool = False) -> TrialRow:
 
 
 def trial_config(spec: StudySpec, params: dict[str, Any]) -> ExperimentConfig:
-    """A configuration of the study as one experiment: base + its parameters, at the base seed and
-    resources (not a trial's pinned share: a single run may use the whole machine); as YAML, the best one is
-    a ``run --config`` file."""
+    """Base + ``params`` at the base seed and resources (not a trial's share): as YAML, a ``run --config`` file."""
     return build_config(set_fields(spec.base, params))
 
 
 def rank(rows: list[TrialRow], mode: str) -> list[TrialRow]:
-    """Best first: scored trials by objective (on ties: more rounds, then the earlier created, so that the
-    best of a study is the same however Tune lists its trials, e.g. after a resume), then the rest."""
+    """Best first: scored trials by objective (ties: more rounds, then earlier created, so the order does not
+    depend on how Tune lists trials), then the rest."""
     sign = -1.0 if mode == "max" else 1.0
     return sorted(rows, key=lambda r: (not r.scored, sign * r.objective if r.scored else 0.0, -r.round, r.created,
                                        r.trial_id))
@@ -161,8 +146,7 @@ CSV_METRICS = ("acc_global", "acc_personalized", "loss", "startup_s", "time_tota
 
 
 def write_csv(rows: list[TrialRow], space: SearchSpace, path: Path) -> Path:
-    """One line per trial, best first: status, score, parameters, and the ``CSV_METRICS`` the study
-    measured (a protocol ``metrics.protocols`` leaves out has no column, rather than an empty one)."""
+    """One line per trial, best first: status, score, parameters, and the ``CSV_METRICS`` some trial has."""
     names = list(space.params)
     extra = [k for k in CSV_METRICS if any(k in row.metrics for row in rows)]
     with path.open("w", newline="") as out:
@@ -181,10 +165,7 @@ def objective_label(space: SearchSpace) -> str:
 
 
 def sensitivity_figure(rows: list[TrialRow], space: SearchSpace, title: str) -> Figure:
-    """Objective against each parameter (SimFAFL Table 4 style), one panel per parameter. Numeric values
-    on a numeric axis (log-scaled where the space samples log-uniformly), a choice of names in the space's
-    order; ASHA-stopped trials hollow and labelled with the round their score is from (fewer rounds than
-    the finished ones')."""
+    """Objective against each parameter (SimFAFL Table 4 style); ASHA-stopped trials hollow, labelled by round."""
     names = list(space.params)
     metric = space.objective.metric
     fig = new_figure(figsize=(4 * len(names), 3.5))
@@ -213,8 +194,7 @@ def sensitivity_figure(rows: list[TrialRow], space: SearchSpace, title: str) -> 
 
 
 def _positions(ax: Any, dist: Any) -> Callable[[Any], Any]:
-    """How a parameter's values map onto ``ax``'s x axis, the axis set up for them: numbers as they are
-    (log scale for a log-uniform space), any other choice at its index in the space's list, named."""
+    """Set up ``ax``'s x axis for a parameter and map its values: numbers as they are, other choices to indices."""
     if isinstance(dist, Choice) and not all(isinstance(v, (int, float)) and not isinstance(v, bool)
                                             for v in dist.values):
         ax.set_xticks(range(len(dist.values)), [str(v) for v in dist.values])
@@ -229,8 +209,7 @@ def _positions(ax: Any, dist: Any) -> Callable[[Any], Any]:
 
 def trials_figure(curves: dict[str, dict[int, float]], best_trial: str | None, space: SearchSpace,
                   title: str) -> Figure:
-    """Every trial's objective per round (trial id → {round: value}, as its MLflow run logged it), the
-    best trial drawn thick and named: how the study's trials progressed, and where ASHA cut them."""
+    """Every trial's objective per round (trial id → {round: value}), the best trial thick and named."""
     metric = space.objective.metric
     fig = new_figure(figsize=(7, 4.5))
     ax = fig.subplots()

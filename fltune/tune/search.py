@@ -12,13 +12,9 @@ from fltune.tune.space import SearchSpace
 
 
 class FLOptunaSearch(OptunaSearch):
-    """OptunaSearch that reports diverged trials, and trials fltune refused, as failures (Tune sees them
-    end normally), and passes over a trial it never suggested.
-
-    Such a trial comes from a driver killed (SIGKILL, a lost node) after Tune had saved a new trial in the
-    experiment state but before it saved the searcher's state: on ``--resume`` the trial runs, and
-    OptunaSearch would raise ``KeyError`` on its first result. Its Optuna trial was lost with the killed
-    driver, so there is nothing to tell Optuna; the trial still runs, scores and is tracked as any other."""
+    """OptunaSearch that reports diverged and refused trials as failures (Tune sees them end normally), and
+    passes over a trial it never suggested: one a driver killed between saving Tune's state and the searcher's
+    leaves, on which OptunaSearch would raise ``KeyError``. That trial still runs and is tracked."""
 
     def on_trial_result(self, trial_id: str, result: dict[str, Any]) -> None:
         if trial_id in self._ot_trials:
@@ -34,8 +30,8 @@ class FLOptunaSearch(OptunaSearch):
 
 
 class DefineByRun:
-    """Optuna's define-by-run space: sample the parameters in file order, skipping unmet conditions.
-    A class, not a closure, because the searcher's state is pickled into the study folder."""
+    """Optuna's define-by-run space: parameters in file order, unmet conditions skipped. A class, not a
+    closure, because the searcher's state is pickled."""
 
     def __init__(self, space: SearchSpace) -> None:
         self.space = space

@@ -1,9 +1,8 @@
 """Search-space files (``search_spaces/<method>.yaml``): the pydantic schema and its validation.
 
-A file names a base experiment, the parameters to tune with their distributions, the objective and the
-search settings. Everything is checked before Ray starts, against the real config model: a parameter
-must be a field of the method's ``Params`` (``method.*``) or of the experiment config, and both ends of
-its range (or every choice) must be values that field accepts, so no trial can fail on a bad value.
+Everything is checked before Ray starts, against the real config model: a parameter must be a field of the
+method's ``Params`` (``method.*``) or of the experiment config, and both ends of its range (every choice) must
+validate there, so no trial can fail on a bad value.
 """
 
 from __future__ import annotations
@@ -22,8 +21,8 @@ from fltune.metrics.probe import check_probes, metric_names, probe_of, unmet_nee
 
 Scalar = Union[bool, int, float, str, None]
 METRICS: tuple[str, ...] = metric_names()
-"""Metrics a study can optimise or a reproduced cell compare: the round loop's and every round probe's
-(``fltune.metrics.probe``), per round or run constants (``Federation.static_costs``)."""
+"""Metrics a study can optimise or a cell compare: the round loop's and every probe's (``fltune.metrics.probe``),
+per round or run constants (``Federation.static_costs``)."""
 
 
 class _Strict(BaseModel):
@@ -151,8 +150,7 @@ class SearchSpace(_Strict):
 
 SETTINGS: tuple[str, ...] = ("objective", "num_samples", "sampler", "scheduler", "max_concurrent", "seeds",
                              "checkpoint_every", "checkpoint_seconds")
-"""The space file's search settings that ``tune --set`` changes (``--set scheduler.grace_period=1``); every
-other ``--set`` edits the base experiment."""
+"""The search settings ``tune --set`` changes; every other ``--set`` edits the base experiment."""
 
 
 def is_space_setting(override: str) -> bool:
@@ -185,8 +183,8 @@ def base_tree(space: SearchSpace, space_path: str | Path, method: str) -> dict[s
 
 
 def space_method(space: SearchSpace, space_path: str | Path) -> str | None:
-    """The space's ``method:``; a file reference (``./mine.py:Mine``) is relative to the space file, as
-    ``base`` is, when the file is there (else to the working folder)."""
+    """The space's ``method:``; a file reference (``./mine.py:Mine``) is relative to the space file when there,
+    else to the working folder."""
     where, _, attr = (space.method or "").rpartition(":")
     if not where.endswith(".py") or Path(where).is_absolute():
         return space.method

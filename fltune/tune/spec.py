@@ -1,7 +1,5 @@
-"""A resolved study: the search-space file after ``--set`` and the CLI flags, frozen at study creation.
-
-It is what every trial receives and what ``--resume`` reloads (``fltune_study.json`` in the study's
-folder), so a resumed study runs exactly the settings it started with, whatever the flags say now.
+"""A resolved study: the search-space file after ``--set`` and the CLI flags, frozen at creation. Every trial
+receives it and ``--resume`` reloads it, so a resumed study runs the settings it started with.
 """
 
 from __future__ import annotations
@@ -61,8 +59,8 @@ class SavedSpec(BaseModel):
 
     @classmethod
     def resumed(cls, storage: str, name: str | None, what: str, keep: Callable[[Self], bool] = lambda _: True) -> Self:
-        """The job ``--resume`` continues: ``--name``'s, else the most recently created ``what`` (a job of
-        this kind) under ``storage`` that ``keep`` accepts."""
+        """The job ``--resume`` continues: ``--name``'s, else the newest of this kind under ``storage`` that
+        ``keep`` accepts (``what`` names it in errors)."""
         if name:
             return cls.load(f"{storage.rstrip('/')}/{name}")
         fs, folder = pyarrow.fs.FileSystem.from_uri(storage)
@@ -88,8 +86,7 @@ def exists(path: str) -> bool:
 
 
 class CutSpec(FLTuneError):
-    """A saved spec that is not JSON at all: empty or cut short. fltune writes it whole
-    (``storage.write_whole``); one written before that could be cut by a stop as it was written."""
+    """A saved spec that is not JSON at all: empty or cut short by a stop as an older fltune wrote it."""
 
 
 class StudySpec(SavedSpec):

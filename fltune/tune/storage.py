@@ -1,21 +1,13 @@
-"""Where fltune's jobs live (``<storage>/<name>``, on any pyarrow filesystem), what their folders hold, and
-the filesystem Tune writes a job folder through: on local disk, every file is replaced whole or not at all.
+"""Where fltune's jobs live (``<storage>/<name>``, on any pyarrow filesystem) and the filesystem Tune writes a
+job folder through: on local disk, every file is replaced whole or not at all.
 
-Tune rewrites its state files in place. The driver keeps them in a staging folder and copies *all* of them
-(``tuner.pkl``, ``experiment_state-*.json``, ``searcher-state-*.pkl``) to the job folder every few seconds,
-truncating each before writing it (``_ExperimentCheckpointManager.sync_up_experiment_state``). A driver
-killed mid-copy (SIGKILL, the OOM killer, a pre-empted node) leaves an empty or cut file, and the job can
-no longer resume: ``Tuner.restore`` fails with ``EOFError: Ran out of input`` (ray-project/ray#58179).
-Writing each file beside its target and renaming it into place when complete (``os.replace``, atomic on
-POSIX) leaves the old version or the new one, never a mix. Remote stores (s3://, gs://) already publish
-an object only when its upload completes, so Tune keeps its own filesystem for them.
+Tune truncates and rewrites its state files in the job folder every few seconds (``sync_up_experiment_state``):
+a driver killed mid-copy leaves a cut file and ``Tuner.restore`` fails with ``EOFError: Ran out of input``
+(ray-project/ray#58179). Here each file is written beside its target and ``os.replace``-d; remote stores
+(s3://, gs://) publish an object only once uploaded whole, so they keep Tune's filesystem.
 
-Tune also deletes a trial's checkpoints beyond ``num_to_keep`` the moment a newer one registers, while the
-job folder's state that names them is copied later (a forced copy waits for the driver's next step and for
-the copy before it). A driver killed in between leaves a state whose trial resumes from a deleted
-checkpoint ("Could not recover from checkpoint as it does not exist on storage anymore"), on every retry.
-On local disk such deletions wait (``AtomicLocalFiles.delete_dir``) until the job folder holds a state
-saved after them.
+Tune also deletes checkpoints beyond ``num_to_keep`` before the state naming them is copied, so a driver killed
+in between resumes from a deleted checkpoint on every retry: such deletions wait (``HeldPrunes``).
 """
 
 from __future__ import annotations
@@ -38,12 +30,9 @@ from fltune.tracking.paths import mlruns_dir
 
 
 def write_whole(uri: str, data: bytes) -> None:
-    """``data`` as the file at ``uri`` (a local path or a pyarrow URI), all or nothing.
-
-    For fltune's own files in a job folder (its saved spec, its best configuration), which ``--resume``
-    reads back. A stop can land mid-write: SIGTERM becomes ``KeyboardInterrupt`` between any two bytecodes
-    (``process._on_sigterm``), and a file opened for writing is already truncated. Here the old file, or
-    none, stays until the new one is complete."""
+    """``data`` as the file at ``uri`` (a local path or a pyarrow URI), all or nothing: fltune's own job files,
+    which ``--resume`` reads back. SIGTERM becomes ``KeyboardInterrupt`` between any two bytecodes
+    (``process._on_sigterm``), so the old file, or none, stays until the new one is complete."""
     if "://" in uri:  # a remote store publishes an object only when its upload completes
         fs, path = pyarrow.fs.FileSystem.from_uri(uri)
         with fs.open_output_stream(path) as out:
@@ -60,14 +49,10 @@ CHECKPOINT = re.compile(r"checkpoint_\d+")
 class HeldPrunes:
     """Trial checkpoints Tune pruned, held until the job folder holds a state saved after the prune.
 
-    One per process: the driver deletes through the filesystem each checkpoint came back with (a copy
-    unpickled from its trial), and copies its state through the one its storage holds. Tune's driver thread
-    saves its state, then starts a copy only when the previous copy has ended (``_BackgroundSyncer``), and
-    prunes on that thread between copies, never between a save and the start of its copy. So a copy that
-    *opened* after a prune may still carry a state saved before it, but a copy that opens after that one
-    *ended* was started, and so saved, after the prune: once it ends, no state in the job folder names the
-    checkpoint. A driver killed while it holds some leaves them on disk: superseded checkpoints, never a
-    missing one."""
+    One per process (the driver deletes and copies through different filesystem copies). Tune's driver thread
+    starts a copy only after the previous one ended (``_BackgroundSyncer``) and prunes between copies, so a
+    copy *opened* after a prune may carry an older state, but one opening after that copy *ended* cannot. A
+    driver killed while it holds some leaves superseded checkpoints on disk, never a missing one."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -88,8 +73,7 @@ class HeldPrunes:
         self._delete(ready)
 
     def release(self) -> None:
-        """Delete every held checkpoint: Tune's last save of a job whose run ended (``tune.py``: it saves
-        and waits for the copy after its loop, also when stopped) came after every prune."""
+        """Delete every held checkpoint: Tune's last save (``tune.py``, also when stopped) followed every prune."""
         with self._lock:
             ready = [path for path, _ in self._asked + self._passed]
             self._asked, self._passed = [], []
@@ -105,9 +89,8 @@ PRUNES = HeldPrunes()
 
 
 class AtomicLocalFiles(pyarrow.fs.FSSpecHandler):
-    """Local files whose writes are all-or-nothing (``ReplaceOnClose``), and trial checkpoints that Tune
-    prunes held until no saved job state names them (``HeldPrunes``); everything else is fsspec's local
-    filesystem as pyarrow wraps it. Picklable, so Tune ships it to trials with their storage."""
+    """fsspec's local filesystem with all-or-nothing writes (``ReplaceOnClose``) and pruned checkpoints held
+    (``HeldPrunes``). Picklable, so Tune ships it to trials with their storage."""
 
     def __init__(self) -> None:
         super().__init__(fsspec.filesystem("file"))
@@ -139,18 +122,15 @@ class StateCopy(ReplaceOnClose):
 
 
 def job_filesystem(storage: str) -> pyarrow.fs.FileSystem | None:
-    """What Tune should write ``storage`` through: all-or-nothing files for a local folder (``storage``
-    is then a plain absolute path, as ``storage_root`` makes it); None for a URI, which Tune
-    resolves itself."""
+    """What Tune writes ``storage`` through: all-or-nothing files for a local path; None for a URI."""
     if "://" in storage:
         return None
     return pyarrow.fs.PyFileSystem(AtomicLocalFiles())
 
 
 def storage_root(storage: str | None) -> str:
-    """Where jobs live: a URI as given, a local path made absolute (Ray requires it); default
-    ``<repo>/studies`` next to ``mlruns`` (a source checkout keeps its jobs in one place). A ``file://``
-    URI is the local folder it names, so its job files are written whole too (``job_filesystem``)."""
+    """Where jobs live: a URI as given, a local path (or ``file://`` URI, so its files are written whole) made
+    absolute as Ray requires; default ``<repo>/studies`` next to ``mlruns``."""
     storage = storage or str(mlruns_dir().parent / "studies")
     if "://" not in storage:
         return str(Path(storage).expanduser().resolve())
@@ -166,8 +146,7 @@ def storage_root(storage: str | None) -> str:
 
 
 def check_storage(storage: str) -> None:
-    """Before a job starts work: a local ``storage`` can be written and has room (``folders.make_out``); a
-    URI was reached by ``storage_root``."""
+    """A local ``storage`` can be written and has room (``folders.make_out``); URIs: ``storage_root``."""
     if "://" not in storage:
         make_out(storage, "--storage")
 
@@ -185,20 +164,16 @@ def holds(path: str, name: str) -> bool:
 
 
 def tune_started(path: str) -> bool:
-    """Whether Tune saved the state of the job at ``path`` (``experiment_state-*.json``), on any pyarrow
-    filesystem. A Tuner writes itself (``tuner.pkl``, all ``Tuner.can_restore`` looks for) before its
-    first state; restoring a job stopped in between starts trials without their configurations, so such
-    a job starts afresh instead."""
+    """Whether Tune saved the job's state (``experiment_state-*.json``), not just ``tuner.pkl`` (all
+    ``Tuner.can_restore`` checks): restoring without it starts trials without their configurations."""
     fs, folder = pyarrow.fs.FileSystem.from_uri(path)
     found = fs.get_file_info(pyarrow.fs.FileSelector(folder, allow_not_found=True))
     return any(info.base_name.startswith(STATE_PREFIX) for info in found)
 
 
 def tuner_whole(path: str) -> bool:
-    """Whether the Tuner that Tune saved in the job at ``path`` (``tuner.pkl``) reads back. fltune writes
-    job folders whole (``job_filesystem``), but a job saved before that, or copied cut, may hold an empty or
-    truncated one (ray-project/ray#58179): ``Tuner.restore`` then fails on it, though the job's trials,
-    checkpoints and searcher state are all there."""
+    """Whether the job's ``tuner.pkl`` at ``path`` reads back: a job copied cut may hold a truncated one
+    (ray-project/ray#58179) that fails ``Tuner.restore`` though its trials and checkpoints are all there."""
     fs, folder = pyarrow.fs.FileSystem.from_uri(path)
     try:
         with fs.open_input_stream(f"{folder}/tuner.pkl") as saved:

@@ -1,8 +1,5 @@
-"""Building and running a study: resolve the spec, size the trials for the cluster, run or restore Tune.
-
-Each trial reserves one placement group: an empty head bundle for the trial process (it only samples,
-aggregates and evaluates while its workers wait, so reserving a CPU for it would halve the trials that
-fit) plus one bundle per client actor, exactly what ``plan_workers`` gives its ``Federation``.
+"""Building a study: resolve the spec, size the trials, make the Tuner. A trial's placement group has an empty
+head bundle (its process works only while workers wait) plus one per client actor (``plan_workers``).
 """
 
 from __future__ import annotations
@@ -33,19 +30,13 @@ from fltune.tune.storage import check_name, job_filesystem, storage_root
 from fltune.tune.trainable import run_trial
 
 MAX_FAILURES = 2
-"""Restarts of a trial from its last checkpoint after a crash (a lost node, an OOM-killed process); a
-failed write is no crash (``StopOnFailedWrite``)."""
+"""Restarts of a crashed trial from its last checkpoint; a failed write is no crash (``StopOnFailedWrite``)."""
 
 
 class StopOnFailedWrite(tune.Callback):
-    """Stop the job at once, in the driver, when a write failed: a trial's checkpoint or result (its error,
-    as Tune hands it over), or a file Tune's driver copies to the job folder (its syncer and state snapshots
-    log the error and go on: ``process.library_write_failure``).
-
-    ``FailureConfig`` restarts a failed trial (``MAX_FAILURES``), which on a full disk fails the same way,
-    and ``fail_fast`` would end every other trial as if done; raising here ends ``fit`` as an exception
-    does, with Tune's last saved state (written whole) naming every unfinished trial and its last whole
-    checkpoint, so ``--resume`` continues them. ``TuneJob.run`` turns the error into its one line."""
+    """Stop the job at once, in the driver, when a write failed (a trial's, or one Tune only logs:
+    ``process.library_write_failure``). A restart fails the same way on a full disk and ``fail_fast`` would end
+    the other trials as if done; raising ends ``fit`` with every unfinished trial resumable."""
 
     def on_trial_recover(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
         self._stop_if_failed(trial)
@@ -58,8 +49,7 @@ class StopOnFailedWrite(tune.Callback):
 
     @staticmethod
     def _stop_if_failed(trial: Any) -> None:
-        """Raise the failed write that ended ``trial``'s attempt, if that is what ended it: Tune pickles the
-        error of each attempt into the trial's folder of the driver (``Trial.handle_error``)."""
+        """Raise the failed write that ended ``trial``'s attempt, if any (pickled by ``Trial.handle_error``)."""
         path = trial.pickled_error_file
         if path is None or not Path(path).is_file():
             return
@@ -160,17 +150,11 @@ def scheduler(spec: StudySpec) -> TrialScheduler:
 
 def bound_trainable(entry: Callable[[dict[str, Any], Any], None], spec: Any,
                     resources: tune.PlacementGroupFactory) -> Callable[[dict[str, Any]], None]:
-    """A job's Tune trainable: ``entry(config, spec)`` under ``entry``'s name, with the trial's placement
-    group reserved (its client actors live there).
+    """A job's Tune trainable: ``entry(config, spec)`` under ``entry``'s name, in the trial's placement group.
 
-    Not ``tune.with_parameters``: that puts the spec in the object store, owned by the driver, and Ray ends
-    a driver that owns object-store data with status 1 — no clean-up, no resume hint — when the local Ray
-    dies under it (a process-group SIGTERM from ``timeout`` or Slurm): recovering the lost object reaches
-    for the gone store. A spec is a few KB; it travels inside the registered trainable instead.
-
-    A trial whose settings fltune refuses (``FLTuneError``: a sampled ``partition.alpha`` that leaves a
-    client empty, say) ends with a ``failed`` result (``failed_result``) rather than an exception: it would
-    fail the same way on each of Tune's ``MAX_FAILURES`` restarts, which are for crashes."""
+    Not ``tune.with_parameters``: a driver owning object-store data exits 1, with no clean-up, when the local
+    Ray dies under it (a process-group SIGTERM); the few-KB spec travels in the trainable. A refused trial
+    (``FLTuneError``) ends with a ``failed`` result, not an exception that each restart would repeat."""
     def trainable(config: dict[str, Any]) -> None:
         try:
             entry(config, spec)
@@ -182,8 +166,7 @@ def bound_trainable(entry: Callable[[dict[str, Any], Any], None], spec: Any,
 
 
 def new_tuner(spec: StudySpec, resources: tune.PlacementGroupFactory, callbacks: list[tune.Callback]) -> tune.Tuner:
-    """Optuna + ASHA/FIFO, at most ``max_concurrent`` trials, crashed trials restarted from checkpoints.
-    Optuna is imported here, not with the module: a grid job (``grid_tuner``) searches nothing."""
+    """Optuna + ASHA/FIFO, at most ``max_concurrent`` trials. Optuna is imported here: grid jobs skip it."""
     from fltune.tune.search import make_searcher
 
     space = spec.space
@@ -199,8 +182,7 @@ def new_tuner(spec: StudySpec, resources: tune.PlacementGroupFactory, callbacks:
 
 def grid_tuner(trainable_: Any, cells: list[str], spec: SavedSpec, max_concurrent: int | None,
                callbacks: list[tune.Callback]) -> tune.Tuner:
-    """A grid over named cells (``config["cell"]``), each run once, as many at once as fit (or
-    ``max_concurrent``): the jobs of ``reproduce`` and ``compare``, which search nothing."""
+    """A grid over named cells (``config["cell"]``), each run once: the jobs of ``reproduce`` and ``compare``."""
     return tune.Tuner(
         trainable_, param_space={"cell": tune.grid_search(cells)},
         tune_config=tune.TuneConfig(num_samples=1, max_concurrent_trials=max_concurrent),
@@ -209,9 +191,8 @@ def grid_tuner(trainable_: Any, cells: list[str], spec: SavedSpec, max_concurren
 
 
 def run_config(spec: SavedSpec, callbacks: list[tune.Callback]) -> tune.RunConfig:
-    """Every fltune Tune job: its folder (written all-or-nothing: ``storage.job_filesystem``), its
-    callbacks, crashed trials restarted from checkpoints, a failed write stopping the job
-    (``StopOnFailedWrite``, first: before the board says a trial restarts)."""
+    """Every fltune Tune job's: all-or-nothing folder (``storage.job_filesystem``), crash restarts, and
+    ``StopOnFailedWrite`` first (before the board says a trial restarts)."""
     return tune.RunConfig(
         name=spec.name, storage_path=spec.storage, storage_filesystem=job_filesystem(spec.storage),
         callbacks=[StopOnFailedWrite(), *callbacks], verbose=0,

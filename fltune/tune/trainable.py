@@ -1,11 +1,7 @@
 """The Ray Tune function trainable: one trial = one configuration, run for every seed in lockstep.
 
-The seeds' round loops advance together (``lockstep``); after each round the trial reports the seed-mean
-of every metric plus the objective (mean and std over seeds of the metric, final or best so far), so ASHA
-can compare trials round by round. On the checkpoint cadence (``Cadence``) the whole federation state of every
-seed is checkpointed, so a failed trial (``FailureConfig``) or a resumed study (``Tuner.restore``) continues
-from its last checkpoint: the rounds after it are replayed, and since every random number derives from
-(seed, round, client id) they give the same numbers again.
+Each round reports seed means, so ASHA compares trials round by round. A restored trial replays the rounds
+after its checkpoint exactly: every random number derives from (seed, round, client id).
 """
 
 from __future__ import annotations
@@ -36,8 +32,8 @@ CHECKPOINT_PROTOCOL = 5
 
 
 def seed_configs(tree: dict[str, Any], seeds: int, workers: int, gpus_per_worker: float) -> list[ExperimentConfig]:
-    """One configuration per seed: seed i is the base seed + i; its workers reserve a 1/seeds share of
-    the trial's worker bundles, because the seeds take turns on the same CPUs. MLflow is the driver's."""
+    """One configuration per seed (base seed + i), each reserving 1/seeds of the worker bundles the seeds share;
+    MLflow off (the driver's)."""
     base = build_config(tree)
     return [build_config(set_fields(tree, {
         "federation.seed": base.federation.seed + index,
@@ -50,9 +46,9 @@ def seed_configs(tree: dict[str, Any], seeds: int, workers: int, gpus_per_worker
 
 def seed_score(history: list[dict[str, float]], objective: Objective,
                constants: dict[str, float] | None = None) -> float:
-    """One seed's objective so far (NaN before any value): the metric's last, best or mean finite value,
-    or its value at the first round that reported ``rounds_to_target`` (the target was reached).
-    A run constant (``constants``: ``Federation.static_costs``) is its own value whatever the reduction."""
+    """One seed's objective so far (NaN before any value): the metric's last, best or mean finite value, or
+    its value at the first round reporting ``rounds_to_target``. A run constant (``constants``:
+    ``Federation.static_costs``) is its own value whatever the reduction."""
     if constants is not None and objective.metric in constants:
         return float(constants[objective.metric])
     if objective.reduce == "at_target":
@@ -70,14 +66,12 @@ def seed_score(history: list[dict[str, float]], objective: Objective,
 
 
 def objective_key(objective: Objective) -> str:
-    """Where a trial reports an objective beside the main one: ``objective:<reduce>:<metric>`` (and
-    ``objective_std:…``), so one run can score several cells of a paper table."""
+    """Key of an extra objective (``objective:<key>``, ``objective_std:<key>``): one run scores several cells."""
     return f"{objective.reduce}:{objective.metric}"
 
 
 def last_good(history: list[dict[str, float]]) -> dict[str, float]:
-    """Every metric's latest finite value: accuracies carry over non-evaluation rounds, and a diverged
-    round's NaN/inf never replaces the last good numbers."""
+    """Every metric's latest finite value (carried over non-evaluation rounds and NaN/inf ones)."""
     latest: dict[str, float] = {}
     for row in history:
         latest.update({k: v for k, v in row.items() if math.isfinite(v)})
@@ -85,8 +79,8 @@ def last_good(history: list[dict[str, float]]) -> dict[str, float]:
 
 
 def trial_result(feds: list[Federation], objective: Objective, extra: Sequence[Objective] = ()) -> dict[str, Any]:
-    """The report of one round: seed means of every metric, the objective's mean and std, the status;
-    with ``extra`` objectives, every one's mean and std under ``objective:<key>`` (see ``objective_key``)."""
+    """One round's report: seed means of every metric, the objective's mean and std, the status, and the
+    ``extra`` objectives under ``objective_key``."""
     per_seed = [last_good(fed.history) for fed in feds]
     shared = set.intersection(*(set(row) for row in per_seed))
     result: dict[str, Any] = {key: float(np.mean([row[key] for row in per_seed])) for key in sorted(shared)}
@@ -112,10 +106,7 @@ def done(feds: list[Federation]) -> bool:
 
 @dataclass
 class Cadence:
-    """When a trial checkpoints: at every ``rounds``-th round, once ``seconds`` have passed since its
-    last checkpoint (or its start), and always at the end. A checkpoint is the federation state with the
-    states of the clients trained since the last one (the client stores' logs, ``engine/store.py``); what a
-    crash loses is at most one cadence of rounds, replayed exactly."""
+    """When a trial checkpoints: every ``rounds``-th round, once ``seconds`` passed since the last, and at the end."""
 
     rounds: int | None = 1
     seconds: float | None = None
@@ -126,8 +117,7 @@ class Cadence:
         self._last = self.clock()
 
     def due(self, round_: int, finished: bool) -> bool:
-        """Whether to checkpoint after ``round_`` (``finished``: the trial's last round); restarts the
-        seconds when it says yes."""
+        """Whether to checkpoint after ``round_`` (``finished``: the last round); yes restarts the seconds."""
         now = self.clock()
         due = (finished or (self.rounds is not None and round_ % self.rounds == 0)
                or (self.seconds is not None and now - self._last >= self.seconds))
@@ -148,11 +138,8 @@ def restore(feds: list[Federation]) -> None:
 
 
 def write_states(folder: Path, states: list[dict[str, Any]]) -> None:
-    """Every seed's state into ``folder``'s checkpoint file, pickled straight into it with protocol 5.
-
-    Protocol 5 writes each array from its own buffer, where protocol 4 copies every array into a bytes object
-    first, and a pickle built in memory holds the whole state a second time. A trial's round waits while its
-    checkpoint is written, so streaming it saves both memory and time (docs/performance.md,
+    """Every seed's state streamed into ``folder``'s checkpoint file with protocol 5, which writes each array
+    from its own buffer instead of a second in-memory copy; the round waits on it (docs/performance.md,
     "Streaming checkpoints"). An array comes back as it was (read-only stays read-only)."""
     with open(folder / STATE_FILE, "wb") as out:
         pickle.dump(states, out, protocol=CHECKPOINT_PROTOCOL)
@@ -181,10 +168,8 @@ def worker_nodes(feds: list[Federation]) -> str:
 
 
 def client_folder() -> Path:
-    """Where this trial's client stores keep their states and checkpoint logs (``engine/store.py``): under
-    the trial's folder in the study's storage when that is a path (local, or a filesystem every node mounts),
-    so a trial restarted on any node finds the log its checkpoint refers to; with a URI storage (s3://, …),
-    the trial's folder on its node, which a restart on the same node finds."""
+    """Where this trial's client stores keep their logs (``engine/store.py``): in a path storage, so a restart on
+    any node finds them; with a URI storage, the trial's folder on its node."""
     context = tune.get_context()
     storage = Path(context.get_storage().trial_fs_path)
     return (storage if storage.is_absolute() else Path(context.get_trial_dir())) / "clients"
@@ -199,10 +184,8 @@ def run_trial(config: dict[str, Any], spec: StudySpec) -> None:
 
 def run_federations(cfgs: list[ExperimentConfig], objective: Objective, cadence: Cadence,
                     extra: Sequence[Objective] = ()) -> None:
-    """The body of every fltune trial (a study's configuration, a reproduced table's cell): one
-    ``Federation`` per seed, their rounds consumed in lockstep, a report per round, a checkpoint when the
-    ``cadence`` says;
-    ``extra`` objectives are reported beside the main one (cells of a table that share this run)."""
+    """The body of every fltune trial: one ``Federation`` per seed in lockstep, a report per round, a
+    checkpoint when ``cadence`` says; ``extra`` objectives are reported beside the main one."""
     start = time.perf_counter()
     logging.getLogger("ray.train._internal.storage").setLevel(logging.WARNING)  # one line per checkpoint
     folder = client_folder()

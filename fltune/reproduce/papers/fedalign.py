@@ -8,15 +8,14 @@ accuracy (``global``). Method settings: FedProx μ = 1e-4, MOON μ = 1 (τ = 0.5
 ρ_L = 0.9, GradAug n = 2, μ = 1.75, ω_b = 0.8 (Table 5: μ = 1.5, 2.0, 2.25 for n = 1, 3, 4), FedAlign μ = 0.45,
 ω_S = 0.25 with gradient clipping (App. E).
 
-The numbers are the arXiv version's (with the appendix, the only one holding Table 8 and a legible Table
-2); the CVPR version prints the same Table 1 but other means, with ± std, in Tables 2, 5 and 7.
+The numbers are the arXiv version's (the only one with Table 8 and a legible Table 2); the CVPR version prints
+the same Table 1 but other means, with ± std, in Tables 2, 5 and 7.
 
-Cost columns: ``cost_train_forward_mflops`` is what the paper's MFLOPs column counts, "the compute needs for
-the forward pass of the training process": the forward FLOPs each method really spends per training sample,
-counted by the workers over round 1's training (MOON's three models, GradAug's sub-networks, StochDepth's
-dropped blocks, FedAlign's reduced-width pass; metrics/_flops.py), at 2 FLOPs per multiply-add, so ×0.5 gives
-the paper's MAC-based figures (ResNet-56 on CIFAR-100, FedAvg: 87.2). Table 8's MFLOPs are that × the
-rounds to 60 %. ``cost_stored_params`` is the parameter count × the method's ``stored_models``.
+Cost columns: ``cost_train_forward_mflops`` is the paper's MFLOPs, "the compute needs for the forward pass of the
+training process": the forward FLOPs each method spends per training sample over round 1 (MOON's three models,
+GradAug's sub-networks, StochDepth's dropped blocks, FedAlign's reduced width; metrics/_flops.py), at 2 FLOPs
+per multiply-add, so ×0.5 gives the paper's MACs (ResNet-56 on CIFAR-100, FedAvg: 87.2). Table 8's MFLOPs are
+that × the rounds to 60 %. ``cost_stored_params`` is the parameter count × the method's ``stored_models``.
 """
 
 from __future__ import annotations
@@ -133,10 +132,9 @@ COMMON = {"model.name": "resnet56", "partition.kind": "dirichlet", "partition.al
           "metrics.protocols": ["global"]}
 OPTIMISER = {"training.batch_size": 64, "training.lr": 0.01, "training.momentum": 0.9, "training.nesterov": True,
              "training.weight_decay": 1e-4, "training.drop_last": True}
-"""Every client optimiser in the authors' code is ``SGD(lr, momentum=0.9, weight_decay=wd, nesterov=True)``
-(``mmendiet/FedAlign:methods/fedavg.py``, ``methods/fedalign.py`` and the other methods/*.py alike), and every
-client loader drops its short last batch (``data_preprocessing/data_loader.py``: ``drop_last=True``), the server
-weighing a client by ``len(loader) * batch_size`` (``methods/base.py``)."""
+"""The authors' client optimiser, ``SGD(lr, momentum=0.9, weight_decay=wd, nesterov=True)`` in every
+``mmendiet/FedAlign:methods/*.py``; loaders drop the short last batch (``data_preprocessing/data_loader.py``) and
+the server weighs a client by ``len(loader) * batch_size`` (``methods/base.py``)."""
 PAPER = Scale(
     settings={"federation.clients": 16, "federation.fraction": 1.0, "federation.rounds": 25,
               "training.local_epochs": 20, **OPTIMISER, "metrics.every": 5},

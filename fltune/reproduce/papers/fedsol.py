@@ -3,11 +3,10 @@ Table 5 (partial perturbation) and Table 9 (personalised accuracy).
 
 Protocol (§4.1, App. B.3–B.5): 100 clients, 10 % per round (CINIC-10, PathMNIST, TissueMNIST: 200 clients,
 5 %); the FedAvg CNN; 5 local epochs of momentum SGD (lr 0.01, momentum 0.9, weight decay 1e-5, lr × 0.99 per
-round), batch 50 (App. B.5 configs); 300 rounds (200 for MNIST, PathMNIST, TissueMNIST). Sharding = s
-shards per client, each class cut into its own shards as the authors' code does (``class_shards``); LDA =
-FedML's per-class Dirichlet(α) over clients (``dirichlet``). A number is the server model's test accuracy
-(``global``). Each dataset is augmented as the authors' loader for it does
-(``train_tools/preprocessing/*/loader.py``).
+round), batch 50 (App. B.5 configs); 300 rounds (200 for MNIST, PathMNIST, TissueMNIST). Sharding = s shards
+per client, each class cut into its own shards as the authors' code does (``class_shards``); LDA = FedML's
+per-class Dirichlet(α) over clients (``dirichlet``). A number is the server model's test accuracy (``global``).
+Augmentation follows the authors' loaders (``train_tools/preprocessing/*/loader.py``).
 
 Table 4 (FedSOL perturbing by FedProx's, FedNova's, Scaffold's, FedDyn's or MOON's proximal loss) is not
 registered: the authors' code has no such variants and the paper gives no formulation for them.
@@ -64,8 +63,7 @@ WIDE = {"federation.clients": 200, "federation.fraction": 0.05}
 
 OPTIMISER = {"training.batch_size": 50, "training.lr": 0.01, "training.momentum": 0.9, "training.weight_decay": 1e-5,
              "training.lr_decay": 0.99}
-"""Every row's client optimiser (§4.1, App. B.5 configs): SGD lr 0.01 decayed by 0.99 a round, momentum 0.9,
-weight decay 1e-5, batch 50."""
+"""Every row's client optimiser (§4.1, App. B.5 configs)."""
 PAPER = Scale(
     settings={
         "federation.clients": 100, "federation.fraction": 0.1, "federation.rounds": 300,
@@ -120,8 +118,8 @@ def fedsol_table(number: int, title: str, cells: list[Cell], *, unknowns: tuple[
 
 def cell(row: str, dataset: str, column: str, paper: float, partition: dict[str, Any],
          extra: dict[str, Any] | None = None, method_row: str | None = None) -> Cell:
-    """A FedSOL cell: the method and hyperparameters of ``method_row`` (default: the row itself) on the
-    column's partition, then ``extra`` (which may name another method), compared on global accuracy."""
+    """A cell: ``method_row``'s method and hyperparameters (default: ``row``'s) on ``partition``, then ``extra``
+    (which may name another method), compared on global accuracy."""
     method, params = ROWS[method_row or row]
     settings = {**COMMON, **partition, "method.name": method, **params, **(extra or {})}
     return Cell(row=row, dataset=dataset, column=column, paper=paper, metric="acc_global", settings=settings)
@@ -183,9 +181,9 @@ ARCHITECTURES = {
     "Res18": {"model.name": "resnet18", "model.options": {"running_stats": False}},
     "SL-ViT": {"model.name": "sl_vit"},
 }
-"""The authors' models (``train_tools/models/{vgg,resnet,small_vit}.py``, built by ``train_tools/utils.py``'s
-``create_models``): VGG-11 without BatchNorm; ResNet-18 whose BatchNorm keeps no running statistics
-(``track_running_stats=False``); SL-ViT with patches of side min(H/4, 16), dim 192, depth 9, 12 heads."""
+"""The authors' models (``train_tools/models/{vgg,resnet,small_vit}.py``, via ``create_models``): VGG-11 without
+BatchNorm; ResNet-18 with ``track_running_stats=False``; SL-ViT with patches of side min(H/4, 16), dim 192,
+depth 9, 12 heads."""
 
 
 def table3() -> PaperTable:
@@ -275,8 +273,7 @@ ROW_TEXT = {
 
 def table9() -> PaperTable:
     """App. D: personalised accuracy after fine-tuning the whole final model τ epochs on each client (the code's
-    ``finetune``, every method but Per-FedAvg on plain CE; Per-FedAvg by its own MAML steps), on each client's
-    label-aligned test split; Local-only, each client's own model."""
+    ``finetune``: plain CE, Per-FedAvg by its own MAML steps), on its label-aligned test split."""
     cells, labels = [], {}
     for row, by_tau in TABLE9.items():
         for tau, values in by_tau.items():

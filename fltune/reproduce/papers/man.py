@@ -10,9 +10,9 @@ over 3 seeds (``--seeds 3``); rounds are the first round at ≥ 50 % (CIFAR-100)
 when never reached.
 
 Tiny-ImageNet as the authors' code runs it (``vcl-iisc/fedMAN:code/run_exp.sh``: ``--dataset_name=TinyImageNet
---model_name=ConvNet``; ``utils_dataset.py``'s ``TinyImageNet`` branch): the 100,000 training images
-over 100 clients, the 10,000 validation images as the test set, ImageNet's normalisation constants, FedDyn's flip
-and half-time crop at 64×64, and MAN's term as that ``ConvNet`` computes it (``TinyImageNetCNN``).
+--model_name=ConvNet``; ``utils_dataset.py``): the 100,000 training images over 100 clients, the 10,000
+validation images as the test set, ImageNet's normalisation, FedDyn's flip and half-time crop at 64×64, and MAN's
+term as that ``ConvNet`` computes it (``TinyImageNetCNN``).
 """
 
 from __future__ import annotations
@@ -102,13 +102,13 @@ SUPP5 = {
 
 COMMON = {"model.name": "feddyn_cnn", "metrics.protocols": ["all_model"], "metrics.target_metric": "acc_all_model",
           "federation.sampling": "bernoulli"}
-"""Every cell: FedDyn's CNN, the all-client average model, and clients drawn as the authors' ``train_*`` functions
-draw them, each with probability ``fraction`` (``act_list <= act_prob``), not a fixed number a round."""
+"""Every cell: FedDyn's CNN, the all-client average model, and each client drawn with probability ``fraction``
+as the authors' ``train_*`` do (``act_list <= act_prob``), not a fixed number a round."""
 OPTIMISER = {"training.local_epochs": 5, "training.batch_size": 50, "training.lr": 0.1, "training.momentum": 0.0,
              "training.lr_decay": 0.998, "training.weight_decay": 1e-3, "training.grad_clip": 10.0}
 AUGMENT = {"data.augment": "flip_crop_half"}
-"""CIFAR's augmentation in the authors' code (``vcl-iisc/fedMAN:code/utils_dataset.py``, ``Dataset``, FedDyn's):
-a flip with probability 1/2, then with probability 1/2 a crop of the normalised image zero-padded by 4."""
+"""The authors' (FedDyn's) CIFAR augmentation (``vcl-iisc/fedMAN:code/utils_dataset.py``): a flip with p = 1/2,
+then with p = 1/2 a crop of the normalised image zero-padded by 4."""
 PAPER = Scale(
     settings={"federation.clients": 100, "federation.fraction": 0.1, "federation.rounds": 500, **OPTIMISER,
               "metrics.every": 1, "metrics.target": 0.5, **AUGMENT},
@@ -146,8 +146,8 @@ UNKNOWNS = (
 
 
 def method_settings(row: str, column: str, dataset: str = "cifar100") -> dict[str, Any]:
-    """``<base>`` or ``<base>+man`` with the column's partition, supp. §7's iid radii and, on Tiny-ImageNet,
-    the authors' ConvNet, ζ and FedSAM's iid radii."""
+    """``<base>`` or ``<base>+man`` on the column's partition with supp. §7's iid radii (Tiny-ImageNet: also
+    the authors' ConvNet, ζ and FedSAM's iid radii)."""
     base = BASES[row.removesuffix("+MAN")]
     name = f"{base}+man" if row.endswith("+MAN") else base
     params = IID_PARAMS.get(base, {}) if column == "iid" else {}

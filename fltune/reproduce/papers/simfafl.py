@@ -5,14 +5,12 @@ Protocol (§5.1): 100 clients, 10 % per round; non-IID1 = `classes` (k = 5 EMNIS
 CIFAR-100), non-IID2 = `dirichlet_prior` (δ = 0.5, 0.3 for CIFAR-100); train and test pooled, each client
 split 70/30; a number is the mean over clients of each client's model on its own 30 % (``personalized``).
 
-Table 2 was produced on FedCR's code base (``haozzh/FedCR``), so every row runs as that code runs it:
-its README's per-method commands (lr, Ditto's μ, FedSR's dimZ/CMI/L2R, 500 rounds, E = 10, B = 48),
+Table 2 was produced on FedCR's code base (``haozzh/FedCR``), so every row runs as that code runs it: its
+README's per-method commands (lr, Ditto's μ, FedSR's dimZ/CMI/L2R, 500 rounds, E = 10, B = 48),
 ``utils/options.py`` (SGD momentum 0, weight decay 0, ``last_local_ep`` 10, ``local_rep_ep`` 1) and
-``models/distributed_training_utils*.py`` (gradient norm clipped at ``max_norm = 10`` on every step; a last
-round in which every client trains its personal part with the averaged part frozen, or for Ditto
-(``main_fed_ditto.py``) runs one more Ditto round — the engine's final personal round,
-``training.finetune_epochs``, as each method's ``final_round`` declares it). The README gives CIFAR-100
-commands only: the same settings on the other datasets are **[U]**.
+``models/distributed_training_utils*.py`` (gradient norm clipped at ``max_norm = 10``; a last round training
+the personal part with the averaged part frozen, or for Ditto (``main_fed_ditto.py``) one more Ditto round:
+each method's ``final_round``). The README gives CIFAR-100 commands only: other datasets are **[U]**.
 """
 
 from __future__ import annotations
@@ -25,8 +23,8 @@ from fltune.reproduce.table import DATASET_NAMES, Cell, PaperTable, Scale
 COLUMNS = {"non-IID1": {"partition.kind": "classes"}, "non-IID2": {"partition.kind": "dirichlet_prior"}}
 ALPHA = {"emnist_letters": 0.5, "fmnist": 0.5, "cifar10": 0.5, "cifar100": 0.3}
 PLAIN_MODEL = {"emnist_letters": "fedcr_mlp", "fmnist": "fedcr_cnn", "cifar10": "fedcr_cnn", "cifar100": "fedcr_cnn"}
-"""§5.1 "all methods share the same model architecture per dataset": FedCR's trunks; the rows whose method
-takes any model use their plain twins, the VIB rows (FedSR, FedCR, SimFAFL) pick the VIB nets themselves."""
+"""§5.1 "all methods share the same model architecture per dataset": FedCR's trunks, plain for methods that
+take any model; the VIB rows (FedSR, FedCR, SimFAFL) pick the VIB nets themselves."""
 BETAS = {"cifar100": {"method.beta1": 0.003, "method.beta2": 0.2}}
 """§5.1: β1 = 0.0025, β2 = 0.1 (SimFAFL's defaults) for the 10-class tasks; 0.003 / 0.2 for CIFAR-100."""
 
@@ -44,8 +42,7 @@ class Row(NamedTuple):
     method: str
     lr: float
     final: bool
-    """Ends with the code's last round (the method's ``final_round``: personal part trained with the shared
-    part frozen, or Ditto's own round): ``acc_personalized_ft``."""
+    """Ends with the code's last round (the method's ``final_round``), scored by ``acc_personalized_ft``."""
     settings: dict[str, Any]
     note: str
     """Where the settings come from; **[U]** where no source gives them."""
@@ -99,11 +96,10 @@ TABLE2 = {
     "SimFAFL": (97.6824, 97.0015, 96.7400, 92.8227, 85.0722, 84.2222, 61.2111, 46.1333),
 }
 L_CA_ONLY_CIFAR10 = {"method.beta1": 0.001}
-"""β1 of SimFAFL with L_ca alone on CIFAR-10 **[U]**: Tables 6 and 7 print 84.44 and 83.50 for β2 = 0 at
-β1 = 0.001 (84.79 and 83.85 at Table 2's 0.0025), and those are Table 3's "with L_ca" CIFAR-10 values (84.4444,
-83.4911) and Table 1's Pre-exp II ones (84.44, 83.50): so those runs took β1 = 0.001. The other datasets keep
-Table 2's β1; on CIFAR-100 non-IID2 no printed β1 explains them: Table 4 prints 44.79 at β1 = 0.003, β2 = 0, where
-Tables 1 and 3 print 38.16."""
+"""β1 of SimFAFL with L_ca alone on CIFAR-10 **[U]**: Tables 6–7 print 84.44 / 83.50 for β2 = 0 at β1 = 0.001
+(84.79 / 83.85 at Table 2's 0.0025), which are Table 3's "with L_ca" and Table 1's Pre-exp II CIFAR-10 values, so
+those runs took β1 = 0.001. Other datasets keep Table 2's β1; on CIFAR-100 non-IID2 no printed β1 explains them
+(Table 4: 44.79 at β1 = 0.003, β2 = 0; Tables 1 and 3: 38.16)."""
 L_CA_NOTE = "β2 0 (L_sa dropped); CIFAR-10 β1 0.001 [U: Tables 6–7's β2 = 0 cells at that β1 print these values]"
 
 # Table 3 (ablation of SimFAFL's constraints), same columns.
@@ -179,8 +175,8 @@ ROW_SETTINGS = {name: f"{r.method}, lr {r.lr:g}" + "".join(f", {k.split('.')[-1]
 
 def cell(row: str, dataset: str, column: str, paper: float | None, spec: Row,
          extra: dict[str, Any] | None = None) -> Cell:
-    """A Table 2-style cell run as ``spec`` (a Table 2 row): its method, lr and settings, its model, the
-    column's partition, the dataset's β's and input normalisation, then ``extra``."""
+    """A cell run as Table 2 row ``spec``, with the column's partition, the dataset's β's, model and
+    normalisation, then ``extra``."""
     settings: dict[str, Any] = {**COMMON, **COLUMNS[column], **NORMALISE.get(dataset, {}), "method.name": spec.method,
                                 "training.lr": spec.lr, **spec.settings}
     # α only where the partition reads it: cells that differ in an unread α alone are one run (FMNIST standing in)
@@ -201,8 +197,7 @@ def table2() -> PaperTable:
 
 
 def table3() -> PaperTable:
-    """Ablation: a dropped constraint's β is 0; the others keep the dataset's Table 2 value, but for
-    ``L_CA_ONLY_CIFAR10``."""
+    """Ablation: a dropped constraint's β is 0; the others keep Table 2's, but for ``L_CA_ONLY_CIFAR10``."""
     cells = [cell(row, d, col, values[i], ROWS["SimFAFL"],
                   {**dict.fromkeys(dropped, 0.0), **(cifar10 if d == "cifar10" else {})})
              for row, (dropped, cifar10, values) in TABLE3.items() for i, (d, col) in enumerate(CELL_ORDER)]
@@ -238,8 +233,8 @@ TABLE4_WEIGHTS = {
 
 def weight_cell(row: str, dataset: str, column: str, value: float, base: str, weights: dict[str, float],
                 varied: str) -> Cell:
-    """A cell of the weight sweeps: ``base``'s Table 2 settings with ``weights``, its column named by the
-    ``varied`` one (e.g. 'non-IID2 beta1=0.003')."""
+    """A weight-sweep cell: ``base``'s Table 2 settings with ``weights``, its column naming ``varied``
+    (e.g. 'non-IID2 beta1=0.003')."""
     label = f"{column} {varied.split('.')[1]}={weights[varied]:g}"
     return cell(row, dataset, column, value, ROWS[base], weights).model_copy(update={"column": label})
 
