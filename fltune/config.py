@@ -1,14 +1,12 @@
 """The experiment configuration: one validated pydantic tree, YAML in, YAML out.
 
-Every field has a dotted path (``federation.rounds``, ``method.mu``) that ``--set a.b=c`` and search spaces
-use. Unknown keys are rejected everywhere so a misspelled field can never go unnoticed (a lesson from
-FL-bench's ``funetune_epoch``). The method section is open: its extra keys are validated by the chosen
-method's own ``Params`` model, so ``method.mu`` is FedProx's μ with FedProx's bounds and paper default.
+Every field has a dotted path (``federation.rounds``, ``method.mu``) for ``--set a.b=c`` and search spaces.
+Unknown keys are rejected everywhere so a misspelled field never goes unnoticed (cf. FL-bench's
+``funetune_epoch``). The method section's extra keys are validated by the method's own ``Params`` model.
 
-The config is a leaf: dataset, model and method names are checked against ``fltune.catalog``, so building
-a config imports neither torch nor any method unless it names method parameters (see ``MethodConfig``) or
-the user's own code (a reference or an installed plug-in, ``fltune.plugins``), which is imported here so a
-bad one is refused before any work starts.
+The config is a leaf: names are checked against ``fltune.catalog``, so building one imports neither torch nor
+a method unless it names method parameters or the user's own code (``fltune.plugins``), imported here so a bad
+one is refused before any work starts.
 """
 
 from __future__ import annotations
@@ -130,10 +128,9 @@ class ModelConfig(_Section):
 class MethodConfig(BaseModel):
     """The method's registry name plus its hyperparameters, validated by the method's own Params.
 
-    The Params models live beside each method's torch code, so they are consulted only when needed:
-    values given here are validated against them when the config is built, and the paper defaults of the
-    rest are filled in when the config is read through ``params`` or dumped (YAML, MLflow params). A
-    plain method name without parameters is checked against ``fltune.catalog`` alone.
+    Params live beside each method's torch code, so they are consulted only when needed: given values are
+    validated at build time, paper defaults filled in by ``params`` or a dump. A plain name is checked against
+    ``fltune.catalog`` alone.
     """
 
     model_config = ConfigDict(extra="allow")

@@ -1,16 +1,13 @@
 """The user's own methods, models and datasets, without a fork: by reference or by installed plug-in.
 
-Wherever fltune takes a method, model or dataset name it also takes a *reference*, ``package.module:Name``
-or ``path/to/file.py:Name``, and the names that installed packages declare as entry points in the groups
-``fltune.methods``, ``fltune.models`` and ``fltune.datasets`` (``[project.entry-points."fltune.methods"]``
-in their ``pyproject.toml``). This module finds and imports them, one resolver for the three kinds; what
-the object must be (a ``Method`` subclass, a model builder, a dataset loader) is checked by the registry of
-its kind. It imports no torch: the user's module does, when it is loaded.
+Wherever fltune takes a method, model or dataset name it also takes a *reference* (``package.module:Name`` or
+``path/to/file.py:Name``) and names installed packages declare as entry points in the groups
+``fltune.methods``, ``fltune.models`` and ``fltune.datasets``. One resolver for the three kinds; what the
+object must be is checked by its kind's registry. Imports no torch.
 
-A file is imported as the module named after its stem, as ``python -c 'import stem'`` beside it would, so
-its classes pickle by reference; the config holds its absolute path, so every process on the machine loads
-the same file, and a worker on another node imports the copy :func:`shipped` sends there through Ray's
-``runtime_env`` ``py_modules`` (``engine.cluster.ensure_ray``).
+A file is imported as the module named after its stem, so its classes pickle by reference; the config holds
+its absolute path, and a worker on another node imports the copy :func:`shipped` sends through Ray's
+``py_modules`` (``engine.cluster.ensure_ray``).
 """
 
 from __future__ import annotations
@@ -58,8 +55,8 @@ def is_reference(name: str) -> bool:
 
 
 def normalised(name: str) -> str:
-    """A file reference with its path made absolute (the config keeps this form, so a worker started in
-    another folder loads the same file); anything else unchanged."""
+    """A file reference with its path made absolute (so a worker started elsewhere loads the same file);
+    anything else unchanged."""
     where, _, attr = name.rpartition(":")
     if not where.endswith(".py"):
         return name
@@ -87,8 +84,8 @@ def origin(kind: Kind, name: str) -> str:
 
 
 def resolve(kind: Kind, name: str) -> Any | None:
-    """The object ``name`` refers to: a reference imported, a plug-in name's entry point loaded; None for
-    any other name (a built-in, or unknown: the caller's registry says which)."""
+    """The object a reference or plug-in name refers to, loaded; None for any other name (the caller's
+    registry says which)."""
     if is_reference(name):
         return load(kind, normalised(name))
     found = plugins(kind).get(name)

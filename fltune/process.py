@@ -1,18 +1,13 @@
 """The command's process: quiet library output, one clean way to stop, and an end when the local Ray dies.
 
-Stopping. Ctrl-C (SIGINT) and SIGTERM (what ``timeout``, schedulers, Kubernetes and ``ray job stop``
-send) take one path: a plain run gets ``KeyboardInterrupt`` (its MLflow run ends KILLED, its workers
-stop), a Tune job gets Tune's own graceful stop (trials checkpointed, the study saved for ``--resume``).
-The exit status says which signal it was: 128 + its number (130, 143). Ray installs handlers of its
-own in the driver when it starts — a Python one that turns SIGTERM into ``SystemExit`` and a C++ one
-that dumps a stack trace and aborts — so ours is installed again right after Ray starts
-(``engine.cluster.start_ray``).
+Stopping. Ctrl-C (SIGINT) and SIGTERM (``timeout``, schedulers, ``ray job stop``) take one path: a plain run
+gets ``KeyboardInterrupt`` (its MLflow run ends KILLED), a Tune job gets Tune's graceful stop (trials
+checkpointed, the study saved for ``--resume``). Exit status: 128 + the signal (130, 143). Ray installs its own
+driver handlers when it starts, so ours is installed again right after (``engine.cluster.start_ray``).
 
-Quiet. Ray's banner about token authentication (the security default stays on) and Tune's "stop
-signal received" advice are dropped; a worker that Ray ends with SIGTERM (a trial stopped early by ASHA,
-an interrupted job) no longer prints ``SystemExit`` tracebacks. A failed write that Tune's driver logs and
-goes on past (its syncer, its state snapshots: a full disk) is dropped too, and kept for the job to stop on
-(``library_write_failure``): fltune says it once, in its own words. Real errors are untouched.
+Quiet. Ray's token-authentication banner, Tune's stop advice and ``SystemExit`` tracebacks of workers Ray ends
+are dropped. A failed write that Tune's driver logs and goes on past (a full disk) is dropped too and kept for
+the job to stop on (``library_write_failure``). Real errors are untouched.
 """
 
 from __future__ import annotations
@@ -49,8 +44,8 @@ _last_resort: list[tuple[Callable[[], None], str]] = []
 _last_resort_lock = threading.Lock()
 
 CLEAN_UP_S = 20.0
-"""The longest the last resort waits for a job's clean-ups (``_within``): Ray's core worker ends a driver
-whose GCS is gone with status 1 a minute later (``gcs_rpc_server_reconnect_timeout_s``)."""
+"""The longest the last resort waits for a job's clean-ups (``_within``): Ray's core worker ends a driver whose
+GCS is gone, status 1, a minute later (``gcs_rpc_server_reconnect_timeout_s``)."""
 
 _wakeup: list[int] = []
 """The write end of the signal wake-up pipe, once ``handle_stop_signals`` made it."""
@@ -60,13 +55,10 @@ _arrived: list[int] = []
 
 # ---------------------------------------------------------------------------------------------- quiet
 class _Drop(logging.Filter):
-    """Drop a library's records that start with one of a rule's ``prefixes``; with the rule's ``harmless``,
-    only its error records in the one case ``harmless`` recognises from the exception and the names of its
-    traceback's frames, or whose exception is a failed write (``folders.failed_write``), which is kept for
-    the job to stop on (``library_write_failure``); every other error of that kind still shows, with its
-    traceback.
-    The exception is the record's, or the one being handled where the library logs it (Tune's syncer formats
-    its traceback into the message, inside its ``except`` block)."""
+    """Drop a library's records that start with a rule's ``prefixes``; with a ``harmless`` check, only error
+    records it recognises (from the exception and its traceback's frame names) or whose exception is a failed
+    write, kept for ``library_write_failure``. The exception is the record's, or the one being handled (Tune's
+    syncer formats its traceback into the message inside its ``except`` block)."""
 
     def __init__(self, rules: tuple[Rule, ...]) -> None:
         super().__init__()
@@ -94,18 +86,15 @@ def _never(error: BaseException, frames: list[str]) -> bool:
 
 
 def _stale_prune(error: BaseException, frames: list[str]) -> bool:
-    """Tune's "Error handling checkpoint" when an old checkpoint it prunes (``num_to_keep``) is already gone:
-    a driver killed mid-prune had deleted it, so a resumed job tries again. The new checkpoint is registered
-    before the prune, so nothing is lost."""
+    """Tune's "Error handling checkpoint" for a pruned checkpoint already gone (a driver killed mid-prune):
+    harmless, the new checkpoint is registered before the prune."""
     return isinstance(error, FileNotFoundError) and "_delete_fs_path" in frames
 
 
 def _superseded_sync(error: BaseException, frames: list[str]) -> bool:
-    """Tune's "Saving experiment state to storage … failed" when the copy of its driver folder to the study
-    folder found one of Tune's own temporary files (``…-tmp-…``) gone: Tune saves the next state (a temporary
-    file renamed into place) before it waits for the previous copy, which may have listed that file. The
-    copy Tune starts next carries the renamed file and reports its own failure (seen once in CI, as a
-    SIGTERM stopped a study: Tune's graceful stop saves, then starts and waits for a last copy)."""
+    """Tune's "Saving experiment state to storage … failed" on one of its own temporary files (``…-tmp-…``)
+    gone: Tune renames the next state into place before waiting for the copy that listed it. The next copy
+    carries the renamed file and reports its own failure."""
     return isinstance(error, FileNotFoundError) and "_upload_to_fs_path" in frames and "-tmp-" in str(error)
 
 
@@ -119,21 +108,17 @@ NOISE: dict[str, tuple[Rule, ...]] = {
     "ray.tune.trainable.trainable": ((("Restored on",), None),),  # every resumed trial, in its worker
     "ray.tune.execution.tune_controller": ((("Trial %s: Error handling checkpoint",), _stale_prune),),
     "ray.tune.execution.experiment_state": ((("Saving experiment state to storage at ",), _superseded_sync),),
-    # the metric tables of trials that never reported (a job stopped before they did), which fltune never
-    # reads: it takes each trial's results from Tune's saved state (``Trial.last_result``)
+    # trials that never reported: fltune reads results from Tune's saved state (``Trial.last_result``)
     "ray.tune.analysis.experiment_analysis": ((("Failed to fetch metrics for",), None),),
     # its copies of the driver's files to a full or read-only storage: the job stops (``library_write_failure``)
     "ray.train._internal.syncer": ((("Last sync command failed",), _never),),
 }
-"""Logger → rules: how its records that are noise to an fltune user start, and the one case in which such an
-error record is harmless (None: every such record is noise); the rest still show (``_Drop``)."""
+"""Logger → rules: how its noise records start, and when such an error record is harmless (None: always)."""
 
 
 def quiet_libraries() -> None:
-    """Drop the library noise listed in ``NOISE``; workers get ``quiet_worker`` (Ray's setup hook).
-
-    Also numpy's "All-NaN slice" warning: ASHA takes a percentile of the objectives at a rung, which are
-    all NaN when every trial there diverged (the board already says so, trial by trial)."""
+    """Drop the library noise in ``NOISE``, and numpy's "All-NaN slice" warning (ASHA's percentile of a rung
+    where every trial diverged; the board says so already). Workers get ``quiet_worker``."""
     warnings.filterwarnings("ignore", message="All-NaN slice encountered", category=RuntimeWarning)
     for name, rules in NOISE.items():
         logger = logging.getLogger(name)
@@ -142,12 +127,8 @@ def quiet_libraries() -> None:
 
 
 def quiet_worker() -> None:
-    """In every Ray worker of an fltune job (Ray's ``worker_process_setup_hook``).
-
-    A SIGTERM from Ray (a trial stopped by ASHA, an ended job) raises ``SystemExit`` wherever the worker
-    is; inside a weakref callback Python cannot raise it and prints "Exception ignored in … SystemExit"
-    with a traceback instead. That report is dropped; every other one still prints. ``NOISE`` too.
-    (Ctrl-C needs nothing here: Ray starts its processes with SIGINT blocked; the driver stops them.)"""
+    """Ray's ``worker_process_setup_hook``: ``NOISE``, and drop the "Exception ignored in … SystemExit" report
+    of a Ray SIGTERM landing in a weakref callback. (Ray starts workers with SIGINT blocked.)"""
     quiet_libraries()
 
     def hook(unraisable: Any) -> None:
@@ -180,11 +161,9 @@ def _on_sigterm(signum: int, frame: Any) -> None:
 def handle_stop_signals() -> None:
     """(Re)install fltune's SIGTERM handler; call at start and after anything that installs its own (Ray).
 
-    Also the signal wake-up pipe that ``_watch_signals`` reads: Python runs a signal's handler in the main
-    thread only between bytecodes, and a driver blocked in a call to Ray's GCS (Tune registering a trainable,
-    sizing the cluster) never gets there once a process-group SIGTERM has killed the GCS — Ray's core worker
-    ends it 60 s later with status 1. The interpreter's C-level handler writes each signal's number to
-    this pipe at once, whatever the main thread is doing."""
+    Also the signal wake-up pipe ``_watch_signals`` reads: Python runs handlers in the main thread only between
+    bytecodes, which a driver blocked on a dead GCS never reaches; the C-level handler writes to the pipe at
+    once."""
     take_ctrl_c()
     signal.signal(signal.SIGTERM, _on_sigterm)
     keep_stops_raised_in_finalizers()
@@ -199,14 +178,9 @@ def handle_stop_signals() -> None:
 def keep_stops_raised_in_finalizers() -> None:
     """A stop raised where Python cannot raise is delivered again instead of lost.
 
-    Python runs a signal's handler in the main thread at the next bytecode, which may be a weakref callback
-    or a ``__del__`` that garbage collection is running; a ``KeyboardInterrupt`` (Ctrl-C, or SIGTERM through
-    ``_on_sigterm``) raised there is printed as "Exception ignored in …" and dropped, and the command went on
-    to its end, status 0 (a comparison stopped between two studies ran every study and cell after it). The
-    hook has a thread re-send SIGINT to the main thread 10 ms later (``_thread.interrupt_main``), past the
-    finalizer (one still running gets it again, and the hook sends it again): whatever handles SIGINT then
-    (the default ``KeyboardInterrupt``, or Tune's stop during a job) gets it. Every other report goes to the
-    hook that was there before."""
+    A ``KeyboardInterrupt`` raised in a weakref callback or ``__del__`` is printed as "Exception ignored in …"
+    and dropped. The hook has a thread re-send SIGINT to the main thread 10 ms later, past the finalizer, to
+    whatever handles SIGINT then. Every other report goes to the previous hook."""
     if getattr(sys.unraisablehook, "fltune_keeps_stops", False):
         return
     previous = sys.unraisablehook
@@ -224,19 +198,16 @@ def keep_stops_raised_in_finalizers() -> None:
 
 
 def take_ctrl_c() -> None:
-    """Make Ctrl-C (SIGINT) a stop at every moment of the command, also in a process that started with it
-    ignored: a non-interactive shell starts its background jobs so, and Python then leaves it ignored.
-    Tune's ``fit`` installs its own handler whatever the disposition, so such a driver took a SIGINT during
-    a Tune job and lost one between two (a comparison went on into its next study and ran to the end,
-    status 0). A handler already installed is kept."""
+    """Make Ctrl-C a stop at every moment, also in a process started with SIGINT ignored (a non-interactive
+    shell's background job): Tune's ``fit`` installs its own handler regardless, so a SIGINT between two Tune
+    jobs would be lost. A handler already installed is kept."""
     if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def _watch_signals(read: int) -> None:
-    """Every stop signal's arrival (``_arrived``), whichever handler then takes it, for the process's life
-    (tests run several commands in one); from a SIGTERM on, the last resort of whatever Tune job is running
-    (``_end_if_ray_died``, on a thread of its own: this one goes on reading)."""
+    """Record every stop signal's arrival (``_arrived``) for the process's life; on SIGTERM, start the running
+    Tune job's last resort (``_end_if_ray_died``) on a thread of its own."""
     last_resort: threading.Thread | None = None
     while True:
         got = os.read(read, 64)
@@ -253,20 +224,15 @@ def forget_stops() -> None:
 
 
 def stop_arrived() -> bool:
-    """Whether a stop signal (Ctrl-C, SIGTERM) reached this driver. A Tune job can take one and still end
-    complete: Tune's handler only sets its stop event, which nothing reads once the last trial has ended
-    (a Ctrl-C during its final checkpoint, or a job resumed with nothing left to run), so the command used
-    to go on to its next job as if none had come (a comparison stopped between two studies ran to its end,
-    status 0). The wake-up pipe sees every signal, whatever handler takes it."""
+    """Whether a stop signal reached this driver, whatever handler took it: a Tune job can take one and still
+    end complete (its stop event is unread once the last trial ended), yet the command must stop."""
     return bool(_arrived)
 
 
 @contextmanager
 def ending_if_ray_dies(cleanup: Callable[[], None], resume: str) -> Iterator[None]:
-    """Within this block a SIGTERM that also ends the local Ray ends the job by its last resort (see
-    ``_end_if_ray_died``): ``cleanup``, then one line naming ``resume``, the command that continues it.
-    Blocks nest (a comparison around each of its Tune jobs): every clean-up runs, the outermost line
-    prints. Outside every block the driver ends its own way (Ray shutting down at exit is no reason)."""
+    """Within this block a SIGTERM that also ends the local Ray ends the job by ``_end_if_ray_died``:
+    ``cleanup``, then a line naming ``resume``. Blocks nest: every clean-up runs, the outermost line prints."""
     entry = (cleanup, resume)
     with _last_resort_lock:
         _last_resort.append(entry)
@@ -281,12 +247,8 @@ def ending_if_ray_dies(cleanup: Callable[[], None], resume: str) -> Iterator[Non
 def signal_handlers_kept() -> Iterator[None]:
     """Whatever handles SIGINT and SIGUSR1 before the block handles them after it.
 
-    Tune's ``fit`` installs a handler of its own for both that sets its stop event and puts the old one
-    back only when a signal arrives. After a job that ran to its end that handler stays, stale: in a
-    command that runs several Tune jobs (a comparison tunes each method in turn), a Ctrl-C or SIGTERM
-    between two jobs would set the finished job's event and be lost, and the driver would go on into the
-    next job — where, after a process-group SIGTERM, its first call to the dying GCS ends the process
-    with a Ray stack trace and status 1 instead of 143 and the line to resume with."""
+    Tune's ``fit`` installs its own handler for both and restores the old one only when a signal arrives; left
+    stale after a finished job, it would swallow a stop between two Tune jobs."""
     kept = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGUSR1)}
     try:
         yield
@@ -296,13 +258,11 @@ def signal_handlers_kept() -> Iterator[None]:
 
 
 def _end_if_ray_died(signum: int, poll_s: float = 0.1) -> None:
-    """A SIGTERM sent to the whole process group (``timeout``, Slurm) also ends the local Ray this driver
-    started; then Tune's graceful stop can never finish, and Ray's core worker would end the process with
-    status 1. So from the signal on, watch the local Ray (``_ray_alive``): the moment it is going, inside
-    an ``ending_if_ray_dies`` block, end the job here: its clean-ups (its MLflow runs → KILLED; its
-    folder resumes as after a crash), its line, 128 + the signal. Watching rather than looking once:
-    under load Ray takes a while to go. A cluster that was joined (no local node), or a local one that
-    survives (SIGTERM to the driver only), leaves the graceful stop to finish."""
+    """A process-group SIGTERM (``timeout``, Slurm) also ends the local Ray, so Tune's graceful stop can never
+    finish and Ray would end the process with status 1. Watch the local Ray (it may take a while to go under
+    load); once it goes, inside an ``ending_if_ray_dies`` block, run the clean-ups (MLflow runs → KILLED), print
+    the line and exit 128 + the signal. A joined cluster, or a local Ray that survives, is left to the graceful
+    stop."""
     node = _local_ray()
     if node is None:
         return
@@ -318,11 +278,9 @@ def _end_if_ray_died(signum: int, poll_s: float = 0.1) -> None:
 
 
 def _within(seconds: float, calls: list[Callable[[], None]]) -> bool:
-    """``calls`` in order on a thread of their own, waited for ``seconds`` at most (``CLEAN_UP_S``); whether
-    they all ended. A clean-up that waits on a lock (MLflow's sqlite store, retried for two minutes) held
-    the last resort past the moment Ray's core worker ends the process: status 1 and no line (a CI run;
-    reproduced by locking the store as the SIGTERM lands). One that raises prints its traceback, as any
-    thread's exception does, and the rest still run."""
+    """Run ``calls`` in order on a thread, waited for ``seconds`` at most; whether they all ended. The bound
+    keeps a clean-up stuck on a lock (MLflow's sqlite store) from outliving Ray's core worker. One that raises
+    prints its traceback and the rest still run."""
 
     def run_all() -> None:
         for call in calls:
@@ -342,16 +300,11 @@ RAYLET_STOP_S = 5.0
 
 
 def exit_now(code: int) -> None:
-    """A command that started a local Ray ends here with ``code``, once its raylet has stopped, its output
-    flushed, skipping the interpreter's exit. The run's MLflow writes and files were done before ``main``
-    returned; what is skipped is what the user waited for after the last line: Ray's shutdown at exit,
-    which sleeps 0.5 s and then stops its services one by one, waiting up to a second for each, and Python
-    collecting every object torch, Ray and MLflow made. The raylet is stopped as Ray's shutdown stops it
-    (SIGTERM, then waited for): it ends the workers and agents it started, which would otherwise linger a
-    minute; the GCS and Ray's other services are this process's children, which Ray binds to it (its fate
-    sharing), so they end with it. A stopped command whose local Ray died under it (a process-group
-    SIGTERM) ends at once: Ray's shutdown would wait a minute for the dead GCS, then end the process with
-    status 1. A driver that joined a cluster leaves the usual way (Ray disconnects it)."""
+    """A command that started a local Ray ends here with ``code``, output flushed, skipping the interpreter's
+    exit (Ray's slow service-by-service shutdown, Python's collection); all writes are done by then. The raylet
+    is stopped as Ray's shutdown stops it (SIGTERM, waited for) so its workers do not linger; Ray's other
+    services end with this process (fate sharing). If the local Ray already died under a stop, exit at once:
+    Ray's shutdown would wait for the dead GCS and exit 1. A driver that joined a cluster returns."""
     node = _local_ray()
     if node is None:
         return
@@ -370,15 +323,14 @@ def exit_now(code: int) -> None:
 
 
 def _local_ray() -> Any:
-    """The local Ray node this driver started (its processes are ours to watch), else None; a command
-    that never imported Ray (bad input refused first) started none, and imports none here."""
+    """The local Ray node this driver started, else None; imports no Ray."""
     ray = sys.modules.get("ray")
     return None if ray is None else getattr(ray._private.worker, "_global_node", None)
 
 
 def _ray_alive(node: Any) -> bool:
-    """Whether the local raylet and GCS server still run and the GCS still accepts connections: on SIGTERM
-    it closes its port at once, seconds (under load, sometimes over a minute) before its process is gone."""
+    """Whether the local raylet and GCS server run and the GCS accepts connections (it closes its port on
+    SIGTERM, well before its process is gone)."""
     from ray._private.ray_constants import PROCESS_TYPE_GCS_SERVER, PROCESS_TYPE_RAYLET
 
     if any(info.process.poll() is not None for kind in (PROCESS_TYPE_RAYLET, PROCESS_TYPE_GCS_SERVER)
@@ -393,8 +345,7 @@ def _ray_alive(node: Any) -> bool:
 
 
 def terminated() -> bool:
-    """Whether a SIGTERM reached this process: it may have killed a Tune job's trials too, when it was sent
-    to the whole process group (``tune.job.unfinished_if_stopped``)."""
+    """Whether a SIGTERM reached this process (sent to the group, it may have killed trials too)."""
     return bool(_stopped_by)
 
 
@@ -415,7 +366,7 @@ def interrupted(signum: int | None = None) -> str:
 
 
 def say_resume(what: str, resume: str) -> None:
-    """A stopped job's line: what stopped and the command that continues it, printed whole (never wrapped
-    to the terminal's width) so that it can be copied, and found by scripts."""
+    """A stopped job's line: what stopped and the command that continues it, never wrapped, so scripts and
+    users can copy it."""
     print(f"fltune: {what}; continue it with: {resume}", file=sys.stderr, flush=True)
 

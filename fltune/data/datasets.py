@@ -1,10 +1,8 @@
 """The datasets fltune trains on, by name, as raw uint8 NCHW tensors with their normalisation constants.
 
-Images stay uint8 in memory (4x smaller than float32, and a pooled train+test split is copied into every
-Ray worker); ``augment.to_float`` normalises each batch. Each file format has its module, whose loader
-this registry calls: ``torchvision_sets`` (Fashion-MNIST's idx files, MNIST, EMNIST, CIFAR, SVHN),
-``medmnist`` (PathMNIST, TissueMNIST), ``image_trees`` (CINIC-10, Tiny-ImageNet); ``files`` holds the
-checks they share, so every missing or unusable file is one line raised before anything is trained.
+Images stay uint8 in memory (4x smaller than float32, shared by every Ray worker); ``augment.to_float``
+normalises each batch. Loaders by format: ``torchvision_sets``, ``medmnist``, ``image_trees``; ``files`` holds
+their shared checks, so a missing or unusable file is one line raised before any training.
 """
 
 from __future__ import annotations
@@ -76,11 +74,9 @@ DATASETS: tuple[str, ...] = tuple(_SPECS)
 def load_dataset(name: str, root: str | Path | None = None, download: bool = False) -> Dataset:
     """Load a dataset by name; repeated loads in a process are served from memory.
 
-    ``root`` is the directory holding torchvision's on-disk layout, MedMNIST's ``<name>.npz`` files,
-    CINIC-10's folders or Tiny-ImageNet's ``tiny-imagenet-200/`` (default ``~/.cache/fltune/data``);
-    Fashion-MNIST is also found in Debian's ``/usr/share/datasets/fashion-mnist`` when no root is given.
-    ``download=True`` fetches what is missing.
-    The returned tensors are shared by every caller: treat them as read-only.
+    ``root`` (default ``~/.cache/fltune/data``) holds the dataset's files; without it Fashion-MNIST is also
+    found in Debian's ``/usr/share/datasets/fashion-mnist``. ``download=True`` fetches what is missing. The
+    returned tensors are shared by every caller: treat them as read-only.
     """
     if name not in _SPECS and not is_reference(name) and name not in plugins("dataset"):
         raise unknown("dataset", name, list(DATASETS))
@@ -88,8 +84,8 @@ def load_dataset(name: str, root: str | Path | None = None, download: bool = Fal
 
 
 def release_loaded() -> None:
-    """Forget every dataset this process loaded (the next :func:`load_dataset` reads the files again):
-    for a process that reads the workers' shared copy from now on (``engine.federation.open_all``)."""
+    """Forget every dataset this process loaded, for a process that reads the workers' shared copy from now
+    on (``engine.federation.open_all``)."""
     _load.cache_clear()
 
 
@@ -113,10 +109,8 @@ def _load(name: str, root: str | None, download: bool) -> Dataset:
 def normalised(dataset: Dataset, how: str) -> Dataset:
     """The dataset with the per-channel mean and std its batches are normalised by (``data.normalise``).
 
-    ``dataset``: its published constants (``_SPECS``); ``train``: those of its whole train split's pixels, as
-    FedCR's code normalises EMNIST (take it before :func:`subsample`, so a quick scale's share does not move
-    them); ``half``: 0.5 and 0.5, torchvision's ``Normalize((0.5,), (0.5,))``, FedCR's FMNIST. The images
-    stay the same uint8 tensors.
+    ``dataset``: published constants; ``train``: the whole train split's, as FedCR normalises EMNIST (call
+    before :func:`subsample`); ``half``: 0.5 and 0.5, FedCR's FMNIST. The images are unchanged.
     """
     if how == "dataset":
         return dataset
@@ -130,8 +124,8 @@ def normalised(dataset: Dataset, how: str) -> Dataset:
 def subsample(dataset: Dataset, fraction: float, seed: int) -> Dataset:
     """Keep a seeded, class-stratified ``fraction`` of the train and of the test split.
 
-    Quick reproduction scales use it to shrink every client's data in proportion (the class balance,
-    hence what a partition does with it, is unchanged). Mean/std stay those of the full dataset.
+    Quick scales shrink every client's data in proportion, class balance unchanged. Mean/std stay the full
+    dataset's.
     """
     if fraction >= 1:
         return dataset
@@ -157,9 +151,8 @@ def _pixel_stats(x: torch.Tensor) -> tuple[tuple[float, ...], tuple[float, ...]]
 def _load_synthetic(root: Path | None, download: bool) -> Splits:
     """6000 train / 1000 test 1×28×28 images of 10 classes, identical in every process.
 
-    Each class is a random 7×7 grey pattern blown up to 28×28 (so convolutions have structure to
-    find); a sample is its class pattern plus Gaussian pixel noise (σ = 80 of 255), clipped to uint8.
-    Classes are balanced in both splits. ``root`` and ``download`` are ignored.
+    Each class is a random 7×7 grey pattern blown up to 28×28 (structure for convolutions) plus Gaussian
+    noise (σ = 80 of 255), clipped to uint8; balanced classes. ``root`` and ``download`` are ignored.
     """
     rng = np.random.default_rng(0x5EED)
     patterns = np.kron(rng.uniform(0, 255, (10, 7, 7)), np.ones((4, 4))).astype(np.float32)

@@ -1,8 +1,7 @@
 """A dataset split over clients: one uint8 pool plus per-client index arrays, cached on disk.
 
-Workers index the shared pool instead of holding per-client copies. Partitions are cached as ``.npz``
-files named by a sha256 of everything that determines them, written atomically, so the trials of a
-sweep share one file and concurrent writers can never leave a half-written one behind.
+Workers index the shared pool instead of holding per-client copies. Partitions are cached as ``.npz`` files
+named by a sha256 of everything that determines them, written atomically, so a sweep's trials share one file.
 """
 
 from __future__ import annotations
@@ -27,17 +26,15 @@ from fltune.folders import ReplaceOnClose
 
 
 def _unpickle(values: dict[str, Any], tensors: tuple[str, ...]) -> FederatedData:
-    """:meth:`FederatedData.__reduce__`'s inverse: tensors over the arrays' memory, no copy. Arrays from
-    the object store are read-only, which torch cannot mark on a tensor (it warns): nothing writes into
-    the pool, batches are gathered out of it."""
+    """:meth:`FederatedData.__reduce__`'s inverse: tensors over the arrays' memory, no copy. The object
+    store's arrays are read-only (torch warns); nothing writes into the pool."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", "The given NumPy array is not writable")
         return FederatedData(**{k: torch.from_numpy(v) if k in tensors else v for k, v in values.items()})
 
 
-# k of the `classes` partition when partition.classes_per_client is unset. SimFAFL: 5 (EMNIST-L,
-# CIFAR-10), 3 (FMNIST), 15 (CIFAR-100). [U] for the rest: MNIST and synthetic as FMNIST (same shape,
-# 10 classes), SVHN as CIFAR-10, Tiny-ImageNet 30 of its 200 classes (CIFAR-100's 15 of 100, scaled).
+# k of the `classes` partition when unset. SimFAFL: EMNIST-L, CIFAR-10 5; FMNIST 3; CIFAR-100 15. [U] for the
+# rest, by analogy: MNIST/synthetic as FMNIST, SVHN as CIFAR-10, Tiny-ImageNet 30 of 200 (CIFAR-100 scaled).
 DEFAULT_CLASSES_PER_CLIENT: dict[str, int] = {
     "emnist_letters": 5, "cifar10": 5, "fmnist": 3, "cifar100": 15, "mnist": 3, "svhn": 5, "synthetic": 3,
     "cinic10": 5, "pathmnist": 3, "tissuemnist": 3, "tinyimagenet": 30,
@@ -74,39 +71,37 @@ class FederatedData:
         return len(self.client_train)
 
     def split(self, name: str) -> tuple[torch.Tensor, torch.Tensor]:
-        """(uint8 images, labels) of the global ``test`` split or of the ``val`` union, the clients' validation
-        data together: the server-side validation set (global models)."""
+        """(uint8 images, labels) of the global ``test`` split or the ``val`` union of the clients' validation
+        data (the server-side validation set)."""
         if name == "test":
             return self.test_x, self.test_y
         idx = torch.from_numpy(np.sort(np.concatenate(self.client_val)))
         return self.x[idx], self.y[idx]
 
     def held_out(self, name: str) -> tuple[list[np.ndarray], list[int]]:
-        """Each client's own ``test`` (held-out) or ``val`` indices, and how many samples each was drawn
-        from: the held-out split is taken from the client's whole part, the validation split from what the
-        held-out split left for training."""
+        """Each client's ``test`` (held-out) or ``val`` indices, and how many samples each was drawn from (the
+        whole part for held-out; what held-out left for validation)."""
         trained = [len(t) + len(v) for t, v in zip(self.client_train, self.client_val, strict=True)]
         if name == "val":
             return self.client_val, trained
         return self.client_eval, [n + len(e) for n, e in zip(trained, self.client_eval, strict=True)]
 
     def __reduce__(self) -> tuple[Any, tuple[dict[str, Any], tuple[str, ...]]]:
-        """Pickled with numpy arrays in place of its tensors: Ray's object store then hands every worker
-        zero-copy views of one shared copy of the pool (pickle-5 out-of-band buffers, as Ray serialises
-        numpy) instead of a private copy each."""
+        """Pickled with numpy arrays in place of tensors, so Ray's object store hands every worker zero-copy
+        views of one shared pool (pickle-5 out-of-band buffers)."""
         values = {f.name: getattr(self, f.name) for f in fields(self)}
         tensors = tuple(k for k, v in values.items() if isinstance(v, torch.Tensor))
         return _unpickle, ({k: values[k].numpy() if k in tensors else values[k] for k in values}, tensors)
 
     def without_test(self) -> FederatedData:
-        """The same data with no test split (global nor per-client held-out): what a tuning run holds, so
-        no objective can ever be measured on test data (``metrics.test: false``)."""
+        """The same data with no test split, global or per-client: what a tuning run holds, so no objective
+        can be measured on test data."""
         return replace(self, test_x=self.test_x[:0], test_y=self.test_y[:0],
                        client_eval=[idx[:0] for idx in self.client_eval])
 
     def val_as_eval(self) -> FederatedData:
-        """The clients' validation splits in the place of their held-out splits: how the workers' personalised
-        evaluation (which reads ``client_eval``) scores each client's own model on its validation data."""
+        """Validation splits in place of held-out splits, so personalised evaluation (which reads
+        ``client_eval``) scores each client's model on its validation data."""
         return replace(self, client_eval=self.client_val)
 
 
@@ -119,22 +114,18 @@ def build_federated_data(
     """Partition ``dataset`` over ``num_clients`` clients, hold out ``eval_fraction`` of each, then
     ``val_fraction`` of what is left for training as the client's validation split.
 
-    ``pool_test=True`` is SimFAFL/FedCR's protocol: train and test are pooled before partitioning and
-    the global test split is the union of the clients' held-out splits, so no test sample is ever
-    trained on. Otherwise the pool is the train split and the global test split is the dataset's.
-    ``classes_per_client=None`` takes :data:`DEFAULT_CLASSES_PER_CLIENT` for the dataset.
+    ``pool_test=True`` is SimFAFL/FedCR's protocol: train and test are pooled before partitioning and the
+    global test split is the union of the held-out splits. Otherwise the global test split is the dataset's.
+    ``classes_per_client=None`` takes :data:`DEFAULT_CLASSES_PER_CLIENT`.
 
-    The validation split is drawn after the cached partition, from a seed of its own, so the partition,
-    the held-out split and their cache files are the same whatever ``val_fraction`` is; with 0 the
-    training indices are exactly those of a run without validation.
+    Validation is drawn after the cached partition from its own seed stream, so partition and held-out split
+    do not depend on ``val_fraction``.
 
-    ``test_per_client > 0`` is FedSOL's protocol instead of ``eval_fraction``: each client's held-out split is
-    drawn from the test split in the proportions of its own labels (:func:`aligned_test_split`, stream 3 of the
-    seed). Those test samples join the pool after the training samples, so the held-out split is indices into
-    the pool as ever; the global test split stays the dataset's.
+    ``test_per_client > 0`` is FedSOL's protocol instead of ``eval_fraction``: each held-out split is drawn
+    from the test split in the client's label proportions (:func:`aligned_test_split`), appended to the pool.
 
-    Refused here, in one line naming the field, before any worker sees the data: a client left without
-    training samples, and a fraction that holds out nothing at all (:func:`check_held_out`).
+    Refused, naming the field: a client without training samples, a fraction that holds out nothing
+    (:func:`check_held_out`).
     """
     if pool_test and eval_fraction == 0:
         raise FLTuneError(
@@ -181,18 +172,16 @@ def _aligned(y: torch.Tensor, train: list[np.ndarray], val: list[np.ndarray], te
 
 def split_validation(train: list[np.ndarray], val_fraction: float,
                      seed: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    """Each client's training indices → (training, validation); with 0 the training indices are untouched.
-    A stream of its own (:func:`_stream`): turning validation on moves no sample between clients or into the
-    held-out data."""
+    """Each client's training indices → (training, validation); with 0 untouched. Its own seed stream, so
+    turning validation on moves no sample between clients or into held-out data."""
     if val_fraction == 0:
         return train, [idx[:0] for idx in train]
     return split_train_eval(train, val_fraction, _stream(seed, 2))
 
 
 def _stream(seed: int, stream: int) -> int:
-    """The seed of stream ``stream`` of ``seed``: the partition draws from the seed itself (stream 0), the
-    held-out split from 1, the validation split from 2 and FedSOL's aligned test splits from 3, so none
-    replays another's random numbers."""
+    """Seed of stream ``stream`` of ``seed`` (0 partition, 1 held-out, 2 validation, 3 FedSOL's aligned
+    test), so none replays another's random numbers."""
     return int(np.random.SeedSequence([seed, stream]).generate_state(1)[0])
 
 
@@ -226,9 +215,8 @@ def _cached_split(name: str, labels: np.ndarray, num_classes: int, params: dict,
 def _read(path: Path, meta: str) -> tuple[list[np.ndarray], list[np.ndarray]] | None:
     """The cached split at ``path`` if it exists, was made from exactly ``meta`` and is intact.
 
-    A cache is only a shortcut: a file that cannot be read back whole (truncated, damaged, not an ``.npz``
-    at all) is rebuilt and replaced, never fatal. ``_unflatten`` checks that the sizes add up, so a file
-    whose arrays parse but disagree is rebuilt too.
+    A cache is only a shortcut: an unreadable or inconsistent file (``_unflatten`` checks sizes) is rebuilt,
+    never fatal.
     """
     if not path.is_file():
         return None

@@ -58,8 +58,8 @@ def _idx_path(directory: Path, stem: str) -> Path | None:
 def _read_idx(path: Path, item_shape: tuple[int, ...], how: str) -> np.ndarray:
     """Parse an idx file of unsigned bytes (the MNIST family's format) into an array, checking its header.
 
-    The header is magic ``00 00 08 d`` (unsigned bytes, d dimensions) then d big-endian int32 sizes; the
-    payload must hold exactly their product of bytes, and items must have ``item_shape``.
+    Header: magic ``00 00 08 d`` then d big-endian int32 sizes; the payload must hold exactly their product
+    of bytes, items of ``item_shape``.
     """
     data = read_bytes(path, how)
     magic = bytes([0, 0, 8, 1 + len(item_shape)])  # unsigned bytes, 1 + item dimensions
@@ -97,8 +97,8 @@ def _check_pair(images: np.ndarray, labels: np.ndarray, images_path: Path, label
 def _check_idx_files(folder: Path, stems: Sequence[str]) -> None:
     """Parse the (images, labels, images, labels) idx files torchvision will read, those that exist.
 
-    torchvision's own parser fails on a damaged file with a bare assertion or shape error; this names the
-    file and the fault first. Missing files are left to torchvision's "not found".
+    Names the file and fault where torchvision's parser would fail with a bare assertion; missing files are
+    left to torchvision.
     """
     for stem, shape in zip(stems, _IDX_SHAPES * 2):
         if (folder / stem).exists():
@@ -108,8 +108,7 @@ def _check_idx_files(folder: Path, stems: Sequence[str]) -> None:
 def _torchvision_splits(name: str, root: Path, make: Callable[[str, bool], Any],
                         tensors: Callable[[Any], tuple[torch.Tensor, torch.Tensor]]) -> Splits:
     """``tensors(make(root, train))`` for the train and test split; "not found" or a failed download →
-    DatasetMissing naming where it looked (``locations.WHERE``), in fltune's words: torchvision's "not found"
-    advises its own ``download=True``, a failed download's reason (urllib's) is kept."""
+    DatasetMissing naming where it looked, in fltune's words (a failed download's reason is kept)."""
     looked_in, how = WHERE[name](root)
     try:
         splits = make(str(root), True), make(str(root), False)

@@ -1,22 +1,16 @@
 """Hessian metrics from exact Hessian-vector products (docs/methods.md §4).
 
-Why: the flatness and consistency figures the papers report — λ_max and the trace H_T (FedAlign Table 1,
-MAN Table 2), λ1/λ5 (FedSOL Fig. 8) and the cross-client H_N, H_D (FedAlign Eq. 3–4) — only ever need H
-applied to vectors. A double backward gives H·v exactly for about two backward passes, without forming
-H (a ResNet-56 has 0.6 M parameters; H would have 3.6e11 entries).
+Why: λ_max and the trace H_T (FedAlign Table 1, MAN Table 2), λ1/λ5 (FedSOL Fig. 8) and H_N, H_D (FedAlign
+Eq. 3–4) only need H applied to vectors, which a double backward gives exactly without forming H.
 
-Conventions shared by every function here:
+Conventions:
 
-- H is the Hessian, w.r.t. the trainable (``requires_grad``) parameters, of the *unweighted mean over
-  ``batches``* of ``loss_fn``. With equal-size batches this is the sample-weighted mean the authors'
-  PyHessian code uses on 10 batches (``mmendiet/FedAlign:pyhessian/hessian.py``).
-- The model runs in eval mode (BN running statistics, no dropout), so H is a deterministic function of
-  θ; every module's own train/eval flag is restored afterwards and parameters are never modified.
-- Work happens on the device of the model's parameters (CUDA included). Batches move there one at a
-  time and each batch's double-backward graph is freed before the next is built, so peak memory is one
-  batch's second-order graph however many batches there are.
-- Random vectors come from a CPU ``torch.Generator(seed)`` and are then moved, so a seed gives the same
-  vectors on CPU and CUDA.
+- H is the Hessian, w.r.t. the trainable parameters, of the *unweighted mean over ``batches``* of
+  ``loss_fn`` (with equal-size batches, the authors' PyHessian mean, ``mmendiet/FedAlign:pyhessian/hessian.py``).
+- The model runs in eval mode, so H is deterministic in θ; each module's train/eval flag is restored and
+  parameters are never modified.
+- Work runs on the parameters' device, one batch's double-backward graph alive at a time.
+- Random vectors come from a CPU ``torch.Generator(seed)``, so a seed gives the same vectors on CPU and CUDA.
 """
 
 from collections.abc import Callable, Iterator, Sequence
@@ -151,9 +145,9 @@ def _power_iteration(
 ) -> tuple[float, Vector]:
     """The eigenpair of largest |λ| of H restricted to the complement of ``found`` (orthonormal).
 
-    The estimate is the Rayleigh quotient vᵀHv of the unit iterate; iteration stops once it changes by
-    less than ``tol`` relatively (PyHessian's rule, docs/methods.md §4) or after ``max_iter`` products. Each
-    iterate is re-orthogonalised against ``found`` so round-off cannot bring those directions back.
+    The estimate is the Rayleigh quotient vᵀHv; stops once it changes by less than ``tol`` relatively
+    (PyHessian's rule, docs/methods.md §4) or after ``max_iter``. Each iterate is re-orthogonalised against
+    ``found`` so round-off cannot bring those directions back.
     """
     v = _normalized(_orthogonalized(start, found))
     eigenvalue = None
@@ -173,16 +167,12 @@ def top_eigenpairs(
     """The k eigenvalues of H largest in *magnitude*, with unit eigenvectors (λ_max: FedAlign Table 1,
     MAN Table 2; λ1/λ5 and the landscape axes: FedSOL Fig. 8).
 
-    Power iteration with deflation: eigenpair i is sought on the orthogonal complement of the i−1 found
-    ones, from a standard-normal start drawn from ``torch.Generator().manual_seed(seed)``. Power iteration
-    converges to the eigenvalue of largest |λ|, so the values are ordered by |λ| and keep their sign: a
-    negative-curvature direction stronger than the next positive one is returned as a negative value.
-    Near a minimum the large eigenvalues are positive (MAN Fig. 4b) and this is the usual top-k.
+    Power iteration with deflation from seeded standard-normal starts. Values are ordered by |λ| and keep
+    their sign (a strong negative curvature comes back negative); near a minimum the large eigenvalues are
+    positive (MAN Fig. 4b), the usual top-k.
 
-    Accuracy: the error shrinks by |λ_{i+1}/λ_i| per iteration, and the relative-change stop can fire
-    while it is still large when that ratio is near 1 — neighbours a few % apart, or a +λ and −λ' of
-    similar size, between which the Rayleigh quotient drifts slowly. Lower ``tol`` for k > 1 or at
-    indefinite points (e.g. initialisation).
+    The error shrinks by |λ_{i+1}/λ_i| per iteration, so the relative-change stop can fire early when that
+    ratio is near 1: lower ``tol`` for k > 1 or at indefinite points (e.g. initialisation).
     """
     check_batches(batches)
     params = trainable_parameters(model)
@@ -217,12 +207,10 @@ def _hutchinson(
     """(mean, standard error, n) of Rademacher samples vᵀHv (Hutchinson 1989, FedAlign ref. [7]), float64
     on CPU.
 
-    Each sample is split by parameter tensor (Σ over the tensor of (Hv)⊙v, so E = that tensor's part of
-    tr H) when ``per_tensor``, else summed to one entry. Sampling stops once :data:`MIN_TRACE_SAMPLES` are in
-    and the standard error of the mean is below ``tol`` relative to the mean (Euclidean norms over the
-    entries), or after ``max_iter`` samples; ``tol=0`` always takes ``max_iter``. A rule on how much the running mean
-    last moved would fire whenever one sample lands near the mean, while the standard error only shrinks
-    as samples accrue, so a tighter tol means more samples and a smaller error bar. Welford's update.
+    With ``per_tensor`` each sample is split by parameter tensor (Σ (Hv)⊙v over it), else summed. Stops once
+    :data:`MIN_TRACE_SAMPLES` are in and the standard error is below ``tol`` relative to the mean (norms over
+    entries), or at ``max_iter`` (``tol=0``: always). A standard-error rule, unlike a moved-mean rule, cannot
+    fire on one lucky sample. Welford's update.
     """
     check_batches(batches)
     params = trainable_parameters(model)
@@ -253,9 +241,8 @@ def _standard_error(squares: Tensor, n: int) -> Tensor:
 def hessian_trace(
     model: nn.Module, loss_fn: LossFn, batches: Sequence[Batch], max_iter: int = 100, tol: float = 1e-2, seed: int = 0,
 ) -> TraceEstimate:
-    """tr H by Hutchinson with Rademacher vectors (H_T: FedAlign Table 1, MAN Table 2), with its standard
-    error: unbiased, of variance 2·Σ_{i≠j} H_ij² per sample. Stopped by ``_hutchinson``'s rule, or at
-    ``max_iter``, where ``se`` says how far off the value may be.
+    """tr H by Hutchinson with Rademacher vectors (H_T: FedAlign Table 1, MAN Table 2) and its standard error;
+    unbiased, per-sample variance 2·Σ_{i≠j} H_ij². Stopped by ``_hutchinson``'s rule.
     """
     mean, se, n = _hutchinson(model, loss_fn, batches, max_iter, tol, seed, False)
     return TraceEstimate(float(mean[0]), float(se[0]), n)
@@ -266,9 +253,8 @@ def layer_traces(
 ) -> dict[str, float]:
     """Per parameter tensor, its part of tr H: mean over Rademacher v of Σ (Hv)⊙v over its entries.
 
-    This is the vector d_i the authors feed into FedAlign Eq. 3–4 in place of Diag(H): PyHessian's
-    ``trace()`` returns it as ``diag`` (``mmendiet/FedAlign:pyhessian/compute_hessian.py``). Stopped by
-    ``_hutchinson``'s rule on the vector's norms.
+    The d_i the authors feed into FedAlign Eq. 3–4 in place of Diag(H) (PyHessian's ``trace()`` ``diag``,
+    ``mmendiet/FedAlign:pyhessian/compute_hessian.py``).
     """
     means, _, _ = _hutchinson(model, loss_fn, batches, max_iter, tol, seed, True)
     return dict(zip(named_trainable_parameters(model), means.tolist()))
@@ -277,13 +263,11 @@ def layer_traces(
 def cross_client_consistency(traces: Sequence[dict[str, float]]) -> tuple[float, float]:
     """(H_N, H_D) of FedAlign Eq. 3–4 from each client's :func:`layer_traces` d_i.
 
-    H_N = mean over all N² ordered pairs (i, j) of (‖d_i‖ − ‖d_j‖)²; H_D = mean over the same pairs of
-    cos(d_i, d_j). Both *include* i = j (each such pair adds 0 to H_N and 1 to H_D), as the authors'
-    ``np.mean`` over the full N×N matrices does (``mmendiet/FedAlign:pyhessian/parse_logs.py``); lower H_N
-    and higher H_D mean more consistent clients. Layers are matched by name.
+    H_N = mean over all N² ordered pairs of (‖d_i‖ − ‖d_j‖)²; H_D = mean of cos(d_i, d_j). Both *include*
+    i = j, as the authors' ``np.mean`` over full N×N matrices does (``mmendiet/FedAlign:pyhessian/parse_logs.py``).
+    Lower H_N, higher H_D: more consistent clients. Layers are matched by name.
 
-    Example: d_1 = (3, 0), d_2 = (0, 4), d_3 = (6, 0): norms 3, 4, 6; the distinct pairs give squared
-    differences 1, 9, 4 and cosines 0, 1, 0, so H_N = 2·14/9 = 28/9 and H_D = (3 + 2·1)/9 = 5/9.
+    Example: d = (3, 0), (0, 4), (6, 0) give H_N = 28/9, H_D = 5/9.
     """
     if len(traces) == 0:
         raise FLTuneError("traces: need the layer traces of at least one client")
