@@ -1,9 +1,7 @@
-"""fltune's Python API: ``fltune.run``, ``fltune.tune``, ``fltune.compare`` and ``fltune.reproduce``, each
-returning a result object, for notebooks and scripts. The command line is a layer over these functions.
+"""fltune's Python API (``run``, ``tune``, ``compare``, ``reproduce``), which the command line is a layer over.
 
-The jobs take their command's flags as keyword arguments (``tune(space=..., num_samples=2)`` is ``fltune tune
---space ... --num-samples 2``). Bad input raises :class:`fltune.FLTuneError` with the line the CLI prints;
-``progress=False`` keeps them quiet.
+Jobs take their command's flags as keyword arguments (``tune(num_samples=2)`` is ``--num-samples 2``). Bad
+input raises :class:`fltune.FLTuneError` with the CLI's line; ``progress=False`` keeps them quiet.
 """
 
 from __future__ import annotations
@@ -99,10 +97,8 @@ def run(cfg: ExperimentConfig | str | Path, *, progress: bool = True) -> RunResu
 
 
 def start_federation(cfg: ExperimentConfig) -> tuple[Federation, WorkerPool]:
-    """The run's federation on its own client workers. The dataset loads on a thread while Ray starts, so
-    start-up costs the longer of the two, not their sum. Workers are placed first, so an unplaceable plan
-    fails before anything is logged; a failed load stops the Ray this call started: bad input leaves nothing
-    running."""
+    """The run's federation on its own workers; the dataset loads on a thread while Ray starts. Workers are
+    placed first (an unplaceable plan fails before anything is logged); a failed load leaves nothing running."""
     from concurrent.futures import ThreadPoolExecutor
 
     import ray

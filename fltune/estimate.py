@@ -1,9 +1,8 @@
 """What a job costs before it runs (``reproduce … --plan``, ``tune … --plan``, paper-scale headers).
 
-Work is counted in client-samples (sampled clients × local epochs × data, plus a final personal round). Time
-comes from a calibration, not a run: a few optimiser steps of each distinct model at its batch size on one
-client worker's share of this device, times the method's ``passes_per_step``; wall time divides the work over
-the workers the cluster fits. Evaluation and probes are not counted: a lower bound of the run's order.
+Work in client-samples, time from a calibration (a few optimiser steps per distinct model on one worker's
+share of this device) × ``passes_per_step``, divided over the workers the cluster fits. Evaluation and probes
+are not counted: a lower bound of the run's order.
 """
 
 from __future__ import annotations
@@ -60,9 +59,8 @@ class Estimate:
 
 
 def client_samples(cfg: ExperimentConfig) -> int:
-    """rounds × clients per round × local epochs × samples per client, plus the final personal round (every
-    client); epochs as ``Method.epochs_trained`` counts them. Samples per client: the mean client's share of
-    the (subsampled, possibly pooled) pool less its held-out share; with ``drop_last`` full batches only."""
+    """rounds × clients per round × epochs (``Method.epochs_trained``) × the mean client's training samples
+    (less its held-out share; full batches only with ``drop_last``), plus the final personal round."""
     fed, training = cfg.federation, cfg.training
     epochs = get_method(cfg.method.name).epochs_trained
     data = load_dataset(cfg.data.dataset, cfg.data.root)
@@ -81,9 +79,8 @@ def device() -> torch.device:
 
 
 def calibrate(cfg: ExperimentConfig, as_built: bool = True) -> float:
-    """Seconds per training sample of the run's model at its batch size on one client worker's share of this
-    machine. ``as_built=False`` times the model without its method's additions (MOON's projector, …): one
-    calibration per model, for a quick job's ETA weights."""
+    """Seconds per training sample of the run's model at its batch size on one worker's share of this machine;
+    ``as_built=False`` without the method's additions (one calibration per model, for ETA weights)."""
     method = cfg.method.name if as_built else "fedavg"
     return _calibrate(model_name(cfg), json.dumps(cfg.model.options, sort_keys=True), method,
                       cfg.data.dataset, cfg.data.root, cfg.training.batch_size, cfg.resources.cpus_per_worker)
@@ -120,8 +117,7 @@ def _sync(dev: torch.device) -> None:
 
 
 def work(label: str, tree: dict[str, Any], runs: int, as_built: bool = True) -> Work:
-    """A distinct experiment: its client-samples and one run's seconds on one worker (``as_built``: see
-    :func:`calibrate`)."""
+    """A distinct experiment: its client-samples and one run's seconds on one worker."""
     cfg = build_config(tree)
     _data_here(cfg)
     samples = client_samples(cfg)
@@ -130,8 +126,7 @@ def work(label: str, tree: dict[str, Any], runs: int, as_built: bool = True) -> 
 
 
 def _data_here(cfg: ExperimentConfig) -> None:
-    """The run's data is here to count and calibrate on; a plan fetches nothing, so data ``data.download``
-    would fetch is named as such, not as missing."""
+    """The run's data is here; a plan fetches nothing, so data to download is named as such, not missing."""
     try:
         load_dataset(cfg.data.dataset, cfg.data.root)
     except DatasetMissing:
@@ -142,8 +137,7 @@ def _data_here(cfg: ExperimentConfig) -> None:
 
 
 def run_seconds(items: list[tuple[str, dict[str, Any], int]], as_built: bool = True) -> dict[str, float]:
-    """Each of ``items`` (label, experiment tree, runs): one run's estimated seconds on one worker
-    (``as_built``: see :func:`calibrate`)."""
+    """Each of ``items`` (label, tree, runs): one run's estimated seconds on one worker."""
     return {label: work(label, tree, runs, as_built).seconds for label, tree, runs in items}
 
 
@@ -167,12 +161,8 @@ def cluster_resources(address: str | None) -> dict[str, float]:
 
 def estimate(items: list[tuple[str, dict[str, Any], int]], cluster: dict[str, float],
              max_concurrent: int | None = None) -> Estimate:
-    """``items``: (label, experiment tree, runs). Experiments with the same tree are one (as a job runs them).
-
-    Wall time: on CPU a run spreads its clients over ``min(workers, clients per round)`` workers, with as
-    many runs at once as CPUs and ``max_concurrent`` allow; on GPU the work divides by the GPUs. Never below
-    the longest run on its own workers.
-    """
+    """``items``: (label, tree, runs); equal trees are one. Wall time: the work over the CPU slots (runs at
+    once × ``min(workers, clients per round)``) or the GPUs, never below the longest run."""
     seen: dict[str, Work] = {}
     for label, tree, runs in items:
         key = json.dumps(tree, sort_keys=True, default=str)
@@ -258,8 +248,7 @@ def plan_table(title: str, est: Estimate):
 
 def print_plan(title: str, items: list[tuple[str, dict[str, Any], int]], address: str | None,
                max_concurrent: int | None, notes: list[str]) -> int:
-    """``--plan``: print what would run and its cost, run nothing; exit 0. The job's data checks come first
-    (``preflight.check_data``), so a job that would be refused is refused with its own line."""
+    """``--plan``: print what would run and its cost, run nothing; exit 0. The job's data checks come first."""
     from fltune.preflight import check_data
     from fltune.tracking.progress import console
 

@@ -14,8 +14,7 @@ from pathlib import Path
 from fltune.errors import FLTuneError, WriteFailed
 
 MIN_FREE = 1 << 20
-"""The free space a folder needs before a command writes there (1 MiB): less is a full disk, refused at the
-start rather than at the first checkpoint."""
+"""The free space a folder needs before a command writes there (1 MiB): less is refused as a full disk."""
 
 
 def make_out(out: str, flag: str = "--out") -> None:
@@ -51,8 +50,8 @@ def failed_write(error: BaseException | None, store: str = "") -> WriteFailed | 
     seen: set[int] = set()
     while error is not None and id(error) not in seen:
         seen.add(id(error))
-        if isinstance(getattr(error, "cause", None), BaseException):  # Ray's wrapper, which may pose as its
-            error = error.cause  # cause's class (``as_instanceof_cause``) without its errno or file
+        if isinstance(getattr(error, "cause", None), BaseException):  # Ray's wrapper poses without errno
+            error = error.cause
             continue
         if isinstance(error, WriteFailed):
             return error
@@ -65,8 +64,7 @@ def failed_write(error: BaseException | None, store: str = "") -> WriteFailed | 
 
 
 def said(failed: WriteFailed, where: str = "", resume: str = "") -> WriteFailed:
-    """``failed`` as its command's line says it: its file (else ``where``), the room left on that disk, and
-    ``resume``, the command that continues the job."""
+    """``failed`` with its file (else ``where``), the room left there, and the ``resume`` command."""
     path = failed.path or where
     return WriteFailed(path, failed.reason, free_space(path) if path else "", resume or failed.resume)
 
@@ -92,11 +90,9 @@ def part_path(path: str) -> str:
 
 
 class ReplaceOnClose(io.FileIO):
-    """A file written under a hidden temporary name beside the target (``part_path``) and moved onto it when
-    closed: all or nothing. A killed writer leaves the target as it was (and a ``.part`` Tune's ``*.json``/
-    ``*.pkl`` listings ignore); a failed write or a raising ``with`` block leaves the target and no ``.part``
-    (a cut checkpoint in place would kill the resumed trial). A failed write raises ``NotWritten`` naming the
-    target."""
+    """A file written under a hidden ``.part`` name and moved onto the target when closed: all or nothing (a
+    cut checkpoint would kill the resumed trial). A failed write or raising ``with`` leaves no ``.part`` and
+    raises ``NotWritten`` naming the target."""
 
     def __init__(self, path: str) -> None:
         self.target = path

@@ -1,13 +1,9 @@
 """The command's process: quiet library output, one clean way to stop, and an end when the local Ray dies.
 
-Stopping. Ctrl-C (SIGINT) and SIGTERM (``timeout``, schedulers, ``ray job stop``) take one path: a plain run
-gets ``KeyboardInterrupt`` (its MLflow run ends KILLED), a Tune job gets Tune's graceful stop (trials
-checkpointed, the study saved for ``--resume``). Exit status: 128 + the signal (130, 143). Ray installs its own
-driver handlers when it starts, so ours is installed again right after (``engine.cluster.start_ray``).
-
-Quiet. Ray's token-authentication banner, Tune's stop advice and ``SystemExit`` tracebacks of workers Ray ends
-are dropped. A failed write that Tune's driver logs and goes on past (a full disk) is dropped too and kept for
-the job to stop on (``library_write_failure``). Real errors are untouched.
+Ctrl-C and SIGTERM take one path: a plain run gets ``KeyboardInterrupt`` (MLflow run KILLED), a Tune job
+Tune's graceful stop (saved for ``--resume``); exit status 128 + the signal. Ray installs its own handlers, so
+ours is reinstalled after it starts (``engine.cluster.start_ray``). Library noise is dropped; a failed write
+Tune logs and goes on past is kept for the job to stop on (``library_write_failure``).
 """
 
 from __future__ import annotations
@@ -56,9 +52,8 @@ _arrived: list[int] = []
 # ---------------------------------------------------------------------------------------------- quiet
 class _Drop(logging.Filter):
     """Drop a library's records that start with a rule's ``prefixes``; with a ``harmless`` check, only error
-    records it recognises (from the exception and its traceback's frame names) or whose exception is a failed
-    write, kept for ``library_write_failure``. The exception is the record's, or the one being handled (Tune's
-    syncer formats its traceback into the message inside its ``except`` block)."""
+    records it recognises, or failed writes (kept for ``library_write_failure``). The exception is the
+    record's, or the one being handled (Tune's syncer logs inside its ``except``)."""
 
     def __init__(self, rules: tuple[Rule, ...]) -> None:
         super().__init__()
@@ -92,16 +87,15 @@ def _stale_prune(error: BaseException, frames: list[str]) -> bool:
 
 
 def _superseded_sync(error: BaseException, frames: list[str]) -> bool:
-    """Tune's "Saving experiment state to storage … failed" on one of its own temporary files (``…-tmp-…``)
-    gone: Tune renames the next state into place before waiting for the copy that listed it. The next copy
-    carries the renamed file and reports its own failure."""
+    """Tune's "Saving experiment state … failed" on its own ``…-tmp-…`` file, renamed away before the copy
+    that listed it ran; the next copy carries it."""
     return isinstance(error, FileNotFoundError) and "_upload_to_fs_path" in frames and "-tmp-" in str(error)
 
 
 NOISE: dict[str, tuple[Rule, ...]] = {
     "ray._private.authentication.authentication_token_setup": ((("Token authentication is enabled",), None),),
     "ray.tune.tune": (
-        # Tune's advice on a stop, and its resume hint naming its Python API: fltune prints its own command
+        # fltune prints its own stop advice and resume command
         (("Stop signal received", "Experiment has been interrupted"), None),
         (("Experiment state snapshotting failed",), _never),  # its last save, on a full storage
     ),
@@ -110,7 +104,7 @@ NOISE: dict[str, tuple[Rule, ...]] = {
     "ray.tune.execution.experiment_state": ((("Saving experiment state to storage at ",), _superseded_sync),),
     # trials that never reported: fltune reads results from Tune's saved state (``Trial.last_result``)
     "ray.tune.analysis.experiment_analysis": ((("Failed to fetch metrics for",), None),),
-    # its copies of the driver's files to a full or read-only storage: the job stops (``library_write_failure``)
+    # a failed copy to full or read-only storage: the job stops (``library_write_failure``)
     "ray.train._internal.syncer": ((("Last sync command failed",), _never),),
 }
 """Logger → rules: how its noise records start, and when such an error record is harmless (None: always)."""
@@ -139,8 +133,7 @@ def quiet_worker() -> None:
 
 
 def library_write_failure() -> WriteFailed | None:
-    """The first write that failed inside a library since the last call (``_Drop``), else None: a Tune job
-    stops on it (``tune.study.StopOnFailedWrite``)."""
+    """The first write that failed inside a library since the last call, else None (a Tune job stops on it)."""
     failed = _failed_writes[0] if _failed_writes else None
     _failed_writes.clear()
     return failed
@@ -148,8 +141,7 @@ def library_write_failure() -> WriteFailed | None:
 
 # ---------------------------------------------------------------------------------------------- stop
 def _on_sigterm(signum: int, frame: Any) -> None:
-    """SIGTERM does what Ctrl-C does at this moment: Tune's graceful stop while a job runs, else
-    ``KeyboardInterrupt``."""
+    """SIGTERM does what Ctrl-C does at this moment."""
     _stopped_by.append(signum)
     handler = signal.getsignal(signal.SIGINT)
     if callable(handler) and handler is not signal.default_int_handler:
@@ -159,11 +151,8 @@ def _on_sigterm(signum: int, frame: Any) -> None:
 
 
 def handle_stop_signals() -> None:
-    """(Re)install fltune's SIGTERM handler; call at start and after anything that installs its own (Ray).
-
-    Also the signal wake-up pipe ``_watch_signals`` reads: Python runs handlers in the main thread only between
-    bytecodes, which a driver blocked on a dead GCS never reaches; the C-level handler writes to the pipe at
-    once."""
+    """(Re)install fltune's SIGTERM handler (after Ray too) and the wake-up pipe ``_watch_signals`` reads: a
+    driver blocked on a dead GCS never reaches Python's handlers, but the C-level one writes the pipe."""
     take_ctrl_c()
     signal.signal(signal.SIGTERM, _on_sigterm)
     keep_stops_raised_in_finalizers()
@@ -176,11 +165,8 @@ def handle_stop_signals() -> None:
 
 
 def keep_stops_raised_in_finalizers() -> None:
-    """A stop raised where Python cannot raise is delivered again instead of lost.
-
-    A ``KeyboardInterrupt`` raised in a weakref callback or ``__del__`` is printed as "Exception ignored in …"
-    and dropped. The hook has a thread re-send SIGINT to the main thread 10 ms later, past the finalizer, to
-    whatever handles SIGINT then. Every other report goes to the previous hook."""
+    """A ``KeyboardInterrupt`` raised in a weakref callback or ``__del__`` (printed and dropped by Python) is
+    re-sent to the main thread 10 ms later, past the finalizer; other reports go to the previous hook."""
     if getattr(sys.unraisablehook, "fltune_keeps_stops", False):
         return
     previous = sys.unraisablehook
@@ -198,9 +184,8 @@ def keep_stops_raised_in_finalizers() -> None:
 
 
 def take_ctrl_c() -> None:
-    """Make Ctrl-C a stop at every moment, also in a process started with SIGINT ignored (a non-interactive
-    shell's background job): Tune's ``fit`` installs its own handler regardless, so a SIGINT between two Tune
-    jobs would be lost. A handler already installed is kept."""
+    """Make Ctrl-C a stop also in a process started with SIGINT ignored (a background job), else a SIGINT
+    between two Tune jobs would be lost; an installed handler is kept."""
     if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
@@ -231,8 +216,8 @@ def stop_arrived() -> bool:
 
 @contextmanager
 def ending_if_ray_dies(cleanup: Callable[[], None], resume: str) -> Iterator[None]:
-    """Within this block a SIGTERM that also ends the local Ray ends the job by ``_end_if_ray_died``:
-    ``cleanup``, then a line naming ``resume``. Blocks nest: every clean-up runs, the outermost line prints."""
+    """In this block a SIGTERM that ends the local Ray runs ``cleanup`` and prints ``resume``
+    (``_end_if_ray_died``); nested, every clean-up runs and the outermost line prints."""
     entry = (cleanup, resume)
     with _last_resort_lock:
         _last_resort.append(entry)
@@ -245,10 +230,8 @@ def ending_if_ray_dies(cleanup: Callable[[], None], resume: str) -> Iterator[Non
 
 @contextmanager
 def signal_handlers_kept() -> Iterator[None]:
-    """Whatever handles SIGINT and SIGUSR1 before the block handles them after it.
-
-    Tune's ``fit`` installs its own handler for both and restores the old one only when a signal arrives; left
-    stale after a finished job, it would swallow a stop between two Tune jobs."""
+    """Restore SIGINT and SIGUSR1 handlers after the block: Tune's ``fit`` leaves its own, stale after a
+    finished job, which would swallow a stop between two Tune jobs."""
     kept = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGUSR1)}
     try:
         yield
@@ -258,11 +241,10 @@ def signal_handlers_kept() -> Iterator[None]:
 
 
 def _end_if_ray_died(signum: int, poll_s: float = 0.1) -> None:
-    """A process-group SIGTERM (``timeout``, Slurm) also ends the local Ray, so Tune's graceful stop can never
-    finish and Ray would end the process with status 1. Watch the local Ray (it may take a while to go under
-    load); once it goes, inside an ``ending_if_ray_dies`` block, run the clean-ups (MLflow runs → KILLED), print
-    the line and exit 128 + the signal. A joined cluster, or a local Ray that survives, is left to the graceful
-    stop."""
+    """A process-group SIGTERM also ends the local Ray, so Tune's graceful stop can never finish (Ray would
+    exit 1). Watch the local Ray (under load it takes a while to go); once it goes, inside
+    ``ending_if_ray_dies``, clean up, print the line and exit 128 + the signal. A joined cluster or surviving
+    Ray is left to the graceful stop."""
     node = _local_ray()
     if node is None:
         return
@@ -278,9 +260,8 @@ def _end_if_ray_died(signum: int, poll_s: float = 0.1) -> None:
 
 
 def _within(seconds: float, calls: list[Callable[[], None]]) -> bool:
-    """Run ``calls`` in order on a thread, waited for ``seconds`` at most; whether they all ended. The bound
-    keeps a clean-up stuck on a lock (MLflow's sqlite store) from outliving Ray's core worker. One that raises
-    prints its traceback and the rest still run."""
+    """Run ``calls`` in order on a thread for ``seconds`` at most (a clean-up stuck on MLflow's sqlite lock
+    must not outlive Ray's core worker); whether they all ended. One that raises does not stop the rest."""
 
     def run_all() -> None:
         for call in calls:
@@ -300,11 +281,10 @@ RAYLET_STOP_S = 5.0
 
 
 def exit_now(code: int) -> None:
-    """A command that started a local Ray ends here with ``code``, output flushed, skipping the interpreter's
-    exit (Ray's slow service-by-service shutdown, Python's collection); all writes are done by then. The raylet
-    is stopped as Ray's shutdown stops it (SIGTERM, waited for) so its workers do not linger; Ray's other
-    services end with this process (fate sharing). If the local Ray already died under a stop, exit at once:
-    Ray's shutdown would wait for the dead GCS and exit 1. A driver that joined a cluster returns."""
+    """A command that started a local Ray exits here with ``code``, skipping Ray's slow shutdown and Python's
+    exit collection. The raylet is stopped (SIGTERM, waited for) so its workers do not linger; other services
+    end with this process (fate sharing). After a stop whose Ray already died, exit at once: Ray's shutdown
+    would wait for the dead GCS and exit 1. A driver that joined a cluster returns."""
     node = _local_ray()
     if node is None:
         return
@@ -329,8 +309,7 @@ def _local_ray() -> Any:
 
 
 def _ray_alive(node: Any) -> bool:
-    """Whether the local raylet and GCS server run and the GCS accepts connections (it closes its port on
-    SIGTERM, well before its process is gone)."""
+    """Whether the raylet and GCS run and the GCS accepts connections (its port closes well before it ends)."""
     from ray._private.ray_constants import PROCESS_TYPE_GCS_SERVER, PROCESS_TYPE_RAYLET
 
     if any(info.process.poll() is not None for kind in (PROCESS_TYPE_RAYLET, PROCESS_TYPE_GCS_SERVER)
@@ -366,7 +345,6 @@ def interrupted(signum: int | None = None) -> str:
 
 
 def say_resume(what: str, resume: str) -> None:
-    """A stopped job's line: what stopped and the command that continues it, never wrapped, so scripts and
-    users can copy it."""
+    """A stopped job's line, never wrapped: what stopped and the command that continues it."""
     print(f"fltune: {what}; continue it with: {resume}", file=sys.stderr, flush=True)
 

@@ -39,18 +39,14 @@ def to_float(x_uint8: torch.Tensor, mean: Sequence[float], std: Sequence[float])
 
 
 def normalise_table(mean: Sequence[float], std: Sequence[float]) -> torch.Tensor:
-    """[C, 256] float32: entry (c, v) is ``to_float`` of pixel value v in channel c.
-
-    Made by ``to_float`` itself (elementwise, correctly rounded), so :func:`lookup_float` gives bit for bit
-    what ``to_float`` computes in any batch.
-    """
+    """[C, 256] float32 ``to_float`` of each pixel value per channel; made by ``to_float`` itself, so
+    :func:`lookup_float` matches it bit for bit."""
     values = torch.arange(256, dtype=torch.uint8).view(1, 1, 256, 1).expand(1, len(mean), 256, 1)
     return to_float(values, mean, std).view(len(mean), 256)
 
 
 def lookup_float(x_uint8: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
-    """``to_float`` of a uint8 batch [B, C, H, W] by one gather from :func:`normalise_table` (on x's device):
-    one pass over the batch instead of four, and no per-batch mean/std tensors."""
+    """``to_float`` of a uint8 batch [B, C, H, W] in one gather from :func:`normalise_table` (one pass)."""
     channels = table.shape[0]
     index = x_uint8.long()
     if channels > 1:  # channel c's entries start at 256·c (one channel: nothing to add, two launches fewer)
@@ -120,10 +116,8 @@ def _padded(x: torch.Tensor, padding: int, fill: torch.Tensor | str | None) -> t
 
 
 def cutout(x: torch.Tensor, generator: torch.Generator, size: int = CUTOUT_SIZE) -> torch.Tensor:
-    """Zero one size×size square per sample, centred uniformly on the image and clipped at its borders.
-
-    DeVries & Taylor's Cutout as FedSOL uses it (near an edge, less than the full square is cut).
-    """
+    """DeVries & Taylor's Cutout as FedSOL uses it: zero a size×size square per sample, centred uniformly,
+    clipped at the borders."""
     b, _, h, w = x.shape
     rows = _window(h, _randint(h, (b, 1), generator, x.device), size)
     cols = _window(w, _randint(w, (b, 1), generator, x.device), size)

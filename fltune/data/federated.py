@@ -1,7 +1,5 @@
-"""A dataset split over clients: one uint8 pool plus per-client index arrays, cached on disk.
-
-Workers index the shared pool instead of holding per-client copies. Partitions are cached as ``.npz`` files
-named by a sha256 of everything that determines them, written atomically, so a sweep's trials share one file.
+"""A dataset split over clients: one shared uint8 pool plus per-client index arrays. Partitions are cached as
+``.npz`` files named by a sha256 of everything that determines them, written atomically.
 """
 
 from __future__ import annotations
@@ -26,8 +24,7 @@ from fltune.folders import ReplaceOnClose
 
 
 def _unpickle(values: dict[str, Any], tensors: tuple[str, ...]) -> FederatedData:
-    """:meth:`FederatedData.__reduce__`'s inverse: tensors over the arrays' memory, no copy. The object
-    store's arrays are read-only (torch warns); nothing writes into the pool."""
+    """:meth:`FederatedData.__reduce__`'s inverse, no copy (read-only arrays: nothing writes the pool)."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", "The given NumPy array is not writable")
         return FederatedData(**{k: torch.from_numpy(v) if k in tensors else v for k, v in values.items()})
@@ -71,37 +68,32 @@ class FederatedData:
         return len(self.client_train)
 
     def split(self, name: str) -> tuple[torch.Tensor, torch.Tensor]:
-        """(uint8 images, labels) of the global ``test`` split or the ``val`` union of the clients' validation
-        data (the server-side validation set)."""
+        """(uint8 images, labels) of the global ``test`` split or of the union of clients' ``val`` splits."""
         if name == "test":
             return self.test_x, self.test_y
         idx = torch.from_numpy(np.sort(np.concatenate(self.client_val)))
         return self.x[idx], self.y[idx]
 
     def held_out(self, name: str) -> tuple[list[np.ndarray], list[int]]:
-        """Each client's ``test`` (held-out) or ``val`` indices, and how many samples each was drawn from (the
-        whole part for held-out; what held-out left for validation)."""
+        """Each client's ``test`` (held-out) or ``val`` indices, and how many samples each was drawn from."""
         trained = [len(t) + len(v) for t, v in zip(self.client_train, self.client_val, strict=True)]
         if name == "val":
             return self.client_val, trained
         return self.client_eval, [n + len(e) for n, e in zip(trained, self.client_eval, strict=True)]
 
     def __reduce__(self) -> tuple[Any, tuple[dict[str, Any], tuple[str, ...]]]:
-        """Pickled with numpy arrays in place of tensors, so Ray's object store hands every worker zero-copy
-        views of one shared pool (pickle-5 out-of-band buffers)."""
+        """Pickled as numpy arrays, so Ray's object store gives every worker zero-copy views of one pool."""
         values = {f.name: getattr(self, f.name) for f in fields(self)}
         tensors = tuple(k for k, v in values.items() if isinstance(v, torch.Tensor))
         return _unpickle, ({k: values[k].numpy() if k in tensors else values[k] for k in values}, tensors)
 
     def without_test(self) -> FederatedData:
-        """The same data with no test split, global or per-client: what a tuning run holds, so no objective
-        can be measured on test data."""
+        """The same data with no test split at all: a tuning run can never measure on test data."""
         return replace(self, test_x=self.test_x[:0], test_y=self.test_y[:0],
                        client_eval=[idx[:0] for idx in self.client_eval])
 
     def val_as_eval(self) -> FederatedData:
-        """Validation splits in place of held-out splits, so personalised evaluation (which reads
-        ``client_eval``) scores each client's model on its validation data."""
+        """Validation splits in place of held-out ones, for personalised evaluation (``client_eval``)."""
         return replace(self, client_eval=self.client_val)
 
 
@@ -112,20 +104,12 @@ def build_federated_data(
     cache_dir: str | Path | None = None,
 ) -> FederatedData:
     """Partition ``dataset`` over ``num_clients`` clients, hold out ``eval_fraction`` of each, then
-    ``val_fraction`` of what is left for training as the client's validation split.
+    ``val_fraction`` of the rest as validation (own seed stream: the partition does not depend on it).
 
-    ``pool_test=True`` is SimFAFL/FedCR's protocol: train and test are pooled before partitioning and the
-    global test split is the union of the held-out splits. Otherwise the global test split is the dataset's.
-    ``classes_per_client=None`` takes :data:`DEFAULT_CLASSES_PER_CLIENT`.
-
-    Validation is drawn after the cached partition from its own seed stream, so partition and held-out split
-    do not depend on ``val_fraction``.
-
-    ``test_per_client > 0`` is FedSOL's protocol instead of ``eval_fraction``: each held-out split is drawn
-    from the test split in the client's label proportions (:func:`aligned_test_split`), appended to the pool.
-
-    Refused, naming the field: a client without training samples, a fraction that holds out nothing
-    (:func:`check_held_out`).
+    ``pool_test=True`` (SimFAFL/FedCR): train and test pooled before partitioning, the global test split is
+    the union of the held-out splits. ``test_per_client > 0`` (FedSOL): held-out splits drawn from the test
+    split in each client's label proportions (:func:`aligned_test_split`), appended to the pool. Refuses a
+    client without training samples and a fraction that holds out nothing (:func:`check_held_out`).
     """
     if pool_test and eval_fraction == 0:
         raise FLTuneError(
@@ -164,16 +148,14 @@ def build_federated_data(
 
 def _aligned(y: torch.Tensor, train: list[np.ndarray], val: list[np.ndarray], test_y: torch.Tensor,
              num_classes: int, per_client: int, seed: int) -> list[np.ndarray]:
-    """Each client's :func:`aligned_test_split` indices into the test split, in the label proportions of its
-    whole part (training and validation), from stream 3 of the seed."""
+    """Each client's :func:`aligned_test_split`, in the proportions of its whole part, from stream 3."""
     labels = [y[np.concatenate(part)].numpy() for part in zip(train, val, strict=True)]
     return aligned_test_split(labels, test_y.numpy(), num_classes, per_client, _stream(seed, 3))
 
 
 def split_validation(train: list[np.ndarray], val_fraction: float,
                      seed: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    """Each client's training indices → (training, validation); with 0 untouched. Its own seed stream, so
-    turning validation on moves no sample between clients or into held-out data."""
+    """Each client's training indices → (training, validation), from a seed stream of its own."""
     if val_fraction == 0:
         return train, [idx[:0] for idx in train]
     return split_train_eval(train, val_fraction, _stream(seed, 2))
@@ -213,11 +195,7 @@ def _cached_split(name: str, labels: np.ndarray, num_classes: int, params: dict,
 
 
 def _read(path: Path, meta: str) -> tuple[list[np.ndarray], list[np.ndarray]] | None:
-    """The cached split at ``path`` if it exists, was made from exactly ``meta`` and is intact.
-
-    A cache is only a shortcut: an unreadable or inconsistent file (``_unflatten`` checks sizes) is rebuilt,
-    never fatal.
-    """
+    """The cached split at ``path`` if made from exactly ``meta`` and intact; else None (never fatal)."""
     if not path.is_file():
         return None
     try:

@@ -27,8 +27,7 @@ Samples = list[tuple[str, int]]  # (image path, class index), in torchvision Dat
 
 @dataclass(frozen=True)
 class _ImageTree:
-    """A dataset published as one archive of image folders: what CINIC-10 and Tiny-ImageNet's shared code
-    (find or download, list, decode, cache) needs, so both word their errors the same way."""
+    """A dataset published as one archive of image folders (CINIC-10, Tiny-ImageNet share the code)."""
 
     name: str  # fltune's name (DatasetMissing lines, NUM_CLASSES)
     title: str  # the name its authors print (DatasetCorrupt lines)
@@ -50,8 +49,8 @@ class _ImageTree:
 
 
 def _find_tree(tree: _ImageTree, dirs: list[Path], download: bool, into: Path) -> Path:
-    """The first of ``dirs`` holding both of ``tree``'s split folders; with ``download``, where none does, the
-    archive is fetched and extracted into ``into``, which must put them in ``dirs[0]``."""
+    """The first of ``dirs`` holding both split folders; else, with ``download``, the archive extracted into
+    ``into`` (which must fill ``dirs[0]``)."""
     found = next((d for d in dirs if _holds(d, tree)), None)
     if found is None and download:
         _download_tree(tree, dirs, into)
@@ -70,11 +69,8 @@ def _holds(folder: Path, tree: _ImageTree) -> bool:
 
 
 def _image_folder(folder: Path, tree: _ImageTree) -> tuple[list[str], Samples]:
-    """torchvision ``DatasetFolder``'s classes and (path, class index) samples of ``folder``, in its order.
-
-    Class index = rank of the class folder's name; samples sorted by class, then path, at any depth (so
-    Tiny-ImageNet's ``<wnid>/images/*.JPEG`` are found).
-    """
+    """torchvision ``DatasetFolder``'s classes and (path, class index) samples of ``folder``, in its order
+    (at any depth, so Tiny-ImageNet's ``<wnid>/images/*.JPEG`` are found)."""
     from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes, make_dataset
 
     try:
@@ -123,8 +119,7 @@ def _listing_digest(folder: Path, samples: Samples, how: str) -> str:
 
 
 def _read_decoded_cache(cache: Path, digest: str, size: int) -> list[np.ndarray] | None:
-    """The cached splits if ``cache`` is a whole cache of this listing (images uint8 [N, 3, size, size]),
-    else None (decode again)."""
+    """The cached splits if ``cache`` is a whole cache of this listing, else None."""
     if not cache.is_file():
         return None
     try:
@@ -164,12 +159,9 @@ def _decode_rgb(samples: Samples, tree: _ImageTree) -> tuple[np.ndarray, np.ndar
 
 
 def _download_tree(tree: _ImageTree, dirs: list[Path], into: Path) -> None:
-    """Fetch ``tree``'s archive into ``into`` and extract it there.
-
-    Two steps, not ``download_and_extract_archive``, to tell a failed download (DatasetMissing) from an
-    archive that does not extract (DatasetCorrupt). A partial download is deleted: without an MD5 torchvision
-    would take it for complete next time. The archive is deleted once extracted.
-    """
+    """Fetch ``tree``'s archive into ``into`` and extract it there, in two steps to tell a failed download
+    (DatasetMissing) from a bad archive (DatasetCorrupt). A partial download is deleted: without an MD5
+    torchvision would take it for complete next time."""
     from torchvision.datasets.utils import download_url, extract_archive
 
     archive = into / Path(tree.url).name
@@ -193,11 +185,8 @@ _CINIC10 = _ImageTree("cinic10", "CINIC-10", ("train", "test"), 32, CINIC10_URL,
 
 
 def load_cinic10(root: Path | None, download: bool) -> Splits:
-    """CINIC-10 as FedSOL's code reads it: ``train/`` (90,000 images) and ``test/`` (90,000), RGB 32×32.
-
-    Samples as torchvision's ``DatasetFolder`` lists them (airplane 0 … truck 9). The folder is
-    ``<root>/cinic10`` (FedSOL's layout; where ``download=True`` extracts), else ``<root>/CINIC-10``, else
-    ``<root>``; decoded splits are cached there (:func:`_decoded`).
+    """CINIC-10 as FedSOL's code reads it: ``train/`` and ``test/``, RGB 32×32, in ``DatasetFolder`` order,
+    from ``<root>/cinic10`` (FedSOL's layout, where a download extracts), ``<root>/CINIC-10`` or ``<root>``.
     """
     base = root or default_root()
     dirs = [base / "cinic10", base / "CINIC-10", base]
@@ -219,13 +208,11 @@ _TINYIMAGENET = _ImageTree("tinyimagenet", "Tiny-ImageNet", ("train", "val"), 64
 
 
 def load_tinyimagenet(root: Path | None, download: bool) -> Splits:
-    """Tiny-ImageNet-200 as MAN's code reads it: ``train/`` (100,000 images) trains, ``val/`` (10,000) tests.
+    """Tiny-ImageNet-200 as MAN's code reads it: ``train/`` trains, ``val/`` tests.
 
-    The folder is ``<root>/tiny-imagenet-200`` (where ``download=True`` extracts), else
-    ``<root>/tinyimagenet``, else ``<root>``. Train samples are ``ImageFolder``'s, as MAN reads them; val
-    images are labelled by ``val/val_annotations.txt`` through the same wnid → index map, ordered by file
-    name, from ``val/images/<file>`` (the zip's layout) or ``val/images/<wnid>/<file>`` (MAN's). Cached
-    (:func:`_decoded`).
+    From ``<root>/tiny-imagenet-200`` (where a download extracts), ``<root>/tinyimagenet`` or ``<root>``.
+    Train samples in ``ImageFolder`` order; val images labelled by ``val/val_annotations.txt`` through the
+    same wnid → index map, by file name, from ``val/images/`` or ``val/images/<wnid>/`` (MAN's layout).
     """
     base = root or default_root()
     found = _find_tree(_TINYIMAGENET, [base / "tiny-imagenet-200", base / "tinyimagenet", base], download, base)
@@ -235,8 +222,8 @@ def load_tinyimagenet(root: Path | None, download: bool) -> Splits:
 
 
 def _tinyimagenet_val(folder: Path, classes: list[str]) -> Samples:
-    """The val split's (path, class index) samples by file name, from ``val_annotations.txt`` (tab-separated:
-    file name, wnid, 4 box numbers); an unusable line or a missing file → one DatasetCorrupt line naming it."""
+    """The val split's (path, class index) samples by file name, from ``val_annotations.txt``; a bad line or
+    missing file → one DatasetCorrupt line."""
     annotations, how = folder / "val_annotations.txt", _TINYIMAGENET.how_to_replace
     try:
         lines = annotations.read_text(encoding="utf-8").splitlines()

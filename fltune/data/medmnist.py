@@ -40,13 +40,9 @@ _MEDMNIST_SPLITS = ("train", "val", "test")
 def load_medmnist(name: str, root: Path | None, download: bool) -> Splits:
     """A MedMNIST v2 ``.npz``, read as FedSOL's code reads it (``train_tools/preprocessing/medmnist``).
 
-    Train is the file's train then val images (FedSOL trains on both), test its test images; labels are
-    raveled. Images keep the file's channels: FedSOL makes TissueMNIST 3 equal channels, but a conv over those
-    is a conv over one channel with kernels summed (the same function class). The file is
-    ``<root>/<name>.npz``, else FedSOL's ``<root>/medmnist/<name>.npz``.
-
-    An existing file is not hashed (downloads are), but checked for what a damaged download fails: members'
-    CRC-32, every key, image dtype and shape, one label per image in range. So a re-saved file still loads.
+    Train is the file's train then val images (FedSOL trains on both). Images keep the file's channels
+    (FedSOL's 3 equal TissueMNIST channels span the same function class). An existing file is not hashed but
+    checked (CRC-32, keys, dtypes, shapes, labels), so a re-saved file still loads.
     """
     looked_in, how = WHERE[name](root)
     found = next((p for p in looked_in if p.exists()), None)
@@ -67,10 +63,7 @@ def load_medmnist(name: str, root: Path | None, download: bool) -> Splits:
 
 
 def _read_npz(path: Path, keys: Sequence[str], how: str) -> dict[str, np.ndarray]:
-    """The arrays ``keys`` of an ``.npz`` file, each member's CRC-32 checked as it is read.
-
-    Unlike ``np.load``'s bare errors, a damaged file raises one line naming the file and the fault.
-    """
+    """The arrays ``keys`` of an ``.npz`` file, CRC-32 checked; a damaged file is one line naming the fault."""
     try:
         with zipfile.ZipFile(path) as archive:
             held = sorted(n.removesuffix(".npy") for n in archive.namelist())
@@ -113,11 +106,8 @@ def _medmnist_split(path: Path, arrays: dict[str, np.ndarray], split: str, image
 
 
 def _download_medmnist(name: str, looked_in: list[Path]) -> Path:
-    """Fetch ``<root>/<name>.npz`` (the first place looked) from Zenodo, checked against its published MD5.
-
-    ``download_url`` leaves a mismatching file in place, so the download goes to ``<name>.npz.part`` and is
-    moved into place only once it matches.
-    """
+    """Fetch ``<root>/<name>.npz`` from Zenodo via a ``.part`` file, moved into place only once its MD5
+    matches (``download_url`` would leave a mismatching file in place)."""
     from torchvision.datasets.utils import download_url
 
     info, path = _MEDMNIST[name], looked_in[0]

@@ -58,10 +58,7 @@ def partition(
 def split_train_eval(
     indices: list[np.ndarray], eval_fraction: float, seed: int,
 ) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    """Per client, a seeded shuffle; the first ``round((1 - f)·n)`` train, the rest eval (SimFAFL 70/30).
-
-    ``eval_fraction = 0`` gives empty eval arrays. Both halves come back sorted.
-    """
+    """Per client, a seeded shuffle: the first ``round((1 - f)·n)`` train, the rest eval (SimFAFL 70/30)."""
     rng = np.random.default_rng(seed)
     train, held_out = [], []
     for part in indices:
@@ -78,10 +75,8 @@ def aligned_test_split(
     """Per client, test samples in the proportions of its own labels: FedSOL's per-client ``test_align``
     split (``Lee-Gihun/FedSOL:train_tools/preprocessing/partition_strategy.py test_data_partitioning``).
 
-    For each class c of client share p_c, int(``per_client``·p_c) samples of class c (all when fewer), drawn
-    without replacement per client, so clients' splits may overlap, as in the code. p_c and the product are
-    float32 as in the code's torch tensors, so the counts match. Indices into ``test_labels``, in class order,
-    each class's sorted.
+    For each class of share p_c, int(``per_client``·p_c) samples (float32, as the code's tensors), drawn per
+    client, so splits may overlap as in the code. Indices into ``test_labels``, sorted within each class.
     """
     rng = np.random.default_rng(seed)
     by_class = [np.flatnonzero(test_labels == c) for c in range(num_classes)]
@@ -143,19 +138,11 @@ def _classes(labels: np.ndarray, num_classes: int, num_clients: int, k: int,
              rng: np.random.Generator) -> list[np.ndarray]:
     """Client j owns classes {(j+t) mod C : t<k} and gets ``len(labels) // N`` samples of them.
 
-    ``haozzh/FedCR:utils/utils_dataset.py`` rule ``noniid`` deals one sample at a time to the least-filled
-    client from its least-filled owned class, stealing from a client sharing a class when its classes run
-    dry. The same goals, in bulk:
-
-    1. :func:`_balanced_plan`: the most even fractional counts with every client at its size and no class
-       over-drawn (a scarce class is split evenly among its owners).
-    2. Round down; :func:`_fill_levels` hands out the remainder one per owned class, in (j+t) order. With
-       enough data of every class, a client's counts differ by ≤ 1.
-    3. :func:`_reroute`: a client still short takes samples along a chain of clients sharing a class
-       (FedCR's stealing, as augmenting paths).
-
-    Clients reach their size whenever any assignment can; otherwise (e.g. k = 1 and a small class, or N < C)
-    they stay smaller rather than receive a class they do not own, and the unused samples are dropped.
+    ``haozzh/FedCR:utils/utils_dataset.py`` rule ``noniid`` (one sample at a time, stealing when a client's
+    classes run dry), in bulk: :func:`_balanced_plan`, rounded down; :func:`_fill_levels` for the remainder
+    (counts then differ by ≤ 1 given enough data); :func:`_reroute` for FedCR's stealing as augmenting paths.
+    Where no assignment fills a client (e.g. k = 1 and a small class, or N < C), it stays smaller rather than
+    receive a class it does not own.
     """
     owned = (np.arange(num_clients)[:, None] + np.arange(k)[None, :]) % num_classes
     supply = np.bincount(labels, minlength=num_classes)
@@ -174,10 +161,9 @@ def _balanced_plan(owned: np.ndarray, supply: np.ndarray, per_client: int,
                    max_iterations: int = 5000) -> np.ndarray:
     """Fractional [clients, k] counts: rows sum to ``per_client``, class totals stay ≤ ``supply``.
 
-    The maximum-entropy plan by Bregman's balancing (Sinkhorn scaling, one factor ≤ 1 per class):
-    plan[j, t] = r_j · s_{owned[j, t]}; r makes rows exact, s shrinks only over-drawn classes. Stops once no
-    class is over-drawn by more than 0.1 sample; if infeasible, the last plan is scaled down to the supply
-    (leaving some rows short).
+    The maximum-entropy plan by Bregman's balancing (Sinkhorn scaling): plan[j, t] = r_j · s_{owned[j, t]},
+    s ≤ 1 shrinking only over-drawn classes. Stops at 0.1 sample over-drawn; if infeasible, the last plan is
+    scaled down to the supply (some rows short).
     """
     scale = np.ones(len(supply))
     for _ in range(max_iterations):
@@ -194,11 +180,8 @@ def _balanced_plan(owned: np.ndarray, supply: np.ndarray, per_client: int,
 
 def _fill_levels(owned: np.ndarray, counts: np.ndarray, left: np.ndarray, need: np.ndarray,
                  rng: np.random.Generator) -> None:
-    """Raise every client with room by one sample of each owned class with data left, per level, in place.
-
-    A client with less room than open classes takes its first ones in (j+t) order (FedCR's tie break); a
-    class with fewer samples than requests grants a random subset.
-    """
+    """Raise every client with room by one sample of each owned class with data left, per level, in place;
+    (j+t) order breaks ties (FedCR's), a scarce class grants a random subset."""
     while True:
         wants = (left[owned] > 0) & (need[:, None] > 0)
         if not wants.any():
@@ -227,9 +210,8 @@ def _grant_one_level(owned: np.ndarray, wants: np.ndarray, left: np.ndarray,
 def _reroute(owned: np.ndarray, counts: np.ndarray, left: np.ndarray, need: np.ndarray) -> None:
     """Fill clients whose owned classes ran dry through chains of clients sharing a class, in place.
 
-    A chain j --c1--> i1 --c2--> ... --cm--> (spare cm): j takes c1 from i1, i1 replaces it with c2 from i2,
-    ..., the last takes spare cm. Breadth-first search; each chain moves its narrowest link's amount. A client
-    with no chain never gains one later (max-flow), so it is left short.
+    Chain j --c1--> i1 --c2--> ... --cm--> (spare cm), found breadth-first, moves its narrowest link's amount.
+    A client with no chain never gains one later (max-flow), so it is left short.
     """
     num_classes = len(left)
     for start in np.flatnonzero(need > 0):
@@ -297,11 +279,8 @@ def _dirichlet_prior(labels: np.ndarray, num_classes: int, num_clients: int, alp
 
 def _draw_classes(priors: np.ndarray, clients: np.ndarray, left: np.ndarray, rng: np.random.Generator,
                   chunk: int = 8192) -> np.ndarray:
-    """One class per entry of ``clients``, from that client's prior over classes not yet exhausted.
-
-    Draws a chunk, keeps the prefix before the first overdraw, redraws the rest: at most ``len/chunk + C``
-    vectorised rounds.
-    """
+    """One class per entry of ``clients``, from that client's prior over classes not yet exhausted (chunks,
+    keeping the prefix before the first overdraw: at most ``len/chunk + C`` rounds)."""
     classes = np.empty(len(clients), dtype=np.int64)
     pos = 0
     while pos < len(clients):
@@ -340,8 +319,7 @@ def _dirichlet(labels: np.ndarray, num_classes: int, num_clients: int, alpha: fl
                rng: np.random.Generator) -> list[np.ndarray]:
     """FedML's LDA split: per class p ~ Dir(α·1_N), full clients zeroed, split at cumulative proportions.
 
-    A client is full once it holds ≥ len/N samples. The whole draw is repeated until the smallest
-    client has ≥ ``min_size`` samples, at most :data:`DIRICHLET_MAX_DRAWS` times.
+    Full: ≥ len/N samples. Redrawn until every client has ≥ ``min_size`` (:data:`DIRICHLET_MAX_DRAWS` times).
     """
     if min_size * num_clients > len(labels):
         raise FLTuneError(
@@ -379,11 +357,7 @@ def _lda_counts(class_sizes: np.ndarray, num_clients: int, alpha: float,
 
 def _shards(labels: np.ndarray, num_clients: int, shards_per_client: int,
             rng: np.random.Generator) -> list[np.ndarray]:
-    """Sort by label, cut into N·s shards (sizes differ by at most 1), give each client s at random.
-
-    Ties within a label are broken by a seeded shuffle, so which samples share a shard depends on the
-    seed too. Every sample is placed.
-    """
+    """Sort by label (ties shuffled), cut into N·s near-equal shards, give each client s at random."""
     num_shards = num_clients * shards_per_client
     if shards_per_client < 1 or num_shards > len(labels):
         raise FLTuneError(

@@ -1,11 +1,8 @@
-"""FLOPs of the training process as FedAlign Table 5 counts them: the forward passes a method makes per
-training sample (MOON's three models, GradAug's sub-networks, StochDepth's skipped blocks, FedAlign's
-reduced-width last stage), apart from the backward passes.
+"""Training FLOPs as FedAlign Table 5 counts them: the forward passes a method makes per training sample
+(MOON's three models, GradAug's sub-networks, StochDepth's skipped blocks), apart from the backward.
 
-Counted, not declared: :class:`TrainingFlops` counts as ``FlopCounterMode`` does (2 FLOPs per multiply-add of
-matmuls and convolutions), keeping ops inside autograd's backward apart. The engine wraps round 1's local
-training in it on the workers, so the figure is the real training's, averaged over every sampled client (an
-expectation for stochastic methods). It loads no part of torch's compiler stack, so any process may meter.
+Counted, not declared: the engine wraps round 1's local training on the workers in :class:`TrainingFlops`,
+so the figure is the real training's, averaged over sampled clients (an expectation for stochastic methods).
 """
 
 from __future__ import annotations
@@ -22,8 +19,7 @@ _COMPOSITE = torch._C.DispatchKey.CompositeImplicitAutograd
 
 @cache
 def _has_decomposition(func: Any) -> bool:
-    """Whether the op overload has a composite decomposition, i.e. ``func.decompose`` would run something
-    rather than return NotImplemented; asked once per op."""
+    """Whether ``func.decompose`` would run a composite decomposition; asked once per op."""
     return _COMPOSITE in func.py_kernels or torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), _COMPOSITE)
 
 

@@ -3,14 +3,10 @@
 Why: λ_max and the trace H_T (FedAlign Table 1, MAN Table 2), λ1/λ5 (FedSOL Fig. 8) and H_N, H_D (FedAlign
 Eq. 3–4) only need H applied to vectors, which a double backward gives exactly without forming H.
 
-Conventions:
-
-- H is the Hessian, w.r.t. the trainable parameters, of the *unweighted mean over ``batches``* of
-  ``loss_fn`` (with equal-size batches, the authors' PyHessian mean, ``mmendiet/FedAlign:pyhessian/hessian.py``).
-- The model runs in eval mode, so H is deterministic in θ; each module's train/eval flag is restored and
-  parameters are never modified.
-- Work runs on the parameters' device, one batch's double-backward graph alive at a time.
-- Random vectors come from a CPU ``torch.Generator(seed)``, so a seed gives the same vectors on CPU and CUDA.
+H is the Hessian, w.r.t. the trainable parameters, of the *unweighted mean over ``batches``* of ``loss_fn``
+(with equal batches, PyHessian's, ``mmendiet/FedAlign:pyhessian/hessian.py``), in eval mode (flags restored,
+parameters unmodified), on the parameters' device, one batch's graph alive at a time. Random vectors come from
+a CPU ``torch.Generator(seed)``: the same on CPU and CUDA.
 """
 
 from collections.abc import Callable, Iterator, Sequence
@@ -87,8 +83,7 @@ def hvp(
 ) -> Vector:
     """H·v, H being the Hessian of the mean over ``batches`` of ``loss_fn`` w.r.t. ``params``.
 
-    ``params`` defaults to :func:`trainable_parameters`; a subset gives the block of H on that subset
-    (e.g. one layer's Hessian, MAN Theorem 1). ``vec`` holds one tensor per entry of ``params``.
+    A subset of ``params`` gives that block of H (e.g. one layer's, MAN Theorem 1).
     """
     params = trainable_parameters(model) if params is None else list(params)
     check_batches(batches)
@@ -111,8 +106,8 @@ def _mean_hvp(
 def _batch_hvp(model: nn.Module, loss_fn: LossFn, batch: Batch, params: list[Tensor], vec: Vector) -> Vector:
     """H_b·v = ∇_θ⟨∇_θ L_b, v⟩ by double backward; the graph dies with this frame.
 
-    Parameters the loss does not reach get zero rows (``materialize_grads``); a loss linear in every
-    parameter has H = 0, which the second backward could not differentiate, so it is answered directly.
+    Unreached parameters get zero rows; a loss linear in every parameter (H = 0, not differentiable twice)
+    is answered directly.
     """
     loss = loss_fn(model, to_device(batch, params[0].device))
     grads = torch.autograd.grad(loss, params, create_graph=True, allow_unused=True, materialize_grads=True)
@@ -145,9 +140,8 @@ def _power_iteration(
 ) -> tuple[float, Vector]:
     """The eigenpair of largest |λ| of H restricted to the complement of ``found`` (orthonormal).
 
-    The estimate is the Rayleigh quotient vᵀHv; stops once it changes by less than ``tol`` relatively
-    (PyHessian's rule, docs/methods.md §4) or after ``max_iter``. Each iterate is re-orthogonalised against
-    ``found`` so round-off cannot bring those directions back.
+    Rayleigh quotient vᵀHv, stopped at a relative change < ``tol`` (PyHessian's rule) or ``max_iter``; each
+    iterate is re-orthogonalised so round-off cannot bring ``found`` back.
     """
     v = _normalized(_orthogonalized(start, found))
     eigenvalue = None
@@ -167,12 +161,9 @@ def top_eigenpairs(
     """The k eigenvalues of H largest in *magnitude*, with unit eigenvectors (λ_max: FedAlign Table 1,
     MAN Table 2; λ1/λ5 and the landscape axes: FedSOL Fig. 8).
 
-    Power iteration with deflation from seeded standard-normal starts. Values are ordered by |λ| and keep
-    their sign (a strong negative curvature comes back negative); near a minimum the large eigenvalues are
-    positive (MAN Fig. 4b), the usual top-k.
-
-    The error shrinks by |λ_{i+1}/λ_i| per iteration, so the relative-change stop can fire early when that
-    ratio is near 1: lower ``tol`` for k > 1 or at indefinite points (e.g. initialisation).
+    Power iteration with deflation from seeded normal starts; values keep their sign (near a minimum they are
+    positive, MAN Fig. 4b). The error shrinks by |λ_{i+1}/λ_i| per step, so the stop can fire early when that
+    is near 1: lower ``tol`` for k > 1 or at indefinite points (e.g. initialisation).
     """
     check_batches(batches)
     params = trainable_parameters(model)
@@ -204,12 +195,10 @@ class TraceEstimate(NamedTuple):
 def _hutchinson(
     model: nn.Module, loss_fn: LossFn, batches: Sequence[Batch], max_iter: int, tol: float, seed: int, per_tensor: bool,
 ) -> tuple[Tensor, Tensor, int]:
-    """(mean, standard error, n) of Rademacher samples vᵀHv (Hutchinson 1989, FedAlign ref. [7]), float64
-    on CPU.
+    """(mean, standard error, n) of Rademacher samples vᵀHv (Hutchinson 1989, FedAlign ref. [7]), float64.
 
-    With ``per_tensor`` each sample is split by parameter tensor (Σ (Hv)⊙v over it), else summed. Stops once
-    :data:`MIN_TRACE_SAMPLES` are in and the standard error is below ``tol`` relative to the mean (norms over
-    entries), or at ``max_iter`` (``tol=0``: always). A standard-error rule, unlike a moved-mean rule, cannot
+    ``per_tensor`` splits each sample by parameter tensor. Stops after :data:`MIN_TRACE_SAMPLES` once the
+    standard error is below ``tol`` × the mean (norms), or at ``max_iter``: unlike a moved-mean rule it cannot
     fire on one lucky sample. Welford's update.
     """
     check_batches(batches)
@@ -241,9 +230,8 @@ def _standard_error(squares: Tensor, n: int) -> Tensor:
 def hessian_trace(
     model: nn.Module, loss_fn: LossFn, batches: Sequence[Batch], max_iter: int = 100, tol: float = 1e-2, seed: int = 0,
 ) -> TraceEstimate:
-    """tr H by Hutchinson with Rademacher vectors (H_T: FedAlign Table 1, MAN Table 2) and its standard error;
-    unbiased, per-sample variance 2·Σ_{i≠j} H_ij². Stopped by ``_hutchinson``'s rule.
-    """
+    """tr H by Hutchinson (H_T: FedAlign Table 1, MAN Table 2) with its standard error; unbiased, per-sample
+    variance 2·Σ_{i≠j} H_ij²."""
     mean, se, n = _hutchinson(model, loss_fn, batches, max_iter, tol, seed, False)
     return TraceEstimate(float(mean[0]), float(se[0]), n)
 
@@ -251,11 +239,8 @@ def hessian_trace(
 def layer_traces(
     model: nn.Module, loss_fn: LossFn, batches: Sequence[Batch], max_iter: int = 100, tol: float = 1e-2, seed: int = 0,
 ) -> dict[str, float]:
-    """Per parameter tensor, its part of tr H: mean over Rademacher v of Σ (Hv)⊙v over its entries.
-
-    The d_i the authors feed into FedAlign Eq. 3–4 in place of Diag(H) (PyHessian's ``trace()`` ``diag``,
-    ``mmendiet/FedAlign:pyhessian/compute_hessian.py``).
-    """
+    """Per parameter tensor, its part of tr H: the d_i the authors feed into FedAlign Eq. 3–4 in place of
+    Diag(H) (PyHessian's ``trace()`` ``diag``, ``mmendiet/FedAlign:pyhessian/compute_hessian.py``)."""
     means, _, _ = _hutchinson(model, loss_fn, batches, max_iter, tol, seed, True)
     return dict(zip(named_trainable_parameters(model), means.tolist()))
 
@@ -263,10 +248,8 @@ def layer_traces(
 def cross_client_consistency(traces: Sequence[dict[str, float]]) -> tuple[float, float]:
     """(H_N, H_D) of FedAlign Eq. 3–4 from each client's :func:`layer_traces` d_i.
 
-    H_N = mean over all N² ordered pairs of (‖d_i‖ − ‖d_j‖)²; H_D = mean of cos(d_i, d_j). Both *include*
-    i = j, as the authors' ``np.mean`` over full N×N matrices does (``mmendiet/FedAlign:pyhessian/parse_logs.py``).
-    Lower H_N, higher H_D: more consistent clients. Layers are matched by name.
-
+    H_N = mean over all N² ordered pairs of (‖d_i‖ − ‖d_j‖)², H_D of cos(d_i, d_j), both *including* i = j
+    as the authors' ``np.mean`` does (``mmendiet/FedAlign:pyhessian/parse_logs.py``). Layers matched by name.
     Example: d = (3, 0), (0, 4), (6, 0) give H_N = 28/9, H_D = 5/9.
     """
     if len(traces) == 0:

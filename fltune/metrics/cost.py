@@ -1,10 +1,7 @@
 """Compute and communication cost of a federated run (FedAlign Table 5 and appendix Table 8).
 
-Why: FedAlign's claim is accuracy *per unit of client resources* (forward MFLOPs per sample, stored
-parameters, time per round, totals to a target). :class:`CostMeter` is a plain accumulator that needs no
-torch; :class:`CostProbe` feeds it each round. Only :func:`forward_flops_per_sample` and
-:func:`training_flops` import torch's FLOP counter, on the workers (it may import Triton; see
-``worker.skip_triton``).
+Why: FedAlign's claim is accuracy *per unit of client resources*. :class:`CostMeter` needs no torch; only the
+FLOP counters import it, on the workers (it may import Triton; see ``worker.skip_triton``).
 """
 
 from __future__ import annotations
@@ -43,9 +40,8 @@ FORWARD_BACKWARD_FACTOR = 3.0
 def forward_flops_per_sample(model: nn.Module, input_shape: tuple[int, ...]) -> float:
     """Forward MFLOPs for one sample of shape ``input_shape`` (no batch dim), as FedAlign Table 5 lists.
 
-    ``FlopCounterMode``'s formulas (via ``TrainingFlops``), eval mode, no grad: matmuls and convolutions at 2
-    FLOPs per multiply-accumulate, element-wise ops ignored, so MAC-based tables (thop, ptflops) show about
-    half.
+    ``FlopCounterMode``'s formulas: 2 FLOPs per multiply-accumulate, element-wise ops ignored (MAC-based
+    tools such as thop show about half).
     """
     import torch
 
@@ -72,14 +68,11 @@ def state_bits(state: Mapping[str, Any]) -> int:
 
 
 class CostMeter:
-    """Per-round and cumulative cost of a run, fed by the engine; the keys of :meth:`round_metrics` are
-    :class:`CostProbe`'s ``metrics``.
+    """Per-round and cumulative cost of a run (keys: :class:`CostProbe`'s ``metrics``).
 
-    Per round: ``start_round()``; ``add_download(bits, clients)`` (once per receiving client);
-    ``add_training(samples)`` and ``add_upload(bits)`` per client; ``round_metrics()``. ``cost_cum_tflops`` =
-    Σ samples × passes × :data:`FORWARD_BACKWARD_FACTOR` × forward FLOPs. FedAlign Table 8's "MFLOPs" is Table
-    5's per-sample forward × rounds: ``cost_cum_forward_mflops`` (training forward counted in round 1, the
-    model's until then). Its "Comm Cost (Gb)" is ``cost_cum_up_gbit``.
+    ``cost_cum_tflops`` = Σ samples × passes × :data:`FORWARD_BACKWARD_FACTOR` × forward FLOPs. FedAlign
+    Table 8's "MFLOPs" is Table 5's per-sample forward × rounds (``cost_cum_forward_mflops``, from the
+    training forward counted in round 1); its "Comm Cost (Gb)" is ``cost_cum_up_gbit``.
     """
 
     _rounds = 0
@@ -149,8 +142,7 @@ class ModelFlops:
 
 @register
 class CostProbe(Probe):
-    """Feeds a :class:`CostMeter` every round (diverged ones included) and reports its figures; the run's
-    constants of FedAlign Table 5 (forward MFLOPs per sample, parameters, parameters stored) once."""
+    """Feeds a :class:`CostMeter` every round (diverged ones included); FedAlign Table 5's constants once."""
 
     name = "cost"
     order = 0
@@ -183,8 +175,7 @@ class CostProbe(Probe):
 
     @classmethod
     def client_meter(cls, round_: int) -> Callable[[], ClientMeter] | None:
-        """Round 1's training FLOPs over the method's real passes (MOON's three models, GradAug's
-        sub-networks); ``measure`` turns them into MFLOPs/sample."""
+        """Round 1's training FLOPs over the method's real passes (MOON's three models, GradAug's nets)."""
         return training_flops if round_ == 1 else None
 
     def start_round(self) -> None:
@@ -202,7 +193,7 @@ class CostProbe(Probe):
             self.meter.add_training(int(m["samples"]), fed.method.passes_per_step)
             self.meter.add_upload(view.upload_bits)
         forward = [m["forward_flops"] for m in view.client_metrics.values() if "forward_flops" in m]
-        if forward:  # counted by the workers in round 1, over every sampled client's training
+        if forward:  # round 1 only
             samples = sum(m["samples"] for m in view.client_metrics.values())
             self.meter.set_training_forward(math.fsum(forward) / 1e6 / max(samples, 1.0))
         return self.meter.round_metrics()

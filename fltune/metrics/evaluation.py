@@ -44,8 +44,7 @@ def splits(cfg: ExperimentConfig) -> list[str]:
 
 
 def own_splits(cfg: ExperimentConfig) -> dict[str, tuple[str, float]]:
-    """Of the ``splits`` scored, those each client holds a part of, with the field (value > 0) that holds
-    that part out."""
+    """Of the ``splits`` scored, those each client holds a part of, with the field holding it out."""
     part = cfg.partition
     test = ("partition.test_per_client", part.test_per_client) if part.test_per_client else (
         "partition.eval_fraction", part.eval_fraction)
@@ -139,11 +138,8 @@ class AllModelAccuracy(_OneModel):
     keeps_local_models = True
 
     def state(self, fed: Federation) -> State:
-        """Average of every client's latest local model (initial model if never sampled), FedDyn-style.
-
-        Weighted by n_k when the method weights its updates so, else a plain mean (docs/methods.md §0).
-        Summed in client order on the driver: independent of the worker count.
-        """
+        """Average of every client's latest local model (initial if never sampled), FedDyn-style, weighted as
+        the method weights updates (docs/methods.md §0); summed in client order: worker-count free."""
         initial = fed.initial_state
         by_samples = fed.method.weighted_by_samples
         weights = [float(fed.sizes[c]) if by_samples else 1.0 for c in range(fed.cfg.federation.clients)]
@@ -182,8 +178,7 @@ class PersonalizedAccuracy(_Protocol):
 
     @classmethod
     def enabled(cls, cfg: ExperimentConfig) -> bool:
-        """Needs per-client held-out splits (``partition.eval_fraction`` or ``test_per_client``) or validation
-        splits."""
+        """Needs per-client held-out or validation splits."""
         return super().enabled(cfg) and bool(own_splits(cfg))
 
     @classmethod

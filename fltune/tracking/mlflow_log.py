@@ -1,8 +1,6 @@
 """MLflow tracking, written by one process (the driver) through an explicit client (``store.open_store``).
 
-No fluent ``mlflow.start_run`` global state: a study's driver keeps many runs open at once, so every call
-names its run id. Default store: ``sqlite:///<mlruns>/mlflow.db``, artifacts in ``<mlruns>/artifacts``
-(MLflow ≥ 3.13 refuses a bare ``./mlruns`` file store).
+No fluent ``mlflow.start_run``: a study's driver keeps many runs open, so every call names its run id.
 """
 
 from __future__ import annotations
@@ -24,8 +22,7 @@ STATUS = {"finished": "FINISHED", "diverged": "FAILED", "failed": "FAILED", "kil
           "stopped": "FINISHED"}
 """fltune run status → MLflow run status (a diverged run is FAILED with tag fltune.status=diverged)."""
 EXPERIMENT_KIND = ("mlflow.experimentKind", "custom_model_development")
-"""The experiment tag early MLflow 3 UIs read to open an experiment on its training runs rather than the GenAI
-overview (3.17 ignores it; the README gives the ``?workflowType=machine_learning`` link)."""
+"""The tag early MLflow 3 UIs read to open an experiment on its training runs, not the GenAI overview."""
 NOTE = "mlflow.note.content"
 """The experiment tag MLflow's UI shows as its description (markdown; the first line shows folded)."""
 DESCRIPTION = "\n\n".join(" ".join(paragraph.split("\n")) for paragraph in """Runs logged by fltune: federated learning methods run, tuned and compared.
@@ -112,10 +109,8 @@ class Tracker:
         self.client.log_text(run_id, text, file)
 
     def find(self, tags: Mapping[str, Any]) -> list[Run]:
-        """The experiment's runs carrying every one of ``tags``: how a resumed job finds the runs it made.
-
-        MLflow's filter grammar has no escapes: a value is quoted with the quote it lacks; one holding both
-        is matched here instead."""
+        """The experiment's runs carrying all ``tags`` (a resumed job's). MLflow's filter has no escapes: a
+        value holding both quotes is matched here."""
         wanted = {k: str(v) for k, v in tags.items()}
         literals = {k: _quoted(v) for k, v in wanted.items()}
         query = " and ".join(f"tags.`{k}` = {literal}" for k, literal in literals.items() if literal)

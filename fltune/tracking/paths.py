@@ -1,6 +1,5 @@
-"""Where fltune's MLflow store lives, and the check that it answers, without importing MLflow: with
-``tracking.enabled=false`` it is never loaded (a node that only trains need not have it), and a new sqlite
-store loads it off the main thread (an existing one is checked first: ``check_store``)."""
+"""Where fltune's MLflow store lives, and the check that it answers, without importing MLflow (a node that
+only trains need not have it; a run imports it off the main thread)."""
 
 from __future__ import annotations
 
@@ -31,8 +30,7 @@ def default_uri() -> str:
 
 
 def outputs_dir(tracking: TrackingConfig) -> Path:
-    """Where a job writes its result folders: beside its sqlite store, so results stay together wherever
-    ``tracking.uri`` puts them; ``mlruns_dir`` for any other store."""
+    """Where a job writes its result folders: beside its sqlite store, else ``mlruns_dir``."""
     db = sqlite_path(tracking.uri or default_uri())
     return mlruns_dir() if db is None else db.parent
 
@@ -45,9 +43,8 @@ def sqlite_path(uri: str) -> Path | None:
 def check_tracking(tracking: TrackingConfig) -> None:
     """Before a command starts any work: the store it will log to answers (``check_reachable``).
 
-    A sqlite store (the default) is not asked through MLflow, whose slow import a run does on its logging
-    thread while round 1 trains. Its folder is made now, so an unwritable or full one fails here in one line;
-    a file already there must be an MLflow store (``check_store``)."""
+    A sqlite store is not asked through MLflow (slow to import); its folder is made now, so an unwritable one
+    fails here in one line, and a file there must be an MLflow store (``check_store``)."""
     uri = tracking.uri or default_uri()
     if not tracking.enabled:
         return
@@ -56,15 +53,14 @@ def check_tracking(tracking: TrackingConfig) -> None:
         check_reachable(uri)
     elif db.is_dir():
         raise FLTuneError(f"tracking.uri {uri}: {db} is a folder; allowed: sqlite:///<folder>/<file>.db")
-    else:  # sqlite makes the file, and fltune its lock file beside it, on the logging thread
+    else:  # the file itself is made on the logging thread
         make_out(str(db.parent), f"tracking.uri {uri}: its folder")
         check_store(db, uri)
 
 
 def check_store(db: Path, uri: str) -> None:
-    """The sqlite file at ``db``, if any, is an SQLite database holding MLflow's tables at this MLflow's
-    schema head; else MLflow would fail at its first write, after the work began. A new or empty file MLflow
-    sets up itself. Imports no MLflow (``schema_head``)."""
+    """The file at ``db``, if any and not empty, is an MLflow store at this MLflow's schema head; else MLflow
+    would fail at its first write, after the work began. Imports no MLflow."""
     if not db.is_file() or db.stat().st_size == 0:
         return
     try:
@@ -88,9 +84,8 @@ def check_store(db: Path, uri: str) -> None:
 
 
 def schema_head() -> str:
-    """The schema revision this MLflow's migrations end at, read from its alembic scripts' text: the one
-    ``revision`` no script names as ``down_revision``. Not via alembic, which executes every migration (some
-    import MLflow); MLflow's own answer is the fallback when there is not exactly one head."""
+    """This MLflow's schema head, from its alembic scripts' text (alembic would execute every migration, some
+    importing MLflow); MLflow's own answer when there is not exactly one head."""
     package = importlib.util.find_spec("mlflow").submodule_search_locations[0]  # found, not imported
     revisions: set[str] = set()
     parents: set[str] = set()
@@ -114,8 +109,7 @@ def _not_a_store(uri: str, db: Path, what: str) -> FLTuneError:
 
 
 def check_reachable(uri: str) -> None:
-    """One request to the (non-sqlite) store at ``uri``, MLflow's HTTP retries off: an unreachable or
-    unsupported store is one line naming ``tracking.uri``, not minutes of retries after the run started."""
+    """One request to a non-sqlite store, HTTP retries off: a bad ``tracking.uri`` is one line at once."""
     from mlflow.environment_variables import MLFLOW_HTTP_REQUEST_MAX_RETRIES, MLFLOW_HTTP_REQUEST_TIMEOUT
     from mlflow.tracking import MlflowClient
 

@@ -1,15 +1,10 @@
-"""Opening the MLflow store: the one place a process connects to it, safe when many processes share it.
+"""Opening the MLflow store, safe when many processes share a sqlite file (a server needs neither fix):
 
-A sqlite store is one file several commands may write at once. Two things break there without care:
-
-* **Creating the store.** MLflow creates its schema on first use without a lock (``SqlAlchemyStore.__init__``),
-  so two processes opening a fresh file race (``table … already exists``). :func:`open_store` holds an
-  exclusive ``flock`` on ``<db>.lock`` while the client and the experiment are created.
-* **Writing to it.** sqlite answers "database is locked" at once, despite MLflow's busy timeout, when a
-  reading transaction must become a writer while another process writes (waiting could deadlock). MLflow
-  rolls back and raises ``TEMPORARILY_UNAVAILABLE``: safe to repeat, which :class:`RetryingClient` does.
-
-A tracking server serialises writes itself and needs neither (``paths.check_reachable`` checks it once).
+* **Creating it.** MLflow creates its schema without a lock (``SqlAlchemyStore.__init__``), so two processes
+  race (``table … already exists``): :func:`open_store` holds a ``flock`` on ``<db>.lock`` meanwhile.
+* **Writing.** sqlite answers "database is locked" at once, busy timeout or not, when a reader must become a
+  writer while another process writes; MLflow rolls back (``TEMPORARILY_UNAVAILABLE``), so
+  :class:`RetryingClient` repeats it.
 """
 
 from __future__ import annotations
@@ -96,11 +91,8 @@ class RetryingClient:
 
 def open_store(uri: str, experiment: str, artifacts: str | None = None, tags: dict[str, str] | None = None,
                defaults: dict[str, str] | None = None) -> tuple[RetryingClient, str]:
-    """A client of the store at ``uri`` and the id of ``experiment`` there, created if new.
-
-    ``artifacts``: a new experiment's artifact location (None: MLflow's default); ``tags`` are always set,
-    ``defaults`` only where absent (a description written in the UI stays). Created under :func:`store_lock`.
-    """
+    """A client of the store at ``uri`` and the id of ``experiment``, created if new (under
+    :func:`store_lock`). ``tags`` are always set, ``defaults`` only where absent (a UI description stays)."""
     tags, defaults = tags or {}, defaults or {}
     with store_lock(uri):
         client = RetryingClient(MlflowClient(uri))
