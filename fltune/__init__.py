@@ -2,8 +2,7 @@
 
 Rooms (data flows one way): config -> data -> engine(method) -> metrics -> tracking.
 
-The Python API (``fltune.api``) is here by name, imported on first use so ``import fltune`` and the
-command line's quick errors load no torch or Ray::
+The Python API (``fltune.api``), imported on first use so ``import fltune`` loads no torch or Ray::
 
     import fltune
     result = fltune.run(fltune.Config(method="fedprox", **{"federation.rounds": 2}))
@@ -29,8 +28,7 @@ __all__ = sorted([*_LAZY, "tune", "compare", "reproduce"])
 
 
 def __getattr__(name: str) -> Any:
-    """``fltune.run`` and the rest of the API, imported when first read (PEP 562); ``tune``, ``compare`` and
-    ``reproduce`` are their commands' packages, which call as the API's functions (``api.CommandModule``)."""
+    """The API, imported when first read (PEP 562); ``tune`` & co. are callable packages (``api.CommandModule``)."""
     if name in ("tune", "compare", "reproduce"):
         return importlib.import_module(f"fltune.{name}")
     if name not in _LAZY:

@@ -1,11 +1,7 @@
-"""fltune's Python API: ``fltune.run``, ``fltune.tune``, ``fltune.compare`` and ``fltune.reproduce``, each
-returning a result object, for notebooks and scripts. The command line is a layer over these functions.
+"""fltune's Python API (``run``, ``tune``, ``compare``, ``reproduce``), which the command line is a layer over.
 
-``run`` is the one federation ``fltune run`` runs (start-up, progress, MLflow, clean-up all here). The three
-jobs take the keyword arguments their command's flags name (``tune(space=..., num_samples=2)`` is
-``fltune tune --space ... --num-samples 2``) and run the same job. Bad input raises
-:class:`fltune.FLTuneError` with the one line the CLI prints; ``progress=False`` keeps them quiet (rich
-draws its progress bars in Jupyter as on a terminal).
+Jobs take their command's flags as keyword arguments (``tune(num_samples=2)`` is ``--num-samples 2``). Bad
+input raises :class:`fltune.FLTuneError` with the CLI's line; ``progress=False`` keeps them quiet.
 """
 
 from __future__ import annotations
@@ -101,12 +97,8 @@ def run(cfg: ExperimentConfig | str | Path, *, progress: bool = True) -> RunResu
 
 
 def start_federation(cfg: ExperimentConfig) -> tuple[Federation, WorkerPool]:
-    """The run's federation on client workers of its own, started side by side: the dataset loads (and
-    torch imports) on a thread while Ray starts and the actors spawn, so start-up costs the longer of
-    the two instead of their sum. On a Ray it started itself, the run trains one share in its own process
-    by default (``resources.driver_worker``). The workers are placed first: an unplaceable plan fails before
-    anything is printed or logged; a dataset that fails to load stops the Ray this call started, so
-    bad input leaves nothing running."""
+    """The run's federation on its own workers; the dataset loads on a thread while Ray starts. Workers are
+    placed first (an unplaceable plan fails before anything is logged); a failed load leaves nothing running."""
     from concurrent.futures import ThreadPoolExecutor
 
     import ray
@@ -146,9 +138,8 @@ def _load_data(cfg: ExperimentConfig) -> FederatedData:
 # ------------------------------------------------------------------------------------------ the jobs
 @dataclass
 class JobResult:
-    """A Tune job's outcome: ``code`` is the command's exit status (0 done, 1 nothing scored, 130
-    interrupted: rerun with ``resume=True``), ``name`` and ``folder`` the job's, ``trials`` every trial
-    (id, status, parameters, objective, metrics) and, for a study, ``best``, the winning configuration."""
+    """A Tune job's outcome: ``code`` the exit status (0 done, 1 nothing scored, 130 interrupted: rerun with
+    ``resume=True``), the job's ``name`` and ``folder``, every trial, and a study's ``best`` configuration."""
 
     code: int
     name: str
@@ -222,9 +213,8 @@ def _console_quiet(quiet: bool) -> Iterator[None]:
 
 
 class CommandModule(ModuleType):
-    """A command's package that is also its API function: ``fltune.tune`` is the package behind ``fltune
-    tune`` and, called, :func:`tune` (importing a subpackage sets the parent's attribute of that name, so a
-    function named ``fltune.tune`` could not live beside it)."""
+    """A command's package that is also its API function: ``fltune.tune`` called is :func:`tune` (importing
+    a subpackage sets the parent's attribute of that name, so a plain function could not live beside it)."""
 
     def __call__(self, *args: Any, **kwargs: Any) -> JobResult:
         return globals()[self.__name__.rpartition(".")[2]](*args, **kwargs)

@@ -1,8 +1,5 @@
-"""A run's parts put together: a ``Federation`` of a config's data, model and method, on a pool of client
-workers, measured by the probes of the metrics package its config turns on.
-
-Why a layer of its own: the engine's loop knows no probe and imports no Ray, and the commands (``run``, a
-Tune trial) should not wire the parts themselves; this is the one place that knows all of them.
+"""A run's parts put together: a ``Federation`` of a config's data, model and method, on client workers, with
+the probes its config turns on. The one place that knows all parts: the engine knows no probe nor Ray.
 """
 
 from __future__ import annotations
@@ -24,11 +21,9 @@ from fltune.metrics.probe import probes_for
 
 def build_federation(cfg: ExperimentConfig, data: FederatedData | None = None, pool: Pool | None = None,
                      folder: Path | None = None) -> Federation:
-    """The run ``cfg`` describes, on ``data`` (default: loaded and split as ``cfg`` says), with the probes
-    ``cfg`` turns on (refused in one line when the data can't serve one, ``check_probes``). ``pool``: the
-    caller's workers, left up after the run; without one the run starts Ray actors of its own as it opens
-    (``resources.*``, on the Ray at ``resources.address``, started when none runs) and stops them as it closes.
-    ``folder``: where the client states go (``Federation``; default a temporary folder)."""
+    """The run ``cfg`` describes, on ``data`` (default: loaded as ``cfg`` says), with its probes
+    (``check_probes``). ``pool``: the caller's workers, left up after; without one the run starts and stops
+    its own (``resources.*``). ``folder``: where client states go (default a temporary folder)."""
     return Federation(cfg, data if data is not None else load_data(cfg), pool or partial(ray_pool, cfg),
                       probes=probes_for, folder=folder)
 

@@ -1,9 +1,7 @@
 """What fltune offers, by name, known without importing torch: the config validates against this.
 
-The config sits at the bottom of the data flow (config → data → engine(method) → …), so checking a
-dataset, model or method name must not load the packages that implement them. The heavy registries take
-their names from here (datasets) or refuse names missing here (models), and a method's name is its file's
-name, read from the folder without importing it; ``tests/test_catalog.py`` checks every registry agrees.
+The config sits at the bottom of the data flow, so checking a name must not load its implementation. A
+method's name is its file's, read without importing it; ``tests/test_catalog.py`` checks every registry agrees.
 """
 
 from __future__ import annotations
@@ -27,7 +25,6 @@ _NOT_METHODS = {"base", "compose", "finetune", "functional", "objective", "wire"
 
 
 def method_names() -> tuple[str, ...]:
-    """Every registered method's name: one file per method in ``fltune/methods``, named after it (files
-    starting with ``_`` hold shared bases). A ``<method>+<modifier>`` composite is checked by its parts."""
+    """Every registered method's name: one file per method in ``fltune/methods`` (``_`` files are bases)."""
     files = (p.stem for p in _METHODS_DIR.glob("*.py"))
     return tuple(sorted(f for f in files if not f.startswith("_") and f not in _NOT_METHODS))

@@ -1,9 +1,7 @@
 """Command line: ``python cli.py run | methods | tune | tables | reproduce | compare``.
 
-Precedence of settings: ``--config`` YAML < shortcut flags (``--rounds 3``) < ``--set a.b=c``. Every
-user error ends as one line on stderr and exit status 2; a diverged run exits 1; Ctrl-C exits 130 and
-SIGTERM 143, each with one line (``fltune.process``); a write that failed (a full disk) exits 74 with one
-line naming the file, the room left and, for a job, the command that continues it (``errors.WriteFailed``).
+Precedence: ``--config`` YAML < shortcut flags (``--rounds 3``) < ``--set a.b=c``. Exit status, each with one
+line on stderr: user error 2, diverged run 1, Ctrl-C 130, SIGTERM 143, failed write 74 (``errors.WriteFailed``).
 """
 
 from __future__ import annotations
@@ -120,8 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
-    """The command line; a flag its command does not know is refused with that command's usage (argparse
-    leaves unrecognised arguments to the top-level parser, whose usage only lists the commands)."""
+    """The command line; an unknown flag is refused with its command's usage, not the top-level one."""
     args, unknown = parser.parse_known_args(argv)
     if unknown:
         commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
@@ -130,9 +127,8 @@ def parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argpar
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run one command: bad input → one line and 2; Ctrl-C or SIGTERM → one line and 128 + the signal
-    (a Tune job prints its own resume hint instead and returns 130, whatever stopped it); a job whose
-    write failed (a full disk) → one line naming the file, the room left and the resume command, and 74."""
+    """Run one command: bad input → 2; Ctrl-C or SIGTERM → 128 + the signal (a Tune job prints its resume
+    line and returns 130); a failed write → the file, the room left, the resume command, and 74."""
     args = parse(build_parser(), argv)
     quiet_libraries()
     forget_stops()
@@ -154,11 +150,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def entry() -> int:
-    """The ``fltune`` command and ``python cli.py``: :func:`main`, then the process ends at once where it
-    started a local Ray (``process.exit_now``). Elsewhere (a joined cluster, a command without Ray) Python
-    would garbage-collect at exit every object torch, Ray and MLflow created; ``gc.freeze`` moves them to
-    the permanent generation, which exit collections skip (atexit handlers and refcount destructors still
-    run). Only for a process about to exit, hence not in :func:`main`, which tests call in-process."""
+    """The ``fltune`` command: :func:`main`, then end at once where it started a local Ray
+    (``process.exit_now``); elsewhere ``gc.freeze`` spares the exit collection (atexit handlers still run).
+    Not in :func:`main`, which tests call in-process."""
     code = main()
     exit_now(code)
     gc.freeze()

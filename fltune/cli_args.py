@@ -38,8 +38,7 @@ def experiment_overrides(args: argparse.Namespace) -> list[str]:
 
 
 def check_job_flags(args: argparse.Namespace) -> None:
-    """A Tune job's counts (``--seeds``, ``--tune-budget``, ``--max-concurrent``, ``--checkpoint-every``: ≥ 1
-    when given; a command without the flag passes it over) and ``--checkpoint-seconds`` > 0 when given."""
+    """A Tune job's counts ≥ 1 and ``--checkpoint-seconds`` > 0, where given."""
     for flag, hint in (("seeds", ""), ("tune_budget", " (trials per method), or leave it out"),
                        ("max_concurrent", " (or leave it out: as many as fit)"), ("checkpoint_every", "")):
         value = getattr(args, flag, None)
@@ -58,15 +57,13 @@ def add_checkpoint_args(p: argparse.ArgumentParser, rounds_default: str, seconds
 
 
 def keep_on_resume(p: argparse.ArgumentParser, *dests: str) -> None:
-    """Mark the flags of ``p`` that shape a job (its cells, trials, seeds, cadence): a resumed job runs the
-    settings it saved instead, so ``note_ignored_on_resume`` names those given anyway. Their defaults are
-    recorded here, so a flag left alone is told apart from one the user set."""
+    """Mark the job-shaping flags of ``p``, which a resumed job ignores for its saved settings; their
+    defaults are recorded to tell a flag the user set from one left alone."""
     p.set_defaults(kept_on_resume={dest: p.get_default(dest) for dest in dests})
 
 
 def note_ignored_on_resume(args: argparse.Namespace, what: str) -> None:
-    """One note naming the job-shaping flags given to ``--resume`` (``keep_on_resume``): they change nothing,
-    and saying so beats a user believing the continued job runs the new settings."""
+    """One note naming the job-shaping flags given to ``--resume``, which change nothing."""
     from fltune.tracking.progress import console
 
     given = ["--set" if dest == "overrides" else f"--{dest.replace('_', '-')}"

@@ -1,14 +1,9 @@
 """The experiment configuration: one validated pydantic tree, YAML in, YAML out.
 
-Every field has a dotted path (``federation.rounds``, ``method.mu``) that ``--set a.b=c`` and search spaces
-use. Unknown keys are rejected everywhere so a misspelled field can never go unnoticed (a lesson from
-FL-bench's ``funetune_epoch``). The method section is open: its extra keys are validated by the chosen
-method's own ``Params`` model, so ``method.mu`` is FedProx's μ with FedProx's bounds and paper default.
-
-The config is a leaf: dataset, model and method names are checked against ``fltune.catalog``, so building
-a config imports neither torch nor any method unless it names method parameters (see ``MethodConfig``) or
-the user's own code (a reference or an installed plug-in, ``fltune.plugins``), which is imported here so a
-bad one is refused before any work starts.
+Every field has a dotted path (``method.mu``) for ``--set`` and search spaces. Unknown keys are rejected so a
+misspelled field never goes unnoticed (cf. FL-bench's ``funetune_epoch``); method keys are validated by the
+method's ``Params``. Names are checked against ``fltune.catalog``, so no torch is imported unless method
+parameters or the user's own code (``fltune.plugins``) are named.
 """
 
 from __future__ import annotations
@@ -35,16 +30,14 @@ PROTOCOLS: tuple[str, ...] = typing.get_args(Protocol)
 
 
 def one_of(value: str, names: Sequence[str], what: str) -> str:
-    """``value`` if one of ``names``, else the ValueError pydantic turns into 'field: unknown …; did you
-    mean …?' (``text.allowed``)."""
+    """``value`` if one of ``names``, else a ValueError with ``text.allowed``'s hint."""
     if value not in names:
         raise ValueError(f"unknown {what} {value!r}; {allowed(value, names)}")
     return value
 
 
 def named(value: str, builtin: Sequence[str], kind: Kind) -> str:
-    """A built-in name, an installed plug-in's, or a reference to the user's code (imported now, its path
-    made absolute); else the ValueError naming what is allowed."""
+    """A built-in name, a plug-in's, or a reference (imported now, path made absolute); else a ValueError."""
     if value in builtin:
         return value
     if is_reference(value) or value in plugins(kind):
@@ -130,10 +123,8 @@ class ModelConfig(_Section):
 class MethodConfig(BaseModel):
     """The method's registry name plus its hyperparameters, validated by the method's own Params.
 
-    The Params models live beside each method's torch code, so they are consulted only when needed:
-    values given here are validated against them when the config is built, and the paper defaults of the
-    rest are filled in when the config is read through ``params`` or dumped (YAML, MLflow params). A
-    plain method name without parameters is checked against ``fltune.catalog`` alone.
+    Params live beside the method's torch code, so they are consulted only for given values or a dump
+    (paper defaults filled in); a plain name is checked against ``fltune.catalog`` alone.
     """
 
     model_config = ConfigDict(extra="allow")
@@ -393,9 +384,8 @@ def unknown_field(loc: tuple[int | str, ...], prefix: str, model: type[BaseModel
 
 
 def section_of(model: type[BaseModel], loc: tuple[int | str, ...]) -> tuple[list[str], list[str]]:
-    """The dotted path of the section of ``model`` that holds ``loc``, as the user writes it, and its fields
-    (none when a step is not a section). A section of several kinds (a search space's ``scheduler``) has
-    the kind's tag next in pydantic's ``loc``: its fields are the kind's, and the tag is no part of the path."""
+    """The dotted path of the section of ``model`` holding ``loc``, as the user writes it, and its fields. In
+    a section of several kinds (``scheduler``) pydantic's ``loc`` holds the kind's tag, no part of the path."""
     path: list[str] = []
     kinds: dict[str, type[BaseModel]] = {}
     for part in map(str, loc[:-1]):
@@ -435,9 +425,8 @@ def parse_override(text: str) -> tuple[list[str], Any]:
 
 
 def apply_overrides(tree: dict[str, Any], overrides: list[str], fresh: Sequence[str] = ()) -> dict[str, Any]:
-    """Set dotted keys in a nested dict (creating sections); validation happens afterwards. A section named
-    in ``fresh`` starts empty when its ``name`` is set: its other keys belong to the kind it names (a search
-    space's ``--set scheduler.name=none`` drops ASHA's grace period)."""
+    """Set dotted keys in a nested dict (creating sections), unvalidated. A ``fresh`` section restarts empty
+    when its ``name`` is set (``scheduler.name=none`` drops ASHA's grace period)."""
     for text in overrides:
         path, value = parse_override(text)
         if len(path) == 2 and path[0] in fresh and path[1] == "name" and isinstance(tree.get(path[0]), dict):

@@ -18,11 +18,9 @@ class DatasetCorrupt(FLTuneError):
 
 
 class WriteFailed(Exception):
-    """A job could not write one of its files (a checkpoint, a result, its state, its MLflow store): a full
-    disk, a folder made read-only or gone. Tune would restart the trial, which fails the same way, and its
-    syncer would go on without the files ``--resume`` needs; so the job stops at once instead, every file
-    it wrote whole (``folders.ReplaceOnClose``), and the command ends with this one line and status
-    ``STATUS``. ``resume`` is the command that continues the job once there is room."""
+    """A job could not write one of its files (full disk, read-only or gone folder). Tune would restart the
+    trial to fail the same way, and go on without the files ``--resume`` needs, so the job stops at once,
+    every file written whole, with this line and ``STATUS``; ``resume`` continues it once there is room."""
 
     STATUS = 74
     """``EX_IOERR`` of sysexits.h: an I/O error, distinct from bad input (2) and a stop (130, 143)."""

@@ -1,12 +1,8 @@
 """What a job costs before it runs (``reproduce … --plan``, ``tune … --plan``, paper-scale headers).
 
-The work of one run is counted in client-samples: every sampled client trains ``local_epochs`` passes
-over its data each round, and with a final personal round (``training.finetune_epochs``) every client
-trains that many more. Its time comes from a calibration, not a run: a few optimiser steps of each
-distinct model at its batch size on this process's device (CPU with the threads one client worker gets,
-or the GPU), i.e. seconds per sample, times the method's declared ``passes_per_step``. The wall time then
-divides the work over the client workers the cluster fits at once. Evaluation and Hessian probes are not
-counted, so the estimate is a lower bound of the same order as the run.
+Work in client-samples, time from a calibration (a few optimiser steps per distinct model on one worker's
+share of this device) × ``passes_per_step``, divided over the workers the cluster fits. Evaluation and probes
+are not counted: a lower bound of the run's order.
 """
 
 from __future__ import annotations
@@ -63,11 +59,8 @@ class Estimate:
 
 
 def client_samples(cfg: ExperimentConfig) -> int:
-    """rounds × clients per round × local epochs × samples per client, plus the final personal round
-    (every client, ``finetune_epochs``) when the run ends with one; epochs as the method trains them
-    (``Method.epochs_trained``: Per-FedAvg's ≈ 2 whatever E). Samples per client are the mean client's: the
-    (subsampled) train split — plus the test split when pooled — less each client's held-out share, spread
-    over the clients; with ``training.drop_last`` its full batches only (``local.epoch_samples``)."""
+    """rounds × clients per round × epochs (``Method.epochs_trained``) × the mean client's training samples
+    (less its held-out share; full batches only with ``drop_last``), plus the final personal round."""
     fed, training = cfg.federation, cfg.training
     epochs = get_method(cfg.method.name).epochs_trained
     data = load_dataset(cfg.data.dataset, cfg.data.root)
@@ -86,10 +79,8 @@ def device() -> torch.device:
 
 
 def calibrate(cfg: ExperimentConfig, as_built: bool = True) -> float:
-    """Seconds per training sample of the run's model at its batch size, one client worker's share of this
-    machine (its CPU threads, or the GPU). ``as_built=False`` times the model without what its method adds
-    (MOON's projector, …): one calibration per model, not per model and method, for the weights of a quick
-    job's ETA (:func:`run_seconds`)."""
+    """Seconds per training sample of the run's model at its batch size on one worker's share of this machine;
+    ``as_built=False`` without the method's additions (one calibration per model, for ETA weights)."""
     method = cfg.method.name if as_built else "fedavg"
     return _calibrate(model_name(cfg), json.dumps(cfg.model.options, sort_keys=True), method,
                       cfg.data.dataset, cfg.data.root, cfg.training.batch_size, cfg.resources.cpus_per_worker)
@@ -126,8 +117,7 @@ def _sync(dev: torch.device) -> None:
 
 
 def work(label: str, tree: dict[str, Any], runs: int, as_built: bool = True) -> Work:
-    """A distinct experiment: its client-samples and one run's seconds on one worker (``as_built``: see
-    :func:`calibrate`)."""
+    """A distinct experiment: its client-samples and one run's seconds on one worker."""
     cfg = build_config(tree)
     _data_here(cfg)
     samples = client_samples(cfg)
@@ -136,8 +126,7 @@ def work(label: str, tree: dict[str, Any], runs: int, as_built: bool = True) -> 
 
 
 def _data_here(cfg: ExperimentConfig) -> None:
-    """The run's data is here to count and calibrate on: a plan fetches nothing, so data that
-    ``data.download`` would fetch is named as such, not as missing with the advice to set that flag."""
+    """The run's data is here; a plan fetches nothing, so data to download is named as such, not missing."""
     try:
         load_dataset(cfg.data.dataset, cfg.data.root)
     except DatasetMissing:
@@ -148,15 +137,13 @@ def _data_here(cfg: ExperimentConfig) -> None:
 
 
 def run_seconds(items: list[tuple[str, dict[str, Any], int]], as_built: bool = True) -> dict[str, float]:
-    """Each of ``items`` (label, experiment tree, runs): one run's estimated seconds on one worker
-    (``as_built``: see :func:`calibrate`)."""
+    """Each of ``items`` (label, tree, runs): one run's estimated seconds on one worker."""
     return {label: work(label, tree, runs, as_built).seconds for label, tree, runs in items}
 
 
 def longest_first(seconds: dict[str, float]) -> list[str]:
-    """The labels of ``seconds`` (:func:`run_seconds`), the longest estimated run first, ties in their given
-    order. A job with more trials than slots ends when the trials started last do; dealing the long ones
-    first (Graham's LPT rule) keeps a long trial from starting when the others are nearly done."""
+    """The labels of ``seconds``, longest first, ties in given order (Graham's LPT rule: a long trial started
+    last would set the job's end)."""
     return sorted(seconds, key=lambda label: -seconds[label])
 
 
@@ -174,13 +161,8 @@ def cluster_resources(address: str | None) -> dict[str, float]:
 
 def estimate(items: list[tuple[str, dict[str, Any], int]], cluster: dict[str, float],
              max_concurrent: int | None = None) -> Estimate:
-    """``items``: (label, experiment tree, runs). Experiments with the same tree are one (as a job runs them).
-
-    Wall time: on CPU each worker trains at the calibrated speed and a run spreads its round's clients over
-    ``min(workers, clients per round)`` workers, with as many runs at once as the CPUs (and
-    ``max_concurrent``) allow; on GPU the workers share the GPUs, so the work divides by their number. It is
-    never below the longest run on its own workers.
-    """
+    """``items``: (label, tree, runs); equal trees are one. Wall time: the work over the CPU slots (runs at
+    once × ``min(workers, clients per round)``) or the GPUs, never below the longest run."""
     seen: dict[str, Work] = {}
     for label, tree, runs in items:
         key = json.dumps(tree, sort_keys=True, default=str)
@@ -266,9 +248,7 @@ def plan_table(title: str, est: Estimate):
 
 def print_plan(title: str, items: list[tuple[str, dict[str, Any], int]], address: str | None,
                max_concurrent: int | None, notes: list[str]) -> int:
-    """``--plan``: print what would run and what it costs, and run nothing; exit status 0. The job's data
-    checks come first (``preflight.check_data``: every distinct split partitioned, into the disk cache the job
-    reads), so a plan of a job that would be refused is refused with the job's own line."""
+    """``--plan``: print what would run and its cost, run nothing; exit 0. The job's data checks come first."""
     from fltune.preflight import check_data
     from fltune.tracking.progress import console
 

@@ -1,7 +1,5 @@
-"""The examples every command's ``--help`` ends with (argparse ``epilog``), in one place so they read alike.
-
-Why a module of its own: the parsers are built in several command modules, and the README shows the same
-commands; keeping the texts here (no imports, ground floor) lets each parser add one keyword argument.
+"""The examples every command's ``--help`` ends with (argparse ``epilog``), in one import-free place so the
+parsers of several command modules read alike.
 """
 
 EXAMPLES: dict[str, str] = {

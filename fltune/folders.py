@@ -14,14 +14,12 @@ from pathlib import Path
 from fltune.errors import FLTuneError, WriteFailed
 
 MIN_FREE = 1 << 20
-"""The free space a folder needs before a command starts writing there (1 MiB): less is a full disk, refused
-at the start rather than met by the first checkpoint or result file."""
+"""The free space a folder needs before a command writes there (1 MiB): less is refused as a full disk."""
 
 
 def make_out(out: str, flag: str = "--out") -> None:
-    """Create the folder a command writes its result files to (``flag``) before Ray starts: one that cannot
-    be written, or whose disk is full, then fails in one line at the start, not with a traceback (or a job
-    stopped half-way, ``WriteFailed``) after the work began."""
+    """Create the folder a command writes its results to (``flag``) before Ray starts, so an unwritable or
+    full one fails in one line at the start, not after the work began."""
     try:
         if Path(out).exists() and not Path(out).is_dir():
             raise NotADirectoryError(20, "Not a directory")
@@ -43,19 +41,17 @@ SQLITE_FULL = ("database or disk is full", "disk I/O error")
 
 
 class NotWritten(OSError):
-    """A job file that ``ReplaceOnClose`` could not write, whatever the reason (a full disk, a folder made
-    read-only, a failing disk); it names the file."""
+    """A job file that ``ReplaceOnClose`` could not write, whatever the reason; it names the file."""
 
 
 def failed_write(error: BaseException | None, store: str = "") -> WriteFailed | None:
-    """The failed write among ``error`` and its causes (Ray's ``RayTaskError.cause``, ``raise … from``, an
-    exception raised while handling another), as a ``WriteFailed`` naming its file; an sqlite error names
-    ``store``, the database it came from. None when the error is no failed write."""
+    """The failed write among ``error`` and its causes (Ray's ``RayTaskError.cause``, ``__cause__``,
+    ``__context__``) as a ``WriteFailed`` naming its file (``store`` for an sqlite error); else None."""
     seen: set[int] = set()
     while error is not None and id(error) not in seen:
         seen.add(id(error))
-        if isinstance(getattr(error, "cause", None), BaseException):  # Ray's wrapper, which may pose as its
-            error = error.cause  # cause's class (``as_instanceof_cause``) without its errno or file
+        if isinstance(getattr(error, "cause", None), BaseException):  # Ray's wrapper poses without errno
+            error = error.cause
             continue
         if isinstance(error, WriteFailed):
             return error
@@ -68,8 +64,7 @@ def failed_write(error: BaseException | None, store: str = "") -> WriteFailed | 
 
 
 def said(failed: WriteFailed, where: str = "", resume: str = "") -> WriteFailed:
-    """``failed`` as its command's line says it: its file (``where`` when the library that failed did not
-    name one), the room left on that disk now, and ``resume``, the command that continues the job."""
+    """``failed`` with its file (else ``where``), the room left there, and the ``resume`` command."""
     path = failed.path or where
     return WriteFailed(path, failed.reason, free_space(path) if path else "", resume or failed.resume)
 
@@ -95,12 +90,9 @@ def part_path(path: str) -> str:
 
 
 class ReplaceOnClose(io.FileIO):
-    """A file written under a hidden temporary name in the target's folder (``part_path``), moved onto the
-    target when closed, all or nothing. A writer killed before ``close`` leaves the target as it was (and a
-    ``.part`` file that Tune's listings, which match ``*.json`` and ``*.pkl``, never pick up); a write that
-    fails (a full disk), or a ``with`` block that raises, leaves the target as it was and no ``.part`` (a
-    cut checkpoint renamed into place would kill the resumed trial unpickling it). A failed write raises
-    ``NotWritten`` naming the target, so the line that reports it says which file."""
+    """A file written under a hidden ``.part`` name and moved onto the target when closed: all or nothing (a
+    cut checkpoint would kill the resumed trial). A failed write or raising ``with`` leaves no ``.part`` and
+    raises ``NotWritten`` naming the target."""
 
     def __init__(self, path: str) -> None:
         self.target = path
@@ -111,8 +103,8 @@ class ReplaceOnClose(io.FileIO):
             raise NotWritten(err.errno, err.strerror, path) from None
 
     def write(self, data: bytes) -> int:  # type: ignore[override]
-        """All of ``data``: a disk that fills mid-write first writes part of it and says how much (which
-        pyarrow, writing Tune's checkpoints through this file, does not check), then fails."""
+        """All of ``data``: a filling disk writes part and says how much, which pyarrow (Tune's checkpoints)
+        does not check."""
         view, done = memoryview(data).cast("B"), 0
         try:
             while done < len(view):

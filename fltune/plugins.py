@@ -1,16 +1,8 @@
 """The user's own methods, models and datasets, without a fork: by reference or by installed plug-in.
 
-Wherever fltune takes a method, model or dataset name it also takes a *reference*, ``package.module:Name``
-or ``path/to/file.py:Name``, and the names that installed packages declare as entry points in the groups
-``fltune.methods``, ``fltune.models`` and ``fltune.datasets`` (``[project.entry-points."fltune.methods"]``
-in their ``pyproject.toml``). This module finds and imports them, one resolver for the three kinds; what
-the object must be (a ``Method`` subclass, a model builder, a dataset loader) is checked by the registry of
-its kind. It imports no torch: the user's module does, when it is loaded.
-
-A file is imported as the module named after its stem, as ``python -c 'import stem'`` beside it would, so
-its classes pickle by reference; the config holds its absolute path, so every process on the machine loads
-the same file, and a worker on another node imports the copy :func:`shipped` sends there through Ray's
-``runtime_env`` ``py_modules`` (``engine.cluster.ensure_ray``).
+A name may also be a *reference* (``package.module:Name``, ``path/to/file.py:Name``) or an entry point in
+``fltune.methods``, ``fltune.models`` or ``fltune.datasets``. A file is imported as the module named after its
+stem, so its classes pickle by reference; a worker on another node imports the copy :func:`shipped` sends.
 """
 
 from __future__ import annotations
@@ -45,8 +37,7 @@ _LOADED: dict[str, Path | ModuleType] = {}
 
 
 def unknown(kind: Kind, name: str, names: list[str], field: str | None = None) -> FLTuneError:
-    """The one line for a name that is neither built in, installed nor a reference: "did you mean …?" for a
-    typo, else the names allowed and the reference forms."""
+    """The one line for an unknown name: "did you mean …?", else the names allowed and reference forms."""
     hint = allowed(name, [*names, *sorted(plugins(kind))])
     forms = ", or a reference package.module:Name or path/to/file.py:Name" if hint.startswith("allowed") else ""
     return FLTuneError(f"{field or FIELDS[kind]}: unknown {kind} {name!r}; {hint}{forms}")
@@ -58,8 +49,7 @@ def is_reference(name: str) -> bool:
 
 
 def normalised(name: str) -> str:
-    """A file reference with its path made absolute (the config keeps this form, so a worker started in
-    another folder loads the same file); anything else unchanged."""
+    """A file reference with its path made absolute; anything else unchanged."""
     where, _, attr = name.rpartition(":")
     if not where.endswith(".py"):
         return name
@@ -67,8 +57,7 @@ def normalised(name: str) -> str:
 
 
 def label(name: str) -> str:
-    """A short, file-safe name for what ``name`` refers to (file and study names, partition caches):
-    ``stem.Name`` of a file reference, ``module.Name`` of a module's, the name itself otherwise."""
+    """A short, file-safe name: ``stem.Name`` or ``module.Name`` of a reference, else the name itself."""
     where, _, attr = name.rpartition(":")
     stem = Path(where).stem if where.endswith(".py") else where
     return re.sub(r"[^\w.+-]", "_", f"{stem}.{attr}" if where else name)
@@ -87,8 +76,7 @@ def origin(kind: Kind, name: str) -> str:
 
 
 def resolve(kind: Kind, name: str) -> Any | None:
-    """The object ``name`` refers to: a reference imported, a plug-in name's entry point loaded; None for
-    any other name (a built-in, or unknown: the caller's registry says which)."""
+    """The object a reference or plug-in name refers to, loaded; None for any other name."""
     if is_reference(name):
         return load(kind, normalised(name))
     found = plugins(kind).get(name)
@@ -97,8 +85,7 @@ def resolve(kind: Kind, name: str) -> Any | None:
 
 @cache
 def load(kind: Kind, ref: str, shown: str | None = None) -> Any:
-    """Import ``module:Name`` or ``/abs/file.py:Name`` once per process; a user error naming the field,
-    the reference and what was expected when it cannot be imported or is not callable."""
+    """Import ``module:Name`` or ``/abs/file.py:Name`` once per process; one user error line on failure."""
     shown = shown or repr(ref)
     where, _, attr = ref.rpartition(":")
     problem = f"{FIELDS[kind]}: {shown}"
@@ -121,8 +108,7 @@ def load(kind: Kind, ref: str, shown: str | None = None) -> Any:
 
 
 def _import_file(path: Path) -> ModuleType:
-    """``path`` imported as the module named after its stem. A path missing here is looked up as that
-    module: the copy Ray ships to a worker on another node (:func:`shipped`)."""
+    """``path`` imported as the module named after its stem; missing, as that module (Ray's shipped copy)."""
     name = path.stem
     loaded = sys.modules.get(name)
     if loaded is not None and getattr(loaded, "__file__", None) and Path(loaded.__file__).resolve() == path:
@@ -146,8 +132,7 @@ def _import_file(path: Path) -> ModuleType:
 
 
 def shipped() -> list[str | ModuleType]:
-    """Ray ``py_modules`` for joining a cluster: every file loaded by reference, and the top-level package
-    of every module, except those installed in this environment (a cluster installs its packages itself)."""
+    """Ray ``py_modules`` for joining a cluster: the files and packages loaded by reference, not installed."""
     installed = {Path(sysconfig.get_paths()[key]).resolve() for key in ("purelib", "platlib")}
     found: list[str | ModuleType] = []
     for item in _LOADED.values():

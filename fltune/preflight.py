@@ -12,13 +12,10 @@ from fltune.metrics.probe import check_probes
 
 
 def check_data(configs: Iterable[ExperimentConfig]) -> None:
-    """Before a job starts Ray: every dataset its trials load is here, and every distinct setting of them
-    partitions into data that serves its run. Each trial would otherwise fail on a missing dataset, a client
-    left without training samples or a split too small for its probes (``check_probes``), after Ray and the
-    job had started, and the job end with nothing run; here it is one line (``data.dataset: … not found
-    in …; pass --set data.root=…``, ``partition.eval_fraction: …``). With ``data.download`` the files are
-    fetched now, once, rather than by every trial at once into the same folder. The partitions land in the
-    trials' disk cache; nothing stays loaded in the driver (its data are the trials')."""
+    """Before a job starts Ray: every dataset its trials load is here and every distinct setting partitions
+    into data that serves its run (``check_probes``), so a bad one is one line, not every trial failing.
+    ``data.download`` fetches now, once, not by every trial into the same folder. Partitions land in the
+    trials' disk cache; nothing stays loaded in the driver."""
     configs = list(configs)
     try:
         for name, root, download in dict.fromkeys((c.data.dataset, c.data.root, c.data.download) for c in configs):
@@ -30,7 +27,6 @@ def check_data(configs: Iterable[ExperimentConfig]) -> None:
 
 
 def split_setting(cfg: ExperimentConfig) -> str:
-    """What a run's partitioned data, and what its probes need of them, depend on: runs that agree here
-    (methods, learning rates) are checked once."""
+    """What a run's partitioned data and its probes' needs depend on: runs that agree are checked once."""
     return cfg.model_dump_json(include={"data", "partition", "federation", "metrics"})
 

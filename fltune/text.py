@@ -14,10 +14,8 @@ def counted(n: int, noun: str) -> str:
 
 
 def allowed(value: str, names: Iterable[str], none: str = "none", section: str = "") -> str:
-    """The tail of an "unknown name" line: "did you mean fedprox?" when names are close to ``value`` (a typo),
-    else "allowed: a, b, c" (``none`` when there are no names). A near miss is what a user needs to see;
-    a list of forty methods buries it, so the list shows only when nothing is close. ``section``: the
-    dotted path the names sit in, for a suggestion the user can paste (``training.lr``)."""
+    """The tail of an "unknown name" line: "did you mean fedprox?" for a near miss (a long list would bury
+    it), else "allowed: a, b, c" (``none``). ``section``: the dotted path, for a pasteable suggestion."""
     names = list(names)
     close = difflib.get_close_matches(value, names, n=3, cutoff=0.75)
     if close:
@@ -26,9 +24,8 @@ def allowed(value: str, names: Iterable[str], none: str = "none", section: str =
 
 
 def invoked_as() -> str:
-    """The command as the user typed it, for the lines that tell them what to run next (resume, rerun):
-    ``python -m fltune.cli``, ``python cli.py`` (a checkout's script, by the path given) or ``fltune``
-    (the installed entry point, and any other way in, such as a test calling ``main``)."""
+    """The command as the user typed it, for resume and rerun lines: ``python -m fltune.cli``,
+    ``python cli.py`` (by the path given) or ``fltune`` (anything else)."""
     spec = getattr(sys.modules.get("__main__"), "__spec__", None)
     if spec is not None and spec.name.startswith("fltune"):
         return f"python -m {spec.name}"

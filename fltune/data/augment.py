@@ -2,17 +2,16 @@
 
 Each kind is one paper code's recipe, written as that code runs it:
 
-- ``crop_flip``: torchvision's ``RandomCrop(32, padding=4)`` on the image (its padding is black) and
-  ``RandomHorizontalFlip()``: the CIFAR/SVHN/MNIST recipe of the FedAlign and FedSOL code;
+- ``crop_flip``: ``RandomCrop(32, padding=4)`` on the image (black padding) and ``RandomHorizontalFlip()``
+  (FedAlign's and FedSOL's CIFAR/SVHN/MNIST);
 - ``crop_flip_cutout``: the same, then Cutout(16) after normalisation (FedSOL's CIFAR-10 and MNIST);
 - ``reflect_crop_flip``: the crop from a reflection-padded image (FedSOL's CINIC-10);
-- ``flip_crop_half``: FedDyn's code (and MAN's, built on it): a flip with probability 1/2, then with
-  probability 1/2 a crop of the normalised image zero-padded by 4, i.e. padded with the dataset's mean colour;
+- ``flip_crop_half``: FedDyn's (and MAN's) code: a flip with probability 1/2, then with probability 1/2 a crop
+  of the normalised image zero-padded by 4 (i.e. the dataset's mean colour);
 - ``flip``: ``RandomHorizontalFlip()`` alone (FedSOL's MedMNIST);
 - ``none``: the MNIST family elsewhere.
 
-Every random number comes from the caller's ``torch.Generator`` so a client's batches are a function of
-its seed, and each transform is one vectorised gather or mask over the whole batch.
+All randomness comes from the caller's ``torch.Generator``; each transform is one vectorised op per batch.
 """
 
 from __future__ import annotations
@@ -40,18 +39,14 @@ def to_float(x_uint8: torch.Tensor, mean: Sequence[float], std: Sequence[float])
 
 
 def normalise_table(mean: Sequence[float], std: Sequence[float]) -> torch.Tensor:
-    """[C, 256] float32: entry (c, v) is ``to_float`` of pixel value v in channel c.
-
-    Made by ``to_float`` itself, whose steps are elementwise and correctly rounded, so looking a pixel up
-    (:func:`lookup_float`) gives the very bits ``to_float`` would compute for it in any batch.
-    """
+    """[C, 256] float32 ``to_float`` of each pixel value per channel; made by ``to_float`` itself, so
+    :func:`lookup_float` matches it bit for bit."""
     values = torch.arange(256, dtype=torch.uint8).view(1, 1, 256, 1).expand(1, len(mean), 256, 1)
     return to_float(values, mean, std).view(len(mean), 256)
 
 
 def lookup_float(x_uint8: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
-    """``to_float`` of a uint8 batch [B, C, H, W] by one gather from :func:`normalise_table` (on x's device):
-    one pass over the batch instead of four, and no per-batch mean/std tensors."""
+    """``to_float`` of a uint8 batch [B, C, H, W] in one gather from :func:`normalise_table` (one pass)."""
     channels = table.shape[0]
     index = x_uint8.long()
     if channels > 1:  # channel c's entries start at 256·c (one channel: nothing to add, two launches fewer)
@@ -62,11 +57,10 @@ def lookup_float(x_uint8: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
 def augment(x: torch.Tensor, kind: str, generator: torch.Generator, black: torch.Tensor | None = None) -> torch.Tensor:
     """Augment a batch [B, C, H, W] independently per sample; ``"none"`` returns ``x`` itself.
 
-    ``black``: a black pixel's value per channel [C] in ``x``'s scale, which ``crop_flip`` and
-    ``crop_flip_cutout`` pad with, as torchvision's ``RandomCrop`` pads the image before ``Normalize``
-    (the engine passes normalised batches and ``normalise_table(...)[:, 0]``); None: 0, for unnormalised
-    batches. Cutout and ``flip_crop_half`` write zeros of ``x``'s own scale: on normalised batches the
-    dataset's mean colour, as their reference code, which runs them after normalising.
+    ``black``: a black pixel per channel [C] in ``x``'s scale, the padding of ``crop_flip`` and
+    ``crop_flip_cutout`` (torchvision pads before ``Normalize``; the engine passes ``normalise_table(...)[:,
+    0]``); None: 0, for unnormalised batches. Cutout and ``flip_crop_half`` write zeros of ``x``'s scale (the
+    mean colour when normalised), as their reference code does.
     """
     if kind not in AUGMENTATIONS:
         raise FLTuneError(f"data.augment: unknown augmentation {kind!r}; allowed: {', '.join(AUGMENTATIONS)}")
@@ -93,10 +87,9 @@ def random_crop_flip(
 ) -> torch.Tensor:
     """Pad by ``padding``, crop back to H×W at a random offset, mirror with probability 1/2.
 
-    ``fill``: the padding, a colour per channel [C], None for zeros, or ``"reflect"``. ``crop_half``: each
-    sample is cropped with probability 1/2 and otherwise kept whole (an offset of ``padding``), drawn after
-    the offsets and flips, so the other kinds' draws are unchanged. One advanced-indexing gather: sample b
-    reads rows dy_b + i and columns dx_b + j (or dx_b + W − 1 − j when flipped) of its padded image.
+    ``fill``: a colour per channel [C], None for zeros, or ``"reflect"``. ``crop_half``: each sample is
+    cropped with probability 1/2, drawn after the offsets and flips so the other kinds' draws are unchanged.
+    One gather: sample b reads rows dy_b + i, columns dx_b + j (dx_b + W − 1 − j when flipped).
     """
     b, _, h, w = x.shape
     dy, dx = _randint(2 * padding + 1, (2, b), generator, x.device)
@@ -123,11 +116,8 @@ def _padded(x: torch.Tensor, padding: int, fill: torch.Tensor | str | None) -> t
 
 
 def cutout(x: torch.Tensor, generator: torch.Generator, size: int = CUTOUT_SIZE) -> torch.Tensor:
-    """Zero one size×size square per sample, centred uniformly on the image and clipped at its borders.
-
-    DeVries & Taylor's Cutout as FedSOL uses it: the centre may lie near an edge, so less than the full
-    square can be cut.
-    """
+    """DeVries & Taylor's Cutout as FedSOL uses it: zero a size×size square per sample, centred uniformly,
+    clipped at the borders."""
     b, _, h, w = x.shape
     rows = _window(h, _randint(h, (b, 1), generator, x.device), size)
     cols = _window(w, _randint(w, (b, 1), generator, x.device), size)

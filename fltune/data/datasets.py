@@ -1,10 +1,7 @@
 """The datasets fltune trains on, by name, as raw uint8 NCHW tensors with their normalisation constants.
 
-Images stay uint8 in memory (4x smaller than float32, and a pooled train+test split is copied into every
-Ray worker); ``augment.to_float`` normalises each batch. Each file format has its module, whose loader
-this registry calls: ``torchvision_sets`` (Fashion-MNIST's idx files, MNIST, EMNIST, CIFAR, SVHN),
-``medmnist`` (PathMNIST, TissueMNIST), ``image_trees`` (CINIC-10, Tiny-ImageNet); ``files`` holds the
-checks they share, so every missing or unusable file is one line raised before anything is trained.
+Images stay uint8 in memory (4x smaller than float32, shared by every Ray worker); ``augment.to_float``
+normalises each batch. A missing or unusable file is one line, raised before any training.
 """
 
 from __future__ import annotations
@@ -57,14 +54,12 @@ _SPECS: dict[str, _Spec] = {
     "cifar100": _Spec((0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762), "crop_flip"),
     # no flips for digits (a mirrored 2 is no 2); SVHN's usual recipe is no augmentation
     "svhn": _Spec((0.4377, 0.4438, 0.4728), (0.1980, 0.2010, 0.1970), "none"),
-    # FedSOL's code (train_tools/preprocessing): MedMNIST Normalize(mean=[0.5], std=[0.5]) and a flip;
-    # CINIC-10 its constants, and a 32-crop of the image reflection-padded by 4, then a flip
+    # FedSOL's code (train_tools/preprocessing): MedMNIST Normalize(0.5, 0.5) and a flip; CINIC-10 a reflect crop
     "pathmnist": _Spec((0.5,) * 3, (0.5,) * 3, "flip"),
     "tissuemnist": _Spec((0.5,), (0.5,), "flip"),
     "cinic10": _Spec((0.47889522, 0.47227842, 0.43047404), (0.24205776, 0.23828046, 0.25874835),
                      "reflect_crop_flip"),
-    # MAN's code (vcl-iisc/fedMAN:code/utils_dataset.py, its 'TinyImageNet' branch): ImageNet's constants;
-    # its Dataset.__getitem__ augments as FedDyn's code, a flip then half the time a crop, here at 64×64
+    # MAN's code (vcl-iisc/fedMAN:code/utils_dataset.py 'TinyImageNet'): ImageNet's constants, FedDyn's augment
     "tinyimagenet": _Spec((0.485, 0.456, 0.406), (0.229, 0.224, 0.225), "flip_crop_half"),
     "synthetic": _Spec(None, None, "none"),
 }
@@ -74,29 +69,21 @@ DATASETS: tuple[str, ...] = tuple(_SPECS)
 
 
 def load_dataset(name: str, root: str | Path | None = None, download: bool = False) -> Dataset:
-    """Load a dataset by name; repeated loads in a process are served from memory.
-
-    ``root`` is the directory holding torchvision's on-disk layout, MedMNIST's ``<name>.npz`` files,
-    CINIC-10's folders or Tiny-ImageNet's ``tiny-imagenet-200/`` (default ``~/.cache/fltune/data``);
-    Fashion-MNIST is also found in Debian's ``/usr/share/datasets/fashion-mnist`` when no root is given.
-    ``download=True`` fetches what is missing.
-    The returned tensors are shared by every caller: treat them as read-only.
-    """
+    """Load a dataset by name from ``root`` (default ``~/.cache/fltune/data``; Fashion-MNIST also from
+    Debian's folder), memoised per process: the tensors are shared, treat them as read-only."""
     if name not in _SPECS and not is_reference(name) and name not in plugins("dataset"):
         raise unknown("dataset", name, list(DATASETS))
     return _load(name, None if root is None else str(Path(root).expanduser().resolve()), download)
 
 
 def release_loaded() -> None:
-    """Forget every dataset this process loaded (the next :func:`load_dataset` reads the files again):
-    for a process that reads the workers' shared copy from now on (``engine.federation.open_all``)."""
+    """Forget every loaded dataset (the process reads the workers' shared copy from now on)."""
     _load.cache_clear()
 
 
 @lru_cache(maxsize=4)
 def _load(name: str, root: str | None, download: bool) -> Dataset:
-    """Load and wrap one dataset, built-in or the user's (``fltune.data.plugin``); cached on (name, absolute
-    root, download)."""
+    """Load and wrap one dataset, built-in or the user's (``fltune.data.plugin``)."""
     if name not in _SPECS:
         from fltune.data.plugin import load_user
 
@@ -111,13 +98,8 @@ def _load(name: str, root: str | None, download: bool) -> Dataset:
 
 
 def normalised(dataset: Dataset, how: str) -> Dataset:
-    """The dataset with the per-channel mean and std its batches are normalised by (``data.normalise``).
-
-    ``dataset``: its published constants (``_SPECS``); ``train``: those of its whole train split's pixels, as
-    FedCR's code normalises EMNIST (take it before :func:`subsample`, so a quick scale's share does not move
-    them); ``half``: 0.5 and 0.5, torchvision's ``Normalize((0.5,), (0.5,))``, FedCR's FMNIST. The images
-    stay the same uint8 tensors.
-    """
+    """The dataset with ``data.normalise``'s mean and std: ``dataset`` published, ``train`` the whole train
+    split's (FedCR's EMNIST; call before :func:`subsample`), ``half`` 0.5 and 0.5 (FedCR's FMNIST)."""
     if how == "dataset":
         return dataset
     if how == "train":
@@ -128,11 +110,7 @@ def normalised(dataset: Dataset, how: str) -> Dataset:
 
 
 def subsample(dataset: Dataset, fraction: float, seed: int) -> Dataset:
-    """Keep a seeded, class-stratified ``fraction`` of the train and of the test split.
-
-    Quick reproduction scales use it to shrink every client's data in proportion (the class balance,
-    hence what a partition does with it, is unchanged). Mean/std stay those of the full dataset.
-    """
+    """Keep a seeded, class-stratified ``fraction`` of both splits; mean/std stay the full dataset's."""
     if fraction >= 1:
         return dataset
     rng = np.random.default_rng([seed, 3])  # a stream of its own: not the partition's
@@ -155,12 +133,8 @@ def _pixel_stats(x: torch.Tensor) -> tuple[tuple[float, ...], tuple[float, ...]]
 
 
 def _load_synthetic(root: Path | None, download: bool) -> Splits:
-    """6000 train / 1000 test 1×28×28 images of 10 classes, identical in every process.
-
-    Each class is a random 7×7 grey pattern blown up to 28×28 (so convolutions have structure to
-    find); a sample is its class pattern plus Gaussian pixel noise (σ = 80 of 255), clipped to uint8.
-    Classes are balanced in both splits. ``root`` and ``download`` are ignored.
-    """
+    """6000 train / 1000 test 1×28×28 images of 10 balanced classes, identical in every process: a random
+    7×7 pattern per class blown up to 28×28, plus Gaussian noise (σ = 80 of 255)."""
     rng = np.random.default_rng(0x5EED)
     patterns = np.kron(rng.uniform(0, 255, (10, 7, 7)), np.ones((4, 4))).astype(np.float32)
     labels = np.concatenate([rng.permutation(np.arange(n) % 10) for n in (6000, 1000)])

@@ -1,8 +1,5 @@
-"""A dataset split over clients: one uint8 pool plus per-client index arrays, cached on disk.
-
-Workers index the shared pool instead of holding per-client copies. Partitions are cached as ``.npz``
-files named by a sha256 of everything that determines them, written atomically, so the trials of a
-sweep share one file and concurrent writers can never leave a half-written one behind.
+"""A dataset split over clients: one shared uint8 pool plus per-client index arrays. Partitions are cached as
+``.npz`` files named by a sha256 of everything that determines them, written atomically.
 """
 
 from __future__ import annotations
@@ -27,17 +24,14 @@ from fltune.folders import ReplaceOnClose
 
 
 def _unpickle(values: dict[str, Any], tensors: tuple[str, ...]) -> FederatedData:
-    """:meth:`FederatedData.__reduce__`'s inverse: tensors over the arrays' memory, no copy. Arrays from
-    the object store are read-only, which torch cannot mark on a tensor (it warns): nothing writes into
-    the pool, batches are gathered out of it."""
+    """:meth:`FederatedData.__reduce__`'s inverse, no copy (read-only arrays: nothing writes the pool)."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", "The given NumPy array is not writable")
         return FederatedData(**{k: torch.from_numpy(v) if k in tensors else v for k, v in values.items()})
 
 
-# k of the `classes` partition when partition.classes_per_client is unset. SimFAFL: 5 (EMNIST-L,
-# CIFAR-10), 3 (FMNIST), 15 (CIFAR-100). [U] for the rest: MNIST and synthetic as FMNIST (same shape,
-# 10 classes), SVHN as CIFAR-10, Tiny-ImageNet 30 of its 200 classes (CIFAR-100's 15 of 100, scaled).
+# k of the `classes` partition when unset. SimFAFL: EMNIST-L, CIFAR-10 5; FMNIST 3; CIFAR-100 15. [U] for the
+# rest, by analogy: MNIST/synthetic as FMNIST, SVHN as CIFAR-10, Tiny-ImageNet 30 of 200 (CIFAR-100 scaled).
 DEFAULT_CLASSES_PER_CLIENT: dict[str, int] = {
     "emnist_letters": 5, "cifar10": 5, "fmnist": 3, "cifar100": 15, "mnist": 3, "svhn": 5, "synthetic": 3,
     "cinic10": 5, "pathmnist": 3, "tissuemnist": 3, "tinyimagenet": 30,
@@ -74,39 +68,32 @@ class FederatedData:
         return len(self.client_train)
 
     def split(self, name: str) -> tuple[torch.Tensor, torch.Tensor]:
-        """(uint8 images, labels) of the global ``test`` split or of the ``val`` union, the clients' validation
-        data together: the server-side validation set (global models)."""
+        """(uint8 images, labels) of the global ``test`` split or of the union of clients' ``val`` splits."""
         if name == "test":
             return self.test_x, self.test_y
         idx = torch.from_numpy(np.sort(np.concatenate(self.client_val)))
         return self.x[idx], self.y[idx]
 
     def held_out(self, name: str) -> tuple[list[np.ndarray], list[int]]:
-        """Each client's own ``test`` (held-out) or ``val`` indices, and how many samples each was drawn
-        from: the held-out split is taken from the client's whole part, the validation split from what the
-        held-out split left for training."""
+        """Each client's ``test`` (held-out) or ``val`` indices, and how many samples each was drawn from."""
         trained = [len(t) + len(v) for t, v in zip(self.client_train, self.client_val, strict=True)]
         if name == "val":
             return self.client_val, trained
         return self.client_eval, [n + len(e) for n, e in zip(trained, self.client_eval, strict=True)]
 
     def __reduce__(self) -> tuple[Any, tuple[dict[str, Any], tuple[str, ...]]]:
-        """Pickled with numpy arrays in place of its tensors: Ray's object store then hands every worker
-        zero-copy views of one shared copy of the pool (pickle-5 out-of-band buffers, as Ray serialises
-        numpy) instead of a private copy each."""
+        """Pickled as numpy arrays, so Ray's object store gives every worker zero-copy views of one pool."""
         values = {f.name: getattr(self, f.name) for f in fields(self)}
         tensors = tuple(k for k, v in values.items() if isinstance(v, torch.Tensor))
         return _unpickle, ({k: values[k].numpy() if k in tensors else values[k] for k in values}, tensors)
 
     def without_test(self) -> FederatedData:
-        """The same data with no test split (global nor per-client held-out): what a tuning run holds, so
-        no objective can ever be measured on test data (``metrics.test: false``)."""
+        """The same data with no test split at all: a tuning run can never measure on test data."""
         return replace(self, test_x=self.test_x[:0], test_y=self.test_y[:0],
                        client_eval=[idx[:0] for idx in self.client_eval])
 
     def val_as_eval(self) -> FederatedData:
-        """The clients' validation splits in the place of their held-out splits: how the workers' personalised
-        evaluation (which reads ``client_eval``) scores each client's own model on its validation data."""
+        """Validation splits in place of held-out ones, for personalised evaluation (``client_eval``)."""
         return replace(self, client_eval=self.client_val)
 
 
@@ -117,24 +104,12 @@ def build_federated_data(
     cache_dir: str | Path | None = None,
 ) -> FederatedData:
     """Partition ``dataset`` over ``num_clients`` clients, hold out ``eval_fraction`` of each, then
-    ``val_fraction`` of what is left for training as the client's validation split.
+    ``val_fraction`` of the rest as validation (own seed stream: the partition does not depend on it).
 
-    ``pool_test=True`` is SimFAFL/FedCR's protocol: train and test are pooled before partitioning and
-    the global test split is the union of the clients' held-out splits, so no test sample is ever
-    trained on. Otherwise the pool is the train split and the global test split is the dataset's.
-    ``classes_per_client=None`` takes :data:`DEFAULT_CLASSES_PER_CLIENT` for the dataset.
-
-    The validation split is drawn after the cached partition, from a seed of its own, so the partition,
-    the held-out split and their cache files are the same whatever ``val_fraction`` is; with 0 the
-    training indices are exactly those of a run without validation.
-
-    ``test_per_client > 0`` is FedSOL's protocol instead of ``eval_fraction``: each client's held-out split is
-    drawn from the test split in the proportions of its own labels (:func:`aligned_test_split`, stream 3 of the
-    seed). Those test samples join the pool after the training samples, so the held-out split is indices into
-    the pool as ever; the global test split stays the dataset's.
-
-    Refused here, in one line naming the field, before any worker sees the data: a client left without
-    training samples, and a fraction that holds out nothing at all (:func:`check_held_out`).
+    ``pool_test=True`` (SimFAFL/FedCR): train and test pooled before partitioning, the global test split is
+    the union of the held-out splits. ``test_per_client > 0`` (FedSOL): held-out splits drawn from the test
+    split in each client's label proportions (:func:`aligned_test_split`), appended to the pool. Refuses a
+    client without training samples and a fraction that holds out nothing (:func:`check_held_out`).
     """
     if pool_test and eval_fraction == 0:
         raise FLTuneError(
@@ -173,26 +148,22 @@ def build_federated_data(
 
 def _aligned(y: torch.Tensor, train: list[np.ndarray], val: list[np.ndarray], test_y: torch.Tensor,
              num_classes: int, per_client: int, seed: int) -> list[np.ndarray]:
-    """Each client's :func:`aligned_test_split` indices into the test split, in the label proportions of its
-    whole part (training and validation), from stream 3 of the seed."""
+    """Each client's :func:`aligned_test_split`, in the proportions of its whole part, from stream 3."""
     labels = [y[np.concatenate(part)].numpy() for part in zip(train, val, strict=True)]
     return aligned_test_split(labels, test_y.numpy(), num_classes, per_client, _stream(seed, 3))
 
 
 def split_validation(train: list[np.ndarray], val_fraction: float,
                      seed: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    """Each client's training indices → (training, validation); with 0 the training indices are untouched.
-    A stream of its own (:func:`_stream`): turning validation on moves no sample between clients or into the
-    held-out data."""
+    """Each client's training indices → (training, validation), from a seed stream of its own."""
     if val_fraction == 0:
         return train, [idx[:0] for idx in train]
     return split_train_eval(train, val_fraction, _stream(seed, 2))
 
 
 def _stream(seed: int, stream: int) -> int:
-    """The seed of stream ``stream`` of ``seed``: the partition draws from the seed itself (stream 0), the
-    held-out split from 1, the validation split from 2 and FedSOL's aligned test splits from 3, so none
-    replays another's random numbers."""
+    """Seed of stream ``stream`` of ``seed`` (0 partition, 1 held-out, 2 validation, 3 FedSOL's aligned
+    test), so none replays another's random numbers."""
     return int(np.random.SeedSequence([seed, stream]).generate_state(1)[0])
 
 
@@ -224,12 +195,7 @@ def _cached_split(name: str, labels: np.ndarray, num_classes: int, params: dict,
 
 
 def _read(path: Path, meta: str) -> tuple[list[np.ndarray], list[np.ndarray]] | None:
-    """The cached split at ``path`` if it exists, was made from exactly ``meta`` and is intact.
-
-    A cache is only a shortcut: a file that cannot be read back whole (truncated, damaged, not an ``.npz``
-    at all) is rebuilt and replaced, never fatal. ``_unflatten`` checks that the sizes add up, so a file
-    whose arrays parse but disagree is rebuilt too.
-    """
+    """The cached split at ``path`` if made from exactly ``meta`` and intact; else None (never fatal)."""
     if not path.is_file():
         return None
     try:

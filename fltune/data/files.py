@@ -1,6 +1,5 @@
-"""Reading a dataset's files with one clear line for every problem: a file that is not where fltune looked
-(:class:`DatasetMissing`, naming every path and how to get it) or one that is there but unusable (truncated,
-not gzip, checksum mismatch: :class:`DatasetCorrupt`, naming the file and how to replace it)."""
+"""Reading a dataset's files with one clear line per problem: :class:`DatasetMissing` (every path looked in,
+how to get it) or :class:`DatasetCorrupt` (the file, how to replace it)."""
 
 from __future__ import annotations
 

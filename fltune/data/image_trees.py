@@ -27,9 +27,7 @@ Samples = list[tuple[str, int]]  # (image path, class index), in torchvision Dat
 
 @dataclass(frozen=True)
 class _ImageTree:
-    """A dataset published as one archive of image folders, decoded once into :data:`DECODED_CACHE` beside
-    them: what the code CINIC-10 and Tiny-ImageNet share (find or download, list, decode, cache) needs to
-    know of it, so that both datasets run the same code and word their errors the same way."""
+    """A dataset published as one archive of image folders (CINIC-10, Tiny-ImageNet share the code)."""
 
     name: str  # fltune's name (DatasetMissing lines, NUM_CLASSES)
     title: str  # the name its authors print (DatasetCorrupt lines)
@@ -51,8 +49,8 @@ class _ImageTree:
 
 
 def _find_tree(tree: _ImageTree, dirs: list[Path], download: bool, into: Path) -> Path:
-    """The first of ``dirs`` holding both of ``tree``'s split folders; with ``download``, where none does, the
-    archive is fetched and extracted into ``into``, which must put them in ``dirs[0]``."""
+    """The first of ``dirs`` holding both split folders; else, with ``download``, the archive extracted into
+    ``into`` (which must fill ``dirs[0]``)."""
     found = next((d for d in dirs if _holds(d, tree)), None)
     if found is None and download:
         _download_tree(tree, dirs, into)
@@ -71,11 +69,8 @@ def _holds(folder: Path, tree: _ImageTree) -> bool:
 
 
 def _image_folder(folder: Path, tree: _ImageTree) -> tuple[list[str], Samples]:
-    """torchvision ``DatasetFolder``'s classes and (path, class index) samples of ``folder``, in its order.
-
-    Class index = rank of the class folder's name; samples sorted by class, then by path, found at any depth
-    (``make_dataset`` walks each class folder, so Tiny-ImageNet's ``<wnid>/images/*.JPEG`` are found).
-    """
+    """torchvision ``DatasetFolder``'s classes and (path, class index) samples of ``folder``, in its order
+    (at any depth, so Tiny-ImageNet's ``<wnid>/images/*.JPEG`` are found)."""
     from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes, make_dataset
 
     try:
@@ -98,12 +93,9 @@ def _check_class_count(folder: Path, classes: list[str], tree: _ImageTree) -> No
 def _decoded(folder: Path, train: Samples, test: Samples, tree: _ImageTree) -> Splits:
     """train_x, train_y, test_x, test_y of the samples, from ``folder/fltune-uint8.npz`` when it holds them.
 
-    Decoding the images takes minutes, so the cache (uncompressed: it loads in seconds) records a digest of
-    the listing it was decoded from: every sample's path, size and label. A cache whose digest differs (files
-    added, removed, renamed, relabelled or replaced by ones of another size), or that cannot be read, is
-    decoded again and rewritten. It is written whole or not at all (``folders.ReplaceOnClose``), so
-    concurrent loads never see half of one; where the folder is not writable the splits are decoded on every
-    load instead.
+    The cache (uncompressed, for fast loads) records a digest of the listing it was decoded from (every
+    sample's path, size and label); one whose digest differs or that cannot be read is decoded again and
+    rewritten, whole or not at all (``folders.ReplaceOnClose``). A read-only folder is decoded on every load.
     """
     cache, digest = folder / DECODED_CACHE, _listing_digest(folder, train + test, tree.how_to_replace)
     arrays = _read_decoded_cache(cache, digest, tree.size)
@@ -127,8 +119,7 @@ def _listing_digest(folder: Path, samples: Samples, how: str) -> str:
 
 
 def _read_decoded_cache(cache: Path, digest: str, size: int) -> list[np.ndarray] | None:
-    """The cached splits if ``cache`` is a whole cache of this listing (images uint8 [N, 3, size, size]),
-    else None (decode again)."""
+    """The cached splits if ``cache`` is a whole cache of this listing, else None."""
     if not cache.is_file():
         return None
     try:
@@ -145,14 +136,14 @@ def _read_decoded_cache(cache: Path, digest: str, size: int) -> list[np.ndarray]
 
 
 def _decode_rgb(samples: Samples, tree: _ImageTree) -> tuple[np.ndarray, np.ndarray]:
-    """The samples' images as uint8 [N, 3, size, size] and their labels. PIL's ``convert("RGB")``, as
-    torchvision's default loader in FedSOL's and MAN's code, makes a grey image 3 equal channels."""
+    """The samples' images as uint8 [N, 3, size, size] and their labels; ``convert("RGB")`` as torchvision's
+    loader in FedSOL's and MAN's code (a grey image gets 3 equal channels)."""
     from PIL import Image
     from rich.console import Console
     from rich.progress import track
 
     images = np.empty((len(samples), 3, tree.size, tree.size), dtype=np.uint8)
-    shown = Console(stderr=True)  # a bar in a terminal (minutes for 100,000 images), nothing in a log
+    shown = Console(stderr=True)  # a bar in a terminal, nothing in a log
     for i, (path, _) in enumerate(track(samples, f"decoding {len(samples):,} {tree.title} images (once: cached)",
                                         console=shown, transient=True, disable=not shown.is_terminal)):
         try:
@@ -168,13 +159,9 @@ def _decode_rgb(samples: Samples, tree: _ImageTree) -> tuple[np.ndarray, np.ndar
 
 
 def _download_tree(tree: _ImageTree, dirs: list[Path], into: Path) -> None:
-    """Fetch ``tree``'s archive into ``into`` and extract it there.
-
-    ``download_url`` then ``extract_archive``, not ``download_and_extract_archive``, so that a failed download
-    (DatasetMissing) and an archive that does not extract (DatasetCorrupt naming it) are told apart. A partial
-    or mismatching download is deleted: without an MD5 torchvision would take it for complete next time. The
-    archive is deleted once extracted (its images are in the folders again).
-    """
+    """Fetch ``tree``'s archive into ``into`` and extract it there, in two steps to tell a failed download
+    (DatasetMissing) from a bad archive (DatasetCorrupt). A partial download is deleted: without an MD5
+    torchvision would take it for complete next time."""
     from torchvision.datasets.utils import download_url, extract_archive
 
     archive = into / Path(tree.url).name
@@ -198,13 +185,8 @@ _CINIC10 = _ImageTree("cinic10", "CINIC-10", ("train", "test"), 32, CINIC10_URL,
 
 
 def load_cinic10(root: Path | None, download: bool) -> Splits:
-    """CINIC-10 as FedSOL's code reads it: ``train/`` (90,000 images) and ``test/`` (90,000), RGB 32×32.
-
-    Samples are those torchvision's ``DatasetFolder`` lists, in its order: class index = rank of the class
-    folder's name (airplane 0 … truck 9), sorted by class, then by path. The folder holding both splits is
-    ``<root>/cinic10`` (FedSOL's layout; where ``download=True`` extracts the tarball), else
-    ``<root>/CINIC-10``, else ``<root>``. Decoding 180,000 PNGs takes minutes, so the decoded splits are
-    cached in that folder (:func:`_decoded`).
+    """CINIC-10 as FedSOL's code reads it: ``train/`` and ``test/``, RGB 32×32, in ``DatasetFolder`` order,
+    from ``<root>/cinic10`` (FedSOL's layout, where a download extracts), ``<root>/CINIC-10`` or ``<root>``.
     """
     base = root or default_root()
     dirs = [base / "cinic10", base / "CINIC-10", base]
@@ -226,15 +208,11 @@ _TINYIMAGENET = _ImageTree("tinyimagenet", "Tiny-ImageNet", ("train", "val"), 64
 
 
 def load_tinyimagenet(root: Path | None, download: bool) -> Splits:
-    """Tiny-ImageNet-200 as MAN's code reads it: ``train/`` (100,000 images) trains, ``val/`` (10,000) tests.
+    """Tiny-ImageNet-200 as MAN's code reads it: ``train/`` trains, ``val/`` tests.
 
-    The folder is the cs231n zip's ``tiny-imagenet-200/``: ``<root>/tiny-imagenet-200`` (where
-    ``download=True`` extracts the zip), else ``<root>/tinyimagenet``, else ``<root>``. Train samples are
-    torchvision ``ImageFolder``'s, in its order (class index = rank of the wnid folder's name under
-    ``train/``), as MAN's ImageFolder path reads them. The val images are labelled by
-    ``val/val_annotations.txt`` through the same wnid → index map and ordered by file name; each is taken
-    from ``val/images/<file>`` (the zip's layout) or ``val/images/<wnid>/<file>`` (the one MAN's code moves
-    them into). Decoded once into a cache in that folder (:func:`_decoded`).
+    From ``<root>/tiny-imagenet-200`` (where a download extracts), ``<root>/tinyimagenet`` or ``<root>``.
+    Train samples in ``ImageFolder`` order; val images labelled by ``val/val_annotations.txt`` through the
+    same wnid → index map, by file name, from ``val/images/`` or ``val/images/<wnid>/`` (MAN's layout).
     """
     base = root or default_root()
     found = _find_tree(_TINYIMAGENET, [base / "tiny-imagenet-200", base / "tinyimagenet", base], download, base)
@@ -244,8 +222,8 @@ def load_tinyimagenet(root: Path | None, download: bool) -> Splits:
 
 
 def _tinyimagenet_val(folder: Path, classes: list[str]) -> Samples:
-    """The val split's (path, class index) samples by file name, from ``val_annotations.txt`` (tab-separated:
-    file name, wnid, 4 box numbers); an unusable line or a missing file → one DatasetCorrupt line naming it."""
+    """The val split's (path, class index) samples by file name, from ``val_annotations.txt``; a bad line or
+    missing file → one DatasetCorrupt line."""
     annotations, how = folder / "val_annotations.txt", _TINYIMAGENET.how_to_replace
     try:
         lines = annotations.read_text(encoding="utf-8").splitlines()

@@ -1,10 +1,8 @@
 """Where each dataset's files are looked for, known without torch.
 
-The loaders (``fltune.data.datasets``) look in these places and no others, and a command checks them before
-it imports torch or starts Ray (``check_here``): a dataset that is nowhere there is one line at once rather
-than after the seconds those take. Only absence is decided here; whether the files that are there are
-whole and readable is the loader's to say (``DatasetCorrupt``), as is every dataset whose folder this
-module leaves to it (CINIC-10, Tiny-ImageNet: a folder of the root itself may hold them).
+The loaders look in these places and no others, and a command checks them before importing torch or starting
+Ray (``check_here``), so a missing dataset is one line at once. Only absence is decided here; damage is the
+loader's to report (``DatasetCorrupt``), as are datasets not listed (CINIC-10, Tiny-ImageNet).
 """
 
 from __future__ import annotations
@@ -58,8 +56,7 @@ WHERE: dict[str, Callable[[Path | None], tuple[list[Path], str]]] = {
 
 
 def check_here(name: str, root: str | None, download: bool) -> None:
-    """The loader's own "not found" line, now, when none of the paths it looks in exists (and nothing is to be
-    downloaded); datasets it finds by other means are left to it."""
+    """The loader's own "not found" line, now, when none of its paths exists and nothing is to download."""
     if download or name not in WHERE:
         return
     looked_in, how = WHERE[name](Path(root).expanduser().resolve() if root else None)

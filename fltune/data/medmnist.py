@@ -20,9 +20,8 @@ from fltune.data.locations import WHERE, missing
 
 @dataclass(frozen=True)
 class _MedMNIST:
-    """A MedMNIST v2 file as the MedMNIST package publishes it (``medmnist/info.py``, v2.1 to v3.0: the
-    28×28 files of Zenodo records 6496656 and 10519652 are the same, same MD5), and one image's shape in it
-    (H, W for grey, H, W, C for colour)."""
+    """A MedMNIST v2 file as published (``medmnist/info.py``, v2.1 to v3.0; Zenodo 6496656 and 10519652 hold
+    the same 28×28 files) and one image's shape in it (H, W or H, W, C)."""
 
     url: str
     md5: str
@@ -41,16 +40,9 @@ _MEDMNIST_SPLITS = ("train", "val", "test")
 def load_medmnist(name: str, root: Path | None, download: bool) -> Splits:
     """A MedMNIST v2 ``.npz``, read as FedSOL's code reads it (``train_tools/preprocessing/medmnist``).
 
-    The train split is the file's train images then its val images (FedSOL trains on both), the test split
-    its test images; labels [N, 1] are raveled. Images keep the file's channels: TissueMNIST is 1×28×28 here
-    where FedSOL's code converts it to 3 identical channels, but a first conv over 3 equal channels is a conv
-    over the one channel with the kernels summed, the same function class (fltune's models take the data's
-    own channel count). The file is ``<root>/<name>.npz``, else FedSOL's ``<root>/medmnist/<name>.npz``.
-
-    An existing file is not hashed against its published MD5 (downloads are: :func:`_download_medmnist`);
-    it is checked for what a cut-off or damaged download fails instead: a whole zip whose members pass their
-    CRC-32, with every key, uint8 images of the right shape, one label per image, labels in range. So a
-    file that is right but not byte-identical (re-saved with ``np.savez``, another packaging) still loads.
+    Train is the file's train then val images (FedSOL trains on both). Images keep the file's channels
+    (FedSOL's 3 equal TissueMNIST channels span the same function class). An existing file is not hashed but
+    checked (CRC-32, keys, dtypes, shapes, labels), so a re-saved file still loads.
     """
     looked_in, how = WHERE[name](root)
     found = next((p for p in looked_in if p.exists()), None)
@@ -71,11 +63,7 @@ def load_medmnist(name: str, root: Path | None, download: bool) -> Splits:
 
 
 def _read_npz(path: Path, keys: Sequence[str], how: str) -> dict[str, np.ndarray]:
-    """The arrays ``keys`` of an ``.npz`` file, each member's CRC-32 checked as it is read.
-
-    ``np.load`` fails on a damaged file with a bare zip, pickle or reshape error; this names the file and
-    the fault (not a zip, cut off, a bad CRC, a missing key, not a numeric array).
-    """
+    """The arrays ``keys`` of an ``.npz`` file, CRC-32 checked; a damaged file is one line naming the fault."""
     try:
         with zipfile.ZipFile(path) as archive:
             held = sorted(n.removesuffix(".npy") for n in archive.namelist())
@@ -118,12 +106,8 @@ def _medmnist_split(path: Path, arrays: dict[str, np.ndarray], split: str, image
 
 
 def _download_medmnist(name: str, looked_in: list[Path]) -> Path:
-    """Fetch ``<root>/<name>.npz`` (the first place looked) from Zenodo, checked against its published MD5.
-
-    torchvision's ``download_url`` writes to its target and leaves it there when the MD5 differs; so the
-    download goes to ``<name>.npz.part`` and is moved into place only once it matches, and an interrupted or
-    damaged download never sits where the next load would take it for the dataset.
-    """
+    """Fetch ``<root>/<name>.npz`` from Zenodo via a ``.part`` file, moved into place only once its MD5
+    matches (``download_url`` would leave a mismatching file in place)."""
     from torchvision.datasets.utils import download_url
 
     info, path = _MEDMNIST[name], looked_in[0]

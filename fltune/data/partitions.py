@@ -1,12 +1,10 @@
 """Seeded splits of a label array over clients (docs/methods.md §0, "Partitions").
 
-Every function here is pure: labels, sizes and a seed in, sorted int64 index arrays out. All randomness
-comes from one ``numpy.random.default_rng(seed)``, so a partition is a function of its arguments and can
-be cached on disk (see ``federated.py``). A sample lands in at most one client (``class_shards`` aside, in
-the one case :func:`_class_shards` names); ``iid``, ``dirichlet``, ``shards`` and ``class_shards`` place
-every sample, ``classes`` and ``dirichlet_prior`` give every client the same
-``len(labels) // num_clients`` samples and so drop a remainder of fewer than ``num_clients`` samples
-(``classes`` drops more only when its owned classes cannot fill every client; see :func:`_classes`).
+Pure functions: labels, sizes and a seed in, sorted int64 index arrays out, all randomness from one
+``numpy.random.default_rng(seed)``, so a partition can be cached on disk (``federated.py``). A sample lands in
+at most one client (except as :func:`_class_shards` names). ``iid``, ``dirichlet``, ``shards`` and
+``class_shards`` place every sample; ``classes`` and ``dirichlet_prior`` give every client
+``len(labels) // num_clients`` samples and drop the remainder (``classes`` more, see :func:`_classes`).
 """
 
 from __future__ import annotations
@@ -34,9 +32,8 @@ def partition(
     - ``shards``: label-sorted shards, ``shards_per_client`` per client.
     - ``class_shards``: each class cut into its own shards, ``shards_per_client`` per client (FedSOL's code).
 
-    Raises :class:`FLTuneError` naming the config field (``partition.*``, ``federation.clients``) when
-    the arguments cannot make a partition with these labels; what a field allows alone (``kind``, ``alpha``)
-    the config checks.
+    Raises :class:`FLTuneError` naming the config field when these labels admit no such partition (what a
+    field allows alone, the config checks).
     """
     labels = _check_labels(labels, num_classes)
     if not 1 <= num_clients <= len(labels):
@@ -61,10 +58,7 @@ def partition(
 def split_train_eval(
     indices: list[np.ndarray], eval_fraction: float, seed: int,
 ) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    """Per client, a seeded shuffle; the first ``round((1 - f)·n)`` train, the rest eval (SimFAFL 70/30).
-
-    ``eval_fraction = 0`` gives empty eval arrays. Both halves come back sorted.
-    """
+    """Per client, a seeded shuffle: the first ``round((1 - f)·n)`` train, the rest eval (SimFAFL 70/30)."""
     rng = np.random.default_rng(seed)
     train, held_out = [], []
     for part in indices:
@@ -81,10 +75,8 @@ def aligned_test_split(
     """Per client, test samples in the proportions of its own labels: FedSOL's per-client ``test_align``
     split (``Lee-Gihun/FedSOL:train_tools/preprocessing/partition_strategy.py test_data_partitioning``).
 
-    For each class c of client share p_c, int(``per_client``·p_c) test samples of class c (all of them when
-    the class has fewer), drawn without replacement for that client alone, so two clients' splits may share
-    samples, as in the code. p_c and the product are float32, as the code's torch tensors compute them, so the
-    counts are the code's. Indices into ``test_labels``, in class order, each class's sorted.
+    For each class of share p_c, int(``per_client``·p_c) samples (float32, as the code's tensors), drawn per
+    client, so splits may overlap as in the code. Indices into ``test_labels``, sorted within each class.
     """
     rng = np.random.default_rng(seed)
     by_class = [np.flatnonzero(test_labels == c) for c in range(num_classes)]
@@ -99,10 +91,9 @@ def aligned_test_split(
 
 def check_held_out(field: str, fraction: float, held_out: list[np.ndarray], sizes: list[int],
                    each_client: str | None = None) -> None:
-    """Refuse a ``fraction`` > 0 that :func:`split_train_eval` turned into no sample at all (every figure
-    the split exists for would be unmeasurable), or, when ``each_client`` says what scores every client on
-    its own split, into none for some client. Above 0.5/n a client of n samples holds out at least one:
-    round((1 − f)·n) ≤ n − 1 once (1 − f)·n < n − 0.5."""
+    """Refuse a ``fraction`` > 0 that :func:`split_train_eval` turned into no sample at all, or (when
+    ``each_client`` names what scores every client on its own split) none for some client. Above 0.5/n a
+    client of n samples holds out one: round((1 − f)·n) ≤ n − 1 once (1 − f)·n < n − 0.5."""
     if fraction == 0:
         return
     empty = [n for idx, n in zip(held_out, sizes, strict=True) if len(idx) == 0]
@@ -147,22 +138,11 @@ def _classes(labels: np.ndarray, num_classes: int, num_clients: int, k: int,
              rng: np.random.Generator) -> list[np.ndarray]:
     """Client j owns classes {(j+t) mod C : t<k} and gets ``len(labels) // N`` samples of them.
 
-    ``haozzh/FedCR:utils/utils_dataset.py`` rule ``noniid`` deals one sample at a time to the
-    least-filled client, from its least-filled owned class with data left, and when all its owned
-    classes are gone takes a sample from a random client sharing a class. The same goals, in bulk:
-
-    1. :func:`_balanced_plan`: the most even fractional counts with every client at its size and no
-       class over-drawn. With enough data of each class every owned class gets n/k; a class in short
-       supply is split evenly among its owners, who make up the rest from their other classes.
-    2. Round down, then :func:`_fill_levels` hands out the few remaining samples one per owned class
-       (each client's first classes in (j+t) order; a class with fewer samples than requests picks
-       its takers at random). With enough data of every class, a client's counts differ by ≤ 1.
-    3. :func:`_reroute`: a client still short takes samples along a chain of clients sharing a class
-       (FedCR's stealing, as augmenting paths).
-
-    Clients reach their size whenever any assignment can; if none can (e.g. k = 1 and a class smaller
-    than its owners' demand, or N < C so some class has no owner), those clients stay smaller rather
-    than receive a class they do not own, and the unused samples are dropped.
+    ``haozzh/FedCR:utils/utils_dataset.py`` rule ``noniid`` (one sample at a time, stealing when a client's
+    classes run dry), in bulk: :func:`_balanced_plan`, rounded down; :func:`_fill_levels` for the remainder
+    (counts then differ by ≤ 1 given enough data); :func:`_reroute` for FedCR's stealing as augmenting paths.
+    Where no assignment fills a client (e.g. k = 1 and a small class, or N < C), it stays smaller rather than
+    receive a class it does not own.
     """
     owned = (np.arange(num_clients)[:, None] + np.arange(k)[None, :]) % num_classes
     supply = np.bincount(labels, minlength=num_classes)
@@ -181,11 +161,9 @@ def _balanced_plan(owned: np.ndarray, supply: np.ndarray, per_client: int,
                    max_iterations: int = 5000) -> np.ndarray:
     """Fractional [clients, k] counts: rows sum to ``per_client``, class totals stay ≤ ``supply``.
 
-    The maximum-entropy such plan, by Bregman's balancing (Sinkhorn scaling with one factor ≤ 1 per
-    class): plan[j, t] = r_j · s_{owned[j, t]}; r makes every row exact, s shrinks only classes drawn
-    beyond their supply, so a client splits evenly over the owned classes that are not scarce. Stops
-    once no class is over-drawn by more than 0.1 sample; if the constraints cannot all hold, the last
-    plan is scaled down to the supply (leaving some rows short).
+    The maximum-entropy plan by Bregman's balancing (Sinkhorn scaling): plan[j, t] = r_j · s_{owned[j, t]},
+    s ≤ 1 shrinking only over-drawn classes. Stops at 0.1 sample over-drawn; if infeasible, the last plan is
+    scaled down to the supply (some rows short).
     """
     scale = np.ones(len(supply))
     for _ in range(max_iterations):
@@ -202,12 +180,8 @@ def _balanced_plan(owned: np.ndarray, supply: np.ndarray, per_client: int,
 
 def _fill_levels(owned: np.ndarray, counts: np.ndarray, left: np.ndarray, need: np.ndarray,
                  rng: np.random.Generator) -> None:
-    """Raise every client with room by one sample of each owned class with data left, per level, in place.
-
-    A client with less room than open classes takes its first ones in (j+t) order (FedCR's stable tie
-    break); a class with fewer samples than requests grants a random subset of them. Called on the
-    rounded-down plan, so it runs a few levels (about k) unless the plan hit the supply.
-    """
+    """Raise every client with room by one sample of each owned class with data left, per level, in place;
+    (j+t) order breaks ties (FedCR's), a scarce class grants a random subset."""
     while True:
         wants = (left[owned] > 0) & (need[:, None] > 0)
         if not wants.any():
@@ -236,10 +210,8 @@ def _grant_one_level(owned: np.ndarray, wants: np.ndarray, left: np.ndarray,
 def _reroute(owned: np.ndarray, counts: np.ndarray, left: np.ndarray, need: np.ndarray) -> None:
     """Fill clients whose owned classes ran dry through chains of clients sharing a class, in place.
 
-    A chain j --c1--> i1 --c2--> ... --cm-->(spare data of cm): j takes c1 from i1, i1 replaces it with
-    c2 from i2, ..., the last client takes spare cm. Found by breadth-first search over clients; each
-    chain moves as many samples as its narrowest link. A client with no chain never gains one later
-    (max-flow), so it is left short.
+    Chain j --c1--> i1 --c2--> ... --cm--> (spare cm), found breadth-first, moves its narrowest link's amount.
+    A client with no chain never gains one later (max-flow), so it is left short.
     """
     num_classes = len(left)
     for start in np.flatnonzero(need > 0):
@@ -293,11 +265,9 @@ def _dirichlet_prior(labels: np.ndarray, num_classes: int, num_clients: int, alp
                      rng: np.random.Generator) -> list[np.ndarray]:
     """Per-client prior π_i ~ Dir(α·1_C); equal sizes; each sample's class drawn from its client's prior.
 
-    ``haozzh/FedCR`` rule ``Dirichlet`` picks a client with room, draws a class from π_i, redraws while
-    that class is exhausted, and assigns one sample. Here the order in which clients with room are
-    served is a random permutation of ``n`` copies of every client (each pick is proportional to the
-    room left rather than uniform over clients with room [U]), and "redraw while exhausted" is drawn
-    directly as π_i restricted to the classes still available, which is the same distribution.
+    ``haozzh/FedCR`` rule ``Dirichlet`` picks a client with room, draws a class from π_i, redraws while it is
+    exhausted. Here clients are served in a random permutation of ``n`` copies of each (picks proportional to
+    room left, not uniform [U]), and the redraw is π_i restricted to available classes (same distribution).
     """
     per_client = len(labels) // num_clients
     priors = rng.dirichlet(np.full(num_classes, alpha), size=num_clients)
@@ -309,17 +279,13 @@ def _dirichlet_prior(labels: np.ndarray, num_classes: int, num_clients: int, alp
 
 def _draw_classes(priors: np.ndarray, clients: np.ndarray, left: np.ndarray, rng: np.random.Generator,
                   chunk: int = 8192) -> np.ndarray:
-    """One class per entry of ``clients``, from that client's prior over classes not yet exhausted.
-
-    Draws a chunk at once, keeps the prefix before the first draw that would overdraw a class, and
-    redraws the rest with that class removed: at most ``len/chunk + C`` rounds of vectorised work.
-    """
+    """One class per entry of ``clients``, from that client's prior over classes not yet exhausted (chunks,
+    keeping the prefix before the first overdraw: at most ``len/chunk + C`` rounds)."""
     classes = np.empty(len(clients), dtype=np.int64)
     pos = 0
     while pos < len(clients):
         cdf = np.cumsum(_available_priors(priors, left > 0), axis=1)[clients[pos:pos + chunk]]
-        # inverse CDF; u < cdf[:, -1] and zero-mass classes repeat the previous CDF value, so the
-        # count of CDF entries ≤ u is always a class with mass
+        # inverse CDF; zero-mass classes repeat the previous value, so the count of entries ≤ u has mass
         u = rng.random(len(cdf)) * cdf[:, -1]
         drawn = (cdf <= u[:, None]).sum(axis=1)
         keep = _prefix_within_supply(drawn, left)
@@ -353,8 +319,7 @@ def _dirichlet(labels: np.ndarray, num_classes: int, num_clients: int, alpha: fl
                rng: np.random.Generator) -> list[np.ndarray]:
     """FedML's LDA split: per class p ~ Dir(α·1_N), full clients zeroed, split at cumulative proportions.
 
-    A client is full once it holds ≥ len/N samples. The whole draw is repeated until the smallest
-    client has ≥ ``min_size`` samples, at most :data:`DIRICHLET_MAX_DRAWS` times.
+    Full: ≥ len/N samples. Redrawn until every client has ≥ ``min_size`` (:data:`DIRICHLET_MAX_DRAWS` times).
     """
     if min_size * num_clients > len(labels):
         raise FLTuneError(
@@ -392,11 +357,7 @@ def _lda_counts(class_sizes: np.ndarray, num_clients: int, alpha: float,
 
 def _shards(labels: np.ndarray, num_clients: int, shards_per_client: int,
             rng: np.random.Generator) -> list[np.ndarray]:
-    """Sort by label, cut into N·s shards (sizes differ by at most 1), give each client s at random.
-
-    Ties within a label are broken by a seeded shuffle, so which samples share a shard depends on the
-    seed too. Every sample is placed.
-    """
+    """Sort by label (ties shuffled), cut into N·s near-equal shards, give each client s at random."""
     num_shards = num_clients * shards_per_client
     if shards_per_client < 1 or num_shards > len(labels):
         raise FLTuneError(
@@ -413,13 +374,11 @@ def _shards(labels: np.ndarray, num_clients: int, shards_per_client: int,
 def _class_shards(labels: np.ndarray, num_classes: int, num_clients: int, shards_per_client: int,
                   rng: np.random.Generator) -> list[np.ndarray]:
     """FedSOL's sharding as its code runs it (``Lee-Gihun/FedSOL:train_tools/preprocessing/
-    partition_strategy.py``, ``_sharding_partition``): every class alone is cut, in the data's order, into
-    m = ⌊s·N/C⌋ shards (its first n_c mod m shards one sample longer), so no shard mixes two classes and a
-    client's size depends on its classes' sizes. A shuffled plan of every class m times, padded up to a
-    multiple of N by repeating its entries 1, 2, … (the code's padding), gives each client s labels; for
-    each label the client takes a random one of that class's shards left. Where the padding hands a client
-    only labels whose shards are gone (C ∤ s·N, e.g. 9 classes over 200 clients × 2), the code gives that
-    client the previous client's samples, and so does this: then two clients hold the same samples.
+    partition_strategy.py``, ``_sharding_partition``): each class is cut, in data order, into m = ⌊s·N/C⌋
+    shards, so no shard mixes classes. A shuffled plan of every class m times, padded to a multiple of N by
+    repeating entries 1, 2, … (the code's padding), gives each client s labels, each a random shard left of
+    that class. A client handed only labels whose shards are gone (C ∤ s·N) gets the previous client's
+    samples, as in the code: then two clients hold the same samples.
     """
     per_class = shards_per_client * num_clients // num_classes
     if shards_per_client < 1 or per_class < 1:

@@ -1,10 +1,7 @@
 """A dataset of the user's own: what its loader returns, and how it becomes fltune's uint8 splits.
 
-``data.dataset`` may name a loader by reference or as an installed plug-in (``fltune.plugins``):
-``loader(root, download) -> UserDataset``, given ``data.root`` and ``data.download``. Its splits are either
-(images, labels) tensors or torchvision-style datasets (``ds[i] -> (PIL image or array or tensor, label)``);
-``fltune.data.datasets.load_dataset`` turns them into the uint8 NCHW tensors every built-in dataset is, so
-partitions, caching, augmentation and evaluation treat it as one of them.
+``data.dataset`` may name a loader ``loader(root, download) -> UserDataset`` (``fltune.plugins``). Its splits,
+(images, labels) tensors or torchvision-style datasets, become uint8 NCHW tensors like every built-in's.
 """
 
 from __future__ import annotations
@@ -25,10 +22,9 @@ from fltune.plugins import EXPECTED, resolve
 class UserDataset:
     """A dataset plug-in's answer: its two splits, its class count and its normalisation.
 
-    ``train``/``test``: (images, labels) with images uint8 [N, C, H, W] (or [N, H, W]) or float in [0, 1],
-    or a torchvision-style dataset of (image, label) pairs. ``mean``/``std``: per channel on the [0, 1]
-    scale; None = the train split's own. ``augment``: the training augmentation ``data.augment: auto``
-    picks (one of the config's ``data.augment`` values)."""
+    ``train``/``test``: (images, labels), images uint8 [N, C, H, W] (or [N, H, W]) or float in [0, 1], or a
+    torchvision-style dataset of (image, label). ``mean``/``std``: per channel on [0, 1]; None = the train
+    split's. ``augment``: what ``data.augment: auto`` picks."""
 
     train: Any
     test: Any

@@ -24,11 +24,7 @@ _FMNIST_REPLACE = f"{HOW_TO_REPLACE} (Debian's copy: apt-get install --reinstall
 
 
 def load_fmnist(root: Path | None, download: bool) -> Splits:
-    """Read the four idx(.gz) files from the first directory that holds them all.
-
-    With a root: ``root`` itself, then torchvision's ``root/FashionMNIST/raw``. Without: Debian's
-    directory, then torchvision's layout under the default root (where ``download=True`` puts them).
-    """
+    """Read the four idx(.gz) files from the first directory of ``locations.WHERE`` that holds them all."""
     base = root or default_root()
     dirs, how = WHERE["fmnist"](root)
     found = next((d for d in dirs if all(_idx_path(d, f) for f in _FMNIST_FILES)), None)
@@ -56,11 +52,8 @@ def _idx_path(directory: Path, stem: str) -> Path | None:
 
 
 def _read_idx(path: Path, item_shape: tuple[int, ...], how: str) -> np.ndarray:
-    """Parse an idx file of unsigned bytes (the MNIST family's format) into an array, checking its header.
-
-    The header is magic ``00 00 08 d`` (unsigned bytes, d dimensions) then d big-endian int32 sizes; the
-    payload must hold exactly their product of bytes, and items must have ``item_shape``.
-    """
+    """Parse an idx file of unsigned bytes into an array, checking magic ``00 00 08 d``, the d sizes against
+    the payload, and ``item_shape``."""
     data = read_bytes(path, how)
     magic = bytes([0, 0, 8, 1 + len(item_shape)])  # unsigned bytes, 1 + item dimensions
     if not data:
@@ -95,11 +88,7 @@ def _check_pair(images: np.ndarray, labels: np.ndarray, images_path: Path, label
 
 
 def _check_idx_files(folder: Path, stems: Sequence[str]) -> None:
-    """Parse the (images, labels, images, labels) idx files torchvision will read, those that exist.
-
-    torchvision's own parser fails on a damaged file with a bare assertion or shape error; this names the
-    file and the fault first. Missing files are left to torchvision's "not found".
-    """
+    """Parse the existing idx files torchvision will read, naming file and fault where it would assert."""
     for stem, shape in zip(stems, _IDX_SHAPES * 2):
         if (folder / stem).exists():
             _read_idx(folder / stem, shape, HOW_TO_REPLACE)
@@ -108,8 +97,7 @@ def _check_idx_files(folder: Path, stems: Sequence[str]) -> None:
 def _torchvision_splits(name: str, root: Path, make: Callable[[str, bool], Any],
                         tensors: Callable[[Any], tuple[torch.Tensor, torch.Tensor]]) -> Splits:
     """``tensors(make(root, train))`` for the train and test split; "not found" or a failed download →
-    DatasetMissing naming where it looked (``locations.WHERE``), in fltune's words: torchvision's "not found"
-    advises its own ``download=True``, a failed download's reason (urllib's) is kept."""
+    DatasetMissing naming where it looked, in fltune's words (a failed download's reason is kept)."""
     looked_in, how = WHERE[name](root)
     try:
         splits = make(str(root), True), make(str(root), False)
@@ -141,8 +129,7 @@ def load_emnist_letters(root: Path | None, download: bool) -> Splits:
 
 
 def _a_to_j(ds: Any) -> tuple[torch.Tensor, torch.Tensor]:
-    """The letters a–j (labelled 1..10 of 26) as 0..9, turned upright: EMNIST stores images transposed
-    relative to MNIST."""
+    """The letters a–j (labels 1..10) as 0..9, transposed upright as MNIST."""
     keep = ds.targets <= 10
     return ds.data[keep].transpose(1, 2).unsqueeze(1), ds.targets[keep] - 1
 

@@ -65,10 +65,9 @@ def consistency_batches(data: FederatedData, client: int, shared: list[Batch], h
                         device: torch.device) -> list[Batch]:
     """The batches client ``client``'s model is probed on for H_N/H_D (``metrics.hessian.probe_data``).
 
-    ``shared``: the global model's batches from the whole training set, the same for every client — the
-    FedAlign authors' ``pyhessian/compute_hessian.py`` loads each saved client model and measures it on
-    ``get_dataloader(data_dir, …)``'s full training loader, so the figures compare curvature on common
-    data. ``own``: batches of the client's own training data, which adds how the clients' data differ.
+    ``shared``: the global model's batches, the same for every client, as the FedAlign authors'
+    ``pyhessian/compute_hessian.py`` measures every client model on the full training loader (curvature on
+    common data). ``own``: the client's own training data, which adds how the clients' data differ.
     """
     if hcfg.probe_data == "shared":
         return shared
@@ -93,10 +92,9 @@ def global_landscape(model: nn.Module, batches: list[Batch], hcfg: HessianConfig
 
 @dataclass(frozen=True)
 class CurvatureTask(Generic[T]):
-    """One independent piece of a Hessian probe, run on a worker (``Federation.compute``): ``measure`` of
-    the model with weights ``state`` on the probe batches — the global model's, or with ``client`` the
-    ones :func:`consistency_batches` gives that client's model. The batches are drawn there, from the
-    run's data and seed (:func:`probe_batches`), so only the weights travel."""
+    """One piece of a Hessian probe, run on a worker: ``measure`` of the model with weights ``state`` on the
+    probe batches (with ``client``, :func:`consistency_batches`'). Batches are drawn there from the run's
+    data and seed, so only the weights travel."""
 
     measure: Callable[[nn.Module, list[Batch], HessianConfig, int], T]
     state: State

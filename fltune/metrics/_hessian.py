@@ -1,22 +1,12 @@
 """Hessian metrics from exact Hessian-vector products (docs/methods.md §4).
 
-Why: the flatness and consistency figures the papers report — λ_max and the trace H_T (FedAlign Table 1,
-MAN Table 2), λ1/λ5 (FedSOL Fig. 8) and the cross-client H_N, H_D (FedAlign Eq. 3–4) — only ever need H
-applied to vectors. A double backward gives H·v exactly for about two backward passes, without forming
-H (a ResNet-56 has 0.6 M parameters; H would have 3.6e11 entries).
+Why: λ_max and the trace H_T (FedAlign Table 1, MAN Table 2), λ1/λ5 (FedSOL Fig. 8) and H_N, H_D (FedAlign
+Eq. 3–4) only need H applied to vectors, which a double backward gives exactly without forming H.
 
-Conventions shared by every function here:
-
-- H is the Hessian, w.r.t. the trainable (``requires_grad``) parameters, of the *unweighted mean over
-  ``batches``* of ``loss_fn``. With equal-size batches this is the sample-weighted mean the authors'
-  PyHessian code uses on 10 batches (``mmendiet/FedAlign:pyhessian/hessian.py``).
-- The model runs in eval mode (BN running statistics, no dropout), so H is a deterministic function of
-  θ; every module's own train/eval flag is restored afterwards and parameters are never modified.
-- Work happens on the device of the model's parameters (CUDA included). Batches move there one at a
-  time and each batch's double-backward graph is freed before the next is built, so peak memory is one
-  batch's second-order graph however many batches there are.
-- Random vectors come from a CPU ``torch.Generator(seed)`` and are then moved, so a seed gives the same
-  vectors on CPU and CUDA.
+H is the Hessian, w.r.t. the trainable parameters, of the *unweighted mean over ``batches``* of ``loss_fn``
+(with equal batches, PyHessian's, ``mmendiet/FedAlign:pyhessian/hessian.py``), in eval mode (flags restored,
+parameters unmodified), on the parameters' device, one batch's graph alive at a time. Random vectors come from
+a CPU ``torch.Generator(seed)``: the same on CPU and CUDA.
 """
 
 from collections.abc import Callable, Iterator, Sequence
@@ -93,8 +83,7 @@ def hvp(
 ) -> Vector:
     """H·v, H being the Hessian of the mean over ``batches`` of ``loss_fn`` w.r.t. ``params``.
 
-    ``params`` defaults to :func:`trainable_parameters`; a subset gives the block of H on that subset
-    (e.g. one layer's Hessian, MAN Theorem 1). ``vec`` holds one tensor per entry of ``params``.
+    A subset of ``params`` gives that block of H (e.g. one layer's, MAN Theorem 1).
     """
     params = trainable_parameters(model) if params is None else list(params)
     check_batches(batches)
@@ -117,8 +106,8 @@ def _mean_hvp(
 def _batch_hvp(model: nn.Module, loss_fn: LossFn, batch: Batch, params: list[Tensor], vec: Vector) -> Vector:
     """H_b·v = ∇_θ⟨∇_θ L_b, v⟩ by double backward; the graph dies with this frame.
 
-    Parameters the loss does not reach get zero rows (``materialize_grads``); a loss linear in every
-    parameter has H = 0, which the second backward could not differentiate, so it is answered directly.
+    Unreached parameters get zero rows; a loss linear in every parameter (H = 0, not differentiable twice)
+    is answered directly.
     """
     loss = loss_fn(model, to_device(batch, params[0].device))
     grads = torch.autograd.grad(loss, params, create_graph=True, allow_unused=True, materialize_grads=True)
@@ -151,9 +140,8 @@ def _power_iteration(
 ) -> tuple[float, Vector]:
     """The eigenpair of largest |λ| of H restricted to the complement of ``found`` (orthonormal).
 
-    The estimate is the Rayleigh quotient vᵀHv of the unit iterate; iteration stops once it changes by
-    less than ``tol`` relatively (PyHessian's rule, docs/methods.md §4) or after ``max_iter`` products. Each
-    iterate is re-orthogonalised against ``found`` so round-off cannot bring those directions back.
+    Rayleigh quotient vᵀHv, stopped at a relative change < ``tol`` (PyHessian's rule) or ``max_iter``; each
+    iterate is re-orthogonalised so round-off cannot bring ``found`` back.
     """
     v = _normalized(_orthogonalized(start, found))
     eigenvalue = None
@@ -173,16 +161,9 @@ def top_eigenpairs(
     """The k eigenvalues of H largest in *magnitude*, with unit eigenvectors (λ_max: FedAlign Table 1,
     MAN Table 2; λ1/λ5 and the landscape axes: FedSOL Fig. 8).
 
-    Power iteration with deflation: eigenpair i is sought on the orthogonal complement of the i−1 found
-    ones, from a standard-normal start drawn from ``torch.Generator().manual_seed(seed)``. Power iteration
-    converges to the eigenvalue of largest |λ|, so the values are ordered by |λ| and keep their sign: a
-    negative-curvature direction stronger than the next positive one is returned as a negative value.
-    Near a minimum the large eigenvalues are positive (MAN Fig. 4b) and this is the usual top-k.
-
-    Accuracy: the error shrinks by |λ_{i+1}/λ_i| per iteration, and the relative-change stop can fire
-    while it is still large when that ratio is near 1 — neighbours a few % apart, or a +λ and −λ' of
-    similar size, between which the Rayleigh quotient drifts slowly. Lower ``tol`` for k > 1 or at
-    indefinite points (e.g. initialisation).
+    Power iteration with deflation from seeded normal starts; values keep their sign (near a minimum they are
+    positive, MAN Fig. 4b). The error shrinks by |λ_{i+1}/λ_i| per step, so the stop can fire early when that
+    is near 1: lower ``tol`` for k > 1 or at indefinite points (e.g. initialisation).
     """
     check_batches(batches)
     params = trainable_parameters(model)
@@ -214,15 +195,11 @@ class TraceEstimate(NamedTuple):
 def _hutchinson(
     model: nn.Module, loss_fn: LossFn, batches: Sequence[Batch], max_iter: int, tol: float, seed: int, per_tensor: bool,
 ) -> tuple[Tensor, Tensor, int]:
-    """(mean, standard error, n) of Rademacher samples vᵀHv (Hutchinson 1989, FedAlign ref. [7]), float64
-    on CPU.
+    """(mean, standard error, n) of Rademacher samples vᵀHv (Hutchinson 1989, FedAlign ref. [7]), float64.
 
-    Each sample is split by parameter tensor (Σ over the tensor of (Hv)⊙v, so E = that tensor's part of
-    tr H) when ``per_tensor``, else summed to one entry. Sampling stops once :data:`MIN_TRACE_SAMPLES` are in
-    and the standard error of the mean is below ``tol`` relative to the mean (Euclidean norms over the
-    entries), or after ``max_iter`` samples; ``tol=0`` always takes ``max_iter``. A rule on how much the running mean
-    last moved would fire whenever one sample lands near the mean, while the standard error only shrinks
-    as samples accrue, so a tighter tol means more samples and a smaller error bar. Welford's update.
+    ``per_tensor`` splits each sample by parameter tensor. Stops after :data:`MIN_TRACE_SAMPLES` once the
+    standard error is below ``tol`` × the mean (norms), or at ``max_iter``: unlike a moved-mean rule it cannot
+    fire on one lucky sample. Welford's update.
     """
     check_batches(batches)
     params = trainable_parameters(model)
@@ -253,10 +230,8 @@ def _standard_error(squares: Tensor, n: int) -> Tensor:
 def hessian_trace(
     model: nn.Module, loss_fn: LossFn, batches: Sequence[Batch], max_iter: int = 100, tol: float = 1e-2, seed: int = 0,
 ) -> TraceEstimate:
-    """tr H by Hutchinson with Rademacher vectors (H_T: FedAlign Table 1, MAN Table 2), with its standard
-    error: unbiased, of variance 2·Σ_{i≠j} H_ij² per sample. Stopped by ``_hutchinson``'s rule, or at
-    ``max_iter``, where ``se`` says how far off the value may be.
-    """
+    """tr H by Hutchinson (H_T: FedAlign Table 1, MAN Table 2) with its standard error; unbiased, per-sample
+    variance 2·Σ_{i≠j} H_ij²."""
     mean, se, n = _hutchinson(model, loss_fn, batches, max_iter, tol, seed, False)
     return TraceEstimate(float(mean[0]), float(se[0]), n)
 
@@ -264,12 +239,8 @@ def hessian_trace(
 def layer_traces(
     model: nn.Module, loss_fn: LossFn, batches: Sequence[Batch], max_iter: int = 100, tol: float = 1e-2, seed: int = 0,
 ) -> dict[str, float]:
-    """Per parameter tensor, its part of tr H: mean over Rademacher v of Σ (Hv)⊙v over its entries.
-
-    This is the vector d_i the authors feed into FedAlign Eq. 3–4 in place of Diag(H): PyHessian's
-    ``trace()`` returns it as ``diag`` (``mmendiet/FedAlign:pyhessian/compute_hessian.py``). Stopped by
-    ``_hutchinson``'s rule on the vector's norms.
-    """
+    """Per parameter tensor, its part of tr H: the d_i the authors feed into FedAlign Eq. 3–4 in place of
+    Diag(H) (PyHessian's ``trace()`` ``diag``, ``mmendiet/FedAlign:pyhessian/compute_hessian.py``)."""
     means, _, _ = _hutchinson(model, loss_fn, batches, max_iter, tol, seed, True)
     return dict(zip(named_trainable_parameters(model), means.tolist()))
 
@@ -277,13 +248,9 @@ def layer_traces(
 def cross_client_consistency(traces: Sequence[dict[str, float]]) -> tuple[float, float]:
     """(H_N, H_D) of FedAlign Eq. 3–4 from each client's :func:`layer_traces` d_i.
 
-    H_N = mean over all N² ordered pairs (i, j) of (‖d_i‖ − ‖d_j‖)²; H_D = mean over the same pairs of
-    cos(d_i, d_j). Both *include* i = j (each such pair adds 0 to H_N and 1 to H_D), as the authors'
-    ``np.mean`` over the full N×N matrices does (``mmendiet/FedAlign:pyhessian/parse_logs.py``); lower H_N
-    and higher H_D mean more consistent clients. Layers are matched by name.
-
-    Example: d_1 = (3, 0), d_2 = (0, 4), d_3 = (6, 0): norms 3, 4, 6; the distinct pairs give squared
-    differences 1, 9, 4 and cosines 0, 1, 0, so H_N = 2·14/9 = 28/9 and H_D = (3 + 2·1)/9 = 5/9.
+    H_N = mean over all N² ordered pairs of (‖d_i‖ − ‖d_j‖)², H_D of cos(d_i, d_j), both *including* i = j
+    as the authors' ``np.mean`` does (``mmendiet/FedAlign:pyhessian/parse_logs.py``). Layers matched by name.
+    Example: d = (3, 0), (0, 4), (6, 0) give H_N = 28/9, H_D = 5/9.
     """
     if len(traces) == 0:
         raise FLTuneError("traces: need the layer traces of at least one client")

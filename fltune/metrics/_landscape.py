@@ -1,9 +1,8 @@
 """Loss-landscape and eigen-spectrum plots (FedAlign Fig. 1, FedSOL Fig. 8, MAN Fig. 4a).
 
-Why: λ_max and tr H summarise curvature in two numbers; the papers back them with pictures of the loss
-around the final global model along the top-2 Hessian eigenvectors, and of the top-k spectrum. Plots are
-drawn headless by :mod:`fltune.metrics.figures` (matplotlib, imported only when a plot is drawn: the
-client workers import this module to compute a landscape and never draw).
+Why: the papers back λ_max and tr H with pictures of the loss along the top-2 Hessian eigenvectors and of
+the top-k spectrum. Drawn headless by :mod:`fltune.metrics.figures` (matplotlib imported only to draw, never
+on the workers that compute a landscape).
 """
 
 from collections.abc import Sequence
@@ -43,9 +42,8 @@ def loss_surface(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Loss at θ + a·d1 + b·d2 on a ``steps``×``steps`` grid of (a, b) ∈ [−span, span]².
 
-    Returns ``(alphas, betas, grid)`` with ``grid[i, j]`` the mean over ``batches`` of ``loss_fn`` at
-    (alphas[i], betas[j]), in eval mode like the Hessian metrics. Each point is set from a saved copy of
-    θ (no drift from repeated additions) and θ is copied back bit for bit afterwards, even on error.
+    Returns ``(alphas, betas, grid)``, ``grid[i, j]`` the mean loss over ``batches`` at (alphas[i], betas[j])
+    in eval mode. Each point is set from a saved θ (no drift), restored bit for bit afterwards, even on error.
     """
     check_batches(batches)
     params = trainable_parameters(model)
@@ -107,8 +105,8 @@ def plot_spectrum(eigenvalues: Sequence[float], path: str | Path, title: str) ->
 
 @dataclass(frozen=True)
 class Landscape:
-    """The loss on the plane of the top-2 Hessian eigenvectors (:func:`top2_landscape`): plain data, so it
-    can be computed where the model is (a worker's device) and drawn where the files go (the driver)."""
+    """The loss on the plane of the top-2 Hessian eigenvectors: plain data, computed on a worker and drawn
+    on the driver."""
 
     eigenvalues: tuple[float, float]
     alphas: np.ndarray
@@ -128,10 +126,9 @@ def top2_landscape(
 ) -> Landscape:
     """FedAlign Fig. 1 / FedSOL Fig. 8's data: the loss along the top-2 Hessian eigenvectors.
 
-    The eigenvectors have unit norm over all parameters, so ``span`` is a Euclidean distance in
-    parameter space. It is fixed (default ±1.0, the authors' ``np.linspace(-1.0, 1.0, 41)`` in
-    ``mmendiet/FedAlign:pyhessian/compute_hessian.py``) rather than scaled per model, so the plots of
-    different methods share axes and the sharper model shows the steeper bowl.
+    Unit eigenvectors, so ``span`` is a Euclidean distance in parameter space, fixed (default ±1.0, the
+    authors' ``np.linspace(-1.0, 1.0, 41)``, ``mmendiet/FedAlign:pyhessian/compute_hessian.py``) so methods'
+    plots share axes and the sharper model shows the steeper bowl.
     """
     values, vectors = top_eigenpairs(model, loss_fn, batches, k=2, max_iter=max_iter, tol=tol, seed=seed)
     alphas, betas, grid = loss_surface(model, loss_fn, batches, (vectors[0], vectors[1]), span, steps)

@@ -1,12 +1,7 @@
 """Compute and communication cost of a federated run (FedAlign Table 5 and appendix Table 8).
 
-Why: FedAlign's claim is accuracy *per unit of client resources*; its tables give forward MFLOPs per
-sample, stored parameters, wall time per round, and the totals to reach a target accuracy. The
-:class:`CostMeter` is a plain accumulator; :class:`CostProbe` feeds it once per round from what the
-round broadcast, trained and uploaded. Only :func:`forward_flops_per_sample` and :func:`training_flops`
-need torch's FLOP counter, and import it themselves, on the workers where they count: it imports Triton
-where Triton is installed, except in a process that sees no GPU (``worker.skip_triton``), and the meter can
-be used (and tested) without torch.
+Why: FedAlign's claim is accuracy *per unit of client resources*. :class:`CostMeter` needs no torch; only the
+FLOP counters import it, on the workers (it may import Triton; see ``worker.skip_triton``).
 """
 
 from __future__ import annotations
@@ -38,18 +33,15 @@ def training_flops() -> ClientMeter:
 
 
 FORWARD_BACKWARD_FACTOR = 3.0
-"""Training FLOPs per sample = 3 × forward FLOPs: the backward pass computes gradients w.r.t. both the
-activations and the weights, each about one forward's worth (the usual 1 + 2 rule, Kaplan et al. 2020)."""
+"""Training FLOPs per sample = 3 × forward: backward costs about two forwards, activations and weights
+(Kaplan et al. 2020)."""
 
 
 def forward_flops_per_sample(model: nn.Module, input_shape: tuple[int, ...]) -> float:
     """Forward MFLOPs for one sample of shape ``input_shape`` (no batch dim), as FedAlign Table 5 lists.
 
-    Counted with ``torch.utils.flop_counter.FlopCounterMode``'s formulas (through ``TrainingFlops``, which
-    counts as it does without loading torch's compiler stack) on one sample in eval mode without grad: it
-    counts matmuls and convolutions at 2 FLOPs per multiply-accumulate (Linear(100, 10): 2000 FLOPs) and
-    ignores element-wise ops (bias adds, activations, BN, pooling), so tables counted in MACs
-    (thop, ptflops) show about half these values.
+    ``FlopCounterMode``'s formulas: 2 FLOPs per multiply-accumulate, element-wise ops ignored (MAC-based
+    tools such as thop show about half).
     """
     import torch
 
@@ -70,24 +62,17 @@ def parameter_count(model: nn.Module) -> int:
 
 
 def state_bits(state: Mapping[str, Any]) -> int:
-    """Bits to send ``state`` (numpy arrays or tensors) at each entry's real dtype: float32 = 32 per element.
-
-    FedAlign Table 8 prices every parameter at 32 bits; sending float16 or int64 buffers counts 16 or 64.
-    """
+    """Bits to send ``state`` (numpy arrays or tensors) at each entry's real dtype (FedAlign Table 8: 32 per
+    float32 parameter)."""
     return 8 * sum(int(value.nbytes) for value in state.values())
 
 
 class CostMeter:
-    """Per-round and cumulative cost of a run, fed by the engine; the keys of :meth:`round_metrics` are
-    :class:`CostProbe`'s ``metrics``.
+    """Per-round and cumulative cost of a run (keys: :class:`CostProbe`'s ``metrics``).
 
-    Per round: ``start_round()``; ``add_download(bits, clients)`` for the broadcast (counted once per
-    receiving client); ``add_training(samples)`` and ``add_upload(bits)`` for each client; then
-    ``round_metrics()``. ``cost_cum_tflops`` = Σ samples × passes × :data:`FORWARD_BACKWARD_FACTOR` ×
-    forward FLOPs per sample. FedAlign Table 8's "MFLOPs" is not that total but Table 5's per-sample
-    forward MFLOPs × rounds (87.3 × 84 = 7332): ``cost_cum_forward_mflops``, from the training forward
-    the workers count in round 1 (``set_training_forward``; the model's forward until then). Its "Comm
-    Cost (Gb)" is ``cost_cum_up_gbit`` (0.61 M params × 32 bit × 16 clients × 84 rounds = 26.2 for FedAvg).
+    ``cost_cum_tflops`` = Σ samples × passes × :data:`FORWARD_BACKWARD_FACTOR` × forward FLOPs. FedAlign
+    Table 8's "MFLOPs" is Table 5's per-sample forward × rounds (``cost_cum_forward_mflops``, from the
+    training forward counted in round 1); its "Comm Cost (Gb)" is ``cost_cum_up_gbit``.
     """
 
     _rounds = 0
@@ -157,8 +142,7 @@ class ModelFlops:
 
 @register
 class CostProbe(Probe):
-    """Feeds a :class:`CostMeter` every round (diverged ones included) and reports its figures; the run's
-    constants of FedAlign Table 5 (forward MFLOPs per sample, parameters, parameters stored) once."""
+    """Feeds a :class:`CostMeter` every round (diverged ones included); FedAlign Table 5's constants once."""
 
     name = "cost"
     order = 0
@@ -191,8 +175,7 @@ class CostProbe(Probe):
 
     @classmethod
     def client_meter(cls, round_: int) -> Callable[[], ClientMeter] | None:
-        """Round 1's training FLOPs, counted on the workers over every sampled client (the method's real
-        passes: MOON's three models, GradAug's sub-networks); ``measure`` turns them into MFLOPs/sample."""
+        """Round 1's training FLOPs over the method's real passes (MOON's three models, GradAug's nets)."""
         return training_flops if round_ == 1 else None
 
     def start_round(self) -> None:
@@ -210,7 +193,7 @@ class CostProbe(Probe):
             self.meter.add_training(int(m["samples"]), fed.method.passes_per_step)
             self.meter.add_upload(view.upload_bits)
         forward = [m["forward_flops"] for m in view.client_metrics.values() if "forward_flops" in m]
-        if forward:  # counted by the workers in round 1, over every sampled client's training
+        if forward:  # round 1 only
             samples = sum(m["samples"] for m in view.client_metrics.values())
             self.meter.set_training_forward(math.fsum(forward) / 1e6 / max(samples, 1.0))
         return self.meter.round_metrics()

@@ -1,15 +1,12 @@
 """The scheduled curvature probe (``metrics.hessian``): what a federation measures and when.
 
-λ_max, λ1/λk and tr H of the global model (FedAlign Table 1, MAN Table 2, FedSOL Fig. 8), and H_N/H_D
-over k of the round's clients' local models (FedAlign Eq. 3–4), each on a fixed, seeded set of
-training batches in eval mode (docs/methods.md §4: the authors use 10 batches; for H_N/H_D by default the
-global model's, see ``_curvature.consistency_batches``). At the end, the loss surface along the top-2
-eigenvectors and the top-k spectrum as PNGs (FedAlign Fig. 1, MAN Fig. 4a).
+λ_max, λ1/λk and tr H of the global model (FedAlign Table 1, MAN Table 2, FedSOL Fig. 8), and H_N/H_D over k
+of the round's local models (FedAlign Eq. 3–4), on fixed seeded training batches in eval mode (docs/methods.md
+§4). At the end, the top-2 loss surface and top-k spectrum as PNGs (FedAlign Fig. 1, MAN Fig. 4a).
 
-Where: the Hessian-vector products run on the client workers (``_curvature.CurvatureTask``, one per model,
-spread over them by ``Federation.compute``), on their device — the GPU a Tune trial's own process lacks —
-and the driver only combines the figures (H_N/H_D from the traces) and draws the PNGs. This module imports
-no torch: a command checks every probe's settings before it starts Ray, and torch then imports beside it.
+The Hessian-vector products run on the client workers' devices (``_curvature.CurvatureTask``; a Tune trial's
+own process has no GPU); the driver combines figures and draws. Imports no torch, so probe settings are
+checked before Ray starts.
 """
 
 from __future__ import annotations
@@ -70,8 +67,8 @@ class HessianProbe(Probe):
         return {k: v for k, v in rows[-1].items() if k.startswith("hessian_")} if rows else {}
 
     def curvature(self, fed: Federation, r: int, clients: list[int]) -> dict[str, float]:
-        """Hessian metrics of the global model and, over the first k of the round's clients, H_N/H_D:
-        computed on the workers, one ``CurvatureTask`` each, and combined here."""
+        """Hessian metrics of the global model and H_N/H_D over the round's first k clients, one
+        ``CurvatureTask`` each on the workers."""
         from fltune.metrics._curvature import CurvatureTask, client_consistency, client_traces, global_curvature, \
             global_landscape
         from fltune.metrics._landscape import plot_spectrum

@@ -1,14 +1,12 @@
 """The three evaluation protocols (docs/methods.md §0) as round probes.
 
-``global``: the global model on the pooled test set. ``all_model``: the average of every client's latest
-local model on the test set (FedDyn's "all-clients" model). ``personalized``: each client's own model on
-its own held-out split, averaged over clients (SimFAFL Table 2), and after the last round also with the
-head fine-tuned first (``acc_personalized_ft``). Each runs every ``metrics.every`` rounds and at the last.
+``global``: the global model on the test set. ``all_model``: the average of every client's latest local
+model (FedDyn's "all-clients" model). ``personalized``: each client's model on its own held-out split, averaged
+(SimFAFL Table 2), after the last round also with the head fine-tuned (``acc_personalized_ft``). Each runs
+every ``metrics.every`` rounds and at the last.
 
-Splits. With ``partition.val_fraction > 0`` every protocol also scores its model(s) on the validation
-split, as ``val_<metric>``: the global protocols on the union of the clients' validation data, the
-personalised one each client's model on its own. ``metrics.test: false`` (compare's tuning studies)
-leaves only those: the run then holds no test data at all (``FederatedData.without_test``).
+With ``partition.val_fraction > 0`` every protocol also scores on the validation split (``val_<metric>``).
+``metrics.test: false`` leaves only those: the run holds no test data (``FederatedData.without_test``).
 """
 
 from __future__ import annotations
@@ -46,8 +44,7 @@ def splits(cfg: ExperimentConfig) -> list[str]:
 
 
 def own_splits(cfg: ExperimentConfig) -> dict[str, tuple[str, float]]:
-    """Of the ``splits`` scored, those each client holds a part of its own (``test``: the held-out split,
-    ``val``: the validation split), with the field, and its value > 0, that holds that part out."""
+    """Of the ``splits`` scored, those each client holds a part of, with the field holding it out."""
     part = cfg.partition
     test = ("partition.test_per_client", part.test_per_client) if part.test_per_client else (
         "partition.eval_fraction", part.eval_fraction)
@@ -67,8 +64,7 @@ class _Protocol(Probe):
     """Its test figures the run summary names (their validation twins too, when measured)."""
 
     def due(self, fed: Federation, view: RoundView) -> bool:
-        """Every ``metrics.every`` rounds and at the last, for every protocol (the personalised one too:
-        it scores all clients, the dearest of the three)."""
+        """Every ``metrics.every`` rounds and at the last."""
         rounds = fed.cfg.federation.rounds
         return view.running and (view.round % fed.cfg.metrics.every == 0 or view.round == rounds)
 
@@ -124,8 +120,7 @@ class GlobalAccuracy(_OneModel):
         return fed.global_state
 
     def summary(self, fed: Federation) -> dict[str, Any]:
-        """Its test figures even blank (a run that scores only validation, ``metrics.test: false``): every
-        summary names them."""
+        """Its test figures, blank when not measured: every summary names them."""
         return {"acc_global": None, "loss": None, **super().summary(fed)}
 
 
@@ -143,11 +138,8 @@ class AllModelAccuracy(_OneModel):
     keeps_local_models = True
 
     def state(self, fed: Federation) -> State:
-        """Average of every client's latest local model (initial model if never sampled), FedDyn-style.
-
-        Weighted by n_k when the method weights its updates by n_k, plain mean otherwise (docs/methods.md §0).
-        Summed in client order on the driver, so the result is independent of the worker count.
-        """
+        """Average of every client's latest local model (initial if never sampled), FedDyn-style, weighted as
+        the method weights updates (docs/methods.md §0); summed in client order: worker-count free."""
         initial = fed.initial_state
         by_samples = fed.method.weighted_by_samples
         weights = [float(fed.sizes[c]) if by_samples else 1.0 for c in range(fed.cfg.federation.clients)]
@@ -186,8 +178,7 @@ class PersonalizedAccuracy(_Protocol):
 
     @classmethod
     def enabled(cls, cfg: ExperimentConfig) -> bool:
-        """Needs per-client held-out splits (``partition.eval_fraction`` or ``test_per_client``) or validation
-        splits."""
+        """Needs per-client held-out or validation splits."""
         return super().enabled(cfg) and bool(own_splits(cfg))
 
     @classmethod
@@ -201,16 +192,15 @@ class PersonalizedAccuracy(_Protocol):
 
     @classmethod
     def check(cls, cfg: ExperimentConfig) -> None:
-        """``training.finetune_epochs`` exists for ``acc_personalized_ft``: a run that never scores it would
-        end without the figure it was asked for."""
+        """Refuse ``training.finetune_epochs`` in a run that never scores ``acc_personalized_ft``."""
         epochs = cfg.training.finetune_epochs
         if epochs and (need := cls.unmet("acc_personalized_ft", cfg)):
             raise FLTuneError(f"training.finetune_epochs: {epochs} fine-tunes for acc_personalized_ft, which {need}; "
                               "allowed here: 0")
 
     def measure(self, fed: Federation, view: RoundView) -> dict[str, float]:
-        """Held-out (when there is any) and validation scores; fine-tuned only on the held-out data, after
-        the last round (a tuning objective reads the plain validation score)."""
+        """Held-out and validation scores; fine-tuned only on held-out data after the last round (a tuning
+        objective reads the plain validation score)."""
         out: dict[str, float] = {}
         last = view.round == fed.cfg.federation.rounds
         for split in own_splits(fed.cfg):

@@ -1,12 +1,8 @@
 """Headless PNG figures: matplotlib's object API, imported when the first figure is drawn.
 
-Why the object API (``Figure`` with its own canvas) and not ``pyplot``: pyplot keeps a process-wide
-figure registry and backend, so every plot needs ``matplotlib.use("Agg")`` before it and ``plt.close``
-after it; a bare ``Figure`` needs neither and draws without a display.
-
-Why the import waits: the modules that draw (the landscape, a study's trial rows) are also imported by
-every client worker and Tune trial, which never draw, and matplotlib's import would cost each such process
-memory and start-up time for nothing.
+Not ``pyplot``: its process-wide registry and backend need ``matplotlib.use("Agg")`` and ``plt.close``; a
+bare ``Figure`` draws without a display. The import waits because workers and trials import the drawing
+modules but never draw.
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """The probe registry: which probes exist, what metric names they declare, which a configuration turns on.
 
-Why: a study's objective and a reproduced table's cells are checked against the declared names
-(:func:`metric_names`, :func:`unmet_need`), and a run gets the probes its configuration turns on
-(:func:`probes_for`), handed to its ``Federation`` by ``fltune.assembly``. The interface a probe implements
-(``Probe``, ``RoundView``) is the engine's (``fltune.engine.probes``). Adding a metric is one module in this
-package holding a ``@register``-ed ``Probe`` subclass, plus its test.
+Why: objectives and reproduced cells are checked against the declared names (:func:`metric_names`,
+:func:`unmet_need`); a run gets the probes its config turns on (:func:`probes_for`). The interface is the
+engine's (``fltune.engine.probes``). A new metric is one module here with a ``@register``-ed ``Probe``.
 """
 
 from __future__ import annotations
@@ -35,9 +33,8 @@ def register(cls: type[Probe]) -> type[Probe]:
 
 
 def all_probes() -> list[type[Probe]]:
-    """Every registered probe, in the order they run after a round: every public module of this package is
-    imported, so their ``@register`` decorators run. A private one (``_flops``) registers no probe and is
-    imported only where it is used (a worker's FLOP meter)."""
+    """Every registered probe, in run order, after importing this package's public modules (private ones
+    register none and are imported only where used)."""
     package = importlib.import_module("fltune.metrics")
     for info in pkgutil.iter_modules(package.__path__):
         if not info.name.startswith("_"):
@@ -68,10 +65,8 @@ def unmet_need(metric: str, reduce: str, cfg: ExperimentConfig) -> str | None:
 
 
 def check_probes(cfg: ExperimentConfig, data: FederatedData | None = None) -> None:
-    """Refuse, in one line naming the field, a configuration that asks a probe for a figure it never
-    measures (each probe's ``check``), and with ``data`` partitioned data that can't serve a probe the
-    configuration turns on (``check_data``): without this a run or study would end with the figure blank,
-    or fail in its trials."""
+    """Refuse, in one line naming the field, a config that asks a probe for a figure it never measures, and
+    with ``data``, data that can't serve an enabled probe; else the figure would end blank or trials fail."""
     for probe in all_probes():
         probe.check(cfg)
         if data is not None and probe.enabled(cfg):
@@ -79,9 +74,8 @@ def check_probes(cfg: ExperimentConfig, data: FederatedData | None = None) -> No
 
 
 def unmeasured_protocols(cfg: ExperimentConfig) -> list[str]:
-    """Each protocol ``metrics.protocols`` lists that ``cfg`` does not turn on, with what it needs
-    (``personalized: needs partition.eval_fraction > 0 …``): the default lists all three, and a run without
-    held-out data would otherwise drop one without a word."""
+    """Each protocol listed in ``metrics.protocols`` that ``cfg`` does not turn on, with what it needs, so
+    none is dropped without a word."""
     idle = [cls for cls in all_probes() if cls.protocol in cfg.metrics.protocols and not cls.enabled(cfg)]
     return [f"{cls.protocol}: {cls.unmet(next(iter(cls.metrics)), cfg) or 'not measured'}" for cls in idle]
 

@@ -22,16 +22,16 @@ def rounds_to_target(history: list[dict[str, float]], metric: str, target: float
 
 
 def reached_target(history: list[dict[str, float]], metric: str, target: float | None) -> dict[str, float]:
-    """``{"rounds_to_target": r}`` from the round ``metric`` first reached ``target`` on (the engine adds it
-    to every round's metrics from then on, so a Tune trial can report it), else ``{}``."""
+    """``{"rounds_to_target": r}`` once ``metric`` has reached ``target`` (every round from then on, so a
+    Tune trial can report it), else ``{}``."""
     reached = rounds_to_target(history, metric, target) if target is not None else None
     return {} if reached is None else {"rounds_to_target": float(reached)}
 
 
 @register
 class RoundsToTarget(Probe):
-    """Runs after every other probe, every round, once ``metrics.target`` is set; on in every run, since
-    every summary names ``best_acc`` and ``rounds_to_target`` (null: never reached, or no target)."""
+    """Runs last, every round; on in every run, since every summary names ``best_acc`` and
+    ``rounds_to_target`` (null: never reached, or no target)."""
 
     name = "target"
     order = 90
@@ -39,8 +39,7 @@ class RoundsToTarget(Probe):
 
     @classmethod
     def unmet(cls, metric: str, cfg: ExperimentConfig) -> str | None:
-        """Needs the accuracy to reach, and a ``metrics.target_metric`` the run measures every round it
-        evaluates."""
+        """Needs ``metrics.target`` and a ``metrics.target_metric`` the run measures."""
         if cfg.metrics.target is None:
             return "needs metrics.target (the accuracy to reach)"
         need = unmet_need(cfg.metrics.target_metric, "final", cfg)
@@ -48,8 +47,7 @@ class RoundsToTarget(Probe):
 
     @classmethod
     def check(cls, cfg: ExperimentConfig) -> None:
-        """A target on a metric the run never measures would leave ``rounds_to_target`` and ``best_acc``
-        blank after the whole run."""
+        """Refuse a target on a metric the run never measures (blank figures after the whole run)."""
         if cfg.metrics.target is not None and (need := unmet_need(cfg.metrics.target_metric, "final", cfg)):
             raise FLTuneError(f"metrics.target_metric: {cfg.metrics.target_metric} is never measured here: it {need}")
 

@@ -1,9 +1,7 @@
 """The global update's norm ‖w_{t+1} − w_t‖₂ of each round.
 
-Why: how far the server moves the global model per round shows a method's effective server step (FedNova's
-normalised vs FedAvg's raw averaging, FedDyn's and SCAFFOLD's corrections, server momentum) and its
-settling down, apart from the accuracy it buys. Measured over the model's trainable parameters only:
-BatchNorm's running statistics are not a step of the optimisation.
+Why: it shows a method's effective server step (FedNova's normalisation, FedDyn's and SCAFFOLD's corrections,
+server momentum) and its settling, apart from accuracy. Trainable parameters only: BN statistics are no step.
 """
 
 from __future__ import annotations

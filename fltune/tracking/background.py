@@ -1,11 +1,6 @@
-"""A writer thread: tracking calls queued by the round loop and run in order, off its critical path.
-
-Why: an MLflow store write (sqlite) and, before the first one, importing MLflow and opening the store
-cost seconds the round loop would otherwise wait for. The loop only queues; the thread runs the calls in
-submission order, so the store sees exactly what a synchronous logger would have written. ``close``
-waits for everything queued (the run's end included), so a finished, failed or interrupted command ends
-its run with the right status before it exits; the first error a call raises is re-raised there (and
-by ``check``), and the calls queued after it are skipped.
+"""A writer thread: tracking calls queued by the round loop, run in order off its critical path (MLflow's
+import and sqlite writes cost seconds), so the store sees what a synchronous logger would write. ``close``
+waits for all; the first error is re-raised there (and by ``check``), later calls skipped.
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
 """The engine → MLflow bridge for ``cli.py run``: one MLflow run per federation, curves per round.
 
-Every MLflow call runs on a writer thread (``background.BackgroundWriter``), in order: importing MLflow
-and opening the store overlap the workers' start-up and the first round, and a round's metrics are
-written while the next round trains. ``on_end`` waits for all of it, so the run always ends with its
-status (finished, diverged → FAILED, failed, killed → KILLED) before the command exits.
+Every MLflow call runs in order on a writer thread (``background.BackgroundWriter``), overlapping the
+training. ``on_end`` waits for all of it, so the run always ends with its status before the command exits.
 """
 
 from __future__ import annotations
@@ -23,9 +21,8 @@ if TYPE_CHECKING:
 
 
 def summary_only(summary: dict[str, Any], history: list[dict[str, float]]) -> dict[str, Any]:
-    """The summary's figures that no round logged (``best_acc``, ``wall_s`` …). A curve's final value is
-    its last step, which the runs table already shows and sorts by; logging it again under another name
-    (``final_acc_global``) would put each figure in two places."""
+    """The summary's figures that no round logged (``best_acc``, ``wall_s`` …): a curve's final value is
+    already its last step in the runs table."""
     logged = {key for row in history for key in row}
     return {k: v for k, v in summary.items() if k not in logged and k not in ("rounds", "status")}
 

@@ -1,9 +1,6 @@
 """MLflow tracking, written by one process (the driver) through an explicit client (``store.open_store``).
 
-No fluent ``mlflow.start_run`` global state: a Tune study's driver keeps many runs open at once (a
-parent per study, a child per trial), so every call names its run id. The default store is
-``sqlite:///<repo>/mlruns/mlflow.db`` with artifacts under ``<repo>/mlruns/artifacts`` inside the source
-checkout, ``./mlruns/…`` elsewhere (MLflow ≥ 3.13 refuses a bare ``./mlruns`` file store).
+No fluent ``mlflow.start_run``: a study's driver keeps many runs open, so every call names its run id.
 """
 
 from __future__ import annotations
@@ -25,12 +22,9 @@ STATUS = {"finished": "FINISHED", "diverged": "FAILED", "failed": "FAILED", "kil
           "stopped": "FINISHED"}
 """fltune run status → MLflow run status (a diverged run is FAILED with tag fltune.status=diverged)."""
 EXPERIMENT_KIND = ("mlflow.experimentKind", "custom_model_development")
-"""The experiment tag early MLflow 3 UIs read to open an experiment on its training runs (unset, they
-guess and may open the GenAI overview). MLflow 3.17 ignores it and opens the view last picked (GenAI at
-first; the README gives the ``?workflowType=machine_learning`` link)."""
+"""The tag early MLflow 3 UIs read to open an experiment on its training runs, not the GenAI overview."""
 NOTE = "mlflow.note.content"
-"""The experiment tag MLflow's UI shows as the experiment's description (markdown; its first line is the
-headline shown folded)."""
+"""The experiment tag MLflow's UI shows as its description (markdown; the first line shows folded)."""
 DESCRIPTION = "\n\n".join(" ".join(paragraph.split("\n")) for paragraph in """Runs logged by fltune: federated learning methods run, tuned and compared.
 
 **Runs.** `fltune run`: one run per federation, named *method · dataset · partition · seed*.
@@ -115,10 +109,8 @@ class Tracker:
         self.client.log_text(run_id, text, file)
 
     def find(self, tags: Mapping[str, Any]) -> list[Run]:
-        """The experiment's runs carrying every one of ``tags``: how a resumed job finds the runs it made.
-
-        MLflow's filter grammar has no escapes: a value is quoted with the quote it does not contain (a job
-        folder may be ``/data/it's``); one holding both kinds is matched here instead of in the store."""
+        """The experiment's runs carrying all ``tags`` (a resumed job's). MLflow's filter has no escapes: a
+        value holding both quotes is matched here."""
         wanted = {k: str(v) for k, v in tags.items()}
         literals = {k: _quoted(v) for k, v in wanted.items()}
         query = " and ".join(f"tags.`{k}` = {literal}" for k, literal in literals.items() if literal)

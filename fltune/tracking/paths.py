@@ -1,7 +1,5 @@
-"""Where fltune's MLflow store lives, and the check that it answers, without importing MLflow: a command
-run with ``tracking.enabled=false`` never loads it (MLflow adds ~73 MiB to a driver, and a node
-that only trains need not have it), and one that logs to a new sqlite store loads it off the main thread
-(an existing one is checked against this MLflow's schema first: ``check_store``)."""
+"""Where fltune's MLflow store lives, and the check that it answers, without importing MLflow (a node that
+only trains need not have it; a run imports it off the main thread)."""
 
 from __future__ import annotations
 
@@ -21,8 +19,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def mlruns_dir() -> Path:
-    """``<repo>/mlruns`` when run from inside the source checkout, else ``./mlruns`` under the current
-    directory (the installed ``fltune`` command run from a project folder keeps its runs there)."""
+    """``<repo>/mlruns`` inside the source checkout, else ``./mlruns`` under the current directory."""
     cwd = Path.cwd().resolve()
     inside = (REPO / "pyproject.toml").exists() and (cwd == REPO or REPO in cwd.parents)
     return (REPO if inside else cwd) / "mlruns"
@@ -33,9 +30,7 @@ def default_uri() -> str:
 
 
 def outputs_dir(tracking: TrackingConfig) -> Path:
-    """Where a job writes its result folders (``compare/<name>``, ``reproduce/<name>``): beside the sqlite
-    store its runs go to, so results stay together wherever ``tracking.uri`` puts them; ``mlruns_dir``
-    for any other store."""
+    """Where a job writes its result folders: beside its sqlite store, else ``mlruns_dir``."""
     db = sqlite_path(tracking.uri or default_uri())
     return mlruns_dir() if db is None else db.parent
 
@@ -48,11 +43,8 @@ def sqlite_path(uri: str) -> Path | None:
 def check_tracking(tracking: TrackingConfig) -> None:
     """Before a command starts any work: the store it will log to answers (``check_reachable``).
 
-    A sqlite store (the default) is a local file that ``store.open_store`` creates on first use: it is not
-    asked through MLflow, and for a new one MLflow is not imported here (its imports take ~3.5 s on 2 cores,
-    which on the command's main thread came before anything else started; a run imports it on its logging
-    thread while round 1 trains). Its folder is made now: one that can't be written, or has no room, fails
-    here in one line, not on that thread; a file already there must be an MLflow store (``check_store``)."""
+    A sqlite store is not asked through MLflow (slow to import); its folder is made now, so an unwritable one
+    fails here in one line, and a file there must be an MLflow store (``check_store``)."""
     uri = tracking.uri or default_uri()
     if not tracking.enabled:
         return
@@ -61,20 +53,14 @@ def check_tracking(tracking: TrackingConfig) -> None:
         check_reachable(uri)
     elif db.is_dir():
         raise FLTuneError(f"tracking.uri {uri}: {db} is a folder; allowed: sqlite:///<folder>/<file>.db")
-    else:  # sqlite makes the file, and fltune its lock file beside it, on the logging thread
+    else:  # the file itself is made on the logging thread
         make_out(str(db.parent), f"tracking.uri {uri}: its folder")
         check_store(db, uri)
 
 
 def check_store(db: Path, uri: str) -> None:
-    """The sqlite file at ``db``, when there is one, is an MLflow store that this MLflow can use: an SQLite
-    database (not a file cut or overwritten by a crash or a bad copy), holding MLflow's tables at the
-    schema revision this MLflow's migrations end at (alembic's, as ``mlflow.store.db.utils`` reads it).
-    MLflow would otherwise fail at its first write, after the work began, with two tracebacks ("file is not
-    a database", "Detected out-of-date database schema"). A new or empty file MLflow sets up itself.
-
-    sqlite is asked directly, and MLflow's schema revision read from its scripts (``schema_head``): the check
-    imports no MLflow."""
+    """The file at ``db``, if any and not empty, is an MLflow store at this MLflow's schema head; else MLflow
+    would fail at its first write, after the work began. Imports no MLflow."""
     if not db.is_file() or db.stat().st_size == 0:
         return
     try:
@@ -98,11 +84,8 @@ def check_store(db: Path, uri: str) -> None:
 
 
 def schema_head() -> str:
-    """The schema revision this MLflow's migrations end at (what ``mlflow.store.db.utils`` compares a store
-    with), read from the text of its alembic scripts: the one ``revision`` that no script names as its
-    ``down_revision``. Why not ask alembic: its script directory executes every migration, and some import
-    MLflow, whose import costs seconds on the main thread of a command about to start; MLflow's own answer
-    is the fallback for a layout these lines do not describe (not exactly one head)."""
+    """This MLflow's schema head, from its alembic scripts' text (alembic would execute every migration, some
+    importing MLflow); MLflow's own answer when there is not exactly one head."""
     package = importlib.util.find_spec("mlflow").submodule_search_locations[0]  # found, not imported
     revisions: set[str] = set()
     parents: set[str] = set()
@@ -126,9 +109,7 @@ def _not_a_store(uri: str, db: Path, what: str) -> FLTuneError:
 
 
 def check_reachable(uri: str) -> None:
-    """One request to the store at ``uri``, not sqlite (``check_tracking``), with MLflow's HTTP retries
-    off (10 s at most): a mistyped or stopped tracking server, or a store MLflow no longer supports, is then
-    one line naming ``tracking.uri`` instead of minutes of retries and a traceback once the run has started."""
+    """One request to a non-sqlite store, HTTP retries off: a bad ``tracking.uri`` is one line at once."""
     from mlflow.environment_variables import MLFLOW_HTTP_REQUEST_MAX_RETRIES, MLFLOW_HTTP_REQUEST_TIMEOUT
     from mlflow.tracking import MlflowClient
 
@@ -149,8 +130,7 @@ def check_reachable(uri: str) -> None:
 
 
 def _reason(err: Exception) -> str:
-    """What went wrong, in a few words: a missing package, the OS error of a failed connection, else the
-    message's first sentence."""
+    """What went wrong, in a few words: a missing package, the OS error, else the first sentence."""
     if isinstance(err, ImportError):
         return f"needs the Python package {err.name or err}"
     text = str(err)

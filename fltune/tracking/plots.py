@@ -11,14 +11,11 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 LOSSES = {"train_loss": "train: clients' local objective", "loss": "test: global model's cross-entropy"}
-"""The loss curves of a run and what each one is (the method's local loss may add terms to the
-cross-entropy, e.g. FedProx's proximal term, so the two are not the same function)."""
+"""A run's loss curves and what each is (a method's local loss may add terms, e.g. FedProx's proximal term)."""
 
 
 def warm_up() -> None:
-    """Import what drawing and saving a figure takes (matplotlib, its Agg canvas) ahead of time: the
-    tracking writer calls this as a run starts, while the rounds train, so the curves drawn after the last
-    round do not make the user wait for the import as well."""
+    """Import matplotlib and its Agg canvas while the rounds train, so the final curves do not wait for it."""
     import matplotlib.backends.backend_agg  # noqa: F401
     import matplotlib.figure  # noqa: F401
 

@@ -19,8 +19,7 @@ if TYPE_CHECKING:
     from fltune.engine.federation import Federation
 
 LOG_WIDTH = 400
-"""Columns of a log, where Rich assumes 80: the tables (a comparison's is ~200 wide) would cut every figure
-to "61.…". Tables keep their natural width below it; $COLUMNS still wins."""
+"""Columns of a log, where Rich assumes 80 and would cut wide tables' figures to "61.…"; $COLUMNS wins."""
 
 
 def _console(stderr: bool = True) -> Console:
@@ -38,16 +37,15 @@ listing = _console(stderr=False)
 
 
 def pace(seconds: float, rounds: int, left: int) -> str:
-    """"12.3 s/round, ETA 0:01:26": the rounds this process ran (``seconds`` over ``rounds``) set the pace of
-    the ``left`` ones. Rich's own estimate averages the last half-minute of updates and shows ``-:--:--`` when
-    each round takes longer than that; a run's rounds take 30–75 s on 2 cores."""
+    """"12.3 s/round, ETA 0:01:26" from the rounds this process ran; Rich's own estimate shows ``-:--:--``
+    when a round takes longer than its half-minute window."""
     per_round = seconds / rounds
     return f"{per_round:.1f} s/round, ETA {datetime.timedelta(seconds=round(per_round * left))}"
 
 
 class RunProgress(Progress):
-    """Rich's bar with each task's figures (``info``) on a line of their own under it, cut (…) at the
-    terminal's edge: on one line with the bar, they squeezed it to nothing in 100 columns."""
+    """Rich's bar with each task's figures (``info``) on their own line under it, cut at the terminal's edge,
+    so they do not squeeze the bar."""
 
     def get_renderables(self) -> Iterable[RenderableType]:
         yield self.make_tasks_table(self.tasks)
@@ -56,10 +54,7 @@ class RunProgress(Progress):
 
 
 class ProgressCallback(Callback):
-    """Rounds done, s/round and ETA from the run's own rounds, and the latest accuracy / loss.
-
-    In a terminal a bar (name, rounds done, pace and ETA, elapsed time) over a line of the figures; in a log,
-    one line per round."""
+    """Rounds done, pace, ETA and the latest accuracy / loss: a bar in a terminal, a line per round in a log."""
 
     def __init__(self, description: str) -> None:
         self.progress = RunProgress(
@@ -73,9 +68,8 @@ class ProgressCallback(Callback):
         self.info = ""
         """The last round's figures (shown after the name of the probe running, if any)."""
         self.clock: tuple[float, int] = (0.0, 0)
-        """Since when, and since which round, the pace is measured: from the start of this process's first
-        round (a resumed run's rounds before it took no time here), then from the end of that round, whose
-        one-off costs (the workers' first batches, data moved to them) would skew the ETA of the rest."""
+        """Since when, and which round, the pace is measured: this process's first round (a resume's earlier
+        rounds took no time here), then its end, whose one-off costs would skew the ETA."""
         self.first_done = False
 
     def on_start(self, fed: Federation) -> None:

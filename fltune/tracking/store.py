@@ -1,23 +1,10 @@
-"""Opening the MLflow store: the one place a process connects to it, safe when many processes share it.
+"""Opening the MLflow store, safe when many processes share a sqlite file (a server needs neither fix):
 
-A sqlite store is one file that several commands write at once (runs from several terminals, a study
-beside a ``reproduce`` job). Two things break there without care:
-
-* **Creating the store.** MLflow's tracking store creates its schema on first use without a lock
-  (``SqlAlchemyStore.__init__``), so two processes opening a fresh file both try and one dies with
-  ``table … already exists``. :func:`open_store` holds an exclusive ``flock`` on ``<db>.lock`` beside the
-  database while the client is created and while the experiment is looked up or created (the same
-  check-then-create race, one level up).
-* **Writing to it.** sqlite allows one writer at a time. MLflow already waits for a busy database
-  (``PRAGMA busy_timeout`` of 20 s on every session), but sqlite answers "database is locked" at once,
-  without waiting, when a transaction that has read must become a writer while another process writes
-  (waiting could deadlock). MLflow rolls such a session back and raises ``TEMPORARILY_UNAVAILABLE``:
-  the operation never happened, so it is safe to run it again, which :class:`RetryingClient` does.
-
-A tracking server (``http://…``) serialises writes itself; its client needs neither, and MLflow's HTTP
-client retries on its own (``MLFLOW_HTTP_REQUEST_MAX_RETRIES``). Those retries back off for minutes
-before a refused connection is reported, so ``paths.check_reachable`` asks a store other than sqlite once,
-without them, before a command starts any work.
+* **Creating it.** MLflow creates its schema without a lock (``SqlAlchemyStore.__init__``), so two processes
+  race (``table … already exists``): :func:`open_store` holds a ``flock`` on ``<db>.lock`` meanwhile.
+* **Writing.** sqlite answers "database is locked" at once, busy timeout or not, when a reader must become a
+  writer while another process writes; MLflow rolls back (``TEMPORARILY_UNAVAILABLE``), so
+  :class:`RetryingClient` repeats it.
 """
 
 from __future__ import annotations
@@ -104,13 +91,8 @@ class RetryingClient:
 
 def open_store(uri: str, experiment: str, artifacts: str | None = None, tags: dict[str, str] | None = None,
                defaults: dict[str, str] | None = None) -> tuple[RetryingClient, str]:
-    """A client of the store at ``uri`` and the id of ``experiment`` there, created if new.
-
-    ``artifacts`` is where a new experiment keeps its artifacts (MLflow's default when None); ``tags`` are
-    set on the experiment, also on one made before they existed; ``defaults`` only where the experiment has
-    no such tag (its description: one the user wrote in the UI stays). The store's schema and the
-    experiment are created under :func:`store_lock`, so concurrent first uses queue up.
-    """
+    """A client of the store at ``uri`` and the id of ``experiment``, created if new (under
+    :func:`store_lock`). ``tags`` are always set, ``defaults`` only where absent (a UI description stays)."""
     tags, defaults = tags or {}, defaults or {}
     with store_lock(uri):
         client = RetryingClient(MlflowClient(uri))
