@@ -38,7 +38,7 @@ class InitialStandIn(Method):
         return {**payload, INITIAL: server_state[INITIAL]} if INITIAL in server_state else payload
 
     def aggregate(self, ctx: ServerContext) -> ServerUpdate:
-        """The base's; the initial model is dropped once every client has its own, not to send it for nothing."""
+        """The base's; once every client has its own, the initial model is dropped and no longer sent."""
         update = super().aggregate(ctx)
         if INITIAL not in update.server_state or holders(ctx.client_store, self.kept) < ctx.num_clients:
             return update

@@ -45,8 +45,8 @@ class Params(BaseModel):
 
 @dataclass(frozen=True)
 class Phase:
-    """Local training over the parameters under ``prefixes`` (None: all) (FedRep: head, then body); ``steps``
-    ends it mid-epoch if need be (Per-FedAvg counts iterations; None: every batch of its ``epochs``)."""
+    """Local training over the parameters under ``prefixes`` (None: all; FedRep: head, then body); ``steps``
+    ends it mid-epoch if need be (Per-FedAvg counts iterations)."""
 
     epochs: int
     prefixes: tuple[str, ...] | None = None
@@ -105,8 +105,9 @@ def effective_steps(steps: int, momentum: float, nesterov: bool = False) -> floa
     θ_g − θ_k back into an average gradient (FedNova's a_k, SCAFFOLD's K in c_k⁺).
 
     Heavy-ball momentum ρ (b_t = ρ·b_{t−1} + g_t, step lr·b_t) gives Σ_{t≤K} (1 − ρ^t)/(1 − ρ) =
-    [K − ρ(1 − ρ^K)/(1 − ρ)]/(1 − ρ), the FedSOL authors' divisor (``Lee-Gihun/FedSOL:algorithms/scaffold/
-    ClientTrainer.py`` ``__get_divisor``); Nesterov (step lr·(g_t + ρ·b_t)) adds ρ times it. ρ = 0 gives K.
+    [K − ρ(1 − ρ^K)/(1 − ρ)]/(1 − ρ), the FedSOL authors' divisor
+    (``Lee-Gihun/FedSOL:algorithms/scaffold/ClientTrainer.py`` ``__get_divisor``); Nesterov (step
+    lr·(g_t + ρ·b_t)) adds ρ times it. ρ = 0 gives K.
     """
     if momentum == 0:
         return float(steps)

@@ -44,8 +44,8 @@ class SplitModel(nn.Module):
 
     @property
     def variance_points(self) -> list[nn.Module]:
-        """Points whose per-unit batch variance MAN adds to its term (only
-        :class:`~fltune.models.convnets.TinyImageNetCNN`, after the authors' code)."""
+        """Points whose per-unit batch variance MAN adds to its term: only in
+        :class:`~fltune.models.convnets.TinyImageNetCNN`, after the authors' code."""
         return []
 
 
