@@ -1,10 +1,9 @@
 """Method registry: ``@register`` on a Method subclass makes it available by name.
 
-Adding a method = one file here (imported below) + ``search_spaces/<name>.yaml`` + a test pinning its loss;
-or, without a fork, a ``Method`` subclass named by reference (``my_pkg.mod:Mine``, ``./mine.py:Mine``) or
-declared as an entry point of an installed package (``fltune.plugins``), checked as registration checks.
-``@register_modifier`` adds a loss term (MAN) that any method takes on as ``<method>+<modifier>``; those
-combinations are built on first use by :func:`get_method`, never registered one by one.
+Adding a method = one file here + ``search_spaces/<name>.yaml`` + a test pinning its loss; or, without a
+fork, a ``Method`` subclass named by reference (``my_pkg.mod:Mine``) or as a plug-in (``fltune.plugins``),
+checked as ``register`` checks. ``@register_modifier`` adds a loss term (MAN) any method takes on as
+``<method>+<modifier>``, built on first use by :func:`get_method`.
 """
 
 from __future__ import annotations
@@ -61,8 +60,8 @@ def _load_all() -> None:
 
 
 def get_method(name: str) -> type[Method]:
-    """The class for ``name`` — registered, or ``<base>+<modifier>`` (chains allowed: ``fedsam+man+x``);
-    a user error naming the allowed methods and modifiers otherwise."""
+    """The class for ``name``, registered or ``<base>+<modifier>`` (chains allowed); else a user error naming
+    the allowed ones."""
     if "+" in name:
         return _composite(name)
     if name in METHODS:

@@ -1,20 +1,15 @@
 """Client-drift bookkeeping shared by FedDyn, FedDC, FedSpeed (h_k) and SCAFFOLD, FedDC (c, c_k).
 
-Nothing is registered here. Both bases keep their per-client variables in the client's state (numpy, via
-``ctx.state``/``ClientResult.state``) and their server variables in ``server_state``. Every hook they
-override calls ``super()``, so FedDC = FedDyn's drift + SCAFFOLD's control variates by inheriting both.
+Per-client variables live in the client's state (numpy), server ones in ``server_state``. Every hook calls
+``super()``, so FedDC = FedDyn's drift + SCAFFOLD's control variates by inheriting both.
 
-Both servers need means over *all* N clients (never-sampled ones count as zero). ``server_mean`` (the
-bases' :class:`DriftParams`) says how: ``exact`` (default) re-sums the engine's client store every round
-(:func:`mean_over_clients`, client-id order, streamed from the store: O(N) reads a round, and the result
-does not depend on which worker returned which client first); ``running`` keeps the float64 sum in
-``server_state`` and adds the round's clients' changes Σ_S (s_k⁺ − s_k), the papers' own update (SCAFFOLD
-Alg. 1 line 17: c ← c + (1/N)·Σ_S Δc_k; FedDyn's h likewise): O(clients a round), for which each client
-uploads its value from before the round (:func:`keep_state`). Summed in another order, a mean's last bits
-may differ, so it is opt-in (docs/performance.md "Clients in total" measures by how much). Server and
-upload use the plain mean over the round's clients (``weighted_by_samples = False``, docs/methods.md §0).
-Only parameters drift: buffers (BN statistics) are averaged as in FedAvg, as in the authors' code, which
-flattens ``model.parameters()`` only.
+Both servers need means over *all* N clients (never-sampled ones count as zero); ``server_mean`` says how:
+``exact`` (default) re-sums the client store every round in client-id order (O(N) reads, independent of
+which worker returned first); ``running`` keeps a float64 sum in ``server_state`` and adds Σ_S (s_k⁺ − s_k),
+the papers' update (SCAFFOLD Alg. 1 line 17: c ← c + (1/N)·Σ_S Δc_k; FedDyn's h likewise), O(clients a
+round), each client uploading its prior value (:func:`keep_state`). Its last bits may differ, so it is
+opt-in. Updates are equally weighted (docs/methods.md §0). Only parameters drift: buffers are averaged as in
+FedAvg, as the authors' code flattens ``model.parameters()`` only.
 """
 
 from __future__ import annotations
@@ -45,9 +40,8 @@ LOG = logging.getLogger(__name__)
 
 
 class DriftParams(Params):
-    """The drift bases' setting, which each of their methods' Params extends. A method parameter, not an
-    engine one: it is the method's server arithmetic (as SCAFFOLD's ``server_lr``), validated, recorded and
-    tunable with its other parameters, while the engine stays blind to which methods keep means."""
+    """The drift bases' setting: a method parameter, as it is the method's server arithmetic (as SCAFFOLD's
+    ``server_lr``), so the engine stays blind to which methods keep means."""
 
     server_mean: Literal["exact", "running"] = Field("exact", description=(
         "how the server keeps its mean over all N clients' states (SCAFFOLD's c, FedDyn's h): 'exact' re-sums "
@@ -56,8 +50,7 @@ class DriftParams(Params):
 
 
 def sum_over_clients(store: Mapping[int, dict[str, Any]], key: str) -> Sums:
-    """Σ_k store[k][key] over every client holding ``key``, in float64 in client-id order one client at a time
-    (``held``: the store streams them); empty while no client holds ``key``."""
+    """Σ_k store[k][key] in float64, in client-id order, streamed; empty while no client holds ``key``."""
     total: dict[str, np.ndarray] = {}
     dtypes: dict[str, np.dtype] = {}
     for _, arrays in held(store, key):
@@ -80,17 +73,16 @@ def divided(sums: Sums, num_clients: int) -> State:
 
 
 def keep_state(method: Method, ctx: ClientContext, result: ClientResult, key: str, values: dict[str, Tensor]) -> None:
-    """The client's new ``key`` state into ``result``; for the server's running sum (``server_mean: running``)
-    its value from before the round goes up too, as ``key:name`` (none for a client never sampled: zero)."""
+    """The client's new ``key`` state into ``result``; under ``running`` its prior value is uploaded too, as
+    ``key:name`` (none, i.e. zero, for a client never sampled)."""
     result.state[key] = to_numpy(values)
     if method.params.server_mean == "running":
         result.upload.update({f"{key}:{name}": value for name, value in (ctx.state.get(key) or {}).items()})
 
 
 def running_sum(ctx: ServerContext, key: str) -> Sums:
-    """Σ_k s_k over all N clients in float64: ``server_state[key + "_sum"]`` plus Σ_S (s_k⁺ − s_k) over the
-    round's clients in client-id order, s_k from their upload (:func:`keep_state`; zero when absent). Every client
-    of a round returns its ``key``, so the round's states give the dtypes."""
+    """Σ_k s_k in float64: ``server_state[key + "_sum"]`` plus Σ_S (s_k⁺ − s_k) in client-id order, s_k from
+    the upload (zero when absent)."""
     total = {name: value.copy() for name, value in ctx.server_state.get(f"{key}_sum", {}).items()}
     dtypes: dict[str, np.dtype] = {}
     for cid, state in sorted(ctx.aggregate.client_states.items()):
@@ -112,8 +104,7 @@ def _hint(method: str) -> None:
 
 
 def server_mean(method: Method, ctx: ServerContext, key: str) -> tuple[State, dict[str, Any]]:
-    """(1/N)·Σ_k s_k for state ``key`` as ``method.params.server_mean`` says, and the server-state entries
-    to keep (the running sum; none for ``exact``)."""
+    """(1/N)·Σ_k s_k for state ``key``, and the server-state entries to keep (the running sum, if any)."""
     if method.params.server_mean == "running":
         sums = running_sum(ctx, key)
         return divided(sums, ctx.num_clients), {f"{key}_sum": sums[0]}
@@ -123,9 +114,8 @@ def server_mean(method: Method, ctx: ServerContext, key: str) -> tuple[State, di
 
 
 def parameter_tensors(ctx: ClientContext, stored: Mapping[str, np.ndarray | Tensor] | None) -> dict[str, Tensor]:
-    """One tensor per model parameter on the training device: the stored value, or zeros before any. Stored
-    arrays (the client's own h_k or c_k) go over together, one copy per dtype (``to_device``), not one a
-    parameter; tensors (the round's shared ``ctx.server_tensors``) are taken as they are."""
+    """One tensor per model parameter on the device: the stored value, or zeros. Arrays go over in one copy
+    per dtype (``to_device``); tensors (``ctx.server_tensors``) are taken as they are."""
     values = dict(stored or {})
     arrays = {name: value for name, value in values.items() if not isinstance(value, Tensor)}
     values.update(zip(arrays, to_device(list(arrays.values()), ctx.device)))
@@ -138,9 +128,8 @@ def parameter_tensors(ctx: ClientContext, stored: Mapping[str, np.ndarray | Tens
 class DriftCorrected(Method):
     """FedDyn's h_k (FedDC's local drift): h_k ← h_k + (θ_k − θ_g); server θ = mean_S θ_k + mean_all h_k.
 
-    Clients keep h_k in ``state["h"]``; θ_g − h_k is the client's input ``drift_target``, the point the local
-    penalty (α/2)·‖θ − (θ_g − h_k)‖² pulls towards: FedDyn/FedDC add it to the loss, FedSpeed adds its gradient
-    after the SAM step.
+    h_k lives in ``state["h"]``; θ_g − h_k is the input ``drift_target`` that (α/2)·‖θ − (θ_g − h_k)‖² pulls
+    towards: FedDyn/FedDC add it to the loss, FedSpeed its gradient after the SAM step.
     """
 
     Params = DriftParams
@@ -171,15 +160,12 @@ class DriftCorrected(Method):
 class ControlVariates(Method):
     """SCAFFOLD's control variates (Karimi et al., 2020, option II), also FedDC's gradient correction.
 
-    Local gradient g − c_k + c (:meth:`gradient_correction`; FedDC writes it as the loss term ⟨θ, c − c_k⟩:
-    same gradient);
-    c_k⁺ = c_k − c + (θ_g − θ_k)/(K_eff·lr) with lr = this round's ``ctx.lr`` (``correction_lr``) and K_eff the
-    :func:`~fltune.methods.base.effective_steps` of the ``ctx.steps`` local steps: K for plain SGD,
-    [K − ρ(1 − ρ^K)/(1 − ρ)]/(1 − ρ) under momentum ρ, as the FedSOL authors' Scaffold divides
-    (``Lee-Gihun/FedSOL:algorithms/scaffold/ClientTrainer.py``, ``adaptive_divison: true`` in
-    ``configs/baselines/scaffold.json``). Dividing by K alone makes c ~8× too large at K = 50, ρ = 0.9,
-    and the corrected local steps over-shoot. Server c = mean over all N of c_k, i.e. c += (1/N)·Σ_S Δc_k.
-    Clients keep c_k in ``state["c"]``; c is kept in ``server_state["c"]`` and broadcast.
+    Local gradient g − c_k + c (FedDC's loss term ⟨θ, c − c_k⟩ has the same gradient);
+    c_k⁺ = c_k − c + (θ_g − θ_k)/(K_eff·lr), lr the round's (``correction_lr``), K_eff the
+    :func:`~fltune.methods.base.effective_steps` of ``ctx.steps``, as the FedSOL authors' Scaffold divides
+    (``Lee-Gihun/FedSOL:algorithms/scaffold/ClientTrainer.py``, ``adaptive_divison: true``): K alone makes c
+    too large under momentum and the corrected steps over-shoot. Server c = mean over all N of c_k.
+    c_k lives in ``state["c"]``, c in ``server_state["c"]``, broadcast.
     """
 
     Params = DriftParams

@@ -1,10 +1,8 @@
 """The initial global model as a client's own model before it has one (a shared base; nothing registered).
 
-Some authors' code builds every client's kept model once, as a copy of the initial global model, before
-round 1: MOON's previous model in ``mmendiet/FedAlign:methods/moon.py`` (the server's ``prev_models``) and
-Ditto's personal model in ``haozzh/FedCR:models/distributed_training_utils_ditto.py`` (``model_local``), so
-a client first sampled in round r > 1 starts from the initial model, not the round's global one.
-:class:`InitialStandIn` sends it with the round's weights until every client has its own.
+Some authors' code copies the initial global model into every client's kept model before round 1 (MOON's
+``prev_models`` in ``mmendiet/FedAlign:methods/moon.py``, Ditto's ``model_local`` in
+``haozzh/FedCR:models/distributed_training_utils_ditto.py``), so a client first sampled later starts from it.
 """
 
 from __future__ import annotations
@@ -40,16 +38,14 @@ class InitialStandIn(Method):
         return {**payload, INITIAL: server_state[INITIAL]} if INITIAL in server_state else payload
 
     def aggregate(self, ctx: ServerContext) -> ServerUpdate:
-        """The base's; the initial model is dropped once every client has its own (it would then be sent for
-        nothing: ~9 MB a round for MOON's ResNet-56)."""
+        """The base's; once every client has its own, the initial model is dropped and no longer sent."""
         update = super().aggregate(ctx)
         if INITIAL not in update.server_state or holders(ctx.client_store, self.kept) < ctx.num_clients:
             return update
         return replace(update, server_state={k: v for k, v in update.server_state.items() if k != INITIAL})
 
     def initial_model(self, ctx: ClientContext) -> Mapping[str, Tensor] | None:
-        """The initial model on the training device, for a client without a kept model; None when this
-        configuration does not use it or the client has one."""
+        """The initial model on the device for a client without a kept model; else None."""
         if self.kept in ctx.state or INITIAL not in ctx.server_tensors:
             return None
         return ctx.server_tensors[INITIAL]

@@ -25,9 +25,8 @@ class PersonalHead(Method):
 
 
 class FeatureAligned(PersonalHead):
-    """A personal head read as one classes × features linear map, over features aligned to the server's class
-    targets (FedPAC's prototypes, its FedCR-code variant's centroids): the server state, those targets, is
-    broadcast whole, and a model whose head is not one linear layer fails once, at model construction."""
+    """A personal linear head over features aligned to the server's class targets (FedPAC's prototypes,
+    centroids), broadcast whole; any other head fails at model construction."""
 
     def adapt_model(self, model: nn.Module) -> nn.Module:
         model = super().adapt_model(model)
@@ -42,9 +41,8 @@ class FeatureAligned(PersonalHead):
 
 
 def weight_layers(model: nn.Module) -> list[set[str]]:
-    """The model's layers in forward order, each as its state-dict keys, counted as LG-FedAvg's and FedCR's
-    code count them (``weight_keys``: one entry per convolution or linear map). A module whose own weight is
-    1-d (a norm layer) joins the layer before it, with its running statistics."""
+    """The model's layers in forward order as state-dict keys, one per conv or linear map as LG-FedAvg's and
+    FedCR's ``weight_keys``; a 1-d weight (a norm layer) joins the layer before it."""
     keys = set(model.state_dict())
     layers: list[set[str]] = []
     for name, module in model.named_modules():

@@ -1,12 +1,10 @@
 """The sharpness-aware step shared by FedSAM, FedASAM, FedSpeed and FedSOL (nothing registered here).
 
-Each of them (Foret et al., 2021 and its FL variants) takes its step's gradient in two moves: an ascent
-gradient g at w picks a perturbation ε; the objective's gradient is taken at w + ε, and the optimiser
-steps from w with ∇L(w + ε). They differ only in which loss gives g, which parameters move and how ε is
-scaled, so :class:`SharpnessAware` writes the step once, as a pure function of the weights that every
-executor runs (``functional.WholeStep``), and a method supplies ``epsilon`` (and FedSOL ``ascent``). Both
-passes evaluate the method's one objective, ``self.local_loss``, so a modifier composed onto a SAM-type
-base (``fedsam+man``) is present in both.
+SAM (Foret et al., 2021) and its FL variants: an ascent gradient g at w picks ε, and the optimiser steps
+from w with ∇L(w + ε). They differ only in which loss gives g, which parameters move and how ε is scaled, so
+:class:`SharpnessAware` writes the step once (``functional.WholeStep``) and a method supplies ``epsilon``
+(FedSOL also ``ascent``). Both passes run ``self.local_loss``, so a composed modifier (``fedsam+man``) is in
+both.
 
 [U] BatchNorm running statistics are updated by the first pass only (momentum 0 at w + ε), as in the
 FedSOL authors' SAM code (``Lee-Gihun/FedSOL:algorithms/optim_utils.py``, ``disable_running_stats``).
@@ -45,11 +43,8 @@ def sam_epsilon(rho: float) -> Epsilon:
 
 
 def asam_epsilon(rho: float, eta: float) -> Epsilon:
-    """ASAM / FedASAM: ε = ρ·T²g/‖Tg‖ with T = |w| + η on weight tensors and T = 1 on biases.
-
-    "Weight tensors" are parameters whose name ends in ``weight`` (conv, linear and norm-layer scales),
-    as in the ASAM authors' code (``SamsungLabs/ASAM``: ``'weight' in n``).
-    """
+    """ASAM / FedASAM: ε = ρ·T²g/‖Tg‖ with T = |w| + η on parameters named ``*weight`` (norm scales too, as
+    ``SamsungLabs/ASAM``'s ``'weight' in n``), T = 1 elsewhere."""
 
     def epsilon(named: Named, grads: list[Tensor]) -> list[Tensor]:
         scales = [p.detach().abs() + eta if n.endswith("weight") else torch.ones_like(p) for n, p in named]
@@ -75,30 +70,23 @@ def bn_statistics_frozen(model: nn.Module) -> Iterator[None]:
 
 
 class SharpnessAware(WholeStep, ABC):
-    """Base of the SAM family: the step (:meth:`functional_step`) = ascent at w, descent gradient at w + ε.
-
-    Subclasses define :meth:`epsilon`; :meth:`ascent` defaults to SAM's (the local loss itself, every
-    trainable parameter). The step's loss and logits are the ascent pass's, i.e. at the weights w the
-    optimiser steps from, like every other method's.
-    """
+    """Base of the SAM family: ascent at w, descent gradient at w + ε. Subclasses define :meth:`epsilon`.
+    The step's loss and logits are the ascent pass's, at w, as every other method's."""
 
     stored_models = 2.0  # the weights w and the perturbation ε (or the saved first gradients)
     passes_per_step = 2.0  # the ascent pass at w and the descent pass at w + ε
 
     @abstractmethod
     def epsilon(self, global_weights: Mapping[str, Tensor]) -> Epsilon:
-        """How the ascent gradients become ε (each method's own rule); ``global_weights`` are the round's
-        global weights, which FedSOL's adaptive strength reads."""
+        """How the ascent gradients become ε; ``global_weights`` for FedSOL's adaptive strength."""
 
     def ascent(self, weights: Tensors, batch: FunctionalBatch) -> tuple[Named, list[Tensor], FunctionalStep]:
-        """(weights to perturb, the ascent gradients g that direct ε, the step's loss and logits at w); SAM: the
-        objective's gradient over every trainable weight."""
+        """(weights to perturb, ascent gradients g, the step at w); SAM: the objective's, every trained weight."""
         step = objective_step(self, weights, batch)
         return list(weights.items()), list(step.grads.values()), step
 
     def functional_step(self, weights: Tensors, batch: FunctionalBatch) -> FunctionalStep:
-        """ε from the ascent, then the objective's gradient at w + ε, BatchNorm statistics left as the ascent
-        pass left them. ``weights`` are never modified, so nothing needs restoring."""
+        """ε from the ascent, then the gradient at w + ε with BN statistics frozen; ``weights`` unmodified."""
         named, grads, ascent = self.ascent(weights, batch)
         eps = self.epsilon(batch.global_weights)(named, grads) if named else []
         shifted = {**weights, **{n: p + e for (n, p), e in zip(named, eps, strict=True)}}

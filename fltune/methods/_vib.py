@@ -1,9 +1,8 @@
 """Shared base (nothing registered) of the methods whose objective needs a VIB net's q(z|x): FedCR, SimFAFL,
 FedSR. ``model.name: auto`` resolves to FedCR's nets (:meth:`VIBMethod.model_for`), any other fails once.
 
-All three come from FedCR's code base (``haozzh/FedCR``), whose server averages models without sample
-weights (``average``), as they do here (the same under SimFAFL's equal-size partitions). The objective's ε
-is ``batch.noise["eps"]`` (``noise``), so every executor draws it from the client's own seeded stream.
+All three come from ``haozzh/FedCR``, whose server averages without sample weights (``average``), as here.
+ε is ``batch.noise["eps"]``, so every executor draws it from the client's own seeded stream.
 """
 
 from __future__ import annotations
@@ -23,9 +22,8 @@ _MLP_DATASETS = frozenset({"emnist_letters", "mnist"})
 
 
 class VIBFineTune(FineTune):
-    """The ``tune`` final round on a VIB net (FedCR's, SimFAFL's and FedSR's last round): plain CE of the
-    training-mode model, whose head sees the mean of the net's S sampled z (``VIBNet.features``), with ε
-    declared as the objective's noise rather than drawn inside the forward."""
+    """The ``tune`` round on a VIB net: plain CE of the head on the mean of S sampled z, ε declared as the
+    objective's noise rather than drawn inside the forward."""
 
     vib_samples: ClassVar[int | None] = None
 
@@ -58,7 +56,7 @@ class VIBMethod(Method):
 
     @staticmethod
     def net(ctx: ClientContext) -> VIBNet:
-        """The client's model, which ``adapt_model`` has already checked is a VIBNet."""
+        """The client's model (``adapt_model`` checked it is a VIBNet)."""
         return cast(VIBNet, ctx.model)
 
     noise = VIBFineTune.noise
@@ -71,15 +69,13 @@ def functional_vib(batch: Batch) -> VIBOutput:
 
 
 def functional_z(forward: Forward, weights: Tensors, x: Tensor, eps: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """μ, σ of q(z|x) and the sampled z ``[S, B, dimZ]`` as functions of the parameters, with the batch's ε
-    ``[B, S, dimZ]``."""
+    """μ, σ of q(z|x) and z ``[S, B, dimZ]`` as functions of the parameters, from ε ``[B, S, dimZ]``."""
     mu, sigma = posterior(forward.part("body", weights, x))
     return mu, sigma, mu + sigma * eps.transpose(0, 1)
 
 
 def vib_cross_entropy(logits: Tensor, y: Tensor, mask: Tensor | None = None) -> Tensor:
-    """``sampled_cross_entropy`` (mean over S samples and the batch), over the real samples when ``mask``
-    marks them."""
+    """``sampled_cross_entropy`` (mean over S samples and the batch's real samples)."""
     if mask is None:
         return sampled_cross_entropy(logits, y)
     samples = logits.shape[0]

@@ -1,9 +1,8 @@
 """The method plug-in interface: the contract types and :class:`Method`.
 
-A method is one small class with optional hooks; FedAvg behaviour is the default for every hook, so a
-method file contains only what differs from FedAvg. Its local objective is written once,
-``local_loss(batch)`` on a :class:`~fltune.methods.objective.Batch`, and every executor trains with it.
-The engine owns the local training loop and calls, per client and round::
+A method is a small class whose hooks default to FedAvg, so its file holds only what differs. Its local
+objective is written once, ``local_loss(batch)`` on a :class:`~fltune.methods.objective.Batch`, for every
+executor. The engine owns the training loop and calls, per client and round::
 
     setup_client(ctx)                      # once, before training (frozen copies, the client's tensors ...)
     for phase in phases(ctx):              # default: one phase training every parameter
@@ -11,11 +10,9 @@ The engine owns the local training loop and calls, per client and round::
                     (+ gradient_correction, clip, optimiser step by the engine)
     client_result(ctx)                     # a ClientResult: weight, summable update, upload, new state
 
-and on the server, once per round: ``aggregate(ServerContext) -> ServerUpdate`` over the order-independent
-weighted sum of all sampled clients' updates and their uploads. ``aggregate`` is a pure function of its
-inputs: it returns the new global weights, server state and round's client states, and the engine stores
-what it returned. Per-client state is plain data held by the engine's store (keyed by client id), never
-inside a worker, so any worker can train any client and a checkpoint is just the store.
+and on the server, once per round, the pure ``aggregate(ServerContext) -> ServerUpdate`` over the
+order-independent weighted sum of the clients' updates and their uploads. Per-client state is plain data in
+the engine's store, never in a worker, so any worker can train any client and a checkpoint is just the store.
 """
 
 from __future__ import annotations
@@ -48,9 +45,8 @@ class Params(BaseModel):
 
 @dataclass(frozen=True)
 class Phase:
-    """A stretch of local training over a subset of parameters (FedRep: head epochs, then body epochs):
-    ``prefixes`` by state-dict prefix (None: all); ``steps`` ends it after that many steps, mid-epoch if need
-    be (Per-FedAvg's code counts iterations, not epochs; None: every batch of its ``epochs``)."""
+    """Local training over the parameters under ``prefixes`` (None: all; FedRep: head, then body); ``steps``
+    ends it mid-epoch if need be (Per-FedAvg counts iterations)."""
 
     epochs: int
     prefixes: tuple[str, ...] | None = None
@@ -69,8 +65,7 @@ class ClientContext:
     state: dict[str, Any]
     server: dict[str, Any]
     num_samples: int
-    """The samples an epoch of ``batches`` holds: the client's training split, less the short last batch's
-    with ``training.drop_last``. Its weight n_k in the server's average."""
+    """Samples in an epoch of ``batches`` (less a dropped short batch): the weight n_k in the average."""
     epochs: int
     lr: float
     """This round's learning rate: ``training.lr`` after ``training.lr_decay``."""
@@ -83,24 +78,21 @@ class ClientContext:
     nesterov: bool = False
     """Whether that momentum is Nesterov's (``training.nesterov``): it changes :func:`effective_steps`."""
     batch_size: int = 1
-    """``training.batch_size``: with ``num_samples`` it gives an epoch's batches (Per-FedAvg counts its steps by
-    them)."""
+    """``training.batch_size`` (Per-FedAvg counts its steps in batches)."""
     step_lr: float | None = None
-    """Set by ``backward`` to take this one step at another learning rate (Per-FedAvg's meta step at β); the
-    engine reads it before the optimiser step and clears it. None: the phase's rate."""
+    """Set by ``backward`` to take this one step at another rate (Per-FedAvg's meta step at β); the engine
+    reads and clears it. None: the phase's rate."""
     initial_lr: float | None = None
-    """``training.lr``, the first round's learning rate (None: ``lr``): FedDC's code divides its gradient correction
-    by it whatever the round's decay."""
+    """``training.lr`` before decay (None: ``lr``): FedDC's code divides its correction by it."""
     grad_clip: float | None = None
-    """``training.grad_clip``: the engine clips the step's ``.grad`` with it; a method that steps a model of
-    its own (Ditto's personal model) clips that step too, as the authors' code does."""
+    """``training.grad_clip``; a method stepping a model of its own (Ditto's) clips that step too, as the
+    authors' code does."""
     server_tensors: Mapping[str, Any] = field(default_factory=dict)
-    """``server``'s arrays as tensors on ``device`` (a dict of arrays: a dict of tensors), copied once a round
-    for all the clients a worker trains, not once a client. Shared by those clients: read only."""
+    """``server``'s arrays as tensors on ``device``, copied once a round per worker: shared, read only."""
     scratch: dict[str, Any] = field(default_factory=dict)
     inputs: dict[str, Tensors] = field(default_factory=dict)
     """The client's tensors its objective reads (``Batch.inputs``: FedDyn's θ_g − h_k, Ditto's v), set by
-    ``setup_client``; clients trained together have theirs stacked, and a carried one (Ditto's) copied back."""
+    ``setup_client``; stacked for clients trained together, a carried one (Ditto's) copied back."""
 
     @cached_property
     def forward(self) -> Forward:
@@ -112,11 +104,10 @@ def effective_steps(steps: int, momentum: float, nesterov: bool = False) -> floa
     """How many lr·g a constant gradient g moves the weights over ``steps`` SGD steps: the ‖a‖₁ that turns
     θ_g − θ_k back into an average gradient (FedNova's a_k, SCAFFOLD's K in c_k⁺).
 
-    Heavy-ball momentum ρ (PyTorch's buffer b_t = ρ·b_{t−1} + g_t, step lr·b_t) moves the weights by
-    Σ_{t≤K} (1 − ρ^t)/(1 − ρ) = [K − ρ(1 − ρ^K)/(1 − ρ)]/(1 − ρ), the FedSOL authors' divisor
-    (``Lee-Gihun/FedSOL:algorithms/scaffold/ClientTrainer.py`` ``__get_divisor``, and its FedNova server):
-    K = 50, ρ = 0.9 gives 410.5, not 50. Nesterov's step lr·(g_t + ρ·b_t) adds ρ times that sum, i.e.
-    [K − ρ²(1 − ρ^K)/(1 − ρ)]/(1 − ρ). ρ = 0 gives K either way.
+    Heavy-ball momentum ρ (b_t = ρ·b_{t−1} + g_t, step lr·b_t) gives Σ_{t≤K} (1 − ρ^t)/(1 − ρ) =
+    [K − ρ(1 − ρ^K)/(1 − ρ)]/(1 − ρ), the FedSOL authors' divisor
+    (``Lee-Gihun/FedSOL:algorithms/scaffold/ClientTrainer.py`` ``__get_divisor``); Nesterov (step
+    lr·(g_t + ρ·b_t)) adds ρ times it. ρ = 0 gives K.
     """
     if momentum == 0:
         return float(steps)
@@ -125,15 +116,14 @@ def effective_steps(steps: int, momentum: float, nesterov: bool = False) -> floa
 
 
 Upload = dict[str, np.ndarray]
-"""Statistics a client sends the server beside its summable update (FedCR's class Gaussians, FedPAC's
-prototypes): read once by ``aggregate``, never kept in the client store."""
+"""Per-client statistics beside the summable update (FedCR's Gaussians, FedPAC's prototypes): read once by
+``aggregate``, never stored."""
 
 
 @dataclass
 class ClientResult:
-    """What one client returns: ``update`` is summed with ``weight`` across clients by the engine (on the
-    workers, order-independently), ``upload`` reaches ``aggregate`` per client, ``state`` is what the
-    client store keeps for this client's next round."""
+    """``update`` is summed with ``weight`` over clients (order-independently), ``upload`` reaches
+    ``aggregate`` per client, ``state`` is stored for the client's next round."""
 
     weight: float
     update: State
@@ -144,8 +134,8 @@ class ClientResult:
 
 @dataclass(frozen=True)
 class Aggregate:
-    """The weighted mean of the sampled clients' updates, plus what they returned individually (every
-    per-client dict in client-id order, so nothing can depend on how clients were spread over workers)."""
+    """The weighted mean of the clients' updates, plus their per-client dicts in client-id order (so nothing
+    depends on how clients were spread over workers)."""
 
     mean: State
     total_weight: float
@@ -156,9 +146,8 @@ class Aggregate:
 
 @dataclass(frozen=True)
 class ServerContext:
-    """What ``Method.aggregate`` reads (and must not modify): the round's global weights, its clients'
-    aggregate, the server state, and every client's state after this round (``client_store``: the
-    engine's store with ``aggregate.client_states`` already in, so clients never sampled are absent)."""
+    """What ``Method.aggregate`` reads and must not modify; ``client_store`` already holds
+    ``aggregate.client_states`` (clients never sampled are absent)."""
 
     round: int
     global_state: State
@@ -176,9 +165,8 @@ def server_step(old: State, new: State, step: Callable[[np.ndarray, np.ndarray],
 
 
 def held(store: Mapping[int, dict[str, Any]], key: str) -> Iterator[tuple[int, Any]]:
-    """(client, ``store[client][key]``) for every client holding ``key``, in client-id order. The engine's
-    store (engine/store.py) streams them from disk a block at a time (``held``), so a sum over every client
-    keeps one value in memory; a plain dict is read client by client."""
+    """(client, ``store[client][key]``) for every client holding ``key``, in client-id order; the engine's
+    store streams them from disk, so a sum over every client keeps one value in memory."""
     stream = getattr(store, "held", None)
     if stream is not None:
         return stream(key)
@@ -193,8 +181,8 @@ def holders(store: Mapping[int, dict[str, Any]], key: str) -> int:
 
 @dataclass(frozen=True)
 class ServerUpdate:
-    """What ``Method.aggregate`` returns, the next round's starting point; ``client_states``: the round's
-    clients' states to store (rewritten by a server such as FedPAC's, with each client's combined head)."""
+    """What ``Method.aggregate`` returns; ``client_states`` are stored (FedPAC rewrites them with each
+    client's combined head)."""
 
     global_state: State
     server_state: dict[str, Any]
@@ -202,10 +190,7 @@ class ServerUpdate:
 
 
 class Method:
-    """FedAvg (McMahan et al., 2017): CE locally, n_k-weighted average of the full state on the server.
-
-    Subclasses override hooks; a hook left alone behaves as FedAvg.
-    """
+    """FedAvg (McMahan et al., 2017): CE locally, n_k-weighted average of the full state: every hook's default."""
 
     name: ClassVar[str] = ""
     Params: ClassVar[type[Params]] = Params
@@ -213,24 +198,21 @@ class Method:
     """Model that ``model.name: auto`` resolves to for this method (VIB nets, ResNet-56); None = the dataset's."""
     stored_models: ClassVar[float]
     """Model-sized tensors a client holds while training (FedAlign Table 5): FedAvg 1, FedProx 2, MOON 3, …
-    No default: every method states it (checked by ``register``), so a cost column is never a silent 1."""
+    No default (``register`` checks it), so a cost column is never a silent 1."""
     passes_per_step: ClassVar[float]
-    """Forward+backward passes per local step, for compute cost: FedAvg 1, SAM-type 2, GradAug n + 1, …
-    No default, as ``stored_models``."""
+    """Forward+backward passes per local step: FedAvg 1, SAM-type 2, GradAug n + 1, … No default."""
     weighted_by_samples: ClassVar[bool] = True
     """Whether updates are weighted by n_k (FedAvg) or equally (FedDyn-family); also weights `all_model`."""
     pure_loss: ClassVar[bool] = True
-    """Whether :meth:`local_loss` reads its :class:`Batch` alone, never ``batch.client``: then it holds at any
-    weights and for a padded batch, so clients may be trained together. False for an objective that runs
-    modules of its own or hooks on the model (MOON's frozen copies, MAN's activations)."""
+    """Whether :meth:`local_loss` reads its :class:`Batch` alone, never ``batch.client``, so clients may be
+    trained together. False where it runs modules or hooks of its own (MOON's frozen copies, MAN's)."""
     final_round: ClassVar[Literal["tune", "own"]] = "tune"
-    """What the final personal round (``training.finetune_epochs``, after the last round) trains on every
-    client before the personalised evaluation: ``tune``, the personal part (else the head) on plain CE with
-    the rest frozen (``methods/finetune.py``, FedCR's last round); ``own``, one more of the method's own
-    local updates, after which its client model is evaluated (Ditto, as FedCR's ``main_fed_ditto.py``)."""
+    """The final personal round (``training.finetune_epochs``) before the personalised evaluation: ``tune``
+    trains the personal part (else the head) on CE, the rest frozen (``methods/finetune.py``); ``own`` runs
+    one more local update and evaluates its client model (Ditto, as FedCR's ``main_fed_ditto.py``)."""
     tuner: ClassVar[type[FineTune] | None] = None
-    """The ``tune`` round's method (a :class:`~fltune.methods.finetune.FineTune`); None: FineTune itself. A
-    subclass names its own where its model's training forward draws random numbers (VIB nets: ε as noise)."""
+    """The ``tune`` round's :class:`~fltune.methods.finetune.FineTune` (None: FineTune); its own where the
+    model's training forward draws noise (VIB nets)."""
 
     def __init__(self, params: Params | None = None) -> None:
         self.params = params if params is not None else self.Params()
@@ -242,13 +224,12 @@ class Method:
 
     # ---------------------------------------------------------------- model
     def adapt_model(self, model: nn.Module) -> nn.Module:
-        """Extend the dataset's model with method-owned modules (MOON's projector), wherever the run builds a
-        model, so they are aggregated and checkpointed like any other; default: as is."""
+        """Add method-owned modules (MOON's projector), so they are aggregated and checkpointed like any other."""
         return model
 
     def require_model(self, model: nn.Module, kind: type[ModelT], needs: str, allowed: str) -> ModelT:
-        """``adapt_model`` of a method whose local objective needs one architecture: any other model fails
-        once, at model construction, in one line naming ``model.name`` — not deep inside a Ray worker."""
+        """``adapt_model`` for an objective needing one architecture: any other fails at construction, in one
+        line naming ``model.name``, not deep inside a Ray worker."""
         if not isinstance(model, kind):
             raise FLTuneError(
                 f"model.name: {self.name} needs {needs}; allowed: {allowed} (got a {type(model).__name__})"
@@ -273,36 +254,33 @@ class Method:
 
     @classmethod
     def epochs_trained(cls, epochs: int, local_epochs: int) -> float:
-        """Passes over its data a client update of ``epochs`` epochs makes (``local_epochs``: the run's E), for
-        the run-time estimate (``estimate.client_samples``): ``epochs``. A method whose phases count steps
-        rather than epochs says how many passes those steps make."""
+        """Passes over its data an update of ``epochs`` epochs makes (``local_epochs``: the run's E), for the
+        run-time estimate; a method whose phases count steps converts them."""
         return float(epochs)
 
     def noise(self, model: nn.Module) -> NoiseShapes:
-        """The standard normal draws one batch of :meth:`local_loss` reads as ``batch.noise`` (VIB's ε); FedAvg:
-        none. Each client draws them from its own seeded stream, so they do not depend on its executor."""
+        """Standard normal draws :meth:`local_loss` reads as ``batch.noise`` (VIB's ε), from the client's own
+        seeded stream, so they do not depend on its executor."""
         return {}
 
     def batch(self, ctx: ClientContext, x: torch.Tensor, y: torch.Tensor) -> Batch:
-        """``(x, y)`` as :meth:`local_loss` reads it for the client's own model: its parameters, unpadded,
-        the client's tensors, the batch's noise from torch's global RNG (seeded per (seed, round, client))."""
+        """``(x, y)`` for :meth:`local_loss` on the client's own model, unpadded, noise from torch's global RNG
+        (seeded per (seed, round, client))."""
         noise = draw_noise(self.noise(ctx.model), len(y), x.device)
         return Batch(ctx.forward, ctx.forward.own, x, y, None, ctx.inputs, noise, ctx.global_state, ctx)
 
     def local_loss(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
-        """The per-batch objective → (loss, logits), written once for every executor. FedAvg: cross-entropy
-        over the batch's real samples (``masked_cross_entropy``: ``F.cross_entropy`` when unpadded)."""
+        """The per-batch objective → (loss, logits); FedAvg: CE over the batch's real samples."""
         logits = batch.forward(batch.weights, batch.x)
         return masked_cross_entropy(logits, batch.y, batch.mask), logits
 
     def record_step(self, ctx: ClientContext, y: torch.Tensor, record: Tensors) -> None:
-        """Take what :meth:`local_loss` left in ``batch.record`` at one step, for the client's real samples
-        ``y`` (FedCR folds its μ, σ); default: nothing."""
+        """Take what :meth:`local_loss` left in ``batch.record``, for real samples ``y`` (FedCR's μ, σ)."""
 
     def backward(self, ctx: ClientContext, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Fill ``.grad`` for one batch → (detached loss, detached logits). A step that is more than this
-        gradient (SAM's two passes, Ditto's second model) is written once as ``functional.WholeStep``'s pure
-        step; one that exists only client by client overrides this (Proximal's projection, Per-FedAvg's restore)."""
+        """Fill ``.grad`` for one batch → (detached loss, detached logits). A larger step (SAM's two passes,
+        Ditto's second model) is a ``functional.WholeStep``; one only client by client overrides this
+        (Proximal's projection, Per-FedAvg's restore)."""
         batch = self.batch(ctx, x, y)
         loss, logits = self.local_loss(batch)
         if batch.record:
@@ -311,14 +289,12 @@ class Method:
         return loss.detach(), logits.detach()
 
     def gradient_correction(self, weights: Mapping[str, torch.Tensor], inputs: Mapping[str, Tensors]) -> Tensors:
-        """A term the engine adds to each parameter's gradient after the step's passes (SCAFFOLD's c − c_k,
-        FedSpeed's λ(θ − θ_g + h_k) outside SAM's passes), from the current ``weights`` and the client's
-        ``inputs``; FedAvg: none."""
+        """A term added to each gradient after the step's passes (SCAFFOLD's c − c_k, FedSpeed's
+        λ(θ − θ_g + h_k)), from the current ``weights`` and the client's ``inputs``."""
         return {}
 
     def client_result(self, ctx: ClientContext) -> ClientResult:
-        """Upload the shared weights (weight n_k, or 1 unless ``weighted_by_samples``); keep personal ones in
-        the client's state."""
+        """Upload the shared weights (weight n_k, or 1); keep personal ones in the client's state."""
         personal = self.personal_keys(ctx.model)
         state = ctx.model.state_dict()
         shared = to_numpy(state, set(state) - personal)
@@ -329,19 +305,17 @@ class Method:
         return ClientResult(weight=weight, update=shared, state=new_state)
 
     def local_model(self, update: State, state: dict[str, Any], upload: Upload) -> State | None:
-        """The client's trained weights rebuilt from its :class:`ClientResult` (``update``, new ``state``,
-        ``upload``), or None, for the ``all_model`` protocol and the H_N/H_D probe (docs/methods.md §0, §4).
-        Why: a rebuild costs no transfer beyond the update, where shipping the model doubles the round's. The
-        workers ship the trained weights instead where the rebuild differs from them by a bit (FedNova's d_k,
-        Ditto's v_k), so a wrong rebuild costs transfer, never a figure."""
+        """The client's trained weights rebuilt from its :class:`ClientResult`, or None, for ``all_model`` and
+        the H_N/H_D probe (docs/methods.md §0, §4): a rebuild costs no transfer. Where it differs by a bit
+        (FedNova's d_k, Ditto's v_k) the workers ship the weights, so a wrong rebuild costs transfer, never a
+        figure."""
         return {**update, **state.get("personal", {})}
 
     def personal_scorer(
         self, model: nn.Module, train_batches: Callable[[], Iterator[tuple[torch.Tensor, torch.Tensor]]],
     ) -> nn.Module:
-        """What the personalised protocol scores a client with (eval-mode output read as logits), ``model``
-        holding its final client model; ``train_batches``: one epoch of its training batches as its local
-        training draws them (kNN-Per's datastore). Default: the model itself."""
+        """What the personalised protocol scores a client with (eval-mode logits), from its final ``model`` and
+        one epoch of its training batches (kNN-Per's datastore)."""
         return model
 
     # ---------------------------------------------------------------- server side
@@ -354,9 +328,8 @@ class Method:
         return {}
 
     def aggregate(self, ctx: ServerContext) -> ServerUpdate:
-        """New global weights: the weighted mean for every key clients uploaded, the old value elsewhere;
-        server state and client states as they are. An override returns new objects (``dataclasses.replace``
-        on ``super().aggregate(ctx)``) and never modifies ``ctx``, so it can be tested as a function."""
+        """The weighted mean for every uploaded key, the old value elsewhere. An override returns new objects
+        (``dataclasses.replace``) and never modifies ``ctx``, so it can be tested as a function."""
         return ServerUpdate(
             global_state={**ctx.global_state, **ctx.aggregate.mean}, server_state=ctx.server_state,
             client_states=ctx.aggregate.client_states,

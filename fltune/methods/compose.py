@@ -1,11 +1,9 @@
 """Modifiers: a loss term that any base method can take on by name, as ``<base>+<modifier>``.
 
-MAN (docs/methods.md §2) is meant to sit on top of FedAvg, FedDyn, FedDC, FedSAM/ASAM, FedSpeed, ... A file
-per combination would copy every base; instead a :class:`Modifier` states only how it changes the base's
-per-batch objective, and :func:`compose` builds the combined class on demand, a subclass of the base
-overriding ``local_loss`` and ``adapt_model`` alone. SAM-type bases run both passes through
-``self.local_loss``, so the term is in both. The term reads the model's own modules (MAN's activations), so
-a composite's objective is not pure (``Method.pure_loss``): it is trained client by client.
+MAN sits on top of FedAvg, FedDyn, FedSAM, ...: rather than a file per combination, a :class:`Modifier`
+states how it changes the base's objective and :func:`compose` builds the subclass on demand (overriding
+``local_loss`` and ``adapt_model`` alone; SAM-type bases get the term in both passes). The term reads the
+model's modules, so a composite is not ``pure_loss``: it is trained client by client.
 """
 
 from __future__ import annotations
@@ -24,8 +22,8 @@ LossAndLogits = tuple[torch.Tensor, torch.Tensor]
 
 
 class Modifier:
-    """An addition to a base method's per-batch objective, with its own hyperparameters. ``local_loss`` gets
-    the base's objective as a callable so that it can observe the base's forward pass (MAN's activations)."""
+    """An addition to a base's per-batch objective, with its own hyperparameters; ``local_loss`` gets the
+    base's objective as a callable, to observe its forward pass (MAN's activations)."""
 
     name: ClassVar[str] = ""
     Params: ClassVar[type[Params]] = Params
@@ -38,8 +36,7 @@ class Modifier:
         return base_loss()
 
     def adapt_model(self, model: nn.Module) -> nn.Module:
-        """The base's model, checked for what this modifier needs (one line at model construction); default:
-        as is."""
+        """The base's model, checked for what this modifier needs."""
         return model
 
 
@@ -57,8 +54,7 @@ def composite_params(base: type[Method], modifier: type[Modifier]) -> type[Param
 
 
 def compose(base: type[Method], modifier: type[Modifier], name: str | None = None) -> type[Method]:
-    """A method class: ``base`` with ``modifier``'s term added to its local loss, named ``<base>+<modifier>``
-    unless ``name`` says otherwise. Workers build it from the config's name like any registered class."""
+    """``base`` with ``modifier``'s term added to its local loss, named ``<base>+<modifier>`` unless ``name``."""
     params_cls = composite_params(base, modifier)
     mod_fields = list(modifier.Params.model_fields)
 

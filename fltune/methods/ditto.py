@@ -1,12 +1,9 @@
 """Ditto (Li, Hu, Beirami & Smith, ICML 2021; docs/methods.md §2, SimFAFL Table 2): a λ-proximal personal model.
 
-Each sampled client runs two independent updates on the same batches: the global model w by FedAvg's local
-step (uploaded, n_k-weighted), and its personal model v (kept in its state, never uploaded) by one plain SGD
-step per batch on CE(v) + (λ/2)‖v − w_g‖², pulled towards the *received* w_g, so running them interleaved
-is Ditto's Algorithm 1. Personalised evaluation uses v. docs/methods.md §2 (Ditto) writes out v's first
-value (``first_personal``, FedCR's code via ``_initial.InitialStandIn``), its clipping as FedCR's
-``distributed_training_utils_ditto.py`` clips it (:meth:`Ditto._stepped`), and the final round, one more
-Ditto update (``final_round = "own"``, FedCR's ``main_fed_ditto.py``).
+Each sampled client runs two independent updates on the same batches: the global model w by FedAvg's step
+(uploaded), and its personal model v (kept, never uploaded) by one plain SGD step per batch on
+CE(v) + (λ/2)‖v − w_g‖², pulled towards the *received* w_g, so interleaving them is Ditto's Algorithm 1.
+Personalised evaluation uses v; the final round is one more Ditto update (FedCR's ``main_fed_ditto.py``).
 """
 
 from __future__ import annotations
@@ -46,9 +43,8 @@ class Ditto(InitialStandIn, WholeStep):
     kept, first = "personal", "first_personal"
 
     def setup_client(self, ctx: ClientContext) -> None:
-        """The engine loaded the client's personal model: keep it aside and train w from w_g. v's parameters
-        are the client's input ``personal`` (detached views: an executor's final copy into them is v's
-        result)."""
+        """Keep the loaded personal model aside and train w from w_g; v's parameters are the input
+        ``personal`` (detached views: an executor's final copy into them is v's result)."""
         personal = copy.deepcopy(ctx.model).train()
         if (initial := self.initial_model(ctx)) is not None:
             personal.load_state_dict(dict(initial))
@@ -63,11 +59,9 @@ class Ditto(InitialStandIn, WholeStep):
         """v after one SGD step on ∇[CE(v) + (λ/2)‖v − w_g‖²] (Ditto Eq. 2), from ∇CE(v) (``ce_grads``) at v
         (``personal``), w_g being ``anchor``.
 
-        The proximal part is added in closed form, λ(v − w_g): autograd's (λ/2)·2(v − w_g) is the same real
-        number and rounds once to the same float, so the bits are autograd's. With ``max_norm`` the step is
-        clipped as FedCR's code clips it: ∇CE − λ·w_g, i.e. that gradient − λ·v, bounded, then λ·v added
-        back. The parameters are stepped side by side as one flat vector (every op is elementwise; the
-        clipping norm is still taken parameter by parameter), so a batched step launches each op once."""
+        The proximal part λ(v − w_g) is added in closed form: the same bits as autograd's. With ``max_norm``
+        the step is clipped as FedCR's ``distributed_training_utils_ditto.py``: ∇CE − λ·w_g bounded, then λ·v
+        added back. Stepped as one flat vector, so a batched step launches each op once."""
         names = list(personal)
         sizes = [personal[n].numel() for n in names]
 
@@ -83,10 +77,9 @@ class Ditto(InitialStandIn, WholeStep):
         return {n: piece.view_as(personal[n]) for n, piece in zip(names, stepped.split(sizes))}
 
     def functional_step(self, weights: Tensors, batch: FunctionalBatch) -> FunctionalStep:
-        """FedAvg's gradient for w (stepped by the engine), and v after one plain SGD step on the same batch,
-        carried as the ``personal`` input. v's objective is the plain one (FedAvg's CE, whatever modifier w's
-        takes on), whose λ-proximal part :meth:`_stepped` adds in closed form; client by client it runs
-        the personal model itself, so its BatchNorm statistics are v's."""
+        """FedAvg's gradient for w, and v after one plain SGD step, carried as ``personal``. v's objective is
+        FedAvg's CE whatever modifier w's takes on; client by client it runs the personal model, so its BN
+        statistics are v's."""
         forward = batch.forward if batch.client is None else batch.client.scratch["personal"]
 
         def objective(v: Tensors) -> tuple[Tensor, tuple[()]]:

@@ -1,8 +1,8 @@
 """FedAlign (Mendieta et al., CVPR 2022; Eq. 5-7, Alg. 1; docs/methods.md §2): Lipschitz-aligned last block.
 
-One full-width pass gives x2 = f_{θ_{L-1}} (stage-2 output), x3 = f_{θ_L} (stage-3 output) and the logits.
-The student re-runs only block L (ResNet-56's stage 3) at width ω_S on the first slim(C2, ω_S) channels
-of x2.detach(), giving x3_S. Transmitting matrices (Eq. 6-7, Appendix E, after Shang et al. 2021):
+One full-width pass gives x2 = f_{θ_{L-1}}, x3 = f_{θ_L} and the logits; the student re-runs block L (stage 3)
+at width ω_S on the first slim(C2, ω_S) channels of x2.detach(), giving x3_S. Transmitting matrices (Eq. 6-7,
+Appendix E, after Shang et al. 2021):
 
     TM(f1, f2) = f1' · f2ᵀ / HW,  f1' = f1 average-pooled to f2's H×W, both flattened to C×HW   (B×C1×C2)
     X_F = TM(x2, x3) (teacher, detached),  X_S = TM(x2[:, :slim(C2, ω_S)], x3_S)
@@ -12,12 +12,9 @@ K = ‖X‖_SN per sample by 10 power iterations on X·Xᵀ from v = 1 (λ = sqr
     L_FA = CE(F_θ(x), y) + μ·L_Lip,  L_Lip = MSE(K_S, K_F)                                      (Eq. 5)
 
 **[U] rescale** (default on): Appendix E and ``mmendiet/FedAlign:methods/fedalign.py`` multiply L_Lip by
-the constant CE/L_Lip (no gradient through the ratio), so the term's *value* is μ·CE while its gradient
-is μ·(CE/L_Lip)·∇L_Lip. Off = Eq. 5 as written. When L_Lip is exactly 0 (e.g. ω_S = 1) the term is 0.
+the constant CE/L_Lip (no gradient through it): value μ·CE, gradient μ·(CE/L_Lip)·∇L_Lip. Off = Eq. 5.
 
-The paper also clips gradients at norm 10: that is the engine's ``training.grad_clip`` (the search space
-and ``reproduce`` set ``grad_clip: 10``); this method does not clip by itself. Needs
-``model.name=resnet56`` (``auto`` picks it).
+The paper's gradient clip at norm 10 is ``training.grad_clip``, not this method's. Needs ResNet-56.
 """
 
 from __future__ import annotations
@@ -51,11 +48,8 @@ def transmitting_matrix(f1: Tensor, f2: Tensor) -> Tensor:
 
 
 def spectral_norm(tm: Tensor, steps: int = POWER_ITERATIONS) -> Tensor:
-    """Per-sample largest singular value of ``tm`` ``[B]``: sqrt of K = TM·TMᵀ's top eigenvalue.
-
-    Power iteration from v = 1 (differentiable, no SVD); feature maps are post-ReLU, so TM and K are
-    non-negative and v = 1 already overlaps the Perron vector well.
-    """
+    """Per-sample largest singular value of ``tm`` ``[B]`` by differentiable power iteration on TM·TMᵀ from
+    v = 1, which overlaps the Perron vector well as post-ReLU maps make TM non-negative."""
     k = torch.bmm(tm, tm.transpose(1, 2))
     v = torch.ones(k.shape[0], k.shape[1], 1, dtype=k.dtype, device=k.device)
     for _ in range(steps):
@@ -76,10 +70,8 @@ def lipschitz_loss(model: ResNet56, x2: Tensor, x3: Tensor, omega_s: float) -> T
 
 @register
 class FedAlign(ResNet56Method):
-    """FedAlign: L = CE + μ·[CE/L_Lip]·MSE(K_S, K_F) ([·] with ``rescale``); server as FedAvg.
-
-    μ = 0 skips the student pass: FedAvg on ResNet-56 exactly.
-    """
+    """FedAlign: L = CE + μ·[CE/L_Lip]·MSE(K_S, K_F) ([·] with ``rescale``); server as FedAvg. μ = 0 is
+    FedAvg exactly."""
 
     name = "fedalign"
     Params = FedAlignParams

@@ -1,7 +1,6 @@
 """FedAvg (McMahan et al., 2017; docs/methods.md §2): local cross-entropy, n_k-weighted average of the full state.
 
-All behaviour is the :class:`~fltune.methods.base.Method` default; this file only registers it by name.
-"""
+All behaviour is the :class:`~fltune.methods.base.Method` default."""
 
 from fltune.methods import register
 from fltune.methods.base import Method

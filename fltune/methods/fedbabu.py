@@ -1,10 +1,7 @@
 """FedBABU (Oh, Kim & Yun, ICLR 2022; docs/methods.md §2, SimFAFL Table 2): body only, head frozen at init.
 
-During federated training the head keeps its random initialisation on every client, so all clients learn
-the body against the same fixed classifier; the engine's fine-tuning (-FT) phase adapts the head per
-client at the end. Nothing is personal during training: the (unchanged) head is averaged with the body.
-FedCR's code runs its FedBABU exactly like FedPer (SimFAFL Table 2 shows identical numbers for the two);
-this is the paper's algorithm instead.
+All clients learn the body against the same fixed random head, which the -FT phase adapts per client at
+the end. This is the paper's algorithm, not FedCR's code, which runs its FedBABU exactly like FedPer.
 """
 
 from fltune.methods import register

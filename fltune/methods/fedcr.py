@@ -5,11 +5,10 @@ Client i, with z_s = μ(x) + σ(x)⊙ε_s from the VIB body and r(·|y) = N(r_μ
     L = mean_s CE(head_i(z_s), y) + β·mean_x KL(r(·|y) ‖ q(z|x))
 
 (``haozzh/FedCR:code_FedCR/models/distributed_training_utils.py``: ``KL_between_normals(prior, encoder)``.)
-In its last local epoch a client folds each class's (μ, σ) into one Gaussian by product of experts through
-precision sums (the closed form of the code's sample-by-sample ``product_of_experts_two``, independent of
-sample and client order); the server takes the PoE of the clients' Gaussians and N(0, 1) and moves r by β2
-(:func:`server_poe`, ``global_POE``). Heads are personal; bodies are averaged unweighted. docs/methods.md §2
-(FedCR) writes it out, with ``centroids: overall`` (SimFAFL's Pre-experiment I, **[U]**).
+In its last local epoch a client folds each class's (μ, σ) into one Gaussian by product of experts as
+precision sums (the closed form of the code's ``product_of_experts_two``, independent of order); the server
+takes the PoE of those and N(0, 1) and moves r by β2 (``global_POE``). Heads are personal; bodies averaged
+unweighted. ``centroids: overall`` is SimFAFL's Pre-experiment I (**[U]**).
 """
 
 from __future__ import annotations
@@ -74,8 +73,7 @@ class FedCR(VIBMethod, PersonalHead):
     passes_per_step = 1.0  # the z samples share one body pass
 
     def init_server_state(self, global_state: State) -> dict[str, Any]:
-        """r = N(0, I) for every class (one row with ``centroids="overall"``); the shape comes from the head
-        weight [classes, dimZ]."""
+        """r = N(0, I) for every class (one row with ``centroids="overall"``)."""
         classes, dim = global_state["head.weight"].shape
         shape = (classes if self.params.centroids == "class" else 1, dim)
         return {"r_mu": np.zeros(shape, np.float32), "r_sigma": np.ones(shape, np.float32)}
@@ -93,8 +91,7 @@ class FedCR(VIBMethod, PersonalHead):
         return y if self.params.centroids == "class" else torch.zeros_like(y)
 
     def local_loss(self, batch: Batch) -> tuple[Tensor, Tensor]:
-        """CE + β·KL(r(·|y) ‖ q(z|x)) over the batch's real samples; each sample's (μ, σ) is recorded for
-        :meth:`record_step`."""
+        """CE + β·KL(r(·|y) ‖ q(z|x)) over the real samples; (μ, σ) recorded for :meth:`record_step`."""
         out, y, mask = functional_vib(batch), batch.y, batch.mask
         batch.record.update(mu=out.mu, sigma=out.sigma)
         loss = vib_cross_entropy(out.logits, y, mask)
@@ -104,12 +101,8 @@ class FedCR(VIBMethod, PersonalHead):
         return loss, out.logits.mean(0)
 
     def record_step(self, ctx: ClientContext, y: Tensor, record: Tensors) -> None:
-        """PoE of the last epoch's samples per class (per row of r: :meth:`centre`). FedCR's code restarts the
-        fold at each epoch and keeps the last one's, so the epochs before it are not folded at all.
-
-        An epoch is ``num_samples`` samples (the engine's batches cover the client's data once); the last
-        one starts after ``fold_from`` samples (``setup_client``: every phase's epochs but one).
-        """
+        """PoE of the last epoch's samples per row of r, as FedCR's code restarts the fold each epoch; the last
+        epoch starts after ``fold_from`` samples."""
         seen = ctx.scratch["seen"]
         ctx.scratch["seen"] += len(y)
         if seen < ctx.scratch["fold_from"]:
@@ -124,8 +117,7 @@ class FedCR(VIBMethod, PersonalHead):
         return ClassPoE(num_classes, dim, ctx.device)
 
     def client_result(self, ctx: ClientContext) -> ClientResult:
-        """Uploads the last epoch's class Gaussians (empty for a client a non-finite loss stopped before
-        that epoch: the run ends there as diverged)."""
+        """Uploads the last epoch's class Gaussians (empty if a non-finite loss stopped it: the run diverged)."""
         result = super().client_result(ctx)
         poe = ctx.scratch["poe"] if "poe" in ctx.scratch else self._empty_poe(ctx)
         result.upload = poe.to_numpy()

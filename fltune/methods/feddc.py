@@ -10,12 +10,9 @@ from fltune.methods.feddyn import FedDyn
 class FedDC(FedDyn, ControlVariates):
     """FedDC: L = CE + (α/2)‖θ − (θ_g − h_k)‖² + ⟨θ, c − c_k⟩ (``gaoliang13/FedDC``, ``train_model_FedDC``).
 
-    h_k += θ_k − θ_g; c_k ← c_k − c + (θ_g − θ_k)/(K_eff·lr_0); server c += Σ_S Δc_k / N and
-    θ = mean_S θ_k + mean_all h_k. The drift half is FedDyn's (same penalty, same α, same h_k), the
-    ⟨θ, c − c_k⟩ term is SCAFFOLD's gradient correction (``_drift.ControlVariates``). lr_0 is
-    ``training.lr``, the first round's lr, also when it decays: the code divides by the learning rate it
-    was given, not the decayed one its local steps take (``beta = 1/n_minibatch/learning_rate`` in
-    ``gaoliang13/FedDC:utils_methods_FedDC.py`` and in the copy that produced MAN Table 1,
+    FedDyn's drift plus SCAFFOLD's correction; c_k ← c_k − c + (θ_g − θ_k)/(K_eff·lr_0) with lr_0 =
+    ``training.lr`` undecayed, as the code divides by the rate it was given (``beta = 1/n_minibatch/
+    learning_rate`` in ``gaoliang13/FedDC:utils_methods_FedDC.py`` and MAN Table 1's copy,
     ``vcl-iisc/fedMAN:man_code_sam/utils_methods_FedDC.py``). [U] α is not scaled by client size (see FedDyn).
     """
 

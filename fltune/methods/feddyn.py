@@ -16,10 +16,8 @@ class FedDynParams(DriftParams):
 class FedDyn(DriftCorrected):
     """FedDyn: L = CE − ⟨∇L_k(θ_k^{t−1}), θ⟩ + (α/2)‖θ − θ_g‖², written as CE + (α/2)‖θ − (θ_g − h_k)‖².
 
-    h_k = Σ_t (θ_k^t − θ_g^t) per client (∇L_k(θ_k^{t−1}) = −α·h_k); server θ = mean_S θ_k + mean_all h_k,
-    plain means (see ``_drift.DriftCorrected``). [U] α is not divided by the client's relative size as
-    the authors' code does for unequal clients (α/(n_k·N/n)); equal-size partitions (MAN's) are unaffected.
-    With α = 0 the penalty is skipped, so the local loss is exactly CE (the server still adds mean h).
+    h_k = Σ_t (θ_k^t − θ_g^t) (``_drift.DriftCorrected``). [U] α is not divided by the client's relative size
+    (α/(n_k·N/n)) as the authors' code does for unequal clients. α = 0: exactly CE (the server still adds h).
     """
 
     name = "feddyn"
@@ -27,9 +25,8 @@ class FedDyn(DriftCorrected):
     passes_per_step = 1.0
 
     def local_loss(self, batch: Batch) -> tuple[Tensor, Tensor]:
-        """CE + (α/2)·‖θ − (θ_g − h_k)‖² (FedDC's form), whose gradient α(θ − θ_g + h_k) is that of FedDyn's
-        −⟨∇L_k(θ_k^{t−1}), θ⟩ + (α/2)‖θ − θ_g‖² with ∇L_k(θ_k^{t−1}) = −α·h_k (its Alg. 1 state,
-        ``acarturk/FedDyn``: α⟨θ, h_k − θ_g⟩ plus weight decay α); the values differ by a constant."""
+        """CE + (α/2)·‖θ − (θ_g − h_k)‖² (FedDC's form): the gradient of FedDyn's Alg. 1 objective with
+        ∇L_k(θ_k^{t−1}) = −α·h_k (``acarturk/FedDyn``); the values differ by a constant."""
         loss, logits = super().local_loss(batch)
         if self.params.alpha == 0:
             return loss, logits

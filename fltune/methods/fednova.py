@@ -18,10 +18,8 @@ NORMALISER = "fednova.a"
 class FedNova(Method):
     """FedNova: clients upload d_k = (θ_g − θ_k)/a_k; server θ = θ_g − (Σ p_k a_k)·Σ p_k d_k, p_k = n_k/Σ n.
 
-    a_k = ‖a‖₁ of the weights with which τ local gradients enter θ_g − θ_k, :func:`effective_steps` of the
-    client's step count and optimiser momentum (``Lee-Gihun/FedSOL:algorithms/fednova/Server.py``). [U] Every
-    float entry of the state is normalised (parameters and BN statistics, as the FedSOL authors' server
-    does); integer counters are averaged. With equal a_k the result is FedAvg's.
+    a_k = :func:`effective_steps` (``Lee-Gihun/FedSOL:algorithms/fednova/Server.py``). [U] Every float entry is
+    normalised (BN statistics too, as that server); integer counters are averaged. Equal a_k give FedAvg.
     """
 
     name = "fednova"
@@ -29,8 +27,7 @@ class FedNova(Method):
     passes_per_step = 1.0
 
     def client_result(self, ctx: ClientContext) -> ClientResult:
-        """Float entries become d_k; a_k ≥ 1 after one step, and a client stopped before its first step
-        (θ_k = θ_g) uploads d_k = 0 through the divisor max(a_k, 1)."""
+        """Float entries become d_k, divided by max(a_k, 1) for a client stopped before its first step."""
         result = super().client_result(ctx)
         a_k = effective_steps(ctx.steps, ctx.momentum, ctx.nesterov)
         state = ctx.model.state_dict()

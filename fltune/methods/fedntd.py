@@ -17,8 +17,7 @@ class FedNTDParams(Params):
 
 
 def soft_kl(student_logits: Tensor, teacher_logits: Tensor, tau: float, mask: Tensor | None = None) -> Tensor:
-    """KL(softmax(teacher/τ) ‖ softmax(student/τ)), averaged over the batch (KLDivLoss 'batchmean'); with
-    ``mask`` over the real samples of a padded batch only (:func:`batch_mean`)."""
+    """KL(softmax(teacher/τ) ‖ softmax(student/τ)), 'batchmean' over the (real, given ``mask``) samples."""
     log_student, teacher = F.log_softmax(student_logits / tau, dim=1), F.softmax(teacher_logits / tau, dim=1)
     if mask is None:
         return F.kl_div(log_student, teacher, reduction="batchmean")
@@ -33,11 +32,8 @@ def not_true(logits: Tensor, y: Tensor) -> Tensor:
 
 @register
 class FedNTD(Method):
-    """FedNTD: L = CE + β·τ²·KL(softmax(z̃_g/τ) ‖ softmax(z̃_l/τ)); server as FedAvg.
-
-    z̃_g comes from a frozen, eval-mode copy of the round's global model (eval mode as in the FedSOL
-    authors' code, docs/methods.md). With β = 0 the term is skipped and the loss is exactly CE.
-    """
+    """FedNTD: L = CE + β·τ²·KL(softmax(z̃_g/τ) ‖ softmax(z̃_l/τ)); server as FedAvg. z̃_g from a frozen
+    global copy in eval mode, as the FedSOL authors' code. β = 0: exactly CE."""
 
     name = "fedntd"
     Params = FedNTDParams

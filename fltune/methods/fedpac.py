@@ -1,11 +1,9 @@
 """FedPAC (Xu, Tong & Huang, ICLR 2023; docs/methods.md §2): feature alignment + classifier collaboration.
 
-Per round a client takes its statistics with the received model (``statistics_extraction``), trains its head
-one epoch at ``head_lr`` and then its body on CE + λ·MSE(f(x), c_y) against the global prototypes, and
-uploads body, prototypes and statistics; the server averages bodies and prototypes and gives each sampled
-client the head combination Σ_j α_ij·head_j of the QP (:func:`project_simplex`, accelerated projected
-gradient instead of cvxpy). docs/methods.md §2 (FedPAC) writes it out, with where it departs from
-``JianXu95/FedPAC`` (statistics in eval mode, **[U]** combined heads in the final round).
+A client takes its statistics with the received model (``statistics_extraction``), trains its head one
+epoch at ``head_lr``, then its body on CE + λ·MSE(f(x), c_y) against the global prototypes; the server
+averages bodies and prototypes and gives each client the head combination Σ_j α_ij·head_j of the QP (by
+accelerated projected gradient instead of cvxpy). Departures from ``JianXu95/FedPAC``: docs/methods.md §2.
 """
 
 from __future__ import annotations
@@ -178,8 +176,7 @@ class FedPAC(FeatureAligned):
 
     @staticmethod
     def _combine_heads(states: dict[int, dict[str, Any]], uploads: dict[int, Upload]) -> dict[int, dict[str, Any]]:
-        """The sampled clients' states, each personal head replaced by its α-weighted combination of all
-        their heads."""
+        """The sampled clients' states, each head replaced by its α-weighted combination of all their heads."""
         clients, stats = list(uploads), list(uploads.values())
         variances = np.array([s["v"] for s in stats])
         h = np.stack([s["h"] for s in stats])

@@ -2,11 +2,9 @@
 ``models/distributed_training_utils_PAC.py``): the code behind SimFAFL Table 2's FedPAC row; docs/methods.md §2.
 
 Not FedPAC's own algorithm (``fedpac``): shared body, personal head, FedRep's schedule; the body epochs add
-λ·R, R = ‖F − C_y‖_F / B against the server's class centroids (a padded short batch takes R over its real
-samples only, ‖(F − C_y)·w‖_F / Σw); after training the client folds its features into its class summaries
-(:func:`class_summaries`, on the host), and the server's centroid of a class is the mean of all entries of
-the round's non-empty summaries (``global_feature_centroids``). docs/methods.md §2 ("FedPAC as FedCR's code
-runs it") writes out each step against that code.
+λ·R, R = ‖F − C_y‖_F / B against the server's class centroids; after training the client folds its features
+into class summaries, and a class's centroid is the mean of all entries of the round's non-empty summaries
+(``global_feature_centroids``).
 """
 
 from __future__ import annotations
@@ -36,27 +34,23 @@ def update_summaries(summaries: np.ndarray, features: np.ndarray, labels: list[i
 
 
 def alignment(residual: Tensor, mask: Tensor | None) -> Tensor:
-    """R = ‖F − C_y‖_F / B (``torch.norm(...) / len(labels)``) from the residual rows F − C_y; over the real
-    rows of a padded batch (``mask`` 1) when given."""
+    """R = ‖F − C_y‖_F / B (``torch.norm(...) / len(labels)``), over the real rows when ``mask`` is given."""
     if mask is None:
         return torch.linalg.norm(residual) / len(residual)
     return torch.linalg.norm(residual * mask[:, None]) / mask.sum().clamp(min=1.0)
 
 
 def per_class(ctx: ClientContext) -> Tensor:
-    """The round's centroids (classes × d) on the client's device (shared by the worker's clients: read
-    only), zeros before the server has any (the code's starting centroids)."""
+    """The round's centroids (classes × d) on the device (shared: read only), zeros before any, as the code."""
     if "centroids" not in ctx.server:
         return torch.zeros(ctx.model.head.out_features, ctx.model.feature_dim, device=ctx.device)
     return ctx.server_tensors["centroids"]
 
 
 def class_summaries(ctx: ClientContext, start: np.ndarray | None) -> np.ndarray:
-    """The client's summaries (classes × d) after one pass over its data with the trained model, from
-    ``start`` (its summaries of earlier rounds) or, at its first round, zeros.
-
-    The features come to the host in one copy and the fold runs there (on a GPU it is launches per sample);
-    its float32 sums are correctly rounded and its halvings exact, so the bits are the same on either device."""
+    """The client's summaries (classes × d) after one pass with the trained model, from ``start`` or zeros.
+    The fold runs on the host (on a GPU it is launches per sample); correctly rounded sums and exact halvings
+    give the same bits on either device."""
     shape = (ctx.model.head.out_features, ctx.model.feature_dim)
     summaries = np.zeros(shape, np.float32) if start is None else start.copy()  # Ray's arrays are read-only
     with torch.no_grad():
@@ -92,8 +86,8 @@ class FedPACFedCR(FeatureAligned, FedRep):
         ctx.inputs["centroids"] = {"c": per_class(ctx)}
 
     def local_loss(self, batch: Batch) -> tuple[Tensor, Tensor]:
-        """CE + λ·‖F − C_y‖_F / B over the batch's real samples. The head epochs freeze the body, so the norm
-        moves nothing there (the code leaves it out of their loss; here it is in their reported loss only)."""
+        """CE + λ·‖F − C_y‖_F / B over the real samples; in head epochs the norm moves nothing (the code leaves
+        it out there), so it differs from the code's in the reported loss only."""
         features = batch.forward.model.features_of(batch.forward.part("body", batch.weights, batch.x))
         logits = batch.forward.part("head", batch.weights, features)
         loss = masked_cross_entropy(logits, batch.y, batch.mask)

@@ -1,7 +1,4 @@
-"""FedPer (Arivazhagan et al., 2019; docs/methods.md §2, SimFAFL Table 2): a shared body, a personal head.
-
-Local objective CE over the whole model; the server averages the bodies only (n_k-weighted, FedAvg).
-"""
+"""FedPer (Arivazhagan et al., 2019; docs/methods.md §2, SimFAFL Table 2): a shared body, a personal head."""
 
 from fltune.methods import register
 from fltune.methods._personal import PersonalHead

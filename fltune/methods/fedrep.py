@@ -1,12 +1,8 @@
 """FedRep (Collins et al., ICML 2021; docs/methods.md §2, SimFAFL Table 2): head epochs, then body epochs.
 
-Each round a client first fits its personal head with the received body frozen, then updates the body
-with its new head frozen; only the body is uploaded (n_k-weighted average).
-
-Epoch split as FedCR's ``models/distributed_training_utils.py`` (``train_cnn``: ``head_eps = local_eps -
-local_rep_ep``, the head first): the head gets E − ``body_epochs`` epochs and the body ``body_epochs``, so a
-round is E epochs (Table 2's runs: 9 + 1). Where E ≤ ``body_epochs`` that code trains no head epoch; here the
-head keeps one, max(E − ``body_epochs``, 1), so a personal head is never left untrained (≠ code there only).
+Only the body is uploaded. Epoch split as FedCR's ``models/distributed_training_utils.py`` (``head_eps =
+local_eps - local_rep_ep``): E − ``body_epochs`` head epochs, then ``body_epochs``; where that code trains no
+head epoch (E ≤ ``body_epochs``) the head keeps one here, so it is never left untrained.
 """
 
 from pydantic import Field

@@ -16,10 +16,8 @@ class FedSAMParams(Params):
 
 @register
 class FedSAM(SharpnessAware):
-    """FedSAM: step with ∇L(w + ε), ε = ρ·∇L(w)/‖∇L(w)‖; server as FedAvg.
-
-    L is the local loss (CE, plus a composed modifier's term in both passes). ρ = 0 gives FedAvg's gradient.
-    """
+    """FedSAM: step with ∇L(w + ε), ε = ρ·∇L(w)/‖∇L(w)‖, L the local loss; server as FedAvg. ρ = 0 gives
+    FedAvg's gradient."""
 
     name = "fedsam"
     Params = FedSAMParams

@@ -41,9 +41,7 @@ class FedSOL(SharpnessAware):
     scope); the local loss's gradient is taken at w + ε (BN momentum 0) and stepped from w; server as FedAvg.
 
     [U] Scope defaults to the head, the paper's setting (§3.4, Table 5); ``scope: all`` is the authors'
-    configs'. The global copy runs in eval mode (as in the authors' code, docs/methods.md). The reported
-    loss and logits are the local loss at w, whose forward pass also gives z_l. ρ = 0 gives FedAvg's
-    gradient.
+    configs'. The global copy runs in eval mode, as the authors' code. ρ = 0 gives FedAvg's gradient.
     """
 
     name = "fedsol"
@@ -55,8 +53,8 @@ class FedSOL(SharpnessAware):
         ctx.scratch["global_model"] = frozen_copy(ctx.model, ctx.global_state)
 
     def ascent(self, weights: Tensors, batch: FunctionalBatch) -> tuple[Named, list[Tensor], FunctionalStep]:
-        """g = ∇L_p (Eq. 5) over the scope's weights at w, L_p against z_g on the real samples only (the
-        padded ones weighted 0); the local loss and logits at w come from the same forward pass."""
+        """g = ∇L_p (Eq. 5) over the scope's weights at w, on the real samples; the local loss and logits at w
+        come from the same forward pass."""
         scope = SCOPES[self.params.scope]
         named = [(n, p) for n, p in weights.items() if scope is None or n.startswith(scope)]
         global_logits = self.global_logits(batch)
@@ -71,8 +69,8 @@ class FedSOL(SharpnessAware):
 
     @staticmethod
     def global_logits(batch: FunctionalBatch) -> Tensor:
-        """z_g: the client's frozen global copy in eval mode (as the authors' code); trained together, the
-        global weights' forward pass, the same where the model has no buffers (no BatchNorm), as there."""
+        """z_g: the frozen global copy in eval mode; trained together, the global weights' forward (the same
+        without BatchNorm, which batched models lack)."""
         if batch.client is None:
             return batch.forward(batch.full(batch.global_weights), batch.x)
         with torch.no_grad():

@@ -21,10 +21,9 @@ class FedSpeed(DriftCorrected, SharpnessAware):
     """FedSpeed: gradient ∇CE(w + ε) + λ(θ − θ_g + h_k), ε = ρ·g/‖g‖; h_k += θ_k − θ_g;
     server θ = mean_S θ_k + mean_all h_k (plain means).
 
-    The authors (``woodenchild95/FL-Simulator``, ``client/fedspeed.py``) add λ⟨θ, h_k − θ_g⟩ after the
-    SAM step and the prox λ/2‖θ‖² as weight decay; their sum has the gradient of the shared drift penalty
-    (λ/2)‖θ − (θ_g − h_k)‖², which is added here at the restored w, outside both SAM passes. Their
-    ESAM's β = γ = 1 (MAN §7) make it plain SAM. λ = 0 and ρ = 0 reduce the local step to FedAvg's.
+    The authors' λ⟨θ, h_k − θ_g⟩ after the SAM step plus weight decay λ/2‖θ‖² (``woodenchild95/FL-Simulator``,
+    ``client/fedspeed.py``) has the drift penalty's gradient, added here at w, outside both SAM passes. ESAM's
+    β = γ = 1 (MAN §7) make it plain SAM. λ = ρ = 0: FedAvg's step.
     """
 
     name = "fedspeed"

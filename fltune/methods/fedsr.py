@@ -5,11 +5,9 @@ A VIB body gives q(z|x) = N(μ, σ²); one sample z = μ + σ⊙ε is classified
 
     L = CE(head(z), y) + α_L2R·mean_x ‖z‖₂ + α_CMI·mean_x KL(N(C·μ, (C·σ)²) ‖ r(·|y))
 
-r(·|y) = N(r_μ[y], softplus(r_σ[y])²) are learned class-conditional Gaussians (init r_μ = 0, r_σ = 1) and
-C a learned scale (init 1): the CMI term bounds I(Z; X | Y). ``adapt_model`` attaches r_μ, r_σ and C to
-the head, where they stay on each client (``personal_keys``: the code's ``communicate`` averages only body
-and classifier). docs/methods.md §2 (FedSR) gives the defaults and the **[U]** L2R, ‖z‖₂ as the authors'
-code has it (``z.norm(dim=1).mean()``), not the paper's squared norm.
+r(·|y) = N(r_μ[y], softplus(r_σ[y])²) are learned class Gaussians and C a learned scale: the CMI term
+bounds I(Z; X | Y). They stay on each client (the code's ``communicate`` averages only body and
+classifier). **[U]** L2R is ‖z‖₂ as the code (``z.norm(dim=1).mean()``), not the paper's squared norm.
 """
 
 from __future__ import annotations
@@ -54,8 +52,7 @@ class ReferenceHead(nn.Module):
 
 
 def class_kl(out: VIBOutput, y: Tensor, weights: Mapping[str, Tensor]) -> Tensor:
-    """Per sample KL(N(C·μ, (C·σ)²) ‖ N(r_μ[y], softplus(r_σ[y])²)): FedSR's ``regCMI`` before its batch
-    mean."""
+    """Per sample KL(N(C·μ, (C·σ)²) ‖ N(r_μ[y], softplus(r_σ[y])²)): FedSR's ``regCMI`` before its mean."""
     scale, r_mu, r_sigma = (weights[key] for key in REFERENCE_KEYS)
     return gaussian_kl(scale * out.mu, scale * out.sigma, r_mu[y], F.softplus(r_sigma[y]))
 

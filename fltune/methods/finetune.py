@@ -1,8 +1,7 @@
 """The -FT phase as a method of its own: the same local loop, a different set of phases.
 
-Why a method: fine-tuning the personal part is local training with one phase (those parameters only, plain
-cross-entropy) started from a method's own client model, so it wraps that method and runs through the
-engine's ``train_client`` unchanged (the personalised evaluation's ``finetune`` step).
+Fine-tuning is local training with one phase from a method's own client model, so it wraps that method and
+runs through the engine's ``train_client`` unchanged.
 """
 
 from __future__ import annotations
@@ -14,15 +13,10 @@ from torch import nn
 from fltune.methods.base import ClientContext, Method, Phase
 from fltune.methods.wire import State
 class FineTune(Method):
-    """The final personal round (FedAvg-FT, FedSR-FT, FedCR's last round; docs/methods.md §2): starting from a
-    method's client model, train its personal part with plain cross-entropy, the shared part frozen.
-
-    As FedCR's code does in its last round (``train_cnn(last=True)``: the averaged ``w_glob_keys`` frozen,
-    the rest trained): a method whose personal part lies outside the head (LG-FedAvg's lower layers) tunes that
-    part; every other method (none personal, a personal head, FedSR's per-client head extras) its head.
-
-    With ``whole`` (``training.finetune_params: all``) it trains every parameter instead, as FedSOL's code
-    fine-tunes every method before its personalised evaluation (``algorithms/BaseClientTrainer.py finetune``).
+    """The final personal round (FedAvg-FT, FedSR-FT; docs/methods.md §2): from a method's client model, train
+    its personal part (LG-FedAvg's lower layers), else its head, on plain CE, the rest frozen, as FedCR's
+    ``train_cnn(last=True)``. With ``whole`` (``training.finetune_params: all``) every parameter, as FedSOL's
+    ``algorithms/BaseClientTrainer.py finetune``.
     """
 
     def __init__(self, inner: Method, epochs: int, lr: float | None, whole: bool = False) -> None:

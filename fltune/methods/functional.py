@@ -20,9 +20,8 @@ from fltune.methods.objective import Batch, Forward, Tensors
 
 @dataclass(frozen=True)
 class FunctionalBatch:
-    """One client's step inside the batched executor's vmap: its padded batch (``mask`` marks the real
-    samples), its tensors (``ClientContext.inputs``) and noise, the parameters its phase keeps fixed, and
-    what all clients of the round share: the global weights and the round's learning rate (``ctx.lr``)."""
+    """One client's step inside the batched executor's vmap: its padded batch (``mask`` marks real samples),
+    its tensors and noise, its phase's fixed parameters, and the round's shared global weights and lr."""
 
     forward: Forward
     names: tuple[str, ...]
@@ -37,9 +36,8 @@ class FunctionalBatch:
     grad_clip: float | None = None
     """``training.grad_clip`` (:attr:`ClientContext.grad_clip`)."""
     client: ClientContext | None = None
-    """The client's context where it is trained on its own (:meth:`WholeStep.backward`): a step reads the
-    modules of its own there (FedSOL's global copy, Ditto's personal model), whose BatchNorm statistics
-    are theirs; None inside the batched executor, whose models have no buffers."""
+    """The client's context when trained on its own (:meth:`WholeStep.backward`), where a step reads its own
+    modules (FedSOL's global copy, Ditto's model) and their BN statistics; None inside the batched executor."""
 
     def full(self, trainable: Mapping[str, torch.Tensor]) -> Tensors:
         """Every parameter, in the model's order: ``trainable`` where given, the frozen value elsewhere."""
@@ -58,14 +56,9 @@ class FunctionalBatch:
 
 
 class FunctionalStep(NamedTuple):
-    """What one client's functional step gives the batched executor (a pytree, so vmap stacks it).
-
-    ``grads``: the trainable parameters' gradient, which the engine clips and steps with SGD, as the exact
-    path's ``.grad``. ``loss``/``logits``: at the weights stepped from, for the train metrics. ``carry``:
-    new values of ``ClientContext.inputs`` entries that evolve step by step (Ditto's personal model); the
-    engine keeps them for the client's next step and finally copies them into the client's own tensors.
-    ``record``: the objective's ``Batch.record`` at the weights stepped from, for ``Method.record_step``.
-    """
+    """One client's functional step (a pytree, so vmap stacks it): ``grads`` for the engine's clip and step;
+    ``loss``/``logits``/``record`` at the weights stepped from; ``carry``, new values of the
+    ``ClientContext.inputs`` that evolve step by step (Ditto's model), copied back to the client at the end."""
 
     grads: Tensors
     loss: torch.Tensor
@@ -82,15 +75,12 @@ class FunctionalStep(NamedTuple):
 
 class WholeStep(Method, ABC):
     """A method whose per-batch step is more than its objective's gradient, written once as the pure
-    :meth:`functional_step`; the client-by-client path's :meth:`backward` runs it at the model's own
-    trainable weights (unpadded, ``client`` set) and writes its gradients into ``.grad``. There
-    ``batch.gradient`` is autograd's on leaf views of the weights, whose forward updates the module's
-    BatchNorm statistics in place as calling the module does."""
+    :meth:`functional_step`; client by client, :meth:`backward` runs it at the model's own weights (unpadded,
+    ``client`` set, BN statistics updated in place) and writes ``.grad``."""
 
     @abstractmethod
     def functional_step(self, weights: Tensors, batch: FunctionalBatch) -> FunctionalStep:
-        """One client's step at its trainable ``weights``: their gradient for the engine's optimiser step,
-        the loss and logits at ``weights``, and the new values of carried inputs."""
+        """One client's step at its trainable ``weights``: gradient, loss and logits, carried inputs."""
 
     def backward(self, ctx: ClientContext, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         own = {n: p.detach() for n, p in ctx.forward.own.items()}
@@ -110,17 +100,15 @@ class WholeStep(Method, ABC):
 
 
 def has_functional_step(method_cls: type[Method]) -> bool:
-    """Whether a method's local step has this pure form: its objective is pure (``Method.pure_loss``) and its
-    per-batch step is that objective's gradient or a :class:`WholeStep`'s. A ``<method>+<modifier>``
-    composite's objective is not pure; Per-FedAvg's step, a restore and a per-step lr, has no pure form."""
+    """Whether a method's local step has this pure form: ``pure_loss`` and a step that is the objective's
+    gradient or a :class:`WholeStep`'s (not a composite, not Per-FedAvg's restore)."""
     owner = next(klass for klass in method_cls.__mro__ if "backward" in vars(klass))
     return method_cls.pure_loss and owner in (Method, WholeStep)
 
 
 def local_step(method: Method, weights: Tensors, batch: FunctionalBatch) -> FunctionalStep:
-    """One client's local step at its trainable ``weights``: a :class:`WholeStep`'s ``functional_step``, else
-    its objective's gradient; plus its ``gradient_correction`` (the client-by-client path adds it
-    to ``.grad`` after the step's passes)."""
+    """One client's local step at its trainable ``weights`` (a :class:`WholeStep`'s, else the objective's
+    gradient), plus its ``gradient_correction``."""
     whole = isinstance(method, WholeStep)
     out = method.functional_step(weights, batch) if whole else objective_step(method, weights, batch)
     correction = method.gradient_correction(weights, batch.inputs)
@@ -128,8 +116,7 @@ def local_step(method: Method, weights: Tensors, batch: FunctionalBatch) -> Func
 
 
 def objective_step(method: Method, weights: Tensors, batch: FunctionalBatch) -> FunctionalStep:
-    """The gradient of ``method.local_loss`` at the trainable ``weights``, with the loss, logits and record
-    there: the client-by-client path's ``local_loss(...).backward()``."""
+    """The gradient of ``method.local_loss`` at ``weights``, with the loss, logits and record there."""
 
     def objective(p: Tensors) -> tuple[torch.Tensor, tuple[torch.Tensor, Tensors]]:
         seen = batch.batch(p)
@@ -143,11 +130,9 @@ def objective_step(method: Method, weights: Tensors, batch: FunctionalBatch) -> 
 def gradient(
     objective: Callable[[Tensors], tuple[torch.Tensor, Any]], weights: Tensors, functional: bool = True,
 ) -> tuple[Tensors, torch.Tensor, Any]:
-    """(∇objective at ``weights``, its value, its auxiliary output), the last two detached: ``objective``
-    returns (loss, aux); zeros for a weight the loss does not use. ``functional``: ``torch.func.grad``, which
-    runs inside a ``vmap``; else autograd on leaf views of ``weights``, where the forward may update a
-    module's BatchNorm statistics in place (torch.func refuses writes to tensors it did not make). Both
-    run autograd's backward formulas, so they give the same bits."""
+    """(∇objective at ``weights``, its value, its aux), the last two detached; zeros for an unused weight.
+    ``functional``: ``torch.func.grad`` (runs inside ``vmap``); else autograd on leaf views, where the forward
+    may update BN statistics in place (torch.func refuses that). Both give the same bits."""
     if not functional:
         leaves = {n: w.detach().requires_grad_() for n, w in weights.items()}
         loss, aux = objective(leaves)
@@ -170,6 +155,6 @@ def global_norm(tensors: Iterable[torch.Tensor]) -> torch.Tensor:
 
 
 def clip_scale(tensors: Iterable[torch.Tensor], max_norm: float) -> torch.Tensor:
-    """``torch.nn.utils.clip_grad_norm_``'s factor min(1, max_norm / (‖g‖ + 1e-6)), ‖g‖ the :func:`global_norm`
-    of ``tensors``, without ``.grad`` or in-place writes, so it also runs inside the batched executor's vmap."""
+    """``clip_grad_norm_``'s factor min(1, max_norm / (‖g‖ + 1e-6)), without ``.grad`` or in-place writes, so
+    it runs inside vmap."""
     return (max_norm / (global_norm(tensors) + 1e-6)).clamp(max=1.0)

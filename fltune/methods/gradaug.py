@@ -2,15 +2,10 @@
 
 L = CE(F_θ(x), y) + μ·Σ_{i=1..n} KL( softmax(F_θ(x)).detach() ‖ softmax(F_{θ^{ω_i}}(T_i(x))) )
 
-over n weight-sharing sub-networks of ResNet-56 sliced to width ω_i, with ω_1 = ω_b and ω_2..ω_n ~
-U(ω_b, 1) (processed widest first), and T_i a bilinear resize (align_corners) to a size drawn from
-``resolutions``; KL is averaged over the batch (``KLDivLoss(reduction='batchmean')``), as in
-``mmendiet/FedAlign:methods/gradaug.py``. Widths and sizes come from torch's global RNG, which the
-engine seeds per client. The authors back-propagate each term as soon as it is formed to save memory;
-one summed loss gives the same gradient. Needs ``model.name=resnet56`` (``auto`` picks it).
-
-Paper settings: n = 2, μ = 1.75, ω_b = 0.8, sizes {32, 28, 24, 20}; FedAlign Table 5 retunes μ to
-1.5 / 2.0 / 2.25 for n = 1 / 3 / 4.
+over n weight-sharing ResNet-56 sub-networks of width ω_1 = ω_b, ω_2..ω_n ~ U(ω_b, 1) (widest first), T_i
+a bilinear resize (align_corners) to a size from ``resolutions``; KL ``batchmean``, as
+``mmendiet/FedAlign:methods/gradaug.py`` (whose per-term backward gives the same gradient as one sum). Draws
+come from torch's global RNG. FedAlign Table 5 retunes μ to 1.5 / 2.0 / 2.25 for n = 1 / 3 / 4.
 """
 
 from __future__ import annotations
@@ -39,7 +34,7 @@ class GradAugParams(Params):
     @field_validator("resolutions")
     @classmethod
     def _some(cls, value: tuple[int, ...]) -> tuple[int, ...]:
-        """Checked after the sizes themselves (a length bound would also report a bad size as a missing one)."""
+        """After the sizes themselves (a length bound would report a bad size as a missing one)."""
         if not value:
             raise ValueError("at least one input size; allowed: e.g. [32, 28, 24, 20]")
         return value
@@ -53,10 +48,8 @@ def sub_widths(n: int, omega_b: float) -> list[float]:
 
 @register
 class GradAug(ResNet56Method):
-    """GradAug: full-net CE + μ·Σ_i KL(full ‖ width-ω_i net on resized x); server as FedAvg.
-
-    μ = 0 skips the sub-networks (and their random draws): FedAvg on ResNet-56 exactly.
-    """
+    """GradAug: full-net CE + μ·Σ_i KL(full ‖ width-ω_i net on resized x); server as FedAvg. μ = 0 skips the
+    sub-networks and their draws: FedAvg exactly."""
 
     name = "gradaug"
     Params = GradAugParams

@@ -2,11 +2,8 @@
 baseline, ``Lee-Gihun/FedSOL:algorithms/knnper/``): FedAvg training, then each client's model mixed with a
 k-nearest-neighbour classifier over its own training features when it is scored.
 
-Training is FedAvg's; what is kNN-Per's own is the personalised evaluation (:meth:`KNNPer.personal_scorer`,
-the code's ``evaluate_knn_model_on_loaders``): scores = weight·p_knn + (1 − weight)·f(x), p_knn the softmax
-of −d/(D·scale) over the k nearest of up to ``capacity`` eval-mode training features (``knn_scores``).
-docs/methods.md §2 (kNN-Per) writes it out, with why its ``loss_personalized`` is not comparable with other
-methods' (compare on accuracy).
+Its own part is the personalised evaluation (the code's ``evaluate_knn_model_on_loaders``). Its
+``loss_personalized`` is not comparable with other methods' (compare on accuracy; docs/methods.md §2).
 """
 
 from __future__ import annotations
@@ -29,9 +26,7 @@ CONFIG = "FedSOL's knnper.json"
 
 
 class KNNPerParams(Params):
-    """Defaults are the FedSOL authors' kNN-Per config (``configs/personalized/knnper.json``: capacity 500,
-    dimension 512, weight 0.5, scale 1, k 5). Its ``dimension`` (the faiss index width) is not a parameter
-    here: it is the model's feature width, read from the features themselves."""
+    """The FedSOL authors' config; its ``dimension`` (the faiss width) is read from the features instead."""
 
     capacity: int = Field(500, ge=1, description=f"datastore size: the first samples of one shuffled training "
                           f"epoch ({CONFIG}: 500)")
@@ -42,11 +37,7 @@ class KNNPerParams(Params):
 
 @register
 class KNNPer(FedAvg):
-    """kNN-Per: FedAvg's training; a client scores x by weight·p_knn(x) + (1 − weight)·f(x).
-
-    Training, its cost declarations included, is FedAvg's (inherited); the datastore exists only while a
-    client is scored (``capacity`` × D floats).
-    """
+    """kNN-Per: FedAvg's training (and costs); a client scores x by weight·p_knn(x) + (1 − weight)·f(x)."""
 
     name = "knnper"
     Params = KNNPerParams
@@ -70,12 +61,9 @@ class KNNPer(FedAvg):
 def datastore(model: SplitModel, batches: Iterator[tuple[Tensor, Tensor]], capacity: int) -> tuple[Tensor, Tensor]:
     """(features ``[n, D]``, targets ``[n]``) of the first ``capacity`` samples of ``batches``, ``model`` in eval.
 
-    The code passes over the whole train loader and, when it holds more than ``capacity`` samples, keeps a
-    ``random.sample`` of them (``DataStore.build``). An epoch's order here is already a uniform random
-    permutation (one ``randperm`` per epoch, seeded by (seed, round, client id)), so its first ``capacity``
-    samples are a uniform random subset of that size: the same distribution with no draw of its own, and
-    the batches past it need not be computed. The features are those of the augmented images, as the code's
-    train loader applies its training transform."""
+    The code keeps a ``random.sample`` of the whole loader (``DataStore.build``); an epoch here is already a
+    seeded uniform permutation, so its head is the same distribution with no draw of its own. Features are of
+    the augmented images, as the code's train loader gives them."""
     model.eval()
     features: list[Tensor] = []
     targets: list[Tensor] = []
@@ -95,9 +83,7 @@ class KNNScorer(nn.Module):
     """weight·p_knn(x) + (1 − weight)·f(x) for one client (``_get_knn_logits`` and ``_evaluate_knn_model`` of
     ``Lee-Gihun/FedSOL:algorithms/knnper/ClientTrainer.py``); always in eval mode, without gradients.
 
-    It holds the worker's model (no copy) and the client's datastore; the caller drops it after scoring the
-    client, so nothing outlives that client. An empty datastore (a client with no training sample) gives
-    p_knn = 0, so the scores are (1 − weight)·f(x) and the prediction is the model's.
+    Holds the worker's model (no copy): drop it after scoring the client. An empty datastore gives p_knn = 0.
     """
 
     def __init__(self, model: SplitModel, features: Tensor, targets: Tensor, k: int, weight: float,
@@ -125,14 +111,10 @@ class KNNScorer(nn.Module):
         return self.weight * knn.to(logits.dtype) + (1 - self.weight) * logits
 
     def knn_scores(self, features: Tensor, num_classes: int) -> Tensor:
-        """p_knn ``[B, num_classes]``: the k nearest entries by squared L2 distance, weighted by
-        exp(−d/(D·scale)) and normalised over the k.
-
-        Distances as faiss's IndexFlatL2 computes them for a batch of queries, ‖q‖² + ‖s‖² − 2⟨q, s⟩
-        (clamped at 0). The normalised weights are a softmax of −d/(D·scale) over the k neighbours: equal to the
-        code's exp(·)/Σ exp(·), but where every neighbour is far (d/(D·scale) above ~104) the code's float32
-        exp underflows to 0 and its 0/0 makes the scores NaN; the softmax stays finite (≠ code only there).
-        Class sums through one-hot masks, as the code's: no atomic scatter, so the same bits on every run."""
+        """p_knn ``[B, num_classes]``: the k nearest by squared L2 (faiss IndexFlatL2's ‖q‖² + ‖s‖² − 2⟨q, s⟩,
+        clamped at 0), weighted by a softmax of −d/(D·scale): the code's exp(·)/Σ exp(·), except that where
+        every neighbour is far its float32 exp underflows to 0/0 = NaN and the softmax stays finite. Class
+        sums through one-hot masks, as the code's: no atomic scatter, so the same bits on every run."""
         distances = (features.pow(2).sum(1, keepdim=True) + self.stored_norms
                      - 2 * features @ self.stored.T).clamp_min(0)
         nearest, index = distances.topk(self.k, dim=1, largest=False)

@@ -1,12 +1,8 @@
 """LG-FedAvg (Liang et al., 2020; docs/methods.md §2, SimFAFL Table 2): personal lower layers, shared top layers.
 
-"Think locally, act globally": each client learns its own representation and only the model's last
-``global_layers`` layers are averaged (n_k-weighted). The authors' code makes that count a setting
-(``pliang279/LG-FedAvg:main_lg.py`` ``num_layers_keep``: 2 for its CIFAR-10 CNN, 3 for its MNIST MLP), and
-FedCR's code, which produced SimFAFL Table 2's row, shares the last two layers of each of its nets
-(``haozzh/FedCR:main_fed.py`` ``w_glob_keys`` [3, 4] of its CNNs, [1, 2] of its EMNIST MLP): the default 2.
-A layer is a convolution or a linear map, a norm layer counting with the one before it (``weight_layers``);
-``global_layers`` 1 shares the classifier alone.
+Only the model's last ``global_layers`` layers are averaged (``pliang279/LG-FedAvg:main_lg.py``
+``num_layers_keep``); default 2, as FedCR's code behind SimFAFL Table 2 (``haozzh/FedCR:main_fed.py``
+``w_glob_keys``). A layer is a conv or linear map, a norm layer counting with the one before it.
 """
 
 from __future__ import annotations
@@ -36,7 +32,7 @@ class LGFedAvg(Method):
     passes_per_step = 1.0
 
     def adapt_model(self, model: nn.Module) -> nn.Module:
-        """The model is kept; a count that leaves no layer on the clients fails here, in one line."""
+        """A count that leaves no layer on the clients fails here, in one line."""
         layers = len(weight_layers(model))
         if self.params.global_layers >= layers:
             raise FLTuneError(f"method.global_layers: {self.params.global_layers}; allowed: 1 to {layers - 1} "

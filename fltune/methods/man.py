@@ -27,12 +27,8 @@ class MANParams(Params):
 
 @contextmanager
 def first_activations(points: list[nn.Module]) -> Iterator[dict[nn.Module, Tensor]]:
-    """Each point's output the first time it fires inside the block, graph kept, hooks removed after.
-
-    Only the first firing counts, so a base that runs (parts of) the model again inside its loss, e.g. a
-    sub-network pass, regularises its main pass alone; a point that never fires (a dropped block) adds
-    nothing. Hooks live for one loss call only: the model carries no hooks between calls or clients.
-    """
+    """Each point's output the first time it fires inside the block (graph kept), so a base that reruns
+    the model (a sub-network pass) regularises its main pass alone; hooks live for one loss call only."""
     outputs: dict[nn.Module, Tensor] = {}
 
     def record(module: nn.Module, _inputs: tuple[Tensor, ...], output: Tensor) -> None:
@@ -47,23 +43,19 @@ def first_activations(points: list[nn.Module]) -> Iterator[dict[nn.Module, Tenso
 
 
 def activation_norm(activations: Sequence[Tensor], variances: Sequence[Tensor] = ()) -> Tensor:
-    """Eq. 16-18: L_act = Σ_l E‖a_l‖², the mean of a_l² over batch, channels and positions (or units);
-    plus, for each of ``variances``, the mean over its units of their unbiased variance over the batch
-    (a term only the authors' Tiny-ImageNet code adds, ``SplitModel.variance_points``; a batch of one
-    sample adds 0 there rather than the code's NaN)."""
+    """Eq. 16-18: L_act = Σ_l E‖a_l‖², the mean of a_l² over every axis; plus each of ``variances``' mean
+    unbiased batch variance (the authors' Tiny-ImageNet code; a batch of one adds 0, not the code's NaN)."""
     squares = sum(a.pow(2).mean() for a in activations)
     return squares + sum(v.var(dim=0, correction=min(1, len(v) - 1)).mean() for v in variances)
 
 
 @register_modifier
 class MAN(Modifier):
-    """MAN (Eq. 15): f_k = L_k + ζ·L_act over the post-ReLU output of every hidden layer (the model's
-    ``activation_points``; never the logits), recorded from the base's own forward pass; plus the batch
-    variance of the model's ``variance_points`` where its authors' code adds it (Tiny-ImageNet).
+    """MAN (Eq. 15): f_k = L_k + ζ·L_act over the model's ``activation_points`` (never the logits), from the
+    base's own forward pass.
 
     [U] The authors' code (``vcl-iisc/fedMAN:code/utils_general.py``, ``(args.mu_mean/2)*loss_var_algo``)
-    weights the term by ζ/2 and the paper's ζ values were tuned with it, so ``halve: true`` is the default;
-    ``halve: false`` follows Eq. 15 literally. ζ = 0 skips the term: the base's loss exactly.
+    weights by ζ/2 and the paper's ζ were tuned with it, hence ``halve: true``. ζ = 0: the base's loss exactly.
     """
 
     name = "man"

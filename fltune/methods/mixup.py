@@ -1,11 +1,9 @@
 """Mixup (Zhang et al., ICLR 2018) as a local regulariser (FedAlign §3.2; docs/methods.md §2).
 
-Per batch: λ ~ Beta(γ, γ), a random pairing π of the batch, x̃ = λ·x + (1 − λ)·x_π and
-L = λ·CE(f(x̃), y) + (1 − λ)·CE(f(x̃), y_π)  (the mixed-label CE of ``hongyi-zhang/mixup``, as in
-``mmendiet/FedAlign:methods/mixup.py``). λ and π come from torch's global RNG, which the engine seeds
-per (seed, round, client), so runs are reproducible whatever worker trains the client (the authors' code
-draws λ from numpy). The returned logits are those of the mixed batch, so the logged train accuracy is
-measured against y on mixed inputs.
+Per batch: λ ~ Beta(γ, γ), a random pairing π, x̃ = λ·x + (1 − λ)·x_π and L = λ·CE(f(x̃), y) +
+(1 − λ)·CE(f(x̃), y_π) (``hongyi-zhang/mixup``, as ``mmendiet/FedAlign:methods/mixup.py``). λ and π come
+from torch's seeded global RNG (the authors' code: numpy), so any worker reproduces them. The logits are
+the mixed batch's, so the logged train accuracy is against y on mixed inputs.
 """
 
 from __future__ import annotations
@@ -34,10 +32,8 @@ def mix(x: Tensor, gamma: float) -> tuple[Tensor, Tensor, float]:
 
 @register
 class Mixup(Method):
-    """Mixup: L = λ·CE(f(x̃), y) + (1 − λ)·CE(f(x̃), y_π); server as FedAvg.
-
-    γ = 0 means λ = 1 (the authors' convention): no mixing and no random draw, i.e. FedAvg exactly.
-    """
+    """Mixup: L = λ·CE(f(x̃), y) + (1 − λ)·CE(f(x̃), y_π); server as FedAvg. γ = 0 means λ = 1 (the
+    authors' convention): no draw, FedAvg exactly."""
 
     name = "mixup"
     Params = MixupParams

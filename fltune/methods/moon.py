@@ -2,11 +2,9 @@
 
 L = CE(f(x), y) + μ·ℓ_con,  ℓ_con = CE([cos(z, z_g), cos(z, z_prev)]/τ, label 0)   (MOON §3)
 
-z is the projection of the penultimate features (``adapt_model`` inserts MOON's projector, which is then
-aggregated like any weight); z_g comes from a frozen copy of the round's global model and z_prev from the
-client's previous local model, kept in its state. docs/methods.md §2 (MOON) gives the anchors' mode
-(``anchors``: eval as ``QinbinLi/MOON``, train as ``mmendiet/FedAlign``) and a first-time client's previous
-model (``first_prev``, **[U]**).
+z is the projection of the penultimate features (MOON's projector, aggregated like any weight); z_g comes
+from a frozen copy of the global model, z_prev from the client's previous local model, kept in its state.
+``anchors``: eval as ``QinbinLi/MOON``, train as ``mmendiet/FedAlign``; ``first_prev`` is **[U]**.
 """
 
 from __future__ import annotations
@@ -44,11 +42,8 @@ class MoonParams(Params):
 
 
 def add_projector(model: nn.Module) -> SplitModel:
-    """encoder → projector → linear head: the dataset model's body, MOON's projector, a fresh head.
-
-    Only plain SplitModels qualify: a model with its own ``features`` (a VIB net samples z there) or a
-    non-linear head would silently change meaning if its body were re-wired.
-    """
+    """The model's body → MOON's projector → a fresh linear head. Only plain SplitModels qualify: one with
+    its own ``features`` (VIB) or a non-linear head would silently change meaning if re-wired."""
     plain = isinstance(model, SplitModel) and type(model).features is SplitModel.features
     if not plain or not isinstance(model.head, nn.Linear):
         raise FLTuneError(
@@ -69,9 +64,8 @@ def contrastive_loss(z: Tensor, z_global: Tensor, z_prev: Tensor, tau: float) ->
 
 
 def frozen_copy(model: nn.Module, state: dict[str, Tensor], train: bool = False) -> nn.Module:
-    """A gradient-free copy of ``model`` holding ``state`` (MOON's global and previous nets), in eval mode or,
-    with ``train``, in train mode. The copy owns its buffers (``load_state_dict`` copies into them), so a
-    train-mode batch norm's running-statistics update never reaches ``state``, which other clients share."""
+    """A gradient-free copy of ``model`` holding ``state``, in eval (or ``train``) mode. It owns its buffers,
+    so a train-mode BN update never reaches ``state``, which other clients share."""
     clone = copy.deepcopy(model).train(train)
     clone.load_state_dict(state)
     clone.requires_grad_(False)
@@ -80,10 +74,7 @@ def frozen_copy(model: nn.Module, state: dict[str, Tensor], train: bool = False)
 
 @register
 class Moon(InitialStandIn):
-    """MOON: L = CE + μ·CE([cos(z, z_g), cos(z, z_prev)]/τ, 0); server as FedAvg (projector included).
-
-    μ = 0 skips the term, reproducing CE on the adapted model exactly.
-    """
+    """MOON: L = CE + μ·CE([cos(z, z_g), cos(z, z_prev)]/τ, 0); server as FedAvg. μ = 0: CE exactly."""
 
     name = "moon"
     Params = MoonParams

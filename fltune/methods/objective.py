@@ -1,9 +1,8 @@
 """What a method's one local objective, ``Method.local_loss(batch)``, reads, and the loss terms methods share.
 
-Trained client by client, a :class:`Batch` holds the client model's own parameters and no padding mask,
-and :class:`Forward` called with those runs the module itself, so the objective takes the steps a
-module-based loss would; trained K clients at once (engine/batched.py), the same function runs inside a
-``vmap`` on each client's padded batch and stacked parameters, ``mask`` marking the real samples.
+Client by client, a :class:`Batch` holds the model's own parameters and no mask, so :class:`Forward` runs
+the module itself; K clients at once (engine/batched.py), the same function runs inside a ``vmap`` on padded
+batches and stacked parameters, ``mask`` marking the real samples.
 """
 
 from __future__ import annotations
@@ -27,10 +26,8 @@ NoiseShapes = dict[str, tuple[int, int]]
 
 
 class Forward:
-    """The model as a function of its parameters (``torch.func.functional_call``): ``forward(weights, x)``
-    gives the logits; :meth:`part` runs one part (``body``/``head``) alone. Called with the model's own
-    parameters (:attr:`own`), it runs the module itself: the same operations, without swapping parameters
-    in and out, and the module's forward hooks fire (MAN's activations)."""
+    """The model as a function of its parameters: ``forward(weights, x)`` → logits; :meth:`part` runs
+    ``body``/``head`` alone. With :attr:`own` it runs the module itself, so forward hooks fire (MAN's)."""
 
     def __init__(self, model: nn.Module) -> None:
         self.model = model
@@ -43,8 +40,7 @@ class Forward:
         return functional_call(self.model, weights, (x,), tie_weights=self.tied)
 
     def part(self, name: str, weights: Mapping[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
-        """Submodule ``name`` on ``x`` with the entries of ``weights`` under ``name.``: a VIB loss needs the
-        body's (μ, σ) and the head on sampled z, which the model's ``forward`` does not expose."""
+        """Submodule ``name`` on ``x`` with the entries of ``weights`` under ``name.`` (a VIB loss's (μ, σ))."""
         module = self.model.get_submodule(name)
         if weights is self.own:
             return module(x)
@@ -54,8 +50,7 @@ class Forward:
 
 
 def _ties_tensors(model: nn.Module) -> bool:
-    """Whether one tensor sits under two names in ``model``: only then need ``functional_call`` look for ties
-    (``tie_weights`` walks every submodule on every call)."""
+    """Whether a tensor sits under two names: only then need ``functional_call`` walk for ties (costly)."""
     named = [*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)]
     return len(named) != len({id(t) for _, t in named})
 
@@ -64,13 +59,10 @@ def _ties_tensors(model: nn.Module) -> bool:
 class Batch:
     """One batch as a method's objective reads it.
 
-    ``weights``: every parameter of the model by name (those a phase freezes too; only the trained ones get
-    a gradient). ``inputs``: the client's tensors (``ClientContext.inputs``). ``mask``: 1 on the real
-    samples of a padded batch, None when every sample is real (:func:`batch_mean`). ``noise``: the batch's
-    draws of ``Method.noise``, batch axis first. ``global_weights``: the round's global weights.
-    ``client``: the client's context where the client is trained on its own; an objective that reads it
-    (a module of its own, hooks on the model) declares ``Method.pure_loss = False``. ``record``: per-sample
-    tensors (batch axis first) the objective leaves for ``Method.record_step`` (FedCR's μ, σ)."""
+    ``weights``: every parameter (frozen ones too). ``mask``: 1 on the real samples, None when all are real.
+    ``noise``: draws of ``Method.noise``, batch axis first. ``client``: set only when trained on its own; an
+    objective reading it declares ``Method.pure_loss = False``. ``record``: per-sample tensors for
+    ``Method.record_step`` (FedCR's μ, σ)."""
 
     forward: Forward
     weights: Tensors
@@ -87,8 +79,7 @@ class Batch:
 def draw_noise(
     shapes: NoiseShapes, n: int, device: torch.device, generator: torch.Generator | None = None,
 ) -> Tensors:
-    """One batch's draws of ``shapes`` for ``n`` samples, [n, S, d] each: drawn [S, n, d] (the layout
-    ``VIBNet.sample`` draws) from ``generator`` or torch's global RNG, read batch axis first."""
+    """Draws of ``shapes`` for ``n`` samples, [n, S, d] each, drawn [S, n, d] as ``VIBNet.sample`` does."""
     return {key: torch.randn((s, n, d), device=device, generator=generator).transpose(0, 1)
             for key, (s, d) in shapes.items()}
 
@@ -99,19 +90,16 @@ def squared_distance(weights: Iterable[tuple[str, torch.Tensor]], anchor: Mappin
 
 
 def batch_mean(values: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
-    """Mean of per-sample ``values`` over the samples with mask 1: a batched group pads every client's
-    batch to one shape, and a client's short last batch must still average over its real samples only.
-    ``mask`` None (an unpadded batch) is ``values.mean()`` itself, so one objective keeps the bits of
-    the client-by-client path."""
+    """Mean of per-sample ``values`` over the real samples (mask 1) of a padded batch; ``mask`` None is
+    ``values.mean()`` itself, so the client-by-client path keeps its bits."""
     if mask is None:
         return values.mean()
     return (values * mask).sum() / mask.sum().clamp(min=1.0)
 
 
 def masked_cross_entropy(logits: torch.Tensor, y: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
-    """Mean cross-entropy over the real samples (:func:`batch_mean`); ``F.cross_entropy`` when unpadded.
-    Padded, −log softmax at the label is written out: the same floats as ``F.cross_entropy(reduction="none")``
-    without its ``ignore_index`` mask, ops a vmapped step would launch for nothing."""
+    """Mean CE over the real samples; ``F.cross_entropy`` when unpadded. Padded, −log softmax at the label
+    is written out: the same floats without ``ignore_index``'s ops, wasted in a vmapped step."""
     if mask is None:
         return F.cross_entropy(logits, y)
     return batch_mean(-logits.log_softmax(-1).gather(-1, y.unsqueeze(-1)).squeeze(-1), mask)

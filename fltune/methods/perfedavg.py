@@ -7,11 +7,9 @@ Each local iteration is two optimiser steps on two consecutive batches b1, b2 of
     θ' = θ − α·∇CE(θ; b1)                   step 1 at the round's lr α
     θ  ← θ − β·∇CE(θ'; b2)                  step 2: the gradient taken at θ', applied to θ (restored)
 
-On fltune's engine one engine step is one of those optimiser steps: the round is one :class:`Phase` capped at
-2·E·⌈n_b/E⌉ steps; odd steps save θ and step at the phase's lr, even steps restore θ after the backward pass and
-take the step at β (``ClientContext.step_lr``). Its final round, the code's ``finetune``, is
-:class:`PerFedAvgTune`. docs/methods.md §2 (Per-FedAvg) gives the iteration count and where the code departs
-from the paper (one optimiser for both steps, batch-norm statistics not rolled back).
+One engine step is one of those optimiser steps, the round one :class:`Phase` of 2·E·⌈n_b/E⌉ steps.
+docs/methods.md §2 gives where the code departs from the paper (one optimiser for both steps, BN statistics
+not rolled back).
 """
 
 from __future__ import annotations
@@ -31,8 +29,7 @@ SAVED = "perfedavg_theta"
 
 
 class PerFedAvgParams(Params):
-    """β from the FedSOL authors' Per-FedAvg config (``Lee-Gihun/FedSOL:configs/personalized/perfedavg.json``:
-    ``beta`` 0.01, beside SGD lr 0.01, momentum 0.9, weight decay 1e-5, batch 50, 5 local epochs)."""
+    """β from the FedSOL authors' config (``configs/personalized/perfedavg.json``)."""
 
     beta: float = Field(0.01, gt=0, description="meta step size β of step 2; default the FedSOL authors' 0.01 "
                                                 "(configs/personalized/perfedavg.json)")
@@ -40,29 +37,24 @@ class PerFedAvgParams(Params):
 
 def meta_phase(ctx: ClientContext, loops: int, lr: float | None) -> Phase:
     """``loops`` outer loops of ⌈n_b/E⌉ two-step iterations, as the code counts them (``num_iter =
-    ceil(len(loader) / local_epochs)``, E the training's local epochs even when fine-tuning): one phase over
-    every parameter, capped at 2·loops·⌈n_b/E⌉ steps, with the epochs that hold them.
-
-    n_b is ``len(loader)``: ⌈n/B⌉ batches, or n/B exactly when ``training.drop_last`` has already cut
-    ``num_samples`` to whole batches. A client with no batch takes no step."""
+    ceil(len(loader) / local_epochs)``, E the training's local epochs even when fine-tuning): one phase of
+    2·loops·⌈n_b/E⌉ steps. A client with no batch takes no step."""
     n_batches = math.ceil(ctx.num_samples / ctx.batch_size)
     steps = 2 * loops * math.ceil(n_batches / ctx.epochs)
     return Phase(epochs=math.ceil(steps / n_batches) if n_batches else 0, lr=lr, steps=steps)
 
 
 class FirstOrderMAML(Method):
-    """Per-FedAvg's two-step iteration as engine steps: even ``ctx.steps`` (step 1) save θ and step at the
-    phase's lr; odd ones (step 2) take the gradient at θ', put θ back and step at β. ``ctx.steps`` counts the
-    steps of this client update, and a fine-tuning round is an update of its own, so both start on a step 1."""
+    """Per-FedAvg's iteration as engine steps: even ``ctx.steps`` (step 1) save θ and step at the phase's lr;
+    odd ones (step 2) take the gradient at θ', put θ back and step at β (``ClientContext.step_lr``)."""
 
     def meta_lr(self) -> float:
         """β, the learning rate of step 2."""
         return cast(PerFedAvgParams, self.params).beta
 
     def backward(self, ctx: ClientContext, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Step 1: θ kept (in one buffer per parameter, reused through the update), CE's gradient at θ. Step 2:
-        CE's gradient at θ', then θ restored with its ``.grad`` left in place, as the code's ``old_p.data =
-        new_p.data.clone()`` before ``optimizer.step()``, and the step taken at β."""
+        """Step 1: θ kept, CE's gradient at θ. Step 2: CE's gradient at θ', then θ restored with ``.grad`` left
+        in place, as the code's ``old_p.data = new_p.data.clone()`` before ``optimizer.step()``."""
         params = list(ctx.model.parameters())
         if ctx.steps % 2 == 0:
             saved = ctx.scratch.get(SAVED)
@@ -82,11 +74,9 @@ class FirstOrderMAML(Method):
 
 
 class PerFedAvgTune(FirstOrderMAML, FineTune):
-    """Per-FedAvg's ``tune`` final round: the code's ``finetune``, the two-step iteration for τ =
-    ``training.finetune_epochs`` outer loops of ⌈n_b/E⌉ (E the training's local epochs: the engine hands the
-    ``tune`` round the run's training settings, so ``ctx.epochs`` is E), 2·τ·⌈n_b/E⌉ steps, step 1 at the
-    round's lr, step 2 at the method's β. Every parameter trains, whatever ``training.finetune_params``: the
-    code's fine-tuning is its meta step on the whole model. Plain CE, as the code's ``criterion``."""
+    """Per-FedAvg's ``tune`` round, the code's ``finetune``: the two-step iteration for τ =
+    ``training.finetune_epochs`` outer loops (2·τ·⌈n_b/E⌉ steps) on plain CE. Every parameter trains, whatever
+    ``training.finetune_params``: the code's fine-tuning is its meta step on the whole model."""
 
     def meta_lr(self) -> float:
         return cast(PerFedAvgParams, self.inner.params).beta  # the wrapped Per-FedAvg's β
@@ -97,10 +87,8 @@ class PerFedAvgTune(FirstOrderMAML, FineTune):
 
 @register
 class PerFedAvg(FirstOrderMAML):
-    """Per-FedAvg (first-order MAML): θ ← θ − β·∇CE(θ − α·∇CE(θ; b1); b2) per two-batch iteration.
-
-    One momentum SGD for both steps, E·⌈n_b/E⌉ iterations a round; server as FedAvg (n_k-weighted mean of the
-    whole state)."""
+    """Per-FedAvg (first-order MAML): θ ← θ − β·∇CE(θ − α·∇CE(θ; b1); b2) per two-batch iteration; one
+    momentum SGD for both steps; server as FedAvg."""
 
     name = "perfedavg"
     Params = PerFedAvgParams
@@ -110,8 +98,7 @@ class PerFedAvg(FirstOrderMAML):
 
     @classmethod
     def epochs_trained(cls, epochs: int, local_epochs: int) -> float:
-        """2·epochs·⌈n_b/E⌉ batches (:func:`meta_phase`): about 2·epochs/E passes, in training (two) and in its
-        fine-tuning round (2τ/E) alike."""
+        """2·epochs·⌈n_b/E⌉ batches (:func:`meta_phase`): about 2·epochs/E passes."""
         return 2 * epochs / local_epochs
 
     def phases(self, ctx: ClientContext) -> list[Phase]:

@@ -11,10 +11,9 @@ and it is used either
     projection  g = g_l − min(0, ⟨g_l, g_p⟩)/‖g_p‖² · g_p      (Eq. 3: the local gradient g_l = ∇CE with its
                                                                 component against g_p = ∇L_p removed)
 
-Projection updates with g alone: it is orthogonal to g_p where the two conflicted (⟨g_l, g_p⟩ < 0) and g_l
-elsewhere, and it does not depend on β or on the scale of L_p. ⟨·,·⟩ and ‖·‖ run over every trainable
-parameter as one vector [U: Eq. 3 writes whole gradients]. Neither the projection nor the KL "Base" is in the
-authors' code (``Lee-Gihun/FedSOL``); the paper's text gives Eq. 3 and says when it projects.
+Projection does not depend on β or the scale of L_p. ⟨·,·⟩ and ‖·‖ run over every trainable parameter as one
+vector [U: Eq. 3 writes whole gradients]. Neither the projection nor the KL "Base" is in the authors' code
+(``Lee-Gihun/FedSOL``); only the paper's text gives them.
 """
 
 from __future__ import annotations
@@ -42,8 +41,8 @@ class ProximalParams(Params):
 
 
 def project_off(grads: list[Tensor], against: list[Tensor]) -> list[Tensor]:
-    """Eq. 3: ``grads`` less their component along ``against`` where the two point apart (negative inner
-    product over all tensors at once); unchanged where they agree or ``against`` is zero."""
+    """Eq. 3: ``grads`` less their component along ``against`` where their inner product (over all tensors)
+    is negative; else unchanged."""
     dot = sum((g * a).sum() for g, a in zip(grads, against, strict=True))
     norm = sum((a * a).sum() for a in against)
     if dot >= 0 or norm == 0:
@@ -74,8 +73,7 @@ class Proximal(Method):
             ctx.scratch["global_model"] = frozen_copy(ctx.model, ctx.global_state)
 
     def local_loss(self, batch: Batch) -> tuple[Tensor, Tensor]:
-        """CE (+ β·L_p with ``base``). With ``projection`` and KL, ∇L_p is taken here, from the same forward,
-        for :meth:`backward`."""
+        """CE (+ β·L_p with ``base``); with ``projection`` and KL, ∇L_p from the same forward, for :meth:`backward`."""
         ctx, x = batch.client, batch.x
         loss, logits = super().local_loss(batch)
         if self.params.usage == "base":

@@ -16,9 +16,7 @@ class ScaffoldParams(DriftParams):
 @register
 class Scaffold(ControlVariates):
     """SCAFFOLD (option II): local gradient g − c_k + c; c_k⁺ = c_k − c + (θ_g − θ_k)/(K_eff·lr);
-    server c += mean over all N of Δc_k, θ = θ_g + η_g·mean_S(θ_k − θ_g) (plain mean).
-
-    With c = c_k = 0 (round 1) the local step is exactly FedAvg's.
+    server c += mean over all N of Δc_k, θ = θ_g + η_g·mean_S(θ_k − θ_g). Round 1 is FedAvg's step exactly.
     """
 
     name = "scaffold"
@@ -26,8 +24,7 @@ class Scaffold(ControlVariates):
     passes_per_step = 1.0  # the correction is added to the gradient, no extra pass
 
     def aggregate(self, ctx: ServerContext) -> ServerUpdate:
-        """θ_g + η_g·(mean − θ_g) for float entries (in float64, so η_g = 1 gives the mean bit for bit);
-        integer counters take the mean."""
+        """θ_g + η_g·(mean − θ_g) for float entries in float64 (η_g = 1: the mean bit for bit)."""
         out = super().aggregate(ctx)
         lr = self.params.server_lr
         return replace(out, global_state=server_step(ctx.global_state, out.global_state,

@@ -6,9 +6,8 @@ Local objective of client i (Eq. 10), with z_s = μ(x) + σ(x)⊙ε_s, s = 1..S,
     L_ca = mean_x KL(q(z|x) ‖ N(0, I))                  (Eq. 8: centroid alignment to a fixed reference)
     L_sa = mean_s CE(head_f(z_s), y)                    (Eq. 9: shape alignment to the global task branch)
 
-head_f is last round's aggregate of the clients' heads (the round's global head), frozen, so L_sa trains the
-body only; each client keeps its own head_i and uploads it for that average (§3, §4.2). docs/methods.md §2
-(SimFAFL) gives the **[U]** decisions: the KL's direction (``kl_order``) and a first round's head.
+head_f is the round's global head (the average of last round's head_i), frozen, so L_sa trains the body
+only; each client keeps head_i and uploads it for that average (§3, §4.2). ``kl_order`` is **[U]**.
 """
 
 from __future__ import annotations
@@ -40,8 +39,7 @@ class SimFAFLParams(Params):
 
 
 def standard_normal_kl(out: VIBOutput, kl_order: str, mask: Tensor | None = None) -> Tensor:
-    """L_ca (Eq. 8): batch mean (over a padded batch's real samples, given ``mask``) of the KL between
-    q(z|x) and the fixed reference N(0, I)."""
+    """L_ca (Eq. 8): the mean over real samples of the KL between q(z|x) and N(0, I)."""
     zero, one = torch.zeros_like(out.mu), torch.ones_like(out.sigma)
     if kl_order == "posterior_first":
         return batch_mean(gaussian_kl(out.mu, out.sigma, zero, one), mask)
@@ -63,8 +61,7 @@ class SimFAFL(VIBMethod, PersonalHead):
         ctx.inputs["global_head"] = {k: v for k, v in ctx.global_state.items() if k.startswith("head.")}
 
     def local_loss(self, batch: Batch) -> tuple[Tensor, Tensor]:
-        """Eq. 10 over the batch's real samples; head_f runs the client's head with the global head's weights,
-        which take no gradient, so L_sa trains the body only."""
+        """Eq. 10 over the real samples; head_f is the client's head run with the global head's weights."""
         out, y, mask = functional_vib(batch), batch.y, batch.mask
         loss = vib_cross_entropy(out.logits, y, mask)
         if self.params.beta1:

@@ -1,12 +1,10 @@
 """Stochastic depth (Huang et al., ECCV 2016) as a local regulariser (FedAlign §3.2; docs/methods.md §2).
 
-ζ_ℓ = σ(b_ℓ·F_ℓ(ζ_{ℓ−1}) + I(ζ_{ℓ−1})), b_ℓ ~ Bernoulli(p_ℓ), p_ℓ = 1 − (ℓ/L)(1 − ρ_L) over the L = 18
-bottleneck blocks of ResNet-56 (``schedule: paper``), or p_ℓ = 1 − ((ℓ − 1)/(L − 1))(1 − ρ_L), the first block
-always kept, as ``mmendiet/FedAlign:models/resnet_stochdepth.py`` builds it (``schedule: code``, which
-FedAlign's tables use); at evaluation the branch is scaled by p_ℓ. The loss is plain CE; all of
-the method is the model option :meth:`~fltune.models.resnet56.ResNet56.set_stochastic_depth`, which
-``adapt_model`` switches on in every copy of the model (driver and workers), so the global model is also
-*evaluated* with the p_ℓ scaling. Needs ``model.name=resnet56`` (``auto`` picks it).
+ζ_ℓ = σ(b_ℓ·F_ℓ(ζ_{ℓ−1}) + I(ζ_{ℓ−1})), b_ℓ ~ Bernoulli(p_ℓ) over ResNet-56's 18 blocks, p_ℓ by ``schedule``
+(``code``: ``mmendiet/FedAlign:models/resnet_stochdepth.py``, which FedAlign's tables use); at evaluation
+the branch is scaled by p_ℓ. The loss is plain CE; ``adapt_model`` sets
+:meth:`~fltune.models.resnet56.ResNet56.set_stochastic_depth` on every copy, so the global model is also
+*evaluated* with the p_ℓ scaling.
 """
 
 from __future__ import annotations
@@ -30,10 +28,8 @@ class StochDepthParams(Params):
 
 @register
 class StochDepth(ResNet56Method):
-    """StochDepth: CE on a ResNet-56 whose blocks survive with probability falling linearly to ρ_L.
-
-    ρ_L = 1 keeps every block: exactly FedAvg on ResNet-56.
-    """
+    """StochDepth: CE on a ResNet-56 whose blocks survive with probability falling linearly to ρ_L; ρ_L = 1 is
+    FedAvg exactly."""
 
     name = "stochdepth"
     Params = StochDepthParams

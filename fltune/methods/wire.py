@@ -14,8 +14,7 @@ State = dict[str, np.ndarray]
 
 
 def dtype_groups(dtypes: Iterable[Any]) -> list[list[int]]:
-    """Positions of equal dtypes, in order of first appearance: what one copy between host and device can
-    carry at once (``to_numpy``, ``to_device``)."""
+    """Positions of equal dtypes in order of first appearance: what one host-device copy can carry."""
     groups: dict[Any, list[int]] = {}
     for i, dtype in enumerate(dtypes):
         groups.setdefault(dtype, []).append(i)
@@ -23,8 +22,8 @@ def dtype_groups(dtypes: Iterable[Any]) -> list[list[int]]:
 
 
 def to_device(arrays: Sequence[np.ndarray], device: torch.device) -> list[torch.Tensor]:
-    """``arrays`` as tensors on ``device`` (views of one buffer per dtype), in one copy per dtype: each copy
-    from pageable host memory waits for everything the GPU has queued. Copies change no bits."""
+    """``arrays`` as tensors on ``device`` (views of one buffer per dtype), one copy per dtype, as each copy
+    from pageable memory waits for the GPU's queue."""
     out: list[torch.Tensor] = [torch.empty(0)] * len(arrays)
     for rows in dtype_groups(array.dtype for array in arrays):
         flat = torch.from_numpy(np.concatenate([arrays[i].reshape(-1) for i in rows])).to(device)
@@ -34,9 +33,8 @@ def to_device(arrays: Sequence[np.ndarray], device: torch.device) -> list[torch.
 
 
 def to_numpy(state: dict[str, torch.Tensor], keys: set[str] | None = None) -> State:
-    """Detach a (sub)state_dict to CPU numpy for the wire or the client store, in one copy per dtype (each
-    copy waits for the GPU). Each array is a copy of its part of the buffer, so a client store keeps no
-    other tensor's bytes alive."""
+    """A (sub)state_dict as CPU numpy, one copy per dtype; each array owns its bytes, so a client store keeps
+    no other tensor's alive."""
     tensors = [(k, v.detach()) for k, v in state.items() if keys is None or k in keys]
     out: State = {}
     for rows in dtype_groups(v.dtype for _, v in tensors):

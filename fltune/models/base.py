@@ -1,8 +1,7 @@
 """The body/head split every fltune model follows (docs/methods.md §1).
 
-Personalised methods keep one part per client (FedPer/FedCR/FedPAC: head; LG-FedAvg: its lower layers), FedSOL can
-perturb one part only, and MAN regularises hidden activations; so the split and the activation points
-are part of the model's contract rather than something each method rediscovers.
+Personalised methods keep one part per client, FedSOL can perturb one part only, and MAN regularises hidden
+activations; so the split and the activation points are part of the model's contract.
 """
 
 from torch import Tensor, nn
@@ -14,11 +13,10 @@ InShape = tuple[int, int, int]
 class SplitModel(nn.Module):
     """``head(body(x))``; every parameter and buffer key starts with ``body.`` or ``head.``.
 
-    ``body`` is the feature extractor and must return flat ``[B, ·]`` outputs (``features_of`` makes them the
-    ``[B, feature_dim]`` features: as they are, or a VIB net's z from its (μ, σ)); ``head`` is the
-    task branch mapping them to logits. Subclasses (VIB nets, slimmable nets) may override ``forward``,
-    ``features_of`` or ``activation_points`` but keep the two-part naming; ``features`` stays
-    ``features_of(body(x))``, so that a functional loss running the body alone gets the same features.
+    ``body`` returns flat ``[B, ·]`` outputs that ``features_of`` makes the ``[B, feature_dim]`` features;
+    ``head`` maps them to logits. Subclasses may override ``forward``, ``features_of`` or
+    ``activation_points`` but keep the naming, and ``features`` stays ``features_of(body(x))``, so a
+    functional loss running the body alone gets the same features.
     """
 
     def __init__(self, body: nn.Module, head: nn.Module, feature_dim: int) -> None:
@@ -35,34 +33,25 @@ class SplitModel(nn.Module):
         return self.features_of(self.body(x))
 
     def features_of(self, body_out: Tensor) -> Tensor:
-        """The features from the body's output: the output itself. A functional loss that runs the body
-        alone (``Forward.part``) goes through here to get what :meth:`features` gives (a VIB net's z)."""
+        """The features from the body's output (here: itself; a VIB net's z), for ``Forward.part``."""
         return body_out
 
     @property
     def activation_points(self) -> list[nn.Module]:
-        """The ReLU module of every hidden layer, in forward order (MAN Eq. 15-18 regularises their outputs).
-
-        Derived as the body's ``nn.ReLU`` instances in registration order, which is forward order for every
-        model here (tests/models checks that each fires, in this order). Logits are never included:
-        the head holds no ReLU.
-        """
+        """The ReLU module of every hidden layer in forward order (MAN Eq. 15-18): the body's ``nn.ReLU`` in
+        registration order, which is forward order for every model here (tests/models checks it)."""
         return [m for m in self.body.modules() if isinstance(m, nn.ReLU)]
 
     @property
     def variance_points(self) -> list[nn.Module]:
-        """Points whose output's per-unit variance over the batch MAN adds to its term besides the squared
-        activations: none here. Only a model built after code that adds such a term lists any (the authors'
-        Tiny-ImageNet ConvNet, :class:`~fltune.models.convnets.TinyImageNetCNN`)."""
+        """Points whose per-unit batch variance MAN adds to its term: only in
+        :class:`~fltune.models.convnets.TinyImageNetCNN`, after the authors' code."""
         return []
 
 
 def split_keys(model: nn.Module) -> tuple[list[str], list[str]]:
-    """(body keys, head keys) of ``model.state_dict()``, buffers included (they are averaged too, §2).
-
-    Raises ValueError on a key in neither part: it would silently escape both the shared and the
-    personal state of a personalised method.
-    """
+    """(body keys, head keys) of ``model.state_dict()``, buffers included. Raises ValueError on a key in
+    neither part: it would silently escape both the shared and the personal state."""
     keys = list(model.state_dict())
     body = [k for k in keys if k.startswith("body.")]
     head = [k for k in keys if k.startswith("head.")]

@@ -15,11 +15,8 @@ def plain_net(
     in_shape: InShape, num_classes: int, convs: Sequence[ConvBlock], widths: Sequence[int],
     model_class: type[SplitModel] = SplitModel,
 ) -> SplitModel:
-    """Body ``convs → flatten → dense(widths)``, head ``Linear(widths[-1], num_classes)``, as a ``model_class``.
-
-    The flatten width comes from a dummy pass, so one definition serves every input size. Keys read
-    ``body.conv1.conv.weight``, ``body.fc1.linear.weight``, ``head.weight``.
-    """
+    """Body ``convs → flatten → dense(widths)``, head ``Linear(widths[-1], num_classes)``, as a ``model_class``;
+    the flatten width comes from a dummy pass, so it serves every input size."""
     body = nn.Sequential(OrderedDict((f"conv{i}", block) for i, block in enumerate(convs, 1)))
     body.add_module("flatten", nn.Flatten())
     dims = [flat_size(body, in_shape), *widths]
@@ -36,11 +33,8 @@ def mlp(in_shape: InShape, num_classes: int) -> SplitModel:
 
 @register_model("fedavg_cnn")
 def fedavg_cnn(in_shape: InShape, num_classes: int) -> SplitModel:
-    """McMahan et al.'s CNN as used by FedSOL (``Lee-Gihun/FedSOL:train_tools/models/fedavgnet.py``).
-
-    The first conv takes the data's own C channels, as McMahan's (1,663,370 parameters on MNIST); FedSOL's
-    MNIST variant instead repeats grayscale to 3 channels (1,600 more conv weights, same function class).
-    """
+    """McMahan et al.'s CNN as used by FedSOL (``Lee-Gihun/FedSOL:train_tools/models/fedavgnet.py``); the
+    first conv takes the data's own C channels, as McMahan's (FedSOL repeats MNIST's grayscale to 3)."""
     c = in_shape[0]
     convs = (ConvBlock(c, 32, 5, padding=2), ConvBlock(32, 64, 5, padding=2))
     return plain_net(in_shape, num_classes, convs, widths=(512,))
@@ -48,23 +42,17 @@ def fedavg_cnn(in_shape: InShape, num_classes: int) -> SplitModel:
 
 @register_model("feddyn_cnn")
 def feddyn_cnn(in_shape: InShape, num_classes: int) -> SplitModel:
-    """FedDyn's CIFAR CNN, used by MAN (Table 4): unpadded 5x5 convs, fc 1600→384→192 on 32x32 inputs.
-
-    Activation points: the two conv ReLUs (before pooling) and the two fc ReLUs, as MAN regularises.
-    """
+    """FedDyn's CIFAR CNN, used by MAN (Table 4): unpadded 5x5 convs, fc 1600→384→192 on 32x32 inputs; MAN's
+    activation points are the two conv ReLUs (before pooling) and the two fc ReLUs."""
     c = in_shape[0]
     return plain_net(in_shape, num_classes, (ConvBlock(c, 64, 5), ConvBlock(64, 64, 5)), widths=(384, 192))
 
 
 class TinyImageNetCNN(SplitModel):
     """A plain net whose MAN terms are those of the authors' ``ConvNet.forward``
-    (``vcl-iisc/fedMAN:code/utils_models.py``), which produced MAN's Tiny-ImageNet columns.
-
-    That forward returns, for the loss to sum the mean of each: the squared activations of the first two
-    conv blocks and of the two dense layers (the third conv block's is computed, then overwritten by the
-    first dense layer's), and ``torch.std(x, axis=[0])**2`` of the last dense layer, its units' variance
-    over the batch. So the activation points are every hidden ReLU but the last conv block's, and the last
-    hidden ReLU is also a variance point.
+    (``vcl-iisc/fedMAN:code/utils_models.py``), behind MAN's Tiny-ImageNet columns: that forward overwrites
+    the last conv block's activation and adds ``torch.std(x, axis=[0])**2`` of the last dense layer. So the
+    activation points are every hidden ReLU but the last conv block's, and the last is also a variance point.
     """
 
     @property
@@ -82,12 +70,9 @@ class TinyImageNetCNN(SplitModel):
 def tinyimagenet_cnn(
     in_shape: InShape, num_classes: int, widths: Sequence[int] = (512, 384)
 ) -> SplitModel:
-    """MAN's Tiny-ImageNet CNN (Table 4): three padded 3x3 conv blocks with GroupNorm(4, 64).
-
-    Dense widths default to the authors' code (``vcl-iisc/fedMAN:code/utils_models.py``, ``ConvNet``:
-    4096→512→384→200), which agrees with Table 4's last layer FC(384,200). A reading of Table 4 as
-    "→384 →192" matches neither; pass ``widths=(384, 192)`` for it. MAN's term on it is the code's
-    (:class:`TinyImageNetCNN`), not quite Eq. 15's.
+    """MAN's Tiny-ImageNet CNN (Table 4): three padded 3x3 conv blocks with GroupNorm(4, 64). Dense widths are
+    the authors' code's (``ConvNet``: 4096→512→384→200), which agrees with Table 4's FC(384,200); pass
+    ``widths=(384, 192)`` for the other reading of Table 4. MAN's term on it is the code's, not quite Eq. 15's.
     """
     c = in_shape[0]
     convs = [ConvBlock(c_in, 64, 3, padding=1, gn_groups=4) for c_in in (c, 64, 64)]

@@ -9,11 +9,8 @@ from fltune.models.base import InShape
 
 
 class ConvBlock(nn.Sequential):
-    """conv → [GroupNorm] → ReLU → maxpool(2), the unit of the FedAvg, FedDyn and Tiny-ImageNet CNNs.
-
-    The ReLU is its own module placed before the pool, so MAN's hook sees the pre-pool map (MAN Table 4
-    and the authors' ``vcl-iisc/fedMAN:code/utils_models.py`` regularise the activation before pooling).
-    """
+    """conv → [GroupNorm] → ReLU → maxpool(2); the ReLU is its own module before the pool, so MAN's hook sees
+    the pre-pool map, as ``vcl-iisc/fedMAN:code/utils_models.py`` regularises it."""
 
     def __init__(
         self, c_in: int, c_out: int, kernel: int, padding: int = 0, gn_groups: int | None = None
@@ -30,12 +27,8 @@ def dense(in_dim: int, out_dim: int) -> nn.Sequential:
 
 
 def flat_size(trunk: nn.Module, in_shape: InShape) -> int:
-    """Width of ``trunk``'s flattened output for one sample of ``in_shape``, by a dummy forward pass.
-
-    Lets every architecture take any input size (28x28 FMNIST, 32x32 CIFAR, 64x64 Tiny-ImageNet) without
-    hand-written arithmetic. Runs in eval mode, so running statistics are untouched, and draws no random
-    numbers, so construction stays deterministic. Raises ValueError if the input is too small.
-    """
+    """Width of ``trunk``'s flattened output for one sample of ``in_shape``, by a dummy pass in eval mode
+    (statistics untouched, no random draw). Raises ValueError if the input is too small."""
     was_training = trunk.training
     trunk.eval()
     try:

@@ -1,9 +1,8 @@
 """Name → model builder registry.
 
-Each model file registers its builders with ``@register_model``; ``fltune.models`` imports the files, so
-adding an architecture (VIB nets, slimmable ResNet-56) means adding one file, one import and its name in
-``fltune.catalog.MODELS`` (the torch-free list the config checks ``model.name`` against). A user's builder
-needs none of that: ``model.name`` names it by reference or as an installed plug-in (``fltune.plugins``).
+An architecture is one file registering with ``@register_model``, its import in ``fltune.models`` and its
+name in ``fltune.catalog.MODELS`` (the torch-free list the config checks). A user's builder needs none of
+that: ``model.name`` names it by reference or as a plug-in (``fltune.plugins``).
 """
 
 from collections.abc import Callable
@@ -60,9 +59,8 @@ def build_model(name: str, in_shape: InShape, num_classes: int, **kwargs: Any) -
 
 
 def checked_options(builder: ModelBuilder, options: dict[str, Any]) -> dict[str, Any]:
-    """``model.options`` validated against the builder's own annotations (pydantic's lax rules: ``"false"``
-    is False, ``"maybe"`` is refused), so a wrong value is one line, not a model silently built with it.
-    Options the builder does not take are left for the call to refuse."""
+    """``model.options`` validated against the builder's annotations (pydantic's lax rules), so a wrong value
+    is one line, not a model silently built with it; unknown options are left for the call to refuse."""
     hints = get_type_hints(builder)
     checked = {}
     for key, value in options.items():

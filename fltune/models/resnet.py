@@ -1,13 +1,8 @@
 """CIFAR-style ResNet-18 (He et al. 2016): 3x3 stem without max-pool, four stages of two basic blocks.
 
-docs/methods.md §1 uses it for ImageNet-200 and FedSOL's Table 3. Written here rather than taken from
-torchvision, whose 7x7 stride-2 stem and max-pool shrink 32x32 inputs to 8x8 before the first stage.
-
-It is FedSOL's ``resnet18`` (``Lee-Gihun/FedSOL:train_tools/models/resnet.py``) layer for layer: the same 3x3
-stem without max-pool, stages 64/128/256/512 of two basic blocks, bias-free convs, 1x1 projection shortcuts, and
-their ``avg_pool2d(out, 4)`` over the 4x4 last map is this global pool at 32x32 inputs (and at 28x28 ones,
-whose last map is 4x4 too: 28 → 14 → 7 → 4). Theirs keeps no BatchNorm running statistics; ``running_stats=False``
-builds that variant. Their stem takes 3 channels only; this one takes the input's own.
+Not torchvision's, whose 7x7 stride-2 stem and max-pool shrink 32x32 inputs to 8x8 before the first stage.
+It is FedSOL's ``resnet18`` (``Lee-Gihun/FedSOL:train_tools/models/resnet.py``) layer for layer; their
+``avg_pool2d(out, 4)`` is this global pool at 32x32 and 28x28 inputs. Their stem takes 3 channels only.
 """
 
 from collections import OrderedDict
@@ -20,18 +15,14 @@ from fltune.models.registry import register_model
 
 
 def conv_bn(c_in: int, c_out: int, kernel: int, stride: int = 1, running_stats: bool = True) -> nn.Sequential:
-    """Bias-free conv followed by BatchNorm (the bias would duplicate BN's shift); ``running_stats=False``: a
-    BatchNorm without running buffers, which normalises by the batch's own statistics in evaluation too."""
+    """Bias-free conv + BatchNorm; ``running_stats=False``: batch statistics in evaluation too."""
     conv = nn.Conv2d(c_in, c_out, kernel, stride=stride, padding=kernel // 2, bias=False)
     bn = nn.BatchNorm2d(c_out, track_running_stats=running_stats)
     return nn.Sequential(OrderedDict(conv=conv, bn=bn))
 
 
 class BasicBlock(nn.Module):
-    """``relu(conv_bn(relu(conv_bn(x))) + shortcut(x))``; a 1x1 projection shortcut when the shape changes.
-
-    Two distinct ReLU modules, so both hidden activations are activation points (MAN).
-    """
+    """``relu(conv_bn(relu(conv_bn(x))) + shortcut(x))``; two distinct ReLUs, so MAN sees both."""
 
     def __init__(self, c_in: int, c_out: int, stride: int, running_stats: bool = True) -> None:
         super().__init__()
@@ -54,12 +45,9 @@ def stage(c_in: int, c_out: int, stride: int, blocks: int = 2, running_stats: bo
 
 @register_model("resnet18")
 def resnet18(in_shape: InShape, num_classes: int, running_stats: bool = True) -> SplitModel:
-    """Body: stem, stages 64/128/256/512 (strides 1/2/2/2), global average pool, flatten: 512-d.
-
-    ``running_stats=False`` (``model.options.running_stats: false``) is FedSOL's variant: every BatchNorm has
-    ``track_running_stats=False``, so it has no running buffers and normalises by the batch's own statistics in
-    training and evaluation alike. The parameters, and the random numbers drawn for them, are the same either way.
-    """
+    """Body: stem, stages 64/128/256/512 (strides 1/2/2/2), global average pool: 512-d.
+    ``running_stats=False`` is FedSOL's variant (no BN running buffers); the parameters and their random
+    draws are the same either way."""
     stem = nn.Sequential(OrderedDict(conv_bn=conv_bn(in_shape[0], 64, 3, running_stats=running_stats), relu=nn.ReLU()))
     stages = {f"layer{i}": stage(c_in, c_out, 1 if i == 1 else 2, running_stats=running_stats)
               for i, (c_in, c_out) in enumerate(pairwise((64, 64, 128, 256, 512)), 1)}

@@ -1,16 +1,13 @@
 """FedML's CIFAR ResNet-56 (docs/methods.md §1), slimmable and with optional stochastic depth.
 
-Stem conv3x3 C→16 + BN + ReLU; three stages of 6 bottleneck blocks (expansion 4) with outputs 64@32²,
-128@16², 256@8² (on 32x32 inputs); global average pool; head fc 256→classes (``FedML-AI/FedML``
-``resnet56``, as used by ``mmendiet/FedAlign``).
+Stem conv3x3 C→16 + BN + ReLU; three stages of 6 bottlenecks (expansion 4) giving 64@32², 128@16², 256@8²
+on 32x32 inputs; average pool; fc 256→classes (``FedML-AI/FedML`` ``resnet56``, as ``mmendiet/FedAlign``).
 
-Every layer can run *sliced* at a width ω without copying weights: a conv uses its first
-``slim(c_out, ω)`` filters over however many channels its input has, and BN at ω < 1 normalises with
-the batch's own statistics (its running averages belong to the full width and are neither used nor
-updated, as in the authors' ``USBatchNorm2d``). That gives FedAlign's width-ω stage 3 (Alg. 1) and
-GradAug's width-ω sub-networks on the weights of the one aggregated model. ``width == 1`` is exactly the
-plain ResNet. Stochastic depth (Huang et al. 2016) is off unless :meth:`ResNet56.set_stochastic_depth`
-turns it on; it is a per-block float, not state, so the method that wants it sets it on every copy.
+Every layer can run *sliced* at width ω without copying weights: a conv uses its first ``slim(c_out, ω)``
+filters over its input's channels, and BN at ω < 1 uses batch statistics (its running averages, the full
+width's, are neither used nor updated, as the authors' ``USBatchNorm2d``). That gives FedAlign's width-ω
+stage 3 (Alg. 1) and GradAug's sub-networks; ``width == 1`` is exactly the plain ResNet. Stochastic depth
+(Huang et al. 2016) is a per-block float, not state, so a method wanting it sets it on every copy.
 """
 
 from __future__ import annotations
@@ -29,11 +26,8 @@ EXPANSION = 4
 
 
 def make_divisible(value: float, divisor: int = 8) -> int:
-    """Round to the nearest multiple of ``divisor`` (at least ``divisor``), never more than 10 % below.
-
-    The slimmable-network rule (TF-slim MobileNet, reused by ``taoyang1122/GradAug`` and FedAlign), so
-    that widths are hardware friendly: make_divisible(128·0.25) = 32, make_divisible(16·0.8) = 16.
-    """
+    """Round to the nearest multiple of ``divisor`` (at least ``divisor``), never more than 10 % below: the
+    slimmable-network rule (TF-slim MobileNet, ``taoyang1122/GradAug``, FedAlign)."""
     rounded = max(divisor, int(value + divisor / 2) // divisor * divisor)
     return rounded + divisor if rounded < 0.9 * value else rounded
 
@@ -44,8 +38,7 @@ def slim(channels: int, width: float) -> int:
 
 
 class SlimConv2d(nn.Conv2d):
-    """Bias-free 'same' conv; at width ω it applies its first ``slim(c_out, ω)`` filters to the input's
-    channels (which the previous sliced layer already cut to its own first channels)."""
+    """Bias-free 'same' conv; at width ω its first ``slim(c_out, ω)`` filters over the input's channels."""
 
     def __init__(self, c_in: int, c_out: int, kernel: int, stride: int = 1) -> None:
         super().__init__(c_in, c_out, kernel, stride=stride, padding=kernel // 2, bias=False)
@@ -87,10 +80,9 @@ class ConvBN(nn.Module):
 class Bottleneck(nn.Module):
     """``relu(p·branch(x) + shortcut(x))`` with branch 1x1 → 3x3 (stride) → 1x1 (×4 channels).
 
-    ``survival`` p is stochastic depth's keep probability (1 = plain block): in training the branch is
-    kept with probability p (one draw from torch's global RNG per block and batch, which the engine
-    seeds per client) and otherwise skipped, leaving ``relu(shortcut(x))``; in eval it is scaled by p
-    (FedAlign §3.2, Huang et al. 2016 Eq. 3-5). Three distinct ReLU modules, so MAN sees each activation.
+    ``survival`` p: in training the branch is kept with probability p (one draw from torch's global RNG per
+    block and batch), in eval scaled by p (FedAlign §3.2, Huang et al. 2016 Eq. 3-5). Three distinct ReLU
+    modules, so MAN sees each activation.
     """
 
     def __init__(self, c_in: int, planes: int, stride: int) -> None:
@@ -172,10 +164,8 @@ class ResNet56(SplitModel):
         return x2, x3, self.head(x3.mean(dim=(2, 3)))
 
     def stage3_at_width(self, x2: Tensor, width: float) -> tuple[Tensor, Tensor]:
-        """FedAlign's sub-block: stage 3 at width ω on the first ``slim(C2, ω)`` channels of ``x2``.
-
-        Returns (that slice of x2, the width-ω stage-3 output), the pair FedAlign's Eq. 7 multiplies.
-        """
+        """Stage 3 at width ω on the first ``slim(C2, ω)`` channels of ``x2`` → (that slice, its output), the
+        pair FedAlign's Eq. 7 multiplies."""
         x2 = x2[:, : slim(x2.shape[1], width)]
         return x2, self.body.stage3(x2, width)
 
@@ -186,9 +176,7 @@ class ResNet56(SplitModel):
     def set_stochastic_depth(self, last_survival: float, first_kept: bool = False) -> None:
         """Survival p_ℓ = 1 − (ℓ/L)(1 − p_L) for blocks ℓ = 1..L (FedAlign §3.2, Huang et al. 2016), or with
         ``first_kept`` p_ℓ = 1 − ((ℓ − 1)/(L − 1))(1 − p_L), as the FedAlign authors'
-        ``models/resnet_stochdepth.py`` builds it (p = 1 for the first block, steps of (1 − p_L)/(L − 1)).
-        Both fall linearly to p_L at the last block. 1.0 turns stochastic depth off.
-        """
+        ``models/resnet_stochdepth.py``. 1.0 turns stochastic depth off."""
         blocks = list(self.body.blocks())
         for depth, block in enumerate(blocks, 1):
             fall = (depth - 1) / max(len(blocks) - 1, 1) if first_kept else depth / len(blocks)

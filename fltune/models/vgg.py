@@ -1,8 +1,7 @@
 """VGG-11 as FedSOL's Table 3 trains it (``Lee-Gihun/FedSOL:train_tools/models/vgg.py``).
 
-Their ``create_models`` calls ``vgg.vgg11(num_classes=...)``, so ``img_size`` stays 3·32·32: no BatchNorm, no
-dropout, and every conv layer keeps its ReLU (the 28x28 branch of their ``make_layers``, which drops the last
-one, is never taken).
+Their ``create_models`` leaves ``img_size`` at 3·32·32: no BatchNorm, no dropout, every conv keeps its ReLU
+(their 28x28 ``make_layers`` branch is never taken).
 """
 
 import math
@@ -24,8 +23,8 @@ def conv_relu(c_in: int, c_out: int) -> nn.Sequential:
 
 
 def init_convs(model: nn.Module) -> None:
-    """Their initialisation: every conv weight ~ N(0, 2 / (k·k·c_out)), bias 0, drawn after the whole model is
-    built (so one seed gives their model's bits); linear layers keep torch's default."""
+    """Their init: conv weights ~ N(0, 2 / (k·k·c_out)), bias 0, drawn after the whole model is built (so one
+    seed gives their bits); linear layers keep torch's default."""
     for module in model.modules():
         if isinstance(module, nn.Conv2d):
             fan_out = module.kernel_size[0] * module.kernel_size[1] * module.out_channels
@@ -35,14 +34,11 @@ def init_convs(model: nn.Module) -> None:
 
 @register_model("vgg11")
 def vgg11(in_shape: InShape, num_classes: int) -> SplitModel:
-    """Body: conv blocks of :data:`VGG11`, flatten (512 at 32x32), fc 512 → 512 → 512 (ReLU); head: their
-    ``classifier``, Linear(512, classes) — the last child, which FedSOL's head-only perturbation perturbs.
+    """Body: conv blocks of :data:`VGG11`, flatten, fc 512 → 512 → 512 (ReLU); head: their ``classifier``,
+    Linear(512, classes), the last child FedSOL's head-only perturbation perturbs.
 
-    A model built for 28-wide inputs starts with nearest-neighbour upsampling to 32x32: their ``forward`` resizes
-    every 28-wide batch so (``if x.size(-1) == 28: x = F.upsample(x, size=32)``), and fixing it at construction
-    keeps the body a plain stack whose flatten width ``flat_size`` derives (512, as theirs). Other sizes run
-    unresized and the flatten width follows the input. The first conv takes the input's own channel count
-    (theirs: ``dim_in=3``).
+    28-wide inputs are first upsampled (nearest) to 32x32, as their ``forward`` does; other sizes run as they
+    are. The first conv takes the input's own channels (theirs: 3).
     """
     layers: OrderedDict[str, nn.Module] = OrderedDict()
     if in_shape[2] == 28:

@@ -2,23 +2,15 @@
 
 The trunks are ``haozzh/FedCR:code_FedCR/models/Nets_VIB.py``: CIFAR conv5×5 3→64, pool, conv5×5 64→64,
 pool, fc 1600→1024→1024; FMNIST conv 1→4 k5, pool, conv 4→12 k5, pool, fc 192→1024→1024; EMNIST an MLP
-784→1024→1024. A VIB net's body ends in ``Linear(1024, 2·dimZ)`` giving μ and σ = softplus(σ_raw) of
-q(z|x) = N(μ, diag σ²); its head maps z ∈ R^dimZ to logits. The plain twins (``fedcr_cnn``/``fedcr_mlp``,
-"non-VIB baselines use the same trunks with a plain final layer") end the trunk in a linear head instead.
+784→1024→1024. A VIB body ends in ``Linear(1024, 2·dimZ)`` giving μ and σ = softplus(σ_raw) of
+q(z|x) = N(μ, diag σ²); the head maps z to logits. The plain twins (``fedcr_cnn``/``fedcr_mlp``, the
+non-VIB baselines) end the trunk in a linear head instead.
 
-Decisions:
-
-* dimZ = 512 everywhere: the value of FedCR's runs (``--dimZ 512``) and docs/methods.md's default. **[U]** for
-  FMNIST/EMNIST, which no paper states; ``dim_z`` is a constructor argument.
-* S = 18 Monte-Carlo samples in training (FedCR's ``--num_avg_train 18``). Only the head (dimZ→classes)
-  runs S times, so S costs almost nothing even on a CPU; ``samples`` is a constructor argument.
-* Evaluation is exact instead of Monte-Carlo: FedCR averages the logits of S samples at test time, but
-  the head is affine, so E_ε[head(μ + σ⊙ε)] = head(μ) and S-sample averaging only adds noise to that.
-  In eval mode ``features(x)`` is μ and the logits are head(μ) (deterministic, and equal to FedCR's
-  estimate as S → ∞). In training mode ``features(x)`` is the mean of S sampled z, so ``forward`` returns
-  the S-averaged logits, as FedCR's test-time rule would.
-* The trunk is chosen by input shape: one channel → FMNIST CNN, otherwise the CIFAR CNN (``vib_cnn``);
-  ``vib_mlp`` flattens any input. Which net a dataset gets is the method's choice (``Method.model_for``).
+* dimZ = 512 (FedCR's ``--dimZ 512``); **[U]** for FMNIST/EMNIST, which no paper states.
+* S = 18 Monte-Carlo samples in training (``--num_avg_train 18``); only the head runs S times.
+* Evaluation is exact: the head is affine, so E_ε[head(μ + σ⊙ε)] = head(μ), which FedCR's S-sample test
+  average only estimates. In eval ``features(x)`` is μ; in training the mean of S sampled z.
+* One input channel → FMNIST CNN, else the CIFAR CNN (``vib_cnn``); ``vib_mlp`` flattens any input.
 """
 
 from __future__ import annotations
@@ -74,10 +66,7 @@ class VIBNet(SplitModel):
         return torch.randn(shape, dtype=dtype, device=device, generator=generator)
 
     def sample(self, mu: Tensor, sigma: Tensor, samples: int | None = None) -> Tensor:
-        """``samples`` (default S) reparameterised draws z = μ + σ⊙ε, ``[samples, B, dimZ]``.
-
-        ε comes from torch's global RNG, which the engine seeds per (seed, round, client).
-        """
+        """``samples`` (default S) draws z = μ + σ⊙ε ``[samples, B, dimZ]``, ε from torch's global RNG."""
         return mu + sigma * self.noise(len(mu), samples, dtype=mu.dtype, device=mu.device)
 
     def vib(self, x: Tensor, samples: int | None = None) -> VIBOutput:
@@ -99,11 +88,8 @@ def posterior(body_out: Tensor) -> tuple[Tensor, Tensor]:
 
 
 def gaussian_kl(mu_q: Tensor, sigma_q: Tensor, mu_p: Tensor, sigma_p: Tensor) -> Tensor:
-    """KL(N(μ_q, σ_q²) ‖ N(μ_p, σ_p²)) of diagonal Gaussians, summed over the last dimension.
-
-    Σ_d [log σ_p − log σ_q + (σ_q² + (μ_q − μ_p)²) / (2σ_p²) − ½], the closed form FedCR
-    (``KL_between_normals``), FedSR's CMI term and SimFAFL's L_ca all use; σ is floored at 1e-8.
-    """
+    """KL(N(μ_q, σ_q²) ‖ N(μ_p, σ_p²)) of diagonal Gaussians summed over the last dimension, in the closed
+    form of FedCR's ``KL_between_normals`` (also FedSR's CMI, SimFAFL's L_ca); σ floored at 1e-8."""
     sigma_q, sigma_p = sigma_q.clamp_min(SIGMA_FLOOR), sigma_p.clamp_min(SIGMA_FLOOR)
     terms = torch.log(sigma_p) - torch.log(sigma_q) + (sigma_q**2 + (mu_q - mu_p) ** 2) / (2 * sigma_p**2) - 0.5
     return terms.sum(-1)

@@ -1,9 +1,8 @@
 """SL-ViT, the vision transformer for small datasets (Lee et al. 2021), as FedSOL's Table 3 trains it.
 
-Follows ``Lee-Gihun/FedSOL:train_tools/models/small_vit.py`` (``ViT`` with Shifted Patch Tokenization and
-Locality Self-Attention) with the settings of ``train_tools/utils.py``'s ``create_models``: patches of side
-min(H // 4, 16), width 192, depth 9, 12 heads of 64, feed-forward width 192, no dropout, the cls token pooled.
-Modules are built in their order, so one seed draws their model's numbers.
+Follows ``Lee-Gihun/FedSOL:train_tools/models/small_vit.py`` with ``train_tools/utils.py``'s
+``create_models`` settings (patch side min(H // 4, 16), no dropout, cls token pooled). Modules are built in
+their order, so one seed draws their model's numbers.
 """
 
 from collections import OrderedDict
@@ -26,8 +25,8 @@ SHIFTS = ((1, -1, 0, 0), (-1, 1, 0, 0), (0, 0, 1, -1), (0, 0, -1, 1))
 
 
 class ShiftedPatchTokens(nn.Module):
-    """Shifted Patch Tokenization: the image with its four 1-pixel shifts, cut into p×p patches, each flattened
-    (row, column, channel) → LayerNorm → Linear(5·C·p², dim). The shifts widen each token's receptive field."""
+    """Shifted Patch Tokenization: the image and its four 1-pixel shifts, cut into p×p patches, each flattened
+    (row, column, channel) → LayerNorm → Linear(5·C·p², dim)."""
 
     def __init__(self, patch: int, dim: int, channels: int = CHANNELS) -> None:
         super().__init__()
@@ -46,8 +45,8 @@ class ShiftedPatchTokens(nn.Module):
 
 
 class LocalitySelfAttention(nn.Module):
-    """Multi-head self-attention with a learnable temperature (log-parametrised, starting at 1/√dim_head) whose
-    logits' diagonal is masked: no token attends to itself, which sharpens attention on the others (LSA)."""
+    """LSA: multi-head self-attention with a learnable log temperature (from 1/√dim_head) and the diagonal
+    masked, so no token attends to itself."""
 
     def __init__(self, dim: int, heads: int, dim_head: int) -> None:
         super().__init__()
@@ -82,9 +81,8 @@ class EncoderBlock(nn.Module):
 
 
 class SLViTBody(nn.Module):
-    """Tokens (cls + shifted patches) plus positional embeddings (both ~ N(0, 1), as theirs), encoder blocks,
-    and the cls token's output: ``[B, dim]`` features. A 1-channel input is repeated to 3 channels first, as
-    their ``forward`` does, so the patch embedding is 3·5·p² wide whatever the dataset."""
+    """cls + shifted-patch tokens plus positional embeddings (both ~ N(0, 1), as theirs), encoder blocks, the
+    cls token's output ``[B, dim]``. A 1-channel input is repeated to 3 first, as their ``forward``."""
 
     def __init__(self, side: int, patch: int) -> None:
         super().__init__()
@@ -103,11 +101,9 @@ class SLViTBody(nn.Module):
 
 @register_model("sl_vit")
 def sl_vit(in_shape: InShape, num_classes: int) -> SplitModel:
-    """Body :class:`SLViTBody`; head their ``mlp_head``, LayerNorm(192) → Linear(192, classes), kept whole
-    because FedSOL's head-only perturbation perturbs that last child, its LayerNorm included.
-
-    The model has no ReLU, so no activation points (MAN has nothing to regularise on it). Raises ValueError
-    unless the input has 1 or 3 channels and is square with a side the patch side divides (28: 7, 32: 8).
+    """Body :class:`SLViTBody`; head their ``mlp_head``, LayerNorm → Linear, kept whole as FedSOL's head-only
+    perturbation perturbs that last child, LayerNorm included. No ReLU, so nothing for MAN. Raises ValueError
+    unless the input has 1 or 3 channels and is square with a side the patch side divides.
     """
     c, h, w = in_shape
     if c not in (1, CHANNELS):
