@@ -18,8 +18,7 @@ class Callback:
         """Before the first remaining round."""
 
     def on_probe(self, fed: Federation, round_: int, probe: str) -> None:
-        """As probe ``probe`` starts measuring after round ``round_`` (a Hessian or the final fine-tuning can
-        take minutes on a CPU: progress names it rather than look stuck)."""
+        """As probe ``probe`` starts after round ``round_``: a slow one (a Hessian) is named, not a stuck bar."""
 
     def on_round(self, fed: Federation, metrics: dict[str, float]) -> None:
         """After each round, with that round's metrics."""
