@@ -1,16 +1,14 @@
 """The batched executor (``resources.executor: batched``): K clients of a round trained at once.
 
-Why: the exact path (local.py) trains one client and one small batch at a time, so on a GPU its step is bound
-by Python and kernel launches. Here the K clients' parameters and SGD momentum are stacked along a leading client
-axis and one ``torch.func.vmap`` over ``functional.local_step`` computes all K steps in one set of kernels; the
-other client hooks run per client.
+Why: the exact path (local.py) trains one client and one small batch at a time, bound on a GPU by Python and kernel
+launches. Here the K clients' parameters and momentum are stacked along a leading axis and one ``torch.func.vmap``
+over ``functional.local_step`` computes all K steps in one set of kernels.
 
-Semantics are the exact path's, client by client: batches and noise come from each client's own (seed, round,
-client id) generators in the same order; a client without a batch at a step, or stopped by a non-finite loss, is
-masked (nothing of it changes); a short batch is padded and averaged over its real samples. The bits differ from
-the exact path's (another summation order), but a group depends only on its clients: groups are the sorted ids in
-chunks of ``resources.batch_clients``, handed to workers whole (``dispatch.balance``), so results do not depend
-on the worker count.
+Semantics are the exact path's, client by client: each client's batches and noise come from its own (seed, round,
+client id) generators in the same order; a client without a batch, or stopped by a non-finite loss, is masked
+(unchanged); a short batch is padded and averaged over its real samples. The bits differ (another summation order),
+but a group depends only on its clients, and groups (sorted ids in chunks of ``resources.batch_clients``) go to
+workers whole (``dispatch.balance``): results do not depend on the worker count.
 """
 
 from __future__ import annotations
@@ -72,8 +70,7 @@ def note_fallback(cfg: ExperimentConfig, method: Method, model: nn.Module) -> No
 
 @dataclass
 class _Tally:
-    """Each step's losses, takers (``live``) and correct counts, left on the device and read once by
-    :meth:`metrics`; only ``diverged`` is updated per step (it decides who takes the next)."""
+    """Per-step losses, takers (``live``) and correct counts, read once at the end; ``diverged`` is kept current."""
 
     diverged: Tensor
     steps: list[tuple[Tensor, Tensor, Tensor, list[int]]] = field(default_factory=list)
@@ -169,12 +166,9 @@ def _zero_padding(t: Tensor, real: Tensor) -> Tensor:
 
 
 class _GroupEpoch:
-    """One epoch of a group's batches, laid out when it starts, step-major ([S, K, B, ...]).
-
-    Each client's order is the exact path's draw (``batches.epoch_order``) cut into batches of B; labels and
-    noise (:func:`client_noise`) are laid out here, so a step only takes views. Step s is zero-padded to its
-    largest real batch, or to B when ``fixed`` (a compiled step: one shape, one graph).
-    """
+    """One epoch of a group's batches, laid out step-major ([S, K, B, ...]) as it starts, so a step only takes views.
+    Each client's order is the exact path's draw (``batches.epoch_order``); step s is zero-padded to its largest real
+    batch, or to B when ``fixed`` (a compiled step: one shape, one graph)."""
 
     def __init__(
         self, source: DeviceBatches, orders: list[Tensor | None], batch_size: int,

@@ -1,7 +1,5 @@
-"""Round callbacks: how ``Federation.run`` hands each round of the loop to tracking (MLflow) and progress (rich).
-
-They consume rounds and never step them; a Tune trial consumes its seeds' rounds through ``lockstep``.
-"""
+"""Round callbacks: how ``Federation.run`` hands each round to tracking (MLflow) and progress (rich). They consume
+rounds and never step them; a Tune trial consumes its seeds' rounds through ``lockstep``."""
 
 from __future__ import annotations
 

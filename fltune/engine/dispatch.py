@@ -1,8 +1,7 @@
 """Where a run's work goes: the :class:`Pool` of client workers, and how clients and probe tasks are dealt.
 
-Why a protocol: the round loop only sends ``width()`` shards and gets results back in shard order; what the
-workers are (engine/pool.py) is the pool's business, so the loop imports no Ray. Results depend only on the
-shards: every client's randomness is keyed by (seed, round, client id).
+Why a protocol: the round loop only sends ``width()`` shards and gets results back in shard order, so it imports no
+Ray. Results depend only on the shards: every client's randomness is keyed by (seed, round, client id).
 """
 
 from __future__ import annotations

@@ -24,10 +24,8 @@ def score_sums(
     batches: Sequence[int],
 ) -> torch.Tensor:
     """[len(batches), 2] float64 on ``device``: (summed CE loss, correct) of ``model`` in eval mode on each of
-    ``batches`` (indices of ``EVAL_BATCH``-image slices of uint8 ``x``, in ascending order), left unread.
-
-    Images and labels go over in one copy each, normalised there by table lookup (``to_float``'s bits); scores
-    stay on the device, as each read is a host sync waiting for the GPU's turn where Tune trials share one."""
+    ``batches`` (indices of ``EVAL_BATCH``-image slices of uint8 ``x``, ascending), left unread: each read is a
+    host sync waiting for the GPU's turn where Tune trials share one. Normalised by lookup (``to_float``'s bits)."""
     model.eval()
     sums = torch.empty(len(batches), 2, dtype=torch.float64, device=device)
     if not batches:

@@ -58,10 +58,9 @@ class Federation:
         self, cfg: ExperimentConfig, data: FederatedData, pool: Pool | Callable[[], Pool],
         probes: Callable[[Federation], Sequence[Probe]] | None = None, folder: Path | None = None,
     ) -> None:
-        """``pool``: a caller's pool (``close`` leaves it up), or what starts the run's own on ``open``
-        (``close`` stops it); results do not depend on which. ``probes``: builds the run's probes once its
-        data and evaluation model exist. ``folder``: the client stores' files and logs (a Tune trial's
-        storage, so a restarted trial finds them); None: a temporary folder, removed with the run."""
+        """``pool``: a caller's pool (left up by ``close``) or what starts the run's own (stopped by ``close``);
+        results do not depend on which. ``probes``: builds the probes once data and evaluation model exist.
+        ``folder``: the client stores' files (a Tune trial's storage, found on restart); None: a temporary one."""
         self.cfg = cfg
         self.data = data
         self.method = build_method(cfg)
@@ -317,8 +316,7 @@ class Federation:
         return summary
 
     def state_dict(self) -> dict[str, Any]:
-        """Everything needed to continue exactly; the client stores commit their changes and the state holds
-        their version (``ClientStore.commit``)."""
+        """Everything needed to continue exactly; client stores commit their changes, the state holds the version."""
         return {
             "round": self.round, "global_state": self.global_state, "server_state": self.server_state,
             "client_store": self.client_store.commit(self.round), "latest": self.latest.commit(self.round),

@@ -1,8 +1,6 @@
-"""The one local training loop every method runs, with its optimisers and step metrics.
-
-Pure functions of (model, data, weights, state, seeds), run in Ray workers or in-process. Each client's
-randomness (shuffling, augmentation, dropout) is seeded from (seed, round, client id) only.
-"""
+"""The one local training loop every method runs, with its optimisers and step metrics: pure functions of (model,
+data, weights, state, seeds); a client's randomness (shuffling, augmentation, dropout) is seeded from (seed, round,
+client id) only."""
 
 from __future__ import annotations
 
@@ -49,10 +47,9 @@ class HostMeter:
 
 
 class DeviceMeter(HostMeter):
-    """Fast-path step metrics, accumulated on the device and read once per client; the loss sum is float64 like
-    ``HostMeter``'s, so the same bits. A non-finite loss cannot stop the step here; it leaves the sum
-    non-finite (float32 losses × batch sizes cannot overflow float64), and the caller re-runs the client on the
-    reference path (``deferred``)."""
+    """Fast-path step metrics, accumulated on the device and read once per client; the float64 loss sum has
+    ``HostMeter``'s bits. A non-finite loss cannot stop the step here: it leaves the sum non-finite (float32 losses ×
+    batch sizes cannot overflow float64), and the caller re-runs the client on the reference path (``deferred``)."""
 
     deferred = True
 
@@ -198,12 +195,9 @@ def train_client(
     client_state: dict[str, Any], training: TrainingConfig, augment_kind: str, device: torch.device,
     global_tensors: dict[str, torch.Tensor] | None = None, executor: Executor | None = None,
 ) -> ClientResult:
-    """One client's local update: the engine's loop around the method's hooks (see methods/base.py).
-
-    ``executor``: the run's (``Executor.build``); None: the reference path. A client whose loss turned
-    non-finite on a ``deferred`` path is re-run on the reference path (its seed replays its randomness), so
-    every result, diverged or not, is the reference's.
-    """
+    """One client's local update: the engine's loop around the method's hooks (methods/base.py). ``executor``:
+    the run's (``Executor.build``); None: the reference path. A client whose loss turned non-finite on a ``deferred``
+    path is re-run on the reference path (its seed replays it), so every result, diverged or not, is the reference's."""
     executor = executor if executor is not None else Executor.build("reference", data, device)
     client_seed = derive_seed(inputs.seed, inputs.round, client_id)
     torch.manual_seed(client_seed)

@@ -140,10 +140,9 @@ class WorkerPool:
         return self.plan.workers
 
     def bind(self, cfg: ExperimentConfig, data: FederatedData, keep_latest: bool) -> tuple[Any, FederatedData]:
-        """The run's config and dataset in the object store, once per run; returns the handle, which the
-        caller holds for the run's life so restarted actors can fetch it, and the zero-copy dataset to read
-        from then on. Actors start fetching at once (``ClientWorker.ready``, not waited for), overlapping the
-        driver's start-up."""
+        """The run's config and dataset in the object store, once per run: the handle (held by the caller for the run's
+        life, so restarted actors can fetch it) and the zero-copy dataset to read from then on. Actors start fetching at
+        once (``ClientWorker.ready``), overlapping the driver's start-up."""
         ref = ray.put(RunSpec(cfg, data, keep_latest))
         for actor in self.actors:
             actor.ready.remote([ref])

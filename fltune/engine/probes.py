@@ -1,9 +1,7 @@
-"""The probe interface: what a federation measures after its rounds, seen from the round loop.
-
-Why here: every figure beyond the training loss (accuracy, the Hessian, the cost) is a :class:`Probe`, which the loop
-runs without knowing any by name: it gives each a read-only :class:`RoundView`, runs its :class:`ProbeTask` s on the
-workers and asks for its summary entries; probes live in the metrics package, never imported by the engine.
-"""
+"""The probe interface: what a federation measures after its rounds, seen from the round loop. Why here: every
+figure beyond the training loss is a :class:`Probe`, which the loop runs knowing none by name: it gives each a
+read-only :class:`RoundView`, runs its :class:`ProbeTask` s on the workers and asks for its summary entries; probes
+live in the metrics package, never imported by the engine."""
 
 from __future__ import annotations
 
@@ -72,11 +70,9 @@ class ClientMeter(Protocol):
 
 
 class Probe(ABC):
-    """A figure measured after rounds. Subclasses set the class attributes and override ``measure``.
-
-    ``clock``: the timing metric (seconds) the probe's time is added to; ``constants``: run constants, reported
-    once (``run_constants``); ``name`` keys the probe's ``state_dict`` in a federation's checkpoint.
-    """
+    """A figure measured after rounds; subclasses set the class attributes and override ``measure``. ``clock``:
+    the timing metric (seconds) the probe's time is added to; ``constants``: run constants, reported once
+    (``run_constants``); ``name`` keys the probe's ``state_dict`` in a federation's checkpoint."""
 
     name: ClassVar[str] = ""
     order: ClassVar[int] = 50

@@ -1,9 +1,6 @@
-"""Every random number in a run flows from (seed, round, client id).
-
-numpy's SeedSequence (not seed + round arithmetic) gives independent streams per (seed, round, client), so results
-depend neither on which or how many workers train, nor on client order. On CUDA the kernels must be deterministic
-too (:func:`use_deterministic_cuda`).
-"""
+"""Every random number in a run flows from (seed, round, client id): numpy's SeedSequence (not seed + round
+arithmetic) gives independent streams, so results depend neither on which or how many workers train, nor on client
+order. On CUDA the kernels must be deterministic too (:func:`use_deterministic_cuda`)."""
 
 from __future__ import annotations
 
@@ -56,13 +53,10 @@ CUBLAS_WORKSPACE = ":4096:8"
 
 
 def use_deterministic_cuda(deterministic: bool) -> None:
-    """Pick reproducible CUDA kernels, or the fastest ones (``resources.deterministic``).
-
-    cuDNN's fastest convolution backward passes and cuBLAS's split-K GEMMs add partial sums in thread order,
-    so without this a seed's weights differ between runs. ``warn_only``: an op with no deterministic kernel
-    warns instead of stopping. CUDA processes only: fltune's CPU kernels are deterministic already, and the
-    flag would make torch fill new tensors with NaN there.
-    """
+    """Pick reproducible CUDA kernels, or the fastest ones (``resources.deterministic``): cuDNN's fastest
+    convolution backward passes and cuBLAS's split-K GEMMs add partial sums in thread order, so a seed's weights
+    would differ between runs. ``warn_only``: an op with no deterministic kernel warns instead of stopping. CUDA
+    processes only: fltune's CPU kernels are deterministic already, and the flag would fill new tensors with NaN."""
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_WORKSPACE)
     torch.backends.cudnn.deterministic = deterministic
     torch.backends.cudnn.benchmark = not deterministic

@@ -1,17 +1,15 @@
 """The client store: every client's state (SCAFFOLD's c_k, FedDyn's h_k, Ditto's personal model, …) on disk,
 with a small cache in memory, and checkpoints that write only what changed.
 
-Why on disk: a state is model-sized, so a dict of them grows with the clients in total, while a round touches
-only its sampled clients'. Each top-level state key (``c``, ``personal``, …) is one ``.npy`` file of ``clients``
-rows, a row holding a client's arrays' bytes (the key's layout of names, dtypes and shapes, fixed at its first
-write). Rows are read and written with ``os.pread``/``os.pwrite``, never mapped: ``np.memmap`` would keep every
-page read resident, and a sum over all clients (SCAFFOLD's c) reads them all. ``.npy``/``.npz`` need no new
-dependency and hold no pickles.
+Why on disk: a state is model-sized, so a dict of them grows with the clients in total, while a round touches only its
+sampled clients'. Each state key (``c``, ``personal``, …) is one ``.npy`` file of ``clients`` rows of its arrays' bytes
+(the key's layout, fixed at its first write), read and written with ``os.pread``/``os.pwrite``, never mapped:
+``np.memmap`` keeps every page read resident, and a sum over all clients (SCAFFOLD's c) reads them all.
+``.npy``/``.npz`` need no new dependency and hold no pickles.
 
-Checkpoints (``commit``): the rows written since the last commit go to one ``.npz`` of the store's log, named by
-version (the round); a checkpoint holds the version and folder, not the states. ``restore`` replays the log up to
-a version exactly and drops later files (a timeline the checkpoint does not know). Writes are all or nothing (a
-temporary file renamed).
+Checkpoints (``commit``): the rows written since the last commit go to one ``.npz`` of the store's log named by version
+(the round); a checkpoint holds the version and folder, not the states. ``restore`` replays the log up to a version
+exactly and drops later files. Writes are all or nothing (a temporary file renamed).
 """
 
 from __future__ import annotations
@@ -215,7 +213,6 @@ class ClientStore(Mapping[int, dict[str, Any]]):
                         out.write(self._read(key, int(cid), 1))
 
     def _replay(self, entry: Path) -> None:
-        """Write one log file's states into the rows, a row at a time."""
         with zipfile.ZipFile(entry) as archive:
             cids = _get(archive, "cids")
             for i, (key, layout) in enumerate(json.loads(str(_get(archive, "layouts")))):
@@ -284,7 +281,6 @@ class WithRound(Mapping[int, dict[str, Any]]):
 
 
 def _release(files: dict[str, tuple[int, int, int]], temporary: Path | None) -> None:
-    """Close a store's files, and remove its folder when it was a temporary one."""
     for fd, _, _ in files.values():
         os.close(fd)
     files.clear()

@@ -1,13 +1,10 @@
 """The Ray actor that trains clients: stateless between calls, so any worker can train any client.
 
-A worker serves one run at a time: the run's config and dataset arrive by reference with every call (one
-``ray.put`` per run, ``WorkerPool.bind``); the worker rebuilds its model and method when the run changes. Per call
-it trains its share of the round's clients in turn and returns one partial weighted sum (aggregate.py) plus each
-client's upload, state and metrics (with its meters', ``Probe.client_meter``).
-
-When a probe needs every local model (``RunSpec.keep_latest``: ``all_model``, H_N/H_D) and the method rebuilds
-them from their updates (``Method.local_model``), the worker returns the updates instead of its partial sum and
-the driver sums them in the worker's order, so each client's weights travel once.
+A worker serves one run at a time: the run arrives by reference with every call (``WorkerPool.bind``). Per call it
+trains its share of the round's clients in turn and returns one partial weighted sum (aggregate.py) plus each
+client's upload, state and metrics. When a probe needs every local model (``RunSpec.keep_latest``: ``all_model``,
+H_N/H_D) and ``Method.local_model`` rebuilds them, the worker returns the updates instead of its partial sum and the
+driver sums them in the worker's order, so each client's weights travel once.
 """
 
 from __future__ import annotations
@@ -100,8 +97,7 @@ class ClientWorker:
         self.run_id: str | None = None
 
     def _attach(self, run_ref: list) -> FederatedData:
-        """Switch to the run behind ``run_ref`` unless served last. It comes with every call, so a worker Ray
-        restarts, or a pool hands to a new run, needs nothing from its constructor."""
+        """Switch to ``run_ref``'s run unless served last; it comes with every call, so restarts need no setup."""
         ref = run_ref[0]
         if ref.hex() != self.run_id:
             import ray
@@ -113,7 +109,7 @@ class ClientWorker:
             self.augment_kind = resolve_augment(spec.cfg, spec.data)
             self.batched = spec.cfg.resources.executor == "batched" and unbatchable(
                 spec.cfg, self.method, self.model) is None
-            # batched rounds run client by client (metered, unbatchable) take the exact path
+            # a batched run's client-by-client rounds (metered, unbatchable) take the exact path
             self.executor = Executor.build(
                 "reference" if spec.cfg.resources.executor == "reference" else "exact", spec.data, self.device)
             if self.device.type == "cuda":
@@ -165,8 +161,7 @@ class ClientWorker:
         return result
 
     def _keep(self, result: WorkerResult, cid: int, out: ClientResult) -> None:
-        """Add a trained client (local model in ``self.model``) to the share; with ``keep_latest`` its update
-        is held apart until :meth:`_pack` decides what ships."""
+        """Add a trained client (local model in ``self.model``); with ``keep_latest`` :meth:`_pack` decides later."""
         result.uploads[cid], result.states[cid], result.metrics[cid] = out.upload, out.state, out.metrics
         if self.keep_latest:
             result.updates[cid] = (out.weight, out.update)
@@ -285,8 +280,7 @@ class ClientWorker:
         return scores
 
     def compute(self, run_ref: list, tasks: list[ProbeTask[T]]) -> list[T]:
-        """Probe computations (``Federation.compute``) in turn on this worker's device, which may be a GPU that
-        a Tune trial's own process lacks."""
+        """Probe computations (``Federation.compute``) in turn on this worker's device (a GPU a trial may lack)."""
         data = self._attach(run_ref)
         results = [task(self.cfg, data, self.device) for task in tasks]
         release_free_memory()
