@@ -1,12 +1,9 @@
-"""An order-independent weighted sum, so 1 worker and N workers aggregate to the same bits.
-
-Floating-point addition is not associative: worker A summing clients {1, 2} and B {3} differs in the last bits
-from one worker summing {1, 2, 3}, and those bits grow over rounds. Each term w·v (float32 times a weight, exact
-in float64 for integer weights < 2^29) is split into a coarse part on a fixed grid of 2^-GRID_BITS, whose float64
-sums are exact and so order-free, and a remainder below the grid, whose sum alone may depend on order, at
-~2^-(GRID_BITS+52) absolute: far below float32 resolution. Weights are summed with ``math.fsum`` (exactly
-rounded, hence order-free).
-"""
+"""An order-independent weighted sum, so 1 worker and N workers aggregate to the same bits. Floating-point addition is
+not associative: worker A summing clients {1, 2} and B {3} differs in the last bits from one worker summing {1, 2, 3},
+and those bits grow over rounds. Each term w·v (float32 times a weight, exact in float64 for integer weights < 2^29) is
+split into a coarse part on a fixed grid of 2^-GRID_BITS, whose float64 sums are exact and so order-free, and a
+remainder below the grid, whose sum alone may depend on order, at ~2^-(GRID_BITS+52) absolute: far below float32
+resolution. Weights are summed with ``math.fsum`` (exactly rounded, hence order-free)."""
 
 from __future__ import annotations
 

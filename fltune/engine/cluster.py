@@ -67,13 +67,10 @@ def ensure_ray(address: str | None = None) -> bool:
 
 
 def worker_setup() -> Callable[[], None]:
-    """Ray's ``worker_process_setup_hook``: runs ``fltune.process.quiet_worker`` in every worker, imported from
-    the tree this driver runs.
-
-    Why not the module-name form: a worker runs its hook before it learns the driver's code paths, so it would
-    import the *installed* fltune, and a driver run from another checkout would have its workers run other code.
-    This closure, shipped by value, puts the driver's package root first; on a node without that folder the
-    workers import the fltune installed there."""
+    """Ray's ``worker_process_setup_hook``: ``fltune.process.quiet_worker`` in every worker, imported from the driver's
+    tree. Why not the module-name form: a worker runs its hook before it learns the driver's code paths, so it would
+    import the *installed* fltune, and a driver run from another checkout would have its workers run other code. This
+    closure, shipped by value, puts the driver's package root first (where that folder exists)."""
     root = str(Path(__file__).resolve().parents[2])
 
     def setup() -> None:

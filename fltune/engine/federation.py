@@ -1,11 +1,9 @@
 """The round loop: sample, broadcast, train on the pool's workers, aggregate, run the round probes.
-
-``Federation.rounds`` is the package's one round loop: it yields a :class:`RoundResult` per round, which ``run``
-hands to callbacks and a Tune trial reports and checkpoints (its seeds in :func:`lockstep`). Measurements are
-probes (``engine.probes``) whose heavy parts run on the workers of a :class:`~fltune.engine.dispatch.Pool`: the
-loop imports no Ray, MLflow or Tune, and knows no method by name. Its state is plain data (``state_dict``); client
-states and latest local models live in client stores on disk (engine/store.py), checkpointed as a log version.
-"""
+``Federation.rounds`` is the package's one round loop: it yields a :class:`RoundResult` per round, which ``run`` hands
+to callbacks and a Tune trial reports and checkpoints (its seeds in :func:`lockstep`). Measurements are probes
+(``engine.probes``) whose heavy parts run on the workers of a :class:`~fltune.engine.dispatch.Pool`: the loop imports no
+Ray, MLflow or Tune, and knows no method by name. Its state is plain data (``state_dict``); client states and latest
+local models live in client stores on disk (engine/store.py), checkpointed as a log version."""
 
 from __future__ import annotations
 

@@ -1,15 +1,12 @@
-"""A fixed pool of client workers: ClientWorker actors with Ray's fault tolerance, and optionally one worker's
-share trained in the driver's own process.
+"""A fixed pool of client workers: ClientWorker actors with Ray's fault tolerance, and optionally one worker's share
+trained in the driver's own process. Ray restarts a worker that dies mid-round (``max_restarts``) and retries its call
+(``max_task_retries``); a call carries everything a client needs and its randomness is keyed by (seed, round, client
+id), so the retried round has the same bits.
 
-A worker that dies mid-round is restarted by Ray (``max_restarts``) and its call retried (``max_task_retries``);
-a call carries everything a client needs and its randomness is keyed by (seed, round, client id), so the retried
-round gives the same bits as an unbroken one.
-
-The driver's share (``WorkerPlan.in_driver``, an :class:`InProcessPool`): the driver only waits while its actors
-train, and every torch process holds its own copy of torch's memory, so a local CPU run trains one shard in the
-driver instead of one more actor (issue 12's CPU memory goal). It reads and returns what an actor would, so the
-numbers are the same bits whichever slot trains a shard. It takes a share of every call, the FLOP count included:
-counting loads none of torch's compiler stack (``metrics._flops.TrainingFlops``).
+The driver's share (``WorkerPlan.in_driver``, an :class:`InProcessPool`): the driver only waits while its actors train,
+and every torch process holds its own copy of torch's memory, so a local CPU run trains one shard in the driver instead
+of one more actor (issue 12's CPU memory goal). It reads and returns what an actor would (the same bits), FLOP count
+included: counting loads no compiler stack (``metrics._flops.TrainingFlops``).
 """
 
 from __future__ import annotations
@@ -50,10 +47,9 @@ class WorkerPlan:
 
 
 def plan_workers(cfg: ExperimentConfig, cluster: dict[str, float], own_ray: bool = False) -> WorkerPlan:
-    """Resolve ``resources.*`` against the cluster's totals; refuse what can never be placed.
-
-    ``own_ray``: the caller started this Ray for itself on this machine, so the driver's CPU is the cluster's:
-    ``resources.driver_worker``'s default then trains one share in the driver on a CPU-only plan of ≥ 2."""
+    """Resolve ``resources.*`` against the cluster's totals; refuse what can never be placed. ``own_ray``: the caller
+    started this Ray for itself on this machine, so the driver's CPU is the cluster's: ``resources.driver_worker``'s
+    default then trains one share in the driver on a CPU-only plan of ≥ 2."""
     res = cfg.resources
     cpus_total, gpus_total = cluster.get("CPU", 0.0), cluster.get("GPU", 0.0)
     workers = res.workers or max(1, min(cfg.federation.clients_per_round, int(cpus_total // res.cpus_per_worker)))
@@ -82,14 +78,11 @@ def plan_workers(cfg: ExperimentConfig, cluster: dict[str, float], own_ray: bool
 
 
 class InProcessPool:
-    """One client worker in this process: a pool of width 1, alone or as the driver's share of a
-    :class:`WorkerPool`.
-
-    Arguments travel through Ray's object store, so it reads what an actor reads (read-only zero-copy arrays,
-    its own copy of the client states). Results are deep copies on the driver's heap, not views of the model
-    its next call overwrites, nor objects put in the store: a store page once used stays resident for the run,
-    where a copy is freed once the round has summed it. It trains with the plan's thread count, as an actor
-    does (torch's CPU kernels may round differently per thread count)."""
+    """One client worker in this process (a pool of width 1, alone or the driver's share of a :class:`WorkerPool`) that
+    reads and returns what an actor would: arguments come through Ray's object store (read-only zero-copy arrays, its
+    own copy of client states); results are deep copies on the driver's heap, neither views of the model its next call
+    overwrites nor store objects (a store page once used stays resident for the run; a copy is freed once summed). It
+    trains with the plan's thread count, as torch's CPU kernels may round differently per thread count."""
 
     def __init__(self, threads: int = 1) -> None:
         self.threads = threads
