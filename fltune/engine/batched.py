@@ -1,14 +1,13 @@
-"""The batched executor (``resources.executor: batched``): K clients of a round trained at once.
+"""The batched executor (``resources.executor: batched``): K clients of a round trained at once. Why: the exact path
+(local.py) trains one client and one small batch at a time, bound on a GPU by Python and kernel launches. Here the K
+clients' parameters and momentum are stacked along a leading axis and one ``torch.func.vmap`` over
+``functional.local_step`` computes all K steps in one set of kernels.
 
-Why: the exact path (local.py) trains one client and one small batch at a time, bound on a GPU by Python and kernel
-launches. Here the K clients' parameters and momentum are stacked along a leading axis and one ``torch.func.vmap``
-over ``functional.local_step`` computes all K steps in one set of kernels.
-
-Semantics are the exact path's, client by client: each client's batches and noise come from its own (seed, round,
-client id) generators in the same order; a client without a batch, or stopped by a non-finite loss, is masked
-(unchanged); a short batch is padded and averaged over its real samples. The bits differ (another summation order),
-but a group depends only on its clients, and groups (sorted ids in chunks of ``resources.batch_clients``) go to
-workers whole (``dispatch.balance``): results do not depend on the worker count.
+Semantics are the exact path's, client by client: each client's batches and noise come from its own (seed, round, client
+id) generators in the same order; a client without a batch, or stopped by a non-finite loss, is masked (unchanged); a
+short batch is padded and averaged over its real samples. The bits differ (another summation order), but a group depends
+only on its clients, and groups (sorted ids in chunks of ``resources.batch_clients``) go to workers whole
+(``dispatch.balance``): results do not depend on the worker count.
 """
 
 from __future__ import annotations
