@@ -1,9 +1,9 @@
-"""The client store: every client's state (SCAFFOLD's c_k, FedDyn's h_k, Ditto's personal model, …) on disk, with a small
-cache in memory, and checkpoints that write only what changed. Why on disk: a state is model-sized, so a dict of them
-grows with the clients in total, while a round touches only its sampled clients'. Each state key (``c``, ``personal``,
-…) is one ``.npy`` file of ``clients`` rows of its arrays' bytes (the key's layout, fixed at its first write), read and
-written with ``os.pread``/``os.pwrite``, never mapped: ``np.memmap`` keeps every page read resident, and a sum over all
-clients (SCAFFOLD's c) reads them all. ``.npy``/``.npz`` need no new dependency and hold no pickles.
+"""The client store: every client's state (SCAFFOLD's c_k, FedDyn's h_k, Ditto's personal model, …) on disk, with a
+small cache in memory, and checkpoints that write only what changed. Why on disk: a state is model-sized, so a dict of
+them grows with the clients in total, while a round touches only its sampled clients'. Each state key (``c``,
+``personal``, …) is one ``.npy`` file of ``clients`` rows of its arrays' bytes (the key's layout, fixed at its first
+write), read and written with ``os.pread``/``os.pwrite``, never mapped: ``np.memmap`` keeps every page read resident,
+and a sum over all clients (SCAFFOLD's c) reads them all. ``.npy``/``.npz`` need no new dependency and hold no pickles.
 
 Checkpoints (``commit``): the rows written since the last commit go to one ``.npz`` of the store's log named by version
 (the round); a checkpoint holds the version and folder, not the states. ``restore`` replays the log up to a version
