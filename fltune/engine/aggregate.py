@@ -1,13 +1,9 @@
-"""An order-independent weighted sum, so 1 worker and N workers aggregate to the same bits.
-
-Floating-point addition is not associative: if worker A sums clients {1, 2} and worker B {3}, the total
-differs in the last bits from one worker summing {1, 2, 3}, and those bits grow over rounds. Each term
-w·v (a float32 value times a weight, exact in float64 for integer weights < 2^29) is split into a
-coarse part on a fixed grid of 2^-GRID_BITS, whose sums are exact in float64 and so independent of order,
-and a remainder below that grid. Only the remainders' sum can depend on order, at ~2^-(GRID_BITS+52) in
-absolute terms: far below float32 resolution for any weight that matters. Weights are summed with
-``math.fsum`` (exactly rounded, hence order-free).
-"""
+"""An order-independent weighted sum, so 1 worker and N workers aggregate to the same bits. Floating-point addition is
+not associative: worker A summing clients {1, 2} and B {3} differs in the last bits from one worker summing {1, 2, 3},
+and those bits grow over rounds. Each term w·v (float32 times a weight, exact in float64 for integer weights < 2^29) is
+split into a coarse part on a fixed grid of 2^-GRID_BITS, whose float64 sums are exact and so order-free, and a
+remainder below the grid, whose sum alone may depend on order, at ~2^-(GRID_BITS+52) absolute: far below float32
+resolution. Weights are summed with ``math.fsum`` (exactly rounded, hence order-free)."""
 
 from __future__ import annotations
 
@@ -23,9 +19,8 @@ _SCALE = float(2**GRID_BITS)
 
 
 BLOCK = 1 << 16
-"""Elements per block of the float64 arithmetic: a term's temporaries stay a fixed small size instead of
-several float64 copies of the largest layer at the moment each process that
-trains clients adds one up, and every element still goes through the very same operations: same bits."""
+"""Elements per block of the float64 arithmetic: a term's temporaries stay small instead of several float64
+copies of the largest layer, and every element goes through the same operations: same bits."""
 
 
 def _blocks(size: int) -> Iterator[slice]:
@@ -34,8 +29,8 @@ def _blocks(size: int) -> Iterator[slice]:
 
 
 def _terms(value: np.ndarray, weight: float) -> Iterator[tuple[slice, np.ndarray, np.ndarray]]:
-    """(block, coarse, fine) of the term w·v, block by block of the flattened ``value``: coarse =
-    round(w·v·2^GRID_BITS) / 2^GRID_BITS and fine = w·v − coarse, computed in place in float64."""
+    """(block, coarse, fine) of w·v per block of the flat ``value``: coarse = round(w·v·2^GRID_BITS) /
+    2^GRID_BITS, fine = w·v − coarse, in float64."""
     flat = value.reshape(-1)
     for block in _blocks(flat.size):
         fine = np.multiply(flat[block], weight, dtype=np.float64)
@@ -56,9 +51,8 @@ class WeightedSum:
     dtypes: dict[str, np.dtype] = field(default_factory=dict)
 
     def add(self, weight: float, update: dict[str, np.ndarray]) -> None:
-        """Add one client's update with its weight (n_k for FedAvg, 1 for a plain mean). A key's first
-        terms are stored as they are, not added to zeros (0.0 + −0.0 would turn a stored −0.0 into +0.0):
-        the partial sums keep the bits they have always had."""
+        """Add one client's update with its weight (n_k for FedAvg, 1 for a plain mean). A key's first terms
+        are stored, not added to zeros: 0.0 + −0.0 would turn a −0.0 into +0.0."""
         self.weights.append(float(weight))
         for key, value in update.items():
             value = np.asarray(value)
@@ -88,8 +82,7 @@ class WeightedSum:
 
     @staticmethod
     def _flat(sums: dict[str, np.ndarray], key: str) -> np.ndarray:
-        """A writable flat view of ``sums[key]``, copied first when it is read-only: another worker's
-        partial as Ray's object store hands it over, which a merge adds to but never writes."""
+        """A writable flat view of ``sums[key]``, copied first when read-only (a partial from Ray's store)."""
         if not sums[key].flags.writeable:
             sums[key] = np.array(sums[key])
         return sums[key].reshape(-1)

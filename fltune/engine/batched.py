@@ -1,17 +1,13 @@
-"""The batched executor (``resources.executor: batched``): K clients of a round trained at once.
+"""The batched executor (``resources.executor: batched``): K clients of a round trained at once. Why: the exact path
+(local.py) trains one client and one small batch at a time, bound on a GPU by Python and kernel launches. Here the K
+clients' parameters and momentum are stacked along a leading axis and one ``torch.func.vmap`` over
+``functional.local_step`` computes all K steps in one set of kernels.
 
-Why: the exact path (local.py) trains one client and one small batch at a time, so on a GPU its step is
-bound by Python and kernel launches. Here the K clients' parameters and SGD momentum are stacked along a
-leading client axis and one ``torch.func.vmap`` over ``functional.local_step`` (the gradient of
-``Method.local_loss``, or a method's own ``functional_step``, plus its ``gradient_correction``) computes
-all K steps in one set of kernels. The other client hooks run per client, as on the exact path.
-
-Semantics are the exact path's, client by client: each client's batches and noise come from its own
-(seed, round, client id) generators in the same order; a client without a batch at a step, or stopped by
-a non-finite loss, is masked (nothing of it changes); a short batch is padded and averaged over its real
-samples. The bits differ from the exact path's (batched kernels sum in another order), but a group depends
-only on its clients: groups are the sorted client ids in chunks of ``resources.batch_clients``, handed to
-workers whole (``dispatch.balance``), so results are independent of the worker count.
+Semantics are the exact path's, client by client: each client's batches and noise come from its own (seed, round, client
+id) generators in the same order; a client without a batch, or stopped by a non-finite loss, is masked (unchanged); a
+short batch is padded and averaged over its real samples. The bits differ (another summation order), but a group depends
+only on its clients, and groups (sorted ids in chunks of ``resources.batch_clients``) go to workers whole
+(``dispatch.balance``): results do not depend on the worker count.
 """
 
 from __future__ import annotations
@@ -44,9 +40,8 @@ Stacked = dict[str, Tensor]
 
 
 def client_groups(clients: list[int], size: int) -> list[list[int]]:
-    """The clients, sorted, in consecutive chunks of ``size``: a rule of the client list alone, never of
-    the workers. A worker's shard made of whole groups re-chunks into the very same groups (only the last
-    group, which holds the largest ids, can be short), so workers need not be told the grouping."""
+    """The clients, sorted, in chunks of ``size``: a rule of the client list alone, so a shard of whole groups
+    re-chunks into the same groups (only the last, of the largest ids, can be short)."""
     ordered = sorted(clients)
     return [ordered[start:start + size] for start in range(0, len(ordered), size)]
 
@@ -74,17 +69,15 @@ def note_fallback(cfg: ExperimentConfig, method: Method, model: nn.Module) -> No
 
 @dataclass
 class _Tally:
-    """Each step's losses, takers (``live``) and correct counts, left on the device and read once at the
-    end (:meth:`metrics`); only ``diverged`` is updated per step, since it decides who takes the next one."""
+    """Per-step losses, takers (``live``) and correct counts, read once at the end; ``diverged`` is kept current."""
 
     diverged: Tensor
     steps: list[tuple[Tensor, Tensor, Tensor, list[int]]] = field(default_factory=list)
     """Per step: (losses, live, correct counts, real samples), one entry per client each."""
 
     def metrics(self) -> list[dict[str, float]]:
-        """Each client's :func:`~fltune.engine.local.train_metrics`. The loss sum is folded step by step in
-        float64, as a running device sum ``loss_sum += where(live, loss.double() * count, 0)`` adds, so its
-        bits are that sum's; the counts are integers."""
+        """Each client's :func:`~fltune.engine.local.train_metrics`; the loss sum is folded step by step in
+        float64, bit for bit a running ``loss_sum += where(live, loss.double() * count, 0)``."""
         k = len(self.diverged)
         losses = lives = corrects = np.zeros((0, k))
         if self.steps:
@@ -122,8 +115,7 @@ def _common_phases(method: Method, contexts: list[ClientContext]) -> list[list[P
 
 
 def _padded(rows: list[Tensor | None], size: int) -> Tensor:
-    """Per-client tensors (leading axis at most ``size``: an epoch's steps) zero-padded to ``size`` and stacked
-    along axis 1, [size, K, ...]; a client without any (None) gets zeros."""
+    """Per-client tensors zero-padded to ``size`` rows and stacked along axis 1: [size, K, ...]; None: zeros."""
     full = [row for row in rows if row is not None and len(row) == size]
     if len(full) == len(rows):
         return torch.stack(full, dim=1)
@@ -137,15 +129,14 @@ def _padded(rows: list[Tensor | None], size: int) -> Tensor:
 
 @dataclass
 class _Step:
-    """The K clients' batches of one step padded to one shape (the step's largest real batch, or B where
-    the epoch is ``fixed``), and their noise; a client without a batch has weight 0 everywhere and
-    ``active`` False. All views of the epoch's tensors (``_GroupEpoch``) but the augmented images."""
+    """The K clients' batches and noise of one step, padded to its largest real batch (B when ``fixed``); a
+    client without a batch has weight 0 and ``active`` False. Views of ``_GroupEpoch``'s tensors."""
 
     index: Tensor
     """[K, size]: the step's rows of the device pool (0 in padded rows)."""
     source: DeviceBatches
     augmented: Tensor | None
-    """The step's images, augmented per client; None: gathered by :meth:`images` inside the group step."""
+    """Augmented per client, or None: gathered by :meth:`images` inside the group step."""
     padded: bool
     y: Tensor
     weight: Tensor
@@ -156,16 +147,14 @@ class _Step:
     counts: list[int]
 
     def images(self) -> Tensor:
-        """The step's images [K, size, ...]: the augmented ones, or gathered from the device pool (``_gathered``)
-        inside the group step (``_GroupTrainer._take``), so that a compiled step fuses the gather into its graph."""
+        """The step's images [K, size, ...]; gathered here so that a compiled step fuses the gather in."""
         if self.augmented is not None:
             return self.augmented
         return _gathered(self.source, self.index, self.real, self.padded)
 
 
 def _gathered(source: DeviceBatches, index: Tensor, real: Tensor, padded: bool) -> Tensor:
-    """Images [K, size, ...] gathered from the device pool by ``index`` and normalised by table lookup, with
-    the rows that ``real`` marks False zeroed when the step is ``padded``."""
+    """Images [K, size, ...] gathered by ``index`` and normalised by table lookup; padded rows zeroed."""
     x = lookup_float(source.x[index], source.table)
     return _zero_padding(x, real) if padded else x
 
@@ -176,14 +165,9 @@ def _zero_padding(t: Tensor, real: Tensor) -> Tensor:
 
 
 class _GroupEpoch:
-    """One epoch of a group's batches, laid out when it starts, step-major ([S, K, B, ...]).
-
-    Each client's order is its own generator's ``randperm`` (``batches.epoch_order``, the exact path's draw)
-    cut into batches of B; a step gathers all K batches from the device pool by one [K, B] index, and the
-    epoch's labels and noise (:func:`client_noise`) are laid out here, so a step only takes views. Step s is
-    padded with zero rows to its largest real batch, or to B when ``fixed`` (a compiled step: one shape, one
-    graph).
-    """
+    """One epoch of a group's batches, laid out step-major ([S, K, B, ...]) as it starts, so a step only takes views.
+    Each client's order is the exact path's draw (``batches.epoch_order``); step s is zero-padded to its largest real
+    batch, or to B when ``fixed`` (a compiled step: one shape, one graph)."""
 
     def __init__(
         self, source: DeviceBatches, orders: list[Tensor | None], batch_size: int,
@@ -221,8 +205,7 @@ class _GroupEpoch:
         self, index: Tensor, real: Tensor, padded: bool, counts: list[int], augment_kind: str,
         generators: list[torch.Generator],
     ) -> Tensor:
-        """A step's images augmented per client (its real rows), each with its generator in its stream's draw
-        order (host draws: outside the group step)."""
+        """A step's real rows augmented per client with its own generator (host draws: outside the step)."""
         x = _gathered(self.source, index, real, padded)
         for k, n in enumerate(counts):
             if n:
@@ -231,14 +214,13 @@ class _GroupEpoch:
 
 
 COMPILED_GRAPHS = 64
-"""Graphs torch.compile may keep for the group step (torch's default: 8, then eager): one function's code
-(``_GroupTrainer._take``) serves every phase, batch shape and run of a process."""
+"""Graphs torch.compile may keep (torch's default: 8): ``_GroupTrainer._take`` serves every phase, batch shape
+and run of a process."""
 
 
 class _Taken(NamedTuple):
-    """What a group step leaves for the host: the stacked losses, the carried inputs (``_kept``), the
-    per-sample records, which clients took the step (``live``) and their correct counts. Built outside the
-    compiled step from the plain tuple it returns: dynamo (torch 2.11) fails on a NamedTuple built inside."""
+    """What a group step leaves for the host. Built outside the compiled step from the plain tuple it returns:
+    dynamo (torch 2.11) fails on a NamedTuple built inside."""
 
     loss: Tensor
     carry: dict[str, Stacked]
@@ -252,11 +234,10 @@ _Device = tuple[Tensor, dict[str, Stacked], Stacked, Tensor, Tensor]
 
 
 def compile_step(step: Callable[..., _Device]) -> Callable[..., _Device]:
-    """``torch.compile`` of a group step's device work (``resources.compile``, ``_GroupTrainer._take``). Why: on
-    a GPU a small model's step waits on the host; compiled, the Python is traced away and the elementwise
-    work fused. Compiled steps are padded to B (``_GroupEpoch``'s ``fixed``) so that short batches compile no
-    new graph. Fused kernels round otherwise: the numbers move in their last digits and stay deterministic.
-    Inductor compiles with the worker's threads, not every core: Tune's trials' workers compile at once."""
+    """``torch.compile`` of a group step's device work (``resources.compile``). Why: on a GPU a small model's
+    step waits on the host; compiled, the Python is traced away and elementwise work fused. Steps are padded to
+    B (``fixed``) so short batches compile no new graph. Fused kernels round otherwise: last digits move, still
+    deterministic. Inductor uses the worker's threads, not every core: Tune's trials' workers compile at once."""
     import torch._inductor.config
 
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, COMPILED_GRAPHS)
@@ -265,8 +246,7 @@ def compile_step(step: Callable[..., _Device]) -> Callable[..., _Device]:
 
 
 class _GroupTrainer:
-    """One phase's batched SGD on a group: gradients by vmap, clipping and the optimiser step by hand,
-    each op with torch.optim.SGD's meaning (weight decay, heavy-ball or Nesterov momentum)."""
+    """One phase's batched SGD on a group: gradients by vmap, the optimiser step by hand as torch.optim.SGD's."""
 
     def __init__(
         self, method: Method, model: nn.Module, training: TrainingConfig, weights: Stacked, trainable: list[str],
@@ -276,7 +256,7 @@ class _GroupTrainer:
         self.weights = [weights[n] for n in trainable]
         self.sizes = [p[0].numel() for p in self.weights]
         k = len(self.weights[0]) if self.weights else 0
-        # SGD's momentum, all trainable parameters side by side ([K, Σ sizes]): zero, as a fresh optimiser's
+        # SGD's momentum, [K, Σ sizes], zero as a fresh optimiser's
         self.buffer = torch.zeros(k, sum(self.sizes), device=self.weights[0].device) if training.momentum else None
         forward, names = Forward(model), tuple(n for n, _ in model.named_parameters())
 
@@ -288,8 +268,7 @@ class _GroupTrainer:
                                     training.grad_clip)
             return local_step(method, train, batch)
 
-        # the round's global weights are the same for every client: closed over, not stacked, nor a vmap
-        # argument that every step would flatten again
+        # global weights are shared by every client: closed over, not a vmap argument flattened every step
         self.steps = vmap(client_step, randomness="different")
         self.compiled = compiled
         self.take = compile_step(self._take) if compiled else self._take
@@ -297,8 +276,7 @@ class _GroupTrainer:
     def step(
         self, weights: Stacked, inputs: dict[str, Stacked], batch: _Step, lr: float, tally: _Tally,
     ) -> _Taken:
-        """One masked step of all K clients: ``weights`` and the momentum are updated in place; returns what
-        the host keeps of it, the carried inputs kept only for the clients that took the step."""
+        """One masked step of all K clients; ``weights`` and momentum change in place."""
         train = {n: weights[n] for n in self.trainable}
         frozen = {n: p for n, p in weights.items() if n not in train}
         out = _Taken(*self.take(train, frozen, inputs, batch, tally.diverged, lr))
@@ -309,8 +287,7 @@ class _GroupTrainer:
         self, train: Stacked, frozen: Stacked, inputs: dict[str, Stacked], batch: _Step, diverged: Tensor,
         lr: float,
     ) -> _Device:
-        """The step's device work (images, gradients, divergence flags ``diverged`` in place, SGD update,
-        carried inputs, correct counts) in one function, so that ``resources.compile`` traces one graph."""
+        """The step's device work in one function (one graph for ``resources.compile``); sets ``diverged``."""
         out = self.steps(train, frozen, inputs, batch.noise, batch.images(), batch.y, batch.weight)
         diverged |= batch.active & ((out.loss - out.loss) != 0)  # x − x is 0 unless x is NaN or ±inf
         live = batch.active & ~diverged
@@ -319,11 +296,10 @@ class _GroupTrainer:
         return out.loss, _kept(out.carry, inputs, live), out.record, live, correct
 
     def _update(self, grads: Stacked, lr: float, live: Tensor) -> None:
-        """SGD on every live client, in place, on the gradients side by side in one [K, Σ sizes] tensor (one op
-        per clip, decay, mask and momentum for the whole model), each element through ``torch.optim.SGD``'s
-        float operations. A masked client's gradient becomes 0 first, its buffer is scaled by 1 and its step
-        by 0, so neither changes. The buffer is replaced, not written in place: torch 2.11's inductor fused
-        the in-place update with a read of the overwritten buffer (a step of (1 + ρ)·g)."""
+        """SGD on every live client, in place, on one [K, Σ sizes] gradient, each element through
+        ``torch.optim.SGD``'s float operations; a masked client's gradient is zeroed, its buffer scaled by 1 and
+        its step by 0. The buffer is replaced, not written in place: torch 2.11's inductor fused an in-place
+        update with a read of the overwritten buffer (a step of (1 + ρ)·g)."""
         t = self.training
         g = torch.cat([_rows(grads[n]) for n in self.trainable], dim=1)
         if t.grad_clip is not None:
@@ -336,14 +312,14 @@ class _GroupTrainer:
             buf = self.buffer = self.buffer * torch.where(mask, t.momentum, 1.0) + g
             g = g.add_(buf, alpha=t.momentum) if t.nesterov else buf
         rate = live * -lr  # −lr, or −0.0 for a masked client: p + (−0.0)·0 is p, bit for bit (−0.0 too)
-        torch._foreach_addcmul_(  # addcmul's own rounding (a fused multiply-add on CPU), parameter by parameter
+        torch._foreach_addcmul_(  # addcmul's rounding (a fused multiply-add on CPU)
             self.weights, [v.view_as(p) for v, p in zip(g.split(self.sizes, dim=1), self.weights)],
             [rate.view(-1, *[1] * (p.dim() - 1)) for p in self.weights])
 
     @staticmethod
     def _clip_scale(g: Tensor, max_norm: float) -> Tensor:
-        """Per client, ``clip_grad_norm_``'s factor max_norm / (‖g‖ + 1e-6), at most 1, from one norm of its row
-        of ``g``: the same real number rounded otherwise, exactly 1 unless clipping changes the step."""
+        """Per client, ``clip_grad_norm_``'s factor min(1, max_norm / (‖g‖ + 1e-6)) from its row of ``g``: the
+        same real number rounded otherwise, exactly 1 unless clipping changes the step."""
         return (max_norm / (g.norm(dim=1) + 1e-6)).clamp(max=1.0)
 
 
@@ -361,15 +337,14 @@ def _rows(stacked: Tensor) -> Tensor:
 def client_noise(
     shapes: NoiseShapes, counts: list[int], size: int, generator: torch.Generator, device: torch.device,
 ) -> dict[str, Tensor]:
-    """One client's draws of ``shapes`` for an epoch's steps, ``[steps, size, S, d]`` each (``counts``: each
-    step's real samples), in one draw per key cut step by step. On a CPU this is the exact path's per-step
-    ``[S, n, d]`` draws (``objective.draw_noise``) bit for bit whenever S·n·d is a multiple of 16 (torch's
-    CPU normal fills 16 at a time; always so at dimZ = 512)."""
+    """One client's draws of ``shapes`` for an epoch, ``[steps, size, S, d]`` each (``counts``: real samples per
+    step), one draw per key cut step by step: on a CPU, bit for bit the exact path's per-step ``[S, n, d]``
+    draws (``objective.draw_noise``) when S·n·d is a multiple of 16 (torch's CPU normal fills 16 at a time)."""
     out = {}
     for key, (samples, dim) in shapes.items():
         flat = torch.randn((samples, sum(counts), dim), device=device, generator=generator).view(-1)
         eps = out[key] = flat.new_zeros(len(counts), size, samples, dim)
-        full = next((s for s, n in enumerate(counts) if n < size), len(counts))  # the steps before a short one
+        full = next((s for s, n in enumerate(counts) if n < size), len(counts))  # steps before a short one
         eps[:full] = flat[:full * samples * size * dim].view(full, samples, size, dim).transpose(1, 2)
         start = full * samples * size * dim
         for s, n in enumerate(counts[full:], start=full):
@@ -380,9 +355,7 @@ def client_noise(
 
 @dataclass
 class _Group:
-    """A group's clients and their stacked training state: weights, ``ClientContext.inputs`` (carried
-    entries evolve per step), the running tally, and each client's own generators (its batches', its
-    noise's, of the objective's ``noise_shapes``)."""
+    """A group's clients and stacked training state, with each client's own batch and noise generators."""
 
     method: Method
     contexts: list[ClientContext]
@@ -401,22 +374,20 @@ class _Group:
     def epoch(
         self, source: DeviceBatches, phases: list[Phase], epoch: int, batch_size: int, fixed: bool = False,
     ) -> _GroupEpoch:
-        """The group's batches of ``epoch``: a client past its phase's epochs has none (and draws nothing)."""
+        """The group's batches of ``epoch``; a client past its phase's epochs has none and draws nothing."""
         orders = [epoch_order(indices, generator, ctx.num_samples) if epoch < phase.epochs else None
                   for indices, generator, phase, ctx in zip(self.indices, self.generators, phases, self.contexts)]
         return _GroupEpoch(source, orders, batch_size, self.epoch_noise, fixed)
 
     def epoch_noise(self, counts: Tensor, batch_size: int) -> dict[str, Tensor]:
-        """Each client's draws for this epoch (``counts`` [K, S]: real rows per step) from its own generator
-        (:func:`client_noise`), padded to [S, K, B, ...] (a client without a step draws nothing)."""
+        """Each client's :func:`client_noise` (``counts`` [K, S]) padded to [S, K, B, ...]; stepless: no draw."""
         rows = [client_noise(self.noise_shapes, steps, batch_size, generator, self.device)
                 if (steps := [n for n in row if n]) else None for generator, row in zip(self.noise, counts.tolist())]
         keys = next((row.keys() for row in rows if row is not None), ())
         return {key: _padded([None if row is None else row[key] for row in rows], counts.shape[1]) for key in keys}
 
     def absorb(self, out: _Taken, step: _Step) -> None:
-        """Keep the step's carried inputs (``_kept``: a masked client's stayed), and hand each client with a
-        batch its records of its real samples."""
+        """Keep the step's carried inputs and hand each client with a batch the records of its real samples."""
         for key, values in out.carry.items():
             self.carried.add(key)
             self.inputs[key].update(values)
@@ -427,8 +398,7 @@ class _Group:
 
     @torch.no_grad()
     def finish(self, k: int, model: nn.Module) -> None:
-        """Client ``k``'s final weights into ``model`` and its carried inputs into its own
-        ``ClientContext.inputs`` tensors, where ``client_result`` reads them as the exact path leaves them."""
+        """Client ``k``'s weights into ``model``, carried inputs into its ``ClientContext.inputs`` (as exact)."""
         for name, p in model.named_parameters():
             p.copy_(self.weights[name][k])
         for key in self.carried:
@@ -437,7 +407,7 @@ class _Group:
 
 
 def _run_epoch(group: _Group, trainer: _GroupTrainer, laid: _GroupEpoch, lr: float, augment_kind: str) -> None:
-    """One epoch's steps; a function of its own so that the epoch's tensors (VIB's ε) are freed when it ends."""
+    """One epoch's steps; a function of its own so the epoch's tensors (VIB's ε) are freed when it ends."""
     for s in range(len(laid.sizes)):
         step = laid.step(s, augment_kind, group)
         group.absorb(trainer.step(group.weights, group.inputs, step, lr, group.tally), step)
@@ -472,11 +442,9 @@ def train_group(
     states: dict[int, dict[str, Any]], training: TrainingConfig, augment_kind: str, device: torch.device,
     global_tensors: dict[str, Tensor], source: DeviceBatches | None = None, compiled: bool = False,
 ) -> Iterator[tuple[int, ClientResult]]:
-    """Train one group of clients together, each phase's momentum from zero (as the exact path's fresh optimiser
-    per client and phase); yield each client's result with ``model`` holding its final weights (so the worker
-    can keep its local model), in the group's order. ``source``: the worker's device pool of the run's data
-    (its exact executor's); None = one made here. ``compiled``: the step through ``compile_step``
-    (``resources.compile``)."""
+    """Train one group together, each phase's momentum from zero (the exact path's fresh optimiser); yield each
+    client's result in the group's order, ``model`` holding its final weights. ``source``: the worker's device
+    pool (None: one made here). ``compiled``: the step through ``compile_step``."""
     source = source if source is not None else DeviceBatches(data, device)
     group = _group(method, model, data, client_ids, inputs, states, training, augment_kind, device, global_tensors,
                    source)

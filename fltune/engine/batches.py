@@ -18,8 +18,7 @@ Batch = tuple[torch.Tensor, torch.Tensor]
 
 @lru_cache(maxsize=8)
 def device_table(mean: tuple[float, ...], std: tuple[float, ...], device: torch.device) -> torch.Tensor:
-    """:func:`normalise_table` on ``device``, made once per dataset and device (read only): a personalised
-    evaluation scores 100 clients in 100 calls, each of which made and copied it over again."""
+    """:func:`normalise_table` on ``device``, once per dataset and device (read only), not once per call."""
     return normalise_table(mean, std).to(device)
 
 
@@ -40,17 +39,15 @@ def batches(
 
 
 def epoch_order(indices: np.ndarray, generator: torch.Generator, keep: int | None = None) -> torch.Tensor:
-    """An epoch's sample order: the one ``randperm`` draw per epoch every batch source shares (the
-    batched executor's too), cut to its first ``keep`` (None: all) after the draw, as a DataLoader's
-    ``drop_last`` cuts its shuffled sampler's order: each epoch drops other samples."""
+    """An epoch's sample order: the one ``randperm`` draw every batch source shares, cut to its first ``keep``
+    (None: all) after the draw, as a ``drop_last`` DataLoader does: each epoch drops other samples."""
     index = torch.tensor(indices, dtype=torch.long)  # a copy: arrays from Ray's object store are read-only
     return index[torch.randperm(len(index), generator=generator)][:keep]
 
 
 def epoch_samples(n: int, training: TrainingConfig) -> int:
-    """The samples a client of ``n`` trains an epoch: all, or with ``training.drop_last`` its full batches'
-    floor(n/B)·B. That is also its n_k in the server's weighted average, as FedAlign's code weighs a client by
-    ``len(loader) * batch_size`` of a ``drop_last`` loader (``mmendiet/FedAlign:methods/base.py``)."""
+    """The samples a client of ``n`` trains an epoch: all, or with ``training.drop_last`` floor(n/B)·B. Also its
+    n_k in the weighted average, as FedAlign's ``len(loader) * batch_size`` (``mmendiet/FedAlign:methods/base.py``)."""
     return n - n % training.batch_size if training.drop_last else n
 
 
@@ -66,9 +63,9 @@ class HostBatches:
 
 
 class DeviceBatches:
-    """The fast path's batch source: the run's uint8 pool on the device once (not per client), each batch
-    gathered there by index and normalised by table lookup (bit-identical to ``to_float``), augmented
-    with the same generator draws in the same order as :class:`HostBatches`, so the batches are equal."""
+    """The fast path's batch source: the run's uint8 pool on the device once, each batch gathered by index and
+    normalised by table lookup (bit-identical to ``to_float``), augmented with :class:`HostBatches`'s draws in
+    the same order, so the batches are equal."""
 
     def __init__(self, data: FederatedData, device: torch.device) -> None:
         self.x, self.y = data.x.to(device), data.y.to(device)  # no copy when the device is the CPU

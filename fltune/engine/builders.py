@@ -19,7 +19,7 @@ from fltune.models import build_model, default_model
 
 
 def load_data(cfg: ExperimentConfig) -> FederatedData:
-    """Dataset + seeded, disk-cached partition (config → data, the first room data flows through)."""
+    """Dataset + seeded, disk-cached partition."""
     loaded = load_dataset(cfg.data.dataset, cfg.data.root, cfg.data.download)
     dataset = subsample(normalised(loaded, cfg.data.normalise), cfg.data.subsample, cfg.federation.seed)
     part = cfg.partition
@@ -34,9 +34,8 @@ def load_data(cfg: ExperimentConfig) -> FederatedData:
 
 
 def check_drop_last(cfg: ExperimentConfig, data: FederatedData) -> None:
-    """With ``training.drop_last`` a client smaller than one batch would train no step and weigh nothing, and
-    the methods that divide by a client's steps (SCAFFOLD, FedNova) would divide by zero: refused here, before
-    Ray (``preflight.check_data``), naming the smallest client."""
+    """Refuse, before Ray, ``training.drop_last`` with a client smaller than one batch: it would train no step,
+    weigh nothing, and SCAFFOLD or FedNova would divide by its zero steps."""
     if not cfg.training.drop_last:
         return
     sizes = [len(train) for train in data.client_train]
@@ -78,8 +77,7 @@ def resolve_augment(cfg: ExperimentConfig, data: FederatedData) -> str:
 
 @contextmanager
 def torch_threads(threads: int) -> Iterator[None]:
-    """Run the block with ``threads`` torch threads, then give the caller's count back: work measured or
-    trained as a ``cpus_per_worker`` worker would, inside a process that keeps all its cores otherwise."""
+    """Run the block with ``threads`` torch threads (as a ``cpus_per_worker`` worker), then restore the count."""
     before = torch.get_num_threads()
     torch.set_num_threads(max(1, threads))
     try:

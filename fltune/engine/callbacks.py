@@ -1,7 +1,5 @@
-"""Round callbacks: how ``Federation.run`` hands each round of the loop to tracking (MLflow) and progress (rich).
-
-They consume rounds and never step them; a Tune trial consumes its seeds' rounds through ``lockstep``.
-"""
+"""Round callbacks: how ``Federation.run`` hands each round to tracking (MLflow) and progress (rich). They consume
+rounds and never step them; a Tune trial consumes its seeds' rounds through ``lockstep``."""
 
 from __future__ import annotations
 
@@ -18,8 +16,7 @@ class Callback:
         """Before the first remaining round."""
 
     def on_probe(self, fed: Federation, round_: int, probe: str) -> None:
-        """As probe ``probe`` starts measuring after round ``round_`` (a Hessian or the final fine-tuning can
-        take minutes on a CPU: progress names it rather than look stuck)."""
+        """As probe ``probe`` starts after round ``round_``: a slow one (a Hessian) is named, not a stuck bar."""
 
     def on_round(self, fed: Federation, metrics: dict[str, float]) -> None:
         """After each round, with that round's metrics."""

@@ -1,6 +1,5 @@
-"""Starting or joining Ray, without importing torch: a command calls this first, so Ray's processes start
-while torch imports and the dataset loads on another thread (``api.start_federation``). Ray counts the
-GPUs itself (its NVIDIA detection), as it does for ``ray start``."""
+"""Starting or joining Ray without importing torch, so Ray's processes start while torch imports and the dataset
+loads on another thread (``api.start_federation``). Ray counts the GPUs itself, as for ``ray start``."""
 
 from __future__ import annotations
 
@@ -18,9 +17,8 @@ from fltune.process import handle_stop_signals
 
 
 def check_gcs(address: str | None) -> None:
-    """A cluster address of the form ``host:port`` (a head's GCS) accepts connections: for one where nothing
-    listens, ``ray.init`` retries for many minutes, printing a warning every few seconds. Other forms
-    (``auto``, ``local``, ``ray://…``) are left to Ray, which answers them at once."""
+    """Check that a ``host:port`` address (a head's GCS) accepts connections: where nothing listens, ``ray.init``
+    retries for many minutes. Other forms (``auto``, ``local``, ``ray://…``) Ray answers at once."""
     if not address or "://" in address or ":" not in address:
         return
     host, _, port = address.rpartition(":")
@@ -35,9 +33,8 @@ def check_gcs(address: str | None) -> None:
 
 
 def start_ray(address: str | None) -> bool:
-    """A command's start or join of Ray: the address checked first (``check_gcs``), one clear line when there
-    is nothing to join, and fltune's stop handling installed again after the handlers Ray installs as it
-    starts (``process.handle_stop_signals``). True when this started a local Ray of its own."""
+    """A command's start or join of Ray: the address checked first, one clear line when nothing is there, and
+    fltune's stop handling reinstalled over Ray's (``process.handle_stop_signals``). True: a local Ray started."""
     check_gcs(address or os.environ.get("RAY_ADDRESS"))
     try:
         started = ensure_ray(address)
@@ -48,10 +45,8 @@ def start_ray(address: str | None) -> bool:
 
 
 def ensure_ray(address: str | None = None) -> bool:
-    """Start a local Ray, or join ``address`` / $RAY_ADDRESS (no local resource arguments when joining; the
-    files and packages of the user's methods, models and datasets go along as Ray's ``py_modules``, which
-    the config's validation loaded before: ``fltune.plugins.shipped``). True when this call started a local
-    Ray: the process then owns it and its node alone, whose workers read the user's files where they are."""
+    """Start a local Ray, or join ``address`` / $RAY_ADDRESS (the user's plugin files go along as ``py_modules``:
+    ``fltune.plugins.shipped``). True when this call started a local Ray, which the process then owns alone."""
     if ray.is_initialized():
         return False
     address = address or os.environ.get("RAY_ADDRESS")
@@ -63,25 +58,19 @@ def ensure_ray(address: str | None = None) -> bool:
         kwargs["runtime_env"]["py_modules"] = shipped() or None
         ray.init(address=address, **kwargs)
         return False
-    # "local": a new instance even when another `ray start` on this machine left its address in /tmp/ray.
-    # No idle workers prestarted for the driver: here the client actors started in processes of their
-    # own anyway, so those took CPU and memory from the start-up, and one still starting when a short
-    # command ended aborted with a stack dump.
+    # "local": a new instance even when another `ray start` left its address in /tmp/ray. No idle workers
+    # prestarted: client actors get processes of their own, so those only take CPU and memory from the
+    # start-up, and one still starting when a short command ends aborts with a stack dump.
     ray.init(address="local", num_cpus=os.cpu_count(),
              _system_config={"prestart_worker_first_driver": False}, **kwargs)
     return True
 
 
 def worker_setup() -> Callable[[], None]:
-    """Ray's ``worker_process_setup_hook`` for this driver: it runs ``fltune.process.quiet_worker`` (no
-    SystemExit noise, no library chatter) in every worker, imported from the tree this driver runs.
-
-    Why not the hook's module-name form: a worker runs its hook before it learns the driver's code paths
-    (Ray adds the script's folder on its first task), so naming ``fltune.process`` imported the *installed*
-    fltune there, and every later import reused it: a driver run from another checkout (``python
-    cli.py``, a benchmark's older clone) had its workers run different code. This closure is shipped by
-    value and puts the driver's package root first; on a node without that folder the workers import the
-    fltune installed there, as Ray's own code paths do."""
+    """Ray's ``worker_process_setup_hook``: ``fltune.process.quiet_worker`` in every worker, imported from the driver's
+    tree. Why not the module-name form: a worker runs its hook before it learns the driver's code paths, so it would
+    import the *installed* fltune, and a driver run from another checkout would have its workers run other code. This
+    closure, shipped by value, puts the driver's package root first (where that folder exists)."""
     root = str(Path(__file__).resolve().parents[2])
 
     def setup() -> None:

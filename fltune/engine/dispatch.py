@@ -1,10 +1,7 @@
-"""Where a run's work goes: the :class:`Pool` of client workers a ``Federation`` is handed, and how a round's
-clients and a probe's tasks are dealt to its workers.
+"""Where a run's work goes: the :class:`Pool` of client workers, and how clients and probe tasks are dealt.
 
-Why a protocol: the round loop only sends ``width()`` shards (clients, evaluation batches, probe tasks) and
-gets their results back in shard order; what the workers are (engine/pool.py) is the pool's business, so
-the loop imports no Ray. Results depend only on the shards: every client's randomness is keyed by (seed,
-round, client id).
+Why a protocol: the round loop only sends ``width()`` shards and gets results back in shard order, so it imports no
+Ray. Results depend only on the shards: every client's randomness is keyed by (seed, round, client id).
 """
 
 from __future__ import annotations
@@ -29,8 +26,8 @@ class Pool(Protocol):
         """Shards a call is split into: one per worker."""
 
     def bind(self, cfg: ExperimentConfig, data: FederatedData, keep_latest: bool) -> tuple[Any, FederatedData]:
-        """A run's handle for ``map`` (held for the run's life), and its data as the workers read it, which
-        the caller reads from then on (so the pool may keep one copy for all)."""
+        """A run's handle for ``map`` (held for the run's life), and the workers' copy of its data, which the
+        caller reads from then on."""
 
     def map(self, run: Any, method: str, shards: list[list[Any]], *args: Any,
             per_shard: Callable[[list[Any]], Any] | None = None) -> list[Any]:
@@ -42,16 +39,15 @@ class Pool(Protocol):
 
 
 def deal(pool: Pool, run: Any, tasks: Sequence[ProbeTask[T]]) -> list[T]:
-    """Probe tasks dealt to the pool's workers in turn (``ClientWorker.compute``) and run at once; the results
-    in task order."""
+    """Probe tasks dealt to the workers in turn and run at once; the results in task order."""
     n = pool.width()
     parts = pool.map(run, "compute", [list(tasks[slot::n]) for slot in range(n)])  # empty ones last
     return [parts[i % n][i // n] for i in range(len(tasks))]
 
 
 def balance(clients: list[int], sizes: list[int], workers: int, group: int = 1) -> list[list[int]]:
-    """Longest-processing-time-first assignment of clients to workers (deterministic, size-balanced), in
-    units of the batched executor's client groups (``batched.client_groups``; ``group = 1``: single clients)."""
+    """Longest-processing-time-first assignment of clients to workers (deterministic), in units of the
+    batched executor's client groups (``group = 1``: single clients)."""
     shards: list[list[int]] = [[] for _ in range(workers)]
     loads = [0] * workers
     units = client_groups(clients, group)

@@ -14,9 +14,8 @@ from fltune.engine.batches import device_table
 
 
 EVAL_BATCH = 100
-"""Test images per evaluation batch: the unit the workers share an evaluation in (``batch_scores``).
-100, not 1000: on a one-thread CPU worker the activations of a small batch stay in cache; counts are the
-same, summed losses differ from 1000's in the last digits."""
+"""Test images per evaluation batch, the unit workers share an evaluation in: small, so a one-thread CPU worker's
+activations stay in cache. Changing it moves summed losses in their last digits."""
 
 
 @torch.no_grad()
@@ -25,11 +24,8 @@ def score_sums(
     batches: Sequence[int],
 ) -> torch.Tensor:
     """[len(batches), 2] float64 on ``device``: (summed CE loss, correct) of ``model`` in eval mode on each of
-    ``batches`` (indices of ``EVAL_BATCH``-image slices of uint8 ``x``, in ascending order), left unread.
-
-    The images and labels go over in one copy each and are normalised there by table lookup (the bits of
-    ``to_float``); the scores stay on the device, since each read is a host sync that waits for the GPU's
-    turn where Tune trials share one. float32 → float64 is exact, so the caller reads per-batch floats."""
+    ``batches`` (indices of ``EVAL_BATCH``-image slices of uint8 ``x``, ascending), left unread: each read is a
+    host sync waiting for the GPU's turn where Tune trials share one. Normalised by lookup (``to_float``'s bits)."""
     model.eval()
     sums = torch.empty(len(batches), 2, dtype=torch.float64, device=device)
     if not batches:
@@ -54,9 +50,8 @@ def batch_scores(
     model: nn.Module, data: FederatedData, x: torch.Tensor, y: torch.Tensor, device: torch.device,
     batches: Sequence[int],
 ) -> list[tuple[int, float]]:
-    """(correct, summed CE loss) on each of ``batches`` (``score_sums``, read once). Per batch, so an
-    evaluation split over workers sums the very same numbers in the same order as one process does
-    (``evaluate``)."""
+    """(correct, summed CE loss) on each of ``batches``, read once; per batch, so a split evaluation sums the same
+    numbers in the same order as one process."""
     return read_scores(score_sums(model, data, x, y, device, batches))
 
 

@@ -1,13 +1,9 @@
 """The round loop: sample, broadcast, train on the pool's workers, aggregate, run the round probes.
-
-``Federation.rounds`` is the package's one round loop: it yields a :class:`RoundResult` per round, which
-``run`` hands to callbacks (progress, MLflow) and a Tune trial reports and checkpoints (its seeds in
-:func:`lockstep`). What is measured after a round is a probe it is handed (``engine.probes``), whose heavy
-parts run on the workers (``evaluate_state``, ``compute``), a :class:`~fltune.engine.dispatch.Pool`: the
-loop imports no Ray, no MLflow, no Tune, and knows no method by name. Its state is plain data
-(``state_dict``); the per-client states and latest local models live in client stores on disk
-(engine/store.py), whose checkpoint is a reference to a version of their log.
-"""
+``Federation.rounds`` is the package's one round loop: it yields a :class:`RoundResult` per round, which ``run`` hands
+to callbacks and a Tune trial reports and checkpoints (its seeds in :func:`lockstep`). Measurements are probes
+(``engine.probes``) whose heavy parts run on the workers of a :class:`~fltune.engine.dispatch.Pool`: the loop imports no
+Ray, MLflow or Tune, and knows no method by name. Its state is plain data (``state_dict``); client states and latest
+local models live in client stores on disk (engine/store.py), checkpointed as a log version."""
 
 from __future__ import annotations
 
@@ -40,8 +36,7 @@ from fltune.methods.base import Aggregate, ServerContext, State, Upload
 T = TypeVar("T")
 
 EVAL_CLIENTS = 256
-"""Clients a personalised evaluation sends out at once (``Federation.evaluate_personalized``): their states
-are in memory together, whatever the clients in total."""
+"""Clients a personalised evaluation sends out at once: the states held in memory together."""
 
 
 @dataclass(frozen=True)
@@ -61,11 +56,9 @@ class Federation:
         self, cfg: ExperimentConfig, data: FederatedData, pool: Pool | Callable[[], Pool],
         probes: Callable[[Federation], Sequence[Probe]] | None = None, folder: Path | None = None,
     ) -> None:
-        """``pool``: the client workers that serve the run — a caller's pool (``close`` leaves it up for its
-        owner), or what starts the run's own as it opens (``close`` stops it); results do not depend on
-        which. ``probes``: what builds the run's probes for it, once its data and evaluation model exist.
-        ``folder``: where the client stores keep their files and checkpoint logs (a Tune trial's storage, so
-        a restarted trial finds them); None: a temporary folder, removed with the run."""
+        """``pool``: a caller's pool (left up by ``close``) or what starts the run's own (stopped by ``close``);
+        results do not depend on which. ``probes``: builds the probes once data and evaluation model exist.
+        ``folder``: the client stores' files (a Tune trial's storage, found on restart); None: a temporary one."""
         self.cfg = cfg
         self.data = data
         self.method = build_method(cfg)
@@ -75,7 +68,7 @@ class Federation:
         fed = cfg.federation
         self.client_store = ClientStore(fed.clients, folder and folder / "clients", cache=fed.clients_per_round)
         self.latest = ClientStore(fed.clients, folder and folder / "latest", cache=fed.clients_per_round)
-        """Each client's latest local model, kept for the probes that need them (``keeps_local_models``)."""
+        """Each client's latest local model, for probes that ``keeps_local_models``."""
         self.round = 0
         self.history: list[dict[str, float]] = []
         self.status = "running"
@@ -94,7 +87,7 @@ class Federation:
         """Files the probes wrote (end-of-run figures), for the tracking callbacks."""
         self.probes: list[Probe] = list(probes(self)) if probes else []
         self.callbacks: Sequence[Callback] = ()
-        """Those of the ``run`` in progress (told as each probe starts)."""
+        """The callbacks of the ``run`` in progress (told as each probe starts)."""
 
     # ------------------------------------------------------------------ setup
     def open(self) -> None:
@@ -115,7 +108,7 @@ class Federation:
 
     # ------------------------------------------------------------------ loop
     def rounds(self) -> Iterator[RoundResult]:
-        """The round loop: every remaining round, until the last one or a divergence ends the run."""
+        """Every remaining round, until the last one or a divergence."""
         self.open()
         while self.round < self.cfg.federation.rounds and self.status == "running":
             metrics = self.step()
@@ -201,8 +194,7 @@ class Federation:
         self, r: int, total: WeightedSum, uploads: dict[int, Upload], states: dict[int, dict[str, Any]],
         client_metrics: dict[int, dict[str, float]],
     ) -> None:
-        """The method's server step; the run keeps what it returns, or nothing of the round when the new
-        weights are not finite (the run then ends as diverged)."""
+        """The method's server step; all or nothing: non-finite new weights keep nothing and end as diverged."""
         ids = sorted(states)  # client-id order: nothing may depend on which worker returned which client
         aggregate = Aggregate(
             total.mean(), total.total_weight, {c: states[c] for c in ids}, {c: client_metrics[c] for c in ids},
@@ -240,14 +232,11 @@ class Federation:
 
     # ------------------------------------------------------------------ evaluation services (for probes)
     def evaluate_state(self, state: State, split: str = "test") -> tuple[float, float]:
-        """(accuracy, mean loss) of the model with weights ``state`` on the pooled test set, or with
-        ``split="val"`` on the union of the clients' validation splits.
-
-        On the workers while the run is open: the split's batches are divided into contiguous shards,
-        one per worker, and the per-batch scores come back in batch order, so correct counts and summed
-        losses are the very numbers one process computes (``evaluate``), whatever the worker count."""
+        """(accuracy, mean loss) of ``state`` on the pooled test set, or with ``split="val"`` the union of the
+        clients' validation splits. While open, on the workers in contiguous shards of batches, scores summed
+        in batch order: the same numbers as one process, whatever the worker count."""
         n = len(self.data.split(split)[1])
-        if n == 0:  # a run with metrics.test: false holds no test data: reading it is a bug, never a score
+        if n == 0:  # metrics.test: false holds no test data: reading it is a bug, never a score
             raise FLTuneError(f"this run has no {split} data to evaluate on")
         batches = list(range(eval_batch_count(n)))
         if self.run_ref is None:
@@ -262,10 +251,9 @@ class Federation:
         return correct / n, loss / n
 
     def evaluate_personalized(self, finetune: bool, split: str = "test") -> tuple[float, float]:
-        """Mean over clients of each client's accuracy (and loss) on its own held-out split (SimFAFL
-        Table 2), or with ``split="val"`` on its own validation split, computed on the workers; with
-        ``finetune`` each client first runs its final personal round (``local.final_round``). The clients go
-        out ``EVAL_CLIENTS`` at a time, so only that many clients' states are read from the store at once."""
+        """Mean over clients of accuracy (and loss) on each one's held-out split (SimFAFL Table 2), or its
+        validation split with ``split="val"``; with ``finetune`` after its final personal round. Clients go
+        out ``EVAL_CLIENTS`` at a time, bounding the states read from the store at once."""
         assert self.pool is not None
         clients = list(range(self.cfg.federation.clients))
         run_ref = self.run_ref if split == "test" else self._validation_run()
@@ -274,7 +262,7 @@ class Federation:
         res = self.cfg.resources
         group = res.batch_clients if finetune and res.executor == "batched" else 1  # a final round's groups whole
         training = self.cfg.training
-        final = self.cfg.federation.rounds + 1  # the fine-tuning stream: "round R+1", apart from every training one
+        final = self.cfg.federation.rounds + 1  # fine-tuning draws as "round R+1", apart from training's
         inputs = RoundInput(round=final, seed=self.cfg.federation.seed, lr=training.finetune_lr or training.lr_at(final),
                             global_state=self.global_state, server={})
         scores: dict[int, tuple[int, float, int]] = {}
@@ -288,31 +276,27 @@ class Federation:
         return float(np.mean(accs)), float(np.mean(losses))
 
     def _validation_run(self) -> Any:
-        """This run bound a second time with the validation splits as the clients' held-out data (the
-        workers evaluate ``client_eval``); bound on first use, only by runs that evaluate validation."""
+        """This run bound again, on first use, with the validation splits as ``client_eval``."""
         assert self.pool is not None
         if self.val_ref is None:
             self.val_ref, _ = self.pool.bind(self.cfg, self.data.val_as_eval(), keep_latest=False)
         return self.val_ref
 
     def compute(self, tasks: Sequence[ProbeTask[T]]) -> list[T]:
-        """Probe computations on the workers (their GPUs when they have some, which a Tune trial's own
-        process lacks), spread over them in turn and run at once; the results in task order. Each task
-        is a function of the run's config and data and its own arguments alone, so which worker ran it
-        does not change its result."""
+        """Probe computations spread over the workers (and their GPUs) at once; results in task order. A task
+        depends on the run's config, data and its arguments alone, so not on which worker ran it."""
         self.open()
         assert self.pool is not None
         return deal(self.pool, self.run_ref, tasks)
 
     def static_costs(self) -> dict[str, float]:
-        """The run's constants, from the probes that declare some (FedAlign Table 5: forward MFLOPs per
-        sample, parameters stored)."""
+        """The run's constants from the probes that declare some (FedAlign Table 5)."""
         return {k: v for probe in self.probes for k, v in probe.run_constants(self).items()}
 
     # ------------------------------------------------------------------ results and checkpoints
     def summary(self) -> dict[str, Any]:
-        """The run's final figures (keys of ``--json-out``): each probe's own entries (``Probe.summary``),
-        then the loop's totals; ``wall_s`` counts the rounds and the probes' clocks ``in_wall``."""
+        """The run's final figures (``--json-out``): each probe's ``summary``, then the loop's totals;
+        ``wall_s`` counts the rounds and the probes' clocks ``in_wall``."""
         history = self.history
         round_s = sum(row["round_s"] for row in history)
         samples = sum(row["samples"] for row in history)
@@ -330,8 +314,7 @@ class Federation:
         return summary
 
     def state_dict(self) -> dict[str, Any]:
-        """Everything needed to continue exactly where the run stands; the client stores commit the states
-        changed since the last call to their logs, and the state holds their version (``ClientStore.commit``)."""
+        """Everything needed to continue exactly; client stores commit their changes, the state holds the version."""
         return {
             "round": self.round, "global_state": self.global_state, "server_state": self.server_state,
             "client_store": self.client_store.commit(self.round), "latest": self.latest.commit(self.round),
@@ -351,18 +334,16 @@ class Federation:
 
 
 def open_all(feds: Sequence[Federation]) -> None:
-    """Open every federation of this process, then forget the datasets it loaded for them. Why: ``open``
-    hands each dataset to the workers (Ray's object store) and reads their shared copy from then on; the
-    loader's cache would keep the private copy alive. All are built before (a trial's seeds share one load),
-    so releasing afterwards costs no second read."""
+    """Open every federation, then drop the loader's cached datasets. Why: ``open`` hands each to Ray's object
+    store and uses the shared copy from then on; the cache would keep the private one alive. All are built
+    first (a trial's seeds share one load), so this costs no second read."""
     for fed in feds:
         fed.open()
     release_loaded()
 
 
 def lockstep(feds: Sequence[Federation]) -> Iterator[list[RoundResult]]:
-    """Several federations' round loops advanced together (a trial's seeds), one round of each per item,
-    until one of them ends (last round or divergence)."""
+    """Several federations' round loops (a trial's seeds), one round of each per item, until one ends."""
     for results in zip(*(fed.rounds() for fed in feds)):
         yield list(results)
         if any(result.status != "running" for result in results):

@@ -1,9 +1,6 @@
-"""The one local training loop every method runs, with its optimisers and step metrics.
-
-Pure functions of (model, data, weights, state, seeds): they run inside Ray worker actors in a
-federation and in-process in tests and benchmarks. Each client's randomness (shuffling, augmentation,
-dropout) is seeded from (seed, round, client id) only.
-"""
+"""The one local training loop every method runs, with its optimisers and step metrics: pure functions of (model,
+data, weights, state, seeds); a client's randomness (shuffling, augmentation, dropout) is seeded from (seed, round,
+client id) only."""
 
 from __future__ import annotations
 
@@ -50,10 +47,9 @@ class HostMeter:
 
 
 class DeviceMeter(HostMeter):
-    """Fast-path step metrics: accumulated on the device and read once per client. The loss sum is kept in
-    float64 as ``HostMeter``'s Python float is, so the figures are the same bits. A non-finite loss cannot
-    stop the step here; the sum then stays non-finite (float32 losses × batch sizes cannot overflow
-    float64), which flags the client (``deferred``) and the caller re-runs it on the reference path."""
+    """Fast-path step metrics, accumulated on the device and read once per client; the float64 loss sum has
+    ``HostMeter``'s bits. A non-finite loss cannot stop the step here: it leaves the sum non-finite (float32 losses ×
+    batch sizes cannot overflow float64), and the caller re-runs the client on the reference path (``deferred``)."""
 
     deferred = True
 
@@ -85,10 +81,9 @@ def make_optimizer(params: list[nn.Parameter], training: TrainingConfig, lr: flo
 
 
 class KeptSGD:
-    """``torch.optim.SGD``'s step without an ``Optimizer`` object: ``torch.optim.sgd.sgd``, the functional form
-    ``SGD.step`` calls, with the arguments it passes, so the bits are SGD's. Why: any ``torch.optim.Optimizer``
-    imports ``torch._dynamo``, memory in every training process that never compiles. It keeps an Optimizer's
-    ``state`` (the momentum buffers; emptied, as a fresh SGD starts) and ``param_groups`` (the lr)."""
+    """``torch.optim.SGD``'s step without an ``Optimizer``: ``torch.optim.sgd.sgd`` with ``SGD.step``'s
+    arguments, so SGD's bits. Why: any ``torch.optim.Optimizer`` imports ``torch._dynamo``, memory wasted in a
+    process that never compiles. Keeps an Optimizer's ``state`` (momentum buffers) and ``param_groups``."""
 
     def __init__(self, params: list[nn.Parameter], training: TrainingConfig, lr: float) -> None:
         self.params = params
@@ -118,10 +113,9 @@ class KeptSGD:
 
 
 class Optimizers:
-    """Optimisers for each client and phase: built fresh (``reuse=False``, the reference), or one kept per
-    parameter set and setting (SGD as :class:`KeptSGD`) and emptied before each use, which takes exactly a
-    fresh one's steps (their state is built lazily on the first step). The kept ones hold their parameters,
-    so an ``id`` in a key is never reused by another parameter."""
+    """Optimisers per client and phase: fresh (``reuse=False``, the reference), or one kept per parameter set
+    and setting and emptied before each use, which steps exactly as a fresh one (state is built lazily). Kept
+    ones hold their parameters, so an ``id`` in a key is never reused by another parameter."""
 
     def __init__(self, reuse: bool) -> None:
         self.reuse = reuse
@@ -145,9 +139,8 @@ class Optimizers:
 
 @dataclass(frozen=True)
 class Executor:
-    """How ``train_client`` runs the one local loop (``resources.executor``): where batches come from,
-    how step metrics are kept, whether optimisers are reused. ``exact`` and ``reference`` give the same
-    bits (tests/engine/test_executor_exact.py); ``exact`` spends fewer host syncs and copies per step."""
+    """How ``train_client`` runs the loop (``resources.executor``): batch source, step metrics, optimiser reuse.
+    ``exact`` and ``reference`` give the same bits (tests/engine/test_executor_exact.py); ``exact`` syncs less."""
 
     source: HostBatches | DeviceBatches
     meter: type[HostMeter]
@@ -177,8 +170,8 @@ def client_context(
     global_tensors: dict[str, torch.Tensor], generator: torch.Generator, start: dict[str, torch.Tensor],
     source: HostBatches | DeviceBatches,
 ) -> ClientContext:
-    """A client's context after ``setup_client``, ``model`` holding its starting weights ``start``; its batches
-    come from its own ``generator`` through ``source``. Both executors' clients start here."""
+    """A client's context after ``setup_client``, ``model`` holding ``start``; batches from its own
+    ``generator`` through ``source``. Both executors' clients start here."""
     model.load_state_dict(start)
     indices = data.client_train[client_id]
     kept = epoch_samples(len(indices), training)
@@ -202,13 +195,9 @@ def train_client(
     client_state: dict[str, Any], training: TrainingConfig, augment_kind: str, device: torch.device,
     global_tensors: dict[str, torch.Tensor] | None = None, executor: Executor | None = None,
 ) -> ClientResult:
-    """One client's local update: the engine's loop around the method's hooks (see methods/base.py).
-
-    ``executor``: the run's (``Executor.build``, kept by the worker); None = the reference path. A client
-    whose loss turned non-finite on a path that reads its metrics once (``HostMeter.deferred``) is trained
-    again on the reference path, which stops at the first such step: every result, diverged or not, is
-    then the reference's (a client's randomness is all from its seed, so the re-run replays it).
-    """
+    """One client's local update: the engine's loop around the method's hooks (methods/base.py). ``executor``:
+    the run's (``Executor.build``); None: the reference path. A client whose loss turned non-finite on a ``deferred``
+    path is re-run on the reference path (its seed replays it), so every result, diverged or not, is the reference's."""
     executor = executor if executor is not None else Executor.build("reference", data, device)
     client_seed = derive_seed(inputs.seed, inputs.round, client_id)
     torch.manual_seed(client_seed)
@@ -234,18 +223,16 @@ def train_client(
 
 
 def train_metrics(loss_sum: float, correct: float, seen: int, steps: int, diverged: bool) -> dict[str, float]:
-    """A client's metrics, as both executors report them, from the steps it took: mean loss (NaN once it
-    diverged) and accuracy over their samples."""
+    """A client's metrics from the steps it took: mean loss (NaN once diverged) and accuracy."""
     return {"train_loss": loss_sum / max(seen, 1) if not diverged else math.nan,
             "train_acc": correct / max(seen, 1), "samples": float(seen), "steps": float(steps),
             "diverged": float(diverged)}
 
 
 def final_training(method: Method, training: TrainingConfig) -> tuple[Method, TrainingConfig]:
-    """What a client's final personal round trains (``training.finetune_epochs`` epochs at the round's lr):
-    the method's personal part tuned on CE from its client model (``final_round = "tune"``, its tuner:
-    ``finetune.tuner_for``), or one more of its own local updates (``"own"``: Ditto's personal model, as FedCR's
-    last round updates it), with the training settings to run it under."""
+    """The method and settings of a client's final personal round (``training.finetune_epochs`` epochs): its
+    personal part tuned on CE (``final_round = "tune"``, ``finetune.tuner_for``), or one more of its own local
+    updates (``"own"``: Ditto's personal model, as FedCR's last round updates it)."""
     if method.final_round == "tune":
         whole = training.finetune_params == "all"
         return tuner_for(method, training.finetune_epochs, training.finetune_lr, whole), training
@@ -256,8 +243,8 @@ def final_model(
     method: Method, model: nn.Module, inputs: RoundInput, result: ClientResult, device: torch.device,
     global_tensors: dict[str, torch.Tensor],
 ) -> None:
-    """Leave in ``model``, which holds a client's trained weights after its final round, the model its
-    personalised evaluation scores: those weights (``tune``), or its new client model (``own``)."""
+    """Leave in ``model`` (trained weights after the final round) the model scored: those weights (``tune``),
+    or the new client model (``own``)."""
     if method.final_round == "own":
         end = method.client_model_state(inputs.global_state, result.state)
         model.load_state_dict(device_states([end], device, inputs.global_state, global_tensors)[0])
@@ -268,9 +255,8 @@ def final_round(
     client_state: dict[str, Any], training: TrainingConfig, augment_kind: str, device: torch.device,
     executor: Executor | None = None, global_tensors: dict[str, torch.Tensor] | None = None,
 ) -> None:
-    """One client's final personal round (:func:`final_training`), leaving in ``model`` the model its
-    personalised evaluation scores (:func:`final_model`). ``global_tensors``: ``state_on_device`` of
-    ``inputs.global_state``, made once for all a worker's clients."""
+    """One client's final personal round, leaving in ``model`` the model scored (:func:`final_model`).
+    ``global_tensors``: ``state_on_device`` of ``inputs.global_state``, shared by a worker's clients."""
     global_tensors = global_tensors if global_tensors is not None else state_on_device(inputs.global_state, device)
     final, settings = final_training(method, training)
     result = train_client(final, model, data, client_id, inputs, client_state, settings, augment_kind, device,
@@ -282,8 +268,7 @@ def _local_steps(
     method: Method, ctx: ClientContext, training: TrainingConfig, lr: float, optimizers: Optimizers,
     meter: HostMeter,
 ) -> None:
-    """Every phase's epochs of steps (its first ``Phase.steps`` of them when it caps them); stops at the first
-    step ``meter`` finds non-finite."""
+    """Every phase's steps (capped at ``Phase.steps``); stops at the first one ``meter`` finds non-finite."""
     for phase in method.phases(ctx):
         params = _trainable(ctx.model, phase)
         phase_lr = phase.lr if phase.lr is not None else lr
@@ -312,9 +297,8 @@ def add_correction(method: Method, ctx: ClientContext) -> None:
 
 
 def _phase_batches(ctx: ClientContext, phase: Phase) -> Iterator[Batch]:
-    """A phase's batches: its epochs' in turn, ending after ``phase.steps`` of them when it caps them. An epoch
-    past the cap is never begun (``islice`` stops before asking for it), so it draws nothing from the client's
-    generator."""
+    """A phase's epochs' batches, capped at ``phase.steps``; an epoch past the cap is never begun, so it draws
+    nothing from the client's generator."""
     return islice((batch for _ in range(phase.epochs) for batch in ctx.batches()), phase.steps)
 
 

@@ -1,17 +1,12 @@
-"""A fixed pool of client workers: ClientWorker actors, using Ray's own fault tolerance, and optionally
-one worker's share trained in the driver's own process.
+"""A fixed pool of client workers: ClientWorker actors with Ray's fault tolerance, and optionally one worker's share
+trained in the driver's own process. Ray restarts a worker that dies mid-round (``max_restarts``) and retries its call
+(``max_task_retries``); a call carries everything a client needs and its randomness is keyed by (seed, round, client
+id), so the retried round has the same bits.
 
-A worker process that dies mid-round is restarted by Ray (``max_restarts``) and its in-flight call is
-retried (``max_task_retries``); since a call carries everything a client needs and every client's
-randomness is keyed by (seed, round, client id), the retried round gives the same bits as an unbroken one.
-
-The driver's share (``WorkerPlan.in_driver``, an :class:`InProcessPool`): the driver only waits while its
-actors train, and every torch process holds its own copy of torch's memory, so a local CPU run trains one
-shard in the driver instead of starting one more actor (issue 12's CPU memory goal). Its arguments come
-through Ray's object store, so it reads what an actor reads, and its results come back as copies, so the
-caller holds what an actor would return: the shards do not depend on which slot trains them, and the
-numbers are the same bits. It takes its share of every call, round 1's metered training and the FLOP count
-included: counting loads none of torch's compiler stack (``metrics._flops.TrainingFlops``).
+The driver's share (``WorkerPlan.in_driver``, an :class:`InProcessPool`): the driver only waits while its actors train,
+and every torch process holds its own copy of torch's memory, so a local CPU run trains one shard in the driver instead
+of one more actor (issue 12's CPU memory goal). It reads and returns what an actor would (the same bits), FLOP count
+included: counting loads no compiler stack (``metrics._flops.TrainingFlops``).
 """
 
 from __future__ import annotations
@@ -34,8 +29,8 @@ MAX_RESTARTS = 3
 
 @dataclass(frozen=True)
 class WorkerPlan:
-    """How many client workers and what each reserves (the Tune trial reserves the same bundles);
-    ``in_driver``: one of them is the driver's own process, the rest are actors."""
+    """How many client workers and what each reserves (as the Tune trial's bundles); ``in_driver``: one of
+    them is the driver's own process."""
 
     workers: int
     cpus: float
@@ -52,11 +47,9 @@ class WorkerPlan:
 
 
 def plan_workers(cfg: ExperimentConfig, cluster: dict[str, float], own_ray: bool = False) -> WorkerPlan:
-    """Resolve ``resources.*`` against the cluster's totals; refuse what can never be placed.
-
-    ``own_ray``: the caller started this Ray for itself on this machine (``run`` without an address), so
-    the driver's CPU is one of the cluster's and nothing else runs there: ``resources.driver_worker``'s
-    default then trains one share in the driver on a CPU-only plan of two or more workers."""
+    """Resolve ``resources.*`` against the cluster's totals; refuse what can never be placed. ``own_ray``: the caller
+    started this Ray for itself on this machine, so the driver's CPU is the cluster's: ``resources.driver_worker``'s
+    default then trains one share in the driver on a CPU-only plan of ≥ 2."""
     res = cfg.resources
     cpus_total, gpus_total = cluster.get("CPU", 0.0), cluster.get("GPU", 0.0)
     workers = res.workers or max(1, min(cfg.federation.clients_per_round, int(cpus_total // res.cpus_per_worker)))
@@ -85,17 +78,11 @@ def plan_workers(cfg: ExperimentConfig, cluster: dict[str, float], own_ray: bool
 
 
 class InProcessPool:
-    """One client worker in this process: a pool of width 1 without a process of its own, alone or as the
-    driver's share of a :class:`WorkerPool`.
-
-    Its arguments travel through Ray's object store as an actor's do: it reads what an actor reads
-    (read-only zero-copy arrays, its own copy of the client states). The caller keeps what an actor would
-    return: copies, not views of this worker's model, which its next call overwrites. They are deep copies
-    on the driver's heap, not objects put in the store: a page of the store, once used, stays resident for
-    the rest of the run, so a round's result put there (a partial sum of the weights in float64) would keep
-    that much more of the store resident, where a copy is freed once the round has summed it. It trains
-    with the plan's thread count, as an actor does (torch's CPU kernels may round differently per thread
-    count), and gives the driver its own back between calls."""
+    """One client worker in this process (a pool of width 1, alone or the driver's share of a :class:`WorkerPool`) that
+    reads and returns what an actor would: arguments come through Ray's object store (read-only zero-copy arrays, its
+    own copy of client states); results are deep copies on the driver's heap, neither views of the model its next call
+    overwrites nor store objects (a store page once used stays resident for the run; a copy is freed once summed). It
+    trains with the plan's thread count, as torch's CPU kernels may round differently per thread count."""
 
     def __init__(self, threads: int = 1) -> None:
         self.threads = threads
@@ -106,7 +93,7 @@ class InProcessPool:
         return 1
 
     def bind(self, cfg: ExperimentConfig, data: FederatedData, keep_latest: bool) -> tuple[Any, FederatedData]:
-        """The run in the object store (as :meth:`WorkerPool.bind`), the worker's model built now."""
+        """As :meth:`WorkerPool.bind`."""
         ref = ray.put(RunSpec(cfg, data, keep_latest))
         self.call("ready", [ref])
         return ref, ray.get(ref).data
@@ -117,7 +104,7 @@ class InProcessPool:
         return [self.call(method, [run], *args, *_call_tail(shard, per_shard))] if shard else []
 
     def call(self, method: str, *args: Any) -> Any:
-        """``ClientWorker.method(*args)``, each argument read from Ray's object store as an actor reads it."""
+        """``ClientWorker.method(*args)``, each argument read from Ray's object store as an actor would."""
         resolved = [ray.get(arg if isinstance(arg, ray.ObjectRef) else ray.put(arg)) for arg in args]
         with torch_threads(self.threads):
             result = getattr(self.worker, method)(*resolved)
@@ -128,13 +115,9 @@ class InProcessPool:
 
 
 class WorkerPool:
-    """``plan.workers`` client workers — ClientWorker actors, and the driver's share (an
-    :class:`InProcessPool`) when ``plan.in_driver`` — ; ``map`` runs one call per non-empty shard and gathers
-    results.
-
-    The workers are bound to no run: every call names its run (``bind``), so one pool can serve many runs
-    (a test's many methods, a caller's sweep) without paying for new worker processes each time.
-    """
+    """``plan.workers`` client workers (actors, plus the driver's share when ``plan.in_driver``); ``map`` runs
+    one call per non-empty shard. Every call names its run (``bind``), so one pool serves many runs without
+    new worker processes."""
 
     def __init__(self, plan: WorkerPlan) -> None:
         remote = ray.remote(ClientWorker).options(
@@ -150,11 +133,9 @@ class WorkerPool:
         return self.plan.workers
 
     def bind(self, cfg: ExperimentConfig, data: FederatedData, keep_latest: bool) -> tuple[Any, FederatedData]:
-        """The run's config and dataset in the object store, once per run (its zero-copy dataset is the one
-        the caller reads from then on); the caller holds the handle for the run's life, so restarted actors
-        can fetch them again. Every actor starts fetching it at once (``ClientWorker.ready``, not waited
-        for): the first round then finds them warm, and their start-up overlaps the driver's (tracking, the
-        header)."""
+        """The run's config and dataset in the object store, once per run: the handle (held by the caller for the run's
+        life, so restarted actors can fetch it) and the zero-copy dataset to read from then on. Actors start fetching at
+        once (``ClientWorker.ready``), overlapping the driver's start-up."""
         ref = ray.put(RunSpec(cfg, data, keep_latest))
         for actor in self.actors:
             actor.ready.remote([ref])
@@ -164,13 +145,9 @@ class WorkerPool:
 
     def map(self, run: ray.ObjectRef, method: str, shards: list[list[Any]], *args: Any,
             per_shard: Callable[[list[Any]], Any] | None = None) -> list[Any]:
-        """``Pool.map``. Worker 0 is the driver's share when there is one: the actors' calls are sent first,
-        so it trains while they do.
-
-        The arguments go to the object store once for all calls, and the run's reference nested (``[run]``)
-        so Ray does not copy the dataset into every call; runs that share the pool interleave freely, each
-        call naming its own.
-        """
+        """``Pool.map``. Worker 0 is the driver's share, if any, trained after the actors' calls are sent.
+        Arguments go to the object store once for all calls; the run's reference is nested (``[run]``) so Ray
+        does not copy the dataset into every call."""
         assert len(shards) == self.width(), (len(shards), self.width())
         shared = [ray.put(arg) for arg in args]
         driver_shard, actor_shards = (shards[0], shards[1:]) if self.driver is not None else ([], shards)

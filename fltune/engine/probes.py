@@ -1,10 +1,7 @@
-"""The probe interface: what a federation measures after its rounds, seen from the round loop.
-
-Why here: every figure beyond the round's training loss (an evaluation protocol's accuracy, the Hessian, the
-cost) is a :class:`Probe`, which the loop (``Federation``) runs without knowing any by name: it gives each a
-read-only :class:`RoundView` of the finished round, runs its :class:`ProbeTask` s on the workers, and asks it
-for its entries of the run summary. The probes live in the metrics package, which the engine never imports.
-"""
+"""The probe interface: what a federation measures after its rounds, seen from the round loop. Why here: every
+figure beyond the training loss is a :class:`Probe`, which the loop runs knowing none by name: it gives each a
+read-only :class:`RoundView`, runs its :class:`ProbeTask` s on the workers and asks for its summary entries; probes
+live in the metrics package, never imported by the engine."""
 
 from __future__ import annotations
 
@@ -30,7 +27,7 @@ LOOP_METRICS: Mapping[str, str] = {
 
 @dataclass(frozen=True)
 class RoundView:
-    """One finished round as probes see it, beside the federation's own state (``Federation``)."""
+    """One finished round as probes see it, beside the federation's own state."""
 
     round: int
     clients: tuple[int, ...]
@@ -40,7 +37,7 @@ class RoundView:
     inputs: RoundInput
     """What the round broadcast: learning rate, global model, the method's server payload."""
     previous_state: State
-    """The global model the round started from (``Federation.global_state`` is the one it ended with)."""
+    """The global model the round started from (``Federation.global_state``: the one it ended with)."""
     local_models: Mapping[int, State]
     """The round's clients' trained models (only when a probe ``keeps_local_models``)."""
     client_metrics: Mapping[int, Mapping[str, float]]
@@ -54,9 +51,8 @@ T_co = TypeVar("T_co", covariant=True)
 
 
 class ProbeTask(Protocol[T_co]):
-    """A piece of a probe's computation that runs on a client worker (``Federation.compute``): picklable,
-    and given the run's config, its data and the worker's device there (the GPU a Tune trial's own
-    process lacks)."""
+    """A picklable piece of a probe's computation run on a client worker (``Federation.compute``), with its
+    device (the GPU a Tune trial's own process lacks)."""
 
     def __call__(self, cfg: ExperimentConfig, data: FederatedData, device: torch.device) -> T_co: ...
 
@@ -74,12 +70,9 @@ class ClientMeter(Protocol):
 
 
 class Probe(ABC):
-    """A figure measured after rounds. Subclasses set the class attributes and override ``measure``.
-
-    ``clock`` names the timing metric (seconds) the probe's time is added to; ``constants`` declares run
-    constants, reported once (``run_constants``) rather than per round. ``name`` keys the probe's
-    ``state_dict`` in a federation's checkpoint when it keeps state across rounds.
-    """
+    """A figure measured after rounds; subclasses set the class attributes and override ``measure``. ``clock``:
+    the timing metric (seconds) the probe's time is added to; ``constants``: run constants, reported once
+    (``run_constants``); ``name`` keys the probe's ``state_dict`` in a federation's checkpoint."""
 
     name: ClassVar[str] = ""
     order: ClassVar[int] = 50
@@ -107,14 +100,14 @@ class Probe(ABC):
 
     @classmethod
     def check_data(cls, cfg: ExperimentConfig, data: FederatedData) -> None:
-        """Raise ``FLTuneError`` when the data ``cfg`` partitioned can't serve this probe, which ``cfg`` turns
-        on (default: never). Jobs of Tune trials run it before Ray starts, on each distinct setting."""
+        """Raise ``FLTuneError`` when the partitioned data can't serve this enabled probe (default: never); Tune
+        jobs run it before Ray starts, on each distinct setting."""
 
     @classmethod
     def client_meter(cls, round_: int) -> Callable[[], ClientMeter] | None:
-        """What builds a meter the workers open around each client's training in round ``round_`` (the FLOPs
-        its passes spend); None (the default): nothing to measure. A picklable builder, not a meter: each
-        client gets a fresh one, and what a meter needs is imported only by a worker that meters."""
+        """A picklable builder of the meter workers open around each client's training in ``round_`` (e.g. its
+        FLOPs); None: nothing to measure. A builder, not a meter: each client gets a fresh one, and only a
+        worker that meters imports what it needs."""
         return None
 
     @classmethod
@@ -138,8 +131,7 @@ class Probe(ABC):
         return {}
 
     def summary(self, fed: Federation) -> dict[str, Any]:
-        """This probe's entries of the run summary (``--json-out``, MLflow ``final_*``), read back from
-        ``fed.history``; default: none."""
+        """This probe's run-summary entries (``--json-out``, MLflow ``final_*``) from ``fed.history``."""
         return {}
 
     def state_dict(self) -> Any:

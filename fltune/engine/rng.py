@@ -1,10 +1,6 @@
-"""Every random number in a run flows from (seed, round, client id).
-
-Deriving seeds through numpy's SeedSequence (rather than seed + round arithmetic) gives independent
-streams per (seed, round, client), so results do not depend on which worker trains a client, on how
-many workers there are, or on the order in which clients run. On CUDA the kernels must be deterministic
-too (:func:`use_deterministic_cuda`).
-"""
+"""Every random number in a run flows from (seed, round, client id): numpy's SeedSequence (not seed + round
+arithmetic) gives independent streams, so results depend neither on which or how many workers train, nor on client
+order. On CUDA the kernels must be deterministic too (:func:`use_deterministic_cuda`)."""
 
 from __future__ import annotations
 
@@ -36,9 +32,8 @@ def sample_clients(seed: int, round_: int, num_clients: int, per_round: int) -> 
 
 
 def bernoulli_clients(seed: int, round_: int, num_clients: int, probability: float) -> list[int]:
-    """Clients of a round, each taking part with ``probability`` on its own, from the same (seed, round) stream:
-    the protocol of FedDyn's code and of the code built on it (FedDC's, MAN's: ``act_list <= act_prob``). The
-    number of clients varies around N·p from round to round; a round that drew nobody draws again, as there."""
+    """Clients of a round, each taking part with ``probability``, from the (seed, round) stream: FedDyn's code's
+    protocol (and FedDC's, MAN's: ``act_list <= act_prob``); a round that drew nobody draws again, as there."""
     rng = np.random.default_rng(np.random.SeedSequence([seed, SAMPLING_STREAM, round_]))
     while True:
         picked = np.flatnonzero(rng.uniform(size=num_clients) <= probability)
@@ -58,14 +53,10 @@ CUBLAS_WORKSPACE = ":4096:8"
 
 
 def use_deterministic_cuda(deterministic: bool) -> None:
-    """Pick reproducible CUDA kernels, or the fastest ones (``resources.deterministic``).
-
-    cuDNN's fastest convolution backward passes and cuBLAS's split-K GEMMs add partial sums in whatever
-    order the threads finish, so without this a seed gives different weights from run to run and between
-    1 and many workers on a GPU. ``warn_only``: an op with no deterministic CUDA kernel warns instead of
-    stopping the run. Only for a process that trains on CUDA: on the CPU every kernel fltune uses is
-    already deterministic, and the flag would make torch fill new tensors with NaN there.
-    """
+    """Pick reproducible CUDA kernels, or the fastest ones (``resources.deterministic``): cuDNN's fastest
+    convolution backward passes and cuBLAS's split-K GEMMs add partial sums in thread order, so a seed's weights
+    would differ between runs. ``warn_only``: an op with no deterministic kernel warns instead of stopping. CUDA
+    processes only: fltune's CPU kernels are deterministic already, and the flag would fill new tensors with NaN."""
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_WORKSPACE)
     torch.backends.cudnn.deterministic = deterministic
     torch.backends.cudnn.benchmark = not deterministic

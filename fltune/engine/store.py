@@ -1,20 +1,13 @@
-"""The client store: every client's state (SCAFFOLD's c_k, FedDyn's h_k, Ditto's personal model, …) on disk,
-with a small cache in memory, and checkpoints that write only what changed.
+"""The client store: every client's state (SCAFFOLD's c_k, FedDyn's h_k, Ditto's personal model, …) on disk, with a
+small cache in memory, and checkpoints that write only what changed. Why on disk: a state is model-sized, so a dict of
+them grows with the clients in total, while a round touches only its sampled clients'. Each state key (``c``,
+``personal``, …) is one ``.npy`` file of ``clients`` rows of its arrays' bytes (the key's layout, fixed at its first
+write), read and written with ``os.pread``/``os.pwrite``, never mapped: ``np.memmap`` keeps every page read resident,
+and a sum over all clients (SCAFFOLD's c) reads them all. ``.npy``/``.npz`` need no new dependency and hold no pickles.
 
-Why on disk: a state is model-sized, so a dict of them grows with the clients in total (SCAFFOLD at 10,000
-clients keeps 10,000 models), while a round reads and writes only its sampled clients'. Each top-level state
-key (``c``, ``personal``, …) is one ``.npy`` file of ``clients`` rows, a client's row holding the bytes of
-its arrays (their names, dtypes and shapes: the key's layout, fixed at its first write). A row is read and
-written with ``os.pread``/``os.pwrite`` at its offset, never mapped, so no page of a file stays in the
-process's memory after the read. numpy's own ``.npy`` (``np.lib.format``) and ``.npz`` formats need no new
-dependency, can be read by any numpy, and hold no pickles; memory-mapping (``np.memmap``) would keep every
-page read resident until the map closes, which a sum over all clients (SCAFFOLD's c) touches in full.
-
-Checkpoints (``commit``): the rows of the clients written since the last commit go to one ``.npz`` of the
-store's log, named by version (the round); a checkpoint holds the version and the folder, not the states.
-``restore`` rebuilds the rows from the log's files up to a version, so any checkpoint replays exactly, and
-drops the later files (a timeline the checkpoint does not know). Writes are whole-or-nothing (a temporary
-file renamed).
+Checkpoints (``commit``): the rows written since the last commit go to one ``.npz`` of the store's log named by version
+(the round); a checkpoint holds the version and folder, not the states. ``restore`` replays the log up to a version
+exactly and drops later files. Writes are all or nothing (a temporary file renamed).
 """
 
 from __future__ import annotations
@@ -73,8 +66,8 @@ def decode(row: bytes | bytearray | memoryview, layout: Layout) -> Any:
 
 
 class ClientStore(Mapping[int, dict[str, Any]]):
-    """Client id → its state, for ``clients`` clients, kept in ``folder`` (a temporary one, removed with the
-    store, when None); ``cache`` states stay decoded in memory (the round's clients, read then written back)."""
+    """Client id → state for ``clients`` clients, in ``folder`` (None: a temporary one, removed with the store);
+    ``cache`` states stay decoded in memory (the round's clients, read then written back)."""
 
     def __init__(self, clients: int, folder: Path | None = None, cache: int = 16) -> None:
         self.clients, self.cache_size = clients, max(1, cache)
@@ -118,8 +111,7 @@ class ClientStore(Mapping[int, dict[str, Any]]):
         return key in self.present and bool(self.present[key][cid])
 
     def held(self, key: str) -> Iterator[tuple[int, Any]]:
-        """(client, its ``key`` value) for every client holding ``key``, in client-id order, read
-        ``READ_BYTES`` of rows at a time: a sum over all clients costs few reads, and one block in memory."""
+        """(client, ``key`` value) for every holder in client-id order, read ``READ_BYTES`` at a time."""
         if key not in self.layouts:
             return
         layout, holders = self.layouts[key], np.flatnonzero(self.present[key])
@@ -152,8 +144,7 @@ class ClientStore(Mapping[int, dict[str, Any]]):
             self._remember(cid, state)
 
     def commit(self, version: int) -> dict[str, Any]:
-        """Write the clients changed since the last commit to the log as ``version``; the checkpoint's
-        reference to this state of the store."""
+        """Log the clients changed since the last commit as ``version``; returns the checkpoint's reference."""
         log = self.folder / LOG
         if self.fresh:
             shutil.rmtree(log, ignore_errors=True)
@@ -168,8 +159,8 @@ class ClientStore(Mapping[int, dict[str, Any]]):
         return {"folder": str(self.folder), "version": version, "entries": entries, "clients": len(self)}
 
     def restore(self, ref: dict[str, Any]) -> None:
-        """The store as ``commit`` left it at ``ref``'s version: its log files up to it replayed (copied in
-        first when ``ref`` names another folder that still exists), the later ones removed."""
+        """The store as ``commit`` left it at ``ref``'s version: log files up to it replayed (copied in first
+        from another folder that still exists), later ones removed."""
         version, source = ref["version"], Path(ref["folder"]) / LOG
         log = self.folder / LOG
         log.mkdir(parents=True, exist_ok=True)
@@ -204,9 +195,8 @@ class ClientStore(Mapping[int, dict[str, Any]]):
         self.cache: OrderedDict[int, dict[str, Any]] = OrderedDict()
 
     def _write_delta(self, path: Path, cids: np.ndarray) -> None:
-        """An ``.npz`` of ``cids``' states: their ids, the layouts, and per key which of them hold it
-        (``has<i>``) and those clients' rows (``rows<i>``), streamed a row at a time (``np.lib.format``
-        headers in a zip, which ``np.load`` reads as any ``.npz``)."""
+        """An ``.npz`` of ``cids``' states: ids, layouts, and per key its holders (``has<i>``) and their rows
+        (``rows<i>``), streamed a row at a time (any ``np.load`` reads it)."""
         with zipfile.ZipFile(path, "w") as archive:
             _put(archive, "cids", cids)
             _put(archive, "layouts", np.array(json.dumps(list(self.layouts.items()))))
@@ -221,7 +211,6 @@ class ClientStore(Mapping[int, dict[str, Any]]):
                         out.write(self._read(key, int(cid), 1))
 
     def _replay(self, entry: Path) -> None:
-        """Write one log file's states into the rows, a row at a time."""
         with zipfile.ZipFile(entry) as archive:
             cids = _get(archive, "cids")
             for i, (key, layout) in enumerate(json.loads(str(_get(archive, "layouts")))):
@@ -264,8 +253,7 @@ class ClientStore(Mapping[int, dict[str, Any]]):
 
 
 class WithRound(Mapping[int, dict[str, Any]]):
-    """The store as a round leaves it, before it is written: ``states`` (the round's clients') over
-    ``store``, for the server step (``ServerContext.client_store``), which may still refuse the round."""
+    """The round's ``states`` over ``store``, unwritten, for the server step (which may yet refuse the round)."""
 
     def __init__(self, store: ClientStore, states: Mapping[int, dict[str, Any]]) -> None:
         self.store, self.states = store, states
@@ -291,7 +279,6 @@ class WithRound(Mapping[int, dict[str, Any]]):
 
 
 def _release(files: dict[str, tuple[int, int, int]], temporary: Path | None) -> None:
-    """Close a store's files, and remove its folder when it was a temporary one."""
     for fd, _, _ in files.values():
         os.close(fd)
     files.clear()

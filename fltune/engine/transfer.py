@@ -1,5 +1,5 @@
-"""What a round's clients start from, on the training device: the round's input (weights, server payload)
-and the weights' copies to a device, made once per distinct array for every client a process trains."""
+"""What a round's clients start from: the round's input, and its copies to the training device, made once per
+distinct array for every client a process trains."""
 
 from __future__ import annotations
 
@@ -27,8 +27,7 @@ class RoundInput:
     """``server`` on each device this process trains the round on (:meth:`server_on`)."""
 
     def server_on(self, device: torch.device) -> DeviceServer:
-        """``server``'s arrays as tensors on ``device``, each copied once for every client of the round that
-        this process trains (``ClientContext.server_tensors``)."""
+        """``server``'s arrays as tensors on ``device``, copied once per round and process."""
         return self.copies.setdefault(str(device), DeviceServer(self.server, device))
 
     def __getstate__(self) -> dict[str, Any]:
@@ -37,15 +36,13 @@ class RoundInput:
 
 
 def load_state(model: nn.Module, state: State) -> None:
-    """Copy numpy weights into the model (copying: arrays from Ray's object store are read-only), all of a
-    dtype in one copy to the model's device (``to_device``)."""
+    """Copy numpy weights into the model (arrays from Ray's object store are read-only), one copy per dtype."""
     model.load_state_dict(state_on_device(state, next(iter(model.state_dict().values())).device))
 
 
 class DeviceServer(Mapping[str, Any]):
-    """A round's server payload read as tensors on one device: an array becomes a tensor, a dict of arrays
-    a dict of tensors (one copy per dtype, ``to_device``), each entry copied at its first read and kept for
-    every client the worker trains (each copy from pageable memory waits for the GPU). Shared: read only."""
+    """A round's server payload as tensors on one device, each entry copied at its first read and kept for
+    every client the worker trains (a copy from pageable memory waits for the GPU). Shared: read only."""
 
     def __init__(self, server: dict[str, Any], device: torch.device) -> None:
         self.server, self.device = server, device
@@ -70,18 +67,15 @@ class DeviceServer(Mapping[str, Any]):
 
 
 def state_on_device(state: State, device: torch.device) -> dict[str, torch.Tensor]:
-    """``state`` on ``device`` in one copy per dtype (``to_device``). Of the round's global weights: what
-    methods read as ``ClientContext.global_state``, and what clients' loads copy the weights they share
-    with it from (``device_states``)."""
+    """``state`` on ``device`` in one copy per dtype; of the global weights, ``ClientContext.global_state``."""
     return dict(zip(state, to_device(list(state.values()), device)))
 
 
 def device_states(
     states: Sequence[State], device: torch.device, host_global: State, device_global: dict[str, torch.Tensor],
 ) -> list[dict[str, torch.Tensor]]:
-    """Each of ``states`` as tensors on ``device``, for ``model.load_state_dict``: an entry that is the very
-    array of the round's global weights (``host_global``) is its twin already there (``device_global``), and
-    every other distinct array (a client's personal part) goes over in one copy with the rest (``to_device``)."""
+    """Each of ``states`` as tensors on ``device``: an entry that is the very array of ``host_global`` is its
+    twin in ``device_global``; every other distinct array goes over in one copy with the rest."""
     others: dict[int, np.ndarray] = {}
     for state in states:
         others.update((id(v), v) for k, v in state.items() if host_global.get(k) is not v)
@@ -93,9 +87,8 @@ def device_states(
 
 
 def load_changed(model: nn.Module, state: dict[str, torch.Tensor], loaded: dict[str, torch.Tensor]) -> None:
-    """Load the entries of ``state`` that are not the very tensors loaded last (``loaded``, which this
-    updates), while nothing else writes the model: clients evaluated one after another share the global
-    weights, and a load of every key checks them all (strict)."""
+    """Load the entries of ``state`` that are not the tensors loaded last (``loaded``, updated), provided
+    nothing else writes the model: clients evaluated in turn share the global weights."""
     changed = {k: v for k, v in state.items() if loaded.get(k) is not v}
     if changed:
         model.load_state_dict(changed, strict=len(changed) == len(state))

@@ -1,16 +1,10 @@
 """The Ray actor that trains clients: stateless between calls, so any worker can train any client.
 
-A worker serves one run at a time: the run's config and dataset arrive by reference with every call
-(one ``ray.put`` per run, see ``WorkerPool.bind``), and the worker builds its model and method when the
-run changes. Per call it trains its share of the round's clients one after another and returns one partial
-weighted sum (see aggregate.py) plus each client's upload, new state and metrics, with whatever the
-meters the call carries measured around its training (``Probe.client_meter``). Weights
-arrive as numpy from one ``ray.put`` per round.
-
-When a probe needs every local model (``RunSpec.keep_latest``: ``all_model``, H_N/H_D), a worker whose
-clients' models the method rebuilds from their updates (``Method.local_model``) returns those updates
-instead of its partial sum, and the driver sums them in the worker's order: each client's weights travel
-once. Otherwise it returns the partial sum and every local model.
+A worker serves one run at a time: the run arrives by reference with every call (``WorkerPool.bind``). Per call it
+trains its share of the round's clients in turn and returns one partial weighted sum (aggregate.py) plus each
+client's upload, state and metrics. When a probe needs every local model (``RunSpec.keep_latest``: ``all_model``,
+H_N/H_D) and ``Method.local_model`` rebuilds them, the worker returns the updates instead of its partial sum and the
+driver sums them in the worker's order, so each client's weights travel once.
 """
 
 from __future__ import annotations
@@ -44,8 +38,7 @@ from fltune.methods.base import ClientResult, Method, State, Upload, to_numpy
 T = TypeVar("T")
 
 STAGED_BYTES = 64 * 2**20
-"""Bytes of weights a personalised evaluation stages on the device at once (``ClientWorker.evaluate_clients``):
-several clients' personal weights in one copy, with the device's memory bounded whatever the model."""
+"""Bytes of personal weights ``ClientWorker.evaluate_clients`` stages on the device in one copy: bounds memory."""
 
 
 @dataclass(frozen=True)
@@ -56,15 +49,14 @@ class RunSpec:
     data: FederatedData
     keep_latest: bool  # return each client's local model (the all_model protocol, H_N/H_D need them)
     rebuild: bool = True
-    """With ``keep_latest``: let the driver rebuild local models it can (``Method.local_model``); False
-    ships every one (the reference tests/engine/test_federation_probes.py checks against)."""
+    """With ``keep_latest``: let the driver rebuild the local models it can; False ships every one (the
+    reference of tests/engine/test_federation_probes.py)."""
 
 
 @dataclass
 class WorkerResult:
-    """One worker's share of a round: its weighted sum as ``partial``, or the summands themselves as
-    ``updates`` (each client's weight and update, in the order the worker trained them), for the driver to
-    add up (:meth:`summed`)."""
+    """One worker's share of a round: its weighted sum as ``partial``, or the summands as ``updates`` (weight
+    and update per client, in training order) for the driver to add up (:meth:`summed`)."""
 
     partial: WeightedSum
     uploads: dict[int, Upload] = field(default_factory=dict)
@@ -75,8 +67,7 @@ class WorkerResult:
     updates: dict[int, tuple[float, State]] = field(default_factory=dict)
 
     def summed(self) -> WeightedSum:
-        """The worker's weighted sum: the shipped ``partial``, or ``updates`` added in the worker's order,
-        which are the very operations the worker would have done, so the same bits."""
+        """The worker's weighted sum: ``partial``, or ``updates`` added in the worker's order (the same bits)."""
         if not self.updates:
             return self.partial
         total = WeightedSum()
@@ -85,8 +76,7 @@ class WorkerResult:
         return total
 
     def local_models(self, method: Method) -> dict[int, State]:
-        """Every trained client's local model: shipped, or rebuilt here from its update (the worker
-        checked that the rebuild is exact, :meth:`ClientWorker._pack`)."""
+        """Every trained client's local model: shipped, or rebuilt from its update (exact: ``_pack`` checked)."""
         rebuilt = {cid: method.local_model(update, self.states[cid], self.uploads[cid])
                    for cid, (_, update) in self.updates.items()}
         return {**rebuilt, **self.latest}
@@ -96,9 +86,8 @@ class ClientWorker:
     """Trains and evaluates clients on one CPU slot or GPU fraction (wrapped by ``ray.remote`` in the pool)."""
 
     def __init__(self, threads: int, in_driver: bool = False) -> None:
-        """A process that sees no GPU keeps Triton out (``skip_triton``): round 1's FLOP meter imports torch's
-        FLOP counter, which imports Triton where it is installed. ``in_driver``: the driver's share
-        (``pool.InProcessPool``), whose plan reserves no GPU even where the driver's process sees one."""
+        """A process that sees no GPU keeps Triton out (``skip_triton``): round 1's FLOP meter would import
+        it. ``in_driver``: the driver's share (``pool.InProcessPool``), whose plan reserves no GPU."""
         torch.set_num_threads(max(1, threads))
         sees_gpu = torch.cuda.is_available()
         if not sees_gpu:
@@ -108,9 +97,7 @@ class ClientWorker:
         self.run_id: str | None = None
 
     def _attach(self, run_ref: list) -> FederatedData:
-        """Switch to the run behind ``run_ref`` when it is not the one served last. It travels by reference
-        with every call, so a worker that Ray restarts after a crash, or that a pool hands to a new run,
-        needs nothing from its constructor."""
+        """Switch to ``run_ref``'s run unless served last; it comes with every call, so restarts need no setup."""
         ref = run_ref[0]
         if ref.hex() != self.run_id:
             import ray
@@ -122,7 +109,7 @@ class ClientWorker:
             self.augment_kind = resolve_augment(spec.cfg, spec.data)
             self.batched = spec.cfg.resources.executor == "batched" and unbatchable(
                 spec.cfg, self.method, self.model) is None
-            # batched rounds that must run client by client (metered ones, unbatchable methods) take the exact path
+            # a batched run's client-by-client rounds (metered, unbatchable) take the exact path
             self.executor = Executor.build(
                 "reference" if spec.cfg.resources.executor == "reference" else "exact", spec.data, self.device)
             if self.device.type == "cuda":
@@ -135,8 +122,7 @@ class ClientWorker:
         states: dict[int, dict[str, Any]],
     ) -> WorkerResult:
         """Train ``client_ids`` in order; stop early if one diverges (the round is lost anyway). The batched
-        executor trains them in groups (engine/batched.py), except in a round whose probes meter each
-        client's own training (``builders``: what builds each meter, ``Probe.client_meter``)."""
+        executor trains groups, except when probes meter each client (``builders``, ``Probe.client_meter``)."""
         data = self._attach(run_ref)
         result = WorkerResult(partial=WeightedSum())
         global_tensors = state_on_device(inputs.global_state, self.device)
@@ -163,7 +149,7 @@ class ClientWorker:
         self, result: WorkerResult, inputs: RoundInput, client_ids: list[int], states: dict[int, dict[str, Any]],
         global_tensors: dict[str, torch.Tensor],
     ) -> WorkerResult:
-        """The batched executor: the shard's client groups one after another, each trained at once."""
+        """The batched executor: the shard's client groups in turn."""
         for group in client_groups(client_ids, self.cfg.resources.batch_clients):
             for cid, out in train_group(self.method, self.model, self.data, group, inputs, states, self.cfg.training,
                                         self.augment_kind, self.device, global_tensors, self.executor.source,
@@ -175,8 +161,7 @@ class ClientWorker:
         return result
 
     def _keep(self, result: WorkerResult, cid: int, out: ClientResult) -> None:
-        """Add a trained client to the worker's share (its local model: what ``self.model`` holds now);
-        with ``keep_latest`` its update is held apart until :meth:`_pack` decides what ships."""
+        """Add a trained client (local model in ``self.model``); with ``keep_latest`` :meth:`_pack` decides later."""
         result.uploads[cid], result.states[cid], result.metrics[cid] = out.upload, out.state, out.metrics
         if self.keep_latest:
             result.updates[cid] = (out.weight, out.update)
@@ -185,9 +170,8 @@ class ClientWorker:
             result.partial.add(out.weight, out.update)
 
     def _pack(self, result: WorkerResult) -> WorkerResult:
-        """What ships of a share that kept its local models: the updates alone when the method rebuilds
-        every one of those models exactly from its client's update, state and upload
-        (``Method.local_model``); else the partial sum and every local model."""
+        """What ships: the updates alone when ``Method.local_model`` rebuilds every local model exactly, else
+        the partial sum and every local model."""
         rebuilt = self.rebuild and all(
             _identical(self.method.local_model(update, result.states[cid], result.uploads[cid]), result.latest[cid])
             for cid, (_, update) in result.updates.items()
@@ -203,13 +187,12 @@ class ClientWorker:
         self, run_ref: list, inputs: RoundInput, finetune: bool, client_ids: list[int],
         states: dict[int, dict[str, Any]],
     ) -> dict[int, tuple[int, float, int]]:
-        """Personalised protocol: each client's own model (after its final personal round when ``finetune``,
-        ``local.final_round``) on its own held-out split, in chunks of clients whose weights fill at most
-        ``STAGED_BYTES`` (``_score_chunk``). Scores are read once for the whole shard."""
+        """Personalised protocol: each client's own model (after its final round when ``finetune``) on its
+        held-out split, in chunks of at most ``STAGED_BYTES`` of weights; scores are read once per shard."""
         data = self._attach(run_ref)
         global_tensors = state_on_device(inputs.global_state, self.device)
         per_chunk = max(1, STAGED_BYTES // sum(v.nbytes for v in inputs.global_state.values()))
-        if finetune and self.batched:  # chunks of whole groups: a final round's groups are the run's, not the shard's
+        if finetune and self.batched:  # whole groups: a final round's groups are the run's, not the shard's
             per_chunk = -(-per_chunk // self.cfg.resources.batch_clients) * self.cfg.resources.batch_clients
         sums: dict[int, torch.Tensor] = {}
         for first in range(0, len(client_ids), per_chunk):
@@ -226,10 +209,8 @@ class ClientWorker:
         self, data: FederatedData, inputs: RoundInput, finetune: bool, chunk: list[int],
         states: dict[int, dict[str, Any]], global_tensors: dict[str, torch.Tensor],
     ) -> dict[int, torch.Tensor]:
-        """``score_sums`` of each client of ``chunk``, left on the device. The chunk's held-out images go over
-        in one copy, and so do its clients' personal weights (``local.device_states``; a fine-tuned client
-        copies its own as its final round starts); a client's load skips the weights it shares with the one
-        before it (``load_changed``)."""
+        """``score_sums`` of each client of ``chunk``, left on the device. Held-out images and personal weights
+        go over in one copy each; a client's load skips weights it shares with the one before (``load_changed``)."""
         held_out = {cid: data.client_eval[cid] for cid in chunk}
         idx = torch.from_numpy(np.concatenate(list(held_out.values())).astype(np.int64))
         xs, ys = data.x[idx].to(self.device), data.y[idx].to(self.device)
@@ -247,9 +228,8 @@ class ClientWorker:
         return {cid: sums[cid] for cid in chunk}
 
     def _train_batches(self, data: FederatedData, inputs: RoundInput, cid: int) -> Callable[[], Iterator[Batch]]:
-        """One epoch of ``cid``'s training batches, as its local training draws them, for ``personal_scorer``:
-        from a generator of its own, seeded one round past ``inputs.round`` (the final round's), so its draws
-        are apart from every training and fine-tuning draw. Each call is the next epoch."""
+        """``cid``'s training batches for ``personal_scorer``, one epoch per call, from a generator seeded one
+        round past ``inputs.round`` so its draws are apart from every training and fine-tuning draw."""
         generator = torch.Generator().manual_seed(derive_seed(inputs.seed, inputs.round + 1, cid))
 
         def epoch() -> Iterator[Batch]:
@@ -261,8 +241,7 @@ class ClientWorker:
         self, inputs: RoundInput, chunk: list[int], states: dict[int, dict[str, Any]],
         global_tensors: dict[str, torch.Tensor],
     ) -> Iterator[int]:
-        """Each client of ``chunk`` in turn, ``self.model`` holding its client model (personal weights staged
-        in one copy for the chunk)."""
+        """Each client of ``chunk`` in turn, ``self.model`` holding its client model."""
         starts = [self.method.client_model_state(inputs.global_state, states.get(cid, {})) for cid in chunk]
         loaded: dict[str, Any] = {}
         for cid, load in zip(chunk, device_states(starts, self.device, inputs.global_state, global_tensors)):
@@ -273,9 +252,8 @@ class ClientWorker:
         self, data: FederatedData, inputs: RoundInput, chunk: list[int], states: dict[int, dict[str, Any]],
         global_tensors: dict[str, torch.Tensor],
     ) -> Iterator[int]:
-        """Each client of ``chunk`` after its final personal round, ``self.model`` holding the model it is
-        scored with: in groups (``train_group``, eager) where the batched executor batches the round's method,
-        else client by client (``local.final_round``)."""
+        """Each client of ``chunk`` after its final personal round, ``self.model`` holding the model scored:
+        in groups (eager) where the batched executor batches the round's method, else client by client."""
         final, settings = final_training(self.method, self.cfg.training)
         if not (self.batched and unbatchable(self.cfg, final, self.model) is None):
             for cid in chunk:
@@ -292,9 +270,8 @@ class ClientWorker:
     def evaluate_split(
         self, run_ref: list, state: State, split: str, batches: list[int],
     ) -> list[tuple[int, float]]:
-        """Per-batch (correct, summed loss) of the model with weights ``state`` on ``split`` batches
-        ``batches``: the driver spreads an evaluation over its idle workers (and their GPUs, which a Tune
-        trial's own process lacks) and adds the scores up in batch order (``Federation.evaluate_state``)."""
+        """Per-batch (correct, summed loss) of ``state`` on ``split``'s ``batches``: the driver spreads an
+        evaluation over idle workers (and their GPUs) and adds up in batch order (``Federation.evaluate_state``)."""
         data = self._attach(run_ref)
         load_state(self.model, state)
         x, y = data.split(split)
@@ -303,21 +280,18 @@ class ClientWorker:
         return scores
 
     def compute(self, run_ref: list, tasks: list[ProbeTask[T]]) -> list[T]:
-        """Probe computations (``Federation.compute``, dealt out by the pool) on this worker's device — its
-        GPU when it has one, which a Tune trial's own process lacks — with the run's config and data, one
-        after another."""
+        """Probe computations (``Federation.compute``) in turn on this worker's device (a GPU a trial may lack)."""
         data = self._attach(run_ref)
         results = [task(self.cfg, data, self.device) for task in tasks]
         release_free_memory()
         return results
 
     def ready(self, run_ref: list) -> None:
-        """Fetch the run's config and dataset and build its model now (``WorkerPool.bind``), while the
-        driver still starts up, rather than inside the first round."""
+        """Fetch the run and build its model now (``WorkerPool.bind``), while the driver starts up."""
         self._attach(run_ref)
 
     def pid(self) -> int:
-        """Process id (tests kill it to check that a lost worker is replaced transparently)."""
+        """Process id (tests kill it to check that a lost worker is replaced)."""
         return os.getpid()
 
     def node_id(self) -> str:
@@ -333,10 +307,9 @@ except (OSError, AttributeError):
 
 
 def release_free_memory() -> None:
-    """Hand the heap's free pages back to the OS after a call, and after each client (or batched group)
-    that a call trains. glibc keeps what activations and temporaries freed for reuse; a worker spends much
-    of a run idle between calls, so what it holds then is its real footprint, and re-faulting those pages
-    is cheap next to a client's training (figures: docs/performance.md)."""
+    """Hand the heap's free pages back to the OS after a call and after each client or group. glibc keeps freed
+    activations for reuse, but a worker is mostly idle between calls, when what it holds is its real footprint;
+    re-faulting the pages is cheap next to training (docs/performance.md)."""
     if _MALLOC_TRIM is not None:
         _MALLOC_TRIM(0)
 
@@ -347,10 +320,9 @@ def _no_triton_note(record: logging.LogRecord) -> bool:
 
 
 def skip_triton() -> None:
-    """Make ``import triton`` fail in this process, as if Triton were not installed: for a process that
-    sees no GPU, where it can run no Triton kernel. Why: torch imports Triton whenever its compiler stack or
-    FLOP counter loads, and it then holds memory no CPU worker uses; torch's check for it is an import that
-    may fail, and Python fails an import whose ``sys.modules`` entry is None."""
+    """Make ``import triton`` fail here, as if not installed, in a process that sees no GPU. Why: torch imports
+    Triton whenever its compiler or FLOP counter loads, holding memory a CPU worker never uses; torch's check is
+    an import that may fail, and Python fails an import whose ``sys.modules`` entry is None."""
     if "triton" not in sys.modules:
         sys.modules["triton"] = None  # type: ignore[assignment]
         logging.getLogger("torch.utils.flop_counter").addFilter(_no_triton_note)
