@@ -1,6 +1,5 @@
 """A run's parts put together: a ``Federation`` of a config's data, model and method, on client workers, with
-the probes its config turns on. The one place that knows all parts: the engine knows no probe nor Ray.
-"""
+the probes its config turns on. The one place that knows all parts: the engine knows no probe nor Ray."""
 
 from __future__ import annotations
 

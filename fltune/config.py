@@ -123,9 +123,8 @@ class ModelConfig(_Section):
 class MethodConfig(BaseModel):
     """The method's registry name plus its hyperparameters, validated by the method's own Params.
 
-    Params live beside the method's torch code, so they are consulted only for given values or a dump
-    (paper defaults filled in); a plain name is checked against ``fltune.catalog`` alone.
-    """
+    Params live beside the method's torch code, so they are consulted only for given values or a dump (paper
+    defaults filled in); a plain name is checked against ``fltune.catalog`` alone."""
 
     model_config = ConfigDict(extra="allow")
 

@@ -1,8 +1,5 @@
-"""User-facing errors.
-
-Every bad input a user can make raises :class:`FLTuneError` with one line naming the field and what is
-allowed; the CLI prints that line and exits with status 2, never a traceback.
-"""
+"""User-facing errors: every bad input a user can make raises :class:`FLTuneError` with one line naming the field and
+what is allowed; the CLI prints that line and exits with status 2, never a traceback."""
 
 
 class FLTuneError(Exception):

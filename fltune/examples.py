@@ -1,6 +1,5 @@
 """The examples every command's ``--help`` ends with (argparse ``epilog``), in one import-free place so the
-parsers of several command modules read alike.
-"""
+parsers of several command modules read alike."""
 
 EXAMPLES: dict[str, str] = {
     "run": """examples:

@@ -242,10 +242,9 @@ def signal_handlers_kept() -> Iterator[None]:
 
 
 def _end_if_ray_died(signum: int, poll_s: float = 0.1) -> None:
-    """A process-group SIGTERM also ends the local Ray, so Tune's graceful stop can never finish (Ray would
-    exit 1). Watch the local Ray (under load it takes a while to go); once it goes, inside
-    ``ending_if_ray_dies``, clean up, print the line and exit 128 + the signal. A joined cluster or surviving
-    Ray is left to the graceful stop."""
+    """A process-group SIGTERM also ends the local Ray, so Tune's graceful stop can never finish (Ray would exit 1).
+    Watch the local Ray (under load it takes a while to go); once it goes, inside ``ending_if_ray_dies``, clean up,
+    print the line and exit 128 + the signal. A joined cluster or surviving Ray is left to the graceful stop."""
     node = _local_ray()
     if node is None:
         return

@@ -55,13 +55,10 @@ def lookup_float(x_uint8: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
 
 
 def augment(x: torch.Tensor, kind: str, generator: torch.Generator, black: torch.Tensor | None = None) -> torch.Tensor:
-    """Augment a batch [B, C, H, W] independently per sample; ``"none"`` returns ``x`` itself.
-
-    ``black``: a black pixel per channel [C] in ``x``'s scale, the padding of ``crop_flip`` and
-    ``crop_flip_cutout`` (torchvision pads before ``Normalize``; the engine passes ``normalise_table(...)[:,
-    0]``); None: 0, for unnormalised batches. Cutout and ``flip_crop_half`` write zeros of ``x``'s scale (the
-    mean colour when normalised), as their reference code does.
-    """
+    """Augment a batch [B, C, H, W] independently per sample; ``"none"`` returns ``x`` itself. ``black``: a black pixel
+    per channel [C] in ``x``'s scale, the padding of ``crop_flip`` and ``crop_flip_cutout`` (torchvision pads before
+    ``Normalize``; the engine passes ``normalise_table(...)[:, 0]``); None: 0, for unnormalised batches. Cutout and
+    ``flip_crop_half`` write zeros of ``x``'s scale (the mean colour when normalised), as their reference code does."""
     if kind not in AUGMENTATIONS:
         raise FLTuneError(f"data.augment: unknown augmentation {kind!r}; allowed: {', '.join(AUGMENTATIONS)}")
     if kind == "none":
@@ -85,12 +82,10 @@ def random_crop_flip(
     x: torch.Tensor, generator: torch.Generator, padding: int = CROP_PADDING,
     fill: torch.Tensor | str | None = None, crop_half: bool = False,
 ) -> torch.Tensor:
-    """Pad by ``padding``, crop back to H×W at a random offset, mirror with probability 1/2.
-
-    ``fill``: a colour per channel [C], None for zeros, or ``"reflect"``. ``crop_half``: each sample is
-    cropped with probability 1/2, drawn after the offsets and flips so the other kinds' draws are unchanged.
-    One gather: sample b reads rows dy_b + i, columns dx_b + j (dx_b + W − 1 − j when flipped).
-    """
+    """Pad by ``padding``, crop back to H×W at a random offset, mirror with probability 1/2. ``fill``: a colour per
+    channel [C], None for zeros, or ``"reflect"``. ``crop_half``: each sample is cropped with probability 1/2, drawn
+    after the offsets and flips so the other kinds' draws are unchanged. One gather: sample b reads rows dy_b + i,
+    columns dx_b + j (dx_b + W − 1 − j when flipped)."""
     b, _, h, w = x.shape
     dy, dx = _randint(2 * padding + 1, (2, b), generator, x.device)
     flip = _randint(2, (b, 1), generator, x.device).bool()

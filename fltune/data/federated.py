@@ -1,6 +1,5 @@
 """A dataset split over clients: one shared uint8 pool plus per-client index arrays. Partitions are cached as
-``.npz`` files named by a sha256 of everything that determines them, written atomically.
-"""
+``.npz`` files named by a sha256 of everything that determines them, written atomically."""
 
 from __future__ import annotations
 
@@ -103,14 +102,12 @@ def build_federated_data(
     eval_fraction: float = 0.0, val_fraction: float = 0.0, pool_test: bool = False, test_per_client: int = 0,
     cache_dir: str | Path | None = None,
 ) -> FederatedData:
-    """Partition ``dataset`` over ``num_clients`` clients, hold out ``eval_fraction`` of each, then
-    ``val_fraction`` of the rest as validation (own seed stream: the partition does not depend on it).
-
-    ``pool_test=True`` (SimFAFL/FedCR): train and test pooled before partitioning, the global test split is
-    the union of the held-out splits. ``test_per_client > 0`` (FedSOL): held-out splits drawn from the test
-    split in each client's label proportions (:func:`aligned_test_split`), appended to the pool. Refuses a
-    client without training samples and a fraction that holds out nothing (:func:`check_held_out`).
-    """
+    """Partition ``dataset`` over ``num_clients`` clients, hold out ``eval_fraction`` of each, then ``val_fraction`` of
+    the rest as validation (own seed stream: the partition does not depend on it). ``pool_test=True`` (SimFAFL/FedCR):
+    train and test pooled before partitioning, the global test split is the union of the held-out splits.
+    ``test_per_client > 0`` (FedSOL): held-out splits drawn from the test split in each client's label proportions
+    (:func:`aligned_test_split`), appended to the pool. Refuses a client without training samples and a fraction that
+    holds out nothing (:func:`check_held_out`)."""
     if pool_test and eval_fraction == 0:
         raise FLTuneError(
             "partition.eval_fraction: must be > 0 with partition.pool_test, whose global test split is "

@@ -36,10 +36,8 @@ def read_bytes(path: Path, how: str) -> bytes:
 
 
 def check_md5_files(folder: Path, files: Sequence[Sequence[str]]) -> None:
-    """Compare each existing ``(name, md5)`` file with its published checksum (torchvision's lists).
-
-    torchvision checks them too but says only "Dataset not found or corrupted"; this names the file.
-    """
+    """Compare each existing ``(name, md5)`` file with its published checksum (torchvision's lists). torchvision checks
+    them too but says only "Dataset not found or corrupted"; this names the file."""
     for name, md5 in files:
         path = folder / name
         if path.exists() and file_md5(path) != md5:

@@ -91,12 +91,10 @@ def _check_class_count(folder: Path, classes: list[str], tree: _ImageTree) -> No
 
 
 def _decoded(folder: Path, train: Samples, test: Samples, tree: _ImageTree) -> Splits:
-    """train_x, train_y, test_x, test_y of the samples, from ``folder/fltune-uint8.npz`` when it holds them.
-
-    The cache (uncompressed, for fast loads) records a digest of the listing it was decoded from (every
-    sample's path, size and label); one whose digest differs or that cannot be read is decoded again and
-    rewritten, whole or not at all (``folders.ReplaceOnClose``). A read-only folder is decoded on every load.
-    """
+    """train_x, train_y, test_x, test_y of the samples, from ``folder/fltune-uint8.npz`` when it holds them. The cache
+    (uncompressed, for fast loads) records a digest of the listing it was decoded from (every sample's path, size and
+    label); one whose digest differs or that cannot be read is decoded again and rewritten, whole or not at all
+    (``folders.ReplaceOnClose``). A read-only folder is decoded on every load."""
     cache, digest = folder / DECODED_CACHE, _listing_digest(folder, train + test, tree.how_to_replace)
     arrays = _read_decoded_cache(cache, digest, tree.size)
     if arrays is None:
@@ -185,9 +183,8 @@ _CINIC10 = _ImageTree("cinic10", "CINIC-10", ("train", "test"), 32, CINIC10_URL,
 
 
 def load_cinic10(root: Path | None, download: bool) -> Splits:
-    """CINIC-10 as FedSOL's code reads it: ``train/`` and ``test/``, RGB 32×32, in ``DatasetFolder`` order,
-    from ``<root>/cinic10`` (FedSOL's layout, where a download extracts), ``<root>/CINIC-10`` or ``<root>``.
-    """
+    """CINIC-10 as FedSOL's code reads it: ``train/`` and ``test/``, RGB 32×32, in ``DatasetFolder`` order, from
+    ``<root>/cinic10`` (FedSOL's layout, where a download extracts), ``<root>/CINIC-10`` or ``<root>``."""
     base = root or default_root()
     dirs = [base / "cinic10", base / "CINIC-10", base]
     found = _find_tree(_CINIC10, dirs, download, dirs[0])
@@ -208,12 +205,10 @@ _TINYIMAGENET = _ImageTree("tinyimagenet", "Tiny-ImageNet", ("train", "val"), 64
 
 
 def load_tinyimagenet(root: Path | None, download: bool) -> Splits:
-    """Tiny-ImageNet-200 as MAN's code reads it: ``train/`` trains, ``val/`` tests.
-
-    From ``<root>/tiny-imagenet-200`` (where a download extracts), ``<root>/tinyimagenet`` or ``<root>``.
-    Train samples in ``ImageFolder`` order; val images labelled by ``val/val_annotations.txt`` through the
-    same wnid → index map, by file name, from ``val/images/`` or ``val/images/<wnid>/`` (MAN's layout).
-    """
+    """Tiny-ImageNet-200 as MAN's code reads it: ``train/`` trains, ``val/`` tests. From ``<root>/tiny-imagenet-200``
+    (where a download extracts), ``<root>/tinyimagenet`` or ``<root>``. Train samples in ``ImageFolder`` order; val
+    images labelled by ``val/val_annotations.txt`` through the same wnid → index map, by file name, from ``val/images/``
+    or ``val/images/<wnid>/`` (MAN's layout)."""
     base = root or default_root()
     found = _find_tree(_TINYIMAGENET, [base / "tiny-imagenet-200", base / "tinyimagenet", base], download, base)
     classes, train = _image_folder(found / "train", _TINYIMAGENET)

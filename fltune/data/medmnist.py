@@ -38,12 +38,10 @@ _MEDMNIST_SPLITS = ("train", "val", "test")
 
 
 def load_medmnist(name: str, root: Path | None, download: bool) -> Splits:
-    """A MedMNIST v2 ``.npz``, read as FedSOL's code reads it (``train_tools/preprocessing/medmnist``).
-
-    Train is the file's train then val images (FedSOL trains on both). Images keep the file's channels
-    (FedSOL's 3 equal TissueMNIST channels span the same function class). An existing file is not hashed but
-    checked (CRC-32, keys, dtypes, shapes, labels), so a re-saved file still loads.
-    """
+    """A MedMNIST v2 ``.npz``, read as FedSOL's code reads it (``train_tools/preprocessing/medmnist``). Train is the
+    file's train then val images (FedSOL trains on both). Images keep the file's channels (FedSOL's 3 equal TissueMNIST
+    channels span the same function class). An existing file is not hashed but checked (CRC-32, keys, dtypes, shapes,
+    labels), so a re-saved file still loads."""
     looked_in, how = WHERE[name](root)
     found = next((p for p in looked_in if p.exists()), None)
     if found is None and download:

@@ -23,7 +23,7 @@ def partition(
     alpha: float = 0.5, classes_per_client: int | None = None, shards_per_client: int = 2,
     min_size: int = 10,
 ) -> list[np.ndarray]:
-    """Split ``range(len(labels))`` over ``num_clients`` clients; one sorted index array per client.
+    """Split ``range(len(labels))`` over ``num_clients`` clients; one sorted index array per client:
 
     - ``iid``: a seeded permutation cut into N parts (sizes differ by at most 1).
     - ``classes``: client j holds only classes {(j+t) mod C : t < k}, near-equal counts, equal sizes.
@@ -32,9 +32,8 @@ def partition(
     - ``shards``: label-sorted shards, ``shards_per_client`` per client.
     - ``class_shards``: each class cut into its own shards, ``shards_per_client`` per client (FedSOL's code).
 
-    Raises :class:`FLTuneError` naming the config field when these labels admit no such partition (what a
-    field allows alone, the config checks).
-    """
+    Raises :class:`FLTuneError` naming the config field when these labels admit no such partition (what a field
+    allows alone, the config checks)."""
     labels = _check_labels(labels, num_classes)
     if not 1 <= num_clients <= len(labels):
         raise FLTuneError(f"federation.clients: must be between 1 and the {len(labels)} samples to split; "
@@ -72,12 +71,10 @@ def split_train_eval(
 def aligned_test_split(
     client_labels: list[np.ndarray], test_labels: np.ndarray, num_classes: int, per_client: int, seed: int,
 ) -> list[np.ndarray]:
-    """Per client, test samples in the proportions of its own labels: FedSOL's per-client ``test_align``
-    split (``Lee-Gihun/FedSOL:train_tools/preprocessing/partition_strategy.py test_data_partitioning``).
-
-    For each class of share p_c, int(``per_client``·p_c) samples (float32, as the code's tensors), drawn per
-    client, so splits may overlap as in the code. Indices into ``test_labels``, sorted within each class.
-    """
+    """Per client, test samples in the proportions of its own labels: FedSOL's per-client ``test_align`` split
+    (``Lee-Gihun/FedSOL:train_tools/preprocessing/partition_strategy.py test_data_partitioning``). For each class
+    of share p_c, int(``per_client``·p_c) samples (float32, as the code's tensors), drawn per client, so splits
+    may overlap as in the code. Indices into ``test_labels``, sorted within each class."""
     rng = np.random.default_rng(seed)
     by_class = [np.flatnonzero(test_labels == c) for c in range(num_classes)]
     out = []
@@ -136,14 +133,11 @@ def _check_k(classes_per_client: int | None, num_classes: int) -> int:
 
 def _classes(labels: np.ndarray, num_classes: int, num_clients: int, k: int,
              rng: np.random.Generator) -> list[np.ndarray]:
-    """Client j owns classes {(j+t) mod C : t<k} and gets ``len(labels) // N`` samples of them.
-
-    ``haozzh/FedCR:utils/utils_dataset.py`` rule ``noniid`` (one sample at a time, stealing when a client's
-    classes run dry), in bulk: :func:`_balanced_plan`, rounded down; :func:`_fill_levels` for the remainder
-    (counts then differ by ≤ 1 given enough data); :func:`_reroute` for FedCR's stealing as augmenting paths.
-    Where no assignment fills a client (e.g. k = 1 and a small class, or N < C), it stays smaller rather than
-    receive a class it does not own.
-    """
+    """Client j owns classes {(j+t) mod C : t<k} and gets ``len(labels) // N`` samples of them:
+    ``haozzh/FedCR:utils/utils_dataset.py`` rule ``noniid`` (one sample at a time, stealing when a client's classes run
+    dry), in bulk: :func:`_balanced_plan`, rounded down; :func:`_fill_levels` for the remainder (counts then differ
+    by ≤ 1 given enough data); :func:`_reroute` for FedCR's stealing as augmenting paths. Where no assignment fills a
+    client (e.g. k = 1 and a small class, or N < C), it stays smaller rather than receive a class it does not own."""
     owned = (np.arange(num_clients)[:, None] + np.arange(k)[None, :]) % num_classes
     supply = np.bincount(labels, minlength=num_classes)
     per_client = len(labels) // num_clients
@@ -159,12 +153,10 @@ def _classes(labels: np.ndarray, num_classes: int, num_clients: int, k: int,
 
 def _balanced_plan(owned: np.ndarray, supply: np.ndarray, per_client: int,
                    max_iterations: int = 5000) -> np.ndarray:
-    """Fractional [clients, k] counts: rows sum to ``per_client``, class totals stay ≤ ``supply``.
-
-    The maximum-entropy plan by Bregman's balancing (Sinkhorn scaling): plan[j, t] = r_j · s_{owned[j, t]},
-    s ≤ 1 shrinking only over-drawn classes. Stops at 0.1 sample over-drawn; if infeasible, the last plan is
-    scaled down to the supply (some rows short).
-    """
+    """Fractional [clients, k] counts: rows sum to ``per_client``, class totals stay ≤ ``supply``. The
+    maximum-entropy plan by Bregman's balancing (Sinkhorn scaling): plan[j, t] = r_j · s_{owned[j, t]}, s ≤ 1
+    shrinking only over-drawn classes. Stops at 0.1 sample over-drawn; if infeasible, the last plan is scaled
+    down to the supply (some rows short)."""
     scale = np.ones(len(supply))
     for _ in range(max_iterations):
         weights = scale[owned]
@@ -208,11 +200,9 @@ def _grant_one_level(owned: np.ndarray, wants: np.ndarray, left: np.ndarray,
 
 
 def _reroute(owned: np.ndarray, counts: np.ndarray, left: np.ndarray, need: np.ndarray) -> None:
-    """Fill clients whose owned classes ran dry through chains of clients sharing a class, in place.
-
-    Chain j --c1--> i1 --c2--> ... --cm--> (spare cm), found breadth-first, moves its narrowest link's amount.
-    A client with no chain never gains one later (max-flow), so it is left short.
-    """
+    """Fill clients whose owned classes ran dry through chains of clients sharing a class, in place. Chain
+    j --c1--> i1 --c2--> ... --cm--> (spare cm), found breadth-first, moves its narrowest link's amount. A
+    client with no chain never gains one later (max-flow), so it is left short."""
     num_classes = len(left)
     for start in np.flatnonzero(need > 0):
         while need[start] > 0:
@@ -264,11 +254,9 @@ def _giver_slots(chain: list[tuple[int, int]], owned: np.ndarray, num_classes: i
 def _dirichlet_prior(labels: np.ndarray, num_classes: int, num_clients: int, alpha: float,
                      rng: np.random.Generator) -> list[np.ndarray]:
     """Per-client prior π_i ~ Dir(α·1_C); equal sizes; each sample's class drawn from its client's prior.
-
     ``haozzh/FedCR`` rule ``Dirichlet`` picks a client with room, draws a class from π_i, redraws while it is
     exhausted. Here clients are served in a random permutation of ``n`` copies of each (picks proportional to
-    room left, not uniform [U]), and the redraw is π_i restricted to available classes (same distribution).
-    """
+    room left, not uniform [U]), and the redraw is π_i restricted to available classes (same distribution)."""
     per_client = len(labels) // num_clients
     priors = rng.dirichlet(np.full(num_classes, alpha), size=num_clients)
     clients = rng.permutation(np.repeat(np.arange(num_clients), per_client))
@@ -317,10 +305,8 @@ def _prefix_within_supply(drawn: np.ndarray, left: np.ndarray) -> int:
 
 def _dirichlet(labels: np.ndarray, num_classes: int, num_clients: int, alpha: float, min_size: int,
                rng: np.random.Generator) -> list[np.ndarray]:
-    """FedML's LDA split: per class p ~ Dir(α·1_N), full clients zeroed, split at cumulative proportions.
-
-    Full: ≥ len/N samples. Redrawn until every client has ≥ ``min_size`` (:data:`DIRICHLET_MAX_DRAWS` times).
-    """
+    """FedML's LDA split: per class p ~ Dir(α·1_N), full clients (≥ len/N samples) zeroed, split at cumulative
+    proportions; redrawn until every client has ≥ ``min_size`` (:data:`DIRICHLET_MAX_DRAWS` times)."""
     if min_size * num_clients > len(labels):
         raise FLTuneError(
             f"partition.min_size: {num_clients} clients × {min_size} exceeds the {len(labels)} samples; "
@@ -373,13 +359,11 @@ def _shards(labels: np.ndarray, num_clients: int, shards_per_client: int,
 
 def _class_shards(labels: np.ndarray, num_classes: int, num_clients: int, shards_per_client: int,
                   rng: np.random.Generator) -> list[np.ndarray]:
-    """FedSOL's sharding as its code runs it (``Lee-Gihun/FedSOL:train_tools/preprocessing/
-    partition_strategy.py``, ``_sharding_partition``): each class is cut, in data order, into m = ⌊s·N/C⌋
-    shards, so no shard mixes classes. A shuffled plan of every class m times, padded to a multiple of N by
-    repeating entries 1, 2, … (the code's padding), gives each client s labels, each a random shard left of
-    that class. A client handed only labels whose shards are gone (C ∤ s·N) gets the previous client's
-    samples, as in the code: then two clients hold the same samples.
-    """
+    """FedSOL's sharding as its code runs it (``Lee-Gihun/FedSOL:train_tools/preprocessing/partition_strategy.py``,
+    ``_sharding_partition``): each class is cut, in data order, into m = ⌊s·N/C⌋ shards, so no shard mixes classes. A
+    shuffled plan of every class m times, padded to a multiple of N by repeating entries 1, 2, … (the code's padding),
+    gives each client s labels, each a random shard left of that class. A client handed only labels whose shards are
+    gone (C ∤ s·N) gets the previous client's samples, as in the code: then two clients hold the same samples."""
     per_class = shards_per_client * num_clients // num_classes
     if shards_per_client < 1 or per_class < 1:
         raise FLTuneError(f"partition.shards_per_client: must be at least {-(-num_classes // num_clients)} so that "

@@ -20,11 +20,10 @@ from fltune.plugins import EXPECTED, resolve
 
 @dataclass(frozen=True)
 class UserDataset:
-    """A dataset plug-in's answer: its two splits, its class count and its normalisation.
-
-    ``train``/``test``: (images, labels), images uint8 [N, C, H, W] (or [N, H, W]) or float in [0, 1], or a
-    torchvision-style dataset of (image, label). ``mean``/``std``: per channel on [0, 1]; None = the train
-    split's. ``augment``: what ``data.augment: auto`` picks."""
+    """A dataset plug-in's answer: its two splits, its class count and its normalisation. ``train``/``test``: (images,
+    labels), images uint8 [N, C, H, W] (or [N, H, W]) or float in [0, 1], or a torchvision-style dataset of (image,
+    label). ``mean``/``std``: per channel on [0, 1]; None = the train split's. ``augment``: what ``data.augment: auto``
+    picks."""
 
     train: Any
     test: Any

@@ -63,12 +63,10 @@ def global_curvature(model: nn.Module, batches: list[Batch], hcfg: HessianConfig
 
 def consistency_batches(data: FederatedData, client: int, shared: list[Batch], hcfg: HessianConfig, seed: int,
                         device: torch.device) -> list[Batch]:
-    """The batches client ``client``'s model is probed on for H_N/H_D (``metrics.hessian.probe_data``).
-
-    ``shared``: the global model's batches, the same for every client, as the FedAlign authors'
-    ``pyhessian/compute_hessian.py`` measures every client model on the full training loader (curvature on
-    common data). ``own``: the client's own training data, which adds how the clients' data differ.
-    """
+    """The batches client ``client``'s model is probed on for H_N/H_D (``metrics.hessian.probe_data``). ``shared``: the
+    global model's batches, the same for every client, as the FedAlign authors' ``pyhessian/compute_hessian.py``
+    measures every client model on the full training loader (curvature on common data). ``own``: the client's own
+    training data, which adds how the clients' data differ."""
     if hcfg.probe_data == "shared":
         return shared
     return probe_batches(data, data.client_train[client], hcfg, seed, client, device)

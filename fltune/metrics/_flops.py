@@ -24,12 +24,9 @@ def _has_decomposition(func: Any) -> bool:
 
 
 class TrainingFlops(TorchDispatchMode):
-    """``get_total_flops()``: forward and backward; ``forward_flops``: the forward passes alone.
-
-    ``FlopCounterMode``'s count op for op (composite ops as their decomposition), without its per-module
-    attribution, whose hooks slow the metered round. "In backward" is ``torch._C._current_graph_task_id() !=
-    -1``.
-    """
+    """``get_total_flops()``: forward and backward; ``forward_flops``: the forward passes alone. ``FlopCounterMode``'s
+    count op for op (composite ops as their decomposition), without its per-module attribution, whose hooks slow the
+    metered round. "In backward" is ``torch._C._current_graph_task_id() != -1``."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -38,9 +35,8 @@ class TrainingFlops(TorchDispatchMode):
 
     @classmethod
     def _should_skip_dynamo(cls) -> bool:
-        """False: no ``torch._disable_dynamo`` wrapper around ``__torch_dispatch__`` (it imports
-        ``torch._dynamo`` for the process's life, and matters only under ``torch.compile``, which a metered
-        round never uses)."""
+        """False: no ``torch._disable_dynamo`` wrapper around ``__torch_dispatch__`` (it imports ``torch._dynamo`` for
+        the process's life, and matters only under ``torch.compile``, which a metered round never uses)."""
         return False
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:

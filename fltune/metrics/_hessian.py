@@ -81,10 +81,8 @@ def check_vector(vec: Vector, params: Sequence[Tensor], field: str) -> None:
 def hvp(
     model: nn.Module, loss_fn: LossFn, batches: Sequence[Batch], vec: Vector, params: Sequence[Tensor] | None = None,
 ) -> Vector:
-    """H·v, H being the Hessian of the mean over ``batches`` of ``loss_fn`` w.r.t. ``params``.
-
-    A subset of ``params`` gives that block of H (e.g. one layer's, MAN Theorem 1).
-    """
+    """H·v, H being the Hessian of the mean over ``batches`` of ``loss_fn`` w.r.t. ``params``. A subset of ``params``
+    gives that block of H (e.g. one layer's, MAN Theorem 1)."""
     params = trainable_parameters(model) if params is None else list(params)
     check_batches(batches)
     check_vector(vec, params, "vec")
@@ -104,11 +102,8 @@ def _mean_hvp(
 
 
 def _batch_hvp(model: nn.Module, loss_fn: LossFn, batch: Batch, params: list[Tensor], vec: Vector) -> Vector:
-    """H_b·v = ∇_θ⟨∇_θ L_b, v⟩ by double backward; the graph dies with this frame.
-
-    Unreached parameters get zero rows; a loss linear in every parameter (H = 0, not differentiable twice)
-    is answered directly.
-    """
+    """H_b·v = ∇_θ⟨∇_θ L_b, v⟩ by double backward; the graph dies with this frame. Unreached parameters get zero rows; a
+    loss linear in every parameter (H = 0, not differentiable twice) is answered directly."""
     loss = loss_fn(model, to_device(batch, params[0].device))
     grads = torch.autograd.grad(loss, params, create_graph=True, allow_unused=True, materialize_grads=True)
     grad_dot_v = sum((g * v).sum() for g, v in zip(grads, vec))
@@ -138,11 +133,9 @@ def _orthogonalized(v: Vector, basis: list[Vector]) -> Vector:
 def _power_iteration(
     apply_h: HessianProduct, start: Vector, found: list[Vector], max_iter: int, tol: float
 ) -> tuple[float, Vector]:
-    """The eigenpair of largest |λ| of H restricted to the complement of ``found`` (orthonormal).
-
-    Rayleigh quotient vᵀHv, stopped at a relative change < ``tol`` (PyHessian's rule) or ``max_iter``; each
-    iterate is re-orthogonalised so round-off cannot bring ``found`` back.
-    """
+    """The eigenpair of largest |λ| of H restricted to the complement of ``found`` (orthonormal). Rayleigh quotient
+    vᵀHv, stopped at a relative change < ``tol`` (PyHessian's rule) or ``max_iter``; each iterate is re-orthogonalised
+    so round-off cannot bring ``found`` back."""
     v = _normalized(_orthogonalized(start, found))
     eigenvalue = None
     for _ in range(max_iter):
@@ -158,13 +151,10 @@ def top_eigenpairs(
     model: nn.Module, loss_fn: LossFn, batches: Sequence[Batch], k: int = 1, max_iter: int = 100, tol: float = 1e-3,
     seed: int = 0,
 ) -> tuple[list[float], list[Vector]]:
-    """The k eigenvalues of H largest in *magnitude*, with unit eigenvectors (λ_max: FedAlign Table 1,
-    MAN Table 2; λ1/λ5 and the landscape axes: FedSOL Fig. 8).
-
-    Power iteration with deflation from seeded normal starts; values keep their sign (near a minimum they are
-    positive, MAN Fig. 4b). The error shrinks by |λ_{i+1}/λ_i| per step, so the stop can fire early when that
-    is near 1: lower ``tol`` for k > 1 or at indefinite points (e.g. initialisation).
-    """
+    """The k eigenvalues of H largest in *magnitude*, with unit eigenvectors (λ_max: FedAlign Table 1, MAN Table 2;
+    λ1/λ5 and the landscape axes: FedSOL Fig. 8). Power iteration with deflation from seeded normal starts; values keep
+    their sign (near a minimum they are positive, MAN Fig. 4b). The error shrinks by |λ_{i+1}/λ_i| per step, so the stop
+    can fire early when that is near 1: lower ``tol`` for k > 1 or at indefinite points (e.g. initialisation)."""
     check_batches(batches)
     params = trainable_parameters(model)
     generator = torch.Generator().manual_seed(seed)
@@ -196,11 +186,9 @@ def _hutchinson(
     model: nn.Module, loss_fn: LossFn, batches: Sequence[Batch], max_iter: int, tol: float, seed: int, per_tensor: bool,
 ) -> tuple[Tensor, Tensor, int]:
     """(mean, standard error, n) of Rademacher samples vᵀHv (Hutchinson 1989, FedAlign ref. [7]), float64.
-
-    ``per_tensor`` splits each sample by parameter tensor. Stops after :data:`MIN_TRACE_SAMPLES` once the
-    standard error is below ``tol`` × the mean (norms), or at ``max_iter``: unlike a moved-mean rule it cannot
-    fire on one lucky sample. Welford's update.
-    """
+    ``per_tensor`` splits each sample by parameter tensor. Stops after :data:`MIN_TRACE_SAMPLES` once the standard error
+    is below ``tol`` × the mean (norms), or at ``max_iter``: unlike a moved-mean rule it cannot fire on one lucky
+    sample. Welford's update."""
     check_batches(batches)
     params = trainable_parameters(model)
     generator = torch.Generator().manual_seed(seed)
@@ -246,12 +234,10 @@ def layer_traces(
 
 
 def cross_client_consistency(traces: Sequence[dict[str, float]]) -> tuple[float, float]:
-    """(H_N, H_D) of FedAlign Eq. 3–4 from each client's :func:`layer_traces` d_i.
-
-    H_N = mean over all N² ordered pairs of (‖d_i‖ − ‖d_j‖)², H_D of cos(d_i, d_j), both *including* i = j
-    as the authors' ``np.mean`` does (``mmendiet/FedAlign:pyhessian/parse_logs.py``). Layers matched by name.
-    Example: d = (3, 0), (0, 4), (6, 0) give H_N = 28/9, H_D = 5/9.
-    """
+    """(H_N, H_D) of FedAlign Eq. 3–4 from each client's :func:`layer_traces` d_i. H_N = mean over all N² ordered pairs
+    of (‖d_i‖ − ‖d_j‖)², H_D of cos(d_i, d_j), both *including* i = j as the authors' ``np.mean`` does
+    (``mmendiet/FedAlign:pyhessian/parse_logs.py``). Layers matched by name. Example: d = (3, 0), (0, 4), (6, 0) give
+    H_N = 28/9, H_D = 5/9."""
     if len(traces) == 0:
         raise FLTuneError("traces: need the layer traces of at least one client")
     names = list(traces[0])

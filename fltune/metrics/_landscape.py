@@ -40,11 +40,9 @@ def loss_surface(
     model: nn.Module, loss_fn: LossFn, batches: Sequence[Batch], directions: tuple[Vector, Vector], span: float = 1.0,
     steps: int = 21,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Loss at θ + a·d1 + b·d2 on a ``steps``×``steps`` grid of (a, b) ∈ [−span, span]².
-
-    Returns ``(alphas, betas, grid)``, ``grid[i, j]`` the mean loss over ``batches`` at (alphas[i], betas[j])
-    in eval mode. Each point is set from a saved θ (no drift), restored bit for bit afterwards, even on error.
-    """
+    """Loss at θ + a·d1 + b·d2 on a ``steps``×``steps`` grid of (a, b) ∈ [−span, span]². Returns ``(alphas, betas,
+    grid)``, ``grid[i, j]`` the mean loss over ``batches`` at (alphas[i], betas[j]) in eval mode. Each point is set from
+    a saved θ (no drift), restored bit for bit afterwards, even on error."""
     check_batches(batches)
     params = trainable_parameters(model)
     for direction in directions:
@@ -124,12 +122,10 @@ def top2_landscape(
     model: nn.Module, loss_fn: LossFn, batches: Sequence[Batch], seed: int = 0, steps: int = 21, span: float = 1.0,
     max_iter: int = 100, tol: float = 1e-3,
 ) -> Landscape:
-    """FedAlign Fig. 1 / FedSOL Fig. 8's data: the loss along the top-2 Hessian eigenvectors.
-
-    Unit eigenvectors, so ``span`` is a Euclidean distance in parameter space, fixed (default ±1.0, the
-    authors' ``np.linspace(-1.0, 1.0, 41)``, ``mmendiet/FedAlign:pyhessian/compute_hessian.py``) so methods'
-    plots share axes and the sharper model shows the steeper bowl.
-    """
+    """FedAlign Fig. 1 / FedSOL Fig. 8's data: the loss along the top-2 Hessian eigenvectors. Unit eigenvectors, so
+    ``span`` is a Euclidean distance in parameter space, fixed (default ±1.0, the authors' ``np.linspace(-1.0, 1.0,
+    41)``, ``mmendiet/FedAlign:pyhessian/compute_hessian.py``) so methods' plots share axes and the sharper model shows
+    the steeper bowl."""
     values, vectors = top_eigenpairs(model, loss_fn, batches, k=2, max_iter=max_iter, tol=tol, seed=seed)
     alphas, betas, grid = loss_surface(model, loss_fn, batches, (vectors[0], vectors[1]), span, steps)
     return Landscape((values[0], values[1]), alphas, betas, grid)

@@ -39,10 +39,8 @@ FORWARD_BACKWARD_FACTOR = 3.0
 
 def forward_flops_per_sample(model: nn.Module, input_shape: tuple[int, ...]) -> float:
     """Forward MFLOPs for one sample of shape ``input_shape`` (no batch dim), as FedAlign Table 5 lists.
-
-    ``FlopCounterMode``'s formulas: 2 FLOPs per multiply-accumulate, element-wise ops ignored (MAC-based
-    tools such as thop show about half).
-    """
+    ``FlopCounterMode``'s formulas: 2 FLOPs per multiply-accumulate, element-wise ops ignored (MAC-based tools such as
+    thop show about half)."""
     import torch
 
     from fltune.metrics._flops import TrainingFlops
@@ -68,12 +66,10 @@ def state_bits(state: Mapping[str, Any]) -> int:
 
 
 class CostMeter:
-    """Per-round and cumulative cost of a run (keys: :class:`CostProbe`'s ``metrics``).
-
-    ``cost_cum_tflops`` = Σ samples × passes × :data:`FORWARD_BACKWARD_FACTOR` × forward FLOPs. FedAlign
-    Table 8's "MFLOPs" is Table 5's per-sample forward × rounds (``cost_cum_forward_mflops``, from the
-    training forward counted in round 1); its "Comm Cost (Gb)" is ``cost_cum_up_gbit``.
-    """
+    """Per-round and cumulative cost of a run (keys: :class:`CostProbe`'s ``metrics``). ``cost_cum_tflops`` = Σ samples
+    × passes × :data:`FORWARD_BACKWARD_FACTOR` × forward FLOPs. FedAlign Table 8's "MFLOPs" is Table 5's per-sample
+    forward × rounds (``cost_cum_forward_mflops``, from the training forward counted in round 1); its "Comm Cost (Gb)"
+    is ``cost_cum_up_gbit``."""
 
     _rounds = 0
     """Rounds started (a class default, so meters pickled before this counter existed still load)."""

@@ -54,10 +54,8 @@ def probe_of(metric: str) -> type[Probe] | None:
 
 
 def unmet_need(metric: str, reduce: str, cfg: ExperimentConfig) -> str | None:
-    """What ``cfg`` lacks for ``metric`` (with ``reduce``) to be measured at all, or None.
-
-    At-target values need what ``rounds_to_target`` needs; everything else is the declaring probe's ``unmet``.
-    """
+    """What ``cfg`` lacks for ``metric`` (with ``reduce``) to be measured at all, or None. At-target values need what
+    ``rounds_to_target`` needs; everything else is the declaring probe's ``unmet``."""
     if reduce == "at_target" and (need := unmet_need("rounds_to_target", "final", cfg)):
         return need
     probe = probe_of(metric)

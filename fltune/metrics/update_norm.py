@@ -1,8 +1,6 @@
-"""The global update's norm ‖w_{t+1} − w_t‖₂ of each round.
-
-Why: it shows a method's effective server step (FedNova's normalisation, FedDyn's and SCAFFOLD's corrections,
-server momentum) and its settling, apart from accuracy. Trainable parameters only: BN statistics are no step.
-"""
+"""The global update's norm ‖w_{t+1} − w_t‖₂ of each round. Why: it shows a method's effective server step (FedNova's
+normalisation, FedDyn's and SCAFFOLD's corrections, server momentum) and its settling, apart from accuracy. Trainable
+parameters only: BN statistics are no step."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 """A writer thread: tracking calls queued by the round loop, run in order off its critical path (MLflow's
 import and sqlite writes cost seconds), so the store sees what a synchronous logger would write. ``close``
-waits for all; the first error is re-raised there (and by ``check``), later calls skipped.
-"""
+waits for all; the first error is re-raised there (and by ``check``), later calls skipped."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""MLflow tracking, written by one process (the driver) through an explicit client (``store.open_store``).
-
-No fluent ``mlflow.start_run``: a study's driver keeps many runs open, so every call names its run id.
-"""
+"""MLflow tracking, written by one process (the driver) through an explicit client (``store.open_store``). No fluent
+``mlflow.start_run``: a study's driver keeps many runs open, so every call names its run id."""
 
 from __future__ import annotations
 

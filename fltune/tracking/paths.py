@@ -41,10 +41,9 @@ def sqlite_path(uri: str) -> Path | None:
 
 
 def check_tracking(tracking: TrackingConfig) -> None:
-    """Before a command starts any work: the store it will log to answers (``check_reachable``).
-
-    A sqlite store is not asked through MLflow (slow to import); its folder is made now, so an unwritable one
-    fails here in one line, and a file there must be an MLflow store (``check_store``)."""
+    """Before a command starts any work: the store it will log to answers (``check_reachable``). A sqlite store is not
+    asked through MLflow (slow to import); its folder is made now, so an unwritable one fails here in one line, and a
+    file there must be an MLflow store (``check_store``)."""
     uri = tracking.uri or default_uri()
     if not tracking.enabled:
         return
