@@ -1,10 +1,7 @@
-"""Method registry: ``@register`` on a Method subclass makes it available by name.
-
-Adding a method = one file here + ``search_spaces/<name>.yaml`` + a test pinning its loss; or, without a
-fork, a ``Method`` subclass named by reference (``my_pkg.mod:Mine``) or as a plug-in (``fltune.plugins``),
-checked as ``register`` checks. ``@register_modifier`` adds a loss term (MAN) any method takes on as
-``<method>+<modifier>``, built on first use by :func:`get_method`.
-"""
+"""Method registry: ``@register`` on a Method subclass makes it available by name. Adding a method = one file here +
+``search_spaces/<name>.yaml`` + a test pinning its loss; or, without a fork, a ``Method`` subclass named by reference
+(``my_pkg.mod:Mine``) or as a plug-in (``fltune.plugins``), checked as ``register`` checks. ``@register_modifier`` adds
+a loss term (MAN) any method takes on as ``<method>+<modifier>``, built on first use by :func:`get_method`."""
 
 from __future__ import annotations
 

@@ -3,13 +3,12 @@
 Per-client variables live in the client's state (numpy), server ones in ``server_state``. Every hook calls
 ``super()``, so FedDC = FedDyn's drift + SCAFFOLD's control variates by inheriting both.
 
-Both servers need means over *all* N clients (never-sampled ones count as zero); ``server_mean`` says how:
-``exact`` (default) re-sums the client store every round in client-id order (O(N) reads, independent of
-which worker returned first); ``running`` keeps a float64 sum in ``server_state`` and adds Σ_S (s_k⁺ − s_k),
-the papers' update (SCAFFOLD Alg. 1 line 17: c ← c + (1/N)·Σ_S Δc_k; FedDyn's h likewise), O(clients a
-round), each client uploading its prior value (:func:`keep_state`). Its last bits may differ, so it is
-opt-in. Updates are equally weighted (docs/methods.md §0). Only parameters drift: buffers are averaged as in
-FedAvg, as the authors' code flattens ``model.parameters()`` only.
+Both servers need means over *all* N clients (never-sampled ones count as zero); ``server_mean`` says how: ``exact``
+(default) re-sums the client store every round in client-id order (O(N) reads, independent of which worker returned
+first); ``running`` keeps a float64 sum in ``server_state`` and adds Σ_S (s_k⁺ − s_k), the papers' update (SCAFFOLD
+Alg. 1 line 17: c ← c + (1/N)·Σ_S Δc_k; FedDyn's h likewise), O(clients a round), each client uploading its prior value
+(:func:`keep_state`). Its last bits may differ, so it is opt-in. Updates are equally weighted (docs/methods.md §0). Only
+parameters drift: buffers are averaged as in FedAvg, as the authors' code flattens ``model.parameters()`` only.
 """
 
 from __future__ import annotations
@@ -127,10 +126,8 @@ def parameter_tensors(ctx: ClientContext, stored: Mapping[str, np.ndarray | Tens
 
 class DriftCorrected(Method):
     """FedDyn's h_k (FedDC's local drift): h_k ← h_k + (θ_k − θ_g); server θ = mean_S θ_k + mean_all h_k.
-
-    h_k lives in ``state["h"]``; θ_g − h_k is the input ``drift_target`` that (α/2)·‖θ − (θ_g − h_k)‖² pulls
-    towards: FedDyn/FedDC add it to the loss, FedSpeed its gradient after the SAM step.
-    """
+    h_k lives in ``state["h"]``; θ_g − h_k is the input ``drift_target`` that (α/2)·‖θ − (θ_g − h_k)‖² pulls towards:
+    FedDyn/FedDC add it to the loss, FedSpeed its gradient after the SAM step."""
 
     Params = DriftParams
     weighted_by_samples = False
@@ -159,14 +156,11 @@ class DriftCorrected(Method):
 
 class ControlVariates(Method):
     """SCAFFOLD's control variates (Karimi et al., 2020, option II), also FedDC's gradient correction.
-
-    Local gradient g − c_k + c (FedDC's loss term ⟨θ, c − c_k⟩ has the same gradient);
-    c_k⁺ = c_k − c + (θ_g − θ_k)/(K_eff·lr), lr the round's (``correction_lr``), K_eff the
-    :func:`~fltune.methods.base.effective_steps` of ``ctx.steps``, as the FedSOL authors' Scaffold divides
-    (``Lee-Gihun/FedSOL:algorithms/scaffold/ClientTrainer.py``, ``adaptive_divison: true``): K alone makes c
-    too large under momentum and the corrected steps over-shoot. Server c = mean over all N of c_k.
-    c_k lives in ``state["c"]``, c in ``server_state["c"]``, broadcast.
-    """
+    Local gradient g − c_k + c (FedDC's loss term ⟨θ, c − c_k⟩ has the same gradient); c_k⁺ = c_k − c +
+    (θ_g − θ_k)/(K_eff·lr), lr the round's (``correction_lr``), K_eff the :func:`~fltune.methods.base.effective_steps`
+    of ``ctx.steps``, as the FedSOL authors' Scaffold divides (``Lee-Gihun/FedSOL:algorithms/scaffold/
+    ClientTrainer.py``, ``adaptive_divison: true``): K alone makes c too large under momentum and the corrected steps
+    over-shoot. Server c = mean over all N of c_k, in ``server_state["c"]`` (broadcast); c_k in ``state["c"]``."""
 
     Params = DriftParams
     weighted_by_samples = False

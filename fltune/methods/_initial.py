@@ -1,9 +1,7 @@
-"""The initial global model as a client's own model before it has one (a shared base; nothing registered).
-
-Some authors' code copies the initial global model into every client's kept model before round 1 (MOON's
-``prev_models`` in ``mmendiet/FedAlign:methods/moon.py``, Ditto's ``model_local`` in
-``haozzh/FedCR:models/distributed_training_utils_ditto.py``), so a client first sampled later starts from it.
-"""
+"""The initial global model as a client's own model before it has one (a shared base; nothing registered). Some authors'
+code copies the initial global model into every client's kept model before round 1 (MOON's ``prev_models`` in
+``mmendiet/FedAlign:methods/moon.py``, Ditto's ``model_local`` in
+``haozzh/FedCR:models/distributed_training_utils_ditto.py``), so a client first sampled later starts from it."""
 
 from __future__ import annotations
 

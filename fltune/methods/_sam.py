@@ -1,13 +1,11 @@
 """The sharpness-aware step shared by FedSAM, FedASAM, FedSpeed and FedSOL (nothing registered here).
 
-SAM (Foret et al., 2021) and its FL variants: an ascent gradient g at w picks ε, and the optimiser steps
-from w with ∇L(w + ε). They differ only in which loss gives g, which parameters move and how ε is scaled, so
-:class:`SharpnessAware` writes the step once (``functional.WholeStep``) and a method supplies ``epsilon``
-(FedSOL also ``ascent``). Both passes run ``self.local_loss``, so a composed modifier (``fedsam+man``) is in
-both.
-
-[U] BatchNorm running statistics are updated by the first pass only (momentum 0 at w + ε), as in the
-FedSOL authors' SAM code (``Lee-Gihun/FedSOL:algorithms/optim_utils.py``, ``disable_running_stats``).
+SAM (Foret et al., 2021) and its FL variants: an ascent gradient g at w picks ε, and the optimiser steps from w with
+∇L(w + ε). They differ only in which loss gives g, which parameters move and how ε is scaled, so :class:`SharpnessAware`
+writes the step once (``functional.WholeStep``) and a method supplies ``epsilon`` (FedSOL also ``ascent``). Both passes
+run ``self.local_loss``, so a composed modifier (``fedsam+man``) is in both. [U] BatchNorm running statistics are
+updated by the first pass only (momentum 0 at w + ε), as in the FedSOL authors' SAM code
+(``Lee-Gihun/FedSOL:algorithms/optim_utils.py``, ``disable_running_stats``).
 """
 
 from __future__ import annotations
@@ -70,8 +68,7 @@ def bn_statistics_frozen(model: nn.Module) -> Iterator[None]:
 
 
 class SharpnessAware(WholeStep, ABC):
-    """Base of the SAM family: ascent at w, descent gradient at w + ε. Subclasses define :meth:`epsilon`.
-    The step's loss and logits are the ascent pass's, at w, as every other method's."""
+    """SAM-family base; subclasses define :meth:`epsilon`. The step's loss and logits are the ascent pass's (at w)."""
 
     stored_models = 2.0  # the weights w and the perturbation ε (or the saved first gradients)
     passes_per_step = 2.0  # the ascent pass at w and the descent pass at w + ε

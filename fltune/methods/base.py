@@ -101,14 +101,11 @@ class ClientContext:
 
 
 def effective_steps(steps: int, momentum: float, nesterov: bool = False) -> float:
-    """How many lr·g a constant gradient g moves the weights over ``steps`` SGD steps: the ‖a‖₁ that turns
-    θ_g − θ_k back into an average gradient (FedNova's a_k, SCAFFOLD's K in c_k⁺).
-
-    Heavy-ball momentum ρ (b_t = ρ·b_{t−1} + g_t, step lr·b_t) gives Σ_{t≤K} (1 − ρ^t)/(1 − ρ) =
-    [K − ρ(1 − ρ^K)/(1 − ρ)]/(1 − ρ), the FedSOL authors' divisor
-    (``Lee-Gihun/FedSOL:algorithms/scaffold/ClientTrainer.py`` ``__get_divisor``); Nesterov (step
-    lr·(g_t + ρ·b_t)) adds ρ times it. ρ = 0 gives K.
-    """
+    """How many lr·g a constant gradient g moves the weights over ``steps`` SGD steps: the ‖a‖₁ that turns θ_g − θ_k
+    back into an average gradient (FedNova's a_k, SCAFFOLD's K in c_k⁺). Heavy-ball momentum ρ (b_t = ρ·b_{t−1} + g_t,
+    step lr·b_t) gives Σ_{t≤K} (1 − ρ^t)/(1 − ρ) = [K − ρ(1 − ρ^K)/(1 − ρ)]/(1 − ρ), the FedSOL authors' divisor
+    (``Lee-Gihun/FedSOL:algorithms/scaffold/ClientTrainer.py`` ``__get_divisor``); Nesterov (step lr·(g_t + ρ·b_t)) adds
+    ρ times it. ρ = 0 gives K."""
     if momentum == 0:
         return float(steps)
     heavy_ball = (steps - momentum * (1 - momentum**steps) / (1 - momentum)) / (1 - momentum)
@@ -305,10 +302,9 @@ class Method:
         return ClientResult(weight=weight, update=shared, state=new_state)
 
     def local_model(self, update: State, state: dict[str, Any], upload: Upload) -> State | None:
-        """The client's trained weights rebuilt from its :class:`ClientResult`, or None, for ``all_model`` and
-        the H_N/H_D probe (docs/methods.md §0, §4): a rebuild costs no transfer. Where it differs by a bit
-        (FedNova's d_k, Ditto's v_k) the workers ship the weights, so a wrong rebuild costs transfer, never a
-        figure."""
+        """The client's trained weights rebuilt from its :class:`ClientResult`, or None, for ``all_model`` and the
+        H_N/H_D probe (docs/methods.md §0, §4): a rebuild costs no transfer. Where it differs by a bit (FedNova's d_k,
+        Ditto's v_k) the workers ship the weights, so a wrong rebuild costs transfer, never a figure."""
         return {**update, **state.get("personal", {})}
 
     def personal_scorer(

@@ -1,10 +1,8 @@
-"""Modifiers: a loss term that any base method can take on by name, as ``<base>+<modifier>``.
-
-MAN sits on top of FedAvg, FedDyn, FedSAM, ...: rather than a file per combination, a :class:`Modifier`
-states how it changes the base's objective and :func:`compose` builds the subclass on demand (overriding
-``local_loss`` and ``adapt_model`` alone; SAM-type bases get the term in both passes). The term reads the
-model's modules, so a composite is not ``pure_loss``: it is trained client by client.
-"""
+"""Modifiers: a loss term that any base method can take on by name, as ``<base>+<modifier>``. MAN sits on top of FedAvg,
+FedDyn, FedSAM, ...: rather than a file per combination, a :class:`Modifier` states how it changes the base's objective
+and :func:`compose` builds the subclass on demand (overriding ``local_loss`` and ``adapt_model`` alone; SAM-type bases
+get the term in both passes). The term reads the model's modules, so a composite is not ``pure_loss``: it is trained
+client by client."""
 
 from __future__ import annotations
 

@@ -57,11 +57,9 @@ class Ditto(InitialStandIn, WholeStep):
         self, ce_grads: Tensors, personal: Tensors, anchor: Mapping[str, Tensor], lr: float, max_norm: float | None,
     ) -> Tensors:
         """v after one SGD step on ∇[CE(v) + (λ/2)‖v − w_g‖²] (Ditto Eq. 2), from ∇CE(v) (``ce_grads``) at v
-        (``personal``), w_g being ``anchor``.
-
-        The proximal part λ(v − w_g) is added in closed form: the same bits as autograd's. With ``max_norm``
-        the step is clipped as FedCR's ``distributed_training_utils_ditto.py``: ∇CE − λ·w_g bounded, then λ·v
-        added back. Stepped as one flat vector, so a batched step launches each op once."""
+        (``personal``), w_g being ``anchor``. The proximal part λ(v − w_g) is added in closed form: the same bits as
+        autograd's. With ``max_norm`` the step is clipped as FedCR's ``distributed_training_utils_ditto.py``:
+        ∇CE − λ·w_g bounded, then λ·v added back. One flat vector, so a batched step launches each op once."""
         names = list(personal)
         sizes = [personal[n].numel() for n in names]
 
@@ -77,9 +75,8 @@ class Ditto(InitialStandIn, WholeStep):
         return {n: piece.view_as(personal[n]) for n, piece in zip(names, stepped.split(sizes))}
 
     def functional_step(self, weights: Tensors, batch: FunctionalBatch) -> FunctionalStep:
-        """FedAvg's gradient for w, and v after one plain SGD step, carried as ``personal``. v's objective is
-        FedAvg's CE whatever modifier w's takes on; client by client it runs the personal model, so its BN
-        statistics are v's."""
+        """FedAvg's gradient for w, and v after one plain SGD step, carried as ``personal``. v's objective is FedAvg's
+        CE whatever modifier w's takes on; client by client it runs the personal model, so its BN statistics are v's."""
         forward = batch.forward if batch.client is None else batch.client.scratch["personal"]
 
         def objective(v: Tensors) -> tuple[Tensor, tuple[()]]:

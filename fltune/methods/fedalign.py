@@ -70,8 +70,7 @@ def lipschitz_loss(model: ResNet56, x2: Tensor, x3: Tensor, omega_s: float) -> T
 
 @register
 class FedAlign(ResNet56Method):
-    """FedAlign: L = CE + μ·[CE/L_Lip]·MSE(K_S, K_F) ([·] with ``rescale``); server as FedAvg. μ = 0 is
-    FedAvg exactly."""
+    """FedAlign: L = CE + μ·[CE/L_Lip]·MSE(K_S, K_F) ([·] with ``rescale``); server as FedAvg; μ = 0: FedAvg."""
 
     name = "fedalign"
     Params = FedAlignParams

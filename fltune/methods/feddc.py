@@ -9,12 +9,10 @@ from fltune.methods.feddyn import FedDyn
 @register
 class FedDC(FedDyn, ControlVariates):
     """FedDC: L = CE + (α/2)‖θ − (θ_g − h_k)‖² + ⟨θ, c − c_k⟩ (``gaoliang13/FedDC``, ``train_model_FedDC``).
-
-    FedDyn's drift plus SCAFFOLD's correction; c_k ← c_k − c + (θ_g − θ_k)/(K_eff·lr_0) with lr_0 =
-    ``training.lr`` undecayed, as the code divides by the rate it was given (``beta = 1/n_minibatch/
-    learning_rate`` in ``gaoliang13/FedDC:utils_methods_FedDC.py`` and MAN Table 1's copy,
-    ``vcl-iisc/fedMAN:man_code_sam/utils_methods_FedDC.py``). [U] α is not scaled by client size (see FedDyn).
-    """
+    FedDyn's drift plus SCAFFOLD's correction; c_k ← c_k − c + (θ_g − θ_k)/(K_eff·lr_0) with lr_0 = ``training.lr``
+    undecayed, as the code divides by the rate it was given (``beta = 1/n_minibatch/learning_rate`` in
+    ``gaoliang13/FedDC:utils_methods_FedDC.py`` and MAN Table 1's copy,
+    ``vcl-iisc/fedMAN:man_code_sam/utils_methods_FedDC.py``). [U] α is not scaled by client size (see FedDyn)."""
 
     name = "feddc"
     passes_per_step = 1.0

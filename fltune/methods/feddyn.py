@@ -15,10 +15,8 @@ class FedDynParams(DriftParams):
 @register
 class FedDyn(DriftCorrected):
     """FedDyn: L = CE − ⟨∇L_k(θ_k^{t−1}), θ⟩ + (α/2)‖θ − θ_g‖², written as CE + (α/2)‖θ − (θ_g − h_k)‖².
-
     h_k = Σ_t (θ_k^t − θ_g^t) (``_drift.DriftCorrected``). [U] α is not divided by the client's relative size
-    (α/(n_k·N/n)) as the authors' code does for unequal clients. α = 0: exactly CE (the server still adds h).
-    """
+    (α/(n_k·N/n)) as the authors' code does for unequal clients. α = 0: exactly CE (the server still adds h)."""
 
     name = "feddyn"
     Params = FedDynParams

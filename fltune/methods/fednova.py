@@ -17,10 +17,8 @@ NORMALISER = "fednova.a"
 @register
 class FedNova(Method):
     """FedNova: clients upload d_k = (θ_g − θ_k)/a_k; server θ = θ_g − (Σ p_k a_k)·Σ p_k d_k, p_k = n_k/Σ n.
-
     a_k = :func:`effective_steps` (``Lee-Gihun/FedSOL:algorithms/fednova/Server.py``). [U] Every float entry is
-    normalised (BN statistics too, as that server); integer counters are averaged. Equal a_k give FedAvg.
-    """
+    normalised (BN statistics too, as that server); integer counters are averaged. Equal a_k give FedAvg."""
 
     name = "fednova"
     stored_models = 1.0  # the local model only

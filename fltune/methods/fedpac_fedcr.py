@@ -1,9 +1,9 @@
 """FedPAC as FedCR's code runs it (``haozzh/FedCR``: ``main_fed_PAC.py``,
 ``models/distributed_training_utils_PAC.py``): the code behind SimFAFL Table 2's FedPAC row; docs/methods.md §2.
 
-Not FedPAC's own algorithm (``fedpac``): shared body, personal head, FedRep's schedule; the body epochs add
-λ·R, R = ‖F − C_y‖_F / B against the server's class centroids; after training the client folds its features
-into class summaries, and a class's centroid is the mean of all entries of the round's non-empty summaries
+Not FedPAC's own algorithm (``fedpac``): shared body, personal head, FedRep's schedule; the body epochs add λ·R,
+R = ‖F − C_y‖_F / B against the server's class centroids; after training the client folds its features into class
+summaries, and a class's centroid is the mean of all entries of the round's non-empty summaries
 (``global_feature_centroids``).
 """
 

@@ -36,13 +36,11 @@ def adaptive_strength(p: Tensor, global_p: Tensor) -> Tensor:
 
 @register
 class FedSOL(SharpnessAware):
-    """FedSOL (Alg. 1): per batch, L_p = KL(softmax(z_g/T) ‖ softmax(z_l/T)) against a frozen copy of the
-    round's global model; g = ∇L_p over the perturbed scope; ε = ρ·s⊙g/‖g‖ (Eq. 8, global norm over the
-    scope); the local loss's gradient is taken at w + ε (BN momentum 0) and stepped from w; server as FedAvg.
-
-    [U] Scope defaults to the head, the paper's setting (§3.4, Table 5); ``scope: all`` is the authors'
-    configs'. The global copy runs in eval mode, as the authors' code. ρ = 0 gives FedAvg's gradient.
-    """
+    """FedSOL (Alg. 1): per batch, L_p = KL(softmax(z_g/T) ‖ softmax(z_l/T)) against a frozen copy of the round's global
+    model; g = ∇L_p over the perturbed scope; ε = ρ·s⊙g/‖g‖ (Eq. 8, global norm over the scope); the local loss's
+    gradient is taken at w + ε (BN momentum 0) and stepped from w; server as FedAvg. [U] Scope defaults to the head, the
+    paper's setting (§3.4, Table 5); ``scope: all`` is the authors' configs'. The global copy runs in eval mode, as the
+    authors' code. ρ = 0 gives FedAvg's gradient."""
 
     name = "fedsol"
     Params = FedSOLParams

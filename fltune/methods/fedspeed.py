@@ -18,13 +18,10 @@ class FedSpeedParams(DriftParams):
 
 @register
 class FedSpeed(DriftCorrected, SharpnessAware):
-    """FedSpeed: gradient ∇CE(w + ε) + λ(θ − θ_g + h_k), ε = ρ·g/‖g‖; h_k += θ_k − θ_g;
-    server θ = mean_S θ_k + mean_all h_k (plain means).
-
-    The authors' λ⟨θ, h_k − θ_g⟩ after the SAM step plus weight decay λ/2‖θ‖² (``woodenchild95/FL-Simulator``,
-    ``client/fedspeed.py``) has the drift penalty's gradient, added here at w, outside both SAM passes. ESAM's
-    β = γ = 1 (MAN §7) make it plain SAM. λ = ρ = 0: FedAvg's step.
-    """
+    """FedSpeed: gradient ∇CE(w + ε) + λ(θ − θ_g + h_k), ε = ρ·g/‖g‖; h_k += θ_k − θ_g; server θ = mean_S θ_k +
+    mean_all h_k (plain means). The authors' λ⟨θ, h_k − θ_g⟩ after the SAM step plus weight decay λ/2‖θ‖²
+    (``woodenchild95/FL-Simulator``, ``client/fedspeed.py``) has the drift penalty's gradient, added here at w, outside
+    both SAM passes. ESAM's β = γ = 1 (MAN §7) make it plain SAM. λ = ρ = 0: FedAvg's step."""
 
     name = "fedspeed"
     Params = FedSpeedParams

@@ -1,8 +1,5 @@
-"""The -FT phase as a method of its own: the same local loop, a different set of phases.
-
-Fine-tuning is local training with one phase from a method's own client model, so it wraps that method and
-runs through the engine's ``train_client`` unchanged.
-"""
+"""The -FT phase as a method of its own: fine-tuning is local training with one phase from a method's own client model,
+so it wraps that method and runs through the engine's ``train_client`` unchanged."""
 
 from __future__ import annotations
 

@@ -67,8 +67,7 @@ class FunctionalStep(NamedTuple):
     record: Tensors = {}
 
     def replaced(self, grads: Tensors | None = None, carry: dict[str, Tensors] | None = None) -> FunctionalStep:
-        """This step with other gradients or carried inputs (not ``_replace``: torch 2.11's dynamo fails on it
-        inside a compiled group step)."""
+        """Other gradients or carried inputs (not ``_replace``: torch 2.11's dynamo fails on it in a compiled step)."""
         return FunctionalStep(self.grads if grads is None else grads, self.loss, self.logits,
                               self.carry if carry is None else carry, self.record)
 
@@ -107,8 +106,7 @@ def has_functional_step(method_cls: type[Method]) -> bool:
 
 
 def local_step(method: Method, weights: Tensors, batch: FunctionalBatch) -> FunctionalStep:
-    """One client's local step at its trainable ``weights`` (a :class:`WholeStep`'s, else the objective's
-    gradient), plus its ``gradient_correction``."""
+    """One client's step: a :class:`WholeStep`'s, else the objective's gradient; plus ``gradient_correction``."""
     whole = isinstance(method, WholeStep)
     out = method.functional_step(weights, batch) if whole else objective_step(method, weights, batch)
     correction = method.gradient_correction(weights, batch.inputs)
@@ -155,6 +153,5 @@ def global_norm(tensors: Iterable[torch.Tensor]) -> torch.Tensor:
 
 
 def clip_scale(tensors: Iterable[torch.Tensor], max_norm: float) -> torch.Tensor:
-    """``clip_grad_norm_``'s factor min(1, max_norm / (‖g‖ + 1e-6)), without ``.grad`` or in-place writes, so
-    it runs inside vmap."""
+    """``clip_grad_norm_``'s factor min(1, max_norm / (‖g‖ + 1e-6)), with no ``.grad`` or in-place write (vmap-safe)."""
     return (max_norm / (global_norm(tensors) + 1e-6)).clamp(max=1.0)

@@ -60,10 +60,9 @@ class KNNPer(FedAvg):
 @torch.no_grad()
 def datastore(model: SplitModel, batches: Iterator[tuple[Tensor, Tensor]], capacity: int) -> tuple[Tensor, Tensor]:
     """(features ``[n, D]``, targets ``[n]``) of the first ``capacity`` samples of ``batches``, ``model`` in eval.
-
-    The code keeps a ``random.sample`` of the whole loader (``DataStore.build``); an epoch here is already a
-    seeded uniform permutation, so its head is the same distribution with no draw of its own. Features are of
-    the augmented images, as the code's train loader gives them."""
+    The code keeps a ``random.sample`` of the whole loader (``DataStore.build``); an epoch here is already a seeded
+    uniform permutation, so its head is the same distribution with no draw of its own. Features are of the augmented
+    images, as the code's train loader gives them."""
     model.eval()
     features: list[Tensor] = []
     targets: list[Tensor] = []
@@ -81,10 +80,8 @@ def datastore(model: SplitModel, batches: Iterator[tuple[Tensor, Tensor]], capac
 
 class KNNScorer(nn.Module):
     """weight·p_knn(x) + (1 − weight)·f(x) for one client (``_get_knn_logits`` and ``_evaluate_knn_model`` of
-    ``Lee-Gihun/FedSOL:algorithms/knnper/ClientTrainer.py``); always in eval mode, without gradients.
-
-    Holds the worker's model (no copy): drop it after scoring the client. An empty datastore gives p_knn = 0.
-    """
+    ``Lee-Gihun/FedSOL:algorithms/knnper/ClientTrainer.py``); always in eval mode, without gradients. Holds the worker's
+    model (no copy): drop it after scoring the client. An empty datastore gives p_knn = 0."""
 
     def __init__(self, model: SplitModel, features: Tensor, targets: Tensor, k: int, weight: float,
                  scale: float) -> None:

@@ -51,12 +51,9 @@ def activation_norm(activations: Sequence[Tensor], variances: Sequence[Tensor] =
 
 @register_modifier
 class MAN(Modifier):
-    """MAN (Eq. 15): f_k = L_k + ζ·L_act over the model's ``activation_points`` (never the logits), from the
-    base's own forward pass.
-
-    [U] The authors' code (``vcl-iisc/fedMAN:code/utils_general.py``, ``(args.mu_mean/2)*loss_var_algo``)
-    weights by ζ/2 and the paper's ζ were tuned with it, hence ``halve: true``. ζ = 0: the base's loss exactly.
-    """
+    """MAN (Eq. 15): f_k = L_k + ζ·L_act over the model's ``activation_points`` (never the logits), from the base's own
+    forward pass. [U] The authors' code (``vcl-iisc/fedMAN:code/utils_general.py``, ``(args.mu_mean/2)*loss_var_algo``)
+    weights by ζ/2 and the paper's ζ were tuned with it, hence ``halve: true``. ζ = 0: the base's loss exactly."""
 
     name = "man"
     Params = MANParams

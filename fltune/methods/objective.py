@@ -1,9 +1,7 @@
-"""What a method's one local objective, ``Method.local_loss(batch)``, reads, and the loss terms methods share.
-
-Client by client, a :class:`Batch` holds the model's own parameters and no mask, so :class:`Forward` runs
-the module itself; K clients at once (engine/batched.py), the same function runs inside a ``vmap`` on padded
-batches and stacked parameters, ``mask`` marking the real samples.
-"""
+"""What a method's one local objective, ``Method.local_loss(batch)``, reads, and the loss terms methods share. Client by
+client, a :class:`Batch` holds the model's own parameters and no mask, so :class:`Forward` runs the module itself; K
+clients at once (engine/batched.py), the same function runs inside a ``vmap`` on padded batches and stacked parameters,
+``mask`` marking the real samples."""
 
 from __future__ import annotations
 
@@ -58,11 +56,9 @@ def _ties_tensors(model: nn.Module) -> bool:
 @dataclass(frozen=True)
 class Batch:
     """One batch as a method's objective reads it.
-
-    ``weights``: every parameter (frozen ones too). ``mask``: 1 on the real samples, None when all are real.
-    ``noise``: draws of ``Method.noise``, batch axis first. ``client``: set only when trained on its own; an
-    objective reading it declares ``Method.pure_loss = False``. ``record``: per-sample tensors for
-    ``Method.record_step`` (FedCR's μ, σ)."""
+    ``weights``: every parameter (frozen ones too). ``mask``: 1 on the real samples, None when all are real. ``noise``:
+    draws of ``Method.noise``, batch axis first. ``client``: set only when trained on its own; an objective reading it
+    declares ``Method.pure_loss = False``. ``record``: per-sample tensors for ``Method.record_step`` (FedCR's μ, σ)."""
 
     forward: Forward
     weights: Tensors

@@ -1,15 +1,14 @@
 """Per-FedAvg (Fallah, Mokhtari & Ozdaglar, NeurIPS 2020; docs/methods.md §2), first-order MAML, as the FedSOL
-authors' code runs it (``Lee-Gihun/FedSOL:algorithms/perfedavg/ClientTrainer.py``, ``configs/personalized/
-perfedavg.json``).
+authors' code runs it (``Lee-Gihun/FedSOL:algorithms/perfedavg/ClientTrainer.py``,
+``configs/personalized/perfedavg.json``).
 
 Each local iteration is two optimiser steps on two consecutive batches b1, b2 of the client's stream:
 
     θ' = θ − α·∇CE(θ; b1)                   step 1 at the round's lr α
     θ  ← θ − β·∇CE(θ'; b2)                  step 2: the gradient taken at θ', applied to θ (restored)
 
-One engine step is one of those optimiser steps, the round one :class:`Phase` of 2·E·⌈n_b/E⌉ steps.
-docs/methods.md §2 gives where the code departs from the paper (one optimiser for both steps, BN statistics
-not rolled back).
+One engine step is one of those optimiser steps, the round one :class:`Phase` of 2·E·⌈n_b/E⌉ steps. docs/methods.md §2
+gives where the code departs from the paper (one optimiser for both steps, BN statistics not rolled back).
 """
 
 from __future__ import annotations
@@ -87,8 +86,7 @@ class PerFedAvgTune(FirstOrderMAML, FineTune):
 
 @register
 class PerFedAvg(FirstOrderMAML):
-    """Per-FedAvg (first-order MAML): θ ← θ − β·∇CE(θ − α·∇CE(θ; b1); b2) per two-batch iteration; one
-    momentum SGD for both steps; server as FedAvg."""
+    """Per-FedAvg (first-order MAML): θ ← θ − β·∇CE(θ − α·∇CE(θ; b1); b2) per two-batch iteration; server as FedAvg."""
 
     name = "perfedavg"
     Params = PerFedAvgParams

@@ -41,8 +41,7 @@ class ProximalParams(Params):
 
 
 def project_off(grads: list[Tensor], against: list[Tensor]) -> list[Tensor]:
-    """Eq. 3: ``grads`` less their component along ``against`` where their inner product (over all tensors)
-    is negative; else unchanged."""
+    """Eq. 3: ``grads`` less their component along ``against`` where their inner product (all tensors) is < 0."""
     dot = sum((g * a).sum() for g, a in zip(grads, against, strict=True))
     norm = sum((a * a).sum() for a in against)
     if dot >= 0 or norm == 0:
@@ -52,8 +51,7 @@ def project_off(grads: list[Tensor], against: list[Tensor]) -> list[Tensor]:
 
 @register
 class Proximal(Method):
-    """A proximal loss L_p (L2 or KL) added to CE (``base``) or as a projection of CE's gradient off ∇L_p
-    (``projection``); server as FedAvg. ``l2`` with ``base`` is FedProx with μ = β."""
+    """Proximal: L_p added to CE (``base``) or ∇CE projected off ∇L_p (``projection``); server as FedAvg."""
 
     name = "proximal"
     Params = ProximalParams

@@ -1,5 +1,4 @@
-"""fltune.models: architectures split into body and head (docs/methods.md §1), found by name in a registry;
-importing a model file registers its builders."""
+"""fltune.models: architectures split into body and head (docs/methods.md §1), registered by name on import."""
 
 from fltune.models import convnets, resnet, resnet56, vgg, vib, vit  # noqa: F401  (imported for their registrations)
 from fltune.models.base import InShape, SplitModel, split_keys

@@ -1,8 +1,6 @@
-"""The body/head split every fltune model follows (docs/methods.md §1).
-
-Personalised methods keep one part per client, FedSOL can perturb one part only, and MAN regularises hidden
-activations; so the split and the activation points are part of the model's contract.
-"""
+"""The body/head split every fltune model follows (docs/methods.md §1). Personalised methods keep one part per client,
+FedSOL can perturb one part only, and MAN regularises hidden activations; so the split and the activation points are
+part of the model's contract."""
 
 from torch import Tensor, nn
 
@@ -12,12 +10,9 @@ InShape = tuple[int, int, int]
 
 class SplitModel(nn.Module):
     """``head(body(x))``; every parameter and buffer key starts with ``body.`` or ``head.``.
-
-    ``body`` returns flat ``[B, ·]`` outputs that ``features_of`` makes the ``[B, feature_dim]`` features;
-    ``head`` maps them to logits. Subclasses may override ``forward``, ``features_of`` or
-    ``activation_points`` but keep the naming, and ``features`` stays ``features_of(body(x))``, so a
-    functional loss running the body alone gets the same features.
-    """
+    ``body`` returns flat ``[B, ·]`` outputs that ``features_of`` makes the ``[B, feature_dim]`` features; ``head`` maps
+    them to logits. Subclasses may override ``forward``, ``features_of`` or ``activation_points`` but keep the naming,
+    and ``features`` stays ``features_of(body(x))``, so a body-only functional loss gets the same features."""
 
     def __init__(self, body: nn.Module, head: nn.Module, feature_dim: int) -> None:
         super().__init__()

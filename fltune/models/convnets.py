@@ -50,10 +50,9 @@ def feddyn_cnn(in_shape: InShape, num_classes: int) -> SplitModel:
 
 class TinyImageNetCNN(SplitModel):
     """A plain net whose MAN terms are those of the authors' ``ConvNet.forward``
-    (``vcl-iisc/fedMAN:code/utils_models.py``), behind MAN's Tiny-ImageNet columns: that forward overwrites
-    the last conv block's activation and adds ``torch.std(x, axis=[0])**2`` of the last dense layer. So the
-    activation points are every hidden ReLU but the last conv block's, and the last is also a variance point.
-    """
+    (``vcl-iisc/fedMAN:code/utils_models.py``), behind MAN's Tiny-ImageNet columns: that forward overwrites the last
+    conv block's activation and adds ``torch.std(x, axis=[0])**2`` of the last dense layer. So the activation points are
+    every hidden ReLU but the last conv block's, and the last is also a variance point."""
 
     @property
     def activation_points(self) -> list[nn.Module]:
@@ -70,10 +69,9 @@ class TinyImageNetCNN(SplitModel):
 def tinyimagenet_cnn(
     in_shape: InShape, num_classes: int, widths: Sequence[int] = (512, 384)
 ) -> SplitModel:
-    """MAN's Tiny-ImageNet CNN (Table 4): three padded 3x3 conv blocks with GroupNorm(4, 64). Dense widths are
-    the authors' code's (``ConvNet``: 4096→512→384→200), which agrees with Table 4's FC(384,200); pass
-    ``widths=(384, 192)`` for the other reading of Table 4. MAN's term on it is the code's, not quite Eq. 15's.
-    """
+    """MAN's Tiny-ImageNet CNN (Table 4): three padded 3x3 conv blocks with GroupNorm(4, 64). Dense widths are the
+    authors' code's (``ConvNet``: 4096→512→384→200), which agrees with Table 4's FC(384,200); pass ``widths=(384, 192)``
+    for the other reading of Table 4. MAN's term on it is the code's, not quite Eq. 15's."""
     c = in_shape[0]
     convs = [ConvBlock(c_in, 64, 3, padding=1, gn_groups=4) for c_in in (c, 64, 64)]
     return plain_net(in_shape, num_classes, convs, widths, model_class=TinyImageNetCNN)

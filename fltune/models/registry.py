@@ -1,9 +1,6 @@
-"""Name → model builder registry.
-
-An architecture is one file registering with ``@register_model``, its import in ``fltune.models`` and its
-name in ``fltune.catalog.MODELS`` (the torch-free list the config checks). A user's builder needs none of
-that: ``model.name`` names it by reference or as a plug-in (``fltune.plugins``).
-"""
+"""Name → model builder registry. An architecture is one file registering with ``@register_model``, its import in
+``fltune.models`` and its name in ``fltune.catalog.MODELS`` (the torch-free list the config checks). A user's builder
+needs none of that: ``model.name`` names it by reference or as a plug-in (``fltune.plugins``)."""
 
 from collections.abc import Callable
 from typing import Any, get_type_hints

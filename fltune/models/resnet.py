@@ -1,9 +1,7 @@
-"""CIFAR-style ResNet-18 (He et al. 2016): 3x3 stem without max-pool, four stages of two basic blocks.
-
-Not torchvision's, whose 7x7 stride-2 stem and max-pool shrink 32x32 inputs to 8x8 before the first stage.
-It is FedSOL's ``resnet18`` (``Lee-Gihun/FedSOL:train_tools/models/resnet.py``) layer for layer; their
-``avg_pool2d(out, 4)`` is this global pool at 32x32 and 28x28 inputs. Their stem takes 3 channels only.
-"""
+"""CIFAR-style ResNet-18 (He et al. 2016): 3x3 stem without max-pool, four stages of two basic blocks. Not
+torchvision's, whose 7x7 stride-2 stem and max-pool shrink 32x32 inputs to 8x8 before the first stage. It is FedSOL's
+``resnet18`` (``Lee-Gihun/FedSOL:train_tools/models/resnet.py``) layer for layer; their ``avg_pool2d(out, 4)`` is this
+global pool at 32x32 and 28x28 inputs. Their stem takes 3 channels only."""
 
 from collections import OrderedDict
 from itertools import pairwise
@@ -45,9 +43,8 @@ def stage(c_in: int, c_out: int, stride: int, blocks: int = 2, running_stats: bo
 
 @register_model("resnet18")
 def resnet18(in_shape: InShape, num_classes: int, running_stats: bool = True) -> SplitModel:
-    """Body: stem, stages 64/128/256/512 (strides 1/2/2/2), global average pool: 512-d.
-    ``running_stats=False`` is FedSOL's variant (no BN running buffers); the parameters and their random
-    draws are the same either way."""
+    """Body: stem, stages 64/128/256/512 (strides 1/2/2/2), global average pool: 512-d. ``running_stats=False`` is
+    FedSOL's variant (no BN running buffers); the parameters and their random draws are the same either way."""
     stem = nn.Sequential(OrderedDict(conv_bn=conv_bn(in_shape[0], 64, 3, running_stats=running_stats), relu=nn.ReLU()))
     stages = {f"layer{i}": stage(c_in, c_out, 1 if i == 1 else 2, running_stats=running_stats)
               for i, (c_in, c_out) in enumerate(pairwise((64, 64, 128, 256, 512)), 1)}

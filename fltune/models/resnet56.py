@@ -78,12 +78,9 @@ class ConvBN(nn.Module):
 
 
 class Bottleneck(nn.Module):
-    """``relu(p·branch(x) + shortcut(x))`` with branch 1x1 → 3x3 (stride) → 1x1 (×4 channels).
-
-    ``survival`` p: in training the branch is kept with probability p (one draw from torch's global RNG per
-    block and batch), in eval scaled by p (FedAlign §3.2, Huang et al. 2016 Eq. 3-5). Three distinct ReLU
-    modules, so MAN sees each activation.
-    """
+    """``relu(p·branch(x) + shortcut(x))`` with branch 1x1 → 3x3 (stride) → 1x1 (×4 channels). ``survival`` p: in
+    training the branch is kept with probability p (one draw from torch's global RNG per block and batch), in eval
+    scaled by p (FedAlign §3.2, Huang et al. 2016 Eq. 3-5). Three distinct ReLUs, so MAN sees each."""
 
     def __init__(self, c_in: int, planes: int, stride: int) -> None:
         super().__init__()

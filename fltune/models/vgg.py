@@ -1,8 +1,6 @@
-"""VGG-11 as FedSOL's Table 3 trains it (``Lee-Gihun/FedSOL:train_tools/models/vgg.py``).
-
-Their ``create_models`` leaves ``img_size`` at 3·32·32: no BatchNorm, no dropout, every conv keeps its ReLU
-(their 28x28 ``make_layers`` branch is never taken).
-"""
+"""VGG-11 as FedSOL's Table 3 trains it (``Lee-Gihun/FedSOL:train_tools/models/vgg.py``). Their ``create_models`` leaves
+``img_size`` at 3·32·32: no BatchNorm, no dropout, every conv keeps its ReLU (their 28x28 ``make_layers`` branch is
+never taken)."""
 
 import math
 from collections import OrderedDict
@@ -35,11 +33,8 @@ def init_convs(model: nn.Module) -> None:
 @register_model("vgg11")
 def vgg11(in_shape: InShape, num_classes: int) -> SplitModel:
     """Body: conv blocks of :data:`VGG11`, flatten, fc 512 → 512 → 512 (ReLU); head: their ``classifier``,
-    Linear(512, classes), the last child FedSOL's head-only perturbation perturbs.
-
-    28-wide inputs are first upsampled (nearest) to 32x32, as their ``forward`` does; other sizes run as they
-    are. The first conv takes the input's own channels (theirs: 3).
-    """
+    Linear(512, classes), the last child FedSOL's head-only perturbation perturbs. 28-wide inputs are upsampled first
+    (nearest) to 32x32, as their ``forward``; others stay. The first conv takes the input's own channels (theirs: 3)."""
     layers: OrderedDict[str, nn.Module] = OrderedDict()
     if in_shape[2] == 28:
         layers["upsample"] = nn.Upsample(size=32, mode="nearest")

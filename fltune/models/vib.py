@@ -1,10 +1,9 @@
 """FedCR / SimFAFL's variational-information-bottleneck nets and their plain twins (docs/methods.md §1).
 
-The trunks are ``haozzh/FedCR:code_FedCR/models/Nets_VIB.py``: CIFAR conv5×5 3→64, pool, conv5×5 64→64,
-pool, fc 1600→1024→1024; FMNIST conv 1→4 k5, pool, conv 4→12 k5, pool, fc 192→1024→1024; EMNIST an MLP
-784→1024→1024. A VIB body ends in ``Linear(1024, 2·dimZ)`` giving μ and σ = softplus(σ_raw) of
-q(z|x) = N(μ, diag σ²); the head maps z to logits. The plain twins (``fedcr_cnn``/``fedcr_mlp``, the
-non-VIB baselines) end the trunk in a linear head instead.
+The trunks are ``haozzh/FedCR:code_FedCR/models/Nets_VIB.py``: CIFAR conv5×5 3→64, pool, conv5×5 64→64, pool, fc
+1600→1024→1024; FMNIST conv 1→4 k5, pool, conv 4→12 k5, pool, fc 192→1024→1024; EMNIST an MLP 784→1024→1024. A VIB body
+ends in ``Linear(1024, 2·dimZ)`` giving μ and σ = softplus(σ_raw) of q(z|x) = N(μ, diag σ²); the head maps z to logits.
+The plain twins (``fedcr_cnn``/``fedcr_mlp``, the non-VIB baselines) end the trunk in a linear head instead.
 
 * dimZ = 512 (FedCR's ``--dimZ 512``); **[U]** for FMNIST/EMNIST, which no paper states.
 * S = 18 Monte-Carlo samples in training (``--num_avg_train 18``); only the head runs S times.

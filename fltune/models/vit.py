@@ -1,9 +1,7 @@
-"""SL-ViT, the vision transformer for small datasets (Lee et al. 2021), as FedSOL's Table 3 trains it.
-
-Follows ``Lee-Gihun/FedSOL:train_tools/models/small_vit.py`` with ``train_tools/utils.py``'s
-``create_models`` settings (patch side min(H // 4, 16), no dropout, cls token pooled). Modules are built in
-their order, so one seed draws their model's numbers.
-"""
+"""SL-ViT, the vision transformer for small datasets (Lee et al. 2021), as FedSOL's Table 3 trains it: it follows
+``Lee-Gihun/FedSOL:train_tools/models/small_vit.py`` with ``train_tools/utils.py``'s ``create_models`` settings (patch
+side min(H // 4, 16), no dropout, cls token pooled). Modules are built in their order, so one seed draws their model's
+numbers."""
 
 from collections import OrderedDict
 
@@ -102,9 +100,8 @@ class SLViTBody(nn.Module):
 @register_model("sl_vit")
 def sl_vit(in_shape: InShape, num_classes: int) -> SplitModel:
     """Body :class:`SLViTBody`; head their ``mlp_head``, LayerNorm → Linear, kept whole as FedSOL's head-only
-    perturbation perturbs that last child, LayerNorm included. No ReLU, so nothing for MAN. Raises ValueError
-    unless the input has 1 or 3 channels and is square with a side the patch side divides.
-    """
+    perturbation perturbs that last child, LayerNorm included. No ReLU, so nothing for MAN. Raises ValueError unless the
+    input has 1 or 3 channels and is square with a side the patch side divides."""
     c, h, w = in_shape
     if c not in (1, CHANNELS):
         raise ValueError(f"SL-ViT takes 1- or 3-channel images, not {c}")
