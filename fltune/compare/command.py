@@ -1,10 +1,8 @@
-"""``python cli.py compare --methods a,b,c``: a fair, multi-seed comparison of methods on one setting.
-
-Two Ray Tune stages: with ``--tune-budget N`` one study per method (``fltune.compare.tuning``, beside the job as
-``<name>-tune-<method>``), then the cells, method × seed (``fltune.compare.job``); ``--resume`` continues either.
-Exit status: 0 every cell finished; 1 some cell diverged or failed, or a study produced no score; 2 bad input
-(one line, nothing written); 130 interrupted, 143 on SIGTERM (continue with ``--resume``).
-"""
+"""``python cli.py compare --methods a,b,c``: a fair, multi-seed comparison of methods on one setting. Two Ray Tune
+stages: with ``--tune-budget N`` one study per method (``fltune.compare.tuning``, beside the job as
+``<name>-tune-<method>``), then the cells, method × seed (``fltune.compare.job``); ``--resume`` continues either. Exit
+status: 0 every cell finished; 1 some cell diverged or failed, or a study produced no score; 2 bad input (one line,
+nothing written); 130 interrupted, 143 on SIGTERM (continue with ``--resume``)."""
 
 from __future__ import annotations
 

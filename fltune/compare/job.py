@@ -1,6 +1,5 @@
-"""The comparison's cells (method × seed) as a Ray Tune grid, as ``reproduce`` runs a table. A cell also reports
-each protocol's best accuracy so far (``objective:best:<acc>``): with the final values, all the table needs.
-"""
+"""The comparison's cells (method × seed) as a Ray Tune grid, as ``reproduce`` runs a table. A cell also reports each
+protocol's best accuracy so far (``objective:best:<acc>``): with the final values, all the table needs."""
 
 from __future__ import annotations
 

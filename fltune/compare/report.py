@@ -1,7 +1,6 @@
-"""The comparison's results: one row per method over its seeds, the live board, the files. Figures come from the
-cells' last Tune results (costs: ``cost_cum_*``, fltune/metrics/cost.py); each row's gap to the best is tested
-against seed noise (``fltune.compare.stats``).
-"""
+"""The comparison's results: one row per method over its seeds, the live board, the files. Figures come from the cells'
+last Tune results (costs: ``cost_cum_*``, fltune/metrics/cost.py); each row's gap to the best is tested against seed
+noise (``fltune.compare.stats``)."""
 
 from __future__ import annotations
 

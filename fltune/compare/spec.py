@@ -1,7 +1,6 @@
 """A comparison job as plain data, validated before Ray starts. Fair by construction: method trees differ only in
-``method`` (and tuned ``method.*``/``training.*``), and partition and client sampling depend on
-(``federation.seed``, round) alone (``fltune.data.partitions``, ``fltune.engine.rng``).
-"""
+``method`` (and tuned ``method.*``/``training.*``), and partition and client sampling depend on (``federation.seed``,
+round) alone (``fltune.data.partitions``, ``fltune.engine.rng``)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,7 @@
-"""Whether two methods differ beyond seed noise: Welch's unequal-variances t-test, two-sided.
-
-Welch (1947): t = (x̄₁ − x̄₂) / √(s₁²/n₁ + s₂²/n₂) with ν = (s₁²/n₁ + s₂²/n₂)² / Σᵢ (sᵢ²/nᵢ)² / (nᵢ − 1)
-degrees of freedom (Welch–Satterthwaite); p = 2 · P(T_ν > |t|) (``scipy.stats.ttest_ind``).
-It assumes neither equal variances nor equal seed counts (a diverged seed drops out of one side only).
-"""
+"""Whether two methods differ beyond seed noise: Welch's unequal-variances t-test, two-sided. Welch (1947):
+t = (x̄₁ − x̄₂) / √(s₁²/n₁ + s₂²/n₂) with ν = (s₁²/n₁ + s₂²/n₂)² / Σᵢ (sᵢ²/nᵢ)² / (nᵢ − 1) degrees of freedom
+(Welch–Satterthwaite); p = 2 · P(T_ν > |t|) (``scipy.stats.ttest_ind``). It assumes neither equal variances nor equal
+seed counts (a diverged seed drops out of one side only)."""
 
 from __future__ import annotations
 

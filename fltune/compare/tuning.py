@@ -1,6 +1,5 @@
-"""``--tune-budget N``: one ordinary ``tune`` study per method, scored on the validation split only (no test
-data). Every method gets N trials of all rounds (no early stopping: a noisy early rung cuts no method short).
-"""
+"""``--tune-budget N``: one ordinary ``tune`` study per method, scored on the validation split only (no test data).
+Every method gets N trials of all rounds (no early stopping: a noisy early rung cuts no method short)."""
 
 from __future__ import annotations
 

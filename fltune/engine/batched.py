@@ -7,8 +7,7 @@ Semantics are the exact path's, client by client: each client's batches and nois
 id) generators in the same order; a client without a batch, or stopped by a non-finite loss, is masked (unchanged); a
 short batch is padded and averaged over its real samples. The bits differ (another summation order), but a group depends
 only on its clients, and groups (sorted ids in chunks of ``resources.batch_clients``) go to workers whole
-(``dispatch.balance``): results do not depend on the worker count.
-"""
+(``dispatch.balance``): results do not depend on the worker count."""
 
 from __future__ import annotations
 
@@ -214,8 +213,7 @@ class _GroupEpoch:
 
 
 COMPILED_GRAPHS = 64
-"""Graphs torch.compile may keep (torch's default: 8): ``_GroupTrainer._take`` serves every phase, batch shape
-and run of a process."""
+"""Graphs torch.compile may keep (default 8): ``_GroupTrainer._take`` serves every phase, shape and run of a process."""
 
 
 class _Taken(NamedTuple):

@@ -63,9 +63,8 @@ class HostBatches:
 
 
 class DeviceBatches:
-    """The fast path's batch source: the run's uint8 pool on the device once, each batch gathered by index and
-    normalised by table lookup (bit-identical to ``to_float``), augmented with :class:`HostBatches`'s draws in
-    the same order, so the batches are equal."""
+    """The fast path's batch source, equal to :class:`HostBatches`'s: the uint8 pool on the device once, batches
+    gathered by index, normalised by table lookup (bit-identical to ``to_float``), augmented with the same draws."""
 
     def __init__(self, data: FederatedData, device: torch.device) -> None:
         self.x, self.y = data.x.to(device), data.y.to(device)  # no copy when the device is the CPU

@@ -1,8 +1,6 @@
-"""Where a run's work goes: the :class:`Pool` of client workers, and how clients and probe tasks are dealt.
-
-Why a protocol: the round loop only sends ``width()`` shards and gets results back in shard order, so it imports no
-Ray. Results depend only on the shards: every client's randomness is keyed by (seed, round, client id).
-"""
+"""Where a run's work goes: the :class:`Pool` of client workers, and how clients and probe tasks are dealt. Why a
+protocol: the round loop only sends ``width()`` shards and gets results back in shard order, so it imports no Ray.
+Results depend only on the shards: every client's randomness is keyed by (seed, round, client id)."""
 
 from __future__ import annotations
 
@@ -26,8 +24,7 @@ class Pool(Protocol):
         """Shards a call is split into: one per worker."""
 
     def bind(self, cfg: ExperimentConfig, data: FederatedData, keep_latest: bool) -> tuple[Any, FederatedData]:
-        """A run's handle for ``map`` (held for the run's life), and the workers' copy of its data, which the
-        caller reads from then on."""
+        """A run's ``map`` handle (held for its life) and the workers' copy of its data, which the caller then reads."""
 
     def map(self, run: Any, method: str, shards: list[list[Any]], *args: Any,
             per_shard: Callable[[list[Any]], Any] | None = None) -> list[Any]:

@@ -50,8 +50,7 @@ def batch_scores(
     model: nn.Module, data: FederatedData, x: torch.Tensor, y: torch.Tensor, device: torch.device,
     batches: Sequence[int],
 ) -> list[tuple[int, float]]:
-    """(correct, summed CE loss) on each of ``batches``, read once; per batch, so a split evaluation sums the same
-    numbers in the same order as one process."""
+    """(correct, summed CE loss) on each of ``batches``, read once (per batch: see the module)."""
     return read_scores(score_sums(model, data, x, y, device, batches))
 
 

@@ -334,9 +334,8 @@ class Federation:
 
 
 def open_all(feds: Sequence[Federation]) -> None:
-    """Open every federation, then drop the loader's cached datasets. Why: ``open`` hands each to Ray's object
-    store and uses the shared copy from then on; the cache would keep the private one alive. All are built
-    first (a trial's seeds share one load), so this costs no second read."""
+    """Open every federation, then drop the loader's cached datasets: ``open`` puts each in Ray's object store and uses
+    that copy; the cache would keep the private one alive. Built first, so a trial's seeds share one load."""
     for fed in feds:
         fed.open()
     release_loaded()

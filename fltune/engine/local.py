@@ -1,6 +1,5 @@
-"""The one local training loop every method runs, with its optimisers and step metrics: pure functions of (model,
-data, weights, state, seeds); a client's randomness (shuffling, augmentation, dropout) is seeded from (seed, round,
-client id) only."""
+"""The local training loop every method runs, with its optimisers and step metrics: pure functions of (model, data,
+weights, state, seeds); a client's shuffling, augmentation and dropout are seeded from (seed, round, client id) only."""
 
 from __future__ import annotations
 
@@ -24,8 +23,7 @@ from fltune.methods.finetune import tuner_for
 
 
 class HostMeter:
-    """Reference step metrics: read every step (two host syncs), so a non-finite loss stops the client
-    before its optimiser step."""
+    """Reference step metrics, read every step (two host syncs): a non-finite loss stops the client before its step."""
 
     deferred = False
 
@@ -243,8 +241,7 @@ def final_model(
     method: Method, model: nn.Module, inputs: RoundInput, result: ClientResult, device: torch.device,
     global_tensors: dict[str, torch.Tensor],
 ) -> None:
-    """Leave in ``model`` (trained weights after the final round) the model scored: those weights (``tune``),
-    or the new client model (``own``)."""
+    """Leave in ``model`` the model scored: the final round's weights (``tune``) or the new client model (``own``)."""
     if method.final_round == "own":
         end = method.client_model_state(inputs.global_state, result.state)
         model.load_state_dict(device_states([end], device, inputs.global_state, global_tensors)[0])

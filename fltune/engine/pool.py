@@ -6,8 +6,7 @@ id), so the retried round has the same bits.
 The driver's share (``WorkerPlan.in_driver``, an :class:`InProcessPool`): the driver only waits while its actors train,
 and every torch process holds its own copy of torch's memory, so a local CPU run trains one shard in the driver instead
 of one more actor (issue 12's CPU memory goal). It reads and returns what an actor would (the same bits), FLOP count
-included: counting loads no compiler stack (``metrics._flops.TrainingFlops``).
-"""
+included: counting loads no compiler stack (``metrics._flops.TrainingFlops``)."""
 
 from __future__ import annotations
 
@@ -29,8 +28,7 @@ MAX_RESTARTS = 3
 
 @dataclass(frozen=True)
 class WorkerPlan:
-    """How many client workers and what each reserves (as the Tune trial's bundles); ``in_driver``: one of
-    them is the driver's own process."""
+    """Client workers and what each reserves (the Tune trial's bundles); ``in_driver``: one is the driver's process."""
 
     workers: int
     cpus: float
@@ -115,9 +113,8 @@ class InProcessPool:
 
 
 class WorkerPool:
-    """``plan.workers`` client workers (actors, plus the driver's share when ``plan.in_driver``); ``map`` runs
-    one call per non-empty shard. Every call names its run (``bind``), so one pool serves many runs without
-    new worker processes."""
+    """``plan.workers`` client workers (actors, plus the driver's share when ``plan.in_driver``); ``map`` runs one call
+    per non-empty shard. Every call names its run (``bind``), so one pool serves many runs with the same processes."""
 
     def __init__(self, plan: WorkerPlan) -> None:
         remote = ray.remote(ClientWorker).options(
@@ -133,9 +130,8 @@ class WorkerPool:
         return self.plan.workers
 
     def bind(self, cfg: ExperimentConfig, data: FederatedData, keep_latest: bool) -> tuple[Any, FederatedData]:
-        """The run's config and dataset in the object store, once per run: the handle (held by the caller for the run's
-        life, so restarted actors can fetch it) and the zero-copy dataset to read from then on. Actors start fetching at
-        once (``ClientWorker.ready``), overlapping the driver's start-up."""
+        """The run's config and dataset in the object store once per run; the caller holds the handle for the run's
+        life, so restarted actors can fetch it. Actors fetch at once (``ClientWorker.ready``), as the driver starts."""
         ref = ray.put(RunSpec(cfg, data, keep_latest))
         for actor in self.actors:
             actor.ready.remote([ref])
@@ -145,9 +141,8 @@ class WorkerPool:
 
     def map(self, run: ray.ObjectRef, method: str, shards: list[list[Any]], *args: Any,
             per_shard: Callable[[list[Any]], Any] | None = None) -> list[Any]:
-        """``Pool.map``. Worker 0 is the driver's share, if any, trained after the actors' calls are sent.
-        Arguments go to the object store once for all calls; the run's reference is nested (``[run]``) so Ray
-        does not copy the dataset into every call."""
+        """Worker 0 is the driver's share, if any, trained after the actors' calls are sent. Arguments go to the object
+        store once; the run's reference is nested (``[run]``) so Ray does not copy the dataset per call."""
         assert len(shards) == self.width(), (len(shards), self.width())
         shared = [ray.put(arg) for arg in args]
         driver_shard, actor_shards = (shards[0], shards[1:]) if self.driver is not None else ([], shards)

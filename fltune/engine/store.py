@@ -7,8 +7,7 @@ and a sum over all clients (SCAFFOLD's c) reads them all. ``.npy``/``.npz`` need
 
 Checkpoints (``commit``): the rows written since the last commit go to one ``.npz`` of the store's log named by version
 (the round); a checkpoint holds the version and folder, not the states. ``restore`` replays the log up to a version
-exactly and drops later files. Writes are all or nothing (a temporary file renamed).
-"""
+exactly and drops later files. Writes are all or nothing (a temporary file renamed)."""
 
 from __future__ import annotations
 

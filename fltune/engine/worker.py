@@ -1,11 +1,9 @@
-"""The Ray actor that trains clients: stateless between calls, so any worker can train any client.
-
-A worker serves one run at a time: the run arrives by reference with every call (``WorkerPool.bind``). Per call it
-trains its share of the round's clients in turn and returns one partial weighted sum (aggregate.py) plus each
-client's upload, state and metrics. When a probe needs every local model (``RunSpec.keep_latest``: ``all_model``,
-H_N/H_D) and ``Method.local_model`` rebuilds them, the worker returns the updates instead of its partial sum and the
-driver sums them in the worker's order, so each client's weights travel once.
-"""
+"""The Ray actor that trains clients: stateless between calls, so any worker can train any client. A worker serves one
+run at a time: the run arrives by reference with every call (``WorkerPool.bind``). Per call it trains its share of the
+round's clients in turn and returns one partial weighted sum (aggregate.py) plus each client's upload, state and
+metrics. When a probe needs every local model (``RunSpec.keep_latest``: ``all_model``, H_N/H_D) and
+``Method.local_model`` rebuilds them, the worker returns the updates instead of its partial sum and the driver sums them
+in the worker's order, so each client's weights travel once."""
 
 from __future__ import annotations
 
@@ -270,8 +268,7 @@ class ClientWorker:
     def evaluate_split(
         self, run_ref: list, state: State, split: str, batches: list[int],
     ) -> list[tuple[int, float]]:
-        """Per-batch (correct, summed loss) of ``state`` on ``split``'s ``batches``: the driver spreads an
-        evaluation over idle workers (and their GPUs) and adds up in batch order (``Federation.evaluate_state``)."""
+        """Per-batch (correct, summed loss) of ``state`` on ``split``'s ``batches`` (``Federation.evaluate_state``)."""
         data = self._attach(run_ref)
         load_state(self.model, state)
         x, y = data.split(split)

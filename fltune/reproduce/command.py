@@ -1,8 +1,6 @@
-"""``python cli.py tables`` and ``python cli.py reproduce TABLE``.
-
-Exit status: 0 every runnable cell finished (cells without data are reported, not errors); 1 some cell diverged
-or failed; 2 bad input; 130 interrupted, 143 on SIGTERM (continue with ``--resume``).
-"""
+"""``python cli.py tables`` and ``python cli.py reproduce TABLE``. Exit status: 0 every runnable cell finished (cells
+without data are reported, not errors); 1 some cell diverged or failed; 2 bad input; 130 interrupted, 143 on SIGTERM
+(continue with ``--resume``)."""
 
 from __future__ import annotations
 

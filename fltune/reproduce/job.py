@@ -1,6 +1,5 @@
-"""A reproduction job: a paper table's runnable cells as a Ray Tune grid of ``run_federations`` trials. Cells
-that differ only in the metric they read (e.g. MAN Table 1's accuracy and rounds-to-target) share one trial.
-"""
+"""A reproduction job: a paper table's runnable cells as a Ray Tune grid of ``run_federations`` trials. Cells that
+differ only in the metric they read (e.g. MAN Table 1's accuracy and rounds-to-target) share one trial."""
 
 from __future__ import annotations
 

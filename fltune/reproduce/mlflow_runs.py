@@ -1,6 +1,5 @@
 """A reproduction job in MLflow: a parent run (settings, then ``table.csv`` / ``table.md``) and a child per cell
-(config, paper value, per-round curves), reopened by tags on resume.
-"""
+(config, paper value, per-round curves), reopened by tags on resume."""
 
 from __future__ import annotations
 

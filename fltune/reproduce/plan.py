@@ -1,6 +1,5 @@
-"""From a paper table to runnable cells, before Ray starts. A cell whose dataset is missing is planned as
-"no data" with the loader's message, unless the scale substitutes a dataset.
-"""
+"""From a paper table to runnable cells, before Ray starts. A cell whose dataset is missing is planned as "no data" with
+the loader's message, unless the scale substitutes a dataset."""
 
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
-"""A reproduced table in the paper's layout: paper value, measured mean ± std over seeds, Δ or ranks.
-
-Δ against the paper is shown only at paper scale on the paper's dataset; elsewhere the check is the ordering:
-each row's rank in its column beside the paper's, and per column Kendall's τ-b (ties never inflate it).
-"""
+"""A reproduced table in the paper's layout: paper value, measured mean ± std over seeds, Δ or ranks. Δ against the
+paper is shown only at paper scale on the paper's dataset; elsewhere the check is the ordering: each row's rank in its
+column beside the paper's, and per column Kendall's τ-b (ties never inflate it)."""
 
 from __future__ import annotations
 

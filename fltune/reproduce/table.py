@@ -1,9 +1,7 @@
-"""Paper tables fltune can re-run: their cells, the paper's numbers, and how to run them at two scales.
-
-A table is data: each cell names the paper's row, column and value, the metric compared, and the dotted config
-fields that make it; a scale adds settings common to every cell (``paper``: the paper's; ``quick``: what fits a
-2-core machine). Each ``fltune/reproduce/papers/`` module lists its ``TABLES``, keyed ``<paper>:<table>``.
-"""
+"""Paper tables fltune can re-run: their cells, the paper's numbers, and how to run them at two scales. A table is data:
+each cell names the paper's row, column and value, the metric compared, and the dotted config fields that make it; a
+scale adds settings common to every cell (``paper``: the paper's; ``quick``: what fits a 2-core machine). Each
+``fltune/reproduce/papers/`` module lists its ``TABLES``, keyed ``<paper>:<table>``."""
 
 from __future__ import annotations
 

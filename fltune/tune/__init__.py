@@ -1,10 +1,9 @@
 """fltune.tune: ``cli.py tune``, hyperparameter studies of a method with Ray Tune + Optuna, tracked in MLflow.
 
-space.py (the search-space files) → spec.py (a resolved, saved study) → study.py (resources, Tuner) →
-trainable.py (one trial: a federation per seed, reported per round, checkpointed) → board.py (terminal),
-mlflow_runs.py (MLflow parent + children), results.py (status, ranking, CSV, figures); job.py is the
-scaffold every Tune job shares (a study, a reproduction, a comparison's cells), storage.py its folders.
-"""
+space.py (the search-space files) → spec.py (a resolved, saved study) → study.py (resources, Tuner) → trainable.py (one
+trial: a federation per seed, reported per round, checkpointed) → board.py (terminal), mlflow_runs.py (MLflow parent +
+children), results.py (status, ranking, CSV, figures); job.py is the scaffold every Tune job shares (a study, a
+reproduction, a comparison's cells), storage.py its folders."""
 
 import sys
 

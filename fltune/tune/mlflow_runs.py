@@ -1,10 +1,7 @@
-"""The study in MLflow: one parent run per study, one child run per trial, written by the driver only.
-
-Not Ray's ``MLflowLoggerCallback``: flat runs per ``training_iteration``, mapped to trials only in memory (a
-resume opens a second run). Here runs are tagged with the study's path and trial id, so ``--resume`` (even after
-SIGKILL) reopens them, continues each curve and deletes children the restored state never saw: every trial
-appears exactly once.
-"""
+"""The study in MLflow: one parent run per study, one child run per trial, written by the driver only. Not Ray's
+``MLflowLoggerCallback``: flat runs per ``training_iteration``, mapped to trials only in memory (a resume opens a second
+run). Here runs are tagged with the study's path and trial id, so ``--resume`` (even after SIGKILL) reopens them,
+continues each curve and deletes children the restored state never saw: every trial appears exactly once."""
 
 from __future__ import annotations
 

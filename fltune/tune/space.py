@@ -1,9 +1,7 @@
-"""Search-space files (``search_spaces/<method>.yaml``): the pydantic schema and its validation.
-
-Everything is checked before Ray starts, against the real config model: a parameter must be a field of the
-method's ``Params`` (``method.*``) or of the experiment config, and both ends of its range (every choice) must
-validate there, so no trial can fail on a bad value.
-"""
+"""Search-space files (``search_spaces/<method>.yaml``): the pydantic schema and its validation. Everything is checked
+before Ray starts, against the real config model: a parameter must be a field of the method's ``Params`` (``method.*``)
+or of the experiment config, and both ends of its range (every choice) must validate there, so no trial can fail on a
+bad value."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""A resolved study: the search-space file after ``--set`` and the CLI flags, frozen at creation. Every trial
-receives it and ``--resume`` reloads it, so a resumed study runs the settings it started with.
-"""
+"""A resolved study: the search-space file after ``--set`` and the CLI flags, frozen at creation. Every trial receives
+it and ``--resume`` reloads it, so a resumed study runs the settings it started with."""
 
 from __future__ import annotations
 
@@ -20,9 +19,8 @@ SPEC_FILE = "fltune_study.json"
 
 
 class SavedSpec(BaseModel):
-    """A Tune job's settings kept in its folder (``<storage>/<name>/fltune_study.json``) for --resume. Every
-    kind also has ``tracking`` (its MLflow settings) and ``max_concurrent`` (trials at once; None: as many as
-    fit), which ``TuneJob`` reads."""
+    """A Tune job's settings in its folder (``<storage>/<name>/fltune_study.json``) for --resume; every kind has
+    ``tracking`` (MLflow settings) and ``max_concurrent`` (trials at once; None: all that fit), read by ``TuneJob``."""
 
     model_config = ConfigDict(frozen=True, ignored_types=(cached_property,))
 

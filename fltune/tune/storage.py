@@ -1,14 +1,12 @@
-"""Where fltune's jobs live (``<storage>/<name>``, on any pyarrow filesystem) and the filesystem Tune writes a
-job folder through: on local disk, every file is replaced whole or not at all.
+"""Where fltune's jobs live (``<storage>/<name>``, on any pyarrow filesystem) and the filesystem Tune writes a job
+folder through: on local disk, every file is replaced whole or not at all. Tune truncates and rewrites its state files
+in the job folder every few seconds (``sync_up_experiment_state``): a driver killed mid-copy leaves a cut file and
+``Tuner.restore`` fails with ``EOFError: Ran out of input`` (ray-project/ray#58179). Here each file is written beside
+its target and ``os.replace``-d; remote stores (s3://, gs://) publish an object only once uploaded whole, so they keep
+Tune's filesystem.
 
-Tune truncates and rewrites its state files in the job folder every few seconds (``sync_up_experiment_state``):
-a driver killed mid-copy leaves a cut file and ``Tuner.restore`` fails with ``EOFError: Ran out of input``
-(ray-project/ray#58179). Here each file is written beside its target and ``os.replace``-d; remote stores
-(s3://, gs://) publish an object only once uploaded whole, so they keep Tune's filesystem.
-
-Tune also deletes checkpoints beyond ``num_to_keep`` before the state naming them is copied, so a driver killed
-in between resumes from a deleted checkpoint on every retry: such deletions wait (``HeldPrunes``).
-"""
+Tune also deletes checkpoints beyond ``num_to_keep`` before the state naming them is copied, so a driver killed in
+between resumes from a deleted checkpoint on every retry: such deletions wait (``HeldPrunes``)."""
 
 from __future__ import annotations
 
@@ -47,12 +45,11 @@ CHECKPOINT = re.compile(r"checkpoint_\d+")
 
 
 class HeldPrunes:
-    """Trial checkpoints Tune pruned, held until the job folder holds a state saved after the prune.
-
-    One per process (the driver deletes and copies through different filesystem copies). Tune's driver thread
-    starts a copy only after the previous one ended (``_BackgroundSyncer``) and prunes between copies, so a
-    copy *opened* after a prune may carry an older state, but one opening after that copy *ended* cannot. A
-    driver killed while it holds some leaves superseded checkpoints on disk, never a missing one."""
+    """Trial checkpoints Tune pruned, held until the job folder holds a state saved after the prune. One per process
+    (the driver deletes and copies through different filesystem copies). Tune's driver thread starts a copy only after
+    the previous one ended (``_BackgroundSyncer``) and prunes between copies, so a copy *opened* after a prune may carry
+    an older state, but one opening after that copy *ended* cannot. A driver killed while it holds some leaves
+    superseded checkpoints on disk, never a missing one."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()

@@ -1,6 +1,5 @@
-"""Building a study: resolve the spec, size the trials, make the Tuner. A trial's placement group has an empty
-head bundle (its process works only while workers wait) plus one per client actor (``plan_workers``).
-"""
+"""Building a study: resolve the spec, size the trials, make the Tuner. A trial's placement group has an empty head
+bundle (its process works only while workers wait) plus one per client actor (``plan_workers``)."""
 
 from __future__ import annotations
 
@@ -150,11 +149,10 @@ def scheduler(spec: StudySpec) -> TrialScheduler:
 
 def bound_trainable(entry: Callable[[dict[str, Any], Any], None], spec: Any,
                     resources: tune.PlacementGroupFactory) -> Callable[[dict[str, Any]], None]:
-    """A job's Tune trainable: ``entry(config, spec)`` under ``entry``'s name, in the trial's placement group.
-
-    Not ``tune.with_parameters``: a driver owning object-store data exits 1, with no clean-up, when the local
-    Ray dies under it (a process-group SIGTERM); the few-KB spec travels in the trainable. A refused trial
-    (``FLTuneError``) ends with a ``failed`` result, not an exception that each restart would repeat."""
+    """A job's Tune trainable: ``entry(config, spec)`` under ``entry``'s name, in the trial's placement group. Not
+    ``tune.with_parameters``: a driver owning object-store data exits 1, with no clean-up, when the local Ray dies under
+    it (a process-group SIGTERM); the few-KB spec travels in the trainable. A refused trial (``FLTuneError``) ends with
+    a ``failed`` result, not an exception that each restart would repeat."""
     def trainable(config: dict[str, Any]) -> None:
         try:
             entry(config, spec)

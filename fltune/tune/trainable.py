@@ -1,8 +1,6 @@
-"""The Ray Tune function trainable: one trial = one configuration, run for every seed in lockstep.
-
-Each round reports seed means, so ASHA compares trials round by round. A restored trial replays the rounds
-after its checkpoint exactly: every random number derives from (seed, round, client id).
-"""
+"""The Ray Tune function trainable: one trial = one configuration, run for every seed in lockstep. Each round reports
+seed means, so ASHA compares trials round by round. A restored trial replays the rounds after its checkpoint exactly:
+every random number derives from (seed, round, client id)."""
 
 from __future__ import annotations
 

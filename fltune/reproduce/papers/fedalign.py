@@ -2,21 +2,19 @@
 Tables 8–10.
 
 Protocol (§3.2): CIFAR-100 over 16 clients, all sampled every round, FedML's per-class Dirichlet partition
-(``dirichlet``, α = 0.5); 25 rounds of 20 local epochs, SGD with Nesterov momentum 0.9 at a fixed lr 0.01 (the
-authors' code); crop + flip; FedML's ResNet-56 for every method. A number is the final server model's test
-accuracy (``global``). Method settings: FedProx μ = 1e-4, MOON μ = 1 (τ = 0.5), Mixup γ = 0.1, StochDepth
-ρ_L = 0.9, GradAug n = 2, μ = 1.75, ω_b = 0.8 (Table 5: μ = 1.5, 2.0, 2.25 for n = 1, 3, 4), FedAlign μ = 0.45,
-ω_S = 0.25 with gradient clipping (App. E).
+(``dirichlet``, α = 0.5); 25 rounds of 20 local epochs, SGD with Nesterov momentum 0.9 at a fixed lr 0.01 (the authors'
+code); crop + flip; FedML's ResNet-56 for every method. A number is the final server model's test accuracy (``global``).
+Method settings: FedProx μ = 1e-4, MOON μ = 1 (τ = 0.5), Mixup γ = 0.1, StochDepth ρ_L = 0.9, GradAug n = 2, μ = 1.75,
+ω_b = 0.8 (Table 5: μ = 1.5, 2.0, 2.25 for n = 1, 3, 4), FedAlign μ = 0.45, ω_S = 0.25 with gradient clipping (App. E).
 
 The numbers are the arXiv version's (the only one with Table 8 and a legible Table 2); the CVPR version prints
 the same Table 1 but other means, with ± std, in Tables 2, 5 and 7.
 
 Cost columns: ``cost_train_forward_mflops`` is the paper's MFLOPs, "the compute needs for the forward pass of the
-training process": the forward FLOPs each method spends per training sample over round 1 (MOON's three models,
-GradAug's sub-networks, StochDepth's dropped blocks, FedAlign's reduced width; metrics/_flops.py), at 2 FLOPs
-per multiply-add, so ×0.5 gives the paper's MACs (ResNet-56 on CIFAR-100, FedAvg: 87.2). Table 8's MFLOPs are
-that × the rounds to 60 %. ``cost_stored_params`` is the parameter count × the method's ``stored_models``.
-"""
+training process": the forward FLOPs each method spends per training sample over round 1 (MOON's three models, GradAug's
+sub-networks, StochDepth's dropped blocks, FedAlign's reduced width; metrics/_flops.py), at 2 FLOPs per multiply-add, so
+×0.5 gives the paper's MACs (ResNet-56 on CIFAR-100, FedAvg: 87.2). Table 8's MFLOPs are that × the rounds to 60 %.
+``cost_stored_params`` is the parameter count × the method's ``stored_models``."""
 
 from __future__ import annotations
 

@@ -8,9 +8,8 @@ per client, each class cut into its own shards as the authors' code does (``clas
 per-class Dirichlet(α) over clients (``dirichlet``). A number is the server model's test accuracy (``global``).
 Augmentation follows the authors' loaders (``train_tools/preprocessing/*/loader.py``).
 
-Table 4 (FedSOL perturbing by FedProx's, FedNova's, Scaffold's, FedDyn's or MOON's proximal loss) is not
-registered: the authors' code has no such variants and the paper gives no formulation for them.
-"""
+Table 4 (FedSOL perturbing by FedProx's, FedNova's, Scaffold's, FedDyn's or MOON's proximal loss) is not registered: the
+authors' code has no such variants and the paper gives no formulation for them."""
 
 from __future__ import annotations
 
@@ -52,8 +51,7 @@ LDA = {
     "FedSOL": (97.44, 60.01, 64.13, 71.94, 75.60, 83.92, 55.07, 78.88, 53.40),
 }
 SHARDS = (2, 2, 3, 5, 10, 2, 2, 2, 2)
-"""s per column; MNIST's, SVHN's, CINIC-10's and the MedMNIST sets' s is not printed: [U] 2, the authors' config
-default."""
+"""s per column; not printed for MNIST, SVHN, CINIC-10 and the MedMNIST sets: [U] 2, the authors' config default."""
 ALPHAS = (0.1, 0.05, 0.1, 0.3, 0.5, 0.1, 0.1, 0.1, 0.1)
 """α per column; not printed for MNIST, SVHN, CINIC-10 and the MedMNIST sets: [U] 0.1, the authors' config default
 (Table 4's FedProx 'Base' values are Table 2's LDA ones: SVHN 72.40, CINIC-10 40.09, CIFAR-10 59.80 at α = 0.1)."""
@@ -143,8 +141,7 @@ def table2() -> PaperTable:
     return fedsol_table(2, "accuracy (%) under Sharding (s) and LDA (α) partitions", cells)
 
 
-# Table 5 (CIFAR-10, LDA α = 0.1): accuracy per perturbed scope and ρ. ρ = 0 perturbs nothing (FedAvg,
-# Table 2's 56.13), so the paper prints it once, in the All row.
+# Table 5 (CIFAR-10, LDA α = 0.1) per scope and ρ; ρ = 0 perturbs nothing (FedAvg, Table 2's 56.13): printed once.
 TABLE5 = {
     "All (full)": ("all", {0.0: 56.13, 0.5: 61.17, 1.0: 64.16, 1.5: 64.38, 2.0: 63.94}),
     "Body (partial)": ("body", {0.5: 60.98, 1.0: 62.95, 1.5: 63.94, 2.0: 63.80}),
@@ -153,11 +150,9 @@ TABLE5 = {
 
 
 def table5() -> PaperTable:
-    """Partial perturbation: FedSOL with ``method.scope`` all / body / head at each ρ.
-
-    The FLOPs column (relative cost 2 / 1.96 / 1.33) is not registered: fltune counts a method's passes,
-    not the share of the model a partial perturbation touches.
-    """
+    """Partial perturbation: FedSOL with ``method.scope`` all / body / head at each ρ. The FLOPs column (relative
+    cost 2 / 1.96 / 1.33) is not registered: fltune counts a method's passes, not the share of the model a partial
+    perturbation touches."""
     cells = [cell(row, "cifar10", f"ρ={rho:g}", value, lda(0.1), {"method.scope": scope, "method.rho": rho}, "FedSOL")
              for row, (scope, values) in TABLE5.items() for rho, value in values.items()]
     return fedsol_table(
@@ -182,8 +177,7 @@ ARCHITECTURES = {
     "SL-ViT": {"model.name": "sl_vit"},
 }
 """The authors' models (``train_tools/models/{vgg,resnet,small_vit}.py``, via ``create_models``): VGG-11 without
-BatchNorm; ResNet-18 with ``track_running_stats=False``; SL-ViT with patches of side min(H/4, 16), dim 192,
-depth 9, 12 heads."""
+BatchNorm; ResNet-18 with ``track_running_stats=False``; SL-ViT: patch side min(H/4, 16), dim 192, depth 9, 12 heads."""
 
 
 def table3() -> PaperTable:

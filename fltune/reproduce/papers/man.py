@@ -3,17 +3,15 @@
 
 Protocol (§4, supp. §7): 100 clients, 10 % per round (each client with probability 0.1, as the authors' code
 ``vcl-iisc/fedMAN:code/utils_methods.py`` draws them), equal-size clients with Dirichlet(δ) class priors
-(``dirichlet_prior``) or iid; 500 rounds of 5 local epochs, batch 50, SGD lr 0.1 × 0.998^r, weight decay
-1e-3, gradient clipping at 10; FedDyn's CIFAR CNN, on Tiny-ImageNet the authors' ``ConvNet`` (supp. Table 4).
-Accuracy is that of the average of all clients' latest models (``all_model``, FedDyn's protocol, §5), mean ± std
-over 3 seeds (``--seeds 3``); rounds are the first round at ≥ 50 % (CIFAR-100) or ≥ 28 % (Tiny-ImageNet), '500+'
-when never reached.
+(``dirichlet_prior``) or iid; 500 rounds of 5 local epochs, batch 50, SGD lr 0.1 × 0.998^r, weight decay 1e-3, gradient
+clipping at 10; FedDyn's CIFAR CNN, on Tiny-ImageNet the authors' ``ConvNet`` (supp. Table 4). Accuracy is that of the
+average of all clients' latest models (``all_model``, FedDyn's protocol, §5), mean ± std over 3 seeds (``--seeds 3``);
+rounds are the first round at ≥ 50 % (CIFAR-100) or ≥ 28 % (Tiny-ImageNet), '500+' when never reached.
 
 Tiny-ImageNet as the authors' code runs it (``vcl-iisc/fedMAN:code/run_exp.sh``: ``--dataset_name=TinyImageNet
---model_name=ConvNet``; ``utils_dataset.py``): the 100,000 training images over 100 clients, the 10,000
-validation images as the test set, ImageNet's normalisation, FedDyn's flip and half-time crop at 64×64, and MAN's
-term as that ``ConvNet`` computes it (``TinyImageNetCNN``).
-"""
+--model_name=ConvNet``; ``utils_dataset.py``): the 100,000 training images over 100 clients, the 10,000 validation
+images as the test set, ImageNet's normalisation, FedDyn's flip and half-time crop at 64×64, and MAN's term as that
+``ConvNet`` computes it (``TinyImageNetCNN``)."""
 
 from __future__ import annotations
 
@@ -68,8 +66,7 @@ TABLE1_TINY = {
     "FedSpeed": ((31.12, 0.61, 211), (31.10, 0.27, 228), (29.65, 0.11, 363)),
     "FedSpeed+MAN": ((34.32, 0.63, 108), (35.49, 0.07, 78), (33.02, 0.55, 98)),
 }
-# Table 2, CIFAR-100 as printed: (top eigenvalue, trace) at δ = 0.3, then δ = 0.6. (The paper prints the
-# same FedDC figures for both δ.)
+# Table 2, CIFAR-100 as printed: (top eigenvalue, trace) at δ = 0.3, then δ = 0.6 (FedDC's printed the same for both).
 TABLE2 = {
     "FedAvg": ((51.49, 8744), (53.39, 9056)),
     "FedAvg+MAN": ((43.80, 4397), (42.00, 4747)),
@@ -80,16 +77,14 @@ TABLE2 = {
     "FedDC": ((35.13, 3578), (35.13, 3578)),
     "FedDC+MAN": ((32.99, 2974), (32.99, 2974)),
 }
-# Supplementary Table 6, CIFAR-100 as printed. Its FedASAM and FedASAM+MAN figures are, to the digit, Table 2's
-# FedAvg and FedAvg+MAN ones.
+# Supplementary Table 6, CIFAR-100 as printed; its FedASAM(+MAN) figures are, to the digit, Table 2's FedAvg(+MAN).
 SUPP6 = {
     "FedASAM": ((51.49, 8744), (53.39, 9056)),
     "FedASAM+MAN": ((43.80, 4397), (42.00, 4747)),
     "FedSpeed": ((47.31, 6463), (49.75, 6519)),
     "FedSpeed+MAN": ((40.41, 3806), (37.64, 3674)),
 }
-# Supplementary Table 5, CIFAR-10, in its printed column order δ = 0.6, δ = 0.3, iid (means; the ± are
-# over 3 seeds).
+# Supplementary Table 5, CIFAR-10, in its printed column order δ = 0.6, δ = 0.3, iid (means; ± over 3 seeds).
 SUPP5_COLUMNS = ("δ=0.6", "δ=0.3", "iid")
 SUPP5 = {
     "FedAvg": (79.34, 80.19, 81.44), "FedAvg+MAN": (82.53, 83.35, 84.18),

@@ -5,13 +5,12 @@ Protocol (§5.1): 100 clients, 10 % per round; non-IID1 = `classes` (k = 5 EMNIS
 CIFAR-100), non-IID2 = `dirichlet_prior` (δ = 0.5, 0.3 for CIFAR-100); train and test pooled, each client
 split 70/30; a number is the mean over clients of each client's model on its own 30 % (``personalized``).
 
-Table 2 was produced on FedCR's code base (``haozzh/FedCR``), so every row runs as that code runs it: its
-README's per-method commands (lr, Ditto's μ, FedSR's dimZ/CMI/L2R, 500 rounds, E = 10, B = 48),
-``utils/options.py`` (SGD momentum 0, weight decay 0, ``last_local_ep`` 10, ``local_rep_ep`` 1) and
-``models/distributed_training_utils*.py`` (gradient norm clipped at ``max_norm = 10``; a last round training
-the personal part with the averaged part frozen, or for Ditto (``main_fed_ditto.py``) one more Ditto round:
-each method's ``final_round``). The README gives CIFAR-100 commands only: other datasets are **[U]**.
-"""
+Table 2 was produced on FedCR's code base (``haozzh/FedCR``), so every row runs as that code runs it: its README's
+per-method commands (lr, Ditto's μ, FedSR's dimZ/CMI/L2R, 500 rounds, E = 10, B = 48), ``utils/options.py`` (SGD
+momentum 0, weight decay 0, ``last_local_ep`` 10, ``local_rep_ep`` 1) and ``models/distributed_training_utils*.py``
+(gradient norm clipped at ``max_norm = 10``; a last round training the personal part with the averaged part frozen, or
+for Ditto (``main_fed_ditto.py``) one more Ditto round: each method's ``final_round``). The README gives CIFAR-100
+commands only: other datasets are **[U]**."""
 
 from __future__ import annotations
 
