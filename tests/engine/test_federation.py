@@ -62,9 +62,11 @@ def test_one_and_two_workers_give_identical_runs(pools):
     assert one.history[-1]["acc_global"] > 0.3  # synthetic is learnable: well above 10 % chance
 
 
+@pytest.mark.extended
 def test_bernoulli_sampling_trains_each_rounds_draw_the_same_on_one_worker_or_two(pools):
     """MAN's protocol (``federation.sampling=bernoulli``): seed 0 draws 3, 6 and 7 of the 10 clients; FedDyn
-    keeps a drift per client that trained, and the run is still a function of the seed alone."""
+    keeps a drift per client that trained, and the run is still a function of the seed alone. Extended: the
+    suite pins the draw (tests/engine/test_rng.py) and one against two workers on six methods (below)."""
     extra = ("federation.sampling=bernoulli", "federation.rounds=3", "method.name=feddyn")
     one = run(federation("resources.workers=1", *extra, pool=pools[1]))
     two = run(federation("resources.workers=2", *extra, pool=pools[2]))
