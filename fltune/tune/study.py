@@ -164,7 +164,9 @@ def bound_trainable(entry: Callable[[dict[str, Any], Any], None], spec: Any,
 
 
 def new_tuner(spec: StudySpec, resources: tune.PlacementGroupFactory, callbacks: list[tune.Callback]) -> tune.Tuner:
-    """Optuna + ASHA/FIFO, at most ``max_concurrent`` trials. Optuna is imported here: grid jobs skip it."""
+    """Optuna + ASHA/FIFO, at most ``max_concurrent`` trials. Optuna is imported here: grid jobs skip it. Every fltune
+    job reuses a finished trial's process for the next (``reuse_actors``): torch and fltune stay imported, and a
+    trial's numbers depend only on its configuration (randomness keyed by seed, round and client)."""
     from fltune.tune.search import make_searcher
 
     space = spec.space
@@ -172,7 +174,7 @@ def new_tuner(spec: StudySpec, resources: tune.PlacementGroupFactory, callbacks:
         bound_trainable(run_trial, spec, resources),
         tune_config=tune.TuneConfig(
             search_alg=make_searcher(space), scheduler=scheduler(spec), num_samples=space.num_samples,
-            max_concurrent_trials=space.max_concurrent,
+            max_concurrent_trials=space.max_concurrent, reuse_actors=True,
         ),
         run_config=run_config(spec, callbacks),
     )
@@ -183,7 +185,7 @@ def grid_tuner(trainable_: Any, cells: list[str], spec: SavedSpec, max_concurren
     """A grid over named cells (``config["cell"]``), each run once: the jobs of ``reproduce`` and ``compare``."""
     return tune.Tuner(
         trainable_, param_space={"cell": tune.grid_search(cells)},
-        tune_config=tune.TuneConfig(num_samples=1, max_concurrent_trials=max_concurrent),
+        tune_config=tune.TuneConfig(num_samples=1, max_concurrent_trials=max_concurrent, reuse_actors=True),
         run_config=run_config(spec, callbacks),
     )
 
