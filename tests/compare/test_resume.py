@@ -1,6 +1,8 @@
 """Stopping a comparison while it tunes (SIGTERM to the process group, as `timeout` and Slurm do; Ctrl-C) and
 resuming it: the study continues where it stopped, the cells follow, every MLflow run appears once and ends
-FINISHED, and the comparison is as fair and as reported as one never stopped."""
+FINISHED, and the comparison is as fair and as reported as one never stopped. The extended tier: the suite
+stops and resumes a job through signals with ``tune`` (tests/tune/test_resume.py) and resumes a table
+(tests/reproduce/test_command.py); a comparison runs its studies and cells as such jobs."""
 
 from __future__ import annotations
 
@@ -53,9 +55,7 @@ def test_a_comparison_stopped_mid_study_then_between_studies_resumes_finishes_on
     (``check_fair_and_reported``): each comparison's start-up costs more than its rounds. Between studies
     the first study's finished ``fit`` had left Tune's SIGINT handler installed: the stop went to it and
     was lost, and the comparison ran on into the next study (after a process-group SIGTERM, into the dying
-    GCS: CI saw Ray's core worker end it with status 1 and no resume line). In the extended tier: three
-    start-ups of a comparison cost the suite a minute and a half; the suite stops and resumes a job through
-    signals with ``tune`` (tests/tune/test_resume.py), and resumes a comparison in-process (below)."""
+    GCS: CI saw Ray's core worker end it with status 1 and no resume line)."""
     out = tmp_path / "out"
     cmd = [sys.executable, str(REPO / "cli.py"), "compare", "--methods", "fedavg,fedprox", *TINY,
            "--rounds", "6", "--tune-budget", "1", "--seeds", "2", "--storage", str(tmp_path), "--name", "c",
@@ -89,6 +89,7 @@ def test_a_comparison_stopped_mid_study_then_between_studies_resumes_finishes_on
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_a_study_whose_trials_all_ended_before_a_stop_concludes_when_the_comparison_resumes(
         ray_session, tmp_path: Path, mlflow_uri: str) -> None:
     """A stop that lands after a study's last trial ended but before the study concluded leaves every trial

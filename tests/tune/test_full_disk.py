@@ -2,7 +2,9 @@
 left and how to continue, exit 74, its MLflow runs KILLED, every checkpoint whole; ``--resume`` once there is
 room finishes it with each trial once in MLflow. For ``tune``, ``reproduce`` and ``compare``: they share the
 job scaffold (``tune.job.TuneJob``), each its own cells; the study is also held to the numbers of a study
-never stopped (the cells resume the same way, and a third job each would cost the suite minutes)."""
+never stopped (the cells resume the same way, and a third job each would cost the suite minutes). The extended
+tier: the suite checks a write cut by a full disk (tests/test_folders.py) and a job's resume
+(tests/tune/test_resume.py)."""
 
 from __future__ import annotations
 
@@ -60,6 +62,7 @@ def said_once(printed: str, disk: Path, resume: str) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_a_study_on_a_full_disk_stops_in_one_line_and_resumes_to_the_same_numbers(
         ray_session, tmp_path: Path, mlflow_uri: str, small_disk, capsys) -> None:
     disk, resize = small_disk
