@@ -10,7 +10,6 @@ between resumes from a deleted checkpoint on every retry: such deletions wait (`
 
 from __future__ import annotations
 
-import os
 import pickle
 import re
 import shutil
@@ -114,7 +113,7 @@ class StateCopy(ReplaceOnClose):
     def close(self) -> None:
         whole = not self.closed and not self.failed
         super().close()
-        if whole and os.path.exists(self.target):
+        if whole:  # moved into place: a failed move raised above
             PRUNES.state_copied(self.opened, time.monotonic())
 
 
