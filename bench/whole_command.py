@@ -4,18 +4,24 @@ Workload (issue 12, item 4; issue 64): FedAvg, FMNIST IID, 100 clients × 600, 1
 global evaluation every round, 5 rounds. The reference is ``bench/plain_reference.py``: the same work
 (client-samples, model, optimiser, evaluations, 2 threads) in plain PyTorch, importing nothing from fltune,
 so no part of fltune's own start-up is paid on both sides. Both are timed as subprocesses from spawn to exit,
-in pairs run back to back after one uncounted warm-up run of each (its wall time printed: Python's
-bytecode caches written, the files in the page cache, the command's MLflow store created, which every
-later run reuses as a user's runs do), and the process tree's resident memory (the process plus every descendant: Ray's
-GCS, raylet and workers) is sampled from /proc. Last lines: ``ratio <command/reference>`` (the median of the
-pairs' ratios; goal ≤ 1.10), ``memory_ratio`` (peak tree RSS), ``memory_ratio_pss`` (peak tree PSS, shared
-pages counted once: see ``tree_memory``) and ``memory_pss_gb`` (the command's peak tree PSS in 10^9 bytes;
-goal ≤ 2). Sizes elsewhere print in GiB (2^30 bytes). At the command's peak, its PSS is also split by part
-(``part``): the driver, the client workers and Ray's own services.
+in pairs run back to back after one uncounted warm-up run of each (its wall time printed: the files in the page
+cache, the command's MLflow store created, which every later run reuses as a user's runs do).
+
+Memory is measured in the warm-up runs, not the timed ones: the process tree's resident memory (the process
+plus every descendant: Ray's GCS, raylet and workers) is sampled from /proc every 0.2 s, and reading a
+process's ``smaps_rollup`` makes the kernel walk its page tables: sampling the command's ten processes took
+~17 % of a core, the reference's one ~8 %, on two cores a handicap of several per cent for the side with
+more processes. A timed run is watched only for its output lines and, for the command, for the ``MARKS``
+below until all have shown (the reference: its lines alone); each pair line prints what that watching
+cost (``observer``, CPU seconds of this process). Last lines: ``ratio <command/reference>`` (the median of
+the pairs' ratios; goal ≤ 1.10), ``memory_ratio`` (peak tree RSS), ``memory_ratio_pss`` (peak tree PSS,
+shared pages counted once: see ``tree_memory``) and ``memory_pss_gb`` (the command's peak tree PSS in 10^9
+bytes; goal ≤ 2). Sizes elsewhere print in GiB (2^30 bytes). At the command's peak, its PSS is also split by
+part (``part``): the driver, the client workers and Ray's own services.
 
 Where the command's extra seconds go, from its timeline as seen from outside the package: when its lines
 appear (the header after start-up, each round's line), when Ray's GCS, the first worker process and the
-first client actor appear in its process tree, when its processes hold the FMNIST files open (/proc, every
+first client actor appear in its process tree, when its driver holds the FMNIST files open (/proc, every
 0.2 s), when MLflow's sqlite store says the run started, each round's metrics were stamped and the run ended;
 and, from one more run under ``python -X importtime``, the driver's imports by package. The phase table puts
 each phase beside the reference's matching one (its ``imported``, ``data``, ``model`` and round lines).
@@ -33,6 +39,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import resource
 import sqlite3
 import statistics
 import subprocess
@@ -116,16 +123,17 @@ worker process (the raylet spawning workers; renamed ``ray::IDLE`` once it runs)
 task (named ``ray::ClientWorker.<method>`` while it does)."""
 
 
-def _seen(pids: list[int], now: float, marks: dict[str, float], files: list[float]) -> None:
-    """Note the first time each of ``MARKS`` shows in a process of the tree, and whether one holds an FMNIST
-    file open now."""
+def _seen(root: int, pids: list[int], now: float, marks: dict[str, float], files: list[float]) -> None:
+    """Note the first time each of ``MARKS`` shows in a process of the tree, and whether the driver ``root``
+    (the one process that reads the dataset's files) holds an FMNIST file open now."""
     for pid in pids:
         try:
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
             for mark, needles in MARKS.items():
                 if mark not in marks and any(needle in cmdline for needle in needles):
                     marks[mark] = now
-            if any(DATA_FILES in os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")):
+            if pid == root and any(DATA_FILES in os.readlink(f"/proc/{pid}/fd/{fd}")
+                                   for fd in os.listdir(f"/proc/{pid}/fd")):
                 files.append(now)
         except OSError:
             continue
@@ -143,6 +151,8 @@ class Run:
     spawn_epoch: float
     marks: dict[str, float] = field(default_factory=dict)
     files: list[float] = field(default_factory=list)
+    observer: float = 0.0
+    """CPU seconds this process spent watching the run (its sampling and reading the run's output)."""
 
     def at(self, prefix: str) -> float | None:
         """When its first line starting with ``prefix`` arrived (seconds since spawn)."""
@@ -153,11 +163,12 @@ class Run:
         return [t for t, line in self.lines if re.match(r"round \d+/\d+", line)]
 
 
-def measure(argv: list[str], env: dict[str, str]) -> Run:
-    """Run ``argv`` from spawn to exit: its wall seconds, peak tree RSS and PSS in GiB (every 0.2 s), the PSS
-    by part at the PSS peak, its output lines with their arrival times, and ``MARKS`` and FMNIST files
-    open seen at the same ticks."""
+def measure(argv: list[str], env: dict[str, str], memory: bool = False, watch: bool = True) -> Run:
+    """Run ``argv`` from spawn to exit: its wall seconds and output lines with their arrival times; with ``watch``,
+    ``MARKS`` and FMNIST files open seen every 0.2 s until every mark has shown; with ``memory``, its peak tree
+    RSS and PSS in GiB (every 0.2 s) and the PSS by part at the PSS peak."""
     lines: list[tuple[float, str]] = []
+    observer = _cpu()
     spawn_epoch, start = time.time(), time.perf_counter()
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, cwd=REPO, text=True)
 
@@ -173,19 +184,28 @@ def measure(argv: list[str], env: dict[str, str]) -> Run:
     marks: dict[str, float] = {}
     files: list[float] = []
     while proc.poll() is None:
-        pids, now = tree(proc.pid), time.perf_counter() - start
-        _seen(pids, now, marks, files)
-        rss, pss, parts = tree_memory(proc.pid, pids)
-        peak_rss = max(peak_rss, rss)
-        if pss > peak_pss:
-            peak_pss, peak_parts = pss, parts
+        if memory or watch and len(marks) < len(MARKS):
+            pids, now = tree(proc.pid), time.perf_counter() - start
+            if watch:
+                _seen(proc.pid, pids, now, marks, files)
+        if memory:
+            rss, pss, parts = tree_memory(proc.pid, pids)
+            peak_rss = max(peak_rss, rss)
+            if pss > peak_pss:
+                peak_pss, peak_parts = pss, parts
         time.sleep(0.2)
     wall = time.perf_counter() - start
     reader.join()
     if proc.returncode != 0:
         sys.exit(f"{argv[1]} exited {proc.returncode}:\n" + "\n".join(line for _, line in lines[-20:]))
     return Run(wall, peak_rss / 2**30, peak_pss / 2**30, lines, {k: v / 2**30 for k, v in peak_parts.items()},
-               spawn_epoch, marks, files)
+               spawn_epoch, marks, files, _cpu() - observer)
+
+
+def _cpu() -> float:
+    """CPU seconds this process has used (every thread)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
 def timeline(run: Run) -> str:
@@ -338,24 +358,26 @@ def main() -> None:
         before_env = {**env, "PYTHONPATH": f"{args.before.resolve()}{os.pathsep}{env['PYTHONPATH']}"} if args.before \
             else env
         before = command(args.rounds, f"{uri}.before", args.before.resolve(), extra) if args.before else []
-        warm = {"command": measure(command(args.rounds, uri, extra=extra), env), "reference": measure(reference, env)}
+        warm = {"command": measure(command(args.rounds, uri, extra=extra), env, memory=True),
+                "reference": measure(reference, env, memory=True)}
         if args.before:
-            warm["before"] = measure(before, before_env)
-        print("warm-up (not counted; the command's MLflow store new): "
-              + "  ".join(f"{name} {run.wall:.1f} s" for name, run in warm.items()), flush=True)
+            warm["before"] = measure(before, before_env, memory=True)
+        print("warm-up (not counted; the command's MLflow store new; memory sampled): "
+              + "  ".join(f"{name} {run.wall:.1f} s RSS {run.rss:.2f} GiB PSS {run.pss:.2f} GiB"
+                          for name, run in warm.items()), flush=True)
         for pair in range(args.pairs):
             if args.before:
                 runs["before"].append(measure(before, before_env))
             runs["command"].append(measure(command(args.rounds, uri, extra=extra), env))
             mlflows.append(mlflow_times(uri, runs["command"][-1].spawn_epoch))
-            runs["reference"].append(measure(reference, env))
+            runs["reference"].append(measure(reference, env, watch=False))
             if (last := runs["reference"][-1].lines[-1][1]) != "independent True":
                 sys.exit(f"whole_command: the reference loaded a module of fltune: {last}")
             for name, done in runs.items():
                 if done:
                     run = done[-1]
-                    print(f"pair {pair + 1} {name:9s} {run.wall:5.1f} s RSS {run.rss:.2f} GiB PSS {run.pss:.2f} GiB  "
-                          f"{timeline(run)}", flush=True)
+                    print(f"pair {pair + 1} {name:9s} {run.wall:5.1f} s observer {run.observer:4.1f} s  {timeline(run)}",
+                          flush=True)
         imports = None if args.no_imports else import_times(command(args.rounds, uri,
                                                                     extra=extra), env)
     final = [line for _, line in runs["command"][-1].lines if line.startswith(f"round {args.rounds}/")]
@@ -366,11 +388,12 @@ def main() -> None:
     if imports:
         print(imports)
     wall = {name: statistics.median(r.wall for r in done) for name, done in runs.items() if done}
-    rss = {name: max(r.rss for r in done) for name, done in runs.items() if done}
-    pss = {name: max(r.pss for r in done) for name, done in runs.items() if done}
+    rss = {name: run.rss for name, run in warm.items()}
+    pss = {name: run.pss for name, run in warm.items()}
     for name in wall:
-        print(f"{name:9s} wall {wall[name]:.1f} s (median)  peak tree RSS {rss[name]:.2f} GiB  PSS {pss[name]:.2f} GiB")
-    parts = max(runs["command"], key=lambda r: r.pss).parts
+        print(f"{name:9s} wall {wall[name]:.1f} s (median)  peak tree RSS {rss[name]:.2f} GiB  PSS {pss[name]:.2f} GiB "
+              "(warm-up run)")
+    parts = warm["command"].parts
     print("part " + "  ".join(f"{k} {v:.2f} GiB" for k, v in parts.items()) + "  (the command's PSS at its peak)")
     ratios = [c.wall / r.wall for c, r in zip(runs["command"], runs["reference"])]
     if args.before:
