@@ -61,3 +61,14 @@ def test_import_times_sums_top_level_imports_by_package() -> None:
     line = whole_command.import_times([sys.executable, "-c", "import json.decoder, email.message"], dict(os.environ))
     names = line.split("s): total ", 1)[1].split()[1::2]
     assert {"json", "email"} <= set(names)
+
+
+def test_only_a_memory_run_samples_memory_and_a_timed_run_still_reads_its_lines():
+    """Timed runs are not slowed by reading every process's ``smaps_rollup``: memory comes from runs of its own."""
+    quick = [sys.executable, "-c", "import time; print('round 1/1', flush=True); time.sleep(0.6)"]
+    timed = whole_command.measure(quick, dict(os.environ))
+    sampled = whole_command.measure(quick, dict(os.environ), memory=True, watch=False)
+    assert timed.rss == timed.pss == 0.0 and not timed.parts
+    assert sampled.rss > 0.0 and sampled.pss > 0.0 and sampled.parts["driver"] > 0.0
+    assert [line for _, line in timed.lines] == [line for _, line in sampled.lines] == ["round 1/1"]
+    assert 0.0 <= timed.observer < timed.wall
