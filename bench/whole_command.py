@@ -9,9 +9,8 @@ cache, the command's MLflow store created, which every later run reuses as a use
 
 Memory is measured in the warm-up runs, not the timed ones: the process tree's resident memory (the process
 plus every descendant: Ray's GCS, raylet and workers) is sampled from /proc every 0.2 s, and reading a
-process's ``smaps_rollup`` makes the kernel walk its page tables: sampling the command's ten processes took
-~17 % of a core, the reference's one ~8 %, on two cores a handicap of several per cent for the side with
-more processes. A timed run is watched only for its output lines and, for the command, for the ``MARKS``
+process's ``smaps_rollup`` makes the kernel walk its page tables, a cost per process that would handicap
+the side with more processes (docs/performance.md, "Start-up of ``run``"). A timed run is watched only for its output lines and, for the command, for the ``MARKS``
 below until all have shown (the reference: its lines alone); each pair line prints what that watching
 cost (``observer``, CPU seconds of this process). Last lines: ``ratio <command/reference>`` (the median of
 the pairs' ratios; goal ≤ 1.10), ``memory_ratio`` (peak tree RSS), ``memory_ratio_pss`` (peak tree PSS,
@@ -184,10 +183,11 @@ def measure(argv: list[str], env: dict[str, str], memory: bool = False, watch: b
     marks: dict[str, float] = {}
     files: list[float] = []
     while proc.poll() is None:
-        if memory or watch and len(marks) < len(MARKS):
+        watching = watch and len(marks) < len(MARKS)
+        if memory or watching:
             pids, now = tree(proc.pid), time.perf_counter() - start
-            if watch:
-                _seen(proc.pid, pids, now, marks, files)
+        if watching:
+            _seen(proc.pid, pids, now, marks, files)
         if memory:
             rss, pss, parts = tree_memory(proc.pid, pids)
             peak_rss = max(peak_rss, rss)
