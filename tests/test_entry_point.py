@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -9,9 +10,12 @@ import sys
 from importlib.metadata import EntryPoint
 from pathlib import Path
 
+from mlflow.tracking import MlflowClient
+
 from fltune.cli import entry
 from fltune.tracking.paths import default_uri, mlruns_dir
 from fltune.tune.storage import storage_root
+from tests.test_cli import TINY
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -52,11 +56,33 @@ def fltune(*args: str, cwd: Path) -> subprocess.CompletedProcess:
                           timeout=300)
 
 
-def test_fltune_command_runs_from_any_folder_and_logs_there(tmp_path) -> None:
+def test_fltune_run_from_any_folder_writes_json_and_one_finished_mlflow_run_there(tmp_path) -> None:
+    """``fltune run`` outside the checkout, with no MLflow URI set: its run goes to ``./mlruns`` of the folder it
+    ran in, one FINISHED run with its tags, parameters, every round's figures and its artifacts."""
     helped = fltune("--help", cwd=tmp_path)
     assert helped.returncode == 0 and helped.stdout.startswith("usage: fltune")
 
-    proc = fltune("run", "--dataset", "synthetic", "--model", "mlp", "--clients", "4", "--fraction", "0.5",
-                  "--rounds", "1", "--local-epochs", "1", "--workers", "1", cwd=tmp_path)
+    out = tmp_path / "out.json"
+    proc = fltune("run", "--method", "fedprox", "--set", "method.mu=0.01", *TINY, "--seed", "3",
+                  "--json-out", str(out), cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert (tmp_path / "mlruns" / "mlflow.db").is_file()
+    assert "Token authentication" not in proc.stderr and "Traceback" not in proc.stderr  # no library chatter
+    # piped, a line per round with its pace and the ETA of the rounds left, from round 1 on
+    assert re.search(r"^round 1/2 \d+\.\d s/round, ETA 0:\d\d:\d\d global=", proc.stderr, re.M), proc.stderr[-2000:]
+    summary = json.loads(out.read_text())
+    for key in ("acc_global", "acc_all_model", "acc_personalized", "loss", "rounds_to_target", "rounds",
+                "wall_s", "samples_per_s", "mlflow_run_id"):
+        assert key in summary
+    assert summary["rounds"] == 2 and summary["status"] == "finished"
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlruns' / 'mlflow.db'}")
+    run = client.get_run(summary["mlflow_run_id"])
+    assert run.info.status == "FINISHED"
+    # MLflow 3's UI opens the experiment on its training runs, not on the GenAI overview
+    assert client.get_experiment(run.info.experiment_id).tags["mlflow.experimentKind"] == "custom_model_development"
+    assert run.data.tags["method"] == "fedprox" and run.data.tags["seed"] == "3"
+    assert run.data.params["method.mu"] == "0.01" and run.data.params["federation.rounds"] == "2"
+    history = client.get_metric_history(run.info.run_id, "acc_global")
+    assert [m.step for m in history] == [1, 2]
+    assert abs(history[-1].value - summary["acc_global"]) < 1e-9
+    artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
+    assert {"curves.png", "config.yaml"} <= artifacts

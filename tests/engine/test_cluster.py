@@ -61,6 +61,7 @@ def test_check_gcs_asks_host_port_addresses_only() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_compare_with_a_method_file_on_a_two_node_cluster(two_nodes: str, tmp_path: Path) -> None:
     """``--methods ./smooth.py:LabelSmooth,fedavg --address`` joins the cluster with the file among Ray's
     ``py_modules``, and each method's cell trains on a node of its own (one 1-CPU worker each)."""

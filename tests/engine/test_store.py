@@ -22,7 +22,7 @@ from tests.conftest import needs_fmnist
 from tests.engine.test_executor_exact import TINY, assert_same
 from tests.tune.helpers import TINY_BASE, finished, start, tune_command, write_space
 from tests.tune.test_full_disk import objectives
-from tests.tune.test_resume import reported, run_until
+from tests.tune.test_resume import rounds_reported, run_until, wait_for_saved_checkpoint
 
 
 def state(rng: np.random.Generator) -> dict:
@@ -115,8 +115,8 @@ def test_a_run_restored_from_a_mid_run_checkpoint_replays_the_same_bits(ray_sess
 def test_a_10000_client_scaffold_study_killed_mid_run_resumes_to_the_same_bits(tmp_path, mlflow_uri):
     """SCAFFOLD at 10,000 clients (one FMNIST sample each: the synthetic set has 6,000), the MLP, 10 a round,
     ``server_mean=running`` (its sum lives in the server state), a checkpoint every round: the study's driver
-    killed (SIGKILL) once two rounds are reported, then resumed, ends with the numbers of a study never
-    stopped."""
+    killed (SIGKILL) once two rounds are reported and its saved state names a checkpoint, then resumed, ends with
+    the numbers of a study never stopped."""
     base = {**TINY_BASE, "data": {"dataset": "fmnist", "subsample": 0.17},
             "partition": {"kind": "iid", "eval_fraction": 0.0},
             "federation": {"clients": 10000, "fraction": 0.001, "rounds": 4},
@@ -126,12 +126,15 @@ def test_a_10000_client_scaffold_study_killed_mid_run_resumes_to_the_same_bits(t
     cmd = tune_command(space, tmp_path)  # a checkpoint every round: the default
     first = start(cmd, tmp_path / "1.log")
     run_until(first, tmp_path / "study", more=2)
+    wait_for_saved_checkpoint(tmp_path / "study")
     first.send_signal(signal.SIGKILL)  # the driver alone; its Ray processes share its fate
     first.wait(timeout=60)
+    before = len(rounds_reported(tmp_path / "study"))
     second = start([*cmd, "--resume"], tmp_path / "2.log")
     assert finished(second, tmp_path / "2.log", timeout=400) == 0, (tmp_path / "2.log").read_text()
     reference = start(tune_command(space, tmp_path / "ref", "--set", "tracking.enabled=false"), tmp_path / "3.log")
     assert finished(reference, tmp_path / "3.log", timeout=400) == 0, (tmp_path / "3.log").read_text()
-    assert reported(tmp_path / "study") == 4  # each round once: resumed from a checkpoint, not from the start
+    resumed_rounds = rounds_reported(tmp_path / "study")[before:]  # from the checkpoint on, not from round 1
+    assert 1 < resumed_rounds[0] <= before + 1 and resumed_rounds == list(range(resumed_rounds[0], 5))
     resumed, straight = objectives(tmp_path / "study"), objectives(tmp_path / "ref" / "study")
     assert [row[0] for row in resumed.values()] == [4] and resumed == straight

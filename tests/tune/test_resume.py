@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sqlite3
@@ -22,6 +23,22 @@ def reported(study: Path) -> int:
     return sum(len(f.read_text().splitlines()) for f in study.glob("run_trial_*/result.json"))
 
 
+def rounds_reported(study: Path) -> list[int]:
+    """The rounds a one-trial study reported, in order; a resumed trial appends to its ``result.json``."""
+    (result,) = study.glob("run_trial_*/result.json")
+    return [int(json.loads(line)["round"]) for line in result.read_text().splitlines()]
+
+
+def wait_for_saved_checkpoint(study: Path, timeout: float = 120) -> None:
+    """Wait until the job's saved state names a trial checkpoint. Tune saves its state on its own cadence, so a
+    driver killed just after a round's report may resume from the checkpoint before it; one killed before any
+    saved state named a checkpoint would start from round 1."""
+    deadline = time.monotonic() + timeout
+    while not any(trial.checkpoint for trial in ExperimentAnalysis(str(study)).trials):
+        assert time.monotonic() < deadline, "no checkpoint in the saved state"
+        time.sleep(0.5)
+
+
 def run_until(proc: subprocess.Popen, study: Path, more: int, timeout: float = 300) -> None:
     """Wait until ``more`` new rounds are reported (the study is mid-way), failing if it ends first."""
     target = reported(study) + more
@@ -32,8 +49,26 @@ def run_until(proc: subprocess.Popen, study: Path, more: int, timeout: float = 3
         time.sleep(0.5)
 
 
+def resumed_to_the_end(cmd: list[str], study: Path, log: Path, mlflow_uri: str) -> None:
+    """``--resume`` ends the study: every trial at its last round, quietly, the parent run FINISHED and each
+    child run FINISHED with every round logged once."""
+    resumed = start([*cmd, "--resume"], log)
+    assert finished(resumed, log, timeout=400) == 0, log.read_text()
+    quiet = log.read_text()  # no library chatter, no tracebacks of stopped workers
+    assert not any(m in quiet for m in ("Token authentication", "Restored on", "Traceback", "SystemExit"))
+    trials = ExperimentAnalysis(str(study)).trials
+    trial_ids = sorted(t.trial_id for t in trials)
+    assert len(trial_ids) == 3 and all(t.last_result["round"] == ROUNDS for t in trials)
+    parent, children = study_runs(mlflow_uri)
+    assert parent.info.status == "FINISHED"
+    assert sorted(c.data.tags["fltune.trial_id"] for c in children) == trial_ids
+    for child in children:
+        assert child.info.status == "FINISHED"
+        assert rounds_logged(mlflow_uri, child.info.run_id) == list(range(1, ROUNDS + 1))
+
+
 @pytest.mark.slow
-def test_interrupted_study_resumes_exactly_once(tmp_path: Path, mlflow_uri: str) -> None:
+def test_a_study_stopped_by_sigterm_resumes_exactly_once(tmp_path: Path, mlflow_uri: str) -> None:
     space = write_space(tmp_path, num_samples=3, max_concurrent=2)
     study = tmp_path / "study"
     cmd = tune_command(space, tmp_path, "--set", f"federation.rounds={ROUNDS}")
@@ -50,29 +85,24 @@ def test_interrupted_study_resumes_exactly_once(tmp_path: Path, mlflow_uri: str)
     assert not any(m in (tmp_path / "1.log").read_text() for m in ("***", "Traceback", "SystemExit"))
     parent, _ = study_runs(mlflow_uri)
     assert parent.info.status == "KILLED"
+    resumed_to_the_end(cmd, study, tmp_path / "2.log", mlflow_uri)
 
-    second = start([*cmd, "--resume"], tmp_path / "2.log")
-    run_until(second, study, more=1)
-    second.send_signal(signal.SIGKILL)  # the driver alone; its Ray processes share its fate
-    second.wait(timeout=60)
-    # what such a kill mid-copy left before job folders were written whole (ray-project/ray#58179): the
-    # saved Tuner is rewritten from the study's spec
+
+@pytest.mark.slow
+@pytest.mark.extended
+def test_a_killed_driver_whose_tuner_file_was_cut_resumes_exactly_once(tmp_path: Path, mlflow_uri: str) -> None:
+    """SIGKILL to the driver alone (its Ray processes share its fate), then the saved Tuner emptied: what such a
+    kill mid-copy left before job folders were written whole (ray-project/ray#58179); it is rewritten from the
+    study's spec."""
+    space = write_space(tmp_path, num_samples=3, max_concurrent=2)
+    study = tmp_path / "study"
+    cmd = tune_command(space, tmp_path, "--set", f"federation.rounds={ROUNDS}")
+    first = start(cmd, tmp_path / "1.log")
+    run_until(first, study, more=1)
+    first.send_signal(signal.SIGKILL)
+    first.wait(timeout=60)
     (study / "tuner.pkl").write_bytes(b"")
-
-    third = start([*cmd, "--resume"], tmp_path / "3.log")
-    assert finished(third, tmp_path / "3.log", timeout=400) == 0, (tmp_path / "3.log").read_text()
-    quiet = (tmp_path / "3.log").read_text()  # no library chatter, no tracebacks of stopped workers
-    assert not any(m in quiet for m in ("Token authentication", "Restored on", "Traceback", "SystemExit"))
-
-    trials = ExperimentAnalysis(str(study)).trials
-    trial_ids = sorted(t.trial_id for t in trials)
-    assert len(trial_ids) == 3 and all(t.last_result["round"] == ROUNDS for t in trials)
-    parent, children = study_runs(mlflow_uri)
-    assert parent.info.status == "FINISHED"
-    assert sorted(c.data.tags["fltune.trial_id"] for c in children) == trial_ids
-    for child in children:
-        assert child.info.status == "FINISHED"
-        assert rounds_logged(mlflow_uri, child.info.run_id) == list(range(1, ROUNDS + 1))
+    resumed_to_the_end(cmd, study, tmp_path / "2.log", mlflow_uri)
 
 
 @pytest.mark.slow
