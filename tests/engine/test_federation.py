@@ -289,10 +289,10 @@ def test_finetune_phase_reports_tuned_personal_accuracy_without_touching_the_glo
 def test_fine_tuning_runs_at_the_lr_a_round_after_the_last_would_train_at(pools):
     """``training.finetune_lr`` unset: lr·lr_decay^R, the rate FedSOL's clients load from the server's optimiser
     after R rounds (the explicit value gives the same figures; the undecayed lr other ones)."""
-    decayed = ("resources.workers=2", "training.finetune_epochs=1", "training.lr_decay=0.5")
+    decayed = ("resources.workers=2", "federation.rounds=1", "training.finetune_epochs=1", "training.lr_decay=0.5")
     figures = {lr: run(federation(*decayed, *lr, pool=pools[2])).history[-1]["loss_personalized_ft"]
-               for lr in ((), ("training.finetune_lr=0.0125",), ("training.finetune_lr=0.05",))}
-    assert figures[()] == figures[("training.finetune_lr=0.0125",)] != figures[("training.finetune_lr=0.05",)]
+               for lr in ((), ("training.finetune_lr=0.025",), ("training.finetune_lr=0.05",))}
+    assert figures[()] == figures[("training.finetune_lr=0.025",)] != figures[("training.finetune_lr=0.05",)]
 
 
 def test_training_forward_flops_are_counted_on_the_real_training(pools):
