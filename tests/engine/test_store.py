@@ -116,10 +116,12 @@ def test_a_10000_client_scaffold_study_killed_mid_run_resumes_to_the_same_bits(t
     """SCAFFOLD at 10,000 clients (one FMNIST sample each: the synthetic set has 6,000), the MLP, 10 a round,
     ``server_mean=running`` (its sum lives in the server state), a checkpoint every round: the study's driver
     killed (SIGKILL) once two rounds are reported and its saved state names a checkpoint, then resumed, ends with
-    the numbers of a study never stopped."""
+    the numbers of a study never stopped. A round here takes a fraction of a second: 40 rounds keep the study
+    running for seconds after the kill is due (with 4, CI once found it finished by then)."""
+    rounds = 40
     base = {**TINY_BASE, "data": {"dataset": "fmnist", "subsample": 0.17},
             "partition": {"kind": "iid", "eval_fraction": 0.0},
-            "federation": {"clients": 10000, "fraction": 0.001, "rounds": 4},
+            "federation": {"clients": 10000, "fraction": 0.001, "rounds": rounds},
             "training": {"local_epochs": 1, "batch_size": 10}}
     space = write_space(tmp_path, method="scaffold", base=base, num_samples=1, max_concurrent=1,
                         params={"method.server_mean": {"type": "choice", "values": ["running"]}})
@@ -130,11 +132,12 @@ def test_a_10000_client_scaffold_study_killed_mid_run_resumes_to_the_same_bits(t
     first.send_signal(signal.SIGKILL)  # the driver alone; its Ray processes share its fate
     first.wait(timeout=60)
     before = len(rounds_reported(tmp_path / "study"))
+    assert before < rounds, "the study ended before the kill: nothing left to resume"
     second = start([*cmd, "--resume"], tmp_path / "2.log")
     assert finished(second, tmp_path / "2.log", timeout=400) == 0, (tmp_path / "2.log").read_text()
     reference = start(tune_command(space, tmp_path / "ref", "--set", "tracking.enabled=false"), tmp_path / "3.log")
     assert finished(reference, tmp_path / "3.log", timeout=400) == 0, (tmp_path / "3.log").read_text()
     resumed_rounds = rounds_reported(tmp_path / "study")[before:]  # from the checkpoint on, not from round 1
-    assert 1 < resumed_rounds[0] <= before + 1 and resumed_rounds == list(range(resumed_rounds[0], 5))
+    assert 1 < resumed_rounds[0] <= before + 1 and resumed_rounds == list(range(resumed_rounds[0], rounds + 1))
     resumed, straight = objectives(tmp_path / "study"), objectives(tmp_path / "ref" / "study")
-    assert [row[0] for row in resumed.values()] == [4] and resumed == straight
+    assert [row[0] for row in resumed.values()] == [rounds] and resumed == straight
