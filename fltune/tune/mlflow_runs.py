@@ -18,6 +18,7 @@ from ray.tune.result import AUTO_RESULT_KEYS
 
 from fltune.config import ExperimentConfig, TrackingConfig
 from fltune.metrics.figures import save_png
+from fltune.tracking.backlog import keep_in
 from fltune.tracking.mlflow_log import Tracker, run_tags
 from fltune.tune.results import (
     ENDED, TrialRow, any_unscored, best, sensitivity_figure, trial_config, trial_row, trials_figure, unfinished,
@@ -45,6 +46,7 @@ class RunTree(ABC):
 
     def __init__(self, tracking: TrackingConfig, path: str, name: str, cfg: ExperimentConfig) -> None:
         self.path, self.name, self.cfg = path, name, cfg
+        keep_in(path)  # what the server does not take waits in the job's folder
         self.tracker = Tracker(tracking)
         self.parent = self._open_parent()
         self.children: dict[str, str] = {}
