@@ -368,7 +368,7 @@ def send_left(folder: Path, uri: str, client: Any) -> None:
     for backlog in _opened(backlogs(folder)):
         try:
             if backlog.uri == uri:
-                _send_all(backlog, client)
+                _send_all(backlog, client, uri)
         except Exception as err:
             if not unreachable(err):
                 raise
@@ -376,15 +376,14 @@ def send_left(folder: Path, uri: str, client: Any) -> None:
             backlog.handle.close()
 
 
-def _send_all(backlog: Backlog, client: Any) -> str:
-    """A left backlog sent whole, its runs ended, the file removed; what was sent, in words."""
+def _send_all(backlog: Backlog, client: Any, uri: str) -> None:
+    """A left backlog sent whole to ``client`` of ``uri``, its runs ended, the file removed; said in a line."""
     calls = backlog.waiting
     replay(backlog, client)
     ended = end_left_running(backlog, client)
     backlog.remove()
-    line = f"sent {counted(calls, 'kept tracking call')} from {backlog.path} to {backlog.uri}"
-    _say(line + (f"; ended {counted(ended, 'run')} its command left RUNNING as KILLED" if ended else ""))
-    return line
+    _say(f"sent {counted(calls, 'kept tracking call')} from {backlog.path} to {uri}"
+         + (f"; ended {counted(ended, 'run')} its command left RUNNING as KILLED" if ended else ""))
 
 
 def sync(path: str, uri: str | None = None) -> int:
@@ -403,7 +402,7 @@ def sync(path: str, uri: str | None = None) -> int:
     for backlog in _opened(found):
         target = uri or backlog.uri
         try:
-            _send_all(backlog, MlflowClient(target))
+            _send_all(backlog, MlflowClient(target), target)
             left -= 1
         except Exception as err:
             if not unreachable(err):
