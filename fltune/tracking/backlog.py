@@ -261,8 +261,8 @@ class KeepingClient:
 
     def __getattr__(self, name: str) -> Any:
         value = getattr(self._client, name)
-        if not callable(value):
-            return value
+        if not callable(value) or (name not in WRITES and name not in EMPTY):
+            return value  # a call fltune's tracking does not make keeps its own errors
 
         def call(*args: Any, **kwargs: Any) -> Any:
             with self._lock:
@@ -272,7 +272,7 @@ class KeepingClient:
                     try:
                         return value(*args, **kwargs)
                     except Exception as err:
-                        if not unreachable(err) or (name not in WRITES and name not in EMPTY):
+                        if not unreachable(err):
                             raise
                         self._go_offline(err)
                 return self._kept(name, args, kwargs)
@@ -393,9 +393,9 @@ def sync(path: str, uri: str | None = None) -> int:
 
     from fltune.errors import FLTuneError
 
-    found = backlogs(Path(path))
     if not Path(path).exists():
         raise FLTuneError(f"sync {path}: no such file or folder; allowed: a backlog file or a folder holding one")
+    found = backlogs(Path(path))
     for key, value in HTTP_LIMITS.items():
         os.environ.setdefault(key, value)
     left = len(found)
