@@ -140,10 +140,12 @@ def check_reachable(uri: str) -> None:
 
 
 def reason(err: Exception) -> str:
-    """What went wrong, in a few words: a missing package, the OS error, else the first sentence."""
+    """What went wrong, in a few words: a missing package, a timeout, the OS error, else the first sentence."""
     if isinstance(err, ImportError):
         return f"needs the Python package {err.name or err}"
     text = str(err)
+    if "timed out" in text:  # urllib3's "Read timed out. (read timeout=10)" inside MLflow's wrapping
+        return "timed out"
     oserror = re.search(r"\[Errno -?\d+\] ([^'\")\]]+)", text)
     if oserror:
         return oserror.group(1).strip()
