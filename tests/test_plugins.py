@@ -77,6 +77,18 @@ def test_a_method_without_its_cost_declarations_is_refused(user_code: Path) -> N
         fltune.Config(method="./nocost.py:Bare")
 
 
+def test_a_hook_with_the_wrong_signature_is_refused_at_resolution(user_code: Path, capsys) -> None:
+    """Issue 74: ``local_loss(self, ctx, x, y)`` (an older contract) ended in a traceback from a worker; now
+    ``run`` refuses it in one line with the signature ``Method`` declares."""
+    (user_code / "oldsig.py").write_text((user_code / "smooth.py").read_text().replace(
+        "def local_loss(self, batch):", "def local_loss(self, ctx, x, y):"))
+    assert main(["run", "--method", "./oldsig.py:LabelSmooth", "--dataset", "synthetic", "--no-mlflow"]) == 2
+    assert capsys.readouterr().err == (
+        f"fltune: method.name: '{user_code / 'oldsig.py'}:LabelSmooth': LabelSmooth.local_loss(self, ctx, x, y) "
+        "does not take the hook's arguments; expected local_loss(self, batch: Batch) -> tuple[torch.Tensor, "
+        "torch.Tensor]\n")
+
+
 def test_a_space_naming_a_parameter_the_method_lacks_is_one_line(user_code: Path) -> None:
     space = write_space(user_code, "./smooth.py:LabelSmooth", params={"method.mu": {"type": "choice", "values": [1]}})
     with pytest.raises(FLTuneError, match=r"params.method.mu: not a parameter of .*smooth.py:LabelSmooth; "
