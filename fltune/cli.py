@@ -1,8 +1,10 @@
 """Command line: ``python cli.py run | methods | tune | tables | reproduce | compare | sync``.
 
 Precedence: ``--config`` YAML < shortcut flags (``--rounds 3``) < ``--set a.b=c``. Exit status, each with one
-line on stderr: user error 2, diverged run 1, Ctrl-C 130, SIGTERM 143, failed write 74 (``errors.WriteFailed``),
-results written but tracking calls the server did not take kept on disk 75 (``fltune sync`` sends them).
+line on stderr: user error 2, diverged run 1, a Tune job with a failed trial or cell 1 (the line names them), an
+error in the user's own code 1 (the line names their file:line), Ctrl-C 130, SIGTERM 143, failed write 74
+(``errors.WriteFailed``), results written but tracking calls the server did not take kept on disk 75 (``fltune
+sync`` sends them).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """``python cli.py tune``: a Ray Tune + Optuna study of one method, tracked in MLflow. Exit status: 0 with a best
-configuration, 1 when no trial scored, 2 for bad input (one line, before any MLflow run exists), 130 when interrupted or
+configuration, 1 when no trial scored or one failed (its last line names them), 2 for bad input (one line, before any MLflow run exists), 130 when interrupted or
 143 on SIGTERM (rerun with ``--resume``)."""
 
 from __future__ import annotations
@@ -136,7 +136,7 @@ class Study(TuneJob["StudySpec"]):
         """Print the ranking and write the best configuration; the exit status says how the study ended."""
         from fltune.tracking.progress import console
         from fltune.tune.board import params_text, trials_table
-        from fltune.tune.results import best, trial_config, unfinished
+        from fltune.tune.results import best, said_failed, trial_config, unfinished
 
         console.print(trials_table(rows, spec, f"study {spec.name}: trials ranked", ranked=True))
         if unfinished(rows, spec.space.num_samples):
@@ -150,7 +150,7 @@ class Study(TuneJob["StudySpec"]):
         console.print(f"[bold green]best[/] {top.trial_id}: {spec.space.objective.metric} = {top.objective:.4f}"
                       + (f" ± {top.objective_std:.4f}" if spec.space.seeds > 1 else "")
                       + f" with {params_text(top.params)}\n  config: {path}  ({invoked_as()} run --config {path})")
-        return 0
+        return said_failed(rows, "trials")
 
 
 def study_request(args: argparse.Namespace, storage: str | None = None) -> StudyRequest:

@@ -185,7 +185,7 @@ class StudyLog(RunTree):
             self.tracker.set_tags(self.parent, {"fltune.best_trial": top.trial_id,
                                                 **{f"best.{k}": v for k, v in top.params.items()}})
             self.tracker.log_text(self.parent, trial_config(spec, top.params).to_yaml(), "best_config.yaml")
-        self.end_job(interrupted, failed=top is None)  # a study that scored no trial exits 1
+        self.end_job(interrupted, failed=top is None or any(r.status == "failed" for r in rows))  # as it exits 1
 
 
 class MLflowStudyCallback(LoggerCallback):
