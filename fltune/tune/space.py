@@ -97,6 +97,14 @@ class Objective(_Strict):
         return self.mode or ("max" if self.metric.removeprefix("val_").startswith("acc_") else "min")
 
 
+class Confirm(_Strict):
+    """The search's top configurations trained again on fresh seeds: the winner by their mean, a seed's luck
+    told apart from a real difference (``fltune.tune.confirm``)."""
+
+    top: int = Field(3, ge=1, description="configurations re-run, best first")
+    seeds: int = Field(3, ge=1, description="fresh seeds each, after the ones the search used")
+
+
 class Sampler(_Strict):
     name: Literal["tpe", "random"] = "tpe"
     seed: int = 0
@@ -127,6 +135,8 @@ class SearchSpace(_Strict):
     )
     max_concurrent: int = Field(1, ge=1)
     seeds: int = Field(1, ge=1)
+    confirm: Confirm | Literal["none"] = Field("none", description="re-run the top configurations on fresh seeds "
+                                              "(``{top: 3, seeds: 3}``), or none")
     checkpoint_every: int | None = Field(1, ge=1, description="rounds between trial checkpoints (always at the end; "
                                          "null: by checkpoint_seconds alone)")
     checkpoint_seconds: float | None = Field(None, gt=0, description="also checkpoint a trial once this many "
@@ -145,9 +155,14 @@ class SearchSpace(_Strict):
             seen.append(name)
         return self
 
+    @property
+    def on_validation(self) -> bool:
+        """Whether the search selects on the validation split; otherwise it looks at test data every round."""
+        return self.objective.metric.startswith("val_")
+
 
 SETTINGS: tuple[str, ...] = ("objective", "num_samples", "sampler", "scheduler", "max_concurrent", "seeds",
-                             "checkpoint_every", "checkpoint_seconds")
+                             "confirm", "checkpoint_every", "checkpoint_seconds")
 """The search settings ``tune --set`` changes; every other ``--set`` edits the base experiment."""
 
 
@@ -188,6 +203,12 @@ def space_method(space: SearchSpace, space_path: str | Path) -> str | None:
         return space.method
     beside = Path(space_path).parent / where
     return f"{beside}:{attr}" if beside.is_file() else space.method
+
+
+def without_test(tree: dict[str, Any]) -> dict[str, Any]:
+    """The experiment as a validation-scored search trains it: no test data, so no rounds-to-target and no final
+    fine-tuning (both measured on test data). A study's confirmation runs, and ``run``, keep the test data."""
+    return set_fields(tree, {"metrics.test": False, "metrics.target": None, "training.finetune_epochs": 0})
 
 
 def check_params(space: SearchSpace, tree: dict[str, Any], method: str) -> None:
