@@ -159,6 +159,8 @@ class Study(TuneJob["StudySpec"]):
             return 1
         if (line := explain(spec)) is not None:
             console.print(line, highlight=False)
+        if spec.space.trade_off:
+            show_front(spec)
         confirm = self.confirm(spec, rows)
         if confirm is None:
             return 130
@@ -192,6 +194,17 @@ class Study(TuneJob["StudySpec"]):
                                                  f"(gap {win.gap:+.4f})")
         return win.params, (f"[bold green]best[/] {spec.space.objective.metric} = {win.mean:.4f} ± {win.std:.4f} "
                             f"over {job.spec.seeds} seed(s){test} with {params_text(win.params)}")
+
+
+def show_front(spec: StudySpec) -> None:
+    """A study of several objectives: its Pareto front as a table and ``pareto.yaml``."""
+    from fltune.tracking.progress import console
+    from fltune.tune.pareto import front, front_table, write_front
+
+    rows = front(spec)
+    if rows:
+        console.print(front_table(spec, rows))
+        console.print(f"  Pareto front: {write_front(spec, rows)}")
 
 
 def warm_line(spec: StudySpec) -> str:

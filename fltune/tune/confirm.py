@@ -30,7 +30,9 @@ FOLDER = "confirm"
 def plan(space: SearchSpace, testing: bool) -> Confirm | None:
     """What a study confirms: ``confirm``'s top and seeds; with ``confirm: none`` a validation study (one whose
     base has test data: ``testing``) still reads the test data once, for its best configuration on the search's
-    seeds; a test-scored one does nothing."""
+    seeds; a test-scored one, or one of several objectives (a Pareto front, no one winner), does nothing."""
+    if space.trade_off:
+        return None
     if space.confirm != "none":
         return space.confirm
     return Confirm(top=1, seeds=space.seeds) if space.on_validation and testing else None

@@ -28,14 +28,19 @@ def optuna_study(spec: StudySpec) -> optuna.Study | None:
 
 
 def importances(study: optuna.Study) -> dict[str, float]:
-    """Each parameter's importance (they sum to 1), most important first; empty when the completed trials all
-    scored the same (no variance to share out) or the study has several objectives."""
+    """Each parameter's importance for the (first) objective (they sum to 1), most important first; empty when
+    the completed trials all scored the same: no variance to share out."""
     done = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
-    if len({trial.value for trial in done}) < 2 or len(study.directions) > 1:
+    if len({first(trial) for trial in done}) < 2:
         return {}
     evaluator = optuna.importance.FanovaImportanceEvaluator(seed=IMPORTANCE_SEED)
     return {name: float(value) for name, value in
-            optuna.importance.get_param_importances(study, evaluator=evaluator).items()}
+            optuna.importance.get_param_importances(study, evaluator=evaluator, target=first).items()}
+
+
+def first(trial: optuna.trial.FrozenTrial) -> float:
+    """The ranking objective's value of a trial, in a study of one objective or several."""
+    return trial.values[0]
 
 
 def importance_line(found: dict[str, float], trials: int) -> str:
@@ -56,19 +61,23 @@ def log_importances(spec: StudySpec, study: optuna.Study, found: dict[str, float
                      + "".join(f"| {name} | {value:.4f} |\n" for name, value in found.items()), "importance.md")
     tracker.log_metrics(run_id, {f"importance.{name}": value for name, value in found.items()})
     with tempfile.TemporaryDirectory() as tmp:
-        for name, draw in plots(study, found).items():
+        for name, draw in plots(study, found, spec.space.objective.metric).items():
             tracker.log_artifact(run_id, save_plot(draw(), Path(tmp) / f"{name}.png"), "importance")
 
 
-def plots(study: optuna.Study, found: dict[str, float]) -> dict[str, Any]:
-    """Optuna's matplotlib plots of the study: importances, slices, and the two leading parameters' contour."""
+def plots(study: optuna.Study, found: dict[str, float], metric: str) -> dict[str, Any]:
+    """Optuna's matplotlib plots of the study's (first) objective ``metric``: importances, slices, and the two
+    leading parameters' contour."""
     from optuna.visualization import matplotlib as plot
 
     evaluator = optuna.importance.FanovaImportanceEvaluator(seed=IMPORTANCE_SEED)
-    drawn: dict[str, Any] = {"importances": lambda: plot.plot_param_importances(study, evaluator=evaluator),
-                             "slice": lambda: plot.plot_slice(study)}
+    drawn: dict[str, Any] = {
+        "importances": lambda: plot.plot_param_importances(study, evaluator=evaluator, target=first,
+                                                           target_name=metric),
+        "slice": lambda: plot.plot_slice(study, target=first, target_name=metric),
+    }
     if len(found) >= 2:
-        drawn["contour"] = lambda: plot.plot_contour(study, params=list(found)[:2])
+        drawn["contour"] = lambda: plot.plot_contour(study, params=list(found)[:2], target=first, target_name=metric)
     return drawn
 
 

@@ -13,6 +13,7 @@ from ray.tune.search.optuna import OptunaSearch
 from fltune.errors import FLTuneError
 from fltune.tune.space import SearchSpace
 from fltune.tune.spec import StudySpec
+from fltune.tune.trainable import objective_key
 
 JOURNAL = "optuna.journal"
 """The study's Optuna storage (``JournalStorage`` over a file), in a local study folder."""
@@ -80,8 +81,10 @@ def make_searcher(spec: StudySpec) -> FLOptunaSearch:
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # the trials table says it all
     space = spec.space
     sampler_cls = optuna.samplers.TPESampler if space.sampler.name == "tpe" else optuna.samplers.RandomSampler
+    multi = bool(space.trade_off)  # several objectives: a list of metrics and modes, Optuna's Pareto front
     searcher = FLOptunaSearch(
-        space=DefineByRun(space), metric="objective", mode=space.objective.direction,
+        space=DefineByRun(space), metric=[f"objective:{objective_key(o)}" for o in space.objectives] if multi
+        else "objective", mode=[o.direction for o in space.objectives] if multi else space.objective.direction,
         sampler=sampler_cls(seed=space.sampler.seed), storage=journal(spec.path), study_name=spec.name,
     )
     study = searcher._ot_study  # OptunaSearch made it in __init__ (space, metric and mode given)

@@ -128,6 +128,9 @@ class SearchSpace(_Strict):
     overrides: list[str] = Field(default_factory=list, description="--set style edits applied to base")
     params: dict[str, Distribution] = Field(min_length=1)
     objective: Objective
+    trade_off: list[Objective] = Field(default_factory=list, description="the further objectives of a "
+                                       "multi-objective study: `objective` written as a list puts its second and "
+                                       "later items here")
     num_samples: int = Field(8, ge=1)
     sampler: Sampler = Field(default_factory=Sampler)
     scheduler: Annotated[Union[Asha, NoScheduler], Field(discriminator="name")] = Field(
@@ -141,6 +144,31 @@ class SearchSpace(_Strict):
                                          "null: by checkpoint_seconds alone)")
     checkpoint_seconds: float | None = Field(None, gt=0, description="also checkpoint a trial once this many "
                                              "seconds have passed since its last checkpoint")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _objective_list(cls, tree: Any) -> Any:
+        """``objective: [a, b, …]`` is a multi-objective study: ``a`` ranks its table, all make its Pareto front."""
+        if isinstance(tree, dict) and isinstance(tree.get("objective"), list) and tree["objective"]:
+            first, *rest = tree["objective"]
+            tree = {**tree, "objective": first, "trade_off": rest}
+        return tree
+
+    @model_validator(mode="after")
+    def _one_winner_to_rank(self) -> SearchSpace:
+        """ASHA and the confirmation rank trials by one number; a Pareto front has several best trials."""
+        if self.trade_off and isinstance(self.scheduler, Asha):
+            raise ValueError("scheduler: asha stops trials by one objective's rank; allowed with a list of "
+                             "objectives: {name: none}")
+        if self.trade_off and self.confirm != "none":
+            raise ValueError("confirm: a list of objectives has a Pareto front, not one winner to confirm; "
+                             "allowed: none")
+        return self
+
+    @property
+    def objectives(self) -> list[Objective]:
+        """Every objective, the ranking one first."""
+        return [self.objective, *self.trade_off]
 
     @model_validator(mode="after")
     def _conditions_refer_back(self) -> SearchSpace:
@@ -161,7 +189,7 @@ class SearchSpace(_Strict):
         return self.objective.metric.startswith("val_")
 
 
-SETTINGS: tuple[str, ...] = ("objective", "num_samples", "sampler", "scheduler", "max_concurrent", "seeds",
+SETTINGS: tuple[str, ...] = ("objective", "trade_off", "num_samples", "sampler", "scheduler", "max_concurrent", "seeds",
                              "confirm", "checkpoint_every", "checkpoint_seconds")
 """The search settings ``tune --set`` changes; every other ``--set`` edits the base experiment."""
 
@@ -228,12 +256,13 @@ def check_params(space: SearchSpace, tree: dict[str, Any], method: str) -> None:
 
 
 def check_objective(space: SearchSpace, cfg: ExperimentConfig) -> None:
-    """The metric must be produced by the base experiment, and ASHA must see it before its first rung."""
+    """Every objective's metric must be produced by the base experiment, and ASHA must see it before its first
+    rung."""
     check_probes(cfg)
+    for objective in space.objectives:
+        if need := unmet_need(objective.metric, objective.reduce, cfg):
+            raise FLTuneError(f"objective.metric: {objective.metric} {need}")
     metric = space.objective.metric
-    need = unmet_need(metric, space.objective.reduce, cfg)
-    if need:
-        raise FLTuneError(f"objective.metric: {metric} {need}")
     probe = probe_of(metric)
     protocol = probe.protocol if probe is not None else None
     if metric.endswith("_ft") and isinstance(space.scheduler, Asha):
