@@ -8,6 +8,7 @@ from mlflow.tracking import MlflowClient
 from fltune.assembly import build_federation
 from fltune.config import build_config
 from fltune.tracking.callback import MLflowCallback
+from fltune.tracking.mlflow_log import mlflow_key
 from tests.engine.test_federation import BASE
 
 
@@ -25,6 +26,6 @@ def test_a_run_is_named_and_logs_each_figure_in_one_place(ray_session, mlflow_ur
     metrics = run.data.metrics
     assert "round" not in metrics and not [key for key in metrics if key.startswith("final_")]
     assert {"best_acc", "wall_s", "samples_per_s"} <= set(metrics)  # the summary's figures no round has
-    assert [m.step for m in client.get_metric_history(run.info.run_id, "acc_global")] == [1, 2]
-    assert metrics["acc_global"] == summary["acc_global"]  # the final value: the curve's last step
-    assert "curves.png" in {a.path for a in client.list_artifacts(run.info.run_id)}
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "acc/global")] == [1, 2]
+    assert metrics[mlflow_key("acc_global")] == summary["acc_global"]  # the final value: the curve's last step
+    assert {"curves.png", "model"} <= {a.path for a in client.list_artifacts(run.info.run_id)}
