@@ -64,9 +64,9 @@ def prefixed(split: str, figures: dict[str, float]) -> dict[str, float]:
 def spread(name: str, accuracies: list[float]) -> dict[str, float]:
     """The spread over clients that pFL papers report beside the mean accuracy ``name`` (Ditto, Li et al. ICML
     2021, Table 1's worst 10 %): the population std, and the means of the ⌈10 %⌉ worst and best clients."""
-    ranked = np.sort(np.asarray(accuracies, np.float64))
+    ranked = np.sort(accuracies)
     tail = max(1, math.ceil(TAIL * len(ranked)))
-    return {f"{name}_std": float(np.std(ranked)), f"{name}_worst10": float(np.mean(ranked[:tail])),
+    return {f"{name}_std": float(np.std(accuracies)), f"{name}_worst10": float(np.mean(ranked[:tail])),
             f"{name}_best10": float(np.mean(ranked[-tail:]))}
 
 
