@@ -98,7 +98,7 @@ def cmd_methods(args: argparse.Namespace) -> int:
 def method_card(cls: type) -> str:
     """One method as ``fltune methods NAME`` shows it: what it is, its paper, its parameters with their defaults,
     what it costs (FedAlign Table 5's models held and passes per step) and how it runs."""
-    from fltune.engine.batched import has_functional_step
+    from fltune.methods.functional import has_functional_step
     from fltune.methods import is_personalised, paper
     from fltune.methods.base import params_table
 

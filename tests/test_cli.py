@@ -104,7 +104,8 @@ def test_methods_shows_one_methods_card(capsys):
         "1.0 (FedAlign uses 1e-4)" in lines
     assert "cost: 2 model-sized tensors held by a training client, 1 forward+backward pass(es) per local step" in lines
     assert main(["methods", "fedproz"]) == 2
-    assert capsys.readouterr().err.strip() == "fltune: method.name: unknown method 'fedproz'; did you mean fedprox or fedper?"
+    assert capsys.readouterr().err.strip() == ("fltune: method.name: unknown method 'fedproz'; "
+                                               "did you mean fedprox or fedper?")
 
 
 @pytest.mark.parametrize(("args", "message"), [

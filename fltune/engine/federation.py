@@ -31,6 +31,7 @@ from fltune.engine.probes import Probe, ProbeTask, RoundView
 from fltune.engine.rng import round_clients, use_deterministic_cuda
 from fltune.engine.store import ClientStore, WithRound
 from fltune.errors import FLTuneError
+from fltune.methods import is_personalised
 from fltune.methods.base import Aggregate, ServerContext, State, Upload
 
 T = TypeVar("T")
@@ -314,9 +315,10 @@ class Federation:
 
     def save_model(self, folder: Path) -> Path:
         """The run's weights into ``folder`` (``builders.MODEL_FILES``): the global model, and each client's own
-        weights, those of its client model (``Method.client_model_state``) that are not the global ones."""
+        weights, those of its client model (``Method.client_model_state``) that are not the global ones. Only a
+        personalised method's client states are read: another's (SCAFFOLD's control variates) hold no model."""
         personal = {}
-        for cid in range(self.cfg.federation.clients):
+        for cid in range(self.cfg.federation.clients) if is_personalised(type(self.method)) else ():
             if cid in self.client_store:
                 state = self.method.client_model_state(self.global_state, self.client_store[cid])
                 own = {key: value for key, value in state.items() if value is not self.global_state.get(key)}

@@ -20,8 +20,8 @@ STATUS = {"finished": "FINISHED", "diverged": "FAILED", "failed": "FAILED", "kil
           "stopped": "FINISHED"}
 """fltune run status → MLflow run status (a diverged run is FAILED with tag fltune.status=diverged)."""
 EXPERIMENT_KIND = ("mlflow.experimentKind", "custom_model_development")
-"""The tag MLflow 3.2–3.4's UI reads to open an experiment on its training runs, not the GenAI overview. Later UIs
-read the view from the page's URL instead (``?workflowType=machine_learning``, docs/commands.md)."""
+"""The tag early MLflow 3 UIs read to open an experiment on its training runs, not the GenAI overview; 3.17's
+has a GenAI / Model training switch and reads the page's URL instead (``?workflowType=machine_learning``)."""
 GROUPS = ("acc", "loss", "cost", "hessian")
 """Metric-name prefixes that MLflow's UI sections charts by once written ``<group>/<rest>`` (``mlflow_key``)."""
 RENAMED = {"loss": "loss/global", "train_loss": "train/loss", "lr": "train/lr", "samples": "train/samples",
@@ -47,13 +47,13 @@ model on its own held-out split, with its spread over clients `_std`, `_worst10`
 `val/…`: the same on the validation split; `train/loss`: the clients' local objective; `cost/…`:
 training TFLOPs and communication (`cost/cum_*` since round 1); `time/…`: seconds. Logged once, at the
 last round: `best_acc`, `rounds_to_target`, `wall_s`, `round_s_mean`, `samples_per_s`. A failed run
-holds its error in the tag `fltune.error` and its description. A trial's `objective` (± `objective_std` over its seeds) is what its
-study optimises; a study's parent logs `best_objective`, a comparison's parent each method's mean
-final accuracy (`final_<acc>.<method>`).
+holds its error in the tag `fltune.error` and its description. A trial's `objective` (± `objective_std`
+over its seeds) is what its study optimises; a study's parent logs `best_objective`, a comparison's
+parent each method's mean final accuracy (`final_<acc>.<method>`).
 
-**Artifacts.** A run: `config.yaml`, `curves.png`, `model/` (the final weights; `fltune.load_model`). A study's parent: `trials.csv`, `trials_curves.png`,
-`sensitivity.png`, `best_config.yaml`. A comparison's parent: `compare.md`, `compare.csv`, `compare.png`,
-`configs/`.""".split("\n\n"))
+**Artifacts.** A run: `config.yaml`, `curves.png`, `model/` (the final weights; `fltune.load_model`).
+A study's parent: `trials.csv`, `trials_curves.png`, `sensitivity.png`, `best_config.yaml`. A
+comparison's parent: `compare.md`, `compare.csv`, `compare.png`, `configs/`.""".split("\n\n"))
 
 for _noisy in ("mlflow.store.db.utils", "alembic.runtime.migration"):  # schema-creation chatter on a new db
     logging.getLogger(_noisy).setLevel(logging.WARNING)
@@ -143,7 +143,7 @@ class Tracker:
 
     def end(self, run_id: str, status: str, error: str | None = None) -> None:
         """Close a run: fltune status → MLflow status, never left RUNNING; a failed run's ``error`` as its tag
-        and description, the line the runs list shows."""
+        and its description, which the run's page shows first."""
         self.set_tags(run_id, {"fltune.status": status, **({ERROR: error, NOTE: error} if error else {})})
         self.client.set_terminated(run_id, STATUS.get(status, "FAILED"))
 
@@ -156,9 +156,9 @@ def _quoted(value: str) -> str | None:
 
 
 def mlflow_key(name: str) -> str:
-    """fltune's metric ``name`` as MLflow holds it, sectioned by its prefix (``val_acc_global`` → ``val/acc_global``,
-    ``cost_cum_tflops`` → ``cost/cum_tflops``, ``train_loss`` → ``train/loss``): only at this boundary, so objectives,
-    JSON and ``RunResult`` keep fltune's own names."""
+    """fltune's metric ``name`` as MLflow holds it, sectioned by its prefix (``val_acc_global`` →
+    ``val/acc_global``, ``cost_cum_tflops`` → ``cost/cum_tflops``, ``train_loss`` → ``train/loss``): only at
+    this boundary, so objectives, JSON and ``RunResult`` keep fltune's own names."""
     if name.startswith("val_"):
         return "val/" + name.removeprefix("val_")
     group, _, rest = name.partition("_")

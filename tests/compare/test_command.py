@@ -95,7 +95,8 @@ def check_fair_and_reported(storage: Path, out: Path, printed: str, uri: str, ro
         for path in (storage / "c").glob(f"*/{name}"):
             lines = path.read_text().splitlines(keepends=True)
             path.write_text("".join(lines[:first] + lines[first + 1:]))
-    logged = {c.data.params["cell"]: {m.step: m.value for m in client.get_metric_history(c.info.run_id, "acc_global")}
+    key = mlflow_key("acc_global")
+    logged = {c.data.params["cell"]: {m.step: m.value for m in client.get_metric_history(c.info.run_id, key)}
               for c in cells}
     assert curves(spec) == logged and all(sorted(curve) == list(range(1, rounds + 1)) for curve in logged.values())
     other = next(r for r in table.values() if r["best"] == "0")
