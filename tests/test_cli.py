@@ -101,6 +101,18 @@ def test_methods_lists_registered_methods_with_defaults(capsys):
     assert "fedavg" in out and "fedprox" in out and "mu" in out
 
 
+def test_methods_shows_one_methods_card(capsys):
+    """``fltune methods fedprox`` was refused: it shows the method's paper, parameters and costs."""
+    assert main(["methods", "fedprox"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "fedprox — Li et al., 2020" and "  mu = 1.0 (float)  proximal weight μ; default FedSOL's " \
+        "1.0 (FedAlign uses 1e-4)" in lines
+    assert "cost: 2 model-sized tensors held by a training client, 1 forward+backward pass(es) per local step" in lines
+    assert main(["methods", "fedproz"]) == 2
+    assert capsys.readouterr().err.strip() == ("fltune: method.name: unknown method 'fedproz'; "
+                                               "did you mean fedprox or fedper?")
+
+
 @pytest.mark.parametrize(("args", "message"), [
     (["--method", "nope"], "method.name: unknown method"),
     (["--method", "fedprox", "--set", "method.mu=-1"], "method.mu:"),
