@@ -242,7 +242,7 @@ def default_tuner() -> Tuner:
     """What ``tune`` does with a space file that leaves the settings out (``fltune.tune.space``'s defaults)."""
     from fltune.tune.space import Asha, SearchSpace
 
-    return Tuner("default TPE+ASHA", grace=Asha.model_fields["grace_period"].default,
+    return Tuner("default", grace=Asha.model_fields["grace_period"].default,
                  reduction=Asha.model_fields["reduction_factor"].default,
                  samples=SearchSpace.model_fields["num_samples"].default)
 
@@ -419,9 +419,9 @@ def medians(studies: list[list[tuple[float, float]]], which: int = 0) -> list[fl
     return [quartiles([s[i][which] for s in studies])[1] for i in range(len(FRACTIONS))]
 
 
-def cell(studies: list[list[tuple[float, float]]], fraction: float, which: int = 0) -> str:
-    q1, med, q3 = quartiles([s[FRACTIONS.index(fraction)][which] for s in studies])
-    return f"{med:.2f} [{q1:.2f}, {q3:.2f}]"
+def cell(studies: list[list[tuple[float, float]]], fraction: float) -> str:
+    q1, med, q3 = quartiles([s[FRACTIONS.index(fraction)][0] for s in studies])
+    return f"{med:.2f} ({q1:.1f}, {q3:.1f})"
 
 
 def budget_to_half_point(per_problem: list[list[float]]) -> float:
@@ -447,19 +447,22 @@ def available(names: list[str]) -> dict[str, dict[int, SeedTable]]:
 
 def report(names: list[str]) -> None:
     """The regret table of every tuner on every problem, and the default's ``budget_to_half_point``."""
+    from rich import box
     from rich.console import Console
     from rich.table import Table
 
     tables = available(names)
-    grid = Table(title=f"regret, accuracy points (median [q1, q3], {TUNER_SEEDS} studies) at a share of the "
-                 "grid's client-samples", width=100)
-    for column in ("problem", "tuner", *(f"{f:.0%} vs winner" for f in SHOWN), "25% vs oracle"):
-        grid.add_column(column, overflow="fold")
+    grid = Table(title=f"regret in accuracy points, median (q1, q3) of {TUNER_SEEDS} studies, vs the grid's "
+                 "validation winner at a share of its client-samples (last: median vs the best test)",
+                 box=box.SIMPLE_HEAD)
+    for column in ("problem", "tuner", *(f"{f:.0%}" for f in SHOWN), "25% oracle"):
+        grid.add_column(column, no_wrap=True)
     default, default_medians = default_tuner(), []
     for name, seed_tables in tables.items():
         for tuner in tuners():
             studies = study_regrets(PROBLEMS[name], seed_tables, tuner)
-            grid.add_row(name, tuner.name, *(cell(studies, f) for f in SHOWN), cell(studies, 0.25, 1))
+            oracle = medians(studies, 1)[FRACTIONS.index(0.25)]
+            grid.add_row(name, tuner.name, *(cell(studies, f) for f in SHOWN), f"{oracle:.2f}")
             if tuner == default:
                 default_medians.append(medians(studies))
     Console(width=100).print(grid)
