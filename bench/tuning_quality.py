@@ -277,6 +277,7 @@ def searcher_for(space, tuner: Tuner):
 
     if tuner.startup is None and not tuner.multivariate:
         return make_searcher(space)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
     sampler = optuna.samplers.TPESampler(seed=space.sampler.seed, n_startup_trials=tuner.startup or 10,
                                          multivariate=tuner.multivariate)
     return FLOptunaSearch(space=DefineByRun(space), metric="objective", mode=space.objective.direction,
