@@ -365,8 +365,7 @@ def replay(problem: Problem, table: SeedTable, tuner: Tuner, seed: int,
         decision = scheduler.on_trial_result(None, state.trial, result)
         if decision != TrialScheduler.STOP:
             searcher.on_trial_result(trial_id, result)
-        status = ("finished" if this.status == "finished" else this.status) if last else \
-            ("stopped" if decision == TrialScheduler.STOP else "running")
+        status = this.status if last else ("stopped" if decision == TrialScheduler.STOP else "running")
         rows[trial_id] = TrialRow(trial_id, status, rows[trial_id].params, result["round"], result["objective"],
                                   0.0, created=rows[trial_id].created)
         if status == "running":

@@ -69,3 +69,11 @@ def test_default_tuner_replays_with_asha(tmp_path: Path) -> None:
     studies = tq.study_regrets(problem, tables, tq.default_tuner())
     assert len(studies) == tq.TUNER_SEEDS and all(len(s) == len(tq.FRACTIONS) for s in studies)
     assert min(s[-1][0] for s in studies) >= -10.0 - 1e-9
+
+
+def test_a_resumed_build_skips_only_runs_that_ended(tmp_path: Path) -> None:
+    """Seed 0's two runs ended (finished); seed 1's lr 0.1 has rows but no end, so a resumed build reruns it.
+    A comment line after the rows (the build's wall time) is read past."""
+    path = tmp_path / "toy.csv"
+    path.write_text(TABLE + "# build: 2 runs in 1 s\n")
+    assert tq.finished_runs(path, keys=1) == {(0.01, 0), (0.1, 0)}
