@@ -10,6 +10,7 @@ EXAMPLES: dict[str, str] = {
 """,
     "methods": """examples:
   fltune methods
+  fltune methods fedprox
   fltune run --method scaffold --print-config
 """,
     "tune": """examples:
