@@ -17,7 +17,6 @@ so a refactor inside fltune leaves it working; where a flag may move, one small 
 from __future__ import annotations
 
 import argparse
-import importlib
 import re
 import sys
 import typing
@@ -42,24 +41,6 @@ def batched(cls: type) -> bool:
     return has_functional_step(cls)
 
 
-def personalised(cls: type) -> bool:
-    """Whether each client keeps weights of its own (a personal part or model, or its own scorer): the
-    method overrides one of the base class's personal hooks, or its final round is its own update (Ditto)."""
-    from fltune.methods.base import Method
-
-    hooks = ("personal_keys", "client_model_state", "personal_scorer")
-    return getattr(cls, "final_round", "tune") == "own" or any(getattr(cls, h) is not getattr(Method, h) for h in hooks)
-
-
-def paper(name: str) -> str:
-    """The citation a method's file opens with: the first parenthesis of its module docstring, less the
-    pointers into docs/methods.md (every method is written out there, §2)."""
-    doc = importlib.import_module(f"fltune.methods.{name}").__doc__ or ""
-    found = re.search(r"\(([^()]*)\)", " ".join(doc.split("\n\n")[0].split()))
-    parts = [p.strip() for p in (found.group(1) if found else "").split(";")]
-    return next((p for p in parts if p and not p.startswith("docs/")), "").replace("``", "`").rstrip(",:")
-
-
 def default_text(value: Any) -> str:
     """A default as YAML writes it (null, true, [a, b])."""
     if value is None:
@@ -80,7 +61,7 @@ def cell(text: str) -> str:
 
 def methods_table() -> str:
     """One row per registered method: name, paper, hyperparameters with their defaults, personalised, batched."""
-    from fltune.methods import METHODS
+    from fltune.methods import METHODS, is_personalised, paper
 
     rows = ["| method | paper | key hyperparameters (default) | personalised | batched |", "|---|---|---|---|---|"]
     for name in sorted(METHODS):
@@ -88,8 +69,8 @@ def methods_table() -> str:
         fields = cls.Params.model_fields  # the method's own first, then what its base's Params adds
         order = sorted(fields, key=lambda p: p not in cls.Params.__annotations__)
         params = ", ".join(f"`{p}` = {default_text(fields[p].default)}" for p in order) or "—"
-        rows.append(f"| `{name}` | {cell(paper(name))} | {cell(params)} | "
-                    f"{'yes' if personalised(cls) else '—'} | {'yes' if batched(cls) else '—'} |")
+        rows.append(f"| `{name}` | {cell(paper(cls))} | {cell(params)} | "
+                    f"{'yes' if is_personalised(cls) else '—'} | {'yes' if batched(cls) else '—'} |")
     return "\n".join(rows) + "\n"
 
 

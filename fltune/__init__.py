@@ -17,7 +17,7 @@ from typing import Any
 __version__ = "0.1.0"
 
 _LAZY = {
-    "run": "fltune.api", "RunResult": "fltune.api", "JobResult": "fltune.api",
+    "run": "fltune.api", "RunResult": "fltune.api", "JobResult": "fltune.api", "load_model": "fltune.api",
     "Config": "fltune.config", "FLTuneError": "fltune.errors",
     "Method": "fltune.methods.base", "Params": "fltune.methods.base", "SplitModel": "fltune.models.base",
     "UserDataset": "fltune.data.plugin",

@@ -18,6 +18,7 @@ from fltune.errors import FLTuneError
 
 if TYPE_CHECKING:  # torch, Ray and pydantic wait until a function runs: ``import fltune`` stays cheap
     import pandas
+    from torch import nn
 
     from fltune.config import ExperimentConfig
     from fltune.data.federated import FederatedData
@@ -41,14 +42,24 @@ class RunResult:
         """finished or diverged."""
         return self.metrics["status"]
 
+    def model(self, client: int | None = None) -> nn.Module:
+        """The run's final model as MLflow saved it (:func:`load_model`): the global one, or ``client``'s own."""
+        if self.run_id is None:
+            raise FLTuneError("RunResult.model: this run was not tracked (tracking.enabled: false), so no model "
+                              "was saved; allowed: a run with tracking on")
+        return load_model(self.run_id, client=client, uri=self.config.tracking.uri)
+
     def to_pandas(self) -> pandas.DataFrame:
-        """The history as a DataFrame, one row per round (needs pandas)."""
+        """The history as a DataFrame, one row per round, ``round`` its first column, an int (needs pandas)."""
         try:
             import pandas
         except ImportError:
             raise FLTuneError("RunResult.to_pandas: pandas is not installed; RunResult.history is the same "
                               "rounds as a list of dicts") from None
-        return pandas.DataFrame(self.history)
+        frame = pandas.DataFrame(self.history)
+        if "round" in frame:  # the engine's rows hold it as a float, like every figure
+            frame.insert(0, "round", frame.pop("round").astype(int))
+        return frame
 
 
 def run(cfg: ExperimentConfig | str | Path, *, progress: bool = True) -> RunResult:
@@ -56,7 +67,7 @@ def run(cfg: ExperimentConfig | str | Path, *, progress: bool = True) -> RunResu
     ``tracking.enabled`` is false. Checks everything before Ray starts; leaves no Ray it started running."""
     from fltune.config import ExperimentConfig
     from fltune.engine.callbacks import Callback
-    from fltune.metrics.probe import check_probes, unmeasured_protocols
+    from fltune.metrics.probe import check_probes
     from fltune.text import counted
     from fltune.tracking.paths import check_tracking
     from fltune.tracking.progress import ProgressCallback, console, summary_table
@@ -79,8 +90,6 @@ def run(cfg: ExperimentConfig | str | Path, *, progress: bool = True) -> RunResu
                       f"{cfg.federation.clients} clients × {cfg.federation.fraction}"
                       f"{' (each drawn alone)' if cfg.federation.sampling == 'bernoulli' else ''}, "
                       f"{counted(cfg.federation.rounds, 'round')}")
-        for idle in unmeasured_protocols(cfg):
-            console.print(f"[dim]not measured: {idle}[/]")
         history = History()
         callbacks: list[Any] = [history, ProgressCallback(cfg.method.name)]
         try:
@@ -94,6 +103,34 @@ def run(cfg: ExperimentConfig | str | Path, *, progress: bool = True) -> RunResu
             pool.shutdown()
         console.print(summary_table(summary, f"{cfg.method.name} · {cfg.data.dataset} · {summary['status']}"))
     return RunResult(cfg, summary, history.rounds, summary.get("mlflow_run_id"))
+
+
+def load_model(run_id: str, *, client: int | None = None, uri: str | None = None) -> nn.Module:
+    """The final model that the MLflow run ``run_id`` of ``fltune run`` saved (its ``model/`` artifact), rebuilt
+    from the run's ``config.yaml`` in eval mode: the global model, or ``client``'s own where the method keeps
+    personal weights. ``uri``: the tracking store, by default the one ``run`` logs to. The best configuration
+    of a study is retrained, with the same bits, by ``run("…/best_config.yaml")``."""
+    import os
+    import tempfile
+
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
+    from fltune.config import ExperimentConfig
+    from fltune.engine.builders import saved_model
+    from fltune.tracking.callback import MODEL
+    from fltune.tracking.paths import default_uri
+
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # a model loads without download bars
+    store = MlflowClient(uri or default_uri())
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            folder = Path(store.download_artifacts(run_id, MODEL, tmp))
+            cfg = ExperimentConfig.from_yaml(store.download_artifacts(run_id, "config.yaml", tmp))
+        except (MlflowException, OSError) as err:
+            raise FLTuneError(f"load_model: run {run_id!r} holds no saved model in {store.tracking_uri} "
+                              f"({str(err).splitlines()[0]}); allowed: a finished run of fltune run") from None
+        return saved_model(cfg, folder, client)
 
 
 def start_federation(cfg: ExperimentConfig) -> tuple[Federation, WorkerPool]:
@@ -138,8 +175,9 @@ def _load_data(cfg: ExperimentConfig) -> FederatedData:
 # ------------------------------------------------------------------------------------------ the jobs
 @dataclass
 class JobResult:
-    """A Tune job's outcome: ``code`` the exit status (0 done, 1 nothing scored, 130 interrupted: rerun with
-    ``resume=True``), the job's ``name`` and ``folder``, every trial, and a study's ``best`` configuration."""
+    """A Tune job's outcome: ``code`` the exit status (0 done, 1 nothing scored or a trial failed, 130
+    interrupted: rerun with ``resume=True``), the job's ``name`` and ``folder``, every trial, and a study's ``best``
+    configuration."""
 
     code: int
     name: str

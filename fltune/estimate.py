@@ -250,12 +250,12 @@ def print_plan(title: str, items: list[tuple[str, dict[str, Any], int]], address
                max_concurrent: int | None, notes: list[str]) -> int:
     """``--plan``: print what would run and its cost, run nothing; exit 0. The job's data checks come first."""
     from fltune.preflight import check_data
-    from fltune.tracking.progress import console
+    from fltune.tracking.progress import listing
 
     est = estimate(items, cluster_resources(address), max_concurrent)
     check_data(w.cfg for w in est.work)
-    console.print(plan_table(title, est))
+    listing.print(plan_table(title, est))
     for line in notes:
-        console.print(line, highlight=False)
-    console.print(summary(est), highlight=False)
+        listing.print(line, highlight=False)
+    listing.print(summary(est), highlight=False)
     return 0

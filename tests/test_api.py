@@ -3,6 +3,7 @@ on real Ray and MLflow, with a method of the user's written outside the package.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -60,7 +61,40 @@ def test_five_lines_run_a_federation_and_read_its_history(mlflow_uri: str) -> No
     accuracy = [r["acc_global"] for r in result.history]
     assert [r["round"] for r in result.history] == [1, 2] and accuracy[-1] == result.metrics["acc_global"]
     assert MlflowClient(mlflow_uri).get_run(result.run_id).info.status == "FINISHED"
-    assert list(result.to_pandas()["round"]) == [1, 2]
+    frame = result.to_pandas()
+    assert frame.columns[0] == "round" and list(frame["round"]) == [1, 2] and frame["round"].dtype.kind == "i"
+    model = result.model()  # the run's final global model, rebuilt from MLflow
+    logged = MlflowClient(mlflow_uri).get_run(result.run_id).data.metrics
+    assert not model.training and sum(p.numel() for p in model.parameters()) == logged["cost/params"]
+
+
+def test_the_logged_model_scores_what_the_runs_json_says(ray_session, mlflow_uri: str, tmp_path: Path) -> None:
+    """``fltune run --json-out`` then the model MLflow holds: the global one scores ``acc_global`` on the test set,
+    each client's own one its share of ``acc_personalized``, whose spread over clients the JSON holds beside it."""
+    import numpy as np
+    import torch
+
+    from fltune.cli import main
+    from fltune.engine.builders import load_data
+    from fltune.engine.evaluation import evaluate
+
+    flags = ["--method", "fedper", "--dataset", "synthetic", "--model", "mlp", "--clients", "4", "--fraction", "0.5",
+             "--rounds", "2", "--local-epochs", "1", "--set", "partition.eval_fraction=0.2", "--set",
+             "metrics.protocols=[global,personalized]", "--workers", "1"]
+    assert main(["run", *flags, "--json-out", str(tmp_path / "out.json")]) == 0
+    out = json.loads((tmp_path / "out.json").read_text())
+    config = MlflowClient(mlflow_uri).download_artifacts(out["mlflow_run_id"], "config.yaml", str(tmp_path))
+    data, cpu = load_data(fltune.Config.from_yaml(config)), torch.device("cpu")
+    correct, _, n = evaluate(fltune.load_model(out["mlflow_run_id"]), data, *data.split("test"), cpu)
+    assert correct / n == out["acc_global"]
+    accs = []
+    for client, rows in enumerate(data.client_eval):
+        idx = torch.from_numpy(rows.astype(np.int64))
+        correct, _, n = evaluate(fltune.load_model(out["mlflow_run_id"], client=client), data, data.x[idx],
+                                 data.y[idx], cpu)
+        accs.append(correct / n)
+    assert (out["acc_personalized"], out["acc_personalized_std"]) == (float(np.mean(accs)), float(np.std(accs)))
+    assert (out["acc_personalized_worst10"], out["acc_personalized_best10"]) == (min(accs), max(accs))  # 1 of 4
 
 
 @pytest.mark.slow
@@ -73,6 +107,8 @@ def test_a_users_method_runs_alike_on_one_and_two_workers(tmp_path: Path) -> Non
     assert results[0].history[-1]["train_loss"] == results[1].history[-1]["train_loss"]  # bit for bit
     plain = fltune.run(fltune.Config(**{**TINY, "tracking.enabled": False}), progress=False)
     assert plain.history[-1]["train_loss"] != results[0].history[-1]["train_loss"]  # its own objective trained
+    with pytest.raises(FLTuneError, match=r"^RunResult.model: this run was not tracked \(tracking.enabled: false\)"):
+        plain.model()
 
 
 @pytest.mark.slow

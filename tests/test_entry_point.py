@@ -14,6 +14,7 @@ from mlflow.tracking import MlflowClient
 
 from fltune.cli import entry
 from fltune.tracking.paths import default_uri, mlruns_dir
+from fltune.tracking.mlflow_log import mlflow_key
 from fltune.tune.storage import storage_root
 from tests.test_cli import TINY
 
@@ -81,7 +82,7 @@ def test_fltune_run_from_any_folder_writes_json_and_one_finished_mlflow_run_ther
     assert client.get_experiment(run.info.experiment_id).tags["mlflow.experimentKind"] == "custom_model_development"
     assert run.data.tags["method"] == "fedprox" and run.data.tags["seed"] == "3"
     assert run.data.params["method.mu"] == "0.01" and run.data.params["federation.rounds"] == "2"
-    history = client.get_metric_history(run.info.run_id, "acc_global")
+    history = client.get_metric_history(run.info.run_id, mlflow_key("acc_global"))
     assert [m.step for m in history] == [1, 2]
     assert abs(history[-1].value - summary["acc_global"]) < 1e-9
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}

@@ -50,13 +50,15 @@ def test_estimate_is_positive_and_counts_a_shared_experiment_once() -> None:
 @pytest.fixture()
 def wide(monkeypatch: pytest.MonkeyPatch) -> None:
     """A console wide enough that no table cell wraps, whatever $COLUMNS says."""
-    from fltune.tracking.progress import console
+    from fltune.tracking.progress import console, listing
 
     monkeypatch.setattr(console, "width", 300)
+    monkeypatch.setattr(listing, "width", 300)
 
 
 def plan_output(capsys) -> str:
-    return " ".join(capsys.readouterr().err.split())
+    """What ``--plan`` printed: on stdout, so ``> plan.txt`` holds it."""
+    return " ".join(capsys.readouterr().out.split())
 
 
 def assert_wrote_nothing(tmp_path: Path) -> None:
@@ -134,6 +136,7 @@ def test_run_plan_prints_the_run_and_estimate_and_writes_nothing(mlflow_uri, wid
     assert main(args) == 0
     out = plan_output(capsys)
     assert "plan: run fedavg" in out and "fedavg · fedavg_cnn · 3 rounds × 5/10 clients × E 5" in out, out
+    assert "not measured: personalized: needs partition.eval_fraction > 0" in out  # said here, not by every run
     assert re.search(r"estimate: [\d.]+[kMG]? client-samples to train, ~[\d.]+ (s|min|h|days) wall", out)
     assert_wrote_nothing(tmp_path)
 

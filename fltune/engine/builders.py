@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import json
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -55,8 +57,48 @@ def model_name(cfg: ExperimentConfig) -> str:
 
 def build_model_for(cfg: ExperimentConfig, data: FederatedData) -> nn.Module:
     """The dataset's model, extended by the method's ``adapt_model`` hook."""
-    model = build_model(model_name(cfg), data.input_shape, data.num_classes, **cfg.model.options)
-    return build_method(cfg).adapt_model(model)
+    return _model(cfg, data.input_shape, data.num_classes)
+
+
+def _model(cfg: ExperimentConfig, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    return build_method(cfg).adapt_model(build_model(model_name(cfg), input_shape, num_classes, **cfg.model.options))
+
+
+MODEL_FILES = ("model.pt", "clients.pt", "model.json")
+"""A saved run's weights: the global ``state_dict`` (``torch.load``-able), each client's own weights where the
+method keeps some ({client id: the entries that differ from the global ones}), and the model's input shape and
+classes, which with the run's config rebuild the module (``saved_model``)."""
+
+
+def save_model(folder: Path, data: FederatedData, global_state: State, personal: Mapping[int, State]) -> Path:
+    """Write ``MODEL_FILES`` (``clients.pt`` only with ``personal`` weights) into ``folder``; returns it."""
+    folder.mkdir(parents=True, exist_ok=True)
+    torch.save(_tensors(global_state), folder / MODEL_FILES[0])
+    if personal:
+        torch.save({cid: _tensors(state) for cid, state in personal.items()}, folder / MODEL_FILES[1])
+    shape = {"input_shape": list(data.input_shape), "num_classes": data.num_classes}
+    (folder / MODEL_FILES[2]).write_text(json.dumps(shape) + "\n")
+    return folder
+
+
+def _tensors(state: State) -> dict[str, torch.Tensor]:
+    return {key: torch.from_numpy(value.copy()) for key, value in state.items()}
+
+
+def saved_model(cfg: ExperimentConfig, folder: Path, client: int | None = None) -> nn.Module:
+    """The module ``save_model`` wrote into ``folder`` for the run of ``cfg``, in eval mode: the global weights,
+    or ``client``'s own model (the global weights overridden by its personal ones)."""
+    shape = json.loads((folder / MODEL_FILES[2]).read_text())
+    model = _model(cfg, tuple(shape["input_shape"]), shape["num_classes"])
+    state = torch.load(folder / MODEL_FILES[0], weights_only=True)
+    if client is not None:
+        clients = cfg.federation.clients
+        if not 0 <= client < clients:
+            raise FLTuneError(f"client: {client} is not a client of this run; allowed: 0 to {clients - 1}")
+        personal = folder / MODEL_FILES[1]
+        state.update(torch.load(personal, weights_only=True).get(client, {}) if personal.is_file() else {})
+    model.load_state_dict(state)
+    return model.eval()
 
 
 def initial_state(cfg: ExperimentConfig, data: FederatedData) -> State:

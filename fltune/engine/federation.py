@@ -22,7 +22,7 @@ from fltune.data.datasets import release_loaded
 from fltune.data.federated import FederatedData
 from fltune.engine.aggregate import WeightedSum
 from fltune.engine.batched import client_groups, note_fallback
-from fltune.engine.builders import build_method, build_model_for, initial_state
+from fltune.engine.builders import build_method, build_model_for, initial_state, save_model
 from fltune.engine.callbacks import Callback
 from fltune.engine.dispatch import Pool, balance, deal
 from fltune.engine.evaluation import batch_scores, eval_batch_count, total_scores
@@ -31,6 +31,7 @@ from fltune.engine.probes import Probe, ProbeTask, RoundView
 from fltune.engine.rng import round_clients, use_deterministic_cuda
 from fltune.engine.store import ClientStore, WithRound
 from fltune.errors import FLTuneError
+from fltune.methods import is_personalised
 from fltune.methods.base import Aggregate, ServerContext, State, Upload
 
 T = TypeVar("T")
@@ -127,16 +128,17 @@ class Federation:
         except (KeyboardInterrupt, SystemExit):  # Ctrl-C, or SIGTERM turned into SystemExit by Ray
             self._finish(callbacks, "killed")
             raise
-        except BaseException:
-            self._finish(callbacks, "failed")
+        except BaseException as err:
+            self._finish(callbacks, "failed", error_text(err))
             raise
         if self.status == "running":  # restored from a checkpoint taken before the end was marked
             self.status = "finished"
         return self._finish(callbacks, self.status)
 
-    def _finish(self, callbacks: Sequence[Callback], status: str) -> dict[str, Any]:
+    def _finish(self, callbacks: Sequence[Callback], status: str, error: str | None = None) -> dict[str, Any]:
+        """End the run as ``status``; a failure's ``error`` goes to the callbacks in the summary."""
         self.status = status
-        summary = self.summary()
+        summary = self.summary() | ({"error": error} if error else {})
         for cb in callbacks:
             cb.on_end(self, summary)
         return summary
@@ -250,9 +252,9 @@ class Federation:
         correct, loss, _ = total_scores(scores, n)
         return correct / n, loss / n
 
-    def evaluate_personalized(self, finetune: bool, split: str = "test") -> tuple[float, float]:
-        """Mean over clients of accuracy (and loss) on each one's held-out split (SimFAFL Table 2), or its
-        validation split with ``split="val"``; with ``finetune`` after its final personal round. Clients go
+    def evaluate_personalized(self, finetune: bool, split: str = "test") -> tuple[list[float], list[float]]:
+        """Each client's accuracy and mean loss, in client order, on its own held-out split (SimFAFL Table 2), or
+        its validation split with ``split="val"``; with ``finetune`` after its final personal round. Clients go
         out ``EVAL_CLIENTS`` at a time, bounding the states read from the store at once."""
         assert self.pool is not None
         clients = list(range(self.cfg.federation.clients))
@@ -271,9 +273,7 @@ class Federation:
             for part in self.pool.map(run_ref, "evaluate_clients", shards, inputs, finetune,
                                       per_shard=self._states_for):
                 scores.update(part)
-        accs = [scores[c][0] / scores[c][2] for c in clients]
-        losses = [scores[c][1] / scores[c][2] for c in clients]
-        return float(np.mean(accs)), float(np.mean(losses))
+        return [scores[c][0] / scores[c][2] for c in clients], [scores[c][1] / scores[c][2] for c in clients]
 
     def _validation_run(self) -> Any:
         """This run bound again, on first use, with the validation splits as ``client_eval``."""
@@ -313,6 +313,19 @@ class Federation:
             summary["diverged_round"] = summary["rounds"]
         return summary
 
+    def save_model(self, folder: Path) -> Path:
+        """The run's weights into ``folder`` (``builders.MODEL_FILES``): the global model, and each client's own
+        weights, those of its client model (``Method.client_model_state``) that are not the global ones. Only a
+        personalised method's client states are read: another's (SCAFFOLD's control variates) hold no model."""
+        personal = {}
+        for cid in range(self.cfg.federation.clients) if is_personalised(type(self.method)) else ():
+            if cid in self.client_store:
+                state = self.method.client_model_state(self.global_state, self.client_store[cid])
+                own = {key: value for key, value in state.items() if value is not self.global_state.get(key)}
+                if own:
+                    personal[cid] = own
+        return save_model(folder, self.data, self.global_state, personal)
+
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to continue exactly; client stores commit their changes, the state holds the version."""
         return {
@@ -331,6 +344,14 @@ class Federation:
         for probe in self.probes:
             if probe.name in state:
                 probe.load_state_dict(state[probe.name])
+
+
+def error_text(err: BaseException) -> str:
+    """A failure as its author raised it: a worker's error, not the wrapper that carried it over (Ray's task
+    errors hold it as ``cause``, their text the whole remote traceback)."""
+    cause = getattr(err, "cause", None)
+    err = cause if isinstance(cause, BaseException) else err
+    return f"{type(err).__name__}: {err}"
 
 
 def open_all(feds: Sequence[Federation]) -> None:

@@ -6,8 +6,12 @@ a loss term (MAN) any method takes on as ``<method>+<modifier>``, built on first
 from __future__ import annotations
 
 import importlib
+import inspect
 import pkgutil
+import re
+import sys
 from functools import cache
+from types import FunctionType
 
 from fltune.errors import FLTuneError
 from fltune.text import allowed
@@ -39,6 +43,28 @@ def undeclared(cls: type[Method]) -> str:
     missing = [attr for attr in COST_DECLARATIONS if not hasattr(cls, attr)]
     return (f"declare {' and '.join(missing)} as class attributes (models held while training, "
             "forward+backward passes per local step)") if missing else ""
+
+
+def is_personalised(cls: type[Method]) -> bool:
+    """Whether each client keeps weights of its own (a personal part or model, or its own scorer): the
+    method overrides one of the base class's personal hooks, or its final round is its own update (Ditto)."""
+    hooks = ("personal_keys", "client_model_state", "personal_scorer")
+    return cls.final_round == "own" or any(getattr(cls, h) is not getattr(Method, h) for h in hooks)
+
+
+def paper(cls: type[Method] | type[Modifier]) -> str:
+    """The citation a method's file opens with: the first parenthesis of its module docstring, less the
+    pointers into docs/methods.md (every method is written out there, §2). A built-in's file is its name's;
+    ``<base>+<modifier>`` cites both."""
+    if "+" in cls.name:
+        base, modifier = cls.name.rsplit("+", 1)
+        return f"{paper(get_method(base))} + {paper(MODIFIERS[modifier])}"
+    builtin = METHODS.get(cls.name) is cls or MODIFIERS.get(cls.name) is cls
+    module = f"{__name__}.{cls.name}" if builtin else cls.__module__
+    doc = getattr(sys.modules.get(module), "__doc__", None) or ""
+    found = re.search(r"\(([^()]*)\)", " ".join(doc.split("\n\n")[0].split()))
+    parts = [p.strip() for p in (found.group(1) if found else "").split(";")]
+    return next((p for p in parts if p and not p.startswith("docs/")), "").replace("``", "`").rstrip(",:")
 
 
 def register_modifier(cls: type[Modifier]) -> type[Modifier]:
@@ -74,10 +100,26 @@ def _checked(found: object, name: str) -> type[Method]:
     if not (isinstance(found, type) and issubclass(found, Method)):
         what = f"{'class' if isinstance(found, type) else type(found).__name__} {getattr(found, '__qualname__', '')}"
         raise FLTuneError(f"{FIELDS['method']}: {name!r} is the {what.strip()}; expected {EXPECTED['method']}")
-    missing = undeclared(found)
+    missing = undeclared(found) or _misfit_hook(found)
     if missing:
         raise FLTuneError(f"{FIELDS['method']}: {name!r}: {missing}")
     return found
+
+
+def _misfit_hook(cls: type[Method]) -> str:
+    """The first hook ``cls`` overrides with a signature the engine's call cannot bind (its arguments as
+    :class:`Method` declares them), as the problem to tell; "" when every hook fits."""
+    for hook, base in vars(Method).items():
+        hooked = isinstance(base, (FunctionType, classmethod, staticmethod)) and not hook.startswith("_")
+        if not hooked or inspect.getattr_static(cls, hook) is base or not callable(getattr(cls, hook)):
+            continue
+        expected = inspect.signature(getattr(Method, hook))
+        try:
+            inspect.signature(getattr(cls, hook)).bind(*expected.parameters)
+        except TypeError:
+            return (f"{cls.__qualname__}.{hook}{inspect.signature(getattr(cls, hook))} does not take the hook's "
+                    f"arguments; expected {hook}{str(expected).replace(chr(39), '')}")
+    return ""
 
 
 @cache

@@ -2,8 +2,8 @@
 
 ``global``: the global model on the test set. ``all_model``: the average of every client's latest local
 model (FedDyn's "all-clients" model). ``personalized``: each client's model on its own held-out split, averaged
-(SimFAFL Table 2), after the last round also with the head fine-tuned (``acc_personalized_ft``). Each runs
-every ``metrics.every`` rounds and at the last.
+(SimFAFL Table 2), after the last round also with the head fine-tuned (``acc_personalized_ft``), each mean with
+its spread over clients beside it (``spread``). Each runs every ``metrics.every`` rounds and at the last.
 
 With ``partition.val_fraction > 0`` every protocol also scores on the validation split (``val_<metric>``).
 ``metrics.test: false`` leaves only those: the run holds no test data (``FederatedData.without_test``).
@@ -31,6 +31,11 @@ if TYPE_CHECKING:
 ACCURACY_KEYS = ("acc_global", "acc_all_model", "acc_personalized", "acc_personalized_ft")
 VAL = "val_"
 """Prefix of a metric measured on the validation split rather than the test data."""
+TAIL = 0.1
+"""The share of clients that ``_worst10`` and ``_best10`` average over."""
+SPREAD = {"std": "standard deviation over clients of", "worst10": "mean of the lowest-scoring 10 % of clients in",
+          "best10": "mean of the highest-scoring 10 % of clients in"}
+"""The suffixes of a personalised accuracy's spread (``spread``), with what each is."""
 
 
 def with_val(metrics: dict[str, str]) -> dict[str, str]:
@@ -54,6 +59,31 @@ def own_splits(cfg: ExperimentConfig) -> dict[str, tuple[str, float]]:
 
 def prefixed(split: str, figures: dict[str, float]) -> dict[str, float]:
     return figures if split == "test" else {VAL + name: value for name, value in figures.items()}
+
+
+def spread(name: str, accuracies: list[float]) -> dict[str, float]:
+    """The spread over clients that pFL papers report beside the mean accuracy ``name`` (Ditto, Li et al. ICML
+    2021, Table 1's worst 10 %): the population std, and the means of the ⌈10 %⌉ worst and best clients."""
+    ranked = np.sort(accuracies)
+    tail = max(1, math.ceil(TAIL * len(ranked)))
+    return {f"{name}_std": float(np.std(accuracies)), f"{name}_worst10": float(np.mean(ranked[:tail])),
+            f"{name}_best10": float(np.mean(ranked[-tail:]))}
+
+
+def client_figures(name: str, accuracies: list[float], losses: list[float]) -> dict[str, float]:
+    """``acc_<name>`` and ``loss_<name>``, the means over clients, and the accuracy's ``spread``."""
+    return {f"acc_{name}": float(np.mean(accuracies)), f"loss_{name}": float(np.mean(losses)),
+            **spread(f"acc_{name}", accuracies)}
+
+
+def with_spread(metrics: dict[str, str]) -> dict[str, str]:
+    """``metrics`` with each accuracy's ``spread`` after it."""
+    out = {}
+    for name, about in metrics.items():
+        out[name] = about
+        if name.startswith(("acc_", VAL + "acc_")):
+            out.update({f"{name}_{part}": f"{what} {name}" for part, what in SPREAD.items()})
+    return out
 
 
 class _Protocol(Probe):
@@ -158,16 +188,16 @@ class PersonalizedAccuracy(_Protocol):
     name = "personalized"
     order = 30
     protocol = "personalized"
-    keys = ("acc_personalized", "loss_personalized")
-    summarized = ("acc_personalized", "acc_personalized_ft")
-    metrics = {
+    summarized = tuple(f"{name}{part}" for name in ("acc_personalized", "acc_personalized_ft")
+                       for part in ("", *(f"_{suffix}" for suffix in SPREAD)))
+    metrics = with_spread({
         "acc_personalized": "mean over clients of their own model's accuracy on their held-out split",
         "loss_personalized": "the same clients' mean held-out loss",
         "acc_personalized_ft": "acc_personalized after fine-tuning each head (last round only)",
         "loss_personalized_ft": "loss_personalized after fine-tuning each head (last round only)",
         "val_acc_personalized": "mean over clients of their own model's accuracy on their validation split",
         "val_loss_personalized": "the same clients' mean validation loss",
-    }
+    })
 
     @classmethod
     def check_data(cls, cfg: ExperimentConfig, data: FederatedData) -> None:
@@ -186,7 +216,7 @@ class PersonalizedAccuracy(_Protocol):
         unmet = super().unmet(metric, cfg)
         if unmet is None and not metric.startswith(VAL) and "test" not in own_splits(cfg):
             return "needs partition.eval_fraction > 0 or partition.test_per_client > 0 (per-client held-out data)"
-        if unmet is None and metric.endswith("_ft") and cfg.training.finetune_epochs == 0:
+        if unmet is None and "_ft" in metric and cfg.training.finetune_epochs == 0:
             return "needs training.finetune_epochs > 0 (it scores the fine-tuned heads)"
         return unmet
 
@@ -204,7 +234,7 @@ class PersonalizedAccuracy(_Protocol):
         out: dict[str, float] = {}
         last = view.round == fed.cfg.federation.rounds
         for split in own_splits(fed.cfg):
-            out.update(prefixed(split, dict(zip(self.keys, fed.evaluate_personalized(False, split)))))
+            out.update(prefixed(split, client_figures("personalized", *fed.evaluate_personalized(False, split))))
             if split == "test" and last and fed.cfg.training.finetune_epochs:
-                out["acc_personalized_ft"], out["loss_personalized_ft"] = fed.evaluate_personalized(finetune=True)
+                out.update(client_figures("personalized_ft", *fed.evaluate_personalized(finetune=True)))
         return out

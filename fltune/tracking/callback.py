@@ -14,6 +14,9 @@ from fltune.config import ExperimentConfig
 from fltune.engine.callbacks import Callback
 from fltune.tracking.background import BackgroundWriter
 
+MODEL = "model"
+"""The run's artifact folder of its final weights (``engine.builders.MODEL_FILES``)."""
+
 if TYPE_CHECKING:
     from collections.abc import Callable
     from fltune.engine.federation import Federation
@@ -28,8 +31,8 @@ def summary_only(summary: dict[str, Any], history: list[dict[str, float]]) -> di
 
 
 class MLflowCallback(Callback):
-    """Params + tags at the start, metrics with ``step=round`` each round, the summary's own figures and
-    the PNGs at the end."""
+    """Params + tags at the start, metrics with ``step=round`` each round, the summary's own figures, the
+    PNGs and the final weights (``model/``) at the end, or a failure's error."""
 
     def __init__(self, cfg: ExperimentConfig, tracker: Tracker | None = None) -> None:
         self.cfg = cfg
@@ -68,13 +71,15 @@ class MLflowCallback(Callback):
     def on_end(self, fed: Federation, summary: dict[str, Any]) -> None:
         """Queue the summary, curves and figures and the run's end, then wait for the writer."""
         try:
-            self.writer.submit(self._end, dict(summary), list(fed.history), list(fed.artifacts))
+            self.writer.submit(self._end, fed, dict(summary), list(fed.history), list(fed.artifacts))
         finally:
             self.writer.close()
         if self.run_id is not None:
             summary["mlflow_run_id"] = self.run_id
 
-    def _end(self, summary: dict[str, Any], history: list[dict[str, float]], artifacts: list[Path]) -> None:
+    def _end(self, fed: Federation, summary: dict[str, Any], history: list[dict[str, float]],
+             artifacts: list[Path]) -> None:
+        """The run's end on the writer thread, while ``on_end`` waits: ``fed`` is still open."""
         from fltune.metrics.figures import save_png
         from fltune.tracking.mlflow_log import run_name
         from fltune.tracking.plots import curves_figure
@@ -82,10 +87,12 @@ class MLflowCallback(Callback):
         if self.run_id is None or self.tracker is None:
             return
         self.tracker.log_metrics(self.run_id, summary_only(summary, history), step=summary["rounds"])
-        if history:
-            with tempfile.TemporaryDirectory() as tmp:
+        with tempfile.TemporaryDirectory() as tmp:
+            if history:
                 figure = curves_figure(history, run_name(self.cfg))
                 self.tracker.log_artifact(self.run_id, save_png(figure, Path(tmp) / "curves.png", dpi=100))
+            if summary["status"] not in ("failed", "killed"):  # a killed run's Ctrl-C ends it now
+                self.tracker.log_artifact(self.run_id, fed.save_model(Path(tmp) / MODEL))
         for figure in artifacts:
             self.tracker.log_artifact(self.run_id, figure)
-        self.tracker.end(self.run_id, summary["status"])
+        self.tracker.end(self.run_id, summary["status"], summary.get("error"))

@@ -20,7 +20,15 @@ STATUS = {"finished": "FINISHED", "diverged": "FAILED", "failed": "FAILED", "kil
           "stopped": "FINISHED"}
 """fltune run status → MLflow run status (a diverged run is FAILED with tag fltune.status=diverged)."""
 EXPERIMENT_KIND = ("mlflow.experimentKind", "custom_model_development")
-"""The tag early MLflow 3 UIs read to open an experiment on its training runs, not the GenAI overview."""
+"""The tag early MLflow 3 UIs read to open an experiment on its training runs, not the GenAI overview; 3.17's
+has a GenAI / Model training switch and reads the page's URL instead (``?workflowType=machine_learning``)."""
+GROUPS = ("acc", "loss", "cost", "hessian")
+"""Metric-name prefixes that MLflow's UI sections charts by once written ``<group>/<rest>`` (``mlflow_key``)."""
+RENAMED = {"loss": "loss/global", "train_loss": "train/loss", "lr": "train/lr", "samples": "train/samples",
+           "round_s": "time/round_s", "eval_s": "time/eval_s"}
+"""Round metrics outside ``GROUPS`` given a section of their own."""
+ERROR = "fltune.error"
+"""The tag holding a failed run's error (also the run's description)."""
 NOTE = "mlflow.note.content"
 """The experiment tag MLflow's UI shows as its description (markdown; the first line shows folded)."""
 DESCRIPTION = "\n\n".join(" ".join(paragraph.split("\n")) for paragraph in """Runs logged by fltune: federated learning methods run, tuned and compared.
@@ -31,20 +39,21 @@ DESCRIPTION = "\n\n".join(" ".join(paragraph.split("\n")) for paragraph in """Ru
 method × seed cell; `fltune reproduce`: a parent per table job. Filter by the tags `method`, `dataset`,
 `partition`, `seed`; expand a parent to see its children.
 
-**Metrics** are logged once per federated round, the round as the chart's step; the runs table shows
-each metric's last round, i.e. its final value. `acc_*`: accuracy in [0, 1] per evaluation protocol
-(`acc_global`: the global model on the pooled test set; `acc_personalized`: each client's own model on
-its own held-out split; `acc_all_model`: the average of the clients' local models); `val_*`: the same
-on the validation split; `loss`: the global model's test cross-entropy; `train_loss`: the clients'
-local objective; `cost_*`: training TFLOPs and communication (`cost_cum_*` since round 1); `round_s`,
-`eval_s`: seconds. Logged once, at the last round: `best_acc`, `rounds_to_target`, `wall_s`,
-`round_s_mean`, `samples_per_s`. A trial's `objective` (± `objective_std` over its seeds) is what its
-study optimises; a study's parent logs `best_objective`, a comparison's parent each method's mean
-final accuracy (`final_<acc>.<method>`).
+**Metrics** are logged once per federated round, the round as the chart's step, in sections: the runs
+table shows each metric's last round, i.e. its final value. `acc/…`: accuracy in [0, 1] per evaluation
+protocol (`acc/global`: the global model on the pooled test set; `acc/personalized`: each client's own
+model on its own held-out split, with its spread over clients `_std`, `_worst10`, `_best10`;
+`acc/all_model`: the average of the clients' local models); `loss/…`: test cross-entropy per protocol;
+`val/…`: the same on the validation split; `train/loss`: the clients' local objective; `cost/…`:
+training TFLOPs and communication (`cost/cum_*` since round 1); `time/…`: seconds. Logged once, at the
+last round: `best_acc`, `rounds_to_target`, `wall_s`, `round_s_mean`, `samples_per_s`. A failed run
+holds its error in the tag `fltune.error` and its description. A trial's `objective` (± `objective_std`
+over its seeds) is what its study optimises; a study's parent logs `best_objective`, a comparison's
+parent each method's mean final accuracy (`final_<acc>.<method>`).
 
-**Artifacts.** A run: `config.yaml`, `curves.png`. A study's parent: `trials.csv`, `trials_curves.png`,
-`sensitivity.png`, `best_config.yaml`. A comparison's parent: `compare.md`, `compare.csv`, `compare.png`,
-`configs/`.""".split("\n\n"))
+**Artifacts.** A run: `config.yaml`, `curves.png`, `model/` (the final weights; `fltune.load_model`).
+A study's parent: `trials.csv`, `trials_curves.png`, `sensitivity.png`, `best_config.yaml`. A
+comparison's parent: `compare.md`, `compare.csv`, `compare.png`, `configs/`.""".split("\n\n"))
 
 for _noisy in ("mlflow.store.db.utils", "alembic.runtime.migration"):  # schema-creation chatter on a new db
     logging.getLogger(_noisy).setLevel(logging.WARNING)
@@ -87,8 +96,9 @@ class Tracker:
         self.client.log_batch(run_id, params=[Param(k, str(v)[:6000]) for k, v in params.items()])
 
     def log_metrics(self, run_id: str, metrics: Mapping[str, float | None], step: int | None = None) -> None:
+        """Numeric ``metrics`` at ``step`` under their MLflow names (``mlflow_key``)."""
         now = int(time.time() * 1000)
-        rows = [Metric(k, float(v), now, step or 0) for k, v in metrics.items()
+        rows = [Metric(mlflow_key(k), float(v), now, step or 0) for k, v in metrics.items()
                 if isinstance(v, (int, float)) and not isinstance(v, bool)]
         if rows:
             self.client.log_batch(run_id, metrics=rows)
@@ -121,7 +131,7 @@ class Tracker:
 
     def history(self, run_id: str, key: str) -> dict[int, float]:
         """``key``'s curve as logged: step → value (the last value logged at a step)."""
-        logged = sorted(self.client.get_metric_history(run_id, key), key=lambda m: m.timestamp)
+        logged = sorted(self.client.get_metric_history(run_id, mlflow_key(key)), key=lambda m: m.timestamp)
         return {m.step: m.value for m in logged}
 
     def last_step(self, run_id: str, key: str) -> int | None:
@@ -131,9 +141,10 @@ class Tracker:
     def delete(self, run_id: str) -> None:
         self.client.delete_run(run_id)
 
-    def end(self, run_id: str, status: str) -> None:
-        """Close a run: fltune status → MLflow status, never left RUNNING."""
-        self.set_tags(run_id, {"fltune.status": status})
+    def end(self, run_id: str, status: str, error: str | None = None) -> None:
+        """Close a run: fltune status → MLflow status, never left RUNNING; a failed run's ``error`` as its tag
+        and its description, which the run's page shows first."""
+        self.set_tags(run_id, {"fltune.status": status, **({ERROR: error, NOTE: error} if error else {})})
         self.client.set_terminated(run_id, STATUS.get(status, "FAILED"))
 
 
@@ -144,10 +155,30 @@ def _quoted(value: str) -> str | None:
     return f'"{value}"' if '"' not in value else None
 
 
+def mlflow_key(name: str) -> str:
+    """fltune's metric ``name`` as MLflow holds it, sectioned by its prefix (``val_acc_global`` →
+    ``val/acc_global``, ``cost_cum_tflops`` → ``cost/cum_tflops``, ``train_loss`` → ``train/loss``): only at
+    this boundary, so objectives, JSON and ``RunResult`` keep fltune's own names."""
+    if name.startswith("val_"):
+        return "val/" + name.removeprefix("val_")
+    group, _, rest = name.partition("_")
+    return RENAMED.get(name) or (f"{group}/{rest}" if group in GROUPS and rest else name)
+
+
+def method_label(cfg: ExperimentConfig) -> str:
+    """The method as its author calls it: its class's ``name`` (else the class's), not the file path a user's
+    method is referenced by."""
+    from fltune.methods import get_method
+
+    cls = get_method(cfg.method.name)
+    return cls.name or cls.__name__
+
+
 def run_name(cfg: ExperimentConfig) -> str:
     """A run's name in the MLflow UI: ``tracking.run_name``, else what the run is (the tags' values)."""
     return cfg.tracking.run_name or " · ".join(
-        [cfg.method.name, cfg.data.dataset, cfg.partition.kind, f"seed {cfg.federation.seed}"])
+        [method_label(cfg), cfg.data.dataset, cfg.partition.kind, f"seed {cfg.federation.seed}"])
+
 
 
 def run_tags(cfg: ExperimentConfig) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from rich.table import Table
 from rich.text import Text
 
 from fltune.engine.callbacks import Callback
+from fltune.metrics.evaluation import ACCURACY_KEYS
 
 if TYPE_CHECKING:
     from fltune.engine.federation import Federation
@@ -83,7 +84,7 @@ class ProgressCallback(Callback):
         self.progress.update(self.task, info=f"round {round_}: {probe} … {self.info}")
 
     def on_round(self, fed: Federation, metrics: dict[str, float]) -> None:
-        self.latest.update({k: v for k, v in metrics.items() if k.startswith("acc_") or k == "loss"})
+        self.latest.update({k: v for k, v in metrics.items() if k in ACCURACY_KEYS or k == "loss"})
         accs = " ".join(f"{k.removeprefix('acc_')}={v:.4f}" for k, v in self.latest.items() if k.startswith("acc_"))
         self.info = info = f"{accs} train_loss={metrics['train_loss']:.4f}"
         done, total = int(metrics["round"]), fed.cfg.federation.rounds

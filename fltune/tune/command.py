@@ -1,5 +1,5 @@
 """``python cli.py tune``: a Ray Tune + Optuna study of one method, tracked in MLflow. Exit status: 0 with a best
-configuration, 1 when no trial scored, 2 for bad input (one line, before any MLflow run exists), 130 when interrupted or
+configuration, 1 when no trial scored or one failed (its last line names them), 2 for bad input (one line, before any MLflow run exists), 130 when interrupted or
 143 on SIGTERM (rerun with ``--resume``)."""
 
 from __future__ import annotations
@@ -147,7 +147,7 @@ class Study(TuneJob["StudySpec"]):
         from fltune.tracking.progress import console
         from fltune.tune.board import trials_table
         from fltune.tune.importance import explain
-        from fltune.tune.results import best, trial_config, unfinished
+        from fltune.tune.results import best, said_failed, trial_config, unfinished
 
         console.print(trials_table(rows, spec, f"study {spec.name}: trials ranked", ranked=True))
         if unfinished(rows, spec.space.num_samples):
@@ -167,7 +167,7 @@ class Study(TuneJob["StudySpec"]):
         params, line = confirm if confirm else (top.params, best_line(spec, top))
         path = write_best(spec, trial_config(spec, params).to_yaml(), self.args.best_out)
         console.print(f"{line}\n  config: {path}  ({invoked_as()} run --config {path})")
-        return 0
+        return said_failed(rows, "trials")
 
     def confirm(self, spec: StudySpec, rows: list[TrialRow]) -> tuple[dict[str, Any], str] | tuple[()] | None:
         """The confirmation's winner and its line; () when the study confirms nothing; None when stopped."""

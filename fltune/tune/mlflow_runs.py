@@ -18,6 +18,7 @@ from ray.tune.result import AUTO_RESULT_KEYS
 
 from fltune.config import ExperimentConfig, TrackingConfig
 from fltune.metrics.figures import save_png
+from fltune.tracking.backlog import keep_in
 from fltune.tracking.mlflow_log import Tracker, run_tags
 from fltune.tune.results import (
     ENDED, TrialRow, any_unscored, best, sensitivity_figure, trial_config, trial_row, trials_figure, unfinished,
@@ -45,6 +46,7 @@ class RunTree(ABC):
 
     def __init__(self, tracking: TrackingConfig, path: str, name: str, cfg: ExperimentConfig) -> None:
         self.path, self.name, self.cfg = path, name, cfg
+        keep_in(path)  # what the server does not take waits in the job's folder
         self.tracker = Tracker(tracking)
         self.parent = self._open_parent()
         self.children: dict[str, str] = {}
@@ -183,7 +185,7 @@ class StudyLog(RunTree):
             self.tracker.set_tags(self.parent, {"fltune.best_trial": top.trial_id,
                                                 **{f"best.{k}": v for k, v in top.params.items()}})
             self.tracker.log_text(self.parent, trial_config(spec, top.params).to_yaml(), "best_config.yaml")
-        self.end_job(interrupted, failed=top is None)  # a study that scored no trial exits 1
+        self.end_job(interrupted, failed=top is None or any(r.status == "failed" for r in rows))  # as it exits 1
 
 
 class MLflowStudyCallback(LoggerCallback):

@@ -16,6 +16,7 @@ from fltune.errors import FLTuneError
 from fltune.text import allowed
 from fltune.methods import get_method
 from fltune.metrics.probe import check_probes, metric_names, probe_of, unmet_need
+from fltune.plugins import normalised
 
 Scalar = Union[bool, int, float, str, None]
 METRICS: tuple[str, ...] = metric_names()
@@ -225,12 +226,12 @@ def base_tree(space: SearchSpace, space_path: str | Path, method: str) -> dict[s
 
 def space_method(space: SearchSpace, space_path: str | Path) -> str | None:
     """The space's ``method:``; a file reference (``./mine.py:Mine``) is relative to the space file when there,
-    else to the working folder."""
+    else to the working folder, and made absolute: trials run in Tune's working folders."""
     where, _, attr = (space.method or "").rpartition(":")
-    if not where.endswith(".py") or Path(where).is_absolute():
+    if not where.endswith(".py"):
         return space.method
     beside = Path(space_path).parent / where
-    return f"{beside}:{attr}" if beside.is_file() else space.method
+    return normalised(f"{beside if beside.is_file() else where}:{attr}")
 
 
 def without_test(tree: dict[str, Any]) -> dict[str, Any]:

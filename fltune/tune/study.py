@@ -19,6 +19,7 @@ from fltune import folders
 from fltune.config import apply_overrides, build_config, describe_validation_error, set_fields
 from fltune.engine.pool import plan_workers
 from fltune.errors import FLTuneError
+from fltune.plugins import normalised
 from fltune.process import library_write_failure
 from fltune.tune.results import failed_result
 from fltune.tune.space import (
@@ -80,10 +81,10 @@ class StudyRequest:
 def resolve_space(request: StudyRequest) -> tuple[SearchSpace, str, dict]:
     """The validated space with the CLI flags applied, its method, and the base experiment tree."""
     space = parse_space(request.space)
-    method = request.method or space_method(space, request.space)
+    method = normalised(request.method) if request.method else space_method(space, request.space)
     if method is None:
         raise FLTuneError(f"{request.space}: no method; add `method: NAME` to the file or pass --method")
-    if request.method and space.method and request.method != space.method:
+    if request.method and space.method and method != space_method(space, request.space):
         raise FLTuneError(f"--method {request.method}: the space file {request.space} is for {space.method}")
     flags = {"num_samples": request.num_samples, "max_concurrent": request.max_concurrent, "seeds": request.seeds,
              "confirm": request.confirm, "checkpoint_every": request.checkpoint_every, "checkpoint_seconds": request.checkpoint_seconds}

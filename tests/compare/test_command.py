@@ -16,6 +16,7 @@ from fltune.compare.spec import CompareSpec, parse_cell
 from fltune.config import build_config
 from fltune.engine.builders import load_data
 from fltune.engine.rng import sample_clients
+from fltune.tracking.mlflow_log import mlflow_key
 
 TINY = ["--dataset", "synthetic", "--model", "mlp", "--clients", "4", "--fraction", "0.5", "--rounds", "2",
         "--workers", "1", "--set", "metrics.protocols=[global]", "--set", "training.batch_size=64"]
@@ -53,7 +54,8 @@ def check_fair_and_reported(storage: Path, out: Path, printed: str, uri: str, ro
     for study in studies:
         [trial] = children(all_runs, study)
         assert trial.data.params["metrics.test"] == "False" and float(trial.data.params["partition.val_fraction"]) > 0
-        assert "val_acc_global" in trial.data.metrics and not set(TEST_METRICS) & set(trial.data.metrics)
+        assert mlflow_key("val_acc_global") in trial.data.metrics
+        assert not {mlflow_key(key) for key in TEST_METRICS} & set(trial.data.metrics)
         assert trial.data.params["federation.seed"] == "1000"  # reported seeds 0 and 1 are fresh
 
     # the cells: per seed, every method has the same setting, hence the same partition and client samples
@@ -77,12 +79,12 @@ def check_fair_and_reported(storage: Path, out: Path, printed: str, uri: str, ro
     client = MlflowClient(uri)
     for method, row in table.items():
         mine = [c for c in cells if parse_cell(c.data.params["cell"])[0] == method]
-        final = [c.data.metrics["acc_global"] for c in mine]
-        best = [max(m.value for m in client.get_metric_history(c.info.run_id, "acc_global")) for c in mine]
+        final = [c.data.metrics[mlflow_key("acc_global")] for c in mine]
+        best = [max(m.value for m in client.get_metric_history(c.info.run_id, mlflow_key("acc_global"))) for c in mine]
         assert math.isclose(float(row["final_acc_global_mean"]), np.mean(final))
         assert math.isclose(float(row["final_acc_global_std"]), np.std(final, ddof=1), abs_tol=1e-12)
         assert math.isclose(float(row["best_acc_global_mean"]), np.mean(best))
-        tflops = [c.data.metrics["cost_cum_tflops"] for c in mine]
+        tflops = [c.data.metrics[mlflow_key("cost_cum_tflops")] for c in mine]
         assert math.isclose(float(row["cost_cum_tflops_mean"]), np.mean(tflops)) and row["seeds_finished"] == "2"
     assert sorted(r["best"] for r in table.values()) == ["0", "1"]
 
@@ -93,7 +95,8 @@ def check_fair_and_reported(storage: Path, out: Path, printed: str, uri: str, ro
         for path in (storage / "c").glob(f"*/{name}"):
             lines = path.read_text().splitlines(keepends=True)
             path.write_text("".join(lines[:first] + lines[first + 1:]))
-    logged = {c.data.params["cell"]: {m.step: m.value for m in client.get_metric_history(c.info.run_id, "acc_global")}
+    key = mlflow_key("acc_global")
+    logged = {c.data.params["cell"]: {m.step: m.value for m in client.get_metric_history(c.info.run_id, key)}
               for c in cells}
     assert curves(spec) == logged and all(sorted(curve) == list(range(1, rounds + 1)) for curve in logged.values())
     other = next(r for r in table.values() if r["best"] == "0")

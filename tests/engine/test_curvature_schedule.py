@@ -9,6 +9,7 @@ from mlflow.tracking import MlflowClient
 from fltune.assembly import build_federation
 from fltune.config import build_config
 from fltune.tracking.callback import MLflowCallback
+from fltune.tracking.mlflow_log import mlflow_key
 
 TINY_HESSIAN = [
     "data.dataset=synthetic", "model.name=mlp", "partition.kind=dirichlet_prior", "federation.clients=6",
@@ -38,5 +39,5 @@ def test_hessian_schedule_logs_curves_and_end_figures(ray_session, mlflow_uri):
 
     client = MlflowClient(mlflow_uri)
     run = client.get_run(summary["mlflow_run_id"])
-    assert [m.step for m in client.get_metric_history(run.info.run_id, "hessian_trace")] == [2, 3]
+    assert [m.step for m in client.get_metric_history(run.info.run_id, mlflow_key("hessian_trace"))] == [2, 3]
     assert {"loss_landscape.png", "hessian_spectrum.png"} <= {a.path for a in client.list_artifacts(run.info.run_id)}

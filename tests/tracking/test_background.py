@@ -14,6 +14,7 @@ from fltune.engine.callbacks import Callback
 from fltune.engine.federation import Federation
 from fltune.tracking.background import BackgroundWriter
 from fltune.tracking.callback import MLflowCallback
+from fltune.tracking.mlflow_log import mlflow_key
 
 TINY = ["data.dataset=synthetic", "model.name=mlp", "federation.clients=4", "federation.fraction=0.5",
         "federation.rounds=3", "training.local_epochs=1", "metrics.protocols=[global]", "resources.workers=1"]
@@ -74,5 +75,5 @@ def test_run_ends_with_its_status_and_every_round_logged(ray_session, mlflow_uri
     run = client.get_run(logger.run_id)
     assert run.info.status == status
     assert summary.get("mlflow_run_id", logger.run_id) == logger.run_id
-    logged = [m.step for m in client.get_metric_history(logger.run_id, "acc_global")]
+    logged = [m.step for m in client.get_metric_history(logger.run_id, mlflow_key("acc_global"))]
     assert logged == ([1, 2] if error else [1, 2, 3])  # the stopping round's metrics were logged before it

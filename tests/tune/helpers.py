@@ -13,6 +13,7 @@ from typing import Any
 import yaml
 from mlflow.tracking import MlflowClient
 
+from fltune.tracking.mlflow_log import mlflow_key
 from fltune.tune.mlflow_runs import EVERY_ROUND
 
 REPO = Path(__file__).resolve().parents[2]
@@ -82,4 +83,4 @@ def study_runs(uri: str) -> tuple[Any, list[Any]]:
 
 
 def rounds_logged(uri: str, run_id: str) -> list[int]:
-    return [m.step for m in MlflowClient(uri).get_metric_history(run_id, EVERY_ROUND)]
+    return [m.step for m in MlflowClient(uri).get_metric_history(run_id, mlflow_key(EVERY_ROUND))]

@@ -11,6 +11,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from fltune.cli import main
+from fltune.tracking.mlflow_log import mlflow_key
 from tests.tune.helpers import TINY_BASE, rounds_logged, study_runs, write_space
 
 
@@ -39,7 +40,7 @@ def test_study_stops_poor_trials_and_survives_divergence(ray_session, tmp_path: 
     assert rounds_logged(mlflow_uri, by_lr[1.0e-4].info.run_id) == [1]
     assert by_lr[0.05].data.metrics["objective_std"] >= 0.0  # two seeds: mean and std
     logged = {key for c in children for key in c.data.metrics}  # fltune's metrics, the round as the step
-    assert {"acc_global", "train_loss", "objective"} <= logged
+    assert {mlflow_key("acc_global"), mlflow_key("train_loss"), "objective"} <= logged
     assert not logged & {"round", "time_this_iter_s", "time_total_s", "time_since_restore", "training_iteration"}
     assert parent.info.status == "FINISHED" and parent.data.tags["best.training.lr"] == "0.05"
     client = MlflowClient(mlflow_uri)
