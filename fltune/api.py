@@ -175,8 +175,9 @@ def _load_data(cfg: ExperimentConfig) -> FederatedData:
 # ------------------------------------------------------------------------------------------ the jobs
 @dataclass
 class JobResult:
-    """A Tune job's outcome: ``code`` the exit status (0 done, 1 nothing scored, 130 interrupted: rerun with
-    ``resume=True``), the job's ``name`` and ``folder``, every trial, and a study's ``best`` configuration."""
+    """A Tune job's outcome: ``code`` the exit status (0 done, 1 nothing scored or a trial failed, 130
+    interrupted: rerun with ``resume=True``), the job's ``name`` and ``folder``, every trial, and a study's ``best``
+    configuration."""
 
     code: int
     name: str

@@ -1,7 +1,10 @@
-"""Command line: ``python cli.py run | methods | tune | tables | reproduce | compare``.
+"""Command line: ``python cli.py run | methods | tune | tables | reproduce | compare | sync``.
 
 Precedence: ``--config`` YAML < shortcut flags (``--rounds 3``) < ``--set a.b=c``. Exit status, each with one
-line on stderr: user error 2, diverged run 1, Ctrl-C 130, SIGTERM 143, failed write 74 (``errors.WriteFailed``).
+line on stderr: user error 2, diverged run 1, a Tune job with a failed trial or cell 1 (the line names them), an
+error in the user's own code 1 (the line names their file:line), Ctrl-C 130, SIGTERM 143, failed write 74
+(``errors.WriteFailed``), results written but tracking calls the server did not take kept on disk 75 (``fltune
+sync`` sends them).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from fltune.process import (
 from fltune.reproduce.command import add_parsers as add_reproduce_parsers
 from fltune.reproduce.command import cmd_reproduce, cmd_tables
 from fltune.text import invoked_as
+from fltune.tracking import backlog
 from fltune.tune.command import add_parser as add_tune_parser
 from fltune.tune.command import cmd_tune
 
@@ -95,6 +99,12 @@ def cmd_methods(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_sync(args: argparse.Namespace) -> int:
+    from fltune.tracking.backlog import sync
+
+    return sync(args.path, args.uri)
+
+
 def method_card(cls: type) -> str:
     """One method as ``fltune methods NAME`` shows it: what it is, its paper, its parameters with their defaults,
     what it costs (FedAlign Table 5's models held and passes per step) and how it runs."""
@@ -116,7 +126,7 @@ def method_card(cls: type) -> str:
 # ---------------------------------------------------------------------------------------------- main
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "run": cmd_run, "methods": cmd_methods, "tune": cmd_tune, "tables": cmd_tables, "reproduce": cmd_reproduce,
-    "compare": cmd_compare,
+    "compare": cmd_compare, "sync": cmd_sync,
 }
 
 
@@ -137,6 +147,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_tune_parser(sub)
     add_reproduce_parsers(sub)
     add_compare_parser(sub)
+    sync = sub.add_parser("sync", help="send the tracking a command kept on disk while its server was away",
+                          epilog=EXAMPLES["sync"], formatter_class=argparse.RawDescriptionHelpFormatter)
+    sync.add_argument("path", help="a job's folder, a tracking-backlog folder or one backlog file")
+    sync.add_argument("--uri", help="send to this tracking store instead of the one each backlog was kept for")
     return parser
 
 
@@ -151,13 +165,14 @@ def parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argpar
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command: bad input → 2; Ctrl-C or SIGTERM → 128 + the signal (a Tune job prints its resume
-    line and returns 130); a failed write → the file, the room left, the resume command, and 74."""
+    line and returns 130); a failed write → the file, the room left, the resume command, and 74; tracking kept
+    on disk → its folder and 75 (``backlog.outcome``)."""
     args = parse(build_parser(), argv)
     quiet_libraries()
     forget_stops()
     handle_stop_signals()
     try:
-        code = COMMANDS[args.command](args)
+        code = backlog.outcome(COMMANDS[args.command](args))
     except FLTuneError as err:
         print(f"fltune: {err}", file=sys.stderr)
         return 2

@@ -24,9 +24,13 @@ def add_experiment_args(parser: argparse.ArgumentParser, skip: tuple[str, ...] =
     parser.add_argument("--config", help="experiment YAML (same fields as --print-config shows)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
                         help="override any config field by dotted path, e.g. --set method.mu=0.01 (repeatable)")
-    for name, (field, kind) in SHORTCUTS.items():
-        if name in skip:
-            continue
+    add_shortcuts(parser, [name for name in SHORTCUTS if name not in skip])
+
+
+def add_shortcuts(parser: argparse.ArgumentParser, names: list[str]) -> None:
+    """The ``SHORTCUTS`` flags named, each ``--set`` of its field (``experiment_overrides``)."""
+    for name in names:
+        field, kind = SHORTCUTS[name]
         parser.add_argument(f"--{name.replace('_', '-')}", dest=name, type=kind, help=f"= --set {field}=…")
 
 

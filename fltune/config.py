@@ -417,7 +417,7 @@ def parse_override(text: str) -> tuple[list[str], Any]:
         raise FLTuneError(f"--set {text!r}: expected key.path=value, e.g. federation.rounds=3")
     key, raw = text.split("=", 1)
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
+        value = load_yaml(raw, f"--set {text!r}") if raw.strip() else ""
     except yaml.YAMLError:
         value = raw
     return key.strip().split("."), value
@@ -458,13 +458,44 @@ def set_path(tree: dict[str, Any], path: list[str], value: Any, shown: str) -> N
         node[path[-1]] = value
 
 
+MAX_YAML_VALUES = 100_000
+"""The most values a config or space file may expand to, aliases expanded: far above any real one, far below an
+alias bomb's (``a: &a [x, …]``, ``b: &b [*a, …]``, … grows ninefold a level), which validation would expand until
+memory runs out."""
+
+
+def _expanded(node: yaml.Node, sizes: dict[int, int]) -> int:
+    """The values under ``node`` with every alias expanded, counted on YAML's node graph, where an alias is the
+    node it names: memoised (``sizes``), so a bomb costs its own size; a node inside itself counts as unbounded."""
+    if id(node) in sizes:
+        return sizes[id(node)]
+    sizes[id(node)] = MAX_YAML_VALUES + 1  # until counted: a cycle is unbounded
+    children = [part for pair in node.value for part in pair] if isinstance(node, yaml.MappingNode) else (
+        node.value if isinstance(node, yaml.SequenceNode) else [])
+    sizes[id(node)] = 1 + sum(min(_expanded(child, sizes), MAX_YAML_VALUES + 1) for child in children)
+    return sizes[id(node)]
+
+
+def load_yaml(text: str, shown: str) -> Any:
+    """``yaml.safe_load``, refusing a document whose expanded tree exceeds ``MAX_YAML_VALUES`` before it is built."""
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is not None and _expanded(node, {}) > MAX_YAML_VALUES:
+            raise FLTuneError(f"{shown}: its YAML aliases expand to over {MAX_YAML_VALUES:,} values; allowed: at "
+                              f"most {MAX_YAML_VALUES:,} (an alias nested in aliases multiplies)")
+        return None if node is None else loader.construct_document(node)
+    finally:
+        loader.dispose()
+
+
 def read_yaml(path: str | Path) -> dict[str, Any]:
     """Load a YAML mapping, turning every failure into one line naming the file."""
     file = Path(path)
     if not file.is_file():
         raise FLTuneError(f"{path}: no such file")
     try:
-        tree = yaml.safe_load(file.read_text())
+        tree = load_yaml(file.read_text(), str(path))
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""

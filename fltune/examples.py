@@ -32,5 +32,10 @@ EXAMPLES: dict[str, str] = {
   fltune compare --methods fedavg,fedprox --tune-budget 12 --seeds 3 --plan
   fltune compare --methods fedavg,fedprox --resume
 """,
+    "sync": """examples:
+  fltune sync mlruns/tracking-backlog
+  fltune sync studies/fedprox-mu
+  fltune sync studies/fedprox-mu --uri http://mlflow.internal:5000
+""",
 }
 """Command name → the text after its ``--help`` (used with ``argparse.RawDescriptionHelpFormatter``)."""

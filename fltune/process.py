@@ -282,15 +282,17 @@ RAYLET_STOP_S = 5.0
 
 def exit_now(code: int) -> None:
     """A command that started a local Ray exits here with ``code``, skipping Ray's slow shutdown and Python's
-    exit collection. The raylet is stopped (SIGTERM, waited for) so its workers do not linger; other services
-    end with this process (fate sharing). After a stop whose Ray already died, exit at once: Ray's shutdown
-    would wait for the dead GCS and exit 1. A driver that joined a cluster returns."""
+    exit collection. The driver is disconnected first (``_disconnect_driver``), then the raylet is stopped
+    (SIGTERM, waited for) so its workers do not linger; other services end with this process (fate sharing).
+    After a stop whose Ray already died, exit at once: Ray's shutdown would wait for the dead GCS and exit 1.
+    A driver that joined a cluster returns."""
     node = _local_ray()
     if node is None:
         return
     if not (_stopped_by and not _ray_alive(node)):
         from ray._private.ray_constants import PROCESS_TYPE_RAYLET
 
+        _disconnect_driver()
         for info in node.all_processes.get(PROCESS_TYPE_RAYLET, []):
             info.process.terminate()
             try:
@@ -300,6 +302,18 @@ def exit_now(code: int) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+
+
+def _disconnect_driver() -> None:
+    """The first steps of ``ray.shutdown``: stop the threads that print the workers' and raylet's lines (none may
+    follow fltune's last one), and end the driver's core worker, which ends this process with status 1 when it
+    sees its raylet go."""
+    from ray._private import worker
+
+    worker.disconnect()
+    core = getattr(worker.global_worker, "core_worker", None)
+    if core is not None:
+        core.shutdown_driver()
 
 
 def _local_ray() -> Any:

@@ -7,6 +7,7 @@ import sys
 import pytest
 import yaml
 
+from fltune.cli import main
 from fltune.config import apply_overrides, build_config, flatten, read_yaml
 from fltune.errors import FLTuneError
 
@@ -92,6 +93,27 @@ def test_malformed_yaml_names_file_and_line(tmp_path):
     (tmp_path / "list.yaml").write_text("- 1\n- 2\n")
     with pytest.raises(FLTuneError, match="expected a mapping"):
         read_yaml(tmp_path / "list.yaml")
+
+
+def alias_bomb(levels: int = 19) -> str:
+    """Issue 74's file: nine values, each further level nine aliases of the one before, used once as a field."""
+    lines = ["a0: &a0 [x, x, x, x, x, x, x, x, x]"]
+    lines += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]" for i in range(1, levels)]
+    return "\n".join([*lines, f"method: {{name: fedavg, extra: *a{levels - 1}}}", ""])
+
+
+def test_an_alias_bomb_is_refused_in_one_line_by_run_and_tune(tmp_path, capsys):
+    """9^19 values once expanded: refused as loaded, given as a run's config or a tune space; a file of five
+    levels (9^4 leaves under each of two keys) still loads."""
+    bomb = tmp_path / "bomb.yaml"
+    bomb.write_text(alias_bomb())
+    for command in (["run", "--config"], ["tune", "--space"]):
+        assert main([*command, str(bomb)]) == 2
+        err = capsys.readouterr().err
+        assert err == f"fltune: {bomb}: its YAML aliases expand to over 100,000 values; allowed: at most 100,000 " \
+                      "(an alias nested in aliases multiplies)\n"
+    (tmp_path / "ok.yaml").write_text(alias_bomb(4))
+    assert len(read_yaml(tmp_path / "ok.yaml")["method"]["extra"]) == 9
 
 
 def test_model_options_reach_the_builder_and_bad_ones_are_one_line() -> None:

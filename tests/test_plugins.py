@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -18,7 +19,8 @@ from fltune.methods import get_method
 from fltune.models import build_model
 from fltune.plugins import label, shipped
 from fltune.tune.study import StudyRequest, resolve_space
-from tests.plugin_helpers import DATA, TINY, write_method, write_package, write_space
+from tests.plugin_helpers import DATA, SMOOTH, TINY, write_method, write_package, write_space
+from tests.tune.helpers import study_runs
 
 
 @pytest.fixture()
@@ -77,6 +79,18 @@ def test_a_method_without_its_cost_declarations_is_refused(user_code: Path) -> N
         fltune.Config(method="./nocost.py:Bare")
 
 
+def test_a_hook_with_the_wrong_signature_is_refused_at_resolution(user_code: Path, capsys) -> None:
+    """Issue 74: ``local_loss(self, ctx, x, y)`` (an older contract) ended in a traceback from a worker; now
+    ``run`` refuses it in one line with the signature ``Method`` declares."""
+    (user_code / "oldsig.py").write_text((user_code / "smooth.py").read_text().replace(
+        "def local_loss(self, batch):", "def local_loss(self, ctx, x, y):"))
+    assert main(["run", "--method", "./oldsig.py:LabelSmooth", "--dataset", "synthetic", "--no-mlflow"]) == 2
+    assert capsys.readouterr().err == (
+        f"fltune: method.name: '{user_code / 'oldsig.py'}:LabelSmooth': LabelSmooth.local_loss(self, ctx, x, y) "
+        "does not take the hook's arguments; expected local_loss(self, batch: Batch) -> tuple[torch.Tensor, "
+        "torch.Tensor]\n")
+
+
 def test_a_space_naming_a_parameter_the_method_lacks_is_one_line(user_code: Path) -> None:
     space = write_space(user_code, "./smooth.py:LabelSmooth", params={"method.mu": {"type": "choice", "values": [1]}})
     with pytest.raises(FLTuneError, match=r"params.method.mu: not a parameter of .*smooth.py:LabelSmooth; "
@@ -91,10 +105,36 @@ def test_a_space_beside_its_method_names_it_relative_to_itself(user_code: Path, 
     assert fltune.Config(**tree).method.name == f"{user_code / 'smooth.py'}:LabelSmooth"
 
 
+@pytest.mark.slow
+def test_a_study_of_a_method_one_folder_down_finds_it_and_fails_when_a_trial_did(
+        ray_session, user_code: Path, tmp_path: Path, mlflow_uri: str, monkeypatch, capsys) -> None:
+    """Issues 74 and 78: ``method: ./mine/smooth.py:…`` in a space, run from elsewhere. Its trials once looked for
+    the file in Tune's working folders ("no such file") and a study with a failed trial exited 0 naming the
+    survivor best. The reference is made absolute as the study is created (the saved study keeps it); a trial that
+    raises (here eps > 0.2: the seeded sampler draws 0.1646, then 0.2146) ends the study with a line naming it,
+    exit 1 and its MLflow parent FAILED."""
+    (user_code / "smooth.py").write_text(SMOOTH.replace(
+        "    def local_loss(self, batch):\n",
+        "    def local_loss(self, batch):\n        if self.params.eps > 0.2:\n            raise ValueError('too smooth')\n"))
+    space = write_space(tmp_path, "./mine/smooth.py:LabelSmooth")
+    monkeypatch.chdir(tmp_path.parent)
+    args = ["tune", "--space", str(space), "--storage", str(tmp_path), "--name", "s", "--set", "tracking.enabled=true"]
+    assert main(args) == 1
+    err = capsys.readouterr().err
+    assert "no such file" not in err and "best " in err
+    saved = json.loads((tmp_path / "s" / "fltune_study.json").read_text())
+    assert saved["method"] == f"{user_code / 'smooth.py'}:LabelSmooth"
+    parent, children = study_runs(mlflow_uri)
+    failed = [c.data.tags["fltune.trial_id"] for c in children if c.data.tags["fltune.status"] == "failed"]
+    assert err.splitlines()[-1] == f"fltune: 1 of 2 trials failed ({failed[0]}); their errors are above", err
+    assert parent.info.status == "FAILED" and parent.data.tags["fltune.trials_failed"] == "1"
+
+
 def test_compare_takes_references_and_names_their_files_safely(user_code: Path) -> None:
     from fltune.compare.spec import parse_methods
 
-    assert parse_methods("./smooth.py:LabelSmooth,fedavg") == ["./smooth.py:LabelSmooth", "fedavg"]
+    # made absolute where the comparison is created: its cells run in Tune's working folders (issue 74)
+    assert parse_methods("./smooth.py:LabelSmooth,fedavg") == [f"{user_code / 'smooth.py'}:LabelSmooth", "fedavg"]
     assert label(f"{user_code / 'smooth.py'}:LabelSmooth") == "smooth.LabelSmooth"
     with pytest.raises(FLTuneError, match="--methods: unknown method 'nope'"):
         parse_methods("nope,fedavg")

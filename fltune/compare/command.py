@@ -264,7 +264,7 @@ class Cells(TuneJob["CompareSpec"]):
         """The table, the files, and the exit status."""
         from fltune.compare.report import results, rich_table, write_outputs
         from fltune.tracking.progress import console
-        from fltune.tune.results import any_unscored, unfinished
+        from fltune.tune.results import any_unscored, said_failed, unfinished
 
         res = results(spec, rows)
         console.print(rich_table(spec, res, f"compare {spec.name}: final accuracies, mean ± std over seeds"))
@@ -273,4 +273,4 @@ class Cells(TuneJob["CompareSpec"]):
         if unfinished(rows, len(spec.cells)):
             say_resume("comparison interrupted", self.resume_command(spec))
             return 130
-        return 1 if any_unscored(r.status for r in rows) else 0
+        return said_failed(rows, "cells") or (1 if any_unscored(r.status for r in rows) else 0)

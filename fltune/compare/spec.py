@@ -8,7 +8,7 @@ import time
 from typing import Any
 
 from fltune.catalog import method_names
-from fltune.plugins import is_reference, label, plugins, unknown
+from fltune.plugins import is_reference, label, normalised, plugins, unknown
 from fltune.config import ExperimentConfig, TrackingConfig, build_config, set_fields
 from fltune.errors import FLTuneError
 from fltune.metrics.probe import check_probes, unmet_need
@@ -99,8 +99,9 @@ def parse_cell(key: str) -> tuple[str, int]:
 
 
 def parse_methods(text: str) -> list[str]:
-    """``--methods a,b,c``: at least two distinct registered methods."""
-    methods = [m.strip() for m in text.split(",") if m.strip()]
+    """``--methods a,b,c``: at least two distinct registered methods; a file reference made absolute here, where
+    the comparison is created, as its cells run in Tune's working folders."""
+    methods = [normalised(m.strip()) for m in text.split(",") if m.strip()]
     names = method_names()
     unknown_ones = [m for m in methods if m not in names and m not in plugins("method") and "+" not in m
                     and not is_reference(m)]

@@ -12,7 +12,7 @@ from fltune.config import build_config, set_fields
 from fltune.errors import FLTuneError
 from fltune.tune.command import Study
 from fltune.tune.results import TrialRow, unfinished
-from fltune.tune.space import SearchSpace, check_objective, check_params, parse_space
+from fltune.tune.space import SearchSpace, check_objective, check_params, parse_space, without_test
 from fltune.tune.spec import StudySpec, exists
 from fltune.tune.storage import holds, tune_started
 
@@ -36,9 +36,8 @@ def tuning_tree(spec: CompareSpec, method: str) -> dict[str, Any]:
     tree = method_tree(spec.base, method)
     val = build_config(tree).partition.val_fraction or TUNING_VAL_FRACTION
     protocol = next(p for p, acc in ACCURACY.items() if acc == spec.primary)
-    return set_fields(tree, {"partition.val_fraction": val, "metrics.test": False, "metrics.protocols": [protocol],
-                             "metrics.target": None, "training.finetune_epochs": 0,
-                             "federation.seed": spec.base_seed + TUNING_SEED_OFFSET})
+    return set_fields(without_test(tree), {"partition.val_fraction": val, "metrics.protocols": [protocol],
+                                           "federation.seed": spec.base_seed + TUNING_SEED_OFFSET})
 
 
 def study_spec(spec: CompareSpec, method: str) -> StudySpec:
@@ -52,7 +51,7 @@ def study_spec(spec: CompareSpec, method: str) -> StudySpec:
                           "method.* and training.* parameters")
     space = SearchSpace.model_validate({
         **space.model_dump(), "base": {}, "overrides": [], "num_samples": spec.tune_budget, "seeds": 1,
-        "scheduler": {"name": "none"}, "max_concurrent": spec.max_concurrent or space.max_concurrent,
+        "scheduler": {"name": "none"}, "confirm": "none", "max_concurrent": spec.max_concurrent or space.max_concurrent,
         "objective": {"metric": f"val_{spec.primary}", "mode": "max", "reduce": "final"},
     })
     tree = tuning_tree(spec, method)

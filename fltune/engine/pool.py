@@ -124,6 +124,9 @@ class WorkerPool:
         threads = max(1, int(plan.cpus))
         self.actors = [remote.remote(threads) for _ in range(plan.actors)]
         self.driver = InProcessPool(threads) if plan.in_driver else None
+        self.in_flight: set[ray.ObjectRef] = set()
+        """The actors' calls of the ``map`` calls in progress, from any thread (MLflow's writer counts FLOPs while a
+        round trains); a stop leaves them running: ``shutdown`` cancels them."""
 
     def width(self) -> int:
         """Shards a call is split into: one per worker, the driver's share included."""
@@ -148,10 +151,18 @@ class WorkerPool:
         driver_shard, actor_shards = (shards[0], shards[1:]) if self.driver is not None else ([], shards)
         refs = [getattr(actor, method).remote([run], *shared, *_call_tail(shard, per_shard))
                 for actor, shard in zip(self.actors, actor_shards) if shard]
+        self.in_flight.update(refs)
         own = self.driver.map(run, method, [driver_shard], *shared, per_shard=per_shard) if self.driver else []
-        return own + ray.get(refs)
+        results = own + ray.get(refs)
+        self.in_flight.difference_update(refs)
+        return results
 
     def shutdown(self) -> None:
+        """Cancel the calls in flight, then kill the actors: a call cut by ``ray.kill`` would count as a failure
+        to retry (``max_task_retries``), and Ray would print it and try to recover its results after the stop."""
+        for ref in list(self.in_flight):
+            ray.cancel(ref)
+        self.in_flight.clear()
         for actor in self.actors:
             ray.kill(actor)
         self.actors = []

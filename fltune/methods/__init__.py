@@ -6,10 +6,12 @@ a loss term (MAN) any method takes on as ``<method>+<modifier>``, built on first
 from __future__ import annotations
 
 import importlib
+import inspect
 import pkgutil
 import re
 import sys
 from functools import cache
+from types import FunctionType
 
 from fltune.errors import FLTuneError
 from fltune.text import allowed
@@ -98,10 +100,26 @@ def _checked(found: object, name: str) -> type[Method]:
     if not (isinstance(found, type) and issubclass(found, Method)):
         what = f"{'class' if isinstance(found, type) else type(found).__name__} {getattr(found, '__qualname__', '')}"
         raise FLTuneError(f"{FIELDS['method']}: {name!r} is the {what.strip()}; expected {EXPECTED['method']}")
-    missing = undeclared(found)
+    missing = undeclared(found) or _misfit_hook(found)
     if missing:
         raise FLTuneError(f"{FIELDS['method']}: {name!r}: {missing}")
     return found
+
+
+def _misfit_hook(cls: type[Method]) -> str:
+    """The first hook ``cls`` overrides with a signature the engine's call cannot bind (its arguments as
+    :class:`Method` declares them), as the problem to tell; "" when every hook fits."""
+    for hook, base in vars(Method).items():
+        hooked = isinstance(base, (FunctionType, classmethod, staticmethod)) and not hook.startswith("_")
+        if not hooked or inspect.getattr_static(cls, hook) is base or not callable(getattr(cls, hook)):
+            continue
+        expected = inspect.signature(getattr(Method, hook))
+        try:
+            inspect.signature(getattr(cls, hook)).bind(*expected.parameters)
+        except TypeError:
+            return (f"{cls.__qualname__}.{hook}{inspect.signature(getattr(cls, hook))} does not take the hook's "
+                    f"arguments; expected {hook}{str(expected).replace(chr(39), '')}")
+    return ""
 
 
 @cache

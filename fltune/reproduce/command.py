@@ -168,7 +168,7 @@ class Reproduction(TuneJob["ReproSpec"]):
         """The side-by-side table, the files, what had no data, and the exit status."""
         from fltune.reproduce.report import results, rich_table, write_outputs
         from fltune.tracking.progress import console
-        from fltune.tune.results import any_unscored
+        from fltune.tune.results import any_unscored, said_failed
 
         res = results(spec, rows)
         console.print(rich_table(spec, res))
@@ -184,7 +184,7 @@ class Reproduction(TuneJob["ReproSpec"]):
         if any(r.status in ("running", "pending") for r in res):
             say_resume("job interrupted", self.resume_command(spec))
             return 130
-        return 1 if any_unscored(r.status for r in res) else 0
+        return said_failed(rows, "cells") or (1 if any_unscored(r.status for r in res) else 0)
 
 
 def selection(args: argparse.Namespace, table: PaperTable) -> tuple[list[PlannedCell], list[str] | None]:

@@ -118,7 +118,7 @@ def check_reachable(uri: str) -> None:
     try:
         MlflowClient(uri).search_experiments(max_results=1)
     except Exception as err:  # whatever stops the client (HTTP, a missing database driver) makes it unusable
-        raise FLTuneError(f"tracking.uri {uri}: {_reason(err)}; allowed: a reachable MLflow tracking server "
+        raise FLTuneError(f"tracking.uri {uri}: {reason(err)}; allowed: a reachable MLflow tracking server "
                           "or database, or sqlite:///path/mlflow.db (the default)") from None
     finally:
         for key, value in before.items():
@@ -128,7 +128,7 @@ def check_reachable(uri: str) -> None:
                 os.environ[key] = value
 
 
-def _reason(err: Exception) -> str:
+def reason(err: Exception) -> str:
     """What went wrong, in a few words: a missing package, the OS error, else the first sentence."""
     if isinstance(err, ImportError):
         return f"needs the Python package {err.name or err}"

@@ -5,6 +5,8 @@
 * **Writing.** sqlite answers "database is locked" at once, busy timeout or not, when a reader must become a
   writer while another process writes; MLflow rolls back (``TEMPORARILY_UNAVAILABLE``), so
   :class:`RetryingClient` repeats it.
+
+A tracking server's client keeps what the server does not take on disk (``backlog.keeping``).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from mlflow.exceptions import MlflowException
 from mlflow.protos.databricks_pb2 import TEMPORARILY_UNAVAILABLE, ErrorCode
 from mlflow.tracking import MlflowClient
 
+from fltune.tracking.backlog import keeping
 from fltune.tracking.paths import sqlite_path
 
 RETRY_FOR_S = 120.0
@@ -90,12 +93,13 @@ class RetryingClient:
 
 
 def open_store(uri: str, experiment: str, artifacts: str | None = None, tags: dict[str, str] | None = None,
-               defaults: dict[str, str] | None = None) -> tuple[RetryingClient, str]:
+               defaults: dict[str, str] | None = None) -> tuple[Any, str]:
     """A client of the store at ``uri`` and the id of ``experiment``, created if new (under
-    :func:`store_lock`). ``tags`` are always set, ``defaults`` only where absent (a UI description stays)."""
+    :func:`store_lock`). ``tags`` are always set, ``defaults`` only where absent (a UI description stays). A
+    server's client is a ``backlog.KeepingClient``."""
     tags, defaults = tags or {}, defaults or {}
     with store_lock(uri):
-        client = RetryingClient(MlflowClient(uri))
+        client = keeping(RetryingClient(MlflowClient(uri)), uri)
         found = client.get_experiment_by_name(experiment)
         if found is None:
             return client, client.create_experiment(experiment, artifact_location=artifacts,

@@ -1,5 +1,5 @@
 """``python cli.py tune``: a Ray Tune + Optuna study of one method, tracked in MLflow. Exit status: 0 with a best
-configuration, 1 when no trial scored, 2 for bad input (one line, before any MLflow run exists), 130 when interrupted or
+configuration, 1 when no trial scored or one failed (its last line names them), 2 for bad input (one line, before any MLflow run exists), 130 when interrupted or
 143 on SIGTERM (rerun with ``--resume``)."""
 
 from __future__ import annotations
@@ -9,7 +9,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fltune.cli_args import add_checkpoint_args, keep_on_resume, note_ignored_on_resume
+from fltune.cli_args import (
+    add_checkpoint_args, add_shortcuts, experiment_overrides, keep_on_resume, note_ignored_on_resume,
+)
 from fltune.errors import FLTuneError
 from fltune.examples import EXAMPLES
 from fltune.process import say_resume
@@ -34,10 +36,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--method", help="method to tune (default: the space file's `method`)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
                    help="override a field of the base experiment, e.g. --set federation.rounds=20 (repeatable)")
+    add_shortcuts(p, ["rounds", "clients"])
     p.add_argument("--num-samples", type=int, help="configurations to try (default: the file's num_samples)")
     p.add_argument("--max-concurrent", type=int, help="trials at once (default: the file's max_concurrent)")
     p.add_argument("--seeds", type=int, help="seeds per configuration; its score is their mean")
+    p.add_argument("--confirm", metavar="TOPxSEEDS", help="after the search, re-run the top TOP configurations on "
+                   "SEEDS fresh seeds each, e.g. 3x3, or none (default: the file's confirm)")
     add_checkpoint_args(p, "the file's checkpoint_every, else 1", "the file's checkpoint_seconds, else none")
+    p.add_argument("--warm-start", metavar="STUDY_FOLDER", help="start the searcher from a finished study's "
+                   "evaluated configurations (its folder, e.g. studies/fedprox-quick); only new trials run")
     p.add_argument("--name", help="study name (default: <space stem>-<date>-<time>; with --resume: the newest "
                                   "study, of --space's file when given)")
     p.add_argument("--storage", help="study folder root, local or a URI like s3://bucket/studies (default: ./studies)")
@@ -46,8 +53,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--best-out", help="write the best configuration here (default: <study folder>/best_config.yaml)")
     p.add_argument("--plan", action="store_true",
                    help="print the trials, their settings, client-samples and an estimated wall time; run nothing")
-    keep_on_resume(p, "overrides", "method", "num_samples", "max_concurrent", "seeds", "checkpoint_every",
-                   "checkpoint_seconds")
+    keep_on_resume(p, "overrides", "rounds", "clients", "method", "num_samples", "max_concurrent", "seeds",
+                   "confirm", "warm_start", "checkpoint_every", "checkpoint_seconds")
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
@@ -129,14 +136,18 @@ class Study(TuneJob["StudySpec"]):
             f"once · {space.objective.metric} ({space.objective.reduce}, {space.objective.direction}) · "
             f"{space.sampler.name} · {sched}\n  per trial: {spec.workers} client worker(s) × "
             f"{res.cpus_per_worker:g} CPU{f' + {spec.gpus_per_worker:g} GPU' if spec.gpus_per_worker else ''} on a "
-            f"{nodes}-node cluster · folder {spec.path}"
+            f"{nodes}-node cluster · folder {spec.path}" + warm_line(spec) + ("" if space.on_validation else
+            f"\n  [yellow]selects on test data[/] ({space.objective.metric}, {space.objective.reduce}): its best "
+            "score is optimistic; a val_* objective (partition.val_fraction > 0) keeps the test data out")
         )
 
     def conclude(self, spec: StudySpec, rows: list[TrialRow]) -> int:
-        """Print the ranking and write the best configuration; the exit status says how the study ended."""
+        """Print the ranking, confirm the best configurations and write the winner's; the exit status says how
+        the study ended."""
         from fltune.tracking.progress import console
-        from fltune.tune.board import params_text, trials_table
-        from fltune.tune.results import best, trial_config, unfinished
+        from fltune.tune.board import trials_table
+        from fltune.tune.importance import explain
+        from fltune.tune.results import best, said_failed, trial_config, unfinished
 
         console.print(trials_table(rows, spec, f"study {spec.name}: trials ranked", ranked=True))
         if unfinished(rows, spec.space.num_samples):
@@ -146,11 +157,72 @@ class Study(TuneJob["StudySpec"]):
         if top is None:
             console.print("fltune: no trial produced a score (all diverged or failed)")
             return 1
-        path = write_best(spec, trial_config(spec, top.params).to_yaml(), self.args.best_out)
-        console.print(f"[bold green]best[/] {top.trial_id}: {spec.space.objective.metric} = {top.objective:.4f}"
-                      + (f" ± {top.objective_std:.4f}" if spec.space.seeds > 1 else "")
-                      + f" with {params_text(top.params)}\n  config: {path}  ({invoked_as()} run --config {path})")
-        return 0
+        if (line := explain(spec)) is not None:
+            console.print(line, highlight=False)
+        if spec.space.trade_off:
+            show_front(spec)
+        confirm = self.confirm(spec, rows)
+        if confirm is None:
+            return 130
+        params, line = confirm if confirm else (top.params, best_line(spec, top))
+        path = write_best(spec, trial_config(spec, params).to_yaml(), self.args.best_out)
+        console.print(f"{line}\n  config: {path}  ({invoked_as()} run --config {path})")
+        return said_failed(rows, "trials")
+
+    def confirm(self, spec: StudySpec, rows: list[TrialRow]) -> tuple[dict[str, Any], str] | tuple[()] | None:
+        """The confirmation's winner and its line; () when the study confirms nothing; None when stopped."""
+        from fltune.tracking.progress import console
+        from fltune.tune.board import params_text
+        from fltune.tune.confirm import Confirmation, confirmed_table, plan
+
+        stage = plan(spec.space, spec.base_config.metrics.test)
+        if stage is None:
+            return ()
+        job = Confirmation(spec, rows, stage, self.args.address, self.resume_command(spec))
+        if job.run() == 130:
+            say_resume("study interrupted", self.resume_command(spec))
+            return None
+        if not job.confirmed:  # every confirmation run diverged or failed: the search's best stands
+            return ()
+        console.print(confirmed_table(job.spec, job.confirmed))
+        if spec.tracking.enabled:
+            from fltune.tune.mlflow_runs import log_confirmed
+
+            log_confirmed(spec, job.confirmed)
+        win = job.confirmed[0]
+        test = "" if win.test_mean is None else (f"; on test {win.test_mean:.4f} ± {win.test_std:.4f} "
+                                                 f"(gap {win.gap:+.4f})")
+        return win.params, (f"[bold green]best[/] {spec.space.objective.metric} = {win.mean:.4f} ± {win.std:.4f} "
+                            f"over {job.spec.seeds} seed(s){test} with {params_text(win.params)}")
+
+
+def show_front(spec: StudySpec) -> None:
+    """A study of several objectives: its Pareto front as a table and ``pareto.yaml``."""
+    from fltune.tracking.progress import console
+    from fltune.tune.pareto import front, front_table, write_front
+
+    rows = front(spec)
+    if rows:
+        console.print(front_table(spec, rows))
+        console.print(f"  Pareto front: {write_front(spec, rows)}")
+
+
+def warm_line(spec: StudySpec) -> str:
+    """The header's line on ``--warm-start``: how many evaluated configurations the searcher starts from."""
+    from fltune.tune.search import finished_trials
+
+    if not spec.warm_start:
+        return ""
+    return (f"\n  warm start: {len(finished_trials(spec.warm_start))} evaluated configuration(s) carried over "
+            f"from {spec.warm_start}; {spec.space.num_samples} new trial(s) run")
+
+
+def best_line(spec: StudySpec, top: TrialRow) -> str:
+    """The search's best trial, as the study names it when it confirms nothing."""
+    from fltune.tune.board import params_text
+
+    return (f"[bold green]best[/] {top.trial_id}: {spec.space.objective.metric} = {top.objective:.4f}"
+            + (f" ± {top.objective_std:.4f}" if spec.space.seeds > 1 else "") + f" with {params_text(top.params)}")
 
 
 def study_request(args: argparse.Namespace, storage: str | None = None) -> StudyRequest:
@@ -160,21 +232,39 @@ def study_request(args: argparse.Namespace, storage: str | None = None) -> Study
     if not args.resume and not args.space:
         raise FLTuneError("--space is required (a search-space YAML, e.g. search_spaces/fedprox.yaml)")
     return StudyRequest(
-        space=args.space, method=args.method, overrides=tuple(args.overrides), num_samples=args.num_samples,
-        max_concurrent=args.max_concurrent, seeds=args.seeds, name=args.name, storage=storage or args.storage,
+        space=args.space, method=args.method, overrides=tuple(experiment_overrides(args)),
+        num_samples=args.num_samples, max_concurrent=args.max_concurrent, seeds=args.seeds,
+        confirm=confirm_flag(args.confirm), warm_start=args.warm_start, name=args.name, storage=storage or args.storage,
         checkpoint_every=args.checkpoint_every, checkpoint_seconds=args.checkpoint_seconds,
     )
 
 
+def confirm_flag(text: str | None) -> dict[str, int] | str | None:
+    """``--confirm 3x3`` as the space's ``confirm: {top: 3, seeds: 3}``; ``none`` as itself."""
+    if text is None or text == "none":
+        return text
+    top, _, seeds = text.partition("x")
+    if not (top.isdigit() and seeds.isdigit() and int(top) >= 1 and int(seeds) >= 1):
+        raise FLTuneError(f"--confirm: {text}; allowed: none, or TOPxSEEDS with both ≥ 1, e.g. 3x3")
+    return {"top": int(top), "seeds": int(seeds)}
+
+
 def show_plan(args: argparse.Namespace) -> int:
     """``--plan``: the trials at their base settings and their cost (an upper bound under ASHA); writes nothing."""
+    from fltune.config import build_config, set_fields
     from fltune.estimate import print_plan
+    from fltune.tune.confirm import plan
+    from fltune.tune.space import without_test
     from fltune.tune.study import resolve_space
 
     space, method, tree = resolve_space(study_request(args))
     notes = [f"searched: {', '.join(space.params)} ({space.sampler.name}); scheduler {space.scheduler.name}"]
     label = f"{method}: {space.num_samples} trial(s) × {space.seeds} seed(s)"
-    trials = [(label, tree, space.num_samples * space.seeds)]
+    trials = [(label, without_test(tree) if space.on_validation else tree, space.num_samples * space.seeds)]
+    if (confirm := plan(space, build_config(tree).metrics.test)) is not None:  # on the seeds after the search's
+        fresh = set_fields(tree, {"federation.seed": build_config(tree).federation.seed + space.seeds})
+        trials.append((f"{method}: confirm top {confirm.top} × {confirm.seeds} seed(s)", fresh,
+                       confirm.top * confirm.seeds))
     return print_plan(f"plan: tune {method}", trials, args.address or tree.get("resources", {}).get("address"),
                       space.max_concurrent, notes)
 

@@ -18,6 +18,7 @@ from ray.tune.result import AUTO_RESULT_KEYS
 
 from fltune.config import ExperimentConfig, TrackingConfig
 from fltune.metrics.figures import save_png
+from fltune.tracking.backlog import keep_in
 from fltune.tracking.mlflow_log import Tracker, run_tags
 from fltune.tune.results import (
     ENDED, TrialRow, any_unscored, best, sensitivity_figure, trial_config, trial_row, trials_figure, unfinished,
@@ -45,6 +46,7 @@ class RunTree(ABC):
 
     def __init__(self, tracking: TrackingConfig, path: str, name: str, cfg: ExperimentConfig) -> None:
         self.path, self.name, self.cfg = path, name, cfg
+        keep_in(path)  # what the server does not take waits in the job's folder
         self.tracker = Tracker(tracking)
         self.parent = self._open_parent()
         self.children: dict[str, str] = {}
@@ -183,7 +185,7 @@ class StudyLog(RunTree):
             self.tracker.set_tags(self.parent, {"fltune.best_trial": top.trial_id,
                                                 **{f"best.{k}": v for k, v in top.params.items()}})
             self.tracker.log_text(self.parent, trial_config(spec, top.params).to_yaml(), "best_config.yaml")
-        self.end_job(interrupted, failed=top is None)  # a study that scored no trial exits 1
+        self.end_job(interrupted, failed=top is None or any(r.status == "failed" for r in rows))  # as it exits 1
 
 
 class MLflowStudyCallback(LoggerCallback):
@@ -230,3 +232,26 @@ def close_open_runs(tracking: TrackingConfig, path: str, status: str) -> None:
     for run in tracker.find({STUDY_TAG: path}):
         if run.info.status == "RUNNING":
             tracker.end(run.info.run_id, status)
+
+
+def study_parent(study: StudySpec) -> tuple[Tracker, str] | None:
+    """The study's MLflow parent run (after its trials: results logged to it once it ended), if it has one."""
+    tracker = Tracker(study.tracking)
+    found = tracker.find({STUDY_TAG: study.path, KIND_TAG: StudyLog.kind})
+    return (tracker, found[0].info.run_id) if found else None
+
+
+def log_confirmed(study: StudySpec, rows: list[Any]) -> None:
+    """The confirmation on the study's parent run: its table, the winner's scores, parameters and configuration."""
+    if (found := study_parent(study)) is None:
+        return
+    (tracker, parent), win = found, rows[0]
+    lines = ["| " + " | ".join([*study.space.params, "mean", "std", "test_mean", "test_std", "within_noise"]) + " |",
+             "|" + " --- |" * (len(study.space.params) + 5)]
+    lines += ["| " + " | ".join(str(v) for v in [*(r.params.get(n, "") for n in study.space.params), r.mean, r.std,
+                                                  r.test_mean, r.test_std, r.within_noise]) + " |" for r in rows]
+    tracker.log_text(parent, "\n".join(lines) + "\n", "confirmed.md")
+    tracker.log_metrics(parent, {"confirmed_objective": win.mean, "confirmed_objective_std": win.std,
+                                 "confirmed_test": win.test_mean, "confirmed_gap": win.gap})
+    tracker.set_tags(parent, {f"best.{k}": v for k, v in win.params.items()})
+    tracker.log_text(parent, trial_config(study, win.params).to_yaml(), "best_config.yaml")

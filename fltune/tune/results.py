@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import math
 import re
+import sys
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,6 +53,17 @@ def unfinished(rows: list[TrialRow], expected: int) -> bool:
 def any_unscored(statuses: Iterable[str]) -> bool:
     """Whether a job of cells lost one (diverged or failed): it then exits 1 and its MLflow parent ends FAILED."""
     return any(s in ("diverged", "failed") for s in statuses)
+
+
+def said_failed(rows: Iterable[TrialRow], what: str) -> int:
+    """A Tune job's exit status once it printed its results: 1 when some of its ``what`` (trials, cells) raised, as
+    a failed one may have been the best, after a last line naming them (the cell, else the trial id); else 0."""
+    rows = list(rows)
+    failed = [str(r.params.get("cell") or r.trial_id) for r in rows if r.status == "failed"]
+    if failed:
+        print(f"fltune: {len(failed)} of {len(rows)} {what} failed ({', '.join(failed)}); their errors are above",
+              file=sys.stderr, flush=True)
+    return 1 if failed else 0
 
 
 _RAISED = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Exit)):(.*)$")

@@ -1,5 +1,7 @@
 """Optuna as Tune's searcher: a define-by-run space (so ``when`` conditions are native), seeded samplers,
-and a diverged (or refused) trial told to Optuna as FAILED rather than scored with its last good value."""
+a diverged (or refused) trial told to Optuna as FAILED rather than scored with its last good value, and the
+Optuna study kept in a journal file in the study folder, where ``optuna.load_study`` and ``optuna-dashboard``
+open it and a later study's ``--warm-start`` reads its trials."""
 
 from __future__ import annotations
 
@@ -8,7 +10,13 @@ from typing import Any
 import optuna
 from ray.tune.search.optuna import OptunaSearch
 
+from fltune.errors import FLTuneError
 from fltune.tune.space import SearchSpace
+from fltune.tune.spec import StudySpec
+from fltune.tune.trainable import objective_key
+
+JOURNAL = "optuna.journal"
+"""The study's Optuna storage (``JournalStorage`` over a file), in a local study folder."""
 
 
 class FLOptunaSearch(OptunaSearch):
@@ -43,11 +51,43 @@ class DefineByRun:
                 chosen[name] = dist.suggest(trial, name)
 
 
-def make_searcher(space: SearchSpace) -> FLOptunaSearch:
-    """Metric and mode are passed here explicitly: OptunaSearch given a space ignores TuneConfig's."""
+def journal(folder: str) -> optuna.storages.JournalStorage | None:
+    """The Optuna storage of a study folder; None for a remote one (a journal needs a local file and its lock)."""
+    if "://" in folder:
+        return None
+    return optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(f"{folder}/{JOURNAL}"))
+
+
+def finished_trials(folder: str) -> list[optuna.trial.FrozenTrial]:
+    """The completed trials of the study in ``folder`` (``--warm-start``), checked to be there."""
+    from pathlib import Path
+
+    storage = journal(folder)
+    if storage is None or not Path(folder, JOURNAL).is_file():
+        raise FLTuneError(f"--warm-start {folder}: no Optuna study there ({JOURNAL}); allowed: the local folder "
+                          "of a study this fltune ran")
+    names = optuna.get_all_study_names(storage)
+    trials = optuna.load_study(study_name=names[0], storage=storage).get_trials(
+        deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+    if not trials:
+        raise FLTuneError(f"--warm-start {folder}: its study has no completed trial to carry over")
+    return trials
+
+
+def make_searcher(spec: StudySpec) -> FLOptunaSearch:
+    """Metric and mode are passed here explicitly: OptunaSearch given a space ignores TuneConfig's. A new study
+    starts with the ``--warm-start`` study's completed trials, which the sampler learns from and Tune never runs
+    (a Tuner made again for the same study finds its journal holding trials and adds none)."""
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # the trials table says it all
+    space = spec.space
     sampler_cls = optuna.samplers.TPESampler if space.sampler.name == "tpe" else optuna.samplers.RandomSampler
-    return FLOptunaSearch(
-        space=DefineByRun(space), metric="objective", mode=space.objective.direction,
-        sampler=sampler_cls(seed=space.sampler.seed),
+    multi = bool(space.trade_off)  # several objectives: a list of metrics and modes, Optuna's Pareto front
+    searcher = FLOptunaSearch(
+        space=DefineByRun(space), metric=[f"objective:{objective_key(o)}" for o in space.objectives] if multi
+        else "objective", mode=[o.direction for o in space.objectives] if multi else space.objective.direction,
+        sampler=sampler_cls(seed=space.sampler.seed), storage=journal(spec.path), study_name=spec.name,
     )
+    study = searcher._ot_study  # OptunaSearch made it in __init__ (space, metric and mode given)
+    if spec.warm_start and not study.trials:
+        study.add_trials(finished_trials(spec.warm_start))
+    return searcher

@@ -16,6 +16,7 @@ from fltune.errors import FLTuneError
 from fltune.text import allowed
 from fltune.methods import get_method
 from fltune.metrics.probe import check_probes, metric_names, probe_of, unmet_need
+from fltune.plugins import normalised
 
 Scalar = Union[bool, int, float, str, None]
 METRICS: tuple[str, ...] = metric_names()
@@ -97,6 +98,14 @@ class Objective(_Strict):
         return self.mode or ("max" if self.metric.removeprefix("val_").startswith("acc_") else "min")
 
 
+class Confirm(_Strict):
+    """The search's top configurations trained again on fresh seeds: the winner by their mean, a seed's luck
+    told apart from a real difference (``fltune.tune.confirm``)."""
+
+    top: int = Field(3, ge=1, description="configurations re-run, best first")
+    seeds: int = Field(3, ge=1, description="fresh seeds each, after the ones the search used")
+
+
 class Sampler(_Strict):
     name: Literal["tpe", "random"] = "tpe"
     seed: int = 0
@@ -120,6 +129,9 @@ class SearchSpace(_Strict):
     overrides: list[str] = Field(default_factory=list, description="--set style edits applied to base")
     params: dict[str, Distribution] = Field(min_length=1)
     objective: Objective
+    trade_off: list[Objective] = Field(default_factory=list, description="the further objectives of a "
+                                       "multi-objective study: `objective` written as a list puts its second and "
+                                       "later items here")
     num_samples: int = Field(8, ge=1)
     sampler: Sampler = Field(default_factory=Sampler)
     scheduler: Annotated[Union[Asha, NoScheduler], Field(discriminator="name")] = Field(
@@ -127,10 +139,37 @@ class SearchSpace(_Strict):
     )
     max_concurrent: int = Field(1, ge=1)
     seeds: int = Field(1, ge=1)
+    confirm: Confirm | Literal["none"] = Field("none", description="re-run the top configurations on fresh seeds "
+                                              "(``{top: 3, seeds: 3}``), or none")
     checkpoint_every: int | None = Field(1, ge=1, description="rounds between trial checkpoints (always at the end; "
                                          "null: by checkpoint_seconds alone)")
     checkpoint_seconds: float | None = Field(None, gt=0, description="also checkpoint a trial once this many "
                                              "seconds have passed since its last checkpoint")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _objective_list(cls, tree: Any) -> Any:
+        """``objective: [a, b, …]`` is a multi-objective study: ``a`` ranks its table, all make its Pareto front."""
+        if isinstance(tree, dict) and isinstance(tree.get("objective"), list) and tree["objective"]:
+            first, *rest = tree["objective"]
+            tree = {**tree, "objective": first, "trade_off": rest}
+        return tree
+
+    @model_validator(mode="after")
+    def _one_winner_to_rank(self) -> SearchSpace:
+        """ASHA and the confirmation rank trials by one number; a Pareto front has several best trials."""
+        if self.trade_off and isinstance(self.scheduler, Asha):
+            raise ValueError("scheduler: asha stops trials by one objective's rank; allowed with a list of "
+                             "objectives: {name: none}")
+        if self.trade_off and self.confirm != "none":
+            raise ValueError("confirm: a list of objectives has a Pareto front, not one winner to confirm; "
+                             "allowed: none")
+        return self
+
+    @property
+    def objectives(self) -> list[Objective]:
+        """Every objective, the ranking one first."""
+        return [self.objective, *self.trade_off]
 
     @model_validator(mode="after")
     def _conditions_refer_back(self) -> SearchSpace:
@@ -145,9 +184,14 @@ class SearchSpace(_Strict):
             seen.append(name)
         return self
 
+    @property
+    def on_validation(self) -> bool:
+        """Whether the search selects on the validation split; otherwise it looks at test data every round."""
+        return self.objective.metric.startswith("val_")
 
-SETTINGS: tuple[str, ...] = ("objective", "num_samples", "sampler", "scheduler", "max_concurrent", "seeds",
-                             "checkpoint_every", "checkpoint_seconds")
+
+SETTINGS: tuple[str, ...] = ("objective", "trade_off", "num_samples", "sampler", "scheduler", "max_concurrent", "seeds",
+                             "confirm", "checkpoint_every", "checkpoint_seconds")
 """The search settings ``tune --set`` changes; every other ``--set`` edits the base experiment."""
 
 
@@ -182,12 +226,18 @@ def base_tree(space: SearchSpace, space_path: str | Path, method: str) -> dict[s
 
 def space_method(space: SearchSpace, space_path: str | Path) -> str | None:
     """The space's ``method:``; a file reference (``./mine.py:Mine``) is relative to the space file when there,
-    else to the working folder."""
+    else to the working folder, and made absolute: trials run in Tune's working folders."""
     where, _, attr = (space.method or "").rpartition(":")
-    if not where.endswith(".py") or Path(where).is_absolute():
+    if not where.endswith(".py"):
         return space.method
     beside = Path(space_path).parent / where
-    return f"{beside}:{attr}" if beside.is_file() else space.method
+    return normalised(f"{beside if beside.is_file() else where}:{attr}")
+
+
+def without_test(tree: dict[str, Any]) -> dict[str, Any]:
+    """The experiment as a validation-scored search trains it: no test data, so no rounds-to-target and no final
+    fine-tuning (both measured on test data). A study's confirmation runs, and ``run``, keep the test data."""
+    return set_fields(tree, {"metrics.test": False, "metrics.target": None, "training.finetune_epochs": 0})
 
 
 def check_params(space: SearchSpace, tree: dict[str, Any], method: str) -> None:
@@ -207,12 +257,13 @@ def check_params(space: SearchSpace, tree: dict[str, Any], method: str) -> None:
 
 
 def check_objective(space: SearchSpace, cfg: ExperimentConfig) -> None:
-    """The metric must be produced by the base experiment, and ASHA must see it before its first rung."""
+    """Every objective's metric must be produced by the base experiment, and ASHA must see it before its first
+    rung."""
     check_probes(cfg)
+    for objective in space.objectives:
+        if need := unmet_need(objective.metric, objective.reduce, cfg):
+            raise FLTuneError(f"objective.metric: {objective.metric} {need}")
     metric = space.objective.metric
-    need = unmet_need(metric, space.objective.reduce, cfg)
-    if need:
-        raise FLTuneError(f"objective.metric: {metric} {need}")
     probe = probe_of(metric)
     protocol = probe.protocol if probe is not None else None
     if metric.endswith("_ft") and isinstance(space.scheduler, Asha):

@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from fltune.config import ExperimentConfig, TrackingConfig, build_config
 from fltune.errors import FLTuneError
-from fltune.tune.space import SearchSpace
+from fltune.tune.space import SearchSpace, without_test
 from fltune.tune.storage import holds, write_whole
 
 SPEC_FILE = "fltune_study.json"
@@ -100,10 +100,17 @@ class StudySpec(SavedSpec):
     """Client actors per trial (``resources.workers``, default 1 so ``max_concurrent`` trials fit)."""
     gpus_per_worker: float | None
     """Resolved once against the cluster (then kept): a trial must not claim every GPU as a run would."""
+    warm_start: str | None = None
+    """The finished study whose evaluated configurations the searcher starts from (``--warm-start``)."""
 
     @cached_property
     def base_config(self) -> ExperimentConfig:
         return build_config(self.base)
+
+    @property
+    def search_base(self) -> dict[str, Any]:
+        """The base as the search's trials train it: without test data when they select on validation."""
+        return without_test(self.base) if self.space.on_validation else self.base
 
     @property
     def rounds(self) -> int:

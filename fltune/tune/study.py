@@ -19,10 +19,12 @@ from fltune import folders
 from fltune.config import apply_overrides, build_config, describe_validation_error, set_fields
 from fltune.engine.pool import plan_workers
 from fltune.errors import FLTuneError
+from fltune.plugins import normalised
 from fltune.process import library_write_failure
 from fltune.tune.results import failed_result
 from fltune.tune.space import (
     Asha, SearchSpace, base_tree, check_objective, check_params, is_space_setting, parse_space, space_method,
+    without_test,
 )
 from fltune.tune.spec import SavedSpec, StudySpec
 from fltune.tune.storage import check_name, job_filesystem, storage_root
@@ -68,6 +70,8 @@ class StudyRequest:
     num_samples: int | None = None
     max_concurrent: int | None = None
     seeds: int | None = None
+    confirm: dict[str, int] | str | None = None
+    warm_start: str | None = None
     name: str | None = None
     storage: str | None = None
     checkpoint_every: int | None = None
@@ -77,13 +81,13 @@ class StudyRequest:
 def resolve_space(request: StudyRequest) -> tuple[SearchSpace, str, dict]:
     """The validated space with the CLI flags applied, its method, and the base experiment tree."""
     space = parse_space(request.space)
-    method = request.method or space_method(space, request.space)
+    method = normalised(request.method) if request.method else space_method(space, request.space)
     if method is None:
         raise FLTuneError(f"{request.space}: no method; add `method: NAME` to the file or pass --method")
-    if request.method and space.method and request.method != space.method:
+    if request.method and space.method and method != space_method(space, request.space):
         raise FLTuneError(f"--method {request.method}: the space file {request.space} is for {space.method}")
     flags = {"num_samples": request.num_samples, "max_concurrent": request.max_concurrent, "seeds": request.seeds,
-             "checkpoint_every": request.checkpoint_every, "checkpoint_seconds": request.checkpoint_seconds}
+             "confirm": request.confirm, "checkpoint_every": request.checkpoint_every, "checkpoint_seconds": request.checkpoint_seconds}
     settings = [text for text in request.overrides if is_space_setting(text)]
     tree = {**space.model_dump(), **{k: v for k, v in flags.items() if v is not None}}
     try:
@@ -95,6 +99,8 @@ def resolve_space(request: StudyRequest) -> tuple[SearchSpace, str, dict]:
     cfg = build_config(tree)  # raises with the bad field named
     check_params(space, tree, method)
     check_objective(space, cfg)
+    if space.on_validation:  # and as the search trains it, without test data
+        check_objective(space, build_config(without_test(tree)))
     return space, method, tree
 
 
@@ -106,8 +112,19 @@ def new_spec(request: StudyRequest) -> StudySpec:
     return StudySpec(
         name=name, storage=storage_root(request.storage), method=method, space_file=str(request.space),
         space_text=Path(request.space).read_text(), space=space, base=tree, workers=resources.workers or 1,
-        gpus_per_worker=resources.gpus_per_worker,
+        gpus_per_worker=resources.gpus_per_worker, warm_start=warm_start(request.warm_start),
     )
+
+
+def warm_start(folder: str | None) -> str | None:
+    """``--warm-start``'s study folder, absolute, once checked to hold completed trials."""
+    from fltune.tune.search import finished_trials
+
+    if folder is None:
+        return None
+    folder = storage_root(folder)
+    finished_trials(folder)
+    return folder
 
 
 def placement(
@@ -173,7 +190,7 @@ def new_tuner(spec: StudySpec, resources: tune.PlacementGroupFactory, callbacks:
     return tune.Tuner(
         bound_trainable(run_trial, spec, resources),
         tune_config=tune.TuneConfig(
-            search_alg=make_searcher(space), scheduler=scheduler(spec), num_samples=space.num_samples,
+            search_alg=make_searcher(spec), scheduler=scheduler(spec), num_samples=space.num_samples,
             max_concurrent_trials=space.max_concurrent, reuse_actors=True,
         ),
         run_config=run_config(spec, callbacks),

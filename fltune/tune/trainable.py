@@ -175,9 +175,9 @@ def client_folder() -> Path:
 
 def run_trial(config: dict[str, Any], spec: StudySpec) -> None:
     """Tune entry point: ``config`` holds the sampled parameters under their dotted names."""
-    cfgs = seed_configs(set_fields(spec.base, config), spec.space.seeds, spec.workers, spec.gpus_per_worker or 0.0)
+    cfgs = seed_configs(set_fields(spec.search_base, config), spec.space.seeds, spec.workers, spec.gpus_per_worker or 0.0)
     cadence = Cadence(spec.space.checkpoint_every, spec.space.checkpoint_seconds)
-    run_federations(cfgs, spec.space.objective, cadence)
+    run_federations(cfgs, spec.space.objective, cadence, extra=spec.space.trade_off)
 
 
 def run_federations(cfgs: list[ExperimentConfig], objective: Objective, cadence: Cadence,

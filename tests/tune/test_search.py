@@ -5,16 +5,18 @@ from __future__ import annotations
 from pathlib import Path
 
 from fltune.tune.search import make_searcher
-from fltune.tune.space import parse_space
+from fltune.tune.study import StudyRequest, new_spec
 
 SPACE = Path(__file__).parents[2] / "search_spaces" / "fedavg.yaml"
 
 
-def test_a_trial_the_searcher_never_suggested_is_passed_over_and_the_others_still_reach_optuna() -> None:
+def test_a_trial_the_searcher_never_suggested_is_passed_over_and_the_others_still_reach_optuna(tmp_path: Path) -> None:
     """A driver killed between Tune saving a new trial and saving the searcher leaves, on resume, a trial the
     searcher has no Optuna trial for: its results and its end are passed over, not a KeyError that ends the
     study."""
-    searcher = make_searcher(parse_space(str(SPACE)))
+    spec = new_spec(StudyRequest(space=str(SPACE), storage=str(tmp_path), name="s"))
+    (tmp_path / "s").mkdir()
+    searcher = make_searcher(spec)
     searcher.set_search_properties(metric=None, mode=None, config={})
     assert searcher.suggest("known") is not None
 

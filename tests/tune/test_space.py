@@ -57,6 +57,14 @@ def test_a_space_in_a_papers_setting_trains_with_its_authors_optimiser(stem: str
             assert config[section][field] == value, f"{stem}: {key} = {config[section][field]}, the authors' {value}"
 
 
+@pytest.mark.parametrize("path", SPACE_FILES, ids=[p.name for p in SPACE_FILES])
+def test_no_shipped_space_selects_on_test_data(path: Path) -> None:
+    """Selecting on a test metric, best over rounds, peeks at the test data every round: the score is optimistic."""
+    space = parse_space(path)
+    assert space.on_validation, f"{path.name}: objective {space.objective.metric} is a test metric; use val_*"
+    assert space.objective.reduce != "best", f"{path.name}: reduce best picks the luckiest round; use final"
+
+
 def test_every_registered_method_has_a_space() -> None:
     covered = {parse_space(p).method for p in SPACE_FILES}
     assert set(METHODS) <= covered, f"no search_spaces/<method>.yaml for {sorted(set(METHODS) - covered)}"

@@ -28,6 +28,7 @@ def test_study_stops_poor_trials_and_survives_divergence(ray_session, tmp_path: 
                  "federation.rounds=2"])
     out = capsys.readouterr().err
     assert code == 0, out
+    assert "selects on test data (acc_global, final)" in out  # the header says so, in one line
     parent, children = study_runs(mlflow_uri)
     by_lr = {float(c.data.params["training.lr"]): c for c in children}  # the tuned value, logged once
     assert not [k for c in children for k in c.data.params if k.startswith("tuned.")]

@@ -1,0 +1,437 @@
+"""Tracking that survives its server. A tracking server (``http://…``, any store but fltune's own sqlite file)
+can restart, flap or sit behind a proxy; the training it watches must not stop for it, nor lose its results.
+
+* **Bounded waits.** MLflow retries a failed request 7 times with a doubling backoff, each try waiting up to
+  120 s (``MLFLOW_HTTP_REQUEST_MAX_RETRIES``, ``…_BACKOFF_FACTOR``, ``…_TIMEOUT``): minutes per call. fltune
+  sets :data:`HTTP_LIMITS` (where the user set none), so a call gives up within :data:`GIVE_UP_S`.
+* **The backlog.** Once a call fails that way, the :class:`KeepingClient` of the store goes offline: every
+  later write is appended to one JSON-lines file (:class:`Backlog`, in ``tracking-backlog/`` of the job's
+  folder, ``keep_in``) and answered at once (a new run gets a stand-in id); a read answers empty (no runs, no
+  curve). Every :data:`PROBE_EVERY_S` a write first tries to send the backlog, and the command tries once more
+  at its end (``outcome``): what the server takes is gone from disk, and the client is online again.
+* **Replay** (:func:`replay`) runs the calls in order, mapping stand-in ids to the ones the server gives, with
+  their recorded times (metric timestamps, a run's start and end). ``fltune sync`` (:func:`sync`) sends the
+  backlogs a command left, and ends KILLED a run it left RUNNING; a command's first write to a store sends
+  those of its folder first. A writer holds a ``flock`` on its file, so a running command's backlog is left
+  alone.
+
+MLflow is imported in the functions that talk to it: the command line imports this module for ``outcome``.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shutil
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from fltune.text import counted
+from fltune.tracking.paths import mlruns_dir, reason, sqlite_path
+
+TEMPFAIL = 75
+"""The exit status of a command that finished with tracking calls kept on disk (``EX_TEMPFAIL``)."""
+HTTP_LIMITS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+               "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
+"""MLflow's HTTP retries, bounded: 3 tries 10 s each, backoff 0 s then 2 s (+ up to 1 s of jitter)."""
+GIVE_UP_S = 3 * 10 + 3
+"""The longest one call waits under ``HTTP_LIMITS`` before it is kept in the backlog."""
+PROBE_EVERY_S = 60.0
+"""How often an offline client tries the server again (one call's wait at most)."""
+FOLDER = "tracking-backlog"
+WRITES = frozenset({"create_experiment", "set_experiment_tag", "create_run", "update_run", "set_terminated",
+                    "delete_run", "log_batch", "log_text", "log_artifact"})
+"""The client methods fltune writes with (``mlflow_log.Tracker``, ``store.open_store``): these are kept."""
+EMPTY: dict[str, Callable[[], Any]] = {"get_experiment_by_name": lambda: None, "search_runs": list,
+                                       "get_metric_history": list, "search_experiments": list}
+"""An offline client's answer to a read: nothing found (a study's curves figure is left out, a comparison
+reads Tune's files)."""
+
+_folder: list[Path] = []
+_clients: dict[str, KeepingClient] = {}
+
+
+def keep_in(folder: str) -> None:
+    """Keep this process's backlog in ``<folder>/tracking-backlog`` (a job's folder; a URI is no folder)."""
+    if "://" not in folder:
+        _folder[:] = [Path(folder)]
+
+
+def backlog_folder() -> Path:
+    """Where this process keeps its backlog: the job's folder (``keep_in``), else beside fltune's mlruns."""
+    return (_folder[0] if _folder else mlruns_dir()) / FOLDER
+
+
+def unreachable(err: BaseException) -> bool:
+    """Whether ``err`` says the store is away (no connection, a timeout, a 5xx answer), not that the call
+    was wrong (a 4xx: raised as before)."""
+    from mlflow.exceptions import MlflowException
+
+    if isinstance(err, MlflowException):
+        return err.get_http_status_code() >= 500
+    import requests
+
+    return isinstance(err, (requests.RequestException, OSError))
+
+
+def _say(line: str) -> None:
+    from fltune.tracking.progress import console
+
+    console.print(f"[yellow]tracking:[/] {line}", highlight=False)
+
+
+# ---------------------------------------------------------------------------------------------- the file
+class Backlog:
+    """One process's calls the store did not take, in order: a header line (the store's URI), then one line per
+    call, its arguments as JSON (``encode``); files logged go to ``<name>.files/``. ``<name>.sent`` holds how
+    many lines were sent and the ids the server gave, so a replay cut short goes on where it stopped."""
+
+    def __init__(self, path: Path, uri: str | None = None) -> None:
+        """Open ``path`` for writing (with ``uri``: a new file) or for sending, under an exclusive ``flock``;
+        ``BlockingIOError`` when another process holds it."""
+        self.path = path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.handle = open(path, "a+")
+        try:
+            fcntl.flock(self.handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self.handle.close()
+            raise
+        if uri is not None:
+            self._append({"uri": uri, "pid": os.getpid()})
+        self.handle.seek(0)
+        self.lines = [json.loads(line) for line in self.handle if line.strip()]
+        progress = self._progress_file()
+        saved = json.loads(progress.read_text()) if progress.exists() else {}
+        self.sent, self.ids = int(saved.get("sent", 1)), dict(saved.get("ids", {}))
+
+    @property
+    def uri(self) -> str:
+        return self.lines[0]["uri"]
+
+    @property
+    def waiting(self) -> int:
+        """Calls not sent yet."""
+        return len(self.lines) - self.sent
+
+    def record(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any], made: str | None = None) -> None:
+        """Append one call; ``made``: the stand-in id it answered (a run's, an experiment's)."""
+        if method == "log_artifact":
+            args = (args[0], self._copy(Path(args[1])), *args[2:])
+        entry = {"call": method, "args": encode(list(args)), "kwargs": encode(kwargs)}
+        if made is not None:
+            entry["made"] = made
+        self._append(entry)
+
+    def _append(self, entry: dict[str, Any]) -> None:
+        self.handle.write(json.dumps(entry) + "\n")
+        self.handle.flush()
+        if "uri" not in entry:
+            self.lines.append(entry)
+
+    def _copy(self, source: Path) -> str:
+        """A file or folder to log, copied beside the backlog (a temporary one is gone when it is sent)."""
+        target = self.path.with_suffix(".files") / f"{len(self.lines)}" / source.name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        (shutil.copytree if source.is_dir() else shutil.copy2)(source, target)
+        return str(target.relative_to(self.path.parent))
+
+    def _progress_file(self) -> Path:
+        return self.path.with_suffix(".sent")
+
+    def mark(self, sent: int) -> None:
+        self.sent = sent
+        part = self._progress_file().with_suffix(".sent.part")
+        part.write_text(json.dumps({"sent": sent, "ids": self.ids}))
+        part.replace(self._progress_file())
+
+    def remove(self) -> None:
+        """All sent: the file, its copies and its progress go."""
+        self._progress_file().unlink(missing_ok=True)
+        shutil.rmtree(self.path.with_suffix(".files"), ignore_errors=True)
+        self.path.unlink(missing_ok=True)
+        self.handle.close()
+
+
+def encode(value: Any) -> Any:
+    """MLflow's entities (``Metric``, ``Param``, ``RunTag``) as ``{"_": class, "v": fields}``; JSON as is."""
+    from mlflow.entities import Metric, Param, RunTag
+
+    if isinstance(value, Metric):
+        return {"_": "Metric", "v": [value.key, value.value, value.timestamp, value.step]}
+    if isinstance(value, (Param, RunTag)):
+        return {"_": type(value).__name__, "v": [value.key, value.value]}
+    if isinstance(value, (list, tuple)):
+        return [encode(v) for v in value]
+    if isinstance(value, dict):
+        return {k: encode(v) for k, v in value.items()}
+    return value
+
+
+def decode(value: Any, ids: dict[str, str]) -> Any:
+    """``encode`` undone, every stand-in id replaced by the server's (a run's, its parent tag's, an experiment's)."""
+    from mlflow import entities
+
+    if isinstance(value, dict) and set(value) == {"_", "v"}:
+        return getattr(entities, value["_"])(*decode(value["v"], ids))
+    if isinstance(value, list):
+        return [decode(v, ids) for v in value]
+    if isinstance(value, dict):
+        return {k: decode(v, ids) for k, v in value.items()}
+    return ids.get(value, value) if isinstance(value, str) else value
+
+
+# ---------------------------------------------------------------------------------------------- replay
+def replay(backlog: Backlog, client: Any) -> None:
+    """Send ``backlog``'s waiting calls through ``client`` in order, marking each sent; an unreachable store
+    raises (the rest waits); a call the store refuses (4xx) is skipped with a line, not retried forever."""
+    for number in range(backlog.sent, len(backlog.lines)):
+        entry = backlog.lines[number]
+        args, kwargs = decode(entry["args"], backlog.ids), decode(entry["kwargs"], backlog.ids)
+        try:
+            answer = _send(client, entry["call"], args, kwargs, backlog.path.parent)
+        except Exception as err:
+            if unreachable(err):
+                raise
+            _say(f"the store refused a kept {entry['call']} ({reason(err)}); skipped")
+            answer = None
+        if "made" in entry and answer is not None:
+            backlog.ids[entry["made"]] = answer
+        backlog.mark(number + 1)
+
+
+def _send(client: Any, call: str, args: list[Any], kwargs: dict[str, Any], folder: Path) -> str | None:
+    """One kept call; the id it makes (a run's, an experiment's: found by name if it exists by now)."""
+    if call == "create_run":
+        return client.create_run(*args, **kwargs).info.run_id
+    if call == "create_experiment":
+        found = client.get_experiment_by_name(args[0])
+        return found.experiment_id if found is not None else client.create_experiment(*args, **kwargs)
+    if call == "log_artifact":
+        args[1] = str(folder / args[1])
+    getattr(client, call)(*args, **kwargs)
+    return None
+
+
+def _touched(backlog: Backlog) -> set[str]:
+    """The server's ids of the runs a backlog wrote to (a run it could not create has none)."""
+    ids = {backlog.ids.get(e["made"], "") for e in backlog.lines[1:] if e["call"] == "create_run"}
+    ids |= {decode(e["args"][0], backlog.ids) for e in backlog.lines[1:]
+            if e["call"] not in ("create_run", "create_experiment", "set_experiment_tag")}
+    return {i for i in ids if i and not i.startswith("kept-")}
+
+
+def end_left_running(backlog: Backlog, client: Any) -> int:
+    """End KILLED the runs of a finished backlog still RUNNING (its command died before ending them)."""
+    ended = 0
+    for run_id in _touched(backlog):
+        try:
+            run = client.get_run(run_id)
+        except Exception as err:
+            if unreachable(err):
+                raise
+            continue  # deleted since
+        if run.info.status == "RUNNING" and run.info.lifecycle_stage == "active":
+            client.set_terminated(run_id, "KILLED")
+            ended += 1
+    return ended
+
+
+# ---------------------------------------------------------------------------------------------- the client
+class KeepingClient:
+    """A store's client that never stops the job for the store: calls pass through while it answers; once one
+    fails as ``unreachable`` the calls go to the process's :class:`Backlog` (writes) or answer empty (reads,
+    ``EMPTY``), and the backlog is sent as soon as the store answers again."""
+
+    def __init__(self, client: Any, uri: str) -> None:
+        self._client, self.uri = client, uri
+        self.backlog: Backlog | None = None
+        self._probed = 0.0
+        self._lock = threading.RLock()
+
+    @property
+    def waiting(self) -> int:
+        return self.backlog.waiting if self.backlog is not None else 0
+
+    def __getattr__(self, name: str) -> Any:
+        value = getattr(self._client, name)
+        if not callable(value) or (name not in WRITES and name not in EMPTY):
+            return value  # a call fltune's tracking does not make keeps its own errors
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            with self._lock:
+                if self.backlog is not None and time.monotonic() - self._probed > PROBE_EVERY_S:
+                    self.send()
+                if self.backlog is None:
+                    try:
+                        return value(*args, **kwargs)
+                    except Exception as err:
+                        if not unreachable(err):
+                            raise
+                        self._go_offline(err)
+                return self._kept(name, args, kwargs)
+
+        return call
+
+    def _go_offline(self, err: BaseException) -> None:
+        self.backlog = Backlog(backlog_folder() / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}-"
+                                                  f"{uuid.uuid4().hex[:4]}.jsonl", self.uri)
+        self._probed = time.monotonic()
+        _say(f"{self.uri} does not answer ({reason(err)}); training goes on, its tracking is kept in "
+             f"{self.backlog.path} and sent when the server is back (tried every {PROBE_EVERY_S:.0f} s)")
+
+    def _kept(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """An offline call: a write recorded (a new run or experiment answered with a stand-in), a read empty."""
+        if name not in WRITES:
+            return EMPTY[name]()
+        assert self.backlog is not None
+        now = int(time.time() * 1000)
+        if name == "create_run":
+            return self._stand_in_run(args, {"start_time": now, **kwargs})
+        if name == "set_terminated":
+            kwargs = {"end_time": now, **kwargs}
+        made = f"kept-{uuid.uuid4().hex}" if name == "create_experiment" else None
+        self.backlog.record(name, args, kwargs, made)
+        return made
+
+    def _stand_in_run(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """``create_run`` offline: recorded, answered by a run of a stand-in id the replay maps to the real one."""
+        from mlflow.entities import Run, RunData, RunInfo
+
+        assert self.backlog is not None
+        run_id = f"kept-{uuid.uuid4().hex}"
+        self.backlog.record("create_run", args, kwargs, run_id)
+        info = RunInfo(run_id=run_id, experiment_id=str(args[0]), user_id="", status="RUNNING",
+                       start_time=kwargs["start_time"], end_time=None, lifecycle_stage="active",
+                       run_name=kwargs.get("run_name"))
+        return Run(info, RunData())
+
+    def send(self) -> bool:
+        """Try to send the backlog now (whole, or until the store fails again); True when nothing is left."""
+        with self._lock:
+            if self.backlog is None:
+                return True
+            self._probed = time.monotonic()
+            try:
+                replay(self.backlog, self._client)
+            except Exception as err:
+                if not unreachable(err):
+                    raise
+                return False
+            self.backlog.remove()
+            self.backlog = None
+            _say(f"{self.uri} answers again: the kept tracking is sent")
+            return True
+
+
+def keeping(client: Any, uri: str) -> Any:
+    """``client`` of a store other than a sqlite file, as this process's :class:`KeepingClient` of ``uri`` (one per
+    store: one backlog in call order). The first also bounds MLflow's HTTP retries and sends the backlogs
+    earlier commands left in the folder (:func:`send_left`)."""
+    if sqlite_path(uri) is not None:
+        return client
+    if uri not in _clients:
+        for key, value in HTTP_LIMITS.items():
+            os.environ.setdefault(key, value)
+        _clients[uri] = KeepingClient(client, uri)
+        send_left(backlog_folder(), uri, client)
+    return _clients[uri]
+
+
+# ---------------------------------------------------------------------------------------------- sending
+def backlogs(path: Path) -> list[Path]:
+    """The backlog files at ``path``: the file itself, or those under a folder (a job's, ``tracking-backlog``)."""
+    if path.is_file():
+        return [path]
+    found = {*path.glob("*.jsonl"), *path.rglob(f"{FOLDER}/*.jsonl")} if path.is_dir() else set()
+    return sorted(found)
+
+
+def _opened(paths: list[Path]) -> Iterator[Backlog]:
+    """The backlogs no running command holds (each yielded under its lock)."""
+    for path in paths:
+        try:
+            yield Backlog(path)
+        except BlockingIOError:
+            _say(f"{path} is being written by a running command; left for later")
+
+
+def send_left(folder: Path, uri: str, client: Any) -> None:
+    """At a command's first write: the backlogs of ``uri`` that earlier commands left in ``folder``, sent
+    (cheap when there are none: one listing); a store that fails again leaves them for ``fltune sync``."""
+    for backlog in _opened(backlogs(folder)):
+        try:
+            if backlog.uri == uri:
+                _send_all(backlog, client, uri)
+        except Exception as err:
+            if not unreachable(err):
+                raise
+        finally:
+            backlog.handle.close()
+
+
+def _send_all(backlog: Backlog, client: Any, uri: str) -> None:
+    """A left backlog sent whole to ``client`` of ``uri``, its runs ended, the file removed; said in a line."""
+    calls = backlog.waiting
+    replay(backlog, client)
+    ended = end_left_running(backlog, client)
+    backlog.remove()
+    _say(f"sent {counted(calls, 'kept tracking call')} from {backlog.path} to {uri}"
+         + (f"; ended {counted(ended, 'run')} its command left RUNNING as KILLED" if ended else ""))
+
+
+def sync(path: str, uri: str | None = None) -> int:
+    """``fltune sync``: send the backlogs at ``path`` to the store each was kept for (``uri``: another one). 0 when
+    all are sent (or none was there), ``TEMPFAIL`` when a store still does not answer or a file is in use."""
+    from mlflow.tracking import MlflowClient
+
+    from fltune.errors import FLTuneError
+
+    if not Path(path).exists():
+        raise FLTuneError(f"sync {path}: no such file or folder; allowed: a backlog file or a folder holding one")
+    found = backlogs(Path(path))
+    for key, value in HTTP_LIMITS.items():
+        os.environ.setdefault(key, value)
+    left = len(found)
+    for backlog in _opened(found):
+        target = uri or backlog.uri
+        try:
+            _send_all(backlog, MlflowClient(target), target)
+            left -= 1
+        except Exception as err:
+            if not unreachable(err):
+                raise
+            _say(f"{target} does not answer ({reason(err)}); {counted(backlog.waiting, 'call')} of "
+                 f"{backlog.path} left for later")
+        finally:
+            backlog.handle.close()
+    if not found:
+        _say(f"no tracking backlog at {path}: nothing to send")
+    return TEMPFAIL if left else 0
+
+
+def outcome(code: int) -> int:
+    """A command's exit status once its tracking is settled: the backlogs still waiting are tried once more
+    (saying so: each call waits at most ``GIVE_UP_S``); what stays is one line naming the folder and the
+    command that sends it, and ``TEMPFAIL`` instead of 0."""
+    waiting = [client for client in _clients.values() if client.waiting]
+    if not waiting:
+        return code
+    for client in waiting:
+        _say(f"sending {counted(client.waiting, 'kept call')} to {client.uri} (giving up after {GIVE_UP_S} s "
+             "without an answer)")
+    left = [client for client in waiting if not client.send()]
+    if not left:
+        return code
+    folders = sorted({str(client.backlog.path.parent) for client in left if client.backlog is not None})
+    calls = sum(client.waiting for client in left)
+    print(f"fltune: tracking interrupted: {counted(calls, 'call')} the server did not take are kept in "
+          f"{', '.join(folders)}; send them with `fltune sync {folders[0]}` once "
+          f"{left[0].uri} answers", file=sys.stderr, flush=True)
+    return TEMPFAIL if code == 0 else code

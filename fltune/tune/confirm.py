@@ -1,0 +1,198 @@
+"""A study's last stage: its top configurations trained again, whole, on fresh seeds and with the test data. The
+winner is the best mean of the search's objective over those seeds; the test accuracy is read once, from these
+runs, beside the validation one. A configuration whose ±1 std interval over seeds overlaps the winner's is
+marked as within seed noise: its rank against the winner is the seeds' luck as much as its own."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from fltune.config import set_fields
+from fltune.tune.job import TuneJob
+from fltune.tune.space import Confirm, Objective, SearchSpace
+from fltune.tune.spec import SavedSpec, StudySpec, exists
+
+if TYPE_CHECKING:
+    from ray.tune import PlacementGroupFactory, Tuner
+    from rich.table import Table
+
+    from fltune.config import TrackingConfig
+    from fltune.tune.results import TrialRow
+
+FOLDER = "confirm"
+"""The confirmation's Tune job, inside the study folder."""
+
+
+def plan(space: SearchSpace, testing: bool) -> Confirm | None:
+    """What a study confirms: ``confirm``'s top and seeds; with ``confirm: none`` a validation study (one whose
+    base has test data: ``testing``) still reads the test data once, for its best configuration on the search's
+    seeds; a test-scored one, or one of several objectives (a Pareto front, no one winner), does nothing."""
+    if space.trade_off:
+        return None
+    if space.confirm != "none":
+        return space.confirm
+    return Confirm(top=1, seeds=space.seeds) if space.on_validation and testing else None
+
+
+class ConfirmSpec(SavedSpec):
+    """The confirmation job: the study, and its top configurations (JSON of their parameters), best first."""
+
+    study: StudySpec
+    cells: list[str]
+    top: int
+    seeds: int
+    first_seed: int
+    workers: int
+    gpus_per_worker: float | None
+
+    @classmethod
+    def of(cls, study: StudySpec, rows: list[TrialRow], confirm: Confirm) -> ConfirmSpec:
+        """Fresh seeds follow the search's, except when only the test data is read (``confirm: none``)."""
+        from fltune.tune.results import rank
+
+        ranked = [row for row in rank(rows, study.space.objective.direction) if row.scored][:confirm.top]
+        fresh = study.space.seeds if study.space.confirm != "none" else 0
+        return cls(name=FOLDER, storage=study.path, study=study, top=confirm.top, seeds=confirm.seeds,
+                   cells=[json.dumps(row.params, sort_keys=True) for row in ranked],
+                   first_seed=study.base_config.federation.seed + fresh, workers=study.workers,
+                   gpus_per_worker=study.gpus_per_worker)
+
+    @property
+    def tracking(self) -> TrackingConfig:
+        return self.study.tracking
+
+    @property
+    def max_concurrent(self) -> int:
+        return self.study.space.max_concurrent
+
+
+def test_objective(space: SearchSpace) -> Objective | None:
+    """The test metric beside a validation objective: the same accuracy on the test data, final value."""
+    if not space.on_validation:
+        return None
+    return Objective(metric=space.objective.metric.removeprefix("val_"), reduce="final")
+
+
+def run_confirmation(config: dict[str, Any], spec: ConfirmSpec) -> None:
+    """Tune entry point: one configuration (``config["cell"]``), every confirmation seed in lockstep."""
+    from fltune.tune.trainable import Cadence, run_federations, seed_configs
+
+    study = spec.study
+    tree = set_fields(study.base, {**json.loads(config["cell"]), "federation.seed": spec.first_seed})
+    if study.space.objective.reduce == "final":  # only the last round's scores count: evaluate only then
+        tree = set_fields(tree, {"metrics.every": study.rounds})
+    cfgs = seed_configs(tree, spec.seeds, spec.workers, spec.gpus_per_worker or 0.0)
+    test = test_objective(study.space)
+    run_federations(cfgs, study.space.objective, Cadence(study.space.checkpoint_every, study.space.checkpoint_seconds),
+                    extra=[test] if test else ())
+
+
+class Confirmation(TuneJob[ConfirmSpec]):
+    """The confirmation as a Tune job of cells: resumable, stopped and cleaned up as every fltune job is."""
+
+    what = "confirmation"
+    command = "tune"
+
+    def __init__(self, study: StudySpec, rows: list[TrialRow], confirm: Confirm, address: str | None,
+                 resume: str) -> None:
+        path = f"{study.path}/{FOLDER}"
+        super().__init__(argparse.Namespace(storage=study.path, address=address, resume=exists(path)))
+        self.study, self.search_rows, self.confirm, self.hint = study, rows, confirm, resume
+
+    def new_spec(self, storage: str) -> ConfirmSpec:
+        return ConfirmSpec.of(self.study, self.search_rows, self.confirm)
+
+    def saved_spec(self, storage: str) -> ConfirmSpec:
+        return ConfirmSpec.load(f"{storage}/{FOLDER}")
+
+    def experiment(self, spec: ConfirmSpec) -> dict[str, Any]:
+        return spec.study.base
+
+    def entry(self) -> Callable[[dict[str, Any], ConfirmSpec], None]:
+        return run_confirmation
+
+    def new_tuner(self, spec: ConfirmSpec, resources: PlacementGroupFactory) -> Tuner:
+        from fltune.tune.study import bound_trainable, grid_tuner
+
+        return grid_tuner(bound_trainable(self.entry(), spec, resources), spec.cells, spec, spec.max_concurrent, [])
+
+    def callbacks(self, spec: ConfirmSpec) -> list[Any]:
+        return []
+
+    def describe(self, spec: ConfirmSpec, nodes: int) -> str:
+        seeds = f"seed {spec.first_seed}" if spec.seeds == 1 else \
+            f"seeds {spec.first_seed}…{spec.first_seed + spec.seeds - 1}"
+        what = "with the test data" if spec.study.space.confirm == "none" else f"on {spec.seeds} fresh seed(s)"
+        return f"[bold]confirming[/] the top {len(spec.cells)} configuration(s) {what} ({seeds}), all rounds"
+
+    def resume_command(self, spec: ConfirmSpec) -> str:
+        return self.hint
+
+    def conclude(self, spec: ConfirmSpec, rows: list[TrialRow]) -> int:
+        from fltune.tune.results import unfinished
+
+        self.confirmed = confirmed(spec, rows)
+        return 130 if unfinished(rows, len(spec.cells)) else 0
+
+
+@dataclass
+class Confirmed:
+    """One configuration after the confirmation: its objective, and with a validation objective its test
+    accuracy, as mean and std over the seeds."""
+
+    params: dict[str, Any]
+    mean: float
+    std: float
+    test_mean: float | None
+    test_std: float | None
+    within_noise: bool = False
+
+    @property
+    def gap(self) -> float | None:
+        """Test minus validation: how far the selection score was from the data it never saw."""
+        return None if self.test_mean is None else self.test_mean - self.mean
+
+
+def confirmed(spec: ConfirmSpec, rows: list[TrialRow]) -> list[Confirmed]:
+    """The scored configurations, the winner first, each marked when within seed noise of it."""
+    from fltune.tune.results import rank
+    from fltune.tune.trainable import objective_key
+
+    test = test_objective(spec.study.space)
+    key = test and objective_key(test)
+    out = [Confirmed(params=json.loads(row.params["cell"]), mean=row.objective, std=row.objective_std,
+                     test_mean=row.metrics.get(f"objective:{key}") if key else None,
+                     test_std=row.metrics.get(f"objective_std:{key}") if key else None)
+           for row in rank(rows, spec.study.space.objective.direction) if row.scored]
+    for other in out[1:]:
+        other.within_noise = abs(out[0].mean - other.mean) <= out[0].std + other.std
+    return out
+
+
+def confirmed_table(spec: ConfirmSpec, rows: list[Confirmed]) -> Table:
+    """Mean ± std over seeds per configuration, validation and test side by side with their gap."""
+    from rich.table import Table
+
+    from fltune.tune.board import shown
+
+    space = spec.study.space
+    table = Table(title=f"confirmed: top {len(rows)} over {spec.seeds} seed(s), winner by the mean")
+    for name in space.params:
+        table.add_column(name, justify="right")
+    table.add_column(f"{space.objective.metric} ({space.objective.reduce})", justify="right")
+    if space.on_validation:
+        table.add_column(f"{space.objective.metric.removeprefix('val_')} (test, final)", justify="right")
+        table.add_column("gap (test − val)", justify="right")
+    table.add_column("")
+    for i, row in enumerate(rows):
+        cells = [shown(row.params.get(name, "—")) for name in space.params]
+        cells.append(f"{row.mean:.4f} ± {row.std:.4f}")
+        if space.on_validation:
+            cells += [f"{row.test_mean:.4f} ± {row.test_std:.4f}", f"{row.gap:+.4f}"]
+        cells.append("winner" if i == 0 else "≈ within seed noise" if row.within_noise else "")
+        table.add_row(*cells)
+    return table

@@ -1,0 +1,71 @@
+"""bench/tuning_quality.py: the replay's regret arithmetic on a hand-made two-configuration table."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from fltune.tune.space import Objective
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+sys.path.insert(0, str(BENCH))
+import tuning_quality as tq  # noqa: E402
+
+# lr 0.01 wins on validation (0.9) but tests at 0.6; lr 0.1 tests best (0.7); every round costs 100 samples.
+TABLE = """# hand-made
+training.lr,seed,round,client_samples,val,test,status
+0.01,0,1,100,0.5,0.4,running
+0.01,0,2,100,0.9,0.6,finished
+0.1,0,1,100,0.6,0.5,running
+0.1,0,2,100,0.8,0.7,finished
+0.1,1,1,100,0.6,0.5,running
+"""
+OBJECTIVE = Objective(metric="val_acc_global", reduce="best")
+
+
+def approx(pairs: list[tuple[float, float]]) -> list:
+    """Regret pairs compared to float rounding (pytest.approx takes no nested tuples)."""
+    return [pytest.approx(pair) for pair in pairs]
+
+
+def toy(tmp_path: Path, values: list[float]) -> tuple[tq.Problem, dict[int, tq.SeedTable]]:
+    """The table's problem, its tuners restricted to the lr ``values`` (a choice snaps to itself)."""
+    problem = tq.Problem("toy", (), {"training.lr": (0.01, 0.1)}, "acc_global",
+                         {"training.lr": {"type": "choice", "values": values}})
+    path = tmp_path / "toy.csv"
+    path.write_text(TABLE)
+    return problem, tq.load_tables(problem, path)
+
+
+def test_complete_seeds_only_and_the_grid_winner(tmp_path: Path) -> None:
+    """Seed 1 lacks a configuration and is left out; the winner is chosen on validation, not test."""
+    _, tables = toy(tmp_path, [0.1])
+    assert list(tables) == [0]
+    table = tables[0]
+    assert table.budget() == 400 and table.rounds == 2
+    assert table.winner(OBJECTIVE) == (0.01,)
+    assert tq.regrets(table, [(0.01,), (0.1,), None], OBJECTIVE) == approx([(0.0, 10.0), (-10.0, 0.0), (0.0, 10.0)])
+
+
+def test_replay_picks_by_budget(tmp_path: Path) -> None:
+    """Two trials of lr 0.1 run at once. By 10 % (40 samples) no round has ended: no pick, charged the worst
+    configuration (0.6). By 50 % (200) both have one round, and the study ended there returns lr 0.1: 10 points
+    better than the grid's validation winner, level with the oracle; so too at 100 %."""
+    problem, tables = toy(tmp_path, [0.1])
+    tuner = tq.Tuner("random", sampler="random", scheduler="none")
+    picks = tq.replay(problem, tables[0], tuner, seed=3, fractions=[0.1, 0.5, 1.0])
+    assert picks == [None, (0.1,), (0.1,)]
+    assert tq.regrets(tables[0], picks, OBJECTIVE) == approx([(0.0, 10.0), (-10.0, 0.0), (-10.0, 0.0)])
+
+
+def test_default_tuner_replays_with_asha(tmp_path: Path) -> None:
+    """The shipped default (TPE + ASHA, fltune's own searcher and scheduler) runs on the table; seen both
+    configurations, it returns the validation winner."""
+    problem, tables = toy(tmp_path, [0.01, 0.1])
+    picks = tq.replay(problem, tables[0], tq.default_tuner(), seed=0, fractions=[1.0])
+    assert picks in ([(0.01,)], [(0.1,)])
+    studies = tq.study_regrets(problem, tables, tq.default_tuner())
+    assert len(studies) == tq.TUNER_SEEDS and all(len(s) == len(tq.FRACTIONS) for s in studies)
+    assert min(s[-1][0] for s in studies) >= -10.0 - 1e-9
