@@ -117,7 +117,7 @@ def method_card(cls: type) -> str:
     return "\n".join([
         f"{cls.name} — {paper(cls) or 'no paper named'}", "", " ".join((cls.__doc__ or "").split()), "",
         "parameters (default):", *(params or ["  none"]),
-        f"cost: {cls.stored_models:g} model-sized tensors held by a training client, "
+        f"cost: {cls.stored_models:g} model-sized tensor(s) held by a training client, "
         f"{cls.passes_per_step:g} forward+backward pass(es) per local step",
         f"personalised: {'yes' if is_personalised(cls) else 'no'}; "
         f"batched executor: {'yes' if has_functional_step(cls) else 'no'}",
