@@ -17,7 +17,7 @@ from fltune.cli import main
 from fltune.config import TrackingConfig
 from fltune.tracking import backlog
 from fltune.tracking.backlog import TEMPFAIL, backlogs, keep_in, outcome, sync
-from fltune.tracking.mlflow_log import Tracker
+from fltune.tracking.mlflow_log import Tracker, mlflow_key
 from tests.test_cli import TINY, wait_for
 from tests.tracking.conftest import TrackingServer
 from tests.tune.helpers import REPO, finished, study_runs, write_space
@@ -25,7 +25,7 @@ from tests.tune.test_cluster import free_port
 
 
 def steps(client: MlflowClient, run_id: str, key: str) -> list[int]:
-    return sorted(m.step for m in client.get_metric_history(run_id, key))
+    return sorted(m.step for m in client.get_metric_history(run_id, mlflow_key(key)))
 
 
 def fltune_lines(text: str) -> list[str]:
