@@ -61,10 +61,11 @@ TINY: dict[str, Any] = {
 """Two clients a round on the synthetic data, as dotted fields."""
 
 
-def write_method(folder: Path) -> Path:
-    """``smooth.py`` (class ``LabelSmooth``) in ``folder``."""
+def write_method(folder: Path, module: str = "smooth") -> Path:
+    """``smooth.py`` (class ``LabelSmooth``) in ``folder``; another ``module`` name where a test process may
+    have imported a ``smooth`` already (fltune refuses a second module of one name)."""
     folder.mkdir(parents=True, exist_ok=True)
-    path = folder / "smooth.py"
+    path = folder / f"{module}.py"
     path.write_text(SMOOTH)
     return path
 

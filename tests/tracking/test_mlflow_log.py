@@ -74,5 +74,5 @@ def test_a_failed_run_shows_its_error_and_a_users_method_its_name(tracker: Track
     run = tracker.client.get_run(run_id)
     assert run.info.status == "FAILED" and run.data.tags[ERROR] == run.data.tags[NOTE] == (
         "RuntimeError: grad can be implicitly created only for scalar outputs")
-    method = f"{write_method(tmp_path)}:LabelSmooth"
+    method = f"{write_method(tmp_path, 'named_smooth')}:LabelSmooth"
     assert run_name(build_config(overrides=[f"method.name={method}"])).startswith("label_smooth · ")
