@@ -50,14 +50,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(cfg.to_yaml(), end="")
         return 0
     check_here(cfg.data.dataset, cfg.data.root, cfg.data.download)  # before torch and Ray: one line at once
-    if args.plan:
-        from fltune.estimate import print_plan
-        from fltune.metrics.probe import unmeasured_protocols
-
-        return print_plan(f"plan: run {cfg.method.name}", [(cfg.method.name, cfg.model_dump(mode="json"), 1)],
-                          cfg.resources.address, None, [f"not measured: {idle}" for idle in unmeasured_protocols(cfg)])
     from fltune.api import run
 
+    if args.plan:
+        return run(cfg, plan=True).print()
     if args.json_out:
         check_json_out(args.json_out)
     summary = run(cfg).metrics

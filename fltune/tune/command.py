@@ -19,6 +19,7 @@ from fltune.text import invoked_as
 from fltune.tune.job import TuneJob
 
 if TYPE_CHECKING:  # the command's heavy imports (Ray Tune, MLflow) wait until it runs
+    from fltune.estimate import Plan
     from ray.tune import PlacementGroupFactory, Tuner
 
     from fltune.tune.results import TrialRow
@@ -58,16 +59,19 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
-    """A study, or its plan; a bad space file is one line before Ray, torch or the methods load."""
+    """A study, or its plan."""
+    checked(args)
+    return job_plan(args).print() if args.plan else Study(args).run()
+
+
+def checked(args: argparse.Namespace) -> None:
+    """A bad space file or a missing dataset is one line before Ray, torch or the methods load."""
     from fltune.config import read_yaml
 
     if args.space:
         space = read_yaml(args.space)
         if not args.resume:
             check_data_here(space, args.overrides)
-    if args.plan:
-        return show_plan(args)
-    return Study(args).run()
 
 
 def check_data_here(space: dict, overrides: list[str]) -> None:
@@ -249,10 +253,10 @@ def confirm_flag(text: str | None) -> dict[str, int] | str | None:
     return {"top": int(top), "seeds": int(seeds)}
 
 
-def show_plan(args: argparse.Namespace) -> int:
+def job_plan(args: argparse.Namespace) -> Plan:
     """``--plan``: the trials at their base settings and their cost (an upper bound under ASHA); writes nothing."""
     from fltune.config import build_config, set_fields
-    from fltune.estimate import print_plan
+    from fltune.estimate import Plan
     from fltune.tune.confirm import plan
     from fltune.tune.space import without_test
     from fltune.tune.study import resolve_space
@@ -265,8 +269,8 @@ def show_plan(args: argparse.Namespace) -> int:
         fresh = set_fields(tree, {"federation.seed": build_config(tree).federation.seed + space.seeds})
         trials.append((f"{method}: confirm top {confirm.top} × {confirm.seeds} seed(s)", fresh,
                        confirm.top * confirm.seeds))
-    return print_plan(f"plan: tune {method}", trials, args.address or tree.get("resources", {}).get("address"),
-                      space.max_concurrent, notes)
+    return Plan.of(f"plan: tune {method}", trials, args.address or tree.get("resources", {}).get("address"),
+                   space.max_concurrent, notes)
 
 
 def write_best(spec: StudySpec, text: str, best_out: str | None) -> str:
