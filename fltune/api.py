@@ -67,6 +67,10 @@ def run(cfg: ExperimentConfig | str | Path, *, plan: bool = False, progress: boo
     ``tracking.enabled`` is false. Checks everything before Ray starts; leaves no Ray it started running.
     ``plan=True``: the :class:`fltune.estimate.Plan` instead (``str()`` is what ``fltune run --plan`` prints)."""
     from fltune.config import ExperimentConfig
+    from fltune.data.locations import check_here
+
+    cfg = cfg if isinstance(cfg, ExperimentConfig) else ExperimentConfig.from_yaml(cfg)
+    check_here(cfg.data.dataset, cfg.data.root, cfg.data.download)  # before torch and Ray: one line at once
     from fltune.engine.callbacks import Callback
     from fltune.metrics.probe import check_probes, unmeasured_protocols
     from fltune.text import counted
@@ -82,7 +86,6 @@ def run(cfg: ExperimentConfig | str | Path, *, plan: bool = False, progress: boo
         def on_round(self, fed: Federation, metrics: dict[str, float]) -> None:
             self.rounds.append(dict(metrics))
 
-    cfg = cfg if isinstance(cfg, ExperimentConfig) else ExperimentConfig.from_yaml(cfg)
     if plan:
         from fltune.estimate import Plan
 

@@ -21,7 +21,6 @@ from rich.table import Table
 from fltune.cli_args import add_experiment_args, experiment_overrides
 from fltune.compare.command import add_parser as add_compare_parser
 from fltune.compare.command import cmd_compare
-from fltune.data.locations import check_here
 from fltune.errors import FLTuneError, WriteFailed
 from fltune.examples import EXAMPLES
 from fltune.folders import failed_write, make_out, said
@@ -49,7 +48,6 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.print_config:
         print(cfg.to_yaml(), end="")
         return 0
-    check_here(cfg.data.dataset, cfg.data.root, cfg.data.download)  # before torch and Ray: one line at once
     from fltune.api import run
 
     if args.plan:

@@ -279,9 +279,12 @@ class Plan:
         return 0
 
     def __str__(self) -> str:
+        """The text ``print()`` shows, at the width of the terminal it would go to."""
         from rich.console import Console
 
-        out = Console(width=120, record=True, file=io.StringIO())
+        from fltune.tracking.progress import listing
+
+        out = Console(width=listing.width, record=True, file=io.StringIO())
         for line in self.lines():
             out.print(line, highlight=False)
         return out.export_text()

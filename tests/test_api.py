@@ -156,6 +156,8 @@ def test_a_users_method_runs_alike_on_one_and_two_workers(tmp_path: Path) -> Non
 @pytest.mark.slow
 @pytest.mark.extended
 def test_a_users_method_is_tuned_and_compared(tmp_path: Path) -> None:
+    import pandas
+
     folder = tmp_path / "mine"
     write_method(folder)
     space = write_space(folder, "./smooth.py:LabelSmooth")  # beside the method, relative to the space
@@ -163,10 +165,12 @@ def test_a_users_method_is_tuned_and_compared(tmp_path: Path) -> None:
     assert study.code == 0 and len(study.trials) == 2 and {t.status for t in study.trials} == {"finished"}
     assert study.best is not None and study.best.method.name == f"{folder / 'smooth.py'}:LabelSmooth"
 
-    overrides = [f"{key}={value}" for key, value in {**TINY, "federation.rounds": 1, "resources.workers": 1,
-                                                                 "tracking.enabled": False}.items()]
-    comparison = fltune.compare([f"{folder / 'smooth.py'}:LabelSmooth", "fedavg"], seeds=2, overrides=overrides,
+    fields = {**TINY, "federation.rounds": 1, "resources.workers": 1, "tracking.enabled": False}
+    comparison = fltune.compare([f"{folder / 'smooth.py'}:LabelSmooth", "fedavg"], seeds=2, set=fields,
                                 storage=str(tmp_path / "jobs"), name="cmp", out=str(tmp_path / "out"), progress=False)
     assert comparison.code == 0 and len(comparison.trials) == 4
+    assert comparison.out == str(tmp_path / "out")  # the folder holding compare.csv, whose rows the table is
+    assert comparison.to_pandas().equals(pandas.read_csv(tmp_path / "out" / "compare.csv"))
+    assert len(comparison.to_pandas()) == 2  # a row per method
     assert sorted(p.name for p in (tmp_path / "out" / "configs").iterdir()) == ["fedavg.yaml", "smooth.LabelSmooth.yaml"]
     assert "smooth.py:LabelSmooth" in (tmp_path / "out" / "compare.md").read_text()
