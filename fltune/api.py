@@ -182,10 +182,6 @@ def _load_data(cfg: ExperimentConfig) -> FederatedData:
 
 
 # ------------------------------------------------------------------------------------------ the jobs
-Sets = Mapping[str, Any] | Sequence[str] | None
-"""``set=``, the Python name of ``--set``: ``{"method.mu": 0.1}`` or ``["method.mu=0.1"]`` (dotted config fields)."""
-
-
 @dataclass
 class JobResult:
     """A Tune job's outcome: ``code`` the exit status (0 done, 1 nothing scored or a trial failed, 130
@@ -216,9 +212,10 @@ class CompareResult(JobResult):
         return pandas.read_csv(table)
 
 
-def tune(space: str | Path | None = None, *, method: str | None = None, set: Sets = None,
-         num_samples: int | None = None, max_concurrent: int | None = None, seeds: int | None = None,
-         confirm: str | None = None, warm_start: str | None = None, name: str | None = None,
+def tune(space: str | Path | None = None, *, method: str | None = None,
+         set: Mapping[str, Any] | Sequence[str] | None = None, num_samples: int | None = None,
+         max_concurrent: int | None = None, seeds: int | None = None, confirm: str | None = None,
+         warm_start: str | None = None, name: str | None = None,
          storage: str | None = None, address: str | None = None, resume: bool = False, best_out: str | None = None,
          checkpoint_every: int | None = None, checkpoint_seconds: float | None = None, plan: bool = False,
          progress: bool = True) -> JobResult | Plan:
@@ -247,9 +244,10 @@ def tune(space: str | Path | None = None, *, method: str | None = None, set: Set
     return JobResult(code, job.spec.name, job.spec.path, job.rows, best)
 
 
-def compare(methods: str | Sequence[str] | None = None, *, config: str | Path | None = None, set: Sets = None,
-            seeds: int = 3, tune_budget: int | None = None, max_concurrent: int | None = None,
-            name: str | None = None, storage: str | None = None, out: str | Path | None = None,
+def compare(methods: str | Sequence[str] | None = None, *, config: str | Path | None = None,
+            set: Mapping[str, Any] | Sequence[str] | None = None, seeds: int = 3, tune_budget: int | None = None,
+            max_concurrent: int | None = None, name: str | None = None, storage: str | None = None,
+            out: str | Path | None = None,
             address: str | None = None, resume: bool = False, checkpoint_every: int | None = None,
             checkpoint_seconds: float | None = None, plan: bool = False, progress: bool = True) -> CompareResult | Plan:
     """Methods compared on one setting over seeds, as ``fltune compare`` (each keyword is the flag of that name).
@@ -279,9 +277,10 @@ def compare(methods: str | Sequence[str] | None = None, *, config: str | Path | 
 
 
 def reproduce(table: str, *, datasets: str | Sequence[str] | None = None, rows: str | Sequence[str] | None = None,
-              scale: str = "quick", seeds: int = 1, set: Sets = None, max_concurrent: int | None = None,
-              name: str | None = None, storage: str | None = None, out: str | Path | None = None,
-              address: str | None = None, resume: bool = False, checkpoint_every: int | None = None,
+              scale: str = "quick", seeds: int = 1, set: Mapping[str, Any] | Sequence[str] | None = None,
+              max_concurrent: int | None = None, name: str | None = None, storage: str | None = None,
+              out: str | Path | None = None, address: str | None = None, resume: bool = False,
+              checkpoint_every: int | None = None,
               checkpoint_seconds: float | None = None, plan: bool = False, progress: bool = True) -> JobResult | Plan:
     """A paper table's cells, as ``fltune reproduce`` (each keyword is the flag of that name), e.g.
     ``reproduce("fedsol-table2", datasets=["fmnist"], scale="quick")``.

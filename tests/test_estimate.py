@@ -252,7 +252,8 @@ def test_plan_true_returns_the_plan_the_command_prints(job, mlflow_uri, wide, tm
         pytest.skip("needs FMNIST")
     call, flags = plan_calls(job, tmp_path)
     plan = call(plan=True)
-    assert isinstance(plan, Plan) and plan.title.startswith("plan: " + ("simfafl:table2" if job == "reproduce" else job))
+    title = "plan: " + ("simfafl:table2" if job == "reproduce" else job)
+    assert isinstance(plan, Plan) and plan.title.startswith(title)
     assert main([*flags, "--plan"]) == 0
     assert capsys.readouterr().out == str(plan) and plan.estimate.samples > 0
     assert_wrote_nothing(tmp_path)
