@@ -71,6 +71,7 @@ def run(cfg: ExperimentConfig | str | Path, *, plan: bool = False, progress: boo
 
     cfg = cfg if isinstance(cfg, ExperimentConfig) else ExperimentConfig.from_yaml(cfg)
     check_here(cfg.data.dataset, cfg.data.root, cfg.data.download)  # before torch and Ray: one line at once
+    cfg = ExperimentConfig(**cfg.model_dump())  # whole again: a rule between fields an edit of one can break
     from fltune.engine.callbacks import Callback
     from fltune.metrics.probe import check_probes, unmeasured_protocols
     from fltune.text import counted

@@ -87,6 +87,13 @@ def test_editing_a_config_checks_the_field_at_once(part: str, field: str, value:
     assert (cfg.method.params.mu, cfg.federation.rounds, cfg.method.model_extra) == (0.3, 4, {"mu": 0.3})
 
 
+def test_an_edit_that_breaks_a_rule_between_fields_fails_before_ray() -> None:
+    cfg = fltune.Config(**TINY)
+    cfg.metrics.test = False  # a valid field, but nothing left to evaluate without a validation split
+    with pytest.raises(FLTuneError, match=r"^config error: metrics.test: false leaves nothing to evaluate"):
+        fltune.run(cfg, progress=False)  # raised by the config's own check, which run makes before Ray starts
+
+
 @pytest.mark.slow
 def test_import_fltune_loads_no_torch_or_ray() -> None:
     code = "import sys, fltune; fltune.Config; print(sorted({'torch', 'ray'} & set(sys.modules)))"
