@@ -223,8 +223,8 @@ def snap(problem: Problem, config: dict[str, float]) -> tuple[float, ...]:
 
 @dataclass(frozen=True)
 class Tuner:
-    """A tuner as a study would be set: sampler, scheduler and their settings. ``startup`` None and
-    ``multivariate`` false are fltune's own searcher (``make_searcher``, Optuna's default start-up)."""
+    """A tuner as a study would be set: sampler, scheduler and their settings, all of them a space's own
+    (``startup`` None: the space's default TPE start-up)."""
 
     name: str
     sampler: str = "tpe"
@@ -240,11 +240,12 @@ class Tuner:
 
 def default_tuner() -> Tuner:
     """What ``tune`` does with a space file that leaves the settings out (``fltune.tune.space``'s defaults)."""
-    from fltune.tune.space import Asha, SearchSpace
+    from fltune.tune.space import Asha, Sampler, SearchSpace
 
     return Tuner("default", grace=Asha.model_fields["grace_period"].default,
                  reduction=Asha.model_fields["reduction_factor"].default,
-                 samples=SearchSpace.model_fields["num_samples"].default)
+                 samples=SearchSpace.model_fields["num_samples"].default,
+                 startup=Sampler.model_fields["n_startup_trials"].default)
 
 
 def tuners() -> list[Tuner]:
@@ -258,30 +259,16 @@ def tuners() -> list[Tuner]:
 
 
 def study_space(problem: Problem, tuner: Tuner, seed: int):
-    """The tuner's search space as fltune validates it (objective: best validation accuracy so far)."""
+    """The tuner's search space as fltune validates it (objective: validation accuracy, reduced as the shipped
+    spaces do, i.e. the space's default ``reduce``)."""
     from fltune.tune.space import SearchSpace
 
     scheduler = {"name": "asha", "grace_period": tuner.grace, "reduction_factor": tuner.reduction} \
         if tuner.scheduler == "asha" else {"name": "none"}
     return SearchSpace.model_validate({
-        "params": problem.space, "objective": {"metric": f"val_{problem.metric}", "reduce": "best"},
-        "sampler": {"name": tuner.sampler, "seed": seed}, "scheduler": scheduler, "max_concurrent": 2})
-
-
-def searcher_for(space, tuner: Tuner):
-    """fltune's searcher; a start-up count or a multivariate TPE (neither a space setting) builds the same
-    ``FLOptunaSearch`` on that sampler."""
-    import optuna
-
-    from fltune.tune.search import DefineByRun, FLOptunaSearch, make_searcher
-
-    if tuner.startup is None and not tuner.multivariate:
-        return make_searcher(space)
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    sampler = optuna.samplers.TPESampler(seed=space.sampler.seed, n_startup_trials=tuner.startup or 10,
-                                         multivariate=tuner.multivariate)
-    return FLOptunaSearch(space=DefineByRun(space), metric="objective", mode=space.objective.direction,
-                          sampler=sampler)
+        "params": problem.space, "objective": {"metric": f"val_{problem.metric}"},
+        "sampler": {"name": tuner.sampler, "seed": seed, "multivariate": tuner.multivariate,
+                    **({} if tuner.startup is None else {"n_startup_trials": tuner.startup})}, "scheduler": scheduler, "max_concurrent": 2})
 
 
 def scheduler_for(space, tuner: Tuner, rounds: int):
@@ -323,11 +310,12 @@ def replay(problem: Problem, table: SeedTable, tuner: Tuner, seed: int,
     from ray.tune.schedulers import TrialScheduler
 
     from fltune.tune.results import TrialRow, best
+    from fltune.tune.search import optuna_search
     from fltune.tune.trainable import seed_score
 
     np.random.seed(seed)  # ASHA draws each trial's bracket from NumPy's global generator
     space = study_space(problem, tuner, seed)
-    searcher, scheduler = searcher_for(space, tuner), scheduler_for(space, tuner, table.rounds)
+    searcher, scheduler = optuna_search(space), scheduler_for(space, tuner, table.rounds)
     objective, mode = space.objective, space.objective.direction
     budget = table.budget()
     rows: dict[str, TrialRow] = {}
@@ -399,7 +387,7 @@ def study_regrets(problem: Problem, tables: dict[int, SeedTable], tuner: Tuner) 
     """``TUNER_SEEDS`` studies of ``tuner`` (study k on the table's seed k mod n): per study, per fraction."""
     from fltune.tune.space import Objective
 
-    objective = Objective(metric=f"val_{problem.metric}", reduce="best")
+    objective = Objective(metric=f"val_{problem.metric}")
     seeds = sorted(tables)
     out = []
     for k in range(TUNER_SEEDS):

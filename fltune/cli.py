@@ -24,6 +24,7 @@ from fltune.compare.command import cmd_compare
 from fltune.errors import FLTuneError, WriteFailed
 from fltune.examples import EXAMPLES
 from fltune.folders import failed_write, make_out, said
+from fltune.plugins import user_fault
 from fltune.process import (
     exit_now, forget_stops, handle_stop_signals, interrupted, quiet_libraries, stop_status,
 )
@@ -110,7 +111,7 @@ def method_card(cls: type) -> str:
     return "\n".join([
         f"{cls.name} — {paper(cls) or 'no paper named'}", "", " ".join((cls.__doc__ or "").split()), "",
         "parameters (default):", *(params or ["  none"]),
-        f"cost: {cls.stored_models:g} model-sized tensors held by a training client, "
+        f"cost: {cls.stored_models:g} model-sized tensor(s) held by a training client, "
         f"{cls.passes_per_step:g} forward+backward pass(es) per local step",
         f"personalised: {'yes' if is_personalised(cls) else 'no'}; "
         f"batched executor: {'yes' if has_functional_step(cls) else 'no'}",
@@ -171,10 +172,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"fltune: {err}", file=sys.stderr)
         return 2
     except Exception as err:  # a write that failed (a full disk): a job's line says how to continue it
-        if (failed := failed_write(err)) is None:
+        if (failed := failed_write(err)) is not None:
+            print(f"fltune: {said(failed)}", file=sys.stderr, flush=True)
+            return WriteFailed.STATUS
+        if (fault := user_fault(err)) is None:  # the user's own code: their file:line, no traceback
             raise
-        print(f"fltune: {said(failed)}", file=sys.stderr, flush=True)
-        return WriteFailed.STATUS
+        print(f"fltune: {fault}", file=sys.stderr, flush=True)
+        return 1
     except KeyboardInterrupt:
         print(f"fltune: {interrupted()}", file=sys.stderr)  # nothing to continue (a job says its resume line)
         return stop_status()

@@ -30,3 +30,15 @@ class WriteFailed(Exception):
         room = f" ({self.free})" if self.free else ""
         then = f"continue it with: {self.resume}" if self.resume else "run it again"
         return f"cannot write {self.path or 'a file'}: {self.reason}{room}; make room, then {then}"
+
+
+class UserCodeError(Exception):
+    """The user's own method broke its contract (``local_loss`` returned per-sample losses): one line naming their
+    file:line and the error; the CLI exits 1 without a traceback (``plugins.user_fault``)."""
+
+
+def defined_at(function: object) -> str:
+    """``file:line`` where ``function`` is defined (the user's hook an error names)."""
+    import inspect
+
+    return f"{inspect.getsourcefile(function)}:{inspect.getsourcelines(function)[1]}"  # type: ignore[arg-type]

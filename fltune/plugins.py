@@ -12,13 +12,14 @@ import importlib.util
 import re
 import sys
 import sysconfig
+import traceback
 from functools import cache
 from importlib.metadata import EntryPoint, entry_points
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Literal
 
-from fltune.errors import FLTuneError
+from fltune.errors import FLTuneError, UserCodeError
 from fltune.text import allowed
 
 Kind = Literal["method", "model", "dataset"]
@@ -129,6 +130,24 @@ def _import_file(path: Path) -> ModuleType:
         del sys.modules[name]
         raise
     return module
+
+
+_FRAME = re.compile(r'File "([^"]+)", line (\d+)')
+
+
+def user_fault(error: BaseException) -> str | None:
+    """One line for an error of the user's own code, raised in the driver or a Ray worker (whose exception Ray
+    wraps: ``cause``, ``traceback_str``): a broken contract (``UserCodeError``), else the error at the deepest frame
+    in a file loaded by reference; None for an error that never passed through the user's code."""
+    cause = getattr(error, "cause", None) or error
+    if isinstance(cause, UserCodeError):
+        return str(cause.args[0])
+    trace = getattr(error, "traceback_str", None) or "".join(traceback.format_exception(error))
+    files = {str(item) for item in _LOADED.values() if isinstance(item, Path)}
+    frames = [frame for frame in _FRAME.findall(trace) if frame[0] in files]
+    if not frames:
+        return None
+    return f"{frames[-1][0]}:{frames[-1][1]}: {type(cause).__name__}: {cause}"
 
 
 def shipped() -> list[str | ModuleType]:

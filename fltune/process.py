@@ -95,6 +95,8 @@ def _superseded_sync(error: BaseException, frames: list[str]) -> bool:
 
 NOISE: dict[str, tuple[Rule, ...]] = {
     "ray._private.authentication.authentication_token_setup": ((("Token authentication is enabled",), None),),
+    # the error of a pool call left unread: the command ended on its first error, or a stop (``WorkerPool.shutdown``)
+    "ray._private.worker": ((("Unhandled error",), None),),
     "ray.tune.tune": (
         # fltune prints its own stop advice and resume command
         (("Stop signal received", "Experiment has been interrupted"), None),

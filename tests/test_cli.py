@@ -107,7 +107,7 @@ def test_methods_shows_one_methods_card(capsys):
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == "fedprox — Li et al., 2020" and "  mu = 1.0 (float)  proximal weight μ; default FedSOL's " \
         "1.0 (FedAlign uses 1e-4)" in lines
-    assert "cost: 2 model-sized tensors held by a training client, 1 forward+backward pass(es) per local step" in lines
+    assert "cost: 2 model-sized tensor(s) held by a training client, 1 forward+backward pass(es) per local step" in lines
     assert main(["methods", "fedproz"]) == 2
     assert capsys.readouterr().err.strip() == ("fltune: method.name: unknown method 'fedproz'; "
                                                "did you mean fedprox or fedper?")

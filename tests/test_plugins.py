@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from mlflow.tracking import MlflowClient
 
 import fltune
 from fltune.cli import main
@@ -113,9 +114,9 @@ def test_a_study_of_a_method_one_folder_down_finds_it_and_fails_when_a_trial_did
     survivor best. The reference is made absolute as the study is created (the saved study keeps it); a trial that
     raises (here eps > 0.2: the seeded sampler draws 0.1646, then 0.2146) ends the study with a line naming it,
     exit 1 and its MLflow parent FAILED."""
+    fails = "        if self.params.eps > 0.2:\n            raise ValueError('too smooth')\n"
     (user_code / "smooth.py").write_text(SMOOTH.replace(
-        "    def local_loss(self, batch):\n",
-        "    def local_loss(self, batch):\n        if self.params.eps > 0.2:\n            raise ValueError('too smooth')\n"))
+        "    def local_loss(self, batch):\n", "    def local_loss(self, batch):\n" + fails))
     space = write_space(tmp_path, "./mine/smooth.py:LabelSmooth")
     monkeypatch.chdir(tmp_path.parent)
     args = ["tune", "--space", str(space), "--storage", str(tmp_path), "--name", "s", "--set", "tracking.enabled=true"]
@@ -128,6 +129,32 @@ def test_a_study_of_a_method_one_folder_down_finds_it_and_fails_when_a_trial_did
     failed = [c.data.tags["fltune.trial_id"] for c in children if c.data.tags["fltune.status"] == "failed"]
     assert err.splitlines()[-1] == f"fltune: 1 of 2 trials failed ({failed[0]}); their errors are above", err
     assert parent.info.status == "FAILED" and parent.data.tags["fltune.trials_failed"] == "1"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("where", ["worker", pytest.param("driver", marks=pytest.mark.extended)])
+def test_a_bug_in_the_users_loss_is_one_line_naming_their_file(
+        ray_session, user_code: Path, where: str, mlflow_uri: str, capsys) -> None:
+    """Issue 78: per-sample losses from ``local_loss`` ended in torch's 53-line traceback ("grad can be implicitly
+    created only for scalar outputs") without the user's file; an error raised in their code likewise. Now one line
+    with their file:line, exit 1, the run FAILED, whether a Ray worker or the driver's own share trained it."""
+    (user_code / f"persample_{where}.py").write_text(SMOOTH.replace("return batch_mean(per_sample, batch.mask), logits",
+                                                           "return per_sample, logits"))
+    (user_code / f"raises_{where}.py").write_text(SMOOTH.replace(
+        "        logits = batch.forward", "        raise KeyError('oops')\n        logits = batch.forward"))
+    tiny = [f"--set={key}={value}" for key, value in {**TINY, "federation.rounds": 1}.items()]
+    share = ["--set=resources.workers=2", "--set=resources.driver_worker=true"] if where == "driver" else []
+    for file, line, error in [
+            (f"persample_{where}.py", 20, "LabelSmooth.local_loss returned a loss of shape [64], not one number "
+                                          "(grad can be implicitly created only for scalar outputs)"),
+            (f"raises_{where}.py", 21, "KeyError: 'oops'")]:
+        assert main(["run", "--method", f"./{file}:LabelSmooth", *tiny, *share]) == 1, capsys.readouterr().err
+        err = capsys.readouterr().err.splitlines()
+        assert err[-1] == f"fltune: {user_code / file}:{line}: {error}", err[-5:]
+        assert "Traceback" not in "\n".join(err)
+    client = MlflowClient(mlflow_uri)
+    runs = client.search_runs([client.get_experiment_by_name("fltune").experiment_id])
+    assert [r.info.status for r in runs] == ["FAILED", "FAILED"]
 
 
 def test_compare_takes_references_and_names_their_files_safely(user_code: Path) -> None:

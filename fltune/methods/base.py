@@ -27,7 +27,7 @@ import torch
 from pydantic import BaseModel, ConfigDict
 from torch import nn
 
-from fltune.errors import FLTuneError
+from fltune.errors import FLTuneError, UserCodeError, defined_at
 from fltune.methods.objective import Batch, Forward, NoiseShapes, Tensors, draw_noise, masked_cross_entropy
 from fltune.methods.wire import State, to_numpy
 
@@ -282,7 +282,13 @@ class Method:
         loss, logits = self.local_loss(batch)
         if batch.record:
             self.record_step(ctx, y, batch.record)
-        loss.backward()
+        try:
+            loss.backward()
+        except RuntimeError as err:
+            if loss.dim() == 0:
+                raise
+            raise UserCodeError(f"{defined_at(type(self).local_loss)}: {type(self).__name__}.local_loss returned a "
+                                f"loss of shape {list(loss.shape)}, not one number ({err})") from None
         return loss.detach(), logits.detach()
 
     def gradient_correction(self, weights: Mapping[str, torch.Tensor], inputs: Mapping[str, Tensors]) -> Tensors:

@@ -3,7 +3,8 @@ can restart, flap or sit behind a proxy; the training it watches must not stop f
 
 * **Bounded waits.** MLflow retries a failed request 7 times with a doubling backoff, each try waiting up to
   120 s (``MLFLOW_HTTP_REQUEST_MAX_RETRIES``, ``…_BACKOFF_FACTOR``, ``…_TIMEOUT``): minutes per call. fltune
-  sets :data:`HTTP_LIMITS` (where the user set none), so a call gives up within :data:`GIVE_UP_S`.
+  sets :data:`HTTP_LIMITS` (where the user set none), so a call gives up within about 33 s (3 tries); a try to
+  send the backlog makes one request (``paths.one_try``) before it waits for the next.
 * **The backlog.** Once a call fails that way, the :class:`KeepingClient` of the store goes offline: every
   later write is appended to one JSON-lines file (:class:`Backlog`, in ``tracking-backlog/`` of the job's
   folder, ``keep_in``) and answered at once (a new run gets a stand-in id); a read answers empty (no runs, no
@@ -33,17 +34,15 @@ from pathlib import Path
 from typing import Any
 
 from fltune.text import counted
-from fltune.tracking.paths import mlruns_dir, reason, sqlite_path
+from fltune.tracking.paths import QUICK, mlruns_dir, one_try, reason, sqlite_path
 
 TEMPFAIL = 75
 """The exit status of a command that finished with tracking calls kept on disk (``EX_TEMPFAIL``)."""
 HTTP_LIMITS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
                "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
 """MLflow's HTTP retries, bounded: 3 tries 10 s each, backoff 0 s then 2 s (+ up to 1 s of jitter)."""
-GIVE_UP_S = 3 * 10 + 3
-"""The longest one call waits under ``HTTP_LIMITS`` before it is kept in the backlog."""
 PROBE_EVERY_S = 60.0
-"""How often an offline client tries the server again (one call's wait at most)."""
+"""How often an offline client tries the server again (one request, ``paths.one_try``)."""
 FOLDER = "tracking-backlog"
 WRITES = frozenset({"create_experiment", "set_experiment_tag", "create_run", "update_run", "set_terminated",
                     "delete_run", "log_batch", "log_text", "log_artifact"})
@@ -106,7 +105,7 @@ class Backlog:
         if uri is not None:
             self._append({"uri": uri, "pid": os.getpid()})
         self.handle.seek(0)
-        self.lines = [json.loads(line) for line in self.handle if line.strip()]
+        self.lines = _whole_lines(self.handle.read())
         progress = self._progress_file()
         saved = json.loads(progress.read_text()) if progress.exists() else {}
         self.sent, self.ids = int(saved.get("sent", 1)), dict(saved.get("ids", {}))
@@ -157,6 +156,11 @@ class Backlog:
         shutil.rmtree(self.path.with_suffix(".files"), ignore_errors=True)
         self.path.unlink(missing_ok=True)
         self.handle.close()
+
+
+def _whole_lines(text: str) -> list[dict[str, Any]]:
+    """The backlog's entries; a last line cut by a killed command (not ended by a newline) is left out."""
+    return [json.loads(line) for line in text.split("\n")[:-1] if line.strip()]
 
 
 def encode(value: Any) -> Any:
@@ -319,7 +323,8 @@ class KeepingClient:
                 return True
             self._probed = time.monotonic()
             try:
-                replay(self.backlog, self._client)
+                with one_try():  # a server still away costs the job one refused (or timed-out) request
+                    replay(self.backlog, self._client)
             except Exception as err:
                 if not unreachable(err):
                     raise
@@ -418,14 +423,14 @@ def sync(path: str, uri: str | None = None) -> int:
 
 def outcome(code: int) -> int:
     """A command's exit status once its tracking is settled: the backlogs still waiting are tried once more
-    (saying so: each call waits at most ``GIVE_UP_S``); what stays is one line naming the folder and the
+    (saying so: one request each, ``paths.one_try``); what stays is one line naming the folder and the
     command that sends it, and ``TEMPFAIL`` instead of 0."""
     waiting = [client for client in _clients.values() if client.waiting]
     if not waiting:
         return code
     for client in waiting:
-        _say(f"sending {counted(client.waiting, 'kept call')} to {client.uri} (giving up after {GIVE_UP_S} s "
-             "without an answer)")
+        _say(f"sending {counted(client.waiting, 'kept call')} to {client.uri} (giving up after "
+             f"{QUICK['MLFLOW_HTTP_REQUEST_TIMEOUT']} s without an answer)")
     left = [client for client in waiting if not client.send()]
     if not left:
         return code

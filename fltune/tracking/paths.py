@@ -7,7 +7,8 @@ import importlib.util
 import os
 import re
 import sqlite3
-from contextlib import closing
+from collections.abc import Iterator
+from contextlib import closing, contextmanager
 from importlib.metadata import version
 from pathlib import Path
 
@@ -107,19 +108,17 @@ def _not_a_store(uri: str, db: Path, what: str) -> FLTuneError:
                        "--set tracking.uri=sqlite:///<other folder>/mlflow.db elsewhere")
 
 
-def check_reachable(uri: str) -> None:
-    """One request to a non-sqlite store, HTTP retries off: a bad ``tracking.uri`` is one line at once."""
-    from mlflow.environment_variables import MLFLOW_HTTP_REQUEST_MAX_RETRIES, MLFLOW_HTTP_REQUEST_TIMEOUT
-    from mlflow.tracking import MlflowClient
+QUICK = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
+"""MLflow's HTTP settings for one try at a server (MLflow reads them at each request)."""
 
-    quick = {MLFLOW_HTTP_REQUEST_MAX_RETRIES.name: "0", MLFLOW_HTTP_REQUEST_TIMEOUT.name: "10"}
-    before = {key: os.environ.get(key) for key in quick}
-    os.environ.update(quick)
+
+@contextmanager
+def one_try() -> Iterator[None]:
+    """MLflow's HTTP requests meanwhile tried once (``QUICK``), the settings put back after."""
+    before = {key: os.environ.get(key) for key in QUICK}
+    os.environ.update(QUICK)
     try:
-        MlflowClient(uri).search_experiments(max_results=1)
-    except Exception as err:  # whatever stops the client (HTTP, a missing database driver) makes it unusable
-        raise FLTuneError(f"tracking.uri {uri}: {reason(err)}; allowed: a reachable MLflow tracking server "
-                          "or database, or sqlite:///path/mlflow.db (the default)") from None
+        yield
     finally:
         for key, value in before.items():
             if value is None:
@@ -128,11 +127,25 @@ def check_reachable(uri: str) -> None:
                 os.environ[key] = value
 
 
+def check_reachable(uri: str) -> None:
+    """One request to a non-sqlite store, HTTP retries off: a bad ``tracking.uri`` is one line at once."""
+    from mlflow.tracking import MlflowClient
+
+    try:
+        with one_try():
+            MlflowClient(uri).search_experiments(max_results=1)
+    except Exception as err:  # whatever stops the client (HTTP, a missing database driver) makes it unusable
+        raise FLTuneError(f"tracking.uri {uri}: {reason(err)}; allowed: a reachable MLflow tracking server "
+                          "or database, or sqlite:///path/mlflow.db (the default)") from None
+
+
 def reason(err: Exception) -> str:
-    """What went wrong, in a few words: a missing package, the OS error, else the first sentence."""
+    """What went wrong, in a few words: a missing package, a timeout, the OS error, else the first sentence."""
     if isinstance(err, ImportError):
         return f"needs the Python package {err.name or err}"
     text = str(err)
+    if "timed out" in text:  # urllib3's "Read timed out. (read timeout=10)" inside MLflow's wrapping
+        return "timed out"
     oserror = re.search(r"\[Errno -?\d+\] ([^'\")\]]+)", text)
     if oserror:
         return oserror.group(1).strip()

@@ -1,6 +1,6 @@
 """``python cli.py tune``: a Ray Tune + Optuna study of one method, tracked in MLflow. Exit status: 0 with a best
-configuration, 1 when no trial scored or one failed (its last line names them), 2 for bad input (one line, before any MLflow run exists), 130 when interrupted or
-143 on SIGTERM (rerun with ``--resume``)."""
+configuration, 1 when no trial scored or one failed (its last line names them), 2 for bad input (one line, before any
+MLflow run exists), 130 when interrupted or 143 on SIGTERM (rerun with ``--resume``)."""
 
 from __future__ import annotations
 

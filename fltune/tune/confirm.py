@@ -118,10 +118,14 @@ class Confirmation(TuneJob[ConfirmSpec]):
     def new_tuner(self, spec: ConfirmSpec, resources: PlacementGroupFactory) -> Tuner:
         from fltune.tune.study import bound_trainable, grid_tuner
 
-        return grid_tuner(bound_trainable(self.entry(), spec, resources), spec.cells, spec, spec.max_concurrent, [])
+        return grid_tuner(bound_trainable(self.entry(), spec, resources), spec.cells, spec, spec.max_concurrent,
+                          self.callbacks(spec))
 
     def callbacks(self, spec: ConfirmSpec) -> list[Any]:
-        return []
+        """The board alone: the confirmation's figures go to the study's MLflow parent once it ends."""
+        from fltune.tune.board import TrialBoard
+
+        return [TrialBoard(spec, render=live_confirmation)]
 
     def describe(self, spec: ConfirmSpec, nodes: int) -> str:
         seeds = f"seed {spec.first_seed}" if spec.seeds == 1 else \
@@ -171,6 +175,25 @@ def confirmed(spec: ConfirmSpec, rows: list[TrialRow]) -> list[Confirmed]:
     for other in out[1:]:
         other.within_noise = abs(out[0].mean - other.mean) <= out[0].std + other.std
     return out
+
+
+def live_confirmation(spec: ConfirmSpec, rows: list[TrialRow], planned: Any = None) -> Table:
+    """The board while the confirmation runs (``TrialBoard`` renderer): each configuration's round and score."""
+    from rich.table import Table
+
+    from fltune.tune.board import eta, shown
+    from fltune.tune.results import ENDED
+
+    done = sum(r.status in ENDED for r in rows)
+    space = spec.study.space
+    table = Table(title=f"confirming {spec.study.name}: {done}/{len(spec.cells)} done{eta(rows, len(spec.cells))}")
+    for name in [*space.params, "state", "round", f"{space.objective.metric} (mean)"]:
+        table.add_column(name, justify="right")
+    for row in rows:
+        params = json.loads(row.params["cell"])
+        table.add_row(*(shown(params.get(name, "—")) for name in space.params), row.status,
+                      f"{row.round}/{spec.study.rounds}", shown(row.objective))
+    return table
 
 
 def confirmed_table(spec: ConfirmSpec, rows: list[Confirmed]) -> Table:

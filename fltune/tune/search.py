@@ -75,19 +75,33 @@ def finished_trials(folder: str) -> list[optuna.trial.FrozenTrial]:
 
 
 def make_searcher(spec: StudySpec) -> FLOptunaSearch:
-    """Metric and mode are passed here explicitly: OptunaSearch given a space ignores TuneConfig's. A new study
-    starts with the ``--warm-start`` study's completed trials, which the sampler learns from and Tune never runs
-    (a Tuner made again for the same study finds its journal holding trials and adds none)."""
-    optuna.logging.set_verbosity(optuna.logging.WARNING)  # the trials table says it all
-    space = spec.space
-    sampler_cls = optuna.samplers.TPESampler if space.sampler.name == "tpe" else optuna.samplers.RandomSampler
-    multi = bool(space.trade_off)  # several objectives: a list of metrics and modes, Optuna's Pareto front
-    searcher = FLOptunaSearch(
-        space=DefineByRun(space), metric=[f"objective:{objective_key(o)}" for o in space.objectives] if multi
-        else "objective", mode=[o.direction for o in space.objectives] if multi else space.objective.direction,
-        sampler=sampler_cls(seed=space.sampler.seed), storage=journal(spec.path), study_name=spec.name,
-    )
+    """The study's searcher, its Optuna study in the study folder's journal. A new study starts with the
+    ``--warm-start`` study's completed trials, which the sampler learns from and Tune never runs (a Tuner made
+    again for the same study finds its journal holding trials and adds none)."""
+    searcher = optuna_search(spec.space, journal(spec.path), spec.name)
     study = searcher._ot_study  # OptunaSearch made it in __init__ (space, metric and mode given)
     if spec.warm_start and not study.trials:
         study.add_trials(finished_trials(spec.warm_start))
     return searcher
+
+
+def optuna_search(space: SearchSpace, storage: optuna.storages.BaseStorage | None = None,
+                  study_name: str | None = None) -> FLOptunaSearch:
+    """Tune's OptunaSearch on the space's sampler. Metric and mode are passed here explicitly: OptunaSearch
+    given a space ignores TuneConfig's."""
+    optuna.logging.set_verbosity(optuna.logging.WARNING)  # the trials table says it all
+    multi = bool(space.trade_off)  # several objectives: a list of metrics and modes, Optuna's Pareto front
+    return FLOptunaSearch(
+        space=DefineByRun(space), metric=[f"objective:{objective_key(o)}" for o in space.objectives] if multi
+        else "objective", mode=[o.direction for o in space.objectives] if multi else space.objective.direction,
+        sampler=sampler(space), storage=storage, study_name=study_name,
+    )
+
+
+def sampler(space: SearchSpace) -> optuna.samplers.BaseSampler:
+    """Optuna's sampler as the space sets it, seeded."""
+    chosen = space.sampler
+    if chosen.name == "random":
+        return optuna.samplers.RandomSampler(seed=chosen.seed)
+    return optuna.samplers.TPESampler(seed=chosen.seed, n_startup_trials=chosen.n_startup_trials,
+                                      multivariate=chosen.multivariate)

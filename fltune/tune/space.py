@@ -109,12 +109,14 @@ class Confirm(_Strict):
 class Sampler(_Strict):
     name: Literal["tpe", "random"] = "tpe"
     seed: int = 0
+    n_startup_trials: int = Field(10, ge=0, description="TPE's random trials before it models the objective")
+    multivariate: bool = Field(False, description="TPE over the parameters jointly (BOHB's model), not one by one")
 
 
 class Asha(_Strict):
     name: Literal["asha"]
     grace_period: int = Field(2, ge=1, description="rounds every trial runs before it can be stopped")
-    reduction_factor: float = Field(2, gt=1)
+    reduction_factor: float = Field(3, gt=1)
 
 
 class NoScheduler(_Strict):
@@ -132,7 +134,7 @@ class SearchSpace(_Strict):
     trade_off: list[Objective] = Field(default_factory=list, description="the further objectives of a "
                                        "multi-objective study: `objective` written as a list puts its second and "
                                        "later items here")
-    num_samples: int = Field(8, ge=1)
+    num_samples: int = Field(16, ge=1)
     sampler: Sampler = Field(default_factory=Sampler)
     scheduler: Annotated[Union[Asha, NoScheduler], Field(discriminator="name")] = Field(
         default_factory=lambda: NoScheduler(name="none"),

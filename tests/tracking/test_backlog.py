@@ -17,7 +17,7 @@ from fltune.cli import main
 from fltune.config import TrackingConfig
 from fltune.tracking import backlog
 from fltune.tracking.backlog import TEMPFAIL, backlogs, keep_in, outcome, sync
-from fltune.tracking.mlflow_log import Tracker
+from fltune.tracking.mlflow_log import Tracker, mlflow_key
 from tests.test_cli import TINY, wait_for
 from tests.tracking.conftest import TrackingServer
 from tests.tune.helpers import REPO, finished, study_runs, write_space
@@ -25,7 +25,8 @@ from tests.tune.test_cluster import free_port
 
 
 def steps(client: MlflowClient, run_id: str, key: str) -> list[int]:
-    return sorted(m.step for m in client.get_metric_history(run_id, key))
+    """The rounds at which fltune's metric ``key`` reached MLflow."""
+    return sorted(m.step for m in client.get_metric_history(run_id, mlflow_key(key)))
 
 
 def fltune_lines(text: str) -> list[str]:
@@ -124,7 +125,7 @@ def test_a_run_outlives_its_tracking_server(mlflow_server: TrackingServer, tmp_p
     [run] = client.search_runs([client.get_experiment_by_name("fltune").experiment_id])
     assert (run.info.status, run.data.tags["fltune.status"]) == ("FINISHED", "finished")
     assert steps(client, run.info.run_id, "round_s") == list(range(1, 9))
-    assert run.data.metrics["wall_s"] == pytest.approx(summary["wall_s"])
+    assert run.data.metrics[mlflow_key("wall_s")] == pytest.approx(summary["wall_s"])
     assert {a.path for a in client.list_artifacts(run.info.run_id)} == {"config.yaml", "curves.png"}
 
 
