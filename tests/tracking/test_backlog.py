@@ -126,7 +126,7 @@ def test_a_run_outlives_its_tracking_server(mlflow_server: TrackingServer, tmp_p
     assert (run.info.status, run.data.tags["fltune.status"]) == ("FINISHED", "finished")
     assert steps(client, run.info.run_id, "round_s") == list(range(1, 9))
     assert run.data.metrics[mlflow_key("wall_s")] == pytest.approx(summary["wall_s"])
-    assert {a.path for a in client.list_artifacts(run.info.run_id)} == {"config.yaml", "curves.png"}
+    assert {a.path for a in client.list_artifacts(run.info.run_id)} >= {"config.yaml", "curves.png"}
 
 
 @pytest.mark.extended
