@@ -112,7 +112,7 @@ def test_reproduce_plan_refuses_bad_counts_like_the_job(flag, value, tmp_path, c
 
 
 def test_tune_plan_prints_trials_and_estimate_and_writes_nothing(mlflow_uri, wide, tmp_path, capsys) -> None:
-    space = Path(__file__).parents[1] / "search_spaces" / "fedavg.yaml"
+    space = Path(__file__).parents[1] / "fltune" / "search_spaces" / "fedavg.yaml"
     args = ["tune", "--space", str(space), "--set", "data.dataset=synthetic", "--num-samples", "3", "--plan",
             "--storage", str(tmp_path / "jobs")]
     assert main(args) == 0
@@ -124,7 +124,7 @@ def test_tune_plan_prints_trials_and_estimate_and_writes_nothing(mlflow_uri, wid
 
 def test_a_tune_plan_on_data_still_to_fetch_says_so_in_one_line(tmp_path, capsys) -> None:
     """Not the loader's "not found …; or --set data.download=true": the flag is set, and a plan fetches nothing."""
-    space = Path(__file__).parents[1] / "search_spaces" / "fedavg.yaml"
+    space = Path(__file__).parents[1] / "fltune" / "search_spaces" / "fedavg.yaml"
     args = ["tune", "--space", str(space), "--plan", "--set", "data.dataset=cifar10", "--set", "data.download=true",
             "--set", f"data.root={tmp_path / 'data'}", "--storage", str(tmp_path / "jobs")]
     assert main(args) == 2
@@ -187,7 +187,7 @@ IMPOSSIBLE_SPLIT = ["--set", "data.dataset=synthetic", "--set", "partition.kind=
 
 
 @pytest.mark.parametrize("command", [
-    ["run"], ["tune", "--space", str(Path(__file__).parents[1] / "search_spaces" / "fedavg.yaml")],
+    ["run"], ["tune", "--space", str(Path(__file__).parents[1] / "fltune" / "search_spaces" / "fedavg.yaml")],
     ["compare", "--methods", "fedavg,fedprox"], ["reproduce", "table2", "--datasets", "fmnist", "--rows", "FedAvg"]])
 def test_a_plan_of_a_job_its_data_checks_refuse_is_refused_with_the_jobs_line(command, tmp_path, capsys) -> None:
     """A plan partitions the data as the job would before Ray: a split no client draw can serve is the job's one
@@ -227,7 +227,7 @@ def test_a_model_timed_without_its_methods_additions_is_timed_once_for_every_met
 def plan_calls(job: str, tmp_path: Path) -> tuple[Callable[..., Any], list[str]]:
     """The job as Python calls it with ``plan=True`` (the function, ``plan`` left to give) and as flags."""
     storage = ["--storage", str(tmp_path / "jobs")]
-    space = str(Path(__file__).parents[1] / "search_spaces" / "fedavg.yaml")
+    space = str(Path(__file__).parents[1] / "fltune" / "search_spaces" / "fedavg.yaml")
     if job == "run":
         return (lambda **k: fltune.run(fltune.Config(**TINY), **k),
                 ["run", *(f for key, value in TINY.items() for f in ("--set", f"{key}={value}"))])
@@ -264,7 +264,7 @@ def test_a_plan_and_a_job_check_the_data_first(job, tmp_path) -> None:
     """The data pre-check of the command runs in Python too, planned or not: one line, before Ray."""
     missing = {"data.dataset": "cifar10", "data.root": str(tmp_path / "nowhere")}
     calls = {"run": lambda **k: fltune.run(fltune.Config(**{**TINY, **missing}), **k),
-             "tune": lambda **k: fltune.tune(Path(__file__).parents[1] / "search_spaces" / "fedavg.yaml", set=missing,
+             "tune": lambda **k: fltune.tune(Path(__file__).parents[1] / "fltune" / "search_spaces" / "fedavg.yaml", set=missing,
                                              storage=str(tmp_path / "jobs"), **k),
              "compare": lambda **k: fltune.compare("fedavg,fedprox", set=missing, storage=str(tmp_path / "jobs"), **k)}
     for plan in (True, False):

@@ -33,7 +33,8 @@ BEST_CONFIG = "best_config.yaml"
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("tune", help="hyperparameter study of one method (Ray Tune + Optuna, tracked in MLflow)",
                        epilog=EXAMPLES["tune"], formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--space", help="search-space YAML, e.g. search_spaces/fedprox.yaml")
+    p.add_argument("--space", help="search-space YAML, or a shipped one by name, e.g. fedprox or "
+                   "search_spaces/fedprox.yaml (default: --method's shipped space)")
     p.add_argument("--method", help="method to tune (default: the space file's `method`)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
                    help="override a field of the base experiment, e.g. --set federation.rounds=20 (repeatable)")
@@ -67,7 +68,10 @@ def cmd_tune(args: argparse.Namespace) -> int:
 def checked(args: argparse.Namespace) -> None:
     """A bad space file or a missing dataset is one line before Ray, torch or the methods load."""
     from fltune.config import read_yaml
+    from fltune.search_spaces import space_path
 
+    if not args.resume:
+        args.space = space_path(args.space, args.method)
     if args.space:
         space = read_yaml(args.space)
         if not args.resume:
@@ -234,7 +238,8 @@ def study_request(args: argparse.Namespace, storage: str | None = None) -> Study
     from fltune.tune.study import StudyRequest
 
     if not args.resume and not args.space:
-        raise FLTuneError("--space is required (a search-space YAML, e.g. search_spaces/fedprox.yaml)")
+        raise FLTuneError("--space or --method is required (a search-space YAML, e.g. search_spaces/fedprox.yaml, "
+                          "or a method with a shipped space)")
     return StudyRequest(
         space=args.space, method=args.method, overrides=tuple(experiment_overrides(args)),
         num_samples=args.num_samples, max_concurrent=args.max_concurrent, seeds=args.seeds,
