@@ -127,6 +127,9 @@ def test_a_study_of_a_method_one_folder_down_finds_it_and_fails_when_a_trial_did
     assert saved["method"] == f"{user_code / 'smooth.py'}:LabelSmooth"
     parent, children = study_runs(mlflow_uri)
     failed = [c.data.tags["fltune.trial_id"] for c in children if c.data.tags["fltune.status"] == "failed"]
+    # the failed trial's run says why, as a run's does (tag and description)
+    assert ["ValueError: too smooth" in c.data.tags.get("fltune.error", "") for c in children] == \
+        [c.data.tags["fltune.status"] == "failed" for c in children]
     assert err.splitlines()[-1] == f"fltune: 1 of 2 trials failed ({failed[0]}); their errors are above", err
     assert parent.info.status == "FAILED" and parent.data.tags["fltune.trials_failed"] == "1"
 

@@ -15,7 +15,7 @@ from rich.live import Live
 from rich.table import Table
 
 from fltune.tracking.progress import console
-from fltune.tune.results import ENDED, TrialRow, error_line, rank, trial_row
+from fltune.tune.results import ENDED, TrialRow, error_line, latest_trace, rank, trial_row
 from fltune.tune.spec import StudySpec
 
 STYLE = {"finished": "green", "stopped": "yellow", "diverged": "red", "failed": "red", "running": "cyan",
@@ -76,12 +76,6 @@ def trial_label(row: TrialRow) -> str:
     if "cell" in row.params:
         return str(row.params["cell"])
     return f"{row.trial_id} ({params_text(row.params)})"
-
-
-def latest_trace(trial: Trial) -> str:
-    """The traces Tune appended to the trial's local ``error.txt`` so far ("" before any)."""
-    path = trial.error_file
-    return Path(path).read_text(errors="replace") if path and Path(path).is_file() else ""
 
 
 def live_table(spec: StudySpec, rows: list[TrialRow], planned: Planned | None = None) -> Table:

@@ -21,8 +21,8 @@ from fltune.metrics.figures import save_png
 from fltune.tracking.backlog import keep_in
 from fltune.tracking.mlflow_log import Tracker, run_tags
 from fltune.tune.results import (
-    ENDED, TrialRow, any_unscored, best, sensitivity_figure, trial_config, trial_row, trials_figure, unfinished,
-    write_csv,
+    ENDED, TrialRow, any_unscored, best, error_line, latest_trace, sensitivity_figure, trial_config, trial_row,
+    trials_figure, unfinished, write_csv,
 )
 from fltune.tune.spec import StudySpec
 
@@ -111,10 +111,11 @@ class RunTree(ABC):
         self.tracker.log_round(self.children[trial_id], loggable(result))
         self.logged[trial_id] = round_
 
-    def end_trial(self, row: TrialRow) -> None:
+    def end_trial(self, row: TrialRow, error: str | None = None) -> None:
+        """End a trial's run; a failed one carries its error line (``results.error_line``) as MLflow shows it."""
         if row.trial_id in self.children:
             status = row.status if row.status in ENDED else "killed"
-            self.tracker.end(self.children[row.trial_id], status)
+            self.tracker.end(self.children[row.trial_id], status, error)
 
     @abstractmethod
     def finish(self, rows: list[TrialRow], interrupted: bool) -> None:
@@ -215,7 +216,8 @@ class MLflowStudyCallback(LoggerCallback):
         self.log.log_round(trial.trial_id, result)
 
     def log_trial_end(self, trial: Trial, failed: bool = False) -> None:
-        self.log.end_trial(trial_row(trial, failed))
+        trace = latest_trace(trial) if failed else ""
+        self.log.end_trial(trial_row(trial, failed), error_line(trace) if trace else None)
 
     def on_experiment_end(self, trials: list[Trial], **info: Any) -> None:
         rows = [trial_row(t) for t in trials]

@@ -90,6 +90,12 @@ def error_line(trace: str) -> str:
             + (" in torch.compile (resources.compile=false runs without it)" if compiling else ""))
 
 
+def latest_trace(trial: Trial) -> str:
+    """The traces Tune appended to the trial's local ``error.txt`` so far ("" before any)."""
+    path = trial.error_file
+    return Path(path).read_text(errors="replace") if path and Path(path).is_file() else ""
+
+
 def failure_lines(traces: Sequence[tuple[str, str]], refused: Sequence[str] = ()) -> list[str]:
     """One line per distinct reason among failed trials, with a count. ``traces``: (folder, trace) of crashed
     trials (reason: ``error_line``; the first trace is named); ``refused``: reasons from ``failed_result``."""
