@@ -2,35 +2,42 @@
 
 Rooms (data flows one way): config -> data -> engine(method) -> metrics -> tracking.
 
-The Python API (``fltune.api``), imported on first use so ``import fltune`` loads no torch or Ray::
+The Python API (``fltune.api``); ``import fltune`` loads no torch or Ray, the rest is imported on first use::
 
     import fltune
     result = fltune.run(fltune.Config(method="fedprox", **{"federation.rounds": 2}))
     result.history  # one dict per round
 """
 
-from __future__ import annotations
+import importlib as _importlib
 
-import importlib
-from typing import Any
+for _job in ("tune", "compare", "reproduce"):
+    # The jobs' packages load first: a subpackage is named on its parent once, when it first loads, so after
+    # this the names are the API's functions below (``from fltune.tune.study import …`` works as before).
+    _importlib.import_module(f"fltune.{_job}")
+del _job
+
+from fltune.api import CompareResult, JobResult, RunResult, compare, load_model, reproduce, run, tune  # noqa: E402
+from fltune.errors import FLTuneError  # noqa: E402
 
 __version__ = "0.1.0"
 
-_LAZY = {
-    "run": "fltune.api", "RunResult": "fltune.api", "JobResult": "fltune.api", "load_model": "fltune.api",
-    "Config": "fltune.config", "FLTuneError": "fltune.errors",
-    "Method": "fltune.methods.base", "Params": "fltune.methods.base", "SplitModel": "fltune.models.base",
-    "UserDataset": "fltune.data.plugin",
-}
-_NAMES = {"Config": "ExperimentConfig"}
+_LAZY = {"Config": ("fltune.config", "ExperimentConfig"), "Method": ("fltune.methods.base", "Method"),
+         "Params": ("fltune.methods.base", "Params"), "SplitModel": ("fltune.models.base", "SplitModel"),
+         "UserDataset": ("fltune.data.plugin", "UserDataset")}
+"""The API's classes whose modules import pydantic or torch, loaded when first read (PEP 562)."""
 
-__all__ = sorted([*_LAZY, "tune", "compare", "reproduce"])
+__all__ = sorted(["CompareResult", "FLTuneError", "JobResult", "RunResult", "compare", "load_model", "reproduce",
+                  "run", "tune", *_LAZY])
 
 
-def __getattr__(name: str) -> Any:
-    """The API, imported when first read (PEP 562); ``tune`` & co. are callable packages (``api.CommandModule``)."""
-    if name in ("tune", "compare", "reproduce"):
-        return importlib.import_module(f"fltune.{name}")
+def __getattr__(name: str) -> object:
     if name not in _LAZY:
         raise AttributeError(f"module 'fltune' has no attribute {name!r}")
-    return getattr(importlib.import_module(_LAZY[name]), _NAMES.get(name, name))
+    module, attribute = _LAZY[name]
+    return getattr(_importlib.import_module(module), attribute)
+
+
+def __dir__() -> list[str]:
+    """The public API only (``dir(fltune)``), then ``__version__``."""
+    return [*__all__, "__version__"]

@@ -7,11 +7,10 @@ input raises :class:`fltune.FLTuneError` with the CLI's line; ``progress=False``
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from fltune.errors import FLTuneError
@@ -23,6 +22,7 @@ if TYPE_CHECKING:  # torch, Ray and pydantic wait until a function runs: ``impor
     from fltune.config import ExperimentConfig
     from fltune.data.federated import FederatedData
     from fltune.engine.federation import Federation
+    from fltune.estimate import Plan
     from fltune.engine.pool import WorkerPool
     from fltune.tune.results import TrialRow
 
@@ -62,12 +62,18 @@ class RunResult:
         return frame
 
 
-def run(cfg: ExperimentConfig | str | Path, *, progress: bool = True) -> RunResult:
+def run(cfg: ExperimentConfig | str | Path, *, plan: bool = False, progress: bool = True) -> RunResult | Plan:
     """One federated run of ``cfg`` (a config or a YAML file) on Ray, tracked in MLflow unless
-    ``tracking.enabled`` is false. Checks everything before Ray starts; leaves no Ray it started running."""
+    ``tracking.enabled`` is false. Checks everything before Ray starts; leaves no Ray it started running.
+    ``plan=True``: the :class:`fltune.estimate.Plan` instead (``str()`` is what ``fltune run --plan`` prints)."""
     from fltune.config import ExperimentConfig
+    from fltune.data.locations import check_here
+
+    cfg = cfg if isinstance(cfg, ExperimentConfig) else ExperimentConfig.from_yaml(cfg)
+    check_here(cfg.data.dataset, cfg.data.root, cfg.data.download)  # before torch and Ray: one line at once
+    cfg = ExperimentConfig(**cfg.model_dump())  # whole again: a rule between fields an edit of one can break
     from fltune.engine.callbacks import Callback
-    from fltune.metrics.probe import check_probes
+    from fltune.metrics.probe import check_probes, unmeasured_protocols
     from fltune.text import counted
     from fltune.tracking.paths import check_tracking
     from fltune.tracking.progress import ProgressCallback, console, summary_table
@@ -81,7 +87,11 @@ def run(cfg: ExperimentConfig | str | Path, *, progress: bool = True) -> RunResu
         def on_round(self, fed: Federation, metrics: dict[str, float]) -> None:
             self.rounds.append(dict(metrics))
 
-    cfg = cfg if isinstance(cfg, ExperimentConfig) else ExperimentConfig.from_yaml(cfg)
+    if plan:
+        from fltune.estimate import Plan
+
+        return Plan.of(f"plan: run {cfg.method.name}", [(cfg.method.name, cfg.model_dump(mode="json"), 1)],
+                       cfg.resources.address, None, [f"not measured: {idle}" for idle in unmeasured_protocols(cfg)])
     check_probes(cfg)
     check_tracking(cfg.tracking)
     with _console_quiet(not progress):
@@ -186,13 +196,48 @@ class JobResult:
     best: ExperimentConfig | None = None
 
 
-def tune(space: str | Path | None = None, *, progress: bool = True, **flags: Any) -> JobResult:
-    """A Ray Tune + Optuna study of one method (``fltune tune``); ``flags`` as the command's, e.g.
-    ``method="./mine.py:Mine"``, ``num_samples=2``, ``overrides=["federation.rounds=2"]``."""
-    from fltune.config import ExperimentConfig
-    from fltune.tune.command import BEST_CONFIG, Study, add_parser
+@dataclass
+class CompareResult(JobResult):
+    """A comparison's outcome: a :class:`JobResult` and ``out``, the folder holding compare.csv, .md and .png."""
 
-    job = Study(_args(add_parser, "tune", space=None if space is None else str(space), **flags))
+    out: str = ""
+
+    def to_pandas(self) -> pandas.DataFrame:
+        """compare.csv: a row per method and figure, mean ± std over the seeds (needs pandas)."""
+        import pandas
+
+        table = Path(self.out) / "compare.csv"
+        if not table.is_file():
+            raise FLTuneError(f"CompareResult.to_pandas: {table} was not written (exit status {self.code}); "
+                              "allowed: a comparison whose cells ran")
+        return pandas.read_csv(table)
+
+
+def tune(space: str | Path | None = None, *, method: str | None = None,
+         set: Mapping[str, Any] | Sequence[str] | None = None, num_samples: int | None = None,
+         max_concurrent: int | None = None, seeds: int | None = None, confirm: str | None = None,
+         warm_start: str | None = None, name: str | None = None,
+         storage: str | None = None, address: str | None = None, resume: bool = False, best_out: str | None = None,
+         checkpoint_every: int | None = None, checkpoint_seconds: float | None = None, plan: bool = False,
+         progress: bool = True) -> JobResult | Plan:
+    """A Ray Tune + Optuna study of one method, as ``fltune tune`` (each keyword is the flag of that name).
+
+    space: a search-space YAML; default: the shipped space of ``method``.
+    method: a registered method or ``./mine.py:Mine``; default: the space's.
+    set: config fields of the base experiment, ``{"federation.rounds": 2}`` or ``["federation.rounds=2"]``.
+    num_samples, max_concurrent, seeds, confirm ("TOPxSEEDS"), checkpoint_every, checkpoint_seconds: default: the
+    space file's. warm_start: a finished study's folder. name, storage: the study's folder (default
+    ./studies/<space>-<time>). resume: continue the study ``name`` (else the newest).
+    plan: return the :class:`fltune.estimate.Plan` (``str()`` is what ``--plan`` prints) and run nothing.
+    Returns a :class:`JobResult` whose ``best`` is the best configuration."""
+    from fltune.config import ExperimentConfig
+    from fltune.tune.command import BEST_CONFIG, Study, add_parser, checked, job_plan
+
+    args = _args(add_parser, "tune", **_flags(locals()))
+    checked(args)
+    if plan:
+        return job_plan(args)
+    job = Study(args)
     with _console_quiet(not progress):
         code = job.run()
     best_file = Path(job.spec.path) / BEST_CONFIG
@@ -200,29 +245,74 @@ def tune(space: str | Path | None = None, *, progress: bool = True, **flags: Any
     return JobResult(code, job.spec.name, job.spec.path, job.rows, best)
 
 
-def compare(methods: str | list[str] | None = None, *, progress: bool = True, **flags: Any) -> JobResult:
-    """Methods compared on one setting over seeds, tuned first if ``tune_budget`` (``fltune compare``):
-    ``compare(["./mine.py:Mine", "fedavg"], seeds=2, overrides=[...])``; the tables land in ``out``."""
-    from fltune.compare.command import Comparison, add_parser
+def compare(methods: str | Sequence[str] | None = None, *, config: str | Path | None = None,
+            set: Mapping[str, Any] | Sequence[str] | None = None, seeds: int = 3, tune_budget: int | None = None,
+            max_concurrent: int | None = None, name: str | None = None, storage: str | None = None,
+            out: str | Path | None = None,
+            address: str | None = None, resume: bool = False, checkpoint_every: int | None = None,
+            checkpoint_seconds: float | None = None, plan: bool = False, progress: bool = True) -> CompareResult | Plan:
+    """Methods compared on one setting over seeds, as ``fltune compare`` (each keyword is the flag of that name).
 
-    names = ",".join(methods) if isinstance(methods, list) else methods
-    job = Comparison(_args(add_parser, "compare", methods=names, **flags))
+    methods: at least two, ``["fedavg", "./mine.py:Mine"]`` or ``"fedavg,fedprox"``.
+    config: an experiment YAML; set: its fields, ``{"federation.rounds": 2}`` or ``["federation.rounds=2"]``.
+    seeds: per method; tune_budget: tune each method first with this many trials (on a validation split).
+    name, storage: the job's folder (default ./studies/compare-<time>); out: where compare.csv lands.
+    resume: continue the comparison ``name`` (else the newest).
+    plan: return the :class:`fltune.estimate.Plan` (``str()`` is what ``--plan`` prints) and run nothing.
+    Returns a :class:`CompareResult`: ``to_pandas()`` is compare.csv, ``out`` its folder."""
+    from fltune.compare.command import Comparison, add_parser, checked, job_plan
+
+    flags = _flags(locals())
+    flags["methods"] = methods if methods is None or isinstance(methods, str) else ",".join(methods)
+    args = _args(add_parser, "compare", **flags)
+    checked(args)
+    if plan:
+        return job_plan(args)
+    job = Comparison(args)
     with _console_quiet(not progress):
         code = job.run()
     cells = getattr(job, "cells", None)  # None: a method's tuning study ended the job first
     if cells is None or not hasattr(cells, "spec"):
-        return JobResult(code, flags.get("name") or "", "")
-    return JobResult(code, cells.spec.name, cells.spec.path, cells.rows)
+        return CompareResult(code, name or "", "")
+    return CompareResult(code, cells.spec.name, cells.spec.path, cells.rows, out=cells.spec.out)
 
 
-def reproduce(table: str, *, progress: bool = True, **flags: Any) -> JobResult:
-    """A paper table's cells (``fltune reproduce``), e.g. ``reproduce("fedsol-table2", scale="smoke")``."""
-    from fltune.reproduce.command import Reproduction, add_parsers
+def reproduce(table: str, *, datasets: str | Sequence[str] | None = None, rows: str | Sequence[str] | None = None,
+              scale: str = "quick", seeds: int = 1, set: Mapping[str, Any] | Sequence[str] | None = None,
+              max_concurrent: int | None = None, name: str | None = None, storage: str | None = None,
+              out: str | Path | None = None, address: str | None = None, resume: bool = False,
+              checkpoint_every: int | None = None,
+              checkpoint_seconds: float | None = None, plan: bool = False, progress: bool = True) -> JobResult | Plan:
+    """A paper table's cells, as ``fltune reproduce`` (each keyword is the flag of that name), e.g.
+    ``reproduce("fedsol-table2", datasets=["fmnist"], scale="quick")``.
 
-    job = Reproduction(_args(add_parsers, "reproduce", table=table, **flags))
+    datasets, rows: a subset of the table's; scale: quick or paper; seeds: per cell; set: config fields of every
+    cell. name, storage: the job's folder; out: where table.csv lands. resume: continue the job ``name``.
+    plan: return the :class:`fltune.estimate.Plan` (``str()`` is what ``--plan`` prints) and run nothing."""
+    from fltune.reproduce.command import Reproduction, add_parsers, job_plan
+
+    flags = _flags(locals())
+    for key in ("datasets", "rows"):
+        flags[key] = flags[key] if flags[key] is None or isinstance(flags[key], str) else ",".join(flags[key])
+    args = _args(add_parsers, "reproduce", **flags)
+    if plan:
+        return job_plan(args)
+    job = Reproduction(args)
     with _console_quiet(not progress):
         code = job.run()
     return JobResult(code, job.spec.name, job.spec.path, job.rows)
+
+
+def _flags(given: dict[str, Any]) -> dict[str, Any]:
+    """A job function's keywords as its command's flags: ``set`` as ``--set`` lines, paths as text."""
+    flags = {key: str(value) if isinstance(value, Path) else value for key, value in given.items()
+             if key not in ("set", "progress")}
+    sets = given["set"] or []
+    if isinstance(sets, str):
+        raise FLTuneError(f"set: {sets!r} is one text; allowed: a mapping {{'field': value}} or a list of "
+                          "'field=value' texts")
+    flags["overrides"] = [f"{key}={value}" for key, value in sets.items()] if isinstance(sets, Mapping) else list(sets)
+    return flags
 
 
 def _args(add: Callable[[argparse._SubParsersAction], None], command: str, **flags: Any) -> argparse.Namespace:
@@ -230,9 +320,6 @@ def _args(add: Callable[[argparse._SubParsersAction], None], command: str, **fla
     parser = argparse.ArgumentParser(prog="fltune")
     add(parser.add_subparsers(dest="command"))
     args = parser.parse_args([command, *([str(flags["table"])] if command == "reproduce" else [])])
-    unknown = sorted(set(flags) - set(vars(args)))
-    if unknown:
-        raise FLTuneError(f"{command}: no option {unknown[0]!r}; allowed: {', '.join(sorted(vars(args)))}")
     for key, value in flags.items():
         setattr(args, key, value)
     return args
@@ -248,11 +335,3 @@ def _console_quiet(quiet: bool) -> Iterator[None]:
         yield
     finally:
         console.quiet = was
-
-
-class CommandModule(ModuleType):
-    """A command's package that is also its API function: ``fltune.tune`` called is :func:`tune` (importing
-    a subpackage sets the parent's attribute of that name, so a plain function could not live beside it)."""
-
-    def __call__(self, *args: Any, **kwargs: Any) -> JobResult:
-        return globals()[self.__name__.rpartition(".")[2]](*args, **kwargs)

@@ -21,7 +21,6 @@ from rich.table import Table
 from fltune.cli_args import add_experiment_args, experiment_overrides
 from fltune.compare.command import add_parser as add_compare_parser
 from fltune.compare.command import cmd_compare
-from fltune.data.locations import check_here
 from fltune.errors import FLTuneError, WriteFailed
 from fltune.examples import EXAMPLES
 from fltune.folders import failed_write, make_out, said
@@ -50,15 +49,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.print_config:
         print(cfg.to_yaml(), end="")
         return 0
-    check_here(cfg.data.dataset, cfg.data.root, cfg.data.download)  # before torch and Ray: one line at once
-    if args.plan:
-        from fltune.estimate import print_plan
-        from fltune.metrics.probe import unmeasured_protocols
-
-        return print_plan(f"plan: run {cfg.method.name}", [(cfg.method.name, cfg.model_dump(mode="json"), 1)],
-                          cfg.resources.address, None, [f"not measured: {idle}" for idle in unmeasured_protocols(cfg)])
     from fltune.api import run
 
+    if args.plan:
+        return run(cfg, plan=True).print()
     if args.json_out:
         check_json_out(args.json_out)
     summary = run(cfg).metrics

@@ -8,8 +8,9 @@ parameters or the user's own code (``fltune.plugins``) are named.
 
 from __future__ import annotations
 
-import typing
 import copy
+import functools
+import typing
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -47,7 +48,22 @@ def named(value: str, builtin: Sequence[str], kind: Kind) -> str:
     return one_of(value, names, kind)
 
 
-class _Section(BaseModel):
+class _Assigned(BaseModel):
+    """A config part validated when a field is assigned (``cfg.federation.rounds = -5``): a bad value fails
+    there, as the CLI's one line in an FLTuneError, not later inside a run, and leaves the part as it was."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        before = dict(self.__dict__), copy.copy(self.__pydantic_extra__)  # a method's params change in place
+        try:
+            super().__setattr__(name, value)
+        except ValidationError as err:
+            object.__setattr__(self, "__dict__", before[0])
+            object.__setattr__(self, "__pydantic_extra__", before[1])
+            where = _section_paths().get(type(self), "")
+            raise FLTuneError(f"config error: {describe_validation_error(err, where, type(self))}") from None
+
+
+class _Section(_Assigned):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
@@ -120,13 +136,13 @@ class ModelConfig(_Section):
         return named(value, ("auto", *sorted(catalog.MODELS)), "model")
 
 
-class MethodConfig(BaseModel):
+class MethodConfig(_Assigned):
     """The method's registry name plus its hyperparameters, validated by the method's own Params.
 
     Params live beside the method's torch code, so they are consulted only for given values or a dump (paper
     defaults filled in); a plain name is checked against ``fltune.catalog`` alone."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", validate_assignment=True)
 
     name: str = Field("fedavg", description="registered method (`fltune methods`), package.module:Class or "
                       "path/to/file.py:Class of your own, or <method>+<modifier>; its "
@@ -358,6 +374,20 @@ class ExperimentConfig(_Section):
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
 
 
+@functools.cache
+def _section_paths() -> dict[type[BaseModel], str]:
+    """Each config part's class → its dotted place in ``ExperimentConfig`` (``HessianConfig`` → metrics.hessian)."""
+    paths: dict[type[BaseModel], str] = {ExperimentConfig: ""}
+    todo = [(ExperimentConfig, "")]
+    while todo:
+        model, where = todo.pop()
+        for name, field in model.model_fields.items():
+            if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel):
+                paths[field.annotation] = f"{where}{name}"
+                todo.append((field.annotation, f"{where}{name}."))
+    return paths
+
+
 def describe_validation_error(err: ValidationError, prefix: str = "", model: type[BaseModel] | None = None) -> str:
     """One line per problem: the dotted field, what is wrong/allowed, and the value given; an unknown field
     of ``model`` (the tree validated) with the field it was likely meant to be (``text.allowed``)."""
@@ -365,7 +395,7 @@ def describe_validation_error(err: ValidationError, prefix: str = "", model: typ
     for item in err.errors():
         loc = ".".join(str(p) for p in (prefix, *item["loc"]) if p != "")
         msg = item["msg"].removeprefix("Value error, ")
-        if item["type"] == "extra_forbidden":
+        if item["type"] in ("extra_forbidden", "no_such_attribute"):
             loc, msg = unknown_field(item["loc"], prefix, model)
         given = item.get("input")
         shown = "" if isinstance(given, dict) or item["type"] == "value_error" else f" (got {given!r})"

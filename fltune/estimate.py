@@ -7,6 +7,7 @@ are not counted: a lower bound of the run's order.
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import os
@@ -246,16 +247,44 @@ def plan_table(title: str, est: Estimate):
     return out
 
 
-def print_plan(title: str, items: list[tuple[str, dict[str, Any], int]], address: str | None,
-               max_concurrent: int | None, notes: list[str]) -> int:
-    """``--plan``: print what would run and its cost, run nothing; exit 0. The job's data checks come first."""
-    from fltune.preflight import check_data
-    from fltune.tracking.progress import listing
+@dataclass
+class Plan:
+    """What a job would run and its cost (``--plan``, ``plan=True`` in Python): ``estimate`` holds the figures,
+    ``str(plan)`` the text the command prints."""
 
-    est = estimate(items, cluster_resources(address), max_concurrent)
-    check_data(w.cfg for w in est.work)
-    listing.print(plan_table(title, est))
-    for line in notes:
-        listing.print(line, highlight=False)
-    listing.print(summary(est), highlight=False)
-    return 0
+    title: str
+    estimate: Estimate
+    notes: list[str]
+
+    @classmethod
+    def of(cls, title: str, items: list[tuple[str, dict[str, Any], int]], address: str | None,
+           max_concurrent: int | None, notes: list[str]) -> Plan:
+        """What would run and its cost, running nothing; the job's data checks come first."""
+        from fltune.preflight import check_data
+
+        est = estimate(items, cluster_resources(address), max_concurrent)
+        check_data(w.cfg for w in est.work)
+        return cls(title, est, notes)
+
+    def lines(self) -> list[Any]:
+        """The table, the notes, the one-line summary: what ``--plan`` prints, in order."""
+        return [plan_table(self.title, self.estimate), *self.notes, summary(self.estimate)]
+
+    def print(self) -> int:
+        """``--plan``'s output; exit status 0."""
+        from fltune.tracking.progress import listing
+
+        for line in self.lines():
+            listing.print(line, highlight=False)
+        return 0
+
+    def __str__(self) -> str:
+        """The text ``print()`` shows, at the width of the terminal it would go to."""
+        from rich.console import Console
+
+        from fltune.tracking.progress import listing
+
+        out = Console(width=listing.width, record=True, file=io.StringIO())
+        for line in self.lines():
+            out.print(line, highlight=False)
+        return out.export_text()

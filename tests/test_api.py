@@ -3,6 +3,7 @@ on real Ray and MLflow, with a method of the user's written outside the package.
 
 from __future__ import annotations
 
+import importlib
 import json
 import subprocess
 import sys
@@ -35,14 +36,62 @@ def test_config_from_keywords_and_yaml(tmp_path: Path) -> None:
         fltune.Config(**{"federation.rounds": 0})
 
 
-def test_a_jobs_keywords_are_its_commands_flags() -> None:
-    from fltune.api import _args
-    from fltune.reproduce.command import add_parsers
+@pytest.mark.parametrize("job", ["tune", "compare", "reproduce"])
+def test_a_jobs_keywords_are_its_commands_flags(job: str) -> None:
+    """``help(fltune.tune)``: the function, its typed keywords and docstring; each keyword a flag of the command
+    (``set`` is ``--set``), and ``set=`` takes a mapping or ``field=value`` lines."""
+    import argparse
+    import inspect
 
-    args = _args(add_parsers, "reproduce", table="table2", datasets="fmnist", seeds=2)
-    assert (args.table, args.datasets, args.seeds, args.scale, args.resume) == ("table2", "fmnist", 2, "quick", False)
-    with pytest.raises(FLTuneError, match="compare: no option 'seedz'; allowed: .*seeds"):
-        fltune.compare(["fedavg", "fedprox"], seedz=2)
+    from fltune.api import _args, _flags
+
+    function = getattr(fltune, job)
+    assert inspect.isfunction(function) and function.__module__ == "fltune.api" and "plan" in function.__doc__
+    keywords = inspect.signature(function).parameters
+    assert "overrides" not in keywords and keywords["set"].kind is inspect.Parameter.KEYWORD_ONLY
+    command = importlib.import_module(f"fltune.{job}.command")
+    add = getattr(command, "add_parsers" if job == "reproduce" else "add_parser")
+    parser = argparse.ArgumentParser()
+    add(parser.add_subparsers(dest="command"))
+    dests = vars(parser.parse_args([job, *(["table2"] if job == "reproduce" else [])]))
+    assert set(keywords) - {"progress", "set", "space" if job == "tune" else ""} <= set(dests)
+    given = {"table": "table2"} if job == "reproduce" else {}
+    for sets in ({"method.mu": 0.1, "federation.rounds": 2}, ["method.mu=0.1", "federation.rounds=2"]):
+        args = _args(add, job, **_flags({**given, "set": sets, "progress": False}))
+        assert args.overrides == ["method.mu=0.1", "federation.rounds=2"]
+    with pytest.raises(FLTuneError, match=r"^set: 'method.mu=0.1' is one text; allowed: a mapping"):
+        _flags({"set": "method.mu=0.1", "progress": True})
+
+
+def test_dir_of_fltune_is_its_api() -> None:
+    import inspect
+
+    import fltune.tune.study  # noqa: F401  the job's package imported does not hide the function
+
+    assert dir(fltune) == sorted([*fltune.__all__, "__version__"]) and inspect.isfunction(fltune.tune)
+    assert not {"Any", "annotations", "importlib", "api", "errors"} & set(dir(fltune))
+    assert {"run", "tune", "compare", "reproduce", "Config", "FLTuneError", "CompareResult"} <= set(fltune.__all__)
+
+
+@pytest.mark.parametrize(("part", "field", "value", "line"), [
+    ("method", "mu", -1, "method.mu: Input should be greater than or equal to 0 (got -1)"),
+    ("method", "muu", 3, "method.muu: fedprox has no parameter 'muu'; did you mean mu?"),
+    ("federation", "rounds", -5, "federation.rounds: Input should be greater than or equal to 1 (got -5)"),
+    ("federation", "roundz", 3, "federation.roundz: unknown field; did you mean federation.rounds? (got 3)")])
+def test_editing_a_config_checks_the_field_at_once(part: str, field: str, value: object, line: str) -> None:
+    cfg = fltune.Config(method="fedprox")
+    with pytest.raises(FLTuneError) as err:
+        setattr(getattr(cfg, part), field, value)
+    assert str(err.value) == f"config error: {line}"
+    cfg.method.mu, cfg.federation.rounds = 0.3, 4  # the failed edit left the config as it was
+    assert (cfg.method.params.mu, cfg.federation.rounds, cfg.method.model_extra) == (0.3, 4, {"mu": 0.3})
+
+
+def test_an_edit_that_breaks_a_rule_between_fields_fails_before_ray() -> None:
+    cfg = fltune.Config(**TINY)
+    cfg.metrics.test = False  # a valid field, but nothing left to evaluate without a validation split
+    with pytest.raises(FLTuneError, match=r"^config error: metrics.test: false leaves nothing to evaluate"):
+        fltune.run(cfg, progress=False)  # raised by the config's own check, which run makes before Ray starts
 
 
 @pytest.mark.slow
@@ -114,6 +163,8 @@ def test_a_users_method_runs_alike_on_one_and_two_workers(tmp_path: Path) -> Non
 @pytest.mark.slow
 @pytest.mark.extended
 def test_a_users_method_is_tuned_and_compared(tmp_path: Path) -> None:
+    import pandas
+
     folder = tmp_path / "mine"
     write_method(folder)
     space = write_space(folder, "./smooth.py:LabelSmooth")  # beside the method, relative to the space
@@ -121,10 +172,12 @@ def test_a_users_method_is_tuned_and_compared(tmp_path: Path) -> None:
     assert study.code == 0 and len(study.trials) == 2 and {t.status for t in study.trials} == {"finished"}
     assert study.best is not None and study.best.method.name == f"{folder / 'smooth.py'}:LabelSmooth"
 
-    overrides = [f"{key}={value}" for key, value in {**TINY, "federation.rounds": 1, "resources.workers": 1,
-                                                                 "tracking.enabled": False}.items()]
-    comparison = fltune.compare([f"{folder / 'smooth.py'}:LabelSmooth", "fedavg"], seeds=2, overrides=overrides,
+    fields = {**TINY, "federation.rounds": 1, "resources.workers": 1, "tracking.enabled": False}
+    comparison = fltune.compare([f"{folder / 'smooth.py'}:LabelSmooth", "fedavg"], seeds=2, set=fields,
                                 storage=str(tmp_path / "jobs"), name="cmp", out=str(tmp_path / "out"), progress=False)
     assert comparison.code == 0 and len(comparison.trials) == 4
+    assert comparison.out == str(tmp_path / "out")  # the folder holding compare.csv, whose rows the table is
+    assert comparison.to_pandas().equals(pandas.read_csv(tmp_path / "out" / "compare.csv"))
+    assert len(comparison.to_pandas()) == 2  # a row per method
     assert sorted(p.name for p in (tmp_path / "out" / "configs").iterdir()) == ["fedavg.yaml", "smooth.LabelSmooth.yaml"]
     assert "smooth.py:LabelSmooth" in (tmp_path / "out" / "compare.md").read_text()

@@ -4,15 +4,20 @@ the commands printing a plan without running or writing anything."""
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+import fltune
 from fltune.cli import main
 from fltune.config import build_config
 from fltune.data.datasets import load_dataset
-from fltune.estimate import calibrate, client_samples, estimate, longest_first, run_seconds, work
+from fltune.errors import FLTuneError
+from fltune.estimate import Plan, calibrate, client_samples, estimate, longest_first, run_seconds, work
 from tests.conftest import FMNIST_DIR, needs_fmnist
+from tests.plugin_helpers import TINY
 
 
 def synthetic(*overrides: str):
@@ -107,7 +112,7 @@ def test_reproduce_plan_refuses_bad_counts_like_the_job(flag, value, tmp_path, c
 
 
 def test_tune_plan_prints_trials_and_estimate_and_writes_nothing(mlflow_uri, wide, tmp_path, capsys) -> None:
-    space = Path(__file__).parents[1] / "search_spaces" / "fedavg.yaml"
+    space = Path(__file__).parents[1] / "fltune" / "search_spaces" / "fedavg.yaml"
     args = ["tune", "--space", str(space), "--set", "data.dataset=synthetic", "--num-samples", "3", "--plan",
             "--storage", str(tmp_path / "jobs")]
     assert main(args) == 0
@@ -119,7 +124,7 @@ def test_tune_plan_prints_trials_and_estimate_and_writes_nothing(mlflow_uri, wid
 
 def test_a_tune_plan_on_data_still_to_fetch_says_so_in_one_line(tmp_path, capsys) -> None:
     """Not the loader's "not found …; or --set data.download=true": the flag is set, and a plan fetches nothing."""
-    space = Path(__file__).parents[1] / "search_spaces" / "fedavg.yaml"
+    space = Path(__file__).parents[1] / "fltune" / "search_spaces" / "fedavg.yaml"
     args = ["tune", "--space", str(space), "--plan", "--set", "data.dataset=cifar10", "--set", "data.download=true",
             "--set", f"data.root={tmp_path / 'data'}", "--storage", str(tmp_path / "jobs")]
     assert main(args) == 2
@@ -182,7 +187,7 @@ IMPOSSIBLE_SPLIT = ["--set", "data.dataset=synthetic", "--set", "partition.kind=
 
 
 @pytest.mark.parametrize("command", [
-    ["run"], ["tune", "--space", str(Path(__file__).parents[1] / "search_spaces" / "fedavg.yaml")],
+    ["run"], ["tune", "--space", str(Path(__file__).parents[1] / "fltune" / "search_spaces" / "fedavg.yaml")],
     ["compare", "--methods", "fedavg,fedprox"], ["reproduce", "table2", "--datasets", "fmnist", "--rows", "FedAvg"]])
 def test_a_plan_of_a_job_its_data_checks_refuse_is_refused_with_the_jobs_line(command, tmp_path, capsys) -> None:
     """A plan partitions the data as the job would before Ray: a split no client draw can serve is the job's one
@@ -217,3 +222,52 @@ def test_a_model_timed_without_its_methods_additions_is_timed_once_for_every_met
     fedavg, moon = synthetic(), synthetic("method.name=moon")
     assert calibrate(moon, as_built=False) == calibrate(fedavg, as_built=False) == calibrate(fedavg)
     assert calibrate(moon) != calibrate(fedavg)  # timed with its projector
+
+
+def plan_calls(job: str, tmp_path: Path) -> tuple[Callable[..., Any], list[str]]:
+    """The job as Python calls it with ``plan=True`` (the function, ``plan`` left to give) and as flags."""
+    storage = ["--storage", str(tmp_path / "jobs")]
+    space = str(Path(__file__).parents[1] / "fltune" / "search_spaces" / "fedavg.yaml")
+    if job == "run":
+        return (lambda **k: fltune.run(fltune.Config(**TINY), **k),
+                ["run", *(f for key, value in TINY.items() for f in ("--set", f"{key}={value}"))])
+    if job == "tune":
+        return (lambda **k: fltune.tune(space, set={"data.dataset": "synthetic"}, num_samples=3,
+                                        storage=str(tmp_path / "jobs"), **k),
+                ["tune", "--space", space, "--set", "data.dataset=synthetic", "--num-samples", "3", *storage])
+    if job == "compare":
+        return (lambda **k: fltune.compare(["fedavg", "fedprox"], seeds=1, set=["data.dataset=synthetic"],
+                                           storage=str(tmp_path / "jobs"), out=tmp_path / "out", **k),
+                ["compare", "--methods", "fedavg,fedprox", "--seeds", "1", "--set", "data.dataset=synthetic", *storage,
+                 "--out", str(tmp_path / "out")])
+    return (lambda **k: fltune.reproduce("table2", datasets=["fmnist"], rows=["FedAvg"],
+                                         storage=str(tmp_path / "jobs"), **k),
+            ["reproduce", "table2", "--datasets", "fmnist", "--rows", "FedAvg", *storage])
+
+
+@pytest.mark.parametrize("job", ["run", "tune", "compare", "reproduce"])
+def test_plan_true_returns_the_plan_the_command_prints(job, mlflow_uri, wide, tmp_path, capsys) -> None:
+    """``fltune.compare([...], seeds=1, plan=True)`` runs nothing and returns what ``--plan`` prints."""
+    if job == "reproduce" and not FMNIST_DIR.exists():
+        pytest.skip("needs FMNIST")
+    call, flags = plan_calls(job, tmp_path)
+    plan = call(plan=True)
+    title = "plan: " + ("simfafl:table2" if job == "reproduce" else job)
+    assert isinstance(plan, Plan) and plan.title.startswith(title)
+    assert main([*flags, "--plan"]) == 0
+    assert capsys.readouterr().out == str(plan) and plan.estimate.samples > 0
+    assert_wrote_nothing(tmp_path)
+
+
+@pytest.mark.parametrize("job", ["run", "tune", "compare"])
+def test_a_plan_and_a_job_check_the_data_first(job, tmp_path) -> None:
+    """The data pre-check of the command runs in Python too, planned or not: one line, before Ray."""
+    missing = {"data.dataset": "cifar10", "data.root": str(tmp_path / "nowhere")}
+    calls = {"run": lambda **k: fltune.run(fltune.Config(**{**TINY, **missing}), **k),
+             "tune": lambda **k: fltune.tune(Path(__file__).parents[1] / "fltune" / "search_spaces" / "fedavg.yaml", set=missing,
+                                             storage=str(tmp_path / "jobs"), **k),
+             "compare": lambda **k: fltune.compare("fedavg,fedprox", set=missing, storage=str(tmp_path / "jobs"), **k)}
+    for plan in (True, False):
+        with pytest.raises(FLTuneError, match=r"cifar10.*not"):
+            calls[job](plan=plan, progress=False)
+    assert not (tmp_path / "jobs").exists()

@@ -64,7 +64,8 @@ class Imports(ast.NodeVisitor):
 
 def import_graph(package: Path) -> dict[str, set[str]]:
     """Module → the package's modules it imports (``from a import b`` names the submodule ``a.b`` when
-    there is one; a package's ``__init__`` is not counted as imported by its submodules' imports)."""
+    there is one). Importing ``a.b.c`` runs the ``__init__`` of ``a.b`` first, so that counts as imported too,
+    unless ``a.b`` holds the importing module: its ``__init__`` began before the module did (the root's always)."""
     paths = {module_name(path, package): path for path in sorted(package.rglob("*.py"))}
     graph: dict[str, set[str]] = {}
     for name, path in paths.items():
@@ -72,8 +73,16 @@ def import_graph(package: Path) -> dict[str, set[str]]:
         visitor.visit(ast.parse(path.read_text(), str(path)))
         targets = {f"{module}.{n}" if f"{module}.{n}" in paths else module
                    for module, names in visitor.found for n in names or [""]}
-        graph[name] = {target.rstrip(".") for target in targets if target.rstrip(".") in paths} - {name}
+        targets = {target.rstrip(".") for target in targets}
+        parents = {target.rsplit(".", depth)[0] for target in targets for depth in range(1, target.count("."))}
+        graph[name] = {target for target in targets | parents - ancestors(name) if target in paths} - {name}
     return graph
+
+
+def ancestors(module: str) -> set[str]:
+    """The packages holding ``module``: ``a.b.c`` → {a, a.b}."""
+    parts = module.split(".")
+    return {".".join(parts[:n]) for n in range(1, len(parts))}
 
 
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -180,6 +189,18 @@ def test_the_graph_counts_imports_that_run_and_only_those(toy: Path) -> None:
     graph = import_graph(toy)
     assert graph == {"toy": set(), "toy.a": {"toy.b"}, "toy.b": {"toy.c"}, "toy.c": {"toy.b"}}
     assert cycles(graph) == [["toy.b", "toy.c", "toy.b"]]
+
+
+def test_a_subpackages_init_counts_as_imported(tmp_path: Path) -> None:
+    """``toy.a`` imports ``toy.sub.b``, so ``toy.sub``'s ``__init__`` runs, and it imports ``toy.a``: a cycle."""
+    (tmp_path / "toy" / "sub").mkdir(parents=True)
+    for path, text in (("__init__.py", "import toy.a\n"), ("a.py", "def f():\n    from toy.sub.b import x\n"),
+                       ("sub/__init__.py", "from toy import a\n"), ("sub/b.py", "import toy.sub.c\n"),
+                       ("sub/c.py", "")):
+        (tmp_path / "toy" / path).write_text(text)
+    graph = import_graph(tmp_path / "toy")
+    assert graph["toy.a"] == {"toy.sub", "toy.sub.b"} and graph["toy.sub.b"] == {"toy.sub.c"}  # toy.sub began first
+    assert cycles(graph) == [["toy.a", "toy.sub", "toy.a"]]
 
 
 def test_a_module_belongs_to_the_layer_of_its_longest_prefix() -> None:

@@ -26,6 +26,7 @@ if TYPE_CHECKING:  # Ray Tune and MLflow load only when the command runs
 
     from fltune.compare.spec import CompareSpec
     from fltune.config import ExperimentConfig
+    from fltune.estimate import Plan
     from fltune.tune.board import TrialBoard
     from fltune.tune.mlflow_runs import RunTree
     from fltune.tune.results import TrialRow
@@ -58,7 +59,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    """A comparison, or its plan; a dataset that is nowhere is one line before torch or Ray load."""
+    """A comparison, or its plan."""
+    checked(args)
+    return job_plan(args).print() if args.plan else Comparison(args).run()
+
+
+def checked(args: argparse.Namespace) -> None:
+    """A dataset that is nowhere is one line before torch or Ray load."""
     from fltune.config import build_config
     from fltune.data.locations import check_here
 
@@ -69,17 +76,14 @@ def cmd_compare(args: argparse.Namespace) -> int:
             data = None
         if data is not None:
             check_here(data.dataset, data.root, data.download)
-    if args.plan:
-        return show_plan(args)
-    return Comparison(args).run()
 
 
-def show_plan(args: argparse.Namespace) -> int:
+def job_plan(args: argparse.Namespace) -> Plan:
     """``--plan``: each method's study and cells at the base settings, with their cost; writes nothing."""
     from fltune.compare.report import notes
     from fltune.compare.spec import method_tree
     from fltune.compare.tuning import study_spec
-    from fltune.estimate import print_plan
+    from fltune.estimate import Plan
     from fltune.tune.storage import storage_root
 
     if args.resume:
@@ -91,8 +95,8 @@ def show_plan(args: argparse.Namespace) -> int:
             items.append((f"{method}: tuning, {spec.tune_budget} trial(s)", study_spec(spec, method).base,
                           spec.tune_budget))
         items.append((f"{method}: {spec.seeds} seed(s)", method_tree(spec.base, method), spec.seeds))
-    return print_plan(f"plan: compare {', '.join(spec.methods)}", items,
-                      args.address or spec.config.resources.address, spec.max_concurrent, notes(spec)[:2])
+    return Plan.of(f"plan: compare {', '.join(spec.methods)}", items,
+                   args.address or spec.config.resources.address, spec.max_concurrent, notes(spec)[:2])
 
 
 def experiment_tree(args: argparse.Namespace) -> dict[str, Any]:

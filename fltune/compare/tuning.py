@@ -10,23 +10,18 @@ from typing import Any
 from fltune.compare.spec import ACCURACY, SHARED, TUNING_SEED_OFFSET, TUNING_VAL_FRACTION, CompareSpec, method_tree
 from fltune.config import build_config, set_fields
 from fltune.errors import FLTuneError
+from fltune.search_spaces import method_space, shipped
 from fltune.tune.command import Study
 from fltune.tune.results import TrialRow, unfinished
 from fltune.tune.space import SearchSpace, check_objective, check_params, parse_space, without_test
 from fltune.tune.spec import StudySpec, exists
 from fltune.tune.storage import holds, tune_started
 
-SPACES = Path(__file__).resolve().parents[2] / "search_spaces"
-
-
 def space_file(method: str) -> Path:
     """The method's search space: the shipped one, or for a method in a file the ``.yaml`` beside it."""
-    where = method.rpartition(":")[0]
-    path = Path(where).with_suffix(".yaml") if where.endswith(".py") else SPACES / f"{method}.yaml"
-    if not path.is_file():
-        have = sorted(p.stem for p in SPACES.glob("*.yaml"))
+    if not (path := method_space(method)).is_file():
         raise FLTuneError(f"--methods: {method} has no search space ({path}) to tune with --tune-budget; "
-                          f"allowed: {', '.join(have)}, or leave out --tune-budget")
+                          f"allowed: {', '.join(shipped())}, or leave out --tune-budget")
     return path
 
 

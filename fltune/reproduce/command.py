@@ -19,6 +19,7 @@ if TYPE_CHECKING:  # Ray Tune and MLflow load only when the command runs
     from ray.tune import PlacementGroupFactory, Tuner
 
     from fltune.config import ExperimentConfig
+    from fltune.estimate import Plan
     from fltune.reproduce.job import ReproSpec
     from fltune.reproduce.plan import PlannedCell
     from fltune.reproduce.table import PaperTable
@@ -80,9 +81,7 @@ def cmd_tables(args: argparse.Namespace) -> int:
 
 
 def cmd_reproduce(args: argparse.Namespace) -> int:
-    if args.plan:
-        return show_plan(args)
-    return Reproduction(args).run()
+    return job_plan(args).print() if args.plan else Reproduction(args).run()
 
 
 class Reproduction(TuneJob["ReproSpec"]):
@@ -197,9 +196,9 @@ def selection(args: argparse.Namespace, table: PaperTable) -> tuple[list[Planned
     return plan(table, args.scale, datasets, overrides, args.rows.split(",") if args.rows else None), datasets
 
 
-def show_plan(args: argparse.Namespace) -> int:
+def job_plan(args: argparse.Namespace) -> Plan:
     """``--plan``: the cells with their settings and cost (fltune/estimate.py); writes nothing."""
-    from fltune.estimate import print_plan
+    from fltune.estimate import Plan
     from fltune.reproduce.registry import get_table
     from fltune.reproduce.report import row_lines
 
@@ -212,8 +211,8 @@ def show_plan(args: argparse.Namespace) -> int:
     notes += [f"{sum(p.fetched for p in planned)} cell(s) whose data data.download fetches when the job runs are "
               "not counted"] * any(p.fetched for p in planned)
     cells = [(p.cell.key, p.tree, args.seeds) for p in planned if p.runnable and not p.fetched]
-    return print_plan(f"plan: {table.key} at {args.scale} scale, {len(cells)} runnable cell(s) × {args.seeds} seed(s)",
-                      cells, args.address, args.max_concurrent, notes)
+    return Plan.of(f"plan: {table.key} at {args.scale} scale, {len(cells)} runnable cell(s) × {args.seeds} seed(s)",
+                   cells, args.address, args.max_concurrent, notes)
 
 
 def describe(spec: ReproSpec, nodes: int, resumed: bool) -> str:

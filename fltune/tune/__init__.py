@@ -4,9 +4,3 @@ space.py (the search-space files) → spec.py (a resolved, saved study) → stud
 trial: a federation per seed, reported per round, checkpointed) → board.py (terminal), mlflow_runs.py (MLflow parent +
 children), results.py (status, ranking, CSV, figures); job.py is the scaffold every Tune job shares (a study, a
 reproduction, a comparison's cells), storage.py its folders."""
-
-import sys
-
-from fltune.api import CommandModule
-
-sys.modules[__name__].__class__ = CommandModule  # ``fltune.tune(...)`` is ``fltune.api.tune``

@@ -19,6 +19,7 @@ from fltune.text import invoked_as
 from fltune.tune.job import TuneJob
 
 if TYPE_CHECKING:  # the command's heavy imports (Ray Tune, MLflow) wait until it runs
+    from fltune.estimate import Plan
     from ray.tune import PlacementGroupFactory, Tuner
 
     from fltune.tune.results import TrialRow
@@ -32,7 +33,8 @@ BEST_CONFIG = "best_config.yaml"
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("tune", help="hyperparameter study of one method (Ray Tune + Optuna, tracked in MLflow)",
                        epilog=EXAMPLES["tune"], formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--space", help="search-space YAML, e.g. search_spaces/fedprox.yaml")
+    p.add_argument("--space", help="search-space YAML, or a shipped one by name, e.g. fedprox or "
+                   "search_spaces/fedprox.yaml (default: --method's shipped space)")
     p.add_argument("--method", help="method to tune (default: the space file's `method`)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
                    help="override a field of the base experiment, e.g. --set federation.rounds=20 (repeatable)")
@@ -58,16 +60,22 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
-    """A study, or its plan; a bad space file is one line before Ray, torch or the methods load."""
-    from fltune.config import read_yaml
+    """A study, or its plan."""
+    checked(args)
+    return job_plan(args).print() if args.plan else Study(args).run()
 
+
+def checked(args: argparse.Namespace) -> None:
+    """A bad space file or a missing dataset is one line before Ray, torch or the methods load."""
+    from fltune.config import read_yaml
+    from fltune.search_spaces import space_path
+
+    if not args.resume:
+        args.space = space_path(args.space, args.method)
     if args.space:
         space = read_yaml(args.space)
         if not args.resume:
             check_data_here(space, args.overrides)
-    if args.plan:
-        return show_plan(args)
-    return Study(args).run()
 
 
 def check_data_here(space: dict, overrides: list[str]) -> None:
@@ -230,7 +238,8 @@ def study_request(args: argparse.Namespace, storage: str | None = None) -> Study
     from fltune.tune.study import StudyRequest
 
     if not args.resume and not args.space:
-        raise FLTuneError("--space is required (a search-space YAML, e.g. search_spaces/fedprox.yaml)")
+        raise FLTuneError("--space or --method is required (a search-space YAML, e.g. search_spaces/fedprox.yaml, "
+                          "or a method with a shipped space)")
     return StudyRequest(
         space=args.space, method=args.method, overrides=tuple(experiment_overrides(args)),
         num_samples=args.num_samples, max_concurrent=args.max_concurrent, seeds=args.seeds,
@@ -249,10 +258,10 @@ def confirm_flag(text: str | None) -> dict[str, int] | str | None:
     return {"top": int(top), "seeds": int(seeds)}
 
 
-def show_plan(args: argparse.Namespace) -> int:
+def job_plan(args: argparse.Namespace) -> Plan:
     """``--plan``: the trials at their base settings and their cost (an upper bound under ASHA); writes nothing."""
     from fltune.config import build_config, set_fields
-    from fltune.estimate import print_plan
+    from fltune.estimate import Plan
     from fltune.tune.confirm import plan
     from fltune.tune.space import without_test
     from fltune.tune.study import resolve_space
@@ -265,8 +274,8 @@ def show_plan(args: argparse.Namespace) -> int:
         fresh = set_fields(tree, {"federation.seed": build_config(tree).federation.seed + space.seeds})
         trials.append((f"{method}: confirm top {confirm.top} × {confirm.seeds} seed(s)", fresh,
                        confirm.top * confirm.seeds))
-    return print_plan(f"plan: tune {method}", trials, args.address or tree.get("resources", {}).get("address"),
-                      space.max_concurrent, notes)
+    return Plan.of(f"plan: tune {method}", trials, args.address or tree.get("resources", {}).get("address"),
+                   space.max_concurrent, notes)
 
 
 def write_best(spec: StudySpec, text: str, best_out: str | None) -> str:

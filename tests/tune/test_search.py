@@ -7,7 +7,7 @@ from pathlib import Path
 from fltune.tune.search import make_searcher
 from fltune.tune.study import StudyRequest, new_spec
 
-SPACE = Path(__file__).parents[2] / "search_spaces" / "fedavg.yaml"
+SPACE = Path(__file__).parents[2] / "fltune" / "search_spaces" / "fedavg.yaml"
 
 
 def test_a_trial_the_searcher_never_suggested_is_passed_over_and_the_others_still_reach_optuna(tmp_path: Path) -> None:

@@ -13,12 +13,13 @@ from fltune.cli import main
 from fltune.errors import FLTuneError
 from fltune.methods import METHODS, get_method
 from fltune.reproduce.papers import fedalign, fedsol, man, simfafl
+from fltune.search_spaces import SPACES, space_path
 from fltune.tune.search import DefineByRun
 from fltune.tune.space import parse_space
 from fltune.tune.study import StudyRequest, new_spec
 from tests.tune.helpers import REPO, TINY_BASE, write_space
 
-SPACE_FILES = sorted((REPO / "search_spaces").glob("*.yaml"))
+SPACE_FILES = sorted((REPO / "fltune" / "search_spaces").glob("*.yaml"))
 AUTHORS_OPTIMISER = {
     **dict.fromkeys(("simfafl", "fedcr", "fedsr", "fedbabu", "fedper", "fedrep", "lg_fedavg", "fedpac_fedcr"),
                     simfafl.CODE_SETTINGS),
@@ -49,7 +50,7 @@ def test_every_shipped_space_validates(path: Path, tmp_path: Path) -> None:
 def test_a_space_in_a_papers_setting_trains_with_its_authors_optimiser(stem: str, tmp_path: Path) -> None:
     """The SimFAFL-family spaces trained with momentum 0.9 and no clipping where FedCR's code (and Table 2) uses
     plain SGD clipped at 10; FedAlign's without Nesterov; MAN's and FedSOL's without their lr decay."""
-    spec = new_spec(StudyRequest(space=str(REPO / "search_spaces" / f"{stem}.yaml"), storage=str(tmp_path)))
+    spec = new_spec(StudyRequest(space=str(REPO / "fltune" / "search_spaces" / f"{stem}.yaml"), storage=str(tmp_path)))
     config = spec.base_config.model_dump()
     for key, value in AUTHORS_OPTIMISER[stem].items():
         section, field = key.split(".")
@@ -208,3 +209,21 @@ def test_a_study_can_maximise_a_validation_accuracy_once_there_is_a_validation_s
         new_spec(StudyRequest(space=str(space), storage=str(tmp_path)))
     spec = new_spec(StudyRequest(space=str(space), storage=str(tmp_path), overrides=("partition.val_fraction=0.1",)))
     assert spec.space.objective.direction == "max" and spec.base_config.partition.val_fraction == 0.1
+
+
+def test_the_shipped_spaces_are_found_from_any_folder(tmp_path, monkeypatch, capsys) -> None:
+    """Outside the checkout, ``--space search_spaces/fedprox.yaml``, ``--space fedprox`` and ``--method fedprox``
+    alone name the space fltune ships (package data); a file of that name here wins."""
+    monkeypatch.chdir(tmp_path)
+    shipped = str(SPACES / "fedprox.yaml")
+    named = [("search_spaces/fedprox.yaml", None), ("fedprox", None), (None, "fedprox"), ("fedprox", "fedprox")]
+    assert [space_path(space, method) for space, method in named] == [shipped] * 4
+    storage = ["--set", "data.dataset=synthetic", "--plan", "--storage", str(tmp_path / "jobs")]
+    for flags in (["--method", "fedprox"], ["--space", "search_spaces/fedprox.yaml"]):
+        assert main(["tune", *flags, *storage]) == 0
+        assert "plan: tune fedprox" in capsys.readouterr().out
+    with pytest.raises(FLTuneError, match=r"^--method nosuch: no search space \(.*nosuch.yaml\); allowed: --space FILE"):
+        space_path(None, "nosuch")
+    (tmp_path / "search_spaces").mkdir()
+    (tmp_path / "search_spaces" / "fedprox.yaml").write_text("method: fedprox\n")
+    assert space_path("search_spaces/fedprox.yaml", None) == "search_spaces/fedprox.yaml"

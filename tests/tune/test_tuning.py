@@ -36,7 +36,7 @@ def optuna_trials(folder: Path, name: str) -> list[optuna.trial.FrozenTrial]:
 @pytest.mark.slow
 def test_the_shipped_fedprox_space_selects_on_validation_confirms_on_seeds_and_starts_another_warm(
         ray_session, tmp_path: Path, mlflow_uri: str, capsys) -> None:
-    space = str(REPO / "search_spaces" / "fedprox.yaml")
+    space = str(REPO / "fltune" / "search_spaces" / "fedprox.yaml")
     args = ["tune", "--space", space, "--storage", str(tmp_path), *TINY_FMNIST, "--num-samples", "3"]
     assert main([*args, "--name", "a"]) == 0
     out = capsys.readouterr().err
