@@ -222,3 +222,9 @@ def test_a_started_run_keeps_no_private_copy_of_its_dataset(ray_session):
     finally:
         fed.close()
         pool.shutdown()
+
+
+def test_a_plan_refuses_a_warm_start_folder_without_a_study(tmp_path, capsys) -> None:
+    """``tune --plan`` checks ``--warm-start`` as the study would, in one line, exit 2."""
+    assert main(["tune", "--method", "fedprox", "--warm-start", str(tmp_path), "--plan"]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].startswith(f"fltune: --warm-start {tmp_path}: no Optuna study")

@@ -264,9 +264,10 @@ def job_plan(args: argparse.Namespace) -> Plan:
     from fltune.estimate import Plan
     from fltune.tune.confirm import plan
     from fltune.tune.space import without_test
-    from fltune.tune.study import resolve_space
+    from fltune.tune.study import resolve_space, warm_start
 
     space, method, tree = resolve_space(study_request(args))
+    warm_start(args.warm_start)  # a plan refuses what the job would
     notes = [f"searched: {', '.join(space.params)} ({space.sampler.name}); scheduler {space.scheduler.name}"]
     label = f"{method}: {space.num_samples} trial(s) × {space.seeds} seed(s)"
     trials = [(label, without_test(tree) if space.on_validation else tree, space.num_samples * space.seeds)]

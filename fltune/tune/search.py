@@ -72,10 +72,10 @@ def finished_trials(folder: str) -> list[optuna.trial.FrozenTrial]:
     """The completed trials of the study in ``folder`` (``--warm-start``), checked to be there."""
     from pathlib import Path
 
-    storage = journal(folder)
-    if storage is None or not Path(folder, JOURNAL).is_file():
+    if "://" in folder or not Path(folder, JOURNAL).is_file():  # before opening: the backend creates the file
         raise FLTuneError(f"--warm-start {folder}: no Optuna study there ({JOURNAL}); allowed: the local folder "
                           "of a study this fltune ran")
+    storage = journal(folder)
     names = optuna.get_all_study_names(storage)
     trials = optuna.load_study(study_name=names[0], storage=storage).get_trials(
         deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
