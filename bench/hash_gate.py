@@ -28,6 +28,7 @@ import argparse
 import hashlib
 import json
 import os
+import platform
 import struct
 import subprocess
 import sys
@@ -45,7 +46,7 @@ from rich.table import Table
 from fltune.assembly import build_federation
 from fltune.config import ExperimentConfig, build_config
 from fltune.data.federated import FederatedData
-from fltune.engine.builders import load_data
+from fltune.engine.builders import load_data, torch_threads
 from fltune.engine.dispatch import Pool
 from fltune.engine.federation import Federation
 from fltune.engine.pool import InProcessPool, WorkerPlan, WorkerPool
@@ -151,14 +152,16 @@ def make_pool(workers: int) -> Pool:
 
 
 def run_gate(methods: list[str], workers: int = 0, seed: int = 0) -> tuple[dict[str, dict[str, str]], dict[str, float]]:
-    """Every method's hashes and seconds, the data loaded once (its partition depends on no method)."""
+    """Every method's hashes and seconds, the data loaded once (its partition depends on no method). One torch
+    thread in this process too: its evaluations' kernels may round differently per thread count."""
     data = load_data(gate_config("fedavg", seed))
     pool = make_pool(workers)
     found, seconds = {}, {}
     try:
         for method in methods:
             began = time.perf_counter()
-            found[method] = run_method(method, data, pool, seed)
+            with torch_threads(1):
+                found[method] = run_method(method, data, pool, seed)
             seconds[method] = time.perf_counter() - began
     finally:
         pool.shutdown()
@@ -166,11 +169,21 @@ def run_gate(methods: list[str], workers: int = 0, seed: int = 0) -> tuple[dict[
 
 
 def commit_of(tree: Path) -> str:
-    """The checkout's commit, ``+dirty`` when it has changes to tracked files."""
+    """The last commit that changed ``fltune/`` (the code hashed; a commit of bench or docs alone changes
+    nothing), ``+dirty`` when its tracked files have changes since."""
     def git(*args: str) -> str:
         return subprocess.run(["git", "-C", str(tree), *args], capture_output=True, text=True).stdout.strip()
 
-    return git("rev-parse", "--short", "HEAD") + ("+dirty" if git("status", "--porcelain", "-uno") else "")
+    dirty = git("status", "--porcelain", "-uno", "--", "fltune")
+    return git("log", "-1", "--format=%h", "--", "fltune") + ("+dirty" if dirty else "")
+
+
+def processor() -> str:
+    """This machine's CPU model: torch picks its CPU kernels per instruction set, so bits hold per model."""
+    info = Path("/proc/cpuinfo")
+    names = [line.split(":", 1)[1].strip() for line in info.read_text().splitlines()
+             if line.startswith("model name")] if info.exists() else []
+    return names[0] if names else platform.processor() or platform.machine()
 
 
 def compare(found: dict[str, dict[str, str]], recorded: dict[str, dict[str, str]]) -> dict[str, str]:
@@ -212,31 +225,34 @@ def parse_only(text: str | None) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--record", action="store_true", help=f"write {RECORD.name} instead of comparing")
+    parser.add_argument("--record", action="store_true", help=f"write {RECORD.name} (all methods) instead of comparing")
     parser.add_argument("--only", help="comma-separated methods (default: all 38)")
     parser.add_argument("--workers", type=int, default=0, help="0: in this process (default); N: N Ray actors")
     parser.add_argument("--seed", type=int, default=0, help="federation.seed (the record's is 0)")
     args = parser.parse_args(argv)
     try:
         methods = parse_only(args.only)
+        if args.record and args.only:
+            raise FLTuneError("--record: writes all 38 methods' hashes on one commit; allowed without --only")
         if args.workers < 0:
             raise FLTuneError(f"--workers: {args.workers}; allowed: 0 (this process) or a positive count")
     except FLTuneError as err:
         print(f"hash_gate: {err}", file=sys.stderr)
         return 2
     os.environ["CUDA_VISIBLE_DEVICES"] = ""  # the record is CPU's bits; torch reads this at CUDA's first use
-    torch.set_num_threads(1)
     start = time.perf_counter()
     found, seconds = run_gate(methods, args.workers, args.seed)
     if args.record:
-        old = json.loads(RECORD.read_text())["methods"] if RECORD.exists() else {}
-        record = {"commit": commit_of(RECORD.parents[2]), "torch": torch.__version__, "config": TINY,
-                  "methods": {**old, **found}}
+        record = {"commit": commit_of(RECORD.parents[2]), "torch": torch.__version__, "cpu": processor(),
+                  "config": TINY, "methods": found}
         RECORD.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
         print(f"recorded {len(found)} methods in {RECORD} ({time.perf_counter() - start:.0f} s)")
         return 0
-    recorded = json.loads(RECORD.read_text())["methods"] if RECORD.exists() else {}
-    verdicts = compare(found, recorded)
+    record = json.loads(RECORD.read_text()) if RECORD.exists() else {"methods": {}}
+    if record.get("cpu", processor()) != processor():
+        print(f"recorded on {record['cpu']}, this is {processor()}: bits differ between CPU models; "
+              "record on unchanged main here first (--record)")
+    verdicts = compare(found, record["methods"])
     print_table(verdicts, found, seconds)
     same = sum(v == "identical" for v in verdicts.values())
     print(f"wall {time.perf_counter() - start:.0f} s")
