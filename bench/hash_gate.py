@@ -62,7 +62,7 @@ TINY = [
     "metrics.protocols=[global,all_model,personalized]",
 ]
 """300 FMNIST samples over 4 clients, 2 of them a round for 2 rounds (one client never trains, one trains
-twice), 5 local steps each; every protocol, fine-tuning included. Changing a line changes every hash."""
+twice), a few local steps each; every protocol, fine-tuning included. Changing a line changes every hash."""
 COMPOSITES = [f"{base}+man" for base in ("feddyn", "feddc", "fedsam", "fedasam", "fedspeed", "fedsol", "ditto")]
 """MAN on the MAN paper's other bases (``man`` is FedAvg's: the same bits as ``fedavg+man``), on FedSOL and on
 Ditto (a modifier on a personal model's step)."""
