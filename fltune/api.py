@@ -118,8 +118,8 @@ def run(cfg: ExperimentConfig | str | Path, *, plan: bool = False, progress: boo
 def load_model(run_id: str, *, client: int | None = None, uri: str | None = None) -> nn.Module:
     """The final model that the MLflow run ``run_id`` of ``fltune run`` saved (its ``model/`` artifact), rebuilt
     from the run's ``config.yaml`` in eval mode: the global model, or ``client``'s own where the method keeps
-    personal weights. ``uri``: the tracking store, by default the one ``run`` logs to. The best configuration
-    of a study is retrained, with the same bits, by ``run("…/best_config.yaml")``."""
+    personal weights. ``uri``: the tracking store, by default the one ``run`` logs to. A study's winner:
+    ``load_model(result.model_run, uri=…)``, the run named in the first line of its ``best_config.yaml``."""
     import os
     import tempfile
 
@@ -186,14 +186,16 @@ def _load_data(cfg: ExperimentConfig) -> FederatedData:
 @dataclass
 class JobResult:
     """A Tune job's outcome: ``code`` the exit status (0 done, 1 nothing scored or a trial failed, 130
-    interrupted: rerun with ``resume=True``), the job's ``name`` and ``folder``, every trial, and a study's ``best``
-    configuration."""
+    interrupted: rerun with ``resume=True``), the job's ``name`` and ``folder``, every trial, a study's ``best``
+    configuration and ``model_run``, the MLflow run of its model (``load_model(model_run, uri=best.tracking.uri)``;
+    None when the study confirmed nothing or tracked nothing)."""
 
     code: int
     name: str
     folder: str
     trials: list[TrialRow] = field(default_factory=list)
     best: ExperimentConfig | None = None
+    model_run: str | None = None
 
 
 @dataclass
@@ -242,7 +244,7 @@ def tune(space: str | Path | None = None, *, method: str | None = None,
         code = job.run()
     best_file = Path(job.spec.path) / BEST_CONFIG
     best = ExperimentConfig.from_yaml(best_file) if code == 0 and best_file.is_file() else None
-    return JobResult(code, job.spec.name, job.spec.path, job.rows, best)
+    return JobResult(code, job.spec.name, job.spec.path, job.rows, best, job.model_run if best else None)
 
 
 def compare(methods: str | Sequence[str] | None = None, *, config: str | Path | None = None,

@@ -100,6 +100,8 @@ class Study(TuneJob["StudySpec"]):
 
     what = "study"
     command = "tune"
+    model_run: str | None = None
+    """The MLflow run holding the winner's model (its confirmation run), once confirmed with tracking on."""
 
     def new_spec(self, storage: str) -> StudySpec:
         from fltune.tune import study
@@ -173,8 +175,10 @@ class Study(TuneJob["StudySpec"]):
         if confirm is None:
             return 130
         params, line = confirm if confirm else (top.params, best_line(spec, top))
-        path = write_best(spec, trial_config(spec, params).to_yaml(), self.args.best_out)
+        note = model_note(spec, self.model_run)
+        path = write_best(spec, note + trial_config(spec, params).to_yaml(), self.args.best_out)
         console.print(f"{line}\n  config: {path}  ({invoked_as()} run --config {path})")
+        console.print(f"  {note[2:].rstrip()}", highlight=False)
         return said_failed(rows, "trials")
 
     def confirm(self, spec: StudySpec, rows: list[TrialRow]) -> tuple[dict[str, Any], str] | tuple[()] | None:
@@ -196,7 +200,7 @@ class Study(TuneJob["StudySpec"]):
         if spec.tracking.enabled:
             from fltune.tune.mlflow_runs import log_confirmed
 
-            log_confirmed(spec, job.confirmed)
+            self.model_run = log_confirmed(spec, job.confirmed, job.spec.first_seed)
         win = job.confirmed[0]
         test = "" if win.test_mean is None else (f"; on test {win.test_mean:.4f} ± {win.test_std:.4f} "
                                                  f"(gap {win.gap:+.4f})")
@@ -213,6 +217,16 @@ def show_front(spec: StudySpec) -> None:
     if rows:
         console.print(front_table(spec, rows))
         console.print(f"  Pareto front: {write_front(spec, rows)}")
+
+
+def model_note(spec: StudySpec, run_id: str | None) -> str:
+    """best_config.yaml's first line: the MLflow run holding the winner's model, or how to train it."""
+    from fltune.tracking.paths import default_uri
+
+    if run_id is None:
+        return "# model: not saved by the study; fltune.run(<this file>).model() trains and returns it\n"
+    uri = spec.tracking.uri or default_uri()
+    return f"# model: runs:/{run_id}/model in {uri}; fltune.load_model({run_id!r}, uri={uri!r}) returns it\n"
 
 
 def warm_line(spec: StudySpec) -> str:

@@ -39,7 +39,8 @@ def plan(space: SearchSpace, testing: bool) -> Confirm | None:
 
 
 class ConfirmSpec(SavedSpec):
-    """The confirmation job: the study, and its top configurations (JSON of their parameters), best first."""
+    """The confirmation job: the study, and its top configurations (JSON of their parameters), best first;
+    ``uri``: the driver's MLflow store, where the trials log their seeds' runs (a trial's own default differs)."""
 
     study: StudySpec
     cells: list[str]
@@ -48,10 +49,12 @@ class ConfirmSpec(SavedSpec):
     first_seed: int
     workers: int
     gpus_per_worker: float | None
+    uri: str = ""
 
     @classmethod
     def of(cls, study: StudySpec, rows: list[TrialRow], confirm: Confirm) -> ConfirmSpec:
         """Fresh seeds follow the search's, except when only the test data is read (``confirm: none``)."""
+        from fltune.tracking.paths import default_uri
         from fltune.tune.results import rank
 
         ranked = [row for row in rank(rows, study.space.objective.direction) if row.scored][:confirm.top]
@@ -59,7 +62,7 @@ class ConfirmSpec(SavedSpec):
         return cls(name=FOLDER, storage=study.path, study=study, top=confirm.top, seeds=confirm.seeds,
                    cells=[json.dumps(row.params, sort_keys=True) for row in ranked],
                    first_seed=study.base_config.federation.seed + fresh, workers=study.workers,
-                   gpus_per_worker=study.gpus_per_worker)
+                   gpus_per_worker=study.gpus_per_worker, uri=study.tracking.uri or default_uri())
 
     @property
     def tracking(self) -> TrackingConfig:
@@ -78,7 +81,11 @@ def test_objective(space: SearchSpace) -> Objective | None:
 
 
 def run_confirmation(config: dict[str, Any], spec: ConfirmSpec) -> None:
-    """Tune entry point: one configuration (``config["cell"]``), every confirmation seed in lockstep."""
+    """Tune entry point: one configuration (``config["cell"]``), every confirmation seed in lockstep, each seed
+    then an MLflow run with its model (``log_seed_runs``)."""
+    from functools import partial
+
+    from fltune.tune.mlflow_runs import log_seed_runs
     from fltune.tune.trainable import Cadence, run_federations, seed_configs
 
     study = spec.study
@@ -88,7 +95,8 @@ def run_confirmation(config: dict[str, Any], spec: ConfirmSpec) -> None:
     cfgs = seed_configs(tree, spec.seeds, spec.workers, spec.gpus_per_worker or 0.0)
     test = test_objective(study.space)
     run_federations(cfgs, study.space.objective, Cadence(study.space.checkpoint_every, study.space.checkpoint_seconds),
-                    extra=[test] if test else ())
+                    extra=[test] if test else (),
+                    at_end=partial(log_seed_runs, spec, config["cell"]) if study.tracking.enabled else None)
 
 
 class Confirmation(TuneJob[ConfirmSpec]):

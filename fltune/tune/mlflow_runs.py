@@ -5,12 +5,13 @@ continues each curve and deletes children the restored state never saw: every tr
 
 from __future__ import annotations
 
+import json
 import math
 import tempfile
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ray.tune.experiment import Trial
 from ray.tune.logger import LoggerCallback
@@ -26,9 +27,15 @@ from fltune.tune.results import (
 )
 from fltune.tune.spec import StudySpec
 
+if TYPE_CHECKING:
+    from fltune.engine.federation import Federation
+    from fltune.tune.confirm import ConfirmSpec
+
 STUDY_TAG = "fltune.study"
 TRIAL_TAG = "fltune.trial_id"
 KIND_TAG = "fltune.kind"
+CELL_TAG = "fltune.cell"
+"""A confirmation run's configuration: the JSON of its tuned parameters (``ConfirmSpec.cells``)."""
 EVERY_ROUND = "round_s"
 """A metric every round logs: its last step is the round a resumed trial's curves go on after."""
 
@@ -243,10 +250,32 @@ def study_parent(study: StudySpec) -> tuple[Tracker, str] | None:
     return (tracker, found[0].info.run_id) if found else None
 
 
-def log_confirmed(study: StudySpec, rows: list[Any]) -> None:
-    """The confirmation on the study's parent run: its table, the winner's scores, parameters and configuration."""
+def log_seed_runs(spec: ConfirmSpec, cell: str, feds: list[Federation]) -> None:
+    """A confirmation trial's seeds, each logged as ``fltune run`` logs its run (``MLflowCallback``: rounds,
+    summary, curves, the ``model/`` weights), as children of the study's parent tagged with their cell: the
+    study's answer then loads with ``fltune.load_model``. Called by the trial once its last round is reported."""
+    from fltune.tracking.callback import MLflowCallback
+
+    cfgs = [trial_config(spec.study, {**json.loads(cell), "federation.seed": fed.cfg.federation.seed,
+                                      "tracking.uri": spec.uri}) for fed in feds]
+    tracker = Tracker(cfgs[0].tracking)
+    parents = tracker.find({STUDY_TAG: spec.study.path, KIND_TAG: StudyLog.kind})
+    tags = {STUDY_TAG: spec.study.path, KIND_TAG: "confirmation", CELL_TAG: cell,
+            **({"mlflow.parentRunId": parents[0].info.run_id} if parents else {})}
+    for fed, cfg in zip(feds, cfgs):
+        log = MLflowCallback(cfg, tracker)
+        log.on_start(fed)
+        for row in fed.history:
+            log.on_round(fed, row)
+        log.on_end(fed, summary := fed.summary())
+        tracker.set_tags(summary["mlflow_run_id"], tags)
+
+
+def log_confirmed(study: StudySpec, rows: list[Any], seed: int) -> str | None:
+    """The confirmation on the study's parent run: its table, the winner's scores, parameters and configuration,
+    and ``fltune.best_run``, the winner's run at ``seed`` (``log_seed_runs``), which this returns."""
     if (found := study_parent(study)) is None:
-        return
+        return None
     (tracker, parent), win = found, rows[0]
     lines = ["| " + " | ".join([*study.space.params, "mean", "std", "test_mean", "test_std", "within_noise"]) + " |",
              "|" + " --- |" * (len(study.space.params) + 5)]
@@ -257,3 +286,7 @@ def log_confirmed(study: StudySpec, rows: list[Any]) -> None:
                                  "confirmed_test": win.test_mean, "confirmed_gap": win.gap})
     tracker.set_tags(parent, {f"best.{k}": v for k, v in win.params.items()})
     tracker.log_text(parent, trial_config(study, win.params).to_yaml(), "best_config.yaml")
+    runs = tracker.find({STUDY_TAG: study.path, CELL_TAG: json.dumps(win.params, sort_keys=True), "seed": seed})
+    if runs:  # the newest, should a resumed confirmation have logged it twice
+        tracker.set_tags(parent, {"fltune.best_run": runs[0].info.run_id})
+    return runs[0].info.run_id if runs else None

@@ -181,9 +181,10 @@ def run_trial(config: dict[str, Any], spec: StudySpec) -> None:
 
 
 def run_federations(cfgs: list[ExperimentConfig], objective: Objective, cadence: Cadence,
-                    extra: Sequence[Objective] = ()) -> None:
+                    extra: Sequence[Objective] = (), at_end: Callable[[list[Federation]], None] | None = None) -> None:
     """The body of every fltune trial: one ``Federation`` per seed in lockstep, a report per round, a
-    checkpoint when ``cadence`` says; ``extra`` objectives are reported beside the main one."""
+    checkpoint when ``cadence`` says; ``extra`` objectives are reported beside the main one; ``at_end`` sees
+    the seeds' federations, still open, once their last round is reported."""
     start = time.perf_counter()
     logging.getLogger("ray.train._internal.storage").setLevel(logging.WARNING)  # one line per checkpoint
     folder = client_folder()
@@ -199,6 +200,8 @@ def run_federations(cfgs: list[ExperimentConfig], objective: Objective, cadence:
         for _ in lockstep(feds):
             result = {**trial_result(feds, objective, extra), **placement}
             report(result, feds, with_checkpoint=cadence.due(int(result["round"]), done(feds)))
+        if at_end is not None:
+            at_end(feds)
     finally:
         for fed in feds:
             fed.close()

@@ -52,6 +52,8 @@ def test_the_shipped_fedprox_space_selects_on_validation_confirms_on_seeds_and_s
         mlflow_uri, parent.info.run_id, "importance")
     assert sum(k.startswith("importance.") for k in parent.data.metrics) == 2
     assert MlflowClient(mlflow_uri).get_run(parent.info.run_id).data.metrics["confirmed_test"] > 0.1
+    assert len(MlflowClient(mlflow_uri).search_runs(  # each confirmed configuration's seeds, with their models
+        [parent.info.experiment_id], "tags.`fltune.kind` = 'confirmation'")) == 9
 
     trials = optuna_trials(tmp_path / "a", "a")  # Optuna's own tools open the study
     assert len(trials) == 3 and all(t.state.name == "COMPLETE" for t in trials)
@@ -65,6 +67,26 @@ def test_the_shipped_fedprox_space_selects_on_validation_confirms_on_seeds_and_s
     warm = optuna_trials(tmp_path / "b", "b")
     assert len(warm) == 4 and [t.params for t in warm[:3]] == [t.params for t in trials]
     assert "confirming the top 1 configuration(s) with the test data (seed 0)" in out
+    assert_the_winner_loads(tmp_path / "b" / "best_config.yaml", mlflow_uri)
+
+
+def assert_the_winner_loads(best_config: Path, uri: str) -> None:
+    """best_config.yaml's first line names the winner's confirmation run; its model scores that run's test
+    accuracy, which (one seed) is the study's confirmed test score on its parent."""
+    import torch
+
+    import fltune
+    from fltune.engine.builders import load_data
+    from fltune.engine.evaluation import evaluate
+
+    run_id = re.match(r"# model: runs:/(\w+)/model in ", best_config.read_text())[1]
+    client = MlflowClient(uri)
+    run = client.get_run(run_id)
+    parent = client.get_run(run.data.tags["mlflow.parentRunId"])
+    assert parent.data.tags["fltune.best_run"] == run_id and run.data.tags["fltune.kind"] == "confirmation"
+    data = load_data(fltune.Config.from_yaml(best_config))
+    correct, _, n = evaluate(fltune.load_model(run_id, uri=uri), data, *data.split("test"), torch.device("cpu"))
+    assert correct / n == run.data.metrics["acc/global"] == parent.data.metrics["confirmed_test"]
 
 
 @pytest.mark.slow
