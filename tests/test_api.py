@@ -114,6 +114,7 @@ def test_five_lines_run_a_federation_and_read_its_history(mlflow_uri: str) -> No
     assert frame.columns[0] == "round" and list(frame["round"]) == [1, 2] and frame["round"].dtype.kind == "i"
     model = result.model()  # the run's final global model, rebuilt from MLflow
     logged = MlflowClient(mlflow_uri).get_run(result.run_id).data.metrics
+    assert list(logged)[0] == "acc/global"  # logged first: MLflow's compare view plots it by default
     assert not model.training and sum(p.numel() for p in model.parameters()) == logged["cost/params"]
 
 

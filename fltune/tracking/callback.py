@@ -38,6 +38,7 @@ class MLflowCallback(Callback):
         self.cfg = cfg
         self.tracker = tracker
         self.run_id: str | None = None
+        self.costs: dict[str, float] = {}
         self.writer = BackgroundWriter()
         self.writer.submit(self._open)
 
@@ -59,7 +60,7 @@ class MLflowCallback(Callback):
         assert self.tracker is not None
         self.run_id = self.tracker.start(run_name(self.cfg), run_tags(self.cfg))
         self.tracker.log_config(self.run_id, self.cfg)
-        self.tracker.log_metrics(self.run_id, static_costs(), step=0)
+        self.costs = static_costs()
 
     def on_round(self, fed: Federation, metrics: dict[str, float]) -> None:
         self.writer.submit(self._log, dict(metrics))
@@ -67,6 +68,14 @@ class MLflowCallback(Callback):
     def _log(self, metrics: dict[str, float]) -> None:
         assert self.tracker is not None and self.run_id is not None
         self.tracker.log_round(self.run_id, metrics)
+        self._log_costs()
+
+    def _log_costs(self) -> None:
+        """The run's constants at step 0, once, after its first round: MLflow's compare view plots the first
+        metric a run logged (``Tracker.log_metrics`` puts accuracy first), not a constant."""
+        assert self.tracker is not None and self.run_id is not None
+        self.tracker.log_metrics(self.run_id, self.costs, step=0)
+        self.costs = {}
 
     def on_end(self, fed: Federation, summary: dict[str, Any]) -> None:
         """Queue the summary, curves and figures and the run's end, then wait for the writer."""
@@ -86,6 +95,7 @@ class MLflowCallback(Callback):
 
         if self.run_id is None or self.tracker is None:
             return
+        self._log_costs()  # a run ended before its first round
         self.tracker.log_metrics(self.run_id, summary_only(summary, history), step=summary["rounds"])
         with tempfile.TemporaryDirectory() as tmp:
             if history:

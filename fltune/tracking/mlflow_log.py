@@ -96,10 +96,11 @@ class Tracker:
         self.client.log_batch(run_id, params=[Param(k, str(v)[:6000]) for k, v in params.items()])
 
     def log_metrics(self, run_id: str, metrics: Mapping[str, float | None], step: int | None = None) -> None:
-        """Numeric ``metrics`` at ``step`` under their MLflow names (``mlflow_key``)."""
+        """Numeric ``metrics`` at ``step`` under their MLflow names (``mlflow_key``), accuracies first: MLflow's
+        compare view plots the tuned parameters against the metric a run logged first."""
         now = int(time.time() * 1000)
-        rows = [Metric(mlflow_key(k), float(v), now, step or 0) for k, v in metrics.items()
-                if isinstance(v, (int, float)) and not isinstance(v, bool)]
+        rows = sorted((Metric(mlflow_key(k), float(v), now, step or 0) for k, v in metrics.items()
+                       if isinstance(v, (int, float)) and not isinstance(v, bool)), key=lambda m: m.key[:4] != "acc/")
         if rows:
             self.client.log_batch(run_id, metrics=rows)
 
