@@ -48,7 +48,7 @@ def executor_for(cfg: ExperimentConfig, data: FederatedData) -> Executor:
         return OneByOne(reference=res.executor == "reference")
     if reason := unbatchable(cfg, build_method(cfg), build_model_for(cfg, data)):
         LOG.warning("resources.executor: batched trains every client on the exact path: %s", reason)
-    return Batched(res.batch_clients, res.compile)
+    return Batched(group=res.batch_clients, compiled=res.compile)
 
 
 def ray_pool(cfg: ExperimentConfig) -> WorkerPool:

@@ -7,12 +7,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
-from torch import nn
 
-from fltune.config import ExperimentConfig
 from fltune.data.federated import FederatedData
 from fltune.engine.batched import client_groups, train_group, unbatchable
 from fltune.engine.local import Loop, final_model, final_round, final_training, train_client
@@ -20,22 +18,14 @@ from fltune.engine.probes import ClientMeter
 from fltune.engine.transfer import RoundInput
 from fltune.methods.base import ClientResult, Method
 
+if TYPE_CHECKING:
+    from fltune.engine.worker import ClientWorker
+
+States = dict[int, dict[str, Any]]
+"""Client id → its stored state (``ClientStore``'s rows for a shard)."""
+Meters = Sequence[Callable[[], ClientMeter]]
 Trained = Iterator[tuple[int, ClientResult]]
 """Clients trained together, each yielded with its result while the worker's model holds its local model."""
-
-
-@dataclass(frozen=True)
-class WorkerRun:
-    """One run as a worker holds it (``worker.ClientWorker``): what its executor trains with."""
-
-    cfg: ExperimentConfig
-    method: Method
-    model: nn.Module
-    data: FederatedData
-    augment_kind: str
-    device: torch.device
-    loop: Loop
-    """The worker's local-loop settings (``Executor.loop``), built once per run."""
 
 
 class Executor(Protocol):
@@ -45,14 +35,14 @@ class Executor(Protocol):
     """Clients trained together: a round's sorted ids go to the workers in whole groups of this many."""
 
     def loop(self, data: FederatedData, device: torch.device) -> Loop:
-        """A worker's settings of the one local loop for a run (once per run and worker)."""
+        """A worker's settings of the one local loop for a run (once per run and worker: ``ClientWorker.loop``)."""
 
-    def train(self, run: WorkerRun, clients: list[int], inputs: RoundInput, states: dict[int, dict[str, Any]],
-              global_tensors: dict[str, torch.Tensor], meters: Sequence[Callable[[], ClientMeter]]) -> Iterator[Trained]:
-        """A shard's clients, unit by unit (a client, or a group); the worker stops after a unit that diverged.
-        ``meters``: what probes open around each client's training (``Probe.client_meter``)."""
+    def train(self, worker: ClientWorker, clients: list[int], inputs: RoundInput, states: States,
+              global_tensors: dict[str, torch.Tensor], meters: Meters) -> Iterator[Trained]:
+        """A shard's clients, unit by unit (a client, or a group), with ``worker``'s parts (the worker stops after a
+        unit in which one diverged). ``meters``: what probes open around each client's training (``Probe.client_meter``)."""
 
-    def final(self, run: WorkerRun, clients: list[int], inputs: RoundInput, states: dict[int, dict[str, Any]],
+    def final(self, worker: ClientWorker, clients: list[int], inputs: RoundInput, states: States,
               global_tensors: dict[str, torch.Tensor]) -> Iterator[int]:
         """Each client after its final personal round, the worker's model holding the model scored."""
 
@@ -68,66 +58,62 @@ class OneByOne:
     def loop(self, data: FederatedData, device: torch.device) -> Loop:
         return Loop.reference(data, device) if self.reference else Loop.exact(data, device)
 
-    def train(self, run: WorkerRun, clients: list[int], inputs: RoundInput, states: dict[int, dict[str, Any]],
-              global_tensors: dict[str, torch.Tensor], meters: Sequence[Callable[[], ClientMeter]]) -> Iterator[Trained]:
+    def train(self, worker: ClientWorker, clients: list[int], inputs: RoundInput, states: States,
+              global_tensors: dict[str, torch.Tensor], meters: Meters) -> Iterator[Trained]:
         for cid in clients:
-            yield iter([(cid, _metered(run, cid, inputs, states, global_tensors, meters))])
+            yield iter([(cid, _metered(worker, cid, inputs, states, global_tensors, meters))])
 
-    def final(self, run: WorkerRun, clients: list[int], inputs: RoundInput, states: dict[int, dict[str, Any]],
+    def final(self, worker: ClientWorker, clients: list[int], inputs: RoundInput, states: States,
               global_tensors: dict[str, torch.Tensor]) -> Iterator[int]:
         for cid in clients:
-            final_round(run.method, run.model, run.data, cid, inputs, states.get(cid, {}), run.cfg.training,
-                        run.augment_kind, run.device, run.loop, global_tensors)
+            final_round(worker.method, worker.model, worker.data, cid, inputs, states.get(cid, {}), worker.cfg.training,
+                        worker.augment_kind, worker.device, worker.loop, global_tensors)
             yield cid
 
 
-def _metered(run: WorkerRun, cid: int, inputs: RoundInput, states: dict[int, dict[str, Any]],
-             global_tensors: dict[str, torch.Tensor], meters: Sequence[Callable[[], ClientMeter]]) -> ClientResult:
+def _metered(worker: ClientWorker, cid: int, inputs: RoundInput, states: States,
+             global_tensors: dict[str, torch.Tensor], meters: Meters) -> ClientResult:
     """One client's local update inside a fresh meter of each builder; their figures join its metrics."""
     opened = [build() for build in meters]
     with ExitStack() as stack:
         for meter in opened:
             stack.enter_context(meter)
-        out = train_client(run.method, run.model, run.data, cid, inputs, states.get(cid, {}), run.cfg.training,
-                           run.augment_kind, run.device, global_tensors, run.loop)
+        out = train_client(worker.method, worker.model, worker.data, cid, inputs, states.get(cid, {}),
+                           worker.cfg.training, worker.augment_kind, worker.device, global_tensors, worker.loop)
     for meter in opened:
         out.metrics.update(meter.client_metrics())
     return out
 
 
 @dataclass(frozen=True)
-class Batched:
+class Batched(OneByOne):
     """``group`` clients at a time in one vmapped step (``batched.train_group``); a run whose method or model has no
     batched form, or a round that probes meter client by client, trains on the exact path."""
 
-    group: int
     compiled: bool = False
 
-    def loop(self, data: FederatedData, device: torch.device) -> Loop:
-        return Loop.exact(data, device)
-
-    def train(self, run: WorkerRun, clients: list[int], inputs: RoundInput, states: dict[int, dict[str, Any]],
-              global_tensors: dict[str, torch.Tensor], meters: Sequence[Callable[[], ClientMeter]]) -> Iterator[Trained]:
-        if meters or not self._batches(run, run.method):
-            yield from OneByOne().train(run, clients, inputs, states, global_tensors, meters)
+    def train(self, worker: ClientWorker, clients: list[int], inputs: RoundInput, states: States,
+              global_tensors: dict[str, torch.Tensor], meters: Meters) -> Iterator[Trained]:
+        if meters or not self._batches(worker, worker.method):
+            yield from super().train(worker, clients, inputs, states, global_tensors, meters)
             return
         for group in client_groups(clients, self.group):
-            yield train_group(run.method, run.model, run.data, group, inputs, states, run.cfg.training,
-                              run.augment_kind, run.device, global_tensors, run.loop.source, self.compiled)
+            yield train_group(worker.method, worker.model, worker.data, group, inputs, states, worker.cfg.training,
+                              worker.augment_kind, worker.device, global_tensors, worker.loop.source, self.compiled)
 
-    def final(self, run: WorkerRun, clients: list[int], inputs: RoundInput, states: dict[int, dict[str, Any]],
+    def final(self, worker: ClientWorker, clients: list[int], inputs: RoundInput, states: States,
               global_tensors: dict[str, torch.Tensor]) -> Iterator[int]:
         """In groups (eager) where the run's method and its final round's both batch, else client by client."""
-        final, settings = final_training(run.method, run.cfg.training)
-        if not (self._batches(run, run.method) and self._batches(run, final)):
-            yield from OneByOne().final(run, clients, inputs, states, global_tensors)
+        final, settings = final_training(worker.method, worker.cfg.training)
+        if not (self._batches(worker, worker.method) and self._batches(worker, final)):
+            yield from super().final(worker, clients, inputs, states, global_tensors)
             return
         for group in client_groups(clients, self.group):
-            for cid, result in train_group(final, run.model, run.data, group, inputs, states, settings,
-                                           run.augment_kind, run.device, global_tensors, run.loop.source):
-                final_model(run.method, run.model, inputs, result, run.device, global_tensors)
+            for cid, result in train_group(final, worker.model, worker.data, group, inputs, states, settings,
+                                           worker.augment_kind, worker.device, global_tensors, worker.loop.source):
+                final_model(worker.method, worker.model, inputs, result, worker.device, global_tensors)
                 yield cid
 
     @staticmethod
-    def _batches(run: WorkerRun, method: Method) -> bool:
-        return unbatchable(run.cfg, method, run.model) is None
+    def _batches(worker: ClientWorker, method: Method) -> bool:
+        return unbatchable(worker.cfg, method, worker.model) is None

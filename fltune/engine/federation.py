@@ -16,7 +16,6 @@ from typing import Any, TypeVar
 
 import numpy as np
 import torch
-
 from torch import nn
 
 from fltune.config import ExperimentConfig
@@ -34,8 +33,8 @@ from fltune.engine.probes import Probe, ProbeTask, RoundView, RunView
 from fltune.engine.rng import round_clients, use_deterministic_cuda
 from fltune.engine.store import ClientStore, WithRound
 from fltune.errors import FLTuneError
-from fltune.methods import is_personalised
 from fltune.engine.worker import RunSpec
+from fltune.methods import is_personalised
 from fltune.methods.base import Aggregate, Method, ServerContext, State, Upload
 
 T = TypeVar("T")
@@ -59,16 +58,15 @@ class Federation:
 
     def __init__(
         self, cfg: ExperimentConfig, data: FederatedData, method: Callable[[], Method],
-        model: Callable[[FederatedData], nn.Module],
-        executor: Executor, pool: Pool | Callable[[], Pool], probes: Callable[[RunView], Sequence[Probe]] | None = None,
-        folder: Path | None = None,
+        model: Callable[[FederatedData], nn.Module], executor: Executor, pool: Pool | Callable[[], Pool],
+        probes: Callable[[RunView], Sequence[Probe]] | None = None, folder: Path | None = None,
     ) -> None:
         """The run's parts, chosen where it is assembled (``fltune.assembly``); ``cfg`` gives its settings. ``method``
         and ``model`` build the method and the model of ``data``, here and on each worker (picklable); ``executor``
-        trains on the workers. ``pool``: a caller's pool (left up by
-        ``close``) or what starts the run's own (stopped by ``close``); results do not depend on which. ``probes``:
-        builds the probes once data and evaluation model exist. ``folder``: the client stores' files (a Tune
-        trial's storage, found on restart); None: a temporary one."""
+        trains on the workers. ``pool``: a caller's pool (left up by ``close``) or what starts the run's own
+        (stopped by ``close``); results do not depend on which. ``probes``: builds the probes once data and
+        evaluation model exist. ``folder``: the client stores' files (a Tune trial's storage, found on restart);
+        None: a temporary one."""
         self.cfg, self.data, self.executor, self.build_method, self.build_model = cfg, data, executor, method, model
         self.method = method()
         self.initial_state: State = initial_state(cfg, data, model)

@@ -1,7 +1,7 @@
 """The probe interface: what a federation measures after its rounds, seen from the round loop. Why here: every
 figure beyond the training loss is a :class:`Probe`, which the loop runs knowing none by name: it gives each a
-read-only :class:`RoundView` (with its :class:`RunView`), runs its :class:`ProbeTask` s on the workers and asks for its summary entries; probes
-live in the metrics package, never imported by the engine."""
+read-only :class:`RoundView` (and :class:`RunView`), never the federation, runs its :class:`ProbeTask` s on the
+workers and asks for its summary entries; probes live in the metrics package, never imported by the engine."""
 
 from __future__ import annotations
 
@@ -29,28 +29,24 @@ LOOP_METRICS: Mapping[str, str] = {
 
 @dataclass(frozen=True)
 class RunView:
-    """A run as its probes read it: its settings and parts, what it has kept so far (the federation's own, live, for
-    reading), and the services that evaluate on the workers (``Federation``'s)."""
+    """A run as its probes read it: its settings and parts (``model``: the driver's evaluation model), what it has
+    kept so far (the federation's own, live: ``history`` of the rounds before the one measured, each client's
+    training ``sizes`` and ``latest`` local model while a probe ``keeps_local_models``), the files the probes wrote
+    (``artifacts``, the one thing a probe adds to: end-of-run figures for the tracking callbacks), and the
+    federation's services that evaluate on the workers (``evaluate_state``, ``evaluate_personalized``,
+    ``compute``)."""
 
     cfg: ExperimentConfig
     method: Method
     model: nn.Module
-    """The driver's evaluation model (parameter names and counts)."""
     initial_state: State
     sizes: Sequence[int]
-    """Each client's training samples."""
     history: Sequence[Mapping[str, float]]
-    """The metrics of the rounds before the one measured."""
     latest: Mapping[int, State]
-    """Each client's latest local model (while a probe ``keeps_local_models``)."""
     artifacts: list[Path]
-    """Files the probes wrote (end-of-run figures), for the tracking callbacks: the one thing a probe adds to."""
     evaluate: Callable[[State, str], tuple[float, float]]
-    """``Federation.evaluate_state``."""
     evaluate_clients: Callable[[bool, str], tuple[list[float], list[float]]]
-    """``Federation.evaluate_personalized``."""
     compute: Callable[[Sequence[ProbeTask[Any]]], list[Any]]
-    """``Federation.compute``."""
 
 
 @dataclass(frozen=True)

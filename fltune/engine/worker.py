@@ -26,7 +26,7 @@ from fltune.engine.aggregate import WeightedSum
 from fltune.engine.builders import resolve_augment
 from fltune.engine.batches import Batch, batches
 from fltune.engine.evaluation import batch_scores, eval_batch_count, read_scores, score_sums, total_scores
-from fltune.engine.executors import Executor, WorkerRun
+from fltune.engine.executors import Executor
 from fltune.engine.transfer import RoundInput, device_states, load_changed, load_state, state_on_device
 from fltune.engine.probes import ClientMeter, ProbeTask
 from fltune.engine.rng import derive_seed, use_deterministic_cuda
@@ -105,8 +105,8 @@ class ClientWorker:
             spec: RunSpec = ray.get(ref)
             self.cfg, self.data, self.keep_latest, self.rebuild = spec.cfg, spec.data, spec.keep_latest, spec.rebuild
             self.method, self.model, self.executor = spec.method(), spec.model(spec.data).to(self.device), spec.executor
-            self.run = WorkerRun(spec.cfg, self.method, self.model, spec.data, resolve_augment(spec.cfg, spec.data),
-                                 self.device, spec.executor.loop(spec.data, self.device))
+            self.augment_kind = resolve_augment(spec.cfg, spec.data)
+            self.loop = spec.executor.loop(spec.data, self.device)  # the executor trains with this worker's parts
             if self.device.type == "cuda":
                 use_deterministic_cuda(spec.cfg.resources.deterministic)
             self.run_id = ref.hex()
@@ -117,11 +117,11 @@ class ClientWorker:
         states: dict[int, dict[str, Any]],
     ) -> WorkerResult:
         """Train ``client_ids`` unit by unit as the run's executor groups them; stop after a unit in which one
-        diverged (the round is lost anyway). ``builders``: what probes meter each client with (``Probe.client_meter``)."""
+        diverged (the round is lost anyway). ``builders``: probes' meters of each client (``Probe.client_meter``)."""
         self._attach(run_ref)
         result = WorkerResult(partial=WeightedSum())
         global_tensors = state_on_device(inputs.global_state, self.device)
-        for unit in self.executor.train(self.run, client_ids, inputs, states, global_tensors, builders):
+        for unit in self.executor.train(self, client_ids, inputs, states, global_tensors, builders):
             diverged = False
             for cid, out in unit:
                 self._keep(result, cid, out)
@@ -187,7 +187,7 @@ class ClientWorker:
         xs, ys = data.x[idx].to(self.device), data.y[idx].to(self.device)
         offsets = dict(zip(chunk, np.cumsum([0, *(len(rows) for rows in held_out.values())]).tolist()))
         if finetune:
-            ready = self.executor.final(self.run, chunk, inputs, states, global_tensors)
+            ready = self.executor.final(self, chunk, inputs, states, global_tensors)
         else:
             ready = self._client_models(inputs, chunk, states, global_tensors)
         sums = {}
@@ -205,7 +205,7 @@ class ClientWorker:
 
         def epoch() -> Iterator[Batch]:
             return batches(data, data.client_train[cid], self.cfg.training.batch_size, generator, self.device,
-                           augment_kind=self.run.augment_kind)
+                           augment_kind=self.augment_kind)
         return epoch
 
     def _client_models(
