@@ -60,29 +60,25 @@ class OneByOne:
 
     def train(self, worker: ClientWorker, clients: list[int], inputs: RoundInput, states: States,
               global_tensors: dict[str, torch.Tensor], meters: Meters) -> Iterator[Trained]:
+        """Each client inside a fresh meter of each builder; their figures join its metrics."""
         for cid in clients:
-            yield iter([(cid, _metered(worker, cid, inputs, states, global_tensors, meters))])
+            opened = [build() for build in meters]
+            with ExitStack() as stack:
+                for meter in opened:
+                    stack.enter_context(meter)
+                out = train_client(worker.method, worker.model, worker.data, cid, inputs, states.get(cid, {}),
+                                   worker.cfg.training, worker.augment_kind, worker.device, global_tensors,
+                                   worker.loop)
+            for meter in opened:
+                out.metrics.update(meter.client_metrics())
+            yield iter([(cid, out)])
 
     def final(self, worker: ClientWorker, clients: list[int], inputs: RoundInput, states: States,
               global_tensors: dict[str, torch.Tensor]) -> Iterator[int]:
         for cid in clients:
-            final_round(worker.method, worker.model, worker.data, cid, inputs, states.get(cid, {}), worker.cfg.training,
-                        worker.augment_kind, worker.device, worker.loop, global_tensors)
+            final_round(worker.method, worker.model, worker.data, cid, inputs, states.get(cid, {}),
+                        worker.cfg.training, worker.augment_kind, worker.device, worker.loop, global_tensors)
             yield cid
-
-
-def _metered(worker: ClientWorker, cid: int, inputs: RoundInput, states: States,
-             global_tensors: dict[str, torch.Tensor], meters: Meters) -> ClientResult:
-    """One client's local update inside a fresh meter of each builder; their figures join its metrics."""
-    opened = [build() for build in meters]
-    with ExitStack() as stack:
-        for meter in opened:
-            stack.enter_context(meter)
-        out = train_client(worker.method, worker.model, worker.data, cid, inputs, states.get(cid, {}),
-                           worker.cfg.training, worker.augment_kind, worker.device, global_tensors, worker.loop)
-    for meter in opened:
-        out.metrics.update(meter.client_metrics())
-    return out
 
 
 @dataclass(frozen=True)
