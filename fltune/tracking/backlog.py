@@ -105,7 +105,8 @@ class Backlog:
         if uri is not None:
             self._append({"uri": uri, "pid": os.getpid()})
         self.handle.seek(0)
-        self.lines = _whole_lines(self.handle.read())
+        # a last line cut by a killed command (not ended by a newline) is left out
+        self.lines = [json.loads(line) for line in self.handle.read().split("\n")[:-1] if line.strip()]
         progress = self._progress_file()
         saved = json.loads(progress.read_text()) if progress.exists() else {}
         self.sent, self.ids = int(saved.get("sent", 1)), dict(saved.get("ids", {}))
@@ -156,11 +157,6 @@ class Backlog:
         shutil.rmtree(self.path.with_suffix(".files"), ignore_errors=True)
         self.path.unlink(missing_ok=True)
         self.handle.close()
-
-
-def _whole_lines(text: str) -> list[dict[str, Any]]:
-    """The backlog's entries; a last line cut by a killed command (not ended by a newline) is left out."""
-    return [json.loads(line) for line in text.split("\n")[:-1] if line.strip()]
 
 
 def encode(value: Any) -> Any:
