@@ -66,8 +66,6 @@ _SPECS: dict[str, _Spec] = {
 DATASETS: tuple[str, ...] = tuple(_SPECS)
 
 
-
-
 def load_dataset(name: str, root: str | Path | None = None, download: bool = False) -> Dataset:
     """Load a dataset by name from ``root`` (default ``~/.cache/fltune/data``; Fashion-MNIST also from
     Debian's folder), memoised per process: the tensors are shared, treat them as read-only."""
