@@ -172,8 +172,6 @@ def _cached_split(name: str, labels: np.ndarray, num_classes: int, params: dict,
 
 def _read(path: Path, meta: str) -> tuple[list[np.ndarray], list[np.ndarray]] | None:
     """The cached split at ``path`` if made from exactly ``meta`` and intact; else None (never fatal)."""
-    if not path.is_file():
-        return None
     try:
         with np.load(path) as stored:
             if str(stored["meta"]) != meta:
