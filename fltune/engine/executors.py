@@ -40,7 +40,7 @@ class Executor(Protocol):
     def train(self, worker: ClientWorker, clients: list[int], inputs: RoundInput, states: States,
               global_tensors: dict[str, torch.Tensor], meters: Meters) -> Iterator[Trained]:
         """A shard's clients, unit by unit (a client, or a group), with ``worker``'s parts (the worker stops after a
-        unit in which one diverged). ``meters``: what probes open around each client's training (``Probe.client_meter``)."""
+        unit in which one diverged). ``meters``: probes' meters of each client's training (``Probe.client_meter``)."""
 
     def final(self, worker: ClientWorker, clients: list[int], inputs: RoundInput, states: States,
               global_tensors: dict[str, torch.Tensor]) -> Iterator[int]:
