@@ -1,11 +1,14 @@
 """Command-line flags that several commands share: the experiment's config sources (``run``, ``compare``),
-a Tune job's checkpoint cadence (``tune``, ``reproduce``, ``compare``), and the flags ``--resume`` ignores."""
+a Tune job's checkpoint cadence (``tune``, ``reproduce``, ``compare``), the flags ``--resume`` ignores, and the
+flags read into a job's typed options (``options_from``)."""
 
 from __future__ import annotations
 
 import argparse
+from dataclasses import fields
+from typing import Any, TypeVar
 
-from fltune.errors import FLTuneError
+Options = TypeVar("Options")
 
 SHORTCUTS: dict[str, tuple[str, type]] = {
     "method": ("method.name", str), "dataset": ("data.dataset", str), "data_root": ("data.root", str),
@@ -34,22 +37,18 @@ def add_shortcuts(parser: argparse.ArgumentParser, names: list[str]) -> None:
         parser.add_argument(f"--{name.replace('_', '-')}", dest=name, type=kind, help=f"= --set {field}=…")
 
 
+def options_from(args: argparse.Namespace, kind: type[Options], **given: Any) -> Options:
+    """A command's typed options (``kind``, a dataclass whose fields are named as its flags) from ``args``, with
+    ``given`` in place of the flags that need reading (``--set`` with its shortcuts, lists, ``--confirm``)."""
+    names = {field.name for field in fields(kind)} - set(given)
+    return kind(**{name: getattr(args, name) for name in names if hasattr(args, name)}, **given)
+
+
 def experiment_overrides(args: argparse.Namespace) -> list[str]:
     """The shortcut flags as ``--set`` overrides, placed before the ``--set`` ones, which take precedence."""
     flags = [f"{field}={getattr(args, name)}" for name, (field, _) in SHORTCUTS.items()
              if getattr(args, name, None) is not None]
     return flags + list(args.overrides)
-
-
-def check_job_flags(args: argparse.Namespace) -> None:
-    """A Tune job's counts ≥ 1 and ``--checkpoint-seconds`` > 0, where given."""
-    for flag, hint in (("seeds", ""), ("tune_budget", " (trials per method), or leave it out"),
-                       ("max_concurrent", " (or leave it out: as many as fit)"), ("checkpoint_every", "")):
-        value = getattr(args, flag, None)
-        if value is not None and value < 1:
-            raise FLTuneError(f"--{flag.replace('_', '-')}: {value}; allowed: ≥ 1{hint}")
-    if args.checkpoint_seconds is not None and not args.checkpoint_seconds > 0:
-        raise FLTuneError(f"--checkpoint-seconds: {args.checkpoint_seconds:g}; allowed: > 0")
 
 
 def add_checkpoint_args(p: argparse.ArgumentParser, rounds_default: str, seconds_default: str) -> None:

@@ -14,6 +14,7 @@ from fltune.errors import FLTuneError
 from fltune.tune.space import SearchSpace
 from fltune.tune.spec import StudySpec
 from fltune.tune.trainable import objective_key
+from fltune.workarounds import optuna_study
 
 JOURNAL = "optuna.journal"
 """The study's Optuna storage (``JournalStorage`` over a file), in a local study folder."""
@@ -89,7 +90,7 @@ def make_searcher(spec: StudySpec) -> FLOptunaSearch:
     ``--warm-start`` study's completed trials, which the sampler learns from and Tune never runs (a Tuner made
     again for the same study finds its journal holding trials and adds none)."""
     searcher = optuna_search(spec.space, journal(spec.path), spec.name)
-    study = searcher._ot_study  # OptunaSearch made it in __init__ (space, metric and mode given)
+    study = optuna_study(searcher)
     if spec.warm_start and not study.trials:
         study.add_trials(finished_trials(spec.warm_start))
     return searcher

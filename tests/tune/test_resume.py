@@ -157,8 +157,10 @@ def test_a_study_stopped_before_tune_saved_its_state_starts_afresh(tmp_path: Pat
     from ray.tune import Tuner
 
     from fltune.cli import main
-    from fltune.tune.storage import tune_started
-    from fltune.tune.study import StudyRequest, cluster_shape, new_spec, new_tuner, placement
+    from fltune.jobs.storage import tune_started
+    from fltune.jobs.tuner import cluster_shape, placement
+    from fltune.tune.command import StudyRequest
+    from fltune.tune.study import new_spec, new_tuner
 
     spec = new_spec(StudyRequest(space=str(write_space(tmp_path)), storage=str(tmp_path), name="study"))
     spec.save()

@@ -1,13 +1,14 @@
 """The scaffold of an fltune Tune job (a study, a paper-table reproduction, a comparison's cells): ``TuneJob.run``
-validates, starts Ray, fits the trials and concludes from the job folder, also after a stop (``--resume``)."""
+validates, starts Ray, fits the trials and concludes from the job folder, also after a stop (``--resume``). A job
+takes typed options (``JobOptions`` and a command's own), which the CLI fills from its flags and the Python API
+from its keywords."""
 
 from __future__ import annotations
 
-import argparse
 import os
 from abc import ABC, abstractmethod
-from collections.abc import Callable
-from dataclasses import replace
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from fltune.errors import FLTuneError
@@ -41,6 +42,39 @@ CELL_CHECKPOINT_EVERY, CELL_CHECKPOINT_SECONDS = 25, 60.0
 
 
 Spec = TypeVar("Spec", bound="SavedSpec")
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobOptions:
+    """What every Tune job is asked, each field the flag of that name: its folder (``name`` under ``storage``,
+    default ./studies), the cluster (``address``), whether it continues a stopped job (``resume``: ``name``, else
+    the newest of its kind), and its trials' concurrency and checkpoint cadence (None: the job's default)."""
+
+    name: str | None = None
+    storage: str | None = None
+    address: str | None = None
+    resume: bool = False
+    max_concurrent: int | None = None
+    checkpoint_every: int | None = None
+    checkpoint_seconds: float | None = None
+
+
+def check_counts(options: JobOptions) -> None:
+    """A job's counts ≥ 1 and ``checkpoint_seconds`` > 0, where given."""
+    for flag, hint in (("seeds", ""), ("tune_budget", " (trials per method), or leave it out"),
+                       ("max_concurrent", " (or leave it out: as many as fit)"), ("checkpoint_every", "")):
+        value = getattr(options, flag, None)
+        if value is not None and value < 1:
+            raise FLTuneError(f"--{flag.replace('_', '-')}: {value}; allowed: ≥ 1{hint}")
+    if options.checkpoint_seconds is not None and not options.checkpoint_seconds > 0:
+        raise FLTuneError(f"--checkpoint-seconds: {options.checkpoint_seconds:g}; allowed: > 0")
+
+
+def listed(names: str | Sequence[str] | None) -> tuple[str, ...] | None:
+    """Names given as ``"a,b"`` (a flag's text) or as a sequence, as a tuple; None stays None."""
+    if names is None:
+        return None
+    return tuple(names.split(",") if isinstance(names, str) else names)
 
 
 def with_gpu_share(spec: Spec, cluster: dict[str, float], cpus_per_worker: float, max_concurrent: int | None) -> Spec:
@@ -99,8 +133,8 @@ class TuneJob(ABC, Generic[Spec]):
     command: str
     """The ``cli.py`` command (with its arguments) that continues the job with ``--resume``."""
 
-    def __init__(self, args: argparse.Namespace) -> None:
-        self.args = args
+    def __init__(self, options: JobOptions) -> None:
+        self.options = options
 
     @abstractmethod
     def new_spec(self, storage: str) -> Spec:
@@ -132,8 +166,8 @@ class TuneJob(ABC, Generic[Spec]):
         """The job's Tuner from its folder; unfinished and errored trials continue (``unfinished_if_stopped``)."""
         from ray.tune import Tuner
 
-        from fltune.tune.storage import job_filesystem
-        from fltune.tune.study import bound_trainable
+        from fltune.jobs.storage import job_filesystem
+        from fltune.jobs.tuner import bound_trainable
 
         return Tuner.restore(spec.path, bound_trainable(self.entry(), spec, resources), resume_unfinished=True,
                              resume_errored=True, storage_filesystem=job_filesystem(spec.storage))
@@ -193,19 +227,19 @@ class TuneJob(ABC, Generic[Spec]):
 
     def resuming(self) -> bool:
         """Whether ``prepare`` continues a saved job (``--resume``) rather than creating one."""
-        return bool(self.args.resume)
+        return self.options.resume
 
     def prepare(self) -> tuple[Spec, Tuner, int]:
         """Validate, start Ray, size the trials and create or restore the Tuner; also the number of Ray nodes."""
         from fltune.config import build_config
         from fltune.engine.cluster import start_ray
         from fltune.preflight import check_data
+        from fltune.jobs.storage import check_storage, storage_root, tune_started, tuner_whole
+        from fltune.jobs.tuner import cluster_shape, placement
         from fltune.tracking.paths import check_tracking
-        from fltune.tune import study
         from fltune.tune.spec import exists
-        from fltune.tune.storage import check_storage, storage_root, tune_started, tuner_whole
 
-        storage = storage_root(self.args.storage)
+        storage = storage_root(self.options.storage)
         spec = self.saved_spec(storage) if self.resuming() else self.new_spec(storage)
         if not self.resuming() and exists(spec.path):
             raise FLTuneError(f"--name {spec.name}: {self.what} {spec.path} already exists; "
@@ -216,10 +250,10 @@ class TuneJob(ABC, Generic[Spec]):
             make_out(out)
         check_data(self.trial_configs(spec))
         tree = self.experiment(spec)
-        start_ray(self.args.address or build_config(tree).resources.address)
-        cluster, node_cpus = study.cluster_shape()
+        start_ray(self.options.address or build_config(tree).resources.address)
+        cluster, node_cpus = cluster_shape()
         spec = with_gpu_share(spec, cluster, build_config(tree).resources.cpus_per_worker, spec.max_concurrent)
-        resources = study.placement(tree, spec.workers, spec.gpus_per_worker, cluster, node_cpus)
+        resources = placement(tree, spec.workers, spec.gpus_per_worker, cluster, node_cpus)
         if self.resuming() and tune_started(spec.path):
             if not tuner_whole(spec.path):  # a new Tuner of the saved spec writes it again, as it was
                 self.new_tuner(spec, resources)
@@ -259,7 +293,7 @@ class TuneJob(ABC, Generic[Spec]):
 
         from fltune.tracking.progress import console
         from fltune.tune.results import trial_row
-        from fltune.tune.storage import PRUNES
+        from fltune.workarounds import PRUNES
 
         for key, value in JOB_ENV.items():
             os.environ.setdefault(key, value)

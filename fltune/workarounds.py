@@ -1,0 +1,188 @@
+"""Every place fltune reaches into Ray's, Tune's, Optuna's or torch's internals: private modules, attributes and
+logger names, and library behaviours fltune corrects. Each says what it works around, the upstream issue where one
+exists, and when it can go. Tested on the versions constraints.txt pins; pyproject.toml bounds ray below its next
+minor because of what is here. Ray and torch are imported inside the functions: ``process`` imports this module
+when a command starts, before either loads.
+"""
+
+from __future__ import annotations
+
+import shutil
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+Rule = tuple[tuple[str, ...], Callable[[BaseException, list[str]], bool] | None]
+"""A kind of library record: how its message starts, and when such an error record is harmless
+(``process._Drop``, which keeps a failed write for the job to stop on)."""
+
+
+# ---------------------------------------------------------------------------------------------- log records
+def _never(error: BaseException, frames: list[str]) -> bool:
+    """For a library's error records that are noise only when they are failed writes."""
+    return False
+
+
+def _stale_prune(error: BaseException, frames: list[str]) -> bool:
+    """Tune's "Error handling checkpoint" for a pruned checkpoint already gone (a driver killed mid-prune, on a
+    URI storage; local storage holds prunes: ``HeldPrunes``): harmless, the new checkpoint is registered before
+    the prune."""
+    return isinstance(error, FileNotFoundError) and "_delete_fs_path" in frames
+
+
+def _superseded_sync(error: BaseException, frames: list[str]) -> bool:
+    """Tune's "Saving experiment state … failed" on its own ``…-tmp-…`` file, renamed away before the copy
+    that listed it ran; the next copy carries it."""
+    return isinstance(error, FileNotFoundError) and "_upload_to_fs_path" in frames and "-tmp-" in str(error)
+
+
+NOISE: dict[str, tuple[Rule, ...]] = {
+    # a local Ray enables token authentication by default and warns so on every start (ray-project/ray#64755);
+    # a command's local Ray is its own, on loopback. Remove when the warning can be turned off without opting out
+    "ray._private.authentication.authentication_token_setup": ((("Token authentication is enabled",), None),),
+    # the error of a pool call left unread: the command ended on its first error, or a stop (``WorkerPool.shutdown``);
+    # Ray prints every unread task error at exit by design, so this stays while fltune ends a pool that way
+    "ray._private.worker": ((("Unhandled error",), None),),
+    # Tune's own stop advice and resume hint, which name Tune's API: fltune prints its command's (by design in Tune)
+    "ray.tune.tune": (
+        (("Stop signal received", "Experiment has been interrupted"), None),
+        (("Experiment state snapshotting failed",), _never),  # its last save, on a full storage
+    ),
+    "ray.tune.trainable.trainable": ((("Restored on",), None),),  # every resumed trial, in its worker (by design)
+    # a prune already gone, and a superseded state copy: races of Tune's background syncer with its own deletes
+    # (ray-project/ray#30073 made the syncer catch up; these two records remain); remove when Tune stops logging them
+    "ray.tune.execution.tune_controller": ((("Trial %s: Error handling checkpoint",), _stale_prune),),
+    "ray.tune.execution.experiment_state": ((("Saving experiment state to storage at ",), _superseded_sync),),
+    # trials that never reported: fltune reads results from Tune's saved state (``Trial.last_result``)
+    "ray.tune.analysis.experiment_analysis": ((("Failed to fetch metrics for",), None),),
+    # a failed copy to full or read-only storage: the job stops on it (``process.library_write_failure``), as Tune
+    # only logs it and goes on
+    "ray.train._internal.syncer": ((("Last sync command failed",), _never),),
+    # one INFO line per checkpoint in every trial's log, by design in Ray Train
+    "ray.train._internal.storage": ((("Checkpoint successfully created at",), None),),
+}
+"""Logger → rules: Ray's records fltune drops (``process.quiet_libraries``), found by their loggers' module names,
+which are Ray's internals: a Ray release that moves a module brings its noise back (the reason for ray's bound)."""
+
+RAY_SYSTEM_CONFIG = {"prestart_worker_first_driver": False}
+"""``ray.init``'s private ``_system_config`` for a local Ray: no idle workers prestarted. Client actors get processes
+of their own, so prestarted ones only take CPU and memory from the start-up (an idle worker holds ~70 MiB), and one
+still starting when a short command ends aborts with a stack dump (ray-project/ray#40131). Remove when Ray's first
+driver no longer prestarts a worker per CPU, or a public option turns that off."""
+
+
+# ---------------------------------------------------------------------------------------------- the driver's Ray
+def local_ray_node() -> Any:
+    """The local Ray node this driver started, else None; imports no Ray. Ray has no public handle on the node a
+    driver started (``ray._private.worker._global_node``), which ``process.exit_now`` needs to stop its raylet
+    and see whether its Ray died; remove with ``exit_now``'s need, when ``ray.shutdown`` is quick."""
+    ray = __import__("sys").modules.get("ray")
+    return None if ray is None else getattr(ray._private.worker, "_global_node", None)
+
+
+def ray_node_alive(node: Any) -> bool:
+    """Whether the raylet and GCS run and the GCS accepts connections (its port closes well before it ends)."""
+    import socket
+
+    from ray._private.ray_constants import PROCESS_TYPE_GCS_SERVER, PROCESS_TYPE_RAYLET
+
+    if any(info.process.poll() is not None for kind in (PROCESS_TYPE_RAYLET, PROCESS_TYPE_GCS_SERVER)
+           for info in node.all_processes.get(kind, [])):
+        return False
+    host, port = node.gcs_address.rsplit(":", 1)
+    try:
+        socket.create_connection((host, int(port)), timeout=1).close()
+    except OSError:
+        return False
+    return True
+
+
+def stop_local_ray(node: Any, wait_s: float) -> None:
+    """The first steps of ``ray.shutdown``, then the raylet stopped (SIGTERM, waited for ``wait_s``) so its workers
+    do not linger; other services end with this process (Ray's fate sharing). Stopped first: the threads that print
+    the workers' and raylet's lines (none may follow fltune's last one), and the driver's core worker, which ends
+    this process with status 1 when it sees its raylet go. Ray's own shutdown waits on every process in turn
+    (seconds a command): remove when it is quick."""
+    import subprocess
+
+    from ray._private import worker
+    from ray._private.ray_constants import PROCESS_TYPE_RAYLET
+
+    worker.disconnect()
+    core = getattr(worker.global_worker, "core_worker", None)
+    if core is not None:
+        core.shutdown_driver()
+    for info in node.all_processes.get(PROCESS_TYPE_RAYLET, []):
+        info.process.terminate()
+        try:
+            info.process.wait(timeout=wait_s)
+        except subprocess.TimeoutExpired:  # ends with this process (Ray's fate sharing)
+            pass
+
+
+# ---------------------------------------------------------------------------------------------- Tune's pruning
+class HeldPrunes:
+    """Trial checkpoints Tune pruned, held until the job folder holds a state saved after the prune. Tune deletes
+    checkpoints beyond ``num_to_keep`` before the state naming them is copied, so a driver killed in between
+    resumes from a deleted checkpoint on every retry (ray-project/ray#27790; ray-project/ray#30073 narrowed it
+    for cloud storage only). ``jobs.storage.AtomicLocalFiles`` routes Tune's deletes here. Remove when Tune prunes
+    only after the state that supersedes a checkpoint is saved.
+
+    One per process (the driver deletes and copies through different filesystem copies). Tune's driver thread
+    starts a copy only after the previous one ended (``_BackgroundSyncer``) and prunes between copies, so a copy
+    *opened* after a prune may carry an older state, but one opening after that copy *ended* cannot. A driver
+    killed while it holds some leaves superseded checkpoints on disk, never a missing one."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._asked: list[tuple[str, float]] = []  # (checkpoint, when pruned)
+        self._passed: list[tuple[str, float]] = []  # (checkpoint, when the first copy opened after it ended)
+
+    def hold(self, path: str) -> None:
+        with self._lock:
+            self._asked.append((path, time.monotonic()))
+
+    def state_copied(self, opened: float, ended: float) -> None:
+        """A copy of the job state, opened and ended (whole) at these ``time.monotonic()`` times."""
+        with self._lock:
+            ready = [path for path, since in self._passed if opened > since]
+            self._passed = [(path, since) for path, since in self._passed if opened <= since]
+            self._passed += [(path, ended) for path, asked in self._asked if opened > asked]
+            self._asked = [(path, asked) for path, asked in self._asked if opened <= asked]
+        self._delete(ready)
+
+    def release(self) -> None:
+        """Delete every held checkpoint: Tune's last save (``tune.py``, also when stopped) followed every prune."""
+        with self._lock:
+            ready = [path for path, _ in self._asked + self._passed]
+            self._asked, self._passed = [], []
+        self._delete(ready)
+
+    @staticmethod
+    def _delete(paths: list[str]) -> None:
+        for path in paths:
+            shutil.rmtree(path, ignore_errors=True)
+
+
+PRUNES = HeldPrunes()
+
+
+# ---------------------------------------------------------------------------------------------- Optuna, torch
+def optuna_study(searcher: Any) -> Any:
+    """The Optuna study inside Tune's ``OptunaSearch`` (its private ``_ot_study``, made in ``__init__`` when space,
+    metric and mode are given): a new study's ``--warm-start`` trials are added to it. Remove when OptunaSearch
+    exposes its study or takes finished trials (its ``evaluated_rewards`` refuses a define-by-run space)."""
+    return searcher._ot_study
+
+
+def compile_limits(graphs: int, threads: int) -> None:
+    """Let ``torch.compile`` keep ``graphs`` graphs per function (dynamo's default, 8, recompiles a batched group
+    step that serves every phase, shape and run of a process) and compile on ``threads`` threads, not every core
+    (Tune's trials' workers compile at once). Both are settings of torch's private ``torch._dynamo.config`` and
+    ``torch._inductor.config``; remove when ``torch.compile`` takes them as options."""
+    import torch._dynamo.config
+    import torch._inductor.config
+
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, graphs)
+    torch._inductor.config.compile_threads = threads
