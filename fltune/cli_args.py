@@ -5,6 +5,7 @@ flags read into a job's typed options (``options_from``)."""
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from dataclasses import fields
 from typing import Any, TypeVar
 
@@ -41,7 +42,8 @@ def options_from(args: argparse.Namespace, kind: type[Options], **given: Any) ->
     """A command's typed options (``kind``, a dataclass whose fields are named as its flags) from ``args``, with
     ``given`` in place of the flags that need reading (``--set`` with its shortcuts, lists, ``--confirm``)."""
     names = {field.name for field in fields(kind)} - set(given)
-    return kind(**{name: getattr(args, name) for name in names if hasattr(args, name)}, **given)
+    values = {name: getattr(args, name) for name in names if hasattr(args, name)}
+    return kind(**values, **given, ignored=ignored_on_resume(args) if args.resume else ())
 
 
 def experiment_overrides(args: argparse.Namespace) -> list[str]:
@@ -65,11 +67,13 @@ def keep_on_resume(p: argparse.ArgumentParser, *dests: str) -> None:
     p.set_defaults(kept_on_resume={dest: p.get_default(dest) for dest in dests})
 
 
-def note_ignored_on_resume(args: argparse.Namespace, what: str) -> None:
-    """One note naming the job-shaping flags given to ``--resume``, which change nothing."""
-    from fltune.tracking.progress import console
+def run_job(args: argparse.Namespace, options: Options, job: Callable[[Options], Any],
+            plan: Callable[[Options], Any]) -> int:
+    """A job command from its options, as the Python API runs it: ``--plan`` prints the plan; else the job runs."""
+    return plan(options).print() if args.plan else job(options).run()
 
-    given = ["--set" if dest == "overrides" else f"--{dest.replace('_', '-')}"
-             for dest, default in args.kept_on_resume.items() if getattr(args, dest) != default]
-    if given:
-        console.print(f"note: a resumed {what} keeps the settings it started with; ignored: {', '.join(given)}")
+
+def ignored_on_resume(args: argparse.Namespace) -> tuple[str, ...]:
+    """The job-shaping flags given to ``--resume``, which change nothing (``jobs.scaffold.note_ignored``)."""
+    return tuple("--set" if dest == "overrides" else f"--{dest.replace('_', '-')}"
+                 for dest, default in args.kept_on_resume.items() if getattr(args, dest) != default)

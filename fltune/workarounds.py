@@ -1,21 +1,19 @@
-"""Every place fltune reaches into Ray's, Tune's, Optuna's or torch's internals: private modules, attributes and
-logger names, and library behaviours fltune corrects. Each says what it works around, the upstream issue where one
-exists, and when it can go. Tested on the versions constraints.txt pins; pyproject.toml bounds ray below its next
-minor because of what is here. Ray and torch are imported inside the functions: ``process`` imports this module
-when a command starts, before either loads.
-"""
+"""Every place fltune reaches into Ray's, Tune's, Optuna's or torch's internals (private modules, attributes, logger
+names) or corrects their behaviour, each with its upstream issue where one exists and when it can go. Tested on the
+versions constraints.txt pins; pyproject.toml bounds ray below its next minor for these. Ray and torch load inside
+the functions: ``process`` imports this module as a command starts."""
 
 from __future__ import annotations
 
 import shutil
+import sys
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
 Rule = tuple[tuple[str, ...], Callable[[BaseException, list[str]], bool] | None]
-"""A kind of library record: how its message starts, and when such an error record is harmless
-(``process._Drop``, which keeps a failed write for the job to stop on)."""
+"""A kind of library record: how its message starts, and when such an error record is harmless (``process._Drop``)."""
 
 
 # ---------------------------------------------------------------------------------------------- log records
@@ -38,38 +36,36 @@ def _superseded_sync(error: BaseException, frames: list[str]) -> bool:
 
 
 NOISE: dict[str, tuple[Rule, ...]] = {
-    # a local Ray enables token authentication by default and warns so on every start (ray-project/ray#64755);
-    # a command's local Ray is its own, on loopback. Remove when the warning can be turned off without opting out
+    # a local Ray warns on every start that it enabled token authentication (ray-project/ray#64755); remove when
+    # the warning can be turned off without opting out of authentication
     "ray._private.authentication.authentication_token_setup": ((("Token authentication is enabled",), None),),
-    # the error of a pool call left unread: the command ended on its first error, or a stop (``WorkerPool.shutdown``);
-    # Ray prints every unread task error at exit by design, so this stays while fltune ends a pool that way
+    # a pool call's error left unread when a command ends on its first error or a stop (``WorkerPool.shutdown``):
+    # Ray prints each at exit, by design
     "ray._private.worker": ((("Unhandled error",), None),),
-    # Tune's own stop advice and resume hint, which name Tune's API: fltune prints its command's (by design in Tune)
+    # Tune's stop advice names its own API: fltune prints its command's resume line (by design in Tune)
     "ray.tune.tune": (
         (("Stop signal received", "Experiment has been interrupted"), None),
         (("Experiment state snapshotting failed",), _never),  # its last save, on a full storage
     ),
     "ray.tune.trainable.trainable": ((("Restored on",), None),),  # every resumed trial, in its worker (by design)
-    # a prune already gone, and a superseded state copy: races of Tune's background syncer with its own deletes
-    # (ray-project/ray#30073 made the syncer catch up; these two records remain); remove when Tune stops logging them
+    # races of Tune's background syncer with its own deletes (ray-project/ray#30073 narrowed them; these two records
+    # remain); remove when Tune stops logging them
     "ray.tune.execution.tune_controller": ((("Trial %s: Error handling checkpoint",), _stale_prune),),
     "ray.tune.execution.experiment_state": ((("Saving experiment state to storage at ",), _superseded_sync),),
     # trials that never reported: fltune reads results from Tune's saved state (``Trial.last_result``)
     "ray.tune.analysis.experiment_analysis": ((("Failed to fetch metrics for",), None),),
-    # a failed copy to full or read-only storage: the job stops on it (``process.library_write_failure``), as Tune
-    # only logs it and goes on
+    # a failed copy to full or read-only storage, which Tune logs and goes past: the job stops on it instead
     "ray.train._internal.syncer": ((("Last sync command failed",), _never),),
     # one INFO line per checkpoint in every trial's log, by design in Ray Train
     "ray.train._internal.storage": ((("Checkpoint successfully created at",), None),),
 }
-"""Logger → rules: Ray's records fltune drops (``process.quiet_libraries``), found by their loggers' module names,
-which are Ray's internals: a Ray release that moves a module brings its noise back (the reason for ray's bound)."""
+"""Logger → rules: Ray's records fltune drops (``process.quiet_libraries``). The loggers are named by Ray's private
+modules: a release that moves one brings its noise back."""
 
 RAY_SYSTEM_CONFIG = {"prestart_worker_first_driver": False}
 """``ray.init``'s private ``_system_config`` for a local Ray: no idle workers prestarted. Client actors get processes
-of their own, so prestarted ones only take CPU and memory from the start-up (an idle worker holds ~70 MiB), and one
-still starting when a short command ends aborts with a stack dump (ray-project/ray#40131). Remove when Ray's first
-driver no longer prestarts a worker per CPU, or a public option turns that off."""
+of their own, so prestarted ones only take CPU and memory from the start-up, and one still starting when a short
+command ends aborts with a stack dump (ray-project/ray#40131). Remove when a public option turns prestarting off."""
 
 
 # ---------------------------------------------------------------------------------------------- the driver's Ray
@@ -77,7 +73,7 @@ def local_ray_node() -> Any:
     """The local Ray node this driver started, else None; imports no Ray. Ray has no public handle on the node a
     driver started (``ray._private.worker._global_node``), which ``process.exit_now`` needs to stop its raylet
     and see whether its Ray died; remove with ``exit_now``'s need, when ``ray.shutdown`` is quick."""
-    ray = __import__("sys").modules.get("ray")
+    ray = sys.modules.get("ray")
     return None if ray is None else getattr(ray._private.worker, "_global_node", None)
 
 
@@ -102,8 +98,8 @@ def stop_local_ray(node: Any, wait_s: float) -> None:
     """The first steps of ``ray.shutdown``, then the raylet stopped (SIGTERM, waited for ``wait_s``) so its workers
     do not linger; other services end with this process (Ray's fate sharing). Stopped first: the threads that print
     the workers' and raylet's lines (none may follow fltune's last one), and the driver's core worker, which ends
-    this process with status 1 when it sees its raylet go. Ray's own shutdown waits on every process in turn
-    (seconds a command): remove when it is quick."""
+    this process with status 1 when it sees its raylet go. Ray's own shutdown waits on each process in turn:
+    remove when it is quick."""
     import subprocess
 
     from ray._private import worker

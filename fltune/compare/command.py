@@ -8,25 +8,22 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fltune.cli_args import (
-    SHORTCUTS, add_checkpoint_args, add_experiment_args, experiment_overrides, keep_on_resume, note_ignored_on_resume,
-    options_from,
+    SHORTCUTS, add_checkpoint_args, add_experiment_args, experiment_overrides, keep_on_resume, options_from, run_job,
 )
 from fltune.errors import FLTuneError
 from fltune.examples import EXAMPLES
-from fltune.folders import make_out
 from fltune.jobs.scaffold import (
-    CELL_CHECKPOINT_EVERY, CELL_CHECKPOINT_SECONDS, JobOptions, TuneJob, check_counts, listed, resume_line,
+    CELL_CHECKPOINT_EVERY, CELL_CHECKPOINT_SECONDS, JobOptions, TuneJob, check_counts, listed, note_ignored, resume_line,
+    start,
 )
 from fltune.process import ending_if_ray_dies, interrupted, say_resume, stop_status
 
 if TYPE_CHECKING:  # Ray Tune and MLflow load only when the command runs
-    from ray.tune import PlacementGroupFactory, Tuner
-
     from fltune.compare.spec import CompareSpec
     from fltune.config import ExperimentConfig
     from fltune.estimate import Plan
@@ -80,11 +77,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     options = options_from(args, CompareOptions, methods=listed(args.methods),
                            overrides=tuple(experiment_overrides(args)))
     checked(options)
-    if args.plan:
-        return job_plan(options).print()
-    if args.resume:
-        note_ignored_on_resume(args, "comparison")
-    return Comparison(options).run()
+    return run_job(args, options, Comparison, job_plan)
 
 
 def checked(options: CompareOptions) -> None:
@@ -156,6 +149,7 @@ class Comparison:
         options = self.options
         if options.resume:
             saved = compare_spec.CompareSpec.resumed(storage, options.name, "comparison")
+            note_ignored(options, "comparison")
             return saved.model_copy(update={"out": options.out}) if options.out else saved
         if not options.methods:
             raise FLTuneError("--methods is required: at least two comma-separated methods, e.g. fedavg,fedprox")
@@ -175,18 +169,11 @@ class Comparison:
 
     def run(self) -> int:
         from fltune.compare.report import notes
-        from fltune.engine.cluster import start_ray
-        from fltune.preflight import check_data
-        from fltune.tracking.paths import check_tracking
+        from fltune.jobs.storage import storage_root
         from fltune.tracking.progress import console
-        from fltune.jobs.storage import check_storage, storage_root
 
         spec = self.spec(storage_root(self.options.storage))
-        check_tracking(spec.tracking)
-        check_storage(spec.storage)
-        make_out(spec.out)
-        check_data(job_configs(spec))
-        start_ray(self.options.address or spec.config.resources.address)
+        start(spec, spec.out, job_configs(spec), self.options.address or spec.config.resources.address)
         if not self.options.resume:
             spec.save()
         console.print(f"[bold]fltune compare[/] {'resuming ' if self.options.resume else ''}{spec.name}: "
@@ -241,11 +228,8 @@ class Cells(TuneJob["CompareSpec"]):
     command = "compare"
 
     def __init__(self, options: CompareOptions, spec: CompareSpec) -> None:
-        super().__init__(options)
+        super().__init__(replace(options, resume=True, ignored=()))  # the comparison noted them
         self.spec = spec
-
-    def resuming(self) -> bool:
-        return True
 
     def new_spec(self, storage: str) -> CompareSpec:
         return self.spec
@@ -261,12 +245,8 @@ class Cells(TuneJob["CompareSpec"]):
 
         return run_cell
 
-    def new_tuner(self, spec: CompareSpec, resources: PlacementGroupFactory) -> Tuner:
-        """One trial per cell, as many at once as fit (or ``--max-concurrent``)."""
-        from fltune.jobs.tuner import bound_trainable, grid_tuner
-
-        trainable = bound_trainable(self.entry(), spec, resources)
-        return grid_tuner(trainable, spec.cells, spec, spec.max_concurrent, self.callbacks(spec))
+    def cells(self, spec: CompareSpec) -> list[str]:
+        return spec.cells
 
     def board(self, spec: CompareSpec) -> TrialBoard:
         from fltune.compare.report import live_board

@@ -57,6 +57,17 @@ class JobOptions:
     max_concurrent: int | None = None
     checkpoint_every: int | None = None
     checkpoint_seconds: float | None = None
+    ignored: tuple[str, ...] = ()
+    """The flags given with ``resume`` that would change a job's settings, which it keeps: named in one note."""
+
+
+def note_ignored(options: JobOptions, what: str) -> None:
+    """One note naming the setting flags a resumed job ignores (``JobOptions.ignored``)."""
+    from fltune.tracking.progress import console
+
+    if options.ignored:
+        console.print(f"note: a resumed {what} keeps the settings it started with; ignored: "
+                      f"{', '.join(options.ignored)}")
 
 
 def check_counts(options: JobOptions) -> None:
@@ -112,6 +123,21 @@ def say_failures(trials: list[Trial]) -> None:
         console.print(line, markup=False, soft_wrap=True)
 
 
+def start(spec: SavedSpec, out: str | None, configs: list[ExperimentConfig], address: str | None) -> None:
+    """A job's checks before Ray (its tracking, its storage, its ``out`` folder, its trials' data), then Ray."""
+    from fltune.engine.cluster import start_ray
+    from fltune.jobs.storage import check_storage
+    from fltune.preflight import check_data
+    from fltune.tracking.paths import check_tracking
+
+    check_tracking(spec.tracking)
+    check_storage(spec.storage)
+    if out is not None:
+        make_out(out)
+    check_data(configs)
+    start_ray(address)
+
+
 def resume_line(command: str, spec: SavedSpec) -> str:
     """``cli.py <command> --name … --storage … --resume``: what continues the job ``spec``."""
     return f"{invoked_as()} {command} --name {spec.name} --storage {spec.storage} --resume"
@@ -158,9 +184,17 @@ class TuneJob(ABC, Generic[Spec]):
     def entry(self) -> Callable[[dict[str, Any], Spec], None]:
         """The trials' Tune entry point, ``entry(config, spec)`` (a module-level function)."""
 
-    @abstractmethod
     def new_tuner(self, spec: Spec, resources: PlacementGroupFactory) -> Tuner:
-        """A new Tuner of the job, with ``callbacks``."""
+        """A new Tuner of the job, with ``callbacks``: a grid over its ``cells``, each run once, as many at once as
+        fit (or ``max_concurrent``); a study's sampled trials are its own (``Study.new_tuner``)."""
+        from fltune.jobs.tuner import bound_trainable, grid_tuner
+
+        trainable = bound_trainable(self.entry(), spec, resources)
+        return grid_tuner(trainable, self.cells(spec), spec, spec.max_concurrent, self.callbacks(spec))
+
+    def cells(self, spec: Spec) -> list[str]:
+        """The grid's cells, each a trial's ``config["cell"]``."""
+        raise NotImplementedError
 
     def restored_tuner(self, spec: Spec, resources: PlacementGroupFactory) -> Tuner:
         """The job's Tuner from its folder; unfinished and errored trials continue (``unfinished_if_stopped``)."""
@@ -225,41 +259,30 @@ class TuneJob(ABC, Generic[Spec]):
     def conclude(self, spec: Spec, rows: list[TrialRow]) -> int:
         """Results, files and the exit status (130 when trials are left to resume)."""
 
-    def resuming(self) -> bool:
-        """Whether ``prepare`` continues a saved job (``--resume``) rather than creating one."""
-        return self.options.resume
-
     def prepare(self) -> tuple[Spec, Tuner, int]:
         """Validate, start Ray, size the trials and create or restore the Tuner; also the number of Ray nodes."""
         from fltune.config import build_config
-        from fltune.engine.cluster import start_ray
-        from fltune.preflight import check_data
-        from fltune.jobs.storage import check_storage, storage_root, tune_started, tuner_whole
+        from fltune.jobs.storage import storage_root, tune_started, tuner_whole
         from fltune.jobs.tuner import cluster_shape, placement
-        from fltune.tracking.paths import check_tracking
         from fltune.tune.spec import exists
 
-        storage = storage_root(self.options.storage)
-        spec = self.saved_spec(storage) if self.resuming() else self.new_spec(storage)
-        if not self.resuming() and exists(spec.path):
+        storage, resuming = storage_root(self.options.storage), self.options.resume
+        spec = self.saved_spec(storage) if resuming else self.new_spec(storage)
+        note_ignored(self.options, self.what)
+        if not resuming and exists(spec.path):
             raise FLTuneError(f"--name {spec.name}: {self.what} {spec.path} already exists; "
                               "add --resume to continue it")
-        check_tracking(spec.tracking)
-        check_storage(spec.storage)
-        if (out := self.out(spec)) is not None:
-            make_out(out)
-        check_data(self.trial_configs(spec))
         tree = self.experiment(spec)
-        start_ray(self.options.address or build_config(tree).resources.address)
+        start(spec, self.out(spec), self.trial_configs(spec), self.options.address or build_config(tree).resources.address)
         cluster, node_cpus = cluster_shape()
         spec = with_gpu_share(spec, cluster, build_config(tree).resources.cpus_per_worker, spec.max_concurrent)
         resources = placement(tree, spec.workers, spec.gpus_per_worker, cluster, node_cpus)
-        if self.resuming() and tune_started(spec.path):
+        if resuming and tune_started(spec.path):
             if not tuner_whole(spec.path):  # a new Tuner of the saved spec writes it again, as it was
                 self.new_tuner(spec, resources)
             tuner = self.restored_tuner(spec, resources)
         else:
-            if not self.resuming():
+            if not resuming:
                 spec.save()
             tuner = self.new_tuner(spec, resources)
         return spec, tuner, len(node_cpus)

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fltune.cli_args import add_checkpoint_args, keep_on_resume, note_ignored_on_resume, options_from
+from fltune.cli_args import add_checkpoint_args, keep_on_resume, options_from, run_job
 from fltune.examples import EXAMPLES
 from fltune.jobs.scaffold import (
     CELL_CHECKPOINT_EVERY, CELL_CHECKPOINT_SECONDS, JobOptions, TuneJob, check_counts, listed,
@@ -19,8 +19,6 @@ from fltune.process import say_resume
 from fltune.text import invoked_as
 
 if TYPE_CHECKING:  # Ray Tune and MLflow load only when the command runs
-    from ray.tune import PlacementGroupFactory, Tuner
-
     from fltune.config import ExperimentConfig
     from fltune.estimate import Plan
     from fltune.reproduce.job import ReproSpec
@@ -101,11 +99,7 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     """A reproduction, or its plan: the flags as ``ReproduceOptions``, run as ``fltune.reproduce`` runs it."""
     options = options_from(args, ReproduceOptions, datasets=listed(args.datasets), rows=listed(args.rows),
                            overrides=(*([f"data.root={args.data_root}"] if args.data_root else []), *args.overrides))
-    if args.plan:
-        return job_plan(options).print()
-    if args.resume:
-        note_ignored_on_resume(args, "job")
-    return Reproduction(options).run()
+    return run_job(args, options, Reproduction, job_plan)
 
 
 class Reproduction(TuneJob["ReproSpec"]):
@@ -155,13 +149,9 @@ class Reproduction(TuneJob["ReproSpec"]):
 
         return run_cell
 
-    def new_tuner(self, spec: ReproSpec, resources: PlacementGroupFactory) -> Tuner:
-        """A grid over the distinct experiments, each run once (its seeds inside)."""
-        from fltune.jobs.tuner import bound_trainable, grid_tuner
-
-        order = spec.trial_order or list(spec.trials)
-        trainable = bound_trainable(self.entry(), spec, resources)
-        return grid_tuner(trainable, order, spec, spec.max_concurrent, self.callbacks(spec))
+    def cells(self, spec: ReproSpec) -> list[str]:
+        """The distinct experiments, each run once (its seeds inside)."""
+        return spec.trial_order or list(spec.trials)
 
     def board(self, spec: ReproSpec) -> TrialBoard:
         from fltune.reproduce.report import live_cells

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fltune.cli_args import (
-    add_checkpoint_args, add_shortcuts, experiment_overrides, keep_on_resume, note_ignored_on_resume, options_from,
+    add_checkpoint_args, add_shortcuts, experiment_overrides, keep_on_resume, options_from, run_job,
 )
 from fltune.errors import FLTuneError
 from fltune.examples import EXAMPLES
@@ -79,13 +79,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def cmd_tune(args: argparse.Namespace) -> int:
     """A study, or its plan: the flags as a ``StudyRequest``, run as ``fltune.tune`` runs it."""
-    options = checked(options_from(args, StudyRequest, overrides=tuple(experiment_overrides(args)),
-                                   confirm=confirm_flag(args.confirm)))
-    if args.plan:
-        return job_plan(options).print()
-    if args.resume:
-        note_ignored_on_resume(args, "study")
-    return Study(options).run()
+    options = options_from(args, StudyRequest, overrides=tuple(experiment_overrides(args)),
+                           confirm=confirm_flag(args.confirm))
+    return run_job(args, checked(options), Study, job_plan)
 
 
 def checked(options: StudyRequest) -> StudyRequest:

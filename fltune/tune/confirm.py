@@ -16,7 +16,6 @@ from fltune.tune.space import Confirm, Objective, SearchSpace
 from fltune.tune.spec import SavedSpec, StudySpec, exists
 
 if TYPE_CHECKING:
-    from ray.tune import PlacementGroupFactory, Tuner
     from rich.table import Table
 
     from fltune.config import TrackingConfig
@@ -114,11 +113,8 @@ class Confirmation(TuneJob[ConfirmSpec]):
     def entry(self) -> Callable[[dict[str, Any], ConfirmSpec], None]:
         return run_confirmation
 
-    def new_tuner(self, spec: ConfirmSpec, resources: PlacementGroupFactory) -> Tuner:
-        from fltune.jobs.tuner import bound_trainable, grid_tuner
-
-        return grid_tuner(bound_trainable(self.entry(), spec, resources), spec.cells, spec, spec.max_concurrent,
-                          self.callbacks(spec))
+    def cells(self, spec: ConfirmSpec) -> list[str]:
+        return spec.cells
 
     def callbacks(self, spec: ConfirmSpec) -> list[Any]:
         """The board alone: the confirmation's figures go to the study's MLflow parent once it ends."""
