@@ -122,8 +122,9 @@ class HeldPrunes:
     """Trial checkpoints Tune pruned, held until the job folder holds a state saved after the prune. Tune deletes
     checkpoints beyond ``num_to_keep`` before the state naming them is copied, so a driver killed in between
     resumes from a deleted checkpoint on every retry (ray-project/ray#27790; ray-project/ray#30073 narrowed it
-    for cloud storage only). ``jobs.storage.AtomicLocalFiles`` routes Tune's deletes here. Remove when Tune prunes
-    only after the state that supersedes a checkpoint is saved.
+    for cloud storage only). Remove when Tune prunes only after the state that supersedes a checkpoint is saved.
+    Tune's deletes reach it through ``jobs.storage.AtomicLocalFiles``, whose whole-file writes work around
+    ray-project/ray#58179 (remove with that fix); it stays there as its pyarrow base class is heavy to import.
 
     One per process (the driver deletes and copies through different filesystem copies). Tune's driver thread
     starts a copy only after the previous one ended (``_BackgroundSyncer``) and prunes between copies, so a copy
