@@ -55,7 +55,8 @@ def resumed_to_the_end(cmd: list[str], study: Path, log: Path, mlflow_uri: str, 
     resumed = start([*cmd, "--resume"], log)
     assert finished(resumed, log, timeout=400) == 0, log.read_text()
     quiet = log.read_text()  # no library chatter, no tracebacks of stopped workers
-    assert not any(m in quiet for m in ("Token authentication", "Restored on", "Traceback", "SystemExit"))
+    assert not any(m in quiet for m in ("Token authentication", "Restored on", "Checkpoint successfully", "Traceback",
+                                        "SystemExit"))
     ended = ExperimentAnalysis(str(study)).trials
     trial_ids = sorted(t.trial_id for t in ended)
     assert len(trial_ids) == trials and all(t.last_result["round"] == ROUNDS for t in ended)
