@@ -37,9 +37,8 @@ SETTINGS = ("methods", "seeds", "tune_budget", "max_concurrent", "checkpoint_eve
 
 @dataclass(frozen=True, kw_only=True)
 class CompareOptions(JobOptions):
-    """A comparison as ``fltune compare`` or ``fltune.compare`` asks for it, each field the flag of that name:
-    ``methods`` (at least two), the setting (``config`` YAML, then ``overrides``: ``field=value`` texts), ``seeds``
-    per method, ``tune_budget`` trials per method's study first (None: no tuning), ``out`` for compare.csv."""
+    """A comparison as ``fltune compare``'s flags or ``fltune.compare``'s keywords ask for it (documented there);
+    ``overrides``: the shortcut flags' and ``--set``'s texts."""
 
     methods: tuple[str, ...] | None = None
     config: str | None = None

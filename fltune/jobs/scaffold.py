@@ -46,9 +46,8 @@ Spec = TypeVar("Spec", bound="SavedSpec")
 
 @dataclass(frozen=True, kw_only=True)
 class JobOptions:
-    """What every Tune job is asked, each field the flag of that name: its folder (``name`` under ``storage``,
-    default ./studies), the cluster (``address``), whether it continues a stopped job (``resume``: ``name``, else
-    the newest of its kind), and its trials' concurrency and checkpoint cadence (None: the job's default)."""
+    """What every Tune job is asked, each field its commands' flag of that name: its folder (``name`` under
+    ``storage``), the cluster, whether it continues a stopped job, its trials' concurrency and checkpoint cadence."""
 
     name: str | None = None
     storage: str | None = None
@@ -58,7 +57,7 @@ class JobOptions:
     checkpoint_every: int | None = None
     checkpoint_seconds: float | None = None
     ignored: tuple[str, ...] = ()
-    """The flags given with ``resume`` that would change a job's settings, which it keeps: named in one note."""
+    """The setting flags given with ``resume``, which the job ignores for its saved ones (``note_ignored``)."""
 
 
 def note_ignored(options: JobOptions, what: str) -> None:

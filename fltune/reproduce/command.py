@@ -31,9 +31,8 @@ if TYPE_CHECKING:  # Ray Tune and MLflow load only when the command runs
 
 @dataclass(frozen=True, kw_only=True)
 class ReproduceOptions(JobOptions):
-    """A paper table's reproduction as ``fltune reproduce`` or ``fltune.reproduce`` asks for it, each field the flag
-    of that name: the ``table``, a subset of its ``datasets`` and ``rows`` (None: all), the ``scale``, ``seeds`` per
-    cell, ``overrides`` (``field=value`` texts) of every cell, ``out`` for table.csv."""
+    """A reproduction as ``fltune reproduce``'s flags or ``fltune.reproduce``'s keywords ask for it (documented
+    there); ``overrides``: ``--data-root``'s and ``--set``'s texts."""
 
     table: str
     datasets: tuple[str, ...] | None = None

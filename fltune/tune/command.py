@@ -32,18 +32,15 @@ BEST_CONFIG = "best_config.yaml"
 
 @dataclass(frozen=True, kw_only=True)
 class StudyRequest(JobOptions):
-    """A study as ``fltune tune`` or ``fltune.tune`` asks for it (each field the flag of that name); None means
-    "as the space file (or the saved study) says"."""
+    """A study as ``fltune tune``'s flags or ``fltune.tune``'s keywords ask for it (documented there); None: as the
+    space file (or the saved study) says. ``overrides``: ``--set`` texts; ``confirm``: ``confirm_flag``'s."""
 
     space: str | None = None
-    """The search-space YAML (``checked`` resolves a shipped one by name or by ``method``)."""
     method: str | None = None
     overrides: tuple[str, ...] = ()
-    """``field=value`` texts: search-space settings and fields of the base experiment."""
     num_samples: int | None = None
     seeds: int | None = None
     confirm: dict[str, int] | str | None = None
-    """``{"top": 3, "seeds": 3}`` or ``"none"`` (``confirm_flag`` reads ``--confirm 3x3``)."""
     warm_start: str | None = None
     best_out: str | None = None
 
