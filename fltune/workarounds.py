@@ -173,6 +173,22 @@ def optuna_study(searcher: Any) -> Any:
     return searcher._ot_study
 
 
+def optuna_trial_open(searcher: Any, trial_id: str) -> bool:
+    """Whether Tune's OptunaSearch ``searcher`` suggested the trial ``trial_id`` and its Optuna storage has not seen
+    it end (one that ended there is counted complete). A driver killed between Tune's save of its state and the
+    searcher's resumes with a searcher that never suggested a trial (OptunaSearch raises ``KeyError``) or thinks an
+    ended one runs while Tune replays its rounds from a checkpoint (Optuna refuses to update a finished trial).
+    Reads OptunaSearch's private ``_ot_trials``, ``_ot_study`` and ``_completed_trials``; remove when OptunaSearch
+    is saved in step with Tune's state."""
+    trial = searcher._ot_trials.get(trial_id)
+    if trial is None:
+        return False
+    if searcher._ot_study._storage.get_trial(trial._trial_id).state.is_finished():
+        searcher._completed_trials.add(trial_id)
+        return False
+    return True
+
+
 def compile_limits(graphs: int, threads: int) -> None:
     """Let ``torch.compile`` keep ``graphs`` graphs per function (dynamo's default, 8, recompiles a batched group
     step that serves every phase, shape and run of a process) and compile on ``threads`` threads, not every core
