@@ -11,13 +11,13 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from fltune.config import ExperimentConfig, TrackingConfig, build_config
+from fltune.jobs.storage import check_name
 from fltune.reproduce.plan import PlannedCell, first_config
 from fltune.reproduce.registry import get_table
 from fltune.reproduce.table import PaperTable
 from fltune.tracking.paths import outputs_dir
 from fltune.tune.space import Objective
 from fltune.tune.spec import SavedSpec
-from fltune.tune.storage import check_name
 from fltune.tune.trainable import Cadence, run_federations, seed_configs
 
 
