@@ -19,7 +19,6 @@ from fltune.engine.dispatch import Pool
 from fltune.engine.executors import Batched, Executor, OneByOne
 from fltune.engine.federation import Federation
 from fltune.engine.pool import WorkerPool, plan_workers
-from fltune.engine.worker import RunSpec
 from fltune.metrics.probe import probes_for
 
 LOG = logging.getLogger(__name__)
@@ -30,15 +29,9 @@ def build_federation(cfg: ExperimentConfig, data: FederatedData | None = None, p
     """The run ``cfg`` describes, on ``data`` (default: loaded as ``cfg`` says), with its probes
     (``check_probes``). ``pool``: the caller's workers, left up after; without one the run starts and stops
     its own (``resources.*``). ``folder``: where client states go (default a temporary folder)."""
-    spec = run_spec(cfg, data if data is not None else load_data(cfg))
-    return Federation(cfg, spec.data, spec.method, spec.model, spec.executor, pool or partial(ray_pool, cfg),
-                      probes=partial(probes_for, spec.data), folder=folder)
-
-
-def run_spec(cfg: ExperimentConfig, data: FederatedData) -> RunSpec:
-    """The parts of the run ``cfg`` describes on ``data``, as a worker receives them."""
-    return RunSpec(cfg, data, partial(build_method, cfg), partial(build_model_for, cfg),
-                   executor_for(cfg, data))
+    data = data if data is not None else load_data(cfg)
+    return Federation(cfg, data, partial(build_method, cfg), partial(build_model_for, cfg), executor_for(cfg, data),
+                      pool or partial(ray_pool, cfg), probes=partial(probes_for, data), folder=folder)
 
 
 def executor_for(cfg: ExperimentConfig, data: FederatedData) -> Executor:

@@ -15,13 +15,14 @@ import torch
 
 import fltune.engine.executors as executors_module
 import fltune.engine.worker as worker_module
-from fltune.assembly import run_spec
-from fltune.config import build_config
+from fltune.assembly import build_federation
+from fltune.config import ExperimentConfig, build_config
+from fltune.data.federated import FederatedData
 from fltune.engine.builders import build_method, build_model_for, initial_state, load_data, resolve_augment
 from fltune.engine.evaluation import evaluate
 from fltune.engine.local import final_round
 from fltune.engine.transfer import RoundInput, load_state
-from fltune.engine.worker import ClientWorker
+from fltune.engine.worker import ClientWorker, RunSpec
 
 COUNT = """
 import json, sys
@@ -36,6 +37,11 @@ with TrainingFlops() as flops:
     model(torch.randn(8, 1, 28, 28)).sum().backward()
 print(json.dumps([flops.get_total_flops(), flops.forward_flops, sys.modules.get("triton") is not None]))
 """
+
+
+def spec_of(cfg: ExperimentConfig, data: FederatedData) -> RunSpec:
+    """The run of ``cfg`` on ``data`` as its workers receive it (its assembled parts)."""
+    return build_federation(cfg, data).spec(data, keep_latest=False)
 
 
 def count(skip: bool) -> tuple[list, str]:
@@ -81,7 +87,7 @@ def test_personalised_scores_are_each_client_scored_alone_in_chunks_of_any_size(
     ids = [0, 1, 2, 3, 4, 5]
     try:
         worker = ClientWorker(threads=1, in_driver=True)
-        run_ref = [ray.put(run_spec(cfg, data))]
+        run_ref = [ray.put(spec_of(cfg, data))]
         per_model = sum(v.nbytes for v in state.values())
         for finetune in (False, True):
             alone = {}
@@ -126,7 +132,7 @@ def test_a_batched_runs_final_round_trains_whole_groups_in_chunks_of_whole_group
     threads = torch.get_num_threads()
     try:
         worker = ClientWorker(threads=1, in_driver=True)
-        run_ref = [ray.put(run_spec(cfg, data))]
+        run_ref = [ray.put(spec_of(cfg, data))]
         scores = worker.evaluate_clients(run_ref, inputs, True, list(range(6)), {})
     finally:
         torch.set_num_threads(threads)
