@@ -11,7 +11,6 @@ only on its clients, and groups (sorted ids in chunks of ``resources.batch_clien
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -31,8 +30,7 @@ from fltune.engine.rng import derive_seed
 from fltune.methods.base import ClientContext, ClientResult, Method, Phase
 from fltune.methods.functional import FunctionalBatch, FunctionalStep, has_functional_step, local_step
 from fltune.methods.objective import Forward, NoiseShapes
-
-LOG = logging.getLogger(__name__)
+from fltune.workarounds import compile_limits
 
 Stacked = dict[str, Tensor]
 """Parameter name → tensor with a leading client axis of length K."""
@@ -57,13 +55,6 @@ def unbatchable(cfg: ExperimentConfig, method: Method, model: nn.Module) -> str 
         # a BatchNorm without running buffers (FedSOL's ResNet-18) still normalises by the batch's statistics
         return f"model {cfg.model.name} has BatchNorm or buffers (batch statistics would mix padded samples in)"
     return None
-
-
-def note_fallback(cfg: ExperimentConfig, method: Method, model: nn.Module) -> None:
-    """One log line per run (on the driver) when ``executor: batched`` cannot batch this run."""
-    reason = unbatchable(cfg, method, model) if cfg.resources.executor == "batched" else None
-    if reason:
-        LOG.warning("resources.executor: batched trains every client on the exact path: %s", reason)
 
 
 @dataclass
@@ -236,10 +227,7 @@ def compile_step(step: Callable[..., _Device]) -> Callable[..., _Device]:
     step waits on the host; compiled, the Python is traced away and elementwise work fused. Steps are padded to
     B (``fixed``) so short batches compile no new graph. Fused kernels round otherwise: last digits move, still
     deterministic. Inductor uses the worker's threads, not every core: Tune's trials' workers compile at once."""
-    import torch._inductor.config
-
-    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, COMPILED_GRAPHS)
-    torch._inductor.config.compile_threads = torch.get_num_threads()
+    compile_limits(COMPILED_GRAPHS, torch.get_num_threads())
     return torch.compile(step)
 
 
