@@ -190,8 +190,7 @@ def _load_data(cfg: ExperimentConfig) -> FederatedData:
 class JobResult:
     """A Tune job's outcome: ``code`` the exit status (0 done, 1 nothing scored or a trial failed, 130
     interrupted: rerun with ``resume=True``), the job's ``name`` and ``folder``, every trial, a study's ``best``
-    configuration and ``model_run``, the MLflow run of its model (``load_model(model_run, uri=best.tracking.uri)``;
-    None when the study confirmed nothing or tracked nothing)."""
+    configuration and ``model_run``, the MLflow run holding its model, if any (:func:`load_model`)."""
 
     code: int
     name: str

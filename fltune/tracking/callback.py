@@ -68,14 +68,6 @@ class MLflowCallback(Callback):
     def _log(self, metrics: dict[str, float]) -> None:
         assert self.tracker is not None and self.run_id is not None
         self.tracker.log_round(self.run_id, metrics)
-        self._log_costs()
-
-    def _log_costs(self) -> None:
-        """The run's constants at step 0, once, after its first round: MLflow's compare view plots the first
-        metric a run logged (``Tracker.log_metrics`` puts accuracy first), not a constant."""
-        assert self.tracker is not None and self.run_id is not None
-        self.tracker.log_metrics(self.run_id, self.costs, step=0)
-        self.costs = {}
 
     def on_end(self, fed: Federation, summary: dict[str, Any]) -> None:
         """Queue the summary, curves and figures and the run's end, then wait for the writer."""
@@ -95,7 +87,8 @@ class MLflowCallback(Callback):
 
         if self.run_id is None or self.tracker is None:
             return
-        self._log_costs()  # a run ended before its first round
+        # the constants (step 0) last: MLflow's compare view plots the metric a run logged first, accuracy
+        self.tracker.log_metrics(self.run_id, self.costs, step=0)
         self.tracker.log_metrics(self.run_id, summary_only(summary, history), step=summary["rounds"])
         with tempfile.TemporaryDirectory() as tmp:
             if history:

@@ -37,8 +37,8 @@ def plan(space: SearchSpace, testing: bool) -> Confirm | None:
 
 
 class ConfirmSpec(SavedSpec):
-    """The confirmation job: the study, and its top configurations (JSON of their parameters), best first;
-    ``uri``: the driver's MLflow store, where the trials log their seeds' runs (a trial's own default differs)."""
+    """The confirmation job: the study, its top configurations (JSON of their parameters), best first, and
+    ``uri``, the driver's MLflow store, where the trials log their seeds' runs."""
 
     study: StudySpec
     cells: list[str]
@@ -79,8 +79,7 @@ def test_objective(space: SearchSpace) -> Objective | None:
 
 
 def run_confirmation(config: dict[str, Any], spec: ConfirmSpec) -> None:
-    """Tune entry point: one configuration (``config["cell"]``), every confirmation seed in lockstep, each seed
-    then an MLflow run with its model (``log_seed_runs``)."""
+    """Tune entry point: one configuration (``config["cell"]``), every confirmation seed in lockstep."""
     from functools import partial
 
     from fltune.tune.mlflow_runs import log_seed_runs

@@ -34,8 +34,7 @@ if TYPE_CHECKING:
 STUDY_TAG = "fltune.study"
 TRIAL_TAG = "fltune.trial_id"
 KIND_TAG = "fltune.kind"
-CELL_TAG = "fltune.cell"
-"""A confirmation run's configuration: the JSON of its tuned parameters (``ConfirmSpec.cells``)."""
+CELL_TAG = "fltune.cell"  # a confirmation run's tuned parameters, as JSON (``ConfirmSpec.cells``)
 EVERY_ROUND = "round_s"
 """A metric every round logs: its last step is the round a resumed trial's curves go on after."""
 
@@ -251,9 +250,8 @@ def study_parent(study: StudySpec) -> tuple[Tracker, str] | None:
 
 
 def log_seed_runs(spec: ConfirmSpec, cell: str, feds: list[Federation]) -> None:
-    """A confirmation trial's seeds, each logged as ``fltune run`` logs its run (``MLflowCallback``: rounds,
-    summary, curves, the ``model/`` weights), as children of the study's parent tagged with their cell: the
-    study's answer then loads with ``fltune.load_model``. Called by the trial once its last round is reported."""
+    """A confirmation trial's seeds, each logged as ``fltune run`` logs a run (``MLflowCallback``, ``model/``
+    included), as children of the study's parent tagged with their cell, so the winner's model loads."""
     from fltune.tracking.callback import MLflowCallback
 
     cfgs = [trial_config(spec.study, {**json.loads(cell), "federation.seed": fed.cfg.federation.seed,
@@ -287,6 +285,5 @@ def log_confirmed(study: StudySpec, rows: list[Any], seed: int) -> str | None:
     tracker.set_tags(parent, {f"best.{k}": v for k, v in win.params.items()})
     tracker.log_text(parent, trial_config(study, win.params).to_yaml(), "best_config.yaml")
     runs = tracker.find({STUDY_TAG: study.path, CELL_TAG: json.dumps(win.params, sort_keys=True), "seed": seed})
-    if runs:  # the newest, should a resumed confirmation have logged it twice
-        tracker.set_tags(parent, {"fltune.best_run": runs[0].info.run_id})
+    tracker.set_tags(parent, {"fltune.best_run": runs[0].info.run_id} if runs else {})  # the newest, if logged twice
     return runs[0].info.run_id if runs else None

@@ -182,8 +182,7 @@ def run_trial(config: dict[str, Any], spec: StudySpec) -> None:
 def run_federations(cfgs: list[ExperimentConfig], objective: Objective, cadence: Cadence,
                     extra: Sequence[Objective] = (), at_end: Callable[[list[Federation]], None] | None = None) -> None:
     """The body of every fltune trial: one ``Federation`` per seed in lockstep, a report per round, a
-    checkpoint when ``cadence`` says; ``extra`` objectives are reported beside the main one; ``at_end`` sees
-    the seeds' federations, still open, once their last round is reported."""
+    checkpoint when ``cadence`` says; ``extra`` objectives reported beside the main one; ``at_end`` then."""
     start = time.perf_counter()
     folder = client_folder()
     feds = [build_federation(cfg, folder=folder / f"seed{cfg.federation.seed}") for cfg in cfgs]
