@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -61,12 +62,13 @@ def test_replay_picks_by_budget(tmp_path: Path) -> None:
 
 
 def test_default_tuner_replays_with_asha(tmp_path: Path) -> None:
-    """The shipped default (TPE + ASHA, fltune's own searcher and scheduler) runs on the table; seen both
-    configurations, it returns the validation winner."""
+    """The shipped default's sampler (TPE + ASHA, fltune's own searcher and scheduler), its grace period cut to
+    the table's first round, runs on the table; seen both configurations, it returns the validation winner."""
     problem, tables = toy(tmp_path, [0.01, 0.1])
-    picks = tq.replay(problem, tables[0], tq.default_tuner(), seed=0, fractions=[1.0])
+    tuner = replace(tq.default_tuner(), grace=1)
+    picks = tq.replay(problem, tables[0], tuner, seed=0, fractions=[1.0])
     assert picks in ([(0.01,)], [(0.1,)])
-    studies = tq.study_regrets(problem, tables, tq.default_tuner())
+    studies = tq.study_regrets(problem, tables, tuner)
     assert len(studies) == tq.TUNER_SEEDS and all(len(s) == len(tq.FRACTIONS) for s in studies)
     assert min(s[-1][0] for s in studies) >= -10.0 - 1e-9
 
