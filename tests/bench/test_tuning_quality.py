@@ -79,3 +79,15 @@ def test_a_resumed_build_skips_only_runs_that_ended(tmp_path: Path) -> None:
     path = tmp_path / "toy.csv"
     path.write_text(TABLE + "# build: 2 runs in 1 s\n")
     assert tq.finished_runs(path, keys=1) == {(0.01, 0), (0.1, 0)}
+
+
+def test_synchronous_hyperband_at_two_live_trials_stops_none() -> None:
+    """On the committed FedProx table, Ray's HyperBandScheduler pauses trials at its rungs and the replay resumes
+    them (``choose_trial_to_run``); with two live trials a rung keeps both, so each study returns what random
+    search without stopping returns at every budget (a paused trial never resumed would end the study early)."""
+    problem = tq.PROBLEMS["fedprox"]
+    tables = tq.load_tables(problem)
+    random, hyperband = (next(t for t in tq.tuners() if t.name == name) for name in ("random", "HyperBand"))
+    for seed in (0, 1):
+        picks = tq.replay(problem, tables[seed], hyperband, seed, tq.FRACTIONS + [1.0])
+        assert picks == tq.replay(problem, tables[seed], random, seed, tq.FRACTIONS + [1.0])
