@@ -29,8 +29,8 @@ from fltune.engine.local import client_context, train_metrics
 from fltune.engine.transfer import RoundInput, device_states
 from fltune.engine.rng import derive_seed
 from fltune.methods.base import ClientContext, ClientResult, Method, Phase
-from fltune.methods.functional import FunctionalBatch, FunctionalStep, has_functional_step, local_step
-from fltune.methods.objective import Forward, NoiseShapes
+from fltune.engine.functional import FunctionalStep, functional_gradient, local_step, own_backward, reads_modules
+from fltune.methods.objective import Batch, Forward, NoiseShapes
 
 LOG = logging.getLogger(__name__)
 
@@ -47,9 +47,10 @@ def client_groups(clients: list[int], size: int) -> list[list[int]]:
 
 def unbatchable(cfg: ExperimentConfig, method: Method, model: nn.Module) -> str | None:
     """Why the batched executor trains this run per client on the exact path, or None when it batches."""
-    if not has_functional_step(type(method)):
-        return (f"method {cfg.method.name} has no functional local step (an objective that reads the client's "
-                "context, or a per-batch step without functional_step)")
+    if own_backward(type(method)):
+        return f"method {cfg.method.name} has a backward of its own (a step only autograd takes)"
+    if reads_modules(type(method)):
+        return f"method {cfg.method.name}'s objective reads a client's modules (Batch.module)"
     if cfg.training.optimizer != "sgd":
         return f"training.optimizer {cfg.training.optimizer} (the batched step is SGD)"
     if next(model.buffers(), None) is not None or any(isinstance(m, nn.modules.batchnorm._BatchNorm)
@@ -262,9 +263,10 @@ class _GroupTrainer:
             train: Stacked, frozen: Stacked, inputs: dict[str, Stacked], noise: Stacked, x: Tensor, y: Tensor,
             w: Tensor,
         ) -> FunctionalStep:
-            batch = FunctionalBatch(forward, names, frozen, inputs, noise, x, y, w, global_weights, round_lr,
-                                    training.grad_clip)
-            return local_step(method, train, batch)
+            weights = {n: train[n] if n in train else frozen[n] for n in names}
+            return local_step(method, Batch(
+                forward, weights, x, y, w, inputs, noise, global_weights, trainable=tuple(train), lr=round_lr,
+                grad_clip=training.grad_clip, differentiate=functional_gradient))
 
         # global weights are shared by every client: closed over, not a vmap argument flattened every step
         self.steps = vmap(client_step, randomness="different")
@@ -291,7 +293,7 @@ class _GroupTrainer:
         live = batch.active & ~diverged
         self._update(out.grads, lr, live)
         correct = ((out.logits.argmax(-1) == batch.y) & batch.real).sum(1)
-        return out.loss, _kept(out.carry, inputs, live), out.record, live, correct
+        return out.loss, _kept(out.kept, inputs, live), out.record, live, correct
 
     def _update(self, grads: Stacked, lr: float, live: Tensor) -> None:
         """SGD on every live client, in place, on one [K, Σ sizes] gradient, each element through
