@@ -1,17 +1,18 @@
 """fltune's Python API (``run``, ``tune``, ``compare``, ``reproduce``), which the command line is a layer over.
 
-Jobs take their command's flags as keyword arguments (``tune(num_samples=2)`` is ``--num-samples 2``). Bad
-input raises :class:`fltune.FLTuneError` with the CLI's line; ``progress=False`` keeps them quiet.
+Jobs take their command's flags as keyword arguments (``tune(num_samples=2)`` is ``--num-samples 2``), read into
+the typed options the command fills from its flags (``StudyRequest``, ``CompareOptions``, ``ReproduceOptions``) and
+run by the same code. Bad input raises :class:`fltune.FLTuneError` with the CLI's line; ``progress=False`` keeps
+them quiet.
 """
 
 from __future__ import annotations
 
-import argparse
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from fltune.errors import FLTuneError
 
@@ -25,6 +26,8 @@ if TYPE_CHECKING:  # torch, Ray and pydantic wait until a function runs: ``impor
     from fltune.estimate import Plan
     from fltune.engine.pool import WorkerPool
     from fltune.tune.results import TrialRow
+
+Options = TypeVar("Options")
 
 
 @dataclass
@@ -231,13 +234,12 @@ def tune(space: str | Path | None = None, *, method: str | None = None,
     plan: return the :class:`fltune.estimate.Plan` (``str()`` is what ``--plan`` prints) and run nothing.
     Returns a :class:`JobResult` whose ``best`` is the best configuration."""
     from fltune.config import ExperimentConfig
-    from fltune.tune.command import BEST_CONFIG, Study, add_parser, checked, job_plan
+    from fltune.tune.command import BEST_CONFIG, Study, StudyRequest, checked, confirm_flag, job_plan
 
-    args = _args(add_parser, "tune", **_flags(locals()))
-    checked(args)
+    options = checked(_options(StudyRequest, locals(), confirm=confirm_flag(confirm)))
     if plan:
-        return job_plan(args)
-    job = Study(args)
+        return job_plan(options)
+    job = Study(options)
     with _console_quiet(not progress):
         code = job.run()
     best_file = Path(job.spec.path) / BEST_CONFIG
@@ -260,15 +262,14 @@ def compare(methods: str | Sequence[str] | None = None, *, config: str | Path | 
     resume: continue the comparison ``name`` (else the newest).
     plan: return the :class:`fltune.estimate.Plan` (``str()`` is what ``--plan`` prints) and run nothing.
     Returns a :class:`CompareResult`: ``to_pandas()`` is compare.csv, ``out`` its folder."""
-    from fltune.compare.command import Comparison, add_parser, checked, job_plan
+    from fltune.compare.command import CompareOptions, Comparison, checked, job_plan
+    from fltune.jobs.scaffold import listed
 
-    flags = _flags(locals())
-    flags["methods"] = methods if methods is None or isinstance(methods, str) else ",".join(methods)
-    args = _args(add_parser, "compare", **flags)
-    checked(args)
+    options = _options(CompareOptions, locals(), methods=listed(methods))
+    checked(options)
     if plan:
-        return job_plan(args)
-    job = Comparison(args)
+        return job_plan(options)
+    job = Comparison(options)
     with _console_quiet(not progress):
         code = job.run()
     cells = getattr(job, "cells", None)  # None: a method's tuning study ended the job first
@@ -289,40 +290,29 @@ def reproduce(table: str, *, datasets: str | Sequence[str] | None = None, rows: 
     datasets, rows: a subset of the table's; scale: quick or paper; seeds: per cell; set: config fields of every
     cell. name, storage: the job's folder; out: where table.csv lands. resume: continue the job ``name``.
     plan: return the :class:`fltune.estimate.Plan` (``str()`` is what ``--plan`` prints) and run nothing."""
-    from fltune.reproduce.command import Reproduction, add_parsers, job_plan
+    from fltune.jobs.scaffold import listed
+    from fltune.reproduce.command import ReproduceOptions, Reproduction, job_plan
 
-    flags = _flags(locals())
-    for key in ("datasets", "rows"):
-        flags[key] = flags[key] if flags[key] is None or isinstance(flags[key], str) else ",".join(flags[key])
-    args = _args(add_parsers, "reproduce", **flags)
+    options = _options(ReproduceOptions, locals(), datasets=listed(datasets), rows=listed(rows))
     if plan:
-        return job_plan(args)
-    job = Reproduction(args)
+        return job_plan(options)
+    job = Reproduction(options)
     with _console_quiet(not progress):
         code = job.run()
     return JobResult(code, job.spec.name, job.spec.path, job.rows)
 
 
-def _flags(given: dict[str, Any]) -> dict[str, Any]:
-    """A job function's keywords as its command's flags: ``set`` as ``--set`` lines, paths as text."""
-    flags = {key: str(value) if isinstance(value, Path) else value for key, value in given.items()
-             if key not in ("set", "progress")}
+def _options(kind: type[Options], given: dict[str, Any], **read: Any) -> Options:
+    """A job function's keywords (``given``: its ``locals()``) as its command's typed options: ``set`` as the
+    ``overrides`` texts ``--set`` gives, paths as text, then ``read``: the keywords read as the command reads them."""
     sets = given["set"] or []
     if isinstance(sets, str):
         raise FLTuneError(f"set: {sets!r} is one text; allowed: a mapping {{'field': value}} or a list of "
                           "'field=value' texts")
-    flags["overrides"] = [f"{key}={value}" for key, value in sets.items()] if isinstance(sets, Mapping) else list(sets)
-    return flags
-
-
-def _args(add: Callable[[argparse._SubParsersAction], None], command: str, **flags: Any) -> argparse.Namespace:
-    """The command's flags at their defaults, then ``flags``: one definition of the options for both."""
-    parser = argparse.ArgumentParser(prog="fltune")
-    add(parser.add_subparsers(dest="command"))
-    args = parser.parse_args([command, *([str(flags["table"])] if command == "reproduce" else [])])
-    for key, value in flags.items():
-        setattr(args, key, value)
-    return args
+    overrides = tuple(f"{key}={value}" for key, value in sets.items()) if isinstance(sets, Mapping) else tuple(sets)
+    names = {option.name for option in fields(kind)}  # ``given`` also holds the function's imports
+    values = {key: str(value) if isinstance(value, Path) else value for key, value in given.items() if key in names}
+    return kind(**{**values, "overrides": overrides, **read})
 
 
 @contextmanager

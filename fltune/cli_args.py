@@ -1,11 +1,15 @@
 """Command-line flags that several commands share: the experiment's config sources (``run``, ``compare``),
-a Tune job's checkpoint cadence (``tune``, ``reproduce``, ``compare``), and the flags ``--resume`` ignores."""
+a Tune job's checkpoint cadence (``tune``, ``reproduce``, ``compare``), the flags ``--resume`` ignores, and the
+flags read into a job's typed options (``options_from``)."""
 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
+from dataclasses import fields
+from typing import Any, TypeVar
 
-from fltune.errors import FLTuneError
+Options = TypeVar("Options")
 
 SHORTCUTS: dict[str, tuple[str, type]] = {
     "method": ("method.name", str), "dataset": ("data.dataset", str), "data_root": ("data.root", str),
@@ -34,22 +38,19 @@ def add_shortcuts(parser: argparse.ArgumentParser, names: list[str]) -> None:
         parser.add_argument(f"--{name.replace('_', '-')}", dest=name, type=kind, help=f"= --set {field}=…")
 
 
+def options_from(args: argparse.Namespace, kind: type[Options], **given: Any) -> Options:
+    """A command's typed options (``kind``, a dataclass whose fields are named as its flags) from ``args``, with
+    ``given`` in place of the flags that need reading (``--set`` with its shortcuts, lists, ``--confirm``)."""
+    names = {field.name for field in fields(kind)} - set(given)
+    values = {name: getattr(args, name) for name in names if hasattr(args, name)}
+    return kind(**values, **given, ignored=ignored_on_resume(args) if args.resume else ())
+
+
 def experiment_overrides(args: argparse.Namespace) -> list[str]:
     """The shortcut flags as ``--set`` overrides, placed before the ``--set`` ones, which take precedence."""
     flags = [f"{field}={getattr(args, name)}" for name, (field, _) in SHORTCUTS.items()
              if getattr(args, name, None) is not None]
     return flags + list(args.overrides)
-
-
-def check_job_flags(args: argparse.Namespace) -> None:
-    """A Tune job's counts ≥ 1 and ``--checkpoint-seconds`` > 0, where given."""
-    for flag, hint in (("seeds", ""), ("tune_budget", " (trials per method), or leave it out"),
-                       ("max_concurrent", " (or leave it out: as many as fit)"), ("checkpoint_every", "")):
-        value = getattr(args, flag, None)
-        if value is not None and value < 1:
-            raise FLTuneError(f"--{flag.replace('_', '-')}: {value}; allowed: ≥ 1{hint}")
-    if args.checkpoint_seconds is not None and not args.checkpoint_seconds > 0:
-        raise FLTuneError(f"--checkpoint-seconds: {args.checkpoint_seconds:g}; allowed: > 0")
 
 
 def add_checkpoint_args(p: argparse.ArgumentParser, rounds_default: str, seconds_default: str) -> None:
@@ -66,11 +67,13 @@ def keep_on_resume(p: argparse.ArgumentParser, *dests: str) -> None:
     p.set_defaults(kept_on_resume={dest: p.get_default(dest) for dest in dests})
 
 
-def note_ignored_on_resume(args: argparse.Namespace, what: str) -> None:
-    """One note naming the job-shaping flags given to ``--resume``, which change nothing."""
-    from fltune.tracking.progress import console
+def run_job(args: argparse.Namespace, options: Options, job: Callable[[Options], Any],
+            plan: Callable[[Options], Any]) -> int:
+    """A job command from its options, as the Python API runs it: ``--plan`` prints the plan; else the job runs."""
+    return plan(options).print() if args.plan else job(options).run()
 
-    given = ["--set" if dest == "overrides" else f"--{dest.replace('_', '-')}"
-             for dest, default in args.kept_on_resume.items() if getattr(args, dest) != default]
-    if given:
-        console.print(f"note: a resumed {what} keeps the settings it started with; ignored: {', '.join(given)}")
+
+def ignored_on_resume(args: argparse.Namespace) -> tuple[str, ...]:
+    """The job-shaping flags given to ``--resume``, which change nothing (``jobs.scaffold.note_ignored``)."""
+    return tuple("--set" if dest == "overrides" else f"--{dest.replace('_', '-')}"
+                 for dest, default in args.kept_on_resume.items() if getattr(args, dest) != default)

@@ -274,8 +274,7 @@ class Plan:
         """``--plan``'s output; exit status 0."""
         from fltune.tracking.progress import listing
 
-        for line in self.lines():
-            listing.print(line, highlight=False)
+        listing.print(*self.lines(), sep="\n", highlight=False)
         return 0
 
     def __str__(self) -> str:
@@ -285,6 +284,5 @@ class Plan:
         from fltune.tracking.progress import listing
 
         out = Console(width=listing.width, record=True, file=io.StringIO())
-        for line in self.lines():
-            out.print(line, highlight=False)
+        out.print(*self.lines(), sep="\n", highlight=False)
         return out.export_text()

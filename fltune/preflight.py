@@ -1,4 +1,4 @@
-"""Checks of a job's data before it starts Ray: the commands that run Tune jobs (``tune.job.TuneJob``,
+"""Checks of a job's data before it starts Ray: the commands that run Tune jobs (``jobs.scaffold.TuneJob``,
 ``compare``) and ``--plan`` (``estimate``) call them, so that bad data is one line, not failed trials."""
 
 from __future__ import annotations

@@ -12,8 +12,6 @@ import _thread
 import logging
 import os
 import signal
-import socket
-import subprocess
 import sys
 import threading
 import time
@@ -25,9 +23,7 @@ from typing import Any
 
 from fltune import folders
 from fltune.errors import WriteFailed
-
-Rule = tuple[tuple[str, ...], "Callable[[BaseException, list[str]], bool] | None"]
-"""A kind of library record: how its message starts, and when such an error record is harmless (``_Drop``)."""
+from fltune.workarounds import NOISE, Rule, local_ray_node, ray_node_alive, stop_local_ray
 
 _failed_writes: list[WriteFailed] = []
 """Writes that failed in a library that logged them and went on (``_Drop``), for the job to stop on."""
@@ -73,44 +69,6 @@ class _Drop(logging.Filter):
             _failed_writes.append(failed)
             return False
         return not matched[0](error, [frame.name for frame in traceback.extract_tb(trace)])
-
-
-def _never(error: BaseException, frames: list[str]) -> bool:
-    """For a library's error records that are noise only when they are failed writes (``_Drop``)."""
-    return False
-
-
-def _stale_prune(error: BaseException, frames: list[str]) -> bool:
-    """Tune's "Error handling checkpoint" for a pruned checkpoint already gone (a driver killed mid-prune, on a
-    URI storage; local storage holds prunes: ``tune.storage.HeldPrunes``): harmless, the new checkpoint is
-    registered before the prune."""
-    return isinstance(error, FileNotFoundError) and "_delete_fs_path" in frames
-
-
-def _superseded_sync(error: BaseException, frames: list[str]) -> bool:
-    """Tune's "Saving experiment state … failed" on its own ``…-tmp-…`` file, renamed away before the copy
-    that listed it ran; the next copy carries it."""
-    return isinstance(error, FileNotFoundError) and "_upload_to_fs_path" in frames and "-tmp-" in str(error)
-
-
-NOISE: dict[str, tuple[Rule, ...]] = {
-    "ray._private.authentication.authentication_token_setup": ((("Token authentication is enabled",), None),),
-    # the error of a pool call left unread: the command ended on its first error, or a stop (``WorkerPool.shutdown``)
-    "ray._private.worker": ((("Unhandled error",), None),),
-    "ray.tune.tune": (
-        # fltune prints its own stop advice and resume command
-        (("Stop signal received", "Experiment has been interrupted"), None),
-        (("Experiment state snapshotting failed",), _never),  # its last save, on a full storage
-    ),
-    "ray.tune.trainable.trainable": ((("Restored on",), None),),  # every resumed trial, in its worker
-    "ray.tune.execution.tune_controller": ((("Trial %s: Error handling checkpoint",), _stale_prune),),
-    "ray.tune.execution.experiment_state": ((("Saving experiment state to storage at ",), _superseded_sync),),
-    # trials that never reported: fltune reads results from Tune's saved state (``Trial.last_result``)
-    "ray.tune.analysis.experiment_analysis": ((("Failed to fetch metrics for",), None),),
-    # a failed copy to full or read-only storage: the job stops (``library_write_failure``)
-    "ray.train._internal.syncer": ((("Last sync command failed",), _never),),
-}
-"""Logger → rules: how its noise records start, and when such an error record is harmless (None: always)."""
 
 
 def quiet_libraries() -> None:
@@ -247,10 +205,10 @@ def _end_if_ray_died(signum: int, poll_s: float = 0.1) -> None:
     """A process-group SIGTERM also ends the local Ray, so Tune's graceful stop can never finish (Ray would exit 1).
     Watch the local Ray (under load it takes a while to go); once it goes, inside ``ending_if_ray_dies``, clean up,
     print the line and exit 128 + the signal. A joined cluster or surviving Ray is left to the graceful stop."""
-    node = _local_ray()
+    node = local_ray_node()
     if node is None:
         return
-    while _ray_alive(node):
+    while ray_node_alive(node):
         time.sleep(poll_s)
     with _last_resort_lock:
         if not _last_resort:
@@ -284,59 +242,16 @@ RAYLET_STOP_S = 5.0
 
 def exit_now(code: int) -> None:
     """A command that started a local Ray exits here with ``code``, skipping Ray's slow shutdown and Python's
-    exit collection. The driver is disconnected first (``_disconnect_driver``), then the raylet is stopped
-    (SIGTERM, waited for) so its workers do not linger; other services end with this process (fate sharing).
-    After a stop whose Ray already died, exit at once: Ray's shutdown would wait for the dead GCS and exit 1.
-    A driver that joined a cluster returns."""
-    node = _local_ray()
+    exit collection (``workarounds.stop_local_ray``). After a stop whose Ray already died, exit at once: Ray's
+    shutdown would wait for the dead GCS and exit 1. A driver that joined a cluster returns."""
+    node = local_ray_node()
     if node is None:
         return
-    if not (_stopped_by and not _ray_alive(node)):
-        from ray._private.ray_constants import PROCESS_TYPE_RAYLET
-
-        _disconnect_driver()
-        for info in node.all_processes.get(PROCESS_TYPE_RAYLET, []):
-            info.process.terminate()
-            try:
-                info.process.wait(timeout=RAYLET_STOP_S)
-            except subprocess.TimeoutExpired:  # ends with this process (Ray's fate sharing)
-                pass
+    if not (_stopped_by and not ray_node_alive(node)):
+        stop_local_ray(node, RAYLET_STOP_S)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
-
-
-def _disconnect_driver() -> None:
-    """The first steps of ``ray.shutdown``: stop the threads that print the workers' and raylet's lines (none may
-    follow fltune's last one), and end the driver's core worker, which ends this process with status 1 when it
-    sees its raylet go."""
-    from ray._private import worker
-
-    worker.disconnect()
-    core = getattr(worker.global_worker, "core_worker", None)
-    if core is not None:
-        core.shutdown_driver()
-
-
-def _local_ray() -> Any:
-    """The local Ray node this driver started, else None; imports no Ray."""
-    ray = sys.modules.get("ray")
-    return None if ray is None else getattr(ray._private.worker, "_global_node", None)
-
-
-def _ray_alive(node: Any) -> bool:
-    """Whether the raylet and GCS run and the GCS accepts connections (its port closes well before it ends)."""
-    from ray._private.ray_constants import PROCESS_TYPE_GCS_SERVER, PROCESS_TYPE_RAYLET
-
-    if any(info.process.poll() is not None for kind in (PROCESS_TYPE_RAYLET, PROCESS_TYPE_GCS_SERVER)
-           for info in node.all_processes.get(kind, [])):
-        return False
-    host, port = node.gcs_address.rsplit(":", 1)
-    try:
-        socket.create_connection((host, int(port)), timeout=1).close()
-    except OSError:
-        return False
-    return True
 
 
 def terminated() -> bool:

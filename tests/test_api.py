@@ -36,31 +36,41 @@ def test_config_from_keywords_and_yaml(tmp_path: Path) -> None:
         fltune.Config(**{"federation.rounds": 0})
 
 
-@pytest.mark.parametrize("job", ["tune", "compare", "reproduce"])
-def test_a_jobs_keywords_are_its_commands_flags(job: str) -> None:
-    """``help(fltune.tune)``: the function, its typed keywords and docstring; each keyword a flag of the command
-    (``set`` is ``--set``), and ``set=`` takes a mapping or ``field=value`` lines."""
+@pytest.mark.parametrize(("job", "options"), [("tune", "fltune.tune.command:StudyRequest"),
+                                              ("compare", "fltune.compare.command:CompareOptions"),
+                                              ("reproduce", "fltune.reproduce.command:ReproduceOptions")])
+def test_a_jobs_keywords_are_its_commands_flags(job: str, options: str) -> None:
+    """``help(fltune.tune)``: the function, its typed keywords and docstring; each keyword a field of the typed
+    options the command fills from its flags (``set`` is ``--set``), and ``set=`` takes a mapping or
+    ``field=value`` lines."""
     import argparse
+    import dataclasses
     import inspect
+    import pydoc
 
-    from fltune.api import _args, _flags
+    from fltune.api import _options
 
     function = getattr(fltune, job)
     assert inspect.isfunction(function) and function.__module__ == "fltune.api" and "plan" in function.__doc__
+    shown = pydoc.render_doc(function, renderer=pydoc.plaintext)
+    assert f"{job}(" in shown and function.__doc__.splitlines()[0] in shown and "progress: 'bool' = True" in shown
     keywords = inspect.signature(function).parameters
     assert "overrides" not in keywords and keywords["set"].kind is inspect.Parameter.KEYWORD_ONLY
+    module, name = options.split(":")
+    kind = getattr(importlib.import_module(module), name)
     command = importlib.import_module(f"fltune.{job}.command")
     add = getattr(command, "add_parsers" if job == "reproduce" else "add_parser")
     parser = argparse.ArgumentParser()
     add(parser.add_subparsers(dest="command"))
     dests = vars(parser.parse_args([job, *(["table2"] if job == "reproduce" else [])]))
-    assert set(keywords) - {"progress", "set", "space" if job == "tune" else ""} <= set(dests)
+    fields = {field.name for field in dataclasses.fields(kind)}
+    assert set(keywords) - {"progress", "plan", "set"} == fields - {"overrides", "ignored"}
+    assert fields - {"ignored"} <= set(dests)
     given = {"table": "table2"} if job == "reproduce" else {}
     for sets in ({"method.mu": 0.1, "federation.rounds": 2}, ["method.mu=0.1", "federation.rounds=2"]):
-        args = _args(add, job, **_flags({**given, "set": sets, "progress": False}))
-        assert args.overrides == ["method.mu=0.1", "federation.rounds=2"]
+        assert _options(kind, {**given, "set": sets, "seeds": 2}).overrides == ("method.mu=0.1", "federation.rounds=2")
     with pytest.raises(FLTuneError, match=r"^set: 'method.mu=0.1' is one text; allowed: a mapping"):
-        _flags({"set": "method.mu=0.1", "progress": True})
+        _options(kind, {**given, "set": "method.mu=0.1"})
 
 
 def test_dir_of_fltune_is_its_api() -> None:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from fltune.cli import build_parser
-from fltune.cli_args import note_ignored_on_resume
+from fltune.cli_args import ignored_on_resume
+from fltune.jobs.scaffold import JobOptions, note_ignored
 
 
 @pytest.mark.parametrize("argv, ignored", [
@@ -21,7 +22,7 @@ from fltune.cli_args import note_ignored_on_resume
 def test_a_resumed_job_names_the_setting_flags_it_ignores(argv, ignored, capsys):
     """A resumed job runs its saved settings: flags that would change them are named once; flags that find
     the job (--name, --storage) or place its output (--out, --address) are honoured and not named."""
-    note_ignored_on_resume(build_parser().parse_args(argv), "job")
+    note_ignored(JobOptions(ignored=ignored_on_resume(build_parser().parse_args(argv))), "job")
     said = " ".join(capsys.readouterr().err.split())
     if ignored is None:
         assert said == ""

@@ -13,9 +13,9 @@ from pathlib import Path
 from mlflow.tracking import MlflowClient
 
 from fltune.cli import entry
-from fltune.tracking.paths import default_uri, mlruns_dir
+from fltune.jobs.storage import storage_root
 from fltune.tracking.mlflow_log import mlflow_key
-from fltune.tune.storage import storage_root
+from fltune.tracking.paths import default_uri, mlruns_dir
 from tests.test_cli import TINY
 
 REPO = Path(__file__).resolve().parents[1]

@@ -18,7 +18,7 @@ from ray.exceptions import RayTaskError
 
 from fltune.errors import FLTuneError, WriteFailed
 from fltune.folders import NotWritten, ReplaceOnClose, failed_write, make_out
-from fltune.tune.storage import job_filesystem
+from fltune.jobs.storage import job_filesystem
 
 
 def test_a_missing_folder_is_made_with_its_parents(tmp_path):

@@ -19,7 +19,8 @@ from fltune.errors import FLTuneError
 from fltune.methods import get_method
 from fltune.models import build_model
 from fltune.plugins import label, shipped
-from fltune.tune.study import StudyRequest, resolve_space
+from fltune.tune.command import StudyRequest
+from fltune.tune.study import resolve_space
 from tests.plugin_helpers import DATA, SMOOTH, TINY, write_method, write_package, write_space
 from tests.tune.helpers import study_runs
 
@@ -164,10 +165,10 @@ def test_compare_takes_references_and_names_their_files_safely(user_code: Path) 
     from fltune.compare.spec import parse_methods
 
     # made absolute where the comparison is created: its cells run in Tune's working folders (issue 74)
-    assert parse_methods("./smooth.py:LabelSmooth,fedavg") == [f"{user_code / 'smooth.py'}:LabelSmooth", "fedavg"]
+    assert parse_methods(["./smooth.py:LabelSmooth", "fedavg"]) == [f"{user_code / 'smooth.py'}:LabelSmooth", "fedavg"]
     assert label(f"{user_code / 'smooth.py'}:LabelSmooth") == "smooth.LabelSmooth"
     with pytest.raises(FLTuneError, match="--methods: unknown method 'nope'"):
-        parse_methods("nope,fedavg")
+        parse_methods(["nope", "fedavg"])
 
 
 def test_a_dataset_and_a_model_of_the_users(user_code: Path) -> None:

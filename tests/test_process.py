@@ -47,6 +47,14 @@ def test_ray_token_banner_is_dropped_and_other_warnings_kept():
     assert seen == ["Token authentication is disabled for this Ray cluster."]
 
 
+def test_ray_trains_line_per_checkpoint_is_dropped_and_its_warnings_kept():
+    """Every trial's checkpoint was one INFO line in the job's output (``workarounds.NOISE``, in every worker)."""
+    with shown_by("ray.train._internal.storage") as (logger, seen):
+        logger.warning("Checkpoint successfully created at: Checkpoint(path=/s/job/trial/checkpoint_000001)")
+        logger.warning("Storage is slow")
+    assert seen == ["Storage is slow"]
+
+
 def _delete_fs_path(error: Exception) -> None:
     """Named as the frame of Ray Tune's checkpoint pruning (``ray.train._internal.storage``)."""
     raise error

@@ -8,22 +8,22 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fltune.cli_args import (
-    SHORTCUTS, add_checkpoint_args, add_experiment_args, check_job_flags, experiment_overrides, keep_on_resume,
-    note_ignored_on_resume,
+    SHORTCUTS, add_checkpoint_args, add_experiment_args, experiment_overrides, keep_on_resume, options_from, run_job,
 )
 from fltune.errors import FLTuneError
 from fltune.examples import EXAMPLES
-from fltune.folders import make_out
+from fltune.jobs.scaffold import (
+    CELL_CHECKPOINT_EVERY, CELL_CHECKPOINT_SECONDS, JobOptions, TuneJob, check_counts, listed, note_ignored, resume_line,
+    start,
+)
 from fltune.process import ending_if_ray_dies, interrupted, say_resume, stop_status
-from fltune.tune.job import CELL_CHECKPOINT_EVERY, CELL_CHECKPOINT_SECONDS, TuneJob, resume_line
 
 if TYPE_CHECKING:  # Ray Tune and MLflow load only when the command runs
-    from ray.tune import PlacementGroupFactory, Tuner
-
     from fltune.compare.spec import CompareSpec
     from fltune.config import ExperimentConfig
     from fltune.estimate import Plan
@@ -33,6 +33,19 @@ if TYPE_CHECKING:  # Ray Tune and MLflow load only when the command runs
 
 SETTINGS = ("methods", "seeds", "tune_budget", "max_concurrent", "checkpoint_every", "checkpoint_seconds")
 """The command's own flags that shape a comparison (a resumed one keeps its saved settings)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class CompareOptions(JobOptions):
+    """A comparison as ``fltune compare``'s flags or ``fltune.compare``'s keywords ask for it (documented there);
+    ``overrides``: the shortcut flags' and ``--set``'s texts."""
+
+    methods: tuple[str, ...] | None = None
+    config: str | None = None
+    overrides: tuple[str, ...] = ()
+    seeds: int = 3
+    tune_budget: int | None = None
+    out: str | None = None
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -59,36 +72,38 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    """A comparison, or its plan."""
-    checked(args)
-    return job_plan(args).print() if args.plan else Comparison(args).run()
+    """A comparison, or its plan: the flags as ``CompareOptions``, run as ``fltune.compare`` runs it."""
+    options = options_from(args, CompareOptions, methods=listed(args.methods),
+                           overrides=tuple(experiment_overrides(args)))
+    checked(options)
+    return run_job(args, options, Comparison, job_plan)
 
 
-def checked(args: argparse.Namespace) -> None:
+def checked(options: CompareOptions) -> None:
     """A dataset that is nowhere is one line before torch or Ray load."""
     from fltune.config import build_config
     from fltune.data.locations import check_here
 
-    if not args.resume:
+    if not options.resume:
         try:
-            data = build_config(experiment_tree(args)).data
+            data = build_config(experiment_tree(options)).data
         except FLTuneError:  # said, per method, where the comparison is validated
             data = None
         if data is not None:
             check_here(data.dataset, data.root, data.download)
 
 
-def job_plan(args: argparse.Namespace) -> Plan:
+def job_plan(options: CompareOptions) -> Plan:
     """``--plan``: each method's study and cells at the base settings, with their cost; writes nothing."""
     from fltune.compare.report import notes
     from fltune.compare.spec import method_tree
     from fltune.compare.tuning import study_spec
     from fltune.estimate import Plan
-    from fltune.tune.storage import storage_root
+    from fltune.jobs.storage import storage_root
 
-    if args.resume:
+    if options.resume:
         raise FLTuneError("--plan: plans a new comparison; allowed: --plan without --resume")
-    spec = Comparison(args).spec(storage_root(args.storage))
+    spec = Comparison(options).spec(storage_root(options.storage))
     items = []
     for method in spec.methods:
         if spec.tune_budget:
@@ -96,14 +111,14 @@ def job_plan(args: argparse.Namespace) -> Plan:
                           spec.tune_budget))
         items.append((f"{method}: {spec.seeds} seed(s)", method_tree(spec.base, method), spec.seeds))
     return Plan.of(f"plan: compare {', '.join(spec.methods)}", items,
-                   args.address or spec.config.resources.address, spec.max_concurrent, notes(spec)[:2])
+                   options.address or spec.config.resources.address, spec.max_concurrent, notes(spec)[:2])
 
 
-def experiment_tree(args: argparse.Namespace) -> dict[str, Any]:
+def experiment_tree(options: CompareOptions) -> dict[str, Any]:
     """``--config`` + shortcut flags + ``--set``, as ``run`` reads them (validated per method later)."""
     from fltune.config import apply_overrides, read_yaml
 
-    return apply_overrides(read_yaml(args.config) if args.config else {}, experiment_overrides(args))
+    return apply_overrides(read_yaml(options.config) if options.config else {}, list(options.overrides))
 
 
 def job_configs(spec: CompareSpec) -> list[ExperimentConfig]:
@@ -121,8 +136,8 @@ def job_configs(spec: CompareSpec) -> list[ExperimentConfig]:
 class Comparison:
     """The whole command: validate, tune (when asked), run the cells, report."""
 
-    def __init__(self, args: argparse.Namespace) -> None:
-        self.args = args
+    def __init__(self, options: CompareOptions) -> None:
+        self.options = options
 
     def spec(self, storage: str) -> CompareSpec:
         """A new comparison (every study validated too), or with ``--resume`` the saved one."""
@@ -130,19 +145,19 @@ class Comparison:
         from fltune.compare.tuning import study_spec
         from fltune.tune.spec import exists
 
-        args = self.args
-        if args.resume:
-            saved = compare_spec.CompareSpec.resumed(storage, args.name, "comparison")
-            note_ignored_on_resume(args, "comparison")
-            return saved.model_copy(update={"out": args.out}) if args.out else saved
-        if not args.methods:
+        options = self.options
+        if options.resume:
+            saved = compare_spec.CompareSpec.resumed(storage, options.name, "comparison")
+            note_ignored(options, "comparison")
+            return saved.model_copy(update={"out": options.out}) if options.out else saved
+        if not options.methods:
             raise FLTuneError("--methods is required: at least two comma-separated methods, e.g. fedavg,fedprox")
-        check_job_flags(args)
+        check_counts(options)
         spec = compare_spec.new_spec(
-            methods=compare_spec.parse_methods(args.methods), base=experiment_tree(args), seeds=args.seeds,
-            tune_budget=args.tune_budget, storage=storage, name=args.name, out=args.out,
-            max_concurrent=args.max_concurrent, checkpoint_every=args.checkpoint_every,
-            checkpoint_seconds=args.checkpoint_seconds)
+            methods=compare_spec.parse_methods(options.methods), base=experiment_tree(options), seeds=options.seeds,
+            tune_budget=options.tune_budget, storage=storage, name=options.name, out=options.out,
+            max_concurrent=options.max_concurrent, checkpoint_every=options.checkpoint_every,
+            checkpoint_seconds=options.checkpoint_seconds)
         if exists(spec.path):
             raise FLTuneError(f"--name {spec.name}: comparison {spec.path} already exists; add --resume to continue it")
         for method in spec.methods if spec.tune_budget else ():
@@ -153,21 +168,14 @@ class Comparison:
 
     def run(self) -> int:
         from fltune.compare.report import notes
-        from fltune.engine.cluster import start_ray
-        from fltune.preflight import check_data
-        from fltune.tracking.paths import check_tracking
+        from fltune.jobs.storage import storage_root
         from fltune.tracking.progress import console
-        from fltune.tune.storage import check_storage, storage_root
 
-        spec = self.spec(storage_root(self.args.storage))
-        check_tracking(spec.tracking)
-        check_storage(spec.storage)
-        make_out(spec.out)
-        check_data(job_configs(spec))
-        start_ray(self.args.address or spec.config.resources.address)
-        if not self.args.resume:
+        spec = self.spec(storage_root(self.options.storage))
+        start(spec, spec.out, job_configs(spec), self.options.address or spec.config.resources.address)
+        if not self.options.resume:
             spec.save()
-        console.print(f"[bold]fltune compare[/] {'resuming ' if self.args.resume else ''}{spec.name}: "
+        console.print(f"[bold]fltune compare[/] {'resuming ' if self.options.resume else ''}{spec.name}: "
                       f"{', '.join(spec.methods)} × {spec.seeds} seed(s)"
                       + (f", each tuned with {spec.tune_budget} trials first" if spec.tune_budget else "")
                       + "".join(f"\n  {line}" for line in notes(spec)[:2]))
@@ -187,7 +195,7 @@ class Comparison:
                 return tuned
             spec = spec.model_copy(update={"trees": tuned})
             spec.save()
-        self.cells = Cells(self.args, spec)  # its spec and trials: fltune.api.compare's result
+        self.cells = Cells(self.options, spec)  # its spec and trials: fltune.api.compare's result
         return self.cells.run()
 
     def tune(self, spec: CompareSpec, hint: str) -> dict[str, dict[str, Any]] | int:
@@ -199,7 +207,7 @@ class Comparison:
         for method in spec.methods:
             study = saved(study_spec(spec, method))
             if not concluded(study):
-                code = TuningStudy(self.args, study, hint).run()
+                code = TuningStudy(self.options, study, hint).run()
                 if code == 130:
                     say_resume("comparison interrupted", hint)
                 if code:
@@ -218,12 +226,9 @@ class Cells(TuneJob["CompareSpec"]):
     what = "comparison"
     command = "compare"
 
-    def __init__(self, args: argparse.Namespace, spec: CompareSpec) -> None:
-        super().__init__(args)
+    def __init__(self, options: CompareOptions, spec: CompareSpec) -> None:
+        super().__init__(replace(options, resume=True, ignored=()))  # the comparison noted them
         self.spec = spec
-
-    def resuming(self) -> bool:
-        return True
 
     def new_spec(self, storage: str) -> CompareSpec:
         return self.spec
@@ -239,12 +244,8 @@ class Cells(TuneJob["CompareSpec"]):
 
         return run_cell
 
-    def new_tuner(self, spec: CompareSpec, resources: PlacementGroupFactory) -> Tuner:
-        """One trial per cell, as many at once as fit (or ``--max-concurrent``)."""
-        from fltune.tune.study import bound_trainable, grid_tuner
-
-        trainable = bound_trainable(self.entry(), spec, resources)
-        return grid_tuner(trainable, spec.cells, spec, spec.max_concurrent, self.callbacks(spec))
+    def cells(self, spec: CompareSpec) -> list[str]:
+        return spec.cells
 
     def board(self, spec: CompareSpec) -> TrialBoard:
         from fltune.compare.report import live_board

@@ -5,17 +5,18 @@ round) alone (``fltune.data.partitions``, ``fltune.engine.rng``)."""
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from fltune.catalog import method_names
-from fltune.plugins import is_reference, label, normalised, plugins, unknown
 from fltune.config import ExperimentConfig, TrackingConfig, build_config, set_fields
 from fltune.errors import FLTuneError
+from fltune.jobs.scaffold import CELL_CHECKPOINT_EVERY, CELL_CHECKPOINT_SECONDS
+from fltune.jobs.storage import check_name
 from fltune.metrics.probe import check_probes, unmet_need
+from fltune.plugins import is_reference, label, normalised, plugins, unknown
 from fltune.tracking.paths import outputs_dir
-from fltune.tune.job import CELL_CHECKPOINT_EVERY, CELL_CHECKPOINT_SECONDS
 from fltune.tune.spec import SavedSpec
-from fltune.tune.storage import check_name
 
 ACCURACY = {"global": "acc_global", "all_model": "acc_all_model", "personalized": "acc_personalized"}
 FINE_TUNED = "acc_personalized_ft"
@@ -98,10 +99,10 @@ def parse_cell(key: str) -> tuple[str, int]:
     return method, int(seed)
 
 
-def parse_methods(text: str) -> list[str]:
+def parse_methods(given: Sequence[str]) -> list[str]:
     """``--methods a,b,c``: at least two distinct registered methods; a file reference made absolute here, where
     the comparison is created, as its cells run in Tune's working folders."""
-    methods = [normalised(m.strip()) for m in text.split(",") if m.strip()]
+    methods = [normalised(m.strip()) for m in given if m.strip()]
     names = method_names()
     unknown_ones = [m for m in methods if m not in names and m not in plugins("method") and "+" not in m
                     and not is_reference(m)]

@@ -3,19 +3,20 @@ Every method gets N trials of all rounds (no early stopping: a noisy early rung 
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 from typing import Any
 
 from fltune.compare.spec import ACCURACY, SHARED, TUNING_SEED_OFFSET, TUNING_VAL_FRACTION, CompareSpec, method_tree
 from fltune.config import build_config, set_fields
 from fltune.errors import FLTuneError
+from fltune.jobs.scaffold import JobOptions
+from fltune.jobs.storage import holds, tune_started
 from fltune.search_spaces import method_space, shipped
-from fltune.tune.command import Study
+from fltune.tune.command import Study, StudyRequest
 from fltune.tune.results import TrialRow, unfinished
 from fltune.tune.space import SearchSpace, check_objective, check_params, parse_space, without_test
 from fltune.tune.spec import StudySpec, exists
-from fltune.tune.storage import holds, tune_started
+
 
 def space_file(method: str) -> Path:
     """The method's search space: the shipped one, or for a method in a file the ``.yaml`` beside it."""
@@ -60,9 +61,8 @@ def study_spec(spec: CompareSpec, method: str) -> StudySpec:
 class TuningStudy(Study):
     """One method's study inside a comparison, naming the comparison's resume command when stopped."""
 
-    def __init__(self, args: argparse.Namespace, spec: StudySpec, resume: str) -> None:
-        super().__init__(argparse.Namespace(storage=spec.storage, address=args.address, best_out=None,
-                                            resume=exists(spec.path)))
+    def __init__(self, options: JobOptions, spec: StudySpec, resume: str) -> None:
+        super().__init__(StudyRequest(storage=spec.storage, address=options.address, resume=exists(spec.path)))
         self.spec, self.hint = spec, resume
 
     def new_spec(self, storage: str) -> StudySpec:

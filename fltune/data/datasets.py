@@ -37,6 +37,18 @@ class Dataset:
     augment: str  # the dataset's default augmentation (docs/methods.md §0, Augmentation)
 
 
+def _load_synthetic(root: Path | None, download: bool) -> Splits:
+    """6000 train / 1000 test 1×28×28 images of 10 balanced classes, identical in every process: a random
+    7×7 pattern per class blown up to 28×28, plus Gaussian noise (σ = 80 of 255)."""
+    rng = np.random.default_rng(0x5EED)
+    patterns = np.kron(rng.uniform(0, 255, (10, 7, 7)), np.ones((4, 4))).astype(np.float32)
+    labels = np.concatenate([rng.permutation(np.arange(n) % 10) for n in (6000, 1000)])
+    images = patterns[labels] + 80 * rng.standard_normal((len(labels), 28, 28), dtype=np.float32)
+    x = torch.from_numpy(np.clip(images, 0, 255).astype(np.uint8)).unsqueeze(1)
+    y = torch.from_numpy(labels)
+    return x[:6000], y[:6000], x[6000:], y[6000:]
+
+
 @dataclass(frozen=True)
 class _Spec:
     """What fltune knows about a dataset before loading it (its class count: ``fltune.catalog``)."""
@@ -44,28 +56,29 @@ class _Spec:
     mean: tuple[float, ...] | None  # None: computed from the train split at load time
     std: tuple[float, ...] | None
     augment: str
+    load: Callable[[Path | None, bool], Splits]
 
 
 _SPECS: dict[str, _Spec] = {
-    "fmnist": _Spec((0.2860,), (0.3530,), "none"),
-    "mnist": _Spec((0.1307,), (0.3081,), "none"),
-    "emnist_letters": _Spec((0.1722,), (0.3309,), "none"),
-    "cifar10": _Spec((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616), "crop_flip"),
-    "cifar100": _Spec((0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762), "crop_flip"),
+    "fmnist": _Spec((0.2860,), (0.3530,), "none", load_fmnist),
+    "mnist": _Spec((0.1307,), (0.3081,), "none", load_mnist),
+    "emnist_letters": _Spec((0.1722,), (0.3309,), "none", load_emnist_letters),
+    "cifar10": _Spec((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616), "crop_flip",
+                     partial(load_cifar, "CIFAR10", "cifar-10-batches-py")),
+    "cifar100": _Spec((0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762), "crop_flip",
+                      partial(load_cifar, "CIFAR100", "cifar-100-python")),
     # no flips for digits (a mirrored 2 is no 2); SVHN's usual recipe is no augmentation
-    "svhn": _Spec((0.4377, 0.4438, 0.4728), (0.1980, 0.2010, 0.1970), "none"),
+    "svhn": _Spec((0.4377, 0.4438, 0.4728), (0.1980, 0.2010, 0.1970), "none", load_svhn),
     # FedSOL's code (train_tools/preprocessing): MedMNIST Normalize(0.5, 0.5) and a flip; CINIC-10 a reflect crop
-    "pathmnist": _Spec((0.5,) * 3, (0.5,) * 3, "flip"),
-    "tissuemnist": _Spec((0.5,), (0.5,), "flip"),
+    "pathmnist": _Spec((0.5,) * 3, (0.5,) * 3, "flip", partial(load_medmnist, "pathmnist")),
+    "tissuemnist": _Spec((0.5,), (0.5,), "flip", partial(load_medmnist, "tissuemnist")),
     "cinic10": _Spec((0.47889522, 0.47227842, 0.43047404), (0.24205776, 0.23828046, 0.25874835),
-                     "reflect_crop_flip"),
+                     "reflect_crop_flip", load_cinic10),
     # MAN's code (vcl-iisc/fedMAN:code/utils_dataset.py 'TinyImageNet'): ImageNet's constants, FedDyn's augment
-    "tinyimagenet": _Spec((0.485, 0.456, 0.406), (0.229, 0.224, 0.225), "flip_crop_half"),
-    "synthetic": _Spec(None, None, "none"),
+    "tinyimagenet": _Spec((0.485, 0.456, 0.406), (0.229, 0.224, 0.225), "flip_crop_half", load_tinyimagenet),
+    "synthetic": _Spec(None, None, "none", _load_synthetic),
 }
 DATASETS: tuple[str, ...] = tuple(_SPECS)
-
-
 
 
 def load_dataset(name: str, root: str | Path | None = None, download: bool = False) -> Dataset:
@@ -91,7 +104,7 @@ def _load(name: str, root: str | None, download: bool) -> Dataset:
         mean, std = (tuple(user.mean), tuple(user.std)) if user.mean and user.std else _pixel_stats(train_x)
         return Dataset(label(name), train_x, train_y, test_x, test_y, user.num_classes, mean, std, user.augment)
     spec = _SPECS[name]
-    train_x, train_y, test_x, test_y = _LOADERS[name](None if root is None else Path(root), download)
+    train_x, train_y, test_x, test_y = spec.load(None if root is None else Path(root), download)
     mean, std = (spec.mean, spec.std) if spec.mean is not None else _pixel_stats(train_x)
     return Dataset(name, train_x.contiguous(), train_y.long(), test_x.contiguous(), test_y.long(),
                    NUM_CLASSES[name], mean, std, spec.augment)
@@ -130,30 +143,3 @@ def _pixel_stats(x: torch.Tensor) -> tuple[tuple[float, ...], tuple[float, ...]]
     """Per-channel mean and std of uint8 images on the [0, 1] scale."""
     scaled = x.float().div_(255).transpose(0, 1).reshape(x.shape[1], -1)
     return tuple(scaled.mean(dim=1).tolist()), tuple(scaled.std(dim=1).tolist())
-
-
-def _load_synthetic(root: Path | None, download: bool) -> Splits:
-    """6000 train / 1000 test 1×28×28 images of 10 balanced classes, identical in every process: a random
-    7×7 pattern per class blown up to 28×28, plus Gaussian noise (σ = 80 of 255)."""
-    rng = np.random.default_rng(0x5EED)
-    patterns = np.kron(rng.uniform(0, 255, (10, 7, 7)), np.ones((4, 4))).astype(np.float32)
-    labels = np.concatenate([rng.permutation(np.arange(n) % 10) for n in (6000, 1000)])
-    images = patterns[labels] + 80 * rng.standard_normal((len(labels), 28, 28), dtype=np.float32)
-    x = torch.from_numpy(np.clip(images, 0, 255).astype(np.uint8)).unsqueeze(1)
-    y = torch.from_numpy(labels)
-    return x[:6000], y[:6000], x[6000:], y[6000:]
-
-
-_LOADERS: dict[str, Callable[[Path | None, bool], Splits]] = {
-    "fmnist": load_fmnist,
-    "mnist": load_mnist,
-    "emnist_letters": load_emnist_letters,
-    "cifar10": partial(load_cifar, "CIFAR10", "cifar-10-batches-py"),
-    "cifar100": partial(load_cifar, "CIFAR100", "cifar-100-python"),
-    "svhn": load_svhn,
-    "pathmnist": partial(load_medmnist, "pathmnist"),
-    "tissuemnist": partial(load_medmnist, "tissuemnist"),
-    "cinic10": load_cinic10,
-    "tinyimagenet": load_tinyimagenet,
-    "synthetic": _load_synthetic,
-}

@@ -122,16 +122,19 @@ def build_federated_data(
                                else classes_per_client),
         "shards_per_client": shards_per_client, "min_size": min_size, "eval_fraction": eval_fraction,
     }
+    shared = Path(os.environ.get("FLTUNE_CACHE", "~/.cache/fltune")).expanduser()  # tests, clusters' shared disks
     train, held_out = _cached_split(dataset.name, y.numpy(), dataset.num_classes, params,
-                                    Path(cache_dir) if cache_dir else _default_cache_dir())
-    train, val = split_validation(train, val_fraction, seed)
+                                    Path(cache_dir) if cache_dir else shared / "partitions")
+    train, val = split_train_eval(train, val_fraction, _stream(seed, 2))
     if pool_test:
         test = torch.from_numpy(np.sort(np.concatenate(held_out)))
         test_x, test_y = x[test], y[test]
     else:
         test_x, test_y = dataset.test_x, dataset.test_y
     if test_per_client:
-        held_out = [len(y) + idx for idx in _aligned(y, train, val, test_y, dataset.num_classes, test_per_client, seed)]
+        labels = [y[np.concatenate(part)].numpy() for part in zip(train, val, strict=True)]  # its whole part
+        aligned = aligned_test_split(labels, test_y.numpy(), dataset.num_classes, test_per_client, _stream(seed, 3))
+        held_out = [len(y) + idx for idx in aligned]
         x, y = torch.cat([x, test_x]), torch.cat([y, test_y])
     data = FederatedData(x, y, train, held_out, test_x, test_y, dataset.num_classes, dataset.mean,
                          dataset.std, dataset.augment, dataset.name, val)
@@ -143,30 +146,10 @@ def build_federated_data(
     return data
 
 
-def _aligned(y: torch.Tensor, train: list[np.ndarray], val: list[np.ndarray], test_y: torch.Tensor,
-             num_classes: int, per_client: int, seed: int) -> list[np.ndarray]:
-    """Each client's :func:`aligned_test_split`, in the proportions of its whole part, from stream 3."""
-    labels = [y[np.concatenate(part)].numpy() for part in zip(train, val, strict=True)]
-    return aligned_test_split(labels, test_y.numpy(), num_classes, per_client, _stream(seed, 3))
-
-
-def split_validation(train: list[np.ndarray], val_fraction: float,
-                     seed: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    """Each client's training indices → (training, validation), from a seed stream of its own."""
-    if val_fraction == 0:
-        return train, [idx[:0] for idx in train]
-    return split_train_eval(train, val_fraction, _stream(seed, 2))
-
-
 def _stream(seed: int, stream: int) -> int:
     """Seed of stream ``stream`` of ``seed`` (0 partition, 1 held-out, 2 validation, 3 FedSOL's aligned
     test), so none replays another's random numbers."""
     return int(np.random.SeedSequence([seed, stream]).generate_state(1)[0])
-
-
-def _default_cache_dir() -> Path:
-    """``$FLTUNE_CACHE/partitions`` if set (tests, clusters with shared disks), else ~/.cache/fltune."""
-    return Path(os.environ.get("FLTUNE_CACHE", "~/.cache/fltune")).expanduser() / "partitions"
 
 
 def _cached_split(name: str, labels: np.ndarray, num_classes: int, params: dict,
@@ -181,11 +164,7 @@ def _cached_split(name: str, labels: np.ndarray, num_classes: int, params: dict,
     cached = _read(path, meta)
     if cached is not None:
         return cached
-    parts = partition(
-        labels, num_classes, params["kind"], params["num_clients"], params["seed"], alpha=params["alpha"],
-        classes_per_client=params["classes_per_client"], shards_per_client=params["shards_per_client"],
-        min_size=params["min_size"],
-    )
+    parts = partition(labels, num_classes, **{k: v for k, v in params.items() if k != "eval_fraction"})
     train, held_out = split_train_eval(parts, params["eval_fraction"], _stream(params["seed"], 1))
     _write(path, meta, train, held_out)
     return train, held_out
@@ -193,8 +172,6 @@ def _cached_split(name: str, labels: np.ndarray, num_classes: int, params: dict,
 
 def _read(path: Path, meta: str) -> tuple[list[np.ndarray], list[np.ndarray]] | None:
     """The cached split at ``path`` if made from exactly ``meta`` and intact; else None (never fatal)."""
-    if not path.is_file():
-        return None
     try:
         with np.load(path) as stored:
             if str(stored["meta"]) != meta:

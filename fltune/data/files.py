@@ -40,15 +40,13 @@ def check_md5_files(folder: Path, files: Sequence[Sequence[str]]) -> None:
     them too but says only "Dataset not found or corrupted"; this names the file."""
     for name, md5 in files:
         path = folder / name
-        if path.exists() and file_md5(path) != md5:
+        if not path.exists():
+            continue
+        try:
+            with open(path, "rb") as f:
+                digest = hashlib.file_digest(f, lambda: hashlib.md5(usedforsecurity=False)).hexdigest()
+        except OSError as err:
+            raise damaged(path, f"cannot be read ({err.strerror or err})", HOW_TO_REPLACE) from err
+        if digest != md5:
             raise damaged(path, "does not match its published MD5 checksum (truncated or damaged download)",
-                           HOW_TO_REPLACE)
-
-
-def file_md5(path: Path) -> str:
-    try:
-        with open(path, "rb") as f:
-            return hashlib.file_digest(f, lambda: hashlib.md5(usedforsecurity=False)).hexdigest()
-    except OSError as err:
-        raise damaged(path, f"cannot be read ({err.strerror or err})", HOW_TO_REPLACE) from err
-
+                          HOW_TO_REPLACE)

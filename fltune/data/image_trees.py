@@ -118,8 +118,6 @@ def _listing_digest(folder: Path, samples: Samples, how: str) -> str:
 
 def _read_decoded_cache(cache: Path, digest: str, size: int) -> list[np.ndarray] | None:
     """The cached splits if ``cache`` is a whole cache of this listing, else None."""
-    if not cache.is_file():
-        return None
     try:
         with np.load(cache, allow_pickle=False) as npz:
             if str(npz["listing"]) != digest:

@@ -31,6 +31,7 @@ from fltune.engine.rng import derive_seed
 from fltune.methods.base import ClientContext, ClientResult, Method, Phase
 from fltune.engine.functional import FunctionalStep, functional_gradient, local_step, own_backward, reads_modules
 from fltune.methods.objective import Batch, Forward, NoiseShapes
+from fltune.workarounds import compile_limits
 
 LOG = logging.getLogger(__name__)
 
@@ -237,10 +238,7 @@ def compile_step(step: Callable[..., _Device]) -> Callable[..., _Device]:
     step waits on the host; compiled, the Python is traced away and elementwise work fused. Steps are padded to
     B (``fixed``) so short batches compile no new graph. Fused kernels round otherwise: last digits move, still
     deterministic. Inductor uses the worker's threads, not every core: Tune's trials' workers compile at once."""
-    import torch._inductor.config
-
-    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, COMPILED_GRAPHS)
-    torch._inductor.config.compile_threads = torch.get_num_threads()
+    compile_limits(COMPILED_GRAPHS, torch.get_num_threads())
     return torch.compile(step)
 
 

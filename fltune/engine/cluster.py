@@ -14,6 +14,7 @@ import ray
 from fltune.errors import FLTuneError
 from fltune.plugins import shipped
 from fltune.process import handle_stop_signals
+from fltune.workarounds import RAY_SYSTEM_CONFIG
 
 
 def check_gcs(address: str | None) -> None:
@@ -58,11 +59,8 @@ def ensure_ray(address: str | None = None) -> bool:
         kwargs["runtime_env"]["py_modules"] = shipped() or None
         ray.init(address=address, **kwargs)
         return False
-    # "local": a new instance even when another `ray start` left its address in /tmp/ray. No idle workers
-    # prestarted: client actors get processes of their own, so those only take CPU and memory from the
-    # start-up, and one still starting when a short command ends aborts with a stack dump.
-    ray.init(address="local", num_cpus=os.cpu_count(),
-             _system_config={"prestart_worker_first_driver": False}, **kwargs)
+    # "local": a new instance even when another `ray start` left its address in /tmp/ray
+    ray.init(address="local", num_cpus=os.cpu_count(), _system_config=RAY_SYSTEM_CONFIG, **kwargs)
     return True
 
 

@@ -15,11 +15,6 @@ VGG11: tuple[int | str, ...] = (64, "M", 128, "M", 256, 256, "M", 512, 512, "M",
 """Conv widths with "M" for a 2x2 max-pool, their ``cfg["vgg11"]``."""
 
 
-def conv_relu(c_in: int, c_out: int) -> nn.Sequential:
-    """conv3x3 (pad 1) → ReLU; the ReLU is its own non-inplace module so MAN can hook it (theirs is inplace)."""
-    return nn.Sequential(OrderedDict(conv=nn.Conv2d(c_in, c_out, 3, padding=1), relu=nn.ReLU()))
-
-
 def init_convs(model: nn.Module) -> None:
     """Their init: conv weights ~ N(0, 2 / (k·k·c_out)), bias 0, drawn after the whole model is built (so one
     seed gives their bits); linear layers keep torch's default."""
@@ -42,7 +37,8 @@ def vgg11(in_shape: InShape, num_classes: int) -> SplitModel:
     for width in VGG11:
         if isinstance(width, int):
             convs += 1
-            layers[f"conv{convs}"] = conv_relu(c_in, width)
+            conv = nn.Conv2d(c_in, width, 3, padding=1)  # its ReLU a module of its own, for MAN's hook
+            layers[f"conv{convs}"] = nn.Sequential(OrderedDict(conv=conv, relu=nn.ReLU()))
             c_in = width
         else:
             pools += 1

@@ -6,18 +6,19 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fltune.cli_args import add_checkpoint_args, check_job_flags, keep_on_resume, note_ignored_on_resume
+from fltune.cli_args import add_checkpoint_args, keep_on_resume, options_from, run_job
 from fltune.examples import EXAMPLES
+from fltune.jobs.scaffold import (
+    CELL_CHECKPOINT_EVERY, CELL_CHECKPOINT_SECONDS, JobOptions, TuneJob, check_counts, listed,
+)
 from fltune.process import say_resume
 from fltune.text import invoked_as
-from fltune.tune.job import CELL_CHECKPOINT_EVERY, CELL_CHECKPOINT_SECONDS, TuneJob
 
 if TYPE_CHECKING:  # Ray Tune and MLflow load only when the command runs
-    from ray.tune import PlacementGroupFactory, Tuner
-
     from fltune.config import ExperimentConfig
     from fltune.estimate import Plan
     from fltune.reproduce.job import ReproSpec
@@ -27,6 +28,19 @@ if TYPE_CHECKING:  # Ray Tune and MLflow load only when the command runs
     from fltune.tune.mlflow_runs import RunTree
     from fltune.tune.results import TrialRow
 
+
+@dataclass(frozen=True, kw_only=True)
+class ReproduceOptions(JobOptions):
+    """A reproduction as ``fltune reproduce``'s flags or ``fltune.reproduce``'s keywords ask for it (documented
+    there); ``overrides``: ``--data-root``'s and ``--set``'s texts."""
+
+    table: str
+    datasets: tuple[str, ...] | None = None
+    rows: tuple[str, ...] | None = None
+    scale: str = "quick"
+    seeds: int = 1
+    overrides: tuple[str, ...] = ()
+    out: str | None = None
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
@@ -81,38 +95,42 @@ def cmd_tables(args: argparse.Namespace) -> int:
 
 
 def cmd_reproduce(args: argparse.Namespace) -> int:
-    return job_plan(args).print() if args.plan else Reproduction(args).run()
+    """A reproduction, or its plan: the flags as ``ReproduceOptions``, run as ``fltune.reproduce`` runs it."""
+    options = options_from(args, ReproduceOptions, datasets=listed(args.datasets), rows=listed(args.rows),
+                           overrides=(*([f"data.root={args.data_root}"] if args.data_root else []), *args.overrides))
+    return run_job(args, options, Reproduction, job_plan)
 
 
 class Reproduction(TuneJob["ReproSpec"]):
     """A paper table's cells as Tune trials."""
 
-    def __init__(self, args: argparse.Namespace) -> None:
+    options: ReproduceOptions
+
+    def __init__(self, options: ReproduceOptions) -> None:
         from fltune.reproduce.registry import get_table
 
-        super().__init__(args)
-        self.table = get_table(args.table)
+        super().__init__(options)
+        self.table = get_table(options.table)
         self.command = f"reproduce {self.table.key}"
 
     def new_spec(self, storage: str) -> ReproSpec:
         """Validate and plan the cells (before Ray starts)."""
         from fltune.reproduce import job
 
-        args = self.args
-        planned, datasets = selection(args, self.table)
-        return job.new_spec(self.table, args.scale, planned, seeds=args.seeds, storage=storage, name=args.name,
-                            out=args.out, max_concurrent=args.max_concurrent, datasets=datasets,
-                            checkpoint_every=args.checkpoint_every or CELL_CHECKPOINT_EVERY,
-                            checkpoint_seconds=args.checkpoint_seconds or CELL_CHECKPOINT_SECONDS)
+        options = self.options
+        return job.new_spec(self.table, options.scale, selection(options, self.table), seeds=options.seeds,
+                            storage=storage, name=options.name, out=options.out, max_concurrent=options.max_concurrent,
+                            datasets=list(options.datasets) if options.datasets else None,
+                            checkpoint_every=options.checkpoint_every or CELL_CHECKPOINT_EVERY,
+                            checkpoint_seconds=options.checkpoint_seconds or CELL_CHECKPOINT_SECONDS)
 
     def saved_spec(self, storage: str) -> ReproSpec:
         """``--name``, else the newest job of this table; ``--out`` may move its files (not part of the job)."""
         from fltune.reproduce.job import ReproSpec
 
         key = self.table.key
-        spec = ReproSpec.resumed(storage, self.args.name, f"job of {key}", lambda saved: saved.table == key)
-        note_ignored_on_resume(self.args, "job")
-        return spec.model_copy(update={"out": self.args.out}) if self.args.out else spec
+        spec = ReproSpec.resumed(storage, self.options.name, f"job of {key}", lambda saved: saved.table == key)
+        return spec.model_copy(update={"out": self.options.out}) if self.options.out else spec
 
     def out(self, spec: ReproSpec) -> str | None:
         return spec.out
@@ -130,13 +148,9 @@ class Reproduction(TuneJob["ReproSpec"]):
 
         return run_cell
 
-    def new_tuner(self, spec: ReproSpec, resources: PlacementGroupFactory) -> Tuner:
-        """A grid over the distinct experiments, each run once (its seeds inside)."""
-        from fltune.tune.study import bound_trainable, grid_tuner
-
-        order = spec.trial_order or list(spec.trials)
-        trainable = bound_trainable(self.entry(), spec, resources)
-        return grid_tuner(trainable, order, spec, spec.max_concurrent, self.callbacks(spec))
+    def cells(self, spec: ReproSpec) -> list[str]:
+        """The distinct experiments, each run once (its seeds inside)."""
+        return spec.trial_order or list(spec.trials)
 
     def board(self, spec: ReproSpec) -> TrialBoard:
         from fltune.reproduce.report import live_cells
@@ -151,7 +165,7 @@ class Reproduction(TuneJob["ReproSpec"]):
 
     def describe(self, spec: ReproSpec, nodes: int) -> str:
         """The header; at paper scale also its cost estimate (fltune/estimate.py)."""
-        header = describe(spec, nodes, self.args.resume)
+        header = describe(spec, nodes, self.options.resume)
         if spec.scale != "paper":
             return header
         import ray
@@ -186,33 +200,32 @@ class Reproduction(TuneJob["ReproSpec"]):
         return said_failed(rows, "cells") or (1 if any_unscored(r.status for r in res) else 0)
 
 
-def selection(args: argparse.Namespace, table: PaperTable) -> tuple[list[PlannedCell], list[str] | None]:
-    """The cells of --datasets and --rows planned with --data-root then every --set, and --datasets."""
+def selection(options: ReproduceOptions, table: PaperTable) -> list[PlannedCell]:
+    """The cells of ``datasets`` and ``rows`` planned with every override."""
     from fltune.reproduce.plan import plan
 
-    check_job_flags(args)
-    datasets = args.datasets.split(",") if args.datasets else None
-    overrides = [*([f"data.root={args.data_root}"] if args.data_root else []), *args.overrides]
-    return plan(table, args.scale, datasets, overrides, args.rows.split(",") if args.rows else None), datasets
+    check_counts(options)
+    return plan(table, options.scale, list(options.datasets) if options.datasets else None, list(options.overrides),
+                list(options.rows) if options.rows else None)
 
 
-def job_plan(args: argparse.Namespace) -> Plan:
+def job_plan(options: ReproduceOptions) -> Plan:
     """``--plan``: the cells with their settings and cost (fltune/estimate.py); writes nothing."""
     from fltune.estimate import Plan
     from fltune.reproduce.registry import get_table
     from fltune.reproduce.report import row_lines
 
-    table = get_table(args.table)
-    planned = selection(args, table)[0]
+    table = get_table(options.table)
+    planned = selection(options, table)
     notes = row_lines(table, [p.cell.row for p in planned])
     notes += [f"{sum(not p.runnable for p in planned)} cell(s) without data are not counted"] * any(
         not p.runnable for p in planned)
     notes += list(dict.fromkeys(f"  {p.missing}" for p in planned if p.missing))
     notes += [f"{sum(p.fetched for p in planned)} cell(s) whose data data.download fetches when the job runs are "
               "not counted"] * any(p.fetched for p in planned)
-    cells = [(p.cell.key, p.tree, args.seeds) for p in planned if p.runnable and not p.fetched]
-    return Plan.of(f"plan: {table.key} at {args.scale} scale, {len(cells)} runnable cell(s) × {args.seeds} seed(s)",
-                   cells, args.address, args.max_concurrent, notes)
+    cells = [(p.cell.key, p.tree, options.seeds) for p in planned if p.runnable and not p.fetched]
+    return Plan.of(f"plan: {table.key} at {options.scale} scale, {len(cells)} runnable cell(s) × {options.seeds} "
+                   "seed(s)", cells, options.address, options.max_concurrent, notes)
 
 
 def describe(spec: ReproSpec, nodes: int, resumed: bool) -> str:

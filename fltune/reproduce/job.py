@@ -10,14 +10,14 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from fltune.config import TrackingConfig, build_config
+from fltune.config import ExperimentConfig, TrackingConfig, build_config
+from fltune.jobs.storage import check_name
 from fltune.reproduce.plan import PlannedCell, first_config
 from fltune.reproduce.registry import get_table
 from fltune.reproduce.table import PaperTable
 from fltune.tracking.paths import outputs_dir
 from fltune.tune.space import Objective
 from fltune.tune.spec import SavedSpec
-from fltune.tune.storage import check_name
 from fltune.tune.trainable import Cadence, run_federations, seed_configs
 
 
@@ -76,10 +76,14 @@ class ReproSpec(SavedSpec):
         """Cell → the trial that runs it (the first cell of its group)."""
         return {cell: trial for trial, keys in self.trials.items() for cell in keys}
 
+    @cached_property
+    def first(self) -> ExperimentConfig:
+        """The first cell's config, whose tracking and resources every cell shares (from the scale and ``--set``)."""
+        return build_config(next(iter(self.cells.values())).tree)
+
     @property
     def tracking(self) -> TrackingConfig:
-        """Shared by every cell (it comes from the scale and ``--set``)."""
-        return build_config(next(iter(self.cells.values())).tree).tracking
+        return self.first.tracking
 
 
 def new_spec(table: PaperTable, scale: str, planned: list[PlannedCell], *, seeds: int, storage: str,
@@ -101,19 +105,13 @@ def new_spec(table: PaperTable, scale: str, planned: list[PlannedCell], *, seeds
     )
     if any(p.fetched for p in planned):  # data the job downloads is not here to calibrate on: the table's order
         return spec
-    from fltune.estimate import longest_first
+    from fltune.estimate import longest_first, run_seconds
 
-    seconds = trial_seconds(spec)  # longest first: a job's trials can outnumber its slots
-    return spec.model_copy(update={"trial_order": longest_first(seconds), "trial_seconds": seconds})
-
-
-def trial_seconds(spec: ReproSpec) -> dict[str, float]:
-    """Each trial's estimated seconds: at quick scale each model timed once, without the method's share, as
-    per-method calibration would add much to a job of minutes (docs/performance.md)."""
-    from fltune.estimate import run_seconds
-
+    # Longest first: a job's trials can outnumber its slots. At quick scale each model is timed once, without the
+    # method's share, as per-method calibration would add much to a job of minutes (docs/performance.md).
     items = [(trial, spec.cells[trial].tree, spec.seeds) for trial in spec.trials]
-    return run_seconds(items, as_built=spec.scale == "paper")
+    seconds = run_seconds(items, as_built=spec.scale == "paper")
+    return spec.model_copy(update={"trial_order": longest_first(seconds), "trial_seconds": seconds})
 
 
 def cell_objectives(spec: ReproSpec, trial: str) -> list[Objective]:

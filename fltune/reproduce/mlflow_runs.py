@@ -17,8 +17,7 @@ class ReproLog(RunTree):
 
     def __init__(self, spec: ReproSpec) -> None:
         self.spec = spec
-        first = build_config(next(iter(spec.cells.values())).tree)
-        super().__init__(spec.tracking, spec.path, spec.name, first)
+        super().__init__(spec.tracking, spec.path, spec.name, spec.first)
 
     def expected_trials(self) -> int:
         return len(self.spec.trials)  # one run may score several cells (job.py: ``trials``)

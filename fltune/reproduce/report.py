@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -160,30 +161,31 @@ def diverged_text(result: CellResult) -> str:
     return f" diverged r{result.round}" if result.status == "diverged" else ""
 
 
-def layout(res: list[CellResult]) -> tuple[list[str], list[tuple[str, str]], dict]:
-    """Paper rows, (dataset, column) columns, and the result at each (row, dataset, column)."""
-    rows = list(dict.fromkeys(r.cell.row for r in res))
+def layout(res: list[CellResult], render: Callable[[CellResult], str]
+           ) -> tuple[list[tuple[str, str]], list[list[str]], list[str] | None]:
+    """The paper's layout: its (dataset, column) columns, each row's label and cells drawn by ``render`` ('' where
+    it has none), and the Kendall τ-b row (None when no column has a τ)."""
+    cols = list(dict.fromkeys((r.cell.dataset, r.cell.column) for r in res))
     grid = {(r.cell.row, r.cell.dataset, r.cell.column): r for r in res}
-    return rows, list(dict.fromkeys((r.cell.dataset, r.cell.column) for r in res)), grid
+    body = [[row, *(render(grid[row, *col]) if (row, *col) in grid else "" for col in cols)]
+            for row in dict.fromkeys(r.cell.row for r in res)]
+    taus = column_taus(res)
+    shown = [_fmt(taus.get(col), "+.2f") for col in cols]
+    return cols, body, shown if any(tau is not None for tau in taus.values()) else None
 
 
 def rich_table(spec: ReproSpec, res: list[CellResult], title: str | None = None) -> Table:
     """The paper's layout; each cell shows measured (± std), the paper's value and Δ on three lines."""
     table = spec.paper_table
-    rows, cols, grid = layout(res)
+    cols, body, taus = layout(res, lambda r: _rich_cell(r, spec.seeds, table.factor(r.cell) == 100.0))
     out = Table(title=title or f"{table.title} — {spec.scale} scale, {spec.seeds} seed(s)", show_lines=True)
     out.add_column("method")
     for dataset, column in cols:
         out.add_column(f"{DATASET_NAMES.get(dataset, dataset)}\n{column}", justify="right")
-    for row in rows:
-        cells = [row]
-        for dataset, column in cols:
-            r = grid.get((row, dataset, column))
-            cells.append("" if r is None else _rich_cell(r, spec.seeds, table.factor(r.cell) == 100.0))
+    for cells in body:
         out.add_row(*cells)
-    taus = column_taus(res)
-    if any(tau is not None for tau in taus.values()):
-        out.add_row("Kendall τ-b\n[dim]vs the paper's order[/]", *(_fmt(taus.get(col), "+.2f") for col in cols))
+    if taus:
+        out.add_row("Kendall τ-b\n[dim]vs the paper's order[/]", *taus)
     return out
 
 
@@ -215,19 +217,15 @@ def live_cells(spec: ReproSpec, rows: list[TrialRow], planned: Planned | None = 
 
 def markdown(spec: ReproSpec, res: list[CellResult]) -> str:
     table = spec.paper_table
-    rows, cols, grid = layout(res)
+    cols, body, taus = layout(res, lambda r: cell_text(r, spec.seeds))
     head = ["method", *(f"{DATASET_NAMES.get(d, d)} {c}" for d, c in cols)]
     lines = [f"## {table.title}", "",
              f"{table.value}; measured at `{spec.scale}` scale, mean ± std over {spec.seeds} seed(s); "
              f"source: {table.source}.", f"`{spec.scale}` scale: {table.scales[spec.scale].note}.", "",
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for row in rows:
-        cells = [cell_text(grid[(row, d, c)], spec.seeds) if (row, d, c) in grid else "" for d, c in cols]
-        lines.append("| " + " | ".join([row, *cells]) + " |")
-    taus = column_taus(res)
-    if any(tau is not None for tau in taus.values()):
-        lines.append("| Kendall τ-b vs the paper's order | "
-                     + " | ".join(_fmt(taus.get(col), "+.2f") for col in cols) + " |")
+    lines += ["| " + " | ".join(cells) + " |" for cells in body]
+    if taus:
+        lines.append("| Kendall τ-b vs the paper's order | " + " | ".join(taus) + " |")
     if any(r.ordering for r in res):
         lines += ["", "Quick scale or substituted data: ranks within each column (1 = highest) beside the "
                   "paper's, and Kendall's τ-b between the two orders, instead of Δ."]
@@ -235,7 +233,7 @@ def markdown(spec: ReproSpec, res: list[CellResult]) -> str:
     if notes:
         lines += ["", *(f"- {n}" for n in notes)]
     if table.row_settings:
-        lines += ["", "Each row's settings and their source:", *(f"- {line}" for line in row_lines(table, rows))]
+        lines += ["", "Each row's settings and their source:", *(f"- {line}" for line in row_lines(table, [cells[0] for cells in body]))]
     if table.unknowns:
         lines += ["", "Settings the paper leaves open ([U]) and fltune's choice:", *(f"- {u}" for u in table.unknowns)]
     return "\n".join(lines) + "\n"

@@ -94,7 +94,7 @@ class Backlog:
     def __init__(self, path: Path, uri: str | None = None) -> None:
         """Open ``path`` for writing (with ``uri``: a new file) or for sending, under an exclusive ``flock``;
         ``BlockingIOError`` when another process holds it."""
-        self.path = path
+        self.path, self.progress = path, path.with_suffix(".sent")
         path.parent.mkdir(parents=True, exist_ok=True)
         self.handle = open(path, "a+")
         try:
@@ -105,9 +105,9 @@ class Backlog:
         if uri is not None:
             self._append({"uri": uri, "pid": os.getpid()})
         self.handle.seek(0)
-        self.lines = _whole_lines(self.handle.read())
-        progress = self._progress_file()
-        saved = json.loads(progress.read_text()) if progress.exists() else {}
+        # a last line cut by a killed command (not ended by a newline) is left out
+        self.lines = [json.loads(line) for line in self.handle.read().split("\n")[:-1] if line.strip()]
+        saved = json.loads(self.progress.read_text()) if self.progress.exists() else {}
         self.sent, self.ids = int(saved.get("sent", 1)), dict(saved.get("ids", {}))
 
     @property
@@ -141,26 +141,18 @@ class Backlog:
         (shutil.copytree if source.is_dir() else shutil.copy2)(source, target)
         return str(target.relative_to(self.path.parent))
 
-    def _progress_file(self) -> Path:
-        return self.path.with_suffix(".sent")
-
     def mark(self, sent: int) -> None:
         self.sent = sent
-        part = self._progress_file().with_suffix(".sent.part")
+        part = self.progress.with_suffix(".sent.part")
         part.write_text(json.dumps({"sent": sent, "ids": self.ids}))
-        part.replace(self._progress_file())
+        part.replace(self.progress)
 
     def remove(self) -> None:
         """All sent: the file, its copies and its progress go."""
-        self._progress_file().unlink(missing_ok=True)
+        self.progress.unlink(missing_ok=True)
         shutil.rmtree(self.path.with_suffix(".files"), ignore_errors=True)
         self.path.unlink(missing_ok=True)
         self.handle.close()
-
-
-def _whole_lines(text: str) -> list[dict[str, Any]]:
-    """The backlog's entries; a last line cut by a killed command (not ended by a newline) is left out."""
-    return [json.loads(line) for line in text.split("\n")[:-1] if line.strip()]
 
 
 def encode(value: Any) -> Any:

@@ -87,13 +87,14 @@ class Tracker:
 
     def log_config(self, run_id: str, cfg: ExperimentConfig) -> None:
         """Flattened config as params (dotted keys) plus the YAML as an artifact."""
-        params = [Param(k, str(v)[:6000]) for k, v in flatten(cfg.model_dump(mode="json")).items()]
-        for start in range(0, len(params), 100):
-            self.client.log_batch(run_id, params=params[start:start + 100])
+        self.log_params(run_id, flatten(cfg.model_dump(mode="json")))
         self.client.log_text(run_id, cfg.to_yaml(), "config.yaml")
 
     def log_params(self, run_id: str, params: Mapping[str, Any]) -> None:
-        self.client.log_batch(run_id, params=[Param(k, str(v)[:6000]) for k, v in params.items()])
+        """In batches of 100, MLflow's limit of params a call."""
+        rows = [Param(k, str(v)[:6000]) for k, v in params.items()]
+        for start in range(0, len(rows), 100):
+            self.client.log_batch(run_id, params=rows[start:start + 100])
 
     def log_metrics(self, run_id: str, metrics: Mapping[str, float | None], step: int | None = None) -> None:
         """Numeric ``metrics`` at ``step`` under their MLflow names (``mlflow_key``)."""
@@ -165,20 +166,16 @@ def mlflow_key(name: str) -> str:
     return RENAMED.get(name) or (f"{group}/{rest}" if group in GROUPS and rest else name)
 
 
-def method_label(cfg: ExperimentConfig) -> str:
-    """The method as its author calls it: its class's ``name`` (else the class's), not the file path a user's
-    method is referenced by."""
+def run_name(cfg: ExperimentConfig) -> str:
+    """A run's name in the MLflow UI: ``tracking.run_name``, else what the run is (the tags' values), the method as
+    its author calls it (its class's ``name``, else the class's), not the file path a user's method is named by."""
+    if cfg.tracking.run_name:
+        return cfg.tracking.run_name
     from fltune.methods import get_method
 
-    cls = get_method(cfg.method.name)
-    return cls.name or cls.__name__
-
-
-def run_name(cfg: ExperimentConfig) -> str:
-    """A run's name in the MLflow UI: ``tracking.run_name``, else what the run is (the tags' values)."""
-    return cfg.tracking.run_name or " · ".join(
-        [method_label(cfg), cfg.data.dataset, cfg.partition.kind, f"seed {cfg.federation.seed}"])
-
+    method = get_method(cfg.method.name)
+    return " · ".join([method.name or method.__name__, cfg.data.dataset, cfg.partition.kind,
+                       f"seed {cfg.federation.seed}"])
 
 
 def run_tags(cfg: ExperimentConfig) -> dict[str, Any]:

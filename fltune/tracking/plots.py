@@ -24,14 +24,11 @@ def curves_figure(history: list[dict[str, float]], title: str) -> Figure:
     """Accuracy (%) under each protocol and the train/test losses against the round."""
     fig = new_figure(figsize=(10, 4))
     acc_ax, loss_ax = fig.subplots(1, 2)
-    for key in ACCURACY_KEYS:
-        points = [(row["round"], 100 * row[key]) for row in history if key in row]
+    curves = [(acc_ax, key, 100, key.removeprefix("acc_")) for key in ACCURACY_KEYS]
+    for ax, key, scale, label in curves + [(loss_ax, key, 1, label) for key, label in LOSSES.items()]:
+        points = [(row["round"], scale * row[key]) for row in history if key in row]
         if points:
-            acc_ax.plot(*zip(*points), marker=".", label=key.removeprefix("acc_"))
-    for key, label in LOSSES.items():
-        points = [(row["round"], row[key]) for row in history if key in row]
-        if points:
-            loss_ax.plot(*zip(*points), marker=".", label=label)
+            ax.plot(*zip(*points), marker=".", label=label)
     acc_ax.set(ylabel="accuracy (%)", title="accuracy by evaluation protocol")
     loss_ax.set(ylabel="loss", title="loss")
     for ax in (acc_ax, loss_ax):

@@ -59,10 +59,6 @@ def store_lock(uri: str) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def _is_locked(err: MlflowException) -> bool:
-    return err.error_code == ErrorCode.Name(TEMPORARILY_UNAVAILABLE) and _LOCKED in str(err)
-
-
 def retrying(call: Callable[..., Any]) -> Callable[..., Any]:
     """``call`` run again (with jittered backoff, up to :data:`RETRY_FOR_S`) while sqlite says it is locked."""
 
@@ -73,7 +69,8 @@ def retrying(call: Callable[..., Any]) -> Callable[..., Any]:
             try:
                 return call(*args, **kwargs)
             except MlflowException as err:
-                if not _is_locked(err) or time.monotonic() > deadline:
+                locked = err.error_code == ErrorCode.Name(TEMPORARILY_UNAVAILABLE) and _LOCKED in str(err)
+                if not locked or time.monotonic() > deadline:
                     raise
             time.sleep(pause * (0.5 + random.random()))  # jitter: processes that collided don't collide again
             pause = min(2 * pause, 2.0)

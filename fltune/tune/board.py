@@ -184,7 +184,7 @@ class TrialBoard(Callback):
                           f"{shown(row.objective)}", markup=False, highlight=False, soft_wrap=True)
 
     def on_trial_recover(self, iteration: int, trials: list[Trial], trial: Trial, **info: Any) -> None:
-        """A crashed trial restarting: one line saying why (Tune's traceback is off: ``job.JOB_ENV``)."""
+        """A crashed trial restarting: one line saying why (Tune's traceback is off: ``jobs.scaffold.JOB_ENV``)."""
         console.print(f"{trial_label(trial_row(trial))}: attempt {trial.run_metadata.num_failures} failed, "
                       f"restarting from its last checkpoint: {error_line(latest_trace(trial))}",
                       markup=False, highlight=False, soft_wrap=True)

@@ -6,17 +6,18 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fltune.cli_args import (
-    add_checkpoint_args, add_shortcuts, experiment_overrides, keep_on_resume, note_ignored_on_resume,
+    add_checkpoint_args, add_shortcuts, experiment_overrides, keep_on_resume, options_from, run_job,
 )
 from fltune.errors import FLTuneError
 from fltune.examples import EXAMPLES
+from fltune.jobs.scaffold import JobOptions, TuneJob
 from fltune.process import say_resume
 from fltune.text import invoked_as
-from fltune.tune.job import TuneJob
 
 if TYPE_CHECKING:  # the command's heavy imports (Ray Tune, MLflow) wait until it runs
     from fltune.estimate import Plan
@@ -24,10 +25,24 @@ if TYPE_CHECKING:  # the command's heavy imports (Ray Tune, MLflow) wait until i
 
     from fltune.tune.results import TrialRow
     from fltune.tune.spec import StudySpec
-    from fltune.tune.study import StudyRequest
 
 BEST_CONFIG = "best_config.yaml"
 """The best configuration's file in the study folder: the last thing a concluding study writes."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class StudyRequest(JobOptions):
+    """A study as ``fltune tune``'s flags or ``fltune.tune``'s keywords ask for it (documented there); None: as the
+    space file (or the saved study) says. ``overrides``: ``--set`` texts; ``confirm``: ``confirm_flag``'s."""
+
+    space: str | None = None
+    method: str | None = None
+    overrides: tuple[str, ...] = ()
+    num_samples: int | None = None
+    seeds: int | None = None
+    confirm: dict[str, int] | str | None = None
+    warm_start: str | None = None
+    best_out: str | None = None
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -60,22 +75,25 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
-    """A study, or its plan."""
-    checked(args)
-    return job_plan(args).print() if args.plan else Study(args).run()
+    """A study, or its plan: the flags as a ``StudyRequest``, run as ``fltune.tune`` runs it."""
+    options = options_from(args, StudyRequest, overrides=tuple(experiment_overrides(args)),
+                           confirm=confirm_flag(args.confirm))
+    return run_job(args, checked(options), Study, job_plan)
 
 
-def checked(args: argparse.Namespace) -> None:
-    """A bad space file or a missing dataset is one line before Ray, torch or the methods load."""
+def checked(options: StudyRequest) -> StudyRequest:
+    """The options with the space file found (by name, or the method's shipped one); a bad space file or a missing
+    dataset is one line before Ray, torch or the methods load."""
     from fltune.config import read_yaml
     from fltune.search_spaces import space_path
 
-    if not args.resume:
-        args.space = space_path(args.space, args.method)
-    if args.space:
-        space = read_yaml(args.space)
-        if not args.resume:
-            check_data_here(space, args.overrides)
+    if not options.resume:
+        options = replace(options, space=space_path(options.space, options.method))
+    if options.space:
+        space = read_yaml(options.space)
+        if not options.resume:
+            check_data_here(space, list(options.overrides))
+    return options
 
 
 def check_data_here(space: dict, overrides: list[str]) -> None:
@@ -100,22 +118,21 @@ class Study(TuneJob["StudySpec"]):
 
     what = "study"
     command = "tune"
+    options: StudyRequest
 
     def new_spec(self, storage: str) -> StudySpec:
         from fltune.tune import study
 
-        return study.new_spec(study_request(self.args, storage))
+        return study.new_spec(replace(self.options, storage=storage))
 
     def saved_spec(self, storage: str) -> StudySpec:
         """``--name``, else the newest study (of ``--space``'s file when given)."""
         from fltune.tune.spec import StudySpec
 
-        args = self.args
-        stem = Path(args.space).stem if args.space else None
-        spec = StudySpec.resumed(storage, args.name, f"study of {args.space}" if stem else "study",
+        space, name = self.options.space, self.options.name
+        stem = Path(space).stem if space else None
+        return StudySpec.resumed(storage, name, f"study of {space}" if stem else "study",
                                  lambda saved: stem is None or Path(saved.space_file).stem == stem)
-        note_ignored_on_resume(args, "study")
-        return spec
 
     def experiment(self, spec: StudySpec) -> dict[str, Any]:
         return spec.base
@@ -139,7 +156,7 @@ class Study(TuneJob["StudySpec"]):
         if sched == "asha":
             sched += f" (grace {space.scheduler.grace_period} rounds)"
         return (
-            f"[bold]fltune tune[/] {'resuming ' if self.args.resume else ''}study [bold]{spec.name}[/] · "
+            f"[bold]fltune tune[/] {'resuming ' if self.options.resume else ''}study [bold]{spec.name}[/] · "
             f"{spec.method} · {space.num_samples} samples × {space.seeds} seed(s), ≤{space.max_concurrent} at "
             f"once · {space.objective.metric} ({space.objective.reduce}, {space.objective.direction}) · "
             f"{space.sampler.name} · {sched}\n  per trial: {spec.workers} client worker(s) × "
@@ -173,7 +190,7 @@ class Study(TuneJob["StudySpec"]):
         if confirm is None:
             return 130
         params, line = confirm if confirm else (top.params, best_line(spec, top))
-        path = write_best(spec, trial_config(spec, params).to_yaml(), self.args.best_out)
+        path = write_best(spec, trial_config(spec, params).to_yaml(), self.options.best_out)
         console.print(f"{line}\n  config: {path}  ({invoked_as()} run --config {path})")
         return said_failed(rows, "trials")
 
@@ -186,7 +203,7 @@ class Study(TuneJob["StudySpec"]):
         stage = plan(spec.space, spec.base_config.metrics.test)
         if stage is None:
             return ()
-        job = Confirmation(spec, rows, stage, self.args.address, self.resume_command(spec))
+        job = Confirmation(spec, rows, stage, self.options.address, self.resume_command(spec))
         if job.run() == 130:
             say_resume("study interrupted", self.resume_command(spec))
             return None
@@ -233,21 +250,6 @@ def best_line(spec: StudySpec, top: TrialRow) -> str:
             + (f" ± {top.objective_std:.4f}" if spec.space.seeds > 1 else "") + f" with {params_text(top.params)}")
 
 
-def study_request(args: argparse.Namespace, storage: str | None = None) -> StudyRequest:
-    """The command line as a study request (``storage``: the resolved root, else ``--storage``)."""
-    from fltune.tune.study import StudyRequest
-
-    if not args.resume and not args.space:
-        raise FLTuneError("--space or --method is required (a search-space YAML, e.g. search_spaces/fedprox.yaml, "
-                          "or a method with a shipped space)")
-    return StudyRequest(
-        space=args.space, method=args.method, overrides=tuple(experiment_overrides(args)),
-        num_samples=args.num_samples, max_concurrent=args.max_concurrent, seeds=args.seeds,
-        confirm=confirm_flag(args.confirm), warm_start=args.warm_start, name=args.name, storage=storage or args.storage,
-        checkpoint_every=args.checkpoint_every, checkpoint_seconds=args.checkpoint_seconds,
-    )
-
-
 def confirm_flag(text: str | None) -> dict[str, int] | str | None:
     """``--confirm 3x3`` as the space's ``confirm: {top: 3, seeds: 3}``; ``none`` as itself."""
     if text is None or text == "none":
@@ -258,7 +260,7 @@ def confirm_flag(text: str | None) -> dict[str, int] | str | None:
     return {"top": int(top), "seeds": int(seeds)}
 
 
-def job_plan(args: argparse.Namespace) -> Plan:
+def job_plan(options: StudyRequest) -> Plan:
     """``--plan``: the trials at their base settings and their cost (an upper bound under ASHA); writes nothing."""
     from fltune.config import build_config, set_fields
     from fltune.estimate import Plan
@@ -266,8 +268,8 @@ def job_plan(args: argparse.Namespace) -> Plan:
     from fltune.tune.space import without_test
     from fltune.tune.study import resolve_space, warm_start
 
-    space, method, tree = resolve_space(study_request(args))
-    warm_start(args.warm_start)  # a plan refuses what the job would
+    space, method, tree = resolve_space(options)
+    warm_start(options.warm_start)  # a plan refuses what the job would
     notes = [f"searched: {', '.join(space.params)} ({space.sampler.name}); scheduler {space.scheduler.name}"]
     label = f"{method}: {space.num_samples} trial(s) × {space.seeds} seed(s)"
     trials = [(label, without_test(tree) if space.on_validation else tree, space.num_samples * space.seeds)]
@@ -275,13 +277,13 @@ def job_plan(args: argparse.Namespace) -> Plan:
         fresh = set_fields(tree, {"federation.seed": build_config(tree).federation.seed + space.seeds})
         trials.append((f"{method}: confirm top {confirm.top} × {confirm.seeds} seed(s)", fresh,
                        confirm.top * confirm.seeds))
-    return Plan.of(f"plan: tune {method}", trials, args.address or tree.get("resources", {}).get("address"),
+    return Plan.of(f"plan: tune {method}", trials, options.address or tree.get("resources", {}).get("address"),
                    space.max_concurrent, notes)
 
 
 def write_best(spec: StudySpec, text: str, best_out: str | None) -> str:
     """Into the study folder, written whole (a concluded study is one that holds it), or to ``--best-out``."""
-    from fltune.tune.storage import write_whole
+    from fltune.jobs.storage import write_whole
 
     if best_out:
         Path(best_out).write_text(text)

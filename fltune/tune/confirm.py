@@ -5,19 +5,17 @@ marked as within seed noise: its rank against the winner is the seeds' luck as m
 
 from __future__ import annotations
 
-import argparse
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from fltune.config import set_fields
-from fltune.tune.job import TuneJob
+from fltune.jobs.scaffold import JobOptions, TuneJob
 from fltune.tune.space import Confirm, Objective, SearchSpace
 from fltune.tune.spec import SavedSpec, StudySpec, exists
 
 if TYPE_CHECKING:
-    from ray.tune import PlacementGroupFactory, Tuner
     from rich.table import Table
 
     from fltune.config import TrackingConfig
@@ -100,7 +98,7 @@ class Confirmation(TuneJob[ConfirmSpec]):
     def __init__(self, study: StudySpec, rows: list[TrialRow], confirm: Confirm, address: str | None,
                  resume: str) -> None:
         path = f"{study.path}/{FOLDER}"
-        super().__init__(argparse.Namespace(storage=study.path, address=address, resume=exists(path)))
+        super().__init__(JobOptions(storage=study.path, address=address, resume=exists(path)))
         self.study, self.search_rows, self.confirm, self.hint = study, rows, confirm, resume
 
     def new_spec(self, storage: str) -> ConfirmSpec:
@@ -115,11 +113,8 @@ class Confirmation(TuneJob[ConfirmSpec]):
     def entry(self) -> Callable[[dict[str, Any], ConfirmSpec], None]:
         return run_confirmation
 
-    def new_tuner(self, spec: ConfirmSpec, resources: PlacementGroupFactory) -> Tuner:
-        from fltune.tune.study import bound_trainable, grid_tuner
-
-        return grid_tuner(bound_trainable(self.entry(), spec, resources), spec.cells, spec, spec.max_concurrent,
-                          self.callbacks(spec))
+    def cells(self, spec: ConfirmSpec) -> list[str]:
+        return spec.cells
 
     def callbacks(self, spec: ConfirmSpec) -> list[Any]:
         """The board alone: the confirmation's figures go to the study's MLflow parent once it ends."""

@@ -12,9 +12,9 @@ from typing import TYPE_CHECKING, Any
 import optuna
 import yaml
 
+from fltune.jobs.storage import write_whole
 from fltune.tune.importance import optuna_study, save_plot
 from fltune.tune.spec import StudySpec
-from fltune.tune.storage import write_whole
 
 if TYPE_CHECKING:
     from rich.table import Table

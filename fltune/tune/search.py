@@ -14,6 +14,7 @@ from fltune.errors import FLTuneError
 from fltune.tune.space import SearchSpace
 from fltune.tune.spec import StudySpec
 from fltune.tune.trainable import objective_key
+from fltune.workarounds import optuna_study, optuna_trial_open
 
 JOURNAL = "optuna.journal"
 """The study's Optuna storage (``JournalStorage`` over a file), in a local study folder."""
@@ -21,30 +22,20 @@ JOURNAL = "optuna.journal"
 
 class FLOptunaSearch(OptunaSearch):
     """OptunaSearch that reports diverged and refused trials as failures (Tune sees them end normally), and
-    passes over a trial it never suggested: one a driver killed between saving Tune's state and the searcher's
-    leaves, on which OptunaSearch would raise ``KeyError``. That trial still runs and is tracked."""
+    passes over a trial it never suggested or whose end its storage already holds (``workarounds.optuna_trial_open``,
+    after a killed driver); that trial still runs and is tracked."""
 
     def on_trial_result(self, trial_id: str, result: dict[str, Any]) -> None:
-        if trial_id in self._ot_trials and not self.ended_in_storage(trial_id):
+        if optuna_trial_open(self, trial_id):
             super().on_trial_result(trial_id, result)
 
     def on_trial_complete(self, trial_id: str, result: dict[str, Any] | None = None, error: bool = False) -> None:
-        if trial_id not in self._ot_trials or self.ended_in_storage(trial_id):
+        if not optuna_trial_open(self, trial_id):
             return
         if result and result.get("status") in ("diverged", "failed"):
             super().on_trial_complete(trial_id, result=None, error=True)
         else:
             super().on_trial_complete(trial_id, result=result, error=error)
-
-    def ended_in_storage(self, trial_id: str) -> bool:
-        """Whether the study's storage already holds the trial's end. A driver killed after the journal recorded
-        it but before Tune saved this searcher resumes with a searcher that thinks the trial runs, and Tune
-        replays its rounds from a checkpoint (the same bits); Optuna refuses to update a finished trial."""
-        trial = self._ot_trials[trial_id]
-        if not self._ot_study._storage.get_trial(trial._trial_id).state.is_finished():
-            return False
-        self._completed_trials.add(trial_id)
-        return True
 
 
 class DefineByRun:
@@ -89,7 +80,7 @@ def make_searcher(spec: StudySpec) -> FLOptunaSearch:
     ``--warm-start`` study's completed trials, which the sampler learns from and Tune never runs (a Tuner made
     again for the same study finds its journal holding trials and adds none)."""
     searcher = optuna_search(spec.space, journal(spec.path), spec.name)
-    study = searcher._ot_study  # OptunaSearch made it in __init__ (space, metric and mode given)
+    study = optuna_study(searcher)
     if spec.warm_start and not study.trials:
         study.add_trials(finished_trials(spec.warm_start))
     return searcher

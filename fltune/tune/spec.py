@@ -12,8 +12,8 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from fltune.config import ExperimentConfig, TrackingConfig, build_config
 from fltune.errors import FLTuneError
+from fltune.jobs.storage import holds, write_whole
 from fltune.tune.space import SearchSpace, without_test
-from fltune.tune.storage import holds, write_whole
 
 SPEC_FILE = "fltune_study.json"
 

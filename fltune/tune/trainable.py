@@ -4,7 +4,6 @@ every random number derives from (seed, round, client id)."""
 
 from __future__ import annotations
 
-import logging
 import math
 import pickle
 import tempfile
@@ -185,7 +184,6 @@ def run_federations(cfgs: list[ExperimentConfig], objective: Objective, cadence:
     """The body of every fltune trial: one ``Federation`` per seed in lockstep, a report per round, a
     checkpoint when ``cadence`` says; ``extra`` objectives are reported beside the main one."""
     start = time.perf_counter()
-    logging.getLogger("ray.train._internal.storage").setLevel(logging.WARNING)  # one line per checkpoint
     folder = client_folder()
     feds = [build_federation(cfg, folder=folder / f"seed{cfg.federation.seed}") for cfg in cfgs]
     try:

@@ -1,7 +1,7 @@
 """A job whose storage fills up (a 2 MB tmpfs): it stops at once with one line naming the file, the room
 left and how to continue, exit 74, its MLflow runs KILLED, every checkpoint whole; ``--resume`` once there is
 room finishes it with each trial once in MLflow. For ``tune``, ``reproduce`` and ``compare``: they share the
-job scaffold (``tune.job.TuneJob``), each its own cells; the study is also held to the numbers of a study
+job scaffold (``jobs.scaffold.TuneJob``), each its own cells; the study is also held to the numbers of a study
 never stopped (the cells resume the same way, and a third job each would cost the suite minutes). The extended
 tier: the suite checks a write cut by a full disk (tests/test_folders.py) and a job's resume
 (tests/tune/test_resume.py)."""

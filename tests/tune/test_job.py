@@ -7,10 +7,11 @@ from pathlib import Path
 import pytest
 
 from fltune import process
-from fltune.tune.job import unfinished_if_stopped, with_gpu_share
+from fltune.jobs.scaffold import unfinished_if_stopped, with_gpu_share
+from fltune.tune.command import StudyRequest
 from fltune.tune.results import TrialRow
 from fltune.tune.spec import StudySpec
-from fltune.tune.study import StudyRequest, new_spec
+from fltune.tune.study import new_spec
 from tests.tune.helpers import write_space
 
 

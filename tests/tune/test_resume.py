@@ -55,7 +55,8 @@ def resumed_to_the_end(cmd: list[str], study: Path, log: Path, mlflow_uri: str, 
     resumed = start([*cmd, "--resume"], log)
     assert finished(resumed, log, timeout=400) == 0, log.read_text()
     quiet = log.read_text()  # no library chatter, no tracebacks of stopped workers
-    assert not any(m in quiet for m in ("Token authentication", "Restored on", "Traceback", "SystemExit"))
+    assert not any(m in quiet for m in ("Token authentication", "Restored on", "Checkpoint successfully", "Traceback",
+                                        "SystemExit"))
     ended = ExperimentAnalysis(str(study)).trials
     trial_ids = sorted(t.trial_id for t in ended)
     assert len(trial_ids) == trials and all(t.last_result["round"] == ROUNDS for t in ended)
@@ -157,8 +158,10 @@ def test_a_study_stopped_before_tune_saved_its_state_starts_afresh(tmp_path: Pat
     from ray.tune import Tuner
 
     from fltune.cli import main
-    from fltune.tune.storage import tune_started
-    from fltune.tune.study import StudyRequest, cluster_shape, new_spec, new_tuner, placement
+    from fltune.jobs.storage import tune_started
+    from fltune.jobs.tuner import cluster_shape, placement
+    from fltune.tune.command import StudyRequest
+    from fltune.tune.study import new_spec, new_tuner
 
     spec = new_spec(StudyRequest(space=str(write_space(tmp_path)), storage=str(tmp_path), name="study"))
     spec.save()

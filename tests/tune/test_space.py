@@ -16,7 +16,8 @@ from fltune.reproduce.papers import fedalign, fedsol, man, simfafl
 from fltune.search_spaces import SPACES, space_path
 from fltune.tune.search import DefineByRun
 from fltune.tune.space import parse_space
-from fltune.tune.study import StudyRequest, new_spec
+from fltune.tune.command import StudyRequest
+from fltune.tune.study import new_spec
 from tests.tune.helpers import REPO, TINY_BASE, write_space
 
 SPACE_FILES = sorted((REPO / "fltune" / "search_spaces").glob("*.yaml"))

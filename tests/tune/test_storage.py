@@ -14,13 +14,14 @@ import pyarrow.fs
 import pytest
 
 from fltune.errors import FLTuneError
+from fltune.jobs.storage import job_filesystem, storage_root, tuner_whole, write_whole
+from fltune.jobs.tuner import run_config
 from fltune.tune.spec import SPEC_FILE, SavedSpec
-from fltune.tune.storage import PRUNES, job_filesystem, storage_root, tuner_whole, write_whole
-from fltune.tune.study import run_config
+from fltune.workarounds import PRUNES
 
 KILLED_MID_WRITE = """
 import os, signal, sys
-from fltune.tune.storage import job_filesystem
+from fltune.jobs.storage import job_filesystem
 stream = job_filesystem(sys.argv[1]).open_output_stream(sys.argv[2])
 stream.write(b"half of the new")
 stream.flush()

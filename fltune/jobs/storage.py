@@ -3,17 +3,13 @@ folder through: on local disk, every file is replaced whole or not at all. Tune 
 in the job folder every few seconds (``sync_up_experiment_state``): a driver killed mid-copy leaves a cut file and
 ``Tuner.restore`` fails with ``EOFError: Ran out of input`` (ray-project/ray#58179). Here each file is written beside
 its target and ``os.replace``-d; remote stores (s3://, gs://) publish an object only once uploaded whole, so they keep
-Tune's filesystem.
-
-Tune also deletes checkpoints beyond ``num_to_keep`` before the state naming them is copied, so a driver killed in
-between resumes from a deleted checkpoint on every retry: such deletions wait (``HeldPrunes``)."""
+Tune's filesystem. Checkpoints Tune prunes wait here until a state saved after the prune is copied
+(``workarounds.HeldPrunes``)."""
 
 from __future__ import annotations
 
 import pickle
 import re
-import shutil
-import threading
 import time
 from pathlib import Path
 
@@ -24,6 +20,7 @@ import pyarrow.fs
 from fltune.errors import FLTuneError
 from fltune.folders import ReplaceOnClose, make_out
 from fltune.tracking.paths import mlruns_dir
+from fltune.workarounds import PRUNES
 
 
 def write_whole(uri: str, data: bytes) -> None:
@@ -43,50 +40,9 @@ STATE_PREFIX = "experiment_state-"
 CHECKPOINT = re.compile(r"checkpoint_\d+")
 
 
-class HeldPrunes:
-    """Trial checkpoints Tune pruned, held until the job folder holds a state saved after the prune. One per process
-    (the driver deletes and copies through different filesystem copies). Tune's driver thread starts a copy only after
-    the previous one ended (``_BackgroundSyncer``) and prunes between copies, so a copy *opened* after a prune may carry
-    an older state, but one opening after that copy *ended* cannot. A driver killed while it holds some leaves
-    superseded checkpoints on disk, never a missing one."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._asked: list[tuple[str, float]] = []  # (checkpoint, when pruned)
-        self._passed: list[tuple[str, float]] = []  # (checkpoint, when the first copy opened after it ended)
-
-    def hold(self, path: str) -> None:
-        with self._lock:
-            self._asked.append((path, time.monotonic()))
-
-    def state_copied(self, opened: float, ended: float) -> None:
-        """A copy of the job state, opened and ended (whole) at these ``time.monotonic()`` times."""
-        with self._lock:
-            ready = [path for path, since in self._passed if opened > since]
-            self._passed = [(path, since) for path, since in self._passed if opened <= since]
-            self._passed += [(path, ended) for path, asked in self._asked if opened > asked]
-            self._asked = [(path, asked) for path, asked in self._asked if opened <= asked]
-        self._delete(ready)
-
-    def release(self) -> None:
-        """Delete every held checkpoint: Tune's last save (``tune.py``, also when stopped) followed every prune."""
-        with self._lock:
-            ready = [path for path, _ in self._asked + self._passed]
-            self._asked, self._passed = [], []
-        self._delete(ready)
-
-    @staticmethod
-    def _delete(paths: list[str]) -> None:
-        for path in paths:
-            shutil.rmtree(path, ignore_errors=True)
-
-
-PRUNES = HeldPrunes()
-
-
 class AtomicLocalFiles(pyarrow.fs.FSSpecHandler):
     """fsspec's local filesystem with all-or-nothing writes (``ReplaceOnClose``) and pruned checkpoints held
-    (``HeldPrunes``). Picklable, so Tune ships it to trials with their storage."""
+    (``workarounds.HeldPrunes``). Picklable, so Tune ships it to trials with their storage."""
 
     def __init__(self) -> None:
         super().__init__(fsspec.filesystem("file"))

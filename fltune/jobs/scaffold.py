@@ -1,13 +1,14 @@
 """The scaffold of an fltune Tune job (a study, a paper-table reproduction, a comparison's cells): ``TuneJob.run``
-validates, starts Ray, fits the trials and concludes from the job folder, also after a stop (``--resume``)."""
+validates, starts Ray, fits the trials and concludes from the job folder, also after a stop (``--resume``). A job
+takes typed options (``JobOptions`` and a command's own), which the CLI fills from its flags and the Python API
+from its keywords."""
 
 from __future__ import annotations
 
-import argparse
 import os
 from abc import ABC, abstractmethod
-from collections.abc import Callable
-from dataclasses import replace
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from fltune.errors import FLTuneError
@@ -41,6 +42,49 @@ CELL_CHECKPOINT_EVERY, CELL_CHECKPOINT_SECONDS = 25, 60.0
 
 
 Spec = TypeVar("Spec", bound="SavedSpec")
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobOptions:
+    """What every Tune job is asked, each field its commands' flag of that name: its folder (``name`` under
+    ``storage``), the cluster, whether it continues a stopped job, its trials' concurrency and checkpoint cadence."""
+
+    name: str | None = None
+    storage: str | None = None
+    address: str | None = None
+    resume: bool = False
+    max_concurrent: int | None = None
+    checkpoint_every: int | None = None
+    checkpoint_seconds: float | None = None
+    ignored: tuple[str, ...] = ()
+    """The setting flags given with ``resume``, which the job ignores for its saved ones (``note_ignored``)."""
+
+
+def note_ignored(options: JobOptions, what: str) -> None:
+    """One note naming the setting flags a resumed job ignores (``JobOptions.ignored``)."""
+    from fltune.tracking.progress import console
+
+    if options.ignored:
+        console.print(f"note: a resumed {what} keeps the settings it started with; ignored: "
+                      f"{', '.join(options.ignored)}")
+
+
+def check_counts(options: JobOptions) -> None:
+    """A job's counts ≥ 1 and ``checkpoint_seconds`` > 0, where given."""
+    for flag, hint in (("seeds", ""), ("tune_budget", " (trials per method), or leave it out"),
+                       ("max_concurrent", " (or leave it out: as many as fit)"), ("checkpoint_every", "")):
+        value = getattr(options, flag, None)
+        if value is not None and value < 1:
+            raise FLTuneError(f"--{flag.replace('_', '-')}: {value}; allowed: ≥ 1{hint}")
+    if options.checkpoint_seconds is not None and not options.checkpoint_seconds > 0:
+        raise FLTuneError(f"--checkpoint-seconds: {options.checkpoint_seconds:g}; allowed: > 0")
+
+
+def listed(names: str | Sequence[str] | None) -> tuple[str, ...] | None:
+    """Names given as ``"a,b"`` (a flag's text) or as a sequence, as a tuple; None stays None."""
+    if names is None:
+        return None
+    return tuple(names.split(",") if isinstance(names, str) else names)
 
 
 def with_gpu_share(spec: Spec, cluster: dict[str, float], cpus_per_worker: float, max_concurrent: int | None) -> Spec:
@@ -78,6 +122,21 @@ def say_failures(trials: list[Trial]) -> None:
         console.print(line, markup=False, soft_wrap=True)
 
 
+def start(spec: SavedSpec, out: str | None, configs: list[ExperimentConfig], address: str | None) -> None:
+    """A job's checks before Ray (its tracking, its storage, its ``out`` folder, its trials' data), then Ray."""
+    from fltune.engine.cluster import start_ray
+    from fltune.jobs.storage import check_storage
+    from fltune.preflight import check_data
+    from fltune.tracking.paths import check_tracking
+
+    check_tracking(spec.tracking)
+    check_storage(spec.storage)
+    if out is not None:
+        make_out(out)
+    check_data(configs)
+    start_ray(address)
+
+
 def resume_line(command: str, spec: SavedSpec) -> str:
     """``cli.py <command> --name … --storage … --resume``: what continues the job ``spec``."""
     return f"{invoked_as()} {command} --name {spec.name} --storage {spec.storage} --resume"
@@ -99,8 +158,8 @@ class TuneJob(ABC, Generic[Spec]):
     command: str
     """The ``cli.py`` command (with its arguments) that continues the job with ``--resume``."""
 
-    def __init__(self, args: argparse.Namespace) -> None:
-        self.args = args
+    def __init__(self, options: JobOptions) -> None:
+        self.options = options
 
     @abstractmethod
     def new_spec(self, storage: str) -> Spec:
@@ -124,16 +183,24 @@ class TuneJob(ABC, Generic[Spec]):
     def entry(self) -> Callable[[dict[str, Any], Spec], None]:
         """The trials' Tune entry point, ``entry(config, spec)`` (a module-level function)."""
 
-    @abstractmethod
     def new_tuner(self, spec: Spec, resources: PlacementGroupFactory) -> Tuner:
-        """A new Tuner of the job, with ``callbacks``."""
+        """A new Tuner of the job, with ``callbacks``: a grid over its ``cells``, each run once, as many at once as
+        fit (or ``max_concurrent``); a study's sampled trials are its own (``Study.new_tuner``)."""
+        from fltune.jobs.tuner import bound_trainable, grid_tuner
+
+        trainable = bound_trainable(self.entry(), spec, resources)
+        return grid_tuner(trainable, self.cells(spec), spec, spec.max_concurrent, self.callbacks(spec))
+
+    def cells(self, spec: Spec) -> list[str]:
+        """The grid's cells, each a trial's ``config["cell"]``."""
+        raise NotImplementedError
 
     def restored_tuner(self, spec: Spec, resources: PlacementGroupFactory) -> Tuner:
         """The job's Tuner from its folder; unfinished and errored trials continue (``unfinished_if_stopped``)."""
         from ray.tune import Tuner
 
-        from fltune.tune.storage import job_filesystem
-        from fltune.tune.study import bound_trainable
+        from fltune.jobs.storage import job_filesystem
+        from fltune.jobs.tuner import bound_trainable
 
         return Tuner.restore(spec.path, bound_trainable(self.entry(), spec, resources), resume_unfinished=True,
                              resume_errored=True, storage_filesystem=job_filesystem(spec.storage))
@@ -191,41 +258,30 @@ class TuneJob(ABC, Generic[Spec]):
     def conclude(self, spec: Spec, rows: list[TrialRow]) -> int:
         """Results, files and the exit status (130 when trials are left to resume)."""
 
-    def resuming(self) -> bool:
-        """Whether ``prepare`` continues a saved job (``--resume``) rather than creating one."""
-        return bool(self.args.resume)
-
     def prepare(self) -> tuple[Spec, Tuner, int]:
         """Validate, start Ray, size the trials and create or restore the Tuner; also the number of Ray nodes."""
         from fltune.config import build_config
-        from fltune.engine.cluster import start_ray
-        from fltune.preflight import check_data
-        from fltune.tracking.paths import check_tracking
-        from fltune.tune import study
+        from fltune.jobs.storage import storage_root, tune_started, tuner_whole
+        from fltune.jobs.tuner import cluster_shape, placement
         from fltune.tune.spec import exists
-        from fltune.tune.storage import check_storage, storage_root, tune_started, tuner_whole
 
-        storage = storage_root(self.args.storage)
-        spec = self.saved_spec(storage) if self.resuming() else self.new_spec(storage)
-        if not self.resuming() and exists(spec.path):
+        storage, resuming = storage_root(self.options.storage), self.options.resume
+        spec = self.saved_spec(storage) if resuming else self.new_spec(storage)
+        note_ignored(self.options, self.what)
+        if not resuming and exists(spec.path):
             raise FLTuneError(f"--name {spec.name}: {self.what} {spec.path} already exists; "
                               "add --resume to continue it")
-        check_tracking(spec.tracking)
-        check_storage(spec.storage)
-        if (out := self.out(spec)) is not None:
-            make_out(out)
-        check_data(self.trial_configs(spec))
         tree = self.experiment(spec)
-        start_ray(self.args.address or build_config(tree).resources.address)
-        cluster, node_cpus = study.cluster_shape()
+        start(spec, self.out(spec), self.trial_configs(spec), self.options.address or build_config(tree).resources.address)
+        cluster, node_cpus = cluster_shape()
         spec = with_gpu_share(spec, cluster, build_config(tree).resources.cpus_per_worker, spec.max_concurrent)
-        resources = study.placement(tree, spec.workers, spec.gpus_per_worker, cluster, node_cpus)
-        if self.resuming() and tune_started(spec.path):
+        resources = placement(tree, spec.workers, spec.gpus_per_worker, cluster, node_cpus)
+        if resuming and tune_started(spec.path):
             if not tuner_whole(spec.path):  # a new Tuner of the saved spec writes it again, as it was
                 self.new_tuner(spec, resources)
             tuner = self.restored_tuner(spec, resources)
         else:
-            if not self.resuming():
+            if not resuming:
                 spec.save()
             tuner = self.new_tuner(spec, resources)
         return spec, tuner, len(node_cpus)
@@ -259,7 +315,7 @@ class TuneJob(ABC, Generic[Spec]):
 
         from fltune.tracking.progress import console
         from fltune.tune.results import trial_row
-        from fltune.tune.storage import PRUNES
+        from fltune.workarounds import PRUNES
 
         for key, value in JOB_ENV.items():
             os.environ.setdefault(key, value)
