@@ -30,7 +30,7 @@ from fltune.engine.transfer import RoundInput, device_states
 from fltune.engine.rng import derive_seed
 from fltune.methods.base import ClientContext, ClientResult, Method, Phase
 from fltune.engine.functional import FunctionalStep, functional_gradient, local_step, own_backward, reads_modules
-from fltune.methods.objective import Batch, Forward, NoiseShapes
+from fltune.methods.objective import Batch, Forward, NoiseShapes, clip_scale
 from fltune.workarounds import compile_limits
 
 LOG = logging.getLogger(__name__)
@@ -301,7 +301,7 @@ class _GroupTrainer:
         t = self.training
         g = torch.cat([_rows(grads[n]) for n in self.trainable], dim=1)
         if t.grad_clip is not None:
-            g.mul_(self._clip_scale(g, t.grad_clip)[:, None])
+            g.mul_(vmap(lambda row: clip_scale([row], t.grad_clip))(g)[:, None])  # each client's own norm
         if t.weight_decay:
             g.add_(torch.cat([_rows(p) for p in self.weights], dim=1), alpha=t.weight_decay)
         mask = live[:, None]
@@ -313,12 +313,6 @@ class _GroupTrainer:
         torch._foreach_addcmul_(  # addcmul's rounding (a fused multiply-add on CPU)
             self.weights, [v.view_as(p) for v, p in zip(g.split(self.sizes, dim=1), self.weights)],
             [rate.view(-1, *[1] * (p.dim() - 1)) for p in self.weights])
-
-    @staticmethod
-    def _clip_scale(g: Tensor, max_norm: float) -> Tensor:
-        """Per client, ``clip_grad_norm_``'s factor min(1, max_norm / (‖g‖ + 1e-6)) from its row of ``g``: the
-        same real number rounded otherwise, exactly 1 unless clipping changes the step."""
-        return (max_norm / (g.norm(dim=1) + 1e-6)).clamp(max=1.0)
 
 
 def _kept(carry: dict[str, Stacked], inputs: dict[str, Stacked], live: Tensor) -> dict[str, Stacked]:

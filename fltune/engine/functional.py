@@ -64,8 +64,7 @@ def reads_modules(method_cls: type[Method]) -> bool:
     return False
 
 
-HOOKS = ("local_loss", "step")
-"""The hooks the batched executor runs per batch."""
+HOOKS = ("local_loss", "step")  # what the batched executor runs per batch
 
 
 def client_backward(method: Method) -> Callable[[ClientContext, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:

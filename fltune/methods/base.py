@@ -291,9 +291,8 @@ class Method:
         return loss.detach(), logits.detach()
 
     def step(self, batch: Batch) -> tuple[Tensors, torch.Tensor, torch.Tensor]:
-        """One batch's step → (gradients of the weights ``batch.trainable`` names, loss, logits), taken with
-        ``batch.gradient``/``batch.loss_gradient``; the engine clips and applies them. Default: the objective's
-        gradient at the current weights. Override for a step of more passes (SAM) or a second model (Ditto)."""
+        """One batch's step → (gradients of the weights ``batch.trainable`` names, loss, logits), which the engine clips
+        and applies; default: the objective's gradient. Overridden by SAM (two passes) and Ditto (a second model)."""
         return batch.loss_gradient(self.local_loss, batch.trained)
 
     def gradient_correction(self, weights: Mapping[str, torch.Tensor], inputs: Mapping[str, Tensors]) -> Tensors:

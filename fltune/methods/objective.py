@@ -120,17 +120,15 @@ class Batch:
         self.kept[name] = values
 
     def module(self, name: str | None = None) -> nn.Module:
-        """The client's own model as a module (``name`` None), or the module it keeps as ``name`` (``ctx.scratch``),
-        for an objective that runs it other than by :attr:`forward` (its hooks, a sub-network, its features, its draws
-        from torch's global RNG): only client by client, so such a method is never batched."""
+        """The client's model (``name`` None) or a module it keeps (``ctx.scratch[name]``), for an objective running one
+        other than by :attr:`forward` (its hooks, a sub-network, torch's global RNG): never batched."""
         if self.client is None:
             raise ClientByClient("its objective reads the client's modules")
         return self.forward.model if name is None else self.client.scratch[name]
 
     def model(self, name: str) -> Forward:
-        """The forward of the model ``name`` a client keeps beside its own (``setup_client`` put it, a module or its
-        :class:`Forward`, in ``ctx.scratch[name]``): client by client that module itself (its BatchNorm statistics its
-        own); trained together, the model's functional forward (the same architecture; batched models hold no buffers)."""
+        """The forward of the model ``name`` a client keeps (``ctx.scratch[name]``): client by client that module (its
+        BatchNorm statistics its own); trained together, the model's functional forward (batched models hold no buffers)."""
         if self.client is None:
             return self.forward
         kept = self.client.scratch[name]
