@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import argparse
 import pickle
+from dataclasses import replace
 
 import ray
 
 from fltune.assembly import build_federation
 from fltune.config import build_config
-from fltune.engine.worker import RunSpec
 from fltune.errors import DatasetMissing
 from fltune.data.datasets import load_dataset
 
@@ -44,7 +44,7 @@ def measure(overrides: list[str], path: str) -> tuple[list[int], int, int]:
     try:
         fed.open()
         if path == "shipped":
-            fed.run_ref = ray.put(RunSpec(fed.cfg, fed.data, keep_latest=True, rebuild=False))
+            fed.run_ref = ray.put(replace(fed.spec(fed.data, keep_latest=True), rebuild=False))
         assert fed.pool is not None
         plain_map = fed.pool.map
 

@@ -17,7 +17,7 @@ def row(round_: int, **scores: float) -> dict[str, float]:
 def summarised(history: list[dict[str, float]], *overrides: str) -> tuple[Federation, dict]:
     """The summary of a run built (not opened: no worker starts) whose history is ``history``."""
     fed = build_federation(build_config(overrides=[*TINY, *overrides]))
-    fed.history = history
+    fed.history[:] = history  # in place: the probes read this list
     return fed, fed.summary()
 
 

@@ -11,7 +11,6 @@ only on its clients, and groups (sorted ids in chunks of ``resources.batch_clien
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -32,8 +31,6 @@ from fltune.methods.base import ClientContext, ClientResult, Method, Phase
 from fltune.engine.functional import FunctionalStep, functional_gradient, local_step, own_backward, reads_modules
 from fltune.methods.objective import Batch, Forward, NoiseShapes, clip_scale
 from fltune.workarounds import compile_limits
-
-LOG = logging.getLogger(__name__)
 
 Stacked = dict[str, Tensor]
 """Parameter name → tensor with a leading client axis of length K."""
@@ -59,13 +56,6 @@ def unbatchable(cfg: ExperimentConfig, method: Method, model: nn.Module) -> str 
         # a BatchNorm without running buffers (FedSOL's ResNet-18) still normalises by the batch's statistics
         return f"model {cfg.model.name} has BatchNorm or buffers (batch statistics would mix padded samples in)"
     return None
-
-
-def note_fallback(cfg: ExperimentConfig, method: Method, model: nn.Module) -> None:
-    """One log line per run (on the driver) when ``executor: batched`` cannot batch this run."""
-    reason = unbatchable(cfg, method, model) if cfg.resources.executor == "batched" else None
-    if reason:
-        LOG.warning("resources.executor: batched trains every client on the exact path: %s", reason)
 
 
 @dataclass

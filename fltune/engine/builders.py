@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -101,10 +102,11 @@ def saved_model(cfg: ExperimentConfig, folder: Path, client: int | None = None) 
     return model.eval()
 
 
-def initial_state(cfg: ExperimentConfig, data: FederatedData) -> State:
-    """The round-0 global model, initialised from the run's seed alone."""
+def initial_state(cfg: ExperimentConfig, data: FederatedData,
+                  model: Callable[[FederatedData], nn.Module] | None = None) -> State:
+    """The round-0 global model (of ``model``, default the config's), initialised from the run's seed alone."""
     torch.manual_seed(derive_seed(cfg.federation.seed, -1, -1))
-    return to_numpy(build_model_for(cfg, data).state_dict())
+    return to_numpy((model or partial(build_model_for, cfg))(data).state_dict())
 
 
 def build_method(cfg: ExperimentConfig) -> Method:

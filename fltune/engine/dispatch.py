@@ -10,9 +10,9 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 from fltune.engine.batched import client_groups
 
 if TYPE_CHECKING:
-    from fltune.config import ExperimentConfig
     from fltune.data.federated import FederatedData
     from fltune.engine.probes import ProbeTask
+    from fltune.engine.worker import RunSpec
 
 T = TypeVar("T")
 
@@ -23,7 +23,7 @@ class Pool(Protocol):
     def width(self) -> int:
         """Shards a call is split into: one per worker."""
 
-    def bind(self, cfg: ExperimentConfig, data: FederatedData, keep_latest: bool) -> tuple[Any, FederatedData]:
+    def bind(self, spec: RunSpec) -> tuple[Any, FederatedData]:
         """A run's ``map`` handle (held for its life) and the workers' copy of its data, which the caller then reads."""
 
     def map(self, run: Any, method: str, shards: list[list[Any]], *args: Any,

@@ -16,23 +16,26 @@ from typing import Any, TypeVar
 
 import numpy as np
 import torch
+from torch import nn
 
 from fltune.config import ExperimentConfig
 from fltune.data.datasets import release_loaded
 from fltune.data.federated import FederatedData
 from fltune.engine.aggregate import WeightedSum
-from fltune.engine.batched import client_groups, note_fallback
-from fltune.engine.builders import build_method, build_model_for, initial_state, save_model
+from fltune.engine.batched import client_groups
+from fltune.engine.builders import initial_state, save_model
 from fltune.engine.callbacks import Callback
 from fltune.engine.dispatch import Pool, balance, deal
 from fltune.engine.evaluation import batch_scores, eval_batch_count, total_scores
+from fltune.engine.executors import Executor
 from fltune.engine.transfer import RoundInput, load_state
-from fltune.engine.probes import Probe, ProbeTask, RoundView
+from fltune.engine.probes import Probe, ProbeTask, RoundView, RunView
 from fltune.engine.rng import round_clients, use_deterministic_cuda
 from fltune.engine.store import ClientStore, WithRound
 from fltune.errors import FLTuneError
+from fltune.engine.worker import RunSpec
 from fltune.methods import is_personalised
-from fltune.methods.base import Aggregate, ServerContext, State, Upload
+from fltune.methods.base import Aggregate, Method, ServerContext, State, Upload
 
 T = TypeVar("T")
 
@@ -54,16 +57,19 @@ class Federation:
     """One federated run: ``rounds()`` yields each round's result, ``run()`` hands them to callbacks."""
 
     def __init__(
-        self, cfg: ExperimentConfig, data: FederatedData, pool: Pool | Callable[[], Pool],
-        probes: Callable[[Federation], Sequence[Probe]] | None = None, folder: Path | None = None,
+        self, cfg: ExperimentConfig, data: FederatedData, method: Callable[[], Method],
+        model: Callable[[FederatedData], nn.Module], executor: Executor, pool: Pool | Callable[[], Pool],
+        probes: Callable[[RunView], Sequence[Probe]] | None = None, folder: Path | None = None,
     ) -> None:
-        """``pool``: a caller's pool (left up by ``close``) or what starts the run's own (stopped by ``close``);
-        results do not depend on which. ``probes``: builds the probes once data and evaluation model exist.
-        ``folder``: the client stores' files (a Tune trial's storage, found on restart); None: a temporary one."""
-        self.cfg = cfg
-        self.data = data
-        self.method = build_method(cfg)
-        self.initial_state: State = initial_state(cfg, self.data)
+        """The run's parts, chosen where it is assembled (``fltune.assembly``); ``cfg`` gives its settings. ``method``
+        and ``model`` build the method and the model of ``data``, here and on each worker (picklable); ``executor``
+        trains on the workers. ``pool``: a caller's pool (left up by ``close``) or what starts the run's own
+        (stopped by ``close``); results do not depend on which. ``probes``: builds the probes once data and
+        evaluation model exist. ``folder``: the client stores' files (a Tune trial's storage, found on restart);
+        None: a temporary one."""
+        self.cfg, self.data, self.executor, self.build_method, self.build_model = cfg, data, executor, method, model
+        self.method = method()
+        self.initial_state: State = initial_state(cfg, data, model)
         self.global_state: State = self.initial_state
         self.server_state: dict[str, Any] = self.method.init_server_state(self.global_state)
         fed = cfg.federation
@@ -76,8 +82,7 @@ class Federation:
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         if self.device.type == "cuda":  # evaluating a closed run (no workers) runs on the driver
             use_deterministic_cuda(cfg.resources.deterministic)
-        self.eval_model = build_model_for(cfg, self.data).to(self.device)
-        note_fallback(cfg, self.method, self.eval_model)
+        self.eval_model = model(data).to(self.device)
         self.sizes = [len(idx) for idx in self.data.client_train]
         self.pool: Pool | None = None if callable(pool) else pool
         self.start_pool = pool if callable(pool) else None
@@ -86,7 +91,10 @@ class Federation:
         self.val_ref: Any = None
         self.artifacts: list[Path] = []
         """Files the probes wrote (end-of-run figures), for the tracking callbacks."""
-        self.probes: list[Probe] = list(probes(self)) if probes else []
+        self.view = RunView(cfg, self.method, self.eval_model, self.initial_state, self.sizes, self.history, self.latest,
+                            self.artifacts, self.evaluate_state, self.evaluate_personalized, self.compute)
+        """What the probes read of this run."""
+        self.probes: list[Probe] = list(probes(self.view)) if probes else []
         self.callbacks: Sequence[Callback] = ()
         """The callbacks of the ``run`` in progress (told as each probe starts)."""
 
@@ -98,7 +106,7 @@ class Federation:
                 assert self.start_pool is not None
                 self.pool = self.start_pool()
             keep = any(probe.keeps_local_models for probe in self.probes)
-            self.run_ref, self.data = self.pool.bind(self.cfg, self.data, keep_latest=keep)  # the workers' copy
+            self.run_ref, self.data = self.pool.bind(self.spec(self.data, keep))  # the workers' copy
 
     def close(self) -> None:
         """Stop the workers this run started (a caller's pool stays up for its owner)."""
@@ -158,9 +166,7 @@ class Federation:
             global_state=self.global_state, server=self.method.server_payload(self.server_state),
         )
         meters = [build for probe in self.probes if (build := probe.client_meter(r)) is not None]
-        res = self.cfg.resources
-        group = res.batch_clients if res.executor == "batched" else 1  # whole groups per worker
-        shards = balance(clients, self.sizes, self.pool.width(), group)
+        shards = balance(clients, self.sizes, self.pool.width(), self.executor.group)  # whole groups per worker
         results = self.pool.map(self.run_ref, "train", shards, inputs, meters, per_shard=self._states_for)
         total = WeightedSum()
         uploads, states, client_metrics, latest = {}, {}, {}, {}
@@ -171,7 +177,6 @@ class Federation:
             client_metrics.update(res.metrics)
             latest.update(res.local_models(self.method))
         metrics = self._train_metrics(client_metrics)
-        previous = self.global_state
         self.round = r
         if metrics["diverged"]:
             self.status = "diverged"
@@ -182,8 +187,8 @@ class Federation:
         metrics["lr"] = inputs.lr
         metrics["round"] = float(r)
         view = RoundView(
-            round=r, clients=tuple(clients), running=self.status == "running", inputs=inputs,
-            previous_state=previous, local_models=latest, client_metrics=client_metrics,
+            run=self.view, round=r, clients=tuple(clients), running=self.status == "running", inputs=inputs,
+            global_state=self.global_state, local_models=latest, client_metrics=client_metrics,
             upload_bits=total.entry_bits(), metrics=metrics,
         )
         self._probe(view, metrics)
@@ -214,11 +219,11 @@ class Federation:
     def _probe(self, view: RoundView, metrics: dict[str, float]) -> None:
         """Run the due probes in order, each adding its figures (and its time to its clock) to ``metrics``."""
         for probe in self.probes:
-            if probe.due(self, view):
+            if probe.due(view):
                 for cb in self.callbacks:
                     cb.on_probe(self, view.round, probe.name)
                 probe_start = time.perf_counter()
-                metrics.update(probe.measure(self, view))
+                metrics.update(probe.measure(view))
                 if probe.clock:
                     metrics[probe.clock] = metrics.get(probe.clock, 0.0) + time.perf_counter() - probe_start
 
@@ -261,8 +266,7 @@ class Federation:
         run_ref = self.run_ref if split == "test" else self._validation_run()
         held_out = self.data.client_eval if split == "test" else self.data.client_val
         sizes = self.sizes if finetune else [len(idx) for idx in held_out]
-        res = self.cfg.resources
-        group = res.batch_clients if finetune and res.executor == "batched" else 1  # a final round's groups whole
+        group = self.executor.group if finetune else 1  # a final round's groups whole
         training = self.cfg.training
         final = self.cfg.federation.rounds + 1  # fine-tuning draws as "round R+1", apart from training's
         inputs = RoundInput(round=final, seed=self.cfg.federation.seed, lr=training.finetune_lr or training.lr_at(final),
@@ -279,8 +283,12 @@ class Federation:
         """This run bound again, on first use, with the validation splits as ``client_eval``."""
         assert self.pool is not None
         if self.val_ref is None:
-            self.val_ref, _ = self.pool.bind(self.cfg, self.data.val_as_eval(), keep_latest=False)
+            self.val_ref, _ = self.pool.bind(self.spec(self.data.val_as_eval(), keep_latest=False))
         return self.val_ref
+
+    def spec(self, data: FederatedData, keep_latest: bool) -> RunSpec:
+        """This run on ``data`` as the workers receive it: settings and parts."""
+        return RunSpec(self.cfg, data, self.build_method, self.build_model, self.executor, keep_latest)
 
     def compute(self, tasks: Sequence[ProbeTask[T]]) -> list[T]:
         """Probe computations spread over the workers (and their GPUs) at once; results in task order. A task
@@ -291,7 +299,7 @@ class Federation:
 
     def static_costs(self) -> dict[str, float]:
         """The run's constants from the probes that declare some (FedAlign Table 5)."""
-        return {k: v for probe in self.probes for k, v in probe.run_constants(self).items()}
+        return {k: v for probe in self.probes for k, v in probe.run_constants(self.view).items()}
 
     # ------------------------------------------------------------------ results and checkpoints
     def summary(self) -> dict[str, Any]:
@@ -301,7 +309,7 @@ class Federation:
         round_s = sum(row["round_s"] for row in history)
         samples = sum(row["samples"] for row in history)
         clocks = {probe.clock for probe in self.probes if probe.clock and probe.in_wall}
-        summary = {key: value for probe in self.probes for key, value in probe.summary(self).items()}
+        summary = {key: value for probe in self.probes for key, value in probe.summary(self.view).items()}
         summary.update(
             rounds=int(history[-1]["round"]) if history else 0,
             wall_s=sum(row["round_s"] + sum(row.get(clock, 0.0) for clock in clocks) for row in history),
@@ -337,8 +345,9 @@ class Federation:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        for key in ("round", "global_state", "server_state", "history", "status"):
+        for key in ("round", "global_state", "server_state", "status"):
             setattr(self, key, state[key])
+        self.history[:] = state["history"]  # in place: the probes' view reads this list
         self.client_store.restore(state["client_store"])
         self.latest.restore(state["latest"])
         for probe in self.probes:

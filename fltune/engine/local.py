@@ -137,19 +137,21 @@ class Optimizers:
 
 
 @dataclass(frozen=True)
-class Executor:
-    """How ``train_client`` runs the loop (``resources.executor``): batch source, step metrics, optimiser reuse.
-    ``exact`` and ``reference`` give the same bits (tests/engine/test_executor_exact.py); ``exact`` syncs less."""
+class Loop:
+    """How ``train_client`` runs the loop on a worker: batch source, step metrics, optimiser reuse. The ``exact`` and
+    ``reference`` settings give the same bits (tests/engine/test_executor_exact.py); ``exact`` syncs less."""
 
     source: HostBatches | DeviceBatches
     meter: type[HostMeter]
     optimizers: Optimizers
 
     @classmethod
-    def build(cls, kind: str, data: FederatedData, device: torch.device) -> Executor:
-        """Once per run and worker: ``exact`` moves the run's data to ``device`` here."""
-        if kind == "exact":
-            return cls(DeviceBatches(data, device), DeviceMeter, Optimizers(reuse=True))
+    def exact(cls, data: FederatedData, device: torch.device) -> Loop:
+        """Once per run and worker: the run's data moves to ``device`` here."""
+        return cls(DeviceBatches(data, device), DeviceMeter, Optimizers(reuse=True))
+
+    @classmethod
+    def reference(cls, data: FederatedData, device: torch.device) -> Loop:
         return cls(HostBatches(data, device), HostMeter, Optimizers(reuse=False))
 
 
@@ -192,12 +194,13 @@ def client_context(
 def train_client(
     method: Method, model: nn.Module, data: FederatedData, client_id: int, inputs: RoundInput,
     client_state: dict[str, Any], training: TrainingConfig, augment_kind: str, device: torch.device,
-    global_tensors: dict[str, torch.Tensor] | None = None, executor: Executor | None = None,
+    global_tensors: dict[str, torch.Tensor] | None = None, loop: Loop | None = None,
 ) -> ClientResult:
-    """One client's local update: the engine's loop around the method's hooks (methods/base.py). ``executor``:
-    the run's (``Executor.build``); None: the reference path. A client whose loss turned non-finite on a ``deferred``
-    path is re-run on the reference path (its seed replays it), so every result, diverged or not, is the reference's."""
-    executor = executor if executor is not None else Executor.build("reference", data, device)
+    """One client's local update: the engine's loop around the method's hooks (methods/base.py). ``loop``: the
+    worker's (``executors.Executor.loop``); None: the reference path. A client whose loss turned non-finite on a
+    ``deferred`` path is re-run on the reference path (its seed replays it), so every result, diverged or not, is
+    the reference's."""
+    loop = loop if loop is not None else Loop.reference(data, device)
     client_seed = derive_seed(inputs.seed, inputs.round, client_id)
     torch.manual_seed(client_seed)
     generator = torch.Generator().manual_seed(client_seed)
@@ -206,10 +209,10 @@ def train_client(
     start = method.client_model_state(inputs.global_state, client_state)
     load = device_states([start], device, inputs.global_state, global_tensors)[0]
     ctx = client_context(method, model, data, client_id, inputs, client_state, training, augment_kind, device,
-                         global_tensors, generator, load, executor.source)
+                         global_tensors, generator, load, loop.source)
     model.train()
-    meter = executor.meter(device)
-    _local_steps(method, ctx, training, inputs.lr, executor.optimizers, meter)
+    meter = loop.meter(device)
+    _local_steps(method, ctx, training, inputs.lr, loop.optimizers, meter)
     for param in model.parameters():
         param.requires_grad_(True)
     loss_sum, correct, seen, diverged = meter.totals()
@@ -251,14 +254,14 @@ def final_model(
 def final_round(
     method: Method, model: nn.Module, data: FederatedData, client_id: int, inputs: RoundInput,
     client_state: dict[str, Any], training: TrainingConfig, augment_kind: str, device: torch.device,
-    executor: Executor | None = None, global_tensors: dict[str, torch.Tensor] | None = None,
+    loop: Loop | None = None, global_tensors: dict[str, torch.Tensor] | None = None,
 ) -> None:
     """One client's final personal round, leaving in ``model`` the model scored (:func:`final_model`).
     ``global_tensors``: ``state_on_device`` of ``inputs.global_state``, shared by a worker's clients."""
     global_tensors = global_tensors if global_tensors is not None else state_on_device(inputs.global_state, device)
     final, settings = final_training(method, training)
     result = train_client(final, model, data, client_id, inputs, client_state, settings, augment_kind, device,
-                          global_tensors, executor)
+                          global_tensors, loop)
     final_model(method, model, inputs, result, device, global_tensors)
 
 

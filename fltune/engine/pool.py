@@ -90,9 +90,9 @@ class InProcessPool:
     def width(self) -> int:
         return 1
 
-    def bind(self, cfg: ExperimentConfig, data: FederatedData, keep_latest: bool) -> tuple[Any, FederatedData]:
+    def bind(self, spec: RunSpec) -> tuple[Any, FederatedData]:
         """As :meth:`WorkerPool.bind`."""
-        ref = ray.put(RunSpec(cfg, data, keep_latest))
+        ref = ray.put(spec)
         self.call("ready", [ref])
         return ref, ray.get(ref).data
 
@@ -132,10 +132,10 @@ class WorkerPool:
         """Shards a call is split into: one per worker, the driver's share included."""
         return self.plan.workers
 
-    def bind(self, cfg: ExperimentConfig, data: FederatedData, keep_latest: bool) -> tuple[Any, FederatedData]:
-        """The run's config and dataset in the object store once per run; the caller holds the handle for the run's
+    def bind(self, spec: RunSpec) -> tuple[Any, FederatedData]:
+        """The run's config, dataset and parts in the object store once per run; the caller holds the handle for the run's
         life, so restarted actors can fetch it. Actors fetch at once (``ClientWorker.ready``), as the driver starts."""
-        ref = ray.put(RunSpec(cfg, data, keep_latest))
+        ref = ray.put(spec)
         for actor in self.actors:
             actor.ready.remote([ref])
         if self.driver is not None:

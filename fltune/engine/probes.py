@@ -1,7 +1,7 @@
 """The probe interface: what a federation measures after its rounds, seen from the round loop. Why here: every
 figure beyond the training loss is a :class:`Probe`, which the loop runs knowing none by name: it gives each a
-read-only :class:`RoundView`, runs its :class:`ProbeTask` s on the workers and asks for its summary entries; probes
-live in the metrics package, never imported by the engine."""
+read-only :class:`RoundView` (and :class:`RunView`), never the federation, runs its :class:`ProbeTask` s on the
+workers and asks for its summary entries; probes live in the metrics package, never imported by the engine."""
 
 from __future__ import annotations
 
@@ -11,13 +11,15 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     import torch
+    from torch import nn
 
     from fltune.config import ExperimentConfig
     from fltune.data.federated import FederatedData
-    from fltune.engine.federation import Federation
     from fltune.engine.transfer import RoundInput
-    from fltune.methods.base import State
+    from fltune.methods.base import Method, State
 
 LOOP_METRICS: Mapping[str, str] = {
     "train_loss": "sample-weighted mean training loss of the round's clients (the round loop's own figure)",
@@ -26,8 +28,32 @@ LOOP_METRICS: Mapping[str, str] = {
 
 
 @dataclass(frozen=True)
+class RunView:
+    """A run as its probes read it: its settings and parts (``model``: the driver's evaluation model), what it has
+    kept so far (the federation's own, live: ``history`` of the rounds before the one measured, each client's
+    training ``sizes`` and ``latest`` local model while a probe ``keeps_local_models``), the files the probes wrote
+    (``artifacts``, the one thing a probe adds to: end-of-run figures for the tracking callbacks), and the
+    federation's services that evaluate on the workers (``evaluate_state``, ``evaluate_personalized``,
+    ``compute``)."""
+
+    cfg: ExperimentConfig
+    method: Method
+    model: nn.Module
+    initial_state: State
+    sizes: Sequence[int]
+    history: Sequence[Mapping[str, float]]
+    latest: Mapping[int, State]
+    artifacts: list[Path]
+    evaluate: Callable[[State, str], tuple[float, float]]
+    evaluate_clients: Callable[[bool, str], tuple[list[float], list[float]]]
+    compute: Callable[[Sequence[ProbeTask[Any]]], list[Any]]
+
+
+@dataclass(frozen=True)
 class RoundView:
-    """One finished round as probes see it, beside the federation's own state."""
+    """One finished round as probes see it, with its run."""
+
+    run: RunView
 
     round: int
     clients: tuple[int, ...]
@@ -36,8 +62,8 @@ class RoundView:
     """False once this round diverged: the global model was not updated, evaluations are skipped."""
     inputs: RoundInput
     """What the round broadcast: learning rate, global model, the method's server payload."""
-    previous_state: State
-    """The global model the round started from (``Federation.global_state``: the one it ended with)."""
+    global_state: State
+    """The global model the round ended with (it started from ``inputs.global_state``)."""
     local_models: Mapping[int, State]
     """The round's clients' trained models (only when a probe ``keeps_local_models``)."""
     client_metrics: Mapping[int, Mapping[str, float]]
@@ -86,7 +112,7 @@ class Probe(ABC):
     keeps_local_models: bool = False
     """Whether the workers must return the round's local models (``RoundView.local_models``)."""
 
-    def __init__(self, fed: Federation) -> None:
+    def __init__(self, run: RunView) -> None:
         """Built once per federation, after its data and evaluation model."""
 
     @classmethod
@@ -118,20 +144,20 @@ class Probe(ABC):
     def start_round(self) -> None:
         """Called as each round starts."""
 
-    def due(self, fed: Federation, view: RoundView) -> bool:
+    def due(self, view: RoundView) -> bool:
         """Whether to measure after this round (default: every round that did not diverge)."""
         return view.running
 
     @abstractmethod
-    def measure(self, fed: Federation, view: RoundView) -> dict[str, float]:
+    def measure(self, view: RoundView) -> dict[str, float]:
         """This round's figures (names among ``metrics``)."""
 
-    def run_constants(self, fed: Federation) -> dict[str, float]:
+    def run_constants(self, run: RunView) -> dict[str, float]:
         """The values of ``constants``."""
         return {}
 
-    def summary(self, fed: Federation) -> dict[str, Any]:
-        """This probe's run-summary entries (``--json-out``, MLflow ``final_*``) from ``fed.history``."""
+    def summary(self, run: RunView) -> dict[str, Any]:
+        """This probe's run-summary entries (``--json-out``, MLflow ``final_*``) from ``run.history``."""
         return {}
 
     def state_dict(self) -> Any:

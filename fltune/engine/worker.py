@@ -13,21 +13,20 @@ import logging
 import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import numpy as np
 import torch
+from torch import nn
 
 from fltune.config import ExperimentConfig
 from fltune.data.federated import FederatedData
 from fltune.engine.aggregate import WeightedSum
-from fltune.engine.batched import client_groups, train_group, unbatchable
-from fltune.engine.builders import build_method, build_model_for, resolve_augment
+from fltune.engine.builders import resolve_augment
 from fltune.engine.batches import Batch, batches
 from fltune.engine.evaluation import batch_scores, eval_batch_count, read_scores, score_sums, total_scores
-from fltune.engine.local import Executor, final_model, final_round, final_training, train_client
+from fltune.engine.executors import Executor
 from fltune.engine.transfer import RoundInput, device_states, load_changed, load_state, state_on_device
 from fltune.engine.probes import ClientMeter, ProbeTask
 from fltune.engine.rng import derive_seed, use_deterministic_cuda
@@ -41,11 +40,14 @@ STAGED_BYTES = 64 * 2**20
 
 @dataclass(frozen=True)
 class RunSpec:
-    """What a worker needs to serve one run."""
+    """What a worker needs to serve one run: its config, data and parts, as the driver's ``Federation`` holds them."""
 
     cfg: ExperimentConfig
     data: FederatedData
-    keep_latest: bool  # return each client's local model (the all_model protocol, H_N/H_D need them)
+    method: Callable[[], Method]
+    model: Callable[[FederatedData], nn.Module]
+    executor: Executor
+    keep_latest: bool = False  # return each client's local model (the all_model protocol, H_N/H_D need them)
     rebuild: bool = True
     """With ``keep_latest``: let the driver rebuild the local models it can; False ships every one (the
     reference of tests/engine/test_federation_probes.py)."""
@@ -102,14 +104,9 @@ class ClientWorker:
 
             spec: RunSpec = ray.get(ref)
             self.cfg, self.data, self.keep_latest, self.rebuild = spec.cfg, spec.data, spec.keep_latest, spec.rebuild
-            self.method = build_method(spec.cfg)
-            self.model = build_model_for(spec.cfg, spec.data).to(self.device)
+            self.method, self.model, self.executor = spec.method(), spec.model(spec.data).to(self.device), spec.executor
             self.augment_kind = resolve_augment(spec.cfg, spec.data)
-            self.batched = spec.cfg.resources.executor == "batched" and unbatchable(
-                spec.cfg, self.method, self.model) is None
-            # a batched run's client-by-client rounds (metered, unbatchable) take the exact path
-            self.executor = Executor.build(
-                "reference" if spec.cfg.resources.executor == "reference" else "exact", spec.data, self.device)
+            self.loop = spec.executor.loop(spec.data, self.device)  # the executor trains with this worker's parts
             if self.device.type == "cuda":
                 use_deterministic_cuda(spec.cfg.resources.deterministic)
             self.run_id = ref.hex()
@@ -119,44 +116,20 @@ class ClientWorker:
         self, run_ref: list, inputs: RoundInput, builders: Sequence[Callable[[], ClientMeter]], client_ids: list[int],
         states: dict[int, dict[str, Any]],
     ) -> WorkerResult:
-        """Train ``client_ids`` in order; stop early if one diverges (the round is lost anyway). The batched
-        executor trains groups, except when probes meter each client (``builders``, ``Probe.client_meter``)."""
-        data = self._attach(run_ref)
+        """Train ``client_ids`` unit by unit as the run's executor groups them; stop after a unit in which one
+        diverged (the round is lost anyway). ``builders``: probes' meters of each client (``Probe.client_meter``)."""
+        self._attach(run_ref)
         result = WorkerResult(partial=WeightedSum())
         global_tensors = state_on_device(inputs.global_state, self.device)
-        if self.batched and not builders:
-            return self._pack(self._train_groups(result, inputs, client_ids, states, global_tensors))
-        for cid in client_ids:
-            meters = [build() for build in builders]
-            with ExitStack() as stack:
-                for meter in meters:
-                    stack.enter_context(meter)
-                out = train_client(
-                    self.method, self.model, data, cid, inputs, states.get(cid, {}), self.cfg.training,
-                    self.augment_kind, self.device, global_tensors, self.executor,
-                )
-            for meter in meters:
-                out.metrics.update(meter.client_metrics())
-            self._keep(result, cid, out)
+        for unit in self.executor.train(self, client_ids, inputs, states, global_tensors, builders):
+            diverged = False
+            for cid, out in unit:
+                self._keep(result, cid, out)
+                diverged = diverged or bool(out.metrics["diverged"])
             release_free_memory()
-            if out.metrics["diverged"]:
+            if diverged:
                 break
         return self._pack(result)
-
-    def _train_groups(
-        self, result: WorkerResult, inputs: RoundInput, client_ids: list[int], states: dict[int, dict[str, Any]],
-        global_tensors: dict[str, torch.Tensor],
-    ) -> WorkerResult:
-        """The batched executor: the shard's client groups in turn."""
-        for group in client_groups(client_ids, self.cfg.resources.batch_clients):
-            for cid, out in train_group(self.method, self.model, self.data, group, inputs, states, self.cfg.training,
-                                        self.augment_kind, self.device, global_tensors, self.executor.source,
-                                        self.cfg.resources.compile):
-                self._keep(result, cid, out)
-            release_free_memory()
-            if any(result.metrics[cid]["diverged"] for cid in group):
-                break
-        return result
 
     def _keep(self, result: WorkerResult, cid: int, out: ClientResult) -> None:
         """Add a trained client (local model in ``self.model``); with ``keep_latest`` :meth:`_pack` decides later."""
@@ -190,8 +163,8 @@ class ClientWorker:
         data = self._attach(run_ref)
         global_tensors = state_on_device(inputs.global_state, self.device)
         per_chunk = max(1, STAGED_BYTES // sum(v.nbytes for v in inputs.global_state.values()))
-        if finetune and self.batched:  # whole groups: a final round's groups are the run's, not the shard's
-            per_chunk = -(-per_chunk // self.cfg.resources.batch_clients) * self.cfg.resources.batch_clients
+        if finetune:  # whole groups: a final round's groups are the run's, not the shard's
+            per_chunk = -(-per_chunk // self.executor.group) * self.executor.group
         sums: dict[int, torch.Tensor] = {}
         for first in range(0, len(client_ids), per_chunk):
             chunk = client_ids[first:first + per_chunk]
@@ -214,7 +187,7 @@ class ClientWorker:
         xs, ys = data.x[idx].to(self.device), data.y[idx].to(self.device)
         offsets = dict(zip(chunk, np.cumsum([0, *(len(rows) for rows in held_out.values())]).tolist()))
         if finetune:
-            ready = self._final_rounds(data, inputs, chunk, states, global_tensors)
+            ready = self.executor.final(self, chunk, inputs, states, global_tensors)
         else:
             ready = self._client_models(inputs, chunk, states, global_tensors)
         sums = {}
@@ -245,25 +218,6 @@ class ClientWorker:
         for cid, load in zip(chunk, device_states(starts, self.device, inputs.global_state, global_tensors)):
             load_changed(self.model, load, loaded)
             yield cid
-
-    def _final_rounds(
-        self, data: FederatedData, inputs: RoundInput, chunk: list[int], states: dict[int, dict[str, Any]],
-        global_tensors: dict[str, torch.Tensor],
-    ) -> Iterator[int]:
-        """Each client of ``chunk`` after its final personal round, ``self.model`` holding the model scored:
-        in groups (eager) where the batched executor batches the round's method, else client by client."""
-        final, settings = final_training(self.method, self.cfg.training)
-        if not (self.batched and unbatchable(self.cfg, final, self.model) is None):
-            for cid in chunk:
-                final_round(self.method, self.model, data, cid, inputs, states.get(cid, {}), self.cfg.training,
-                            self.augment_kind, self.device, self.executor, global_tensors)
-                yield cid
-            return
-        for group in client_groups(chunk, self.cfg.resources.batch_clients):
-            for cid, result in train_group(final, self.model, data, group, inputs, states, settings, self.augment_kind,
-                                           self.device, global_tensors, self.executor.source):
-                final_model(self.method, self.model, inputs, result, self.device, global_tensors)
-                yield cid
 
     def evaluate_split(
         self, run_ref: list, state: State, split: str, batches: list[int],

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from fltune.engine.probes import ClientMeter, Probe, RoundView
+from fltune.engine.probes import ClientMeter, Probe, RoundView, RunView
 from fltune.metrics.probe import register
 
 if TYPE_CHECKING:
@@ -22,7 +22,6 @@ if TYPE_CHECKING:
 
     from fltune.config import ExperimentConfig
     from fltune.data.federated import FederatedData
-    from fltune.engine.federation import Federation
 
 
 def training_flops() -> ClientMeter:
@@ -158,14 +157,14 @@ class CostProbe(Probe):
         "cost_stored_params": "parameters a client stores (the method's models × the model's)",
     }
 
-    def __init__(self, fed: Federation) -> None:
+    def __init__(self, run: RunView) -> None:
         self.forward_mflops: float | None = None
         self.meter = CostMeter(0.0)  # the model's forward figure arrives with the first measure
 
-    def model_mflops(self, fed: Federation) -> float:
+    def model_mflops(self, run: RunView) -> float:
         """The model's forward MFLOPs per sample, counted once on a client worker (``ModelFlops``)."""
         if self.forward_mflops is None:
-            self.forward_mflops = fed.compute([ModelFlops()])[0]
+            self.forward_mflops = run.compute([ModelFlops()])[0]
             self.meter.set_model_forward(self.forward_mflops)
         return self.forward_mflops
 
@@ -177,16 +176,16 @@ class CostProbe(Probe):
     def start_round(self) -> None:
         self.meter.start_round()
 
-    def due(self, fed: Federation, view: RoundView) -> bool:
+    def due(self, view: RoundView) -> bool:
         return True
 
-    def measure(self, fed: Federation, view: RoundView) -> dict[str, float]:
+    def measure(self, view: RoundView) -> dict[str, float]:
         """Communication and compute of the round (FedAlign Tables 5 and 8)."""
         inputs = view.inputs
-        self.model_mflops(fed)
+        self.model_mflops(view.run)
         self.meter.add_download(state_bits(inputs.global_state) + state_bits(_arrays(inputs.server)), len(view.clients))
         for m in view.client_metrics.values():
-            self.meter.add_training(int(m["samples"]), fed.method.passes_per_step)
+            self.meter.add_training(int(m["samples"]), view.run.method.passes_per_step)
             self.meter.add_upload(view.upload_bits)
         forward = [m["forward_flops"] for m in view.client_metrics.values() if "forward_flops" in m]
         if forward:  # round 1 only
@@ -194,15 +193,15 @@ class CostProbe(Probe):
             self.meter.set_training_forward(math.fsum(forward) / 1e6 / max(samples, 1.0))
         return self.meter.round_metrics()
 
-    def summary(self, fed: Federation) -> dict[str, Any]:
+    def summary(self, run: RunView) -> dict[str, Any]:
         """The run's totals: the last round's cumulative figures."""
-        last = fed.history[-1] if fed.history else {}
+        last = run.history[-1] if run.history else {}
         return {k: v for k, v in last.items() if k.startswith("cost_cum")}
 
-    def run_constants(self, fed: Federation) -> dict[str, float]:
-        params = parameter_count(fed.eval_model)
-        return {"cost_forward_mflops": self.model_mflops(fed), "cost_params": float(params),
-                "cost_stored_params": params * fed.method.stored_models}
+    def run_constants(self, run: RunView) -> dict[str, float]:
+        params = parameter_count(run.model)
+        return {"cost_forward_mflops": self.model_mflops(run), "cost_params": float(params),
+                "cost_stored_params": params * run.method.stored_models}
 
     def state_dict(self) -> CostMeter:
         return self.meter

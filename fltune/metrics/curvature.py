@@ -15,12 +15,11 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fltune.engine.probes import Probe, RoundView
+from fltune.engine.probes import Probe, RoundView, RunView
 from fltune.metrics.probe import register
 
 if TYPE_CHECKING:
     from fltune.config import ExperimentConfig
-    from fltune.engine.federation import Federation
 
 
 @register
@@ -39,8 +38,8 @@ class HessianProbe(Probe):
         "hessian_hd": "H_D over the same models (FedAlign Eq. 4)",
     }
 
-    def __init__(self, fed: Federation) -> None:
-        self.keeps_local_models = fed.cfg.metrics.hessian.clients > 0
+    def __init__(self, run: RunView) -> None:
+        self.keeps_local_models = run.cfg.metrics.hessian.clients > 0
 
     @classmethod
     def enabled(cls, cfg: ExperimentConfig) -> bool:
@@ -55,39 +54,37 @@ class HessianProbe(Probe):
             return "needs metrics.hessian.clients ≥ 2 (local models compared)"
         return None
 
-    def due(self, fed: Federation, view: RoundView) -> bool:
-        return view.running and fed.cfg.metrics.hessian.due(view.round, fed.cfg.federation.rounds)
+    def due(self, view: RoundView) -> bool:
+        cfg = view.run.cfg
+        return view.running and cfg.metrics.hessian.due(view.round, cfg.federation.rounds)
 
-    def measure(self, fed: Federation, view: RoundView) -> dict[str, float]:
-        return self.curvature(fed, view.round, sorted(view.local_models))
-
-    def summary(self, fed: Federation) -> dict[str, Any]:
-        """The last measurement's figures, all from that one round (its ``hessian_s`` too)."""
-        rows = [row for row in fed.history if "hessian_lambda_max" in row]
-        return {k: v for k, v in rows[-1].items() if k.startswith("hessian_")} if rows else {}
-
-    def curvature(self, fed: Federation, r: int, clients: list[int]) -> dict[str, float]:
+    def measure(self, view: RoundView) -> dict[str, float]:
         """Hessian metrics of the global model and H_N/H_D over the round's first k clients, one
         ``CurvatureTask`` each on the workers."""
         from fltune.metrics._curvature import CurvatureTask, client_consistency, client_traces, global_curvature, \
             global_landscape
         from fltune.metrics._landscape import plot_spectrum
 
-        hcfg = fed.cfg.metrics.hessian
-        compared = clients[: hcfg.clients]
-        landscape = r == fed.cfg.federation.rounds and hcfg.landscape
+        run, hcfg = view.run, view.run.cfg.metrics.hessian
+        compared = sorted(view.local_models)[: hcfg.clients]
+        landscape = view.round == run.cfg.federation.rounds and hcfg.landscape
         tasks: list[CurvatureTask] = [
-            CurvatureTask(global_curvature, fed.global_state),
-            *(CurvatureTask(client_traces, fed.latest[cid], cid) for cid in compared),
-            *([CurvatureTask(global_landscape, fed.global_state)] if landscape else []),
+            CurvatureTask(global_curvature, view.global_state),
+            *(CurvatureTask(client_traces, run.latest[cid], cid) for cid in compared),
+            *([CurvatureTask(global_landscape, view.global_state)] if landscape else []),
         ]
-        results = fed.compute(tasks)
+        results = run.compute(tasks)
         out = results[0]
         if compared:
             out.update(client_consistency(results[1:1 + len(compared)]))
         if landscape:  # the loss along the top-2 eigenvectors and the eigenvalue spectrum, as PNG files
-            eigen, title = [out[f"hessian_lambda_{i + 1}"] for i in range(hcfg.top_k)], fed.cfg.method.name
+            eigen, title = [out[f"hessian_lambda_{i + 1}"] for i in range(hcfg.top_k)], run.cfg.method.name
             folder = Path(tempfile.mkdtemp(prefix="fltune-figures-"))
             spectrum = plot_spectrum(eigen, folder / "hessian_spectrum.png", f"top-{len(eigen)} eigenvalues · {title}")
-            fed.artifacts += [results[-1].png(folder / "loss_landscape.png", title), spectrum]
+            run.artifacts.extend([results[-1].png(folder / "loss_landscape.png", title), spectrum])
         return out
+
+    def summary(self, run: RunView) -> dict[str, Any]:
+        """The last measurement's figures, all from that one round (its ``hessian_s`` too)."""
+        rows = [row for row in run.history if "hessian_lambda_max" in row]
+        return {k: v for k, v in rows[-1].items() if k.startswith("hessian_")} if rows else {}

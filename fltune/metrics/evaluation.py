@@ -18,14 +18,13 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 
 from fltune.data.partitions import check_held_out
-from fltune.engine.probes import Probe, RoundView, last_value
+from fltune.engine.probes import Probe, RoundView, RunView, last_value
 from fltune.errors import FLTuneError
 from fltune.metrics.probe import register
 
 if TYPE_CHECKING:
     from fltune.config import ExperimentConfig
     from fltune.data.federated import FederatedData
-    from fltune.engine.federation import Federation
     from fltune.methods.base import State
 
 ACCURACY_KEYS = ("acc_global", "acc_all_model", "acc_personalized", "acc_personalized_ft")
@@ -93,10 +92,10 @@ class _Protocol(Probe):
     summarized: ClassVar[tuple[str, ...]]
     """Its test figures the run summary names (their validation twins too, when measured)."""
 
-    def due(self, fed: Federation, view: RoundView) -> bool:
+    def due(self, view: RoundView) -> bool:
         """Every ``metrics.every`` rounds and at the last."""
-        rounds = fed.cfg.federation.rounds
-        return view.running and (view.round % fed.cfg.metrics.every == 0 or view.round == rounds)
+        cfg = view.run.cfg
+        return view.running and (view.round % cfg.metrics.every == 0 or view.round == cfg.federation.rounds)
 
     @classmethod
     def enabled(cls, cfg: ExperimentConfig) -> bool:
@@ -113,10 +112,10 @@ class _Protocol(Probe):
             return "needs metrics.test: true (this run evaluates only its validation split)"
         return None
 
-    def summary(self, fed: Federation) -> dict[str, Any]:
+    def summary(self, run: RunView) -> dict[str, Any]:
         """The last value of each ``summarized`` figure and of its validation twin, of those measured."""
         keys = (*self.summarized, *(VAL + key for key in self.summarized))
-        return {key: value for key in keys if (value := last_value(fed.history, key)) is not None}
+        return {key: value for key in keys if (value := last_value(run.history, key)) is not None}
 
 
 class _OneModel(_Protocol):
@@ -126,13 +125,13 @@ class _OneModel(_Protocol):
     """Its (accuracy, loss) metric names."""
 
     @abstractmethod
-    def state(self, fed: Federation) -> State:
+    def state(self, view: RoundView) -> State:
         """The weights to score."""
 
-    def measure(self, fed: Federation, view: RoundView) -> dict[str, float]:
-        state, out = self.state(fed), {}
-        for split in splits(fed.cfg):
-            out.update(prefixed(split, dict(zip(self.keys, fed.evaluate_state(state, split)))))
+    def measure(self, view: RoundView) -> dict[str, float]:
+        state, out = self.state(view), {}
+        for split in splits(view.run.cfg):
+            out.update(prefixed(split, dict(zip(self.keys, view.run.evaluate(state, split)))))
         return out
 
 
@@ -146,12 +145,12 @@ class GlobalAccuracy(_OneModel):
     metrics = with_val({"acc_global": "global model's test accuracy", "loss": "global model's mean test loss"})
     keys = summarized = ("acc_global", "loss")
 
-    def state(self, fed: Federation) -> State:
-        return fed.global_state
+    def state(self, view: RoundView) -> State:
+        return view.global_state
 
-    def summary(self, fed: Federation) -> dict[str, Any]:
+    def summary(self, run: RunView) -> dict[str, Any]:
         """Its test figures, blank when not measured: every summary names them."""
-        return {"acc_global": None, "loss": None, **super().summary(fed)}
+        return {"acc_global": None, "loss": None, **super().summary(run)}
 
 
 @register
@@ -167,16 +166,17 @@ class AllModelAccuracy(_OneModel):
     summarized = ("acc_all_model",)
     keeps_local_models = True
 
-    def state(self, fed: Federation) -> State:
+    def state(self, view: RoundView) -> State:
         """Average of every client's latest local model (initial if never sampled), FedDyn-style, weighted as
         the method weights updates (docs/methods.md §0); summed in client order: worker-count free."""
-        initial = fed.initial_state
-        by_samples = fed.method.weighted_by_samples
-        weights = [float(fed.sizes[c]) if by_samples else 1.0 for c in range(fed.cfg.federation.clients)]
+        run = view.run
+        initial = run.initial_state
+        by_samples = run.method.weighted_by_samples
+        weights = [float(run.sizes[c]) if by_samples else 1.0 for c in range(run.cfg.federation.clients)]
         total = math.fsum(weights)
         acc = {k: np.zeros(v.shape, np.float64) for k, v in initial.items()}
         for cid, weight in enumerate(weights):
-            for key, value in fed.latest.get(cid, initial).items():
+            for key, value in run.latest.get(cid, initial).items():
                 acc[key] += weight * value
         return {k: (acc[k] / total).astype(initial[k].dtype) for k in acc}
 
@@ -228,13 +228,13 @@ class PersonalizedAccuracy(_Protocol):
             raise FLTuneError(f"training.finetune_epochs: {epochs} fine-tunes for acc_personalized_ft, which {need}; "
                               "allowed here: 0")
 
-    def measure(self, fed: Federation, view: RoundView) -> dict[str, float]:
+    def measure(self, view: RoundView) -> dict[str, float]:
         """Held-out and validation scores; fine-tuned only on held-out data after the last round (a tuning
         objective reads the plain validation score)."""
-        out: dict[str, float] = {}
-        last = view.round == fed.cfg.federation.rounds
-        for split in own_splits(fed.cfg):
-            out.update(prefixed(split, client_figures("personalized", *fed.evaluate_personalized(False, split))))
-            if split == "test" and last and fed.cfg.training.finetune_epochs:
-                out.update(client_figures("personalized_ft", *fed.evaluate_personalized(finetune=True)))
+        run, out = view.run, {}
+        last = view.round == run.cfg.federation.rounds
+        for split in own_splits(run.cfg):
+            out.update(prefixed(split, client_figures("personalized", *run.evaluate_clients(False, split))))
+            if split == "test" and last and run.cfg.training.finetune_epochs:
+                out.update(client_figures("personalized_ft", *run.evaluate_clients(True, "test")))
         return out

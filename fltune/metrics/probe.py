@@ -11,12 +11,11 @@ import importlib
 import pkgutil
 from typing import TYPE_CHECKING
 
-from fltune.engine.probes import LOOP_METRICS, Probe
+from fltune.engine.probes import LOOP_METRICS, Probe, RunView
 
 if TYPE_CHECKING:
     from fltune.config import ExperimentConfig
     from fltune.data.federated import FederatedData
-    from fltune.engine.federation import Federation
 
 PROBES: list[type[Probe]] = []
 
@@ -78,7 +77,7 @@ def unmeasured_protocols(cfg: ExperimentConfig) -> list[str]:
     return [f"{cls.protocol}: {cls.unmet(next(iter(cls.metrics)), cfg) or 'not measured'}" for cls in idle]
 
 
-def probes_for(fed: Federation) -> list[Probe]:
-    """The probes ``fed``'s configuration turns on, built for it, in run order."""
-    check_probes(fed.cfg, fed.data)
-    return [cls(fed) for cls in all_probes() if cls.enabled(fed.cfg)]
+def probes_for(data: FederatedData, run: RunView) -> list[Probe]:
+    """The probes ``run``'s configuration turns on, built for it, in run order (``data``: checked first)."""
+    check_probes(run.cfg, data)
+    return [cls(run) for cls in all_probes() if cls.enabled(run.cfg)]

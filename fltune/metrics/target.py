@@ -4,13 +4,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from fltune.engine.probes import Probe, RoundView
+from fltune.engine.probes import Probe, RoundView, RunView
 from fltune.errors import FLTuneError
 from fltune.metrics.probe import register, unmet_need
 
 if TYPE_CHECKING:
     from fltune.config import ExperimentConfig
-    from fltune.engine.federation import Federation
 
 
 def rounds_to_target(history: list[dict[str, float]], metric: str, target: float) -> int | None:
@@ -51,16 +50,16 @@ class RoundsToTarget(Probe):
         if cfg.metrics.target is not None and (need := unmet_need(cfg.metrics.target_metric, "final", cfg)):
             raise FLTuneError(f"metrics.target_metric: {cfg.metrics.target_metric} is never measured here: it {need}")
 
-    def due(self, fed: Federation, view: RoundView) -> bool:
-        return fed.cfg.metrics.target is not None
+    def due(self, view: RoundView) -> bool:
+        return view.run.cfg.metrics.target is not None
 
-    def measure(self, fed: Federation, view: RoundView) -> dict[str, float]:
-        metrics = fed.cfg.metrics
-        return reached_target([*fed.history, dict(view.metrics)], metrics.target_metric, metrics.target)
+    def measure(self, view: RoundView) -> dict[str, float]:
+        metrics = view.run.cfg.metrics
+        return reached_target([*view.run.history, dict(view.metrics)], metrics.target_metric, metrics.target)
 
-    def summary(self, fed: Federation) -> dict[str, Any]:
+    def summary(self, run: RunView) -> dict[str, Any]:
         """The run's best ``metrics.target_metric`` and the round it first reached ``metrics.target``."""
-        metrics = fed.cfg.metrics
-        best = max((row[metrics.target_metric] for row in fed.history if metrics.target_metric in row), default=None)
-        reached = rounds_to_target(fed.history, metrics.target_metric, metrics.target) if metrics.target else None
+        metrics = run.cfg.metrics
+        best = max((row[metrics.target_metric] for row in run.history if metrics.target_metric in row), default=None)
+        reached = rounds_to_target(run.history, metrics.target_metric, metrics.target) if metrics.target else None
         return {"best_acc": best, "rounds_to_target": reached}

@@ -6,15 +6,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING
 
 import numpy as np
 
-from fltune.engine.probes import Probe, RoundView
+from fltune.engine.probes import Probe, RoundView, RunView
 from fltune.metrics.probe import register
-
-if TYPE_CHECKING:
-    from fltune.engine.federation import Federation
 
 
 def update_norm(before: Mapping[str, np.ndarray], after: Mapping[str, np.ndarray], names: Iterable[str]) -> float:
@@ -30,8 +26,8 @@ class UpdateNorm(Probe):
     order = 50
     metrics = {"global_update_norm": "‖w_{t+1} − w_t‖₂ of the global model's trainable parameters"}
 
-    def __init__(self, fed: Federation) -> None:
-        self.names = [name for name, _ in fed.eval_model.named_parameters()]
+    def __init__(self, run: RunView) -> None:
+        self.names = [name for name, _ in run.model.named_parameters()]
 
-    def measure(self, fed: Federation, view: RoundView) -> dict[str, float]:
-        return {"global_update_norm": update_norm(view.previous_state, fed.global_state, self.names)}
+    def measure(self, view: RoundView) -> dict[str, float]:
+        return {"global_update_norm": update_norm(view.inputs.global_state, view.global_state, self.names)}

@@ -479,9 +479,9 @@ def test_unsupported_method_falls_back_and_says_so(pools, caplog):
     """FedNTD's objective reads its frozen global copy, a module of the client: it trains on the exact path, bit for
     bit, with one warning for the run (not one per round)."""
     ntd = [*FEDERATION, "method.name=fedntd"]
-    with caplog.at_level(logging.WARNING, logger="fltune.engine.batched"):
+    with caplog.at_level(logging.WARNING, logger="fltune.assembly"):
         fallback, exact = run_all(pools, [[*ntd, "resources.executor=batched"], ntd], workers=1)
-    notes = [r.getMessage() for r in caplog.records if r.name == "fltune.engine.batched"]
+    notes = [r.getMessage() for r in caplog.records if r.name == "fltune.assembly"]
     assert notes == ["resources.executor: batched trains every client on the exact path: method fedntd's objective "
                      "reads a client's modules (Batch.module)"]
     assert fingerprint(fallback) == fingerprint(exact)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import threading
+from functools import partial
 
 import numpy as np
 import pytest
@@ -14,14 +16,17 @@ import torch
 from fltune.assembly import build_federation
 from fltune.config import ExperimentConfig, build_config
 from fltune.engine.batched import unbatchable
-from fltune.engine.builders import build_model_for
+from fltune.engine.builders import build_model_for, load_data
 from fltune.engine.callbacks import Callback
 from fltune.data.datasets import load_dataset
 from fltune.engine.federation import Federation, lockstep, open_all
 from fltune.engine.evaluation import evaluate
+from fltune.engine.executors import OneByOne
+from fltune.engine.probes import Probe, RoundView, RunView
 from fltune.engine.transfer import load_state
 from fltune.engine.pool import WorkerPool
 from fltune.engine.rng import round_clients
+from fltune.methods import get_method
 from fltune.tune.trainable import read_states, write_states
 from tests.conftest import needs_fmnist, storages
 from tests.engine.test_executor_exact import assert_same, tiny_config
@@ -307,3 +312,42 @@ def test_training_forward_flops_are_counted_on_the_real_training(pools):
         per_sample = fed.history[0]["cost_train_forward_mflops"]
         assert fed.history[-1]["cost_train_forward_mflops"] == per_sample  # counted once, in round 1
         assert fed.history[-1]["cost_cum_forward_mflops"] == pytest.approx(2 * per_sample)
+
+
+class _Seen(Probe):
+    """A probe that keeps what the loop shows it: the round's view, and its run's."""
+
+    name = "seen"
+    metrics = {"seen_clients": "clients the round trained"}
+
+    def __init__(self, run: RunView) -> None:
+        self.run, self.views = run, []
+
+    def measure(self, view: RoundView) -> dict[str, float]:
+        self.views.append(view)
+        return {"seen_clients": float(len(view.client_metrics))}
+
+
+def test_a_federation_built_by_hand_from_its_parts_runs_as_the_assembled_one(pools):
+    """``Federation`` takes its parts (method, model builder, data, executor, pool, probes) and builds none from
+    the config: a FedProx run assembled by hand on the reference executor has the assembled exact run's bits;
+    its probe sees each round through a frozen view whose run is the federation's, read-only."""
+    cfg = build_config(overrides=[*BASE, "method.name=fedprox", "method.mu=0.1", "metrics.protocols=[global]"])
+    data, seen = load_data(cfg), []
+
+    def probes(run_view: RunView) -> list[Probe]:
+        seen.append(_Seen(run_view))
+        return seen
+
+    method, model = partial(get_method("fedprox"), cfg.method.params), partial(build_model_for, cfg)
+    hand = run(Federation(cfg, data, method, model, OneByOne(reference=True), pools[2], probes=probes))
+    assembled = run(build_federation(cfg, pool=pools[2]))
+    assert same_weights(hand, assembled) and hand.status == "finished"
+    assert [row["train_loss"] for row in hand.history] == [row["train_loss"] for row in assembled.history]
+    (probe,) = seen
+    assert probe.run is hand.view and probe.run.history is hand.history and len(probe.views) == 2
+    last = probe.views[-1]
+    assert last.global_state is hand.global_state and last.run.cfg is cfg
+    assert [v.metrics["seen_clients"] for v in probe.views] == [4.0, 4.0]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        last.run.history = []  # type: ignore[misc]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import pickle
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -19,7 +20,6 @@ from fltune.engine.federation import Federation
 from fltune.engine.local import train_client
 from fltune.engine.transfer import RoundInput
 from fltune.engine.rng import sample_clients
-from fltune.engine.worker import RunSpec
 from fltune.methods.base import State, to_numpy
 from fltune.metrics._curvature import CurvatureTask, client_consistency, client_traces, global_curvature
 
@@ -48,7 +48,7 @@ def run(fed: Federation, shipped: bool = False) -> Federation:
     try:
         fed.open()
         if shipped:
-            fed.run_ref = ray.put(RunSpec(fed.cfg, fed.data, keep_latest=True, rebuild=False))
+            fed.run_ref = ray.put(replace(fed.spec(fed.data, keep_latest=True), rebuild=False))
         fed.run()
     finally:
         fed.close()

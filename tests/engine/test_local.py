@@ -12,7 +12,7 @@ import torch
 
 from fltune.config import build_config
 from fltune.engine.builders import build_method, build_model_for, initial_state, load_data
-from fltune.engine.local import DeviceMeter, Executor, HostMeter, final_round, make_optimizer, train_client
+from fltune.engine.local import DeviceMeter, HostMeter, Loop, final_round, make_optimizer, train_client
 from fltune.engine.transfer import RoundInput, load_state
 from fltune.methods.base import Method, Phase, effective_steps
 from tests.engine.helpers import OpCount
@@ -118,7 +118,7 @@ def test_a_phase_capped_at_steps_stops_mid_epoch_and_draws_no_epoch_past_its_cap
     for steps in (None, n_b + 1, 2 * n_b):
         method = _Recorder(epochs=3, steps=steps)
         out = train_client(method, build_model_for(cfg, data), data, 0, inputs, {}, cfg.training, "none",
-                           torch.device("cpu"), executor=Executor.build(executor, data, torch.device("cpu")))
+                           torch.device("cpu"), loop=getattr(Loop, executor)(data, torch.device("cpu")))
         runs[steps] = (method.seen, out.metrics["steps"])
     full, _ = runs[None]
     assert len(full) == 3 * n_b
@@ -158,16 +158,16 @@ import sys, torch
 from fltune.config import build_config
 from fltune.engine.builders import build_method, build_model_for, initial_state, load_data
 from fltune.engine.evaluation import evaluate
-from fltune.engine.local import Executor, train_client
+from fltune.engine.local import Loop, train_client
 from fltune.engine.transfer import RoundInput
 cfg = build_config({"data": {"dataset": "synthetic"}, "method": {"name": "fedrep"}, "federation": {"clients": 4},
                     "training": {"local_epochs": 1, "nesterov": True, "weight_decay": 0.01}})
 data, cpu = load_data(cfg), torch.device("cpu")
 method, model, state = build_method(cfg), build_model_for(cfg, data), initial_state(cfg, data)
-executor = Executor.build("exact", data, cpu)
+loop = Loop.exact(data, cpu)
 inputs = RoundInput(round=1, seed=0, lr=0.1, global_state=state, server={})
 steps = sum(train_client(method, model, data, c, inputs, {}, cfg.training, "none", cpu,
-                         executor=executor).metrics["steps"] for c in range(2))
+                         loop=loop).metrics["steps"] for c in range(2))
 evaluate(model, data, data.test_x, data.test_y, cpu)
 print(steps > 0, "torch._dynamo" in sys.modules)
 """

@@ -24,6 +24,7 @@ from fltune.errors import FLTuneError
 from fltune.metrics.cost import ModelFlops
 from tests.engine.test_federation import BASE, run, same_weights
 from tests.engine.test_federation_probes import HESSIAN
+from tests.engine.test_worker import spec_of
 
 CPUS = {"CPU": 4.0}
 
@@ -112,7 +113,7 @@ def test_the_driver_shares_results_are_copies_outside_the_object_store(ray_sessi
 
     pool = WorkerPool(WorkerPlan(workers=2, cpus=1.0, gpus=0.0, in_driver=True))
     try:
-        own, actors = deal(pool, pool.bind(cfg, load_data(cfg), keep_latest=False)[0], [big_result] * 2)
+        own, actors = deal(pool, pool.bind(spec_of(cfg, load_data(cfg)))[0], [big_result] * 2)
         assert own.flags.writeable and own.flags.owndata
         assert not actors.flags.writeable
         assert np.array_equal(own, actors)
@@ -131,9 +132,9 @@ def test_the_driver_share_takes_slot_0_of_every_call(ray_session):
     alone = WorkerPool(WorkerPlan(workers=1, cpus=1.0, gpus=0.0, in_driver=True))
     try:
         assert (pool.width(), alone.width()) == (2, 1)
-        shared = deal(pool, pool.bind(data_cfg, data, keep_latest=False)[0], [process_id] * 3)
+        shared = deal(pool, pool.bind(spec_of(data_cfg, data))[0], [process_id] * 3)
         assert shared[0] == shared[2] == os.getpid() != shared[1]
-        assert deal(alone, alone.bind(data_cfg, data, keep_latest=False)[0], [process_id]) == [os.getpid()]
+        assert deal(alone, alone.bind(spec_of(data_cfg, data))[0], [process_id]) == [os.getpid()]
     finally:
         pool.shutdown()
 
@@ -152,7 +153,7 @@ def test_an_actor_counts_flops_without_the_compiler_stack_and_without_a_gpu_with
 
     pool = WorkerPool(WorkerPlan(workers=1, cpus=1.0, gpus=0.0))
     try:
-        mflops, (dynamo, triton, gpu) = deal(pool, pool.bind(cfg, load_data(cfg), keep_latest=False)[0],
+        mflops, (dynamo, triton, gpu) = deal(pool, pool.bind(spec_of(cfg, load_data(cfg)))[0],
                                              [ModelFlops(), compiler_stack])
         assert mflops > 0
         assert not dynamo and (gpu or not triton)

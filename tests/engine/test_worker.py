@@ -13,8 +13,11 @@ import pytest
 import ray
 import torch
 
+import fltune.engine.executors as executors_module
 import fltune.engine.worker as worker_module
-from fltune.config import build_config
+from fltune.assembly import build_federation
+from fltune.config import ExperimentConfig, build_config
+from fltune.data.federated import FederatedData
 from fltune.engine.builders import build_method, build_model_for, initial_state, load_data, resolve_augment
 from fltune.engine.evaluation import evaluate
 from fltune.engine.local import final_round
@@ -34,6 +37,11 @@ with TrainingFlops() as flops:
     model(torch.randn(8, 1, 28, 28)).sum().backward()
 print(json.dumps([flops.get_total_flops(), flops.forward_flops, sys.modules.get("triton") is not None]))
 """
+
+
+def spec_of(cfg: ExperimentConfig, data: FederatedData) -> RunSpec:
+    """The run of ``cfg`` on ``data`` as its workers receive it (its assembled parts)."""
+    return build_federation(cfg, data).spec(data, keep_latest=False)
 
 
 def count(skip: bool) -> tuple[list, str]:
@@ -79,7 +87,7 @@ def test_personalised_scores_are_each_client_scored_alone_in_chunks_of_any_size(
     ids = [0, 1, 2, 3, 4, 5]
     try:
         worker = ClientWorker(threads=1, in_driver=True)
-        run_ref = [ray.put(RunSpec(cfg, data, keep_latest=False))]
+        run_ref = [ray.put(spec_of(cfg, data))]
         per_model = sum(v.nbytes for v in state.values())
         for finetune in (False, True):
             alone = {}
@@ -113,18 +121,18 @@ def test_a_batched_runs_final_round_trains_whole_groups_in_chunks_of_whole_group
     data = load_data(cfg)
     state = initial_state(cfg, data)
     inputs = RoundInput(round=cfg.federation.rounds + 1, seed=0, lr=0.05, global_state=state, server={})
-    groups, real = [], worker_module.train_group
+    groups, real = [], executors_module.train_group
 
     def counted(final, model, data_, group, *args, **kwargs):
         groups.append((type(final).__name__, list(group)))
         yield from real(final, model, data_, group, *args, **kwargs)
 
-    monkeypatch.setattr(worker_module, "train_group", counted)
+    monkeypatch.setattr(executors_module, "train_group", counted)
     monkeypatch.setattr(worker_module, "STAGED_BYTES", sum(v.nbytes for v in state.values()))
     threads = torch.get_num_threads()
     try:
         worker = ClientWorker(threads=1, in_driver=True)
-        run_ref = [ray.put(RunSpec(cfg, data, keep_latest=False))]
+        run_ref = [ray.put(spec_of(cfg, data))]
         scores = worker.evaluate_clients(run_ref, inputs, True, list(range(6)), {})
     finally:
         torch.set_num_threads(threads)

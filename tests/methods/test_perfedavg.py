@@ -22,7 +22,7 @@ from fltune.data.federated import FederatedData
 from fltune.engine.batched import unbatchable
 from fltune.engine.builders import build_method, build_model_for, initial_state, load_data
 from fltune.engine.batches import batches
-from fltune.engine.local import Executor, final_training, train_client
+from fltune.engine.local import Loop, final_training, train_client
 from fltune.engine.transfer import RoundInput
 from fltune.engine.rng import derive_seed
 from fltune.engine.functional import batchable
@@ -60,7 +60,7 @@ def engine(method: Method, cfg: ExperimentConfig, kind: str, lr: float = LR) -> 
     model = build_model_for(cfg, data)
     inputs = RoundInput(round=ROUND, seed=cfg.federation.seed, lr=lr, global_state=initial_state(cfg, data), server={})
     out = train_client(method, model, data, CLIENT, inputs, {}, cfg.training, "none", CPU,
-                       executor=Executor.build(kind, data, CPU))
+                       loop=getattr(Loop, kind)(data, CPU))
     return {k: v.detach().clone() for k, v in model.state_dict().items()}, out.metrics
 
 
