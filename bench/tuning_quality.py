@@ -224,7 +224,7 @@ def snap(problem: Problem, config: dict[str, float]) -> tuple[float, ...]:
 @dataclass(frozen=True)
 class Tuner:
     """A tuner as a study would be set: sampler, scheduler and their settings, all of them a space's own
-    (``startup`` None: the space's default TPE start-up)."""
+    (``startup`` and ``multivariate`` None: the space's defaults)."""
 
     name: str
     sampler: str = "tpe"
@@ -234,8 +234,7 @@ class Tuner:
     samples: int | None = None
     """trials per study; None = as many as the budget allows"""
     startup: int | None = None
-    multivariate: bool = False
-    brackets: int = 1
+    multivariate: bool | None = None
 
 
 def default_tuner() -> Tuner:
@@ -245,17 +244,23 @@ def default_tuner() -> Tuner:
     return Tuner("default", grace=Asha.model_fields["grace_period"].default,
                  reduction=Asha.model_fields["reduction_factor"].default,
                  samples=SearchSpace.model_fields["num_samples"].default,
-                 startup=Sampler.model_fields["n_startup_trials"].default)
+                 startup=Sampler.model_fields["n_startup_trials"].default,
+                 multivariate=Sampler.model_fields["multivariate"].default)
+
+
+OLD_DEFAULT = Tuner("old default", grace=2, reduction=3, samples=16, startup=10, multivariate=False)
+"""the defaults before this replay chose them (independent TPE after 10 random trials, ASHA grace 2)"""
 
 
 def tuners() -> list[Tuner]:
-    """The issue's five: random search, TPE without early stopping, the default, Hyperband (ASHA's
-    asynchronous form over three brackets) and TPE multivariate + ASHA (BOHB's model, Falkner et al. 2018,
-    without its package)."""
+    """The issue's five and the old default: random search, TPE without early stopping, the default (TPE
+    multivariate + ASHA, the model of BOHB, Falkner et al. 2018), Hyperband (Ray's synchronous
+    ``HyperBandScheduler``, η = 3) on random search and under TPE multivariate (BOHB's pairing; Tune's
+    ``TuneBOHB`` itself needs ConfigSpace and hpbandster, which fltune does not install)."""
     default = default_tuner()
     return [Tuner("random", sampler="random", scheduler="none"), Tuner("TPE", scheduler="none"), default,
-            Tuner("HyperBand", sampler="random", grace=1, reduction=3, brackets=3),
-            Tuner("TPE-mv+ASHA", grace=default.grace, reduction=default.reduction, multivariate=True, startup=4)]
+            OLD_DEFAULT, Tuner("HyperBand", sampler="random", scheduler="hyperband", reduction=3),
+            Tuner("TPE-mv+HyperBand", scheduler="hyperband", reduction=3, multivariate=True, samples=default.samples)]
 
 
 def study_space(problem: Problem, tuner: Tuner, seed: int):
@@ -264,35 +269,64 @@ def study_space(problem: Problem, tuner: Tuner, seed: int):
     from fltune.tune.space import SearchSpace
 
     scheduler = {"name": "asha", "grace_period": tuner.grace, "reduction_factor": tuner.reduction} \
-        if tuner.scheduler == "asha" else {"name": "none"}
+        if tuner.scheduler == "asha" else {"name": "none"}  # HyperBand: scheduler_for's own
     return SearchSpace.model_validate({
         "params": problem.space, "objective": {"metric": f"val_{problem.metric}"},
-        "sampler": {"name": tuner.sampler, "seed": seed, "multivariate": tuner.multivariate,
-                    **({} if tuner.startup is None else {"n_startup_trials": tuner.startup})}, "scheduler": scheduler, "max_concurrent": 2})
+        "sampler": {"name": tuner.sampler, "seed": seed,
+                    **({} if tuner.multivariate is None else {"multivariate": tuner.multivariate}),
+                    **({} if tuner.startup is None else {"n_startup_trials": tuner.startup})},
+        "scheduler": scheduler, "max_concurrent": 2})
 
 
 def scheduler_for(space, tuner: Tuner, rounds: int):
-    """fltune's scheduler (``fltune.tune.study.scheduler``), or Ray's ASHA over several brackets."""
+    """fltune's scheduler (``fltune.tune.study.scheduler``: ASHA or FIFO), or Ray's synchronous HyperBand."""
     from types import SimpleNamespace
 
-    from ray.tune.schedulers import ASHAScheduler
+    from ray.tune.schedulers import HyperBandScheduler
 
     from fltune.tune.study import scheduler
 
-    if tuner.brackets == 1:
-        return scheduler(SimpleNamespace(space=space, rounds=rounds))
-    return ASHAScheduler(time_attr="round", metric="objective", mode=space.objective.direction, max_t=rounds,
-                         grace_period=tuner.grace, reduction_factor=tuner.reduction, brackets=tuner.brackets)
+    if tuner.scheduler == "hyperband":
+        return HyperBandScheduler(time_attr="round", metric="objective", mode=space.objective.direction,
+                                  max_t=rounds, reduction_factor=tuner.reduction)
+    return scheduler(SimpleNamespace(space=space, rounds=rounds))
 
 
 @dataclass
 class Running:
-    """A trial in flight: its Tune trial, grid point, rows so far and when its current round ends."""
+    """A live trial: its Tune trial, grid point, rows so far and when its current round ends."""
 
     trial: object
     key: tuple[float, ...]
     history: list[dict[str, float]]
-    ends: float
+    ends: float = math.inf
+
+
+class Controller:
+    """The part of Tune's ``TuneController`` a scheduler calls: the trials in creation order and
+    ``stop_trial``, which synchronous HyperBand uses on paused trials (a paused trial leaves the scheduler by
+    ``on_trial_remove`` and the searcher with no result, as ``TuneController.stop_trial`` does)."""
+
+    def __init__(self, searcher, scheduler) -> None:
+        self.searcher, self.scheduler = searcher, scheduler
+        self.live: dict[str, Running] = {}
+        self.stopped: list[str] = []
+
+    def get_trials(self) -> list:
+        return [state.trial for state in self.live.values()]
+
+    def stop_trial(self, trial) -> None:
+        from ray.tune.experiment import Trial
+
+        if trial.status == Trial.RUNNING:
+            self.scheduler.on_trial_complete(self, trial, trial.last_result)
+            self.searcher.on_trial_complete(trial.trial_id, trial.last_result)
+        else:
+            self.scheduler.on_trial_remove(self, trial)
+            self.searcher.on_trial_complete(trial.trial_id)
+        trial.set_status(Trial.TERMINATED)
+        self.stopped.append(trial.trial_id)
+        del self.live[trial.trial_id]
 
 
 def replay(problem: Problem, table: SeedTable, tuner: Tuner, seed: int,
@@ -300,11 +334,12 @@ def replay(problem: Problem, table: SeedTable, tuner: Tuner, seed: int,
     """One study against the table; the configuration it would return at each budget fraction.
 
     Tune's controller is replaced by this event loop (Tuner.fit costs about a second a trial, a replay
-    thousands of trials), calling the searcher and scheduler as ``TuneController`` does: a result goes
-    to the scheduler, then (unless it stops the trial) to the searcher; an ending trial goes to both
-    ``on_trial_complete``. Two trials run at once (the spaces' ``max_concurrent``), each round taking its
-    client-samples in simulated time; the budget is the client-samples of finished rounds. At a budget,
-    running trials count as stopped there (a study ended then), and fltune's ``best`` picks the result."""
+    thousands of trials), calling the searcher and scheduler as ``TuneController`` does: at most
+    ``max_concurrent`` live trials (Tune's ``ConcurrencyLimiter``: a paused trial holds its place), the
+    scheduler's ``choose_trial_to_run`` starts or resumes one, a result goes to the scheduler, then (unless it
+    stops the trial) to the searcher; an ending trial goes to both ``on_trial_complete``. Each round takes its
+    client-samples in simulated time; the budget is the client-samples of finished rounds. At a budget, live
+    trials count as stopped there (a study ended then), and fltune's ``best`` picks the result."""
     import numpy as np
     from ray.tune.experiment import Trial
     from ray.tune.schedulers import TrialScheduler
@@ -316,10 +351,10 @@ def replay(problem: Problem, table: SeedTable, tuner: Tuner, seed: int,
     np.random.seed(seed)  # ASHA draws each trial's bracket from NumPy's global generator
     space = study_space(problem, tuner, seed)
     searcher, scheduler = optuna_search(space), scheduler_for(space, tuner, table.rounds)
+    tune = Controller(searcher, scheduler)
     objective, mode = space.objective, space.objective.direction
     budget = table.budget()
     rows: dict[str, TrialRow] = {}
-    running: dict[str, Running] = {}
     picks: list[tuple[float, ...] | None] = []
     spent, now = 0.0, 0.0
 
@@ -329,19 +364,27 @@ def replay(problem: Problem, table: SeedTable, tuner: Tuner, seed: int,
         chosen = best(ended, mode)
         return None if chosen is None else snap(problem, chosen.params)
 
+    def row(trial_id: str, status: str, result: dict) -> None:
+        rows[trial_id] = TrialRow(trial_id, status, rows[trial_id].params, result["round"], result["objective"],
+                                  0.0, created=rows[trial_id].created)
+
     while len(picks) < len(fractions):
-        while len(running) < space.max_concurrent and (tuner.samples is None or len(rows) < tuner.samples):
+        while len(tune.live) < space.max_concurrent and (tuner.samples is None or len(rows) < tuner.samples):
             trial_id = f"t{len(rows)}"
             config = searcher.suggest(trial_id)
             trial = Trial("table", config=config, trial_id=trial_id, stub=True)
-            scheduler.on_trial_add(None, trial)
-            key = snap(problem, config)
+            scheduler.on_trial_add(tune, trial)
             rows[trial_id] = TrialRow(trial_id, "running", config, 0, math.nan, 0.0, created=len(rows) + 1)
-            running[trial_id] = Running(trial, key, [], now + table.curves[key][0].client_samples)
+            tune.live[trial_id] = Running(trial, snap(problem, config), [])
+        while (chosen := scheduler.choose_trial_to_run(tune)) is not None:
+            state = tune.live[chosen.trial_id]
+            chosen.set_status(Trial.RUNNING)
+            state.ends = now + table.curves[state.key][len(state.history)].client_samples
+        running = [t for t, state in tune.live.items() if state.trial.status == Trial.RUNNING]
         if not running:
             break
-        trial_id = min(running, key=lambda t: (running[t].ends, rows[t].created))
-        state = running[trial_id]
+        trial_id = min(running, key=lambda t: (tune.live[t].ends, rows[t].created))
+        state = tune.live[trial_id]
         this = table.curves[state.key][len(state.history)]
         while len(picks) < len(fractions) and spent + this.client_samples > fractions[len(picks)] * budget:
             picks.append(pick())
@@ -349,19 +392,23 @@ def replay(problem: Problem, table: SeedTable, tuner: Tuner, seed: int,
         state.history.append({objective.metric: this.val})
         result = {"objective": seed_score(state.history, objective), "round": len(state.history),
                   "training_iteration": len(state.history), "status": this.status}
-        last = this.status != "running"
-        decision = scheduler.on_trial_result(None, state.trial, result)
+        state.trial.update_last_result(result)
+        tune.stopped.clear()
+        decision = scheduler.on_trial_result(tune, state.trial, result)
+        for other in tune.stopped:  # paused trials HyperBand stopped while it processed this result
+            rows[other] = TrialRow(other, "stopped", rows[other].params, rows[other].round, rows[other].objective,
+                                   0.0, created=rows[other].created)
         if decision != TrialScheduler.STOP:
             searcher.on_trial_result(trial_id, result)
-        status = this.status if last else ("stopped" if decision == TrialScheduler.STOP else "running")
-        rows[trial_id] = TrialRow(trial_id, status, rows[trial_id].params, result["round"], result["objective"],
-                                  0.0, created=rows[trial_id].created)
-        if status == "running":
-            state.ends = now + table.curves[state.key][len(state.history)].client_samples
+        if this.status == "running" and decision != TrialScheduler.STOP:
+            row(trial_id, "running", result)
+            if decision == TrialScheduler.PAUSE:
+                state.trial.set_status(Trial.PAUSED)
+            else:
+                state.ends = now + table.curves[state.key][len(state.history)].client_samples
             continue
-        scheduler.on_trial_complete(None, state.trial, result)
-        searcher.on_trial_complete(trial_id, result)
-        del running[trial_id]
+        row(trial_id, this.status if this.status != "running" else "stopped", result)
+        tune.stop_trial(state.trial)
     return picks + [pick()] * (len(fractions) - len(picks))
 
 
@@ -383,14 +430,15 @@ SHOWN = (0.1, 0.25, 0.5)
 TUNER_SEEDS = 20
 
 
-def study_regrets(problem: Problem, tables: dict[int, SeedTable], tuner: Tuner) -> list[list[tuple[float, float]]]:
-    """``TUNER_SEEDS`` studies of ``tuner`` (study k on the table's seed k mod n): per study, per fraction."""
+def study_regrets(problem: Problem, tables: dict[int, SeedTable], tuner: Tuner,
+                  studies: int = TUNER_SEEDS) -> list[list[tuple[float, float]]]:
+    """``studies`` studies of ``tuner`` (study k on the table's seed k mod n): per study, per fraction."""
     from fltune.tune.space import Objective
 
     objective = Objective(metric=f"val_{problem.metric}")
     seeds = sorted(tables)
     out = []
-    for k in range(TUNER_SEEDS):
+    for k in range(studies):
         table = tables[seeds[k % len(seeds)]]
         out.append(regrets(table, replay(problem, table, tuner, k, FRACTIONS), objective))
     return out
@@ -420,6 +468,22 @@ def budget_to_half_point(per_problem: list[list[float]]) -> float:
         if all(max(m[i:]) <= 0.5 for m in per_problem):
             return fraction
     return math.nan
+
+
+def rank_agreement(tables: dict[int, SeedTable], round_: int) -> tuple[list[float], float]:
+    """Spearman's ρ between the configurations' validation accuracy at ``round_`` (where ASHA first stops)
+    and at their last round, per seed; and between the two seeds' last-round values (what a rerun keeps of
+    the ranking). A diverged run counts as 0."""
+    from scipy.stats import spearmanr
+
+    def vals(table: SeedTable, at: int | None) -> list[float]:
+        out = [table.curves[k][min(at or len(c), len(c)) - 1].val for k, c in sorted(table.curves.items())]
+        return [v if math.isfinite(v) else 0.0 for v in out]
+
+    seeds = [tables[s] for s in sorted(tables)]
+    early = [float(spearmanr(vals(t, round_), vals(t, None))[0]) for t in seeds]
+    across = float(spearmanr(vals(seeds[0], None), vals(seeds[-1], None))[0]) if len(seeds) > 1 else math.nan
+    return early, across
 
 
 def available(names: list[str]) -> dict[str, dict[int, SeedTable]]:
@@ -456,35 +520,54 @@ def report(names: list[str]) -> None:
             if tuner == default:
                 default_medians.append(medians(studies))
     Console(width=100).print(grid)
+    for name, seed_tables in tables.items():
+        early, across = rank_agreement(seed_tables, default.grace)
+        print(f"rank_agreement {name}: Spearman rho(val at round {default.grace}, final val) "
+              f"{', '.join(f'{r:.2f}' for r in early)} by seed; final val seed to seed {across:.2f}")
     print(f"budget_to_half_point {budget_to_half_point(default_medians) if default_medians else math.nan:g}")
 
 
 def candidates() -> list[Tuner]:
-    """The default's neighbourhood: grace period, reduction factor, TPE start-up trials, trials per study."""
-    return [Tuner(f"g{g} r{r} s{s} n{n}", grace=g, reduction=r, startup=s, samples=n)
-            for g in (1, 2) for r in (2, 3) for s in (4, 10) for n in (8, 16, 32)]
+    """Around the default: TPE start-up trials, independent or multivariate TPE, ASHA's grace period and
+    reduction factor or no early stopping; 16 trials (the shipped spaces' budget)."""
+    schedulers = [("asha", g, r) for g, r in ((2, 2), (2, 3), (3, 3), (4, 4), (5, 2))] + [("none", 2, 2)]
+    return [Tuner(f"s{s}{' mv' if mv else ''} {name}{f' g{g} r{r}' if name == 'asha' else ''}", scheduler=name,
+                  grace=g, reduction=r, startup=s, multivariate=mv, samples=16)
+            for s in (4, 10) for mv in (False, True) for name, g, r in schedulers]
+
+
+SWEEP_STUDIES = 100
+"""studies per candidate in ``--sweep``: a median of 20 moves by a grid step (1.3 points on FedProx) between
+neighbouring settings, so the choice is made on more"""
 
 
 def sweep(names: list[str]) -> None:
-    """Every candidate's median regret per problem; the chosen one never trails random search's median at
-    10, 25 or 50 % and has the least worst-problem median at 25 % (then the least mean over budgets and problems)."""
+    """Every candidate's median regret per problem (``SWEEP_STUDIES`` studies); the chosen one never trails
+    random search's median at 10, 25 or 50 % if any such exists, then has the least worst-problem median at
+    25 %, then the least mean regret over studies, budgets and problems."""
     tables = available(names)
-    random = {name: medians(study_regrets(PROBLEMS[name], t, tuners()[0])) for name, t in tables.items()}
+    random = {name: medians(study_regrets(PROBLEMS[name], t, tuners()[0], SWEEP_STUDIES))
+              for name, t in tables.items()}
     scored = []
     for tuner in candidates():
-        per = {name: medians(study_regrets(PROBLEMS[name], t, tuner)) for name, t in tables.items()}
-        at = FRACTIONS.index(0.25)
-        beats_random = all(per[name][FRACTIONS.index(f)] <= random[name][FRACTIONS.index(f)]
-                           for name in per for f in SHOWN)
-        worst25 = max(m[at] for m in per.values())
-        mean = sum(sum(m) for m in per.values()) / (len(per) * len(FRACTIONS))
-        scored.append((not beats_random, worst25, mean, tuner))
+        runs = {name: study_regrets(PROBLEMS[name], t, tuner, SWEEP_STUDIES) for name, t in tables.items()}
+        per = {name: medians(studies) for name, studies in runs.items()}
+        trails = [f"{name} {f:.0%}" for name in per for f in SHOWN
+                  if per[name][FRACTIONS.index(f)] > random[name][FRACTIONS.index(f)]]
+        worst25 = max(m[FRACTIONS.index(0.25)] for m in per.values())
+        mean = float(sum(r[0] for studies in runs.values() for s in studies for r in s)
+                     / sum(len(s) for studies in runs.values() for s in studies))
+        scored.append((bool(trails), worst25, mean, tuner))
         shown = "  ".join(f"{name} " + " ".join(f"{m[FRACTIONS.index(f)]:5.2f}" for f in SHOWN)
                           for name, m in per.items())
-        print(f"{tuner.name:14} {shown}  {'ok' if beats_random else 'trails random'}", flush=True)
+        print(f"{tuner.name:16} {shown}  mean {mean:4.2f}  {'trails random at ' + ', '.join(trails) if trails else 'ok'}",
+              flush=True)
+    print("random           " + "  ".join(f"{name} " + " ".join(f"{m[FRACTIONS.index(f)]:5.2f}" for f in SHOWN)
+                                     for name, m in random.items()))
     _, worst25, mean, chosen = min(scored, key=lambda s: s[:3])
     print(f"chosen {chosen.name}: grace_period {chosen.grace}, reduction_factor {chosen.reduction:g}, "
-          f"n_startup_trials {chosen.startup}, num_samples {chosen.samples} (worst median at 25 % {worst25:.2f})")
+          f"n_startup_trials {chosen.startup}, multivariate {chosen.multivariate} (worst median at 25 % "
+          f"{worst25:.2f}, mean {mean:.2f})")
 
 
 def main() -> None:

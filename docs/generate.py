@@ -36,9 +36,9 @@ OFFLINE = {"fmnist": "Debian's `dataset-fashion-mnist`", "synthetic": "generated
 # ----------------------------------------------------------------------------------------------- methods
 def batched(cls: type) -> bool:
     """Whether the batched executor trains this method's clients K at a time (the one place this is read)."""
-    from fltune.engine.batched import has_functional_step
+    from fltune.engine.functional import batchable
 
-    return has_functional_step(cls)
+    return batchable(cls) and cls.default_model != "resnet56"
 
 
 def default_text(value: Any) -> str:

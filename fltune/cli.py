@@ -103,7 +103,7 @@ def cmd_sync(args: argparse.Namespace) -> int:
 def method_card(cls: type) -> str:
     """One method as ``fltune methods NAME`` shows it: what it is, its paper, its parameters with their defaults,
     what it costs (FedAlign Table 5's models held and passes per step) and how it runs."""
-    from fltune.methods.functional import has_functional_step
+    from fltune.engine.functional import batchable
     from fltune.methods import is_personalised, paper
     from fltune.methods.base import params_table
 
@@ -114,7 +114,7 @@ def method_card(cls: type) -> str:
         f"cost: {cls.stored_models:g} model-sized tensor(s) held by a training client, "
         f"{cls.passes_per_step:g} forward+backward pass(es) per local step",
         f"personalised: {'yes' if is_personalised(cls) else 'no'}; "
-        f"batched executor: {'yes' if has_functional_step(cls) else 'no'}",
+        f"batched executor: {'yes (on a model without BatchNorm)' if batchable(cls) else 'client by client'}",
     ])
 
 

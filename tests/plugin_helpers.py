@@ -12,7 +12,6 @@ SMOOTH = '''import torch.nn.functional as F
 from pydantic import Field
 
 import fltune
-from fltune.methods.objective import batch_mean
 
 
 class SmoothParams(fltune.Params):
@@ -30,7 +29,7 @@ class LabelSmooth(fltune.Method):
     def local_loss(self, batch):
         logits = batch.forward(batch.weights, batch.x)
         per_sample = F.cross_entropy(logits, batch.y, reduction="none", label_smoothing=self.params.eps)
-        return batch_mean(per_sample, batch.mask), logits
+        return per_sample, logits  # per sample: the engine averages it over the batch
 '''
 """FedAvg with label smoothing, L = CE(f(x), (1 − ε)·onehot(y) + ε/C), as docs/adding-a-method.md §6 shows it."""
 

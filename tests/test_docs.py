@@ -19,7 +19,7 @@ import pytest
 
 from fltune.cli import build_parser
 from fltune.examples import EXAMPLES
-from fltune.methods import METHODS
+from fltune.methods import METHODS, get_method
 from tests.plugin_helpers import SMOOTH
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -190,3 +190,47 @@ def test_every_readme_command_runs_as_written(tmp_path: Path) -> None:
         for shell, done in pool.map(outcome, enumerate(ran)):
             assert done.returncode == 0, f"{shell}\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}"
     assert any(c.startswith("fltune run --method fedavg") for c in ran) and len(ran) >= 8, ran
+
+
+@pytest.mark.parametrize("executor", ["exact", "batched"])
+def test_the_guides_user_fedprox_and_ditto_step_as_the_built_ins(executor: str) -> None:
+    """docs/examples' FedProx and Ditto, named by reference as a user would, take the built-ins' steps to the bit on
+    the exact path (client by client; Ditto's personal model too) and within float rounding batched (padded)."""
+    import torch
+
+    from fltune.engine.functional import client_backward, functional_gradient, local_step
+    from fltune.methods.objective import Batch, Forward
+    from tests.methods.helpers import make_ctx, tiny_batch, tiny_model
+    from tests.methods.local_helpers import move_away
+
+    cases = [("fedprox.py:FedProx", "fedprox", {"mu": 0.3}), ("ditto.py:Ditto", "ditto", {"lam": 0.3})]
+    for file, built_in, params in cases:
+        steps = []
+        for cls in (get_method(str(ROOT / "docs" / "examples" / file)), get_method(built_in)):
+            model = tiny_model()
+            global_state = move_away(model)
+            method = cls(cls.Params(**params))
+            ctx = make_ctx(model, global_state=global_state)
+            method.setup_client(ctx)
+            x, y = tiny_batch()
+            if executor == "exact":
+                client_backward(method)(ctx, x, y)
+                grads = {n: p.grad for n, p in model.named_parameters()}
+                steps.append((grads, {k: v.clone() for k, v in ctx.inputs.get("personal", {}).items()}))
+                continue
+            pad = [torch.cat([t, t.new_zeros(2, *t.shape[1:])]) for t in (x, y, torch.ones(len(y)))]
+            weights = {n: p.detach() for n, p in model.named_parameters()}
+            out = local_step(method, Batch(Forward(model), weights, *pad, ctx.inputs, global_weights=global_state,
+                                           trainable=tuple(weights), lr=ctx.lr, differentiate=functional_gradient))
+            steps.append((out.grads, out.kept.get("personal", {})))
+        (mine, my_v), (theirs, their_v) = steps
+        same = torch.equal if executor == "exact" else lambda a, b: torch.allclose(a, b, rtol=1e-5, atol=1e-7)
+        assert mine.keys() == theirs.keys() and all(same(mine[n], theirs[n]) for n in mine), file
+        assert my_v.keys() == their_v.keys() and all(same(my_v[n], their_v[n]) for n in my_v), file
+    assert len((ROOT / "docs/examples/fedprox.py").read_text().splitlines()) <= 15
+    assert len((ROOT / "docs/examples/ditto.py").read_text().splitlines()) <= 60
+
+
+@pytest.mark.parametrize("file", ["fedprox.py", "ditto.py"])
+def test_the_guides_user_methods_are_the_examples_run_above(file: str) -> None:
+    assert block_after(f"(`docs/examples/{file}`", "python") == (ROOT / "docs" / "examples" / file).read_text()

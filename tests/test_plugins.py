@@ -142,16 +142,16 @@ def test_a_bug_in_the_users_loss_is_one_line_naming_their_file(
     """Issue 78: per-sample losses from ``local_loss`` ended in torch's 53-line traceback ("grad can be implicitly
     created only for scalar outputs") without the user's file; an error raised in their code likewise. Now one line
     with their file:line, exit 1, the run FAILED, whether a Ray worker or the driver's own share trained it."""
-    (user_code / f"persample_{where}.py").write_text(SMOOTH.replace("return batch_mean(per_sample, batch.mask), logits",
-                                                           "return per_sample, logits"))
+    (user_code / f"persample_{where}.py").write_text(SMOOTH.replace("return per_sample, logits",
+                                                           "return per_sample[:, None], logits"))
     (user_code / f"raises_{where}.py").write_text(SMOOTH.replace(
         "        logits = batch.forward", "        raise KeyError('oops')\n        logits = batch.forward"))
     tiny = [f"--set={key}={value}" for key, value in {**TINY, "federation.rounds": 1}.items()]
     share = ["--set=resources.workers=2", "--set=resources.driver_worker=true"] if where == "driver" else []
     for file, line, error in [
-            (f"persample_{where}.py", 20, "LabelSmooth.local_loss returned a loss of shape [64], not one number "
+            (f"persample_{where}.py", 19, "LabelSmooth.local_loss returned a loss of shape [64, 1], not one number "
                                           "(grad can be implicitly created only for scalar outputs)"),
-            (f"raises_{where}.py", 21, "KeyError: 'oops'")]:
+            (f"raises_{where}.py", 20, "KeyError: 'oops'")]:
         assert main(["run", "--method", f"./{file}:LabelSmooth", *tiny, *share]) == 1, capsys.readouterr().err
         err = capsys.readouterr().err.splitlines()
         assert err[-1] == f"fltune: {user_code / file}:{line}: {error}", err[-5:]

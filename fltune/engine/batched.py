@@ -28,8 +28,8 @@ from fltune.engine.local import client_context, train_metrics
 from fltune.engine.transfer import RoundInput, device_states
 from fltune.engine.rng import derive_seed
 from fltune.methods.base import ClientContext, ClientResult, Method, Phase
-from fltune.methods.functional import FunctionalBatch, FunctionalStep, has_functional_step, local_step
-from fltune.methods.objective import Forward, NoiseShapes
+from fltune.engine.functional import FunctionalStep, functional_gradient, local_step, own_backward, reads_modules
+from fltune.methods.objective import Batch, Forward, NoiseShapes, clip_scale
 from fltune.workarounds import compile_limits
 
 Stacked = dict[str, Tensor]
@@ -45,9 +45,10 @@ def client_groups(clients: list[int], size: int) -> list[list[int]]:
 
 def unbatchable(cfg: ExperimentConfig, method: Method, model: nn.Module) -> str | None:
     """Why the batched executor trains this run per client on the exact path, or None when it batches."""
-    if not has_functional_step(type(method)):
-        return (f"method {cfg.method.name} has no functional local step (an objective that reads the client's "
-                "context, or a per-batch step without functional_step)")
+    if own_backward(type(method)):
+        return f"method {cfg.method.name} has a backward of its own (a step only autograd takes)"
+    if reads_modules(type(method)):
+        return f"method {cfg.method.name}'s objective reads a client's modules (Batch.module)"
     if cfg.training.optimizer != "sgd":
         return f"training.optimizer {cfg.training.optimizer} (the batched step is SGD)"
     if next(model.buffers(), None) is not None or any(isinstance(m, nn.modules.batchnorm._BatchNorm)
@@ -250,9 +251,10 @@ class _GroupTrainer:
             train: Stacked, frozen: Stacked, inputs: dict[str, Stacked], noise: Stacked, x: Tensor, y: Tensor,
             w: Tensor,
         ) -> FunctionalStep:
-            batch = FunctionalBatch(forward, names, frozen, inputs, noise, x, y, w, global_weights, round_lr,
-                                    training.grad_clip)
-            return local_step(method, train, batch)
+            weights = {n: train[n] if n in train else frozen[n] for n in names}
+            return local_step(method, Batch(
+                forward, weights, x, y, w, inputs, noise, global_weights, trainable=tuple(train), lr=round_lr,
+                grad_clip=training.grad_clip, differentiate=functional_gradient))
 
         # global weights are shared by every client: closed over, not a vmap argument flattened every step
         self.steps = vmap(client_step, randomness="different")
@@ -279,7 +281,7 @@ class _GroupTrainer:
         live = batch.active & ~diverged
         self._update(out.grads, lr, live)
         correct = ((out.logits.argmax(-1) == batch.y) & batch.real).sum(1)
-        return out.loss, _kept(out.carry, inputs, live), out.record, live, correct
+        return out.loss, _kept(out.kept, inputs, live), out.record, live, correct
 
     def _update(self, grads: Stacked, lr: float, live: Tensor) -> None:
         """SGD on every live client, in place, on one [K, Σ sizes] gradient, each element through
@@ -289,7 +291,7 @@ class _GroupTrainer:
         t = self.training
         g = torch.cat([_rows(grads[n]) for n in self.trainable], dim=1)
         if t.grad_clip is not None:
-            g.mul_(self._clip_scale(g, t.grad_clip)[:, None])
+            g.mul_(vmap(lambda row: clip_scale([row], t.grad_clip))(g)[:, None])  # each client's own norm
         if t.weight_decay:
             g.add_(torch.cat([_rows(p) for p in self.weights], dim=1), alpha=t.weight_decay)
         mask = live[:, None]
@@ -301,12 +303,6 @@ class _GroupTrainer:
         torch._foreach_addcmul_(  # addcmul's rounding (a fused multiply-add on CPU)
             self.weights, [v.view_as(p) for v, p in zip(g.split(self.sizes, dim=1), self.weights)],
             [rate.view(-1, *[1] * (p.dim() - 1)) for p in self.weights])
-
-    @staticmethod
-    def _clip_scale(g: Tensor, max_norm: float) -> Tensor:
-        """Per client, ``clip_grad_norm_``'s factor min(1, max_norm / (‖g‖ + 1e-6)) from its row of ``g``: the
-        same real number rounded otherwise, exactly 1 unless clipping changes the step."""
-        return (max_norm / (g.norm(dim=1) + 1e-6)).clamp(max=1.0)
 
 
 def _kept(carry: dict[str, Stacked], inputs: dict[str, Stacked], live: Tensor) -> dict[str, Stacked]:

@@ -16,6 +16,7 @@ from torch.optim.sgd import sgd
 from fltune.config import TrainingConfig
 from fltune.data.federated import FederatedData
 from fltune.engine.batches import Batch, DeviceBatches, HostBatches, epoch_samples
+from fltune.engine.functional import client_backward
 from fltune.engine.rng import derive_seed
 from fltune.engine.transfer import RoundInput, device_states, state_on_device
 from fltune.methods.base import ClientContext, ClientResult, Method, Phase
@@ -269,13 +270,14 @@ def _local_steps(
     meter: HostMeter,
 ) -> None:
     """Every phase's steps (capped at ``Phase.steps``); stops at the first one ``meter`` finds non-finite."""
+    backward = client_backward(method)
     for phase in method.phases(ctx):
         params = _trainable(ctx.model, phase)
         phase_lr = phase.lr if phase.lr is not None else lr
         optimizer = optimizers.get(params, training, phase_lr)
         for x, y in _phase_batches(ctx, phase):
             optimizer.zero_grad(set_to_none=True)
-            loss, logits = method.backward(ctx, x, y)
+            loss, logits = backward(ctx, x, y)
             if not meter.finite(loss):
                 return
             add_correction(method, ctx)

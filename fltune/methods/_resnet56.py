@@ -7,7 +7,8 @@ from typing import cast
 
 from torch import nn
 
-from fltune.methods.base import ClientContext, Method
+from fltune.methods.base import Method
+from fltune.methods.objective import Batch
 from fltune.models.resnet56 import ResNet56
 
 
@@ -20,6 +21,6 @@ class ResNet56Method(Method):
         return self.require_model(model, ResNet56, "ResNet-56's slimmable stages", "auto, resnet56")
 
     @staticmethod
-    def resnet(ctx: ClientContext) -> ResNet56:
+    def resnet(batch: Batch) -> ResNet56:
         """The client's model, which ``adapt_model`` has already checked is a ResNet56."""
-        return cast(ResNet56, ctx.model)
+        return cast(ResNet56, batch.module())

@@ -2,7 +2,7 @@
 
 SAM (Foret et al., 2021) and its FL variants: an ascent gradient g at w picks ε, and the optimiser steps from w with
 ∇L(w + ε). They differ only in which loss gives g, which parameters move and how ε is scaled, so :class:`SharpnessAware`
-writes the step once (``functional.WholeStep``) and a method supplies ``epsilon`` (FedSOL also ``ascent``). Both passes
+writes the step once (its ``step``) and a method supplies ``epsilon`` (FedSOL also ``ascent``). Both passes
 run ``self.local_loss``, so a composed modifier (``fedsam+man``) is in both. [U] BatchNorm running statistics are
 updated by the first pass only (momentum 0 at w + ε), as in the FedSOL authors' SAM code
 (``Lee-Gihun/FedSOL:algorithms/optim_utils.py``, ``disable_running_stats``).
@@ -19,8 +19,8 @@ import torch
 from torch import Tensor, nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from fltune.methods.functional import FunctionalBatch, FunctionalStep, WholeStep, global_norm, objective_step
-from fltune.methods.objective import Tensors
+from fltune.methods.base import Method
+from fltune.methods.objective import Batch, Tensors, global_norm
 
 Named = list[tuple[str, Tensor]]
 Epsilon = Callable[[Named, list[Tensor]], list[Tensor]]
@@ -67,7 +67,7 @@ def bn_statistics_frozen(model: nn.Module) -> Iterator[None]:
             m.momentum = momentum
 
 
-class SharpnessAware(WholeStep, ABC):
+class SharpnessAware(Method, ABC):
     """SAM-family base; subclasses define :meth:`epsilon`. The step's loss and logits are the ascent pass's (at w)."""
 
     stored_models = 2.0  # the weights w and the perturbation ε (or the saved first gradients)
@@ -77,15 +77,15 @@ class SharpnessAware(WholeStep, ABC):
     def epsilon(self, global_weights: Mapping[str, Tensor]) -> Epsilon:
         """How the ascent gradients become ε; ``global_weights`` for FedSOL's adaptive strength."""
 
-    def ascent(self, weights: Tensors, batch: FunctionalBatch) -> tuple[Named, list[Tensor], FunctionalStep]:
-        """(weights to perturb, ascent gradients g, the step at w); SAM: the objective's, every trained weight."""
-        step = objective_step(self, weights, batch)
-        return list(weights.items()), list(step.grads.values()), step
+    def ascent(self, batch: Batch) -> tuple[Named, list[Tensor], Tensor, Tensor]:
+        """(weights to perturb, ascent gradients g, loss and logits at w); SAM: the objective's, every trained weight."""
+        grads, loss, logits = batch.loss_gradient(self.local_loss, batch.trained)
+        return list(batch.trained.items()), list(grads.values()), loss, logits
 
-    def functional_step(self, weights: Tensors, batch: FunctionalBatch) -> FunctionalStep:
-        """ε from the ascent, then the gradient at w + ε with BN statistics frozen; ``weights`` unmodified."""
-        named, grads, ascent = self.ascent(weights, batch)
+    def step(self, batch: Batch) -> tuple[Tensors, Tensor, Tensor]:
+        """ε from the ascent, then the gradient at w + ε with BN statistics frozen; w unmodified."""
+        named, grads, loss, logits = self.ascent(batch)
         eps = self.epsilon(batch.global_weights)(named, grads) if named else []
-        shifted = {**weights, **{n: p + e for (n, p), e in zip(named, eps, strict=True)}}
+        shifted = {**batch.trained, **{n: p + e for (n, p), e in zip(named, eps, strict=True)}}
         with bn_statistics_frozen(batch.forward.model):
-            return ascent.replaced(grads=objective_step(self, shifted, batch).grads)
+            return batch.loss_gradient(self.local_loss, shifted)[0], loss, logits

@@ -13,7 +13,7 @@ from torch import Tensor, nn
 
 from fltune.methods.base import ClientContext, Method
 from fltune.methods.finetune import FineTune
-from fltune.methods.objective import Batch, Forward, NoiseShapes, Tensors, masked_cross_entropy
+from fltune.methods.objective import Batch, Forward, NoiseShapes, Tensors
 from fltune.models.vib import VIBNet, VIBOutput, posterior, sampled_cross_entropy
 
 VIB_MODELS = ("vib_cnn", "vib_mlp")
@@ -35,7 +35,7 @@ class VIBFineTune(FineTune):
     def local_loss(self, batch: Batch) -> tuple[Tensor, Tensor]:
         _, _, z = functional_z(batch.forward, batch.weights, batch.x, batch.noise["eps"])
         logits = batch.forward.part("head", batch.weights, z.mean(0))
-        return masked_cross_entropy(logits, batch.y, batch.mask), logits
+        return batch.cross_entropy(logits), logits
 
 
 class VIBMethod(Method):
@@ -73,10 +73,3 @@ def functional_z(forward: Forward, weights: Tensors, x: Tensor, eps: Tensor) -> 
     mu, sigma = posterior(forward.part("body", weights, x))
     return mu, sigma, mu + sigma * eps.transpose(0, 1)
 
-
-def vib_cross_entropy(logits: Tensor, y: Tensor, mask: Tensor | None = None) -> Tensor:
-    """``sampled_cross_entropy`` (mean over S samples and the batch's real samples)."""
-    if mask is None:
-        return sampled_cross_entropy(logits, y)
-    samples = logits.shape[0]
-    return masked_cross_entropy(logits.flatten(0, 1), y.repeat(samples), mask.repeat(samples))

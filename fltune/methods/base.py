@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict
 from torch import nn
 
 from fltune.errors import FLTuneError, UserCodeError, defined_at
-from fltune.methods.objective import Batch, Forward, NoiseShapes, Tensors, draw_noise, masked_cross_entropy
+from fltune.methods.objective import Batch, Forward, NoiseShapes, Tensors, draw_noise, scalar_loss
 from fltune.methods.wire import State, to_numpy
 
 if TYPE_CHECKING:  # the tuner's class; finetune.py imports this module
@@ -200,9 +200,6 @@ class Method:
     """Forward+backward passes per local step: FedAvg 1, SAM-type 2, GradAug n + 1, … No default."""
     weighted_by_samples: ClassVar[bool] = True
     """Whether updates are weighted by n_k (FedAvg) or equally (FedDyn-family); also weights `all_model`."""
-    pure_loss: ClassVar[bool] = True
-    """Whether :meth:`local_loss` reads its :class:`Batch` alone, never ``batch.client``, so clients may be
-    trained together. False where it runs modules or hooks of its own (MOON's frozen copies, MAN's)."""
     final_round: ClassVar[Literal["tune", "own"]] = "tune"
     """The final personal round (``training.finetune_epochs``) before the personalised evaluation: ``tune``
     trains the personal part (else the head) on CE, the rest frozen (``methods/finetune.py``); ``own`` runs
@@ -267,19 +264,21 @@ class Method:
         return Batch(ctx.forward, ctx.forward.own, x, y, None, ctx.inputs, noise, ctx.global_state, ctx)
 
     def local_loss(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
-        """The per-batch objective → (loss, logits); FedAvg: CE over the batch's real samples."""
+        """The per-batch objective → (loss, logits): the loss per sample (the engine averages it over the batch's
+        real samples) or one number already averaged with ``batch.mean``/``batch.cross_entropy``. FedAvg: CE."""
         logits = batch.forward(batch.weights, batch.x)
-        return masked_cross_entropy(logits, batch.y, batch.mask), logits
+        return batch.cross_entropy(logits), logits
 
     def record_step(self, ctx: ClientContext, y: torch.Tensor, record: Tensors) -> None:
         """Take what :meth:`local_loss` left in ``batch.record``, for real samples ``y`` (FedCR's μ, σ)."""
 
     def backward(self, ctx: ClientContext, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Fill ``.grad`` for one batch → (detached loss, detached logits). A larger step (SAM's two passes,
-        Ditto's second model) is a ``functional.WholeStep``; one only client by client overrides this
-        (Proximal's projection, Per-FedAvg's restore)."""
+        """Fill ``.grad`` for one batch → (detached loss, detached logits), client by client. A larger step (SAM's two
+        passes, Ditto's second model) overrides :meth:`step` instead, which every executor runs; overriding this
+        (Proximal's projection, Per-FedAvg's restore) trains the method client by client."""
         batch = self.batch(ctx, x, y)
         loss, logits = self.local_loss(batch)
+        loss = scalar_loss(batch, loss)
         if batch.record:
             self.record_step(ctx, y, batch.record)
         try:
@@ -290,6 +289,11 @@ class Method:
             raise UserCodeError(f"{defined_at(type(self).local_loss)}: {type(self).__name__}.local_loss returned a "
                                 f"loss of shape {list(loss.shape)}, not one number ({err})") from None
         return loss.detach(), logits.detach()
+
+    def step(self, batch: Batch) -> tuple[Tensors, torch.Tensor, torch.Tensor]:
+        """One batch's step → (gradients of the weights ``batch.trainable`` names, loss, logits), which the engine clips
+        and applies; default: the objective's gradient. Overridden by SAM (two passes) and Ditto (a second model)."""
+        return batch.loss_gradient(self.local_loss, batch.trained)
 
     def gradient_correction(self, weights: Mapping[str, torch.Tensor], inputs: Mapping[str, Tensors]) -> Tensors:
         """A term added to each gradient after the step's passes (SCAFFOLD's c − c_k, FedSpeed's

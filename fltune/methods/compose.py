@@ -1,8 +1,7 @@
 """Modifiers: a loss term that any base method can take on by name, as ``<base>+<modifier>``. MAN sits on top of FedAvg,
 FedDyn, FedSAM, ...: rather than a file per combination, a :class:`Modifier` states how it changes the base's objective
 and :func:`compose` builds the subclass on demand (overriding ``local_loss`` and ``adapt_model`` alone; SAM-type bases
-get the term in both passes). The term reads the model's modules, so a composite is not ``pure_loss``: it is trained
-client by client."""
+get the term in both passes)."""
 
 from __future__ import annotations
 
@@ -61,7 +60,7 @@ def compose(base: type[Method], modifier: type[Modifier], name: str | None = Non
         self.modifier = modifier(modifier.Params(**{f: getattr(self.params, f) for f in mod_fields}))
 
     def local_loss(self: Method, batch: Batch) -> LossAndLogits:
-        return self.modifier.local_loss(batch, lambda: base.local_loss(self, batch))
+        return modifier.local_loss(self.modifier, batch, lambda: base.local_loss(self, batch))
 
     def adapt_model(self: Method, model: nn.Module) -> nn.Module:
         return self.modifier.adapt_model(base.adapt_model(self, model))
@@ -69,6 +68,6 @@ def compose(base: type[Method], modifier: type[Modifier], name: str | None = Non
     doc = f"{base.name} with the {modifier.name} term added to its local loss.\n\n{base.__doc__ or ''}"
     namespace = {
         "name": name or f"{base.name}+{modifier.name}", "Params": params_cls, "__init__": __init__,
-        "local_loss": local_loss, "pure_loss": False, "adapt_model": adapt_model, "__doc__": doc,
+        "local_loss": local_loss, "adapt_model": adapt_model, "__doc__": doc,
     }
     return type(f"{base.__name__}With{modifier.__name__}", (base,), namespace)

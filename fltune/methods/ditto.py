@@ -19,8 +19,7 @@ from torch import Tensor
 from fltune.methods import register
 from fltune.methods._initial import InitialStandIn
 from fltune.methods.base import ClientContext, ClientResult, Method, Params
-from fltune.methods.functional import FunctionalBatch, FunctionalStep, WholeStep, clip_scale, objective_step
-from fltune.methods.objective import Batch, Forward, Tensors
+from fltune.methods.objective import Batch, Forward, Tensors, clip_scale
 from fltune.methods.wire import to_numpy
 
 
@@ -32,7 +31,7 @@ class DittoParams(Params):
 
 
 @register
-class Ditto(InitialStandIn, WholeStep):
+class Ditto(InitialStandIn, Method):
     """Ditto: global w by FedAvg; personal v_k ← v_k − η·∇[CE(v_k) + (λ/2)‖v_k − w_g‖²] per batch."""
 
     name = "ditto"
@@ -74,18 +73,14 @@ class Ditto(InitialStandIn, WholeStep):
         stepped = v - lr * direction
         return {n: piece.view_as(personal[n]) for n, piece in zip(names, stepped.split(sizes))}
 
-    def functional_step(self, weights: Tensors, batch: FunctionalBatch) -> FunctionalStep:
-        """FedAvg's gradient for w, and v after one plain SGD step, carried as ``personal``. v's objective is FedAvg's
-        CE whatever modifier w's takes on; client by client it runs the personal model, so its BN statistics are v's."""
-        forward = batch.forward if batch.client is None else batch.client.scratch["personal"]
-
-        def objective(v: Tensors) -> tuple[Tensor, tuple[()]]:
-            return Method.local_loss(self, Batch(forward, v, batch.x, batch.y, batch.mask))[0], ()
-
-        step = objective_step(self, weights, batch)
-        grads, _, _ = batch.gradient(objective, batch.inputs["personal"])
-        personal = self._stepped(grads, batch.inputs["personal"], batch.global_weights, batch.lr, batch.grad_clip)
-        return step.replaced(carry={"personal": personal})
+    def step(self, batch: Batch) -> tuple[Tensors, Tensor, Tensor]:
+        """FedAvg's gradient for w; v after one plain SGD step, kept as ``personal``. v's objective is FedAvg's CE
+        whatever modifier w's takes on, run by the personal model (client by client its BN statistics are v's)."""
+        step = super().step(batch)
+        personal, v = batch.model("personal"), batch.inputs["personal"]
+        grads, _, _ = batch.gradient(lambda w: (batch.cross_entropy(personal(w, batch.x)), ()), v)
+        batch.keep("personal", self._stepped(grads, v, batch.global_weights, batch.lr, batch.grad_clip))
+        return step
 
     def client_result(self, ctx: ClientContext) -> ClientResult:
         result = super().client_result(ctx)

@@ -76,11 +76,10 @@ class FedAlign(ResNet56Method):
     Params = FedAlignParams
     stored_models = 1.0  # one model: the reduced-width pass runs on the same weights
     passes_per_step = 1.0  # the full-width pass; the width-reduced one is counted in FLOPs by the workers
-    pure_loss = False  # the objective runs the client's ResNet-56 at reduced width
 
     def local_loss(self, batch: Batch) -> tuple[Tensor, Tensor]:
-        ctx, x, y = batch.client, batch.x, batch.y
-        model = self.resnet(ctx)
+        x, y = batch.x, batch.y
+        model = self.resnet(batch)
         x2, x3, logits = model.feature_maps(x)
         ce = F.cross_entropy(logits, y)
         if self.params.mu == 0:

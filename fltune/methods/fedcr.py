@@ -23,9 +23,9 @@ from torch import Tensor
 
 from fltune.methods import register
 from fltune.methods._personal import PersonalHead
-from fltune.methods._vib import VIBMethod, functional_vib, vib_cross_entropy
+from fltune.methods._vib import VIBMethod, functional_vib
 from fltune.methods.base import ClientContext, ClientResult, Params, ServerContext, ServerUpdate, State
-from fltune.methods.objective import Batch, Tensors, batch_mean
+from fltune.methods.objective import Batch, Tensors
 from fltune.models.vib import SIGMA_FLOOR, gaussian_kl
 
 
@@ -92,12 +92,12 @@ class FedCR(VIBMethod, PersonalHead):
 
     def local_loss(self, batch: Batch) -> tuple[Tensor, Tensor]:
         """CE + β·KL(r(·|y) ‖ q(z|x)) over the real samples; (μ, σ) recorded for :meth:`record_step`."""
-        out, y, mask = functional_vib(batch), batch.y, batch.mask
+        out, y = functional_vib(batch), batch.y
         batch.record.update(mu=out.mu, sigma=out.sigma)
-        loss = vib_cross_entropy(out.logits, y, mask)
+        loss = batch.cross_entropy(out.logits)
         if self.params.beta:
             r, c = batch.inputs["r"], self.centre(y)
-            loss = loss + self.params.beta * batch_mean(gaussian_kl(r["mu"][c], r["sigma"][c], out.mu, out.sigma), mask)
+            loss = loss + self.params.beta * batch.mean(gaussian_kl(r["mu"][c], r["sigma"][c], out.mu, out.sigma))
         return loss, out.logits.mean(0)
 
     def record_step(self, ctx: ClientContext, y: Tensor, record: Tensors) -> None:

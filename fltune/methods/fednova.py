@@ -11,7 +11,7 @@ from fltune.methods.base import (
 from fltune.methods.wire import to_numpy
 
 NORMALISER = "fednova.a"
-"""Upload key carrying a_k, so the engine's n_k-weighted mean yields Σ p_k a_k beside Σ p_k d_k."""
+"""Upload key of a_k, so the engine's n_k-weighted mean yields Σ p_k a_k beside Σ p_k d_k."""
 
 
 @register

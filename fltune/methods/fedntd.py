@@ -8,7 +8,7 @@ from torch import Tensor
 from fltune.methods import register
 from fltune.methods.base import ClientContext, Method, Params
 from fltune.methods.moon import frozen_copy
-from fltune.methods.objective import Batch, batch_mean
+from fltune.methods.objective import Batch
 
 
 class FedNTDParams(Params):
@@ -16,12 +16,10 @@ class FedNTDParams(Params):
     beta: float = Field(1.0, ge=0, description="weight β of the not-true distillation term (FedSOL Table 8: 1.0)")
 
 
-def soft_kl(student_logits: Tensor, teacher_logits: Tensor, tau: float, mask: Tensor | None = None) -> Tensor:
-    """KL(softmax(teacher/τ) ‖ softmax(student/τ)), 'batchmean' over the (real, given ``mask``) samples."""
+def soft_kl(student_logits: Tensor, teacher_logits: Tensor, tau: float, batch: Batch) -> Tensor:
+    """KL(softmax(teacher/τ) ‖ softmax(student/τ)), 'batchmean' (``F.kl_div``'s sum / B) over the batch's real samples."""
     log_student, teacher = F.log_softmax(student_logits / tau, dim=1), F.softmax(teacher_logits / tau, dim=1)
-    if mask is None:
-        return F.kl_div(log_student, teacher, reduction="batchmean")
-    return batch_mean(F.kl_div(log_student, teacher, reduction="none").sum(dim=1), mask)
+    return batch.real(F.kl_div(log_student, teacher, reduction="none")).sum() / batch.size
 
 
 def not_true(logits: Tensor, y: Tensor) -> Tensor:
@@ -39,19 +37,18 @@ class FedNTD(Method):
     Params = FedNTDParams
     stored_models = 2.0  # the local model and the global teacher
     passes_per_step = 4.0 / 3.0  # + one forward-only pass of the teacher
-    pure_loss = False  # the objective distils from a frozen copy of the global model
 
     def setup_client(self, ctx: ClientContext) -> None:
         super().setup_client(ctx)
         ctx.scratch["global_model"] = frozen_copy(ctx.model, ctx.global_state)
 
     def local_loss(self, batch: Batch) -> tuple[Tensor, Tensor]:
-        ctx, x, y = batch.client, batch.x, batch.y
+        x, y = batch.x, batch.y
         loss, logits = super().local_loss(batch)
         if self.params.beta == 0:
             return loss, logits
         with torch.no_grad():
-            global_logits = ctx.scratch["global_model"](x)
+            global_logits = batch.module("global_model")(x)
         tau = self.params.tau
-        ntd = tau**2 * soft_kl(not_true(logits, y), not_true(global_logits, y), tau)
+        ntd = tau**2 * soft_kl(not_true(logits, y), not_true(global_logits, y), tau, batch)
         return loss + self.params.beta * ntd, logits

@@ -126,7 +126,6 @@ class FedPAC(FeatureAligned):
     Params = FedPACParams
     stored_models = 1.0  # the local model (prototypes are small)
     passes_per_step = 1.0
-    pure_loss = False  # the objective reads the client's feature targets from its context
 
     def phases(self, ctx: ClientContext) -> list[Phase]:
         return [Phase(1, ("head.",), lr=self.params.head_lr), Phase(ctx.epochs, ("body.",))]
@@ -137,16 +136,16 @@ class FedPAC(FeatureAligned):
         ctx.scratch["before"] = before
         if "protos" in ctx.server:
             protos, has = ctx.server_tensors["protos"], ctx.server_tensors["has_proto"]
-            ctx.scratch["targets"] = torch.where(has[:, None], protos, before.means.float())
+            ctx.inputs["targets"] = {"c": torch.where(has[:, None], protos, before.means.float())}
 
     def local_loss(self, batch: Batch) -> tuple[Tensor, Tensor]:
         """CE + λ·MSE(f(x), c_y). In the head phase the body is frozen, so the MSE adds no gradient."""
-        ctx, x, y = batch.client, batch.x, batch.y
-        features = ctx.model.features(x)
-        logits = ctx.model.head(features)
+        model, x, y = batch.module(), batch.x, batch.y
+        features = model.features(x)
+        logits = model.head(features)
         loss = F.cross_entropy(logits, y)
-        if self.params.lam and "targets" in ctx.scratch:
-            loss = loss + self.params.lam * F.mse_loss(features, ctx.scratch["targets"][y])
+        if self.params.lam and "targets" in batch.inputs:
+            loss = loss + self.params.lam * F.mse_loss(features, batch.inputs["targets"]["c"][y])
         return loss, logits
 
     def client_result(self, ctx: ClientContext) -> ClientResult:

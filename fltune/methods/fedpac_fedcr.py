@@ -18,7 +18,7 @@ from fltune.methods import register
 from fltune.methods._personal import FeatureAligned
 from fltune.methods.base import ClientContext, ClientResult, ServerContext, ServerUpdate
 from fltune.methods.fedrep import FedRep, FedRepParams
-from fltune.methods.objective import Batch, masked_cross_entropy
+from fltune.methods.objective import Batch
 
 
 class FedPACFedCRParams(FedRepParams):
@@ -33,11 +33,9 @@ def update_summaries(summaries: np.ndarray, features: np.ndarray, labels: list[i
         summaries[label] = (feature + current) / 2 if current.any() else feature
 
 
-def alignment(residual: Tensor, mask: Tensor | None) -> Tensor:
-    """R = ‖F − C_y‖_F / B (``torch.norm(...) / len(labels)``), over the real rows when ``mask`` is given."""
-    if mask is None:
-        return torch.linalg.norm(residual) / len(residual)
-    return torch.linalg.norm(residual * mask[:, None]) / mask.sum().clamp(min=1.0)
+def alignment(residual: Tensor, batch: Batch) -> Tensor:
+    """R = ‖F − C_y‖_F / B (``torch.norm(...) / len(labels)``) over the batch's real rows."""
+    return torch.linalg.norm(batch.real(residual)) / batch.size
 
 
 def per_class(ctx: ClientContext) -> Tensor:
@@ -90,11 +88,11 @@ class FedPACFedCR(FeatureAligned, FedRep):
         it out there), so it differs from the code's in the reported loss only."""
         features = batch.forward.model.features_of(batch.forward.part("body", batch.weights, batch.x))
         logits = batch.forward.part("head", batch.weights, features)
-        loss = masked_cross_entropy(logits, batch.y, batch.mask)
+        loss = batch.cross_entropy(logits)
         if not self.params.lam:
             return loss, logits
         residual = features - batch.inputs["centroids"]["c"][batch.y]
-        return loss + self.params.lam * alignment(residual, batch.mask), logits
+        return loss + self.params.lam * alignment(residual, batch), logits
 
     def client_result(self, ctx: ClientContext) -> ClientResult:
         result = super().client_result(ctx)

@@ -12,9 +12,8 @@ from fltune.methods import register
 from fltune.methods._sam import Epsilon, Named, SharpnessAware, sam_epsilon
 from fltune.methods.base import ClientContext, Params
 from fltune.methods.fedntd import soft_kl
-from fltune.methods.functional import FunctionalBatch, FunctionalStep
 from fltune.methods.moon import frozen_copy
-from fltune.methods.objective import Tensors
+from fltune.methods.objective import Batch, Tensors, scalar_loss
 
 
 SCOPES: dict[str, tuple[str, ...] | None] = {"head": ("head.",), "body": ("body.",), "all": None}
@@ -50,29 +49,22 @@ class FedSOL(SharpnessAware):
         super().setup_client(ctx)
         ctx.scratch["global_model"] = frozen_copy(ctx.model, ctx.global_state)
 
-    def ascent(self, weights: Tensors, batch: FunctionalBatch) -> tuple[Named, list[Tensor], FunctionalStep]:
+    def ascent(self, batch: Batch) -> tuple[Named, list[Tensor], Tensor, Tensor]:
         """g = ∇L_p (Eq. 5) over the scope's weights at w, on the real samples; the local loss and logits at w
-        come from the same forward pass."""
+        come from the same forward pass. z_g: the frozen global copy (eval mode)."""
         scope = SCOPES[self.params.scope]
-        named = [(n, p) for n, p in weights.items() if scope is None or n.startswith(scope)]
-        global_logits = self.global_logits(batch)
+        named = [(n, p) for n, p in batch.trained.items() if scope is None or n.startswith(scope)]
+        with torch.no_grad():
+            global_logits = batch.model("global_model")(batch.global_weights, batch.x)
 
         def proximal(scoped: Tensors) -> tuple[Tensor, tuple[Tensor, Tensor]]:
-            loss, logits = self.local_loss(batch.batch({**weights, **scoped}))
-            kl = soft_kl(logits, global_logits, self.params.temperature, batch.mask)
-            return kl, (loss.detach(), logits.detach())
+            seen = batch.at(scoped)
+            loss, logits = self.local_loss(seen)
+            kl = soft_kl(logits, global_logits, self.params.temperature, seen)
+            return kl, (scalar_loss(seen, loss).detach(), logits.detach())
 
         grads, _, (loss, logits) = batch.gradient(proximal, dict(named))
-        return named, [grads[n] for n, _ in named], FunctionalStep({}, loss, logits)
-
-    @staticmethod
-    def global_logits(batch: FunctionalBatch) -> Tensor:
-        """z_g: the frozen global copy in eval mode; trained together, the global weights' forward (the same
-        without BatchNorm, which batched models lack)."""
-        if batch.client is None:
-            return batch.forward(batch.full(batch.global_weights), batch.x)
-        with torch.no_grad():
-            return batch.client.scratch["global_model"](batch.x)
+        return named, [grads[n] for n, _ in named], loss, logits
 
     def epsilon(self, global_weights: Mapping[str, Tensor]) -> Epsilon:
         """Eq. 8: s ⊙ ρ·g/‖g‖; with ``adaptive: false`` s = 1 (Eq. 5)."""

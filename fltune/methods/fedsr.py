@@ -23,7 +23,7 @@ from torch import Tensor, nn
 from fltune.methods import register
 from fltune.methods._vib import VIBMethod, functional_vib
 from fltune.methods.base import Params
-from fltune.methods.objective import Batch, batch_mean, masked_cross_entropy
+from fltune.methods.objective import Batch
 from fltune.models.vib import VIBNet, VIBOutput, gaussian_kl
 
 REFERENCE_KEYS = ("head.scale", "head.r_mu", "head.r_sigma")
@@ -77,10 +77,10 @@ class FedSR(VIBMethod):
 
     def local_loss(self, batch: Batch) -> tuple[Tensor, Tensor]:
         """L of the one z sample over the batch's real samples; the parameters hold r_μ, r_σ and C."""
-        out, y, mask = functional_vib(batch), batch.y, batch.mask
-        loss = masked_cross_entropy(out.logits[0], y, mask)
+        out, y = functional_vib(batch), batch.y
+        loss = batch.cross_entropy(out.logits[0])
         if self.params.alpha_l2r:
-            loss = loss + self.params.alpha_l2r * batch_mean(out.z[0].norm(dim=1), mask)
+            loss = loss + self.params.alpha_l2r * batch.mean(out.z[0].norm(dim=1))
         if self.params.alpha_cmi:
-            loss = loss + self.params.alpha_cmi * batch_mean(class_kl(out, y, batch.weights), mask)
+            loss = loss + self.params.alpha_cmi * batch.mean(class_kl(out, y, batch.weights))
         return loss, out.logits[0]

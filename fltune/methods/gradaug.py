@@ -54,7 +54,6 @@ class GradAug(ResNet56Method):
     name = "gradaug"
     Params = GradAugParams
     stored_models = 1.0  # one model: the sub-networks share its weights
-    pure_loss = False  # the objective runs sub-networks of the client's ResNet-56
 
     @property
     def passes_per_step(self) -> float:  # type: ignore[override]
@@ -62,8 +61,8 @@ class GradAug(ResNet56Method):
         return 1.0 + self.params.n
 
     def local_loss(self, batch: Batch) -> tuple[Tensor, Tensor]:
-        ctx, x, y = batch.client, batch.x, batch.y
-        model = self.resnet(ctx)
+        x, y = batch.x, batch.y
+        model = self.resnet(batch)
         logits = model(x)
         loss = F.cross_entropy(logits, y)
         if self.params.mu == 0:

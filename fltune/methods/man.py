@@ -68,7 +68,7 @@ class MAN(Modifier):
     def local_loss(self, batch: Batch, base_loss: Callable[[], LossAndLogits]) -> LossAndLogits:
         if self.params.zeta == 0:
             return base_loss()
-        model = batch.forward.model
+        model = batch.module()  # its hooks would average padded rows in: client by client
         squared, varied = model.activation_points, model.variance_points
         with first_activations(list(dict.fromkeys([*squared, *varied]))) as outputs:
             loss, logits = base_loss()

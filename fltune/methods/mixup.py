@@ -39,12 +39,12 @@ class Mixup(Method):
     Params = MixupParams
     stored_models = 1.0  # the local model only
     passes_per_step = 1.0  # one pass over the mixed batch
-    pure_loss = False  # the objective mixes with draws from torch's global RNG
 
     def local_loss(self, batch: Batch) -> tuple[Tensor, Tensor]:
-        ctx, x, y = batch.client, batch.x, batch.y
+        x, y = batch.x, batch.y
         if self.params.gamma == 0:
             return super().local_loss(batch)
+        model = batch.module()  # its draws from torch's global RNG replay the exact path's client by client only
         mixed, perm, lam = mix(x, self.params.gamma)
-        logits = ctx.model(mixed)
+        logits = model(mixed)
         return lam * F.cross_entropy(logits, y) + (1 - lam) * F.cross_entropy(logits, y[perm]), logits

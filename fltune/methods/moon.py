@@ -81,7 +81,6 @@ class Moon(InitialStandIn):
     stored_models = 3.0  # local, global and previous local model (MOON's contrastive anchors)
     kept, first = "prev", "first_prev"
     passes_per_step = 5.0 / 3.0  # + two forward-only passes (global, previous), a forward ≈ 1/3 of a step
-    pure_loss = False  # the objective contrasts with frozen copies of the global and previous models
 
     def adapt_model(self, model: nn.Module) -> nn.Module:
         return add_projector(model)
@@ -100,14 +99,14 @@ class Moon(InitialStandIn):
             ctx.scratch["prev"] = global_model
 
     def local_loss(self, batch: Batch) -> tuple[Tensor, Tensor]:
-        ctx, x, y = batch.client, batch.x, batch.y
-        z = ctx.model.features(x)
-        logits = ctx.model.head(z)
+        model, x, y = batch.module(), batch.x, batch.y
+        z = model.features(x)
+        logits = model.head(z)
         loss = F.cross_entropy(logits, y)
         if self.params.mu == 0:
             return loss, logits
         with torch.no_grad():
-            z_global, z_prev = ctx.scratch["global"].features(x), ctx.scratch["prev"].features(x)
+            z_global, z_prev = batch.module("global").features(x), batch.module("prev").features(x)
         return loss + self.params.mu * contrastive_loss(z, z_global, z_prev, self.params.tau), logits
 
     def client_result(self, ctx: ClientContext) -> ClientResult:

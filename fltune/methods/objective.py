@@ -5,14 +5,16 @@ clients at once (engine/batched.py), the same function runs inside a ``vmap`` on
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
+
+from fltune.models.vib import sampled_cross_entropy
 
 if TYPE_CHECKING:  # base.py imports this module
     from fltune.methods.base import ClientContext
@@ -53,12 +55,20 @@ def _ties_tensors(model: nn.Module) -> bool:
     return len(named) != len({id(t) for _, t in named})
 
 
+class ClientByClient(Exception):
+    """Raised by :meth:`Batch.module` where clients are trained together."""
+
+
+Objective = Callable[[Tensors], tuple[torch.Tensor, Any]]
+"""Weights → (a scalar to differentiate, what else to return); :meth:`Batch.gradient`'s argument."""
+
+
 @dataclass(frozen=True)
 class Batch:
-    """One batch as a method's objective reads it.
-    ``weights``: every parameter (frozen ones too). ``mask``: 1 on the real samples, None when all are real. ``noise``:
-    draws of ``Method.noise``, batch axis first. ``client``: set only when trained on its own; an objective reading it
-    declares ``Method.pure_loss = False``. ``record``: per-sample tensors for ``Method.record_step`` (FedCR's μ, σ)."""
+    """One batch as a method's objective and step read it: ``weights`` (every parameter), ``noise`` (``Method.noise``'s
+    draws), ``record`` (per-sample tensors for ``Method.record_step``); for a ``Method.step``, the weights it trains
+    (``trainable``), the round's ``lr`` and ``grad_clip``. ``mask`` (padded samples 0), ``client`` and
+    ``differentiate`` are the engine's, read through :meth:`mean`, :meth:`module` and :meth:`gradient`."""
 
     forward: Forward
     weights: Tensors
@@ -70,6 +80,93 @@ class Batch:
     global_weights: Mapping[str, torch.Tensor] = field(default_factory=dict)
     client: ClientContext | None = None
     record: Tensors = field(default_factory=dict)
+    trainable: tuple[str, ...] = ()
+    lr: float = 0.0
+    grad_clip: float | None = None
+    differentiate: Callable[[Objective, Tensors], tuple[Tensors, torch.Tensor, Any]] | None = None
+    kept: dict[str, Tensors] = field(default_factory=dict)
+
+    @property
+    def trained(self) -> Tensors:
+        """The weights the step trains, by name."""
+        return {n: self.weights[n] for n in self.trainable}
+
+    def at(self, weights: Mapping[str, torch.Tensor]) -> Batch:
+        """This batch with ``weights`` in place of the current ones (the others as they are), a fresh ``record``."""
+        return replace(self, weights={**self.weights, **weights}, record={})
+
+    def gradient(self, objective: Objective, weights: Tensors) -> tuple[Tensors, torch.Tensor, Any]:
+        """(∇objective at ``weights``, its value, the rest it returns), detached; zeros for an unused weight. The engine
+        takes it by ``torch.func`` where clients are trained together, by autograd client by client: the same bits."""
+        return self.differentiate(objective, weights)
+
+    def loss_gradient(
+        self, local_loss: Callable[[Batch], tuple[torch.Tensor, torch.Tensor]], weights: Tensors,
+    ) -> tuple[Tensors, torch.Tensor, torch.Tensor]:
+        """(∇ of ``local_loss`` at ``weights``, the loss, the logits); the first pass's ``record`` is the step's."""
+
+        def objective(trained: Tensors) -> tuple[torch.Tensor, tuple[torch.Tensor, Tensors]]:
+            seen = self.at(trained)
+            loss, logits = local_loss(seen)
+            return scalar_loss(seen, loss), (logits, seen.record)
+
+        grads, loss, (logits, record) = self.gradient(objective, weights)
+        for key, value in record.items():
+            self.record.setdefault(key, value)
+        return grads, loss, logits
+
+    def keep(self, name: str, values: Tensors) -> None:
+        """New values of the client's tensors ``inputs[name]`` (Ditto's v_k), which the engine keeps after the step."""
+        self.kept[name] = values
+
+    def module(self, name: str | None = None) -> nn.Module:
+        """The client's model (``name`` None) or a module it keeps (``ctx.scratch[name]``), for an objective running one
+        other than by :attr:`forward` (its hooks, a sub-network, torch's global RNG): never batched."""
+        if self.client is None:
+            raise ClientByClient("its objective reads the client's modules")
+        return self.forward.model if name is None else self.client.scratch[name]
+
+    def model(self, name: str) -> Forward:
+        """The forward of the model ``name`` a client keeps (``ctx.scratch[name]``): client by client that module (its
+        BatchNorm statistics its own); trained together, the model's functional forward (batched models hold no buffers)."""
+        if self.client is None:
+            return self.forward
+        kept = self.client.scratch[name]
+        return kept if isinstance(kept, Forward) else Forward(kept)
+
+    def mean(self, values: torch.Tensor) -> torch.Tensor:
+        """Mean of per-sample ``values`` (batch axis first) over the real samples; unpadded, ``values.mean()`` itself,
+        so the client-by-client path keeps its bits."""
+        return values.mean() if self.mask is None else self.real(values).sum() / self.size
+
+    def cross_entropy(self, logits: torch.Tensor) -> torch.Tensor:
+        """Mean CE of ``logits`` against ``y`` over the real samples: ``F.cross_entropy`` unpadded; padded, −log
+        softmax at the label written out (the same floats without ``ignore_index``'s ops, wasted in a vmapped step).
+        ``[S, B, C]`` logits (S draws per sample, a VIB net's) average over the draws too (``sampled_cross_entropy``)."""
+        if logits.dim() == 3 and self.mask is None:
+            return sampled_cross_entropy(logits, self.y)
+        if logits.dim() == 3:
+            repeated = replace(self, y=self.y.repeat(len(logits)), mask=self.mask.repeat(len(logits)))
+            return repeated.cross_entropy(logits.flatten(0, 1))
+        if self.mask is None:
+            return F.cross_entropy(logits, self.y)
+        return self.mean(-logits.log_softmax(-1).gather(-1, self.y.unsqueeze(-1)).squeeze(-1))
+
+    def real(self, values: torch.Tensor) -> torch.Tensor:
+        """``values`` (batch axis first) with the padded samples' rows zeroed; ``values`` itself when unpadded."""
+        if self.mask is None:
+            return values
+        return values * self.mask.view(-1, *[1] * (values.dim() - 1))
+
+    @property
+    def size(self) -> int | torch.Tensor:
+        """How many samples are real (a tensor, at least 1, when padded): a sum's divisor."""
+        return len(self.y) if self.mask is None else self.mask.sum().clamp(min=1.0)
+
+
+def scalar_loss(batch: Batch, loss: torch.Tensor) -> torch.Tensor:
+    """``local_loss``'s loss as one number: a per-sample loss (1-D) is averaged by :meth:`Batch.mean`."""
+    return batch.mean(loss) if loss.dim() == 1 else loss
 
 
 def draw_noise(
@@ -85,17 +182,11 @@ def squared_distance(weights: Iterable[tuple[str, torch.Tensor]], anchor: Mappin
     return sum(((p - anchor[n]) ** 2).sum() for n, p in weights)
 
 
-def batch_mean(values: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
-    """Mean of per-sample ``values`` over the real samples (mask 1) of a padded batch; ``mask`` None is
-    ``values.mean()`` itself, so the client-by-client path keeps its bits."""
-    if mask is None:
-        return values.mean()
-    return (values * mask).sum() / mask.sum().clamp(min=1.0)
+def global_norm(tensors: Iterable[torch.Tensor]) -> torch.Tensor:
+    """‖concat(tensors)‖₂ without concatenating: the norm of their norms, as ``clip_grad_norm_`` takes it."""
+    return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(t) for t in tensors]))
 
 
-def masked_cross_entropy(logits: torch.Tensor, y: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
-    """Mean CE over the real samples; ``F.cross_entropy`` when unpadded. Padded, −log softmax at the label
-    is written out: the same floats without ``ignore_index``'s ops, wasted in a vmapped step."""
-    if mask is None:
-        return F.cross_entropy(logits, y)
-    return batch_mean(-logits.log_softmax(-1).gather(-1, y.unsqueeze(-1)).squeeze(-1), mask)
+def clip_scale(tensors: Iterable[torch.Tensor], max_norm: float) -> torch.Tensor:
+    """``clip_grad_norm_``'s factor min(1, max_norm / (‖g‖ + 1e-6)), with no ``.grad`` or in-place write (vmap-safe)."""
+    return (max_norm / (global_norm(tensors) + 1e-6)).clamp(max=1.0)

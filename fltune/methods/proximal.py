@@ -56,7 +56,6 @@ class Proximal(Method):
     name = "proximal"
     Params = ProximalParams
     stored_models = 2.0  # the local model and the global one (w_g, or the KL's frozen copy)
-    pure_loss = False  # the objective runs a frozen global copy and takes ∇L_p for the projection
 
     @property
     def passes_per_step(self) -> float:  # type: ignore[override]
@@ -71,40 +70,37 @@ class Proximal(Method):
             ctx.scratch["global_model"] = frozen_copy(ctx.model, ctx.global_state)
 
     def local_loss(self, batch: Batch) -> tuple[Tensor, Tensor]:
-        """CE (+ β·L_p with ``base``); with ``projection`` and KL, ∇L_p from the same forward, for :meth:`backward`."""
-        ctx, x = batch.client, batch.x
+        """CE, + β·L_p with ``base``."""
         loss, logits = super().local_loss(batch)
-        if self.params.usage == "base":
-            if self.params.beta == 0:  # exactly FedAvg
-                return loss, logits
-            return loss + self.params.beta * self.proximal_loss(ctx, x, logits), logits
-        if self.params.loss == "kl":
-            weights = [p for p in ctx.model.parameters() if p.requires_grad]
-            grads = torch.autograd.grad(self.proximal_loss(ctx, x, logits), weights, retain_graph=True,
-                                        allow_unused=True)
-            ctx.scratch["proximal_grad"] = [torch.zeros_like(p) if g is None else g for p, g in zip(weights, grads)]
+        if self.params.usage == "base" and self.params.beta:  # β = 0: exactly FedAvg
+            return loss + self.params.beta * self.proximal_loss(batch, logits), logits
         return loss, logits
 
-    def proximal_loss(self, ctx: ClientContext, x: Tensor, logits: Tensor) -> Tensor:
+    def proximal_loss(self, batch: Batch, logits: Tensor) -> Tensor:
         """L_p at the current weights: ½‖w − w_g‖² or KL(softmax(z_g/T) ‖ softmax(z_l/T))."""
         if self.params.loss == "l2":
-            return 0.5 * squared_distance(ctx.model.named_parameters(), ctx.global_state)
+            return 0.5 * squared_distance(batch.weights.items(), batch.global_weights)
         with torch.no_grad():
-            global_logits = ctx.scratch["global_model"](x)
-        return soft_kl(logits, global_logits, self.params.temperature)
+            global_logits = batch.module("global_model")(batch.x)
+        return soft_kl(logits, global_logits, self.params.temperature, batch)
 
     def backward(self, ctx: ClientContext, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
-        """``projection``: the CE gradient in ``.grad`` projected off ∇L_p (Eq. 3); ∇(½‖w − w_g‖²) = w − w_g."""
-        result = super().backward(ctx, x, y)
+        """``projection``: the CE gradient in ``.grad`` projected off ∇L_p (Eq. 3), ∇L_p from the same forward;
+        ∇(½‖w − w_g‖²) = w − w_g."""
         if self.params.usage != "projection":
-            return result
+            return super().backward(ctx, x, y)
+        batch = self.batch(ctx, x, y)
+        loss, logits = self.local_loss(batch)
         weights = [p for p in ctx.model.parameters() if p.requires_grad]
         if self.params.loss == "l2":
             against = [p.detach() - ctx.global_state[n] for n, p in ctx.model.named_parameters() if p.requires_grad]
         else:
-            against = ctx.scratch.pop("proximal_grad")
+            pulls = torch.autograd.grad(self.proximal_loss(batch, logits), weights, retain_graph=True,
+                                        allow_unused=True)
+            against = [torch.zeros_like(p) if g is None else g for p, g in zip(weights, pulls)]
+        loss.backward()
         grads = [torch.zeros_like(p) if p.grad is None else p.grad for p in weights]
         for p, g in zip(weights, project_off(grads, against), strict=True):
             p.grad = g
-        return result
+        return loss.detach(), logits.detach()
 

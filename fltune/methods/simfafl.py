@@ -20,9 +20,9 @@ from torch import Tensor
 
 from fltune.methods import register
 from fltune.methods._personal import PersonalHead
-from fltune.methods._vib import VIBMethod, functional_vib, vib_cross_entropy
+from fltune.methods._vib import VIBMethod, functional_vib
 from fltune.methods.base import ClientContext, ClientResult, Params
-from fltune.methods.objective import Batch, batch_mean
+from fltune.methods.objective import Batch
 from fltune.models.vib import VIBOutput, gaussian_kl
 
 
@@ -38,12 +38,12 @@ class SimFAFLParams(Params):
     )
 
 
-def standard_normal_kl(out: VIBOutput, kl_order: str, mask: Tensor | None = None) -> Tensor:
-    """L_ca (Eq. 8): the mean over real samples of the KL between q(z|x) and N(0, I)."""
+def standard_normal_kl(out: VIBOutput, kl_order: str) -> Tensor:
+    """L_ca (Eq. 8) per sample: the KL between q(z|x) and N(0, I)."""
     zero, one = torch.zeros_like(out.mu), torch.ones_like(out.sigma)
     if kl_order == "posterior_first":
-        return batch_mean(gaussian_kl(out.mu, out.sigma, zero, one), mask)
-    return batch_mean(gaussian_kl(zero, one, out.mu, out.sigma), mask)
+        return gaussian_kl(out.mu, out.sigma, zero, one)
+    return gaussian_kl(zero, one, out.mu, out.sigma)
 
 
 @register
@@ -62,13 +62,13 @@ class SimFAFL(VIBMethod, PersonalHead):
 
     def local_loss(self, batch: Batch) -> tuple[Tensor, Tensor]:
         """Eq. 10 over the real samples; head_f is the client's head run with the global head's weights."""
-        out, y, mask = functional_vib(batch), batch.y, batch.mask
-        loss = vib_cross_entropy(out.logits, y, mask)
+        out = functional_vib(batch)
+        loss = batch.cross_entropy(out.logits)
         if self.params.beta1:
-            loss = loss + self.params.beta1 * standard_normal_kl(out, self.params.kl_order, mask)
+            loss = loss + self.params.beta1 * batch.mean(standard_normal_kl(out, self.params.kl_order))
         if self.params.beta2:
             head_f = batch.forward.part("head", batch.inputs["global_head"], out.z)
-            loss = loss + self.params.beta2 * vib_cross_entropy(head_f, y, mask)
+            loss = loss + self.params.beta2 * batch.cross_entropy(head_f)
         return loss, out.logits.mean(0)
 
     def client_result(self, ctx: ClientContext) -> ClientResult:

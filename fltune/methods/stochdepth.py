@@ -35,7 +35,6 @@ class StochDepth(ResNet56Method):
     Params = StochDepthParams
     stored_models = 1.0  # the local model only
     passes_per_step = 1.0  # dropped blocks are counted in FLOPs by the workers
-    pure_loss = False  # its model drops blocks by draws from torch's global RNG
 
     def adapt_model(self, model: nn.Module) -> nn.Module:
         resnet = super().adapt_model(model)

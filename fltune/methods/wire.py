@@ -14,7 +14,7 @@ State = dict[str, np.ndarray]
 
 
 def dtype_groups(dtypes: Iterable[Any]) -> list[list[int]]:
-    """Positions of equal dtypes in order of first appearance: what one host-device copy can carry."""
+    """Positions of equal dtypes in order of first appearance: what one host-device copy can move."""
     groups: dict[Any, list[int]] = {}
     for i, dtype in enumerate(dtypes):
         groups.setdefault(dtype, []).append(i)

@@ -109,13 +109,13 @@ class Confirm(_Strict):
 class Sampler(_Strict):
     name: Literal["tpe", "random"] = "tpe"
     seed: int = 0
-    n_startup_trials: int = Field(10, ge=0, description="TPE's random trials before it models the objective")
-    multivariate: bool = Field(False, description="TPE over the parameters jointly (BOHB's model), not one by one")
+    n_startup_trials: int = Field(4, ge=0, description="TPE's random trials before it models the objective")
+    multivariate: bool = Field(True, description="TPE over the parameters jointly (BOHB's model), not one by one")
 
 
 class Asha(_Strict):
     name: Literal["asha"]
-    grace_period: int = Field(2, ge=1, description="rounds every trial runs before it can be stopped")
+    grace_period: int = Field(3, ge=1, description="rounds every trial runs before it can be stopped")
     reduction_factor: float = Field(3, gt=1)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -61,12 +62,13 @@ def test_replay_picks_by_budget(tmp_path: Path) -> None:
 
 
 def test_default_tuner_replays_with_asha(tmp_path: Path) -> None:
-    """The shipped default (TPE + ASHA, fltune's own searcher and scheduler) runs on the table; seen both
-    configurations, it returns the validation winner."""
+    """The shipped default's sampler (TPE + ASHA, fltune's own searcher and scheduler), its grace period cut to
+    the table's first round, runs on the table; seen both configurations, it returns the validation winner."""
     problem, tables = toy(tmp_path, [0.01, 0.1])
-    picks = tq.replay(problem, tables[0], tq.default_tuner(), seed=0, fractions=[1.0])
+    tuner = replace(tq.default_tuner(), grace=1)
+    picks = tq.replay(problem, tables[0], tuner, seed=0, fractions=[1.0])
     assert picks in ([(0.01,)], [(0.1,)])
-    studies = tq.study_regrets(problem, tables, tq.default_tuner())
+    studies = tq.study_regrets(problem, tables, tuner)
     assert len(studies) == tq.TUNER_SEEDS and all(len(s) == len(tq.FRACTIONS) for s in studies)
     assert min(s[-1][0] for s in studies) >= -10.0 - 1e-9
 
@@ -77,3 +79,15 @@ def test_a_resumed_build_skips_only_runs_that_ended(tmp_path: Path) -> None:
     path = tmp_path / "toy.csv"
     path.write_text(TABLE + "# build: 2 runs in 1 s\n")
     assert tq.finished_runs(path, keys=1) == {(0.01, 0), (0.1, 0)}
+
+
+def test_synchronous_hyperband_at_two_live_trials_stops_none() -> None:
+    """On the committed FedProx table, Ray's HyperBandScheduler pauses trials at its rungs and the replay resumes
+    them (``choose_trial_to_run``); with two live trials a rung keeps both, so each study returns what random
+    search without stopping returns at every budget (a paused trial never resumed would end the study early)."""
+    problem = tq.PROBLEMS["fedprox"]
+    tables = tq.load_tables(problem)
+    random, hyperband = (next(t for t in tq.tuners() if t.name == name) for name in ("random", "HyperBand"))
+    for seed in (0, 1):
+        picks = tq.replay(problem, tables[seed], hyperband, seed, tq.FRACTIONS + [1.0])
+        assert picks == tq.replay(problem, tables[seed], random, seed, tq.FRACTIONS + [1.0])

@@ -26,11 +26,11 @@ from fltune.engine.batches import DeviceBatches, batches
 from fltune.engine.local import train_client
 from fltune.engine.transfer import RoundInput
 from fltune.engine.dispatch import balance
+from fltune.engine.functional import batchable
 from fltune.engine.rng import derive_seed
 from fltune.methods import METHODS, get_method
 from fltune.methods.base import ClientResult, Method, Phase
-from fltune.methods.functional import has_functional_step
-from fltune.methods.objective import draw_noise
+from fltune.methods.objective import ClientByClient, draw_noise
 from fltune.models import build_model
 from tests.conftest import SharedPools, needs_fmnist
 from tests.engine.helpers import OpCount
@@ -103,11 +103,11 @@ EVERY_BATCHED = [  # every method the batched executor trains, with its terms sw
 
 
 def test_every_batched_method_is_checked_against_the_exact_path():
-    """A method whose step has a functional form is trained by it: its place in ``EVERY_BATCHED`` is what
-    checks that form against the exact path's step."""
+    """A method the batched executor trains (no backward of its own, no ResNet-56's BatchNorm, an objective reading
+    no client module) is in ``EVERY_BATCHED``, which checks its batched step against the exact path's."""
     checked = {s.removeprefix("method.name=") for overrides in EVERY_BATCHED for s in overrides
                if s.startswith("method.name=")}
-    assert checked == {name for name, cls in METHODS.items() if has_functional_step(cls)}
+    assert checked == {name for name, cls in METHODS.items() if batchable(cls) and cls.default_model != "resnet56"}
 
 
 def slow_where(cases: list[list[str]], methods: tuple[str, ...],
@@ -166,7 +166,7 @@ def test_a_final_round_in_groups_follows_the_exact_one(overrides):
         local.final_round(method, model, data, cid, inputs, {}, cfg.training, "none", CPU, None, tensors)
         exact[cid] = {k: v.clone() for k, v in model.state_dict().items()}
     final, settings = local.final_training(method, cfg.training)
-    assert has_functional_step(type(final))
+    assert batchable(type(final))
     for cid, result in train_group(final, model, data, group, inputs, {}, settings, "none", CPU, tensors):
         local.final_model(method, model, inputs, result, CPU, tensors)
         assert any(not torch.equal(exact[cid][k], start[k]) for k in start)  # the round trained something
@@ -434,13 +434,15 @@ def test_padding_stacks_full_batches_in_one_op_and_zero_pads_short_or_missing_on
     assert torch.equal(out[:, 2], full)
 
 
-def test_composites_and_step_overrides_are_not_batched():
-    """A ``<method>+<modifier>``'s term reads the model's own modules, so its objective is not pure (on a SAM
-    base too); FedNTD's distillation from a frozen global copy is not either."""
-    batched = ("fedavg", "feddc", "fedsam", "ditto", "fedcr", "fedsol")
-    assert all(has_functional_step(get_method(name)) for name in batched)
-    assert not has_functional_step(get_method("fedavg+man")) and not has_functional_step(get_method("fedsol+man"))
-    assert not has_functional_step(get_method("fedntd"))
+@pytest.mark.parametrize("name", ["fedavg+man", "fedsol+man", "fedntd"])
+def test_an_objective_reading_a_client_module_is_never_batched(name):
+    """MAN's hooks (on a SAM base too) and FedNTD's frozen global copy are modules of a client (``Batch.module``):
+    read off the objective's code, the method is trained client by client; forced into a group, its first step
+    refuses rather than train on what is not the client's."""
+    cfg, data, method, model, inputs, tensors = round_one([f"method.name={name}"])
+    assert not batchable(type(method)) and "reads a client's modules" in unbatchable(cfg, method, model)
+    with pytest.raises(ClientByClient, match="reads the client's modules"):
+        next(train_group(method, model, data, [0, 1], inputs, {}, cfg.training, "none", CPU, tensors))
 
 
 def run_all(pools: SharedPools, cfgs: list[list[str]], workers: int) -> list[Federation]:
@@ -474,15 +476,14 @@ def test_a_batched_run_compiled_in_the_workers_is_deterministic_and_worker_count
 
 
 def test_unsupported_method_falls_back_and_says_so(pools, caplog):
-    """FedNTD's step has no functional form: it trains on the exact path, bit for bit, with one warning
-    for the run (not one per round)."""
+    """FedNTD's objective reads its frozen global copy, a module of the client: it trains on the exact path, bit for
+    bit, with one warning for the run (not one per round)."""
     ntd = [*FEDERATION, "method.name=fedntd"]
     with caplog.at_level(logging.WARNING, logger="fltune.assembly"):
         fallback, exact = run_all(pools, [[*ntd, "resources.executor=batched"], ntd], workers=1)
     notes = [r.getMessage() for r in caplog.records if r.name == "fltune.assembly"]
-    assert notes == ["resources.executor: batched trains every client on the exact path: method fedntd has no "
-                     "functional local step (an objective that reads the client's context, or a per-batch step "
-                     "without functional_step)"]
+    assert notes == ["resources.executor: batched trains every client on the exact path: method fedntd's objective "
+                     "reads a client's modules (Batch.module)"]
     assert fingerprint(fallback) == fingerprint(exact)
 
 

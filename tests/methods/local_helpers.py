@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from fltune.engine.functional import client_backward
 from fltune.engine.local import add_correction
 from fltune.methods.base import ClientContext, Method
 
@@ -52,7 +53,7 @@ def shifted(base: Params, eps: Params) -> Params:
 def engine_grads(method: Method, ctx: ClientContext, x: Tensor, y: Tensor) -> tuple[Tensor, Params]:
     """What the engine's loop leaves in ``.grad`` for one batch (before clipping): (loss, gradients)."""
     ctx.model.zero_grad(set_to_none=True)
-    loss, _ = method.backward(ctx, x, y)
+    loss, _ = client_backward(method)(ctx, x, y)
     add_correction(method, ctx)
     return loss, {n: p.grad.detach().clone() for n, p in ctx.model.named_parameters()}
 

@@ -6,8 +6,8 @@ import torch.nn.functional as F
 
 from fltune.methods import get_method
 from fltune.methods.base import Aggregate, ServerContext
-from fltune.methods.functional import FunctionalBatch, gradient
-from fltune.methods.objective import Forward, masked_cross_entropy
+from fltune.engine.functional import client_backward, functional_gradient
+from fltune.methods.objective import Batch, Forward
 from tests.methods.helpers import make_ctx, pure_aggregate, tiny_batch, tiny_model
 
 Ditto = get_method("ditto")
@@ -26,7 +26,7 @@ def personal_after_one_step(method, global_state, lr=0.1, grad_clip=None):
     ctx = make_ctx(tiny_model(seed=1), global_state=global_state, lr=lr, grad_clip=grad_clip)
     method.setup_client(ctx)
     x, y = tiny_batch()
-    method.backward(ctx, x, y)
+    client_backward(method)(ctx, x, y)
     return ctx, {n: p.detach() for n, p in ctx.scratch["personal"].model.named_parameters()}
 
 
@@ -88,7 +88,7 @@ def test_with_grad_clip_the_personal_step_is_clipped_as_fedcrs_code():
 def test_both_paths_step_v_with_the_bits_of_autograd_through_eq_2(grad_clip):
     """The personal step adds λ(v − w_g) to ∇CE(v) instead of differentiating (λ/2)‖v − w_g‖², and steps all
     parameters as one flat vector: autograd's (λ/2)·2(v − w_g) rounds to the same floats and every op is
-    elementwise, so the exact ``backward`` and the batched ``functional_step`` leave v where autograd
+    elementwise, so the exact ``backward`` and the batched ``step`` leave v where autograd
     through CE + (λ/2)‖v − w_g‖², parameter by parameter, would, to the last bit."""
     lam, lr = 0.3, 0.1
     model = tiny_model(seed=1)  # v, as personal_after_one_step starts it
@@ -102,7 +102,7 @@ def test_both_paths_step_v_with_the_bits_of_autograd_through_eq_2(grad_clip):
             distance = sum(((p - global_state[n]) ** 2).sum() for n, p in params.items())
             return ce_of(params) + 0.5 * lam * distance, ()
 
-        grads, _, _ = gradient(eq_2, v)
+        grads, _, _ = functional_gradient(eq_2, v)
         if grad_clip is not None:  # FedCR's code: ∇CE − λ·w_g clipped (clip_grad_norm_'s rule), λ·v added back
             bounded = {n: g - lam * v[n] for n, g in grads.items()}
             norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in bounded.values()]))
@@ -115,9 +115,11 @@ def test_both_paths_step_v_with_the_bits_of_autograd_through_eq_2(grad_clip):
     assert all(torch.equal(exact[n], expected[n]) for n in v)
 
     weight = torch.ones(len(y))
-    batch = FunctionalBatch(forward, tuple(v), {}, {"personal": v}, {}, x, y, weight, global_state, lr, grad_clip)
-    functional = ditto(lam).functional_step(v, batch).carry["personal"]
-    expected = stepped(lambda params: masked_cross_entropy(forward(params, x), y, weight))
+    batch = Batch(forward, v, x, y, weight, {"personal": v}, {}, global_state, trainable=tuple(v), lr=lr,
+                  grad_clip=grad_clip, differentiate=functional_gradient)
+    ditto(lam).step(batch)
+    functional = batch.kept["personal"]
+    expected = stepped(lambda params: batch.cross_entropy(forward(params, x)))
     assert all(torch.equal(functional[n], expected[n]) for n in v)
 
 

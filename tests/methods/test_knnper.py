@@ -17,10 +17,10 @@ from torch import nn
 from fltune.assembly import build_federation
 from fltune.config import build_config
 from fltune.engine.pool import WorkerPlan, WorkerPool
+from fltune.engine.functional import batchable
 from fltune.errors import FLTuneError
 from fltune.methods import get_method
 from fltune.methods.base import Method
-from fltune.methods.functional import has_functional_step
 from tests.methods.helpers import loss_of, make_ctx, tiny_batch, tiny_model
 
 KNNPer = get_method("knnper")
@@ -166,7 +166,7 @@ def test_training_is_fedavgs() -> None:
     assert torch.equal(loss_of(knnper(), ctx, x, y)[0], loss_of(fedavg, ctx, x, y)[0])
     method = knnper()
     assert (method.stored_models, method.passes_per_step) == (fedavg.stored_models, fedavg.passes_per_step)
-    assert has_functional_step(KNNPer) == has_functional_step(get_method("fedavg"))
+    assert batchable(KNNPer) == batchable(get_method("fedavg"))
 
 
 def test_a_model_without_features_is_refused_in_one_line() -> None:

@@ -6,7 +6,7 @@ import torch.nn.functional as F
 from torch.func import grad, vmap
 
 from fltune.methods import objective
-from fltune.methods.objective import Forward, batch_mean, masked_cross_entropy
+from fltune.methods.objective import Batch, Forward
 from tests.engine.helpers import OpCount
 from tests.methods.helpers import tiny_batch, tiny_model
 
@@ -50,10 +50,13 @@ def test_padded_cross_entropy_has_torchs_bits_inside_vmap_in_fewer_ops():
     weight = (torch.rand(4, 10, generator=generator) > 0.3).float()
 
     def torchs(z, labels, w):
-        return batch_mean(F.cross_entropy(z, labels, reduction="none"), w)
+        return Batch(None, {}, z, labels, w).mean(F.cross_entropy(z, labels, reduction="none"))
+
+    def fltunes(z, labels, w):
+        return Batch(None, {}, z, labels, w).cross_entropy(z)
 
     results = {}
-    for name, loss in (("torch", torchs), ("fltune", masked_cross_entropy)):
+    for name, loss in (("torch", torchs), ("fltune", fltunes)):
         with OpCount() as ops:
             value, gradient = vmap(loss)(logits, y, weight), vmap(grad(loss))(logits, y, weight)
         results[name] = value, gradient, ops.count
