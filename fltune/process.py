@@ -23,7 +23,9 @@ from typing import Any
 
 from fltune import folders
 from fltune.errors import WriteFailed
-from fltune.workarounds import NOISE, Rule, local_ray_node, ray_node_alive, stop_local_ray
+from fltune.workarounds import (
+    NOISE, Rule, local_ray_node, mute_published_errors_after_a_stop, ray_node_alive, stop_local_ray,
+)
 
 _failed_writes: list[WriteFailed] = []
 """Writes that failed in a library that logged them and went on (``_Drop``), for the job to stop on."""
@@ -152,12 +154,15 @@ def take_ctrl_c() -> None:
 
 
 def _watch_signals(read: int) -> None:
-    """Record every stop signal's arrival (``_arrived``) for the process's life; on SIGTERM, start the running
-    Tune job's last resort (``_end_if_ray_died``) on a thread of its own."""
+    """Record every stop signal's arrival (``_arrived``) for the process's life, from which Ray's published errors
+    are muted (the group's stop reached Ray's services too); on SIGTERM, start the running Tune job's last resort
+    (``_end_if_ray_died``) on a thread of its own."""
     last_resort: threading.Thread | None = None
     while True:
         got = os.read(read, 64)
         _arrived.extend(signum for signum in got if signum in (signal.SIGINT, signal.SIGTERM))
+        if _arrived:
+            mute_published_errors_after_a_stop(stop_arrived)
         if signal.SIGTERM in got and (last_resort is None or not last_resort.is_alive()):
             last_resort = threading.Thread(target=_end_if_ray_died, args=(signal.SIGTERM,), daemon=True,
                                            name="fltune-last-resort")

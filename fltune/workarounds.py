@@ -62,6 +62,26 @@ NOISE: dict[str, tuple[Rule, ...]] = {
 """Logger → rules: Ray's records fltune drops (``process.quiet_libraries``). The loggers are named by Ray's private
 modules: a release that moves one brings its noise back."""
 
+def mute_published_errors_after_a_stop(stopped: Callable[[], bool]) -> None:
+    """Drop the errors Ray's services publish to the driver (its ``(raylet) …`` lines) once ``stopped()``: a stop
+    sent to the process group reaches the local Ray's autoscaler monitor too, whose handler publishes its own death
+    ("The autoscaler failed with the following error: Terminated with signal 15" and a stack) while the command is
+    ending. The driver prints published errors from a thread of its own (``worker.listen_error_messages``) with no
+    switch, so the printer it calls is wrapped; idempotent. Remove when ``ray.init`` can leave the monitor out of a
+    local Ray (``RayParams.no_monitor`` is not passed through) or the monitor ends quietly on a signal."""
+    ray = sys.modules.get("ray")
+    if ray is None or getattr(ray._private.worker.print_to_stdstream, "__wrapped__", None) is not None:
+        return
+    printer = ray._private.worker.print_to_stdstream
+
+    def printing(data: dict[str, Any], *args: Any, **kwargs: Any) -> None:
+        if not (data.get("pid") == "raylet" and stopped()):
+            printer(data, *args, **kwargs)
+
+    printing.__wrapped__ = printer  # type: ignore[attr-defined]
+    ray._private.worker.print_to_stdstream = printing
+
+
 RAY_SYSTEM_CONFIG = {"prestart_worker_first_driver": False}
 """``ray.init``'s private ``_system_config`` for a local Ray: no idle workers prestarted. Client actors get processes
 of their own, so prestarted ones only take CPU and memory from the start-up, and one still starting when a short
