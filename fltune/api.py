@@ -76,7 +76,7 @@ def run(cfg: ExperimentConfig | str | Path, *, plan: bool = False, progress: boo
     check_here(cfg.data.dataset, cfg.data.root, cfg.data.download)  # before torch and Ray: one line at once
     cfg = ExperimentConfig(**cfg.model_dump())  # whole again: a rule between fields an edit of one can break
     from fltune.engine.callbacks import Callback
-    from fltune.metrics.probe import check_probes, unmeasured_protocols
+    from fltune.metrics.probe import check_probes, omitted_figures, unmeasured_protocols
     from fltune.text import counted
     from fltune.tracking.paths import check_tracking
     from fltune.tracking.progress import ProgressCallback, console, summary_table
@@ -103,6 +103,8 @@ def run(cfg: ExperimentConfig | str | Path, *, plan: bool = False, progress: boo
                       f"{cfg.federation.clients} clients × {cfg.federation.fraction}"
                       f"{' (each drawn alone)' if cfg.federation.sampling == 'bernoulli' else ''}, "
                       f"{counted(cfg.federation.rounds, 'round')}")
+        for line in omitted_figures(cfg):
+            console.print(f"not measured: {line}", markup=False)
         history = History()
         callbacks: list[Any] = [history, ProgressCallback(cfg.method.name)]
         try:

@@ -103,19 +103,34 @@ def cmd_sync(args: argparse.Namespace) -> int:
 def method_card(cls: type) -> str:
     """One method as ``fltune methods NAME`` shows it: what it is, its paper, its parameters with their defaults,
     what it costs (FedAlign Table 5's models held and passes per step) and how it runs."""
-    from fltune.engine.functional import batchable
     from fltune.methods import is_personalised, paper
     from fltune.methods.base import params_table
 
     params = [f"  {name} = {default!r} ({kind})  {about}" for name, kind, default, about in params_table(cls)]
+    declared = hasattr(cls, "stored_models") and hasattr(cls, "passes_per_step")
     return "\n".join([
         f"{cls.name} — {paper(cls) or 'no paper named'}", "", " ".join((cls.__doc__ or "").split()), "",
         "parameters (default):", *(params or ["  none"]),
         f"cost: {cls.stored_models:g} model-sized tensor(s) held by a training client, "
-        f"{cls.passes_per_step:g} forward+backward pass(es) per local step",
-        f"personalised: {'yes' if is_personalised(cls) else 'no'}; "
-        f"batched executor: {'yes (on a model without BatchNorm)' if batchable(cls) else 'client by client'}",
+        f"{cls.passes_per_step:g} forward+backward pass(es) per local step" if declared else
+        "cost: not declared (stored_models, passes_per_step); the figures resting on them are left out",
+        f"personalised: {'yes' if is_personalised(cls) else 'no'}; batched executor: {_batched(cls)}",
     ])
+
+
+def _batched(cls: type) -> str:
+    """Whether the batched executor batches the method on its default model (built at CIFAR's shape to look)."""
+    from fltune.engine.batched import batch_statistics
+    from fltune.engine.functional import batchable
+    from fltune.models.registry import build_model
+
+    if not batchable(cls):
+        return "client by client"
+    if cls.default_model is None:
+        return "yes (on a model without BatchNorm)"
+    if batch_statistics(build_model(cls.default_model, (3, 32, 32), 10)):
+        return f"client by client on its {cls.default_model} (BatchNorm); yes on a model without"
+    return f"yes (its {cls.default_model} has no BatchNorm)"
 
 
 # ---------------------------------------------------------------------------------------------- main

@@ -122,7 +122,8 @@ def work(label: str, tree: dict[str, Any], runs: int, as_built: bool = True) -> 
     cfg = build_config(tree)
     _data_here(cfg)
     samples = client_samples(cfg)
-    passes = build_method(cfg).passes_per_step  # the method's, not its class's: GradAug's grows with its n
+    # the method's, not its class's: GradAug's grows with its n; one when undeclared (the plan says so)
+    passes = getattr(build_method(cfg), "passes_per_step", 1.0)
     return Work(label, cfg, runs, samples, samples * passes * calibrate(cfg, as_built))
 
 

@@ -113,6 +113,15 @@ def test_methods_shows_one_methods_card(capsys):
                                                "did you mean fedprox or fedper?")
 
 
+@pytest.mark.parametrize(("method", "batched"), [
+    ("stochdepth", "client by client on its resnet56 (BatchNorm); yes on a model without"),  # once "yes"
+    ("fedcr", "yes (its vib_cnn has no BatchNorm)"), ("fedprox", "yes (on a model without BatchNorm)"),
+    ("perfedavg", "client by client")])
+def test_a_methods_card_says_whether_its_default_model_batches(method: str, batched: str, capsys) -> None:
+    assert main(["methods", method]) == 0
+    assert capsys.readouterr().out.splitlines()[-1].endswith(f"batched executor: {batched}")
+
+
 @pytest.mark.parametrize(("args", "message"), [
     (["--method", "nope"], "method.name: unknown method"),
     (["--method", "fedprox", "--set", "method.mu=-1"], "method.mu:"),

@@ -74,11 +74,20 @@ def test_a_bad_method_reference_is_one_line_and_exit_2(user_code, reference, exp
     assert err.startswith("fltune: method.name: ") and expected in err and len(err.splitlines()) == 1, err
 
 
-def test_a_method_without_its_cost_declarations_is_refused(user_code: Path) -> None:
-    (user_code / "nocost.py").write_text("import fltune\n\nclass Bare(fltune.Method):\n    name = 'bare'\n")
-    with pytest.raises(FLTuneError, match=r"method.name: '.*nocost.py:Bare': declare stored_models and "
-                                          r"passes_per_step"):
-        fltune.Config(method="./nocost.py:Bare")
+@pytest.mark.slow
+def test_a_method_without_cost_declarations_runs_without_those_figures(
+        ray_session, user_code: Path, tmp_path: Path, capsys) -> None:
+    """Issue 77: ``stored_models`` and ``passes_per_step`` are optional; undeclared, the figures resting on them
+    are left out, said in one line, never a silent 1 (the rest of the cost figures stay)."""
+    (user_code / "nocost.py").write_text(SMOOTH.replace("    stored_models = 1.0\n    passes_per_step = 1.0\n", ""))
+    tiny = [f"--set={key}={value}" for key, value in {**TINY, "federation.rounds": 1, "resources.workers": 1}.items()]
+    out = tmp_path / "out.json"
+    assert main(["run", "--method", "./nocost.py:LabelSmooth", *tiny, "--no-mlflow", "--json-out", str(out)]) == 0
+    said = [line for line in capsys.readouterr().err.splitlines() if line.startswith("not measured")]
+    assert said == ["not measured: cost/cost_cum_tflops, cost_stored_params: LabelSmooth declares no "
+                    "passes_per_step; LabelSmooth declares no stored_models"]
+    figures = json.loads(out.read_text())
+    assert "cost_cum_up_gbit" in figures and "cost_cum_tflops" not in figures, sorted(figures)
 
 
 def test_a_hook_with_the_wrong_signature_is_refused_at_resolution(user_code: Path, capsys) -> None:

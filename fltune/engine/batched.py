@@ -51,11 +51,16 @@ def unbatchable(cfg: ExperimentConfig, method: Method, model: nn.Module) -> str 
         return f"method {cfg.method.name}'s objective reads a client's modules (Batch.module)"
     if cfg.training.optimizer != "sgd":
         return f"training.optimizer {cfg.training.optimizer} (the batched step is SGD)"
-    if next(model.buffers(), None) is not None or any(isinstance(m, nn.modules.batchnorm._BatchNorm)
-                                                      for m in model.modules()):
-        # a BatchNorm without running buffers (FedSOL's ResNet-18) still normalises by the batch's statistics
+    if batch_statistics(model):
         return f"model {cfg.model.name} has BatchNorm or buffers (batch statistics would mix padded samples in)"
     return None
+
+
+def batch_statistics(model: nn.Module) -> bool:
+    """Whether ``model`` keeps buffers or normalises by the batch (a BatchNorm without running buffers, FedSOL's
+    ResNet-18, still does): the padded samples of a batched step would mix in, so it trains client by client."""
+    return next(model.buffers(), None) is not None or any(isinstance(m, nn.modules.batchnorm._BatchNorm)
+                                                          for m in model.modules())
 
 
 @dataclass

@@ -141,6 +141,11 @@ class Probe(ABC):
         """What ``cfg`` lacks for ``metric`` (one of this probe's) to be measured, as ``needs …``; else None."""
         return None
 
+    @classmethod
+    def omitted(cls, cfg: ExperimentConfig) -> list[str]:
+        """The figures this enabled probe leaves out under ``cfg``, each as ``name/metric…: why`` (default none)."""
+        return []
+
     def start_round(self) -> None:
         """Called as each round starts."""
 

@@ -23,26 +23,12 @@ METHODS: dict[str, type[Method]] = {}
 MODIFIERS: dict[str, type[Modifier]] = {}
 
 
-COST_DECLARATIONS = ("stored_models", "passes_per_step")
-"""What every method must state for the cost metrics (``Method`` gives no default)."""
-
-
 def register(cls: type[Method]) -> type[Method]:
-    """Class decorator: add a method under ``cls.name``, once it declares its cost (COST_DECLARATIONS)."""
+    """Class decorator: add a method under ``cls.name``."""
     if not cls.name or cls.name in METHODS:
         raise ValueError(f"method name {cls.name!r} is empty or registered twice")
-    missing = undeclared(cls)
-    if missing:
-        raise TypeError(f"method {cls.name!r} ({cls.__module__}): {missing}")
     METHODS[cls.name] = cls
     return cls
-
-
-def undeclared(cls: type[Method]) -> str:
-    """What ``cls`` fails to declare of COST_DECLARATIONS, as the line that asks for it; '' when nothing."""
-    missing = [attr for attr in COST_DECLARATIONS if not hasattr(cls, attr)]
-    return (f"declare {' and '.join(missing)} as class attributes (models held while training, "
-            "forward+backward passes per local step)") if missing else ""
 
 
 def is_personalised(cls: type[Method]) -> bool:
@@ -96,12 +82,11 @@ def get_method(name: str) -> type[Method]:
 
 
 def _checked(found: object, name: str) -> type[Method]:
-    """A user's class, held to what ``register`` asks of a built-in one."""
+    """A user's class, its hooks held to the signatures :class:`Method` declares."""
     if not (isinstance(found, type) and issubclass(found, Method)):
         what = f"{'class' if isinstance(found, type) else type(found).__name__} {getattr(found, '__qualname__', '')}"
         raise FLTuneError(f"{FIELDS['method']}: {name!r} is the {what.strip()}; expected {EXPECTED['method']}")
-    missing = undeclared(found) or _misfit_hook(found)
-    if missing:
+    if missing := _misfit_hook(found):
         raise FLTuneError(f"{FIELDS['method']}: {name!r}: {missing}")
     return found
 

@@ -195,9 +195,10 @@ class Method:
     """Model that ``model.name: auto`` resolves to for this method (VIB nets, ResNet-56); None = the dataset's."""
     stored_models: ClassVar[float]
     """Model-sized tensors a client holds while training (FedAlign Table 5): FedAvg 1, FedProx 2, MOON 3, …
-    No default (``register`` checks it), so a cost column is never a silent 1."""
+    Optional and without a default: undeclared, ``cost_stored_params`` is left out, never a silent 1."""
     passes_per_step: ClassVar[float]
-    """Forward+backward passes per local step: FedAvg 1, SAM-type 2, GradAug n + 1, … No default."""
+    """Forward+backward passes per local step: FedAvg 1, SAM-type 2, GradAug n + 1, … Optional, no default:
+    undeclared, ``cost_cum_tflops`` is left out."""
     weighted_by_samples: ClassVar[bool] = True
     """Whether updates are weighted by n_k (FedAvg) or equally (FedDyn-family); also weights `all_model`."""
     final_round: ClassVar[Literal["tune", "own"]] = "tune"

@@ -185,13 +185,13 @@ class CostProbe(Probe):
         self.model_mflops(view.run)
         self.meter.add_download(state_bits(inputs.global_state) + state_bits(_arrays(inputs.server)), len(view.clients))
         for m in view.client_metrics.values():
-            self.meter.add_training(int(m["samples"]), view.run.method.passes_per_step)
+            self.meter.add_training(int(m["samples"]), getattr(view.run.method, "passes_per_step", 0.0))
             self.meter.add_upload(view.upload_bits)
         forward = [m["forward_flops"] for m in view.client_metrics.values() if "forward_flops" in m]
         if forward:  # round 1 only
             samples = sum(m["samples"] for m in view.client_metrics.values())
             self.meter.set_training_forward(math.fsum(forward) / 1e6 / max(samples, 1.0))
-        return self.meter.round_metrics()
+        return _declared(self.meter.round_metrics(), view.run.method)
 
     def summary(self, run: RunView) -> dict[str, Any]:
         """The run's totals: the last round's cumulative figures."""
@@ -200,14 +200,41 @@ class CostProbe(Probe):
 
     def run_constants(self, run: RunView) -> dict[str, float]:
         params = parameter_count(run.model)
-        return {"cost_forward_mflops": self.model_mflops(run), "cost_params": float(params),
-                "cost_stored_params": params * run.method.stored_models}
+        return _declared({"cost_forward_mflops": self.model_mflops(run), "cost_params": float(params),
+                          "cost_stored_params": params * getattr(run.method, "stored_models", 0.0)}, run.method)
+
+    @classmethod
+    def unmet(cls, metric: str, cfg: ExperimentConfig) -> str | None:
+        """Every built-in declares both (tests/methods/test_cost_declarations.py): only a user's method, whose
+        file imports torch anyway, is imported to look."""
+        from fltune.catalog import method_names
+
+        if cfg.method.name.split("+")[0] in method_names():
+            return None
+        from fltune.methods import get_method
+
+        method, need = get_method(cfg.method.name), NEEDS.get(metric, "name")
+        return None if hasattr(method, need) else f"{method.__name__} declares no {need}"
+
+    @classmethod
+    def omitted(cls, cfg: ExperimentConfig) -> list[str]:
+        whys = {metric: why for metric in NEEDS if (why := cls.unmet(metric, cfg))}
+        return [f"cost/{', '.join(whys)}: {'; '.join(whys.values())}"] if whys else []
 
     def state_dict(self) -> CostMeter:
         return self.meter
 
     def load_state_dict(self, state: CostMeter) -> None:
         self.meter = state
+
+
+NEEDS = {"cost_cum_tflops": "passes_per_step", "cost_stored_params": "stored_models"}
+"""The figures resting on a method's optional cost declaration: left out without it, never a silent 1."""
+
+
+def _declared(figures: dict[str, float], method: object) -> dict[str, float]:
+    """``figures`` less those resting on a declaration ``method`` lacks (:data:`NEEDS`)."""
+    return {k: v for k, v in figures.items() if hasattr(method, NEEDS.get(k, "name"))}
 
 
 def _arrays(tree: Any) -> dict[str, np.ndarray]:

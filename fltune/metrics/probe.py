@@ -71,10 +71,16 @@ def check_probes(cfg: ExperimentConfig, data: FederatedData | None = None) -> No
 
 
 def unmeasured_protocols(cfg: ExperimentConfig) -> list[str]:
-    """Each protocol listed in ``metrics.protocols`` that ``cfg`` does not turn on, with what it needs, so
-    none is dropped without a word."""
+    """Each protocol listed in ``metrics.protocols`` that ``cfg`` does not turn on, with what it needs, and
+    what an enabled probe leaves out, so none is dropped without a word."""
     idle = [cls for cls in all_probes() if cls.protocol in cfg.metrics.protocols and not cls.enabled(cfg)]
-    return [f"{cls.protocol}: {cls.unmet(next(iter(cls.metrics)), cfg) or 'not measured'}" for cls in idle]
+    return [*(f"{cls.protocol}: {cls.unmet(next(iter(cls.metrics)), cfg) or 'not measured'}" for cls in idle),
+            *omitted_figures(cfg)]
+
+
+def omitted_figures(cfg: ExperimentConfig) -> list[str]:
+    """What the probes ``cfg`` turns on leave out (a method's undeclared cost), each as ``name/metric: why``."""
+    return [line for cls in all_probes() if cls.enabled(cfg) for line in cls.omitted(cfg)]
 
 
 def probes_for(data: FederatedData, run: RunView) -> list[Probe]:

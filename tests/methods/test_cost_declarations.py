@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from fltune.methods import METHODS, get_method, register
+from fltune.methods import METHODS, get_method
 from fltune.methods.base import Method
 
 
@@ -26,17 +26,7 @@ def test_gradaug_passes_grow_with_its_subnetworks() -> None:
 
 @pytest.mark.parametrize("name", sorted(METHODS))
 def test_every_method_declares_its_cost(name: str) -> None:
-    """``Method`` has no default (issue 11 item 8): each registered method resolves both to its own value."""
+    """``Method`` has no default (issue 11 item 8; optional since issue 77): every built-in declares both."""
     instance = get_method(name)(get_method(name).Params())
     assert instance.stored_models >= 1 and instance.passes_per_step >= 1
     assert not hasattr(Method, "stored_models") and not hasattr(Method, "passes_per_step")
-
-
-def test_a_method_without_cost_declarations_does_not_register() -> None:
-    class Undeclared(Method):
-        name = "undeclared"
-        stored_models = 2.0
-
-    with pytest.raises(TypeError, match=r"method 'undeclared' \(.*\): declare passes_per_step as class attributes"):
-        register(Undeclared)
-    assert "undeclared" not in METHODS
