@@ -13,7 +13,8 @@ def test_published_errors_are_muted_only_after_a_stop(monkeypatch: pytest.Monkey
     ``(raylet) The autoscaler failed …`` after fltune's last line; the driver's lines from workers are left alone."""
     import ray._private.worker as worker
 
-    monkeypatch.setattr(worker, "print_to_stdstream", worker.print_to_stdstream)  # restored after the test
+    printer = worker.print_to_stdstream  # restored after the test; unwrapped, should a command here have wrapped it
+    monkeypatch.setattr(worker, "print_to_stdstream", getattr(printer, "__wrapped__", printer))
     stopped: list[bool] = []
     mute_published_errors_after_a_stop(lambda: bool(stopped))
     mute_published_errors_after_a_stop(lambda: True)  # a second call keeps the first wrapper
