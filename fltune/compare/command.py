@@ -18,7 +18,7 @@ from fltune.cli_args import (
 from fltune.errors import FLTuneError
 from fltune.examples import EXAMPLES
 from fltune.jobs.scaffold import (
-    CELL_CHECKPOINT_EVERY, CELL_CHECKPOINT_SECONDS, JobOptions, TuneJob, check_counts, listed, note_ignored, resume_line,
+    CELL_CHECKPOINT_EVERY, CELL_CHECKPOINT_SECONDS, GridJob, JobOptions, check_counts, listed, note_ignored, resume_line,
     start,
 )
 from fltune.process import ending_if_ray_dies, interrupted, say_resume, stop_status
@@ -220,7 +220,7 @@ class Comparison:
         return trees
 
 
-class Cells(TuneJob["CompareSpec"]):
+class Cells(GridJob["CompareSpec"]):
     """The cells as one Tune job of the comparison's saved spec, so it always "resumes"."""
 
     what = "comparison"

@@ -183,17 +183,9 @@ class TuneJob(ABC, Generic[Spec]):
     def entry(self) -> Callable[[dict[str, Any], Spec], None]:
         """The trials' Tune entry point, ``entry(config, spec)`` (a module-level function)."""
 
+    @abstractmethod
     def new_tuner(self, spec: Spec, resources: PlacementGroupFactory) -> Tuner:
-        """A new Tuner of the job, with ``callbacks``: a grid over its ``cells``, each run once, as many at once as
-        fit (or ``max_concurrent``); a study's sampled trials are its own (``Study.new_tuner``)."""
-        from fltune.jobs.tuner import bound_trainable, grid_tuner
-
-        trainable = bound_trainable(self.entry(), spec, resources)
-        return grid_tuner(trainable, self.cells(spec), spec, spec.max_concurrent, self.callbacks(spec))
-
-    def cells(self, spec: Spec) -> list[str]:
-        """The grid's cells, each a trial's ``config["cell"]``."""
-        raise NotImplementedError
+        """A new Tuner of the job, with ``callbacks``: a study's sampled trials, or a grid's cells (:class:`GridJob`)."""
 
     def restored_tuner(self, spec: Spec, resources: PlacementGroupFactory) -> Tuner:
         """The job's Tuner from its folder; unfinished and errored trials continue (``unfinished_if_stopped``)."""
@@ -338,3 +330,18 @@ class TuneJob(ABC, Generic[Spec]):
         if code != 130 and stop_arrived():  # a stop the job took after its last trial: the command ends here
             raise KeyboardInterrupt
         return code
+
+
+class GridJob(TuneJob[Spec], ABC):
+    """A job of fixed cells (a comparison's, a table's, a study's confirmation), each a trial run once."""
+
+    @abstractmethod
+    def cells(self, spec: Spec) -> list[str]:
+        """The grid's cells, each a trial's ``config["cell"]``."""
+
+    def new_tuner(self, spec: Spec, resources: PlacementGroupFactory) -> Tuner:
+        """A grid over ``cells``, as many at once as fit (or ``max_concurrent``)."""
+        from fltune.jobs.tuner import bound_trainable, grid_tuner
+
+        trainable = bound_trainable(self.entry(), spec, resources)
+        return grid_tuner(trainable, self.cells(spec), spec, spec.max_concurrent, self.callbacks(spec))

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from fltune.cli_args import add_checkpoint_args, keep_on_resume, options_from, run_job
 from fltune.examples import EXAMPLES
 from fltune.jobs.scaffold import (
-    CELL_CHECKPOINT_EVERY, CELL_CHECKPOINT_SECONDS, JobOptions, TuneJob, check_counts, listed,
+    CELL_CHECKPOINT_EVERY, CELL_CHECKPOINT_SECONDS, GridJob, JobOptions, check_counts, listed,
 )
 from fltune.process import say_resume
 from fltune.text import invoked_as
@@ -101,7 +101,7 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     return run_job(args, options, Reproduction, job_plan)
 
 
-class Reproduction(TuneJob["ReproSpec"]):
+class Reproduction(GridJob["ReproSpec"]):
     """A paper table's cells as Tune trials."""
 
     options: ReproduceOptions

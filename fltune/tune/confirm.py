@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from fltune.config import set_fields
-from fltune.jobs.scaffold import JobOptions, TuneJob
+from fltune.jobs.scaffold import GridJob, JobOptions
 from fltune.tune.space import Confirm, Objective, SearchSpace
 from fltune.tune.spec import SavedSpec, StudySpec, exists
 
@@ -96,7 +96,7 @@ def run_confirmation(config: dict[str, Any], spec: ConfirmSpec) -> None:
                     at_end=partial(log_seed_runs, spec, config["cell"]) if study.tracking.enabled else None)
 
 
-class Confirmation(TuneJob[ConfirmSpec]):
+class Confirmation(GridJob[ConfirmSpec]):
     """The confirmation as a Tune job of cells: resumable, stopped and cleaned up as every fltune job is."""
 
     what = "confirmation"
