@@ -3,8 +3,7 @@ folder through: on local disk, every file is replaced whole or not at all. Tune 
 in the job folder every few seconds (``sync_up_experiment_state``): a driver killed mid-copy leaves a cut file and
 ``Tuner.restore`` fails with ``EOFError: Ran out of input`` (ray-project/ray#58179). Here each file is written beside
 its target and ``os.replace``-d; remote stores (s3://, gs://) publish an object only once uploaded whole, so they keep
-Tune's filesystem. Checkpoints Tune prunes wait here until a state saved after the prune is copied
-(``workarounds.HeldPrunes``)."""
+Tune's filesystem (and Tune's pruning: ``AtomicLocalFiles``)."""
 
 from __future__ import annotations
 

@@ -48,7 +48,7 @@ def write_front(spec: StudySpec, rows: list[dict[str, Any]]) -> str:
     write_whole(path, text.encode())
     if spec.tracking.enabled and (study := optuna_study(spec)) is not None:
         names = [o.metric for o in spec.space.objectives]
-        shown = {"target_names": names} if len(names) <= 3 else \
+        drawn = {"target_names": names} if len(names) <= 3 else \
             {"targets": lambda t: tuple(t.values[:2]), "target_names": names[:2]}
-        log_on_parent(spec, {PARETO: text}, {"pareto_front": lambda: plot.plot_pareto_front(study, **shown)})
+        log_on_parent(spec, {PARETO: text}, {"pareto_front": lambda: plot.plot_pareto_front(study, **drawn)})
     return path
