@@ -1,5 +1,5 @@
 """The curvature probe's work on a worker (``curvature.HessianProbe`` sends it, ``Federation.compute`` runs
-it): the seeded probe batches, and the Hessian figures of one model on them (``_hessian``, ``_landscape``)."""
+it): the seeded probe batches, and the Hessian figures of one model on them (``_hessian``)."""
 
 from __future__ import annotations
 
@@ -19,13 +19,14 @@ from fltune.engine.transfer import load_state
 from fltune.engine.rng import derive_seed
 from fltune.metrics._hessian import (
     Batch,
+    Landscape,
     cross_client_consistency,
     cross_entropy_loss,
     hessian_trace,
     layer_traces,
+    top2_landscape,
     top_eigenpairs,
 )
-from fltune.metrics._landscape import Landscape, top2_landscape
 
 if TYPE_CHECKING:
     from fltune.config import ExperimentConfig

@@ -63,7 +63,7 @@ class HessianProbe(Probe):
         ``CurvatureTask`` each on the workers."""
         from fltune.metrics._curvature import CurvatureTask, client_consistency, client_traces, global_curvature, \
             global_landscape
-        from fltune.metrics._landscape import plot_spectrum
+        from fltune.metrics._hessian import plot_spectrum
 
         run, hcfg = view.run, view.run.cfg.metrics.hessian
         compared = sorted(view.local_models)[: hcfg.clients]
