@@ -16,8 +16,7 @@ import numpy as np
 import torch
 
 from fltune.catalog import NUM_CLASSES
-from fltune.data.files import Splits, damaged
-from fltune.data.locations import default_root, missing
+from fltune.data.locations import Splits, damaged, default_root, missing
 from fltune.folders import ReplaceOnClose
 
 DECODED_CACHE = "fltune-uint8.npz"
