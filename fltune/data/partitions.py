@@ -23,17 +23,9 @@ def partition(
     alpha: float = 0.5, classes_per_client: int | None = None, shards_per_client: int = 2,
     min_size: int = 10,
 ) -> list[np.ndarray]:
-    """Split ``range(len(labels))`` over ``num_clients`` clients; one sorted index array per client:
-
-    - ``iid``: a seeded permutation cut into N parts (sizes differ by at most 1).
-    - ``classes``: client j holds only classes {(j+t) mod C : t < k}, near-equal counts, equal sizes.
-    - ``dirichlet_prior``: client priors π_i ~ Dir(α·1_C), equal sizes.
-    - ``dirichlet``: FedML's LDA, per-class proportions ~ Dir(α·1_N), unequal sizes ≥ ``min_size``.
-    - ``shards``: label-sorted shards, ``shards_per_client`` per client.
-    - ``class_shards``: each class cut into its own shards, ``shards_per_client`` per client (FedSOL's code).
-
-    Raises :class:`FLTuneError` naming the config field when these labels admit no such partition (what a field
-    allows alone, the config checks)."""
+    """Split ``range(len(labels))`` over ``num_clients`` clients as ``kind`` says (``iid``: a seeded permutation cut
+    into N parts; the others: their ``_<kind>``); one sorted index array per client. Raises :class:`FLTuneError`
+    naming the config field when these labels admit no such partition (what a field allows alone, the config checks)."""
     labels = _check_labels(labels, num_classes)
     if not 1 <= num_clients <= len(labels):
         raise FLTuneError(f"federation.clients: must be between 1 and the {len(labels)} samples to split; "

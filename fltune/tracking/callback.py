@@ -38,10 +38,10 @@ class BackgroundWriter:
     """Runs submitted calls one after another on a daemon thread (a stuck store cannot keep the
     process alive once the main thread has gone)."""
 
-    def __init__(self, name: str = "fltune-tracking") -> None:
+    def __init__(self) -> None:
         self._queue: queue.Queue[Any] = queue.Queue()
         self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
+        self._thread = threading.Thread(target=self._serve, name="fltune-tracking", daemon=True)
         self._thread.start()
 
     def submit(self, call: Callable[..., Any], *args: Any) -> None:
