@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from fltune.config import HessianConfig
+from fltune.config import ExperimentConfig, HessianConfig
 from fltune.data.augment import to_float
 from fltune.data.federated import FederatedData
 from fltune.engine.builders import build_model_for
@@ -40,7 +40,6 @@ from fltune.errors import FLTuneError
 from fltune.metrics.figures import new_figure, save_png
 
 if TYPE_CHECKING:
-    from fltune.config import ExperimentConfig
     from fltune.methods.base import State
 
 Batch = tuple[Tensor, Tensor]
@@ -382,6 +381,7 @@ def top2_landscape(
 
 
 # --- the curvature probe's work on a worker ------------------------------------------------------------------
+
 
 T = TypeVar("T")
 

@@ -47,10 +47,9 @@ class HessianProbe(Probe):
 
     @classmethod
     def unmet(cls, metric: str, cfg: ExperimentConfig) -> str | None:
-        hessian = cfg.metrics.hessian
-        if not (hessian.every or hessian.at_end):
+        if not cls.enabled(cfg):
             return "needs a Hessian probe: metrics.hessian.every > 0 or metrics.hessian.at_end=true"
-        if metric in ("hessian_hn", "hessian_hd") and hessian.clients == 0:
+        if metric in ("hessian_hn", "hessian_hd") and cfg.metrics.hessian.clients == 0:
             return "needs metrics.hessian.clients ≥ 2 (local models compared)"
         return None
 
