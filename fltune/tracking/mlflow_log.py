@@ -191,10 +191,8 @@ class Tracker:
         self.client.log_text(run_id, cfg.to_yaml(), "config.yaml")
 
     def log_params(self, run_id: str, params: Mapping[str, Any]) -> None:
-        """In batches of 100, MLflow's limit of params a call."""
-        rows = [Param(k, str(v)[:6000]) for k, v in params.items()]
-        for start in range(0, len(rows), 100):
-            self.client.log_batch(run_id, params=rows[start:start + 100])
+        """Values cut at MLflow's 6000 characters; MLflow's client splits the batch into requests of its limit."""
+        self.client.log_batch(run_id, params=[Param(k, str(v)[:6000]) for k, v in params.items()])
 
     def log_metrics(self, run_id: str, metrics: Mapping[str, float | None], step: int | None = None) -> None:
         """Numeric ``metrics`` at ``step`` under their MLflow names (``mlflow_key``), accuracies first: MLflow's
