@@ -2,7 +2,7 @@
 
 SAM (Foret et al., 2021) and its FL variants: an ascent gradient g at w picks ε, and the optimiser steps from w with
 ∇L(w + ε). They differ only in which loss gives g, which parameters move and how ε is scaled, so :class:`SharpnessAware`
-writes the step once (its ``step``) and a method supplies ``epsilon`` (FedSOL also ``ascent``). Both passes
+writes the step once (its ``step``) with SAM's ε, which FedASAM and FedSOL override (FedSOL also ``ascent``). Both passes
 run ``self.local_loss``, so a composed modifier (``fedsam+man``) is in both. [U] BatchNorm running statistics are
 updated by the first pass only (momentum 0 at w + ε), as in the FedSOL authors' SAM code
 (``Lee-Gihun/FedSOL:algorithms/optim_utils.py``, ``disable_running_stats``).
@@ -10,9 +10,7 @@ updated by the first pass only (momentum 0 at w + ε), as in the FedSOL authors'
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
-
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 
 import torch
@@ -23,34 +21,9 @@ from fltune.methods.base import Method
 from fltune.methods.objective import Batch, Tensors, global_norm
 
 Named = list[tuple[str, Tensor]]
-Epsilon = Callable[[Named, list[Tensor]], list[Tensor]]
-"""(perturbed parameters, their ascent gradients g) → the perturbation ε of each."""
 
 NORM_EPS = 1e-12
 """Added to ‖·‖ in ε's denominator, so a zero ascent gradient gives ε = 0 (SAM's reference code)."""
-
-
-def sam_epsilon(rho: float) -> Epsilon:
-    """SAM / FedSAM: ε = ρ·g/‖g‖."""
-
-    def epsilon(_named: Named, grads: list[Tensor]) -> list[Tensor]:
-        scale = rho / (global_norm(grads) + NORM_EPS)
-        return [g * scale for g in grads]
-
-    return epsilon
-
-
-def asam_epsilon(rho: float, eta: float) -> Epsilon:
-    """ASAM / FedASAM: ε = ρ·T²g/‖Tg‖ with T = |w| + η on parameters named ``*weight`` (norm scales too, as
-    ``SamsungLabs/ASAM``'s ``'weight' in n``), T = 1 elsewhere."""
-
-    def epsilon(named: Named, grads: list[Tensor]) -> list[Tensor]:
-        scales = [p.detach().abs() + eta if n.endswith("weight") else torch.ones_like(p) for n, p in named]
-        scaled = [t * g for t, g in zip(scales, grads, strict=True)]
-        factor = rho / (global_norm(scaled) + NORM_EPS)
-        return [t * tg * factor for t, tg in zip(scales, scaled, strict=True)]
-
-    return epsilon
 
 
 @contextmanager
@@ -67,15 +40,17 @@ def bn_statistics_frozen(model: nn.Module) -> Iterator[None]:
             m.momentum = momentum
 
 
-class SharpnessAware(Method, ABC):
-    """SAM-family base; subclasses define :meth:`epsilon`. The step's loss and logits are the ascent pass's (at w)."""
+class SharpnessAware(Method):
+    """SAM-family base (its ``Params`` hold ρ as ``rho``); the step's loss and logits are the ascent pass's (at w)."""
 
     stored_models = 2.0  # the weights w and the perturbation ε (or the saved first gradients)
     passes_per_step = 2.0  # the ascent pass at w and the descent pass at w + ε
 
-    @abstractmethod
-    def epsilon(self, global_weights: Mapping[str, Tensor]) -> Epsilon:
-        """How the ascent gradients become ε; ``global_weights`` for FedSOL's adaptive strength."""
+    def epsilon(self, named: Named, grads: list[Tensor], global_weights: Mapping[str, Tensor]) -> list[Tensor]:
+        """ε of the weights ``named`` from their ascent gradients g: SAM's ρ·g/‖g‖; ``global_weights`` for FedSOL's
+        adaptive strength."""
+        scale = self.params.rho / (global_norm(grads) + NORM_EPS)
+        return [g * scale for g in grads]
 
     def ascent(self, batch: Batch) -> tuple[Named, list[Tensor], Tensor, Tensor]:
         """(weights to perturb, ascent gradients g, loss and logits at w); SAM: the objective's, every trained weight."""
@@ -85,7 +60,7 @@ class SharpnessAware(Method, ABC):
     def step(self, batch: Batch) -> tuple[Tensors, Tensor, Tensor]:
         """ε from the ascent, then the gradient at w + ε with BN statistics frozen; w unmodified."""
         named, grads, loss, logits = self.ascent(batch)
-        eps = self.epsilon(batch.global_weights)(named, grads) if named else []
+        eps = self.epsilon(named, grads, batch.global_weights) if named else []
         shifted = {**batch.trained, **{n: p + e for (n, p), e in zip(named, eps, strict=True)}}
         with bn_statistics_frozen(batch.forward.model):
             return batch.loss_gradient(self.local_loss, shifted)[0], loss, logits

@@ -11,10 +11,10 @@ from typing import ClassVar, cast
 
 from torch import Tensor, nn
 
-from fltune.methods.base import ClientContext, Method
+from fltune.methods.base import Method
 from fltune.methods.finetune import FineTune
-from fltune.methods.objective import Batch, Forward, NoiseShapes, Tensors
-from fltune.models.vib import VIBNet, VIBOutput, posterior, sampled_cross_entropy
+from fltune.methods.objective import Batch, NoiseShapes
+from fltune.models.vib import VIBNet, VIBOutput, posterior
 
 VIB_MODELS = ("vib_cnn", "vib_mlp")
 _MLP_DATASETS = frozenset({"emnist_letters", "mnist"})
@@ -33,7 +33,7 @@ class VIBFineTune(FineTune):
         return {"eps": (net.samples if self.vib_samples is None else self.vib_samples, net.feature_dim)}
 
     def local_loss(self, batch: Batch) -> tuple[Tensor, Tensor]:
-        _, _, z = functional_z(batch.forward, batch.weights, batch.x, batch.noise["eps"])
+        _, _, z = functional_z(batch)
         logits = batch.forward.part("head", batch.weights, z.mean(0))
         return batch.cross_entropy(logits), logits
 
@@ -54,22 +54,16 @@ class VIBMethod(Method):
     def adapt_model(self, model: nn.Module) -> nn.Module:
         return self.require_model(model, VIBNet, "a VIB model", f"auto, {', '.join(VIB_MODELS)}")
 
-    @staticmethod
-    def net(ctx: ClientContext) -> VIBNet:
-        """The client's model (``adapt_model`` checked it is a VIBNet)."""
-        return cast(VIBNet, ctx.model)
-
     noise = VIBFineTune.noise
 
 
 def functional_vib(batch: Batch) -> VIBOutput:
     """``VIBNet.vib`` as a function of the batch's parameters, with its ε."""
-    mu, sigma, z = functional_z(batch.forward, batch.weights, batch.x, batch.noise["eps"])
+    mu, sigma, z = functional_z(batch)
     return VIBOutput(mu, sigma, z, batch.forward.part("head", batch.weights, z))
 
 
-def functional_z(forward: Forward, weights: Tensors, x: Tensor, eps: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+def functional_z(batch: Batch) -> tuple[Tensor, Tensor, Tensor]:
     """μ, σ of q(z|x) and z ``[S, B, dimZ]`` as functions of the parameters, from ε ``[B, S, dimZ]``."""
-    mu, sigma = posterior(forward.part("body", weights, x))
-    return mu, sigma, mu + sigma * eps.transpose(0, 1)
-
+    mu, sigma = posterior(batch.forward.part("body", batch.weights, batch.x))
+    return mu, sigma, mu + sigma * batch.noise["eps"].transpose(0, 1)

@@ -9,8 +9,6 @@ accelerated projected gradient instead of cvxpy). Departures from ``JianXu95/Fed
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -18,12 +16,13 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from pydantic import Field
-from torch import Tensor, nn
+from torch import Tensor
 
 from fltune.methods import register
 from fltune.methods._personal import FeatureAligned
 from fltune.methods.base import ClientContext, ClientResult, Params, Phase, ServerContext, ServerUpdate, Upload
 from fltune.methods.objective import Batch
+from fltune.models.layers import evaluating
 QP_STEPS = 500
 MIN_WEIGHT = 1e-3
 """Head-combination weights below this are zeroed (``get_head_agg_weight``'s eps)."""
@@ -56,18 +55,6 @@ class ClassFeatures:
     def weighted_means(self) -> Tensor:
         """h_i = [p_k·μ_k]_k (zero rows for absent classes)."""
         return self.counts[:, None] / self.counts.sum() * self.means
-
-
-@contextmanager
-def evaluating(model: nn.Module) -> Iterator[None]:
-    """Eval mode and no autograd for a statistics pass; the previous mode is restored afterwards."""
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            yield
-    finally:
-        model.train(was_training)
 
 
 def class_features(ctx: ClientContext, num_classes: int) -> ClassFeatures:

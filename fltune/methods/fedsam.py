@@ -1,12 +1,9 @@
 """FedSAM (Qu et al., 2022; Caldarola et al., 2022; docs/methods.md §2): SAM as the local optimiser."""
 
-from collections.abc import Mapping
-
 from pydantic import Field
-from torch import Tensor
 
 from fltune.methods import register
-from fltune.methods._sam import Epsilon, SharpnessAware, sam_epsilon
+from fltune.methods._sam import SharpnessAware
 from fltune.methods.base import Params
 
 
@@ -21,6 +18,3 @@ class FedSAM(SharpnessAware):
 
     name = "fedsam"
     Params = FedSAMParams
-
-    def epsilon(self, global_weights: Mapping[str, Tensor]) -> Epsilon:
-        return sam_epsilon(self.params.rho)

@@ -7,7 +7,7 @@ from torch import Tensor
 
 from fltune.methods import register
 from fltune.methods._drift import DriftCorrected, DriftParams
-from fltune.methods._sam import Epsilon, SharpnessAware, sam_epsilon
+from fltune.methods._sam import SharpnessAware
 from fltune.methods.objective import Tensors
 
 
@@ -26,9 +26,6 @@ class FedSpeed(DriftCorrected, SharpnessAware):
     name = "fedspeed"
     Params = FedSpeedParams
     stored_models = 4.0  # SAM's w and ε, plus θ_g and the correction h_k
-
-    def epsilon(self, global_weights: Mapping[str, Tensor]) -> Epsilon:
-        return sam_epsilon(self.params.rho)
 
     def gradient_correction(self, weights: Mapping[str, Tensor], inputs: Mapping[str, Tensors]) -> Tensors:
         """λ(θ − θ_g + h_k), the drift penalty's gradient at the restored w (none with λ = 0)."""
