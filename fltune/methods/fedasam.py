@@ -7,7 +7,7 @@ from pydantic import Field
 from torch import Tensor
 
 from fltune.methods import register
-from fltune.methods._sam import NORM_EPS, Named, SharpnessAware
+from fltune.methods.fedsam import NORM_EPS, FedSAM, Named
 from fltune.methods.base import Params
 from fltune.methods.objective import global_norm
 
@@ -18,7 +18,7 @@ class FedASAMParams(Params):
 
 
 @register
-class FedASAM(SharpnessAware):
+class FedASAM(FedSAM):
     """FedASAM: step with ∇L(w + ε), ε = ρ·T²g/‖Tg‖, T = |w| + η on weight tensors (1 on biases);
     server as FedAvg. ρ = 0 gives FedAvg's gradient.
     """

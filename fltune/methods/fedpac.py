@@ -16,11 +16,12 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from pydantic import Field
-from torch import Tensor
+from torch import Tensor, nn
 
+from fltune.errors import FLTuneError
 from fltune.methods import register
-from fltune.methods._personal import FeatureAligned
 from fltune.methods.base import ClientContext, ClientResult, Params, Phase, ServerContext, ServerUpdate, Upload
+from fltune.methods.fedper import FedPer
 from fltune.methods.objective import Batch
 from fltune.models.layers import evaluating
 QP_STEPS = 500
@@ -103,6 +104,22 @@ def head_weights(variances: np.ndarray, h: np.ndarray, i: int) -> np.ndarray:
     alpha = simplex_qp(np.diag(variances) + diff @ diff.T)
     alpha = np.where(alpha < MIN_WEIGHT, 0.0, alpha)
     return alpha / alpha.sum()
+
+
+class FeatureAligned(FedPer):
+    """A personal linear head over features aligned to the server's class targets (FedPAC's prototypes,
+    centroids), broadcast whole; any other head fails at model construction."""
+
+    def adapt_model(self, model: nn.Module) -> nn.Module:
+        model = super().adapt_model(model)
+        head = getattr(model, "head", None)
+        if not isinstance(head, nn.Linear):
+            raise FLTuneError(f"model.name: {self.name} needs a model whose head is one linear layer; this "
+                              f"model's head is a {type(head).__name__}")
+        return model
+
+    def server_payload(self, server_state: dict[str, Any]) -> dict[str, Any]:
+        return dict(server_state)
 
 
 @register

@@ -15,8 +15,8 @@ from pydantic import Field
 from torch import Tensor
 
 from fltune.methods import register
-from fltune.methods._personal import FeatureAligned
 from fltune.methods.base import ClientContext, ClientResult, ServerContext, ServerUpdate
+from fltune.methods.fedpac import FeatureAligned
 from fltune.methods.fedrep import FedRep, FedRepParams
 from fltune.methods.objective import Batch
 

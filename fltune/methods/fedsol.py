@@ -9,7 +9,7 @@ from pydantic import Field
 from torch import Tensor
 
 from fltune.methods import register
-from fltune.methods._sam import Named, SharpnessAware
+from fltune.methods.fedsam import FedSAM, Named
 from fltune.methods.base import ClientContext, Params
 from fltune.methods.fedntd import soft_kl
 from fltune.methods.moon import frozen_copy
@@ -34,7 +34,7 @@ def adaptive_strength(p: Tensor, global_p: Tensor) -> Tensor:
 
 
 @register
-class FedSOL(SharpnessAware):
+class FedSOL(FedSAM):
     """FedSOL (Alg. 1): per batch, L_p = KL(softmax(z_g/T) ‖ softmax(z_l/T)) against a frozen copy of the round's global
     model; g = ∇L_p over the perturbed scope; ε = ρ·s⊙g/‖g‖ (Eq. 8, global norm over the scope); the local loss's
     gradient is taken at w + ε (BN momentum 0) and stepped from w; server as FedAvg. [U] Scope defaults to the head, the
