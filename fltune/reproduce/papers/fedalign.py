@@ -1,11 +1,8 @@
 """FedAlign (Mendieta et al. 2022, the arXiv version with its appendix) Tables 1–7 (Table 7: CIFAR-10) and appendix
 Tables 8–10.
 
-Protocol (§3.2): CIFAR-100 over 16 clients, all sampled every round, FedML's per-class Dirichlet partition
-(``dirichlet``, α = 0.5); 25 rounds of 20 local epochs, SGD with Nesterov momentum 0.9 at a fixed lr 0.01 (the authors'
-code); crop + flip; FedML's ResNet-56 for every method. A number is the final server model's test accuracy (``global``).
-Method settings: FedProx μ = 1e-4, MOON μ = 1 (τ = 0.5), Mixup γ = 0.1, StochDepth ρ_L = 0.9, GradAug n = 2, μ = 1.75,
-ω_b = 0.8 (Table 5: μ = 1.5, 2.0, 2.25 for n = 1, 3, 4), FedAlign μ = 0.45, ω_S = 0.25 with gradient clipping (App. E).
+Protocol (§3.2 and the authors' code): ``COMMON``, ``OPTIMISER`` and ``PAPER``, with fltune's crop + flip; each
+row's method settings in ``ROWS`` (GradAug's μ per n: Table 5; FedAlign's clipping: App. E).
 
 The numbers are the arXiv version's (the only one with Table 8 and a legible Table 2); the CVPR version prints
 the same Table 1 but other means, with ± std, in Tables 2, 5 and 7.
@@ -42,10 +39,8 @@ ROWS: dict[str, tuple[str, dict[str, Any]]] = {
     "Mixup": ("mixup", {"method.gamma": 0.1}),
     "StochDepth": ("stochdepth", {"method.rho_L": 0.9, "method.schedule": "code"}),
     "GradAug": ("gradaug", {"method.n": 2, "method.mu": 1.75, **GRADAUG}),
-    "GradAug (n = 1)": ("gradaug", {"method.n": 1, "method.mu": 1.5, **GRADAUG}),
-    "GradAug (n = 2)": ("gradaug", {"method.n": 2, "method.mu": 1.75, **GRADAUG}),
-    "GradAug (n = 3)": ("gradaug", {"method.n": 3, "method.mu": 2.0, **GRADAUG}),
-    "GradAug (n = 4)": ("gradaug", {"method.n": 4, "method.mu": 2.25, **GRADAUG}),
+    **{f"GradAug (n = {n})": ("gradaug", {"method.n": n, "method.mu": mu, **GRADAUG})
+       for n, mu in ((1, 1.5), (2, 1.75), (3, 2.0), (4, 2.25))},  # Table 5's μ per n
     "FedAlign": ("fedalign", {"method.mu": 0.45, "method.omega_s": 0.25, "training.grad_clip": 10.0}),
 }
 

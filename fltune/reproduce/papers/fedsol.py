@@ -1,12 +1,6 @@
 """FedSOL (Lee et al. 2024) Table 1 (the proximal loss's uses), Table 2 (Sharding and LDA), Table 3 (architectures),
-Table 5 (partial perturbation) and Table 9 (personalised accuracy).
-
-Protocol (§4.1, App. B.3–B.5): 100 clients, 10 % per round (CINIC-10, PathMNIST, TissueMNIST: 200 clients,
-5 %); the FedAvg CNN; 5 local epochs of momentum SGD (lr 0.01, momentum 0.9, weight decay 1e-5, lr × 0.99 per
-round), batch 50 (App. B.5 configs); 300 rounds (200 for MNIST, PathMNIST, TissueMNIST). Sharding = s shards
-per client, each class cut into its own shards as the authors' code does (``class_shards``); LDA = FedML's
-per-class Dirichlet(α) over clients (``dirichlet``). A number is the server model's test accuracy (``global``).
-Augmentation follows the authors' loaders (``train_tools/preprocessing/*/loader.py``).
+Table 5 (partial perturbation) and Table 9 (personalised accuracy), under the protocol of §4.1 and App. B.3–B.5
+(``PAPER``, ``sharding``, ``lda``).
 
 Table 4 (FedSOL perturbing by FedProx's, FedNova's, Scaffold's, FedDyn's or MOON's proximal loss) is not registered: the
 authors' code has no such variants and the paper gives no formulation for them."""
@@ -122,6 +116,7 @@ def sharding(s: int) -> dict[str, Any]:
 
 
 def lda(alpha: float) -> dict[str, Any]:
+    """FedML's per-class Dirichlet(α) over clients (``dirichlet``)."""
     return {"partition.kind": "dirichlet", "partition.alpha": alpha}
 
 

@@ -1,12 +1,8 @@
 """MAN (Yashwanth et al. 2023) Table 1 (accuracy and rounds to the target), Table 2 and supplementary Table 6
 (top eigenvalue and trace) and supplementary Table 5 (CIFAR-10): six FL methods with and without the MAN regulariser.
 
-Protocol (§4, supp. §7): 100 clients, 10 % per round (each client with probability 0.1, as the authors' code
-``vcl-iisc/fedMAN:code/utils_methods.py`` draws them), equal-size clients with Dirichlet(δ) class priors
-(``dirichlet_prior``) or iid; 500 rounds of 5 local epochs, batch 50, SGD lr 0.1 × 0.998^r, weight decay 1e-3, gradient
-clipping at 10; FedDyn's CIFAR CNN, on Tiny-ImageNet the authors' ``ConvNet`` (supp. Table 4). Accuracy is that of the
-average of all clients' latest models (``all_model``, FedDyn's protocol, §5), mean ± std over 3 seeds (``--seeds 3``);
-rounds are the first round at ≥ 50 % (CIFAR-100) or ≥ 28 % (Tiny-ImageNet), '500+' when never reached.
+Protocol (§4, supp. §7, the authors' code ``vcl-iisc/fedMAN``): ``COMMON``, ``OPTIMISER`` and ``PAPER``; each
+base's own settings in ``IID_PARAMS`` and ``TINY*``; a paper number is a mean over 3 seeds (``--seeds 3``).
 
 Tiny-ImageNet as the authors' code runs it (``vcl-iisc/fedMAN:code/run_exp.sh``: ``--dataset_name=TinyImageNet
 --model_name=ConvNet``; ``utils_dataset.py``): the 100,000 training images over 100 clients, the 10,000 validation
@@ -97,8 +93,8 @@ SUPP5 = {
 
 COMMON = {"model.name": "feddyn_cnn", "metrics.protocols": ["all_model"], "metrics.target_metric": "acc_all_model",
           "federation.sampling": "bernoulli"}
-"""Every cell: FedDyn's CNN, the all-client average model, and each client drawn with probability ``fraction``
-as the authors' ``train_*`` do (``act_list <= act_prob``), not a fixed number a round."""
+"""Every cell: FedDyn's CNN, the all-client average model (FedDyn's protocol, §5), and each client drawn with
+probability ``fraction`` as the authors' ``train_*`` do (``act_list <= act_prob``), not a fixed number a round."""
 OPTIMISER = {"training.local_epochs": 5, "training.batch_size": 50, "training.lr": 0.1, "training.momentum": 0.0,
              "training.lr_decay": 0.998, "training.weight_decay": 1e-3, "training.grad_clip": 10.0}
 AUGMENT = {"data.augment": "flip_crop_half"}
