@@ -84,20 +84,10 @@ def run(cfg: ExperimentConfig | str | Path, *, plan: bool = False, progress: boo
     cfg = cfg if isinstance(cfg, ExperimentConfig) else ExperimentConfig.from_yaml(cfg)
     check_here(cfg.data.dataset, cfg.data.root, cfg.data.download)  # before torch and Ray: one line at once
     cfg = ExperimentConfig(**cfg.model_dump())  # whole again: a rule between fields an edit of one can break
-    from fltune.engine.callbacks import Callback
     from fltune.metrics.probe import check_probes, omitted_figures, unmeasured_protocols
     from fltune.text import counted
     from fltune.tracking.paths import check_tracking
     from fltune.tracking.progress import ProgressCallback, console, summary_table
-
-    class History(Callback):
-        """Keeps every round's metrics."""
-
-        def __init__(self) -> None:
-            self.rounds: list[dict[str, float]] = []
-
-        def on_round(self, fed: Federation, metrics: dict[str, float]) -> None:
-            self.rounds.append(dict(metrics))
 
     if plan:
         from fltune.estimate import Plan
@@ -114,8 +104,7 @@ def run(cfg: ExperimentConfig | str | Path, *, plan: bool = False, progress: boo
                       f"{counted(cfg.federation.rounds, 'round')}")
         for line in omitted_figures(cfg):
             console.print(f"not measured: {line}", markup=False)
-        history = History()
-        callbacks: list[Any] = [history, ProgressCallback(cfg.method.name)]
+        callbacks: list[Any] = [ProgressCallback(cfg.method.name)]
         try:
             if cfg.tracking.enabled:
                 from fltune.tracking.callback import MLflowCallback
@@ -126,7 +115,7 @@ def run(cfg: ExperimentConfig | str | Path, *, plan: bool = False, progress: boo
             fed.close()
             pool.shutdown()
         console.print(summary_table(summary, f"{cfg.method.name} · {cfg.data.dataset} · {summary['status']}"))
-    return RunResult(cfg, summary, history.rounds, summary.get("mlflow_run_id"))
+    return RunResult(cfg, summary, [dict(row) for row in fed.history], summary.get("mlflow_run_id"))
 
 
 def load_model(run_id: str, *, client: int | None = None, uri: str | None = None) -> nn.Module:
@@ -229,17 +218,15 @@ class CompareResult(JobResult):
 
 
 def _job_function(kind: type[JobCommand]) -> Callable[[Callable[[Any, int], Result]], Callable[..., Result | Plan]]:
-    """A job function made of ``result`` (what a job returns once it ran): its keywords are its command's options
-    ``kind`` (``cli_args.flag``: a flag's name, ``set`` for ``--set``, typed as the flag reads it, the first one
-    positional), then ``progress``; it runs them as ``fltune <command>`` does (``cli.cmd_job``), or with ``plan=True``
-    returns the plan. Its docstring lists the keywords with their flags' help."""
-    keywords = {spelling(option): option for option in flag_fields(kind)}
-    keywords |= {name: option for option in fields(kind) if (name := option.name) in kind.shortcuts}
+    """A job function made of ``result`` (what it returns of a job that ran): its keywords are its command's options
+    ``kind`` (``_keywords``), then ``progress``; it runs them as ``fltune <command>`` does (``cli.cmd_job``), or with
+    ``plan=True`` returns the plan. Its docstring lists the keywords with their flags' help."""
+    keywords = _keywords(kind)
 
     def make(result: Callable[[Any, int], Result]) -> Callable[..., Result | Plan]:
         @functools.wraps(result)
         def function(*args: Any, **given: Any) -> Result | Plan:
-            arguments = signature.bind(*args, **given).arguments
+            arguments = function.__signature__.bind(*args, **given).arguments
             quiet = not arguments.pop("progress", True)
             options = kind(**{keywords[key].name: value for key, value in arguments.items()}).checked()
             if options.plan:
@@ -248,21 +235,32 @@ def _job_function(kind: type[JobCommand]) -> Callable[[Callable[[Any, int], Resu
             with _console_quiet(quiet):
                 return result(job, job.run())
 
-        signature = inspect.Signature([
-            *(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY if index else inspect.Parameter.POSITIONAL_OR_KEYWORD,
-                                default=inspect.Parameter.empty if option.default is MISSING else option.default,
-                                annotation=_takes(option)) for index, (name, option) in enumerate(keywords.items())),
-            inspect.Parameter("progress", inspect.Parameter.KEYWORD_ONLY, default=True, annotation="bool")],
-            return_annotation=f"{inspect.signature(result).return_annotation} | Plan")
-        function.__signature__ = signature  # type: ignore[attr-defined]
-        function.__doc__ = "\n".join([f"{result.__doc__}\n", "    Keywords, each the flag of that name (``set``: "
-                                      "``--set``); ``progress=False`` prints nothing:\n", *(textwrap.fill(
-                                          f"{name}: {option.metadata.get('help') or f'= --set {SHORTCUTS[name][0]}=…'}",
-                                          116, initial_indent="    ", subsequent_indent="        ")
-                                      for name, option in keywords.items())])
+        function.__signature__ = inspect.Signature([  # type: ignore[attr-defined]
+            *(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY if index else
+                                inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=_takes(option),
+                                default=inspect.Parameter.empty if option.default is MISSING else option.default)
+              for index, (name, option) in enumerate(keywords.items())),
+            inspect.Parameter("progress", inspect.Parameter.KEYWORD_ONLY, default=True, annotation="bool"),
+        ], return_annotation=f"{inspect.signature(result).return_annotation} | Plan")
+        intro = ("Keywords, each the flag of that name (``set``: ``--set``); with ``plan=True`` it returns the "
+                 ":class:`fltune.estimate.Plan` (``str()`` is what ``--plan`` prints) and runs nothing; "
+                 "``progress=False`` prints nothing.")
+        helps = [f"{name}: {option.metadata.get('help') or f'= --set {SHORTCUTS[name][0]}=…'}"
+                 for name, option in keywords.items()]
+        function.__doc__ = "\n\n".join([result.__doc__ or "", textwrap.fill(intro, 116, initial_indent="    ",
+                                                                             subsequent_indent="    "),
+                                        "\n".join(textwrap.fill(text, 116, initial_indent="    ",
+                                                                subsequent_indent="        ") for text in helps)])
         return function
 
     return make
+
+
+def _keywords(kind: type[JobCommand]) -> dict[str, Field]:
+    """A job function's keywords, each a field of its command's options: the flags (``cli_args.flag``, of the same
+    name, ``set`` for ``--set``; the first one positional), then the fields a shortcut flag fills."""
+    keywords = {spelling(option): option for option in flag_fields(kind)}
+    return keywords | {option.name: option for option in fields(kind) if option.name in kind.shortcuts}
 
 
 def _takes(option: Field) -> Any:
@@ -274,8 +272,7 @@ def _takes(option: Field) -> Any:
 @_job_function(StudyRequest)
 def tune(job: Study, code: int) -> JobResult:
     """A Ray Tune + Optuna study of one method, as ``fltune tune``: a :class:`JobResult` whose ``best`` is the best
-    configuration; with ``plan=True`` the :class:`fltune.estimate.Plan` (``str()`` is what ``--plan`` prints), and
-    nothing runs."""
+    configuration."""
     from fltune.config import ExperimentConfig
     from fltune.tune.command import BEST_CONFIG
 
@@ -287,8 +284,7 @@ def tune(job: Study, code: int) -> JobResult:
 @_job_function(CompareOptions)
 def compare(job: Comparison, code: int) -> CompareResult:
     """Methods compared on one setting over seeds, as ``fltune compare``, e.g. ``compare(["fedavg", "./mine.py:Mine"],
-    set={"federation.rounds": 2})``: a :class:`CompareResult`, ``to_pandas()`` its compare.csv; with ``plan=True``
-    the :class:`fltune.estimate.Plan` (``str()`` is what ``--plan`` prints), and nothing runs."""
+    set={"federation.rounds": 2})``: a :class:`CompareResult`, ``to_pandas()`` its compare.csv."""
     cells = getattr(job, "cells", None)  # None: a method's tuning study ended the job first
     if cells is None or not hasattr(cells, "spec"):
         return CompareResult(code, job.options.name or "", "")
@@ -298,8 +294,7 @@ def compare(job: Comparison, code: int) -> CompareResult:
 @_job_function(ReproduceOptions)
 def reproduce(job: Reproduction, code: int) -> JobResult:
     """A paper table's cells, as ``fltune reproduce``, e.g. ``reproduce("fedsol-table2", datasets=["fmnist"])``: a
-    :class:`JobResult`; with ``plan=True`` the :class:`fltune.estimate.Plan` (``str()`` is what ``--plan`` prints),
-    and nothing runs."""
+    :class:`JobResult`."""
     return JobResult(code, job.spec.name, job.spec.path, job.rows)
 
 

@@ -171,7 +171,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def command(sub: argparse._SubParsersAction, name: str, summary: str) -> argparse.ArgumentParser:
     """The parser of the command ``name``, its ``--help`` ending with its examples (``EXAMPLES``)."""
-    return sub.add_parser(name, help=summary, epilog=EXAMPLES[name], formatter_class=argparse.RawDescriptionHelpFormatter)
+    return sub.add_parser(name, help=summary, epilog=EXAMPLES[name],
+                          formatter_class=argparse.RawDescriptionHelpFormatter)
 
 
 def parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:

@@ -14,7 +14,9 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol, get_args, get_type_hi
 from fltune.errors import FLTuneError
 
 if TYPE_CHECKING:
+    from fltune.compare.command import Comparison
     from fltune.estimate import Plan
+    from fltune.jobs.scaffold import TuneJob
 
 SHORTCUTS: dict[str, tuple[str, type]] = {
     "method": ("method.name", str), "dataset": ("data.dataset", str), "data_root": ("data.root", str),
@@ -79,24 +81,17 @@ class ExperimentOptions:
 
 
 class JobCommand(Protocol):
-    """A job command's options (``StudyRequest``, ``CompareOptions``, ``ReproduceOptions``), as ``fltune.api`` and
-    ``cli.cmd_job`` run them."""
+    """A job command's options as ``fltune.api`` and ``cli.cmd_job`` run them: ``checked`` before Ray or torch load
+    (a bad file or a missing dataset is one line), then the plan ``--plan`` prints, or the job, run to its exit
+    status."""
 
     plan: bool
 
-    def checked(self) -> JobCommand:
-        """The options, a bad file or a missing dataset said in one line before Ray or torch load."""
+    def checked(self) -> JobCommand: ...
 
-    def planned(self) -> Plan:
-        """What ``--plan`` prints: the job's trials and their cost; runs nothing."""
+    def planned(self) -> Plan: ...
 
-    def job(self) -> Job:
-        """The job that runs them."""
-
-
-class Job(Protocol):
-    def run(self) -> int:
-        """Run the job to its end: the exit status."""
+    def job(self) -> TuneJob | Comparison: ...
 
 
 def spelling(option: Field) -> str:
