@@ -8,8 +8,8 @@ from __future__ import annotations
 import os
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from dataclasses import dataclass, fields, replace
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
 from fltune.errors import FLTuneError
 from fltune.folders import failed_write, make_out, said
@@ -46,9 +46,12 @@ Spec = TypeVar("Spec", bound="SavedSpec")
 
 @dataclass(frozen=True, kw_only=True)
 class JobOptions:
-    """What every Tune job is asked, each field its commands' flag of that name: its folder (``name`` under
-    ``storage``), the cluster, whether it continues a stopped job, its trials' concurrency and checkpoint cadence."""
+    """What every Tune job is asked: its folder (``name`` under ``storage``), the cluster, whether it continues a
+    stopped job, its trials' concurrency and checkpoint cadence. A command's options declare their flags (each
+    field its command's flag and its function's keyword, ``cli_args.flag``), read here as given."""
 
+    shortcuts: ClassVar[tuple[str, ...]] = ()
+    """The config shortcut flags (``cli_args.SHORTCUTS``) the command takes after ``--set``."""
     name: str | None = None
     storage: str | None = None
     address: str | None = None
@@ -58,6 +61,12 @@ class JobOptions:
     checkpoint_seconds: float | None = None
     ignored: tuple[str, ...] = ()
     """The setting flags given with ``resume``, which the job ignores for its saved ones (``note_ignored``)."""
+
+    def __post_init__(self) -> None:
+        """Each field as its flag's ``read`` makes it, whether given as a flag's text or a keyword's value."""
+        for option in fields(self):
+            if (read := option.metadata.get("read")) is not None:
+                object.__setattr__(self, option.name, read(getattr(self, option.name)))
 
 
 def note_ignored(options: JobOptions, what: str) -> None:
