@@ -32,17 +32,14 @@ from fltune.text import invoked_as
 from fltune.tracking import backlog
 from fltune.tune.command import StudyRequest
 
-def load_experiment(args: argparse.Namespace, extra: Sequence[str] = ()):
-    """Config file + flags + --set → a validated ExperimentConfig."""
-    from fltune.config import build_config, read_yaml
-
-    tree = read_yaml(args.config) if args.config else {}
-    return build_config(tree, [*extra, *experiment_overrides(args)])
-
 
 # ---------------------------------------------------------------------------------------------- run
 def cmd_run(args: argparse.Namespace) -> int:
-    cfg = load_experiment(args, ["tracking.enabled=false"] if args.no_mlflow else [])
+    from fltune.config import build_config
+
+    no_mlflow = ["tracking.enabled=false"] if args.no_mlflow else []  # a --set of the user's still wins
+    sources = ExperimentOptions(config=args.config, overrides=(*no_mlflow, *experiment_overrides(args)))
+    cfg = build_config(sources.tree())
     if args.print_config:
         print(cfg.to_yaml(), end="")
         return 0

@@ -79,6 +79,12 @@ class ExperimentOptions:
     overrides: tuple[str, ...] = set_flag("override any config field by dotted path, e.g. --set method.mu=0.01 "
                                           "(repeatable)")
 
+    def tree(self) -> dict[str, Any]:
+        """The experiment these sources say, not yet validated."""
+        from fltune.config import apply_overrides, read_yaml
+
+        return apply_overrides(read_yaml(self.config) if self.config else {}, list(self.overrides))
+
 
 class JobCommand(Protocol):
     """A job command's options as ``fltune.api`` and ``cli.cmd_job`` run them: ``checked`` before Ray or torch load

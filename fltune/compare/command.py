@@ -57,7 +57,7 @@ class CompareOptions(JobOptions, ExperimentOptions):
 
         if not self.resume:
             try:
-                data = build_config(experiment_tree(self)).data
+                data = build_config(self.tree()).data
             except FLTuneError:  # said, per method, where the comparison is validated
                 data = None
             if data is not None:
@@ -86,13 +86,6 @@ class CompareOptions(JobOptions, ExperimentOptions):
             items.append((f"{method}: {spec.seeds} seed(s)", method_tree(spec.base, method), spec.seeds))
         return Plan.of(f"plan: compare {', '.join(spec.methods)}", items,
                        self.address or spec.config.resources.address, spec.max_concurrent, notes(spec)[:2])
-
-
-def experiment_tree(options: CompareOptions) -> dict[str, Any]:
-    """``--config`` + shortcut flags + ``--set``, as ``run`` reads them (validated per method later)."""
-    from fltune.config import apply_overrides, read_yaml
-
-    return apply_overrides(read_yaml(options.config) if options.config else {}, list(options.overrides))
 
 
 def job_configs(spec: CompareSpec) -> list[ExperimentConfig]:
@@ -128,7 +121,7 @@ class Comparison:
             raise FLTuneError("--methods is required: at least two comma-separated methods, e.g. fedavg,fedprox")
         check_counts(options)
         spec = compare_spec.new_spec(
-            methods=compare_spec.parse_methods(options.methods), base=experiment_tree(options), seeds=options.seeds,
+            methods=compare_spec.parse_methods(options.methods), base=options.tree(), seeds=options.seeds,
             tune_budget=options.tune_budget, storage=storage, name=options.name, out=options.out,
             max_concurrent=options.max_concurrent, checkpoint_every=options.checkpoint_every,
             checkpoint_seconds=options.checkpoint_seconds)
