@@ -86,6 +86,19 @@ class ExperimentOptions:
         return apply_overrides(read_yaml(self.config) if self.config else {}, list(self.overrides))
 
 
+def check_data_here(tree: dict[str, Any]) -> None:
+    """A dataset that is nowhere is one line before torch or Ray load (``locations.check_here``); data settings
+    that do not validate are said where the job validates its experiment."""
+    from fltune.config import DataConfig
+    from fltune.data.locations import check_here
+
+    try:
+        data = DataConfig.model_validate(tree.get("data", {}))
+    except ValueError:
+        return
+    check_here(data.dataset, data.root, data.download)
+
+
 class JobCommand(Protocol):
     """A job command's options as ``fltune.api`` and ``cli.cmd_job`` run them: ``checked`` before Ray or torch load
     (a bad file or a missing dataset is one line), then the plan ``--plan`` prints, or the job, run to its exit

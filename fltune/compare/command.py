@@ -11,7 +11,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from fltune.cli_args import JOB_STORAGE, SHORTCUTS, ExperimentOptions, every_flag, flag, path_text, seconds_flag
+from fltune.cli_args import (
+    JOB_STORAGE, SHORTCUTS, ExperimentOptions, check_data_here, every_flag, flag, path_text, seconds_flag,
+)
 from fltune.errors import FLTuneError
 from fltune.jobs.scaffold import (
     CELL_CHECKPOINT_EVERY, CELL_CHECKPOINT_SECONDS, GridJob, JobOptions, check_counts, listed, note_ignored, resume_line,
@@ -52,16 +54,8 @@ class CompareOptions(JobOptions, ExperimentOptions):
 
     def checked(self) -> CompareOptions:
         """The options; a dataset that is nowhere is one line before torch or Ray load."""
-        from fltune.config import build_config
-        from fltune.data.locations import check_here
-
         if not self.resume:
-            try:
-                data = build_config(self.tree()).data
-            except FLTuneError:  # said, per method, where the comparison is validated
-                data = None
-            if data is not None:
-                check_here(data.dataset, data.root, data.download)
+            check_data_here(self.tree())
         return self
 
     def job(self) -> Comparison:
