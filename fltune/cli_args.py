@@ -56,8 +56,10 @@ def seconds_flag(default: str) -> Any:
     return flag(f"also checkpoint once S seconds have passed since the last one (default: {default})", metavar="S")
 
 
-def set_texts(sets: Mapping[str, Any] | Sequence[str]) -> tuple[str, ...]:
+def set_texts(sets: Mapping[str, Any] | Sequence[str] | None) -> tuple[str, ...]:
     """``--set``'s texts, or ``set=`` given as a mapping ``{"federation.rounds": 2}`` or ``field=value`` texts."""
+    if sets is None:
+        return ()
     if isinstance(sets, str):
         raise FLTuneError(f"set: {sets!r} is one text; allowed: a mapping {{'field': value}} or a list of "
                           "'field=value' texts")
