@@ -96,9 +96,7 @@ def cmd_methods(args: argparse.Namespace) -> int:
 
 
 def cmd_sync(args: argparse.Namespace) -> int:
-    from fltune.tracking.backlog import sync
-
-    return sync(args.path, args.uri)
+    return backlog.sync(args.path, args.uri)
 
 
 def method_card(cls: type) -> str:
