@@ -106,6 +106,8 @@ class JobCommand(Protocol):
     (a bad file or a missing dataset is one line), then the plan ``--plan`` prints, or the job, run to its exit
     status."""
 
+    shortcuts: ClassVar[tuple[str, ...]]
+    """The config shortcut flags (``SHORTCUTS``) the command takes after ``--set``."""
     plan: bool
 
     def checked(self) -> JobCommand: ...
