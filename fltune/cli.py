@@ -32,17 +32,14 @@ from fltune.text import invoked_as
 from fltune.tracking import backlog
 from fltune.tune.command import StudyRequest
 
-def load_experiment(args: argparse.Namespace, extra: Sequence[str] = ()):
-    """Config file + flags + --set → a validated ExperimentConfig."""
-    from fltune.config import build_config, read_yaml
-
-    tree = read_yaml(args.config) if args.config else {}
-    return build_config(tree, [*extra, *experiment_overrides(args)])
-
 
 # ---------------------------------------------------------------------------------------------- run
 def cmd_run(args: argparse.Namespace) -> int:
-    cfg = load_experiment(args, ["tracking.enabled=false"] if args.no_mlflow else [])
+    from fltune.config import build_config
+
+    no_mlflow = ["tracking.enabled=false"] if args.no_mlflow else []  # a --set of the user's still wins
+    sources = ExperimentOptions(config=args.config, overrides=(*no_mlflow, *experiment_overrides(args)))
+    cfg = build_config(sources.tree())
     if args.print_config:
         print(cfg.to_yaml(), end="")
         return 0
@@ -99,9 +96,7 @@ def cmd_methods(args: argparse.Namespace) -> int:
 
 
 def cmd_sync(args: argparse.Namespace) -> int:
-    from fltune.tracking.backlog import sync
-
-    return sync(args.path, args.uri)
+    return backlog.sync(args.path, args.uri)
 
 
 def method_card(cls: type) -> str:
@@ -138,41 +133,40 @@ def _batched(cls: type) -> str:
 
 
 # ---------------------------------------------------------------------------------------------- main
-COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
-    "run": cmd_run, "methods": cmd_methods, "tune": cmd_job, "tables": cmd_tables, "reproduce": cmd_job,
-    "compare": cmd_job, "sync": cmd_sync,
-}
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=invoked_as(), description="fltune: run, tune and compare FL methods.")
     sub = parser.add_subparsers(dest="command", required=True)
-    run = command(sub, "run", "one federated run, tracked in MLflow")
+    run = command(sub, "run", cmd_run, "one federated run, tracked in MLflow")
     add_flags(run, ExperimentOptions)
     run.add_argument("--json-out", help="write the final metrics as JSON here")
     run.add_argument("--print-config", action="store_true", help="print the resolved config as YAML and exit")
     run.add_argument("--plan", action="store_true",
                      help="print the run, its client-samples and an estimated wall time; run nothing")
     run.add_argument("--no-mlflow", action="store_true", help="= --set tracking.enabled=false")
-    methods = command(sub, "methods", "registered methods with their parameters and paper defaults")
+    methods = command(sub, "methods", cmd_methods, "registered methods with their parameters and paper defaults")
     methods.add_argument("method", nargs="?", help="show this method's card: its paper, parameters and costs")
-    add_flags(command(sub, "tune", "hyperparameter study of one method (Ray Tune + Optuna, tracked in MLflow)"),
-              StudyRequest)
-    command(sub, "tables", "paper tables that `reproduce` can re-run, with their sources and data")
-    add_flags(command(sub, "reproduce", "re-run a paper table (Ray Tune trials) beside the paper's numbers"),
+    add_flags(command(sub, "tune", cmd_job, "hyperparameter study of one method (Ray Tune + Optuna, tracked in "
+                                            "MLflow)"), StudyRequest)
+    command(sub, "tables", cmd_tables, "paper tables that `reproduce` can re-run, with their sources and data")
+    add_flags(command(sub, "reproduce", cmd_job, "re-run a paper table (Ray Tune trials) beside the paper's numbers"),
               ReproduceOptions)
-    add_flags(command(sub, "compare", "compare methods on one setting: same split and sampling, seeds, optional "
-                                      "tuning on a validation split (Ray Tune trials)"), CompareOptions)
-    sync = command(sub, "sync", "send the tracking a command kept on disk while its server was away")
+    add_flags(command(sub, "compare", cmd_job, "compare methods on one setting: same split and sampling, seeds, "
+                                               "optional tuning on a validation split (Ray Tune trials)"),
+              CompareOptions)
+    sync = command(sub, "sync", cmd_sync, "send the tracking a command kept on disk while its server was away")
     sync.add_argument("path", help="a job's folder, a tracking-backlog folder or one backlog file")
     sync.add_argument("--uri", help="send to this tracking store instead of the one each backlog was kept for")
     return parser
 
 
-def command(sub: argparse._SubParsersAction, name: str, summary: str) -> argparse.ArgumentParser:
-    """The parser of the command ``name``, its ``--help`` ending with its examples (``EXAMPLES``)."""
-    return sub.add_parser(name, help=summary, epilog=EXAMPLES[name],
-                          formatter_class=argparse.RawDescriptionHelpFormatter)
+def command(sub: argparse._SubParsersAction, name: str, runs: Callable[[argparse.Namespace], int],
+            summary: str) -> argparse.ArgumentParser:
+    """The parser of the command ``name``, which ``runs`` runs, its ``--help`` ending with its examples
+    (``EXAMPLES``)."""
+    parser = sub.add_parser(name, help=summary, epilog=EXAMPLES[name],
+                            formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.set_defaults(runs=runs)
+    return parser
 
 
 def parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
@@ -193,7 +187,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     forget_stops()
     handle_stop_signals()
     try:
-        code = backlog.outcome(COMMANDS[args.command](args))
+        code = backlog.outcome(args.runs(args))
     except FLTuneError as err:
         print(f"fltune: {err}", file=sys.stderr)
         return 2

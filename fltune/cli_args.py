@@ -56,8 +56,10 @@ def seconds_flag(default: str) -> Any:
     return flag(f"also checkpoint once S seconds have passed since the last one (default: {default})", metavar="S")
 
 
-def set_texts(sets: Mapping[str, Any] | Sequence[str]) -> tuple[str, ...]:
+def set_texts(sets: Mapping[str, Any] | Sequence[str] | None) -> tuple[str, ...]:
     """``--set``'s texts, or ``set=`` given as a mapping ``{"federation.rounds": 2}`` or ``field=value`` texts."""
+    if sets is None:
+        return ()
     if isinstance(sets, str):
         raise FLTuneError(f"set: {sets!r} is one text; allowed: a mapping {{'field': value}} or a list of "
                           "'field=value' texts")
@@ -79,12 +81,33 @@ class ExperimentOptions:
     overrides: tuple[str, ...] = set_flag("override any config field by dotted path, e.g. --set method.mu=0.01 "
                                           "(repeatable)")
 
+    def tree(self) -> dict[str, Any]:
+        """The experiment these sources say, not yet validated."""
+        from fltune.config import apply_overrides, read_yaml
+
+        return apply_overrides(read_yaml(self.config) if self.config else {}, list(self.overrides))
+
+
+def check_data_here(tree: dict[str, Any]) -> None:
+    """A dataset that is nowhere is one line before torch or Ray load (``locations.check_here``); data settings
+    that do not validate are said where the job validates its experiment."""
+    from fltune.config import DataConfig
+    from fltune.data.locations import check_here
+
+    try:
+        data = DataConfig.model_validate(tree.get("data", {}))
+    except ValueError:
+        return
+    check_here(data.dataset, data.root, data.download)
+
 
 class JobCommand(Protocol):
     """A job command's options as ``fltune.api`` and ``cli.cmd_job`` run them: ``checked`` before Ray or torch load
     (a bad file or a missing dataset is one line), then the plan ``--plan`` prints, or the job, run to its exit
     status."""
 
+    shortcuts: ClassVar[tuple[str, ...]]
+    """The config shortcut flags (``SHORTCUTS``) the command takes after ``--set``."""
     plan: bool
 
     def checked(self) -> JobCommand: ...

@@ -11,7 +11,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from fltune.cli_args import JOB_STORAGE, SHORTCUTS, ExperimentOptions, every_flag, flag, path_text, seconds_flag
+from fltune.cli_args import (
+    JOB_STORAGE, SHORTCUTS, ExperimentOptions, check_data_here, every_flag, flag, path_text, seconds_flag,
+)
 from fltune.errors import FLTuneError
 from fltune.jobs.scaffold import (
     CELL_CHECKPOINT_EVERY, CELL_CHECKPOINT_SECONDS, GridJob, JobOptions, check_counts, listed, note_ignored, resume_line,
@@ -52,16 +54,8 @@ class CompareOptions(JobOptions, ExperimentOptions):
 
     def checked(self) -> CompareOptions:
         """The options; a dataset that is nowhere is one line before torch or Ray load."""
-        from fltune.config import build_config
-        from fltune.data.locations import check_here
-
         if not self.resume:
-            try:
-                data = build_config(experiment_tree(self)).data
-            except FLTuneError:  # said, per method, where the comparison is validated
-                data = None
-            if data is not None:
-                check_here(data.dataset, data.root, data.download)
+            check_data_here(self.tree())
         return self
 
     def job(self) -> Comparison:
@@ -86,13 +80,6 @@ class CompareOptions(JobOptions, ExperimentOptions):
             items.append((f"{method}: {spec.seeds} seed(s)", method_tree(spec.base, method), spec.seeds))
         return Plan.of(f"plan: compare {', '.join(spec.methods)}", items,
                        self.address or spec.config.resources.address, spec.max_concurrent, notes(spec)[:2])
-
-
-def experiment_tree(options: CompareOptions) -> dict[str, Any]:
-    """``--config`` + shortcut flags + ``--set``, as ``run`` reads them (validated per method later)."""
-    from fltune.config import apply_overrides, read_yaml
-
-    return apply_overrides(read_yaml(options.config) if options.config else {}, list(options.overrides))
 
 
 def job_configs(spec: CompareSpec) -> list[ExperimentConfig]:
@@ -128,7 +115,7 @@ class Comparison:
             raise FLTuneError("--methods is required: at least two comma-separated methods, e.g. fedavg,fedprox")
         check_counts(options)
         spec = compare_spec.new_spec(
-            methods=compare_spec.parse_methods(options.methods), base=experiment_tree(options), seeds=options.seeds,
+            methods=compare_spec.parse_methods(options.methods), base=options.tree(), seeds=options.seeds,
             tune_budget=options.tune_budget, storage=storage, name=options.name, out=options.out,
             max_concurrent=options.max_concurrent, checkpoint_every=options.checkpoint_every,
             checkpoint_seconds=options.checkpoint_seconds)

@@ -9,7 +9,7 @@ import os
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields, replace
-from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from fltune.errors import FLTuneError
 from fltune.folders import failed_write, make_out, said
@@ -46,12 +46,9 @@ Spec = TypeVar("Spec", bound="SavedSpec")
 
 @dataclass(frozen=True, kw_only=True)
 class JobOptions:
-    """What every Tune job is asked: its folder (``name`` under ``storage``), the cluster, whether it continues a
-    stopped job, its trials' concurrency and checkpoint cadence. A command's options declare their flags (each
-    field its command's flag and its function's keyword, ``cli_args.flag``), read here as given."""
+    """What every Tune job is asked, its command's flags (``cli_args.flag``): its folder (``name`` under ``storage``),
+    the cluster, whether it continues a stopped job, its trials' concurrency and checkpoint cadence."""
 
-    shortcuts: ClassVar[tuple[str, ...]] = ()
-    """The config shortcut flags (``cli_args.SHORTCUTS``) the command takes after ``--set``."""
     name: str | None = None
     storage: str | None = None
     address: str | None = None

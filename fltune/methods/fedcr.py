@@ -95,10 +95,11 @@ class FedCRParams(Params):
 
 
 class ClassPoE:
-    """Per-class product of experts of diagonal Gaussians, kept as precision sums (float64)."""
+    """Per-class product of experts of diagonal Gaussians, kept as precision sums (float64), one row per row of
+    ``like`` (r's means)."""
 
-    def __init__(self, num_classes: int, dim: int, device: torch.device) -> None:
-        self.precision = torch.zeros(num_classes, dim, dtype=torch.float64, device=device)
+    def __init__(self, like: Tensor) -> None:
+        self.precision = torch.zeros_like(like, dtype=torch.float64)
         self.weighted_mean = torch.zeros_like(self.precision)
 
     def add(self, y: Tensor, mu: Tensor, sigma: Tensor) -> None:
@@ -165,18 +166,13 @@ class FedCR(VIBMethod, FedPer):
         if seen < ctx.scratch["fold_from"]:
             return
         if seen % ctx.num_samples == 0:
-            ctx.scratch["poe"] = self._empty_poe(ctx)
+            ctx.scratch["poe"] = ClassPoE(ctx.inputs["r"]["mu"])
         ctx.scratch["poe"].add(self.centre(y), record["mu"], record["sigma"])
-
-    @staticmethod
-    def _empty_poe(ctx: ClientContext) -> ClassPoE:
-        num_classes, dim = ctx.inputs["r"]["mu"].shape
-        return ClassPoE(num_classes, dim, ctx.device)
 
     def client_result(self, ctx: ClientContext) -> ClientResult:
         """Uploads the last epoch's class Gaussians (empty if a non-finite loss stopped it: the run diverged)."""
         result = super().client_result(ctx)
-        poe = ctx.scratch["poe"] if "poe" in ctx.scratch else self._empty_poe(ctx)
+        poe = ctx.scratch["poe"] if "poe" in ctx.scratch else ClassPoE(ctx.inputs["r"]["mu"])
         result.upload = poe.to_numpy()
         return result
 

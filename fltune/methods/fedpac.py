@@ -23,7 +23,7 @@ from fltune.methods import register
 from fltune.methods.base import ClientContext, ClientResult, Params, Phase, ServerContext, ServerUpdate, Upload
 from fltune.methods.fedper import FedPer
 from fltune.methods.objective import Batch
-from fltune.models.layers import evaluating
+from fltune.models.convnets import evaluating
 QP_STEPS = 500
 MIN_WEIGHT = 1e-3
 """Head-combination weights below this are zeroed (``get_head_agg_weight``'s eps)."""

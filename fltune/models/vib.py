@@ -21,8 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fltune.models.base import InShape, SplitModel
-from fltune.models.convnets import plain_net
-from fltune.models.layers import ConvBlock
+from fltune.models.convnets import ConvBlock, plain_net
 from fltune.models.registry import register_model
 
 DIM_Z = 512

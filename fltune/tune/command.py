@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from fltune.cli_args import RAY_ADDRESS, every_flag, flag, path_text, seconds_flag, set_flag
+from fltune.cli_args import RAY_ADDRESS, check_data_here, every_flag, flag, path_text, seconds_flag, set_flag
 from fltune.errors import FLTuneError
 from fltune.jobs.scaffold import JobOptions, TuneJob
 from fltune.process import say_resume
@@ -72,14 +72,14 @@ class StudyRequest(JobOptions):
     def checked(self) -> StudyRequest:
         """The options with the space file found (by name, or the method's shipped one); a bad space file or a
         missing dataset is one line before Ray, torch or the methods load."""
-        from fltune.config import read_yaml
+        from fltune.config import apply_overrides, read_yaml
         from fltune.search_spaces import space_path
 
         options = self if self.resume else replace(self, space=space_path(self.space, self.method))
-        if options.space:
-            space = read_yaml(options.space)
-            if not options.resume:
-                check_data_here(space, list(options.overrides))
+        base = read_yaml(options.space).get("base") if options.space else None
+        if not options.resume and isinstance(base, dict) and isinstance(base.get("data", {}), dict):  # inline data
+            check_data_here(apply_overrides({"data": dict(base.get("data", {}))},
+                                            [text for text in options.overrides if text.startswith("data.")]))
         return options
 
     def job(self) -> Study:
@@ -105,23 +105,6 @@ class StudyRequest(JobOptions):
                            confirm.top * confirm.seeds))
         return Plan.of(f"plan: tune {method}", trials, self.address or tree.get("resources", {}).get("address"),
                        space.max_concurrent, notes)
-
-
-def check_data_here(space: dict, overrides: list[str]) -> None:
-    """A missing dataset is one line before torch or Ray load (``locations.check_here``), for an inline
-    ``base`` with ``--set data.*``; other bases are checked later with the study."""
-    from fltune.config import DataConfig, apply_overrides
-    from fltune.data.locations import check_here
-
-    base = space.get("base")
-    if not isinstance(base, dict) or not isinstance(base.get("data", {}), dict):
-        return
-    tree = apply_overrides({"data": dict(base.get("data", {}))}, [o for o in overrides if o.startswith("data.")])
-    try:
-        data = DataConfig.model_validate(tree["data"])
-    except ValueError:
-        return
-    check_here(data.dataset, data.root, data.download)
 
 
 class Study(TuneJob["StudySpec"]):
