@@ -87,7 +87,7 @@ def test_synchronous_hyperband_at_two_live_trials_stops_none() -> None:
     search without stopping returns at every budget (a paused trial never resumed would end the study early)."""
     problem = tq.PROBLEMS["fedprox"]
     tables = tq.load_tables(problem)
-    random, hyperband = (next(t for t in tq.tuners() if t.name == name) for name in ("random", "HyperBand"))
+    random, hyperband = (next(t for t in tq.tuners(problem) if t.name == name) for name in ("random", "HyperBand"))
     for seed in (0, 1):
         picks = tq.replay(problem, tables[seed], hyperband, seed, tq.FRACTIONS + [1.0])
         assert picks == tq.replay(problem, tables[seed], random, seed, tq.FRACTIONS + [1.0])
