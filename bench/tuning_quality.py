@@ -264,20 +264,19 @@ def shipped_tuner(problem: Problem) -> Tuner:
 
 OLD_DEFAULT = Tuner("before #76", grace=2, reduction=3, samples=16, startup=10, multivariate=False)
 """the defaults before this replay chose any (independent TPE after 10 random trials, ASHA grace 2)"""
-PREVIOUS = Tuner("previous", grace=3, reduction=3, samples=16, startup=4, multivariate=True)
-"""the first defaults the replay chose, for both problems at once (multivariate TPE after 4, ASHA grace 3)"""
 
 
 def tuners(problem: Problem) -> list[Tuner]:
-    """The issue's five, the shipped space's settings and the earlier defaults: random search, TPE without early
-    stopping, the shipped space (and the defaults, where they differ), Hyperband (Ray's synchronous
+    """The issue's five, the shipped space's settings, the defaults and the ones before #76 (each setting once, by its first
+    name): random search, TPE without early stopping, the shipped space, the defaults, Hyperband (Ray's synchronous
     ``HyperBandScheduler``, η = 3) on random search and under TPE multivariate (BOHB's pairing, Falkner et al.
     2018; Tune's ``TuneBOHB`` itself needs ConfigSpace and hpbandster, which fltune does not install)."""
-    shipped, default = shipped_tuner(problem), default_tuner()
-    return [Tuner("random", sampler="random", scheduler="none"), Tuner("TPE", scheduler="none"), shipped,
-            *([default] if replace(default, name=shipped.name) != shipped else []), PREVIOUS, OLD_DEFAULT,
-            Tuner("HyperBand", sampler="random", scheduler="hyperband", reduction=3),
-            Tuner("TPE-mv+HyperBand", scheduler="hyperband", reduction=3, multivariate=True, samples=16)]
+    listed = [Tuner("random", sampler="random", scheduler="none"), Tuner("TPE", scheduler="none"),
+              shipped_tuner(problem), default_tuner(), OLD_DEFAULT,
+              Tuner("HyperBand", sampler="random", scheduler="hyperband", reduction=3),
+              Tuner("TPE-mv+HyperBand", scheduler="hyperband", reduction=3, multivariate=True, samples=16)]
+    settings = [replace(tuner, name="") for tuner in listed]
+    return [tuner for i, tuner in enumerate(listed) if settings[i] not in settings[:i]]
 
 
 def study_space(problem: Problem, tuner: Tuner, seed: int):
