@@ -267,10 +267,10 @@ OLD_DEFAULT = Tuner("before #76", grace=2, reduction=3, samples=16, startup=10, 
 
 
 def tuners(problem: Problem) -> list[Tuner]:
-    """The issue's five, the shipped space's settings, the defaults and the ones before #76 (each setting once, by its first
-    name): random search, TPE without early stopping, the shipped space, the defaults, Hyperband (Ray's synchronous
-    ``HyperBandScheduler``, η = 3) on random search and under TPE multivariate (BOHB's pairing, Falkner et al.
-    2018; Tune's ``TuneBOHB`` itself needs ConfigSpace and hpbandster, which fltune does not install)."""
+    """The issue's five, the shipped space's settings, the defaults and those before #76 (each setting once, by
+    its first name): random search, TPE without early stopping, the shipped space, the defaults, Hyperband (Ray's
+    synchronous ``HyperBandScheduler``, η = 3) on random search and under TPE multivariate (BOHB's pairing,
+    Falkner et al. 2018; Tune's ``TuneBOHB`` needs ConfigSpace and hpbandster, which fltune does not install)."""
     listed = [Tuner("random", sampler="random", scheduler="none"), Tuner("TPE", scheduler="none"),
               shipped_tuner(problem), default_tuner(), OLD_DEFAULT,
               Tuner("HyperBand", sampler="random", scheduler="hyperband", reduction=3),
