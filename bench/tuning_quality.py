@@ -7,7 +7,7 @@ tables, so every tuner is the real scheduler and the real Optuna sampler, in sec
 "Tuning quality").
 
     python bench/tuning_quality.py --build [--problems fedprox simfafl]
-    python bench/tuning_quality.py [--sweep]
+    python bench/tuning_quality.py [--studies 100 | --sweep]
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import csv
 import math
 import subprocess
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 TABLES = Path(__file__).resolve().parent / "tables"
@@ -248,19 +248,35 @@ def default_tuner() -> Tuner:
                  multivariate=Sampler.model_fields["multivariate"].default)
 
 
-OLD_DEFAULT = Tuner("old default", grace=2, reduction=3, samples=16, startup=10, multivariate=False)
-"""the defaults before this replay chose them (independent TPE after 10 random trials, ASHA grace 2)"""
+def shipped_tuner(problem: Problem) -> Tuner:
+    """The settings of the method's shipped space (``fltune/search_spaces/<name>.yaml``): what ``fltune tune
+    --method <name>`` runs, which may differ from the defaults where the replay chose so for that method."""
+    from fltune.search_spaces import method_space
+    from fltune.tune.space import Asha, parse_space
+
+    space = parse_space(method_space(problem.name))
+    asha = space.scheduler if isinstance(space.scheduler, Asha) else None
+    return Tuner("shipped", sampler=space.sampler.name, scheduler=asha.name if asha else "none",
+                 grace=asha.grace_period if asha else 2, reduction=asha.reduction_factor if asha else 2,
+                 samples=space.num_samples, startup=space.sampler.n_startup_trials,
+                 multivariate=space.sampler.multivariate)
 
 
-def tuners() -> list[Tuner]:
-    """The issue's five and the old default: random search, TPE without early stopping, the default (TPE
-    multivariate + ASHA, the model of BOHB, Falkner et al. 2018), Hyperband (Ray's synchronous
-    ``HyperBandScheduler``, η = 3) on random search and under TPE multivariate (BOHB's pairing; Tune's
-    ``TuneBOHB`` itself needs ConfigSpace and hpbandster, which fltune does not install)."""
-    default = default_tuner()
-    return [Tuner("random", sampler="random", scheduler="none"), Tuner("TPE", scheduler="none"), default,
-            OLD_DEFAULT, Tuner("HyperBand", sampler="random", scheduler="hyperband", reduction=3),
-            Tuner("TPE-mv+HyperBand", scheduler="hyperband", reduction=3, multivariate=True, samples=default.samples)]
+OLD_DEFAULT = Tuner("before #76", grace=2, reduction=3, samples=16, startup=10, multivariate=False)
+"""the defaults before this replay chose any (independent TPE after 10 random trials, ASHA grace 2)"""
+
+
+def tuners(problem: Problem) -> list[Tuner]:
+    """The issue's five, the shipped space's settings, the defaults and those before #76 (each setting once, by
+    its first name): random search, TPE without early stopping, the shipped space, the defaults, Hyperband (Ray's
+    synchronous ``HyperBandScheduler``, η = 3) on random search and under TPE multivariate (BOHB's pairing,
+    Falkner et al. 2018; Tune's ``TuneBOHB`` needs ConfigSpace and hpbandster, which fltune does not install)."""
+    listed = [Tuner("random", sampler="random", scheduler="none"), Tuner("TPE", scheduler="none"),
+              shipped_tuner(problem), default_tuner(), OLD_DEFAULT,
+              Tuner("HyperBand", sampler="random", scheduler="hyperband", reduction=3),
+              Tuner("TPE-mv+HyperBand", scheduler="hyperband", reduction=3, multivariate=True, samples=16)]
+    settings = [replace(tuner, name="") for tuner in listed]
+    return [tuner for i, tuner in enumerate(listed) if settings[i] not in settings[:i]]
 
 
 def study_space(problem: Problem, tuner: Tuner, seed: int):
@@ -499,38 +515,41 @@ def available(names: list[str]) -> dict[str, dict[int, SeedTable]]:
     return out
 
 
-def report(names: list[str]) -> None:
-    """The regret table of every tuner on every problem, and the default's ``budget_to_half_point``."""
+def report(names: list[str], studies: int = TUNER_SEEDS) -> None:
+    """The regret table of every tuner on every problem, and the shipped spaces' ``budget_to_half_point``."""
     from rich import box
     from rich.console import Console
     from rich.table import Table
 
     tables = available(names)
-    grid = Table(title=f"regret in accuracy points, median (q1, q3) of {TUNER_SEEDS} studies, vs the grid's "
-                 "validation winner at a share of its client-samples (last: median vs the best test)",
-                 box=box.SIMPLE_HEAD)
-    for column in ("problem", "tuner", *(f"{f:.0%}" for f in SHOWN), "25% oracle"):
+    grid = Table(title=f"regret in accuracy points, median (q1, q3) of {studies} studies, vs the grid's "
+                 "validation winner at a share of its client-samples; at 25 %: the median vs the best test, and the "
+                 "share of studies within 0.5 points", box=box.SIMPLE_HEAD)
+    for column in ("problem", "tuner", *(f"{f:.0%}" for f in SHOWN), "25% oracle", "25% ≤0.5"):
         grid.add_column(column, no_wrap=True)
-    default, default_medians = default_tuner(), []
+    shipped_medians = []
     for name, seed_tables in tables.items():
-        for tuner in tuners():
-            studies = study_regrets(PROBLEMS[name], seed_tables, tuner)
-            oracle = medians(studies, 1)[FRACTIONS.index(0.25)]
-            grid.add_row(name, tuner.name, *(cell(studies, f) for f in SHOWN), f"{oracle:.2f}")
-            if tuner == default:
-                default_medians.append(medians(studies))
-    Console(width=100).print(grid)
+        for tuner in tuners(PROBLEMS[name]):
+            runs = study_regrets(PROBLEMS[name], seed_tables, tuner, studies)
+            at25 = [s[FRACTIONS.index(0.25)][0] for s in runs]
+            oracle = medians(runs, 1)[FRACTIONS.index(0.25)]
+            grid.add_row(name, tuner.name, *(cell(runs, f) for f in SHOWN), f"{oracle:.2f}",
+                         f"{sum(r <= 0.5 for r in at25) / len(at25):.0%}")
+            if tuner.name == "shipped":
+                shipped_medians.append(medians(runs))
+    Console(width=112).print(grid)
+    grace = default_tuner().grace
     for name, seed_tables in tables.items():
-        early, across = rank_agreement(seed_tables, default.grace)
-        print(f"rank_agreement {name}: Spearman rho(val at round {default.grace}, final val) "
+        early, across = rank_agreement(seed_tables, grace)
+        print(f"rank_agreement {name}: Spearman rho(val at round {grace}, final val) "
               f"{', '.join(f'{r:.2f}' for r in early)} by seed; final val seed to seed {across:.2f}")
-    print(f"budget_to_half_point {budget_to_half_point(default_medians) if default_medians else math.nan:g}")
+    print(f"budget_to_half_point {budget_to_half_point(shipped_medians) if shipped_medians else math.nan:g}")
 
 
 def candidates() -> list[Tuner]:
     """Around the default: TPE start-up trials, independent or multivariate TPE, ASHA's grace period and
     reduction factor or no early stopping; 16 trials (the shipped spaces' budget)."""
-    schedulers = [("asha", g, r) for g, r in ((2, 2), (2, 3), (3, 3), (4, 4), (5, 2))] + [("none", 2, 2)]
+    schedulers = [("asha", g, r) for g, r in ((2, 3), (3, 3), (3, 4), (4, 4), (4, 5))] + [("none", 2, 2)]
     return [Tuner(f"s{s}{' mv' if mv else ''} {name}{f' g{g} r{r}' if name == 'asha' else ''}", scheduler=name,
                   grace=g, reduction=r, startup=s, multivariate=mv, samples=16)
             for s in (4, 10) for mv in (False, True) for name, g, r in schedulers]
@@ -542,38 +561,41 @@ neighbouring settings, so the choice is made on more"""
 
 
 def sweep(names: list[str]) -> None:
-    """Every candidate's median regret per problem (``SWEEP_STUDIES`` studies); the chosen one never trails
-    random search's median at 10, 25 or 50 % if any such exists, then has the least worst-problem median at
-    25 %, then the least mean regret over studies, budgets and problems."""
+    """Every candidate's median regret per problem (``SWEEP_STUDIES`` studies). For each problem (its shipped
+    space) and for both at once (the defaults), the chosen one never trails random search's median at 10, 25 or
+    50 % if any such exists, then has the least (worst-problem) median at 25 %, then the least mean regret."""
     tables = available(names)
-    random = {name: medians(study_regrets(PROBLEMS[name], t, tuners()[0], SWEEP_STUDIES))
+    random = {name: medians(study_regrets(PROBLEMS[name], t, tuners(PROBLEMS[name])[0], SWEEP_STUDIES))
               for name, t in tables.items()}
-    scored = []
+    scored: dict[str, list] = {name: [] for name in [*tables, "both"]}
     for tuner in candidates():
         runs = {name: study_regrets(PROBLEMS[name], t, tuner, SWEEP_STUDIES) for name, t in tables.items()}
         per = {name: medians(studies) for name, studies in runs.items()}
-        trails = [f"{name} {f:.0%}" for name in per for f in SHOWN
-                  if per[name][FRACTIONS.index(f)] > random[name][FRACTIONS.index(f)]]
-        worst25 = max(m[FRACTIONS.index(0.25)] for m in per.values())
-        mean = float(sum(r[0] for studies in runs.values() for s in studies for r in s)
-                     / sum(len(s) for studies in runs.values() for s in studies))
-        scored.append((bool(trails), worst25, mean, tuner))
+        trails = {name: [f"{name} {f:.0%}" for f in SHOWN
+                         if per[name][FRACTIONS.index(f)] > random[name][FRACTIONS.index(f)]] for name in per}
+        means = {name: float(sum(r[0] for s in studies for r in s) / sum(len(s) for s in studies))
+                 for name, studies in runs.items()}
+        for name in per:
+            scored[name].append((bool(trails[name]), per[name][FRACTIONS.index(0.25)], means[name], tuner))
+        every = sum(trails.values(), [])
+        mean = sum(means.values()) / len(means)
+        scored["both"].append((bool(every), max(m[FRACTIONS.index(0.25)] for m in per.values()), mean, tuner))
         shown = "  ".join(f"{name} " + " ".join(f"{m[FRACTIONS.index(f)]:5.2f}" for f in SHOWN)
                           for name, m in per.items())
-        print(f"{tuner.name:16} {shown}  mean {mean:4.2f}  {'trails random at ' + ', '.join(trails) if trails else 'ok'}",
+        print(f"{tuner.name:16} {shown}  mean {mean:4.2f}  {'trails random at ' + ', '.join(every) if every else 'ok'}",
               flush=True)
     print("random           " + "  ".join(f"{name} " + " ".join(f"{m[FRACTIONS.index(f)]:5.2f}" for f in SHOWN)
                                      for name, m in random.items()))
-    _, worst25, mean, chosen = min(scored, key=lambda s: s[:3])
-    print(f"chosen {chosen.name}: grace_period {chosen.grace}, reduction_factor {chosen.reduction:g}, "
-          f"n_startup_trials {chosen.startup}, multivariate {chosen.multivariate} (worst median at 25 % "
-          f"{worst25:.2f}, mean {mean:.2f})")
+    for name, rows in scored.items():
+        _, at25, mean, chosen = min(rows, key=lambda s: s[:3])
+        print(f"chosen for {name}: {chosen.name} (median at 25 % {at25:.2f}, mean {mean:.2f})")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--build", action="store_true", help="run the grids and append to bench/tables/")
     parser.add_argument("--sweep", action="store_true", help="replay candidate defaults and choose one")
+    parser.add_argument("--studies", type=int, default=TUNER_SEEDS, help="studies per tuner in the replay")
     parser.add_argument("--problems", nargs="+", choices=sorted(PROBLEMS), default=sorted(PROBLEMS))
     args = parser.parse_args()
     if args.build:
@@ -581,7 +603,7 @@ def main() -> None:
     elif args.sweep:
         sweep(args.problems)
     else:
-        report(args.problems)
+        report(args.problems, args.studies)
 
 
 if __name__ == "__main__":

@@ -11,14 +11,8 @@ The Python API (``fltune.api``); ``import fltune`` loads no torch or Ray, the re
 
 import importlib as _importlib
 
-for _job in ("tune", "compare", "reproduce"):
-    # The jobs' packages load first: a subpackage is named on its parent once, when it first loads, so after
-    # this the names are the API's functions below (``from fltune.tune.study import …`` works as before).
-    _importlib.import_module(f"fltune.{_job}")
-del _job
-
-from fltune.api import CompareResult, JobResult, RunResult, compare, load_model, reproduce, run, tune  # noqa: E402
-from fltune.errors import FLTuneError  # noqa: E402
+from fltune.api import CompareResult, JobResult, RunResult, compare, load_model, reproduce, run, tune
+from fltune.errors import FLTuneError
 
 __version__ = "0.1.0"
 

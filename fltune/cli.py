@@ -18,9 +18,8 @@ from pathlib import Path
 
 from rich.table import Table
 
-from fltune.cli_args import add_experiment_args, experiment_overrides
-from fltune.compare.command import add_parser as add_compare_parser
-from fltune.compare.command import cmd_compare
+from fltune.cli_args import ExperimentOptions, add_flags, experiment_overrides, options_from
+from fltune.compare.command import CompareOptions
 from fltune.errors import FLTuneError, WriteFailed
 from fltune.examples import EXAMPLES
 from fltune.folders import failed_write, make_out, said
@@ -28,24 +27,19 @@ from fltune.plugins import user_fault
 from fltune.process import (
     exit_now, forget_stops, handle_stop_signals, interrupted, quiet_libraries, stop_status,
 )
-from fltune.reproduce.command import add_parsers as add_reproduce_parsers
-from fltune.reproduce.command import cmd_reproduce, cmd_tables
+from fltune.reproduce.command import ReproduceOptions, cmd_tables
 from fltune.text import invoked_as
 from fltune.tracking import backlog
-from fltune.tune.command import add_parser as add_tune_parser
-from fltune.tune.command import cmd_tune
-
-def load_experiment(args: argparse.Namespace, extra: Sequence[str] = ()):
-    """Config file + flags + --set → a validated ExperimentConfig."""
-    from fltune.config import build_config, read_yaml
-
-    tree = read_yaml(args.config) if args.config else {}
-    return build_config(tree, [*extra, *experiment_overrides(args)])
+from fltune.tune.command import StudyRequest
 
 
 # ---------------------------------------------------------------------------------------------- run
 def cmd_run(args: argparse.Namespace) -> int:
-    cfg = load_experiment(args, ["tracking.enabled=false"] if args.no_mlflow else [])
+    from fltune.config import build_config
+
+    no_mlflow = ["tracking.enabled=false"] if args.no_mlflow else []  # a --set of the user's still wins
+    sources = ExperimentOptions(config=args.config, overrides=(*no_mlflow, *experiment_overrides(args)))
+    cfg = build_config(sources.tree())
     if args.print_config:
         print(cfg.to_yaml(), end="")
         return 0
@@ -72,6 +66,13 @@ def check_json_out(path: str) -> None:
     make_out(str(Path(path).resolve().parent), "--json-out")
 
 
+def cmd_job(args: argparse.Namespace) -> int:
+    """A job command (tune, reproduce, compare), or its plan: its flags as its typed options, run as the Python API
+    (``fltune.tune`` …) runs them."""
+    options = options_from(args).checked()
+    return options.planned().print() if options.plan else options.job().run()
+
+
 # ---------------------------------------------------------------------------------------------- methods
 def cmd_methods(args: argparse.Namespace) -> int:
     from fltune.methods import METHODS, get_method
@@ -95,9 +96,7 @@ def cmd_methods(args: argparse.Namespace) -> int:
 
 
 def cmd_sync(args: argparse.Namespace) -> int:
-    from fltune.tracking.backlog import sync
-
-    return sync(args.path, args.uri)
+    return backlog.sync(args.path, args.uri)
 
 
 def method_card(cls: type) -> str:
@@ -134,33 +133,39 @@ def _batched(cls: type) -> str:
 
 
 # ---------------------------------------------------------------------------------------------- main
-COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
-    "run": cmd_run, "methods": cmd_methods, "tune": cmd_tune, "tables": cmd_tables, "reproduce": cmd_reproduce,
-    "compare": cmd_compare, "sync": cmd_sync,
-}
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=invoked_as(), description="fltune: run, tune and compare FL methods.")
     sub = parser.add_subparsers(dest="command", required=True)
-    run = sub.add_parser("run", help="one federated run, tracked in MLflow", epilog=EXAMPLES["run"],
-                         formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_experiment_args(run)
+    run = command(sub, "run", cmd_run, "one federated run, tracked in MLflow")
+    add_flags(run, ExperimentOptions)
     run.add_argument("--json-out", help="write the final metrics as JSON here")
     run.add_argument("--print-config", action="store_true", help="print the resolved config as YAML and exit")
     run.add_argument("--plan", action="store_true",
                      help="print the run, its client-samples and an estimated wall time; run nothing")
     run.add_argument("--no-mlflow", action="store_true", help="= --set tracking.enabled=false")
-    methods = sub.add_parser("methods", help="registered methods with their parameters and paper defaults",
-                             epilog=EXAMPLES["methods"], formatter_class=argparse.RawDescriptionHelpFormatter)
+    methods = command(sub, "methods", cmd_methods, "registered methods with their parameters and paper defaults")
     methods.add_argument("method", nargs="?", help="show this method's card: its paper, parameters and costs")
-    add_tune_parser(sub)
-    add_reproduce_parsers(sub)
-    add_compare_parser(sub)
-    sync = sub.add_parser("sync", help="send the tracking a command kept on disk while its server was away",
-                          epilog=EXAMPLES["sync"], formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_flags(command(sub, "tune", cmd_job, "hyperparameter study of one method (Ray Tune + Optuna, tracked in "
+                                            "MLflow)"), StudyRequest)
+    command(sub, "tables", cmd_tables, "paper tables that `reproduce` can re-run, with their sources and data")
+    add_flags(command(sub, "reproduce", cmd_job, "re-run a paper table (Ray Tune trials) beside the paper's numbers"),
+              ReproduceOptions)
+    add_flags(command(sub, "compare", cmd_job, "compare methods on one setting: same split and sampling, seeds, "
+                                               "optional tuning on a validation split (Ray Tune trials)"),
+              CompareOptions)
+    sync = command(sub, "sync", cmd_sync, "send the tracking a command kept on disk while its server was away")
     sync.add_argument("path", help="a job's folder, a tracking-backlog folder or one backlog file")
     sync.add_argument("--uri", help="send to this tracking store instead of the one each backlog was kept for")
+    return parser
+
+
+def command(sub: argparse._SubParsersAction, name: str, runs: Callable[[argparse.Namespace], int],
+            summary: str) -> argparse.ArgumentParser:
+    """The parser of the command ``name``, which ``runs`` runs, its ``--help`` ending with its examples
+    (``EXAMPLES``)."""
+    parser = sub.add_parser(name, help=summary, epilog=EXAMPLES[name],
+                            formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.set_defaults(runs=runs)
     return parser
 
 
@@ -182,7 +187,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     forget_stops()
     handle_stop_signals()
     try:
-        code = backlog.outcome(COMMANDS[args.command](args))
+        code = backlog.outcome(args.runs(args))
     except FLTuneError as err:
         print(f"fltune: {err}", file=sys.stderr)
         return 2

@@ -15,7 +15,8 @@ from fltune.jobs.scaffold import JobOptions, note_ignored
     (["reproduce", "table2", "--resume", "--out", "o", "--address", "auto"], None),
     (["reproduce", "table2", "--resume", "--scale", "paper", "--rows", "FedAvg"], "--rows, --scale"),
     (["reproduce", "table2", "--resume", "--scale", "quick"], None),  # the default: not given
-    (["compare", "--resume", "--name", "c", "--out", "o"], None),
+    (["compare", "--resume", "--name", "c", "--out", "o", "--address", "auto"], None),  # a shortcut that places it
+    (["tune", "--resume", "--rounds", "3", "--method", "fedprox", "--space", "s.yaml"], "--method, --rounds"),
     (["compare", "--resume", "--methods", "fedavg,fedprox", "--rounds", "3", "--checkpoint-every", "2"],
      "--methods, --checkpoint-every, --rounds"),
 ])

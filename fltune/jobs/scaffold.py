@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from fltune.errors import FLTuneError
@@ -46,8 +46,8 @@ Spec = TypeVar("Spec", bound="SavedSpec")
 
 @dataclass(frozen=True, kw_only=True)
 class JobOptions:
-    """What every Tune job is asked, each field its commands' flag of that name: its folder (``name`` under
-    ``storage``), the cluster, whether it continues a stopped job, its trials' concurrency and checkpoint cadence."""
+    """What every Tune job is asked, its command's flags (``cli_args.flag``): its folder (``name`` under ``storage``),
+    the cluster, whether it continues a stopped job, its trials' concurrency and checkpoint cadence."""
 
     name: str | None = None
     storage: str | None = None
@@ -58,6 +58,12 @@ class JobOptions:
     checkpoint_seconds: float | None = None
     ignored: tuple[str, ...] = ()
     """The setting flags given with ``resume``, which the job ignores for its saved ones (``note_ignored``)."""
+
+    def __post_init__(self) -> None:
+        """Each field as its flag's ``read`` makes it, whether given as a flag's text or a keyword's value."""
+        for option in fields(self):
+            if (read := option.metadata.get("read")) is not None:
+                object.__setattr__(self, option.name, read(getattr(self, option.name)))
 
 
 def note_ignored(options: JobOptions, what: str) -> None:

@@ -1,18 +1,10 @@
 """The method plug-in interface: the contract types and :class:`Method`.
 
-A method is a small class whose hooks default to FedAvg, so its file holds only what differs. Its local
-objective is written once, ``local_loss(batch)`` on a :class:`~fltune.methods.objective.Batch`, for every
-executor. The engine owns the training loop and calls, per client and round::
-
-    setup_client(ctx)                      # once, before training (frozen copies, the client's tensors ...)
-    for phase in phases(ctx):              # default: one phase training every parameter
-        for batch:  backward(ctx, x, y)    # default: local_loss(batch).backward()
-                    (+ gradient_correction, clip, optimiser step by the engine)
-    client_result(ctx)                     # a ClientResult: weight, summable update, upload, new state
-
-and on the server, once per round, the pure ``aggregate(ServerContext) -> ServerUpdate`` over the
-order-independent weighted sum of the clients' updates and their uploads. Per-client state is plain data in
-the engine's store, never in a worker, so any worker can train any client and a checkpoint is just the store.
+A method is a small class whose hooks default to FedAvg, so its file holds only what differs; its local objective is
+written once, ``local_loss(batch)``, for every executor. The engine owns the training loop and calls the client hooks per
+client and round, the pure ``aggregate(ServerContext) -> ServerUpdate`` once a round (docs/adding-a-method.md §4).
+Per-client state is plain data in the engine's store, never in a worker, so any worker can train any client and a
+checkpoint is just the store.
 """
 
 from __future__ import annotations

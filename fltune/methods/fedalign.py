@@ -14,19 +14,22 @@ K = ‖X‖_SN per sample by 10 power iterations on X·Xᵀ from v = 1 (λ = sqr
 **[U] rescale** (default on): Appendix E and ``mmendiet/FedAlign:methods/fedalign.py`` multiply L_Lip by
 the constant CE/L_Lip (no gradient through it): value μ·CE, gradient μ·(CE/L_Lip)·∇L_Lip. Off = Eq. 5.
 
-The paper's gradient clip at norm 10 is ``training.grad_clip``, not this method's. Needs ResNet-56.
+The paper's gradient clip at norm 10 is ``training.grad_clip``, not this method's. Needs ResNet-56, as do StochDepth
+and GradAug (FedAlign §3.2, §4), built on its width-ω and stochastic-depth API: :class:`ResNet56Method`, whose
+``model.name: auto`` resolves to ``resnet56``, any other failing once.
 """
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 import torch.nn.functional as F
 from pydantic import Field
-from torch import Tensor
+from torch import Tensor, nn
 
 from fltune.methods import register
-from fltune.methods._resnet56 import ResNet56Method
-from fltune.methods.base import Params
+from fltune.methods.base import Method, Params
 from fltune.methods.objective import Batch
 from fltune.models.resnet56 import ResNet56
 
@@ -66,6 +69,20 @@ def lipschitz_loss(model: ResNet56, x2: Tensor, x3: Tensor, omega_s: float) -> T
     with torch.no_grad():
         teacher = spectral_norm(transmitting_matrix(x2, x3))
     return F.mse_loss(spectral_norm(transmitting_matrix(x2_s, x3_s)), teacher)
+
+
+class ResNet56Method(Method):
+    """A method whose local objective needs :class:`~fltune.models.resnet56.ResNet56`."""
+
+    default_model = "resnet56"
+
+    def adapt_model(self, model: nn.Module) -> ResNet56:
+        return self.require_model(model, ResNet56, "ResNet-56's slimmable stages", "auto, resnet56")
+
+    @staticmethod
+    def resnet(batch: Batch) -> ResNet56:
+        """The client's model, which ``adapt_model`` has already checked is a ResNet56."""
+        return cast(ResNet56, batch.module())
 
 
 @register

@@ -17,7 +17,7 @@ class FineTune(Method):
     """
 
     def __init__(self, inner: Method, epochs: int, lr: float | None, whole: bool = False) -> None:
-        super().__init__()
+        super().__init__(inner.params)  # the wrapped method's hyperparameters (Per-FedAvg's β)
         self.inner, self.epochs, self.lr, self.whole = inner, epochs, lr, whole
 
     def client_model_state(self, global_state: State, client_state: dict[str, Any]) -> State:

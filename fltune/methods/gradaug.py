@@ -18,8 +18,8 @@ from pydantic import Field, field_validator
 from torch import Tensor
 
 from fltune.methods import register
-from fltune.methods._resnet56 import ResNet56Method
 from fltune.methods.base import Params
+from fltune.methods.fedalign import ResNet56Method
 from fltune.methods.objective import Batch
 
 

@@ -52,9 +52,8 @@ class KNNPer(FedAvg):
     ) -> nn.Module:
         """``model`` mixed with the kNN over one epoch of the client's training batches (:class:`KNNScorer`)."""
         split = cast(SplitModel, model)  # adapt_model refused any other model
-        params = self.params
-        features, targets = datastore(split, train_batches(), params.capacity)
-        return KNNScorer(split, features, targets, params.k, params.weight, params.scale)
+        features, targets = datastore(split, train_batches(), self.params.capacity)
+        return KNNScorer(split, features, targets, self.params)
 
 
 @torch.no_grad()
@@ -83,13 +82,12 @@ class KNNScorer(nn.Module):
     ``Lee-Gihun/FedSOL:algorithms/knnper/ClientTrainer.py``); always in eval mode, without gradients. Holds the worker's
     model (no copy): drop it after scoring the client. An empty datastore gives p_knn = 0."""
 
-    def __init__(self, model: SplitModel, features: Tensor, targets: Tensor, k: int, weight: float,
-                 scale: float) -> None:
+    def __init__(self, model: SplitModel, features: Tensor, targets: Tensor, params: KNNPerParams) -> None:
         super().__init__()
         self.model = model
         self.stored, self.stored_targets = features, targets
         self.stored_norms = features.pow(2).sum(1)
-        self.k, self.weight, self.scale = min(k, len(targets)), weight, scale
+        self.k, self.weight, self.scale = min(params.k, len(targets)), params.weight, params.scale
         # SplitModel.forward is head(features(x)): one body pass gives both, as the code's get_features=True
         self.one_pass = type(model).forward is SplitModel.forward
         self.train(False)

@@ -47,10 +47,6 @@ class FirstOrderMAML(Method):
     """Per-FedAvg's iteration as engine steps: even ``ctx.steps`` (step 1) save θ and step at the phase's lr;
     odd ones (step 2) take the gradient at θ', put θ back and step at β (``ClientContext.step_lr``)."""
 
-    def meta_lr(self) -> float:
-        """β, the learning rate of step 2."""
-        return cast(PerFedAvgParams, self.params).beta
-
     def backward(self, ctx: ClientContext, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Step 1: θ kept, CE's gradient at θ. Step 2: CE's gradient at θ', then θ restored with ``.grad`` left
         in place, as the code's ``old_p.data = new_p.data.clone()`` before ``optimizer.step()``."""
@@ -68,7 +64,7 @@ class FirstOrderMAML(Method):
         with torch.no_grad():
             for p, keep in zip(params, ctx.scratch[SAVED], strict=True):
                 p.copy_(keep)
-        ctx.step_lr = self.meta_lr()
+        ctx.step_lr = cast(PerFedAvgParams, self.params).beta
         return loss, logits
 
 
@@ -76,9 +72,6 @@ class PerFedAvgTune(FirstOrderMAML, FineTune):
     """Per-FedAvg's ``tune`` round, the code's ``finetune``: the two-step iteration for τ =
     ``training.finetune_epochs`` outer loops (2·τ·⌈n_b/E⌉ steps) on plain CE. Every parameter trains, whatever
     ``training.finetune_params``: the code's fine-tuning is its meta step on the whole model."""
-
-    def meta_lr(self) -> float:
-        return cast(PerFedAvgParams, self.inner.params).beta  # the wrapped Per-FedAvg's β
 
     def phases(self, ctx: ClientContext) -> list[Phase]:
         return [meta_phase(ctx, self.epochs, self.lr)]

@@ -15,8 +15,8 @@ from pydantic import Field
 from torch import nn
 
 from fltune.methods import register
-from fltune.methods._resnet56 import ResNet56Method
 from fltune.methods.base import Params
+from fltune.methods.fedalign import ResNet56Method
 
 
 class StochDepthParams(Params):

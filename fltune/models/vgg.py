@@ -8,7 +8,7 @@ from collections import OrderedDict
 from torch import nn
 
 from fltune.models.base import InShape, SplitModel
-from fltune.models.layers import dense, flat_size
+from fltune.models.convnets import dense, flat_size
 from fltune.models.registry import register_model
 
 VGG11: tuple[int | str, ...] = (64, "M", 128, "M", 256, 256, "M", 512, 512, "M", 512, 512, "M")

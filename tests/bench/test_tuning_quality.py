@@ -87,7 +87,22 @@ def test_synchronous_hyperband_at_two_live_trials_stops_none() -> None:
     search without stopping returns at every budget (a paused trial never resumed would end the study early)."""
     problem = tq.PROBLEMS["fedprox"]
     tables = tq.load_tables(problem)
-    random, hyperband = (next(t for t in tq.tuners() if t.name == name) for name in ("random", "HyperBand"))
+    random, hyperband = (next(t for t in tq.tuners(problem) if t.name == name) for name in ("random", "HyperBand"))
     for seed in (0, 1):
         picks = tq.replay(problem, tables[seed], hyperband, seed, tq.FRACTIONS + [1.0])
         assert picks == tq.replay(problem, tables[seed], random, seed, tq.FRACTIONS + [1.0])
+
+
+def test_the_shipped_row_is_the_methods_space_file() -> None:
+    """The replay's *shipped* tuner, rebuilt as the study's space, samples and stops as the method's space file does
+    (per-space settings differ from the defaults); and no tuner setting is replayed twice under two names."""
+    from fltune.search_spaces import method_space
+    from fltune.tune.space import parse_space
+
+    for name, problem in tq.PROBLEMS.items():
+        space, tuner = parse_space(method_space(name)), tq.shipped_tuner(problem)
+        replayed = tq.study_space(problem, tuner, seed=space.sampler.seed)
+        assert (replayed.sampler, replayed.scheduler, tuner.samples) == (space.sampler, space.scheduler,
+                                                                         space.num_samples)
+        settings = [replace(t, name="") for t in tq.tuners(problem)]
+        assert len(settings) == len(set(settings))

@@ -51,7 +51,7 @@ def test_loss_is_sampled_ce_plus_beta_kl_from_the_class_gaussian_to_q():
 
 def test_two_expert_poe_matches_fedcr_product_of_experts_two():
     """Hand case: N(1, 1²) · N(3, 2²) ∝ N(1.4, 0.8): precision 1 + 1/4, mean (1·4 + 3·1)/5."""
-    poe = ClassPoE(2, 1, torch.device("cpu"))
+    poe = ClassPoE(torch.zeros(2, 1))
 
     poe.add(torch.tensor([1, 1]), torch.tensor([[1.0], [3.0]]), torch.tensor([[1.0], [2.0]]))
 
