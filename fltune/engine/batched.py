@@ -29,7 +29,7 @@ from fltune.engine.transfer import RoundInput, device_states
 from fltune.engine.rng import derive_seed
 from fltune.methods.base import ClientContext, ClientResult, Method, Phase
 from fltune.engine.functional import FunctionalStep, functional_gradient, local_step, own_backward, reads_modules
-from fltune.methods.objective import Batch, Forward, NoiseShapes, clip_scale
+from fltune.methods.objective import Batch, Forward, NoiseShapes, clipped, sgd_step
 from fltune.workarounds import compile_limits
 
 Stacked = dict[str, Tensor]
@@ -222,9 +222,11 @@ class _Taken(NamedTuple):
     record: Stacked
     live: Tensor
     correct: Tensor
+    weights: Stacked
+    buffers: Stacked
 
 
-_Device = tuple[Tensor, dict[str, Stacked], Stacked, Tensor, Tensor]
+_Device = tuple[Tensor, dict[str, Stacked], Stacked, Tensor, Tensor, Stacked, Stacked]
 """``_Taken``'s fields as the (compiled) step returns them."""
 
 
@@ -238,18 +240,16 @@ def compile_step(step: Callable[..., _Device]) -> Callable[..., _Device]:
 
 
 class _GroupTrainer:
-    """One phase's batched SGD on a group: gradients by vmap, the optimiser step by hand as torch.optim.SGD's."""
+    """One phase's batched SGD on a group: each client's gradient (clipped as the exact path's) by vmap, then the
+    one SGD step (``objective.sgd_step``) on the stacked clients, a masked client keeping its weights and momentum."""
 
     def __init__(
         self, method: Method, model: nn.Module, training: TrainingConfig, weights: Stacked, trainable: list[str],
         round_lr: float, global_weights: dict[str, Tensor], compiled: bool = False,
     ) -> None:
         self.training, self.trainable = training, trainable
-        self.weights = [weights[n] for n in trainable]
-        self.sizes = [p[0].numel() for p in self.weights]
-        k = len(self.weights[0]) if self.weights else 0
-        # SGD's momentum, [K, Σ sizes], zero as a fresh optimiser's
-        self.buffer = torch.zeros(k, sum(self.sizes), device=self.weights[0].device) if training.momentum else None
+        # SGD's momentum, zero as a fresh optimiser's
+        self.buffers = {n: torch.zeros_like(weights[n]) for n in trainable} if training.momentum else {}
         forward, names = Forward(model), tuple(n for n, _ in model.named_parameters())
 
         def client_step(
@@ -257,68 +257,47 @@ class _GroupTrainer:
             w: Tensor,
         ) -> FunctionalStep:
             weights = {n: train[n] if n in train else frozen[n] for n in names}
-            return local_step(method, Batch(
+            step = local_step(method, Batch(
                 forward, weights, x, y, w, inputs, noise, global_weights, trainable=tuple(train), lr=round_lr,
                 grad_clip=training.grad_clip, differentiate=functional_gradient))
+            return step if training.grad_clip is None else step._replace(grads=clipped(step.grads, training.grad_clip))
 
         # global weights are shared by every client: closed over, not a vmap argument flattened every step
         self.steps = vmap(client_step, randomness="different")
-        self.compiled = compiled
         self.take = compile_step(self._take) if compiled else self._take
 
     def step(
         self, weights: Stacked, inputs: dict[str, Stacked], batch: _Step, lr: float, tally: _Tally,
     ) -> _Taken:
-        """One masked step of all K clients; ``weights`` and momentum change in place."""
+        """One masked step of all K clients; ``weights`` and momentum take the stepped values."""
         train = {n: weights[n] for n in self.trainable}
         frozen = {n: p for n, p in weights.items() if n not in train}
-        out = _Taken(*self.take(train, frozen, inputs, batch, tally.diverged, lr))
+        out = _Taken(*self.take(train, frozen, inputs, self.buffers, batch, tally.diverged, lr))
+        weights.update(out.weights)
+        self.buffers = out.buffers
         tally.steps.append((out.loss, out.live, out.correct, batch.counts))
         return out
 
     def _take(
-        self, train: Stacked, frozen: Stacked, inputs: dict[str, Stacked], batch: _Step, diverged: Tensor,
-        lr: float,
+        self, train: Stacked, frozen: Stacked, inputs: dict[str, Stacked], buffers: Stacked, batch: _Step,
+        diverged: Tensor, lr: float,
     ) -> _Device:
-        """The step's device work in one function (one graph for ``resources.compile``); sets ``diverged``."""
+        """The step's device work in one function (one graph for ``resources.compile``); sets ``diverged``. Every
+        tensor is replaced, none written in place: torch 2.11's inductor fused an in-place update with a read of the
+        overwritten buffer (a step of (1 + ρ)·g)."""
         out = self.steps(train, frozen, inputs, batch.noise, batch.images(), batch.y, batch.weight)
         diverged |= batch.active & ((out.loss - out.loss) != 0)  # x − x is 0 unless x is NaN or ±inf
         live = batch.active & ~diverged
-        self._update(out.grads, lr, live)
-        correct = ((out.logits.argmax(-1) == batch.y) & batch.real).sum(1)
-        return out.loss, _kept(out.kept, inputs, live), out.record, live, correct
-
-    def _update(self, grads: Stacked, lr: float, live: Tensor) -> None:
-        """SGD on every live client, in place, on one [K, Σ sizes] gradient, each element through
-        ``torch.optim.SGD``'s float operations; a masked client's gradient is zeroed, its buffer scaled by 1 and
-        its step by 0. The buffer is replaced, not written in place: torch 2.11's inductor fused an in-place
-        update with a read of the overwritten buffer (a step of (1 + ρ)·g)."""
         t = self.training
-        g = torch.cat([_rows(grads[n]) for n in self.trainable], dim=1)
-        if t.grad_clip is not None:
-            g.mul_(vmap(lambda row: clip_scale([row], t.grad_clip))(g)[:, None])  # each client's own norm
-        if t.weight_decay:
-            g.add_(torch.cat([_rows(p) for p in self.weights], dim=1), alpha=t.weight_decay)
-        mask = live[:, None]
-        g.masked_fill_(~mask, 0.0)
-        if self.buffer is not None:
-            buf = self.buffer = self.buffer * torch.where(mask, t.momentum, 1.0) + g
-            g = g.add_(buf, alpha=t.momentum) if t.nesterov else buf
-        rate = live * -lr  # −lr, or −0.0 for a masked client: p + (−0.0)·0 is p, bit for bit (−0.0 too)
-        torch._foreach_addcmul_(  # addcmul's rounding (a fused multiply-add on CPU)
-            self.weights, [v.view_as(p) for v, p in zip(g.split(self.sizes, dim=1), self.weights)],
-            [rate.view(-1, *[1] * (p.dim() - 1)) for p in self.weights])
+        stepped, moved = sgd_step(train, out.grads, lr, buffers, t.momentum, t.nesterov, t.weight_decay)
+        correct = ((out.logits.argmax(-1) == batch.y) & batch.real).sum(1)
+        return (out.loss, {key: _where(live, new, inputs[key]) for key, new in out.kept.items()}, out.record, live,
+                correct, _where(live, stepped, train), _where(live, moved, buffers))
 
 
-def _kept(carry: dict[str, Stacked], inputs: dict[str, Stacked], live: Tensor) -> dict[str, Stacked]:
-    """The carried inputs after a step: a live client's new values, a masked client's old ones."""
-    return {key: {name: torch.where(live.view(-1, *[1] * (new.dim() - 1)), new, inputs[key][name])
-                  for name, new in values.items()} for key, values in carry.items()}
-
-
-def _rows(stacked: Tensor) -> Tensor:
-    """[K, ...] → [K, n]: one client's tensor per row (a scalar parameter gives a column)."""
-    return stacked.reshape(len(stacked), -1)
+def _where(live: Tensor, new: Stacked, old: Stacked) -> Stacked:
+    """A live client's new values, a masked client's old ones."""
+    return {name: torch.where(live.view(-1, *[1] * (value.dim() - 1)), value, old[name]) for name, value in new.items()}
 
 
 def client_noise(
