@@ -1,33 +1,42 @@
 """fltune's Python API (``run``, ``tune``, ``compare``, ``reproduce``), which the command line is a layer over.
 
-Jobs take their command's flags as keyword arguments (``tune(num_samples=2)`` is ``--num-samples 2``), read into
-the typed options the command fills from its flags (``StudyRequest``, ``CompareOptions``, ``ReproduceOptions``) and
-run by the same code. Bad input raises :class:`fltune.FLTuneError` with the CLI's line; ``progress=False`` keeps
-them quiet.
+A job function's keywords are its command's flags (``tune(num_samples=2)`` is ``--num-samples 2``): both are the
+fields of the command's typed options (``StudyRequest``, ``CompareOptions``, ``ReproduceOptions``), run by the same
+code. Bad input raises :class:`fltune.FLTuneError` with the CLI's line; ``progress=False`` keeps them quiet.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+import functools
+import inspect
+import textwrap
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field, fields
+from dataclasses import MISSING, Field, dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from fltune.cli_args import SHORTCUTS, JobCommand, flag_fields, spelling
+from fltune.compare.command import CompareOptions
 from fltune.errors import FLTuneError
+from fltune.reproduce.command import ReproduceOptions
+from fltune.tune.command import StudyRequest
 
 if TYPE_CHECKING:  # torch, Ray and pydantic wait until a function runs: ``import fltune`` stays cheap
     import pandas
     from torch import nn
 
+    from fltune.compare.command import Comparison
     from fltune.config import ExperimentConfig
     from fltune.data.federated import FederatedData
     from fltune.engine.federation import Federation
     from fltune.estimate import Plan
     from fltune.engine.pool import WorkerPool
+    from fltune.reproduce.command import Reproduction
+    from fltune.tune.command import Study
     from fltune.tune.results import TrialRow
 
-Options = TypeVar("Options")
+Result = TypeVar("Result")
 
 
 @dataclass
@@ -75,20 +84,10 @@ def run(cfg: ExperimentConfig | str | Path, *, plan: bool = False, progress: boo
     cfg = cfg if isinstance(cfg, ExperimentConfig) else ExperimentConfig.from_yaml(cfg)
     check_here(cfg.data.dataset, cfg.data.root, cfg.data.download)  # before torch and Ray: one line at once
     cfg = ExperimentConfig(**cfg.model_dump())  # whole again: a rule between fields an edit of one can break
-    from fltune.engine.callbacks import Callback
     from fltune.metrics.probe import check_probes, omitted_figures, unmeasured_protocols
     from fltune.text import counted
     from fltune.tracking.paths import check_tracking
     from fltune.tracking.progress import ProgressCallback, console, summary_table
-
-    class History(Callback):
-        """Keeps every round's metrics."""
-
-        def __init__(self) -> None:
-            self.rounds: list[dict[str, float]] = []
-
-        def on_round(self, fed: Federation, metrics: dict[str, float]) -> None:
-            self.rounds.append(dict(metrics))
 
     if plan:
         from fltune.estimate import Plan
@@ -105,8 +104,7 @@ def run(cfg: ExperimentConfig | str | Path, *, plan: bool = False, progress: boo
                       f"{counted(cfg.federation.rounds, 'round')}")
         for line in omitted_figures(cfg):
             console.print(f"not measured: {line}", markup=False)
-        history = History()
-        callbacks: list[Any] = [history, ProgressCallback(cfg.method.name)]
+        callbacks: list[Any] = [ProgressCallback(cfg.method.name)]
         try:
             if cfg.tracking.enabled:
                 from fltune.tracking.callback import MLflowCallback
@@ -117,7 +115,7 @@ def run(cfg: ExperimentConfig | str | Path, *, plan: bool = False, progress: boo
             fed.close()
             pool.shutdown()
         console.print(summary_table(summary, f"{cfg.method.name} · {cfg.data.dataset} · {summary['status']}"))
-    return RunResult(cfg, summary, history.rounds, summary.get("mlflow_run_id"))
+    return RunResult(cfg, summary, [dict(row) for row in fed.history], summary.get("mlflow_run_id"))
 
 
 def load_model(run_id: str, *, client: int | None = None, uri: str | None = None) -> nn.Module:
@@ -219,103 +217,85 @@ class CompareResult(JobResult):
         return pandas.read_csv(table)
 
 
-def tune(space: str | Path | None = None, *, method: str | None = None,
-         set: Mapping[str, Any] | Sequence[str] | None = None, num_samples: int | None = None,
-         max_concurrent: int | None = None, seeds: int | None = None, confirm: str | None = None,
-         warm_start: str | None = None, name: str | None = None,
-         storage: str | None = None, address: str | None = None, resume: bool = False, best_out: str | None = None,
-         checkpoint_every: int | None = None, checkpoint_seconds: float | None = None, plan: bool = False,
-         progress: bool = True) -> JobResult | Plan:
-    """A Ray Tune + Optuna study of one method, as ``fltune tune`` (each keyword is the flag of that name).
+def _job_function(kind: type[JobCommand]) -> Callable[[Callable[[Any, int], Result]], Callable[..., Result | Plan]]:
+    """A job function made of ``result`` (what it returns of a job that ran): its keywords are its command's options
+    ``kind`` (``_keywords``), then ``progress``; it runs them as ``fltune <command>`` does (``cli.cmd_job``), or with
+    ``plan=True`` returns the plan. Its docstring lists the keywords with their flags' help."""
+    keywords = _keywords(kind)
 
-    space: a search-space YAML; default: the shipped space of ``method``.
-    method: a registered method or ``./mine.py:Mine``; default: the space's.
-    set: config fields of the base experiment, ``{"federation.rounds": 2}`` or ``["federation.rounds=2"]``.
-    num_samples, max_concurrent, seeds, confirm ("TOPxSEEDS"), checkpoint_every, checkpoint_seconds: default: the
-    space file's. warm_start: a finished study's folder. name, storage: the study's folder (default
-    ./studies/<space>-<time>). resume: continue the study ``name`` (else the newest).
-    plan: return the :class:`fltune.estimate.Plan` (``str()`` is what ``--plan`` prints) and run nothing.
-    Returns a :class:`JobResult` whose ``best`` is the best configuration."""
+    def make(result: Callable[[Any, int], Result]) -> Callable[..., Result | Plan]:
+        @functools.wraps(result)
+        def function(*args: Any, **given: Any) -> Result | Plan:
+            arguments = function.__signature__.bind(*args, **given).arguments
+            quiet = not arguments.pop("progress", True)
+            options = kind(**{keywords[key].name: value for key, value in arguments.items()}).checked()
+            if options.plan:
+                return options.planned()
+            job = options.job()
+            with _console_quiet(quiet):
+                return result(job, job.run())
+
+        function.__signature__ = inspect.Signature([  # type: ignore[attr-defined]
+            *(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY if index else
+                                inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=_takes(option),
+                                default=inspect.Parameter.empty if option.default is MISSING else option.default)
+              for index, (name, option) in enumerate(keywords.items())),
+            inspect.Parameter("progress", inspect.Parameter.KEYWORD_ONLY, default=True, annotation="bool"),
+        ], return_annotation=f"{inspect.signature(result).return_annotation} | Plan")
+        intro = ("Keywords, each the flag of that name (``set``: ``--set``); with ``plan=True`` it returns the "
+                 ":class:`fltune.estimate.Plan` (``str()`` is what ``--plan`` prints) and runs nothing; "
+                 "``progress=False`` prints nothing.")
+        helps = [f"{name}: {option.metadata.get('help') or f'= --set {SHORTCUTS[name][0]}=…'}"
+                 for name, option in keywords.items()]
+        function.__doc__ = "\n\n".join([result.__doc__ or "", textwrap.fill(intro, 116, initial_indent="    ",
+                                                                             subsequent_indent="    "),
+                                        "\n".join(textwrap.fill(text, 116, initial_indent="    ",
+                                                                subsequent_indent="        ") for text in helps)])
+        return function
+
+    return make
+
+
+def _keywords(kind: type[JobCommand]) -> dict[str, Field]:
+    """A job function's keywords, each a field of its command's options: the flags (``cli_args.flag``, of the same
+    name, ``set`` for ``--set``; the first one positional), then the fields a shortcut flag fills."""
+    keywords = {spelling(option): option for option in flag_fields(kind)}
+    return keywords | {option.name: option for option in fields(kind) if option.name in kind.shortcuts}
+
+
+def _takes(option: Field) -> Any:
+    """What a keyword takes: what the field's ``read`` takes, else the field's type."""
+    read = option.metadata.get("read")
+    return next(iter(inspect.signature(read).parameters.values())).annotation if read else option.type
+
+
+@_job_function(StudyRequest)
+def tune(job: Study, code: int) -> JobResult:
+    """A Ray Tune + Optuna study of one method, as ``fltune tune``: a :class:`JobResult` whose ``best`` is the best
+    configuration."""
     from fltune.config import ExperimentConfig
-    from fltune.tune.command import BEST_CONFIG, Study, StudyRequest, checked, confirm_flag, job_plan
+    from fltune.tune.command import BEST_CONFIG
 
-    options = checked(_options(StudyRequest, locals(), confirm=confirm_flag(confirm)))
-    if plan:
-        return job_plan(options)
-    job = Study(options)
-    with _console_quiet(not progress):
-        code = job.run()
     best_file = Path(job.spec.path) / BEST_CONFIG
     best = ExperimentConfig.from_yaml(best_file) if code == 0 and best_file.is_file() else None
     return JobResult(code, job.spec.name, job.spec.path, job.rows, best, job.model_run if best else None)
 
 
-def compare(methods: str | Sequence[str] | None = None, *, config: str | Path | None = None,
-            set: Mapping[str, Any] | Sequence[str] | None = None, seeds: int = 3, tune_budget: int | None = None,
-            max_concurrent: int | None = None, name: str | None = None, storage: str | None = None,
-            out: str | Path | None = None,
-            address: str | None = None, resume: bool = False, checkpoint_every: int | None = None,
-            checkpoint_seconds: float | None = None, plan: bool = False, progress: bool = True) -> CompareResult | Plan:
-    """Methods compared on one setting over seeds, as ``fltune compare`` (each keyword is the flag of that name).
-
-    methods: at least two, ``["fedavg", "./mine.py:Mine"]`` or ``"fedavg,fedprox"``.
-    config: an experiment YAML; set: its fields, ``{"federation.rounds": 2}`` or ``["federation.rounds=2"]``.
-    seeds: per method; tune_budget: tune each method first with this many trials (on a validation split).
-    name, storage: the job's folder (default ./studies/compare-<time>); out: where compare.csv lands.
-    resume: continue the comparison ``name`` (else the newest).
-    plan: return the :class:`fltune.estimate.Plan` (``str()`` is what ``--plan`` prints) and run nothing.
-    Returns a :class:`CompareResult`: ``to_pandas()`` is compare.csv, ``out`` its folder."""
-    from fltune.compare.command import CompareOptions, Comparison, checked, job_plan
-    from fltune.jobs.scaffold import listed
-
-    options = _options(CompareOptions, locals(), methods=listed(methods))
-    checked(options)
-    if plan:
-        return job_plan(options)
-    job = Comparison(options)
-    with _console_quiet(not progress):
-        code = job.run()
+@_job_function(CompareOptions)
+def compare(job: Comparison, code: int) -> CompareResult:
+    """Methods compared on one setting over seeds, as ``fltune compare``, e.g. ``compare(["fedavg", "./mine.py:Mine"],
+    set={"federation.rounds": 2})``: a :class:`CompareResult`, ``to_pandas()`` its compare.csv."""
     cells = getattr(job, "cells", None)  # None: a method's tuning study ended the job first
     if cells is None or not hasattr(cells, "spec"):
-        return CompareResult(code, name or "", "")
+        return CompareResult(code, job.options.name or "", "")
     return CompareResult(code, cells.spec.name, cells.spec.path, cells.rows, out=cells.spec.out)
 
 
-def reproduce(table: str, *, datasets: str | Sequence[str] | None = None, rows: str | Sequence[str] | None = None,
-              scale: str = "quick", seeds: int = 1, set: Mapping[str, Any] | Sequence[str] | None = None,
-              max_concurrent: int | None = None, name: str | None = None, storage: str | None = None,
-              out: str | Path | None = None, address: str | None = None, resume: bool = False,
-              checkpoint_every: int | None = None,
-              checkpoint_seconds: float | None = None, plan: bool = False, progress: bool = True) -> JobResult | Plan:
-    """A paper table's cells, as ``fltune reproduce`` (each keyword is the flag of that name), e.g.
-    ``reproduce("fedsol-table2", datasets=["fmnist"], scale="quick")``.
-
-    datasets, rows: a subset of the table's; scale: quick or paper; seeds: per cell; set: config fields of every
-    cell. name, storage: the job's folder; out: where table.csv lands. resume: continue the job ``name``.
-    plan: return the :class:`fltune.estimate.Plan` (``str()`` is what ``--plan`` prints) and run nothing."""
-    from fltune.jobs.scaffold import listed
-    from fltune.reproduce.command import ReproduceOptions, Reproduction, job_plan
-
-    options = _options(ReproduceOptions, locals(), datasets=listed(datasets), rows=listed(rows))
-    if plan:
-        return job_plan(options)
-    job = Reproduction(options)
-    with _console_quiet(not progress):
-        code = job.run()
+@_job_function(ReproduceOptions)
+def reproduce(job: Reproduction, code: int) -> JobResult:
+    """A paper table's cells, as ``fltune reproduce``, e.g. ``reproduce("fedsol-table2", datasets=["fmnist"])``: a
+    :class:`JobResult`."""
     return JobResult(code, job.spec.name, job.spec.path, job.rows)
-
-
-def _options(kind: type[Options], given: dict[str, Any], **read: Any) -> Options:
-    """A job function's keywords (``given``: its ``locals()``) as its command's typed options: ``set`` as the
-    ``overrides`` texts ``--set`` gives, paths as text, then ``read``: the keywords read as the command reads them."""
-    sets = given["set"] or []
-    if isinstance(sets, str):
-        raise FLTuneError(f"set: {sets!r} is one text; allowed: a mapping {{'field': value}} or a list of "
-                          "'field=value' texts")
-    overrides = tuple(f"{key}={value}" for key, value in sets.items()) if isinstance(sets, Mapping) else tuple(sets)
-    names = {option.name for option in fields(kind)}  # ``given`` also holds the function's imports
-    values = {key: str(value) if isinstance(value, Path) else value for key, value in given.items() if key in names}
-    return kind(**{**values, "overrides": overrides, **read})
 
 
 @contextmanager

@@ -18,9 +18,8 @@ from pathlib import Path
 
 from rich.table import Table
 
-from fltune.cli_args import add_experiment_args, experiment_overrides
-from fltune.compare.command import add_parser as add_compare_parser
-from fltune.compare.command import cmd_compare
+from fltune.cli_args import ExperimentOptions, add_flags, experiment_overrides, options_from
+from fltune.compare.command import CompareOptions
 from fltune.errors import FLTuneError, WriteFailed
 from fltune.examples import EXAMPLES
 from fltune.folders import failed_write, make_out, said
@@ -28,12 +27,10 @@ from fltune.plugins import user_fault
 from fltune.process import (
     exit_now, forget_stops, handle_stop_signals, interrupted, quiet_libraries, stop_status,
 )
-from fltune.reproduce.command import add_parsers as add_reproduce_parsers
-from fltune.reproduce.command import cmd_reproduce, cmd_tables
+from fltune.reproduce.command import ReproduceOptions, cmd_tables
 from fltune.text import invoked_as
 from fltune.tracking import backlog
-from fltune.tune.command import add_parser as add_tune_parser
-from fltune.tune.command import cmd_tune
+from fltune.tune.command import StudyRequest
 
 def load_experiment(args: argparse.Namespace, extra: Sequence[str] = ()):
     """Config file + flags + --set → a validated ExperimentConfig."""
@@ -70,6 +67,13 @@ def check_json_out(path: str) -> None:
     if Path(path).is_dir():
         raise FLTuneError(f"--json-out {path}: is a folder; allowed: a file path")
     make_out(str(Path(path).resolve().parent), "--json-out")
+
+
+def cmd_job(args: argparse.Namespace) -> int:
+    """A job command (tune, reproduce, compare), or its plan: its flags as its typed options, run as the Python API
+    (``fltune.tune`` …) runs them."""
+    options = options_from(args).checked()
+    return options.planned().print() if options.plan else options.job().run()
 
 
 # ---------------------------------------------------------------------------------------------- methods
@@ -135,33 +139,40 @@ def _batched(cls: type) -> str:
 
 # ---------------------------------------------------------------------------------------------- main
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
-    "run": cmd_run, "methods": cmd_methods, "tune": cmd_tune, "tables": cmd_tables, "reproduce": cmd_reproduce,
-    "compare": cmd_compare, "sync": cmd_sync,
+    "run": cmd_run, "methods": cmd_methods, "tune": cmd_job, "tables": cmd_tables, "reproduce": cmd_job,
+    "compare": cmd_job, "sync": cmd_sync,
 }
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=invoked_as(), description="fltune: run, tune and compare FL methods.")
     sub = parser.add_subparsers(dest="command", required=True)
-    run = sub.add_parser("run", help="one federated run, tracked in MLflow", epilog=EXAMPLES["run"],
-                         formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_experiment_args(run)
+    run = command(sub, "run", "one federated run, tracked in MLflow")
+    add_flags(run, ExperimentOptions)
     run.add_argument("--json-out", help="write the final metrics as JSON here")
     run.add_argument("--print-config", action="store_true", help="print the resolved config as YAML and exit")
     run.add_argument("--plan", action="store_true",
                      help="print the run, its client-samples and an estimated wall time; run nothing")
     run.add_argument("--no-mlflow", action="store_true", help="= --set tracking.enabled=false")
-    methods = sub.add_parser("methods", help="registered methods with their parameters and paper defaults",
-                             epilog=EXAMPLES["methods"], formatter_class=argparse.RawDescriptionHelpFormatter)
+    methods = command(sub, "methods", "registered methods with their parameters and paper defaults")
     methods.add_argument("method", nargs="?", help="show this method's card: its paper, parameters and costs")
-    add_tune_parser(sub)
-    add_reproduce_parsers(sub)
-    add_compare_parser(sub)
-    sync = sub.add_parser("sync", help="send the tracking a command kept on disk while its server was away",
-                          epilog=EXAMPLES["sync"], formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_flags(command(sub, "tune", "hyperparameter study of one method (Ray Tune + Optuna, tracked in MLflow)"),
+              StudyRequest)
+    command(sub, "tables", "paper tables that `reproduce` can re-run, with their sources and data")
+    add_flags(command(sub, "reproduce", "re-run a paper table (Ray Tune trials) beside the paper's numbers"),
+              ReproduceOptions)
+    add_flags(command(sub, "compare", "compare methods on one setting: same split and sampling, seeds, optional "
+                                      "tuning on a validation split (Ray Tune trials)"), CompareOptions)
+    sync = command(sub, "sync", "send the tracking a command kept on disk while its server was away")
     sync.add_argument("path", help="a job's folder, a tracking-backlog folder or one backlog file")
     sync.add_argument("--uri", help="send to this tracking store instead of the one each backlog was kept for")
     return parser
+
+
+def command(sub: argparse._SubParsersAction, name: str, summary: str) -> argparse.ArgumentParser:
+    """The parser of the command ``name``, its ``--help`` ending with its examples (``EXAMPLES``)."""
+    return sub.add_parser(name, help=summary, epilog=EXAMPLES[name],
+                          formatter_class=argparse.RawDescriptionHelpFormatter)
 
 
 def parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:

@@ -236,18 +236,6 @@ def settings(cfg: ExperimentConfig) -> str:
             f"{t.optimizer} lr {t.lr:g} mom {t.momentum:g}{clip}")
 
 
-def plan_table(title: str, est: Estimate):
-    """The plan as a rich table: each distinct experiment, its settings, runs, client-samples, time."""
-    from rich.table import Table
-
-    out = Table(title=title)
-    for i, column in enumerate(("run", "settings", "× runs", "client-samples", "est. (1 worker)")):
-        out.add_column(column, justify="left" if i < 2 else "right")  # names left, figures right
-    for w in est.work:
-        out.add_row(w.label, settings(w.cfg), str(w.runs), count(w.samples * w.runs), duration(w.seconds * w.runs))
-    return out
-
-
 @dataclass
 class Plan:
     """What a job would run and its cost (``--plan``, ``plan=True`` in Python): ``estimate`` holds the figures,
@@ -268,8 +256,17 @@ class Plan:
         return cls(title, est, notes)
 
     def lines(self) -> list[Any]:
-        """The table, the notes, the one-line summary: what ``--plan`` prints, in order."""
-        return [plan_table(self.title, self.estimate), *self.notes, summary(self.estimate)]
+        """What ``--plan`` prints, in order: a table of each distinct experiment (its settings, runs,
+        client-samples, time), the notes, the one-line summary."""
+        from rich.table import Table
+
+        table = Table(title=self.title)
+        for i, column in enumerate(("run", "settings", "× runs", "client-samples", "est. (1 worker)")):
+            table.add_column(column, justify="left" if i < 2 else "right")  # names left, figures right
+        for w in self.estimate.work:
+            table.add_row(w.label, settings(w.cfg), str(w.runs), count(w.samples * w.runs),
+                          duration(w.seconds * w.runs))
+        return [table, *self.notes, summary(self.estimate)]
 
     def print(self) -> int:
         """``--plan``'s output; exit status 0."""

@@ -40,15 +40,14 @@ def test_config_from_keywords_and_yaml(tmp_path: Path) -> None:
                                               ("compare", "fltune.compare.command:CompareOptions"),
                                               ("reproduce", "fltune.reproduce.command:ReproduceOptions")])
 def test_a_jobs_keywords_are_its_commands_flags(job: str, options: str) -> None:
-    """``help(fltune.tune)``: the function, its typed keywords and docstring; each keyword a field of the typed
-    options the command fills from its flags (``set`` is ``--set``), and ``set=`` takes a mapping or
-    ``field=value`` lines."""
+    """``help(fltune.tune)``: the function, its typed keywords and docstring, which lists each keyword with its flag's
+    help; each keyword a flag of its command (``set`` is ``--set``) and each of the command's own flags a keyword; and
+    ``set=`` takes a mapping or ``field=value`` lines."""
     import argparse
-    import dataclasses
     import inspect
     import pydoc
 
-    from fltune.api import _options
+    from fltune.cli import build_parser
 
     function = getattr(fltune, job)
     assert inspect.isfunction(function) and function.__module__ == "fltune.api" and "plan" in function.__doc__
@@ -56,21 +55,21 @@ def test_a_jobs_keywords_are_its_commands_flags(job: str, options: str) -> None:
     assert f"{job}(" in shown and function.__doc__.splitlines()[0] in shown and "progress: 'bool' = True" in shown
     keywords = inspect.signature(function).parameters
     assert "overrides" not in keywords and keywords["set"].kind is inspect.Parameter.KEYWORD_ONLY
+    commands = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)).choices
+    flags = {(action.option_strings[0][2:].replace("-", "_") if action.option_strings else action.dest): action
+             for action in commands[job]._actions if action.dest != "help"}
+    assert set(keywords) - {"progress"} <= set(flags)
+    own = {name for name, action in flags.items() if not action.help.startswith("= --set")}
+    assert own <= set(keywords)
+    doc = " ".join(function.__doc__.split())
+    assert all(f"{name}: {' '.join(flags[name].help.split())}" in doc for name in set(keywords) - {"progress"})
     module, name = options.split(":")
     kind = getattr(importlib.import_module(module), name)
-    command = importlib.import_module(f"fltune.{job}.command")
-    add = getattr(command, "add_parsers" if job == "reproduce" else "add_parser")
-    parser = argparse.ArgumentParser()
-    add(parser.add_subparsers(dest="command"))
-    dests = vars(parser.parse_args([job, *(["table2"] if job == "reproduce" else [])]))
-    fields = {field.name for field in dataclasses.fields(kind)}
-    assert set(keywords) - {"progress", "plan", "set"} == fields - {"overrides", "ignored"}
-    assert fields - {"ignored"} <= set(dests)
     given = {"table": "table2"} if job == "reproduce" else {}
     for sets in ({"method.mu": 0.1, "federation.rounds": 2}, ["method.mu=0.1", "federation.rounds=2"]):
-        assert _options(kind, {**given, "set": sets, "seeds": 2}).overrides == ("method.mu=0.1", "federation.rounds=2")
+        assert kind(**given, overrides=sets, seeds=2).overrides == ("method.mu=0.1", "federation.rounds=2")
     with pytest.raises(FLTuneError, match=r"^set: 'method.mu=0.1' is one text; allowed: a mapping"):
-        _options(kind, {**given, "set": "method.mu=0.1"})
+        function(*given.values(), set="method.mu=0.1")
 
 
 def test_dir_of_fltune_is_its_api() -> None:

@@ -6,17 +6,13 @@ nothing written); 130 interrupted, 143 on SIGTERM (continue with ``--resume``)."
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from fltune.cli_args import (
-    SHORTCUTS, add_checkpoint_args, add_experiment_args, experiment_overrides, keep_on_resume, options_from, run_job,
-)
+from fltune.cli_args import JOB_STORAGE, SHORTCUTS, ExperimentOptions, every_flag, flag, path_text, seconds_flag
 from fltune.errors import FLTuneError
-from fltune.examples import EXAMPLES
 from fltune.jobs.scaffold import (
     CELL_CHECKPOINT_EVERY, CELL_CHECKPOINT_SECONDS, GridJob, JobOptions, check_counts, listed, note_ignored, resume_line,
     start,
@@ -31,87 +27,65 @@ if TYPE_CHECKING:  # Ray Tune and MLflow load only when the command runs
     from fltune.tune.mlflow_runs import RunTree
     from fltune.tune.results import TrialRow
 
-SETTINGS = ("methods", "seeds", "tune_budget", "max_concurrent", "checkpoint_every", "checkpoint_seconds")
-"""The command's own flags that shape a comparison (a resumed one keeps its saved settings)."""
-
 
 @dataclass(frozen=True, kw_only=True)
-class CompareOptions(JobOptions):
-    """A comparison as ``fltune compare``'s flags or ``fltune.compare``'s keywords ask for it (documented there);
-    ``overrides``: the shortcut flags' and ``--set``'s texts."""
+class CompareOptions(JobOptions, ExperimentOptions):
+    """A comparison as ``fltune compare``'s flags or ``fltune.compare``'s keywords ask for it: its own, then the
+    experiment's as ``run`` takes them (but ``--method``)."""
 
-    methods: tuple[str, ...] | None = None
-    config: str | None = None
-    overrides: tuple[str, ...] = ()
-    seeds: int = 3
-    tune_budget: int | None = None
-    out: str | None = None
+    shortcuts: ClassVar[tuple[str, ...]] = tuple(name for name in SHORTCUTS if name != "method")
+    methods: tuple[str, ...] | None = flag("comma-separated methods, at least two, e.g. fedavg,fedprox,scaffold",
+                                           read=listed)
+    seeds: int = flag("seeds per method (base seed + 0, 1, …); rows show mean ± std", 3)
+    tune_budget: int | None = flag("first tune each method with this many trials (search_spaces/<method>.yaml, or "
+                                   "mine.yaml beside mine.py; validation split)")
+    max_concurrent: int | None = flag("trials at once (default: as many as the cluster fits)")
+    checkpoint_every: int | None = every_flag(f"{CELL_CHECKPOINT_EVERY}")
+    checkpoint_seconds: float | None = seconds_flag(f"{CELL_CHECKPOINT_SECONDS:g}")
+    storage: str | None = flag(JOB_STORAGE, read=path_text, honoured=True)
+    name: str | None = flag("job name (default: compare-<date>-<time>)", honoured=True)
+    out: str | None = flag("folder for compare.csv/.md/.png and configs/ (default: compare/<name> beside the sqlite "
+                           "store of tracking.uri: mlruns/compare/<name>)", read=path_text, honoured=True)
+    resume: bool = flag("continue an interrupted comparison (--name, else the newest)", False, honoured=True)
+    plan: bool = flag("print the studies and cells that would run and their estimated cost; run nothing", False,
+                      honoured=True)
 
+    def checked(self) -> CompareOptions:
+        """The options; a dataset that is nowhere is one line before torch or Ray load."""
+        from fltune.config import build_config
+        from fltune.data.locations import check_here
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
-    """The command's own flags, then the experiment flags ``run`` has (but ``--method``)."""
-    p = sub.add_parser("compare", help="compare methods on one setting: same split and sampling, seeds, "
-                                       "optional tuning on a validation split (Ray Tune trials)",
-                       epilog=EXAMPLES["compare"], formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--methods", help="comma-separated methods, at least two, e.g. fedavg,fedprox,scaffold")
-    p.add_argument("--seeds", type=int, default=3, help="seeds per method (base seed + 0, 1, …); rows show mean ± std")
-    p.add_argument("--tune-budget", type=int,
-                   help="first tune each method with this many trials (search_spaces/<method>.yaml, or "
-                        "mine.yaml beside mine.py; validation split)")
-    p.add_argument("--max-concurrent", type=int, help="trials at once (default: as many as the cluster fits)")
-    add_checkpoint_args(p, f"{CELL_CHECKPOINT_EVERY}", f"{CELL_CHECKPOINT_SECONDS:g}")
-    p.add_argument("--storage", help="job folder root, local or a URI (default: ./studies)")
-    p.add_argument("--name", help="job name (default: compare-<date>-<time>)")
-    p.add_argument("--out", help="folder for compare.csv/.md/.png and configs/ (default: compare/<name> beside the sqlite store of tracking.uri: mlruns/compare/<name>)")
-    p.add_argument("--resume", action="store_true", help="continue an interrupted comparison (--name, else the newest)")
-    p.add_argument("--plan", action="store_true",
-                   help="print the studies and cells that would run and their estimated cost; run nothing")
-    add_experiment_args(p, skip=("method",))
-    keep_on_resume(p, *SETTINGS, "config", "overrides",
-                   *(name for name in SHORTCUTS if name not in ("method", "address")))
+        if not self.resume:
+            try:
+                data = build_config(experiment_tree(self)).data
+            except FLTuneError:  # said, per method, where the comparison is validated
+                data = None
+            if data is not None:
+                check_here(data.dataset, data.root, data.download)
+        return self
 
+    def job(self) -> Comparison:
+        return Comparison(self)
 
-def cmd_compare(args: argparse.Namespace) -> int:
-    """A comparison, or its plan: the flags as ``CompareOptions``, run as ``fltune.compare`` runs it."""
-    options = options_from(args, CompareOptions, methods=listed(args.methods),
-                           overrides=tuple(experiment_overrides(args)))
-    checked(options)
-    return run_job(args, options, Comparison, job_plan)
+    def planned(self) -> Plan:
+        """``--plan``: each method's study and cells at the base settings, with their cost; writes nothing."""
+        from fltune.compare.report import notes
+        from fltune.compare.spec import method_tree
+        from fltune.compare.tuning import study_spec
+        from fltune.estimate import Plan
+        from fltune.jobs.storage import storage_root
 
-
-def checked(options: CompareOptions) -> None:
-    """A dataset that is nowhere is one line before torch or Ray load."""
-    from fltune.config import build_config
-    from fltune.data.locations import check_here
-
-    if not options.resume:
-        try:
-            data = build_config(experiment_tree(options)).data
-        except FLTuneError:  # said, per method, where the comparison is validated
-            data = None
-        if data is not None:
-            check_here(data.dataset, data.root, data.download)
-
-
-def job_plan(options: CompareOptions) -> Plan:
-    """``--plan``: each method's study and cells at the base settings, with their cost; writes nothing."""
-    from fltune.compare.report import notes
-    from fltune.compare.spec import method_tree
-    from fltune.compare.tuning import study_spec
-    from fltune.estimate import Plan
-    from fltune.jobs.storage import storage_root
-
-    if options.resume:
-        raise FLTuneError("--plan: plans a new comparison; allowed: --plan without --resume")
-    spec = Comparison(options).spec(storage_root(options.storage))
-    items = []
-    for method in spec.methods:
-        if spec.tune_budget:
-            items.append((f"{method}: tuning, {spec.tune_budget} trial(s)", study_spec(spec, method).base,
-                          spec.tune_budget))
-        items.append((f"{method}: {spec.seeds} seed(s)", method_tree(spec.base, method), spec.seeds))
-    return Plan.of(f"plan: compare {', '.join(spec.methods)}", items,
-                   options.address or spec.config.resources.address, spec.max_concurrent, notes(spec)[:2])
+        if self.resume:
+            raise FLTuneError("--plan: plans a new comparison; allowed: --plan without --resume")
+        spec = Comparison(self).spec(storage_root(self.storage))
+        items = []
+        for method in spec.methods:
+            if spec.tune_budget:
+                items.append((f"{method}: tuning, {spec.tune_budget} trial(s)", study_spec(spec, method).base,
+                              spec.tune_budget))
+            items.append((f"{method}: {spec.seeds} seed(s)", method_tree(spec.base, method), spec.seeds))
+        return Plan.of(f"plan: compare {', '.join(spec.methods)}", items,
+                       self.address or spec.config.resources.address, spec.max_concurrent, notes(spec)[:2])
 
 
 def experiment_tree(options: CompareOptions) -> dict[str, Any]:

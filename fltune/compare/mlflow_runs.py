@@ -7,6 +7,7 @@ from typing import Any
 
 from fltune.compare.report import MethodRow, results, write_outputs
 from fltune.compare.spec import CompareSpec, parse_cell
+from fltune.compare.stats import ALPHA
 from fltune.config import ExperimentConfig, build_config
 from fltune.tune.mlflow_runs import RunTree
 from fltune.tune.results import TrialRow
@@ -44,7 +45,7 @@ class CompareLog(RunTree):
         spec = self.spec
         self.tracker.log_params(parent, {
             "methods": ",".join(spec.methods), "seeds": spec.seeds, "tune_budget": spec.tune_budget or 0,
-            "ranked_by": spec.primary, "test": "welch_t_two_sided", "alpha": 0.05, "workers_per_trial": spec.workers,
+            "ranked_by": spec.primary, "test": "welch_t_two_sided", "alpha": ALPHA, "workers_per_trial": spec.workers,
         })
         self.tracker.log_text(parent, build_config(spec.base | {"method": {"name": spec.methods[0]}}).to_yaml(),
                               "base_config.yaml")

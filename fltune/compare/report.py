@@ -147,8 +147,6 @@ def notes(spec: CompareSpec) -> list[str]:
 
 def tuned_params(spec: CompareSpec, method: str) -> dict[str, Any]:
     """The values tuning changed from the method's defaults in the user's setting (dotted names)."""
-    if not spec.tune_budget:
-        return {}
     plain, tuned = flatten(method_tree(spec.base, method)), flatten(spec.trees[method])
     return {k: v for k, v in tuned.items() if plain.get(k) != v}
 

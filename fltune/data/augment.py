@@ -63,19 +63,13 @@ def augment(x: torch.Tensor, kind: str, generator: torch.Generator, black: torch
         raise FLTuneError(f"data.augment: unknown augmentation {kind!r}; allowed: {', '.join(AUGMENTATIONS)}")
     if kind == "none":
         return x
-    if kind == "flip":
-        return random_flip(x, generator)
+    if kind == "flip":  # a mirror with probability 1/2, one draw per sample
+        return torch.where(_randint(2, (len(x), 1, 1, 1), generator, x.device).bool(), x.flip(-1), x)
     if kind == "flip_crop_half":
         return random_crop_flip(x, generator, fill=None, crop_half=True)
     fill = "reflect" if kind == "reflect_crop_flip" else black
     x = random_crop_flip(x, generator, fill=fill)
     return cutout(x, generator) if kind == "crop_flip_cutout" else x
-
-
-def random_flip(x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-    """Mirror each sample left-right with probability 1/2 (one draw per sample)."""
-    flip = _randint(2, (len(x), 1, 1, 1), generator, x.device).bool()
-    return torch.where(flip, x.flip(-1), x)
 
 
 def random_crop_flip(

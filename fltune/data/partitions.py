@@ -23,17 +23,9 @@ def partition(
     alpha: float = 0.5, classes_per_client: int | None = None, shards_per_client: int = 2,
     min_size: int = 10,
 ) -> list[np.ndarray]:
-    """Split ``range(len(labels))`` over ``num_clients`` clients; one sorted index array per client:
-
-    - ``iid``: a seeded permutation cut into N parts (sizes differ by at most 1).
-    - ``classes``: client j holds only classes {(j+t) mod C : t < k}, near-equal counts, equal sizes.
-    - ``dirichlet_prior``: client priors π_i ~ Dir(α·1_C), equal sizes.
-    - ``dirichlet``: FedML's LDA, per-class proportions ~ Dir(α·1_N), unequal sizes ≥ ``min_size``.
-    - ``shards``: label-sorted shards, ``shards_per_client`` per client.
-    - ``class_shards``: each class cut into its own shards, ``shards_per_client`` per client (FedSOL's code).
-
-    Raises :class:`FLTuneError` naming the config field when these labels admit no such partition (what a field
-    allows alone, the config checks)."""
+    """Split ``range(len(labels))`` over ``num_clients`` clients as ``kind`` says (``iid``: a seeded permutation cut
+    into N parts; the others: their ``_<kind>``); one sorted index array per client. Raises :class:`FLTuneError`
+    naming the config field when these labels admit no such partition (what a field allows alone, the config checks)."""
     labels = _check_labels(labels, num_classes)
     if not 1 <= num_clients <= len(labels):
         raise FLTuneError(f"federation.clients: must be between 1 and the {len(labels)} samples to split; "
@@ -42,7 +34,7 @@ def partition(
     if kind == "iid":
         parts = np.array_split(rng.permutation(len(labels)), num_clients)
     elif kind == "classes":
-        parts = _classes(labels, num_classes, num_clients, _check_k(classes_per_client, num_classes), rng)
+        parts = _classes(labels, num_classes, num_clients, classes_per_client, rng)
     elif kind == "dirichlet_prior":
         parts = _dirichlet_prior(labels, num_classes, num_clients, alpha, rng)
     elif kind == "dirichlet":
@@ -119,25 +111,18 @@ def _check_labels(labels: np.ndarray, num_classes: int) -> np.ndarray:
     return labels.astype(np.int64, copy=False)
 
 
-def _check_k(classes_per_client: int | None, num_classes: int) -> int:
-    if classes_per_client is None or not 1 <= classes_per_client <= num_classes:
-        raise FLTuneError(
-            f"partition.classes_per_client: must be in 1..{num_classes} for partition 'classes'; "
-            f"got {classes_per_client}"
-        )
-    return classes_per_client
-
-
 # --- classes (SimFAFL/FedCR non-IID1) -------------------------------------------------------------------
 
 
-def _classes(labels: np.ndarray, num_classes: int, num_clients: int, k: int,
+def _classes(labels: np.ndarray, num_classes: int, num_clients: int, k: int | None,
              rng: np.random.Generator) -> list[np.ndarray]:
     """Client j owns classes {(j+t) mod C : t<k} and gets ``len(labels) // N`` samples of them:
     ``haozzh/FedCR:utils/utils_dataset.py`` rule ``noniid`` (one sample at a time, stealing when a client's classes run
     dry), in bulk: :func:`_balanced_plan`, rounded down; :func:`_fill_levels` for the remainder (counts then differ
     by ≤ 1 given enough data); :func:`_reroute` for FedCR's stealing as augmenting paths. Where no assignment fills a
     client (e.g. k = 1 and a small class, or N < C), it stays smaller rather than receive a class it does not own."""
+    if k is None or not 1 <= k <= num_classes:
+        raise FLTuneError(f"partition.classes_per_client: must be in 1..{num_classes} for partition 'classes'; got {k}")
     owned = (np.arange(num_clients)[:, None] + np.arange(k)[None, :]) % num_classes
     supply = np.bincount(labels, minlength=num_classes)
     per_client = len(labels) // num_clients

@@ -8,8 +8,8 @@ from __future__ import annotations
 import os
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from dataclasses import dataclass, fields, replace
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
 from fltune.errors import FLTuneError
 from fltune.folders import failed_write, make_out, said
@@ -46,9 +46,12 @@ Spec = TypeVar("Spec", bound="SavedSpec")
 
 @dataclass(frozen=True, kw_only=True)
 class JobOptions:
-    """What every Tune job is asked, each field its commands' flag of that name: its folder (``name`` under
-    ``storage``), the cluster, whether it continues a stopped job, its trials' concurrency and checkpoint cadence."""
+    """What every Tune job is asked: its folder (``name`` under ``storage``), the cluster, whether it continues a
+    stopped job, its trials' concurrency and checkpoint cadence. A command's options declare their flags (each
+    field its command's flag and its function's keyword, ``cli_args.flag``), read here as given."""
 
+    shortcuts: ClassVar[tuple[str, ...]] = ()
+    """The config shortcut flags (``cli_args.SHORTCUTS``) the command takes after ``--set``."""
     name: str | None = None
     storage: str | None = None
     address: str | None = None
@@ -58,6 +61,12 @@ class JobOptions:
     checkpoint_seconds: float | None = None
     ignored: tuple[str, ...] = ()
     """The setting flags given with ``resume``, which the job ignores for its saved ones (``note_ignored``)."""
+
+    def __post_init__(self) -> None:
+        """Each field as its flag's ``read`` makes it, whether given as a flag's text or a keyword's value."""
+        for option in fields(self):
+            if (read := option.metadata.get("read")) is not None:
+                object.__setattr__(self, option.name, read(getattr(self, option.name)))
 
 
 def note_ignored(options: JobOptions, what: str) -> None:
@@ -87,14 +96,14 @@ def listed(names: str | Sequence[str] | None) -> tuple[str, ...] | None:
     return tuple(names.split(",") if isinstance(names, str) else names)
 
 
-def with_gpu_share(spec: Spec, cluster: dict[str, float], cpus_per_worker: float, max_concurrent: int | None) -> Spec:
+def with_gpu_share(spec: Spec, cluster: dict[str, float], cpus_per_worker: float) -> Spec:
     """Pin ``gpus_per_worker`` once (kept on resume): the GPUs shared by the workers of the trials that run at
     once, as many as ``max_concurrent`` allows *and* the CPUs fit (either bound alone can starve the GPU)."""
     if spec.gpus_per_worker is not None:
         return spec
     gpus = cluster.get("GPU", 0.0)
     fit = max(1, int(cluster.get("CPU", 0.0) // (spec.workers * cpus_per_worker)))
-    at_once = min(fit, max_concurrent or fit)
+    at_once = min(fit, spec.max_concurrent or fit)
     return spec.model_copy(update={"gpus_per_worker": min(1.0, gpus / (spec.workers * at_once)) if gpus else 0.0})
 
 
@@ -111,11 +120,11 @@ def say_failures(trials: list[Trial]) -> None:
     from ray.tune.experiment import Trial
 
     from fltune.tracking.progress import console
-    from fltune.tune.results import failure_lines
+    from fltune.tune.results import failure_lines, latest_trace
 
     if terminated():
         return
-    traces = [(trial.path, _trace(trial)) for trial in trials if trial.status == Trial.ERROR]
+    traces = [(trial.path, latest_trace(trial)) for trial in trials if trial.status == Trial.ERROR]
     refused = [str(trial.last_result["error"]) for trial in trials
                if trial.status != Trial.ERROR and (trial.last_result or {}).get("status") == "failed"]
     for line in failure_lines(traces, refused):
@@ -125,12 +134,12 @@ def say_failures(trials: list[Trial]) -> None:
 def start(spec: SavedSpec, out: str | None, configs: list[ExperimentConfig], address: str | None) -> None:
     """A job's checks before Ray (its tracking, its storage, its ``out`` folder, its trials' data), then Ray."""
     from fltune.engine.cluster import start_ray
-    from fltune.jobs.storage import check_storage
     from fltune.preflight import check_data
     from fltune.tracking.paths import check_tracking
 
     check_tracking(spec.tracking)
-    check_storage(spec.storage)
+    if "://" not in spec.storage:  # a URI is checked as it is found (``storage.storage_root``)
+        make_out(spec.storage, "--storage")
     if out is not None:
         make_out(out)
     check_data(configs)
@@ -140,14 +149,6 @@ def start(spec: SavedSpec, out: str | None, configs: list[ExperimentConfig], add
 def resume_line(command: str, spec: SavedSpec) -> str:
     """``cli.py <command> --name … --storage … --resume``: what continues the job ``spec``."""
     return f"{invoked_as()} {command} --name {spec.name} --storage {spec.storage} --resume"
-
-
-def _trace(trial: Trial) -> str:
-    """The trial's error trace as Tune kept it ("" when it kept none, or its storage cannot be read)."""
-    try:
-        return trial.get_error() or ""
-    except OSError:
-        return ""
 
 
 class TuneJob(ABC, Generic[Spec]):
@@ -186,16 +187,6 @@ class TuneJob(ABC, Generic[Spec]):
     @abstractmethod
     def new_tuner(self, spec: Spec, resources: PlacementGroupFactory) -> Tuner:
         """A new Tuner of the job, with ``callbacks``: a study's sampled trials, or a grid's cells (:class:`GridJob`)."""
-
-    def restored_tuner(self, spec: Spec, resources: PlacementGroupFactory) -> Tuner:
-        """The job's Tuner from its folder; unfinished and errored trials continue (``unfinished_if_stopped``)."""
-        from ray.tune import Tuner
-
-        from fltune.jobs.storage import job_filesystem
-        from fltune.jobs.tuner import bound_trainable
-
-        return Tuner.restore(spec.path, bound_trainable(self.entry(), spec, resources), resume_unfinished=True,
-                             resume_errored=True, storage_filesystem=job_filesystem(spec.storage))
 
     def callbacks(self, spec: Spec) -> list[Any]:
         """The terminal board always; MLflow only when tracking is on (off, MLflow is never imported)."""
@@ -252,9 +243,11 @@ class TuneJob(ABC, Generic[Spec]):
 
     def prepare(self) -> tuple[Spec, Tuner, int]:
         """Validate, start Ray, size the trials and create or restore the Tuner; also the number of Ray nodes."""
+        from ray.tune import Tuner
+
         from fltune.config import build_config
-        from fltune.jobs.storage import storage_root, tune_started, tuner_whole
-        from fltune.jobs.tuner import cluster_shape, placement
+        from fltune.jobs.storage import job_filesystem, storage_root, tune_started, tuner_whole
+        from fltune.jobs.tuner import bound_trainable, cluster_shape, placement
         from fltune.tune.spec import exists
 
         storage, resuming = storage_root(self.options.storage), self.options.resume
@@ -266,12 +259,14 @@ class TuneJob(ABC, Generic[Spec]):
         tree = self.experiment(spec)
         start(spec, self.out(spec), self.trial_configs(spec), self.options.address or build_config(tree).resources.address)
         cluster, node_cpus = cluster_shape()
-        spec = with_gpu_share(spec, cluster, build_config(tree).resources.cpus_per_worker, spec.max_concurrent)
+        spec = with_gpu_share(spec, cluster, build_config(tree).resources.cpus_per_worker)
         resources = placement(tree, spec.workers, spec.gpus_per_worker, cluster, node_cpus)
         if resuming and tune_started(spec.path):
             if not tuner_whole(spec.path):  # a new Tuner of the saved spec writes it again, as it was
                 self.new_tuner(spec, resources)
-            tuner = self.restored_tuner(spec, resources)
+            # unfinished and errored trials continue (``unfinished_if_stopped``)
+            tuner = Tuner.restore(spec.path, bound_trainable(self.entry(), spec, resources), resume_unfinished=True,
+                                  resume_errored=True, storage_filesystem=job_filesystem(spec.storage))
         else:
             if not resuming:
                 spec.save()
@@ -279,11 +274,15 @@ class TuneJob(ABC, Generic[Spec]):
         return spec, tuner, len(node_cpus)
 
     def close_runs(self, spec: Spec) -> None:
-        """End the job's MLflow runs still RUNNING as KILLED (the command is going down)."""
-        from fltune.tune.mlflow_runs import close_open_runs
+        """End the job's MLflow runs still RUNNING as KILLED (the command is going down; Tune ends them otherwise)."""
+        from fltune.tracking.mlflow_log import Tracker
+        from fltune.tune.mlflow_runs import STUDY_TAG
 
         if spec.tracking.enabled:
-            close_open_runs(spec.tracking, spec.path, "killed")
+            tracker = Tracker(spec.tracking)
+            for run in tracker.find({STUDY_TAG: spec.path}):
+                if run.info.status == "RUNNING":
+                    tracker.end(run.info.run_id, "killed")
 
     def stop(self, spec: Spec, err: BaseException) -> None:
         """The job ended by ``err``: its MLflow runs end KILLED; a failed write is raised again as a line
@@ -340,8 +339,10 @@ class GridJob(TuneJob[Spec], ABC):
         """The grid's cells, each a trial's ``config["cell"]``."""
 
     def new_tuner(self, spec: Spec, resources: PlacementGroupFactory) -> Tuner:
-        """A grid over ``cells``, as many at once as fit (or ``max_concurrent``)."""
-        from fltune.jobs.tuner import bound_trainable, grid_tuner
+        """A grid over ``cells``, each run once."""
+        from ray import tune
 
-        trainable = bound_trainable(self.entry(), spec, resources)
-        return grid_tuner(trainable, self.cells(spec), spec, spec.max_concurrent, self.callbacks(spec))
+        from fltune.jobs.tuner import job_tuner
+
+        return job_tuner(self.entry(), spec, resources, self.callbacks(spec),
+                         {"cell": tune.grid_search(self.cells(spec))}, num_samples=1)

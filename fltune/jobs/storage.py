@@ -18,7 +18,7 @@ import pyarrow
 import pyarrow.fs
 
 from fltune.errors import FLTuneError
-from fltune.folders import ReplaceOnClose, make_out
+from fltune.folders import ReplaceOnClose
 from fltune.tracking.paths import mlruns_dir
 from fltune.workarounds import PRUNES
 
@@ -95,12 +95,6 @@ def storage_root(storage: str | None) -> str:
         raise FLTuneError(f"--storage {storage}: {str(err)[:200]}; allowed: a local folder, or a URI of a "
                           "filesystem pyarrow can reach (s3://, gs://, hdfs://)") from None
     return storage
-
-
-def check_storage(storage: str) -> None:
-    """A local ``storage`` can be written and has room (``folders.make_out``); URIs: ``storage_root``."""
-    if "://" not in storage:
-        make_out(storage, "--storage")
 
 
 def check_name(name: str) -> str:

@@ -31,16 +31,6 @@ class StopOnFailedWrite(tune.Callback):
     the other trials as if done; raising ends ``fit`` with every unfinished trial resumable."""
 
     def on_trial_recover(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
-        self._stop_if_failed(trial)
-
-    on_trial_error = on_trial_recover
-
-    def on_step_end(self, iteration: int, trials: list[Any], **info: Any) -> None:
-        if (failed := library_write_failure()) is not None:
-            raise failed
-
-    @staticmethod
-    def _stop_if_failed(trial: Any) -> None:
         """Raise the failed write that ended ``trial``'s attempt, if any (pickled by ``Trial.handle_error``)."""
         path = trial.pickled_error_file
         if path is None or not Path(path).is_file():
@@ -48,6 +38,12 @@ class StopOnFailedWrite(tune.Callback):
         with open(path, "rb") as saved:
             error = pickle.load(saved)
         if (failed := folders.failed_write(error)) is not None:
+            raise failed
+
+    on_trial_error = on_trial_recover
+
+    def on_step_end(self, iteration: int, trials: list[Any], **info: Any) -> None:
+        if (failed := library_write_failure()) is not None:
             raise failed
 
 
@@ -93,14 +89,15 @@ def bound_trainable(entry: Callable[[dict[str, Any], Any], None], spec: Any,
     return tune.with_resources(trainable, resources)
 
 
-def grid_tuner(trainable_: Any, cells: list[str], spec: SavedSpec, max_concurrent: int | None,
-               callbacks: list[tune.Callback]) -> tune.Tuner:
-    """A grid over named cells (``config["cell"]``), each run once: the jobs of ``reproduce`` and ``compare``."""
-    return tune.Tuner(
-        trainable_, param_space={"cell": tune.grid_search(cells)},
-        tune_config=tune.TuneConfig(num_samples=1, max_concurrent_trials=max_concurrent, reuse_actors=True),
-        run_config=run_config(spec, callbacks),
-    )
+def job_tuner(entry: Callable[[dict[str, Any], Any], None], spec: SavedSpec, resources: tune.PlacementGroupFactory,
+              callbacks: list[tune.Callback], param_space: dict[str, Any] | None = None, **settings: Any) -> tune.Tuner:
+    """Every fltune job's Tuner: ``entry``'s trials (``settings``: the rest of their ``TuneConfig``), at most
+    ``max_concurrent`` at once. A finished trial's process is reused for the next (``reuse_actors``): torch and
+    fltune stay imported, and a trial's numbers depend only on its configuration (randomness keyed by seed, round
+    and client)."""
+    settings = {"max_concurrent_trials": spec.max_concurrent, "reuse_actors": True, **settings}
+    return tune.Tuner(bound_trainable(entry, spec, resources), param_space=param_space,
+                      tune_config=tune.TuneConfig(**settings), run_config=run_config(spec, callbacks))
 
 
 def run_config(spec: SavedSpec, callbacks: list[tune.Callback]) -> tune.RunConfig:

@@ -2,12 +2,14 @@
 
 from collections.abc import Mapping
 
+import torch
 from pydantic import Field
 from torch import Tensor
 
 from fltune.methods import register
-from fltune.methods._sam import Epsilon, SharpnessAware, asam_epsilon
+from fltune.methods.fedsam import NORM_EPS, FedSAM, Named
 from fltune.methods.base import Params
+from fltune.methods.objective import global_norm
 
 
 class FedASAMParams(Params):
@@ -16,7 +18,7 @@ class FedASAMParams(Params):
 
 
 @register
-class FedASAM(SharpnessAware):
+class FedASAM(FedSAM):
     """FedASAM: step with ∇L(w + ε), ε = ρ·T²g/‖Tg‖, T = |w| + η on weight tensors (1 on biases);
     server as FedAvg. ρ = 0 gives FedAvg's gradient.
     """
@@ -24,5 +26,9 @@ class FedASAM(SharpnessAware):
     name = "fedasam"
     Params = FedASAMParams
 
-    def epsilon(self, global_weights: Mapping[str, Tensor]) -> Epsilon:
-        return asam_epsilon(self.params.rho, self.params.eta)
+    def epsilon(self, named: Named, grads: list[Tensor], global_weights: Mapping[str, Tensor]) -> list[Tensor]:
+        """T on parameters named ``*weight`` (norm scales too, as ``SamsungLabs/ASAM``'s ``'weight' in n``)."""
+        scales = [p.detach().abs() + self.params.eta if n.endswith("weight") else torch.ones_like(p) for n, p in named]
+        scaled = [t * g for t, g in zip(scales, grads, strict=True)]
+        factor = self.params.rho / (global_norm(scaled) + NORM_EPS)
+        return [t * tg * factor for t, tg in zip(scales, scaled, strict=True)]

@@ -9,24 +9,81 @@ In its last local epoch a client folds each class's (μ, σ) into one Gaussian b
 precision sums (the closed form of the code's ``product_of_experts_two``, independent of order); the server
 takes the PoE of those and N(0, 1) and moves r by β2 (``global_POE``). Heads are personal; bodies averaged
 unweighted. ``centroids: overall`` is SimFAFL's Pre-experiment I (**[U]**).
+
+:class:`VIBMethod` is the base of every method whose objective needs a VIB net's q(z|x) (FedCR, SimFAFL, FedSR, all
+from ``haozzh/FedCR``, whose server averages without sample weights, ``average``): ``model.name: auto`` resolves to
+FedCR's nets, any other fails once; ε is ``batch.noise["eps"]``, drawn from the client's own seeded stream.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal, cast
 
 import numpy as np
 import torch
 from pydantic import Field
-from torch import Tensor
+from torch import Tensor, nn
 
 from fltune.methods import register
-from fltune.methods._personal import PersonalHead
-from fltune.methods._vib import VIBMethod, functional_vib
-from fltune.methods.base import ClientContext, ClientResult, Params, ServerContext, ServerUpdate, State
-from fltune.methods.objective import Batch, Tensors
-from fltune.models.vib import SIGMA_FLOOR, gaussian_kl
+from fltune.methods.base import ClientContext, ClientResult, Method, Params, ServerContext, ServerUpdate, State
+from fltune.methods.fedper import FedPer
+from fltune.methods.finetune import FineTune
+from fltune.methods.objective import Batch, NoiseShapes, Tensors
+from fltune.models.vib import SIGMA_FLOOR, VIBNet, VIBOutput, gaussian_kl, posterior
+
+
+VIB_MODELS = ("vib_cnn", "vib_mlp")
+_MLP_DATASETS = frozenset({"emnist_letters", "mnist"})
+"""Datasets FedCR/SimFAFL train with the fully connected net (EMNIST-L; MNIST by analogy **[U]**)."""
+
+
+class VIBFineTune(FineTune):
+    """The ``tune`` round on a VIB net: plain CE of the head on the mean of S sampled z, ε declared as the
+    objective's noise rather than drawn inside the forward."""
+
+    vib_samples: ClassVar[int | None] = None
+
+    def noise(self, model: nn.Module) -> NoiseShapes:
+        """ε of the objective: ``vib_samples`` (None: the net's S) draws of z's width per input."""
+        net = cast(VIBNet, model)
+        return {"eps": (net.samples if self.vib_samples is None else self.vib_samples, net.feature_dim)}
+
+    def local_loss(self, batch: Batch) -> tuple[Tensor, Tensor]:
+        _, _, z = functional_z(batch)
+        logits = batch.forward.part("head", batch.weights, z.mean(0))
+        return batch.cross_entropy(logits), logits
+
+
+class VIBMethod(Method):
+    """A method built on :class:`~fltune.models.vib.VIBNet`; updates weigh 1 each (FedCR's ``average``)."""
+
+    default_model: ClassVar[str | None] = "vib_cnn"
+    weighted_by_samples: ClassVar[bool] = False
+    vib_samples: ClassVar[int | None] = None
+    """z samples per input in training (``noise``); None: the net's S (FedSR: 1)."""
+    tuner: ClassVar[type[FineTune] | None] = VIBFineTune
+
+    @classmethod
+    def model_for(cls, dataset: str) -> str | None:
+        return "vib_mlp" if dataset in _MLP_DATASETS else "vib_cnn"
+
+    def adapt_model(self, model: nn.Module) -> nn.Module:
+        return self.require_model(model, VIBNet, "a VIB model", f"auto, {', '.join(VIB_MODELS)}")
+
+    noise = VIBFineTune.noise
+
+
+def functional_vib(batch: Batch) -> VIBOutput:
+    """``VIBNet.vib`` as a function of the batch's parameters, with its ε."""
+    mu, sigma, z = functional_z(batch)
+    return VIBOutput(mu, sigma, z, batch.forward.part("head", batch.weights, z))
+
+
+def functional_z(batch: Batch) -> tuple[Tensor, Tensor, Tensor]:
+    """μ, σ of q(z|x) and z ``[S, B, dimZ]`` as functions of the parameters, from ε ``[B, S, dimZ]``."""
+    mu, sigma = posterior(batch.forward.part("body", batch.weights, batch.x))
+    return mu, sigma, mu + sigma * batch.noise["eps"].transpose(0, 1)
 
 
 class FedCRParams(Params):
@@ -64,7 +121,7 @@ def server_poe(uploads: list[dict[str, np.ndarray]]) -> tuple[np.ndarray, np.nda
 
 
 @register
-class FedCR(VIBMethod, PersonalHead):
+class FedCR(VIBMethod, FedPer):
     """FedCR: L = CE(head_i(z), y) + β·KL(r(·|y) ‖ q(z|x)); server PoE + EMA of the class Gaussians r."""
 
     name = "fedcr"

@@ -9,8 +9,6 @@ accelerated projected gradient instead of cvxpy). Departures from ``JianXu95/Fed
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -20,10 +18,12 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch import Tensor, nn
 
+from fltune.errors import FLTuneError
 from fltune.methods import register
-from fltune.methods._personal import FeatureAligned
 from fltune.methods.base import ClientContext, ClientResult, Params, Phase, ServerContext, ServerUpdate, Upload
+from fltune.methods.fedper import FedPer
 from fltune.methods.objective import Batch
+from fltune.models.layers import evaluating
 QP_STEPS = 500
 MIN_WEIGHT = 1e-3
 """Head-combination weights below this are zeroed (``get_head_agg_weight``'s eps)."""
@@ -56,18 +56,6 @@ class ClassFeatures:
     def weighted_means(self) -> Tensor:
         """h_i = [p_k·μ_k]_k (zero rows for absent classes)."""
         return self.counts[:, None] / self.counts.sum() * self.means
-
-
-@contextmanager
-def evaluating(model: nn.Module) -> Iterator[None]:
-    """Eval mode and no autograd for a statistics pass; the previous mode is restored afterwards."""
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            yield
-    finally:
-        model.train(was_training)
 
 
 def class_features(ctx: ClientContext, num_classes: int) -> ClassFeatures:
@@ -116,6 +104,22 @@ def head_weights(variances: np.ndarray, h: np.ndarray, i: int) -> np.ndarray:
     alpha = simplex_qp(np.diag(variances) + diff @ diff.T)
     alpha = np.where(alpha < MIN_WEIGHT, 0.0, alpha)
     return alpha / alpha.sum()
+
+
+class FeatureAligned(FedPer):
+    """A personal linear head over features aligned to the server's class targets (FedPAC's prototypes,
+    centroids), broadcast whole; any other head fails at model construction."""
+
+    def adapt_model(self, model: nn.Module) -> nn.Module:
+        model = super().adapt_model(model)
+        head = getattr(model, "head", None)
+        if not isinstance(head, nn.Linear):
+            raise FLTuneError(f"model.name: {self.name} needs a model whose head is one linear layer; this "
+                              f"model's head is a {type(head).__name__}")
+        return model
+
+    def server_payload(self, server_state: dict[str, Any]) -> dict[str, Any]:
+        return dict(server_state)
 
 
 @register

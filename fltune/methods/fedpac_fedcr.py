@@ -15,8 +15,8 @@ from pydantic import Field
 from torch import Tensor
 
 from fltune.methods import register
-from fltune.methods._personal import FeatureAligned
 from fltune.methods.base import ClientContext, ClientResult, ServerContext, ServerUpdate
+from fltune.methods.fedpac import FeatureAligned
 from fltune.methods.fedrep import FedRep, FedRepParams
 from fltune.methods.objective import Batch
 
@@ -31,18 +31,6 @@ def update_summaries(summaries: np.ndarray, features: np.ndarray, labels: list[i
     for feature, label in zip(features, labels):
         current = summaries[label]
         summaries[label] = (feature + current) / 2 if current.any() else feature
-
-
-def alignment(residual: Tensor, batch: Batch) -> Tensor:
-    """R = ‖F − C_y‖_F / B (``torch.norm(...) / len(labels)``) over the batch's real rows."""
-    return torch.linalg.norm(batch.real(residual)) / batch.size
-
-
-def per_class(ctx: ClientContext) -> Tensor:
-    """The round's centroids (classes × d) on the device (shared: read only), zeros before any, as the code."""
-    if "centroids" not in ctx.server:
-        return torch.zeros(ctx.model.head.out_features, ctx.model.feature_dim, device=ctx.device)
-    return ctx.server_tensors["centroids"]
 
 
 def class_summaries(ctx: ClientContext, start: np.ndarray | None) -> np.ndarray:
@@ -80,19 +68,21 @@ class FedPACFedCR(FeatureAligned, FedRep):
     passes_per_step = 1.0
 
     def setup_client(self, ctx: ClientContext) -> None:
-        """The round's centroids C (zeros before the server has any), one row per class."""
-        ctx.inputs["centroids"] = {"c": per_class(ctx)}
+        """The round's centroids C, one row per class (shared: read only), zeros before any, as the code."""
+        shape = (ctx.model.head.out_features, ctx.model.feature_dim)
+        c = ctx.server_tensors["centroids"] if "centroids" in ctx.server else torch.zeros(shape, device=ctx.device)
+        ctx.inputs["centroids"] = {"c": c}
 
     def local_loss(self, batch: Batch) -> tuple[Tensor, Tensor]:
-        """CE + λ·‖F − C_y‖_F / B over the real samples; in head epochs the norm moves nothing (the code leaves
-        it out there), so it differs from the code's in the reported loss only."""
+        """CE + λ·R, R = ‖F − C_y‖_F / B (``torch.norm(...) / len(labels)``) over the real samples; in head epochs R
+        moves nothing (the code leaves it out there), so it differs from the code's in the reported loss only."""
         features = batch.forward.model.features_of(batch.forward.part("body", batch.weights, batch.x))
         logits = batch.forward.part("head", batch.weights, features)
         loss = batch.cross_entropy(logits)
         if not self.params.lam:
             return loss, logits
         residual = features - batch.inputs["centroids"]["c"][batch.y]
-        return loss + self.params.lam * alignment(residual, batch), logits
+        return loss + self.params.lam * (torch.linalg.norm(batch.real(residual)) / batch.size), logits
 
     def client_result(self, ctx: ClientContext) -> ClientResult:
         result = super().client_result(ctx)

@@ -8,8 +8,8 @@ head epoch (E ≤ ``body_epochs``) the head keeps one here, so it is never left 
 from pydantic import Field
 
 from fltune.methods import register
-from fltune.methods._personal import PersonalHead
 from fltune.methods.base import ClientContext, Params, Phase
+from fltune.methods.fedper import FedPer
 
 
 class FedRepParams(Params):
@@ -17,7 +17,7 @@ class FedRepParams(Params):
 
 
 @register
-class FedRep(PersonalHead):
+class FedRep(FedPer):
     """FedRep: head_i ← argmin CE with the body fixed, then body ← CE steps with head_i fixed."""
 
     name = "fedrep"

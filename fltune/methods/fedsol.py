@@ -9,7 +9,7 @@ from pydantic import Field
 from torch import Tensor
 
 from fltune.methods import register
-from fltune.methods._sam import Epsilon, Named, SharpnessAware, sam_epsilon
+from fltune.methods.fedsam import FedSAM, Named
 from fltune.methods.base import ClientContext, Params
 from fltune.methods.fedntd import soft_kl
 from fltune.methods.moon import frozen_copy
@@ -34,7 +34,7 @@ def adaptive_strength(p: Tensor, global_p: Tensor) -> Tensor:
 
 
 @register
-class FedSOL(SharpnessAware):
+class FedSOL(FedSAM):
     """FedSOL (Alg. 1): per batch, L_p = KL(softmax(z_g/T) ‖ softmax(z_l/T)) against a frozen copy of the round's global
     model; g = ∇L_p over the perturbed scope; ε = ρ·s⊙g/‖g‖ (Eq. 8, global norm over the scope); the local loss's
     gradient is taken at w + ε (BN momentum 0) and stepped from w; server as FedAvg. [U] Scope defaults to the head, the
@@ -66,16 +66,9 @@ class FedSOL(SharpnessAware):
         grads, _, (loss, logits) = batch.gradient(proximal, dict(named))
         return named, [grads[n] for n, _ in named], loss, logits
 
-    def epsilon(self, global_weights: Mapping[str, Tensor]) -> Epsilon:
+    def epsilon(self, named: Named, grads: list[Tensor], global_weights: Mapping[str, Tensor]) -> list[Tensor]:
         """Eq. 8: s ⊙ ρ·g/‖g‖; with ``adaptive: false`` s = 1 (Eq. 5)."""
-        plain = sam_epsilon(self.params.rho)
+        plain = super().epsilon(named, grads, global_weights)
         if not self.params.adaptive:
             return plain
-
-        def epsilon(named: Named, grads: list[Tensor]) -> list[Tensor]:
-            return [
-                adaptive_strength(p, global_weights[n]) * e
-                for (n, p), e in zip(named, plain(named, grads), strict=True)
-            ]
-
-        return epsilon
+        return [adaptive_strength(p, global_weights[n]) * e for (n, p), e in zip(named, plain, strict=True)]

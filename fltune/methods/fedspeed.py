@@ -7,7 +7,7 @@ from torch import Tensor
 
 from fltune.methods import register
 from fltune.methods._drift import DriftCorrected, DriftParams
-from fltune.methods._sam import Epsilon, SharpnessAware, sam_epsilon
+from fltune.methods.fedsam import FedSAM
 from fltune.methods.objective import Tensors
 
 
@@ -17,7 +17,7 @@ class FedSpeedParams(DriftParams):
 
 
 @register
-class FedSpeed(DriftCorrected, SharpnessAware):
+class FedSpeed(DriftCorrected, FedSAM):
     """FedSpeed: gradient ∇CE(w + ε) + λ(θ − θ_g + h_k), ε = ρ·g/‖g‖; h_k += θ_k − θ_g; server θ = mean_S θ_k +
     mean_all h_k (plain means). The authors' λ⟨θ, h_k − θ_g⟩ after the SAM step plus weight decay λ/2‖θ‖²
     (``woodenchild95/FL-Simulator``, ``client/fedspeed.py``) has the drift penalty's gradient, added here at w, outside
@@ -26,9 +26,6 @@ class FedSpeed(DriftCorrected, SharpnessAware):
     name = "fedspeed"
     Params = FedSpeedParams
     stored_models = 4.0  # SAM's w and ε, plus θ_g and the correction h_k
-
-    def epsilon(self, global_weights: Mapping[str, Tensor]) -> Epsilon:
-        return sam_epsilon(self.params.rho)
 
     def gradient_correction(self, weights: Mapping[str, Tensor], inputs: Mapping[str, Tensors]) -> Tensors:
         """λ(θ − θ_g + h_k), the drift penalty's gradient at the restored w (none with λ = 0)."""

@@ -21,8 +21,8 @@ from pydantic import Field
 from torch import Tensor, nn
 
 from fltune.methods import register
-from fltune.methods._vib import VIBMethod, functional_vib
 from fltune.methods.base import Params
+from fltune.methods.fedcr import VIBMethod, functional_vib
 from fltune.methods.objective import Batch
 from fltune.models.vib import VIBNet, VIBOutput, gaussian_kl
 

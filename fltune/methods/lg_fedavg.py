@@ -12,8 +12,25 @@ from torch import nn
 
 from fltune.errors import FLTuneError
 from fltune.methods import register
-from fltune.methods._personal import weight_layers
 from fltune.methods.base import Method, Params
+
+
+def weight_layers(model: nn.Module) -> list[set[str]]:
+    """The model's layers in forward order as state-dict keys, one per conv or linear map as LG-FedAvg's and
+    FedCR's ``weight_keys``; a 1-d weight (a norm layer) joins the layer before it."""
+    keys = set(model.state_dict())
+    layers: list[set[str]] = []
+    for name, module in model.named_modules():
+        params = dict(module.named_parameters(recurse=False))
+        if not params:
+            continue
+        own = {f"{name}.{k}".lstrip(".") for k in [*params, *dict(module.named_buffers(recurse=False))]} & keys
+        weight = params.get("weight")
+        if layers and (weight is None or weight.dim() == 1):
+            layers[-1] |= own
+        else:
+            layers.append(own)
+    return layers
 
 
 class LGFedAvgParams(Params):

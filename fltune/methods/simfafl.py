@@ -19,9 +19,9 @@ from pydantic import Field
 from torch import Tensor
 
 from fltune.methods import register
-from fltune.methods._personal import PersonalHead
-from fltune.methods._vib import VIBMethod, functional_vib
 from fltune.methods.base import ClientContext, ClientResult, Params
+from fltune.methods.fedcr import VIBMethod, functional_vib
+from fltune.methods.fedper import FedPer
 from fltune.methods.objective import Batch
 from fltune.models.vib import VIBOutput, gaussian_kl
 
@@ -47,7 +47,7 @@ def standard_normal_kl(out: VIBOutput, kl_order: str) -> Tensor:
 
 
 @register
-class SimFAFL(VIBMethod, PersonalHead):
+class SimFAFL(VIBMethod, FedPer):
     """SimFAFL: L = CE(head_i(z), y) + β1·KL(q(z|x) ‖ N(0,I)) + β2·CE(head_f(z), y) (Eq. 10)."""
 
     name = "simfafl"

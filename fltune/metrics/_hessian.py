@@ -7,19 +7,40 @@ H is the Hessian, w.r.t. the trainable parameters, of the *unweighted mean over 
 (with equal batches, PyHessian's, ``mmendiet/FedAlign:pyhessian/hessian.py``), in eval mode (flags restored,
 parameters unmodified), on the parameters' device, one batch's graph alive at a time. Random vectors come from
 a CPU ``torch.Generator(seed)``: the same on CPU and CUDA.
+
+The papers back λ_max and tr H with pictures of the loss along the top-2 eigenvectors (FedAlign Fig. 1, FedSOL
+Fig. 8) and of the top-k spectrum (MAN Fig. 4a): :func:`top2_landscape` computes one on a worker, the driver draws
+it headless (:mod:`fltune.metrics.figures`, matplotlib imported only to draw).
+
+The curvature probe's work on a worker (``curvature.HessianProbe`` sends a :class:`CurvatureTask`,
+``Federation.compute`` runs it): the seeded probe batches, and these figures of one model on them.
 """
+
+from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from functools import partial
-from typing import NamedTuple
+from pathlib import Path
+from typing import TYPE_CHECKING, Generic, NamedTuple, TypeVar
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from fltune.config import ExperimentConfig, HessianConfig
+from fltune.data.augment import to_float
+from fltune.data.federated import FederatedData
+from fltune.engine.builders import build_model_for
+from fltune.engine.rng import derive_seed
+from fltune.engine.transfer import load_state
 from fltune.errors import FLTuneError
+from fltune.metrics.figures import new_figure, save_png
+
+if TYPE_CHECKING:
+    from fltune.methods.base import State
 
 Batch = tuple[Tensor, Tensor]
 LossFn = Callable[[nn.Module, Batch], Tensor]
@@ -251,3 +272,189 @@ def cross_client_consistency(traces: Sequence[dict[str, float]]) -> tuple[float,
     unit = d / norms[:, None]
     h_d = np.mean(unit @ unit.T)
     return float(h_n), float(h_d)
+
+
+# --- the loss landscape along the top-2 eigenvectors, and the spectrum --------------------------------------
+
+
+def _axis(span: float, steps: int) -> np.ndarray:
+    """``steps`` even offsets over [−span, span]; the middle one is exactly 0 when ``steps`` is odd."""
+    if steps < 2:
+        raise FLTuneError(f"steps: need at least 2 grid points per axis, got {steps}")
+    half = (steps - 1) / 2
+    return span * (np.arange(steps) - half) / half
+
+
+def loss_surface(
+    model: nn.Module, loss_fn: LossFn, batches: Sequence[Batch], directions: tuple[Vector, Vector], span: float = 1.0,
+    steps: int = 21,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Loss at θ + a·d1 + b·d2 on a ``steps``×``steps`` grid of (a, b) ∈ [−span, span]². Returns ``(alphas, betas,
+    grid)``, ``grid[i, j]`` the mean loss over ``batches`` at (alphas[i], betas[j]) in eval mode. Each point is set from
+    a saved θ (no drift), restored bit for bit afterwards, even on error."""
+    check_batches(batches)
+    params = trainable_parameters(model)
+    for direction in directions:
+        check_vector(direction, params, "directions")
+    d1, d2 = ([d.to(p) for d, p in zip(direction, params)] for direction in directions)
+    alphas, betas = _axis(span, steps), _axis(span, steps)
+    grid = np.empty((steps, steps))
+    origin = [p.detach().clone() for p in params]
+    with torch.no_grad(), eval_mode(model):
+        try:
+            for i, a in enumerate(alphas):
+                for j, b in enumerate(betas):
+                    for p, theta, u, w in zip(params, origin, d1, d2):
+                        p.copy_(theta).add_(u, alpha=float(a)).add_(w, alpha=float(b))
+                    losses = (float(loss_fn(model, to_device(batch, params[0].device))) for batch in batches)
+                    grid[i, j] = sum(losses) / len(batches)
+        finally:
+            for p, theta in zip(params, origin):
+                p.copy_(theta)
+    return alphas, betas, grid
+
+
+def plot_landscape(
+    alphas: np.ndarray, betas: np.ndarray, grid: np.ndarray, path: str | Path, title: str
+) -> Path:
+    """A PNG with the contour map (left) and 3-D surface (right) of a :func:`loss_surface` grid."""
+    a, b = np.meshgrid(alphas, betas, indexing="ij")
+    fig = new_figure(figsize=(11, 4.5), layout="constrained")
+    contour_ax = fig.add_subplot(1, 2, 1)
+    filled = contour_ax.contourf(a, b, grid, levels=30, cmap="viridis")
+    contour_ax.contour(a, b, grid, levels=10, colors="black", linewidths=0.4)
+    fig.colorbar(filled, ax=contour_ax, label="loss")
+    surface_ax = fig.add_subplot(1, 2, 2, projection="3d")
+    surface_ax.plot_surface(a, b, grid, cmap="viridis", edgecolor="none")
+    surface_ax.set_zlabel("loss")
+    for ax in (contour_ax, surface_ax):
+        ax.set_xlabel(r"$\epsilon_0$ step")
+        ax.set_ylabel(r"$\epsilon_1$ step")
+    fig.suptitle(title)
+    return save_png(fig, path, dpi=120)
+
+
+def plot_spectrum(eigenvalues: Sequence[float], path: str | Path, title: str) -> Path:
+    """A PNG of the top-k eigenvalues against their rank (MAN Fig. 4a), with λ1/λ5 (FedSOL Fig. 8)."""
+    if len(eigenvalues) == 0:
+        raise FLTuneError("eigenvalues: need at least one eigenvalue to plot")
+    fig = new_figure(figsize=(5, 4), layout="constrained")
+    ax = fig.add_subplot()
+    ax.plot(np.arange(1, len(eigenvalues) + 1), eigenvalues, marker="o", markersize=3)
+    ax.axhline(0.0, color="grey", linewidth=0.5)
+    ax.set_xlabel("rank (by |λ|)")
+    ax.set_ylabel("eigenvalue")
+    ax.grid(alpha=0.3)
+    has_ratio = len(eigenvalues) >= 5 and eigenvalues[4] != 0
+    ax.set_title(f"{title}, λ1/λ5 = {eigenvalues[0] / eigenvalues[4]:.3g}" if has_ratio else title)
+    return save_png(fig, path, dpi=120)
+
+
+@dataclass(frozen=True)
+class Landscape:
+    """The loss on the plane of the top-2 Hessian eigenvectors: plain data, computed on a worker and drawn
+    on the driver."""
+
+    eigenvalues: tuple[float, float]
+    alphas: np.ndarray
+    betas: np.ndarray
+    grid: np.ndarray
+
+    def png(self, path: str | Path, title: str) -> Path:
+        """The PNG of :func:`plot_landscape`, its title with λ1, λ2."""
+        first, second = self.eigenvalues
+        title = f"{title} (λ1 = {first:.4g}, λ2 = {second:.4g})"
+        return plot_landscape(self.alphas, self.betas, self.grid, path, title)
+
+
+def top2_landscape(
+    model: nn.Module, loss_fn: LossFn, batches: Sequence[Batch], seed: int = 0, steps: int = 21, span: float = 1.0,
+    max_iter: int = 100, tol: float = 1e-3,
+) -> Landscape:
+    """FedAlign Fig. 1 / FedSOL Fig. 8's data: the loss along the top-2 Hessian eigenvectors. Unit eigenvectors, so
+    ``span`` is a Euclidean distance in parameter space, fixed (default ±1.0, the authors' ``np.linspace(-1.0, 1.0,
+    41)``, ``mmendiet/FedAlign:pyhessian/compute_hessian.py``) so methods' plots share axes and the sharper model shows
+    the steeper bowl."""
+    values, vectors = top_eigenpairs(model, loss_fn, batches, k=2, max_iter=max_iter, tol=tol, seed=seed)
+    alphas, betas, grid = loss_surface(model, loss_fn, batches, (vectors[0], vectors[1]), span, steps)
+    return Landscape((values[0], values[1]), alphas, betas, grid)
+
+
+# --- the curvature probe's work on a worker ------------------------------------------------------------------
+
+
+T = TypeVar("T")
+
+PROBE_ROUND = -1
+"""RNG stream of the probe batches: fixed for the whole run, apart from every training round."""
+
+
+def probe_batches(data: FederatedData, indices: np.ndarray, hcfg: HessianConfig, seed: int, client: int,
+                  device: torch.device) -> list[Batch]:
+    """``hcfg.batches`` batches of ``hcfg.batch_size`` drawn once from ``indices`` (no augmentation)."""
+    rng = np.random.default_rng(derive_seed(seed, PROBE_ROUND, client))
+    take = min(len(indices), hcfg.batches * hcfg.batch_size)
+    chosen = torch.tensor(np.sort(rng.choice(indices, size=take, replace=False)), dtype=torch.long)
+    return [
+        (to_float(data.x[part], data.mean, data.std).to(device), data.y[part].to(device))
+        for part in torch.split(chosen, hcfg.batch_size)
+    ]
+
+
+def global_curvature(model: nn.Module, batches: list[Batch], hcfg: HessianConfig, seed: int) -> dict[str, float]:
+    """λ1 … λk (by magnitude), λ1/λk and the trace of the global model's training-loss Hessian."""
+    values, _ = top_eigenpairs(model, cross_entropy_loss, batches, hcfg.top_k, hcfg.max_iter, hcfg.tol, seed)
+    out = {f"hessian_lambda_{i + 1}": v for i, v in enumerate(values)}
+    out["hessian_lambda_max"] = values[0]
+    if len(values) > 1:
+        out[f"hessian_lambda_1_over_{len(values)}"] = values[0] / values[-1] if values[-1] else float("inf")
+    trace = hessian_trace(model, cross_entropy_loss, batches, hcfg.max_iter, hcfg.trace_tol, seed)
+    out["hessian_trace"], out["hessian_trace_se"] = trace.value, trace.se
+    return out
+
+
+def consistency_batches(data: FederatedData, client: int, shared: list[Batch], hcfg: HessianConfig, seed: int,
+                        device: torch.device) -> list[Batch]:
+    """The batches client ``client``'s model is probed on for H_N/H_D (``metrics.hessian.probe_data``). ``shared``: the
+    global model's batches, the same for every client, as the FedAlign authors' ``pyhessian/compute_hessian.py``
+    measures every client model on the full training loader (curvature on common data). ``own``: the client's own
+    training data, which adds how the clients' data differ."""
+    if hcfg.probe_data == "shared":
+        return shared
+    return probe_batches(data, data.client_train[client], hcfg, seed, client, device)
+
+
+def client_traces(model: nn.Module, batches: list[Batch], hcfg: HessianConfig, seed: int) -> dict[str, float]:
+    """A local model's per-layer Hessian traces d_i, the input of H_N and H_D (FedAlign Eq. 3–4)."""
+    return layer_traces(model, cross_entropy_loss, batches, hcfg.max_iter, hcfg.trace_tol, seed)
+
+
+def client_consistency(traces: list[dict[str, float]]) -> dict[str, float]:
+    """H_N and H_D (FedAlign Eq. 3–4) from the local models' :func:`client_traces`, in client order."""
+    h_n, h_d = cross_client_consistency(traces)
+    return {"hessian_hn": h_n, "hessian_hd": h_d}
+
+
+def global_landscape(model: nn.Module, batches: list[Batch], hcfg: HessianConfig, seed: int) -> Landscape:
+    """The loss along the global model's top-2 eigenvectors (FedAlign Fig. 1), for the end-of-run PNG."""
+    return top2_landscape(model, cross_entropy_loss, batches, seed=seed, max_iter=hcfg.max_iter, tol=hcfg.tol)
+
+
+@dataclass(frozen=True)
+class CurvatureTask(Generic[T]):
+    """One piece of a Hessian probe, run on a worker: ``measure`` of the model with weights ``state`` on the
+    probe batches (with ``client``, :func:`consistency_batches`'). Batches are drawn there from the run's
+    data and seed, so only the weights travel."""
+
+    measure: Callable[[nn.Module, list[Batch], HessianConfig, int], T]
+    state: State
+    client: int | None = None
+
+    def __call__(self, cfg: ExperimentConfig, data: FederatedData, device: torch.device) -> T:
+        hcfg, seed = cfg.metrics.hessian, cfg.federation.seed
+        model = build_model_for(cfg, data).to(device)
+        load_state(model, self.state)
+        batches = probe_batches(data, np.concatenate(data.client_train), hcfg, seed, -1, device)
+        if self.client is not None:
+            batches = consistency_batches(data, self.client, batches, hcfg, seed, device)
+        return self.measure(model, batches, hcfg, seed)

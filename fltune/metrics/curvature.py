@@ -4,7 +4,7 @@
 of the round's local models (FedAlign Eq. 3–4), on fixed seeded training batches in eval mode (docs/methods.md
 §4). At the end, the top-2 loss surface and top-k spectrum as PNGs (FedAlign Fig. 1, MAN Fig. 4a).
 
-The Hessian-vector products run on the client workers' devices (``_curvature.CurvatureTask``; a Tune trial's
+The Hessian-vector products run on the client workers' devices (``_hessian.CurvatureTask``; a Tune trial's
 own process has no GPU); the driver combines figures and draws. Imports no torch, so probe settings are
 checked before Ray starts.
 """
@@ -47,10 +47,9 @@ class HessianProbe(Probe):
 
     @classmethod
     def unmet(cls, metric: str, cfg: ExperimentConfig) -> str | None:
-        hessian = cfg.metrics.hessian
-        if not (hessian.every or hessian.at_end):
+        if not cls.enabled(cfg):
             return "needs a Hessian probe: metrics.hessian.every > 0 or metrics.hessian.at_end=true"
-        if metric in ("hessian_hn", "hessian_hd") and hessian.clients == 0:
+        if metric in ("hessian_hn", "hessian_hd") and cfg.metrics.hessian.clients == 0:
             return "needs metrics.hessian.clients ≥ 2 (local models compared)"
         return None
 
@@ -61,9 +60,9 @@ class HessianProbe(Probe):
     def measure(self, view: RoundView) -> dict[str, float]:
         """Hessian metrics of the global model and H_N/H_D over the round's first k clients, one
         ``CurvatureTask`` each on the workers."""
-        from fltune.metrics._curvature import CurvatureTask, client_consistency, client_traces, global_curvature, \
-            global_landscape
-        from fltune.metrics._landscape import plot_spectrum
+        from fltune.metrics._hessian import (
+            CurvatureTask, client_consistency, client_traces, global_curvature, global_landscape, plot_spectrum,
+        )
 
         run, hcfg = view.run, view.run.cfg.metrics.hessian
         compared = sorted(view.local_models)[: hcfg.clients]

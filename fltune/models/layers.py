@@ -1,6 +1,8 @@
 """Building blocks shared by the plain CNNs/MLPs of docs/methods.md §1 (and the VIB trunks built on them)."""
 
 from collections import OrderedDict
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 from torch import nn
@@ -26,15 +28,23 @@ def dense(in_dim: int, out_dim: int) -> nn.Sequential:
     return nn.Sequential(OrderedDict(linear=nn.Linear(in_dim, out_dim), relu=nn.ReLU()))
 
 
+@contextmanager
+def evaluating(model: nn.Module) -> Iterator[None]:
+    """Eval mode and no autograd for a statistics or a dummy pass; the previous mode is restored afterwards."""
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            yield
+    finally:
+        model.train(was_training)
+
+
 def flat_size(trunk: nn.Module, in_shape: InShape) -> int:
     """Width of ``trunk``'s flattened output for one sample of ``in_shape``, by a dummy pass in eval mode
     (statistics untouched, no random draw). Raises ValueError if the input is too small."""
-    was_training = trunk.training
-    trunk.eval()
     try:
-        with torch.no_grad():
+        with evaluating(trunk):
             return trunk(torch.zeros(1, *in_shape)).flatten(1).shape[1]
     except RuntimeError as err:
         raise ValueError("the input is too small for its conv/pool layers") from err
-    finally:
-        trunk.train(was_training)

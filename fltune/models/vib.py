@@ -56,17 +56,10 @@ class VIBNet(SplitModel):
         """(μ, σ) of q(z|x), each ``[B, dimZ]``."""
         return posterior(self.body(x))
 
-    def noise(
-        self, batch: int, samples: int | None = None, *, dtype: torch.dtype | None = None,
-        device: torch.device | None = None, generator: torch.Generator | None = None,
-    ) -> Tensor:
-        """ε ~ N(0, I) ``[samples (default S), batch, dimZ]``, from ``generator`` or torch's global RNG."""
-        shape = (self.samples if samples is None else samples, batch, self.feature_dim)
-        return torch.randn(shape, dtype=dtype, device=device, generator=generator)
-
     def sample(self, mu: Tensor, sigma: Tensor, samples: int | None = None) -> Tensor:
-        """``samples`` (default S) draws z = μ + σ⊙ε ``[samples, B, dimZ]``, ε from torch's global RNG."""
-        return mu + sigma * self.noise(len(mu), samples, dtype=mu.dtype, device=mu.device)
+        """``samples`` (default S) draws z = μ + σ⊙ε ``[samples, B, dimZ]``, ε ~ N(0, I) from torch's global RNG."""
+        shape = (self.samples if samples is None else samples, len(mu), self.feature_dim)
+        return mu + sigma * torch.randn(shape, dtype=mu.dtype, device=mu.device)
 
     def vib(self, x: Tensor, samples: int | None = None) -> VIBOutput:
         """μ, σ, sampled z and their logits: everything a VIB loss needs from one pass."""

@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import MISSING, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from fltune.cli_args import add_checkpoint_args, keep_on_resume, options_from, run_job
-from fltune.examples import EXAMPLES
+from fltune.cli_args import JOB_STORAGE, RAY_ADDRESS, every_flag, flag, path_text, seconds_flag, set_flag
 from fltune.jobs.scaffold import (
     CELL_CHECKPOINT_EVERY, CELL_CHECKPOINT_SECONDS, GridJob, JobOptions, check_counts, listed,
 )
@@ -31,43 +30,50 @@ if TYPE_CHECKING:  # Ray Tune and MLflow load only when the command runs
 
 @dataclass(frozen=True, kw_only=True)
 class ReproduceOptions(JobOptions):
-    """A reproduction as ``fltune reproduce``'s flags or ``fltune.reproduce``'s keywords ask for it (documented
-    there); ``overrides``: ``--data-root``'s and ``--set``'s texts."""
+    """A reproduction as ``fltune reproduce``'s flags or ``fltune.reproduce``'s keywords ask for it."""
 
-    table: str
-    datasets: tuple[str, ...] | None = None
-    rows: tuple[str, ...] | None = None
-    scale: str = "quick"
-    seeds: int = 1
-    overrides: tuple[str, ...] = ()
-    out: str | None = None
+    shortcuts: ClassVar[tuple[str, ...]] = ("data_root",)
+    table: str = flag("e.g. table2 (= simfafl:table2), simfafl:table3; see `cli.py tables`", MISSING, honoured=True)
+    datasets: tuple[str, ...] | None = flag("comma-separated subset of the table's datasets, e.g. fmnist", read=listed)
+    rows: tuple[str, ...] | None = flag("comma-separated subset of the table's rows, e.g. FedAvg,SimFAFL", read=listed)
+    scale: str = flag("quick (fits a laptop) or paper (the paper's settings)", "quick")
+    seeds: int = flag("seeds per cell; a cell shows mean ± std", 1)
+    overrides: tuple[str, ...] = set_flag("override a field of every cell, e.g. --set federation.rounds=5 (repeatable)")
+    max_concurrent: int | None = flag("cells at once (default: as many as the cluster fits)")
+    address: str | None = flag(RAY_ADDRESS, honoured=True)
+    checkpoint_every: int | None = every_flag(f"{CELL_CHECKPOINT_EVERY}")
+    checkpoint_seconds: float | None = seconds_flag(f"{CELL_CHECKPOINT_SECONDS:g}")
+    storage: str | None = flag(JOB_STORAGE, read=path_text, honoured=True)
+    name: str | None = flag("job name (default: <paper>-<table>-<scale>-<time>)", honoured=True)
+    out: str | None = flag("folder for table.csv and table.md (default: reproduce/<name> beside the sqlite store of "
+                           "tracking.uri: mlruns/reproduce/<name>)", read=path_text, honoured=True)
+    resume: bool = flag("continue an interrupted job (--name, else the newest job of TABLE)", False, honoured=True)
+    plan: bool = flag("print the cells, their settings, client-samples and an estimated wall time; run nothing",
+                      False, honoured=True)
 
+    def checked(self) -> ReproduceOptions:
+        return self
 
-def add_parsers(sub: argparse._SubParsersAction) -> None:
-    sub.add_parser("tables", help="paper tables that `reproduce` can re-run, with their sources and data",
-                   epilog=EXAMPLES["tables"], formatter_class=argparse.RawDescriptionHelpFormatter)
-    p = sub.add_parser("reproduce", help="re-run a paper table (Ray Tune trials) beside the paper's numbers",
-                       epilog=EXAMPLES["reproduce"], formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("table", help="e.g. table2 (= simfafl:table2), simfafl:table3; see `cli.py tables`")
-    p.add_argument("--datasets", help="comma-separated subset of the table's datasets, e.g. fmnist")
-    p.add_argument("--rows", help="comma-separated subset of the table's rows, e.g. FedAvg,SimFAFL")
-    p.add_argument("--scale", default="quick", help="quick (fits a laptop) or paper (the paper's settings)")
-    p.add_argument("--seeds", type=int, default=1, help="seeds per cell; a cell shows mean ± std")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
-                   help="override a field of every cell, e.g. --set federation.rounds=5 (repeatable)")
-    p.add_argument("--data-root", help="= --set data.root=DIR (torchvision's files)")
-    p.add_argument("--max-concurrent", type=int, help="cells at once (default: as many as the cluster fits)")
-    p.add_argument("--address", help="join a running Ray cluster ('auto', host:port; default: $RAY_ADDRESS or local)")
-    add_checkpoint_args(p, f"{CELL_CHECKPOINT_EVERY}", f"{CELL_CHECKPOINT_SECONDS:g}")
-    p.add_argument("--storage", help="job folder root, local or a URI (default: ./studies)")
-    p.add_argument("--name", help="job name (default: <paper>-<table>-<scale>-<time>)")
-    p.add_argument("--out", help="folder for table.csv and table.md (default: reproduce/<name> beside the sqlite store of tracking.uri: mlruns/reproduce/<name>)")
-    p.add_argument("--resume", action="store_true",
-                   help="continue an interrupted job (--name, else the newest job of TABLE)")
-    p.add_argument("--plan", action="store_true",
-                   help="print the cells, their settings, client-samples and an estimated wall time; run nothing")
-    keep_on_resume(p, "datasets", "rows", "scale", "seeds", "overrides", "data_root", "max_concurrent",
-                   "checkpoint_every", "checkpoint_seconds")
+    def job(self) -> Reproduction:
+        return Reproduction(self)
+
+    def planned(self) -> Plan:
+        """``--plan``: the cells with their settings and cost (fltune/estimate.py); writes nothing."""
+        from fltune.estimate import Plan
+        from fltune.reproduce.registry import get_table
+        from fltune.reproduce.report import row_lines
+
+        table = get_table(self.table)
+        planned = selection(self, table)
+        notes = row_lines(table, [p.cell.row for p in planned])
+        notes += [f"{sum(not p.runnable for p in planned)} cell(s) without data are not counted"] * any(
+            not p.runnable for p in planned)
+        notes += list(dict.fromkeys(f"  {p.missing}" for p in planned if p.missing))
+        notes += [f"{sum(p.fetched for p in planned)} cell(s) whose data data.download fetches when the job runs "
+                  "are not counted"] * any(p.fetched for p in planned)
+        cells = [(p.cell.key, p.tree, self.seeds) for p in planned if p.runnable and not p.fetched]
+        return Plan.of(f"plan: {table.key} at {self.scale} scale, {len(cells)} runnable cell(s) × {self.seeds} "
+                       "seed(s)", cells, self.address, self.max_concurrent, notes)
 
 
 def cmd_tables(args: argparse.Namespace) -> int:
@@ -92,13 +98,6 @@ def cmd_tables(args: argparse.Namespace) -> int:
     listing.print("scales: " + ", ".join(sorted({k for t in tables for k in t.scales}))
                   + " (--scale; `reproduce` prints what each means)")
     return 0
-
-
-def cmd_reproduce(args: argparse.Namespace) -> int:
-    """A reproduction, or its plan: the flags as ``ReproduceOptions``, run as ``fltune.reproduce`` runs it."""
-    options = options_from(args, ReproduceOptions, datasets=listed(args.datasets), rows=listed(args.rows),
-                           overrides=(*([f"data.root={args.data_root}"] if args.data_root else []), *args.overrides))
-    return run_job(args, options, Reproduction, job_plan)
 
 
 class Reproduction(GridJob["ReproSpec"]):
@@ -207,25 +206,6 @@ def selection(options: ReproduceOptions, table: PaperTable) -> list[PlannedCell]
     check_counts(options)
     return plan(table, options.scale, list(options.datasets) if options.datasets else None, list(options.overrides),
                 list(options.rows) if options.rows else None)
-
-
-def job_plan(options: ReproduceOptions) -> Plan:
-    """``--plan``: the cells with their settings and cost (fltune/estimate.py); writes nothing."""
-    from fltune.estimate import Plan
-    from fltune.reproduce.registry import get_table
-    from fltune.reproduce.report import row_lines
-
-    table = get_table(options.table)
-    planned = selection(options, table)
-    notes = row_lines(table, [p.cell.row for p in planned])
-    notes += [f"{sum(not p.runnable for p in planned)} cell(s) without data are not counted"] * any(
-        not p.runnable for p in planned)
-    notes += list(dict.fromkeys(f"  {p.missing}" for p in planned if p.missing))
-    notes += [f"{sum(p.fetched for p in planned)} cell(s) whose data data.download fetches when the job runs are "
-              "not counted"] * any(p.fetched for p in planned)
-    cells = [(p.cell.key, p.tree, options.seeds) for p in planned if p.runnable and not p.fetched]
-    return Plan.of(f"plan: {table.key} at {options.scale} scale, {len(cells)} runnable cell(s) × {options.seeds} "
-                   "seed(s)", cells, options.address, options.max_concurrent, notes)
 
 
 def describe(spec: ReproSpec, nodes: int, resumed: bool) -> str:

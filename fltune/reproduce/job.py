@@ -11,10 +11,12 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from fltune.config import ExperimentConfig, TrackingConfig, build_config
+from fltune.errors import FLTuneError
 from fltune.jobs.storage import check_name
-from fltune.reproduce.plan import PlannedCell, first_config
+from fltune.reproduce.plan import PlannedCell
 from fltune.reproduce.registry import get_table
 from fltune.reproduce.table import PaperTable
+from fltune.text import invoked_as
 from fltune.tracking.paths import outputs_dir
 from fltune.tune.space import Objective
 from fltune.tune.spec import SavedSpec
@@ -92,10 +94,12 @@ def new_spec(table: PaperTable, scale: str, planned: list[PlannedCell], *, seeds
              checkpoint_seconds: float | None = None) -> ReproSpec:
     """Name the job ``<paper>-<table>-<scale>-<time>`` unless --name (``TuneJob.prepare`` refuses an existing one)."""
     name = check_name(name or f"{table.key.replace(':', '-')}-{scale}-{time.strftime('%Y%m%d-%H%M%S')}")
-    first = first_config(planned)
-    resources = first.resources
     cells = {p.cell.key: CellRun(tree=p.tree, metric=p.cell.metric, reduce=p.cell.reduce, substituted=p.substituted)
              for p in planned if p.runnable}
+    if not cells:
+        raise FLTuneError(f"datasets: no cell of this table has its dataset here (see `{invoked_as()} tables`)")
+    first = build_config(next(iter(cells.values())).tree)  # its resources and tracking are every cell's
+    resources = first.resources
     spec = ReproSpec(
         name=name, storage=storage, table=table.key, scale=scale, seeds=seeds, datasets=datasets, cells=cells,
         missing={p.cell.key: p.missing for p in planned if not p.runnable}, workers=resources.workers or 1,

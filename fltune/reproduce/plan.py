@@ -6,11 +6,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from fltune.config import ExperimentConfig, apply_overrides, build_config, set_fields
+from fltune.config import apply_overrides, build_config, set_fields
 from fltune.data.datasets import DATASETS, load_dataset
 from fltune.errors import DatasetMissing, FLTuneError
 from fltune.reproduce.table import DATASET_NAMES, Cell, PaperTable, Scale
-from fltune.text import allowed, invoked_as
+from fltune.text import allowed
 from fltune.metrics.probe import check_probes
 from fltune.tune.space import unmet_need
 
@@ -113,11 +113,3 @@ def plan(table: PaperTable, scale_name: str, datasets: list[str] | None, overrid
         else:
             planned.append(PlannedCell(cell, None, missing=missing[cell.dataset]))
     return planned
-
-
-def first_config(planned: list[PlannedCell]) -> ExperimentConfig:
-    """The resources and tracking every cell shares (they come from the scale and ``--set``)."""
-    for p in planned:
-        if p.runnable:
-            return build_config(p.tree)
-    raise FLTuneError(f"datasets: no cell of this table has its dataset here (see `{invoked_as()} tables`)")

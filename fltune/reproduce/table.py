@@ -17,6 +17,8 @@ DATASET_NAMES = {
     "pathmnist": "PathMNIST", "tissuemnist": "TissueMNIST", "tinyimagenet": "Tiny-ImageNet",
 }
 """fltune dataset → the name papers print."""
+HESSIAN_AT_END = {"metrics.hessian.at_end": True, "metrics.hessian.top_k": 1, "metrics.hessian.landscape": False}
+"""The top Hessian eigenvalue and trace of the final model, no loss landscape (FedAlign's and MAN's Hessian tables)."""
 
 
 class _Frozen(BaseModel):
@@ -101,3 +103,26 @@ class PaperTable(_Frozen):
 
     def cell(self, key: str) -> Cell:
         return next(cell for cell in self.cells if cell.key == key)
+
+
+class Paper(_Frozen):
+    """What every registered table of one paper shares: its name and citation, scales and [U] readings."""
+
+    name: str = Field(description="as titles print it, e.g. 'FedSOL'; lower-cased, the tables' key prefix")
+    cite: str = Field(description="after the name in a table's source, e.g. 'Lee et al. 2024'")
+    scales: dict[str, Scale]
+    unknowns: tuple[str, ...] = ()
+    value: str = Field("", description="what a number is, for the tables that do not say their own")
+
+    def table(self, number: int, title: str, cells: list[Cell], *, supplementary: bool = False,
+              source: str | None = None, value: str | None = None, scales: dict[str, Scale] | None = None,
+              unknowns: tuple[str, ...] = (), **extra: Any) -> PaperTable:
+        """Table ``number`` (of the supplement), at the paper's scales unless ``scales``, its own [U] readings
+        after the paper's; ``source`` where the numbers are printed, when not just under that table's name."""
+        printed = f"{'supplementary ' if supplementary else ''}Table {number}"
+        return PaperTable(
+            key=f"{self.name.lower()}:{'supp' if supplementary else 'table'}{number}",
+            title=f"{self.name} {printed}: {title}", source=f"{self.name}, {self.cite}: {source or printed}",
+            value=value or self.value, cells=tuple(cells), scales=scales or self.scales,
+            unknowns=(*self.unknowns, *unknowns), **extra,
+        )

@@ -46,7 +46,7 @@ PROBE_EVERY_S = 60.0
 FOLDER = "tracking-backlog"
 WRITES = frozenset({"create_experiment", "set_experiment_tag", "create_run", "update_run", "set_terminated",
                     "delete_run", "log_batch", "log_text", "log_artifact"})
-"""The client methods fltune writes with (``mlflow_log.Tracker``, ``store.open_store``): these are kept."""
+"""The client methods fltune writes with (``mlflow_log.Tracker``, ``mlflow_log.open_store``): these are kept."""
 EMPTY: dict[str, Callable[[], Any]] = {"get_experiment_by_name": lambda: None, "search_runs": list,
                                        "get_metric_history": list, "search_experiments": list}
 """An offline client's answer to a read: nothing found (a study's curves figure is left out, a comparison

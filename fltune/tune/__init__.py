@@ -2,5 +2,4 @@
 
 space.py (the search-space files) → spec.py (a resolved, saved study) → study.py (resources, Tuner) → trainable.py (one
 trial: a federation per seed, reported per round, checkpointed) → board.py (terminal), mlflow_runs.py (MLflow parent +
-children), results.py (status, ranking, CSV, figures); job.py is the scaffold every Tune job shares (a study, a
-reproduction, a comparison's cells), storage.py its folders."""
+children), results.py (status, ranking, CSV, figures); the scaffold every Tune job shares is ``fltune.jobs``."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +26,19 @@ def shown(value: Any) -> str:
     if isinstance(value, float):
         return "—" if math.isnan(value) else f"{value:.4g}"
     return str(value)
+
+
+def config_table(title: str, names: Iterable[str], columns: Iterable[str],
+                 rows: Iterable[tuple[Mapping[str, Any], Iterable[str]]]) -> Table:
+    """One line per configuration (its parameters ``names``, "—" where it has none, then its cells), every
+    column right-aligned: the confirmation's and the Pareto front's tables."""
+    names = list(names)
+    table = Table(title=title)
+    for name in [*names, *columns]:
+        table.add_column(name, justify="right")
+    for params, cells in rows:
+        table.add_row(*(shown(params.get(name, "—")) for name in names), *cells)
+    return table
 
 
 def params_text(params: dict[str, Any], sep: str = ", ") -> str:
@@ -135,21 +148,16 @@ class TrialBoard(Callback):
     the module-level renderer and ``planned_s``; the Live display is created in ``setup``."""
 
     def __init__(self, spec: Any, render: Render = live_table, planned_s: float | None = None) -> None:
-        self.spec = spec
-        self.render = render
-        self.planned_s = planned_s
-        self.planned: Planned | None = None
-        self.live: Live | None = None
+        self.spec, self.render, self.planned_s = spec, render, planned_s
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"spec": self.spec, "render": self.render, "planned_s": self.planned_s}
+
+    def setup(self, **info: Any) -> None:
+        self.planned: Planned | None = (time.time(), self.planned_s) if self.planned_s else None
         self.drawn = 0.0
         self.ending: set[str] = set()
         self.logged: set[str] = set()
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {"spec": self.spec, "render": self.render, "planned_s": self.planned_s, "planned": None, "live": None,
-                "drawn": 0.0, "ending": set(), "logged": set()}
-
-    def setup(self, **info: Any) -> None:
-        self.planned = (time.time(), self.planned_s) if self.planned_s else None
         self.live = Live(console=console, refresh_per_second=2, transient=True)
         self.live.start()
 

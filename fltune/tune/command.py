@@ -4,17 +4,13 @@ MLflow run exists), 130 when interrupted or 143 on SIGTERM (rerun with ``--resum
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from fltune.cli_args import (
-    add_checkpoint_args, add_shortcuts, experiment_overrides, keep_on_resume, options_from, run_job,
-)
+from fltune.cli_args import RAY_ADDRESS, every_flag, flag, path_text, seconds_flag, set_flag
 from fltune.errors import FLTuneError
-from fltune.examples import EXAMPLES
 from fltune.jobs.scaffold import JobOptions, TuneJob
 from fltune.process import say_resume
 from fltune.text import invoked_as
@@ -30,70 +26,85 @@ BEST_CONFIG = "best_config.yaml"
 """The best configuration's file in the study folder: the last thing a concluding study writes."""
 
 
+def confirm_flag(text: dict[str, int] | str | None) -> dict[str, int] | str | None:
+    """``--confirm 3x3`` as the space's ``confirm: {top: 3, seeds: 3}``; ``none`` (or such a mapping) as itself."""
+    if text is None or text == "none" or isinstance(text, dict):
+        return text
+    top, _, seeds = text.partition("x")
+    if not (top.isdigit() and seeds.isdigit() and int(top) >= 1 and int(seeds) >= 1):
+        raise FLTuneError(f"--confirm: {text}; allowed: none, or TOPxSEEDS with both ≥ 1, e.g. 3x3")
+    return {"top": int(top), "seeds": int(seeds)}
+
+
 @dataclass(frozen=True, kw_only=True)
 class StudyRequest(JobOptions):
-    """A study as ``fltune tune``'s flags or ``fltune.tune``'s keywords ask for it (documented there); None: as the
-    space file (or the saved study) says. ``overrides``: ``--set`` texts; ``confirm``: ``confirm_flag``'s."""
+    """A study as ``fltune tune``'s flags or ``fltune.tune``'s keywords ask for it; None: as the space file (or the
+    saved study) says."""
 
-    space: str | None = None
-    method: str | None = None
-    overrides: tuple[str, ...] = ()
-    num_samples: int | None = None
-    seeds: int | None = None
-    confirm: dict[str, int] | str | None = None
-    warm_start: str | None = None
-    best_out: str | None = None
+    shortcuts: ClassVar[tuple[str, ...]] = ("rounds", "clients")
+    space: str | None = flag("search-space YAML, or a shipped one by name, e.g. fedprox or search_spaces/fedprox.yaml "
+                             "(default: --method's shipped space)", read=path_text, honoured=True)
+    method: str | None = flag("method to tune (default: the space file's `method`)")
+    overrides: tuple[str, ...] = set_flag("override a field of the base experiment, e.g. --set "
+                                          "federation.rounds=20 (repeatable)")
+    num_samples: int | None = flag("configurations to try (default: the file's num_samples)")
+    max_concurrent: int | None = flag("trials at once (default: the file's max_concurrent)")
+    seeds: int | None = flag("seeds per configuration; its score is their mean")
+    confirm: dict[str, int] | str | None = flag(
+        "after the search, re-run the top TOP configurations on SEEDS fresh seeds each, e.g. 3x3, or none (default: "
+        "the file's confirm)", metavar="TOPxSEEDS", read=confirm_flag)
+    checkpoint_every: int | None = every_flag("the file's checkpoint_every, else 1")
+    checkpoint_seconds: float | None = seconds_flag("the file's checkpoint_seconds, else none")
+    warm_start: str | None = flag("start the searcher from a finished study's evaluated configurations (its folder, "
+                                  "e.g. studies/fedprox-quick); only new trials run", metavar="STUDY_FOLDER",
+                                  read=path_text)
+    name: str | None = flag("study name (default: <space stem>-<date>-<time>; with --resume: the newest study, of "
+                            "--space's file when given)", honoured=True)
+    storage: str | None = flag("study folder root, local or a URI like s3://bucket/studies (default: ./studies)",
+                               read=path_text, honoured=True)
+    address: str | None = flag(RAY_ADDRESS, honoured=True)
+    resume: bool = flag("continue an interrupted study with its saved settings", False, honoured=True)
+    best_out: str | None = flag("write the best configuration here (default: <study folder>/best_config.yaml)",
+                                read=path_text, honoured=True)
+    plan: bool = flag("print the trials, their settings, client-samples and an estimated wall time; run nothing",
+                      False, honoured=True)
 
+    def checked(self) -> StudyRequest:
+        """The options with the space file found (by name, or the method's shipped one); a bad space file or a
+        missing dataset is one line before Ray, torch or the methods load."""
+        from fltune.config import read_yaml
+        from fltune.search_spaces import space_path
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("tune", help="hyperparameter study of one method (Ray Tune + Optuna, tracked in MLflow)",
-                       epilog=EXAMPLES["tune"], formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--space", help="search-space YAML, or a shipped one by name, e.g. fedprox or "
-                   "search_spaces/fedprox.yaml (default: --method's shipped space)")
-    p.add_argument("--method", help="method to tune (default: the space file's `method`)")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
-                   help="override a field of the base experiment, e.g. --set federation.rounds=20 (repeatable)")
-    add_shortcuts(p, ["rounds", "clients"])
-    p.add_argument("--num-samples", type=int, help="configurations to try (default: the file's num_samples)")
-    p.add_argument("--max-concurrent", type=int, help="trials at once (default: the file's max_concurrent)")
-    p.add_argument("--seeds", type=int, help="seeds per configuration; its score is their mean")
-    p.add_argument("--confirm", metavar="TOPxSEEDS", help="after the search, re-run the top TOP configurations on "
-                   "SEEDS fresh seeds each, e.g. 3x3, or none (default: the file's confirm)")
-    add_checkpoint_args(p, "the file's checkpoint_every, else 1", "the file's checkpoint_seconds, else none")
-    p.add_argument("--warm-start", metavar="STUDY_FOLDER", help="start the searcher from a finished study's "
-                   "evaluated configurations (its folder, e.g. studies/fedprox-quick); only new trials run")
-    p.add_argument("--name", help="study name (default: <space stem>-<date>-<time>; with --resume: the newest "
-                                  "study, of --space's file when given)")
-    p.add_argument("--storage", help="study folder root, local or a URI like s3://bucket/studies (default: ./studies)")
-    p.add_argument("--address", help="join a running Ray cluster ('auto', host:port; default: $RAY_ADDRESS or local)")
-    p.add_argument("--resume", action="store_true", help="continue an interrupted study with its saved settings")
-    p.add_argument("--best-out", help="write the best configuration here (default: <study folder>/best_config.yaml)")
-    p.add_argument("--plan", action="store_true",
-                   help="print the trials, their settings, client-samples and an estimated wall time; run nothing")
-    keep_on_resume(p, "overrides", "rounds", "clients", "method", "num_samples", "max_concurrent", "seeds",
-                   "confirm", "warm_start", "checkpoint_every", "checkpoint_seconds")
+        options = self if self.resume else replace(self, space=space_path(self.space, self.method))
+        if options.space:
+            space = read_yaml(options.space)
+            if not options.resume:
+                check_data_here(space, list(options.overrides))
+        return options
 
+    def job(self) -> Study:
+        return Study(self)
 
-def cmd_tune(args: argparse.Namespace) -> int:
-    """A study, or its plan: the flags as a ``StudyRequest``, run as ``fltune.tune`` runs it."""
-    options = options_from(args, StudyRequest, overrides=tuple(experiment_overrides(args)),
-                           confirm=confirm_flag(args.confirm))
-    return run_job(args, checked(options), Study, job_plan)
+    def planned(self) -> Plan:
+        """``--plan``: the trials at their base settings and their cost (an upper bound under ASHA); writes
+        nothing."""
+        from fltune.config import build_config, set_fields
+        from fltune.estimate import Plan
+        from fltune.tune.confirm import plan
+        from fltune.tune.space import without_test
+        from fltune.tune.study import resolve_space, warm_start
 
-
-def checked(options: StudyRequest) -> StudyRequest:
-    """The options with the space file found (by name, or the method's shipped one); a bad space file or a missing
-    dataset is one line before Ray, torch or the methods load."""
-    from fltune.config import read_yaml
-    from fltune.search_spaces import space_path
-
-    if not options.resume:
-        options = replace(options, space=space_path(options.space, options.method))
-    if options.space:
-        space = read_yaml(options.space)
-        if not options.resume:
-            check_data_here(space, list(options.overrides))
-    return options
+        space, method, tree = resolve_space(self)
+        warm_start(self.warm_start)  # a plan refuses what the job would
+        notes = [f"searched: {', '.join(space.params)} ({space.sampler.name}); scheduler {space.scheduler.name}"]
+        label = f"{method}: {space.num_samples} trial(s) × {space.seeds} seed(s)"
+        trials = [(label, without_test(tree) if space.on_validation else tree, space.num_samples * space.seeds)]
+        if (confirm := plan(space, build_config(tree).metrics.test)) is not None:  # on the seeds after the search's
+            fresh = set_fields(tree, {"federation.seed": build_config(tree).federation.seed + space.seeds})
+            trials.append((f"{method}: confirm top {confirm.top} × {confirm.seeds} seed(s)", fresh,
+                           confirm.top * confirm.seeds))
+        return Plan.of(f"plan: tune {method}", trials, self.address or tree.get("resources", {}).get("address"),
+                       space.max_concurrent, notes)
 
 
 def check_data_here(space: dict, overrides: list[str]) -> None:
@@ -262,37 +273,6 @@ def best_line(spec: StudySpec, top: TrialRow) -> str:
 
     return (f"[bold green]best[/] {top.trial_id}: {spec.space.objective.metric} = {top.objective:.4f}"
             + (f" ± {top.objective_std:.4f}" if spec.space.seeds > 1 else "") + f" with {params_text(top.params)}")
-
-
-def confirm_flag(text: str | None) -> dict[str, int] | str | None:
-    """``--confirm 3x3`` as the space's ``confirm: {top: 3, seeds: 3}``; ``none`` as itself."""
-    if text is None or text == "none":
-        return text
-    top, _, seeds = text.partition("x")
-    if not (top.isdigit() and seeds.isdigit() and int(top) >= 1 and int(seeds) >= 1):
-        raise FLTuneError(f"--confirm: {text}; allowed: none, or TOPxSEEDS with both ≥ 1, e.g. 3x3")
-    return {"top": int(top), "seeds": int(seeds)}
-
-
-def job_plan(options: StudyRequest) -> Plan:
-    """``--plan``: the trials at their base settings and their cost (an upper bound under ASHA); writes nothing."""
-    from fltune.config import build_config, set_fields
-    from fltune.estimate import Plan
-    from fltune.tune.confirm import plan
-    from fltune.tune.space import without_test
-    from fltune.tune.study import resolve_space, warm_start
-
-    space, method, tree = resolve_space(options)
-    warm_start(options.warm_start)  # a plan refuses what the job would
-    notes = [f"searched: {', '.join(space.params)} ({space.sampler.name}); scheduler {space.scheduler.name}"]
-    label = f"{method}: {space.num_samples} trial(s) × {space.seeds} seed(s)"
-    trials = [(label, without_test(tree) if space.on_validation else tree, space.num_samples * space.seeds)]
-    if (confirm := plan(space, build_config(tree).metrics.test)) is not None:  # on the seeds after the search's
-        fresh = set_fields(tree, {"federation.seed": build_config(tree).federation.seed + space.seeds})
-        trials.append((f"{method}: confirm top {confirm.top} × {confirm.seeds} seed(s)", fresh,
-                       confirm.top * confirm.seeds))
-    return Plan.of(f"plan: tune {method}", trials, options.address or tree.get("resources", {}).get("address"),
-                   space.max_concurrent, notes)
 
 
 def write_best(spec: StudySpec, text: str, best_out: str | None) -> str:

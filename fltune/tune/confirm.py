@@ -42,7 +42,6 @@ class ConfirmSpec(SavedSpec):
 
     study: StudySpec
     cells: list[str]
-    top: int
     seeds: int
     first_seed: int
     workers: int
@@ -57,7 +56,7 @@ class ConfirmSpec(SavedSpec):
 
         ranked = [row for row in rank(rows, study.space.objective.direction) if row.scored][:confirm.top]
         fresh = study.space.seeds if study.space.confirm != "none" else 0
-        return cls(name=FOLDER, storage=study.path, study=study, top=confirm.top, seeds=confirm.seeds,
+        return cls(name=FOLDER, storage=study.path, study=study, seeds=confirm.seeds,
                    cells=[json.dumps(row.params, sort_keys=True) for row in ranked],
                    first_seed=study.base_config.federation.seed + fresh, workers=study.workers,
                    gpus_per_worker=study.gpus_per_worker, uri=study.tracking.uri or default_uri())
@@ -181,43 +180,31 @@ def confirmed(spec: ConfirmSpec, rows: list[TrialRow]) -> list[Confirmed]:
 
 def live_confirmation(spec: ConfirmSpec, rows: list[TrialRow], planned: Any = None) -> Table:
     """The board while the confirmation runs (``TrialBoard`` renderer): each configuration's round and score."""
-    from rich.table import Table
-
-    from fltune.tune.board import eta, shown
+    from fltune.tune.board import config_table, eta, shown
     from fltune.tune.results import ENDED
 
     done = sum(r.status in ENDED for r in rows)
     space = spec.study.space
-    table = Table(title=f"confirming {spec.study.name}: {done}/{len(spec.cells)} done{eta(rows, len(spec.cells))}")
-    for name in [*space.params, "state", "round", f"{space.objective.metric} (mean)"]:
-        table.add_column(name, justify="right")
-    for row in rows:
-        params = json.loads(row.params["cell"])
-        table.add_row(*(shown(params.get(name, "—")) for name in space.params), row.status,
-                      f"{row.round}/{spec.study.rounds}", shown(row.objective))
-    return table
+    return config_table(f"confirming {spec.study.name}: {done}/{len(spec.cells)} done{eta(rows, len(spec.cells))}",
+                        space.params, ["state", "round", f"{space.objective.metric} (mean)"],
+                        [(json.loads(row.params["cell"]),
+                          [row.status, f"{row.round}/{spec.study.rounds}", shown(row.objective)]) for row in rows])
 
 
 def confirmed_table(spec: ConfirmSpec, rows: list[Confirmed]) -> Table:
     """Mean ± std over seeds per configuration, validation and test side by side with their gap."""
-    from rich.table import Table
-
-    from fltune.tune.board import shown
+    from fltune.tune.board import config_table
 
     space = spec.study.space
-    table = Table(title=f"confirmed: top {len(rows)} over {spec.seeds} seed(s), winner by the mean")
-    for name in space.params:
-        table.add_column(name, justify="right")
-    table.add_column(f"{space.objective.metric} ({space.objective.reduce})", justify="right")
+    columns = [f"{space.objective.metric} ({space.objective.reduce})"]
     if space.on_validation:
-        table.add_column(f"{space.objective.metric.removeprefix('val_')} (test, final)", justify="right")
-        table.add_column("gap (test − val)", justify="right")
-    table.add_column("")
+        columns += [f"{space.objective.metric.removeprefix('val_')} (test, final)", "gap (test − val)"]
+    lines = []
     for i, row in enumerate(rows):
-        cells = [shown(row.params.get(name, "—")) for name in space.params]
-        cells.append(f"{row.mean:.4f} ± {row.std:.4f}")
+        cells = [f"{row.mean:.4f} ± {row.std:.4f}"]
         if space.on_validation:
             cells += [f"{row.test_mean:.4f} ± {row.test_std:.4f}", f"{row.gap:+.4f}"]
         cells.append("winner" if i == 0 else "≈ within seed noise" if row.within_noise else "")
-        table.add_row(*cells)
-    return table
+        lines.append((row.params, cells))
+    return config_table(f"confirmed: top {len(rows)} over {spec.seeds} seed(s), winner by the mean", space.params,
+                        [*columns, ""], lines)

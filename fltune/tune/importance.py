@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import tempfile
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,12 +31,15 @@ def optuna_study(spec: StudySpec) -> optuna.Study | None:
 def importances(study: optuna.Study) -> dict[str, float]:
     """Each parameter's importance for the (first) objective (they sum to 1), most important first; empty when
     the completed trials all scored the same: no variance to share out."""
-    done = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
-    if len({first(trial) for trial in done}) < 2:
+    if len({first(trial) for trial in completed(study)}) < 2:
         return {}
     evaluator = optuna.importance.FanovaImportanceEvaluator(seed=IMPORTANCE_SEED)
     return {name: float(value) for name, value in
             optuna.importance.get_param_importances(study, evaluator=evaluator, target=first).items()}
+
+
+def completed(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
+    return study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
 
 
 def first(trial: optuna.trial.FrozenTrial) -> float:
@@ -43,35 +47,13 @@ def first(trial: optuna.trial.FrozenTrial) -> float:
     return trial.values[0]
 
 
-def importance_line(found: dict[str, float], trials: int) -> str:
-    """One terminal line: the parameters by importance."""
-    shares = ", ".join(f"{name} {value:.2f}" for name, value in found.items())
-    return f"which parameter mattered (fANOVA over {trials} completed trials): {shares}"
-
-
-def log_importances(spec: StudySpec, study: optuna.Study, found: dict[str, float]) -> None:
-    """The importances on the study's MLflow parent: a table, metrics, and Optuna's plots as PNG artifacts."""
-    from fltune.tune.mlflow_runs import study_parent
-
-    parent = study_parent(spec)
-    if parent is None:
-        return
-    tracker, run_id = parent
-    tracker.log_text(run_id, "| parameter | importance |\n| --- | --- |\n"
-                     + "".join(f"| {name} | {value:.4f} |\n" for name, value in found.items()), "importance.md")
-    tracker.log_metrics(run_id, {f"importance.{name}": value for name, value in found.items()})
-    with tempfile.TemporaryDirectory() as tmp:
-        for name, draw in plots(study, found, spec.space.objective.metric).items():
-            tracker.log_artifact(run_id, save_plot(draw(), Path(tmp) / f"{name}.png"), "importance")
-
-
-def plots(study: optuna.Study, found: dict[str, float], metric: str) -> dict[str, Any]:
+def plots(study: optuna.Study, found: dict[str, float], metric: str) -> dict[str, Callable[[], Any]]:
     """Optuna's matplotlib plots of the study's (first) objective ``metric``: importances, slices, and the two
     leading parameters' contour."""
     from optuna.visualization import matplotlib as plot
 
     evaluator = optuna.importance.FanovaImportanceEvaluator(seed=IMPORTANCE_SEED)
-    drawn: dict[str, Any] = {
+    drawn: dict[str, Callable[[], Any]] = {
         "importances": lambda: plot.plot_param_importances(study, evaluator=evaluator, target=first,
                                                            target_name=metric),
         "slice": lambda: plot.plot_slice(study, target=first, target_name=metric),
@@ -81,29 +63,40 @@ def plots(study: optuna.Study, found: dict[str, float], metric: str) -> dict[str
     return drawn
 
 
-def save_plot(axes: Any, path: Path) -> Path:
-    """An Optuna plot (its axes, or an array of them) written as a PNG; its pyplot figure closed."""
+def log_on_parent(spec: StudySpec, texts: dict[str, str], plots: dict[str, Callable[[], Any]],
+                  folder: str | None = None, metrics: dict[str, float] | None = None) -> None:
+    """Files, metrics and Optuna's plots (PNG, under ``folder``) on the study's MLflow parent. Optuna's plotting
+    functions are experimental and say so in a warning on each call."""
     import matplotlib.pyplot as plt
     import numpy as np
 
-    figure = np.ravel(axes)[0].figure
-    figure.savefig(path, dpi=100, bbox_inches="tight")
-    plt.close(figure)
-    return path
+    from fltune.tune.mlflow_runs import study_parent
+
+    tracker, run_id = study_parent(spec)
+    if run_id is None:
+        return
+    for file, text in texts.items():
+        tracker.log_text(run_id, text, file)
+    tracker.log_metrics(run_id, metrics or {})
+    with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        for name, draw in plots.items():
+            figure = np.ravel(draw())[0].figure  # a plot's axes, or an array of them
+            figure.savefig(path := Path(tmp) / f"{name}.png", dpi=100, bbox_inches="tight")
+            plt.close(figure)
+            tracker.log_artifact(run_id, path, folder)
 
 
 def explain(spec: StudySpec) -> str | None:
-    """Importances to MLflow (tracking on) and their line; None when the study has too few trials or no journal.
-    Optuna's plotting functions are experimental and say so in a warning on each call."""
+    """Importances to MLflow (tracking on) and their line; None when the study has too few trials or no journal."""
     study = optuna_study(spec)
-    if study is None:
-        return None
-    found = importances(study)
+    found = importances(study) if study is not None else {}
     if not found:
         return None
     if spec.tracking.enabled:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            log_importances(spec, study, found)
-    done = len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)))
-    return importance_line(found, done)
+        table = "".join(f"| {name} | {value:.4f} |\n" for name, value in found.items())
+        log_on_parent(spec, {"importance.md": "| parameter | importance |\n| --- | --- |\n" + table},
+                      plots(study, found, spec.space.objective.metric), "importance",
+                      {f"importance.{name}": value for name, value in found.items()})
+    shares = ", ".join(f"{name} {value:.2f}" for name, value in found.items())
+    return f"which parameter mattered (fANOVA over {len(completed(study))} completed trials): {shares}"

@@ -198,17 +198,15 @@ class StudyLog(RunTree):
 class MLflowStudyCallback(LoggerCallback):
     """Tune → a RunTree. Pickles only the spec (for ``Tuner.restore``); MLflow is (re)opened in ``setup``."""
 
-    def __init__(self, spec: Any, log_class: type[RunTree] = StudyLog) -> None:
-        self.spec = spec
-        self.log_class = log_class
-        self.log: RunTree | None = None
-        self.reconciled = False
+    def __init__(self, spec: Any, log_class: type[RunTree]) -> None:
+        self.spec, self.log_class = spec, log_class
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"spec": self.spec, "log_class": self.log_class, "log": None, "reconciled": False}
+        return {"spec": self.spec, "log_class": self.log_class}
 
     def setup(self, **info: Any) -> None:
         self.log = self.log_class(self.spec)
+        self.reconciled = False
 
     def on_step_begin(self, iteration: int, trials: list[Trial], **info: Any) -> None:
         if not self.reconciled:  # the first step sees exactly the trials restored from the study folder
@@ -234,19 +232,12 @@ class MLflowStudyCallback(LoggerCallback):
         self.log.finish(rows, interrupted)
 
 
-def close_open_runs(tracking: TrackingConfig, path: str, status: str) -> None:
-    """End the job's runs still RUNNING when the driver dies of an exception (Tune ends them otherwise)."""
-    tracker = Tracker(tracking)
-    for run in tracker.find({STUDY_TAG: path}):
-        if run.info.status == "RUNNING":
-            tracker.end(run.info.run_id, status)
-
-
-def study_parent(study: StudySpec) -> tuple[Tracker, str] | None:
-    """The study's MLflow parent run (after its trials: results logged to it once it ended), if it has one."""
-    tracker = Tracker(study.tracking)
+def study_parent(study: StudySpec, tracking: TrackingConfig | None = None) -> tuple[Tracker, str | None]:
+    """The study's MLflow parent run (after its trials: results logged to it once it ended; None if it has none),
+    in ``tracking``'s store (default: the study's)."""
+    tracker = Tracker(tracking or study.tracking)
     found = tracker.find({STUDY_TAG: study.path, KIND_TAG: StudyLog.kind})
-    return (tracker, found[0].info.run_id) if found else None
+    return tracker, found[0].info.run_id if found else None
 
 
 def log_seed_runs(spec: ConfirmSpec, cell: str, feds: list[Federation]) -> None:
@@ -256,10 +247,9 @@ def log_seed_runs(spec: ConfirmSpec, cell: str, feds: list[Federation]) -> None:
 
     cfgs = [trial_config(spec.study, {**json.loads(cell), "federation.seed": fed.cfg.federation.seed,
                                       "tracking.uri": spec.uri}) for fed in feds]
-    tracker = Tracker(cfgs[0].tracking)
-    parents = tracker.find({STUDY_TAG: spec.study.path, KIND_TAG: StudyLog.kind})
+    tracker, parent = study_parent(spec.study, cfgs[0].tracking)
     tags = {STUDY_TAG: spec.study.path, KIND_TAG: "confirmation", CELL_TAG: cell,
-            **({"mlflow.parentRunId": parents[0].info.run_id} if parents else {})}
+            **({"mlflow.parentRunId": parent} if parent else {})}
     for fed, cfg in zip(feds, cfgs):
         log = MLflowCallback(cfg, tracker)
         log.on_start(fed)
@@ -272,9 +262,10 @@ def log_seed_runs(spec: ConfirmSpec, cell: str, feds: list[Federation]) -> None:
 def log_confirmed(study: StudySpec, rows: list[Any], seed: int) -> str | None:
     """The confirmation on the study's parent run: its table, the winner's scores, parameters and configuration,
     and ``fltune.best_run``, the winner's run at ``seed`` (``log_seed_runs``), which this returns."""
-    if (found := study_parent(study)) is None:
+    tracker, parent = study_parent(study)
+    if parent is None:
         return None
-    (tracker, parent), win = found, rows[0]
+    win = rows[0]
     lines = ["| " + " | ".join([*study.space.params, "mean", "std", "test_mean", "test_std", "within_noise"]) + " |",
              "|" + " --- |" * (len(study.space.params) + 5)]
     lines += ["| " + " | ".join(str(v) for v in [*(r.params.get(n, "") for n in study.space.params), r.mean, r.std,

@@ -91,9 +91,15 @@ def error_line(trace: str) -> str:
 
 
 def latest_trace(trial: Trial) -> str:
-    """The traces Tune appended to the trial's local ``error.txt`` so far ("" before any)."""
+    """The traces Tune appended to the trial's ``error.txt`` so far: the driver's copy while the job runs, else
+    the job folder's ("" when there is none, or its storage cannot be read)."""
     path = trial.error_file
-    return Path(path).read_text(errors="replace") if path and Path(path).is_file() else ""
+    if path and Path(path).is_file():
+        return Path(path).read_text(errors="replace")
+    try:
+        return trial.get_error() or ""
+    except OSError:
+        return ""
 
 
 def failure_lines(traces: Sequence[tuple[str, str]], refused: Sequence[str] = ()) -> list[str]:

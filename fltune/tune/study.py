@@ -13,7 +13,7 @@ from ray.tune.schedulers import ASHAScheduler, FIFOScheduler, TrialScheduler
 from fltune.config import apply_overrides, build_config, describe_validation_error
 from fltune.errors import FLTuneError
 from fltune.jobs.storage import check_name, storage_root
-from fltune.jobs.tuner import bound_trainable, run_config
+from fltune.jobs.tuner import job_tuner
 from fltune.plugins import normalised
 from fltune.tune.space import (
     Asha, SearchSpace, base_tree, check_objective, check_params, is_space_setting, parse_space, space_method,
@@ -90,19 +90,10 @@ def scheduler(spec: StudySpec) -> TrialScheduler:
 
 
 def new_tuner(spec: StudySpec, resources: tune.PlacementGroupFactory, callbacks: list[tune.Callback]) -> tune.Tuner:
-    """Optuna + ASHA/FIFO, at most ``max_concurrent`` trials. Optuna is imported here: grid jobs skip it. Every fltune
-    job reuses a finished trial's process for the next (``reuse_actors``): torch and fltune stay imported, and a
-    trial's numbers depend only on its configuration (randomness keyed by seed, round and client)."""
+    """Optuna + ASHA/FIFO. Optuna is imported here: grid jobs skip it."""
     from fltune.tune.search import make_searcher
 
-    space = spec.space
-    return tune.Tuner(
-        bound_trainable(run_trial, spec, resources),
-        tune_config=tune.TuneConfig(
-            search_alg=make_searcher(spec), scheduler=scheduler(spec), num_samples=space.num_samples,
-            max_concurrent_trials=space.max_concurrent, reuse_actors=True,
-        ),
-        run_config=run_config(spec, callbacks),
-    )
+    return job_tuner(run_trial, spec, resources, callbacks, search_alg=make_searcher(spec), scheduler=scheduler(spec),
+                     num_samples=spec.space.num_samples)
 
 

@@ -1,4 +1,4 @@
-"""Image-folder trees (data/image_trees.py) in a tmp dir. Tiny-ImageNet-200 (MAN's Table 1) from a small fake
+"""Image-folder trees (data/datasets.py) in a tmp dir. Tiny-ImageNet-200 (MAN's Table 1) from a small fake
 ``tiny-imagenet-200/`` tree laid out as the cs231n zip is: its class order, val labels, pixels, cache, the
 layout MAN's code moves val/ into, a download from a local zip, and its missing and damaged files. CINIC-10
 (FedSOL's Table 2): its image-folder tree with its decoded cache, its missing and damaged files."""
@@ -18,7 +18,7 @@ from PIL import Image
 
 from fltune.data.augment import augment, to_float
 from fltune.data.datasets import load_dataset, release_loaded
-from fltune.data.image_trees import DECODED_CACHE, TINYIMAGENET_URL
+from fltune.data.datasets import DECODED_CACHE, TINYIMAGENET_URL
 from fltune.errors import DatasetCorrupt, DatasetMissing
 from tests.data.conftest import corrupt_line
 

@@ -1,4 +1,4 @@
-"""MedMNIST v2 (data/medmnist.py, FedSOL's Table 2) from real .npz files in a tmp dir: PathMNIST, TissueMNIST,
+"""MedMNIST v2 (data/datasets.py, FedSOL's Table 2) from real .npz files in a tmp dir: PathMNIST, TissueMNIST,
 their missing and damaged files."""
 
 

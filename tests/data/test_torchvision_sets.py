@@ -1,4 +1,4 @@
-"""Fashion-MNIST's idx files and the torchvision formats (data/torchvision_sets.py), written to a tmp dir: real
+"""Fashion-MNIST's idx files and the torchvision formats (data/datasets.py), written to a tmp dir: real
 Fashion-MNIST, layouts, missing and damaged files, and a run on a damaged file."""
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ from fltune.engine.local import train_client
 from fltune.engine.transfer import RoundInput
 from fltune.engine.rng import sample_clients
 from fltune.methods.base import State, to_numpy
-from fltune.metrics._curvature import CurvatureTask, client_consistency, client_traces, global_curvature
+from fltune.metrics._hessian import CurvatureTask, client_consistency, client_traces, global_curvature
 
 BASE = [
     "data.dataset=synthetic", "data.subsample=0.25", "partition.kind=dirichlet_prior", "partition.eval_fraction=0.2",

@@ -1,4 +1,4 @@
-"""FedSAM: step with ∇L(w + ε), ε = ρ·∇L(w)/‖∇L(w)‖ (docs/methods.md §2); the shared SAM step of _sam.py."""
+"""FedSAM: step with ∇L(w + ε), ε = ρ·∇L(w)/‖∇L(w)‖ (docs/methods.md §2); the SAM step its family shares."""
 
 import pytest
 import torch

@@ -7,7 +7,7 @@ import torch
 
 from fltune.engine.batched import client_noise
 from fltune.methods import METHODS, get_method
-from fltune.methods._vib import VIBMethod
+from fltune.methods.fedcr import VIBMethod
 from fltune.engine.functional import batchable, functional_gradient, local_step, own_backward, reads_modules
 from fltune.methods.objective import Batch, Forward
 from fltune.methods.wire import to_numpy

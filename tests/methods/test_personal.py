@@ -2,7 +2,7 @@
 
 import pytest
 
-from fltune.methods._personal import weight_layers
+from fltune.methods.lg_fedavg import weight_layers
 from fltune.models.registry import build_model
 
 

@@ -15,7 +15,7 @@ import torch
 
 from fltune.config import build_config
 from fltune.engine.builders import build_model_for, load_data
-from fltune.metrics._curvature import client_consistency, client_traces, consistency_batches, probe_batches
+from fltune.metrics._hessian import client_consistency, client_traces, consistency_batches, probe_batches
 
 CPU = torch.device("cpu")
 TINY = ["data.dataset=synthetic", "data.subsample=0.1", "model.name=mlp", "partition.kind=dirichlet_prior",

@@ -8,8 +8,8 @@ from fltune.metrics.figures import new_figure, save_png
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
-DRAWING_MODULES = ["fltune.engine.worker", "fltune.metrics.curvature", "fltune.metrics._landscape",
-                   "fltune.tune.results", "fltune.compare.report", "fltune.tracking.plots"]
+DRAWING_MODULES = ["fltune.engine.worker", "fltune.metrics.curvature", "fltune.metrics._hessian",
+                   "fltune.tune.results", "fltune.compare.report", "fltune.tracking.callback"]
 
 
 def test_importing_the_modules_that_draw_does_not_import_matplotlib() -> None:

@@ -9,8 +9,7 @@ import torch
 from torch import Tensor, nn
 
 from fltune.errors import FLTuneError
-from fltune.metrics._hessian import cross_entropy_loss
-from fltune.metrics._landscape import loss_surface, plot_landscape, plot_spectrum, top2_landscape
+from fltune.metrics._hessian import cross_entropy_loss, loss_surface, plot_landscape, plot_spectrum, top2_landscape
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

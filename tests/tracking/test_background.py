@@ -12,8 +12,7 @@ from fltune.assembly import build_federation
 from fltune.config import build_config
 from fltune.engine.callbacks import Callback
 from fltune.engine.federation import Federation
-from fltune.tracking.background import BackgroundWriter
-from fltune.tracking.callback import MLflowCallback
+from fltune.tracking.callback import BackgroundWriter, MLflowCallback
 from fltune.tracking.mlflow_log import mlflow_key
 
 TINY = ["data.dataset=synthetic", "model.name=mlp", "federation.clients=4", "federation.fraction=0.5",

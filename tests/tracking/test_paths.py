@@ -15,7 +15,7 @@ import pytest
 from fltune.config import TrackingConfig
 from fltune.errors import FLTuneError
 from fltune.tracking.paths import check_reachable, check_tracking, mlruns_dir, outputs_dir, schema_head
-from fltune.tracking.store import open_store
+from fltune.tracking.mlflow_log import open_store
 from tests.tune.test_cluster import free_port
 
 IMPORTS = """

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fltune.tracking.plots import LOSSES, curves_figure
+from fltune.tracking.callback import LOSSES, curves_figure
 
 HISTORY = [{"round": 1.0, "acc_global": 0.5, "train_loss": 1.2, "loss": 1.4},
            {"round": 2.0, "train_loss": 0.9},  # not an evaluation round

@@ -15,7 +15,7 @@ from mlflow.exceptions import MlflowException
 from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE, TEMPORARILY_UNAVAILABLE
 from mlflow.tracking import MlflowClient
 
-from fltune.tracking.store import open_store, retrying
+from fltune.tracking.mlflow_log import open_store, retrying
 from tests.tune.test_cluster import ISOLATED, free_port, start_node, stop_node
 
 REPO = Path(__file__).resolve().parents[2]

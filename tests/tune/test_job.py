@@ -30,12 +30,13 @@ def study(tmp_path: Path, name: str, **changes) -> StudySpec:
 ])
 def test_gpu_share_divides_by_the_workers_that_run_at_once(tmp_path, max_concurrent, cpus, gpus, share):
     spec = study(tmp_path, "s")
-    assert with_gpu_share(spec, {"CPU": cpus, "GPU": gpus}, 1.0, max_concurrent).gpus_per_worker == share
+    spec = spec.model_copy(update={"space": spec.space.model_copy(update={"max_concurrent": max_concurrent})})
+    assert with_gpu_share(spec, {"CPU": cpus, "GPU": gpus}, 1.0).gpus_per_worker == share
 
 
 def test_gpu_share_is_kept_once_pinned(tmp_path):
     spec = study(tmp_path, "s").model_copy(update={"gpus_per_worker": 0.3})
-    assert with_gpu_share(spec, {"CPU": 8.0, "GPU": 2.0}, 1.0, 2).gpus_per_worker == 0.3
+    assert with_gpu_share(spec, {"CPU": 8.0, "GPU": 2.0}, 1.0).gpus_per_worker == 0.3
 
 
 def test_after_a_stop_signal_failed_trials_are_unfinished(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from fltune.metrics.target import reached_target
+from fltune.metrics.evaluation import reached_target
 from fltune.tune.results import (
     TrialRow, best, classify, error_line, failed_result, failure_lines, make_row, rank, sensitivity_figure,
     trials_figure, unfinished, write_csv,

@@ -1,11 +1,8 @@
 """FedAlign (Mendieta et al. 2022, the arXiv version with its appendix) Tables 1–7 (Table 7: CIFAR-10) and appendix
 Tables 8–10.
 
-Protocol (§3.2): CIFAR-100 over 16 clients, all sampled every round, FedML's per-class Dirichlet partition
-(``dirichlet``, α = 0.5); 25 rounds of 20 local epochs, SGD with Nesterov momentum 0.9 at a fixed lr 0.01 (the authors'
-code); crop + flip; FedML's ResNet-56 for every method. A number is the final server model's test accuracy (``global``).
-Method settings: FedProx μ = 1e-4, MOON μ = 1 (τ = 0.5), Mixup γ = 0.1, StochDepth ρ_L = 0.9, GradAug n = 2, μ = 1.75,
-ω_b = 0.8 (Table 5: μ = 1.5, 2.0, 2.25 for n = 1, 3, 4), FedAlign μ = 0.45, ω_S = 0.25 with gradient clipping (App. E).
+Protocol (§3.2 and the authors' code): ``COMMON``, ``OPTIMISER`` and ``PAPER``, with fltune's crop + flip; each
+row's method settings in ``ROWS`` (GradAug's μ per n: Table 5; FedAlign's clipping: App. E).
 
 The numbers are the arXiv version's (the only one with Table 8 and a legible Table 2); the CVPR version prints
 the same Table 1 but other means, with ± std, in Tables 2, 5 and 7.
@@ -18,9 +15,21 @@ sub-networks, StochDepth's dropped blocks, FedAlign's reduced width; metrics/_fl
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
-from fltune.reproduce.table import Cell, PaperTable, Scale
+from fltune.reproduce.table import HESSIAN_AT_END, Cell, Paper, PaperTable, Scale
+
+
+
+class Column(NamedTuple):
+    """A printed column: its label, the metric compared, × factor (None: the table's), settings and reduction."""
+
+    label: str
+    metric: str = "acc_global"
+    factor: float | None = None
+    settings: dict[str, Any] = {}
+    reduce: str = "final"
+
 
 GRADAUG = {"method.omega_b": 0.8}
 ROWS: dict[str, tuple[str, dict[str, Any]]] = {
@@ -30,10 +39,8 @@ ROWS: dict[str, tuple[str, dict[str, Any]]] = {
     "Mixup": ("mixup", {"method.gamma": 0.1}),
     "StochDepth": ("stochdepth", {"method.rho_L": 0.9, "method.schedule": "code"}),
     "GradAug": ("gradaug", {"method.n": 2, "method.mu": 1.75, **GRADAUG}),
-    "GradAug (n = 1)": ("gradaug", {"method.n": 1, "method.mu": 1.5, **GRADAUG}),
-    "GradAug (n = 2)": ("gradaug", {"method.n": 2, "method.mu": 1.75, **GRADAUG}),
-    "GradAug (n = 3)": ("gradaug", {"method.n": 3, "method.mu": 2.0, **GRADAUG}),
-    "GradAug (n = 4)": ("gradaug", {"method.n": 4, "method.mu": 2.25, **GRADAUG}),
+    **{f"GradAug (n = {n})": ("gradaug", {"method.n": n, "method.mu": mu, **GRADAUG})
+       for n, mu in ((1, 1.5), (2, 1.75), (3, 2.0), (4, 2.25))},  # Table 5's μ per n
     "FedAlign": ("fedalign", {"method.mu": 0.45, "method.omega_s": 0.25, "training.grad_clip": 10.0}),
 }
 
@@ -45,8 +52,8 @@ TABLE1 = {  # Acc. (%), λ_max, H_T, H_N, H_D
     "StochDepth": (55.5, 215, 3970, 8267, 0.97),
     "GradAug": (57.1, 167, 2597, 2924, 0.96),
 }
-TABLE1_COLUMNS = (("Acc.", "acc_global"), ("λ_max", "hessian_lambda_max"), ("H_T", "hessian_trace"),
-                  ("H_N", "hessian_hn"), ("H_D", "hessian_hd"))
+TABLE1_COLUMNS = (Column("Acc."), Column("λ_max", "hessian_lambda_max", 1.0), Column("H_T", "hessian_trace", 1.0),
+                  Column("H_N", "hessian_hn", 1.0), Column("H_D", "hessian_hd", 1.0))
 TABLE2_COLUMNS = {"α=0.1": {"partition.alpha": 0.1}, "α=0.5": {"partition.alpha": 0.5},
                   "α=2.5": {"partition.alpha": 2.5}, "homog": {"partition.kind": "iid"}}
 TABLE2 = {
@@ -101,10 +108,10 @@ TABLE5 = {  # Acc (%), MFLOPs, Param (M), Time (s per round, 4 RTX-2080Ti)
     "GradAug (n = 4)": (56.6, 264.1, 0.61, 514.4),
     "FedAlign": (57.4, 89.1, 0.61, 166.2),
 }
-MFLOPS = ("MFLOPs", "cost_train_forward_mflops", 0.5)
-"""(column, metric, factor): fltune counts 2 FLOPs per multiply-add, the paper's MFLOPs are MACs (87.3)."""
-PARAMS = ("Param (M)", "cost_stored_params", 1e-6)
-TABLE5_COLUMNS = (("Acc (%)", "acc_global", None), MFLOPS, PARAMS, ("Time (s)", "cost_round_s", 1.0))
+MFLOPS = Column("MFLOPs", "cost_train_forward_mflops", 0.5)
+"""fltune counts 2 FLOPs per multiply-add, the paper's MFLOPs are MACs (87.3)."""
+PARAMS = Column("Param (M)", "cost_stored_params", 1e-6)
+TABLE5_COLUMNS = (Column("Acc (%)"), MFLOPS, PARAMS, Column("Time (s)", "cost_round_s", 1.0, reduce="mean"))
 TABLE7 = {  # CIFAR-10: C = 16, C = 64 × 0.25 (100), MFLOPs, Param (M)
     "FedAvg": (82.1, 78.6, 87.3, 0.61),
     "FedProx": (81.8, 78.1, 87.3, 1.21),
@@ -115,6 +122,7 @@ TABLE7 = {  # CIFAR-10: C = 16, C = 64 × 0.25 (100), MFLOPs, Param (M)
     "GradAug (n = 1)": (84.2, 81.8, 133.9, 0.61),
     "FedAlign": (82.3, 82.5, 89.1, 0.61),
 }
+TABLE7_COLUMNS = (Column("C=16"), Column(SAMPLED, settings=CLIENTS[SAMPLED]), MFLOPS, PARAMS)
 TABLE8 = {  # rounds, MFLOPs, Comm Cost (Gb) to 60 % on CIFAR-100
     "FedAvg": (84, 7332, 26.23),
     "FedProx": (78, 6809, 24.36),
@@ -125,6 +133,9 @@ TABLE8 = {  # rounds, MFLOPs, Comm Cost (Gb) to 60 % on CIFAR-100
     "GradAug (n = 1)": (44, 5892, 13.74),
     "FedAlign": (37, 3297, 11.56),
 }
+TABLE8_COLUMNS = (Column("Rounds", "rounds_to_target", 1.0),
+                  Column("MFLOPs", "cost_cum_forward_mflops", 0.5, reduce="at_target"),
+                  Column("Comm Cost (Gb)", "cost_cum_up_gbit", 1.0, reduce="at_target"))
 
 COMMON = {"model.name": "resnet56", "partition.kind": "dirichlet", "partition.alpha": 0.5,
           "metrics.protocols": ["global"]}
@@ -154,7 +165,6 @@ QUICK = Scale(
          "FMNIST stands in for CIFAR-100 and CIFAR-10 — a ResNet-56 barely starts learning in this budget",
 )
 SCALES = {"paper": PAPER, "quick": QUICK}
-HESSIAN = {"metrics.hessian.at_end": True, "metrics.hessian.top_k": 1, "metrics.hessian.landscape": False}
 UNKNOWNS = (
     "Nesterov momentum 0.9, weight decay 1e-4, batch 64, each epoch's short last batch dropped and clients weighed by "
     "their full batches' samples (docs/methods.md §3: the authors' code; the paper says only 'SGD with momentum, "
@@ -173,41 +183,31 @@ UNKNOWNS = (
     "16 × 1.0 a client's momentum carries over from its previous round), and the test split is scored whole (the "
     "code's drop_last test loader scores 9,984 of CIFAR's 10,000 images)",
 )
+FEDALIGN = Paper(name="FedAlign", cite="Mendieta et al. 2022, arXiv version with appendix", scales=SCALES,
+                 unknowns=UNKNOWNS, value="final server-model test accuracy (%)")
 
 
-def cell(row: str, dataset: str, column: str, paper: float, metric: str = "acc_global",
-         factor: float | None = None, extra: dict[str, Any] | None = None, reduce: str = "final") -> Cell:
-    """A FedAlign cell: the row's method on ResNet-56 under the §3.2 setting, plus ``extra``."""
-    method, params = ROWS[row]
-    settings = {**COMMON, "method.name": method, **params, **(extra or {})}
-    return Cell(row=row, dataset=dataset, column=column, paper=paper, metric=metric, factor=factor,
-                reduce=reduce, settings=settings)
-
-
-def fedalign_table(number: int, title: str, value: str, cells: list[Cell], *, unknowns: tuple[str, ...] = (),
-                   scales: dict[str, Scale] = SCALES, source: str | None = None, **extra: Any) -> PaperTable:
-    """A FedAlign table (at the shared scales unless ``scales``), its own [U] readings after the common ones."""
-    return PaperTable(
-        key=f"fedalign:table{number}", title=f"FedAlign Table {number}: {title}",
-        source=f"FedAlign, Mendieta et al. 2022, arXiv version with appendix: {source or f'Table {number}'}",
-        value=value, cells=tuple(cells), scales=scales, unknowns=(*UNKNOWNS, *unknowns), **extra,
-    )
+def cells(dataset: str, printed: dict[str, tuple[float, ...]], columns: tuple[Column, ...]) -> list[Cell]:
+    """Each row's printed values under ``columns``: the row's method on ResNet-56 under the §3.2 setting, plus the
+    column's settings."""
+    return [Cell(row=row, dataset=dataset, column=column.label, paper=value, metric=column.metric,
+                 factor=column.factor, reduce=column.reduce,
+                 settings={**COMMON, "method.name": ROWS[row][0], **ROWS[row][1], **column.settings})
+            for row, values in printed.items() for column, value in zip(columns, values, strict=True)]
 
 
 def hessian_table(number: int, printed: dict[str, tuple[float, ...]]) -> PaperTable:
     """Accuracy and the Hessian figures of each method: five cells sharing one run (Tables 1 and 9)."""
-    cells = [cell(row, "cifar100", column, values[i], metric, None if i == 0 else 1.0)
-             for row, values in printed.items() for i, (column, metric) in enumerate(TABLE1_COLUMNS)]
-    paper = {**HESSIAN, "metrics.hessian.clients": 16, "metrics.hessian.batch_size": 64}
+    paper = {**HESSIAN_AT_END, "metrics.hessian.clients": 16, "metrics.hessian.batch_size": 64}
     scales = {"paper": SCALES["paper"].plus(paper),
               "quick": SCALES["quick"].plus(
-                  {**HESSIAN, "metrics.hessian.clients": 2, "metrics.hessian.batches": 1,
+                  {**HESSIAN_AT_END, "metrics.hessian.clients": 2, "metrics.hessian.batches": 1,
                    "metrics.hessian.batch_size": 32, "metrics.hessian.max_iter": 20, "metrics.hessian.tol": 0.01},
                   "; Hessian on 1 batch of 32, ≤ 20 iterations, tol 1e-2, H_N/H_D over the 2 clients")}
-    return fedalign_table(
-        number, "accuracy (%) and second-order metrics (CIFAR-100)",
-        "final server-model test accuracy (%); λ_max and trace H_T of its training-loss Hessian; H_N and "
-        "H_D (Eq. 3–4) across the last round's client models", cells, scales=scales,
+    return FEDALIGN.table(
+        number, "accuracy (%) and second-order metrics (CIFAR-100)", cells("cifar100", printed, TABLE1_COLUMNS),
+        value="final server-model test accuracy (%); λ_max and trace H_T of its training-loss Hessian; H_N and "
+        "H_D (Eq. 3–4) across the last round's client models", scales=scales,
         unknowns=("Hessian: 10 batches of 64 training samples, as the authors' pyhessian/hessian.py stops its "
                   "loader after 10 batches of the run's batch size; H_N/H_D over all 16 clients of the last round",
                   "≠ code: the Hessian is that of the final server model on a fixed, seeded set without augmentation; "
@@ -220,55 +220,40 @@ def hessian_table(number: int, printed: dict[str, tuple[float, ...]]) -> PaperTa
 def ablation(number: int, what: str, printed: dict[str, tuple[float, ...]], columns: dict[str, dict[str, Any]],
              extra_unknowns: tuple[str, ...] = ()) -> PaperTable:
     """An accuracy table whose columns each change the §3.2 setting (Tables 2, 3, 4, 6 and 10)."""
-    cells = [cell(row, "cifar100", column, values[i], extra=columns[column])
-             for row, values in printed.items() for i, column in enumerate(columns)]
-    return fedalign_table(number, f"accuracy (%) {what} (CIFAR-100)", "final server-model test accuracy (%)", cells,
-                          unknowns=extra_unknowns)
+    measured = cells("cifar100", printed, tuple(Column(label, settings=extra) for label, extra in columns.items()))
+    return FEDALIGN.table(number, f"accuracy (%) {what} (CIFAR-100)", measured, unknowns=extra_unknowns)
 
 
 def table5() -> PaperTable:
     """Accuracy, forward MFLOPs, stored parameters and s/round of each method: four cells, one run."""
-    cells = [cell(row, "cifar100", column, values[i], metric, factor,
-                  reduce="mean" if metric == "cost_round_s" else "final")
-             for row, values in TABLE5.items() for i, (column, metric, factor) in enumerate(TABLE5_COLUMNS)]
-    return fedalign_table(
+    return FEDALIGN.table(
         5, "accuracy, local compute, stored parameters and time per round",
-        "final server-model test accuracy (%); training forward MFLOPs per sample (MACs); parameters "
-        "stored while training (M); wall seconds per round (mean over rounds; the paper's on 4 RTX-2080Ti)", cells,
+        cells("cifar100", TABLE5, TABLE5_COLUMNS),
+        value="final server-model test accuracy (%); training forward MFLOPs per sample (MACs); parameters "
+        "stored while training (M); wall seconds per round (mean over rounds; the paper's on 4 RTX-2080Ti)",
         unknowns=("MFLOPs of the stochastic methods (StochDepth, GradAug) are round 1's average over its batches; "
                   "time is this machine's, with its worker count",))
 
 
 def table7() -> PaperTable:
     """CIFAR-10: 16 clients synchronous, 64 × 0.25 for 100 rounds, and the C = 16 run's MFLOPs and parameters."""
-    cells = []
-    for row, (synchronous, sampled, mflops, params) in TABLE7.items():
-        cells.append(cell(row, "cifar10", "C=16", synchronous))
-        cells.append(cell(row, "cifar10", SAMPLED, sampled, extra=CLIENTS[SAMPLED]))
-        cells.append(cell(row, "cifar10", MFLOPS[0], mflops, MFLOPS[1], MFLOPS[2]))
-        cells.append(cell(row, "cifar10", PARAMS[0], params, PARAMS[1], PARAMS[2]))
-    return fedalign_table(
-        7, "CIFAR-10 accuracy (%), MFLOPs and parameters",
-        "final server-model test accuracy (%); training forward MFLOPs per sample (MACs); stored parameters (M)",
-        cells, source="Table 7 (CIFAR-10 columns)",
+    return FEDALIGN.table(
+        7, "CIFAR-10 accuracy (%), MFLOPs and parameters", cells("cifar10", TABLE7, TABLE7_COLUMNS),
+        value="final server-model test accuracy (%); training forward MFLOPs per sample (MACs); stored parameters (M)",
+        source="Table 7 (CIFAR-10 columns)",
         unknowns=("Table 7's ImageNet-200 columns are not registered (no loader in fltune)",))
 
 
 def table8() -> PaperTable:
     """Rounds, MFLOPs and upload Gbit until the server model first reaches 60 % (three cells, one run)."""
-    cells = []
-    for row, (rounds, mflops, gbit) in TABLE8.items():
-        cells.append(cell(row, "cifar100", "Rounds", rounds, "rounds_to_target", 1.0))
-        cells.append(cell(row, "cifar100", "MFLOPs", mflops, "cost_cum_forward_mflops", 0.5, reduce="at_target"))
-        cells.append(cell(row, "cifar100", "Comm Cost (Gb)", gbit, "cost_cum_up_gbit", 1.0, reduce="at_target"))
     scales = {"paper": SCALES["paper"].plus({"federation.rounds": 100, "metrics.every": 1, "metrics.target": 0.6}),
               "quick": SCALES["quick"].plus({"federation.rounds": 6, "metrics.every": 1, "metrics.target": 0.5},
                                             "; 6 rounds, target 50 %")}
-    return fedalign_table(
-        8, "rounds, MFLOPs and communication to reach 60 % (CIFAR-100)",
-        "first round the server model reaches 60 %; training forward MFLOPs (MACs) per sample × those rounds, as "
+    return FEDALIGN.table(
+        8, "rounds, MFLOPs and communication to reach 60 % (CIFAR-100)", cells("cifar100", TABLE8, TABLE8_COLUMNS),
+        value="first round the server model reaches 60 %; training forward MFLOPs (MACs) per sample × those rounds, as "
         "the paper's numbers are computed (87.3 × 84 = 7332); Gbit uploaded by then (32-bit weights)",
-        cells, scales=scales, source="appendix Table 8", percent=False,
+        scales=scales, source="appendix Table 8", percent=False,
         unknowns=("rounds: at most 100 (the paper runs until 60 %; its slowest method needs 84)",
                   "uploads are the whole state at its dtypes (BN buffers included), the paper counts parameters"),
     )

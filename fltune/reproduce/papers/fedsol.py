@@ -1,12 +1,6 @@
 """FedSOL (Lee et al. 2024) Table 1 (the proximal loss's uses), Table 2 (Sharding and LDA), Table 3 (architectures),
-Table 5 (partial perturbation) and Table 9 (personalised accuracy).
-
-Protocol (§4.1, App. B.3–B.5): 100 clients, 10 % per round (CINIC-10, PathMNIST, TissueMNIST: 200 clients,
-5 %); the FedAvg CNN; 5 local epochs of momentum SGD (lr 0.01, momentum 0.9, weight decay 1e-5, lr × 0.99 per
-round), batch 50 (App. B.5 configs); 300 rounds (200 for MNIST, PathMNIST, TissueMNIST). Sharding = s shards
-per client, each class cut into its own shards as the authors' code does (``class_shards``); LDA = FedML's
-per-class Dirichlet(α) over clients (``dirichlet``). A number is the server model's test accuracy (``global``).
-Augmentation follows the authors' loaders (``train_tools/preprocessing/*/loader.py``).
+Table 5 (partial perturbation) and Table 9 (personalised accuracy), under the protocol of §4.1 and App. B.3–B.5
+(``PAPER``, ``sharding``, ``lda``).
 
 Table 4 (FedSOL perturbing by FedProx's, FedNova's, Scaffold's, FedDyn's or MOON's proximal loss) is not registered: the
 authors' code has no such variants and the paper gives no formulation for them."""
@@ -15,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fltune.reproduce.table import Cell, PaperTable, Scale
+from fltune.reproduce.table import Cell, Paper, PaperTable, Scale
 
 ROWS: dict[str, tuple[str, dict[str, Any]]] = {
     # paper row: (method, its App. B.5 Table 8 hyperparameters; the rest are fltune's defaults)
@@ -103,15 +97,8 @@ UNKNOWNS = (
 )
 
 
-def fedsol_table(number: int, title: str, cells: list[Cell], *, unknowns: tuple[str, ...] = (),
-                 source: str | None = None, value: str = "test accuracy of the final server model (%)",
-                 quick: Scale = QUICK, **extra: Any) -> PaperTable:
-    """A FedSOL table at the shared scales, its own [U] readings after the paper's common ones."""
-    return PaperTable(
-        key=f"fedsol:table{number}", title=f"FedSOL Table {number}: {title}",
-        source=f"FedSOL, Lee et al. 2024: {source or f'Table {number}'}", value=value, cells=tuple(cells),
-        scales={"paper": PAPER, "quick": quick}, unknowns=(*UNKNOWNS, *unknowns), **extra,
-    )
+FEDSOL = Paper(name="FedSOL", cite="Lee et al. 2024", scales={"paper": PAPER, "quick": QUICK}, unknowns=UNKNOWNS,
+               value="test accuracy of the final server model (%)")
 
 
 def cell(row: str, dataset: str, column: str, paper: float, partition: dict[str, Any],
@@ -129,6 +116,7 @@ def sharding(s: int) -> dict[str, Any]:
 
 
 def lda(alpha: float) -> dict[str, Any]:
+    """FedML's per-class Dirichlet(α) over clients (``dirichlet``)."""
     return {"partition.kind": "dirichlet", "partition.alpha": alpha}
 
 
@@ -138,7 +126,7 @@ def table2() -> PaperTable:
              for row in ROWS for i in range(len(DATASETS))]
     cells += [cell(row, DATASETS[i], f"LDA α={ALPHAS[i]:g}", LDA[row][i], lda(ALPHAS[i]))
               for row in ROWS for i in range(len(DATASETS))]
-    return fedsol_table(2, "accuracy (%) under Sharding (s) and LDA (α) partitions", cells)
+    return FEDSOL.table(2, "accuracy (%) under Sharding (s) and LDA (α) partitions", cells)
 
 
 # Table 5 (CIFAR-10, LDA α = 0.1) per scope and ρ; ρ = 0 perturbs nothing (FedAvg, Table 2's 56.13): printed once.
@@ -155,7 +143,7 @@ def table5() -> PaperTable:
     perturbation touches."""
     cells = [cell(row, "cifar10", f"ρ={rho:g}", value, lda(0.1), {"method.scope": scope, "method.rho": rho}, "FedSOL")
              for row, (scope, values) in TABLE5.items() for rho, value in values.items()]
-    return fedsol_table(
+    return FEDSOL.table(
         5, "accuracy (%) perturbing all, the body or the head (CIFAR-10, LDA α = 0.1)", cells,
         unknowns=("Table 5's partition: CIFAR-10 LDA α = 0.1 (its ρ = 0 value is Table 2's FedAvg there)",),
     )
@@ -185,7 +173,7 @@ def table3() -> PaperTable:
     cells = [cell(row, dataset, arch, values[i], lda(0.1), ARCHITECTURES[arch])
              for arch, rows in TABLE3.items() for row, values in rows.items()
              for i, dataset in enumerate(TABLE3_DATASETS)]
-    return fedsol_table(
+    return FEDSOL.table(
         3, "accuracy (%) on VGG-11, ResNet-18 and SL-ViT", cells,
         unknowns=(
             "Table 3's partition: not printed; LDA α = 0.1, the authors' config default (and Tables 4–5's)",
@@ -210,7 +198,7 @@ def table1() -> PaperTable:
         cell("KL-Divergence", "cifar10", "Base", 60.31, lda(0.1), proximal("kl", "base"), "FedAvg"),
         cell("KL-Divergence", "cifar10", "Projection", 50.88, lda(0.1), proximal("kl", "projection"), "FedAvg"),
     ]
-    return fedsol_table(
+    return FEDSOL.table(
         1, "accuracy (%) using a proximal loss as a loss or by projection", cells,
         unknowns=(
             "Table 1's setting: CIFAR-10, LDA α = 0.1 (not printed; its L2 Base value is Table 2's FedProx "
@@ -278,10 +266,11 @@ def table9() -> PaperTable:
             cells += [Cell(row=label, dataset=dataset, column="LDA α=0.1", paper=value, metric=metric,
                            settings={**COMMON, **ALIGNED, **PERSONALISED[row], **tuned})
                       for dataset, value in zip(("cifar10", "svhn", "tissuemnist"), values, strict=True)]
-    return fedsol_table(
+    return FEDSOL.table(
         9, "personalised accuracy (%) after τ epochs of fine-tuning", cells, source="App. D, Table 9",
         value="mean over clients of the fine-tuned model's accuracy on the client's own test split (%)",
-        quick=QUICK.model_copy(update={"per_row": {"Local-only": {"federation.rounds": 10}}}),
+        scales={"paper": PAPER,
+                "quick": QUICK.model_copy(update={"per_row": {"Local-only": {"federation.rounds": 10}}})},
         unknowns=(
             "Table 9's setting: not printed; LDA α = 0.1 over 100 clients, 300 rounds, E = 5, the authors' "
             "configs/personalized/*.json (SVHN and TissueMNIST as in Table 2)",

@@ -1,12 +1,8 @@
 """MAN (Yashwanth et al. 2023) Table 1 (accuracy and rounds to the target), Table 2 and supplementary Table 6
 (top eigenvalue and trace) and supplementary Table 5 (CIFAR-10): six FL methods with and without the MAN regulariser.
 
-Protocol (§4, supp. §7): 100 clients, 10 % per round (each client with probability 0.1, as the authors' code
-``vcl-iisc/fedMAN:code/utils_methods.py`` draws them), equal-size clients with Dirichlet(δ) class priors
-(``dirichlet_prior``) or iid; 500 rounds of 5 local epochs, batch 50, SGD lr 0.1 × 0.998^r, weight decay 1e-3, gradient
-clipping at 10; FedDyn's CIFAR CNN, on Tiny-ImageNet the authors' ``ConvNet`` (supp. Table 4). Accuracy is that of the
-average of all clients' latest models (``all_model``, FedDyn's protocol, §5), mean ± std over 3 seeds (``--seeds 3``);
-rounds are the first round at ≥ 50 % (CIFAR-100) or ≥ 28 % (Tiny-ImageNet), '500+' when never reached.
+Protocol (§4, supp. §7, the authors' code ``vcl-iisc/fedMAN``): ``COMMON``, ``OPTIMISER`` and ``PAPER``; each
+base's own settings in ``IID_PARAMS`` and ``TINY*``; a paper number is a mean over 3 seeds (``--seeds 3``).
 
 Tiny-ImageNet as the authors' code runs it (``vcl-iisc/fedMAN:code/run_exp.sh``: ``--dataset_name=TinyImageNet
 --model_name=ConvNet``; ``utils_dataset.py``): the 100,000 training images over 100 clients, the 10,000 validation
@@ -17,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fltune.reproduce.table import Cell, PaperTable, Scale
+from fltune.reproduce.table import HESSIAN_AT_END, Cell, Paper, PaperTable, Scale
 
 BASES = {"FedAvg": "fedavg", "FedSAM": "fedsam", "FedASAM": "fedasam", "FedDyn": "feddyn", "FedDC": "feddc",
          "FedSpeed": "fedspeed"}
@@ -97,8 +93,8 @@ SUPP5 = {
 
 COMMON = {"model.name": "feddyn_cnn", "metrics.protocols": ["all_model"], "metrics.target_metric": "acc_all_model",
           "federation.sampling": "bernoulli"}
-"""Every cell: FedDyn's CNN, the all-client average model, and each client drawn with probability ``fraction``
-as the authors' ``train_*`` do (``act_list <= act_prob``), not a fixed number a round."""
+"""Every cell: FedDyn's CNN, the all-client average model (FedDyn's protocol, §5), and each client drawn with
+probability ``fraction`` as the authors' ``train_*`` do (``act_list <= act_prob``), not a fixed number a round."""
 OPTIMISER = {"training.local_epochs": 5, "training.batch_size": 50, "training.lr": 0.1, "training.momentum": 0.0,
              "training.lr_decay": 0.998, "training.weight_decay": 1e-3, "training.grad_clip": 10.0}
 AUGMENT = {"data.augment": "flip_crop_half"}
@@ -122,8 +118,6 @@ QUICK = Scale(
          "for CIFAR-100, CIFAR-10 and Tiny-ImageNet; 1 seed unless --seeds",
 )
 SCALES = {"paper": PAPER, "quick": QUICK}
-HESSIAN = {"metrics.hessian.at_end": True, "metrics.hessian.top_k": 1, "metrics.hessian.landscape": False}
-"""Table 2's figures of the final global model; top-1 only (the trace is Hutchinson's, docs/methods.md §4)."""
 HESSIAN_QUICK = {"metrics.hessian.batches": 4, "metrics.hessian.max_iter": 30, "metrics.hessian.tol": 0.01}
 UNKNOWNS = (
     "momentum: none (the FedDyn code MAN builds on uses plain SGD; the paper names none)",
@@ -140,23 +134,21 @@ UNKNOWNS = (
 )
 
 
-def method_settings(row: str, column: str, dataset: str = "cifar100") -> dict[str, Any]:
-    """``<base>`` or ``<base>+man`` on the column's partition with supp. §7's iid radii (Tiny-ImageNet: also
-    the authors' ConvNet, ζ and FedSAM's iid radii)."""
+MAN = Paper(name="MAN", cite="Yashwanth et al. 2023", scales=SCALES, unknowns=UNKNOWNS)
+
+
+def cell(row: str, dataset: str, column: str, paper: float | None, metric: str = "acc_all_model", label: str = "",
+         **fields: Any) -> Cell:
+    """``<base>`` or ``<base>+man`` on the column's partition with supp. §7's iid radii (Tiny-ImageNet: also the
+    authors' ConvNet, ζ and FedSAM's iid radii), compared on ``metric``; ``label`` follows the column's name."""
     base = BASES[row.removesuffix("+MAN")]
     name = f"{base}+man" if row.endswith("+MAN") else base
     params = IID_PARAMS.get(base, {}) if column == "iid" else {}
     if dataset == "tinyimagenet":
         params = {**params, **TINY, **(TINY_MAN if row.endswith("+MAN") else {}),
                   **(TINY_IID_FEDSAM.get(row, {}) if column == "iid" else {})}
-    return {**COMMON, **COLUMNS[column], "method.name": name, **params}
-
-
-def man_table(key: str, title: str, source: str, value: str, cells: list[Cell], *,
-              scales: dict[str, Scale] = SCALES, unknowns: tuple[str, ...] = (), **extra: Any) -> PaperTable:
-    """A MAN table (at the shared scales unless ``scales``), its own [U] readings after the common ones."""
-    return PaperTable(key=f"man:{key}", title=f"MAN {title}", source=f"MAN, Yashwanth et al. 2023: {source}",
-                      value=value, cells=tuple(cells), scales=scales, unknowns=(*UNKNOWNS, *unknowns), **extra)
+    return Cell(row=row, dataset=dataset, column=column + label, paper=paper, metric=metric,
+                settings={**COMMON, **COLUMNS[column], "method.name": name, **params}, **fields)
 
 
 def table1() -> PaperTable:
@@ -165,49 +157,40 @@ def table1() -> PaperTable:
     for dataset, printed in (("cifar100", TABLE1), ("tinyimagenet", TABLE1_TINY)):
         for row, entries in printed.items():
             for column, (acc, _std, rounds) in zip(COLUMNS, entries):
-                settings = method_settings(row, column, dataset)
-                cells.append(Cell(row=row, dataset=dataset, column=column, paper=acc, metric="acc_all_model",
-                                  settings=settings))
-                cells.append(Cell(row=row, dataset=dataset, column=f"{column} rounds", paper=rounds,
-                                  paper_text=None if rounds else "500+", metric="rounds_to_target", factor=1.0,
-                                  settings=settings))
-    return man_table(
-        "table1", "Table 1: accuracy (%) and rounds to the target with and without MAN (CIFAR-100, Tiny-ImageNet)",
-        "Table 1", "accuracy of the all-client average model after the last round (%); rounds to 50 % on "
-        "CIFAR-100, 28 % on Tiny-ImageNet (quick: 60 %), '500+' = never", cells)
+                cells += [cell(row, dataset, column, acc),
+                          cell(row, dataset, column, rounds, "rounds_to_target", " rounds", factor=1.0,
+                               paper_text=None if rounds else "500+")]
+    return MAN.table(
+        1, "accuracy (%) and rounds to the target with and without MAN (CIFAR-100, Tiny-ImageNet)", cells,
+        value="accuracy of the all-client average model after the last round (%); rounds to 50 % on "
+        "CIFAR-100, 28 % on Tiny-ImageNet (quick: 60 %), '500+' = never")
 
 
-def hessian_table(key: str, title: str, source: str, printed: dict[str, Any]) -> PaperTable:
+def hessian_table(number: int, title: str, printed: dict[str, Any], supplementary: bool = False) -> PaperTable:
     """Top Hessian eigenvalue and trace of the final global model, δ = 0.3 and 0.6 (CIFAR-100)."""
-    scales = {"paper": PAPER.plus(HESSIAN),
-              "quick": QUICK.plus({**HESSIAN, **HESSIAN_QUICK}, "; Hessian on 4 batches, ≤ 30 iterations, tol 1e-2")}
-    cells = []
-    for row, entries in printed.items():
-        for column, (eigen, trace) in zip(("δ=0.3", "δ=0.6"), entries):
-            settings = method_settings(row, column)
-            cells.append(Cell(row=row, dataset="cifar100", column=f"{column} top eigenvalue", paper=eigen,
-                              metric="hessian_lambda_max", settings=settings))
-            cells.append(Cell(row=row, dataset="cifar100", column=f"{column} trace", paper=trace,
-                              metric="hessian_trace", settings=settings))
-    return man_table(key, title, source, "λ_max and trace of the final global model's loss Hessian", cells,
-                     scales=scales, percent=False)
+    cells = [made for row, entries in printed.items() for column, (eigen, trace) in zip(("δ=0.3", "δ=0.6"), entries)
+             for made in (cell(row, "cifar100", column, eigen, "hessian_lambda_max", " top eigenvalue"),
+                          cell(row, "cifar100", column, trace, "hessian_trace", " trace"))]
+    scales = {"paper": PAPER.plus(HESSIAN_AT_END),
+              "quick": QUICK.plus({**HESSIAN_AT_END, **HESSIAN_QUICK}, "; Hessian on 4 batches, ≤ 30 iterations, "
+                                  "tol 1e-2")}
+    return MAN.table(number, title, cells, supplementary=supplementary, scales=scales, percent=False,
+                     value="λ_max and trace of the final global model's loss Hessian")
 
 
 def supp5() -> PaperTable:
     """CIFAR-10 accuracy with and without MAN, the paper's column order (δ = 0.6 first)."""
-    cells = [Cell(row=row, dataset="cifar10", column=column, paper=value, metric="acc_all_model",
-                  settings=method_settings(row, column))
+    cells = [cell(row, "cifar10", column, value)
              for row, values in SUPP5.items() for column, value in zip(SUPP5_COLUMNS, values)]
-    return man_table("supp5", "supplementary Table 5: accuracy (%) with and without MAN (CIFAR-10)",
-                     "supplementary Table 5", "accuracy of the all-client average model (%)", cells,
+    return MAN.table(5, "accuracy (%) with and without MAN (CIFAR-10)", cells, supplementary=True,
+                     value="accuracy of the all-client average model (%)",
                      unknowns=("CIFAR-10 runs: Table 1's settings (500 rounds; the supplement gives none of its own)",))
 
 
 TABLES = [
     table1(),
-    hessian_table("table2", "Table 2: top Hessian eigenvalue and trace with and without MAN (CIFAR-100)", "Table 2",
-                  TABLE2),
+    hessian_table(2, "top Hessian eigenvalue and trace with and without MAN (CIFAR-100)", TABLE2),
     supp5(),
-    hessian_table("supp6", "supplementary Table 6: top Hessian eigenvalue and trace of FedASAM and FedSpeed with "
-                  "and without MAN (CIFAR-100)", "supplementary Table 6", SUPP6),
+    hessian_table(6, "top Hessian eigenvalue and trace of FedASAM and FedSpeed with and without MAN (CIFAR-100)",
+                  SUPP6, supplementary=True),
 ]

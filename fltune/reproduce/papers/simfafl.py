@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 from fltune.methods import get_method
-from fltune.reproduce.table import DATASET_NAMES, Cell, PaperTable, Scale
+from fltune.reproduce.table import DATASET_NAMES, Cell, Paper, PaperTable, Scale
 
 COLUMNS = {"non-IID1": {"partition.kind": "classes"}, "non-IID2": {"partition.kind": "dirichlet_prior"}}
 ALPHA = {"emnist_letters": 0.5, "fmnist": 0.5, "cifar10": 0.5, "cifar100": 0.3}
@@ -167,6 +167,8 @@ UNKNOWNS = (
     "loss, whose regularisers act on the frozen encoder); Ditto's is its own round of E epochs, as the code's",
     "rows of methods that take any model use FedCR's trunks with a plain last layer (fedcr_cnn / fedcr_mlp)",
 )
+SIMFAFL = Paper(name="SimFAFL", cite="anonymous submission under review", scales=SCALES, unknowns=UNKNOWNS,
+                value="mean over clients of the accuracy on their own 30 % (%)")
 ROW_SETTINGS = {name: f"{r.method}, lr {r.lr:g}" + "".join(f", {k.split('.')[-1]} {v}" for k, v in r.settings.items())
                 + f"{', last round' if r.final else ''} — {r.note}" for name, r in ROWS.items()}
 """Each row's own settings as the job header and table.md print them."""
@@ -192,7 +194,7 @@ def cell(row: str, dataset: str, column: str, paper: float | None, spec: Row,
 
 def table2() -> PaperTable:
     cells = [cell(row, d, col, TABLE2[row][i], ROWS[row]) for row in ROWS for i, (d, col) in enumerate(CELL_ORDER)]
-    return simfafl_table(2, "final test accuracy (%) of SimFAFL and other methods", cells, ROW_SETTINGS)
+    return SIMFAFL.table(2, "final test accuracy (%) of SimFAFL and other methods", cells, row_settings=ROW_SETTINGS)
 
 
 def table3() -> PaperTable:
@@ -201,8 +203,8 @@ def table3() -> PaperTable:
                   {**dict.fromkeys(dropped, 0.0), **(cifar10 if d == "cifar10" else {})})
              for row, (dropped, cifar10, values) in TABLE3.items() for i, (d, col) in enumerate(CELL_ORDER)]
     simfafl = ROW_SETTINGS["SimFAFL"]
-    return simfafl_table(3, "ablation of the constraints L_ca (β1) and L_sa (β2)", cells,
-                         {**dict.fromkeys(TABLE3, simfafl), "with L_ca": f"{L_CA_NOTE}; {simfafl}"})
+    return SIMFAFL.table(3, "ablation of the constraints L_ca (β1) and L_sa (β2)", cells,
+                         row_settings={**dict.fromkeys(TABLE3, simfafl), "with L_ca": f"{L_CA_NOTE}; {simfafl}"})
 
 
 def table1() -> PaperTable:
@@ -238,24 +240,14 @@ def weight_cell(row: str, dataset: str, column: str, value: float, base: str, we
     return cell(row, dataset, column, value, ROWS[base], weights).model_copy(update={"column": label})
 
 
-def simfafl_table(number: int, title: str, cells: list[Cell], rows: dict[str, str],
-                  extra_unknowns: tuple[str, ...] = (), scales: dict[str, Scale] = SCALES) -> PaperTable:
-    """A SimFAFL table; ``rows`` gives each row's settings as the header prints them."""
-    return PaperTable(
-        key=f"simfafl:table{number}", title=f"SimFAFL Table {number}: {title}",
-        source=f"SimFAFL, anonymous submission under review: Table {number}",
-        value="mean over clients of the accuracy on their own 30 % (%)",
-        cells=tuple(cells), scales=scales, unknowns=(*UNKNOWNS, *extra_unknowns), row_settings=rows,
-    )
-
-
 def cifar_table(number: int, title: str, cells: list[Cell], rows: dict[str, str],
                 extra_unknowns: tuple[str, ...] = ()) -> PaperTable:
     """Tables 1 and 4–7, on CIFAR only: FMNIST stands in at quick scale for a CIFAR that is absent."""
     names = " or ".join(dict.fromkeys(DATASET_NAMES[c.dataset] for c in cells))
     quick = SCALES["quick"].model_copy(update={"substitute": "fmnist"}).plus(
         {}, f"; FMNIST stands in when {names} is absent")
-    return simfafl_table(number, title, cells, rows, extra_unknowns, {**SCALES, "quick": quick})
+    return SIMFAFL.table(number, title, cells, scales={**SCALES, "quick": quick}, unknowns=extra_unknowns,
+                         row_settings=rows)
 
 
 def sweep_table(number: int, dataset: str, column: str, cells: list[Cell], rows: dict[str, str],
