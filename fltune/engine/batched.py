@@ -24,8 +24,8 @@ from fltune.config import ExperimentConfig, TrainingConfig
 from fltune.data.federated import FederatedData
 from fltune.data.augment import augment, lookup_float
 from fltune.engine.batches import DeviceBatches, epoch_order
-from fltune.engine.local import client_context, train_metrics
-from fltune.engine.transfer import RoundInput, device_states
+from fltune.engine.local import client_contexts, train_metrics
+from fltune.engine.transfer import RoundInput
 from fltune.engine.rng import derive_seed
 from fltune.methods.base import ClientContext, ClientResult, Method, Phase
 from fltune.engine.functional import FunctionalStep, functional_gradient, local_step, own_backward, reads_modules
@@ -330,9 +330,7 @@ class _Group:
     noise: list[torch.Generator]
     weights: Stacked
     inputs: dict[str, Stacked]
-    client_inputs: list[dict[str, dict[str, Tensor]]]
     tally: _Tally
-    global_weights: dict[str, Tensor]
     device: torch.device
     carried: set[str]
     noise_shapes: NoiseShapes
@@ -368,7 +366,7 @@ class _Group:
         for name, p in model.named_parameters():
             p.copy_(self.weights[name][k])
         for key in self.carried:
-            for name, tensor in self.client_inputs[k][key].items():
+            for name, tensor in self.contexts[k].inputs[key].items():
                 tensor.copy_(self.inputs[key][name][k])
 
 
@@ -385,22 +383,17 @@ def _group(
     global_tensors: dict[str, Tensor], source: DeviceBatches,
 ) -> _Group:
     """Set every client of the group up as ``local.train_client`` does and stack what they train."""
-    contexts, starts, client_inputs = [], [], []
-    seeds = [derive_seed(inputs.seed, inputs.round, cid) for cid in client_ids]
-    generators = [torch.Generator().manual_seed(seed) for seed in seeds]
-    loads = device_states([method.client_model_state(inputs.global_state, states.get(cid, {})) for cid in client_ids],
-                          device, inputs.global_state, global_tensors)  # the group's personal parts in one copy
-    for cid, generator, load in zip(client_ids, generators, loads):
-        ctx = client_context(method, model, data, cid, inputs, states.get(cid, {}), training, augment_kind, device,
-                             global_tensors, generator, load, source)
+    contexts, generators, starts = [], [], []
+    for ctx, generator in client_contexts(method, model, data, client_ids, inputs, states, training, augment_kind,
+                                          device, global_tensors, source):
         contexts.append(ctx)
+        generators.append(generator)
         starts.append({n: p.detach().clone() for n, p in model.named_parameters()})
-        client_inputs.append(ctx.inputs)
-    noise = [torch.Generator(device).manual_seed(seed) for seed in seeds]
+    noise = [torch.Generator(device).manual_seed(generator.initial_seed()) for generator in generators]
     return _Group(method, contexts, [data.client_train[cid] for cid in client_ids], generators, noise,
-                  _stack(starts), _stack(client_inputs), client_inputs,
+                  _stack(starts), _stack([ctx.inputs for ctx in contexts]),
                   _Tally(torch.zeros(len(client_ids), dtype=torch.bool, device=device)),
-                  global_tensors, device, set(), method.noise(model))
+                  device, set(), method.noise(model))
 
 
 def train_group(
@@ -419,7 +412,7 @@ def train_group(
     for phases in _common_phases(method, group.contexts):
         prefixes = phases[0].prefixes
         trainable = [n for n in group.weights if prefixes is None or n.startswith(prefixes)]
-        trainer = _GroupTrainer(method, model, training, group.weights, trainable, inputs.lr, group.global_weights,
+        trainer = _GroupTrainer(method, model, training, group.weights, trainable, inputs.lr, global_tensors,
                                 compiled)
         lr = phases[0].lr if phases[0].lr is not None else inputs.lr
         for epoch in range(max(p.epochs for p in phases)):  # each client for its own phase's epochs

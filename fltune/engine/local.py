@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import partial
 from itertools import islice
 from typing import Any
 
@@ -131,30 +132,29 @@ def _trainable(model: nn.Module, phase: Phase) -> list[nn.Parameter]:
     return chosen
 
 
-def client_context(
-    method: Method, model: nn.Module, data: FederatedData, client_id: int, inputs: RoundInput,
-    client_state: dict[str, Any], training: TrainingConfig, augment_kind: str, device: torch.device,
-    global_tensors: dict[str, torch.Tensor], generator: torch.Generator, start: dict[str, torch.Tensor],
-    source: HostBatches | DeviceBatches,
-) -> ClientContext:
-    """A client's context after ``setup_client``, ``model`` holding ``start``; batches from its own
-    ``generator`` through ``source``. Both executors' clients start here."""
-    model.load_state_dict(start)
-    indices = data.client_train[client_id]
-    kept = epoch_samples(len(indices), training)
-
-    def epoch() -> Iterator[Batch]:
-        return source.epoch(indices, training.batch_size, generator, augment_kind, kept)
-
-    ctx = ClientContext(
-        client_id=client_id, round=inputs.round, model=model, global_state=global_tensors,
-        state=dict(client_state), server=inputs.server, server_tensors=inputs.server_on(device),
-        num_samples=kept, epochs=training.local_epochs, lr=inputs.lr, device=device, batches=epoch,
-        momentum=training.momentum if training.optimizer == "sgd" else 0.0, nesterov=training.nesterov,
-        batch_size=training.batch_size, initial_lr=training.lr, grad_clip=training.grad_clip,
-    )
-    method.setup_client(ctx)
-    return ctx
+def client_contexts(
+    method: Method, model: nn.Module, data: FederatedData, client_ids: list[int], inputs: RoundInput,
+    states: dict[int, dict[str, Any]], training: TrainingConfig, augment_kind: str, device: torch.device,
+    global_tensors: dict[str, torch.Tensor], source: HostBatches | DeviceBatches,
+) -> Iterator[tuple[ClientContext, torch.Generator]]:
+    """Each client's context after ``setup_client``, ``model`` holding its start, with the generator its batches
+    draw from (seeded by (seed, round, client id)) through ``source``. Both executors' clients start here; the
+    clients' starts go to the device in one copy."""
+    starts = [method.client_model_state(inputs.global_state, states.get(cid, {})) for cid in client_ids]
+    for cid, start in zip(client_ids, device_states(starts, device, inputs.global_state, global_tensors)):
+        generator = torch.Generator().manual_seed(derive_seed(inputs.seed, inputs.round, cid))
+        model.load_state_dict(start)
+        kept = epoch_samples(len(data.client_train[cid]), training)
+        ctx = ClientContext(
+            client_id=cid, round=inputs.round, model=model, global_state=global_tensors,
+            state=dict(states.get(cid, {})), server=inputs.server, server_tensors=inputs.server_on(device),
+            num_samples=kept, epochs=training.local_epochs, lr=inputs.lr, device=device,
+            batches=partial(source.epoch, data.client_train[cid], training.batch_size, generator, augment_kind, kept),
+            momentum=training.momentum if training.optimizer == "sgd" else 0.0, nesterov=training.nesterov,
+            batch_size=training.batch_size, initial_lr=training.lr, grad_clip=training.grad_clip,
+        )
+        method.setup_client(ctx)
+        yield ctx, generator
 
 
 def train_client(
@@ -167,15 +167,11 @@ def train_client(
     ``deferred`` path is re-run on the reference path (its seed replays it), so every result, diverged or not, is
     the reference's."""
     loop = loop if loop is not None else Loop.reference(data, device)
-    client_seed = derive_seed(inputs.seed, inputs.round, client_id)
-    torch.manual_seed(client_seed)
-    generator = torch.Generator().manual_seed(client_seed)
+    torch.manual_seed(derive_seed(inputs.seed, inputs.round, client_id))
     if global_tensors is None:
         global_tensors = state_on_device(inputs.global_state, device)
-    start = method.client_model_state(inputs.global_state, client_state)
-    load = device_states([start], device, inputs.global_state, global_tensors)[0]
-    ctx = client_context(method, model, data, client_id, inputs, client_state, training, augment_kind, device,
-                         global_tensors, generator, load, loop.source)
+    (ctx, _), = client_contexts(method, model, data, [client_id], inputs, {client_id: client_state}, training,
+                                augment_kind, device, global_tensors, loop.source)
     model.train()
     meter = loop.meter(device)
     _local_steps(method, ctx, training, inputs.lr, meter)

@@ -37,14 +37,17 @@ def test_nesterov_setting_reaches_the_optimiser():
     assert 4.61 == pytest.approx(effective_steps(2, 0.9, nesterov=True))
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs CUDA"))])
 @pytest.mark.parametrize("setting", [
     {"momentum": 0.9}, {"momentum": 0.9, "nesterov": True, "weight_decay": 1e-3}, {"momentum": 0.0, "weight_decay": 0.01},
 ])
-def test_the_sgd_step_is_torchs_sgd_to_the_bit(setting):
+def test_the_sgd_step_is_torchs_sgd_to_the_bit(setting, device):
     """``make_optimizer``'s SGD (``objective.sgd_step``, every path's one step) moves the weights as
-    ``torch.optim.SGD`` does, bit for bit, over steps at changing lrs, a parameter without a gradient left alone."""
+    ``torch.optim.SGD`` does (on CUDA its multi-tensor kernels), bit for bit, over steps at changing lrs, a
+    parameter without a gradient left alone."""
     torch.manual_seed(0)
-    start = [torch.randn(5, 3), torch.randn(3), torch.randn(2)]
+    start = [torch.randn(5, 3, device=device), torch.randn(3, device=device), torch.randn(2, device=device)]
     ours, torchs = ([w.clone().requires_grad_() for w in start] for _ in range(2))
     optimizers = (make_optimizer(ours, build_config({"training": setting}).training, 0.1),
                   torch.optim.SGD(torchs, lr=0.1, **setting))
