@@ -24,12 +24,12 @@ from fltune.config import ExperimentConfig, TrainingConfig
 from fltune.data.federated import FederatedData
 from fltune.data.augment import augment, lookup_float
 from fltune.engine.batches import DeviceBatches, epoch_order
-from fltune.engine.local import client_context, train_metrics
-from fltune.engine.transfer import RoundInput, device_states
+from fltune.engine.local import client_contexts, train_metrics
+from fltune.engine.transfer import RoundInput
 from fltune.engine.rng import derive_seed
 from fltune.methods.base import ClientContext, ClientResult, Method, Phase
 from fltune.engine.functional import FunctionalStep, functional_gradient, local_step, own_backward, reads_modules
-from fltune.methods.objective import Batch, Forward, NoiseShapes, clip_scale
+from fltune.methods.objective import Batch, Forward, NoiseShapes, clipped, sgd_step
 from fltune.workarounds import compile_limits
 
 Stacked = dict[str, Tensor]
@@ -222,9 +222,11 @@ class _Taken(NamedTuple):
     record: Stacked
     live: Tensor
     correct: Tensor
+    weights: Stacked
+    buffers: Stacked
 
 
-_Device = tuple[Tensor, dict[str, Stacked], Stacked, Tensor, Tensor]
+_Device = tuple[Tensor, dict[str, Stacked], Stacked, Tensor, Tensor, Stacked, Stacked]
 """``_Taken``'s fields as the (compiled) step returns them."""
 
 
@@ -238,18 +240,16 @@ def compile_step(step: Callable[..., _Device]) -> Callable[..., _Device]:
 
 
 class _GroupTrainer:
-    """One phase's batched SGD on a group: gradients by vmap, the optimiser step by hand as torch.optim.SGD's."""
+    """One phase's batched SGD on a group: each client's gradient (clipped as the exact path's) by vmap, then the
+    one SGD step (``objective.sgd_step``) on the stacked clients, a masked client keeping its weights and momentum."""
 
     def __init__(
         self, method: Method, model: nn.Module, training: TrainingConfig, weights: Stacked, trainable: list[str],
         round_lr: float, global_weights: dict[str, Tensor], compiled: bool = False,
     ) -> None:
         self.training, self.trainable = training, trainable
-        self.weights = [weights[n] for n in trainable]
-        self.sizes = [p[0].numel() for p in self.weights]
-        k = len(self.weights[0]) if self.weights else 0
-        # SGD's momentum, [K, Σ sizes], zero as a fresh optimiser's
-        self.buffer = torch.zeros(k, sum(self.sizes), device=self.weights[0].device) if training.momentum else None
+        # SGD's momentum, zero as a fresh optimiser's
+        self.buffers = {n: torch.zeros_like(weights[n]) for n in trainable} if training.momentum else {}
         forward, names = Forward(model), tuple(n for n, _ in model.named_parameters())
 
         def client_step(
@@ -257,68 +257,47 @@ class _GroupTrainer:
             w: Tensor,
         ) -> FunctionalStep:
             weights = {n: train[n] if n in train else frozen[n] for n in names}
-            return local_step(method, Batch(
+            step = local_step(method, Batch(
                 forward, weights, x, y, w, inputs, noise, global_weights, trainable=tuple(train), lr=round_lr,
                 grad_clip=training.grad_clip, differentiate=functional_gradient))
+            return step if training.grad_clip is None else step._replace(grads=clipped(step.grads, training.grad_clip))
 
         # global weights are shared by every client: closed over, not a vmap argument flattened every step
         self.steps = vmap(client_step, randomness="different")
-        self.compiled = compiled
         self.take = compile_step(self._take) if compiled else self._take
 
     def step(
         self, weights: Stacked, inputs: dict[str, Stacked], batch: _Step, lr: float, tally: _Tally,
     ) -> _Taken:
-        """One masked step of all K clients; ``weights`` and momentum change in place."""
+        """One masked step of all K clients; ``weights`` and momentum take the stepped values."""
         train = {n: weights[n] for n in self.trainable}
         frozen = {n: p for n, p in weights.items() if n not in train}
-        out = _Taken(*self.take(train, frozen, inputs, batch, tally.diverged, lr))
+        out = _Taken(*self.take(train, frozen, inputs, self.buffers, batch, tally.diverged, lr))
+        weights.update(out.weights)
+        self.buffers = out.buffers
         tally.steps.append((out.loss, out.live, out.correct, batch.counts))
         return out
 
     def _take(
-        self, train: Stacked, frozen: Stacked, inputs: dict[str, Stacked], batch: _Step, diverged: Tensor,
-        lr: float,
+        self, train: Stacked, frozen: Stacked, inputs: dict[str, Stacked], buffers: Stacked, batch: _Step,
+        diverged: Tensor, lr: float,
     ) -> _Device:
-        """The step's device work in one function (one graph for ``resources.compile``); sets ``diverged``."""
+        """The step's device work in one function (one graph for ``resources.compile``); sets ``diverged``. Every
+        tensor is replaced, none written in place: torch 2.11's inductor fused an in-place update with a read of the
+        overwritten buffer (a step of (1 + ρ)·g)."""
         out = self.steps(train, frozen, inputs, batch.noise, batch.images(), batch.y, batch.weight)
         diverged |= batch.active & ((out.loss - out.loss) != 0)  # x − x is 0 unless x is NaN or ±inf
         live = batch.active & ~diverged
-        self._update(out.grads, lr, live)
-        correct = ((out.logits.argmax(-1) == batch.y) & batch.real).sum(1)
-        return out.loss, _kept(out.kept, inputs, live), out.record, live, correct
-
-    def _update(self, grads: Stacked, lr: float, live: Tensor) -> None:
-        """SGD on every live client, in place, on one [K, Σ sizes] gradient, each element through
-        ``torch.optim.SGD``'s float operations; a masked client's gradient is zeroed, its buffer scaled by 1 and
-        its step by 0. The buffer is replaced, not written in place: torch 2.11's inductor fused an in-place
-        update with a read of the overwritten buffer (a step of (1 + ρ)·g)."""
         t = self.training
-        g = torch.cat([_rows(grads[n]) for n in self.trainable], dim=1)
-        if t.grad_clip is not None:
-            g.mul_(vmap(lambda row: clip_scale([row], t.grad_clip))(g)[:, None])  # each client's own norm
-        if t.weight_decay:
-            g.add_(torch.cat([_rows(p) for p in self.weights], dim=1), alpha=t.weight_decay)
-        mask = live[:, None]
-        g.masked_fill_(~mask, 0.0)
-        if self.buffer is not None:
-            buf = self.buffer = self.buffer * torch.where(mask, t.momentum, 1.0) + g
-            g = g.add_(buf, alpha=t.momentum) if t.nesterov else buf
-        rate = live * -lr  # −lr, or −0.0 for a masked client: p + (−0.0)·0 is p, bit for bit (−0.0 too)
-        torch._foreach_addcmul_(  # addcmul's rounding (a fused multiply-add on CPU)
-            self.weights, [v.view_as(p) for v, p in zip(g.split(self.sizes, dim=1), self.weights)],
-            [rate.view(-1, *[1] * (p.dim() - 1)) for p in self.weights])
+        stepped, moved = sgd_step(train, out.grads, lr, buffers, t.momentum, t.nesterov, t.weight_decay)
+        correct = ((out.logits.argmax(-1) == batch.y) & batch.real).sum(1)
+        return (out.loss, {key: _where(live, new, inputs[key]) for key, new in out.kept.items()}, out.record, live,
+                correct, _where(live, stepped, train), _where(live, moved, buffers))
 
 
-def _kept(carry: dict[str, Stacked], inputs: dict[str, Stacked], live: Tensor) -> dict[str, Stacked]:
-    """The carried inputs after a step: a live client's new values, a masked client's old ones."""
-    return {key: {name: torch.where(live.view(-1, *[1] * (new.dim() - 1)), new, inputs[key][name])
-                  for name, new in values.items()} for key, values in carry.items()}
-
-
-def _rows(stacked: Tensor) -> Tensor:
-    """[K, ...] → [K, n]: one client's tensor per row (a scalar parameter gives a column)."""
-    return stacked.reshape(len(stacked), -1)
+def _where(live: Tensor, new: Stacked, old: Stacked) -> Stacked:
+    """A live client's new values, a masked client's old ones."""
+    return {name: torch.where(live.view(-1, *[1] * (value.dim() - 1)), value, old[name]) for name, value in new.items()}
 
 
 def client_noise(
@@ -351,9 +330,7 @@ class _Group:
     noise: list[torch.Generator]
     weights: Stacked
     inputs: dict[str, Stacked]
-    client_inputs: list[dict[str, dict[str, Tensor]]]
     tally: _Tally
-    global_weights: dict[str, Tensor]
     device: torch.device
     carried: set[str]
     noise_shapes: NoiseShapes
@@ -389,7 +366,7 @@ class _Group:
         for name, p in model.named_parameters():
             p.copy_(self.weights[name][k])
         for key in self.carried:
-            for name, tensor in self.client_inputs[k][key].items():
+            for name, tensor in self.contexts[k].inputs[key].items():
                 tensor.copy_(self.inputs[key][name][k])
 
 
@@ -406,22 +383,17 @@ def _group(
     global_tensors: dict[str, Tensor], source: DeviceBatches,
 ) -> _Group:
     """Set every client of the group up as ``local.train_client`` does and stack what they train."""
-    contexts, starts, client_inputs = [], [], []
-    seeds = [derive_seed(inputs.seed, inputs.round, cid) for cid in client_ids]
-    generators = [torch.Generator().manual_seed(seed) for seed in seeds]
-    loads = device_states([method.client_model_state(inputs.global_state, states.get(cid, {})) for cid in client_ids],
-                          device, inputs.global_state, global_tensors)  # the group's personal parts in one copy
-    for cid, generator, load in zip(client_ids, generators, loads):
-        ctx = client_context(method, model, data, cid, inputs, states.get(cid, {}), training, augment_kind, device,
-                             global_tensors, generator, load, source)
+    contexts, generators, starts = [], [], []
+    for ctx, generator in client_contexts(method, model, data, client_ids, inputs, states, training, augment_kind,
+                                          device, global_tensors, source):
         contexts.append(ctx)
+        generators.append(generator)
         starts.append({n: p.detach().clone() for n, p in model.named_parameters()})
-        client_inputs.append(ctx.inputs)
-    noise = [torch.Generator(device).manual_seed(seed) for seed in seeds]
+    noise = [torch.Generator(device).manual_seed(generator.initial_seed()) for generator in generators]
     return _Group(method, contexts, [data.client_train[cid] for cid in client_ids], generators, noise,
-                  _stack(starts), _stack(client_inputs), client_inputs,
+                  _stack(starts), _stack([ctx.inputs for ctx in contexts]),
                   _Tally(torch.zeros(len(client_ids), dtype=torch.bool, device=device)),
-                  global_tensors, device, set(), method.noise(model))
+                  device, set(), method.noise(model))
 
 
 def train_group(
@@ -440,7 +412,7 @@ def train_group(
     for phases in _common_phases(method, group.contexts):
         prefixes = phases[0].prefixes
         trainable = [n for n in group.weights if prefixes is None or n.startswith(prefixes)]
-        trainer = _GroupTrainer(method, model, training, group.weights, trainable, inputs.lr, group.global_weights,
+        trainer = _GroupTrainer(method, model, training, group.weights, trainable, inputs.lr, global_tensors,
                                 compiled)
         lr = phases[0].lr if phases[0].lr is not None else inputs.lr
         for epoch in range(max(p.epochs for p in phases)):  # each client for its own phase's epochs

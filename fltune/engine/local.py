@@ -6,12 +6,12 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import partial
 from itertools import islice
 from typing import Any
 
 import torch
 from torch import nn
-from torch.optim.sgd import sgd
 
 from fltune.config import TrainingConfig
 from fltune.data.federated import FederatedData
@@ -21,6 +21,7 @@ from fltune.engine.rng import derive_seed
 from fltune.engine.transfer import RoundInput, device_states, state_on_device
 from fltune.methods.base import ClientContext, ClientResult, Method, Phase
 from fltune.methods.finetune import tuner_for
+from fltune.methods.objective import clipped, sgd_step
 
 
 class HostMeter:
@@ -70,26 +71,22 @@ class DeviceMeter(HostMeter):
         return loss_sum, int(correct), self.seen, not math.isfinite(loss_sum)
 
 
-def make_optimizer(params: list[nn.Parameter], training: TrainingConfig, lr: float) -> torch.optim.Optimizer:
+def make_optimizer(params: list[nn.Parameter], training: TrainingConfig, lr: float) -> torch.optim.Adam | KeptSGD:
     """A fresh optimiser per client and phase (no momentum carried across clients, as in the papers' code)."""
     if training.optimizer == "adam":
         return torch.optim.Adam(params, lr=lr, weight_decay=training.weight_decay)
-    return torch.optim.SGD(
-        params, lr=lr, momentum=training.momentum, weight_decay=training.weight_decay, nesterov=training.nesterov
-    )
+    return KeptSGD(params, training, lr)
 
 
 class KeptSGD:
-    """``torch.optim.SGD``'s step without an ``Optimizer``: ``torch.optim.sgd.sgd`` with ``SGD.step``'s
-    arguments, so SGD's bits. Why: any ``torch.optim.Optimizer`` imports ``torch._dynamo``, memory wasted in a
-    process that never compiles. Keeps an Optimizer's ``state`` (momentum buffers) and ``param_groups``."""
+    """``torch.optim.SGD``'s step without an ``Optimizer``: ``objective.sgd_step``, SGD's bits. Why: any
+    ``torch.optim.Optimizer`` imports ``torch._dynamo``, memory wasted in a process that never compiles. Keeps an
+    Optimizer's ``state`` (momentum buffers) and ``param_groups``."""
 
     def __init__(self, params: list[nn.Parameter], training: TrainingConfig, lr: float) -> None:
-        self.params = params
-        self.settings = dict(weight_decay=training.weight_decay, momentum=training.momentum, dampening=0,
-                             nesterov=training.nesterov, maximize=False)
+        self.params, self.training = params, training
         self.param_groups = [{"lr": lr}]
-        self.state: dict[int, torch.Tensor | None] = {}
+        self.state: dict[int, torch.Tensor] = {}
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         for param in self.params:
@@ -97,62 +94,32 @@ class KeptSGD:
 
     @torch.no_grad()
     def step(self) -> None:
-        """SGD._init_group then SGD.step: only params with a gradient; buffers listed only with momentum."""
-        live = [(i, p) for i, p in enumerate(self.params) if p.grad is not None]
-        momentum = self.settings["momentum"] != 0
-        buffers = [self.state.get(i) for i, _ in live] if momentum else []
-        grads = [p.grad for _, p in live]
-        sgd(
-            [p for _, p in live], grads, buffers, lr=self.param_groups[0]["lr"],
-            has_sparse_grad=any(g.is_sparse for g in grads), foreach=None, fused=None, grad_scale=None,
-            found_inf=None, **self.settings,
-        )
-        if momentum:
-            self.state.update((i, b) for (i, _), b in zip(live, buffers, strict=True))
-
-
-class Optimizers:
-    """Optimisers per client and phase: fresh (``reuse=False``, the reference), or one kept per parameter set
-    and setting and emptied before each use, which steps exactly as a fresh one (state is built lazily). Kept
-    ones hold their parameters, so an ``id`` in a key is never reused by another parameter."""
-
-    def __init__(self, reuse: bool) -> None:
-        self.reuse = reuse
-        self.kept: dict[tuple, torch.optim.Optimizer | KeptSGD] = {}
-
-    def get(
-        self, params: list[nn.Parameter], training: TrainingConfig, lr: float,
-    ) -> torch.optim.Optimizer | KeptSGD:
-        if not self.reuse:
-            return make_optimizer(params, training, lr)
-        key = (training.optimizer, training.momentum, training.weight_decay, training.nesterov, *map(id, params))
-        optimizer = self.kept.get(key)
-        if optimizer is None:
-            optimizer = self.kept[key] = (
-                KeptSGD(params, training, lr) if training.optimizer == "sgd" else make_optimizer(params, training, lr)
-            )
-        optimizer.state.clear()
-        set_lr(optimizer, lr)
-        return optimizer
+        """As ``SGD.step``: only params with a gradient move; buffers kept only with momentum."""
+        live = {i: p for i, p in enumerate(self.params) if p.grad is not None}
+        t = self.training
+        stepped, buffers = sgd_step(live, {i: p.grad for i, p in live.items()}, self.param_groups[0]["lr"],
+                                    self.state, t.momentum, t.nesterov, t.weight_decay)
+        for i, param in live.items():
+            param.copy_(stepped[i])
+        self.state.update(buffers)
 
 
 @dataclass(frozen=True)
 class Loop:
-    """How ``train_client`` runs the loop on a worker: batch source, step metrics, optimiser reuse. The ``exact`` and
+    """How ``train_client`` runs the loop on a worker: batch source and step metrics. The ``exact`` and
     ``reference`` settings give the same bits (tests/engine/test_executor_exact.py); ``exact`` syncs less."""
 
     source: HostBatches | DeviceBatches
     meter: type[HostMeter]
-    optimizers: Optimizers
 
     @classmethod
     def exact(cls, data: FederatedData, device: torch.device) -> Loop:
         """Once per run and worker: the run's data moves to ``device`` here."""
-        return cls(DeviceBatches(data, device), DeviceMeter, Optimizers(reuse=True))
+        return cls(DeviceBatches(data, device), DeviceMeter)
 
     @classmethod
     def reference(cls, data: FederatedData, device: torch.device) -> Loop:
-        return cls(HostBatches(data, device), HostMeter, Optimizers(reuse=False))
+        return cls(HostBatches(data, device), HostMeter)
 
 
 def _trainable(model: nn.Module, phase: Phase) -> list[nn.Parameter]:
@@ -165,30 +132,29 @@ def _trainable(model: nn.Module, phase: Phase) -> list[nn.Parameter]:
     return chosen
 
 
-def client_context(
-    method: Method, model: nn.Module, data: FederatedData, client_id: int, inputs: RoundInput,
-    client_state: dict[str, Any], training: TrainingConfig, augment_kind: str, device: torch.device,
-    global_tensors: dict[str, torch.Tensor], generator: torch.Generator, start: dict[str, torch.Tensor],
-    source: HostBatches | DeviceBatches,
-) -> ClientContext:
-    """A client's context after ``setup_client``, ``model`` holding ``start``; batches from its own
-    ``generator`` through ``source``. Both executors' clients start here."""
-    model.load_state_dict(start)
-    indices = data.client_train[client_id]
-    kept = epoch_samples(len(indices), training)
-
-    def epoch() -> Iterator[Batch]:
-        return source.epoch(indices, training.batch_size, generator, augment_kind, kept)
-
-    ctx = ClientContext(
-        client_id=client_id, round=inputs.round, model=model, global_state=global_tensors,
-        state=dict(client_state), server=inputs.server, server_tensors=inputs.server_on(device),
-        num_samples=kept, epochs=training.local_epochs, lr=inputs.lr, device=device, batches=epoch,
-        momentum=training.momentum if training.optimizer == "sgd" else 0.0, nesterov=training.nesterov,
-        batch_size=training.batch_size, initial_lr=training.lr, grad_clip=training.grad_clip,
-    )
-    method.setup_client(ctx)
-    return ctx
+def client_contexts(
+    method: Method, model: nn.Module, data: FederatedData, client_ids: list[int], inputs: RoundInput,
+    states: dict[int, dict[str, Any]], training: TrainingConfig, augment_kind: str, device: torch.device,
+    global_tensors: dict[str, torch.Tensor], source: HostBatches | DeviceBatches,
+) -> Iterator[tuple[ClientContext, torch.Generator]]:
+    """Each client's context after ``setup_client``, ``model`` holding its start, with the generator its batches
+    draw from (seeded by (seed, round, client id)) through ``source``. Both executors' clients start here; the
+    clients' starts go to the device in one copy."""
+    starts = [method.client_model_state(inputs.global_state, states.get(cid, {})) for cid in client_ids]
+    for cid, start in zip(client_ids, device_states(starts, device, inputs.global_state, global_tensors)):
+        generator = torch.Generator().manual_seed(derive_seed(inputs.seed, inputs.round, cid))
+        model.load_state_dict(start)
+        kept = epoch_samples(len(data.client_train[cid]), training)
+        ctx = ClientContext(
+            client_id=cid, round=inputs.round, model=model, global_state=global_tensors,
+            state=dict(states.get(cid, {})), server=inputs.server, server_tensors=inputs.server_on(device),
+            num_samples=kept, epochs=training.local_epochs, lr=inputs.lr, device=device,
+            batches=partial(source.epoch, data.client_train[cid], training.batch_size, generator, augment_kind, kept),
+            momentum=training.momentum if training.optimizer == "sgd" else 0.0, nesterov=training.nesterov,
+            batch_size=training.batch_size, initial_lr=training.lr, grad_clip=training.grad_clip,
+        )
+        method.setup_client(ctx)
+        yield ctx, generator
 
 
 def train_client(
@@ -201,18 +167,14 @@ def train_client(
     ``deferred`` path is re-run on the reference path (its seed replays it), so every result, diverged or not, is
     the reference's."""
     loop = loop if loop is not None else Loop.reference(data, device)
-    client_seed = derive_seed(inputs.seed, inputs.round, client_id)
-    torch.manual_seed(client_seed)
-    generator = torch.Generator().manual_seed(client_seed)
+    torch.manual_seed(derive_seed(inputs.seed, inputs.round, client_id))
     if global_tensors is None:
         global_tensors = state_on_device(inputs.global_state, device)
-    start = method.client_model_state(inputs.global_state, client_state)
-    load = device_states([start], device, inputs.global_state, global_tensors)[0]
-    ctx = client_context(method, model, data, client_id, inputs, client_state, training, augment_kind, device,
-                         global_tensors, generator, load, loop.source)
+    (ctx, _), = client_contexts(method, model, data, [client_id], inputs, {client_id: client_state}, training,
+                                augment_kind, device, global_tensors, loop.source)
     model.train()
     meter = loop.meter(device)
-    _local_steps(method, ctx, training, inputs.lr, loop.optimizers, meter)
+    _local_steps(method, ctx, training, inputs.lr, meter)
     for param in model.parameters():
         param.requires_grad_(True)
     loss_sum, correct, seen, diverged = meter.totals()
@@ -265,16 +227,13 @@ def final_round(
     final_model(method, model, inputs, result, device, global_tensors)
 
 
-def _local_steps(
-    method: Method, ctx: ClientContext, training: TrainingConfig, lr: float, optimizers: Optimizers,
-    meter: HostMeter,
-) -> None:
+def _local_steps(method: Method, ctx: ClientContext, training: TrainingConfig, lr: float, meter: HostMeter) -> None:
     """Every phase's steps (capped at ``Phase.steps``); stops at the first one ``meter`` finds non-finite."""
     backward = client_backward(method)
     for phase in method.phases(ctx):
         params = _trainable(ctx.model, phase)
         phase_lr = phase.lr if phase.lr is not None else lr
-        optimizer = optimizers.get(params, training, phase_lr)
+        optimizer = make_optimizer(params, training, phase_lr)
         for x, y in _phase_batches(ctx, phase):
             optimizer.zero_grad(set_to_none=True)
             loss, logits = backward(ctx, x, y)
@@ -282,7 +241,7 @@ def _local_steps(
                 return
             add_correction(method, ctx)
             if training.grad_clip is not None:
-                torch.nn.utils.clip_grad_norm_(params, training.grad_clip)
+                clip_grads(params, training.grad_clip)
             _step(optimizer, ctx, phase_lr)
             ctx.steps += 1
             meter.add(loss, logits, y)
@@ -298,13 +257,21 @@ def add_correction(method: Method, ctx: ClientContext) -> None:
             params[name].grad.add_(correction[name])
 
 
+@torch.no_grad()
+def clip_grads(params: list[nn.Parameter], max_norm: float) -> None:
+    """``clip_grad_norm_`` on the parameters' ``.grad`` by the one clip, ``objective.clipped``."""
+    live = [p for p in params if p.grad is not None]
+    for param, grad in zip(live, clipped({i: p.grad for i, p in enumerate(live)}, max_norm).values()):
+        param.grad = grad
+
+
 def _phase_batches(ctx: ClientContext, phase: Phase) -> Iterator[Batch]:
     """A phase's epochs' batches, capped at ``phase.steps``; an epoch past the cap is never begun, so it draws
     nothing from the client's generator."""
     return islice((batch for _ in range(phase.epochs) for batch in ctx.batches()), phase.steps)
 
 
-def _step(optimizer: torch.optim.Optimizer | KeptSGD, ctx: ClientContext, phase_lr: float) -> None:
+def _step(optimizer: torch.optim.Adam | KeptSGD, ctx: ClientContext, phase_lr: float) -> None:
     """The optimiser step, at ``ctx.step_lr`` when ``backward`` set one for this step (then cleared)."""
     if ctx.step_lr is None:
         optimizer.step()
@@ -315,7 +282,7 @@ def _step(optimizer: torch.optim.Optimizer | KeptSGD, ctx: ClientContext, phase_
     ctx.step_lr = None
 
 
-def set_lr(optimizer: torch.optim.Optimizer | KeptSGD, lr: float) -> None:
+def set_lr(optimizer: torch.optim.Adam | KeptSGD, lr: float) -> None:
     """Change the learning rate of every parameter group."""
     for group in optimizer.param_groups:
         group["lr"] = lr

@@ -12,14 +12,13 @@ import copy
 from collections.abc import Mapping
 from typing import Literal
 
-import torch
 from pydantic import Field
 from torch import Tensor
 
 from fltune.methods import register
 from fltune.methods._initial import InitialStandIn
 from fltune.methods.base import ClientContext, ClientResult, Method, Params
-from fltune.methods.objective import Batch, Forward, Tensors, clip_scale
+from fltune.methods.objective import Batch, Forward, Tensors, clipped, sgd_step
 from fltune.methods.wire import to_numpy
 
 
@@ -58,20 +57,14 @@ class Ditto(InitialStandIn, Method):
         """v after one SGD step on ∇[CE(v) + (λ/2)‖v − w_g‖²] (Ditto Eq. 2), from ∇CE(v) (``ce_grads``) at v
         (``personal``), w_g being ``anchor``. The proximal part λ(v − w_g) is added in closed form: the same bits as
         autograd's. With ``max_norm`` the step is clipped as FedCR's ``distributed_training_utils_ditto.py``:
-        ∇CE − λ·w_g bounded, then λ·v added back. One flat vector, so a batched step launches each op once."""
-        names = list(personal)
-        sizes = [personal[n].numel() for n in names]
-
-        def flat(tensors: Mapping[str, Tensor]) -> Tensor:
-            return torch.cat([tensors[n].reshape(-1) for n in names])
-
-        lam, v = self.params.lam, flat(personal)
-        direction = flat(ce_grads) if lam == 0 else flat(ce_grads) + lam * (v - flat(anchor))
+        ∇CE − λ·w_g bounded, then λ·v added back. FedCR's code rounds η·∇ before subtracting it: the one SGD step
+        at rate 1 on η·∇ keeps that rounding."""
+        lam = self.params.lam
+        direction = ce_grads if lam == 0 else {n: g + lam * (personal[n] - anchor[n]) for n, g in ce_grads.items()}
         if max_norm is not None:
-            bounded = direction - lam * v
-            direction = bounded * clip_scale(bounded.split(sizes), max_norm) + lam * v
-        stepped = v - lr * direction
-        return {n: piece.view_as(personal[n]) for n, piece in zip(names, stepped.split(sizes))}
+            bounded = clipped({n: d - lam * personal[n] for n, d in direction.items()}, max_norm)
+            direction = {n: b + lam * personal[n] for n, b in bounded.items()}
+        return sgd_step(personal, {n: lr * d for n, d in direction.items()}, 1.0)[0]
 
     def step(self, batch: Batch) -> tuple[Tensors, Tensor, Tensor]:
         """FedAvg's gradient for w; v after one plain SGD step, kept as ``personal``. v's objective is FedAvg's CE

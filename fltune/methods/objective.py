@@ -187,6 +187,28 @@ def global_norm(tensors: Iterable[torch.Tensor]) -> torch.Tensor:
     return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(t) for t in tensors]))
 
 
-def clip_scale(tensors: Iterable[torch.Tensor], max_norm: float) -> torch.Tensor:
-    """``clip_grad_norm_``'s factor min(1, max_norm / (‖g‖ + 1e-6)), with no ``.grad`` or in-place write (vmap-safe)."""
-    return (max_norm / (global_norm(tensors) + 1e-6)).clamp(max=1.0)
+def clipped(grads: Mapping[Any, torch.Tensor], max_norm: float) -> dict[Any, torch.Tensor]:
+    """``grads`` scaled by ``clip_grad_norm_``'s factor min(1, max_norm / (‖g‖ + 1e-6)), its bits, with no ``.grad``
+    or in-place write (vmap-safe): every path's one gradient clip."""
+    scale = (max_norm / (global_norm(grads.values()) + 1e-6)).clamp(max=1.0)
+    return {n: g * scale for n, g in grads.items()}
+
+
+def sgd_step(
+    weights: Mapping[Any, torch.Tensor], grads: Mapping[Any, torch.Tensor], lr: float,
+    buffers: Mapping[Any, torch.Tensor | None] | None = None, momentum: float = 0.0, nesterov: bool = False,
+    weight_decay: float = 0.0,
+) -> tuple[dict[Any, torch.Tensor], dict[Any, torch.Tensor]]:
+    """(new weights, new momentum buffers) of the weights with a gradient after one ``torch.optim.SGD`` step, through
+    its float operations (so its bits), out of place: every path's one SGD step (the exact path's, the batched
+    executor's on stacked clients, Ditto's personal one). A missing buffer starts as the gradient, as SGD's."""
+    stepped, kept = {}, {}
+    for n, g in grads.items():
+        if weight_decay:
+            g = g.add(weights[n], alpha=weight_decay)
+        if momentum:
+            buffer = (buffers or {}).get(n)
+            buffer = kept[n] = g.clone() if buffer is None else buffer * momentum + g
+            g = g.add(buffer, alpha=momentum) if nesterov else buffer
+        stepped[n] = weights[n].add(g, alpha=-lr)
+    return stepped, kept

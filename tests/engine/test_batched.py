@@ -187,7 +187,7 @@ def test_a_compiled_step_follows_the_eager_one(overrides, device):
     clients of other sizes and short last batches, and it compiled one graph for all its steps (each padded
     to B: a graph per short batch's size was a compile each). Clipping with momentum (ρ = 0.9 here) and a
     method's second gradient is where torch 2.11's inductor once stepped by (1 + ρ)·g
-    (``_GroupTrainer._update``); on CUDA the kernels are Triton's, not the CPU's C++."""
+    (``_GroupTrainer._take``); on CUDA the kernels are Triton's, not the CPU's C++."""
     cfg, data, method, model, inputs, tensors = round_one(overrides)
     model.to(device)
     tensors = {k: v.to(device) for k, v in tensors.items()}

@@ -147,10 +147,9 @@ def test_exact_path_gives_the_reference_bits(method, device):
     ["training.nesterov=true", "training.grad_clip=1.0", "training.lr_decay=0.5"],
     ["training.momentum=0", "training.weight_decay=0.01"],
 ])
-def test_exact_path_reuses_optimisers_exactly(setting, device):
-    """Kept optimisers, emptied per client and phase, step as fresh ones (Adam's moments, Nesterov's
-    buffer, plain SGD with weight decay and no buffer at all; FedRep's two phases give each client two
-    kept optimisers). Kept SGD is ``KeptSGD``, torch's functional SGD without an Optimizer object."""
+def test_exact_path_agrees_under_every_optimiser_setting(setting, device):
+    """Adam's moments, Nesterov's buffer with clipping and a decaying lr, plain SGD with weight decay and no
+    buffer at all, each fresh per client and phase (FedRep's two phases): the exact path keeps the reference's bits."""
     assert_executors_agree(tiny_config("fedrep", *setting), device)
 
 

@@ -32,11 +32,35 @@ def two_steps(*overrides: str) -> float:
 
 def test_nesterov_setting_reaches_the_optimiser():
     """Heavy ball moves w by lr·g·(1 + 1.9) = 0.58 in two steps; Nesterov by lr·g·(1.9 + 2.71) = 0.922."""
-    optimizer = make_optimizer([torch.zeros(1, requires_grad=True)], build_config().training, 0.1)
-    assert optimizer.defaults["nesterov"] is False
     assert two_steps() == pytest.approx(-0.1 * 2.0 * 2.9, abs=1e-12)
     assert two_steps("training.nesterov=true") == pytest.approx(-0.1 * 2.0 * 4.61, abs=1e-12)
     assert 4.61 == pytest.approx(effective_steps(2, 0.9, nesterov=True))
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs CUDA"))])
+@pytest.mark.parametrize("setting", [
+    {"momentum": 0.9}, {"momentum": 0.9, "nesterov": True, "weight_decay": 1e-3}, {"momentum": 0.0, "weight_decay": 0.01},
+])
+def test_the_sgd_step_is_torchs_sgd_to_the_bit(setting, device):
+    """``make_optimizer``'s SGD (``objective.sgd_step``, every path's one step) moves the weights as
+    ``torch.optim.SGD`` does (on CUDA its multi-tensor kernels), bit for bit, over steps at changing lrs, a
+    parameter without a gradient left alone."""
+    torch.manual_seed(0)
+    start = [torch.randn(5, 3, device=device), torch.randn(3, device=device), torch.randn(2, device=device)]
+    ours, torchs = ([w.clone().requires_grad_() for w in start] for _ in range(2))
+    optimizers = (make_optimizer(ours, build_config({"training": setting}).training, 0.1),
+                  torch.optim.SGD(torchs, lr=0.1, **setting))
+    for lr in (0.1, 0.05, 0.1):
+        grads = [torch.randn_like(w) for w in start[:2]]  # the last weight gets none
+        for params, optimizer in zip((ours, torchs), optimizers):
+            optimizer.param_groups[0]["lr"] = lr
+            for param, grad in zip(params, grads):
+                param.grad = grad.clone()
+            optimizer.step()
+            optimizer.zero_grad()
+    assert all(torch.equal(a, b) for a, b in zip(ours, torchs)) and torch.equal(ours[2], start[2])
+    assert not torch.equal(ours[0], start[0])
 
 
 def _final_round_setup(method: str, **training: object) -> tuple:
@@ -137,7 +161,7 @@ def test_a_step_at_another_lr_takes_that_lr_for_that_step_alone():
 
     reference = build_model_for(cfg, data)
     load_state(reference, inputs.global_state)
-    optimizer = make_optimizer(list(reference.parameters()), cfg.training, inputs.lr)
+    optimizer = torch.optim.SGD(reference.parameters(), lr=inputs.lr, momentum=0.9)
     for i, (x, y) in enumerate(slow.batches, start=1):
         optimizer.zero_grad()
         torch.nn.functional.cross_entropy(reference(x), y).backward()
