@@ -49,7 +49,7 @@ from fltune.config import build_config
 from fltune.engine import batched
 from fltune.engine.batched import client_groups, train_group
 from fltune.engine.builders import build_method, build_model_for, initial_state, load_data
-from fltune.engine.local import Loop, train_client
+from fltune.engine.local import Trainer, train_client
 from fltune.engine.transfer import RoundInput
 from fltune.engine.rng import sample_clients
 from fltune.methods import get_method
@@ -112,16 +112,15 @@ class Setup:
         self.start = initial_state(cfg, data)
         self.server = method.server_payload(method.init_server_state(self.start))
         tensors = {k: torch.tensor(v, device=device) for k, v in self.start.items()}
-        loop = Loop.exact(data, device)  # a run's default executor
+        trainer = Trainer.of(method, model, data, cfg.training, device, exact=True)  # a run's default executor
 
         def exact(inputs: RoundInput, clients: list[int]) -> None:
             for cid in clients:
-                train_client(method, model, data, cid, inputs, {}, cfg.training, "none", device, tensors, loop)
+                train_client(trainer, cid, inputs, {}, tensors)
 
         def batched(inputs: RoundInput, clients: list[int], compile_step: bool = False) -> None:
             for chunk in client_groups(clients, group):
-                for _ in train_group(method, model, data, chunk, inputs, {}, cfg.training, "none", device,
-                                     tensors, loop.source, compile_step):
+                for _ in train_group(trainer, chunk, inputs, {}, tensors, compile_step):
                     pass
 
         self.train: dict[str, Train] = {"exact": exact, "batched": batched}

@@ -56,7 +56,7 @@ from fltune.config import ExperimentConfig, build_config
 from fltune.data.datasets import load_dataset
 from fltune.engine.builders import build_model_for, model_name, resolve_augment
 from fltune.engine.federation import Federation
-from fltune.engine.local import train_client
+from fltune.engine.local import Trainer, train_client
 from fltune.engine.transfer import RoundInput
 from fltune.engine.cluster import ensure_ray
 from fltune.errors import DatasetMissing
@@ -116,8 +116,9 @@ def train_mflops_per_sample(fed: Federation) -> tuple[float, float]:
     model = build_model_for(fed.cfg, fed.data)
     counter = TrainingFlops()
     with counter:
-        result = train_client(fed.method, model, fed.data, cid, inputs, fed.client_store.get(cid, {}),
-                              fed.cfg.training, resolve_augment(fed.cfg, fed.data), torch.device("cpu"))
+        trainer = Trainer.of(fed.method, model, fed.data, fed.cfg.training, torch.device("cpu"),
+                             resolve_augment(fed.cfg, fed.data))
+        result = train_client(trainer, cid, inputs, fed.client_store.get(cid, {}))
     per_sample = 1e6 * max(result.metrics["samples"], 1.0)
     return counter.get_total_flops() / per_sample, counter.forward_flops / per_sample
 

@@ -21,10 +21,9 @@ from torch import Tensor, nn
 from torch.func import vmap
 
 from fltune.config import ExperimentConfig, TrainingConfig
-from fltune.data.federated import FederatedData
 from fltune.data.augment import augment, lookup_float
 from fltune.engine.batches import DeviceBatches, epoch_order
-from fltune.engine.local import client_contexts, train_metrics
+from fltune.engine.local import Trainer, client_contexts, train_metrics
 from fltune.engine.transfer import RoundInput
 from fltune.engine.rng import derive_seed
 from fltune.methods.base import ClientContext, ClientResult, Method, Phase
@@ -378,46 +377,42 @@ def _run_epoch(group: _Group, trainer: _GroupTrainer, laid: _GroupEpoch, lr: flo
 
 
 def _group(
-    method: Method, model: nn.Module, data: FederatedData, client_ids: list[int], inputs: RoundInput,
-    states: dict[int, dict[str, Any]], training: TrainingConfig, augment_kind: str, device: torch.device,
-    global_tensors: dict[str, Tensor], source: DeviceBatches,
+    trainer: Trainer, client_ids: list[int], inputs: RoundInput, states: dict[int, dict[str, Any]],
+    global_tensors: dict[str, Tensor],
 ) -> _Group:
     """Set every client of the group up as ``local.train_client`` does and stack what they train."""
     contexts, generators, starts = [], [], []
-    for ctx, generator in client_contexts(method, model, data, client_ids, inputs, states, training, augment_kind,
-                                          device, global_tensors, source):
+    for ctx, generator in client_contexts(trainer, client_ids, inputs, states, global_tensors):
         contexts.append(ctx)
         generators.append(generator)
-        starts.append({n: p.detach().clone() for n, p in model.named_parameters()})
-    noise = [torch.Generator(device).manual_seed(generator.initial_seed()) for generator in generators]
-    return _Group(method, contexts, [data.client_train[cid] for cid in client_ids], generators, noise,
+        starts.append({n: p.detach().clone() for n, p in trainer.model.named_parameters()})
+    noise = [torch.Generator(trainer.device).manual_seed(generator.initial_seed()) for generator in generators]
+    return _Group(trainer.method, contexts, [trainer.data.client_train[cid] for cid in client_ids], generators, noise,
                   _stack(starts), _stack([ctx.inputs for ctx in contexts]),
-                  _Tally(torch.zeros(len(client_ids), dtype=torch.bool, device=device)),
-                  device, set(), method.noise(model))
+                  _Tally(torch.zeros(len(client_ids), dtype=torch.bool, device=trainer.device)),
+                  trainer.device, set(), trainer.method.noise(trainer.model))
 
 
 def train_group(
-    method: Method, model: nn.Module, data: FederatedData, client_ids: list[int], inputs: RoundInput,
-    states: dict[int, dict[str, Any]], training: TrainingConfig, augment_kind: str, device: torch.device,
-    global_tensors: dict[str, Tensor], source: DeviceBatches | None = None, compiled: bool = False,
+    trainer: Trainer, client_ids: list[int], inputs: RoundInput, states: dict[int, dict[str, Any]],
+    global_tensors: dict[str, Tensor], compiled: bool = False,
 ) -> Iterator[tuple[int, ClientResult]]:
     """Train one group together, each phase's momentum from zero (the exact path's fresh optimiser); yield each
-    client's result in the group's order, ``model`` holding its final weights. ``source``: the worker's device
-    pool (None: one made here). ``compiled``: the step through ``compile_step``."""
-    source = source if source is not None else DeviceBatches(data, device)
-    group = _group(method, model, data, client_ids, inputs, states, training, augment_kind, device, global_tensors,
-                   source)
+    client's result in the group's order, the model holding its final weights. ``trainer.source``: the worker's
+    device pool (``Trainer.of(..., exact=True)``). ``compiled``: the step through ``compile_step``."""
+    method, model, training, source = trainer.method, trainer.model, trainer.training, trainer.source
+    group = _group(trainer, client_ids, inputs, states, global_tensors)
     model.train()
     torch.manual_seed(derive_seed(inputs.seed, inputs.round, client_ids[0]))  # a random layer's draws
     for phases in _common_phases(method, group.contexts):
         prefixes = phases[0].prefixes
         trainable = [n for n in group.weights if prefixes is None or n.startswith(prefixes)]
-        trainer = _GroupTrainer(method, model, training, group.weights, trainable, inputs.lr, global_tensors,
+        stepper = _GroupTrainer(method, model, training, group.weights, trainable, inputs.lr, global_tensors,
                                 compiled)
         lr = phases[0].lr if phases[0].lr is not None else inputs.lr
         for epoch in range(max(p.epochs for p in phases)):  # each client for its own phase's epochs
-            _run_epoch(group, trainer, group.epoch(source, phases, epoch, training.batch_size, compiled), lr,
-                       augment_kind)
+            _run_epoch(group, stepper, group.epoch(source, phases, epoch, training.batch_size, compiled), lr,
+                       trainer.augment)
     for k, (ctx, metrics) in enumerate(zip(group.contexts, group.tally.metrics())):
         group.finish(k, model)
         ctx.steps = int(metrics["steps"])

@@ -10,10 +10,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
+from torch import nn
 
+from fltune.config import TrainingConfig
 from fltune.data.federated import FederatedData
 from fltune.engine.batched import client_groups, train_group, unbatchable
-from fltune.engine.local import Loop, final_model, final_round, final_training, train_client
+from fltune.engine.local import Trainer, final_model, final_round, final_training, train_client
 from fltune.engine.probes import ClientMeter
 from fltune.engine.transfer import RoundInput
 from fltune.methods.base import ClientResult, Method
@@ -34,8 +36,9 @@ class Executor(Protocol):
     group: int
     """Clients trained together: a round's sorted ids go to the workers in whole groups of this many."""
 
-    def loop(self, data: FederatedData, device: torch.device) -> Loop:
-        """A worker's settings of the one local loop for a run (once per run and worker: ``ClientWorker.loop``)."""
+    def trainer(self, method: Method, model: nn.Module, data: FederatedData, training: TrainingConfig,
+                device: torch.device, augment: str) -> Trainer:
+        """A worker's parts for the one local loop of a run (once per run and worker: ``ClientWorker._attach``)."""
 
     def train(self, worker: ClientWorker, clients: list[int], inputs: RoundInput, states: States,
               global_tensors: dict[str, torch.Tensor], meters: Meters) -> Iterator[Trained]:
@@ -55,8 +58,9 @@ class OneByOne:
     reference: bool = False
     group: int = 1
 
-    def loop(self, data: FederatedData, device: torch.device) -> Loop:
-        return Loop.reference(data, device) if self.reference else Loop.exact(data, device)
+    def trainer(self, method: Method, model: nn.Module, data: FederatedData, training: TrainingConfig,
+                device: torch.device, augment: str) -> Trainer:
+        return Trainer.of(method, model, data, training, device, augment, exact=not self.reference)
 
     def train(self, worker: ClientWorker, clients: list[int], inputs: RoundInput, states: States,
               global_tensors: dict[str, torch.Tensor], meters: Meters) -> Iterator[Trained]:
@@ -66,9 +70,7 @@ class OneByOne:
             with ExitStack() as stack:
                 for meter in opened:
                     stack.enter_context(meter)
-                out = train_client(worker.method, worker.model, worker.data, cid, inputs, states.get(cid, {}),
-                                   worker.cfg.training, worker.augment_kind, worker.device, global_tensors,
-                                   worker.loop)
+                out = train_client(worker.trainer, cid, inputs, states.get(cid, {}), global_tensors)
             for meter in opened:
                 out.metrics.update(meter.client_metrics())
             yield iter([(cid, out)])
@@ -76,8 +78,7 @@ class OneByOne:
     def final(self, worker: ClientWorker, clients: list[int], inputs: RoundInput, states: States,
               global_tensors: dict[str, torch.Tensor]) -> Iterator[int]:
         for cid in clients:
-            final_round(worker.method, worker.model, worker.data, cid, inputs, states.get(cid, {}),
-                        worker.cfg.training, worker.augment_kind, worker.device, worker.loop, global_tensors)
+            final_round(worker.trainer, cid, inputs, states.get(cid, {}), global_tensors)
             yield cid
 
 
@@ -90,26 +91,24 @@ class Batched(OneByOne):
 
     def train(self, worker: ClientWorker, clients: list[int], inputs: RoundInput, states: States,
               global_tensors: dict[str, torch.Tensor], meters: Meters) -> Iterator[Trained]:
-        if meters or not self._batches(worker, worker.method):
+        if meters or not self._batches(worker, worker.trainer):
             yield from super().train(worker, clients, inputs, states, global_tensors, meters)
             return
         for group in client_groups(clients, self.group):
-            yield train_group(worker.method, worker.model, worker.data, group, inputs, states, worker.cfg.training,
-                              worker.augment_kind, worker.device, global_tensors, worker.loop.source, self.compiled)
+            yield train_group(worker.trainer, group, inputs, states, global_tensors, self.compiled)
 
     def final(self, worker: ClientWorker, clients: list[int], inputs: RoundInput, states: States,
               global_tensors: dict[str, torch.Tensor]) -> Iterator[int]:
         """In groups (eager) where the run's method and its final round's both batch, else client by client."""
-        final, settings = final_training(worker.method, worker.cfg.training)
-        if not (self._batches(worker, worker.method) and self._batches(worker, final)):
+        final = final_training(worker.trainer)
+        if not (self._batches(worker, worker.trainer) and self._batches(worker, final)):
             yield from super().final(worker, clients, inputs, states, global_tensors)
             return
         for group in client_groups(clients, self.group):
-            for cid, result in train_group(final, worker.model, worker.data, group, inputs, states, settings,
-                                           worker.augment_kind, worker.device, global_tensors, worker.loop.source):
-                final_model(worker.method, worker.model, inputs, result, worker.device, global_tensors)
+            for cid, result in train_group(final, group, inputs, states, global_tensors):
+                final_model(worker.trainer, inputs, result, global_tensors)
                 yield cid
 
     @staticmethod
-    def _batches(worker: ClientWorker, method: Method) -> bool:
-        return unbatchable(worker.cfg, method, worker.model) is None
+    def _batches(worker: ClientWorker, trainer: Trainer) -> bool:
+        return unbatchable(worker.spec.cfg, trainer.method, trainer.model) is None

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from itertools import islice
 from typing import Any
@@ -105,21 +105,32 @@ class KeptSGD:
 
 
 @dataclass(frozen=True)
-class Loop:
-    """How ``train_client`` runs the loop on a worker: batch source and step metrics. The ``exact`` and
-    ``reference`` settings give the same bits (tests/engine/test_executor_exact.py); ``exact`` syncs less."""
+class Trainer:
+    """What a worker trains a run's clients with, built once per run and worker (``Executor.trainer``): the method,
+    the model that holds each client's weights in turn, the data and settings, and how the loop runs (batch source,
+    step metrics)."""
 
+    method: Method
+    model: nn.Module
+    data: FederatedData
+    training: TrainingConfig
+    device: torch.device
+    augment: str
     source: HostBatches | DeviceBatches
     meter: type[HostMeter]
 
     @classmethod
-    def exact(cls, data: FederatedData, device: torch.device) -> Loop:
-        """Once per run and worker: the run's data moves to ``device`` here."""
-        return cls(DeviceBatches(data, device), DeviceMeter)
+    def of(cls, method: Method, model: nn.Module, data: FederatedData, training: TrainingConfig,
+           device: torch.device, augment: str = "none", exact: bool = False) -> Trainer:
+        """``exact``: the run's data moves to ``device`` here and step metrics are read once per client; else the
+        plain per-batch host loop. Both give the same bits (tests/engine/test_executor_exact.py)."""
+        if exact:
+            return cls(method, model, data, training, device, augment, DeviceBatches(data, device), DeviceMeter)
+        return cls(method, model, data, training, device, augment, HostBatches(data, device), HostMeter)
 
-    @classmethod
-    def reference(cls, data: FederatedData, device: torch.device) -> Loop:
-        return cls(HostBatches(data, device), HostMeter)
+    def reference(self) -> Trainer:
+        """The same parts on the per-batch host loop (a ``deferred`` client's re-run)."""
+        return replace(self, source=HostBatches(self.data, self.device), meter=HostMeter)
 
 
 def _trainable(model: nn.Module, phase: Phase) -> list[nn.Parameter]:
@@ -133,23 +144,24 @@ def _trainable(model: nn.Module, phase: Phase) -> list[nn.Parameter]:
 
 
 def client_contexts(
-    method: Method, model: nn.Module, data: FederatedData, client_ids: list[int], inputs: RoundInput,
-    states: dict[int, dict[str, Any]], training: TrainingConfig, augment_kind: str, device: torch.device,
-    global_tensors: dict[str, torch.Tensor], source: HostBatches | DeviceBatches,
+    trainer: Trainer, client_ids: list[int], inputs: RoundInput, states: dict[int, dict[str, Any]],
+    global_tensors: dict[str, torch.Tensor],
 ) -> Iterator[tuple[ClientContext, torch.Generator]]:
-    """Each client's context after ``setup_client``, ``model`` holding its start, with the generator its batches
-    draw from (seeded by (seed, round, client id)) through ``source``. Both executors' clients start here; the
-    clients' starts go to the device in one copy."""
+    """Each client's context after ``setup_client``, ``trainer.model`` holding its start, with the generator its
+    batches draw from (seeded by (seed, round, client id)). Both executors' clients start here; the clients' starts
+    go to the device in one copy."""
+    method, model, data, training, device = trainer.method, trainer.model, trainer.data, trainer.training, trainer.device
     starts = [method.client_model_state(inputs.global_state, states.get(cid, {})) for cid in client_ids]
     for cid, start in zip(client_ids, device_states(starts, device, inputs.global_state, global_tensors)):
         generator = torch.Generator().manual_seed(derive_seed(inputs.seed, inputs.round, cid))
         model.load_state_dict(start)
         kept = epoch_samples(len(data.client_train[cid]), training)
+        batches = partial(trainer.source.epoch, data.client_train[cid], training.batch_size, generator,
+                          trainer.augment, kept)
         ctx = ClientContext(
             client_id=cid, round=inputs.round, model=model, global_state=global_tensors,
             state=dict(states.get(cid, {})), server=inputs.server, server_tensors=inputs.server_on(device),
-            num_samples=kept, epochs=training.local_epochs, lr=inputs.lr, device=device,
-            batches=partial(source.epoch, data.client_train[cid], training.batch_size, generator, augment_kind, kept),
+            num_samples=kept, epochs=training.local_epochs, lr=inputs.lr, device=device, batches=batches,
             momentum=training.momentum if training.optimizer == "sgd" else 0.0, nesterov=training.nesterov,
             batch_size=training.batch_size, initial_lr=training.lr, grad_clip=training.grad_clip,
         )
@@ -158,30 +170,26 @@ def client_contexts(
 
 
 def train_client(
-    method: Method, model: nn.Module, data: FederatedData, client_id: int, inputs: RoundInput,
-    client_state: dict[str, Any], training: TrainingConfig, augment_kind: str, device: torch.device,
-    global_tensors: dict[str, torch.Tensor] | None = None, loop: Loop | None = None,
+    trainer: Trainer, client_id: int, inputs: RoundInput, client_state: dict[str, Any],
+    global_tensors: dict[str, torch.Tensor] | None = None,
 ) -> ClientResult:
-    """One client's local update: the engine's loop around the method's hooks (methods/base.py). ``loop``: the
-    worker's (``executors.Executor.loop``); None: the reference path. A client whose loss turned non-finite on a
-    ``deferred`` path is re-run on the reference path (its seed replays it), so every result, diverged or not, is
-    the reference's."""
-    loop = loop if loop is not None else Loop.reference(data, device)
-    torch.manual_seed(derive_seed(inputs.seed, inputs.round, client_id))
+    """One client's local update: the engine's loop around the method's hooks (methods/base.py). A client whose loss
+    turned non-finite on a ``deferred`` path is re-run on the reference path (its seed replays it), so every result,
+    diverged or not, is the reference's. ``global_tensors``: ``state_on_device`` of ``inputs.global_state``, shared
+    by a worker's clients."""
     if global_tensors is None:
-        global_tensors = state_on_device(inputs.global_state, device)
-    (ctx, _), = client_contexts(method, model, data, [client_id], inputs, {client_id: client_state}, training,
-                                augment_kind, device, global_tensors, loop.source)
-    model.train()
-    meter = loop.meter(device)
-    _local_steps(method, ctx, training, inputs.lr, meter)
-    for param in model.parameters():
+        global_tensors = state_on_device(inputs.global_state, trainer.device)
+    torch.manual_seed(derive_seed(inputs.seed, inputs.round, client_id))
+    (ctx, _), = client_contexts(trainer, [client_id], inputs, {client_id: client_state}, global_tensors)
+    trainer.model.train()
+    meter = trainer.meter(trainer.device)
+    _local_steps(trainer.method, ctx, trainer.training, inputs.lr, meter)
+    for param in trainer.model.parameters():
         param.requires_grad_(True)
     loss_sum, correct, seen, diverged = meter.totals()
     if diverged and meter.deferred:
-        return train_client(method, model, data, client_id, inputs, client_state, training, augment_kind, device,
-                            global_tensors)
-    result = method.client_result(ctx)
+        return train_client(trainer.reference(), client_id, inputs, client_state, global_tensors)
+    result = trainer.method.client_result(ctx)
     result.metrics.update(train_metrics(loss_sum, correct, seen, ctx.steps, diverged))
     return result
 
@@ -193,38 +201,35 @@ def train_metrics(loss_sum: float, correct: float, seen: int, steps: int, diverg
             "diverged": float(diverged)}
 
 
-def final_training(method: Method, training: TrainingConfig) -> tuple[Method, TrainingConfig]:
-    """The method and settings of a client's final personal round (``training.finetune_epochs`` epochs): its
-    personal part tuned on CE (``final_round = "tune"``, ``finetune.tuner_for``), or one more of its own local
-    updates (``"own"``: Ditto's personal model, as FedCR's last round updates it)."""
+def final_training(trainer: Trainer) -> Trainer:
+    """``trainer`` for a client's final personal round (``training.finetune_epochs`` epochs): its method's personal
+    part tuned on CE (``final_round = "tune"``, ``finetune.tuner_for``), or one more of its own local updates
+    (``"own"``: Ditto's personal model, as FedCR's last round updates it)."""
+    method, training = trainer.method, trainer.training
     if method.final_round == "tune":
         whole = training.finetune_params == "all"
-        return tuner_for(method, training.finetune_epochs, training.finetune_lr, whole), training
-    return method, training.model_copy(update={"local_epochs": training.finetune_epochs})
+        return replace(trainer, method=tuner_for(method, training.finetune_epochs, training.finetune_lr, whole))
+    return replace(trainer, training=training.model_copy(update={"local_epochs": training.finetune_epochs}))
 
 
 def final_model(
-    method: Method, model: nn.Module, inputs: RoundInput, result: ClientResult, device: torch.device,
-    global_tensors: dict[str, torch.Tensor],
+    trainer: Trainer, inputs: RoundInput, result: ClientResult, global_tensors: dict[str, torch.Tensor],
 ) -> None:
-    """Leave in ``model`` the model scored: the final round's weights (``tune``) or the new client model (``own``)."""
-    if method.final_round == "own":
-        end = method.client_model_state(inputs.global_state, result.state)
-        model.load_state_dict(device_states([end], device, inputs.global_state, global_tensors)[0])
+    """Leave in the model the one scored: the final round's weights (``tune``) or the new client model (``own``)."""
+    if trainer.method.final_round == "own":
+        end = trainer.method.client_model_state(inputs.global_state, result.state)
+        trainer.model.load_state_dict(device_states([end], trainer.device, inputs.global_state, global_tensors)[0])
 
 
 def final_round(
-    method: Method, model: nn.Module, data: FederatedData, client_id: int, inputs: RoundInput,
-    client_state: dict[str, Any], training: TrainingConfig, augment_kind: str, device: torch.device,
-    loop: Loop | None = None, global_tensors: dict[str, torch.Tensor] | None = None,
+    trainer: Trainer, client_id: int, inputs: RoundInput, client_state: dict[str, Any],
+    global_tensors: dict[str, torch.Tensor] | None = None,
 ) -> None:
-    """One client's final personal round, leaving in ``model`` the model scored (:func:`final_model`).
-    ``global_tensors``: ``state_on_device`` of ``inputs.global_state``, shared by a worker's clients."""
-    global_tensors = global_tensors if global_tensors is not None else state_on_device(inputs.global_state, device)
-    final, settings = final_training(method, training)
-    result = train_client(final, model, data, client_id, inputs, client_state, settings, augment_kind, device,
-                          global_tensors, loop)
-    final_model(method, model, inputs, result, device, global_tensors)
+    """One client's final personal round, leaving in the model the model scored (:func:`final_model`)."""
+    if global_tensors is None:
+        global_tensors = state_on_device(inputs.global_state, trainer.device)
+    result = train_client(final_training(trainer), client_id, inputs, client_state, global_tensors)
+    final_model(trainer, inputs, result, global_tensors)
 
 
 def _local_steps(method: Method, ctx: ClientContext, training: TrainingConfig, lr: float, meter: HostMeter) -> None:

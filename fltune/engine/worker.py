@@ -103,14 +103,13 @@ class ClientWorker:
             import ray
 
             spec: RunSpec = ray.get(ref)
-            self.cfg, self.data, self.keep_latest, self.rebuild = spec.cfg, spec.data, spec.keep_latest, spec.rebuild
-            self.method, self.model, self.executor = spec.method(), spec.model(spec.data).to(self.device), spec.executor
-            self.augment_kind = resolve_augment(spec.cfg, spec.data)
-            self.loop = spec.executor.loop(spec.data, self.device)  # the executor trains with this worker's parts
+            model = spec.model(spec.data).to(self.device)
+            self.spec, self.trainer = spec, spec.executor.trainer(
+                spec.method(), model, spec.data, spec.cfg.training, self.device, resolve_augment(spec.cfg, spec.data))
             if self.device.type == "cuda":
                 use_deterministic_cuda(spec.cfg.resources.deterministic)
             self.run_id = ref.hex()
-        return self.data
+        return self.spec.data
 
     def train(
         self, run_ref: list, inputs: RoundInput, builders: Sequence[Callable[[], ClientMeter]], client_ids: list[int],
@@ -121,7 +120,7 @@ class ClientWorker:
         self._attach(run_ref)
         result = WorkerResult(partial=WeightedSum())
         global_tensors = state_on_device(inputs.global_state, self.device)
-        for unit in self.executor.train(self, client_ids, inputs, states, global_tensors, builders):
+        for unit in self.spec.executor.train(self, client_ids, inputs, states, global_tensors, builders):
             diverged = False
             for cid, out in unit:
                 self._keep(result, cid, out)
@@ -132,19 +131,19 @@ class ClientWorker:
         return self._pack(result)
 
     def _keep(self, result: WorkerResult, cid: int, out: ClientResult) -> None:
-        """Add a trained client (local model in ``self.model``); with ``keep_latest`` :meth:`_pack` decides later."""
+        """Add a trained client (local model in ``self.trainer.model``); with ``keep_latest`` :meth:`_pack` decides later."""
         result.uploads[cid], result.states[cid], result.metrics[cid] = out.upload, out.state, out.metrics
-        if self.keep_latest:
+        if self.spec.keep_latest:
             result.updates[cid] = (out.weight, out.update)
-            result.latest[cid] = to_numpy(self.model.state_dict())
+            result.latest[cid] = to_numpy(self.trainer.model.state_dict())
         else:
             result.partial.add(out.weight, out.update)
 
     def _pack(self, result: WorkerResult) -> WorkerResult:
         """What ships: the updates alone when ``Method.local_model`` rebuilds every local model exactly, else
         the partial sum and every local model."""
-        rebuilt = self.rebuild and all(
-            _identical(self.method.local_model(update, result.states[cid], result.uploads[cid]), result.latest[cid])
+        rebuilt = self.spec.rebuild and all(
+            _identical(self.trainer.method.local_model(update, result.states[cid], result.uploads[cid]), result.latest[cid])
             for cid, (_, update) in result.updates.items()
         )
         if rebuilt:
@@ -164,7 +163,7 @@ class ClientWorker:
         global_tensors = state_on_device(inputs.global_state, self.device)
         per_chunk = max(1, STAGED_BYTES // sum(v.nbytes for v in inputs.global_state.values()))
         if finetune:  # whole groups: a final round's groups are the run's, not the shard's
-            per_chunk = -(-per_chunk // self.executor.group) * self.executor.group
+            per_chunk = -(-per_chunk // self.spec.executor.group) * self.spec.executor.group
         sums: dict[int, torch.Tensor] = {}
         for first in range(0, len(client_ids), per_chunk):
             chunk = client_ids[first:first + per_chunk]
@@ -187,13 +186,13 @@ class ClientWorker:
         xs, ys = data.x[idx].to(self.device), data.y[idx].to(self.device)
         offsets = dict(zip(chunk, np.cumsum([0, *(len(rows) for rows in held_out.values())]).tolist()))
         if finetune:
-            ready = self.executor.final(self, chunk, inputs, states, global_tensors)
+            ready = self.spec.executor.final(self, chunk, inputs, states, global_tensors)
         else:
             ready = self._client_models(inputs, chunk, states, global_tensors)
         sums = {}
         for cid in ready:
             rows = slice(offsets[cid], offsets[cid] + len(held_out[cid]))
-            scorer = self.method.personal_scorer(self.model, self._train_batches(data, inputs, cid))
+            scorer = self.trainer.method.personal_scorer(self.trainer.model, self._train_batches(data, inputs, cid))
             sums[cid] = score_sums(scorer, data, xs[rows], ys[rows], self.device,
                                    range(eval_batch_count(len(held_out[cid]))))
         return {cid: sums[cid] for cid in chunk}
@@ -204,19 +203,19 @@ class ClientWorker:
         generator = torch.Generator().manual_seed(derive_seed(inputs.seed, inputs.round + 1, cid))
 
         def epoch() -> Iterator[Batch]:
-            return batches(data, data.client_train[cid], self.cfg.training.batch_size, generator, self.device,
-                           augment_kind=self.augment_kind)
+            return batches(data, data.client_train[cid], self.spec.cfg.training.batch_size, generator, self.device,
+                           augment_kind=self.trainer.augment)
         return epoch
 
     def _client_models(
         self, inputs: RoundInput, chunk: list[int], states: dict[int, dict[str, Any]],
         global_tensors: dict[str, torch.Tensor],
     ) -> Iterator[int]:
-        """Each client of ``chunk`` in turn, ``self.model`` holding its client model."""
-        starts = [self.method.client_model_state(inputs.global_state, states.get(cid, {})) for cid in chunk]
+        """Each client of ``chunk`` in turn, ``self.trainer.model`` holding its client model."""
+        starts = [self.trainer.method.client_model_state(inputs.global_state, states.get(cid, {})) for cid in chunk]
         loaded: dict[str, Any] = {}
         for cid, load in zip(chunk, device_states(starts, self.device, inputs.global_state, global_tensors)):
-            load_changed(self.model, load, loaded)
+            load_changed(self.trainer.model, load, loaded)
             yield cid
 
     def evaluate_split(
@@ -224,16 +223,16 @@ class ClientWorker:
     ) -> list[tuple[int, float]]:
         """Per-batch (correct, summed loss) of ``state`` on ``split``'s ``batches`` (``Federation.evaluate_state``)."""
         data = self._attach(run_ref)
-        load_state(self.model, state)
+        load_state(self.trainer.model, state)
         x, y = data.split(split)
-        scores = batch_scores(self.model, data, x, y, self.device, batches)
+        scores = batch_scores(self.trainer.model, data, x, y, self.device, batches)
         release_free_memory()
         return scores
 
     def compute(self, run_ref: list, tasks: list[ProbeTask[T]]) -> list[T]:
         """Probe computations (``Federation.compute``) in turn on this worker's device (a GPU a trial may lack)."""
         data = self._attach(run_ref)
-        results = [task(self.cfg, data, self.device) for task in tasks]
+        results = [task(self.spec.cfg, data, self.device) for task in tasks]
         release_free_memory()
         return results
 

@@ -22,8 +22,8 @@ from fltune.engine.batched import (
 from fltune.engine.builders import build_method, build_model_for, initial_state, load_data
 from fltune.engine import local
 from fltune.engine.federation import Federation
-from fltune.engine.batches import DeviceBatches, batches
-from fltune.engine.local import train_client
+from fltune.engine.batches import batches
+from fltune.engine.local import Trainer, train_client
 from fltune.engine.transfer import RoundInput
 from fltune.engine.dispatch import balance
 from fltune.engine.functional import batchable
@@ -63,14 +63,19 @@ def round_one(overrides: list[str], lr: float = 0.01) -> tuple:
     return cfg, data, method, model, inputs, {k: torch.tensor(v) for k, v in start.items()}
 
 
+def grouped(method, model, data, cfg, device=CPU, augment="none") -> Trainer:
+    """The parts a batched worker trains ``method`` with (its device pool of ``data``)."""
+    return Trainer.of(method, model, data, cfg.training, device, augment, exact=True)
+
+
 def exact_and_batched(overrides: list[str], group: list[int], lr: float = 0.01) -> list[tuple[dict, dict]]:
     """Per client of ``group`` (``round_one``): ((arrays, metrics) on the exact path, (arrays, metrics)
     batched with the whole group at once); arrays: the update, the personal state (``personal:`` keys) and
     the upload (``upload:``)."""
     cfg, data, method, model, inputs, tensors = round_one(overrides, lr)
-    exact = {cid: train_client(method, model, data, cid, inputs, {}, cfg.training, "none", CPU, tensors)
+    exact = {cid: train_client(Trainer.of(method, model, data, cfg.training, CPU), cid, inputs, {}, tensors)
              for cid in group}
-    batched = dict(train_group(method, model, data, group, inputs, {}, cfg.training, "none", CPU, tensors))
+    batched = dict(train_group(grouped(method, model, data, cfg), group, inputs, {}, tensors))
     return [(arrays_and_metrics(exact[cid]), arrays_and_metrics(batched[cid])) for cid in group]
 
 
@@ -163,12 +168,13 @@ def test_a_final_round_in_groups_follows_the_exact_one(overrides):
     group, start = [0, 1, 2, 3], {k: v.clone() for k, v in model.state_dict().items()}
     exact = {}
     for cid in group:
-        local.final_round(method, model, data, cid, inputs, {}, cfg.training, "none", CPU, None, tensors)
+        local.final_round(Trainer.of(method, model, data, cfg.training, CPU), cid, inputs, {}, tensors)
         exact[cid] = {k: v.clone() for k, v in model.state_dict().items()}
-    final, settings = local.final_training(method, cfg.training)
-    assert batchable(type(final))
-    for cid, result in train_group(final, model, data, group, inputs, {}, settings, "none", CPU, tensors):
-        local.final_model(method, model, inputs, result, CPU, tensors)
+    trainer = grouped(method, model, data, cfg)
+    final = local.final_training(trainer)
+    assert batchable(type(final.method))
+    for cid, result in train_group(final, group, inputs, {}, tensors):
+        local.final_model(trainer, inputs, result, tensors)
         assert any(not torch.equal(exact[cid][k], start[k]) for k in start)  # the round trained something
         for key, value in model.state_dict().items():
             torch.testing.assert_close(value, exact[cid][key], rtol=1e-3, atol=1e-4, msg=key)
@@ -195,8 +201,8 @@ def test_a_compiled_step_follows_the_eager_one(overrides, device):
     torch._dynamo.reset()
     counters.clear()
     for compiled in (False, True):
-        out = dict(train_group(method, model, data, [0, 1, 2, 3], inputs, {}, cfg.training, "none",
-                               torch.device(device), tensors, compiled=compiled))
+        out = dict(train_group(grouped(method, model, data, cfg, torch.device(device)), [0, 1, 2, 3], inputs, {},
+                               tensors, compiled=compiled))
         runs.append({cid: arrays_and_metrics(result) for cid, result in out.items()})
     assert counters["stats"]["unique_graphs"] == 1
     for cid, ((eager, eager_metrics), (state, metrics)) in enumerate(zip(runs[0].values(), runs[1].values())):
@@ -218,8 +224,7 @@ def test_a_compiled_step_keeps_its_graph_for_groups_of_other_lengths():
     torch._dynamo.reset()
     counters.clear()
     for group in groups:
-        for _ in train_group(method, model, data, group, inputs, {}, cfg.training, "none", CPU, tensors,
-                             compiled=True):
+        for _ in train_group(grouped(method, model, data, cfg), group, inputs, {}, tensors, compiled=True):
             pass
     assert counters["stats"]["unique_graphs"] == 1
 
@@ -251,8 +256,9 @@ def laid_out(overrides: list[str], group: list[int], augment_kind: str = "none",
     start = initial_state(cfg, data)
     inputs = RoundInput(round=1, seed=0, lr=0.01, global_state=start, server=method.server_payload(start))
     tensors = {k: torch.tensor(v) for k, v in start.items()}
-    source = DeviceBatches(data, CPU)
-    group = _group(method, model, data, group, inputs, {}, cfg.training, augment_kind, CPU, tensors, source)
+    trainer = grouped(method, model, data, cfg, augment=augment_kind)
+    source = trainer.source
+    group = _group(trainer, group, inputs, {}, tensors)
     phases = _common_phases(method, group.contexts)[0]
     for e in range(epoch):  # earlier epochs' draws: the shuffle at its start, augmentation at each step
         earlier = group.epoch(source, phases, e, cfg.training.batch_size)
@@ -353,7 +359,7 @@ def test_a_hooks_pass_over_the_data_gathers_from_the_workers_device_pool(monkeyp
     cfg, data, method, model, inputs, tensors = round_one(["method.name=fedpac_fedcr", "method.lam=0.5"])
     host_batches = []
     monkeypatch.setattr("fltune.engine.batches.to_float", lambda *args: host_batches.append(args) or to_float(*args))
-    results = dict(train_group(method, model, data, [0, 1, 2], inputs, {}, cfg.training, "none", CPU, tensors))
+    results = dict(train_group(grouped(method, model, data, cfg), [0, 1, 2], inputs, {}, tensors))
     assert all(result.upload["summaries"].any() for result in results.values())
     assert host_batches == []
 
@@ -366,8 +372,7 @@ def test_the_server_payload_is_copied_to_the_device_once_for_the_whole_group(ove
     """Every client of a group reads the round's server values (FedCR's class Gaussians, FedPAC-FedCR's
     centroids) from one device copy, not a copy of its own each (``RoundInput.server_on``)."""
     cfg, data, method, model, inputs, tensors = round_one(overrides)
-    group = _group(method, model, data, [0, 1, 2], inputs, {}, cfg.training, "none", CPU, tensors,
-                   DeviceBatches(data, CPU))
+    group = _group(grouped(method, model, data, cfg), [0, 1, 2], inputs, {}, tensors)
     first, *others = [read(ctx) for ctx in group.contexts]
     assert all(other is first for other in others)
 
@@ -385,7 +390,7 @@ def test_an_epochs_noise_is_freed_before_the_next_epoch_draws_its_own(monkeypatc
         laid_out.append(weakref.ref(epoch.noise["eps"]))
 
     monkeypatch.setattr(_GroupEpoch, "__init__", watched)
-    for _ in train_group(method, model, data, [0, 1, 2], inputs, {}, cfg.training, "none", CPU, tensors):
+    for _ in train_group(grouped(method, model, data, cfg), [0, 1, 2], inputs, {}, tensors):
         pass
     assert alive == [0, 0, 0]
 
@@ -442,7 +447,7 @@ def test_an_objective_reading_a_client_module_is_never_batched(name):
     cfg, data, method, model, inputs, tensors = round_one([f"method.name={name}"])
     assert not batchable(type(method)) and "reads a client's modules" in unbatchable(cfg, method, model)
     with pytest.raises(ClientByClient, match="reads the client's modules"):
-        next(train_group(method, model, data, [0, 1], inputs, {}, cfg.training, "none", CPU, tensors))
+        next(train_group(grouped(method, model, data, cfg), [0, 1], inputs, {}, tensors))
 
 
 def run_all(pools: SharedPools, cfgs: list[list[str]], workers: int) -> list[Federation]:

@@ -23,7 +23,7 @@ from fltune.data.federated import FederatedData
 from fltune.engine.aggregate import WeightedSum
 from fltune.engine.builders import build_method, build_model_for, initial_state, load_data, resolve_augment
 from fltune.engine.federation import Federation
-from fltune.engine.local import Loop, train_client
+from fltune.engine.local import Trainer, train_client
 from fltune.engine.transfer import RoundInput
 from fltune.engine.pool import WorkerPlan, WorkerPool
 from fltune.engine.rng import sample_clients, use_deterministic_cuda
@@ -82,7 +82,8 @@ def run_in_process(cfg: ExperimentConfig, data: FederatedData, kind: str, device
     """Every round as the workers and ``Federation.step`` compute it, in this process on one executor:
     (final global state, client store, each round's per-client results). Stops at a diverged round."""
     method, model = build_method(cfg), build_model_for(cfg, data).to(device)
-    loop = getattr(Loop, kind)(data, device)
+    trainer = Trainer.of(method, model, data, cfg.training, device, resolve_augment(cfg, data),
+                         exact=kind == "exact")
     fed, training = cfg.federation, cfg.training
     global_state = initial_state(cfg, data)
     server_state, store, rounds = method.init_server_state(global_state), {}, []
@@ -91,8 +92,7 @@ def run_in_process(cfg: ExperimentConfig, data: FederatedData, kind: str, device
                             method.server_payload(server_state))
         total, results = WeightedSum(), {}
         for cid in sample_clients(fed.seed, r, fed.clients, fed.clients_per_round):
-            results[cid] = train_client(method, model, data, cid, inputs, store.get(cid, {}), training,
-                                        resolve_augment(cfg, data), device, loop=loop)
+            results[cid] = train_client(trainer, cid, inputs, store.get(cid, {}))
             total.add(results[cid].weight, results[cid].update)
         rounds.append(results)
         if any(out.metrics["diverged"] for out in results.values()):

@@ -17,7 +17,7 @@ from fltune.assembly import build_federation
 from fltune.config import build_config
 from fltune.engine.builders import build_method, build_model_for, initial_state, load_data
 from fltune.engine.federation import Federation
-from fltune.engine.local import train_client
+from fltune.engine.local import Trainer, train_client
 from fltune.engine.transfer import RoundInput
 from fltune.engine.rng import sample_clients
 from fltune.methods.base import State, to_numpy
@@ -64,7 +64,7 @@ def test_local_model_hook_rebuilds_exactly_the_methods_it_should(name: str) -> N
     model, start = build_model_for(cfg, data), initial_state(cfg, data)
     inputs = RoundInput(round=1, seed=0, lr=0.05, global_state=start,
                         server=method.server_payload(method.init_server_state(start)))
-    out = train_client(method, model, data, 0, inputs, {}, cfg.training, "none", torch.device("cpu"))
+    out = train_client(Trainer.of(method, model, data, cfg.training, torch.device("cpu")), 0, inputs, {})
     rebuilt = method.local_model(out.update, out.state, out.upload)
     assert same_bits(rebuilt, to_numpy(model.state_dict())) == (name in REBUILT)
 

@@ -12,7 +12,7 @@ import torch
 
 from fltune.config import build_config
 from fltune.engine.builders import build_method, build_model_for, initial_state, load_data
-from fltune.engine.local import DeviceMeter, HostMeter, Loop, final_round, make_optimizer, train_client
+from fltune.engine.local import DeviceMeter, HostMeter, Trainer, final_round, make_optimizer, train_client
 from fltune.engine.transfer import RoundInput, load_state
 from fltune.methods.base import Method, Phase, effective_steps
 from tests.engine.helpers import OpCount
@@ -84,13 +84,13 @@ def test_dittos_final_round_is_one_more_ditto_update_whose_personal_model_is_lef
     cpu = torch.device("cpu")
 
     model = build_model_for(cfg, data)
-    final_round(ditto, model, data, 0, inputs, {"personal": personal}, cfg.training, "none", cpu)
+    final_round(Trainer.of(ditto, model, data, cfg.training, cpu), 0, inputs, {"personal": personal})
     left = {k: v.detach().numpy() for k, v in model.state_dict().items()}
 
     def ditto_round(epochs: int) -> dict:
         training = cfg.training.model_copy(update={"local_epochs": epochs})
-        out = train_client(ditto, build_model_for(cfg, data), data, 0, inputs, {"personal": personal}, training,
-                           "none", cpu)
+        out = train_client(Trainer.of(ditto, build_model_for(cfg, data), data, training, cpu), 0, inputs,
+                           {"personal": personal})
         return out.state["personal"]
 
     two, one = ditto_round(2), ditto_round(1)
@@ -104,7 +104,7 @@ def test_a_tuning_final_round_trains_the_personal_part_on_its_client_model():
     cfg, data, fedper, inputs = _final_round_setup("fedper", finetune_epochs=2)
     head = {k: v + np.float32(0.05) for k, v in inputs.global_state.items() if k.startswith("head.")}
     model = build_model_for(cfg, data)
-    final_round(fedper, model, data, 0, inputs, {"personal": head}, cfg.training, "none", torch.device("cpu"))
+    final_round(Trainer.of(fedper, model, data, cfg.training, torch.device("cpu")), 0, inputs, {"personal": head})
     left = {k: v.detach().numpy() for k, v in model.state_dict().items()}
     assert all(np.array_equal(left[k], v) for k, v in inputs.global_state.items() if not k.startswith("head."))
     assert all(not np.array_equal(left[k], head[k]) and not np.array_equal(left[k], inputs.global_state[k])
@@ -141,8 +141,9 @@ def test_a_phase_capped_at_steps_stops_mid_epoch_and_draws_no_epoch_past_its_cap
     runs = {}
     for steps in (None, n_b + 1, 2 * n_b):
         method = _Recorder(epochs=3, steps=steps)
-        out = train_client(method, build_model_for(cfg, data), data, 0, inputs, {}, cfg.training, "none",
-                           torch.device("cpu"), loop=getattr(Loop, executor)(data, torch.device("cpu")))
+        trainer = Trainer.of(method, build_model_for(cfg, data), data, cfg.training, torch.device("cpu"),
+                             exact=executor == "exact")
+        out = train_client(trainer, 0, inputs, {})
         runs[steps] = (method.seen, out.metrics["steps"])
     full, _ = runs[None]
     assert len(full) == 3 * n_b
@@ -157,7 +158,7 @@ def test_a_step_at_another_lr_takes_that_lr_for_that_step_alone():
     phase's lr again: the hand-written loop over the same batches, bit for bit."""
     cfg, data, _, inputs = _final_round_setup("fedavg", batch_size=4, momentum=0.9)
     slow, model = _Recorder(epochs=1, steps=None, slow=2), build_model_for(cfg, data)
-    train_client(slow, model, data, 0, inputs, {}, cfg.training, "none", torch.device("cpu"))
+    train_client(Trainer.of(slow, model, data, cfg.training, torch.device("cpu")), 0, inputs, {})
 
     reference = build_model_for(cfg, data)
     load_state(reference, inputs.global_state)
@@ -182,16 +183,15 @@ import sys, torch
 from fltune.config import build_config
 from fltune.engine.builders import build_method, build_model_for, initial_state, load_data
 from fltune.engine.evaluation import evaluate
-from fltune.engine.local import Loop, train_client
+from fltune.engine.local import Trainer, train_client
 from fltune.engine.transfer import RoundInput
 cfg = build_config({"data": {"dataset": "synthetic"}, "method": {"name": "fedrep"}, "federation": {"clients": 4},
                     "training": {"local_epochs": 1, "nesterov": True, "weight_decay": 0.01}})
 data, cpu = load_data(cfg), torch.device("cpu")
 method, model, state = build_method(cfg), build_model_for(cfg, data), initial_state(cfg, data)
-loop = Loop.exact(data, cpu)
+trainer = Trainer.of(method, model, data, cfg.training, cpu, exact=True)
 inputs = RoundInput(round=1, seed=0, lr=0.1, global_state=state, server={})
-steps = sum(train_client(method, model, data, c, inputs, {}, cfg.training, "none", cpu,
-                         loop=loop).metrics["steps"] for c in range(2))
+steps = sum(train_client(trainer, c, inputs, {}).metrics["steps"] for c in range(2))
 evaluate(model, data, data.test_x, data.test_y, cpu)
 print(steps > 0, "torch._dynamo" in sys.modules)
 """

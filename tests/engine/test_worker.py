@@ -20,7 +20,7 @@ from fltune.config import ExperimentConfig, build_config
 from fltune.data.federated import FederatedData
 from fltune.engine.builders import build_method, build_model_for, initial_state, load_data, resolve_augment
 from fltune.engine.evaluation import evaluate
-from fltune.engine.local import final_round
+from fltune.engine.local import Trainer, final_round
 from fltune.engine.transfer import RoundInput, load_state
 from fltune.engine.worker import ClientWorker, RunSpec
 
@@ -94,8 +94,9 @@ def test_personalised_scores_are_each_client_scored_alone_in_chunks_of_any_size(
             model = build_model_for(cfg, data)
             for cid in ids:
                 if finetune:
-                    final_round(method_, model, data, cid, inputs, states.get(cid, {}), cfg.training,
-                                resolve_augment(cfg, data), torch.device("cpu"))
+                    trainer = Trainer.of(method_, model, data, cfg.training, torch.device("cpu"),
+                                         resolve_augment(cfg, data))
+                    final_round(trainer, cid, inputs, states.get(cid, {}))
                 else:
                     load_state(model, method_.client_model_state(state, states.get(cid, {})))
                 held_out = data.client_eval[cid]
@@ -123,9 +124,9 @@ def test_a_batched_runs_final_round_trains_whole_groups_in_chunks_of_whole_group
     inputs = RoundInput(round=cfg.federation.rounds + 1, seed=0, lr=0.05, global_state=state, server={})
     groups, real = [], executors_module.train_group
 
-    def counted(final, model, data_, group, *args, **kwargs):
-        groups.append((type(final).__name__, list(group)))
-        yield from real(final, model, data_, group, *args, **kwargs)
+    def counted(final, group, *args, **kwargs):
+        groups.append((type(final.method).__name__, list(group)))
+        yield from real(final, group, *args, **kwargs)
 
     monkeypatch.setattr(executors_module, "train_group", counted)
     monkeypatch.setattr(worker_module, "STAGED_BYTES", sum(v.nbytes for v in state.values()))

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from fltune.config import build_config
-from fltune.engine.local import train_client
+from fltune.engine.local import Trainer, train_client
 from fltune.engine.transfer import RoundInput
 from fltune.methods.finetune import FineTune, tuned_prefixes
 from fltune.engine.builders import build_method, build_model_for, initial_state, load_data
@@ -42,7 +42,7 @@ def test_tuning_moves_only_the_tuned_part(method: str, whole: bool, changed: set
     state = initial_state(cfg, data)
     inputs = RoundInput(round=cfg.federation.rounds + 1, seed=0, lr=0.1, global_state=state, server={})
     tuner = FineTune(algo, 2, None, whole)
-    out = train_client(tuner, model, data, 0, inputs, {}, cfg.training, "none", torch.device("cpu"))
+    out = train_client(Trainer.of(tuner, model, data, cfg.training, torch.device("cpu")), 0, inputs, {})
     assert out.metrics["steps"] > 0
     after = {k: v.detach().numpy() for k, v in model.state_dict().items()}
     moved = {k for k in state if not np.array_equal(state[k], after[k])}

@@ -22,7 +22,7 @@ from fltune.data.federated import FederatedData
 from fltune.engine.batched import unbatchable
 from fltune.engine.builders import build_method, build_model_for, initial_state, load_data
 from fltune.engine.batches import batches
-from fltune.engine.local import Loop, final_training, train_client
+from fltune.engine.local import Trainer, final_training, train_client
 from fltune.engine.transfer import RoundInput
 from fltune.engine.rng import derive_seed
 from fltune.engine.functional import batchable
@@ -59,8 +59,7 @@ def engine(method: Method, cfg: ExperimentConfig, kind: str, lr: float = LR) -> 
     data = tiny_data()
     model = build_model_for(cfg, data)
     inputs = RoundInput(round=ROUND, seed=cfg.federation.seed, lr=lr, global_state=initial_state(cfg, data), server={})
-    out = train_client(method, model, data, CLIENT, inputs, {}, cfg.training, "none", CPU,
-                       loop=getattr(Loop, kind)(data, CPU))
+    out = train_client(Trainer.of(method, model, data, cfg.training, CPU, exact=kind == "exact"), CLIENT, inputs, {})
     return {k: v.detach().clone() for k, v in model.state_dict().items()}, out.metrics
 
 
@@ -150,9 +149,9 @@ def test_the_fine_tuning_round_is_the_authors_finetune_bit_for_bit(kind: str, fi
     cfg = config({"beta": 0.02}, local_epochs=5, batch_size=4, finetune_epochs=1, finetune_lr=finetune_lr)
     method = build_method(cfg)
     assert cfg.training.finetune_params == "personal" and method.params.beta == 0.02
-    final, settings = final_training(method, cfg.training)
-    assert isinstance(final, PerFedAvgTune) and settings.local_epochs == 5
-    state, metrics = engine(final, cfg, kind)
+    final = final_training(Trainer.of(method, build_model_for(cfg, tiny_data()), tiny_data(), cfg.training, CPU))
+    assert isinstance(final.method, PerFedAvgTune) and final.training.local_epochs == 5
+    state, metrics = engine(final.method, cfg, kind)
     expected, taken = code_update(cfg, loops=1, lr=finetune_lr or LR, beta=0.02)
 
     assert same(state, expected)
@@ -188,7 +187,7 @@ def test_training_and_tuning_fall_back_to_per_client_under_the_batched_executor(
     trains both the rounds and the final round client by client, on the exact path tested above."""
     cfg = config(executor="batched", finetune_epochs=1)
     method, model = build_method(cfg), build_model_for(cfg, tiny_data())
-    final, _ = final_training(method, cfg.training)
+    final = final_training(Trainer.of(method, model, tiny_data(), cfg.training, CPU)).method
     assert not batchable(type(method)) and not batchable(type(final))
     for hooks in (method, final):
         reason = unbatchable(cfg, hooks, model)
