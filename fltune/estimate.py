@@ -23,6 +23,7 @@ from fltune.config import ExperimentConfig, build_config
 from fltune.data.datasets import load_dataset
 from fltune.engine.builders import build_method, build_model_for, model_name, torch_threads
 from fltune.engine.batches import epoch_samples
+from fltune.engine.local import make_optimizer
 from fltune.errors import DatasetMissing, FLTuneError
 from fltune.methods import get_method
 from fltune.text import counted
@@ -97,7 +98,7 @@ def _calibrate(model: str, options: str, method: str, dataset: str, root: str | 
     dev = device()
     with torch_threads(int(cpus)):
         net = build_model_for(cfg, SimpleNamespace(input_shape=shape, num_classes=data.num_classes)).to(dev)
-        optimizer = torch.optim.SGD(net.parameters(), lr=1e-3)
+        optimizer = make_optimizer(list(net.parameters()), cfg.training, 1e-3)  # the engine's own step
         x = torch.randn(batch, *shape, device=dev)
         y = torch.randint(0, data.num_classes, (batch,), device=dev)
         start = 0.0

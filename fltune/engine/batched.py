@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 import torch
@@ -212,21 +212,9 @@ COMPILED_GRAPHS = 64
 """Graphs torch.compile may keep (default 8): ``_GroupTrainer._take`` serves every phase, shape and run of a process."""
 
 
-class _Taken(NamedTuple):
-    """What a group step leaves for the host. Built outside the compiled step from the plain tuple it returns:
-    dynamo (torch 2.11) fails on a NamedTuple built inside."""
-
-    loss: Tensor
-    carry: dict[str, Stacked]
-    record: Stacked
-    live: Tensor
-    correct: Tensor
-    weights: Stacked
-    buffers: Stacked
-
-
 _Device = tuple[Tensor, dict[str, Stacked], Stacked, Tensor, Tensor, Stacked, Stacked]
-"""``_Taken``'s fields as the (compiled) step returns them."""
+"""What a group step leaves for the host: (losses, carried inputs, records, live, correct counts, weights, momentum);
+a plain tuple, as dynamo (torch 2.11) fails on a NamedTuple built inside a compiled step."""
 
 
 def compile_step(step: Callable[..., _Device]) -> Callable[..., _Device]:
@@ -267,15 +255,16 @@ class _GroupTrainer:
 
     def step(
         self, weights: Stacked, inputs: dict[str, Stacked], batch: _Step, lr: float, tally: _Tally,
-    ) -> _Taken:
-        """One masked step of all K clients; ``weights`` and momentum take the stepped values."""
+    ) -> tuple[dict[str, Stacked], Stacked]:
+        """One masked step of all K clients; ``weights`` and momentum take the stepped values. Returns the step's
+        carried inputs and records."""
         train = {n: weights[n] for n in self.trainable}
         frozen = {n: p for n, p in weights.items() if n not in train}
-        out = _Taken(*self.take(train, frozen, inputs, self.buffers, batch, tally.diverged, lr))
-        weights.update(out.weights)
-        self.buffers = out.buffers
-        tally.steps.append((out.loss, out.live, out.correct, batch.counts))
-        return out
+        loss, carry, record, live, correct, stepped, self.buffers = self.take(train, frozen, inputs, self.buffers,
+                                                                             batch, tally.diverged, lr)
+        weights.update(stepped)
+        tally.steps.append((loss, live, correct, batch.counts))
+        return carry, record
 
     def _take(
         self, train: Stacked, frozen: Stacked, inputs: dict[str, Stacked], buffers: Stacked, batch: _Step,
@@ -349,15 +338,15 @@ class _Group:
         keys = next((row.keys() for row in rows if row is not None), ())
         return {key: _padded([None if row is None else row[key] for row in rows], counts.shape[1]) for key in keys}
 
-    def absorb(self, out: _Taken, step: _Step) -> None:
+    def absorb(self, carry: dict[str, Stacked], record: Stacked, step: _Step) -> None:
         """Keep the step's carried inputs and hand each client with a batch the records of its real samples."""
-        for key, values in out.carry.items():
+        for key, values in carry.items():
             self.carried.add(key)
             self.inputs[key].update(values)
-        if out.record:
+        if record:
             for k, (ctx, n) in enumerate(zip(self.contexts, step.counts)):
                 if n:
-                    self.method.record_step(ctx, step.y[k, :n], {key: t[k, :n] for key, t in out.record.items()})
+                    self.method.record_step(ctx, step.y[k, :n], {key: t[k, :n] for key, t in record.items()})
 
     @torch.no_grad()
     def finish(self, k: int, model: nn.Module) -> None:
@@ -373,7 +362,7 @@ def _run_epoch(group: _Group, trainer: _GroupTrainer, laid: _GroupEpoch, lr: flo
     """One epoch's steps; a function of its own so the epoch's tensors (VIB's ε) are freed when it ends."""
     for s in range(len(laid.sizes)):
         step = laid.step(s, augment_kind, group)
-        group.absorb(trainer.step(group.weights, group.inputs, step, lr, group.tally), step)
+        group.absorb(*trainer.step(group.weights, group.inputs, step, lr, group.tally), step)
 
 
 def _group(

@@ -277,17 +277,8 @@ def _phase_batches(ctx: ClientContext, phase: Phase) -> Iterator[Batch]:
 
 
 def _step(optimizer: torch.optim.Adam | KeptSGD, ctx: ClientContext, phase_lr: float) -> None:
-    """The optimiser step, at ``ctx.step_lr`` when ``backward`` set one for this step (then cleared)."""
-    if ctx.step_lr is None:
-        optimizer.step()
-        return
-    set_lr(optimizer, ctx.step_lr)
-    optimizer.step()
-    set_lr(optimizer, phase_lr)
-    ctx.step_lr = None
-
-
-def set_lr(optimizer: torch.optim.Adam | KeptSGD, lr: float) -> None:
-    """Change the learning rate of every parameter group."""
+    """The optimiser step, at ``ctx.step_lr`` for this step alone when ``backward`` set one (then cleared)."""
     for group in optimizer.param_groups:
-        group["lr"] = lr
+        group["lr"] = phase_lr if ctx.step_lr is None else ctx.step_lr
+    optimizer.step()
+    ctx.step_lr = None
