@@ -31,8 +31,9 @@ from fltune.catalog import NUM_CLASSES
 from fltune.data.locations import (
     HOW_TO_REPLACE, WHERE, Splits, check_md5_files, damaged, default_root, missing, read_bytes,
 )
+from fltune.errors import FLTuneError
 from fltune.folders import ReplaceOnClose
-from fltune.plugins import is_reference, label, plugins, unknown
+from fltune.plugins import EXPECTED, is_reference, label, plugins, resolve, unknown
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,21 @@ class Dataset:
     mean: tuple[float, ...]  # per channel, on the [0, 1] scale
     std: tuple[float, ...]
     augment: str  # the dataset's default augmentation (docs/methods.md §0, Augmentation)
+
+
+@dataclass(frozen=True)
+class UserDataset:
+    """What a dataset plug-in (``loader(root, download)``, ``fltune.plugins``) returns. ``train``/``test``: (images,
+    labels), images uint8 [N, C, H, W] (or [N, H, W]) or float in [0, 1], or a torchvision-style dataset of (image,
+    label). ``mean``/``std``: per channel on [0, 1]; None = the train split's. ``augment``: what ``data.augment: auto``
+    picks."""
+
+    train: Any
+    test: Any
+    num_classes: int
+    mean: Sequence[float] | None = None
+    std: Sequence[float] | None = None
+    augment: str = "none"
 
 
 def _load_synthetic(root: Path | None, download: bool) -> Splits:
@@ -587,18 +603,53 @@ def release_loaded() -> None:
 
 @lru_cache(maxsize=4)
 def _load(name: str, root: str | None, download: bool) -> Dataset:
-    """Load and wrap one dataset, built-in or the user's (``fltune.data.plugin``)."""
+    """Load and wrap one dataset, built-in or the user's (:func:`_load_user`)."""
     if name not in _SPECS:
-        from fltune.data.plugin import load_user
-
-        (train_x, train_y, test_x, test_y), user = load_user(name, root, download)
-        mean, std = (tuple(user.mean), tuple(user.std)) if user.mean and user.std else _pixel_stats(train_x)
-        return Dataset(label(name), train_x, train_y, test_x, test_y, user.num_classes, mean, std, user.augment)
+        return _load_user(name, root, download)
     spec = _SPECS[name]
     train_x, train_y, test_x, test_y = spec.load(None if root is None else Path(root), download)
     mean, std = (spec.mean, spec.std) if spec.mean is not None else _pixel_stats(train_x)
     return Dataset(name, train_x.contiguous(), train_y.long(), test_x.contiguous(), test_y.long(),
                    NUM_CLASSES[name], mean, std, spec.augment)
+
+
+def _load_user(name: str, root: str | None, download: bool) -> Dataset:
+    """The plug-in ``name`` called, its splits made uint8 NCHW and int64 like every built-in's."""
+    answer = resolve("dataset", name)(None if root is None else Path(root), download)
+    if not isinstance(answer, UserDataset):
+        raise FLTuneError(f"data.dataset: {name!r} returned a {type(answer).__name__}; expected "
+                          f"{EXPECTED['dataset']}")
+    train_x, train_y = _user_split(name, "train", answer.train)
+    test_x, test_y = _user_split(name, "test", answer.test)
+    mean, std = (tuple(answer.mean), tuple(answer.std)) if answer.mean and answer.std else _pixel_stats(train_x)
+    return Dataset(label(name), train_x, train_y, test_x, test_y, answer.num_classes, mean, std, answer.augment)
+
+
+def _user_split(name: str, split: str, data: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """One split of a plug-in's as uint8 [N, C, H, W] images and int64 labels."""
+    if isinstance(data, tuple) and len(data) == 2:
+        x, y = torch.as_tensor(data[0]), torch.as_tensor(data[1])
+    else:
+        pairs = [data[i] for i in range(len(data))]
+        x = torch.stack([_chw(image) for image, _ in pairs])
+        y = torch.as_tensor([int(target) for _, target in pairs])
+    if x.dim() == 3:
+        x = x.unsqueeze(1)
+    if x.is_floating_point():
+        x = (x.clamp(0, 1) * 255).round()
+    if x.dim() != 4 or len(x) != len(y) or len(x) == 0:
+        raise FLTuneError(f"data.dataset: {name!r}: its {split} split has images of shape {tuple(x.shape)} and "
+                          f"{len(y)} labels; expected [N, C, H, W] images and N labels, N > 0")
+    return x.to(torch.uint8).contiguous(), y.long()
+
+
+def _chw(image: Any) -> torch.Tensor:
+    """A PIL image, HWC/HW array or CHW tensor as a [C, H, W] tensor (a float tensor stays on [0, 1])."""
+    if isinstance(image, torch.Tensor):
+        return image if image.dim() == 3 else image.unsqueeze(0)
+    array = np.asarray(image)
+    return torch.from_numpy(array.copy()).unsqueeze(0) if array.ndim == 2 else torch.from_numpy(
+        array.transpose(2, 0, 1).copy())
 
 
 def normalised(dataset: Dataset, how: str) -> Dataset:

@@ -61,7 +61,7 @@ class HessianProbe(Probe):
         """Hessian metrics of the global model and H_N/H_D over the round's first k clients, one
         ``CurvatureTask`` each on the workers."""
         from fltune.metrics._hessian import (
-            CurvatureTask, client_consistency, client_traces, global_curvature, global_landscape, plot_spectrum,
+            CurvatureTask, client_traces, cross_client_consistency, global_curvature, global_landscape, plot_spectrum,
         )
 
         run, hcfg = view.run, view.run.cfg.metrics.hessian
@@ -75,7 +75,7 @@ class HessianProbe(Probe):
         results = run.compute(tasks)
         out = results[0]
         if compared:
-            out.update(client_consistency(results[1:1 + len(compared)]))
+            out.update(cross_client_consistency(results[1:1 + len(compared)]))
         if landscape:  # the loss along the top-2 eigenvectors and the eigenvalue spectrum, as PNG files
             eigen, title = [out[f"hessian_lambda_{i + 1}"] for i in range(hcfg.top_k)], run.cfg.method.name
             folder = Path(tempfile.mkdtemp(prefix="fltune-figures-"))
