@@ -1,11 +1,8 @@
 """The datasets fltune trains on, by name, as raw uint8 NCHW tensors with their normalisation constants.
 
 Images stay uint8 in memory (4x smaller than float32, shared by every Ray worker); ``augment.to_float``
-normalises each batch. A missing or unusable file is one line, raised before any training. Fashion-MNIST is read
-from its idx files (Debian's flat ``dataset-fashion-mnist`` directory works offline), MedMNIST from its ``.npz``;
-MNIST, EMNIST letters, CIFAR and SVHN through torchvision's classes and on-disk formats, each file checked first;
-image-folder trees (CINIC-10's ``train/<class>/*.png``, Tiny-ImageNet-200's cs231n zip) decoded once into a uint8
-cache file beside them.
+normalises each batch. A missing or unusable file is one line, raised before any training: each file is checked
+before torchvision reads it, since torchvision would only say "Dataset not found or corrupted".
 """
 
 from __future__ import annotations
@@ -53,17 +50,14 @@ class Dataset:
 
 @dataclass(frozen=True)
 class UserDataset:
-    """What a dataset plug-in (``loader(root, download)``, ``fltune.plugins``) returns. ``train``/``test``: (images,
-    labels), images uint8 [N, C, H, W] (or [N, H, W]) or float in [0, 1], or a torchvision-style dataset of (image,
-    label). ``mean``/``std``: per channel on [0, 1]; None = the train split's. ``augment``: what ``data.augment: auto``
-    picks."""
+    """What a dataset plug-in (``loader(root, download)``, ``fltune.plugins``) returns."""
 
-    train: Any
+    train: Any  # (images, labels): uint8 [N, C, H, W] or [N, H, W] or float in [0, 1]; or a dataset of (image, label)
     test: Any
     num_classes: int
-    mean: Sequence[float] | None = None
+    mean: Sequence[float] | None = None  # per channel on [0, 1]; None = the train split's
     std: Sequence[float] | None = None
-    augment: str = "none"
+    augment: str = "none"  # what data.augment: auto picks
 
 
 def _load_synthetic(root: Path | None, download: bool) -> Splits:

@@ -270,9 +270,8 @@ def loss_surface(
     model: nn.Module, loss_fn: LossFn, batches: Sequence[Batch], directions: tuple[Vector, Vector], span: float = 1.0,
     steps: int = 21,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Loss at θ + a·d1 + b·d2 on a ``steps``×``steps`` grid of (a, b) ∈ [−span, span]². Returns ``(alphas, betas,
-    grid)``, ``grid[i, j]`` the mean loss over ``batches`` at (alphas[i], betas[j]) in eval mode. Each point is set from
-    a saved θ (no drift), restored bit for bit afterwards, even on error."""
+    """Loss at θ + a·d1 + b·d2 on a ``steps``×``steps`` grid of (a, b) ∈ [−span, span]². Each point is set from a
+    saved θ (no drift), restored bit for bit afterwards, even on error."""
     check_batches(batches)
     params = list(trainable_parameters(model).values())
     for direction in directions:
@@ -409,9 +408,8 @@ def global_landscape(model: nn.Module, batches: list[Batch], hcfg: HessianConfig
 
 @dataclass(frozen=True)
 class CurvatureTask(Generic[T]):
-    """One piece of a Hessian probe, run on a worker: ``measure`` of the model with weights ``state`` on the
-    probe batches (with ``client``, :func:`consistency_batches`'). Batches are drawn there from the run's
-    data and seed, so only the weights travel."""
+    """One piece of a Hessian probe (``curvature.HessianProbe``), run on a worker: batches are drawn there from the
+    run's data and seed, so only the weights travel."""
 
     measure: Callable[[nn.Module, list[Batch], HessianConfig, int], T]
     state: State
