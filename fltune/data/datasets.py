@@ -241,7 +241,7 @@ def load_medmnist(name: str, root: Path | None, download: bool) -> Splits:
     looked_in, how = WHERE[name](root)
     found = next((p for p in looked_in if p.exists()), None)
     if found is None and download:
-        found = _download_medmnist(name, looked_in)
+        found = _fetch(_MEDMNIST[name].url, _MEDMNIST[name].md5, looked_in[0], name, looked_in, how)
     if found is None:
         raise missing(name, looked_in, how)
     keys = [f"{split}_{kind}" for split in _MEDMNIST_SPLITS for kind in ("images", "labels")]
@@ -299,22 +299,21 @@ def _medmnist_split(path: Path, arrays: dict[str, np.ndarray], split: str, image
     return images, labels
 
 
-def _download_medmnist(name: str, looked_in: list[Path]) -> Path:
-    """Fetch ``<root>/<name>.npz`` from Zenodo via a ``.part`` file, moved into place only once its MD5
-    matches (``download_url`` would leave a mismatching file in place)."""
+def _fetch(url: str, md5: str | None, path: Path, name: str, looked_in: list[Path], how: str) -> Path:
+    """Download ``url`` to ``path`` via a ``.part`` file, moved into place only whole and matching ``md5`` (when
+    published): ``download_url`` would leave a partial or mismatching file that looks complete next time."""
     from torchvision.datasets.utils import download_url
 
-    info, path = _MEDMNIST[name], looked_in[0]
     part = path.with_name(f"{path.name}.part")
     try:
-        download_url(info.url, str(path.parent), part.name, md5=info.md5)
+        download_url(url, str(path.parent), part.name, md5=md5)
     except (RuntimeError, OSError) as err:  # urllib: OSError; torchvision: RuntimeError when the MD5 differs
         mismatch = isinstance(err, RuntimeError) and part.is_file()
         part.unlink(missing_ok=True)
         if mismatch:
-            raise damaged(path, f"as downloaded from {info.url} does not match its published MD5 {info.md5} "
+            raise damaged(path, f"as downloaded from {url} does not match its published MD5 {md5} "
                                  "(not kept)", "rerun to download it again, or copy a good file there") from err
-        raise missing(name, looked_in, WHERE[name](None)[1], err) from err
+        raise missing(name, looked_in, how, err) from err
     os.replace(part, path)
     return path
 
@@ -457,16 +456,10 @@ def _decode_rgb(samples: Samples, tree: _ImageTree) -> tuple[np.ndarray, np.ndar
 
 def _download_tree(tree: _ImageTree, dirs: list[Path], into: Path) -> None:
     """Fetch ``tree``'s archive into ``into`` and extract it there, in two steps to tell a failed download
-    (DatasetMissing) from a bad archive (DatasetCorrupt). A partial download is deleted: without an MD5
-    torchvision would take it for complete next time."""
-    from torchvision.datasets.utils import download_url, extract_archive
+    (DatasetMissing) from a bad archive (DatasetCorrupt)."""
+    from torchvision.datasets.utils import extract_archive
 
-    archive = into / Path(tree.url).name
-    try:
-        download_url(tree.url, str(into), archive.name, md5=tree.md5)
-    except (RuntimeError, OSError) as err:  # urllib: OSError; torchvision: RuntimeError when the MD5 differs
-        archive.unlink(missing_ok=True)
-        raise missing(tree.name, dirs, tree.how_to_get, err) from err
+    archive = _fetch(tree.url, tree.md5, into / Path(tree.url).name, tree.name, dirs, tree.how_to_get)
     try:
         extract_archive(str(archive), str(into), remove_finished=True)
     except (tarfile.TarError, zipfile.BadZipFile, EOFError, zlib.error, OSError) as err:
