@@ -28,7 +28,7 @@ TAIL = 0.1
 """The share of clients that ``_worst10`` and ``_best10`` average over."""
 SPREAD = {"std": "standard deviation over clients of", "worst10": "mean of the lowest-scoring 10 % of clients in",
           "best10": "mean of the highest-scoring 10 % of clients in"}
-"""The suffixes of a personalised accuracy's spread (``spread``), with what each is."""
+"""The suffixes of a personalised accuracy's spread, with what each is."""
 
 
 def with_val(metrics: dict[str, str]) -> dict[str, str]:
@@ -54,23 +54,19 @@ def prefixed(split: str, figures: dict[str, float]) -> dict[str, float]:
     return figures if split == "test" else {VAL + name: value for name, value in figures.items()}
 
 
-def spread(name: str, accuracies: list[float]) -> dict[str, float]:
-    """The spread over clients that pFL papers report beside the mean accuracy ``name`` (Ditto, Li et al. ICML
-    2021, Table 1's worst 10 %): the population std, and the means of the ⌈10 %⌉ worst and best clients."""
+def client_figures(name: str, accuracies: list[float], losses: list[float]) -> dict[str, float]:
+    """``acc_<name>`` and ``loss_<name>``, the means over clients, and the spread over clients that pFL papers report
+    beside the mean (Ditto, Li et al. ICML 2021, Table 1's worst 10 %): the population std, and the means of the
+    ⌈10 %⌉ worst and best clients."""
     ranked = np.sort(accuracies)
     tail = max(1, math.ceil(TAIL * len(ranked)))
-    return {f"{name}_std": float(np.std(accuracies)), f"{name}_worst10": float(np.mean(ranked[:tail])),
-            f"{name}_best10": float(np.mean(ranked[-tail:]))}
-
-
-def client_figures(name: str, accuracies: list[float], losses: list[float]) -> dict[str, float]:
-    """``acc_<name>`` and ``loss_<name>``, the means over clients, and the accuracy's ``spread``."""
     return {f"acc_{name}": float(np.mean(accuracies)), f"loss_{name}": float(np.mean(losses)),
-            **spread(f"acc_{name}", accuracies)}
+            f"acc_{name}_std": float(np.std(accuracies)), f"acc_{name}_worst10": float(np.mean(ranked[:tail])),
+            f"acc_{name}_best10": float(np.mean(ranked[-tail:]))}
 
 
 def with_spread(metrics: dict[str, str]) -> dict[str, str]:
-    """``metrics`` with each accuracy's ``spread`` after it."""
+    """``metrics`` with each accuracy's spread (:func:`client_figures`) after it."""
     out = {}
     for name, about in metrics.items():
         out[name] = about
@@ -178,7 +174,7 @@ class AllModelAccuracy(_OneModel):
 @register
 class PersonalizedAccuracy(_Protocol):
     """Each client's own model on its own held-out split, and after the last round with the head tuned, each mean
-    with its ``spread`` over clients."""
+    with its spread over clients (:func:`client_figures`)."""
 
     name = "personalized"
     order = 30
