@@ -194,11 +194,13 @@ def _reroute(owned: np.ndarray, counts: np.ndarray, left: np.ndarray, need: np.n
             chain = _find_chain(start, owned, counts, left, num_classes)
             if chain is None:
                 break
-            amount = min(need[start], left[owned[chain[-1]]],
-                         *(counts[link] for link in _giver_slots(chain, owned, num_classes)))
+            # (giver, giver's slot) for each link: the next client in the chain gives the taker's class
+            givers = [(giver, int((owned[taker, slot] - giver) % num_classes))
+                      for (taker, slot), (giver, _) in zip(chain, chain[1:])]
+            amount = min(need[start], left[owned[chain[-1]]], *(counts[link] for link in givers))
             for client, slot in chain:
                 counts[client, slot] += amount
-            for giver, slot in _giver_slots(chain, owned, num_classes):
+            for giver, slot in givers:
                 counts[giver, slot] -= amount
             left[owned[chain[-1]]] -= amount
             need[start] -= amount
@@ -225,12 +227,6 @@ def _find_chain(start: int, owned: np.ndarray, counts: np.ndarray, left: np.ndar
                         parent[holder] = (taker, slot)
                         queue.append(holder)
     return None
-
-
-def _giver_slots(chain: list[tuple[int, int]], owned: np.ndarray, num_classes: int) -> list[tuple[int, int]]:
-    """(giver, giver's slot) for each link: the next client in the chain gives the taker's class."""
-    return [(giver, int((owned[taker, slot] - giver) % num_classes))
-            for (taker, slot), (giver, _) in zip(chain, chain[1:])]
 
 
 # --- dirichlet_prior (SimFAFL/FedCR non-IID2, MAN, FedDyn) ---------------------------------------------
