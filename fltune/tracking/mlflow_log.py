@@ -1,15 +1,10 @@
-"""MLflow tracking, written by one process (the driver) through an explicit client (:func:`open_store`). No fluent
-``mlflow.start_run``: a study's driver keeps many runs open, so every call names its run id.
+"""MLflow tracking, written by one process (the driver) through an explicit client (:func:`open_store`): a study's
+driver keeps many runs open, so every call names its run id (no fluent ``mlflow.start_run``).
 
-Opening the store is safe when many processes share a sqlite file (a server needs neither fix):
-
-* **Creating it.** MLflow creates its schema without a lock (``SqlAlchemyStore.__init__``), so two processes
-  race (``table … already exists``): :func:`open_store` holds a ``flock`` on ``<db>.lock`` meanwhile.
-* **Writing.** sqlite answers "database is locked" at once, busy timeout or not, when a reader must become a
-  writer while another process writes; MLflow rolls back (``TEMPORARILY_UNAVAILABLE``), so
-  :class:`RetryingClient` repeats it.
-
-A tracking server's client keeps what the server does not take on disk (``backlog.keeping``).
+Many processes may share a sqlite store: MLflow creates its schema without a lock (``table … already exists``), so
+:func:`open_store` holds a ``flock`` meanwhile; and sqlite answers "database is locked" at once when a reader must
+become a writer while another process writes, which MLflow rolls back, so :class:`RetryingClient` repeats it. A
+server's client keeps on disk what the server does not take (``backlog.keeping``).
 """
 
 from __future__ import annotations
@@ -83,14 +78,8 @@ RETRY_FOR_S = 120.0
 _LOCKED = "database is locked"
 
 
-class _DropLockedNoise(logging.Filter):
-    """MLflow logs a full traceback for every "database is locked" before raising; we retry those."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return _LOCKED not in record.getMessage()
-
-
-logging.getLogger("mlflow.store.db.utils").addFilter(_DropLockedNoise())
+# MLflow logs a full traceback for every "database is locked" before raising it: ``retrying`` retries those
+logging.getLogger("mlflow.store.db.utils").addFilter(lambda record: _LOCKED not in record.getMessage())
 
 
 @contextmanager
