@@ -95,10 +95,6 @@ def cmd_methods(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_sync(args: argparse.Namespace) -> int:
-    return backlog.sync(args.path, args.uri)
-
-
 def method_card(cls: type) -> str:
     """One method as ``fltune methods NAME`` shows it: what it is, its paper, its parameters with their defaults,
     what it costs (FedAlign Table 5's models held and passes per step) and how it runs."""
@@ -153,7 +149,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_flags(command(sub, "compare", cmd_job, "compare methods on one setting: same split and sampling, seeds, "
                                                "optional tuning on a validation split (Ray Tune trials)"),
               CompareOptions)
-    sync = command(sub, "sync", cmd_sync, "send the tracking a command kept on disk while its server was away")
+    sync = command(sub, "sync", lambda args: backlog.sync(args.path, args.uri),
+                   "send the tracking a command kept on disk while its server was away")
     sync.add_argument("path", help="a job's folder, a tracking-backlog folder or one backlog file")
     sync.add_argument("--uri", help="send to this tracking store instead of the one each backlog was kept for")
     return parser
@@ -179,9 +176,7 @@ def parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argpar
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run one command: bad input → 2; Ctrl-C or SIGTERM → 128 + the signal (a Tune job prints its resume
-    line and returns 130); a failed write → the file, the room left, the resume command, and 74; tracking kept
-    on disk → its folder and 75 (``backlog.outcome``)."""
+    """Run one command to its exit status (the module's docstring lists them), each error one line on stderr."""
     args = parse(build_parser(), argv)
     quiet_libraries()
     forget_stops()
@@ -202,7 +197,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"fltune: {interrupted()}", file=sys.stderr)  # nothing to continue (a job says its resume line)
         return stop_status()
-    return stop_status() if code == 130 else code
+    return stop_status() if code == 130 else code  # a stopped Tune job said its resume line, returned 130
 
 
 def entry() -> int:
