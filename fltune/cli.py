@@ -162,7 +162,7 @@ def command(sub: argparse._SubParsersAction, name: str, runs: Callable[[argparse
     (``EXAMPLES``)."""
     parser = sub.add_parser(name, help=summary, epilog=EXAMPLES[name],
                             formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.set_defaults(runs=runs)
+    parser.set_defaults(runs=runs, parser=parser)
     return parser
 
 
@@ -170,8 +170,7 @@ def parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argpar
     """The command line; an unknown flag is refused with its command's usage, not the top-level one."""
     args, unknown = parser.parse_known_args(argv)
     if unknown:
-        commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-        commands.choices[args.command].error(f"unrecognized arguments: {' '.join(unknown)}")
+        args.parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     return args
 
 

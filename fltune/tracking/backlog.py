@@ -320,7 +320,7 @@ def keeping(client: Any, uri: str) -> Any:
         return client
     if uri not in _clients:
         _clients[uri] = KeepingClient(client, uri)
-        send(backlogs(backlog_folder()), uri, client)
+        send_kept(backlogs(backlog_folder()), uri, client)
     return _clients[uri]
 
 
@@ -342,7 +342,7 @@ def _opened(paths: list[Path]) -> Iterator[Backlog]:
             _say(f"{path} is being written by a running command; left for later")
 
 
-def send(found: list[Path], uri: str | None, client: Any = None) -> int:
+def send_kept(found: list[Path], uri: str | None, client: Any = None) -> int:
     """Each backlog of ``found`` sent whole to ``uri``, else to the store it was kept for (MLflow's HTTP retries
     bounded first); how many are left. With ``client``, a command's first write to ``uri``: only the backlogs of
     ``uri``, and one whose store fails again waits for ``fltune sync`` unsaid."""
@@ -388,7 +388,7 @@ def sync(path: str, uri: str | None = None) -> int:
     found = backlogs(Path(path))
     if not found:
         _say(f"no tracking backlog at {path}: nothing to send")
-    return TEMPFAIL if send(found, uri) else 0
+    return TEMPFAIL if send_kept(found, uri) else 0
 
 
 def outcome(code: int) -> int:
