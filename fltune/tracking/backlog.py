@@ -21,7 +21,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -333,15 +333,6 @@ def backlogs(path: Path) -> list[Path]:
     return sorted(found)
 
 
-def _opened(paths: list[Path]) -> Iterator[Backlog]:
-    """The backlogs no running command holds (each yielded under its lock)."""
-    for path in paths:
-        try:
-            yield Backlog(path)
-        except BlockingIOError:
-            _say(f"{path} is being written by a running command; left for later")
-
-
 def send_kept(found: list[Path], uri: str | None, client: Any = None) -> int:
     """Each backlog of ``found`` sent whole to ``uri``, else to the store it was kept for (MLflow's HTTP retries
     bounded first); how many are left. With ``client``, a command's first write to ``uri``: only the backlogs of
@@ -351,7 +342,12 @@ def send_kept(found: list[Path], uri: str | None, client: Any = None) -> int:
     for key, value in HTTP_LIMITS.items():
         os.environ.setdefault(key, value)
     left = len(found)
-    for backlog in _opened(found):
+    for path in found:
+        try:
+            backlog = Backlog(path)
+        except BlockingIOError:
+            _say(f"{path} is being written by a running command; left for later")
+            continue
         target = uri or backlog.uri
         try:
             if client is None or backlog.uri == uri:
