@@ -207,10 +207,9 @@ class Tracker:
 
     def find(self, tags: Mapping[str, Any]) -> list[Run]:
         """The experiment's runs carrying all ``tags`` (a resumed job's). MLflow's filter has no escapes: a
-        value holding both quotes is matched here."""
+        value holding a quote is matched here only."""
         wanted = {k: str(v) for k, v in tags.items()}
-        literals = {k: _quoted(v) for k, v in wanted.items()}
-        query = " and ".join(f"tags.`{k}` = {literal}" for k, literal in literals.items() if literal)
+        query = " and ".join(f"tags.`{k}` = '{v}'" for k, v in wanted.items() if "'" not in v)
         runs = self.client.search_runs([self.experiment_id], filter_string=query, max_results=50_000)
         return [run for run in runs if all(run.data.tags.get(k) == v for k, v in wanted.items())]
 
@@ -235,13 +234,6 @@ class Tracker:
         and its description, which the run's page shows first."""
         self.set_tags(run_id, {"fltune.status": status, **({ERROR: error, NOTE: error} if error else {})})
         self.client.set_terminated(run_id, STATUS.get(status, "FAILED"))
-
-
-def _quoted(value: str) -> str | None:
-    """``value`` as a string literal of MLflow's search filter; None if it holds both quote characters."""
-    if "'" not in value:
-        return f"'{value}'"
-    return f'"{value}"' if '"' not in value else None
 
 
 def mlflow_key(name: str) -> str:
