@@ -128,24 +128,22 @@ class RetryingClient:
         return retrying(value) if callable(value) else value
 
 
-def open_store(uri: str, experiment: str, artifacts: str | None = None, tags: dict[str, str] | None = None,
-               defaults: dict[str, str] | None = None) -> tuple[Any, str]:
-    """A client of the store at ``uri`` and the id of ``experiment``, created if new (under
-    :func:`store_lock`). ``tags`` are always set, ``defaults`` only where absent (a UI description stays). A
-    server's client is a ``backlog.KeepingClient``."""
-    tags, defaults = tags or {}, defaults or {}
+def open_store(uri: str, experiment: str) -> tuple[Any, str]:
+    """A client of the store at ``uri`` and the id of ``experiment``, created if new (under :func:`store_lock`), its
+    artifacts beside a sqlite database; its UI kind always set, its description where it has none (one edited in the
+    UI stays). A server's client is a ``backlog.KeepingClient``."""
+    db = sqlite_path(uri)
+    artifacts = None if db is None else (db.parent / "artifacts" / experiment).as_uri()
     with store_lock(uri):
         client = keeping(RetryingClient(MlflowClient(uri)), uri)
         found = client.get_experiment_by_name(experiment)
         if found is None:
             return client, client.create_experiment(experiment, artifact_location=artifacts,
-                                                    tags={**defaults, **tags})
-        wanted = {**{k: v for k, v in defaults.items() if k not in found.tags}, **tags}
-        for key, value in wanted.items():
+                                                    tags={NOTE: DESCRIPTION, **dict([EXPERIMENT_KIND])})
+        for key, value in {NOTE: found.tags.get(NOTE, DESCRIPTION), **dict([EXPERIMENT_KIND])}.items():
             if found.tags.get(key) != value:
                 client.set_experiment_tag(found.experiment_id, key, value)
         return client, found.experiment_id
-
 
 
 def git_commit() -> str:
@@ -161,10 +159,7 @@ class Tracker:
 
     def __init__(self, tracking: TrackingConfig) -> None:
         self.uri = tracking.uri or default_uri()
-        db = sqlite_path(self.uri)  # artifacts live beside the database they belong to
-        artifacts = None if db is None else (db.parent / "artifacts" / tracking.experiment).as_uri()
-        self.client, self.experiment_id = open_store(self.uri, tracking.experiment, artifacts,
-                                                     dict([EXPERIMENT_KIND]), {NOTE: DESCRIPTION})
+        self.client, self.experiment_id = open_store(self.uri, tracking.experiment)
 
     def start(self, name: str | None, tags: Mapping[str, Any], parent: str | None = None) -> str:
         """Create a run (a child when ``parent`` is given) and return its id."""
