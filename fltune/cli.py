@@ -23,7 +23,7 @@ from fltune.compare.command import CompareOptions
 from fltune.errors import FLTuneError, WriteFailed
 from fltune.examples import EXAMPLES
 from fltune.folders import failed_write, make_out, said
-from fltune.plugins import user_fault
+from fltune.plugins import origin, plugins, user_fault
 from fltune.process import (
     exit_now, forget_stops, handle_stop_signals, interrupted, quiet_libraries, stop_status,
 )
@@ -77,7 +77,6 @@ def cmd_job(args: argparse.Namespace) -> int:
 def cmd_methods(args: argparse.Namespace) -> int:
     from fltune.methods import METHODS, get_method
     from fltune.methods.base import params_table
-    from fltune.plugins import origin, plugins
     from fltune.tracking.progress import listing
 
     if args.method:

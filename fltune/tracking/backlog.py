@@ -25,6 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from fltune.folders import ReplaceOnClose
 from fltune.text import counted
 from fltune.tracking.paths import QUICK, mlruns_dir, one_try, reason, sqlite_path
 
@@ -137,9 +138,8 @@ class Backlog:
 
     def mark(self, sent: int) -> None:
         self.sent = sent
-        part = self.progress.with_suffix(".sent.part")
-        part.write_text(json.dumps({"sent": sent, "ids": self.ids}))
-        part.replace(self.progress)
+        with ReplaceOnClose(str(self.progress)) as out:
+            out.write(json.dumps({"sent": sent, "ids": self.ids}).encode())
 
     def remove(self) -> None:
         """All sent: the file, its copies and its progress go."""
