@@ -172,7 +172,7 @@ class Tracker:
     def log_config(self, run_id: str, cfg: ExperimentConfig) -> None:
         """Flattened config as params (dotted keys) plus the YAML as an artifact."""
         self.log_params(run_id, flatten(cfg.model_dump(mode="json")))
-        self.client.log_text(run_id, cfg.to_yaml(), "config.yaml")
+        self.log_text(run_id, cfg.to_yaml(), "config.yaml")
 
     def log_params(self, run_id: str, params: Mapping[str, Any]) -> None:
         """Values cut at MLflow's 6000 characters; MLflow's client splits the batch into requests of its limit."""
