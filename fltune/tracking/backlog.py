@@ -1,7 +1,7 @@
 """Tracking that survives its server. A tracking server (``http://…``, any store but a sqlite file) can restart,
 flap or sit behind a proxy; the training it watches must neither stop for it nor lose its results.
 
-MLflow retries a failed request for minutes (7 tries of up to 120 s); fltune bounds that (:data:`HTTP_LIMITS`,
+MLflow retries a failed request for minutes (7 times, each try up to 120 s); fltune bounds that (:data:`HTTP_LIMITS`,
 where the user set none). Once a call fails anyway, the store's :class:`KeepingClient` goes offline: writes are
 appended to a JSON-lines :class:`Backlog` in the job's ``tracking-backlog/`` (a new run gets a stand-in id), reads
 answer empty, and the backlog is replayed in order (:func:`replay`: stand-in ids mapped, recorded times kept) once
