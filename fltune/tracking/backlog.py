@@ -27,7 +27,7 @@ from typing import Any
 
 from fltune.folders import ReplaceOnClose
 from fltune.text import counted
-from fltune.tracking.paths import QUICK, mlruns_dir, one_try, reason, sqlite_path
+from fltune.tracking.paths import QUICK, mlruns_dir, one_try, reason
 
 TEMPFAIL = 75
 """The exit status of a command that finished with tracking calls kept on disk (``EX_TEMPFAIL``)."""
@@ -313,11 +313,9 @@ class KeepingClient:
             return True
 
 
-def keeping(client: Any, uri: str) -> Any:
+def keeping(client: Any, uri: str) -> KeepingClient:
     """``client`` of a store other than a sqlite file, as this process's :class:`KeepingClient` of ``uri`` (one per
     store: one backlog in call order). The first also sends the backlogs earlier commands left in the folder."""
-    if sqlite_path(uri) is not None:
-        return client
     if uri not in _clients:
         _clients[uri] = KeepingClient(client, uri)
         send_kept(backlogs(backlog_folder()), uri, client)

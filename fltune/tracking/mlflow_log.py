@@ -135,7 +135,7 @@ def open_store(uri: str, experiment: str) -> tuple[Any, str]:
     db = sqlite_path(uri)
     artifacts = None if db is None else (db.parent / "artifacts" / experiment).as_uri()
     with store_lock(uri):
-        client = keeping(RetryingClient(MlflowClient(uri)), uri)
+        client = keeping(MlflowClient(uri), uri) if db is None else RetryingClient(MlflowClient(uri))
         found = client.get_experiment_by_name(experiment)
         if found is None:
             return client, client.create_experiment(experiment, artifact_location=artifacts,
