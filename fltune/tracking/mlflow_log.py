@@ -15,7 +15,7 @@ import random
 import subprocess
 import time
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from functools import wraps
 from pathlib import Path
 from typing import Any
@@ -83,12 +83,8 @@ logging.getLogger("mlflow.store.db.utils").addFilter(lambda record: _LOCKED not 
 
 
 @contextmanager
-def store_lock(uri: str) -> Iterator[None]:
-    """Exclusive lock on ``<db>.lock`` for a sqlite store (a no-op for a server): one creator at a time."""
-    db = sqlite_path(uri)
-    if db is None:
-        yield
-        return
+def store_lock(db: Path) -> Iterator[None]:
+    """Exclusive lock on ``<db>.lock`` for a sqlite store: one creator at a time."""
     db.parent.mkdir(parents=True, exist_ok=True)
     with open(db.with_name(db.name + ".lock"), "a") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
@@ -134,7 +130,7 @@ def open_store(uri: str, experiment: str) -> tuple[Any, str]:
     UI stays). A server's client is a ``backlog.KeepingClient``."""
     db = sqlite_path(uri)
     artifacts = None if db is None else (db.parent / "artifacts" / experiment).as_uri()
-    with store_lock(uri):
+    with store_lock(db) if db is not None else nullcontext():
         client = keeping(MlflowClient(uri), uri) if db is None else RetryingClient(MlflowClient(uri))
         found = client.get_experiment_by_name(experiment)
         if found is None:
