@@ -348,8 +348,9 @@ def send_kept(found: list[Path], uri: str | None, client: Any = None) -> int:
             continue
         target = uri or backlog.uri
         try:
-            if client is None or backlog.uri == uri:
-                _send_all(backlog, client or MlflowClient(target), target)
+            if client is not None and backlog.uri != uri:
+                continue  # another store's, left for a command that writes there or for fltune sync
+            _send_all(backlog, client or MlflowClient(target), target)
             left -= 1
         except Exception as err:
             if not unreachable(err):

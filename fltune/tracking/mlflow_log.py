@@ -2,9 +2,9 @@
 driver keeps many runs open, so every call names its run id (no fluent ``mlflow.start_run``).
 
 Many processes may share a sqlite store: MLflow creates its schema without a lock (``table … already exists``), so
-:func:`open_store` holds a ``flock`` meanwhile; and sqlite answers "database is locked" at once when a reader must
-become a writer while another process writes, which MLflow rolls back, so :class:`RetryingClient` repeats it. A
-server's client keeps on disk what the server does not take (``backlog.keeping``).
+:func:`open_store` holds a ``flock`` meanwhile; and sqlite answers "database is locked" at once, busy timeout or not,
+when a reader must become a writer while another process writes, which MLflow rolls back, so :class:`RetryingClient`
+repeats it. A server's client keeps on disk what the server does not take (``backlog.keeping``).
 """
 
 from __future__ import annotations
