@@ -50,7 +50,6 @@ class KNNPer(FedAvg):
     def personal_scorer(
         self, model: nn.Module, train_batches: Callable[[], Iterator[tuple[Tensor, Tensor]]],
     ) -> nn.Module:
-        """``model`` mixed with the kNN over one epoch of the client's training batches (:class:`KNNScorer`)."""
         split = cast(SplitModel, model)  # adapt_model refused any other model
         features, targets = datastore(split, train_batches(), self.params.capacity)
         return KNNScorer(split, features, targets, self.params)

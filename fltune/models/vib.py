@@ -86,11 +86,6 @@ def gaussian_kl(mu_q: Tensor, sigma_q: Tensor, mu_p: Tensor, sigma_p: Tensor) ->
     return terms.sum(-1)
 
 
-def sampled_cross_entropy(logits: Tensor, y: Tensor) -> Tensor:
-    """mean over S samples and the batch of CE(logits_s, y): VIB's Monte-Carlo estimate of −I(Z;Y)."""
-    return F.cross_entropy(logits.flatten(0, 1), y.repeat(logits.shape[0]))
-
-
 def _cnn_convs(in_shape: InShape) -> tuple[ConvBlock, ConvBlock]:
     """FedCR's FMNIST convs (1→4→12) for one-channel inputs, its CIFAR convs (C→64→64) otherwise."""
     c = in_shape[0]
