@@ -50,8 +50,7 @@ class FedSOL(FedSAM):
         ctx.scratch["global_model"] = frozen_copy(ctx.model, ctx.global_state)
 
     def ascent(self, batch: Batch) -> tuple[Named, list[Tensor], Tensor, Tensor]:
-        """g = ∇L_p (Eq. 5) over the scope's weights at w, on the real samples; the local loss and logits at w
-        come from the same forward pass. z_g: the frozen global copy (eval mode)."""
+        """g = ∇L_p (Eq. 5) over the scope's weights at w; the local loss and logits at w from the same forward pass."""
         scope = SCOPES[self.params.scope]
         named = [(n, p) for n, p in batch.trained.items() if scope is None or n.startswith(scope)]
         with torch.no_grad():

@@ -43,7 +43,7 @@ class KNNPer(FedAvg):
     Params = KNNPerParams
 
     def adapt_model(self, model: nn.Module) -> nn.Module:
-        """The kNN reads penultimate features (the code's ``get_features=True``): a SplitModel's ``features``."""
+        """The kNN reads penultimate features (the code's ``get_features=True``)."""
         return self.require_model(model, SplitModel, "penultimate features (a SplitModel's body)",
                                   "any fltune model (every one is a SplitModel)")
 

@@ -9,7 +9,7 @@ from torch.distributions import Normal, kl_divergence
 
 from fltune.models import SplitModel, build_model, split_keys
 from fltune.methods.objective import Batch, Forward
-from fltune.models.vib import VIBNet, gaussian_kl
+from fltune.models.vib import VIBNet, gaussian_kl, posterior
 
 FMNIST, CIFAR = (1, 28, 28), (3, 32, 32)
 
@@ -77,7 +77,7 @@ def test_eval_is_exact_head_of_mu_and_training_averages_the_samples():
     x = torch.randn(6, 1, 4, 4)
 
     m.eval()
-    assert torch.equal(m.features(x), m.encode(x)[0])
+    assert torch.equal(m.features(x), posterior(m.body(x))[0])
     assert torch.equal(m(x), m(x))  # deterministic
 
     m.train()
@@ -85,7 +85,7 @@ def test_eval_is_exact_head_of_mu_and_training_averages_the_samples():
     features = m.features(x)
     torch.manual_seed(2)
     assert torch.allclose(features, m.vib(x).z.mean(0))
-    assert not torch.equal(features, m.encode(x)[0])
+    assert not torch.equal(features, posterior(m.body(x))[0])
     assert isinstance(m, SplitModel)
 
 
