@@ -2,7 +2,7 @@
 building blocks serve VGG-11 and the VIB trunks too."""
 
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from itertools import pairwise
 
@@ -53,11 +53,13 @@ def flat_size(trunk: nn.Module, in_shape: InShape) -> int:
 
 
 def plain_net(
-    in_shape: InShape, num_classes: int, convs: Sequence[ConvBlock], widths: Sequence[int],
+    in_shape: InShape, num_classes: int, convs: Sequence[ConvBlock] | Mapping[str, nn.Module], widths: Sequence[int],
     model_class: type[SplitModel] = SplitModel,
 ) -> SplitModel:
-    """Body ``convs → flatten → dense(widths)``, head ``Linear(widths[-1], num_classes)``, for every input size."""
-    body = nn.Sequential(OrderedDict((f"conv{i}", block) for i, block in enumerate(convs, 1)))
+    """Body ``convs → flatten → dense(widths)``, head ``Linear(widths[-1], num_classes)``, for every input size;
+    ``convs`` named ``conv1, ...`` unless given by name."""
+    named = convs if isinstance(convs, Mapping) else {f"conv{i}": block for i, block in enumerate(convs, 1)}
+    body = nn.Sequential(OrderedDict(named))
     body.add_module("flatten", nn.Flatten())
     dims = [flat_size(body, in_shape), *widths]
     for i, (d_in, d_out) in enumerate(pairwise(dims), 1):
