@@ -88,7 +88,7 @@ def _cnn_convs(in_shape: InShape) -> tuple[ConvBlock, ConvBlock]:
 
 
 def _vib_net(in_shape: InShape, num_classes: int, convs: tuple[ConvBlock, ...], dim_z: int, samples: int) -> VIBNet:
-    """The trunk of :func:`plain_net` (its throw-away head dropped) + ``Linear(1024, 2·dimZ)``; head dimZ→C."""
+    """The trunk of :func:`plain_net` (its throw-away head dropped, its draws kept) + ``Linear(1024, 2·dimZ)``."""
     body = plain_net(in_shape, 1, convs, HIDDEN).body
     body.add_module("encoder", nn.Linear(HIDDEN[-1], 2 * dim_z))
     return VIBNet(body, nn.Linear(dim_z, num_classes), dim_z, samples)
