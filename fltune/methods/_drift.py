@@ -53,13 +53,8 @@ def sum_over_clients(store: Mapping[int, dict[str, Any]], key: str) -> Sums:
     return total, dtypes
 
 
-def mean_over_clients(store: Mapping[int, dict[str, Any]], key: str, num_clients: int) -> State:
-    """(1/N)·Σ_k store[k][key] over all N clients; {} while no client holds ``key``."""
-    return divided(sum_over_clients(store, key), num_clients)
-
-
 def divided(sums: Sums, num_clients: int) -> State:
-    """The sums over N, each back in its array's dtype."""
+    """The sums over N, each back in its array's dtype; {} while no client holds the key."""
     total, dtypes = sums
     return {name: (value / num_clients).astype(dtypes[name]) for name, value in total.items()}
 
@@ -100,7 +95,7 @@ def server_mean(method: Method, ctx: ServerContext, key: str) -> tuple[State, di
         return divided(sums, ctx.num_clients), {f"{key}_sum": sums[0]}
     if ctx.num_clients >= MANY_CLIENTS:
         _hint(method.name)
-    return mean_over_clients(ctx.client_store, key, ctx.num_clients), {}
+    return divided(sum_over_clients(ctx.client_store, key), ctx.num_clients), {}
 
 
 def parameter_tensors(ctx: ClientContext, stored: Mapping[str, np.ndarray | Tensor] | None) -> dict[str, Tensor]:
