@@ -269,10 +269,6 @@ class HessianConfig(_Section):
             raise ValueError("H_N/H_D compare clients: allowed 0 (off) or at least 2")
         return value
 
-    def due(self, round_: int, rounds: int) -> bool:
-        """Whether the probe runs after ``round_``."""
-        return bool(self.every and round_ % self.every == 0) or (self.at_end and round_ == rounds)
-
 
 class MetricsConfig(_Section):
     """Evaluation protocols (docs/methods.md §0) and rounds-to-target."""

@@ -48,8 +48,8 @@ class HessianProbe(Probe):
         return None
 
     def due(self, view: RoundView) -> bool:
-        cfg = view.run.cfg
-        return view.running and cfg.metrics.hessian.due(view.round, cfg.federation.rounds)
+        hcfg, last = view.run.cfg.metrics.hessian, view.round == view.run.cfg.federation.rounds
+        return view.running and (bool(hcfg.every and view.round % hcfg.every == 0) or (hcfg.at_end and last))
 
     def measure(self, view: RoundView) -> dict[str, float]:
         """Hessian metrics of the global model and H_N/H_D over the round's first k clients, one
