@@ -257,7 +257,8 @@ def _draw_classes(priors: np.ndarray, clients: np.ndarray, left: np.ndarray, rng
         # inverse CDF; zero-mass classes repeat the previous value, so the count of entries ≤ u has mass
         u = rng.random(len(cdf)) * cdf[:, -1]
         drawn = (cdf <= u[:, None]).sum(axis=1)
-        keep = _prefix_within_supply(drawn, left)
+        over = np.flatnonzero(_rank_in_group(drawn, np.argsort(drawn, kind="stable")) >= left[drawn])
+        keep = int(over[0]) if len(over) else len(drawn)  # the longest prefix taking no class beyond ``left``
         classes[pos:pos + keep] = drawn[:keep]
         left = left - np.bincount(drawn[:keep], minlength=len(left))
         pos += keep
@@ -270,12 +271,6 @@ def _available_priors(priors: np.ndarray, available: np.ndarray) -> np.ndarray:
     empty = masked.sum(axis=1) <= 0
     masked[empty] = available / available.sum()
     return masked
-
-
-def _prefix_within_supply(drawn: np.ndarray, left: np.ndarray) -> int:
-    """Length of the longest prefix of ``drawn`` that takes no class beyond ``left``."""
-    over = np.flatnonzero(_rank_in_group(drawn, np.argsort(drawn, kind="stable")) >= left[drawn])
-    return int(over[0]) if len(over) else len(drawn)
 
 
 # --- dirichlet (FedML LDA: FedAlign, FedSOL) ----------------------------------------------------------
