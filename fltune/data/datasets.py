@@ -94,7 +94,12 @@ def load_fmnist(root: Path | None, download: bool) -> Splits:
     paths = [_idx_path(found, f) for f in _FMNIST_FILES]
     arrays = [_read_idx(path, shape, _FMNIST_REPLACE) for path, shape in zip(paths, _IDX_SHAPES * 2)]
     for (images, labels), (images_path, labels_path) in zip((arrays[:2], arrays[2:]), (paths[:2], paths[2:])):
-        _check_pair(images, labels, images_path, labels_path, NUM_CLASSES["fmnist"], _FMNIST_REPLACE)
+        if len(images) != len(labels):  # an image file and its label file describe the same samples
+            raise damaged(labels_path, f"has {len(labels)} labels but {images_path.name} has {len(images)} images",
+                          _FMNIST_REPLACE)
+        if len(labels) and labels.max() >= NUM_CLASSES["fmnist"]:
+            raise damaged(labels_path, f"holds label {labels.max()}; allowed 0..{NUM_CLASSES['fmnist'] - 1}",
+                          _FMNIST_REPLACE)
     train_x, train_y, test_x, test_y = (torch.from_numpy(a) for a in arrays)
     return train_x.unsqueeze(1), train_y, test_x.unsqueeze(1), test_y
 
@@ -128,16 +133,6 @@ def _read_idx(path: Path, item_shape: tuple[int, ...], how: str) -> np.ndarray:
     if dims[1:] != item_shape:
         raise damaged(path, f"holds items of shape {dims[1:]}, expected {item_shape}", how)
     return np.frombuffer(data, dtype=np.uint8, offset=header).reshape(dims).copy()
-
-
-def _check_pair(images: np.ndarray, labels: np.ndarray, images_path: Path, labels_path: Path, num_classes: int,
-                how: str) -> None:
-    """An image file and its label file describe the same samples, labelled 0..num_classes-1."""
-    if len(images) != len(labels):
-        raise damaged(labels_path, f"has {len(labels)} labels but {images_path.name} has {len(images)} images",
-                       how)
-    if len(labels) and labels.max() >= num_classes:
-        raise damaged(labels_path, f"holds label {labels.max()}; allowed 0..{num_classes - 1}", how)
 
 
 # --- torchvision-format datasets -----------------------------------------------------------------------
