@@ -124,13 +124,11 @@ class CostMeter:
         }
 
 
-class ModelFlops:
+def model_flops(cfg: ExperimentConfig, data: FederatedData, device: torch.device) -> float:
     """A ``ProbeTask``: :func:`forward_flops_per_sample` of the run's model, on the worker it runs on."""
+    from fltune.engine.builders import build_model_for
 
-    def __call__(self, cfg: ExperimentConfig, data: FederatedData, device: torch.device) -> float:
-        from fltune.engine.builders import build_model_for
-
-        return forward_flops_per_sample(build_model_for(cfg, data).to(device), data.input_shape)
+    return forward_flops_per_sample(build_model_for(cfg, data).to(device), data.input_shape)
 
 
 @register
@@ -160,9 +158,9 @@ class CostProbe(Probe):
         self.meter = CostMeter(0.0)  # the model's forward figure arrives with the first measure
 
     def model_mflops(self, run: RunView) -> float:
-        """The model's forward MFLOPs per sample, counted once on a client worker (``ModelFlops``)."""
+        """The model's forward MFLOPs per sample, counted once on a client worker (:func:`model_flops`)."""
         if self.forward_mflops is None:
-            self.forward_mflops = run.compute([ModelFlops()])[0]
+            self.forward_mflops = run.compute([model_flops])[0]
             self.meter.set_model_forward(self.forward_mflops)
         return self.forward_mflops
 
