@@ -601,14 +601,14 @@ def _load_user(name: str, root: str | None, download: bool) -> Dataset:
     if not isinstance(answer, UserDataset):
         raise FLTuneError(f"data.dataset: {name!r} returned a {type(answer).__name__}; expected "
                           f"{EXPECTED['dataset']}")
-    train_x, train_y = _user_split(name, "train", answer.train)
-    test_x, test_y = _user_split(name, "test", answer.test)
+    train_x, train_y = _user_split(name, "train", answer.train, answer.num_classes)
+    test_x, test_y = _user_split(name, "test", answer.test, answer.num_classes)
     mean, std = (tuple(answer.mean), tuple(answer.std)) if answer.mean and answer.std else _pixel_stats(train_x)
     return Dataset(label(name), train_x, train_y, test_x, test_y, answer.num_classes, mean, std, answer.augment)
 
 
-def _user_split(name: str, split: str, data: Any) -> tuple[torch.Tensor, torch.Tensor]:
-    """One split of a plug-in's as uint8 [N, C, H, W] images and int64 labels."""
+def _user_split(name: str, split: str, data: Any, num_classes: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """One split of a plug-in's as uint8 [N, C, H, W] images and int64 labels in [0, num_classes)."""
     if isinstance(data, tuple) and len(data) == 2:
         x, y = torch.as_tensor(data[0]), torch.as_tensor(data[1])
     else:
@@ -622,6 +622,9 @@ def _user_split(name: str, split: str, data: Any) -> tuple[torch.Tensor, torch.T
     if x.dim() != 4 or len(x) != len(y) or len(x) == 0:
         raise FLTuneError(f"data.dataset: {name!r}: its {split} split has images of shape {tuple(x.shape)} and "
                           f"{len(y)} labels; expected [N, C, H, W] images and N labels, N > 0")
+    if y.min() < 0 or y.max() >= num_classes:
+        raise FLTuneError(f"data.dataset: {name!r}: its {split} labels lie in [{int(y.min())}, {int(y.max())}]; "
+                          f"expected integers in [0, {num_classes}) (its num_classes)")
     return x.to(torch.uint8).contiguous(), y.long()
 
 
