@@ -203,8 +203,7 @@ def selection(options: ReproduceOptions, table: PaperTable) -> list[PlannedCell]
     from fltune.reproduce.plan import plan
 
     check_counts(options)
-    return plan(table, options.scale, list(options.datasets) if options.datasets else None, list(options.overrides),
-                list(options.rows) if options.rows else None)
+    return plan(table, options.scale, options.datasets, options.overrides, options.rows)
 
 
 def describe(spec: ReproSpec, nodes: int, resumed: bool) -> str:

@@ -68,11 +68,6 @@ class ReproSpec(CellSpec):
         return {keys[0]: keys for keys in groups.values()}
 
     @cached_property
-    def owners(self) -> dict[str, str]:
-        """Cell → the trial that runs it (the first cell of its group)."""
-        return {cell: trial for trial, keys in self.trials.items() for cell in keys}
-
-    @cached_property
     def config(self) -> ExperimentConfig:
         """The first cell's config, whose tracking and resources every cell shares (from the scale and ``--set``)."""
         return build_config(next(iter(self.cells.values())).tree)
@@ -93,11 +88,10 @@ def new_spec(table: PaperTable, scale: str, planned: list[PlannedCell], *, seeds
     if not cells:
         raise FLTuneError(f"datasets: no cell of this table has its dataset here (see `{invoked_as()} tables`)")
     first = build_config(next(iter(cells.values())).tree)  # its resources and tracking are every cell's
-    resources = first.resources
     spec = ReproSpec(
         name=name, storage=storage, table=table.key, scale=scale, seeds=seeds, cells=cells,
-        missing={p.cell.key: p.missing for p in planned if not p.runnable}, workers=resources.workers or 1,
-        gpus_per_worker=resources.gpus_per_worker, max_concurrent=max_concurrent,
+        missing={p.cell.key: p.missing for p in planned if not p.runnable}, workers=first.resources.workers or 1,
+        gpus_per_worker=first.resources.gpus_per_worker, max_concurrent=max_concurrent,
         out=out or str(outputs_dir(first.tracking) / "reproduce" / name), checkpoint_every=checkpoint_every,
         checkpoint_seconds=checkpoint_seconds,
     )
