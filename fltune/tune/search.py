@@ -59,18 +59,27 @@ def journal(folder: str) -> optuna.storages.JournalStorage | None:
     return optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(f"{folder}/{JOURNAL}"))
 
 
-def finished_trials(folder: str) -> list[optuna.trial.FrozenTrial]:
-    """The completed trials of the study in ``folder`` (``--warm-start``), checked to be there."""
+def stored_study(folder: str) -> optuna.Study | None:
+    """The Optuna study a study folder keeps (one per folder); None when it keeps none: a remote folder, or one
+    without a journal (checked before opening it: the backend creates the file)."""
     from pathlib import Path
 
-    if "://" in folder or not Path(folder, JOURNAL).is_file():  # before opening: the backend creates the file
+    if "://" in folder or not Path(folder, JOURNAL).is_file():
+        return None
+    storage = journal(folder)
+    return optuna.load_study(study_name=optuna.get_all_study_names(storage)[0], storage=storage)
+
+
+def completed(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
+    return study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+
+
+def finished_trials(folder: str) -> list[optuna.trial.FrozenTrial]:
+    """The completed trials of the study in ``folder`` (``--warm-start``), checked to be there."""
+    if (study := stored_study(folder)) is None:
         raise FLTuneError(f"--warm-start {folder}: no Optuna study there ({JOURNAL}); allowed: the local folder "
                           "of a study this fltune ran")
-    storage = journal(folder)
-    names = optuna.get_all_study_names(storage)
-    trials = optuna.load_study(study_name=names[0], storage=storage).get_trials(
-        deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
-    if not trials:
+    if not (trials := completed(study)):
         raise FLTuneError(f"--warm-start {folder}: its study has no completed trial to carry over")
     return trials
 

@@ -7,20 +7,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
-from ray import tune
 from ray.tune.schedulers import ASHAScheduler, FIFOScheduler, TrialScheduler
 
 from fltune.config import apply_overrides, build_config, describe_validation_error
 from fltune.errors import FLTuneError
 from fltune.jobs.storage import check_name, storage_root
-from fltune.jobs.tuner import job_tuner
 from fltune.plugins import normalised
 from fltune.tune.space import (
     Asha, SearchSpace, base_tree, check_objective, check_params, is_space_setting, parse_space, space_method,
     without_test,
 )
 from fltune.tune.spec import StudySpec
-from fltune.tune.trainable import run_trial
 
 if TYPE_CHECKING:
     from fltune.tune.command import StudyRequest
@@ -87,13 +84,3 @@ def scheduler(spec: StudySpec) -> TrialScheduler:
         time_attr="round", metric="objective", mode=spec.space.objective.direction, max_t=spec.rounds,
         grace_period=sched.grace_period, reduction_factor=sched.reduction_factor,
     )
-
-
-def new_tuner(spec: StudySpec, resources: tune.PlacementGroupFactory, callbacks: list[tune.Callback]) -> tune.Tuner:
-    """Optuna + ASHA/FIFO. Optuna is imported here: grid jobs skip it."""
-    from fltune.tune.search import make_searcher
-
-    return job_tuner(run_trial, spec, resources, callbacks, search_alg=make_searcher(spec), scheduler=scheduler(spec),
-                     num_samples=spec.space.num_samples)
-
-
