@@ -14,6 +14,7 @@ import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, TypeVar
 
 import numpy as np
@@ -201,11 +202,8 @@ class ClientWorker:
         """``cid``'s training batches for ``personal_scorer``, one epoch per call, from a generator seeded one
         round past ``inputs.round`` so its draws are apart from every training and fine-tuning draw."""
         generator = torch.Generator().manual_seed(derive_seed(inputs.seed, inputs.round + 1, cid))
-
-        def epoch() -> Iterator[Batch]:
-            return batches(data, data.client_train[cid], self.spec.cfg.training.batch_size, generator, self.device,
-                           augment_kind=self.trainer.augment)
-        return epoch
+        return partial(batches, data, data.client_train[cid], self.trainer.training.batch_size, generator, self.device,
+                       augment_kind=self.trainer.augment)
 
     def _client_models(
         self, inputs: RoundInput, chunk: list[int], states: dict[int, dict[str, Any]],
