@@ -235,6 +235,8 @@ class Tuner:
     """trials per study; None = as many as the budget allows"""
     startup: int | None = None
     multivariate: bool | None = None
+    reduce: str = "final"
+    """the objective's ``reduce``: what a trial reports from its validation curve, what ASHA and TPE then see"""
 
 
 def default_tuner() -> Tuner:
@@ -259,7 +261,7 @@ def shipped_tuner(problem: Problem) -> Tuner:
     return Tuner("shipped", sampler=space.sampler.name, scheduler=asha.name if asha else "none",
                  grace=asha.grace_period if asha else 2, reduction=asha.reduction_factor if asha else 2,
                  samples=space.num_samples, startup=space.sampler.n_startup_trials,
-                 multivariate=space.sampler.multivariate)
+                 multivariate=space.sampler.multivariate, reduce=space.objective.reduce)
 
 
 OLD_DEFAULT = Tuner("before #76", grace=2, reduction=3, samples=16, startup=10, multivariate=False)
@@ -268,10 +270,13 @@ OLD_DEFAULT = Tuner("before #76", grace=2, reduction=3, samples=16, startup=10, 
 
 def tuners(problem: Problem) -> list[Tuner]:
     """The issue's five, the shipped space's settings, the defaults and those before #76 (each setting once, by
-    its first name): random search, TPE without early stopping, the shipped space, the defaults, Hyperband (Ray's
-    synchronous ``HyperBandScheduler``, η = 3) on random search and under TPE multivariate (BOHB's pairing,
-    Falkner et al. 2018; Tune's ``TuneBOHB`` needs ConfigSpace and hpbandster, which fltune does not install)."""
-    listed = [Tuner("random", sampler="random", scheduler="none"), Tuner("TPE", scheduler="none"),
+    its first name): random search (also selecting on last-3 means), TPE without early stopping, the shipped
+    space, the defaults, Hyperband (Ray's synchronous ``HyperBandScheduler``, η = 3) on random search and under
+    TPE multivariate (BOHB's pairing, Falkner et al. 2018; Tune's ``TuneBOHB`` needs ConfigSpace and hpbandster,
+    which fltune does not install)."""
+    listed = [Tuner("random", sampler="random", scheduler="none"),
+              Tuner("random last_3", sampler="random", scheduler="none", reduce="last_3"),
+              Tuner("TPE", scheduler="none"),
               shipped_tuner(problem), default_tuner(), OLD_DEFAULT,
               Tuner("HyperBand", sampler="random", scheduler="hyperband", reduction=3),
               Tuner("TPE-mv+HyperBand", scheduler="hyperband", reduction=3, multivariate=True, samples=16)]
@@ -280,14 +285,14 @@ def tuners(problem: Problem) -> list[Tuner]:
 
 
 def study_space(problem: Problem, tuner: Tuner, seed: int):
-    """The tuner's search space as fltune validates it (objective: validation accuracy, reduced as the shipped
-    spaces do, i.e. the space's default ``reduce``)."""
+    """The tuner's search space as fltune validates it (objective: validation accuracy, reduced as the tuner's
+    ``reduce`` says)."""
     from fltune.tune.space import SearchSpace
 
     scheduler = {"name": "asha", "grace_period": tuner.grace, "reduction_factor": tuner.reduction} \
         if tuner.scheduler == "asha" else {"name": "none"}  # HyperBand: scheduler_for's own
     return SearchSpace.model_validate({
-        "params": problem.space, "objective": {"metric": f"val_{problem.metric}"},
+        "params": problem.space, "objective": {"metric": f"val_{problem.metric}", "reduce": tuner.reduce},
         "sampler": {"name": tuner.sampler, "seed": seed,
                     **({} if tuner.multivariate is None else {"multivariate": tuner.multivariate}),
                     **({} if tuner.startup is None else {"n_startup_trials": tuner.startup})},
@@ -448,7 +453,8 @@ TUNER_SEEDS = 20
 
 def study_regrets(problem: Problem, tables: dict[int, SeedTable], tuner: Tuner,
                   studies: int = TUNER_SEEDS) -> list[list[tuple[float, float]]]:
-    """``studies`` studies of ``tuner`` (study k on the table's seed k mod n): per study, per fraction."""
+    """``studies`` studies of ``tuner`` (study k on the table's seed k mod n): per study, per fraction. The grid's
+    winner is chosen on last-round validation whatever the tuner's ``reduce``: one reference for every tuner."""
     from fltune.tune.space import Objective
 
     objective = Objective(metric=f"val_{problem.metric}")
@@ -548,11 +554,13 @@ def report(names: list[str], studies: int = TUNER_SEEDS) -> None:
 
 def candidates() -> list[Tuner]:
     """Around the default: TPE start-up trials, independent or multivariate TPE, ASHA's grace period and
-    reduction factor or no early stopping; 16 trials (the shipped spaces' budget)."""
+    reduction factor or no early stopping, selecting on the last round or the last-3 mean; 16 trials (the shipped
+    spaces' budget)."""
     schedulers = [("asha", g, r) for g, r in ((2, 3), (3, 3), (3, 4), (4, 4), (4, 5))] + [("none", 2, 2)]
-    return [Tuner(f"s{s}{' mv' if mv else ''} {name}{f' g{g} r{r}' if name == 'asha' else ''}", scheduler=name,
-                  grace=g, reduction=r, startup=s, multivariate=mv, samples=16)
-            for s in (4, 10) for mv in (False, True) for name, g, r in schedulers]
+    return [Tuner(f"s{s}{' mv' if mv else ''} {name}{f' g{g} r{r}' if name == 'asha' else ''}"
+                  f"{' l3' if reduce == 'last_3' else ''}", scheduler=name, grace=g, reduction=r, startup=s,
+                  multivariate=mv, samples=16, reduce=reduce)
+            for reduce in ("final", "last_3") for s in (4, 10) for mv in (False, True) for name, g, r in schedulers]
 
 
 SWEEP_STUDIES = 100
@@ -582,9 +590,9 @@ def sweep(names: list[str]) -> None:
         scored["both"].append((bool(every), max(m[FRACTIONS.index(0.25)] for m in per.values()), mean, tuner))
         shown = "  ".join(f"{name} " + " ".join(f"{m[FRACTIONS.index(f)]:5.2f}" for f in SHOWN)
                           for name, m in per.items())
-        print(f"{tuner.name:16} {shown}  mean {mean:4.2f}  {'trails random at ' + ', '.join(every) if every else 'ok'}",
+        print(f"{tuner.name:20} {shown}  mean {mean:4.2f}  {'trails random at ' + ', '.join(every) if every else 'ok'}",
               flush=True)
-    print("random           " + "  ".join(f"{name} " + " ".join(f"{m[FRACTIONS.index(f)]:5.2f}" for f in SHOWN)
+    print("random               " + "  ".join(f"{name} " + " ".join(f"{m[FRACTIONS.index(f)]:5.2f}" for f in SHOWN)
                                      for name, m in random.items()))
     for name, rows in scored.items():
         _, at25, mean, chosen = min(rows, key=lambda s: s[:3])
