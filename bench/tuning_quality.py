@@ -530,7 +530,8 @@ def report(names: list[str], studies: int = TUNER_SEEDS) -> None:
     tables = available(names)
     grid = Table(title=f"regret in accuracy points, median (q1, q3) of {studies} studies, vs the grid's "
                  "validation winner at a share of its client-samples; at 25 %: the median vs the best test, and the "
-                 "share of studies within 0.5 points", box=box.SIMPLE_HEAD)
+                 "share of studies within 0.5 points", box=box.SIMPLE_HEAD,
+                 collapse_padding=True, pad_edge=False)
     for column in ("problem", "tuner", *(f"{f:.0%}" for f in SHOWN), "25% oracle", "25% ≤0.5"):
         grid.add_column(column, no_wrap=True)
     shipped_medians = []
