@@ -1,7 +1,5 @@
-"""Compute and communication cost of a federated run (FedAlign Table 5 and appendix Table 8).
-
-Why: FedAlign's claim is accuracy *per unit of client resources*. :class:`CostMeter` needs no torch; only the
-FLOP counters import it, on the workers (it may import Triton; see ``worker.skip_triton``).
+"""Compute and communication cost of a federated run (FedAlign Table 5 and appendix Table 8): FedAlign's claim is
+accuracy *per unit of client resources*. Only the FLOP counters import torch, on the workers (``worker.skip_triton``).
 """
 
 from __future__ import annotations
