@@ -300,12 +300,12 @@ def study_space(problem: Problem, tuner: Tuner, seed: int):
 
 
 def scheduler_for(space, tuner: Tuner, rounds: int):
-    """fltune's scheduler (``fltune.tune.study.scheduler``: ASHA or FIFO), or Ray's synchronous HyperBand."""
+    """fltune's scheduler (``fltune.tune.search.scheduler``: ASHA or FIFO), or Ray's synchronous HyperBand."""
     from types import SimpleNamespace
 
     from ray.tune.schedulers import HyperBandScheduler
 
-    from fltune.tune.study import scheduler
+    from fltune.tune.search import scheduler
 
     if tuner.scheduler == "hyperband":
         return HyperBandScheduler(time_attr="round", metric="objective", mode=space.objective.direction,

@@ -18,7 +18,7 @@ __version__ = "0.1.0"
 
 _LAZY = {"Config": ("fltune.config", "ExperimentConfig"), "Method": ("fltune.methods.base", "Method"),
          "Params": ("fltune.methods.base", "Params"), "SplitModel": ("fltune.models.base", "SplitModel"),
-         "UserDataset": ("fltune.data.plugin", "UserDataset")}
+         "UserDataset": ("fltune.data.datasets", "UserDataset")}
 """The API's classes whose modules import pydantic or torch, loaded when first read (PEP 562)."""
 
 __all__ = sorted(["CompareResult", "FLTuneError", "JobResult", "RunResult", "compare", "load_model", "reproduce",

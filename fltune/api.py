@@ -217,43 +217,39 @@ class CompareResult(JobResult):
         return pandas.read_csv(table)
 
 
-def _job_function(kind: type[JobCommand]) -> Callable[[Callable[[Any, int], Result]], Callable[..., Result | Plan]]:
+def _job_function(kind: type[JobCommand], result: Callable[[Any, int], Result]) -> Callable[..., Result | Plan]:
     """A job function made of ``result`` (what it returns of a job that ran): its keywords are its command's options
     ``kind`` (``_keywords``), then ``progress``; it runs them as ``fltune <command>`` does (``cli.cmd_job``), or with
     ``plan=True`` returns the plan. Its docstring lists the keywords with their flags' help."""
     keywords = _keywords(kind)
 
-    def make(result: Callable[[Any, int], Result]) -> Callable[..., Result | Plan]:
-        @functools.wraps(result)
-        def function(*args: Any, **given: Any) -> Result | Plan:
-            arguments = function.__signature__.bind(*args, **given).arguments
-            quiet = not arguments.pop("progress", True)
-            options = kind(**{keywords[key].name: value for key, value in arguments.items()}).checked()
-            if options.plan:
-                return options.planned()
-            job = options.job()
-            with _console_quiet(quiet):
-                return result(job, job.run())
+    @functools.wraps(result)
+    def function(*args: Any, **given: Any) -> Result | Plan:
+        arguments = function.__signature__.bind(*args, **given).arguments
+        quiet = not arguments.pop("progress", True)
+        options = kind(**{keywords[key].name: value for key, value in arguments.items()}).checked()
+        if options.plan:
+            return options.planned()
+        job = options.job()
+        with _console_quiet(quiet):
+            return result(job, job.run())
 
-        function.__signature__ = inspect.Signature([  # type: ignore[attr-defined]
-            *(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY if index else
-                                inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=_takes(option),
-                                default=inspect.Parameter.empty if option.default is MISSING else option.default)
-              for index, (name, option) in enumerate(keywords.items())),
-            inspect.Parameter("progress", inspect.Parameter.KEYWORD_ONLY, default=True, annotation="bool"),
-        ], return_annotation=f"{inspect.signature(result).return_annotation} | Plan")
-        intro = ("Keywords, each the flag of that name (``set``: ``--set``); with ``plan=True`` it returns the "
-                 ":class:`fltune.estimate.Plan` (``str()`` is what ``--plan`` prints) and runs nothing; "
-                 "``progress=False`` prints nothing.")
-        helps = [f"{name}: {option.metadata.get('help') or f'= --set {SHORTCUTS[name][0]}=…'}"
-                 for name, option in keywords.items()]
-        function.__doc__ = "\n\n".join([result.__doc__ or "", textwrap.fill(intro, 116, initial_indent="    ",
-                                                                             subsequent_indent="    "),
-                                        "\n".join(textwrap.fill(text, 116, initial_indent="    ",
-                                                                subsequent_indent="        ") for text in helps)])
-        return function
-
-    return make
+    function.__signature__ = inspect.Signature([  # type: ignore[attr-defined]
+        *(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY if index else inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                            annotation=_takes(option),
+                            default=inspect.Parameter.empty if option.default is MISSING else option.default)
+          for index, (name, option) in enumerate(keywords.items())),
+        inspect.Parameter("progress", inspect.Parameter.KEYWORD_ONLY, default=True, annotation="bool"),
+    ], return_annotation=f"{inspect.signature(result).return_annotation} | Plan")
+    intro = ("Keywords, each the flag of that name (``set``: ``--set``); with ``plan=True`` it returns the "
+             ":class:`fltune.estimate.Plan` (``str()`` is what ``--plan`` prints) and runs nothing; "
+             "``progress=False`` prints nothing.")
+    helps = [f"{name}: {option.metadata.get('help') or f'= --set {SHORTCUTS[name][0]}=…'}"
+             for name, option in keywords.items()]
+    function.__doc__ = "\n\n".join([
+        result.__doc__ or "", textwrap.fill(intro, 116, initial_indent="    ", subsequent_indent="    "),
+        "\n".join(textwrap.fill(text, 116, initial_indent="    ", subsequent_indent="        ") for text in helps)])
+    return function
 
 
 def _keywords(kind: type[JobCommand]) -> dict[str, Field]:
@@ -269,7 +265,7 @@ def _takes(option: Field) -> Any:
     return next(iter(inspect.signature(read).parameters.values())).annotation if read else option.type
 
 
-@_job_function(StudyRequest)
+@functools.partial(_job_function, StudyRequest)
 def tune(job: Study, code: int) -> JobResult:
     """A Ray Tune + Optuna study of one method, as ``fltune tune``: a :class:`JobResult` whose ``best`` is the best
     configuration."""
@@ -281,7 +277,7 @@ def tune(job: Study, code: int) -> JobResult:
     return JobResult(code, job.spec.name, job.spec.path, job.rows, best, job.model_run if best else None)
 
 
-@_job_function(CompareOptions)
+@functools.partial(_job_function, CompareOptions)
 def compare(job: Comparison, code: int) -> CompareResult:
     """Methods compared on one setting over seeds, as ``fltune compare``, e.g. ``compare(["fedavg", "./mine.py:Mine"],
     set={"federation.rounds": 2})``: a :class:`CompareResult`, ``to_pandas()`` its compare.csv."""
@@ -291,7 +287,7 @@ def compare(job: Comparison, code: int) -> CompareResult:
     return CompareResult(code, cells.spec.name, cells.spec.path, cells.rows, out=cells.spec.out)
 
 
-@_job_function(ReproduceOptions)
+@functools.partial(_job_function, ReproduceOptions)
 def reproduce(job: Reproduction, code: int) -> JobResult:
     """A paper table's cells, as ``fltune reproduce``, e.g. ``reproduce("fedsol-table2", datasets=["fmnist"])``: a
     :class:`JobResult`."""

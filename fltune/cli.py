@@ -23,7 +23,7 @@ from fltune.compare.command import CompareOptions
 from fltune.errors import FLTuneError, WriteFailed
 from fltune.examples import EXAMPLES
 from fltune.folders import failed_write, make_out, said
-from fltune.plugins import user_fault
+from fltune.plugins import origin, plugins, user_fault
 from fltune.process import (
     exit_now, forget_stops, handle_stop_signals, interrupted, quiet_libraries, stop_status,
 )
@@ -77,7 +77,6 @@ def cmd_job(args: argparse.Namespace) -> int:
 def cmd_methods(args: argparse.Namespace) -> int:
     from fltune.methods import METHODS, get_method
     from fltune.methods.base import params_table
-    from fltune.plugins import origin, plugins
     from fltune.tracking.progress import listing
 
     if args.method:
@@ -93,10 +92,6 @@ def cmd_methods(args: argparse.Namespace) -> int:
         table.add_row(name, where, (cls.__doc__ or "").strip().splitlines()[0], params)
     listing.print(table)
     return 0
-
-
-def cmd_sync(args: argparse.Namespace) -> int:
-    return backlog.sync(args.path, args.uri)
 
 
 def method_card(cls: type) -> str:
@@ -153,7 +148,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_flags(command(sub, "compare", cmd_job, "compare methods on one setting: same split and sampling, seeds, "
                                                "optional tuning on a validation split (Ray Tune trials)"),
               CompareOptions)
-    sync = command(sub, "sync", cmd_sync, "send the tracking a command kept on disk while its server was away")
+    sync = command(sub, "sync", lambda args: backlog.sync(args.path, args.uri),
+                   "send the tracking a command kept on disk while its server was away")
     sync.add_argument("path", help="a job's folder, a tracking-backlog folder or one backlog file")
     sync.add_argument("--uri", help="send to this tracking store instead of the one each backlog was kept for")
     return parser
@@ -165,7 +161,7 @@ def command(sub: argparse._SubParsersAction, name: str, runs: Callable[[argparse
     (``EXAMPLES``)."""
     parser = sub.add_parser(name, help=summary, epilog=EXAMPLES[name],
                             formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.set_defaults(runs=runs)
+    parser.set_defaults(runs=runs, parser=parser)
     return parser
 
 
@@ -173,15 +169,12 @@ def parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argpar
     """The command line; an unknown flag is refused with its command's usage, not the top-level one."""
     args, unknown = parser.parse_known_args(argv)
     if unknown:
-        commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-        commands.choices[args.command].error(f"unrecognized arguments: {' '.join(unknown)}")
+        args.parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     return args
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run one command: bad input → 2; Ctrl-C or SIGTERM → 128 + the signal (a Tune job prints its resume
-    line and returns 130); a failed write → the file, the room left, the resume command, and 74; tracking kept
-    on disk → its folder and 75 (``backlog.outcome``)."""
+    """Run one command to its exit status (the module's docstring lists them), each error one line on stderr."""
     args = parse(build_parser(), argv)
     quiet_libraries()
     forget_stops()
@@ -202,7 +195,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"fltune: {interrupted()}", file=sys.stderr)  # nothing to continue (a job says its resume line)
         return stop_status()
-    return stop_status() if code == 130 else code
+    return stop_status() if code == 130 else code  # a stopped Tune job said its resume line, returned 130
 
 
 def entry() -> int:

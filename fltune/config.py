@@ -13,11 +13,11 @@ import functools
 import typing
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import (
-    BaseModel, ConfigDict, Field, SerializationInfo, SerializerFunctionWrapHandler, ValidationError,
+    AfterValidator, BaseModel, ConfigDict, Field, SerializationInfo, SerializerFunctionWrapHandler, ValidationError,
     field_validator, model_serializer, model_validator,
 )
 
@@ -48,6 +48,10 @@ def named(value: str, builtin: Sequence[str], kind: Kind) -> str:
     return one_of(value, names, kind)
 
 
+DatasetName = Annotated[str, AfterValidator(lambda value: named(value, tuple(catalog.NUM_CLASSES), "dataset"))]
+ModelName = Annotated[str, AfterValidator(lambda value: named(value, ("auto", *sorted(catalog.MODELS)), "model"))]
+
+
 class _Assigned(BaseModel):
     """A config part validated when a field is assigned (``cfg.federation.rounds = -5``): a bad value fails
     there, as the CLI's one line in an FLTuneError, not later inside a run, and leaves the part as it was."""
@@ -70,7 +74,7 @@ class _Section(_Assigned):
 class DataConfig(_Section):
     """Which dataset, where its files are, and how to augment it."""
 
-    dataset: str = Field("fmnist", description="dataset name (fltune.catalog); FMNIST loads offline from Debian's "
+    dataset: DatasetName = Field("fmnist", description="dataset name (fltune.catalog); FMNIST loads offline from Debian's "
                          "dataset-fashion-mnist, synthetic needs no files")
     root: str | None = Field(None, description="folder of the dataset's files; None = Debian's FMNIST folder, "
                              "then ~/.cache/fltune/data (docs/methods.md §0)")
@@ -84,11 +88,6 @@ class DataConfig(_Section):
     normalise: Literal["dataset", "train", "half"] = Field(
         "dataset", description="the inputs' per-channel mean and std: the dataset's published constants, the "
         "whole train split's own (before subsample), or 0.5 and 0.5 (Normalize((0.5,), (0.5,)))")
-
-    @field_validator("dataset")
-    @classmethod
-    def _known_dataset(cls, value: str) -> str:
-        return named(value, tuple(catalog.NUM_CLASSES), "dataset")
 
 
 class PartitionConfig(_Section):
@@ -125,15 +124,10 @@ class PartitionConfig(_Section):
 class ModelConfig(_Section):
     """Architecture by registry name; `auto` picks the dataset's default."""
 
-    name: str = Field("auto", description="model registry name; auto = the method's model if it needs one, else "
+    name: ModelName = Field("auto", description="model registry name; auto = the method's model if it needs one, else "
                       "the dataset's (docs/methods.md §1)")
     options: dict[str, Any] = Field(default_factory=dict, description="keyword arguments of the model's "
                                     "builder, e.g. {blocks: 1} for a 1-block-per-stage ResNet-56 in quick tests")
-
-    @field_validator("name")
-    @classmethod
-    def _known_model(cls, value: str) -> str:
-        return named(value, ("auto", *sorted(catalog.MODELS)), "model")
 
 
 class MethodConfig(_Assigned):
@@ -274,10 +268,6 @@ class HessianConfig(_Section):
         if value == 1:
             raise ValueError("H_N/H_D compare clients: allowed 0 (off) or at least 2")
         return value
-
-    def due(self, round_: int, rounds: int) -> bool:
-        """Whether the probe runs after ``round_``."""
-        return bool(self.every and round_ % self.every == 0) or (self.at_end and round_ == rounds)
 
 
 class MetricsConfig(_Section):

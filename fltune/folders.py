@@ -83,12 +83,6 @@ def free_space(path: str) -> str:
     return f"{size} free on {folder}"
 
 
-def part_path(path: str) -> str:
-    """Where a file bound for ``path`` is written first: a hidden name beside it, unique to the writer."""
-    folder, name = os.path.split(path)
-    return os.path.join(folder, f".{name}.{uuid.uuid4().hex[:8]}.part")
-
-
 class ReplaceOnClose(io.FileIO):
     """A file written under a hidden ``.part`` name and moved onto the target when closed: all or nothing (a
     cut checkpoint would kill the resumed trial). A failed write or raising ``with`` leaves no ``.part`` and
@@ -98,7 +92,8 @@ class ReplaceOnClose(io.FileIO):
         self.target = path
         self.failed = False
         try:
-            super().__init__(part_path(path), "wb")
+            folder, name = os.path.split(path)  # a hidden name beside the target, unique to the writer
+            super().__init__(os.path.join(folder, f".{name}.{uuid.uuid4().hex[:8]}.part"), "wb")
         except OSError as err:
             raise NotWritten(err.errno, err.strerror, path) from None
 

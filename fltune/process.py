@@ -206,7 +206,7 @@ def signal_handlers_kept() -> Iterator[None]:
             signal.signal(signum, handler)
 
 
-def _end_if_ray_died(signum: int, poll_s: float = 0.1) -> None:
+def _end_if_ray_died(signum: int) -> None:
     """A process-group SIGTERM also ends the local Ray, so Tune's graceful stop can never finish (Ray would exit 1).
     Watch the local Ray (under load it takes a while to go); once it goes, inside ``ending_if_ray_dies``, clean up,
     print the line and exit 128 + the signal. A joined cluster or surviving Ray is left to the graceful stop."""
@@ -214,7 +214,7 @@ def _end_if_ray_died(signum: int, poll_s: float = 0.1) -> None:
     if node is None:
         return
     while ray_node_alive(node):
-        time.sleep(poll_s)
+        time.sleep(0.1)
     with _last_resort_lock:
         if not _last_resort:
             return

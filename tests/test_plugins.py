@@ -20,7 +20,7 @@ from fltune.methods import get_method
 from fltune.models import build_model
 from fltune.plugins import label, shipped
 from fltune.tune.command import StudyRequest
-from fltune.tune.study import resolve_space
+from fltune.tune.search import resolve_space
 from tests.plugin_helpers import DATA, SMOOTH, TINY, write_method, write_package, write_space
 from tests.tune.helpers import study_runs
 
@@ -206,6 +206,15 @@ def load(root, download):
     data = load_dataset(fltune.Config(**{"data.dataset": "./pairs.py:load"}).data.dataset)
     assert data.train_x.shape == (6, 3, 4, 5) and int(data.train_x[5].max()) == 5
     assert data.train_y.tolist() == [0, 1, 0, 1, 0, 1] and data.mean == (0.5,) * 3
+
+
+def test_a_dataset_whose_labels_exceed_its_classes_is_one_line(user_code: Path) -> None:
+    (user_code / "wide.py").write_text("import torch\nimport fltune\n\ndef load(root, download):\n"
+                                       "    x, y = torch.zeros(8, 1, 4, 4), torch.arange(8) % 4\n"
+                                       "    return fltune.UserDataset((x, y), (x, y), num_classes=3)\n")
+    with pytest.raises(FLTuneError, match=r"data.dataset: '.*wide.py:load': its train labels lie in \[0, 3\]; "
+                                          r"expected integers in \[0, 3\) \(its num_classes\)"):
+        load_dataset(fltune.Config(**{"data.dataset": "./wide.py:load"}).data.dataset)
 
 
 def test_a_model_that_is_no_split_model_is_refused(user_code: Path) -> None:

@@ -1,6 +1,6 @@
 """``python cli.py compare --methods a,b,c``: a fair, multi-seed comparison of methods on one setting. Two Ray Tune
 stages: with ``--tune-budget N`` one study per method (``fltune.compare.tuning``, beside the job as
-``<name>-tune-<method>``), then the cells, method × seed (``fltune.compare.job``); ``--resume`` continues either. Exit
+``<name>-tune-<method>``), then the cells, method × seed (``CompareSpec.trial``); ``--resume`` continues either. Exit
 status: 0 every cell finished; 1 some cell diverged or failed, or a study produced no score; 2 bad input (one line,
 nothing written); 130 interrupted, 143 on SIGTERM (continue with ``--resume``)."""
 
@@ -201,12 +201,9 @@ class Cells(GridJob["CompareSpec"]):
         return spec.trees[spec.methods[0]]
 
     def entry(self) -> Callable[[dict[str, Any], CompareSpec], None]:
-        from fltune.compare.job import run_cell
+        from fltune.jobs.cells import run_cell
 
         return run_cell
-
-    def cells(self, spec: CompareSpec) -> list[str]:
-        return spec.cells
 
     def board(self, spec: CompareSpec) -> TrialBoard:
         from fltune.compare.report import live_board

@@ -13,7 +13,6 @@ from typing import Any
 from rich import box
 from rich.table import Table
 
-from fltune.compare.job import best_key
 from fltune.compare.spec import TUNING_SEED_OFFSET, CompareSpec, method_tree, parse_cell
 from fltune.compare.stats import ALPHA, mean_std, welch_p
 from fltune.config import build_config, flatten
@@ -22,6 +21,8 @@ from fltune.plugins import label
 from fltune.text import counted
 from fltune.tune.board import Planned, eta, params_text
 from fltune.tune.results import ENDED, TrialRow
+from fltune.tune.space import Objective
+from fltune.tune.trainable import objective_key
 
 COSTS = {"rounds_to_target": "rounds to target", "time_total_s": "wall s", "cost_cum_tflops": "train TFLOPs",
          "cost_cum_comm_gbit": "comm Gbit"}
@@ -48,6 +49,11 @@ class MethodRow:
 def columns(spec: CompareSpec) -> list[str]:
     """``final <acc>`` per reported accuracy and ``best <acc>`` per protocol, then the costs."""
     return [*(f"final {acc}" for acc in spec.finals), *(f"best {acc}" for acc in spec.accuracies), *COSTS]
+
+
+def best_key(accuracy: str) -> str:
+    """Where a cell reports an accuracy's best value so far (``CompareSpec.trial``)."""
+    return f"objective:{objective_key(Objective(metric=accuracy, reduce='best'))}"
 
 
 def cell_figures(spec: CompareSpec, row: TrialRow) -> dict[str, float]:

@@ -6,17 +6,19 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from functools import cached_property
 from typing import Any
 
 from fltune.catalog import method_names
-from fltune.config import ExperimentConfig, TrackingConfig, build_config, set_fields
+from fltune.config import ExperimentConfig, build_config, set_fields
 from fltune.errors import FLTuneError
+from fltune.jobs.cells import CellSpec
 from fltune.jobs.scaffold import CELL_CHECKPOINT_EVERY, CELL_CHECKPOINT_SECONDS
 from fltune.jobs.storage import check_name
 from fltune.metrics.probe import check_probes, unmet_need
 from fltune.plugins import is_reference, label, normalised, plugins, unknown
 from fltune.tracking.paths import outputs_dir
-from fltune.tune.spec import SavedSpec
+from fltune.tune.space import Objective
 
 ACCURACY = {"global": "acc_global", "all_model": "acc_all_model", "personalized": "acc_personalized"}
 FINE_TUNED = "acc_personalized_ft"
@@ -32,7 +34,7 @@ SHARED = ("data.", "partition.", "federation.", "metrics.", "model.", "resources
 """Settings every method shares: a search space may not tune them (only ``method.*`` and ``training.*``)."""
 
 
-class CompareSpec(SavedSpec):
+class CompareSpec(CellSpec):
     """Everything a comparison needs, frozen at its start (``--resume`` continues exactly this)."""
 
     methods: list[str]
@@ -42,25 +44,14 @@ class CompareSpec(SavedSpec):
     tune_budget: int | None
     trees: dict[str, dict[str, Any]]
     """Method → its cells' experiment tree at the base seed; empty until the studies end when tuning."""
-    workers: int
-    gpus_per_worker: float | None
-    max_concurrent: int | None
-    out: str
-    checkpoint_every: int | None = CELL_CHECKPOINT_EVERY
-    checkpoint_seconds: float | None = CELL_CHECKPOINT_SECONDS
-    """The cells' checkpoint cadence (``trainable.Cadence``)."""
 
     @property
     def base_seed(self) -> int:
-        return build_config(self.base).federation.seed
+        return self.config.federation.seed
 
-    @property
+    @cached_property
     def config(self) -> ExperimentConfig:
         return build_config(self.base)
-
-    @property
-    def tracking(self) -> TrackingConfig:
-        return self.config.tracking
 
     @property
     def primary(self) -> str:
@@ -89,6 +80,12 @@ class CompareSpec(SavedSpec):
         """A cell's experiment: its method's tree at seed base + k."""
         method, index = parse_cell(key)
         return set_fields(self.trees[method], {"federation.seed": self.base_seed + index})
+
+    def trial(self, cell: str) -> tuple[dict[str, Any], int, list[Objective]]:
+        """A cell, one seed, as a Tune trial: the ranking accuracy's final value first, then each protocol's best so
+        far (``objective:best:<acc>``); with the final values, all the table needs."""
+        return self.cell_tree(cell), 1, [Objective(metric=self.primary, reduce="final"),
+                                         *(Objective(metric=acc, reduce="best") for acc in self.accuracies)]
 
     def study_name(self, method: str) -> str:
         return f"{self.name}-tune-{label(method)}"

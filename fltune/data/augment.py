@@ -1,17 +1,6 @@
-"""Batched, seeded image augmentation and normalisation (docs/methods.md §0, "Augmentation").
-
-Each kind is one paper code's recipe, written as that code runs it:
-
-- ``crop_flip``: ``RandomCrop(32, padding=4)`` on the image (black padding) and ``RandomHorizontalFlip()``
-  (FedAlign's and FedSOL's CIFAR/SVHN/MNIST);
-- ``crop_flip_cutout``: the same, then Cutout(16) after normalisation (FedSOL's CIFAR-10 and MNIST);
-- ``reflect_crop_flip``: the crop from a reflection-padded image (FedSOL's CINIC-10);
-- ``flip_crop_half``: FedDyn's (and MAN's) code: a flip with probability 1/2, then with probability 1/2 a crop
-  of the normalised image zero-padded by 4 (i.e. the dataset's mean colour);
-- ``flip``: ``RandomHorizontalFlip()`` alone (FedSOL's MedMNIST);
-- ``none``: the MNIST family elsewhere.
-
-All randomness comes from the caller's ``torch.Generator``; each transform is one vectorised op per batch.
+"""Batched, seeded image augmentation and normalisation. Each kind is one paper code's recipe, written as that code
+runs it (the table: docs/methods.md §0, "Augmentation"). All randomness comes from the caller's ``torch.Generator``;
+each transform is one vectorised op per batch.
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
 """The datasets fltune trains on, by name, as raw uint8 NCHW tensors with their normalisation constants.
 
 Images stay uint8 in memory (4x smaller than float32, shared by every Ray worker); ``augment.to_float``
-normalises each batch. A missing or unusable file is one line, raised before any training. Fashion-MNIST is read
-from its idx files (Debian's flat ``dataset-fashion-mnist`` directory works offline), MedMNIST from its ``.npz``;
-MNIST, EMNIST letters, CIFAR and SVHN through torchvision's classes and on-disk formats, each file checked first;
-image-folder trees (CINIC-10's ``train/<class>/*.png``, Tiny-ImageNet-200's cs231n zip) decoded once into a uint8
-cache file beside them.
+normalises each batch. A missing or unusable file is one line, raised before any training: each file is checked
+before torchvision reads it, since torchvision would only say "Dataset not found or corrupted".
 """
 
 from __future__ import annotations
@@ -31,8 +28,9 @@ from fltune.catalog import NUM_CLASSES
 from fltune.data.locations import (
     HOW_TO_REPLACE, WHERE, Splits, check_md5_files, damaged, default_root, missing, read_bytes,
 )
+from fltune.errors import FLTuneError
 from fltune.folders import ReplaceOnClose
-from fltune.plugins import is_reference, label, plugins, unknown
+from fltune.plugins import EXPECTED, is_reference, label, plugins, resolve, unknown
 
 
 @dataclass(frozen=True)
@@ -48,6 +46,18 @@ class Dataset:
     mean: tuple[float, ...]  # per channel, on the [0, 1] scale
     std: tuple[float, ...]
     augment: str  # the dataset's default augmentation (docs/methods.md §0, Augmentation)
+
+
+@dataclass(frozen=True)
+class UserDataset:
+    """What a dataset plug-in (``loader(root, download)``, ``fltune.plugins``) returns."""
+
+    train: Any  # (images, labels): uint8 [N, C, H, W] or [N, H, W] or float in [0, 1]; or a dataset of (image, label)
+    test: Any
+    num_classes: int
+    mean: Sequence[float] | None = None  # per channel on [0, 1]; None = the train split's
+    std: Sequence[float] | None = None
+    augment: str = "none"  # what data.augment: auto picks
 
 
 def _load_synthetic(root: Path | None, download: bool) -> Splits:
@@ -84,7 +94,12 @@ def load_fmnist(root: Path | None, download: bool) -> Splits:
     paths = [_idx_path(found, f) for f in _FMNIST_FILES]
     arrays = [_read_idx(path, shape, _FMNIST_REPLACE) for path, shape in zip(paths, _IDX_SHAPES * 2)]
     for (images, labels), (images_path, labels_path) in zip((arrays[:2], arrays[2:]), (paths[:2], paths[2:])):
-        _check_pair(images, labels, images_path, labels_path, NUM_CLASSES["fmnist"], _FMNIST_REPLACE)
+        if len(images) != len(labels):  # an image file and its label file describe the same samples
+            raise damaged(labels_path, f"has {len(labels)} labels but {images_path.name} has {len(images)} images",
+                          _FMNIST_REPLACE)
+        if len(labels) and labels.max() >= NUM_CLASSES["fmnist"]:
+            raise damaged(labels_path, f"holds label {labels.max()}; allowed 0..{NUM_CLASSES['fmnist'] - 1}",
+                          _FMNIST_REPLACE)
     train_x, train_y, test_x, test_y = (torch.from_numpy(a) for a in arrays)
     return train_x.unsqueeze(1), train_y, test_x.unsqueeze(1), test_y
 
@@ -118,16 +133,6 @@ def _read_idx(path: Path, item_shape: tuple[int, ...], how: str) -> np.ndarray:
     if dims[1:] != item_shape:
         raise damaged(path, f"holds items of shape {dims[1:]}, expected {item_shape}", how)
     return np.frombuffer(data, dtype=np.uint8, offset=header).reshape(dims).copy()
-
-
-def _check_pair(images: np.ndarray, labels: np.ndarray, images_path: Path, labels_path: Path, num_classes: int,
-                how: str) -> None:
-    """An image file and its label file describe the same samples, labelled 0..num_classes-1."""
-    if len(images) != len(labels):
-        raise damaged(labels_path, f"has {len(labels)} labels but {images_path.name} has {len(images)} images",
-                       how)
-    if len(labels) and labels.max() >= num_classes:
-        raise damaged(labels_path, f"holds label {labels.max()}; allowed 0..{num_classes - 1}", how)
 
 
 # --- torchvision-format datasets -----------------------------------------------------------------------
@@ -231,7 +236,7 @@ def load_medmnist(name: str, root: Path | None, download: bool) -> Splits:
     looked_in, how = WHERE[name](root)
     found = next((p for p in looked_in if p.exists()), None)
     if found is None and download:
-        found = _download_medmnist(name, looked_in)
+        found = _fetch(_MEDMNIST[name].url, _MEDMNIST[name].md5, looked_in[0], name, looked_in, how)
     if found is None:
         raise missing(name, looked_in, how)
     keys = [f"{split}_{kind}" for split in _MEDMNIST_SPLITS for kind in ("images", "labels")]
@@ -289,22 +294,21 @@ def _medmnist_split(path: Path, arrays: dict[str, np.ndarray], split: str, image
     return images, labels
 
 
-def _download_medmnist(name: str, looked_in: list[Path]) -> Path:
-    """Fetch ``<root>/<name>.npz`` from Zenodo via a ``.part`` file, moved into place only once its MD5
-    matches (``download_url`` would leave a mismatching file in place)."""
+def _fetch(url: str, md5: str | None, path: Path, name: str, looked_in: list[Path], how: str) -> Path:
+    """Download ``url`` to ``path`` via a ``.part`` file, moved into place only whole and matching ``md5`` (when
+    published): ``download_url`` would leave a partial or mismatching file that looks complete next time."""
     from torchvision.datasets.utils import download_url
 
-    info, path = _MEDMNIST[name], looked_in[0]
     part = path.with_name(f"{path.name}.part")
     try:
-        download_url(info.url, str(path.parent), part.name, md5=info.md5)
+        download_url(url, str(path.parent), part.name, md5=md5)
     except (RuntimeError, OSError) as err:  # urllib: OSError; torchvision: RuntimeError when the MD5 differs
         mismatch = isinstance(err, RuntimeError) and part.is_file()
         part.unlink(missing_ok=True)
         if mismatch:
-            raise damaged(path, f"as downloaded from {info.url} does not match its published MD5 {info.md5} "
+            raise damaged(path, f"as downloaded from {url} does not match its published MD5 {md5} "
                                  "(not kept)", "rerun to download it again, or copy a good file there") from err
-        raise missing(name, looked_in, WHERE[name](None)[1], err) from err
+        raise missing(name, looked_in, how, err) from err
     os.replace(part, path)
     return path
 
@@ -447,16 +451,10 @@ def _decode_rgb(samples: Samples, tree: _ImageTree) -> tuple[np.ndarray, np.ndar
 
 def _download_tree(tree: _ImageTree, dirs: list[Path], into: Path) -> None:
     """Fetch ``tree``'s archive into ``into`` and extract it there, in two steps to tell a failed download
-    (DatasetMissing) from a bad archive (DatasetCorrupt). A partial download is deleted: without an MD5
-    torchvision would take it for complete next time."""
-    from torchvision.datasets.utils import download_url, extract_archive
+    (DatasetMissing) from a bad archive (DatasetCorrupt)."""
+    from torchvision.datasets.utils import extract_archive
 
-    archive = into / Path(tree.url).name
-    try:
-        download_url(tree.url, str(into), archive.name, md5=tree.md5)
-    except (RuntimeError, OSError) as err:  # urllib: OSError; torchvision: RuntimeError when the MD5 differs
-        archive.unlink(missing_ok=True)
-        raise missing(tree.name, dirs, tree.how_to_get, err) from err
+    archive = _fetch(tree.url, tree.md5, into / Path(tree.url).name, tree.name, dirs, tree.how_to_get)
     try:
         extract_archive(str(archive), str(into), remove_finished=True)
     except (tarfile.TarError, zipfile.BadZipFile, EOFError, zlib.error, OSError) as err:
@@ -587,18 +585,56 @@ def release_loaded() -> None:
 
 @lru_cache(maxsize=4)
 def _load(name: str, root: str | None, download: bool) -> Dataset:
-    """Load and wrap one dataset, built-in or the user's (``fltune.data.plugin``)."""
+    """Load and wrap one dataset, built-in or the user's (:func:`_load_user`)."""
     if name not in _SPECS:
-        from fltune.data.plugin import load_user
-
-        (train_x, train_y, test_x, test_y), user = load_user(name, root, download)
-        mean, std = (tuple(user.mean), tuple(user.std)) if user.mean and user.std else _pixel_stats(train_x)
-        return Dataset(label(name), train_x, train_y, test_x, test_y, user.num_classes, mean, std, user.augment)
+        return _load_user(name, root, download)
     spec = _SPECS[name]
     train_x, train_y, test_x, test_y = spec.load(None if root is None else Path(root), download)
     mean, std = (spec.mean, spec.std) if spec.mean is not None else _pixel_stats(train_x)
     return Dataset(name, train_x.contiguous(), train_y.long(), test_x.contiguous(), test_y.long(),
                    NUM_CLASSES[name], mean, std, spec.augment)
+
+
+def _load_user(name: str, root: str | None, download: bool) -> Dataset:
+    """The plug-in ``name`` called, its splits made uint8 NCHW and int64 like every built-in's."""
+    answer = resolve("dataset", name)(None if root is None else Path(root), download)
+    if not isinstance(answer, UserDataset):
+        raise FLTuneError(f"data.dataset: {name!r} returned a {type(answer).__name__}; expected "
+                          f"{EXPECTED['dataset']}")
+    train_x, train_y = _user_split(name, "train", answer.train, answer.num_classes)
+    test_x, test_y = _user_split(name, "test", answer.test, answer.num_classes)
+    mean, std = (tuple(answer.mean), tuple(answer.std)) if answer.mean and answer.std else _pixel_stats(train_x)
+    return Dataset(label(name), train_x, train_y, test_x, test_y, answer.num_classes, mean, std, answer.augment)
+
+
+def _user_split(name: str, split: str, data: Any, num_classes: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """One split of a plug-in's as uint8 [N, C, H, W] images and int64 labels in [0, num_classes)."""
+    if isinstance(data, tuple) and len(data) == 2:
+        x, y = torch.as_tensor(data[0]), torch.as_tensor(data[1])
+    else:
+        pairs = [data[i] for i in range(len(data))]
+        x = torch.stack([_chw(image) for image, _ in pairs])
+        y = torch.as_tensor([int(target) for _, target in pairs])
+    if x.dim() == 3:
+        x = x.unsqueeze(1)
+    if x.is_floating_point():
+        x = (x.clamp(0, 1) * 255).round()
+    if x.dim() != 4 or len(x) != len(y) or len(x) == 0:
+        raise FLTuneError(f"data.dataset: {name!r}: its {split} split has images of shape {tuple(x.shape)} and "
+                          f"{len(y)} labels; expected [N, C, H, W] images and N labels, N > 0")
+    if y.min() < 0 or y.max() >= num_classes:
+        raise FLTuneError(f"data.dataset: {name!r}: its {split} labels lie in [{int(y.min())}, {int(y.max())}]; "
+                          f"expected integers in [0, {num_classes}) (its num_classes)")
+    return x.to(torch.uint8).contiguous(), y.long()
+
+
+def _chw(image: Any) -> torch.Tensor:
+    """A PIL image, HWC/HW array or CHW tensor as a [C, H, W] tensor (a float tensor stays on [0, 1])."""
+    if isinstance(image, torch.Tensor):
+        return image if image.dim() == 3 else image.unsqueeze(0)
+    array = np.asarray(image)
+    return torch.from_numpy(array.copy()).unsqueeze(0) if array.ndim == 2 else torch.from_numpy(
+        array.transpose(2, 0, 1).copy())
 
 
 def normalised(dataset: Dataset, how: str) -> Dataset:

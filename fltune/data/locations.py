@@ -1,10 +1,8 @@
-"""Where each dataset's files are looked for, known without torch, and reading them with one clear line per
-problem: :class:`DatasetMissing` (every path looked in, how to get it) or :class:`DatasetCorrupt` (the file, how
-to replace it).
+"""Where each dataset's files are looked for, known without torch, and one clear line per problem:
+:class:`DatasetMissing` (every path looked in, how to get it) or :class:`DatasetCorrupt` (the file, how to replace it).
 
-The loaders look in these places and no others, and a command checks them before importing torch or starting
-Ray (``check_here``), so a missing dataset is one line at once. Only absence is decided there; damage is the
-loader's to report, as are datasets not listed (CINIC-10, Tiny-ImageNet).
+A command checks these places before importing torch or starting Ray (``check_here``), so a missing dataset is one
+line at once; damage is the loader's to report, as are datasets not listed (CINIC-10, Tiny-ImageNet).
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """Seeded splits of a label array over clients (docs/methods.md §0, "Partitions").
 
-Pure functions: labels, sizes and a seed in, sorted int64 index arrays out, all randomness from one
-``numpy.random.default_rng(seed)``, so a partition can be cached on disk (``federated.py``). A sample lands in
-at most one client (except as :func:`_class_shards` names). ``iid``, ``dirichlet``, ``shards`` and
-``class_shards`` place every sample; ``classes`` and ``dirichlet_prior`` give every client
-``len(labels) // num_clients`` samples and drop the remainder (``classes`` more, see :func:`_classes`).
+Pure functions, all randomness from one ``numpy.random.default_rng(seed)``, so a partition can be cached on disk
+(``federated.py``). ``classes`` and ``dirichlet_prior`` give every client ``len(labels) // num_clients`` samples and
+drop the remainder; the others place every sample.
 """
 
 from __future__ import annotations
@@ -23,9 +21,8 @@ def partition(
     alpha: float = 0.5, classes_per_client: int | None = None, shards_per_client: int = 2,
     min_size: int = 10,
 ) -> list[np.ndarray]:
-    """Split ``range(len(labels))`` over ``num_clients`` clients as ``kind`` says (``iid``: a seeded permutation cut
-    into N parts; the others: their ``_<kind>``); one sorted index array per client. Raises :class:`FLTuneError`
-    naming the config field when these labels admit no such partition (what a field allows alone, the config checks)."""
+    """One sorted index array per client. Raises :class:`FLTuneError` naming the config field when these labels admit
+    no such partition (what a field allows alone, the config checks)."""
     labels = _check_labels(labels, num_classes)
     if not 1 <= num_clients <= len(labels):
         raise FLTuneError(f"federation.clients: must be between 1 and the {len(labels)} samples to split; "
@@ -175,13 +172,16 @@ def _grant_one_level(owned: np.ndarray, wants: np.ndarray, left: np.ndarray,
     """0/1 grants for one level: each class serves at most ``left[c]`` of its requests, chosen at random."""
     slots = np.flatnonzero(wants)
     cls = owned.ravel()[slots]
-    order = np.lexsort((rng.random(len(slots)), cls))
-    first_of_class = np.searchsorted(cls[order], cls[order])
-    rank = np.empty(len(slots), dtype=np.int64)
-    rank[order] = np.arange(len(slots)) - first_of_class
     granted = np.zeros(owned.size, dtype=np.int64)
-    granted[slots] = rank < left[cls]
+    granted[slots] = _rank_in_group(cls, np.lexsort((rng.random(len(slots)), cls))) < left[cls]
     return granted.reshape(owned.shape)
+
+
+def _rank_in_group(groups: np.ndarray, order: np.ndarray) -> np.ndarray:
+    """Each entry's place among the entries of its group, counted in ``order`` (which sorts ``groups``)."""
+    rank = np.empty(len(groups), dtype=np.int64)
+    rank[order] = np.arange(len(groups)) - np.searchsorted(groups[order], groups[order])
+    return rank
 
 
 def _reroute(owned: np.ndarray, counts: np.ndarray, left: np.ndarray, need: np.ndarray) -> None:
@@ -194,11 +194,13 @@ def _reroute(owned: np.ndarray, counts: np.ndarray, left: np.ndarray, need: np.n
             chain = _find_chain(start, owned, counts, left, num_classes)
             if chain is None:
                 break
-            amount = min(need[start], left[owned[chain[-1]]],
-                         *(counts[link] for link in _giver_slots(chain, owned, num_classes)))
+            # (giver, giver's slot) for each link: the next client in the chain gives the taker's class
+            givers = [(giver, int((owned[taker, slot] - giver) % num_classes))
+                      for (taker, slot), (giver, _) in zip(chain, chain[1:])]
+            amount = min(need[start], left[owned[chain[-1]]], *(counts[link] for link in givers))
             for client, slot in chain:
                 counts[client, slot] += amount
-            for giver, slot in _giver_slots(chain, owned, num_classes):
+            for giver, slot in givers:
                 counts[giver, slot] -= amount
             left[owned[chain[-1]]] -= amount
             need[start] -= amount
@@ -225,12 +227,6 @@ def _find_chain(start: int, owned: np.ndarray, counts: np.ndarray, left: np.ndar
                         parent[holder] = (taker, slot)
                         queue.append(holder)
     return None
-
-
-def _giver_slots(chain: list[tuple[int, int]], owned: np.ndarray, num_classes: int) -> list[tuple[int, int]]:
-    """(giver, giver's slot) for each link: the next client in the chain gives the taker's class."""
-    return [(giver, int((owned[taker, slot] - giver) % num_classes))
-            for (taker, slot), (giver, _) in zip(chain, chain[1:])]
 
 
 # --- dirichlet_prior (SimFAFL/FedCR non-IID2, MAN, FedDyn) ---------------------------------------------
@@ -261,7 +257,8 @@ def _draw_classes(priors: np.ndarray, clients: np.ndarray, left: np.ndarray, rng
         # inverse CDF; zero-mass classes repeat the previous value, so the count of entries ≤ u has mass
         u = rng.random(len(cdf)) * cdf[:, -1]
         drawn = (cdf <= u[:, None]).sum(axis=1)
-        keep = _prefix_within_supply(drawn, left)
+        over = np.flatnonzero(_rank_in_group(drawn, np.argsort(drawn, kind="stable")) >= left[drawn])
+        keep = int(over[0]) if len(over) else len(drawn)  # the longest prefix taking no class beyond ``left``
         classes[pos:pos + keep] = drawn[:keep]
         left = left - np.bincount(drawn[:keep], minlength=len(left))
         pos += keep
@@ -274,15 +271,6 @@ def _available_priors(priors: np.ndarray, available: np.ndarray) -> np.ndarray:
     empty = masked.sum(axis=1) <= 0
     masked[empty] = available / available.sum()
     return masked
-
-
-def _prefix_within_supply(drawn: np.ndarray, left: np.ndarray) -> int:
-    """Length of the longest prefix of ``drawn`` that takes no class beyond ``left``."""
-    order = np.argsort(drawn, kind="stable")
-    rank = np.empty(len(drawn), dtype=np.int64)
-    rank[order] = np.arange(len(drawn)) - np.searchsorted(drawn[order], drawn[order])
-    over = np.flatnonzero(rank >= left[drawn])
-    return int(over[0]) if len(over) else len(drawn)
 
 
 # --- dirichlet (FedML LDA: FedAlign, FedSOL) ----------------------------------------------------------

@@ -62,7 +62,7 @@ def register_modifier(cls: type[Modifier]) -> type[Modifier]:
 
 
 def _load_all() -> None:
-    """Import every module in this package so their ``@register`` decorators run."""
+    """Import every module in this package, running their ``@register``."""
     for info in pkgutil.iter_modules(__path__):
         if info.name != "base":
             importlib.import_module(f"{__name__}.{info.name}")

@@ -1,14 +1,8 @@
-"""Client-drift bookkeeping shared by FedDyn, FedDC, FedSpeed (h_k) and SCAFFOLD, FedDC (c, c_k).
-
-Per-client variables live in the client's state (numpy), server ones in ``server_state``. Every hook calls
-``super()``, so FedDC = FedDyn's drift + SCAFFOLD's control variates by inheriting both.
-
-Both servers need means over *all* N clients (never-sampled ones count as zero); ``server_mean`` says how: ``exact``
-(default) re-sums the client store every round in client-id order (O(N) reads, independent of which worker returned
-first); ``running`` keeps a float64 sum in ``server_state`` and adds Σ_S (s_k⁺ − s_k), the papers' update (SCAFFOLD
-Alg. 1 line 17: c ← c + (1/N)·Σ_S Δc_k; FedDyn's h likewise), O(clients a round), each client uploading its prior value
-(:func:`keep_state`). Its last bits may differ, so it is opt-in. Updates are equally weighted (docs/methods.md §0). Only
-parameters drift: buffers are averaged as in FedAvg, as the authors' code flattens ``model.parameters()`` only.
+"""Client-drift bookkeeping shared by FedDyn, FedDC, FedSpeed (h_k) and SCAFFOLD, FedDC (c, c_k); every hook calls
+``super()``, so FedDC inherits both. The server's means run over *all* N clients, never-sampled ones counting as zero
+(``server_mean``; ``running`` is SCAFFOLD Alg. 1 line 17's c ← c + (1/N)·Σ_S Δc_k). Updates are equally weighted
+(docs/methods.md §0). Only parameters drift: buffers are averaged as in FedAvg, as the authors' code flattens
+``model.parameters()`` only.
 """
 
 from __future__ import annotations
@@ -39,8 +33,7 @@ LOG = logging.getLogger(__name__)
 
 
 class DriftParams(Params):
-    """The drift bases' setting: a method parameter, as it is the method's server arithmetic (as SCAFFOLD's
-    ``server_lr``), so the engine stays blind to which methods keep means."""
+    """A method parameter, as it is the method's server arithmetic: the engine stays blind to which methods keep means."""
 
     server_mean: Literal["exact", "running"] = Field("exact", description=(
         "how the server keeps its mean over all N clients' states (SCAFFOLD's c, FedDyn's h): 'exact' re-sums "
@@ -49,7 +42,7 @@ class DriftParams(Params):
 
 
 def sum_over_clients(store: Mapping[int, dict[str, Any]], key: str) -> Sums:
-    """Σ_k store[k][key] in float64, in client-id order, streamed; empty while no client holds ``key``."""
+    """Σ_k store[k][key] in float64, in client-id order (whichever worker returned first), streamed."""
     total: dict[str, np.ndarray] = {}
     dtypes: dict[str, np.dtype] = {}
     for _, arrays in held(store, key):
@@ -60,28 +53,21 @@ def sum_over_clients(store: Mapping[int, dict[str, Any]], key: str) -> Sums:
     return total, dtypes
 
 
-def mean_over_clients(store: Mapping[int, dict[str, Any]], key: str, num_clients: int) -> State:
-    """(1/N)·Σ_k store[k][key] over all N clients (:func:`sum_over_clients`); {} while no client holds ``key``."""
-    return divided(sum_over_clients(store, key), num_clients)
-
-
 def divided(sums: Sums, num_clients: int) -> State:
-    """The sums over N, each back in its array's dtype."""
+    """The sums over N, each back in its array's dtype; {} while no client holds the key."""
     total, dtypes = sums
     return {name: (value / num_clients).astype(dtypes[name]) for name, value in total.items()}
 
 
 def keep_state(method: Method, ctx: ClientContext, result: ClientResult, key: str, values: dict[str, Tensor]) -> None:
-    """The client's new ``key`` state into ``result``; under ``running`` its prior value is uploaded too, as
-    ``key:name`` (none, i.e. zero, for a client never sampled)."""
+    """The client's new ``key`` state; under ``running`` its prior value goes up too (``key:name``; none is zero)."""
     result.state[key] = to_numpy(values)
     if method.params.server_mean == "running":
         result.upload.update({f"{key}:{name}": value for name, value in (ctx.state.get(key) or {}).items()})
 
 
 def running_sum(ctx: ServerContext, key: str) -> Sums:
-    """Σ_k s_k in float64: ``server_state[key + "_sum"]`` plus Σ_S (s_k⁺ − s_k) in client-id order, s_k from
-    the upload (zero when absent)."""
+    """Σ_k s_k in float64: the kept sum plus Σ_S (s_k⁺ − s_k) in client-id order, s_k uploaded (zero when absent)."""
     total = {name: value.copy() for name, value in ctx.server_state.get(f"{key}_sum", {}).items()}
     dtypes: dict[str, np.dtype] = {}
     for cid, state in sorted(ctx.aggregate.client_states.items()):
@@ -109,12 +95,11 @@ def server_mean(method: Method, ctx: ServerContext, key: str) -> tuple[State, di
         return divided(sums, ctx.num_clients), {f"{key}_sum": sums[0]}
     if ctx.num_clients >= MANY_CLIENTS:
         _hint(method.name)
-    return mean_over_clients(ctx.client_store, key, ctx.num_clients), {}
+    return divided(sum_over_clients(ctx.client_store, key), ctx.num_clients), {}
 
 
 def parameter_tensors(ctx: ClientContext, stored: Mapping[str, np.ndarray | Tensor] | None) -> dict[str, Tensor]:
-    """One tensor per model parameter on the device: the stored value, or zeros. Arrays go over in one copy
-    per dtype (``to_device``); tensors (``ctx.server_tensors``) are taken as they are."""
+    """One tensor per model parameter on the device: the stored value (arrays copied once per dtype), or zeros."""
     values = dict(stored or {})
     arrays = {name: value for name, value in values.items() if not isinstance(value, Tensor)}
     values.update(zip(arrays, to_device(list(arrays.values()), ctx.device)))
@@ -125,9 +110,8 @@ def parameter_tensors(ctx: ClientContext, stored: Mapping[str, np.ndarray | Tens
 
 
 class DriftCorrected(Method):
-    """FedDyn's h_k (FedDC's local drift): h_k ← h_k + (θ_k − θ_g); server θ = mean_S θ_k + mean_all h_k.
-    h_k lives in ``state["h"]``; θ_g − h_k is the input ``drift_target`` that (α/2)·‖θ − (θ_g − h_k)‖² pulls towards:
-    FedDyn/FedDC add it to the loss, FedSpeed its gradient after the SAM step."""
+    """FedDyn's h_k (FedDC's local drift): h_k ← h_k + (θ_k − θ_g); server θ = mean_S θ_k + mean_all h_k. The input
+    ``drift_target`` θ_g − h_k is what (α/2)·‖θ − (θ_g − h_k)‖² pulls towards (FedDyn/FedDC's loss, FedSpeed's gradient)."""
 
     Params = DriftParams
     weighted_by_samples = False
@@ -155,12 +139,10 @@ class DriftCorrected(Method):
 
 
 class ControlVariates(Method):
-    """SCAFFOLD's control variates (Karimi et al., 2020, option II), also FedDC's gradient correction.
-    Local gradient g − c_k + c (FedDC's loss term ⟨θ, c − c_k⟩ has the same gradient); c_k⁺ = c_k − c +
-    (θ_g − θ_k)/(K_eff·lr), lr the round's (``correction_lr``), K_eff the :func:`~fltune.methods.base.effective_steps`
-    of ``ctx.steps``, as the FedSOL authors' Scaffold divides (``Lee-Gihun/FedSOL:algorithms/scaffold/
-    ClientTrainer.py``, ``adaptive_divison: true``): K alone makes c too large under momentum and the corrected steps
-    over-shoot. Server c = mean over all N of c_k, in ``server_state["c"]`` (broadcast); c_k in ``state["c"]``."""
+    """SCAFFOLD's control variates (Karimi et al., 2020, option II), also FedDC's gradient correction (its ⟨θ, c − c_k⟩
+    has the same gradient): g − c_k + c; c_k⁺ = c_k − c + (θ_g − θ_k)/(K_eff·lr), K_eff the effective steps as the FedSOL
+    authors divide (``Lee-Gihun/FedSOL:algorithms/scaffold/ClientTrainer.py``, ``adaptive_divison: true``): K alone
+    makes c too large under momentum. Server c = mean over all N of c_k, broadcast."""
 
     Params = DriftParams
     weighted_by_samples = False

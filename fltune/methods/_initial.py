@@ -43,7 +43,7 @@ class InitialStandIn(Method):
         return replace(update, server_state={k: v for k, v in update.server_state.items() if k != INITIAL})
 
     def initial_model(self, ctx: ClientContext) -> Mapping[str, Tensor] | None:
-        """The initial model on the device for a client without a kept model; else None."""
+        """The initial model for a client without a kept model."""
         if self.kept in ctx.state or INITIAL not in ctx.server_tensors:
             return None
         return ctx.server_tensors[INITIAL]

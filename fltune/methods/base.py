@@ -1,10 +1,6 @@
-"""The method plug-in interface: the contract types and :class:`Method`.
-
-A method is a small class whose hooks default to FedAvg, so its file holds only what differs; its local objective is
-written once, ``local_loss(batch)``, for every executor. The engine owns the training loop and calls the client hooks per
-client and round, the pure ``aggregate(ServerContext) -> ServerUpdate`` once a round (docs/adding-a-method.md §4).
-Per-client state is plain data in the engine's store, never in a worker, so any worker can train any client and a
-checkpoint is just the store.
+"""The method plug-in interface: :class:`Method`, whose hooks default to FedAvg, and its contract types
+(docs/adding-a-method.md §4). Per-client state is plain data in the engine's store, never in a worker, so any worker can
+train any client and a checkpoint is just the store.
 """
 
 from __future__ import annotations
@@ -48,7 +44,6 @@ class Phase:
 
 @dataclass
 class ClientContext:
-    """Everything a client-side hook may read or write during one client's local update."""
 
     client_id: int
     round: int
@@ -63,7 +58,6 @@ class ClientContext:
     """This round's learning rate: ``training.lr`` after ``training.lr_decay``."""
     device: torch.device
     batches: Callable[[], Iterator[tuple[torch.Tensor, torch.Tensor]]]
-    """One epoch of this client's (augmented, shuffled, seeded) training batches, on ``device``."""
     steps: int = 0
     momentum: float = 0.0
     """The local optimiser's SGD momentum (0 for Adam): FedNova's a_k and SCAFFOLD's c_k depend on it."""
@@ -80,15 +74,14 @@ class ClientContext:
     """``training.grad_clip``; a method stepping a model of its own (Ditto's) clips that step too, as the
     authors' code does."""
     server_tensors: Mapping[str, Any] = field(default_factory=dict)
-    """``server``'s arrays as tensors on ``device``, copied once a round per worker: shared, read only."""
+    """``server``'s arrays on ``device``, copied once a round per worker: shared, read only."""
     scratch: dict[str, Any] = field(default_factory=dict)
     inputs: dict[str, Tensors] = field(default_factory=dict)
     """The client's tensors its objective reads (``Batch.inputs``: FedDyn's θ_g − h_k, Ditto's v), set by
-    ``setup_client``; stacked for clients trained together, a carried one (Ditto's) copied back."""
+    ``setup_client``."""
 
     @cached_property
     def forward(self) -> Forward:
-        """The client's model as a function of its parameters (its own: ``forward.own``)."""
         return Forward(self.model)
 
 
@@ -111,8 +104,8 @@ Upload = dict[str, np.ndarray]
 
 @dataclass
 class ClientResult:
-    """``update`` is summed with ``weight`` over clients (order-independently), ``upload`` reaches
-    ``aggregate`` per client, ``state`` is stored for the client's next round."""
+    """``update`` is summed with ``weight`` over clients, ``upload`` reaches ``aggregate`` per client, ``state`` is
+    stored for the client's next round."""
 
     weight: float
     update: State
@@ -163,15 +156,14 @@ def held(store: Mapping[int, dict[str, Any]], key: str) -> Iterator[tuple[int, A
 
 
 def holders(store: Mapping[int, dict[str, Any]], key: str) -> int:
-    """How many clients of ``store`` hold ``key``: the engine's store counts without reading a state."""
+    """How many clients hold ``key``: the engine's store counts without reading a state."""
     count = getattr(store, "holders", None)
     return count(key) if count is not None else sum(key in state for state in store.values())
 
 
 @dataclass(frozen=True)
 class ServerUpdate:
-    """What ``Method.aggregate`` returns; ``client_states`` are stored (FedPAC rewrites them with each
-    client's combined head)."""
+    """``client_states`` are stored (FedPAC rewrites them with each client's combined head)."""
 
     global_state: State
     server_state: dict[str, Any]
@@ -233,7 +225,7 @@ class Method:
         return {**global_state, **client_state.get("personal", {})}
 
     def setup_client(self, ctx: ClientContext) -> None:
-        """Prepare per-client extras before training (e.g. a frozen copy of the global model)."""
+        """Per-client extras before training (a frozen copy of the global model)."""
 
     def phases(self, ctx: ClientContext) -> list[Phase]:
         """Local training schedule; FedAvg trains every parameter for E epochs."""
@@ -263,7 +255,7 @@ class Method:
         return batch.cross_entropy(logits), logits
 
     def record_step(self, ctx: ClientContext, y: torch.Tensor, record: Tensors) -> None:
-        """Take what :meth:`local_loss` left in ``batch.record``, for real samples ``y`` (FedCR's μ, σ)."""
+        """What :meth:`local_loss` left in ``batch.record``, for real samples ``y`` (FedCR's μ, σ)."""
 
     def backward(self, ctx: ClientContext, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Fill ``.grad`` for one batch → (detached loss, detached logits), client by client. A larger step (SAM's two
@@ -319,11 +311,10 @@ class Method:
 
     # ---------------------------------------------------------------- server side
     def init_server_state(self, global_state: State) -> dict[str, Any]:
-        """Server-side state kept across rounds (SCAFFOLD's c, FedDyn's h); FedAvg: none."""
+        """Server state kept across rounds (SCAFFOLD's c)."""
         return {}
 
     def server_payload(self, server_state: dict[str, Any]) -> dict[str, Any]:
-        """Extra data broadcast to the round's clients beside the weights."""
         return {}
 
     def aggregate(self, ctx: ServerContext) -> ServerUpdate:
@@ -336,7 +327,7 @@ class Method:
 
 
 def params_table(method_cls: type[Method]) -> list[tuple[str, str, Any, str]]:
-    """(name, type, default, description) rows for ``cli.py methods``."""
+    """(name, type, default, description) rows for ``fltune methods``."""
     rows = []
     for name, info in method_cls.Params.model_fields.items():
         kind = getattr(info.annotation, "__name__", str(info.annotation))

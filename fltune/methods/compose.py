@@ -1,7 +1,5 @@
-"""Modifiers: a loss term that any base method can take on by name, as ``<base>+<modifier>``. MAN sits on top of FedAvg,
-FedDyn, FedSAM, ...: rather than a file per combination, a :class:`Modifier` states how it changes the base's objective
-and :func:`compose` builds the subclass on demand (overriding ``local_loss`` and ``adapt_model`` alone; SAM-type bases
-get the term in both passes)."""
+"""Modifiers: a loss term any base method takes on by name, ``<base>+<modifier>`` (MAN on FedAvg, FedDyn, FedSAM, ...),
+built on demand by :func:`compose` rather than a file per combination; SAM-type bases get the term in both passes."""
 
 from __future__ import annotations
 
@@ -29,7 +27,7 @@ class Modifier:
         self.params = params if params is not None else self.Params()
 
     def local_loss(self, batch: Batch, base_loss: Callable[[], LossAndLogits]) -> LossAndLogits:
-        """The base's (loss, logits) with this modifier's term added; default: unchanged."""
+        """The base's (loss, logits) with this modifier's term added."""
         return base_loss()
 
     def adapt_model(self, model: nn.Module) -> nn.Module:

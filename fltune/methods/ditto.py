@@ -41,8 +41,7 @@ class Ditto(InitialStandIn, Method):
     kept, first = "personal", "first_personal"
 
     def setup_client(self, ctx: ClientContext) -> None:
-        """Keep the loaded personal model aside and train w from w_g; v's parameters are the input
-        ``personal`` (detached views: an executor's final copy into them is v's result)."""
+        """The loaded personal model v aside, its parameters the input ``personal``; w trains from w_g."""
         personal = copy.deepcopy(ctx.model).train()
         if (initial := self.initial_model(ctx)) is not None:
             personal.load_state_dict(dict(initial))
@@ -54,11 +53,9 @@ class Ditto(InitialStandIn, Method):
     def _stepped(
         self, ce_grads: Tensors, personal: Tensors, anchor: Mapping[str, Tensor], lr: float, max_norm: float | None,
     ) -> Tensors:
-        """v after one SGD step on ∇[CE(v) + (λ/2)‖v − w_g‖²] (Ditto Eq. 2), from ∇CE(v) (``ce_grads``) at v
-        (``personal``), w_g being ``anchor``. The proximal part λ(v − w_g) is added in closed form: the same bits as
-        autograd's. With ``max_norm`` the step is clipped as FedCR's ``distributed_training_utils_ditto.py``:
-        ∇CE − λ·w_g bounded, then λ·v added back. FedCR's code rounds η·∇ before subtracting it: the one SGD step
-        at rate 1 on η·∇ keeps that rounding."""
+        """v after one SGD step on ∇[CE(v) + (λ/2)‖v − w_g‖²] (Ditto Eq. 2), λ(v − w_g) in closed form (autograd's
+        bits). ``max_norm`` clips as FedCR's ``distributed_training_utils_ditto.py``: ∇CE − λ·w_g bounded, then λ·v
+        added back; its rounding of η·∇ before the subtraction is kept by a step at rate 1 on η·∇."""
         lam = self.params.lam
         direction = ce_grads if lam == 0 else {n: g + lam * (personal[n] - anchor[n]) for n, g in ce_grads.items()}
         if max_norm is not None:
@@ -67,8 +64,7 @@ class Ditto(InitialStandIn, Method):
         return sgd_step(personal, {n: lr * d for n, d in direction.items()}, 1.0)[0]
 
     def step(self, batch: Batch) -> tuple[Tensors, Tensor, Tensor]:
-        """FedAvg's gradient for w; v after one plain SGD step, kept as ``personal``. v's objective is FedAvg's CE
-        whatever modifier w's takes on, run by the personal model (client by client its BN statistics are v's)."""
+        """FedAvg's gradient for w; v after one plain SGD step on CE, whatever modifier w's objective takes on."""
         step = super().step(batch)
         personal, v = batch.model("personal"), batch.inputs["personal"]
         grads, _, _ = batch.gradient(lambda w: (batch.cross_entropy(personal(w, batch.x)), ()), v)

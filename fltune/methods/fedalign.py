@@ -44,15 +44,14 @@ class FedAlignParams(Params):
 
 
 def transmitting_matrix(f1: Tensor, f2: Tensor) -> Tensor:
-    """TM(f1, f2) = pool(f1) · f2ᵀ / HW, ``[B, C1, C2]`` (FedAlign Eq. 6-7, Appendix E)."""
+    """TM(f1, f2), ``[B, C1, C2]`` (Eq. 6-7)."""
     f1 = F.adaptive_avg_pool2d(f1, f2.shape[-2:])
     height, width = f2.shape[-2:]
     return torch.bmm(f1.flatten(2), f2.flatten(2).transpose(1, 2)) / (height * width)
 
 
 def spectral_norm(tm: Tensor, steps: int = POWER_ITERATIONS) -> Tensor:
-    """Per-sample largest singular value of ``tm`` ``[B]`` by differentiable power iteration on TM·TMᵀ from
-    v = 1, which overlaps the Perron vector well as post-ReLU maps make TM non-negative."""
+    """K = ‖TM‖_SN per sample; v = 1 overlaps the Perron vector well, as post-ReLU maps make TM non-negative."""
     k = torch.bmm(tm, tm.transpose(1, 2))
     v = torch.ones(k.shape[0], k.shape[1], 1, dtype=k.dtype, device=k.device)
     for _ in range(steps):
@@ -63,7 +62,7 @@ def spectral_norm(tm: Tensor, steps: int = POWER_ITERATIONS) -> Tensor:
 
 
 def lipschitz_loss(model: ResNet56, x2: Tensor, x3: Tensor, omega_s: float) -> Tensor:
-    """L_Lip = MSE(K_S, K_F): gradient reaches stage 3 only, through the width-ω_S student (Alg. 1)."""
+    """L_Lip: its gradient reaches stage 3 only, through the width-ω_S student (Alg. 1)."""
     x2, x3 = x2.detach(), x3.detach()
     x2_s, x3_s = model.stage3_at_width(x2, omega_s)
     with torch.no_grad():
@@ -81,7 +80,7 @@ class ResNet56Method(Method):
 
     @staticmethod
     def resnet(batch: Batch) -> ResNet56:
-        """The client's model, which ``adapt_model`` has already checked is a ResNet56."""
+        """The client's model, checked by ``adapt_model``."""
         return cast(ResNet56, batch.module())
 
 
@@ -105,7 +104,7 @@ class FedAlign(ResNet56Method):
         return ce + self.lipschitz_weight(ce, lip) * lip, logits
 
     def lipschitz_weight(self, ce: Tensor, lip: Tensor) -> float:
-        """μ, times the constant CE/L_Lip when rescaling (0 if L_Lip = 0: the term vanishes anyway)."""
+        """μ, times the constant CE/L_Lip when rescaling (0 if L_Lip = 0)."""
         if not self.params.rescale:
             return self.params.mu
         lip_value = lip.item()

@@ -7,12 +7,7 @@ Client i, with z_s = μ(x) + σ(x)⊙ε_s from the VIB body and r(·|y) = N(r_μ
 (``haozzh/FedCR:code_FedCR/models/distributed_training_utils.py``: ``KL_between_normals(prior, encoder)``.)
 In its last local epoch a client folds each class's (μ, σ) into one Gaussian by product of experts as
 precision sums (the closed form of the code's ``product_of_experts_two``, independent of order); the server
-takes the PoE of those and N(0, 1) and moves r by β2 (``global_POE``). Heads are personal; bodies averaged
-unweighted. ``centroids: overall`` is SimFAFL's Pre-experiment I (**[U]**).
-
-:class:`VIBMethod` is the base of every method whose objective needs a VIB net's q(z|x) (FedCR, SimFAFL, FedSR, all
-from ``haozzh/FedCR``, whose server averages without sample weights, ``average``): ``model.name: auto`` resolves to
-FedCR's nets, any other fails once; ε is ``batch.noise["eps"]``, drawn from the client's own seeded stream.
+takes the PoE of those and N(0, 1) and moves r by β2 (``global_POE``).
 """
 
 from __future__ import annotations
@@ -39,13 +34,12 @@ _MLP_DATASETS = frozenset({"emnist_letters", "mnist"})
 
 
 class VIBFineTune(FineTune):
-    """The ``tune`` round on a VIB net: plain CE of the head on the mean of S sampled z, ε declared as the
-    objective's noise rather than drawn inside the forward."""
+    """The ``tune`` round on a VIB net: CE of the head on the mean of S sampled z."""
 
     vib_samples: ClassVar[int | None] = None
 
     def noise(self, model: nn.Module) -> NoiseShapes:
-        """ε of the objective: ``vib_samples`` (None: the net's S) draws of z's width per input."""
+        """ε: ``vib_samples`` (None: the net's S) draws of z per input, from the client's own seeded stream."""
         net = cast(VIBNet, model)
         return {"eps": (net.samples if self.vib_samples is None else self.vib_samples, net.feature_dim)}
 
@@ -56,7 +50,8 @@ class VIBFineTune(FineTune):
 
 
 class VIBMethod(Method):
-    """A method built on :class:`~fltune.models.vib.VIBNet`; updates weigh 1 each (FedCR's ``average``)."""
+    """A method whose objective needs a VIB net's q(z|x) (FedCR, SimFAFL, FedSR, all from ``haozzh/FedCR``); updates
+    weigh 1 each (FedCR's ``average``)."""
 
     default_model: ClassVar[str | None] = "vib_cnn"
     weighted_by_samples: ClassVar[bool] = False
@@ -81,7 +76,7 @@ def functional_vib(batch: Batch) -> VIBOutput:
 
 
 def functional_z(batch: Batch) -> tuple[Tensor, Tensor, Tensor]:
-    """μ, σ of q(z|x) and z ``[S, B, dimZ]`` as functions of the parameters, from ε ``[B, S, dimZ]``."""
+    """μ, σ of q(z|x) and z ``[S, B, dimZ]`` from ε ``[B, S, dimZ]``."""
     mu, sigma = posterior(batch.forward.part("body", batch.weights, batch.x))
     return mu, sigma, mu + sigma * batch.noise["eps"].transpose(0, 1)
 
@@ -95,15 +90,13 @@ class FedCRParams(Params):
 
 
 class ClassPoE:
-    """Per-class product of experts of diagonal Gaussians, kept as precision sums (float64), one row per row of
-    ``like`` (r's means)."""
+    """Per-class product of experts of diagonal Gaussians as float64 precision sums, shaped as ``like`` (r's means)."""
 
     def __init__(self, like: Tensor) -> None:
         self.precision = torch.zeros_like(like, dtype=torch.float64)
         self.weighted_mean = torch.zeros_like(self.precision)
 
     def add(self, y: Tensor, mu: Tensor, sigma: Tensor) -> None:
-        """Fold one Gaussian expert per sample into its class."""
         precision = sigma.detach().double().clamp_min(SIGMA_FLOOR) ** -2
         self.precision.index_add_(0, y, precision)
         self.weighted_mean.index_add_(0, y, precision * mu.detach().double())
@@ -131,7 +124,6 @@ class FedCR(VIBMethod, FedPer):
     passes_per_step = 1.0  # the z samples share one body pass
 
     def init_server_state(self, global_state: State) -> dict[str, Any]:
-        """r = N(0, I) for every class (one row with ``centroids="overall"``)."""
         classes, dim = global_state["head.weight"].shape
         shape = (classes if self.params.centroids == "class" else 1, dim)
         return {"r_mu": np.zeros(shape, np.float32), "r_sigma": np.ones(shape, np.float32)}
@@ -145,11 +137,10 @@ class FedCR(VIBMethod, FedPer):
         ctx.scratch["fold_from"] = (sum(phase.epochs for phase in self.phases(ctx)) - 1) * ctx.num_samples
 
     def centre(self, y: Tensor) -> Tensor:
-        """The row of r each sample is aligned to and folded into: its class, or 0 for every sample."""
+        """The row of r each sample is aligned to and folded into."""
         return y if self.params.centroids == "class" else torch.zeros_like(y)
 
     def local_loss(self, batch: Batch) -> tuple[Tensor, Tensor]:
-        """CE + β·KL(r(·|y) ‖ q(z|x)) over the real samples; (μ, σ) recorded for :meth:`record_step`."""
         out, y = functional_vib(batch), batch.y
         batch.record.update(mu=out.mu, sigma=out.sigma)
         loss = batch.cross_entropy(out.logits)
@@ -159,8 +150,7 @@ class FedCR(VIBMethod, FedPer):
         return loss, out.logits.mean(0)
 
     def record_step(self, ctx: ClientContext, y: Tensor, record: Tensors) -> None:
-        """PoE of the last epoch's samples per row of r, as FedCR's code restarts the fold each epoch; the last
-        epoch starts after ``fold_from`` samples."""
+        """PoE of the last epoch's samples, as FedCR's code restarts the fold each epoch."""
         seen = ctx.scratch["seen"]
         ctx.scratch["seen"] += len(y)
         if seen < ctx.scratch["fold_from"]:
@@ -170,14 +160,13 @@ class FedCR(VIBMethod, FedPer):
         ctx.scratch["poe"].add(self.centre(y), record["mu"], record["sigma"])
 
     def client_result(self, ctx: ClientContext) -> ClientResult:
-        """Uploads the last epoch's class Gaussians (empty if a non-finite loss stopped it: the run diverged)."""
+        """The last epoch's class Gaussians (none if a non-finite loss stopped it: the run diverged)."""
         result = super().client_result(ctx)
         poe = ctx.scratch["poe"] if "poe" in ctx.scratch else ClassPoE(ctx.inputs["r"]["mu"])
         result.upload = poe.to_numpy()
         return result
 
     def aggregate(self, ctx: ServerContext) -> ServerUpdate:
-        """Bodies: the unweighted mean (default). Class Gaussians: PoE with N(0, 1), then EMA (β2)."""
         out = super().aggregate(ctx)
         mean, std, seen = server_poe(list(ctx.aggregate.uploads.values()))
         beta2, state = self.params.beta2, dict(out.server_state)

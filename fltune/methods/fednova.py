@@ -25,7 +25,7 @@ class FedNova(Method):
     passes_per_step = 1.0
 
     def client_result(self, ctx: ClientContext) -> ClientResult:
-        """Float entries become d_k, divided by max(a_k, 1) for a client stopped before its first step."""
+        """max(a_k, 1) for a client stopped before its first step."""
         result = super().client_result(ctx)
         a_k = effective_steps(ctx.steps, ctx.momentum, ctx.nesterov)
         state = ctx.model.state_dict()
@@ -35,7 +35,6 @@ class FedNova(Method):
         return result
 
     def aggregate(self, ctx: ServerContext) -> ServerUpdate:
-        """θ_g − τ_eff·Σ p_k d_k for float entries (in float64); integer counters take the mean."""
         mean = dict(ctx.aggregate.mean)
         tau_eff = float(mean.pop(NORMALISER))
         stepped = server_step(ctx.global_state, mean, lambda old, d: old - tau_eff * d)

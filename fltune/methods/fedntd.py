@@ -23,7 +23,7 @@ def soft_kl(student_logits: Tensor, teacher_logits: Tensor, tau: float, batch: B
 
 
 def not_true(logits: Tensor, y: Tensor) -> Tensor:
-    """``[B, C−1]``: each row's logits with its true class removed (z̃ of FedNTD)."""
+    """z̃ ``[B, C−1]``."""
     keep = torch.ones_like(logits, dtype=torch.bool).scatter_(1, y[:, None], False)
     return logits[keep].view(len(y), -1)
 

@@ -59,7 +59,7 @@ class ClassFeatures:
 
 
 def class_features(ctx: ClientContext, num_classes: int) -> ClassFeatures:
-    """One pass over the client's training batches: class counts, sums and squared norms of f(x)."""
+    """:class:`ClassFeatures` of f(x) over one pass of the client's training batches."""
     dim = ctx.model.feature_dim
     counts = torch.zeros(num_classes, dtype=torch.float64, device=ctx.device)
     sums = torch.zeros(num_classes, dim, dtype=torch.float64, device=ctx.device)
@@ -83,7 +83,7 @@ def project_simplex(v: np.ndarray) -> np.ndarray:
 
 
 def simplex_qp(p_matrix: np.ndarray, steps: int = QP_STEPS) -> np.ndarray:
-    """argmin_α αᵀPα s.t. α ≥ 0, Σα = 1 for symmetric PSD P, by FISTA with projection (uniform if P = 0)."""
+    """argmin_α αᵀPα s.t. α ≥ 0, Σα = 1 for symmetric PSD P, by projected FISTA (uniform if P = 0)."""
     n = len(p_matrix)
     alpha = np.full(n, 1.0 / n)
     lipschitz = 2.0 * float(np.linalg.eigvalsh(p_matrix).max())
@@ -135,7 +135,7 @@ class FedPAC(FeatureAligned):
         return [Phase(1, ("head.",), lr=self.params.head_lr), Phase(ctx.epochs, ("body.",))]
 
     def setup_client(self, ctx: ClientContext) -> None:
-        """Pre-training statistics (step 1) and each class's alignment target."""
+        """Pre-training statistics (step 1) and each class's alignment target (the local mean where none)."""
         before = class_features(ctx, ctx.model.head.out_features)
         ctx.scratch["before"] = before
         if "protos" in ctx.server:
@@ -143,7 +143,7 @@ class FedPAC(FeatureAligned):
             ctx.inputs["targets"] = {"c": torch.where(has[:, None], protos, before.means.float())}
 
     def local_loss(self, batch: Batch) -> tuple[Tensor, Tensor]:
-        """CE + λ·MSE(f(x), c_y). In the head phase the body is frozen, so the MSE adds no gradient."""
+        """In the head phase the body is frozen, so the MSE adds no gradient."""
         model, x, y = batch.module(), batch.x, batch.y
         features = model.features(x)
         logits = model.head(features)
@@ -164,7 +164,7 @@ class FedPAC(FeatureAligned):
         return result
 
     def aggregate(self, ctx: ServerContext) -> ServerUpdate:
-        """Body: n_k-weighted mean (default). Prototypes: count-weighted. Heads: per-client QP weights."""
+        """Prototypes: count-weighted; heads: per-client QP weights."""
         out = super().aggregate(ctx)
         stats = list(ctx.aggregate.uploads.values())
         counts = np.stack([s["counts"] for s in stats])
@@ -179,7 +179,7 @@ class FedPAC(FeatureAligned):
 
     @staticmethod
     def _combine_heads(states: dict[int, dict[str, Any]], uploads: dict[int, Upload]) -> dict[int, dict[str, Any]]:
-        """The sampled clients' states, each head replaced by its α-weighted combination of all their heads."""
+        """Each sampled client's head replaced by its α-weighted combination of all their heads."""
         clients, stats = list(uploads), list(uploads.values())
         variances = np.array([s["v"] for s in stats])
         h = np.stack([s["h"] for s in stats])

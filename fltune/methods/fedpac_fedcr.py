@@ -68,7 +68,7 @@ class FedPACFedCR(FeatureAligned, FedRep):
     passes_per_step = 1.0
 
     def setup_client(self, ctx: ClientContext) -> None:
-        """The round's centroids C, one row per class (shared: read only), zeros before any, as the code."""
+        """The round's centroids C (shared: read only), zeros before any, as the code."""
         shape = (ctx.model.head.out_features, ctx.model.feature_dim)
         c = ctx.server_tensors["centroids"] if "centroids" in ctx.server else torch.zeros(shape, device=ctx.device)
         ctx.inputs["centroids"] = {"c": c}
@@ -92,7 +92,6 @@ class FedPACFedCR(FeatureAligned, FedRep):
         return result
 
     def aggregate(self, ctx: ServerContext) -> ServerUpdate:
-        """Bodies: n_k-weighted mean (default); centroids from this round's clients' summaries."""
         out = super().aggregate(ctx)
         summaries = [u["summaries"] for u in ctx.aggregate.uploads.values()]
         previous = ctx.server_state.get("centroids", np.zeros_like(summaries[0]))

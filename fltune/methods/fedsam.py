@@ -33,7 +33,7 @@ class FedSAMParams(Params):
 
 @contextmanager
 def bn_statistics_frozen(model: nn.Module) -> Iterator[None]:
-    """BatchNorm layers normalise with batch statistics but leave their running statistics unchanged."""
+    """BatchNorm layers leave their running statistics unchanged."""
     layers = [m for m in model.modules() if isinstance(m, _BatchNorm)]
     saved = [m.momentum for m in layers]
     for m in layers:
@@ -56,8 +56,7 @@ class FedSAM(Method):
     passes_per_step = 2.0  # the ascent pass at w and the descent pass at w + ε
 
     def epsilon(self, named: Named, grads: list[Tensor], global_weights: Mapping[str, Tensor]) -> list[Tensor]:
-        """ε of the weights ``named`` from their ascent gradients g: SAM's ρ·g/‖g‖; ``global_weights`` for FedSOL's
-        adaptive strength."""
+        """ε of the weights ``named`` from their ascent gradients g: SAM's ρ·g/‖g‖."""
         scale = self.params.rho / (global_norm(grads) + NORM_EPS)
         return [g * scale for g in grads]
 
@@ -67,8 +66,7 @@ class FedSAM(Method):
         return list(batch.trained.items()), list(grads.values()), loss, logits
 
     def step(self, batch: Batch) -> tuple[Tensors, Tensor, Tensor]:
-        """ε from the ascent, then the gradient at w + ε with BN statistics frozen; w unmodified. The step's loss and
-        logits are the ascent pass's (at w)."""
+        """The gradient at w + ε with BN statistics frozen; the loss and logits are the ascent pass's (at w)."""
         named, grads, loss, logits = self.ascent(batch)
         eps = self.epsilon(named, grads, batch.global_weights) if named else []
         shifted = {**batch.trained, **{n: p + e for (n, p), e in zip(named, eps, strict=True)}}

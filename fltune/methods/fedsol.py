@@ -28,11 +28,6 @@ class FedSOLParams(Params):
     temperature: float = Field(3.0, gt=0, description="softmax temperature of the proximal KL (App. B.5: 3)")
 
 
-def adaptive_strength(p: Tensor, global_p: Tensor) -> Tensor:
-    """Eq. 7: s = |w − w_g| L2-normalised along dim 0 (``F.normalize(·, 2, dim=0)`` as the authors' code)."""
-    return F.normalize((p.detach() - global_p).abs(), p=2, dim=0)
-
-
 @register
 class FedSOL(FedSAM):
     """FedSOL (Alg. 1): per batch, L_p = KL(softmax(z_g/T) ‖ softmax(z_l/T)) against a frozen copy of the round's global
@@ -50,8 +45,7 @@ class FedSOL(FedSAM):
         ctx.scratch["global_model"] = frozen_copy(ctx.model, ctx.global_state)
 
     def ascent(self, batch: Batch) -> tuple[Named, list[Tensor], Tensor, Tensor]:
-        """g = ∇L_p (Eq. 5) over the scope's weights at w, on the real samples; the local loss and logits at w
-        come from the same forward pass. z_g: the frozen global copy (eval mode)."""
+        """g = ∇L_p (Eq. 5) over the scope's weights at w; the local loss and logits at w from the same forward pass."""
         scope = SCOPES[self.params.scope]
         named = [(n, p) for n, p in batch.trained.items() if scope is None or n.startswith(scope)]
         with torch.no_grad():
@@ -67,8 +61,10 @@ class FedSOL(FedSAM):
         return named, [grads[n] for n, _ in named], loss, logits
 
     def epsilon(self, named: Named, grads: list[Tensor], global_weights: Mapping[str, Tensor]) -> list[Tensor]:
-        """Eq. 8: s ⊙ ρ·g/‖g‖; with ``adaptive: false`` s = 1 (Eq. 5)."""
+        """Eq. 8: s ⊙ ρ·g/‖g‖, s = |w − w_g| L2-normalised along dim 0 (Eq. 7; ``F.normalize`` as the authors' code);
+        with ``adaptive: false`` s = 1 (Eq. 5)."""
         plain = super().epsilon(named, grads, global_weights)
         if not self.params.adaptive:
             return plain
-        return [adaptive_strength(p, global_weights[n]) * e for (n, p), e in zip(named, plain, strict=True)]
+        strengths = [F.normalize((p.detach() - global_weights[n]).abs(), p=2, dim=0) for n, p in named]
+        return [s * e for s, e in zip(strengths, plain, strict=True)]

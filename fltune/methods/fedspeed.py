@@ -28,7 +28,7 @@ class FedSpeed(DriftCorrected, FedSAM):
     stored_models = 4.0  # SAM's w and ε, plus θ_g and the correction h_k
 
     def gradient_correction(self, weights: Mapping[str, Tensor], inputs: Mapping[str, Tensors]) -> Tensors:
-        """λ(θ − θ_g + h_k), the drift penalty's gradient at the restored w (none with λ = 0)."""
+        """The drift penalty's gradient at the restored w."""
         if self.params.lam == 0:
             return {}
         target = inputs["drift_target"]

@@ -76,7 +76,6 @@ class FedSR(VIBMethod):
         return set(REFERENCE_KEYS)
 
     def local_loss(self, batch: Batch) -> tuple[Tensor, Tensor]:
-        """L of the one z sample over the batch's real samples; the parameters hold r_μ, r_σ and C."""
         out, y = functional_vib(batch), batch.y
         loss = batch.cross_entropy(out.logits[0])
         if self.params.alpha_l2r:

@@ -41,7 +41,7 @@ class GradAugParams(Params):
 
 
 def sub_widths(n: int, omega_b: float) -> list[float]:
-    """[ω_b] plus n − 1 widths ~ U(ω_b, 1), widest first (the GradAug training order)."""
+    """ω_1..ω_n, widest first (the GradAug training order)."""
     sampled = omega_b + (1 - omega_b) * torch.rand(n - 1)
     return sorted([omega_b, *sampled.tolist()], reverse=True)
 

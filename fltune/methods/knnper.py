@@ -43,14 +43,13 @@ class KNNPer(FedAvg):
     Params = KNNPerParams
 
     def adapt_model(self, model: nn.Module) -> nn.Module:
-        """The kNN reads penultimate features (the code's ``get_features=True``): a SplitModel's ``features``."""
+        """The kNN reads penultimate features (the code's ``get_features=True``)."""
         return self.require_model(model, SplitModel, "penultimate features (a SplitModel's body)",
                                   "any fltune model (every one is a SplitModel)")
 
     def personal_scorer(
         self, model: nn.Module, train_batches: Callable[[], Iterator[tuple[Tensor, Tensor]]],
     ) -> nn.Module:
-        """``model`` mixed with the kNN over one epoch of the client's training batches (:class:`KNNScorer`)."""
         split = cast(SplitModel, model)  # adapt_model refused any other model
         features, targets = datastore(split, train_batches(), self.params.capacity)
         return KNNScorer(split, features, targets, self.params)

@@ -16,8 +16,7 @@ from fltune.methods.base import Method, Params
 
 
 def weight_layers(model: nn.Module) -> list[set[str]]:
-    """The model's layers in forward order as state-dict keys, one per conv or linear map as LG-FedAvg's and
-    FedCR's ``weight_keys``; a 1-d weight (a norm layer) joins the layer before it."""
+    """The model's layers in forward order as state-dict keys, as LG-FedAvg's and FedCR's ``weight_keys``."""
     keys = set(model.state_dict())
     layers: list[set[str]] = []
     for name, module in model.named_modules():

@@ -23,7 +23,7 @@ class MixupParams(Params):
 
 
 def mix(x: Tensor, gamma: float) -> tuple[Tensor, Tensor, float]:
-    """(x̃, π, λ): the batch mixed with a random permutation of itself at λ ~ Beta(γ, γ)."""
+    """(x̃, π, λ)."""
     concentration = torch.tensor(float(gamma))
     lam = float(torch.distributions.Beta(concentration, concentration).sample())
     perm = torch.randperm(len(x)).to(x.device)

@@ -86,7 +86,6 @@ class Moon(InitialStandIn):
         return add_projector(model)
 
     def setup_client(self, ctx: ClientContext) -> None:
-        """Frozen copies of the round's global model and of this client's previous local model."""
         train = self.params.anchors == "train"
         global_model = frozen_copy(ctx.model, ctx.global_state, train)
         prev = ctx.state.get("prev")  # numpy from the client store, read-only if it came through Ray: copied
@@ -110,7 +109,6 @@ class Moon(InitialStandIn):
         return loss + self.params.mu * contrastive_loss(z, z_global, z_prev, self.params.tau), logits
 
     def client_result(self, ctx: ClientContext) -> ClientResult:
-        """FedAvg's upload; the trained model is also kept as this client's next 'previous' model."""
         result = super().client_result(ctx)
         result.state["prev"] = to_numpy(ctx.model.state_dict())
         return result

@@ -14,8 +14,6 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
 
-from fltune.models.vib import sampled_cross_entropy
-
 if TYPE_CHECKING:  # base.py imports this module
     from fltune.methods.base import ClientContext
 
@@ -142,12 +140,10 @@ class Batch:
     def cross_entropy(self, logits: torch.Tensor) -> torch.Tensor:
         """Mean CE of ``logits`` against ``y`` over the real samples: ``F.cross_entropy`` unpadded; padded, −log
         softmax at the label written out (the same floats without ``ignore_index``'s ops, wasted in a vmapped step).
-        ``[S, B, C]`` logits (S draws per sample, a VIB net's) average over the draws too (``sampled_cross_entropy``)."""
-        if logits.dim() == 3 and self.mask is None:
-            return sampled_cross_entropy(logits, self.y)
+        ``[S, B, C]`` logits (S draws per sample, a VIB net's) average over the draws too: VIB's Monte-Carlo −I(Z;Y)."""
         if logits.dim() == 3:
-            repeated = replace(self, y=self.y.repeat(len(logits)), mask=self.mask.repeat(len(logits)))
-            return repeated.cross_entropy(logits.flatten(0, 1))
+            mask = None if self.mask is None else self.mask.repeat(len(logits))
+            return replace(self, y=self.y.repeat(len(logits)), mask=mask).cross_entropy(logits.flatten(0, 1))
         if self.mask is None:
             return F.cross_entropy(logits, self.y)
         return self.mean(-logits.log_softmax(-1).gather(-1, self.y.unsqueeze(-1)).squeeze(-1))

@@ -52,13 +52,7 @@ class FirstOrderMAML(Method):
         in place, as the code's ``old_p.data = new_p.data.clone()`` before ``optimizer.step()``."""
         params = list(ctx.model.parameters())
         if ctx.steps % 2 == 0:
-            saved = ctx.scratch.get(SAVED)
-            if saved is None:
-                ctx.scratch[SAVED] = [p.detach().clone() for p in params]
-            else:
-                with torch.no_grad():
-                    for keep, p in zip(saved, params, strict=True):
-                        keep.copy_(p)
+            ctx.scratch[SAVED] = [p.detach().clone() for p in params]
             return super().backward(ctx, x, y)
         loss, logits = super().backward(ctx, x, y)
         with torch.no_grad():

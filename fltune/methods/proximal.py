@@ -70,7 +70,6 @@ class Proximal(Method):
             ctx.scratch["global_model"] = frozen_copy(ctx.model, ctx.global_state)
 
     def local_loss(self, batch: Batch) -> tuple[Tensor, Tensor]:
-        """CE, + β·L_p with ``base``."""
         loss, logits = super().local_loss(batch)
         if self.params.usage == "base" and self.params.beta:  # β = 0: exactly FedAvg
             return loss + self.params.beta * self.proximal_loss(batch, logits), logits

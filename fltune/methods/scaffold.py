@@ -24,7 +24,7 @@ class Scaffold(ControlVariates):
     passes_per_step = 1.0  # the correction is added to the gradient, no extra pass
 
     def aggregate(self, ctx: ServerContext) -> ServerUpdate:
-        """θ_g + η_g·(mean − θ_g) for float entries in float64 (η_g = 1: the mean bit for bit)."""
+        """η_g = 1: the mean bit for bit."""
         out = super().aggregate(ctx)
         lr = self.params.server_lr
         return replace(out, global_state=server_step(ctx.global_state, out.global_state,

@@ -56,12 +56,11 @@ class SimFAFL(VIBMethod, FedPer):
     passes_per_step = 1.0
 
     def setup_client(self, ctx: ClientContext) -> None:
-        """head_f's weights, the round's global head, as the client's input ``global_head``."""
+        """head_f: the round's global head."""
         super().setup_client(ctx)
         ctx.inputs["global_head"] = {k: v for k, v in ctx.global_state.items() if k.startswith("head.")}
 
     def local_loss(self, batch: Batch) -> tuple[Tensor, Tensor]:
-        """Eq. 10 over the real samples; head_f is the client's head run with the global head's weights."""
         out = functional_vib(batch)
         loss = batch.cross_entropy(out.logits)
         if self.params.beta1:

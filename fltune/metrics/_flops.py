@@ -1,8 +1,5 @@
-"""Training FLOPs as FedAlign Table 5 counts them: the forward passes a method makes per training sample
-(MOON's three models, GradAug's sub-networks, StochDepth's skipped blocks), apart from the backward.
-
-Counted, not declared: the engine wraps round 1's local training on the workers in :class:`TrainingFlops`,
-so the figure is the real training's, averaged over sampled clients (an expectation for stochastic methods).
+"""Training FLOPs as FedAlign Table 5 counts them: the forward passes a method makes per training sample (MOON's three
+models, GradAug's sub-networks), counted on round 1's real local training, not declared.
 """
 
 from __future__ import annotations

@@ -1,19 +1,11 @@
-"""Hessian metrics from exact Hessian-vector products (docs/methods.md §4).
+"""Hessian metrics from exact Hessian-vector products (docs/methods.md §4), and the curvature probe's work on a worker.
 
 Why: λ_max and the trace H_T (FedAlign Table 1, MAN Table 2), λ1/λ5 (FedSOL Fig. 8) and H_N, H_D (FedAlign
 Eq. 3–4) only need H applied to vectors, which a double backward gives exactly without forming H.
 
 H is the Hessian, w.r.t. the trainable parameters, of the *unweighted mean over ``batches``* of ``loss_fn``
-(with equal batches, PyHessian's, ``mmendiet/FedAlign:pyhessian/hessian.py``), in eval mode (flags restored,
-parameters unmodified), on the parameters' device, one batch's graph alive at a time. Random vectors come from
-a CPU ``torch.Generator(seed)``: the same on CPU and CUDA.
-
-The papers back λ_max and tr H with pictures of the loss along the top-2 eigenvectors (FedAlign Fig. 1, FedSOL
-Fig. 8) and of the top-k spectrum (MAN Fig. 4a): :func:`top2_landscape` computes one on a worker, the driver draws
-it headless (:mod:`fltune.metrics.figures`, matplotlib imported only to draw).
-
-The curvature probe's work on a worker (``curvature.HessianProbe`` sends a :class:`CurvatureTask`,
-``Federation.compute`` runs it): the seeded probe batches, and these figures of one model on them.
+(with equal batches, PyHessian's, ``mmendiet/FedAlign:pyhessian/hessian.py``), in eval mode, one batch's graph
+alive at a time. Random vectors come from a CPU ``torch.Generator(seed)``: the same on CPU and CUDA.
 """
 
 from __future__ import annotations
@@ -56,17 +48,12 @@ def cross_entropy_loss(model: nn.Module, batch: Batch) -> Tensor:
     return F.cross_entropy(model(x), y)
 
 
-def named_trainable_parameters(model: nn.Module) -> dict[str, nn.Parameter]:
-    """The parameters H is taken over (``requires_grad``), keyed by name, in ``named_parameters`` order."""
+def trainable_parameters(model: nn.Module) -> dict[str, nn.Parameter]:
+    """The parameters H is taken over (``requires_grad``), by name, in the order every :data:`Vector` follows."""
     named = {name: p for name, p in model.named_parameters() if p.requires_grad}
     if not named:
         raise FLTuneError("model: it has no trainable parameters to take a Hessian over")
     return named
-
-
-def trainable_parameters(model: nn.Module) -> list[nn.Parameter]:
-    """The parameter tensors every :data:`Vector` of this module is laid out against."""
-    return list(named_trainable_parameters(model).values())
 
 
 @contextmanager
@@ -79,12 +66,6 @@ def eval_mode(model: nn.Module) -> Iterator[None]:
     finally:
         for module, training in modes:
             module.training = training
-
-
-def to_device(batch: Batch, device: torch.device) -> Batch:
-    """``batch`` on ``device`` (a no-op when it is already there)."""
-    x, y = batch
-    return x.to(device), y.to(device)
 
 
 def check_batches(batches: Sequence[Batch]) -> None:
@@ -104,7 +85,7 @@ def hvp(
 ) -> Vector:
     """H·v, H being the Hessian of the mean over ``batches`` of ``loss_fn`` w.r.t. ``params``. A subset of ``params``
     gives that block of H (e.g. one layer's, MAN Theorem 1)."""
-    params = trainable_parameters(model) if params is None else list(params)
+    params = list(trainable_parameters(model).values() if params is None else params)
     check_batches(batches)
     check_vector(vec, params, "vec")
     with eval_mode(model):
@@ -125,7 +106,7 @@ def _mean_hvp(
 def _batch_hvp(model: nn.Module, loss_fn: LossFn, batch: Batch, params: list[Tensor], vec: Vector) -> Vector:
     """H_b·v = ∇_θ⟨∇_θ L_b, v⟩ by double backward; the graph dies with this frame. Unreached parameters get zero rows; a
     loss linear in every parameter (H = 0, not differentiable twice) is answered directly."""
-    loss = loss_fn(model, to_device(batch, params[0].device))
+    loss = loss_fn(model, tuple(t.to(params[0].device) for t in batch))
     grads = torch.autograd.grad(loss, params, create_graph=True, allow_unused=True, materialize_grads=True)
     grad_dot_v = sum((g * v).sum() for g, v in zip(grads, vec))
     if not grad_dot_v.requires_grad:
@@ -177,7 +158,7 @@ def top_eigenpairs(
     their sign (near a minimum they are positive, MAN Fig. 4b). The error shrinks by |λ_{i+1}/λ_i| per step, so the stop
     can fire early when that is near 1: lower ``tol`` for k > 1 or at indefinite points (e.g. initialisation)."""
     check_batches(batches)
-    params = trainable_parameters(model)
+    params = list(trainable_parameters(model).values())
     generator = torch.Generator().manual_seed(seed)
     apply_h = partial(_mean_hvp, model, loss_fn, batches, params)
     values: list[float] = []
@@ -211,7 +192,7 @@ def _hutchinson(
     is below ``tol`` × the mean (norms), or at ``max_iter``: unlike a moved-mean rule it cannot fire on one lucky
     sample. Welford's update."""
     check_batches(batches)
-    params = trainable_parameters(model)
+    params = list(trainable_parameters(model).values())
     generator = torch.Generator().manual_seed(seed)
     mean = squares = torch.zeros(())
     n = 0
@@ -251,11 +232,11 @@ def layer_traces(
     """Per parameter tensor, its part of tr H: the d_i the authors feed into FedAlign Eq. 3–4 in place of
     Diag(H) (PyHessian's ``trace()`` ``diag``, ``mmendiet/FedAlign:pyhessian/compute_hessian.py``)."""
     means, _, _ = _hutchinson(model, loss_fn, batches, max_iter, tol, seed, True)
-    return dict(zip(named_trainable_parameters(model), means.tolist()))
+    return dict(zip(trainable_parameters(model), means.tolist()))
 
 
-def cross_client_consistency(traces: Sequence[dict[str, float]]) -> tuple[float, float]:
-    """(H_N, H_D) of FedAlign Eq. 3–4 from each client's :func:`layer_traces` d_i. H_N = mean over all N² ordered pairs
+def cross_client_consistency(traces: Sequence[dict[str, float]]) -> dict[str, float]:
+    """``hessian_hn``, ``hessian_hd``: H_N, H_D of FedAlign Eq. 3–4 from each client's :func:`layer_traces` d_i. H_N = mean over all N² ordered pairs
     of (‖d_i‖ − ‖d_j‖)², H_D of cos(d_i, d_j), both *including* i = j as the authors' ``np.mean`` does
     (``mmendiet/FedAlign:pyhessian/parse_logs.py``). Layers matched by name. Example: d = (3, 0), (0, 4), (6, 0) give
     H_N = 28/9, H_D = 5/9."""
@@ -271,7 +252,7 @@ def cross_client_consistency(traces: Sequence[dict[str, float]]) -> tuple[float,
     h_n = np.mean((norms[:, None] - norms[None, :]) ** 2)
     unit = d / norms[:, None]
     h_d = np.mean(unit @ unit.T)
-    return float(h_n), float(h_d)
+    return {"hessian_hn": float(h_n), "hessian_hd": float(h_d)}
 
 
 # --- the loss landscape along the top-2 eigenvectors, and the spectrum --------------------------------------
@@ -289,11 +270,10 @@ def loss_surface(
     model: nn.Module, loss_fn: LossFn, batches: Sequence[Batch], directions: tuple[Vector, Vector], span: float = 1.0,
     steps: int = 21,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Loss at θ + a·d1 + b·d2 on a ``steps``×``steps`` grid of (a, b) ∈ [−span, span]². Returns ``(alphas, betas,
-    grid)``, ``grid[i, j]`` the mean loss over ``batches`` at (alphas[i], betas[j]) in eval mode. Each point is set from
-    a saved θ (no drift), restored bit for bit afterwards, even on error."""
+    """Loss at θ + a·d1 + b·d2 on a ``steps``×``steps`` grid of (a, b) ∈ [−span, span]². Each point is set from a
+    saved θ (no drift), restored bit for bit afterwards, even on error."""
     check_batches(batches)
-    params = trainable_parameters(model)
+    params = list(trainable_parameters(model).values())
     for direction in directions:
         check_vector(direction, params, "directions")
     d1, d2 = ([d.to(p) for d, p in zip(direction, params)] for direction in directions)
@@ -306,32 +286,12 @@ def loss_surface(
                 for j, b in enumerate(betas):
                     for p, theta, u, w in zip(params, origin, d1, d2):
                         p.copy_(theta).add_(u, alpha=float(a)).add_(w, alpha=float(b))
-                    losses = (float(loss_fn(model, to_device(batch, params[0].device))) for batch in batches)
+                    losses = (float(loss_fn(model, tuple(t.to(params[0].device) for t in batch))) for batch in batches)
                     grid[i, j] = sum(losses) / len(batches)
         finally:
             for p, theta in zip(params, origin):
                 p.copy_(theta)
     return alphas, betas, grid
-
-
-def plot_landscape(
-    alphas: np.ndarray, betas: np.ndarray, grid: np.ndarray, path: str | Path, title: str
-) -> Path:
-    """A PNG with the contour map (left) and 3-D surface (right) of a :func:`loss_surface` grid."""
-    a, b = np.meshgrid(alphas, betas, indexing="ij")
-    fig = new_figure(figsize=(11, 4.5), layout="constrained")
-    contour_ax = fig.add_subplot(1, 2, 1)
-    filled = contour_ax.contourf(a, b, grid, levels=30, cmap="viridis")
-    contour_ax.contour(a, b, grid, levels=10, colors="black", linewidths=0.4)
-    fig.colorbar(filled, ax=contour_ax, label="loss")
-    surface_ax = fig.add_subplot(1, 2, 2, projection="3d")
-    surface_ax.plot_surface(a, b, grid, cmap="viridis", edgecolor="none")
-    surface_ax.set_zlabel("loss")
-    for ax in (contour_ax, surface_ax):
-        ax.set_xlabel(r"$\epsilon_0$ step")
-        ax.set_ylabel(r"$\epsilon_1$ step")
-    fig.suptitle(title)
-    return save_png(fig, path, dpi=120)
 
 
 def plot_spectrum(eigenvalues: Sequence[float], path: str | Path, title: str) -> Path:
@@ -361,10 +321,22 @@ class Landscape:
     grid: np.ndarray
 
     def png(self, path: str | Path, title: str) -> Path:
-        """The PNG of :func:`plot_landscape`, its title with λ1, λ2."""
+        """A PNG with the contour map (left) and 3-D surface (right), its title with λ1, λ2."""
+        a, b = np.meshgrid(self.alphas, self.betas, indexing="ij")
+        fig = new_figure(figsize=(11, 4.5), layout="constrained")
+        contour_ax = fig.add_subplot(1, 2, 1)
+        filled = contour_ax.contourf(a, b, self.grid, levels=30, cmap="viridis")
+        contour_ax.contour(a, b, self.grid, levels=10, colors="black", linewidths=0.4)
+        fig.colorbar(filled, ax=contour_ax, label="loss")
+        surface_ax = fig.add_subplot(1, 2, 2, projection="3d")
+        surface_ax.plot_surface(a, b, self.grid, cmap="viridis", edgecolor="none")
+        surface_ax.set_zlabel("loss")
+        for ax in (contour_ax, surface_ax):
+            ax.set_xlabel(r"$\epsilon_0$ step")
+            ax.set_ylabel(r"$\epsilon_1$ step")
         first, second = self.eigenvalues
-        title = f"{title} (λ1 = {first:.4g}, λ2 = {second:.4g})"
-        return plot_landscape(self.alphas, self.betas, self.grid, path, title)
+        fig.suptitle(f"{title} (λ1 = {first:.4g}, λ2 = {second:.4g})")
+        return save_png(fig, path, dpi=120)
 
 
 def top2_landscape(
@@ -429,12 +401,6 @@ def client_traces(model: nn.Module, batches: list[Batch], hcfg: HessianConfig, s
     return layer_traces(model, cross_entropy_loss, batches, hcfg.max_iter, hcfg.trace_tol, seed)
 
 
-def client_consistency(traces: list[dict[str, float]]) -> dict[str, float]:
-    """H_N and H_D (FedAlign Eq. 3–4) from the local models' :func:`client_traces`, in client order."""
-    h_n, h_d = cross_client_consistency(traces)
-    return {"hessian_hn": h_n, "hessian_hd": h_d}
-
-
 def global_landscape(model: nn.Module, batches: list[Batch], hcfg: HessianConfig, seed: int) -> Landscape:
     """The loss along the global model's top-2 eigenvectors (FedAlign Fig. 1), for the end-of-run PNG."""
     return top2_landscape(model, cross_entropy_loss, batches, seed=seed, max_iter=hcfg.max_iter, tol=hcfg.tol)
@@ -442,9 +408,8 @@ def global_landscape(model: nn.Module, batches: list[Batch], hcfg: HessianConfig
 
 @dataclass(frozen=True)
 class CurvatureTask(Generic[T]):
-    """One piece of a Hessian probe, run on a worker: ``measure`` of the model with weights ``state`` on the
-    probe batches (with ``client``, :func:`consistency_batches`'). Batches are drawn there from the run's
-    data and seed, so only the weights travel."""
+    """One piece of a Hessian probe (``curvature.HessianProbe``), run on a worker: batches are drawn there from the
+    run's data and seed, so only the weights travel."""
 
     measure: Callable[[nn.Module, list[Batch], HessianConfig, int], T]
     state: State

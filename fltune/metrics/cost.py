@@ -1,7 +1,5 @@
-"""Compute and communication cost of a federated run (FedAlign Table 5 and appendix Table 8).
-
-Why: FedAlign's claim is accuracy *per unit of client resources*. :class:`CostMeter` needs no torch; only the
-FLOP counters import it, on the workers (it may import Triton; see ``worker.skip_triton``).
+"""Compute and communication cost of a federated run (FedAlign Table 5 and appendix Table 8): FedAlign's claim is
+accuracy *per unit of client resources*. Only the FLOP counters import torch, on the workers (``worker.skip_triton``).
 """
 
 from __future__ import annotations
@@ -126,13 +124,11 @@ class CostMeter:
         }
 
 
-class ModelFlops:
+def model_flops(cfg: ExperimentConfig, data: FederatedData, device: torch.device) -> float:
     """A ``ProbeTask``: :func:`forward_flops_per_sample` of the run's model, on the worker it runs on."""
+    from fltune.engine.builders import build_model_for
 
-    def __call__(self, cfg: ExperimentConfig, data: FederatedData, device: torch.device) -> float:
-        from fltune.engine.builders import build_model_for
-
-        return forward_flops_per_sample(build_model_for(cfg, data).to(device), data.input_shape)
+    return forward_flops_per_sample(build_model_for(cfg, data).to(device), data.input_shape)
 
 
 @register
@@ -162,9 +158,9 @@ class CostProbe(Probe):
         self.meter = CostMeter(0.0)  # the model's forward figure arrives with the first measure
 
     def model_mflops(self, run: RunView) -> float:
-        """The model's forward MFLOPs per sample, counted once on a client worker (``ModelFlops``)."""
+        """The model's forward MFLOPs per sample, counted once on a client worker (:func:`model_flops`)."""
         if self.forward_mflops is None:
-            self.forward_mflops = run.compute([ModelFlops()])[0]
+            self.forward_mflops = run.compute([model_flops])[0]
             self.meter.set_model_forward(self.forward_mflops)
         return self.forward_mflops
 

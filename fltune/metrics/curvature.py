@@ -1,12 +1,6 @@
-"""The scheduled curvature probe (``metrics.hessian``): what a federation measures and when.
-
-λ_max, λ1/λk and tr H of the global model (FedAlign Table 1, MAN Table 2, FedSOL Fig. 8), and H_N/H_D over k
-of the round's local models (FedAlign Eq. 3–4), on fixed seeded training batches in eval mode (docs/methods.md
-§4). At the end, the top-2 loss surface and top-k spectrum as PNGs (FedAlign Fig. 1, MAN Fig. 4a).
-
-The Hessian-vector products run on the client workers' devices (``_hessian.CurvatureTask``; a Tune trial's
-own process has no GPU); the driver combines figures and draws. Imports no torch, so probe settings are
-checked before Ray starts.
+"""The scheduled curvature probe (``metrics.hessian``, docs/methods.md §4); at the end also the top-2 loss surface and
+top-k spectrum as PNGs (FedAlign Fig. 1, MAN Fig. 4a). Hessian-vector products run on the workers' devices (a Tune
+trial's own process has no GPU); this module imports no torch, so probe settings are checked before Ray starts.
 """
 
 from __future__ import annotations
@@ -54,14 +48,14 @@ class HessianProbe(Probe):
         return None
 
     def due(self, view: RoundView) -> bool:
-        cfg = view.run.cfg
-        return view.running and cfg.metrics.hessian.due(view.round, cfg.federation.rounds)
+        hcfg, last = view.run.cfg.metrics.hessian, view.round == view.run.cfg.federation.rounds
+        return view.running and (bool(hcfg.every and view.round % hcfg.every == 0) or (hcfg.at_end and last))
 
     def measure(self, view: RoundView) -> dict[str, float]:
         """Hessian metrics of the global model and H_N/H_D over the round's first k clients, one
         ``CurvatureTask`` each on the workers."""
         from fltune.metrics._hessian import (
-            CurvatureTask, client_consistency, client_traces, global_curvature, global_landscape, plot_spectrum,
+            CurvatureTask, client_traces, cross_client_consistency, global_curvature, global_landscape, plot_spectrum,
         )
 
         run, hcfg = view.run, view.run.cfg.metrics.hessian
@@ -75,7 +69,7 @@ class HessianProbe(Probe):
         results = run.compute(tasks)
         out = results[0]
         if compared:
-            out.update(client_consistency(results[1:1 + len(compared)]))
+            out.update(cross_client_consistency(results[1:1 + len(compared)]))
         if landscape:  # the loss along the top-2 eigenvectors and the eigenvalue spectrum, as PNG files
             eigen, title = [out[f"hessian_lambda_{i + 1}"] for i in range(hcfg.top_k)], run.cfg.method.name
             folder = Path(tempfile.mkdtemp(prefix="fltune-figures-"))

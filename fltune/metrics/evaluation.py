@@ -1,14 +1,6 @@
-"""The three evaluation protocols and rounds-to-target (docs/methods.md §0) as round probes.
-
-``global``: the global model on the test set. ``all_model``: the average of every client's latest local
-model (FedDyn's "all-clients" model). ``personalized``: each client's model on its own held-out split, averaged
-(SimFAFL Table 2), after the last round also with the head fine-tuned (``acc_personalized_ft``), each mean with
-its spread over clients beside it (``spread``). Each runs every ``metrics.every`` rounds and at the last.
-
-With ``partition.val_fraction > 0`` every protocol also scores on the validation split (``val_<metric>``).
-``metrics.test: false`` leaves only those: the run holds no test data (``FederatedData.without_test``).
-
-Rounds-to-target (FedAlign Table 8): the first round an accuracy reached ``metrics.target``.
+"""The three evaluation protocols (docs/methods.md §0; personalized: SimFAFL Table 2) and rounds-to-target (FedAlign
+Table 8) as round probes. With ``partition.val_fraction > 0`` each also scores the validation split (``val_<metric>``);
+``metrics.test: false`` leaves only those (``FederatedData.without_test``).
 """
 
 from __future__ import annotations
@@ -36,7 +28,7 @@ TAIL = 0.1
 """The share of clients that ``_worst10`` and ``_best10`` average over."""
 SPREAD = {"std": "standard deviation over clients of", "worst10": "mean of the lowest-scoring 10 % of clients in",
           "best10": "mean of the highest-scoring 10 % of clients in"}
-"""The suffixes of a personalised accuracy's spread (``spread``), with what each is."""
+"""The suffixes of a personalised accuracy's spread, with what each is."""
 
 
 def with_val(metrics: dict[str, str]) -> dict[str, str]:
@@ -62,23 +54,19 @@ def prefixed(split: str, figures: dict[str, float]) -> dict[str, float]:
     return figures if split == "test" else {VAL + name: value for name, value in figures.items()}
 
 
-def spread(name: str, accuracies: list[float]) -> dict[str, float]:
-    """The spread over clients that pFL papers report beside the mean accuracy ``name`` (Ditto, Li et al. ICML
-    2021, Table 1's worst 10 %): the population std, and the means of the ⌈10 %⌉ worst and best clients."""
+def client_figures(name: str, accuracies: list[float], losses: list[float]) -> dict[str, float]:
+    """``acc_<name>`` and ``loss_<name>``, the means over clients, and the spread over clients that pFL papers report
+    beside the mean (Ditto, Li et al. ICML 2021, Table 1's worst 10 %): the population std, and the means of the
+    ⌈10 %⌉ worst and best clients."""
     ranked = np.sort(accuracies)
     tail = max(1, math.ceil(TAIL * len(ranked)))
-    return {f"{name}_std": float(np.std(accuracies)), f"{name}_worst10": float(np.mean(ranked[:tail])),
-            f"{name}_best10": float(np.mean(ranked[-tail:]))}
-
-
-def client_figures(name: str, accuracies: list[float], losses: list[float]) -> dict[str, float]:
-    """``acc_<name>`` and ``loss_<name>``, the means over clients, and the accuracy's ``spread``."""
     return {f"acc_{name}": float(np.mean(accuracies)), f"loss_{name}": float(np.mean(losses)),
-            **spread(f"acc_{name}", accuracies)}
+            f"acc_{name}_std": float(np.std(accuracies)), f"acc_{name}_worst10": float(np.mean(ranked[:tail])),
+            f"acc_{name}_best10": float(np.mean(ranked[-tail:]))}
 
 
 def with_spread(metrics: dict[str, str]) -> dict[str, str]:
-    """``metrics`` with each accuracy's ``spread`` after it."""
+    """``metrics`` with each accuracy's spread (:func:`client_figures`) after it."""
     out = {}
     for name, about in metrics.items():
         out[name] = about
@@ -157,7 +145,7 @@ class GlobalAccuracy(_OneModel):
 
 @register
 class AllModelAccuracy(_OneModel):
-    """The average of every client's latest local model on the test set."""
+    """The average of every client's latest local model (FedDyn's "all-clients" model) on the test set."""
 
     name = "all_model"
     order = 20
@@ -185,7 +173,8 @@ class AllModelAccuracy(_OneModel):
 
 @register
 class PersonalizedAccuracy(_Protocol):
-    """Each client's own model on its own held-out split, and after the last round with the head tuned."""
+    """Each client's own model on its own held-out split, and after the last round with the head tuned, each mean
+    with its spread over clients (:func:`client_figures`)."""
 
     name = "personalized"
     order = 30
@@ -250,13 +239,6 @@ def rounds_to_target(history: list[dict[str, float]], metric: str, target: float
     return None
 
 
-def reached_target(history: list[dict[str, float]], metric: str, target: float | None) -> dict[str, float]:
-    """``{"rounds_to_target": r}`` once ``metric`` has reached ``target`` (every round from then on, so a
-    Tune trial can report it), else ``{}``."""
-    reached = rounds_to_target(history, metric, target) if target is not None else None
-    return {} if reached is None else {"rounds_to_target": float(reached)}
-
-
 @register
 class RoundsToTarget(Probe):
     """Runs last, every round; on in every run, since every summary names ``best_acc`` and
@@ -284,8 +266,10 @@ class RoundsToTarget(Probe):
         return view.run.cfg.metrics.target is not None
 
     def measure(self, view: RoundView) -> dict[str, float]:
+        """Every round from the one it was reached on, so a Tune trial can report it."""
         metrics = view.run.cfg.metrics
-        return reached_target([*view.run.history, dict(view.metrics)], metrics.target_metric, metrics.target)
+        reached = rounds_to_target([*view.run.history, dict(view.metrics)], metrics.target_metric, metrics.target)
+        return {} if reached is None else {"rounds_to_target": float(reached)}
 
     def summary(self, run: RunView) -> dict[str, Any]:
         """The run's best ``metrics.target_metric`` and the round it first reached ``metrics.target``."""

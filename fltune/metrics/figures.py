@@ -1,8 +1,5 @@
-"""Headless PNG figures: matplotlib's object API, imported when the first figure is drawn.
-
-Not ``pyplot``: its process-wide registry and backend need ``matplotlib.use("Agg")`` and ``plt.close``; a
-bare ``Figure`` draws without a display. The import waits because workers and trials import the drawing
-modules but never draw.
+"""Headless PNG figures: a bare matplotlib ``Figure`` draws without a display, backend or ``plt.close`` (unlike
+``pyplot``), imported at the first figure since workers and trials import the drawing modules but never draw.
 """
 
 from __future__ import annotations

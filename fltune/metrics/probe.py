@@ -1,8 +1,6 @@
-"""The probe registry: which probes exist, what metric names they declare, which a configuration turns on.
-
-Why: objectives and reproduced cells are checked against the declared names (:func:`metric_names`,
-:func:`unmet_need`); a run gets the probes its config turns on (:func:`probes_for`). The interface is the
-engine's (``fltune.engine.probes``). A new metric is one module here with a ``@register``-ed ``Probe``.
+"""The probe registry: objectives and reproduced cells are checked against the metric names probes declare, and a run
+gets the probes its config turns on. A new metric is one module here with a ``@register``-ed ``Probe``
+(the interface: ``fltune.engine.probes``).
 """
 
 from __future__ import annotations

@@ -1,6 +1,5 @@
-"""The body/head split every fltune model follows (docs/methods.md §1). Personalised methods keep one part per client,
-FedSOL can perturb one part only, and MAN regularises hidden activations; so the split and the activation points are
-part of the model's contract."""
+"""The body/head split every fltune model follows (docs/methods.md §1): personalised methods keep one part per client,
+FedSOL perturbs one part, and MAN regularises hidden activations."""
 
 from torch import Tensor, nn
 
@@ -9,10 +8,8 @@ InShape = tuple[int, int, int]
 
 
 class SplitModel(nn.Module):
-    """``head(body(x))``; every parameter and buffer key starts with ``body.`` or ``head.``.
-    ``body`` returns flat ``[B, ·]`` outputs that ``features_of`` makes the ``[B, feature_dim]`` features; ``head`` maps
-    them to logits. Subclasses may override ``forward``, ``features_of`` or ``activation_points`` but keep the naming,
-    and ``features`` stays ``features_of(body(x))``, so a body-only functional loss gets the same features."""
+    """``head(features_of(body(x)))``; every parameter and buffer key starts with ``body.`` or ``head.``. Subclasses
+    keep ``features`` as ``features_of(body(x))``, so a body-only functional loss gets the same features."""
 
     def __init__(self, body: nn.Module, head: nn.Module, feature_dim: int) -> None:
         super().__init__()
@@ -28,7 +25,7 @@ class SplitModel(nn.Module):
         return self.features_of(self.body(x))
 
     def features_of(self, body_out: Tensor) -> Tensor:
-        """The features from the body's output (here: itself; a VIB net's z), for ``Forward.part``."""
+        """The features from the body's output (a VIB net's z), for ``Forward.part``."""
         return body_out
 
     @property
@@ -39,14 +36,13 @@ class SplitModel(nn.Module):
 
     @property
     def variance_points(self) -> list[nn.Module]:
-        """Points whose per-unit batch variance MAN adds to its term: only in
-        :class:`~fltune.models.convnets.TinyImageNetCNN`, after the authors' code."""
+        """Points whose per-unit batch variance MAN adds (:class:`~fltune.models.convnets.TinyImageNetCNN`)."""
         return []
 
 
 def split_keys(model: nn.Module) -> tuple[list[str], list[str]]:
-    """(body keys, head keys) of ``model.state_dict()``, buffers included. Raises ValueError on a key in
-    neither part: it would silently escape both the shared and the personal state."""
+    """(body keys, head keys), buffers included; a key in neither would silently escape both the shared and the personal
+    state: ValueError."""
     keys = list(model.state_dict())
     body = [k for k in keys if k.startswith("body.")]
     head = [k for k in keys if k.startswith("head.")]

@@ -2,7 +2,7 @@
 building blocks serve VGG-11 and the VIB trunks too."""
 
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from itertools import pairwise
 
@@ -33,7 +33,7 @@ def dense(in_dim: int, out_dim: int) -> nn.Sequential:
 
 @contextmanager
 def evaluating(model: nn.Module) -> Iterator[None]:
-    """Eval mode and no autograd for a statistics or a dummy pass; the previous mode is restored afterwards."""
+    """Eval mode and no autograd for a statistics or a dummy pass, the mode restored afterwards."""
     was_training = model.training
     model.eval()
     try:
@@ -44,8 +44,7 @@ def evaluating(model: nn.Module) -> Iterator[None]:
 
 
 def flat_size(trunk: nn.Module, in_shape: InShape) -> int:
-    """Width of ``trunk``'s flattened output for one sample of ``in_shape``, by a dummy pass in eval mode
-    (statistics untouched, no random draw). Raises ValueError if the input is too small."""
+    """Width of ``trunk``'s flattened output for one sample, by a dummy pass (statistics untouched, no random draw)."""
     try:
         with evaluating(trunk):
             return trunk(torch.zeros(1, *in_shape)).flatten(1).shape[1]
@@ -54,12 +53,13 @@ def flat_size(trunk: nn.Module, in_shape: InShape) -> int:
 
 
 def plain_net(
-    in_shape: InShape, num_classes: int, convs: Sequence[ConvBlock], widths: Sequence[int],
+    in_shape: InShape, num_classes: int, convs: Sequence[ConvBlock] | Mapping[str, nn.Module], widths: Sequence[int],
     model_class: type[SplitModel] = SplitModel,
 ) -> SplitModel:
-    """Body ``convs → flatten → dense(widths)``, head ``Linear(widths[-1], num_classes)``, as a ``model_class``;
-    the flatten width comes from a dummy pass, so it serves every input size."""
-    body = nn.Sequential(OrderedDict((f"conv{i}", block) for i, block in enumerate(convs, 1)))
+    """Body ``convs → flatten → dense(widths)``, head ``Linear(widths[-1], num_classes)``, for every input size;
+    ``convs`` named ``conv1, ...`` unless given by name."""
+    named = convs if isinstance(convs, Mapping) else {f"conv{i}": block for i, block in enumerate(convs, 1)}
+    body = nn.Sequential(OrderedDict(named))
     body.add_module("flatten", nn.Flatten())
     dims = [flat_size(body, in_shape), *widths]
     for i, (d_in, d_out) in enumerate(pairwise(dims), 1):

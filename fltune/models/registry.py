@@ -27,7 +27,7 @@ _DEFAULT_MODELS = {
 
 
 def register_model(name: str) -> Callable[[ModelBuilder], ModelBuilder]:
-    """Decorator adding ``builder`` to :data:`MODELS` under ``name`` (a duplicate name is a bug)."""
+    """Decorator adding ``builder`` to :data:`MODELS` under ``name``."""
 
     def add(builder: ModelBuilder) -> ModelBuilder:
         if name in MODELS or name not in catalog.MODELS:

@@ -10,25 +10,19 @@ from torch import Tensor, nn
 
 from fltune.models.base import InShape, SplitModel
 from fltune.models.registry import register_model
-
-
-def conv_bn(c_in: int, c_out: int, kernel: int, stride: int = 1, running_stats: bool = True) -> nn.Sequential:
-    """Bias-free conv + BatchNorm; ``running_stats=False``: batch statistics in evaluation too."""
-    conv = nn.Conv2d(c_in, c_out, kernel, stride=stride, padding=kernel // 2, bias=False)
-    bn = nn.BatchNorm2d(c_out, track_running_stats=running_stats)
-    return nn.Sequential(OrderedDict(conv=conv, bn=bn))
+from fltune.models.resnet56 import ConvBN
 
 
 class BasicBlock(nn.Module):
-    """``relu(conv_bn(relu(conv_bn(x))) + shortcut(x))``; two distinct ReLUs, so MAN sees both."""
+    """``relu(conv_bn(relu(conv_bn(x))) + shortcut(x))``, ResNet-56's full-width conv+BN; two ReLUs, so MAN sees both."""
 
     def __init__(self, c_in: int, c_out: int, stride: int, running_stats: bool = True) -> None:
         super().__init__()
-        self.conv1 = conv_bn(c_in, c_out, 3, stride, running_stats)
+        self.conv1 = ConvBN(c_in, c_out, 3, stride, running_stats)
         self.relu1 = nn.ReLU()
-        self.conv2 = conv_bn(c_out, c_out, 3, running_stats=running_stats)
+        self.conv2 = ConvBN(c_out, c_out, 3, running_stats=running_stats)
         reshape = stride != 1 or c_in != c_out
-        self.shortcut = conv_bn(c_in, c_out, 1, stride, running_stats) if reshape else nn.Identity()
+        self.shortcut = ConvBN(c_in, c_out, 1, stride, running_stats) if reshape else nn.Identity()
         self.relu2 = nn.ReLU()
 
     def forward(self, x: Tensor) -> Tensor:
@@ -45,7 +39,7 @@ def stage(c_in: int, c_out: int, stride: int, blocks: int = 2, running_stats: bo
 def resnet18(in_shape: InShape, num_classes: int, running_stats: bool = True) -> SplitModel:
     """Body: stem, stages 64/128/256/512 (strides 1/2/2/2), global average pool: 512-d. ``running_stats=False`` is
     FedSOL's variant (no BN running buffers); the parameters and their random draws are the same either way."""
-    stem = nn.Sequential(OrderedDict(conv_bn=conv_bn(in_shape[0], 64, 3, running_stats=running_stats), relu=nn.ReLU()))
+    stem = nn.Sequential(OrderedDict(conv_bn=ConvBN(in_shape[0], 64, 3, running_stats=running_stats), relu=nn.ReLU()))
     stages = {f"layer{i}": stage(c_in, c_out, 1 if i == 1 else 2, running_stats=running_stats)
               for i, (c_in, c_out) in enumerate(pairwise((64, 64, 128, 256, 512)), 1)}
     body = nn.Sequential(OrderedDict(stem=stem, **stages, pool=nn.AdaptiveAvgPool2d(1), flatten=nn.Flatten()))

@@ -26,19 +26,19 @@ EXPANSION = 4
 
 
 def make_divisible(value: float, divisor: int = 8) -> int:
-    """Round to the nearest multiple of ``divisor`` (at least ``divisor``), never more than 10 % below: the
-    slimmable-network rule (TF-slim MobileNet, ``taoyang1122/GradAug``, FedAlign)."""
+    """The nearest multiple of ``divisor``, never more than 10 % below: the slimmable-network rule (TF-slim MobileNet,
+    ``taoyang1122/GradAug``, FedAlign)."""
     rounded = max(divisor, int(value + divisor / 2) // divisor * divisor)
     return rounded + divisor if rounded < 0.9 * value else rounded
 
 
 def slim(channels: int, width: float) -> int:
-    """Channels a layer of ``channels`` keeps at width ω; all of them at ω = 1."""
+    """Channels a layer keeps at width ω."""
     return channels if width == 1.0 else min(channels, make_divisible(channels * width))
 
 
 class SlimConv2d(nn.Conv2d):
-    """Bias-free 'same' conv; at width ω its first ``slim(c_out, ω)`` filters over the input's channels."""
+    """Bias-free 'same' conv; at width ω its first filters over the input's channels."""
 
     def __init__(self, c_in: int, c_out: int, kernel: int, stride: int = 1) -> None:
         super().__init__(c_in, c_out, kernel, stride=stride, padding=kernel // 2, bias=False)
@@ -49,7 +49,7 @@ class SlimConv2d(nn.Conv2d):
 
 
 class SlimBatchNorm2d(nn.BatchNorm2d):
-    """BatchNorm whose full width is the ordinary layer; at ω < 1 it always uses batch statistics."""
+    """BatchNorm; at ω < 1 batch statistics (the running ones are the full width's)."""
 
     def forward(self, x: Tensor, width: float = 1.0) -> Tensor:
         if width == 1.0:
@@ -59,19 +59,20 @@ class SlimBatchNorm2d(nn.BatchNorm2d):
 
 
 class SlimLinear(nn.Linear):
-    """Linear layer reading only as many input features as it is given (the head of a width-ω net)."""
+    """Linear layer reading as many input features as it is given (a width-ω net's head)."""
 
     def forward(self, x: Tensor) -> Tensor:
         return F.linear(x, self.weight[:, : x.shape[1]], self.bias)
 
 
 class ConvBN(nn.Module):
-    """SlimConv2d followed by SlimBatchNorm2d, both at the caller's width."""
+    """SlimConv2d followed by SlimBatchNorm2d, both at the caller's width; ``running_stats=False``: batch statistics
+    in evaluation too."""
 
-    def __init__(self, c_in: int, c_out: int, kernel: int, stride: int = 1) -> None:
+    def __init__(self, c_in: int, c_out: int, kernel: int, stride: int = 1, running_stats: bool = True) -> None:
         super().__init__()
         self.conv = SlimConv2d(c_in, c_out, kernel, stride)
-        self.bn = SlimBatchNorm2d(c_out)
+        self.bn = SlimBatchNorm2d(c_out, track_running_stats=running_stats)
 
     def forward(self, x: Tensor, width: float = 1.0) -> Tensor:
         return self.bn(self.conv(x, width), width)
@@ -105,7 +106,7 @@ class Bottleneck(nn.Module):
 
 
 def make_stage(c_in: int, planes: int, blocks: int, stride: int) -> nn.ModuleList:
-    """``blocks`` bottlenecks; only the first changes resolution and width."""
+    """``blocks`` bottlenecks; the first changes resolution and width."""
     first = Bottleneck(c_in, planes, stride)
     return nn.ModuleList([first, *(Bottleneck(planes * EXPANSION, planes, 1) for _ in range(blocks - 1))])
 
@@ -117,7 +118,7 @@ def run_stage(stage: nn.ModuleList, x: Tensor, width: float) -> Tensor:
 
 
 class ResNet56Body(nn.Module):
-    """Stem and three stages; ``forward`` returns the globally pooled stage-3 output ``[B, 16·base]``."""
+    """Stem and three stages, globally pooled: ``[B, 16·base]``."""
 
     def __init__(self, in_channels: int, blocks: int, base: int) -> None:
         super().__init__()
@@ -128,24 +129,23 @@ class ResNet56Body(nn.Module):
         self.layer3 = make_stage(2 * base * EXPANSION, 4 * base, blocks, 2)
 
     def trunk(self, x: Tensor, width: float = 1.0) -> Tensor:
-        """Stem, stage 1 and stage 2: FedAlign's f_{θ_{L-1}} (x2, 128@16² at full width)."""
+        """FedAlign's f_{θ_{L-1}} (x2, 128@16² at full width)."""
         x = self.stem_relu(self.stem(x, width))
         return run_stage(self.layer2, run_stage(self.layer1, x, width), width)
 
     def stage3(self, x2: Tensor, width: float = 1.0) -> Tensor:
-        """The last stage, FedAlign's block L: f_{θ_L} (x3, 256@8² at full width)."""
+        """FedAlign's block L, f_{θ_L} (x3, 256@8² at full width)."""
         return run_stage(self.layer3, x2, width)
 
     def forward(self, x: Tensor, width: float = 1.0) -> Tensor:
         return self.stage3(self.trunk(x, width), width).mean(dim=(2, 3))
 
     def blocks(self) -> Iterator[Bottleneck]:
-        """Every bottleneck in forward order."""
         yield from (*self.layer1, *self.layer2, *self.layer3)
 
 
 class ResNet56(SplitModel):
-    """The SplitModel (``body.``/``head.`` keys) plus the width-ω and stochastic-depth entry points."""
+    """The SplitModel plus the width-ω and stochastic-depth entry points."""
 
     def __init__(self, in_shape: InShape, num_classes: int, blocks: int = 6, base: int = 16) -> None:
         feature_dim = 4 * base * EXPANSION
@@ -155,25 +155,23 @@ class ResNet56(SplitModel):
                 nn.init.kaiming_normal_(module.weight, mode="fan_out", nonlinearity="relu")
 
     def feature_maps(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """One full-width pass → (x2 = stage-2 output, x3 = stage-3 output, logits) (FedAlign Alg. 1)."""
+        """One full-width pass → (x2, x3, logits) (FedAlign Alg. 1)."""
         x2 = self.body.trunk(x)
         x3 = self.body.stage3(x2)
         return x2, x3, self.head(x3.mean(dim=(2, 3)))
 
     def stage3_at_width(self, x2: Tensor, width: float) -> tuple[Tensor, Tensor]:
-        """Stage 3 at width ω on the first ``slim(C2, ω)`` channels of ``x2`` → (that slice, its output), the
-        pair FedAlign's Eq. 7 multiplies."""
+        """Stage 3 at width ω on ``x2``'s first channels → (that slice, its output): FedAlign Eq. 7's pair."""
         x2 = x2[:, : slim(x2.shape[1], width)]
         return x2, self.body.stage3(x2, width)
 
     def forward_at_width(self, x: Tensor, width: float) -> Tensor:
-        """Logits of the whole network sliced to width ω (a GradAug sub-network)."""
+        """A GradAug sub-network's logits."""
         return self.head(self.body(x, width))
 
     def set_stochastic_depth(self, last_survival: float, first_kept: bool = False) -> None:
-        """Survival p_ℓ = 1 − (ℓ/L)(1 − p_L) for blocks ℓ = 1..L (FedAlign §3.2, Huang et al. 2016), or with
-        ``first_kept`` p_ℓ = 1 − ((ℓ − 1)/(L − 1))(1 − p_L), as the FedAlign authors'
-        ``models/resnet_stochdepth.py``. 1.0 turns stochastic depth off."""
+        """p_ℓ = 1 − (ℓ/L)(1 − p_L) (FedAlign §3.2, Huang et al. 2016), or with ``first_kept`` 1 − ((ℓ − 1)/(L − 1))(1 − p_L),
+        as the FedAlign authors' ``models/resnet_stochdepth.py``."""
         blocks = list(self.body.blocks())
         for depth, block in enumerate(blocks, 1):
             fall = (depth - 1) / max(len(blocks) - 1, 1) if first_kept else depth / len(blocks)

@@ -8,7 +8,7 @@ from collections import OrderedDict
 from torch import nn
 
 from fltune.models.base import InShape, SplitModel
-from fltune.models.convnets import dense, flat_size
+from fltune.models.convnets import plain_net
 from fltune.models.registry import register_model
 
 VGG11: tuple[int | str, ...] = (64, "M", 128, "M", 256, 256, "M", 512, 512, "M", 512, 512, "M")
@@ -43,10 +43,6 @@ def vgg11(in_shape: InShape, num_classes: int) -> SplitModel:
         else:
             pools += 1
             layers[f"pool{pools}"] = nn.MaxPool2d(2)
-    body = nn.Sequential(layers)
-    body.add_module("flatten", nn.Flatten())
-    body.add_module("fc1", dense(flat_size(body, in_shape), 512))
-    body.add_module("fc2", dense(512, 512))
-    model = SplitModel(body, nn.Linear(512, num_classes), feature_dim=512)
+    model = plain_net(in_shape, num_classes, layers, widths=(512, 512))
     init_convs(model)
     return model

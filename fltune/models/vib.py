@@ -5,11 +5,8 @@ The trunks are ``haozzh/FedCR:code_FedCR/models/Nets_VIB.py``: CIFAR conv5×5 3�
 ends in ``Linear(1024, 2·dimZ)`` giving μ and σ = softplus(σ_raw) of q(z|x) = N(μ, diag σ²); the head maps z to logits.
 The plain twins (``fedcr_cnn``/``fedcr_mlp``, the non-VIB baselines) end the trunk in a linear head instead.
 
-* dimZ = 512 (FedCR's ``--dimZ 512``); **[U]** for FMNIST/EMNIST, which no paper states.
-* S = 18 Monte-Carlo samples in training (``--num_avg_train 18``); only the head runs S times.
-* Evaluation is exact: the head is affine, so E_ε[head(μ + σ⊙ε)] = head(μ), which FedCR's S-sample test
-  average only estimates. In eval ``features(x)`` is μ; in training the mean of S sampled z.
-* One input channel → FMNIST CNN, else the CIFAR CNN (``vib_cnn``); ``vib_mlp`` flattens any input.
+Evaluation is exact: the head is affine, so E_ε[head(μ + σ⊙ε)] = head(μ), which FedCR's S-sample test average only
+estimates.
 """
 
 from __future__ import annotations
@@ -25,11 +22,11 @@ from fltune.models.convnets import ConvBlock, plain_net
 from fltune.models.registry import register_model
 
 DIM_Z = 512
-"""Default width of z (FedCR's ``--dimZ 512``)."""
+"""Default width of z (FedCR's ``--dimZ 512``); **[U]** for FMNIST/EMNIST, which no paper states."""
 SAMPLES = 18
-"""Default Monte-Carlo samples of z per input in training (FedCR's ``--num_avg_train 18``)."""
+"""Default Monte-Carlo samples of z per input in training (FedCR's ``--num_avg_train 18``); only the head runs S times."""
 HIDDEN = (1024, 1024)
-"""The trunk's two hidden dense layers, shared by every FedCR net."""
+"""The trunk's hidden dense layers, in every FedCR net."""
 SIGMA_FLOOR = 1e-8
 """Smallest σ used inside a KL (FedCR clamps σ to 1e-8 before taking logs)."""
 
@@ -51,10 +48,6 @@ class VIBNet(SplitModel):
         super().__init__(body, head, feature_dim=dim_z)
         self.samples = samples
 
-    def encode(self, x: Tensor) -> tuple[Tensor, Tensor]:
-        """(μ, σ) of q(z|x), each ``[B, dimZ]``."""
-        return posterior(self.body(x))
-
     def sample(self, mu: Tensor, sigma: Tensor, samples: int | None = None) -> Tensor:
         """``samples`` (default S) draws z = μ + σ⊙ε ``[samples, B, dimZ]``, ε ~ N(0, I) from torch's global RNG."""
         shape = (self.samples if samples is None else samples, len(mu), self.feature_dim)
@@ -62,12 +55,12 @@ class VIBNet(SplitModel):
 
     def vib(self, x: Tensor, samples: int | None = None) -> VIBOutput:
         """μ, σ, sampled z and their logits: everything a VIB loss needs from one pass."""
-        mu, sigma = self.encode(x)
+        mu, sigma = posterior(self.body(x))
         z = self.sample(mu, sigma, samples)
         return VIBOutput(mu, sigma, z, self.head(z))
 
     def features_of(self, body_out: Tensor) -> Tensor:
-        """Eval: μ (the exact mean of z). Training: the mean of S sampled z (so logits are S-averaged)."""
+        """Eval: μ, the exact mean of z. Training: the mean of S sampled z."""
         mu, sigma = posterior(body_out)
         return self.sample(mu, sigma).mean(0) if self.training else mu
 
@@ -86,11 +79,6 @@ def gaussian_kl(mu_q: Tensor, sigma_q: Tensor, mu_p: Tensor, sigma_p: Tensor) ->
     return terms.sum(-1)
 
 
-def sampled_cross_entropy(logits: Tensor, y: Tensor) -> Tensor:
-    """mean over S samples and the batch of CE(logits_s, y): VIB's Monte-Carlo estimate of −I(Z;Y)."""
-    return F.cross_entropy(logits.flatten(0, 1), y.repeat(logits.shape[0]))
-
-
 def _cnn_convs(in_shape: InShape) -> tuple[ConvBlock, ConvBlock]:
     """FedCR's FMNIST convs (1→4→12) for one-channel inputs, its CIFAR convs (C→64→64) otherwise."""
     c = in_shape[0]
@@ -100,7 +88,7 @@ def _cnn_convs(in_shape: InShape) -> tuple[ConvBlock, ConvBlock]:
 
 
 def _vib_net(in_shape: InShape, num_classes: int, convs: tuple[ConvBlock, ...], dim_z: int, samples: int) -> VIBNet:
-    """The trunk of :func:`plain_net` (its throw-away head dropped) + ``Linear(1024, 2·dimZ)``; head dimZ→C."""
+    """The trunk of :func:`plain_net` (its throw-away head dropped, its draws kept) + ``Linear(1024, 2·dimZ)``."""
     body = plain_net(in_shape, 1, convs, HIDDEN).body
     body.add_module("encoder", nn.Linear(HIDDEN[-1], 2 * dim_z))
     return VIBNet(body, nn.Linear(dim_z, num_classes), dim_z, samples)

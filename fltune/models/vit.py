@@ -23,8 +23,7 @@ SHIFTS = ((1, -1, 0, 0), (-1, 1, 0, 0), (0, 0, 1, -1), (0, 0, -1, 1))
 
 
 class ShiftedPatchTokens(nn.Module):
-    """Shifted Patch Tokenization: the image and its four 1-pixel shifts, cut into p×p patches, each flattened
-    (row, column, channel) → LayerNorm → Linear(5·C·p², dim)."""
+    """Shifted Patch Tokenization: the image and its four 1-pixel shifts in p×p patches → LayerNorm → Linear."""
 
     def __init__(self, patch: int, dim: int, channels: int = CHANNELS) -> None:
         super().__init__()
@@ -80,7 +79,7 @@ class EncoderBlock(nn.Module):
 
 class SLViTBody(nn.Module):
     """cls + shifted-patch tokens plus positional embeddings (both ~ N(0, 1), as theirs), encoder blocks, the
-    cls token's output ``[B, dim]``. A 1-channel input is repeated to 3 first, as their ``forward``."""
+    cls token's output ``[B, dim]``."""
 
     def __init__(self, side: int, patch: int) -> None:
         super().__init__()
@@ -100,8 +99,7 @@ class SLViTBody(nn.Module):
 @register_model("sl_vit")
 def sl_vit(in_shape: InShape, num_classes: int) -> SplitModel:
     """Body :class:`SLViTBody`; head their ``mlp_head``, LayerNorm → Linear, kept whole as FedSOL's head-only
-    perturbation perturbs that last child, LayerNorm included. No ReLU, so nothing for MAN. Raises ValueError unless the
-    input has 1 or 3 channels and is square with a side the patch side divides."""
+    perturbation perturbs that last child, LayerNorm included. No ReLU, so nothing for MAN."""
     c, h, w = in_shape
     if c not in (1, CHANNELS):
         raise ValueError(f"SL-ViT takes 1- or 3-channel images, not {c}")

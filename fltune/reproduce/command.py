@@ -119,7 +119,6 @@ class Reproduction(GridJob["ReproSpec"]):
         options = self.options
         return job.new_spec(self.table, options.scale, selection(options, self.table), seeds=options.seeds,
                             storage=storage, name=options.name, out=options.out, max_concurrent=options.max_concurrent,
-                            datasets=list(options.datasets) if options.datasets else None,
                             checkpoint_every=options.checkpoint_every or CELL_CHECKPOINT_EVERY,
                             checkpoint_seconds=options.checkpoint_seconds or CELL_CHECKPOINT_SECONDS)
 
@@ -143,7 +142,7 @@ class Reproduction(GridJob["ReproSpec"]):
         return [build_config(run.tree) for run in spec.cells.values()]
 
     def entry(self) -> Callable[[dict[str, Any], ReproSpec], None]:
-        from fltune.reproduce.job import run_cell
+        from fltune.jobs.cells import run_cell
 
         return run_cell
 
@@ -204,8 +203,7 @@ def selection(options: ReproduceOptions, table: PaperTable) -> list[PlannedCell]
     from fltune.reproduce.plan import plan
 
     check_counts(options)
-    return plan(table, options.scale, list(options.datasets) if options.datasets else None, list(options.overrides),
-                list(options.rows) if options.rows else None)
+    return plan(table, options.scale, options.datasets, options.overrides, options.rows)
 
 
 def describe(spec: ReproSpec, nodes: int, resumed: bool) -> str:

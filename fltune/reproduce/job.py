@@ -10,8 +10,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from fltune.config import ExperimentConfig, TrackingConfig, build_config
+from fltune.config import ExperimentConfig, build_config
 from fltune.errors import FLTuneError
+from fltune.jobs.cells import CellSpec
 from fltune.jobs.storage import check_name
 from fltune.reproduce.plan import PlannedCell
 from fltune.reproduce.registry import get_table
@@ -19,8 +20,6 @@ from fltune.reproduce.table import PaperTable
 from fltune.text import invoked_as
 from fltune.tracking.paths import outputs_dir
 from fltune.tune.space import Objective
-from fltune.tune.spec import SavedSpec
-from fltune.tune.trainable import Cadence, run_federations, seed_configs
 
 
 class CellRun(BaseModel):
@@ -38,24 +37,19 @@ class CellRun(BaseModel):
         return Objective(metric=self.metric, reduce=self.reduce)
 
 
-class ReproSpec(SavedSpec):
+class ReproSpec(CellSpec):
     """Everything a reproduction job needs, frozen at its start (``--resume`` reruns exactly this)."""
 
     table: str
     scale: str
     seeds: int
-    datasets: list[str] | None
     cells: dict[str, CellRun]
     """Runnable cells by key, in the table's order."""
     missing: dict[str, str]
     """Cells without their dataset: key → the loader's message."""
-    workers: int
-    gpus_per_worker: float | None
-    max_concurrent: int | None
-    out: str
     checkpoint_every: int | None = 1
     checkpoint_seconds: float | None = None
-    """The trials' checkpoint cadence (``trainable.Cadence``)."""
+    """A job saved before the cadence was a setting: every round."""
     trial_order: list[str] | None = None
     """Longest estimated first, frozen so a resumed grid is the same; None: the table's (data not here to time)."""
     trial_seconds: dict[str, float] | None = None
@@ -74,23 +68,18 @@ class ReproSpec(SavedSpec):
         return {keys[0]: keys for keys in groups.values()}
 
     @cached_property
-    def owners(self) -> dict[str, str]:
-        """Cell → the trial that runs it (the first cell of its group)."""
-        return {cell: trial for trial, keys in self.trials.items() for cell in keys}
-
-    @cached_property
-    def first(self) -> ExperimentConfig:
+    def config(self) -> ExperimentConfig:
         """The first cell's config, whose tracking and resources every cell shares (from the scale and ``--set``)."""
         return build_config(next(iter(self.cells.values())).tree)
 
-    @property
-    def tracking(self) -> TrackingConfig:
-        return self.first.tracking
+    def trial(self, cell: str) -> tuple[dict[str, Any], int, list[Objective]]:
+        """A trial, every seed: the distinct (metric, reduction) pairs its cells read, its first cell's first."""
+        pairs = dict.fromkeys((self.cells[key].metric, self.cells[key].reduce) for key in self.trials[cell])
+        return self.cells[cell].tree, self.seeds, [Objective(metric=metric, reduce=reduce) for metric, reduce in pairs]
 
 
 def new_spec(table: PaperTable, scale: str, planned: list[PlannedCell], *, seeds: int, storage: str,
-             name: str | None, out: str | None, max_concurrent: int | None,
-             datasets: list[str] | None, checkpoint_every: int | None = 1,
+             name: str | None, out: str | None, max_concurrent: int | None, checkpoint_every: int | None = 1,
              checkpoint_seconds: float | None = None) -> ReproSpec:
     """Name the job ``<paper>-<table>-<scale>-<time>`` unless --name (``TuneJob.prepare`` refuses an existing one)."""
     name = check_name(name or f"{table.key.replace(':', '-')}-{scale}-{time.strftime('%Y%m%d-%H%M%S')}")
@@ -99,11 +88,10 @@ def new_spec(table: PaperTable, scale: str, planned: list[PlannedCell], *, seeds
     if not cells:
         raise FLTuneError(f"datasets: no cell of this table has its dataset here (see `{invoked_as()} tables`)")
     first = build_config(next(iter(cells.values())).tree)  # its resources and tracking are every cell's
-    resources = first.resources
     spec = ReproSpec(
-        name=name, storage=storage, table=table.key, scale=scale, seeds=seeds, datasets=datasets, cells=cells,
-        missing={p.cell.key: p.missing for p in planned if not p.runnable}, workers=resources.workers or 1,
-        gpus_per_worker=resources.gpus_per_worker, max_concurrent=max_concurrent,
+        name=name, storage=storage, table=table.key, scale=scale, seeds=seeds, cells=cells,
+        missing={p.cell.key: p.missing for p in planned if not p.runnable}, workers=first.resources.workers or 1,
+        gpus_per_worker=first.resources.gpus_per_worker, max_concurrent=max_concurrent,
         out=out or str(outputs_dir(first.tracking) / "reproduce" / name), checkpoint_every=checkpoint_every,
         checkpoint_seconds=checkpoint_seconds,
     )
@@ -117,16 +105,3 @@ def new_spec(table: PaperTable, scale: str, planned: list[PlannedCell], *, seeds
     seconds = run_seconds(items, as_built=spec.scale == "paper")
     return spec.model_copy(update={"trial_order": longest_first(seconds), "trial_seconds": seconds})
 
-
-def cell_objectives(spec: ReproSpec, trial: str) -> list[Objective]:
-    """The distinct (metric, reduction) pairs the cells of ``trial`` read, its first cell's first."""
-    pairs = dict.fromkeys((spec.cells[key].metric, spec.cells[key].reduce) for key in spec.trials[trial])
-    return [Objective(metric=metric, reduce=reduce) for metric, reduce in pairs]
-
-
-def run_cell(config: dict[str, Any], spec: ReproSpec) -> None:
-    """Tune entry point: ``config["cell"]`` names the trial; every objective its cells read is reported."""
-    trial = config["cell"]
-    cfgs = seed_configs(spec.cells[trial].tree, spec.seeds, spec.workers, spec.gpus_per_worker or 0.0)
-    first, *extra = cell_objectives(spec, trial)
-    run_federations(cfgs, first, Cadence(spec.checkpoint_every, spec.checkpoint_seconds), extra=extra)

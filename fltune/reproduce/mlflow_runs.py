@@ -17,7 +17,7 @@ class ReproLog(RunTree):
 
     def __init__(self, spec: ReproSpec) -> None:
         self.spec = spec
-        super().__init__(spec.tracking, spec.path, spec.name, spec.first)
+        super().__init__(spec.tracking, spec.path, spec.name, spec.config)
 
     def expected_trials(self) -> int:
         return len(self.spec.trials)  # one run may score several cells (job.py: ``trials``)

@@ -3,6 +3,7 @@ the loader's message, unless the scale substitutes a dataset."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,7 +38,7 @@ LIKE_FOR_LIKE = {"fmnist": ("mnist", "emnist_letters"), "mnist": ("fmnist", "emn
 ``--datasets fmnist`` on FedSOL's Table 2 is its MNIST column run on FMNIST."""
 
 
-def pick_cells(table: PaperTable, datasets: list[str] | None, rows: list[str] | None = None,
+def pick_cells(table: PaperTable, datasets: Sequence[str] | None, rows: Sequence[str] | None = None,
                substitute: str | None = None) -> list[Cell]:
     """The table's cells of ``datasets`` (or a ``substitute``: :data:`LIKE_FOR_LIKE`) and ``rows`` when given."""
     cells = list(table.cells)
@@ -72,7 +73,7 @@ def available(dataset: str, root: str | None) -> str | None:
     return None
 
 
-def cell_tree(cell: Cell, scale: Scale, dataset: str, overrides: list[str]) -> dict[str, Any]:
+def cell_tree(cell: Cell, scale: Scale, dataset: str, overrides: Sequence[str]) -> dict[str, Any]:
     """Validated tree: scale (then dataset) settings < the cell's < the scale's column, then row < ``--set``."""
     values = {**scale.settings, **scale.per_dataset.get(dataset, {}), **cell.settings,
               **scale.per_column.get(cell.column, {}), **scale.per_row.get(cell.row, {}), "data.dataset": dataset}
@@ -90,8 +91,8 @@ def cell_tree(cell: Cell, scale: Scale, dataset: str, overrides: list[str]) -> d
     return tree
 
 
-def plan(table: PaperTable, scale_name: str, datasets: list[str] | None, overrides: list[str],
-         rows: list[str] | None = None) -> list[PlannedCell]:
+def plan(table: PaperTable, scale_name: str, datasets: Sequence[str] | None, overrides: Sequence[str],
+         rows: Sequence[str] | None = None) -> list[PlannedCell]:
     """Every selected cell, runnable or not; raises only for bad input."""
     if scale_name not in table.scales:
         raise FLTuneError(f"--scale: {table.key} has no scale {scale_name!r}; {allowed(scale_name, table.scales)}")

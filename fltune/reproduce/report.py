@@ -51,14 +51,14 @@ class CellResult:
 def results(spec: ReproSpec, rows: list[TrialRow]) -> list[CellResult]:
     """Every cell in table order: its final objective as the paper prints it (``PaperTable.factor``), ranked."""
     table = spec.paper_table
-    by_trial = {row.params.get("cell"): row for row in rows}
+    by_cell = {cell: row for row in rows for cell in spec.trials.get(row.params.get("cell"), [])}  # a trial's cells
     out = []
     for cell in table.cells:
         if cell.key in spec.missing:
             out.append(CellResult(cell, "no data", None, None, note=spec.missing[cell.key]))
         elif cell.key in spec.cells:
             run = spec.cells[cell.key]
-            row = by_trial.get(spec.owners[cell.key])
+            row = by_cell.get(cell.key)
             note = f"substituted {run.substituted}" if run.substituted else ""
             if row is None:
                 out.append(CellResult(cell, "pending", None, None, note=note))

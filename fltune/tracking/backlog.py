@@ -1,22 +1,14 @@
-"""Tracking that survives its server. A tracking server (``http://…``, any store but fltune's own sqlite file)
-can restart, flap or sit behind a proxy; the training it watches must not stop for it, nor lose its results.
+"""Tracking that survives its server. A tracking server (``http://…``, any store but a sqlite file) can restart,
+flap or sit behind a proxy; the training it watches must neither stop for it nor lose its results.
 
-* **Bounded waits.** MLflow retries a failed request 7 times with a doubling backoff, each try waiting up to
-  120 s (``MLFLOW_HTTP_REQUEST_MAX_RETRIES``, ``…_BACKOFF_FACTOR``, ``…_TIMEOUT``): minutes per call. fltune
-  sets :data:`HTTP_LIMITS` (where the user set none), so a call gives up within about 33 s (3 tries); a try to
-  send the backlog makes one request (``paths.one_try``) before it waits for the next.
-* **The backlog.** Once a call fails that way, the :class:`KeepingClient` of the store goes offline: every
-  later write is appended to one JSON-lines file (:class:`Backlog`, in ``tracking-backlog/`` of the job's
-  folder, ``keep_in``) and answered at once (a new run gets a stand-in id); a read answers empty (no runs, no
-  curve). Every :data:`PROBE_EVERY_S` a write first tries to send the backlog, and the command tries once more
-  at its end (``outcome``): what the server takes is gone from disk, and the client is online again.
-* **Replay** (:func:`replay`) runs the calls in order, mapping stand-in ids to the ones the server gives, with
-  their recorded times (metric timestamps, a run's start and end). ``fltune sync`` (:func:`sync`) sends the
-  backlogs a command left, and ends KILLED a run it left RUNNING; a command's first write to a store sends
-  those of its folder first. A writer holds a ``flock`` on its file, so a running command's backlog is left
-  alone.
-
-MLflow is imported in the functions that talk to it: the command line imports this module for ``outcome``.
+MLflow retries a failed request for minutes (7 times, each try up to 120 s); fltune bounds that (:data:`HTTP_LIMITS`,
+where the user set none). Once a call fails anyway, the store's :class:`KeepingClient` goes offline: writes are
+appended to a JSON-lines :class:`Backlog` in the job's ``tracking-backlog/`` (a new run gets a stand-in id), reads
+answer empty, and the backlog is replayed in order (:func:`replay`: stand-in ids mapped, recorded times kept) once
+the server answers, at the command's end (:func:`outcome`) or by ``fltune sync``. MLflow's async logging cannot
+stand in for the file: its queue lives in memory, covers ``log_batch`` alone and drops a batch the server refused.
+A writer holds a ``flock`` on its file. MLflow is imported in the functions that talk to it (the CLI imports this
+module for ``outcome``).
 """
 
 from __future__ import annotations
@@ -29,12 +21,13 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from fltune.folders import ReplaceOnClose
 from fltune.text import counted
-from fltune.tracking.paths import QUICK, mlruns_dir, one_try, reason, sqlite_path
+from fltune.tracking.paths import QUICK, mlruns_dir, one_try, reason
 
 TEMPFAIL = 75
 """The exit status of a command that finished with tracking calls kept on disk (``EX_TEMPFAIL``)."""
@@ -51,6 +44,8 @@ EMPTY: dict[str, Callable[[], Any]] = {"get_experiment_by_name": lambda: None, "
                                        "get_metric_history": list, "search_experiments": list}
 """An offline client's answer to a read: nothing found (a study's curves figure is left out, a comparison
 reads Tune's files)."""
+STAMPED = {"create_run": "start_time", "set_terminated": "end_time"}
+"""Kept calls whose time the server would otherwise set when they are sent."""
 
 _folder: list[Path] = []
 _clients: dict[str, KeepingClient] = {}
@@ -143,9 +138,8 @@ class Backlog:
 
     def mark(self, sent: int) -> None:
         self.sent = sent
-        part = self.progress.with_suffix(".sent.part")
-        part.write_text(json.dumps({"sent": sent, "ids": self.ids}))
-        part.replace(self.progress)
+        with ReplaceOnClose(str(self.progress)) as out:
+            out.write(json.dumps({"sent": sent, "ids": self.ids}).encode())
 
     def remove(self) -> None:
         """All sent: the file, its copies and its progress go."""
@@ -283,30 +277,22 @@ class KeepingClient:
              f"{self.backlog.path} and sent when the server is back (tried every {PROBE_EVERY_S:.0f} s)")
 
     def _kept(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        """An offline call: a write recorded (a new run or experiment answered with a stand-in), a read empty."""
+        """An offline call: a read empty; a write recorded, stamped with its time (``STAMPED``), a new run or
+        experiment answered with a stand-in id that the replay maps to the server's."""
         if name not in WRITES:
             return EMPTY[name]()
         assert self.backlog is not None
-        now = int(time.time() * 1000)
-        if name == "create_run":
-            return self._stand_in_run(args, {"start_time": now, **kwargs})
-        if name == "set_terminated":
-            kwargs = {"end_time": now, **kwargs}
-        made = f"kept-{uuid.uuid4().hex}" if name == "create_experiment" else None
+        if name in STAMPED:
+            kwargs = {STAMPED[name]: int(time.time() * 1000), **kwargs}
+        made = f"kept-{uuid.uuid4().hex}" if name in ("create_run", "create_experiment") else None
         self.backlog.record(name, args, kwargs, made)
-        return made
-
-    def _stand_in_run(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        """``create_run`` offline: recorded, answered by a run of a stand-in id the replay maps to the real one."""
+        if name != "create_run":
+            return made
         from mlflow.entities import Run, RunData, RunInfo
 
-        assert self.backlog is not None
-        run_id = f"kept-{uuid.uuid4().hex}"
-        self.backlog.record("create_run", args, kwargs, run_id)
-        info = RunInfo(run_id=run_id, experiment_id=str(args[0]), user_id="", status="RUNNING",
-                       start_time=kwargs["start_time"], end_time=None, lifecycle_stage="active",
-                       run_name=kwargs.get("run_name"))
-        return Run(info, RunData())
+        return Run(RunInfo(run_id=made, experiment_id=str(args[0]), user_id="", status="RUNNING",
+                           start_time=kwargs["start_time"], end_time=None, lifecycle_stage="active",
+                           run_name=kwargs.get("run_name")), RunData())
 
     def send(self) -> bool:
         """Try to send the backlog now (whole, or until the store fails again); True when nothing is left."""
@@ -327,17 +313,12 @@ class KeepingClient:
             return True
 
 
-def keeping(client: Any, uri: str) -> Any:
+def keeping(client: Any, uri: str) -> KeepingClient:
     """``client`` of a store other than a sqlite file, as this process's :class:`KeepingClient` of ``uri`` (one per
-    store: one backlog in call order). The first also bounds MLflow's HTTP retries and sends the backlogs
-    earlier commands left in the folder (:func:`send_left`)."""
-    if sqlite_path(uri) is not None:
-        return client
+    store: one backlog in call order). The first also sends the backlogs earlier commands left in the folder."""
     if uri not in _clients:
-        for key, value in HTTP_LIMITS.items():
-            os.environ.setdefault(key, value)
         _clients[uri] = KeepingClient(client, uri)
-        send_left(backlog_folder(), uri, client)
+        send_kept(backlogs(backlog_folder()), uri, client)
     return _clients[uri]
 
 
@@ -350,27 +331,36 @@ def backlogs(path: Path) -> list[Path]:
     return sorted(found)
 
 
-def _opened(paths: list[Path]) -> Iterator[Backlog]:
-    """The backlogs no running command holds (each yielded under its lock)."""
-    for path in paths:
+def send_kept(found: list[Path], uri: str | None, client: Any = None) -> int:
+    """Each backlog of ``found`` sent whole to ``uri``, else to the store it was kept for (MLflow's HTTP retries
+    bounded first); how many are left. With ``client``, a command's first write to ``uri``: only the backlogs of
+    ``uri``, and one whose store fails again waits for ``fltune sync`` unsaid."""
+    from mlflow.tracking import MlflowClient
+
+    for key, value in HTTP_LIMITS.items():
+        os.environ.setdefault(key, value)
+    left = len(found)
+    for path in found:
         try:
-            yield Backlog(path)
+            backlog = Backlog(path)
         except BlockingIOError:
             _say(f"{path} is being written by a running command; left for later")
-
-
-def send_left(folder: Path, uri: str, client: Any) -> None:
-    """At a command's first write: the backlogs of ``uri`` that earlier commands left in ``folder``, sent
-    (cheap when there are none: one listing); a store that fails again leaves them for ``fltune sync``."""
-    for backlog in _opened(backlogs(folder)):
+            continue
+        target = uri or backlog.uri
         try:
-            if backlog.uri == uri:
-                _send_all(backlog, client, uri)
+            if client is not None and backlog.uri != uri:
+                continue  # another store's, left for a command that writes there or for fltune sync
+            _send_all(backlog, client or MlflowClient(target), target)
+            left -= 1
         except Exception as err:
             if not unreachable(err):
                 raise
+            if client is None:
+                _say(f"{target} does not answer ({reason(err)}); {counted(backlog.waiting, 'call')} of "
+                     f"{backlog.path} left for later")
         finally:
             backlog.handle.close()
+    return left
 
 
 def _send_all(backlog: Backlog, client: Any, uri: str) -> None:
@@ -386,31 +376,14 @@ def _send_all(backlog: Backlog, client: Any, uri: str) -> None:
 def sync(path: str, uri: str | None = None) -> int:
     """``fltune sync``: send the backlogs at ``path`` to the store each was kept for (``uri``: another one). 0 when
     all are sent (or none was there), ``TEMPFAIL`` when a store still does not answer or a file is in use."""
-    from mlflow.tracking import MlflowClient
-
     from fltune.errors import FLTuneError
 
     if not Path(path).exists():
         raise FLTuneError(f"sync {path}: no such file or folder; allowed: a backlog file or a folder holding one")
     found = backlogs(Path(path))
-    for key, value in HTTP_LIMITS.items():
-        os.environ.setdefault(key, value)
-    left = len(found)
-    for backlog in _opened(found):
-        target = uri or backlog.uri
-        try:
-            _send_all(backlog, MlflowClient(target), target)
-            left -= 1
-        except Exception as err:
-            if not unreachable(err):
-                raise
-            _say(f"{target} does not answer ({reason(err)}); {counted(backlog.waiting, 'call')} of "
-                 f"{backlog.path} left for later")
-        finally:
-            backlog.handle.close()
     if not found:
         _say(f"no tracking backlog at {path}: nothing to send")
-    return TEMPFAIL if left else 0
+    return TEMPFAIL if send_kept(found, uri) else 0
 
 
 def outcome(code: int) -> int:

@@ -1,10 +1,6 @@
-"""The engine → MLflow bridge for ``cli.py run``: one MLflow run per federation, curves per round.
-
-Every MLflow call runs in order on a writer thread (:class:`BackgroundWriter`), overlapping the training:
-MLflow's import and sqlite writes cost seconds, and the store sees what a synchronous logger would write.
-``on_end`` waits for all of it, so the run always ends with its status before the command exits. The curves
-PNG is drawn headless by :mod:`fltune.metrics.figures`.
-"""
+"""The engine → MLflow bridge of ``fltune run``: one MLflow run per federation, curves per round. Every MLflow call
+runs in order on a writer thread (:class:`BackgroundWriter`), overlapping the training (MLflow's import and sqlite
+writes cost seconds); ``on_end`` waits for all of it, so the run ends with its status before the command exits."""
 
 from __future__ import annotations
 
@@ -139,11 +135,7 @@ class MLflowCallback(Callback):
         self.costs = static_costs()
 
     def on_round(self, fed: Federation, metrics: dict[str, float]) -> None:
-        self.writer.submit(self._log, dict(metrics))
-
-    def _log(self, metrics: dict[str, float]) -> None:
-        assert self.tracker is not None and self.run_id is not None
-        self.tracker.log_round(self.run_id, metrics)
+        self.writer.submit(lambda row: self.tracker.log_round(self.run_id, row), dict(metrics))
 
     def on_end(self, fed: Federation, summary: dict[str, Any]) -> None:
         """Queue the summary, curves and figures and the run's end, then wait for the writer."""

@@ -1,15 +1,10 @@
-"""MLflow tracking, written by one process (the driver) through an explicit client (:func:`open_store`). No fluent
-``mlflow.start_run``: a study's driver keeps many runs open, so every call names its run id.
+"""MLflow tracking, written by one process (the driver) through an explicit client (:func:`open_store`): a study's
+driver keeps many runs open, so every call names its run id (no fluent ``mlflow.start_run``).
 
-Opening the store is safe when many processes share a sqlite file (a server needs neither fix):
-
-* **Creating it.** MLflow creates its schema without a lock (``SqlAlchemyStore.__init__``), so two processes
-  race (``table … already exists``): :func:`open_store` holds a ``flock`` on ``<db>.lock`` meanwhile.
-* **Writing.** sqlite answers "database is locked" at once, busy timeout or not, when a reader must become a
-  writer while another process writes; MLflow rolls back (``TEMPORARILY_UNAVAILABLE``), so
-  :class:`RetryingClient` repeats it.
-
-A tracking server's client keeps what the server does not take on disk (``backlog.keeping``).
+Many processes may share a sqlite store: MLflow creates its schema without a lock (``table … already exists``), so
+:func:`open_store` holds a ``flock`` meanwhile; and sqlite answers "database is locked" at once, busy timeout or not,
+when a reader must become a writer while another process writes, which MLflow rolls back, so :class:`RetryingClient`
+repeats it. A server's client keeps on disk what the server does not take (``backlog.keeping``).
 """
 
 from __future__ import annotations
@@ -20,7 +15,7 @@ import random
 import subprocess
 import time
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from functools import wraps
 from pathlib import Path
 from typing import Any
@@ -83,23 +78,13 @@ RETRY_FOR_S = 120.0
 _LOCKED = "database is locked"
 
 
-class _DropLockedNoise(logging.Filter):
-    """MLflow logs a full traceback for every "database is locked" before raising; we retry those."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return _LOCKED not in record.getMessage()
-
-
-logging.getLogger("mlflow.store.db.utils").addFilter(_DropLockedNoise())
+# MLflow logs a full traceback for every "database is locked" before raising it: ``retrying`` retries those
+logging.getLogger("mlflow.store.db.utils").addFilter(lambda record: _LOCKED not in record.getMessage())
 
 
 @contextmanager
-def store_lock(uri: str) -> Iterator[None]:
-    """Exclusive lock on ``<db>.lock`` for a sqlite store (a no-op for a server): one creator at a time."""
-    db = sqlite_path(uri)
-    if db is None:
-        yield
-        return
+def store_lock(db: Path) -> Iterator[None]:
+    """Exclusive lock on ``<db>.lock`` for a sqlite store: one creator at a time."""
     db.parent.mkdir(parents=True, exist_ok=True)
     with open(db.with_name(db.name + ".lock"), "a") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
@@ -139,24 +124,22 @@ class RetryingClient:
         return retrying(value) if callable(value) else value
 
 
-def open_store(uri: str, experiment: str, artifacts: str | None = None, tags: dict[str, str] | None = None,
-               defaults: dict[str, str] | None = None) -> tuple[Any, str]:
-    """A client of the store at ``uri`` and the id of ``experiment``, created if new (under
-    :func:`store_lock`). ``tags`` are always set, ``defaults`` only where absent (a UI description stays). A
-    server's client is a ``backlog.KeepingClient``."""
-    tags, defaults = tags or {}, defaults or {}
-    with store_lock(uri):
-        client = keeping(RetryingClient(MlflowClient(uri)), uri)
+def open_store(uri: str, experiment: str) -> tuple[Any, str]:
+    """A client of the store at ``uri`` and the id of ``experiment``, created if new (under :func:`store_lock`), its
+    artifacts beside a sqlite database; its UI kind always set, its description where it has none (one edited in the
+    UI stays). A server's client is a ``backlog.KeepingClient``."""
+    db = sqlite_path(uri)
+    artifacts = None if db is None else (db.parent / "artifacts" / experiment).as_uri()
+    with store_lock(db) if db is not None else nullcontext():
+        client = keeping(MlflowClient(uri), uri) if db is None else RetryingClient(MlflowClient(uri))
         found = client.get_experiment_by_name(experiment)
         if found is None:
             return client, client.create_experiment(experiment, artifact_location=artifacts,
-                                                    tags={**defaults, **tags})
-        wanted = {**{k: v for k, v in defaults.items() if k not in found.tags}, **tags}
-        for key, value in wanted.items():
+                                                    tags={NOTE: DESCRIPTION, **dict([EXPERIMENT_KIND])})
+        for key, value in {NOTE: found.tags.get(NOTE, DESCRIPTION), **dict([EXPERIMENT_KIND])}.items():
             if found.tags.get(key) != value:
                 client.set_experiment_tag(found.experiment_id, key, value)
         return client, found.experiment_id
-
 
 
 def git_commit() -> str:
@@ -172,10 +155,7 @@ class Tracker:
 
     def __init__(self, tracking: TrackingConfig) -> None:
         self.uri = tracking.uri or default_uri()
-        db = sqlite_path(self.uri)  # artifacts live beside the database they belong to
-        artifacts = None if db is None else (db.parent / "artifacts" / tracking.experiment).as_uri()
-        self.client, self.experiment_id = open_store(self.uri, tracking.experiment, artifacts,
-                                                     dict([EXPERIMENT_KIND]), {NOTE: DESCRIPTION})
+        self.client, self.experiment_id = open_store(self.uri, tracking.experiment)
 
     def start(self, name: str | None, tags: Mapping[str, Any], parent: str | None = None) -> str:
         """Create a run (a child when ``parent`` is given) and return its id."""
@@ -188,7 +168,7 @@ class Tracker:
     def log_config(self, run_id: str, cfg: ExperimentConfig) -> None:
         """Flattened config as params (dotted keys) plus the YAML as an artifact."""
         self.log_params(run_id, flatten(cfg.model_dump(mode="json")))
-        self.client.log_text(run_id, cfg.to_yaml(), "config.yaml")
+        self.log_text(run_id, cfg.to_yaml(), "config.yaml")
 
     def log_params(self, run_id: str, params: Mapping[str, Any]) -> None:
         """Values cut at MLflow's 6000 characters; MLflow's client splits the batch into requests of its limit."""
@@ -218,10 +198,9 @@ class Tracker:
 
     def find(self, tags: Mapping[str, Any]) -> list[Run]:
         """The experiment's runs carrying all ``tags`` (a resumed job's). MLflow's filter has no escapes: a
-        value holding both quotes is matched here."""
+        value holding a quote is matched here only."""
         wanted = {k: str(v) for k, v in tags.items()}
-        literals = {k: _quoted(v) for k, v in wanted.items()}
-        query = " and ".join(f"tags.`{k}` = {literal}" for k, literal in literals.items() if literal)
+        query = " and ".join(f"tags.`{k}` = '{v}'" for k, v in wanted.items() if "'" not in v)
         runs = self.client.search_runs([self.experiment_id], filter_string=query, max_results=50_000)
         return [run for run in runs if all(run.data.tags.get(k) == v for k, v in wanted.items())]
 
@@ -246,13 +225,6 @@ class Tracker:
         and its description, which the run's page shows first."""
         self.set_tags(run_id, {"fltune.status": status, **({ERROR: error, NOTE: error} if error else {})})
         self.client.set_terminated(run_id, STATUS.get(status, "FAILED"))
-
-
-def _quoted(value: str) -> str | None:
-    """``value`` as a string literal of MLflow's search filter; None if it holds both quote characters."""
-    if "'" not in value:
-        return f"'{value}'"
-    return f'"{value}"' if '"' not in value else None
 
 
 def mlflow_key(name: str) -> str:

@@ -84,8 +84,8 @@ class ProgressCallback(Callback):
         self.progress.update(self.task, info=f"round {round_}: {probe} … {self.info}")
 
     def on_round(self, fed: Federation, metrics: dict[str, float]) -> None:
-        self.latest.update({k: v for k, v in metrics.items() if k in ACCURACY_KEYS or k == "loss"})
-        accs = " ".join(f"{k.removeprefix('acc_')}={v:.4f}" for k, v in self.latest.items() if k.startswith("acc_"))
+        self.latest.update({k: v for k, v in metrics.items() if k in ACCURACY_KEYS})
+        accs = " ".join(f"{k.removeprefix('acc_')}={v:.4f}" for k, v in self.latest.items())
         self.info = info = f"{accs} train_loss={metrics['train_loss']:.4f}"
         done, total = int(metrics["round"]), fed.cfg.federation.rounds
         since, since_round = self.clock

@@ -92,7 +92,7 @@ class StudyRequest(JobOptions):
         from fltune.estimate import Plan
         from fltune.tune.confirm import plan
         from fltune.tune.space import without_test
-        from fltune.tune.study import resolve_space, warm_start
+        from fltune.tune.search import resolve_space, warm_start
 
         space, method, tree = resolve_space(self)
         warm_start(self.warm_start)  # a plan refuses what the job would
@@ -117,9 +117,9 @@ class Study(TuneJob["StudySpec"]):
     """The MLflow run holding the winner's model (its confirmation run), once confirmed with tracking on."""
 
     def new_spec(self, storage: str) -> StudySpec:
-        from fltune.tune import study
+        from fltune.tune.search import new_spec
 
-        return study.new_spec(replace(self.options, storage=storage))
+        return new_spec(replace(self.options, storage=storage))
 
     def saved_spec(self, storage: str) -> StudySpec:
         """``--name``, else the newest study (of ``--space``'s file when given)."""
@@ -142,9 +142,12 @@ class Study(TuneJob["StudySpec"]):
         return run_trial
 
     def new_tuner(self, spec: StudySpec, resources: PlacementGroupFactory) -> Tuner:
-        from fltune.tune.study import new_tuner
+        """Optuna's searcher and ASHA or FIFO (Optuna is imported here: grid jobs skip it)."""
+        from fltune.jobs.tuner import job_tuner
+        from fltune.tune.search import make_searcher, scheduler
 
-        return new_tuner(spec, resources, self.callbacks(spec))
+        return job_tuner(self.entry(), spec, resources, self.callbacks(spec), search_alg=make_searcher(spec),
+                         scheduler=scheduler(spec), num_samples=spec.space.num_samples)
 
     def describe(self, spec: StudySpec, nodes: int) -> str:
         space, res = spec.space, spec.base_config.resources
@@ -165,9 +168,10 @@ class Study(TuneJob["StudySpec"]):
     def conclude(self, spec: StudySpec, rows: list[TrialRow]) -> int:
         """Print the ranking, confirm the best configurations and write the winner's; the exit status says how
         the study ended."""
+        from fltune.jobs.storage import write_whole
         from fltune.tracking.progress import console
         from fltune.tune.board import trials_table
-        from fltune.tune.importance import explain
+        from fltune.tune.importance import explain, show_front
         from fltune.tune.results import best, said_failed, trial_config, unfinished
 
         console.print(trials_table(rows, spec, f"study {spec.name}: trials ranked", ranked=True))
@@ -187,7 +191,8 @@ class Study(TuneJob["StudySpec"]):
             return 130
         params, line = confirm if confirm else (top.params, best_line(spec, top))
         note = model_note(spec, self.model_run)
-        path = write_best(spec, note + trial_config(spec, params).to_yaml(), self.options.best_out)
+        path = self.options.best_out or f"{spec.path}/{BEST_CONFIG}"  # a concluded study is one that holds it
+        write_whole(path, (note + trial_config(spec, params).to_yaml()).encode())
         console.print(f"{line}\n  config: {path}  ({invoked_as()} run --config {path})")
         console.print(f"  {note[2:].rstrip()}", highlight=False)
         return said_failed(rows, "trials")
@@ -219,17 +224,6 @@ class Study(TuneJob["StudySpec"]):
                             f"over {job.spec.seeds} seed(s){test} with {params_text(win.params)}")
 
 
-def show_front(spec: StudySpec) -> None:
-    """A study of several objectives: its Pareto front as a table and ``pareto.yaml``."""
-    from fltune.tracking.progress import console
-    from fltune.tune.pareto import front, front_table, write_front
-
-    rows = front(spec)
-    if rows:
-        console.print(front_table(spec, rows))
-        console.print(f"  Pareto front: {write_front(spec, rows)}")
-
-
 def model_note(spec: StudySpec, run_id: str | None) -> str:
     """best_config.yaml's first line: the MLflow run holding the winner's model, or how to train it."""
     from fltune.tracking.paths import default_uri
@@ -256,15 +250,3 @@ def best_line(spec: StudySpec, top: TrialRow) -> str:
 
     return (f"[bold green]best[/] {top.trial_id}: {spec.space.objective.metric} = {top.objective:.4f}"
             + (f" ± {top.objective_std:.4f}" if spec.space.seeds > 1 else "") + f" with {params_text(top.params)}")
-
-
-def write_best(spec: StudySpec, text: str, best_out: str | None) -> str:
-    """Into the study folder, written whole (a concluded study is one that holds it), or to ``--best-out``."""
-    from fltune.jobs.storage import write_whole
-
-    if best_out:
-        Path(best_out).write_text(text)
-        return best_out
-    path = f"{spec.path}/{BEST_CONFIG}"
-    write_whole(path, text.encode())
-    return path

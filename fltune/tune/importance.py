@@ -1,7 +1,9 @@
-"""Which hyperparameter mattered: Optuna's fANOVA importances (Hutter et al., 2014: each parameter's share of the
-objective's variance over the space, from a random forest fitted to the completed trials) read from the study's
-own Optuna storage, printed after the ranking and kept on the MLflow parent run with Optuna's slice and contour
-plots. A trial ASHA stopped counts with the score it had when stopped."""
+"""What the study's own Optuna storage says once the search ends. Which hyperparameter mattered: Optuna's fANOVA
+importances (Hutter et al., 2014: each parameter's share of the objective's variance over the space, from a random
+forest fitted to the completed trials), printed after the ranking and kept on the MLflow parent run with Optuna's
+slice and contour plots; a trial ASHA stopped counts with the score it had when stopped. With several objectives,
+the Pareto front (``Study.best_trials``: the trials no other beats on every objective) as a table, ``pareto.yaml``
+and Optuna's Pareto-front plot."""
 
 from __future__ import annotations
 
@@ -12,20 +14,20 @@ from pathlib import Path
 from typing import Any
 
 import optuna
+import yaml
 
-from fltune.tune.search import JOURNAL, journal
+from fltune.jobs.storage import write_whole
+from fltune.tune.search import completed, stored_study
 from fltune.tune.spec import StudySpec
 
 IMPORTANCE_SEED = 0
 """The forest's seed: the same trials give the same importances."""
+PARETO = "pareto.yaml"
 
 
-def optuna_study(spec: StudySpec) -> optuna.Study | None:
-    """The study's Optuna study from its journal; None for a remote study folder, which keeps none."""
-    storage = journal(spec.path)
-    if storage is None or not Path(spec.path, JOURNAL).is_file():
-        return None
-    return optuna.load_study(study_name=spec.name, storage=storage)
+def first(trial: optuna.trial.FrozenTrial) -> float:
+    """The ranking objective's value of a trial, in a study of one objective or several."""
+    return trial.values[0]
 
 
 def importances(study: optuna.Study) -> dict[str, float]:
@@ -36,31 +38,6 @@ def importances(study: optuna.Study) -> dict[str, float]:
     evaluator = optuna.importance.FanovaImportanceEvaluator(seed=IMPORTANCE_SEED)
     return {name: float(value) for name, value in
             optuna.importance.get_param_importances(study, evaluator=evaluator, target=first).items()}
-
-
-def completed(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
-    return study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
-
-
-def first(trial: optuna.trial.FrozenTrial) -> float:
-    """The ranking objective's value of a trial, in a study of one objective or several."""
-    return trial.values[0]
-
-
-def plots(study: optuna.Study, found: dict[str, float], metric: str) -> dict[str, Callable[[], Any]]:
-    """Optuna's matplotlib plots of the study's (first) objective ``metric``: importances, slices, and the two
-    leading parameters' contour."""
-    from optuna.visualization import matplotlib as plot
-
-    evaluator = optuna.importance.FanovaImportanceEvaluator(seed=IMPORTANCE_SEED)
-    drawn: dict[str, Callable[[], Any]] = {
-        "importances": lambda: plot.plot_param_importances(study, evaluator=evaluator, target=first,
-                                                           target_name=metric),
-        "slice": lambda: plot.plot_slice(study, target=first, target_name=metric),
-    }
-    if len(found) >= 2:
-        drawn["contour"] = lambda: plot.plot_contour(study, params=list(found)[:2], target=first, target_name=metric)
-    return drawn
 
 
 def log_on_parent(spec: StudySpec, texts: dict[str, str], plots: dict[str, Callable[[], Any]],
@@ -88,15 +65,55 @@ def log_on_parent(spec: StudySpec, texts: dict[str, str], plots: dict[str, Calla
 
 
 def explain(spec: StudySpec) -> str | None:
-    """Importances to MLflow (tracking on) and their line; None when the study has too few trials or no journal."""
-    study = optuna_study(spec)
+    """Importances to MLflow (tracking on) with the plots of the first objective (importances, slices, the two
+    leading parameters' contour) and their line; None when the study has too few trials or no journal."""
+    from optuna.visualization import matplotlib as plot
+
+    study = stored_study(spec.path)
     found = importances(study) if study is not None else {}
     if not found:
         return None
     if spec.tracking.enabled:
+        metric = spec.space.objective.metric
+        evaluator = optuna.importance.FanovaImportanceEvaluator(seed=IMPORTANCE_SEED)
+        drawn: dict[str, Callable[[], Any]] = {
+            "importances": lambda: plot.plot_param_importances(study, evaluator=evaluator, target=first,
+                                                               target_name=metric),
+            "slice": lambda: plot.plot_slice(study, target=first, target_name=metric),
+        }
+        if len(found) >= 2:
+            drawn["contour"] = lambda: plot.plot_contour(study, params=list(found)[:2], target=first,
+                                                         target_name=metric)
         table = "".join(f"| {name} | {value:.4f} |\n" for name, value in found.items())
-        log_on_parent(spec, {"importance.md": "| parameter | importance |\n| --- | --- |\n" + table},
-                      plots(study, found, spec.space.objective.metric), "importance",
-                      {f"importance.{name}": value for name, value in found.items()})
+        log_on_parent(spec, {"importance.md": "| parameter | importance |\n| --- | --- |\n" + table}, drawn,
+                      "importance", {f"importance.{name}": value for name, value in found.items()})
     shares = ", ".join(f"{name} {value:.2f}" for name, value in found.items())
     return f"which parameter mattered (fANOVA over {len(completed(study))} completed trials): {shares}"
+
+
+def show_front(spec: StudySpec) -> None:
+    """The Pareto front, best on the first objective first: a table, ``pareto.yaml`` in the study folder (written
+    whole), and on the MLflow parent that file and Optuna's plot (of the first two objectives when there are more
+    than three: Optuna draws three at most)."""
+    from optuna.visualization import matplotlib as plot
+
+    from fltune.tracking.progress import console
+    from fltune.tune.board import config_table, shown
+
+    study = stored_study(spec.path)
+    if study is None or not study.best_trials:
+        return
+    names = [o.metric for o in spec.space.objectives]
+    sign = -1.0 if spec.space.objective.direction == "max" else 1.0
+    trials = sorted(study.best_trials, key=lambda t: (sign * t.values[0], t.number))
+    rows = [{"params": dict(t.params), "values": dict(zip(names, map(float, t.values)))} for t in trials]
+    console.print(config_table(f"study {spec.name}: Pareto front, {len(rows)} configuration(s)", spec.space.params,
+                               [f"{o.metric} ({o.reduce}, {o.direction})" for o in spec.space.objectives],
+                               [(row["params"], [shown(value) for value in row["values"].values()]) for row in rows]))
+    text = yaml.safe_dump(rows, sort_keys=False)
+    write_whole(path := f"{spec.path}/{PARETO}", text.encode())
+    if spec.tracking.enabled:
+        drawn = {"target_names": names} if len(names) <= 3 else \
+            {"targets": lambda t: tuple(t.values[:2]), "target_names": names[:2]}
+        log_on_parent(spec, {PARETO: text}, {"pareto_front": lambda: plot.plot_pareto_front(study, **drawn)})
+    console.print(f"  Pareto front: {path}")

@@ -21,7 +21,7 @@ from fltune.engine.local import train_client
 from fltune.engine.transfer import RoundInput
 from fltune.engine.rng import sample_clients
 from fltune.methods.base import State, to_numpy
-from fltune.metrics._hessian import CurvatureTask, client_consistency, client_traces, global_curvature
+from fltune.metrics._hessian import CurvatureTask, client_traces, cross_client_consistency, global_curvature
 
 BASE = [
     "data.dataset=synthetic", "data.subsample=0.25", "partition.kind=dirichlet_prior", "partition.eval_fraction=0.2",
@@ -133,8 +133,8 @@ def test_hessian_probe_runs_on_the_workers(pools, monkeypatch: pytest.MonkeyPatc
     torch.set_num_threads(1)
     try:
         alone = CurvatureTask(global_curvature, fed.global_state)(cfg, fed.data, cpu)
-        alone.update(client_consistency([CurvatureTask(client_traces, fed.latest[c], c)(cfg, fed.data, cpu)
-                                         for c in compared]))
+        alone.update(cross_client_consistency([CurvatureTask(client_traces, fed.latest[c], c)(cfg, fed.data, cpu)
+                                               for c in compared]))
     finally:
         torch.set_num_threads(threads)
     assert all(math.isfinite(v) for v in alone.values())

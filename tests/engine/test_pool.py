@@ -21,7 +21,7 @@ from fltune.config import build_config
 from fltune.engine.dispatch import deal
 from fltune.engine.pool import InProcessPool, WorkerPlan, WorkerPool, plan_workers
 from fltune.errors import FLTuneError
-from fltune.metrics.cost import ModelFlops
+from fltune.metrics.cost import model_flops
 from tests.engine.test_federation import BASE, run, same_weights
 from tests.engine.test_federation_probes import HESSIAN
 from tests.engine.test_worker import spec_of
@@ -145,7 +145,7 @@ def compiler_stack(cfg: object, data: object, device: torch.device) -> tuple[boo
 
 
 def test_an_actor_counts_flops_without_the_compiler_stack_and_without_a_gpu_without_triton(ray_session):
-    """An actor that has counted the model's FLOPs (``ModelFlops``, torch's FLOP counter) holds no
+    """An actor that has counted the model's FLOPs (``model_flops``, torch's FLOP counter) holds no
     ``torch._dynamo`` (~150 MiB a process keeps for its life), and one that sees no GPU, where Triton can run
     nothing, no Triton either (``worker.skip_triton``, ~75 MiB)."""
     cfg = build_config(overrides=BASE)
@@ -154,7 +154,7 @@ def test_an_actor_counts_flops_without_the_compiler_stack_and_without_a_gpu_with
     pool = WorkerPool(WorkerPlan(workers=1, cpus=1.0, gpus=0.0))
     try:
         mflops, (dynamo, triton, gpu) = deal(pool, pool.bind(spec_of(cfg, load_data(cfg)))[0],
-                                             [ModelFlops(), compiler_stack])
+                                             [model_flops, compiler_stack])
         assert mflops > 0
         assert not dynamo and (gpu or not triton)
     finally:

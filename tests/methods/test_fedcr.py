@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from fltune.methods import get_method
 from fltune.methods.base import Aggregate, ServerContext
 from fltune.methods.fedcr import ClassPoE
+from fltune.models.vib import posterior
 from tests.methods.helpers import loss_of, make_ctx, pure_aggregate, tiny_batch
 from tests.methods.vib_helpers import numpy_state, tiny_vib
 
@@ -76,7 +77,7 @@ def test_clients_fold_only_the_last_epochs_samples():
     precision = np.zeros((3, 2))
     with torch.no_grad():
         for x, y in batches:  # one epoch's worth, not two
-            _, sigma = model.encode(x)
+            _, sigma = posterior(model.body(x))
             np.add.at(precision, y.numpy(), (sigma.double() ** -2).numpy())
     assert np.allclose(result.upload["precision"], precision)
     assert set(result.state["personal"]) == {"head.weight", "head.bias"}
@@ -99,7 +100,7 @@ def test_epochs_before_the_last_are_not_folded_and_a_client_stopped_before_it_up
     precision = np.zeros((3, 2))
     with torch.no_grad():
         for x, y in batches:
-            np.add.at(precision, y.numpy(), (model.encode(x)[1].double() ** -2).numpy())
+            np.add.at(precision, y.numpy(), (posterior(model.body(x))[1].double() ** -2).numpy())
     assert np.allclose(method.client_result(ctx).upload["precision"], precision)
 
     stopped = client_ctx(method, model, batches=batches)
@@ -165,5 +166,5 @@ def test_overall_centroid_aligns_and_folds_every_sample_into_one_gaussian():
         method.backward(ctx, x, y)  # folds the batch (record_step)
     upload = method.client_result(ctx).upload
     with torch.no_grad():
-        precision = sum((model.encode(x)[1].double() ** -2).sum(0) for x, _ in batches)
+        precision = sum((posterior(model.body(x))[1].double() ** -2).sum(0) for x, _ in batches)
     assert upload["precision"].shape == (1, 2) and np.allclose(upload["precision"][0], precision.numpy())

@@ -15,7 +15,7 @@ import torch
 
 from fltune.config import build_config
 from fltune.engine.builders import build_model_for, load_data
-from fltune.metrics._hessian import client_consistency, client_traces, consistency_batches, probe_batches
+from fltune.metrics._hessian import client_traces, consistency_batches, cross_client_consistency, probe_batches
 
 CPU = torch.device("cpu")
 TINY = ["data.dataset=synthetic", "data.subsample=0.1", "model.name=mlp", "partition.kind=dirichlet_prior",
@@ -55,7 +55,7 @@ def test_identical_models_are_consistent_only_on_shared_data(probe_data: str) ->
     model = build_model_for(cfg, data)
     traces = [client_traces(copy.deepcopy(model), consistency_batches(data, c, shared, cfg.metrics.hessian, 0, CPU),
                             cfg.metrics.hessian, seed=0) for c in (0, 1)]
-    out = client_consistency(traces)
+    out = cross_client_consistency(traces)
     if probe_data == "shared":
         assert out == {"hessian_hn": 0.0, "hessian_hd": pytest.approx(1.0, abs=1e-12)}
     else:

@@ -324,7 +324,7 @@ def test_mode_parameters_and_buffers_restored(metric: Callable[[nn.Module, Batch
 
 def test_consistency_of_identical_clients() -> None:
     d = {"conv.weight": 3.0, "fc.weight": -1.5, "fc.bias": 0.25}
-    assert cross_client_consistency([d, dict(d), dict(d)]) == pytest.approx((0.0, 1.0))
+    assert cross_client_consistency([d, dict(d), dict(d)]) == pytest.approx({"hessian_hn": 0.0, "hessian_hd": 1.0})
 
 
 def test_consistency_by_hand_includes_i_equals_j() -> None:
@@ -332,7 +332,7 @@ def test_consistency_by_hand_includes_i_equals_j() -> None:
     H_N = 2·((3−4)² + (3−6)² + (4−6)²)/9 = 28/9, H_D = (3 + 2·(0 + 1 + 0))/9 = 5/9. Excluding i = j
     would give 14/3 and 1/3. The third client lists its layers in another order: matched by name."""
     clients = [{"a": 3.0, "b": 0.0}, {"a": 0.0, "b": 4.0}, {"b": 0.0, "a": 6.0}]
-    assert cross_client_consistency(clients) == pytest.approx((28 / 9, 5 / 9))
+    assert cross_client_consistency(clients) == pytest.approx({"hessian_hn": 28 / 9, "hessian_hd": 5 / 9})
 
 
 @pytest.mark.parametrize(

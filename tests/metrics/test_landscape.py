@@ -9,7 +9,7 @@ import torch
 from torch import Tensor, nn
 
 from fltune.errors import FLTuneError
-from fltune.metrics._hessian import cross_entropy_loss, loss_surface, plot_landscape, plot_spectrum, top2_landscape
+from fltune.metrics._hessian import Landscape, cross_entropy_loss, loss_surface, plot_spectrum, top2_landscape
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -112,7 +112,7 @@ def test_the_top2_landscape_png_is_written(tmp_path: Path) -> None:
 def test_plots_from_given_values(tmp_path: Path) -> None:
     axis = np.linspace(-1, 1, 9)
     a, b = np.meshgrid(axis, axis, indexing="ij")
-    assert_png(plot_landscape(axis, axis, a**2 + 2 * b**2, tmp_path / "bowl.png", "bowl"))
+    assert_png(Landscape((2.0, 4.0), axis, axis, a**2 + 2 * b**2).png(tmp_path / "bowl.png", "bowl"))
     assert_png(plot_spectrum([5.0, 3.0, -1.0, 0.8, 0.5, 0.2], tmp_path / "spectrum.png", "spectrum"))
     with pytest.raises(FLTuneError, match="eigenvalues"):
         plot_spectrum([], tmp_path / "empty.png", "empty")

@@ -8,7 +8,8 @@ import torch.nn.functional as F
 from torch.distributions import Normal, kl_divergence
 
 from fltune.models import SplitModel, build_model, split_keys
-from fltune.models.vib import VIBNet, gaussian_kl, sampled_cross_entropy
+from fltune.methods.objective import Batch, Forward
+from fltune.models.vib import VIBNet, gaussian_kl, posterior
 
 FMNIST, CIFAR = (1, 28, 28), (3, 32, 32)
 
@@ -76,7 +77,7 @@ def test_eval_is_exact_head_of_mu_and_training_averages_the_samples():
     x = torch.randn(6, 1, 4, 4)
 
     m.eval()
-    assert torch.equal(m.features(x), m.encode(x)[0])
+    assert torch.equal(m.features(x), posterior(m.body(x))[0])
     assert torch.equal(m(x), m(x))  # deterministic
 
     m.train()
@@ -84,7 +85,7 @@ def test_eval_is_exact_head_of_mu_and_training_averages_the_samples():
     features = m.features(x)
     torch.manual_seed(2)
     assert torch.allclose(features, m.vib(x).z.mean(0))
-    assert not torch.equal(features, m.encode(x)[0])
+    assert not torch.equal(features, posterior(m.body(x))[0])
     assert isinstance(m, SplitModel)
 
 
@@ -104,7 +105,8 @@ def test_gaussian_kl_hand_value_and_torch_agreement():
 
 def test_sampled_cross_entropy_is_the_mean_over_samples():
     logits, y = torch.randn(3, 5, 4), torch.randint(0, 4, (5,))
+    batch = Batch(Forward(torch.nn.Identity()), {}, torch.zeros(5, 1), y)
 
     expected = torch.stack([F.cross_entropy(logits[s], y) for s in range(3)]).mean()
 
-    assert torch.allclose(sampled_cross_entropy(logits, y), expected)
+    assert torch.allclose(batch.cross_entropy(logits), expected)

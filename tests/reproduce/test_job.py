@@ -17,7 +17,7 @@ def spec_at(scale: str, tmp_path: Path) -> ReproSpec:
     table = get_table("table2")
     planned = plan(table, scale, ["fmnist"], [], rows=["FedAvg", "SimFAFL"])
     return new_spec(table, scale, planned, seeds=1, storage=str(tmp_path / "jobs"), name=f"order-{scale}",
-                    out=str(tmp_path / "out"), max_concurrent=None, datasets=["fmnist"])
+                    out=str(tmp_path / "out"), max_concurrent=None)
 
 
 @needs_fmnist

@@ -12,7 +12,7 @@ import pytest
 from fltune.config import build_config
 from fltune.errors import FLTuneError
 from fltune.reproduce.command import describe
-from fltune.reproduce.job import cell_objectives, new_spec
+from fltune.reproduce.job import new_spec
 from fltune.reproduce.plan import cell_tree, plan
 from fltune.reproduce.registry import get_table
 from fltune.reproduce.table import PaperTable
@@ -256,14 +256,14 @@ def man_job(fmnist_only: Path, tmp_path: Path):  # noqa: F811
     table = get_table("man:table1")
     planned = plan(table, "quick", ["cifar100"], [f"data.root={fmnist_only}"], rows=["FedAvg", "FedDC+MAN"])
     return new_spec(table, "quick", planned, seeds=2, storage=str(tmp_path), name="m", out=None,
-                    max_concurrent=None, datasets=None)
+                    max_concurrent=None)
 
 
 @needs_fmnist
 def test_cells_of_one_experiment_share_a_run_and_substitution_is_said(man_job) -> None:
     assert len(man_job.cells) == 12 and len(man_job.trials) == 6  # accuracy + rounds per (row, δ)
     assert man_job.trials["FedAvg | CIFAR-100 δ=0.3"] == ["FedAvg | CIFAR-100 δ=0.3", "FedAvg | CIFAR-100 δ=0.3 rounds"]
-    assert [(o.metric, o.reduce) for o in cell_objectives(man_job, "FedAvg | CIFAR-100 δ=0.3")] == [
+    assert [(o.metric, o.reduce) for o in man_job.trial("FedAvg | CIFAR-100 δ=0.3")[2]] == [
         ("acc_all_model", "final"), ("rounds_to_target", "final")]
     assert all(run.substituted == "fmnist for cifar100" for run in man_job.cells.values())
     text = describe(man_job, nodes=1, resumed=False)

@@ -29,7 +29,7 @@ def job(tmp_path: Path, scale: str, rows: list[str]):
     missing = next(c for c in table.cells if c.row == "FedAvg" and c.dataset == "cifar10")
     planned.append(PlannedCell(missing, None, missing="data.dataset: cifar10 not found in /x"))
     return new_spec(table, scale, planned, seeds=2, storage=str(tmp_path), name="t", out=None,
-                    max_concurrent=None, datasets=None)
+                    max_concurrent=None)
 
 
 @pytest.fixture()

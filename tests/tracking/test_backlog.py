@@ -94,6 +94,16 @@ def test_sync_sends_a_backlog_its_command_left_and_ends_its_run(tmp_path: Path, 
     assert main(["sync", str(tmp_path / "nothing")]) == 2
 
 
+def test_a_commands_first_write_leaves_another_stores_backlog(tmp_path: Path, fresh_backlog: None) -> None:
+    """What a command sends when it first writes to a store (``keeping``) is that store's backlogs only: another
+    store's stays on disk, counted as left, for a command that writes there or ``fltune sync``."""
+    other = backlog.Backlog(tmp_path / "other.jsonl", "http://127.0.0.1:1")
+    other.record("set_terminated", ("run",), {})
+    other.handle.close()
+    assert backlog.send_kept([other.path], "http://127.0.0.1:2", client=object()) == 1  # object(): never called
+    assert backlogs(tmp_path) == [other.path]
+
+
 @pytest.mark.extended
 def test_a_run_outlives_its_tracking_server(mlflow_server: TrackingServer, tmp_path: Path) -> None:
     """Issue 74's case 1: the server stopped after round 2 of a run. Training goes on to its last round,

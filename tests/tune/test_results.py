@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from fltune.metrics.evaluation import reached_target
+from fltune.metrics.evaluation import rounds_to_target
 from fltune.tune.results import (
     TrialRow, best, classify, error_line, failed_result, failure_lines, make_row, rank, sensitivity_figure,
     trials_figure, unfinished, write_csv,
@@ -57,10 +57,9 @@ def test_seed_score_mean_at_target_and_run_constants() -> None:
 
 def test_rounds_to_target_is_reported_from_the_round_it_is_reached_on() -> None:
     rows = [{"round": 1.0, "acc_global": 0.4}, {"round": 2.0}, {"round": 3.0, "acc_global": 0.61}]
-    assert reached_target(rows[:2], "acc_global", 0.6) == {}
-    assert reached_target(rows, "acc_global", 0.6) == {"rounds_to_target": 3.0}
-    assert reached_target([*rows, {"round": 4.0, "acc_global": 0.59}], "acc_global", 0.6) == {"rounds_to_target": 3.0}
-    assert reached_target(rows, "acc_global", None) == {}
+    assert rounds_to_target(rows[:2], "acc_global", 0.6) is None
+    assert rounds_to_target(rows, "acc_global", 0.6) == 3
+    assert rounds_to_target([*rows, {"round": 4.0, "acc_global": 0.59}], "acc_global", 0.6) == 3
 
 
 def test_last_good_carries_values_over_and_ignores_nan() -> None:

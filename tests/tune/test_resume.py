@@ -160,12 +160,13 @@ def test_a_study_stopped_before_tune_saved_its_state_starts_afresh(tmp_path: Pat
     from fltune.cli import main
     from fltune.jobs.storage import tune_started
     from fltune.jobs.tuner import cluster_shape, placement
-    from fltune.tune.command import StudyRequest
-    from fltune.tune.study import new_spec, new_tuner
+    from fltune.tune.command import Study, StudyRequest
+    from fltune.tune.search import new_spec
 
-    spec = new_spec(StudyRequest(space=str(write_space(tmp_path)), storage=str(tmp_path), name="study"))
+    request = StudyRequest(space=str(write_space(tmp_path)), storage=str(tmp_path), name="study")
+    spec = new_spec(request)
     spec.save()
-    new_tuner(spec, placement(spec.base, spec.workers, spec.gpus_per_worker, *cluster_shape()), callbacks=[])
+    Study(request).new_tuner(spec, placement(spec.base, spec.workers, spec.gpus_per_worker, *cluster_shape()))
     assert Tuner.can_restore(spec.path) and not tune_started(spec.path)
 
     assert main(["tune", "--resume", "--name", "study", "--storage", str(tmp_path)]) == 0

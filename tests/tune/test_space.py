@@ -17,7 +17,7 @@ from fltune.search_spaces import SPACES, space_path
 from fltune.tune.search import DefineByRun
 from fltune.tune.space import parse_space
 from fltune.tune.command import StudyRequest
-from fltune.tune.study import new_spec
+from fltune.tune.search import new_spec
 from tests.tune.helpers import REPO, TINY_BASE, write_space
 
 SPACE_FILES = sorted((REPO / "fltune" / "search_spaces").glob("*.yaml"))

@@ -165,7 +165,7 @@ def test_cells_that_fmnist_makes_the_same_run_share_one_trial(fmnist_only) -> No
     table = get_table("simfafl:table1")
     planned = plan(table, "quick", None, [f"data.root={fmnist_only}"])
     spec = new_spec(table, "quick", planned, seeds=1, storage="/tmp/unused", name="t", out=None,
-                    max_concurrent=None, datasets=None)
+                    max_concurrent=None)
     assert len(spec.cells) == 16 and len(spec.trials) == 13
     assert spec.trials["FedAvg | CIFAR-10 non-IID1"] == ["FedAvg | CIFAR-10 non-IID1", "FedAvg | CIFAR-100 non-IID1"]
     assert "Pre-exp II | CIFAR-100 non-IID1" in spec.trials
