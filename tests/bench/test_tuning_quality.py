@@ -75,17 +75,15 @@ def test_default_tuner_replays_with_asha(tmp_path: Path) -> None:
 
 
 # lr 0.01 ends highest on validation (0.8) after a flat 0.6, 0.6; lr 0.1 holds 0.75 for its last three rounds.
-LAST_3_TABLE = """# hand-made
-training.lr,seed,round,client_samples,val,test,status
-0.01,0,1,100,0.5,0.4,running
-0.01,0,2,100,0.6,0.5,running
-0.01,0,3,100,0.6,0.5,running
-0.01,0,4,100,0.8,0.6,finished
-0.1,0,1,100,0.6,0.5,running
-0.1,0,2,100,0.75,0.65,running
-0.1,0,3,100,0.75,0.7,running
-0.1,0,4,100,0.75,0.7,finished
-"""
+LAST_3_CURVES = {0.01: ((0.5, 0.6, 0.6, 0.8), (0.4, 0.5, 0.5, 0.6)),
+                 0.1: ((0.6, 0.75, 0.75, 0.75), (0.5, 0.65, 0.7, 0.7))}
+
+
+def one_seed_table(curves: dict[float, tuple[tuple[float, ...], tuple[float, ...]]]) -> str:
+    """The table of ``{lr: (validation by round, test by round)}`` on seed 0, every round 100 client-samples."""
+    rows = [f"{lr},0,{r + 1},100,{v},{t},{'finished' if r == len(val) - 1 else 'running'}"
+            for lr, (val, test) in curves.items() for r, (v, t) in enumerate(zip(val, test))]
+    return "\n".join(["training.lr,seed,round,client_samples,val,test,status", *rows, ""])
 
 
 def test_last_3_selects_on_the_mean_of_the_last_three_validation_rounds(tmp_path: Path) -> None:
@@ -95,7 +93,7 @@ def test_last_3_selects_on_the_mean_of_the_last_three_validation_rounds(tmp_path
     problem = tq.Problem("toy", (), {"training.lr": (0.01, 0.1)}, "acc_global",
                          {"training.lr": {"type": "choice", "values": [0.01, 0.1]}})
     path = tmp_path / "toy.csv"
-    path.write_text(LAST_3_TABLE)
+    path.write_text(one_seed_table(LAST_3_CURVES))
     table = tq.load_tables(problem, path)[0]
     last_3 = Objective(metric="val_acc_global", reduce="last_3")
     assert seed_score([{"val_acc_global": r.val} for r in table.curves[(0.01,)]], last_3) == pytest.approx(2 / 3)
