@@ -126,7 +126,8 @@ def test_synchronous_hyperband_at_two_live_trials_stops_none() -> None:
 
 def test_the_shipped_row_is_the_methods_space_file() -> None:
     """The replay's *shipped* tuner, rebuilt as the study's space, samples and stops as the method's space file does
-    (per-space settings differ from the defaults) and selects on the same score; and no tuner setting is replayed twice under two names."""
+    (per-space settings differ from the defaults) and selects on the same score; and no tuner setting is replayed
+    twice under two names."""
     from fltune.search_spaces import method_space
     from fltune.tune.space import parse_space
 
