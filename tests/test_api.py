@@ -75,7 +75,7 @@ def test_a_jobs_keywords_are_its_commands_flags(job: str, options: str) -> None:
 def test_dir_of_fltune_is_its_api() -> None:
     import inspect
 
-    import fltune.tune.study  # noqa: F401  the job's package imported does not hide the function
+    import fltune.tune.spec  # noqa: F401  the job's package imported does not hide the function
 
     assert dir(fltune) == sorted([*fltune.__all__, "__version__"]) and inspect.isfunction(fltune.tune)
     assert not {"Any", "annotations", "importlib", "api", "errors"} & set(dir(fltune))

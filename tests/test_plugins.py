@@ -20,7 +20,7 @@ from fltune.methods import get_method
 from fltune.models import build_model
 from fltune.plugins import label, shipped
 from fltune.tune.command import StudyRequest
-from fltune.tune.study import resolve_space
+from fltune.tune.search import resolve_space
 from tests.plugin_helpers import DATA, SMOOTH, TINY, write_method, write_package, write_space
 from tests.tune.helpers import study_runs
 

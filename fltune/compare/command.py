@@ -205,9 +205,6 @@ class Cells(GridJob["CompareSpec"]):
 
         return run_cell
 
-    def cells(self, spec: CompareSpec) -> list[str]:
-        return spec.cells
-
     def board(self, spec: CompareSpec) -> TrialBoard:
         from fltune.compare.report import live_board
         from fltune.tune.board import TrialBoard

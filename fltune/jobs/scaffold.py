@@ -331,9 +331,9 @@ class TuneJob(ABC, Generic[Spec]):
 class GridJob(TuneJob[Spec], ABC):
     """A job of fixed cells (a comparison's, a table's, a study's confirmation), each a trial run once."""
 
-    @abstractmethod
     def cells(self, spec: Spec) -> list[str]:
         """The grid's cells, each a trial's ``config["cell"]``."""
+        return spec.cells
 
     def new_tuner(self, spec: Spec, resources: PlacementGroupFactory) -> Tuner:
         """A grid over ``cells``, each run once."""

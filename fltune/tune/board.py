@@ -45,16 +45,10 @@ def params_text(params: dict[str, Any], sep: str = ", ") -> str:
     return sep.join(f"{name}={shown(value)}" for name, value in params.items())
 
 
-def node_addresses() -> dict[str, str]:
-    """Alive Ray nodes: short node id (as ``trainable.worker_nodes`` reports) → IP address; {} without Ray."""
-    if not ray.is_initialized():
-        return {}
-    return {node["NodeID"][:8]: node["NodeManagerAddress"] for node in ray.nodes() if node.get("Alive")}
-
-
 def trials_table(rows: list[TrialRow], spec: StudySpec, title: str, ranked: bool = False) -> Table:
     """State, parameters, round, objective (and nodes, on several) per trial; ``ranked``: best first."""
-    nodes = node_addresses()
+    nodes = {node["NodeID"][:8]: node["NodeManagerAddress"]  # as ``trainable.worker_nodes`` names them
+             for node in (ray.nodes() if ray.is_initialized() else []) if node.get("Alive")}
     table = Table(title=title, show_lines=False)
     if ranked:
         table.add_column("#", justify="right")

@@ -92,7 +92,7 @@ class StudyRequest(JobOptions):
         from fltune.estimate import Plan
         from fltune.tune.confirm import plan
         from fltune.tune.space import without_test
-        from fltune.tune.study import resolve_space, warm_start
+        from fltune.tune.search import resolve_space, warm_start
 
         space, method, tree = resolve_space(self)
         warm_start(self.warm_start)  # a plan refuses what the job would
@@ -117,9 +117,9 @@ class Study(TuneJob["StudySpec"]):
     """The MLflow run holding the winner's model (its confirmation run), once confirmed with tracking on."""
 
     def new_spec(self, storage: str) -> StudySpec:
-        from fltune.tune import study
+        from fltune.tune.search import new_spec
 
-        return study.new_spec(replace(self.options, storage=storage))
+        return new_spec(replace(self.options, storage=storage))
 
     def saved_spec(self, storage: str) -> StudySpec:
         """``--name``, else the newest study (of ``--space``'s file when given)."""
@@ -144,8 +144,7 @@ class Study(TuneJob["StudySpec"]):
     def new_tuner(self, spec: StudySpec, resources: PlacementGroupFactory) -> Tuner:
         """Optuna's searcher and ASHA or FIFO (Optuna is imported here: grid jobs skip it)."""
         from fltune.jobs.tuner import job_tuner
-        from fltune.tune.search import make_searcher
-        from fltune.tune.study import scheduler
+        from fltune.tune.search import make_searcher, scheduler
 
         return job_tuner(self.entry(), spec, resources, self.callbacks(spec), search_alg=make_searcher(spec),
                          scheduler=scheduler(spec), num_samples=spec.space.num_samples)

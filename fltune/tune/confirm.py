@@ -119,9 +119,6 @@ class Confirmation(GridJob[ConfirmSpec]):
     def entry(self) -> Callable[[dict[str, Any], ConfirmSpec], None]:
         return run_confirmation
 
-    def cells(self, spec: ConfirmSpec) -> list[str]:
-        return spec.cells
-
     def callbacks(self, spec: ConfirmSpec) -> list[Any]:
         """The board alone: the confirmation's figures go to the study's MLflow parent once it ends."""
         from fltune.tune.board import TrialBoard

@@ -1,20 +1,34 @@
-"""Optuna as Tune's searcher: a define-by-run space (so ``when`` conditions are native), seeded samplers,
+"""A study's search: its space resolved from the file and the flags into a ``StudySpec``, ASHA or FIFO, and Optuna as
+Tune's searcher: a define-by-run space (so ``when`` conditions are native), seeded samplers,
 a diverged (or refused) trial told to Optuna as FAILED rather than scored with its last good value, and the
 Optuna study kept in a journal file in the study folder, where ``optuna.load_study`` and ``optuna-dashboard``
 open it and a later study's ``--warm-start`` reads its trials."""
 
 from __future__ import annotations
 
-from typing import Any
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import optuna
+from pydantic import ValidationError
+from ray.tune.schedulers import ASHAScheduler, FIFOScheduler, TrialScheduler
 from ray.tune.search.optuna import OptunaSearch
 
+from fltune.config import apply_overrides, build_config, describe_validation_error
 from fltune.errors import FLTuneError
-from fltune.tune.space import SearchSpace
+from fltune.jobs.storage import check_name, storage_root
+from fltune.plugins import normalised
+from fltune.tune.space import (
+    Asha, SearchSpace, base_tree, check_objective, check_params, is_space_setting, parse_space, space_method,
+    without_test,
+)
 from fltune.tune.spec import StudySpec
 from fltune.tune.trainable import objective_key
 from fltune.workarounds import optuna_study, optuna_trial_open
+
+if TYPE_CHECKING:
+    from fltune.tune.command import StudyRequest
 
 JOURNAL = "optuna.journal"
 """The study's Optuna storage (``JournalStorage`` over a file), in a local study folder."""
@@ -62,8 +76,6 @@ def journal(folder: str) -> optuna.storages.JournalStorage | None:
 def stored_study(folder: str) -> optuna.Study | None:
     """The Optuna study a study folder keeps (one per folder); None when it keeps none: a remote folder, or one
     without a journal (checked before opening it: the backend creates the file)."""
-    from pathlib import Path
-
     if "://" in folder or not Path(folder, JOURNAL).is_file():
         return None
     storage = journal(folder)
@@ -82,6 +94,56 @@ def finished_trials(folder: str) -> list[optuna.trial.FrozenTrial]:
     if not (trials := completed(study)):
         raise FLTuneError(f"--warm-start {folder}: its study has no completed trial to carry over")
     return trials
+
+
+def resolve_space(request: StudyRequest) -> tuple[SearchSpace, str, dict]:
+    """The validated space with the CLI flags applied, its method, and the base experiment tree."""
+    if not request.space:
+        raise FLTuneError("--space or --method is required (a search-space YAML, e.g. search_spaces/fedprox.yaml, "
+                          "or a method with a shipped space)")
+    space = parse_space(request.space)
+    method = normalised(request.method) if request.method else space_method(space, request.space)
+    if method is None:
+        raise FLTuneError(f"{request.space}: no method; add `method: NAME` to the file or pass --method")
+    if request.method and space.method and method != space_method(space, request.space):
+        raise FLTuneError(f"--method {request.method}: the space file {request.space} is for {space.method}")
+    flags = {"num_samples": request.num_samples, "max_concurrent": request.max_concurrent, "seeds": request.seeds,
+             "confirm": request.confirm, "checkpoint_every": request.checkpoint_every, "checkpoint_seconds": request.checkpoint_seconds}
+    settings = [text for text in request.overrides if is_space_setting(text)]
+    tree = {**space.model_dump(), **{k: v for k, v in flags.items() if v is not None}}
+    try:
+        space = SearchSpace.model_validate(apply_overrides(tree, settings, fresh=("scheduler",)))
+    except ValidationError as err:
+        raise FLTuneError(f"command line: {describe_validation_error(err, model=SearchSpace)}") from None
+    experiment = [text for text in request.overrides if not is_space_setting(text)]
+    tree = apply_overrides(base_tree(space, request.space, method), [*space.overrides, *experiment])
+    cfg = build_config(tree)  # raises with the bad field named
+    check_params(space, tree, method)
+    check_objective(space, cfg)
+    if space.on_validation:  # and as the search trains it, without test data
+        check_objective(space, build_config(without_test(tree)))
+    return space, method, tree
+
+
+def new_spec(request: StudyRequest) -> StudySpec:
+    """A fresh study: validated, named ``<space stem>-<time>`` unless --name (no Ray needed yet)."""
+    space, method, tree = resolve_space(request)
+    name = check_name(request.name or f"{Path(request.space).stem}-{time.strftime('%Y%m%d-%H%M%S')}")
+    resources = build_config(tree).resources
+    return StudySpec(
+        name=name, storage=storage_root(request.storage), method=method, space_file=str(request.space),
+        space_text=Path(request.space).read_text(), space=space, base=tree, workers=resources.workers or 1,
+        gpus_per_worker=resources.gpus_per_worker, warm_start=warm_start(request.warm_start),
+    )
+
+
+def warm_start(folder: str | None) -> str | None:
+    """``--warm-start``'s study folder, absolute, once checked to hold completed trials."""
+    if folder is None:
+        return None
+    folder = storage_root(folder)
+    finished_trials(folder)
+    return folder
 
 
 def make_searcher(spec: StudySpec) -> FLOptunaSearch:
@@ -115,3 +177,14 @@ def sampler(space: SearchSpace) -> optuna.samplers.BaseSampler:
         return optuna.samplers.RandomSampler(seed=chosen.seed)
     return optuna.samplers.TPESampler(seed=chosen.seed, n_startup_trials=chosen.n_startup_trials,
                                       multivariate=chosen.multivariate)
+
+
+def scheduler(spec: StudySpec) -> TrialScheduler:
+    """ASHA on rounds (``round`` is what trials report), or FIFO: every trial runs all its rounds."""
+    sched = spec.space.scheduler
+    if not isinstance(sched, Asha):
+        return FIFOScheduler()
+    return ASHAScheduler(
+        time_attr="round", metric="objective", mode=spec.space.objective.direction, max_t=spec.rounds,
+        grace_period=sched.grace_period, reduction_factor=sched.reduction_factor,
+    )

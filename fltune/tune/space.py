@@ -89,9 +89,10 @@ Distribution = Annotated[Union[Uniform, LogUniform, IntRange, Choice], Field(dis
 class Objective(_Strict):
     metric: Literal[METRICS]  # type: ignore[valid-type]
     mode: Literal["max", "min"] | None = Field(None, description="default: max for accuracies, min for losses")
-    reduce: Literal["final", "best", "mean", "at_target"] = Field(
-        "final", description="last value, best over the rounds, mean over the rounds, or the value at the "
-        "round metrics.target was first reached")
+    reduce: Literal["final", "last_3", "best", "mean", "at_target"] = Field(
+        "final", description="last value, mean of the last 3 evaluated values (a noisy validation score smoothed "
+        "over rounds), best over the rounds, mean over the rounds, or the value at the round metrics.target was "
+        "first reached")
 
     @property
     def direction(self) -> str:

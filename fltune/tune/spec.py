@@ -123,4 +123,3 @@ class StudySpec(SavedSpec):
     @property
     def max_concurrent(self) -> int:
         return self.space.max_concurrent
-

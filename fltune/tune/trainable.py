@@ -43,8 +43,9 @@ def seed_configs(tree: dict[str, Any], seeds: int, workers: int, gpus_per_worker
 
 def seed_score(history: list[dict[str, float]], objective: Objective,
                constants: dict[str, float] | None = None) -> float:
-    """One seed's objective so far (NaN before any value): the metric's last, best or mean finite value, or
-    its value at the first round reporting ``rounds_to_target``. A run constant (``constants``:
+    """One seed's objective so far (NaN before any value): the metric's last finite value, the mean of its last
+    3 (``last_3``: Ray Tune's ``last-3-avg`` scope, so a trial's rank is not one round's noise), its best or mean,
+    or its value at the first round reporting ``rounds_to_target``. A run constant (``constants``:
     ``Federation.static_costs``) is its own value whatever the reduction."""
     if constants is not None and objective.metric in constants:
         return float(constants[objective.metric])
@@ -55,11 +56,10 @@ def seed_score(history: list[dict[str, float]], objective: Objective,
     values = [row[objective.metric] for row in history if math.isfinite(row.get(objective.metric, math.nan))]
     if not values:
         return math.nan
-    if objective.reduce == "final":
-        return values[-1]
-    if objective.reduce == "mean":
-        return float(np.mean(values))
-    return max(values) if objective.direction == "max" else min(values)
+    if objective.reduce == "best":
+        return max(values) if objective.direction == "max" else min(values)
+    window = {"final": 1, "last_3": 3, "mean": len(values)}[objective.reduce]
+    return float(np.mean(values[-window:]))
 
 
 def objective_key(objective: Objective) -> str:

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from fltune.tune.space import Objective
+from fltune.tune.trainable import seed_score
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 sys.path.insert(0, str(BENCH))
@@ -73,6 +74,36 @@ def test_default_tuner_replays_with_asha(tmp_path: Path) -> None:
     assert min(s[-1][0] for s in studies) >= -10.0 - 1e-9
 
 
+# lr 0.01 ends highest on validation (0.8) after a flat 0.6, 0.6; lr 0.1 holds 0.75 for its last three rounds.
+LAST_3_CURVES = {0.01: ((0.5, 0.6, 0.6, 0.8), (0.4, 0.5, 0.5, 0.6)),
+                 0.1: ((0.6, 0.75, 0.75, 0.75), (0.5, 0.65, 0.7, 0.7))}
+
+
+def one_seed_table(curves: dict[float, tuple[tuple[float, ...], tuple[float, ...]]]) -> str:
+    """The table of ``{lr: (validation by round, test by round)}`` on seed 0, every round 100 client-samples."""
+    rows = [f"{lr},0,{r + 1},100,{v},{t},{'finished' if r == len(val) - 1 else 'running'}"
+            for lr, (val, test) in curves.items() for r, (v, t) in enumerate(zip(val, test))]
+    return "\n".join(["training.lr,seed,round,client_samples,val,test,status", *rows, ""])
+
+
+def test_last_3_selects_on_the_mean_of_the_last_three_validation_rounds(tmp_path: Path) -> None:
+    """By the last round lr 0.01 wins (0.8 > 0.75); by the last-3 mean lr 0.1 does ((0.6 + 0.6 + 0.8) / 3 = 0.667 <
+    0.75). The grid and a replayed study (seed 0 samples both) score the table's validation as a trial reports
+    it; the study's pick on last-3 tests 10 points above the last-round grid winner, level with the oracle."""
+    problem = tq.Problem("toy", (), {"training.lr": (0.01, 0.1)}, "acc_global",
+                         {"training.lr": {"type": "choice", "values": [0.01, 0.1]}})
+    path = tmp_path / "toy.csv"
+    path.write_text(one_seed_table(LAST_3_CURVES))
+    table = tq.load_tables(problem, path)[0]
+    last_3 = Objective(metric="val_acc_global", reduce="last_3")
+    assert seed_score([{"val_acc_global": r.val} for r in table.curves[(0.01,)]], last_3) == pytest.approx(2 / 3)
+    assert (table.winner(Objective(metric="val_acc_global")), table.winner(last_3)) == ((0.01,), (0.1,))
+    picks = {reduce: tq.replay(problem, table, tq.Tuner("random", sampler="random", scheduler="none", reduce=reduce),
+                               seed=0, fractions=[1.0]) for reduce in ("final", "last_3")}
+    assert picks == {"final": [(0.01,)], "last_3": [(0.1,)]}
+    assert tq.regrets(table, picks["last_3"], Objective(metric="val_acc_global")) == approx([(-10.0, 0.0)])
+
+
 def test_a_resumed_build_skips_only_runs_that_ended(tmp_path: Path) -> None:
     """Seed 0's two runs ended (finished); seed 1's lr 0.1 has rows but no end, so a resumed build reruns it.
     A comment line after the rows (the build's wall time) is read past."""
@@ -95,7 +126,8 @@ def test_synchronous_hyperband_at_two_live_trials_stops_none() -> None:
 
 def test_the_shipped_row_is_the_methods_space_file() -> None:
     """The replay's *shipped* tuner, rebuilt as the study's space, samples and stops as the method's space file does
-    (per-space settings differ from the defaults); and no tuner setting is replayed twice under two names."""
+    (per-space settings differ from the defaults) and selects on the same score; and no tuner setting is replayed
+    twice under two names."""
     from fltune.search_spaces import method_space
     from fltune.tune.space import parse_space
 
@@ -104,5 +136,7 @@ def test_the_shipped_row_is_the_methods_space_file() -> None:
         replayed = tq.study_space(problem, tuner, seed=space.sampler.seed)
         assert (replayed.sampler, replayed.scheduler, tuner.samples) == (space.sampler, space.scheduler,
                                                                          space.num_samples)
+        assert (replayed.objective.metric, replayed.objective.reduce, replayed.objective.direction) == (
+            space.objective.metric, space.objective.reduce, space.objective.direction)
         settings = [replace(t, name="") for t in tq.tuners(problem)]
         assert len(settings) == len(set(settings))

@@ -25,7 +25,7 @@ from fltune.compare import command as compare
 from fltune.config import TrackingConfig
 from fltune.reproduce import command as reproduce, job
 from fltune.tracking.paths import check_tracking
-from fltune.tune import study
+from fltune.tune import spec
 check_tracking(TrackingConfig(enabled=False))
 print(sorted(name for name in ("mlflow", "optuna") if name in sys.modules))
 """

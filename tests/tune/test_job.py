@@ -11,7 +11,7 @@ from fltune.jobs.scaffold import unfinished_if_stopped, with_gpu_share
 from fltune.tune.command import StudyRequest
 from fltune.tune.results import TrialRow
 from fltune.tune.spec import StudySpec
-from fltune.tune.study import new_spec
+from fltune.tune.search import new_spec
 from tests.tune.helpers import write_space
 
 

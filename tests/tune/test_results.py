@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 
+import pytest
+
 from fltune.metrics.evaluation import rounds_to_target
 from fltune.tune.results import (
     TrialRow, best, classify, error_line, failed_result, failure_lines, make_row, rank, sensitivity_figure,
@@ -25,6 +27,17 @@ def test_seed_score_final_or_best_and_nan_before_any_evaluation() -> None:
     assert seed_score(HISTORY, Objective(metric="acc_global", reduce="best")) == 0.5
     assert seed_score(HISTORY, Objective(metric="train_loss", reduce="best")) == 0.7  # min for losses
     assert math.isnan(seed_score(HISTORY[1:2], Objective(metric="acc_global")))
+
+
+def test_seed_score_last_3_averages_the_last_three_evaluations() -> None:
+    """Rounds without a finite value (not evaluated, diverged) are skipped, not counted; fewer than three values
+    average what there is."""
+    history = [*HISTORY, {"round": 5.0, "acc_global": 0.7}, {"round": 6.0, "acc_global": math.nan},
+               {"round": 7.0, "acc_global": 0.9}]
+    last_3 = Objective(metric="acc_global", reduce="last_3")
+    assert seed_score(history, last_3) == pytest.approx((0.4 + 0.7 + 0.9) / 3)
+    assert seed_score(HISTORY, last_3) == pytest.approx((0.5 + 0.4) / 2)
+    assert math.isnan(seed_score(HISTORY[1:2], last_3))
 
 
 def test_seed_score_mean_at_target_and_run_constants() -> None:

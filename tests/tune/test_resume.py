@@ -161,7 +161,7 @@ def test_a_study_stopped_before_tune_saved_its_state_starts_afresh(tmp_path: Pat
     from fltune.jobs.storage import tune_started
     from fltune.jobs.tuner import cluster_shape, placement
     from fltune.tune.command import Study, StudyRequest
-    from fltune.tune.study import new_spec
+    from fltune.tune.search import new_spec
 
     request = StudyRequest(space=str(write_space(tmp_path)), storage=str(tmp_path), name="study")
     spec = new_spec(request)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from fltune.tune.search import make_searcher
 from fltune.tune.command import StudyRequest
-from fltune.tune.study import new_spec
+from fltune.tune.search import new_spec
 
 SPACE = Path(__file__).parents[2] / "fltune" / "search_spaces" / "fedavg.yaml"
 

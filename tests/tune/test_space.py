@@ -17,7 +17,7 @@ from fltune.search_spaces import SPACES, space_path
 from fltune.tune.search import DefineByRun
 from fltune.tune.space import parse_space
 from fltune.tune.command import StudyRequest
-from fltune.tune.study import new_spec
+from fltune.tune.search import new_spec
 from tests.tune.helpers import REPO, TINY_BASE, write_space
 
 SPACE_FILES = sorted((REPO / "fltune" / "search_spaces").glob("*.yaml"))
@@ -148,6 +148,9 @@ BAD_SPACES = {
     "target on a metric not evaluated": ({"objective": {"metric": "rounds_to_target", "reduce": "final"},
                                           "overrides": ["metrics.target=0.5", "metrics.target_metric=acc_all_model"]},
                                          "metrics.target_metric: acc_all_model is never measured here"),
+    "unknown objective.reduce": ({"objective": {"metric": "acc_global", "reduce": "last3"}},
+                                 "objective.reduce: Input should be 'final', 'last_3', 'best', 'mean' or 'at_target' "
+                                 "(got 'last3')"),
     "grace period past the last round": ({"scheduler": {"name": "asha", "grace_period": 3}}, "allowed: 1..2 "
                                          "(--set scheduler.grace_period=2), or no early stopping"),
     "ASHA over one round": ({"scheduler": {"name": "asha", "grace_period": 1}, "overrides": ["federation.rounds=1"]},
