@@ -63,10 +63,10 @@ def augment(x: torch.Tensor, kind: str, generator: torch.Generator, black: torch
 
 def random_crop_flip(x: torch.Tensor, generator: torch.Generator, fill: torch.Tensor | str | None = None,
                      crop_half: bool = False) -> torch.Tensor:
-    """Pad by :data:`CROP_PADDING`, crop back to H×W at a random offset, mirror with probability 1/2. ``fill``: a colour per
-    channel [C], None for zeros, or ``"reflect"``. ``crop_half``: each sample is cropped with probability 1/2, drawn
-    after the offsets and flips so the other kinds' draws are unchanged. One gather: sample b reads rows dy_b + i,
-    columns dx_b + j (dx_b + W − 1 − j when flipped)."""
+    """Pad by :data:`CROP_PADDING`, crop back to H×W at a random offset, mirror with probability 1/2. ``fill``: a
+    colour per channel [C], None for zeros, or ``"reflect"``. ``crop_half``: each sample is cropped with probability
+    1/2, drawn after the offsets and flips so the other kinds' draws are unchanged. One gather: sample b reads rows
+    dy_b + i, columns dx_b + j (dx_b + W − 1 − j when flipped)."""
     b, _, h, w = x.shape
     padding = CROP_PADDING
     dy, dx = _randint(2 * padding + 1, (2, b), generator, x.device)
