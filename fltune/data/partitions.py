@@ -28,18 +28,14 @@ def partition(
         raise FLTuneError(f"federation.clients: must be between 1 and the {len(labels)} samples to split; "
                           f"got {num_clients}")
     rng = np.random.default_rng(seed)
-    if kind == "iid":
-        parts = np.array_split(rng.permutation(len(labels)), num_clients)
-    elif kind == "classes":
-        parts = _classes(labels, num_classes, num_clients, classes_per_client, rng)
-    elif kind == "dirichlet_prior":
-        parts = _dirichlet_prior(labels, num_classes, num_clients, alpha, rng)
-    elif kind == "dirichlet":
-        parts = _dirichlet(labels, num_classes, num_clients, alpha, min_size, rng)
-    elif kind == "shards":
-        parts = _shards(labels, num_clients, shards_per_client, rng)
-    else:
-        parts = _class_shards(labels, num_classes, num_clients, shards_per_client, rng)
+    parts = {
+        "iid": lambda: np.array_split(rng.permutation(len(labels)), num_clients),
+        "classes": lambda: _classes(labels, num_classes, num_clients, classes_per_client, rng),
+        "dirichlet_prior": lambda: _dirichlet_prior(labels, num_classes, num_clients, alpha, rng),
+        "dirichlet": lambda: _dirichlet(labels, num_classes, num_clients, alpha, min_size, rng),
+        "shards": lambda: _shards(labels, num_clients, shards_per_client, rng),
+        "class_shards": lambda: _class_shards(labels, num_classes, num_clients, shards_per_client, rng),
+    }[kind]()
     return [np.sort(part).astype(np.int64) for part in parts]
 
 
