@@ -61,8 +61,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_job(args: argparse.Namespace) -> int:
-    """A job command (tune, reproduce, compare), or its plan: its flags as its typed options, run as the Python API
-    (``fltune.tune`` …) runs them."""
+    """A job command (tune, reproduce, compare) or its plan, its flags run as its Python function runs them."""
     options = options_from(args).checked()
     return options.planned().print() if options.plan else options.job().run()
 
@@ -191,8 +190,7 @@ EXAMPLES: dict[str, str] = {
 
 def command(sub: argparse._SubParsersAction, name: str, runs: Callable[[argparse.Namespace], int],
             summary: str) -> argparse.ArgumentParser:
-    """The parser of the command ``name``, which ``runs`` runs, its ``--help`` ending with its examples
-    (``EXAMPLES``)."""
+    """The parser of the command ``name``, which ``runs`` runs, its ``--help`` ending with its ``EXAMPLES``."""
     parser = sub.add_parser(name, help=summary, epilog=EXAMPLES[name],
                             formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.set_defaults(runs=runs, parser=parser)
