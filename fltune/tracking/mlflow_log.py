@@ -152,8 +152,7 @@ class Tracker:
     """A thin, explicit wrapper over an MLflow client for fltune's runs (opened by :func:`open_store`)."""
 
     def __init__(self, tracking: TrackingConfig) -> None:
-        self.uri = tracking.uri or default_uri()
-        self.client, self.experiment_id = open_store(self.uri, tracking.experiment)
+        self.client, self.experiment_id = open_store(tracking.uri or default_uri(), tracking.experiment)
 
     def start(self, name: str | None, tags: Mapping[str, Any], parent: str | None = None) -> str:
         """Create a run (a child when ``parent`` is given) and return its id."""
