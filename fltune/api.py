@@ -63,11 +63,8 @@ class RunResult:
 
     def to_pandas(self) -> pandas.DataFrame:
         """The history as a DataFrame, one row per round, ``round`` its first column, an int (needs pandas)."""
-        try:
-            import pandas
-        except ImportError:
-            raise FLTuneError("RunResult.to_pandas: pandas is not installed; RunResult.history is the same "
-                              "rounds as a list of dicts") from None
+        import pandas  # MLflow's own dependency
+
         frame = pandas.DataFrame(self.history)
         if "round" in frame:  # the engine's rows hold it as a float, like every figure
             frame.insert(0, "round", frame.pop("round").astype(int))
