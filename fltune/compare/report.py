@@ -292,8 +292,7 @@ def overlay_png(spec: CompareSpec, path: Path) -> Path:
 
 def write_outputs(spec: CompareSpec, res: list[MethodRow], folder: Path) -> list[Path]:
     """compare.csv, .md, .png and configs/<method>.yaml (for ``run --config``) under ``folder``."""
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "configs").mkdir(exist_ok=True)
+    (folder / "configs").mkdir(parents=True, exist_ok=True)
     md = folder / "compare.md"
     md.write_text(markdown(spec, res))
     paths = [write_csv(spec, res, folder / "compare.csv"), md, overlay_png(spec, folder / "compare.png")]

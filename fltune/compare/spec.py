@@ -21,8 +21,8 @@ from fltune.tracking.paths import outputs_dir
 from fltune.tune.space import Objective
 
 ACCURACY = {"global": "acc_global", "all_model": "acc_all_model", "personalized": "acc_personalized"}
-FINE_TUNED = "acc_personalized_ft"
 """Evaluation protocol (``metrics.protocols``) → the accuracy it reports."""
+FINE_TUNED = "acc_personalized_ft"
 
 TUNING_SEED_OFFSET = 1000
 """Studies run at ``federation.seed + 1000``: the reported seeds are fresh, never the one tuned on."""
