@@ -62,8 +62,8 @@ NOISE: dict[str, tuple[Rule, ...]] = {
     # Triton kernels: none run there
     "torch.utils.flop_counter": ((("triton not found",), None),),
 }
-"""Logger → rules: Ray's and torch's records fltune drops (``process.quiet_libraries``). The loggers are named by Ray's private
-modules: a release that moves one brings its noise back."""
+"""Logger → rules: Ray's and torch's records fltune drops (``process.quiet_libraries``). The loggers are named by their
+private modules: a release that moves one brings its noise back."""
 
 def mute_published_errors_after_a_stop(stopped: Callable[[], bool]) -> None:
     """Drop the errors Ray's services publish to the driver (its ``(raylet) …`` lines) once ``stopped()``: a stop

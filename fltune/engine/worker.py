@@ -31,7 +31,6 @@ from fltune.engine.transfer import RoundInput, device_states, load_changed, load
 from fltune.engine.probes import ClientMeter, ProbeTask
 from fltune.engine.rng import derive_seed, use_deterministic_cuda
 from fltune.methods.base import ClientResult, Method, State, Upload, to_numpy
-from fltune.process import quiet_libraries
 
 T = TypeVar("T")
 
@@ -266,6 +265,8 @@ def skip_triton() -> None:
     """Make ``import triton`` fail here, as if not installed, in a process that sees no GPU. Why: torch imports
     Triton whenever its compiler or FLOP counter loads, holding memory a CPU worker never uses; torch's check is
     an import that may fail, and Python fails an import whose ``sys.modules`` entry is None."""
+    from fltune.process import quiet_libraries
+
     if "triton" not in sys.modules:
         sys.modules["triton"] = None  # type: ignore[assignment]
         quiet_libraries()  # the FLOP counter's note that it can't count Triton kernels (``workarounds.NOISE``)
