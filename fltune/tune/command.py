@@ -150,7 +150,7 @@ class Study(TuneJob["StudySpec"]):
                          scheduler=scheduler(spec), num_samples=spec.space.num_samples)
 
     def describe(self, spec: StudySpec, nodes: int) -> str:
-        space, res = spec.space, spec.base_config.resources
+        space, res = spec.space, spec.config.resources
         sched = space.scheduler.name
         if sched == "asha":
             sched += f" (grace {space.scheduler.grace_period} rounds)"
@@ -203,7 +203,7 @@ class Study(TuneJob["StudySpec"]):
         from fltune.tune.board import params_text
         from fltune.tune.confirm import Confirmation, confirmed_table, plan
 
-        stage = plan(spec.space, spec.base_config.metrics.test)
+        stage = plan(spec.space, spec.config.metrics.test)
         if stage is None:
             return ()
         job = Confirmation(spec, rows, stage, self.options.address, self.resume_command(spec))

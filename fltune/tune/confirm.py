@@ -18,7 +18,7 @@ from fltune.tune.spec import SavedSpec, StudySpec, exists
 if TYPE_CHECKING:
     from rich.table import Table
 
-    from fltune.config import TrackingConfig
+    from fltune.config import ExperimentConfig
     from fltune.tune.results import TrialRow
 
 FOLDER = "confirm"
@@ -58,12 +58,12 @@ class ConfirmSpec(SavedSpec):
         fresh = study.space.seeds if study.space.confirm != "none" else 0
         return cls(name=FOLDER, storage=study.path, study=study, seeds=confirm.seeds,
                    cells=[json.dumps(row.params, sort_keys=True) for row in ranked],
-                   first_seed=study.base_config.federation.seed + fresh, workers=study.workers,
+                   first_seed=study.config.federation.seed + fresh, workers=study.workers,
                    gpus_per_worker=study.gpus_per_worker, uri=study.tracking.uri or default_uri())
 
     @property
-    def tracking(self) -> TrackingConfig:
-        return self.study.tracking
+    def config(self) -> ExperimentConfig:
+        return self.study.config
 
     @property
     def max_concurrent(self) -> int:
@@ -103,8 +103,7 @@ class Confirmation(GridJob[ConfirmSpec]):
 
     def __init__(self, study: StudySpec, rows: list[TrialRow], confirm: Confirm, address: str | None,
                  resume: str) -> None:
-        path = f"{study.path}/{FOLDER}"
-        super().__init__(JobOptions(storage=study.path, address=address, resume=exists(path)))
+        super().__init__(JobOptions(storage=study.path, address=address, resume=exists(f"{study.path}/{FOLDER}")))
         self.study, self.search_rows, self.confirm, self.hint = study, rows, confirm, resume
 
     def new_spec(self, storage: str) -> ConfirmSpec:
