@@ -8,10 +8,10 @@ from typing import Any
 
 from fltune.jobs.scaffold import CELL_CHECKPOINT_EVERY, CELL_CHECKPOINT_SECONDS
 from fltune.tune.space import Objective
-from fltune.tune.spec import SavedSpec
+from fltune.tune.spec import JobSpec
 
 
-class CellSpec(SavedSpec):
+class CellSpec(JobSpec):
     """A job of cells frozen at its start: its trials' workers and GPU share, concurrency, ``--out`` folder and
     checkpoint cadence (``trainable.Cadence``)."""
 

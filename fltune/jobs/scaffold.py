@@ -26,7 +26,7 @@ if TYPE_CHECKING:  # Ray Tune and MLflow load only when a command runs
     from fltune.tune.board import TrialBoard
     from fltune.tune.mlflow_runs import RunTree
     from fltune.tune.results import TrialRow
-    from fltune.tune.spec import SavedSpec
+    from fltune.tune.spec import JobSpec
 
 JOB_ENV = {
     # with verbose=0 and the old output engine Tune prints nothing: the board is the job's output
@@ -41,7 +41,7 @@ CELL_CHECKPOINT_EVERY, CELL_CHECKPOINT_SECONDS = 25, 60.0
 """A job cell's default checkpoint cadence: a personalised method's checkpoint costs more than its round."""
 
 
-Spec = TypeVar("Spec", bound="SavedSpec")
+Spec = TypeVar("Spec", bound="JobSpec")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -128,7 +128,7 @@ def say_failures(trials: list[Trial]) -> None:
         console.print(line, markup=False, soft_wrap=True)
 
 
-def start(spec: SavedSpec, out: str | None, configs: list[ExperimentConfig], address: str | None) -> None:
+def start(spec: JobSpec, out: str | None, configs: list[ExperimentConfig], address: str | None) -> None:
     """A job's checks before Ray (its tracking, its storage, its ``out`` folder, its trials' data), then Ray."""
     from fltune.engine.cluster import start_ray
     from fltune.preflight import check_data
@@ -143,7 +143,7 @@ def start(spec: SavedSpec, out: str | None, configs: list[ExperimentConfig], add
     start_ray(address)
 
 
-def resume_line(command: str, spec: SavedSpec) -> str:
+def resume_line(command: str, spec: JobSpec) -> str:
     """``cli.py <command> --name … --storage … --resume``: what continues the job ``spec``."""
     return f"{invoked_as()} {command} --name {spec.name} --storage {spec.storage} --resume"
 

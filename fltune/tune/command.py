@@ -166,8 +166,7 @@ class Study(TuneJob["StudySpec"]):
         )
 
     def conclude(self, spec: StudySpec, rows: list[TrialRow]) -> int:
-        """Print the ranking, confirm the best configurations and write the winner's; the exit status says how
-        the study ended."""
+        """The ranking, the confirmation and the winner's file; the exit status says how the study ended."""
         from fltune.jobs.storage import write_whole
         from fltune.tracking.progress import console
         from fltune.tune.board import trials_table

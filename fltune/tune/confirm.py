@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from fltune.config import set_fields
 from fltune.jobs.scaffold import GridJob, JobOptions
 from fltune.tune.space import Confirm, Objective, SearchSpace
-from fltune.tune.spec import SavedSpec, StudySpec, exists
+from fltune.tune.spec import JobSpec, StudySpec, exists
 
 if TYPE_CHECKING:
     from rich.table import Table
@@ -36,7 +36,7 @@ def plan(space: SearchSpace, testing: bool) -> Confirm | None:
     return Confirm(top=1, seeds=space.seeds) if space.on_validation and testing else None
 
 
-class ConfirmSpec(SavedSpec):
+class ConfirmSpec(JobSpec):
     """The confirmation job: the study, its top configurations (JSON of their parameters), best first, and
     ``uri``, the driver's MLflow store, where the trials log their seeds' runs."""
 
@@ -47,19 +47,6 @@ class ConfirmSpec(SavedSpec):
     workers: int
     gpus_per_worker: float | None
     uri: str = ""
-
-    @classmethod
-    def of(cls, study: StudySpec, rows: list[TrialRow], confirm: Confirm) -> ConfirmSpec:
-        """Fresh seeds follow the search's, except when only the test data is read (``confirm: none``)."""
-        from fltune.tracking.paths import default_uri
-        from fltune.tune.results import rank
-
-        ranked = [row for row in rank(rows, study.space.objective.direction) if row.scored][:confirm.top]
-        fresh = study.space.seeds if study.space.confirm != "none" else 0
-        return cls(name=FOLDER, storage=study.path, study=study, seeds=confirm.seeds,
-                   cells=[json.dumps(row.params, sort_keys=True) for row in ranked],
-                   first_seed=study.config.federation.seed + fresh, workers=study.workers,
-                   gpus_per_worker=study.gpus_per_worker, uri=study.tracking.uri or default_uri())
 
     @property
     def config(self) -> ExperimentConfig:
@@ -107,7 +94,17 @@ class Confirmation(GridJob[ConfirmSpec]):
         self.study, self.search_rows, self.confirm, self.hint = study, rows, confirm, resume
 
     def new_spec(self, storage: str) -> ConfirmSpec:
-        return ConfirmSpec.of(self.study, self.search_rows, self.confirm)
+        """Fresh seeds follow the search's, except when only the test data is read (``confirm: none``)."""
+        from fltune.tracking.paths import default_uri
+        from fltune.tune.results import rank
+
+        study, confirm = self.study, self.confirm
+        ranked = [row for row in rank(self.search_rows, study.space.objective.direction) if row.scored][:confirm.top]
+        fresh = study.space.seeds if study.space.confirm != "none" else 0
+        return ConfirmSpec(name=FOLDER, storage=study.path, study=study, seeds=confirm.seeds,
+                           cells=[json.dumps(row.params, sort_keys=True) for row in ranked],
+                           first_seed=study.config.federation.seed + fresh, workers=study.workers,
+                           gpus_per_worker=study.gpus_per_worker, uri=study.tracking.uri or default_uri())
 
     def saved_spec(self, storage: str) -> ConfirmSpec:
         return ConfirmSpec.load(f"{storage}/{FOLDER}")

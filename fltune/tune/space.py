@@ -194,8 +194,7 @@ class SearchSpace(_Strict):
 
 
 def is_space_setting(override: str) -> bool:
-    """Whether ``--set key=value`` names a search setting (a field of the space other than the experiment it
-    describes) rather than an experiment field."""
+    """Whether ``--set key=value`` edits the search (a field of the space besides its experiment's)."""
     key = override.split("=", 1)[0].strip().split(".")[0]
     return key in SearchSpace.model_fields and key not in ("method", "base", "overrides", "params")
 
@@ -257,8 +256,7 @@ def check_params(space: SearchSpace, tree: dict[str, Any], method: str) -> None:
 
 
 def check_objective(space: SearchSpace, cfg: ExperimentConfig) -> None:
-    """Every objective's metric must be produced by the base experiment, and ASHA must see it before its first
-    rung."""
+    """Every objective's metric is one the base experiment produces, and ASHA sees it before its first rung."""
     check_probes(cfg)
     for objective in space.objectives:
         if need := unmet_need(objective.metric, objective.reduce, cfg):

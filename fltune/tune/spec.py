@@ -20,22 +20,12 @@ SPEC_FILE = "fltune_study.json"
 
 
 class SavedSpec(BaseModel):
-    """A Tune job's settings in its folder (``<storage>/<name>/fltune_study.json``) for --resume; every kind has
-    ``max_concurrent`` (trials at once; None: all that fit), read by ``TuneJob``."""
+    """A Tune job's settings in its folder (``<storage>/<name>/fltune_study.json``) for --resume."""
 
     model_config = ConfigDict(frozen=True, ignored_types=(cached_property,))
 
     name: str
     storage: str
-
-    @property
-    @abstractmethod
-    def config(self) -> ExperimentConfig:
-        """The job's setting, whose tracking and resources every trial shares."""
-
-    @property
-    def tracking(self) -> TrackingConfig:
-        return self.config.tracking
 
     @property
     def path(self) -> str:
@@ -44,10 +34,9 @@ class SavedSpec(BaseModel):
 
     def save(self) -> None:
         """Written whole or not at all (``storage.write_whole``): ``--resume`` reads it back."""
-        data = self.model_dump_json(indent=2).encode()
         fs, folder = pyarrow.fs.FileSystem.from_uri(self.path)
         fs.create_dir(folder)
-        write_whole(f"{self.path}/{SPEC_FILE}", data)
+        write_whole(f"{self.path}/{SPEC_FILE}", self.model_dump_json(indent=2).encode())
 
     @classmethod
     def load(cls, path: str) -> Self:
@@ -97,7 +86,21 @@ class CutSpec(FLTuneError):
     """A saved spec that is not JSON at all: empty or cut short by a stop as an older fltune wrote it."""
 
 
-class StudySpec(SavedSpec):
+class JobSpec(SavedSpec):
+    """A kind of Tune job's spec as ``TuneJob`` reads it: its setting, and ``max_concurrent`` (trials at once; None:
+    all that fit)."""
+
+    @property
+    @abstractmethod
+    def config(self) -> ExperimentConfig:
+        """The job's setting, whose tracking and resources every trial shares."""
+
+    @property
+    def tracking(self) -> TrackingConfig:
+        return self.config.tracking
+
+
+class StudySpec(JobSpec):
     """Everything a study needs, as plain data (picklable for Ray, JSON for the study folder)."""
 
     method: str
