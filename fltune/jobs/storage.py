@@ -118,12 +118,13 @@ def tune_started(path: str) -> bool:
 
 def tuner_whole(path: str) -> bool:
     """Whether the job's ``tuner.pkl`` at ``path`` reads back: a job copied cut may hold a truncated one
-    (ray-project/ray#58179) that fails ``Tuner.restore`` though its trials and checkpoints are all there."""
+    (ray-project/ray#58179), and one an older fltune wrote may name a class this one moved or removed; either
+    fails ``Tuner.restore`` though the job's trials and checkpoints are all there."""
     fs, folder = pyarrow.fs.FileSystem.from_uri(path)
     try:
         with fs.open_input_stream(f"{folder}/tuner.pkl") as saved:
             pickle.loads(saved.readall())
-    except (OSError, EOFError, pickle.UnpicklingError):
+    except (OSError, EOFError, pickle.UnpicklingError, AttributeError, ImportError):
         return False
     return True
 

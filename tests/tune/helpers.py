@@ -17,6 +17,10 @@ from fltune.tracking.mlflow_log import mlflow_key
 from fltune.tune.mlflow_runs import EVERY_ROUND
 
 REPO = Path(__file__).resolve().parents[2]
+STALE_CLASS = b"cfltune.tune.mlflow_runs\nMLflowStudyCallback\n."
+"""A saved Tuner as an older fltune pickled it: its MLflow callback was a class this fltune removed."""
+STALE_MODULE = b"cfltune.compare.job\nCompareJob\n."
+"""One naming a module this fltune removed."""
 
 TINY_BASE: dict[str, Any] = {
     "data": {"dataset": "synthetic"},

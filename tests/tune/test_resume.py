@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from ray.tune import ExperimentAnalysis
 
-from tests.tune.helpers import finished, rounds_logged, start, study_runs, tune_command, write_space
+from tests.tune.helpers import STALE_CLASS, finished, rounds_logged, start, study_runs, tune_command, write_space
 
 ROUNDS = 3
 
@@ -92,10 +92,12 @@ def test_a_study_stopped_by_sigterm_resumes_exactly_once(tmp_path: Path, mlflow_
 
 @pytest.mark.slow
 @pytest.mark.extended
-def test_a_killed_driver_whose_tuner_file_was_cut_resumes_exactly_once(tmp_path: Path, mlflow_uri: str) -> None:
-    """SIGKILL to the driver alone (its Ray processes share its fate), then the saved Tuner emptied: what such a
-    kill mid-copy left before job folders were written whole (ray-project/ray#58179); it is rewritten from the
-    study's spec."""
+@pytest.mark.parametrize("saved", [b"", STALE_CLASS], ids=["cut", "older_fltune"])
+def test_a_killed_driver_whose_tuner_file_was_cut_resumes_exactly_once(tmp_path: Path, mlflow_uri: str,
+                                                                      saved: bytes) -> None:
+    """SIGKILL to the driver alone (its Ray processes share its fate), then the saved Tuner emptied (what such a
+    kill mid-copy left before job folders were written whole, ray-project/ray#58179) or naming a class an older
+    fltune had: it is rewritten from the study's spec."""
     space = write_space(tmp_path, num_samples=3, max_concurrent=2)
     study = tmp_path / "study"
     cmd = tune_command(space, tmp_path, "--set", f"federation.rounds={ROUNDS}")
@@ -103,7 +105,7 @@ def test_a_killed_driver_whose_tuner_file_was_cut_resumes_exactly_once(tmp_path:
     run_until(first, study, more=1)
     first.send_signal(signal.SIGKILL)
     first.wait(timeout=60)
-    (study / "tuner.pkl").write_bytes(b"")
+    (study / "tuner.pkl").write_bytes(saved)
     resumed_to_the_end(cmd, study, tmp_path / "2.log", mlflow_uri, trials=3)  # one never started before the kill
 
 

@@ -18,6 +18,7 @@ from fltune.jobs.storage import job_filesystem, storage_root, tuner_whole, write
 from fltune.jobs.tuner import run_config
 from fltune.tune.spec import SPEC_FILE, SavedSpec
 from fltune.workarounds import PRUNES
+from tests.tune.helpers import STALE_CLASS, STALE_MODULE
 
 KILLED_MID_WRITE = """
 import os, signal, sys
@@ -149,9 +150,10 @@ def test_a_storage_uri_that_cannot_be_reached_is_one_line_naming_storage(tmp_pat
     assert storage_root(str(tmp_path / "rel" / ".." / "jobs")) == str(tmp_path / "jobs")
 
 
-def test_a_saved_tuner_that_is_missing_empty_or_cut_is_not_whole(tmp_path: Path) -> None:
+def test_a_saved_tuner_that_is_missing_empty_cut_or_from_an_older_fltune_is_not_whole(tmp_path: Path) -> None:
     assert not tuner_whole(str(tmp_path))
     saved = pickle.dumps({"_tune_config": list(range(100))})
-    for data, whole in ((saved, True), (b"", False), (saved[: len(saved) // 2], False)):
+    for data, whole in ((saved, True), (b"", False), (saved[: len(saved) // 2], False),
+                        (STALE_CLASS, False), (STALE_MODULE, False)):
         (tmp_path / "tuner.pkl").write_bytes(data)
         assert tuner_whole(str(tmp_path)) == whole
