@@ -210,10 +210,6 @@ class Tracker:
         logged = sorted(self.client.get_metric_history(run_id, mlflow_key(key)), key=lambda m: m.timestamp)
         return {m.step: m.value for m in logged}
 
-    def last_step(self, run_id: str, key: str) -> int | None:
-        """The highest step logged for ``key``, None if never: where a resumed run's curve continues."""
-        return max(self.history(run_id, key), default=None)
-
     def delete(self, run_id: str) -> None:
         self.client.delete_run(run_id)
 

@@ -26,12 +26,12 @@ def test_find_matches_tag_values_whatever_quotes_they_hold(tracker: Tracker) -> 
     assert tracker.find({"fltune.study": "/data/it", "fltune.kind": "compare"}) == []
 
 
-def test_history_is_the_curve_as_logged_and_last_step_its_end(tracker: Tracker) -> None:
+def test_history_is_the_curve_as_logged(tracker: Tracker) -> None:
     run_id = tracker.start(None, {})
-    assert tracker.history(run_id, "acc") == {} and tracker.last_step(run_id, "acc") is None
+    assert tracker.history(run_id, "acc") == {}
     for step, value in ((1, 0.5), (2, 0.6), (3, 0.7)):
         tracker.log_metrics(run_id, {"acc": value}, step=step)
-    assert tracker.history(run_id, "acc") == {1: 0.5, 2: 0.6, 3: 0.7} and tracker.last_step(run_id, "acc") == 3
+    assert tracker.history(run_id, "acc") == {1: 0.5, 2: 0.6, 3: 0.7}
 
 
 def test_a_run_is_named_after_what_it_is_unless_the_user_names_it() -> None:
