@@ -118,9 +118,6 @@ class FeatureAligned(FedPer):
                               f"model's head is a {type(head).__name__}")
         return model
 
-    def server_payload(self, server_state: dict[str, Any]) -> dict[str, Any]:
-        return dict(server_state)
-
 
 @register
 class FedPAC(FeatureAligned):
@@ -138,7 +135,7 @@ class FedPAC(FeatureAligned):
         """Pre-training statistics (step 1) and each class's alignment target (the local mean where none)."""
         before = class_features(ctx, ctx.model.head.out_features)
         ctx.scratch["before"] = before
-        if "protos" in ctx.server:
+        if "protos" in ctx.server_tensors:
             protos, has = ctx.server_tensors["protos"], ctx.server_tensors["has_proto"]
             ctx.inputs["targets"] = {"c": torch.where(has[:, None], protos, before.means.float())}
 

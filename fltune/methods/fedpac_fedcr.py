@@ -70,7 +70,7 @@ class FedPACFedCR(FeatureAligned, FedRep):
     def setup_client(self, ctx: ClientContext) -> None:
         """The round's centroids C (shared: read only), zeros before any, as the code."""
         shape = (ctx.model.head.out_features, ctx.model.feature_dim)
-        c = ctx.server_tensors["centroids"] if "centroids" in ctx.server else torch.zeros(shape, device=ctx.device)
+        c = ctx.server_tensors["centroids"] if "centroids" in ctx.server_tensors else torch.zeros(shape, device=ctx.device)
         ctx.inputs["centroids"] = {"c": c}
 
     def local_loss(self, batch: Batch) -> tuple[Tensor, Tensor]:

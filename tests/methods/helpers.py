@@ -39,10 +39,9 @@ def make_ctx(
     def epoch() -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         return iter(data)
 
-    server = dict(server or {})
     return ClientContext(
         client_id=client_id, round=round_, model=model, global_state=global_state, state=dict(state or {}),
-        server=server, server_tensors=DeviceServer(server, torch.device("cpu")),
+        server_tensors=DeviceServer(dict(server or {}), torch.device("cpu")),
         num_samples=sum(len(y) for _, y in data), epochs=epochs, lr=lr,
         device=torch.device("cpu"), batches=epoch, grad_clip=grad_clip,
     )
