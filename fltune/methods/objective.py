@@ -58,15 +58,15 @@ class ClientByClient(Exception):
 
 
 Objective = Callable[[Tensors], tuple[torch.Tensor, Any]]
-"""Weights → (a scalar to differentiate, what else to return); :meth:`Batch.gradient`'s argument."""
+"""Weights → (a scalar to differentiate, what else to return); :attr:`Batch.gradient`'s argument."""
 
 
 @dataclass(frozen=True)
 class Batch:
     """One batch as a method's objective and step read it: ``weights`` (every parameter), ``noise`` (``Method.noise``'s
     draws), ``record`` (per-sample tensors for ``Method.record_step``); for a ``Method.step``, the weights it trains
-    (``trainable``), the round's ``lr`` and ``grad_clip``. ``mask`` (padded samples 0), ``client`` and
-    ``differentiate`` are the engine's, read through :meth:`mean`, :meth:`module` and :meth:`gradient`."""
+    (``trainable``), the round's ``lr`` and ``grad_clip``. ``mask`` (padded samples 0), ``client`` and ``gradient``
+    are the engine's, the first two read through :meth:`mean` and :meth:`module`."""
 
     forward: Forward
     weights: Tensors
@@ -81,7 +81,9 @@ class Batch:
     trainable: tuple[str, ...] = ()
     lr: float = 0.0
     grad_clip: float | None = None
-    differentiate: Callable[[Objective, Tensors], tuple[Tensors, torch.Tensor, Any]] | None = None
+    gradient: Callable[[Objective, Tensors], tuple[Tensors, torch.Tensor, Any]] | None = None
+    """(∇objective at ``weights``, its value, the rest it returns), detached; zeros for an unused weight. By ``torch.func``
+    where clients are trained together, by autograd client by client: the same bits."""
     kept: dict[str, Tensors] = field(default_factory=dict)
 
     @property
@@ -92,11 +94,6 @@ class Batch:
     def at(self, weights: Mapping[str, torch.Tensor]) -> Batch:
         """This batch with ``weights`` in place of the current ones (the others as they are), a fresh ``record``."""
         return replace(self, weights={**self.weights, **weights}, record={})
-
-    def gradient(self, objective: Objective, weights: Tensors) -> tuple[Tensors, torch.Tensor, Any]:
-        """(∇objective at ``weights``, its value, the rest it returns), detached; zeros for an unused weight. The engine
-        takes it by ``torch.func`` where clients are trained together, by autograd client by client: the same bits."""
-        return self.differentiate(objective, weights)
 
     def loss_gradient(
         self, local_loss: Callable[[Batch], tuple[torch.Tensor, torch.Tensor]], weights: Tensors,
