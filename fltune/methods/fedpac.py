@@ -108,7 +108,7 @@ def head_weights(variances: np.ndarray, h: np.ndarray, i: int) -> np.ndarray:
 
 class FeatureAligned(FedPer):
     """A personal linear head over features aligned to the server's class targets (FedPAC's prototypes,
-    centroids), broadcast whole; any other head fails at model construction."""
+    centroids); any other head fails at model construction."""
 
     def adapt_model(self, model: nn.Module) -> nn.Module:
         model = super().adapt_model(model)
