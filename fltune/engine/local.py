@@ -159,7 +159,7 @@ def client_contexts(
         batches = partial(trainer.source.epoch, data.client_train[cid], training.batch_size, generator,
                           trainer.augment, kept)
         ctx = ClientContext(
-            client_id=cid, round=inputs.round, model=model, global_state=global_tensors,
+            client_id=cid, model=model, global_state=global_tensors,
             state=dict(states.get(cid, {})), server_tensors=inputs.server_on(device),
             num_samples=kept, epochs=training.local_epochs, lr=inputs.lr, device=device, batches=batches,
             momentum=training.momentum if training.optimizer == "sgd" else 0.0, nesterov=training.nesterov,

@@ -46,7 +46,6 @@ class Phase:
 class ClientContext:
 
     client_id: int
-    round: int
     model: nn.Module
     global_state: dict[str, torch.Tensor]
     state: dict[str, Any]
