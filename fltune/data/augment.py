@@ -55,21 +55,20 @@ def augment(x: torch.Tensor, kind: str, generator: torch.Generator, black: torch
     if kind == "flip":  # a mirror with probability 1/2, one draw per sample
         return torch.where(_randint(2, (len(x), 1, 1, 1), generator, x.device).bool(), x.flip(-1), x)
     if kind == "flip_crop_half":
-        return random_crop_flip(x, generator, fill=None, crop_half=True)
+        return random_crop_flip(x, generator, crop_half=True)
     fill = "reflect" if kind == "reflect_crop_flip" else black
     x = random_crop_flip(x, generator, fill=fill)
     return cutout(x, generator) if kind == "crop_flip_cutout" else x
 
 
-def random_crop_flip(
-    x: torch.Tensor, generator: torch.Generator, padding: int = CROP_PADDING,
-    fill: torch.Tensor | str | None = None, crop_half: bool = False,
-) -> torch.Tensor:
-    """Pad by ``padding``, crop back to H×W at a random offset, mirror with probability 1/2. ``fill``: a colour per
-    channel [C], None for zeros, or ``"reflect"``. ``crop_half``: each sample is cropped with probability 1/2, drawn
-    after the offsets and flips so the other kinds' draws are unchanged. One gather: sample b reads rows dy_b + i,
-    columns dx_b + j (dx_b + W − 1 − j when flipped)."""
+def random_crop_flip(x: torch.Tensor, generator: torch.Generator, fill: torch.Tensor | str | None = None,
+                     crop_half: bool = False) -> torch.Tensor:
+    """Pad by :data:`CROP_PADDING`, crop back to H×W at a random offset, mirror with probability 1/2. ``fill``: a
+    colour per channel [C], None for zeros, or ``"reflect"``. ``crop_half``: each sample is cropped with probability
+    1/2, drawn after the offsets and flips so the other kinds' draws are unchanged. One gather: sample b reads rows
+    dy_b + i, columns dx_b + j (dx_b + W − 1 − j when flipped)."""
     b, _, h, w = x.shape
+    padding = CROP_PADDING
     dy, dx = _randint(2 * padding + 1, (2, b), generator, x.device)
     flip = _randint(2, (b, 1), generator, x.device).bool()
     if crop_half:
@@ -93,19 +92,19 @@ def _padded(x: torch.Tensor, padding: int, fill: torch.Tensor | str | None) -> t
     return out
 
 
-def cutout(x: torch.Tensor, generator: torch.Generator, size: int = CUTOUT_SIZE) -> torch.Tensor:
-    """DeVries & Taylor's Cutout as FedSOL uses it: zero a size×size square per sample, centred uniformly,
-    clipped at the borders."""
+def cutout(x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """DeVries & Taylor's Cutout as FedSOL uses it: zero a :data:`CUTOUT_SIZE`-wide square per sample, centred
+    uniformly, clipped at the borders."""
     b, _, h, w = x.shape
-    rows = _window(h, _randint(h, (b, 1), generator, x.device), size)
-    cols = _window(w, _randint(w, (b, 1), generator, x.device), size)
+    rows = _window(h, _randint(h, (b, 1), generator, x.device))
+    cols = _window(w, _randint(w, (b, 1), generator, x.device))
     return x.masked_fill((rows[:, :, None] & cols[:, None, :])[:, None], 0)
 
 
-def _window(length: int, centre: torch.Tensor, size: int) -> torch.Tensor:
-    """[B, length] mask of positions in [centre − size/2, centre + size/2) for centres of shape [B, 1]."""
+def _window(length: int, centre: torch.Tensor) -> torch.Tensor:
+    """[B, length] mask of positions in [centre − s/2, centre + s/2), s = :data:`CUTOUT_SIZE`, for centres [B, 1]."""
     pos = torch.arange(length, device=centre.device)
-    return (pos >= centre - size // 2) & (pos < centre + size // 2)
+    return (pos >= centre - CUTOUT_SIZE // 2) & (pos < centre + CUTOUT_SIZE // 2)
 
 
 def _randint(high: int, shape: tuple[int, ...], generator: torch.Generator, device: torch.device) -> torch.Tensor:

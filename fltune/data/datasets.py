@@ -209,22 +209,11 @@ def load_svhn(root: Path | None, download: bool) -> Splits:
 # --- MedMNIST v2 (PathMNIST, TissueMNIST): one ``.npz`` per dataset, its arrays checked before use ---------
 
 
-@dataclass(frozen=True)
-class _MedMNIST:
-    """A MedMNIST v2 file as published (``medmnist/info.py``, v2.1 to v3.0; Zenodo 6496656 and 10519652 hold
-    the same 28×28 files) and one image's shape in it (H, W or H, W, C)."""
-
-    url: str
-    md5: str
-    image_shape: tuple[int, ...]
-
-
-_MEDMNIST: dict[str, _MedMNIST] = {
-    "pathmnist": _MedMNIST("https://zenodo.org/records/10519652/files/pathmnist.npz?download=1",
-                           "a8b06965200029087d5bd730944a56c1", (28, 28, 3)),
-    "tissuemnist": _MedMNIST("https://zenodo.org/records/10519652/files/tissuemnist.npz?download=1",
-                             "ebe78ee8b05294063de985d821c1c34b", (28, 28)),
-}
+# The files as published (``medmnist/info.py``, v2.1 to v3.0; Zenodo 6496656 and 10519652 hold the same 28×28 files):
+# each one's MD5 and one image's shape in it (H, W or H, W, C).
+_MEDMNIST_URL = "https://zenodo.org/records/10519652/files/{}.npz?download=1"
+_MEDMNIST = {"pathmnist": ("a8b06965200029087d5bd730944a56c1", (28, 28, 3)),
+             "tissuemnist": ("ebe78ee8b05294063de985d821c1c34b", (28, 28))}
 _MEDMNIST_SPLITS = ("train", "val", "test")
 
 
@@ -234,16 +223,16 @@ def load_medmnist(name: str, root: Path | None, download: bool) -> Splits:
     channels span the same function class). An existing file is not hashed but checked (CRC-32, keys, dtypes, shapes,
     labels), so a re-saved file still loads."""
     looked_in, how = WHERE[name](root)
+    md5, image_shape = _MEDMNIST[name]
     found = next((p for p in looked_in if p.exists()), None)
     if found is None and download:
-        found = _fetch(_MEDMNIST[name].url, _MEDMNIST[name].md5, looked_in[0], name, looked_in, how)
+        found = _fetch(_MEDMNIST_URL.format(name), md5, looked_in[0], name, looked_in, how)
     if found is None:
         raise missing(name, looked_in, how)
     keys = [f"{split}_{kind}" for split in _MEDMNIST_SPLITS for kind in ("images", "labels")]
     arrays = _read_npz(found, keys, HOW_TO_REPLACE)
     (train_x, train_y), (val_x, val_y), (test_x, test_y) = (
-        _medmnist_split(found, arrays, split, _MEDMNIST[name].image_shape, NUM_CLASSES[name])
-        for split in _MEDMNIST_SPLITS)
+        _medmnist_split(found, arrays, split, image_shape, NUM_CLASSES[name]) for split in _MEDMNIST_SPLITS)
     out: list[torch.Tensor] = []
     for x, y in ((np.concatenate([train_x, val_x]), np.concatenate([train_y, val_y])), (test_x, test_y)):
         x = x[:, None] if x.ndim == 3 else x.transpose(0, 3, 1, 2)  # NHW or NHWC → NCHW
@@ -347,8 +336,15 @@ def _find_tree(tree: _ImageTree, dirs: list[Path], download: bool, into: Path) -
     """The first of ``dirs`` holding both split folders; else, with ``download``, the archive extracted into
     ``into`` (which must fill ``dirs[0]``)."""
     found = next((d for d in dirs if _holds(d, tree)), None)
-    if found is None and download:
-        _download_tree(tree, dirs, into)
+    if found is None and download:  # fetched, then extracted: a failed download (DatasetMissing) is no bad archive
+        from torchvision.datasets.utils import extract_archive
+
+        archive = _fetch(tree.url, tree.md5, into / Path(tree.url).name, tree.name, dirs, tree.how_to_get)
+        try:
+            extract_archive(str(archive), str(into), remove_finished=True)
+        except (tarfile.TarError, zipfile.BadZipFile, EOFError, zlib.error, OSError) as err:
+            raise damaged(archive, f"cannot be extracted ({' '.join(str(err).split())})",
+                          "delete it and rerun with --set data.download=true (needs internet)") from err
         if not _holds(dirs[0], tree):
             folders = " and ".join(f"{split}/" for split in tree.splits)
             raise missing(tree.name, dirs, tree.how_to_get,
@@ -447,19 +443,6 @@ def _decode_rgb(samples: Samples, tree: _ImageTree) -> tuple[np.ndarray, np.ndar
             reason = " ".join(str(err).split())
             raise damaged(Path(path), f"cannot be decoded as an image ({reason})", tree.how_to_replace) from err
     return images, np.array([label for _, label in samples], dtype=np.int64)
-
-
-def _download_tree(tree: _ImageTree, dirs: list[Path], into: Path) -> None:
-    """Fetch ``tree``'s archive into ``into`` and extract it there, in two steps to tell a failed download
-    (DatasetMissing) from a bad archive (DatasetCorrupt)."""
-    from torchvision.datasets.utils import extract_archive
-
-    archive = _fetch(tree.url, tree.md5, into / Path(tree.url).name, tree.name, dirs, tree.how_to_get)
-    try:
-        extract_archive(str(archive), str(into), remove_finished=True)
-    except (tarfile.TarError, zipfile.BadZipFile, EOFError, zlib.error, OSError) as err:
-        raise damaged(archive, f"cannot be extracted ({' '.join(str(err).split())})",
-                       "delete it and rerun with --set data.download=true (needs internet)") from err
 
 
 # --- CINIC-10: train/<class>/*.png and test/<class>/*.png ----------------------------------------------

@@ -59,8 +59,7 @@ class FederatedData:
     @property
     def input_shape(self) -> tuple[int, int, int]:
         """(C, H, W) of one sample."""
-        channels, height, width = self.x.shape[1:]
-        return channels, height, width
+        return tuple(self.x.shape[1:])
 
     @property
     def num_clients(self) -> int:

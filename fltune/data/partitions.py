@@ -28,18 +28,14 @@ def partition(
         raise FLTuneError(f"federation.clients: must be between 1 and the {len(labels)} samples to split; "
                           f"got {num_clients}")
     rng = np.random.default_rng(seed)
-    if kind == "iid":
-        parts = np.array_split(rng.permutation(len(labels)), num_clients)
-    elif kind == "classes":
-        parts = _classes(labels, num_classes, num_clients, classes_per_client, rng)
-    elif kind == "dirichlet_prior":
-        parts = _dirichlet_prior(labels, num_classes, num_clients, alpha, rng)
-    elif kind == "dirichlet":
-        parts = _dirichlet(labels, num_classes, num_clients, alpha, min_size, rng)
-    elif kind == "shards":
-        parts = _shards(labels, num_clients, shards_per_client, rng)
-    else:
-        parts = _class_shards(labels, num_classes, num_clients, shards_per_client, rng)
+    parts = {
+        "iid": lambda: np.array_split(rng.permutation(len(labels)), num_clients),
+        "classes": lambda: _classes(labels, num_classes, num_clients, classes_per_client, rng),
+        "dirichlet_prior": lambda: _dirichlet_prior(labels, num_classes, num_clients, alpha, rng),
+        "dirichlet": lambda: _dirichlet(labels, num_classes, num_clients, alpha, min_size, rng),
+        "shards": lambda: _shards(labels, num_clients, shards_per_client, rng),
+        "class_shards": lambda: _class_shards(labels, num_classes, num_clients, shards_per_client, rng),
+    }[kind]()
     return [np.sort(part).astype(np.int64) for part in parts]
 
 
@@ -155,26 +151,18 @@ def _balanced_plan(owned: np.ndarray, supply: np.ndarray, per_client: int,
 def _fill_levels(owned: np.ndarray, counts: np.ndarray, left: np.ndarray, need: np.ndarray,
                  rng: np.random.Generator) -> None:
     """Raise every client with room by one sample of each owned class with data left, per level, in place;
-    (j+t) order breaks ties (FedCR's), a scarce class grants a random subset."""
+    (j+t) order breaks ties (FedCR's), a scarce class c serves ``left[c]`` of its requests, chosen at random."""
     while True:
         wants = (left[owned] > 0) & (need[:, None] > 0)
         if not wants.any():
             return
-        wants &= np.cumsum(wants, axis=1) <= need[:, None]
-        granted = _grant_one_level(owned, wants, left, rng)
+        slots = np.flatnonzero(wants & (np.cumsum(wants, axis=1) <= need[:, None]))
+        cls = owned.ravel()[slots]
+        granted = np.zeros(owned.shape, dtype=np.int64)
+        granted.flat[slots] = _rank_in_group(cls, np.lexsort((rng.random(len(slots)), cls))) < left[cls]
         counts += granted
         need -= granted.sum(axis=1)
         left -= np.bincount(owned.ravel(), weights=granted.ravel(), minlength=len(left)).astype(np.int64)
-
-
-def _grant_one_level(owned: np.ndarray, wants: np.ndarray, left: np.ndarray,
-                     rng: np.random.Generator) -> np.ndarray:
-    """0/1 grants for one level: each class serves at most ``left[c]`` of its requests, chosen at random."""
-    slots = np.flatnonzero(wants)
-    cls = owned.ravel()[slots]
-    granted = np.zeros(owned.size, dtype=np.int64)
-    granted[slots] = _rank_in_group(cls, np.lexsort((rng.random(len(slots)), cls))) < left[cls]
-    return granted.reshape(owned.shape)
 
 
 def _rank_in_group(groups: np.ndarray, order: np.ndarray) -> np.ndarray:
@@ -253,7 +241,10 @@ def _draw_classes(priors: np.ndarray, clients: np.ndarray, left: np.ndarray, rng
     classes = np.empty(len(clients), dtype=np.int64)
     pos = 0
     while pos < len(clients):
-        cdf = np.cumsum(_available_priors(priors, left > 0), axis=1)[clients[pos:pos + chunk]]
+        available = left > 0  # a client with no prior mass left draws the available classes uniformly [U]
+        masked = priors * available
+        masked[masked.sum(axis=1) <= 0] = available / available.sum()
+        cdf = np.cumsum(masked, axis=1)[clients[pos:pos + chunk]]
         # inverse CDF; zero-mass classes repeat the previous value, so the count of entries ≤ u has mass
         u = rng.random(len(cdf)) * cdf[:, -1]
         drawn = (cdf <= u[:, None]).sum(axis=1)
@@ -263,14 +254,6 @@ def _draw_classes(priors: np.ndarray, clients: np.ndarray, left: np.ndarray, rng
         left = left - np.bincount(drawn[:keep], minlength=len(left))
         pos += keep
     return classes
-
-
-def _available_priors(priors: np.ndarray, available: np.ndarray) -> np.ndarray:
-    """Priors masked to available classes; a client with no prior mass left draws them uniformly [U]."""
-    masked = priors * available
-    empty = masked.sum(axis=1) <= 0
-    masked[empty] = available / available.sum()
-    return masked
 
 
 # --- dirichlet (FedML LDA: FedAlign, FedSOL) ----------------------------------------------------------

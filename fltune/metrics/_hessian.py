@@ -39,7 +39,6 @@ LossFn = Callable[[nn.Module, Batch], Tensor]
 """``(model, (x, y)) -> scalar loss``."""
 Vector = list[Tensor]
 """A vector in parameter space: one tensor per trainable parameter tensor, in ``named_parameters`` order."""
-HessianProduct = Callable[[Vector], Vector]
 
 
 def cross_entropy_loss(model: nn.Module, batch: Batch) -> Tensor:
@@ -133,7 +132,7 @@ def _orthogonalized(v: Vector, basis: list[Vector]) -> Vector:
 
 
 def _power_iteration(
-    apply_h: HessianProduct, start: Vector, found: list[Vector], max_iter: int, tol: float
+    apply_h: Callable[[Vector], Vector], start: Vector, found: list[Vector], max_iter: int, tol: float
 ) -> tuple[float, Vector]:
     """The eigenpair of largest |λ| of H restricted to the complement of ``found`` (orthonormal). Rayleigh quotient
     vᵀHv, stopped at a relative change < ``tol`` (PyHessian's rule) or ``max_iter``; each iterate is re-orthogonalised
