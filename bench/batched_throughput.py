@@ -51,7 +51,7 @@ from fltune.engine.batched import client_groups, train_group
 from fltune.engine.builders import build_method, build_model_for, initial_state, load_data
 from fltune.engine.local import Trainer, train_client
 from fltune.engine.transfer import RoundInput
-from fltune.engine.rng import sample_clients
+from fltune.engine.rng import round_clients
 from fltune.methods import get_method
 
 Train = Callable[[RoundInput, list[int]], None]
@@ -130,7 +130,7 @@ class Setup:
     def round(self, r: int) -> tuple[RoundInput, list[int], int]:
         """Round ``r``'s inputs (from the initial model), its clients and their samples."""
         fed = self.cfg.federation
-        clients = sample_clients(fed.seed, r, fed.clients, fed.clients_per_round)
+        clients = round_clients(fed, r)
         inputs = RoundInput(round=r, seed=fed.seed, lr=self.cfg.training.lr, global_state=self.start,
                             server=self.server)
         return inputs, clients, sum(len(self.data.client_train[c]) for c in clients)

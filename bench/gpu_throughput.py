@@ -42,7 +42,7 @@ from fltune.config import ExperimentConfig, ResourcesConfig, build_config
 from fltune.data.augment import to_float
 from fltune.data.federated import FederatedData
 from fltune.engine.builders import build_method, build_model_for, initial_state, load_data
-from fltune.engine.rng import derive_seed, sample_clients
+from fltune.engine.rng import derive_seed, round_clients
 from fltune.errors import FLTuneError
 from fltune.methods.base import ClientContext
 from fltune.reproduce.papers.simfafl import ROWS, SCALES, cell
@@ -96,7 +96,7 @@ def b0_rates(cfg: ExperimentConfig, data: FederatedData, device: torch.device, t
     for r in range(1, fed.rounds + 1):
         start, samples = time.perf_counter(), 0
         total = {k: torch.zeros_like(v, dtype=torch.float64) for k, v in global_state.items()}
-        clients = sample_clients(fed.seed, r, fed.clients, fed.clients_per_round)
+        clients = round_clients(fed, r)
         for cid in clients:
             torch.manual_seed(derive_seed(fed.seed, r, cid))
             model.load_state_dict(global_state)

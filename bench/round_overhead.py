@@ -23,7 +23,7 @@ from fltune.config import ExperimentConfig, build_config
 from fltune.data.augment import to_float
 from fltune.data.federated import FederatedData
 from fltune.engine.builders import build_model_for, initial_state, load_data
-from fltune.engine.rng import sample_clients
+from fltune.engine.rng import round_clients
 
 
 def workload(rounds: int, extra: tuple[str, ...] = ()) -> ExperimentConfig:
@@ -80,7 +80,7 @@ def tight_round_seconds(cfg: ExperimentConfig, device: torch.device) -> tuple[li
     times, samples = [], 0
     for r in range(1, fed.rounds + 1):
         start = time.perf_counter()
-        clients = sample_clients(fed.seed, r, fed.clients, fed.clients_per_round)
+        clients = round_clients(fed, r)
         global_state = tight_round(model, data, x, y, global_state, clients, cfg.training)
         if device.type == "cuda":
             torch.cuda.synchronize()

@@ -63,11 +63,8 @@ class RunResult:
 
     def to_pandas(self) -> pandas.DataFrame:
         """The history as a DataFrame, one row per round, ``round`` its first column, an int (needs pandas)."""
-        try:
-            import pandas
-        except ImportError:
-            raise FLTuneError("RunResult.to_pandas: pandas is not installed; RunResult.history is the same "
-                              "rounds as a list of dicts") from None
+        import pandas  # MLflow's own dependency
+
         frame = pandas.DataFrame(self.history)
         if "round" in frame:  # the engine's rows hold it as a float, like every figure
             frame.insert(0, "round", frame.pop("round").astype(int))
@@ -219,9 +216,11 @@ class CompareResult(JobResult):
 
 def _job_function(kind: type[JobCommand], result: Callable[[Any, int], Result]) -> Callable[..., Result | Plan]:
     """A job function made of ``result`` (what it returns of a job that ran): its keywords are its command's options
-    ``kind`` (``_keywords``), then ``progress``; it runs them as ``fltune <command>`` does (``cli.cmd_job``), or with
-    ``plan=True`` returns the plan. Its docstring lists the keywords with their flags' help."""
-    keywords = _keywords(kind)
+    ``kind``, then ``progress``; it runs them as ``fltune <command>`` does (``cli.cmd_job``), or with ``plan=True``
+    returns the plan. Its docstring lists the keywords with their flags' help."""
+    # the flags, each of its name (``set`` for ``--set``; the first one positional), then the fields a shortcut fills
+    keywords = {spelling(option): option for option in flag_fields(kind)}
+    keywords |= {option.name: option for option in fields(kind) if option.name in kind.shortcuts}
 
     @functools.wraps(result)
     def function(*args: Any, **given: Any) -> Result | Plan:
@@ -250,13 +249,6 @@ def _job_function(kind: type[JobCommand], result: Callable[[Any, int], Result]) 
         result.__doc__ or "", textwrap.fill(intro, 116, initial_indent="    ", subsequent_indent="    "),
         "\n".join(textwrap.fill(text, 116, initial_indent="    ", subsequent_indent="        ") for text in helps)])
     return function
-
-
-def _keywords(kind: type[JobCommand]) -> dict[str, Field]:
-    """A job function's keywords, each a field of its command's options: the flags (``cli_args.flag``, of the same
-    name, ``set`` for ``--set``; the first one positional), then the fields a shortcut flag fills."""
-    keywords = {spelling(option): option for option in flag_fields(kind)}
-    return keywords | {option.name: option for option in fields(kind) if option.name in kind.shortcuts}
 
 
 def _takes(option: Field) -> Any:

@@ -21,7 +21,6 @@ from rich.table import Table
 from fltune.cli_args import ExperimentOptions, add_flags, experiment_overrides, options_from
 from fltune.compare.command import CompareOptions
 from fltune.errors import FLTuneError, WriteFailed
-from fltune.examples import EXAMPLES
 from fltune.folders import failed_write, make_out, said
 from fltune.plugins import origin, plugins, user_fault
 from fltune.process import (
@@ -47,8 +46,10 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     if args.plan:
         return run(cfg, plan=True).print()
-    if args.json_out:
-        check_json_out(args.json_out)
+    if args.json_out:  # written once the run ends: its folder made now, and no folder at the path itself
+        if Path(args.json_out).is_dir():
+            raise FLTuneError(f"--json-out {args.json_out}: is a folder; allowed: a file path")
+        make_out(str(Path(args.json_out).resolve().parent), "--json-out")
     summary = run(cfg).metrics
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(summary, indent=2) + "\n")
@@ -59,16 +60,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
-def check_json_out(path: str) -> None:
-    """``--json-out`` can be written once the run ends: its folder exists (made now) and it is no folder."""
-    if Path(path).is_dir():
-        raise FLTuneError(f"--json-out {path}: is a folder; allowed: a file path")
-    make_out(str(Path(path).resolve().parent), "--json-out")
-
-
 def cmd_job(args: argparse.Namespace) -> int:
-    """A job command (tune, reproduce, compare), or its plan: its flags as its typed options, run as the Python API
-    (``fltune.tune`` …) runs them."""
+    """A job command (tune, reproduce, compare) or its plan, its flags run as its Python function runs them."""
     options = options_from(args).checked()
     return options.planned().print() if options.plan else options.job().run()
 
@@ -155,10 +148,49 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+EXAMPLES: dict[str, str] = {
+    "run": """examples:
+  fltune run --method fedavg --dataset fmnist --partition dirichlet_prior --alpha 0.5 --clients 100 \\
+      --fraction 0.1 --rounds 10 --local-epochs 5 --seed 0 --json-out out.json
+  fltune run --method fedprox --set method.mu=0.01 --rounds 20 --plan
+  fltune run --method ditto --set partition.eval_fraction=0.3 --no-mlflow
+""",
+    "methods": """examples:
+  fltune methods
+  fltune methods fedprox
+  fltune run --method scaffold --print-config
+""",
+    "tune": """examples:
+  fltune tune --space search_spaces/fedprox.yaml
+  fltune tune --space search_spaces/fedprox.yaml --num-samples 8 --seeds 2 --set federation.rounds=20
+  fltune tune --space search_spaces/fedprox.yaml --resume
+""",
+    "tables": """examples:
+  fltune tables
+  fltune reproduce table2 --datasets fmnist --scale quick --plan
+""",
+    "reproduce": """examples:
+  fltune reproduce table2 --datasets fmnist --scale quick
+  fltune reproduce table2 --scale paper --seeds 3 --plan
+  fltune reproduce table2 --resume
+""",
+    "compare": """examples:
+  fltune compare --methods fedavg,fedprox,scaffold --dataset fmnist --rounds 50 --seeds 3
+  fltune compare --methods fedavg,fedprox --tune-budget 12 --seeds 3 --plan
+  fltune compare --methods fedavg,fedprox --resume
+""",
+    "sync": """examples:
+  fltune sync mlruns/tracking-backlog
+  fltune sync studies/fedprox-mu
+  fltune sync studies/fedprox-mu --uri http://mlflow.internal:5000
+""",
+}
+"""Command name → the text after its ``--help`` (used with ``argparse.RawDescriptionHelpFormatter``)."""
+
+
 def command(sub: argparse._SubParsersAction, name: str, runs: Callable[[argparse.Namespace], int],
             summary: str) -> argparse.ArgumentParser:
-    """The parser of the command ``name``, which ``runs`` runs, its ``--help`` ending with its examples
-    (``EXAMPLES``)."""
+    """The parser of the command ``name``, which ``runs`` runs, its ``--help`` ending with its ``EXAMPLES``."""
     parser = sub.add_parser(name, help=summary, epilog=EXAMPLES[name],
                             formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.set_defaults(runs=runs, parser=parser)

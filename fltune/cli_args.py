@@ -132,7 +132,7 @@ def flag_fields(kind: type) -> list[Field]:
 
 def add_flags(parser: argparse.ArgumentParser, kind: type) -> None:
     """``kind``'s flags on ``parser``, its ``shortcuts`` after ``--set``; the settings ``--resume`` ignores kept with
-    their defaults (``ignored_on_resume``) and ``kind`` as the options the command reads (``options_from``). A
+    their defaults (``options_from``) and ``kind`` as the options the command reads (``options_from``). A
     shortcut that fills a field of ``kind`` (``compare --address``) is honoured by ``--resume``, as the field is."""
     hints, names, kept = get_type_hints(kind), {option.name for option in fields(kind)}, {}
     for option in flag_fields(kind):
@@ -161,11 +161,12 @@ def add_flags(parser: argparse.ArgumentParser, kind: type) -> None:
 
 def options_from(args: argparse.Namespace) -> JobCommand:
     """The command's typed options (``add_flags``) from ``args``: the shortcut flags then ``--set`` as its
-    ``overrides``; with ``--resume``, the settings it ignores (``JobOptions.ignored``)."""
+    ``overrides``; with ``--resume``, the job-shaping flags given, which change nothing (``JobOptions.ignored``)."""
     names = {option.name for option in fields(args.options)}
     given = {name: value for name, value in vars(args).items() if name in names}
-    return args.options(**{**given, "overrides": experiment_overrides(args),
-                           "ignored": ignored_on_resume(args) if args.resume else ()})
+    ignored = tuple(flag_name for dest, (flag_name, default) in args.kept_on_resume.items()
+                    if getattr(args, dest) != default)
+    return args.options(**{**given, "overrides": experiment_overrides(args), "ignored": ignored if args.resume else ()})
 
 
 def experiment_overrides(args: argparse.Namespace) -> list[str]:
@@ -173,9 +174,3 @@ def experiment_overrides(args: argparse.Namespace) -> list[str]:
     flags = [f"{SHORTCUTS[name][0]}={getattr(args, name)}" for name in args.options.shortcuts
              if getattr(args, name) is not None]
     return flags + list(args.overrides)
-
-
-def ignored_on_resume(args: argparse.Namespace) -> tuple[str, ...]:
-    """The job-shaping flags given to ``--resume``, which change nothing (``jobs.scaffold.note_ignored``)."""
-    return tuple(flag_name for dest, (flag_name, default) in args.kept_on_resume.items()
-                 if getattr(args, dest) != default)

@@ -14,14 +14,13 @@ import os
 import time
 from dataclasses import dataclass
 from functools import lru_cache
-from types import SimpleNamespace
 from typing import Any
 
 import torch
 
 from fltune.config import ExperimentConfig, build_config
 from fltune.data.datasets import load_dataset
-from fltune.engine.builders import build_method, build_model_for, model_name, torch_threads
+from fltune.engine.builders import build_method, model_name, model_of, torch_threads
 from fltune.engine.batches import epoch_samples
 from fltune.engine.local import make_optimizer
 from fltune.errors import DatasetMissing, FLTuneError
@@ -97,7 +96,7 @@ def _calibrate(model: str, options: str, method: str, dataset: str, root: str | 
                         "model": {"name": model, "options": json.loads(options)}})
     dev = device()
     with torch_threads(int(cpus)):
-        net = build_model_for(cfg, SimpleNamespace(input_shape=shape, num_classes=data.num_classes)).to(dev)
+        net = model_of(cfg, shape, data.num_classes).to(dev)
         optimizer = make_optimizer(list(net.parameters()), cfg.training, 1e-3)  # the engine's own step
         x = torch.randn(batch, *shape, device=dev)
         y = torch.randint(0, data.num_classes, (batch,), device=dev)

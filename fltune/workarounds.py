@@ -58,9 +58,12 @@ NOISE: dict[str, tuple[Rule, ...]] = {
     "ray.train._internal.syncer": ((("Last sync command failed",), _never),),
     # one INFO line per checkpoint in every trial's log, by design in Ray Train
     "ray.train._internal.storage": ((("Checkpoint successfully created at",), None),),
+    # torch's FLOP counter, imported where Triton is kept out (``worker.skip_triton``), notes that it can't count
+    # Triton kernels: none run there
+    "torch.utils.flop_counter": ((("triton not found",), None),),
 }
-"""Logger → rules: Ray's records fltune drops (``process.quiet_libraries``). The loggers are named by Ray's private
-modules: a release that moves one brings its noise back."""
+"""Logger → rules: Ray's and torch's records fltune drops (``process.quiet_libraries``). The loggers are named by their
+private modules: a release that moves one brings its noise back."""
 
 def mute_published_errors_after_a_stop(stopped: Callable[[], bool]) -> None:
     """Drop the errors Ray's services publish to the driver (its ``(raylet) …`` lines) once ``stopped()``: a stop

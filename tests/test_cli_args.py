@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from fltune.cli import build_parser
-from fltune.cli_args import ignored_on_resume
+from fltune.cli_args import options_from
 from fltune.jobs.scaffold import JobOptions, note_ignored
 
 
@@ -23,7 +23,7 @@ from fltune.jobs.scaffold import JobOptions, note_ignored
 def test_a_resumed_job_names_the_setting_flags_it_ignores(argv, ignored, capsys):
     """A resumed job runs its saved settings: flags that would change them are named once; flags that find
     the job (--name, --storage) or place its output (--out, --address) are honoured and not named."""
-    note_ignored(JobOptions(ignored=ignored_on_resume(build_parser().parse_args(argv))), "job")
+    note_ignored(JobOptions(ignored=options_from(build_parser().parse_args(argv)).ignored), "job")
     said = " ".join(capsys.readouterr().err.split())
     if ignored is None:
         assert said == ""

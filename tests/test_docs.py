@@ -17,8 +17,7 @@ from types import ModuleType
 
 import pytest
 
-from fltune.cli import build_parser
-from fltune.examples import EXAMPLES
+from fltune.cli import EXAMPLES, build_parser
 from fltune.methods import METHODS, get_method
 from tests.plugin_helpers import SMOOTH
 

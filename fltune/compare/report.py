@@ -51,16 +51,12 @@ def columns(spec: CompareSpec) -> list[str]:
     return [*(f"final {acc}" for acc in spec.finals), *(f"best {acc}" for acc in spec.accuracies), *COSTS]
 
 
-def best_key(accuracy: str) -> str:
-    """Where a cell reports an accuracy's best value so far (``CompareSpec.trial``)."""
-    return f"objective:{objective_key(Objective(metric=accuracy, reduce='best'))}"
-
-
 def cell_figures(spec: CompareSpec, row: TrialRow) -> dict[str, float]:
     """A cell's figures from its last result (NaN where it has none, e.g. a target never reached)."""
     last = row.metrics
     figures = {f"final {acc}": last.get(acc, math.nan) for acc in spec.finals}
-    figures |= {f"best {acc}": last.get(best_key(acc), math.nan) for acc in spec.accuracies}
+    figures |= {f"best {acc}": last.get(f"objective:{objective_key(Objective(metric=acc, reduce='best'))}", math.nan)
+                for acc in spec.accuracies}  # each accuracy's best so far (``CompareSpec.trial``)
     return figures | {key: float(last.get(key, math.nan)) for key in COSTS}
 
 
@@ -296,8 +292,7 @@ def overlay_png(spec: CompareSpec, path: Path) -> Path:
 
 def write_outputs(spec: CompareSpec, res: list[MethodRow], folder: Path) -> list[Path]:
     """compare.csv, .md, .png and configs/<method>.yaml (for ``run --config``) under ``folder``."""
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "configs").mkdir(exist_ok=True)
+    (folder / "configs").mkdir(parents=True, exist_ok=True)
     md = folder / "compare.md"
     md.write_text(markdown(spec, res))
     paths = [write_csv(spec, res, folder / "compare.csv"), md, overlay_png(spec, folder / "compare.png")]

@@ -16,13 +16,13 @@ from fltune.jobs.cells import CellSpec
 from fltune.jobs.scaffold import CELL_CHECKPOINT_EVERY, CELL_CHECKPOINT_SECONDS
 from fltune.jobs.storage import check_name
 from fltune.metrics.probe import check_probes, unmet_need
-from fltune.plugins import is_reference, label, normalised, plugins, unknown
+from fltune.plugins import is_reference, normalised, plugins, unknown
 from fltune.tracking.paths import outputs_dir
 from fltune.tune.space import Objective
 
 ACCURACY = {"global": "acc_global", "all_model": "acc_all_model", "personalized": "acc_personalized"}
-FINE_TUNED = "acc_personalized_ft"
 """Evaluation protocol (``metrics.protocols``) → the accuracy it reports."""
+FINE_TUNED = "acc_personalized_ft"
 
 TUNING_SEED_OFFSET = 1000
 """Studies run at ``federation.seed + 1000``: the reported seeds are fresh, never the one tuned on."""
@@ -86,9 +86,6 @@ class CompareSpec(CellSpec):
         far (``objective:best:<acc>``); with the final values, all the table needs."""
         return self.cell_tree(cell), 1, [Objective(metric=self.primary, reduce="final"),
                                          *(Objective(metric=acc, reduce="best") for acc in self.accuracies)]
-
-    def study_name(self, method: str) -> str:
-        return f"{self.name}-tune-{label(method)}"
 
 
 def parse_cell(key: str) -> tuple[str, int]:

@@ -11,6 +11,7 @@ from fltune.config import build_config, set_fields
 from fltune.errors import FLTuneError
 from fltune.jobs.scaffold import JobOptions
 from fltune.jobs.storage import holds, tune_started
+from fltune.plugins import label
 from fltune.search_spaces import method_space, shipped
 from fltune.tune.command import Study, StudyRequest
 from fltune.tune.results import TrialRow, unfinished
@@ -53,7 +54,7 @@ def study_spec(spec: CompareSpec, method: str) -> StudySpec:
     tree = tuning_tree(spec, method)
     check_params(space, tree, method)
     check_objective(space, build_config(tree))
-    return StudySpec(name=spec.study_name(method), storage=spec.storage, method=method, space_file=str(path),
+    return StudySpec(name=f"{spec.name}-tune-{label(method)}", storage=spec.storage, method=method, space_file=str(path),
                      space_text=path.read_text(), space=space, base=tree, workers=spec.workers,
                      gpus_per_worker=spec.gpus_per_worker)
 

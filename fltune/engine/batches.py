@@ -22,22 +22,6 @@ def device_table(mean: tuple[float, ...], std: tuple[float, ...], device: torch.
     return normalise_table(mean, std).to(device)
 
 
-def batches(
-    data: FederatedData, indices: np.ndarray, batch_size: int, generator: torch.Generator, device: torch.device,
-    *, augment_kind: str = "none", keep: int | None = None,
-) -> Iterator[Batch]:
-    """Mini-batches of a client's samples: uint8 → float, augmented, normalised, on ``device``; the first
-    ``keep`` of the epoch's order (:func:`epoch_samples`)."""
-    index = epoch_order(indices, generator, keep)
-    black = None if augment_kind == "none" else normalise_table(data.mean, data.std)[:, 0]  # a crop's padding
-    for start in range(0, len(index), batch_size):
-        chunk = index[start:start + batch_size]
-        x = to_float(data.x[chunk], data.mean, data.std)
-        if augment_kind != "none":
-            x = augment(x, augment_kind, generator, black)
-        yield x.to(device, non_blocking=True), data.y[chunk].to(device, non_blocking=True)
-
-
 def epoch_order(indices: np.ndarray, generator: torch.Generator, keep: int | None = None) -> torch.Tensor:
     """An epoch's sample order: the one ``randperm`` draw every batch source shares, cut to its first ``keep``
     (None: all) after the draw, as a ``drop_last`` DataLoader does: each epoch drops other samples."""
@@ -59,7 +43,16 @@ class HostBatches:
 
     def epoch(self, indices: np.ndarray, batch_size: int, generator: torch.Generator,
               augment_kind: str, keep: int | None = None) -> Iterator[Batch]:
-        return batches(self.data, indices, batch_size, generator, self.device, augment_kind=augment_kind, keep=keep)
+        """Mini-batches of a client's samples: uint8 → float, augmented, normalised, on the device; the first
+        ``keep`` of the epoch's order (:func:`epoch_samples`)."""
+        data, index = self.data, epoch_order(indices, generator, keep)
+        black = None if augment_kind == "none" else normalise_table(data.mean, data.std)[:, 0]  # a crop's padding
+        for start in range(0, len(index), batch_size):
+            chunk = index[start:start + batch_size]
+            x = to_float(data.x[chunk], data.mean, data.std)
+            if augment_kind != "none":
+                x = augment(x, augment_kind, generator, black)
+            yield x.to(self.device, non_blocking=True), data.y[chunk].to(self.device, non_blocking=True)
 
 
 class DeviceBatches:

@@ -58,10 +58,11 @@ def model_name(cfg: ExperimentConfig) -> str:
 
 def build_model_for(cfg: ExperimentConfig, data: FederatedData) -> nn.Module:
     """The dataset's model, extended by the method's ``adapt_model`` hook."""
-    return _model(cfg, data.input_shape, data.num_classes)
+    return model_of(cfg, data.input_shape, data.num_classes)
 
 
-def _model(cfg: ExperimentConfig, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+def model_of(cfg: ExperimentConfig, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    """:func:`build_model_for` from the data's shape alone (a saved model, a calibration)."""
     return build_method(cfg).adapt_model(build_model(model_name(cfg), input_shape, num_classes, **cfg.model.options))
 
 
@@ -90,7 +91,7 @@ def saved_model(cfg: ExperimentConfig, folder: Path, client: int | None = None) 
     """The module ``save_model`` wrote into ``folder`` for the run of ``cfg``, in eval mode: the global weights,
     or ``client``'s own model (the global weights overridden by its personal ones)."""
     shape = json.loads((folder / MODEL_FILES[2]).read_text())
-    model = _model(cfg, tuple(shape["input_shape"]), shape["num_classes"])
+    model = model_of(cfg, tuple(shape["input_shape"]), shape["num_classes"])
     state = torch.load(folder / MODEL_FILES[0], weights_only=True)
     if client is not None:
         clients = cfg.federation.clients

@@ -137,7 +137,9 @@ class Federation:
             self._finish(callbacks, "killed")
             raise
         except BaseException as err:
-            self._finish(callbacks, "failed", error_text(err))
+            cause = getattr(err, "cause", None)  # a worker's error inside Ray's, whose text is the remote traceback
+            error = cause if isinstance(cause, BaseException) else err  # as its author raised it
+            self._finish(callbacks, "failed", f"{type(error).__name__}: {error}")
             raise
         if self.status == "running":  # restored from a checkpoint taken before the end was marked
             self.status = "finished"
@@ -353,14 +355,6 @@ class Federation:
         for probe in self.probes:
             if probe.name in state:
                 probe.load_state_dict(state[probe.name])
-
-
-def error_text(err: BaseException) -> str:
-    """A failure as its author raised it: a worker's error, not the wrapper that carried it over (Ray's task
-    errors hold it as ``cause``, their text the whole remote traceback)."""
-    cause = getattr(err, "cause", None)
-    err = cause if isinstance(cause, BaseException) else err
-    return f"{type(err).__name__}: {err}"
 
 
 def open_all(feds: Sequence[Federation]) -> None:

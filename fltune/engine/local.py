@@ -15,7 +15,7 @@ from torch import nn
 
 from fltune.config import TrainingConfig
 from fltune.data.federated import FederatedData
-from fltune.engine.batches import Batch, DeviceBatches, HostBatches, epoch_samples
+from fltune.engine.batches import DeviceBatches, HostBatches, epoch_samples
 from fltune.engine.functional import client_backward
 from fltune.engine.rng import derive_seed
 from fltune.engine.transfer import RoundInput, device_states, state_on_device
@@ -128,10 +128,6 @@ class Trainer:
             return cls(method, model, data, training, device, augment, DeviceBatches(data, device), DeviceMeter)
         return cls(method, model, data, training, device, augment, HostBatches(data, device), HostMeter)
 
-    def reference(self) -> Trainer:
-        """The same parts on the per-batch host loop (a ``deferred`` client's re-run)."""
-        return replace(self, source=HostBatches(self.data, self.device), meter=HostMeter)
-
 
 def _trainable(model: nn.Module, phase: Phase) -> list[nn.Parameter]:
     """Select a phase's parameters; freeze the rest so no gradient is computed for them."""
@@ -188,7 +184,8 @@ def train_client(
         param.requires_grad_(True)
     loss_sum, correct, seen, diverged = meter.totals()
     if diverged and meter.deferred:
-        return train_client(trainer.reference(), client_id, inputs, client_state, global_tensors)
+        reference = replace(trainer, source=HostBatches(trainer.data, trainer.device), meter=HostMeter)
+        return train_client(reference, client_id, inputs, client_state, global_tensors)
     result = trainer.method.client_result(ctx)
     result.metrics.update(train_metrics(loss_sum, correct, seen, ctx.steps, diverged))
     return result
@@ -239,7 +236,8 @@ def _local_steps(method: Method, ctx: ClientContext, training: TrainingConfig, l
         params = _trainable(ctx.model, phase)
         phase_lr = phase.lr if phase.lr is not None else lr
         optimizer = make_optimizer(params, training, phase_lr)
-        for x, y in _phase_batches(ctx, phase):
+        # the phase's epochs, capped at ``phase.steps``: an epoch past the cap is never begun (draws nothing)
+        for x, y in islice((batch for _ in range(phase.epochs) for batch in ctx.batches()), phase.steps):
             optimizer.zero_grad(set_to_none=True)
             loss, logits = backward(ctx, x, y)
             if not meter.finite(loss):
@@ -247,7 +245,10 @@ def _local_steps(method: Method, ctx: ClientContext, training: TrainingConfig, l
             add_correction(method, ctx)
             if training.grad_clip is not None:
                 clip_grads(params, training.grad_clip)
-            _step(optimizer, ctx, phase_lr)
+            for group in optimizer.param_groups:  # ``ctx.step_lr``: set by ``backward`` for this step alone
+                group["lr"] = phase_lr if ctx.step_lr is None else ctx.step_lr
+            optimizer.step()
+            ctx.step_lr = None
             ctx.steps += 1
             meter.add(loss, logits, y)
 
@@ -269,16 +270,3 @@ def clip_grads(params: list[nn.Parameter], max_norm: float) -> None:
     for param, grad in zip(live, clipped({i: p.grad for i, p in enumerate(live)}, max_norm).values()):
         param.grad = grad
 
-
-def _phase_batches(ctx: ClientContext, phase: Phase) -> Iterator[Batch]:
-    """A phase's epochs' batches, capped at ``phase.steps``; an epoch past the cap is never begun, so it draws
-    nothing from the client's generator."""
-    return islice((batch for _ in range(phase.epochs) for batch in ctx.batches()), phase.steps)
-
-
-def _step(optimizer: torch.optim.Adam | KeptSGD, ctx: ClientContext, phase_lr: float) -> None:
-    """The optimiser step, at ``ctx.step_lr`` for this step alone when ``backward`` set one (then cleared)."""
-    for group in optimizer.param_groups:
-        group["lr"] = phase_lr if ctx.step_lr is None else ctx.step_lr
-    optimizer.step()
-    ctx.step_lr = None

@@ -24,28 +24,18 @@ def derive_seed(seed: int, round_: int, client: int) -> int:
     return int((int(words[0]) << 31) ^ int(words[1])) & (2**63 - 1)
 
 
-def sample_clients(seed: int, round_: int, num_clients: int, per_round: int) -> list[int]:
-    """Clients of a round: without replacement, from an RNG of (seed, round) alone (docs/methods.md §0), so
-    every method and every worker count sees the same client sequence."""
-    rng = np.random.default_rng(np.random.SeedSequence([seed, SAMPLING_STREAM, round_]))
-    return sorted(int(c) for c in rng.choice(num_clients, size=per_round, replace=False))
-
-
-def bernoulli_clients(seed: int, round_: int, num_clients: int, probability: float) -> list[int]:
-    """Clients of a round, each taking part with ``probability``, from the (seed, round) stream: FedDyn's code's
-    protocol (and FedDC's, MAN's: ``act_list <= act_prob``); a round that drew nobody draws again, as there."""
-    rng = np.random.default_rng(np.random.SeedSequence([seed, SAMPLING_STREAM, round_]))
+def round_clients(fed: FederationConfig, round_: int) -> list[int]:
+    """The clients of round ``round_`` as ``federation.sampling`` draws them, from an RNG of (seed, round) alone
+    (docs/methods.md §0), so every method and every worker count sees the same client sequence: ``fixed``, without
+    replacement; ``bernoulli``, each taking part with ``fraction``: FedDyn's code's protocol (and FedDC's, MAN's:
+    ``act_list <= act_prob``), a round that drew nobody drawing again, as there."""
+    rng = np.random.default_rng(np.random.SeedSequence([fed.seed, SAMPLING_STREAM, round_]))
+    if fed.sampling != "bernoulli":
+        return sorted(int(c) for c in rng.choice(fed.clients, size=fed.clients_per_round, replace=False))
     while True:
-        picked = np.flatnonzero(rng.uniform(size=num_clients) <= probability)
+        picked = np.flatnonzero(rng.uniform(size=fed.clients) <= fed.fraction)
         if picked.size:
             return [int(c) for c in picked]
-
-
-def round_clients(fed: FederationConfig, round_: int) -> list[int]:
-    """The clients of round ``round_`` as ``federation.sampling`` draws them."""
-    if fed.sampling == "bernoulli":
-        return bernoulli_clients(fed.seed, round_, fed.clients, fed.fraction)
-    return sample_clients(fed.seed, round_, fed.clients, fed.clients_per_round)
 
 
 CUBLAS_WORKSPACE = ":4096:8"

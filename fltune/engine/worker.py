@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
-import logging
 import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
@@ -25,7 +24,7 @@ from fltune.config import ExperimentConfig
 from fltune.data.federated import FederatedData
 from fltune.engine.aggregate import WeightedSum
 from fltune.engine.builders import resolve_augment
-from fltune.engine.batches import Batch, batches
+from fltune.engine.batches import Batch, HostBatches
 from fltune.engine.evaluation import batch_scores, eval_batch_count, read_scores, score_sums, total_scores
 from fltune.engine.executors import Executor
 from fltune.engine.transfer import RoundInput, device_states, load_changed, load_state, state_on_device
@@ -201,8 +200,8 @@ class ClientWorker:
         """``cid``'s training batches for ``personal_scorer``, one epoch per call, from a generator seeded one
         round past ``inputs.round`` so its draws are apart from every training and fine-tuning draw."""
         generator = torch.Generator().manual_seed(derive_seed(inputs.seed, inputs.round + 1, cid))
-        return partial(batches, data, data.client_train[cid], self.trainer.training.batch_size, generator, self.device,
-                       augment_kind=self.trainer.augment)
+        return partial(HostBatches(data, self.device).epoch, data.client_train[cid], self.trainer.training.batch_size,
+                       generator, self.trainer.augment)
 
     def _client_models(
         self, inputs: RoundInput, chunk: list[int], states: dict[int, dict[str, Any]],
@@ -261,18 +260,15 @@ def release_free_memory() -> None:
         _MALLOC_TRIM(0)
 
 
-def _no_triton_note(record: logging.LogRecord) -> bool:
-    """Drops the FLOP counter's import-time note that Triton kernels can't be counted (``skip_triton``)."""
-    return not record.getMessage().startswith("triton not found")
-
-
 def skip_triton() -> None:
     """Make ``import triton`` fail here, as if not installed, in a process that sees no GPU. Why: torch imports
     Triton whenever its compiler or FLOP counter loads, holding memory a CPU worker never uses; torch's check is
     an import that may fail, and Python fails an import whose ``sys.modules`` entry is None."""
+    from fltune.process import quiet_libraries
+
     if "triton" not in sys.modules:
         sys.modules["triton"] = None  # type: ignore[assignment]
-        logging.getLogger("torch.utils.flop_counter").addFilter(_no_triton_note)
+        quiet_libraries()  # the FLOP counter's note that it can't count Triton kernels (``workarounds.NOISE``)
 
 
 def _identical(rebuilt: State, trained: State) -> bool:

@@ -163,7 +163,20 @@ class Reproduction(GridJob["ReproSpec"]):
 
     def describe(self, spec: ReproSpec, nodes: int) -> str:
         """The header; at paper scale also its cost estimate (fltune/estimate.py)."""
-        header = describe(spec, nodes, self.options.resume)
+        from fltune.reproduce.report import row_lines
+
+        table = spec.paper_table
+        subs = sorted({c.substituted for c in spec.cells.values() if c.substituted})
+        header = (
+            f"[bold]fltune reproduce[/] {'resuming ' if self.options.resume else ''}{table.key} ({table.source}) · "
+            f"{spec.scale} scale: {table.scales[spec.scale].note} · {len(spec.cells)} cells"
+            + (f" in {len(spec.trials)} runs" if len(spec.trials) < len(spec.cells) else "")
+            + f" × {spec.seeds} seed(s)"
+            + (f", {len(spec.missing)} without data" if spec.missing else "")
+            + (f" · substituted {', '.join(subs)}, {spec.scale} scale" if subs else "")
+            + f"\n  per cell: {spec.workers} client worker(s) on a {nodes}-node cluster · folder {spec.path}"
+            + "".join(f"\n  {line}" for line in row_lines(table, [table.cell(key).row for key in spec.cells]))
+        )
         if spec.scale != "paper":
             return header
         import ray
@@ -205,19 +218,3 @@ def selection(options: ReproduceOptions, table: PaperTable) -> list[PlannedCell]
     check_counts(options)
     return plan(table, options.scale, options.datasets, options.overrides, options.rows)
 
-
-def describe(spec: ReproSpec, nodes: int, resumed: bool) -> str:
-    from fltune.reproduce.report import row_lines
-
-    table = spec.paper_table
-    subs = sorted({c.substituted for c in spec.cells.values() if c.substituted})
-    return (
-        f"[bold]fltune reproduce[/] {'resuming ' if resumed else ''}{table.key} ({table.source}) · "
-        f"{spec.scale} scale: {table.scales[spec.scale].note} · {len(spec.cells)} cells"
-        + (f" in {len(spec.trials)} runs" if len(spec.trials) < len(spec.cells) else "")
-        + f" × {spec.seeds} seed(s)"
-        + (f", {len(spec.missing)} without data" if spec.missing else "")
-        + (f" · substituted {', '.join(subs)}, {spec.scale} scale" if subs else "")
-        + f"\n  per cell: {spec.workers} client worker(s) on a {nodes}-node cluster · folder {spec.path}"
-        + "".join(f"\n  {line}" for line in row_lines(table, [table.cell(key).row for key in spec.cells]))
-    )

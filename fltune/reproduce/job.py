@@ -32,10 +32,6 @@ class CellRun(BaseModel):
     reduce: str = "final"
     substituted: str | None = None
 
-    @property
-    def objective(self) -> Objective:
-        return Objective(metric=self.metric, reduce=self.reduce)
-
 
 class ReproSpec(CellSpec):
     """Everything a reproduction job needs, frozen at its start (``--resume`` reruns exactly this)."""

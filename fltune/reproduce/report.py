@@ -18,6 +18,7 @@ from fltune.reproduce.job import CellRun, ReproSpec
 from fltune.reproduce.table import DATASET_NAMES, Cell, PaperTable
 from fltune.tune.board import Planned, eta
 from fltune.tune.results import ENDED, TrialRow
+from fltune.tune.space import Objective
 from fltune.tune.trainable import objective_key
 
 CSV_COLUMNS = ("table", "method", "dataset", "partition", "paper", "measured", "std", "delta", "rank", "paper_rank",
@@ -119,7 +120,7 @@ def tau_metrics(res: list[CellResult]) -> dict[str, float]:
 
 def cell_objective(row: TrialRow, run: CellRun) -> tuple[float | None, float | None]:
     """(mean, std) over seeds of the cell's objective (its ``objective_key`` if present); None when not finite."""
-    key = objective_key(run.objective)
+    key = objective_key(Objective(metric=run.metric, reduce=run.reduce))
     value = float(row.metrics.get(f"objective:{key}", row.objective))
     std = float(row.metrics.get(f"objective_std:{key}", row.objective_std))
     if not math.isfinite(value):

@@ -209,18 +209,14 @@ def _send(client: Any, call: str, args: list[Any], kwargs: dict[str, Any], folde
     return None
 
 
-def _touched(backlog: Backlog) -> set[str]:
-    """The server's ids of the runs a backlog wrote to (a run it could not create has none)."""
+def end_left_running(backlog: Backlog, client: Any) -> int:
+    """End KILLED the runs of a finished backlog still RUNNING (its command died before ending them); a run the
+    server never created has no id of the server's and is passed over."""
     ids = {backlog.ids.get(e["made"], "") for e in backlog.lines[1:] if e["call"] == "create_run"}
     ids |= {decode(e["args"][0], backlog.ids) for e in backlog.lines[1:]
             if e["call"] not in ("create_run", "create_experiment", "set_experiment_tag")}
-    return {i for i in ids if i and not i.startswith("kept-")}
-
-
-def end_left_running(backlog: Backlog, client: Any) -> int:
-    """End KILLED the runs of a finished backlog still RUNNING (its command died before ending them)."""
     ended = 0
-    for run_id in _touched(backlog):
+    for run_id in {i for i in ids if i and not i.startswith("kept-")}:
         try:
             run = client.get_run(run_id)
         except Exception as err:
@@ -350,8 +346,13 @@ def send_kept(found: list[Path], uri: str | None, client: Any = None) -> int:
         try:
             if client is not None and backlog.uri != uri:
                 continue  # another store's, left for a command that writes there or for fltune sync
-            _send_all(backlog, client or MlflowClient(target), target)
+            calls, sender = backlog.waiting, client or MlflowClient(target)
+            replay(backlog, sender)
+            ended = end_left_running(backlog, sender)
+            backlog.remove()
             left -= 1
+            _say(f"sent {counted(calls, 'kept tracking call')} from {backlog.path} to {target}"
+                 + (f"; ended {counted(ended, 'run')} its command left RUNNING as KILLED" if ended else ""))
         except Exception as err:
             if not unreachable(err):
                 raise
@@ -361,16 +362,6 @@ def send_kept(found: list[Path], uri: str | None, client: Any = None) -> int:
         finally:
             backlog.handle.close()
     return left
-
-
-def _send_all(backlog: Backlog, client: Any, uri: str) -> None:
-    """A left backlog sent whole to ``client`` of ``uri``, its runs ended, the file removed; said in a line."""
-    calls = backlog.waiting
-    replay(backlog, client)
-    ended = end_left_running(backlog, client)
-    backlog.remove()
-    _say(f"sent {counted(calls, 'kept tracking call')} from {backlog.path} to {uri}"
-         + (f"; ended {counted(ended, 'run')} its command left RUNNING as KILLED" if ended else ""))
 
 
 def sync(path: str, uri: str | None = None) -> int:

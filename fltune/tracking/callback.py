@@ -97,13 +97,6 @@ def curves_figure(history: list[dict[str, float]], title: str) -> Figure:
     return fig
 
 
-def summary_only(summary: dict[str, Any], history: list[dict[str, float]]) -> dict[str, Any]:
-    """The summary's figures that no round logged (``best_acc``, ``wall_s`` …): a curve's final value is
-    already its last step in the runs table."""
-    logged = {key for row in history for key in row}
-    return {k: v for k, v in summary.items() if k not in logged and k not in ("rounds", "status")}
-
-
 class MLflowCallback(Callback):
     """Params + tags at the start, metrics with ``step=round`` each round, the summary's own figures, the
     PNGs and the final weights (``model/``) at the end, or a failure's error."""
@@ -155,7 +148,9 @@ class MLflowCallback(Callback):
             return
         # the constants (step 0) last: MLflow's compare view plots the metric a run logged first, accuracy
         self.tracker.log_metrics(self.run_id, self.costs, step=0)
-        self.tracker.log_metrics(self.run_id, summary_only(summary, history), step=summary["rounds"])
+        logged = {key for row in history for key in row}  # a curve's final value is its last step in the runs table
+        self.tracker.log_metrics(self.run_id, {k: v for k, v in summary.items() if k not in logged
+                                               and k not in ("rounds", "status")}, step=summary["rounds"])
         with tempfile.TemporaryDirectory() as tmp:
             if history:
                 figure = curves_figure(history, run_name(self.cfg))

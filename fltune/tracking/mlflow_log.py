@@ -14,7 +14,7 @@ import logging
 import random
 import subprocess
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager, nullcontext
 from functools import wraps
 from pathlib import Path
@@ -78,7 +78,7 @@ RETRY_FOR_S = 120.0
 _LOCKED = "database is locked"
 
 
-# MLflow logs a full traceback for every "database is locked" before raising it: ``retrying`` retries those
+# MLflow logs a full traceback for every "database is locked" before raising it: ``RetryingClient`` retries those
 logging.getLogger("mlflow.store.db.utils").addFilter(lambda record: _LOCKED not in record.getMessage())
 
 
@@ -94,34 +94,32 @@ def store_lock(db: Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def retrying(call: Callable[..., Any]) -> Callable[..., Any]:
-    """``call`` run again (with jittered backoff, up to :data:`RETRY_FOR_S`) while sqlite says it is locked."""
-
-    @wraps(call)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        deadline, pause = time.monotonic() + RETRY_FOR_S, 0.05
-        while True:
-            try:
-                return call(*args, **kwargs)
-            except MlflowException as err:
-                locked = err.error_code == ErrorCode.Name(TEMPORARILY_UNAVAILABLE) and _LOCKED in str(err)
-                if not locked or time.monotonic() > deadline:
-                    raise
-            time.sleep(pause * (0.5 + random.random()))  # jitter: processes that collided don't collide again
-            pause = min(2 * pause, 2.0)
-
-    return wrapper
-
-
 class RetryingClient:
-    """An ``MlflowClient`` whose every method retries "database is locked" (rolled back, hence safe to repeat)."""
+    """An ``MlflowClient`` whose every method retries "database is locked" (rolled back, hence safe to repeat) with
+    jittered backoff, up to :data:`RETRY_FOR_S`."""
 
-    def __init__(self, client: MlflowClient) -> None:
+    def __init__(self, client: Any) -> None:
         self._client = client
 
     def __getattr__(self, name: str) -> Any:
-        value = getattr(self._client, name)
-        return retrying(value) if callable(value) else value
+        call = getattr(self._client, name)
+        if not callable(call):
+            return call
+
+        @wraps(call)
+        def retried(*args: Any, **kwargs: Any) -> Any:
+            deadline, pause = time.monotonic() + RETRY_FOR_S, 0.05
+            while True:
+                try:
+                    return call(*args, **kwargs)
+                except MlflowException as err:
+                    locked = err.error_code == ErrorCode.Name(TEMPORARILY_UNAVAILABLE) and _LOCKED in str(err)
+                    if not locked or time.monotonic() > deadline:
+                        raise
+                time.sleep(pause * (0.5 + random.random()))  # jitter: processes that collided don't collide again
+                pause = min(2 * pause, 2.0)
+
+        return retried
 
 
 def open_store(uri: str, experiment: str) -> tuple[Any, str]:
@@ -154,8 +152,7 @@ class Tracker:
     """A thin, explicit wrapper over an MLflow client for fltune's runs (opened by :func:`open_store`)."""
 
     def __init__(self, tracking: TrackingConfig) -> None:
-        self.uri = tracking.uri or default_uri()
-        self.client, self.experiment_id = open_store(self.uri, tracking.experiment)
+        self.client, self.experiment_id = open_store(tracking.uri or default_uri(), tracking.experiment)
 
     def start(self, name: str | None, tags: Mapping[str, Any], parent: str | None = None) -> str:
         """Create a run (a child when ``parent`` is given) and return its id."""

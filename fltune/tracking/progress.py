@@ -37,13 +37,6 @@ listing = _console(stderr=False)
 """What a command is asked for (``methods``, ``tables``): stdout, for ``| grep`` and ``> file``."""
 
 
-def pace(seconds: float, rounds: int, left: int) -> str:
-    """"12.3 s/round, ETA 0:01:26" from the rounds this process ran; Rich's own estimate shows ``-:--:--``
-    when a round takes longer than its half-minute window."""
-    per_round = seconds / rounds
-    return f"{per_round:.1f} s/round, ETA {datetime.timedelta(seconds=round(per_round * left))}"
-
-
 class RunProgress(Progress):
     """Rich's bar with each task's figures (``info``) on their own line under it, cut at the terminal's edge,
     so they do not squeeze the bar."""
@@ -88,8 +81,10 @@ class ProgressCallback(Callback):
         accs = " ".join(f"{k.removeprefix('acc_')}={v:.4f}" for k, v in self.latest.items())
         self.info = info = f"{accs} train_loss={metrics['train_loss']:.4f}"
         done, total = int(metrics["round"]), fed.cfg.federation.rounds
+        # from the rounds this process ran; Rich's own ETA shows -:--:-- once a round outlasts its half-minute window
         since, since_round = self.clock
-        speed = pace(time.monotonic() - since, done - since_round, total - done)
+        per_round = (time.monotonic() - since) / (done - since_round)
+        speed = f"{per_round:.1f} s/round, ETA {datetime.timedelta(seconds=round(per_round * (total - done)))}"
         if not self.first_done:
             self.clock, self.first_done = (time.monotonic(), done), True
         self.progress.update(self.task, completed=done, info=info, pace=speed)

@@ -22,7 +22,7 @@ from fltune.engine.batched import (
 from fltune.engine.builders import build_method, build_model_for, initial_state, load_data
 from fltune.engine import local
 from fltune.engine.federation import Federation
-from fltune.engine.batches import batches
+from fltune.engine.batches import HostBatches
 from fltune.engine.local import Trainer, train_client
 from fltune.engine.transfer import RoundInput
 from fltune.engine.dispatch import balance
@@ -278,10 +278,10 @@ def test_a_group_epoch_holds_each_clients_own_batches(augment_kind):
     streams = []
     for cid, seed in zip(clients, seeds):
         generator = torch.Generator().manual_seed(seed)
-        first = list(batches(data, data.client_train[cid], cfg.training.batch_size, generator, CPU,
-                             augment_kind=augment_kind))
-        streams.append(iter(batches(data, data.client_train[cid], cfg.training.batch_size, generator, CPU,
-                                    augment_kind=augment_kind)))
+        first = list(HostBatches(data, CPU).epoch(data.client_train[cid], cfg.training.batch_size, generator,
+                                                  augment_kind))
+        streams.append(HostBatches(data, CPU).epoch(data.client_train[cid], cfg.training.batch_size, generator,
+                                                    augment_kind))
         assert first  # the first epoch's draws came first
     assert len(epoch.sizes) == max(-(-len(data.client_train[c]) // cfg.training.batch_size) for c in clients)
     for s in range(len(epoch.sizes)):

@@ -26,7 +26,7 @@ from fltune.engine.federation import Federation
 from fltune.engine.local import Trainer, train_client
 from fltune.engine.transfer import RoundInput
 from fltune.engine.pool import WorkerPlan, WorkerPool
-from fltune.engine.rng import sample_clients, use_deterministic_cuda
+from fltune.engine.rng import round_clients, use_deterministic_cuda
 from fltune.methods import get_method
 from fltune.methods.base import Aggregate, ServerContext
 from tests.methods.test_contract import each_method
@@ -91,7 +91,7 @@ def run_in_process(cfg: ExperimentConfig, data: FederatedData, kind: str, device
         inputs = RoundInput(r, fed.seed, training.lr * training.lr_decay ** (r - 1), global_state,
                             method.server_payload(server_state))
         total, results = WeightedSum(), {}
-        for cid in sample_clients(fed.seed, r, fed.clients, fed.clients_per_round):
+        for cid in round_clients(fed, r):
             results[cid] = train_client(trainer, cid, inputs, store.get(cid, {}))
             total.add(results[cid].weight, results[cid].update)
         rounds.append(results)

@@ -19,7 +19,7 @@ from fltune.engine.builders import build_method, build_model_for, initial_state,
 from fltune.engine.federation import Federation
 from fltune.engine.local import Trainer, train_client
 from fltune.engine.transfer import RoundInput
-from fltune.engine.rng import sample_clients
+from fltune.engine.rng import round_clients
 from fltune.methods.base import State, client_model, to_numpy
 from fltune.metrics._hessian import CurvatureTask, client_traces, cross_client_consistency, global_curvature
 
@@ -129,7 +129,7 @@ def test_hessian_probe_runs_on_the_workers(pools, monkeypatch: pytest.MonkeyPatc
 
     cfg, cpu, threads = fed.cfg, torch.device("cpu"), torch.get_num_threads()
     fed_cfg = cfg.federation
-    compared = sorted(sample_clients(fed_cfg.seed, 2, fed_cfg.clients, fed_cfg.clients_per_round))[:2]
+    compared = sorted(round_clients(fed_cfg, 2))[:2]
     torch.set_num_threads(1)
     try:
         alone = CurvatureTask(global_curvature, fed.global_state)(cfg, fed.data, cpu)

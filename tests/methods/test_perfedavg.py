@@ -21,7 +21,7 @@ from fltune.config import ExperimentConfig, build_config
 from fltune.data.federated import FederatedData
 from fltune.engine.batched import unbatchable
 from fltune.engine.builders import build_method, build_model_for, initial_state, load_data
-from fltune.engine.batches import batches
+from fltune.engine.batches import HostBatches
 from fltune.engine.local import Trainer, final_training, train_client
 from fltune.engine.transfer import RoundInput
 from fltune.engine.rng import derive_seed
@@ -79,7 +79,7 @@ def code_update(cfg: ExperimentConfig, loops: int, lr: float, beta: float, resto
     kept = len(indices) // size * size if training.drop_last else len(indices)
 
     def loader() -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        return batches(data, indices, size, generator, CPU, keep=kept)
+        return HostBatches(data, CPU).epoch(indices, size, generator, "none", kept)
 
     iter_loader, taken = loader(), 0
 

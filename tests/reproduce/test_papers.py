@@ -11,7 +11,7 @@ import pytest
 
 from fltune.config import build_config
 from fltune.errors import FLTuneError
-from fltune.reproduce.command import describe
+from fltune.reproduce.command import ReproduceOptions, Reproduction
 from fltune.reproduce.job import new_spec
 from fltune.reproduce.plan import cell_tree, plan
 from fltune.reproduce.registry import get_table
@@ -266,7 +266,7 @@ def test_cells_of_one_experiment_share_a_run_and_substitution_is_said(man_job) -
     assert [(o.metric, o.reduce) for o in man_job.trial("FedAvg | CIFAR-100 δ=0.3")[2]] == [
         ("acc_all_model", "final"), ("rounds_to_target", "final")]
     assert all(run.substituted == "fmnist for cifar100" for run in man_job.cells.values())
-    text = describe(man_job, nodes=1, resumed=False)
+    text = Reproduction(ReproduceOptions(table=man_job.table)).describe(man_job, nodes=1)
     assert "12 cells in 6 runs" in text and "substituted fmnist for cifar100, quick scale" in text
 
 

@@ -11,8 +11,18 @@ from fltune.data.datasets import NUM_CLASSES
 from fltune.engine.builders import build_model_for
 from fltune.errors import FLTuneError
 from fltune.metrics.probe import probe_of
+from fltune.reproduce.papers import fedalign, fedsol, man, simfafl
 from fltune.reproduce.plan import cell_tree
 from fltune.reproduce.registry import all_tables, get_table
+
+
+def test_no_table_and_no_cell_of_a_table_is_listed_twice() -> None:
+    """A key or a cell listed twice in ``papers/`` would hide one of them (the registry keeps the last table,
+    ``PaperTable.cell`` the first cell)."""
+    listed = [*fedalign.TABLES, *fedsol.TABLES, *man.TABLES, *simfafl.TABLES]
+    assert len({table.key for table in listed}) == len(listed) == len(all_tables())
+    for table in listed:
+        assert len({cell.key for cell in table.cells}) == len(table.cells), table.key
 
 
 def test_table2_holds_the_papers_numbers_and_layout() -> None:

@@ -9,13 +9,14 @@ import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from mlflow.exceptions import MlflowException
 from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE, TEMPORARILY_UNAVAILABLE
 from mlflow.tracking import MlflowClient
 
-from fltune.tracking.mlflow_log import open_store, retrying
+from fltune.tracking.mlflow_log import RetryingClient, open_store
 from tests.tune.test_cluster import ISOLATED, free_port, start_node, stop_node
 
 REPO = Path(__file__).resolve().parents[2]
@@ -75,7 +76,7 @@ def test_locked_database_is_retried_and_other_errors_are_not() -> None:
             raise MlflowException("(sqlite3.OperationalError) database is locked", TEMPORARILY_UNAVAILABLE)
         return "written"
 
-    assert retrying(locked_twice)() == "written" and len(calls) == 3
+    assert RetryingClient(SimpleNamespace(write=locked_twice)).write() == "written" and len(calls) == 3
 
     def bad_value() -> None:
         calls.append(1)
@@ -83,5 +84,5 @@ def test_locked_database_is_retried_and_other_errors_are_not() -> None:
 
     calls.clear()
     with pytest.raises(MlflowException, match="bad"):
-        retrying(bad_value)()
+        RetryingClient(SimpleNamespace(write=bad_value)).write()
     assert len(calls) == 1
