@@ -147,8 +147,9 @@ def server_step(old: State, new: State, step: Callable[[np.ndarray, np.ndarray],
 
 def client_model(shared: State, client_state: dict[str, Any]) -> State:
     """A client's weights: ``shared`` (the global model it starts from, or the update it trained, rebuilt for
-    ``all_model`` and H_N/H_D at no transfer) overridden by its personal part. The workers check a rebuild bit for bit
-    and ship the weights where it differs (FedNova's d_k, Ditto's v_k): a wrong rebuild costs transfer, never a figure."""
+    ``all_model`` and H_N/H_D at no transfer) overridden by its personal part. The workers check a rebuild bit for
+    bit and ship the weights where it differs (FedNova's d_k, Ditto's v_k): a wrong rebuild costs transfer, never a
+    figure."""
     return {**shared, **client_state.get("personal", {})}
 
 

@@ -29,7 +29,8 @@ class Forward:
 
     def __init__(self, model: nn.Module) -> None:
         self.model = model
-        self.tied = _ties_tensors(model)
+        named = [*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)]
+        self.tied = len(named) != len({id(t) for _, t in named})  # a tensor under two names: walk for ties (costly)
         self.own: Tensors = dict(model.named_parameters())
 
     def __call__(self, weights: Mapping[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
@@ -45,12 +46,6 @@ class Forward:
         prefix = f"{name}."
         own = {k.removeprefix(prefix): v for k, v in weights.items() if k.startswith(prefix)}
         return functional_call(module, own, (x,), tie_weights=self.tied)
-
-
-def _ties_tensors(model: nn.Module) -> bool:
-    """Whether a tensor sits under two names: only then need ``functional_call`` walk for ties (costly)."""
-    named = [*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)]
-    return len(named) != len({id(t) for _, t in named})
 
 
 class ClientByClient(Exception):
@@ -82,8 +77,8 @@ class Batch:
     lr: float = 0.0
     grad_clip: float | None = None
     gradient: Callable[[Objective, Tensors], tuple[Tensors, torch.Tensor, Any]] | None = None
-    """(∇objective at ``weights``, its value, the rest it returns), detached; zeros for an unused weight. By ``torch.func``
-    where clients are trained together, by autograd client by client: the same bits."""
+    """(∇objective at ``weights``, its value, the rest it returns), detached; zeros for an unused weight. By
+    ``torch.func`` where clients are trained together, by autograd client by client: the same bits."""
     kept: dict[str, Tensors] = field(default_factory=dict)
 
     @property
