@@ -27,22 +27,19 @@ def headline(res: list[MethodRow]) -> dict[str, float]:
 
 class CompareLog(RunTree):
     kind = "compare"
-
-    def __init__(self, spec: CompareSpec) -> None:
-        self.spec = spec
-        super().__init__(spec.tracking, spec.path, spec.name, build_config(spec.trees[spec.methods[0]]))
+    spec: CompareSpec
 
     def expected_trials(self) -> int:
         return len(self.spec.cells)
 
     def parent_tags(self) -> dict[str, Any]:
         """The methods compared and the shared setting (one method's tags would misname the job)."""
-        cfg = self.cfg
+        cfg = self.spec.config
         return {"methods": ",".join(self.spec.methods), "dataset": cfg.data.dataset, "partition": cfg.partition.kind,
                 "seeds": self.spec.seeds}
 
-    def describe_parent(self, parent: str) -> None:
-        spec = self.spec
+    def describe_parent(self) -> None:
+        spec, parent = self.spec, self.parent
         self.tracker.log_params(parent, {
             "methods": ",".join(spec.methods), "seeds": spec.seeds, "tune_budget": spec.tune_budget or 0,
             "ranked_by": spec.primary, "test": "welch_t_two_sided", "alpha": ALPHA, "workers_per_trial": spec.workers,

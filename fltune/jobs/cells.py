@@ -6,13 +6,12 @@ from __future__ import annotations
 from abc import abstractmethod
 from typing import Any
 
-from fltune.config import ExperimentConfig, TrackingConfig
 from fltune.jobs.scaffold import CELL_CHECKPOINT_EVERY, CELL_CHECKPOINT_SECONDS
 from fltune.tune.space import Objective
-from fltune.tune.spec import SavedSpec
+from fltune.tune.spec import JobSpec
 
 
-class CellSpec(SavedSpec):
+class CellSpec(JobSpec):
     """A job of cells frozen at its start: its trials' workers and GPU share, concurrency, ``--out`` folder and
     checkpoint cadence (``trainable.Cadence``)."""
 
@@ -22,15 +21,6 @@ class CellSpec(SavedSpec):
     out: str
     checkpoint_every: int | None = CELL_CHECKPOINT_EVERY
     checkpoint_seconds: float | None = CELL_CHECKPOINT_SECONDS
-
-    @property
-    @abstractmethod
-    def config(self) -> ExperimentConfig:
-        """The job's setting, whose tracking and resources every trial shares."""
-
-    @property
-    def tracking(self) -> TrackingConfig:
-        return self.config.tracking
 
     @abstractmethod
     def trial(self, cell: str) -> tuple[dict[str, Any], int, list[Objective]]:

@@ -26,7 +26,7 @@ if TYPE_CHECKING:  # Ray Tune and MLflow load only when a command runs
     from fltune.tune.board import TrialBoard
     from fltune.tune.mlflow_runs import RunTree
     from fltune.tune.results import TrialRow
-    from fltune.tune.spec import SavedSpec
+    from fltune.tune.spec import JobSpec
 
 JOB_ENV = {
     # with verbose=0 and the old output engine Tune prints nothing: the board is the job's output
@@ -41,7 +41,7 @@ CELL_CHECKPOINT_EVERY, CELL_CHECKPOINT_SECONDS = 25, 60.0
 """A job cell's default checkpoint cadence: a personalised method's checkpoint costs more than its round."""
 
 
-Spec = TypeVar("Spec", bound="SavedSpec")
+Spec = TypeVar("Spec", bound="JobSpec")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -128,7 +128,7 @@ def say_failures(trials: list[Trial]) -> None:
         console.print(line, markup=False, soft_wrap=True)
 
 
-def start(spec: SavedSpec, out: str | None, configs: list[ExperimentConfig], address: str | None) -> None:
+def start(spec: JobSpec, out: str | None, configs: list[ExperimentConfig], address: str | None) -> None:
     """A job's checks before Ray (its tracking, its storage, its ``out`` folder, its trials' data), then Ray."""
     from fltune.engine.cluster import start_ray
     from fltune.preflight import check_data
@@ -143,7 +143,7 @@ def start(spec: SavedSpec, out: str | None, configs: list[ExperimentConfig], add
     start_ray(address)
 
 
-def resume_line(command: str, spec: SavedSpec) -> str:
+def resume_line(command: str, spec: JobSpec) -> str:
     """``cli.py <command> --name … --storage … --resume``: what continues the job ``spec``."""
     return f"{invoked_as()} {command} --name {spec.name} --storage {spec.storage} --resume"
 
@@ -190,9 +190,7 @@ class TuneJob(ABC, Generic[Spec]):
         board = self.board(spec)
         if not spec.tracking.enabled:
             return [board]
-        from fltune.tune.mlflow_runs import MLflowStudyCallback
-
-        return [board, MLflowStudyCallback(spec, self.run_tree())]
+        return [board, self.run_tree()(spec)]
 
     def board(self, spec: Spec) -> TrialBoard:
         """The live board: the trials ranked (jobs of cells draw their cells instead)."""
@@ -242,7 +240,6 @@ class TuneJob(ABC, Generic[Spec]):
         """Validate, start Ray, size the trials and create or restore the Tuner; also the number of Ray nodes."""
         from ray.tune import Tuner
 
-        from fltune.config import build_config
         from fltune.jobs.storage import job_filesystem, storage_root, tune_started, tuner_whole
         from fltune.jobs.tuner import bound_trainable, cluster_shape, placement
         from fltune.tune.spec import exists
@@ -254,9 +251,9 @@ class TuneJob(ABC, Generic[Spec]):
             raise FLTuneError(f"--name {spec.name}: {self.what} {spec.path} already exists; "
                               "add --resume to continue it")
         tree = self.experiment(spec)
-        start(spec, self.out(spec), self.trial_configs(spec), self.options.address or build_config(tree).resources.address)
+        start(spec, self.out(spec), self.trial_configs(spec), self.options.address or spec.config.resources.address)
         cluster, node_cpus = cluster_shape()
-        spec = with_gpu_share(spec, cluster, build_config(tree).resources.cpus_per_worker)
+        spec = with_gpu_share(spec, cluster, spec.config.resources.cpus_per_worker)
         resources = placement(tree, spec.workers, spec.gpus_per_worker, cluster, node_cpus)
         if resuming and tune_started(spec.path):
             if not tuner_whole(spec.path):  # a new Tuner of the saved spec writes it again, as it was

@@ -14,16 +14,13 @@ from fltune.tune.mlflow_runs import RunTree
 
 class ReproLog(RunTree):
     kind = "reproduce"
-
-    def __init__(self, spec: ReproSpec) -> None:
-        self.spec = spec
-        super().__init__(spec.tracking, spec.path, spec.name, spec.config)
+    spec: ReproSpec
 
     def expected_trials(self) -> int:
         return len(self.spec.trials)  # one run may score several cells (job.py: ``trials``)
 
-    def describe_parent(self, parent: str) -> None:
-        spec, table = self.spec, self.spec.paper_table
+    def describe_parent(self) -> None:
+        spec, table, parent = self.spec, self.spec.paper_table, self.parent
         self.tracker.log_params(parent, {
             "table": spec.table, "scale": spec.scale, "seeds": spec.seeds, "source": table.source,
             "cells_run": len(spec.cells), "cells_no_data": len(spec.missing),

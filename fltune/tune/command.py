@@ -150,7 +150,7 @@ class Study(TuneJob["StudySpec"]):
                          scheduler=scheduler(spec), num_samples=spec.space.num_samples)
 
     def describe(self, spec: StudySpec, nodes: int) -> str:
-        space, res = spec.space, spec.base_config.resources
+        space, res = spec.space, spec.config.resources
         sched = space.scheduler.name
         if sched == "asha":
             sched += f" (grace {space.scheduler.grace_period} rounds)"
@@ -166,8 +166,7 @@ class Study(TuneJob["StudySpec"]):
         )
 
     def conclude(self, spec: StudySpec, rows: list[TrialRow]) -> int:
-        """Print the ranking, confirm the best configurations and write the winner's; the exit status says how
-        the study ended."""
+        """The ranking, the confirmation and the winner's file; the exit status says how the study ended."""
         from fltune.jobs.storage import write_whole
         from fltune.tracking.progress import console
         from fltune.tune.board import trials_table
@@ -203,7 +202,7 @@ class Study(TuneJob["StudySpec"]):
         from fltune.tune.board import params_text
         from fltune.tune.confirm import Confirmation, confirmed_table, plan
 
-        stage = plan(spec.space, spec.base_config.metrics.test)
+        stage = plan(spec.space, spec.config.metrics.test)
         if stage is None:
             return ()
         job = Confirmation(spec, rows, stage, self.options.address, self.resume_command(spec))

@@ -13,12 +13,12 @@ from typing import TYPE_CHECKING, Any
 from fltune.config import set_fields
 from fltune.jobs.scaffold import GridJob, JobOptions
 from fltune.tune.space import Confirm, Objective, SearchSpace
-from fltune.tune.spec import SavedSpec, StudySpec, exists
+from fltune.tune.spec import JobSpec, StudySpec, exists
 
 if TYPE_CHECKING:
     from rich.table import Table
 
-    from fltune.config import TrackingConfig
+    from fltune.config import ExperimentConfig
     from fltune.tune.results import TrialRow
 
 FOLDER = "confirm"
@@ -36,7 +36,7 @@ def plan(space: SearchSpace, testing: bool) -> Confirm | None:
     return Confirm(top=1, seeds=space.seeds) if space.on_validation and testing else None
 
 
-class ConfirmSpec(SavedSpec):
+class ConfirmSpec(JobSpec):
     """The confirmation job: the study, its top configurations (JSON of their parameters), best first, and
     ``uri``, the driver's MLflow store, where the trials log their seeds' runs."""
 
@@ -48,22 +48,9 @@ class ConfirmSpec(SavedSpec):
     gpus_per_worker: float | None
     uri: str = ""
 
-    @classmethod
-    def of(cls, study: StudySpec, rows: list[TrialRow], confirm: Confirm) -> ConfirmSpec:
-        """Fresh seeds follow the search's, except when only the test data is read (``confirm: none``)."""
-        from fltune.tracking.paths import default_uri
-        from fltune.tune.results import rank
-
-        ranked = [row for row in rank(rows, study.space.objective.direction) if row.scored][:confirm.top]
-        fresh = study.space.seeds if study.space.confirm != "none" else 0
-        return cls(name=FOLDER, storage=study.path, study=study, seeds=confirm.seeds,
-                   cells=[json.dumps(row.params, sort_keys=True) for row in ranked],
-                   first_seed=study.base_config.federation.seed + fresh, workers=study.workers,
-                   gpus_per_worker=study.gpus_per_worker, uri=study.tracking.uri or default_uri())
-
     @property
-    def tracking(self) -> TrackingConfig:
-        return self.study.tracking
+    def config(self) -> ExperimentConfig:
+        return self.study.config
 
     @property
     def max_concurrent(self) -> int:
@@ -103,12 +90,21 @@ class Confirmation(GridJob[ConfirmSpec]):
 
     def __init__(self, study: StudySpec, rows: list[TrialRow], confirm: Confirm, address: str | None,
                  resume: str) -> None:
-        path = f"{study.path}/{FOLDER}"
-        super().__init__(JobOptions(storage=study.path, address=address, resume=exists(path)))
+        super().__init__(JobOptions(storage=study.path, address=address, resume=exists(f"{study.path}/{FOLDER}")))
         self.study, self.search_rows, self.confirm, self.hint = study, rows, confirm, resume
 
     def new_spec(self, storage: str) -> ConfirmSpec:
-        return ConfirmSpec.of(self.study, self.search_rows, self.confirm)
+        """Fresh seeds follow the search's, except when only the test data is read (``confirm: none``)."""
+        from fltune.tracking.paths import default_uri
+        from fltune.tune.results import rank
+
+        study, confirm = self.study, self.confirm
+        ranked = [row for row in rank(self.search_rows, study.space.objective.direction) if row.scored][:confirm.top]
+        fresh = study.space.seeds if study.space.confirm != "none" else 0
+        return ConfirmSpec(name=FOLDER, storage=study.path, study=study, seeds=confirm.seeds,
+                           cells=[json.dumps(row.params, sort_keys=True) for row in ranked],
+                           first_seed=study.config.federation.seed + fresh, workers=study.workers,
+                           gpus_per_worker=study.gpus_per_worker, uri=study.tracking.uri or default_uri())
 
     def saved_spec(self, storage: str) -> ConfirmSpec:
         return ConfirmSpec.load(f"{storage}/{FOLDER}")

@@ -45,69 +45,78 @@ def loggable(metrics: dict[str, Any]) -> dict[str, float]:
             and isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
 
 
-class RunTree(ABC):
-    """A parent run and one child run per Tune trial, found again by tags when the job resumes."""
+class RunTree(LoggerCallback, ABC):
+    """Tune → a parent run and one child run per trial, found again by tags when the job resumes. Pickles only the
+    spec (for ``Tuner.restore``); MLflow is (re)opened in ``setup``."""
 
     kind = "study"
 
-    def __init__(self, tracking: TrackingConfig, path: str, name: str, cfg: ExperimentConfig) -> None:
-        self.path, self.name, self.cfg = path, name, cfg
-        keep_in(path)  # what the server does not take waits in the job's folder
-        self.tracker = Tracker(tracking)
-        self.parent = self._open_parent()
+    def __init__(self, spec: Any) -> None:
+        self.spec = spec
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"spec": self.spec}
+
+    def setup(self, **info: Any) -> None:
+        keep_in(self.spec.path)  # what the server does not take waits in the job's folder
+        self.tracker = Tracker(self.spec.tracking)
+        found = self.tracker.find({STUDY_TAG: self.spec.path, KIND_TAG: self.kind})
+        if found:
+            self.parent = found[0].info.run_id
+            self.tracker.reopen(self.parent)
+        else:
+            tags = {**self.parent_tags(), STUDY_TAG: self.spec.path, KIND_TAG: self.kind}
+            self.parent = self.tracker.start(self.spec.name, tags)
+            self.describe_parent()
         self.children: dict[str, str] = {}
         self.logged: dict[str, int] = {}
         self.nodes: dict[str, str] = {}
+        self.reconciled = False
         for run in self.tracker.find({"mlflow.parentRunId": self.parent}):
             trial_id = run.data.tags.get(TRIAL_TAG)
             self.children[trial_id] = run.info.run_id
-            self.logged[trial_id] = self.tracker.last_step(run.info.run_id, EVERY_ROUND) or 0
-
-    def _open_parent(self) -> str:
-        found = self.tracker.find({STUDY_TAG: self.path, KIND_TAG: self.kind})
-        if found:
-            self.tracker.reopen(found[0].info.run_id)
-            return found[0].info.run_id
-        parent = self.tracker.start(self.name, {**self.parent_tags(), STUDY_TAG: self.path, KIND_TAG: self.kind})
-        self.describe_parent(parent)
-        return parent
+            self.logged[trial_id] = max(self.tracker.history(run.info.run_id, EVERY_ROUND), default=0)
 
     def parent_tags(self) -> dict[str, Any]:
         """What the job is, as the filterable tags of its parent run (one method's: ``run_tags``)."""
-        return run_tags(self.cfg)
+        return run_tags(self.spec.config)
 
     @abstractmethod
     def expected_trials(self) -> int:
         """How many trials the job runs when nothing stops it."""
 
-    def describe_parent(self, parent: str) -> None:
+    def describe_parent(self) -> None:
         """Log what the job is to its new parent run."""
 
-    def forget_unknown(self, known: set[str]) -> None:
-        """Delete children of trials Tune's restored state does not have (started after its last save)."""
-        for trial_id in set(self.children) - known:
+    def on_step_begin(self, iteration: int, trials: list[Trial], **info: Any) -> None:
+        """Delete children of trials Tune's restored state does not have (started after its last save): the first
+        step sees exactly the trials restored from the job folder."""
+        if self.reconciled:
+            return
+        for trial_id in set(self.children) - {t.trial_id for t in trials}:
             self.tracker.delete(self.children.pop(trial_id))
             self.logged.pop(trial_id, None)
+        self.reconciled = True
 
     @abstractmethod
     def child(self, trial_id: str, params: dict[str, Any]) -> tuple[str, ExperimentConfig, dict[str, Any]]:
         """A trial's run name, its experiment and the extra params to log."""
 
-    def start_trial(self, trial_id: str, params: dict[str, Any]) -> None:
-        if trial_id in self.children:
-            self.tracker.reopen(self.children[trial_id])
+    def log_trial_start(self, trial: Trial) -> None:
+        if trial.trial_id in self.children:
+            self.tracker.reopen(self.children[trial.trial_id])
             return
-        name, cfg, extra = self.child(trial_id, params)
-        tags = {**run_tags(cfg), TRIAL_TAG: trial_id, STUDY_TAG: self.path, KIND_TAG: "trial"}
+        name, cfg, extra = self.child(trial.trial_id, trial.config)
+        tags = {**run_tags(cfg), TRIAL_TAG: trial.trial_id, STUDY_TAG: self.spec.path, KIND_TAG: "trial"}
         child = self.tracker.start(name, tags, parent=self.parent)
         self.tracker.log_config(child, cfg)
         self.tracker.log_params(child, extra)
-        self.children[trial_id] = child
-        self.logged[trial_id] = 0
+        self.children[trial.trial_id] = child
+        self.logged[trial.trial_id] = 0
 
-    def log_round(self, trial_id: str, result: dict[str, Any]) -> None:
+    def log_trial_result(self, iteration: int, trial: Trial, result: dict[str, Any]) -> None:
         """Per-round metrics at step=round; rounds already logged (replayed after a restore) are skipped."""
-        round_ = int(result.get("round", 0))
+        trial_id, round_ = trial.trial_id, int(result.get("round", 0))
         if trial_id not in self.children or round_ <= self.logged.get(trial_id, 0):
             return
         nodes = result.get("worker_nodes", "")
@@ -116,6 +125,17 @@ class RunTree(ABC):
             self.nodes[trial_id] = nodes
         self.tracker.log_round(self.children[trial_id], loggable(result))
         self.logged[trial_id] = round_
+
+    def log_trial_end(self, trial: Trial, failed: bool = False) -> None:
+        trace = latest_trace(trial) if failed else ""
+        self.end_trial(trial_row(trial, failed), error_line(trace) if trace else None)
+
+    def on_experiment_end(self, trials: list[Trial], **info: Any) -> None:
+        rows = [trial_row(t) for t in trials]
+        for row in rows:
+            if row.status not in ENDED:
+                self.end_trial(row)
+        self.finish(rows, unfinished(rows, self.expected_trials()))
 
     def end_trial(self, row: TrialRow, error: str | None = None) -> None:
         """End a trial's run; a failed one carries its error line (``results.error_line``) as MLflow shows it."""
@@ -148,15 +168,13 @@ class RunTree(ABC):
 class StudyLog(RunTree):
     """A Tune study: the parent holds the space, the search settings and the best configuration."""
 
-    def __init__(self, spec: StudySpec) -> None:
-        self.spec = spec
-        super().__init__(spec.base_config.tracking, spec.path, spec.name, spec.base_config)
+    spec: StudySpec
 
     def expected_trials(self) -> int:
         return self.spec.space.num_samples
 
-    def describe_parent(self, parent: str) -> None:
-        spec, space = self.spec, self.spec.space
+    def describe_parent(self) -> None:
+        spec, space, parent = self.spec, self.spec.space, self.parent
         self.tracker.log_params(parent, {
             "space": spec.space_file, "num_samples": space.num_samples, "max_concurrent": space.max_concurrent,
             "seeds": space.seeds, "objective": space.objective.metric, "mode": space.objective.direction,
@@ -165,18 +183,16 @@ class StudyLog(RunTree):
             "workers_per_trial": spec.workers, "rounds": spec.rounds,
         })
         self.tracker.log_text(parent, spec.space_text, f"space/{Path(spec.space_file).name}")
-        self.tracker.log_text(parent, spec.base_config.to_yaml(), "base_config.yaml")
+        self.tracker.log_text(parent, spec.config.to_yaml(), "base_config.yaml")
 
     def child(self, trial_id: str, params: dict[str, Any]) -> tuple[str, ExperimentConfig, dict[str, Any]]:
         # the tuned values are in the trial's config (``method.mu`` …); the parent's ``params`` names them
         return f"{self.spec.name}/{trial_id}", trial_config(self.spec, params), {}
 
     def finish(self, rows: list[TrialRow], interrupted: bool) -> None:
-        """Study-level results on the parent (also after an interruption: they show progress so far)."""
         spec = self.spec
-        mode = spec.space.objective.direction
         self.tag_counts("trials", [r.status for r in rows])
-        top = best(rows, mode)
+        top = best(rows, spec.space.objective.direction)
         with tempfile.TemporaryDirectory() as tmp:
             self.tracker.log_artifact(self.parent, write_csv(rows, spec.space, Path(tmp) / "trials.csv"))
             if any(r.scored for r in rows):
@@ -193,43 +209,6 @@ class StudyLog(RunTree):
                                                 **{f"best.{k}": v for k, v in top.params.items()}})
             self.tracker.log_text(self.parent, trial_config(spec, top.params).to_yaml(), "best_config.yaml")
         self.end_job(interrupted, failed=top is None or any(r.status == "failed" for r in rows))  # as it exits 1
-
-
-class MLflowStudyCallback(LoggerCallback):
-    """Tune → a RunTree. Pickles only the spec (for ``Tuner.restore``); MLflow is (re)opened in ``setup``."""
-
-    def __init__(self, spec: Any, log_class: type[RunTree]) -> None:
-        self.spec, self.log_class = spec, log_class
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {"spec": self.spec, "log_class": self.log_class}
-
-    def setup(self, **info: Any) -> None:
-        self.log = self.log_class(self.spec)
-        self.reconciled = False
-
-    def on_step_begin(self, iteration: int, trials: list[Trial], **info: Any) -> None:
-        if not self.reconciled:  # the first step sees exactly the trials restored from the study folder
-            self.log.forget_unknown({t.trial_id for t in trials})
-            self.reconciled = True
-
-    def log_trial_start(self, trial: Trial) -> None:
-        self.log.start_trial(trial.trial_id, trial.config)
-
-    def log_trial_result(self, iteration: int, trial: Trial, result: dict[str, Any]) -> None:
-        self.log.log_round(trial.trial_id, result)
-
-    def log_trial_end(self, trial: Trial, failed: bool = False) -> None:
-        trace = latest_trace(trial) if failed else ""
-        self.log.end_trial(trial_row(trial, failed), error_line(trace) if trace else None)
-
-    def on_experiment_end(self, trials: list[Trial], **info: Any) -> None:
-        rows = [trial_row(t) for t in trials]
-        interrupted = unfinished(rows, self.log.expected_trials())
-        for row in rows:
-            if row.status not in ENDED:
-                self.log.end_trial(row)
-        self.log.finish(rows, interrupted)
 
 
 def study_parent(study: StudySpec, tracking: TrackingConfig | None = None) -> tuple[Tracker, str | None]:

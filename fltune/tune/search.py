@@ -107,10 +107,9 @@ def resolve_space(request: StudyRequest) -> tuple[SearchSpace, str, dict]:
         raise FLTuneError(f"{request.space}: no method; add `method: NAME` to the file or pass --method")
     if request.method and space.method and method != space_method(space, request.space):
         raise FLTuneError(f"--method {request.method}: the space file {request.space} is for {space.method}")
-    flags = {"num_samples": request.num_samples, "max_concurrent": request.max_concurrent, "seeds": request.seeds,
-             "confirm": request.confirm, "checkpoint_every": request.checkpoint_every, "checkpoint_seconds": request.checkpoint_seconds}
+    flags = ("num_samples", "max_concurrent", "seeds", "confirm", "checkpoint_every", "checkpoint_seconds")
     settings = [text for text in request.overrides if is_space_setting(text)]
-    tree = {**space.model_dump(), **{k: v for k, v in flags.items() if v is not None}}
+    tree = {**space.model_dump(), **{k: getattr(request, k) for k in flags if getattr(request, k) is not None}}
     try:
         space = SearchSpace.model_validate(apply_overrides(tree, settings, fresh=("scheduler",)))
     except ValidationError as err:
@@ -159,24 +158,19 @@ def make_searcher(spec: StudySpec) -> FLOptunaSearch:
 
 def optuna_search(space: SearchSpace, storage: optuna.storages.BaseStorage | None = None,
                   study_name: str | None = None) -> FLOptunaSearch:
-    """Tune's OptunaSearch on the space's sampler. Metric and mode are passed here explicitly: OptunaSearch
+    """Tune's OptunaSearch on the space's sampler, seeded. Metric and mode are passed here explicitly: OptunaSearch
     given a space ignores TuneConfig's."""
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # the trials table says it all
+    chosen = space.sampler
+    sampler = optuna.samplers.RandomSampler(seed=chosen.seed) if chosen.name == "random" else \
+        optuna.samplers.TPESampler(seed=chosen.seed, n_startup_trials=chosen.n_startup_trials,
+                                   multivariate=chosen.multivariate)
     multi = bool(space.trade_off)  # several objectives: a list of metrics and modes, Optuna's Pareto front
     return FLOptunaSearch(
         space=DefineByRun(space), metric=[f"objective:{objective_key(o)}" for o in space.objectives] if multi
         else "objective", mode=[o.direction for o in space.objectives] if multi else space.objective.direction,
-        sampler=sampler(space), storage=storage, study_name=study_name,
+        sampler=sampler, storage=storage, study_name=study_name,
     )
-
-
-def sampler(space: SearchSpace) -> optuna.samplers.BaseSampler:
-    """Optuna's sampler as the space sets it, seeded."""
-    chosen = space.sampler
-    if chosen.name == "random":
-        return optuna.samplers.RandomSampler(seed=chosen.seed)
-    return optuna.samplers.TPESampler(seed=chosen.seed, n_startup_trials=chosen.n_startup_trials,
-                                      multivariate=chosen.multivariate)
 
 
 def scheduler(spec: StudySpec) -> TrialScheduler:

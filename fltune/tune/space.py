@@ -193,14 +193,10 @@ class SearchSpace(_Strict):
         return self.objective.metric.startswith("val_")
 
 
-SETTINGS: tuple[str, ...] = ("objective", "trade_off", "num_samples", "sampler", "scheduler", "max_concurrent", "seeds",
-                             "confirm", "checkpoint_every", "checkpoint_seconds")
-"""The search settings ``tune --set`` changes; every other ``--set`` edits the base experiment."""
-
-
 def is_space_setting(override: str) -> bool:
-    """Whether ``--set key=value`` names a search setting (``SETTINGS``) rather than an experiment field."""
-    return override.split("=", 1)[0].strip().split(".")[0] in SETTINGS
+    """Whether ``--set key=value`` edits the search (a field of the space besides its experiment's)."""
+    key = override.split("=", 1)[0].strip().split(".")[0]
+    return key in SearchSpace.model_fields and key not in ("method", "base", "overrides", "params")
 
 
 def parse_space(path: str | Path) -> SearchSpace:
@@ -260,15 +256,12 @@ def check_params(space: SearchSpace, tree: dict[str, Any], method: str) -> None:
 
 
 def check_objective(space: SearchSpace, cfg: ExperimentConfig) -> None:
-    """Every objective's metric must be produced by the base experiment, and ASHA must see it before its first
-    rung."""
+    """Every objective's metric is one the base experiment produces, and ASHA sees it before its first rung."""
     check_probes(cfg)
     for objective in space.objectives:
         if need := unmet_need(objective.metric, objective.reduce, cfg):
             raise FLTuneError(f"objective.metric: {objective.metric} {need}")
     metric = space.objective.metric
-    probe = probe_of(metric)
-    protocol = probe.protocol if probe is not None else None
     if metric.endswith("_ft") and isinstance(space.scheduler, Asha):
         raise FLTuneError(f"objective.metric: {metric} exists only after the final fine-tuning; it needs "
                           "scheduler: none (ASHA would see no value)")
@@ -283,7 +276,7 @@ def check_objective(space: SearchSpace, cfg: ExperimentConfig) -> None:
                    "ASHA needs federation.rounds ≥ 2 to stop a trial early; with 1 round use "
                    "--set scheduler.name=none")
             )
-        if space.scheduler.grace_period < every and protocol is not None:
+        if space.scheduler.grace_period < every and getattr(probe_of(metric), "protocol", None) is not None:
             raise FLTuneError(
                 f"scheduler.grace_period: {space.scheduler.grace_period} < metrics.every {every}: ASHA would "
                 f"compare trials before their first evaluation; allowed: ≥ {every}"

@@ -3,6 +3,7 @@ it and ``--resume`` reloads it, so a resumed study runs the settings it started 
 
 from __future__ import annotations
 
+from abc import abstractmethod
 from collections.abc import Callable
 from functools import cached_property
 from typing import Any, Self
@@ -13,14 +14,13 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from fltune.config import ExperimentConfig, TrackingConfig, build_config
 from fltune.errors import FLTuneError
 from fltune.jobs.storage import holds, write_whole
-from fltune.tune.space import SearchSpace, without_test
+from fltune.tune.space import SearchSpace
 
 SPEC_FILE = "fltune_study.json"
 
 
 class SavedSpec(BaseModel):
-    """A Tune job's settings in its folder (``<storage>/<name>/fltune_study.json``) for --resume; every kind has
-    ``tracking`` (MLflow settings) and ``max_concurrent`` (trials at once; None: all that fit), read by ``TuneJob``."""
+    """A Tune job's settings in its folder (``<storage>/<name>/fltune_study.json``) for --resume."""
 
     model_config = ConfigDict(frozen=True, ignored_types=(cached_property,))
 
@@ -34,10 +34,9 @@ class SavedSpec(BaseModel):
 
     def save(self) -> None:
         """Written whole or not at all (``storage.write_whole``): ``--resume`` reads it back."""
-        data = self.model_dump_json(indent=2).encode()
         fs, folder = pyarrow.fs.FileSystem.from_uri(self.path)
         fs.create_dir(folder)
-        write_whole(f"{self.path}/{SPEC_FILE}", data)
+        write_whole(f"{self.path}/{SPEC_FILE}", self.model_dump_json(indent=2).encode())
 
     @classmethod
     def load(cls, path: str) -> Self:
@@ -87,7 +86,21 @@ class CutSpec(FLTuneError):
     """A saved spec that is not JSON at all: empty or cut short by a stop as an older fltune wrote it."""
 
 
-class StudySpec(SavedSpec):
+class JobSpec(SavedSpec):
+    """A kind of Tune job's spec as ``TuneJob`` reads it: its setting, and ``max_concurrent`` (trials at once; None:
+    all that fit)."""
+
+    @property
+    @abstractmethod
+    def config(self) -> ExperimentConfig:
+        """The job's setting, whose tracking and resources every trial shares."""
+
+    @property
+    def tracking(self) -> TrackingConfig:
+        return self.config.tracking
+
+
+class StudySpec(JobSpec):
     """Everything a study needs, as plain data (picklable for Ray, JSON for the study folder)."""
 
     method: str
@@ -104,21 +117,12 @@ class StudySpec(SavedSpec):
     """The finished study whose evaluated configurations the searcher starts from (``--warm-start``)."""
 
     @cached_property
-    def base_config(self) -> ExperimentConfig:
+    def config(self) -> ExperimentConfig:
         return build_config(self.base)
 
     @property
-    def search_base(self) -> dict[str, Any]:
-        """The base as the search's trials train it: without test data when they select on validation."""
-        return without_test(self.base) if self.space.on_validation else self.base
-
-    @property
     def rounds(self) -> int:
-        return self.base_config.federation.rounds
-
-    @property
-    def tracking(self) -> TrackingConfig:
-        return self.base_config.tracking
+        return self.config.federation.rounds
 
     @property
     def max_concurrent(self) -> int:

@@ -20,7 +20,7 @@ from ray import tune
 from fltune.assembly import build_federation
 from fltune.config import ExperimentConfig, build_config, set_fields
 from fltune.engine.federation import Federation, lockstep, open_all
-from fltune.tune.space import Objective
+from fltune.tune.space import Objective, without_test
 from fltune.tune.spec import StudySpec
 
 STATE_FILE = "federations.pkl"
@@ -173,8 +173,10 @@ def client_folder() -> Path:
 
 
 def run_trial(config: dict[str, Any], spec: StudySpec) -> None:
-    """Tune entry point: ``config`` holds the sampled parameters under their dotted names."""
-    cfgs = seed_configs(set_fields(spec.search_base, config), spec.space.seeds, spec.workers, spec.gpus_per_worker or 0.0)
+    """Tune entry point: ``config`` holds the sampled parameters under their dotted names; a search that selects
+    on validation trains without test data."""
+    base = without_test(spec.base) if spec.space.on_validation else spec.base
+    cfgs = seed_configs(set_fields(base, config), spec.space.seeds, spec.workers, spec.gpus_per_worker or 0.0)
     cadence = Cadence(spec.space.checkpoint_every, spec.space.checkpoint_seconds)
     run_federations(cfgs, spec.space.objective, cadence, extra=spec.space.trade_off)
 

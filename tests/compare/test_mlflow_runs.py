@@ -18,6 +18,7 @@ from tests.compare.test_report import spec
 def test_the_parent_run_ends_as_the_command(tmp_path, mlflow_uri, last: str, parent: str) -> None:
     comparison = spec(tmp_path)
     log = CompareLog(comparison)
+    log.setup()  # as Tune opens it
     cells = list(comparison.cells)
     statuses = ["finished"] * (len(cells) - 1) + [last]
     rows = [TrialRow(trial_id=f"t{i}", status=status, params={"cell": key}, round=1, objective=0.5,
@@ -32,6 +33,7 @@ def test_the_parent_run_names_the_methods_compared_and_logs_each_ones_final_accu
     sortable in the runs table."""
     comparison = spec(tmp_path)
     log = CompareLog(comparison)
+    log.setup()  # as Tune opens it
     accuracy = {"fedavg": 0.5, "fedrep": 0.75}
     rows = [TrialRow(trial_id=f"t{i}", status="finished", params={"cell": key}, round=2, objective=0.5,
                      objective_std=math.nan, metrics={"acc_global": accuracy[key.split("/")[0]]})

@@ -23,10 +23,11 @@ def test_a_job_whose_runs_all_ended_ends_its_parent_as_the_command(man_job, mlfl
     """It counted cells (12) where the job runs trials (6): every finished job ended KILLED, as if stopped.
     A job with a lost cell exits 1 (``command.conclude``), and its parent had still ended FINISHED."""
     log = ReproLog(man_job)
+    log.setup()  # as Tune opens it
     statuses = ["finished"] * (len(man_job.trials) - 1) + [last]
     rows = [TrialRow(trial_id=f"t{i}", status=status, params={"cell": key}, round=1, objective=math.nan,
                      objective_std=math.nan, metrics={})
             for i, (key, status) in enumerate(zip(man_job.trials, statuses))]
     assert log.expected_trials() == len(man_job.trials) == 6
-    log.finish(rows, interrupted=unfinished(rows, log.expected_trials()))  # as MLflowStudyCallback ends a job
+    log.finish(rows, interrupted=unfinished(rows, log.expected_trials()))  # as on_experiment_end ends a job
     assert MlflowClient(mlflow_uri).get_run(log.parent).info.status == parent

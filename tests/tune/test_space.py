@@ -52,7 +52,7 @@ def test_a_space_in_a_papers_setting_trains_with_its_authors_optimiser(stem: str
     """The SimFAFL-family spaces trained with momentum 0.9 and no clipping where FedCR's code (and Table 2) uses
     plain SGD clipped at 10; FedAlign's without Nesterov; MAN's and FedSOL's without their lr decay."""
     spec = new_spec(StudyRequest(space=str(REPO / "fltune" / "search_spaces" / f"{stem}.yaml"), storage=str(tmp_path)))
-    config = spec.base_config.model_dump()
+    config = spec.config.model_dump()
     for key, value in AUTHORS_OPTIMISER[stem].items():
         section, field = key.split(".")
         if key not in spec.space.params and field != "local_epochs":
@@ -76,9 +76,9 @@ def test_overrides_and_flags_reach_the_spec(tmp_path: Path) -> None:
     space = write_space(tmp_path, overrides=["training.batch_size=16"])
     spec = new_spec(StudyRequest(space=str(space), storage=str(tmp_path), overrides=("federation.rounds=5",),
                                  num_samples=7, max_concurrent=1, seeds=3, name="s1"))
-    assert (spec.rounds, spec.base_config.training.batch_size) == (5, 16)
+    assert (spec.rounds, spec.config.training.batch_size) == (5, 16)
     assert (spec.space.num_samples, spec.space.max_concurrent, spec.space.seeds) == (7, 1, 3)
-    assert spec.path == f"{tmp_path}/s1" and spec.base_config.method.name == "fedprox"
+    assert spec.path == f"{tmp_path}/s1" and spec.config.method.name == "fedprox"
 
 
 def test_search_settings_are_set_like_any_field(tmp_path: Path) -> None:
@@ -212,7 +212,7 @@ def test_a_study_can_maximise_a_validation_accuracy_once_there_is_a_validation_s
     with pytest.raises(FLTuneError, match=r"objective.metric: val_acc_global needs partition.val_fraction > 0"):
         new_spec(StudyRequest(space=str(space), storage=str(tmp_path)))
     spec = new_spec(StudyRequest(space=str(space), storage=str(tmp_path), overrides=("partition.val_fraction=0.1",)))
-    assert spec.space.objective.direction == "max" and spec.base_config.partition.val_fraction == 0.1
+    assert spec.space.objective.direction == "max" and spec.config.partition.val_fraction == 0.1
 
 
 def test_the_shipped_spaces_are_found_from_any_folder(tmp_path, monkeypatch, capsys) -> None:
