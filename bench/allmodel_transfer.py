@@ -4,7 +4,7 @@ Workload: FedAvg's CNN on FMNIST (synthetic data when FMNIST is missing; the mod
 defaults' 100 clients at fraction 0.1 (10 a round) on 2 workers, 2 rounds of 1 local epoch (training
 time is not measured), ``metrics.protocols=[all_model]``. Three runs of the same seed: ``none`` (no
 probe keeps local models: ``protocols=[global]``), ``shipped`` (every worker returns its partial sum and
-each client's local model, the path before ``Method.local_model``) and ``rebuilt`` (the default: the
+each client's local model, the path before ``client_model``) and ``rebuilt`` (the default: the
 workers return each client's update and the driver rebuilds the local models). Measured: the bytes of
 the round's worker results pickled (what Ray moves from the workers to the driver, its numpy buffers
 included) and of the checkpoint (``pickle.dumps(fed.state_dict())``, as a Tune trial writes it) after

@@ -102,8 +102,8 @@ def b0_rates(cfg: ExperimentConfig, data: FederatedData, device: torch.device, t
             model.load_state_dict(global_state)
             idx = torch.as_tensor(data.client_train[cid], device=device)
             opt = torch.optim.SGD(model.parameters(), lr=tr.lr, momentum=tr.momentum)
-            ctx = ClientContext(client_id=cid, round=r, model=model, global_state=global_state, state={},
-                                server={}, num_samples=len(idx), epochs=tr.local_epochs, lr=tr.lr, device=device,
+            ctx = ClientContext(client_id=cid, model=model, global_state=global_state, state={},
+                                num_samples=len(idx), epochs=tr.local_epochs, lr=tr.lr, device=device,
                                 batches=lambda: iter(()))
             method.setup_client(ctx)
             for _ in range(tr.local_epochs):

@@ -220,7 +220,7 @@ def test_the_guides_user_fedprox_and_ditto_step_as_the_built_ins(executor: str) 
             pad = [torch.cat([t, t.new_zeros(2, *t.shape[1:])]) for t in (x, y, torch.ones(len(y)))]
             weights = {n: p.detach() for n, p in model.named_parameters()}
             out = local_step(method, Batch(Forward(model), weights, *pad, ctx.inputs, global_weights=global_state,
-                                           trainable=tuple(weights), lr=ctx.lr, differentiate=functional_gradient))
+                                           trainable=tuple(weights), lr=ctx.lr, gradient=functional_gradient))
             steps.append((out.grads, out.kept.get("personal", {})))
         (mine, my_v), (theirs, their_v) = steps
         same = torch.equal if executor == "exact" else lambda a, b: torch.allclose(a, b, rtol=1e-5, atol=1e-7)

@@ -246,7 +246,7 @@ class _GroupTrainer:
             weights = {n: train[n] if n in train else frozen[n] for n in names}
             step = local_step(method, Batch(
                 forward, weights, x, y, w, inputs, noise, global_weights, trainable=tuple(train), lr=round_lr,
-                grad_clip=training.grad_clip, differentiate=functional_gradient))
+                grad_clip=training.grad_clip, gradient=functional_gradient))
             return step if training.grad_clip is None else step._replace(grads=clipped(step.grads, training.grad_clip))
 
         # global weights are shared by every client: closed over, not a vmap argument flattened every step

@@ -35,7 +35,7 @@ from fltune.engine.store import ClientStore, WithRound
 from fltune.errors import FLTuneError
 from fltune.engine.worker import RunSpec
 from fltune.methods import is_personalised
-from fltune.methods.base import Aggregate, Method, ServerContext, State, Upload
+from fltune.methods.base import Aggregate, Method, ServerContext, State, Upload, client_model
 
 T = TypeVar("T")
 
@@ -177,7 +177,7 @@ class Federation:
             uploads.update(res.uploads)
             states.update(res.states)
             client_metrics.update(res.metrics)
-            latest.update(res.local_models(self.method))
+            latest.update(res.local_models())
         metrics = self._train_metrics(client_metrics)
         self.round = r
         if metrics["diverged"]:
@@ -325,12 +325,12 @@ class Federation:
 
     def save_model(self, folder: Path) -> Path:
         """The run's weights into ``folder`` (``builders.MODEL_FILES``): the global model, and each client's own
-        weights, those of its client model (``Method.client_model_state``) that are not the global ones. Only a
+        weights, those of its client model (``client_model``) that are not the global ones. Only a
         personalised method's client states are read: another's (SCAFFOLD's control variates) hold no model."""
         personal = {}
         for cid in range(self.cfg.federation.clients) if is_personalised(type(self.method)) else ():
             if cid in self.client_store:
-                state = self.method.client_model_state(self.global_state, self.client_store[cid])
+                state = client_model(self.global_state, self.client_store[cid])
                 own = {key: value for key, value in state.items() if value is not self.global_state.get(key)}
                 if own:
                     personal[cid] = own

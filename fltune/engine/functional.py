@@ -88,7 +88,7 @@ def step_client(method: Method, ctx: ClientContext, x: torch.Tensor, y: torch.Te
     own = {n: p.detach() for n, p in ctx.forward.own.items()}
     trained = tuple(n for n, p in ctx.forward.own.items() if p.requires_grad)
     batch = replace(method.batch(ctx, x, y), weights=own, trainable=trained, lr=ctx.lr, grad_clip=ctx.grad_clip,
-                    differentiate=autograd_gradient)
+                    gradient=autograd_gradient)
     grads, loss, logits = method.step(batch)
     if batch.record:
         method.record_step(ctx, y, batch.record)

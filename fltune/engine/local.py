@@ -19,7 +19,7 @@ from fltune.engine.batches import DeviceBatches, HostBatches, epoch_samples
 from fltune.engine.functional import client_backward
 from fltune.engine.rng import derive_seed
 from fltune.engine.transfer import RoundInput, device_states, state_on_device
-from fltune.methods.base import ClientContext, ClientResult, Method, Phase
+from fltune.methods.base import ClientContext, ClientResult, Method, Phase, client_model
 from fltune.methods.finetune import tuner_for
 from fltune.methods.objective import clipped, sgd_step
 
@@ -147,7 +147,7 @@ def client_contexts(
     batches draw from (seeded by (seed, round, client id)). Both executors' clients start here; the clients' starts
     go to the device in one copy."""
     method, model, data, training, device = trainer.method, trainer.model, trainer.data, trainer.training, trainer.device
-    starts = [method.client_model_state(inputs.global_state, states.get(cid, {})) for cid in client_ids]
+    starts = [client_model(inputs.global_state, states.get(cid, {})) for cid in client_ids]
     for cid, start in zip(client_ids, device_states(starts, device, inputs.global_state, global_tensors)):
         generator = torch.Generator().manual_seed(derive_seed(inputs.seed, inputs.round, cid))
         model.load_state_dict(start)
@@ -155,8 +155,8 @@ def client_contexts(
         batches = partial(trainer.source.epoch, data.client_train[cid], training.batch_size, generator,
                           trainer.augment, kept)
         ctx = ClientContext(
-            client_id=cid, round=inputs.round, model=model, global_state=global_tensors,
-            state=dict(states.get(cid, {})), server=inputs.server, server_tensors=inputs.server_on(device),
+            client_id=cid, model=model, global_state=global_tensors,
+            state=dict(states.get(cid, {})), server_tensors=inputs.server_on(device),
             num_samples=kept, epochs=training.local_epochs, lr=inputs.lr, device=device, batches=batches,
             momentum=training.momentum if training.optimizer == "sgd" else 0.0, nesterov=training.nesterov,
             batch_size=training.batch_size, initial_lr=training.lr, grad_clip=training.grad_clip,
@@ -214,7 +214,7 @@ def final_model(
 ) -> None:
     """Leave in the model the one scored: the final round's weights (``tune``) or the new client model (``own``)."""
     if trainer.method.final_round == "own":
-        end = trainer.method.client_model_state(inputs.global_state, result.state)
+        end = client_model(inputs.global_state, result.state)
         trainer.model.load_state_dict(device_states([end], trainer.device, inputs.global_state, global_tensors)[0])
 
 

@@ -2,7 +2,7 @@
 run at a time: the run arrives by reference with every call (``WorkerPool.bind``). Per call it trains its share of the
 round's clients in turn and returns one partial weighted sum (aggregate.py) plus each client's upload, state and
 metrics. When a probe needs every local model (``RunSpec.keep_latest``: ``all_model``, H_N/H_D) and
-``Method.local_model`` rebuilds them, the worker returns the updates instead of its partial sum and the driver sums them
+``client_model`` rebuilds them, the worker returns the updates instead of its partial sum and the driver sums them
 in the worker's order, so each client's weights travel once."""
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from fltune.engine.executors import Executor
 from fltune.engine.transfer import RoundInput, device_states, load_changed, load_state, state_on_device
 from fltune.engine.probes import ClientMeter, ProbeTask
 from fltune.engine.rng import derive_seed, use_deterministic_cuda
-from fltune.methods.base import ClientResult, Method, State, Upload, to_numpy
+from fltune.methods.base import ClientResult, Method, State, Upload, client_model, to_numpy
 
 T = TypeVar("T")
 
@@ -75,10 +75,9 @@ class WorkerResult:
             total.add(weight, update)
         return total
 
-    def local_models(self, method: Method) -> dict[int, State]:
+    def local_models(self) -> dict[int, State]:
         """Every trained client's local model: shipped, or rebuilt from its update (exact: ``_pack`` checked)."""
-        rebuilt = {cid: method.local_model(update, self.states[cid], self.uploads[cid])
-                   for cid, (_, update) in self.updates.items()}
+        rebuilt = {cid: client_model(update, self.states[cid]) for cid, (_, update) in self.updates.items()}
         return {**rebuilt, **self.latest}
 
 
@@ -140,10 +139,10 @@ class ClientWorker:
             result.partial.add(out.weight, out.update)
 
     def _pack(self, result: WorkerResult) -> WorkerResult:
-        """What ships: the updates alone when ``Method.local_model`` rebuilds every local model exactly, else
+        """What ships: the updates alone when ``client_model`` rebuilds every local model exactly, else
         the partial sum and every local model."""
         rebuilt = self.spec.rebuild and all(
-            _identical(self.trainer.method.local_model(update, result.states[cid], result.uploads[cid]), result.latest[cid])
+            _identical(client_model(update, result.states[cid]), result.latest[cid])
             for cid, (_, update) in result.updates.items()
         )
         if rebuilt:
@@ -209,7 +208,7 @@ class ClientWorker:
         global_tensors: dict[str, torch.Tensor],
     ) -> Iterator[int]:
         """Each client of ``chunk`` in turn, ``self.trainer.model`` holding its client model."""
-        starts = [self.trainer.method.client_model_state(inputs.global_state, states.get(cid, {})) for cid in chunk]
+        starts = [client_model(inputs.global_state, states.get(cid, {})) for cid in chunk]
         loaded: dict[str, Any] = {}
         for cid, load in zip(chunk, device_states(starts, self.device, inputs.global_state, global_tensors)):
             load_changed(self.trainer.model, load, loaded)
@@ -272,9 +271,9 @@ def skip_triton() -> None:
         quiet_libraries()  # the FLOP counter's note that it can't count Triton kernels (``workarounds.NOISE``)
 
 
-def _identical(rebuilt: State | None, trained: State) -> bool:
+def _identical(rebuilt: State, trained: State) -> bool:
     """Whether a rebuilt local model is the trained one: the same keys, dtypes, shapes and bytes."""
-    if rebuilt is None or rebuilt.keys() != trained.keys():
+    if rebuilt.keys() != trained.keys():
         return False
     pairs = ((np.asarray(rebuilt[k]), v) for k, v in trained.items())
     return all(a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes() for a, b in pairs)

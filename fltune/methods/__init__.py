@@ -34,7 +34,7 @@ def register(cls: type[Method]) -> type[Method]:
 def is_personalised(cls: type[Method]) -> bool:
     """Whether each client keeps weights of its own (a personal part or model, or its own scorer): the
     method overrides one of the base class's personal hooks, or its final round is its own update (Ditto)."""
-    hooks = ("personal_keys", "client_model_state", "personal_scorer")
+    hooks = ("personal_keys", "personal_scorer")
     return cls.final_round == "own" or any(getattr(cls, h) is not getattr(Method, h) for h in hooks)
 
 

@@ -109,13 +109,21 @@ def parameter_tensors(ctx: ClientContext, stored: Mapping[str, np.ndarray | Tens
     }
 
 
-class DriftCorrected(Method):
-    """FedDyn's h_k (FedDC's local drift): h_k ← h_k + (θ_k − θ_g); server θ = mean_S θ_k + mean_all h_k. The input
-    ``drift_target`` θ_g − h_k is what (α/2)·‖θ − (θ_g − h_k)‖² pulls towards (FedDyn/FedDC's loss, FedSpeed's gradient)."""
+class Drifting(Method):
+    """The plain-mean family, whose server keeps a mean over all N clients (``server_mean``); its running sums stay on
+    the server."""
 
     Params = DriftParams
     weighted_by_samples = False
-    stored_models = 3.0  # the local model, the global model θ_g and h_k
+    stored_models = 3.0  # the local model and two model-sized states (θ_g and h_k; c and c_k)
+
+    def server_payload(self, server_state: dict[str, Any]) -> dict[str, Any]:
+        return {key: value for key, value in super().server_payload(server_state).items() if not key.endswith("_sum")}
+
+
+class DriftCorrected(Drifting):
+    """FedDyn's h_k (FedDC's local drift): h_k ← h_k + (θ_k − θ_g); server θ = mean_S θ_k + mean_all h_k. The input
+    ``drift_target`` θ_g − h_k is what (α/2)·‖θ − (θ_g − h_k)‖² pulls towards (FedDyn/FedDC's loss, FedSpeed's gradient)."""
 
     def setup_client(self, ctx: ClientContext) -> None:
         """Cache θ_g − h_k, the point the drift penalty pulls towards."""
@@ -138,15 +146,11 @@ class DriftCorrected(Method):
                        server_state={**out.server_state, **kept})
 
 
-class ControlVariates(Method):
+class ControlVariates(Drifting):
     """SCAFFOLD's control variates (Karimi et al., 2020, option II), also FedDC's gradient correction (its ⟨θ, c − c_k⟩
     has the same gradient): g − c_k + c; c_k⁺ = c_k − c + (θ_g − θ_k)/(K_eff·lr), K_eff the effective steps as the FedSOL
     authors divide (``Lee-Gihun/FedSOL:algorithms/scaffold/ClientTrainer.py``, ``adaptive_divison: true``): K alone
     makes c too large under momentum. Server c = mean over all N of c_k, broadcast."""
-
-    Params = DriftParams
-    weighted_by_samples = False
-    stored_models = 3.0  # the local model, c and c_k
 
     def setup_client(self, ctx: ClientContext) -> None:
         """Cache c − c_k, the correction added to every gradient."""
@@ -173,12 +177,6 @@ class ControlVariates(Method):
             for name, p in ctx.model.named_parameters()
         })
         return result
-
-    def server_payload(self, server_state: dict[str, Any]) -> dict[str, Any]:
-        payload = super().server_payload(server_state)
-        if "c" in server_state:
-            payload["c"] = server_state["c"]
-        return payload
 
     def aggregate(self, ctx: ServerContext) -> ServerUpdate:
         out = super().aggregate(ctx)

@@ -31,10 +31,6 @@ class InitialStandIn(Method):
             return state
         return {**state, INITIAL: {k: v.copy() for k, v in global_state.items()}}
 
-    def server_payload(self, server_state: dict[str, Any]) -> dict[str, Any]:
-        payload = super().server_payload(server_state)
-        return {**payload, INITIAL: server_state[INITIAL]} if INITIAL in server_state else payload
-
     def aggregate(self, ctx: ServerContext) -> ServerUpdate:
         """The base's; once every client has its own, the initial model is dropped and no longer sent."""
         update = super().aggregate(ctx)

@@ -46,11 +46,9 @@ class Phase:
 class ClientContext:
 
     client_id: int
-    round: int
     model: nn.Module
     global_state: dict[str, torch.Tensor]
     state: dict[str, Any]
-    server: dict[str, Any]
     num_samples: int
     """Samples in an epoch of ``batches`` (less a dropped short batch): the weight n_k in the average."""
     epochs: int
@@ -74,7 +72,8 @@ class ClientContext:
     """``training.grad_clip``; a method stepping a model of its own (Ditto's) clips that step too, as the
     authors' code does."""
     server_tensors: Mapping[str, Any] = field(default_factory=dict)
-    """``server``'s arrays on ``device``, copied once a round per worker: shared, read only."""
+    """The server's payload (``Method.server_payload``) on ``device``, copied once a round per worker: shared, read
+    only."""
     scratch: dict[str, Any] = field(default_factory=dict)
     inputs: dict[str, Tensors] = field(default_factory=dict)
     """The client's tensors its objective reads (``Batch.inputs``: FedDyn's θ_g − h_k, Ditto's v), set by
@@ -144,6 +143,14 @@ def server_step(old: State, new: State, step: Callable[[np.ndarray, np.ndarray],
     FedNova's or SCAFFOLD's); integer counters (BN's batch counts) take ``new`` as it is."""
     return {name: step(old[name].astype(np.float64), value.astype(np.float64)).astype(old[name].dtype)
             if old[name].dtype.kind == "f" else value for name, value in new.items()}
+
+
+def client_model(shared: State, client_state: dict[str, Any]) -> State:
+    """A client's weights: ``shared`` (the global model it starts from, or the update it trained, rebuilt for
+    ``all_model`` and H_N/H_D at no transfer) overridden by its personal part. The workers check a rebuild bit for
+    bit and ship the weights where it differs (FedNova's d_k, Ditto's v_k): a wrong rebuild costs transfer, never a
+    figure."""
+    return {**shared, **client_state.get("personal", {})}
 
 
 def held(store: Mapping[int, dict[str, Any]], key: str) -> Iterator[tuple[int, Any]]:
@@ -220,10 +227,6 @@ class Method:
         """State-dict keys each client keeps for itself (never averaged); FedAvg: none."""
         return set()
 
-    def client_model_state(self, global_state: State, client_state: dict[str, Any]) -> State:
-        """The weights a client starts from: global weights overridden by its personal part."""
-        return {**global_state, **client_state.get("personal", {})}
-
     def setup_client(self, ctx: ClientContext) -> None:
         """Per-client extras before training (a frozen copy of the global model)."""
 
@@ -296,12 +299,6 @@ class Method:
         weight = float(ctx.num_samples) if self.weighted_by_samples else 1.0
         return ClientResult(weight=weight, update=shared, state=new_state)
 
-    def local_model(self, update: State, state: dict[str, Any], upload: Upload) -> State | None:
-        """The client's trained weights rebuilt from its :class:`ClientResult`, or None, for ``all_model`` and the
-        H_N/H_D probe (docs/methods.md §0, §4): a rebuild costs no transfer. Where it differs by a bit (FedNova's d_k,
-        Ditto's v_k) the workers ship the weights, so a wrong rebuild costs transfer, never a figure."""
-        return {**update, **state.get("personal", {})}
-
     def personal_scorer(
         self, model: nn.Module, train_batches: Callable[[], Iterator[tuple[torch.Tensor, torch.Tensor]]],
     ) -> nn.Module:
@@ -315,7 +312,8 @@ class Method:
         return {}
 
     def server_payload(self, server_state: dict[str, Any]) -> dict[str, Any]:
-        return {}
+        """What the clients receive of the server state (``ctx.server_tensors``): all of it."""
+        return dict(server_state)
 
     def aggregate(self, ctx: ServerContext) -> ServerUpdate:
         """The weighted mean for every uploaded key, the old value elsewhere. An override returns new objects

@@ -128,9 +128,6 @@ class FedCR(VIBMethod, FedPer):
         shape = (classes if self.params.centroids == "class" else 1, dim)
         return {"r_mu": np.zeros(shape, np.float32), "r_sigma": np.ones(shape, np.float32)}
 
-    def server_payload(self, server_state: dict[str, Any]) -> dict[str, Any]:
-        return {"r_mu": server_state["r_mu"], "r_sigma": server_state["r_sigma"]}
-
     def setup_client(self, ctx: ClientContext) -> None:
         ctx.inputs["r"] = {"mu": ctx.server_tensors["r_mu"], "sigma": ctx.server_tensors["r_sigma"]}  # read only
         ctx.scratch["seen"] = 0

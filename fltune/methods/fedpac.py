@@ -108,7 +108,7 @@ def head_weights(variances: np.ndarray, h: np.ndarray, i: int) -> np.ndarray:
 
 class FeatureAligned(FedPer):
     """A personal linear head over features aligned to the server's class targets (FedPAC's prototypes,
-    centroids), broadcast whole; any other head fails at model construction."""
+    centroids); any other head fails at model construction."""
 
     def adapt_model(self, model: nn.Module) -> nn.Module:
         model = super().adapt_model(model)
@@ -117,9 +117,6 @@ class FeatureAligned(FedPer):
             raise FLTuneError(f"model.name: {self.name} needs a model whose head is one linear layer; this "
                               f"model's head is a {type(head).__name__}")
         return model
-
-    def server_payload(self, server_state: dict[str, Any]) -> dict[str, Any]:
-        return dict(server_state)
 
 
 @register
@@ -138,7 +135,7 @@ class FedPAC(FeatureAligned):
         """Pre-training statistics (step 1) and each class's alignment target (the local mean where none)."""
         before = class_features(ctx, ctx.model.head.out_features)
         ctx.scratch["before"] = before
-        if "protos" in ctx.server:
+        if "protos" in ctx.server_tensors:
             protos, has = ctx.server_tensors["protos"], ctx.server_tensors["has_proto"]
             ctx.inputs["targets"] = {"c": torch.where(has[:, None], protos, before.means.float())}
 

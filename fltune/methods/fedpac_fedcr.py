@@ -70,8 +70,8 @@ class FedPACFedCR(FeatureAligned, FedRep):
     def setup_client(self, ctx: ClientContext) -> None:
         """The round's centroids C (shared: read only), zeros before any, as the code."""
         shape = (ctx.model.head.out_features, ctx.model.feature_dim)
-        c = ctx.server_tensors["centroids"] if "centroids" in ctx.server else torch.zeros(shape, device=ctx.device)
-        ctx.inputs["centroids"] = {"c": c}
+        c = ctx.server_tensors.get("centroids")
+        ctx.inputs["centroids"] = {"c": torch.zeros(shape, device=ctx.device) if c is None else c}
 
     def local_loss(self, batch: Batch) -> tuple[Tensor, Tensor]:
         """CE + λ·R, R = ‖F − C_y‖_F / B (``torch.norm(...) / len(labels)``) over the real samples; in head epochs R

@@ -3,12 +3,11 @@ so it wraps that method and runs through the engine's ``train_client`` unchanged
 
 from __future__ import annotations
 
-from typing import Any
-
 from torch import nn
 
 from fltune.methods.base import ClientContext, Method, Phase
-from fltune.methods.wire import State
+
+
 class FineTune(Method):
     """The final personal round (FedAvg-FT, FedSR-FT; docs/methods.md §2): from a method's client model, train
     its personal part (LG-FedAvg's lower layers), else its head, on plain CE, the rest frozen, as FedCR's
@@ -19,9 +18,6 @@ class FineTune(Method):
     def __init__(self, inner: Method, epochs: int, lr: float | None, whole: bool = False) -> None:
         super().__init__(inner.params)  # the wrapped method's hyperparameters (Per-FedAvg's β)
         self.inner, self.epochs, self.lr, self.whole = inner, epochs, lr, whole
-
-    def client_model_state(self, global_state: State, client_state: dict[str, Any]) -> State:
-        return self.inner.client_model_state(global_state, client_state)
 
     def phases(self, ctx: ClientContext) -> list[Phase]:
         prefixes = None if self.whole else tuned_prefixes(self.inner, ctx.model)

@@ -29,7 +29,8 @@ class Forward:
 
     def __init__(self, model: nn.Module) -> None:
         self.model = model
-        self.tied = _ties_tensors(model)
+        named = [*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)]
+        self.tied = len(named) != len({id(t) for _, t in named})  # a tensor under two names: walk for ties (costly)
         self.own: Tensors = dict(model.named_parameters())
 
     def __call__(self, weights: Mapping[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
@@ -47,26 +48,20 @@ class Forward:
         return functional_call(module, own, (x,), tie_weights=self.tied)
 
 
-def _ties_tensors(model: nn.Module) -> bool:
-    """Whether a tensor sits under two names: only then need ``functional_call`` walk for ties (costly)."""
-    named = [*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)]
-    return len(named) != len({id(t) for _, t in named})
-
-
 class ClientByClient(Exception):
     """Raised by :meth:`Batch.module` where clients are trained together."""
 
 
 Objective = Callable[[Tensors], tuple[torch.Tensor, Any]]
-"""Weights → (a scalar to differentiate, what else to return); :meth:`Batch.gradient`'s argument."""
+"""Weights → (a scalar to differentiate, what else to return); :attr:`Batch.gradient`'s argument."""
 
 
 @dataclass(frozen=True)
 class Batch:
     """One batch as a method's objective and step read it: ``weights`` (every parameter), ``noise`` (``Method.noise``'s
     draws), ``record`` (per-sample tensors for ``Method.record_step``); for a ``Method.step``, the weights it trains
-    (``trainable``), the round's ``lr`` and ``grad_clip``. ``mask`` (padded samples 0), ``client`` and
-    ``differentiate`` are the engine's, read through :meth:`mean`, :meth:`module` and :meth:`gradient`."""
+    (``trainable``), the round's ``lr`` and ``grad_clip``. ``mask`` (padded samples 0), ``client`` and ``gradient``
+    are the engine's, the first two read through :meth:`mean` and :meth:`module`."""
 
     forward: Forward
     weights: Tensors
@@ -81,7 +76,9 @@ class Batch:
     trainable: tuple[str, ...] = ()
     lr: float = 0.0
     grad_clip: float | None = None
-    differentiate: Callable[[Objective, Tensors], tuple[Tensors, torch.Tensor, Any]] | None = None
+    gradient: Callable[[Objective, Tensors], tuple[Tensors, torch.Tensor, Any]] | None = None
+    """(∇objective at ``weights``, its value, the rest it returns), detached; zeros for an unused weight. By
+    ``torch.func`` where clients are trained together, by autograd client by client: the same bits."""
     kept: dict[str, Tensors] = field(default_factory=dict)
 
     @property
@@ -92,11 +89,6 @@ class Batch:
     def at(self, weights: Mapping[str, torch.Tensor]) -> Batch:
         """This batch with ``weights`` in place of the current ones (the others as they are), a fresh ``record``."""
         return replace(self, weights={**self.weights, **weights}, record={})
-
-    def gradient(self, objective: Objective, weights: Tensors) -> tuple[Tensors, torch.Tensor, Any]:
-        """(∇objective at ``weights``, its value, the rest it returns), detached; zeros for an unused weight. The engine
-        takes it by ``torch.func`` where clients are trained together, by autograd client by client: the same bits."""
-        return self.differentiate(objective, weights)
 
     def loss_gradient(
         self, local_loss: Callable[[Batch], tuple[torch.Tensor, torch.Tensor]], weights: Tensors,

@@ -84,19 +84,14 @@ class Proximal(Method):
         return soft_kl(logits, global_logits, self.params.temperature, batch)
 
     def backward(self, ctx: ClientContext, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
-        """``projection``: the CE gradient in ``.grad`` projected off ∇L_p (Eq. 3), ∇L_p from the same forward;
-        ∇(½‖w − w_g‖²) = w − w_g."""
+        """``projection``: the CE gradient in ``.grad`` projected off ∇L_p (Eq. 3), ∇L_p from the same forward."""
         if self.params.usage != "projection":
             return super().backward(ctx, x, y)
         batch = self.batch(ctx, x, y)
         loss, logits = self.local_loss(batch)
         weights = [p for p in ctx.model.parameters() if p.requires_grad]
-        if self.params.loss == "l2":
-            against = [p.detach() - ctx.global_state[n] for n, p in ctx.model.named_parameters() if p.requires_grad]
-        else:
-            pulls = torch.autograd.grad(self.proximal_loss(batch, logits), weights, retain_graph=True,
-                                        allow_unused=True)
-            against = [torch.zeros_like(p) if g is None else g for p, g in zip(weights, pulls)]
+        pulls = torch.autograd.grad(self.proximal_loss(batch, logits), weights, retain_graph=True, allow_unused=True)
+        against = [torch.zeros_like(p) if g is None else g for p, g in zip(weights, pulls)]
         loss.backward()
         grads = [torch.zeros_like(p) if p.grad is None else p.grad for p in weights]
         for p, g in zip(weights, project_off(grads, against), strict=True):

@@ -26,11 +26,6 @@ class ConvBlock(nn.Sequential):
         super().__init__(OrderedDict(**layers, relu=nn.ReLU(), pool=nn.MaxPool2d(2)))
 
 
-def dense(in_dim: int, out_dim: int) -> nn.Sequential:
-    """Linear → ReLU, a hidden fully connected layer (its ReLU is an activation point)."""
-    return nn.Sequential(OrderedDict(linear=nn.Linear(in_dim, out_dim), relu=nn.ReLU()))
-
-
 @contextmanager
 def evaluating(model: nn.Module) -> Iterator[None]:
     """Eval mode and no autograd for a statistics or a dummy pass, the mode restored afterwards."""
@@ -43,27 +38,23 @@ def evaluating(model: nn.Module) -> Iterator[None]:
         model.train(was_training)
 
 
-def flat_size(trunk: nn.Module, in_shape: InShape) -> int:
-    """Width of ``trunk``'s flattened output for one sample, by a dummy pass (statistics untouched, no random draw)."""
-    try:
-        with evaluating(trunk):
-            return trunk(torch.zeros(1, *in_shape)).flatten(1).shape[1]
-    except RuntimeError as err:
-        raise ValueError("the input is too small for its conv/pool layers") from err
-
-
 def plain_net(
     in_shape: InShape, num_classes: int, convs: Sequence[ConvBlock] | Mapping[str, nn.Module], widths: Sequence[int],
     model_class: type[SplitModel] = SplitModel,
 ) -> SplitModel:
-    """Body ``convs → flatten → dense(widths)``, head ``Linear(widths[-1], num_classes)``, for every input size;
-    ``convs`` named ``conv1, ...`` unless given by name."""
+    """Body ``convs → flatten → (Linear → ReLU) per width`` (each ReLU an activation point), head
+    ``Linear(widths[-1], num_classes)``, for every input size: the flattened width comes from a dummy pass (statistics
+    untouched, no random draw). ``convs`` are named ``conv1, ...`` unless given by name."""
     named = convs if isinstance(convs, Mapping) else {f"conv{i}": block for i, block in enumerate(convs, 1)}
     body = nn.Sequential(OrderedDict(named))
     body.add_module("flatten", nn.Flatten())
-    dims = [flat_size(body, in_shape), *widths]
+    try:
+        with evaluating(body):
+            dims = [body(torch.zeros(1, *in_shape)).shape[1], *widths]
+    except RuntimeError as err:
+        raise ValueError("the input is too small for its conv/pool layers") from err
     for i, (d_in, d_out) in enumerate(pairwise(dims), 1):
-        body.add_module(f"fc{i}", dense(d_in, d_out))
+        body.add_module(f"fc{i}", nn.Sequential(OrderedDict(linear=nn.Linear(d_in, d_out), relu=nn.ReLU())))
     return model_class(body, nn.Linear(dims[-1], num_classes), feature_dim=dims[-1])
 
 

@@ -29,18 +29,13 @@ class BasicBlock(nn.Module):
         return self.relu2(self.conv2(self.relu1(self.conv1(x))) + self.shortcut(x))
 
 
-def stage(c_in: int, c_out: int, stride: int, blocks: int = 2, running_stats: bool = True) -> nn.Sequential:
-    """``blocks`` basic blocks; only the first changes resolution/width."""
-    first = BasicBlock(c_in, c_out, stride, running_stats)
-    return nn.Sequential(first, *(BasicBlock(c_out, c_out, 1, running_stats) for _ in range(blocks - 1)))
-
-
 @register_model("resnet18")
 def resnet18(in_shape: InShape, num_classes: int, running_stats: bool = True) -> SplitModel:
     """Body: stem, stages 64/128/256/512 (strides 1/2/2/2), global average pool: 512-d. ``running_stats=False`` is
     FedSOL's variant (no BN running buffers); the parameters and their random draws are the same either way."""
     stem = nn.Sequential(OrderedDict(conv_bn=ConvBN(in_shape[0], 64, 3, running_stats=running_stats), relu=nn.ReLU()))
-    stages = {f"layer{i}": stage(c_in, c_out, 1 if i == 1 else 2, running_stats=running_stats)
+    stages = {f"layer{i}": nn.Sequential(BasicBlock(c_in, c_out, 1 if i == 1 else 2, running_stats),
+                                         BasicBlock(c_out, c_out, 1, running_stats))
               for i, (c_in, c_out) in enumerate(pairwise((64, 64, 128, 256, 512)), 1)}
     body = nn.Sequential(OrderedDict(stem=stem, **stages, pool=nn.AdaptiveAvgPool2d(1), flatten=nn.Flatten()))
     return SplitModel(body, nn.Linear(512, num_classes), feature_dim=512)

@@ -147,13 +147,6 @@ class ResNet56Body(nn.Module):
 class ResNet56(SplitModel):
     """The SplitModel plus the width-ω and stochastic-depth entry points."""
 
-    def __init__(self, in_shape: InShape, num_classes: int, blocks: int = 6, base: int = 16) -> None:
-        feature_dim = 4 * base * EXPANSION
-        super().__init__(ResNet56Body(in_shape[0], blocks, base), SlimLinear(feature_dim, num_classes), feature_dim)
-        for module in self.modules():
-            if isinstance(module, nn.Conv2d):
-                nn.init.kaiming_normal_(module.weight, mode="fan_out", nonlinearity="relu")
-
     def feature_maps(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """One full-width pass → (x2, x3, logits) (FedAlign Alg. 1)."""
         x2 = self.body.trunk(x)
@@ -181,4 +174,9 @@ class ResNet56(SplitModel):
 @register_model("resnet56")
 def resnet56(in_shape: InShape, num_classes: int, blocks: int = 6, base: int = 16) -> ResNet56:
     """FedML ResNet-56 (``blocks=6, base=16``: 9·6 + 2 = 56 layers); smaller values build test variants."""
-    return ResNet56(in_shape, num_classes, blocks, base)
+    feature_dim = 4 * base * EXPANSION
+    model = ResNet56(ResNet56Body(in_shape[0], blocks, base), SlimLinear(feature_dim, num_classes), feature_dim)
+    for module in model.modules():
+        if isinstance(module, nn.Conv2d):
+            nn.init.kaiming_normal_(module.weight, mode="fan_out", nonlinearity="relu")
+    return model

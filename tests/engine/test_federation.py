@@ -27,6 +27,7 @@ from fltune.engine.transfer import load_state
 from fltune.engine.pool import WorkerPool
 from fltune.engine.rng import round_clients
 from fltune.methods import get_method
+from fltune.methods.base import client_model
 from fltune.tune.trainable import read_states, write_states
 from tests.conftest import needs_fmnist, storages
 from tests.engine.test_executor_exact import assert_same, tiny_config
@@ -158,7 +159,7 @@ def test_personalised_evaluation_on_the_workers_equals_each_client_scored_alone(
     torch.set_num_threads(1)  # the workers' count (see the test above)
     try:
         for cid, held_out in enumerate(fed.data.client_eval):
-            load_state(model, fed.method.client_model_state(fed.global_state, fed.client_store.get(cid, {})))
+            load_state(model, client_model(fed.global_state, fed.client_store.get(cid, {})))
             correct, _, n = evaluate(model, fed.data, fed.data.x[held_out], fed.data.y[held_out], torch.device("cpu"))
             accs.append(correct / n)
     finally:

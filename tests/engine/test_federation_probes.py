@@ -20,7 +20,7 @@ from fltune.engine.federation import Federation
 from fltune.engine.local import Trainer, train_client
 from fltune.engine.transfer import RoundInput
 from fltune.engine.rng import round_clients
-from fltune.methods.base import State, to_numpy
+from fltune.methods.base import State, client_model, to_numpy
 from fltune.metrics._hessian import CurvatureTask, client_traces, cross_client_consistency, global_curvature
 
 BASE = [
@@ -29,7 +29,7 @@ BASE = [
     "training.batch_size=32", "training.lr=0.05", "tracking.enabled=false", "resources.workers=2",
 ]
 REBUILT = ["fedavg", "fedprox", "feddyn", "scaffold", "fedper", "lg_fedavg", "fedpac", "moon"]
-"""Methods whose local model is its update plus its personal part (``Method.local_model``'s default)."""
+"""Methods whose local model is its update plus its personal part (``client_model``)."""
 SHIPPED = ["ditto", "fednova"]
 """Methods whose update or personal state is not the trained model: their workers ship the model."""
 
@@ -65,7 +65,7 @@ def test_local_model_hook_rebuilds_exactly_the_methods_it_should(name: str) -> N
     inputs = RoundInput(round=1, seed=0, lr=0.05, global_state=start,
                         server=method.server_payload(method.init_server_state(start)))
     out = train_client(Trainer.of(method, model, data, cfg.training, torch.device("cpu")), 0, inputs, {})
-    rebuilt = method.local_model(out.update, out.state, out.upload)
+    rebuilt = client_model(out.update, out.state)
     assert same_bits(rebuilt, to_numpy(model.state_dict())) == (name in REBUILT)
 
 

@@ -23,6 +23,7 @@ from fltune.engine.evaluation import evaluate
 from fltune.engine.local import Trainer, final_round
 from fltune.engine.transfer import RoundInput, load_state
 from fltune.engine.worker import ClientWorker, RunSpec
+from fltune.methods.base import client_model
 
 COUNT = """
 import json, sys
@@ -98,7 +99,7 @@ def test_personalised_scores_are_each_client_scored_alone_in_chunks_of_any_size(
                                          resolve_augment(cfg, data))
                     final_round(trainer, cid, inputs, states.get(cid, {}))
                 else:
-                    load_state(model, method_.client_model_state(state, states.get(cid, {})))
+                    load_state(model, client_model(state, states.get(cid, {})))
                 held_out = data.client_eval[cid]
                 alone[cid] = evaluate(model, data, data.x[held_out], data.y[held_out], torch.device("cpu"))
             for budget in (per_model, 2 * per_model, 100 * per_model):

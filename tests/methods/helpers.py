@@ -28,7 +28,7 @@ def tiny_batch(seed: int = 0, n: int = 6, num_classes: int = 3) -> tuple[torch.T
 
 def make_ctx(
     model: nn.Module, *, global_state: dict[str, torch.Tensor] | None = None, state: dict[str, Any] | None = None,
-    server: dict[str, Any] | None = None, client_id: int = 0, round_: int = 1, lr: float = 0.1, epochs: int = 1,
+    server: dict[str, Any] | None = None, client_id: int = 0, lr: float = 0.1, epochs: int = 1,
     batches: list[tuple[torch.Tensor, torch.Tensor]] | None = None, grad_clip: float | None = None,
 ) -> ClientContext:
     """A ClientContext as the engine would build it; global weights default to the model's own."""
@@ -39,10 +39,9 @@ def make_ctx(
     def epoch() -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         return iter(data)
 
-    server = dict(server or {})
     return ClientContext(
-        client_id=client_id, round=round_, model=model, global_state=global_state, state=dict(state or {}),
-        server=server, server_tensors=DeviceServer(server, torch.device("cpu")),
+        client_id=client_id, model=model, global_state=global_state, state=dict(state or {}),
+        server_tensors=DeviceServer(dict(server or {}), torch.device("cpu")),
         num_samples=sum(len(y) for _, y in data), epochs=epochs, lr=lr,
         device=torch.device("cpu"), batches=epoch, grad_clip=grad_clip,
     )

@@ -116,7 +116,7 @@ def test_both_paths_step_v_with_the_bits_of_autograd_through_eq_2(grad_clip):
 
     weight = torch.ones(len(y))
     batch = Batch(forward, v, x, y, weight, {"personal": v}, {}, global_state, trainable=tuple(v), lr=lr,
-                  grad_clip=grad_clip, differentiate=functional_gradient)
+                  grad_clip=grad_clip, gradient=functional_gradient)
     ditto(lam).step(batch)
     functional = batch.kept["personal"]
     expected = stepped(lambda params: batch.cross_entropy(forward(params, x)))

@@ -5,6 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from fltune.methods import get_method
+from fltune.methods.base import client_model
 from tests.methods.helpers import loss_of, make_ctx, tiny_batch, tiny_model
 
 
@@ -28,7 +29,7 @@ def test_head_is_kept_and_body_uploaded_and_a_clients_head_overrides_the_global_
     global_state = {k: np.zeros_like(v) for k, v in result.update.items()} | {
         k: np.zeros_like(v) for k, v in result.state["personal"].items()
     }
-    mine = method.client_model_state(global_state, result.state)
+    mine = client_model(global_state, result.state)
     assert np.array_equal(mine["head.weight"], result.state["personal"]["head.weight"])
     assert not mine["body.fc1.linear.weight"].any()
-    assert method.client_model_state(global_state, {}) == global_state  # never sampled: the global head
+    assert client_model(global_state, {}) == global_state  # never sampled: the global head

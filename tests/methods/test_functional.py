@@ -41,7 +41,7 @@ def test_the_functional_step_is_the_exact_step(name, grad_clip):
     inputs = {key: dict(values) for key, values in ctx.inputs.items()}  # the exact step below moves Ditto's v
     weight = pad(torch.ones(len(y)))
     batch = Batch(Forward(model), params, pad(x), pad(y), weight, inputs, {k: v[0] for k, v in noise.items()},
-                  global_state, trainable=names, lr=ctx.lr, grad_clip=grad_clip, differentiate=functional_gradient)
+                  global_state, trainable=names, lr=ctx.lr, grad_clip=grad_clip, gradient=functional_gradient)
     step = local_step(method, batch)
 
     torch.manual_seed(7)
