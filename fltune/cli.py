@@ -94,12 +94,13 @@ def method_card(cls: type) -> str:
     from fltune.methods.base import params_table
 
     params = [f"  {name} = {default!r} ({kind})  {about}" for name, kind, default, about in params_table(cls)]
-    declared = hasattr(cls, "stored_models") and hasattr(cls, "passes_per_step")
+    method = cls()  # at its default parameters: a method may derive its costs from them (GradAug's passes)
+    declared = hasattr(method, "stored_models") and hasattr(method, "passes_per_step")
     return "\n".join([
         f"{cls.name} — {paper(cls) or 'no paper named'}", "", " ".join((cls.__doc__ or "").split()), "",
         "parameters (default):", *(params or ["  none"]),
-        f"cost: {cls.stored_models:g} model-sized tensor(s) held by a training client, "
-        f"{cls.passes_per_step:g} forward+backward pass(es) per local step" if declared else
+        f"cost: {method.stored_models:g} model-sized tensor(s) held by a training client, "
+        f"{method.passes_per_step:g} forward+backward pass(es) per local step" if declared else
         "cost: not declared (stored_models, passes_per_step); the figures resting on them are left out",
         f"personalised: {'yes' if is_personalised(cls) else 'no'}; batched executor: {_batched(cls)}",
     ])

@@ -113,6 +113,17 @@ def test_methods_shows_one_methods_card(capsys):
                                                "did you mean fedprox or fedper?")
 
 
+def test_every_methods_card_shows_and_names_its_costs(capsys) -> None:
+    """GradAug's and Proximal's cards were a TypeError: their passes per step follow their parameters (a
+    property), which the card read off the class."""
+    from fltune.methods import METHODS
+
+    assert main(["methods"]) == 0
+    for name in sorted(METHODS):
+        assert main(["methods", name]) == 0, name
+        assert "forward+backward pass(es) per local step" in capsys.readouterr().out, name
+
+
 @pytest.mark.parametrize(("method", "batched"), [
     ("stochdepth", "client by client on its resnet56 (BatchNorm); yes on a model without"),  # once "yes"
     ("fedcr", "yes (its vib_cnn has no BatchNorm)"), ("fedprox", "yes (on a model without BatchNorm)"),
