@@ -102,6 +102,18 @@ def test_a_hook_with_the_wrong_signature_is_refused_at_resolution(user_code: Pat
         "torch.Tensor]\n")
 
 
+@pytest.mark.parametrize("hook", ["client_model_state", "local_model"])
+def test_a_hook_an_earlier_contract_had_is_refused_not_ignored(user_code: Path, hook: str, capsys) -> None:
+    """Issue 77 folded these two into one rule of the engine's; a method overriding one would train without it."""
+    (user_code / f"{hook}.py").write_text((user_code / "smooth.py").read_text().replace(
+        "    def local_loss(self, batch):", f"    def {hook}(self, *args):\n        return None\n\n"
+                                           "    def local_loss(self, batch):"))
+    assert main(["run", "--method", f"./{hook}.py:LabelSmooth", "--dataset", "synthetic", "--no-mlflow"]) == 2
+    assert capsys.readouterr().err == (
+        f"fltune: method.name: '{user_code / f'{hook}.py'}:LabelSmooth': LabelSmooth.{hook} is no longer a hook, "
+        "so it would never be called; a client's weights are the global ones overridden by its state['personal']\n")
+
+
 def test_a_space_naming_a_parameter_the_method_lacks_is_one_line(user_code: Path) -> None:
     space = write_space(user_code, "./smooth.py:LabelSmooth", params={"method.mu": {"type": "choice", "values": [1]}})
     with pytest.raises(FLTuneError, match=r"params.method.mu: not a parameter of .*smooth.py:LabelSmooth; "

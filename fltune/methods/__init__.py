@@ -88,7 +88,15 @@ def _checked(found: object, name: str) -> type[Method]:
         raise FLTuneError(f"{FIELDS['method']}: {name!r} is the {what.strip()}; expected {EXPECTED['method']}")
     if missing := _misfit_hook(found):
         raise FLTuneError(f"{FIELDS['method']}: {name!r}: {missing}")
+    if gone := [hook for hook in REMOVED_HOOKS if hasattr(found, hook)]:
+        raise FLTuneError(f"{FIELDS['method']}: {name!r}: {found.__qualname__}.{gone[0]} is no longer a hook, "
+                          f"so it would never be called; {REMOVED_HOOKS[gone[0]]}")
     return found
+
+
+REMOVED_HOOKS = {hook: "a client's weights are the global ones overridden by its state['personal']"
+                 for hook in ("client_model_state", "local_model")}
+"""Hooks an earlier contract had: a user's method overriding one is refused, not silently left uncalled."""
 
 
 def _misfit_hook(cls: type[Method]) -> str:
