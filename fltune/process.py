@@ -77,10 +77,15 @@ def quiet_libraries() -> None:
     """Drop the library noise in ``NOISE``, and numpy's "All-NaN slice" warning (ASHA's percentile of a rung
     where every trial diverged; the board says so already). Workers get ``quiet_worker``."""
     warnings.filterwarnings("ignore", message="All-NaN slice encountered", category=RuntimeWarning)
-    for name, rules in NOISE.items():
-        logger = logging.getLogger(name)
-        if not any(isinstance(f, _Drop) for f in logger.filters):
-            logger.addFilter(_Drop(rules))
+    for name in NOISE:
+        drop_noise(name)
+
+
+def drop_noise(name: str) -> None:
+    """Drop logger ``name``'s records that ``NOISE[name]`` lists, once however often called."""
+    logger = logging.getLogger(name)
+    if not any(isinstance(f, _Drop) for f in logger.filters):
+        logger.addFilter(_Drop(NOISE[name]))
 
 
 def quiet_worker() -> None:

@@ -264,11 +264,11 @@ def skip_triton() -> None:
     """Make ``import triton`` fail here, as if not installed, in a process that sees no GPU. Why: torch imports
     Triton whenever its compiler or FLOP counter loads, holding memory a CPU worker never uses; torch's check is
     an import that may fail, and Python fails an import whose ``sys.modules`` entry is None."""
-    from fltune.process import quiet_libraries
+    from fltune.process import drop_noise
 
     if "triton" not in sys.modules:
         sys.modules["triton"] = None  # type: ignore[assignment]
-        quiet_libraries()  # the FLOP counter's note that it can't count Triton kernels (``workarounds.NOISE``)
+        drop_noise("torch.utils.flop_counter")  # its note that it can't count Triton kernels (``workarounds.NOISE``)
 
 
 def _identical(rebuilt: State, trained: State) -> bool:
