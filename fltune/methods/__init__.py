@@ -89,13 +89,13 @@ def _checked(found: object, name: str) -> type[Method]:
     if missing := _misfit_hook(found):
         raise FLTuneError(f"{FIELDS['method']}: {name!r}: {missing}")
     if gone := [hook for hook in REMOVED_HOOKS if hasattr(found, hook)]:
-        raise FLTuneError(f"{FIELDS['method']}: {name!r}: {found.__qualname__}.{gone[0]} is no longer a hook, "
-                          f"so it would never be called; {REMOVED_HOOKS[gone[0]]}")
+        raise FLTuneError(f"{FIELDS['method']}: {name!r}: {found.__qualname__}.{gone[0]} is no longer a hook, so it "
+                          "would never be called; a client's weights are the global ones overridden by its "
+                          "state['personal']")
     return found
 
 
-REMOVED_HOOKS = {hook: "a client's weights are the global ones overridden by its state['personal']"
-                 for hook in ("client_model_state", "local_model")}
+REMOVED_HOOKS = ("client_model_state", "local_model")
 """Hooks an earlier contract had: a user's method overriding one is refused, not silently left uncalled."""
 
 

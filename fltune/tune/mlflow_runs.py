@@ -25,7 +25,7 @@ from fltune.tune.results import (
     ENDED, TrialRow, any_unscored, best, error_line, latest_trace, sensitivity_figure, trial_config, trial_row,
     trials_figure, unfinished, write_csv,
 )
-from fltune.tune.spec import StudySpec
+from fltune.tune.spec import JobSpec, StudySpec
 
 if TYPE_CHECKING:
     from fltune.engine.federation import Federation
@@ -51,7 +51,9 @@ class RunTree(LoggerCallback, ABC):
 
     kind = "study"
 
-    def __init__(self, spec: Any) -> None:
+    spec: JobSpec
+
+    def __init__(self, spec: JobSpec) -> None:
         self.spec = spec
 
     def __getstate__(self) -> dict[str, Any]:
