@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -78,10 +79,12 @@ def trials_table(rows: list[TrialRow], spec: StudySpec, title: str, ranked: bool
 
 
 def trial_label(row: TrialRow) -> str:
-    """A trial as a log names it: the cell of a reproduce or compare job, else its id and parameters."""
-    if "cell" in row.params:
-        return str(row.params["cell"])
-    return f"{row.trial_id} ({params_text(row.params)})"
+    """A trial as a log names it: the cell of a reproduce or compare job, a confirmation's configuration (its
+    cell is the parameters' JSON), else its id and parameters."""
+    cell = str(row.params.get("cell", ""))
+    if cell.startswith("{"):
+        return params_text(json.loads(cell))
+    return cell or f"{row.trial_id} ({params_text(row.params)})"
 
 
 def live_table(spec: StudySpec, rows: list[TrialRow], planned: Planned | None = None) -> Table:

@@ -21,6 +21,7 @@ from fltune.config import ExperimentConfig, TrackingConfig
 from fltune.metrics.figures import save_png
 from fltune.tracking.backlog import keep_in
 from fltune.tracking.mlflow_log import Tracker, run_tags
+from fltune.tune.board import params_text
 from fltune.tune.results import (
     ENDED, TrialRow, any_unscored, best, error_line, latest_trace, sensitivity_figure, trial_config, trial_row,
     trials_figure, unfinished, write_csv,
@@ -237,7 +238,8 @@ def log_seed_runs(spec: ConfirmSpec, cell: str, feds: list[Federation]) -> None:
         for row in fed.history:
             log.on_round(fed, row)
         log.on_end(fed, summary := fed.summary())
-        tracker.set_tags(summary["mlflow_run_id"], tags)
+        name = f"{spec.study.name}/confirm {params_text(json.loads(cell))} · seed {fed.cfg.federation.seed}"
+        tracker.set_tags(summary["mlflow_run_id"], {**tags, "mlflow.runName": name})
 
 
 def log_confirmed(study: StudySpec, rows: list[Any], seed: int) -> str | None:

@@ -52,8 +52,12 @@ def test_the_shipped_fedprox_space_selects_on_validation_confirms_on_seeds_and_s
         mlflow_uri, parent.info.run_id, "importance")
     assert sum(k.startswith("importance.") for k in parent.data.metrics) == 2
     assert MlflowClient(mlflow_uri).get_run(parent.info.run_id).data.metrics["confirmed_test"] > 0.1
-    assert len(MlflowClient(mlflow_uri).search_runs(  # each confirmed configuration's seeds, with their models
-        [parent.info.experiment_id], "tags.`fltune.kind` = 'confirmation'")) == 9
+    confirmed = MlflowClient(mlflow_uri).search_runs(  # each confirmed configuration's seeds, with their models
+        [parent.info.experiment_id], "tags.`fltune.kind` = 'confirmation'")
+    assert len({run.info.run_name for run in confirmed}) == 9  # told apart in MLflow's view, like the trials
+    assert all(re.fullmatch(r"a/confirm method\.mu=\S+, training\.lr=\S+ · seed [1-3]", run.info.run_name)
+               for run in confirmed)
+    assert re.search(r"confirming a: \d/3 done.* · method\.mu=\S+, training\.lr=\S+ finished at round 1", out)
 
     trials = optuna_trials(tmp_path / "a", "a")  # Optuna's own tools open the study
     assert len(trials) == 3 and all(t.state.name == "COMPLETE" for t in trials)
