@@ -111,6 +111,16 @@ def test_import_fltune_loads_no_torch_or_ray() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.slow
+def test_progress_false_prints_nothing_in_a_users_own_process() -> None:
+    """No CLI set fltune's log filters there: the local Ray fltune starts says nothing either."""
+    fields = {**TINY, "tracking.enabled": False, "resources.workers": 1}
+    code = f"import fltune; fltune.run(fltune.Config(**{fields!r}), progress=False)"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert (proc.stdout, proc.stderr) == ("", "")
+
+
+@pytest.mark.slow
 def test_five_lines_run_a_federation_and_read_its_history(mlflow_uri: str) -> None:
     import fltune
 

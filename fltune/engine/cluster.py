@@ -13,7 +13,7 @@ import ray
 
 from fltune.errors import FLTuneError
 from fltune.plugins import shipped
-from fltune.process import handle_stop_signals
+from fltune.process import drop_noise, handle_stop_signals
 from fltune.workarounds import RAY_SYSTEM_CONFIG
 
 
@@ -59,7 +59,9 @@ def ensure_ray(address: str | None = None) -> bool:
         kwargs["runtime_env"]["py_modules"] = shipped() or None
         ray.init(address=address, **kwargs)
         return False
-    # "local": a new instance even when another `ray start` left its address in /tmp/ray
+    # "local": a new instance even when another `ray start` left its address in /tmp/ray; its token note is
+    # fltune's noise in a Python API user's process too (``workarounds.NOISE``)
+    drop_noise("ray._private.authentication.authentication_token_setup")
     ray.init(address="local", num_cpus=os.cpu_count(), _system_config=RAY_SYSTEM_CONFIG, **kwargs)
     return True
 
