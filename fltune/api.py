@@ -34,6 +34,7 @@ if TYPE_CHECKING:  # torch, Ray and pydantic wait until a function runs: ``impor
     from fltune.engine.pool import WorkerPool
     from fltune.reproduce.command import Reproduction
     from fltune.tune.command import Study
+    from fltune.tune.confirm import Confirmed
     from fltune.tune.results import TrialRow
 
 Result = TypeVar("Result")
@@ -187,7 +188,9 @@ def _load_data(cfg: ExperimentConfig) -> FederatedData:
 class JobResult:
     """A Tune job's outcome: ``code`` the exit status (0 done, 1 nothing scored or a trial failed, 130
     interrupted: rerun with ``resume=True``), the job's ``name`` and ``folder``, every trial, a study's ``best``
-    configuration and ``model_run``, the MLflow run holding its model, if any (:func:`load_model`)."""
+    configuration and ``model_run``, the MLflow run holding its model, if any (:func:`load_model`), and its
+    ``confirmed`` configurations, the winner first: each its objective's and test score's mean and std over the
+    fresh seeds, and whether it is within seed noise of the winner."""
 
     code: int
     name: str
@@ -195,6 +198,7 @@ class JobResult:
     trials: list[TrialRow] = field(default_factory=list)
     best: ExperimentConfig | None = None
     model_run: str | None = None
+    confirmed: list[Confirmed] = field(default_factory=list)
 
 
 @dataclass
@@ -266,7 +270,8 @@ def tune(job: Study, code: int) -> JobResult:
 
     best_file = Path(job.spec.path) / BEST_CONFIG
     best = ExperimentConfig.from_yaml(best_file) if code == 0 and best_file.is_file() else None
-    return JobResult(code, job.spec.name, job.spec.path, job.rows, best, job.model_run if best else None)
+    return JobResult(code, job.spec.name, job.spec.path, job.rows, best, job.model_run if best else None,
+                     list(job.confirmed) if best else [])
 
 
 @functools.partial(_job_function, CompareOptions)

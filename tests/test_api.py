@@ -188,9 +188,12 @@ def test_a_users_method_is_tuned_and_compared(tmp_path: Path) -> None:
     folder = tmp_path / "mine"
     write_method(folder)
     space = write_space(folder, "./smooth.py:LabelSmooth")  # beside the method, relative to the space
-    study = fltune.tune(space, storage=str(tmp_path / "jobs"), name="study", progress=False)
+    study = fltune.tune(space, storage=str(tmp_path / "jobs"), name="study", confirm="2x1", progress=False)
     assert study.code == 0 and len(study.trials) == 2 and {t.status for t in study.trials} == {"finished"}
     assert study.best is not None and study.best.method.name == f"{folder / 'smooth.py'}:LabelSmooth"
+    assert {c.params["method.eps"] for c in study.confirmed} == {t.params["method.eps"] for t in study.trials}
+    assert study.confirmed[0].mean >= study.confirmed[1].mean  # the winner first, the best config's
+    assert study.best.method.eps == study.confirmed[0].params["method.eps"]
 
     fields = {**TINY, "federation.rounds": 1, "resources.workers": 1, "tracking.enabled": False}
     comparison = fltune.compare([f"{folder / 'smooth.py'}:LabelSmooth", "fedavg"], seeds=2, set=fields,

@@ -4,7 +4,7 @@ MLflow run exists), 130 when interrupted or 143 on SIGTERM (rerun with ``--resum
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -19,6 +19,7 @@ if TYPE_CHECKING:  # the command's heavy imports (Ray Tune, MLflow) wait until i
     from fltune.estimate import Plan
     from ray.tune import PlacementGroupFactory, Tuner
 
+    from fltune.tune.confirm import Confirmed
     from fltune.tune.results import TrialRow
     from fltune.tune.spec import StudySpec
 
@@ -115,6 +116,8 @@ class Study(TuneJob["StudySpec"]):
     options: StudyRequest
     model_run: str | None = None
     """The MLflow run holding the winner's model (its confirmation run), once confirmed with tracking on."""
+    confirmed: Sequence[Confirmed] = ()
+    """The confirmed configurations, the winner first (``confirm.confirmed``)."""
 
     def new_spec(self, storage: str) -> StudySpec:
         from fltune.tune.search import new_spec
@@ -212,6 +215,7 @@ class Study(TuneJob["StudySpec"]):
         if not job.confirmed:  # every confirmation run diverged or failed: the search's best stands
             return ()
         console.print(confirmed_table(job.spec, job.confirmed))
+        self.confirmed = job.confirmed
         if spec.tracking.enabled:
             from fltune.tune.mlflow_runs import log_confirmed
 
