@@ -33,7 +33,7 @@ class ReproduceOptions(JobOptions):
     """A reproduction as ``fltune reproduce``'s flags or ``fltune.reproduce``'s keywords ask for it."""
 
     shortcuts: ClassVar[tuple[str, ...]] = ("data_root",)
-    table: str = flag("e.g. table2 (= simfafl:table2), simfafl:table3; see `cli.py tables`", MISSING, honoured=True)
+    table: str = flag("e.g. table2 (= simfafl:table2), simfafl:table3; see `fltune tables`", MISSING, honoured=True)
     datasets: tuple[str, ...] | None = flag("comma-separated subset of the table's datasets, e.g. fmnist", read=listed)
     rows: tuple[str, ...] | None = flag("comma-separated subset of the table's rows, e.g. FedAvg,SimFAFL", read=listed)
     scale: str = flag("quick (fits a laptop) or paper (the paper's settings)", "quick")
