@@ -96,8 +96,9 @@ def method_card(cls: type) -> str:
     params = [f"  {name} = {default!r} ({kind})  {about}" for name, kind, default, about in params_table(cls)]
     method = cls()  # at its default parameters: a method may derive its costs from them (GradAug's passes)
     declared = hasattr(method, "stored_models") and hasattr(method, "passes_per_step")
+    about = " ".join((cls.__doc__ or "").split())  # a user's class may have no docstring: no empty paragraph
     return "\n".join([
-        f"{cls.name} — {paper(cls) or 'no paper named'}", "", " ".join((cls.__doc__ or "").split()), "",
+        f"{cls.name} — {paper(cls) or 'no paper named'}", "", *([about, ""] if about else []),
         "parameters (default):", *(params or ["  none"]),
         f"cost: {method.stored_models:g} model-sized tensor(s) held by a training client, "
         f"{method.passes_per_step:g} forward+backward pass(es) per local step" if declared else

@@ -124,6 +124,12 @@ def test_every_methods_card_shows_and_names_its_costs(capsys) -> None:
         assert "forward+backward pass(es) per local step" in capsys.readouterr().out, name
 
 
+def test_a_users_method_without_a_class_docstring_has_a_card_without_an_empty_paragraph(capsys) -> None:
+    assert main(["methods", f"{REPO / 'docs' / 'examples' / 'ditto.py'}:Ditto"]) == 0  # the docs' Ditto
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("my_ditto — ") and lines[1:3] == ["", "parameters (default):"], lines
+
+
 @pytest.mark.parametrize(("method", "batched"), [
     ("stochdepth", "client by client on its resnet56 (BatchNorm); yes on a model without"),  # once "yes"
     ("fedcr", "yes (its vib_cnn has no BatchNorm)"), ("fedprox", "yes (on a model without BatchNorm)"),
