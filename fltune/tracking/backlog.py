@@ -32,8 +32,9 @@ from fltune.tracking.paths import QUICK, mlruns_dir, one_try, reason
 TEMPFAIL = 75
 """The exit status of a command that finished with tracking calls kept on disk (``EX_TEMPFAIL``)."""
 HTTP_LIMITS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
-               "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
-"""MLflow's HTTP retries, bounded: 3 tries 10 s each, backoff 0 s then 2 s (+ up to 1 s of jitter)."""
+               "MLFLOW_HTTP_REQUEST_TIMEOUT": "10", "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true"}
+"""MLflow's HTTP retries, bounded: 3 tries 10 s each, backoff 0 s then 2 s (+ up to 1 s of jitter); and its two
+"View run/experiment" lines per ended run off (a stop is one line; fltune's summary names the run)."""
 PROBE_EVERY_S = 60.0
 """How often an offline client tries the server again (one request, ``paths.one_try``)."""
 FOLDER = "tracking-backlog"

@@ -94,6 +94,21 @@ def test_sync_sends_a_backlog_its_command_left_and_ends_its_run(tmp_path: Path, 
     assert main(["sync", str(tmp_path / "nothing")]) == 2
 
 
+def test_a_commands_first_write_to_a_server_turns_off_mlflows_url_lines(fresh_backlog: None,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """MLflow prints "View run …" and "View experiment …" at every run a server ends: two lines per trial in a
+    study's output and two before a stop's one line. Where the user did not ask for them, fltune turns them off
+    when a command first writes to a server; a user's own setting wins."""
+    from mlflow.environment_variables import MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT as SUPPRESS
+
+    monkeypatch.delenv(SUPPRESS.name, raising=False)
+    backlog.keeping(object(), "http://127.0.0.1:1")  # object(): no backlog to send, never called
+    assert SUPPRESS.get() is True
+    monkeypatch.setenv(SUPPRESS.name, "false")
+    backlog.keeping(object(), "http://127.0.0.1:2")
+    assert SUPPRESS.get() is False
+
+
 def test_a_commands_first_write_leaves_another_stores_backlog(tmp_path: Path, fresh_backlog: None) -> None:
     """What a command sends when it first writes to a store (``keeping``) is that store's backlogs only: another
     store's stays on disk, counted as left, for a command that writes there or ``fltune sync``."""
@@ -141,10 +156,12 @@ def test_a_run_outlives_its_tracking_server(mlflow_server: TrackingServer, tmp_p
 
 @pytest.mark.extended
 def test_a_two_trial_study_logs_to_a_tracking_server(ray_session, mlflow_server: TrackingServer,
-                                                      tmp_path: Path) -> None:
-    """The study's parent and its two trials on the server, each FINISHED with its rounds; nothing kept."""
+                                                      tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The study's parent and its two trials on the server, each FINISHED with its rounds; nothing kept; no MLflow
+    "View run" line among the study's output."""
     space = write_space(tmp_path)
     assert main(["tune", "--space", str(space), "--storage", str(tmp_path), "--name", "s"]) == 0
+    assert "View run" not in capsys.readouterr().out
     parent, children = study_runs(mlflow_server.uri)
     client = MlflowClient(mlflow_server.uri)
     assert parent.info.status == "FINISHED" and len(children) == 2
