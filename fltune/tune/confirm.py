@@ -134,7 +134,20 @@ class Confirmation(GridJob[ConfirmSpec]):
         from fltune.tune.results import unfinished
 
         self.confirmed = confirmed(spec, rows)
-        return 130 if unfinished(rows, len(spec.cells)) else 0
+        if unfinished(rows, len(spec.cells)):
+            self.close_runs(spec)
+            return 130
+        return 0
+
+    def close_runs(self, spec: ConfirmSpec) -> None:
+        """The study's parent run, ended with the search, ends KILLED as the command does (its seeds' runs are
+        logged once each ends: none is RUNNING)."""
+        from fltune.tune.mlflow_runs import study_parent
+
+        if spec.study.tracking.enabled:
+            tracker, parent = study_parent(spec.study)
+            if parent is not None:
+                tracker.end(parent, "killed")
 
 
 @dataclass

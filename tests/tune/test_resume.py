@@ -92,6 +92,31 @@ def test_a_study_stopped_by_sigterm_resumes_exactly_once(tmp_path: Path, mlflow_
 
 @pytest.mark.slow
 @pytest.mark.extended
+def test_a_study_stopped_in_its_confirmation_ends_its_parent_killed_then_resumes(tmp_path: Path,
+                                                                                 mlflow_uri: str) -> None:
+    """The parent run ends with the search; a stop in the confirmation after it must still leave it KILLED, as the
+    command exits (143), not FINISHED; ``--resume`` finishes the confirmation and the parent."""
+    space = write_space(tmp_path, num_samples=1, confirm={"top": 1, "seeds": 2})
+    cmd = tune_command(space, tmp_path, "--set", "federation.rounds=12")  # a confirmation long enough to stop
+    first = start(cmd, tmp_path / "1.log")
+    deadline = time.monotonic() + 300
+    while "confirming the top" not in (tmp_path / "1.log").read_text():
+        assert first.poll() is None and time.monotonic() < deadline, (tmp_path / "1.log").read_text()
+        time.sleep(0.5)
+    time.sleep(2)
+    os.killpg(first.pid, signal.SIGTERM)
+    assert finished(first, tmp_path / "1.log", timeout=45) == 143, (tmp_path / "1.log").read_text()
+    parent, _ = study_runs(mlflow_uri)
+    assert parent.info.status == "KILLED", (tmp_path / "1.log").read_text()
+    assert finished(start([*cmd, "--resume"], tmp_path / "2.log"), tmp_path / "2.log", timeout=400) == 0
+    parent, runs = study_runs(mlflow_uri)
+    assert parent.info.status == "FINISHED"
+    assert sorted((r.data.tags["fltune.kind"], r.info.status) for r in runs) == [
+        ("confirmation", "FINISHED"), ("confirmation", "FINISHED"), ("trial", "FINISHED")]
+
+
+@pytest.mark.slow
+@pytest.mark.extended
 @pytest.mark.parametrize("saved", [b"", STALE_CLASS], ids=["cut", "older_fltune"])
 def test_a_killed_driver_whose_tuner_file_was_cut_resumes_exactly_once(tmp_path: Path, mlflow_uri: str,
                                                                       saved: bytes) -> None:
