@@ -39,8 +39,10 @@ def missing(name: str, looked_in: list[Path], how: str, cause: Exception | None 
 
 
 def _fmnist(root: Path | None) -> tuple[list[Path], str]:
-    """``root`` itself (Debian's folder without one), then torchvision's layout under it."""
-    return ([root] if root else [DEBIAN_FMNIST]) + [(root or default_root()) / "FashionMNIST" / "raw"], (
+    """``root`` itself and Debian's folder name under it (Debian's folder without one), then torchvision's layout
+    under it: ``--set data.root=/usr/share/datasets`` finds the package's files too."""
+    return ([root, root / DEBIAN_FMNIST.name] if root else [DEBIAN_FMNIST]) + [
+        (root or default_root()) / "FashionMNIST" / "raw"], (
         "apt-get install dataset-fashion-mnist, or " + HOW_TO_GET)
 
 

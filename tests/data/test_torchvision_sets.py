@@ -47,7 +47,8 @@ def test_real_fmnist_from_debian(fmnist) -> None:
     assert load_dataset("fmnist") is load_dataset("fmnist")  # cached in-process
 
 
-@pytest.mark.parametrize("layout, suffix", [("", ".gz"), ("FashionMNIST/raw", ""), ("FashionMNIST/raw", ".gz")])
+@pytest.mark.parametrize("layout, suffix", [("", ".gz"), ("fashion-mnist", ".gz"), ("FashionMNIST/raw", ""),
+                                            ("FashionMNIST/raw", ".gz")])
 def test_fmnist_from_a_root_flat_or_torchvision_layout(tmp_path: Path, layout: str, suffix: str) -> None:
     _write_mnist_family(tmp_path / layout, MNIST_FILES, suffix)
     ds = load_dataset("fmnist", root=tmp_path)
