@@ -114,6 +114,22 @@ def test_a_hook_an_earlier_contract_had_is_refused_not_ignored(user_code: Path, 
         "so it would never be called; a client's weights are the global ones overridden by its state['personal']\n")
 
 
+@pytest.mark.parametrize(("slip", "meant"), [("def locl_loss(self, batch):", "local_loss"),
+                                             ("stored_model = 1.0", "stored_models")])
+def test_a_hook_or_setting_misspelt_is_refused_not_ignored(user_code: Path, slip: str, meant: str, capsys) -> None:
+    """A misspelt hook left the method training as FedAvg, silently."""
+    file = user_code / f"{meant}_slip.py"  # a module name of each case's own
+    file.write_text((user_code / "smooth.py").read_text().replace(
+        "    def local_loss(self, batch):", f"    {slip}\n        return super().local_loss(batch)\n\n"
+                                           "    def local_loss(self, batch):" if slip.startswith("def") else
+        f"    {slip}\n\n    def local_loss(self, batch):"))
+    assert main(["run", "--method", f"./{file.name}:LabelSmooth", "--dataset", "synthetic", "--no-mlflow"]) == 2
+    typed = slip.split()[1].split("(")[0] if slip.startswith("def") else slip.split()[0]
+    assert capsys.readouterr().err == (
+        f"fltune: method.name: '{file}:LabelSmooth': LabelSmooth.{typed} is no hook or setting of "
+        f"fltune.Method, so it would never be read; did you mean {meant}?\n")
+
+
 def test_a_space_naming_a_parameter_the_method_lacks_is_one_line(user_code: Path) -> None:
     space = write_space(user_code, "./smooth.py:LabelSmooth", params={"method.mu": {"type": "choice", "values": [1]}})
     with pytest.raises(FLTuneError, match=r"params.method.mu: not a parameter of .*smooth.py:LabelSmooth; "

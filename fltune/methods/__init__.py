@@ -5,6 +5,7 @@ a loss term (MAN) any method takes on as ``<method>+<modifier>``, built on first
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import inspect
 import pkgutil
@@ -92,11 +93,28 @@ def _checked(found: object, name: str) -> type[Method]:
         raise FLTuneError(f"{FIELDS['method']}: {name!r}: {found.__qualname__}.{gone[0]} is no longer a hook, so it "
                           "would never be called; a client's weights are the global ones overridden by its "
                           "state['personal']")
+    if slip := _near_miss(found):
+        raise FLTuneError(f"{FIELDS['method']}: {name!r}: {slip}")
     return found
 
 
 REMOVED_HOOKS = ("client_model_state", "local_model")
 """Hooks an earlier contract had: a user's method overriding one is refused, not silently left uncalled."""
+
+
+def _near_miss(cls: type[Method]) -> str:
+    """A name of the user's classes one slip away from a hook or setting of :class:`Method` (``locl_loss``,
+    ``stored_model``), which the engine would never read: the method would train as FedAvg. "" when none."""
+    known = sorted(name for name in {*dir(Method), *inspect.get_annotations(Method)} if not name.startswith("_"))
+    for owner in cls.__mro__[:cls.__mro__.index(Method)]:
+        if owner.__module__.startswith("fltune."):
+            continue
+        for name in vars(owner):
+            close = difflib.get_close_matches(name, known, n=1, cutoff=0.85)
+            if not name.startswith("_") and name not in known and close:
+                return (f"{owner.__qualname__}.{name} is no hook or setting of fltune.Method, so it would never be "
+                        f"read; did you mean {close[0]}?")
+    return ""
 
 
 def _misfit_hook(cls: type[Method]) -> str:
