@@ -109,9 +109,8 @@ def _near_miss(cls: type[Method]) -> str:
     for owner in cls.__mro__[:cls.__mro__.index(Method)]:
         if owner.__module__.startswith("fltune."):
             continue
-        for name in vars(owner):
-            close = difflib.get_close_matches(name, known, n=1, cutoff=0.85)
-            if not name.startswith("_") and name not in known and close:
+        for name in (name for name in vars(owner) if not name.startswith("_") and name not in known):
+            if close := difflib.get_close_matches(name, known, n=1, cutoff=0.85):
                 return (f"{owner.__qualname__}.{name} is no hook or setting of fltune.Method, so it would never be "
                         f"read; did you mean {close[0]}?")
     return ""
